@@ -1,0 +1,75 @@
+// common.wgsl — the per-dispatch parameters and index arithmetic every attention kernel shares.
+//
+// WGSL has no #include: the library builds each kernel's source by concatenating a generated block of
+// `const` tile sizes, this file, a storage codec (storage_*.wgsl), for the flash kernel a tile type
+// (tile_*.wgsl) and a row reduction (reduce_*.wgsl), and the kernel itself. Module-scope
+// declarations may come in any order in WGSL, so the pieces can refer to each other freely.
+//
+// Tensors are bound as arrays of *granules*: four consecutive elements of the innermost (head_dim)
+// dimension — a vec4<f32> for f32 storage, a vec2<u32> holding four 16-bit values for f16 and bf16.
+// The host checks that every offset and stride is a multiple of four elements, so a row of
+// head_dim elements (a multiple of 8) is a whole number of aligned granules.
+
+// Offset and strides of one [batch, seq, heads, head_dim] tensor, in granules, relative to the
+// start of its binding. Mirrored by `TensorStrides` in src/params.rs.
+struct TensorStrides {
+    offset: u32,
+    batch: u32,
+    seq: u32,
+    head: u32,
+}
+
+// Mirrored by `Params` in src/params.rs (same order, same sizes).
+struct Params {
+    q: TensorStrides,
+    k: TensorStrides,
+    v: TensorStrides,
+    o: TensorStrides,
+    seq_q: u32,
+    seq_kv: u32,
+    head_dim: u32,
+    num_heads: u32,
+    // Query heads per K/V head (GQA/MQA): query head h reads K/V head h / group_size.
+    group_size: u32,
+    // 1 for causal attention, aligned to the bottom-right corner.
+    causal: u32,
+    // seq_kv - seq_q: with causal, query row i sees key columns j <= i + causal_offset.
+    causal_offset: i32,
+    // softmax scale · log2(e) for the flash kernel (which works in base 2), the plain softmax scale
+    // for the naive one.
+    scale: f32,
+    // Query tiles per (batch, head): the flash kernel's grid is (num_q_tiles, num_heads, batch).
+    num_q_tiles: u32,
+    // 0 when the caller did not ask for the log-sum-exp.
+    write_lse: u32,
+    // First (batch · num_heads + head) index of this dispatch: the naive kernel processes the
+    // score matrices a few heads at a time.
+    bh_base: u32,
+    _pad: u32,
+}
+
+@group(0) @binding(0) var<uniform> params: Params;
+
+// A score that stands for "masked": far below any real score, yet finite, so that differences of
+// two masked scores stay finite (WGSL implementations need not honour infinities).
+const NEG_BIG: f32 = -1.0e30;
+// Bit pattern of -infinity: the LSE of a row that sees no key (the host reads it as f32).
+const LSE_EMPTY_BITS: u32 = 0xff800000u;
+
+// Granule index of element (b, s, h, 0) of a tensor.
+fn row_granule(t: TensorStrides, b: u32, s: u32, h: u32) -> u32 {
+    return t.offset + b * t.batch + s * t.seq + h * t.head;
+}
+
+// Whether query row `row` may attend to key column `col` (bounds and bottom-right causal mask).
+fn is_visible(row: u32, col: u32) -> bool {
+    if (col >= params.seq_kv) {
+        return false;
+    }
+    return params.causal == 0u || i32(col) <= i32(row) + params.causal_offset;
+}
+
+// Index into the [batch, num_heads, seq_q] log-sum-exp output.
+fn lse_index(b: u32, h: u32, row: u32) -> u32 {
+    return (b * params.num_heads + h) * params.seq_q + row;
+}

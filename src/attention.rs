@@ -1,0 +1,472 @@
+//! Running attention on a device: the flash kernel, the naive baseline, and host-slice
+//! conveniences around both.
+
+use wgpu::util::DeviceExt;
+
+use crate::binding::{bind, bind_f32, Bound, TensorBuffer};
+use crate::context::GpuContext;
+use crate::error::{Error, Result};
+use crate::params::Params;
+use crate::pipelines::{BoundsChecks, PipelineCache};
+use crate::problem::{AttentionProblem, Element, Tensor};
+use crate::readback::{read_back, upload};
+use crate::select::{num_q_tiles, select, FlashConfig, KernelChoice};
+use crate::shaders::{KernelConfig, NaivePass};
+
+/// The tensors of one forward call, in the caller's buffers.
+#[derive(Clone, Copy, Debug)]
+pub struct ForwardBuffers<'a> {
+    pub q: TensorBuffer<'a>,
+    pub k: TensorBuffer<'a>,
+    pub v: TensorBuffer<'a>,
+    /// Written; must not share a buffer with q, k or v (wgpu forbids reading and writing one
+    /// buffer in a dispatch).
+    pub o: TensorBuffer<'a>,
+    /// `[batch, num_heads, seq_q]` f32, written when given. Its byte offset must meet the
+    /// device's `min_storage_buffer_offset_alignment`.
+    pub lse: Option<TensorBuffer<'a>>,
+}
+
+/// Result of a host-slice call.
+#[derive(Clone, Debug)]
+pub struct AttentionOutput<T> {
+    /// Laid out as the problem's `o_layout` says (`problem.required_len(Tensor::O)` elements;
+    /// elements the layout skips are 0).
+    pub out: Vec<T>,
+    /// `[batch, num_heads, seq_q]`, natural log; −∞ for rows that see no key.
+    pub lse: Vec<f32>,
+    /// Name of the kernel that ran ([`FlashConfig::name`], or `naive_*`).
+    pub kernel: String,
+    /// Bytes of device memory the call allocated (inputs, outputs, statistics, scratch).
+    pub device_bytes: u64,
+}
+
+/// Settings of a [`FlashAttention`] engine.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Options {
+    /// Which kernel variant and tile plan to use; automatic by default.
+    pub choice: KernelChoice,
+    pub bounds_checks: BoundsChecks,
+}
+
+/// Runs attention on one device. Pipelines are built on first use and cached, so keep one engine
+/// per device for the program's lifetime.
+pub struct FlashAttention {
+    ctx: GpuContext,
+    options: Options,
+    pipelines: PipelineCache,
+    /// Bound in place of the LSE when the caller does not want it.
+    unused_lse: wgpu::Buffer,
+}
+
+/// How the naive baseline splits a problem: the score matrices of `heads_per_pass`
+/// (batch, head) pairs are materialized at a time.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct NaivePlan {
+    pub heads_per_pass: usize,
+    pub passes: usize,
+    /// Size of the score buffer: `heads_per_pass · seq_q · seq_kv · 4` bytes.
+    pub scores_bytes: u64,
+}
+
+impl FlashAttention {
+    pub fn new(ctx: &GpuContext) -> Self {
+        Self::with_options(ctx, Options::default())
+    }
+
+    pub fn with_options(ctx: &GpuContext, options: Options) -> Self {
+        let unused_lse = ctx.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("wgpu-flash-attn unused lse"),
+            size: 4,
+            usage: wgpu::BufferUsages::STORAGE,
+            mapped_at_creation: false,
+        });
+        FlashAttention {
+            ctx: ctx.clone(),
+            options,
+            pipelines: PipelineCache::new(ctx.device.clone(), options.bounds_checks),
+            unused_lse,
+        }
+    }
+
+    pub fn context(&self) -> &GpuContext {
+        &self.ctx
+    }
+
+    pub fn options(&self) -> &Options {
+        &self.options
+    }
+
+    /// The flash kernel configuration this engine would run for `problem`.
+    pub fn select(&self, problem: &AttentionProblem) -> Result<FlashConfig> {
+        select(problem, &self.ctx.caps, &self.options.choice)
+    }
+
+    /// Selects the kernel for `problem` and builds its pipeline, waiting for the driver's verdict
+    /// on every platform. Optional on native backends (the first encode builds it), advisable on
+    /// the web, where a shader error is otherwise only reported asynchronously.
+    pub async fn prepare(&self, problem: &AttentionProblem) -> Result<FlashConfig> {
+        let config = self.select(problem)?;
+        self.pipelines.get_async(&KernelConfig::Flash(config)).await?;
+        Ok(config)
+    }
+
+    /// Records the flash forward pass into `encoder`, reading and writing the caller's buffers.
+    /// Never blocks. `timestamps`, if given, are written at the start and end of the pass.
+    pub fn encode_forward(
+        &self,
+        encoder: &mut wgpu::CommandEncoder,
+        problem: &AttentionProblem,
+        buffers: &ForwardBuffers<'_>,
+        timestamps: Option<wgpu::ComputePassTimestampWrites<'_>>,
+    ) -> Result<FlashConfig> {
+        let config = self.select(problem)?;
+        let pipeline = self.pipelines.get(&KernelConfig::Flash(config))?;
+        let bound = self.bind_forward(problem, buffers)?;
+
+        let mut params = Params::for_problem(problem, problem.softmax_scale() * std::f32::consts::LOG2_E);
+        params.q = bound[0].strides;
+        params.k = bound[1].strides;
+        params.v = bound[2].strides;
+        params.o = bound[3].strides;
+        params.num_q_tiles = num_q_tiles(problem, &config) as u32;
+        params.write_lse = buffers.lse.is_some() as u32;
+        let params_buffer = self.uniform(&params);
+
+        let mut entries = vec![wgpu::BindGroupEntry {
+            binding: 0,
+            resource: params_buffer.as_entire_binding(),
+        }];
+        for (i, b) in bound.iter().enumerate() {
+            entries.push(b.entry(i as u32 + 1));
+        }
+        let bind_group = self.ctx.device.create_bind_group(&wgpu::BindGroupDescriptor {
+            label: Some(&config.name()),
+            layout: &pipeline.get_bind_group_layout(0),
+            entries: &entries,
+        });
+        let mut pass = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor {
+            label: Some(&config.name()),
+            timestamp_writes: timestamps,
+        });
+        pass.set_pipeline(&pipeline);
+        pass.set_bind_group(0, &bind_group, &[]);
+        let s = problem.shape;
+        pass.dispatch_workgroups(params.num_q_tiles, s.num_heads as u32, s.batch as u32);
+        Ok(config)
+    }
+
+    /// Checks the caller's buffers against the problem and the device: q, k, v, o, lse bindings.
+    fn bind_forward<'a>(&'a self, problem: &AttentionProblem, buffers: &ForwardBuffers<'a>) -> Result<[Bound<'a>; 5]> {
+        let caps = &self.ctx.caps;
+        let es = problem.dtype.size_bytes();
+        let tensor =
+            |t: Tensor, tb: &TensorBuffer<'a>| bind(t.name(), tb, problem.layout(t), problem.required_len(t), es, caps);
+        for (name, written) in [("o", Some(&buffers.o)), ("lse", buffers.lse.as_ref())] {
+            let Some(written) = written else { continue };
+            for (input, read) in [("q", &buffers.q), ("k", &buffers.k), ("v", &buffers.v)] {
+                if written.buffer == read.buffer {
+                    return Err(Error::InvalidBuffer {
+                        tensor: name,
+                        message: format!(
+                            "shares a buffer with `{input}`; wgpu forbids reading and writing one buffer in a dispatch"
+                        ),
+                    });
+                }
+            }
+        }
+        let unused = TensorBuffer::new(&self.unused_lse);
+        let lse = match &buffers.lse {
+            Some(l) => bind_f32("lse", l, problem.lse_len(), caps)?,
+            None => bind_f32("lse", &unused, 1, caps)?,
+        };
+        Ok([
+            tensor(Tensor::Q, &buffers.q)?,
+            tensor(Tensor::K, &buffers.k)?,
+            tensor(Tensor::V, &buffers.v)?,
+            tensor(Tensor::O, &buffers.o)?,
+            lse,
+        ])
+    }
+
+    fn uniform(&self, params: &Params) -> wgpu::Buffer {
+        self.ctx.device.create_buffer_init(&wgpu::util::BufferInitDescriptor {
+            label: Some("wgpu-flash-attn params"),
+            contents: bytemuck::bytes_of(params),
+            usage: wgpu::BufferUsages::UNIFORM,
+        })
+    }
+
+    /// Flash attention on host slices: uploads `q`, `k`, `v` (laid out as the problem says),
+    /// runs the kernel and returns `O` and the LSE. Device memory used: the three inputs, the
+    /// output and `4·batch·num_heads·seq_q` bytes of LSE — nothing of size `seq_q × seq_kv`.
+    pub async fn forward<T: Element>(
+        &self,
+        problem: &AttentionProblem,
+        q: &[T],
+        k: &[T],
+        v: &[T],
+    ) -> Result<AttentionOutput<T>> {
+        let config = self.prepare(problem).await?;
+        self.run_on_host(problem, q, k, v, config.name(), 0, |engine, encoder, buffers| {
+            engine.encode_forward(encoder, problem, buffers, None).map(|_| ())
+        })
+        .await
+    }
+
+    /// [`forward`](Self::forward), blocking until the result is back (not on the web).
+    #[cfg(not(target_arch = "wasm32"))]
+    pub fn forward_blocking<T: Element>(
+        &self,
+        problem: &AttentionProblem,
+        q: &[T],
+        k: &[T],
+        v: &[T],
+    ) -> Result<AttentionOutput<T>> {
+        pollster::block_on(self.forward(problem, q, k, v))
+    }
+
+    /// Uploads inputs, allocates outputs, lets `encode` record the work, and reads back.
+    #[allow(clippy::too_many_arguments)]
+    async fn run_on_host<T: Element>(
+        &self,
+        problem: &AttentionProblem,
+        q: &[T],
+        k: &[T],
+        v: &[T],
+        kernel: String,
+        scratch_bytes: u64,
+        encode: impl FnOnce(&Self, &mut wgpu::CommandEncoder, &ForwardBuffers<'_>) -> Result<()>,
+    ) -> Result<AttentionOutput<T>> {
+        problem.validate()?;
+        if T::DTYPE != problem.dtype {
+            return Err(Error::DTypeMismatch {
+                tensor: "q",
+                expected: problem.dtype,
+                got: T::DTYPE,
+            });
+        }
+        let device = &self.ctx.device;
+        let mut inputs = Vec::new();
+        for (t, data) in [(Tensor::Q, q), (Tensor::K, k), (Tensor::V, v)] {
+            let need = problem.required_len(t);
+            if data.len() < need {
+                return Err(Error::InvalidBuffer {
+                    tensor: t.name(),
+                    message: format!(
+                        "the slice holds {} elements, the problem's layout needs {need}",
+                        data.len()
+                    ),
+                });
+            }
+            inputs.push(upload(
+                device,
+                t.name(),
+                bytemuck::cast_slice(&data[..need]),
+                wgpu::BufferUsages::empty(),
+            ));
+        }
+        let o_bytes = (problem.required_len(Tensor::O) * problem.dtype.size_bytes()) as u64;
+        let lse_bytes = 4 * problem.lse_len() as u64;
+        let output = |label, size| {
+            device.create_buffer(&wgpu::BufferDescriptor {
+                label: Some(label),
+                size,
+                usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_SRC,
+                mapped_at_creation: false,
+            })
+        };
+        let o = output("o", o_bytes);
+        let lse = output("lse", lse_bytes);
+        let buffers = ForwardBuffers {
+            q: TensorBuffer::new(&inputs[0]),
+            k: TensorBuffer::new(&inputs[1]),
+            v: TensorBuffer::new(&inputs[2]),
+            o: TensorBuffer::new(&o),
+            lse: Some(TensorBuffer::new(&lse)),
+        };
+        let mut encoder = device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some(&kernel) });
+        encode(self, &mut encoder, &buffers)?;
+        self.ctx.queue.submit([encoder.finish()]);
+        let mut bytes = read_back(device, &self.ctx.queue, &[(&o, 0, o_bytes), (&lse, 0, lse_bytes)]).await?;
+        let lse_out = bytemuck::pod_collect_to_vec(&bytes.pop().unwrap_or_default());
+        let out = bytemuck::pod_collect_to_vec(&bytes.pop().unwrap_or_default());
+        let device_bytes = inputs.iter().map(|b| b.size()).sum::<u64>() + o.size() + lse.size() + scratch_bytes;
+        Ok(AttentionOutput {
+            out,
+            lse: lse_out,
+            kernel,
+            device_bytes,
+        })
+    }
+
+    // ---------------------------------------------------------------- naive baseline
+
+    /// How the naive baseline would split `problem`, or [`Error::TooLarge`] when even one head's
+    /// `seq_q × seq_kv` score matrix exceeds what the device binds — which is the point of flash
+    /// attention.
+    pub fn naive_plan(&self, problem: &AttentionProblem) -> Result<NaivePlan> {
+        problem.validate()?;
+        let caps = &self.ctx.caps;
+        let s = problem.shape;
+        let per_head = 4 * s.seq_q as u64 * s.seq_kv as u64;
+        let limit = caps.max_storage_binding_bytes.min(caps.max_buffer_bytes);
+        if per_head > limit {
+            return Err(Error::TooLarge(format!(
+                "the naive kernel materializes a {}×{} score matrix per head ({per_head} bytes), more than \
+                 this device binds at once ({limit} bytes)",
+                s.seq_q, s.seq_kv
+            )));
+        }
+        let max_dim = caps.max_workgroups_per_dimension as usize;
+        if s.seq_q > max_dim {
+            return Err(Error::TooLarge(format!(
+                "the naive softmax runs one workgroup per row: {} rows exceed {max_dim}",
+                s.seq_q
+            )));
+        }
+        let total = s.batch * s.num_heads;
+        let heads_per_pass = ((limit / per_head) as usize).min(total).min(max_dim);
+        Ok(NaivePlan {
+            heads_per_pass,
+            passes: total.div_ceil(heads_per_pass),
+            scores_bytes: heads_per_pass as u64 * per_head,
+        })
+    }
+
+    /// Records standard attention (scores, softmax, PV, with the score matrices in a scratch
+    /// buffer it allocates) into `encoder`. The GPU baseline; same buffers as
+    /// [`encode_forward`](Self::encode_forward).
+    pub fn encode_naive(
+        &self,
+        encoder: &mut wgpu::CommandEncoder,
+        problem: &AttentionProblem,
+        buffers: &ForwardBuffers<'_>,
+        timestamps: Option<wgpu::ComputePassTimestampWrites<'_>>,
+    ) -> Result<NaivePlan> {
+        let plan = self.naive_plan(problem)?;
+        let pipelines = NaivePass::ALL.map(|pass| {
+            self.pipelines.get(&KernelConfig::Naive {
+                pass,
+                storage: problem.dtype,
+            })
+        });
+        let [scores_p, softmax_p, pv_p] = pipelines;
+        let (scores_p, softmax_p, pv_p) = (scores_p?, softmax_p?, pv_p?);
+        let bound = self.bind_forward(problem, buffers)?;
+        let scores = self.ctx.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("naive scores"),
+            size: plan.scores_bytes,
+            usage: wgpu::BufferUsages::STORAGE,
+            mapped_at_creation: false,
+        });
+        let scores_entry = |binding| wgpu::BindGroupEntry {
+            binding,
+            resource: scores.as_entire_binding(),
+        };
+
+        let s = problem.shape;
+        let mut pass = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor {
+            label: Some("naive attention"),
+            timestamp_writes: timestamps,
+        });
+        let total = s.batch * s.num_heads;
+        for first in (0..total).step_by(plan.heads_per_pass) {
+            let heads = plan.heads_per_pass.min(total - first) as u32;
+            let mut params = Params::for_problem(problem, problem.softmax_scale());
+            params.q = bound[0].strides;
+            params.k = bound[1].strides;
+            params.v = bound[2].strides;
+            params.o = bound[3].strides;
+            params.write_lse = buffers.lse.is_some() as u32;
+            params.bh_base = first as u32;
+            let params_buffer = self.uniform(&params);
+            let params_entry = wgpu::BindGroupEntry {
+                binding: 0,
+                resource: params_buffer.as_entire_binding(),
+            };
+            let group = |pipeline: &wgpu::ComputePipeline, entries: &[wgpu::BindGroupEntry<'_>]| {
+                self.ctx.device.create_bind_group(&wgpu::BindGroupDescriptor {
+                    label: Some("naive attention"),
+                    layout: &pipeline.get_bind_group_layout(0),
+                    entries,
+                })
+            };
+            let steps = [
+                (
+                    &scores_p,
+                    group(
+                        &scores_p,
+                        &[
+                            params_entry.clone(),
+                            bound[0].entry(1),
+                            bound[1].entry(2),
+                            scores_entry(3),
+                        ],
+                    ),
+                    [s.seq_kv.div_ceil(16) as u32, s.seq_q.div_ceil(16) as u32, heads],
+                ),
+                (
+                    &softmax_p,
+                    group(&softmax_p, &[params_entry.clone(), scores_entry(1), bound[4].entry(2)]),
+                    [s.seq_q as u32, heads, 1],
+                ),
+                (
+                    &pv_p,
+                    group(
+                        &pv_p,
+                        &[
+                            params_entry.clone(),
+                            scores_entry(1),
+                            bound[2].entry(2),
+                            bound[3].entry(3),
+                        ],
+                    ),
+                    [(s.head_dim / 4).div_ceil(16) as u32, s.seq_q.div_ceil(16) as u32, heads],
+                ),
+            ];
+            for (pipeline, bind_group, [x, y, z]) in &steps {
+                pass.set_pipeline(pipeline);
+                pass.set_bind_group(0, bind_group, &[]);
+                pass.dispatch_workgroups(*x, *y, *z);
+            }
+        }
+        Ok(plan)
+    }
+
+    /// The naive baseline on host slices (see [`forward`](Self::forward)).
+    pub async fn naive_forward<T: Element>(
+        &self,
+        problem: &AttentionProblem,
+        q: &[T],
+        k: &[T],
+        v: &[T],
+    ) -> Result<AttentionOutput<T>> {
+        let plan = self.naive_plan(problem)?;
+        for pass in NaivePass::ALL {
+            self.pipelines
+                .get_async(&KernelConfig::Naive {
+                    pass,
+                    storage: problem.dtype,
+                })
+                .await?;
+        }
+        let name = format!("naive_{}", problem.dtype.name());
+        self.run_on_host(problem, q, k, v, name, plan.scores_bytes, |engine, encoder, buffers| {
+            engine.encode_naive(encoder, problem, buffers, None).map(|_| ())
+        })
+        .await
+    }
+
+    /// [`naive_forward`](Self::naive_forward), blocking (not on the web).
+    #[cfg(not(target_arch = "wasm32"))]
+    pub fn naive_forward_blocking<T: Element>(
+        &self,
+        problem: &AttentionProblem,
+        q: &[T],
+        k: &[T],
+        v: &[T],
+    ) -> Result<AttentionOutput<T>> {
+        pollster::block_on(self.naive_forward(problem, q, k, v))
+    }
+}

@@ -1,0 +1,143 @@
+//! From a caller's buffer and a tensor layout to a checked storage binding.
+
+use crate::caps::Caps;
+use crate::error::{Error, Result};
+use crate::params::TensorStrides;
+use crate::problem::{TensorLayout, ELEMENT_ALIGNMENT};
+use crate::util::lcm;
+
+/// A tensor in a caller's GPU buffer: the buffer and the byte offset of the tensor's element 0
+/// (its [`TensorLayout`] offset is counted from there).
+#[derive(Clone, Copy, Debug)]
+pub struct TensorBuffer<'a> {
+    pub buffer: &'a wgpu::Buffer,
+    pub byte_offset: u64,
+}
+
+impl<'a> TensorBuffer<'a> {
+    pub fn new(buffer: &'a wgpu::Buffer) -> Self {
+        TensorBuffer { buffer, byte_offset: 0 }
+    }
+
+    pub fn at(buffer: &'a wgpu::Buffer, byte_offset: u64) -> Self {
+        TensorBuffer { buffer, byte_offset }
+    }
+}
+
+/// A validated binding: the byte range to bind and where the tensor starts inside it.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Bound<'a> {
+    pub buffer: &'a wgpu::Buffer,
+    pub start: u64,
+    pub size: u64,
+    /// Offset and strides of the tensor relative to `start`, in granules.
+    pub strides: TensorStrides,
+}
+
+impl Bound<'_> {
+    pub fn entry(&self, binding: u32) -> wgpu::BindGroupEntry<'_> {
+        wgpu::BindGroupEntry {
+            binding,
+            resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding {
+                buffer: self.buffer,
+                offset: self.start,
+                size: std::num::NonZeroU64::new(self.size),
+            }),
+        }
+    }
+}
+
+/// Checks the buffer's usage and that it reaches `end` bytes.
+fn check_extent(name: &'static str, tensor: &TensorBuffer<'_>, end: u64, what: String) -> Result<()> {
+    let bad = |message: String| Error::InvalidBuffer { tensor: name, message };
+    if !tensor.buffer.usage().contains(wgpu::BufferUsages::STORAGE) {
+        return Err(bad("the buffer was not created with BufferUsages::STORAGE".into()));
+    }
+    if end > tensor.buffer.size() {
+        return Err(bad(format!(
+            "needs bytes up to {end} (byte offset {} + {what}), the buffer has {}",
+            tensor.byte_offset,
+            tensor.buffer.size()
+        )));
+    }
+    Ok(())
+}
+
+fn check_binding_size(name: &'static str, size: u64, caps: &Caps) -> Result<()> {
+    if size > caps.max_storage_binding_bytes {
+        return Err(Error::TooLarge(format!(
+            "tensor `{name}` spans {size} bytes, more than this device binds at once ({} bytes); \
+             split the batch or heads over several calls",
+            caps.max_storage_binding_bytes
+        )));
+    }
+    Ok(())
+}
+
+/// Checks that `tensor` holds `len_elems` elements of `elem_bytes` each at `layout` and returns
+/// the smallest aligned binding that covers them.
+///
+/// The binding starts at the tensor's first element rounded down to the device's storage-offset
+/// alignment, so a tensor deep inside a large buffer only needs its own extent to fit in one
+/// binding.
+pub(crate) fn bind<'a>(
+    name: &'static str,
+    tensor: &TensorBuffer<'a>,
+    layout: &TensorLayout,
+    len_elems: usize,
+    elem_bytes: usize,
+    caps: &Caps,
+) -> Result<Bound<'a>> {
+    let granule = (ELEMENT_ALIGNMENT * elem_bytes) as u64;
+    if !tensor.byte_offset.is_multiple_of(granule) {
+        return Err(Error::InvalidBuffer {
+            tensor: name,
+            message: format!(
+                "byte offset {} is not a multiple of {granule} (four elements)",
+                tensor.byte_offset
+            ),
+        });
+    }
+    let first = tensor.byte_offset + (layout.offset * elem_bytes) as u64;
+    let end = tensor.byte_offset + (len_elems * elem_bytes) as u64;
+    check_extent(name, tensor, end, format!("{len_elems} elements of {elem_bytes} bytes"))?;
+    // Round down to a multiple of both the device's alignment and the granule.
+    let align = lcm(caps.min_storage_offset_alignment.max(1) as u64, granule);
+    let start = first / align * align;
+    check_binding_size(name, end - start, caps)?;
+    Ok(Bound {
+        buffer: tensor.buffer,
+        start,
+        size: end - start,
+        strides: TensorStrides::new(layout, ((first - start) / elem_bytes as u64) as usize),
+    })
+}
+
+/// Binding for `len` f32 values read or written whole (the LSE): bound exactly at its offset,
+/// which must therefore meet the device's storage-offset alignment.
+pub(crate) fn bind_f32<'a>(
+    name: &'static str,
+    tensor: &TensorBuffer<'a>,
+    len: usize,
+    caps: &Caps,
+) -> Result<Bound<'a>> {
+    let align = caps.min_storage_offset_alignment.max(4) as u64;
+    if !tensor.byte_offset.is_multiple_of(align) {
+        return Err(Error::InvalidBuffer {
+            tensor: name,
+            message: format!(
+                "byte offset {} is not a multiple of the device's storage offset alignment {align}",
+                tensor.byte_offset
+            ),
+        });
+    }
+    let size = 4 * len as u64;
+    check_extent(name, tensor, tensor.byte_offset + size, format!("{len} f32 values"))?;
+    check_binding_size(name, size, caps)?;
+    Ok(Bound {
+        buffer: tensor.buffer,
+        start: tensor.byte_offset,
+        size,
+        strides: TensorStrides::default(),
+    })
+}

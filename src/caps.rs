@@ -1,0 +1,78 @@
+//! What the device offers, read once off the adapter and device: the facts kernel selection needs.
+
+/// Capabilities of one device, as the selection function sees them. Built from a live device with
+/// [`Caps::from_device`], or by hand in tests (selection is a pure function of this and the
+/// problem).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Caps {
+    /// Adapter name, for messages and reports.
+    pub adapter_name: String,
+    pub backend: wgpu::Backend,
+    pub device_type: wgpu::DeviceType,
+    /// Subgroup operations are enabled on the device.
+    pub subgroups: bool,
+    /// Smallest and largest subgroup the adapter may use (equal on most GPUs: 32 on NVIDIA,
+    /// 8 on lavapipe; AMD reports 32..64, Intel 8..32).
+    pub subgroup_min_size: u32,
+    pub subgroup_max_size: u32,
+    /// `shader-f16` is enabled on the device.
+    pub shader_f16: bool,
+    /// GPU timestamps can be written inside compute passes.
+    pub timestamps: bool,
+    pub max_workgroup_storage_bytes: u32,
+    pub max_invocations_per_workgroup: u32,
+    pub max_workgroup_size_x: u32,
+    pub max_workgroups_per_dimension: u32,
+    pub max_storage_binding_bytes: u64,
+    pub max_buffer_bytes: u64,
+    pub min_storage_offset_alignment: u32,
+}
+
+impl Caps {
+    /// Reads the capabilities of a device (its enabled features and limits, not the adapter's
+    /// possible ones) and the subgroup sizes from its adapter's info.
+    pub fn from_device(device: &wgpu::Device, info: &wgpu::AdapterInfo) -> Self {
+        let f = device.features();
+        let l = device.limits();
+        Caps {
+            adapter_name: info.name.clone(),
+            backend: info.backend,
+            device_type: info.device_type,
+            subgroups: f.contains(wgpu::Features::SUBGROUP) && info.backend != wgpu::Backend::BrowserWebGpu,
+            subgroup_min_size: info.subgroup_min_size,
+            subgroup_max_size: info.subgroup_max_size,
+            shader_f16: f.contains(wgpu::Features::SHADER_F16),
+            timestamps: f.contains(wgpu::Features::TIMESTAMP_QUERY)
+                && f.contains(wgpu::Features::TIMESTAMP_QUERY_INSIDE_PASSES),
+            max_workgroup_storage_bytes: l.max_compute_workgroup_storage_size,
+            max_invocations_per_workgroup: l.max_compute_invocations_per_workgroup,
+            max_workgroup_size_x: l.max_compute_workgroup_size_x,
+            max_workgroups_per_dimension: l.max_compute_workgroups_per_dimension,
+            max_storage_binding_bytes: l.max_storage_buffer_binding_size,
+            max_buffer_bytes: l.max_buffer_size,
+            min_storage_offset_alignment: l.min_storage_buffer_offset_alignment,
+        }
+    }
+
+    /// The guaranteed minimum of a WebGPU device (the `Limits::downlevel_defaults()`-like floor
+    /// every adapter offers), with no optional features: what the kernels can count on anywhere.
+    pub fn webgpu_baseline() -> Self {
+        Caps {
+            adapter_name: "WebGPU baseline".into(),
+            backend: wgpu::Backend::BrowserWebGpu,
+            device_type: wgpu::DeviceType::Other,
+            subgroups: false,
+            subgroup_min_size: 4,
+            subgroup_max_size: 128,
+            shader_f16: false,
+            timestamps: false,
+            max_workgroup_storage_bytes: 16 << 10,
+            max_invocations_per_workgroup: 256,
+            max_workgroup_size_x: 256,
+            max_workgroups_per_dimension: 65535,
+            max_storage_binding_bytes: 128 << 20,
+            max_buffer_bytes: 256 << 20,
+            min_storage_offset_alignment: 256,
+        }
+    }
+}

@@ -1,0 +1,111 @@
+//! Getting a device: the best adapter, with its full limits and only the features the kernels use.
+//! Kept apart from running on a device, so that callers (and tests) can bring their own.
+
+use crate::caps::Caps;
+use crate::error::{Error, Result};
+
+/// A wgpu device and queue plus what the kernels need to know about them.
+#[derive(Clone, Debug)]
+pub struct GpuContext {
+    pub device: wgpu::Device,
+    pub queue: wgpu::Queue,
+    pub info: wgpu::AdapterInfo,
+    pub caps: Caps,
+}
+
+/// Features the kernels can use when the adapter has them. Nothing else is requested.
+pub fn wanted_features() -> wgpu::Features {
+    wgpu::Features::SUBGROUP
+        | wgpu::Features::SHADER_F16
+        | wgpu::Features::TIMESTAMP_QUERY
+        | wgpu::Features::TIMESTAMP_QUERY_INSIDE_PASSES
+}
+
+impl GpuContext {
+    /// Opens the best adapter on this machine (see [`best_adapter`]).
+    pub async fn new() -> Result<Self> {
+        let instance = wgpu::Instance::new(wgpu::InstanceDescriptor::new_without_display_handle_from_env());
+        let adapter = best_adapter(&instance).await?;
+        Self::from_adapter(&adapter).await
+    }
+
+    /// Creates a device on `adapter` with the adapter's own limits (wgpu's defaults cap workgroup
+    /// memory at 16 KiB and invocations at 256) and those of [`wanted_features`] it offers.
+    pub async fn from_adapter(adapter: &wgpu::Adapter) -> Result<Self> {
+        let features = adapter.features() & wanted_features();
+        let (device, queue) = adapter
+            .request_device(&wgpu::DeviceDescriptor {
+                label: Some("wgpu-flash-attn"),
+                required_features: features,
+                required_limits: adapter.limits(),
+                experimental_features: wgpu::ExperimentalFeatures::disabled(),
+                memory_hints: wgpu::MemoryHints::Performance,
+                trace: wgpu::Trace::Off,
+            })
+            .await
+            .map_err(|e| Error::RequestDevice(e.to_string()))?;
+        Ok(Self::from_device(device, queue, adapter.get_info()))
+    }
+
+    /// Wraps a device the caller created. The kernels use whatever features and limits it was
+    /// created with (request `adapter.limits()` and [`wanted_features`] for the fastest ones).
+    pub fn from_device(device: wgpu::Device, queue: wgpu::Queue, info: wgpu::AdapterInfo) -> Self {
+        let caps = Caps::from_device(&device, &info);
+        GpuContext {
+            device,
+            queue,
+            info,
+            caps,
+        }
+    }
+}
+
+/// Ranks an adapter: lower is better. Real GPUs before software ones, native backends before GL.
+pub fn adapter_rank(info: &wgpu::AdapterInfo) -> (u8, u8) {
+    let device = match info.device_type {
+        wgpu::DeviceType::DiscreteGpu => 0,
+        wgpu::DeviceType::IntegratedGpu => 1,
+        wgpu::DeviceType::VirtualGpu => 2,
+        wgpu::DeviceType::Other => 3,
+        wgpu::DeviceType::Cpu => 4,
+    };
+    let backend = match info.backend {
+        wgpu::Backend::Vulkan | wgpu::Backend::Metal | wgpu::Backend::Dx12 | wgpu::Backend::BrowserWebGpu => 0,
+        _ => 1,
+    };
+    (device, backend)
+}
+
+/// The best adapter: the one with the lowest [`adapter_rank`]; or, if the environment variable
+/// `FLASH_ADAPTER` is set, the best one whose name contains it (case-insensitive).
+pub async fn best_adapter(instance: &wgpu::Instance) -> Result<wgpu::Adapter> {
+    #[cfg(not(target_arch = "wasm32"))]
+    {
+        let wanted = std::env::var("FLASH_ADAPTER").ok().map(|s| s.to_lowercase());
+        let mut adapters = instance.enumerate_adapters(wgpu::Backends::all()).await;
+        let names: Vec<String> = adapters
+            .iter()
+            .map(|a| format!("{} ({:?})", a.get_info().name, a.get_info().backend))
+            .collect();
+        if let Some(w) = &wanted {
+            adapters.retain(|a| a.get_info().name.to_lowercase().contains(w));
+        }
+        adapters.sort_by_key(|a| adapter_rank(&a.get_info()));
+        adapters.into_iter().next().ok_or_else(|| {
+            Error::NoAdapter(match wanted {
+                Some(w) => format!(" whose name contains `{w}` (FLASH_ADAPTER); found: {}", names.join(", ")),
+                None => " (is a Vulkan, Metal or DX12 driver installed? on Linux without a GPU, install Mesa's lavapipe: `apt install mesa-vulkan-drivers`)".into(),
+            })
+        })
+    }
+    #[cfg(target_arch = "wasm32")]
+    {
+        instance
+            .request_adapter(&wgpu::RequestAdapterOptions {
+                power_preference: wgpu::PowerPreference::HighPerformance,
+                ..Default::default()
+            })
+            .await
+            .map_err(|e| Error::NoAdapter(format!(": {e}")))
+    }
+}

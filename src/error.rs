@@ -1,0 +1,69 @@
+//! The one error type of the crate, grouped by who has to act on it.
+
+/// Everything that can go wrong, from a bad argument to a missing GPU.
+///
+/// The library never panics on user input: every check on shapes, layouts, buffers and device
+/// capabilities ends in one of these variants, with a message that names the tensor and the values
+/// involved.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    // --- the caller's problem description or buffers ---
+    /// The attention problem is inconsistent (shapes, strides, scale); the message names the
+    /// tensor and the values.
+    #[error("invalid attention problem: {0}")]
+    InvalidProblem(String),
+
+    /// `head_dim` is outside what the kernels handle.
+    #[error("head_dim {got} is not supported: it must be a multiple of 8 between 8 and {max}")]
+    UnsupportedHeadDim { got: usize, max: usize },
+
+    /// A host slice or GPU buffer passed in is too small, misaligned or lacks a usage flag.
+    #[error("tensor `{tensor}`: {message}")]
+    InvalidBuffer { tensor: &'static str, message: String },
+
+    /// The element type of a host slice does not match the problem's `dtype`.
+    #[error("tensor `{tensor}` holds {got:?} elements but the problem says {expected:?}")]
+    DTypeMismatch {
+        tensor: &'static str,
+        expected: crate::DType,
+        got: crate::DType,
+    },
+
+    // --- what this device can do ---
+    /// The problem is larger than this device can bind or dispatch at once.
+    #[error("too large for this device: {0}")]
+    TooLarge(String),
+
+    /// A requested kernel variant or feature is not offered by this adapter.
+    #[error("{what} is not available on this device: {why}")]
+    Unavailable { what: String, why: String },
+
+    /// No GPU adapter could be found (no driver, or no backend compiled in).
+    #[error("no GPU adapter found{0}")]
+    NoAdapter(String),
+
+    /// The adapter refused to create a device.
+    #[error("could not create a device: {0}")]
+    RequestDevice(String),
+
+    // --- the library's own shaders or the driver ---
+    /// A shader or pipeline was rejected by wgpu or the driver. This is a bug in the library
+    /// (every shader is validated in its tests) or in the driver.
+    #[error("shader `{name}` was rejected: {message}")]
+    Shader { name: String, message: String },
+
+    /// Reading results back from the GPU failed (device lost, out of memory).
+    #[error("GPU read-back failed: {0}")]
+    ReadBack(String),
+}
+
+/// `Result` with the crate's [`Error`].
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// Shorthand for `Err(Error::InvalidProblem(..))` with `format!` arguments.
+macro_rules! invalid {
+    ($($arg:tt)*) => {
+        Err($crate::Error::InvalidProblem(format!($($arg)*)))
+    };
+}
+pub(crate) use invalid;

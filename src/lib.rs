@@ -1,0 +1,57 @@
+//! # wgpu-flash-attn
+//!
+//! Exact attention, `O = softmax(scale·QKᵀ [causal mask])·V`, that never writes the
+//! `seq_q × seq_kv` score matrix to memory: FlashAttention-2's tiled online softmax, written in
+//! WGSL and run through [wgpu] on Vulkan, Metal, DX12 and WebGPU.
+//!
+//! ```no_run
+//! use wgpu_flash_attn::{AttentionProblem, DType, FlashAttention, GpuContext};
+//! # fn main() -> wgpu_flash_attn::Result<()> {
+//! let ctx = pollster::block_on(GpuContext::new())?;
+//! let attn = FlashAttention::new(&ctx);
+//! // batch 2, sequence 1024, 8 heads of 64, [batch, seq, heads, head_dim] contiguous.
+//! let problem = AttentionProblem::mha(2, 1024, 8, 64, DType::F32).with_causal(true);
+//! let n = problem.required_len(wgpu_flash_attn::Tensor::Q);
+//! let (q, k, v) = (vec![0.1f32; n], vec![0.2f32; n], vec![0.3f32; n]);
+//! let result = attn.forward_blocking(&problem, &q, &k, &v)?;
+//! println!("{} outputs, {} LSE rows, kernel {}", result.out.len(), result.lse.len(), result.kernel);
+//! # Ok(()) }
+//! ```
+//!
+//! * [`AttentionProblem`] describes a call (shapes, dtype, causal, scale, strides) and validates it.
+//! * [`GpuContext`] opens the best adapter, or wraps a device you already have.
+//! * [`FlashAttention`] selects a kernel ([`select`]), caches pipelines, and runs on host slices
+//!   ([`FlashAttention::forward`]) or records into your encoder on your buffers
+//!   ([`FlashAttention::encode_forward`]).
+//! * [`reference`] is a float64 CPU implementation; [`testing`] has seeded inputs and error
+//!   statistics.
+
+mod attention;
+mod binding;
+mod caps;
+mod context;
+mod error;
+mod params;
+mod pipelines;
+mod problem;
+mod readback;
+pub mod reference;
+mod select;
+pub mod shaders;
+pub mod testing;
+mod util;
+
+pub use attention::{AttentionOutput, FlashAttention, ForwardBuffers, NaivePlan, Options};
+pub use binding::TensorBuffer;
+pub use caps::Caps;
+pub use context::{adapter_rank, best_adapter, wanted_features, GpuContext};
+pub use error::{Error, Result};
+pub use pipelines::BoundsChecks;
+pub use problem::{
+    AttentionProblem, AttentionShape, DType, Element, Layout, Tensor, TensorLayout, ELEMENT_ALIGNMENT, MAX_HEAD_DIM,
+};
+pub use readback::read_back;
+pub use select::{
+    all_configs, num_q_tiles, preferred_variants, select, FlashConfig, KernelChoice, Reduction, TilePlan, TileType,
+    Variant, PLANS,
+};

@@ -1,0 +1,74 @@
+//! The per-dispatch uniform block, mirrored byte for byte from `shaders/common.wgsl`.
+
+use bytemuck::{Pod, Zeroable};
+
+use crate::problem::{AttentionProblem, TensorLayout, ELEMENT_ALIGNMENT};
+
+/// `TensorStrides` in common.wgsl: offset and strides in granules (4 elements), relative to the
+/// start of the tensor's binding.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Pod, Zeroable)]
+pub(crate) struct TensorStrides {
+    pub offset: u32,
+    pub batch: u32,
+    pub seq: u32,
+    pub head: u32,
+}
+
+impl TensorStrides {
+    /// `offset_in_binding_elems`: where element (0, 0, 0, 0) lies from the start of the binding.
+    /// Validation has checked that every value is a multiple of 4 and fits in u32 granules.
+    pub fn new(layout: &TensorLayout, offset_in_binding_elems: usize) -> Self {
+        let g = |x: usize| (x / ELEMENT_ALIGNMENT) as u32;
+        TensorStrides {
+            offset: g(offset_in_binding_elems),
+            batch: g(layout.batch_stride),
+            seq: g(layout.seq_stride),
+            head: g(layout.head_stride),
+        }
+    }
+}
+
+/// `Params` in common.wgsl.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Pod, Zeroable)]
+pub(crate) struct Params {
+    pub q: TensorStrides,
+    pub k: TensorStrides,
+    pub v: TensorStrides,
+    pub o: TensorStrides,
+    pub seq_q: u32,
+    pub seq_kv: u32,
+    pub head_dim: u32,
+    pub num_heads: u32,
+    pub group_size: u32,
+    pub causal: u32,
+    pub causal_offset: i32,
+    pub scale: f32,
+    pub num_q_tiles: u32,
+    pub write_lse: u32,
+    pub bh_base: u32,
+    pub _pad: u32,
+}
+
+// WGSL lays the struct out as four 16-byte members then twelve 4-byte scalars.
+const _: () = assert!(std::mem::size_of::<Params>() == 4 * 16 + 12 * 4);
+
+impl Params {
+    /// The fields that depend only on the problem; strides and per-dispatch fields are filled in
+    /// by the caller. `scale` is the softmax scale as the kernel wants it.
+    pub fn for_problem(problem: &AttentionProblem, scale: f32) -> Self {
+        let s = problem.shape;
+        Params {
+            seq_q: s.seq_q as u32,
+            seq_kv: s.seq_kv as u32,
+            head_dim: s.head_dim as u32,
+            num_heads: s.num_heads as u32,
+            group_size: problem.group_size() as u32,
+            causal: problem.causal as u32,
+            causal_offset: problem.causal_offset() as i32,
+            scale,
+            ..Params::default()
+        }
+    }
+}

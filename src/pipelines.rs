@@ -1,0 +1,126 @@
+//! Compute pipelines, built once per kernel configuration and cached.
+
+use std::borrow::Cow;
+use std::collections::HashMap;
+use std::future::Future;
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll, Waker};
+
+use crate::error::{Error, Result};
+use crate::shaders::KernelConfig;
+
+/// Whether wgpu adds bounds checks to the kernels' storage accesses.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum BoundsChecks {
+    /// wgpu's default: every storage-buffer index is clamped at run time.
+    #[default]
+    On,
+    /// Modules are created with `create_shader_module_trusted` and no runtime checks. Sound
+    /// because the host validates every tensor's extent against its binding before dispatch and
+    /// the kernels guard every row and column they touch; ignored on the web, where the browser
+    /// always checks.
+    Off,
+}
+
+/// A cache of compute pipelines keyed by [`KernelConfig`].
+pub(crate) struct PipelineCache {
+    device: wgpu::Device,
+    bounds_checks: BoundsChecks,
+    pipelines: Mutex<HashMap<KernelConfig, Arc<wgpu::ComputePipeline>>>,
+}
+
+impl PipelineCache {
+    pub fn new(device: wgpu::Device, bounds_checks: BoundsChecks) -> Self {
+        PipelineCache {
+            device,
+            bounds_checks,
+            pipelines: Mutex::new(HashMap::new()),
+        }
+    }
+
+    fn cached(&self, config: &KernelConfig) -> Option<Arc<wgpu::ComputePipeline>> {
+        self.pipelines.lock().ok()?.get(config).cloned()
+    }
+
+    /// The pipeline for `config`, built on first use. Shader and pipeline creation run inside a
+    /// validation error scope, so a rejected module is an [`Error::Shader`] rather than wgpu's
+    /// default panic. On native backends the scope resolves at once; on the web the result of a
+    /// first build can only be known asynchronously — call [`get_async`](Self::get_async) there.
+    pub fn get(&self, config: &KernelConfig) -> Result<Arc<wgpu::ComputePipeline>> {
+        if let Some(p) = self.cached(config) {
+            return Ok(p);
+        }
+        let (pipeline, error) = self.build(config);
+        if let Some(message) = now_or_never(error).flatten() {
+            return Err(Error::Shader {
+                name: config.name(),
+                message,
+            });
+        }
+        Ok(self.insert(config, pipeline))
+    }
+
+    /// Like [`get`](Self::get), but waits for the error scope on every platform.
+    pub async fn get_async(&self, config: &KernelConfig) -> Result<Arc<wgpu::ComputePipeline>> {
+        if let Some(p) = self.cached(config) {
+            return Ok(p);
+        }
+        let (pipeline, error) = self.build(config);
+        if let Some(message) = error.await {
+            return Err(Error::Shader {
+                name: config.name(),
+                message,
+            });
+        }
+        Ok(self.insert(config, pipeline))
+    }
+
+    fn insert(&self, config: &KernelConfig, pipeline: wgpu::ComputePipeline) -> Arc<wgpu::ComputePipeline> {
+        let pipeline = Arc::new(pipeline);
+        if let Ok(mut map) = self.pipelines.lock() {
+            map.insert(*config, pipeline.clone());
+        }
+        pipeline
+    }
+
+    fn build(&self, config: &KernelConfig) -> (wgpu::ComputePipeline, impl Future<Output = Option<String>>) {
+        let name = config.name();
+        let scope = self.device.push_error_scope(wgpu::ErrorFilter::Validation);
+        let desc = wgpu::ShaderModuleDescriptor {
+            label: Some(&name),
+            source: wgpu::ShaderSource::Wgsl(Cow::Owned(config.source())),
+        };
+        let module = match self.bounds_checks {
+            BoundsChecks::On => self.device.create_shader_module(desc),
+            // SAFETY: see `BoundsChecks::Off`: every index the kernels form is in bounds for
+            // problems that passed validation, which the callers of the cache enforce.
+            BoundsChecks::Off => unsafe {
+                self.device
+                    .create_shader_module_trusted(desc, wgpu::ShaderRuntimeChecks::unchecked())
+            },
+        };
+        let pipeline = self.device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
+            label: Some(&name),
+            layout: None,
+            module: &module,
+            entry_point: Some(config.entry_point()),
+            compilation_options: wgpu::PipelineCompilationOptions {
+                constants: &[],
+                // Every kernel writes its workgroup memory before reading it.
+                zero_initialize_workgroup_memory: false,
+            },
+            cache: None,
+        });
+        let error = scope.pop();
+        (pipeline, async move { error.await.map(|e| e.to_string()) })
+    }
+}
+
+/// Polls a future once; `Some` if it was already complete.
+fn now_or_never<F: Future>(future: F) -> Option<F::Output> {
+    let mut future = std::pin::pin!(future);
+    match future.as_mut().poll(&mut Context::from_waker(Waker::noop())) {
+        Poll::Ready(v) => Some(v),
+        Poll::Pending => None,
+    }
+}

@@ -1,0 +1,512 @@
+//! What an attention call computes: shapes, element type, masking, scale and memory layouts,
+//! and the validation that every entry point runs before touching a GPU.
+
+use crate::error::{invalid, Error, Result};
+
+/// Element type of Q, K, V and O in memory. Arithmetic always accumulates in f32.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum DType {
+    F32,
+    F16,
+    /// bfloat16: the upper half of an f32. WGSL has no bf16 type; the kernels read it with a shift.
+    BF16,
+}
+
+impl DType {
+    /// Bytes per element.
+    pub const fn size_bytes(self) -> usize {
+        match self {
+            DType::F32 => 4,
+            DType::F16 | DType::BF16 => 2,
+        }
+    }
+
+    /// Short lowercase name used in kernel names and benchmark ids.
+    pub const fn name(self) -> &'static str {
+        match self {
+            DType::F32 => "f32",
+            DType::F16 => "f16",
+            DType::BF16 => "bf16",
+        }
+    }
+
+    pub const ALL: [DType; 3] = [DType::F32, DType::F16, DType::BF16];
+}
+
+/// A Rust element type that can be passed in host slices: `f32`, [`half::f16`], [`half::bf16`].
+pub trait Element: bytemuck::Pod + Send + Sync + 'static {
+    const DTYPE: DType;
+    fn to_f64(self) -> f64;
+    /// Rounds to the nearest representable value.
+    fn from_f64(v: f64) -> Self;
+}
+
+impl Element for f32 {
+    const DTYPE: DType = DType::F32;
+    fn to_f64(self) -> f64 {
+        self as f64
+    }
+    fn from_f64(v: f64) -> Self {
+        v as f32
+    }
+}
+
+impl Element for half::f16 {
+    const DTYPE: DType = DType::F16;
+    fn to_f64(self) -> f64 {
+        self.to_f64()
+    }
+    fn from_f64(v: f64) -> Self {
+        half::f16::from_f64(v)
+    }
+}
+
+impl Element for half::bf16 {
+    const DTYPE: DType = DType::BF16;
+    fn to_f64(self) -> f64 {
+        self.to_f64()
+    }
+    fn from_f64(v: f64) -> Self {
+        half::bf16::from_f64(v)
+    }
+}
+
+/// The two common orders of a 4-D attention tensor, both with `head_dim` innermost.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Layout {
+    /// `[batch, seq, heads, head_dim]`: FlashAttention's layout, and what a linear projection
+    /// produces before any transpose. The default.
+    Bshd,
+    /// `[batch, heads, seq, head_dim]`: PyTorch's `scaled_dot_product_attention` layout.
+    Bhsd,
+}
+
+/// Where element `(b, s, h, d)` of one tensor lives: `offset + b·batch_stride + s·seq_stride +
+/// h·head_stride + d`, in elements. The last dimension is always contiguous.
+///
+/// Any strides are accepted for inputs (a stride of 0 broadcasts); the output must not overlap
+/// itself. Offsets and strides must be multiples of 4 elements, because the kernels move data in
+/// aligned groups of four elements (16 bytes of f32, 8 bytes of f16/bf16).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct TensorLayout {
+    pub offset: usize,
+    pub batch_stride: usize,
+    pub seq_stride: usize,
+    pub head_stride: usize,
+}
+
+impl TensorLayout {
+    /// A densely packed tensor of the given order.
+    pub fn contiguous(order: Layout, seq: usize, heads: usize, head_dim: usize) -> Self {
+        match order {
+            Layout::Bshd => TensorLayout {
+                offset: 0,
+                batch_stride: seq * heads * head_dim,
+                seq_stride: heads * head_dim,
+                head_stride: head_dim,
+            },
+            Layout::Bhsd => TensorLayout {
+                offset: 0,
+                batch_stride: heads * seq * head_dim,
+                seq_stride: head_dim,
+                head_stride: seq * head_dim,
+            },
+        }
+    }
+
+    /// Element index of `(b, s, h, d)`.
+    pub fn index(&self, b: usize, s: usize, h: usize, d: usize) -> usize {
+        self.offset + b * self.batch_stride + s * self.seq_stride + h * self.head_stride + d
+    }
+
+    /// Number of elements a buffer must hold for a tensor of this extent: one past the last
+    /// element, or `None` if that overflows.
+    pub fn required_len(&self, batch: usize, seq: usize, heads: usize, head_dim: usize) -> Option<usize> {
+        let last = |n: usize, stride: usize| (n - 1).checked_mul(stride);
+        self.offset
+            .checked_add(last(batch, self.batch_stride)?)?
+            .checked_add(last(seq, self.seq_stride)?)?
+            .checked_add(last(heads, self.head_stride)?)?
+            .checked_add(head_dim)
+    }
+}
+
+/// The four tensors of the forward pass, for messages and per-tensor settings.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Tensor {
+    Q,
+    K,
+    V,
+    O,
+}
+
+impl Tensor {
+    pub const fn name(self) -> &'static str {
+        match self {
+            Tensor::Q => "q",
+            Tensor::K => "k",
+            Tensor::V => "v",
+            Tensor::O => "o",
+        }
+    }
+}
+
+/// The sizes of an attention problem.
+///
+/// `num_heads` query heads share `num_kv_heads` key/value heads (`num_heads % num_kv_heads == 0`):
+/// equal counts are multi-head attention, fewer K/V heads grouped-query attention, one K/V head
+/// multi-query attention. Query head `h` reads K/V head `h / (num_heads / num_kv_heads)`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct AttentionShape {
+    pub batch: usize,
+    pub seq_q: usize,
+    pub seq_kv: usize,
+    pub num_heads: usize,
+    pub num_kv_heads: usize,
+    pub head_dim: usize,
+}
+
+/// Largest supported `head_dim` (a multiple of 8 up to this).
+pub const MAX_HEAD_DIM: usize = 256;
+
+/// Granularity, in elements, that offsets and strides must respect (see [`TensorLayout`]).
+pub const ELEMENT_ALIGNMENT: usize = 4;
+
+/// One attention call: `O = softmax(scale·QKᵀ [+ causal mask])·V`, per batch and head, plus the
+/// natural-log row log-sum-exp `LSE[b, h, i] = log Σⱼ exp(scale·qᵢ·kⱼ)` (f32,
+/// `[batch, num_heads, seq_q]` contiguous).
+///
+/// Build with [`AttentionProblem::new`] and the `with_*` methods; every entry point calls
+/// [`validate`](Self::validate), so an inconsistent problem is an [`Error`], never a panic.
+///
+/// Causal masking follows FlashAttention ≥ 2.1: the mask is aligned to the bottom-right corner,
+/// so query `i` sees keys `j ≤ i + seq_kv − seq_q`. When `seq_q > seq_kv` the first
+/// `seq_q − seq_kv` query rows see no key at all: their output is 0 and their LSE is −∞.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct AttentionProblem {
+    pub shape: AttentionShape,
+    pub dtype: DType,
+    pub causal: bool,
+    /// Softmax scale; `None` means `1/sqrt(head_dim)`.
+    pub scale: Option<f32>,
+    pub q_layout: TensorLayout,
+    pub k_layout: TensorLayout,
+    pub v_layout: TensorLayout,
+    pub o_layout: TensorLayout,
+}
+
+impl AttentionProblem {
+    /// A non-causal problem with the default scale and all four tensors contiguous in
+    /// `[batch, seq, heads, head_dim]` order.
+    pub fn new(shape: AttentionShape, dtype: DType) -> Self {
+        let mut p = AttentionProblem {
+            shape,
+            dtype,
+            causal: false,
+            scale: None,
+            q_layout: TensorLayout::contiguous(Layout::Bshd, 0, 0, 0),
+            k_layout: TensorLayout::contiguous(Layout::Bshd, 0, 0, 0),
+            v_layout: TensorLayout::contiguous(Layout::Bshd, 0, 0, 0),
+            o_layout: TensorLayout::contiguous(Layout::Bshd, 0, 0, 0),
+        };
+        p = p.with_layout(Layout::Bshd);
+        p
+    }
+
+    /// Multi-head attention with `seq_q == seq_kv` and as many K/V heads as query heads.
+    pub fn mha(batch: usize, seq: usize, num_heads: usize, head_dim: usize, dtype: DType) -> Self {
+        Self::new(
+            AttentionShape {
+                batch,
+                seq_q: seq,
+                seq_kv: seq,
+                num_heads,
+                num_kv_heads: num_heads,
+                head_dim,
+            },
+            dtype,
+        )
+    }
+
+    pub fn with_causal(mut self, causal: bool) -> Self {
+        self.causal = causal;
+        self
+    }
+
+    pub fn with_scale(mut self, scale: f32) -> Self {
+        self.scale = Some(scale);
+        self
+    }
+
+    /// Makes all four tensors contiguous in the given order.
+    pub fn with_layout(mut self, order: Layout) -> Self {
+        let s = self.shape;
+        self.q_layout = TensorLayout::contiguous(order, s.seq_q, s.num_heads, s.head_dim);
+        self.k_layout = TensorLayout::contiguous(order, s.seq_kv, s.num_kv_heads, s.head_dim);
+        self.v_layout = self.k_layout;
+        self.o_layout = self.q_layout;
+        self
+    }
+
+    /// Sets one tensor's strides and offset.
+    pub fn with_tensor_layout(mut self, tensor: Tensor, layout: TensorLayout) -> Self {
+        *self.layout_mut(tensor) = layout;
+        self
+    }
+
+    pub fn layout(&self, tensor: Tensor) -> &TensorLayout {
+        match tensor {
+            Tensor::Q => &self.q_layout,
+            Tensor::K => &self.k_layout,
+            Tensor::V => &self.v_layout,
+            Tensor::O => &self.o_layout,
+        }
+    }
+
+    fn layout_mut(&mut self, tensor: Tensor) -> &mut TensorLayout {
+        match tensor {
+            Tensor::Q => &mut self.q_layout,
+            Tensor::K => &mut self.k_layout,
+            Tensor::V => &mut self.v_layout,
+            Tensor::O => &mut self.o_layout,
+        }
+    }
+
+    /// `(seq, heads)` of a tensor: Q and O have `seq_q` rows of `num_heads`, K and V `seq_kv` rows
+    /// of `num_kv_heads`.
+    pub fn extent(&self, tensor: Tensor) -> (usize, usize) {
+        let s = &self.shape;
+        match tensor {
+            Tensor::Q | Tensor::O => (s.seq_q, s.num_heads),
+            Tensor::K | Tensor::V => (s.seq_kv, s.num_kv_heads),
+        }
+    }
+
+    /// Elements a buffer holding `tensor` must have (after validation this cannot overflow).
+    pub fn required_len(&self, tensor: Tensor) -> usize {
+        let (seq, heads) = self.extent(tensor);
+        self.layout(tensor)
+            .required_len(self.shape.batch, seq, heads, self.shape.head_dim)
+            .unwrap_or(usize::MAX)
+    }
+
+    /// Elements of the LSE output: `batch · num_heads · seq_q`.
+    pub fn lse_len(&self) -> usize {
+        self.shape.batch * self.shape.num_heads * self.shape.seq_q
+    }
+
+    /// The softmax scale in use.
+    pub fn softmax_scale(&self) -> f32 {
+        self.scale.unwrap_or_else(|| 1.0 / (self.shape.head_dim as f32).sqrt())
+    }
+
+    /// `seq_kv − seq_q`: query `i` may see keys `j ≤ i + causal_offset` when causal.
+    pub fn causal_offset(&self) -> i64 {
+        self.shape.seq_kv as i64 - self.shape.seq_q as i64
+    }
+
+    /// Query heads per K/V head.
+    pub fn group_size(&self) -> usize {
+        self.shape.num_heads / self.shape.num_kv_heads.max(1)
+    }
+
+    /// Floating-point operations by the usual convention: `4·B·H·Sq·Skv·D`, halved when causal
+    /// (the FlashAttention papers' and PyTorch benchmarks' count).
+    pub fn flops(&self) -> f64 {
+        let s = &self.shape;
+        let full = 4.0 * (s.batch * s.num_heads) as f64 * s.seq_q as f64 * s.seq_kv as f64 * s.head_dim as f64;
+        if self.causal {
+            full / 2.0
+        } else {
+            full
+        }
+    }
+
+    /// Checks everything that can be checked without a device. Every entry point calls this.
+    pub fn validate(&self) -> Result<()> {
+        let s = &self.shape;
+        for (name, value) in [
+            ("batch", s.batch),
+            ("seq_q", s.seq_q),
+            ("seq_kv", s.seq_kv),
+            ("num_heads", s.num_heads),
+            ("num_kv_heads", s.num_kv_heads),
+        ] {
+            if value == 0 {
+                return invalid!("{name} is 0; every dimension must be at least 1");
+            }
+        }
+        for (name, value) in [
+            ("batch", s.batch),
+            ("seq_q", s.seq_q),
+            ("seq_kv", s.seq_kv),
+            ("num_heads", s.num_heads),
+        ] {
+            if value > i32::MAX as usize {
+                return Err(Error::TooLarge(format!(
+                    "{name} = {value} exceeds the kernels' 31-bit counters"
+                )));
+            }
+        }
+        if s.head_dim == 0 || !s.head_dim.is_multiple_of(8) || s.head_dim > MAX_HEAD_DIM {
+            return Err(Error::UnsupportedHeadDim {
+                got: s.head_dim,
+                max: MAX_HEAD_DIM,
+            });
+        }
+        if !s.num_heads.is_multiple_of(s.num_kv_heads) {
+            return invalid!(
+                "num_heads ({}) must be a multiple of num_kv_heads ({})",
+                s.num_heads,
+                s.num_kv_heads
+            );
+        }
+        if let Some(scale) = self.scale {
+            if !scale.is_finite() {
+                return invalid!("softmax scale {scale} is not finite");
+            }
+        }
+        for tensor in [Tensor::Q, Tensor::K, Tensor::V, Tensor::O] {
+            self.validate_layout(tensor)?;
+        }
+        Ok(())
+    }
+
+    fn validate_layout(&self, tensor: Tensor) -> Result<()> {
+        let l = self.layout(tensor);
+        let name = tensor.name();
+        for (what, value) in [
+            ("offset", l.offset),
+            ("batch_stride", l.batch_stride),
+            ("seq_stride", l.seq_stride),
+            ("head_stride", l.head_stride),
+        ] {
+            if value % ELEMENT_ALIGNMENT != 0 {
+                return invalid!("tensor `{name}`: {what} {value} is not a multiple of {ELEMENT_ALIGNMENT} elements");
+            }
+        }
+        let (seq, heads) = self.extent(tensor);
+        let d = self.shape.head_dim;
+        let Some(len) = l.required_len(self.shape.batch, seq, heads, d) else {
+            return invalid!("tensor `{name}`: its strides address more than usize::MAX elements");
+        };
+        // The kernels index in groups of four elements with 32-bit integers.
+        if len / ELEMENT_ALIGNMENT > u32::MAX as usize {
+            return Err(Error::TooLarge(format!(
+                "tensor `{name}` spans {len} elements, more than 32-bit indexing reaches"
+            )));
+        }
+        if tensor == Tensor::O {
+            // Sort the three outer dimensions by stride; each must step past everything inside
+            // it, or two output elements would share an address.
+            let mut dims = [
+                (l.head_stride, heads),
+                (l.seq_stride, seq),
+                (l.batch_stride, self.shape.batch),
+            ];
+            dims.sort();
+            let mut inner_extent = d;
+            for (stride, count) in dims {
+                if count > 1 {
+                    if stride < inner_extent {
+                        return invalid!(
+                            "tensor `o`: strides (batch {}, seq {}, head {}) make output elements overlap",
+                            l.batch_stride,
+                            l.seq_stride,
+                            l.head_stride
+                        );
+                    }
+                    inner_extent = stride * count;
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn shape() -> AttentionShape {
+        AttentionShape {
+            batch: 2,
+            seq_q: 5,
+            seq_kv: 7,
+            num_heads: 4,
+            num_kv_heads: 2,
+            head_dim: 16,
+        }
+    }
+
+    #[test]
+    fn contiguous_layouts_index_every_element_once() {
+        for order in [Layout::Bshd, Layout::Bhsd] {
+            let l = TensorLayout::contiguous(order, 5, 3, 8);
+            let mut seen = vec![false; 2 * 5 * 3 * 8];
+            for b in 0..2 {
+                for s in 0..5 {
+                    for h in 0..3 {
+                        for d in 0..8 {
+                            let i = l.index(b, s, h, d);
+                            assert!(!seen[i], "{order:?} visits {i} twice");
+                            seen[i] = true;
+                        }
+                    }
+                }
+            }
+            assert!(seen.iter().all(|&x| x));
+            assert_eq!(l.required_len(2, 5, 3, 8), Some(seen.len()));
+        }
+    }
+
+    #[test]
+    fn validation_names_the_problem() {
+        let ok = AttentionProblem::new(shape(), DType::F32);
+        ok.validate().unwrap();
+
+        let mut p = ok;
+        p.shape.num_kv_heads = 3;
+        assert!(p
+            .validate()
+            .unwrap_err()
+            .to_string()
+            .contains("multiple of num_kv_heads"));
+
+        let mut p = ok;
+        p.shape.seq_q = 0;
+        assert!(p.validate().unwrap_err().to_string().contains("seq_q is 0"));
+
+        for bad in [0, 12, 264] {
+            let mut p = ok;
+            p.shape.head_dim = bad;
+            assert!(matches!(p.validate(), Err(Error::UnsupportedHeadDim { got, .. }) if got == bad));
+        }
+
+        let p = ok.with_scale(f32::NAN);
+        assert!(p.validate().unwrap_err().to_string().contains("not finite"));
+
+        let mut l = ok.k_layout;
+        l.seq_stride = 6;
+        let msg = ok.with_tensor_layout(Tensor::K, l).validate().unwrap_err().to_string();
+        assert!(msg.contains("`k`") && msg.contains("seq_stride 6"), "{msg}");
+
+        // An output whose rows overlap is refused; an input that broadcasts with stride 0 is not.
+        let mut l = ok.o_layout;
+        l.seq_stride = 8;
+        let msg = ok.with_tensor_layout(Tensor::O, l).validate().unwrap_err().to_string();
+        assert!(msg.contains("overlap"), "{msg}");
+        let mut l = ok.k_layout;
+        l.batch_stride = 0;
+        ok.with_tensor_layout(Tensor::K, l).validate().unwrap();
+    }
+
+    #[test]
+    fn flops_and_defaults() {
+        let p = AttentionProblem::mha(1, 8, 2, 64, DType::F16);
+        assert_eq!(p.flops(), 4.0 * 2.0 * 64.0 * 64.0);
+        assert_eq!(p.with_causal(true).flops(), 2.0 * 2.0 * 64.0 * 64.0);
+        assert_eq!(p.softmax_scale(), 0.125);
+        assert_eq!(p.with_scale(0.5).softmax_scale(), 0.5);
+    }
+}

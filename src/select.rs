@@ -1,0 +1,542 @@
+//! Kernel selection: a pure function from the problem and the device's capabilities to one
+//! kernel configuration. No GPU is touched here, so every branch is unit-tested.
+
+use crate::caps::Caps;
+use crate::error::{Error, Result};
+use crate::problem::{AttentionProblem, DType};
+use crate::util::lcm;
+
+/// How the invocations that share a query row combine their partial row statistics.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Reduction {
+    /// Through workgroup memory and barriers: runs on every adapter.
+    Workgroup,
+    /// With subgroup shuffles: needs the `SUBGROUP` feature and subgroups of at least
+    /// `threads_x` invocations.
+    Subgroup,
+}
+
+/// Element type of the tiles in workgroup memory and of the products; sums are always f32.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum TileType {
+    F32,
+    /// Needs `shader-f16`; chosen only for f16 storage, whose values an f16 tile holds exactly.
+    F16,
+}
+
+/// A flash-kernel variant: the axes along which adapters differ.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Variant {
+    pub reduction: Reduction,
+    pub tile: TileType,
+}
+
+impl Variant {
+    pub const WORKGROUP: Variant = Variant {
+        reduction: Reduction::Workgroup,
+        tile: TileType::F32,
+    };
+    pub const SUBGROUP: Variant = Variant {
+        reduction: Reduction::Subgroup,
+        tile: TileType::F32,
+    };
+    pub const WORKGROUP_F16: Variant = Variant {
+        reduction: Reduction::Workgroup,
+        tile: TileType::F16,
+    };
+    pub const SUBGROUP_F16: Variant = Variant {
+        reduction: Reduction::Subgroup,
+        tile: TileType::F16,
+    };
+    pub const ALL: [Variant; 4] = [Self::WORKGROUP, Self::SUBGROUP, Self::WORKGROUP_F16, Self::SUBGROUP_F16];
+
+    /// `wg_f32`, `sg_f32`, `wg_f16`, `sg_f16`.
+    pub fn name(&self) -> &'static str {
+        match (self.reduction, self.tile) {
+            (Reduction::Workgroup, TileType::F32) => "wg_f32",
+            (Reduction::Subgroup, TileType::F32) => "sg_f32",
+            (Reduction::Workgroup, TileType::F16) => "wg_f16",
+            (Reduction::Subgroup, TileType::F16) => "sg_f16",
+        }
+    }
+
+    /// Parses [`name`](Self::name).
+    pub fn from_name(name: &str) -> Option<Variant> {
+        Self::ALL.into_iter().find(|v| v.name() == name)
+    }
+}
+
+/// Tile sizes of the flash kernel (see the header of `shaders/flash_fwd.wgsl`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct TilePlan {
+    /// Query rows per workgroup.
+    pub block_m: u32,
+    /// Keys per K/V tile.
+    pub block_n: u32,
+    /// Invocations sharing a row (a power of two); the workgroup is `threads_y × threads_x`.
+    pub threads_x: u32,
+    pub threads_y: u32,
+    /// head_dim columns staged per step of the QKᵀ product.
+    pub k_step: u32,
+    /// Keys staged per step of the PV product.
+    pub n_step: u32,
+}
+
+impl TilePlan {
+    pub const fn new(block_m: u32, block_n: u32, threads_x: u32, threads_y: u32, k_step: u32, n_step: u32) -> Self {
+        TilePlan {
+            block_m,
+            block_n,
+            threads_x,
+            threads_y,
+            k_step,
+            n_step,
+        }
+    }
+
+    pub fn workgroup_size(&self) -> u32 {
+        self.threads_x * self.threads_y
+    }
+
+    pub fn rows_per_thread(&self) -> u32 {
+        self.block_m / self.threads_y
+    }
+
+    /// head_dim rounded up so that it splits into whole vec4 column groups per invocation and
+    /// whole K_STEP slices. The padding columns are zero and cost only arithmetic.
+    pub fn head_dim_pad(&self, head_dim: u32) -> u32 {
+        let unit = lcm(4 * self.threads_x as u64, self.k_step as u64) as u32;
+        head_dim.div_ceil(unit) * unit
+    }
+
+    /// Whether the sizes fit the kernel's assumptions (every division exact, vec4 groups whole).
+    pub fn is_well_formed(&self) -> bool {
+        let pow2 = |x: u32| x.is_power_of_two();
+        pow2(self.threads_x)
+            && self.threads_y > 0
+            && self.block_m.is_multiple_of(4 * self.threads_y)
+            && self.block_n.is_multiple_of(4 * self.threads_x)
+            && self.k_step.is_multiple_of(4)
+            && self.k_step > 0
+            && self.n_step > 0
+            && self.block_n.is_multiple_of(self.n_step)
+    }
+
+    /// Workgroup memory of the flash kernel with this plan, in bytes (mirrors the `var<workgroup>`
+    /// declarations of flash_fwd.wgsl and reduce_workgroup.wgsl).
+    pub fn workgroup_bytes(&self, head_dim_pad: u32, variant: Variant) -> u32 {
+        let elem = match variant.tile {
+            TileType::F32 => 4,
+            TileType::F16 => 2,
+        };
+        let staging = (self.k_step * (self.block_m + self.block_n)).max(self.n_step * head_dim_pad);
+        let p_tile = self.block_n * (self.block_m + 4);
+        let reduce = match variant.reduction {
+            Reduction::Workgroup => self.block_m * self.threads_x * 4,
+            Reduction::Subgroup => 0,
+        };
+        (staging + p_tile) * elem + reduce
+    }
+
+    /// f32 accumulator registers per invocation for the output rows it owns.
+    pub fn accumulators(&self, head_dim_pad: u32) -> u32 {
+        self.rows_per_thread() * head_dim_pad / self.threads_x
+    }
+}
+
+/// The tile plans the library ships, best first for the head dims they serve. Each must fit the
+/// register budget below and the smallest workgroup memory it is meant for.
+///
+/// * 64 × 64 with 8 × 16 invocations: 4 rows × (8 score + 16 output) columns per invocation at
+///   head_dim 128 — 64 output accumulators — and 26 KiB of f32 tiles, so it fits lavapipe's and
+///   Chrome's 32 KiB as well as NVIDIA's 48 KiB.
+/// * 64 × 64 with 16 × 16 invocations: the same tile for head_dim up to 256, with twice the
+///   invocations per row so an invocation still owns 64 output accumulators; V staged 8 rows at a
+///   time so that 256-wide rows still fit 32 KiB (29 KiB).
+/// * 32 × 32 with 8 × 8 invocations: 13 KiB, the fallback for WebGPU's default 16 KiB.
+pub const PLANS: [TilePlan; 3] = [
+    TilePlan::new(64, 64, 8, 16, 16, 16),
+    TilePlan::new(64, 64, 16, 16, 16, 8),
+    TilePlan::new(32, 32, 8, 8, 16, 8),
+];
+
+/// Output accumulators an invocation may hold before a plan is considered too register-hungry
+/// (when another plan fits).
+const MAX_ACCUMULATORS: u32 = 64;
+
+/// One flash-kernel configuration: everything that makes a distinct pipeline.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct FlashConfig {
+    pub storage: DType,
+    pub variant: Variant,
+    pub plan: TilePlan,
+    pub head_dim_pad: u32,
+}
+
+impl FlashConfig {
+    /// `flash_fwd_{dtype}_{variant}_bm{}_bn{}_tx{}_ty{}_ks{}_ns{}_d{}`: the pipeline label, cache
+    /// key in messages, and test and benchmark id.
+    pub fn name(&self) -> String {
+        let p = &self.plan;
+        format!(
+            "flash_fwd_{}_{}_bm{}_bn{}_tx{}_ty{}_ks{}_ns{}_d{}",
+            self.storage.name(),
+            self.variant.name(),
+            p.block_m,
+            p.block_n,
+            p.threads_x,
+            p.threads_y,
+            p.k_step,
+            p.n_step,
+            self.head_dim_pad
+        )
+    }
+
+    pub fn workgroup_bytes(&self) -> u32 {
+        self.plan.workgroup_bytes(self.head_dim_pad, self.variant)
+    }
+
+    /// Why this configuration cannot run on `caps`, if it cannot.
+    pub fn unavailable_reason(&self, caps: &Caps) -> Option<String> {
+        let v = self.variant;
+        if !self.plan.is_well_formed() {
+            return Some(format!("tile plan {:?} is malformed", self.plan));
+        }
+        if v.reduction == Reduction::Subgroup {
+            if !caps.subgroups {
+                return Some("the device has no subgroup operations".into());
+            }
+            if caps.subgroup_min_size < self.plan.threads_x {
+                return Some(format!(
+                    "subgroups may be as small as {} invocations, fewer than the {} that share a row",
+                    caps.subgroup_min_size, self.plan.threads_x
+                ));
+            }
+        }
+        if v.tile == TileType::F16 {
+            if !caps.shader_f16 {
+                return Some("the device has no shader-f16".into());
+            }
+            if self.storage != DType::F16 {
+                return Some(format!(
+                    "f16 tiles would round {} inputs; they are offered for f16 storage only",
+                    self.storage.name()
+                ));
+            }
+        }
+        let bytes = self.workgroup_bytes();
+        if bytes > caps.max_workgroup_storage_bytes {
+            return Some(format!(
+                "needs {bytes} bytes of workgroup memory, the device offers {}",
+                caps.max_workgroup_storage_bytes
+            ));
+        }
+        let size = self.plan.workgroup_size();
+        if size > caps.max_invocations_per_workgroup || size > caps.max_workgroup_size_x {
+            return Some(format!(
+                "needs {size} invocations per workgroup, the device offers {}",
+                caps.max_invocations_per_workgroup.min(caps.max_workgroup_size_x)
+            ));
+        }
+        None
+    }
+}
+
+/// What the caller asks of selection. `Default` is fully automatic.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct KernelChoice {
+    /// Use exactly this variant (an error if the device lacks it), instead of the best available.
+    pub variant: Option<Variant>,
+    /// Use exactly this tile plan instead of the best that fits.
+    pub plan: Option<TilePlan>,
+}
+
+impl KernelChoice {
+    pub fn variant(variant: Variant) -> Self {
+        KernelChoice {
+            variant: Some(variant),
+            plan: None,
+        }
+    }
+}
+
+/// The variants worth trying for a problem on a device, best first.
+///
+/// Subgroup shuffles replace two barriers and a workgroup-memory round trip per K/V tile with a
+/// few register exchanges, so they come first. f16 tiles halve the workgroup-memory traffic, but
+/// each product then needs conversions back to f32 for the sum.
+pub fn preferred_variants(storage: DType, caps: &Caps) -> Vec<Variant> {
+    let mut order = Vec::new();
+    if caps.subgroups {
+        order.push(Variant::SUBGROUP);
+    }
+    order.push(Variant::WORKGROUP);
+    if storage == DType::F16 && caps.shader_f16 && F16_TILES_BY_DEFAULT {
+        order.insert(0, Variant::WORKGROUP_F16);
+        if caps.subgroups {
+            order.insert(0, Variant::SUBGROUP_F16);
+        }
+    }
+    order
+}
+
+/// Whether automatic selection prefers f16 tiles for f16 storage (see BENCHMARKS.md).
+const F16_TILES_BY_DEFAULT: bool = false;
+
+/// Picks the flash kernel for `problem` on a device with `caps`.
+///
+/// Fails with [`Error::Unavailable`] when the caller forces a variant or plan the device cannot
+/// run, and with [`Error::TooLarge`] when the grid would exceed the device's dispatch limits.
+pub fn select(problem: &AttentionProblem, caps: &Caps, choice: &KernelChoice) -> Result<FlashConfig> {
+    problem.validate()?;
+    let head_dim = problem.shape.head_dim as u32;
+    let variants = match choice.variant {
+        Some(v) => vec![v],
+        None => preferred_variants(problem.dtype, caps),
+    };
+    let plans: Vec<TilePlan> = match choice.plan {
+        Some(p) => vec![p],
+        None => PLANS.to_vec(),
+    };
+    let mut reasons = Vec::new();
+    for variant in variants {
+        let mut fitting = Vec::new();
+        for plan in &plans {
+            let config = FlashConfig {
+                storage: problem.dtype,
+                variant,
+                plan: *plan,
+                head_dim_pad: plan.head_dim_pad(head_dim),
+            };
+            match config.unavailable_reason(caps) {
+                Some(why) => reasons.push(format!("{}: {why}", config.name())),
+                None => fitting.push(config),
+            }
+        }
+        // The first plan within the register budget, else the first that fits at all.
+        let best = fitting
+            .iter()
+            .find(|c| c.plan.accumulators(c.head_dim_pad) <= MAX_ACCUMULATORS)
+            .or(fitting.first());
+        if let Some(config) = best {
+            check_grid(problem, config, caps)?;
+            return Ok(*config);
+        }
+    }
+    Err(Error::Unavailable {
+        what: match choice.variant {
+            Some(v) => format!("flash kernel variant `{}`", v.name()),
+            None => "a flash kernel".into(),
+        },
+        why: reasons.join("; "),
+    })
+}
+
+/// Every configuration automatic selection can return, on any device: each shipped plan with each
+/// variant, storage type and padded head_dim. The shader tests translate all of them.
+pub fn all_configs() -> Vec<FlashConfig> {
+    let mut configs = Vec::new();
+    for storage in DType::ALL {
+        for variant in Variant::ALL {
+            if variant.tile == TileType::F16 && storage != DType::F16 {
+                continue;
+            }
+            for plan in PLANS {
+                let mut pads: Vec<u32> = (8..=crate::problem::MAX_HEAD_DIM as u32)
+                    .step_by(8)
+                    .map(|d| plan.head_dim_pad(d))
+                    .collect();
+                pads.dedup();
+                for head_dim_pad in pads {
+                    configs.push(FlashConfig {
+                        storage,
+                        variant,
+                        plan,
+                        head_dim_pad,
+                    });
+                }
+            }
+        }
+    }
+    configs
+}
+
+/// Number of query tiles for a configuration.
+pub fn num_q_tiles(problem: &AttentionProblem, config: &FlashConfig) -> usize {
+    problem.shape.seq_q.div_ceil(config.plan.block_m as usize)
+}
+
+fn check_grid(problem: &AttentionProblem, config: &FlashConfig, caps: &Caps) -> Result<()> {
+    let max = caps.max_workgroups_per_dimension as usize;
+    for (what, n) in [
+        ("query tiles", num_q_tiles(problem, config)),
+        ("heads", problem.shape.num_heads),
+        ("batch", problem.shape.batch),
+    ] {
+        if n > max {
+            return Err(Error::TooLarge(format!(
+                "{n} {what} exceed the device's {max} workgroups per dispatch dimension"
+            )));
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::problem::{AttentionShape, MAX_HEAD_DIM};
+
+    fn lavapipe() -> Caps {
+        Caps {
+            adapter_name: "llvmpipe".into(),
+            backend: wgpu::Backend::Vulkan,
+            device_type: wgpu::DeviceType::Cpu,
+            subgroups: true,
+            subgroup_min_size: 8,
+            subgroup_max_size: 8,
+            shader_f16: true,
+            timestamps: true,
+            max_workgroup_storage_bytes: 32 << 10,
+            max_invocations_per_workgroup: 1024,
+            max_workgroup_size_x: 1024,
+            max_workgroups_per_dimension: 65535,
+            max_storage_binding_bytes: 128 << 20,
+            max_buffer_bytes: 2 << 30,
+            min_storage_offset_alignment: 32,
+        }
+    }
+
+    fn problem(head_dim: usize, dtype: DType) -> AttentionProblem {
+        AttentionProblem::mha(1, 100, 2, head_dim, dtype)
+    }
+
+    #[test]
+    fn every_shipped_plan_is_well_formed_for_every_head_dim() {
+        for plan in PLANS {
+            assert!(plan.is_well_formed(), "{plan:?}");
+            for d in (8..=MAX_HEAD_DIM as u32).step_by(8) {
+                let pad = plan.head_dim_pad(d);
+                assert!(pad >= d && pad % (4 * plan.threads_x) == 0 && pad % plan.k_step == 0);
+            }
+        }
+    }
+
+    #[test]
+    fn automatic_choice_uses_subgroups_when_present_and_falls_back_without() {
+        let caps = lavapipe();
+        let c = select(&problem(128, DType::F32), &caps, &KernelChoice::default()).unwrap();
+        assert_eq!(c.variant, Variant::SUBGROUP);
+        assert!(c.workgroup_bytes() <= caps.max_workgroup_storage_bytes);
+
+        let no_sg = Caps {
+            subgroups: false,
+            ..lavapipe()
+        };
+        let c = select(&problem(128, DType::F32), &no_sg, &KernelChoice::default()).unwrap();
+        assert_eq!(c.variant, Variant::WORKGROUP);
+    }
+
+    #[test]
+    fn small_workgroup_memory_gets_the_small_plan() {
+        let caps = Caps::webgpu_baseline();
+        for d in [32, 64, 128, 256] {
+            let c = select(&problem(d, DType::F32), &caps, &KernelChoice::default()).unwrap();
+            assert!(c.workgroup_bytes() <= 16 << 10, "{}", c.name());
+            assert!(c.plan.workgroup_size() <= 256);
+            assert_eq!(c.variant, Variant::WORKGROUP);
+        }
+    }
+
+    #[test]
+    fn large_head_dims_avoid_register_hungry_plans() {
+        let c = select(
+            &problem(256, DType::F32),
+            &lavapipe(),
+            &KernelChoice::variant(Variant::WORKGROUP),
+        )
+        .unwrap();
+        assert!(c.plan.accumulators(c.head_dim_pad) <= MAX_ACCUMULATORS, "{}", c.name());
+        // With subgroups of 8, the 16-wide plan is out of reach: the 8-wide one is the fallback.
+        let c = select(
+            &problem(256, DType::F32),
+            &lavapipe(),
+            &KernelChoice::variant(Variant::SUBGROUP),
+        )
+        .unwrap();
+        assert_eq!(c.plan.threads_x, 8);
+    }
+
+    #[test]
+    fn forced_variants_the_device_lacks_are_errors_that_say_why() {
+        let caps = Caps {
+            subgroups: false,
+            shader_f16: false,
+            ..lavapipe()
+        };
+        let e = select(
+            &problem(64, DType::F32),
+            &caps,
+            &KernelChoice::variant(Variant::SUBGROUP),
+        )
+        .unwrap_err();
+        assert!(e.to_string().contains("no subgroup"), "{e}");
+        let e = select(
+            &problem(64, DType::F16),
+            &caps,
+            &KernelChoice::variant(Variant::WORKGROUP_F16),
+        )
+        .unwrap_err();
+        assert!(e.to_string().contains("shader-f16"), "{e}");
+        let e = select(
+            &problem(64, DType::F32),
+            &lavapipe(),
+            &KernelChoice::variant(Variant::WORKGROUP_F16),
+        )
+        .unwrap_err();
+        assert!(e.to_string().contains("f16 storage only"), "{e}");
+        let tiny = Caps {
+            max_workgroup_storage_bytes: 4096,
+            ..lavapipe()
+        };
+        let e = select(&problem(64, DType::F32), &tiny, &KernelChoice::default()).unwrap_err();
+        assert!(e.to_string().contains("workgroup memory"), "{e}");
+    }
+
+    #[test]
+    fn grids_beyond_the_dispatch_limit_are_refused() {
+        let caps = Caps {
+            max_workgroups_per_dimension: 4,
+            ..lavapipe()
+        };
+        let p = AttentionProblem::new(
+            AttentionShape {
+                batch: 1,
+                seq_q: 64 * 5,
+                seq_kv: 8,
+                num_heads: 1,
+                num_kv_heads: 1,
+                head_dim: 64,
+            },
+            DType::F32,
+        );
+        let e = select(&p, &caps, &KernelChoice::default()).unwrap_err();
+        assert!(matches!(e, Error::TooLarge(_)), "{e}");
+    }
+
+    #[test]
+    fn names_are_distinct_per_config() {
+        let caps = lavapipe();
+        let mut names = std::collections::HashSet::new();
+        for dtype in DType::ALL {
+            for v in Variant::ALL {
+                for d in [32, 64, 128, 256] {
+                    if let Ok(c) = select(&problem(d, dtype), &caps, &KernelChoice::variant(v)) {
+                        assert!(names.insert(c.name()), "{}", c.name());
+                    }
+                }
+            }
+        }
+        assert!(names.len() > 8);
+    }
+}

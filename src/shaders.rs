@@ -1,0 +1,133 @@
+//! The WGSL sources and how a kernel's module is put together from them.
+//!
+//! WGSL has no `#include`. A kernel's module is the concatenation of: the `enable` directives it
+//! needs, a generated block of `const` tile sizes, `common.wgsl` (params, index helpers), a
+//! storage codec for the element type, for the flash kernel a tile type and a row reduction,
+//! and the kernel file. Tile sizes are `const`s rather than pipeline `override`s because they
+//! size per-invocation register arrays, which WGSL allows only for const-expressions.
+
+use crate::problem::DType;
+use crate::select::{FlashConfig, Reduction, TileType};
+
+pub const COMMON: &str = include_str!("../shaders/common.wgsl");
+pub const STORAGE_F32: &str = include_str!("../shaders/storage_f32.wgsl");
+pub const STORAGE_F16: &str = include_str!("../shaders/storage_f16.wgsl");
+pub const STORAGE_BF16: &str = include_str!("../shaders/storage_bf16.wgsl");
+pub const TILE_F32: &str = include_str!("../shaders/tile_f32.wgsl");
+pub const TILE_F16: &str = include_str!("../shaders/tile_f16.wgsl");
+pub const REDUCE_WORKGROUP: &str = include_str!("../shaders/reduce_workgroup.wgsl");
+pub const REDUCE_SUBGROUP: &str = include_str!("../shaders/reduce_subgroup.wgsl");
+pub const FLASH_FWD: &str = include_str!("../shaders/flash_fwd.wgsl");
+pub const NAIVE_SCORES: &str = include_str!("../shaders/naive_scores.wgsl");
+pub const NAIVE_SOFTMAX: &str = include_str!("../shaders/naive_softmax.wgsl");
+pub const NAIVE_PV: &str = include_str!("../shaders/naive_pv.wgsl");
+
+/// The three passes of standard attention (the naive GPU baseline).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum NaivePass {
+    /// `S = scale·QKᵀ`, materialized.
+    Scores,
+    /// `P = softmax(S)` in place, and the LSE.
+    Softmax,
+    /// `O = P·V`.
+    Pv,
+}
+
+impl NaivePass {
+    pub const ALL: [NaivePass; 3] = [NaivePass::Scores, NaivePass::Softmax, NaivePass::Pv];
+}
+
+/// Everything that makes a distinct compute pipeline.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum KernelConfig {
+    Flash(FlashConfig),
+    Naive { pass: NaivePass, storage: DType },
+}
+
+impl KernelConfig {
+    /// Pipeline label and cache key, e.g. `flash_fwd_f32_sg_f32_bm64_bn64_tx8_ty16_ks16_ns16_d128`.
+    pub fn name(&self) -> String {
+        match self {
+            KernelConfig::Flash(c) => c.name(),
+            KernelConfig::Naive { storage, .. } => format!("{}_{}", self.entry_point(), storage.name()),
+        }
+    }
+
+    /// The WGSL entry point (the kernel file's stem).
+    pub fn entry_point(&self) -> &'static str {
+        match self {
+            KernelConfig::Flash(_) => "flash_fwd",
+            KernelConfig::Naive { pass, .. } => match pass {
+                NaivePass::Scores => "naive_scores",
+                NaivePass::Softmax => "naive_softmax",
+                NaivePass::Pv => "naive_pv",
+            },
+        }
+    }
+
+    /// Device features the module needs.
+    pub fn required_features(&self) -> wgpu::Features {
+        let mut f = wgpu::Features::empty();
+        if let KernelConfig::Flash(c) = self {
+            if c.variant.reduction == Reduction::Subgroup {
+                f |= wgpu::Features::SUBGROUP;
+            }
+            if c.variant.tile == TileType::F16 {
+                f |= wgpu::Features::SHADER_F16;
+            }
+        }
+        f
+    }
+
+    /// The complete WGSL module.
+    pub fn source(&self) -> String {
+        let mut src = format!("// {} — assembled by wgpu-flash-attn (src/shaders.rs)\n", self.name());
+        match self {
+            KernelConfig::Flash(c) => {
+                if c.variant.tile == TileType::F16 {
+                    src.push_str("enable f16;\n");
+                }
+                let p = &c.plan;
+                src.push_str(&format!(
+                    "const HEAD_DIM_PAD: u32 = {}u;\nconst BLOCK_M: u32 = {}u;\nconst BLOCK_N: u32 = {}u;\n\
+                     const THREADS_X: u32 = {}u;\nconst THREADS_Y: u32 = {}u;\nconst K_STEP: u32 = {}u;\n\
+                     const N_STEP: u32 = {}u;\n",
+                    c.head_dim_pad, p.block_m, p.block_n, p.threads_x, p.threads_y, p.k_step, p.n_step
+                ));
+                for part in [
+                    COMMON,
+                    storage_codec(c.storage),
+                    match c.variant.tile {
+                        TileType::F32 => TILE_F32,
+                        TileType::F16 => TILE_F16,
+                    },
+                    match c.variant.reduction {
+                        Reduction::Workgroup => REDUCE_WORKGROUP,
+                        Reduction::Subgroup => REDUCE_SUBGROUP,
+                    },
+                    FLASH_FWD,
+                ] {
+                    src.push_str(part);
+                }
+            }
+            KernelConfig::Naive { pass, storage } => {
+                src.push_str(COMMON);
+                src.push_str(storage_codec(*storage));
+                src.push_str(match pass {
+                    NaivePass::Scores => NAIVE_SCORES,
+                    NaivePass::Softmax => NAIVE_SOFTMAX,
+                    NaivePass::Pv => NAIVE_PV,
+                });
+            }
+        }
+        src
+    }
+}
+
+fn storage_codec(dtype: DType) -> &'static str {
+    match dtype {
+        DType::F32 => STORAGE_F32,
+        DType::F16 => STORAGE_F16,
+        DType::BF16 => STORAGE_BF16,
+    }
+}

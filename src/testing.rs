@@ -1,0 +1,136 @@
+//! Helpers shared by the tests, benchmarks and examples: seeded random tensors and error
+//! statistics against a float64 reference. Public so that users can check their own setup the
+//! same way.
+
+use crate::problem::Element;
+
+/// A small, fast, seedable generator (SplitMix64). Not cryptographic; reproducible on every
+/// platform, which is all the tests need.
+#[derive(Clone, Debug)]
+pub struct Rng(u64);
+
+impl Rng {
+    pub fn new(seed: u64) -> Self {
+        Rng(seed)
+    }
+
+    pub fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+
+    /// Uniform in `[0, 1)`.
+    pub fn uniform(&mut self) -> f64 {
+        (self.next_u64() >> 11) as f64 * (1.0 / (1u64 << 53) as f64)
+    }
+
+    /// Standard normal (Box–Muller).
+    pub fn normal(&mut self) -> f64 {
+        let u1 = self.uniform().max(f64::MIN_POSITIVE);
+        let u2 = self.uniform();
+        (-2.0 * u1.ln()).sqrt() * (2.0 * std::f64::consts::PI * u2).cos()
+    }
+}
+
+/// `len` standard-normal values rounded to `T`, from `seed`.
+pub fn random_tensor<T: Element>(seed: u64, len: usize) -> Vec<T> {
+    let mut rng = Rng::new(seed);
+    (0..len).map(|_| T::from_f64(rng.normal())).collect()
+}
+
+/// How far a result is from its reference.
+#[derive(Clone, Debug, Default)]
+pub struct ErrorStats {
+    /// ‖got − want‖₂ / ‖want‖₂ (NaN-free inputs only; see `non_finite`).
+    pub rel_l2: f64,
+    /// max |got − want|.
+    pub max_abs: f64,
+    /// Position (in the compared sequence) of the largest difference.
+    pub worst_index: usize,
+    /// Elements of `got` that are NaN or infinite where `want` is finite. Any of them fails.
+    pub non_finite: usize,
+    pub count: usize,
+}
+
+impl ErrorStats {
+    /// Compares pairs `(got, want)`. `want = ±∞` matches only the same infinity.
+    pub fn from_pairs(pairs: impl IntoIterator<Item = (f64, f64)>) -> Self {
+        let mut diff2 = 0.0;
+        let mut ref2 = 0.0;
+        let mut s = ErrorStats::default();
+        for (i, (got, want)) in pairs.into_iter().enumerate() {
+            s.count += 1;
+            if want.is_infinite() {
+                if got != want {
+                    s.non_finite += 1;
+                }
+                continue;
+            }
+            if !got.is_finite() {
+                s.non_finite += 1;
+                continue;
+            }
+            let d = (got - want).abs();
+            diff2 += d * d;
+            ref2 += want * want;
+            if d > s.max_abs {
+                s.max_abs = d;
+                s.worst_index = i;
+            }
+        }
+        s.rel_l2 = if ref2 > 0.0 {
+            (diff2 / ref2).sqrt()
+        } else {
+            diff2.sqrt()
+        };
+        s
+    }
+
+    /// True when every element is finite where it should be and both bounds hold.
+    pub fn within(&self, rel_l2: f64, max_abs: f64) -> bool {
+        self.non_finite == 0 && self.rel_l2 <= rel_l2 && self.max_abs <= max_abs
+    }
+}
+
+impl std::fmt::Display for ErrorStats {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "rel L2 {:.2e}, max abs {:.2e} (at #{}), non-finite {} of {}",
+            self.rel_l2, self.max_abs, self.worst_index, self.non_finite, self.count
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn normals_have_unit_variance_and_seeds_differ() {
+        let a: Vec<f32> = random_tensor(1, 20_000);
+        let mean = a.iter().map(|&x| x as f64).sum::<f64>() / a.len() as f64;
+        let var = a.iter().map(|&x| (x as f64 - mean).powi(2)).sum::<f64>() / a.len() as f64;
+        assert!(mean.abs() < 0.03 && (var - 1.0).abs() < 0.05, "mean {mean} var {var}");
+        let b: Vec<f32> = random_tensor(2, 16);
+        assert_ne!(&a[..16], &b[..]);
+        assert_eq!(random_tensor::<f32>(1, 16), a[..16]);
+    }
+
+    #[test]
+    fn stats_catch_nan_and_wrong_infinities() {
+        let s = ErrorStats::from_pairs([(1.0, 1.0), (f64::NAN, 2.0)]);
+        assert_eq!(s.non_finite, 1);
+        assert!(!s.within(1.0, 1.0));
+        let s = ErrorStats::from_pairs([(f64::NEG_INFINITY, f64::NEG_INFINITY), (2.0, 2.0)]);
+        assert!(s.within(0.0, 0.0));
+        let s = ErrorStats::from_pairs([(0.0, f64::NEG_INFINITY)]);
+        assert_eq!(s.non_finite, 1);
+        let s = ErrorStats::from_pairs([(1.1, 1.0), (2.0, 2.0)]);
+        assert!((s.max_abs - 0.1).abs() < 1e-12 && s.worst_index == 0);
+        assert!(!s.within(1e-3, 1.0));
+    }
+}

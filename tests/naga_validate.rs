@@ -1,0 +1,132 @@
+//! Every shader module the library can build — each flash configuration selection can return and
+//! each naive pass, for every storage type — is parsed and validated by naga and translated to
+//! SPIR-V (Vulkan), MSL (Metal) and HLSL (DX12), so that a kernel that would break on another
+//! platform fails here, on a machine with none of them.
+
+use naga::valid::{Capabilities, SubgroupOperationSet, ValidationFlags, Validator};
+use wgpu_flash_attn::shaders::{KernelConfig, NaivePass};
+use wgpu_flash_attn::{all_configs, DType, Reduction, TileType};
+
+fn every_kernel() -> Vec<KernelConfig> {
+    let mut kernels: Vec<KernelConfig> = all_configs().into_iter().map(KernelConfig::Flash).collect();
+    for storage in DType::ALL {
+        for pass in NaivePass::ALL {
+            kernels.push(KernelConfig::Naive { pass, storage });
+        }
+    }
+    kernels
+}
+
+/// The naga capabilities a kernel may use: only those its required features grant, so a
+/// kernel that silently needs subgroups or f16 fails validation.
+fn capabilities(kernel: &KernelConfig) -> Capabilities {
+    // pack2x16float and friends are core WebGPU; naga gates them for old GL only.
+    let mut caps = Capabilities::SHADER_FLOAT16_IN_FLOAT32;
+    if let KernelConfig::Flash(c) = kernel {
+        if c.variant.reduction == Reduction::Subgroup {
+            caps |= Capabilities::SUBGROUP;
+        }
+        if c.variant.tile == TileType::F16 {
+            caps |= Capabilities::SHADER_FLOAT16;
+        }
+    }
+    caps
+}
+
+#[test]
+fn every_kernel_validates_and_translates_to_spirv_msl_and_hlsl() {
+    let kernels = every_kernel();
+    assert!(kernels.len() > 50, "only {} kernels enumerated", kernels.len());
+    let mut failures = Vec::new();
+    for kernel in &kernels {
+        let name = kernel.name();
+        if let Err(e) = translate(kernel) {
+            failures.push(format!("{name}: {e}"));
+        }
+    }
+    assert!(
+        failures.is_empty(),
+        "{} of {} kernels failed:\n{}",
+        failures.len(),
+        kernels.len(),
+        failures.join("\n\n")
+    );
+}
+
+fn translate(kernel: &KernelConfig) -> Result<(), String> {
+    let source = kernel.source();
+    let module = naga::front::wgsl::parse_str(&source).map_err(|e| e.emit_to_string(&source))?;
+    let info = Validator::new(ValidationFlags::all(), capabilities(kernel))
+        .subgroup_stages(naga::valid::ShaderStages::COMPUTE)
+        .subgroup_operations(SubgroupOperationSet::all())
+        .validate(&module)
+        .map_err(|e| e.emit_to_string(&source))?;
+    let entry = kernel.entry_point().to_string();
+
+    let spv_options = naga::back::spv::Options {
+        lang_version: (1, 3),
+        ..Default::default()
+    };
+    naga::back::spv::write_vec(
+        &module,
+        &info,
+        &spv_options,
+        Some(&naga::back::spv::PipelineOptions {
+            shader_stage: naga::ShaderStage::Compute,
+            entry_point: entry.clone(),
+        }),
+    )
+    .map_err(|e| format!("SPIR-V: {e}"))?;
+
+    let msl_options = naga::back::msl::Options {
+        lang_version: (2, 4),
+        ..Default::default()
+    };
+    naga::back::msl::write_string(
+        &module,
+        &info,
+        &msl_options,
+        &naga::back::msl::PipelineOptions {
+            entry_point: Some((naga::ShaderStage::Compute, entry.clone())),
+            ..Default::default()
+        },
+    )
+    .map_err(|e| format!("MSL: {e}"))?;
+
+    let hlsl_options = naga::back::hlsl::Options {
+        shader_model: naga::back::hlsl::ShaderModel::V6_2,
+        ..Default::default()
+    };
+    let hlsl_pipeline = naga::back::hlsl::PipelineOptions {
+        entry_point: Some((naga::ShaderStage::Compute, entry)),
+    };
+    let mut hlsl = String::new();
+    naga::back::hlsl::Writer::new(&mut hlsl, &hlsl_options, &hlsl_pipeline)
+        .write(&module, &info, None)
+        .map_err(|e| format!("HLSL: {e}"))?;
+    Ok(())
+}
+
+#[test]
+fn shaders_open_with_a_comment_saying_what_they_are() {
+    use wgpu_flash_attn::shaders::*;
+    for (name, src) in [
+        ("common", COMMON),
+        ("storage_f32", STORAGE_F32),
+        ("storage_f16", STORAGE_F16),
+        ("storage_bf16", STORAGE_BF16),
+        ("tile_f32", TILE_F32),
+        ("tile_f16", TILE_F16),
+        ("reduce_workgroup", REDUCE_WORKGROUP),
+        ("reduce_subgroup", REDUCE_SUBGROUP),
+        ("flash_fwd", FLASH_FWD),
+        ("naive_scores", NAIVE_SCORES),
+        ("naive_softmax", NAIVE_SOFTMAX),
+        ("naive_pv", NAIVE_PV),
+    ] {
+        assert!(
+            src.starts_with(&format!("// {name}.wgsl")),
+            "{name}.wgsl must open with its header comment"
+        );
+    }
+}

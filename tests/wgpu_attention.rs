@@ -1,0 +1,248 @@
+//! The flash kernel and the naive baseline against the float64 reference, on the test device
+//! (lavapipe in CI): every variant and tile plan the device can run, the shape table, causal
+//! and not, GQA/MQA, strided layouts, all three storage types.
+
+mod common;
+
+use common::{check, gpu, inputs, run_poisoned, seed_of, Kernel};
+use wgpu_flash_attn::{
+    AttentionProblem, AttentionShape, DType, Element, FlashAttention, KernelChoice, Layout, Options, Tensor,
+    TensorLayout, Variant, PLANS,
+};
+
+fn shape(
+    batch: usize,
+    seq_q: usize,
+    seq_kv: usize,
+    num_heads: usize,
+    num_kv_heads: usize,
+    head_dim: usize,
+) -> AttentionShape {
+    AttentionShape {
+        batch,
+        seq_q,
+        seq_kv,
+        num_heads,
+        num_kv_heads,
+        head_dim,
+    }
+}
+
+/// Runs `problem` on `engine` with seeded inputs and checks it against the reference.
+fn run_case<T: Element>(engine: &FlashAttention, kernel: Kernel, problem: &AttentionProblem, label: &str) {
+    let (q, k, v) = inputs::<T>(problem, seed_of(label));
+    let (out, lse) = run_poisoned(engine, kernel, problem, &q, &k, &v).unwrap_or_else(|e| panic!("{label}: {e}"));
+    check(label, problem, &q, &k, &v, &out, &lse);
+}
+
+fn run_dtype(engine: &FlashAttention, kernel: Kernel, problem: &AttentionProblem, label: &str) {
+    match problem.dtype {
+        DType::F32 => run_case::<f32>(engine, kernel, problem, label),
+        DType::F16 => run_case::<half::f16>(engine, kernel, problem, label),
+        DType::BF16 => run_case::<half::bf16>(engine, kernel, problem, label),
+    }
+}
+
+/// The variants this device can run for `dtype` (f16 tiles only exist for f16 storage).
+fn variants(engine: &FlashAttention, dtype: DType) -> Vec<Variant> {
+    let probe = AttentionProblem::mha(1, 8, 1, 64, dtype);
+    Variant::ALL
+        .into_iter()
+        .filter(|v| {
+            FlashAttention::with_options(
+                engine.context(),
+                Options {
+                    choice: KernelChoice::variant(*v),
+                    ..Default::default()
+                },
+            )
+            .select(&probe)
+            .is_ok()
+        })
+        .collect()
+}
+
+/// The forward's shape table: (batch, seq_q, seq_kv, heads, kv_heads, head_dim).
+const SHAPES: [(usize, usize, usize, usize, usize, usize); 12] = [
+    (1, 1, 1, 1, 1, 64),      // a single query and key
+    (2, 17, 17, 2, 2, 32),    // prime length, batch × heads > 1
+    (1, 127, 127, 4, 1, 64),  // MQA, one short of two tiles
+    (1, 64, 200, 8, 2, 80),   // GQA 4, seq_q < seq_kv, head_dim 80
+    (1, 200, 64, 8, 1, 96),   // MQA (ratio 8), seq_q > seq_kv, head_dim 96
+    (2, 131, 97, 4, 4, 128),  // primes both ways
+    (1, 73, 150, 2, 1, 256),  // the largest head_dim
+    (1, 1, 300, 4, 1, 128),   // decode-like: one query row
+    (1, 96, 96, 2, 2, 8),     // the smallest head_dim
+    (1, 40, 40, 2, 2, 40),    // head_dim not a multiple of 16
+    (3, 65, 65, 2, 2, 64),    // just past one tile
+    (1, 129, 257, 16, 2, 64), // GQA 8
+];
+
+fn for_each_shape(mut f: impl FnMut(AttentionProblem, String)) {
+    for (b, sq, skv, h, hkv, d) in SHAPES {
+        for causal in [false, true] {
+            let problem = AttentionProblem::new(shape(b, sq, skv, h, hkv, d), DType::F32).with_causal(causal);
+            let label = format!(
+                "b{b}_q{sq}_kv{skv}_h{h}:{hkv}_d{d}{}",
+                if causal { "_causal" } else { "" }
+            );
+            f(problem, label);
+        }
+    }
+}
+
+#[test]
+fn every_variant_matches_the_reference_on_the_shape_table() {
+    let Some(ctx) = gpu() else { return };
+    let auto = FlashAttention::new(ctx);
+    for dtype in DType::ALL {
+        for variant in variants(&auto, dtype) {
+            let engine = FlashAttention::with_options(
+                ctx,
+                Options {
+                    choice: KernelChoice::variant(variant),
+                    ..Default::default()
+                },
+            );
+            for_each_shape(|mut problem, label| {
+                problem.dtype = dtype;
+                let config = engine.select(&problem).unwrap();
+                run_dtype(&engine, Kernel::Flash, &problem, &format!("{}/{label}", config.name()));
+            });
+        }
+    }
+}
+
+#[test]
+fn every_tile_plan_the_device_fits_matches_the_reference() {
+    let Some(ctx) = gpu() else { return };
+    let auto = FlashAttention::new(ctx);
+    for plan in PLANS {
+        for variant in variants(&auto, DType::F32) {
+            let choice = KernelChoice {
+                variant: Some(variant),
+                plan: Some(plan),
+            };
+            let engine = FlashAttention::with_options(
+                ctx,
+                Options {
+                    choice,
+                    ..Default::default()
+                },
+            );
+            for (b, sq, skv, h, hkv, d, causal) in [
+                (1, 100, 100, 2, 1, 64, true),
+                (2, 70, 130, 2, 2, 128, false),
+                (1, 33, 60, 1, 1, 256, true),
+            ] {
+                let problem = AttentionProblem::new(shape(b, sq, skv, h, hkv, d), DType::F32).with_causal(causal);
+                let Ok(config) = engine.select(&problem) else { continue };
+                run_dtype(
+                    &engine,
+                    Kernel::Flash,
+                    &problem,
+                    &format!("{}/b{b}_q{sq}_kv{skv}_d{d}_causal{causal}", config.name()),
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn naive_baseline_matches_the_reference() {
+    let Some(ctx) = gpu() else { return };
+    let engine = FlashAttention::new(ctx);
+    for dtype in DType::ALL {
+        for_each_shape(|mut problem, label| {
+            problem.dtype = dtype;
+            run_dtype(
+                &engine,
+                Kernel::Naive,
+                &problem,
+                &format!("naive_{}/{label}", dtype.name()),
+            );
+        });
+    }
+}
+
+#[test]
+fn pytorch_layout_and_custom_strides_and_offsets() {
+    let Some(ctx) = gpu() else { return };
+    let engine = FlashAttention::new(ctx);
+    let base = AttentionProblem::new(shape(2, 50, 70, 4, 2, 64), DType::F32).with_causal(true);
+
+    // [batch, heads, seq, head_dim] for every tensor.
+    run_dtype(&engine, Kernel::Flash, &base.with_layout(Layout::Bhsd), "bhsd");
+
+    // Q, K, V packed in one [batch, seq, 3, heads, head_dim] tensor (as a fused QKV projection
+    // writes them), with K and V given by offsets into it; the output padded between rows.
+    let s = base.shape;
+    let mha = AttentionProblem::new(shape(2, 50, 50, 4, 4, 64), DType::F16);
+    let row = 3 * s.num_heads * s.head_dim;
+    let packed = |which: usize| TensorLayout {
+        offset: which * s.num_heads * s.head_dim,
+        batch_stride: 50 * row,
+        seq_stride: row,
+        head_stride: s.head_dim,
+    };
+    let padded_o = TensorLayout {
+        offset: 8,
+        batch_stride: 50 * (s.num_heads * s.head_dim + 16),
+        seq_stride: s.num_heads * s.head_dim + 16,
+        head_stride: s.head_dim,
+    };
+    let problem = mha
+        .with_tensor_layout(Tensor::Q, packed(0))
+        .with_tensor_layout(Tensor::K, packed(1))
+        .with_tensor_layout(Tensor::V, packed(2))
+        .with_tensor_layout(Tensor::O, padded_o)
+        .with_causal(true);
+    run_dtype(&engine, Kernel::Flash, &problem, "packed_qkv_f16");
+    run_dtype(&engine, Kernel::Naive, &problem, "packed_qkv_f16_naive");
+
+    // K and V broadcast over the batch with a zero batch stride.
+    let mut k = base.k_layout;
+    k.batch_stride = 0;
+    let problem = base.with_tensor_layout(Tensor::K, k).with_tensor_layout(Tensor::V, k);
+    run_dtype(&engine, Kernel::Flash, &problem, "kv_broadcast_over_batch");
+}
+
+#[test]
+fn custom_scale_and_large_scores() {
+    let Some(ctx) = gpu() else { return };
+    let engine = FlashAttention::new(ctx);
+    // A large scale makes the softmax nearly one-hot and the exponent range wide: the running
+    // max must be tracked exactly for this to stay finite and correct.
+    for scale in [0.01f32, 1.0, 4.0] {
+        let problem = AttentionProblem::new(shape(1, 90, 90, 2, 2, 64), DType::F32)
+            .with_scale(scale)
+            .with_causal(true);
+        run_dtype(&engine, Kernel::Flash, &problem, &format!("scale_{scale}"));
+    }
+}
+
+#[test]
+fn host_slice_api_matches_the_zero_copy_one() {
+    let Some(ctx) = gpu() else { return };
+    let engine = FlashAttention::new(ctx);
+    let problem = AttentionProblem::new(shape(2, 33, 47, 4, 2, 64), DType::BF16).with_causal(true);
+    let (q, k, v) = inputs::<half::bf16>(&problem, seed_of("host"));
+    let host = engine.forward_blocking(&problem, &q, &k, &v).unwrap();
+    check("host_api", &problem, &q, &k, &v, &host.out, &host.lse);
+    let (out, lse) = run_poisoned(&engine, Kernel::Flash, &problem, &q, &k, &v).unwrap();
+    assert_eq!(out, host.out, "same kernel, same inputs: same bits");
+    assert_eq!(
+        lse.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
+        host.lse.iter().map(|x| x.to_bits()).collect::<Vec<_>>()
+    );
+    assert_eq!(host.kernel, engine.select(&problem).unwrap().name());
+    // Device memory: inputs, output and LSE only (O(seq)), no seq_q × seq_kv buffer.
+    let expected =
+        (problem.required_len(Tensor::Q) + 2 * problem.required_len(Tensor::K) + problem.required_len(Tensor::O)) * 2
+            + 4 * problem.lse_len();
+    assert!(
+        host.device_bytes <= expected as u64 + 64,
+        "{} > {expected}",
+        host.device_bytes
+    );
+}
