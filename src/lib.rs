@@ -31,6 +31,8 @@ mod binding;
 mod caps;
 mod context;
 mod error;
+#[cfg(not(target_arch = "wasm32"))]
+pub mod harness;
 mod params;
 mod pipelines;
 mod problem;
@@ -39,6 +41,8 @@ pub mod reference;
 mod select;
 pub mod shaders;
 pub mod testing;
+#[cfg(not(target_arch = "wasm32"))]
+pub mod timing;
 mod util;
 
 pub use attention::{AttentionOutput, FlashAttention, ForwardBuffers, NaivePlan, Options};

@@ -36,9 +36,39 @@ impl Rng {
 }
 
 /// `len` standard-normal values rounded to `T`, from `seed`.
+///
+/// Generated in fixed chunks, each from its own seed, so the values depend only on `seed` and
+/// `len`, while large tensors (the benchmarks use hundreds of MiB) fill on every core.
 pub fn random_tensor<T: Element>(seed: u64, len: usize) -> Vec<T> {
-    let mut rng = Rng::new(seed);
-    (0..len).map(|_| T::from_f64(rng.normal())).collect()
+    const CHUNK: usize = 1 << 14;
+    let mut out = vec![T::from_f64(0.0); len];
+    let fill = |index: usize, chunk: &mut [T]| {
+        let mut rng = Rng::new(seed ^ (index as u64).wrapping_mul(0xD6E8_FEB8_6659_FD93));
+        for x in chunk {
+            *x = T::from_f64(rng.normal());
+        }
+    };
+    let threads = if len > 4 * CHUNK {
+        std::thread::available_parallelism().map_or(1, |n| n.get())
+    } else {
+        1
+    };
+    if threads <= 1 || cfg!(target_arch = "wasm32") {
+        out.chunks_mut(CHUNK).enumerate().for_each(|(i, c)| fill(i, c));
+    } else {
+        let per_thread = len.div_ceil(threads).div_ceil(CHUNK) * CHUNK;
+        std::thread::scope(|scope| {
+            for (t, part) in out.chunks_mut(per_thread).enumerate() {
+                let fill = &fill;
+                scope.spawn(move || {
+                    for (i, c) in part.chunks_mut(CHUNK).enumerate() {
+                        fill(t * per_thread / CHUNK + i, c);
+                    }
+                });
+            }
+        });
+    }
+    out
 }
 
 /// How far a result is from its reference.
@@ -117,7 +147,10 @@ mod tests {
         assert!(mean.abs() < 0.03 && (var - 1.0).abs() < 0.05, "mean {mean} var {var}");
         let b: Vec<f32> = random_tensor(2, 16);
         assert_ne!(&a[..16], &b[..]);
+        // A prefix does not depend on the length, whatever the threading.
         assert_eq!(random_tensor::<f32>(1, 16), a[..16]);
+        let big: Vec<f32> = random_tensor(1, 200_000);
+        assert_eq!(big[..20_000], a[..]);
     }
 
     #[test]

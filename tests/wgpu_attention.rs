@@ -4,10 +4,11 @@
 
 mod common;
 
-use common::{check, gpu, inputs, run_poisoned, seed_of, Kernel};
+use common::{gpu, run_and_check, run_and_check_any, seed_of};
+use wgpu_flash_attn::harness::{Kernel, Workload};
 use wgpu_flash_attn::{
-    AttentionProblem, AttentionShape, DType, Element, FlashAttention, KernelChoice, Layout, Options, Tensor,
-    TensorLayout, Variant, PLANS,
+    AttentionProblem, AttentionShape, DType, FlashAttention, KernelChoice, Layout, Options, Tensor, TensorLayout,
+    Variant, PLANS,
 };
 
 fn shape(
@@ -25,21 +26,6 @@ fn shape(
         num_heads,
         num_kv_heads,
         head_dim,
-    }
-}
-
-/// Runs `problem` on `engine` with seeded inputs and checks it against the reference.
-fn run_case<T: Element>(engine: &FlashAttention, kernel: Kernel, problem: &AttentionProblem, label: &str) {
-    let (q, k, v) = inputs::<T>(problem, seed_of(label));
-    let (out, lse) = run_poisoned(engine, kernel, problem, &q, &k, &v).unwrap_or_else(|e| panic!("{label}: {e}"));
-    check(label, problem, &q, &k, &v, &out, &lse);
-}
-
-fn run_dtype(engine: &FlashAttention, kernel: Kernel, problem: &AttentionProblem, label: &str) {
-    match problem.dtype {
-        DType::F32 => run_case::<f32>(engine, kernel, problem, label),
-        DType::F16 => run_case::<half::f16>(engine, kernel, problem, label),
-        DType::BF16 => run_case::<half::bf16>(engine, kernel, problem, label),
     }
 }
 
@@ -107,7 +93,7 @@ fn every_variant_matches_the_reference_on_the_shape_table() {
             for_each_shape(|mut problem, label| {
                 problem.dtype = dtype;
                 let config = engine.select(&problem).unwrap();
-                run_dtype(&engine, Kernel::Flash, &problem, &format!("{}/{label}", config.name()));
+                run_and_check_any(&engine, Kernel::Flash, &problem, &format!("{}/{label}", config.name()));
             });
         }
     }
@@ -137,7 +123,7 @@ fn every_tile_plan_the_device_fits_matches_the_reference() {
             ] {
                 let problem = AttentionProblem::new(shape(b, sq, skv, h, hkv, d), DType::F32).with_causal(causal);
                 let Ok(config) = engine.select(&problem) else { continue };
-                run_dtype(
+                run_and_check_any(
                     &engine,
                     Kernel::Flash,
                     &problem,
@@ -155,7 +141,7 @@ fn naive_baseline_matches_the_reference() {
     for dtype in DType::ALL {
         for_each_shape(|mut problem, label| {
             problem.dtype = dtype;
-            run_dtype(
+            run_and_check_any(
                 &engine,
                 Kernel::Naive,
                 &problem,
@@ -172,7 +158,7 @@ fn pytorch_layout_and_custom_strides_and_offsets() {
     let base = AttentionProblem::new(shape(2, 50, 70, 4, 2, 64), DType::F32).with_causal(true);
 
     // [batch, heads, seq, head_dim] for every tensor.
-    run_dtype(&engine, Kernel::Flash, &base.with_layout(Layout::Bhsd), "bhsd");
+    run_and_check_any(&engine, Kernel::Flash, &base.with_layout(Layout::Bhsd), "bhsd");
 
     // Q, K, V packed in one [batch, seq, 3, heads, head_dim] tensor (as a fused QKV projection
     // writes them), with K and V given by offsets into it; the output padded between rows.
@@ -197,14 +183,14 @@ fn pytorch_layout_and_custom_strides_and_offsets() {
         .with_tensor_layout(Tensor::V, packed(2))
         .with_tensor_layout(Tensor::O, padded_o)
         .with_causal(true);
-    run_dtype(&engine, Kernel::Flash, &problem, "packed_qkv_f16");
-    run_dtype(&engine, Kernel::Naive, &problem, "packed_qkv_f16_naive");
+    run_and_check_any(&engine, Kernel::Flash, &problem, "packed_qkv_f16");
+    run_and_check_any(&engine, Kernel::Naive, &problem, "packed_qkv_f16_naive");
 
     // K and V broadcast over the batch with a zero batch stride.
     let mut k = base.k_layout;
     k.batch_stride = 0;
     let problem = base.with_tensor_layout(Tensor::K, k).with_tensor_layout(Tensor::V, k);
-    run_dtype(&engine, Kernel::Flash, &problem, "kv_broadcast_over_batch");
+    run_and_check_any(&engine, Kernel::Flash, &problem, "kv_broadcast_over_batch");
 }
 
 #[test]
@@ -217,7 +203,7 @@ fn custom_scale_and_large_scores() {
         let problem = AttentionProblem::new(shape(1, 90, 90, 2, 2, 64), DType::F32)
             .with_scale(scale)
             .with_causal(true);
-        run_dtype(&engine, Kernel::Flash, &problem, &format!("scale_{scale}"));
+        run_and_check_any(&engine, Kernel::Flash, &problem, &format!("scale_{scale}"));
     }
 }
 
@@ -226,23 +212,17 @@ fn host_slice_api_matches_the_zero_copy_one() {
     let Some(ctx) = gpu() else { return };
     let engine = FlashAttention::new(ctx);
     let problem = AttentionProblem::new(shape(2, 33, 47, 4, 2, 64), DType::BF16).with_causal(true);
-    let (q, k, v) = inputs::<half::bf16>(&problem, seed_of("host"));
-    let host = engine.forward_blocking(&problem, &q, &k, &v).unwrap();
-    check("host_api", &problem, &q, &k, &v, &host.out, &host.lse);
-    let (out, lse) = run_poisoned(&engine, Kernel::Flash, &problem, &q, &k, &v).unwrap();
+    let label = "host_api";
+    let (out, lse) = run_and_check::<half::bf16>(&engine, Kernel::Flash, &problem, label);
+    let work = Workload::<half::bf16>::random(ctx, &problem, seed_of(label)).unwrap();
+    let host = engine.forward_blocking(&problem, &work.q, &work.k, &work.v).unwrap();
     assert_eq!(out, host.out, "same kernel, same inputs: same bits");
-    assert_eq!(
-        lse.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
-        host.lse.iter().map(|x| x.to_bits()).collect::<Vec<_>>()
-    );
+    let bits = |x: &[f32]| x.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+    assert_eq!(bits(&lse), bits(&host.lse));
     assert_eq!(host.kernel, engine.select(&problem).unwrap().name());
     // Device memory: inputs, output and LSE only (O(seq)), no seq_q × seq_kv buffer.
-    let expected =
-        (problem.required_len(Tensor::Q) + 2 * problem.required_len(Tensor::K) + problem.required_len(Tensor::O)) * 2
-            + 4 * problem.lse_len();
-    assert!(
-        host.device_bytes <= expected as u64 + 64,
-        "{} > {expected}",
-        host.device_bytes
-    );
+    let elements =
+        problem.required_len(Tensor::Q) + 2 * problem.required_len(Tensor::K) + problem.required_len(Tensor::O);
+    let expected = (elements * 2 + 4 * problem.lse_len()) as u64;
+    assert!(host.device_bytes <= expected + 64, "{} > {expected}", host.device_bytes);
 }
