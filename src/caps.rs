@@ -17,7 +17,7 @@ pub struct Caps {
     pub subgroup_max_size: u32,
     /// `shader-f16` is enabled on the device.
     pub shader_f16: bool,
-    /// GPU timestamps can be written inside compute passes.
+    /// GPU timestamps can be written at the start and end of compute passes.
     pub timestamps: bool,
     pub max_workgroup_storage_bytes: u32,
     pub max_invocations_per_workgroup: u32,
@@ -42,8 +42,7 @@ impl Caps {
             subgroup_min_size: info.subgroup_min_size,
             subgroup_max_size: info.subgroup_max_size,
             shader_f16: f.contains(wgpu::Features::SHADER_F16),
-            timestamps: f.contains(wgpu::Features::TIMESTAMP_QUERY)
-                && f.contains(wgpu::Features::TIMESTAMP_QUERY_INSIDE_PASSES),
+            timestamps: f.contains(wgpu::Features::TIMESTAMP_QUERY),
             max_workgroup_storage_bytes: l.max_compute_workgroup_storage_size,
             max_invocations_per_workgroup: l.max_compute_invocations_per_workgroup,
             max_workgroup_size_x: l.max_compute_workgroup_size_x,

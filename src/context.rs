@@ -15,10 +15,7 @@ pub struct GpuContext {
 
 /// Features the kernels can use when the adapter has them. Nothing else is requested.
 pub fn wanted_features() -> wgpu::Features {
-    wgpu::Features::SUBGROUP
-        | wgpu::Features::SHADER_F16
-        | wgpu::Features::TIMESTAMP_QUERY
-        | wgpu::Features::TIMESTAMP_QUERY_INSIDE_PASSES
+    wgpu::Features::SUBGROUP | wgpu::Features::SHADER_F16 | wgpu::Features::TIMESTAMP_QUERY
 }
 
 impl GpuContext {

@@ -1,0 +1,285 @@
+//! The main job: exact attention on the best adapter at a size given on the command line,
+//! checked against the float64 reference and timed beside the naive (materialized-scores) kernel.
+//!
+//! ```text
+//! cargo run --release --example attention -- --batch 2 --heads 16 --seq 4096 --head-dim 128 --causal
+//! ```
+//! Options (defaults in brackets): --batch [1] --heads [8] --kv-heads [=heads] --seq [2048]
+//! (--seq-q, --seq-kv to differ) --head-dim [64] --dtype f32|f16|bf16 [f32] --causal
+//! --layout bshd|bhsd [bshd] --variant auto|wg_f32|sg_f32|wg_f16|sg_f16 [auto]
+//! --plan BMxBNxTXxTYxKSxNS --bounds-checks on|off [on] --runs [10] --check-rows [256]
+//! --no-naive --json FILE (append one JSON line of results).
+//! Exits non-zero if a check fails.
+
+use std::process::ExitCode;
+
+use wgpu_flash_attn::harness::{compare_outputs, tolerance, Kernel, Workload};
+use wgpu_flash_attn::timing::{Clock, Timing};
+use wgpu_flash_attn::{
+    AttentionProblem, AttentionShape, BoundsChecks, DType, Element, FlashAttention, GpuContext, Layout, Options,
+    TilePlan, Variant,
+};
+
+struct Args {
+    problem: AttentionProblem,
+    layout: Layout,
+    options: Options,
+    runs: usize,
+    check_rows: usize,
+    naive: bool,
+    json: Option<String>,
+}
+
+fn parse_args() -> Result<Args, String> {
+    let mut it = std::env::args().skip(1);
+    let (mut batch, mut heads, mut kv_heads, mut seq_q, mut seq_kv, mut head_dim) = (1, 8, None, 2048, None, 64);
+    let (mut dtype, mut causal, mut layout) = (DType::F32, false, Layout::Bshd);
+    let mut options = Options::default();
+    let (mut runs, mut check_rows, mut naive, mut json) = (10, 256, true, None);
+    while let Some(flag) = it.next() {
+        let mut value = || it.next().ok_or(format!("{flag} needs a value"));
+        let number = |s: String| s.parse::<usize>().map_err(|e| format!("{s}: {e}"));
+        match flag.as_str() {
+            "--batch" => batch = number(value()?)?,
+            "--heads" => heads = number(value()?)?,
+            "--kv-heads" => kv_heads = Some(number(value()?)?),
+            "--seq" | "--seq-q" => seq_q = number(value()?)?,
+            "--seq-kv" => seq_kv = Some(number(value()?)?),
+            "--head-dim" => head_dim = number(value()?)?,
+            "--dtype" => {
+                let v = value()?;
+                dtype = DType::ALL
+                    .into_iter()
+                    .find(|d| d.name() == v)
+                    .ok_or(format!("unknown dtype {v}"))?
+            }
+            "--causal" => causal = true,
+            "--layout" => {
+                layout = match value()?.as_str() {
+                    "bshd" => Layout::Bshd,
+                    "bhsd" => Layout::Bhsd,
+                    other => return Err(format!("unknown layout {other}")),
+                }
+            }
+            "--variant" => {
+                let v = value()?;
+                options.choice.variant = match v.as_str() {
+                    "auto" => None,
+                    name => Some(Variant::from_name(name).ok_or(format!("unknown variant {name}"))?),
+                }
+            }
+            "--plan" => options.choice.plan = Some(parse_plan(&value()?)?),
+            "--bounds-checks" => {
+                options.bounds_checks = match value()?.as_str() {
+                    "on" => BoundsChecks::On,
+                    "off" => BoundsChecks::Off,
+                    other => return Err(format!("--bounds-checks on|off, not {other}")),
+                }
+            }
+            "--runs" => runs = number(value()?)?,
+            "--check-rows" => check_rows = number(value()?)?,
+            "--no-naive" => naive = false,
+            "--json" => json = Some(value()?),
+            "--help" | "-h" => {
+                return Err(include_str!("attention.rs")
+                    .lines()
+                    .take(13)
+                    .collect::<Vec<_>>()
+                    .join("\n"))
+            }
+            other => return Err(format!("unknown option {other} (try --help)")),
+        }
+    }
+    let shape = AttentionShape {
+        batch,
+        seq_q,
+        seq_kv: seq_kv.unwrap_or(seq_q),
+        num_heads: heads,
+        num_kv_heads: kv_heads.unwrap_or(heads),
+        head_dim,
+    };
+    let problem = AttentionProblem::new(shape, dtype)
+        .with_causal(causal)
+        .with_layout(layout);
+    Ok(Args {
+        problem,
+        layout,
+        options,
+        runs,
+        check_rows,
+        naive,
+        json,
+    })
+}
+
+/// `64x64x8x16x16x16` → block_m, block_n, threads_x, threads_y, k_step, n_step.
+fn parse_plan(s: &str) -> Result<TilePlan, String> {
+    let v: Vec<u32> = s
+        .split('x')
+        .map(|x| x.parse().map_err(|_| format!("bad plan {s}")))
+        .collect::<Result<_, _>>()?;
+    match v[..] {
+        [bm, bn, tx, ty, ks, ns] => Ok(TilePlan::new(bm, bn, tx, ty, ks, ns)),
+        _ => Err(format!("a plan is BMxBNxTXxTYxKSxNS, not {s}")),
+    }
+}
+
+fn main() -> ExitCode {
+    let args = match parse_args() {
+        Ok(a) => a,
+        Err(e) => {
+            eprintln!("{e}");
+            return ExitCode::from(2);
+        }
+    };
+    let result = match args.problem.dtype {
+        DType::F32 => run::<f32>(&args),
+        DType::F16 => run::<half::f16>(&args),
+        DType::BF16 => run::<half::bf16>(&args),
+    };
+    match result {
+        Ok(true) => ExitCode::SUCCESS,
+        Ok(false) => ExitCode::FAILURE,
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn mib(bytes: u64) -> String {
+    format!("{:.1} MiB", bytes as f64 / (1 << 20) as f64)
+}
+
+fn describe(t: &Timing, flops: f64) -> String {
+    let clock = match t.clock {
+        Clock::GpuTimestamps => "GPU timestamps",
+        Clock::WallClock => "wall clock",
+    };
+    let rate = flops / t.median;
+    let rate = if rate >= 1e12 {
+        format!("{:7.2} TFLOP/s", rate / 1e12)
+    } else {
+        format!("{:7.2} GFLOP/s", rate / 1e9)
+    };
+    format!(
+        "{:9.3} ms  {rate}  (median of {}, min {:.3} ms, {clock})",
+        t.median * 1e3,
+        t.runs,
+        t.min * 1e3
+    )
+}
+
+fn run<T: Element>(args: &Args) -> wgpu_flash_attn::Result<bool> {
+    let p = &args.problem;
+    let ctx = pollster::block_on(GpuContext::new())?;
+    let caps = &ctx.caps;
+    println!(
+        "adapter:  {} ({:?}, {:?}); subgroups {}, shader-f16 {}, workgroup memory {} KiB, max binding {}",
+        ctx.info.name,
+        ctx.info.backend,
+        ctx.info.device_type,
+        if caps.subgroups {
+            format!("{}..{}", caps.subgroup_min_size, caps.subgroup_max_size)
+        } else {
+            "no".into()
+        },
+        if caps.shader_f16 { "yes" } else { "no" },
+        caps.max_workgroup_storage_bytes / 1024,
+        mib(caps.max_storage_binding_bytes),
+    );
+    let s = p.shape;
+    println!(
+        "problem:  batch {}, heads {}/{} (q/kv), seq {}×{}, head_dim {}, {}, {}, {:?}; {:.3} GFLOP",
+        s.batch,
+        s.num_heads,
+        s.num_kv_heads,
+        s.seq_q,
+        s.seq_kv,
+        s.head_dim,
+        p.dtype.name(),
+        if p.causal { "causal" } else { "non-causal" },
+        args.layout,
+        p.flops() / 1e9
+    );
+    let engine = FlashAttention::with_options(&ctx, args.options);
+    let config = engine.select(p)?;
+    println!(
+        "kernel:   {} ({} invocations, {} B workgroup memory, bounds checks {:?})",
+        config.name(),
+        config.plan.workgroup_size(),
+        config.workgroup_bytes(),
+        args.options.bounds_checks
+    );
+
+    let work = Workload::<T>::random(&ctx, p, 0x5eed)?;
+    let (out, lse) = work.run(&engine, Kernel::Flash)?;
+    let flash = work.time(&engine, Kernel::Flash, 2, args.runs)?;
+    let flops = p.flops();
+    println!("flash:    {}", describe(&flash, flops));
+    println!(
+        "memory:   {} on the device for flash: q, k, v, o and the LSE; no seq_q × seq_kv buffer",
+        mib(work.device_bytes())
+    );
+
+    let mut ok = true;
+    let tol = tolerance(p.dtype);
+    let check = work.check_rows(&out, &lse, args.check_rows)?;
+    let pass = check.passes(p.dtype);
+    ok &= pass;
+    println!(
+        "check:    {} sampled rows vs float64 reference: {}  [{}; bounds rel {:.0e}, abs {:.0e}]",
+        args.check_rows.min(s.batch * s.num_heads * s.seq_q),
+        if pass { "PASS" } else { "FAIL" },
+        check,
+        tol.out_rel_l2,
+        tol.out_max_abs
+    );
+
+    let mut naive_ms = None;
+    if args.naive {
+        match engine.naive_plan(p) {
+            Ok(plan) => {
+                let (naive_out, _) = work.run(&engine, Kernel::Naive)?;
+                let naive = work.time(&engine, Kernel::Naive, 1, args.runs.clamp(1, 5))?;
+                println!(
+                    "naive:    {}  ({} passes over {} of scores)",
+                    describe(&naive, flops),
+                    plan.passes,
+                    mib(plan.scores_bytes)
+                );
+                println!("speed-up: {:.2}× over the naive kernel", naive.median / flash.median);
+                let vs_naive = compare_outputs(&out, &naive_out);
+                let pass = vs_naive.within(2.0 * tol.out_rel_l2, 2.0 * tol.out_max_abs);
+                ok &= pass;
+                println!(
+                    "check:    flash vs naive, every output: {}  [{vs_naive}]",
+                    if pass { "PASS" } else { "FAIL" }
+                );
+                naive_ms = Some(naive.median * 1e3);
+            }
+            Err(e) => println!("naive:    not run: {e}"),
+        }
+    }
+
+    if let Some(path) = &args.json {
+        use std::io::Write;
+        let line = format!(
+            "{{\"adapter\":\"{}\",\"kernel\":\"{}\",\"variant\":\"{}\",\"plan\":\"{}x{}x{}x{}x{}x{}\",\"bounds\":\"{}\",\"dtype\":\"{}\",\"batch\":{},\"heads\":{},\"kv_heads\":{},\"seq_q\":{},\"seq_kv\":{},\"head_dim\":{},\"causal\":{},\"flash_ms\":{:.4},\"flash_tflops\":{:.3},\"naive_ms\":{},\"rel_l2\":{:.3e},\"pass\":{}}}\n",
+            ctx.info.name, config.name(), config.variant.name(),
+            config.plan.block_m, config.plan.block_n, config.plan.threads_x, config.plan.threads_y, config.plan.k_step, config.plan.n_step,
+            if args.options.bounds_checks == BoundsChecks::On { "on" } else { "off" },
+            p.dtype.name(), s.batch, s.num_heads, s.num_kv_heads, s.seq_q, s.seq_kv, s.head_dim, p.causal,
+            flash.median * 1e3, flops / flash.median / 1e12,
+            naive_ms.map_or("null".into(), |m| format!("{m:.4}")), check.out.rel_l2, ok
+        );
+        std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(path)
+            .and_then(|mut f| f.write_all(line.as_bytes()))
+            .map_err(|e| wgpu_flash_attn::Error::ReadBack(format!("writing {path}: {e}")))?;
+    }
+    println!("result:   {}", if ok { "PASS" } else { "FAIL" });
+    Ok(ok)
+}

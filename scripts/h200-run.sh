@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# Runs on the lent H200 (see BENCHMARKS.md): the lavapipe test binaries against NVIDIA's Vulkan driver,
+# a tile-plan sweep, the forward table beside the naive kernel, seq 65536, and PyTorch's SDPA references.
+# Expects in .gpu/: the Debian Vulkan loader and GL dispatch .debs, the stripped binaries `attention`,
+# `wgpu_attention`, `errors`, and torch_sdpa.py. Writes logs and JSON lines under $OUT.
+set -u
+if [ -z "${SKIP_SETUP:-}" ]; then for f in .gpu/*.deb; do dpkg -x "$f" /; done; ldconfig; fi
+[ -z "${SKIP_SETUP:-}" ] && export VK_DRIVER_FILES=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json
+export LD_LIBRARY_PATH=/usr/local/cuda/targets/x86_64-linux/lib FLASH_REQUIRE_GPU=1 XDG_RUNTIME_DIR=/tmp
+OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+A=.gpu/attention
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv | tee "$OUT/gpu.txt"
+step() { echo "== $*" | tee -a "$OUT/steps.log"; }
+
+if [ "${TESTS:-1}" = 1 ]; then
+  step tests
+  for t in wgpu_attention errors; do timeout 150 .gpu/$t --test-threads 4 > "$OUT/test_$t.log" 2>&1; echo "$t rc=$?" | tee -a "$OUT/steps.log"; tail -3 "$OUT/test_$t.log"; done
+fi
+
+if [ -n "${SWEEP:-}" ]; then
+  step sweep
+  base="${SWEEP_BASE:---batch 2 --heads 16 --seq 8192 --head-dim 128} --no-naive --runs 5 --check-rows 32 --json $OUT/sweep.jsonl"
+  for spec in $SWEEP; do  # spec = variant:plan:bounds:dtype
+    IFS=: read -r v p b d <<< "$spec"
+    echo "-- $spec" >> "$OUT/sweep.log"
+    timeout 60 $A $base --variant "$v" ${p:+--plan $p} --bounds-checks "${b:-on}" --dtype "${d:-f32}" >> "$OUT/sweep.log" 2>&1 || echo "FAILED $spec" >> "$OUT/sweep.log"
+  done
+  grep -E "^-- |flash:|FAIL|error" "$OUT/sweep.log"
+  # The fastest correct f32 configuration runs the table and the long sequence.
+  BEST=$(python3 -c "
+import json
+rows = [json.loads(l) for l in open('$OUT/sweep.jsonl')]
+rows = [r for r in rows if r['pass'] and r['dtype'] == 'f32']
+b = max(rows, key=lambda r: r['flash_tflops'])
+print(f\"--variant {b['variant']} --plan {b['plan']} --bounds-checks {b['bounds']}\")")
+  echo "best: $BEST" | tee -a "$OUT/steps.log"
+  TABLE_ARGS="${TABLE_ARGS:-$BEST}"
+fi
+
+if [ -n "${TABLE:-}" ]; then
+  step table
+  for n in $TABLE; do for c in "" --causal; do
+    timeout 120 $A --batch $((16384 / n)) --heads 16 --seq $n --head-dim 128 $c --runs 10 ${TABLE_ARGS:-} --json "$OUT/table.jsonl" > /tmp/run.log 2>&1
+    cat /tmp/run.log >> "$OUT/table.log"; grep -E "^(problem|flash|naive|speed|result)" /tmp/run.log
+  done; done
+fi
+
+if [ "${LONG:-0}" = 1 ]; then
+  step seq 65536
+  timeout 200 $A --batch 1 --heads 16 --seq 65536 --head-dim 128 --runs 3 --check-rows 48 ${TABLE_ARGS:-} --json "$OUT/long.jsonl" 2>&1 | tee "$OUT/long.log"
+  nvidia-smi --query-gpu=memory.used --format=csv >> "$OUT/long.log"
+fi
+
+if [ -n "${TORCH:-}" ]; then
+  step torch
+  timeout 300 python3 .gpu/torch_sdpa.py $TORCH --json "$OUT/torch.jsonl" 2>&1 | tee "$OUT/torch.log" | tail -20
+fi
+step done
