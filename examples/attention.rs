@@ -7,7 +7,7 @@
 //! Options (defaults in brackets): --batch [1] --heads [8] --kv-heads [=heads] --seq [2048]
 //! (--seq-q, --seq-kv to differ) --head-dim [64] --dtype f32|f16|bf16 [f32] --causal
 //! --layout bshd|bhsd [bshd] --variant auto|wg_f32|sg_f32|wg_f16|sg_f16 [auto]
-//! --plan BMxBNxTXxTYxKSxNS --bounds-checks on|off [on] --runs [10] --check-rows [256]
+//! --plan BMxBNxTXxTYxKSxNS[xSTAGES] --bounds-checks on|off [on] --runs [10] --check-rows [256]
 //! --no-naive --json FILE (append one JSON line of results).
 //! Exits non-zero if a check fails.
 
@@ -68,7 +68,11 @@ fn parse_args() -> Result<Args, String> {
                     name => Some(Variant::from_name(name).ok_or(format!("unknown variant {name}"))?),
                 }
             }
-            "--plan" => options.choice.plan = Some(parse_plan(&value()?)?),
+            "--plan" => {
+                let v = value()?;
+                options.choice.plan =
+                    Some(TilePlan::parse(&v).ok_or(format!("a plan is BMxBNxTXxTYxKSxNS[xST], not {v}"))?)
+            }
             "--bounds-checks" => {
                 options.bounds_checks = match value()?.as_str() {
                     "on" => BoundsChecks::On,
@@ -110,18 +114,6 @@ fn parse_args() -> Result<Args, String> {
         naive,
         json,
     })
-}
-
-/// `64x64x8x16x16x16` → block_m, block_n, threads_x, threads_y, k_step, n_step.
-fn parse_plan(s: &str) -> Result<TilePlan, String> {
-    let v: Vec<u32> = s
-        .split('x')
-        .map(|x| x.parse().map_err(|_| format!("bad plan {s}")))
-        .collect::<Result<_, _>>()?;
-    match v[..] {
-        [bm, bn, tx, ty, ks, ns] => Ok(TilePlan::new(bm, bn, tx, ty, ks, ns)),
-        _ => Err(format!("a plan is BMxBNxTXxTYxKSxNS, not {s}")),
-    }
 }
 
 fn main() -> ExitCode {
@@ -265,9 +257,9 @@ fn run<T: Element>(args: &Args) -> wgpu_flash_attn::Result<bool> {
     if let Some(path) = &args.json {
         use std::io::Write;
         let line = format!(
-            "{{\"adapter\":\"{}\",\"kernel\":\"{}\",\"variant\":\"{}\",\"plan\":\"{}x{}x{}x{}x{}x{}\",\"bounds\":\"{}\",\"dtype\":\"{}\",\"batch\":{},\"heads\":{},\"kv_heads\":{},\"seq_q\":{},\"seq_kv\":{},\"head_dim\":{},\"causal\":{},\"flash_ms\":{:.4},\"flash_tflops\":{:.3},\"naive_ms\":{},\"rel_l2\":{:.3e},\"pass\":{}}}\n",
+            "{{\"adapter\":\"{}\",\"kernel\":\"{}\",\"variant\":\"{}\",\"plan\":\"{}x{}x{}x{}x{}x{}x{}\",\"bounds\":\"{}\",\"dtype\":\"{}\",\"batch\":{},\"heads\":{},\"kv_heads\":{},\"seq_q\":{},\"seq_kv\":{},\"head_dim\":{},\"causal\":{},\"flash_ms\":{:.4},\"flash_tflops\":{:.3},\"naive_ms\":{},\"rel_l2\":{:.3e},\"pass\":{}}}\n",
             ctx.info.name, config.name(), config.variant.name(),
-            config.plan.block_m, config.plan.block_n, config.plan.threads_x, config.plan.threads_y, config.plan.k_step, config.plan.n_step,
+            config.plan.block_m, config.plan.block_n, config.plan.threads_x, config.plan.threads_y, config.plan.k_step, config.plan.n_step, config.plan.stages,
             if args.options.bounds_checks == BoundsChecks::On { "on" } else { "off" },
             p.dtype.name(), s.batch, s.num_heads, s.num_kv_heads, s.seq_q, s.seq_kv, s.head_dim, p.causal,
             flash.median * 1e3, flops / flash.median / 1e12,

@@ -30,6 +30,14 @@
 // workgroup memory (16 KiB in WebGPU by default, 32 KiB on lavapipe, 48 KiB on NVIDIA Vulkan) and
 // invocation limit. Column groups are interleaved across tx (not blocked) so that the invocations of
 // a row read consecutive 16-byte words of workgroup memory: no bank conflicts.
+//
+// The slices form one software pipeline per workgroup: QK_STEPS slices of Q and K, then the V
+// slices of the same tile, then the next tile's Q/K slices. While the invocations multiply out of
+// the current slice they have already issued the global loads of the next one (into FETCH_VECS
+// registers each), so memory latency hides behind arithmetic; the next slice then goes to
+// workgroup memory. With STAGES = 2 it goes to the other half of a double buffer and each step
+// needs one barrier; with STAGES = 1 (when workgroup memory is short) it overwrites the slice just
+// read, after a second barrier.
 
 const WORKGROUP_SIZE: u32 = THREADS_X * THREADS_Y;
 const ROWS_PER_THREAD: u32 = BLOCK_M / THREADS_Y;
@@ -37,17 +45,23 @@ const ROW_VECS: u32 = ROWS_PER_THREAD / 4u;
 const S_VECS: u32 = BLOCK_N / (4u * THREADS_X);
 const O_VECS: u32 = HEAD_DIM_PAD / (4u * THREADS_X);
 const DIM_VECS: u32 = HEAD_DIM_PAD / 4u;
+const QK_STEPS: u32 = HEAD_DIM_PAD / K_STEP;
 
 // Workgroup memory, in vec4s of the tile type:
-// * staging: during QKᵀ a K_STEP-wide slice of Q (transposed, [k][m]) then of K ([k][n]); during PV
-//   an N_STEP-row slice of V ([n][d]). The phases alternate, so they share the space.
+// * staging, STAGES stages of STAGE_VECS: a Q/K step holds a K_STEP-wide slice of the Q tile,
+//   transposed ([k][m]), followed by the same slice of the K tile ([k][n]); a V step holds N_STEP
+//   rows of the V tile ([n][d]).
 // * p_tile: the probabilities P of the current K/V tile, transposed ([n][m]) so that an invocation
 //   reads its ROWS_PER_THREAD rows of one column as vec4s. Rows are padded by one vec4 so that the
 //   column-wise writes of the THREADS_X invocations of a row fall in different banks.
 const Q_SLICE_VECS: u32 = K_STEP * BLOCK_M / 4u;
-const STAGING_VECS: u32 = max(K_STEP * (BLOCK_M + BLOCK_N), N_STEP * HEAD_DIM_PAD) / 4u;
+const QK_SLICE_VECS: u32 = K_STEP * (BLOCK_M + BLOCK_N) / 4u;
+const V_SLICE_VECS: u32 = N_STEP * DIM_VECS;
+const STAGE_VECS: u32 = max(QK_SLICE_VECS, V_SLICE_VECS);
+// Granules each invocation fetches per step.
+const FETCH_VECS: u32 = (STAGE_VECS + WORKGROUP_SIZE - 1u) / WORKGROUP_SIZE;
 const P_STRIDE: u32 = BLOCK_M + 4u;
-var<workgroup> staging: array<vec4<TileElem>, STAGING_VECS>;
+var<workgroup> staging: array<vec4<TileElem>, STAGES * STAGE_VECS>;
 var<workgroup> p_tile: array<vec4<TileElem>, BLOCK_N * P_STRIDE / 4u>;
 
 @group(0) @binding(1) var<storage, read> q: array<Granule>;
@@ -56,57 +70,134 @@ var<workgroup> p_tile: array<vec4<TileElem>, BLOCK_N * P_STRIDE / 4u>;
 @group(0) @binding(4) var<storage, read_write> o: array<Granule>;
 @group(0) @binding(5) var<storage, read_write> lse: array<u32>;
 
-// Stores a K_STEP-wide slice (columns d0 .. d0+K_STEP) of `rows` tensor rows starting at `first_row`,
-// transposed, at staging[base ..]: element (r, kk) goes to scalar position kk·rows + r. Rows past
-// `row_end` and columns past head_dim read as zero, so they add nothing to the scores.
-fn stage_slice_transposed(is_q: bool, tensor: TensorStrides, b: u32, h: u32, first_row: u32, rows: u32, row_end: u32, d0: u32, base: u32, li: u32) {
-    let granules = rows * (K_STEP / 4u);
-    for (var g = li; g < granules; g += WORKGROUP_SIZE) {
-        // Consecutive invocations take consecutive rows, so their workgroup-memory stores below
-        // hit consecutive words.
-        let r = g % rows;
-        let kg = g / rows;
-        let row = first_row + r;
-        let d = d0 + 4u * kg;
+alias Fetched = array<vec4<f32>, FETCH_VECS>;
+
+// Where a workgroup is: its batch, query head, K/V head and first query row.
+struct Tile {
+    b: u32,
+    head: u32,
+    kv_head: u32,
+    m0: u32,
+}
+
+// Loads the Q/K slice of columns d0 .. d0+K_STEP for query rows m0.. and key rows n0.. .
+// Granule g of the slice is row g % rows, column group g / rows: consecutive invocations take
+// consecutive rows, so that their transposed stores below hit consecutive words. Rows past the
+// sequence and columns past head_dim read as zero and add nothing to the scores.
+fn fetch_qk(tile: Tile, n0: u32, d0: u32, li: u32) -> Fetched {
+    var regs: Fetched;
+    for (var j = 0u; j < FETCH_VECS; j++) {
+        let g = li + j * WORKGROUP_SIZE;
         var x = vec4<f32>(0.0);
-        if (row < row_end && d < params.head_dim) {
-            let at = row_granule(tensor, b, row, h) + d / 4u;
-            if (is_q) {
-                x = unpack_granule(q[at]);
-            } else {
-                x = unpack_granule(k[at]);
+        if (g < Q_SLICE_VECS) {
+            let row = tile.m0 + g % BLOCK_M;
+            let d = d0 + 4u * (g / BLOCK_M);
+            if (row < params.seq_q && d < params.head_dim) {
+                x = unpack_granule(q[row_granule(params.q, tile.b, row, tile.head) + d / 4u]);
+            }
+        } else if (g < QK_SLICE_VECS) {
+            let gk = g - Q_SLICE_VECS;
+            let row = n0 + gk % BLOCK_N;
+            let d = d0 + 4u * (gk / BLOCK_N);
+            if (row < params.seq_kv && d < params.head_dim) {
+                x = unpack_granule(k[row_granule(params.k, tile.b, row, tile.kv_head) + d / 4u]);
             }
         }
-        let t = to_tile4(x);
-        for (var j = 0u; j < 4u; j++) {
-            let pos = (4u * kg + j) * rows + r;
-            staging[base + pos / 4u][pos % 4u] = t[j];
+        regs[j] = x;
+    }
+    return regs;
+}
+
+// Stores a fetched Q/K slice, transposed, into the stage starting at `base`.
+fn store_qk(base: u32, regs: Fetched, li: u32) {
+    for (var j = 0u; j < FETCH_VECS; j++) {
+        let g = li + j * WORKGROUP_SIZE;
+        var rows = BLOCK_M;
+        var first = base;
+        var gs = g;
+        if (g >= Q_SLICE_VECS) {
+            rows = BLOCK_N;
+            first = base + Q_SLICE_VECS;
+            gs = g - Q_SLICE_VECS;
+        }
+        if (g < QK_SLICE_VECS) {
+            let t = to_tile4(regs[j]);
+            let r = gs % rows;
+            let kg = gs / rows;
+            for (var c = 0u; c < 4u; c++) {
+                let pos = (4u * kg + c) * rows + r;
+                staging[first + pos / 4u][pos % 4u] = t[c];
+            }
         }
     }
 }
 
-// Stores V rows first_row .. first_row+N_STEP at staging[0 ..] as [n][d]; rows past seq_kv and
-// columns past head_dim are zero (their P is zero, but 0 · garbage could be NaN).
-fn stage_v_rows(b: u32, h: u32, first_row: u32, li: u32) {
-    for (var g = li; g < N_STEP * DIM_VECS; g += WORKGROUP_SIZE) {
-        let r = g / DIM_VECS;
+// Loads V rows first_row .. first_row+N_STEP, all columns. Rows past seq_kv and columns past
+// head_dim are zero: their P is zero, but 0 · garbage could be NaN.
+fn fetch_v(tile: Tile, first_row: u32, li: u32) -> Fetched {
+    var regs: Fetched;
+    for (var j = 0u; j < FETCH_VECS; j++) {
+        let g = li + j * WORKGROUP_SIZE;
+        let row = first_row + g / DIM_VECS;
         let dg = g % DIM_VECS;
-        let row = first_row + r;
         var x = vec4<f32>(0.0);
-        if (row < params.seq_kv && 4u * dg < params.head_dim) {
-            x = unpack_granule(v[row_granule(params.v, b, row, h) + dg]);
+        if (g < V_SLICE_VECS && row < params.seq_kv && 4u * dg < params.head_dim) {
+            x = unpack_granule(v[row_granule(params.v, tile.b, row, tile.kv_head) + dg]);
         }
-        staging[g] = to_tile4(x);
+        regs[j] = x;
+    }
+    return regs;
+}
+
+fn store_v(base: u32, regs: Fetched, li: u32) {
+    for (var j = 0u; j < FETCH_VECS; j++) {
+        let g = li + j * WORKGROUP_SIZE;
+        if (g < V_SLICE_VECS) {
+            staging[base + g] = to_tile4(regs[j]);
+        }
+    }
+}
+
+alias Scores = array<vec4<f32>, ROWS_PER_THREAD * S_VECS>;
+alias Output = array<vec4<f32>, ROWS_PER_THREAD * O_VECS>;
+
+// s += (Q slice)(K slice)ᵀ for this invocation's rows and score columns.
+fn accumulate_scores(s: ptr<function, Scores>, base: u32, row0: u32, tx: u32) {
+    for (var kk = 0u; kk < K_STEP; kk++) {
+        var q_rows: array<vec4<TileElem>, ROW_VECS>;
+        for (var g = 0u; g < ROW_VECS; g++) {
+            q_rows[g] = staging[base + (kk * BLOCK_M + row0) / 4u + g];
+        }
+        for (var c = 0u; c < S_VECS; c++) {
+            let k_cols = staging[base + Q_SLICE_VECS + kk * (BLOCK_N / 4u) + tx + THREADS_X * c];
+            for (var i = 0u; i < ROWS_PER_THREAD; i++) {
+                (*s)[i * S_VECS + c] = mul_add4((*s)[i * S_VECS + c], q_rows[i / 4u][i % 4u], k_cols);
+            }
+        }
+    }
+}
+
+// acc += P[:, n_first ..] · (V slice) for this invocation's rows and output columns.
+fn accumulate_pv(acc: ptr<function, Output>, base: u32, n_first: u32, row0: u32, tx: u32) {
+    for (var n = 0u; n < N_STEP; n++) {
+        var p_rows: array<vec4<TileElem>, ROW_VECS>;
+        for (var g = 0u; g < ROW_VECS; g++) {
+            p_rows[g] = p_tile[((n_first + n) * P_STRIDE + row0) / 4u + g];
+        }
+        for (var c = 0u; c < O_VECS; c++) {
+            let v_cols = staging[base + n * DIM_VECS + tx + THREADS_X * c];
+            for (var i = 0u; i < ROWS_PER_THREAD; i++) {
+                (*acc)[i * O_VECS + c] = mul_add4((*acc)[i * O_VECS + c], p_rows[i / 4u][i % 4u], v_cols);
+            }
+        }
     }
 }
 
 @compute @workgroup_size(WORKGROUP_SIZE)
 fn flash_fwd(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) li: u32) {
-    let q_tile = params.num_q_tiles - 1u - wg.x;
     let head = wg.y;
-    let b = wg.z;
-    let kv_head = head / params.group_size;
-    let m0 = q_tile * BLOCK_M;
+    let tile = Tile(wg.z, head, head / params.group_size, (params.num_q_tiles - 1u - wg.x) * BLOCK_M);
+    let m0 = tile.m0;
     let tx = li % THREADS_X;
     let row0 = (li / THREADS_X) * ROWS_PER_THREAD;
 
@@ -118,7 +209,7 @@ fn flash_fwd(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_ind
     }
     let num_kv_tiles = (kv_end + BLOCK_N - 1u) / BLOCK_N;
 
-    var acc: array<vec4<f32>, ROWS_PER_THREAD * O_VECS>;
+    var acc: Output;
     var m_run: array<f32, ROWS_PER_THREAD>;
     var l_run: array<f32, ROWS_PER_THREAD>;
     for (var i = 0u; i < ROWS_PER_THREAD; i++) {
@@ -126,28 +217,40 @@ fn flash_fwd(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_ind
         l_run[i] = 0.0;
     }
 
+    // Pipeline prologue: the first Q/K slice.
+    var stage = 0u;
+    if (num_kv_tiles > 0u) {
+        store_qk(0u, fetch_qk(tile, 0u, 0u, li), li);
+    }
+    workgroupBarrier();
+
     for (var t = 0u; t < num_kv_tiles; t++) {
         let n0 = t * BLOCK_N;
+        // V slices past the last visible key are not needed.
+        let v_steps = (min(BLOCK_N, kv_end - n0) + N_STEP - 1u) / N_STEP;
 
-        // ---- S = Q Kᵀ for this tile, K_STEP columns of head_dim at a time ----
-        var s: array<vec4<f32>, ROWS_PER_THREAD * S_VECS>;
-        for (var d0 = 0u; d0 < HEAD_DIM_PAD; d0 += K_STEP) {
-            workgroupBarrier(); // everyone is done reading the previous slice
-            stage_slice_transposed(true, params.q, b, head, m0, BLOCK_M, params.seq_q, d0, 0u, li);
-            stage_slice_transposed(false, params.k, b, kv_head, n0, BLOCK_N, params.seq_kv, d0, Q_SLICE_VECS, li);
-            workgroupBarrier();
-            for (var kk = 0u; kk < K_STEP; kk++) {
-                var q_rows: array<vec4<TileElem>, ROW_VECS>;
-                for (var g = 0u; g < ROW_VECS; g++) {
-                    q_rows[g] = staging[(kk * BLOCK_M + row0) / 4u + g];
-                }
-                for (var c = 0u; c < S_VECS; c++) {
-                    let k_cols = staging[Q_SLICE_VECS + kk * (BLOCK_N / 4u) + tx + THREADS_X * c];
-                    for (var i = 0u; i < ROWS_PER_THREAD; i++) {
-                        s[i * S_VECS + c] = mul_add4(s[i * S_VECS + c], q_rows[i / 4u][i % 4u], k_cols);
-                    }
-                }
+        // ---- S = Q Kᵀ, one K_STEP slice of head_dim per step ----
+        var s: Scores;
+        for (var c = 0u; c < QK_STEPS; c++) {
+            let next = (stage + 1u) % STAGES;
+            let last = c + 1u == QK_STEPS;
+            var regs: Fetched;
+            if (!last) {
+                regs = fetch_qk(tile, n0, (c + 1u) * K_STEP, li);
+            } else {
+                regs = fetch_v(tile, n0, li);
             }
+            accumulate_scores(&s, stage * STAGE_VECS, row0, tx);
+            if (STAGES == 1u) {
+                workgroupBarrier(); // the slice just read is about to be overwritten
+            }
+            if (!last) {
+                store_qk(next * STAGE_VECS, regs, li);
+            } else {
+                store_v(next * STAGE_VECS, regs, li);
+            }
+            workgroupBarrier();
+            stage = next;
         }
 
         // ---- online softmax, in base 2 with the scale folded in ----
@@ -192,8 +295,7 @@ fn flash_fwd(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_ind
             }
         }
         // P goes to workgroup memory, transposed: PV needs every column of a row, and the row's
-        // columns are spread over THREADS_X invocations. (The barrier at the start of each V slice
-        // below orders these writes before the reads.)
+        // columns are spread over THREADS_X invocations.
         for (var c = 0u; c < S_VECS; c++) {
             for (var j = 0u; j < 4u; j++) {
                 let col = 4u * (tx + THREADS_X * c) + j;
@@ -208,24 +310,30 @@ fn flash_fwd(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_ind
                 }
             }
         }
+        workgroupBarrier();
 
-        // ---- O += P V, N_STEP keys at a time; slices past the visible keys are skipped ----
-        for (var nc = 0u; nc < BLOCK_N && n0 + nc < kv_end; nc += N_STEP) {
-            workgroupBarrier();
-            stage_v_rows(b, kv_head, n0 + nc, li);
-            workgroupBarrier();
-            for (var n = 0u; n < N_STEP; n++) {
-                var p_rows: array<vec4<TileElem>, ROW_VECS>;
-                for (var g = 0u; g < ROW_VECS; g++) {
-                    p_rows[g] = p_tile[((nc + n) * P_STRIDE + row0) / 4u + g];
-                }
-                for (var c = 0u; c < O_VECS; c++) {
-                    let v_cols = staging[n * DIM_VECS + tx + THREADS_X * c];
-                    for (var i = 0u; i < ROWS_PER_THREAD; i++) {
-                        acc[i * O_VECS + c] = mul_add4(acc[i * O_VECS + c], p_rows[i / 4u][i % 4u], v_cols);
-                    }
-                }
+        // ---- O += P V, one N_STEP slice of keys per step; then the next tile's first Q/K slice ----
+        for (var c = 0u; c < v_steps; c++) {
+            let next = (stage + 1u) % STAGES;
+            let more_v = c + 1u < v_steps;
+            let more_tiles = t + 1u < num_kv_tiles;
+            var regs: Fetched;
+            if (more_v) {
+                regs = fetch_v(tile, n0 + (c + 1u) * N_STEP, li);
+            } else if (more_tiles) {
+                regs = fetch_qk(tile, n0 + BLOCK_N, 0u, li);
             }
+            accumulate_pv(&acc, stage * STAGE_VECS, c * N_STEP, row0, tx);
+            if (STAGES == 1u) {
+                workgroupBarrier();
+            }
+            if (more_v) {
+                store_v(next * STAGE_VECS, regs, li);
+            } else if (more_tiles) {
+                store_qk(next * STAGE_VECS, regs, li);
+            }
+            workgroupBarrier();
+            stage = next;
         }
     }
 
@@ -237,7 +345,7 @@ fn flash_fwd(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_ind
             let l = l_total[i];
             // A row that saw no key (causal, seq_q > seq_kv) has l = 0: its output is 0.
             let inv_l = select(0.0, 1.0 / l, l > 0.0);
-            let out_row = row_granule(params.o, b, row, head);
+            let out_row = row_granule(params.o, tile.b, row, head);
             for (var c = 0u; c < O_VECS; c++) {
                 let dg = tx + THREADS_X * c;
                 if (4u * dg < params.head_dim) {
@@ -249,7 +357,7 @@ fn flash_fwd(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_ind
                 if (l > 0.0) {
                     bits = bitcast<u32>((m_run[i] + log2(l)) * 0.6931471805599453);
                 }
-                lse[lse_index(b, head, row)] = bits;
+                lse[lse_index(tile.b, head, row)] = bits;
             }
         }
     }

@@ -80,10 +80,21 @@ pub struct TilePlan {
     pub k_step: u32,
     /// Keys staged per step of the PV product.
     pub n_step: u32,
+    /// Staging buffers: 2 double-buffers the slices (one barrier per step), 1 saves workgroup
+    /// memory (two barriers per step).
+    pub stages: u32,
 }
 
 impl TilePlan {
-    pub const fn new(block_m: u32, block_n: u32, threads_x: u32, threads_y: u32, k_step: u32, n_step: u32) -> Self {
+    pub const fn new(
+        block_m: u32,
+        block_n: u32,
+        threads_x: u32,
+        threads_y: u32,
+        k_step: u32,
+        n_step: u32,
+        stages: u32,
+    ) -> Self {
         TilePlan {
             block_m,
             block_n,
@@ -91,6 +102,17 @@ impl TilePlan {
             threads_y,
             k_step,
             n_step,
+            stages,
+        }
+    }
+
+    /// `BMxBNxTXxTYxKSxNSxST`, e.g. `64x64x8x16x16x16x2` (the last field may be left out: 1 stage).
+    pub fn parse(s: &str) -> Option<TilePlan> {
+        let v: Vec<u32> = s.split('x').map(|x| x.parse().ok()).collect::<Option<_>>()?;
+        match v[..] {
+            [bm, bn, tx, ty, ks, ns] => Some(TilePlan::new(bm, bn, tx, ty, ks, ns, 1)),
+            [bm, bn, tx, ty, ks, ns, st] => Some(TilePlan::new(bm, bn, tx, ty, ks, ns, st)),
+            _ => None,
         }
     }
 
@@ -120,6 +142,7 @@ impl TilePlan {
             && self.k_step > 0
             && self.n_step > 0
             && self.block_n.is_multiple_of(self.n_step)
+            && (self.stages == 1 || self.stages == 2)
     }
 
     /// Workgroup memory of the flash kernel with this plan, in bytes (mirrors the `var<workgroup>`
@@ -129,7 +152,8 @@ impl TilePlan {
             TileType::F32 => 4,
             TileType::F16 => 2,
         };
-        let staging = (self.k_step * (self.block_m + self.block_n)).max(self.n_step * head_dim_pad);
+        let stage = (self.k_step * (self.block_m + self.block_n)).max(self.n_step * head_dim_pad);
+        let staging = self.stages * stage;
         let p_tile = self.block_n * (self.block_m + 4);
         let reduce = match variant.reduction {
             Reduction::Workgroup => self.block_m * self.threads_x * 4,
@@ -155,9 +179,9 @@ impl TilePlan {
 ///   time so that 256-wide rows still fit 32 KiB (29 KiB).
 /// * 32 × 32 with 8 × 8 invocations: 13 KiB, the fallback for WebGPU's default 16 KiB.
 pub const PLANS: [TilePlan; 3] = [
-    TilePlan::new(64, 64, 8, 16, 16, 16),
-    TilePlan::new(64, 64, 16, 16, 16, 8),
-    TilePlan::new(32, 32, 8, 8, 16, 8),
+    TilePlan::new(64, 64, 8, 16, 16, 16, 1),
+    TilePlan::new(64, 64, 16, 16, 16, 8, 1),
+    TilePlan::new(32, 32, 8, 8, 16, 8, 1),
 ];
 
 /// Output accumulators an invocation may hold before a plan is considered too register-hungry
@@ -179,7 +203,7 @@ impl FlashConfig {
     pub fn name(&self) -> String {
         let p = &self.plan;
         format!(
-            "flash_fwd_{}_{}_bm{}_bn{}_tx{}_ty{}_ks{}_ns{}_d{}",
+            "flash_fwd_{}_{}_bm{}_bn{}_tx{}_ty{}_ks{}_ns{}_st{}_d{}",
             self.storage.name(),
             self.variant.name(),
             p.block_m,
@@ -188,6 +212,7 @@ impl FlashConfig {
             p.threads_y,
             p.k_step,
             p.n_step,
+            p.stages,
             self.head_dim_pad
         )
     }

@@ -91,8 +91,8 @@ impl KernelConfig {
                 src.push_str(&format!(
                     "const HEAD_DIM_PAD: u32 = {}u;\nconst BLOCK_M: u32 = {}u;\nconst BLOCK_N: u32 = {}u;\n\
                      const THREADS_X: u32 = {}u;\nconst THREADS_Y: u32 = {}u;\nconst K_STEP: u32 = {}u;\n\
-                     const N_STEP: u32 = {}u;\n",
-                    c.head_dim_pad, p.block_m, p.block_n, p.threads_x, p.threads_y, p.k_step, p.n_step
+                     const N_STEP: u32 = {}u;\nconst STAGES: u32 = {}u;\n",
+                    c.head_dim_pad, p.block_m, p.block_n, p.threads_x, p.threads_y, p.k_step, p.n_step, p.stages
                 ));
                 for part in [
                     COMMON,

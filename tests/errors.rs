@@ -274,7 +274,7 @@ fn forced_kernels_the_device_lacks_are_errors() {
     assert!(matches!(e, Error::Unavailable { .. }), "{e}");
 
     // More workgroup memory than any device offers.
-    let huge = TilePlan::new(512, 512, 8, 32, 64, 64);
+    let huge = TilePlan::new(512, 512, 8, 32, 64, 64, 1);
     let e = forced(KernelChoice {
         variant: Some(Variant::WORKGROUP),
         plan: Some(huge),
@@ -283,7 +283,7 @@ fn forced_kernels_the_device_lacks_are_errors() {
     .unwrap_err();
     assert!(e.to_string().contains("workgroup memory"), "{e}");
 
-    let malformed = TilePlan::new(60, 64, 8, 16, 16, 16);
+    let malformed = TilePlan::new(60, 64, 8, 16, 16, 16, 1);
     let e = forced(KernelChoice {
         variant: None,
         plan: Some(malformed),
@@ -296,7 +296,7 @@ fn forced_kernels_the_device_lacks_are_errors() {
         let e = forced(KernelChoice::variant(Variant::SUBGROUP)).select(&p).unwrap_err();
         assert!(e.to_string().contains("subgroup"), "{e}");
     } else if ctx.caps.subgroup_min_size < 16 {
-        let wide = TilePlan::new(64, 64, 16, 16, 16, 8);
+        let wide = TilePlan::new(64, 64, 16, 16, 16, 8, 1);
         let e = forced(KernelChoice {
             variant: Some(Variant::SUBGROUP),
             plan: Some(wide),

@@ -7,8 +7,8 @@ mod common;
 use common::{gpu, run_and_check, run_and_check_any, seed_of};
 use wgpu_flash_attn::harness::{Kernel, Workload};
 use wgpu_flash_attn::{
-    AttentionProblem, AttentionShape, DType, FlashAttention, KernelChoice, Layout, Options, Tensor, TensorLayout,
-    Variant, PLANS,
+    AttentionProblem, AttentionShape, BoundsChecks, DType, FlashAttention, KernelChoice, Layout, Options, Tensor,
+    TensorLayout, TilePlan, Variant, PLANS,
 };
 
 fn shape(
@@ -103,7 +103,13 @@ fn every_variant_matches_the_reference_on_the_shape_table() {
 fn every_tile_plan_the_device_fits_matches_the_reference() {
     let Some(ctx) = gpu() else { return };
     let auto = FlashAttention::new(ctx);
-    for plan in PLANS {
+    // The shipped plans, plus double-buffered ones small enough for 32 KiB devices, so that both
+    // pipeline shapes of the kernel (STAGES = 1 and 2) are exercised here whatever ships.
+    let extra = [
+        TilePlan::new(64, 64, 8, 16, 8, 8, 2),
+        TilePlan::new(32, 32, 8, 8, 16, 8, 2),
+    ];
+    for plan in PLANS.into_iter().chain(extra) {
         for variant in variants(&auto, DType::F32) {
             let choice = KernelChoice {
                 variant: Some(variant),
@@ -225,4 +231,23 @@ fn host_slice_api_matches_the_zero_copy_one() {
         problem.required_len(Tensor::Q) + 2 * problem.required_len(Tensor::K) + problem.required_len(Tensor::O);
     let expected = (elements * 2 + 4 * problem.lse_len()) as u64;
     assert!(host.device_bytes <= expected + 64, "{} > {expected}", host.device_bytes);
+}
+
+#[test]
+fn bounds_checked_modules_give_the_same_bits() {
+    let Some(ctx) = gpu() else { return };
+    let problem = AttentionProblem::new(shape(1, 77, 90, 4, 2, 64), DType::F16).with_causal(true);
+    let label = "bounds_checks";
+    let mut results = Vec::new();
+    for bounds_checks in [BoundsChecks::On, BoundsChecks::Off] {
+        let engine = FlashAttention::with_options(
+            ctx,
+            Options {
+                bounds_checks,
+                ..Default::default()
+            },
+        );
+        results.push(run_and_check::<half::f16>(&engine, Kernel::Flash, &problem, label));
+    }
+    assert_eq!(results[0].0, results[1].0);
 }
