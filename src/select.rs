@@ -168,17 +168,24 @@ impl TilePlan {
     }
 }
 
-/// The tile plans the library ships, best first for the head dims they serve. Each must fit the
-/// register budget below and the smallest workgroup memory it is meant for.
+/// The tile plans the library ships, best first; selection takes the first that fits the device
+/// and the register budget. TFLOP/s are f32, head_dim 128, seq 8192, non-causal, sg_f32, on the
+/// H200 through Vulkan (BENCHMARKS.md has the sweep).
 ///
-/// * 64 × 64 with 8 × 16 invocations: 4 rows × (8 score + 16 output) columns per invocation at
-///   head_dim 128 — 64 output accumulators — and 26 KiB of f32 tiles, so it fits lavapipe's and
-///   Chrome's 32 KiB as well as NVIDIA's 48 KiB.
-/// * 64 × 64 with 16 × 16 invocations: the same tile for head_dim up to 256, with twice the
-///   invocations per row so an invocation still owns 64 output accumulators; V staged 8 rows at a
-///   time so that 256-wide rows still fit 32 KiB (29 KiB).
-/// * 32 × 32 with 8 × 8 invocations: 13 KiB, the fallback for WebGPU's default 16 KiB.
-pub const PLANS: [TilePlan; 3] = [
+/// * 128 × 64, 8 × 32 invocations, one stage: 25.7 TFLOP/s, the fastest measured. 4 rows ×
+///   (8 score + 16 output) columns per invocation; 45 KiB of f32 tiles, so 48 KiB devices only,
+///   and head_dim ≤ 128.
+/// * 64 × 128, 8 × 16, K/V slices of 8, two stages: 23.9; 46 KiB (48 KiB with the workgroup
+///   reduction), so the best plan for the workgroup-memory variant on 48 KiB devices.
+/// * 64 × 64, 16 × 16, two stages: 22.2; the 48 KiB plan for head_dim up to 256, with 16
+///   invocations per row so an invocation still owns 64 output accumulators.
+/// * 64 × 64, 8 × 16, one stage: 19.9; 25 KiB, so it fits lavapipe's and Chrome's 32 KiB.
+/// * 64 × 64, 16 × 16, one stage, V slices of 8: the 32 KiB plan for head_dim up to 256 (29 KiB).
+/// * 32 × 32, 8 × 8: 13 KiB, the fallback for WebGPU's default 16 KiB.
+pub const PLANS: [TilePlan; 6] = [
+    TilePlan::new(128, 64, 8, 32, 16, 16, 1),
+    TilePlan::new(64, 128, 8, 16, 8, 8, 2),
+    TilePlan::new(64, 64, 16, 16, 16, 8, 2),
     TilePlan::new(64, 64, 8, 16, 16, 16, 1),
     TilePlan::new(64, 64, 16, 16, 16, 8, 1),
     TilePlan::new(32, 32, 8, 8, 16, 8, 1),
@@ -305,7 +312,9 @@ pub fn preferred_variants(storage: DType, caps: &Caps) -> Vec<Variant> {
     order
 }
 
-/// Whether automatic selection prefers f16 tiles for f16 storage (see BENCHMARKS.md).
+/// Whether automatic selection prefers f16 tiles for f16 storage. Not on the evidence so far: on
+/// the H200 the best f16-tile kernel ran at 19.4 TFLOP/s against 25.7 for the best f32 one (the
+/// f16 products need conversions back to f32 for the sums); see BENCHMARKS.md.
 const F16_TILES_BY_DEFAULT: bool = false;
 
 /// Picks the flash kernel for `problem` on a device with `caps`.

@@ -226,9 +226,10 @@ fn device_limits_are_errors() {
     let engine = FlashAttention::new(ctx);
     let caps = &ctx.caps;
 
-    // A tensor larger than one storage binding.
-    let seq = (caps.max_storage_binding_bytes / (4 * 64) + 64) as usize;
-    let big = AttentionProblem::mha(1, seq, 1, 64, DType::F32);
+    // A tensor larger than one storage binding (through many heads, so the grid stays legal).
+    let seq = 4096;
+    let heads = (caps.max_storage_binding_bytes / (4 * 64 * seq as u64)) as usize + 1;
+    let big = AttentionProblem::mha(1, seq, heads, 64, DType::F32);
     let bytes = 4 * big.required_len(Tensor::Q) as u64;
     if bytes <= caps.max_buffer_bytes {
         let (q, o) = (
@@ -245,6 +246,17 @@ fn device_limits_are_errors() {
         let e = encode(&engine, &big, &b).unwrap_err();
         assert!(matches!(e, Error::TooLarge(ref m) if m.contains("`q`")), "{e}");
     }
+
+    // A grid past the dispatch limit.
+    let long = AttentionProblem::mha(
+        1,
+        64 * (caps.max_workgroups_per_dimension as usize + 1),
+        1,
+        8,
+        DType::F32,
+    );
+    let e = engine.select(&long).unwrap_err();
+    assert!(matches!(e, Error::TooLarge(ref m) if m.contains("query tiles")), "{e}");
 
     // The naive kernel cannot hold a score matrix larger than one binding; it says so up front.
     let seq = ((caps.max_storage_binding_bytes / 4) as f64).sqrt() as usize + 8;
