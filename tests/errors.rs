@@ -250,7 +250,7 @@ fn device_limits_are_errors() {
     // A grid past the dispatch limit.
     let long = AttentionProblem::mha(
         1,
-        64 * (caps.max_workgroups_per_dimension as usize + 1),
+        256 * (caps.max_workgroups_per_dimension as usize + 1),
         1,
         8,
         DType::F32,
