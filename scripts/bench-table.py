@@ -1,0 +1,36 @@
+#!/usr/bin/env python3
+"""Turns the JSON lines of one H200 run (examples/attention --json, torch_sdpa.py --json) into the
+markdown tables of BENCHMARKS.md, so that no figure is copied by hand.
+
+    python3 scripts/bench-table.py RUN_DIR
+RUN_DIR holds table.jsonl (ours, with the naive baseline), torch.jsonl and optionally sweep.jsonl.
+"""
+import json, os, sys
+
+def load(path):
+    return [json.loads(l) for l in open(path)] if os.path.exists(path) else []
+
+def main(run):
+    ours = load(os.path.join(run, "table.jsonl"))
+    torch = {(r["head_dim"], r["seq"], r["causal"]): r for r in load(os.path.join(run, "torch.jsonl"))}
+    print("| head_dim | seq | batch | causal | flash (ours, f32) | naive (ours, f32) | speed-up | PyTorch FA2 (bf16) | cuDNN (bf16) | rel L2 vs f64 | check |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    for r in ours:
+        naive_tflops = 0.0
+        if r.get("naive_ms"):
+            naive_tflops = r["flash_tflops"] * r["flash_ms"] / r["naive_ms"]
+        t = torch.get((r["head_dim"], r["seq_q"], r["causal"]), {})
+        speedup = f"{r['naive_ms'] / r['flash_ms']:.2f}×" if r.get("naive_ms") else "—"
+        print(f"| {r['head_dim']} | {r['seq_q']} | {r['batch']} | {'yes' if r['causal'] else 'no'} | "
+              f"{r['flash_tflops']:.1f} | {naive_tflops:.1f} | {speedup} | {t.get('flash_fwd_tflops', '—')} | "
+              f"{t.get('cudnn_fwd_tflops', '—')} | {r['rel_l2']:.1e} | {'pass' if r['pass'] else 'FAIL'} |")
+    sweep = load(os.path.join(run, "sweep.jsonl"))
+    if sweep:
+        print()
+        print("| dtype | variant | plan (BMxBNxTXxTYxKSxNSxST) | bounds checks | TFLOP/s | check |")
+        print("|---|---|---|---|---|---|")
+        for r in sweep:
+            print(f"| {r['dtype']} | {r['variant']} | {r['plan']} | {r['bounds']} | {r['flash_tflops']:.2f} | {'pass' if r['pass'] else 'FAIL'} |")
+
+if __name__ == "__main__":
+    main(sys.argv[1] if len(sys.argv) > 1 else ".")
