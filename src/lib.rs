@@ -27,6 +27,7 @@
 //!   statistics.
 
 mod attention;
+mod backward_problem;
 mod binding;
 mod caps;
 mod context;
@@ -46,6 +47,7 @@ pub mod timing;
 mod util;
 
 pub use attention::{AttentionOutput, FlashAttention, ForwardBuffers, NaivePlan, Options};
+pub use backward_problem::{BackwardProblem, GradTensor};
 pub use binding::TensorBuffer;
 pub use caps::Caps;
 pub use context::{adapter_rank, best_adapter, wanted_features, GpuContext};

@@ -5,6 +5,7 @@
 //! It reads the kernel's inputs as stored (already rounded to the problem's dtype), so the only
 //! difference from a kernel's output is the kernel's own arithmetic.
 
+use crate::backward_problem::{BackwardProblem, GradTensor};
 use crate::problem::{AttentionProblem, Element, Tensor};
 use crate::Result;
 
@@ -186,5 +187,321 @@ mod tests {
         assert!(r.lse[2].is_finite());
         assert!(r.out[..16].iter().all(|&x| x == 0.0));
         assert!((r.out[16] - 2.0).abs() < 1e-12);
+    }
+}
+
+// ---------------------------------------------------------------------------------- backward
+
+/// Reference gradients of a whole problem.
+#[derive(Clone, Debug)]
+pub struct ReferenceGrads {
+    /// Laid out as the problem's `dq_layout` says (elements no gradient maps to are 0).
+    pub dq: Vec<f64>,
+    /// Laid out as `dk_layout` says; summed over the query heads that share each K/V head.
+    pub dk: Vec<f64>,
+    /// Laid out as `dv_layout` says; summed likewise.
+    pub dv: Vec<f64>,
+}
+
+/// The gradients of a loss `L` with respect to Q, K and V, given `d_o = dL/dO` (laid out as
+/// `problem.d_o_layout` says), in float64 by the analytic formulas, row by row:
+///
+/// `P = softmax(scale·QKᵀ)` (recomputed here, not read from a forward), `dV = Pᵀ·dO`,
+/// `dP = dO·Vᵀ`, `dS = P ∘ (dP − rowsum(P ∘ dP))`, `dQ = scale·dS·K`, `dK = scale·dSᵀ·Q`.
+///
+/// A query row that sees no key (causal, `seq_q > seq_kv`) has a constant zero output, so its
+/// gradients are zero. Costs `O(B·H·Sq·Skv·D)` on one core, like [`attention`]; use
+/// [`attention_backward_dq_row`] to spot-check large problems.
+pub fn attention_backward<T: Element>(
+    problem: &BackwardProblem,
+    q: &[T],
+    k: &[T],
+    v: &[T],
+    d_o: &[T],
+) -> Result<ReferenceGrads> {
+    check_backward_inputs(problem, q, k, v, d_o)?;
+    let f = &problem.forward;
+    let s = f.shape;
+    let mut grads = ReferenceGrads {
+        dq: vec![0.0; problem.required_len(GradTensor::DQ)],
+        dk: vec![0.0; problem.required_len(GradTensor::DK)],
+        dv: vec![0.0; problem.required_len(GradTensor::DV)],
+    };
+    for b in 0..s.batch {
+        for h in 0..s.num_heads {
+            for i in 0..s.seq_q {
+                let row = backward_row(problem, q, k, v, d_o, b, h, i);
+                let kv_head = h / f.group_size();
+                for (x, g) in row.dq.iter().enumerate() {
+                    grads.dq[problem.dq_layout.index(b, i, h, x)] = *g;
+                }
+                for (j, (dk_j, dv_j)) in row.dk.iter().zip(&row.dv).enumerate() {
+                    for x in 0..s.head_dim {
+                        grads.dk[problem.dk_layout.index(b, j, kv_head, x)] += dk_j[x];
+                        grads.dv[problem.dv_layout.index(b, j, kv_head, x)] += dv_j[x];
+                    }
+                }
+            }
+        }
+    }
+    Ok(grads)
+}
+
+/// The reference dQ of query row `i` of head `h` in batch `b` (`head_dim` values).
+#[allow(clippy::too_many_arguments)]
+pub fn attention_backward_dq_row<T: Element>(
+    problem: &BackwardProblem,
+    q: &[T],
+    k: &[T],
+    v: &[T],
+    d_o: &[T],
+    b: usize,
+    h: usize,
+    i: usize,
+) -> Result<Vec<f64>> {
+    check_backward_inputs(problem, q, k, v, d_o)?;
+    let s = problem.forward.shape;
+    if b >= s.batch || h >= s.num_heads || i >= s.seq_q {
+        return crate::error::invalid!("reference row (b {b}, h {h}, i {i}) is outside the problem");
+    }
+    Ok(backward_row(problem, q, k, v, d_o, b, h, i).dq)
+}
+
+fn check_backward_inputs<T: Element>(problem: &BackwardProblem, q: &[T], k: &[T], v: &[T], d_o: &[T]) -> Result<()> {
+    problem.validate()?;
+    check_inputs(&problem.forward, q, k, v)?;
+    let need = problem.required_len(GradTensor::DO);
+    if d_o.len() < need {
+        return Err(crate::Error::InvalidBuffer {
+            tensor: GradTensor::DO.name(),
+            message: format!("holds {} elements, the problem needs {need}", d_o.len()),
+        });
+    }
+    Ok(())
+}
+
+/// What one query row contributes: its dQ row, and its terms of the dK and dV rows of the keys
+/// it sees (`dk[j]`, `dv[j]` for `j < visible`).
+struct BackwardRow {
+    dq: Vec<f64>,
+    dk: Vec<Vec<f64>>,
+    dv: Vec<Vec<f64>>,
+}
+
+#[allow(clippy::too_many_arguments)]
+fn backward_row<T: Element>(
+    problem: &BackwardProblem,
+    q: &[T],
+    k: &[T],
+    v: &[T],
+    d_o: &[T],
+    b: usize,
+    h: usize,
+    i: usize,
+) -> BackwardRow {
+    let f = &problem.forward;
+    let d = f.shape.head_dim;
+    let kv_head = h / f.group_size();
+    let scale = f.softmax_scale() as f64;
+    let visible = if f.causal {
+        (i as i64 + f.causal_offset() + 1).clamp(0, f.shape.seq_kv as i64) as usize
+    } else {
+        f.shape.seq_kv
+    };
+    let qi: Vec<f64> = (0..d).map(|x| q[f.q_layout.index(b, i, h, x)].to_f64()).collect();
+    let doi: Vec<f64> = (0..d)
+        .map(|x| d_o[problem.d_o_layout.index(b, i, h, x)].to_f64())
+        .collect();
+    let key = |j: usize| -> Vec<f64> { (0..d).map(|x| k[f.k_layout.index(b, j, kv_head, x)].to_f64()).collect() };
+    let value = |j: usize| -> Vec<f64> { (0..d).map(|x| v[f.v_layout.index(b, j, kv_head, x)].to_f64()).collect() };
+    let dot = |a: &[f64], b: &[f64]| a.iter().zip(b).map(|(x, y)| x * y).sum::<f64>();
+
+    let keys: Vec<Vec<f64>> = (0..visible).map(key).collect();
+    let values: Vec<Vec<f64>> = (0..visible).map(value).collect();
+    let scores: Vec<f64> = keys.iter().map(|kj| scale * dot(&qi, kj)).collect();
+    let max = scores.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+    let weights: Vec<f64> = scores.iter().map(|s| (s - max).exp()).collect();
+    let sum: f64 = weights.iter().sum();
+    let p: Vec<f64> = weights.iter().map(|w| w / sum).collect();
+    let dp: Vec<f64> = values.iter().map(|vj| dot(&doi, vj)).collect();
+    // rowsum(P ∘ dP) = dO · O.
+    let delta: f64 = p.iter().zip(&dp).map(|(p, dp)| p * dp).sum();
+    let ds: Vec<f64> = p.iter().zip(&dp).map(|(p, dp)| p * (dp - delta)).collect();
+
+    let mut dq = vec![0.0; d];
+    for (dsj, kj) in ds.iter().zip(&keys) {
+        for x in 0..d {
+            dq[x] += scale * dsj * kj[x];
+        }
+    }
+    BackwardRow {
+        dq,
+        dk: ds
+            .iter()
+            .map(|dsj| qi.iter().map(|qx| scale * dsj * qx).collect())
+            .collect(),
+        dv: p.iter().map(|pj| doi.iter().map(|g| pj * g).collect()).collect(),
+    }
+}
+
+#[cfg(test)]
+mod backward_tests {
+    use super::*;
+    use crate::problem::{AttentionProblem, AttentionShape, DType, Layout, Tensor};
+    use crate::testing::Rng;
+
+    /// f64 in the reference's `Element` interface, so that finite differences are taken in full
+    /// precision through the forward reference itself.
+    #[derive(Clone, Copy, Debug, bytemuck::Pod, bytemuck::Zeroable)]
+    #[repr(transparent)]
+    struct F64(f64);
+
+    impl Element for F64 {
+        const DTYPE: DType = DType::F32;
+        fn to_f64(self) -> f64 {
+            self.0
+        }
+        fn from_f64(v: f64) -> Self {
+            F64(v)
+        }
+    }
+
+    fn random(rng: &mut Rng, n: usize) -> Vec<F64> {
+        (0..n).map(|_| F64(rng.normal())).collect()
+    }
+
+    /// L = Σ dO ∘ O over the output elements, O from the forward reference.
+    fn loss(p: &BackwardProblem, q: &[F64], k: &[F64], v: &[F64], d_o: &[F64]) -> f64 {
+        let f = &p.forward;
+        let s = f.shape;
+        let out = attention(f, q, k, v).unwrap().out;
+        let mut l = 0.0;
+        for b in 0..s.batch {
+            for i in 0..s.seq_q {
+                for h in 0..s.num_heads {
+                    for x in 0..s.head_dim {
+                        l += d_o[p.d_o_layout.index(b, i, h, x)].0 * out[f.o_layout.index(b, i, h, x)];
+                    }
+                }
+            }
+        }
+        l
+    }
+
+    /// The analytic gradient against central differences of the forward reference, for every
+    /// element of Q, K and V: catches a wrong formula, scale, GQA sum, mask or layout in the
+    /// reference itself, so that it cannot be wrong the same way as a kernel.
+    fn check_against_finite_differences(p: BackwardProblem, seed: u64) {
+        let f = &p.forward;
+        let mut rng = Rng::new(seed);
+        let mut q = random(&mut rng, f.required_len(Tensor::Q));
+        let mut k = random(&mut rng, f.required_len(Tensor::K));
+        let mut v = random(&mut rng, f.required_len(Tensor::V));
+        let d_o = random(&mut rng, p.required_len(GradTensor::DO));
+        let grads = attention_backward(&p, &q, &k, &v, &d_o).unwrap();
+        let h = 1e-5;
+        let mut worst = 0.0f64;
+        for (name, which) in [("q", 0), ("k", 1), ("v", 2)] {
+            let (tensor, layout, want) = match which {
+                0 => (Tensor::Q, p.dq_layout, &grads.dq),
+                1 => (Tensor::K, p.dk_layout, &grads.dk),
+                _ => (Tensor::V, p.dv_layout, &grads.dv),
+            };
+            let (seq, heads) = f.extent(tensor);
+            for b in 0..f.shape.batch {
+                for s in 0..seq {
+                    for hh in 0..heads {
+                        for x in 0..f.shape.head_dim {
+                            let at = f.layout(tensor).index(b, s, hh, x);
+                            let nudge = |q: &mut Vec<F64>, k: &mut Vec<F64>, v: &mut Vec<F64>, by: f64| {
+                                let t = match which {
+                                    0 => q,
+                                    1 => k,
+                                    _ => v,
+                                };
+                                t[at].0 += by;
+                            };
+                            nudge(&mut q, &mut k, &mut v, h);
+                            let up = loss(&p, &q, &k, &v, &d_o);
+                            nudge(&mut q, &mut k, &mut v, -2.0 * h);
+                            let down = loss(&p, &q, &k, &v, &d_o);
+                            nudge(&mut q, &mut k, &mut v, h);
+                            let fd = (up - down) / (2.0 * h);
+                            let an = want[layout.index(b, s, hh, x)];
+                            let err = (fd - an).abs() / (1.0 + an.abs());
+                            worst = worst.max(err);
+                            assert!(
+                                err < 1e-7,
+                                "d{name}[b{b} s{s} h{hh} d{x}]: analytic {an}, finite difference {fd}"
+                            );
+                        }
+                    }
+                }
+            }
+        }
+        assert!(worst > 0.0 || f.shape.seq_kv == 0);
+    }
+
+    fn shape(batch: usize, seq_q: usize, seq_kv: usize, heads: usize, kv_heads: usize, d: usize) -> AttentionShape {
+        AttentionShape {
+            batch,
+            seq_q,
+            seq_kv,
+            num_heads: heads,
+            num_kv_heads: kv_heads,
+            head_dim: d,
+        }
+    }
+
+    #[test]
+    fn gradients_match_finite_differences() {
+        // GQA (2 query heads per K/V head), causal with seq_q < seq_kv.
+        let p = AttentionProblem::new(shape(1, 3, 5, 4, 2, 8), DType::F32).with_causal(true);
+        check_against_finite_differences(p.into(), 1);
+        // seq_q > seq_kv, causal: the first rows see no key.
+        let p = AttentionProblem::new(shape(2, 4, 2, 2, 1, 8), DType::F32).with_causal(true);
+        check_against_finite_differences(p.into(), 2);
+        // Not causal, custom scale, [b, h, s, d] inputs and gradients in yet another layout.
+        let f = AttentionProblem::new(shape(2, 3, 4, 2, 2, 8), DType::F32)
+            .with_scale(0.7)
+            .with_layout(Layout::Bhsd);
+        let p = BackwardProblem::new(f)
+            .with_grad_layout(GradTensor::DQ, padded_layout(&f, Tensor::Q))
+            .with_grad_layout(GradTensor::DK, padded_layout(&f, Tensor::K));
+        check_against_finite_differences(p, 3);
+    }
+
+    /// A `[batch, seq, heads, head_dim]` layout with 4 unused elements after each row and 8
+    /// before the tensor.
+    fn padded_layout(f: &AttentionProblem, t: Tensor) -> crate::problem::TensorLayout {
+        let (seq, heads) = f.extent(t);
+        let d = f.shape.head_dim;
+        crate::problem::TensorLayout {
+            offset: 8,
+            batch_stride: seq * heads * (d + 4),
+            seq_stride: heads * (d + 4),
+            head_stride: d + 4,
+        }
+    }
+
+    #[test]
+    fn rows_that_see_no_key_have_zero_gradients_and_the_rest_sum_over_the_group() {
+        let p: BackwardProblem = AttentionProblem::new(shape(1, 3, 1, 2, 1, 8), DType::F32)
+            .with_causal(true)
+            .into();
+        let mut rng = Rng::new(7);
+        let q = random(&mut rng, 3 * 2 * 8);
+        let k = random(&mut rng, 8);
+        let v = random(&mut rng, 8);
+        let d_o = random(&mut rng, 3 * 2 * 8);
+        let g = attention_backward(&p, &q, &k, &v, &d_o).unwrap();
+        // Rows 0 and 1 of both heads see nothing; row 2 sees the single key, whose softmax weight
+        // is 1 whatever the score: dQ = dK = 0 and dV = the sum of the two heads' dO rows.
+        assert!(g.dq.iter().all(|&x| x == 0.0));
+        assert!(g.dk.iter().all(|&x| x == 0.0));
+        for x in 0..8 {
+            let want = d_o[p.d_o_layout.index(0, 2, 0, x)].0 + d_o[p.d_o_layout.index(0, 2, 1, x)].0;
+            assert!((g.dv[x] - want).abs() < 1e-12);
+        }
     }
 }
