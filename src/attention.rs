@@ -97,6 +97,11 @@ impl FlashAttention {
         &self.options
     }
 
+    /// The engine's pipeline cache, shared with the backward pass (src/backward.rs).
+    pub(crate) fn pipelines(&self) -> &PipelineCache {
+        &self.pipelines
+    }
+
     /// The flash kernel configuration this engine would run for `problem`.
     pub fn select(&self, problem: &AttentionProblem) -> Result<FlashConfig> {
         select(problem, &self.ctx.caps, &self.options.choice)

@@ -23,11 +23,18 @@
 //! * [`FlashAttention`] selects a kernel ([`select`]), caches pipelines, and runs on host slices
 //!   ([`FlashAttention::forward`]) or records into your encoder on your buffers
 //!   ([`FlashAttention::encode_forward`]).
-//! * [`reference`] is a float64 CPU implementation; [`testing`] has seeded inputs and error
-//!   statistics.
+//! * The backward pass ([`FlashAttention::backward`], [`FlashAttention::encode_backward`]) computes
+//!   dQ, dK and dV from Q, K, V, O, the forward's LSE and dO by recomputation, in O(seq) memory;
+//!   [`BackwardProblem`] adds the gradients' layouts, [`select_backward`] picks its kernels.
+//! * [`reference`] is a float64 CPU implementation (forward and gradients); [`testing`] has seeded
+//!   inputs and error statistics.
 
 mod attention;
+mod backward;
+#[cfg(not(target_arch = "wasm32"))]
+pub mod backward_harness;
 mod backward_problem;
+mod backward_select;
 mod binding;
 mod caps;
 mod context;
@@ -47,7 +54,13 @@ pub mod timing;
 mod util;
 
 pub use attention::{AttentionOutput, FlashAttention, ForwardBuffers, NaivePlan, Options};
+pub use backward::{BackwardBuffers, BackwardInputs, BackwardOutput};
 pub use backward_problem::{BackwardProblem, GradTensor};
+pub use backward_select::{
+    all_backward_kernels, backward_grid, preferred_backward_variants, select_backward, BackwardChoice, BackwardConfig,
+    BackwardKernel, BackwardPass, BackwardTilePlan, GradKernel, PreprocessKernel, PreprocessPlan, BACKWARD_PLANS,
+    PREPROCESS_PLANS,
+};
 pub use binding::TensorBuffer;
 pub use caps::Caps;
 pub use context::{adapter_rank, best_adapter, wanted_features, GpuContext};

@@ -72,3 +72,19 @@ impl Params {
         }
     }
 }
+
+/// `GradParams` in flash_bwd_common.wgsl: the layouts of the backward's extra tensors and the
+/// natural softmax scale (binding 1 of the backward kernels, beside `Params` at binding 0).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Pod, Zeroable)]
+pub(crate) struct GradParams {
+    pub d_o: TensorStrides,
+    pub dq: TensorStrides,
+    pub dk: TensorStrides,
+    pub dv: TensorStrides,
+    pub scale: f32,
+    pub _pad: [u32; 3],
+}
+
+// Four 16-byte members, then a scalar padded to the struct's 16-byte alignment.
+const _: () = assert!(std::mem::size_of::<GradParams>() == 4 * 16 + 16);

@@ -6,6 +6,7 @@
 //! and the kernel file. Tile sizes are `const`s rather than pipeline `override`s because they
 //! size per-invocation register arrays, which WGSL allows only for const-expressions.
 
+use crate::backward_select::BackwardKernel;
 use crate::problem::DType;
 use crate::select::{FlashConfig, Reduction, TileType};
 
@@ -21,6 +22,11 @@ pub const FLASH_FWD: &str = include_str!("../shaders/flash_fwd.wgsl");
 pub const NAIVE_SCORES: &str = include_str!("../shaders/naive_scores.wgsl");
 pub const NAIVE_SOFTMAX: &str = include_str!("../shaders/naive_softmax.wgsl");
 pub const NAIVE_PV: &str = include_str!("../shaders/naive_pv.wgsl");
+pub const FLASH_BWD_COMMON: &str = include_str!("../shaders/flash_bwd_common.wgsl");
+pub const FLASH_BWD_STAGE: &str = include_str!("../shaders/flash_bwd_stage.wgsl");
+pub const FLASH_BWD_PRE: &str = include_str!("../shaders/flash_bwd_pre.wgsl");
+pub const FLASH_BWD_DKDV: &str = include_str!("../shaders/flash_bwd_dkdv.wgsl");
+pub const FLASH_BWD_DQ: &str = include_str!("../shaders/flash_bwd_dq.wgsl");
 
 /// The three passes of standard attention (the naive GPU baseline).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -41,7 +47,12 @@ impl NaivePass {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum KernelConfig {
     Flash(FlashConfig),
-    Naive { pass: NaivePass, storage: DType },
+    Naive {
+        pass: NaivePass,
+        storage: DType,
+    },
+    /// One of the three kernels of the backward pass (src/backward_select.rs).
+    Backward(BackwardKernel),
 }
 
 impl KernelConfig {
@@ -50,6 +61,7 @@ impl KernelConfig {
         match self {
             KernelConfig::Flash(c) => c.name(),
             KernelConfig::Naive { storage, .. } => format!("{}_{}", self.entry_point(), storage.name()),
+            KernelConfig::Backward(k) => k.name(),
         }
     }
 
@@ -62,6 +74,7 @@ impl KernelConfig {
                 NaivePass::Softmax => "naive_softmax",
                 NaivePass::Pv => "naive_pv",
             },
+            KernelConfig::Backward(k) => k.pass().entry_point(),
         }
     }
 
@@ -75,6 +88,9 @@ impl KernelConfig {
             if c.variant.tile == TileType::F16 {
                 f |= wgpu::Features::SHADER_F16;
             }
+        }
+        if let KernelConfig::Backward(k) = self {
+            f |= k.required_features();
         }
         f
     }
@@ -119,8 +135,63 @@ impl KernelConfig {
                     NaivePass::Pv => NAIVE_PV,
                 });
             }
+            KernelConfig::Backward(k) => backward_source(k, &mut src),
         }
         src
+    }
+}
+
+/// A backward kernel's module: the tile-size `const`s, common.wgsl, the storage codec, and then
+/// for the preprocessing kernel a row reduction, for the gradient kernels a tile type and the
+/// shared staging code (flash_bwd_stage.wgsl), and the kernel.
+fn backward_source(kernel: &BackwardKernel, src: &mut String) {
+    match kernel {
+        BackwardKernel::Preprocess(p) => {
+            src.push_str(&format!(
+                "const BLOCK_M: u32 = {}u;\nconst THREADS_X: u32 = {}u;\nconst THREADS_Y: u32 = {}u;\n",
+                p.plan.block_m, p.plan.threads_x, p.plan.threads_y
+            ));
+            for part in [
+                COMMON,
+                storage_codec(p.storage),
+                FLASH_BWD_COMMON,
+                match p.reduction {
+                    Reduction::Workgroup => REDUCE_WORKGROUP,
+                    Reduction::Subgroup => REDUCE_SUBGROUP,
+                },
+                FLASH_BWD_PRE,
+            ] {
+                src.push_str(part);
+            }
+        }
+        BackwardKernel::Grad(g) => {
+            if g.tile == TileType::F16 {
+                src.push_str("enable f16;\n");
+            }
+            let p = &g.plan;
+            src.push_str(&format!(
+                "const HEAD_DIM_PAD: u32 = {}u;\nconst BLOCK_M: u32 = {}u;\nconst BLOCK_N: u32 = {}u;\n\
+                 const THREADS_X: u32 = {}u;\nconst THREADS_Y: u32 = {}u;\nconst K_STEP: u32 = {}u;\n\
+                 const N_STEP: u32 = {}u;\nconst STAGES: u32 = {}u;\n",
+                g.head_dim_pad, p.block_m, p.block_n, p.threads_x, p.threads_y, p.k_step, p.n_step, p.stages
+            ));
+            for part in [
+                COMMON,
+                storage_codec(g.storage),
+                match g.tile {
+                    TileType::F32 => TILE_F32,
+                    TileType::F16 => TILE_F16,
+                },
+                FLASH_BWD_COMMON,
+                FLASH_BWD_STAGE,
+                match g.pass {
+                    crate::backward_select::BackwardPass::DkDv => FLASH_BWD_DKDV,
+                    _ => FLASH_BWD_DQ,
+                },
+            ] {
+                src.push_str(part);
+            }
+        }
     }
 }
 

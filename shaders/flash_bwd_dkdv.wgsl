@@ -1,0 +1,197 @@
+// flash_bwd_dkdv.wgsl — attention backward, FlashAttention-2 style: dK and dV of one K/V tile.
+//
+//   P = exp(scale · Q Kᵀ − LSE) [causal mask]       (recomputed from the forward's LSE)
+//   dV = Pᵀ dO,   dP = dO Vᵀ,   dS = P ∘ (dP − D),   dK = scale · dSᵀ Q
+//
+// with D = rowsum(dO ∘ O) from flash_bwd_pre.wgsl. Shared machinery (bindings 2–7, staging, the
+// products) is in flash_bwd_stage.wgsl; this file adds 8 dk and 9 dv (written, arrays of granules).
+//
+// What a workgroup owns: BLOCK_N keys of one (batch, K/V head), and their dK and dV rows, which it
+// accumulates in registers and writes once: no atomics, and nothing of size seq_q × seq_kv ever
+// reaches memory. The grid is (ceil(seq_kv / BLOCK_N), num_kv_heads, batch). The workgroup loops
+// over every query head that shares its K/V head (GQA/MQA) and, for each, over the query tiles of
+// BLOCK_M rows, so the sum over the group happens in registers with a single pass over memory.
+// Under causal masking (bottom-right aligned: query i sees keys j ≤ i + seq_kv − seq_q) the query
+// tiles wholly above the diagonal — rows that see none of these keys — are never visited; only
+// tiles that cross the diagonal or an end of a sequence evaluate the mask. Tile x = 0 (the keys seen
+// by the most queries) starts first.
+//
+// What an invocation owns (TILE_ROWS = BLOCK_N keys, TILE_COLS = BLOCK_M queries): ROWS_PER_THREAD
+// keys; S_VECS groups of 4 query columns of each transposed score tile Sᵀ = K Qᵀ and dPᵀ = V dOᵀ;
+// O_VECS groups of 4 head_dim columns of both dK and dV. Per query tile it runs the two score
+// products (QK_STEPS steps of K_STEP head_dim columns), forms Pᵀ and dSᵀ in registers, then
+// dV += Pᵀ dO and dK += dSᵀ Q through t_tile (N_STEP query rows per step).
+//
+// Why these sizes: an invocation holds 2 · ROWS_PER_THREAD · 4 · O_VECS accumulators (dK, dV) plus
+// 2 · ROWS_PER_THREAD · 4 · S_VECS scores (Sᵀ, dPᵀ): with 64 keys × 64 queries on 16 × 16 invocations
+// at head_dim 128 that is 64 + 32 f32 registers, the forward's budget, and per staged k step 4 vec4
+// reads feed 32 multiply-adds. Workgroup memory is one 64 × 68 t_tile plus the stages: 25 KiB with
+// K_STEP = N_STEP = 8 fits lavapipe's 32 KiB; NVIDIA's 48 KiB takes K_STEP = 16 or two stages. The
+// plans themselves, and the 16 KiB fallback, are chosen in src/backward_select.rs.
+
+const TILE_ROWS: u32 = BLOCK_N;
+const TILE_COLS: u32 = BLOCK_M;
+// Sᵀ = K Qᵀ and dPᵀ = V dOᵀ: the key-side operands are the rows.
+const S_ROWS_AT: u32 = K_AT;
+const S_COLS_AT: u32 = Q_AT;
+const DP_ROWS_AT: u32 = V_AT;
+const DP_COLS_AT: u32 = DO_AT;
+
+@group(0) @binding(8) var<storage, read_write> dk: array<Granule>;
+@group(0) @binding(9) var<storage, read_write> dv: array<Granule>;
+
+@compute @workgroup_size(WORKGROUP_SIZE)
+fn flash_bwd_dkdv(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) li: u32) {
+    let kv_head = wg.y;
+    let b = wg.z;
+    let n0 = wg.x * BLOCK_N;
+    let tx = li % THREADS_X;
+    let row0 = (li / THREADS_X) * ROWS_PER_THREAD;
+
+    // Query rows that see any of these keys: all, or under causal masking i ≥ n0 − causal_offset.
+    var m_start = 0u;
+    if (params.causal != 0u) {
+        m_start = u32(clamp(i32(n0) - params.causal_offset, 0, i32(params.seq_q)));
+    }
+    let first_tile = m_start / BLOCK_M;
+    let tiles_per_head = (params.seq_q + BLOCK_M - 1u) / BLOCK_M - first_tile;
+    // One work item per (query head of the group, query tile).
+    let num_items = params.group_size * tiles_per_head;
+
+    var dk_acc: Output;
+    var dv_acc: Output;
+
+    // Pipeline prologue: the first score slice.
+    var stage = 0u;
+    if (num_items > 0u) {
+        let hd = Heads(b, kv_head * params.group_size, kv_head);
+        store_score_slice(0u, fetch_score_slice(hd, first_tile * BLOCK_M, n0, 0u, li), li);
+    }
+    workgroupBarrier();
+
+    for (var it = 0u; it < num_items; it++) {
+        let hd = Heads(b, kv_head * params.group_size + it / tiles_per_head, kv_head);
+        let m0 = (first_tile + it % tiles_per_head) * BLOCK_M;
+        // Query-row steps past the end of the sequence are not needed.
+        let row_steps = (min(BLOCK_M, params.seq_q - m0) + N_STEP - 1u) / N_STEP;
+
+        // ---- Sᵀ = K Qᵀ and dPᵀ = V dOᵀ, one K_STEP slice of head_dim per step ----
+        var s: Scores;
+        var dp: Scores;
+        for (var c = 0u; c < QK_STEPS; c++) {
+            let next = (stage + 1u) % STAGES;
+            let last = c + 1u == QK_STEPS;
+            var regs: Fetched;
+            if (!last) {
+                regs = fetch_score_slice(hd, m0, n0, (c + 1u) * K_STEP, li);
+            } else {
+                regs = fetch_rows_slice(SRC_DO, hd, m0, li);
+            }
+            accumulate_scores(&s, &dp, stage * STAGE_VECS, row0, tx);
+            if (STAGES == 1u) {
+                workgroupBarrier(); // the stage just read is about to be overwritten
+            }
+            if (!last) {
+                store_score_slice(next * STAGE_VECS, regs, li);
+            } else {
+                store_rows_slice(next * STAGE_VECS, regs, li);
+            }
+            workgroupBarrier();
+            stage = next;
+        }
+
+        // ---- Pᵀ and dSᵀ, in registers: s becomes Pᵀ, dp becomes dSᵀ ----
+        let needs_mask = m0 + BLOCK_M > params.seq_q || n0 + BLOCK_N > params.seq_kv
+            || (params.causal != 0u && i32(n0 + BLOCK_N) > i32(m0) + params.causal_offset + 1);
+        for (var c = 0u; c < S_VECS; c++) {
+            // Row statistics of this invocation's query columns.
+            var lse2 = vec4<f32>(-NEG_BIG);
+            var d = vec4<f32>(0.0);
+            for (var j = 0u; j < 4u; j++) {
+                let col = m0 + 4u * (tx + THREADS_X * c) + j;
+                if (col < params.seq_q) {
+                    lse2[j] = lse2_of(b, hd.head, col);
+                    d[j] = delta[lse_index(b, hd.head, col)];
+                }
+            }
+            for (var i = 0u; i < ROWS_PER_THREAD; i++) {
+                var p = exp2(s[i * S_VECS + c] * params.scale - lse2);
+                if (needs_mask) {
+                    for (var j = 0u; j < 4u; j++) {
+                        let col = m0 + 4u * (tx + THREADS_X * c) + j;
+                        p[j] = select(0.0, p[j], col < params.seq_q && is_visible(col, n0 + row0 + i));
+                    }
+                }
+                s[i * S_VECS + c] = p;
+                dp[i * S_VECS + c] = p * (dp[i * S_VECS + c] - d);
+            }
+        }
+        store_transposed(&s, row0, tx);
+        workgroupBarrier();
+
+        // ---- dV += Pᵀ dO, N_STEP query rows per step; then the first Q rows ----
+        for (var c = 0u; c < row_steps; c++) {
+            let next = (stage + 1u) % STAGES;
+            var regs: Fetched;
+            if (c + 1u < row_steps) {
+                regs = fetch_rows_slice(SRC_DO, hd, m0 + (c + 1u) * N_STEP, li);
+            } else {
+                regs = fetch_rows_slice(SRC_Q, hd, m0, li);
+            }
+            accumulate_rows(&dv_acc, stage * STAGE_VECS, c * N_STEP, row0, tx);
+            if (STAGES == 1u) {
+                workgroupBarrier();
+            }
+            store_rows_slice(next * STAGE_VECS, regs, li);
+            workgroupBarrier();
+            stage = next;
+        }
+
+        // Every read of Pᵀ finished before the barrier above.
+        store_transposed(&dp, row0, tx);
+        workgroupBarrier();
+
+        // ---- dK += dSᵀ Q (scaled at the end); then the next item's first score slice ----
+        for (var c = 0u; c < row_steps; c++) {
+            let next = (stage + 1u) % STAGES;
+            let more_rows = c + 1u < row_steps;
+            let more_items = it + 1u < num_items;
+            var regs: Fetched;
+            if (more_rows) {
+                regs = fetch_rows_slice(SRC_Q, hd, m0 + (c + 1u) * N_STEP, li);
+            } else if (more_items) {
+                let it_next = it + 1u;
+                let hd_next = Heads(b, kv_head * params.group_size + it_next / tiles_per_head, kv_head);
+                let m0_next = (first_tile + it_next % tiles_per_head) * BLOCK_M;
+                regs = fetch_score_slice(hd_next, m0_next, n0, 0u, li);
+            }
+            accumulate_rows(&dk_acc, stage * STAGE_VECS, c * N_STEP, row0, tx);
+            if (STAGES == 1u) {
+                workgroupBarrier();
+            }
+            if (more_rows) {
+                store_rows_slice(next * STAGE_VECS, regs, li);
+            } else if (more_items) {
+                store_score_slice(next * STAGE_VECS, regs, li);
+            }
+            workgroupBarrier();
+            stage = next;
+        }
+    }
+
+    // ---- epilogue: dK = scale · Σ dSᵀ Q, dV = Σ Pᵀ dO, written once ----
+    for (var i = 0u; i < ROWS_PER_THREAD; i++) {
+        let row = n0 + row0 + i;
+        if (row < params.seq_kv) {
+            let dk_row = row_granule(grad.dk, b, row, kv_head);
+            let dv_row = row_granule(grad.dv, b, row, kv_head);
+            for (var c = 0u; c < O_VECS; c++) {
+                let dg = tx + THREADS_X * c;
+                if (4u * dg < params.head_dim) {
+                    dk[dk_row + dg] = pack_granule(dk_acc[i * O_VECS + c] * grad.scale);
+                    dv[dv_row + dg] = pack_granule(dv_acc[i * O_VECS + c]);
+                }
+            }
+        }
+    }
+}

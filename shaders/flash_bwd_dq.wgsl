@@ -1,0 +1,161 @@
+// flash_bwd_dq.wgsl — attention backward, FlashAttention-2 style: dQ of one query tile.
+//
+//   P = exp(scale · Q Kᵀ − LSE) [causal mask],   dP = dO Vᵀ,   dS = P ∘ (dP − D),   dQ = scale · dS K
+//
+// with D = rowsum(dO ∘ O) from flash_bwd_pre.wgsl. dK and dV come from flash_bwd_dkdv.wgsl, which
+// is parallel over K/V tiles; dQ needs a sum over keys instead, so it gets its own pass parallel
+// over query tiles that recomputes S and dP. That costs two more products than a fused kernel, but
+// a fused one would have to add partial dQ tiles from many workgroups: WGSL has no float atomics,
+// and a partial-sum buffer would be O(seq²). This way every output is written once, by one
+// workgroup, and the result is deterministic. Shared machinery (bindings 2–7, staging, the
+// products) is in flash_bwd_stage.wgsl; this file adds 8 dq (written, array of granules).
+//
+// What a workgroup owns: BLOCK_M query rows of one (batch, head) and their dQ rows, accumulated in
+// registers and written once. The grid is (num_q_tiles, num_heads, batch), x reversed so that under
+// causal masking the tiles with the most keys start first. The workgroup streams the keys in tiles
+// of BLOCK_N; under causal masking the key tiles wholly above the diagonal are skipped, and only
+// tiles crossing the diagonal or the end of the keys evaluate the mask. Rows that see no key (LSE
+// = −∞) get dQ = 0.
+//
+// What an invocation owns (TILE_ROWS = BLOCK_M queries, TILE_COLS = BLOCK_N keys): ROWS_PER_THREAD
+// query rows, their LSE and D; S_VECS groups of 4 key columns of S = Q Kᵀ and dP = dO Vᵀ; O_VECS
+// groups of 4 head_dim columns of dQ. Per key tile: the two score products (QK_STEPS steps), dS in
+// registers, then dQ += dS K through t_tile (N_STEP keys per step).
+//
+// Why these sizes: the forward kernel's shape with one more score product and no softmax state; per
+// staged k step 4 vec4 reads feed 2 · ROWS_PER_THREAD · 4 · S_VECS multiply-adds. Workgroup memory:
+// one BLOCK_N × (BLOCK_M + 4) t_tile plus the stages (25 KiB for 64 × 64, K_STEP = N_STEP = 8).
+
+const TILE_ROWS: u32 = BLOCK_M;
+const TILE_COLS: u32 = BLOCK_N;
+// S = Q Kᵀ and dP = dO Vᵀ: the query-side operands are the rows.
+const S_ROWS_AT: u32 = Q_AT;
+const S_COLS_AT: u32 = K_AT;
+const DP_ROWS_AT: u32 = DO_AT;
+const DP_COLS_AT: u32 = V_AT;
+
+@group(0) @binding(8) var<storage, read_write> dq: array<Granule>;
+
+@compute @workgroup_size(WORKGROUP_SIZE)
+fn flash_bwd_dq(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) li: u32) {
+    let head = wg.y;
+    let hd = Heads(wg.z, head, head / params.group_size);
+    let m0 = (params.num_q_tiles - 1u - wg.x) * BLOCK_M;
+    let tx = li % THREADS_X;
+    let row0 = (li / THREADS_X) * ROWS_PER_THREAD;
+
+    // Keys this tile can see: all, or under causal masking those up to its last row's diagonal.
+    var kv_end = params.seq_kv;
+    if (params.causal != 0u) {
+        kv_end = u32(clamp(i32(m0 + BLOCK_M) + params.causal_offset, 0, i32(params.seq_kv)));
+    }
+    let num_kv_tiles = (kv_end + BLOCK_N - 1u) / BLOCK_N;
+
+    // Row statistics of this invocation's rows; rows past the end get a P of 0.
+    var lse2: array<f32, ROWS_PER_THREAD>;
+    var d: array<f32, ROWS_PER_THREAD>;
+    for (var i = 0u; i < ROWS_PER_THREAD; i++) {
+        let row = m0 + row0 + i;
+        lse2[i] = -NEG_BIG;
+        d[i] = 0.0;
+        if (row < params.seq_q) {
+            lse2[i] = lse2_of(hd.b, head, row);
+            d[i] = delta[lse_index(hd.b, head, row)];
+        }
+    }
+
+    var dq_acc: Output;
+
+    // Pipeline prologue: the first score slice.
+    var stage = 0u;
+    if (num_kv_tiles > 0u) {
+        store_score_slice(0u, fetch_score_slice(hd, m0, 0u, 0u, li), li);
+    }
+    workgroupBarrier();
+
+    for (var t = 0u; t < num_kv_tiles; t++) {
+        let n0 = t * BLOCK_N;
+        // Key steps past the last visible key are not needed.
+        let key_steps = (min(BLOCK_N, kv_end - n0) + N_STEP - 1u) / N_STEP;
+
+        // ---- S = Q Kᵀ and dP = dO Vᵀ, one K_STEP slice of head_dim per step ----
+        var s: Scores;
+        var dp: Scores;
+        for (var c = 0u; c < QK_STEPS; c++) {
+            let next = (stage + 1u) % STAGES;
+            let last = c + 1u == QK_STEPS;
+            var regs: Fetched;
+            if (!last) {
+                regs = fetch_score_slice(hd, m0, n0, (c + 1u) * K_STEP, li);
+            } else {
+                regs = fetch_rows_slice(SRC_K, hd, n0, li);
+            }
+            accumulate_scores(&s, &dp, stage * STAGE_VECS, row0, tx);
+            if (STAGES == 1u) {
+                workgroupBarrier(); // the stage just read is about to be overwritten
+            }
+            if (!last) {
+                store_score_slice(next * STAGE_VECS, regs, li);
+            } else {
+                store_rows_slice(next * STAGE_VECS, regs, li);
+            }
+            workgroupBarrier();
+            stage = next;
+        }
+
+        // ---- dS = P ∘ (dP − D), in registers (dp becomes dS) ----
+        let needs_mask = n0 + BLOCK_N > params.seq_kv
+            || (params.causal != 0u && i32(n0 + BLOCK_N) > i32(m0) + params.causal_offset + 1);
+        for (var i = 0u; i < ROWS_PER_THREAD; i++) {
+            for (var c = 0u; c < S_VECS; c++) {
+                var p = exp2(s[i * S_VECS + c] * params.scale - lse2[i]);
+                if (needs_mask) {
+                    for (var j = 0u; j < 4u; j++) {
+                        p[j] = select(0.0, p[j], is_visible(m0 + row0 + i, n0 + 4u * (tx + THREADS_X * c) + j));
+                    }
+                }
+                dp[i * S_VECS + c] = p * (dp[i * S_VECS + c] - d[i]);
+            }
+        }
+        store_transposed(&dp, row0, tx);
+        workgroupBarrier();
+
+        // ---- dQ += dS K, N_STEP keys per step; then the next tile's first score slice ----
+        for (var c = 0u; c < key_steps; c++) {
+            let next = (stage + 1u) % STAGES;
+            let more_keys = c + 1u < key_steps;
+            let more_tiles = t + 1u < num_kv_tiles;
+            var regs: Fetched;
+            if (more_keys) {
+                regs = fetch_rows_slice(SRC_K, hd, n0 + (c + 1u) * N_STEP, li);
+            } else if (more_tiles) {
+                regs = fetch_score_slice(hd, m0, n0 + BLOCK_N, 0u, li);
+            }
+            accumulate_rows(&dq_acc, stage * STAGE_VECS, c * N_STEP, row0, tx);
+            if (STAGES == 1u) {
+                workgroupBarrier();
+            }
+            if (more_keys) {
+                store_rows_slice(next * STAGE_VECS, regs, li);
+            } else if (more_tiles) {
+                store_score_slice(next * STAGE_VECS, regs, li);
+            }
+            workgroupBarrier();
+            stage = next;
+        }
+    }
+
+    // ---- epilogue: dQ = scale · Σ dS K, written once (zeros for rows that saw no key) ----
+    for (var i = 0u; i < ROWS_PER_THREAD; i++) {
+        let row = m0 + row0 + i;
+        if (row < params.seq_q) {
+            let dq_row = row_granule(grad.dq, hd.b, row, head);
+            for (var c = 0u; c < O_VECS; c++) {
+                let dg = tx + THREADS_X * c;
+                if (4u * dg < params.head_dim) {
+                    dq[dq_row + dg] = pack_granule(dq_acc[i * O_VECS + c] * grad.scale);
+                }
+            }
+        }
+    }
+}

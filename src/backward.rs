@@ -1,0 +1,490 @@
+//! The backward pass on a device: `dQ`, `dK`, `dV` from `Q`, `K`, `V`, `O`, the forward's LSE and
+//! `dO`, by recomputation (FlashAttention-2): three kernels recorded into one compute pass, on the
+//! caller's buffers or on host slices.
+//!
+//! Device memory beyond the tensors themselves: `4·batch·num_heads·seq_q` bytes for
+//! `D = rowsum(dO ∘ O)` — O(seq), nothing of size `seq_q × seq_kv`.
+
+use wgpu::util::DeviceExt;
+
+use crate::attention::FlashAttention;
+use crate::backward_problem::{BackwardProblem, GradTensor};
+use crate::backward_select::{
+    backward_grid, select_backward, BackwardChoice, BackwardConfig, BackwardKernel, BackwardPass,
+};
+use crate::binding::{bind, bind_f32, Bound, TensorBuffer};
+use crate::error::{Error, Result};
+use crate::params::{GradParams, Params};
+use crate::problem::{Element, Tensor};
+use crate::readback::{read_back, upload};
+use crate::shaders::KernelConfig;
+
+/// The tensors of one backward call, in the caller's buffers.
+///
+/// Read: `q`, `k`, `v`, `o` (laid out as the forward problem says), `lse` (the forward's
+/// `[batch, num_heads, seq_q]` f32 natural-log LSE, −∞ for rows that saw no key) and `d_o`.
+/// Written: `dq`, `dk`, `dv` (laid out as the [`BackwardProblem`] says), which must not share a
+/// buffer with any input (wgpu forbids reading and writing one buffer in a dispatch); `dk` and
+/// `dv` may share one with each other if their elements do not overlap.
+#[derive(Clone, Copy, Debug)]
+pub struct BackwardBuffers<'a> {
+    pub q: TensorBuffer<'a>,
+    pub k: TensorBuffer<'a>,
+    pub v: TensorBuffer<'a>,
+    pub o: TensorBuffer<'a>,
+    /// Its byte offset must meet the device's `min_storage_buffer_offset_alignment`.
+    pub lse: TensorBuffer<'a>,
+    pub d_o: TensorBuffer<'a>,
+    pub dq: TensorBuffer<'a>,
+    pub dk: TensorBuffer<'a>,
+    pub dv: TensorBuffer<'a>,
+    /// Workspace for `D = rowsum(dO ∘ O)`: `batch·num_heads·seq_q` f32 values, byte offset aligned
+    /// like `lse`'s. Allocated for the call when `None`; give one to reuse it across calls (and to
+    /// record the three kernels separately with [`FlashAttention::encode_backward_pass`]).
+    pub delta: Option<TensorBuffer<'a>>,
+}
+
+/// The host-slice inputs of [`FlashAttention::backward`].
+#[derive(Clone, Copy, Debug)]
+pub struct BackwardInputs<'a, T> {
+    pub q: &'a [T],
+    pub k: &'a [T],
+    pub v: &'a [T],
+    /// The forward's output.
+    pub o: &'a [T],
+    /// The forward's `[batch, num_heads, seq_q]` log-sum-exp (natural log).
+    pub lse: &'a [f32],
+    /// `dL/dO`, laid out as the problem's `d_o_layout` says.
+    pub d_o: &'a [T],
+}
+
+/// Result of a host-slice backward call.
+#[derive(Clone, Debug)]
+pub struct BackwardOutput<T> {
+    /// Laid out as the problem's `dq_layout`, `dk_layout` and `dv_layout` say
+    /// (`problem.required_len(..)` elements each; elements the layouts skip are 0).
+    pub dq: Vec<T>,
+    pub dk: Vec<T>,
+    pub dv: Vec<T>,
+    /// The kernels that ran.
+    pub config: BackwardConfig,
+    /// Bytes of device memory the call allocated (inputs, gradients, the D workspace).
+    pub device_bytes: u64,
+}
+
+/// The checked bindings of one call.
+struct BoundBackward<'a> {
+    q: Bound<'a>,
+    k: Bound<'a>,
+    v: Bound<'a>,
+    o: Bound<'a>,
+    lse: Bound<'a>,
+    d_o: Bound<'a>,
+    dq: Bound<'a>,
+    dk: Bound<'a>,
+    dv: Bound<'a>,
+}
+
+impl FlashAttention {
+    /// The backward kernels this engine would run for `problem` (honouring a variant forced in
+    /// its [`Options`](crate::Options)).
+    pub fn select_backward(&self, problem: impl Into<BackwardProblem>) -> Result<BackwardConfig> {
+        let choice = BackwardChoice {
+            variant: self.options().choice.variant,
+            ..Default::default()
+        };
+        select_backward(&problem.into(), &self.context().caps, &choice)
+    }
+
+    /// Selects the backward kernels for `problem` and builds their pipelines, waiting for the
+    /// driver's verdict on every platform (see [`prepare`](Self::prepare)).
+    pub async fn prepare_backward(&self, problem: impl Into<BackwardProblem>) -> Result<BackwardConfig> {
+        let config = self.select_backward(problem)?;
+        for kernel in config.kernels() {
+            self.pipelines().get_async(&KernelConfig::Backward(kernel)).await?;
+        }
+        Ok(config)
+    }
+
+    /// Records the backward pass — D, then dK and dV, then dQ — into `encoder` as one compute
+    /// pass, reading and writing the caller's buffers. Never blocks. `timestamps`, if given, are
+    /// written at the start and end of the pass.
+    ///
+    /// `problem` is an [`AttentionProblem`](crate::AttentionProblem) (gradients laid out like
+    /// their tensors) or a [`BackwardProblem`].
+    pub fn encode_backward(
+        &self,
+        encoder: &mut wgpu::CommandEncoder,
+        problem: impl Into<BackwardProblem>,
+        buffers: &BackwardBuffers<'_>,
+        timestamps: Option<wgpu::ComputePassTimestampWrites<'_>>,
+    ) -> Result<BackwardConfig> {
+        let problem = problem.into();
+        let config = self.select_backward(problem)?;
+        self.encode_backward_with(encoder, problem, buffers, &config, timestamps)?;
+        Ok(config)
+    }
+
+    /// [`encode_backward`](Self::encode_backward) with given kernels (from
+    /// [`select_backward`](crate::select_backward) with a [`BackwardChoice`], e.g. to try plans).
+    pub fn encode_backward_with(
+        &self,
+        encoder: &mut wgpu::CommandEncoder,
+        problem: impl Into<BackwardProblem>,
+        buffers: &BackwardBuffers<'_>,
+        config: &BackwardConfig,
+        timestamps: Option<wgpu::ComputePassTimestampWrites<'_>>,
+    ) -> Result<()> {
+        self.encode_passes(
+            encoder,
+            &problem.into(),
+            buffers,
+            config,
+            &BackwardPass::ALL,
+            timestamps,
+        )
+    }
+
+    /// Records a single one of the three backward kernels, in its own compute pass: for
+    /// profiling, or to interleave other work. The passes must run in the order
+    /// [`BackwardPass::ALL`] lists them, on the same buffers, and `buffers.delta` must be given
+    /// (it carries D from the first pass to the others).
+    pub fn encode_backward_pass(
+        &self,
+        encoder: &mut wgpu::CommandEncoder,
+        problem: impl Into<BackwardProblem>,
+        buffers: &BackwardBuffers<'_>,
+        config: &BackwardConfig,
+        pass: BackwardPass,
+        timestamps: Option<wgpu::ComputePassTimestampWrites<'_>>,
+    ) -> Result<()> {
+        if buffers.delta.is_none() {
+            return Err(Error::InvalidBuffer {
+                tensor: "delta",
+                message: "must be given when the backward kernels are recorded one at a time".into(),
+            });
+        }
+        self.encode_passes(encoder, &problem.into(), buffers, config, &[pass], timestamps)
+    }
+
+    fn encode_passes(
+        &self,
+        encoder: &mut wgpu::CommandEncoder,
+        problem: &BackwardProblem,
+        buffers: &BackwardBuffers<'_>,
+        config: &BackwardConfig,
+        passes: &[BackwardPass],
+        timestamps: Option<wgpu::ComputePassTimestampWrites<'_>>,
+    ) -> Result<()> {
+        problem.validate()?;
+        self.check_config(problem, config)?;
+        let device = &self.context().device;
+        let caps = &self.context().caps;
+        let kernels = config.kernels();
+        let mut pipelines = Vec::new();
+        for kernel in &kernels {
+            pipelines.push(self.pipelines().get(&KernelConfig::Backward(*kernel))?);
+        }
+        let bound = self.bind_backward(problem, buffers)?;
+        let scratch;
+        let delta_buffer = match &buffers.delta {
+            Some(d) => *d,
+            None => {
+                scratch = device.create_buffer(&wgpu::BufferDescriptor {
+                    label: Some("wgpu-flash-attn backward delta"),
+                    size: 4 * problem.forward.lse_len() as u64,
+                    usage: wgpu::BufferUsages::STORAGE,
+                    mapped_at_creation: false,
+                });
+                TensorBuffer::new(&scratch)
+            }
+        };
+        let delta = bind_f32("delta", &delta_buffer, problem.forward.lse_len(), caps)?;
+        if let Some(d) = &buffers.delta {
+            for (name, other) in [
+                ("o", &buffers.o),
+                ("d_o", &buffers.d_o),
+                ("dq", &buffers.dq),
+                ("dk", &buffers.dk),
+                ("dv", &buffers.dv),
+            ] {
+                if d.buffer == other.buffer {
+                    return Err(shares("delta", name));
+                }
+            }
+        }
+
+        let f = &problem.forward;
+        let mut params = Params::for_problem(f, f.softmax_scale() * std::f32::consts::LOG2_E);
+        params.q = bound.q.strides;
+        params.k = bound.k.strides;
+        params.v = bound.v.strides;
+        params.o = bound.o.strides;
+        params.num_q_tiles = backward_grid(problem, config, BackwardPass::Dq)[0] as u32;
+        let grad = GradParams {
+            d_o: bound.d_o.strides,
+            dq: bound.dq.strides,
+            dk: bound.dk.strides,
+            dv: bound.dv.strides,
+            scale: f.softmax_scale(),
+            _pad: [0; 3],
+        };
+        let uniform = |label, contents: &[u8]| {
+            device.create_buffer_init(&wgpu::util::BufferInitDescriptor {
+                label: Some(label),
+                contents,
+                usage: wgpu::BufferUsages::UNIFORM,
+            })
+        };
+        let params_buffer = uniform("wgpu-flash-attn params", bytemuck::bytes_of(&params));
+        let grad_buffer = uniform("wgpu-flash-attn grad params", bytemuck::bytes_of(&grad));
+        let uniforms = [
+            wgpu::BindGroupEntry {
+                binding: 0,
+                resource: params_buffer.as_entire_binding(),
+            },
+            wgpu::BindGroupEntry {
+                binding: 1,
+                resource: grad_buffer.as_entire_binding(),
+            },
+        ];
+
+        let mut steps = Vec::new();
+        for &pass in passes {
+            let index = BackwardPass::ALL.iter().position(|p| *p == pass).unwrap_or_default();
+            let (kernel, pipeline) = (&kernels[index], &pipelines[index]);
+            let mut entries = uniforms.to_vec();
+            match pass {
+                BackwardPass::Preprocess => {
+                    entries.extend([bound.o.entry(2), bound.d_o.entry(3), delta.entry(4)]);
+                }
+                BackwardPass::DkDv | BackwardPass::Dq => {
+                    entries.extend([
+                        bound.q.entry(2),
+                        bound.k.entry(3),
+                        bound.v.entry(4),
+                        bound.d_o.entry(5),
+                        bound.lse.entry(6),
+                        delta.entry(7),
+                    ]);
+                    if pass == BackwardPass::DkDv {
+                        entries.extend([bound.dk.entry(8), bound.dv.entry(9)]);
+                    } else {
+                        entries.push(bound.dq.entry(8));
+                    }
+                }
+            }
+            let bind_group = device.create_bind_group(&wgpu::BindGroupDescriptor {
+                label: Some(&kernel.name()),
+                layout: &pipeline.get_bind_group_layout(0),
+                entries: &entries,
+            });
+            steps.push((pipeline, bind_group, backward_grid(problem, config, pass)));
+        }
+
+        let label = config.name();
+        let mut cpass = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor {
+            label: Some(&label),
+            timestamp_writes: timestamps,
+        });
+        for (pipeline, bind_group, [x, y, z]) in &steps {
+            cpass.set_pipeline(pipeline);
+            cpass.set_bind_group(0, bind_group, &[]);
+            cpass.dispatch_workgroups(*x as u32, *y as u32, *z as u32);
+        }
+        Ok(())
+    }
+
+    /// Checks that `config` can run here and was made for this problem.
+    fn check_config(&self, problem: &BackwardProblem, config: &BackwardConfig) -> Result<()> {
+        let caps = &self.context().caps;
+        if let Some(why) = config.unavailable_reason(caps) {
+            return Err(Error::Unavailable {
+                what: format!("backward configuration `{}`", config.name()),
+                why,
+            });
+        }
+        let f = &problem.forward;
+        for kernel in config.kernels() {
+            let fits = match kernel {
+                BackwardKernel::Preprocess(_) => true,
+                BackwardKernel::Grad(g) => g.head_dim_pad == g.plan.head_dim_pad(f.shape.head_dim as u32),
+            };
+            if kernel.storage() != f.dtype || !fits {
+                return crate::error::invalid!(
+                    "kernel `{}` was selected for another problem (dtype {}, head_dim {})",
+                    kernel.name(),
+                    f.dtype.name(),
+                    f.shape.head_dim
+                );
+            }
+        }
+        let max = caps.max_workgroups_per_dimension as usize;
+        for pass in BackwardPass::ALL {
+            if backward_grid(problem, config, pass).iter().any(|&n| n > max) {
+                return Err(Error::TooLarge(format!(
+                    "the {} grid exceeds the device's {max} workgroups per dispatch dimension",
+                    pass.entry_point()
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    /// Checks the caller's buffers against the problem and the device.
+    fn bind_backward<'a>(&self, problem: &BackwardProblem, buffers: &BackwardBuffers<'a>) -> Result<BoundBackward<'a>> {
+        let caps = &self.context().caps;
+        let f = &problem.forward;
+        let es = f.dtype.size_bytes();
+        for (name, written) in [("dq", &buffers.dq), ("dk", &buffers.dk), ("dv", &buffers.dv)] {
+            for (input, read) in [
+                ("q", &buffers.q),
+                ("k", &buffers.k),
+                ("v", &buffers.v),
+                ("o", &buffers.o),
+                ("lse", &buffers.lse),
+                ("d_o", &buffers.d_o),
+            ] {
+                if written.buffer == read.buffer {
+                    return Err(shares(name, input));
+                }
+            }
+        }
+        let input = |t: Tensor, tb: &TensorBuffer<'a>| bind(t.name(), tb, f.layout(t), f.required_len(t), es, caps);
+        let grad = |t: GradTensor, tb: &TensorBuffer<'a>| {
+            bind(t.name(), tb, problem.layout(t), problem.required_len(t), es, caps)
+        };
+        Ok(BoundBackward {
+            q: input(Tensor::Q, &buffers.q)?,
+            k: input(Tensor::K, &buffers.k)?,
+            v: input(Tensor::V, &buffers.v)?,
+            o: input(Tensor::O, &buffers.o)?,
+            lse: bind_f32("lse", &buffers.lse, f.lse_len(), caps)?,
+            d_o: grad(GradTensor::DO, &buffers.d_o)?,
+            dq: grad(GradTensor::DQ, &buffers.dq)?,
+            dk: grad(GradTensor::DK, &buffers.dk)?,
+            dv: grad(GradTensor::DV, &buffers.dv)?,
+        })
+    }
+
+    /// The backward pass on host slices: uploads the inputs (laid out as the problem says), runs
+    /// the three kernels and returns dQ, dK and dV. Device memory used: the inputs, the three
+    /// gradients and `4·batch·num_heads·seq_q` bytes for D — nothing of size `seq_q × seq_kv`.
+    pub async fn backward<T: Element>(
+        &self,
+        problem: impl Into<BackwardProblem>,
+        inputs: &BackwardInputs<'_, T>,
+    ) -> Result<BackwardOutput<T>> {
+        let problem = problem.into();
+        problem.validate()?;
+        let f = &problem.forward;
+        if T::DTYPE != f.dtype {
+            return Err(Error::DTypeMismatch {
+                tensor: "q",
+                expected: f.dtype,
+                got: T::DTYPE,
+            });
+        }
+        let config = self.prepare_backward(problem).await?;
+        let device = &self.context().device;
+        let lengths = [
+            ("q", inputs.q.len(), f.required_len(Tensor::Q)),
+            ("k", inputs.k.len(), f.required_len(Tensor::K)),
+            ("v", inputs.v.len(), f.required_len(Tensor::V)),
+            ("o", inputs.o.len(), f.required_len(Tensor::O)),
+            ("lse", inputs.lse.len(), f.lse_len()),
+            ("d_o", inputs.d_o.len(), problem.required_len(GradTensor::DO)),
+        ];
+        for (tensor, got, need) in lengths {
+            if got < need {
+                return Err(Error::InvalidBuffer {
+                    tensor,
+                    message: format!("the slice holds {got} elements, the problem's layout needs {need}"),
+                });
+            }
+        }
+        let up = |name, data: &[T], len| {
+            upload(
+                device,
+                name,
+                bytemuck::cast_slice(&data[..len]),
+                wgpu::BufferUsages::empty(),
+            )
+        };
+        let q = up("q", inputs.q, lengths[0].2);
+        let k = up("k", inputs.k, lengths[1].2);
+        let v = up("v", inputs.v, lengths[2].2);
+        let o = up("o", inputs.o, lengths[3].2);
+        let lse = upload(
+            device,
+            "lse",
+            bytemuck::cast_slice(&inputs.lse[..lengths[4].2]),
+            wgpu::BufferUsages::empty(),
+        );
+        let d_o = up("d_o", inputs.d_o, lengths[5].2);
+        let grad_bytes = |t| (problem.required_len(t) * f.dtype.size_bytes()) as u64;
+        let output = |t: GradTensor| {
+            device.create_buffer(&wgpu::BufferDescriptor {
+                label: Some(t.name()),
+                size: grad_bytes(t),
+                usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_SRC,
+                mapped_at_creation: false,
+            })
+        };
+        let (dq, dk, dv) = (output(GradTensor::DQ), output(GradTensor::DK), output(GradTensor::DV));
+        let delta = device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("wgpu-flash-attn backward delta"),
+            size: 4 * f.lse_len() as u64,
+            usage: wgpu::BufferUsages::STORAGE,
+            mapped_at_creation: false,
+        });
+        let buffers = BackwardBuffers {
+            q: TensorBuffer::new(&q),
+            k: TensorBuffer::new(&k),
+            v: TensorBuffer::new(&v),
+            o: TensorBuffer::new(&o),
+            lse: TensorBuffer::new(&lse),
+            d_o: TensorBuffer::new(&d_o),
+            dq: TensorBuffer::new(&dq),
+            dk: TensorBuffer::new(&dk),
+            dv: TensorBuffer::new(&dv),
+            delta: Some(TensorBuffer::new(&delta)),
+        };
+        let mut encoder = device.create_command_encoder(&wgpu::CommandEncoderDescriptor {
+            label: Some(&config.name()),
+        });
+        self.encode_backward_with(&mut encoder, problem, &buffers, &config, None)?;
+        self.context().queue.submit([encoder.finish()]);
+        let ranges = [
+            (&dq, 0, grad_bytes(GradTensor::DQ)),
+            (&dk, 0, grad_bytes(GradTensor::DK)),
+            (&dv, 0, grad_bytes(GradTensor::DV)),
+        ];
+        let bytes = read_back(device, &self.context().queue, &ranges).await?;
+        let all = [&q, &k, &v, &o, &lse, &d_o, &dq, &dk, &dv, &delta];
+        Ok(BackwardOutput {
+            dq: bytemuck::pod_collect_to_vec(&bytes[0]),
+            dk: bytemuck::pod_collect_to_vec(&bytes[1]),
+            dv: bytemuck::pod_collect_to_vec(&bytes[2]),
+            config,
+            device_bytes: all.iter().map(|b| b.size()).sum(),
+        })
+    }
+
+    /// [`backward`](Self::backward), blocking until the result is back (not on the web).
+    #[cfg(not(target_arch = "wasm32"))]
+    pub fn backward_blocking<T: Element>(
+        &self,
+        problem: impl Into<BackwardProblem>,
+        inputs: &BackwardInputs<'_, T>,
+    ) -> Result<BackwardOutput<T>> {
+        pollster::block_on(self.backward(problem, inputs))
+    }
+}
+
+fn shares(written: &'static str, read: &str) -> Error {
+    Error::InvalidBuffer {
+        tensor: written,
+        message: format!("shares a buffer with `{read}`; wgpu forbids reading and writing one buffer in a dispatch"),
+    }
+}

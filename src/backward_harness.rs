@@ -1,0 +1,472 @@
+//! A backward problem with its inputs on the device, ready to run, check and time: what the
+//! backward tests and `examples/backward.rs` need. Blocking, so native only.
+//!
+//! The forward runs on the device first (the flash kernel), writing O and the LSE that the
+//! backward reads, exactly as in training.
+
+use crate::attention::{FlashAttention, ForwardBuffers};
+use crate::backward::BackwardBuffers;
+use crate::backward_problem::{BackwardProblem, GradTensor};
+use crate::backward_select::{BackwardConfig, BackwardPass};
+use crate::binding::TensorBuffer;
+use crate::context::GpuContext;
+use crate::error::Result;
+use crate::problem::{DType, Element, Tensor};
+use crate::readback::{read_back, upload};
+use crate::reference;
+use crate::testing::{random_tensor, ErrorStats};
+use crate::timing::{time_passes, Timing};
+
+/// Seeded inputs of a backward problem on the device, and buffers for everything it produces.
+pub struct BackwardWorkload<T: Element> {
+    pub problem: BackwardProblem,
+    pub q: Vec<T>,
+    pub k: Vec<T>,
+    pub v: Vec<T>,
+    pub d_o: Vec<T>,
+    ctx: GpuContext,
+    q_buf: wgpu::Buffer,
+    k_buf: wgpu::Buffer,
+    v_buf: wgpu::Buffer,
+    o_buf: wgpu::Buffer,
+    lse_buf: wgpu::Buffer,
+    d_o_buf: wgpu::Buffer,
+    dq_buf: wgpu::Buffer,
+    dk_buf: wgpu::Buffer,
+    dv_buf: wgpu::Buffer,
+    delta_buf: wgpu::Buffer,
+}
+
+/// Gradients read back from the device, laid out as the problem says.
+#[derive(Clone, Debug)]
+pub struct Grads<T> {
+    pub dq: Vec<T>,
+    pub dk: Vec<T>,
+    pub dv: Vec<T>,
+}
+
+/// The bytes of `len` NaNs of `dtype`, to poison outputs before a checked run.
+fn nan_bytes(dtype: DType, len: usize) -> Vec<u8> {
+    let one: &[u8] = match dtype {
+        DType::F32 => &[0x00, 0x00, 0xc0, 0x7f],
+        DType::F16 => &[0x00, 0x7e],
+        DType::BF16 => &[0xc0, 0x7f],
+    };
+    one.repeat(len)
+}
+
+impl<T: Element> BackwardWorkload<T> {
+    /// Standard-normal Q, K, V and dO from `seed`, laid out as `problem` says.
+    pub fn random(ctx: &GpuContext, problem: impl Into<BackwardProblem>, seed: u64) -> Result<Self> {
+        let problem = problem.into();
+        problem.validate()?;
+        let f = &problem.forward;
+        let q = random_tensor(seed, f.required_len(Tensor::Q));
+        let k = random_tensor(seed ^ 0x5555_5555, f.required_len(Tensor::K));
+        let v = random_tensor(seed ^ 0xaaaa_aaaa, f.required_len(Tensor::V));
+        let d_o = random_tensor(seed ^ 0x3c3c_3c3c, problem.required_len(GradTensor::DO));
+        Self::with_inputs(ctx, problem, q, k, v, d_o)
+    }
+
+    /// Given inputs (each at least as long as the problem's layouts need).
+    pub fn with_inputs(
+        ctx: &GpuContext,
+        problem: impl Into<BackwardProblem>,
+        q: Vec<T>,
+        k: Vec<T>,
+        v: Vec<T>,
+        d_o: Vec<T>,
+    ) -> Result<Self> {
+        let problem = problem.into();
+        problem.validate()?;
+        let f = &problem.forward;
+        let copy = wgpu::BufferUsages::COPY_DST | wgpu::BufferUsages::COPY_SRC;
+        let dev = &ctx.device;
+        let nan = |label, len| upload(dev, label, &nan_bytes(f.dtype, len), copy);
+        Ok(BackwardWorkload {
+            q_buf: upload(dev, "q", bytemuck::cast_slice(&q), copy),
+            k_buf: upload(dev, "k", bytemuck::cast_slice(&k), copy),
+            v_buf: upload(dev, "v", bytemuck::cast_slice(&v), copy),
+            o_buf: nan("o", f.required_len(Tensor::O)),
+            lse_buf: upload(dev, "lse", &nan_bytes(DType::F32, f.lse_len()), copy),
+            d_o_buf: upload(dev, "d_o", bytemuck::cast_slice(&d_o), copy),
+            dq_buf: nan("dq", problem.required_len(GradTensor::DQ)),
+            dk_buf: nan("dk", problem.required_len(GradTensor::DK)),
+            dv_buf: nan("dv", problem.required_len(GradTensor::DV)),
+            delta_buf: upload(dev, "delta", &nan_bytes(DType::F32, f.lse_len()), copy),
+            problem,
+            q,
+            k,
+            v,
+            d_o,
+            ctx: ctx.clone(),
+        })
+    }
+
+    pub fn forward_buffers(&self) -> ForwardBuffers<'_> {
+        ForwardBuffers {
+            q: TensorBuffer::new(&self.q_buf),
+            k: TensorBuffer::new(&self.k_buf),
+            v: TensorBuffer::new(&self.v_buf),
+            o: TensorBuffer::new(&self.o_buf),
+            lse: Some(TensorBuffer::new(&self.lse_buf)),
+        }
+    }
+
+    pub fn buffers(&self) -> BackwardBuffers<'_> {
+        BackwardBuffers {
+            q: TensorBuffer::new(&self.q_buf),
+            k: TensorBuffer::new(&self.k_buf),
+            v: TensorBuffer::new(&self.v_buf),
+            o: TensorBuffer::new(&self.o_buf),
+            lse: TensorBuffer::new(&self.lse_buf),
+            d_o: TensorBuffer::new(&self.d_o_buf),
+            dq: TensorBuffer::new(&self.dq_buf),
+            dk: TensorBuffer::new(&self.dk_buf),
+            dv: TensorBuffer::new(&self.dv_buf),
+            delta: Some(TensorBuffer::new(&self.delta_buf)),
+        }
+    }
+
+    /// Bytes on the device: inputs, O, LSE, gradients and the D workspace.
+    pub fn device_bytes(&self) -> u64 {
+        [
+            &self.q_buf,
+            &self.k_buf,
+            &self.v_buf,
+            &self.o_buf,
+            &self.lse_buf,
+            &self.d_o_buf,
+            &self.dq_buf,
+            &self.dk_buf,
+            &self.dv_buf,
+            &self.delta_buf,
+        ]
+        .iter()
+        .map(|b| b.size())
+        .sum()
+    }
+
+    /// Runs the flash forward, writing O and the LSE on the device, and waits for it.
+    pub fn forward(&self, engine: &FlashAttention) -> Result<()> {
+        let mut encoder = self.ctx.device.create_command_encoder(&Default::default());
+        engine.encode_forward(&mut encoder, &self.problem.forward, &self.forward_buffers(), None)?;
+        self.ctx.queue.submit([encoder.finish()]);
+        self.wait()
+    }
+
+    fn wait(&self) -> Result<()> {
+        self.ctx
+            .device
+            .poll(wgpu::PollType::wait_indefinitely())
+            .map(|_| ())
+            .map_err(|e| crate::Error::ReadBack(e.to_string()))
+    }
+
+    /// O and the LSE as the forward left them.
+    pub fn read_forward(&self) -> Result<(Vec<T>, Vec<f32>)> {
+        let f = &self.problem.forward;
+        let o_bytes = (f.required_len(Tensor::O) * f.dtype.size_bytes()) as u64;
+        let bytes = pollster::block_on(read_back(
+            &self.ctx.device,
+            &self.ctx.queue,
+            &[(&self.o_buf, 0, o_bytes), (&self.lse_buf, 0, 4 * f.lse_len() as u64)],
+        ))?;
+        Ok((
+            bytemuck::pod_collect_to_vec(&bytes[0]),
+            bytemuck::pod_collect_to_vec(&bytes[1]),
+        ))
+    }
+
+    /// Poisons dQ, dK, dV and the D workspace with NaN, runs the backward with `config` (after
+    /// [`forward`](Self::forward)), and reads the gradients back.
+    pub fn run(&self, engine: &FlashAttention, config: &BackwardConfig) -> Result<Grads<T>> {
+        let p = &self.problem;
+        let queue = &self.ctx.queue;
+        let dtype = p.forward.dtype;
+        for (buf, t) in [
+            (&self.dq_buf, GradTensor::DQ),
+            (&self.dk_buf, GradTensor::DK),
+            (&self.dv_buf, GradTensor::DV),
+        ] {
+            queue.write_buffer(buf, 0, &nan_bytes(dtype, p.required_len(t)));
+        }
+        queue.write_buffer(&self.delta_buf, 0, &nan_bytes(DType::F32, p.forward.lse_len()));
+        let mut encoder = self.ctx.device.create_command_encoder(&Default::default());
+        engine.encode_backward_with(&mut encoder, p, &self.buffers(), config, None)?;
+        queue.submit([encoder.finish()]);
+        let bytes_of = |t| (p.required_len(t) * dtype.size_bytes()) as u64;
+        let bytes = pollster::block_on(read_back(
+            &self.ctx.device,
+            queue,
+            &[
+                (&self.dq_buf, 0, bytes_of(GradTensor::DQ)),
+                (&self.dk_buf, 0, bytes_of(GradTensor::DK)),
+                (&self.dv_buf, 0, bytes_of(GradTensor::DV)),
+            ],
+        ))?;
+        Ok(Grads {
+            dq: bytemuck::pod_collect_to_vec(&bytes[0]),
+            dk: bytemuck::pod_collect_to_vec(&bytes[1]),
+            dv: bytemuck::pod_collect_to_vec(&bytes[2]),
+        })
+    }
+
+    /// Median time of the forward over `runs` runs after `warmup` untimed ones.
+    pub fn time_forward(&self, engine: &FlashAttention, warmup: usize, runs: usize) -> Result<Timing> {
+        time_passes(&self.ctx, warmup, runs, |encoder, ts| {
+            engine
+                .encode_forward(encoder, &self.problem.forward, &self.forward_buffers(), ts)
+                .map(|_| ())
+        })
+    }
+
+    /// Median time of the whole backward (the three kernels in one pass).
+    pub fn time_backward(
+        &self,
+        engine: &FlashAttention,
+        config: &BackwardConfig,
+        warmup: usize,
+        runs: usize,
+    ) -> Result<Timing> {
+        time_passes(&self.ctx, warmup, runs, |encoder, ts| {
+            engine.encode_backward_with(encoder, self.problem, &self.buffers(), config, ts)
+        })
+    }
+
+    /// Median time of one backward kernel (the earlier ones must have run: see
+    /// [`run`](Self::run)).
+    pub fn time_backward_pass(
+        &self,
+        engine: &FlashAttention,
+        config: &BackwardConfig,
+        pass: BackwardPass,
+        warmup: usize,
+        runs: usize,
+    ) -> Result<Timing> {
+        time_passes(&self.ctx, warmup, runs, |encoder, ts| {
+            engine.encode_backward_pass(encoder, self.problem, &self.buffers(), config, pass, ts)
+        })
+    }
+
+    /// Compares every gradient element with the float64 reference ([`reference::attention_backward`],
+    /// which recomputes the forward itself). `O(B·H·Sq·Skv·D)` on the CPU: for small problems.
+    pub fn check_all(&self, grads: &Grads<T>) -> Result<GradCheck> {
+        let p = &self.problem;
+        let want = reference::attention_backward(p, &self.q, &self.k, &self.v, &self.d_o)?;
+        let s = p.forward.shape;
+        let mut check = GradCheck::default();
+        for (t, got, want, stats) in [
+            (GradTensor::DQ, &grads.dq, &want.dq, &mut check.dq),
+            (GradTensor::DK, &grads.dk, &want.dk, &mut check.dk),
+            (GradTensor::DV, &grads.dv, &want.dv, &mut check.dv),
+        ] {
+            let (seq, heads) = p.extent(t);
+            let layout = p.layout(t);
+            let mut pairs = Vec::with_capacity(s.batch * seq * heads * s.head_dim);
+            let mut coords = Vec::with_capacity(pairs.capacity());
+            for b in 0..s.batch {
+                for i in 0..seq {
+                    for h in 0..heads {
+                        for d in 0..s.head_dim {
+                            let at = layout.index(b, i, h, d);
+                            pairs.push((got[at].to_f64(), want[at]));
+                            coords.push([b, h, i, d]);
+                        }
+                    }
+                }
+            }
+            *stats = GradStats::new(t, &pairs, &coords, &mut check.mismatches);
+        }
+        Ok(check)
+    }
+
+    /// Compares `rows` rows of each gradient, spread over batch, heads and sequence (ends
+    /// included), with float64: a check that stays cheap at any size.
+    ///
+    /// dQ rows come from [`reference::attention_backward_dq_row`], which recomputes everything.
+    /// A dK/dV row needs the softmax statistics of every query row, which the reference would
+    /// recompute at the cost of the whole forward; here they come from the device's forward
+    /// instead (its LSE and O, `o` and `lse` as [`read_forward`](Self::read_forward) returns them,
+    /// themselves checked by the forward's tests) and the rest is float64.
+    pub fn check_rows(&self, grads: &Grads<T>, o: &[T], lse: &[f32], rows: usize) -> Result<GradCheck> {
+        let p = &self.problem;
+        let f = &p.forward;
+        let s = f.shape;
+        let mut check = GradCheck::default();
+
+        let (mut pairs, mut coords) = (Vec::new(), Vec::new());
+        for (b, h, i) in spread(rows, s.batch, s.num_heads, s.seq_q) {
+            let want = reference::attention_backward_dq_row(p, &self.q, &self.k, &self.v, &self.d_o, b, h, i)?;
+            for (d, w) in want.iter().enumerate() {
+                pairs.push((grads.dq[p.dq_layout.index(b, i, h, d)].to_f64(), *w));
+                coords.push([b, h, i, d]);
+            }
+        }
+        check.dq = GradStats::new(GradTensor::DQ, &pairs, &coords, &mut check.mismatches);
+
+        let (mut dk_pairs, mut dv_pairs, mut kv_coords) = (Vec::new(), Vec::new(), Vec::new());
+        let scale = f.softmax_scale() as f64;
+        let dot = |a: &[f64], b: &[f64]| a.iter().zip(b).map(|(x, y)| x * y).sum::<f64>();
+        let row = |data: &[T], layout: &crate::problem::TensorLayout, b, i, h| -> Vec<f64> {
+            (0..s.head_dim)
+                .map(|d| data[layout.index(b, i, h, d)].to_f64())
+                .collect()
+        };
+        for (b, g, j) in spread(rows, s.batch, s.num_kv_heads, s.seq_kv) {
+            let kj = row(&self.k, &f.k_layout, b, j, g);
+            let vj = row(&self.v, &f.v_layout, b, j, g);
+            let mut dk = vec![0.0; s.head_dim];
+            let mut dv = vec![0.0; s.head_dim];
+            for h in g * f.group_size()..(g + 1) * f.group_size() {
+                for i in 0..s.seq_q {
+                    if f.causal && (j as i64) > i as i64 + f.causal_offset() {
+                        continue;
+                    }
+                    let qi = row(&self.q, &f.q_layout, b, i, h);
+                    let doi = row(&self.d_o, &p.d_o_layout, b, i, h);
+                    let oi = row(o, &f.o_layout, b, i, h);
+                    let l = lse[(b * s.num_heads + h) * s.seq_q + i] as f64;
+                    let pij = (scale * dot(&qi, &kj) - l).exp();
+                    let dsij = pij * (dot(&doi, &vj) - dot(&doi, &oi));
+                    for d in 0..s.head_dim {
+                        dk[d] += scale * dsij * qi[d];
+                        dv[d] += pij * doi[d];
+                    }
+                }
+            }
+            for d in 0..s.head_dim {
+                dk_pairs.push((grads.dk[p.dk_layout.index(b, j, g, d)].to_f64(), dk[d]));
+                dv_pairs.push((grads.dv[p.dv_layout.index(b, j, g, d)].to_f64(), dv[d]));
+                kv_coords.push([b, g, j, d]);
+            }
+        }
+        check.dk = GradStats::new(GradTensor::DK, &dk_pairs, &kv_coords, &mut check.mismatches);
+        check.dv = GradStats::new(GradTensor::DV, &dv_pairs, &kv_coords, &mut check.mismatches);
+        Ok(check)
+    }
+}
+
+/// `rows` (b, h, i) triples evenly spaced over the flattened index, first and last included.
+fn spread(rows: usize, batch: usize, heads: usize, seq: usize) -> Vec<(usize, usize, usize)> {
+    let total = batch * heads * seq;
+    let n = rows.min(total);
+    (0..n)
+        .map(|r| {
+            let flat = if n <= 1 { 0 } else { r * (total - 1) / (n - 1) };
+            (flat / (heads * seq), flat / seq % heads, flat % seq)
+        })
+        .collect()
+}
+
+/// Error statistics of one gradient tensor.
+#[derive(Clone, Debug, Default)]
+pub struct GradStats {
+    pub stats: ErrorStats,
+    /// max |reference| over the compared elements, the scale of `max_abs`.
+    pub ref_max: f64,
+    /// `[b, h, s, d]` of the largest difference.
+    pub worst: [usize; 4],
+}
+
+impl GradStats {
+    fn new(tensor: GradTensor, pairs: &[(f64, f64)], coords: &[[usize; 4]], mismatches: &mut Vec<String>) -> Self {
+        let stats = ErrorStats::from_pairs(pairs.iter().cloned());
+        let ref_max = pairs.iter().map(|p| p.1.abs()).fold(0.0, f64::max);
+        for ((g, w), c) in pairs.iter().zip(coords) {
+            if mismatches.len() >= 6 {
+                break;
+            }
+            if !g.is_finite() || (g - w).abs() > 0.05 * ref_max.max(1e-30) {
+                mismatches.push(format!("{}[b,h,s,d]={c:?} got {g} want {w}", tensor.name()));
+            }
+        }
+        GradStats {
+            worst: coords.get(stats.worst_index).cloned().unwrap_or_default(),
+            stats,
+            ref_max,
+        }
+    }
+
+    /// `scale` is the largest reference magnitude of the three gradients. A gradient whose own
+    /// reference is negligible beside it (dQ and dK are exactly 0 when every row sees one key)
+    /// has no meaningful relative error; its errors are bounded relative to a hundredth of `scale`
+    /// instead.
+    fn passes(&self, t: &GradTolerance, scale: f64) -> bool {
+        let floor = NEGLIGIBLE * scale;
+        self.stats.non_finite == 0
+            && (self.stats.rel_l2 <= t.rel_l2 || self.ref_max < floor)
+            && self.stats.max_abs <= t.max_abs_of_max * self.ref_max.max(floor).max(1e-30)
+    }
+}
+
+/// The outcome of comparing the three gradients with float64.
+#[derive(Clone, Debug, Default)]
+pub struct GradCheck {
+    pub dq: GradStats,
+    pub dk: GradStats,
+    pub dv: GradStats,
+    /// Up to six elements that are non-finite or off by more than 5% of their tensor's largest
+    /// reference value.
+    pub mismatches: Vec<String>,
+}
+
+/// A gradient whose largest reference value is below this fraction of the largest of all three
+/// is judged by absolute error against that largest value (see [`GradCheck::passes`]).
+const NEGLIGIBLE: f64 = 1e-2;
+
+/// Error bounds of the gradients against float64, per storage type.
+#[derive(Clone, Copy, Debug)]
+pub struct GradTolerance {
+    /// ‖got − want‖₂ / ‖want‖₂ per tensor.
+    pub rel_l2: f64,
+    /// max |got − want| as a fraction of max |want| per tensor.
+    pub max_abs_of_max: f64,
+}
+
+/// f32: f32 accumulation over seq_q (dK, dV) or seq_kv (dQ) terms plus the forward's own error,
+/// measured around 1e-6; 1e-4 leaves room for long sequences. f16/bf16: inputs, O and the
+/// gradients are rounded to the storage type (2⁻¹¹, 2⁻⁸ relative). A kernel off by one row, key,
+/// head or mask position misses by far more.
+pub fn grad_tolerance(dtype: DType) -> GradTolerance {
+    match dtype {
+        DType::F32 => GradTolerance {
+            rel_l2: 1e-4,
+            max_abs_of_max: 1e-4,
+        },
+        DType::F16 | DType::BF16 => GradTolerance {
+            rel_l2: 2e-2,
+            max_abs_of_max: 2e-2,
+        },
+    }
+}
+
+impl GradCheck {
+    /// Whether all three gradients are within the bounds for `dtype` (see [`grad_tolerance`]).
+    pub fn passes(&self, dtype: DType) -> bool {
+        let t = grad_tolerance(dtype);
+        let scale = self.dq.ref_max.max(self.dk.ref_max).max(self.dv.ref_max);
+        [&self.dq, &self.dk, &self.dv].iter().all(|g| g.passes(&t, scale))
+    }
+
+    /// The largest relative L2 error of the three.
+    pub fn worst_rel_l2(&self) -> f64 {
+        self.dq.stats.rel_l2.max(self.dk.stats.rel_l2).max(self.dv.stats.rel_l2)
+    }
+}
+
+impl std::fmt::Display for GradCheck {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        for (name, g) in [("dQ", &self.dq), ("dK", &self.dk), ("dV", &self.dv)] {
+            write!(
+                f,
+                "{name} {} (max |ref| {:.2e}, worst at [b,h,s,d]={:?}); ",
+                g.stats, g.ref_max, g.worst
+            )?;
+        }
+        if !self.mismatches.is_empty() {
+            write!(f, "first mismatches: {}", self.mismatches.join(", "))?;
+        }
+        Ok(())
+    }
+}

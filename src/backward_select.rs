@@ -1,0 +1,932 @@
+//! Backward kernel selection: a pure function from the problem and the device's capabilities to
+//! the three kernels of one backward call. No GPU is touched here, so every branch is unit-tested.
+//!
+//! The backward runs three kernels (FlashAttention-2's split):
+//! * `flash_bwd_pre`: `D = rowsum(dO ∘ O)`, bandwidth-bound, with a row reduction — the one place
+//!   where the workgroup and subgroup [`Reduction`]s differ, exactly as in the forward;
+//! * `flash_bwd_dkdv`: parallel over K/V tiles, dK and dV in registers, looping over query tiles;
+//! * `flash_bwd_dq`: parallel over query tiles, dQ in registers, looping over key tiles.
+//!
+//! The two gradient kernels take a [`BackwardTilePlan`] each (chosen independently from
+//! [`BACKWARD_PLANS`]) and the [`TileType`] of the variant.
+
+use crate::backward_problem::BackwardProblem;
+use crate::caps::Caps;
+use crate::error::{Error, Result};
+use crate::problem::DType;
+use crate::select::{Reduction, TileType, Variant};
+use crate::util::lcm;
+
+/// The three kernels of a backward call.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum BackwardPass {
+    /// `D = rowsum(dO ∘ O)`.
+    Preprocess,
+    /// dK and dV, parallel over K/V tiles.
+    DkDv,
+    /// dQ, parallel over query tiles.
+    Dq,
+}
+
+impl BackwardPass {
+    pub const ALL: [BackwardPass; 3] = [BackwardPass::Preprocess, BackwardPass::DkDv, BackwardPass::Dq];
+
+    /// The WGSL entry point (the kernel file's stem).
+    pub const fn entry_point(self) -> &'static str {
+        match self {
+            BackwardPass::Preprocess => "flash_bwd_pre",
+            BackwardPass::DkDv => "flash_bwd_dkdv",
+            BackwardPass::Dq => "flash_bwd_dq",
+        }
+    }
+}
+
+/// Tile sizes of a gradient kernel (see the headers of `shaders/flash_bwd_*.wgsl`).
+///
+/// `block_m` counts queries and `block_n` keys in both kernels. The dK/dV kernel's workgroup owns
+/// `block_n` keys (its rows, split over `threads_y`) and streams queries `block_m` at a time (its
+/// columns, split over `threads_x`); the dQ kernel's workgroup owns `block_m` queries and streams
+/// keys `block_n` at a time.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct BackwardTilePlan {
+    pub block_m: u32,
+    pub block_n: u32,
+    /// Invocations sharing a row; the workgroup is `threads_y × threads_x`.
+    pub threads_x: u32,
+    pub threads_y: u32,
+    /// head_dim columns staged per step of the score products.
+    pub k_step: u32,
+    /// Rows of the other side staged per step of the output products.
+    pub n_step: u32,
+    /// Staging buffers: 2 double-buffers (one barrier per step), 1 saves workgroup memory.
+    pub stages: u32,
+}
+
+impl BackwardTilePlan {
+    pub const fn new(
+        block_m: u32,
+        block_n: u32,
+        threads_x: u32,
+        threads_y: u32,
+        k_step: u32,
+        n_step: u32,
+        stages: u32,
+    ) -> Self {
+        BackwardTilePlan {
+            block_m,
+            block_n,
+            threads_x,
+            threads_y,
+            k_step,
+            n_step,
+            stages,
+        }
+    }
+
+    /// `BMxBNxTXxTYxKSxNS[xST]`, e.g. `64x64x16x16x8x8x1` (a missing last field means 1 stage).
+    pub fn parse(s: &str) -> Option<Self> {
+        let v: Vec<u32> = s.split('x').map(|x| x.parse().ok()).collect::<Option<_>>()?;
+        match v[..] {
+            [bm, bn, tx, ty, ks, ns] => Some(Self::new(bm, bn, tx, ty, ks, ns, 1)),
+            [bm, bn, tx, ty, ks, ns, st] => Some(Self::new(bm, bn, tx, ty, ks, ns, st)),
+            _ => None,
+        }
+    }
+
+    /// `BMxBNxTXxTYxKSxNSxST`.
+    pub fn label(&self) -> String {
+        format!(
+            "{}x{}x{}x{}x{}x{}x{}",
+            self.block_m, self.block_n, self.threads_x, self.threads_y, self.k_step, self.n_step, self.stages
+        )
+    }
+
+    pub fn workgroup_size(&self) -> u32 {
+        self.threads_x * self.threads_y
+    }
+
+    /// `(rows a workgroup owns, columns it streams per tile)` in `pass`.
+    pub fn rows_cols(&self, pass: BackwardPass) -> (u32, u32) {
+        match pass {
+            BackwardPass::DkDv => (self.block_n, self.block_m),
+            _ => (self.block_m, self.block_n),
+        }
+    }
+
+    /// head_dim rounded up so that it splits into whole vec4 column groups per invocation and
+    /// whole K_STEP slices. The padding columns are zero and cost only arithmetic.
+    pub fn head_dim_pad(&self, head_dim: u32) -> u32 {
+        let unit = lcm(4 * self.threads_x.max(1) as u64, self.k_step.max(1) as u64) as u32;
+        head_dim.div_ceil(unit) * unit
+    }
+
+    /// Whether the sizes fit the kernels' assumptions in `pass`: rows in whole vec4s per
+    /// invocation, columns in whole vec4 groups per invocation, whole k and n steps.
+    pub fn is_well_formed(&self, pass: BackwardPass) -> bool {
+        let (rows, cols) = self.rows_cols(pass);
+        self.threads_x > 0
+            && self.threads_y > 0
+            && rows > 0
+            && cols > 0
+            && rows.is_multiple_of(4 * self.threads_y)
+            && cols.is_multiple_of(4 * self.threads_x)
+            && self.k_step > 0
+            && self.k_step.is_multiple_of(4)
+            && self.n_step > 0
+            && cols.is_multiple_of(self.n_step)
+            && (self.stages == 1 || self.stages == 2)
+    }
+
+    /// Workgroup memory of a gradient kernel with this plan, in bytes (mirrors the `var<workgroup>`
+    /// declarations of flash_bwd_stage.wgsl).
+    pub fn workgroup_bytes(&self, pass: BackwardPass, head_dim_pad: u32, tile: TileType) -> u32 {
+        let elem = match tile {
+            TileType::F32 => 4,
+            TileType::F16 => 2,
+        };
+        let (rows, cols) = self.rows_cols(pass);
+        let score_stage = 2 * self.k_step * (self.block_m + self.block_n);
+        let rows_stage = self.n_step * head_dim_pad;
+        let t_tile = cols * (rows + 4);
+        (self.stages * score_stage.max(rows_stage) + t_tile) * elem
+    }
+
+    /// f32 values an invocation keeps in registers across a tile: its output accumulators (dK and
+    /// dV, or dQ) and its elements of the two score tiles.
+    pub fn registers(&self, pass: BackwardPass, head_dim_pad: u32) -> u32 {
+        let (rows, cols) = self.rows_cols(pass);
+        let rows_per_thread = rows / self.threads_y.max(1);
+        let outputs = if pass == BackwardPass::DkDv { 2 } else { 1 };
+        let per_row = outputs * head_dim_pad / self.threads_x.max(1) + 2 * cols / self.threads_x.max(1);
+        rows_per_thread * per_row
+    }
+}
+
+/// The tile plans the library ships for the gradient kernels, best first where several fit. Each
+/// kernel picks its own: within [`MAX_REGISTERS`], the largest tiles the device fits, the least
+/// head_dim padding, the first in this list.
+///
+/// * 64 × 64 on 16 × 16 invocations, K_STEP 16: 4 rows × (2 × 4 score + 8 or 16 output) columns
+///   per invocation at head_dim 128 — the forward's register budget — and 33 KiB of f32 tiles:
+///   NVIDIA's 48 KiB.
+/// * The same with K_STEP 8: 25 KiB, for lavapipe's and browsers' 32 KiB.
+/// * 64 × 64 on 8 × 16 invocations: for head_dim ≤ 32, which 16-wide rows would pad to 64.
+/// * 32 × 32 on 8 × 8 invocations, K_STEP = N_STEP = 8: at most 12.6 KiB, the fallback for
+///   WebGPU's default 16 KiB and 256 invocations.
+pub const BACKWARD_PLANS: [BackwardTilePlan; 4] = [
+    BackwardTilePlan::new(64, 64, 16, 16, 16, 8, 1),
+    BackwardTilePlan::new(64, 64, 16, 16, 8, 8, 1),
+    BackwardTilePlan::new(64, 64, 8, 16, 8, 8, 1),
+    BackwardTilePlan::new(32, 32, 8, 8, 8, 8, 1),
+];
+
+/// f32 registers an invocation may hold (see [`BackwardTilePlan::registers`]) before a plan is
+/// passed over for one that pads head_dim more.
+pub const MAX_REGISTERS: u32 = 128;
+
+/// Sizes of the preprocessing kernel: `block_m` rows per workgroup, `threads_x` invocations per
+/// row (reduced with the variant's [`Reduction`]), `threads_y` rows of invocations.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct PreprocessPlan {
+    pub block_m: u32,
+    pub threads_x: u32,
+    pub threads_y: u32,
+}
+
+impl PreprocessPlan {
+    pub fn workgroup_size(&self) -> u32 {
+        self.threads_x * self.threads_y
+    }
+
+    fn is_well_formed(&self) -> bool {
+        self.threads_x.is_power_of_two() && self.threads_y > 0 && self.block_m.is_multiple_of(self.threads_y)
+    }
+}
+
+/// Preprocessing plans, best first: 8 invocations per row (one 16-byte word each of a 128-byte
+/// segment), or 4 for adapters whose subgroups may be as small as 4 (SwiftShader).
+pub const PREPROCESS_PLANS: [PreprocessPlan; 2] = [
+    PreprocessPlan {
+        block_m: 64,
+        threads_x: 8,
+        threads_y: 32,
+    },
+    PreprocessPlan {
+        block_m: 64,
+        threads_x: 4,
+        threads_y: 64,
+    },
+];
+
+/// One gradient kernel (dK/dV or dQ): everything that makes a distinct pipeline.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct GradKernel {
+    /// [`BackwardPass::DkDv`] or [`BackwardPass::Dq`].
+    pub pass: BackwardPass,
+    pub storage: DType,
+    pub tile: TileType,
+    pub plan: BackwardTilePlan,
+    pub head_dim_pad: u32,
+}
+
+impl GradKernel {
+    /// `flash_bwd_{dkdv|dq}_{dtype}_tile_{f32|f16}_bm{}_bn{}_tx{}_ty{}_ks{}_ns{}_st{}_d{}`.
+    pub fn name(&self) -> String {
+        let p = &self.plan;
+        format!(
+            "{}_{}_tile_{}_bm{}_bn{}_tx{}_ty{}_ks{}_ns{}_st{}_d{}",
+            self.pass.entry_point(),
+            self.storage.name(),
+            tile_name(self.tile),
+            p.block_m,
+            p.block_n,
+            p.threads_x,
+            p.threads_y,
+            p.k_step,
+            p.n_step,
+            p.stages,
+            self.head_dim_pad
+        )
+    }
+
+    pub fn workgroup_bytes(&self) -> u32 {
+        self.plan.workgroup_bytes(self.pass, self.head_dim_pad, self.tile)
+    }
+
+    pub fn registers(&self) -> u32 {
+        self.plan.registers(self.pass, self.head_dim_pad)
+    }
+
+    /// Why this kernel cannot run on `caps`, if it cannot.
+    pub fn unavailable_reason(&self, caps: &Caps) -> Option<String> {
+        if self.pass == BackwardPass::Preprocess || !self.plan.is_well_formed(self.pass) {
+            return Some(format!(
+                "tile plan {} is malformed for {:?}",
+                self.plan.label(),
+                self.pass
+            ));
+        }
+        if self.head_dim_pad != self.plan.head_dim_pad(self.head_dim_pad) {
+            return Some(format!("padded head_dim {} does not suit the plan", self.head_dim_pad));
+        }
+        if self.tile == TileType::F16 {
+            if !caps.shader_f16 {
+                return Some("the device has no shader-f16".into());
+            }
+            if self.storage != DType::F16 {
+                return Some(format!(
+                    "f16 tiles would round {} inputs; they are offered for f16 storage only",
+                    self.storage.name()
+                ));
+            }
+        }
+        let bytes = self.workgroup_bytes();
+        if bytes > caps.max_workgroup_storage_bytes {
+            return Some(format!(
+                "needs {bytes} bytes of workgroup memory, the device offers {}",
+                caps.max_workgroup_storage_bytes
+            ));
+        }
+        let size = self.plan.workgroup_size();
+        if size > caps.max_invocations_per_workgroup || size > caps.max_workgroup_size_x {
+            return Some(format!(
+                "needs {size} invocations per workgroup, the device offers {}",
+                caps.max_invocations_per_workgroup.min(caps.max_workgroup_size_x)
+            ));
+        }
+        None
+    }
+}
+
+/// The preprocessing kernel: everything that makes a distinct pipeline.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct PreprocessKernel {
+    pub storage: DType,
+    pub reduction: Reduction,
+    pub plan: PreprocessPlan,
+}
+
+impl PreprocessKernel {
+    /// `flash_bwd_pre_{dtype}_{wg|sg}_bm{}_tx{}_ty{}`.
+    pub fn name(&self) -> String {
+        format!(
+            "flash_bwd_pre_{}_{}_bm{}_tx{}_ty{}",
+            self.storage.name(),
+            match self.reduction {
+                Reduction::Workgroup => "wg",
+                Reduction::Subgroup => "sg",
+            },
+            self.plan.block_m,
+            self.plan.threads_x,
+            self.plan.threads_y
+        )
+    }
+
+    pub fn workgroup_bytes(&self) -> u32 {
+        match self.reduction {
+            Reduction::Workgroup => self.plan.block_m * self.plan.threads_x * 4,
+            Reduction::Subgroup => 0,
+        }
+    }
+
+    pub fn unavailable_reason(&self, caps: &Caps) -> Option<String> {
+        if !self.plan.is_well_formed() {
+            return Some(format!("preprocessing plan {:?} is malformed", self.plan));
+        }
+        if self.reduction == Reduction::Subgroup {
+            if !caps.subgroups {
+                return Some("the device has no subgroup operations".into());
+            }
+            if caps.subgroup_min_size < self.plan.threads_x {
+                return Some(format!(
+                    "subgroups may be as small as {} invocations, fewer than the {} that share a row",
+                    caps.subgroup_min_size, self.plan.threads_x
+                ));
+            }
+        }
+        let size = self.plan.workgroup_size();
+        if size > caps.max_invocations_per_workgroup || size > caps.max_workgroup_size_x {
+            return Some(format!(
+                "needs {size} invocations per workgroup, the device offers {}",
+                caps.max_invocations_per_workgroup.min(caps.max_workgroup_size_x)
+            ));
+        }
+        if self.workgroup_bytes() > caps.max_workgroup_storage_bytes {
+            return Some(format!(
+                "needs {} bytes of workgroup memory, the device offers {}",
+                self.workgroup_bytes(),
+                caps.max_workgroup_storage_bytes
+            ));
+        }
+        None
+    }
+}
+
+/// One of the three backward pipelines (the [`crate::shaders::KernelConfig::Backward`] key).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum BackwardKernel {
+    Preprocess(PreprocessKernel),
+    Grad(GradKernel),
+}
+
+impl BackwardKernel {
+    pub fn pass(&self) -> BackwardPass {
+        match self {
+            BackwardKernel::Preprocess(_) => BackwardPass::Preprocess,
+            BackwardKernel::Grad(g) => g.pass,
+        }
+    }
+
+    pub fn name(&self) -> String {
+        match self {
+            BackwardKernel::Preprocess(p) => p.name(),
+            BackwardKernel::Grad(g) => g.name(),
+        }
+    }
+
+    pub fn storage(&self) -> DType {
+        match self {
+            BackwardKernel::Preprocess(p) => p.storage,
+            BackwardKernel::Grad(g) => g.storage,
+        }
+    }
+
+    pub fn workgroup_bytes(&self) -> u32 {
+        match self {
+            BackwardKernel::Preprocess(p) => p.workgroup_bytes(),
+            BackwardKernel::Grad(g) => g.workgroup_bytes(),
+        }
+    }
+
+    /// Device features the module needs.
+    pub fn required_features(&self) -> wgpu::Features {
+        match self {
+            BackwardKernel::Preprocess(p) if p.reduction == Reduction::Subgroup => wgpu::Features::SUBGROUP,
+            BackwardKernel::Grad(g) if g.tile == TileType::F16 => wgpu::Features::SHADER_F16,
+            _ => wgpu::Features::empty(),
+        }
+    }
+}
+
+/// The three kernels of one backward call.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct BackwardConfig {
+    /// The variant: its reduction applies to the preprocessing kernel, its tile type to the
+    /// gradient kernels.
+    pub variant: Variant,
+    pub preprocess: PreprocessKernel,
+    pub dkdv: GradKernel,
+    pub dq: GradKernel,
+}
+
+impl BackwardConfig {
+    /// `flash_bwd_{dtype}_{variant}_kv{dK/dV plan}_q{dQ plan}_d{padded head_dim}`: test and
+    /// benchmark id (`_d{dK/dV}_{dQ}` when the two plans pad head_dim differently).
+    pub fn name(&self) -> String {
+        let pad = if self.dkdv.head_dim_pad == self.dq.head_dim_pad {
+            self.dkdv.head_dim_pad.to_string()
+        } else {
+            format!("{}_{}", self.dkdv.head_dim_pad, self.dq.head_dim_pad)
+        };
+        format!(
+            "flash_bwd_{}_{}_kv{}_q{}_d{pad}",
+            self.dkdv.storage.name(),
+            self.variant.name(),
+            self.dkdv.plan.label(),
+            self.dq.plan.label(),
+        )
+    }
+
+    /// The pipelines, in the order they run.
+    pub fn kernels(&self) -> [BackwardKernel; 3] {
+        [
+            BackwardKernel::Preprocess(self.preprocess),
+            BackwardKernel::Grad(self.dkdv),
+            BackwardKernel::Grad(self.dq),
+        ]
+    }
+
+    /// Why this configuration cannot run on `caps`, if it cannot.
+    pub fn unavailable_reason(&self, caps: &Caps) -> Option<String> {
+        if self.dkdv.pass != BackwardPass::DkDv || self.dq.pass != BackwardPass::Dq {
+            return Some("the gradient kernels are given for the wrong passes".into());
+        }
+        let pre = self.preprocess.unavailable_reason(caps);
+        let grads = [&self.dkdv, &self.dq]
+            .into_iter()
+            .find_map(|g| g.unavailable_reason(caps).map(|why| format!("{}: {why}", g.name())));
+        pre.map(|why| format!("{}: {why}", self.preprocess.name())).or(grads)
+    }
+}
+
+/// What the caller asks of backward selection. `Default` is fully automatic.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct BackwardChoice {
+    /// Use exactly this variant (an error if the device lacks it).
+    pub variant: Option<Variant>,
+    /// Use exactly this plan for the dK/dV kernel, or for the dQ kernel.
+    pub dkdv_plan: Option<BackwardTilePlan>,
+    pub dq_plan: Option<BackwardTilePlan>,
+}
+
+impl BackwardChoice {
+    pub fn variant(variant: Variant) -> Self {
+        BackwardChoice {
+            variant: Some(variant),
+            ..Default::default()
+        }
+    }
+}
+
+/// The backward variants worth trying on a device, best first: subgroup shuffles for the
+/// preprocessing reduction where the device has them, f32 tiles (as in the forward, f16 tiles are
+/// offered for f16 storage but not chosen automatically: dS, unlike P, is not bounded by 1).
+pub fn preferred_backward_variants(caps: &Caps) -> Vec<Variant> {
+    let mut order = Vec::new();
+    if caps.subgroups {
+        order.push(Variant::SUBGROUP);
+    }
+    order.push(Variant::WORKGROUP);
+    order
+}
+
+/// Picks the three backward kernels for `problem` on a device with `caps`.
+///
+/// Fails with the problem's validation error, with [`Error::Unavailable`] when the caller forces a
+/// variant or plan the device cannot run, and with [`Error::TooLarge`] when a grid would exceed the
+/// device's dispatch limits.
+pub fn select_backward(problem: &BackwardProblem, caps: &Caps, choice: &BackwardChoice) -> Result<BackwardConfig> {
+    problem.validate()?;
+    let storage = problem.forward.dtype;
+    let head_dim = problem.forward.shape.head_dim as u32;
+    let variants = match choice.variant {
+        Some(v) => vec![v],
+        None => preferred_backward_variants(caps),
+    };
+    let mut reasons = Vec::new();
+    for variant in variants {
+        let preprocess = PREPROCESS_PLANS
+            .iter()
+            .map(|&plan| PreprocessKernel {
+                storage,
+                reduction: variant.reduction,
+                plan,
+            })
+            .find(|k| k.unavailable_reason(caps).is_none());
+        let Some(preprocess) = preprocess else {
+            let k = PreprocessKernel {
+                storage,
+                reduction: variant.reduction,
+                plan: PREPROCESS_PLANS[0],
+            };
+            reasons.push(format!(
+                "{}: {}",
+                k.name(),
+                k.unavailable_reason(caps).unwrap_or_default()
+            ));
+            continue;
+        };
+        let pick = |pass, forced: Option<BackwardTilePlan>, reasons: &mut Vec<String>| {
+            let plans = match forced {
+                Some(p) => vec![p],
+                None => BACKWARD_PLANS.to_vec(),
+            };
+            let mut fitting = Vec::new();
+            for (index, plan) in plans.into_iter().enumerate() {
+                let kernel = GradKernel {
+                    pass,
+                    storage,
+                    tile: variant.tile,
+                    plan,
+                    head_dim_pad: plan.head_dim_pad(head_dim),
+                };
+                match kernel.unavailable_reason(caps) {
+                    Some(why) => reasons.push(format!("{}: {why}", kernel.name())),
+                    None => fitting.push((index, kernel)),
+                }
+            }
+            // Within the register budget first; then the largest tiles that fit (smaller ones
+            // re-read the other side's rows more often and are the fallback for small workgroup
+            // memory); then the least padding; then the list's order.
+            let area = |k: &GradKernel| k.plan.block_m * k.plan.block_n;
+            let largest = fitting.iter().map(|(_, k)| area(k)).max().unwrap_or(0);
+            fitting
+                .into_iter()
+                .min_by_key(|(index, k)| (k.registers() > MAX_REGISTERS, area(k) < largest, k.head_dim_pad, *index))
+                .map(|(_, k)| k)
+        };
+        let dkdv = pick(BackwardPass::DkDv, choice.dkdv_plan, &mut reasons);
+        let dq = pick(BackwardPass::Dq, choice.dq_plan, &mut reasons);
+        if let (Some(dkdv), Some(dq)) = (dkdv, dq) {
+            let config = BackwardConfig {
+                variant,
+                preprocess,
+                dkdv,
+                dq,
+            };
+            check_grids(problem, &config, caps)?;
+            return Ok(config);
+        }
+    }
+    Err(Error::Unavailable {
+        what: match choice.variant {
+            Some(v) => format!("backward kernel variant `{}`", v.name()),
+            None => "a backward kernel".into(),
+        },
+        why: reasons.join("; "),
+    })
+}
+
+/// Every backward pipeline automatic or forced selection can build from the shipped plans: each
+/// preprocessing kernel, and each gradient kernel with each plan, tile type, storage type and
+/// padded head_dim. The shader tests translate all of them.
+pub fn all_backward_kernels() -> Vec<BackwardKernel> {
+    let mut kernels = Vec::new();
+    for storage in DType::ALL {
+        for reduction in [Reduction::Workgroup, Reduction::Subgroup] {
+            for plan in PREPROCESS_PLANS {
+                kernels.push(BackwardKernel::Preprocess(PreprocessKernel {
+                    storage,
+                    reduction,
+                    plan,
+                }));
+            }
+        }
+        for tile in [TileType::F32, TileType::F16] {
+            if tile == TileType::F16 && storage != DType::F16 {
+                continue;
+            }
+            for pass in [BackwardPass::DkDv, BackwardPass::Dq] {
+                for plan in BACKWARD_PLANS {
+                    let mut pads: Vec<u32> = (8..=crate::problem::MAX_HEAD_DIM as u32)
+                        .step_by(8)
+                        .map(|d| plan.head_dim_pad(d))
+                        .collect();
+                    pads.dedup();
+                    for head_dim_pad in pads {
+                        kernels.push(BackwardKernel::Grad(GradKernel {
+                            pass,
+                            storage,
+                            tile,
+                            plan,
+                            head_dim_pad,
+                        }));
+                    }
+                }
+            }
+        }
+    }
+    kernels
+}
+
+/// The dispatch grid `(x, y, z)` of one kernel of `config`.
+pub fn backward_grid(problem: &BackwardProblem, config: &BackwardConfig, pass: BackwardPass) -> [usize; 3] {
+    let s = &problem.forward.shape;
+    match pass {
+        BackwardPass::Preprocess => [
+            s.seq_q.div_ceil(config.preprocess.plan.block_m as usize),
+            s.num_heads,
+            s.batch,
+        ],
+        BackwardPass::DkDv => [
+            s.seq_kv.div_ceil(config.dkdv.plan.block_n as usize),
+            s.num_kv_heads,
+            s.batch,
+        ],
+        BackwardPass::Dq => [s.seq_q.div_ceil(config.dq.plan.block_m as usize), s.num_heads, s.batch],
+    }
+}
+
+fn check_grids(problem: &BackwardProblem, config: &BackwardConfig, caps: &Caps) -> Result<()> {
+    let max = caps.max_workgroups_per_dimension as usize;
+    for pass in BackwardPass::ALL {
+        let grid = backward_grid(problem, config, pass);
+        for (what, n) in ["tiles", "heads", "batch"].into_iter().zip(grid) {
+            if n > max {
+                return Err(Error::TooLarge(format!(
+                    "{n} {what} of {} exceed the device's {max} workgroups per dispatch dimension",
+                    pass.entry_point()
+                )));
+            }
+        }
+    }
+    Ok(())
+}
+
+fn tile_name(tile: TileType) -> &'static str {
+    match tile {
+        TileType::F32 => "f32",
+        TileType::F16 => "f16",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::problem::{AttentionProblem, AttentionShape, MAX_HEAD_DIM};
+
+    // Built on the WebGPU baseline so that fields added to `Caps` later keep their defaults.
+    fn lavapipe() -> Caps {
+        Caps {
+            adapter_name: "llvmpipe".into(),
+            backend: wgpu::Backend::Vulkan,
+            device_type: wgpu::DeviceType::Cpu,
+            subgroups: true,
+            subgroup_min_size: 8,
+            subgroup_max_size: 8,
+            shader_f16: true,
+            timestamps: true,
+            max_workgroup_storage_bytes: 32 << 10,
+            max_invocations_per_workgroup: 1024,
+            max_workgroup_size_x: 1024,
+            max_storage_binding_bytes: 128 << 20,
+            max_buffer_bytes: 2 << 30,
+            min_storage_offset_alignment: 32,
+            ..Caps::webgpu_baseline()
+        }
+    }
+
+    fn nvidia() -> Caps {
+        Caps {
+            adapter_name: "NVIDIA H200".into(),
+            device_type: wgpu::DeviceType::DiscreteGpu,
+            subgroup_min_size: 32,
+            subgroup_max_size: 32,
+            max_workgroup_storage_bytes: 48 << 10,
+            max_storage_binding_bytes: (2 << 30) - 4,
+            max_buffer_bytes: 4 << 30,
+            ..lavapipe()
+        }
+    }
+
+    fn problem(head_dim: usize, dtype: DType) -> BackwardProblem {
+        AttentionProblem::mha(1, 100, 2, head_dim, dtype).into()
+    }
+
+    fn auto(p: &BackwardProblem, caps: &Caps) -> BackwardConfig {
+        select_backward(p, caps, &BackwardChoice::default()).unwrap()
+    }
+
+    #[test]
+    fn every_shipped_plan_is_well_formed_for_both_kernels_and_every_head_dim() {
+        for plan in BACKWARD_PLANS {
+            for pass in [BackwardPass::DkDv, BackwardPass::Dq] {
+                assert!(plan.is_well_formed(pass), "{plan:?} {pass:?}");
+            }
+            for d in (8..=MAX_HEAD_DIM as u32).step_by(8) {
+                let pad = plan.head_dim_pad(d);
+                assert!(pad >= d && pad % (4 * plan.threads_x) == 0 && pad % plan.k_step == 0);
+            }
+        }
+        for plan in PREPROCESS_PLANS {
+            assert!(plan.is_well_formed());
+        }
+    }
+
+    #[test]
+    fn automatic_choice_fits_each_device_and_uses_subgroups_when_present() {
+        for caps in [lavapipe(), nvidia(), Caps::webgpu_baseline()] {
+            for d in (8..=MAX_HEAD_DIM).step_by(8) {
+                for dtype in DType::ALL {
+                    let c = auto(&problem(d, dtype), &caps);
+                    assert_eq!(c.unavailable_reason(&caps), None, "{}", c.name());
+                    for g in [c.dkdv, c.dq] {
+                        assert!(g.workgroup_bytes() <= caps.max_workgroup_storage_bytes, "{}", g.name());
+                        assert!(g.head_dim_pad >= d as u32);
+                        assert_eq!(g.tile, TileType::F32, "f16 tiles are never automatic");
+                    }
+                    assert_eq!(c.variant.reduction == Reduction::Subgroup, caps.subgroups);
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn plans_follow_workgroup_memory_and_head_dim() {
+        // NVIDIA's 48 KiB takes the K_STEP 16 plan, lavapipe's 32 KiB the K_STEP 8 one, WebGPU's
+        // default 16 KiB the 32 × 32 fallback.
+        let c = auto(&problem(128, DType::F32), &nvidia());
+        assert_eq!((c.dkdv.plan, c.dq.plan), (BACKWARD_PLANS[0], BACKWARD_PLANS[0]));
+        let c = auto(&problem(128, DType::F32), &lavapipe());
+        assert_eq!((c.dkdv.plan, c.dq.plan), (BACKWARD_PLANS[1], BACKWARD_PLANS[1]));
+        assert!(c.dkdv.workgroup_bytes() <= 25 << 10);
+        let c = auto(&problem(128, DType::F32), &Caps::webgpu_baseline());
+        assert_eq!(c.dkdv.plan, BACKWARD_PLANS[3]);
+        assert!(c.dkdv.workgroup_bytes() <= 16 << 10 && c.dkdv.plan.workgroup_size() <= 256);
+        assert_eq!(c.variant, Variant::WORKGROUP);
+
+        // head_dim 32 would pad to 64 with 16-wide rows: the 8-wide plan keeps it at 32.
+        let c = auto(&problem(32, DType::F32), &nvidia());
+        assert_eq!((c.dkdv.head_dim_pad, c.dkdv.plan.threads_x), (32, 8));
+        // head_dim 80 pads to 96 with 8-wide rows, but that would hold too many registers.
+        let c = auto(&problem(80, DType::F32), &nvidia());
+        assert_eq!(c.dkdv.head_dim_pad, 128);
+        assert!(c.dkdv.registers() <= MAX_REGISTERS);
+        // Within the budget up to head_dim 128.
+        for d in (8..=128).step_by(8) {
+            let c = auto(&problem(d, DType::F32), &lavapipe());
+            assert!(
+                c.dkdv.registers() <= MAX_REGISTERS && c.dq.registers() <= MAX_REGISTERS,
+                "d {d}"
+            );
+        }
+    }
+
+    #[test]
+    fn subgroup_variant_needs_subgroups_as_wide_as_a_row() {
+        let small = Caps {
+            subgroup_min_size: 4,
+            subgroup_max_size: 4,
+            ..lavapipe()
+        };
+        let c = select_backward(
+            &problem(64, DType::F32),
+            &small,
+            &BackwardChoice::variant(Variant::SUBGROUP),
+        )
+        .unwrap();
+        assert_eq!(c.preprocess.plan.threads_x, 4);
+        let tiny = Caps {
+            subgroup_min_size: 2,
+            ..small
+        };
+        let e = select_backward(
+            &problem(64, DType::F32),
+            &tiny,
+            &BackwardChoice::variant(Variant::SUBGROUP),
+        )
+        .unwrap_err();
+        assert!(e.to_string().contains("subgroups may be as small as 2"), "{e}");
+        // Automatic selection falls back to the workgroup reduction.
+        assert_eq!(auto(&problem(64, DType::F32), &tiny).variant, Variant::WORKGROUP);
+    }
+
+    #[test]
+    fn forced_variants_and_plans_the_device_lacks_are_errors_that_say_why() {
+        let caps = Caps {
+            subgroups: false,
+            shader_f16: false,
+            ..lavapipe()
+        };
+        let e = select_backward(
+            &problem(64, DType::F32),
+            &caps,
+            &BackwardChoice::variant(Variant::SUBGROUP),
+        )
+        .unwrap_err();
+        assert!(e.to_string().contains("no subgroup"), "{e}");
+        let e = select_backward(
+            &problem(64, DType::F16),
+            &caps,
+            &BackwardChoice::variant(Variant::WORKGROUP_F16),
+        )
+        .unwrap_err();
+        assert!(e.to_string().contains("shader-f16"), "{e}");
+        let e = select_backward(
+            &problem(64, DType::BF16),
+            &lavapipe(),
+            &BackwardChoice::variant(Variant::WORKGROUP_F16),
+        )
+        .unwrap_err();
+        assert!(e.to_string().contains("f16 storage only"), "{e}");
+        let c = select_backward(
+            &problem(64, DType::F16),
+            &lavapipe(),
+            &BackwardChoice::variant(Variant::SUBGROUP_F16),
+        )
+        .unwrap();
+        assert_eq!(
+            (c.dkdv.tile, c.preprocess.reduction),
+            (TileType::F16, Reduction::Subgroup)
+        );
+
+        let huge = BackwardTilePlan::new(128, 128, 16, 16, 16, 16, 2);
+        let e = select_backward(
+            &problem(64, DType::F32),
+            &lavapipe(),
+            &BackwardChoice {
+                dq_plan: Some(huge),
+                ..Default::default()
+            },
+        )
+        .unwrap_err();
+        assert!(e.to_string().contains("workgroup memory"), "{e}");
+        let malformed = BackwardTilePlan::new(64, 60, 16, 16, 8, 8, 1);
+        let e = select_backward(
+            &problem(64, DType::F32),
+            &lavapipe(),
+            &BackwardChoice {
+                dkdv_plan: Some(malformed),
+                ..Default::default()
+            },
+        )
+        .unwrap_err();
+        assert!(e.to_string().contains("malformed"), "{e}");
+    }
+
+    #[test]
+    fn workgroup_bytes_match_the_shader_declarations() {
+        // 64 × 64, K_STEP = N_STEP = 8, one stage, head_dim 128, f32: a score stage is
+        // 2 · 8 · (64 + 64) = 2048 values, a rows stage 8 · 128 = 1024, t_tile 64 · 68.
+        let p = BACKWARD_PLANS[1];
+        assert_eq!(
+            p.workgroup_bytes(BackwardPass::DkDv, 128, TileType::F32),
+            (2048 + 64 * 68) * 4
+        );
+        assert_eq!(
+            p.workgroup_bytes(BackwardPass::Dq, 256, TileType::F16),
+            (2048 + 64 * 68) * 2
+        );
+        // The dK/dV t_tile is BLOCK_M columns of BLOCK_N (+ 4) rows; the dQ one the other way.
+        let q = BackwardTilePlan::new(32, 64, 8, 16, 8, 8, 2);
+        assert_eq!(
+            q.workgroup_bytes(BackwardPass::DkDv, 64, TileType::F32),
+            (2 * 1536 + 32 * 68) * 4
+        );
+        assert_eq!(
+            q.workgroup_bytes(BackwardPass::Dq, 64, TileType::F32),
+            (2 * 1536 + 64 * 36) * 4
+        );
+    }
+
+    #[test]
+    fn grids_beyond_the_dispatch_limit_are_refused() {
+        let caps = Caps {
+            max_workgroups_per_dimension: 4,
+            ..lavapipe()
+        };
+        let p = BackwardProblem::new(AttentionProblem::new(
+            AttentionShape {
+                batch: 1,
+                seq_q: 8,
+                seq_kv: 64 * 5,
+                num_heads: 1,
+                num_kv_heads: 1,
+                head_dim: 64,
+            },
+            DType::F32,
+        ));
+        let e = select_backward(&p, &caps, &BackwardChoice::default()).unwrap_err();
+        assert!(
+            matches!(e, Error::TooLarge(ref m) if m.contains("flash_bwd_dkdv")),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn names_are_distinct_per_kernel() {
+        let kernels = all_backward_kernels();
+        let names: std::collections::HashSet<String> = kernels.iter().map(|k| k.name()).collect();
+        assert_eq!(names.len(), kernels.len());
+        let c = auto(&problem(64, DType::BF16), &lavapipe());
+        assert_eq!(
+            c.name(),
+            "flash_bwd_bf16_sg_f32_kv64x64x16x16x8x8x1_q64x64x16x16x8x8x1_d64"
+        );
+        assert_eq!(
+            c.dkdv.name(),
+            "flash_bwd_dkdv_bf16_tile_f32_bm64_bn64_tx16_ty16_ks8_ns8_st1_d64"
+        );
+        assert_eq!(c.preprocess.name(), "flash_bwd_pre_bf16_sg_bm64_tx8_ty32");
+    }
+}

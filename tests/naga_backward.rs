@@ -1,0 +1,117 @@
+//! Every backward shader module the library can build — each preprocessing and gradient kernel
+//! for every shipped plan, tile type, storage type and padded head_dim — is parsed and validated by
+//! naga and translated to SPIR-V (Vulkan), MSL (Metal) and HLSL (DX12), so that a kernel that would
+//! break on another platform fails here, on a machine with none of them.
+
+use naga::valid::{Capabilities, SubgroupOperationSet, ValidationFlags, Validator};
+use wgpu_flash_attn::shaders::KernelConfig;
+use wgpu_flash_attn::{all_backward_kernels, BackwardKernel};
+
+/// Only the naga capabilities a kernel's required features grant, so that a kernel that silently
+/// needs subgroups or f16 fails validation.
+fn capabilities(kernel: &BackwardKernel) -> Capabilities {
+    // pack2x16float and friends are core WebGPU; naga gates them for old GL only.
+    let mut caps = Capabilities::SHADER_FLOAT16_IN_FLOAT32;
+    let features = kernel.required_features();
+    if features.contains(wgpu::Features::SUBGROUP) {
+        caps |= Capabilities::SUBGROUP;
+    }
+    if features.contains(wgpu::Features::SHADER_F16) {
+        caps |= Capabilities::SHADER_FLOAT16;
+    }
+    caps
+}
+
+fn translate(kernel: &BackwardKernel) -> Result<(), String> {
+    let config = KernelConfig::Backward(*kernel);
+    let source = config.source();
+    let module = naga::front::wgsl::parse_str(&source).map_err(|e| e.emit_to_string(&source))?;
+    let info = Validator::new(ValidationFlags::all(), capabilities(kernel))
+        .subgroup_stages(naga::valid::ShaderStages::COMPUTE)
+        .subgroup_operations(SubgroupOperationSet::all())
+        .validate(&module)
+        .map_err(|e| e.emit_to_string(&source))?;
+    let entry = config.entry_point().to_string();
+
+    naga::back::spv::write_vec(
+        &module,
+        &info,
+        &naga::back::spv::Options {
+            lang_version: (1, 3),
+            ..Default::default()
+        },
+        Some(&naga::back::spv::PipelineOptions {
+            shader_stage: naga::ShaderStage::Compute,
+            entry_point: entry.clone(),
+        }),
+    )
+    .map_err(|e| format!("SPIR-V: {e}"))?;
+
+    naga::back::msl::write_string(
+        &module,
+        &info,
+        &naga::back::msl::Options {
+            lang_version: (2, 4),
+            ..Default::default()
+        },
+        &naga::back::msl::PipelineOptions {
+            entry_point: Some((naga::ShaderStage::Compute, entry.clone())),
+            ..Default::default()
+        },
+    )
+    .map_err(|e| format!("MSL: {e}"))?;
+
+    let mut hlsl = String::new();
+    naga::back::hlsl::Writer::new(
+        &mut hlsl,
+        &naga::back::hlsl::Options {
+            shader_model: naga::back::hlsl::ShaderModel::V6_2,
+            ..Default::default()
+        },
+        &naga::back::hlsl::PipelineOptions {
+            entry_point: Some((naga::ShaderStage::Compute, entry)),
+        },
+    )
+    .write(&module, &info, None)
+    .map_err(|e| format!("HLSL: {e}"))?;
+    Ok(())
+}
+
+#[test]
+fn every_backward_kernel_validates_and_translates_to_spirv_msl_and_hlsl() {
+    let kernels = all_backward_kernels();
+    assert!(kernels.len() > 50, "only {} kernels enumerated", kernels.len());
+    let failures: Vec<String> = kernels
+        .iter()
+        .filter_map(|k| translate(k).err().map(|e| format!("{}: {e}", k.name())))
+        .collect();
+    assert!(
+        failures.is_empty(),
+        "{} of {} kernels failed:\n{}",
+        failures.len(),
+        kernels.len(),
+        failures.join("\n\n")
+    );
+}
+
+#[test]
+fn backward_shaders_open_with_a_comment_saying_what_they_are() {
+    use wgpu_flash_attn::shaders::*;
+    for (name, src) in [
+        ("flash_bwd_common", FLASH_BWD_COMMON),
+        ("flash_bwd_stage", FLASH_BWD_STAGE),
+        ("flash_bwd_pre", FLASH_BWD_PRE),
+        ("flash_bwd_dkdv", FLASH_BWD_DKDV),
+        ("flash_bwd_dq", FLASH_BWD_DQ),
+    ] {
+        assert!(
+            src.starts_with(&format!("// {name}.wgsl")),
+            "{name}.wgsl must open with its header comment"
+        );
+        for needed in ["What a workgroup owns", "What an invocation owns", "Why these sizes"] {
+            if matches!(name, "flash_bwd_pre" | "flash_bwd_dkdv" | "flash_bwd_dq") {
+                assert!(src.contains(needed), "{name}.wgsl must say `{needed}`");
+            }
+        }
+    }
+}
