@@ -23,7 +23,9 @@ fn shapes(ctx: &GpuContext) -> Vec<AttentionProblem> {
     let mut out = Vec::new();
     for &seq in seqs {
         for causal in [false, true] {
-            out.push(AttentionProblem::mha((tokens / seq).max(1), seq, heads, head_dim, DType::F32).with_causal(causal));
+            out.push(
+                AttentionProblem::mha((tokens / seq).max(1), seq, heads, head_dim, DType::F32).with_causal(causal),
+            );
         }
     }
     out

@@ -6,8 +6,8 @@
 //! ```
 //! Options (defaults in brackets): --batch [1] --heads [8] --kv-heads [=heads] --seq [2048]
 //! (--seq-q, --seq-kv to differ) --head-dim [64] --dtype f32|f16|bf16 [f32] --causal
-//! --layout bshd|bhsd [bshd] --variant auto|wg_f32|sg_f32|wg_f16|sg_f16 [auto]
-//! --plan BMxBNxTXxTYxKSxNS[xSTAGES] --bounds-checks on|off [on] --runs [10] --check-rows [256]
+//! --layout bshd|bhsd [bshd] --variant auto|coop|wg_f32|sg_f32|wg_f16|sg_f16 [auto]
+//! --plan BMxBNxTXxTYxKSxNS[xSTAGES] --coop-tile BMxBN --bounds-checks on|off [off] --runs [10] --check-rows [256]
 //! --no-naive --json FILE (append one JSON line of results).
 //! Exits non-zero if a check fails.
 
@@ -16,8 +16,8 @@ use std::process::ExitCode;
 use wgpu_flash_attn::harness::{compare_outputs, tolerance, Kernel, Workload};
 use wgpu_flash_attn::timing::{Clock, Timing};
 use wgpu_flash_attn::{
-    AttentionProblem, AttentionShape, BoundsChecks, DType, Element, FlashAttention, GpuContext, Layout, Options,
-    TilePlan, Variant,
+    AttentionProblem, AttentionShape, BoundsChecks, DType, Element, FlashAttention, ForwardKernel, GpuContext, Layout,
+    Options, TilePlan, Variant,
 };
 
 struct Args {
@@ -63,15 +63,28 @@ fn parse_args() -> Result<Args, String> {
             }
             "--variant" => {
                 let v = value()?;
-                options.choice.variant = match v.as_str() {
-                    "auto" => None,
-                    name => Some(Variant::from_name(name).ok_or(format!("unknown variant {name}"))?),
+                match v.as_str() {
+                    "auto" => {}
+                    "coop" => options.choice.cooperative_matrix = Some(true),
+                    name => {
+                        options.choice.variant =
+                            Some(Variant::from_name(name).ok_or(format!("unknown variant {name}"))?)
+                    }
                 }
             }
             "--plan" => {
                 let v = value()?;
                 options.choice.plan =
                     Some(TilePlan::parse(&v).ok_or(format!("a plan is BMxBNxTXxTYxKSxNS[xST], not {v}"))?)
+            }
+            "--coop-tile" => {
+                let v = value()?;
+                let parts: Vec<u32> = v.split('x').filter_map(|x| x.parse().ok()).collect();
+                let [bm, bn] = parts[..] else {
+                    return Err(format!("--coop-tile is BMxBN, not {v}"));
+                };
+                options.choice.coop_tile = Some((bm, bn));
+                options.choice.cooperative_matrix = Some(true);
             }
             "--bounds-checks" => {
                 options.bounds_checks = match value()?.as_str() {
@@ -199,7 +212,7 @@ fn run<T: Element>(args: &Args) -> wgpu_flash_attn::Result<bool> {
     println!(
         "kernel:   {} ({} invocations, {} B workgroup memory, bounds checks {:?})",
         config.name(),
-        config.plan.workgroup_size(),
+        config.workgroup_size(),
         config.workgroup_bytes(),
         args.options.bounds_checks
     );
@@ -256,10 +269,21 @@ fn run<T: Element>(args: &Args) -> wgpu_flash_attn::Result<bool> {
 
     if let Some(path) = &args.json {
         use std::io::Write;
+        // The tiled kernel's variant and plan, in the form --variant and --plan take.
+        let (variant, plan) = match config {
+            ForwardKernel::Tiled(c) => {
+                let p = c.plan;
+                let plan = format!(
+                    "{}x{}x{}x{}x{}x{}x{}",
+                    p.block_m, p.block_n, p.threads_x, p.threads_y, p.k_step, p.n_step, p.stages
+                );
+                (c.variant.name().to_string(), plan)
+            }
+            ForwardKernel::Coop(c) => ("coop".to_string(), format!("{}x{}", c.block_m, c.block_n)),
+        };
         let line = format!(
-            "{{\"adapter\":\"{}\",\"kernel\":\"{}\",\"variant\":\"{}\",\"plan\":\"{}x{}x{}x{}x{}x{}x{}\",\"bounds\":\"{}\",\"dtype\":\"{}\",\"batch\":{},\"heads\":{},\"kv_heads\":{},\"seq_q\":{},\"seq_kv\":{},\"head_dim\":{},\"causal\":{},\"flash_ms\":{:.4},\"flash_tflops\":{:.3},\"naive_ms\":{},\"rel_l2\":{:.3e},\"pass\":{}}}\n",
-            ctx.info.name, config.name(), config.variant.name(),
-            config.plan.block_m, config.plan.block_n, config.plan.threads_x, config.plan.threads_y, config.plan.k_step, config.plan.n_step, config.plan.stages,
+            "{{\"adapter\":\"{}\",\"kernel\":\"{}\",\"variant\":\"{}\",\"plan\":\"{}\",\"bounds\":\"{}\",\"dtype\":\"{}\",\"batch\":{},\"heads\":{},\"kv_heads\":{},\"seq_q\":{},\"seq_kv\":{},\"head_dim\":{},\"causal\":{},\"flash_ms\":{:.4},\"flash_tflops\":{:.3},\"naive_ms\":{},\"rel_l2\":{:.3e},\"pass\":{}}}\n",
+            ctx.info.name, config.name(), variant, plan,
             if args.options.bounds_checks == BoundsChecks::On { "on" } else { "off" },
             p.dtype.name(), s.batch, s.num_heads, s.num_kv_heads, s.seq_q, s.seq_kv, s.head_dim, p.causal,
             flash.median * 1e3, flops / flash.median / 1e12,

@@ -10,7 +10,7 @@ use crate::params::Params;
 use crate::pipelines::{BoundsChecks, PipelineCache};
 use crate::problem::{AttentionProblem, Element, Tensor};
 use crate::readback::{read_back, upload};
-use crate::select::{num_q_tiles, select, FlashConfig, KernelChoice};
+use crate::select::{num_q_tiles, select_forward, ForwardKernel, KernelChoice};
 use crate::shaders::{KernelConfig, NaivePass};
 
 /// The tensors of one forward call, in the caller's buffers.
@@ -102,18 +102,25 @@ impl FlashAttention {
         &self.pipelines
     }
 
-    /// The flash kernel configuration this engine would run for `problem`.
-    pub fn select(&self, problem: &AttentionProblem) -> Result<FlashConfig> {
-        select(problem, &self.ctx.caps, &self.options.choice)
+    /// The flash kernel this engine would run for `problem`.
+    pub fn select(&self, problem: &AttentionProblem) -> Result<ForwardKernel> {
+        select_forward(problem, &self.ctx.caps, &self.options.choice)
+    }
+
+    fn pipeline_key(kernel: &ForwardKernel) -> KernelConfig {
+        match kernel {
+            ForwardKernel::Tiled(c) => KernelConfig::Flash(*c),
+            ForwardKernel::Coop(c) => KernelConfig::FlashCoop(*c),
+        }
     }
 
     /// Selects the kernel for `problem` and builds its pipeline, waiting for the driver's verdict
     /// on every platform. Optional on native backends (the first encode builds it), advisable on
     /// the web, where a shader error is otherwise only reported asynchronously.
-    pub async fn prepare(&self, problem: &AttentionProblem) -> Result<FlashConfig> {
-        let config = self.select(problem)?;
-        self.pipelines.get_async(&KernelConfig::Flash(config)).await?;
-        Ok(config)
+    pub async fn prepare(&self, problem: &AttentionProblem) -> Result<ForwardKernel> {
+        let kernel = self.select(problem)?;
+        self.pipelines.get_async(&Self::pipeline_key(&kernel)).await?;
+        Ok(kernel)
     }
 
     /// Records the flash forward pass into `encoder`, reading and writing the caller's buffers.
@@ -124,9 +131,9 @@ impl FlashAttention {
         problem: &AttentionProblem,
         buffers: &ForwardBuffers<'_>,
         timestamps: Option<wgpu::ComputePassTimestampWrites<'_>>,
-    ) -> Result<FlashConfig> {
+    ) -> Result<ForwardKernel> {
         let config = self.select(problem)?;
-        let pipeline = self.pipelines.get(&KernelConfig::Flash(config))?;
+        let pipeline = self.pipelines.get(&Self::pipeline_key(&config))?;
         let bound = self.bind_forward(problem, buffers)?;
 
         let mut params = Params::for_problem(problem, problem.softmax_scale() * std::f32::consts::LOG2_E);

@@ -19,6 +19,9 @@ pub struct Caps {
     pub shader_f16: bool,
     /// GPU timestamps can be written at the start and end of compute passes.
     pub timestamps: bool,
+    /// 16×16×16 cooperative matrices with f16 inputs and f32 accumulators (tensor cores) are
+    /// enabled on the device (wgpu's experimental `EXPERIMENTAL_COOPERATIVE_MATRIX`).
+    pub cooperative_matrix_f16: bool,
     pub max_workgroup_storage_bytes: u32,
     pub max_invocations_per_workgroup: u32,
     pub max_workgroup_size_x: u32,
@@ -43,6 +46,8 @@ impl Caps {
             subgroup_max_size: info.subgroup_max_size,
             shader_f16: f.contains(wgpu::Features::SHADER_F16),
             timestamps: f.contains(wgpu::Features::TIMESTAMP_QUERY),
+            // Known only from the adapter; see `with_cooperative_matrix`.
+            cooperative_matrix_f16: false,
             max_workgroup_storage_bytes: l.max_compute_workgroup_storage_size,
             max_invocations_per_workgroup: l.max_compute_invocations_per_workgroup,
             max_workgroup_size_x: l.max_compute_workgroup_size_x,
@@ -51,6 +56,23 @@ impl Caps {
             max_buffer_bytes: l.max_buffer_size,
             min_storage_offset_alignment: l.min_storage_buffer_offset_alignment,
         }
+    }
+
+    /// Records which cooperative-matrix configurations the adapter offers, if the device has the
+    /// feature enabled.
+    pub fn with_cooperative_matrix(
+        mut self,
+        device: &wgpu::Device,
+        offered: &[wgpu::CooperativeMatrixProperties],
+    ) -> Self {
+        use wgpu::CooperativeScalarType as T;
+        self.cooperative_matrix_f16 = device
+            .features()
+            .contains(wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX)
+            && offered
+                .iter()
+                .any(|p| (p.m_size, p.n_size, p.k_size) == (16, 16, 16) && p.ab_type == T::F16 && p.cr_type == T::F32);
+        self
     }
 
     /// The guaranteed minimum of a WebGPU device (the `Limits::downlevel_defaults()`-like floor
@@ -65,6 +87,7 @@ impl Caps {
             subgroup_max_size: 128,
             shader_f16: false,
             timestamps: false,
+            cooperative_matrix_f16: false,
             max_workgroup_storage_bytes: 16 << 10,
             max_invocations_per_workgroup: 256,
             max_workgroup_size_x: 256,

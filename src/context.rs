@@ -13,39 +13,98 @@ pub struct GpuContext {
     pub caps: Caps,
 }
 
-/// Features the kernels can use when the adapter has them. Nothing else is requested.
+/// Features the kernels can use when the adapter has them. Nothing else is requested (and the
+/// cooperative-matrix feature only as [`ContextOptions`] allow).
 pub fn wanted_features() -> wgpu::Features {
     wgpu::Features::SUBGROUP | wgpu::Features::SHADER_F16 | wgpu::Features::TIMESTAMP_QUERY
 }
 
+/// How [`GpuContext`] sets up a device it creates.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ContextOptions {
+    /// Enable wgpu's experimental cooperative matrices (tensor cores) when the adapter offers
+    /// 16×16×16 f16 → f32 ones. They are an opt-in of wgpu's (`ExperimentalFeatures`): wgpu warns
+    /// that experimental features may still have bugs. On by default, because the matrix kernel
+    /// is where the speed is on GPUs that have them; turn off to stay on wgpu's stable surface.
+    pub cooperative_matrix: bool,
+}
+
+impl Default for ContextOptions {
+    fn default() -> Self {
+        ContextOptions {
+            cooperative_matrix: true,
+        }
+    }
+}
+
+/// Whether an adapter offers the cooperative-matrix configuration the matrix kernel uses.
+fn offers_f16_matrices(adapter: &wgpu::Adapter) -> bool {
+    use wgpu::CooperativeScalarType as T;
+    adapter
+        .features()
+        .contains(wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX)
+        && adapter
+            .cooperative_matrix_properties()
+            .iter()
+            .any(|p| (p.m_size, p.n_size, p.k_size) == (16, 16, 16) && p.ab_type == T::F16 && p.cr_type == T::F32)
+}
+
 impl GpuContext {
-    /// Opens the best adapter on this machine (see [`best_adapter`]).
+    /// Opens the best adapter on this machine (see [`best_adapter`]) with default options.
     pub async fn new() -> Result<Self> {
+        Self::with_options(ContextOptions::default()).await
+    }
+
+    /// Opens the best adapter on this machine with the given options.
+    pub async fn with_options(options: ContextOptions) -> Result<Self> {
         let instance = wgpu::Instance::new(wgpu::InstanceDescriptor::new_without_display_handle_from_env());
         let adapter = best_adapter(&instance).await?;
-        Self::from_adapter(&adapter).await
+        Self::from_adapter_with(&adapter, options).await
+    }
+
+    /// Creates a device on `adapter` with default options (see [`from_adapter_with`](Self::from_adapter_with)).
+    pub async fn from_adapter(adapter: &wgpu::Adapter) -> Result<Self> {
+        Self::from_adapter_with(adapter, ContextOptions::default()).await
     }
 
     /// Creates a device on `adapter` with the adapter's own limits (wgpu's defaults cap workgroup
-    /// memory at 16 KiB and invocations at 256) and those of [`wanted_features`] it offers.
-    pub async fn from_adapter(adapter: &wgpu::Adapter) -> Result<Self> {
-        let features = adapter.features() & wanted_features();
+    /// memory at 16 KiB and invocations at 256), those of [`wanted_features`] it offers, and
+    /// cooperative matrices if `options` allow and the adapter has the f16 ones.
+    pub async fn from_adapter_with(adapter: &wgpu::Adapter, options: ContextOptions) -> Result<Self> {
+        let mut features = adapter.features() & wanted_features();
+        let matrices = options.cooperative_matrix && offers_f16_matrices(adapter);
+        let experimental_features = if matrices {
+            // The matrix kernel's SPIR-V is our own (src/spirv_coherence.rs): passthrough.
+            features |= wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX | wgpu::Features::PASSTHROUGH_SHADERS;
+            // SAFETY: wgpu asks callers of experimental features to accept that they may have
+            // bugs; `ContextOptions::cooperative_matrix` documents this opt-in and lets the
+            // caller decline it.
+            unsafe { wgpu::ExperimentalFeatures::enabled() }
+        } else {
+            wgpu::ExperimentalFeatures::disabled()
+        };
         let (device, queue) = adapter
             .request_device(&wgpu::DeviceDescriptor {
                 label: Some("wgpu-flash-attn"),
                 required_features: features,
                 required_limits: adapter.limits(),
-                experimental_features: wgpu::ExperimentalFeatures::disabled(),
+                experimental_features,
                 memory_hints: wgpu::MemoryHints::Performance,
                 trace: wgpu::Trace::Off,
             })
             .await
             .map_err(|e| Error::RequestDevice(e.to_string()))?;
-        Ok(Self::from_device(device, queue, adapter.get_info()))
+        let mut ctx = Self::from_device(device, queue, adapter.get_info());
+        ctx.caps = ctx
+            .caps
+            .with_cooperative_matrix(&ctx.device, &adapter.cooperative_matrix_properties());
+        Ok(ctx)
     }
 
     /// Wraps a device the caller created. The kernels use whatever features and limits it was
     /// created with (request `adapter.limits()` and [`wanted_features`] for the fastest ones).
+    /// To use cooperative matrices on such a device, set `caps` with
+    /// [`Caps::with_cooperative_matrix`] and the adapter's `cooperative_matrix_properties()`.
     pub fn from_device(device: wgpu::Device, queue: wgpu::Queue, info: wgpu::AdapterInfo) -> Self {
         let caps = Caps::from_device(&device, &info);
         GpuContext {

@@ -52,6 +52,8 @@ pub mod testing;
 #[cfg(not(target_arch = "wasm32"))]
 pub mod timing;
 mod util;
+#[cfg(not(target_arch = "wasm32"))]
+mod spirv_coherence;
 
 pub use attention::{AttentionOutput, FlashAttention, ForwardBuffers, NaivePlan, Options};
 pub use backward::{BackwardBuffers, BackwardInputs, BackwardOutput};
@@ -63,7 +65,7 @@ pub use backward_select::{
 };
 pub use binding::TensorBuffer;
 pub use caps::Caps;
-pub use context::{adapter_rank, best_adapter, wanted_features, GpuContext};
+pub use context::{adapter_rank, best_adapter, wanted_features, ContextOptions, GpuContext};
 pub use error::{Error, Result};
 pub use pipelines::BoundsChecks;
 pub use problem::{
@@ -71,6 +73,6 @@ pub use problem::{
 };
 pub use readback::read_back;
 pub use select::{
-    all_configs, num_q_tiles, preferred_variants, select, FlashConfig, KernelChoice, Reduction, TilePlan, TileType,
-    Variant, PLANS,
+    all_configs, all_coop_configs, num_q_tiles, preferred_variants, select, select_forward, CoopConfig, FlashConfig,
+    ForwardKernel, KernelChoice, Reduction, TilePlan, TileType, Variant, COOP_KERNEL_VERIFIED, COOP_PLANS, PLANS,
 };

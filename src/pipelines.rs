@@ -27,6 +27,9 @@ pub enum BoundsChecks {
     Off,
 }
 
+/// The verdict of a validation error scope: `Some(message)` if wgpu rejected the pipeline.
+type ScopeResult = std::pin::Pin<Box<dyn Future<Output = Option<String>>>>;
+
 /// A cache of compute pipelines keyed by [`KernelConfig`].
 pub(crate) struct PipelineCache {
     device: wgpu::Device,
@@ -55,7 +58,7 @@ impl PipelineCache {
         if let Some(p) = self.cached(config) {
             return Ok(p);
         }
-        let (pipeline, error) = self.build(config);
+        let (pipeline, error) = self.build(config)?;
         if let Some(message) = now_or_never(error).flatten() {
             return Err(Error::Shader {
                 name: config.name(),
@@ -70,7 +73,7 @@ impl PipelineCache {
         if let Some(p) = self.cached(config) {
             return Ok(p);
         }
-        let (pipeline, error) = self.build(config);
+        let (pipeline, error) = self.build(config)?;
         if let Some(message) = error.await {
             return Err(Error::Shader {
                 name: config.name(),
@@ -88,25 +91,18 @@ impl PipelineCache {
         pipeline
     }
 
-    fn build(&self, config: &KernelConfig) -> (wgpu::ComputePipeline, impl Future<Output = Option<String>>) {
+    /// Creates the pipeline inside a validation error scope; the future yields wgpu's error, if
+    /// any. Fails at once if our own SPIR-V compilation (cooperative kernel) fails.
+    fn build(&self, config: &KernelConfig) -> Result<(wgpu::ComputePipeline, ScopeResult)> {
         let name = config.name();
+        let (module, layout) = match self.coherent_module(config) {
+            Some(built) => built?,
+            None => (self.wgsl_module(config, &name), None),
+        };
         let scope = self.device.push_error_scope(wgpu::ErrorFilter::Validation);
-        let desc = wgpu::ShaderModuleDescriptor {
-            label: Some(&name),
-            source: wgpu::ShaderSource::Wgsl(Cow::Owned(config.source())),
-        };
-        let module = match self.bounds_checks {
-            BoundsChecks::On => self.device.create_shader_module(desc),
-            // SAFETY: see `BoundsChecks::Off`: every index the kernels form is in bounds for
-            // problems that passed validation, which the callers of the cache enforce.
-            BoundsChecks::Off => unsafe {
-                self.device
-                    .create_shader_module_trusted(desc, wgpu::ShaderRuntimeChecks::unchecked())
-            },
-        };
         let pipeline = self.device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
             label: Some(&name),
-            layout: None,
+            layout: layout.as_ref(),
             module: &module,
             entry_point: Some(config.entry_point()),
             compilation_options: wgpu::PipelineCompilationOptions {
@@ -117,7 +113,90 @@ impl PipelineCache {
             cache: None,
         });
         let error = scope.pop();
-        (pipeline, async move { error.await.map(|e| e.to_string()) })
+        Ok((pipeline, Box::pin(async move { error.await.map(|e| e.to_string()) })))
+    }
+
+    fn wgsl_module(&self, config: &KernelConfig, name: &str) -> wgpu::ShaderModule {
+        let desc = wgpu::ShaderModuleDescriptor {
+            label: Some(name),
+            source: wgpu::ShaderSource::Wgsl(Cow::Owned(config.source())),
+        };
+        match self.bounds_checks {
+            BoundsChecks::On => self.device.create_shader_module(desc),
+            // SAFETY: see `BoundsChecks::Off`: every index the kernels form is in bounds for
+            // problems that passed validation, which the callers of the cache enforce.
+            BoundsChecks::Off => unsafe {
+                self.device
+                    .create_shader_module_trusted(desc, wgpu::ShaderRuntimeChecks::unchecked())
+            },
+        }
+    }
+
+    /// The cooperative-matrix kernel goes through our own SPIR-V (src/spirv_coherence.rs), as a
+    /// passthrough module with an explicit layout; `None` for every other kernel.
+    #[allow(clippy::type_complexity)]
+    fn coherent_module(
+        &self,
+        config: &KernelConfig,
+    ) -> Option<Result<(wgpu::ShaderModule, Option<wgpu::PipelineLayout>)>> {
+        #[cfg(not(target_arch = "wasm32"))]
+        if let KernelConfig::FlashCoop(_) = config {
+            let name = config.name();
+            let words = match crate::spirv_coherence::compile(&name, &config.source()) {
+                Ok(w) => w,
+                Err(e) => return Some(Err(e)),
+            };
+            let entry = [wgpu::PassthroughShaderEntryPoint {
+                name: Cow::Borrowed(config.entry_point()),
+                workgroup_size: (1, 1, 1),
+            }];
+            // SAFETY: the SPIR-V comes from naga's validated translation of our own WGSL, with
+            // memory operands and barrier semantics strengthened (never weakened).
+            let module = unsafe {
+                self.device
+                    .create_shader_module_passthrough(wgpu::ShaderModuleDescriptorPassthrough {
+                        label: Some(&name),
+                        entry_points: Cow::Borrowed(&entry),
+                        spirv: Some(Cow::Owned(words)),
+                        ..Default::default()
+                    })
+            };
+            return Some(Ok((module, Some(self.forward_layout(&name)))));
+        }
+        let _ = config;
+        None
+    }
+
+    /// The forward kernels' bindings: params, q, k, v, o, lse (see shaders/flash_fwd.wgsl).
+    fn forward_layout(&self, name: &str) -> wgpu::PipelineLayout {
+        let entry = |binding: u32, ty: wgpu::BufferBindingType| wgpu::BindGroupLayoutEntry {
+            binding,
+            visibility: wgpu::ShaderStages::COMPUTE,
+            ty: wgpu::BindingType::Buffer {
+                ty,
+                has_dynamic_offset: false,
+                min_binding_size: None,
+            },
+            count: None,
+        };
+        let read = wgpu::BufferBindingType::Storage { read_only: true };
+        let write = wgpu::BufferBindingType::Storage { read_only: false };
+        let group = self.device.create_bind_group_layout(&wgpu::BindGroupLayoutDescriptor {
+            label: Some(name),
+            entries: &[
+                entry(0, wgpu::BufferBindingType::Uniform),
+                entry(1, read),
+                entry(2, read),
+                entry(3, read),
+                entry(4, write),
+                entry(5, write),
+            ],
+        });
+        self.device.create_pipeline_layout(&wgpu::PipelineLayoutDescriptor {
+            label: Some(name),
+            bind_group_layouts: &[Some(&group)],
+            immediate_size: 0,
+        })
     }
 }
 

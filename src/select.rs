@@ -274,6 +274,206 @@ impl FlashConfig {
     }
 }
 
+/// The cooperative-matrix (tensor-core) forward kernel, `shaders/flash_fwd_coop.wgsl`: one
+/// subgroup of 32 invocations per 16 query rows.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct CoopConfig {
+    /// Query rows per workgroup: 16 per subgroup.
+    pub block_m: u32,
+    /// Keys per K/V tile (a multiple of 32: each row's scores are split between two invocations
+    /// in 16-wide halves).
+    pub block_n: u32,
+    /// head_dim rounded up to a multiple of 16.
+    pub head_dim_pad: u32,
+}
+
+/// Lanes of the subgroup the cooperative kernel is written for.
+pub const COOP_SUBGROUP: u32 = 32;
+
+/// Tile shapes of the cooperative kernel, best first: (block_m, block_n).
+///
+/// 64 × 64 at head_dim 128 takes 17 KiB of staged rows, 17 KiB of f32 scores and 9 KiB of f16 P:
+/// 44 KiB, within NVIDIA's 48. 64 × 32 halves the score space; 32 × 32 fits head_dim 256 anywhere.
+pub const COOP_PLANS: [(u32, u32); 4] = [(64, 64), (128, 32), (64, 32), (32, 32)];
+
+impl CoopConfig {
+    pub fn new(block_m: u32, block_n: u32, head_dim: u32) -> Self {
+        CoopConfig {
+            block_m,
+            block_n,
+            head_dim_pad: head_dim.div_ceil(16) * 16,
+        }
+    }
+
+    /// `flash_fwd_coop_f16_bm{}_bn{}_d{}`.
+    pub fn name(&self) -> String {
+        format!(
+            "flash_fwd_coop_f16_bm{}_bn{}_d{}",
+            self.block_m, self.block_n, self.head_dim_pad
+        )
+    }
+
+    pub fn workgroup_size(&self) -> u32 {
+        self.block_m / 16 * COOP_SUBGROUP
+    }
+
+    /// Mirrors the `var<workgroup>` declarations of flash_fwd_coop.wgsl.
+    pub fn workgroup_bytes(&self) -> u32 {
+        let subgroups = self.block_m / 16;
+        let rows = self.block_m.max(self.block_n) * (self.head_dim_pad + 8) * 2;
+        let scores = subgroups * 16 * (self.block_n + 4) * 4;
+        let probs = subgroups * 16 * (self.block_n + 8) * 2;
+        rows + scores + probs + 4
+    }
+
+    pub fn is_well_formed(&self) -> bool {
+        self.block_m > 0 && self.block_m.is_multiple_of(16) && self.block_n > 0 && self.block_n.is_multiple_of(32)
+    }
+
+    /// Why this configuration cannot run `storage` inputs on `caps`, if it cannot.
+    pub fn unavailable_reason(&self, storage: DType, caps: &Caps) -> Option<String> {
+        if !COOP_KERNEL_VERIFIED {
+            return Some(
+                "the cooperative-matrix kernel is disabled: on the NVIDIA H200 (driver 580) it returned wrong \
+                 results (BENCHMARKS.md), so it is not offered until that is found and fixed"
+                    .into(),
+            );
+        }
+        if !self.is_well_formed() {
+            return Some(format!(
+                "cooperative tile {}x{} is malformed",
+                self.block_m, self.block_n
+            ));
+        }
+        if storage != DType::F16 {
+            return Some(format!(
+                "the cooperative-matrix kernel multiplies f16 inputs; {} would have to be rounded to f16 \
+                 (convert the tensors, or use a non-matrix variant)",
+                storage.name()
+            ));
+        }
+        if !caps.cooperative_matrix_f16 {
+            return Some(
+                "the device offers no 16x16x16 f16->f32 cooperative matrices (or they are not enabled)".into(),
+            );
+        }
+        if !caps.shader_f16 {
+            return Some("the device has no shader-f16".into());
+        }
+        if !caps.subgroups || caps.subgroup_min_size != COOP_SUBGROUP || caps.subgroup_max_size != COOP_SUBGROUP {
+            return Some(format!(
+                "the cooperative kernel is written for subgroups of exactly {COOP_SUBGROUP} invocations; the device's are {}..{}",
+                caps.subgroup_min_size, caps.subgroup_max_size
+            ));
+        }
+        let bytes = self.workgroup_bytes();
+        if bytes > caps.max_workgroup_storage_bytes {
+            return Some(format!(
+                "needs {bytes} bytes of workgroup memory, the device offers {}",
+                caps.max_workgroup_storage_bytes
+            ));
+        }
+        if self.workgroup_size() > caps.max_invocations_per_workgroup.min(caps.max_workgroup_size_x) {
+            return Some(format!("needs {} invocations per workgroup", self.workgroup_size()));
+        }
+        None
+    }
+}
+
+/// The forward kernel chosen for a problem: the register-tiled one or the cooperative-matrix one.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ForwardKernel {
+    Tiled(FlashConfig),
+    Coop(CoopConfig),
+}
+
+impl ForwardKernel {
+    pub fn name(&self) -> String {
+        match self {
+            ForwardKernel::Tiled(c) => c.name(),
+            ForwardKernel::Coop(c) => c.name(),
+        }
+    }
+
+    pub fn block_m(&self) -> u32 {
+        match self {
+            ForwardKernel::Tiled(c) => c.plan.block_m,
+            ForwardKernel::Coop(c) => c.block_m,
+        }
+    }
+
+    pub fn workgroup_size(&self) -> u32 {
+        match self {
+            ForwardKernel::Tiled(c) => c.plan.workgroup_size(),
+            ForwardKernel::Coop(c) => c.workgroup_size(),
+        }
+    }
+
+    pub fn workgroup_bytes(&self) -> u32 {
+        match self {
+            ForwardKernel::Tiled(c) => c.workgroup_bytes(),
+            ForwardKernel::Coop(c) => c.workgroup_bytes(),
+        }
+    }
+}
+
+/// Picks the forward kernel: the cooperative-matrix one where the device has tensor cores through
+/// wgpu and the data is f16 (unless the caller forces a tiled variant or turns matrices off),
+/// otherwise [`select`]'s tiled kernel.
+pub fn select_forward(problem: &AttentionProblem, caps: &Caps, choice: &KernelChoice) -> Result<ForwardKernel> {
+    problem.validate()?;
+    let want = match choice.cooperative_matrix {
+        Some(want) => want,
+        None => COOP_BY_DEFAULT && choice.variant.is_none() && choice.plan.is_none(),
+    };
+    if want {
+        let head_dim = problem.shape.head_dim as u32;
+        let mut reasons = Vec::new();
+        let tiles = match choice.coop_tile {
+            Some(tile) => vec![tile],
+            None => COOP_PLANS.to_vec(),
+        };
+        for (block_m, block_n) in tiles {
+            let config = CoopConfig::new(block_m, block_n, head_dim);
+            match config.unavailable_reason(problem.dtype, caps) {
+                None => {
+                    check_grid(problem, config.block_m, caps)?;
+                    return Ok(ForwardKernel::Coop(config));
+                }
+                Some(why) => reasons.push(format!("{}: {why}", config.name())),
+            }
+        }
+        if choice.cooperative_matrix == Some(true) {
+            return Err(Error::Unavailable {
+                what: "the cooperative-matrix kernel".into(),
+                why: reasons.join("; "),
+            });
+        }
+    }
+    select(problem, caps, choice).map(ForwardKernel::Tiled)
+}
+
+/// Whether the cooperative-matrix kernel has been seen to match the float64 reference on a device
+/// that offers it. Not yet: on the H200 (driver 580) it returned wrong results, with and without
+/// the SPIR-V memory-semantics fix of src/spirv_coherence.rs (BENCHMARKS.md). Until then it is
+/// never selected, and asking for it is an error that says so.
+pub const COOP_KERNEL_VERIFIED: bool = false;
+
+/// Whether automatic selection takes the cooperative-matrix kernel where it can run (once it is
+/// verified, and faster than the tiled kernels there).
+const COOP_BY_DEFAULT: bool = false;
+
+/// Every cooperative configuration selection can return (for the shader tests).
+pub fn all_coop_configs() -> Vec<CoopConfig> {
+    let mut configs = Vec::new();
+    for (block_m, block_n) in COOP_PLANS {
+        for d in (16..=crate::problem::MAX_HEAD_DIM as u32).step_by(16) {
+            configs.push(CoopConfig::new(block_m, block_n, d));
+        }
+    }
+    configs
+}
+
 /// What the caller asks of selection. `Default` is fully automatic.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct KernelChoice {
@@ -281,13 +481,18 @@ pub struct KernelChoice {
     pub variant: Option<Variant>,
     /// Use exactly this tile plan instead of the best that fits.
     pub plan: Option<TilePlan>,
+    /// The cooperative-matrix (tensor-core) kernel: `None` uses it where available unless a
+    /// tiled variant or plan is forced, `Some(false)` never, `Some(true)` or an error.
+    pub cooperative_matrix: Option<bool>,
+    /// Use exactly this `(block_m, block_n)` for the cooperative kernel.
+    pub coop_tile: Option<(u32, u32)>,
 }
 
 impl KernelChoice {
     pub fn variant(variant: Variant) -> Self {
         KernelChoice {
             variant: Some(variant),
-            plan: None,
+            ..Default::default()
         }
     }
 }
@@ -353,7 +558,7 @@ pub fn select(problem: &AttentionProblem, caps: &Caps, choice: &KernelChoice) ->
             .find(|c| c.plan.accumulators(c.head_dim_pad) <= MAX_ACCUMULATORS)
             .or(fitting.first());
         if let Some(config) = best {
-            check_grid(problem, config, caps)?;
+            check_grid(problem, config.plan.block_m, caps)?;
             return Ok(*config);
         }
     }
@@ -395,15 +600,15 @@ pub fn all_configs() -> Vec<FlashConfig> {
     configs
 }
 
-/// Number of query tiles for a configuration.
-pub fn num_q_tiles(problem: &AttentionProblem, config: &FlashConfig) -> usize {
-    problem.shape.seq_q.div_ceil(config.plan.block_m as usize)
+/// Number of query tiles (workgroups along the grid's x) for a kernel.
+pub fn num_q_tiles(problem: &AttentionProblem, kernel: &ForwardKernel) -> usize {
+    problem.shape.seq_q.div_ceil(kernel.block_m() as usize)
 }
 
-fn check_grid(problem: &AttentionProblem, config: &FlashConfig, caps: &Caps) -> Result<()> {
+fn check_grid(problem: &AttentionProblem, block_m: u32, caps: &Caps) -> Result<()> {
     let max = caps.max_workgroups_per_dimension as usize;
     for (what, n) in [
-        ("query tiles", num_q_tiles(problem, config)),
+        ("query tiles", problem.shape.seq_q.div_ceil(block_m as usize)),
         ("heads", problem.shape.num_heads),
         ("batch", problem.shape.batch),
     ] {
@@ -431,6 +636,7 @@ mod tests {
             subgroup_max_size: 8,
             shader_f16: true,
             timestamps: true,
+            cooperative_matrix_f16: false,
             max_workgroup_storage_bytes: 32 << 10,
             max_invocations_per_workgroup: 1024,
             max_workgroup_size_x: 1024,
@@ -556,6 +762,70 @@ mod tests {
         );
         let e = select(&p, &caps, &KernelChoice::default()).unwrap_err();
         assert!(matches!(e, Error::TooLarge(_)), "{e}");
+    }
+
+    #[test]
+    fn cooperative_kernel_is_chosen_only_where_it_can_run() {
+        let h200 = Caps {
+            subgroup_min_size: 32,
+            subgroup_max_size: 32,
+            max_workgroup_storage_bytes: 48 << 10,
+            cooperative_matrix_f16: true,
+            ..lavapipe()
+        };
+        let auto = KernelChoice {
+            cooperative_matrix: COOP_BY_DEFAULT.then_some(true),
+            ..Default::default()
+        };
+        let required = KernelChoice {
+            cooperative_matrix: Some(true),
+            ..Default::default()
+        };
+        if !COOP_KERNEL_VERIFIED {
+            let e = select_forward(&problem(128, DType::F16), &h200, &required).unwrap_err();
+            assert!(e.to_string().contains("disabled"), "{e}");
+            // Automatic selection never reaches for it.
+            let k = select_forward(&problem(128, DType::F16), &h200, &KernelChoice::default()).unwrap();
+            assert!(matches!(k, ForwardKernel::Tiled(_)));
+            return;
+        }
+        for d in [64, 128, 256] {
+            let k = select_forward(&problem(d, DType::F16), &h200, &required).unwrap();
+            let ForwardKernel::Coop(c) = k else {
+                panic!("{}", k.name())
+            };
+            assert!(c.workgroup_bytes() <= 48 << 10 && c.head_dim_pad >= d as u32);
+        }
+        // f32 and bf16 data, no tensor cores, or a forced tiled variant: the tiled kernel.
+        for (p, caps, choice) in [
+            (problem(128, DType::F32), h200.clone(), auto),
+            (problem(128, DType::BF16), h200.clone(), auto),
+            (problem(128, DType::F16), h200.clone(), KernelChoice::default()),
+            (problem(128, DType::F16), lavapipe(), auto),
+            (
+                problem(128, DType::F16),
+                h200.clone(),
+                KernelChoice::variant(Variant::SUBGROUP),
+            ),
+        ] {
+            assert!(matches!(
+                select_forward(&p, &caps, &choice).unwrap(),
+                ForwardKernel::Tiled(_)
+            ));
+        }
+        // Required but impossible: an error that says why.
+        let required = KernelChoice {
+            cooperative_matrix: Some(true),
+            ..Default::default()
+        };
+        let e = select_forward(&problem(128, DType::BF16), &h200, &required).unwrap_err();
+        assert!(e.to_string().contains("rounded to f16"), "{e}");
+        let amd = Caps {
+            subgroup_max_size: 64,
+            ..h200
+        };
+        let e = select_forward(&problem(128, DType::F16), &amd, &required).unwrap_err();
+        assert!(e.to_string().contains("exactly 32"), "{e}");
     }
 
     #[test]

@@ -8,7 +8,7 @@
 
 use crate::backward_select::BackwardKernel;
 use crate::problem::DType;
-use crate::select::{FlashConfig, Reduction, TileType};
+use crate::select::{CoopConfig, FlashConfig, Reduction, TileType};
 
 pub const COMMON: &str = include_str!("../shaders/common.wgsl");
 pub const STORAGE_F32: &str = include_str!("../shaders/storage_f32.wgsl");
@@ -19,6 +19,7 @@ pub const TILE_F16: &str = include_str!("../shaders/tile_f16.wgsl");
 pub const REDUCE_WORKGROUP: &str = include_str!("../shaders/reduce_workgroup.wgsl");
 pub const REDUCE_SUBGROUP: &str = include_str!("../shaders/reduce_subgroup.wgsl");
 pub const FLASH_FWD: &str = include_str!("../shaders/flash_fwd.wgsl");
+pub const FLASH_FWD_COOP: &str = include_str!("../shaders/flash_fwd_coop.wgsl");
 pub const NAIVE_SCORES: &str = include_str!("../shaders/naive_scores.wgsl");
 pub const NAIVE_SOFTMAX: &str = include_str!("../shaders/naive_softmax.wgsl");
 pub const NAIVE_PV: &str = include_str!("../shaders/naive_pv.wgsl");
@@ -47,6 +48,8 @@ impl NaivePass {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum KernelConfig {
     Flash(FlashConfig),
+    /// The cooperative-matrix (tensor-core) forward kernel.
+    FlashCoop(CoopConfig),
     Naive {
         pass: NaivePass,
         storage: DType,
@@ -60,6 +63,7 @@ impl KernelConfig {
     pub fn name(&self) -> String {
         match self {
             KernelConfig::Flash(c) => c.name(),
+            KernelConfig::FlashCoop(c) => c.name(),
             KernelConfig::Naive { storage, .. } => format!("{}_{}", self.entry_point(), storage.name()),
             KernelConfig::Backward(k) => k.name(),
         }
@@ -69,6 +73,7 @@ impl KernelConfig {
     pub fn entry_point(&self) -> &'static str {
         match self {
             KernelConfig::Flash(_) => "flash_fwd",
+            KernelConfig::FlashCoop(_) => "flash_fwd_coop",
             KernelConfig::Naive { pass, .. } => match pass {
                 NaivePass::Scores => "naive_scores",
                 NaivePass::Softmax => "naive_softmax",
@@ -91,6 +96,10 @@ impl KernelConfig {
         }
         if let KernelConfig::Backward(k) = self {
             f |= k.required_features();
+        }
+        if let KernelConfig::FlashCoop(_) = self {
+            f |=
+                wgpu::Features::SUBGROUP | wgpu::Features::SHADER_F16 | wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX;
         }
         f
     }
@@ -136,6 +145,16 @@ impl KernelConfig {
                 });
             }
             KernelConfig::Backward(k) => backward_source(k, &mut src),
+            KernelConfig::FlashCoop(c) => {
+                src.push_str("enable f16;\nenable wgpu_cooperative_matrix;\n");
+                src.push_str(&format!(
+                    "const HEAD_DIM_PAD: u32 = {}u;\nconst BLOCK_M: u32 = {}u;\nconst BLOCK_N: u32 = {}u;\n",
+                    c.head_dim_pad, c.block_m, c.block_n
+                ));
+                for part in [COMMON, STORAGE_F16, FLASH_FWD_COOP] {
+                    src.push_str(part);
+                }
+            }
         }
         src
     }

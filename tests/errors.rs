@@ -290,6 +290,7 @@ fn forced_kernels_the_device_lacks_are_errors() {
     let e = forced(KernelChoice {
         variant: Some(Variant::WORKGROUP),
         plan: Some(huge),
+        ..Default::default()
     })
     .select(&p)
     .unwrap_err();
@@ -299,6 +300,7 @@ fn forced_kernels_the_device_lacks_are_errors() {
     let e = forced(KernelChoice {
         variant: None,
         plan: Some(malformed),
+        ..Default::default()
     })
     .select(&p)
     .unwrap_err();
@@ -312,6 +314,7 @@ fn forced_kernels_the_device_lacks_are_errors() {
         let e = forced(KernelChoice {
             variant: Some(Variant::SUBGROUP),
             plan: Some(wide),
+            ..Default::default()
         })
         .select(&p)
         .unwrap_err();

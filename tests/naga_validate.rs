@@ -1,14 +1,16 @@
-//! Every shader module the library can build — each flash configuration selection can return and
-//! each naive pass, for every storage type — is parsed and validated by naga and translated to
-//! SPIR-V (Vulkan), MSL (Metal) and HLSL (DX12), so that a kernel that would break on another
-//! platform fails here, on a machine with none of them.
+//! Every shader module the library can build — each flash configuration selection can return,
+//! each cooperative-matrix configuration, and each naive pass, for every storage type — is parsed
+//! and validated by naga and translated to SPIR-V (Vulkan), MSL (Metal) and, except the
+//! cooperative-matrix kernel (no cooperative matrices on DX12 in wgpu), HLSL (DX12), so that a
+//! kernel that would break on another platform fails here, on a machine with none of them.
 
 use naga::valid::{Capabilities, SubgroupOperationSet, ValidationFlags, Validator};
 use wgpu_flash_attn::shaders::{KernelConfig, NaivePass};
-use wgpu_flash_attn::{all_configs, DType, Reduction, TileType};
+use wgpu_flash_attn::{all_configs, all_coop_configs, DType, Reduction, TileType};
 
 fn every_kernel() -> Vec<KernelConfig> {
     let mut kernels: Vec<KernelConfig> = all_configs().into_iter().map(KernelConfig::Flash).collect();
+    kernels.extend(all_coop_configs().into_iter().map(KernelConfig::FlashCoop));
     for storage in DType::ALL {
         for pass in NaivePass::ALL {
             kernels.push(KernelConfig::Naive { pass, storage });
@@ -29,6 +31,9 @@ fn capabilities(kernel: &KernelConfig) -> Capabilities {
         if c.variant.tile == TileType::F16 {
             caps |= Capabilities::SHADER_FLOAT16;
         }
+    }
+    if let KernelConfig::FlashCoop(_) = kernel {
+        caps |= Capabilities::COOPERATIVE_MATRIX | Capabilities::SUBGROUP | Capabilities::SHADER_FLOAT16;
     }
     caps
 }
@@ -93,6 +98,10 @@ fn translate(kernel: &KernelConfig) -> Result<(), String> {
     )
     .map_err(|e| format!("MSL: {e}"))?;
 
+    // wgpu offers cooperative matrices on Vulkan and Metal only; naga's HLSL writer has none.
+    if matches!(kernel, KernelConfig::FlashCoop(_)) {
+        return Ok(());
+    }
     let hlsl_options = naga::back::hlsl::Options {
         shader_model: naga::back::hlsl::ShaderModel::V6_2,
         ..Default::default()

@@ -8,7 +8,7 @@ use common::{gpu, run_and_check, run_and_check_any, seed_of};
 use wgpu_flash_attn::harness::{Kernel, Workload};
 use wgpu_flash_attn::{
     AttentionProblem, AttentionShape, BoundsChecks, DType, FlashAttention, KernelChoice, Layout, Options, Tensor,
-    TensorLayout, TilePlan, Variant, PLANS,
+    TensorLayout, TilePlan, Variant, COOP_KERNEL_VERIFIED, COOP_PLANS, PLANS,
 };
 
 fn shape(
@@ -114,6 +114,7 @@ fn every_tile_plan_the_device_fits_matches_the_reference() {
             let choice = KernelChoice {
                 variant: Some(variant),
                 plan: Some(plan),
+                ..Default::default()
             };
             let engine = FlashAttention::with_options(
                 ctx,
@@ -250,4 +251,44 @@ fn bounds_checked_modules_give_the_same_bits() {
         results.push(run_and_check::<half::f16>(&engine, Kernel::Flash, &problem, label));
     }
     assert_eq!(results[0].0, results[1].0);
+}
+
+#[test]
+fn cooperative_matrix_kernel_matches_the_reference() {
+    let Some(ctx) = gpu() else { return };
+    if !ctx.caps.cooperative_matrix_f16 || !COOP_KERNEL_VERIFIED {
+        eprintln!(
+            "skipped: {} has no 16x16 f16 cooperative matrices (this runs on the H200), or the kernel is \
+             disabled (COOP_KERNEL_VERIFIED)",
+            ctx.info.name
+        );
+        return;
+    }
+    for (block_m, block_n) in COOP_PLANS {
+        let choice = KernelChoice {
+            cooperative_matrix: Some(true),
+            coop_tile: Some((block_m, block_n)),
+            ..Default::default()
+        };
+        let engine = FlashAttention::with_options(
+            ctx,
+            Options {
+                choice,
+                ..Default::default()
+            },
+        );
+        for_each_shape(|mut problem, label| {
+            problem.dtype = DType::F16;
+            // Tiles too large for this head_dim's staging are refused, not run.
+            let Ok(kernel) = engine.select(&problem) else { return };
+            run_and_check_any(&engine, Kernel::Flash, &problem, &format!("{}/{label}", kernel.name()));
+        });
+    }
+    // Automatic selection takes it for f16 data.
+    let problem = AttentionProblem::mha(1, 64, 2, 64, DType::F16);
+    assert!(FlashAttention::new(ctx)
+        .select(&problem)
+        .unwrap()
+        .name()
+        .contains("coop"));
 }

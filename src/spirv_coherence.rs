@@ -1,0 +1,265 @@
+//! SPIR-V for the cooperative-matrix kernel, with workgroup memory made coherent.
+//!
+//! Cooperative matrices make naga emit the Vulkan memory model. Under that model a plain load or
+//! store is *private* to its invocation unless it carries the `NonPrivatePointer` memory operand,
+//! and a barrier orders only non-private accesses, and only makes them visible when its semantics
+//! include `MakeAvailable` and `MakeVisible`. naga 30 emits neither, so the writes that invocations
+//! make to workgroup memory (staged K and V, probabilities) are not guaranteed to be seen by the
+//! cooperative loads of other invocations after a `workgroupBarrier()`, nor the cooperative stores
+//! (scores) by the invocations. On the H200 the kernel read stale data. The fix: compile the WGSL
+//! with naga here, mark every workgroup-memory access non-private, give every workgroup barrier
+//! `MakeAvailable | MakeVisible`, and hand the SPIR-V to wgpu as a passthrough module.
+
+use crate::error::{Error, Result};
+
+const OP_TYPE_POINTER: u32 = 32;
+const OP_CONSTANT: u32 = 43;
+const OP_VARIABLE: u32 = 59;
+const OP_LOAD: u32 = 61;
+const OP_STORE: u32 = 62;
+const OP_ACCESS_CHAIN: u32 = 65;
+const OP_IN_BOUNDS_ACCESS_CHAIN: u32 = 66;
+const OP_PTR_ACCESS_CHAIN: u32 = 67;
+const OP_CONTROL_BARRIER: u32 = 224;
+const OP_COOP_LOAD: u32 = 4457;
+const OP_COOP_STORE: u32 = 4458;
+
+const STORAGE_CLASS_WORKGROUP: u32 = 4;
+const MEMORY_OPERAND_NON_PRIVATE_POINTER: u32 = 0x20;
+const SEMANTICS_WORKGROUP_MEMORY: u32 = 0x100;
+const SEMANTICS_MAKE_AVAILABLE_AND_VISIBLE: u32 = 0x2000 | 0x4000;
+
+/// Compiles `wgsl` (which must use cooperative matrices) to SPIR-V with coherent workgroup
+/// memory. `name` labels errors.
+pub(crate) fn compile(name: &str, wgsl: &str) -> Result<Vec<u32>> {
+    let fail = |message: String| Error::Shader {
+        name: name.to_string(),
+        message,
+    };
+    let module = naga::front::wgsl::parse_str(wgsl).map_err(|e| fail(e.emit_to_string(wgsl)))?;
+    let info = naga::valid::Validator::new(naga::valid::ValidationFlags::all(), naga::valid::Capabilities::all())
+        .subgroup_stages(naga::valid::ShaderStages::COMPUTE)
+        .subgroup_operations(naga::valid::SubgroupOperationSet::all())
+        .validate(&module)
+        .map_err(|e| fail(e.emit_to_string(wgsl)))?;
+    let options = naga::back::spv::Options {
+        lang_version: (1, 6),
+        // Every index is in bounds by construction (see `BoundsChecks`).
+        bounds_check_policies: naga::proc::BoundsCheckPolicies {
+            index: naga::proc::BoundsCheckPolicy::Unchecked,
+            buffer: naga::proc::BoundsCheckPolicy::Unchecked,
+            image_load: naga::proc::BoundsCheckPolicy::Unchecked,
+            binding_array: naga::proc::BoundsCheckPolicy::Unchecked,
+        },
+        zero_initialize_workgroup_memory: naga::back::spv::ZeroInitializeWorkgroupMemoryMode::None,
+        ..Default::default()
+    };
+    let mut words =
+        naga::back::spv::write_vec(&module, &info, &options, None).map_err(|e| fail(format!("SPIR-V: {e}")))?;
+    make_workgroup_memory_coherent(&mut words).map_err(fail)?;
+    Ok(words)
+}
+
+/// Iterates over the instructions of a module: `(offset of the first word, opcode, word count)`.
+fn instructions(words: &[u32]) -> Vec<(usize, u32, usize)> {
+    let mut out = Vec::new();
+    let mut at = 5; // after the header
+    while at < words.len() {
+        let count = (words[at] >> 16) as usize;
+        if count == 0 {
+            break;
+        }
+        out.push((at, words[at] & 0xffff, count));
+        at += count;
+    }
+    out
+}
+
+/// The rewrite described in the module docs, in place.
+pub(crate) fn make_workgroup_memory_coherent(words: &mut Vec<u32>) -> std::result::Result<(), String> {
+    if words.len() < 5 || words[0] != 0x0723_0203 {
+        return Err("not a SPIR-V module".into());
+    }
+    // 1. Which ids are pointers into workgroup memory, and the integer constants by id.
+    let mut workgroup_pointer_types = std::collections::HashSet::new();
+    let mut workgroup_pointers = std::collections::HashSet::new();
+    let mut constants = std::collections::HashMap::new();
+    for &(at, op, count) in &instructions(words) {
+        let w = &words[at..at + count];
+        match op {
+            OP_TYPE_POINTER if w[2] == STORAGE_CLASS_WORKGROUP => {
+                workgroup_pointer_types.insert(w[1]);
+            }
+            OP_VARIABLE | OP_ACCESS_CHAIN | OP_IN_BOUNDS_ACCESS_CHAIN | OP_PTR_ACCESS_CHAIN
+                if workgroup_pointer_types.contains(&w[1]) =>
+            {
+                workgroup_pointers.insert(w[2]);
+            }
+            OP_CONSTANT if count == 4 => {
+                constants.insert(w[2], (at, w[1], w[3]));
+            }
+            _ => {}
+        }
+    }
+
+    // 2. Barrier semantics: each distinct semantics constant gets a twin with the extra bits,
+    //    declared right after it; the barriers point to the twin.
+    let mut next_id = words[3];
+    let mut twins: std::collections::HashMap<u32, u32> = std::collections::HashMap::new();
+    let mut insertions: Vec<(usize, [u32; 4])> = Vec::new();
+    let mut rewrites: Vec<(usize, Vec<u32>)> = Vec::new();
+    for &(at, op, count) in &instructions(words) {
+        let w = &words[at..at + count];
+        match op {
+            OP_CONTROL_BARRIER => {
+                let semantics_id = w[3];
+                let Some(&(const_at, ty, value)) = constants.get(&semantics_id) else {
+                    return Err("a barrier's semantics are not a plain constant".into());
+                };
+                if value & SEMANTICS_WORKGROUP_MEMORY == 0 {
+                    continue;
+                }
+                let twin = *twins.entry(semantics_id).or_insert_with(|| {
+                    let id = next_id;
+                    next_id += 1;
+                    insertions.push((
+                        const_at + 4,
+                        [
+                            (4 << 16) | OP_CONSTANT,
+                            ty,
+                            id,
+                            value | SEMANTICS_MAKE_AVAILABLE_AND_VISIBLE,
+                        ],
+                    ));
+                    id
+                });
+                rewrites.push((at, vec![w[0], w[1], w[2], twin]));
+            }
+            // Load: result type, result, pointer, [memory operands]. Store: pointer, object, [..].
+            OP_LOAD | OP_STORE => {
+                let (pointer, operands_at) = if op == OP_LOAD { (w[3], 4) } else { (w[1], 3) };
+                if workgroup_pointers.contains(&pointer) {
+                    rewrites.push((at, with_non_private(w, operands_at)));
+                }
+            }
+            // Cooperative load: result type, result, pointer, layout, stride, [memory operands].
+            // Cooperative store: pointer, object, layout, stride, [memory operands].
+            OP_COOP_LOAD | OP_COOP_STORE => {
+                let (pointer, operands_at) = if op == OP_COOP_LOAD { (w[3], 6) } else { (w[1], 5) };
+                if workgroup_pointers.contains(&pointer) {
+                    if count < operands_at {
+                        return Err("a cooperative load or store has no stride operand".into());
+                    }
+                    rewrites.push((at, with_non_private(w, operands_at)));
+                }
+            }
+            _ => {}
+        }
+    }
+
+    // 3. Rebuild the word stream with the rewritten instructions and inserted constants.
+    let rewrites: std::collections::HashMap<usize, Vec<u32>> = rewrites.into_iter().collect();
+    let mut inserted: std::collections::HashMap<usize, Vec<[u32; 4]>> = std::collections::HashMap::new();
+    for (at, instruction) in insertions {
+        inserted.entry(at).or_default().push(instruction);
+    }
+    let mut out = words[..5].to_vec();
+    out[3] = next_id;
+    for (at, _, count) in instructions(words) {
+        if let Some(extra) = inserted.get(&at) {
+            extra.iter().for_each(|i| out.extend_from_slice(i));
+        }
+        match rewrites.get(&at) {
+            Some(new) => out.extend_from_slice(new),
+            None => out.extend_from_slice(&words[at..at + count]),
+        }
+    }
+    *words = out;
+    Ok(())
+}
+
+/// An instruction with `NonPrivatePointer` added to the memory operands that start at word
+/// `operands_at` (appended as a new mask when the instruction has none).
+fn with_non_private(w: &[u32], operands_at: usize) -> Vec<u32> {
+    let mut new = w.to_vec();
+    if new.len() > operands_at {
+        new[operands_at] |= MEMORY_OPERAND_NON_PRIVATE_POINTER;
+    } else {
+        new.push(MEMORY_OPERAND_NON_PRIVATE_POINTER);
+        let count = new.len() as u32;
+        new[0] = (count << 16) | (new[0] & 0xffff);
+    }
+    new
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const KERNEL: &str = r#"
+enable f16;
+enable wgpu_cooperative_matrix;
+var<workgroup> tile: array<f16, 256>;
+var<workgroup> out_tile: array<f32, 256>;
+@group(0) @binding(0) var<storage, read_write> result: array<f32>;
+@compute @workgroup_size(32)
+fn main(@builtin(local_invocation_index) li: u32) {
+    for (var i = li; i < 256u; i += 32u) { tile[i] = f16(i); }
+    workgroupBarrier();
+    let a = coopLoadT<coop_mat16x16<f16, A>>(&tile[0], 16u);
+    let b = coopLoad<coop_mat16x16<f16, B>>(&tile[0], 16u);
+    coopStoreT(coopMultiplyAdd(a, b, coop_mat16x16<f32, C>()), &out_tile[0], 16u);
+    workgroupBarrier();
+    result[li] = out_tile[li];
+}
+"#;
+
+    #[test]
+    fn every_workgroup_access_becomes_non_private_and_barriers_make_writes_visible() {
+        let words = compile("test", KERNEL).unwrap();
+        let mut loads_stores = 0;
+        let mut barriers = 0;
+        let constants: std::collections::HashMap<u32, u32> = instructions(&words)
+            .into_iter()
+            .filter(|&(_, op, n)| op == OP_CONSTANT && n == 4)
+            .map(|(at, _, _)| (words[at + 2], words[at + 3]))
+            .collect();
+        for (at, op, count) in instructions(&words) {
+            let w = &words[at..at + count];
+            match op {
+                OP_COOP_LOAD => {
+                    assert!(count > 6 && w[6] & MEMORY_OPERAND_NON_PRIVATE_POINTER != 0);
+                    loads_stores += 1;
+                }
+                OP_COOP_STORE => {
+                    assert!(count > 5 && w[5] & MEMORY_OPERAND_NON_PRIVATE_POINTER != 0);
+                    loads_stores += 1;
+                }
+                OP_CONTROL_BARRIER => {
+                    let semantics = constants[&w[3]];
+                    assert_eq!(
+                        semantics & SEMANTICS_MAKE_AVAILABLE_AND_VISIBLE,
+                        SEMANTICS_MAKE_AVAILABLE_AND_VISIBLE
+                    );
+                    barriers += 1;
+                }
+                _ => {}
+            }
+        }
+        assert_eq!((loads_stores, barriers), (3, 2));
+        // The invocations' own stores to `tile` and loads from `out_tile` are marked too.
+        let marked = |op: u32, operands_at: usize| {
+            instructions(&words)
+                .into_iter()
+                .filter(|&(at, o, n)| {
+                    o == op && n > operands_at && words[at + operands_at] & MEMORY_OPERAND_NON_PRIVATE_POINTER != 0
+                })
+                .count()
+        };
+        assert!(marked(OP_STORE, 3) >= 1 && marked(OP_LOAD, 4) >= 1);
+        // The module still validates as SPIR-V structure: ids stay below the new bound.
+        assert!(instructions(&words)
+            .iter()
+            .all(|&(at, op, _)| op != OP_CONSTANT || words[at + 2] < words[3]));
+    }
+}
