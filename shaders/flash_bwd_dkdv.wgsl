@@ -58,8 +58,8 @@ fn flash_bwd_dkdv(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocatio
     // One work item per (query head of the group, query tile).
     let num_items = params.group_size * tiles_per_head;
 
-    var dk_acc: Output;
-    var dv_acc: Output;
+    var dk_acc = Output();
+    var dv_acc = Output();
 
     // Pipeline prologue: the first score slice.
     var stage = 0u;
@@ -76,8 +76,8 @@ fn flash_bwd_dkdv(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocatio
         let row_steps = (min(BLOCK_M, params.seq_q - m0) + N_STEP - 1u) / N_STEP;
 
         // ---- Sᵀ = K Qᵀ and dPᵀ = V dOᵀ, one K_STEP slice of head_dim per step ----
-        var s: Scores;
-        var dp: Scores;
+        var s = Scores(); // explicit: some browsers do not re-zero a var declared in a loop
+        var dp = Scores();
         for (var c = 0u; c < QK_STEPS; c++) {
             let next = (stage + 1u) % STAGES;
             let last = c + 1u == QK_STEPS;

@@ -64,7 +64,7 @@ fn flash_bwd_dq(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_
         }
     }
 
-    var dq_acc: Output;
+    var dq_acc = Output();
 
     // Pipeline prologue: the first score slice.
     var stage = 0u;
@@ -79,8 +79,8 @@ fn flash_bwd_dq(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_
         let key_steps = (min(BLOCK_N, kv_end - n0) + N_STEP - 1u) / N_STEP;
 
         // ---- S = Q Kᵀ and dP = dO Vᵀ, one K_STEP slice of head_dim per step ----
-        var s: Scores;
-        var dp: Scores;
+        var s = Scores(); // explicit: some browsers do not re-zero a var declared in a loop
+        var dp = Scores();
         for (var c = 0u; c < QK_STEPS; c++) {
             let next = (stage + 1u) % STAGES;
             let last = c + 1u == QK_STEPS;

@@ -209,7 +209,7 @@ fn flash_fwd(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_ind
     }
     let num_kv_tiles = (kv_end + BLOCK_N - 1u) / BLOCK_N;
 
-    var acc: Output;
+    var acc = Output();
     var m_run: array<f32, ROWS_PER_THREAD>;
     var l_run: array<f32, ROWS_PER_THREAD>;
     for (var i = 0u; i < ROWS_PER_THREAD; i++) {
@@ -230,7 +230,7 @@ fn flash_fwd(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_ind
         let v_steps = (min(BLOCK_N, kv_end - n0) + N_STEP - 1u) / N_STEP;
 
         // ---- S = Q Kᵀ, one K_STEP slice of head_dim per step ----
-        var s: Scores;
+        var s = Scores(); // explicit: some browsers do not re-zero a var declared in a loop
         for (var c = 0u; c < QK_STEPS; c++) {
             let next = (stage + 1u) % STAGES;
             let last = c + 1u == QK_STEPS;
