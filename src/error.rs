@@ -55,6 +55,17 @@ pub enum Error {
     /// Reading results back from the GPU failed (device lost, out of memory).
     #[error("GPU read-back failed: {0}")]
     ReadBack(String),
+
+    /// NVRTC rejected a CUDA kernel (a bug in the library, or an NVRTC too old for its PTX); the
+    /// log is the compiler's.
+    #[cfg(feature = "cuda")]
+    #[error("NVRTC failed for `{name}`:\n{log}")]
+    Nvrtc { name: String, log: String },
+
+    /// A CUDA driver call failed (out of memory, launch failure, device lost).
+    #[cfg(feature = "cuda")]
+    #[error("CUDA driver call failed: {0}")]
+    Driver(#[from] cudarc::driver::DriverError),
 }
 
 /// `Result` with the crate's [`Error`].

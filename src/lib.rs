@@ -26,6 +26,8 @@
 //! * The backward pass ([`FlashAttention::backward`], [`FlashAttention::encode_backward`]) computes
 //!   dQ, dK and dV from Q, K, V, O, the forward's LSE and dO by recomputation, in O(seq) memory;
 //!   [`BackwardProblem`] adds the gradients' layouts, [`select_backward`] picks its kernels.
+//! * With `--features cuda`, [`cuda`] runs the same problems natively on NVIDIA GPUs
+//!   ([`cuda::CudaAttention`]): FlashAttention-2 style tensor-core kernels compiled by NVRTC.
 //! * [`reference`] is a float64 CPU implementation (forward and gradients); [`testing`] has seeded
 //!   inputs and error statistics.
 
@@ -38,6 +40,8 @@ mod backward_select;
 mod binding;
 mod caps;
 mod context;
+#[cfg(feature = "cuda")]
+pub mod cuda;
 mod error;
 #[cfg(not(target_arch = "wasm32"))]
 pub mod harness;
@@ -76,3 +80,5 @@ pub use select::{
     all_configs, all_coop_configs, num_q_tiles, preferred_variants, select, select_forward, CoopConfig, FlashConfig,
     ForwardKernel, KernelChoice, Reduction, TilePlan, TileType, Variant, COOP_KERNEL_VERIFIED, COOP_PLANS, PLANS,
 };
+#[cfg(feature = "cuda")]
+pub use cuda::{CudaAttention, CudaDevice};

@@ -1,0 +1,336 @@
+// FlashAttention-2 forward on tensor cores through mma.sync.m16n8k16 (bf16/f16 in, f32
+// accumulate). Compiled by NVRTC for sm_90a on Hopper (the same source runs on sm_80+); the
+// Hopper-only path (TMA + wgmma + warp specialization) is a later kernel.
+//
+// Shapes. Q, O: [batch, seq_q, num_heads, head_dim] at any strides (FwdParams); K, V:
+// [batch, seq_kv, num_kv_heads, head_dim]; query head h reads K/V head h / group_size. LSE:
+// [batch, num_heads, seq_q] f32, natural log, -inf for a row that sees no key. head_dim is
+// innermost and contiguous in every tensor.
+//
+// Who owns what.
+// * A block owns BLOCK_M query rows of one (batch, head): grid = (q tiles, num_heads, batch).
+//   It streams the visible K/V rows in tiles of BLOCK_N through shared memory, two stages deep
+//   (cp.async for tile j+1 lands while tile j is multiplied), and writes its O rows once.
+// * A warp owns 16 query rows (one m16 MMA row block), so BLOCK_M = 16 * warps. It computes its
+//   16 x BLOCK_N score tile S = Q·Kᵀ in registers, does the online softmax on it in registers,
+//   and feeds P straight from the S accumulators into the second MMA (the f32 C-fragment of two
+//   adjacent n8 tiles is exactly the A-fragment of one k16 step, after packing to 16 bits).
+// * A lane (4·g + t) owns, of every 16-row fragment, rows g and g+8: two softmax rows, whose
+//   max and sum are combined over the 4 lanes of a quad with two shuffles.
+//
+// Why these sizes. Registers per thread, head_dim 128, BLOCK_N 64: O accumulators 16·128/32 = 64,
+// S 16·64/32 = 32, Q fragments kept in registers 16·128·2/4/32 = 32: ~170 with addresses,
+// under the 255 that __launch_bounds__(.., 2) allows for 128 threads, so two blocks of 4 warps
+// share an SM and one block's softmax overlaps the other's MMAs. At head_dim 256 the O
+// accumulators alone are 128 registers, so Q stays in shared memory and is re-read per tile
+// (Q_IN_REGS = 0) and BLOCK_N drops to 32. Shared memory: Q tile + 2 stages of (K, V) tiles,
+// e.g. 16 + 2·(16 + 16) = 80 KiB at head_dim 128 (the Rust side asks for it at launch).
+//
+// Shared-memory tiles are rows of head_dim 16-bit values split into 16-byte chunks, with chunk c
+// of row r stored at chunk c ^ (r & 7): ldmatrix reads 8 rows of the same logical chunk, which
+// the XOR spreads over all 32 banks (unswizzled, rows 128/256/512 bytes apart would hit the same
+// banks 8 times over). head_dim is a multiple of 64, so the XOR stays inside the row.
+//
+// Compile-time parameters (-D, set by src/cuda/plan.rs): FA_HEAD_DIM, FA_BLOCK_M, FA_BLOCK_N,
+// FA_CAUSAL, FA_BF16, FA_Q_IN_REGS, FA_VEC_BYTES (16: rows 16-byte aligned; 8: only 8-byte
+// aligned), FA_MIN_BLOCKS (blocks per SM promised to the register allocator), KERNEL_NAME.
+#include "mma_ptx.cuh"
+
+#ifndef KERNEL_NAME
+#error "KERNEL_NAME must be defined (the kernel's config name)"
+#endif
+
+constexpr int HEAD_DIM = FA_HEAD_DIM;
+constexpr int BLOCK_M = FA_BLOCK_M;
+constexpr int BLOCK_N = FA_BLOCK_N;
+constexpr bool CAUSAL = FA_CAUSAL != 0;
+constexpr bool IS_BF16 = FA_BF16 != 0;
+constexpr bool Q_IN_REGS = FA_Q_IN_REGS != 0;
+constexpr int VEC_BYTES = FA_VEC_BYTES;
+constexpr int WARPS = BLOCK_M / 16;
+constexpr int THREADS = WARPS * 32;
+constexpr int CHUNKS = HEAD_DIM / 8;  // 16-byte chunks per row
+constexpr int ROW_BYTES = HEAD_DIM * 2;
+constexpr int Q_TILE_BYTES = BLOCK_M * ROW_BYTES;
+constexpr int KV_TILE_BYTES = BLOCK_N * ROW_BYTES;
+constexpr int K_STEPS = HEAD_DIM / 16;   // k16 steps of Q·Kᵀ
+constexpr int N_TILES = BLOCK_N / 8;     // n8 tiles of S
+constexpr int D_TILES = HEAD_DIM / 8;    // n8 tiles of O
+constexpr float LN2 = 0.6931471805599453f;
+
+static_assert(HEAD_DIM % 64 == 0 && HEAD_DIM <= 256, "the swizzle needs a multiple of 8 chunks per row");
+static_assert(BLOCK_M % 16 == 0 && WARPS >= 1 && WARPS <= 8, "a warp owns 16 query rows");
+static_assert(BLOCK_N % 16 == 0, "P·V steps over the key tile 16 at a time");
+static_assert(VEC_BYTES == 16 || VEC_BYTES == 8, "global rows are moved in 16- or 8-byte pieces");
+
+// Mirrors `FwdParams` in src/cuda/plan.rs (#[repr(C)], 160 bytes; both sides assert the size).
+// Strides are in elements; the pointers already include each tensor's offset.
+struct FwdParams {
+    const u16* q;
+    const u16* k;
+    const u16* v;
+    u16* o;
+    float* lse;  // null: not written
+    i64 q_batch_stride, q_seq_stride, q_head_stride;
+    i64 k_batch_stride, k_seq_stride, k_head_stride;
+    i64 v_batch_stride, v_seq_stride, v_head_stride;
+    i64 o_batch_stride, o_seq_stride, o_head_stride;
+    int seq_q;
+    int seq_kv;
+    int num_heads;
+    int group_size;     // query heads per K/V head
+    int causal_offset;  // seq_kv - seq_q: row i sees keys j <= i + causal_offset
+    float scale_log2;   // softmax scale * log2(e): scores go straight to exp2
+};
+static_assert(sizeof(FwdParams) == 160, "FwdParams must match the Rust mirror");
+
+// Byte offset of 16-byte chunk `chunk` of row `row` in a swizzled tile.
+__device__ __forceinline__ u32 swizzle(int row, int chunk) {
+    return (u32)(row * ROW_BYTES + ((chunk ^ (row & 7)) << 4));
+}
+
+// Copies `ROWS` rows of head_dim elements, row r at `g + r * row_stride`, into a swizzled tile;
+// rows at or past `rows_valid` are zero-filled. All threads of the block take part: consecutive
+// threads take consecutive chunks of a row, so a warp reads whole rows (coalesced).
+template <int ROWS>
+__device__ __forceinline__ void load_tile(u32 tile, const u16* g, i64 row_stride, int rows_valid, int tid) {
+    constexpr int TOTAL = ROWS * CHUNKS;
+#pragma unroll
+    for (int j = 0; j < (TOTAL + THREADS - 1) / THREADS; ++j) {
+        const int i = tid + j * THREADS;
+        if (TOTAL % THREADS != 0 && i >= TOTAL) break;
+        const int row = i / CHUNKS;
+        const int chunk = i % CHUNKS;
+        const bool valid = row < rows_valid;
+        // An invalid row reads nothing, but the address must still be a legal one: row 0.
+        const u16* src = g + (valid ? (i64)row * row_stride : 0) + chunk * 8;
+        const u32 dst = tile + swizzle(row, chunk);
+        if (VEC_BYTES == 16) {
+            cp_async_16(dst, src, valid);
+        } else {
+            cp_async_8(dst, src, valid);
+            cp_async_8(dst + 8, src + 4, valid);
+        }
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(THREADS, FA_MIN_BLOCKS) KERNEL_NAME(const FwdParams p) {
+    extern __shared__ __align__(128) unsigned char smem[];
+    const int tid = threadIdx.x;
+    const int warp = tid / 32;
+    const int lane = tid % 32;
+
+    // Causal: the last query tiles see the most keys; launch them first so the long blocks
+    // don't start last and leave the tail of the grid running alone.
+    const int q_tile = CAUSAL ? (int)(gridDim.x - 1 - blockIdx.x) : (int)blockIdx.x;
+    const int head = blockIdx.y;
+    const int batch = blockIdx.z;
+    const int kv_head = head / p.group_size;
+    const int m0 = q_tile * BLOCK_M;
+
+    // Keys this tile can see: all, or (causal, bottom-right aligned) up to its last row's
+    // diagonal. Tiles entirely right of the diagonal are never loaded.
+    int n_end = p.seq_kv;
+    if (CAUSAL) {
+        // One past the last key the tile's last row sees; <= 0 when no row sees any key.
+        const i64 limit = (i64)m0 + BLOCK_M + p.causal_offset;
+        n_end = (int)(limit < 0 ? 0 : (limit < p.seq_kv ? limit : p.seq_kv));
+    }
+    const int n_tiles = (n_end + BLOCK_N - 1) / BLOCK_N;
+
+    const u16* q = p.q + batch * p.q_batch_stride + head * p.q_head_stride + (i64)m0 * p.q_seq_stride;
+    const u16* k = p.k + batch * p.k_batch_stride + kv_head * p.k_head_stride;
+    const u16* v = p.v + batch * p.v_batch_stride + kv_head * p.v_head_stride;
+
+    const u32 s_q = smem_addr(smem);
+    const u32 s_kv = s_q + Q_TILE_BYTES;  // stage s: K at s_kv + 2s·KV_TILE_BYTES, V after it
+    auto stage_k = [&](int s) { return s_kv + (u32)(2 * s) * KV_TILE_BYTES; };
+    auto stage_v = [&](int s) { return s_kv + (u32)(2 * s + 1) * KV_TILE_BYTES; };
+    auto load_kv = [&](int tile, int s) {
+        const int n0 = tile * BLOCK_N;
+        load_tile<BLOCK_N>(stage_k(s), k + (i64)n0 * p.k_seq_stride, p.k_seq_stride, p.seq_kv - n0, tid);
+        load_tile<BLOCK_N>(stage_v(s), v + (i64)n0 * p.v_seq_stride, p.v_seq_stride, p.seq_kv - n0, tid);
+    };
+
+    // Prologue: group 0 = Q and K/V tile 0, group 1 = K/V tile 1 (either may be empty).
+    load_tile<BLOCK_M>(s_q, q, p.q_seq_stride, p.seq_q - m0, tid);
+    if (n_tiles > 0) load_kv(0, 0);
+    cp_async_commit();
+    if (n_tiles > 1) load_kv(1, 1);
+    cp_async_commit();
+
+    float o_acc[D_TILES][4];
+#pragma unroll
+    for (int d = 0; d < D_TILES; ++d) o_acc[d][0] = o_acc[d][1] = o_acc[d][2] = o_acc[d][3] = 0.f;
+    float row_max[2] = {NEG_INF, NEG_INF};  // running max of the log2-scaled scores
+    float row_sum[2] = {0.f, 0.f};              // this lane's part of the running sum
+
+    // The warp's Q rows as A-fragments: lanes 0-7 address rows 0-7 of k-chunk 2kk, lanes 8-15
+    // rows 8-15 of it, lanes 16-31 the same rows of chunk 2kk+1 (a[0..3] order).
+    const int q_frag_row = warp * 16 + (lane & 7) + ((lane >> 3) & 1) * 8;
+    const int q_frag_chunk = lane >> 4;
+    u32 q_frag[Q_IN_REGS ? K_STEPS : 1][4];
+
+    // K (non-transposed, rows = keys) B-fragments of two n8 tiles per ldmatrix.x4: lanes 0-7
+    // rows 0-7 chunk 2kk, 8-15 rows 0-7 chunk 2kk+1, 16-23 rows 8-15 chunk 2kk, 24-31 rows 8-15
+    // chunk 2kk+1 -> {b0, b1} of n-tile 2nn, then of 2nn+1.
+    const int k_frag_row = (lane & 7) + (lane >> 4) * 8;
+    const int k_frag_chunk = (lane >> 3) & 1;
+    // V (transposed on load, rows = keys) B-fragments of two d8 tiles: lanes 0-7 keys 0-7 of
+    // chunk 2dd, 8-15 keys 8-15 of it, 16-31 the same keys of chunk 2dd+1.
+    const int v_frag_row = (lane & 7) + ((lane >> 3) & 1) * 8;
+    const int v_frag_chunk = lane >> 4;
+
+    const int row0 = m0 + warp * 16 + lane / 4;  // this lane's two rows: row0, row0 + 8
+
+    for (int it = 0; it < n_tiles; ++it) {
+        cp_async_wait<1>();  // every group but the newest is done: tile `it` has landed
+        __syncthreads();
+        const int stage = it & 1;
+        const int n0 = it * BLOCK_N;
+        if (Q_IN_REGS && it == 0) {
+#pragma unroll
+            for (int kk = 0; kk < K_STEPS; ++kk)
+                ldmatrix_x4(q_frag[kk], s_q + swizzle(q_frag_row, 2 * kk + q_frag_chunk));
+        }
+
+        // S = Q·Kᵀ (16 x BLOCK_N per warp, f32).
+        float s[N_TILES][4];
+#pragma unroll
+        for (int n = 0; n < N_TILES; ++n) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.f;
+        const u32 sk = stage_k(stage);
+#pragma unroll
+        for (int kk = 0; kk < K_STEPS; ++kk) {
+            u32 a[4];
+            if constexpr (Q_IN_REGS) {
+#pragma unroll
+                for (int x = 0; x < 4; ++x) a[x] = q_frag[kk][x];
+            } else {
+                ldmatrix_x4(a, s_q + swizzle(q_frag_row, 2 * kk + q_frag_chunk));
+            }
+#pragma unroll
+            for (int nn = 0; nn < N_TILES / 2; ++nn) {
+                u32 b[4];
+                ldmatrix_x4(b, sk + swizzle(nn * 16 + k_frag_row, 2 * kk + k_frag_chunk));
+                mma_16816<IS_BF16>(s[2 * nn], a, b[0], b[1]);
+                mma_16816<IS_BF16>(s[2 * nn + 1], a, b[2], b[3]);
+            }
+        }
+
+        // Scale into the log2 domain (scale·log2 e folded into one multiply; a max taken after
+        // scaling stays right for a negative scale), then mask where this tile needs it: past
+        // the end of the keys, or right of some row's diagonal.
+#pragma unroll
+        for (int n = 0; n < N_TILES; ++n)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) s[n][e] *= p.scale_log2;
+        const bool need_mask =
+            n0 + BLOCK_N > p.seq_kv || (CAUSAL && (i64)n0 + BLOCK_N - 1 > (i64)m0 + p.causal_offset);
+        if (need_mask) {
+#pragma unroll
+            for (int n = 0; n < N_TILES; ++n)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    const int col = n0 + n * 8 + (lane % 4) * 2 + (e & 1);
+                    const int row = row0 + (e >> 1) * 8;
+                    const bool hidden = col >= p.seq_kv || (CAUSAL && (i64)col > (i64)row + p.causal_offset);
+                    if (hidden) s[n][e] = NEG_INF;
+                }
+        }
+
+        // Online softmax, per owned row r (elements 2r, 2r+1 of every n8 tile).
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+            float mx = row_max[r];
+#pragma unroll
+            for (int n = 0; n < N_TILES; ++n) mx = fmaxf(mx, fmaxf(s[n][2 * r], s[n][2 * r + 1]));
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+            // A row that has seen only masked keys keeps max -inf; subtract 0 instead so that
+            // exp2(-inf - -inf) never makes a NaN. Its probabilities are all exp2(-inf) = 0.
+            const float m_use = mx == NEG_INF ? 0.f : mx;
+            const float alpha = ex2(row_max[r] - m_use);  // rescales the old sum and O
+            row_max[r] = mx;
+            float sum = 0.f;
+#pragma unroll
+            for (int n = 0; n < N_TILES; ++n) {
+                s[n][2 * r] = ex2(s[n][2 * r] - m_use);
+                s[n][2 * r + 1] = ex2(s[n][2 * r + 1] - m_use);
+                sum += s[n][2 * r] + s[n][2 * r + 1];
+            }
+            // The sum stays per lane until the end (alpha is the same on the 4 lanes of a quad).
+            row_sum[r] = row_sum[r] * alpha + sum;
+#pragma unroll
+            for (int d = 0; d < D_TILES; ++d) {
+                o_acc[d][2 * r] *= alpha;
+                o_acc[d][2 * r + 1] *= alpha;
+            }
+        }
+
+        // O += P·V: the S accumulators of n8 tiles 2kk and 2kk+1 are the A-fragment of k-step kk.
+        const u32 sv = stage_v(stage);
+#pragma unroll
+        for (int kk = 0; kk < BLOCK_N / 16; ++kk) {
+            u32 a[4];
+            a[0] = pack2<IS_BF16>(s[2 * kk][0], s[2 * kk][1]);
+            a[1] = pack2<IS_BF16>(s[2 * kk][2], s[2 * kk][3]);
+            a[2] = pack2<IS_BF16>(s[2 * kk + 1][0], s[2 * kk + 1][1]);
+            a[3] = pack2<IS_BF16>(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+#pragma unroll
+            for (int dd = 0; dd < D_TILES / 2; ++dd) {
+                u32 b[4];
+                ldmatrix_x4_trans(b, sv + swizzle(kk * 16 + v_frag_row, 2 * dd + v_frag_chunk));
+                mma_16816<IS_BF16>(o_acc[2 * dd], a, b[0], b[1]);
+                mma_16816<IS_BF16>(o_acc[2 * dd + 1], a, b[2], b[3]);
+            }
+        }
+
+        __syncthreads();  // every warp is done with this stage: refill it with tile it + 2
+        if (it + 2 < n_tiles) load_kv(it + 2, stage);
+        cp_async_commit();  // possibly empty, so that wait_group<1> keeps counting tiles
+    }
+
+    // Epilogue. Q's shared tile is free now: each warp stages its own 16 rows of O there
+    // (swizzled, conflict-free) and writes them out as whole 16-byte row chunks.
+    cp_async_wait<0>();
+    __syncthreads();
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+        float sum = row_sum[r];
+        sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+        sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+        // No visible key: O = 0 and LSE = -inf, as the reference defines it.
+        const float inv = sum > 0.f ? 1.f / sum : 0.f;
+        const int local_row = warp * 16 + lane / 4 + r * 8;
+#pragma unroll
+        for (int d = 0; d < D_TILES; ++d) {
+            const u32 packed = pack2<IS_BF16>(o_acc[d][2 * r] * inv, o_acc[d][2 * r + 1] * inv);
+            st_shared_u32(s_q + swizzle(local_row, d) + (lane % 4) * 4, packed);
+        }
+        const int row = row0 + r * 8;
+        if (p.lse != nullptr && lane % 4 == 0 && row < p.seq_q) {
+            const float lse = sum > 0.f ? row_max[r] * LN2 + logf(sum) : NEG_INF;
+            p.lse[((i64)batch * p.num_heads + head) * p.seq_q + row] = lse;
+        }
+    }
+    __syncwarp();
+    u16* o = p.o + batch * p.o_batch_stride + head * p.o_head_stride;
+#pragma unroll
+    for (int j = 0; j < 16 * CHUNKS / 32; ++j) {
+        const int i = lane + 32 * j;
+        const int local_row = warp * 16 + i / CHUNKS;
+        const int chunk = i % CHUNKS;
+        const int row = m0 + local_row;
+        if (row < p.seq_q) {
+            u32 val[4];
+            ld_shared_v4(s_q + swizzle(local_row, chunk), val);
+            u16* dst = o + (i64)row * p.o_seq_stride + chunk * 8;
+            if (VEC_BYTES == 16) {
+                st_global_v4(dst, val);
+            } else {
+                st_global_v2(dst, val[0], val[1]);
+                st_global_v2(dst + 4, val[2], val[3]);
+            }
+        }
+    }
+}

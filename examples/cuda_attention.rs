@@ -1,0 +1,266 @@
+//! Throughput of the CUDA forward kernels on FlashAttention's benchmark shapes: batch × seq =
+//! 16k tokens, hidden 2048 (heads = 2048 / head_dim), bf16, causal and not. Each shape is also
+//! spot-checked against the float64 reference (a few query rows per head).
+//!
+//! ```text
+//! cargo run --release --features cuda --example cuda_attention -- \
+//!     [--head-dims 64,128,256] [--seqs 512,1024,2048,4096,8192,16384] [--reps 10] \
+//!     [--sweep-seq 8192] [--no-sweep] [--json out.jsonl]
+//! ```
+//!
+//! With the sweep on, every tile plan of a head_dim is timed at `--sweep-seq` first and the
+//! fastest one runs the table. Timing: CUDA events around each launch, median of `--reps` after
+//! three warm-up launches (NVRTC compiles or loads from the disk cache before that).
+
+use std::io::Write;
+
+use half::bf16;
+use wgpu_flash_attn::cuda::cudarc::driver::sys::CUevent_flags;
+use wgpu_flash_attn::cuda::cudarc::driver::CudaSlice;
+use wgpu_flash_attn::cuda::{tile_plans, CudaAttention, CudaDevice, CudaTilePlan, DeviceTensors};
+use wgpu_flash_attn::testing::{random_tensor, ErrorStats};
+use wgpu_flash_attn::{reference, AttentionProblem, DType, Result};
+
+const TOKENS: usize = 16384;
+const HIDDEN: usize = 2048;
+
+struct Args {
+    head_dims: Vec<usize>,
+    seqs: Vec<usize>,
+    reps: usize,
+    sweep_seq: Option<usize>,
+    json: Option<String>,
+}
+
+fn parse_args() -> Args {
+    let mut a = Args {
+        head_dims: vec![64, 128, 256],
+        seqs: vec![512, 1024, 2048, 4096, 8192, 16384],
+        reps: 10,
+        sweep_seq: Some(8192),
+        json: None,
+    };
+    let list = |s: &str| -> Vec<usize> { s.split(',').map(|x| x.trim().parse().expect("a number")).collect() };
+    let mut it = std::env::args().skip(1);
+    while let Some(flag) = it.next() {
+        let mut value = || it.next().unwrap_or_else(|| panic!("{flag} needs a value"));
+        match flag.as_str() {
+            "--head-dims" => a.head_dims = list(&value()),
+            "--seqs" => a.seqs = list(&value()),
+            "--reps" => a.reps = value().parse().expect("a number"),
+            "--sweep-seq" => a.sweep_seq = Some(value().parse().expect("a number")),
+            "--no-sweep" => a.sweep_seq = None,
+            "--json" => a.json = Some(value()),
+            other => panic!("unknown argument {other}"),
+        }
+    }
+    a
+}
+
+/// Q, K, V, O of 16k tokens × 2048 hidden: every benchmark shape is a view of the same buffers.
+struct Buffers {
+    q: Vec<bf16>,
+    k: Vec<bf16>,
+    v: Vec<bf16>,
+    dq: CudaSlice<u16>,
+    dk: CudaSlice<u16>,
+    dv: CudaSlice<u16>,
+    d_o: CudaSlice<u16>,
+    d_lse: CudaSlice<f32>,
+    /// NaN bit patterns copied over O before every shape, so that rows a kernel skips fail.
+    d_poison: CudaSlice<u16>,
+}
+
+fn to_bits(x: &[bf16]) -> Vec<u16> {
+    bytemuck::cast_slice(x).to_vec()
+}
+
+struct Timing {
+    median_ms: f64,
+    min_ms: f64,
+    kernel: String,
+}
+
+/// Median and minimum of `reps` event-timed launches after three warm-up launches.
+fn time(
+    engine: &CudaAttention,
+    problem: &AttentionProblem,
+    plan: CudaTilePlan,
+    bufs: &mut Buffers,
+    reps: usize,
+) -> Result<Timing> {
+    let dev = engine.device();
+    let stream = dev.stream();
+    stream.memcpy_dtod(&bufs.d_poison, &mut bufs.d_o)?;
+    let launch = |bufs: &mut Buffers| -> Result<String> {
+        let config = engine.forward_device_with_plan(
+            problem,
+            plan,
+            DeviceTensors {
+                q: &bufs.dq,
+                k: &bufs.dk,
+                v: &bufs.dv,
+                o: &mut bufs.d_o,
+                lse: Some(&mut bufs.d_lse),
+            },
+        )?;
+        Ok(config.name())
+    };
+    let mut kernel = String::new();
+    for _ in 0..3 {
+        kernel = launch(bufs)?;
+    }
+    stream.synchronize()?;
+    let mut times = Vec::with_capacity(reps);
+    for _ in 0..reps {
+        let start = dev.context().new_event(Some(CUevent_flags::CU_EVENT_DEFAULT))?;
+        let end = dev.context().new_event(Some(CUevent_flags::CU_EVENT_DEFAULT))?;
+        start.record(stream)?;
+        launch(bufs)?;
+        end.record(stream)?;
+        end.synchronize()?;
+        times.push(start.elapsed_ms(&end)? as f64);
+    }
+    times.sort_by(|a, b| a.total_cmp(b));
+    Ok(Timing {
+        median_ms: times[times.len() / 2],
+        min_ms: times[0],
+        kernel,
+    })
+}
+
+/// Compares a few query rows of every (batch 0, head) with the float64 reference.
+fn spot_check(engine: &CudaAttention, problem: &AttentionProblem, bufs: &Buffers) -> Result<ErrorStats> {
+    let o_bits: Vec<u16> = engine.device().stream().clone_dtoh(&bufs.d_o)?;
+    let out: &[bf16] = bytemuck::cast_slice(&o_bits);
+    let s = problem.shape;
+    let rows = [0, 1, s.seq_q / 3, s.seq_q / 2 + 7, s.seq_q - 2, s.seq_q - 1];
+    let mut pairs = Vec::new();
+    for b in [0, s.batch - 1] {
+        for h in (0..s.num_heads).step_by(5) {
+            for &i in &rows {
+                let want = reference::attention_row(problem, &bufs.q, &bufs.k, &bufs.v, b, h, i)?;
+                for (d, w) in want.out.iter().enumerate() {
+                    pairs.push((out[problem.o_layout.index(b, i, h, d)].to_f64(), *w));
+                }
+            }
+        }
+    }
+    Ok(ErrorStats::from_pairs(pairs))
+}
+
+fn main() -> Result<()> {
+    let args = parse_args();
+    let device = CudaDevice::new(0)?;
+    println!(
+        "# {} (sm {}.{}, {} SMs, driver {}, NVRTC target {})",
+        device.name(),
+        device.compute_capability().0,
+        device.compute_capability().1,
+        device.sm_count(),
+        device.driver_version(),
+        device.arch()
+    );
+    let engine = CudaAttention::new(device);
+    let stream = engine.device().stream().clone();
+    let n = TOKENS * HIDDEN;
+    let t0 = std::time::Instant::now();
+    let (q, k, v) = (
+        random_tensor::<bf16>(1, n),
+        random_tensor::<bf16>(2, n),
+        random_tensor::<bf16>(3, n),
+    );
+    let mut bufs = Buffers {
+        dq: stream.clone_htod(&to_bits(&q))?,
+        dk: stream.clone_htod(&to_bits(&k))?,
+        dv: stream.clone_htod(&to_bits(&v))?,
+        d_o: stream.alloc_zeros::<u16>(n)?,
+        d_poison: stream.clone_htod(&vec![0x7fc0u16; n])?,
+        d_lse: stream.alloc_zeros::<f32>(TOKENS * (HIDDEN / 64))?,
+        q,
+        k,
+        v,
+    };
+    eprintln!("inputs ready in {:.1} s", t0.elapsed().as_secs_f64());
+    let mut json = args.json.as_ref().map(|p| {
+        std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(p)
+            .expect("json file")
+    });
+    let problem_for = |head_dim: usize, seq: usize, causal: bool| {
+        let heads = HIDDEN / head_dim;
+        AttentionProblem::mha((TOKENS / seq).max(1), seq, heads, head_dim, DType::BF16).with_causal(causal)
+    };
+
+    let mut table = Vec::new();
+    for &head_dim in &args.head_dims {
+        for causal in [false, true] {
+            // Sweep the tile plans at one size; the fastest runs the table.
+            let mut best = tile_plans(head_dim)[0];
+            if let Some(seq) = args.sweep_seq {
+                let p = problem_for(head_dim, seq, causal);
+                let mut best_ms = f64::INFINITY;
+                for &plan in tile_plans(head_dim) {
+                    let t = time(&engine, &p, plan, &mut bufs, args.reps)?;
+                    let info = engine.prepare(&wgpu_flash_attn::cuda::CudaKernelConfig::new(
+                        DType::BF16,
+                        head_dim,
+                        plan,
+                        causal,
+                        16,
+                    )?)?;
+                    let check = spot_check(&engine, &p, &bufs)?;
+                    let tflops = p.flops() / (t.median_ms * 1e-3) / 1e12;
+                    println!(
+                        "sweep d{head_dim} s{seq} causal={causal} {:<44} {:>8.3} ms {:>6.1} TFLOP/s  regs {} local {}  check {}",
+                        t.kernel, t.median_ms, tflops, info.num_regs, info.local_bytes, check
+                    );
+                    if check.within(1e-2, 5e-2) && t.median_ms < best_ms {
+                        best_ms = t.median_ms;
+                        best = plan;
+                    }
+                }
+            }
+            for &seq in &args.seqs {
+                let p = problem_for(head_dim, seq, causal);
+                let t = time(&engine, &p, best, &mut bufs, args.reps)?;
+                let check = spot_check(&engine, &p, &bufs)?;
+                let tflops = p.flops() / (t.median_ms * 1e-3) / 1e12;
+                let ok = check.within(1e-2, 5e-2);
+                println!(
+                    "d{head_dim:<3} s{seq:<5} b{:<2} h{:<2} causal={:<5} {:<44} {:>8.3} ms (min {:.3}) {:>6.1} TFLOP/s  {} {}",
+                    p.shape.batch,
+                    p.shape.num_heads,
+                    causal,
+                    t.kernel,
+                    t.median_ms,
+                    t.min_ms,
+                    tflops,
+                    if ok { "ok" } else { "WRONG" },
+                    check
+                );
+                if let Some(f) = json.as_mut() {
+                    writeln!(
+                        f,
+                        "{{\"head_dim\": {head_dim}, \"seq\": {seq}, \"batch\": {}, \"heads\": {}, \"causal\": {causal}, \"dtype\": \"bf16\", \"kernel\": \"{}\", \"ms\": {:.4}, \"tflops\": {:.1}, \"rel_l2\": {:.2e}, \"ok\": {ok}}}",
+                        p.shape.batch, p.shape.num_heads, t.kernel, t.median_ms, tflops, check.rel_l2
+                    )
+                    .expect("json write");
+                }
+                table.push((head_dim, seq, causal, tflops, ok));
+            }
+        }
+    }
+    println!("\n| head_dim | seq | causal | TFLOP/s | check |");
+    println!("|---|---|---|---|---|");
+    for (d, s, c, t, ok) in table {
+        println!(
+            "| {d} | {s} | {} | {t:.0} | {} |",
+            if c { "yes" } else { "no" },
+            if ok { "ok" } else { "WRONG" }
+        );
+    }
+    Ok(())
+}

@@ -1,0 +1,319 @@
+//! The CUDA attention engine: loads kernels (memory cache in front of the NVRTC/disk cache),
+//! checks buffers, launches on the device's stream, and offers a host-slice convenience.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use cudarc::driver::sys::CUfunction_attribute;
+use cudarc::driver::{CudaFunction, DevicePtr, DevicePtrMut, DeviceRepr, LaunchConfig, PushKernelArg};
+use cudarc::nvrtc::Ptx;
+
+use super::device::CudaDevice;
+use super::nvrtc::{evict, load_or_compile, resource_report, CompileJob, DiskCache, Origin};
+use super::plan::{select_cuda, validate_for_cuda, vec_bytes_for, CudaKernelConfig, CudaTilePlan, FwdParams};
+use crate::attention::AttentionOutput;
+use crate::error::{Error, Result};
+use crate::problem::{AttentionProblem, Element, Tensor};
+
+// SAFETY: plain `#[repr(C)]` data whose layout `cuda/flash_fwd_mma.cu` mirrors (size asserted on
+// both sides); passed by value as the kernel's only parameter.
+unsafe impl DeviceRepr for FwdParams {}
+
+/// Settings of a [`CudaAttention`] engine.
+#[derive(Clone, Debug, Default)]
+pub struct CudaOptions {
+    /// Where compiled kernels persist between processes.
+    pub disk_cache: DiskCache,
+    /// Force a tile plan instead of the default for each head_dim (benchmark sweeps).
+    pub plan: Option<CudaTilePlan>,
+}
+
+/// What was loaded for one kernel config.
+#[derive(Clone, Debug)]
+pub struct KernelInfo {
+    pub config: CudaKernelConfig,
+    /// Registers per thread (`CU_FUNC_ATTRIBUTE_NUM_REGS`).
+    pub num_regs: i32,
+    /// Local memory per thread: non-zero means spills or a stack array, both slow.
+    pub local_bytes: i32,
+    pub origin: Origin,
+    /// ptxas's line from the compile log (empty when the cubin came from the disk cache).
+    pub resource_report: String,
+}
+
+struct LoadedKernel {
+    function: CudaFunction,
+    info: KernelInfo,
+}
+
+/// The tensors of one forward call in device memory, on any stream of the engine's context.
+///
+/// `q`, `k`, `v` and `o` hold 16-bit elements of the problem's dtype (`u16`, or `half::f16` /
+/// `half::bf16` with cudarc's `f16` feature) laid out as the problem's layouts say; `lse` gets
+/// `[batch, num_heads, seq_q]` f32. `o` must not overlap the inputs.
+pub struct DeviceTensors<'a, T> {
+    pub q: &'a dyn DevicePtr<T>,
+    pub k: &'a dyn DevicePtr<T>,
+    pub v: &'a dyn DevicePtr<T>,
+    pub o: &'a mut dyn DevicePtrMut<T>,
+    pub lse: Option<&'a mut dyn DevicePtrMut<f32>>,
+}
+
+/// Runs exact attention on one CUDA device. Kernels compile on first use (or load from the disk
+/// cache) and stay loaded: keep one engine per device.
+pub struct CudaAttention {
+    device: CudaDevice,
+    options: CudaOptions,
+    kernels: Mutex<HashMap<CudaKernelConfig, Arc<LoadedKernel>>>,
+}
+
+impl CudaAttention {
+    pub fn new(device: CudaDevice) -> Self {
+        Self::with_options(device, CudaOptions::default())
+    }
+
+    pub fn with_options(device: CudaDevice, options: CudaOptions) -> Self {
+        CudaAttention {
+            device,
+            options,
+            kernels: Mutex::new(HashMap::new()),
+        }
+    }
+
+    pub fn device(&self) -> &CudaDevice {
+        &self.device
+    }
+
+    pub fn options(&self) -> &CudaOptions {
+        &self.options
+    }
+
+    /// The config a launch of `problem` uses when its tensors allow `vec_bytes`-wide access.
+    pub fn config_for(&self, problem: &AttentionProblem, vec_bytes: u32) -> Result<CudaKernelConfig> {
+        match self.options.plan {
+            Some(plan) => {
+                validate_for_cuda(problem)?;
+                CudaKernelConfig::new(problem.dtype, problem.shape.head_dim, plan, problem.causal, vec_bytes)
+            }
+            None => select_cuda(problem, vec_bytes),
+        }
+    }
+
+    /// Compiles (or loads) the kernel of `config` now, so that the first launch is not slow.
+    pub fn prepare(&self, config: &CudaKernelConfig) -> Result<KernelInfo> {
+        Ok(self.kernel(config)?.info.clone())
+    }
+
+    fn kernel(&self, config: &CudaKernelConfig) -> Result<Arc<LoadedKernel>> {
+        // A poisoned lock only means another thread panicked mid-insert; the map is still valid.
+        let mut kernels = self.kernels.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(k) = kernels.get(config) {
+            return Ok(k.clone());
+        }
+        let smem = config.smem_bytes();
+        if smem > self.device.max_smem_per_block() {
+            return Err(Error::Unavailable {
+                what: format!("kernel {}", config.name()),
+                why: format!(
+                    "it needs {smem} bytes of shared memory per block; {} offers {}",
+                    self.device.name(),
+                    self.device.max_smem_per_block()
+                ),
+            });
+        }
+        let job = CompileJob::forward(config, self.device.arch());
+        let cache_dir = self.options.disk_cache.dir();
+        let mut compiled = load_or_compile(&job, cache_dir.as_deref(), self.device.driver_version())?;
+        let ctx = self.device.context();
+        let module = match ctx.load_module(Ptx::from_binary(compiled.cubin.clone())) {
+            Ok(m) => m,
+            // A cached cubin the driver refuses (damaged, or from another toolkit): drop it and
+            // compile afresh.
+            Err(_) if compiled.origin == Origin::DiskCache => {
+                if let Some(p) = &compiled.cache_path {
+                    evict(p);
+                }
+                compiled = load_or_compile(&job, cache_dir.as_deref(), self.device.driver_version())?;
+                ctx.load_module(Ptx::from_binary(compiled.cubin.clone()))?
+            }
+            Err(e) => return Err(e.into()),
+        };
+        let function = module.load_function(&config.name())?;
+        // Above 48 KiB a block must opt in to its dynamic shared memory.
+        function.set_attribute(
+            CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+            smem as i32,
+        )?;
+        // Ask for the largest shared-memory carve-out: these kernels keep their working set in
+        // shared memory and registers, and two blocks of up to 96 KiB must fit an SM.
+        function.set_attribute(
+            CUfunction_attribute::CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT,
+            100,
+        )?;
+        let info = KernelInfo {
+            config: *config,
+            num_regs: function.num_regs()?,
+            local_bytes: function.local_size_bytes()?,
+            origin: compiled.origin,
+            resource_report: resource_report(&compiled.log),
+        };
+        let loaded = Arc::new(LoadedKernel { function, info });
+        kernels.insert(*config, loaded.clone());
+        Ok(loaded)
+    }
+
+    /// Enqueues `O = softmax(scale·QKᵀ [causal])·V` and the LSE on the device's stream, on your
+    /// buffers (no copies, no synchronization). Returns the kernel config that ran.
+    pub fn forward_device<T>(
+        &self,
+        problem: &AttentionProblem,
+        tensors: DeviceTensors<'_, T>,
+    ) -> Result<CudaKernelConfig> {
+        self.launch(problem, tensors, None)
+    }
+
+    /// [`forward_device`](Self::forward_device) with an explicit tile plan.
+    pub fn forward_device_with_plan<T>(
+        &self,
+        problem: &AttentionProblem,
+        plan: CudaTilePlan,
+        tensors: DeviceTensors<'_, T>,
+    ) -> Result<CudaKernelConfig> {
+        self.launch(problem, tensors, Some(plan))
+    }
+
+    fn launch<T>(
+        &self,
+        problem: &AttentionProblem,
+        t: DeviceTensors<'_, T>,
+        plan: Option<CudaTilePlan>,
+    ) -> Result<CudaKernelConfig> {
+        validate_for_cuda(problem)?;
+        if std::mem::size_of::<T>() != problem.dtype.size_bytes() {
+            return Err(Error::InvalidBuffer {
+                tensor: "q",
+                message: format!(
+                    "device buffers hold {}-byte elements; {} needs {}",
+                    std::mem::size_of::<T>(),
+                    problem.dtype.name(),
+                    problem.dtype.size_bytes()
+                ),
+            });
+        }
+        for (tensor, len) in [
+            (Tensor::Q, t.q.len()),
+            (Tensor::K, t.k.len()),
+            (Tensor::V, t.v.len()),
+            (Tensor::O, t.o.len()),
+        ] {
+            let need = problem.required_len(tensor);
+            if len < need {
+                return Err(Error::InvalidBuffer {
+                    tensor: tensor.name(),
+                    message: format!("holds {len} elements, the problem needs {need}"),
+                });
+            }
+        }
+        if let Some(lse) = &t.lse {
+            if lse.len() < problem.lse_len() {
+                return Err(Error::InvalidBuffer {
+                    tensor: "lse",
+                    message: format!("holds {} values, the problem needs {}", lse.len(), problem.lse_len()),
+                });
+            }
+        }
+
+        let stream = self.device.stream();
+        // Each guard makes the stream wait for earlier writes to its buffer and records this
+        // launch's use when dropped, after the launch (cudarc's multi-stream bookkeeping).
+        let (q, _gq) = t.q.device_ptr(stream);
+        let (k, _gk) = t.k.device_ptr(stream);
+        let (v, _gv) = t.v.device_ptr(stream);
+        let (o, _go) = t.o.device_ptr_mut(stream);
+        let (lse, _glse) = match t.lse {
+            Some(l) => {
+                let (p, g) = l.device_ptr_mut(stream);
+                (p, Some(g))
+            }
+            None => (0, None),
+        };
+
+        let vec_bytes = vec_bytes_for(problem, [q, k, v, o])?;
+        let config = match plan {
+            Some(plan) => {
+                CudaKernelConfig::new(problem.dtype, problem.shape.head_dim, plan, problem.causal, vec_bytes)?
+            }
+            None => self.config_for(problem, vec_bytes)?,
+        };
+        let geometry = config.geometry(problem)?;
+        let kernel = self.kernel(&config)?;
+        let params = FwdParams::new(problem, [q, k, v, o], lse);
+        let cfg = LaunchConfig {
+            grid_dim: geometry.grid,
+            block_dim: geometry.block,
+            shared_mem_bytes: geometry.smem_bytes,
+        };
+        let mut builder = stream.launch_builder(&kernel.function);
+        builder.arg(&params);
+        // SAFETY: the parameter block matches the kernel's (size asserted on both sides); every
+        // address it holds was checked to cover the extent the problem's layouts reach.
+        unsafe { builder.launch(cfg) }?;
+        Ok(config)
+    }
+
+    /// Host slices in, host vectors out: uploads Q, K and V, runs, waits and reads O and LSE
+    /// back. Layouts as the problem says; O elements its layout skips are 0.
+    pub fn forward<T: Element>(
+        &self,
+        problem: &AttentionProblem,
+        q: &[T],
+        k: &[T],
+        v: &[T],
+    ) -> Result<AttentionOutput<T>> {
+        validate_for_cuda(problem)?;
+        if T::DTYPE != problem.dtype {
+            return Err(Error::DTypeMismatch {
+                tensor: "q",
+                expected: problem.dtype,
+                got: T::DTYPE,
+            });
+        }
+        for (tensor, len) in [(Tensor::Q, q.len()), (Tensor::K, k.len()), (Tensor::V, v.len())] {
+            let need = problem.required_len(tensor);
+            if len < need {
+                return Err(Error::InvalidBuffer {
+                    tensor: tensor.name(),
+                    message: format!("holds {len} elements, the problem needs {need}"),
+                });
+            }
+        }
+        let stream = self.device.stream();
+        // bf16/f16 travel as their bit patterns: cudarc's DeviceRepr covers u16, not half's types.
+        let bits = |x: &[T]| -> Vec<u16> { bytemuck::cast_slice::<T, u16>(x).to_vec() };
+        let dq = stream.clone_htod(&bits(q))?;
+        let dk = stream.clone_htod(&bits(k))?;
+        let dv = stream.clone_htod(&bits(v))?;
+        let o_len = problem.required_len(Tensor::O);
+        let mut d_o = stream.alloc_zeros::<u16>(o_len)?;
+        let mut d_lse = stream.alloc_zeros::<f32>(problem.lse_len())?;
+        let config = self.forward_device(
+            problem,
+            DeviceTensors {
+                q: &dq,
+                k: &dk,
+                v: &dv,
+                o: &mut d_o,
+                lse: Some(&mut d_lse),
+            },
+        )?;
+        let out_bits: Vec<u16> = stream.clone_dtoh(&d_o)?;
+        let lse: Vec<f32> = stream.clone_dtoh(&d_lse)?;
+        let device_bytes = 2 * (dq.len() + dk.len() + dv.len() + o_len) as u64 + 4 * lse.len() as u64;
+        Ok(AttentionOutput {
+            out: bytemuck::cast_slice::<u16, T>(&out_bits).to_vec(),
+            lse,
+            kernel: config.name(),
+            device_bytes,
+        })
+    }
+}

@@ -1,0 +1,40 @@
+//! Native CUDA path (`--features cuda`): FlashAttention forward on NVIDIA tensor cores, compiled
+//! at run time by NVRTC, for the same [`AttentionProblem`](crate::AttentionProblem) as the wgpu
+//! path and with the same errors.
+//!
+//! ```no_run
+//! use wgpu_flash_attn::cuda::{CudaAttention, CudaDevice};
+//! use wgpu_flash_attn::{AttentionProblem, DType};
+//! # fn main() -> wgpu_flash_attn::Result<()> {
+//! let attn = CudaAttention::new(CudaDevice::new(0)?);
+//! let problem = AttentionProblem::mha(2, 4096, 16, 128, DType::BF16).with_causal(true);
+//! let n = problem.required_len(wgpu_flash_attn::Tensor::Q);
+//! let q: Vec<half::bf16> = wgpu_flash_attn::testing::random_tensor(1, n);
+//! let out = attn.forward(&problem, &q, &q, &q)?;
+//! println!("{} ran; LSE of row 0: {}", out.kernel, out.lse[0]);
+//! # Ok(()) }
+//! ```
+//!
+//! * [`CudaDevice`] finds the driver (an [`Error::Unavailable`](crate::Error::Unavailable), never a
+//!   panic, when there is none), opens a context and stream, and reads the compute capability.
+//! * [`CudaAttention`] runs on host slices ([`CudaAttention::forward`]) or on your device buffers
+//!   without copies ([`CudaAttention::forward_device`]).
+//! * [`plan`] chooses a kernel config per problem; [`nvrtc`] compiles `cuda/*.cu` for the GPU's
+//!   architecture (`sm_90a` on Hopper) and caches cubins on disk, keyed by a hash of source,
+//!   options, NVRTC and driver version, so a second process skips the compile.
+//!
+//! Building needs no CUDA toolkit: cudarc loads libcuda and libnvrtc at run time.
+
+pub mod device;
+pub mod launch;
+pub mod nvrtc;
+pub mod plan;
+
+pub use cudarc;
+pub use device::{arch_for, driver_available, CudaDevice};
+pub use launch::{CudaAttention, CudaOptions, DeviceTensors, KernelInfo};
+pub use nvrtc::{nvrtc_available, DiskCache, Origin};
+pub use plan::{
+    all_cuda_configs, select_cuda, tile_plans, validate_for_cuda, CudaKernelConfig, CudaTilePlan, LaunchGeometry,
+    CUDA_HEAD_DIMS,
+};

@@ -1,0 +1,504 @@
+//! What to compile and how to launch it: tile plans per head_dim, the kernel configuration (whose
+//! name is the CUDA entry point, the cache key and the test and benchmark label), the launch
+//! geometry, the alignment a problem's tensors allow, and the kernel's parameter block.
+//!
+//! Everything here is a pure function of the problem and a few device numbers, so CI tests it
+//! without a GPU.
+
+use crate::error::{Error, Result};
+use crate::problem::{AttentionProblem, DType, Tensor};
+
+/// Head dimensions the CUDA kernels are built for. The shared-memory swizzle needs rows of a
+/// multiple of 64 elements (8 chunks of 16 bytes); 64, 128 and 256 are what models use.
+pub const CUDA_HEAD_DIMS: [usize; 3] = [64, 128, 256];
+
+/// Shared memory one SM can give its blocks on Hopper (228 KiB, less 1 KiB the system keeps
+/// per block), used to predict how many blocks share an SM.
+const SMEM_PER_SM: u32 = 228 * 1024;
+const SMEM_RESERVED_PER_BLOCK: u32 = 1024;
+/// Registers a thread of these kernels needs, about (the head_dim-128 kernel's count from the
+/// NVRTC report, rounded up): sets how many blocks per SM `__launch_bounds__` may promise
+/// without forcing spills.
+const REGS_PER_THREAD: u32 = 168;
+const REGS_PER_SM: u32 = 65536;
+/// The largest sequence the kernels index with 32-bit row counters, with room for one tile past
+/// the end.
+pub const MAX_CUDA_SEQ: usize = i32::MAX as usize - 512;
+/// Grid y (heads) and z (batch) limits.
+const MAX_GRID_YZ: usize = 65535;
+
+/// One tile shape: `block_m` query rows per block (16 per warp), `block_n` keys per K/V tile.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct CudaTilePlan {
+    pub block_m: u32,
+    pub block_n: u32,
+}
+
+const fn plan(block_m: u32, block_n: u32) -> CudaTilePlan {
+    CudaTilePlan { block_m, block_n }
+}
+
+/// Candidate tile plans for a head_dim, the default first; the benchmark example sweeps all.
+///
+/// * 64: the O accumulators are small (32 registers), so 8 warps (128 rows) share each K/V tile,
+///   halving K/V traffic against 64 rows.
+/// * 128: 4 warps × 16 rows with Q fragments in registers (~170 registers) lets two blocks share
+///   an SM (80 KiB shared memory each), so one block's softmax hides under the other's MMAs.
+/// * 256: O alone is 128 registers per thread; Q stays in shared memory and the K/V tile is 32
+///   keys, so S is 16 registers and two 96 KiB blocks still fit an SM.
+pub fn tile_plans(head_dim: usize) -> &'static [CudaTilePlan] {
+    // Left out because ptxas spills at their register caps: (64, 128) at head_dim 64 and 128,
+    // (64, 64) at 256.
+    const D64: [CudaTilePlan; 3] = [plan(128, 64), plan(64, 64), plan(128, 128)];
+    const D128: [CudaTilePlan; 3] = [plan(64, 64), plan(128, 64), plan(128, 32)];
+    const D256: [CudaTilePlan; 2] = [plan(64, 32), plan(128, 32)];
+    match head_dim {
+        64 => &D64,
+        128 => &D128,
+        256 => &D256,
+        _ => &[],
+    }
+}
+
+/// Everything that changes the compiled kernel. Two problems with equal configs run the same
+/// binary; the config's [`name`](Self::name) is its CUDA entry point.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct CudaKernelConfig {
+    pub dtype: DType,
+    pub head_dim: u32,
+    pub block_m: u32,
+    pub block_n: u32,
+    pub causal: bool,
+    /// Q fragments live in registers for the whole loop (head_dim ≤ 128) instead of being
+    /// re-read from shared memory per K/V tile.
+    pub q_in_regs: bool,
+    /// Width of the global loads and stores: 16 bytes when every tensor's start and strides
+    /// allow it, else 8 (offsets and strides that are multiples of 4 elements only).
+    pub vec_bytes: u32,
+    /// Blocks per SM promised to the register allocator (`__launch_bounds__`).
+    pub min_blocks: u32,
+}
+
+impl CudaKernelConfig {
+    /// The config of `plan` for a problem's dtype, head_dim and causality.
+    pub fn new(dtype: DType, head_dim: usize, plan: CudaTilePlan, causal: bool, vec_bytes: u32) -> Result<Self> {
+        check_dtype(dtype)?;
+        check_head_dim(head_dim)?;
+        if plan.block_m == 0 || !plan.block_m.is_multiple_of(16) || plan.block_m > 128 {
+            return crate::error::invalid!("CUDA tile block_m {} must be 16, 32, .., 128", plan.block_m);
+        }
+        if plan.block_n == 0 || !plan.block_n.is_multiple_of(16) || plan.block_n > 256 {
+            return crate::error::invalid!("CUDA tile block_n {} must be a multiple of 16 up to 256", plan.block_n);
+        }
+        if vec_bytes != 16 && vec_bytes != 8 {
+            return crate::error::invalid!("vec_bytes {vec_bytes} must be 16 or 8");
+        }
+        let mut config = CudaKernelConfig {
+            dtype,
+            head_dim: head_dim as u32,
+            block_m: plan.block_m,
+            block_n: plan.block_n,
+            causal,
+            q_in_regs: head_dim <= 128,
+            vec_bytes,
+            min_blocks: 1,
+        };
+        let by_smem = SMEM_PER_SM / (config.smem_bytes() + SMEM_RESERVED_PER_BLOCK);
+        let by_regs = REGS_PER_SM / (config.threads() * REGS_PER_THREAD);
+        config.min_blocks = by_smem.min(by_regs).clamp(1, 4);
+        Ok(config)
+    }
+
+    /// `flash_fwd_mma_bf16_d128_bm64_bn64[_causal][_a8]`: entry point, cache key, test label.
+    pub fn name(&self) -> String {
+        format!(
+            "flash_fwd_mma_{}_d{}_bm{}_bn{}{}{}",
+            self.dtype.name(),
+            self.head_dim,
+            self.block_m,
+            self.block_n,
+            if self.causal { "_causal" } else { "" },
+            if self.vec_bytes == 8 { "_a8" } else { "" },
+        )
+    }
+
+    pub fn plan(&self) -> CudaTilePlan {
+        CudaTilePlan {
+            block_m: self.block_m,
+            block_n: self.block_n,
+        }
+    }
+
+    /// One warp per 16 query rows.
+    pub fn threads(&self) -> u32 {
+        self.block_m / 16 * 32
+    }
+
+    /// Dynamic shared memory: the Q tile plus two stages of (K, V) tiles, 16-bit elements.
+    pub fn smem_bytes(&self) -> u32 {
+        let row = self.head_dim * 2;
+        self.block_m * row + 2 * 2 * self.block_n * row
+    }
+
+    /// The `-D` definitions `cuda/flash_fwd_mma.cu` reads.
+    pub fn defines(&self) -> Vec<String> {
+        vec![
+            format!("-DKERNEL_NAME={}", self.name()),
+            format!("-DFA_HEAD_DIM={}", self.head_dim),
+            format!("-DFA_BLOCK_M={}", self.block_m),
+            format!("-DFA_BLOCK_N={}", self.block_n),
+            format!("-DFA_CAUSAL={}", self.causal as u32),
+            format!("-DFA_BF16={}", (self.dtype == DType::BF16) as u32),
+            format!("-DFA_Q_IN_REGS={}", self.q_in_regs as u32),
+            format!("-DFA_VEC_BYTES={}", self.vec_bytes),
+            format!("-DFA_MIN_BLOCKS={}", self.min_blocks),
+        ]
+    }
+
+    /// Grid, block and shared memory of a launch for `problem`.
+    pub fn geometry(&self, problem: &AttentionProblem) -> Result<LaunchGeometry> {
+        let s = &problem.shape;
+        if s.num_heads > MAX_GRID_YZ || s.batch > MAX_GRID_YZ {
+            return Err(Error::TooLarge(format!(
+                "the CUDA grid takes at most {MAX_GRID_YZ} heads and {MAX_GRID_YZ} batches; got {} and {}",
+                s.num_heads, s.batch
+            )));
+        }
+        let q_tiles = s.seq_q.div_ceil(self.block_m as usize);
+        Ok(LaunchGeometry {
+            grid: (q_tiles as u32, s.num_heads as u32, s.batch as u32),
+            block: (self.threads(), 1, 1),
+            smem_bytes: self.smem_bytes(),
+        })
+    }
+}
+
+/// How one kernel launch is shaped.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LaunchGeometry {
+    /// (query tiles, num_heads, batch).
+    pub grid: (u32, u32, u32),
+    pub block: (u32, u32, u32),
+    pub smem_bytes: u32,
+}
+
+fn check_dtype(dtype: DType) -> Result<()> {
+    match dtype {
+        DType::F16 | DType::BF16 => Ok(()),
+        DType::F32 => Err(Error::Unavailable {
+            what: "f32 attention on the CUDA path".into(),
+            why: "the CUDA kernels run on tensor cores and take bf16 or f16 (use the wgpu path for f32)".into(),
+        }),
+    }
+}
+
+fn check_head_dim(head_dim: usize) -> Result<()> {
+    if CUDA_HEAD_DIMS.contains(&head_dim) {
+        Ok(())
+    } else {
+        Err(Error::Unavailable {
+            what: format!("head_dim {head_dim} on the CUDA path"),
+            why: format!("the CUDA kernels are built for head_dim {CUDA_HEAD_DIMS:?}"),
+        })
+    }
+}
+
+/// Everything the CUDA path checks before it touches a device: the problem's own validation,
+/// then dtype, head_dim and sizes the kernels handle.
+pub fn validate_for_cuda(problem: &AttentionProblem) -> Result<()> {
+    problem.validate()?;
+    check_dtype(problem.dtype)?;
+    check_head_dim(problem.shape.head_dim)?;
+    for (name, value) in [("seq_q", problem.shape.seq_q), ("seq_kv", problem.shape.seq_kv)] {
+        if value > MAX_CUDA_SEQ {
+            return Err(Error::TooLarge(format!(
+                "{name} = {value} exceeds the CUDA kernels' limit of {MAX_CUDA_SEQ}"
+            )));
+        }
+    }
+    let s = &problem.shape;
+    if s.num_heads > MAX_GRID_YZ || s.batch > MAX_GRID_YZ {
+        return Err(Error::TooLarge(format!(
+            "the CUDA grid takes at most {MAX_GRID_YZ} heads and {MAX_GRID_YZ} batches; got {} and {}",
+            s.num_heads, s.batch
+        )));
+    }
+    Ok(())
+}
+
+/// The widest global access every tensor allows, given the device address of each buffer's
+/// element 0 (`[q, k, v, o]`): 16 bytes when each tensor's first element and all its strides
+/// are 16-byte aligned, else 8 (which validation guarantees for offsets and strides; a buffer
+/// that starts off 8-byte alignment is refused).
+pub fn vec_bytes_for(problem: &AttentionProblem, base_addresses: [u64; 4]) -> Result<u32> {
+    let elem = problem.dtype.size_bytes() as u64;
+    let mut vec = 16;
+    for (tensor, base) in [Tensor::Q, Tensor::K, Tensor::V, Tensor::O]
+        .into_iter()
+        .zip(base_addresses)
+    {
+        let l = problem.layout(tensor);
+        let start = base + l.offset as u64 * elem;
+        if !start.is_multiple_of(8) {
+            return Err(Error::InvalidBuffer {
+                tensor: tensor.name(),
+                message: format!("device address {start:#x} of its first element is not 8-byte aligned"),
+            });
+        }
+        let strides = [l.batch_stride, l.seq_stride, l.head_stride];
+        if !start.is_multiple_of(16) || strides.iter().any(|&s| !(s as u64 * elem).is_multiple_of(16)) {
+            vec = 8;
+        }
+    }
+    Ok(vec)
+}
+
+/// The kernel's parameter block, passed by value. Mirrors `struct FwdParams` in
+/// `cuda/flash_fwd_mma.cu` field for field; both sides check the size.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct FwdParams {
+    /// Device addresses of each tensor's element (0, 0, 0, 0), offsets included.
+    pub q: u64,
+    pub k: u64,
+    pub v: u64,
+    pub o: u64,
+    /// 0: LSE not written.
+    pub lse: u64,
+    pub q_batch_stride: i64,
+    pub q_seq_stride: i64,
+    pub q_head_stride: i64,
+    pub k_batch_stride: i64,
+    pub k_seq_stride: i64,
+    pub k_head_stride: i64,
+    pub v_batch_stride: i64,
+    pub v_seq_stride: i64,
+    pub v_head_stride: i64,
+    pub o_batch_stride: i64,
+    pub o_seq_stride: i64,
+    pub o_head_stride: i64,
+    pub seq_q: i32,
+    pub seq_kv: i32,
+    pub num_heads: i32,
+    pub group_size: i32,
+    pub causal_offset: i32,
+    pub scale_log2: f32,
+}
+
+const _: () = assert!(std::mem::size_of::<FwdParams>() == 160);
+
+impl FwdParams {
+    /// Parameters for `problem` (validated) with buffers whose element 0 is at `base_addresses`
+    /// (`[q, k, v, o]`) and an LSE buffer at `lse` (0 for none).
+    pub fn new(problem: &AttentionProblem, base_addresses: [u64; 4], lse: u64) -> Self {
+        let elem = problem.dtype.size_bytes() as u64;
+        let start = |tensor: Tensor, base: u64| base + problem.layout(tensor).offset as u64 * elem;
+        let strides = |tensor: Tensor| {
+            let l = problem.layout(tensor);
+            [l.batch_stride as i64, l.seq_stride as i64, l.head_stride as i64]
+        };
+        let [qb, qs, qh] = strides(Tensor::Q);
+        let [kb, ks, kh] = strides(Tensor::K);
+        let [vb, vs, vh] = strides(Tensor::V);
+        let [ob, os, oh] = strides(Tensor::O);
+        let s = &problem.shape;
+        FwdParams {
+            q: start(Tensor::Q, base_addresses[0]),
+            k: start(Tensor::K, base_addresses[1]),
+            v: start(Tensor::V, base_addresses[2]),
+            o: start(Tensor::O, base_addresses[3]),
+            lse,
+            q_batch_stride: qb,
+            q_seq_stride: qs,
+            q_head_stride: qh,
+            k_batch_stride: kb,
+            k_seq_stride: ks,
+            k_head_stride: kh,
+            v_batch_stride: vb,
+            v_seq_stride: vs,
+            v_head_stride: vh,
+            o_batch_stride: ob,
+            o_seq_stride: os,
+            o_head_stride: oh,
+            seq_q: s.seq_q as i32,
+            seq_kv: s.seq_kv as i32,
+            num_heads: s.num_heads as i32,
+            group_size: problem.group_size() as i32,
+            causal_offset: problem.causal_offset() as i32,
+            scale_log2: problem.softmax_scale() * std::f32::consts::LOG2_E,
+        }
+    }
+}
+
+/// The default kernel for a validated problem whose tensors allow `vec_bytes`-wide access.
+pub fn select_cuda(problem: &AttentionProblem, vec_bytes: u32) -> Result<CudaKernelConfig> {
+    validate_for_cuda(problem)?;
+    let plans = tile_plans(problem.shape.head_dim);
+    CudaKernelConfig::new(
+        problem.dtype,
+        problem.shape.head_dim,
+        plans[0],
+        problem.causal,
+        vec_bytes,
+    )
+}
+
+/// Every config [`select_cuda`] or a sweep over [`tile_plans`] can produce: what the NVRTC
+/// compile test builds.
+pub fn all_cuda_configs() -> Vec<CudaKernelConfig> {
+    let mut out = Vec::new();
+    for dtype in [DType::BF16, DType::F16] {
+        for head_dim in CUDA_HEAD_DIMS {
+            for &plan in tile_plans(head_dim) {
+                for causal in [false, true] {
+                    for vec_bytes in [16, 8] {
+                        if let Ok(c) = CudaKernelConfig::new(dtype, head_dim, plan, causal, vec_bytes) {
+                            out.push(c);
+                        }
+                    }
+                }
+            }
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::problem::{AttentionShape, Layout, TensorLayout};
+
+    fn problem(head_dim: usize) -> AttentionProblem {
+        AttentionProblem::new(
+            AttentionShape {
+                batch: 2,
+                seq_q: 1000,
+                seq_kv: 777,
+                num_heads: 8,
+                num_kv_heads: 2,
+                head_dim,
+            },
+            DType::BF16,
+        )
+    }
+
+    #[test]
+    fn every_head_dim_has_plans_that_fit_and_divide_the_work() {
+        for d in CUDA_HEAD_DIMS {
+            assert!(!tile_plans(d).is_empty());
+            for &p in tile_plans(d) {
+                for vec in [16, 8] {
+                    let c = CudaKernelConfig::new(DType::BF16, d, p, false, vec).unwrap();
+                    // Every thread moves the same number of 16-byte chunks of Q, K and V tiles.
+                    let chunks = |rows: u32| rows * c.head_dim / 8;
+                    assert_eq!(chunks(c.block_m) % c.threads(), 0, "{}", c.name());
+                    assert_eq!(chunks(c.block_n) % c.threads(), 0, "{}", c.name());
+                    assert!(
+                        c.smem_bytes() <= 227 * 1024,
+                        "{} needs {} bytes",
+                        c.name(),
+                        c.smem_bytes()
+                    );
+                    assert!((1..=4).contains(&c.min_blocks));
+                    assert!(c.threads() <= 256);
+                }
+            }
+        }
+        assert!(tile_plans(96).is_empty());
+    }
+
+    #[test]
+    fn names_encode_the_config() {
+        let c = CudaKernelConfig::new(DType::BF16, 128, plan(64, 64), true, 16).unwrap();
+        assert_eq!(c.name(), "flash_fwd_mma_bf16_d128_bm64_bn64_causal");
+        let c = CudaKernelConfig::new(DType::F16, 256, plan(64, 32), false, 8).unwrap();
+        assert_eq!(c.name(), "flash_fwd_mma_f16_d256_bm64_bn32_a8");
+        assert!(!c.q_in_regs);
+        let d = c.defines();
+        assert!(d.contains(&"-DKERNEL_NAME=flash_fwd_mma_f16_d256_bm64_bn32_a8".to_string()));
+        assert!(d.contains(&"-DFA_BF16=0".to_string()) && d.contains(&"-DFA_VEC_BYTES=8".to_string()));
+        // Names are unique across everything that can be compiled.
+        let all = all_cuda_configs();
+        let mut names: Vec<_> = all.iter().map(|c| c.name()).collect();
+        names.sort();
+        names.dedup();
+        assert_eq!(names.len(), all.len());
+    }
+
+    #[test]
+    fn shared_memory_and_occupancy() {
+        // head_dim 128, 64 x 64: 16 KiB of Q and 2 stages of 16 KiB K + 16 KiB V.
+        let c = CudaKernelConfig::new(DType::BF16, 128, plan(64, 64), false, 16).unwrap();
+        assert_eq!(c.smem_bytes(), 80 * 1024);
+        assert_eq!(c.threads(), 128);
+        assert_eq!(c.min_blocks, 2);
+        let c = CudaKernelConfig::new(DType::BF16, 128, plan(128, 64), false, 16).unwrap();
+        assert_eq!(c.min_blocks, 1, "8 warps at ~168 registers fill the register file");
+    }
+
+    #[test]
+    fn geometry_covers_every_query_row() {
+        let p = problem(128);
+        let c = select_cuda(&p, 16).unwrap();
+        let g = c.geometry(&p).unwrap();
+        assert_eq!(g.grid, (1000u32.div_ceil(c.block_m), 8, 2));
+        assert_eq!(g.block, (c.threads(), 1, 1));
+        assert_eq!(g.smem_bytes, c.smem_bytes());
+    }
+
+    #[test]
+    fn unsupported_problems_are_errors() {
+        assert!(matches!(select_cuda(&problem(96), 16), Err(Error::Unavailable { .. })));
+        let mut p = problem(128);
+        p.dtype = DType::F32;
+        let msg = select_cuda(&p, 16).unwrap_err().to_string();
+        assert!(msg.contains("f32"), "{msg}");
+        let mut p = problem(64);
+        p.shape.num_heads = 70_000;
+        p.shape.num_kv_heads = 70_000;
+        p = p.with_layout(Layout::Bshd);
+        assert!(matches!(select_cuda(&p, 16), Err(Error::TooLarge(_))));
+        let mut p = problem(64);
+        p.shape.num_kv_heads = 3;
+        assert!(matches!(select_cuda(&p, 16), Err(Error::InvalidProblem(_))));
+        assert!(CudaKernelConfig::new(DType::BF16, 64, plan(40, 64), false, 16).is_err());
+        assert!(CudaKernelConfig::new(DType::BF16, 64, plan(64, 64), false, 4).is_err());
+    }
+
+    #[test]
+    fn alignment_picks_the_access_width() {
+        let p = problem(64);
+        assert_eq!(vec_bytes_for(&p, [0x1000, 0x2000, 0x3000, 0x4000]).unwrap(), 16);
+        // A buffer that starts 8 bytes into an allocation.
+        assert_eq!(vec_bytes_for(&p, [0x1008, 0x2000, 0x3000, 0x4000]).unwrap(), 8);
+        // A seq stride of 4 elements more than dense: rows 8-byte aligned only.
+        let mut l = p.k_layout;
+        l.seq_stride += 4;
+        l.batch_stride = l.seq_stride * p.shape.seq_kv;
+        let padded = p.with_tensor_layout(Tensor::K, l);
+        padded.validate().unwrap();
+        assert_eq!(vec_bytes_for(&padded, [0x1000, 0x2000, 0x3000, 0x4000]).unwrap(), 8);
+        let err = vec_bytes_for(&p, [0x1000, 0x2004, 0x3000, 0x4000]).unwrap_err();
+        assert!(matches!(err, Error::InvalidBuffer { tensor: "k", .. }), "{err}");
+    }
+
+    #[test]
+    fn params_carry_offsets_strides_and_the_folded_scale() {
+        let p = problem(64).with_causal(true).with_scale(0.5);
+        let o = TensorLayout {
+            offset: 8,
+            ..TensorLayout::contiguous(Layout::Bhsd, 1000, 8, 64)
+        };
+        let p = p.with_tensor_layout(Tensor::O, o);
+        let params = FwdParams::new(&p, [0x1000, 0x2000, 0x3000, 0x4000], 0x5000);
+        assert_eq!(params.o, 0x4000 + 16);
+        assert_eq!(params.o_seq_stride, 64);
+        assert_eq!(params.o_head_stride, 1000 * 64);
+        assert_eq!(params.q_seq_stride, 8 * 64);
+        assert_eq!(params.k_seq_stride, 2 * 64);
+        assert_eq!(params.group_size, 4);
+        assert_eq!(params.causal_offset, 777 - 1000);
+        assert_eq!(params.lse, 0x5000);
+        assert!((params.scale_log2 - 0.5 * std::f32::consts::LOG2_E).abs() < 1e-7);
+    }
+}

@@ -1,0 +1,431 @@
+//! The CUDA path against the float64 reference, on seeded random inputs with poisoned outputs.
+//!
+//! Needs an NVIDIA GPU with its driver and NVRTC on the loader's path; without them each GPU
+//! test prints why and passes, unless `FLASH_REQUIRE_CUDA=1` (set on the GPU machine) makes it
+//! fail. The NVRTC compile test needs only libnvrtc, no GPU.
+#![cfg(feature = "cuda")]
+
+use std::sync::OnceLock;
+
+use half::{bf16, f16};
+use wgpu_flash_attn::cuda::cudarc::driver::CudaSlice;
+use wgpu_flash_attn::cuda::nvrtc::{compile_cubin, resource_report, CompileJob};
+use wgpu_flash_attn::cuda::{
+    all_cuda_configs, driver_available, nvrtc_available, select_cuda, tile_plans, CudaAttention, CudaDevice,
+    CudaOptions, CudaTilePlan, DeviceTensors, DiskCache, Origin,
+};
+use wgpu_flash_attn::testing::{random_tensor, ErrorStats};
+use wgpu_flash_attn::{
+    reference, AttentionProblem, AttentionShape, DType, Element, Error, Layout, Tensor, TensorLayout,
+};
+
+/// The engine shared by every test of this binary, or `None` (with the reason printed) when
+/// this machine cannot run CUDA and `FLASH_REQUIRE_CUDA` is not `1`.
+fn engine() -> Option<&'static CudaAttention> {
+    static ENGINE: OnceLock<Option<CudaAttention>> = OnceLock::new();
+    ENGINE
+        .get_or_init(|| match CudaDevice::new(0) {
+            Ok(dev) if nvrtc_available() => {
+                eprintln!(
+                    "CUDA device: {} (sm {}.{}, {} SMs, driver {}, target {})",
+                    dev.name(),
+                    dev.compute_capability().0,
+                    dev.compute_capability().1,
+                    dev.sm_count(),
+                    dev.driver_version(),
+                    dev.arch()
+                );
+                Some(CudaAttention::new(dev))
+            }
+            other => {
+                let why = match other {
+                    Err(e) => e.to_string(),
+                    Ok(_) => "libnvrtc was not found (put the CUDA toolkit's lib directory on LD_LIBRARY_PATH)".into(),
+                };
+                if std::env::var("FLASH_REQUIRE_CUDA").as_deref() == Ok("1") {
+                    panic!("FLASH_REQUIRE_CUDA=1 but CUDA is unavailable: {why}");
+                }
+                eprintln!("skipping CUDA tests: {why}");
+                None
+            }
+        })
+        .as_ref()
+}
+
+fn seed_of(label: &str) -> u64 {
+    label.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+        (h ^ b as u64).wrapping_mul(0x100_0000_01b3)
+    })
+}
+
+/// A 16-bit element type with its NaN pattern, for poisoning outputs.
+trait Half16: Element {
+    const NAN_BITS: u16;
+}
+impl Half16 for bf16 {
+    const NAN_BITS: u16 = 0x7fc0;
+}
+impl Half16 for f16 {
+    const NAN_BITS: u16 = 0x7e00;
+}
+
+fn bits<T: Element>(x: &[T]) -> Vec<u16> {
+    bytemuck::cast_slice::<T, u16>(x).to_vec()
+}
+
+/// Inputs for one problem, their device copies and poisoned outputs.
+struct Run<T> {
+    q: Vec<T>,
+    k: Vec<T>,
+    v: Vec<T>,
+    dq: CudaSlice<u16>,
+    dk: CudaSlice<u16>,
+    dv: CudaSlice<u16>,
+    d_o: CudaSlice<u16>,
+    d_lse: CudaSlice<f32>,
+}
+
+impl<T: Half16> Run<T> {
+    fn new(engine: &CudaAttention, problem: &AttentionProblem, seed: u64) -> Self {
+        let stream = engine.device().stream();
+        let q = random_tensor::<T>(seed, problem.required_len(Tensor::Q));
+        let k = random_tensor::<T>(seed ^ 0x1111, problem.required_len(Tensor::K));
+        let v = random_tensor::<T>(seed ^ 0x2222, problem.required_len(Tensor::V));
+        let poison_o = vec![T::NAN_BITS; problem.required_len(Tensor::O)];
+        let poison_lse = vec![f32::NAN; problem.lse_len()];
+        Run {
+            dq: stream.clone_htod(&bits(&q)).unwrap(),
+            dk: stream.clone_htod(&bits(&k)).unwrap(),
+            dv: stream.clone_htod(&bits(&v)).unwrap(),
+            d_o: stream.clone_htod(&poison_o).unwrap(),
+            d_lse: stream.clone_htod(&poison_lse).unwrap(),
+            q,
+            k,
+            v,
+        }
+    }
+
+    fn launch(&mut self, engine: &CudaAttention, problem: &AttentionProblem, plan: Option<CudaTilePlan>) -> String {
+        let tensors = DeviceTensors {
+            q: &self.dq,
+            k: &self.dk,
+            v: &self.dv,
+            o: &mut self.d_o,
+            lse: Some(&mut self.d_lse),
+        };
+        let config = match plan {
+            Some(p) => engine.forward_device_with_plan(problem, p, tensors),
+            None => engine.forward_device(problem, tensors),
+        }
+        .unwrap_or_else(|e| panic!("launch failed: {e}"));
+        config.name()
+    }
+
+    fn read(&self, engine: &CudaAttention) -> (Vec<T>, Vec<f32>) {
+        let stream = engine.device().stream();
+        let o: Vec<u16> = stream.clone_dtoh(&self.d_o).unwrap();
+        let lse: Vec<f32> = stream.clone_dtoh(&self.d_lse).unwrap();
+        (bytemuck::cast_slice::<u16, T>(&o).to_vec(), lse)
+    }
+}
+
+/// Compares a run with the float64 reference; panics with the label, statistics and the first
+/// mismatches at (b, h, i, d).
+fn check<T: Element>(
+    problem: &AttentionProblem,
+    label: &str,
+    run_q: &[T],
+    run_k: &[T],
+    run_v: &[T],
+    out: &[T],
+    lse: &[f32],
+) {
+    let want = reference::attention(problem, run_q, run_k, run_v).unwrap();
+    let s = problem.shape;
+    let mut pairs = Vec::new();
+    let mut coords = Vec::new();
+    for b in 0..s.batch {
+        for h in 0..s.num_heads {
+            for i in 0..s.seq_q {
+                for d in 0..s.head_dim {
+                    let idx = problem.o_layout.index(b, i, h, d);
+                    pairs.push((out[idx].to_f64(), want.out[idx]));
+                    coords.push((b, h, i, d));
+                }
+            }
+        }
+    }
+    let o_stats = ErrorStats::from_pairs(pairs.iter().copied());
+    let lse_stats = ErrorStats::from_pairs(lse.iter().zip(&want.lse).map(|(&g, &w)| (g as f64, w)));
+    // bf16/f16 inputs, P rounded to 16 bits for the second product, f32 accumulation.
+    let ok = o_stats.within(1e-2, 5e-2) && lse_stats.within(1e-3, 1e-2);
+    if !ok {
+        let bad: Vec<String> = pairs
+            .iter()
+            .zip(&coords)
+            .filter(|((g, w), _)| !((g - w).abs() <= 5e-2 || w.is_infinite() && g == w))
+            .take(8)
+            .map(|((g, w), c)| format!("(b {}, h {}, i {}, d {}): got {g} want {w}", c.0, c.1, c.2, c.3))
+            .collect();
+        let bad_lse: Vec<String> = lse
+            .iter()
+            .zip(&want.lse)
+            .enumerate()
+            .filter(|(_, (&g, &w))| !((g as f64 - w).abs() <= 1e-2 || (w.is_infinite() && g as f64 == w)))
+            .take(4)
+            .map(|(i, (g, w))| format!("lse[{i}]: got {g} want {w}"))
+            .collect();
+        panic!(
+            "{label}: O {o_stats}; LSE {lse_stats}\nfirst mismatches:\n  {}\n  {}",
+            bad.join("\n  "),
+            bad_lse.join("\n  ")
+        );
+    }
+    eprintln!("{label}: O {o_stats}; LSE {lse_stats}");
+}
+
+fn run_and_check<T: Half16>(
+    engine: &CudaAttention,
+    problem: &AttentionProblem,
+    label: &str,
+    plan: Option<CudaTilePlan>,
+) {
+    let mut run = Run::<T>::new(engine, problem, seed_of(label));
+    let kernel = run.launch(engine, problem, plan);
+    let (out, lse) = run.read(engine);
+    check(
+        problem,
+        &format!("{label} [{kernel}]"),
+        &run.q,
+        &run.k,
+        &run.v,
+        &out,
+        &lse,
+    );
+}
+
+fn run_any(engine: &CudaAttention, problem: &AttentionProblem, label: &str, plan: Option<CudaTilePlan>) {
+    match problem.dtype {
+        DType::BF16 => run_and_check::<bf16>(engine, problem, label, plan),
+        DType::F16 => run_and_check::<f16>(engine, problem, label, plan),
+        DType::F32 => unreachable!("the CUDA path takes 16-bit types"),
+    }
+}
+
+#[derive(Clone, Copy, Debug)]
+enum Strides {
+    Bshd,
+    Bhsd,
+    /// Every tensor's rows padded by 4 elements: only 8-byte aligned, the `_a8` kernels.
+    Pad4,
+    /// Rows padded by 8 elements and a non-zero offset: strided but 16-byte aligned.
+    Pad8,
+}
+
+#[allow(clippy::too_many_arguments)]
+fn problem(
+    dtype: DType,
+    batch: usize,
+    heads: usize,
+    kv_heads: usize,
+    seq_q: usize,
+    seq_kv: usize,
+    head_dim: usize,
+    causal: bool,
+    strides: Strides,
+) -> AttentionProblem {
+    let shape = AttentionShape {
+        batch,
+        seq_q,
+        seq_kv,
+        num_heads: heads,
+        num_kv_heads: kv_heads,
+        head_dim,
+    };
+    let p = AttentionProblem::new(shape, dtype).with_causal(causal);
+    let padded = |pad: usize, offset: usize, seq: usize, h: usize| {
+        let seq_stride = h * (head_dim + pad);
+        TensorLayout {
+            offset,
+            batch_stride: seq * seq_stride,
+            seq_stride,
+            head_stride: head_dim + pad,
+        }
+    };
+    match strides {
+        Strides::Bshd => p.with_layout(Layout::Bshd),
+        Strides::Bhsd => p.with_layout(Layout::Bhsd),
+        Strides::Pad4 | Strides::Pad8 => {
+            let (pad, offset) = if let Strides::Pad4 = strides { (4, 4) } else { (8, 16) };
+            p.with_tensor_layout(Tensor::Q, padded(pad, offset, seq_q, heads))
+                .with_tensor_layout(Tensor::K, padded(pad, offset, seq_kv, kv_heads))
+                .with_tensor_layout(Tensor::V, padded(pad, 0, seq_kv, kv_heads))
+                .with_tensor_layout(Tensor::O, padded(pad, offset, seq_q, heads))
+        }
+    }
+}
+
+#[test]
+fn matches_the_reference_on_ragged_gqa_causal_and_strided_problems() {
+    let Some(engine) = engine() else { return };
+    use DType::{BF16, F16};
+    use Strides::*;
+    let cases: &[(&str, AttentionProblem)] = &[
+        ("basic", problem(BF16, 2, 4, 4, 128, 128, 64, false, Bshd)),
+        ("one_row_one_key", problem(BF16, 1, 2, 2, 1, 1, 128, false, Bshd)),
+        ("mqa_17x1000", problem(BF16, 2, 4, 1, 17, 1000, 128, false, Bshd)),
+        ("gqa_causal_q_longer", problem(F16, 1, 4, 2, 1000, 127, 128, true, Bshd)),
+        (
+            "gqa_causal_kv_longer",
+            problem(BF16, 1, 8, 2, 127, 1000, 128, true, Bshd),
+        ),
+        ("d256_ragged", problem(F16, 1, 2, 2, 300, 513, 256, false, Bshd)),
+        ("d256_causal_mqa", problem(BF16, 1, 2, 1, 513, 513, 256, true, Bshd)),
+        ("d64_causal_bhsd", problem(F16, 3, 2, 2, 1000, 1000, 64, true, Bhsd)),
+        (
+            "a8_causal_scaled",
+            problem(BF16, 2, 2, 1, 200, 333, 128, true, Pad4).with_scale(0.3),
+        ),
+        ("a8_d256", problem(F16, 1, 2, 2, 77, 90, 256, false, Pad4)),
+        ("strided_gqa", problem(BF16, 1, 6, 3, 65, 129, 64, false, Pad8)),
+        // Scale 1 at head_dim 128: logits with standard deviation ~11, a test of the max shift.
+        (
+            "sharp_softmax",
+            problem(F16, 1, 2, 2, 256, 256, 128, false, Bshd).with_scale(1.0),
+        ),
+        ("causal_square_tail", problem(BF16, 1, 3, 3, 333, 333, 128, true, Bshd)),
+    ];
+    for (label, p) in cases {
+        run_any(engine, p, label, None);
+    }
+}
+
+#[test]
+fn every_tile_plan_is_correct() {
+    let Some(engine) = engine() else { return };
+    for head_dim in [64, 128, 256] {
+        for &plan in tile_plans(head_dim) {
+            for causal in [false, true] {
+                let p = problem(DType::BF16, 1, 2, 1, 190, 250, head_dim, causal, Strides::Bshd);
+                let label = format!("plan_bm{}_bn{}_d{head_dim}_causal{causal}", plan.block_m, plan.block_n);
+                run_any(engine, &p, &label, Some(plan));
+            }
+        }
+    }
+}
+
+#[test]
+fn host_slices_match_device_buffers() {
+    let Some(engine) = engine() else { return };
+    let p = problem(DType::BF16, 2, 4, 2, 150, 260, 128, true, Strides::Bshd);
+    let label = "host_api";
+    let mut run = Run::<bf16>::new(engine, &p, seed_of(label));
+    run.launch(engine, &p, None);
+    let (dev_out, dev_lse) = run.read(engine);
+    let host = engine.forward(&p, &run.q, &run.k, &run.v).unwrap();
+    assert_eq!(bits(&host.out), bits(&dev_out), "same kernel, same inputs: same bits");
+    assert_eq!(
+        host.lse.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
+        dev_lse.iter().map(|x| x.to_bits()).collect::<Vec<_>>()
+    );
+    assert_eq!(host.kernel, select_cuda(&p, 16).unwrap().name());
+    check(&p, label, &run.q, &run.k, &run.v, &host.out, &host.lse);
+}
+
+#[test]
+fn a_second_engine_loads_kernels_from_the_disk_cache() {
+    let Some(engine) = engine() else { return };
+    let dir = std::env::temp_dir().join(format!("wgpu-flash-attn-cache-test-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let options = CudaOptions {
+        disk_cache: DiskCache::Dir(dir.clone()),
+        plan: None,
+    };
+    let p = problem(DType::F16, 1, 2, 2, 64, 64, 64, false, Strides::Bshd);
+    let config = select_cuda(&p, 16).unwrap();
+    let first = CudaAttention::with_options(engine.device().clone(), options.clone());
+    let info = first.prepare(&config).unwrap();
+    assert!(matches!(info.origin, Origin::Compiled { .. }), "{:?}", info.origin);
+    eprintln!(
+        "{}: {} registers, {} bytes local; {}",
+        config.name(),
+        info.num_regs,
+        info.local_bytes,
+        info.resource_report
+    );
+    let second = CudaAttention::with_options(engine.device().clone(), options);
+    let again = second.prepare(&config).unwrap();
+    assert_eq!(again.origin, Origin::DiskCache);
+    assert_eq!(again.num_regs, info.num_regs);
+    run_and_check::<f16>(&second, &p, "from_disk_cache", None);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn bad_calls_are_errors() {
+    let Some(engine) = engine() else { return };
+    let p = problem(DType::BF16, 1, 2, 2, 64, 64, 128, false, Strides::Bshd);
+    let n = p.required_len(Tensor::Q);
+    let x: Vec<bf16> = random_tensor(1, n);
+    let err = engine.forward(&p, &x, &x, &x[..n - 1]).unwrap_err();
+    assert!(matches!(err, Error::InvalidBuffer { tensor: "v", .. }), "{err}");
+    let y: Vec<f16> = random_tensor(1, n);
+    assert!(matches!(
+        engine.forward(&p, &y, &y, &y),
+        Err(Error::DTypeMismatch { .. })
+    ));
+    let mut f32_problem = p;
+    f32_problem.dtype = DType::F32;
+    let z: Vec<f32> = random_tensor(1, n);
+    assert!(matches!(
+        engine.forward(&f32_problem, &z, &z, &z),
+        Err(Error::Unavailable { .. })
+    ));
+    let hd96 = problem(DType::BF16, 1, 2, 2, 64, 64, 96, false, Strides::Bshd);
+    let w: Vec<bf16> = random_tensor(1, hd96.required_len(Tensor::Q));
+    assert!(matches!(
+        engine.forward(&hd96, &w, &w, &w),
+        Err(Error::Unavailable { .. })
+    ));
+}
+
+/// Runs without a GPU: only libnvrtc is needed. Compiles the default kernel of every head_dim
+/// (bf16, both maskings, one `_a8` and one f16), or every config with FLASH_CUDA_COMPILE_ALL=1,
+/// and prints ptxas's register and spill report.
+#[test]
+fn kernels_compile_with_nvrtc() {
+    if !nvrtc_available() {
+        if std::env::var("FLASH_REQUIRE_CUDA").as_deref() == Ok("1") {
+            panic!("FLASH_REQUIRE_CUDA=1 but libnvrtc was not found");
+        }
+        eprintln!("skipping the NVRTC compile test: libnvrtc was not found");
+        return;
+    }
+    let all = std::env::var("FLASH_CUDA_COMPILE_ALL").as_deref() == Ok("1");
+    let configs: Vec<_> = all_cuda_configs()
+        .into_iter()
+        .filter(|c| {
+            all || (c.plan() == tile_plans(c.head_dim as usize)[0]
+                && (c.dtype == DType::BF16 && c.vec_bytes == 16
+                    || c.head_dim == 128 && !c.causal && (c.vec_bytes == 8) != (c.dtype == DType::F16)))
+        })
+        .collect();
+    assert!(configs.len() >= 8);
+    for c in configs {
+        let job = CompileJob::forward(&c, "sm_90a");
+        let (cubin, log) = compile_cubin(&job).unwrap_or_else(|e| panic!("{e}"));
+        assert!(!cubin.is_empty());
+        let report = resource_report(&log);
+        eprintln!("{}: {} bytes; {report}", c.name(), cubin.len());
+        assert!(report.contains("registers"), "no ptxas report for {}: {log}", c.name());
+    }
+}
+
+#[test]
+fn without_a_driver_the_device_is_an_error() {
+    if driver_available() {
+        return;
+    }
+    let err = CudaDevice::new(0).unwrap_err();
+    assert!(matches!(err, Error::Unavailable { .. }), "{err}");
+}
