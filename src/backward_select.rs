@@ -8,7 +8,7 @@
 //! * `flash_bwd_dq`: parallel over query tiles, dQ in registers, looping over key tiles.
 //!
 //! The two gradient kernels take a [`BackwardTilePlan`] each (chosen independently from
-//! [`BACKWARD_PLANS`]) and the [`TileType`] of the variant.
+//! [`DKDV_PLANS`] and [`DQ_PLANS`]) and the [`TileType`] of the variant.
 
 use crate::backward_problem::BackwardProblem;
 use crate::caps::Caps;
@@ -162,27 +162,61 @@ impl BackwardTilePlan {
     }
 }
 
-/// The tile plans the library ships for the gradient kernels, best first where several fit. Each
-/// kernel picks its own: within [`MAX_REGISTERS`], the largest tiles the device fits, the least
-/// head_dim padding, the first in this list.
+/// The tile plans the library ships for the dK/dV kernel, best first where several fit (the
+/// choice: within [`max_registers`], the least head_dim padding, the largest tile the device
+/// fits, the first in this list). Measured on the H200 at head_dim 128, seq 8192, f32, with
+/// `examples/backward.rs --passes`:
 ///
-/// * 64 × 64 on 16 × 16 invocations, K_STEP 16: 4 rows × (2 × 4 score + 8 or 16 output) columns
-///   per invocation at head_dim 128 — the forward's register budget — and 33 KiB of f32 tiles:
-///   NVIDIA's 48 KiB.
-/// * The same with K_STEP 8: 25 KiB, for lavapipe's and browsers' 32 KiB.
-/// * 64 × 64 on 8 × 16 invocations: for head_dim ≤ 32, which 16-wide rows would pad to 64.
+/// * 128 keys on 16 × 32 invocations, K_STEP 8, N_STEP 16: 4 keys × (2 × 4 score + 2 × 8 output)
+///   columns per invocation, 45 KiB — NVIDIA's 48 KiB. Twice the keys per workgroup halve the
+///   passes over Q and dO: 91.7 ms against 101.4 for 64 keys (both at N_STEP 8).
+/// * 64 keys on 16 × 16, N_STEP 16 then 8: 25 KiB, for lavapipe's and browsers' 32 KiB (N_STEP 8
+///   keeps head_dim 256 under 32 KiB). N_STEP 16 halves the output products' steps: 96.8 ms
+///   against 101.4.
+/// * 64 keys on 8 × 16: for head_dim ≤ 32, which 16-wide rows would pad to 64. At head_dim 128
+///   it would hold 192 registers and spill (538 ms).
 /// * 32 × 32 on 8 × 8 invocations, K_STEP = N_STEP = 8: at most 12.6 KiB, the fallback for
 ///   WebGPU's default 16 KiB and 256 invocations.
-pub const BACKWARD_PLANS: [BackwardTilePlan; 4] = [
-    BackwardTilePlan::new(64, 64, 16, 16, 16, 8, 1),
+pub const DKDV_PLANS: [BackwardTilePlan; 5] = [
+    BackwardTilePlan::new(64, 128, 16, 32, 8, 16, 1),
+    BackwardTilePlan::new(64, 64, 16, 16, 8, 16, 1),
     BackwardTilePlan::new(64, 64, 16, 16, 8, 8, 1),
     BackwardTilePlan::new(64, 64, 8, 16, 8, 8, 1),
     BackwardTilePlan::new(32, 32, 8, 8, 8, 8, 1),
 ];
 
+/// The tile plans for the dQ kernel, chosen like [`DKDV_PLANS`]:
+///
+/// * 128 query rows on 16 × 16 invocations: 8 rows × (2 × 4 score + 8 output) columns per
+///   invocation, 45 KiB: 66.0 ms against 79.1 for 64 rows (and 71.2 for 128 rows on 16 × 32),
+///   all at N_STEP 8.
+/// * then the 64 × 64 plans and the fallback, as for dK/dV.
+pub const DQ_PLANS: [BackwardTilePlan; 5] = [
+    BackwardTilePlan::new(128, 64, 16, 16, 8, 16, 1),
+    BackwardTilePlan::new(64, 64, 16, 16, 8, 16, 1),
+    BackwardTilePlan::new(64, 64, 16, 16, 8, 8, 1),
+    BackwardTilePlan::new(64, 64, 8, 16, 8, 8, 1),
+    BackwardTilePlan::new(32, 32, 8, 8, 8, 8, 1),
+];
+
+/// The shipped plans of a gradient kernel.
+pub fn backward_plans(pass: BackwardPass) -> &'static [BackwardTilePlan] {
+    match pass {
+        BackwardPass::DkDv => &DKDV_PLANS,
+        _ => &DQ_PLANS,
+    }
+}
+
 /// f32 registers an invocation may hold (see [`BackwardTilePlan::registers`]) before a plan is
-/// passed over for one that pads head_dim more.
-pub const MAX_REGISTERS: u32 = 128;
+/// passed over for one that pads head_dim more. Measured on the H200: the dK/dV kernel, which
+/// keeps both accumulators live through the score products, spilled at 128 (491 ms against 97
+/// at 96); the dQ kernel ran fastest at 128.
+pub const fn max_registers(pass: BackwardPass) -> u32 {
+    match pass {
+        BackwardPass::DkDv => 96,
+        _ => 128,
+    }
+}
 
 /// Sizes of the preprocessing kernel: `block_m` rows per workgroup, `threads_x` invocations per
 /// row (reduced with the variant's [`Reduction`]), `threads_y` rows of invocations.
@@ -529,7 +563,7 @@ pub fn select_backward(problem: &BackwardProblem, caps: &Caps, choice: &Backward
         let pick = |pass, forced: Option<BackwardTilePlan>, reasons: &mut Vec<String>| {
             let plans = match forced {
                 Some(p) => vec![p],
-                None => BACKWARD_PLANS.to_vec(),
+                None => backward_plans(pass).to_vec(),
             };
             let mut fitting = Vec::new();
             for (index, plan) in plans.into_iter().enumerate() {
@@ -545,14 +579,22 @@ pub fn select_backward(problem: &BackwardProblem, caps: &Caps, choice: &Backward
                     None => fitting.push((index, kernel)),
                 }
             }
-            // Within the register budget first; then the largest tiles that fit (smaller ones
-            // re-read the other side's rows more often and are the fallback for small workgroup
-            // memory); then the least padding; then the list's order.
+            // Within the register budget first (a spilling kernel is several times slower); then
+            // the least padding (padded columns cost full arithmetic); then the largest tile that
+            // fits (smaller ones re-read the other side's rows more often, and are the fallback for
+            // small workgroup memory); then the list's order.
             let area = |k: &GradKernel| k.plan.block_m * k.plan.block_n;
             let largest = fitting.iter().map(|(_, k)| area(k)).max().unwrap_or(0);
             fitting
                 .into_iter()
-                .min_by_key(|(index, k)| (k.registers() > MAX_REGISTERS, area(k) < largest, k.head_dim_pad, *index))
+                .min_by_key(|(index, k)| {
+                    (
+                        k.registers() > max_registers(pass),
+                        k.head_dim_pad,
+                        area(k) < largest,
+                        *index,
+                    )
+                })
                 .map(|(_, k)| k)
         };
         let dkdv = pick(BackwardPass::DkDv, choice.dkdv_plan, &mut reasons);
@@ -597,7 +639,7 @@ pub fn all_backward_kernels() -> Vec<BackwardKernel> {
                 continue;
             }
             for pass in [BackwardPass::DkDv, BackwardPass::Dq] {
-                for plan in BACKWARD_PLANS {
+                for &plan in backward_plans(pass) {
                     let mut pads: Vec<u32> = (8..=crate::problem::MAX_HEAD_DIM as u32)
                         .step_by(8)
                         .map(|d| plan.head_dim_pad(d))
@@ -708,11 +750,13 @@ mod tests {
     }
 
     #[test]
-    fn every_shipped_plan_is_well_formed_for_both_kernels_and_every_head_dim() {
-        for plan in BACKWARD_PLANS {
-            for pass in [BackwardPass::DkDv, BackwardPass::Dq] {
+    fn every_shipped_plan_is_well_formed_for_its_kernel_and_every_head_dim() {
+        for pass in [BackwardPass::DkDv, BackwardPass::Dq] {
+            for &plan in backward_plans(pass) {
                 assert!(plan.is_well_formed(pass), "{plan:?} {pass:?}");
             }
+        }
+        for plan in DKDV_PLANS.into_iter().chain(DQ_PLANS) {
             for d in (8..=MAX_HEAD_DIM as u32).step_by(8) {
                 let pad = plan.head_dim_pad(d);
                 assert!(pad >= d && pad % (4 * plan.threads_x) == 0 && pad % plan.k_step == 0);
@@ -743,32 +787,35 @@ mod tests {
 
     #[test]
     fn plans_follow_workgroup_memory_and_head_dim() {
-        // NVIDIA's 48 KiB takes the K_STEP 16 plan, lavapipe's 32 KiB the K_STEP 8 one, WebGPU's
+        // NVIDIA's 48 KiB takes the large tiles, lavapipe's 32 KiB the 64 × 64 ones, WebGPU's
         // default 16 KiB the 32 × 32 fallback.
         let c = auto(&problem(128, DType::F32), &nvidia());
-        assert_eq!((c.dkdv.plan, c.dq.plan), (BACKWARD_PLANS[0], BACKWARD_PLANS[0]));
+        assert_eq!((c.dkdv.plan, c.dq.plan), (DKDV_PLANS[0], DQ_PLANS[0]));
         let c = auto(&problem(128, DType::F32), &lavapipe());
-        assert_eq!((c.dkdv.plan, c.dq.plan), (BACKWARD_PLANS[1], BACKWARD_PLANS[1]));
+        assert_eq!((c.dkdv.plan, c.dq.plan), (DKDV_PLANS[1], DQ_PLANS[1]));
         assert!(c.dkdv.workgroup_bytes() <= 25 << 10);
+        // head_dim 256 needs N_STEP 8 to stay under 32 KiB.
+        let c = auto(&problem(256, DType::F32), &lavapipe());
+        assert_eq!((c.dkdv.plan, c.dq.plan), (DKDV_PLANS[2], DQ_PLANS[2]));
         let c = auto(&problem(128, DType::F32), &Caps::webgpu_baseline());
-        assert_eq!(c.dkdv.plan, BACKWARD_PLANS[3]);
+        assert_eq!(c.dkdv.plan, DKDV_PLANS[4]);
         assert!(c.dkdv.workgroup_bytes() <= 16 << 10 && c.dkdv.plan.workgroup_size() <= 256);
         assert_eq!(c.variant, Variant::WORKGROUP);
 
         // head_dim 32 would pad to 64 with 16-wide rows: the 8-wide plan keeps it at 32.
         let c = auto(&problem(32, DType::F32), &nvidia());
         assert_eq!((c.dkdv.head_dim_pad, c.dkdv.plan.threads_x), (32, 8));
-        // head_dim 80 pads to 96 with 8-wide rows, but that would hold too many registers.
+        // head_dim 80 pads to 96 with 8-wide rows, but the dK/dV kernel would spill.
         let c = auto(&problem(80, DType::F32), &nvidia());
         assert_eq!(c.dkdv.head_dim_pad, 128);
-        assert!(c.dkdv.registers() <= MAX_REGISTERS);
-        // Within the budget up to head_dim 128.
-        for d in (8..=128).step_by(8) {
-            let c = auto(&problem(d, DType::F32), &lavapipe());
-            assert!(
-                c.dkdv.registers() <= MAX_REGISTERS && c.dq.registers() <= MAX_REGISTERS,
-                "d {d}"
-            );
+        // Within the budgets up to head_dim 128.
+        for caps in [lavapipe(), nvidia()] {
+            for d in (8..=128).step_by(8) {
+                let c = auto(&problem(d, DType::F32), &caps);
+                let fits = c.dkdv.registers() <= max_registers(BackwardPass::DkDv)
+                    && c.dq.registers() <= max_registers(BackwardPass::Dq);
+                assert!(fits, "d {d}: {}", c.name());
+            }
         }
     }
 
@@ -868,7 +915,7 @@ mod tests {
     fn workgroup_bytes_match_the_shader_declarations() {
         // 64 × 64, K_STEP = N_STEP = 8, one stage, head_dim 128, f32: a score stage is
         // 2 · 8 · (64 + 64) = 2048 values, a rows stage 8 · 128 = 1024, t_tile 64 · 68.
-        let p = BACKWARD_PLANS[1];
+        let p = BackwardTilePlan::new(64, 64, 16, 16, 8, 8, 1);
         assert_eq!(
             p.workgroup_bytes(BackwardPass::DkDv, 128, TileType::F32),
             (2048 + 64 * 68) * 4
@@ -921,11 +968,11 @@ mod tests {
         let c = auto(&problem(64, DType::BF16), &lavapipe());
         assert_eq!(
             c.name(),
-            "flash_bwd_bf16_sg_f32_kv64x64x16x16x8x8x1_q64x64x16x16x8x8x1_d64"
+            "flash_bwd_bf16_sg_f32_kv64x64x16x16x8x16x1_q64x64x16x16x8x16x1_d64"
         );
         assert_eq!(
             c.dkdv.name(),
-            "flash_bwd_dkdv_bf16_tile_f32_bm64_bn64_tx16_ty16_ks8_ns8_st1_d64"
+            "flash_bwd_dkdv_bf16_tile_f32_bm64_bn64_tx16_ty16_ks8_ns16_st1_d64"
         );
         assert_eq!(c.preprocess.name(), "flash_bwd_pre_bf16_sg_bm64_tx8_ty32");
     }

@@ -63,9 +63,9 @@ pub use attention::{AttentionOutput, FlashAttention, ForwardBuffers, NaivePlan, 
 pub use backward::{BackwardBuffers, BackwardInputs, BackwardOutput};
 pub use backward_problem::{BackwardProblem, GradTensor};
 pub use backward_select::{
-    all_backward_kernels, backward_grid, preferred_backward_variants, select_backward, BackwardChoice, BackwardConfig,
-    BackwardKernel, BackwardPass, BackwardTilePlan, GradKernel, PreprocessKernel, PreprocessPlan, BACKWARD_PLANS,
-    PREPROCESS_PLANS,
+    all_backward_kernels, backward_grid, backward_plans, max_registers, preferred_backward_variants, select_backward,
+    BackwardChoice, BackwardConfig, BackwardKernel, BackwardPass, BackwardTilePlan, GradKernel, PreprocessKernel,
+    PreprocessPlan, DKDV_PLANS, DQ_PLANS, PREPROCESS_PLANS,
 };
 pub use binding::TensorBuffer;
 pub use caps::Caps;
