@@ -1,0 +1,293 @@
+//! The backward pass on the best adapter at a size given on the command line: the flash forward
+//! (which writes O and the LSE), then dQ, dK, dV; both timed with GPU timestamps, the gradients
+//! checked on sampled rows against float64.
+//!
+//! ```text
+//! cargo run --release --example backward -- --batch 2 --heads 16 --seq 8192 --head-dim 128
+//! ```
+//! Options (defaults in brackets): --batch [1] --heads [8] --kv-heads [=heads] --seq [2048]
+//! (--seq-q, --seq-kv to differ) --head-dim [64] --dtype f32|f16|bf16 [f32] --causal
+//! --layout bshd|bhsd [bshd] --variant auto|wg_f32|sg_f32|wg_f16|sg_f16 [auto]
+//! --kv-plan, --q-plan BMxBNxTXxTYxKSxNS[xST] (the dK/dV and dQ kernels' tile plans)
+//! --bounds-checks on|off [off] --runs [10] --check-rows [64] --passes (time each kernel too)
+//! --json FILE (append one JSON line of results).
+//! TFLOP/s count the backward as 2.5 × the forward's 4·B·H·Sq·Skv·D (halved when causal).
+//! Exits non-zero if a check fails.
+
+use std::process::ExitCode;
+
+use wgpu_flash_attn::backward_harness::{grad_tolerance, BackwardWorkload};
+use wgpu_flash_attn::timing::{Clock, Timing};
+use wgpu_flash_attn::{
+    select_backward, AttentionProblem, AttentionShape, BackwardChoice, BackwardPass, BackwardProblem, BackwardTilePlan,
+    BoundsChecks, DType, Element, FlashAttention, GpuContext, Layout, Options, Variant,
+};
+
+struct Args {
+    problem: BackwardProblem,
+    layout: Layout,
+    choice: BackwardChoice,
+    bounds_checks: BoundsChecks,
+    runs: usize,
+    check_rows: usize,
+    passes: bool,
+    json: Option<String>,
+}
+
+fn parse_args() -> Result<Args, String> {
+    let mut it = std::env::args().skip(1);
+    let (mut batch, mut heads, mut kv_heads, mut seq_q, mut seq_kv, mut head_dim) = (1, 8, None, 2048, None, 64);
+    let (mut dtype, mut causal, mut layout) = (DType::F32, false, Layout::Bshd);
+    let mut choice = BackwardChoice::default();
+    let mut bounds_checks = BoundsChecks::Off;
+    let (mut runs, mut check_rows, mut passes, mut json) = (10, 64, false, None);
+    while let Some(flag) = it.next() {
+        let mut value = || it.next().ok_or(format!("{flag} needs a value"));
+        let number = |s: String| s.parse::<usize>().map_err(|e| format!("{s}: {e}"));
+        let plan = |s: String| BackwardTilePlan::parse(&s).ok_or(format!("a plan is BMxBNxTXxTYxKSxNS[xST], not {s}"));
+        match flag.as_str() {
+            "--batch" => batch = number(value()?)?,
+            "--heads" => heads = number(value()?)?,
+            "--kv-heads" => kv_heads = Some(number(value()?)?),
+            "--seq" | "--seq-q" => seq_q = number(value()?)?,
+            "--seq-kv" => seq_kv = Some(number(value()?)?),
+            "--head-dim" => head_dim = number(value()?)?,
+            "--dtype" => {
+                let v = value()?;
+                dtype = DType::ALL
+                    .into_iter()
+                    .find(|d| d.name() == v)
+                    .ok_or(format!("unknown dtype {v}"))?
+            }
+            "--causal" => causal = true,
+            "--layout" => {
+                layout = match value()?.as_str() {
+                    "bshd" => Layout::Bshd,
+                    "bhsd" => Layout::Bhsd,
+                    other => return Err(format!("unknown layout {other}")),
+                }
+            }
+            "--variant" => {
+                let v = value()?;
+                choice.variant = match v.as_str() {
+                    "auto" => None,
+                    name => Some(Variant::from_name(name).ok_or(format!("unknown variant {name}"))?),
+                }
+            }
+            "--kv-plan" => choice.dkdv_plan = Some(plan(value()?)?),
+            "--q-plan" => choice.dq_plan = Some(plan(value()?)?),
+            "--bounds-checks" => {
+                bounds_checks = match value()?.as_str() {
+                    "on" => BoundsChecks::On,
+                    "off" => BoundsChecks::Off,
+                    other => return Err(format!("--bounds-checks on|off, not {other}")),
+                }
+            }
+            "--runs" => runs = number(value()?)?,
+            "--check-rows" => check_rows = number(value()?)?,
+            "--passes" => passes = true,
+            "--json" => json = Some(value()?),
+            "--help" | "-h" => {
+                return Err(include_str!("backward.rs")
+                    .lines()
+                    .take(15)
+                    .collect::<Vec<_>>()
+                    .join("\n"))
+            }
+            other => return Err(format!("unknown option {other} (try --help)")),
+        }
+    }
+    let shape = AttentionShape {
+        batch,
+        seq_q,
+        seq_kv: seq_kv.unwrap_or(seq_q),
+        num_heads: heads,
+        num_kv_heads: kv_heads.unwrap_or(heads),
+        head_dim,
+    };
+    let forward = AttentionProblem::new(shape, dtype)
+        .with_causal(causal)
+        .with_layout(layout);
+    Ok(Args {
+        problem: forward.into(),
+        layout,
+        choice,
+        bounds_checks,
+        runs,
+        check_rows,
+        passes,
+        json,
+    })
+}
+
+fn main() -> ExitCode {
+    let args = match parse_args() {
+        Ok(a) => a,
+        Err(e) => {
+            eprintln!("{e}");
+            return ExitCode::from(2);
+        }
+    };
+    let result = match args.problem.forward.dtype {
+        DType::F32 => run::<f32>(&args),
+        DType::F16 => run::<half::f16>(&args),
+        DType::BF16 => run::<half::bf16>(&args),
+    };
+    match result {
+        Ok(true) => ExitCode::SUCCESS,
+        Ok(false) => ExitCode::FAILURE,
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn mib(bytes: u64) -> String {
+    format!("{:.1} MiB", bytes as f64 / (1 << 20) as f64)
+}
+
+fn describe(t: &Timing, flops: f64) -> String {
+    let clock = match t.clock {
+        Clock::GpuTimestamps => "GPU timestamps",
+        Clock::WallClock => "wall clock",
+    };
+    let rate = flops / t.median;
+    let rate = if rate >= 1e12 {
+        format!("{:7.2} TFLOP/s", rate / 1e12)
+    } else {
+        format!("{:7.2} GFLOP/s", rate / 1e9)
+    };
+    format!(
+        "{:9.3} ms  {rate}  (median of {}, min {:.3} ms, {clock})",
+        t.median * 1e3,
+        t.runs,
+        t.min * 1e3
+    )
+}
+
+fn run<T: Element>(args: &Args) -> wgpu_flash_attn::Result<bool> {
+    let p = &args.problem;
+    let f = &p.forward;
+    let ctx = pollster::block_on(GpuContext::new())?;
+    let caps = &ctx.caps;
+    println!(
+        "adapter:  {} ({:?}, {:?}); subgroups {}, shader-f16 {}, workgroup memory {} KiB",
+        ctx.info.name,
+        ctx.info.backend,
+        ctx.info.device_type,
+        if caps.subgroups {
+            format!("{}..{}", caps.subgroup_min_size, caps.subgroup_max_size)
+        } else {
+            "no".into()
+        },
+        if caps.shader_f16 { "yes" } else { "no" },
+        caps.max_workgroup_storage_bytes / 1024,
+    );
+    let s = f.shape;
+    println!(
+        "problem:  batch {}, heads {}/{} (q/kv), seq {}×{}, head_dim {}, {}, {}, {:?}; forward {:.3} GFLOP, backward {:.3}",
+        s.batch,
+        s.num_heads,
+        s.num_kv_heads,
+        s.seq_q,
+        s.seq_kv,
+        s.head_dim,
+        f.dtype.name(),
+        if f.causal { "causal" } else { "non-causal" },
+        args.layout,
+        f.flops() / 1e9,
+        p.flops() / 1e9,
+    );
+    let engine = FlashAttention::with_options(
+        &ctx,
+        Options {
+            bounds_checks: args.bounds_checks,
+            ..Default::default()
+        },
+    );
+    let config = select_backward(p, caps, &args.choice)?;
+    println!("kernels:  bounds checks {:?}", args.bounds_checks);
+    for kernel in config.kernels() {
+        println!(
+            "          {} ({} B workgroup memory)",
+            kernel.name(),
+            kernel.workgroup_bytes()
+        );
+    }
+
+    let work = BackwardWorkload::<T>::random(&ctx, *p, 0x5eed)?;
+    work.forward(&engine)?;
+    let grads = work.run(&engine, &config)?;
+    let forward_time = work.time_forward(&engine, 2, args.runs)?;
+    let backward_time = work.time_backward(&engine, &config, 2, args.runs)?;
+    println!("forward:  {}", describe(&forward_time, f.flops()));
+    println!("backward: {}", describe(&backward_time, p.flops()));
+    let forward_rate = f.flops() / forward_time.median;
+    let backward_rate = p.flops() / backward_time.median;
+    println!(
+        "ratio:    backward at {:.0}% of the forward's FLOP/s ({:.2}× its time)",
+        100.0 * backward_rate / forward_rate,
+        backward_time.median / forward_time.median
+    );
+    let mut pass_ms = Vec::new();
+    if args.passes {
+        for pass in BackwardPass::ALL {
+            let t = work.time_backward_pass(&engine, &config, pass, 1, args.runs)?;
+            println!("  {:15} {:9.3} ms", pass.entry_point(), t.median * 1e3);
+            pass_ms.push(format!("\"{}\":{:.4}", pass.entry_point(), t.median * 1e3));
+        }
+    }
+    println!(
+        "memory:   {} on the device: q, k, v, o, lse, d_o, dq, dk, dv and D; no seq_q × seq_kv buffer",
+        mib(work.device_bytes())
+    );
+
+    let (o, lse) = work.read_forward()?;
+    let check = work.check_rows(&grads, &o, &lse, args.check_rows)?;
+    let ok = check.passes(f.dtype);
+    let tol = grad_tolerance(f.dtype);
+    println!(
+        "check:    {} sampled rows of each gradient vs float64: {}  [{check}bound rel L2 {:.0e}]",
+        args.check_rows,
+        if ok { "PASS" } else { "FAIL" },
+        tol.rel_l2
+    );
+
+    if let Some(path) = &args.json {
+        use std::io::Write;
+        let line = format!(
+            "{{\"adapter\":\"{}\",\"kernels\":\"{}\",\"variant\":\"{}\",\"kv_plan\":\"{}\",\"q_plan\":\"{}\",\"bounds\":\"{}\",\"dtype\":\"{}\",\"batch\":{},\"heads\":{},\"kv_heads\":{},\"seq_q\":{},\"seq_kv\":{},\"head_dim\":{},\"causal\":{},\"forward_ms\":{:.4},\"forward_tflops\":{:.3},\"backward_ms\":{:.4},\"backward_tflops\":{:.3},\"ratio\":{:.3},\"passes_ms\":{{{}}},\"rel_l2\":{:.3e},\"pass\":{}}}\n",
+            ctx.info.name,
+            config.name(),
+            config.variant.name(),
+            config.dkdv.plan.label(),
+            config.dq.plan.label(),
+            if args.bounds_checks == BoundsChecks::On { "on" } else { "off" },
+            f.dtype.name(),
+            s.batch,
+            s.num_heads,
+            s.num_kv_heads,
+            s.seq_q,
+            s.seq_kv,
+            s.head_dim,
+            f.causal,
+            forward_time.median * 1e3,
+            forward_rate / 1e12,
+            backward_time.median * 1e3,
+            backward_rate / 1e12,
+            backward_rate / forward_rate,
+            pass_ms.join(","),
+            check.worst_rel_l2(),
+            ok
+        );
+        std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(path)
+            .and_then(|mut file| file.write_all(line.as_bytes()))
+            .map_err(|e| wgpu_flash_attn::Error::ReadBack(format!("writing {path}: {e}")))?;
+    }
+    println!("result:   {}", if ok { "PASS" } else { "FAIL" });
+    Ok(ok)
+}
