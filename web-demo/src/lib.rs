@@ -19,8 +19,8 @@ use serde::{Deserialize, Serialize};
 use wasm_bindgen::prelude::*;
 use wgpu_flash_attn::testing::random_tensor;
 use wgpu_flash_attn::{
-    AttentionOutput, AttentionProblem, AttentionShape, Caps, DType, Element, FlashAttention, GpuContext, KernelChoice,
-    Options, Tensor, TilePlan, PLANS,
+    AttentionOutput, AttentionProblem, AttentionShape, Caps, DType, Element, FlashAttention, ForwardKernel, GpuContext,
+    KernelChoice, Options, Tensor, TilePlan, PLANS,
 };
 
 use crate::check::Check;
@@ -121,7 +121,7 @@ impl Demo {
         // Selection and pipeline creation, awaited so that a shader the browser rejects is an
         // error here rather than a console message later.
         let start = now_ms();
-        let config = engine.prepare(problem).await?;
+        let kernel = engine.prepare(problem).await?;
         let build_ms = now_ms() - start;
 
         let flash = timed(settings.reps, || engine.forward(problem, &q, &k, &v)).await?;
@@ -154,10 +154,13 @@ impl Demo {
                 flops: problem.flops(),
             },
             kernel: KernelSummary {
-                name: config.name(),
-                variant: config.variant.name(),
-                workgroup_size: config.plan.workgroup_size(),
-                workgroup_bytes: config.workgroup_bytes(),
+                name: kernel.name(),
+                variant: match &kernel {
+                    ForwardKernel::Tiled(c) => c.variant.name(),
+                    ForwardKernel::Coop(_) => "coop",
+                },
+                workgroup_size: kernel.workgroup_size(),
+                workgroup_bytes: kernel.workgroup_bytes(),
                 build_ms,
             },
             speedup: naive.as_ref().map(|n| n.median_ms / flash.median_ms),
