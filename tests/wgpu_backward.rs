@@ -232,22 +232,27 @@ fn rows_that_see_no_key_get_zero_gradients() {
             .into();
         let config = select(ctx, &problem, &BackwardChoice::default());
         let label = format!("empty_rows_{}", dtype.name());
-        let (work, grads) = match dtype {
+        let (lse, dq) = match dtype {
             DType::F32 => {
                 let (w, g) = run_and_check::<f32>(&engine, &problem, &config, &label);
-                let (_, lse) = w.read_forward().unwrap();
-                (lse, g.dq.iter().map(|x| x.to_f64()).collect::<Vec<_>>())
+                (
+                    w.read_forward().unwrap().1,
+                    g.dq.iter().map(|x| x.to_f64()).collect::<Vec<_>>(),
+                )
             }
             _ => {
                 let (w, g) = run_and_check::<half::bf16>(&engine, &problem, &config, &label);
-                let (_, lse) = w.read_forward().unwrap();
-                (lse, g.dq.iter().map(|x| x.to_f64()).collect::<Vec<_>>())
+                (
+                    w.read_forward().unwrap().1,
+                    g.dq.iter().map(|x| x.to_f64()).collect::<Vec<_>>(),
+                )
             }
         };
-        assert!(work[..50].iter().all(|&l| l == f32::NEG_INFINITY));
+        assert!(lse[..50].iter().all(|&l| l == f32::NEG_INFINITY));
+        // Rows 0..50 of both heads ([b, s, h, d] layout: 2 · 32 values per row): exactly zero.
         for i in 0..50 {
             for x in 0..2 * 32 {
-                assert_eq!(grads[i * 64 + x], 0.0, "{label}: dq row {i} is not zero");
+                assert_eq!(dq[i * 64 + x], 0.0, "{label}: dq row {i} is not zero");
             }
         }
     }
