@@ -52,12 +52,12 @@ mod readback;
 pub mod reference;
 mod select;
 pub mod shaders;
+#[cfg(not(target_arch = "wasm32"))]
+mod spirv_coherence;
 pub mod testing;
 #[cfg(not(target_arch = "wasm32"))]
 pub mod timing;
 mod util;
-#[cfg(not(target_arch = "wasm32"))]
-mod spirv_coherence;
 
 pub use attention::{AttentionOutput, FlashAttention, ForwardBuffers, NaivePlan, Options};
 pub use backward::{BackwardBuffers, BackwardInputs, BackwardOutput};
