@@ -2,18 +2,20 @@
 """Turns the JSON lines of one H200 run (examples/attention --json, torch_sdpa.py --json) into the
 markdown tables of BENCHMARKS.md, so that no figure is copied by hand.
 
-    python3 scripts/bench-table.py RUN_DIR
-RUN_DIR holds table.jsonl (ours, with the naive baseline), torch.jsonl and optionally sweep.jsonl.
+    python3 scripts/bench-table.py RUN_DIR [TABLE]
+RUN_DIR holds TABLE (default table.jsonl: ours, with the naive baseline), torch.jsonl and optionally
+sweep.jsonl.
 """
 import json, os, sys
 
 def load(path):
     return [json.loads(l) for l in open(path)] if os.path.exists(path) else []
 
-def main(run):
-    ours = load(os.path.join(run, "table.jsonl"))
+def main(run, table="table.jsonl"):
+    ours = load(os.path.join(run, table))
     torch = {(r["head_dim"], r["seq"], r["causal"]): r for r in load(os.path.join(run, "torch.jsonl"))}
-    print("| head_dim | seq | batch | causal | flash (ours, f32) | naive (ours, f32) | speed-up | PyTorch FA2 (bf16) | cuDNN (bf16) | rel L2 vs f64 | check |")
+    dtype = ours[0]["dtype"] if ours else "f32"
+    print(f"| head_dim | seq | batch | causal | flash (ours, {dtype}) | naive (ours, {dtype}) | speed-up | PyTorch FA2 (bf16) | cuDNN (bf16) | rel L2 vs f64 | check |")
     print("|---|---|---|---|---|---|---|---|---|---|---|")
     for r in ours:
         naive_tflops = 0.0
@@ -32,5 +34,25 @@ def main(run):
         for r in sweep:
             print(f"| {r['dtype']} | {r['variant']} | {r['plan']} | {r['bounds']} | {r['flash_tflops']:.2f} | {'pass' if r['pass'] else 'FAIL'} |")
 
+def backward(run):
+    """The backward table: bwd.jsonl (examples/backward --json) beside torch_bwd.jsonl."""
+    ours = load(os.path.join(run, "bwd.jsonl"))
+    torch = {(r["head_dim"], r["seq"], r["causal"]): r for r in load(os.path.join(run, "torch_bwd.jsonl"))}
+    print("| head_dim | seq | batch × heads | causal | forward (ours, f32) | backward (ours, f32) | backward / forward "
+          "| PyTorch FA2 bwd (bf16) | cuDNN bwd (bf16) | PyTorch math bwd | rel L2, worst gradient | check |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+    for r in ours:
+        t = torch.get((r["head_dim"], r["seq_q"], r["causal"]), {})
+        math = t.get("math_error", "—")
+        if "out of memory" in math:
+            math = "out of memory"
+        rel = r["rel_l2"] if isinstance(r["rel_l2"], str) else ", ".join(f"{x:.1e}" for x in r["rel_l2"]) if isinstance(r["rel_l2"], list) else f"{r['rel_l2']:.1e}"
+        print(f"| {r['head_dim']} | {r['seq_q']} | {r['batch']} × {r['heads']} | {'yes' if r['causal'] else 'no'} | "
+              f"{r['forward_tflops']:.1f} | {r['backward_tflops']:.1f} | {100 * r['backward_tflops'] / r['forward_tflops']:.0f}% | "
+              f"{t.get('flash_bwd_tflops', '—')} | {t.get('cudnn_bwd_tflops', '—')} | {math} | {rel} | {'pass' if r['pass'] else 'FAIL'} |")
+
 if __name__ == "__main__":
-    main(sys.argv[1] if len(sys.argv) > 1 else ".")
+    if len(sys.argv) > 2 and sys.argv[2] == "--backward":
+        backward(sys.argv[1])
+        sys.exit()
+    main(*(sys.argv[1:] or ["."]))

@@ -23,7 +23,8 @@ if [ -n "${SWEEP:-}" ]; then
   for spec in $SWEEP; do  # spec = variant:plan:bounds:dtype
     IFS=: read -r v p b d <<< "$spec"
     echo "-- $spec" >> "$OUT/sweep.log"
-    timeout 60 $A $base --variant "$v" ${p:+--plan $p} --bounds-checks "${b:-off}" --dtype "${d:-f32}" >> "$OUT/sweep.log" 2>&1 || echo "FAILED $spec" >> "$OUT/sweep.log"
+    tile="--plan"; [ "$v" = coop ] && tile="--coop-tile"
+    timeout 60 $A $base --variant "$v" ${p:+$tile $p} --bounds-checks "${b:-off}" --dtype "${d:-f32}" >> "$OUT/sweep.log" 2>&1 || echo "FAILED $spec" >> "$OUT/sweep.log"
   done
   grep -E "^-- |flash:|FAIL|error" "$OUT/sweep.log"
   # The fastest correct f32 configuration runs the table and the long sequence.
@@ -37,17 +38,25 @@ print(f\"--variant {b['variant']} --plan {b['plan']} --bounds-checks {b['bounds'
   TABLE_ARGS="${TABLE_ARGS:-$BEST}"
 fi
 
+# TABLES: ';'-separated "name|extra args" sets, each run over the sequence lengths in TABLE
+# (batch · seq = 16k, 16 heads of 128, causal and not) into table_<name>.jsonl.
+TABLES=${TABLES:-"main|${TABLE_ARGS:-}"}
 if [ -n "${TABLE:-}" ]; then
-  step table
-  for n in $TABLE; do for c in "" --causal; do
-    timeout 120 $A --batch $((16384 / n)) --heads 16 --seq $n --head-dim 128 $c --runs 10 ${TABLE_ARGS:-} --json "$OUT/table.jsonl" > /tmp/run.log 2>&1
-    cat /tmp/run.log >> "$OUT/table.log"; grep -E "^(problem|flash|naive|speed|result)" /tmp/run.log
-  done; done
+  IFS=';' read -ra sets <<< "$TABLES"
+  for set in "${sets[@]}"; do
+    name=${set%%|*}; args=${set#*|}
+    [ "$name" = main ] && args="${TABLE_ARGS:-$args}"
+    step "table $name: $args"
+    for n in $TABLE; do for c in "" --causal; do
+      timeout 120 $A --batch $((16384 / n)) --heads 16 --seq $n --head-dim 128 $c --runs 10 $args --json "$OUT/table_$name.jsonl" > /tmp/run.log 2>&1
+      cat /tmp/run.log >> "$OUT/table_$name.log"; grep -E "^(problem|kernel|flash|naive|speed|result|error)" /tmp/run.log
+    done; done
+  done
 fi
 
 if [ "${LONG:-0}" = 1 ]; then
   step seq 65536
-  timeout 200 $A --batch 1 --heads 16 --seq 65536 --head-dim 128 --runs 3 --check-rows 48 ${TABLE_ARGS:-} --json "$OUT/long.jsonl" 2>&1 | tee "$OUT/long.log"
+  timeout 200 $A --batch 1 --heads 16 --seq 65536 --head-dim 128 --runs 3 --check-rows 48 --json "$OUT/long.jsonl" 2>&1 | tee "$OUT/long.log"
   nvidia-smi --query-gpu=memory.used --format=csv >> "$OUT/long.log"
 fi
 
