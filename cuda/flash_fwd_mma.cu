@@ -11,20 +11,24 @@
 // * A block owns BLOCK_M query rows of one (batch, head): grid = (q tiles, num_heads, batch).
 //   It streams the visible K/V rows in tiles of BLOCK_N through shared memory, two stages deep
 //   (cp.async for tile j+1 lands while tile j is multiplied), and writes its O rows once.
-// * A warp owns 16 query rows (one m16 MMA row block), so BLOCK_M = 16 * warps. It computes its
-//   16 x BLOCK_N score tile S = Q·Kᵀ in registers, does the online softmax on it in registers,
-//   and feeds P straight from the S accumulators into the second MMA (the f32 C-fragment of two
-//   adjacent n8 tiles is exactly the A-fragment of one k16 step, after packing to 16 bits).
+// * A warp owns 16 or 32 query rows (M_TILES = 1 or 2 m16 MMA row blocks), so BLOCK_M =
+//   16 * M_TILES * warps. It computes its rows' S = Q·Kᵀ for a K/V tile in registers, does the
+//   online softmax on it in registers, and feeds P straight from the S accumulators into the
+//   second MMA (the f32 C-fragment of two adjacent n8 tiles is exactly the A-fragment of one k16
+//   step, after packing to 16 bits). Each K or V fragment read from shared memory feeds all of
+//   the warp's row tiles, so 32 rows per warp halve the shared-memory reads per FLOP.
 // * A lane (4·g + t) owns, of every 16-row fragment, rows g and g+8: two softmax rows, whose
 //   max and sum are combined over the 4 lanes of a quad with two shuffles.
 //
-// Why these sizes. Registers per thread, head_dim 128, BLOCK_N 64: O accumulators 16·128/32 = 64,
-// S 16·64/32 = 32, Q fragments kept in registers 16·128·2/4/32 = 32: ~170 with addresses,
-// under the 255 that __launch_bounds__(.., 2) allows for 128 threads, so two blocks of 4 warps
-// share an SM and one block's softmax overlaps the other's MMAs. At head_dim 256 the O
-// accumulators alone are 128 registers, so Q stays in shared memory and is re-read per tile
-// (Q_IN_REGS = 0) and BLOCK_N drops to 32. Shared memory: Q tile + 2 stages of (K, V) tiles,
-// e.g. 16 + 2·(16 + 16) = 80 KiB at head_dim 128 (the Rust side asks for it at launch).
+// Why these sizes. Registers per thread, head_dim 128, BLOCK_N 64, 16 rows per warp: O
+// accumulators 16·128/32 = 64, S 16·64/32 = 32, Q fragments kept in registers 16·128·2/4/32 =
+// 32: ~250 with addresses (ptxas), under the 255 that __launch_bounds__(128, 2) allows, so two
+// blocks of 4 warps share an SM and one block's softmax overlaps the other's MMAs. With 32 rows
+// per warp O and S double, so Q stays in shared memory and is re-read per tile (Q_IN_REGS = 0),
+// as it also does at head_dim 256, where O alone is 128 registers and BLOCK_N drops to 32.
+// Shared memory: Q tile + 2 stages of (K, V) tiles, e.g. 16 + 2·(16 + 16) = 80 KiB at head_dim
+// 128 with 64 x 64 tiles (the Rust side opts in at launch). src/cuda/plan.rs lists the plans
+// and what the H200 measured for each.
 //
 // Shared-memory tiles are rows of head_dim 16-bit values split into 16-byte chunks, with chunk c
 // of row r stored at chunk c ^ (r & 7): ldmatrix reads 8 rows of the same logical chunk, which
@@ -32,7 +36,7 @@
 // banks 8 times over). head_dim is a multiple of 64, so the XOR stays inside the row.
 //
 // Compile-time parameters (-D, set by src/cuda/plan.rs): FA_HEAD_DIM, FA_BLOCK_M, FA_BLOCK_N,
-// FA_CAUSAL, FA_BF16, FA_Q_IN_REGS, FA_VEC_BYTES (16: rows 16-byte aligned; 8: only 8-byte
+// FA_WARPS, FA_CAUSAL, FA_BF16, FA_Q_IN_REGS, FA_VEC_BYTES (16: rows 16-byte aligned; 8: only 8-byte
 // aligned), FA_MIN_BLOCKS (blocks per SM promised to the register allocator), KERNEL_NAME.
 #include "mma_ptx.cuh"
 
@@ -47,8 +51,10 @@ constexpr bool CAUSAL = FA_CAUSAL != 0;
 constexpr bool IS_BF16 = FA_BF16 != 0;
 constexpr bool Q_IN_REGS = FA_Q_IN_REGS != 0;
 constexpr int VEC_BYTES = FA_VEC_BYTES;
-constexpr int WARPS = BLOCK_M / 16;
+constexpr int WARPS = FA_WARPS;
 constexpr int THREADS = WARPS * 32;
+constexpr int M_TILES = BLOCK_M / (16 * WARPS);  // 16-row MMA tiles per warp: 1 or 2
+constexpr int WARP_ROWS = 16 * M_TILES;
 constexpr int CHUNKS = HEAD_DIM / 8;  // 16-byte chunks per row
 constexpr int ROW_BYTES = HEAD_DIM * 2;
 constexpr int Q_TILE_BYTES = BLOCK_M * ROW_BYTES;
@@ -59,7 +65,8 @@ constexpr int D_TILES = HEAD_DIM / 8;    // n8 tiles of O
 constexpr float LN2 = 0.6931471805599453f;
 
 static_assert(HEAD_DIM % 64 == 0 && HEAD_DIM <= 256, "the swizzle needs a multiple of 8 chunks per row");
-static_assert(BLOCK_M % 16 == 0 && WARPS >= 1 && WARPS <= 8, "a warp owns 16 query rows");
+static_assert(WARPS >= 1 && WARPS <= 8 && (M_TILES == 1 || M_TILES == 2) && BLOCK_M == WARP_ROWS * WARPS,
+              "a warp owns 16 or 32 query rows");
 static_assert(BLOCK_N % 16 == 0, "P·V steps over the key tile 16 at a time");
 static_assert(VEC_BYTES == 16 || VEC_BYTES == 8, "global rows are moved in 16- or 8-byte pieces");
 
@@ -88,6 +95,25 @@ static_assert(sizeof(FwdParams) == 160, "FwdParams must match the Rust mirror");
 __device__ __forceinline__ u32 swizzle(int row, int chunk) {
     return (u32)(row * ROW_BYTES + ((chunk ^ (row & 7)) << 4));
 }
+
+// The ldmatrix addresses of one lane: rows `row + 8i` and chunks `2k + c` for all k. The XOR of
+// the swizzle touches only the low 3 bits of the chunk, so
+//     swizzle(row + 8i, 2k + c) = row·ROW_BYTES + 8i·ROW_BYTES + 128·(k / 4) + (((2·(k % 4) + c) ^ (row & 7)) << 4)
+// and only the last term varies per lane: four registers hold it for every k, and the rest
+// folds into immediates of the unrolled loops. (Written out because ptxas does not find it: with
+// plain swizzle() calls it kept more address registers; this form saved 5 registers at head_dim
+// 128 and removed the 128 x 64 four-warp plan's spills.)
+struct FragAddr {
+    u32 base[4];
+    __device__ __forceinline__ FragAddr(u32 tile, int row, int c) {
+#pragma unroll
+        for (int b = 0; b < 4; ++b) base[b] = tile + (u32)(row * ROW_BYTES + (((2 * b + c) ^ (row & 7)) << 4));
+    }
+    // Chunk pair k (chunk 2k + c) of row `row + extra_rows`; extra_rows must be a multiple of 8.
+    __device__ __forceinline__ u32 at(int k, int extra_rows) const {
+        return base[k & 3] + (u32)((k >> 2) * 128 + extra_rows * ROW_BYTES);
+    }
+};
 
 // Copies `ROWS` rows of head_dim elements, row r at `g + r * row_stride`, into a swizzled tile;
 // rows at or past `rows_valid` are zero-filled. All threads of the block take part: consecutive
@@ -159,17 +185,23 @@ extern "C" __global__ void __launch_bounds__(THREADS, FA_MIN_BLOCKS) KERNEL_NAME
     if (n_tiles > 1) load_kv(1, 1);
     cp_async_commit();
 
-    float o_acc[D_TILES][4];
+    float o_acc[M_TILES][D_TILES][4];
+    float row_max[M_TILES][2];  // running max of the log2-scaled scores
+    float row_sum[M_TILES][2];  // this lane's part of the running sum
 #pragma unroll
-    for (int d = 0; d < D_TILES; ++d) o_acc[d][0] = o_acc[d][1] = o_acc[d][2] = o_acc[d][3] = 0.f;
-    float row_max[2] = {NEG_INF, NEG_INF};  // running max of the log2-scaled scores
-    float row_sum[2] = {0.f, 0.f};              // this lane's part of the running sum
+    for (int mt = 0; mt < M_TILES; ++mt) {
+#pragma unroll
+        for (int d = 0; d < D_TILES; ++d) o_acc[mt][d][0] = o_acc[mt][d][1] = o_acc[mt][d][2] = o_acc[mt][d][3] = 0.f;
+        row_max[mt][0] = row_max[mt][1] = NEG_INF;
+        row_sum[mt][0] = row_sum[mt][1] = 0.f;
+    }
 
     // The warp's Q rows as A-fragments: lanes 0-7 address rows 0-7 of k-chunk 2kk, lanes 8-15
-    // rows 8-15 of it, lanes 16-31 the same rows of chunk 2kk+1 (a[0..3] order).
-    const int q_frag_row = warp * 16 + (lane & 7) + ((lane >> 3) & 1) * 8;
+    // rows 8-15 of it, lanes 16-31 the same rows of chunk 2kk+1 (a[0..3] order); m-tile mt
+    // starts 16 rows further down.
+    const int q_frag_row = warp * WARP_ROWS + (lane & 7) + ((lane >> 3) & 1) * 8;
     const int q_frag_chunk = lane >> 4;
-    u32 q_frag[Q_IN_REGS ? K_STEPS : 1][4];
+    u32 q_frag[Q_IN_REGS ? M_TILES : 1][Q_IN_REGS ? K_STEPS : 1][4];
 
     // K (non-transposed, rows = keys) B-fragments of two n8 tiles per ldmatrix.x4: lanes 0-7
     // rows 0-7 chunk 2kk, 8-15 rows 0-7 chunk 2kk+1, 16-23 rows 8-15 chunk 2kk, 24-31 rows 8-15
@@ -180,8 +212,13 @@ extern "C" __global__ void __launch_bounds__(THREADS, FA_MIN_BLOCKS) KERNEL_NAME
     // chunk 2dd, 8-15 keys 8-15 of it, 16-31 the same keys of chunk 2dd+1.
     const int v_frag_row = (lane & 7) + ((lane >> 3) & 1) * 8;
     const int v_frag_chunk = lane >> 4;
+    const FragAddr q_addr(s_q, q_frag_row, q_frag_chunk);
+    // Stage offsets are added to these: stage s's K tile is 2s·KV_TILE_BYTES past stage 0's.
+    const FragAddr k_addr(stage_k(0), k_frag_row, k_frag_chunk);
+    const FragAddr v_addr(stage_v(0), v_frag_row, v_frag_chunk);
 
-    const int row0 = m0 + warp * 16 + lane / 4;  // this lane's two rows: row0, row0 + 8
+    // This lane's rows: row0 + 16·mt and row0 + 16·mt + 8.
+    const int row0 = m0 + warp * WARP_ROWS + lane / 4;
 
     for (int it = 0; it < n_tiles; ++it) {
         cp_async_wait<1>();  // every group but the newest is done: tile `it` has landed
@@ -190,30 +227,42 @@ extern "C" __global__ void __launch_bounds__(THREADS, FA_MIN_BLOCKS) KERNEL_NAME
         const int n0 = it * BLOCK_N;
         if (Q_IN_REGS && it == 0) {
 #pragma unroll
-            for (int kk = 0; kk < K_STEPS; ++kk)
-                ldmatrix_x4(q_frag[kk], s_q + swizzle(q_frag_row, 2 * kk + q_frag_chunk));
+            for (int mt = 0; mt < (Q_IN_REGS ? M_TILES : 0); ++mt)
+#pragma unroll
+                for (int kk = 0; kk < K_STEPS; ++kk)
+                    ldmatrix_x4(q_frag[mt][kk], q_addr.at(kk, 16 * mt));
         }
 
-        // S = Q·Kᵀ (16 x BLOCK_N per warp, f32).
-        float s[N_TILES][4];
+        // S = Q·Kᵀ (WARP_ROWS x BLOCK_N per warp, f32). Each K fragment read from shared
+        // memory feeds all M_TILES row tiles: with 32 rows a warp reads K and V half as often
+        // per FLOP as with 16.
+        float s[M_TILES][N_TILES][4];
 #pragma unroll
-        for (int n = 0; n < N_TILES; ++n) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.f;
-        const u32 sk = stage_k(stage);
+        for (int mt = 0; mt < M_TILES; ++mt)
+#pragma unroll
+            for (int n = 0; n < N_TILES; ++n) s[mt][n][0] = s[mt][n][1] = s[mt][n][2] = s[mt][n][3] = 0.f;
+        const u32 k_stage = (u32)(2 * stage) * KV_TILE_BYTES;
 #pragma unroll
         for (int kk = 0; kk < K_STEPS; ++kk) {
-            u32 a[4];
-            if constexpr (Q_IN_REGS) {
+            u32 a[M_TILES][4];
 #pragma unroll
-                for (int x = 0; x < 4; ++x) a[x] = q_frag[kk][x];
-            } else {
-                ldmatrix_x4(a, s_q + swizzle(q_frag_row, 2 * kk + q_frag_chunk));
+            for (int mt = 0; mt < M_TILES; ++mt) {
+                if constexpr (Q_IN_REGS) {
+#pragma unroll
+                    for (int x = 0; x < 4; ++x) a[mt][x] = q_frag[Q_IN_REGS ? mt : 0][Q_IN_REGS ? kk : 0][x];
+                } else {
+                    ldmatrix_x4(a[mt], q_addr.at(kk, 16 * mt));
+                }
             }
 #pragma unroll
             for (int nn = 0; nn < N_TILES / 2; ++nn) {
                 u32 b[4];
-                ldmatrix_x4(b, sk + swizzle(nn * 16 + k_frag_row, 2 * kk + k_frag_chunk));
-                mma_16816<IS_BF16>(s[2 * nn], a, b[0], b[1]);
-                mma_16816<IS_BF16>(s[2 * nn + 1], a, b[2], b[3]);
+                ldmatrix_x4(b, k_addr.at(kk, nn * 16) + k_stage);
+#pragma unroll
+                for (int mt = 0; mt < M_TILES; ++mt) {
+                    mma_16816<IS_BF16>(s[mt][2 * nn], a[mt], b[0], b[1]);
+                    mma_16816<IS_BF16>(s[mt][2 * nn + 1], a[mt], b[2], b[3]);
+                }
             }
         }
 
@@ -221,67 +270,79 @@ extern "C" __global__ void __launch_bounds__(THREADS, FA_MIN_BLOCKS) KERNEL_NAME
         // scaling stays right for a negative scale), then mask where this tile needs it: past
         // the end of the keys, or right of some row's diagonal.
 #pragma unroll
-        for (int n = 0; n < N_TILES; ++n)
+        for (int mt = 0; mt < M_TILES; ++mt)
 #pragma unroll
-            for (int e = 0; e < 4; ++e) s[n][e] *= p.scale_log2;
+            for (int n = 0; n < N_TILES; ++n)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) s[mt][n][e] *= p.scale_log2;
         const bool need_mask =
             n0 + BLOCK_N > p.seq_kv || (CAUSAL && (i64)n0 + BLOCK_N - 1 > (i64)m0 + p.causal_offset);
         if (need_mask) {
 #pragma unroll
-            for (int n = 0; n < N_TILES; ++n)
+            for (int mt = 0; mt < M_TILES; ++mt)
 #pragma unroll
-                for (int e = 0; e < 4; ++e) {
-                    const int col = n0 + n * 8 + (lane % 4) * 2 + (e & 1);
-                    const int row = row0 + (e >> 1) * 8;
-                    const bool hidden = col >= p.seq_kv || (CAUSAL && (i64)col > (i64)row + p.causal_offset);
-                    if (hidden) s[n][e] = NEG_INF;
-                }
+                for (int n = 0; n < N_TILES; ++n)
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) {
+                        const int col = n0 + n * 8 + (lane % 4) * 2 + (e & 1);
+                        const int row = row0 + 16 * mt + (e >> 1) * 8;
+                        const bool hidden = col >= p.seq_kv || (CAUSAL && (i64)col > (i64)row + p.causal_offset);
+                        if (hidden) s[mt][n][e] = NEG_INF;
+                    }
         }
 
-        // Online softmax, per owned row r (elements 2r, 2r+1 of every n8 tile).
+        // Online softmax, per owned row (m-tile mt, half r: elements 2r, 2r+1 of every n8 tile).
 #pragma unroll
-        for (int r = 0; r < 2; ++r) {
-            float mx = row_max[r];
+        for (int mt = 0; mt < M_TILES; ++mt)
 #pragma unroll
-            for (int n = 0; n < N_TILES; ++n) mx = fmaxf(mx, fmaxf(s[n][2 * r], s[n][2 * r + 1]));
-            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-            // A row that has seen only masked keys keeps max -inf; subtract 0 instead so that
-            // exp2(-inf - -inf) never makes a NaN. Its probabilities are all exp2(-inf) = 0.
-            const float m_use = mx == NEG_INF ? 0.f : mx;
-            const float alpha = ex2(row_max[r] - m_use);  // rescales the old sum and O
-            row_max[r] = mx;
-            float sum = 0.f;
+            for (int r = 0; r < 2; ++r) {
+                float mx = row_max[mt][r];
 #pragma unroll
-            for (int n = 0; n < N_TILES; ++n) {
-                s[n][2 * r] = ex2(s[n][2 * r] - m_use);
-                s[n][2 * r + 1] = ex2(s[n][2 * r + 1] - m_use);
-                sum += s[n][2 * r] + s[n][2 * r + 1];
+                for (int n = 0; n < N_TILES; ++n) mx = fmaxf(mx, fmaxf(s[mt][n][2 * r], s[mt][n][2 * r + 1]));
+                mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+                mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+                // A row that has seen only masked keys keeps max -inf; subtract 0 instead so that
+                // exp2(-inf - -inf) never makes a NaN. Its probabilities are all exp2(-inf) = 0.
+                const float m_use = mx == NEG_INF ? 0.f : mx;
+                const float alpha = ex2(row_max[mt][r] - m_use);  // rescales the old sum and O
+                row_max[mt][r] = mx;
+                float sum = 0.f;
+#pragma unroll
+                for (int n = 0; n < N_TILES; ++n) {
+                    s[mt][n][2 * r] = ex2(s[mt][n][2 * r] - m_use);
+                    s[mt][n][2 * r + 1] = ex2(s[mt][n][2 * r + 1] - m_use);
+                    sum += s[mt][n][2 * r] + s[mt][n][2 * r + 1];
+                }
+                // The sum stays per lane until the end (alpha is equal on the 4 lanes of a quad).
+                row_sum[mt][r] = row_sum[mt][r] * alpha + sum;
+#pragma unroll
+                for (int d = 0; d < D_TILES; ++d) {
+                    o_acc[mt][d][2 * r] *= alpha;
+                    o_acc[mt][d][2 * r + 1] *= alpha;
+                }
             }
-            // The sum stays per lane until the end (alpha is the same on the 4 lanes of a quad).
-            row_sum[r] = row_sum[r] * alpha + sum;
-#pragma unroll
-            for (int d = 0; d < D_TILES; ++d) {
-                o_acc[d][2 * r] *= alpha;
-                o_acc[d][2 * r + 1] *= alpha;
-            }
-        }
 
         // O += P·V: the S accumulators of n8 tiles 2kk and 2kk+1 are the A-fragment of k-step kk.
-        const u32 sv = stage_v(stage);
+        const u32 v_stage = (u32)(2 * stage) * KV_TILE_BYTES;
 #pragma unroll
         for (int kk = 0; kk < BLOCK_N / 16; ++kk) {
-            u32 a[4];
-            a[0] = pack2<IS_BF16>(s[2 * kk][0], s[2 * kk][1]);
-            a[1] = pack2<IS_BF16>(s[2 * kk][2], s[2 * kk][3]);
-            a[2] = pack2<IS_BF16>(s[2 * kk + 1][0], s[2 * kk + 1][1]);
-            a[3] = pack2<IS_BF16>(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+            u32 a[M_TILES][4];
+#pragma unroll
+            for (int mt = 0; mt < M_TILES; ++mt) {
+                a[mt][0] = pack2<IS_BF16>(s[mt][2 * kk][0], s[mt][2 * kk][1]);
+                a[mt][1] = pack2<IS_BF16>(s[mt][2 * kk][2], s[mt][2 * kk][3]);
+                a[mt][2] = pack2<IS_BF16>(s[mt][2 * kk + 1][0], s[mt][2 * kk + 1][1]);
+                a[mt][3] = pack2<IS_BF16>(s[mt][2 * kk + 1][2], s[mt][2 * kk + 1][3]);
+            }
 #pragma unroll
             for (int dd = 0; dd < D_TILES / 2; ++dd) {
                 u32 b[4];
-                ldmatrix_x4_trans(b, sv + swizzle(kk * 16 + v_frag_row, 2 * dd + v_frag_chunk));
-                mma_16816<IS_BF16>(o_acc[2 * dd], a, b[0], b[1]);
-                mma_16816<IS_BF16>(o_acc[2 * dd + 1], a, b[2], b[3]);
+                ldmatrix_x4_trans(b, v_addr.at(dd, kk * 16) + v_stage);
+#pragma unroll
+                for (int mt = 0; mt < M_TILES; ++mt) {
+                    mma_16816<IS_BF16>(o_acc[mt][2 * dd], a[mt], b[0], b[1]);
+                    mma_16816<IS_BF16>(o_acc[mt][2 * dd + 1], a[mt], b[2], b[3]);
+                }
             }
         }
 
@@ -290,35 +351,37 @@ extern "C" __global__ void __launch_bounds__(THREADS, FA_MIN_BLOCKS) KERNEL_NAME
         cp_async_commit();  // possibly empty, so that wait_group<1> keeps counting tiles
     }
 
-    // Epilogue. Q's shared tile is free now: each warp stages its own 16 rows of O there
+    // Epilogue. Q's shared tile is free now: each warp stages its own rows of O there
     // (swizzled, conflict-free) and writes them out as whole 16-byte row chunks.
     cp_async_wait<0>();
     __syncthreads();
 #pragma unroll
-    for (int r = 0; r < 2; ++r) {
-        float sum = row_sum[r];
-        sum += __shfl_xor_sync(0xffffffffu, sum, 1);
-        sum += __shfl_xor_sync(0xffffffffu, sum, 2);
-        // No visible key: O = 0 and LSE = -inf, as the reference defines it.
-        const float inv = sum > 0.f ? 1.f / sum : 0.f;
-        const int local_row = warp * 16 + lane / 4 + r * 8;
+    for (int mt = 0; mt < M_TILES; ++mt)
 #pragma unroll
-        for (int d = 0; d < D_TILES; ++d) {
-            const u32 packed = pack2<IS_BF16>(o_acc[d][2 * r] * inv, o_acc[d][2 * r + 1] * inv);
-            st_shared_u32(s_q + swizzle(local_row, d) + (lane % 4) * 4, packed);
+        for (int r = 0; r < 2; ++r) {
+            float sum = row_sum[mt][r];
+            sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+            sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+            // No visible key: O = 0 and LSE = -inf, as the reference defines it.
+            const float inv = sum > 0.f ? 1.f / sum : 0.f;
+            const int local_row = warp * WARP_ROWS + 16 * mt + lane / 4 + r * 8;
+#pragma unroll
+            for (int d = 0; d < D_TILES; ++d) {
+                const u32 packed = pack2<IS_BF16>(o_acc[mt][d][2 * r] * inv, o_acc[mt][d][2 * r + 1] * inv);
+                st_shared_u32(s_q + swizzle(local_row, d) + (lane % 4) * 4, packed);
+            }
+            const int row = row0 + 16 * mt + r * 8;
+            if (p.lse != nullptr && lane % 4 == 0 && row < p.seq_q) {
+                const float lse = sum > 0.f ? row_max[mt][r] * LN2 + logf(sum) : NEG_INF;
+                p.lse[((i64)batch * p.num_heads + head) * p.seq_q + row] = lse;
+            }
         }
-        const int row = row0 + r * 8;
-        if (p.lse != nullptr && lane % 4 == 0 && row < p.seq_q) {
-            const float lse = sum > 0.f ? row_max[r] * LN2 + logf(sum) : NEG_INF;
-            p.lse[((i64)batch * p.num_heads + head) * p.seq_q + row] = lse;
-        }
-    }
     __syncwarp();
     u16* o = p.o + batch * p.o_batch_stride + head * p.o_head_stride;
 #pragma unroll
-    for (int j = 0; j < 16 * CHUNKS / 32; ++j) {
+    for (int j = 0; j < WARP_ROWS * CHUNKS / 32; ++j) {
         const int i = lane + 32 * j;
-        const int local_row = warp * 16 + i / CHUNKS;
+        const int local_row = warp * WARP_ROWS + i / CHUNKS;
         const int chunk = i % CHUNKS;
         const int row = m0 + local_row;
         if (row < p.seq_q) {

@@ -9,7 +9,7 @@
 //! ```
 //!
 //! With the sweep on, every tile plan of a head_dim is timed at `--sweep-seq` first and the
-//! fastest one runs the table. Timing: CUDA events around each launch, median of `--reps` after
+//! fastest correct one runs the table; with `--no-sweep`, the default plan (`select_cuda`) does. Timing: CUDA events around each launch, median of `--reps` after
 //! three warm-up launches (NVRTC compiles or loads from the disk cache before that).
 
 use std::io::Write;
@@ -17,7 +17,7 @@ use std::io::Write;
 use half::bf16;
 use wgpu_flash_attn::cuda::cudarc::driver::sys::CUevent_flags;
 use wgpu_flash_attn::cuda::cudarc::driver::CudaSlice;
-use wgpu_flash_attn::cuda::{tile_plans, CudaAttention, CudaDevice, CudaTilePlan, DeviceTensors};
+use wgpu_flash_attn::cuda::{select_cuda, tile_plans, CudaAttention, CudaDevice, CudaTilePlan, DeviceTensors};
 use wgpu_flash_attn::testing::{random_tensor, ErrorStats};
 use wgpu_flash_attn::{reference, AttentionProblem, DType, Result};
 
@@ -198,7 +198,7 @@ fn main() -> Result<()> {
     for &head_dim in &args.head_dims {
         for causal in [false, true] {
             // Sweep the tile plans at one size; the fastest runs the table.
-            let mut best = tile_plans(head_dim)[0];
+            let mut best = select_cuda(&problem_for(head_dim, args.seqs[0], causal), 16)?.plan();
             if let Some(seq) = args.sweep_seq {
                 let p = problem_for(head_dim, seq, causal);
                 let mut best_ms = f64::INFINITY;
@@ -214,8 +214,8 @@ fn main() -> Result<()> {
                     let check = spot_check(&engine, &p, &bufs)?;
                     let tflops = p.flops() / (t.median_ms * 1e-3) / 1e12;
                     println!(
-                        "sweep d{head_dim} s{seq} causal={causal} {:<44} {:>8.3} ms {:>6.1} TFLOP/s  regs {} local {}  check {}",
-                        t.kernel, t.median_ms, tflops, info.num_regs, info.local_bytes, check
+                        "sweep d{head_dim} s{seq} causal={causal} {:<44} {:>8.3} ms {:>6.1} TFLOP/s  regs {} local {} ({:?})  check {}",
+                        t.kernel, t.median_ms, tflops, info.num_regs, info.local_bytes, info.origin, check
                     );
                     if check.within(1e-2, 5e-2) && t.median_ms < best_ms {
                         best_ms = t.median_ms;

@@ -245,6 +245,11 @@ fn c_string(s: &str, what: &str) -> Result<CString> {
 /// Compiles a job to a cubin with NVRTC; returns the cubin and the compile log.
 pub fn compile_cubin(job: &CompileJob) -> Result<(Vec<u8>, String)> {
     require_nvrtc()?;
+    // One compile at a time per process: on the H200, ptxas's `-v` report went missing from the
+    // log of a compile that ran beside another one in the same process. Compiles are rare (once
+    // per config, then the caches), so nothing is lost.
+    static COMPILING: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let _one_at_a_time = COMPILING.lock().unwrap_or_else(|e| e.into_inner());
     let src = c_string(job.source, job.source_name)?;
     let name = c_string(job.source_name, job.source_name)?;
     let header_texts: Vec<CString> = HEADERS
@@ -409,6 +414,7 @@ mod tests {
             CudaTilePlan {
                 block_m: 64,
                 block_n: 64,
+                warps: 4,
             },
             false,
             16,
@@ -419,11 +425,11 @@ mod tests {
     #[test]
     fn jobs_name_the_kernel_and_target_the_arch() {
         let job = CompileJob::forward(&config(), "sm_90a");
-        assert_eq!(job.kernel, "flash_fwd_mma_bf16_d128_bm64_bn64");
+        assert_eq!(job.kernel, "flash_fwd_mma_bf16_d128_bm64_bn64_w4");
         assert!(job.options.contains(&"--gpu-architecture=sm_90a".to_string()));
         assert!(job
             .options
-            .contains(&"-DKERNEL_NAME=flash_fwd_mma_bf16_d128_bm64_bn64".to_string()));
+            .contains(&"-DKERNEL_NAME=flash_fwd_mma_bf16_d128_bm64_bn64_w4".to_string()));
         assert!(job.source.contains("KERNEL_NAME"));
         // The kernel includes exactly the headers we hand NVRTC, and nothing from a toolkit.
         for line in job.source.lines().chain(MMA_PTX.text.lines()) {
@@ -458,7 +464,7 @@ mod tests {
         keys.dedup();
         assert_eq!(keys.len(), n, "every config has its own key");
         let file = job.cache_file_name(key);
-        assert!(file.starts_with("flash_fwd_mma_bf16_d128_bm64_bn64-sm_90a-") && file.ends_with(".cubin"));
+        assert!(file.starts_with("flash_fwd_mma_bf16_d128_bm64_bn64_w4-sm_90a-") && file.ends_with(".cubin"));
         // FNV-1a of the empty input is its offset basis: the hash is the published function.
         assert_eq!(Fnv1a::new().finish(), 0xcbf2_9ce4_8422_2325);
     }

@@ -16,10 +16,10 @@ pub const CUDA_HEAD_DIMS: [usize; 3] = [64, 128, 256];
 /// per block), used to predict how many blocks share an SM.
 const SMEM_PER_SM: u32 = 228 * 1024;
 const SMEM_RESERVED_PER_BLOCK: u32 = 1024;
-/// Registers a thread of these kernels needs, about (the head_dim-128 kernel's count from the
-/// NVRTC report, rounded up): sets how many blocks per SM `__launch_bounds__` may promise
-/// without forcing spills.
-const REGS_PER_THREAD: u32 = 168;
+/// Registers per thread beyond the accumulators and Q fragments (addresses, softmax state,
+/// loop counters), from ptxas's reports: with it, [`CudaKernelConfig::register_estimate`] sets
+/// how many blocks per SM `__launch_bounds__` may promise without forcing spills.
+const REGS_OVERHEAD: u32 = 64;
 const REGS_PER_SM: u32 = 65536;
 /// The largest sequence the kernels index with 32-bit row counters, with room for one tile past
 /// the end.
@@ -27,31 +27,51 @@ pub const MAX_CUDA_SEQ: usize = i32::MAX as usize - 512;
 /// Grid y (heads) and z (batch) limits.
 const MAX_GRID_YZ: usize = 65535;
 
-/// One tile shape: `block_m` query rows per block (16 per warp), `block_n` keys per K/V tile.
+/// One tile shape: `block_m` query rows per block shared by `warps` warps (16 or 32 rows
+/// each), `block_n` keys per K/V tile.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct CudaTilePlan {
     pub block_m: u32,
     pub block_n: u32,
+    pub warps: u32,
 }
 
-const fn plan(block_m: u32, block_n: u32) -> CudaTilePlan {
-    CudaTilePlan { block_m, block_n }
+const fn plan(block_m: u32, block_n: u32, warps: u32) -> CudaTilePlan {
+    CudaTilePlan {
+        block_m,
+        block_n,
+        warps,
+    }
 }
 
 /// Candidate tile plans for a head_dim, the default first; the benchmark example sweeps all.
 ///
-/// * 64: the O accumulators are small (32 registers), so 8 warps (128 rows) share each K/V tile,
-///   halving K/V traffic against 64 rows.
-/// * 128: 4 warps × 16 rows with Q fragments in registers (~170 registers) lets two blocks share
-///   an SM (80 KiB shared memory each), so one block's softmax hides under the other's MMAs.
-/// * 256: O alone is 128 registers per thread; Q stays in shared memory and the K/V tile is 32
-///   keys, so S is 16 registers and two 96 KiB blocks still fit an SM.
+/// Ranked by the H200 sweep (bf16, batch × seq = 16k, seq 8192; TFLOP/s non-causal / causal,
+/// BENCHMARKS.md). 32 query rows per warp win at head_dim 64 and 128: each K and V fragment read
+/// from shared memory feeds two MMA row tiles, and shared-memory reads, not the tensor cores,
+/// limited the 16-row plans (ncu: L1/shared 66% busy, tensor pipe 46%). At head_dim 256 the O
+/// accumulators alone would be 256 registers with 32 rows, so 8 warps of 16 rows share a
+/// 128 × 64 tile (192 KiB of shared memory, one block per SM). Left out because ptxas spills
+/// at their register caps: 64 × 128 with 16 rows per warp at head_dim 64 and 128, 64 × 64 at 256.
 pub fn tile_plans(head_dim: usize) -> &'static [CudaTilePlan] {
-    // Left out because ptxas spills at their register caps: (64, 128) at head_dim 64 and 128,
-    // (64, 64) at 256.
-    const D64: [CudaTilePlan; 3] = [plan(128, 64), plan(64, 64), plan(128, 128)];
-    const D128: [CudaTilePlan; 3] = [plan(64, 64), plan(128, 64), plan(128, 32)];
-    const D256: [CudaTilePlan; 2] = [plan(64, 32), plan(128, 32)];
+    const D64: [CudaTilePlan; 4] = [
+        plan(128, 64, 4),  // 307 / 288
+        plan(64, 64, 4),   // 271 / 254
+        plan(128, 128, 8), // 265 / 252
+        plan(128, 64, 8),  // 236 / 228
+    ];
+    const D128: [CudaTilePlan; 5] = [
+        plan(128, 64, 4), // 321 / 279 (the causal build spills 112 bytes and still ties the best)
+        plan(128, 32, 4), // 316 / 276
+        plan(128, 64, 8), // 299 / 277
+        plan(64, 64, 4),  // 297 / 277
+        plan(128, 32, 8), // 258 / 241
+    ];
+    const D256: [CudaTilePlan; 3] = [
+        plan(128, 64, 8), // 299 / 266 (non-causal spills 8 bytes)
+        plan(128, 32, 8), // 263 / 238
+        plan(64, 32, 4),  // 262 / 240
+    ];
     match head_dim {
         64 => &D64,
         128 => &D128,
@@ -68,6 +88,7 @@ pub struct CudaKernelConfig {
     pub head_dim: u32,
     pub block_m: u32,
     pub block_n: u32,
+    pub warps: u32,
     pub causal: bool,
     /// Q fragments live in registers for the whole loop (head_dim ≤ 128) instead of being
     /// re-read from shared memory per K/V tile.
@@ -84,8 +105,16 @@ impl CudaKernelConfig {
     pub fn new(dtype: DType, head_dim: usize, plan: CudaTilePlan, causal: bool, vec_bytes: u32) -> Result<Self> {
         check_dtype(dtype)?;
         check_head_dim(head_dim)?;
-        if plan.block_m == 0 || !plan.block_m.is_multiple_of(16) || plan.block_m > 128 {
-            return crate::error::invalid!("CUDA tile block_m {} must be 16, 32, .., 128", plan.block_m);
+        let rows_per_warp = plan.block_m / plan.warps.max(1);
+        if !(1..=8).contains(&plan.warps)
+            || plan.block_m != rows_per_warp * plan.warps
+            || ![16, 32].contains(&rows_per_warp)
+        {
+            return crate::error::invalid!(
+                "CUDA tile block_m {} over {} warps: each warp must own 16 or 32 rows, with 1 to 8 warps",
+                plan.block_m,
+                plan.warps
+            );
         }
         if plan.block_n == 0 || !plan.block_n.is_multiple_of(16) || plan.block_n > 256 {
             return crate::error::invalid!("CUDA tile block_n {} must be a multiple of 16 up to 256", plan.block_n);
@@ -98,25 +127,29 @@ impl CudaKernelConfig {
             head_dim: head_dim as u32,
             block_m: plan.block_m,
             block_n: plan.block_n,
+            warps: plan.warps,
             causal,
-            q_in_regs: head_dim <= 128,
+            // Q's A-fragments cost rows_per_warp·head_dim/16 registers: keep them when that is
+            // at most 32 (16 rows at head_dim ≤ 128, 32 rows at 64).
+            q_in_regs: rows_per_warp as usize * head_dim <= 16 * 128,
             vec_bytes,
             min_blocks: 1,
         };
         let by_smem = SMEM_PER_SM / (config.smem_bytes() + SMEM_RESERVED_PER_BLOCK);
-        let by_regs = REGS_PER_SM / (config.threads() * REGS_PER_THREAD);
+        let by_regs = REGS_PER_SM / (config.threads() * config.register_estimate());
         config.min_blocks = by_smem.min(by_regs).clamp(1, 4);
         Ok(config)
     }
 
-    /// `flash_fwd_mma_bf16_d128_bm64_bn64[_causal][_a8]`: entry point, cache key, test label.
+    /// `flash_fwd_mma_bf16_d128_bm64_bn64_w4[_causal][_a8]`: entry point, cache key, test label.
     pub fn name(&self) -> String {
         format!(
-            "flash_fwd_mma_{}_d{}_bm{}_bn{}{}{}",
+            "flash_fwd_mma_{}_d{}_bm{}_bn{}_w{}{}{}",
             self.dtype.name(),
             self.head_dim,
             self.block_m,
             self.block_n,
+            self.warps,
             if self.causal { "_causal" } else { "" },
             if self.vec_bytes == 8 { "_a8" } else { "" },
         )
@@ -126,12 +159,31 @@ impl CudaKernelConfig {
         CudaTilePlan {
             block_m: self.block_m,
             block_n: self.block_n,
+            warps: self.warps,
         }
     }
 
-    /// One warp per 16 query rows.
     pub fn threads(&self) -> u32 {
-        self.block_m / 16 * 32
+        self.warps * 32
+    }
+
+    /// Query rows per warp: 16 or 32.
+    pub fn rows_per_warp(&self) -> u32 {
+        self.block_m / self.warps
+    }
+
+    /// Registers a thread needs, about: O and S accumulators (f32), Q fragments when kept in
+    /// registers (else one k-step's worth), plus [`REGS_OVERHEAD`].
+    pub fn register_estimate(&self) -> u32 {
+        let rows = self.rows_per_warp();
+        let o = rows * self.head_dim / 32;
+        let s = rows * self.block_n / 32;
+        let q = if self.q_in_regs {
+            rows * self.head_dim / 64
+        } else {
+            rows / 4
+        };
+        o + s + q + REGS_OVERHEAD
     }
 
     /// Dynamic shared memory: the Q tile plus two stages of (K, V) tiles, 16-bit elements.
@@ -147,6 +199,7 @@ impl CudaKernelConfig {
             format!("-DFA_HEAD_DIM={}", self.head_dim),
             format!("-DFA_BLOCK_M={}", self.block_m),
             format!("-DFA_BLOCK_N={}", self.block_n),
+            format!("-DFA_WARPS={}", self.warps),
             format!("-DFA_CAUSAL={}", self.causal as u32),
             format!("-DFA_BF16={}", (self.dtype == DType::BF16) as u32),
             format!("-DFA_Q_IN_REGS={}", self.q_in_regs as u32),
@@ -333,14 +386,16 @@ impl FwdParams {
 /// The default kernel for a validated problem whose tensors allow `vec_bytes`-wide access.
 pub fn select_cuda(problem: &AttentionProblem, vec_bytes: u32) -> Result<CudaKernelConfig> {
     validate_for_cuda(problem)?;
-    let plans = tile_plans(problem.shape.head_dim);
-    CudaKernelConfig::new(
-        problem.dtype,
-        problem.shape.head_dim,
-        plans[0],
-        problem.causal,
-        vec_bytes,
-    )
+    let head_dim = problem.shape.head_dim;
+    // Causal at head_dim 128, the 64-row tile: it splits the triangle into finer blocks, its
+    // build does not spill, and it measured at or above the 128-row plan at every seq (H200,
+    // BENCHMARKS.md: 189 vs 174 TFLOP/s at seq 512, 298 vs 288 at 16k).
+    let plan = if problem.causal && head_dim == 128 {
+        plan(64, 64, 4)
+    } else {
+        tile_plans(head_dim)[0]
+    };
+    CudaKernelConfig::new(problem.dtype, head_dim, plan, problem.causal, vec_bytes)
 }
 
 /// Every config [`select_cuda`] or a sweep over [`tile_plans`] can produce: what the NVRTC
@@ -409,13 +464,26 @@ mod tests {
 
     #[test]
     fn names_encode_the_config() {
-        let c = CudaKernelConfig::new(DType::BF16, 128, plan(64, 64), true, 16).unwrap();
-        assert_eq!(c.name(), "flash_fwd_mma_bf16_d128_bm64_bn64_causal");
-        let c = CudaKernelConfig::new(DType::F16, 256, plan(64, 32), false, 8).unwrap();
-        assert_eq!(c.name(), "flash_fwd_mma_f16_d256_bm64_bn32_a8");
+        let c = CudaKernelConfig::new(DType::BF16, 128, plan(64, 64, 4), true, 16).unwrap();
+        assert_eq!(c.name(), "flash_fwd_mma_bf16_d128_bm64_bn64_w4_causal");
+        assert!(c.q_in_regs);
+        let c = CudaKernelConfig::new(DType::F16, 256, plan(64, 32, 4), false, 8).unwrap();
+        assert_eq!(c.name(), "flash_fwd_mma_f16_d256_bm64_bn32_w4_a8");
         assert!(!c.q_in_regs);
+        // 32 rows per warp keep Q in registers only at head_dim 64.
+        assert!(
+            CudaKernelConfig::new(DType::F16, 64, plan(128, 64, 4), false, 16)
+                .unwrap()
+                .q_in_regs
+        );
+        assert!(
+            !CudaKernelConfig::new(DType::F16, 128, plan(128, 64, 4), false, 16)
+                .unwrap()
+                .q_in_regs
+        );
         let d = c.defines();
-        assert!(d.contains(&"-DKERNEL_NAME=flash_fwd_mma_f16_d256_bm64_bn32_a8".to_string()));
+        assert!(d.contains(&"-DKERNEL_NAME=flash_fwd_mma_f16_d256_bm64_bn32_w4_a8".to_string()));
+        assert!(d.contains(&"-DFA_WARPS=4".to_string()));
         assert!(d.contains(&"-DFA_BF16=0".to_string()) && d.contains(&"-DFA_VEC_BYTES=8".to_string()));
         // Names are unique across everything that can be compiled.
         let all = all_cuda_configs();
@@ -428,12 +496,29 @@ mod tests {
     #[test]
     fn shared_memory_and_occupancy() {
         // head_dim 128, 64 x 64: 16 KiB of Q and 2 stages of 16 KiB K + 16 KiB V.
-        let c = CudaKernelConfig::new(DType::BF16, 128, plan(64, 64), false, 16).unwrap();
+        let c = CudaKernelConfig::new(DType::BF16, 128, plan(64, 64, 4), false, 16).unwrap();
         assert_eq!(c.smem_bytes(), 80 * 1024);
         assert_eq!(c.threads(), 128);
         assert_eq!(c.min_blocks, 2);
-        let c = CudaKernelConfig::new(DType::BF16, 128, plan(128, 64), false, 16).unwrap();
-        assert_eq!(c.min_blocks, 1, "8 warps at ~168 registers fill the register file");
+        let c = CudaKernelConfig::new(DType::BF16, 128, plan(128, 64, 8), false, 16).unwrap();
+        assert_eq!(c.min_blocks, 1, "8 warps at ~190 registers fill the register file");
+        // The plans measured on the H200 keep the block counts they were measured with.
+        let c = CudaKernelConfig::new(DType::BF16, 64, plan(64, 64, 4), false, 16).unwrap();
+        assert_eq!(c.min_blocks, 3);
+        let c = CudaKernelConfig::new(DType::BF16, 256, plan(64, 32, 4), false, 16).unwrap();
+        assert_eq!(c.min_blocks, 2);
+    }
+
+    #[test]
+    fn defaults_are_the_measured_best() {
+        let p = problem(128);
+        assert_eq!(select_cuda(&p, 16).unwrap().plan(), plan(128, 64, 4));
+        assert_eq!(select_cuda(&p.with_causal(true), 16).unwrap().plan(), plan(64, 64, 4));
+        assert_eq!(
+            select_cuda(&problem(64).with_causal(true), 16).unwrap().plan(),
+            plan(128, 64, 4)
+        );
+        assert_eq!(select_cuda(&problem(256), 8).unwrap().plan(), plan(128, 64, 8));
     }
 
     #[test]
@@ -461,8 +546,12 @@ mod tests {
         let mut p = problem(64);
         p.shape.num_kv_heads = 3;
         assert!(matches!(select_cuda(&p, 16), Err(Error::InvalidProblem(_))));
-        assert!(CudaKernelConfig::new(DType::BF16, 64, plan(40, 64), false, 16).is_err());
-        assert!(CudaKernelConfig::new(DType::BF16, 64, plan(64, 64), false, 4).is_err());
+        assert!(CudaKernelConfig::new(DType::BF16, 64, plan(40, 64, 2), false, 16).is_err());
+        assert!(
+            CudaKernelConfig::new(DType::BF16, 64, plan(128, 64, 2), false, 16).is_err(),
+            "64 rows per warp"
+        );
+        assert!(CudaKernelConfig::new(DType::BF16, 64, plan(64, 64, 4), false, 4).is_err());
     }
 
     #[test]
