@@ -22,6 +22,8 @@
 //! * [`plan`] chooses a kernel config per problem; [`nvrtc`] compiles `cuda/*.cu` for the GPU's
 //!   architecture (`sm_90a` on Hopper) and caches cubins on disk, keyed by a hash of source,
 //!   options, NVRTC and driver version, so a second process skips the compile.
+//! * [`tma`] derives and encodes the tensor maps of Hopper's bulk tensor copies, for the
+//!   FlashAttention-3 kernel that is to replace today's `mma.sync` one on sm_90.
 //!
 //! Building needs no CUDA toolkit: cudarc loads libcuda and libnvrtc at run time.
 
@@ -29,6 +31,7 @@ pub mod device;
 pub mod launch;
 pub mod nvrtc;
 pub mod plan;
+pub mod tma;
 
 pub use cudarc;
 pub use device::{arch_for, driver_available, CudaDevice};
