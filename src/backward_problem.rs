@@ -2,8 +2,8 @@
 //! dO and of the gradients dQ, dK, dV it produces; and the validation every backward entry point
 //! runs before touching a GPU.
 
-use crate::error::{invalid, Error, Result};
-use crate::problem::{AttentionProblem, TensorLayout, ELEMENT_ALIGNMENT};
+use crate::error::Result;
+use crate::problem::{AttentionProblem, TensorLayout};
 
 /// The four extra tensors of the backward pass, for messages and per-tensor layouts.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -122,50 +122,14 @@ impl BackwardProblem {
     }
 
     fn validate_layout(&self, tensor: GradTensor) -> Result<()> {
-        let l = self.layout(tensor);
-        let name = tensor.name();
-        for (what, value) in [
-            ("offset", l.offset),
-            ("batch_stride", l.batch_stride),
-            ("seq_stride", l.seq_stride),
-            ("head_stride", l.head_stride),
-        ] {
-            if value % ELEMENT_ALIGNMENT != 0 {
-                return invalid!("tensor `{name}`: {what} {value} is not a multiple of {ELEMENT_ALIGNMENT} elements");
-            }
-        }
         let (seq, heads) = self.extent(tensor);
         let s = &self.forward.shape;
-        let Some(len) = l.required_len(s.batch, seq, heads, s.head_dim) else {
-            return invalid!("tensor `{name}`: its strides address more than usize::MAX elements");
-        };
-        if len / ELEMENT_ALIGNMENT > u32::MAX as usize {
-            return Err(Error::TooLarge(format!(
-                "tensor `{name}` spans {len} elements, more than 32-bit indexing reaches"
-            )));
-        }
-        if tensor.is_output() {
-            // Sort the outer dimensions by stride; each must step past everything inside it, or two
-            // gradient elements would share an address (and one workgroup's write would clobber
-            // another's).
-            let mut dims = [(l.head_stride, heads), (l.seq_stride, seq), (l.batch_stride, s.batch)];
-            dims.sort();
-            let mut inner_extent = s.head_dim;
-            for (stride, count) in dims {
-                if count > 1 {
-                    if stride < inner_extent {
-                        return invalid!(
-                            "tensor `{name}`: strides (batch {}, seq {}, head {}) make gradient elements overlap; \
-                             give it a layout of its own with BackwardProblem::with_grad_layout",
-                            l.batch_stride,
-                            l.seq_stride,
-                            l.head_stride
-                        );
-                    }
-                    inner_extent = stride * count;
-                }
-            }
-        }
+        // Gradients default to their tensors' layouts, which may broadcast: say how to fix that.
+        let written = tensor
+            .is_output()
+            .then_some("; give it a layout of its own with BackwardProblem::with_grad_layout");
+        self.layout(tensor)
+            .check(tensor.name(), (s.batch, seq, heads, s.head_dim), written)?;
         Ok(())
     }
 }

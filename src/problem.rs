@@ -131,6 +131,66 @@ impl TensorLayout {
     }
 }
 
+impl TensorLayout {
+    /// Checks this layout for a tensor named `name` of extent `(batch, seq, heads, head_dim)`:
+    /// offsets and strides in whole granules, an extent the kernels' 32-bit indexing reaches, and,
+    /// for a tensor the kernels write (`written`), no two elements at one address. Returns the
+    /// number of elements a buffer must hold. `written` is `Some(advice)` for an output, the
+    /// advice ending the message when its elements overlap.
+    pub(crate) fn check(
+        &self,
+        name: &str,
+        (batch, seq, heads, head_dim): (usize, usize, usize, usize),
+        written: Option<&str>,
+    ) -> Result<usize> {
+        for (what, value) in [
+            ("offset", self.offset),
+            ("batch_stride", self.batch_stride),
+            ("seq_stride", self.seq_stride),
+            ("head_stride", self.head_stride),
+        ] {
+            if value % ELEMENT_ALIGNMENT != 0 {
+                return invalid!("tensor `{name}`: {what} {value} is not a multiple of {ELEMENT_ALIGNMENT} elements");
+            }
+        }
+        let Some(len) = self.required_len(batch, seq, heads, head_dim) else {
+            return invalid!("tensor `{name}`: its strides address more than usize::MAX elements");
+        };
+        // The kernels index in groups of four elements with 32-bit integers.
+        if len / ELEMENT_ALIGNMENT > u32::MAX as usize {
+            return Err(Error::TooLarge(format!(
+                "tensor `{name}` spans {len} elements, more than 32-bit indexing reaches"
+            )));
+        }
+        if let Some(advice) = written {
+            // Sort the three outer dimensions by stride; each must step past everything inside
+            // it, or two elements would share an address (and one workgroup's write clobber
+            // another's). Inputs may overlap: a stride of 0 broadcasts.
+            let mut dims = [
+                (self.head_stride, heads),
+                (self.seq_stride, seq),
+                (self.batch_stride, batch),
+            ];
+            dims.sort();
+            let mut inner_extent = head_dim;
+            for (stride, count) in dims {
+                if count > 1 {
+                    if stride < inner_extent {
+                        return invalid!(
+                            "tensor `{name}`: strides (batch {}, seq {}, head {}) make its elements overlap{advice}",
+                            self.batch_stride,
+                            self.seq_stride,
+                            self.head_stride
+                        );
+                    }
+                    inner_extent = stride * count;
+                }
+            }
+        }
+        Ok(len)
+    }
+}
+
 /// The four tensors of the forward pass, for messages and per-tensor settings.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Tensor {
@@ -373,54 +433,10 @@ impl AttentionProblem {
     }
 
     fn validate_layout(&self, tensor: Tensor) -> Result<()> {
-        let l = self.layout(tensor);
-        let name = tensor.name();
-        for (what, value) in [
-            ("offset", l.offset),
-            ("batch_stride", l.batch_stride),
-            ("seq_stride", l.seq_stride),
-            ("head_stride", l.head_stride),
-        ] {
-            if value % ELEMENT_ALIGNMENT != 0 {
-                return invalid!("tensor `{name}`: {what} {value} is not a multiple of {ELEMENT_ALIGNMENT} elements");
-            }
-        }
         let (seq, heads) = self.extent(tensor);
-        let d = self.shape.head_dim;
-        let Some(len) = l.required_len(self.shape.batch, seq, heads, d) else {
-            return invalid!("tensor `{name}`: its strides address more than usize::MAX elements");
-        };
-        // The kernels index in groups of four elements with 32-bit integers.
-        if len / ELEMENT_ALIGNMENT > u32::MAX as usize {
-            return Err(Error::TooLarge(format!(
-                "tensor `{name}` spans {len} elements, more than 32-bit indexing reaches"
-            )));
-        }
-        if tensor == Tensor::O {
-            // Sort the three outer dimensions by stride; each must step past everything inside
-            // it, or two output elements would share an address.
-            let mut dims = [
-                (l.head_stride, heads),
-                (l.seq_stride, seq),
-                (l.batch_stride, self.shape.batch),
-            ];
-            dims.sort();
-            let mut inner_extent = d;
-            for (stride, count) in dims {
-                if count > 1 {
-                    if stride < inner_extent {
-                        return invalid!(
-                            "tensor `o`: strides (batch {}, seq {}, head {}) make output elements overlap",
-                            l.batch_stride,
-                            l.seq_stride,
-                            l.head_stride
-                        );
-                    }
-                    inner_extent = stride * count;
-                }
-            }
-        }
-        Ok(())
+        let extent = (self.shape.batch, seq, heads, self.shape.head_dim);
+        let written = (tensor == Tensor::O).then_some("");
+        self.layout(tensor).check(tensor.name(), extent, written).map(|_| ())
     }
 }
 
