@@ -109,16 +109,17 @@ impl KernelConfig {
         let mut src = format!("// {} — assembled by wgpu-flash-attn (src/shaders.rs)\n", self.name());
         match self {
             KernelConfig::Flash(c) => {
-                if c.variant.tile == TileType::F16 {
-                    src.push_str("enable f16;\n");
-                }
                 let p = &c.plan;
-                src.push_str(&format!(
-                    "const HEAD_DIM_PAD: u32 = {}u;\nconst BLOCK_M: u32 = {}u;\nconst BLOCK_N: u32 = {}u;\n\
-                     const THREADS_X: u32 = {}u;\nconst THREADS_Y: u32 = {}u;\nconst K_STEP: u32 = {}u;\n\
-                     const N_STEP: u32 = {}u;\nconst STAGES: u32 = {}u;\n",
-                    c.head_dim_pad, p.block_m, p.block_n, p.threads_x, p.threads_y, p.k_step, p.n_step, p.stages
-                ));
+                let sizes = [
+                    p.block_m,
+                    p.block_n,
+                    p.threads_x,
+                    p.threads_y,
+                    p.k_step,
+                    p.n_step,
+                    p.stages,
+                ];
+                src.push_str(&tiled_prelude(c.variant.tile, c.head_dim_pad, sizes));
                 for part in [
                     COMMON,
                     storage_codec(c.storage),
@@ -184,16 +185,17 @@ fn backward_source(kernel: &BackwardKernel, src: &mut String) {
             }
         }
         BackwardKernel::Grad(g) => {
-            if g.tile == TileType::F16 {
-                src.push_str("enable f16;\n");
-            }
             let p = &g.plan;
-            src.push_str(&format!(
-                "const HEAD_DIM_PAD: u32 = {}u;\nconst BLOCK_M: u32 = {}u;\nconst BLOCK_N: u32 = {}u;\n\
-                 const THREADS_X: u32 = {}u;\nconst THREADS_Y: u32 = {}u;\nconst K_STEP: u32 = {}u;\n\
-                 const N_STEP: u32 = {}u;\nconst STAGES: u32 = {}u;\n",
-                g.head_dim_pad, p.block_m, p.block_n, p.threads_x, p.threads_y, p.k_step, p.n_step, p.stages
-            ));
+            let sizes = [
+                p.block_m,
+                p.block_n,
+                p.threads_x,
+                p.threads_y,
+                p.k_step,
+                p.n_step,
+                p.stages,
+            ];
+            src.push_str(&tiled_prelude(g.tile, g.head_dim_pad, sizes));
             for part in [
                 COMMON,
                 storage_codec(g.storage),
@@ -212,6 +214,30 @@ fn backward_source(kernel: &BackwardKernel, src: &mut String) {
             }
         }
     }
+}
+
+/// The head of a register-tiled kernel's module (forward or backward): `enable f16;` for f16
+/// tiles, then the tile sizes as `const`s. `sizes` is block_m, block_n, threads_x, threads_y,
+/// k_step, n_step, stages.
+fn tiled_prelude(tile: TileType, head_dim_pad: u32, sizes: [u32; 7]) -> String {
+    let mut src = String::new();
+    if tile == TileType::F16 {
+        src.push_str("enable f16;\n");
+    }
+    src.push_str(&format!("const HEAD_DIM_PAD: u32 = {head_dim_pad}u;\n"));
+    let names = [
+        "BLOCK_M",
+        "BLOCK_N",
+        "THREADS_X",
+        "THREADS_Y",
+        "K_STEP",
+        "N_STEP",
+        "STAGES",
+    ];
+    for (name, value) in names.iter().zip(sizes) {
+        src.push_str(&format!("const {name}: u32 = {value}u;\n"));
+    }
+    src
 }
 
 fn storage_codec(dtype: DType) -> &'static str {
