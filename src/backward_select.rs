@@ -705,42 +705,10 @@ fn tile_name(tile: TileType) -> &'static str {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::caps::fixtures::{h200, lavapipe};
     use crate::problem::{AttentionProblem, AttentionShape, MAX_HEAD_DIM};
 
     // Built on the WebGPU baseline so that fields added to `Caps` later keep their defaults.
-    fn lavapipe() -> Caps {
-        Caps {
-            adapter_name: "llvmpipe".into(),
-            backend: wgpu::Backend::Vulkan,
-            device_type: wgpu::DeviceType::Cpu,
-            subgroups: true,
-            subgroup_min_size: 8,
-            subgroup_max_size: 8,
-            shader_f16: true,
-            timestamps: true,
-            max_workgroup_storage_bytes: 32 << 10,
-            max_invocations_per_workgroup: 1024,
-            max_workgroup_size_x: 1024,
-            max_storage_binding_bytes: 128 << 20,
-            max_buffer_bytes: 2 << 30,
-            min_storage_offset_alignment: 32,
-            ..Caps::webgpu_baseline()
-        }
-    }
-
-    fn nvidia() -> Caps {
-        Caps {
-            adapter_name: "NVIDIA H200".into(),
-            device_type: wgpu::DeviceType::DiscreteGpu,
-            subgroup_min_size: 32,
-            subgroup_max_size: 32,
-            max_workgroup_storage_bytes: 48 << 10,
-            max_storage_binding_bytes: (2 << 30) - 4,
-            max_buffer_bytes: 4 << 30,
-            ..lavapipe()
-        }
-    }
-
     fn problem(head_dim: usize, dtype: DType) -> BackwardProblem {
         AttentionProblem::mha(1, 100, 2, head_dim, dtype).into()
     }
@@ -769,7 +737,7 @@ mod tests {
 
     #[test]
     fn automatic_choice_fits_each_device_and_uses_subgroups_when_present() {
-        for caps in [lavapipe(), nvidia(), Caps::webgpu_baseline()] {
+        for caps in [lavapipe(), h200(), Caps::webgpu_baseline()] {
             for d in (8..=MAX_HEAD_DIM).step_by(8) {
                 for dtype in DType::ALL {
                     let c = auto(&problem(d, dtype), &caps);
@@ -789,7 +757,7 @@ mod tests {
     fn plans_follow_workgroup_memory_and_head_dim() {
         // NVIDIA's 48 KiB takes the large tiles, lavapipe's 32 KiB the 64 × 64 ones, WebGPU's
         // default 16 KiB the 32 × 32 fallback.
-        let c = auto(&problem(128, DType::F32), &nvidia());
+        let c = auto(&problem(128, DType::F32), &h200());
         assert_eq!((c.dkdv.plan, c.dq.plan), (DKDV_PLANS[0], DQ_PLANS[0]));
         let c = auto(&problem(128, DType::F32), &lavapipe());
         assert_eq!((c.dkdv.plan, c.dq.plan), (DKDV_PLANS[1], DQ_PLANS[1]));
@@ -803,13 +771,13 @@ mod tests {
         assert_eq!(c.variant, Variant::WORKGROUP);
 
         // head_dim 32 would pad to 64 with 16-wide rows: the 8-wide plan keeps it at 32.
-        let c = auto(&problem(32, DType::F32), &nvidia());
+        let c = auto(&problem(32, DType::F32), &h200());
         assert_eq!((c.dkdv.head_dim_pad, c.dkdv.plan.threads_x), (32, 8));
         // head_dim 80 pads to 96 with 8-wide rows, but the dK/dV kernel would spill.
-        let c = auto(&problem(80, DType::F32), &nvidia());
+        let c = auto(&problem(80, DType::F32), &h200());
         assert_eq!(c.dkdv.head_dim_pad, 128);
         // Within the budgets up to head_dim 128.
-        for caps in [lavapipe(), nvidia()] {
+        for caps in [lavapipe(), h200()] {
             for d in (8..=128).step_by(8) {
                 let c = auto(&problem(d, DType::F32), &caps);
                 let fits = c.dkdv.registers() <= max_registers(BackwardPass::DkDv)

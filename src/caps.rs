@@ -98,3 +98,46 @@ impl Caps {
         }
     }
 }
+
+/// Capabilities of the two devices the library is tested on, for the selection unit tests.
+#[cfg(test)]
+pub(crate) mod fixtures {
+    use super::Caps;
+
+    /// Mesa's lavapipe (CPU Vulkan), as CI sees it.
+    pub fn lavapipe() -> Caps {
+        Caps {
+            adapter_name: "llvmpipe".into(),
+            backend: wgpu::Backend::Vulkan,
+            device_type: wgpu::DeviceType::Cpu,
+            subgroups: true,
+            subgroup_min_size: 8,
+            subgroup_max_size: 8,
+            shader_f16: true,
+            timestamps: true,
+            cooperative_matrix_f16: false,
+            max_workgroup_storage_bytes: 32 << 10,
+            max_invocations_per_workgroup: 1024,
+            max_workgroup_size_x: 1024,
+            max_workgroups_per_dimension: 65535,
+            max_storage_binding_bytes: 128 << 20,
+            max_buffer_bytes: 2 << 30,
+            min_storage_offset_alignment: 32,
+        }
+    }
+
+    /// The NVIDIA H200 through Vulkan (PLATFORM.md), cooperative matrices enabled.
+    pub fn h200() -> Caps {
+        Caps {
+            adapter_name: "NVIDIA H200".into(),
+            device_type: wgpu::DeviceType::DiscreteGpu,
+            subgroup_min_size: 32,
+            subgroup_max_size: 32,
+            cooperative_matrix_f16: true,
+            max_workgroup_storage_bytes: 48 << 10,
+            max_storage_binding_bytes: (2 << 30) - 4,
+            max_buffer_bytes: 4 << 30,
+            ..lavapipe()
+        }
+    }
+}

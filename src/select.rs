@@ -624,28 +624,8 @@ fn check_grid(problem: &AttentionProblem, block_m: u32, caps: &Caps) -> Result<(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::caps::fixtures::{h200, lavapipe};
     use crate::problem::{AttentionShape, MAX_HEAD_DIM};
-
-    fn lavapipe() -> Caps {
-        Caps {
-            adapter_name: "llvmpipe".into(),
-            backend: wgpu::Backend::Vulkan,
-            device_type: wgpu::DeviceType::Cpu,
-            subgroups: true,
-            subgroup_min_size: 8,
-            subgroup_max_size: 8,
-            shader_f16: true,
-            timestamps: true,
-            cooperative_matrix_f16: false,
-            max_workgroup_storage_bytes: 32 << 10,
-            max_invocations_per_workgroup: 1024,
-            max_workgroup_size_x: 1024,
-            max_workgroups_per_dimension: 65535,
-            max_storage_binding_bytes: 128 << 20,
-            max_buffer_bytes: 2 << 30,
-            min_storage_offset_alignment: 32,
-        }
-    }
 
     fn problem(head_dim: usize, dtype: DType) -> AttentionProblem {
         AttentionProblem::mha(1, 100, 2, head_dim, dtype)
@@ -766,13 +746,7 @@ mod tests {
 
     #[test]
     fn cooperative_kernel_is_chosen_only_where_it_can_run() {
-        let h200 = Caps {
-            subgroup_min_size: 32,
-            subgroup_max_size: 32,
-            max_workgroup_storage_bytes: 48 << 10,
-            cooperative_matrix_f16: true,
-            ..lavapipe()
-        };
+        let h200 = h200();
         let auto = KernelChoice {
             cooperative_matrix: COOP_BY_DEFAULT.then_some(true),
             ..Default::default()
