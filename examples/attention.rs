@@ -13,16 +13,16 @@
 
 use std::process::ExitCode;
 
+mod common;
+
+use common::{describe_timing, mib, ProblemArgs};
 use wgpu_flash_attn::harness::{compare_outputs, tolerance, Kernel, Workload};
-use wgpu_flash_attn::timing::{Clock, Timing};
 use wgpu_flash_attn::{
-    AttentionProblem, AttentionShape, BoundsChecks, DType, Element, FlashAttention, ForwardKernel, GpuContext, Layout,
-    Options, TilePlan, Variant,
+    BoundsChecks, DType, Element, FlashAttention, ForwardKernel, GpuContext, Options, TilePlan, Variant,
 };
 
 struct Args {
-    problem: AttentionProblem,
-    layout: Layout,
+    problem: ProblemArgs,
     options: Options,
     runs: usize,
     check_rows: usize,
@@ -32,46 +32,22 @@ struct Args {
 
 fn parse_args() -> Result<Args, String> {
     let mut it = std::env::args().skip(1);
-    let (mut batch, mut heads, mut kv_heads, mut seq_q, mut seq_kv, mut head_dim) = (1, 8, None, 2048, None, 64);
-    let (mut dtype, mut causal, mut layout) = (DType::F32, false, Layout::Bshd);
+    let mut problem = ProblemArgs::default();
     let mut options = Options::default();
     let (mut runs, mut check_rows, mut naive, mut json) = (10, 256, true, None);
     while let Some(flag) = it.next() {
         let mut value = || it.next().ok_or(format!("{flag} needs a value"));
-        let number = |s: String| s.parse::<usize>().map_err(|e| format!("{s}: {e}"));
+        if problem.take(&flag, &mut value)? {
+            continue;
+        }
         match flag.as_str() {
-            "--batch" => batch = number(value()?)?,
-            "--heads" => heads = number(value()?)?,
-            "--kv-heads" => kv_heads = Some(number(value()?)?),
-            "--seq" | "--seq-q" => seq_q = number(value()?)?,
-            "--seq-kv" => seq_kv = Some(number(value()?)?),
-            "--head-dim" => head_dim = number(value()?)?,
-            "--dtype" => {
-                let v = value()?;
-                dtype = DType::ALL
-                    .into_iter()
-                    .find(|d| d.name() == v)
-                    .ok_or(format!("unknown dtype {v}"))?
-            }
-            "--causal" => causal = true,
-            "--layout" => {
-                layout = match value()?.as_str() {
-                    "bshd" => Layout::Bshd,
-                    "bhsd" => Layout::Bhsd,
-                    other => return Err(format!("unknown layout {other}")),
+            "--variant" => match value()?.as_str() {
+                "auto" => {}
+                "coop" => options.choice.cooperative_matrix = Some(true),
+                name => {
+                    options.choice.variant = Some(Variant::from_name(name).ok_or(format!("unknown variant {name}"))?)
                 }
-            }
-            "--variant" => {
-                let v = value()?;
-                match v.as_str() {
-                    "auto" => {}
-                    "coop" => options.choice.cooperative_matrix = Some(true),
-                    name => {
-                        options.choice.variant =
-                            Some(Variant::from_name(name).ok_or(format!("unknown variant {name}"))?)
-                    }
-                }
-            }
+            },
             "--plan" => {
                 let v = value()?;
                 options.choice.plan =
@@ -86,41 +62,20 @@ fn parse_args() -> Result<Args, String> {
                 options.choice.coop_tile = Some((bm, bn));
                 options.choice.cooperative_matrix = Some(true);
             }
-            "--bounds-checks" => {
-                options.bounds_checks = match value()?.as_str() {
-                    "on" => BoundsChecks::On,
-                    "off" => BoundsChecks::Off,
-                    other => return Err(format!("--bounds-checks on|off, not {other}")),
-                }
-            }
-            "--runs" => runs = number(value()?)?,
-            "--check-rows" => check_rows = number(value()?)?,
+            "--bounds-checks" => options.bounds_checks = common::bounds_checks(&value()?)?,
+            "--runs" => runs = common::number(&value()?)?,
+            "--check-rows" => check_rows = common::number(&value()?)?,
             "--no-naive" => naive = false,
             "--json" => json = Some(value()?),
             "--help" | "-h" => {
-                return Err(include_str!("attention.rs")
-                    .lines()
-                    .take(13)
-                    .collect::<Vec<_>>()
-                    .join("\n"))
+                let usage: Vec<&str> = include_str!("attention.rs").lines().take(13).collect();
+                return Err(usage.join("\n"));
             }
             other => return Err(format!("unknown option {other} (try --help)")),
         }
     }
-    let shape = AttentionShape {
-        batch,
-        seq_q,
-        seq_kv: seq_kv.unwrap_or(seq_q),
-        num_heads: heads,
-        num_kv_heads: kv_heads.unwrap_or(heads),
-        head_dim,
-    };
-    let problem = AttentionProblem::new(shape, dtype)
-        .with_causal(causal)
-        .with_layout(layout);
     Ok(Args {
         problem,
-        layout,
         options,
         runs,
         check_rows,
@@ -152,61 +107,13 @@ fn main() -> ExitCode {
     }
 }
 
-fn mib(bytes: u64) -> String {
-    format!("{:.1} MiB", bytes as f64 / (1 << 20) as f64)
-}
-
-fn describe(t: &Timing, flops: f64) -> String {
-    let clock = match t.clock {
-        Clock::GpuTimestamps => "GPU timestamps",
-        Clock::WallClock => "wall clock",
-    };
-    let rate = flops / t.median;
-    let rate = if rate >= 1e12 {
-        format!("{:7.2} TFLOP/s", rate / 1e12)
-    } else {
-        format!("{:7.2} GFLOP/s", rate / 1e9)
-    };
-    format!(
-        "{:9.3} ms  {rate}  (median of {}, min {:.3} ms, {clock})",
-        t.median * 1e3,
-        t.runs,
-        t.min * 1e3
-    )
-}
-
 fn run<T: Element>(args: &Args) -> wgpu_flash_attn::Result<bool> {
-    let p = &args.problem;
+    let problem = args.problem.problem();
+    let p = &problem;
     let ctx = pollster::block_on(GpuContext::new())?;
-    let caps = &ctx.caps;
-    println!(
-        "adapter:  {} ({:?}, {:?}); subgroups {}, shader-f16 {}, workgroup memory {} KiB, max binding {}",
-        ctx.info.name,
-        ctx.info.backend,
-        ctx.info.device_type,
-        if caps.subgroups {
-            format!("{}..{}", caps.subgroup_min_size, caps.subgroup_max_size)
-        } else {
-            "no".into()
-        },
-        if caps.shader_f16 { "yes" } else { "no" },
-        caps.max_workgroup_storage_bytes / 1024,
-        mib(caps.max_storage_binding_bytes),
-    );
+    println!("adapter:  {}", common::adapter_line(&ctx));
+    println!("problem:  {}; {:.3} GFLOP", args.problem.describe(), p.flops() / 1e9);
     let s = p.shape;
-    println!(
-        "problem:  batch {}, heads {}/{} (q/kv), seq {}×{}, head_dim {}, {}, {}, {:?}; {:.3} GFLOP",
-        s.batch,
-        s.num_heads,
-        s.num_kv_heads,
-        s.seq_q,
-        s.seq_kv,
-        s.head_dim,
-        p.dtype.name(),
-        if p.causal { "causal" } else { "non-causal" },
-        args.layout,
-        p.flops() / 1e9
-    );
     let engine = FlashAttention::with_options(&ctx, args.options);
     let config = engine.select(p)?;
     println!(
@@ -221,7 +128,7 @@ fn run<T: Element>(args: &Args) -> wgpu_flash_attn::Result<bool> {
     let (out, lse) = work.run(&engine, Kernel::Flash)?;
     let flash = work.time(&engine, Kernel::Flash, 2, args.runs)?;
     let flops = p.flops();
-    println!("flash:    {}", describe(&flash, flops));
+    println!("flash:    {}", describe_timing(&flash, flops));
     println!(
         "memory:   {} on the device for flash: q, k, v, o and the LSE; no seq_q × seq_kv buffer",
         mib(work.device_bytes())
@@ -249,7 +156,7 @@ fn run<T: Element>(args: &Args) -> wgpu_flash_attn::Result<bool> {
                 let naive = work.time(&engine, Kernel::Naive, 1, args.runs.clamp(1, 5))?;
                 println!(
                     "naive:    {}  ({} passes over {} of scores)",
-                    describe(&naive, flops),
+                    describe_timing(&naive, flops),
                     plan.passes,
                     mib(plan.scores_bytes)
                 );

@@ -14,18 +14,19 @@
 //! TFLOP/s count the backward as 2.5 × the forward's 4·B·H·Sq·Skv·D (halved when causal).
 //! Exits non-zero if a check fails.
 
+mod common;
+
+use common::{describe_timing, mib, ProblemArgs};
 use std::process::ExitCode;
 
 use wgpu_flash_attn::backward_harness::{grad_tolerance, BackwardWorkload};
-use wgpu_flash_attn::timing::{Clock, Timing};
 use wgpu_flash_attn::{
-    select_backward, AttentionProblem, AttentionShape, BackwardChoice, BackwardPass, BackwardProblem, BackwardTilePlan,
-    BoundsChecks, DType, Element, FlashAttention, GpuContext, Layout, Options, Variant,
+    select_backward, BackwardChoice, BackwardPass, BackwardProblem, BackwardTilePlan, BoundsChecks, DType, Element,
+    FlashAttention, GpuContext, Options, Variant,
 };
 
 struct Args {
-    problem: BackwardProblem,
-    layout: Layout,
+    problem: ProblemArgs,
     choice: BackwardChoice,
     bounds_checks: BoundsChecks,
     runs: usize,
@@ -36,37 +37,17 @@ struct Args {
 
 fn parse_args() -> Result<Args, String> {
     let mut it = std::env::args().skip(1);
-    let (mut batch, mut heads, mut kv_heads, mut seq_q, mut seq_kv, mut head_dim) = (1, 8, None, 2048, None, 64);
-    let (mut dtype, mut causal, mut layout) = (DType::F32, false, Layout::Bshd);
+    let mut problem = ProblemArgs::default();
     let mut choice = BackwardChoice::default();
     let mut bounds_checks = BoundsChecks::Off;
     let (mut runs, mut check_rows, mut passes, mut json) = (10, 64, false, None);
     while let Some(flag) = it.next() {
         let mut value = || it.next().ok_or(format!("{flag} needs a value"));
-        let number = |s: String| s.parse::<usize>().map_err(|e| format!("{s}: {e}"));
+        if problem.take(&flag, &mut value)? {
+            continue;
+        }
         let plan = |s: String| BackwardTilePlan::parse(&s).ok_or(format!("a plan is BMxBNxTXxTYxKSxNS[xST], not {s}"));
         match flag.as_str() {
-            "--batch" => batch = number(value()?)?,
-            "--heads" => heads = number(value()?)?,
-            "--kv-heads" => kv_heads = Some(number(value()?)?),
-            "--seq" | "--seq-q" => seq_q = number(value()?)?,
-            "--seq-kv" => seq_kv = Some(number(value()?)?),
-            "--head-dim" => head_dim = number(value()?)?,
-            "--dtype" => {
-                let v = value()?;
-                dtype = DType::ALL
-                    .into_iter()
-                    .find(|d| d.name() == v)
-                    .ok_or(format!("unknown dtype {v}"))?
-            }
-            "--causal" => causal = true,
-            "--layout" => {
-                layout = match value()?.as_str() {
-                    "bshd" => Layout::Bshd,
-                    "bhsd" => Layout::Bhsd,
-                    other => return Err(format!("unknown layout {other}")),
-                }
-            }
             "--variant" => {
                 let v = value()?;
                 choice.variant = match v.as_str() {
@@ -76,15 +57,9 @@ fn parse_args() -> Result<Args, String> {
             }
             "--kv-plan" => choice.dkdv_plan = Some(plan(value()?)?),
             "--q-plan" => choice.dq_plan = Some(plan(value()?)?),
-            "--bounds-checks" => {
-                bounds_checks = match value()?.as_str() {
-                    "on" => BoundsChecks::On,
-                    "off" => BoundsChecks::Off,
-                    other => return Err(format!("--bounds-checks on|off, not {other}")),
-                }
-            }
-            "--runs" => runs = number(value()?)?,
-            "--check-rows" => check_rows = number(value()?)?,
+            "--bounds-checks" => bounds_checks = common::bounds_checks(&value()?)?,
+            "--runs" => runs = common::number(&value()?)?,
+            "--check-rows" => check_rows = common::number(&value()?)?,
             "--passes" => passes = true,
             "--json" => json = Some(value()?),
             "--help" | "-h" => {
@@ -97,20 +72,8 @@ fn parse_args() -> Result<Args, String> {
             other => return Err(format!("unknown option {other} (try --help)")),
         }
     }
-    let shape = AttentionShape {
-        batch,
-        seq_q,
-        seq_kv: seq_kv.unwrap_or(seq_q),
-        num_heads: heads,
-        num_kv_heads: kv_heads.unwrap_or(heads),
-        head_dim,
-    };
-    let forward = AttentionProblem::new(shape, dtype)
-        .with_causal(causal)
-        .with_layout(layout);
     Ok(Args {
-        problem: forward.into(),
-        layout,
+        problem,
         choice,
         bounds_checks,
         runs,
@@ -128,7 +91,7 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    let result = match args.problem.forward.dtype {
+    let result = match args.problem.dtype {
         DType::F32 => run::<f32>(&args),
         DType::F16 => run::<half::f16>(&args),
         DType::BF16 => run::<half::bf16>(&args),
@@ -143,62 +106,20 @@ fn main() -> ExitCode {
     }
 }
 
-fn mib(bytes: u64) -> String {
-    format!("{:.1} MiB", bytes as f64 / (1 << 20) as f64)
-}
-
-fn describe(t: &Timing, flops: f64) -> String {
-    let clock = match t.clock {
-        Clock::GpuTimestamps => "GPU timestamps",
-        Clock::WallClock => "wall clock",
-    };
-    let rate = flops / t.median;
-    let rate = if rate >= 1e12 {
-        format!("{:7.2} TFLOP/s", rate / 1e12)
-    } else {
-        format!("{:7.2} GFLOP/s", rate / 1e9)
-    };
-    format!(
-        "{:9.3} ms  {rate}  (median of {}, min {:.3} ms, {clock})",
-        t.median * 1e3,
-        t.runs,
-        t.min * 1e3
-    )
-}
-
 fn run<T: Element>(args: &Args) -> wgpu_flash_attn::Result<bool> {
-    let p = &args.problem;
+    let problem = BackwardProblem::from(args.problem.problem());
+    let p = &problem;
     let f = &p.forward;
     let ctx = pollster::block_on(GpuContext::new())?;
     let caps = &ctx.caps;
+    println!("adapter:  {}", common::adapter_line(&ctx));
     println!(
-        "adapter:  {} ({:?}, {:?}); subgroups {}, shader-f16 {}, workgroup memory {} KiB",
-        ctx.info.name,
-        ctx.info.backend,
-        ctx.info.device_type,
-        if caps.subgroups {
-            format!("{}..{}", caps.subgroup_min_size, caps.subgroup_max_size)
-        } else {
-            "no".into()
-        },
-        if caps.shader_f16 { "yes" } else { "no" },
-        caps.max_workgroup_storage_bytes / 1024,
+        "problem:  {}; forward {:.3} GFLOP, backward {:.3}",
+        args.problem.describe(),
+        f.flops() / 1e9,
+        p.flops() / 1e9
     );
     let s = f.shape;
-    println!(
-        "problem:  batch {}, heads {}/{} (q/kv), seq {}×{}, head_dim {}, {}, {}, {:?}; forward {:.3} GFLOP, backward {:.3}",
-        s.batch,
-        s.num_heads,
-        s.num_kv_heads,
-        s.seq_q,
-        s.seq_kv,
-        s.head_dim,
-        f.dtype.name(),
-        if f.causal { "causal" } else { "non-causal" },
-        args.layout,
-        f.flops() / 1e9,
-        p.flops() / 1e9,
-    );
     let engine = FlashAttention::with_options(
         &ctx,
         Options {
@@ -221,8 +142,8 @@ fn run<T: Element>(args: &Args) -> wgpu_flash_attn::Result<bool> {
     let grads = work.run(&engine, &config)?;
     let forward_time = work.time_forward(&engine, 2, args.runs)?;
     let backward_time = work.time_backward(&engine, &config, 2, args.runs)?;
-    println!("forward:  {}", describe(&forward_time, f.flops()));
-    println!("backward: {}", describe(&backward_time, p.flops()));
+    println!("forward:  {}", describe_timing(&forward_time, f.flops()));
+    println!("backward: {}", describe_timing(&backward_time, p.flops()));
     let forward_rate = f.flops() / forward_time.median;
     let backward_rate = p.flops() / backward_time.median;
     println!(
