@@ -70,6 +70,8 @@ pub use backward_select::{
 pub use binding::TensorBuffer;
 pub use caps::Caps;
 pub use context::{adapter_rank, best_adapter, wanted_features, ContextOptions, GpuContext};
+#[cfg(feature = "cuda")]
+pub use cuda::{CudaAttention, CudaDevice};
 pub use error::{Error, Result};
 pub use pipelines::BoundsChecks;
 pub use problem::{
@@ -80,5 +82,3 @@ pub use select::{
     all_configs, all_coop_configs, num_q_tiles, preferred_variants, select, select_forward, CoopConfig, FlashConfig,
     ForwardKernel, KernelChoice, Reduction, TilePlan, TileType, Variant, COOP_KERNEL_VERIFIED, COOP_PLANS, PLANS,
 };
-#[cfg(feature = "cuda")]
-pub use cuda::{CudaAttention, CudaDevice};
