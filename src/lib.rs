@@ -40,6 +40,8 @@ mod backward_select;
 mod binding;
 mod caps;
 mod context;
+#[cfg(all(test, not(target_arch = "wasm32")))]
+mod coop_probe;
 #[cfg(feature = "cuda")]
 pub mod cuda;
 mod error;
