@@ -257,6 +257,8 @@ fn probe_sources_compile() {
     for (name, body, extra) in VARIANTS {
         crate::spirv_coherence::compile(name, &source(body, extra)).unwrap_or_else(|e| panic!("{name}: {e}"));
     }
+    let kernel = crate::shaders::KernelConfig::FlashCoop(crate::select::CoopConfig::new(64, 64, 64));
+    crate::spirv_coherence::compile("taps", &(kernel.source() + TAPS)).unwrap_or_else(|e| panic!("taps: {e}"));
 }
 
 #[test]
@@ -315,6 +317,269 @@ fn coop_probe() {
                 Err(e) => format!("{name:22} {path:16} ERROR {}", e.lines().next().unwrap_or("")),
             };
             eprintln!("coop_probe: {line}");
+        }
+    }
+}
+
+/// Entry points appended to the matrix kernel's own module, each stopping at one stage of the
+/// kernel and copying what it has into `o` (f16 granules, 64 halves a row): the staged Q rows,
+/// the first Q fragment as the cooperative load sees it, and the first 16 × 64 scores.
+const TAPS: &str = r#"
+@compute @workgroup_size(WORKGROUP_SIZE)
+fn tap_stage_q(@builtin(local_invocation_index) li: u32) {
+    stage_rows(STAGE_Q, 0u, 0u, 0u, BLOCK_M, params.seq_q, li);
+    workgroupBarrier();
+    for (var g = li; g < 16u * DIM_VECS; g += WORKGROUP_SIZE) {
+        let at = (g / DIM_VECS) * TILE_STRIDE + 4u * (g % DIM_VECS);
+        o[g] = pack_granule(vec4<f32>(vec4<f16>(rows_f16[at], rows_f16[at + 1u], rows_f16[at + 2u], rows_f16[at + 3u])));
+    }
+}
+
+@compute @workgroup_size(WORKGROUP_SIZE)
+fn tap_q_fragment(@builtin(local_invocation_index) li: u32) {
+    let sg = li / SUBGROUP;
+    stage_rows(STAGE_Q, 0u, 0u, 0u, BLOCK_M, params.seq_q, li);
+    workgroupBarrier();
+    let f = coopLoadT<coop_mat16x16<f16, A>>(&rows_f16[sg * 16u * TILE_STRIDE], TILE_STRIDE);
+    coopStoreT(f, &probs[sg * 16u * P_STRIDE], P_STRIDE);
+    workgroupBarrier();
+    for (var g = li; g < 64u; g += WORKGROUP_SIZE) {
+        let at = (g / 4u) * P_STRIDE + 4u * (g % 4u);
+        o[(g / 4u) * DIM_VECS + g % 4u] = pack_granule(vec4<f32>(vec4<f16>(probs[at], probs[at + 1u], probs[at + 2u], probs[at + 3u])));
+    }
+}
+
+@compute @workgroup_size(WORKGROUP_SIZE)
+fn tap_scores(@builtin(local_invocation_index) li: u32) {
+    let sg = li / SUBGROUP;
+    stage_rows(STAGE_Q, 0u, 0u, 0u, BLOCK_M, params.seq_q, li);
+    workgroupBarrier();
+    var q_frag: array<coop_mat16x16<f16, A>, D_BLOCKS>;
+    for (var d = 0u; d < D_BLOCKS; d++) {
+        q_frag[d] = coopLoadT<coop_mat16x16<f16, A>>(&rows_f16[sg * 16u * TILE_STRIDE + 16u * d], TILE_STRIDE);
+    }
+    workgroupBarrier();
+    stage_rows(STAGE_K, 0u, 0u, 0u, BLOCK_N, params.seq_kv, li);
+    workgroupBarrier();
+    for (var j = 0u; j < N_BLOCKS; j++) {
+        var acc = coop_mat16x16<f32, C>();
+        for (var d = 0u; d < D_BLOCKS; d++) {
+            let k_frag = coopLoad<coop_mat16x16<f16, B>>(&rows_f16[16u * j * TILE_STRIDE + 16u * d], TILE_STRIDE);
+            acc = coopMultiplyAdd(q_frag[d], k_frag, acc);
+        }
+        coopStoreT(acc, &scores[sg * 16u * S_STRIDE + 16u * j], S_STRIDE);
+    }
+    workgroupBarrier();
+    for (var g = li; g < 16u * BLOCK_N / 4u; g += WORKGROUP_SIZE) {
+        let r = g / (BLOCK_N / 4u);
+        let c = 4u * (g % (BLOCK_N / 4u));
+        let at = r * S_STRIDE + c;
+        o[r * DIM_VECS + c / 4u] = pack_granule(vec4<f32>(scores[at], scores[at + 1u], scores[at + 2u], scores[at + 3u]));
+    }
+}
+"#;
+
+/// Runs the matrix kernel's module with [`TAPS`] appended on a 16-query, 64-key, head_dim 64
+/// problem and reports, tap by tap, whether what each stage holds is what it should.
+#[test]
+#[ignore = "diagnostic: run with --ignored --nocapture on a device with cooperative matrices"]
+fn coop_kernel_taps() {
+    use crate::params::{Params, TensorStrides};
+    use crate::problem::{AttentionProblem, AttentionShape, DType, Tensor};
+    use crate::select::CoopConfig;
+    use crate::shaders::KernelConfig;
+
+    let Ok(ctx) = pollster::block_on(GpuContext::new()) else {
+        return;
+    };
+    if !ctx.caps.cooperative_matrix_f16 {
+        eprintln!("coop_kernel_taps: no cooperative matrices on {}", ctx.info.name);
+        return;
+    }
+    let shape = AttentionShape {
+        batch: 1,
+        seq_q: 16,
+        seq_kv: 64,
+        num_heads: 1,
+        num_kv_heads: 1,
+        head_dim: 64,
+    };
+    let problem = AttentionProblem::new(shape, DType::F16);
+    let q: Vec<half::f16> = crate::testing::random_tensor(1, problem.required_len(Tensor::Q));
+    let k: Vec<half::f16> = crate::testing::random_tensor(2, problem.required_len(Tensor::K));
+    let source = KernelConfig::FlashCoop(CoopConfig::new(64, 64, 64)).source() + TAPS;
+    let mut params = Params::for_problem(&problem, 1.0);
+    params.q = TensorStrides::new(&problem.q_layout, 0);
+    params.k = TensorStrides::new(&problem.k_layout, 0);
+    params.v = params.k;
+    params.o = TensorStrides::new(&problem.o_layout, 0);
+    params.num_q_tiles = 1;
+    let device = &ctx.device;
+    let up = |data: &[u8]| {
+        crate::readback::upload(
+            device,
+            "tap",
+            data,
+            wgpu::BufferUsages::COPY_SRC | wgpu::BufferUsages::COPY_DST,
+        )
+    };
+    let uniform = wgpu::util::DeviceExt::create_buffer_init(
+        device,
+        &wgpu::util::BufferInitDescriptor {
+            label: None,
+            contents: bytemuck::bytes_of(&params),
+            usage: wgpu::BufferUsages::UNIFORM,
+        },
+    );
+    let (qb, kb) = (up(bytemuck::cast_slice(&q)), up(bytemuck::cast_slice(&k)));
+    let ob = up(&[0xffu8; 64 * 64 * 2]);
+    let lse = up(&[0u8; 256]);
+    let qf = |r: usize, c: usize| q[r * 64 + c].to_f32();
+    let kf = |r: usize, c: usize| k[r * 64 + c].to_f32();
+    // (entry, rows, cols, expected (r, c))
+    let expected: [(&str, usize, usize, Box<dyn Fn(usize, usize) -> f32>); 3] = [
+        ("tap_stage_q", 16, 64, Box::new(qf)),
+        ("tap_q_fragment", 16, 16, Box::new(qf)),
+        (
+            "tap_scores",
+            16,
+            64,
+            Box::new(move |r, c| (0..64).map(|d| qf(r, d) * kf(c, d)).sum()),
+        ),
+    ];
+    for coherent in [false, true] {
+        let module = if coherent {
+            let words = match crate::spirv_coherence::compile("taps", &source) {
+                Ok(w) => w,
+                Err(e) => return eprintln!("coop_kernel_taps: {e}"),
+            };
+            let entries: Vec<wgpu::PassthroughShaderEntryPoint> = ["tap_stage_q", "tap_q_fragment", "tap_scores"]
+                .iter()
+                .map(|n| wgpu::PassthroughShaderEntryPoint {
+                    name: Cow::Borrowed(*n),
+                    workgroup_size: (128, 1, 1),
+                })
+                .collect();
+            // SAFETY: naga's validated translation, strengthened by spirv_coherence.
+            unsafe {
+                device.create_shader_module_passthrough(wgpu::ShaderModuleDescriptorPassthrough {
+                    label: None,
+                    entry_points: Cow::Owned(entries),
+                    spirv: Some(Cow::Owned(words)),
+                    ..Default::default()
+                })
+            }
+        } else {
+            device.create_shader_module(wgpu::ShaderModuleDescriptor {
+                label: None,
+                source: wgpu::ShaderSource::Wgsl(Cow::Borrowed(&source)),
+            })
+        };
+        let entry = |binding: u32, ty| wgpu::BindGroupLayoutEntry {
+            binding,
+            visibility: wgpu::ShaderStages::COMPUTE,
+            ty: wgpu::BindingType::Buffer {
+                ty,
+                has_dynamic_offset: false,
+                min_binding_size: None,
+            },
+            count: None,
+        };
+        let read = wgpu::BufferBindingType::Storage { read_only: true };
+        let write = wgpu::BufferBindingType::Storage { read_only: false };
+        let group_layout = device.create_bind_group_layout(&wgpu::BindGroupLayoutDescriptor {
+            label: None,
+            entries: &[
+                entry(0, wgpu::BufferBindingType::Uniform),
+                entry(1, read),
+                entry(2, read),
+                entry(3, read),
+                entry(4, write),
+                entry(5, write),
+            ],
+        });
+        let layout = device.create_pipeline_layout(&wgpu::PipelineLayoutDescriptor {
+            label: None,
+            bind_group_layouts: &[Some(&group_layout)],
+            immediate_size: 0,
+        });
+        let group = device.create_bind_group(&wgpu::BindGroupDescriptor {
+            label: None,
+            layout: &group_layout,
+            entries: &[
+                wgpu::BindGroupEntry {
+                    binding: 0,
+                    resource: uniform.as_entire_binding(),
+                },
+                wgpu::BindGroupEntry {
+                    binding: 1,
+                    resource: qb.as_entire_binding(),
+                },
+                wgpu::BindGroupEntry {
+                    binding: 2,
+                    resource: kb.as_entire_binding(),
+                },
+                wgpu::BindGroupEntry {
+                    binding: 3,
+                    resource: kb.as_entire_binding(),
+                },
+                wgpu::BindGroupEntry {
+                    binding: 4,
+                    resource: ob.as_entire_binding(),
+                },
+                wgpu::BindGroupEntry {
+                    binding: 5,
+                    resource: lse.as_entire_binding(),
+                },
+            ],
+        });
+        for (name, rows, cols, want) in &expected {
+            let scope = device.push_error_scope(wgpu::ErrorFilter::Validation);
+            let pipeline = device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
+                label: None,
+                layout: Some(&layout),
+                module: &module,
+                entry_point: Some(name),
+                compilation_options: Default::default(),
+                cache: None,
+            });
+            if let Some(e) = pollster::block_on(scope.pop()) {
+                eprintln!("coop_kernel_taps: {name} coherent={coherent}: {e}");
+                continue;
+            }
+            ctx.queue.write_buffer(&ob, 0, &[0xffu8; 64 * 64 * 2]);
+            let mut encoder = device.create_command_encoder(&Default::default());
+            {
+                let mut pass = encoder.begin_compute_pass(&Default::default());
+                pass.set_pipeline(&pipeline);
+                pass.set_bind_group(0, &group, &[]);
+                pass.dispatch_workgroups(1, 1, 1);
+            }
+            ctx.queue.submit([encoder.finish()]);
+            let bytes = pollster::block_on(read_back(device, &ctx.queue, &[(&ob, 0, 64 * 64 * 2)])).unwrap();
+            let got: Vec<half::f16> = bytemuck::pod_collect_to_vec(&bytes[0]);
+            let mut wrong = 0;
+            let mut first = String::new();
+            for r in 0..*rows {
+                for c in 0..*cols {
+                    let (g, w) = (got[r * 64 + c].to_f32(), want(r, c));
+                    if !((g - w).abs() <= 1e-2 * (1.0 + w.abs())) {
+                        if wrong == 0 {
+                            first = format!("(r {r}, c {c}) got {g} want {w}");
+                        }
+                        wrong += 1;
+                    }
+                }
+            }
+            eprintln!(
+                "coop_kernel_taps: {name:15} {:16} {}",
+                if coherent { "coherent SPIR-V" } else { "wgpu WGSL" },
+                if wrong == 0 {
+                    "RIGHT".to_string()
+                } else {
+                    format!("WRONG {wrong}/{}: first {first}", rows * cols)
+                }
+            );
         }
     }
 }
