@@ -436,8 +436,9 @@ fn coop_kernel_taps() {
     let lse = up(&[0u8; 256]);
     let qf = |r: usize, c: usize| q[r * 64 + c].to_f32();
     let kf = |r: usize, c: usize| k[r * 64 + c].to_f32();
-    // (entry, rows, cols, expected (r, c))
-    let expected: [(&str, usize, usize, Box<dyn Fn(usize, usize) -> f32>); 3] = [
+    // (entry, rows, cols, expected value at (r, c))
+    type Expected<'a> = (&'a str, usize, usize, Box<dyn Fn(usize, usize) -> f32 + 'a>);
+    let expected: [Expected; 3] = [
         ("tap_stage_q", 16, 64, Box::new(qf)),
         ("tap_q_fragment", 16, 16, Box::new(qf)),
         (
@@ -563,7 +564,9 @@ fn coop_kernel_taps() {
             for r in 0..*rows {
                 for c in 0..*cols {
                     let (g, w) = (got[r * 64 + c].to_f32(), want(r, c));
-                    if !((g - w).abs() <= 1e-2 * (1.0 + w.abs())) {
+                    // Written so that NaN counts as wrong.
+                    let close = (g - w).abs() <= 1e-2 * (1.0 + w.abs());
+                    if !close {
                         if wrong == 0 {
                             first = format!("(r {r}, c {c}) got {g} want {w}");
                         }
