@@ -4,30 +4,12 @@
 
 mod common;
 
-use common::{gpu, run_and_check, run_and_check_any, seed_of};
+use common::{gpu, run_and_check, run_and_check_any, seed_of, shape};
 use wgpu_flash_attn::harness::{Kernel, Workload};
 use wgpu_flash_attn::{
-    AttentionProblem, AttentionShape, BoundsChecks, DType, FlashAttention, KernelChoice, Layout, Options, Tensor,
-    TensorLayout, TilePlan, Variant, COOP_KERNEL_VERIFIED, COOP_PLANS, PLANS,
+    AttentionProblem, BoundsChecks, DType, FlashAttention, KernelChoice, Layout, Options, Tensor, TensorLayout,
+    TilePlan, Variant, COOP_KERNEL_VERIFIED, COOP_PLANS, PLANS,
 };
-
-fn shape(
-    batch: usize,
-    seq_q: usize,
-    seq_kv: usize,
-    num_heads: usize,
-    num_kv_heads: usize,
-    head_dim: usize,
-) -> AttentionShape {
-    AttentionShape {
-        batch,
-        seq_q,
-        seq_kv,
-        num_heads,
-        num_kv_heads,
-        head_dim,
-    }
-}
 
 /// The variants this device can run for `dtype` (f16 tiles only exist for f16 storage).
 fn variants(engine: &FlashAttention, dtype: DType) -> Vec<Variant> {

@@ -7,31 +7,13 @@
 
 mod common;
 
-use common::{gpu, seed_of};
+use common::{gpu, seed_of, shape};
 use wgpu_flash_attn::backward_harness::{BackwardWorkload, Grads};
 use wgpu_flash_attn::{
-    select_backward, AttentionProblem, AttentionShape, BackwardBuffers, BackwardChoice, BackwardConfig, BackwardInputs,
-    BackwardPass, BackwardProblem, BackwardTilePlan, DType, Element, Error, FlashAttention, GpuContext, GradTensor,
-    Layout, Tensor, TensorBuffer, TensorLayout, Variant, DKDV_PLANS, DQ_PLANS,
+    select_backward, AttentionProblem, BackwardBuffers, BackwardChoice, BackwardConfig, BackwardInputs, BackwardPass,
+    BackwardProblem, BackwardTilePlan, DType, Element, Error, FlashAttention, GpuContext, GradTensor, Layout, Tensor,
+    TensorBuffer, TensorLayout, Variant, DKDV_PLANS, DQ_PLANS,
 };
-
-fn shape(
-    batch: usize,
-    seq_q: usize,
-    seq_kv: usize,
-    num_heads: usize,
-    num_kv_heads: usize,
-    head_dim: usize,
-) -> AttentionShape {
-    AttentionShape {
-        batch,
-        seq_q,
-        seq_kv,
-        num_heads,
-        num_kv_heads,
-        head_dim,
-    }
-}
 
 /// The forward's shape table (tests/wgpu_attention.rs): (batch, seq_q, seq_kv, heads, kv_heads,
 /// head_dim).
