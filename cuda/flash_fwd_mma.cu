@@ -39,6 +39,7 @@
 // FA_WARPS, FA_CAUSAL, FA_BF16, FA_Q_IN_REGS, FA_VEC_BYTES (16: rows 16-byte aligned; 8: only 8-byte
 // aligned), FA_MIN_BLOCKS (blocks per SM promised to the register allocator), KERNEL_NAME.
 #include "mma_ptx.cuh"
+#include "fwd_params.cuh"
 
 #ifndef KERNEL_NAME
 #error "KERNEL_NAME must be defined (the kernel's config name)"
@@ -69,27 +70,6 @@ static_assert(WARPS >= 1 && WARPS <= 8 && (M_TILES == 1 || M_TILES == 2) && BLOC
               "a warp owns 16 or 32 query rows");
 static_assert(BLOCK_N % 16 == 0, "P·V steps over the key tile 16 at a time");
 static_assert(VEC_BYTES == 16 || VEC_BYTES == 8, "global rows are moved in 16- or 8-byte pieces");
-
-// Mirrors `FwdParams` in src/cuda/plan.rs (#[repr(C)], 160 bytes; both sides assert the size).
-// Strides are in elements; the pointers already include each tensor's offset.
-struct FwdParams {
-    const u16* q;
-    const u16* k;
-    const u16* v;
-    u16* o;
-    float* lse;  // null: not written
-    i64 q_batch_stride, q_seq_stride, q_head_stride;
-    i64 k_batch_stride, k_seq_stride, k_head_stride;
-    i64 v_batch_stride, v_seq_stride, v_head_stride;
-    i64 o_batch_stride, o_seq_stride, o_head_stride;
-    int seq_q;
-    int seq_kv;
-    int num_heads;
-    int group_size;     // query heads per K/V head
-    int causal_offset;  // seq_kv - seq_q: row i sees keys j <= i + causal_offset
-    float scale_log2;   // softmax scale * log2(e): scores go straight to exp2
-};
-static_assert(sizeof(FwdParams) == 160, "FwdParams must match the Rust mirror");
 
 // Byte offset of 16-byte chunk `chunk` of row `row` in a swizzled tile.
 __device__ __forceinline__ u32 swizzle(int row, int chunk) {
@@ -156,12 +136,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, FA_MIN_BLOCKS) KERNEL_NAME
 
     // Keys this tile can see: all, or (causal, bottom-right aligned) up to its last row's
     // diagonal. Tiles entirely right of the diagonal are never loaded.
-    int n_end = p.seq_kv;
-    if (CAUSAL) {
-        // One past the last key the tile's last row sees; <= 0 when no row sees any key.
-        const i64 limit = (i64)m0 + BLOCK_M + p.causal_offset;
-        n_end = (int)(limit < 0 ? 0 : (limit < p.seq_kv ? limit : p.seq_kv));
-    }
+    const int n_end = visible_keys_end<CAUSAL>(p, m0, BLOCK_M);
     const int n_tiles = (n_end + BLOCK_N - 1) / BLOCK_N;
 
     const u16* q = p.q + batch * p.q_batch_stride + head * p.q_head_stride + (i64)m0 * p.q_seq_stride;

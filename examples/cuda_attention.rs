@@ -5,19 +5,25 @@
 //! ```text
 //! cargo run --release --features cuda --example cuda_attention -- \
 //!     [--head-dims 64,128,256] [--seqs 512,1024,2048,4096,8192,16384] [--reps 10] \
-//!     [--sweep-seq 8192] [--no-sweep] [--json out.jsonl]
+//!     [--sweep-seq 8192] [--no-sweep] [--json out.jsonl] [--wgmma-ok file] [--no-wgmma]
 //! ```
 //!
-//! With the sweep on, every tile plan of a head_dim is timed at `--sweep-seq` first and the
-//! fastest correct one runs the table; with `--no-sweep`, the default plan (`select_cuda`) does. Timing: CUDA events around each launch, median of `--reps` after
-//! three warm-up launches (NVRTC compiles or loads from the disk cache before that).
+//! With the sweep on, every tile plan of a head_dim is timed at `--sweep-seq` first (the
+//! `mma.sync` plans, and on Hopper the wgmma plans) and the fastest correct one runs the table;
+//! with `--no-sweep`, the engine's default plan does. `--wgmma-ok file` limits the wgmma plans to
+//! the kernels the file names (lines `wgmma ok: <kernel>`, as `tests/cuda_attention.rs` prints
+//! them), so that a variant that failed its tests is never launched here. Timing: CUDA events
+//! around each launch, median of `--reps` after three warm-up launches (NVRTC compiles or loads
+//! from the disk cache before that).
 
 use std::io::Write;
 
 use half::bf16;
 use wgpu_flash_attn::cuda::cudarc::driver::sys::CUevent_flags;
 use wgpu_flash_attn::cuda::cudarc::driver::CudaSlice;
-use wgpu_flash_attn::cuda::{select_cuda, tile_plans, CudaAttention, CudaDevice, CudaTilePlan, DeviceTensors};
+use wgpu_flash_attn::cuda::{
+    tile_plans, wgmma_plans, CudaAttention, CudaDevice, CudaKernelConfig, CudaTilePlan, DeviceTensors,
+};
 use wgpu_flash_attn::testing::{random_tensor, ErrorStats};
 use wgpu_flash_attn::{reference, AttentionProblem, DType, Result};
 
@@ -30,6 +36,9 @@ struct Args {
     reps: usize,
     sweep_seq: Option<usize>,
     json: Option<String>,
+    /// Kernel names of the wgmma configs allowed to run (None: all).
+    wgmma_ok: Option<Vec<String>>,
+    wgmma: bool,
 }
 
 fn parse_args() -> Args {
@@ -39,6 +48,8 @@ fn parse_args() -> Args {
         reps: 10,
         sweep_seq: Some(8192),
         json: None,
+        wgmma_ok: None,
+        wgmma: true,
     };
     let list = |s: &str| -> Vec<usize> { s.split(',').map(|x| x.trim().parse().expect("a number")).collect() };
     let mut it = std::env::args().skip(1);
@@ -51,6 +62,15 @@ fn parse_args() -> Args {
             "--sweep-seq" => a.sweep_seq = Some(value().parse().expect("a number")),
             "--no-sweep" => a.sweep_seq = None,
             "--json" => a.json = Some(value()),
+            "--no-wgmma" => a.wgmma = false,
+            "--wgmma-ok" => {
+                let text = std::fs::read_to_string(value()).unwrap_or_default();
+                a.wgmma_ok = Some(
+                    text.lines()
+                        .filter_map(|l| l.trim().strip_prefix("wgmma ok:").map(|n| n.trim().to_string()))
+                        .collect(),
+                );
+            }
             other => panic!("unknown argument {other}"),
         }
     }
@@ -198,19 +218,49 @@ fn main() -> Result<()> {
     for &head_dim in &args.head_dims {
         for causal in [false, true] {
             // Sweep the tile plans at one size; the fastest runs the table.
-            let mut best = select_cuda(&problem_for(head_dim, args.seqs[0], causal), 16)?.plan();
+            let mut best = engine
+                .config_for(&problem_for(head_dim, args.seqs[0], causal), 16)?
+                .plan();
             if let Some(seq) = args.sweep_seq {
                 let p = problem_for(head_dim, seq, causal);
                 let mut best_ms = f64::INFINITY;
-                for &plan in tile_plans(head_dim) {
-                    let t = time(&engine, &p, plan, &mut bufs, args.reps)?;
-                    let info = engine.prepare(&wgpu_flash_attn::cuda::CudaKernelConfig::new(
-                        DType::BF16,
-                        head_dim,
-                        plan,
-                        causal,
-                        16,
-                    )?)?;
+                let allowed = |plan: &CudaTilePlan| -> bool {
+                    if !plan.is_wgmma() {
+                        return true;
+                    }
+                    if !args.wgmma || !engine.device().is_hopper() {
+                        return false;
+                    }
+                    let name = CudaKernelConfig::new(DType::BF16, head_dim, *plan, causal, 16).map(|c| c.name());
+                    match (&args.wgmma_ok, name) {
+                        (None, Ok(_)) => true,
+                        (Some(ok), Ok(name)) => {
+                            let yes = ok.contains(&name);
+                            if !yes {
+                                println!(
+                                    "sweep d{head_dim} s{seq} causal={causal} {name}: skipped (not in --wgmma-ok)"
+                                );
+                            }
+                            yes
+                        }
+                        (_, Err(_)) => false,
+                    }
+                };
+                let candidates: Vec<CudaTilePlan> = tile_plans(head_dim)
+                    .iter()
+                    .chain(wgmma_plans(head_dim))
+                    .copied()
+                    .filter(|p| allowed(p))
+                    .collect();
+                for plan in candidates {
+                    let t = match time(&engine, &p, plan, &mut bufs, args.reps) {
+                        Ok(t) => t,
+                        Err(e) => {
+                            println!("sweep d{head_dim} s{seq} causal={causal} {plan:?}: ERROR {e}");
+                            continue;
+                        }
+                    };
+                    let info = engine.prepare(&CudaKernelConfig::new(DType::BF16, head_dim, plan, causal, 16)?)?;
                     let check = spot_check(&engine, &p, &bufs)?;
                     let tflops = p.flops() / (t.median_ms * 1e-3) / 1e12;
                     println!(

@@ -10,9 +10,10 @@ use std::sync::OnceLock;
 use half::{bf16, f16};
 use wgpu_flash_attn::cuda::cudarc::driver::CudaSlice;
 use wgpu_flash_attn::cuda::nvrtc::{compile_cubin, resource_report, CompileJob};
+use wgpu_flash_attn::cuda::plan::{default_wgmma_plan, vec_bytes_for};
 use wgpu_flash_attn::cuda::{
-    all_cuda_configs, driver_available, nvrtc_available, select_cuda, tile_plans, CudaAttention, CudaDevice,
-    CudaOptions, CudaTilePlan, DeviceTensors, DiskCache, Origin,
+    all_cuda_configs, driver_available, nvrtc_available, select_cuda, tile_plans, wgmma_plans, CudaAttention,
+    CudaDevice, CudaKernelConfig, CudaOptions, CudaTilePlan, DeviceTensors, DiskCache, Origin,
 };
 use wgpu_flash_attn::testing::{random_tensor, ErrorStats};
 use wgpu_flash_attn::{
@@ -123,9 +124,32 @@ impl<T: Half16> Run<T> {
 
     fn read(&self, engine: &CudaAttention) -> (Vec<T>, Vec<f32>) {
         let stream = engine.device().stream();
+        wait_or_exit(engine);
         let o: Vec<u16> = stream.clone_dtoh(&self.d_o).unwrap();
         let lse: Vec<f32> = stream.clone_dtoh(&self.d_lse).unwrap();
         (bytemuck::cast_slice::<u16, T>(&o).to_vec(), lse)
+    }
+}
+
+/// Waits for the engine's stream, but at most 20 s: a kernel that never finishes (a pipeline
+/// deadlock) would otherwise hang the whole binary. The context is unusable then, so the process
+/// exits at once, naming the hang.
+fn wait_or_exit(engine: &CudaAttention) {
+    use wgpu_flash_attn::cuda::cudarc::driver::sys::{cuStreamQuery, CUresult};
+    let start = std::time::Instant::now();
+    loop {
+        // SAFETY: the engine's live stream.
+        let r = unsafe { cuStreamQuery(engine.device().stream().cu_stream()) };
+        match r {
+            CUresult::CUDA_ERROR_NOT_READY if start.elapsed().as_secs() < 20 => {
+                std::thread::sleep(std::time::Duration::from_millis(1))
+            }
+            CUresult::CUDA_ERROR_NOT_READY => {
+                eprintln!("HANG: a kernel ran for more than 20 s; exiting");
+                std::process::exit(3);
+            }
+            _ => return, // done, or an error the copy that follows reports
+        }
     }
 }
 
@@ -265,12 +289,12 @@ fn problem(
     }
 }
 
-#[test]
-fn matches_the_reference_on_ragged_gqa_causal_and_strided_problems() {
-    let Some(engine) = engine() else { return };
+/// The shapes every kernel must get right: ragged lengths (1, 17, 127, 1000), seq_q ≠ seq_kv
+/// both ways with causal, GQA and MQA, BHSD, padded strides, scale 1.
+fn cases() -> Vec<(&'static str, AttentionProblem)> {
     use DType::{BF16, F16};
     use Strides::*;
-    let cases: &[(&str, AttentionProblem)] = &[
+    vec![
         ("basic", problem(BF16, 2, 4, 4, 128, 128, 64, false, Bshd)),
         ("one_row_one_key", problem(BF16, 1, 2, 2, 1, 1, 128, false, Bshd)),
         ("mqa_17x1000", problem(BF16, 2, 4, 1, 17, 1000, 128, false, Bshd)),
@@ -294,10 +318,116 @@ fn matches_the_reference_on_ragged_gqa_causal_and_strided_problems() {
             problem(F16, 1, 2, 2, 256, 256, 128, false, Bshd).with_scale(1.0),
         ),
         ("causal_square_tail", problem(BF16, 1, 3, 3, 333, 333, 128, true, Bshd)),
-    ];
-    for (label, p) in cases {
-        run_any(engine, p, label, None);
+    ]
+}
+
+#[test]
+fn matches_the_reference_on_ragged_gqa_causal_and_strided_problems() {
+    let Some(engine) = engine() else { return };
+    for (label, p) in cases() {
+        run_any(engine, &p, label, None);
     }
+}
+
+/// The engine, when its GPU is a Hopper one (the wgmma kernel's only target).
+fn hopper_engine() -> Option<&'static CudaAttention> {
+    let engine = engine()?;
+    if !engine.device().is_hopper() {
+        eprintln!(
+            "skipping the wgmma tests: {} is not a Hopper GPU",
+            engine.device().name()
+        );
+        return None;
+    }
+    Some(engine)
+}
+
+/// Runs every (label, problem, plan), catching each failure so that one broken variant does not
+/// hide the others; prints `wgmma ok: <kernel>` per passing config (the benchmark script keeps
+/// only those) and fails at the end if any failed.
+fn run_all_catching(engine: &CudaAttention, runs: Vec<(String, AttentionProblem, CudaTilePlan)>) {
+    let mut failed = Vec::new();
+    for (label, p, plan) in runs {
+        let name = CudaKernelConfig::new(p.dtype, p.shape.head_dim, plan, p.causal, 16)
+            .map(|c| c.name())
+            .unwrap_or_default();
+        eprintln!("launching {label} [{name}]");
+        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| run_any(engine, &p, &label, Some(plan))));
+        match r {
+            Ok(()) => eprintln!("wgmma ok: {name}"),
+            Err(e) => {
+                let msg = e
+                    .downcast_ref::<String>()
+                    .cloned()
+                    .or_else(|| e.downcast_ref::<&str>().map(|s| s.to_string()))
+                    .unwrap_or_default();
+                eprintln!("wgmma FAILED: {name} ({label}): {msg}");
+                failed.push(format!("{label} [{name}]"));
+            }
+        }
+    }
+    assert!(failed.is_empty(), "failed: {failed:?}");
+}
+
+fn expect_refused<T: Half16>(engine: &CudaAttention, p: &AttentionProblem, plan: CudaTilePlan, label: &str) -> Error {
+    let mut run = Run::<T>::new(engine, p, seed_of(label));
+    engine
+        .forward_device_with_plan(
+            p,
+            plan,
+            DeviceTensors {
+                q: &run.dq,
+                k: &run.dk,
+                v: &run.dv,
+                o: &mut run.d_o,
+                lse: None,
+            },
+        )
+        .unwrap_err()
+}
+
+#[test]
+fn wgmma_every_plan_matches_the_reference() {
+    let Some(engine) = hopper_engine() else { return };
+    let mut runs = Vec::new();
+    for head_dim in [64, 128, 256] {
+        for &plan in wgmma_plans(head_dim) {
+            for causal in [false, true] {
+                // 1000 keys: 8 (or 16) key tiles, so the stage ring wraps and the mbarrier parities
+                // flip several times; 190 query rows: one full 128-row CTA and a ragged one.
+                let p = problem(DType::BF16, 1, 2, 1, 190, 1000, head_dim, causal, Strides::Bshd);
+                runs.push((format!("wgmma_d{head_dim}_causal{causal}"), p, plan));
+            }
+        }
+    }
+    run_all_catching(engine, runs);
+}
+
+#[test]
+fn wgmma_matches_the_reference_on_ragged_gqa_causal_and_strided_problems() {
+    let Some(engine) = hopper_engine() else { return };
+    let mut runs = Vec::new();
+    for (label, p) in cases() {
+        let d = p.shape.head_dim;
+        let Some(plan) = default_wgmma_plan(d, p.causal) else {
+            continue;
+        };
+        if vec_bytes_for(&p, [0x1000; 4]).unwrap() != 16 {
+            // Rows only 8-byte aligned: the copy engine cannot load them. The default selection
+            // falls back to mma.sync and says why; forcing the wgmma plan is a clear error.
+            let selection = engine.selection(&p, 8).unwrap();
+            assert!(!selection.config.is_wgmma() && selection.fallback.is_some(), "{label}");
+            let err = match p.dtype {
+                DType::BF16 => expect_refused::<bf16>(engine, &p, plan, label),
+                _ => expect_refused::<f16>(engine, &p, plan, label),
+            };
+            assert!(matches!(err, Error::Unavailable { .. }), "{label}: {err}");
+            eprintln!("{label}: wgmma refused as it should be: {err}");
+            continue;
+        }
+        runs.push((format!("wgmma_{label}"), p, plan));
+    }
+    run_all_catching(engine, runs);
 }
 
 #[test]
@@ -328,7 +458,7 @@ fn host_slices_match_device_buffers() {
         host.lse.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
         dev_lse.iter().map(|x| x.to_bits()).collect::<Vec<_>>()
     );
-    assert_eq!(host.kernel, select_cuda(&p, 16).unwrap().name());
+    assert_eq!(host.kernel, engine.config_for(&p, 16).unwrap().name());
     check(&p, label, &run.q, &run.k, &run.v, &host.out, &host.lse);
 }
 
@@ -406,9 +536,13 @@ fn kernels_compile_with_nvrtc() {
         .into_iter()
         .filter(|c| {
             let default = problem(c.dtype, 1, 1, 1, 64, 64, c.head_dim as usize, c.causal, Strides::Bshd);
-            all || (c.plan() == select_cuda(&default, 16).unwrap().plan()
-                && (c.dtype == DType::BF16 && c.vec_bytes == 16
-                    || c.head_dim == 128 && !c.causal && (c.vec_bytes == 8) != (c.dtype == DType::F16)))
+            // Every wgmma plan in bf16, and the default one in f16 too.
+            let wgmma = c.is_wgmma()
+                && (c.dtype == DType::BF16 || Some(c.plan()) == default_wgmma_plan(c.head_dim as usize, c.causal));
+            all || wgmma
+                || (c.plan() == select_cuda(&default, 16).unwrap().plan()
+                    && (c.dtype == DType::BF16 && c.vec_bytes == 16
+                        || c.head_dim == 128 && !c.causal && (c.vec_bytes == 8) != (c.dtype == DType::F16)))
         })
         .collect();
     assert!(configs.len() >= 8);

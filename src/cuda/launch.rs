@@ -10,7 +10,11 @@ use cudarc::nvrtc::Ptx;
 
 use super::device::CudaDevice;
 use super::nvrtc::{evict, load_or_compile, resource_report, CompileJob, DiskCache, Origin};
-use super::plan::{select_cuda, validate_for_cuda, vec_bytes_for, CudaKernelConfig, CudaTilePlan, FwdParams};
+use super::plan::{
+    select_cuda_on, validate_for_cuda, vec_bytes_for, wgmma_unavailable, CudaKernelConfig, CudaSelection, CudaTilePlan,
+    FwdParams,
+};
+use super::tma;
 use crate::attention::AttentionOutput;
 use crate::error::{Error, Result};
 use crate::problem::{AttentionProblem, Element, Tensor};
@@ -18,6 +22,21 @@ use crate::problem::{AttentionProblem, Element, Tensor};
 // SAFETY: plain `#[repr(C)]` data whose layout `cuda/flash_fwd_mma.cu` mirrors (size asserted on
 // both sides); passed by value as the kernel's only parameter.
 unsafe impl DeviceRepr for FwdParams {}
+
+/// The wgmma kernel's second parameter: the tensor maps of Q, K and V (`struct TmaMaps` in
+/// `cuda/flash_fwd_wgmma.cu`, 3 x 128 bytes), passed by value as a `__grid_constant__`.
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct TmaMaps {
+    q: cudarc::driver::sys::CUtensorMap,
+    k: cudarc::driver::sys::CUtensorMap,
+    v: cudarc::driver::sys::CUtensorMap,
+}
+
+const _: () = assert!(std::mem::size_of::<TmaMaps>() == 384);
+
+// SAFETY: three opaque 128-byte tensor maps, the layout the kernel's parameter declares.
+unsafe impl DeviceRepr for TmaMaps {}
 
 /// Settings of a [`CudaAttention`] engine.
 #[derive(Clone, Debug, Default)]
@@ -95,8 +114,14 @@ impl CudaAttention {
                 validate_for_cuda(problem)?;
                 CudaKernelConfig::new(problem.dtype, problem.shape.head_dim, plan, problem.causal, vec_bytes)
             }
-            None => select_cuda(problem, vec_bytes),
+            None => Ok(self.selection(problem, vec_bytes)?.config),
         }
+    }
+
+    /// The default kernel on this device for `problem`, and why not the Hopper kernel when the
+    /// choice is the `mma.sync` one.
+    pub fn selection(&self, problem: &AttentionProblem, vec_bytes: u32) -> Result<CudaSelection> {
+        select_cuda_on(problem, vec_bytes, self.device.is_hopper())
     }
 
     /// Compiles (or loads) the kernel of `config` now, so that the first launch is not slow.
@@ -109,6 +134,15 @@ impl CudaAttention {
         let mut kernels = self.kernels.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(k) = kernels.get(config) {
             return Ok(k.clone());
+        }
+        if config.is_wgmma() && !self.device.is_hopper() {
+            return Err(Error::Unavailable {
+                what: format!("kernel {}", config.name()),
+                why: format!(
+                    "wgmma and TMA need a Hopper GPU (sm_90a); {} is not one",
+                    self.device.name()
+                ),
+            });
         }
         let smem = config.smem_bytes();
         if smem > self.device.max_smem_per_block() {
@@ -253,8 +287,29 @@ impl CudaAttention {
             block_dim: geometry.block,
             shared_mem_bytes: geometry.smem_bytes,
         };
+        let maps = if config.is_wgmma() {
+            if let Some(why) = wgmma_unavailable(problem, vec_bytes, self.device.is_hopper()) {
+                return Err(Error::Unavailable {
+                    what: format!("kernel {}", config.name()),
+                    why,
+                });
+            }
+            let map = |tensor: Tensor, rows: u32, base: u64| -> Result<cudarc::driver::sys::CUtensorMap> {
+                tma::encode(&tma::tensor_map_spec(problem, tensor, rows)?, base)
+            };
+            Some(TmaMaps {
+                q: map(Tensor::Q, config.block_m, q)?,
+                k: map(Tensor::K, config.block_n, k)?,
+                v: map(Tensor::V, config.block_n, v)?,
+            })
+        } else {
+            None
+        };
         let mut builder = stream.launch_builder(&kernel.function);
         builder.arg(&params);
+        if let Some(maps) = &maps {
+            builder.arg(maps);
+        }
         // SAFETY: the parameter block matches the kernel's (size asserted on both sides); every
         // address it holds was checked to cover the extent the problem's layouts reach.
         unsafe { builder.launch(cfg) }?;

@@ -22,8 +22,10 @@
 //! * [`plan`] chooses a kernel config per problem; [`nvrtc`] compiles `cuda/*.cu` for the GPU's
 //!   architecture (`sm_90a` on Hopper) and caches cubins on disk, keyed by a hash of source,
 //!   options, NVRTC and driver version, so a second process skips the compile.
-//! * [`tma`] derives and encodes the tensor maps of Hopper's bulk tensor copies, for the
-//!   FlashAttention-3 kernel that is to replace today's `mma.sync` one on sm_90.
+//! * [`tma`] derives and encodes the tensor maps of Hopper's bulk tensor copies, which the
+//!   FlashAttention-3 style kernel (`cuda/flash_fwd_wgmma.cu`: TMA, wgmma, a producer warpgroup
+//!   and two consumer warpgroups) takes; [`plan::select_cuda_on`] says when it runs and, when it
+//!   does not, why (`mma.sync` is the fallback).
 //!
 //! Building needs no CUDA toolkit: cudarc loads libcuda and libnvrtc at run time.
 
@@ -38,6 +40,6 @@ pub use device::{arch_for, driver_available, CudaDevice};
 pub use launch::{CudaAttention, CudaOptions, DeviceTensors, KernelInfo};
 pub use nvrtc::{nvrtc_available, DiskCache, Origin};
 pub use plan::{
-    all_cuda_configs, select_cuda, tile_plans, validate_for_cuda, CudaKernelConfig, CudaTilePlan, LaunchGeometry,
-    CUDA_HEAD_DIMS,
+    all_cuda_configs, select_cuda, select_cuda_on, tile_plans, validate_for_cuda, wgmma_plan, wgmma_plans,
+    CudaKernelConfig, CudaSelection, CudaTilePlan, KernelKind, LaunchGeometry, WgmmaVariant, CUDA_HEAD_DIMS,
 };

@@ -27,13 +27,38 @@ pub const MAX_CUDA_SEQ: usize = i32::MAX as usize - 512;
 /// Grid y (heads) and z (batch) limits.
 const MAX_GRID_YZ: usize = 65535;
 
-/// One tile shape: `block_m` query rows per block shared by `warps` warps (16 or 32 rows
-/// each), `block_n` keys per K/V tile.
+/// Which kernel source a plan runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum KernelKind {
+    /// `cuda/flash_fwd_mma.cu`: `mma.sync` with `cp.async` loads, any GPU from sm_80 on.
+    Mma,
+    /// `cuda/flash_fwd_wgmma.cu`: TMA loads by a producer warpgroup, `wgmma` consumers; Hopper
+    /// (sm_90a) only, and only for tensors the copy engine can describe.
+    Wgmma(WgmmaVariant),
+}
+
+/// The scheduling choices of the Hopper kernel (compile-time switches, see the kernel's header).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct WgmmaVariant {
+    /// Shared-memory stages of the K/V ring (2 to 4).
+    pub stages: u32,
+    /// Softmax of tile j overlapped with P·V of tile j-1 inside a warpgroup.
+    pub overlap: bool,
+    /// The two consumer warpgroups take turns issuing GEMMs (named barriers).
+    pub pingpong: bool,
+    /// O += P·V as one N = 64 wgmma per head_dim panel instead of one N = head_dim wgmma.
+    pub pv_split: bool,
+}
+
+/// One tile shape: `block_m` query rows per block shared by `warps` warps, `block_n` keys per
+/// K/V tile, and the kernel that runs it. `mma.sync` warps own 16 or 32 rows each; the wgmma
+/// kernel is always 128 rows over 12 warps (a producer and two 64-row consumer warpgroups).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct CudaTilePlan {
     pub block_m: u32,
     pub block_n: u32,
     pub warps: u32,
+    pub kind: KernelKind,
 }
 
 const fn plan(block_m: u32, block_n: u32, warps: u32) -> CudaTilePlan {
@@ -41,6 +66,68 @@ const fn plan(block_m: u32, block_n: u32, warps: u32) -> CudaTilePlan {
         block_m,
         block_n,
         warps,
+        kind: KernelKind::Mma,
+    }
+}
+
+/// Query rows per CTA of the wgmma kernel: two consumer warpgroups of wgmma's M = 64.
+pub const WGMMA_BLOCK_M: u32 = 128;
+/// Warps per CTA of the wgmma kernel: producer warpgroup + two consumer warpgroups.
+pub const WGMMA_WARPS: u32 = 12;
+
+/// A plan of the Hopper kernel: `block_n` keys per tile and its scheduling switches.
+pub const fn wgmma_plan(block_n: u32, stages: u32, overlap: bool, pingpong: bool, pv_split: bool) -> CudaTilePlan {
+    CudaTilePlan {
+        block_m: WGMMA_BLOCK_M,
+        block_n,
+        warps: WGMMA_WARPS,
+        kind: KernelKind::Wgmma(WgmmaVariant {
+            stages,
+            overlap,
+            pingpong,
+            pv_split,
+        }),
+    }
+}
+
+impl CudaTilePlan {
+    pub fn is_wgmma(&self) -> bool {
+        matches!(self.kind, KernelKind::Wgmma(_))
+    }
+}
+
+/// Plans of the Hopper kernel for a head_dim, the default first; the benchmark sweeps all and
+/// the tests run each. Key tiles: 128 where registers allow (S and P of a 128-key tile are 96
+/// registers a thread, O at head_dim 128 another 64), 64 at head_dim 256 (O alone is 128).
+pub fn wgmma_plans(head_dim: usize) -> &'static [CudaTilePlan] {
+    const D64: [CudaTilePlan; 6] = [
+        wgmma_plan(128, 2, true, true, false),
+        wgmma_plan(128, 2, true, false, false),
+        wgmma_plan(128, 2, false, true, false),
+        wgmma_plan(128, 2, false, false, false),
+        wgmma_plan(128, 3, true, true, false),
+        wgmma_plan(128, 2, false, false, true),
+    ];
+    const D128: [CudaTilePlan; 6] = [
+        wgmma_plan(128, 2, true, true, false),
+        wgmma_plan(128, 2, true, false, false),
+        wgmma_plan(128, 2, false, true, false),
+        wgmma_plan(128, 2, false, false, false),
+        wgmma_plan(64, 3, true, true, false),
+        wgmma_plan(128, 2, false, false, true),
+    ];
+    const D256: [CudaTilePlan; 5] = [
+        wgmma_plan(64, 2, true, true, false),
+        wgmma_plan(64, 2, true, false, false),
+        wgmma_plan(64, 2, false, true, false),
+        wgmma_plan(64, 2, false, false, false),
+        wgmma_plan(64, 2, false, false, true),
+    ];
+    match head_dim {
+        64 => &D64,
+        128 => &D128,
+        256 => &D256,
+        _ => &[],
     }
 }
 
@@ -98,6 +185,7 @@ pub struct CudaKernelConfig {
     pub vec_bytes: u32,
     /// Blocks per SM promised to the register allocator (`__launch_bounds__`).
     pub min_blocks: u32,
+    pub kind: KernelKind,
 }
 
 impl CudaKernelConfig {
@@ -105,6 +193,9 @@ impl CudaKernelConfig {
     pub fn new(dtype: DType, head_dim: usize, plan: CudaTilePlan, causal: bool, vec_bytes: u32) -> Result<Self> {
         check_dtype(dtype)?;
         check_head_dim(head_dim)?;
+        if let KernelKind::Wgmma(variant) = plan.kind {
+            return Self::new_wgmma(dtype, head_dim, plan, variant, causal, vec_bytes);
+        }
         let rows_per_warp = plan.block_m / plan.warps.max(1);
         if !(1..=8).contains(&plan.warps)
             || plan.block_m != rows_per_warp * plan.warps
@@ -134,6 +225,7 @@ impl CudaKernelConfig {
             q_in_regs: rows_per_warp as usize * head_dim <= 16 * 128,
             vec_bytes,
             min_blocks: 1,
+            kind: KernelKind::Mma,
         };
         let by_smem = SMEM_PER_SM / (config.smem_bytes() + SMEM_RESERVED_PER_BLOCK);
         let by_regs = REGS_PER_SM / (config.threads() * config.register_estimate());
@@ -141,8 +233,85 @@ impl CudaKernelConfig {
         Ok(config)
     }
 
-    /// `flash_fwd_mma_bf16_d128_bm64_bn64_w4[_causal][_a8]`: entry point, cache key, test label.
+    fn new_wgmma(
+        dtype: DType,
+        head_dim: usize,
+        plan: CudaTilePlan,
+        variant: WgmmaVariant,
+        causal: bool,
+        vec_bytes: u32,
+    ) -> Result<Self> {
+        if plan.block_m != WGMMA_BLOCK_M || plan.warps != WGMMA_WARPS {
+            return crate::error::invalid!(
+                "the wgmma kernel runs {WGMMA_BLOCK_M} query rows on {WGMMA_WARPS} warps, not {} on {}",
+                plan.block_m,
+                plan.warps
+            );
+        }
+        if ![64, 128].contains(&plan.block_n) {
+            return crate::error::invalid!("the wgmma kernel takes block_n 64 or 128, not {}", plan.block_n);
+        }
+        // O (head_dim / 2 f32), S (block_n / 2 f32) and P (block_n / 4 packed) per consumer
+        // thread must leave room for addresses and softmax state in its 240 registers.
+        if head_dim as u32 / 2 + 3 * plan.block_n / 4 > 192 {
+            return crate::error::invalid!(
+                "wgmma head_dim {head_dim} with block_n {}: O, S and P exceed the consumers' registers",
+                plan.block_n
+            );
+        }
+        if !(2..=4).contains(&variant.stages) {
+            return crate::error::invalid!("the wgmma kernel's ring has 2 to 4 stages, not {}", variant.stages);
+        }
+        if vec_bytes != 16 {
+            return Err(Error::Unavailable {
+                what: "the wgmma (TMA) kernel".into(),
+                why: "the copy engine needs every tensor 16-byte aligned with strides in multiples of 16 bytes".into(),
+            });
+        }
+        let config = CudaKernelConfig {
+            dtype,
+            head_dim: head_dim as u32,
+            block_m: plan.block_m,
+            block_n: plan.block_n,
+            warps: plan.warps,
+            causal,
+            q_in_regs: false,
+            vec_bytes,
+            min_blocks: 1,
+            kind: plan.kind,
+        };
+        if config.smem_bytes() > SMEM_PER_SM - SMEM_RESERVED_PER_BLOCK {
+            return crate::error::invalid!(
+                "wgmma head_dim {head_dim}, block_n {}, {} stages needs {} bytes of shared memory",
+                plan.block_n,
+                variant.stages,
+                config.smem_bytes()
+            );
+        }
+        Ok(config)
+    }
+
+    pub fn is_wgmma(&self) -> bool {
+        matches!(self.kind, KernelKind::Wgmma(_))
+    }
+
+    /// `flash_fwd_mma_bf16_d128_bm64_bn64_w4[_causal][_a8]` or
+    /// `flash_fwd_wgmma_bf16_d128_bn128_s2[_ov][_pp][_split][_causal]`: entry point, cache key,
+    /// test label.
     pub fn name(&self) -> String {
+        if let KernelKind::Wgmma(v) = self.kind {
+            return format!(
+                "flash_fwd_wgmma_{}_d{}_bn{}_s{}{}{}{}{}",
+                self.dtype.name(),
+                self.head_dim,
+                self.block_n,
+                v.stages,
+                if v.overlap { "_ov" } else { "" },
+                if v.pingpong { "_pp" } else { "" },
+                if v.pv_split { "_split" } else { "" },
+                if self.causal { "_causal" } else { "" },
+            );
+        }
         format!(
             "flash_fwd_mma_{}_d{}_bm{}_bn{}_w{}{}{}",
             self.dtype.name(),
@@ -160,6 +329,7 @@ impl CudaKernelConfig {
             block_m: self.block_m,
             block_n: self.block_n,
             warps: self.warps,
+            kind: self.kind,
         }
     }
 
@@ -186,14 +356,31 @@ impl CudaKernelConfig {
         o + s + q + REGS_OVERHEAD
     }
 
-    /// Dynamic shared memory: the Q tile plus two stages of (K, V) tiles, 16-bit elements.
+    /// Dynamic shared memory: the Q tile plus two (mma) or `stages` (wgmma) stages of (K, V)
+    /// tiles, 16-bit elements; the wgmma kernel also gets 1 KiB to align its tiles to 1024 bytes.
     pub fn smem_bytes(&self) -> u32 {
         let row = self.head_dim * 2;
-        self.block_m * row + 2 * 2 * self.block_n * row
+        match self.kind {
+            KernelKind::Mma => self.block_m * row + 2 * 2 * self.block_n * row,
+            KernelKind::Wgmma(v) => self.block_m * row + v.stages * 2 * self.block_n * row + 1024,
+        }
     }
 
-    /// The `-D` definitions `cuda/flash_fwd_mma.cu` reads.
+    /// The `-D` definitions the kernel's source reads.
     pub fn defines(&self) -> Vec<String> {
+        if let KernelKind::Wgmma(v) = self.kind {
+            return vec![
+                format!("-DKERNEL_NAME={}", self.name()),
+                format!("-DFA_HEAD_DIM={}", self.head_dim),
+                format!("-DFA_BLOCK_N={}", self.block_n),
+                format!("-DFA_STAGES={}", v.stages),
+                format!("-DFA_CAUSAL={}", self.causal as u32),
+                format!("-DFA_BF16={}", (self.dtype == DType::BF16) as u32),
+                format!("-DFA_OVERLAP={}", v.overlap as u32),
+                format!("-DFA_PINGPONG={}", v.pingpong as u32),
+                format!("-DFA_PV_SPLIT={}", v.pv_split as u32),
+            ];
+        }
         vec![
             format!("-DKERNEL_NAME={}", self.name()),
             format!("-DFA_HEAD_DIM={}", self.head_dim),
@@ -398,13 +585,72 @@ pub fn select_cuda(problem: &AttentionProblem, vec_bytes: u32) -> Result<CudaKer
     CudaKernelConfig::new(problem.dtype, head_dim, plan, problem.causal, vec_bytes)
 }
 
-/// Every config [`select_cuda`] or a sweep over [`tile_plans`] can produce: what the NVRTC
-/// compile test builds.
+/// Whether [`select_cuda_on`] picks the wgmma kernel on Hopper. Off until every wgmma plan has
+/// passed `tests/cuda_attention.rs` on the H200: a kernel not seen right there is not a default.
+pub const WGMMA_BY_DEFAULT: bool = false;
+
+/// The default wgmma plan for a head_dim and masking.
+pub fn default_wgmma_plan(head_dim: usize, _causal: bool) -> Option<CudaTilePlan> {
+    wgmma_plans(head_dim).first().copied()
+}
+
+/// Why the wgmma kernel cannot run `problem` on this device, or `None` when it can: it needs a
+/// Hopper GPU, and tensors the copy engine can describe (16-byte aligned starts and strides, no
+/// zero strides; [`tensor_map_spec`](super::tma::tensor_map_spec) has the rules).
+pub fn wgmma_unavailable(problem: &AttentionProblem, vec_bytes: u32, hopper: bool) -> Option<String> {
+    if !hopper {
+        return Some("the wgmma kernel needs a Hopper GPU (sm_90a)".into());
+    }
+    if vec_bytes != 16 {
+        return Some(
+            "a tensor's start or a stride is not a multiple of 16 bytes, which the copy engine (TMA) needs".into(),
+        );
+    }
+    for tensor in [Tensor::Q, Tensor::K, Tensor::V] {
+        if let Err(e) = super::tma::tensor_map_spec(problem, tensor, 64) {
+            return Some(e.to_string());
+        }
+    }
+    None
+}
+
+/// What [`select_cuda_on`] picked, and why not the Hopper kernel when it picked `mma.sync`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct CudaSelection {
+    pub config: CudaKernelConfig,
+    /// Why the wgmma kernel does not run this problem (`None` when it does).
+    pub fallback: Option<String>,
+}
+
+/// The default kernel for a validated problem on a device: the wgmma kernel on Hopper when the
+/// tensors allow TMA (and [`WGMMA_BY_DEFAULT`]), else the `mma.sync` kernel of [`select_cuda`].
+pub fn select_cuda_on(problem: &AttentionProblem, vec_bytes: u32, hopper: bool) -> Result<CudaSelection> {
+    let mma = select_cuda(problem, vec_bytes)?;
+    let plan = default_wgmma_plan(problem.shape.head_dim, problem.causal);
+    let why = match plan {
+        _ if !WGMMA_BY_DEFAULT => Some("the wgmma kernel is not enabled by default yet (WGMMA_BY_DEFAULT)".into()),
+        None => Some(format!("no wgmma plan for head_dim {}", problem.shape.head_dim)),
+        Some(_) => wgmma_unavailable(problem, vec_bytes, hopper),
+    };
+    match (why, plan) {
+        (None, Some(plan)) => Ok(CudaSelection {
+            config: CudaKernelConfig::new(problem.dtype, problem.shape.head_dim, plan, problem.causal, vec_bytes)?,
+            fallback: None,
+        }),
+        (why, _) => Ok(CudaSelection {
+            config: mma,
+            fallback: why,
+        }),
+    }
+}
+
+/// Every config [`select_cuda`], [`select_cuda_on`] or a sweep over [`tile_plans`] and
+/// [`wgmma_plans`] can produce: what the NVRTC compile test builds.
 pub fn all_cuda_configs() -> Vec<CudaKernelConfig> {
     let mut out = Vec::new();
     for dtype in [DType::BF16, DType::F16] {
         for head_dim in CUDA_HEAD_DIMS {
-            for &plan in tile_plans(head_dim) {
+            for &plan in tile_plans(head_dim).iter().chain(wgmma_plans(head_dim)) {
                 for causal in [false, true] {
                     for vec_bytes in [16, 8] {
                         if let Ok(c) = CudaKernelConfig::new(dtype, head_dim, plan, causal, vec_bytes) {
@@ -460,6 +706,76 @@ mod tests {
             }
         }
         assert!(tile_plans(96).is_empty());
+    }
+
+    #[test]
+    fn wgmma_plans_fit_the_hopper_budgets() {
+        for d in CUDA_HEAD_DIMS {
+            let plans = wgmma_plans(d);
+            assert!(!plans.is_empty());
+            assert_eq!(default_wgmma_plan(d, false), Some(plans[0]));
+            for &p in plans {
+                for causal in [false, true] {
+                    let c = CudaKernelConfig::new(DType::BF16, d, p, causal, 16).unwrap();
+                    assert!(c.is_wgmma());
+                    assert_eq!(c.threads(), 384);
+                    assert!(c.smem_bytes() <= 227 * 1024, "{} needs {}", c.name(), c.smem_bytes());
+                    assert!(c.name().starts_with("flash_fwd_wgmma_bf16_"), "{}", c.name());
+                    // 8-byte aligned tensors cannot be described to the copy engine.
+                    assert!(matches!(
+                        CudaKernelConfig::new(DType::BF16, d, p, causal, 8),
+                        Err(Error::Unavailable { .. })
+                    ));
+                }
+            }
+        }
+        let c = CudaKernelConfig::new(DType::F16, 128, wgmma_plan(128, 2, true, true, false), true, 16).unwrap();
+        assert_eq!(c.name(), "flash_fwd_wgmma_f16_d128_bn128_s2_ov_pp_causal");
+        // Q 32 KiB + 2 stages of K and V (32 KiB each) + 1 KiB for alignment.
+        assert_eq!(c.smem_bytes(), (32 + 2 * 64 + 1) * 1024);
+        let d = c.defines();
+        for want in [
+            "-DFA_STAGES=2",
+            "-DFA_OVERLAP=1",
+            "-DFA_PINGPONG=1",
+            "-DFA_PV_SPLIT=0",
+            "-DFA_BF16=0",
+        ] {
+            assert!(d.contains(&want.to_string()), "{want} in {d:?}");
+        }
+        let g = c.geometry(&problem(128)).unwrap();
+        assert_eq!(g.grid, (1000u32.div_ceil(128), 8, 2));
+        assert_eq!(g.block, (384, 1, 1));
+        // Too many registers (head_dim 256 with 128-key tiles), too many stages, wrong shape.
+        assert!(CudaKernelConfig::new(DType::BF16, 256, wgmma_plan(128, 2, true, true, false), false, 16).is_err());
+        assert!(CudaKernelConfig::new(DType::BF16, 128, wgmma_plan(128, 5, true, true, false), false, 16).is_err());
+        let mut odd = wgmma_plan(128, 2, false, false, false);
+        odd.block_m = 64;
+        assert!(CudaKernelConfig::new(DType::BF16, 128, odd, false, 16).is_err());
+    }
+
+    #[test]
+    fn selection_says_why_the_hopper_kernel_does_not_run() {
+        let p = problem(128);
+        let off_hopper = select_cuda_on(&p, 16, false).unwrap();
+        assert!(!off_hopper.config.is_wgmma());
+        assert!(off_hopper.fallback.is_some());
+        assert_eq!(
+            wgmma_unavailable(&p, 16, false).unwrap(),
+            "the wgmma kernel needs a Hopper GPU (sm_90a)"
+        );
+        assert_eq!(wgmma_unavailable(&p, 16, true), None);
+        assert!(wgmma_unavailable(&p, 8, true).unwrap().contains("16 bytes"));
+        // A zero batch stride (K broadcast over the batch) has no tensor map.
+        let mut l = p.k_layout;
+        l.batch_stride = 0;
+        let why = wgmma_unavailable(&p.with_tensor_layout(Tensor::K, l), 16, true).unwrap();
+        assert!(why.contains("batch stride"), "{why}");
+        let on_hopper = select_cuda_on(&p, 16, true).unwrap();
+        assert_eq!(on_hopper.config.is_wgmma(), WGMMA_BY_DEFAULT);
+        assert_eq!(on_hopper.fallback.is_none(), WGMMA_BY_DEFAULT);
+        // Wherever the wgmma kernel does not run, the mma.sync default does.
+        assert_eq!(select_cuda_on(&p, 8, true).unwrap().config, select_cuda(&p, 8).unwrap());
     }
 
     #[test]

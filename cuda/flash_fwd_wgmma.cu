@@ -1,0 +1,419 @@
+// FlashAttention-3 style forward for Hopper (sm_90a): K/V tiles streamed by the tensor memory
+// accelerator into a shared-memory ring guarded by mbarriers, a producer warpgroup that issues
+// the copies, and consumer warpgroups that multiply on wgmma (bf16/f16 in, f32 accumulate).
+//
+// Shapes and parameters as flash_fwd_mma.cu (FwdParams in fwd_params.cuh): Q, O [batch, seq_q,
+// num_heads, head_dim] at any strides, K, V [batch, seq_kv, num_kv_heads, head_dim], LSE [batch,
+// num_heads, seq_q] f32. The host encodes one 4-D tensor map (head_dim, seq, heads, batch) per
+// input with 64-column boxes and 128-byte swizzling (src/cuda/tma.rs) and passes them by value;
+// layouts the copy engine cannot describe (strides that are not multiples of 16 bytes) run the
+// mma.sync kernel instead (src/cuda/plan.rs says so).
+//
+// Who owns what.
+// * A CTA (384 threads = 3 warpgroups, one per SM) owns BLOCK_M = 128 query rows of one
+//   (batch, head): grid = (q tiles, num_heads, batch). It streams the K/V tiles those rows see,
+//   BLOCK_N keys at a time, through STAGES shared-memory stages.
+// * Warpgroup 0 is the producer: one thread issues the bulk tensor copies (Q once, then K and V
+//   of every tile, each landing on its own "full" mbarrier with the byte count announced), waiting
+//   on a stage's "empty" mbarrier before refilling it. It needs almost no registers and gives
+//   them up (setmaxnreg.dec to 24) to the consumers (setmaxnreg.inc to 240): 128·24 + 256·240 is
+//   the 64512 the CTA holds at 168 each.
+// * Warpgroups 1 and 2 are consumers, 64 query rows each (wgmma's M). Each computes S = Q·Kᵀ
+//   (64 x BLOCK_N, f32 in registers) with Q and K read by the tensor cores straight from shared
+//   memory, the online softmax on S in registers (exp2, scale·log2 e folded in), and O += P·V
+//   with P converted in registers to wgmma's A fragment (the S accumulator layout of two n8 slabs
+//   is exactly the A layout of one k16 step) and V read from shared memory transposed.
+// * A thread (warp w of its warpgroup, lane 4g + q) owns rows 16w + g and 16w + g + 8 of its
+//   warpgroup's 64: for each, 2 of every 8 columns of S and O. Row max and sum are combined over
+//   the 4 lanes of a quad with two shuffles.
+//
+// Overlap (FA_OVERLAP): inside a warpgroup, S(j) = Q·K(j)ᵀ and O += P(j-1)·V(j-1) are issued
+// back to back, and the softmax of tile j runs while the tensor cores finish P(j-1)·V(j-1); P is
+// kept as packed 16-bit registers beside S for that. Ping-pong (FA_PINGPONG): the two consumer
+// warpgroups take turns issuing their GEMMs (named barriers 1 and 2, 256 threads), so one's
+// softmax runs while the other's GEMMs occupy the tensor cores.
+//
+// Why these sizes. Registers per consumer thread: O is 64·head_dim/128 f32 (64 at head_dim 128,
+// 128 at 256), S 64·BLOCK_N/128 (64 at BLOCK_N 128), P half of S: at head_dim 128 with 128-key
+// tiles about 160 plus addresses and softmax state, inside 240. At head_dim 256 O alone is 128,
+// so BLOCK_N drops to 64. Shared memory: Q (128 x head_dim) + STAGES · (K + V) (BLOCK_N x
+// head_dim each), 16-bit: head_dim 128, BLOCK_N 128, 2 stages = 32 + 2·64 = 160 KiB; head_dim
+// 256, BLOCK_N 64 = 64 + 2·64 = 192 KiB; one CTA per SM either way, which the 384 threads at
+// 168 registers already imply.
+//
+// Shared-memory tiles are what the copy engine writes: per 64-column panel of head_dim, rows of
+// 128 bytes with 16-byte chunk c of row r at chunk c ^ (r % 8) (128-byte swizzle), panels one
+// after another; each panel starts 1024-byte aligned, as the swizzle and wgmma's descriptors
+// (sm90_ptx.cuh) need.
+//
+// Compile-time parameters (-D, set by src/cuda/plan.rs): FA_HEAD_DIM, FA_BLOCK_N, FA_STAGES,
+// FA_CAUSAL, FA_BF16, FA_OVERLAP, FA_PINGPONG, FA_PV_SPLIT (1: O += P·V as one N=64 wgmma per
+// head_dim panel instead of one N=head_dim wgmma), KERNEL_NAME.
+#include "mma_ptx.cuh"
+#include "fwd_params.cuh"
+#include "sm90_ptx.cuh"
+#include "wgmma_gen.cuh"
+
+#ifndef KERNEL_NAME
+#error "KERNEL_NAME must be defined (the kernel's config name)"
+#endif
+
+constexpr int HEAD_DIM = FA_HEAD_DIM;
+constexpr int BLOCK_N = FA_BLOCK_N;
+constexpr int STAGES = FA_STAGES;
+constexpr bool CAUSAL = FA_CAUSAL != 0;
+constexpr bool IS_BF16 = FA_BF16 != 0;
+constexpr bool OVERLAP = FA_OVERLAP != 0;
+constexpr bool PINGPONG = FA_PINGPONG != 0;
+constexpr bool PV_SPLIT = FA_PV_SPLIT != 0;
+
+constexpr int CONSUMERS = 2;
+constexpr int WG_ROWS = 64;  // wgmma's M
+constexpr int BLOCK_M = CONSUMERS * WG_ROWS;
+constexpr int THREADS = 128 * (1 + CONSUMERS);
+constexpr int PRODUCER_REGS = 24;
+constexpr int CONSUMER_REGS = 240;
+constexpr int PANELS = HEAD_DIM / 64;   // 64-column swizzle panels per row
+constexpr u32 ROW_BYTES = 128;          // one panel row
+constexpr u32 Q_PANEL_BYTES = BLOCK_M * ROW_BYTES;
+constexpr u32 KV_PANEL_BYTES = BLOCK_N * ROW_BYTES;
+constexpr u32 Q_BYTES = PANELS * Q_PANEL_BYTES;
+constexpr u32 KV_BYTES = PANELS * KV_PANEL_BYTES;
+constexpr u32 STAGE_BYTES = 2 * KV_BYTES;  // K then V
+constexpr int S_REGS = BLOCK_N / 2;        // 64 x BLOCK_N f32 over 128 threads
+constexpr int O_REGS = HEAD_DIM / 2;
+constexpr int K_STEPS = HEAD_DIM / 16;  // k16 steps of Q·Kᵀ
+constexpr int PV_STEPS = BLOCK_N / 16;  // k16 steps of P·V
+constexpr float LN2 = 0.6931471805599453f;
+// Named barriers (0 is __syncthreads): ping-pong turns of consumer 0 and 1, then one per
+// consumer warpgroup for its epilogue.
+constexpr int BAR_TURN = 1;
+constexpr int BAR_EPILOGUE = 3;
+
+static_assert(HEAD_DIM % 64 == 0 && HEAD_DIM <= 256, "head_dim is whole 64-column panels, N <= 256");
+static_assert(BLOCK_N == 64 || BLOCK_N == 128 || BLOCK_N == 256, "S is one wgmma of N = BLOCK_N");
+static_assert(STAGES >= 2 && STAGES <= 4, "a 2-4 stage ring");
+static_assert(PRODUCER_REGS * 128 + CONSUMER_REGS * 128 * CONSUMERS <= 65536, "register file");
+static_assert(Q_BYTES + STAGES * STAGE_BYTES + 1024 <= 227 * 1024, "shared memory");
+
+struct TmaMaps {
+    TensorMap q, k, v;
+};
+
+extern "C" __global__ void __launch_bounds__(THREADS, 1)
+    KERNEL_NAME(const __grid_constant__ FwdParams p, const __grid_constant__ TmaMaps maps) {
+    extern __shared__ __align__(1024) unsigned char smem_raw[];
+    // q_full, then k_full[STAGES], v_full[STAGES], empty[STAGES].
+    __shared__ __align__(8) u64 bars[1 + 3 * STAGES];
+
+    // The dynamic buffer's start is not promised to be 1024-byte aligned: round up (the host
+    // asks for 1024 bytes more than the tiles need).
+    const u32 s_q = (smem_addr(smem_raw) + 1023u) & ~1023u;
+    const u32 s_kv = s_q + Q_BYTES;  // stage s: K at s_kv + s·STAGE_BYTES, V KV_BYTES later
+    const u32 bar_q = smem_addr(&bars[0]);
+    auto bar_k_full = [&](int s) { return bar_q + 8u * (1 + s); };
+    auto bar_v_full = [&](int s) { return bar_q + 8u * (1 + STAGES + s); };
+    auto bar_empty = [&](int s) { return bar_q + 8u * (1 + 2 * STAGES + s); };
+
+    const int tid = threadIdx.x;
+    const int wg = tid / 128;
+    // Causal: the last query tiles see the most keys; launch them first so the long CTAs don't
+    // start last and leave the tail of the grid running alone.
+    const int q_tile = CAUSAL ? (int)(gridDim.x - 1 - blockIdx.x) : (int)blockIdx.x;
+    const int head = blockIdx.y;
+    const int batch = blockIdx.z;
+    const int kv_head = head / p.group_size;
+    const int m0 = q_tile * BLOCK_M;
+    const int n_end = visible_keys_end<CAUSAL>(p, m0, BLOCK_M);
+    const int n_tiles = (n_end + BLOCK_N - 1) / BLOCK_N;
+
+    if (tid == 0) {
+        mbar_init(bar_q, 1);
+        for (int s = 0; s < STAGES; ++s) {
+            mbar_init(bar_k_full(s), 1);
+            mbar_init(bar_v_full(s), 1);
+            mbar_init(bar_empty(s), CONSUMERS * 4);  // one arrival per consumer warp
+        }
+        mbar_fence_init();
+    }
+    __syncthreads();
+
+    if (wg == 0) {
+        // ---- producer ----
+        regs_dealloc<PRODUCER_REGS>();
+        if (tid == 0) {
+            mbar_arrive_expect_tx(bar_q, Q_BYTES);
+#pragma unroll
+            for (int pn = 0; pn < PANELS; ++pn)
+                tma_load_4d(s_q + pn * Q_PANEL_BYTES, &maps.q, pn * 64, m0, head, batch, bar_q);
+            for (int j = 0; j < n_tiles; ++j) {
+                const int s = j % STAGES;
+                // Use u = j / STAGES of stage s waits for the consumers' release of use u - 1.
+                mbar_wait(bar_empty(s), ((j / STAGES) & 1) ^ 1);
+                const int n0 = j * BLOCK_N;
+                const u32 k_dst = s_kv + s * STAGE_BYTES;
+                mbar_arrive_expect_tx(bar_k_full(s), KV_BYTES);
+#pragma unroll
+                for (int pn = 0; pn < PANELS; ++pn)
+                    tma_load_4d(k_dst + pn * KV_PANEL_BYTES, &maps.k, pn * 64, n0, kv_head, batch, bar_k_full(s));
+                mbar_arrive_expect_tx(bar_v_full(s), KV_BYTES);
+#pragma unroll
+                for (int pn = 0; pn < PANELS; ++pn)
+                    tma_load_4d(k_dst + KV_BYTES + pn * KV_PANEL_BYTES, &maps.v, pn * 64, n0, kv_head, batch,
+                                bar_v_full(s));
+            }
+        }
+        return;
+    }
+
+    // ---- consumers ----
+    regs_alloc<CONSUMER_REGS>();
+    const int cw = wg - 1;          // consumer 0 or 1
+    const int t = tid - 128 * wg;   // thread in the warpgroup
+    const int warp = t / 32;
+    const int lane = t % 32;
+    const int wg_m0 = m0 + cw * WG_ROWS;
+    const int local_row = 16 * warp + lane / 4;  // this thread's rows: local_row and local_row + 8
+    const int row0 = wg_m0 + local_row;
+    const u32 q_wg = s_q + cw * WG_ROWS * ROW_BYTES;  // this warpgroup's 64 rows of every Q panel
+
+    // Descriptors of k-step 0 (stage 0); the others differ only in the start address, added in
+    // 16-byte units (the field cannot overflow: shared addresses are below 2^18).
+    const u64 q_desc = wgmma_desc(q_wg, 16, 1024);
+    const u64 k_desc = wgmma_desc(s_kv, 16, 1024);
+    const u64 v_desc = wgmma_desc(s_kv + KV_BYTES, PV_SPLIT ? 1024 : KV_PANEL_BYTES, 1024);
+    auto desc_add = [](u64 d, u32 bytes) { return d + (u64)(bytes >> 4); };
+
+    float o[O_REGS];
+    float s_acc[S_REGS];
+    u32 pf[PV_STEPS][4];  // P of the previous tile as wgmma A fragments
+    float row_max[2] = {NEG_INF, NEG_INF};  // running max of the log2-scaled scores
+    float row_sum[2] = {0.f, 0.f};          // this thread's part of the running sum
+#pragma unroll
+    for (int i = 0; i < O_REGS; ++i) o[i] = 0.f;
+#pragma unroll
+    for (int i = 0; i < S_REGS; ++i) s_acc[i] = 0.f;
+
+    auto issue_qk = [&](int s) {
+        const u32 stage = s * STAGE_BYTES;
+#pragma unroll
+        for (int kk = 0; kk < K_STEPS; ++kk) {
+            const u32 off = (kk % 4) * 32u;  // k16 step inside a 64-column panel
+            wgmma_ss<BLOCK_N, IS_BF16>(s_acc, desc_add(q_desc, (kk / 4) * Q_PANEL_BYTES + off),
+                                       desc_add(k_desc, stage + (kk / 4) * KV_PANEL_BYTES + off), kk > 0);
+        }
+    };
+    auto issue_pv = [&](int s) {
+        const u32 stage = s * STAGE_BYTES;
+#pragma unroll
+        for (int kk = 0; kk < PV_STEPS; ++kk) {
+            const u32 off = stage + kk * 16 * ROW_BYTES;  // 16 keys down
+            if constexpr (PV_SPLIT) {
+#pragma unroll
+                for (int pn = 0; pn < PANELS; ++pn)
+                    wgmma_rs<64, IS_BF16>(*reinterpret_cast<float(*)[32]>(&o[32 * pn]), pf[kk],
+                                          desc_add(v_desc, off + pn * KV_PANEL_BYTES), 1);
+            } else {
+                wgmma_rs<HEAD_DIM, IS_BF16>(o, pf[kk], desc_add(v_desc, off), 1);
+            }
+        }
+    };
+    // P's registers are read by an in-flight wgmma until the wait that ends its group: the fence
+    // after that wait keeps the compiler from reusing them for anything else earlier.
+    auto fence_p = [&]() {
+#pragma unroll
+        for (int kk = 0; kk < PV_STEPS; ++kk) fence_regs(pf[kk]);
+    };
+    auto turn_begin = [&]() {
+        if constexpr (PINGPONG) named_bar_sync(BAR_TURN + cw, 2 * 128);
+    };
+    auto turn_end = [&]() {
+        if constexpr (PINGPONG) named_bar_arrive(BAR_TURN + (1 - cw), 2 * 128);
+    };
+    auto release = [&](int s) {
+        __syncwarp();
+        if (lane == 0) mbar_arrive(bar_empty(s));
+    };
+
+    // Online softmax of tile j in place: s_acc becomes P (f32), the running max and sum move on,
+    // and alpha is what O (accumulated under the old max) must be multiplied by.
+    auto softmax = [&](int j, float (&alpha)[2]) {
+        const int n0 = j * BLOCK_N;
+#pragma unroll
+        for (int i = 0; i < S_REGS; ++i) s_acc[i] *= p.scale_log2;
+        // Mask past the end of the keys, or right of some row's diagonal.
+        const bool need_mask =
+            n0 + BLOCK_N > p.seq_kv || (CAUSAL && (i64)n0 + BLOCK_N - 1 > (i64)wg_m0 + p.causal_offset);
+        if (need_mask) {
+#pragma unroll
+            for (int i = 0; i < S_REGS; ++i) {
+                const int col = n0 + 8 * (i / 4) + 2 * (lane % 4) + (i & 1);
+                const int row = row0 + 8 * ((i >> 1) & 1);
+                const bool hidden = col >= p.seq_kv || (CAUSAL && (i64)col > (i64)row + p.causal_offset);
+                if (hidden) s_acc[i] = NEG_INF;
+            }
+        }
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+            float mx = row_max[r];
+#pragma unroll
+            for (int jn = 0; jn < BLOCK_N / 8; ++jn) mx = fmaxf(mx, fmaxf(s_acc[4 * jn + 2 * r], s_acc[4 * jn + 2 * r + 1]));
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+            // A row that has seen only masked keys keeps max -inf; subtract 0 instead so that
+            // exp2(-inf - -inf) never makes a NaN. Its probabilities are all exp2(-inf) = 0.
+            const float m_use = mx == NEG_INF ? 0.f : mx;
+            alpha[r] = ex2(row_max[r] - m_use);
+            row_max[r] = mx;
+            float sum = 0.f;
+#pragma unroll
+            for (int jn = 0; jn < BLOCK_N / 8; ++jn) {
+                s_acc[4 * jn + 2 * r] = ex2(s_acc[4 * jn + 2 * r] - m_use);
+                s_acc[4 * jn + 2 * r + 1] = ex2(s_acc[4 * jn + 2 * r + 1] - m_use);
+                sum += s_acc[4 * jn + 2 * r] + s_acc[4 * jn + 2 * r + 1];
+            }
+            row_sum[r] = row_sum[r] * alpha[r] + sum;
+        }
+    };
+    auto rescale_o = [&](const float (&alpha)[2]) {
+#pragma unroll
+        for (int i = 0; i < O_REGS; ++i) o[i] *= alpha[(i >> 1) & 1];
+    };
+    // S accumulators of n8 slabs 2kk and 2kk+1 = the A fragment of k-step kk.
+    auto pack_p = [&]() {
+#pragma unroll
+        for (int kk = 0; kk < PV_STEPS; ++kk)
+#pragma unroll
+            for (int x = 0; x < 4; ++x) pf[kk][x] = pack2<IS_BF16>(s_acc[8 * kk + 2 * x], s_acc[8 * kk + 2 * x + 1]);
+    };
+
+    // Consumer 0 issues first.
+    if (PINGPONG && cw == 1) named_bar_arrive(BAR_TURN + 0, 2 * 128);
+
+    mbar_wait(bar_q, 0);
+    if (n_tiles > 0) {
+        if constexpr (OVERLAP) {
+            float alpha[2];
+            mbar_wait(bar_k_full(0), 0);
+            turn_begin();
+            fence_regs(s_acc);
+            wgmma_fence();
+            issue_qk(0);
+            wgmma_commit();
+            turn_end();
+            wgmma_wait<0>();
+            fence_regs(s_acc);
+            softmax(0, alpha);
+            pack_p();
+            for (int j = 1; j < n_tiles; ++j) {
+                const int s = j % STAGES, sp = (j - 1) % STAGES;
+                mbar_wait(bar_k_full(s), (j / STAGES) & 1);
+                mbar_wait(bar_v_full(sp), ((j - 1) / STAGES) & 1);
+                turn_begin();
+                fence_regs(s_acc);
+                fence_regs(o);
+                fence_p();
+                wgmma_fence();
+                issue_qk(s);
+                wgmma_commit();
+                issue_pv(sp);
+                wgmma_commit();
+                turn_end();
+                wgmma_wait<1>();  // S(j) is done; P(j-1)·V(j-1) may still run
+                fence_regs(s_acc);
+                softmax(j, alpha);
+                wgmma_wait<0>();
+                fence_regs(o);
+                fence_p();
+                release(sp);
+                rescale_o(alpha);
+                pack_p();
+            }
+            const int sl = (n_tiles - 1) % STAGES;
+            mbar_wait(bar_v_full(sl), ((n_tiles - 1) / STAGES) & 1);
+            turn_begin();
+            fence_regs(o);
+            wgmma_fence();
+            issue_pv(sl);
+            wgmma_commit();
+            turn_end();
+            wgmma_wait<0>();
+            fence_regs(o);
+            fence_p();
+            release(sl);
+        } else {
+            for (int j = 0; j < n_tiles; ++j) {
+                const int s = j % STAGES;
+                const u32 parity = (j / STAGES) & 1;
+                float alpha[2];
+                mbar_wait(bar_k_full(s), parity);
+                turn_begin();
+                fence_regs(s_acc);
+                wgmma_fence();
+                issue_qk(s);
+                wgmma_commit();
+                turn_end();
+                wgmma_wait<0>();
+                fence_regs(s_acc);
+                softmax(j, alpha);
+                rescale_o(alpha);
+                pack_p();
+                mbar_wait(bar_v_full(s), parity);
+                turn_begin();
+                fence_regs(o);
+                wgmma_fence();
+                issue_pv(s);
+                wgmma_commit();
+                turn_end();
+                wgmma_wait<0>();
+                fence_regs(o);
+                fence_p();
+                release(s);
+            }
+        }
+    }
+
+    // ---- epilogue ----
+    // This warpgroup's rows of the Q tile are free now (its last Q·Kᵀ has completed, and only it
+    // reads them): stage O there in the same swizzled layout (conflict-free 4-byte stores), then
+    // write whole 16-byte row chunks to global memory.
+    named_bar_sync(BAR_EPILOGUE + cw, 128);
+    float inv[2];
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+        float sum = row_sum[r];
+        sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+        sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+        // No visible key: O = 0 and LSE = -inf, as the reference defines it.
+        inv[r] = sum > 0.f ? 1.f / sum : 0.f;
+        const int row = row0 + 8 * r;
+        if (p.lse != nullptr && lane % 4 == 0 && row < p.seq_q) {
+            const float lse = sum > 0.f ? row_max[r] * LN2 + logf(sum) : NEG_INF;
+            p.lse[((i64)batch * p.num_heads + head) * p.seq_q + row] = lse;
+        }
+    }
+#pragma unroll
+    for (int jn = 0; jn < HEAD_DIM / 8; ++jn)
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+            const int lr = local_row + 8 * r;
+            const u32 packed = pack2<IS_BF16>(o[4 * jn + 2 * r] * inv[r], o[4 * jn + 2 * r + 1] * inv[r]);
+            const u32 addr = q_wg + (jn / 8) * Q_PANEL_BYTES + lr * ROW_BYTES + (((jn % 8) ^ (lr & 7)) << 4) + (lane % 4) * 4;
+            st_shared_u32(addr, packed);
+        }
+    named_bar_sync(BAR_EPILOGUE + cw, 128);
+    u16* out = p.o + batch * p.o_batch_stride + head * p.o_head_stride;
+    constexpr int CHUNKS = HEAD_DIM / 8;  // 16-byte chunks per row
+#pragma unroll
+    for (int k = 0; k < WG_ROWS * CHUNKS / 128; ++k) {
+        const int i = t + 128 * k;
+        const int lr = i / CHUNKS;
+        const int c = i % CHUNKS;
+        const int row = wg_m0 + lr;
+        if (row < p.seq_q) {
+            u32 val[4];
+            ld_shared_v4(q_wg + (c / 8) * Q_PANEL_BYTES + lr * ROW_BYTES + (((c % 8) ^ (lr & 7)) << 4), val);
+            st_global_v4(out + (i64)row * p.o_seq_stride + c * 8, val);
+        }
+    }
+}
