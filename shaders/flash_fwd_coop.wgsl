@@ -47,7 +47,12 @@ var<workgroup> rows_f16: array<f16, max(BLOCK_M, BLOCK_N) * TILE_STRIDE>;
 // Per subgroup: 16 rows of scores (also a 16 × 16 window when the output is rescaled).
 var<workgroup> scores: array<f32, SUBGROUPS * 16u * S_STRIDE>;
 var<workgroup> probs: array<f16, SUBGROUPS * 16u * P_STRIDE>;
-var<workgroup> rescale_flag: u32;
+// Whether any row's reference max moved this tile. A vec4 although one word is used: the driver
+// lays out workgroup variables in an order of its own, and cooperative loads and stores need
+// 16-byte-aligned addresses; with a 4-byte variable placed first, every array after it was off
+// by 4 bytes on the H200 and the products silently read shifted rows (BENCHMARKS.md). With every
+// variable a multiple of 16 bytes, any order keeps them aligned.
+var<workgroup> rescale_flag: vec4<u32>;
 
 @group(0) @binding(1) var<storage, read> q: array<Granule>;
 @group(0) @binding(2) var<storage, read> k: array<Granule>;
@@ -108,11 +113,13 @@ fn flash_fwd_coop(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocatio
     stage_rows(STAGE_Q, b, head, m0, BLOCK_M, params.seq_q, li);
     workgroupBarrier();
     var q_frag: array<coop_mat16x16<f16, A>, D_BLOCKS>;
+    // @unroll
     for (var d = 0u; d < D_BLOCKS; d++) {
         q_frag[d] = coopLoadT<coop_mat16x16<f16, A>>(&rows_f16[sg * 16u * TILE_STRIDE + 16u * d], TILE_STRIDE);
     }
 
     var o_frag: array<coop_mat16x16<f32, C>, D_BLOCKS>;
+    // @unroll
     for (var d = 0u; d < D_BLOCKS; d++) {
         o_frag[d] = coop_mat16x16<f32, C>();
     }
@@ -123,7 +130,7 @@ fn flash_fwd_coop(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocatio
         let n0 = t * BLOCK_N;
         workgroupBarrier(); // everyone is done with rows_f16 (Q fragments, last tile's V)
         if (li == 0u) {
-            rescale_flag = 0u;
+            rescale_flag.x = 0u;
         }
         stage_rows(STAGE_K, b, kv_head, n0, BLOCK_N, params.seq_kv, li);
         workgroupBarrier();
@@ -132,16 +139,20 @@ fn flash_fwd_coop(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocatio
         // head_dim blocks outside, key blocks inside: N_BLOCKS independent accumulators keep
         // the matrix units busy instead of one chain of dependent multiply-adds.
         var s_frag: array<coop_mat16x16<f32, C>, N_BLOCKS>;
+        // @unroll
         for (var j = 0u; j < N_BLOCKS; j++) {
             s_frag[j] = coop_mat16x16<f32, C>();
         }
+        // @unroll
         for (var d = 0u; d < D_BLOCKS; d++) {
+            // @unroll
             for (var j = 0u; j < N_BLOCKS; j++) {
                 // Kᵀ as a column-major B: element (d, n) is K row n, column d.
                 let k_frag = coopLoad<coop_mat16x16<f16, B>>(&rows_f16[16u * j * TILE_STRIDE + 16u * d], TILE_STRIDE);
                 s_frag[j] = coopMultiplyAdd(q_frag[d], k_frag, s_frag[j]);
             }
         }
+        // @unroll
         for (var j = 0u; j < N_BLOCKS; j++) {
             coopStoreT(s_frag[j], &scores[my_scores + 16u * j], S_STRIDE);
         }
@@ -172,7 +183,7 @@ fn flash_fwd_coop(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocatio
         }
         let alpha = exp2(m_used - m_new);
         if (t > 0u && m_new != m_used) {
-            rescale_flag = 1u; // the same value from every writer
+            rescale_flag.x = 1u; // the same value from every writer
         }
         m_used = m_new;
         l_part *= alpha;
@@ -187,7 +198,8 @@ fn flash_fwd_coop(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocatio
         }
 
         // ---- rare: rescale the output rows whose reference max moved ----
-        if (workgroupUniformLoad(&rescale_flag) != 0u) {
+        if (workgroupUniformLoad(&rescale_flag).x != 0u) {
+            // @unroll
             for (var d = 0u; d < D_BLOCKS; d++) {
                 coopStoreT(o_frag[d], &scores[my_scores], S_STRIDE);
                 workgroupBarrier();
@@ -201,8 +213,10 @@ fn flash_fwd_coop(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocatio
         workgroupBarrier(); // V staged, P written
 
         // ---- O += P V ----
+        // @unroll
         for (var j = 0u; j < N_BLOCKS; j++) {
             let p_frag = coopLoadT<coop_mat16x16<f16, A>>(&probs[my_probs + 16u * j], P_STRIDE);
+            // @unroll
             for (var d = 0u; d < D_BLOCKS; d++) {
                 let v_frag = coopLoadT<coop_mat16x16<f16, B>>(&rows_f16[16u * j * TILE_STRIDE + 16u * d], TILE_STRIDE);
                 o_frag[d] = coopMultiplyAdd(p_frag, v_frag, o_frag[d]);
@@ -214,6 +228,7 @@ fn flash_fwd_coop(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocatio
     let l = l_part + subgroupShuffleXor(l_part, 16u);
     let inv_l = select(0.0, 1.0 / l, l > 0.0);
     let out_row = row_granule(params.o, b, row, head);
+    // @unroll
     for (var d = 0u; d < D_BLOCKS; d++) {
         workgroupBarrier();
         coopStoreT(o_frag[d], &scores[my_scores], S_STRIDE);

@@ -259,6 +259,18 @@ fn probe_sources_compile() {
     }
     let kernel = crate::shaders::KernelConfig::FlashCoop(crate::select::CoopConfig::new(64, 64, 64));
     crate::spirv_coherence::compile("taps", &(kernel.source() + TAPS)).unwrap_or_else(|e| panic!("taps: {e}"));
+    for (name, body) in bisect_entries() {
+        let entry = format!("@compute @workgroup_size(WORKGROUP_SIZE)\nfn {name}(@builtin(local_invocation_index) li: u32) {{\n{body}}}\n");
+        let source =
+            crate::unroll::unroll_loops(&(kernel.source() + TAPS + &entry), &[("D_BLOCKS", 4), ("N_BLOCKS", 4)])
+                .unwrap();
+        crate::spirv_coherence::compile(name, &source).unwrap_or_else(|e| panic!("{name}: {e}"));
+    }
+    for (name, marker, dump) in STOPS {
+        let source = kernel.source().replacen(marker, &format!("{dump}{marker}"), 1);
+        let source = crate::unroll::unroll_loops(&source, &[("D_BLOCKS", 4)]).unwrap();
+        crate::spirv_coherence::compile(name, &source).unwrap_or_else(|e| panic!("{name}: {e}"));
+    }
 }
 
 #[test]
@@ -379,103 +391,21 @@ fn tap_scores(@builtin(local_invocation_index) li: u32) {
 }
 "#;
 
-/// Runs the matrix kernel's module with [`TAPS`] appended on a 16-query, 64-key, head_dim 64
-/// problem and reports, tap by tap, whether what each stage holds is what it should.
-#[test]
-#[ignore = "diagnostic: run with --ignored --nocapture on a device with cooperative matrices"]
-fn coop_kernel_taps() {
-    use crate::params::{Params, TensorStrides};
-    use crate::problem::{AttentionProblem, AttentionShape, DType, Tensor};
-    use crate::select::CoopConfig;
-    use crate::shaders::KernelConfig;
+/// The matrix kernel's module (with [`TAPS`] appended) on the device, through wgpu's WGSL path or
+/// through our coherent SPIR-V, with the bindings the kernel expects.
+struct KernelRig<'a> {
+    ctx: &'a GpuContext,
+    source: String,
+    workgroup_size: u32,
+    group_layout: wgpu::BindGroupLayout,
+    layout: wgpu::PipelineLayout,
+}
 
-    let Ok(ctx) = pollster::block_on(GpuContext::new()) else {
-        return;
-    };
-    if !ctx.caps.cooperative_matrix_f16 {
-        eprintln!("coop_kernel_taps: no cooperative matrices on {}", ctx.info.name);
-        return;
-    }
-    let shape = AttentionShape {
-        batch: 1,
-        seq_q: 16,
-        seq_kv: 64,
-        num_heads: 1,
-        num_kv_heads: 1,
-        head_dim: 64,
-    };
-    let problem = AttentionProblem::new(shape, DType::F16);
-    let q: Vec<half::f16> = crate::testing::random_tensor(1, problem.required_len(Tensor::Q));
-    let k: Vec<half::f16> = crate::testing::random_tensor(2, problem.required_len(Tensor::K));
-    let source = KernelConfig::FlashCoop(CoopConfig::new(64, 64, 64)).source() + TAPS;
-    let mut params = Params::for_problem(&problem, 1.0);
-    params.q = TensorStrides::new(&problem.q_layout, 0);
-    params.k = TensorStrides::new(&problem.k_layout, 0);
-    params.v = params.k;
-    params.o = TensorStrides::new(&problem.o_layout, 0);
-    params.num_q_tiles = 1;
-    let device = &ctx.device;
-    let up = |data: &[u8]| {
-        crate::readback::upload(
-            device,
-            "tap",
-            data,
-            wgpu::BufferUsages::COPY_SRC | wgpu::BufferUsages::COPY_DST,
-        )
-    };
-    let uniform = wgpu::util::DeviceExt::create_buffer_init(
-        device,
-        &wgpu::util::BufferInitDescriptor {
-            label: None,
-            contents: bytemuck::bytes_of(&params),
-            usage: wgpu::BufferUsages::UNIFORM,
-        },
-    );
-    let (qb, kb) = (up(bytemuck::cast_slice(&q)), up(bytemuck::cast_slice(&k)));
-    let ob = up(&[0xffu8; 64 * 64 * 2]);
-    let lse = up(&[0u8; 256]);
-    let qf = |r: usize, c: usize| q[r * 64 + c].to_f32();
-    let kf = |r: usize, c: usize| k[r * 64 + c].to_f32();
-    // (entry, rows, cols, expected value at (r, c))
-    type Expected<'a> = (&'a str, usize, usize, Box<dyn Fn(usize, usize) -> f32 + 'a>);
-    let expected: [Expected; 3] = [
-        ("tap_stage_q", 16, 64, Box::new(qf)),
-        ("tap_q_fragment", 16, 16, Box::new(qf)),
-        (
-            "tap_scores",
-            16,
-            64,
-            Box::new(move |r, c| (0..64).map(|d| qf(r, d) * kf(c, d)).sum()),
-        ),
-    ];
-    for coherent in [false, true] {
-        let module = if coherent {
-            let words = match crate::spirv_coherence::compile("taps", &source) {
-                Ok(w) => w,
-                Err(e) => return eprintln!("coop_kernel_taps: {e}"),
-            };
-            let entries: Vec<wgpu::PassthroughShaderEntryPoint> = ["tap_stage_q", "tap_q_fragment", "tap_scores"]
-                .iter()
-                .map(|n| wgpu::PassthroughShaderEntryPoint {
-                    name: Cow::Borrowed(*n),
-                    workgroup_size: (128, 1, 1),
-                })
-                .collect();
-            // SAFETY: naga's validated translation, strengthened by spirv_coherence.
-            unsafe {
-                device.create_shader_module_passthrough(wgpu::ShaderModuleDescriptorPassthrough {
-                    label: None,
-                    entry_points: Cow::Owned(entries),
-                    spirv: Some(Cow::Owned(words)),
-                    ..Default::default()
-                })
-            }
-        } else {
-            device.create_shader_module(wgpu::ShaderModuleDescriptor {
-                label: None,
-                source: wgpu::ShaderSource::Wgsl(Cow::Borrowed(&source)),
-            })
-        };
+const RIG_ENTRIES: [&str; 4] = ["flash_fwd_coop", "tap_stage_q", "tap_q_fragment", "tap_scores"];
+
+impl<'a> KernelRig<'a> {
+    fn new(ctx: &'a GpuContext, config: crate::select::CoopConfig) -> Self {
+        let device = &ctx.device;
         let entry = |binding: u32, ty| wgpu::BindGroupLayoutEntry {
             binding,
             visibility: wgpu::ShaderStages::COMPUTE,
@@ -504,61 +434,201 @@ fn coop_kernel_taps() {
             bind_group_layouts: &[Some(&group_layout)],
             immediate_size: 0,
         });
+        KernelRig {
+            ctx,
+            source: crate::shaders::KernelConfig::FlashCoop(config).source() + TAPS,
+            workgroup_size: config.workgroup_size(),
+            group_layout,
+            layout,
+        }
+    }
+
+    fn module(&self, coherent: bool) -> Result<wgpu::ShaderModule, String> {
+        let device = &self.ctx.device;
+        if !coherent {
+            return Ok(device.create_shader_module(wgpu::ShaderModuleDescriptor {
+                label: None,
+                source: wgpu::ShaderSource::Wgsl(Cow::Borrowed(&self.source)),
+            }));
+        }
+        let words = crate::spirv_coherence::compile("taps", &self.source).map_err(|e| e.to_string())?;
+        let entries: Vec<wgpu::PassthroughShaderEntryPoint> = RIG_ENTRIES
+            .iter()
+            .map(|n| wgpu::PassthroughShaderEntryPoint {
+                name: Cow::Borrowed(*n),
+                workgroup_size: (self.workgroup_size, 1, 1),
+            })
+            .collect();
+        // SAFETY: naga's validated translation, strengthened by spirv_coherence.
+        Ok(unsafe {
+            device.create_shader_module_passthrough(wgpu::ShaderModuleDescriptorPassthrough {
+                label: None,
+                entry_points: Cow::Owned(entries),
+                spirv: Some(Cow::Owned(words)),
+                ..Default::default()
+            })
+        })
+    }
+
+    /// Runs `entry` over `groups` workgroups; returns O (f16, poisoned with NaN before) and the
+    /// LSE bits.
+    #[allow(clippy::too_many_arguments)]
+    fn dispatch(
+        &self,
+        module: &wgpu::ShaderModule,
+        entry: &str,
+        params: &crate::params::Params,
+        groups: (u32, u32, u32),
+        q: &[half::f16],
+        k: &[half::f16],
+        v: &[half::f16],
+        o_len: usize,
+        lse_len: usize,
+    ) -> Result<(Vec<half::f16>, Vec<u32>), String> {
+        let device = &self.ctx.device;
+        let up = |data: &[u8]| {
+            crate::readback::upload(
+                device,
+                "tap",
+                data,
+                wgpu::BufferUsages::COPY_SRC | wgpu::BufferUsages::COPY_DST,
+            )
+        };
+        let uniform = wgpu::util::DeviceExt::create_buffer_init(
+            device,
+            &wgpu::util::BufferInitDescriptor {
+                label: None,
+                contents: bytemuck::bytes_of(params),
+                usage: wgpu::BufferUsages::UNIFORM,
+            },
+        );
+        let (qb, kb, vb) = (
+            up(bytemuck::cast_slice(q)),
+            up(bytemuck::cast_slice(k)),
+            up(bytemuck::cast_slice(v)),
+        );
+        let ob = up(bytemuck::cast_slice(&vec![half::f16::NAN; o_len]));
+        let lb = up(bytemuck::cast_slice(&vec![0x7fc0_0000u32; lse_len.max(1)]));
+        let scope = device.push_error_scope(wgpu::ErrorFilter::Validation);
+        let pipeline = device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
+            label: None,
+            layout: Some(&self.layout),
+            module,
+            entry_point: Some(entry),
+            compilation_options: Default::default(),
+            cache: None,
+        });
+        if let Some(e) = pollster::block_on(scope.pop()) {
+            return Err(e.to_string());
+        }
+        let buffers = [&uniform, &qb, &kb, &vb, &ob, &lb];
+        let entries: Vec<wgpu::BindGroupEntry> = buffers
+            .iter()
+            .enumerate()
+            .map(|(i, b)| wgpu::BindGroupEntry {
+                binding: i as u32,
+                resource: b.as_entire_binding(),
+            })
+            .collect();
         let group = device.create_bind_group(&wgpu::BindGroupDescriptor {
             label: None,
-            layout: &group_layout,
-            entries: &[
-                wgpu::BindGroupEntry {
-                    binding: 0,
-                    resource: uniform.as_entire_binding(),
-                },
-                wgpu::BindGroupEntry {
-                    binding: 1,
-                    resource: qb.as_entire_binding(),
-                },
-                wgpu::BindGroupEntry {
-                    binding: 2,
-                    resource: kb.as_entire_binding(),
-                },
-                wgpu::BindGroupEntry {
-                    binding: 3,
-                    resource: kb.as_entire_binding(),
-                },
-                wgpu::BindGroupEntry {
-                    binding: 4,
-                    resource: ob.as_entire_binding(),
-                },
-                wgpu::BindGroupEntry {
-                    binding: 5,
-                    resource: lse.as_entire_binding(),
-                },
-            ],
+            layout: &self.group_layout,
+            entries: &entries,
         });
+        let mut encoder = device.create_command_encoder(&Default::default());
+        {
+            let mut pass = encoder.begin_compute_pass(&Default::default());
+            pass.set_pipeline(&pipeline);
+            pass.set_bind_group(0, &group, &[]);
+            pass.dispatch_workgroups(groups.0, groups.1, groups.2);
+        }
+        self.ctx.queue.submit([encoder.finish()]);
+        let ranges = [(&ob, 0, 2 * o_len as u64), (&lb, 0, 4 * lse_len.max(1) as u64)];
+        let bytes = pollster::block_on(read_back(device, &self.ctx.queue, &ranges)).map_err(|e| e.to_string())?;
+        Ok((
+            bytemuck::pod_collect_to_vec(&bytes[0]),
+            bytemuck::pod_collect_to_vec(&bytes[1]),
+        ))
+    }
+}
+
+fn context_with_coop(what: &str) -> Option<GpuContext> {
+    let Ok(ctx) = pollster::block_on(GpuContext::new()) else {
+        eprintln!("{what}: no GPU");
+        return None;
+    };
+    if !ctx.caps.cooperative_matrix_f16 {
+        eprintln!("{what}: no cooperative matrices on {}", ctx.info.name);
+        return None;
+    }
+    Some(ctx)
+}
+
+/// Params for a contiguous [batch, seq, heads, dim] problem, as attention.rs sets them.
+fn kernel_params(problem: &crate::problem::AttentionProblem, block_m: u32) -> crate::params::Params {
+    use crate::params::{Params, TensorStrides};
+    let mut params = Params::for_problem(problem, problem.softmax_scale() * std::f32::consts::LOG2_E);
+    params.q = TensorStrides::new(&problem.q_layout, 0);
+    params.k = TensorStrides::new(&problem.k_layout, 0);
+    params.v = TensorStrides::new(&problem.v_layout, 0);
+    params.o = TensorStrides::new(&problem.o_layout, 0);
+    params.num_q_tiles = problem.shape.seq_q.div_ceil(block_m as usize) as u32;
+    params.write_lse = 1;
+    params
+}
+
+/// Runs the matrix kernel's module with [`TAPS`] appended on a 16-query, 64-key, head_dim 64
+/// problem and reports, tap by tap, whether what each stage holds is what it should.
+#[test]
+#[ignore = "diagnostic: run with --ignored --nocapture on a device with cooperative matrices"]
+fn coop_kernel_taps() {
+    use crate::problem::{AttentionProblem, AttentionShape, DType, Tensor};
+    use crate::select::CoopConfig;
+
+    let Some(ctx) = context_with_coop("coop_kernel_taps") else {
+        return;
+    };
+    let shape = AttentionShape {
+        batch: 1,
+        seq_q: 16,
+        seq_kv: 64,
+        num_heads: 1,
+        num_kv_heads: 1,
+        head_dim: 64,
+    };
+    let problem = AttentionProblem::new(shape, DType::F16);
+    let q: Vec<half::f16> = crate::testing::random_tensor(1, problem.required_len(Tensor::Q));
+    let k: Vec<half::f16> = crate::testing::random_tensor(2, problem.required_len(Tensor::K));
+    let rig = KernelRig::new(&ctx, CoopConfig::new(64, 64, 64));
+    let mut params = kernel_params(&problem, 64);
+    params.scale = 1.0;
+    let qf = |r: usize, c: usize| q[r * 64 + c].to_f32();
+    let kf = |r: usize, c: usize| k[r * 64 + c].to_f32();
+    // (entry, rows, cols, expected value at (r, c))
+    type Expected<'a> = (&'a str, usize, usize, Box<dyn Fn(usize, usize) -> f32 + 'a>);
+    let expected: [Expected; 3] = [
+        ("tap_stage_q", 16, 64, Box::new(qf)),
+        ("tap_q_fragment", 16, 16, Box::new(qf)),
+        (
+            "tap_scores",
+            16,
+            64,
+            Box::new(move |r, c| (0..64).map(|d| qf(r, d) * kf(c, d)).sum()),
+        ),
+    ];
+    for coherent in [false, true] {
+        let module = match rig.module(coherent) {
+            Ok(m) => m,
+            Err(e) => return eprintln!("coop_kernel_taps: {e}"),
+        };
         for (name, rows, cols, want) in &expected {
-            let scope = device.push_error_scope(wgpu::ErrorFilter::Validation);
-            let pipeline = device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
-                label: None,
-                layout: Some(&layout),
-                module: &module,
-                entry_point: Some(name),
-                compilation_options: Default::default(),
-                cache: None,
-            });
-            if let Some(e) = pollster::block_on(scope.pop()) {
-                eprintln!("coop_kernel_taps: {name} coherent={coherent}: {e}");
-                continue;
-            }
-            ctx.queue.write_buffer(&ob, 0, &[0xffu8; 64 * 64 * 2]);
-            let mut encoder = device.create_command_encoder(&Default::default());
-            {
-                let mut pass = encoder.begin_compute_pass(&Default::default());
-                pass.set_pipeline(&pipeline);
-                pass.set_bind_group(0, &group, &[]);
-                pass.dispatch_workgroups(1, 1, 1);
-            }
-            ctx.queue.submit([encoder.finish()]);
-            let bytes = pollster::block_on(read_back(device, &ctx.queue, &[(&ob, 0, 64 * 64 * 2)])).unwrap();
-            let got: Vec<half::f16> = bytemuck::pod_collect_to_vec(&bytes[0]);
+            let got = match rig.dispatch(&module, name, &params, (1, 1, 1), &q, &k, &k, 64 * 64, 16) {
+                Ok((o, _)) => o,
+                Err(e) => {
+                    eprintln!("coop_kernel_taps: {name} coherent={coherent}: {e}");
+                    continue;
+                }
+            };
             let mut wrong = 0;
             let mut first = String::new();
             for r in 0..*rows {
@@ -583,6 +653,388 @@ fn coop_kernel_taps() {
                     format!("WRONG {wrong}/{}: first {first}", rows * cols)
                 }
             );
+        }
+    }
+}
+
+/// The whole matrix kernel on inputs chosen to separate its stages: Q = 0 makes every
+/// probability equal (so O is the mean of V: P·V and the epilogue alone), a one-hot V makes O
+/// the probabilities themselves (the softmax alone), then random inputs on one and several
+/// subgroups and K/V tiles, and large scores that force the rare rescale.
+#[test]
+#[ignore = "diagnostic: run with --ignored --nocapture on a device with cooperative matrices"]
+fn coop_kernel_cases() {
+    use crate::problem::{AttentionProblem, AttentionShape, DType, Tensor};
+    use crate::select::CoopConfig;
+    use half::f16;
+
+    let Some(ctx) = context_with_coop("coop_kernel_cases") else {
+        return;
+    };
+    type Inputs = (Vec<f16>, Vec<f16>, Vec<f16>);
+    // (name, seq_q, seq_kv, causal, block (m, n), make inputs)
+    type Case = (
+        &'static str,
+        usize,
+        usize,
+        bool,
+        (u32, u32),
+        fn(&AttentionProblem) -> Inputs,
+    );
+    fn random(p: &AttentionProblem) -> Inputs {
+        (
+            crate::testing::random_tensor(11, p.required_len(Tensor::Q)),
+            crate::testing::random_tensor(12, p.required_len(Tensor::K)),
+            crate::testing::random_tensor(13, p.required_len(Tensor::V)),
+        )
+    }
+    fn zero_q(p: &AttentionProblem) -> Inputs {
+        let (q, k, v) = random(p);
+        (vec![f16::ZERO; q.len()], k, v)
+    }
+    fn one_hot_v(p: &AttentionProblem) -> Inputs {
+        let (q, k, v) = random(p);
+        let d = p.shape.head_dim;
+        let v = (0..v.len())
+            .map(|i| if (i / d) % d == i % d { f16::ONE } else { f16::ZERO })
+            .collect();
+        (q, k, v)
+    }
+    fn loud(p: &AttentionProblem) -> Inputs {
+        let (q, k, v) = random(p);
+        let q = q
+            .iter()
+            .enumerate()
+            .map(|(i, x)| f16::from_f32(x.to_f32() * (1.0 + (i % 7) as f32)))
+            .collect();
+        (q, k, v)
+    }
+    let cases: [Case; 8] = [
+        ("zero Q (P uniform)", 16, 64, false, (64, 64), zero_q),
+        ("one-hot V (O = P)", 16, 64, false, (64, 64), one_hot_v),
+        ("random 16x64", 16, 64, false, (64, 64), random),
+        ("random 64x64", 64, 64, false, (64, 64), random),
+        ("random 64x256", 64, 256, false, (64, 64), random),
+        ("loud 64x256 (rescale)", 64, 256, false, (64, 64), loud),
+        ("random 100x300 causal", 100, 300, true, (64, 64), random),
+        ("random 128x256 bm128bn32", 128, 256, false, (128, 32), random),
+    ];
+    for coherent in [false, true] {
+        for (name, seq_q, seq_kv, causal, (bm, bn), make) in cases {
+            let shape = AttentionShape {
+                batch: 1,
+                seq_q,
+                seq_kv,
+                num_heads: 1,
+                num_kv_heads: 1,
+                head_dim: 64,
+            };
+            let problem = AttentionProblem::new(shape, DType::F16).with_causal(causal);
+            let (q, k, v) = make(&problem);
+            let want = crate::reference::attention(&problem, &q, &k, &v).unwrap();
+            let rig = KernelRig::new(&ctx, CoopConfig::new(bm, bn, 64));
+            let module = match rig.module(coherent) {
+                Ok(m) => m,
+                Err(e) => return eprintln!("coop_kernel_cases: {e}"),
+            };
+            let params = kernel_params(&problem, bm);
+            let groups = (params.num_q_tiles, 1, 1);
+            let path = if coherent { "coherent SPIR-V" } else { "wgpu WGSL" };
+            match rig.dispatch(
+                &module,
+                "flash_fwd_coop",
+                &params,
+                groups,
+                &q,
+                &k,
+                &v,
+                want.out.len(),
+                want.lse.len(),
+            ) {
+                Ok((o, lse)) => {
+                    let err = crate::testing::ErrorStats::from_pairs(
+                        o.iter().map(|x| x.to_f64()).zip(want.out.iter().copied()),
+                    );
+                    let lse_err = lse
+                        .iter()
+                        .zip(&want.lse)
+                        .map(|(b, w)| (f32::from_bits(*b) as f64 - w).abs())
+                        .fold(0.0, f64::max);
+                    eprintln!(
+                        "coop_kernel_cases: {name:26} {path:16} rel L2 {:.2e} non-finite {} max |lse err| {lse_err:.2e}  row0 got {:?} want {:?}",
+                        err.rel_l2,
+                        err.non_finite,
+                        o[..4].iter().map(|x| x.to_f32()).collect::<Vec<_>>(),
+                        &want.out[..4].iter().map(|x| *x as f32).collect::<Vec<_>>()
+                    );
+                }
+                Err(e) => eprintln!("coop_kernel_cases: {name:26} {path:16} ERROR {e}"),
+            }
+        }
+    }
+}
+
+/// Dumps of subgroup 0's first 16 rows spliced into the matrix kernel's own code at three points
+/// (each a `return` for the whole workgroup): the scores as the kernel's fragment-array loop
+/// computes them, the probabilities P it writes, and the unnormalised output O = P·V.
+const STOPS: [(&str, &str, &str); 3] = [
+    (
+        "stop_scores",
+        "        // V can replace K",
+        "for (var g = li; g < 16u * BLOCK_N / 4u; g += WORKGROUP_SIZE) {
+            let at = (g / (BLOCK_N / 4u)) * S_STRIDE + 4u * (g % (BLOCK_N / 4u));
+            o[g] = pack_granule(vec4<f32>(scores[at], scores[at + 1u], scores[at + 2u], scores[at + 3u]));
+        }
+        return;\n",
+    ),
+    (
+        "stop_probs",
+        "        // ---- rare: rescale",
+        "workgroupBarrier();
+        for (var g = li; g < 16u * BLOCK_N / 4u; g += WORKGROUP_SIZE) {
+            let at = (g / (BLOCK_N / 4u)) * P_STRIDE + 4u * (g % (BLOCK_N / 4u));
+            o[g] = pack_granule(vec4<f32>(vec4<f16>(probs[at], probs[at + 1u], probs[at + 2u], probs[at + 3u])));
+        }
+        return;\n",
+    ),
+    (
+        "stop_pv",
+        "    // ---- epilogue",
+        "// @unroll
+    for (var d = 0u; d < D_BLOCKS; d++) {
+        workgroupBarrier();
+        coopStoreT(o_frag[d], &scores[my_scores], S_STRIDE);
+        workgroupBarrier();
+        for (var g = li; g < 64u; g += WORKGROUP_SIZE) {
+            let at = (g / 4u) * S_STRIDE + 4u * (g % 4u);
+            o[(g / 4u) * DIM_VECS + 4u * d + g % 4u] = pack_granule(vec4<f32>(scores[at], scores[at + 1u], scores[at + 2u], scores[at + 3u]));
+        }
+    }
+    return;\n",
+    ),
+];
+
+/// The kernel stopped at each of [`STOPS`] on a 16-query, 64-key, head_dim 64 problem (one K/V
+/// tile, BLOCK_M 64), against the CPU.
+#[test]
+#[ignore = "diagnostic: run with --ignored --nocapture on a device with cooperative matrices"]
+fn coop_kernel_stops() {
+    use crate::problem::{AttentionProblem, AttentionShape, DType, Tensor};
+    use crate::select::CoopConfig;
+
+    let Some(ctx) = context_with_coop("coop_kernel_stops") else {
+        return;
+    };
+    let shape = AttentionShape {
+        batch: 1,
+        seq_q: 16,
+        seq_kv: 64,
+        num_heads: 1,
+        num_kv_heads: 1,
+        head_dim: 64,
+    };
+    let problem = AttentionProblem::new(shape, DType::F16);
+    let q: Vec<half::f16> = crate::testing::random_tensor(21, problem.required_len(Tensor::Q));
+    let k: Vec<half::f16> = crate::testing::random_tensor(22, problem.required_len(Tensor::K));
+    let v: Vec<half::f16> = crate::testing::random_tensor(23, problem.required_len(Tensor::V));
+    let params = kernel_params(&problem, 64);
+    let at = |m: &[half::f16], r: usize, c: usize| m[r * 64 + c].to_f32();
+    let s: Vec<f32> = (0..16 * 64)
+        .map(|i| (0..64).map(|d| at(&q, i / 64, d) * at(&k, i % 64, d)).sum())
+        .collect();
+    let p: Vec<f32> = (0..16 * 64)
+        .map(|i| {
+            let row = &s[i / 64 * 64..][..64];
+            let max = row.iter().fold(f32::MIN, |a, b| a.max(*b)) * params.scale;
+            half::f16::from_f32((s[i] * params.scale - max).exp2()).to_f32()
+        })
+        .collect();
+    let pv: Vec<f32> = (0..16 * 64)
+        .map(|i| (0..64).map(|n| p[i / 64 * 64 + n] * at(&v, n, i % 64)).sum())
+        .collect();
+    for coherent in [false, true] {
+        for ((name, marker, dump), want) in STOPS.iter().zip([&s, &p, &pv]) {
+            let config = CoopConfig::new(64, 64, 64);
+            let mut rig = KernelRig::new(&ctx, config);
+            assert!(
+                rig.source.contains(marker),
+                "{name}: marker {marker:?} not in the kernel"
+            );
+            let spliced = rig.source.replacen(marker, &format!("{dump}{marker}"), 1);
+            rig.source = crate::unroll::unroll_loops(&spliced, &config.unroll_bounds()).unwrap();
+            let path = if coherent { "coherent SPIR-V" } else { "wgpu WGSL" };
+            let result = rig
+                .module(coherent)
+                .and_then(|m| rig.dispatch(&m, "flash_fwd_coop", &params, (1, 1, 1), &q, &k, &v, 16 * 64, 16));
+            match result {
+                Ok((got, _)) => {
+                    let mut wrong = 0;
+                    let mut first = String::new();
+                    for (i, (g, w)) in got.iter().map(|x| x.to_f32()).zip(want.iter()).enumerate() {
+                        let close = (g - w).abs() <= 2e-2 * (1.0 + w.abs());
+                        if !close {
+                            if wrong == 0 {
+                                first = format!("(r {}, c {}) got {g} want {w}", i / 64, i % 64);
+                            }
+                            wrong += 1;
+                        }
+                    }
+                    let row0: Vec<f32> = got[..8].iter().map(|x| x.to_f32()).collect();
+                    eprintln!(
+                        "coop_kernel_stops: {name:12} {path:16} {} row0 {row0:?} want {:?}",
+                        if wrong == 0 {
+                            "RIGHT".to_string()
+                        } else {
+                            format!("WRONG {wrong}/1024: first {first}")
+                        },
+                        &want[..8]
+                    );
+                }
+                Err(e) => eprintln!("coop_kernel_stops: {name:12} {path:16} ERROR {e}"),
+            }
+        }
+    }
+}
+
+/// Steps from [`TAPS`]' `tap_scores` (right on the H200) towards the kernel's scores (wrong),
+/// one difference at a time: the loop order with an array of accumulators, the K/V tile loop
+/// around the product, and the output fragments kept live across it.
+fn bisect_entries() -> Vec<(&'static str, String)> {
+    let prefix = "let sg = li / SUBGROUP;
+    stage_rows(STAGE_Q, 0u, 0u, 0u, BLOCK_M, params.seq_q, li);
+    workgroupBarrier();
+    var q_frag: array<coop_mat16x16<f16, A>, D_BLOCKS>;
+    // @unroll
+    for (var d = 0u; d < D_BLOCKS; d++) {
+        q_frag[d] = coopLoadT<coop_mat16x16<f16, A>>(&rows_f16[sg * 16u * TILE_STRIDE + 16u * d], TILE_STRIDE);
+    }
+    ";
+    let j_outer = "
+    // @unroll
+    for (var j = 0u; j < N_BLOCKS; j++) {
+        var acc = coop_mat16x16<f32, C>();
+        // @unroll
+        for (var d = 0u; d < D_BLOCKS; d++) {
+            let k_frag = coopLoad<coop_mat16x16<f16, B>>(&rows_f16[16u * j * TILE_STRIDE + 16u * d], TILE_STRIDE);
+            acc = coopMultiplyAdd(q_frag[d], k_frag, acc);
+        }
+        coopStoreT(acc, &scores[sg * 16u * S_STRIDE + 16u * j], S_STRIDE);
+    }
+    ";
+    let d_outer = "
+    var s_frag: array<coop_mat16x16<f32, C>, N_BLOCKS>;
+    // @unroll
+    for (var j = 0u; j < N_BLOCKS; j++) {
+        s_frag[j] = coop_mat16x16<f32, C>();
+    }
+    // @unroll
+    for (var d = 0u; d < D_BLOCKS; d++) {
+        // @unroll
+        for (var j = 0u; j < N_BLOCKS; j++) {
+            let k_frag = coopLoad<coop_mat16x16<f16, B>>(&rows_f16[16u * j * TILE_STRIDE + 16u * d], TILE_STRIDE);
+            s_frag[j] = coopMultiplyAdd(q_frag[d], k_frag, s_frag[j]);
+        }
+    }
+    // @unroll
+    for (var j = 0u; j < N_BLOCKS; j++) {
+        coopStoreT(s_frag[j], &scores[sg * 16u * S_STRIDE + 16u * j], S_STRIDE);
+    }
+    ";
+    let stage_k = "workgroupBarrier();
+    stage_rows(STAGE_K, 0u, 0u, 0u, BLOCK_N, params.seq_kv, li);
+    workgroupBarrier();
+    ";
+    let dump = "workgroupBarrier();
+    for (var g = li; g < 16u * BLOCK_N / 4u; g += WORKGROUP_SIZE) {
+        let at = (g / (BLOCK_N / 4u)) * S_STRIDE + 4u * (g % (BLOCK_N / 4u));
+        o[g] = pack_granule(vec4<f32>(scores[at], scores[at + 1u], scores[at + 2u], scores[at + 3u]));
+    }
+    ";
+    let looped = |product: &str| {
+        format!("for (var t = 0u; t < (params.seq_kv + BLOCK_N - 1u) / BLOCK_N; t++) {{\n{stage_k}{product}}}\n{dump}")
+    };
+    let live_o = "var o_frag: array<coop_mat16x16<f32, C>, D_BLOCKS>;
+    // @unroll
+    for (var d = 0u; d < D_BLOCKS; d++) {
+        o_frag[d] = coop_mat16x16<f32, C>();
+    }
+    ";
+    let keep_o = "workgroupBarrier();
+    coopStoreT(o_frag[D_BLOCKS - 1u], &scores[(SUBGROUPS - 1u) * 16u * S_STRIDE], S_STRIDE);
+    ";
+    vec![
+        ("bisect_j_outer", format!("{prefix}{stage_k}{j_outer}{dump}")),
+        ("bisect_d_outer", format!("{prefix}{stage_k}{d_outer}{dump}")),
+        ("bisect_j_outer_looped", format!("{prefix}{}", looped(j_outer))),
+        ("bisect_d_outer_looped", format!("{prefix}{}", looped(d_outer))),
+        (
+            "bisect_j_outer_looped_live_o",
+            format!("{prefix}{live_o}{}{keep_o}", looped(j_outer)),
+        ),
+        (
+            "bisect_d_outer_looped_live_o",
+            format!("{prefix}{live_o}{}{keep_o}", looped(d_outer)),
+        ),
+    ]
+}
+
+/// Runs [`bisect_entries`] on a 16-query, 64-key, head_dim 64 problem (one K/V tile; BLOCK_M 64)
+/// and reports which of them compute Q·Kᵀ right.
+#[test]
+#[ignore = "diagnostic: run with --ignored --nocapture on a device with cooperative matrices"]
+fn coop_kernel_bisect() {
+    use crate::problem::{AttentionProblem, AttentionShape, DType, Tensor};
+    use crate::select::CoopConfig;
+
+    let Some(ctx) = context_with_coop("coop_kernel_bisect") else {
+        return;
+    };
+    let shape = AttentionShape {
+        batch: 1,
+        seq_q: 16,
+        seq_kv: 64,
+        num_heads: 1,
+        num_kv_heads: 1,
+        head_dim: 64,
+    };
+    let problem = AttentionProblem::new(shape, DType::F16);
+    let q: Vec<half::f16> = crate::testing::random_tensor(31, problem.required_len(Tensor::Q));
+    let k: Vec<half::f16> = crate::testing::random_tensor(32, problem.required_len(Tensor::K));
+    let params = kernel_params(&problem, 64);
+    let at = |m: &[half::f16], r: usize, c: usize| m[r * 64 + c].to_f32();
+    let want: Vec<f32> = (0..16 * 64)
+        .map(|i| (0..64).map(|d| at(&q, i / 64, d) * at(&k, i % 64, d)).sum())
+        .collect();
+    let config = CoopConfig::new(64, 64, 64);
+    for (name, body) in bisect_entries() {
+        let mut rig = KernelRig::new(&ctx, config);
+        let entry = format!("\n@compute @workgroup_size(WORKGROUP_SIZE)\nfn {name}(@builtin(local_invocation_index) li: u32) {{\n    {body}}}\n");
+        rig.source = crate::unroll::unroll_loops(&(rig.source.clone() + &entry), &config.unroll_bounds()).unwrap();
+        let result = rig
+            .module(false)
+            .and_then(|m| rig.dispatch(&m, name, &params, (1, 1, 1), &q, &k, &k, 16 * 64, 16));
+        match result {
+            Ok((got, _)) => {
+                let wrong = got
+                    .iter()
+                    .zip(&want)
+                    .filter(|(g, w)| {
+                        let close = (g.to_f32() - **w).abs() <= 2e-2 * (1.0 + w.abs());
+                        !close // NaN is not close
+                    })
+                    .count();
+                let row0: Vec<f32> = got[..4].iter().map(|x| x.to_f32()).collect();
+                eprintln!(
+                    "coop_kernel_bisect: {name:30} {} row0 {row0:?} want {:?}",
+                    if wrong == 0 {
+                        "RIGHT".to_string()
+                    } else {
+                        format!("WRONG {wrong}/1024")
+                    },
+                    &want[..4]
+                );
+            }
+            Err(e) => eprintln!("coop_kernel_bisect: {name:30} ERROR {e}"),
         }
     }
 }

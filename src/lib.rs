@@ -59,6 +59,7 @@ mod spirv_coherence;
 pub mod testing;
 #[cfg(not(target_arch = "wasm32"))]
 pub mod timing;
+mod unroll;
 mod util;
 
 pub use attention::{AttentionOutput, FlashAttention, ForwardBuffers, NaivePlan, Options};

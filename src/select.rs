@@ -317,13 +317,18 @@ impl CoopConfig {
         self.block_m / 16 * COOP_SUBGROUP
     }
 
+    /// The trip counts of flash_fwd_coop.wgsl's `// @unroll` loops (src/unroll.rs).
+    pub(crate) fn unroll_bounds(&self) -> [(&'static str, u32); 2] {
+        [("D_BLOCKS", self.head_dim_pad / 16), ("N_BLOCKS", self.block_n / 16)]
+    }
+
     /// Mirrors the `var<workgroup>` declarations of flash_fwd_coop.wgsl.
     pub fn workgroup_bytes(&self) -> u32 {
         let subgroups = self.block_m / 16;
         let rows = self.block_m.max(self.block_n) * (self.head_dim_pad + 8) * 2;
         let scores = subgroups * 16 * (self.block_n + 4) * 4;
         let probs = subgroups * 16 * (self.block_n + 8) * 2;
-        rows + scores + probs + 4
+        rows + scores + probs + 16
     }
 
     pub fn is_well_formed(&self) -> bool {
@@ -454,13 +459,14 @@ pub fn select_forward(problem: &AttentionProblem, caps: &Caps, choice: &KernelCh
 }
 
 /// Whether the cooperative-matrix kernel has been seen to match the float64 reference on a device
-/// that offers it. Not yet: on the H200 (driver 580) it returned wrong results, with and without
-/// the SPIR-V memory-semantics fix of src/spirv_coherence.rs (BENCHMARKS.md). Until then it is
-/// never selected, and asking for it is an error that says so.
-pub const COOP_KERNEL_VERIFIED: bool = false;
+/// that offers it: yes, on the H200 (driver 580), once its workgroup variables were all sized to
+/// multiples of 16 bytes (flash_fwd_coop.wgsl says why). Kept as a switch so that a device found
+/// to compute it wrong can be taken out of selection in one place.
+pub const COOP_KERNEL_VERIFIED: bool = true;
 
-/// Whether automatic selection takes the cooperative-matrix kernel where it can run (once it is
-/// verified, and faster than the tiled kernels there).
+/// Whether automatic selection takes the cooperative-matrix kernel where it can run. Not while it
+/// is slower than the tiled kernel on the H200 (20 vs 23 TFLOP/s at head_dim 128, seq 8192, f16
+/// data; BENCHMARKS.md).
 const COOP_BY_DEFAULT: bool = false;
 
 /// Every cooperative configuration selection can return (for the shader tests).
@@ -747,10 +753,7 @@ mod tests {
     #[test]
     fn cooperative_kernel_is_chosen_only_where_it_can_run() {
         let h200 = h200();
-        let auto = KernelChoice {
-            cooperative_matrix: COOP_BY_DEFAULT.then_some(true),
-            ..Default::default()
-        };
+        let auto = KernelChoice::default();
         let required = KernelChoice {
             cooperative_matrix: Some(true),
             ..Default::default()
@@ -774,7 +777,6 @@ mod tests {
         for (p, caps, choice) in [
             (problem(128, DType::F32), h200.clone(), auto),
             (problem(128, DType::BF16), h200.clone(), auto),
-            (problem(128, DType::F16), h200.clone(), KernelChoice::default()),
             (problem(128, DType::F16), lavapipe(), auto),
             (
                 problem(128, DType::F16),
@@ -787,6 +789,9 @@ mod tests {
                 ForwardKernel::Tiled(_)
             ));
         }
+        // Automatic selection takes it for f16 data once it is the faster kernel.
+        let k = select_forward(&problem(128, DType::F16), &h200, &KernelChoice::default()).unwrap();
+        assert_eq!(matches!(k, ForwardKernel::Coop(_)), COOP_BY_DEFAULT);
         // Required but impossible: an error that says why.
         let required = KernelChoice {
             cooperative_matrix: Some(true),

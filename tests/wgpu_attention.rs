@@ -266,11 +266,4 @@ fn cooperative_matrix_kernel_matches_the_reference() {
             run_and_check_any(&engine, Kernel::Flash, &problem, &format!("{}/{label}", kernel.name()));
         });
     }
-    // Automatic selection takes it for f16 data.
-    let problem = AttentionProblem::mha(1, 64, 2, 64, DType::F16);
-    assert!(FlashAttention::new(ctx)
-        .select(&problem)
-        .unwrap()
-        .name()
-        .contains("coop"));
 }
