@@ -10,15 +10,18 @@
 // mma.sync kernel instead (src/cuda/plan.rs says so).
 //
 // Who owns what.
-// * A CTA (384 threads = 3 warpgroups, one per SM) owns BLOCK_M = 128 query rows of one
-//   (batch, head): grid = (q tiles, num_heads, batch). It streams the K/V tiles those rows see,
-//   BLOCK_N keys at a time, through STAGES shared-memory stages.
+// * A CTA (a producer warpgroup and CONSUMERS = 2 or 3 consumer warpgroups, 384 or 512 threads,
+//   one CTA per SM) owns BLOCK_M = 64 · CONSUMERS query rows of one (batch, head): grid = (q
+//   tiles, num_heads, batch). It streams the K/V tiles those rows see, BLOCK_N keys at a time,
+//   through STAGES shared-memory stages; every K/V tile loaded feeds all consumers, so a third
+//   consumer cuts the K/V traffic per FLOP by a third.
 // * Warpgroup 0 is the producer: one thread issues the bulk tensor copies (Q once, then K and V
 //   of every tile, each landing on its own "full" mbarrier with the byte count announced), waiting
 //   on a stage's "empty" mbarrier before refilling it. It needs almost no registers and gives
-//   them up (setmaxnreg.dec to 24) to the consumers (setmaxnreg.inc to 240): 128·24 + 256·240 is
-//   the 64512 the CTA holds at 168 each.
-// * Warpgroups 1 and 2 are consumers, 64 query rows each (wgmma's M). Each computes S = Q·Kᵀ
+//   them up (setmaxnreg.dec to 24) to the consumers (setmaxnreg.inc to 240 with 2 consumers,
+//   160 with 3): 128·24 + 256·240 = 64512, the 168 a thread the CTA holds; 128·24 + 384·160 =
+//   64512 of 65536 at 128 each.
+// * Warpgroups 1.. are consumers, 64 query rows each (wgmma's M). Each computes S = Q·Kᵀ
 //   (64 x BLOCK_N, f32 in registers) with Q and K read by the tensor cores straight from shared
 //   memory, the online softmax on S in registers (exp2, scale·log2 e folded in), and O += P·V
 //   with P converted in registers to wgmma's A fragment (the S accumulator layout of two n8 slabs
@@ -29,9 +32,10 @@
 //
 // Overlap (FA_OVERLAP): inside a warpgroup, S(j) = Q·K(j)ᵀ and O += P(j-1)·V(j-1) are issued
 // back to back, and the softmax of tile j runs while the tensor cores finish P(j-1)·V(j-1); P is
-// kept as packed 16-bit registers beside S for that. Ping-pong (FA_PINGPONG): the two consumer
-// warpgroups take turns issuing their GEMMs (named barriers 1 and 2, 256 threads), so one's
-// softmax runs while the other's GEMMs occupy the tensor cores.
+// kept as packed 16-bit registers beside S for that. Ping-pong (FA_PINGPONG): the consumer
+// warpgroups take turns issuing their GEMMs (a named barrier per consumer, 256 threads: the
+// waiting warpgroup and the one handing over), so one's softmax runs while another's GEMMs
+// occupy the tensor cores.
 //
 // Why these sizes. Registers per consumer thread: O is 64·head_dim/128 f32 (64 at head_dim 128,
 // 128 at 256), S 64·BLOCK_N/128 (64 at BLOCK_N 128), P half of S: at head_dim 128 with 128-key
@@ -47,7 +51,7 @@
 // (sm90_ptx.cuh) need.
 //
 // Compile-time parameters (-D, set by src/cuda/plan.rs): FA_HEAD_DIM, FA_BLOCK_N, FA_STAGES,
-// FA_CAUSAL, FA_BF16, FA_OVERLAP, FA_PINGPONG, FA_PV_SPLIT (1: O += P·V as one N=64 wgmma per
+// FA_CONSUMERS, FA_CAUSAL, FA_BF16, FA_OVERLAP, FA_PINGPONG, FA_PV_SPLIT (1: O += P·V as one N=64 wgmma per
 // head_dim panel instead of one N=head_dim wgmma), KERNEL_NAME.
 #include "mma_ptx.cuh"
 #include "fwd_params.cuh"
@@ -67,12 +71,14 @@ constexpr bool OVERLAP = FA_OVERLAP != 0;
 constexpr bool PINGPONG = FA_PINGPONG != 0;
 constexpr bool PV_SPLIT = FA_PV_SPLIT != 0;
 
-constexpr int CONSUMERS = 2;
+constexpr int CONSUMERS = FA_CONSUMERS;
 constexpr int WG_ROWS = 64;  // wgmma's M
 constexpr int BLOCK_M = CONSUMERS * WG_ROWS;
 constexpr int THREADS = 128 * (1 + CONSUMERS);
+// The CTA holds 65536 / THREADS registers a thread (168 with 2 consumers, 128 with 3); the
+// producer keeps 24 and the consumers share the rest, in multiples of 8.
 constexpr int PRODUCER_REGS = 24;
-constexpr int CONSUMER_REGS = 240;
+constexpr int CONSUMER_REGS = CONSUMERS == 2 ? 240 : 160;
 constexpr int PANELS = HEAD_DIM / 64;   // 64-column swizzle panels per row
 constexpr u32 ROW_BYTES = 128;          // one panel row
 constexpr u32 Q_PANEL_BYTES = BLOCK_M * ROW_BYTES;
@@ -85,14 +91,15 @@ constexpr int O_REGS = HEAD_DIM / 2;
 constexpr int K_STEPS = HEAD_DIM / 16;  // k16 steps of Q·Kᵀ
 constexpr int PV_STEPS = BLOCK_N / 16;  // k16 steps of P·V
 constexpr float LN2 = 0.6931471805599453f;
-// Named barriers (0 is __syncthreads): ping-pong turns of consumer 0 and 1, then one per
-// consumer warpgroup for its epilogue.
+// Named barriers (0 is __syncthreads): the issue turn of each consumer (ping-pong: consumer c
+// waits on BAR_TURN + c, then passes the turn to c + 1), then one per consumer for its epilogue.
 constexpr int BAR_TURN = 1;
-constexpr int BAR_EPILOGUE = 3;
+constexpr int BAR_EPILOGUE = BAR_TURN + CONSUMERS;
 
 static_assert(HEAD_DIM % 64 == 0 && HEAD_DIM <= 256, "head_dim is whole 64-column panels, N <= 256");
 static_assert(BLOCK_N == 64 || BLOCK_N == 128 || BLOCK_N == 256, "S is one wgmma of N = BLOCK_N");
 static_assert(STAGES >= 2 && STAGES <= 4, "a 2-4 stage ring");
+static_assert(CONSUMERS == 2 || CONSUMERS == 3, "two or three consumer warpgroups");
 static_assert(PRODUCER_REGS * 128 + CONSUMER_REGS * 128 * CONSUMERS <= 65536, "register file");
 static_assert(Q_BYTES + STAGES * STAGE_BYTES + 1024 <= 227 * 1024, "shared memory");
 
@@ -102,7 +109,7 @@ struct TmaMaps {
 
 extern "C" __global__ void __launch_bounds__(THREADS, 1)
     KERNEL_NAME(const __grid_constant__ FwdParams p, const __grid_constant__ TmaMaps maps) {
-    extern __shared__ __align__(1024) unsigned char smem_raw[];
+    extern __shared__ __align__(16) unsigned char smem_raw[];
     // q_full, then k_full[STAGES], v_full[STAGES], empty[STAGES].
     __shared__ __align__(8) u64 bars[1 + 3 * STAGES];
 
@@ -228,7 +235,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
         if constexpr (PINGPONG) named_bar_sync(BAR_TURN + cw, 2 * 128);
     };
     auto turn_end = [&]() {
-        if constexpr (PINGPONG) named_bar_arrive(BAR_TURN + (1 - cw), 2 * 128);
+        if constexpr (PINGPONG) named_bar_arrive(BAR_TURN + (cw + 1) % CONSUMERS, 2 * 128);
     };
     auto release = [&](int s) {
         __syncwarp();
@@ -239,8 +246,15 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
     // and alpha is what O (accumulated under the old max) must be multiplied by.
     auto softmax = [&](int j, float (&alpha)[2]) {
         const int n0 = j * BLOCK_N;
+        // With a positive scale the max of the raw scores, scaled, is the max of the scaled
+        // ones, and exp2(s·scale - max) is one FFMA per score: no separate scaling pass. A
+        // negative (or zero) scale scales first, and the FFMA multiplies by 1.
+        const bool positive = p.scale_log2 > 0.f;
+        const float sc = positive ? p.scale_log2 : 1.f;
+        if (!positive) {
 #pragma unroll
-        for (int i = 0; i < S_REGS; ++i) s_acc[i] *= p.scale_log2;
+            for (int i = 0; i < S_REGS; ++i) s_acc[i] *= p.scale_log2;
+        }
         // Mask past the end of the keys, or right of some row's diagonal.
         const bool need_mask =
             n0 + BLOCK_N > p.seq_kv || (CAUSAL && (i64)n0 + BLOCK_N - 1 > (i64)wg_m0 + p.causal_offset);
@@ -255,11 +269,12 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
         }
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
-            float mx = row_max[r];
+            float mx = NEG_INF;  // this tile's max, raw when the scale is positive
 #pragma unroll
             for (int jn = 0; jn < BLOCK_N / 8; ++jn) mx = fmaxf(mx, fmaxf(s_acc[4 * jn + 2 * r], s_acc[4 * jn + 2 * r + 1]));
             mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
             mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+            mx = fmaxf(row_max[r], mx * sc);  // the running max stays in scaled units
             // A row that has seen only masked keys keeps max -inf; subtract 0 instead so that
             // exp2(-inf - -inf) never makes a NaN. Its probabilities are all exp2(-inf) = 0.
             const float m_use = mx == NEG_INF ? 0.f : mx;
@@ -268,16 +283,30 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
             float sum = 0.f;
 #pragma unroll
             for (int jn = 0; jn < BLOCK_N / 8; ++jn) {
-                s_acc[4 * jn + 2 * r] = ex2(s_acc[4 * jn + 2 * r] - m_use);
-                s_acc[4 * jn + 2 * r + 1] = ex2(s_acc[4 * jn + 2 * r + 1] - m_use);
+                s_acc[4 * jn + 2 * r] = ex2(fmaf(s_acc[4 * jn + 2 * r], sc, -m_use));
+                s_acc[4 * jn + 2 * r + 1] = ex2(fmaf(s_acc[4 * jn + 2 * r + 1], sc, -m_use));
                 sum += s_acc[4 * jn + 2 * r] + s_acc[4 * jn + 2 * r + 1];
             }
             row_sum[r] = row_sum[r] * alpha[r] + sum;
         }
     };
+    // Once the running max settles (most tiles of a long row), alpha is exactly 1: skip the
+    // multiplies when it is for every row of the warp.
     auto rescale_o = [&](const float (&alpha)[2]) {
+        if (__any_sync(0xffffffffu, alpha[0] != 1.f || alpha[1] != 1.f)) {
 #pragma unroll
-        for (int i = 0; i < O_REGS; ++i) o[i] *= alpha[(i >> 1) & 1];
+            for (int i = 0; i < O_REGS; ++i) o[i] *= alpha[(i >> 1) & 1];
+        }
+    };
+    // Pins the softmax's results before the wait on P·V in NVVM's order. ptxas 13.0 still
+    // schedules that wait right after the one on S (seen in the SASS: WARPGROUP.DEPBAR.LE 1 then
+    // .LE 0, the exp2s after both), so on this toolkit FA_OVERLAP overlaps nothing and costs
+    // registers; the two consumers' interleaving (and FA_PINGPONG) is what hides the softmax.
+    auto fence_softmax = [&](float (&alpha)[2]) {
+        fence_regs(s_acc);
+        fence_regs(alpha);
+        fence_regs(row_max);
+        fence_regs(row_sum);
     };
     // S accumulators of n8 slabs 2kk and 2kk+1 = the A fragment of k-step kk.
     auto pack_p = [&]() {
@@ -287,8 +316,8 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
             for (int x = 0; x < 4; ++x) pf[kk][x] = pack2<IS_BF16>(s_acc[8 * kk + 2 * x], s_acc[8 * kk + 2 * x + 1]);
     };
 
-    // Consumer 0 issues first.
-    if (PINGPONG && cw == 1) named_bar_arrive(BAR_TURN + 0, 2 * 128);
+    // Consumer 0 issues first: the last consumer hands it the turn.
+    if (PINGPONG && cw == CONSUMERS - 1) named_bar_arrive(BAR_TURN + 0, 2 * 128);
 
     mbar_wait(bar_q, 0);
     if (n_tiles > 0) {
@@ -322,6 +351,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
                 wgmma_wait<1>();  // S(j) is done; P(j-1)·V(j-1) may still run
                 fence_regs(s_acc);
                 softmax(j, alpha);
+                fence_softmax(alpha);
                 wgmma_wait<0>();
                 fence_regs(o);
                 fence_p();

@@ -11,7 +11,7 @@ export LD_LIBRARY_PATH=/usr/local/cuda/targets/x86_64-linux/lib FLASH_REQUIRE_CU
 SEQS=${SEQS:-512,1024,2048,4096,8192,16384}; HEAD_DIMS=${HEAD_DIMS:-64,128,256}; REPS=${REPS:-7}
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader | tee "$OUT/gpu.txt"
 s=$SECONDS
-timeout 90 ./cuda_attention_tests --test-threads 4 --skip wgmma > "$OUT/tests_mma.log" 2>&1
+timeout 120 ./cuda_attention_tests --test-threads 4 --skip wgmma > "$OUT/tests_mma.log" 2>&1
 echo "mma tests rc=$? ($((SECONDS - s)) s): $(grep 'test result' "$OUT/tests_mma.log")"
 s=$SECONDS
 timeout 150 ./cuda_attention_tests --test-threads 1 --nocapture wgmma > "$OUT/tests_wgmma.log" 2>&1

@@ -321,11 +321,24 @@ fn cases() -> Vec<(&'static str, AttentionProblem)> {
     ]
 }
 
+/// The engine's default kernel for each case: the wgmma one on Hopper where the layout allows
+/// TMA, else `mma.sync`.
 #[test]
 fn matches_the_reference_on_ragged_gqa_causal_and_strided_problems() {
     let Some(engine) = engine() else { return };
     for (label, p) in cases() {
         run_any(engine, &p, label, None);
+    }
+}
+
+/// The `mma.sync` kernel's default plan for each case, whatever the GPU (on Hopper it is the
+/// fallback for layouts TMA cannot describe).
+#[test]
+fn mma_matches_the_reference_on_ragged_gqa_causal_and_strided_problems() {
+    let Some(engine) = engine() else { return };
+    for (label, p) in cases() {
+        let plan = select_cuda(&p, 16).unwrap().plan();
+        run_any(engine, &p, &format!("mma_{label}"), Some(plan));
     }
 }
 

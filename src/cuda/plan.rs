@@ -40,6 +40,8 @@ pub enum KernelKind {
 /// The scheduling choices of the Hopper kernel (compile-time switches, see the kernel's header).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct WgmmaVariant {
+    /// Consumer warpgroups of 64 query rows each (2 or 3): block_m = 64 · consumers.
+    pub consumers: u32,
     /// Shared-memory stages of the K/V ring (2 to 4).
     pub stages: u32,
     /// Softmax of tile j overlapped with P·V of tile j-1 inside a warpgroup.
@@ -52,7 +54,8 @@ pub struct WgmmaVariant {
 
 /// One tile shape: `block_m` query rows per block shared by `warps` warps, `block_n` keys per
 /// K/V tile, and the kernel that runs it. `mma.sync` warps own 16 or 32 rows each; the wgmma
-/// kernel is always 128 rows over 12 warps (a producer and two 64-row consumer warpgroups).
+/// kernel has a producer warpgroup and 2 or 3 consumer warpgroups of 64 rows (128 rows on 12
+/// warps, or 192 on 16).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct CudaTilePlan {
     pub block_m: u32,
@@ -70,18 +73,30 @@ const fn plan(block_m: u32, block_n: u32, warps: u32) -> CudaTilePlan {
     }
 }
 
-/// Query rows per CTA of the wgmma kernel: two consumer warpgroups of wgmma's M = 64.
-pub const WGMMA_BLOCK_M: u32 = 128;
-/// Warps per CTA of the wgmma kernel: producer warpgroup + two consumer warpgroups.
-pub const WGMMA_WARPS: u32 = 12;
+/// Query rows of one consumer warpgroup of the wgmma kernel (wgmma's M).
+pub const WGMMA_ROWS_PER_CONSUMER: u32 = 64;
 
-/// A plan of the Hopper kernel: `block_n` keys per tile and its scheduling switches.
+/// A plan of the Hopper kernel with two consumer warpgroups: `block_n` keys per tile and its
+/// scheduling switches.
 pub const fn wgmma_plan(block_n: u32, stages: u32, overlap: bool, pingpong: bool, pv_split: bool) -> CudaTilePlan {
+    wgmma_plan_c(2, block_n, stages, overlap, pingpong, pv_split)
+}
+
+/// A plan of the Hopper kernel with `consumers` consumer warpgroups.
+pub const fn wgmma_plan_c(
+    consumers: u32,
+    block_n: u32,
+    stages: u32,
+    overlap: bool,
+    pingpong: bool,
+    pv_split: bool,
+) -> CudaTilePlan {
     CudaTilePlan {
-        block_m: WGMMA_BLOCK_M,
+        block_m: WGMMA_ROWS_PER_CONSUMER * consumers,
         block_n,
-        warps: WGMMA_WARPS,
+        warps: 4 * (1 + consumers),
         kind: KernelKind::Wgmma(WgmmaVariant {
+            consumers,
             stages,
             overlap,
             pingpong,
@@ -96,31 +111,37 @@ impl CudaTilePlan {
     }
 }
 
-/// Plans of the Hopper kernel for a head_dim, the default first; the benchmark sweeps all and
-/// the tests run each. Key tiles: 128 where registers allow (S and P of a 128-key tile are 96
-/// registers a thread, O at head_dim 128 another 64), 64 at head_dim 256 (O alone is 128).
+/// Plans of the Hopper kernel for a head_dim; the benchmark sweeps all and the tests run each
+/// ([`default_wgmma_plan`] picks from them). Key tiles: 128 where registers allow (S and P of a
+/// 128-key tile are 96 registers a thread, O at head_dim 128 another 64), 64 at head_dim 256 (O
+/// alone is 128). Three consumer warpgroups (192 rows) share the registers three ways: at
+/// head_dim 64 that still fits S and O, and more rows per CTA halve the K/V traffic per FLOP.
 pub fn wgmma_plans(head_dim: usize) -> &'static [CudaTilePlan] {
-    const D64: [CudaTilePlan; 6] = [
-        wgmma_plan(128, 2, true, true, false),
-        wgmma_plan(128, 2, true, false, false),
-        wgmma_plan(128, 2, false, true, false),
-        wgmma_plan(128, 2, false, false, false),
+    const D64: [CudaTilePlan; 8] = [
         wgmma_plan(128, 3, true, true, false),
-        wgmma_plan(128, 2, false, false, true),
-    ];
-    const D128: [CudaTilePlan; 6] = [
-        wgmma_plan(128, 2, true, true, false),
-        wgmma_plan(128, 2, true, false, false),
-        wgmma_plan(128, 2, false, true, false),
         wgmma_plan(128, 2, false, false, false),
-        wgmma_plan(64, 3, true, true, false),
+        wgmma_plan(128, 2, false, true, false),
+        wgmma_plan(128, 3, false, true, false),
+        wgmma_plan_c(3, 128, 2, false, true, false),
+        wgmma_plan_c(3, 128, 3, false, true, false),
+        wgmma_plan_c(3, 128, 2, false, false, false),
         wgmma_plan(128, 2, false, false, true),
     ];
-    const D256: [CudaTilePlan; 5] = [
-        wgmma_plan(64, 2, true, true, false),
-        wgmma_plan(64, 2, true, false, false),
+    const D128: [CudaTilePlan; 9] = [
+        wgmma_plan(128, 2, false, false, false),
+        wgmma_plan(128, 2, false, true, false),
+        wgmma_plan(128, 3, false, false, false),
+        wgmma_plan(128, 3, false, true, false),
+        wgmma_plan(128, 2, true, true, false),
+        wgmma_plan(64, 3, true, true, false),
+        wgmma_plan_c(3, 64, 3, false, true, false),
+        wgmma_plan_c(3, 64, 3, false, false, false),
+        wgmma_plan(128, 2, false, false, true),
+    ];
+    const D256: [CudaTilePlan; 4] = [
         wgmma_plan(64, 2, false, true, false),
         wgmma_plan(64, 2, false, false, false),
+        wgmma_plan(64, 2, true, true, false),
         wgmma_plan(64, 2, false, false, true),
     ];
     match head_dim {
@@ -241,9 +262,11 @@ impl CudaKernelConfig {
         causal: bool,
         vec_bytes: u32,
     ) -> Result<Self> {
-        if plan.block_m != WGMMA_BLOCK_M || plan.warps != WGMMA_WARPS {
+        let c = variant.consumers;
+        if !(2..=3).contains(&c) || plan.block_m != WGMMA_ROWS_PER_CONSUMER * c || plan.warps != 4 * (1 + c) {
             return crate::error::invalid!(
-                "the wgmma kernel runs {WGMMA_BLOCK_M} query rows on {WGMMA_WARPS} warps, not {} on {}",
+                "the wgmma kernel runs 64 query rows per consumer warpgroup (2 or 3) plus a producer \
+                 warpgroup; not {} rows on {} warps with {c} consumers",
                 plan.block_m,
                 plan.warps
             );
@@ -251,11 +274,14 @@ impl CudaKernelConfig {
         if ![64, 128].contains(&plan.block_n) {
             return crate::error::invalid!("the wgmma kernel takes block_n 64 or 128, not {}", plan.block_n);
         }
-        // O (head_dim / 2 f32), S (block_n / 2 f32) and P (block_n / 4 packed) per consumer
-        // thread must leave room for addresses and softmax state in its 240 registers.
-        if head_dim as u32 / 2 + 3 * plan.block_n / 4 > 192 {
+        // O (head_dim / 2 f32) and S (block_n / 2 f32) per consumer thread, plus P (block_n / 4
+        // packed) beside S when softmax overlaps P·V, must leave room for addresses and softmax
+        // state: 240 registers with 2 consumers, 160 with 3.
+        let need = head_dim as u32 / 2 + plan.block_n / 2 + if variant.overlap { plan.block_n / 4 } else { 0 };
+        let budget = if c == 2 { 192 } else { 112 };
+        if need > budget {
             return crate::error::invalid!(
-                "wgmma head_dim {head_dim} with block_n {}: O, S and P exceed the consumers' registers",
+                "wgmma head_dim {head_dim} with block_n {} and {c} consumers: O, S and P exceed the registers",
                 plan.block_n
             );
         }
@@ -296,14 +322,15 @@ impl CudaKernelConfig {
     }
 
     /// `flash_fwd_mma_bf16_d128_bm64_bn64_w4[_causal][_a8]` or
-    /// `flash_fwd_wgmma_bf16_d128_bn128_s2[_ov][_pp][_split][_causal]`: entry point, cache key,
+    /// `flash_fwd_wgmma_bf16_d128_bm128_bn128_s2[_ov][_pp][_split][_causal]`: entry point, cache key,
     /// test label.
     pub fn name(&self) -> String {
         if let KernelKind::Wgmma(v) = self.kind {
             return format!(
-                "flash_fwd_wgmma_{}_d{}_bn{}_s{}{}{}{}{}",
+                "flash_fwd_wgmma_{}_d{}_bm{}_bn{}_s{}{}{}{}{}",
                 self.dtype.name(),
                 self.head_dim,
+                self.block_m,
                 self.block_n,
                 v.stages,
                 if v.overlap { "_ov" } else { "" },
@@ -374,6 +401,7 @@ impl CudaKernelConfig {
                 format!("-DFA_HEAD_DIM={}", self.head_dim),
                 format!("-DFA_BLOCK_N={}", self.block_n),
                 format!("-DFA_STAGES={}", v.stages),
+                format!("-DFA_CONSUMERS={}", v.consumers),
                 format!("-DFA_CAUSAL={}", self.causal as u32),
                 format!("-DFA_BF16={}", (self.dtype == DType::BF16) as u32),
                 format!("-DFA_OVERLAP={}", v.overlap as u32),
@@ -585,13 +613,23 @@ pub fn select_cuda(problem: &AttentionProblem, vec_bytes: u32) -> Result<CudaKer
     CudaKernelConfig::new(problem.dtype, head_dim, plan, problem.causal, vec_bytes)
 }
 
-/// Whether [`select_cuda_on`] picks the wgmma kernel on Hopper. Off until every wgmma plan has
-/// passed `tests/cuda_attention.rs` on the H200: a kernel not seen right there is not a default.
-pub const WGMMA_BY_DEFAULT: bool = false;
+/// Whether [`select_cuda_on`] picks the wgmma kernel on Hopper: every wgmma plan passed
+/// `tests/cuda_attention.rs` on the H200 (BENCHMARKS.md, CUDA runs 3 and 4).
+pub const WGMMA_BY_DEFAULT: bool = true;
 
-/// The default wgmma plan for a head_dim and masking.
-pub fn default_wgmma_plan(head_dim: usize, _causal: bool) -> Option<CudaTilePlan> {
-    wgmma_plans(head_dim).first().copied()
+/// The default wgmma plan for a head_dim and masking: the fastest correct one of the H200 sweep
+/// at seq 8192 (BENCHMARKS.md; TFLOP/s in the comments).
+pub fn default_wgmma_plan(head_dim: usize, causal: bool) -> Option<CudaTilePlan> {
+    let plan = match (head_dim, causal) {
+        // Three consumers: each K/V tile feeds 192 rows.
+        (64, _) => wgmma_plan_c(3, 128, 2, false, false, false), // 534 / 466 (run 4)
+        (128, false) => wgmma_plan(128, 2, false, false, false), // 603 (run 4)
+        (128, true) => wgmma_plan(128, 3, false, false, false),  // 552 (run 4)
+        (256, _) => wgmma_plan(64, 2, false, false, false),      // 681 / 599 (run 4)
+        _ => return None,
+    };
+    debug_assert!(wgmma_plans(head_dim).contains(&plan));
+    Some(plan)
 }
 
 /// Why the wgmma kernel cannot run `problem` on this device, or `None` when it can: it needs a
@@ -628,7 +666,8 @@ pub fn select_cuda_on(problem: &AttentionProblem, vec_bytes: u32, hopper: bool) 
     let mma = select_cuda(problem, vec_bytes)?;
     let plan = default_wgmma_plan(problem.shape.head_dim, problem.causal);
     let why = match plan {
-        _ if !WGMMA_BY_DEFAULT => Some("the wgmma kernel is not enabled by default yet (WGMMA_BY_DEFAULT)".into()),
+        #[allow(unreachable_patterns)]
+        _ if !WGMMA_BY_DEFAULT => Some("the wgmma kernel is not enabled by default (WGMMA_BY_DEFAULT)".into()),
         None => Some(format!("no wgmma plan for head_dim {}", problem.shape.head_dim)),
         Some(_) => wgmma_unavailable(problem, vec_bytes, hopper),
     };
@@ -713,12 +752,15 @@ mod tests {
         for d in CUDA_HEAD_DIMS {
             let plans = wgmma_plans(d);
             assert!(!plans.is_empty());
-            assert_eq!(default_wgmma_plan(d, false), Some(plans[0]));
+            for causal in [false, true] {
+                assert!(plans.contains(&default_wgmma_plan(d, causal).unwrap()));
+            }
             for &p in plans {
                 for causal in [false, true] {
                     let c = CudaKernelConfig::new(DType::BF16, d, p, causal, 16).unwrap();
                     assert!(c.is_wgmma());
-                    assert_eq!(c.threads(), 384);
+                    assert_eq!(c.threads(), 32 * c.warps);
+                    assert!(c.threads() == 384 || c.threads() == 512);
                     assert!(c.smem_bytes() <= 227 * 1024, "{} needs {}", c.name(), c.smem_bytes());
                     assert!(c.name().starts_with("flash_fwd_wgmma_bf16_"), "{}", c.name());
                     // 8-byte aligned tensors cannot be described to the copy engine.
@@ -730,7 +772,7 @@ mod tests {
             }
         }
         let c = CudaKernelConfig::new(DType::F16, 128, wgmma_plan(128, 2, true, true, false), true, 16).unwrap();
-        assert_eq!(c.name(), "flash_fwd_wgmma_f16_d128_bn128_s2_ov_pp_causal");
+        assert_eq!(c.name(), "flash_fwd_wgmma_f16_d128_bm128_bn128_s2_ov_pp_causal");
         // Q 32 KiB + 2 stages of K and V (32 KiB each) + 1 KiB for alignment.
         assert_eq!(c.smem_bytes(), (32 + 2 * 64 + 1) * 1024);
         let d = c.defines();
@@ -752,6 +794,16 @@ mod tests {
         let mut odd = wgmma_plan(128, 2, false, false, false);
         odd.block_m = 64;
         assert!(CudaKernelConfig::new(DType::BF16, 128, odd, false, 16).is_err());
+        // Three consumers: 192 rows on 16 warps, 160 registers each, so no room for P beside S
+        // at head_dim 64 with 128-key tiles.
+        let c3 =
+            CudaKernelConfig::new(DType::BF16, 64, wgmma_plan_c(3, 128, 2, false, true, false), false, 16).unwrap();
+        assert_eq!((c3.block_m, c3.threads()), (192, 512));
+        assert!(c3.defines().contains(&"-DFA_CONSUMERS=3".to_string()));
+        assert!(CudaKernelConfig::new(DType::BF16, 64, wgmma_plan_c(3, 128, 2, true, true, false), false, 16).is_err());
+        assert!(
+            CudaKernelConfig::new(DType::BF16, 64, wgmma_plan_c(4, 128, 2, false, true, false), false, 16).is_err()
+        );
     }
 
     #[test]
@@ -774,6 +826,12 @@ mod tests {
         let on_hopper = select_cuda_on(&p, 16, true).unwrap();
         assert_eq!(on_hopper.config.is_wgmma(), WGMMA_BY_DEFAULT);
         assert_eq!(on_hopper.fallback.is_none(), WGMMA_BY_DEFAULT);
+        if WGMMA_BY_DEFAULT {
+            assert_eq!(on_hopper.config.plan(), default_wgmma_plan(128, false).unwrap());
+            let causal = select_cuda_on(&p.with_causal(true), 16, true).unwrap();
+            assert_eq!(causal.config.plan(), default_wgmma_plan(128, true).unwrap());
+            assert!(causal.config.causal);
+        }
         // Wherever the wgmma kernel does not run, the mma.sync default does.
         assert_eq!(select_cuda_on(&p, 8, true).unwrap().config, select_cuda(&p, 8).unwrap());
     }
