@@ -1,6 +1,6 @@
 // FlashAttention-2 forward on tensor cores through mma.sync.m16n8k16 (bf16/f16 in, f32
-// accumulate). Compiled by NVRTC for sm_90a on Hopper (the same source runs on sm_80+); the
-// Hopper-only path (TMA + wgmma + warp specialization) is a later kernel.
+// accumulate), for sm_80 and newer. On Hopper flash_fwd_wgmma.cu (TMA, wgmma, warp
+// specialization) runs instead, and this kernel is the fallback for layouts TMA cannot describe.
 //
 // Shapes. Q, O: [batch, seq_q, num_heads, head_dim] at any strides (FwdParams); K, V:
 // [batch, seq_kv, num_kv_heads, head_dim]; query head h reads K/V head h / group_size. LSE:

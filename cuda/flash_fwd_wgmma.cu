@@ -97,7 +97,9 @@ constexpr int BAR_TURN = 1;
 constexpr int BAR_EPILOGUE = BAR_TURN + CONSUMERS;
 
 static_assert(HEAD_DIM % 64 == 0 && HEAD_DIM <= 256, "head_dim is whole 64-column panels, N <= 256");
-static_assert(BLOCK_N == 64 || BLOCK_N == 128 || BLOCK_N == 256, "S is one wgmma of N = BLOCK_N");
+// S is one wgmma of N = BLOCK_N (wgmma_gen.cuh has 64, 80, 96, 128, 176, 192, 256); P·V steps
+// over it 16 keys at a time; a K/V panel of BLOCK_N rows stays 1024-byte aligned.
+static_assert(BLOCK_N % 16 == 0 && BLOCK_N >= 64 && BLOCK_N <= 256, "BLOCK_N");
 static_assert(STAGES >= 2 && STAGES <= 4, "a 2-4 stage ring");
 static_assert(CONSUMERS == 2 || CONSUMERS == 3, "two or three consumer warpgroups");
 static_assert(PRODUCER_REGS * 128 + CONSUMER_REGS * 128 * CONSUMERS <= 65536, "register file");

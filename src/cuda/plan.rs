@@ -125,22 +125,26 @@ pub fn wgmma_plans(head_dim: usize) -> &'static [CudaTilePlan] {
         wgmma_plan_c(3, 128, 2, false, true, false),
         wgmma_plan_c(3, 128, 3, false, true, false),
         wgmma_plan_c(3, 128, 2, false, false, false),
-        wgmma_plan(128, 2, false, false, true),
+        wgmma_plan(192, 2, false, false, false),
     ];
-    const D128: [CudaTilePlan; 9] = [
+    const D128: [CudaTilePlan; 11] = [
         wgmma_plan(128, 2, false, false, false),
         wgmma_plan(128, 2, false, true, false),
         wgmma_plan(128, 3, false, false, false),
-        wgmma_plan(128, 3, false, true, false),
+        wgmma_plan(176, 2, false, false, false),
+        wgmma_plan(176, 2, false, true, false),
+        wgmma_plan(192, 2, false, false, false),
         wgmma_plan(128, 2, true, true, false),
         wgmma_plan(64, 3, true, true, false),
         wgmma_plan_c(3, 64, 3, false, true, false),
         wgmma_plan_c(3, 64, 3, false, false, false),
         wgmma_plan(128, 2, false, false, true),
     ];
-    const D256: [CudaTilePlan; 4] = [
+    const D256: [CudaTilePlan; 6] = [
         wgmma_plan(64, 2, false, true, false),
         wgmma_plan(64, 2, false, false, false),
+        wgmma_plan(80, 2, false, false, false),
+        wgmma_plan(80, 2, false, true, false),
         wgmma_plan(64, 2, true, true, false),
         wgmma_plan(64, 2, false, false, true),
     ];
@@ -271,8 +275,12 @@ impl CudaKernelConfig {
                 plan.warps
             );
         }
-        if ![64, 128].contains(&plan.block_n) {
-            return crate::error::invalid!("the wgmma kernel takes block_n 64 or 128, not {}", plan.block_n);
+        // One wgmma of N = block_n computes S: the sizes cuda/wgmma_gen.cuh has wrappers for.
+        if ![64, 80, 96, 128, 176, 192].contains(&plan.block_n) {
+            return crate::error::invalid!(
+                "the wgmma kernel takes block_n 64, 80, 96, 128, 176 or 192, not {}",
+                plan.block_n
+            );
         }
         // O (head_dim / 2 f32) and S (block_n / 2 f32) per consumer thread, plus P (block_n / 4
         // packed) beside S when softmax overlaps P·V, must leave room for addresses and softmax
@@ -614,7 +622,7 @@ pub fn select_cuda(problem: &AttentionProblem, vec_bytes: u32) -> Result<CudaKer
 }
 
 /// Whether [`select_cuda_on`] picks the wgmma kernel on Hopper: every wgmma plan passed
-/// `tests/cuda_attention.rs` on the H200 (BENCHMARKS.md, CUDA runs 3 and 4).
+/// `tests/cuda_attention.rs` on the H200 (BENCHMARKS.md, CUDA runs 3 to 5).
 pub const WGMMA_BY_DEFAULT: bool = true;
 
 /// The default wgmma plan for a head_dim and masking: the fastest correct one of the H200 sweep
@@ -622,10 +630,11 @@ pub const WGMMA_BY_DEFAULT: bool = true;
 pub fn default_wgmma_plan(head_dim: usize, causal: bool) -> Option<CudaTilePlan> {
     let plan = match (head_dim, causal) {
         // Three consumers: each K/V tile feeds 192 rows.
-        (64, _) => wgmma_plan_c(3, 128, 2, false, false, false), // 534 / 466 (run 4)
-        (128, false) => wgmma_plan(128, 2, false, false, false), // 603 (run 4)
-        (128, true) => wgmma_plan(128, 3, false, false, false),  // 552 (run 4)
-        (256, _) => wgmma_plan(64, 2, false, false, false),      // 681 / 599 (run 4)
+        (64, _) => wgmma_plan_c(3, 128, 2, false, false, false), // 533 / 453 (run 5)
+        // 128-key tiles: 176 and 192 tie at seq 8192 (600, 607) but lose at 512-2048.
+        (128, _) => wgmma_plan(128, 2, false, false, false), // 603 / 549 (run 5)
+        // 80-key tiles (Q 64 KiB + 2 stages of 80 KiB) and ping-pong.
+        (256, _) => wgmma_plan(80, 2, false, true, false), // 716 / 622 (run 5)
         _ => return None,
     };
     debug_assert!(wgmma_plans(head_dim).contains(&plan));
