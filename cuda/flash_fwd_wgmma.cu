@@ -31,19 +31,23 @@
 //   the 4 lanes of a quad with two shuffles.
 //
 // Overlap (FA_OVERLAP): inside a warpgroup, S(j) = Q·K(j)ᵀ and O += P(j-1)·V(j-1) are issued
-// back to back, and the softmax of tile j runs while the tensor cores finish P(j-1)·V(j-1); P is
-// kept as packed 16-bit registers beside S for that. Ping-pong (FA_PINGPONG): the consumer
-// warpgroups take turns issuing their GEMMs (a named barrier per consumer, 256 threads: the
-// waiting warpgroup and the one handing over), so one's softmax runs while another's GEMMs
-// occupy the tensor cores.
+// back to back, and the softmax of tile j is meant to run while the tensor cores finish
+// P(j-1)·V(j-1); P is kept as packed 16-bit registers beside S for that. (ptxas 13.0 schedules
+// the second wait before the softmax anyway, so on this toolkit it does not pay; see
+// fence_softmax.) Ping-pong (FA_PINGPONG): the consumer warpgroups take turns issuing their GEMMs
+// (a named barrier per consumer, 256 threads: the waiting warpgroup and the one handing over), so
+// one's softmax runs while another's GEMMs occupy the tensor cores. Even without it the consumers
+// interleave on their own, and H200 sweeps (BENCHMARKS.md) favour it only at head_dim 256.
 //
-// Why these sizes. Registers per consumer thread: O is 64·head_dim/128 f32 (64 at head_dim 128,
-// 128 at 256), S 64·BLOCK_N/128 (64 at BLOCK_N 128), P half of S: at head_dim 128 with 128-key
-// tiles about 160 plus addresses and softmax state, inside 240. At head_dim 256 O alone is 128,
-// so BLOCK_N drops to 64. Shared memory: Q (128 x head_dim) + STAGES · (K + V) (BLOCK_N x
-// head_dim each), 16-bit: head_dim 128, BLOCK_N 128, 2 stages = 32 + 2·64 = 160 KiB; head_dim
-// 256, BLOCK_N 64 = 64 + 2·64 = 192 KiB; one CTA per SM either way, which the 384 threads at
-// 168 registers already imply.
+// Why these sizes. Registers per consumer thread: O is 64·head_dim/128 f32 (32 at head_dim 64,
+// 64 at 128, 128 at 256), S 64·BLOCK_N/128 (64 at BLOCK_N 128), P half of S, packed beside it:
+// with 2 consumers (240 registers) head_dim 128 takes 128-192-key tiles; at head_dim 256 O alone
+// is 128, so tiles are 64 or 80 keys. With 3 consumers (160 registers) head_dim 64 with 128-key
+// tiles fits (32 + 64 + 32 plus addresses; ptxas reports no spills), and each K/V tile then
+// feeds 192 rows. Shared memory: Q (BLOCK_M x head_dim) + STAGES · (K + V)
+// (BLOCK_N x head_dim each), 16-bit, + 1 KiB for alignment: head_dim 128, 128 x 128, 2 stages =
+// 32 + 2·64 = 160 KiB; head_dim 256, 128 x 80, 2 stages = 64 + 2·80 = 224 KiB; one CTA per SM,
+// which the thread count at the register cap already implies.
 //
 // Shared-memory tiles are what the copy engine writes: per 64-column panel of head_dim, rows of
 // 128 bytes with 16-byte chunk c of row r at chunk c ^ (r % 8) (128-byte swizzle), panels one
@@ -51,8 +55,8 @@
 // (sm90_ptx.cuh) need.
 //
 // Compile-time parameters (-D, set by src/cuda/plan.rs): FA_HEAD_DIM, FA_BLOCK_N, FA_STAGES,
-// FA_CONSUMERS, FA_CAUSAL, FA_BF16, FA_OVERLAP, FA_PINGPONG, FA_PV_SPLIT (1: O += P·V as one N=64 wgmma per
-// head_dim panel instead of one N=head_dim wgmma), KERNEL_NAME.
+// FA_CONSUMERS, FA_CAUSAL, FA_BF16, FA_OVERLAP, FA_PINGPONG, FA_PV_SPLIT (1: O += P·V as one
+// N = 64 wgmma per head_dim panel instead of one N = head_dim wgmma), KERNEL_NAME.
 #include "mma_ptx.cuh"
 #include "fwd_params.cuh"
 #include "sm90_ptx.cuh"

@@ -816,6 +816,26 @@ mod tests {
     }
 
     #[test]
+    fn wgmma_tiles_keep_the_swizzle_and_descriptor_rules() {
+        // What cuda/flash_fwd_wgmma.cu and sm90_ptx.cuh assume of every plan: K/V and Q panels
+        // (rows of 128 bytes) start 1024-byte aligned, the TMA box rows fit the hardware's 256,
+        // and the transposed-V descriptor's leading byte offset (one K/V panel) fits its 14-bit
+        // field in 16-byte units.
+        for d in CUDA_HEAD_DIMS {
+            for &p in wgmma_plans(d) {
+                let c = CudaKernelConfig::new(DType::BF16, d, p, false, 16).unwrap();
+                assert_eq!((c.block_m * 128) % 1024, 0, "{}", c.name());
+                assert_eq!((c.block_n * 128) % 1024, 0, "{}", c.name());
+                assert!(c.block_m <= 256 && c.block_n <= 256);
+                assert!((c.block_n * 128) >> 4 < 1 << 14);
+                // All of shared memory is addressable by the descriptors' 18-bit start field.
+                assert!(c.smem_bytes() < 1 << 18);
+                assert_eq!(c.head_dim % 64, 0);
+            }
+        }
+    }
+
+    #[test]
     fn selection_says_why_the_hopper_kernel_does_not_run() {
         let p = problem(128);
         let off_hopper = select_cuda_on(&p, 16, false).unwrap();
