@@ -7,7 +7,7 @@
 //! Options (defaults in brackets): --batch [1] --heads [8] --kv-heads [=heads] --seq [2048]
 //! (--seq-q, --seq-kv to differ) --head-dim [64] --dtype f32|f16|bf16 [f32] --causal
 //! --layout bshd|bhsd [bshd] --variant auto|coop|wg_f32|sg_f32|wg_f16|sg_f16 [auto]
-//! --plan BMxBNxTXxTYxKSxNS[xSTAGES] --coop-tile BMxBN --bounds-checks on|off [off] --runs [10] --check-rows [256]
+//! --plan BMxBNxTXxTYxKSxNS[xSTAGES] --coop-tile BMxBN --coop-direct on|off --bounds-checks on|off [off] --runs [10] --check-rows [256]
 //! --no-naive --json FILE (append one JSON line of results).
 //! Exits non-zero if a check fails.
 
@@ -61,6 +61,13 @@ fn parse_args() -> Result<Args, String> {
                 };
                 options.choice.coop_tile = Some((bm, bn));
                 options.choice.cooperative_matrix = Some(true);
+            }
+            "--coop-direct" => {
+                options.choice.coop_direct_kv = Some(match value()?.as_str() {
+                    "on" => true,
+                    "off" => false,
+                    v => return Err(format!("--coop-direct is on or off, not {v}")),
+                });
             }
             "--bounds-checks" => options.bounds_checks = common::bounds_checks(&value()?)?,
             "--runs" => runs = common::number(&value()?)?,
@@ -186,7 +193,15 @@ fn run<T: Element>(args: &Args) -> wgpu_flash_attn::Result<bool> {
                 );
                 (c.variant.name().to_string(), plan)
             }
-            ForwardKernel::Coop(c) => ("coop".to_string(), format!("{}x{}", c.block_m, c.block_n)),
+            ForwardKernel::Coop(c) => (
+                "coop".to_string(),
+                format!(
+                    "{}x{}{}",
+                    c.block_m,
+                    c.block_n,
+                    if c.direct_kv { "+direct" } else { "" }
+                ),
+            ),
         };
         let line = format!(
             "{{\"adapter\":\"{}\",\"kernel\":\"{}\",\"variant\":\"{}\",\"plan\":\"{}\",\"bounds\":\"{}\",\"dtype\":\"{}\",\"batch\":{},\"heads\":{},\"kv_heads\":{},\"seq_q\":{},\"seq_kv\":{},\"head_dim\":{},\"causal\":{},\"flash_ms\":{:.4},\"flash_tflops\":{:.3},\"naive_ms\":{},\"rel_l2\":{:.3e},\"pass\":{}}}\n",

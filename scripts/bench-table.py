@@ -2,7 +2,7 @@
 """Turns the JSON lines of one H200 run (examples/attention --json, torch_sdpa.py --json) into the
 markdown tables of BENCHMARKS.md, so that no figure is copied by hand.
 
-    python3 scripts/bench-table.py RUN_DIR [TABLE]
+    python3 scripts/bench-table.py RUN_DIR [TABLE | --backward | --coop]
 RUN_DIR holds TABLE (default table.jsonl: ours, with the naive baseline), torch.jsonl and optionally
 sweep.jsonl.
 """
@@ -51,7 +51,29 @@ def backward(run):
               f"{r['forward_tflops']:.1f} | {r['backward_tflops']:.1f} | {100 * r['backward_tflops'] / r['forward_tflops']:.0f}% | "
               f"{t.get('flash_bwd_tflops', '—')} | {t.get('cudnn_bwd_tflops', '—')} | {math} | {rel} | {'pass' if r['pass'] else 'FAIL'} |")
 
+def coop(run):
+    """The tensor-core table: tables.jsonl holding the cooperative-matrix rows (with the naive
+    baseline) and the best non-matrix variant's rows on the same shapes, beside torch.jsonl."""
+    rows = load(os.path.join(run, "tables.jsonl"))
+    torch = {(r["head_dim"], r["seq"], r["causal"]): r for r in load(os.path.join(run, "torch.jsonl"))}
+    key = lambda r: (r["head_dim"], r["seq_q"], r["causal"])
+    tiled = {key(r): r for r in rows if r["variant"] != "coop"}
+    print("| head_dim | seq | batch × heads | causal | matrix kernel (ours, f16) | best non-matrix (ours, f16 data) "
+          "| matrix / non-matrix | naive (ours, f16) | PyTorch FA2 (bf16) | cuDNN (bf16) | rel L2 vs f64 | check |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+    for r in sorted((r for r in rows if r["variant"] == "coop"), key=key):
+        t, n = torch.get(key(r), {}), tiled.get(key(r))
+        naive = r["flash_tflops"] * r["flash_ms"] / r["naive_ms"] if r.get("naive_ms") else None
+        ok = r["pass"] and (n is None or n["pass"])
+        print(f"| {r['head_dim']} | {r['seq_q']} | {r['batch']} × {r['heads']} | {'yes' if r['causal'] else 'no'} | "
+              f"{r['flash_tflops']:.1f} | {n['flash_tflops']:.1f} | {r['flash_tflops'] / n['flash_tflops']:.2f}× | "
+              f"{naive:.1f} | {t.get('flash_fwd_tflops', '—')} | {t.get('cudnn_fwd_tflops', '—')} | "
+              f"{r['rel_l2']:.1e} | {'pass' if ok else 'FAIL'} |")
+
 if __name__ == "__main__":
+    if len(sys.argv) > 2 and sys.argv[2] == "--coop":
+        coop(sys.argv[1])
+        sys.exit()
     if len(sys.argv) > 2 and sys.argv[2] == "--backward":
         backward(sys.argv[1])
         sys.exit()

@@ -23,8 +23,10 @@ if [ -n "${SWEEP:-}" ]; then
   for spec in $SWEEP; do  # spec = variant:plan:bounds:dtype
     IFS=: read -r v p b d <<< "$spec"
     echo "-- $spec" >> "$OUT/sweep.log"
-    tile="--plan"; [ "$v" = coop ] && tile="--coop-tile"
-    timeout 60 $A $base --variant "$v" ${p:+$tile $p} --bounds-checks "${b:-off}" --dtype "${d:-f32}" >> "$OUT/sweep.log" 2>&1 || echo "FAILED $spec" >> "$OUT/sweep.log"
+    # coopd: the cooperative kernel reading whole K/V tiles in place (--coop-direct on).
+    tile="--plan"; extra=""; [ "$v" = coopd ] && v=coop && extra="--coop-direct on"
+    [ "$v" = coop ] && tile="--coop-tile"
+    timeout 60 $A $base $extra --variant "$v" ${p:+$tile $p} --bounds-checks "${b:-off}" --dtype "${d:-f32}" >> "$OUT/sweep.log" 2>&1 || echo "FAILED $spec" >> "$OUT/sweep.log"
   done
   grep -E "^-- |flash:|FAIL|error" "$OUT/sweep.log"
   # The fastest correct f32 configuration runs the table and the long sequence.

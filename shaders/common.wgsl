@@ -45,7 +45,8 @@ struct Params {
     // First (batch · num_heads + head) index of this dispatch: the naive kernel processes the
     // score matrices a few heads at a time.
     bh_base: u32,
-    _pad: u32,
+    // Kernel-specific bits (FLAG_* in the kernel that reads them).
+    flags: u32,
 }
 
 @group(0) @binding(0) var<uniform> params: Params;

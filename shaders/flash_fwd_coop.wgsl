@@ -23,6 +23,13 @@
 // to rescale is made for the whole workgroup (workgroupUniformLoad), because cooperative
 // operations must stay in uniform control flow.
 //
+// Where K and V come from: with DIRECT_KV (and tensors whose rows start on 16-byte boundaries,
+// which the host reports in params.flags), the cooperative loads read K and V straight from the
+// storage buffers, through the L1 cache that the workgroup's subgroups share: no staging stores,
+// no barrier between staging and product. The last, partial K/V tile (and every tile otherwise)
+// goes through workgroup memory with zero-filled tails, because a cooperative load of rows past
+// the sequence could leave the buffer.
+//
 // Why the sizes: 16 × 16 × 16 f16 → f32 is the configuration NVIDIA and AMD expose; staged rows
 // are padded by 8 halves so consecutive rows start in different banks; BLOCK_N and the subgroup
 // count come from the host, fitted to the workgroup memory (48 KiB on NVIDIA).
@@ -47,18 +54,32 @@ var<workgroup> rows_f16: array<f16, max(BLOCK_M, BLOCK_N) * TILE_STRIDE>;
 // Per subgroup: 16 rows of scores (also a 16 × 16 window when the output is rescaled).
 var<workgroup> scores: array<f32, SUBGROUPS * 16u * S_STRIDE>;
 var<workgroup> probs: array<f16, SUBGROUPS * 16u * P_STRIDE>;
-// Whether any row's reference max moved this tile. A vec4 although one word is used: the driver
+// x: whether any row's reference max moved this tile; y: whether the next K/V tile is read in
+// place. Both are decided per tile and read with workgroupUniformLoad, because cooperative
+// operations must stay in control flow that naga can prove uniform, and its analysis treats
+// anything computed from a loop counter as non-uniform. A vec4, though two words are used: the driver
 // lays out workgroup variables in an order of its own, and cooperative loads and stores need
 // 16-byte-aligned addresses; with a 4-byte variable placed first, every array after it was off
 // by 4 bytes on the H200 and the products silently read shifted rows (BENCHMARKS.md). With every
 // variable a multiple of 16 bytes, any order keeps them aligned.
-var<workgroup> rescale_flag: vec4<u32>;
+var<workgroup> tile_flags: vec4<u32>;
 
-@group(0) @binding(1) var<storage, read> q: array<Granule>;
-@group(0) @binding(2) var<storage, read> k: array<Granule>;
-@group(0) @binding(3) var<storage, read> v: array<Granule>;
+// Q, K and V as halves (the only storage this kernel takes), so that cooperative loads can read
+// them in place; O goes out in granules like every other kernel's.
+@group(0) @binding(1) var<storage, read> q: array<f16>;
+@group(0) @binding(2) var<storage, read> k: array<f16>;
+@group(0) @binding(3) var<storage, read> v: array<f16>;
 @group(0) @binding(4) var<storage, read_write> o: array<Granule>;
 @group(0) @binding(5) var<storage, read_write> lse: array<u32>;
+
+// Element index of (b, row, h, 0) of K or V, and their row stride in elements, for direct loads.
+fn kv_element(t: TensorStrides, b: u32, row: u32, h: u32) -> u32 {
+    return 4u * row_granule(t, b, row, h);
+}
+
+// Bit of params.flags: every row of Q, K, V starts on a 16-byte boundary (the host checks
+// offsets and strides), so cooperative loads may read K and V in place.
+const FLAG_ROWS_ALIGNED: u32 = 1u;
 
 const STAGE_Q: u32 = 0u;
 const STAGE_K: u32 = 1u;
@@ -71,20 +92,28 @@ fn stage_rows(which: u32, b: u32, h: u32, first_row: u32, count: u32, row_end: u
         let r = g / DIM_VECS;
         let dg = g % DIM_VECS;
         let row = first_row + r;
-        var x = vec4<f32>(0.0);
+        var x = vec4<f16>(0.0);
         if (row < row_end && 4u * dg < params.head_dim) {
             switch which {
-                case STAGE_Q: { x = unpack_granule(q[row_granule(params.q, b, row, h) + dg]); }
-                case STAGE_K: { x = unpack_granule(k[row_granule(params.k, b, row, h) + dg]); }
-                default: { x = unpack_granule(v[row_granule(params.v, b, row, h) + dg]); }
+                case STAGE_Q: {
+                    let e = 4u * (row_granule(params.q, b, row, h) + dg);
+                    x = vec4<f16>(q[e], q[e + 1u], q[e + 2u], q[e + 3u]);
+                }
+                case STAGE_K: {
+                    let e = kv_element(params.k, b, row, h) + 4u * dg;
+                    x = vec4<f16>(k[e], k[e + 1u], k[e + 2u], k[e + 3u]);
+                }
+                default: {
+                    let e = kv_element(params.v, b, row, h) + 4u * dg;
+                    x = vec4<f16>(v[e], v[e + 1u], v[e + 2u], v[e + 3u]);
+                }
             }
         }
         let at = r * TILE_STRIDE + 4u * dg;
-        let x16 = vec4<f16>(x);
-        rows_f16[at] = x16.x;
-        rows_f16[at + 1u] = x16.y;
-        rows_f16[at + 2u] = x16.z;
-        rows_f16[at + 3u] = x16.w;
+        rows_f16[at] = x.x;
+        rows_f16[at + 1u] = x.y;
+        rows_f16[at + 2u] = x.z;
+        rows_f16[at + 3u] = x.w;
     }
 }
 
@@ -126,30 +155,52 @@ fn flash_fwd_coop(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocatio
     var m_used = NEG_BIG; // this row's reference max (same in both invocations of the row)
     var l_part = 0.0; // sum of exp2(s − m_used) over this invocation's columns
 
+    // Whole tiles of aligned rows are read in place (tile_flags.y, published by invocation 0).
+    let aligned = DIRECT_KV && (params.flags & FLAG_ROWS_ALIGNED) != 0u;
+    let k_stride = 4u * params.k.seq;
+    let v_stride = 4u * params.v.seq;
+    if (li == 0u) {
+        tile_flags.y = u32(aligned && BLOCK_N <= params.seq_kv);
+    }
     for (var t = 0u; t < num_kv_tiles; t++) {
         let n0 = t * BLOCK_N;
-        workgroupBarrier(); // everyone is done with rows_f16 (Q fragments, last tile's V)
+        // Also the barrier after which everyone is done with rows_f16 (Q fragments, last V).
+        let direct = workgroupUniformLoad(&tile_flags).y != 0u;
         if (li == 0u) {
-            rescale_flag.x = 0u;
+            tile_flags.x = 0u;
         }
-        stage_rows(STAGE_K, b, kv_head, n0, BLOCK_N, params.seq_kv, li);
-        workgroupBarrier();
+        if (!direct) {
+            stage_rows(STAGE_K, b, kv_head, n0, BLOCK_N, params.seq_kv, li);
+            workgroupBarrier();
+        }
 
         // ---- S = Q Kᵀ into this subgroup's score rows ----
         // head_dim blocks outside, key blocks inside: N_BLOCKS independent accumulators keep
-        // the matrix units busy instead of one chain of dependent multiply-adds.
+        // the matrix units busy instead of one chain of dependent multiply-adds. Kᵀ is a
+        // column-major B: its element (d, n) is K row n, column d.
         var s_frag: array<coop_mat16x16<f32, C>, N_BLOCKS>;
         // @unroll
         for (var j = 0u; j < N_BLOCKS; j++) {
             s_frag[j] = coop_mat16x16<f32, C>();
         }
-        // @unroll
-        for (var d = 0u; d < D_BLOCKS; d++) {
+        if (direct) {
+            let k0 = kv_element(params.k, b, n0, kv_head);
             // @unroll
-            for (var j = 0u; j < N_BLOCKS; j++) {
-                // Kᵀ as a column-major B: element (d, n) is K row n, column d.
-                let k_frag = coopLoad<coop_mat16x16<f16, B>>(&rows_f16[16u * j * TILE_STRIDE + 16u * d], TILE_STRIDE);
-                s_frag[j] = coopMultiplyAdd(q_frag[d], k_frag, s_frag[j]);
+            for (var d = 0u; d < D_BLOCKS; d++) {
+                // @unroll
+                for (var j = 0u; j < N_BLOCKS; j++) {
+                    let k_frag = coopLoad<coop_mat16x16<f16, B>>(&k[k0 + 16u * j * k_stride + 16u * d], k_stride);
+                    s_frag[j] = coopMultiplyAdd(q_frag[d], k_frag, s_frag[j]);
+                }
+            }
+        } else {
+            // @unroll
+            for (var d = 0u; d < D_BLOCKS; d++) {
+                // @unroll
+                for (var j = 0u; j < N_BLOCKS; j++) {
+                    let k_frag = coopLoad<coop_mat16x16<f16, B>>(&rows_f16[16u * j * TILE_STRIDE + 16u * d], TILE_STRIDE);
+                    s_frag[j] = coopMultiplyAdd(q_frag[d], k_frag, s_frag[j]);
+                }
             }
         }
         // @unroll
@@ -159,19 +210,23 @@ fn flash_fwd_coop(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocatio
         workgroupBarrier(); // scores visible to the invocations; K no longer needed
 
         // V can replace K while the invocations work on the scores.
-        stage_rows(STAGE_V, b, kv_head, n0, BLOCK_N, params.seq_kv, li);
+        if (!direct) {
+            stage_rows(STAGE_V, b, kv_head, n0, BLOCK_N, params.seq_kv, li);
+        }
 
         // ---- online softmax on this invocation's half row ----
+        // The scale is applied as the scores are read (twice), not written back: one
+        // workgroup-memory store fewer per score.
         let needs_mask = n0 + BLOCK_N > params.seq_kv
             || (params.causal != 0u && i32(n0 + BLOCK_N) > i32(m0) + params.causal_offset + 1);
         let first_col = half_n * HALF_N;
+        let my_row = my_scores + r * S_STRIDE + first_col;
         var tile_max = NEG_BIG;
         for (var c = 0u; c < HALF_N; c++) {
-            var x = scores[my_scores + r * S_STRIDE + first_col + c] * params.scale;
+            var x = scores[my_row + c] * params.scale;
             if (needs_mask && !is_visible(row, n0 + first_col + c)) {
                 x = NEG_BIG;
             }
-            scores[my_scores + r * S_STRIDE + first_col + c] = x;
             tile_max = max(tile_max, x);
         }
         tile_max = max(tile_max, subgroupShuffleXor(tile_max, 16u));
@@ -183,13 +238,13 @@ fn flash_fwd_coop(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocatio
         }
         let alpha = exp2(m_used - m_new);
         if (t > 0u && m_new != m_used) {
-            rescale_flag.x = 1u; // the same value from every writer
+            tile_flags.x = 1u; // the same value from every writer
         }
         m_used = m_new;
         l_part *= alpha;
         for (var c = 0u; c < HALF_N; c++) {
             let col = first_col + c;
-            var p = exp2(scores[my_scores + r * S_STRIDE + col] - m_used);
+            var p = exp2(scores[my_row + c] * params.scale - m_used);
             if (needs_mask && !is_visible(row, n0 + col)) {
                 p = 0.0;
             }
@@ -198,7 +253,7 @@ fn flash_fwd_coop(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocatio
         }
 
         // ---- rare: rescale the output rows whose reference max moved ----
-        if (workgroupUniformLoad(&rescale_flag).x != 0u) {
+        if (workgroupUniformLoad(&tile_flags).x != 0u) {
             // @unroll
             for (var d = 0u; d < D_BLOCKS; d++) {
                 coopStoreT(o_frag[d], &scores[my_scores], S_STRIDE);
@@ -213,14 +268,30 @@ fn flash_fwd_coop(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocatio
         workgroupBarrier(); // V staged, P written
 
         // ---- O += P V ----
-        // @unroll
-        for (var j = 0u; j < N_BLOCKS; j++) {
-            let p_frag = coopLoadT<coop_mat16x16<f16, A>>(&probs[my_probs + 16u * j], P_STRIDE);
+        if (direct) {
+            let v0 = kv_element(params.v, b, n0, kv_head);
             // @unroll
-            for (var d = 0u; d < D_BLOCKS; d++) {
-                let v_frag = coopLoadT<coop_mat16x16<f16, B>>(&rows_f16[16u * j * TILE_STRIDE + 16u * d], TILE_STRIDE);
-                o_frag[d] = coopMultiplyAdd(p_frag, v_frag, o_frag[d]);
+            for (var j = 0u; j < N_BLOCKS; j++) {
+                let p_frag = coopLoadT<coop_mat16x16<f16, A>>(&probs[my_probs + 16u * j], P_STRIDE);
+                // @unroll
+                for (var d = 0u; d < D_BLOCKS; d++) {
+                    let v_frag = coopLoadT<coop_mat16x16<f16, B>>(&v[v0 + 16u * j * v_stride + 16u * d], v_stride);
+                    o_frag[d] = coopMultiplyAdd(p_frag, v_frag, o_frag[d]);
+                }
             }
+        } else {
+            // @unroll
+            for (var j = 0u; j < N_BLOCKS; j++) {
+                let p_frag = coopLoadT<coop_mat16x16<f16, A>>(&probs[my_probs + 16u * j], P_STRIDE);
+                // @unroll
+                for (var d = 0u; d < D_BLOCKS; d++) {
+                    let v_frag = coopLoadT<coop_mat16x16<f16, B>>(&rows_f16[16u * j * TILE_STRIDE + 16u * d], TILE_STRIDE);
+                    o_frag[d] = coopMultiplyAdd(p_frag, v_frag, o_frag[d]);
+                }
+            }
+        }
+        if (li == 0u) {
+            tile_flags.y = u32(aligned && n0 + 2u * BLOCK_N <= params.seq_kv);
         }
     }
 

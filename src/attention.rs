@@ -143,6 +143,9 @@ impl FlashAttention {
         params.o = bound[3].strides;
         params.num_q_tiles = num_q_tiles(problem, &config) as u32;
         params.write_lse = buffers.lse.is_some() as u32;
+        if params.k.rows_16_byte_aligned() && params.v.rows_16_byte_aligned() {
+            params.flags |= crate::params::FLAG_ROWS_ALIGNED;
+        }
         let params_buffer = self.uniform(&params);
 
         let mut entries = vec![wgpu::BindGroupEntry {

@@ -574,6 +574,9 @@ fn kernel_params(problem: &crate::problem::AttentionProblem, block_m: u32) -> cr
     params.o = TensorStrides::new(&problem.o_layout, 0);
     params.num_q_tiles = problem.shape.seq_q.div_ceil(block_m as usize) as u32;
     params.write_lse = 1;
+    if params.k.rows_16_byte_aligned() && params.v.rows_16_byte_aligned() {
+        params.flags |= crate::params::FLAG_ROWS_ALIGNED;
+    }
     params
 }
 
@@ -719,7 +722,7 @@ fn coop_kernel_cases() {
         ("random 100x300 causal", 100, 300, true, (64, 64), random),
         ("random 128x256 bm128bn32", 128, 256, false, (128, 32), random),
     ];
-    for coherent in [false, true] {
+    for (coherent, direct_kv) in [(false, false), (true, false), (true, true)] {
         for (name, seq_q, seq_kv, causal, (bm, bn), make) in cases {
             let shape = AttentionShape {
                 batch: 1,
@@ -732,14 +735,18 @@ fn coop_kernel_cases() {
             let problem = AttentionProblem::new(shape, DType::F16).with_causal(causal);
             let (q, k, v) = make(&problem);
             let want = crate::reference::attention(&problem, &q, &k, &v).unwrap();
-            let rig = KernelRig::new(&ctx, CoopConfig::new(bm, bn, 64));
+            let rig = KernelRig::new(&ctx, CoopConfig::new(bm, bn, 64).with_direct_kv(direct_kv));
             let module = match rig.module(coherent) {
                 Ok(m) => m,
                 Err(e) => return eprintln!("coop_kernel_cases: {e}"),
             };
             let params = kernel_params(&problem, bm);
             let groups = (params.num_q_tiles, 1, 1);
-            let path = if coherent { "coherent SPIR-V" } else { "wgpu WGSL" };
+            let path = match (coherent, direct_kv) {
+                (false, _) => "wgpu WGSL",
+                (true, false) => "coherent SPIR-V",
+                (true, true) => "coherent, direct",
+            };
             match rig.dispatch(
                 &module,
                 "flash_fwd_coop",

@@ -48,11 +48,25 @@ pub(crate) struct Params {
     pub num_q_tiles: u32,
     pub write_lse: u32,
     pub bh_base: u32,
-    pub _pad: u32,
+    /// Kernel-specific bits (`FLAG_*` in the kernel that reads them).
+    pub flags: u32,
 }
 
 // WGSL lays the struct out as four 16-byte members then twelve 4-byte scalars.
 const _: () = assert!(std::mem::size_of::<Params>() == 4 * 16 + 12 * 4);
+
+/// `FLAG_ROWS_ALIGNED` of flash_fwd_coop.wgsl: every K and V row starts on a 16-byte boundary.
+pub(crate) const FLAG_ROWS_ALIGNED: u32 = 1;
+
+impl TensorStrides {
+    /// Whether every row (offset and strides, in 8-byte granules of f16) starts on a 16-byte
+    /// boundary.
+    pub(crate) fn rows_16_byte_aligned(&self) -> bool {
+        [self.offset, self.batch, self.seq, self.head]
+            .iter()
+            .all(|g| g % 2 == 0)
+    }
+}
 
 impl Params {
     /// The fields that depend only on the problem; strides and per-dispatch fields are filled in

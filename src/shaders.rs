@@ -149,8 +149,9 @@ impl KernelConfig {
             KernelConfig::FlashCoop(c) => {
                 src.push_str("enable f16;\nenable wgpu_cooperative_matrix;\n");
                 src.push_str(&format!(
-                    "const HEAD_DIM_PAD: u32 = {}u;\nconst BLOCK_M: u32 = {}u;\nconst BLOCK_N: u32 = {}u;\n",
-                    c.head_dim_pad, c.block_m, c.block_n
+                    "const HEAD_DIM_PAD: u32 = {}u;\nconst BLOCK_M: u32 = {}u;\nconst BLOCK_N: u32 = {}u;\n\
+                     const DIRECT_KV: bool = {};\n",
+                    c.head_dim_pad, c.block_m, c.block_n, c.direct_kv
                 ));
                 for part in [COMMON, STORAGE_F16, FLASH_FWD_COOP] {
                     src.push_str(part);

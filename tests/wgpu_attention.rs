@@ -246,10 +246,11 @@ fn cooperative_matrix_kernel_matches_the_reference() {
         );
         return;
     }
-    for (block_m, block_n) in COOP_PLANS {
+    for ((block_m, block_n), direct_kv) in COOP_PLANS.into_iter().flat_map(|t| [(t, false), (t, true)]) {
         let choice = KernelChoice {
             cooperative_matrix: Some(true),
             coop_tile: Some((block_m, block_n)),
+            coop_direct_kv: Some(direct_kv),
             ..Default::default()
         };
         let engine = FlashAttention::with_options(
