@@ -266,6 +266,9 @@ fn probe_sources_compile() {
                 .unwrap();
         crate::spirv_coherence::compile(name, &source).unwrap_or_else(|e| panic!("{name}: {e}"));
     }
+    for (name, source) in cost_variants(crate::select::CoopConfig::new(64, 64, 128)) {
+        crate::spirv_coherence::compile(name, &source).unwrap_or_else(|e| panic!("{name}: {e}"));
+    }
     for (name, marker, dump) in STOPS {
         let source = kernel.source().replacen(marker, &format!("{dump}{marker}"), 1);
         let source = crate::unroll::unroll_loops(&source, &[("D_BLOCKS", 4)]).unwrap();
@@ -485,6 +488,61 @@ impl<'a> KernelRig<'a> {
         o_len: usize,
         lse_len: usize,
     ) -> Result<(Vec<half::f16>, Vec<u32>), String> {
+        let bound = self.bind(module, entry, params, [q, k, v], o_len, lse_len)?;
+        self.run(&bound, groups);
+        let ranges = [
+            (&bound.o, 0, 2 * o_len as u64),
+            (&bound.lse, 0, 4 * lse_len.max(1) as u64),
+        ];
+        let bytes =
+            pollster::block_on(read_back(&self.ctx.device, &self.ctx.queue, &ranges)).map_err(|e| e.to_string())?;
+        Ok((
+            bytemuck::pod_collect_to_vec(&bytes[0]),
+            bytemuck::pod_collect_to_vec(&bytes[1]),
+        ))
+    }
+
+    /// Seconds each of `runs` waited submissions of `entry` took (wall clock).
+    fn time(
+        &self,
+        module: &wgpu::ShaderModule,
+        params: &crate::params::Params,
+        groups: (u32, u32, u32),
+        qkv: [&[half::f16]; 3],
+        o_len: usize,
+        runs: usize,
+    ) -> Result<Vec<f64>, String> {
+        let bound = self.bind(module, "flash_fwd_coop", params, qkv, o_len, 1)?;
+        Ok((0..runs)
+            .map(|_| {
+                let start = std::time::Instant::now();
+                self.run(&bound, groups);
+                let _ = self.ctx.device.poll(wgpu::PollType::wait_indefinitely());
+                start.elapsed().as_secs_f64()
+            })
+            .collect())
+    }
+
+    fn run(&self, bound: &Bound, groups: (u32, u32, u32)) {
+        let mut encoder = self.ctx.device.create_command_encoder(&Default::default());
+        {
+            let mut pass = encoder.begin_compute_pass(&Default::default());
+            pass.set_pipeline(&bound.pipeline);
+            pass.set_bind_group(0, &bound.group, &[]);
+            pass.dispatch_workgroups(groups.0, groups.1, groups.2);
+        }
+        self.ctx.queue.submit([encoder.finish()]);
+    }
+
+    fn bind(
+        &self,
+        module: &wgpu::ShaderModule,
+        entry: &str,
+        params: &crate::params::Params,
+        [q, k, v]: [&[half::f16]; 3],
+        o_len: usize,
+        lse_len: usize,
+    ) -> Result<Bound, String> {
         let device = &self.ctx.device;
         let up = |data: &[u8]| {
             crate::readback::upload(
@@ -507,8 +565,8 @@ impl<'a> KernelRig<'a> {
             up(bytemuck::cast_slice(k)),
             up(bytemuck::cast_slice(v)),
         );
-        let ob = up(bytemuck::cast_slice(&vec![half::f16::NAN; o_len]));
-        let lb = up(bytemuck::cast_slice(&vec![0x7fc0_0000u32; lse_len.max(1)]));
+        let o = up(bytemuck::cast_slice(&vec![half::f16::NAN; o_len]));
+        let lse = up(bytemuck::cast_slice(&vec![0x7fc0_0000u32; lse_len.max(1)]));
         let scope = device.push_error_scope(wgpu::ErrorFilter::Validation);
         let pipeline = device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
             label: None,
@@ -521,7 +579,7 @@ impl<'a> KernelRig<'a> {
         if let Some(e) = pollster::block_on(scope.pop()) {
             return Err(e.to_string());
         }
-        let buffers = [&uniform, &qb, &kb, &vb, &ob, &lb];
+        let buffers = [&uniform, &qb, &kb, &vb, &o, &lse];
         let entries: Vec<wgpu::BindGroupEntry> = buffers
             .iter()
             .enumerate()
@@ -535,21 +593,20 @@ impl<'a> KernelRig<'a> {
             layout: &self.group_layout,
             entries: &entries,
         });
-        let mut encoder = device.create_command_encoder(&Default::default());
-        {
-            let mut pass = encoder.begin_compute_pass(&Default::default());
-            pass.set_pipeline(&pipeline);
-            pass.set_bind_group(0, &group, &[]);
-            pass.dispatch_workgroups(groups.0, groups.1, groups.2);
-        }
-        self.ctx.queue.submit([encoder.finish()]);
-        let ranges = [(&ob, 0, 2 * o_len as u64), (&lb, 0, 4 * lse_len.max(1) as u64)];
-        let bytes = pollster::block_on(read_back(device, &self.ctx.queue, &ranges)).map_err(|e| e.to_string())?;
-        Ok((
-            bytemuck::pod_collect_to_vec(&bytes[0]),
-            bytemuck::pod_collect_to_vec(&bytes[1]),
-        ))
+        Ok(Bound {
+            pipeline,
+            group,
+            o,
+            lse,
+        })
     }
+}
+
+struct Bound {
+    pipeline: wgpu::ComputePipeline,
+    group: wgpu::BindGroup,
+    o: wgpu::Buffer,
+    lse: wgpu::Buffer,
 }
 
 fn context_with_coop(what: &str) -> Option<GpuContext> {
@@ -1042,6 +1099,89 @@ fn coop_kernel_bisect() {
                 );
             }
             Err(e) => eprintln!("coop_kernel_bisect: {name:30} ERROR {e}"),
+        }
+    }
+}
+
+/// The matrix kernel with one or more of its phases cut out (for [`coop_kernel_costs`]).
+fn cost_variants(config: crate::select::CoopConfig) -> Vec<(&'static str, String)> {
+    let cut = |src: &str, from: &str, to: &str, put: &str| -> String {
+        let a = src.find(from).unwrap_or_else(|| panic!("{from:?} not in the kernel"));
+        let b = a + src[a..].find(to).unwrap_or_else(|| panic!("{to:?} not after {from:?}"));
+        format!("{}{put}{}", &src[..a], &src[b..])
+    };
+    let softmax = (
+        "        // ---- online softmax",
+        "        // ---- rare: rescale",
+        "let alpha = 1.0;\n",
+    );
+    let pv = (
+        "        // ---- O += P V ----",
+        "        if (li == 0u) {\n            tile_flags.y = u32(aligned && n0 + 2u",
+        "",
+    );
+    let qk = |src: &str| {
+        let a = src.find("        if (direct) {\n            let k0").unwrap();
+        let store = src.find("coopStoreT(s_frag[j]").unwrap();
+        let b = src[..store].rfind("{ let j = 0u;").unwrap();
+        format!("{}{}", &src[..a], &src[b..])
+    };
+    let full = crate::shaders::KernelConfig::FlashCoop(config).source();
+    let no_softmax = cut(&full, softmax.0, softmax.1, softmax.2);
+    vec![
+        ("full kernel", full.clone()),
+        ("no softmax", no_softmax.clone()),
+        ("no softmax, no PV", cut(&no_softmax, pv.0, pv.1, pv.2)),
+        ("no softmax, no QK", qk(&no_softmax)),
+        ("no softmax, no QK, no PV", cut(&qk(&no_softmax), pv.0, pv.1, pv.2)),
+    ]
+}
+
+/// Where the matrix kernel's time goes: the kernel with one of its phases cut out (results
+/// meaningless, timings not), each run on b2 × h16 × seq 8192 × head_dim 128 and timed by the wall
+/// clock around a waited submission (tens of milliseconds each, so the clock is fine).
+#[test]
+#[ignore = "diagnostic: run with --ignored --nocapture on a device with cooperative matrices"]
+fn coop_kernel_costs() {
+    use crate::problem::{AttentionProblem, DType, Tensor};
+    use crate::select::CoopConfig;
+
+    let Some(ctx) = context_with_coop("coop_kernel_costs") else {
+        return;
+    };
+    let problem = AttentionProblem::mha(2, 8192, 16, 128, DType::F16);
+    let data: Vec<half::f16> = crate::testing::random_tensor(41, problem.required_len(Tensor::Q));
+    for (bm, bn, direct) in [(64, 64, true), (64, 64, false), (32, 64, true), (16, 64, true)] {
+        let config = CoopConfig::new(bm, bn, 128).with_direct_kv(direct);
+        let mut params = kernel_params(&problem, bm);
+        params.write_lse = 0;
+        for (name, source) in cost_variants(config) {
+            let mut rig = KernelRig::new(&ctx, config);
+            rig.source = source;
+            let module = match rig.module(true) {
+                Ok(m) => m,
+                Err(e) => {
+                    eprintln!("coop_kernel_costs: {name}: {e}");
+                    continue;
+                }
+            };
+            let groups = (params.num_q_tiles, 16, 2);
+            let mut times = match rig.time(&module, &params, groups, [&data, &data, &data], data.len(), 5) {
+                Ok(t) => t,
+                Err(e) => {
+                    eprintln!("coop_kernel_costs: {name}: {e}");
+                    continue;
+                }
+            };
+            times.sort_by(f64::total_cmp);
+            if let Some(best) = times.first() {
+                let flops = 4.0 * 2.0 * 16.0 * 8192.0 * 8192.0 * 128.0;
+                eprintln!(
+                    "coop_kernel_costs: bm{bm} bn{bn} direct={direct:5} {name:26} {:8.2} ms  ({:.1} TFLOP/s-equivalent)",
+                    best * 1e3,
+                    flops / best / 1e12
+                );
+            }
         }
     }
 }

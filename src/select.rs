@@ -300,11 +300,12 @@ pub const COOP_SUBGROUP: u32 = 32;
 
 /// Tile shapes of the cooperative kernel, best first: (block_m, block_n).
 ///
-/// 128 × 32 (8 subgroups) fits 48 KiB only up to head_dim 64, where it ran fastest on the H200
-/// (20.0 TFLOP/s against 16.0 for 64 × 64, seq 8192, direct K/V loads). 64 × 64 at head_dim 128
-/// takes 17 KiB of staged rows, 17 KiB of f32 scores and 9 KiB of f16 P: 44 KiB, within NVIDIA's
-/// 48, and ran fastest there (22.0 against 21.1 for 64 × 32). 32 × 32 fits head_dim 256 anywhere.
-pub const COOP_PLANS: [(u32, u32); 4] = [(128, 32), (64, 64), (64, 32), (32, 32)];
+/// The kernel is latency-bound on the H200: the smallest tile, 32 × 32 (two subgroups, 16 KiB of
+/// workgroup memory at head_dim 128, so many workgroups share an SM), ran fastest at every head
+/// dim (seq 8192: 24.0, 28.5, 25.5 TFLOP/s at head_dim 64, 128, 256), ahead of 64 × 32 (22.5,
+/// 21.1, 23.9), 64 × 64 (16.3, 22.0, –) and 128 × 32 (20.2 at 64); 16-row tiles ran slower
+/// (15–20). bench-results/2026-11-29/coop-run2/ has the sweeps.
+pub const COOP_PLANS: [(u32, u32); 4] = [(32, 32), (64, 32), (64, 64), (128, 32)];
 
 impl CoopConfig {
     pub fn new(block_m: u32, block_n: u32, head_dim: u32) -> Self {
@@ -483,10 +484,11 @@ pub fn select_forward(problem: &AttentionProblem, caps: &Caps, choice: &KernelCh
 /// to compute it wrong can be taken out of selection in one place.
 pub const COOP_KERNEL_VERIFIED: bool = true;
 
-/// Whether automatic selection takes the cooperative-matrix kernel where it can run. Not while it
-/// is slower than the tiled kernel on the H200 (20 vs 23 TFLOP/s at head_dim 128, seq 8192, f16
-/// data; BENCHMARKS.md).
-const COOP_BY_DEFAULT: bool = false;
+/// Whether automatic selection takes the cooperative-matrix kernel where it can run (f16 data, a
+/// device with 16 × 16 f16 matrices and 32-wide subgroups): yes, with 32 × 32 tiles it is the
+/// fastest kernel on the H200 for f16 data (28.5 against 23.5 TFLOP/s for the best tiled variant
+/// at head_dim 128, seq 8192; BENCHMARKS.md).
+const COOP_BY_DEFAULT: bool = true;
 
 /// Every cooperative configuration selection can return (for the shader tests).
 pub fn all_coop_configs() -> Vec<CoopConfig> {
