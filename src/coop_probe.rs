@@ -621,6 +621,27 @@ fn context_with_coop(what: &str) -> Option<GpuContext> {
     Some(ctx)
 }
 
+/// 16 queries, 64 keys, head_dim 64, f16: one K/V tile of one subgroup's rows.
+fn one_tile_problem() -> crate::problem::AttentionProblem {
+    let shape = crate::problem::AttentionShape {
+        batch: 1,
+        seq_q: 16,
+        seq_kv: 64,
+        num_heads: 1,
+        num_kv_heads: 1,
+        head_dim: 64,
+    };
+    crate::problem::AttentionProblem::new(shape, crate::problem::DType::F16)
+}
+
+/// Q·Kᵀ of [`one_tile_problem`] on the CPU, row-major 16 × 64.
+fn one_tile_scores(q: &[half::f16], k: &[half::f16]) -> Vec<f32> {
+    let at = |m: &[half::f16], r: usize, c: usize| m[r * 64 + c].to_f32();
+    (0..16 * 64)
+        .map(|i| (0..64).map(|d| at(q, i / 64, d) * at(k, i % 64, d)).sum())
+        .collect()
+}
+
 /// Params for a contiguous [batch, seq, heads, dim] problem, as attention.rs sets them.
 fn kernel_params(problem: &crate::problem::AttentionProblem, block_m: u32) -> crate::params::Params {
     use crate::params::{Params, TensorStrides};
@@ -642,39 +663,26 @@ fn kernel_params(problem: &crate::problem::AttentionProblem, block_m: u32) -> cr
 #[test]
 #[ignore = "diagnostic: run with --ignored --nocapture on a device with cooperative matrices"]
 fn coop_kernel_taps() {
-    use crate::problem::{AttentionProblem, AttentionShape, DType, Tensor};
+    use crate::problem::Tensor;
     use crate::select::CoopConfig;
 
     let Some(ctx) = context_with_coop("coop_kernel_taps") else {
         return;
     };
-    let shape = AttentionShape {
-        batch: 1,
-        seq_q: 16,
-        seq_kv: 64,
-        num_heads: 1,
-        num_kv_heads: 1,
-        head_dim: 64,
-    };
-    let problem = AttentionProblem::new(shape, DType::F16);
+    let problem = one_tile_problem();
     let q: Vec<half::f16> = crate::testing::random_tensor(1, problem.required_len(Tensor::Q));
     let k: Vec<half::f16> = crate::testing::random_tensor(2, problem.required_len(Tensor::K));
     let rig = KernelRig::new(&ctx, CoopConfig::new(64, 64, 64));
     let mut params = kernel_params(&problem, 64);
     params.scale = 1.0;
     let qf = |r: usize, c: usize| q[r * 64 + c].to_f32();
-    let kf = |r: usize, c: usize| k[r * 64 + c].to_f32();
+    let scores = one_tile_scores(&q, &k);
     // (entry, rows, cols, expected value at (r, c))
     type Expected<'a> = (&'a str, usize, usize, Box<dyn Fn(usize, usize) -> f32 + 'a>);
     let expected: [Expected; 3] = [
         ("tap_stage_q", 16, 64, Box::new(qf)),
         ("tap_q_fragment", 16, 16, Box::new(qf)),
-        (
-            "tap_scores",
-            16,
-            64,
-            Box::new(move |r, c| (0..64).map(|d| qf(r, d) * kf(c, d)).sum()),
-        ),
+        ("tap_scores", 16, 64, Box::new(move |r, c| scores[r * 64 + c])),
     ];
     for coherent in [false, true] {
         let module = match rig.module(coherent) {
@@ -883,29 +891,19 @@ const STOPS: [(&str, &str, &str); 3] = [
 #[test]
 #[ignore = "diagnostic: run with --ignored --nocapture on a device with cooperative matrices"]
 fn coop_kernel_stops() {
-    use crate::problem::{AttentionProblem, AttentionShape, DType, Tensor};
+    use crate::problem::Tensor;
     use crate::select::CoopConfig;
 
     let Some(ctx) = context_with_coop("coop_kernel_stops") else {
         return;
     };
-    let shape = AttentionShape {
-        batch: 1,
-        seq_q: 16,
-        seq_kv: 64,
-        num_heads: 1,
-        num_kv_heads: 1,
-        head_dim: 64,
-    };
-    let problem = AttentionProblem::new(shape, DType::F16);
+    let problem = one_tile_problem();
     let q: Vec<half::f16> = crate::testing::random_tensor(21, problem.required_len(Tensor::Q));
     let k: Vec<half::f16> = crate::testing::random_tensor(22, problem.required_len(Tensor::K));
     let v: Vec<half::f16> = crate::testing::random_tensor(23, problem.required_len(Tensor::V));
     let params = kernel_params(&problem, 64);
     let at = |m: &[half::f16], r: usize, c: usize| m[r * 64 + c].to_f32();
-    let s: Vec<f32> = (0..16 * 64)
-        .map(|i| (0..64).map(|d| at(&q, i / 64, d) * at(&k, i % 64, d)).sum())
-        .collect();
+    let s = one_tile_scores(&q, &k);
     let p: Vec<f32> = (0..16 * 64)
         .map(|i| {
             let row = &s[i / 64 * 64..][..64];
@@ -1047,28 +1045,17 @@ fn bisect_entries() -> Vec<(&'static str, String)> {
 #[test]
 #[ignore = "diagnostic: run with --ignored --nocapture on a device with cooperative matrices"]
 fn coop_kernel_bisect() {
-    use crate::problem::{AttentionProblem, AttentionShape, DType, Tensor};
+    use crate::problem::Tensor;
     use crate::select::CoopConfig;
 
     let Some(ctx) = context_with_coop("coop_kernel_bisect") else {
         return;
     };
-    let shape = AttentionShape {
-        batch: 1,
-        seq_q: 16,
-        seq_kv: 64,
-        num_heads: 1,
-        num_kv_heads: 1,
-        head_dim: 64,
-    };
-    let problem = AttentionProblem::new(shape, DType::F16);
+    let problem = one_tile_problem();
     let q: Vec<half::f16> = crate::testing::random_tensor(31, problem.required_len(Tensor::Q));
     let k: Vec<half::f16> = crate::testing::random_tensor(32, problem.required_len(Tensor::K));
     let params = kernel_params(&problem, 64);
-    let at = |m: &[half::f16], r: usize, c: usize| m[r * 64 + c].to_f32();
-    let want: Vec<f32> = (0..16 * 64)
-        .map(|i| (0..64).map(|d| at(&q, i / 64, d) * at(&k, i % 64, d)).sum())
-        .collect();
+    let want = one_tile_scores(&q, &k);
     let config = CoopConfig::new(64, 64, 64);
     for (name, body) in bisect_entries() {
         let mut rig = KernelRig::new(&ctx, config);
