@@ -2,7 +2,8 @@
 // wgpu's cooperative matrices: QKᵀ and PV as 16×16×16 f16 products with f32 accumulators, the
 // online softmax in f32 on the invocations.
 //
-// Bindings as flash_fwd.wgsl: 0 params, 1 q, 2 k, 3 v (f16 granules), 4 o, 5 the LSE bits.
+// Bindings as flash_fwd.wgsl: 0 params, 1 q, 2 k, 3 v (here arrays of halves), 4 o (f16 granules),
+// 5 the LSE bits.
 //
 // What a workgroup owns: one tile of BLOCK_M query rows of one (batch, head), like the register
 // kernel (same grid, same longest-first order, same causal tile skipping). It streams K/V in tiles
@@ -72,13 +73,13 @@ var<workgroup> tile_flags: vec4<u32>;
 @group(0) @binding(4) var<storage, read_write> o: array<Granule>;
 @group(0) @binding(5) var<storage, read_write> lse: array<u32>;
 
-// Element index of (b, row, h, 0) of K or V, and their row stride in elements, for direct loads.
-fn kv_element(t: TensorStrides, b: u32, row: u32, h: u32) -> u32 {
+// Element (half) index of (b, row, h, 0) of Q, K or V.
+fn row_element(t: TensorStrides, b: u32, row: u32, h: u32) -> u32 {
     return 4u * row_granule(t, b, row, h);
 }
 
-// Bit of params.flags: every row of Q, K, V starts on a 16-byte boundary (the host checks
-// offsets and strides), so cooperative loads may read K and V in place.
+// Bit of params.flags: every row of K and V starts on a 16-byte boundary (the host checks
+// offsets and strides), so cooperative loads may read them in place.
 const FLAG_ROWS_ALIGNED: u32 = 1u;
 
 const STAGE_Q: u32 = 0u;
@@ -96,15 +97,15 @@ fn stage_rows(which: u32, b: u32, h: u32, first_row: u32, count: u32, row_end: u
         if (row < row_end && 4u * dg < params.head_dim) {
             switch which {
                 case STAGE_Q: {
-                    let e = 4u * (row_granule(params.q, b, row, h) + dg);
+                    let e = row_element(params.q, b, row, h) + 4u * dg;
                     x = vec4<f16>(q[e], q[e + 1u], q[e + 2u], q[e + 3u]);
                 }
                 case STAGE_K: {
-                    let e = kv_element(params.k, b, row, h) + 4u * dg;
+                    let e = row_element(params.k, b, row, h) + 4u * dg;
                     x = vec4<f16>(k[e], k[e + 1u], k[e + 2u], k[e + 3u]);
                 }
                 default: {
-                    let e = kv_element(params.v, b, row, h) + 4u * dg;
+                    let e = row_element(params.v, b, row, h) + 4u * dg;
                     x = vec4<f16>(v[e], v[e + 1u], v[e + 2u], v[e + 3u]);
                 }
             }
@@ -177,14 +178,16 @@ fn flash_fwd_coop(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocatio
         // ---- S = Q Kᵀ into this subgroup's score rows ----
         // head_dim blocks outside, key blocks inside: N_BLOCKS independent accumulators keep
         // the matrix units busy instead of one chain of dependent multiply-adds. Kᵀ is a
-        // column-major B: its element (d, n) is K row n, column d.
+        // column-major B: its element (d, n) is K row n, column d. This product and P·V below come
+        // twice, reading the storage buffer or the staged rows: WGSL has no pointer that could
+        // stand for either address space.
         var s_frag: array<coop_mat16x16<f32, C>, N_BLOCKS>;
         // @unroll
         for (var j = 0u; j < N_BLOCKS; j++) {
             s_frag[j] = coop_mat16x16<f32, C>();
         }
         if (direct) {
-            let k0 = kv_element(params.k, b, n0, kv_head);
+            let k0 = row_element(params.k, b, n0, kv_head);
             // @unroll
             for (var d = 0u; d < D_BLOCKS; d++) {
                 // @unroll
@@ -269,7 +272,7 @@ fn flash_fwd_coop(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocatio
 
         // ---- O += P V ----
         if (direct) {
-            let v0 = kv_element(params.v, b, n0, kv_head);
+            let v0 = row_element(params.v, b, n0, kv_head);
             // @unroll
             for (var j = 0u; j < N_BLOCKS; j++) {
                 let p_frag = coopLoadT<coop_mat16x16<f16, A>>(&probs[my_probs + 16u * j], P_STRIDE);

@@ -136,16 +136,12 @@ impl FlashAttention {
         let pipeline = self.pipelines.get(&Self::pipeline_key(&config))?;
         let bound = self.bind_forward(problem, buffers)?;
 
-        let mut params = Params::for_problem(problem, problem.softmax_scale() * std::f32::consts::LOG2_E);
-        params.q = bound[0].strides;
-        params.k = bound[1].strides;
-        params.v = bound[2].strides;
-        params.o = bound[3].strides;
-        params.num_q_tiles = num_q_tiles(problem, &config) as u32;
-        params.write_lse = buffers.lse.is_some() as u32;
-        if params.k.rows_16_byte_aligned() && params.v.rows_16_byte_aligned() {
-            params.flags |= crate::params::FLAG_ROWS_ALIGNED;
-        }
+        let params = Params::for_flash(
+            problem,
+            [bound[0].strides, bound[1].strides, bound[2].strides, bound[3].strides],
+            num_q_tiles(problem, &config) as u32,
+            buffers.lse.is_some(),
+        );
         let params_buffer = self.uniform(&params);
 
         let mut entries = vec![wgpu::BindGroupEntry {

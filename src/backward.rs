@@ -215,12 +215,12 @@ impl FlashAttention {
         }
 
         let f = &problem.forward;
-        let mut params = Params::for_problem(f, f.softmax_scale() * std::f32::consts::LOG2_E);
-        params.q = bound.q.strides;
-        params.k = bound.k.strides;
-        params.v = bound.v.strides;
-        params.o = bound.o.strides;
-        params.num_q_tiles = backward_grid(problem, config, BackwardPass::Dq)[0] as u32;
+        let params = Params::for_flash(
+            f,
+            [bound.q.strides, bound.k.strides, bound.v.strides, bound.o.strides],
+            backward_grid(problem, config, BackwardPass::Dq)[0] as u32,
+            false,
+        );
         let grad = GradParams {
             d_o: bound.d_o.strides,
             dq: bound.dq.strides,

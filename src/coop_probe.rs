@@ -645,17 +645,15 @@ fn one_tile_scores(q: &[half::f16], k: &[half::f16]) -> Vec<f32> {
 /// Params for a contiguous [batch, seq, heads, dim] problem, as attention.rs sets them.
 fn kernel_params(problem: &crate::problem::AttentionProblem, block_m: u32) -> crate::params::Params {
     use crate::params::{Params, TensorStrides};
-    let mut params = Params::for_problem(problem, problem.softmax_scale() * std::f32::consts::LOG2_E);
-    params.q = TensorStrides::new(&problem.q_layout, 0);
-    params.k = TensorStrides::new(&problem.k_layout, 0);
-    params.v = TensorStrides::new(&problem.v_layout, 0);
-    params.o = TensorStrides::new(&problem.o_layout, 0);
-    params.num_q_tiles = problem.shape.seq_q.div_ceil(block_m as usize) as u32;
-    params.write_lse = 1;
-    if params.k.rows_16_byte_aligned() && params.v.rows_16_byte_aligned() {
-        params.flags |= crate::params::FLAG_ROWS_ALIGNED;
-    }
-    params
+    let strides = [
+        &problem.q_layout,
+        &problem.k_layout,
+        &problem.v_layout,
+        &problem.o_layout,
+    ]
+    .map(|layout| TensorStrides::new(layout, 0));
+    let num_q_tiles = problem.shape.seq_q.div_ceil(block_m as usize) as u32;
+    Params::for_flash(problem, strides, num_q_tiles, true)
 }
 
 /// Runs the matrix kernel's module with [`TAPS`] appended on a 16-query, 64-key, head_dim 64

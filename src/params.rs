@@ -56,12 +56,12 @@ pub(crate) struct Params {
 const _: () = assert!(std::mem::size_of::<Params>() == 4 * 16 + 12 * 4);
 
 /// `FLAG_ROWS_ALIGNED` of flash_fwd_coop.wgsl: every K and V row starts on a 16-byte boundary.
-pub(crate) const FLAG_ROWS_ALIGNED: u32 = 1;
+const FLAG_ROWS_ALIGNED: u32 = 1;
 
 impl TensorStrides {
     /// Whether every row (offset and strides, in 8-byte granules of f16) starts on a 16-byte
     /// boundary.
-    pub(crate) fn rows_16_byte_aligned(&self) -> bool {
+    fn rows_16_byte_aligned(&self) -> bool {
         [self.offset, self.batch, self.seq, self.head]
             .iter()
             .all(|g| g % 2 == 0)
@@ -84,6 +84,24 @@ impl Params {
             scale,
             ..Params::default()
         }
+    }
+
+    /// The flash kernels' parameters (forward and backward): the scale in base 2, the bound
+    /// strides of q, k, v, o, the grid's query tiles, and the flags the cooperative kernel reads.
+    pub fn for_flash(
+        problem: &AttentionProblem,
+        [q, k, v, o]: [TensorStrides; 4],
+        num_q_tiles: u32,
+        write_lse: bool,
+    ) -> Self {
+        let mut params = Params::for_problem(problem, problem.softmax_scale() * std::f32::consts::LOG2_E);
+        (params.q, params.k, params.v, params.o) = (q, k, v, o);
+        params.num_q_tiles = num_q_tiles;
+        params.write_lse = write_lse as u32;
+        if k.rows_16_byte_aligned() && v.rows_16_byte_aligned() {
+            params.flags |= FLAG_ROWS_ALIGNED;
+        }
+        params
     }
 }
 

@@ -156,7 +156,7 @@ impl KernelConfig {
                 for part in [COMMON, STORAGE_F16, FLASH_FWD_COOP] {
                     src.push_str(part);
                 }
-                // The fragment loops must be unrolled (src/unroll.rs says why). Our own shader's
+                // The fragment loops are unrolled (src/unroll.rs says why). Our own shader's
                 // markers are checked by the tests; should one ever be malformed, the module
                 // fails to compile with the reason instead of the library panicking.
                 src = match crate::unroll::unroll_loops(&src, &c.unroll_bounds()) {
