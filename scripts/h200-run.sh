@@ -34,8 +34,9 @@ if [ -n "${SWEEP:-}" ]; then
 import json
 rows = [json.loads(l) for l in open('$OUT/sweep.jsonl')]
 rows = [r for r in rows if r['pass'] and r['dtype'] == 'f32']
-b = max(rows, key=lambda r: r['flash_tflops'])
-print(f\"--variant {b['variant']} --plan {b['plan']} --bounds-checks {b['bounds']}\")")
+if rows:  # a sweep of f16 kernels only has no f32 plan to pass on
+    b = max(rows, key=lambda r: r['flash_tflops'])
+    print(f\"--variant {b['variant']} --plan {b['plan']} --bounds-checks {b['bounds']}\")")
   echo "best: $BEST" | tee -a "$OUT/steps.log"
   TABLE_ARGS="${TABLE_ARGS:-$BEST}"
 fi
