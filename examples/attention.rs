@@ -92,26 +92,11 @@ fn parse_args() -> Result<Args, String> {
 }
 
 fn main() -> ExitCode {
-    let args = match parse_args() {
-        Ok(a) => a,
-        Err(e) => {
-            eprintln!("{e}");
-            return ExitCode::from(2);
-        }
-    };
-    let result = match args.problem.dtype {
+    common::exit_code(parse_args().map(|args| match args.problem.dtype {
         DType::F32 => run::<f32>(&args),
         DType::F16 => run::<half::f16>(&args),
         DType::BF16 => run::<half::bf16>(&args),
-    };
-    match result {
-        Ok(true) => ExitCode::SUCCESS,
-        Ok(false) => ExitCode::FAILURE,
-        Err(e) => {
-            eprintln!("error: {e}");
-            ExitCode::FAILURE
-        }
-    }
+    }))
 }
 
 fn run<T: Element>(args: &Args) -> wgpu_flash_attn::Result<bool> {

@@ -1,4 +1,5 @@
-//! What the examples share: the problem flags, the adapter line, how a timing is printed.
+//! What the examples share: the problem flags, the adapter line, how a timing is printed, the
+//! exit status.
 #![allow(dead_code)]
 
 use wgpu_flash_attn::timing::{Clock, Timing};
@@ -154,4 +155,22 @@ pub fn describe_timing(t: &Timing, flops: f64) -> String {
         t.runs,
         t.min * 1e3
     )
+}
+
+/// The exit status of an example: 2 for bad flags (said on stderr), 1 for an error or a failed
+/// check, 0 when every check passed.
+pub fn exit_code(outcome: Result<wgpu_flash_attn::Result<bool>, String>) -> std::process::ExitCode {
+    use std::process::ExitCode;
+    match outcome {
+        Err(usage) => {
+            eprintln!("{usage}");
+            ExitCode::from(2)
+        }
+        Ok(Ok(true)) => ExitCode::SUCCESS,
+        Ok(Ok(false)) => ExitCode::FAILURE,
+        Ok(Err(e)) => {
+            eprintln!("error: {e}");
+            ExitCode::FAILURE
+        }
+    }
 }
