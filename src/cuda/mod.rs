@@ -35,6 +35,20 @@ pub mod nvrtc;
 pub mod plan;
 pub mod tma;
 
+/// The host-side tests' problem: bf16, ragged lengths (1000 queries, 777 keys), GQA 8:2.
+#[cfg(test)]
+fn test_problem(head_dim: usize) -> crate::AttentionProblem {
+    let shape = crate::problem::AttentionShape {
+        batch: 2,
+        seq_q: 1000,
+        seq_kv: 777,
+        num_heads: 8,
+        num_kv_heads: 2,
+        head_dim,
+    };
+    crate::AttentionProblem::new(shape, crate::DType::BF16)
+}
+
 pub use cudarc;
 pub use device::{arch_for, driver_available, CudaDevice};
 pub use launch::{CudaAttention, CudaOptions, DeviceTensors, KernelInfo};

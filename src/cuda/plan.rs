@@ -715,21 +715,9 @@ pub fn all_cuda_configs() -> Vec<CudaKernelConfig> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::problem::{AttentionShape, Layout, TensorLayout};
+    use crate::problem::{Layout, TensorLayout};
 
-    fn problem(head_dim: usize) -> AttentionProblem {
-        AttentionProblem::new(
-            AttentionShape {
-                batch: 2,
-                seq_q: 1000,
-                seq_kv: 777,
-                num_heads: 8,
-                num_kv_heads: 2,
-                head_dim,
-            },
-            DType::BF16,
-        )
-    }
+    use crate::cuda::test_problem as problem;
 
     #[test]
     fn every_head_dim_has_plans_that_fit_and_divide_the_work() {
