@@ -7,7 +7,7 @@
 //! Options (defaults in brackets): --batch [1] --heads [8] --kv-heads [=heads] --seq [2048]
 //! (--seq-q, --seq-kv to differ) --head-dim [64] --dtype f32|f16|bf16 [f32] --causal
 //! --layout bshd|bhsd [bshd] --variant auto|coop|wg_f32|sg_f32|wg_f16|sg_f16 [auto]
-//! --plan BMxBNxTXxTYxKSxNS[xSTAGES] --coop-tile BMxBN --coop-direct on|off --bounds-checks on|off [off] --runs [10] --check-rows [256]
+//! --plan BMxBNxTXxTYxKSxNS[xSTAGES] --coop-tile BMxBN --coop-prefetch on|off --coop-buffers 1|2 --bounds-checks on|off [off] --runs [10] --check-rows [256]
 //! --no-naive --json FILE (append one JSON line of results).
 //! Exits non-zero if a check fails.
 
@@ -62,11 +62,18 @@ fn parse_args() -> Result<Args, String> {
                 options.choice.coop_tile = Some((bm, bn));
                 options.choice.cooperative_matrix = Some(true);
             }
-            "--coop-direct" => {
-                options.choice.coop_direct_kv = Some(match value()?.as_str() {
+            "--coop-buffers" => {
+                options.choice.coop_double_buffer = Some(match value()?.as_str() {
+                    "1" => false,
+                    "2" => true,
+                    v => return Err(format!("--coop-buffers is 1 or 2, not {v}")),
+                });
+            }
+            "--coop-prefetch" => {
+                options.choice.coop_prefetch_kv = Some(match value()?.as_str() {
                     "on" => true,
                     "off" => false,
-                    v => return Err(format!("--coop-direct is on or off, not {v}")),
+                    v => return Err(format!("--coop-prefetch is on or off, not {v}")),
                 });
             }
             "--bounds-checks" => options.bounds_checks = common::bounds_checks(&value()?)?,
@@ -181,10 +188,11 @@ fn run<T: Element>(args: &Args) -> wgpu_flash_attn::Result<bool> {
             ForwardKernel::Coop(c) => (
                 "coop".to_string(),
                 format!(
-                    "{}x{}{}",
+                    "{}x{}{}{}",
                     c.block_m,
                     c.block_n,
-                    if c.direct_kv { "+direct" } else { "" }
+                    if c.prefetch_kv { "+prefetch" } else { "" },
+                    if c.double_buffer { "+db" } else { "" }
                 ),
             ),
         };

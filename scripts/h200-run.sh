@@ -23,8 +23,15 @@ if [ -n "${SWEEP:-}" ]; then
   for spec in $SWEEP; do  # spec = variant:plan:bounds:dtype
     IFS=: read -r v p b d <<< "$spec"
     echo "-- $spec" >> "$OUT/sweep.log"
-    # coopd: the cooperative kernel reading whole K/V tiles in place (--coop-direct on).
-    tile="--plan"; extra=""; [ "$v" = coopd ] && v=coop && extra="--coop-direct on"
+    # coop: the cooperative kernel (plan = its BMxBN tile) with the K/V prefetch into registers;
+    # coopn: without it; coopd / coopdn: the same with K/V double-buffered.
+    tile="--plan"; extra=""
+    case $v in
+      coop) extra="--coop-prefetch on --coop-buffers 1";;
+      coopn) v=coop; extra="--coop-prefetch off --coop-buffers 1";;
+      coopd) v=coop; extra="--coop-prefetch on --coop-buffers 2";;
+      coopdn) v=coop; extra="--coop-prefetch off --coop-buffers 2";;
+    esac
     [ "$v" = coop ] && tile="--coop-tile"
     timeout 60 $A $base $extra --variant "$v" ${p:+$tile $p} --bounds-checks "${b:-off}" --dtype "${d:-f32}" >> "$OUT/sweep.log" 2>&1 || echo "FAILED $spec" >> "$OUT/sweep.log"
   done

@@ -45,7 +45,7 @@ struct Params {
     // First (batch · num_heads + head) index of this dispatch: the naive kernel processes the
     // score matrices a few heads at a time.
     bh_base: u32,
-    // Kernel-specific bits (FLAG_* in the kernel that reads them).
+    // Kernel-specific bits (none used at present; keeps the layout stable).
     flags: u32,
 }
 

@@ -15,6 +15,8 @@ pub struct Caps {
     /// 8 on lavapipe; AMD reports 32..64, Intel 8..32).
     pub subgroup_min_size: u32,
     pub subgroup_max_size: u32,
+    /// `subgroupBarrier()` is enabled on the device (wgpu's `SUBGROUP_BARRIER`).
+    pub subgroup_barrier: bool,
     /// `shader-f16` is enabled on the device.
     pub shader_f16: bool,
     /// GPU timestamps can be written at the start and end of compute passes.
@@ -44,6 +46,7 @@ impl Caps {
             subgroups: f.contains(wgpu::Features::SUBGROUP) && info.backend != wgpu::Backend::BrowserWebGpu,
             subgroup_min_size: info.subgroup_min_size,
             subgroup_max_size: info.subgroup_max_size,
+            subgroup_barrier: f.contains(wgpu::Features::SUBGROUP_BARRIER),
             shader_f16: f.contains(wgpu::Features::SHADER_F16),
             timestamps: f.contains(wgpu::Features::TIMESTAMP_QUERY),
             // Known only from the adapter; see `with_cooperative_matrix`.
@@ -85,6 +88,7 @@ impl Caps {
             subgroups: false,
             subgroup_min_size: 4,
             subgroup_max_size: 128,
+            subgroup_barrier: false,
             shader_f16: false,
             timestamps: false,
             cooperative_matrix_f16: false,
@@ -113,6 +117,7 @@ pub(crate) mod fixtures {
             subgroups: true,
             subgroup_min_size: 8,
             subgroup_max_size: 8,
+            subgroup_barrier: true,
             shader_f16: true,
             timestamps: true,
             cooperative_matrix_f16: false,

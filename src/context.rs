@@ -16,7 +16,10 @@ pub struct GpuContext {
 /// Features the kernels can use when the adapter has them. Nothing else is requested (and the
 /// cooperative-matrix feature only as [`ContextOptions`] allow).
 pub fn wanted_features() -> wgpu::Features {
-    wgpu::Features::SUBGROUP | wgpu::Features::SHADER_F16 | wgpu::Features::TIMESTAMP_QUERY
+    wgpu::Features::SUBGROUP
+        | wgpu::Features::SUBGROUP_BARRIER
+        | wgpu::Features::SHADER_F16
+        | wgpu::Features::TIMESTAMP_QUERY
 }
 
 /// How [`GpuContext`] sets up a device it creates.

@@ -1,17 +1,47 @@
-//! A probe of what cooperative matrices do on the device at hand, for the matrix kernel's
-//! debugging (it returned wrong results on the H200): one 16×16×16 product C = A·B, loaded and
-//! stored in each of the ways the kernel uses, through wgpu's WGSL path and through our coherent
-//! SPIR-V (src/spirv_coherence.rs), each compared with the CPU.
+//! Diagnostics for the cooperative-matrix kernel, for devices that have cooperative matrices (the
+//! H200): `cargo test --release --lib coop_ -- --ignored --nocapture`. They report; they do not
+//! judge (the float64 tests in tests/wgpu_attention.rs do).
 //!
-//! Runs only where the device offers 16×16 f16 cooperative matrices:
-//! `cargo test --release --lib coop_probe -- --ignored --nocapture` (on the H200). It reports; it
-//! does not judge.
+//! - `coop_probe`: one 16×16×16 product C = A·B, loaded and stored in each of the ways the kernel
+//!   uses, through wgpu's WGSL path and through our SPIR-V (src/spirv_coherence.rs).
+//! - `coop_kernel_cases`: the whole kernel on inputs chosen to separate its stages.
+//! - `coop_kernel_costs`: the kernel with phases cut out, timed, to see where the time goes.
+//!
+//! The taps, stops and bisection that found the misaligned workgroup flag (BENCHMARKS.md) were
+//! written against the first kernel and are in the git history.
 
 #![cfg(test)]
 
 use std::borrow::Cow;
 
 use crate::context::GpuContext;
+use crate::spirv_coherence::{Coherence, SubgroupBarrier};
+
+/// Barrier semantics other than the library's, for the kernel probes: what each part of the
+/// coherence rewrite costs, and whether the kernel stays right without it on this device.
+const BARRIER_VARIANTS: [(&str, Coherence); 3] = [
+    (
+        "sg ordered",
+        Coherence {
+            workgroup_barrier_visible: true,
+            subgroup_barrier: SubgroupBarrier::Ordered,
+        },
+    ),
+    (
+        "sg exec-only",
+        Coherence {
+            workgroup_barrier_visible: true,
+            subgroup_barrier: SubgroupBarrier::ExecutionOnly,
+        },
+    ),
+    (
+        "wg+sg plain",
+        Coherence {
+            workgroup_barrier_visible: false,
+            subgroup_barrier: SubgroupBarrier::ExecutionOnly,
+        },
+    ),
+];
 use crate::readback::read_back;
 
 const HEADER: &str = "enable f16;\nenable wgpu_cooperative_matrix;\n\
@@ -48,6 +78,7 @@ const VARIANTS: &[(&str, &str, &str)] = &[
         "var<workgroup> wa: array<f16, 384>;\nvar<workgroup> wb: array<f16, 384>;\n",
     ),
     (
+        // As the kernel stages its tiles: arrays of vec4<f16>, the stride counted in vec4s.
         "workgroup_vec4_f16",
         "for (var i = li; i < 64u; i += 32u) {\n\
            let r = i / 4u; let g = i % 4u;\n\
@@ -55,8 +86,8 @@ const VARIANTS: &[(&str, &str, &str)] = &[
            wb[r * 6u + g] = vec4<f16>(b[4u * i], b[4u * i + 1u], b[4u * i + 2u], b[4u * i + 3u]);\n\
          }\n\
          workgroupBarrier();\n\
-         let ma = coopLoadT<coop_mat16x16<f16, A>>(&wa[0], 24u);\n\
-         let mb = coopLoadT<coop_mat16x16<f16, B>>(&wb[0], 24u);\n\
+         let ma = coopLoadT<coop_mat16x16<f16, A>>(&wa[0], 6u);\n\
+         let mb = coopLoadT<coop_mat16x16<f16, B>>(&wb[0], 6u);\n\
          coopStoreT(coopMultiplyAdd(ma, mb, coop_mat16x16<f32, C>()), &c[0], 16u);",
         "var<workgroup> wa: array<vec4<f16>, 96>;\nvar<workgroup> wb: array<vec4<f16>, 96>;\n",
     ),
@@ -250,28 +281,14 @@ fn run(ctx: &GpuContext, src: &str, coherent: bool, a: &[half::f16], b: &[half::
     Ok(bytemuck::pod_collect_to_vec(&bytes[0]))
 }
 
-/// Every probe compiles through naga and the coherence pass (the probe itself needs a device with
-/// cooperative matrices, so it is `#[ignore]`d).
+/// Every probe compiles through naga and the coherence pass (the probes themselves need a device
+/// with cooperative matrices, so they are `#[ignore]`d).
 #[test]
 fn probe_sources_compile() {
     for (name, body, extra) in VARIANTS {
         crate::spirv_coherence::compile(name, &source(body, extra)).unwrap_or_else(|e| panic!("{name}: {e}"));
     }
-    let kernel = crate::shaders::KernelConfig::FlashCoop(crate::select::CoopConfig::new(64, 64, 64));
-    crate::spirv_coherence::compile("taps", &(kernel.source() + TAPS)).unwrap_or_else(|e| panic!("taps: {e}"));
-    for (name, body) in bisect_entries() {
-        let entry = format!("@compute @workgroup_size(WORKGROUP_SIZE)\nfn {name}(@builtin(local_invocation_index) li: u32) {{\n{body}}}\n");
-        let source =
-            crate::unroll::unroll_loops(&(kernel.source() + TAPS + &entry), &[("D_BLOCKS", 4), ("N_BLOCKS", 4)])
-                .unwrap();
-        crate::spirv_coherence::compile(name, &source).unwrap_or_else(|e| panic!("{name}: {e}"));
-    }
-    for (name, source) in cost_variants(crate::select::CoopConfig::new(64, 64, 128)) {
-        crate::spirv_coherence::compile(name, &source).unwrap_or_else(|e| panic!("{name}: {e}"));
-    }
-    for (name, marker, dump) in STOPS {
-        let source = kernel.source().replacen(marker, &format!("{dump}{marker}"), 1);
-        let source = crate::unroll::unroll_loops(&source, &[("D_BLOCKS", 4)]).unwrap();
+    for (name, source) in cost_variants(crate::select::CoopConfig::new(64, 32, 128)) {
         crate::spirv_coherence::compile(name, &source).unwrap_or_else(|e| panic!("{name}: {e}"));
     }
 }
@@ -336,66 +353,8 @@ fn coop_probe() {
     }
 }
 
-/// Entry points appended to the matrix kernel's own module, each stopping at one stage of the
-/// kernel and copying what it has into `o` (f16 granules, 64 halves a row): the staged Q rows,
-/// the first Q fragment as the cooperative load sees it, and the first 16 × 64 scores.
-const TAPS: &str = r#"
-@compute @workgroup_size(WORKGROUP_SIZE)
-fn tap_stage_q(@builtin(local_invocation_index) li: u32) {
-    stage_rows(STAGE_Q, 0u, 0u, 0u, BLOCK_M, params.seq_q, li);
-    workgroupBarrier();
-    for (var g = li; g < 16u * DIM_VECS; g += WORKGROUP_SIZE) {
-        let at = (g / DIM_VECS) * TILE_STRIDE + 4u * (g % DIM_VECS);
-        o[g] = pack_granule(vec4<f32>(vec4<f16>(rows_f16[at], rows_f16[at + 1u], rows_f16[at + 2u], rows_f16[at + 3u])));
-    }
-}
-
-@compute @workgroup_size(WORKGROUP_SIZE)
-fn tap_q_fragment(@builtin(local_invocation_index) li: u32) {
-    let sg = li / SUBGROUP;
-    stage_rows(STAGE_Q, 0u, 0u, 0u, BLOCK_M, params.seq_q, li);
-    workgroupBarrier();
-    let f = coopLoadT<coop_mat16x16<f16, A>>(&rows_f16[sg * 16u * TILE_STRIDE], TILE_STRIDE);
-    coopStoreT(f, &probs[sg * 16u * P_STRIDE], P_STRIDE);
-    workgroupBarrier();
-    for (var g = li; g < 64u; g += WORKGROUP_SIZE) {
-        let at = (g / 4u) * P_STRIDE + 4u * (g % 4u);
-        o[(g / 4u) * DIM_VECS + g % 4u] = pack_granule(vec4<f32>(vec4<f16>(probs[at], probs[at + 1u], probs[at + 2u], probs[at + 3u])));
-    }
-}
-
-@compute @workgroup_size(WORKGROUP_SIZE)
-fn tap_scores(@builtin(local_invocation_index) li: u32) {
-    let sg = li / SUBGROUP;
-    stage_rows(STAGE_Q, 0u, 0u, 0u, BLOCK_M, params.seq_q, li);
-    workgroupBarrier();
-    var q_frag: array<coop_mat16x16<f16, A>, D_BLOCKS>;
-    for (var d = 0u; d < D_BLOCKS; d++) {
-        q_frag[d] = coopLoadT<coop_mat16x16<f16, A>>(&rows_f16[sg * 16u * TILE_STRIDE + 16u * d], TILE_STRIDE);
-    }
-    workgroupBarrier();
-    stage_rows(STAGE_K, 0u, 0u, 0u, BLOCK_N, params.seq_kv, li);
-    workgroupBarrier();
-    for (var j = 0u; j < N_BLOCKS; j++) {
-        var acc = coop_mat16x16<f32, C>();
-        for (var d = 0u; d < D_BLOCKS; d++) {
-            let k_frag = coopLoad<coop_mat16x16<f16, B>>(&rows_f16[16u * j * TILE_STRIDE + 16u * d], TILE_STRIDE);
-            acc = coopMultiplyAdd(q_frag[d], k_frag, acc);
-        }
-        coopStoreT(acc, &scores[sg * 16u * S_STRIDE + 16u * j], S_STRIDE);
-    }
-    workgroupBarrier();
-    for (var g = li; g < 16u * BLOCK_N / 4u; g += WORKGROUP_SIZE) {
-        let r = g / (BLOCK_N / 4u);
-        let c = 4u * (g % (BLOCK_N / 4u));
-        let at = r * S_STRIDE + c;
-        o[r * DIM_VECS + c / 4u] = pack_granule(vec4<f32>(scores[at], scores[at + 1u], scores[at + 2u], scores[at + 3u]));
-    }
-}
-"#;
-
-/// The matrix kernel's module (with [`TAPS`] appended) on the device, through wgpu's WGSL path or
-/// through our coherent SPIR-V, with the bindings the kernel expects.
+/// The matrix kernel's module on the device, built as the library builds it (our SPIR-V), with
+/// the bindings the kernel expects; its source may be edited before [`module`](Self::module).
 struct KernelRig<'a> {
     ctx: &'a GpuContext,
     source: String,
@@ -403,8 +362,6 @@ struct KernelRig<'a> {
     group_layout: wgpu::BindGroupLayout,
     layout: wgpu::PipelineLayout,
 }
-
-const RIG_ENTRIES: [&str; 4] = ["flash_fwd_coop", "tap_stage_q", "tap_q_fragment", "tap_scores"];
 
 impl<'a> KernelRig<'a> {
     fn new(ctx: &'a GpuContext, config: crate::select::CoopConfig) -> Self {
@@ -439,37 +396,31 @@ impl<'a> KernelRig<'a> {
         });
         KernelRig {
             ctx,
-            source: crate::shaders::KernelConfig::FlashCoop(config).source() + TAPS,
+            source: crate::shaders::KernelConfig::FlashCoop(config).source(),
             workgroup_size: config.workgroup_size(),
             group_layout,
             layout,
         }
     }
 
-    fn module(&self, coherent: bool) -> Result<wgpu::ShaderModule, String> {
-        let device = &self.ctx.device;
-        if !coherent {
-            return Ok(device.create_shader_module(wgpu::ShaderModuleDescriptor {
-                label: None,
-                source: wgpu::ShaderSource::Wgsl(Cow::Borrowed(&self.source)),
-            }));
-        }
-        let words = crate::spirv_coherence::compile("taps", &self.source).map_err(|e| e.to_string())?;
-        let entries: Vec<wgpu::PassthroughShaderEntryPoint> = RIG_ENTRIES
-            .iter()
-            .map(|n| wgpu::PassthroughShaderEntryPoint {
-                name: Cow::Borrowed(*n),
-                workgroup_size: (self.workgroup_size, 1, 1),
-            })
-            .collect();
+    /// The module with the given coherence rewrite (the library's is `Coherence::FULL`).
+    fn module(&self, coherence: Coherence) -> Result<wgpu::ShaderModule, String> {
+        let words =
+            crate::spirv_coherence::compile_with("kernel", &self.source, Some(coherence)).map_err(|e| e.to_string())?;
+        let entries = [wgpu::PassthroughShaderEntryPoint {
+            name: Cow::Borrowed("flash_fwd_coop"),
+            workgroup_size: (self.workgroup_size, 1, 1),
+        }];
         // SAFETY: naga's validated translation, strengthened by spirv_coherence.
         Ok(unsafe {
-            device.create_shader_module_passthrough(wgpu::ShaderModuleDescriptorPassthrough {
-                label: None,
-                entry_points: Cow::Owned(entries),
-                spirv: Some(Cow::Owned(words)),
-                ..Default::default()
-            })
+            self.ctx
+                .device
+                .create_shader_module_passthrough(wgpu::ShaderModuleDescriptorPassthrough {
+                    label: None,
+                    entry_points: Cow::Borrowed(&entries),
+                    spirv: Some(Cow::Owned(words)),
+                    ..Default::default()
+                })
         })
     }
 
@@ -502,7 +453,9 @@ impl<'a> KernelRig<'a> {
         ))
     }
 
-    /// Seconds each of `runs` waited submissions of `entry` took (wall clock).
+    /// The kernel's time on the GPU's clock (timestamps around the pass), after warm-up runs:
+    /// the GPU's clocks ramp down between the probes' short bursts, and a wall clock around one
+    /// submission gave bimodal timings here.
     fn time(
         &self,
         module: &wgpu::ShaderModule,
@@ -510,17 +463,19 @@ impl<'a> KernelRig<'a> {
         groups: (u32, u32, u32),
         qkv: [&[half::f16]; 3],
         o_len: usize,
-        runs: usize,
-    ) -> Result<Vec<f64>, String> {
+    ) -> Result<crate::timing::Timing, String> {
         let bound = self.bind(module, "flash_fwd_coop", params, qkv, o_len, 1)?;
-        Ok((0..runs)
-            .map(|_| {
-                let start = std::time::Instant::now();
-                self.run(&bound, groups);
-                let _ = self.ctx.device.poll(wgpu::PollType::wait_indefinitely());
-                start.elapsed().as_secs_f64()
-            })
-            .collect())
+        crate::timing::time_passes(self.ctx, 3, 7, |encoder, timestamp_writes| {
+            let mut pass = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor {
+                label: None,
+                timestamp_writes,
+            });
+            pass.set_pipeline(&bound.pipeline);
+            pass.set_bind_group(0, &bound.group, &[]);
+            pass.dispatch_workgroups(groups.0, groups.1, groups.2);
+            Ok(())
+        })
+        .map_err(|e| e.to_string())
     }
 
     fn run(&self, bound: &Bound, groups: (u32, u32, u32)) {
@@ -621,27 +576,6 @@ fn context_with_coop(what: &str) -> Option<GpuContext> {
     Some(ctx)
 }
 
-/// 16 queries, 64 keys, head_dim 64, f16: one K/V tile of one subgroup's rows.
-fn one_tile_problem() -> crate::problem::AttentionProblem {
-    let shape = crate::problem::AttentionShape {
-        batch: 1,
-        seq_q: 16,
-        seq_kv: 64,
-        num_heads: 1,
-        num_kv_heads: 1,
-        head_dim: 64,
-    };
-    crate::problem::AttentionProblem::new(shape, crate::problem::DType::F16)
-}
-
-/// Q·Kᵀ of [`one_tile_problem`] on the CPU, row-major 16 × 64.
-fn one_tile_scores(q: &[half::f16], k: &[half::f16]) -> Vec<f32> {
-    let at = |m: &[half::f16], r: usize, c: usize| m[r * 64 + c].to_f32();
-    (0..16 * 64)
-        .map(|i| (0..64).map(|d| at(q, i / 64, d) * at(k, i % 64, d)).sum())
-        .collect()
-}
-
 /// Params for a contiguous [batch, seq, heads, dim] problem, as attention.rs sets them.
 fn kernel_params(problem: &crate::problem::AttentionProblem, block_m: u32) -> crate::params::Params {
     use crate::params::{Params, TensorStrides};
@@ -654,73 +588,6 @@ fn kernel_params(problem: &crate::problem::AttentionProblem, block_m: u32) -> cr
     .map(|layout| TensorStrides::new(layout, 0));
     let num_q_tiles = problem.shape.seq_q.div_ceil(block_m as usize) as u32;
     Params::for_flash(problem, strides, num_q_tiles, true)
-}
-
-/// Runs the matrix kernel's module with [`TAPS`] appended on a 16-query, 64-key, head_dim 64
-/// problem and reports, tap by tap, whether what each stage holds is what it should.
-#[test]
-#[ignore = "diagnostic: run with --ignored --nocapture on a device with cooperative matrices"]
-fn coop_kernel_taps() {
-    use crate::problem::Tensor;
-    use crate::select::CoopConfig;
-
-    let Some(ctx) = context_with_coop("coop_kernel_taps") else {
-        return;
-    };
-    let problem = one_tile_problem();
-    let q: Vec<half::f16> = crate::testing::random_tensor(1, problem.required_len(Tensor::Q));
-    let k: Vec<half::f16> = crate::testing::random_tensor(2, problem.required_len(Tensor::K));
-    let rig = KernelRig::new(&ctx, CoopConfig::new(64, 64, 64));
-    let mut params = kernel_params(&problem, 64);
-    params.scale = 1.0;
-    let qf = |r: usize, c: usize| q[r * 64 + c].to_f32();
-    let scores = one_tile_scores(&q, &k);
-    // (entry, rows, cols, expected value at (r, c))
-    type Expected<'a> = (&'a str, usize, usize, Box<dyn Fn(usize, usize) -> f32 + 'a>);
-    let expected: [Expected; 3] = [
-        ("tap_stage_q", 16, 64, Box::new(qf)),
-        ("tap_q_fragment", 16, 16, Box::new(qf)),
-        ("tap_scores", 16, 64, Box::new(move |r, c| scores[r * 64 + c])),
-    ];
-    for coherent in [false, true] {
-        let module = match rig.module(coherent) {
-            Ok(m) => m,
-            Err(e) => return eprintln!("coop_kernel_taps: {e}"),
-        };
-        for (name, rows, cols, want) in &expected {
-            let got = match rig.dispatch(&module, name, &params, (1, 1, 1), &q, &k, &k, 64 * 64, 16) {
-                Ok((o, _)) => o,
-                Err(e) => {
-                    eprintln!("coop_kernel_taps: {name} coherent={coherent}: {e}");
-                    continue;
-                }
-            };
-            let mut wrong = 0;
-            let mut first = String::new();
-            for r in 0..*rows {
-                for c in 0..*cols {
-                    let (g, w) = (got[r * 64 + c].to_f32(), want(r, c));
-                    // Written so that NaN counts as wrong.
-                    let close = (g - w).abs() <= 1e-2 * (1.0 + w.abs());
-                    if !close {
-                        if wrong == 0 {
-                            first = format!("(r {r}, c {c}) got {g} want {w}");
-                        }
-                        wrong += 1;
-                    }
-                }
-            }
-            eprintln!(
-                "coop_kernel_taps: {name:15} {:16} {}",
-                if coherent { "coherent SPIR-V" } else { "wgpu WGSL" },
-                if wrong == 0 {
-                    "RIGHT".to_string()
-                } else {
-                    format!("WRONG {wrong}/{}: first {first}", rows * cols)
-                }
-            );
-        }
-    }
 }
 
 /// The whole matrix kernel on inputs chosen to separate its stages: Q = 0 makes every
@@ -775,7 +642,7 @@ fn coop_kernel_cases() {
             .collect();
         (q, k, v)
     }
-    let cases: [Case; 8] = [
+    let cases: [Case; 9] = [
         ("zero Q (P uniform)", 16, 64, false, (64, 64), zero_q),
         ("one-hot V (O = P)", 16, 64, false, (64, 64), one_hot_v),
         ("random 16x64", 16, 64, false, (64, 64), random),
@@ -783,9 +650,16 @@ fn coop_kernel_cases() {
         ("random 64x256", 64, 256, false, (64, 64), random),
         ("loud 64x256 (rescale)", 64, 256, false, (64, 64), loud),
         ("random 100x300 causal", 100, 300, true, (64, 64), random),
-        ("random 128x256 bm128bn32", 128, 256, false, (128, 32), random),
+        ("random 128x256 bm64bn32", 128, 256, false, (64, 32), random),
+        ("random 90x200 causal bm32bn64", 90, 200, true, (32, 64), random),
     ];
-    for (coherent, direct_kv) in [(false, false), (true, false), (true, true)] {
+    let combos = [(false, false), (true, false), (false, true), (true, true)];
+    let runs = combos.into_iter().map(|c| (c, "full", Coherence::FULL)).chain(
+        BARRIER_VARIANTS
+            .into_iter()
+            .map(|(name, coherence)| ((true, false), name, coherence)),
+    );
+    for ((prefetch_kv, double_buffer), barriers, coherence) in runs {
         for (name, seq_q, seq_kv, causal, (bm, bn), make) in cases {
             let shape = AttentionShape {
                 batch: 1,
@@ -798,18 +672,25 @@ fn coop_kernel_cases() {
             let problem = AttentionProblem::new(shape, DType::F16).with_causal(causal);
             let (q, k, v) = make(&problem);
             let want = crate::reference::attention(&problem, &q, &k, &v).unwrap();
-            let rig = KernelRig::new(&ctx, CoopConfig::new(bm, bn, 64).with_direct_kv(direct_kv));
-            let module = match rig.module(coherent) {
+            let config = CoopConfig::new(bm, bn, 64)
+                .with_prefetch_kv(prefetch_kv)
+                .with_double_buffer(double_buffer);
+            if config.workgroup_bytes() > ctx.caps.max_workgroup_storage_bytes {
+                continue;
+            }
+            let rig = KernelRig::new(&ctx, config);
+            let module = match rig.module(coherence) {
                 Ok(m) => m,
                 Err(e) => return eprintln!("coop_kernel_cases: {e}"),
             };
             let params = kernel_params(&problem, bm);
             let groups = (params.num_q_tiles, 1, 1);
-            let path = match (coherent, direct_kv) {
-                (false, _) => "wgpu WGSL",
-                (true, false) => "coherent SPIR-V",
-                (true, true) => "coherent, direct",
-            };
+            let path = format!(
+                "{}, {} buffer(s), {}",
+                if prefetch_kv { "prefetch" } else { "no prefetch" },
+                config.kv_buffers(),
+                barriers
+            );
             match rig.dispatch(
                 &module,
                 "flash_fwd_coop",
@@ -831,294 +712,96 @@ fn coop_kernel_cases() {
                         .map(|(b, w)| (f32::from_bits(*b) as f64 - w).abs())
                         .fold(0.0, f64::max);
                     eprintln!(
-                        "coop_kernel_cases: {name:26} {path:16} rel L2 {:.2e} non-finite {} max |lse err| {lse_err:.2e}  row0 got {:?} want {:?}",
+                        "coop_kernel_cases: {name:30} {path:34} rel L2 {:.2e} non-finite {} max |lse err| {lse_err:.2e}  row0 got {:?} want {:?}",
                         err.rel_l2,
                         err.non_finite,
                         o[..4].iter().map(|x| x.to_f32()).collect::<Vec<_>>(),
                         &want.out[..4].iter().map(|x| *x as f32).collect::<Vec<_>>()
                     );
                 }
-                Err(e) => eprintln!("coop_kernel_cases: {name:26} {path:16} ERROR {e}"),
+                Err(e) => eprintln!("coop_kernel_cases: {name:30} {path:34} ERROR {e}"),
             }
-        }
-    }
-}
-
-/// Dumps of subgroup 0's first 16 rows spliced into the matrix kernel's own code at three points
-/// (each a `return` for the whole workgroup): the scores as the kernel's fragment-array loop
-/// computes them, the probabilities P it writes, and the unnormalised output O = P·V.
-const STOPS: [(&str, &str, &str); 3] = [
-    (
-        "stop_scores",
-        "        // V can replace K",
-        "for (var g = li; g < 16u * BLOCK_N / 4u; g += WORKGROUP_SIZE) {
-            let at = (g / (BLOCK_N / 4u)) * S_STRIDE + 4u * (g % (BLOCK_N / 4u));
-            o[g] = pack_granule(vec4<f32>(scores[at], scores[at + 1u], scores[at + 2u], scores[at + 3u]));
-        }
-        return;\n",
-    ),
-    (
-        "stop_probs",
-        "        // ---- rare: rescale",
-        "workgroupBarrier();
-        for (var g = li; g < 16u * BLOCK_N / 4u; g += WORKGROUP_SIZE) {
-            let at = (g / (BLOCK_N / 4u)) * P_STRIDE + 4u * (g % (BLOCK_N / 4u));
-            o[g] = pack_granule(vec4<f32>(vec4<f16>(probs[at], probs[at + 1u], probs[at + 2u], probs[at + 3u])));
-        }
-        return;\n",
-    ),
-    (
-        "stop_pv",
-        "    // ---- epilogue",
-        "// @unroll
-    for (var d = 0u; d < D_BLOCKS; d++) {
-        workgroupBarrier();
-        coopStoreT(o_frag[d], &scores[my_scores], S_STRIDE);
-        workgroupBarrier();
-        for (var g = li; g < 64u; g += WORKGROUP_SIZE) {
-            let at = (g / 4u) * S_STRIDE + 4u * (g % 4u);
-            o[(g / 4u) * DIM_VECS + 4u * d + g % 4u] = pack_granule(vec4<f32>(scores[at], scores[at + 1u], scores[at + 2u], scores[at + 3u]));
-        }
-    }
-    return;\n",
-    ),
-];
-
-/// The kernel stopped at each of [`STOPS`] on a 16-query, 64-key, head_dim 64 problem (one K/V
-/// tile, BLOCK_M 64), against the CPU.
-#[test]
-#[ignore = "diagnostic: run with --ignored --nocapture on a device with cooperative matrices"]
-fn coop_kernel_stops() {
-    use crate::problem::Tensor;
-    use crate::select::CoopConfig;
-
-    let Some(ctx) = context_with_coop("coop_kernel_stops") else {
-        return;
-    };
-    let problem = one_tile_problem();
-    let q: Vec<half::f16> = crate::testing::random_tensor(21, problem.required_len(Tensor::Q));
-    let k: Vec<half::f16> = crate::testing::random_tensor(22, problem.required_len(Tensor::K));
-    let v: Vec<half::f16> = crate::testing::random_tensor(23, problem.required_len(Tensor::V));
-    let params = kernel_params(&problem, 64);
-    let at = |m: &[half::f16], r: usize, c: usize| m[r * 64 + c].to_f32();
-    let s = one_tile_scores(&q, &k);
-    let p: Vec<f32> = (0..16 * 64)
-        .map(|i| {
-            let row = &s[i / 64 * 64..][..64];
-            let max = row.iter().fold(f32::MIN, |a, b| a.max(*b)) * params.scale;
-            half::f16::from_f32((s[i] * params.scale - max).exp2()).to_f32()
-        })
-        .collect();
-    let pv: Vec<f32> = (0..16 * 64)
-        .map(|i| (0..64).map(|n| p[i / 64 * 64 + n] * at(&v, n, i % 64)).sum())
-        .collect();
-    for coherent in [false, true] {
-        for ((name, marker, dump), want) in STOPS.iter().zip([&s, &p, &pv]) {
-            let config = CoopConfig::new(64, 64, 64);
-            let mut rig = KernelRig::new(&ctx, config);
-            assert!(
-                rig.source.contains(marker),
-                "{name}: marker {marker:?} not in the kernel"
-            );
-            let spliced = rig.source.replacen(marker, &format!("{dump}{marker}"), 1);
-            rig.source = crate::unroll::unroll_loops(&spliced, &config.unroll_bounds()).unwrap();
-            let path = if coherent { "coherent SPIR-V" } else { "wgpu WGSL" };
-            let result = rig
-                .module(coherent)
-                .and_then(|m| rig.dispatch(&m, "flash_fwd_coop", &params, (1, 1, 1), &q, &k, &v, 16 * 64, 16));
-            match result {
-                Ok((got, _)) => {
-                    let mut wrong = 0;
-                    let mut first = String::new();
-                    for (i, (g, w)) in got.iter().map(|x| x.to_f32()).zip(want.iter()).enumerate() {
-                        let close = (g - w).abs() <= 2e-2 * (1.0 + w.abs());
-                        if !close {
-                            if wrong == 0 {
-                                first = format!("(r {}, c {}) got {g} want {w}", i / 64, i % 64);
-                            }
-                            wrong += 1;
-                        }
-                    }
-                    let row0: Vec<f32> = got[..8].iter().map(|x| x.to_f32()).collect();
-                    eprintln!(
-                        "coop_kernel_stops: {name:12} {path:16} {} row0 {row0:?} want {:?}",
-                        if wrong == 0 {
-                            "RIGHT".to_string()
-                        } else {
-                            format!("WRONG {wrong}/1024: first {first}")
-                        },
-                        &want[..8]
-                    );
-                }
-                Err(e) => eprintln!("coop_kernel_stops: {name:12} {path:16} ERROR {e}"),
-            }
-        }
-    }
-}
-
-/// Steps from [`TAPS`]' `tap_scores` (right on the H200) towards the kernel's scores (wrong),
-/// one difference at a time: the loop order with an array of accumulators, the K/V tile loop
-/// around the product, and the output fragments kept live across it.
-fn bisect_entries() -> Vec<(&'static str, String)> {
-    let prefix = "let sg = li / SUBGROUP;
-    stage_rows(STAGE_Q, 0u, 0u, 0u, BLOCK_M, params.seq_q, li);
-    workgroupBarrier();
-    var q_frag: array<coop_mat16x16<f16, A>, D_BLOCKS>;
-    // @unroll
-    for (var d = 0u; d < D_BLOCKS; d++) {
-        q_frag[d] = coopLoadT<coop_mat16x16<f16, A>>(&rows_f16[sg * 16u * TILE_STRIDE + 16u * d], TILE_STRIDE);
-    }
-    ";
-    let j_outer = "
-    // @unroll
-    for (var j = 0u; j < N_BLOCKS; j++) {
-        var acc = coop_mat16x16<f32, C>();
-        // @unroll
-        for (var d = 0u; d < D_BLOCKS; d++) {
-            let k_frag = coopLoad<coop_mat16x16<f16, B>>(&rows_f16[16u * j * TILE_STRIDE + 16u * d], TILE_STRIDE);
-            acc = coopMultiplyAdd(q_frag[d], k_frag, acc);
-        }
-        coopStoreT(acc, &scores[sg * 16u * S_STRIDE + 16u * j], S_STRIDE);
-    }
-    ";
-    let d_outer = "
-    var s_frag: array<coop_mat16x16<f32, C>, N_BLOCKS>;
-    // @unroll
-    for (var j = 0u; j < N_BLOCKS; j++) {
-        s_frag[j] = coop_mat16x16<f32, C>();
-    }
-    // @unroll
-    for (var d = 0u; d < D_BLOCKS; d++) {
-        // @unroll
-        for (var j = 0u; j < N_BLOCKS; j++) {
-            let k_frag = coopLoad<coop_mat16x16<f16, B>>(&rows_f16[16u * j * TILE_STRIDE + 16u * d], TILE_STRIDE);
-            s_frag[j] = coopMultiplyAdd(q_frag[d], k_frag, s_frag[j]);
-        }
-    }
-    // @unroll
-    for (var j = 0u; j < N_BLOCKS; j++) {
-        coopStoreT(s_frag[j], &scores[sg * 16u * S_STRIDE + 16u * j], S_STRIDE);
-    }
-    ";
-    let stage_k = "workgroupBarrier();
-    stage_rows(STAGE_K, 0u, 0u, 0u, BLOCK_N, params.seq_kv, li);
-    workgroupBarrier();
-    ";
-    let dump = "workgroupBarrier();
-    for (var g = li; g < 16u * BLOCK_N / 4u; g += WORKGROUP_SIZE) {
-        let at = (g / (BLOCK_N / 4u)) * S_STRIDE + 4u * (g % (BLOCK_N / 4u));
-        o[g] = pack_granule(vec4<f32>(scores[at], scores[at + 1u], scores[at + 2u], scores[at + 3u]));
-    }
-    ";
-    let looped = |product: &str| {
-        format!("for (var t = 0u; t < (params.seq_kv + BLOCK_N - 1u) / BLOCK_N; t++) {{\n{stage_k}{product}}}\n{dump}")
-    };
-    let live_o = "var o_frag: array<coop_mat16x16<f32, C>, D_BLOCKS>;
-    // @unroll
-    for (var d = 0u; d < D_BLOCKS; d++) {
-        o_frag[d] = coop_mat16x16<f32, C>();
-    }
-    ";
-    let keep_o = "workgroupBarrier();
-    coopStoreT(o_frag[D_BLOCKS - 1u], &scores[(SUBGROUPS - 1u) * 16u * S_STRIDE], S_STRIDE);
-    ";
-    vec![
-        ("bisect_j_outer", format!("{prefix}{stage_k}{j_outer}{dump}")),
-        ("bisect_d_outer", format!("{prefix}{stage_k}{d_outer}{dump}")),
-        ("bisect_j_outer_looped", format!("{prefix}{}", looped(j_outer))),
-        ("bisect_d_outer_looped", format!("{prefix}{}", looped(d_outer))),
-        (
-            "bisect_j_outer_looped_live_o",
-            format!("{prefix}{live_o}{}{keep_o}", looped(j_outer)),
-        ),
-        (
-            "bisect_d_outer_looped_live_o",
-            format!("{prefix}{live_o}{}{keep_o}", looped(d_outer)),
-        ),
-    ]
-}
-
-/// Runs [`bisect_entries`] on a 16-query, 64-key, head_dim 64 problem (one K/V tile; BLOCK_M 64)
-/// and reports which of them compute Q·Kᵀ right.
-#[test]
-#[ignore = "diagnostic: run with --ignored --nocapture on a device with cooperative matrices"]
-fn coop_kernel_bisect() {
-    use crate::problem::Tensor;
-    use crate::select::CoopConfig;
-
-    let Some(ctx) = context_with_coop("coop_kernel_bisect") else {
-        return;
-    };
-    let problem = one_tile_problem();
-    let q: Vec<half::f16> = crate::testing::random_tensor(31, problem.required_len(Tensor::Q));
-    let k: Vec<half::f16> = crate::testing::random_tensor(32, problem.required_len(Tensor::K));
-    let params = kernel_params(&problem, 64);
-    let want = one_tile_scores(&q, &k);
-    let config = CoopConfig::new(64, 64, 64);
-    for (name, body) in bisect_entries() {
-        let mut rig = KernelRig::new(&ctx, config);
-        let entry = format!("\n@compute @workgroup_size(WORKGROUP_SIZE)\nfn {name}(@builtin(local_invocation_index) li: u32) {{\n    {body}}}\n");
-        rig.source = crate::unroll::unroll_loops(&(rig.source.clone() + &entry), &config.unroll_bounds()).unwrap();
-        let result = rig
-            .module(false)
-            .and_then(|m| rig.dispatch(&m, name, &params, (1, 1, 1), &q, &k, &k, 16 * 64, 16));
-        match result {
-            Ok((got, _)) => {
-                let wrong = got
-                    .iter()
-                    .zip(&want)
-                    .filter(|(g, w)| {
-                        let close = (g.to_f32() - **w).abs() <= 2e-2 * (1.0 + w.abs());
-                        !close // NaN is not close
-                    })
-                    .count();
-                let row0: Vec<f32> = got[..4].iter().map(|x| x.to_f32()).collect();
-                eprintln!(
-                    "coop_kernel_bisect: {name:30} {} row0 {row0:?} want {:?}",
-                    if wrong == 0 {
-                        "RIGHT".to_string()
-                    } else {
-                        format!("WRONG {wrong}/1024")
-                    },
-                    &want[..4]
-                );
-            }
-            Err(e) => eprintln!("coop_kernel_bisect: {name:30} ERROR {e}"),
         }
     }
 }
 
 /// The matrix kernel with one or more of its phases cut out (for [`coop_kernel_costs`]).
 fn cost_variants(config: crate::select::CoopConfig) -> Vec<(&'static str, String)> {
+    // Removes the text from `from` up to (not including) the next `to`.
     let cut = |src: &str, from: &str, to: &str, put: &str| -> String {
         let a = src.find(from).unwrap_or_else(|| panic!("{from:?} not in the kernel"));
         let b = a + src[a..].find(to).unwrap_or_else(|| panic!("{to:?} not after {from:?}"));
         format!("{}{put}{}", &src[..a], &src[b..])
     };
-    let softmax = (
-        "        // ---- online softmax",
-        "        // ---- rare: rescale",
-        "let alpha = 1.0;\n",
-    );
-    let pv = (
-        "        // ---- O += P V ----",
-        "        if (li == 0u) {\n            tile_flags.y = u32(aligned && n0 + 2u",
-        "",
-    );
-    let qk = |src: &str| {
-        let a = src.find("        if (direct) {\n            let k0").unwrap();
-        let store = src.find("coopStoreT(s_frag[j]").unwrap();
-        let b = src[..store].rfind("{ let j = 0u;").unwrap();
+    let no_softmax = |src: &str| {
+        cut(
+            src,
+            "        // ---- online softmax",
+            "        // ---- rare: rescale",
+            "let alpha = 1.0;\nlet moved = false;\n",
+        )
+    };
+    let no_pv = |src: &str| {
+        cut(
+            src,
+            "        // ---- O += P V ----",
+            "        if (KV_BUFFERS == 2u) {\n",
+            "",
+        )
+    };
+    // The products between the accumulators' zeroing and their stores (the loops are unrolled).
+    let no_qk = |src: &str| {
+        let start = src.find("        // ---- S = Q Kᵀ").expect("QK marker");
+        let a = start + src[start..].find("{ let d = 0u;").expect("QK loop");
+        let store = src.find("coopStoreT(s_frag[j]").expect("score store");
+        let b = src[..store].rfind("{ let j = 0u;").expect("store loop");
         format!("{}{}", &src[..a], &src[b..])
     };
+    let no_copy = |src: &str| {
+        let src = cut(
+            src,
+            "        workgroupBarrier(); // no subgroup reads",
+            "        workgroupBarrier(); // this tile staged",
+            "        workgroupBarrier();\n",
+        );
+        let src = cut(
+            &src,
+            "        if (PREFETCH_KV && has_next) {",
+            "        // ---- S = Q Kᵀ",
+            "",
+        );
+        cut(
+            &src,
+            "            if (has_next) {",
+            "            workgroupBarrier(); // the next tile staged",
+            "",
+        )
+    };
+    // The next tile's loads issued after the tile's last subgroup barrier, just before P·V,
+    // instead of before Q·Kᵀ: a barrier with memory semantics may wait for loads in flight.
+    let late_prefetch = |src: &str| {
+        let from = "        if (PREFETCH_KV && has_next) {";
+        let a = src.find(from).expect("prefetch block");
+        let b = a + src[a..].find("        // ---- S = Q Kᵀ").expect("QK marker");
+        let block = src[a..b].to_string();
+        let without = format!("{}{}", &src[..a], &src[b..]);
+        without.replacen(
+            "        // ---- O += P V ----",
+            &format!("{block}        // ---- O += P V ----"),
+            1,
+        )
+    };
     let full = crate::shaders::KernelConfig::FlashCoop(config).source();
-    let no_softmax = cut(&full, softmax.0, softmax.1, softmax.2);
+    let compute_cut = no_qk(&no_pv(&no_softmax(&full)));
     vec![
         ("full kernel", full.clone()),
-        ("no softmax", no_softmax.clone()),
-        ("no softmax, no PV", cut(&no_softmax, pv.0, pv.1, pv.2)),
-        ("no softmax, no QK", qk(&no_softmax)),
-        ("no softmax, no QK, no PV", cut(&qk(&no_softmax), pv.0, pv.1, pv.2)),
+        ("late prefetch", late_prefetch(&full)),
+        ("no softmax", no_softmax(&full)),
+        ("no softmax, no PV", no_pv(&no_softmax(&full))),
+        ("no softmax, no QK", no_qk(&no_softmax(&full))),
+        ("no softmax, QK, PV", compute_cut.clone()),
+        ("no K/V copy", no_copy(&full)),
+        ("no copy, softmax, QK, PV", no_copy(&compute_cut)),
     ]
 }
 
@@ -1135,15 +818,41 @@ fn coop_kernel_costs() {
         return;
     };
     let problem = AttentionProblem::mha(2, 8192, 16, 128, DType::F16);
-    let data: Vec<half::f16> = crate::testing::random_tensor(41, problem.required_len(Tensor::Q));
-    for (bm, bn, direct) in [(64, 64, true), (64, 64, false), (32, 64, true), (16, 64, true)] {
-        let config = CoopConfig::new(bm, bn, 128).with_direct_kv(direct);
+    let len = problem.required_len(Tensor::Q);
+    let (q, k, v): (Vec<half::f16>, Vec<half::f16>, Vec<half::f16>) = (
+        crate::testing::random_tensor(41, len),
+        crate::testing::random_tensor(42, len),
+        crate::testing::random_tensor(43, len),
+    );
+    let configs = [
+        (128, 32, false, false),
+        (256, 16, true, false),
+        (128, 16, true, false),
+        (128, 16, true, true),
+    ];
+    // Phase cuts for the first configuration; the others run whole.
+    let runs = configs.into_iter().enumerate().flat_map(|(i, c)| {
+        std::iter::once((c, "full", Coherence::FULL, i == 0)).chain(
+            BARRIER_VARIANTS
+                .into_iter()
+                .map(move |(name, coherence)| (c, name, coherence, false)),
+        )
+    });
+    for ((bm, bn, prefetch, double_buffer), barriers, coherence, with_cuts) in runs {
+        let config = CoopConfig::new(bm, bn, 128)
+            .with_prefetch_kv(prefetch)
+            .with_double_buffer(double_buffer);
         let mut params = kernel_params(&problem, bm);
         params.write_lse = 0;
-        for (name, source) in cost_variants(config) {
+        let variants = cost_variants(config);
+        let barrier_runs = if prefetch { 2 } else { 1 }; // the full kernel, and with late prefetch
+        for (name, source) in variants
+            .into_iter()
+            .take(if with_cuts { usize::MAX } else { barrier_runs })
+        {
             let mut rig = KernelRig::new(&ctx, config);
             rig.source = source;
-            let module = match rig.module(true) {
+            let module = match rig.module(coherence) {
                 Ok(m) => m,
                 Err(e) => {
                     eprintln!("coop_kernel_costs: {name}: {e}");
@@ -1151,22 +860,21 @@ fn coop_kernel_costs() {
                 }
             };
             let groups = (params.num_q_tiles, 16, 2);
-            let mut times = match rig.time(&module, &params, groups, [&data, &data, &data], data.len(), 5) {
+            let timing = match rig.time(&module, &params, groups, [&q, &k, &v], len) {
                 Ok(t) => t,
                 Err(e) => {
                     eprintln!("coop_kernel_costs: {name}: {e}");
                     continue;
                 }
             };
-            times.sort_by(f64::total_cmp);
-            if let Some(best) = times.first() {
-                let flops = 4.0 * 2.0 * 16.0 * 8192.0 * 8192.0 * 128.0;
-                eprintln!(
-                    "coop_kernel_costs: bm{bm} bn{bn} direct={direct:5} {name:26} {:8.2} ms  ({:.1} TFLOP/s-equivalent)",
-                    best * 1e3,
-                    flops / best / 1e12
-                );
-            }
+            let flops = 4.0 * 2.0 * 16.0 * 8192.0 * 8192.0 * 128.0;
+            eprintln!(
+                "coop_kernel_costs: {:44} {barriers:12} {name:26} {:8.2} ms (median; min {:.2})  {:.1} TFLOP/s-equivalent",
+                config.name(),
+                timing.median * 1e3,
+                timing.min * 1e3,
+                flops / timing.median / 1e12
+            );
         }
     }
 }

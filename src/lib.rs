@@ -82,6 +82,7 @@ pub use problem::{
 };
 pub use readback::read_back;
 pub use select::{
-    all_configs, all_coop_configs, num_q_tiles, preferred_variants, select, select_forward, CoopConfig, FlashConfig,
-    ForwardKernel, KernelChoice, Reduction, TilePlan, TileType, Variant, COOP_KERNEL_VERIFIED, COOP_PLANS, PLANS,
+    all_configs, all_coop_configs, coop_plans, num_q_tiles, preferred_variants, select, select_forward, CoopConfig,
+    CoopPlan, FlashConfig, ForwardKernel, KernelChoice, Reduction, TilePlan, TileType, Variant, COOP_KERNEL_VERIFIED,
+    COOP_PLANS, PLANS,
 };

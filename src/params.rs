@@ -48,25 +48,12 @@ pub(crate) struct Params {
     pub num_q_tiles: u32,
     pub write_lse: u32,
     pub bh_base: u32,
-    /// Kernel-specific bits (`FLAG_*` in the kernel that reads them).
+    /// Kernel-specific bits (none used at present; kept so that the layout stays stable).
     pub flags: u32,
 }
 
 // WGSL lays the struct out as four 16-byte members then twelve 4-byte scalars.
 const _: () = assert!(std::mem::size_of::<Params>() == 4 * 16 + 12 * 4);
-
-/// `FLAG_ROWS_ALIGNED` of flash_fwd_coop.wgsl: every K and V row starts on a 16-byte boundary.
-const FLAG_ROWS_ALIGNED: u32 = 1;
-
-impl TensorStrides {
-    /// Whether every row (offset and strides, in 8-byte granules of f16) starts on a 16-byte
-    /// boundary.
-    fn rows_16_byte_aligned(&self) -> bool {
-        [self.offset, self.batch, self.seq, self.head]
-            .iter()
-            .all(|g| g % 2 == 0)
-    }
-}
 
 impl Params {
     /// The fields that depend only on the problem; strides and per-dispatch fields are filled in
@@ -87,7 +74,7 @@ impl Params {
     }
 
     /// The flash kernels' parameters (forward and backward): the scale in base 2, the bound
-    /// strides of q, k, v, o, the grid's query tiles, and the flags the cooperative kernel reads.
+    /// strides of q, k, v, o and the grid's query tiles.
     pub fn for_flash(
         problem: &AttentionProblem,
         [q, k, v, o]: [TensorStrides; 4],
@@ -98,9 +85,6 @@ impl Params {
         (params.q, params.k, params.v, params.o) = (q, k, v, o);
         params.num_q_tiles = num_q_tiles;
         params.write_lse = write_lse as u32;
-        if k.rows_16_byte_aligned() && v.rows_16_byte_aligned() {
-            params.flags |= FLAG_ROWS_ALIGNED;
-        }
         params
     }
 }

@@ -280,32 +280,99 @@ impl FlashConfig {
 pub struct CoopConfig {
     /// Query rows per workgroup: 16 per subgroup.
     pub block_m: u32,
-    /// Keys per K/V tile (a multiple of 32: each row's scores are split between two invocations
-    /// in 16-wide halves).
+    /// Keys per K/V tile (a multiple of 16).
     pub block_n: u32,
     /// head_dim rounded up to a multiple of 16.
     pub head_dim_pad: u32,
-    /// Whole K/V tiles are read by the cooperative loads straight from the storage buffers
-    /// (where the rows are 16-byte aligned) instead of being staged in workgroup memory.
-    pub direct_kv: bool,
+    /// The next K/V tile is loaded into registers while the current one is computed, instead
+    /// of after the barrier that frees the staging memory.
+    pub prefetch_kv: bool,
+    /// Two K/V buffers in workgroup memory: the next tile is copied into one while the other is
+    /// read (one barrier a tile instead of two).
+    pub double_buffer: bool,
 }
-
-/// Whether the cooperative kernel reads whole K/V tiles in place unless the caller says otherwise:
-/// yes, it ran faster on the H200 (22.0 against 20.1 TFLOP/s at head_dim 128, 16.0 against 14.6 at
-/// 64; seq 8192, 64 × 64 tiles).
-pub const COOP_DIRECT_KV_BY_DEFAULT: bool = true;
 
 /// Lanes of the subgroup the cooperative kernel is written for.
 pub const COOP_SUBGROUP: u32 = 32;
 
-/// Tile shapes of the cooperative kernel, best first: (block_m, block_n).
+/// One way to run the cooperative kernel: its tile and how it streams K/V.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CoopPlan {
+    pub block_m: u32,
+    pub block_n: u32,
+    pub prefetch_kv: bool,
+    pub double_buffer: bool,
+}
+
+impl CoopPlan {
+    const fn new(block_m: u32, block_n: u32, prefetch_kv: bool, double_buffer: bool) -> Self {
+        CoopPlan {
+            block_m,
+            block_n,
+            prefetch_kv,
+            double_buffer,
+        }
+    }
+
+    pub fn config(&self, head_dim: u32) -> CoopConfig {
+        CoopConfig::new(self.block_m, self.block_n, head_dim)
+            .with_prefetch_kv(self.prefetch_kv)
+            .with_double_buffer(self.double_buffer)
+    }
+}
+
+/// The cooperative kernel's plans, best first, for head dims up to each bound (after rounding up
+/// to 16). Measured on the H200 at seq 8192, f16, TFLOP/s (bench-results/2026-11-29/coop-run3/):
 ///
-/// The kernel is latency-bound on the H200: the smallest tile, 32 × 32 (two subgroups, 16 KiB of
-/// workgroup memory at head_dim 128, so many workgroups share an SM), ran fastest at every head
-/// dim (seq 8192: 24.0, 28.5, 25.5 TFLOP/s at head_dim 64, 128, 256), ahead of 64 × 32 (22.5,
-/// 21.1, 23.9), 64 × 64 (16.3, 22.0, –) and 128 × 32 (20.2 at 64); 16-row tiles ran slower
-/// (15–20). bench-results/2026-11-29/coop-run2/ has the sweeps.
-pub const COOP_PLANS: [(u32, u32); 4] = [(32, 32), (64, 32), (64, 64), (128, 32)];
+/// - head_dim 64: 128 × 16 with prefetch 143; 256 × 16 prefetch 132; 192 × 16 prefetch 105;
+///   128 × 32 double-buffered 99; without prefetch 128 × 16 ran 104.
+/// - head_dim 128: 256 × 16 with prefetch 132; 128 × 32 without prefetch 129 (with it 112);
+///   192 × 16 prefetch, double-buffered 119; 64 × 32 70; 32 × 32 49.
+/// - head_dim 256: 128 × 16 without prefetch 116 (with it 82); 64 × 32 81; 64 × 16 67.
+///
+/// The large query tiles win because every workgroup copies the whole of K and V through its
+/// workgroup memory: 128 rows read them half as often as 64. The later plans are for devices with
+/// less workgroup memory or fewer invocations per workgroup than the H200 (48 KiB, 1024).
+pub const COOP_PLANS: [(u32, &[CoopPlan]); 3] = [
+    (
+        64,
+        &[
+            CoopPlan::new(128, 16, true, false),
+            CoopPlan::new(256, 16, true, false),
+            CoopPlan::new(64, 32, false, false),
+            CoopPlan::new(32, 32, false, false),
+        ],
+    ),
+    (
+        128,
+        &[
+            CoopPlan::new(256, 16, true, false),
+            CoopPlan::new(128, 32, false, false),
+            CoopPlan::new(128, 16, true, true),
+            CoopPlan::new(64, 32, false, false),
+            CoopPlan::new(32, 32, false, false),
+        ],
+    ),
+    (
+        256,
+        &[
+            CoopPlan::new(128, 16, false, false),
+            CoopPlan::new(64, 32, false, false),
+            CoopPlan::new(64, 16, false, false),
+            CoopPlan::new(32, 16, false, false),
+        ],
+    ),
+];
+
+/// The plans for `head_dim` (see [`COOP_PLANS`]).
+pub fn coop_plans(head_dim: u32) -> &'static [CoopPlan] {
+    let padded = head_dim.div_ceil(16) * 16;
+    COOP_PLANS
+        .iter()
+        .find(|(max, _)| padded <= *max)
+        .unwrap_or(&COOP_PLANS[COOP_PLANS.len() - 1])
+        .1
+}
 
 impl CoopConfig {
     pub fn new(block_m: u32, block_n: u32, head_dim: u32) -> Self {
@@ -313,22 +380,34 @@ impl CoopConfig {
             block_m,
             block_n,
             head_dim_pad: head_dim.div_ceil(16) * 16,
-            direct_kv: COOP_DIRECT_KV_BY_DEFAULT,
+            prefetch_kv: false,
+            double_buffer: false,
         }
     }
 
-    pub fn with_direct_kv(self, direct_kv: bool) -> Self {
-        CoopConfig { direct_kv, ..self }
+    pub fn with_double_buffer(self, double_buffer: bool) -> Self {
+        CoopConfig { double_buffer, ..self }
     }
 
-    /// `flash_fwd_coop_f16_bm{}_bn{}_d{}`, with `_direct` when K/V are read in place.
+    /// K/V buffers in workgroup memory.
+    pub fn kv_buffers(&self) -> u32 {
+        1 + self.double_buffer as u32
+    }
+
+    pub fn with_prefetch_kv(self, prefetch_kv: bool) -> Self {
+        CoopConfig { prefetch_kv, ..self }
+    }
+
+    /// `flash_fwd_coop_f16_bm{}_bn{}_d{}`, with `_prefetch` when the next K/V tile is loaded
+    /// into registers early and `_db` when K/V are double-buffered.
     pub fn name(&self) -> String {
         format!(
-            "flash_fwd_coop_f16_bm{}_bn{}_d{}{}",
+            "flash_fwd_coop_f16_bm{}_bn{}_d{}{}{}",
             self.block_m,
             self.block_n,
             self.head_dim_pad,
-            if self.direct_kv { "_direct" } else { "" }
+            if self.prefetch_kv { "_prefetch" } else { "" },
+            if self.double_buffer { "_db" } else { "" }
         )
     }
 
@@ -337,21 +416,29 @@ impl CoopConfig {
     }
 
     /// The trip counts of flash_fwd_coop.wgsl's `// @unroll` loops (src/unroll.rs).
-    pub(crate) fn unroll_bounds(&self) -> [(&'static str, u32); 2] {
-        [("D_BLOCKS", self.head_dim_pad / 16), ("N_BLOCKS", self.block_n / 16)]
+    pub(crate) fn unroll_bounds(&self) -> [(&'static str, u32); 4] {
+        let kv_granules = 2 * self.block_n * self.head_dim_pad / 4;
+        [
+            ("D_BLOCKS", self.head_dim_pad / 16),
+            ("N_BLOCKS", self.block_n / 16),
+            ("HALF_VECS", self.block_n / 8),
+            ("KV_COPIES", kv_granules.div_ceil(self.workgroup_size())),
+        ]
     }
 
-    /// Mirrors the `var<workgroup>` declarations of flash_fwd_coop.wgsl.
+    /// Mirrors the `var<workgroup>` declarations of flash_fwd_coop.wgsl: the K/V buffers (rows of
+    /// head_dim_pad halves plus 8 of padding), and per subgroup 16 rows of f32 scores (plus 4)
+    /// and of f16 probabilities (plus 8).
     pub fn workgroup_bytes(&self) -> u32 {
         let subgroups = self.block_m / 16;
-        let rows = self.block_m.max(self.block_n) * (self.head_dim_pad + 8) * 2;
+        let kv = self.kv_buffers() * 2 * self.block_n * (self.head_dim_pad + 8) * 2;
         let scores = subgroups * 16 * (self.block_n + 4) * 4;
         let probs = subgroups * 16 * (self.block_n + 8) * 2;
-        rows + scores + probs + 16
+        kv + scores + probs
     }
 
     pub fn is_well_formed(&self) -> bool {
-        self.block_m > 0 && self.block_m.is_multiple_of(16) && self.block_n > 0 && self.block_n.is_multiple_of(32)
+        self.block_m > 0 && self.block_m.is_multiple_of(16) && self.block_n > 0 && self.block_n.is_multiple_of(16)
     }
 
     /// Why this configuration cannot run `storage` inputs on `caps`, if it cannot.
@@ -383,6 +470,9 @@ impl CoopConfig {
         }
         if !caps.shader_f16 {
             return Some("the device has no shader-f16".into());
+        }
+        if !caps.subgroup_barrier {
+            return Some("the device has no subgroupBarrier() (wgpu's SUBGROUP_BARRIER)".into());
         }
         if !caps.subgroups || caps.subgroup_min_size != COOP_SUBGROUP || caps.subgroup_max_size != COOP_SUBGROUP {
             return Some(format!(
@@ -453,13 +543,26 @@ pub fn select_forward(problem: &AttentionProblem, caps: &Caps, choice: &KernelCh
     if want {
         let head_dim = problem.shape.head_dim as u32;
         let mut reasons = Vec::new();
-        let tiles = match choice.coop_tile {
-            Some(tile) => vec![tile],
-            None => COOP_PLANS.to_vec(),
+        let plans = coop_plans(head_dim);
+        let candidates: Vec<CoopConfig> = match choice.coop_tile {
+            // A forced tile streams K/V as its plan does, or plainly if no plan has that tile.
+            Some((block_m, block_n)) => vec![plans
+                .iter()
+                .find(|p| (p.block_m, p.block_n) == (block_m, block_n))
+                .map(|p| p.config(head_dim))
+                .unwrap_or_else(|| CoopConfig::new(block_m, block_n, head_dim))],
+            // Query tiles taller than the problem's rows would mostly compute padding: such
+            // plans go after the ones that fit the rows (a rule, not a measurement).
+            None => {
+                let rows = (problem.shape.seq_q as u32).next_multiple_of(16).max(32);
+                let (fitting, taller): (Vec<&CoopPlan>, Vec<&CoopPlan>) = plans.iter().partition(|p| p.block_m <= rows);
+                fitting.into_iter().chain(taller).map(|p| p.config(head_dim)).collect()
+            }
         };
-        for (block_m, block_n) in tiles {
-            let config = CoopConfig::new(block_m, block_n, head_dim)
-                .with_direct_kv(choice.coop_direct_kv.unwrap_or(COOP_DIRECT_KV_BY_DEFAULT));
+        for config in candidates {
+            let config = config
+                .with_prefetch_kv(choice.coop_prefetch_kv.unwrap_or(config.prefetch_kv))
+                .with_double_buffer(choice.coop_double_buffer.unwrap_or(config.double_buffer));
             match config.unavailable_reason(problem.dtype, caps) {
                 None => {
                     check_grid(problem, config.block_m, caps)?;
@@ -485,18 +588,24 @@ pub fn select_forward(problem: &AttentionProblem, caps: &Caps, choice: &KernelCh
 pub const COOP_KERNEL_VERIFIED: bool = true;
 
 /// Whether automatic selection takes the cooperative-matrix kernel where it can run (f16 data, a
-/// device with 16 × 16 f16 matrices and 32-wide subgroups): yes, with 32 × 32 tiles it is the
-/// fastest kernel on the H200 for f16 data (28.5 against 23.5 TFLOP/s for the best tiled variant
-/// at head_dim 128, seq 8192; BENCHMARKS.md).
+/// device with 16 × 16 f16 matrices and 32-wide subgroups): yes, it is the fastest kernel on the
+/// H200 for f16 data by far (BENCHMARKS.md).
 const COOP_BY_DEFAULT: bool = true;
 
-/// Every cooperative configuration selection can return (for the shader tests).
+/// Every cooperative configuration of the plan tables, with each way of streaming K/V a caller
+/// can force (for the shader tests).
 pub fn all_coop_configs() -> Vec<CoopConfig> {
     let mut configs = Vec::new();
-    for (block_m, block_n) in COOP_PLANS {
-        for d in (16..=crate::problem::MAX_HEAD_DIM as u32).step_by(16) {
-            for direct_kv in [false, true] {
-                configs.push(CoopConfig::new(block_m, block_n, d).with_direct_kv(direct_kv));
+    for d in (16..=crate::problem::MAX_HEAD_DIM as u32).step_by(16) {
+        for plan in coop_plans(d) {
+            for (prefetch_kv, double_buffer) in [(false, false), (true, false), (false, true), (true, true)] {
+                let config = plan
+                    .config(d)
+                    .with_prefetch_kv(prefetch_kv)
+                    .with_double_buffer(double_buffer);
+                if !configs.contains(&config) {
+                    configs.push(config);
+                }
             }
         }
     }
@@ -515,9 +624,12 @@ pub struct KernelChoice {
     pub cooperative_matrix: Option<bool>,
     /// Use exactly this `(block_m, block_n)` for the cooperative kernel.
     pub coop_tile: Option<(u32, u32)>,
-    /// Whether the cooperative kernel reads whole K/V tiles in place (`None`: the default,
-    /// [`COOP_DIRECT_KV_BY_DEFAULT`]).
-    pub coop_direct_kv: Option<bool>,
+    /// Whether the cooperative kernel prefetches the next K/V tile into registers (`None`: the
+    /// default, [`COOP_PREFETCH_KV_BY_DEFAULT`]).
+    pub coop_prefetch_kv: Option<bool>,
+    /// Whether the cooperative kernel double-buffers K/V tiles (`None`: the default,
+    /// [`COOP_DOUBLE_BUFFER_BY_DEFAULT`]).
+    pub coop_double_buffer: Option<bool>,
 }
 
 impl KernelChoice {
@@ -831,6 +943,48 @@ mod tests {
         };
         let e = select_forward(&problem(128, DType::F16), &amd, &required).unwrap_err();
         assert!(e.to_string().contains("exactly 32"), "{e}");
+    }
+
+    #[test]
+    fn cooperative_plans_follow_the_tables_and_the_query_rows() {
+        let h200 = h200();
+        let auto = KernelChoice::default();
+        // Long sequences: the first plan of the head_dim's table.
+        for d in [64u32, 96, 128, 256] {
+            let p = AttentionProblem::mha(1, 4096, 2, d as usize, DType::F16);
+            let ForwardKernel::Coop(c) = select_forward(&p, &h200, &auto).unwrap() else {
+                panic!("tiled kernel at head_dim {d}")
+            };
+            assert_eq!(c, coop_plans(d)[0].config(d), "head_dim {d}");
+        }
+        // 20 query rows: no 256-row tile when a plan of at most 32 rows fits.
+        let p = AttentionProblem::mha(1, 20, 2, 128, DType::F16);
+        let ForwardKernel::Coop(c) = select_forward(&p, &h200, &auto).unwrap() else {
+            panic!("tiled kernel")
+        };
+        assert!(c.block_m <= 32, "{}", c.name());
+        // A forced tile keeps its plan's streaming unless told otherwise; every table config is
+        // well formed and fits the H200.
+        let forced = KernelChoice {
+            coop_tile: Some((128, 32)),
+            coop_prefetch_kv: Some(true),
+            ..Default::default()
+        };
+        let ForwardKernel::Coop(c) = select_forward(&problem(128, DType::F16), &h200, &forced).unwrap() else {
+            panic!("tiled kernel")
+        };
+        assert!(c.prefetch_kv && !c.double_buffer && (c.block_m, c.block_n) == (128, 32));
+        for c in all_coop_configs() {
+            assert!(c.is_well_formed(), "{}", c.name());
+        }
+        for d in (16..=MAX_HEAD_DIM as u32).step_by(16) {
+            let first = coop_plans(d)[0].config(d);
+            assert!(
+                first.workgroup_bytes() <= h200.max_workgroup_storage_bytes,
+                "{}",
+                first.name()
+            );
+        }
     }
 
     #[test]

@@ -98,8 +98,10 @@ impl KernelConfig {
             f |= k.required_features();
         }
         if let KernelConfig::FlashCoop(_) = self {
-            f |=
-                wgpu::Features::SUBGROUP | wgpu::Features::SHADER_F16 | wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX;
+            f |= wgpu::Features::SUBGROUP
+                | wgpu::Features::SUBGROUP_BARRIER
+                | wgpu::Features::SHADER_F16
+                | wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX;
         }
         f
     }
@@ -150,8 +152,12 @@ impl KernelConfig {
                 src.push_str("enable f16;\nenable wgpu_cooperative_matrix;\n");
                 src.push_str(&format!(
                     "const HEAD_DIM_PAD: u32 = {}u;\nconst BLOCK_M: u32 = {}u;\nconst BLOCK_N: u32 = {}u;\n\
-                     const DIRECT_KV: bool = {};\n",
-                    c.head_dim_pad, c.block_m, c.block_n, c.direct_kv
+                     const PREFETCH_KV: bool = {};\nconst KV_BUFFERS: u32 = {}u;\n",
+                    c.head_dim_pad,
+                    c.block_m,
+                    c.block_n,
+                    c.prefetch_kv,
+                    c.kv_buffers()
                 ));
                 for part in [COMMON, STORAGE_F16, FLASH_FWD_COOP] {
                     src.push_str(part);

@@ -9,6 +9,16 @@
 //! (scores) by the invocations. On the H200 the kernel read stale data. The fix: compile the WGSL
 //! with naga here, mark every workgroup-memory access non-private, give every workgroup barrier
 //! `MakeAvailable | MakeVisible`, and hand the SPIR-V to wgpu as a passthrough module.
+//!
+//! Subgroup barriers get the same treatment and workgroup memory in their semantics: naga's
+//! `subgroupBarrier()` orders only subgroup memory, while the kernel uses it to hand a
+//! subgroup's own rows of workgroup memory (its scores and probabilities) between its
+//! invocations and its cooperative loads and stores.
+//!
+//! naga's uniformity analysis is also relaxed here: it asks cooperative operations for control
+//! flow that is uniform over the whole workgroup, while `VK_KHR_cooperative_matrix` asks for
+//! uniformity over the subgroup (its scope), and the kernel branches on subgroup-uniform values
+//! (`subgroupAny`). Everything else is validated as usual.
 
 use crate::error::{Error, Result};
 
@@ -26,18 +36,59 @@ const OP_COOP_STORE: u32 = 4458;
 
 const STORAGE_CLASS_WORKGROUP: u32 = 4;
 const MEMORY_OPERAND_NON_PRIVATE_POINTER: u32 = 0x20;
+const SEMANTICS_SUBGROUP_MEMORY: u32 = 0x80;
 const SEMANTICS_WORKGROUP_MEMORY: u32 = 0x100;
 const SEMANTICS_MAKE_AVAILABLE_AND_VISIBLE: u32 = 0x2000 | 0x4000;
+
+/// What naga checks of the cooperative kernel: everything but workgroup-wide uniformity (see
+/// the module docs).
+pub(crate) const VALIDATION_FLAGS: naga::valid::ValidationFlags =
+    naga::valid::ValidationFlags::all().difference(naga::valid::ValidationFlags::CONTROL_FLOW_UNIFORMITY);
+
+/// What the rewrite does to the barriers (the accesses are always made non-private). The
+/// library uses [`Coherence::FULL`]; the others exist for the probes that measure what each part
+/// costs (src/coop_probe.rs).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Coherence {
+    /// Workgroup barriers make workgroup memory available and visible.
+    pub workgroup_barrier_visible: bool,
+    /// Memory semantics of subgroup barriers.
+    pub subgroup_barrier: SubgroupBarrier,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+// Only the probes construct the weaker variants.
+#[cfg_attr(not(test), allow(dead_code))]
+pub(crate) enum SubgroupBarrier {
+    /// Workgroup memory ordered, made available and visible (what the memory model asks).
+    Visible,
+    /// Workgroup memory ordered (acquire-release), without availability and visibility.
+    Ordered,
+    /// No memory semantics: execution only.
+    ExecutionOnly,
+}
+
+impl Coherence {
+    pub const FULL: Coherence = Coherence {
+        workgroup_barrier_visible: true,
+        subgroup_barrier: SubgroupBarrier::Visible,
+    };
+}
 
 /// Compiles `wgsl` (which must use cooperative matrices) to SPIR-V with coherent workgroup
 /// memory. `name` labels errors.
 pub(crate) fn compile(name: &str, wgsl: &str) -> Result<Vec<u32>> {
+    compile_with(name, wgsl, Some(Coherence::FULL))
+}
+
+/// [`compile`] with the given rewrite, or none (naga's own SPIR-V, uniformity relaxed).
+pub(crate) fn compile_with(name: &str, wgsl: &str, coherence: Option<Coherence>) -> Result<Vec<u32>> {
     let fail = |message: String| Error::Shader {
         name: name.to_string(),
         message,
     };
     let module = naga::front::wgsl::parse_str(wgsl).map_err(|e| fail(e.emit_to_string(wgsl)))?;
-    let info = naga::valid::Validator::new(naga::valid::ValidationFlags::all(), naga::valid::Capabilities::all())
+    let info = naga::valid::Validator::new(VALIDATION_FLAGS, naga::valid::Capabilities::all())
         .subgroup_stages(naga::valid::ShaderStages::COMPUTE)
         .subgroup_operations(naga::valid::SubgroupOperationSet::all())
         .validate(&module)
@@ -56,7 +107,9 @@ pub(crate) fn compile(name: &str, wgsl: &str) -> Result<Vec<u32>> {
     };
     let mut words =
         naga::back::spv::write_vec(&module, &info, &options, None).map_err(|e| fail(format!("SPIR-V: {e}")))?;
-    make_workgroup_memory_coherent(&mut words).map_err(fail)?;
+    if let Some(coherence) = coherence {
+        rewrite(&mut words, coherence).map_err(fail)?;
+    }
     Ok(words)
 }
 
@@ -76,7 +129,7 @@ fn instructions(words: &[u32]) -> Vec<(usize, u32, usize)> {
 }
 
 /// The rewrite described in the module docs, in place.
-pub(crate) fn make_workgroup_memory_coherent(words: &mut Vec<u32>) -> std::result::Result<(), String> {
+fn rewrite(words: &mut Vec<u32>, coherence: Coherence) -> std::result::Result<(), String> {
     if words.len() < 5 || words[0] != 0x0723_0203 {
         return Err("not a SPIR-V module".into());
     }
@@ -116,21 +169,23 @@ pub(crate) fn make_workgroup_memory_coherent(words: &mut Vec<u32>) -> std::resul
                 let Some(&(const_at, ty, value)) = constants.get(&semantics_id) else {
                     return Err("a barrier's semantics are not a plain constant".into());
                 };
-                if value & SEMANTICS_WORKGROUP_MEMORY == 0 {
+                let new_value = if value & SEMANTICS_SUBGROUP_MEMORY != 0 {
+                    match coherence.subgroup_barrier {
+                        SubgroupBarrier::Visible => {
+                            value | SEMANTICS_WORKGROUP_MEMORY | SEMANTICS_MAKE_AVAILABLE_AND_VISIBLE
+                        }
+                        SubgroupBarrier::Ordered => value | SEMANTICS_WORKGROUP_MEMORY,
+                        SubgroupBarrier::ExecutionOnly => 0,
+                    }
+                } else if value & SEMANTICS_WORKGROUP_MEMORY != 0 && coherence.workgroup_barrier_visible {
+                    value | SEMANTICS_MAKE_AVAILABLE_AND_VISIBLE
+                } else {
                     continue;
-                }
+                };
                 let twin = *twins.entry(semantics_id).or_insert_with(|| {
                     let id = next_id;
                     next_id += 1;
-                    insertions.push((
-                        const_at + 4,
-                        [
-                            (4 << 16) | OP_CONSTANT,
-                            ty,
-                            id,
-                            value | SEMANTICS_MAKE_AVAILABLE_AND_VISIBLE,
-                        ],
-                    ));
+                    insertions.push((const_at + 4, [(4 << 16) | OP_CONSTANT, ty, id, new_value]));
                     id
                 });
                 rewrites.push((at, vec![w[0], w[1], w[2], twin]));
@@ -209,7 +264,7 @@ fn main(@builtin(local_invocation_index) li: u32) {
     let a = coopLoadT<coop_mat16x16<f16, A>>(&tile[0], 16u);
     let b = coopLoad<coop_mat16x16<f16, B>>(&tile[0], 16u);
     coopStoreT(coopMultiplyAdd(a, b, coop_mat16x16<f32, C>()), &out_tile[0], 16u);
-    workgroupBarrier();
+    subgroupBarrier();
     result[li] = out_tile[li];
 }
 "#;
@@ -236,11 +291,11 @@ fn main(@builtin(local_invocation_index) li: u32) {
                     loads_stores += 1;
                 }
                 OP_CONTROL_BARRIER => {
+                    // Workgroup and subgroup barriers alike cover workgroup memory and make it
+                    // visible.
                     let semantics = constants[&w[3]];
-                    assert_eq!(
-                        semantics & SEMANTICS_MAKE_AVAILABLE_AND_VISIBLE,
-                        SEMANTICS_MAKE_AVAILABLE_AND_VISIBLE
-                    );
+                    let wanted = SEMANTICS_WORKGROUP_MEMORY | SEMANTICS_MAKE_AVAILABLE_AND_VISIBLE;
+                    assert_eq!(semantics & wanted, wanted);
                     barriers += 1;
                 }
                 _ => {}

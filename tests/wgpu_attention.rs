@@ -7,8 +7,8 @@ mod common;
 use common::{gpu, run_and_check, run_and_check_any, seed_of, shape};
 use wgpu_flash_attn::harness::{Kernel, Workload};
 use wgpu_flash_attn::{
-    AttentionProblem, BoundsChecks, DType, FlashAttention, KernelChoice, Layout, Options, Tensor, TensorLayout,
-    TilePlan, Variant, COOP_KERNEL_VERIFIED, COOP_PLANS, PLANS,
+    AttentionProblem, BoundsChecks, CoopPlan, DType, FlashAttention, KernelChoice, Layout, Options, Tensor,
+    TensorLayout, TilePlan, Variant, COOP_KERNEL_VERIFIED, COOP_PLANS, PLANS,
 };
 
 /// The variants this device can run for `dtype` (f16 tiles only exist for f16 storage).
@@ -246,11 +246,29 @@ fn cooperative_matrix_kernel_matches_the_reference() {
         );
         return;
     }
-    for ((block_m, block_n), direct_kv) in COOP_PLANS.into_iter().flat_map(|t| [(t, false), (t, true)]) {
+    // Every plan of the tables, and each way of streaming K/V on two of the tiles.
+    let mut plans: Vec<CoopPlan> = COOP_PLANS.iter().flat_map(|(_, plans)| plans.iter().copied()).collect();
+    for (block_m, block_n) in [(128, 16), (64, 32)] {
+        for (prefetch_kv, double_buffer) in [(false, false), (true, false), (false, true), (true, true)] {
+            plans.push(CoopPlan {
+                block_m,
+                block_n,
+                prefetch_kv,
+                double_buffer,
+            });
+        }
+    }
+    let mut seen = Vec::new();
+    for plan in plans {
+        if seen.contains(&plan) {
+            continue;
+        }
+        seen.push(plan);
         let choice = KernelChoice {
             cooperative_matrix: Some(true),
-            coop_tile: Some((block_m, block_n)),
-            coop_direct_kv: Some(direct_kv),
+            coop_tile: Some((plan.block_m, plan.block_n)),
+            coop_prefetch_kv: Some(plan.prefetch_kv),
+            coop_double_buffer: Some(plan.double_buffer),
             ..Default::default()
         };
         let engine = FlashAttention::with_options(
