@@ -8,10 +8,12 @@
 // What a workgroup owns: one tile of BLOCK_M query rows of one (batch, head), like the register
 // kernel (same grid, same longest-first order, same causal tile skipping). It streams K/V in tiles
 // of BLOCK_N keys through workgroup memory: every invocation copies whole granules (coalesced
-// 8-byte loads, 8-byte stores), and all subgroups then read their fragments from the one copy. Two
-// workgroup barriers per tile: "the previous tile is no longer read" and "this tile is staged".
-// With PREFETCH_KV the next tile's granules are loaded into registers while this tile is
-// computed, so their memory latency is not waited for at the barrier.
+// 8-byte loads, 8-byte stores), and all subgroups then read their fragments from the one copy, so
+// the taller the query tile, the less often K and V cross from L2 (128 or 256 rows on the H200).
+// With one K/V buffer (KV_BUFFERS = 1) a tile costs two workgroup barriers ("the previous tile is
+// no longer read", "this tile is staged"); with two, one (the next tile is copied into the other
+// buffer after this one's products). With PREFETCH_KV the next tile's granules are loaded into
+// registers before this tile's products, so their latency is not waited for at a barrier.
 //
 // What a subgroup owns: 16 query rows. It holds their Q as HEAD_DIM_PAD/16 cooperative A
 // fragments (loaded once) and their output as HEAD_DIM_PAD/16 f32 accumulator fragments for the
@@ -36,8 +38,9 @@
 // are padded by one 16-byte pair of granules, so that the eight 16-byte rows a fragment load reads
 // at once start in different banks (a row is HEAD_DIM_PAD/2 + 4 words, ≡ 4 mod 8); score rows by
 // one vec4, so that the 16-byte reads of 8 consecutive rows by 8 invocations hit different banks.
-// Q is staged once through the K/V tile's memory, 2·BLOCK_N rows at a time. BLOCK_N and the subgroup count come from the host, fitted to the workgroup
-// memory (48 KiB on NVIDIA).
+// Q is staged once through the K/V buffers, 2·KV_BUFFERS·BLOCK_N rows at a time. Tile sizes and
+// the streaming options come from the host's plans, fitted to the workgroup memory (48 KiB on
+// NVIDIA) and measured (COOP_PLANS in src/select.rs).
 
 const SUBGROUP: u32 = 32u;
 const SUBGROUPS: u32 = BLOCK_M / 16u;
