@@ -5,7 +5,12 @@
 //! - `coop_probe`: one 16×16×16 product C = A·B, loaded and stored in each of the ways the kernel
 //!   uses, through wgpu's WGSL path and through our SPIR-V (src/spirv_coherence.rs).
 //! - `coop_kernel_cases`: the whole kernel on inputs chosen to separate its stages.
-//! - `coop_kernel_costs`: the kernel with phases cut out, timed, to see where the time goes.
+//! - `coop_kernel_costs`: the kernel with phases cut out, timed, to see where the time goes, and
+//!   variants of its barrier semantics.
+//! - `coop_pipeline_stats`: what the driver reports of each configuration's pipeline through
+//!   `VK_KHR_pipeline_executable_properties` (registers, spills; the driver's listings into
+//!   `$COOP_STATS_DIR`), through `ash` because wgpu does not expose it. Written at the end of a
+//!   session whose device time was spent: not yet run on the H200.
 //!
 //! The taps, stops and bisection that found the misaligned workgroup flag (BENCHMARKS.md) were
 //! written against the first kernel and are in the git history.
@@ -877,4 +882,204 @@ fn coop_kernel_costs() {
             );
         }
     }
+}
+
+/// What NVIDIA's Vulkan driver makes of each cooperative configuration: the statistics it reports
+/// through `VK_KHR_pipeline_executable_properties` (registers per invocation, spills, shared
+/// memory...), which wgpu does not expose. The kernel's speed moved by ±30% with knobs that should
+/// not matter that much (BENCHMARKS.md); register counts say whether occupancy or spills explain
+/// it. Talks to Vulkan directly through `ash` with our own SPIR-V.
+#[test]
+#[ignore = "diagnostic: run with --ignored --nocapture on a device with cooperative matrices"]
+fn coop_pipeline_stats() {
+    use crate::select::{coop_plans, CoopConfig};
+    let mut configs: Vec<CoopConfig> = Vec::new();
+    for d in [64u32, 128, 256] {
+        for plan in coop_plans(d) {
+            for prefetch in [false, true] {
+                let c = plan.config(d).with_prefetch_kv(prefetch);
+                if !configs.contains(&c) {
+                    configs.push(c);
+                }
+            }
+        }
+    }
+    if let Err(e) = unsafe { pipeline_stats(&configs) } {
+        eprintln!("coop_pipeline_stats: {e}");
+    }
+}
+
+/// Creates a Vulkan 1.3 device with cooperative matrices and pipeline executable properties, builds
+/// each configuration's compute pipeline from our SPIR-V with statistics captured, and prints them.
+unsafe fn pipeline_stats(configs: &[crate::select::CoopConfig]) -> Result<(), String> {
+    use ash::vk;
+    fn fail(what: &'static str) -> impl Fn(vk::Result) -> String {
+        move |e| format!("{what}: {e}")
+    }
+    let entry = ash::Entry::load().map_err(|e| format!("no Vulkan loader: {e}"))?;
+    let app = vk::ApplicationInfo::default().api_version(vk::API_VERSION_1_3);
+    let instance = entry
+        .create_instance(&vk::InstanceCreateInfo::default().application_info(&app), None)
+        .map_err(fail("instance"))?;
+    let physical = instance.enumerate_physical_devices().map_err(fail("devices"))?;
+    let Some(&pd) = physical
+        .iter()
+        .find(|&&pd| instance.get_physical_device_properties(pd).device_type == vk::PhysicalDeviceType::DISCRETE_GPU)
+    else {
+        return Err("no discrete GPU".into());
+    };
+    let name = instance
+        .get_physical_device_properties(pd)
+        .device_name_as_c_str()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let family = instance
+        .get_physical_device_queue_family_properties(pd)
+        .iter()
+        .position(|q| q.queue_flags.contains(vk::QueueFlags::COMPUTE))
+        .ok_or("no compute queue")? as u32;
+    let priorities = [1.0];
+    let queues = [vk::DeviceQueueCreateInfo::default()
+        .queue_family_index(family)
+        .queue_priorities(&priorities)];
+    let extensions = [
+        ash::khr::cooperative_matrix::NAME.as_ptr(),
+        ash::khr::pipeline_executable_properties::NAME.as_ptr(),
+    ];
+    let mut f11 = vk::PhysicalDeviceVulkan11Features::default()
+        .storage_buffer16_bit_access(true)
+        .uniform_and_storage_buffer16_bit_access(true);
+    let mut f12 = vk::PhysicalDeviceVulkan12Features::default()
+        .shader_float16(true)
+        .vulkan_memory_model(true)
+        .vulkan_memory_model_device_scope(true);
+    let mut coop = vk::PhysicalDeviceCooperativeMatrixFeaturesKHR::default().cooperative_matrix(true);
+    let mut executables =
+        vk::PhysicalDevicePipelineExecutablePropertiesFeaturesKHR::default().pipeline_executable_info(true);
+    let create = vk::DeviceCreateInfo::default()
+        .queue_create_infos(&queues)
+        .enabled_extension_names(&extensions)
+        .push_next(&mut f11)
+        .push_next(&mut f12)
+        .push_next(&mut coop)
+        .push_next(&mut executables);
+    let device = instance.create_device(pd, &create, None).map_err(fail("device"))?;
+    let properties = ash::khr::pipeline_executable_properties::Device::new(&instance, &device);
+
+    // The forward kernels' bindings: params (uniform), q, k, v, o, lse.
+    let bindings: Vec<vk::DescriptorSetLayoutBinding> = (0..6)
+        .map(|b| {
+            vk::DescriptorSetLayoutBinding::default()
+                .binding(b)
+                .descriptor_type(if b == 0 {
+                    vk::DescriptorType::UNIFORM_BUFFER
+                } else {
+                    vk::DescriptorType::STORAGE_BUFFER
+                })
+                .descriptor_count(1)
+                .stage_flags(vk::ShaderStageFlags::COMPUTE)
+        })
+        .collect();
+    let set_layout = device
+        .create_descriptor_set_layout(&vk::DescriptorSetLayoutCreateInfo::default().bindings(&bindings), None)
+        .map_err(fail("set layout"))?;
+    let set_layouts = [set_layout];
+    let layout = device
+        .create_pipeline_layout(&vk::PipelineLayoutCreateInfo::default().set_layouts(&set_layouts), None)
+        .map_err(fail("pipeline layout"))?;
+    eprintln!("coop_pipeline_stats: {name}");
+    for config in configs {
+        let kernel = crate::shaders::KernelConfig::FlashCoop(*config);
+        let words = crate::spirv_coherence::compile(&kernel.name(), &kernel.source()).map_err(|e| e.to_string())?;
+        let module = device
+            .create_shader_module(&vk::ShaderModuleCreateInfo::default().code(&words), None)
+            .map_err(fail("shader module"))?;
+        let stage = vk::PipelineShaderStageCreateInfo::default()
+            .stage(vk::ShaderStageFlags::COMPUTE)
+            .module(module)
+            .name(c"flash_fwd_coop");
+        let info = vk::ComputePipelineCreateInfo::default()
+            .stage(stage)
+            .layout(layout)
+            .flags(vk::PipelineCreateFlags::CAPTURE_STATISTICS_KHR);
+        let pipeline = match device.create_compute_pipelines(vk::PipelineCache::null(), &[info], None) {
+            Ok(p) => p[0],
+            Err((_, e)) => {
+                eprintln!("coop_pipeline_stats: {}: pipeline: {e}", config.name());
+                device.destroy_shader_module(module, None);
+                continue;
+            }
+        };
+        let mut line = format!("{:44}", config.name());
+        let executables = properties
+            .get_pipeline_executable_properties(&vk::PipelineInfoKHR::default().pipeline(pipeline))
+            .map_err(fail("executables"))?;
+        for index in 0..executables.len() as u32 {
+            let executable = vk::PipelineExecutableInfoKHR::default()
+                .pipeline(pipeline)
+                .executable_index(index);
+            for stat in properties
+                .get_pipeline_executable_statistics(&executable)
+                .map_err(fail("statistics"))?
+            {
+                let value = match stat.format {
+                    vk::PipelineExecutableStatisticFormatKHR::BOOL32 => stat.value.b32.to_string(),
+                    vk::PipelineExecutableStatisticFormatKHR::INT64 => stat.value.i64.to_string(),
+                    vk::PipelineExecutableStatisticFormatKHR::UINT64 => stat.value.u64.to_string(),
+                    _ => format!("{:.3}", stat.value.f64),
+                };
+                let stat_name = stat
+                    .name_as_c_str()
+                    .map(|n| n.to_string_lossy().into_owned())
+                    .unwrap_or_default();
+                line.push_str(&format!(" | {stat_name}: {value}"));
+            }
+        }
+        eprintln!("coop_pipeline_stats: {line}");
+        // The driver's own listings, where it offers them, into $COOP_STATS_DIR.
+        if let Ok(dir) = std::env::var("COOP_STATS_DIR") {
+            for index in 0..executables.len() as u32 {
+                let executable = vk::PipelineExecutableInfoKHR::default()
+                    .pipeline(pipeline)
+                    .executable_index(index);
+                let Ok(representations) = properties.get_pipeline_executable_internal_representations(&executable)
+                else {
+                    continue;
+                };
+                // ash returned the sizes; a second call with buffers attached fills them.
+                let mut buffers: Vec<Vec<u8>> = representations.iter().map(|r| vec![0u8; r.data_size]).collect();
+                let mut filled: Vec<vk::PipelineExecutableInternalRepresentationKHR> = representations
+                    .iter()
+                    .zip(&mut buffers)
+                    .map(|(r, buffer)| {
+                        let mut r = *r;
+                        r.p_data = buffer.as_mut_ptr().cast();
+                        r
+                    })
+                    .collect();
+                let mut count = filled.len() as u32;
+                let get = properties.fp().get_pipeline_executable_internal_representations_khr;
+                let result = get(properties.device(), &executable, &mut count, filled.as_mut_ptr());
+                for (r, (rep, data)) in representations.iter().zip(&buffers).enumerate() {
+                    let rep_name = rep
+                        .name_as_c_str()
+                        .map(|n| n.to_string_lossy().into_owned())
+                        .unwrap_or_default();
+                    let path = format!("{dir}/{}_{index}_{r}.txt", config.name());
+                    let _ = std::fs::write(&path, data);
+                    eprintln!(
+                        "coop_pipeline_stats:   {rep_name}: {} bytes ({result}) -> {path}",
+                        rep.data_size
+                    );
+                }
+            }
+        }
+        device.destroy_pipeline(pipeline, None);
+        device.destroy_shader_module(module, None);
+    }
+    device.destroy_pipeline_layout(layout, None);
+    device.destroy_descriptor_set_layout(set_layout, None);
+    device.destroy_device(None);
+    instance.destroy_instance(None);
+    Ok(())
 }
