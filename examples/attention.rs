@@ -63,6 +63,7 @@ fn parse_args() -> Result<Args, String> {
                 options.choice.cooperative_matrix = Some(true);
             }
             "--coop-buffers" => {
+                options.choice.cooperative_matrix = Some(true);
                 options.choice.coop_double_buffer = Some(match value()?.as_str() {
                     "1" => false,
                     "2" => true,
@@ -70,6 +71,7 @@ fn parse_args() -> Result<Args, String> {
                 });
             }
             "--coop-prefetch" => {
+                options.choice.cooperative_matrix = Some(true);
                 options.choice.coop_prefetch_kv = Some(match value()?.as_str() {
                     "on" => true,
                     "off" => false,

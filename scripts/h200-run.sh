@@ -23,11 +23,13 @@ if [ -n "${SWEEP:-}" ]; then
   for spec in $SWEEP; do  # spec = variant:plan:bounds:dtype
     IFS=: read -r v p b d <<< "$spec"
     echo "-- $spec" >> "$OUT/sweep.log"
-    # coop: the cooperative kernel (plan = its BMxBN tile) with the K/V prefetch into registers;
-    # coopn: without it; coopd / coopdn: the same with K/V double-buffered.
+    # coop: the cooperative kernel (plan = its BMxBN tile) streaming K/V as its plan does;
+    # coopp / coopn: with / without the K/V prefetch into registers, one buffer;
+    # coopd / coopdn: the same with K/V double-buffered.
     tile="--plan"; extra=""
     case $v in
-      coop) extra="--coop-prefetch on --coop-buffers 1";;
+      coop) ;;
+      coopp) v=coop; extra="--coop-prefetch on --coop-buffers 1";;
       coopn) v=coop; extra="--coop-prefetch off --coop-buffers 1";;
       coopd) v=coop; extra="--coop-prefetch on --coop-buffers 2";;
       coopdn) v=coop; extra="--coop-prefetch off --coop-buffers 2";;

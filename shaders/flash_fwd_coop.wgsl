@@ -139,6 +139,9 @@ fn flash_fwd_coop(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocatio
     let b = wg.z;
     let kv_head = head / params.group_size;
     let m0 = (params.num_q_tiles - 1u - wg.x) * BLOCK_M;
+    // Subgroups as consecutive runs of 32 local invocations: what NVIDIA's driver does, not
+    // what Vulkan promises (subgroup_id / subgroup_invocation_id would not assume it; not yet
+    // measured on the H200, so not yet changed).
     let sg = li / SUBGROUP;
     let lane = li % SUBGROUP;
     // This invocation's row within its subgroup's 16, and which half of the score columns.
@@ -307,7 +310,8 @@ fn flash_fwd_coop(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocatio
         }
 
         if (KV_BUFFERS == 2u) {
-            // The other buffer was last read in the previous tile, before the barrier below.
+            // The other buffer was last read by the previous tile's products, which every
+            // subgroup finished before the previous iteration's closing barrier.
             let other = ((t + 1u) % 2u) * KV_TILE_VECS;
             if (has_next) {
                 if (PREFETCH_KV) {

@@ -324,10 +324,11 @@ impl CoopPlan {
 /// The cooperative kernel's plans, best first, for head dims up to each bound (after rounding up
 /// to 16). Measured on the H200 at seq 8192, f16, TFLOP/s (bench-results/2026-11-29/coop-run3/):
 ///
-/// - head_dim 64: 128 × 16 with prefetch 143; 256 × 16 prefetch 132; 192 × 16 prefetch 105;
+/// - head_dim 64: 128 × 16 with prefetch 143; 256 × 16 prefetch 132 (not listed: it needs more of
+///   everything than 128 × 16, so it could never be the fallback); 192 × 16 prefetch 105;
 ///   128 × 32 double-buffered 99; without prefetch 128 × 16 ran 104.
 /// - head_dim 128: 256 × 16 with prefetch 132; 128 × 32 without prefetch 129 (with it 112);
-///   192 × 16 prefetch, double-buffered 119; 64 × 32 70; 32 × 32 49.
+///   128 × 16 prefetch, double-buffered 118; 192 × 16 prefetch 119; 64 × 32 70; 32 × 32 49.
 /// - head_dim 256: 128 × 16 without prefetch 116 (with it 82); 64 × 32 81; 64 × 16 67.
 ///
 /// The large query tiles win because every workgroup copies the whole of K and V through its
@@ -338,7 +339,6 @@ pub const COOP_PLANS: [(u32, &[CoopPlan]); 3] = [
         64,
         &[
             CoopPlan::new(128, 16, true, false),
-            CoopPlan::new(256, 16, true, false),
             CoopPlan::new(64, 32, false, false),
             CoopPlan::new(32, 32, false, false),
         ],
@@ -624,11 +624,11 @@ pub struct KernelChoice {
     pub cooperative_matrix: Option<bool>,
     /// Use exactly this `(block_m, block_n)` for the cooperative kernel.
     pub coop_tile: Option<(u32, u32)>,
-    /// Whether the cooperative kernel prefetches the next K/V tile into registers (`None`: the
-    /// default, [`COOP_PREFETCH_KV_BY_DEFAULT`]).
+    /// Whether the cooperative kernel prefetches the next K/V tile into registers (`None`: as the
+    /// chosen plan does, see [`COOP_PLANS`]).
     pub coop_prefetch_kv: Option<bool>,
-    /// Whether the cooperative kernel double-buffers K/V tiles (`None`: the default,
-    /// [`COOP_DOUBLE_BUFFER_BY_DEFAULT`]).
+    /// Whether the cooperative kernel double-buffers K/V tiles (`None`: as the chosen plan does,
+    /// see [`COOP_PLANS`]).
     pub coop_double_buffer: Option<bool>,
 }
 

@@ -41,7 +41,10 @@ const SEMANTICS_WORKGROUP_MEMORY: u32 = 0x100;
 const SEMANTICS_MAKE_AVAILABLE_AND_VISIBLE: u32 = 0x2000 | 0x4000;
 
 /// What naga checks of the cooperative kernel: everything but workgroup-wide uniformity (see
-/// the module docs).
+/// the module docs). With the check off, nothing proves that every `workgroupBarrier()` stays in
+/// control flow uniform over the workgroup: in flash_fwd_coop.wgsl they sit in loops whose trip
+/// counts are constants or per-workgroup values (Q passes, K/V tiles), and edits must keep it so.
+/// tests/naga_validate.rs validates with the same flags.
 pub(crate) const VALIDATION_FLAGS: naga::valid::ValidationFlags =
     naga::valid::ValidationFlags::all().difference(naga::valid::ValidationFlags::CONTROL_FLOW_UNIFORMITY);
 

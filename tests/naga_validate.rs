@@ -148,3 +148,30 @@ fn shaders_open_with_a_comment_saying_what_they_are() {
         );
     }
 }
+
+/// The host's count of the cooperative kernel's workgroup memory (what selection checks against
+/// the device's limit) is the sum of the kernel's `var<workgroup>` declarations, as naga lays them
+/// out, for every configuration selection can return.
+#[test]
+fn cooperative_workgroup_memory_matches_the_declarations() {
+    for config in all_coop_configs() {
+        let kernel = KernelConfig::FlashCoop(config);
+        let source = kernel.source();
+        let module = naga::front::wgsl::parse_str(&source).unwrap_or_else(|e| panic!("{}: {e}", kernel.name()));
+        let mut layouter = naga::proc::Layouter::default();
+        layouter.update(module.to_ctx()).unwrap();
+        let declared: u32 = module
+            .global_variables
+            .iter()
+            .filter(|(_, var)| var.space == naga::AddressSpace::WorkGroup)
+            .map(|(_, var)| {
+                let size = layouter[var.ty].size;
+                // Every variable a multiple of 16 bytes, so that no driver layout misaligns the
+                // next one (flash_fwd_coop.wgsl says why).
+                assert_eq!(size % 16, 0, "{}", kernel.name());
+                size
+            })
+            .sum();
+        assert_eq!(declared, config.workgroup_bytes(), "{}", kernel.name());
+    }
+}
