@@ -3,10 +3,10 @@
 
 mod common;
 
-use common::gpu;
+use common::{engine_with, gpu};
 use wgpu_flash_attn::{
-    AttentionProblem, AttentionShape, DType, Error, FlashAttention, ForwardBuffers, GpuContext, KernelChoice, Options,
-    Tensor, TensorBuffer, TilePlan, Variant,
+    AttentionProblem, AttentionShape, DType, Error, FlashAttention, ForwardBuffers, GpuContext, KernelChoice, Tensor,
+    TensorBuffer, TilePlan, Variant,
 };
 
 fn problem() -> AttentionProblem {
@@ -269,15 +269,7 @@ fn device_limits_are_errors() {
 #[test]
 fn forced_kernels_the_device_lacks_are_errors() {
     let Some(ctx) = gpu() else { return };
-    let forced = |choice| {
-        FlashAttention::with_options(
-            ctx,
-            Options {
-                choice,
-                ..Default::default()
-            },
-        )
-    };
+    let forced = |choice| engine_with(ctx, choice);
     let p = problem();
 
     let e = forced(KernelChoice::variant(Variant::WORKGROUP_F16))

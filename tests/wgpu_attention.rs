@@ -4,7 +4,7 @@
 
 mod common;
 
-use common::{gpu, run_and_check, run_and_check_any, seed_of, shape};
+use common::{engine_with, gpu, run_and_check, run_and_check_any, seed_of, shape, SHAPES};
 use wgpu_flash_attn::harness::{Kernel, Workload};
 use wgpu_flash_attn::{
     AttentionProblem, BoundsChecks, CoopPlan, DType, FlashAttention, KernelChoice, Layout, Options, Tensor,
@@ -17,34 +17,12 @@ fn variants(engine: &FlashAttention, dtype: DType) -> Vec<Variant> {
     Variant::ALL
         .into_iter()
         .filter(|v| {
-            FlashAttention::with_options(
-                engine.context(),
-                Options {
-                    choice: KernelChoice::variant(*v),
-                    ..Default::default()
-                },
-            )
-            .select(&probe)
-            .is_ok()
+            engine_with(engine.context(), KernelChoice::variant(*v))
+                .select(&probe)
+                .is_ok()
         })
         .collect()
 }
-
-/// The forward's shape table: (batch, seq_q, seq_kv, heads, kv_heads, head_dim).
-const SHAPES: [(usize, usize, usize, usize, usize, usize); 12] = [
-    (1, 1, 1, 1, 1, 64),      // a single query and key
-    (2, 17, 17, 2, 2, 32),    // prime length, batch × heads > 1
-    (1, 127, 127, 4, 1, 64),  // MQA, one short of two tiles
-    (1, 64, 200, 8, 2, 80),   // GQA 4, seq_q < seq_kv, head_dim 80
-    (1, 200, 64, 8, 1, 96),   // MQA (ratio 8), seq_q > seq_kv, head_dim 96
-    (2, 131, 97, 4, 4, 128),  // primes both ways
-    (1, 73, 150, 2, 1, 256),  // the largest head_dim
-    (1, 1, 300, 4, 1, 128),   // decode-like: one query row
-    (1, 96, 96, 2, 2, 8),     // the smallest head_dim
-    (1, 40, 40, 2, 2, 40),    // head_dim not a multiple of 16
-    (3, 65, 65, 2, 2, 64),    // just past one tile
-    (1, 129, 257, 16, 2, 64), // GQA 8
-];
 
 fn for_each_shape(mut f: impl FnMut(AttentionProblem, String)) {
     for (b, sq, skv, h, hkv, d) in SHAPES {
@@ -65,13 +43,7 @@ fn every_variant_matches_the_reference_on_the_shape_table() {
     let auto = FlashAttention::new(ctx);
     for dtype in DType::ALL {
         for variant in variants(&auto, dtype) {
-            let engine = FlashAttention::with_options(
-                ctx,
-                Options {
-                    choice: KernelChoice::variant(variant),
-                    ..Default::default()
-                },
-            );
+            let engine = engine_with(ctx, KernelChoice::variant(variant));
             for_each_shape(|mut problem, label| {
                 problem.dtype = dtype;
                 let config = engine.select(&problem).unwrap();
@@ -98,13 +70,7 @@ fn every_tile_plan_the_device_fits_matches_the_reference() {
                 plan: Some(plan),
                 ..Default::default()
             };
-            let engine = FlashAttention::with_options(
-                ctx,
-                Options {
-                    choice,
-                    ..Default::default()
-                },
-            );
+            let engine = engine_with(ctx, choice);
             for (b, sq, skv, h, hkv, d, causal) in [
                 (1, 100, 100, 2, 1, 64, true),
                 (2, 70, 130, 2, 2, 128, false),
@@ -271,13 +237,7 @@ fn cooperative_matrix_kernel_matches_the_reference() {
             coop_double_buffer: Some(plan.double_buffer),
             ..Default::default()
         };
-        let engine = FlashAttention::with_options(
-            ctx,
-            Options {
-                choice,
-                ..Default::default()
-            },
-        );
+        let engine = engine_with(ctx, choice);
         let mut ran = 0;
         for_each_shape(|mut problem, label| {
             problem.dtype = DType::F16;

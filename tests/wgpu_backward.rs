@@ -7,30 +7,13 @@
 
 mod common;
 
-use common::{gpu, seed_of, shape};
+use common::{gpu, seed_of, shape, SHAPES};
 use wgpu_flash_attn::backward_harness::{BackwardWorkload, Grads};
 use wgpu_flash_attn::{
     select_backward, AttentionProblem, BackwardBuffers, BackwardChoice, BackwardConfig, BackwardInputs, BackwardPass,
     BackwardProblem, BackwardTilePlan, DType, Element, Error, FlashAttention, GpuContext, GradTensor, Layout, Tensor,
     TensorBuffer, TensorLayout, Variant, DKDV_PLANS, DQ_PLANS,
 };
-
-/// The forward's shape table (tests/wgpu_attention.rs): (batch, seq_q, seq_kv, heads, kv_heads,
-/// head_dim).
-const SHAPES: [(usize, usize, usize, usize, usize, usize); 12] = [
-    (1, 1, 1, 1, 1, 64),      // a single query and key
-    (2, 17, 17, 2, 2, 32),    // prime length, batch × heads > 1
-    (1, 127, 127, 4, 1, 64),  // MQA, one short of two tiles
-    (1, 64, 200, 8, 2, 80),   // GQA 4, seq_q < seq_kv, head_dim 80
-    (1, 200, 64, 8, 1, 96),   // MQA (ratio 8), seq_q > seq_kv, head_dim 96
-    (2, 131, 97, 4, 4, 128),  // primes both ways
-    (1, 73, 150, 2, 1, 256),  // the largest head_dim
-    (1, 1, 300, 4, 1, 128),   // decode-like: one query row
-    (1, 96, 96, 2, 2, 8),     // the smallest head_dim
-    (1, 40, 40, 2, 2, 40),    // head_dim not a multiple of 16
-    (3, 65, 65, 2, 2, 64),    // just past one tile
-    (1, 129, 257, 16, 2, 64), // GQA 8
-];
 
 fn for_each_shape(dtype: DType, mut f: impl FnMut(BackwardProblem, String)) {
     for (b, sq, skv, h, hkv, d) in SHAPES {

@@ -4,7 +4,9 @@
 use std::sync::OnceLock;
 
 use wgpu_flash_attn::harness::{Kernel, Workload};
-use wgpu_flash_attn::{AttentionProblem, AttentionShape, DType, Element, FlashAttention, GpuContext};
+use wgpu_flash_attn::{
+    AttentionProblem, AttentionShape, DType, Element, FlashAttention, GpuContext, KernelChoice, Options,
+};
 
 /// The test device: the best adapter, shared by every test of a binary. `None` (the test prints
 /// why and passes) when there is none, unless `FLASH_REQUIRE_GPU=1`, which CI sets so that a
@@ -79,4 +81,32 @@ pub fn shape(
         num_kv_heads,
         head_dim,
     }
+}
+
+/// The shape table the forward and backward tests both run: (batch, seq_q, seq_kv, heads,
+/// kv_heads, head_dim).
+pub const SHAPES: [(usize, usize, usize, usize, usize, usize); 12] = [
+    (1, 1, 1, 1, 1, 64),      // a single query and key
+    (2, 17, 17, 2, 2, 32),    // prime length, batch × heads > 1
+    (1, 127, 127, 4, 1, 64),  // MQA, one short of two tiles
+    (1, 64, 200, 8, 2, 80),   // GQA 4, seq_q < seq_kv, head_dim 80
+    (1, 200, 64, 8, 1, 96),   // MQA (ratio 8), seq_q > seq_kv, head_dim 96
+    (2, 131, 97, 4, 4, 128),  // primes both ways
+    (1, 73, 150, 2, 1, 256),  // the largest head_dim
+    (1, 1, 300, 4, 1, 128),   // decode-like: one query row
+    (1, 96, 96, 2, 2, 8),     // the smallest head_dim
+    (1, 40, 40, 2, 2, 40),    // head_dim not a multiple of 16
+    (3, 65, 65, 2, 2, 64),    // just past one tile
+    (1, 129, 257, 16, 2, 64), // GQA 8
+];
+
+/// An engine on the test device that selects kernels as `choice` says (other options default).
+pub fn engine_with(ctx: &GpuContext, choice: KernelChoice) -> FlashAttention {
+    FlashAttention::with_options(
+        ctx,
+        Options {
+            choice,
+            ..Default::default()
+        },
+    )
 }
