@@ -371,29 +371,7 @@ struct KernelRig<'a> {
 impl<'a> KernelRig<'a> {
     fn new(ctx: &'a GpuContext, config: crate::select::CoopConfig) -> Self {
         let device = &ctx.device;
-        let entry = |binding: u32, ty| wgpu::BindGroupLayoutEntry {
-            binding,
-            visibility: wgpu::ShaderStages::COMPUTE,
-            ty: wgpu::BindingType::Buffer {
-                ty,
-                has_dynamic_offset: false,
-                min_binding_size: None,
-            },
-            count: None,
-        };
-        let read = wgpu::BufferBindingType::Storage { read_only: true };
-        let write = wgpu::BufferBindingType::Storage { read_only: false };
-        let group_layout = device.create_bind_group_layout(&wgpu::BindGroupLayoutDescriptor {
-            label: None,
-            entries: &[
-                entry(0, wgpu::BufferBindingType::Uniform),
-                entry(1, read),
-                entry(2, read),
-                entry(3, read),
-                entry(4, write),
-                entry(5, write),
-            ],
-        });
+        let group_layout = crate::pipelines::forward_bind_group_layout(device, None);
         let layout = device.create_pipeline_layout(&wgpu::PipelineLayoutDescriptor {
             label: None,
             bind_group_layouts: &[Some(&group_layout)],

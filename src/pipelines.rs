@@ -167,37 +167,43 @@ impl PipelineCache {
         None
     }
 
-    /// The forward kernels' bindings: params, q, k, v, o, lse (see shaders/flash_fwd.wgsl).
+    /// The forward kernels' pipeline layout (see [`forward_bind_group_layout`]).
     fn forward_layout(&self, name: &str) -> wgpu::PipelineLayout {
-        let entry = |binding: u32, ty: wgpu::BufferBindingType| wgpu::BindGroupLayoutEntry {
-            binding,
-            visibility: wgpu::ShaderStages::COMPUTE,
-            ty: wgpu::BindingType::Buffer {
-                ty,
-                has_dynamic_offset: false,
-                min_binding_size: None,
-            },
-            count: None,
-        };
-        let read = wgpu::BufferBindingType::Storage { read_only: true };
-        let write = wgpu::BufferBindingType::Storage { read_only: false };
-        let group = self.device.create_bind_group_layout(&wgpu::BindGroupLayoutDescriptor {
-            label: Some(name),
-            entries: &[
-                entry(0, wgpu::BufferBindingType::Uniform),
-                entry(1, read),
-                entry(2, read),
-                entry(3, read),
-                entry(4, write),
-                entry(5, write),
-            ],
-        });
+        let group = forward_bind_group_layout(&self.device, Some(name));
         self.device.create_pipeline_layout(&wgpu::PipelineLayoutDescriptor {
             label: Some(name),
             bind_group_layouts: &[Some(&group)],
             immediate_size: 0,
         })
     }
+}
+
+/// The forward kernels' bindings: params, q, k, v, o, lse (see shaders/flash_fwd.wgsl). Explicit
+/// for the cooperative kernel, whose SPIR-V is passed through without wgpu's reflection.
+pub(crate) fn forward_bind_group_layout(device: &wgpu::Device, label: Option<&str>) -> wgpu::BindGroupLayout {
+    let entry = |binding: u32, ty: wgpu::BufferBindingType| wgpu::BindGroupLayoutEntry {
+        binding,
+        visibility: wgpu::ShaderStages::COMPUTE,
+        ty: wgpu::BindingType::Buffer {
+            ty,
+            has_dynamic_offset: false,
+            min_binding_size: None,
+        },
+        count: None,
+    };
+    let read = wgpu::BufferBindingType::Storage { read_only: true };
+    let write = wgpu::BufferBindingType::Storage { read_only: false };
+    device.create_bind_group_layout(&wgpu::BindGroupLayoutDescriptor {
+        label,
+        entries: &[
+            entry(0, wgpu::BufferBindingType::Uniform),
+            entry(1, read),
+            entry(2, read),
+            entry(3, read),
+            entry(4, write),
+            entry(5, write),
+        ],
+    })
 }
 
 /// Polls a future once; `Some` if it was already complete.
