@@ -8,7 +8,7 @@ if [ -z "${SKIP_SETUP:-}" ]; then for f in .gpu/*.deb; do dpkg -x "$f" /; done; 
 [ -z "${SKIP_SETUP:-}" ] && export VK_DRIVER_FILES=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json
 export LD_LIBRARY_PATH=/usr/local/cuda/targets/x86_64-linux/lib FLASH_REQUIRE_GPU=1 XDG_RUNTIME_DIR=/tmp
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
-A=.gpu/attention
+A=${A:-.gpu/attention}
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv | tee "$OUT/gpu.txt"
 step() { echo "== $*" | tee -a "$OUT/steps.log"; }
 

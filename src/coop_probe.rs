@@ -8,9 +8,10 @@
 //! - `coop_kernel_costs`: the kernel with phases cut out, timed, to see where the time goes, and
 //!   variants of its barrier semantics.
 //! - `coop_pipeline_stats`: what the driver reports of each configuration's pipeline through
-//!   `VK_KHR_pipeline_executable_properties` (registers, spills; the driver's listings into
-//!   `$COOP_STATS_DIR`), through `ash` because wgpu does not expose it. Written at the end of a
-//!   session whose device time was spent: not yet run on the H200.
+//!   `VK_KHR_pipeline_executable_properties` (registers, spills; the driver's listings and its
+//!   pipeline-cache data into `$COOP_STATS_DIR`), through `ash` because wgpu does not expose it.
+//!   NVIDIA gives no listings, but its cache data holds the binary: scripts/sass-from-cache.py cuts
+//!   it out for the CUDA toolkit's disassembler.
 //!
 //! The taps, stops and bisection that found the misaligned workgroup flag (BENCHMARKS.md) were
 //! written against the first kernel and are in the git history.
@@ -720,15 +721,15 @@ fn cost_variants(config: crate::select::CoopConfig) -> Vec<(&'static str, String
         cut(
             src,
             "        // ---- online softmax",
-            "        // ---- rare: rescale",
-            "let alpha = 1.0;\nlet moved = false;\n",
+            "        subgroupBarrier(); // P visible",
+            "let alpha = 1.0;\n",
         )
     };
     let no_pv = |src: &str| {
         cut(
             src,
-            "        // ---- O += P V ----",
-            "        if (KV_BUFFERS == 2u) {\n",
+            "        // ---- O = diag(alpha) O + P V ----",
+            "        if (KV_BUFFERS == 2u && has_next) {",
             "",
         )
     };
@@ -740,25 +741,15 @@ fn cost_variants(config: crate::select::CoopConfig) -> Vec<(&'static str, String
         let b = src[..store].rfind("{ let j = 0u;").expect("store loop");
         format!("{}{}", &src[..a], &src[b..])
     };
+    // The copies cut out, the barriers kept.
     let no_copy = |src: &str| {
         let src = cut(
             src,
-            "        workgroupBarrier(); // no subgroup reads",
-            "        workgroupBarrier(); // this tile staged",
+            "        if (KV_BUFFERS == 1u) {\n            if (PREFETCH_KV) {",
+            "        // ---- S = Q Kᵀ",
             "        workgroupBarrier();\n",
         );
-        let src = cut(
-            &src,
-            "        if (PREFETCH_KV && has_next) {",
-            "        // ---- S = Q Kᵀ",
-            "",
-        );
-        cut(
-            &src,
-            "            if (has_next) {",
-            "            workgroupBarrier(); // the next tile staged",
-            "",
-        )
+        cut(&src, "        if (KV_BUFFERS == 2u && has_next) {", "    }\n\n    // ---- epilogue", "")
     };
     // The next tile's loads issued after the tile's last subgroup barrier, just before P·V,
     // instead of before Q·Kᵀ: a barrier with memory semantics may wait for loads in flight.
@@ -769,8 +760,8 @@ fn cost_variants(config: crate::select::CoopConfig) -> Vec<(&'static str, String
         let block = src[a..b].to_string();
         let without = format!("{}{}", &src[..a], &src[b..]);
         without.replacen(
-            "        // ---- O += P V ----",
-            &format!("{block}        // ---- O += P V ----"),
+            "        // ---- O = diag(alpha) O + P V ----",
+            &format!("{block}        // ---- O = diag(alpha) O + P V ----"),
             1,
         )
     };
@@ -980,7 +971,17 @@ unsafe fn pipeline_stats(configs: &[crate::select::CoopConfig]) -> Result<(), St
             .stage(stage)
             .layout(layout)
             .flags(vk::PipelineCreateFlags::CAPTURE_STATISTICS_KHR);
-        let pipeline = match device.create_compute_pipelines(vk::PipelineCache::null(), &[info], None) {
+        // A cache of this pipeline alone: NVIDIA's cache data carries the compiled binary, which
+        // the CUDA toolkit's disassembler can read once cut out (scripts/sass-from-cache.py).
+        let cache = device
+            .create_pipeline_cache(&vk::PipelineCacheCreateInfo::default(), None)
+            .map_err(fail("pipeline cache"))?;
+        let created = device.create_compute_pipelines(cache, &[info], None);
+        if let (Ok(dir), Ok(data)) = (std::env::var("COOP_STATS_DIR"), device.get_pipeline_cache_data(cache)) {
+            let _ = std::fs::write(format!("{dir}/{}.vkcache", config.name()), data);
+        }
+        device.destroy_pipeline_cache(cache, None);
+        let pipeline = match created {
             Ok(p) => p[0],
             Err((_, e)) => {
                 eprintln!("coop_pipeline_stats: {}: pipeline: {e}", config.name());
