@@ -8,8 +8,9 @@
 // What a workgroup owns: one tile of BLOCK_M query rows of one (batch, head), like the register
 // kernel (same grid, same longest-first order, same causal tile skipping). It streams K/V in tiles
 // of BLOCK_N keys through workgroup memory: every invocation copies whole granules (coalesced
-// 8-byte loads, 8-byte stores), and all subgroups then read their fragments from the one copy, so
-// the taller the query tile, the less often K and V cross from L2 (128 or 256 rows on the H200).
+// 8-byte loads, 8-byte stores; the same column of granules in every tile, so the addresses are
+// worked out once), and all subgroups then read their fragments from the one copy, so the taller
+// the query tile, the less often K and V cross from L2 (128 rows on the H200).
 // With one K/V buffer (KV_BUFFERS = 1) a tile costs two workgroup barriers ("the previous tile is
 // no longer read", "this tile is staged"); with two, one (the next tile is copied into the other
 // buffer after this one's products). With PREFETCH_KV the next tile's granules are loaded into
@@ -23,16 +24,20 @@
 // (subgroupBarrier, made to cover workgroup memory in src/spirv_coherence.rs).
 //
 // What an invocation owns in the softmax: half a score row (two invocations per row, 32 per
-// subgroup, a size the host checks), read once into registers as vec4s. It applies scale and
-// mask, keeps the running max and sum, and writes its half of P.
+// subgroup, a size the host checks), read once into registers as vec4s. It applies mask and
+// scale (the scale inside exp2's argument), keeps the running max and sum, and writes its half of
+// P.
 //
-// Why rescaling is rare: the output lives in accumulator fragments, which cannot be scaled row by
-// row, so rescaling means a round trip through workgroup memory. Following FlashAttention-4, a
-// row's reference max m_used only moves when a tile's max exceeds it by more than
-// RESCALE_THRESHOLD (log2 units); until then P = exp2(s − m_used) ≤ 2^8, which f16 holds, and O and
-// l stay consistent because both use the same m_used. The result is exact either way. The decision
-// is the subgroup's (subgroupAny): cooperative operations need control flow that is uniform over
-// the subgroup, which the Vulkan spec asks and the host's SPIR-V build relies on.
+// Why rescaling is rare: the output lives in accumulator fragments, whose elements belong to
+// rows in a way the driver does not say, so a row's factor reaches them as a 16 × 16 matrix of
+// factors (written to workgroup memory by the rows' invocations, loaded as an accumulator)
+// multiplied in component-wise (OpFMul, which WGSL cannot spell: see componentwise_product).
+// Following FlashAttention-4, a row's reference max m_used only moves when a tile's max exceeds
+// it by more than RESCALE_THRESHOLD (log2 units); until then P = exp2(s − m_used) ≤ 2^8, which
+// f16 holds, and O and l stay consistent because both use the same m_used. The result is exact
+// either way. Decisions about products are the subgroup's (subgroupAny): cooperative operations
+// need control flow that is uniform over the subgroup, which the Vulkan spec asks and the host's
+// SPIR-V build relies on.
 //
 // Why the sizes: 16 × 16 × 16 f16 → f32 is the configuration NVIDIA and AMD expose. Staged rows
 // are padded by one 16-byte pair of granules, so that the eight 16-byte rows a fragment load reads
@@ -50,9 +55,17 @@ const N_BLOCKS: u32 = BLOCK_N / 16u;
 // Granules (vec4<f16>) per row of Q, K or V, and per staged row in workgroup memory.
 const ROW_GRANULES: u32 = HEAD_DIM_PAD / 4u;
 const TILE_STRIDE: u32 = ROW_GRANULES + 2u;
-// Granules of one K/V tile (K rows, then V rows), and how many each invocation copies.
-const KV_GRANULES: u32 = 2u * BLOCK_N * ROW_GRANULES;
-const KV_COPIES: u32 = (KV_GRANULES + WORKGROUP_SIZE - 1u) / WORKGROUP_SIZE;
+// The K/V copy: an invocation always copies the same column of granules, COPY_ROW_STEP staged rows
+// apart (K's rows, then V's), so its addresses are worked out once (KvCopy) and each tile only
+// adds the tile's first key. Invocations past COPY_ROW_STEP rows' worth copy nothing (none when
+// the workgroup size is a multiple of a row's granules, as for head_dim 64, 128, 256).
+const COPY_ROW_STEP: u32 = WORKGROUP_SIZE / ROW_GRANULES;
+const KV_COPIES: u32 = (2u * BLOCK_N + COPY_ROW_STEP - 1u) / COPY_ROW_STEP;
+// Whether every invocation copies exactly KV_COPIES granules of the tile (so none is checked
+// against the tile's end), and whether copy i is of K or of V is the same for every invocation
+// (so known once the loop is unrolled).
+const COPY_EXACT: bool = WORKGROUP_SIZE % ROW_GRANULES == 0u && (2u * BLOCK_N) % COPY_ROW_STEP == 0u;
+const KV_SPLIT_AT_COPY: bool = BLOCK_N % COPY_ROW_STEP == 0u;
 // Query rows staged at a time to load Q's fragments: as many as the K/V tile's memory holds.
 // (Rows staged past BLOCK_M in the last pass are never loaded.)
 const Q_PASS_ROWS: u32 = min(BLOCK_M, 2u * KV_BUFFERS * BLOCK_N);
@@ -63,13 +76,18 @@ const P_STRIDE: u32 = BLOCK_N / 4u + 2u;
 // vec4s of a score row each of its two invocations handles.
 const HALF_VECS: u32 = BLOCK_N / 8u;
 const RESCALE_THRESHOLD: f32 = 8.0;
+// Whether the output is multiplied by the row factors every tile, or only where some row of the
+// subgroup moved its reference max. Measured on the H200: the branch wins up to head_dim 128
+// (158 against 144 TFLOP/s at 128), the unconditional product at 256 (175 against 65; both use
+// all 255 registers, and why the branch costs that much there is not known yet).
+const ROW_FACTORS_ALWAYS: bool = HEAD_DIM_PAD > 128u;
 
 // KV_BUFFERS buffers of KV_TILE_VECS: rows 0..BLOCK_N the tile's K, rows BLOCK_N..2·BLOCK_N its V.
 // Q passes through at the start.
 const KV_TILE_VECS: u32 = 2u * BLOCK_N * TILE_STRIDE;
 var<workgroup> kv_tile: array<vec4<f16>, KV_BUFFERS * KV_TILE_VECS>;
-// Per subgroup: 16 rows of scores (also a 16 × 16 window of the output when it is rescaled or
-// written out) and 16 rows of P.
+// Per subgroup: 16 rows of scores (also a 16 × 16 window of the rows' rescale factors, and of
+// the output when it is written out) and 16 rows of P.
 var<workgroup> scores: array<vec4<f32>, SUBGROUPS * 16u * S_STRIDE>;
 var<workgroup> probs: array<vec4<f16>, SUBGROUPS * 16u * P_STRIDE>;
 // Every workgroup variable is a multiple of 16 bytes: NVIDIA's driver lays them out in an order of
@@ -82,55 +100,158 @@ var<workgroup> probs: array<vec4<f16>, SUBGROUPS * 16u * P_STRIDE>;
 @group(0) @binding(4) var<storage, read_write> o: array<Granule>;
 @group(0) @binding(5) var<storage, read_write> lse: array<u32>;
 
-// Granule `g` of the K/V tile whose first key is `n0` (granules of K rows first, then of V rows);
-// zero past the sequence, past head_dim and past the tile.
-fn kv_granule(g: u32, b: u32, h: u32, n0: u32) -> vec4<f16> {
-    let staged_row = g / ROW_GRANULES;
-    let c = g % ROW_GRANULES;
-    let is_v = staged_row >= BLOCK_N;
-    let key = n0 + staged_row - select(0u, BLOCK_N, is_v);
-    if (g >= KV_GRANULES || key >= params.seq_kv || 4u * c >= params.head_dim) {
-        return vec4<f16>(0.0);
-    }
-    if (is_v) {
-        return v[row_granule(params.v, b, key, h) + c];
-    }
-    return k[row_granule(params.k, b, key, h) + c];
+// What an invocation copies of every K/V tile, worked out once: its first staged row, whether its
+// column is inside head_dim, where its granule of that row is in K and in V for the tile at key 0
+// (for V, "row" first_row − BLOCK_N: the u32 wraps, and every copy that reads V adds BLOCK_N or
+// more rows back), and where the granule goes in a buffer.
+struct KvCopy {
+    first_row: u32, // staged row of copy 0 (≥ 2·BLOCK_N: copies nothing)
+    col_ok: bool, // its column is within head_dim (else it stores zeros)
+    k_src: u32,
+    v_src: u32,
+    slot: u32,
 }
 
-// Where granule `g` of a K/V tile goes in kv_tile, from the buffer's first vec4 `base`.
-fn kv_slot(base: u32, g: u32) -> u32 {
-    return base + (g / ROW_GRANULES) * TILE_STRIDE + g % ROW_GRANULES;
+fn kv_copy(li: u32, b: u32, h: u32) -> KvCopy {
+    let col = li % ROW_GRANULES;
+    var first_row = li / ROW_GRANULES;
+    if (first_row >= COPY_ROW_STEP) {
+        first_row = 2u * BLOCK_N;
+    }
+    return KvCopy(
+        first_row,
+        4u * col < params.head_dim,
+        row_granule(params.k, b, first_row, h) + col,
+        row_granule(params.v, b, first_row - BLOCK_N, h) + col,
+        first_row * TILE_STRIDE + col,
+    );
 }
 
-// This invocation's share of the K/V tile at key n0, loaded into registers.
-fn load_kv_tile(regs: ptr<function, array<vec4<f16>, KV_COPIES>>, li: u32, b: u32, h: u32, n0: u32) {
+// Copy i's staged row, and whether it is a row of V.
+fn copy_row(cp: KvCopy, i: u32) -> u32 {
+    return cp.first_row + i * COPY_ROW_STEP;
+}
+
+fn copy_is_v(cp: KvCopy, i: u32) -> bool {
+    if (KV_SPLIT_AT_COPY) {
+        return i >= BLOCK_N / COPY_ROW_STEP;
+    }
+    return copy_row(cp, i) >= BLOCK_N;
+}
+
+// This invocation's granules of the K/V tile at key n0, loaded into registers: zero past the
+// sequence, past head_dim and past the tile. With `checked` false (a whole tile: see
+// kv_tile_is_whole) the loads go unchecked; callers pass a literal, so that each call compiles to
+// its own loop.
+fn load_kv_tile(regs: ptr<function, array<vec4<f16>, KV_COPIES>>, cp: KvCopy, n0: u32, checked: bool) {
+    let k_tile = cp.k_src + n0 * params.k.seq;
+    let v_tile = cp.v_src + n0 * params.v.seq;
     // @unroll
     for (var i = 0u; i < KV_COPIES; i++) {
-        (*regs)[i] = kv_granule(li + i * WORKGROUP_SIZE, b, h, n0);
+        let row = copy_row(cp, i);
+        let is_v = copy_is_v(cp, i);
+        let key = n0 + row - select(0u, BLOCK_N, is_v);
+        var x = vec4<f16>(0.0);
+        if (!checked || (row < 2u * BLOCK_N && key < params.seq_kv && cp.col_ok)) {
+            if (is_v) {
+                x = v[v_tile + i * COPY_ROW_STEP * params.v.seq];
+            } else {
+                x = k[k_tile + i * COPY_ROW_STEP * params.k.seq];
+            }
+        }
+        (*regs)[i] = x;
     }
 }
 
-// ... and stored into the buffer at `base`.
-fn store_kv_tile(regs: ptr<function, array<vec4<f16>, KV_COPIES>>, li: u32, base: u32) {
+// Whether the K/V tile at n0 lies wholly inside K and V, and every invocation's copies inside
+// the tile: then no granule needs checking.
+fn kv_tile_is_whole(n0: u32) -> bool {
+    return COPY_EXACT && n0 + BLOCK_N <= params.seq_kv && params.head_dim == HEAD_DIM_PAD;
+}
+
+fn load_kv_tile_at(regs: ptr<function, array<vec4<f16>, KV_COPIES>>, cp: KvCopy, n0: u32) {
+    if (kv_tile_is_whole(n0)) {
+        load_kv_tile(regs, cp, n0, false);
+    } else {
+        load_kv_tile(regs, cp, n0, true);
+    }
+}
+
+// ... and stored into the buffer whose first vec4 is `base`.
+fn store_kv_tile(regs: ptr<function, array<vec4<f16>, KV_COPIES>>, cp: KvCopy, base: u32) {
     // @unroll
     for (var i = 0u; i < KV_COPIES; i++) {
-        let g = li + i * WORKGROUP_SIZE;
-        if (g < KV_GRANULES) {
-            kv_tile[kv_slot(base, g)] = (*regs)[i];
+        if (COPY_EXACT || copy_row(cp, i) < 2u * BLOCK_N) {
+            kv_tile[base + cp.slot + i * COPY_ROW_STEP * TILE_STRIDE] = (*regs)[i];
         }
     }
 }
 
-// This invocation's share of the K/V tile at key n0, copied straight into the buffer at `base`.
-fn copy_kv_tile(li: u32, b: u32, h: u32, n0: u32, base: u32) {
+// Both at once.
+fn copy_kv_tile(cp: KvCopy, n0: u32, base: u32) {
+    var regs: array<vec4<f16>, KV_COPIES>;
+    load_kv_tile_at(&regs, cp, n0);
+    store_kv_tile(&regs, cp, base);
+}
+
+// −∞, for masked scores (a runtime bitcast: WGSL constants must be finite).
+fn neg_inf() -> f32 {
+    return bitcast<f32>(LSE_EMPTY_BITS);
+}
+
+// Whether some score of the tile at key n0 is masked for some row of the query tile at m0.
+fn tile_needs_mask(n0: u32, m0: u32) -> bool {
+    return n0 + BLOCK_N > params.seq_kv
+        || (params.causal != 0u && i32(n0 + BLOCK_N) > i32(m0) + params.causal_offset + 1);
+}
+
+// This invocation's half score row, starting at vec4 `at` of `scores` and at key column
+// `first_col`, raw (unscaled), −∞ where the key is masked (at or past row_kv_end).
+fn read_half_row(at: u32, first_col: u32, row_kv_end: u32, needs_mask: bool) -> array<vec4<f32>, HALF_VECS> {
+    var x: array<vec4<f32>, HALF_VECS>;
     // @unroll
-    for (var i = 0u; i < KV_COPIES; i++) {
-        let g = li + i * WORKGROUP_SIZE;
-        if (g < KV_GRANULES) {
-            kv_tile[kv_slot(base, g)] = kv_granule(g, b, h, n0);
+    for (var i = 0u; i < HALF_VECS; i++) {
+        x[i] = scores[at + i];
+        if (needs_mask) {
+            let cols = vec4<u32>(first_col + 4u * i) + vec4<u32>(0u, 1u, 2u, 3u);
+            x[i] = select(vec4<f32>(neg_inf()), x[i], cols < vec4<u32>(row_kv_end));
         }
     }
+    return x;
+}
+
+// P = exp2(scale·x − m) into this invocation's half row of `probs` at vec4 `at`, and its sum.
+// The scale is positive (the host checks), so the tile's max before scaling is its max after.
+fn write_half_probs(x: array<vec4<f32>, HALF_VECS>, m: f32, at: u32) -> f32 {
+    var sum = 0.0;
+    // @unroll
+    for (var i = 0u; i < HALF_VECS; i++) {
+        let p = exp2(x[i] * params.scale - m);
+        sum += p.x + p.y + p.z + p.w;
+        probs[at + i] = vec4<f16>(p);
+    }
+    return sum;
+}
+
+// O += P·V, with the subgroup's P at vec4 `p_at` of `probs` and V staged at `v_base`.
+fn accumulate_pv(o: ptr<function, array<coop_mat16x16<f32, C>, D_BLOCKS>>, p_at: u32, v_base: u32) {
+    // @unroll
+    for (var j = 0u; j < N_BLOCKS; j++) {
+        let p_frag = coopLoadT<coop_mat16x16<f16, A>>(&probs[p_at + 4u * j], P_STRIDE);
+        // @unroll
+        for (var d = 0u; d < D_BLOCKS; d++) {
+            let v_frag = coopLoadT<coop_mat16x16<f16, B>>(&kv_tile[v_base + 16u * j * TILE_STRIDE + 4u * d], TILE_STRIDE);
+            (*o)[d] = coopMultiplyAdd(p_frag, v_frag, (*o)[d]);
+        }
+    }
+}
+
+// Component-wise product of two accumulator matrices. WGSL has no operator for it, so the kernel
+// writes `a - b`, which naga emits as OpFSub, and src/spirv_coherence.rs turns every OpFSub on
+// cooperative matrices into OpFMul (component-wise for cooperative matrices): this is the only
+// matrix subtraction in the kernel.
+fn componentwise_product(a: coop_mat16x16<f32, C>, b: coop_mat16x16<f32, C>) -> coop_mat16x16<f32, C> {
+    return a - b;
 }
 
 @compute @workgroup_size(WORKGROUP_SIZE)
@@ -192,35 +313,39 @@ fn flash_fwd_coop(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocatio
     }
     var m_used = NEG_BIG; // this row's reference max (same in both invocations of the row)
     var l_part = 0.0; // sum of exp2(s − m_used) over this invocation's columns
+    let my_row = my_scores + r * S_STRIDE + half_n * HALF_VECS;
+    let my_p_row = my_probs + r * P_STRIDE + half_n * HALF_VECS;
 
     // K/V tiles: KV_BUFFERS == 1 frees the one buffer, fills it and waits (two barriers a
     // tile); KV_BUFFERS == 2 fills the other buffer with the next tile after computing this one
     // (one barrier a tile, and the copy overlaps other subgroups' products). With PREFETCH_KV the
     // granules of the next tile are loaded into registers before this tile's products.
+    let cp = kv_copy(li, b, kv_head);
     var next_kv: array<vec4<f16>, KV_COPIES>;
     if (KV_BUFFERS == 2u) {
         workgroupBarrier(); // Q's fragments are loaded
-        copy_kv_tile(li, b, kv_head, 0u, 0u);
-        workgroupBarrier();
+        copy_kv_tile(cp, 0u, 0u);
     } else if (PREFETCH_KV) {
-        load_kv_tile(&next_kv, li, b, kv_head, 0u);
+        load_kv_tile_at(&next_kv, cp, 0u);
     }
     for (var t = 0u; t < num_kv_tiles; t++) {
         let n0 = t * BLOCK_N;
         let k_base = (t % KV_BUFFERS) * KV_TILE_VECS;
         let v_base = k_base + BLOCK_N * TILE_STRIDE;
         let has_next = t + 1u < num_kv_tiles;
+        // One buffer: no subgroup reads the previous tile (or Q) any more. Two: this tile is
+        // staged, and the other buffer is no longer read.
+        workgroupBarrier();
         if (KV_BUFFERS == 1u) {
-            workgroupBarrier(); // no subgroup reads the previous tile (or Q) any more
             if (PREFETCH_KV) {
-                store_kv_tile(&next_kv, li, 0u);
+                store_kv_tile(&next_kv, cp, 0u);
             } else {
-                copy_kv_tile(li, b, kv_head, n0, 0u);
+                copy_kv_tile(cp, n0, 0u);
             }
             workgroupBarrier(); // this tile staged
         }
         if (PREFETCH_KV && has_next) {
-            load_kv_tile(&next_kv, li, b, kv_head, n0 + BLOCK_N);
+            load_kv_tile_at(&next_kv, cp, n0 + BLOCK_N);
         }
 
         // ---- S = Q Kᵀ into this subgroup's score rows ----
@@ -247,80 +372,52 @@ fn flash_fwd_coop(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocatio
         subgroupBarrier(); // the scores visible to the subgroup's invocations
 
         // ---- online softmax on this invocation's half row, held in registers ----
-        // The scale is applied as the scores are read, not written back.
-        let needs_mask = n0 + BLOCK_N > params.seq_kv
-            || (params.causal != 0u && i32(n0 + BLOCK_N) > i32(m0) + params.causal_offset + 1);
-        let first_col = n0 + half_n * 4u * HALF_VECS;
-        let my_row = my_scores + r * S_STRIDE + half_n * HALF_VECS;
-        var x: array<vec4<f32>, HALF_VECS>;
-        var tile_max = NEG_BIG;
+        let x = read_half_row(my_row, n0 + half_n * 4u * HALF_VECS, row_kv_end, tile_needs_mask(n0, m0));
+        var raw_max = neg_inf();
         // @unroll
         for (var i = 0u; i < HALF_VECS; i++) {
-            x[i] = scores[my_row + i] * params.scale;
-            if (needs_mask) {
-                let cols = vec4<u32>(first_col + 4u * i) + vec4<u32>(0u, 1u, 2u, 3u);
-                x[i] = select(vec4<f32>(NEG_BIG), x[i], cols < vec4<u32>(row_kv_end));
-            }
-            tile_max = max(tile_max, max(max(x[i].x, x[i].y), max(x[i].z, x[i].w)));
+            raw_max = max(raw_max, max(max(x[i].x, x[i].y), max(x[i].z, x[i].w)));
         }
-        tile_max = max(tile_max, subgroupShuffleXor(tile_max, 16u));
-        // Move the reference max only when the tile's max is far above it (or on the first tile,
-        // when the output is still zero and moving it costs nothing).
+        let tile_max = max(raw_max, subgroupShuffleXor(raw_max, 16u)) * params.scale;
+        // Move the reference max only when the tile's max is far above it (or on the first
+        // tile, when the output is still zero and moving it costs nothing).
         var m_new = m_used;
         if (tile_max > m_used + RESCALE_THRESHOLD || t == 0u) {
             m_new = max(m_used, tile_max);
         }
         let alpha = exp2(m_used - m_new);
-        let moved = t > 0u && m_new != m_used;
         m_used = m_new;
-        l_part *= alpha;
-        // @unroll
-        for (var i = 0u; i < HALF_VECS; i++) {
-            // Masked scores give exactly 0, also while the row has seen no key (m_used = NEG_BIG).
-            let p = select(vec4<f32>(0.0), exp2(x[i] - m_used), x[i] > vec4<f32>(NEG_BIG));
-            l_part += p.x + p.y + p.z + p.w;
-            probs[my_probs + r * P_STRIDE + half_n * HALF_VECS + i] = vec4<f16>(p);
-        }
+        l_part = l_part * alpha + write_half_probs(x, m_used, my_p_row);
+        subgroupBarrier(); // P visible to the subgroup's cooperative loads; the scores all read
 
-        // ---- rare: rescale the output rows whose reference max moved ----
-        if (subgroupAny(moved)) {
+        // ---- O = diag(alpha) O + P V ----
+        // Where some row of the subgroup moved its reference max, each row's factor goes into a
+        // 16 × 16 window of the score rows, is loaded as an accumulator matrix, and multiplies
+        // every output fragment component-wise, in place. (Rescaling through workgroup memory
+        // instead, fragment by fragment, made NVIDIA's compiler copy all of the output's
+        // registers twice a tile, rescaled or not: BENCHMARKS.md.)
+        if (ROW_FACTORS_ALWAYS || subgroupAny(alpha != 1.0)) {
+            let window = my_scores + r * S_STRIDE + 2u * half_n;
+            scores[window] = vec4<f32>(alpha);
+            scores[window + 1u] = vec4<f32>(alpha);
+            subgroupBarrier();
+            let row_factors = coopLoadT<coop_mat16x16<f32, C>>(&scores[my_scores], S_STRIDE);
             // @unroll
             for (var d = 0u; d < D_BLOCKS; d++) {
-                subgroupBarrier(); // the score window is free (softmax reads, previous fragment)
-                coopStoreT(o_frag[d], &scores[my_scores], S_STRIDE);
-                subgroupBarrier();
-                let at = my_scores + r * S_STRIDE + 2u * half_n;
-                scores[at] *= alpha;
-                scores[at + 1u] *= alpha;
-                subgroupBarrier();
-                o_frag[d] = coopLoadT<coop_mat16x16<f32, C>>(&scores[my_scores], S_STRIDE);
+                o_frag[d] = componentwise_product(o_frag[d], row_factors);
             }
         }
-        subgroupBarrier(); // P visible to the subgroup's cooperative loads
+        accumulate_pv(&o_frag, my_probs, v_base);
 
-        // ---- O += P V ----
-        // @unroll
-        for (var j = 0u; j < N_BLOCKS; j++) {
-            let p_frag = coopLoadT<coop_mat16x16<f16, A>>(&probs[my_probs + 4u * j], P_STRIDE);
-            // @unroll
-            for (var d = 0u; d < D_BLOCKS; d++) {
-                let v_frag = coopLoadT<coop_mat16x16<f16, B>>(&kv_tile[v_base + 16u * j * TILE_STRIDE + 4u * d], TILE_STRIDE);
-                o_frag[d] = coopMultiplyAdd(p_frag, v_frag, o_frag[d]);
-            }
-        }
-
-        if (KV_BUFFERS == 2u) {
+        if (KV_BUFFERS == 2u && has_next) {
             // The other buffer was last read by the previous tile's products, which every
-            // subgroup finished before the previous iteration's closing barrier.
+            // subgroup finished before this iteration's barrier.
             let other = ((t + 1u) % 2u) * KV_TILE_VECS;
-            if (has_next) {
-                if (PREFETCH_KV) {
-                    store_kv_tile(&next_kv, li, other);
-                } else {
-                    copy_kv_tile(li, b, kv_head, n0 + BLOCK_N, other);
-                }
+            if (PREFETCH_KV) {
+                store_kv_tile(&next_kv, cp, other);
+            } else {
+                copy_kv_tile(cp, n0 + BLOCK_N, other);
             }
-            workgroupBarrier(); // the next tile staged; this one no longer read
         }
     }
 

@@ -322,16 +322,18 @@ impl CoopPlan {
 }
 
 /// The cooperative kernel's plans, best first, for head dims up to each bound (after rounding up
-/// to 16). Measured on the H200 at seq 8192, f16, TFLOP/s (bench-results/2026-11-29/coop-run3/):
+/// to 16). Measured on the H200 at seq 8192, f16, TFLOP/s (bench-results/2026-11-29/coop-run4/,
+/// after the K/V copy, softmax and output-rescale rewrite of session 4):
 ///
-/// - head_dim 64: 128 × 16 with prefetch 143; 256 × 16 prefetch 132 (not listed: it needs more of
-///   everything than 128 × 16, so it could never be the fallback); 192 × 16 prefetch 105;
-///   128 × 32 double-buffered 99; without prefetch 128 × 16 ran 104.
-/// - head_dim 128: 256 × 16 with prefetch 132; 128 × 32 without prefetch 129 (with it 112);
-///   128 × 16 prefetch, double-buffered 118; 192 × 16 prefetch 119; 64 × 32 70; 32 × 32 49.
-/// - head_dim 256: 128 × 16 without prefetch 116 (with it 82); 64 × 32 81; 64 × 16 67.
+/// - head_dim 64 (2 × 32 heads): 128 × 16 with prefetch 138; 256 × 16 prefetch 118 (not listed:
+///   it needs more of everything than 128 × 16); 128 × 16 prefetch, double-buffered 97.
+/// - head_dim 128 (2 × 16 heads): 128 × 32 with prefetch 158 (without it 146); 128 × 16 prefetch,
+///   double-buffered 134; 64 × 32 prefetch 119 (before the rescale rewrite); 256 × 16 69 (its 128
+///   registers per invocation spill the output).
+/// - head_dim 256 (2 × 8 heads): 128 × 16 with prefetch 175 (without it 137); 64 × 32 119;
+///   64 × 16 prefetch 77.
 ///
-/// The large query tiles win because every workgroup copies the whole of K and V through its
+/// Query tiles of 128 rows win because every workgroup copies the whole of K and V through its
 /// workgroup memory: 128 rows read them half as often as 64. The later plans are for devices with
 /// less workgroup memory or fewer invocations per workgroup than the H200 (48 KiB, 1024).
 pub const COOP_PLANS: [(u32, &[CoopPlan]); 3] = [
@@ -339,26 +341,25 @@ pub const COOP_PLANS: [(u32, &[CoopPlan]); 3] = [
         64,
         &[
             CoopPlan::new(128, 16, true, false),
-            CoopPlan::new(64, 32, false, false),
+            CoopPlan::new(64, 32, true, false),
             CoopPlan::new(32, 32, false, false),
         ],
     ),
     (
         128,
         &[
-            CoopPlan::new(256, 16, true, false),
-            CoopPlan::new(128, 32, false, false),
+            CoopPlan::new(128, 32, true, false),
             CoopPlan::new(128, 16, true, true),
-            CoopPlan::new(64, 32, false, false),
+            CoopPlan::new(64, 32, true, false),
             CoopPlan::new(32, 32, false, false),
         ],
     ),
     (
         256,
         &[
-            CoopPlan::new(128, 16, false, false),
+            CoopPlan::new(128, 16, true, false),
             CoopPlan::new(64, 32, false, false),
-            CoopPlan::new(64, 16, false, false),
+            CoopPlan::new(64, 16, true, false),
             CoopPlan::new(32, 16, false, false),
         ],
     ),
@@ -417,12 +418,13 @@ impl CoopConfig {
 
     /// The trip counts of flash_fwd_coop.wgsl's `// @unroll` loops (src/unroll.rs).
     pub(crate) fn unroll_bounds(&self) -> [(&'static str, u32); 4] {
-        let kv_granules = 2 * self.block_n * self.head_dim_pad / 4;
+        // Staged rows one round of the K/V copy covers (COPY_ROW_STEP in the shader).
+        let copy_row_step = self.workgroup_size() / (self.head_dim_pad / 4);
         [
             ("D_BLOCKS", self.head_dim_pad / 16),
             ("N_BLOCKS", self.block_n / 16),
             ("HALF_VECS", self.block_n / 8),
-            ("KV_COPIES", kv_granules.div_ceil(self.workgroup_size())),
+            ("KV_COPIES", (2 * self.block_n).div_ceil(copy_row_step)),
         ]
     }
 
@@ -438,11 +440,17 @@ impl CoopConfig {
     }
 
     pub fn is_well_formed(&self) -> bool {
-        self.block_m > 0 && self.block_m.is_multiple_of(16) && self.block_n > 0 && self.block_n.is_multiple_of(16)
+        self.block_m > 0
+            && self.block_m.is_multiple_of(16)
+            && self.block_n > 0
+            && self.block_n.is_multiple_of(16)
+            // One round of the K/V copy covers at least one row.
+            && self.workgroup_size() >= self.head_dim_pad / 4
     }
 
-    /// Why this configuration cannot run `storage` inputs on `caps`, if it cannot.
-    pub fn unavailable_reason(&self, storage: DType, caps: &Caps) -> Option<String> {
+    /// Why this configuration cannot run `problem` on `caps`, if it cannot.
+    pub fn unavailable_reason(&self, problem: &AttentionProblem, caps: &Caps) -> Option<String> {
+        let storage = problem.dtype;
         if !COOP_KERNEL_VERIFIED {
             return Some(
                 "the cooperative-matrix kernel is disabled: on the NVIDIA H200 (driver 580) it returned wrong \
@@ -461,6 +469,14 @@ impl CoopConfig {
                 "the cooperative-matrix kernel multiplies f16 inputs; {} would have to be rounded to f16 \
                  (convert the tensors, or use a non-matrix variant)",
                 storage.name()
+            ));
+        }
+        // The kernel takes the tile's max before scaling (flash_fwd_coop.wgsl), which only a
+        // positive scale leaves in place.
+        let scale = problem.softmax_scale();
+        if scale <= 0.0 {
+            return Some(format!(
+                "the cooperative-matrix kernel needs a positive softmax scale, not {scale} (use a non-matrix variant)"
             ));
         }
         if !caps.cooperative_matrix_f16 {
@@ -563,7 +579,7 @@ pub fn select_forward(problem: &AttentionProblem, caps: &Caps, choice: &KernelCh
             let config = config
                 .with_prefetch_kv(choice.coop_prefetch_kv.unwrap_or(config.prefetch_kv))
                 .with_double_buffer(choice.coop_double_buffer.unwrap_or(config.double_buffer));
-            match config.unavailable_reason(problem.dtype, caps) {
+            match config.unavailable_reason(problem, caps) {
                 None => {
                     check_grid(problem, config.block_m, caps)?;
                     return Ok(ForwardKernel::Coop(config));
@@ -937,6 +953,14 @@ mod tests {
         };
         let e = select_forward(&problem(128, DType::BF16), &h200, &required).unwrap_err();
         assert!(e.to_string().contains("rounded to f16"), "{e}");
+        // The kernel needs a positive scale (it takes tile maxima before scaling): zero and
+        // negative scales go to the tiled kernel, or fail with the reason when it is required.
+        for scale in [0.0, -0.125] {
+            let p = problem(128, DType::F16).with_scale(scale);
+            assert!(matches!(select_forward(&p, &h200, &auto).unwrap(), ForwardKernel::Tiled(_)));
+            let e = select_forward(&p, &h200, &required).unwrap_err();
+            assert!(e.to_string().contains("positive softmax scale"), "{e}");
+        }
         let amd = Caps {
             subgroup_max_size: 64,
             ..h200

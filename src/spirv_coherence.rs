@@ -15,6 +15,11 @@
 //! subgroup's own rows of workgroup memory (its scores and probabilities) between its
 //! invocations and its cooperative loads and stores.
 //!
+//! Cooperative matrices get one operation WGSL cannot spell: the component-wise product of two
+//! accumulator matrices (SPIR-V's `OpFMul` on cooperative matrices), with which the kernel scales
+//! each output row by its own factor. The kernel writes it as a subtraction, the only one it does
+//! on matrices, and every `OpFSub` on a cooperative-matrix type becomes `OpFMul` here.
+//!
 //! naga's uniformity analysis is also relaxed here: it asks cooperative operations for control
 //! flow that is uniform over the whole workgroup, while `VK_KHR_cooperative_matrix` asks for
 //! uniformity over the subgroup (its scope), and the kernel branches on subgroup-uniform values
@@ -30,7 +35,10 @@ const OP_STORE: u32 = 62;
 const OP_ACCESS_CHAIN: u32 = 65;
 const OP_IN_BOUNDS_ACCESS_CHAIN: u32 = 66;
 const OP_PTR_ACCESS_CHAIN: u32 = 67;
+const OP_FSUB: u32 = 131;
+const OP_FMUL: u32 = 133;
 const OP_CONTROL_BARRIER: u32 = 224;
+const OP_TYPE_COOP_MATRIX: u32 = 4456;
 const OP_COOP_LOAD: u32 = 4457;
 const OP_COOP_STORE: u32 = 4458;
 
@@ -110,6 +118,7 @@ pub(crate) fn compile_with(name: &str, wgsl: &str, coherence: Option<Coherence>)
     };
     let mut words =
         naga::back::spv::write_vec(&module, &info, &options, None).map_err(|e| fail(format!("SPIR-V: {e}")))?;
+    componentwise_products(&mut words);
     if let Some(coherence) = coherence {
         rewrite(&mut words, coherence).map_err(fail)?;
     }
@@ -236,6 +245,19 @@ fn rewrite(words: &mut Vec<u32>, coherence: Coherence) -> std::result::Result<()
     Ok(())
 }
 
+/// Every `OpFSub` whose result is a cooperative matrix becomes `OpFMul` (same operands), see the
+/// module docs.
+fn componentwise_products(words: &mut [u32]) {
+    let mut matrix_types = std::collections::HashSet::new();
+    for (at, op, count) in instructions(words) {
+        if op == OP_TYPE_COOP_MATRIX && count > 1 {
+            matrix_types.insert(words[at + 1]);
+        } else if op == OP_FSUB && count == 5 && matrix_types.contains(&words[at + 1]) {
+            words[at] = (words[at] & 0xffff_0000) | OP_FMUL;
+        }
+    }
+}
+
 /// An instruction with `NonPrivatePointer` added to the memory operands that start at word
 /// `operands_at` (appended as a new mask when the instruction has none).
 fn with_non_private(w: &[u32], operands_at: usize) -> Vec<u32> {
@@ -319,5 +341,19 @@ fn main(@builtin(local_invocation_index) li: u32) {
         assert!(instructions(&words)
             .iter()
             .all(|&(at, op, _)| op != OP_CONSTANT || words[at + 2] < words[3]));
+    }
+
+    #[test]
+    fn matrix_subtraction_becomes_a_componentwise_product_and_float_subtraction_stays() {
+        let kernel = "enable f16;\nenable wgpu_cooperative_matrix;\n\
+            var<workgroup> m: array<vec4<f32>, 128>;\n\
+            @compute @workgroup_size(32) fn main(@builtin(local_invocation_index) li: u32) {\n\
+                let a = coopLoadT<coop_mat16x16<f32, C>>(&m[0], 4u);\n\
+                coopStoreT(a - a, &m[64], 4u);\n\
+                m[li].x = m[li].y - m[li].z;\n\
+            }\n";
+        let words = compile("test", kernel).unwrap();
+        let count = |op: u32| instructions(&words).iter().filter(|&&(_, o, _)| o == op).count();
+        assert_eq!((count(OP_FMUL), count(OP_FSUB)), (1, 1));
     }
 }
