@@ -194,7 +194,10 @@ fn copy_kv_tile(cp: KvCopy, n0: u32, base: u32) {
     store_kv_tile(&regs, cp, base);
 }
 
-// −∞, for masked scores (a runtime bitcast: WGSL constants must be finite).
+// −∞, for masked scores (a runtime bitcast: WGSL constants must be finite). This assumes the
+// driver keeps infinities (IEEE 754 arithmetic, as NVIDIA's does: the H200 tests include rows that
+// see no key); the module does not declare SignedZeroInfNanPreserve, which Vulkan would need to
+// promise it everywhere (to be measured before it is added).
 fn neg_inf() -> f32 {
     return bitcast<f32>(LSE_EMPTY_BITS);
 }
@@ -249,7 +252,8 @@ fn accumulate_pv(o: ptr<function, array<coop_mat16x16<f32, C>, D_BLOCKS>>, p_at:
 // Component-wise product of two accumulator matrices. WGSL has no operator for it, so the kernel
 // writes `a - b`, which naga emits as OpFSub, and src/spirv_coherence.rs turns every OpFSub on
 // cooperative matrices into OpFMul (component-wise for cooperative matrices): this is the only
-// matrix subtraction in the kernel.
+// matrix subtraction in the kernel (a test checks every configuration). The kernel is only ever
+// built through that pass; any other translation of this file would compute a subtraction.
 fn componentwise_product(a: coop_mat16x16<f32, C>, b: coop_mat16x16<f32, C>) -> coop_mat16x16<f32, C> {
     return a - b;
 }

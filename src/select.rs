@@ -418,8 +418,9 @@ impl CoopConfig {
 
     /// The trip counts of flash_fwd_coop.wgsl's `// @unroll` loops (src/unroll.rs).
     pub(crate) fn unroll_bounds(&self) -> [(&'static str, u32); 4] {
-        // Staged rows one round of the K/V copy covers (COPY_ROW_STEP in the shader).
-        let copy_row_step = self.workgroup_size() / (self.head_dim_pad / 4);
+        // Staged rows one round of the K/V copy covers (COPY_ROW_STEP in the shader; at least 1
+        // for a well-formed configuration, and a malformed one must not divide by zero here).
+        let copy_row_step = (self.workgroup_size() / (self.head_dim_pad / 4)).max(1);
         [
             ("D_BLOCKS", self.head_dim_pad / 16),
             ("N_BLOCKS", self.block_n / 16),
@@ -472,11 +473,13 @@ impl CoopConfig {
             ));
         }
         // The kernel takes the tile's max before scaling (flash_fwd_coop.wgsl), which only a
-        // positive scale leaves in place.
+        // positive scale leaves in place; and it multiplies −∞ (masked scores) by the scale in
+        // base 2, which must stay a normal number (a driver may flush a subnormal one to 0, and
+        // −∞ · 0 is NaN).
         let scale = problem.softmax_scale();
-        if scale <= 0.0 {
+        if !(scale > 0.0 && (scale * std::f32::consts::LOG2_E).is_normal()) {
             return Some(format!(
-                "the cooperative-matrix kernel needs a positive softmax scale, not {scale} (use a non-matrix variant)"
+                "the cooperative-matrix kernel needs a positive softmax scale of at least about 1e-38, not {scale} (use a non-matrix variant)"
             ));
         }
         if !caps.cooperative_matrix_f16 {
@@ -955,7 +958,7 @@ mod tests {
         assert!(e.to_string().contains("rounded to f16"), "{e}");
         // The kernel needs a positive scale (it takes tile maxima before scaling): zero and
         // negative scales go to the tiled kernel, or fail with the reason when it is required.
-        for scale in [0.0, -0.125] {
+        for scale in [0.0, -0.125, 1e-39] {
             let p = problem(128, DType::F16).with_scale(scale);
             assert!(matches!(select_forward(&p, &h200, &auto).unwrap(), ForwardKernel::Tiled(_)));
             let e = select_forward(&p, &h200, &required).unwrap_err();

@@ -343,6 +343,28 @@ fn main(@builtin(local_invocation_index) li: u32) {
             .all(|&(at, op, _)| op != OP_CONSTANT || words[at + 2] < words[3]));
     }
 
+    /// The kernel's one matrix subtraction (`componentwise_product`) becomes a product in every
+    /// configuration, and no other matrix subtraction exists to be turned into one by mistake.
+    #[test]
+    fn the_cooperative_kernel_has_exactly_one_componentwise_product() {
+        for config in crate::select::all_coop_configs() {
+            let kernel = crate::shaders::KernelConfig::FlashCoop(config);
+            let words = compile(&kernel.name(), &kernel.source()).unwrap();
+            let matrix_types: std::collections::HashSet<u32> = instructions(&words)
+                .into_iter()
+                .filter(|&(_, op, _)| op == OP_TYPE_COOP_MATRIX)
+                .map(|(at, _, _)| words[at + 1])
+                .collect();
+            let on_matrices = |op: u32| {
+                instructions(&words)
+                    .into_iter()
+                    .filter(|&(at, o, _)| o == op && matrix_types.contains(&words[at + 1]))
+                    .count()
+            };
+            assert_eq!((on_matrices(OP_FMUL), on_matrices(OP_FSUB)), (1, 0), "{}", kernel.name());
+        }
+    }
+
     #[test]
     fn matrix_subtraction_becomes_a_componentwise_product_and_float_subtraction_stays() {
         let kernel = "enable f16;\nenable wgpu_cooperative_matrix;\n\
