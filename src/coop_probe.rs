@@ -749,7 +749,12 @@ fn cost_variants(config: crate::select::CoopConfig) -> Vec<(&'static str, String
             "        // ---- S = Q Kᵀ",
             "        workgroupBarrier();\n",
         );
-        cut(&src, "        if (KV_BUFFERS == 2u && has_next) {", "    }\n\n    // ---- epilogue", "")
+        cut(
+            &src,
+            "        if (KV_BUFFERS == 2u && has_next) {",
+            "    }\n\n    // ---- epilogue",
+            "",
+        )
     };
     // The next tile's loads issued after the tile's last subgroup barrier, just before P·V,
     // instead of before Q·Kᵀ: a barrier with memory semantics may wait for loads in flight.

@@ -960,7 +960,10 @@ mod tests {
         // negative scales go to the tiled kernel, or fail with the reason when it is required.
         for scale in [0.0, -0.125, 1e-39] {
             let p = problem(128, DType::F16).with_scale(scale);
-            assert!(matches!(select_forward(&p, &h200, &auto).unwrap(), ForwardKernel::Tiled(_)));
+            assert!(matches!(
+                select_forward(&p, &h200, &auto).unwrap(),
+                ForwardKernel::Tiled(_)
+            ));
             let e = select_forward(&p, &h200, &required).unwrap_err();
             assert!(e.to_string().contains("positive softmax scale"), "{e}");
         }

@@ -361,7 +361,12 @@ fn main(@builtin(local_invocation_index) li: u32) {
                     .filter(|&(at, o, _)| o == op && matrix_types.contains(&words[at + 1]))
                     .count()
             };
-            assert_eq!((on_matrices(OP_FMUL), on_matrices(OP_FSUB)), (1, 0), "{}", kernel.name());
+            assert_eq!(
+                (on_matrices(OP_FMUL), on_matrices(OP_FSUB)),
+                (1, 0),
+                "{}",
+                kernel.name()
+            );
         }
     }
 
