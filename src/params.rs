@@ -81,7 +81,7 @@ impl Params {
         num_q_tiles: u32,
         write_lse: bool,
     ) -> Self {
-        let mut params = Params::for_problem(problem, problem.softmax_scale() * std::f32::consts::LOG2_E);
+        let mut params = Params::for_problem(problem, problem.softmax_scale_log2());
         (params.q, params.k, params.v, params.o) = (q, k, v, o);
         params.num_q_tiles = num_q_tiles;
         params.write_lse = write_lse as u32;

@@ -360,6 +360,11 @@ impl AttentionProblem {
         self.scale.unwrap_or_else(|| 1.0 / (self.shape.head_dim as f32).sqrt())
     }
 
+    /// The softmax scale in base 2 (`scale · log2 e`), as the flash kernels apply it with `exp2`.
+    pub fn softmax_scale_log2(&self) -> f32 {
+        self.softmax_scale() * std::f32::consts::LOG2_E
+    }
+
     /// `seq_kv − seq_q`: query `i` may see keys `j ≤ i + causal_offset` when causal.
     pub fn causal_offset(&self) -> i64 {
         self.shape.seq_kv as i64 - self.shape.seq_q as i64

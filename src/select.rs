@@ -477,7 +477,7 @@ impl CoopConfig {
         // base 2, which must stay a normal number (a driver may flush a subnormal one to 0, and
         // −∞ · 0 is NaN).
         let scale = problem.softmax_scale();
-        if !(scale > 0.0 && (scale * std::f32::consts::LOG2_E).is_normal()) {
+        if !(scale > 0.0 && problem.softmax_scale_log2().is_normal()) {
             return Some(format!(
                 "the cooperative-matrix kernel needs a positive softmax scale of at least about 1e-38, not {scale} (use a non-matrix variant)"
             ));

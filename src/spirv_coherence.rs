@@ -248,14 +248,21 @@ fn rewrite(words: &mut Vec<u32>, coherence: Coherence) -> std::result::Result<()
 /// Every `OpFSub` whose result is a cooperative matrix becomes `OpFMul` (same operands), see the
 /// module docs.
 fn componentwise_products(words: &mut [u32]) {
-    let mut matrix_types = std::collections::HashSet::new();
+    let matrix_types = cooperative_matrix_types(words);
     for (at, op, count) in instructions(words) {
-        if op == OP_TYPE_COOP_MATRIX && count > 1 {
-            matrix_types.insert(words[at + 1]);
-        } else if op == OP_FSUB && count == 5 && matrix_types.contains(&words[at + 1]) {
+        if op == OP_FSUB && count == 5 && matrix_types.contains(&words[at + 1]) {
             words[at] = (words[at] & 0xffff_0000) | OP_FMUL;
         }
     }
+}
+
+/// The ids of the module's cooperative-matrix types.
+fn cooperative_matrix_types(words: &[u32]) -> std::collections::HashSet<u32> {
+    instructions(words)
+        .into_iter()
+        .filter(|&(_, op, count)| op == OP_TYPE_COOP_MATRIX && count > 1)
+        .map(|(at, _, _)| words[at + 1])
+        .collect()
 }
 
 /// An instruction with `NonPrivatePointer` added to the memory operands that start at word
@@ -350,11 +357,7 @@ fn main(@builtin(local_invocation_index) li: u32) {
         for config in crate::select::all_coop_configs() {
             let kernel = crate::shaders::KernelConfig::FlashCoop(config);
             let words = compile(&kernel.name(), &kernel.source()).unwrap();
-            let matrix_types: std::collections::HashSet<u32> = instructions(&words)
-                .into_iter()
-                .filter(|&(_, op, _)| op == OP_TYPE_COOP_MATRIX)
-                .map(|(at, _, _)| words[at + 1])
-                .collect();
+            let matrix_types = cooperative_matrix_types(&words);
             let on_matrices = |op: u32| {
                 instructions(&words)
                     .into_iter()
