@@ -601,7 +601,7 @@ impl FwdParams {
             num_heads: s.num_heads as i32,
             group_size: problem.group_size() as i32,
             causal_offset: problem.causal_offset() as i32,
-            scale_log2: problem.softmax_scale() * std::f32::consts::LOG2_E,
+            scale_log2: problem.softmax_scale_log2(),
         }
     }
 }
