@@ -24,6 +24,10 @@ pub struct Caps {
     /// 16×16×16 cooperative matrices with f16 inputs and f32 accumulators (tensor cores) are
     /// enabled on the device (wgpu's experimental `EXPERIMENTAL_COOPERATIVE_MATRIX`).
     pub cooperative_matrix_f16: bool,
+    /// How the device lays out a 16×16 matrix's components over a subgroup, where it has the
+    /// shape that lets the matrix kernel keep its scores in registers (src/coop_layout.rs);
+    /// measured by [`crate::GpuContext::probe_register_layout`].
+    pub coop_register_layout: Option<crate::coop_layout::RegisterLayout>,
     pub max_workgroup_storage_bytes: u32,
     pub max_invocations_per_workgroup: u32,
     pub max_workgroup_size_x: u32,
@@ -51,6 +55,7 @@ impl Caps {
             timestamps: f.contains(wgpu::Features::TIMESTAMP_QUERY),
             // Known only from the adapter; see `with_cooperative_matrix`.
             cooperative_matrix_f16: false,
+            coop_register_layout: None,
             max_workgroup_storage_bytes: l.max_compute_workgroup_storage_size,
             max_invocations_per_workgroup: l.max_compute_invocations_per_workgroup,
             max_workgroup_size_x: l.max_compute_workgroup_size_x,
@@ -92,6 +97,7 @@ impl Caps {
             shader_f16: false,
             timestamps: false,
             cooperative_matrix_f16: false,
+            coop_register_layout: None,
             max_workgroup_storage_bytes: 16 << 10,
             max_invocations_per_workgroup: 256,
             max_workgroup_size_x: 256,
@@ -121,6 +127,7 @@ pub(crate) mod fixtures {
             shader_f16: true,
             timestamps: true,
             cooperative_matrix_f16: false,
+            coop_register_layout: None,
             max_workgroup_storage_bytes: 32 << 10,
             max_invocations_per_workgroup: 1024,
             max_workgroup_size_x: 1024,
@@ -139,6 +146,7 @@ pub(crate) mod fixtures {
             subgroup_min_size: 32,
             subgroup_max_size: 32,
             cooperative_matrix_f16: true,
+            coop_register_layout: Some(crate::coop_layout::RegisterLayout::nvidia_h200()),
             max_workgroup_storage_bytes: 48 << 10,
             max_storage_binding_bytes: (2 << 30) - 4,
             max_buffer_bytes: 4 << 30,

@@ -101,7 +101,29 @@ impl GpuContext {
         ctx.caps = ctx
             .caps
             .with_cooperative_matrix(&ctx.device, &adapter.cooperative_matrix_properties());
+        // Without a layout the matrix kernel takes its softmax through workgroup memory.
+        let _ = ctx.probe_register_layout();
         Ok(ctx)
+    }
+
+    /// Measures how the device lays out cooperative-matrix components over a subgroup (one tiny
+    /// dispatch; src/coop_layout.rs) and records it in `caps` where the matrix kernel can keep
+    /// its scores in registers with it. Does nothing without cooperative matrices. Returns why the
+    /// layout is not recorded, if it is not. [`from_adapter_with`](Self::from_adapter_with) calls
+    /// it; call it after [`Caps::with_cooperative_matrix`] on a device of your own.
+    pub fn probe_register_layout(&mut self) -> std::result::Result<(), String> {
+        self.caps.coop_register_layout = None;
+        if !self.caps.cooperative_matrix_f16 || self.caps.subgroup_min_size != crate::select::COOP_SUBGROUP {
+            return Err("no 16x16 f16 cooperative matrices on 32-wide subgroups".into());
+        }
+        #[cfg(not(target_arch = "wasm32"))]
+        {
+            let layout = crate::coop_layout::probe(&self.device, &self.queue)??;
+            self.caps.coop_register_layout = Some(layout);
+            Ok(())
+        }
+        #[cfg(target_arch = "wasm32")]
+        Err("not measured in the browser".into())
     }
 
     /// Wraps a device the caller created. The kernels use whatever features and limits it was

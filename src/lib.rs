@@ -40,6 +40,7 @@ mod backward_select;
 mod binding;
 mod caps;
 mod context;
+pub mod coop_layout;
 #[cfg(all(test, not(target_arch = "wasm32")))]
 mod coop_probe;
 #[cfg(feature = "cuda")]
@@ -56,6 +57,7 @@ mod select;
 pub mod shaders;
 #[cfg(not(target_arch = "wasm32"))]
 mod spirv_coherence;
+mod spirv_elements;
 pub mod testing;
 #[cfg(not(target_arch = "wasm32"))]
 pub mod timing;
@@ -84,5 +86,5 @@ pub use readback::read_back;
 pub use select::{
     all_configs, all_coop_configs, coop_plans, num_q_tiles, preferred_variants, select, select_forward, CoopConfig,
     CoopPlan, FlashConfig, ForwardKernel, KernelChoice, Reduction, TilePlan, TileType, Variant, COOP_KERNEL_VERIFIED,
-    COOP_PLANS, PLANS,
+    COOP_PLANS, COOP_SHARED_PLANS, PLANS,
 };

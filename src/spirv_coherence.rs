@@ -114,10 +114,13 @@ pub(crate) fn compile_with(name: &str, wgsl: &str, coherence: Option<Coherence>)
             binding_array: naga::proc::BoundsCheckPolicy::Unchecked,
         },
         zero_initialize_workgroup_memory: naga::back::spv::ZeroInitializeWorkgroupMemoryMode::None,
+        // Names, by which src/spirv_elements.rs finds its placeholder functions.
+        flags: naga::back::spv::WriterFlags::DEBUG,
         ..Default::default()
     };
     let mut words =
         naga::back::spv::write_vec(&module, &info, &options, None).map_err(|e| fail(format!("SPIR-V: {e}")))?;
+    crate::spirv_elements::fill_placeholders(&mut words).map_err(&fail)?;
     componentwise_products(&mut words);
     if let Some(coherence) = coherence {
         rewrite(&mut words, coherence).map_err(fail)?;
@@ -126,7 +129,7 @@ pub(crate) fn compile_with(name: &str, wgsl: &str, coherence: Option<Coherence>)
 }
 
 /// Iterates over the instructions of a module: `(offset of the first word, opcode, word count)`.
-fn instructions(words: &[u32]) -> Vec<(usize, u32, usize)> {
+pub(crate) fn instructions(words: &[u32]) -> Vec<(usize, u32, usize)> {
     let mut out = Vec::new();
     let mut at = 5; // after the header
     while at < words.len() {

@@ -12,8 +12,9 @@
 //! for (var d = 0u; d < D_BLOCKS; d++) { BODY }
 //! ```
 //!
-//! becomes `{ let d = 0u; BODY } { let d = 1u; BODY } …`, D_BLOCKS times, with D_BLOCKS's value
-//! given by the host. `d` is then a constant in each copy, so every index is a constant in the
+//! becomes `{ const d = 0u; BODY } { const d = 1u; BODY } …`, D_BLOCKS times, with D_BLOCKS's value
+//! given by the host. `d` is then a WGSL constant in each copy, so naga folds every expression of it
+//! and constants (indices, shifts of packed bit fields) into a constant in the
 //! SPIR-V. The body must not `break` or `continue` (there is no loop left to leave); marked
 //! loops may nest.
 
@@ -41,7 +42,7 @@ pub(crate) fn unroll_loops(src: &str, bounds: &[(&str, u32)]) -> Result<String, 
         let indent: String = out[after_marker..].chars().take_while(|c| c.is_whitespace()).collect();
         let mut copies = String::new();
         for i in 0..count {
-            copies.push_str(&format!("{{ let {var} = {i}u;{body}}}\n{indent}"));
+            copies.push_str(&format!("{{ const {var} = {i}u;{body}}}\n{indent}"));
         }
         // The marker line's own indentation stays in front of the first copy.
         out.replace_range(marker..body_end + 1, copies.trim_end());
@@ -115,10 +116,10 @@ mod tests {
         let out = unroll_loops(src, &[("N", 3)]).unwrap();
         assert!(!out.contains("for"), "{out}");
         for i in 0..3 {
-            assert!(out.contains(&format!("let d = {i}u;")), "{out}");
+            assert!(out.contains(&format!("const d = {i}u;")), "{out}");
         }
         assert_eq!(out.matches("x[d] = y[d];").count(), 3);
-        assert!(!out.contains("let d = 3u;"));
+        assert!(!out.contains("const d = 3u;"));
     }
 
     #[test]
