@@ -70,17 +70,23 @@ const KV_SPLIT_AT_COPY: bool = BLOCK_N % COPY_ROW_STEP == 0u;
 // (Rows staged past BLOCK_M in the last pass are never loaded.)
 const Q_PASS_ROWS: u32 = min(BLOCK_M, 2u * KV_BUFFERS * BLOCK_N);
 const Q_PASSES: u32 = (BLOCK_M + Q_PASS_ROWS - 1u) / Q_PASS_ROWS;
-// vec4s per row of a subgroup's scores (f32) and of its P (f16).
-const S_STRIDE: u32 = BLOCK_N / 4u + 1u;
+// vec4s per row of a subgroup's scores (f32) and of its P (f16). With the softmax in registers
+// (REGISTER_SOFTMAX, coop_registers.wgsl) neither goes through workgroup memory: a 16 × 16 window
+// of scores remains, for the fragment layout at the start and the output at the end.
+const SCORE_COLS: u32 = select(BLOCK_N, 16u, REGISTER_SOFTMAX);
+const S_STRIDE: u32 = SCORE_COLS / 4u + 1u;
 const P_STRIDE: u32 = BLOCK_N / 4u + 2u;
+const PROB_VECS: u32 = select(SUBGROUPS * 16u * P_STRIDE, 4u, REGISTER_SOFTMAX);
 // vec4s of a score row each of its two invocations handles.
 const HALF_VECS: u32 = BLOCK_N / 8u;
 const RESCALE_THRESHOLD: f32 = 8.0;
 // Whether the output is multiplied by the row factors every tile, or only where some row of the
-// subgroup moved its reference max. Measured on the H200: the branch wins up to head_dim 128
-// (158 against 144 TFLOP/s at 128), the unconditional product at 256 (175 against 65; both use
-// all 255 registers, and why the branch costs that much there is not known yet).
-const ROW_FACTORS_ALWAYS: bool = HEAD_DIM_PAD > 128u;
+// subgroup moved its reference max. Measured on the H200: with the softmax through workgroup
+// memory the branch wins up to head_dim 128 (158 against 144 TFLOP/s at 128), the unconditional
+// product at 256 (175 against 65; both use all 255 registers, and why the branch costs that much
+// there is not known yet); with the softmax in registers the unconditional product wins at 128
+// too (196.6 against 177.1; without any rescale 225).
+const ROW_FACTORS_ALWAYS: bool = HEAD_DIM_PAD > 128u || REGISTER_SOFTMAX;
 
 // KV_BUFFERS buffers of KV_TILE_VECS: rows 0..BLOCK_N the tile's K, rows BLOCK_N..2·BLOCK_N its V.
 // Q passes through at the start.
@@ -89,7 +95,7 @@ var<workgroup> kv_tile: array<vec4<f16>, KV_BUFFERS * KV_TILE_VECS>;
 // Per subgroup: 16 rows of scores (also a 16 × 16 window of the rows' rescale factors, and of
 // the output when it is written out) and 16 rows of P.
 var<workgroup> scores: array<vec4<f32>, SUBGROUPS * 16u * S_STRIDE>;
-var<workgroup> probs: array<vec4<f16>, SUBGROUPS * 16u * P_STRIDE>;
+var<workgroup> probs: array<vec4<f16>, PROB_VECS>;
 // Every workgroup variable is a multiple of 16 bytes: NVIDIA's driver lays them out in an order of
 // its own, and cooperative loads and stores need 16-byte-aligned addresses (a 4-byte variable
 // once shifted every array after it and the products silently read shifted rows; BENCHMARKS.md).
@@ -236,16 +242,20 @@ fn write_half_probs(x: array<vec4<f32>, HALF_VECS>, m: f32, at: u32) -> f32 {
     return sum;
 }
 
-// O += P·V, with the subgroup's P at vec4 `p_at` of `probs` and V staged at `v_base`.
-fn accumulate_pv(o: ptr<function, array<coop_mat16x16<f32, C>, D_BLOCKS>>, p_at: u32, v_base: u32) {
+// O += P_j·V_j for key block j of the tile, with V staged at `v_base`.
+fn accumulate_pv_block(o: ptr<function, array<coop_mat16x16<f32, C>, D_BLOCKS>>, p_frag: coop_mat16x16<f16, A>, j: u32, v_base: u32) {
     // @unroll
-    for (var j = 0u; j < N_BLOCKS; j++) {
-        let p_frag = coopLoadT<coop_mat16x16<f16, A>>(&probs[p_at + 4u * j], P_STRIDE);
-        // @unroll
-        for (var d = 0u; d < D_BLOCKS; d++) {
-            let v_frag = coopLoadT<coop_mat16x16<f16, B>>(&kv_tile[v_base + 16u * j * TILE_STRIDE + 4u * d], TILE_STRIDE);
-            (*o)[d] = coopMultiplyAdd(p_frag, v_frag, (*o)[d]);
-        }
+    for (var d = 0u; d < D_BLOCKS; d++) {
+        let v_frag = coopLoadT<coop_mat16x16<f16, B>>(&kv_tile[v_base + 16u * j * TILE_STRIDE + 4u * d], TILE_STRIDE);
+        (*o)[d] = coopMultiplyAdd(p_frag, v_frag, (*o)[d]);
+    }
+}
+
+// O *= the row factors in `factors`, component-wise.
+fn scale_rows(o: ptr<function, array<coop_mat16x16<f32, C>, D_BLOCKS>>, factors: coop_mat16x16<f32, C>) {
+    // @unroll
+    for (var d = 0u; d < D_BLOCKS; d++) {
+        (*o)[d] = componentwise_product((*o)[d], factors);
     }
 }
 
@@ -319,6 +329,10 @@ fn flash_fwd_coop(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocatio
     var l_part = 0.0; // sum of exp2(s − m_used) over this invocation's columns
     let my_row = my_scores + r * S_STRIDE + half_n * HALF_VECS;
     let my_p_row = my_probs + r * P_STRIDE + half_n * HALF_VECS;
+    var reg_rows: RegisterRows;
+    if (REGISTER_SOFTMAX) {
+        reg_rows = rows_in_registers(my_scores, lane, m0 + sg * 16u);
+    }
 
     // K/V tiles: KV_BUFFERS == 1 frees the one buffer, fills it and waits (two barriers a
     // tile); KV_BUFFERS == 2 fills the other buffer with the next tile after computing this one
@@ -369,49 +383,61 @@ fn flash_fwd_coop(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocatio
                 s_frag[j] = coopMultiplyAdd(q_frag[d], k_frag, s_frag[j]);
             }
         }
-        // @unroll
-        for (var j = 0u; j < N_BLOCKS; j++) {
-            coopStoreT(s_frag[j], &scores[my_scores + 4u * j], S_STRIDE);
-        }
-        subgroupBarrier(); // the scores visible to the subgroup's invocations
-
-        // ---- online softmax on this invocation's half row, held in registers ----
-        let x = read_half_row(my_row, n0 + half_n * 4u * HALF_VECS, row_kv_end, tile_needs_mask(n0, m0));
-        var raw_max = neg_inf();
-        // @unroll
-        for (var i = 0u; i < HALF_VECS; i++) {
-            raw_max = max(raw_max, max(max(x[i].x, x[i].y), max(x[i].z, x[i].w)));
-        }
-        let tile_max = max(raw_max, subgroupShuffleXor(raw_max, 16u)) * params.scale;
-        // Move the reference max only when the tile's max is far above it (or on the first
-        // tile, when the output is still zero and moving it costs nothing).
-        var m_new = m_used;
-        if (tile_max > m_used + RESCALE_THRESHOLD || t == 0u) {
-            m_new = max(m_used, tile_max);
-        }
-        let alpha = exp2(m_used - m_new);
-        m_used = m_new;
-        l_part = l_part * alpha + write_half_probs(x, m_used, my_p_row);
-        subgroupBarrier(); // P visible to the subgroup's cooperative loads; the scores all read
-
-        // ---- O = diag(alpha) O + P V ----
-        // Where some row of the subgroup moved its reference max, each row's factor goes into a
-        // 16 × 16 window of the score rows, is loaded as an accumulator matrix, and multiplies
-        // every output fragment component-wise, in place. (Rescaling through workgroup memory
-        // instead, fragment by fragment, made NVIDIA's compiler copy all of the output's
-        // registers twice a tile, rescaled or not: BENCHMARKS.md.)
-        if (ROW_FACTORS_ALWAYS || subgroupAny(alpha != 1.0)) {
-            let window = my_scores + r * S_STRIDE + 2u * half_n;
-            scores[window] = vec4<f32>(alpha);
-            scores[window + 1u] = vec4<f32>(alpha);
-            subgroupBarrier();
-            let row_factors = coopLoadT<coop_mat16x16<f32, C>>(&scores[my_scores], S_STRIDE);
-            // @unroll
-            for (var d = 0u; d < D_BLOCKS; d++) {
-                o_frag[d] = componentwise_product(o_frag[d], row_factors);
+        if (REGISTER_SOFTMAX) {
+            // ---- online softmax and O = diag(alpha) O + P V, P never leaving registers ----
+            let moved = softmax_in_registers(&reg_rows, &s_frag, n0, t == 0u, tile_needs_mask(n0, m0));
+            if (ROW_FACTORS_ALWAYS || moved) {
+                scale_rows(&o_frag, row_matrix(reg_rows.alpha));
             }
+            // @unroll
+            for (var j = 0u; j < N_BLOCKS; j++) {
+                accumulate_pv_block(&o_frag, probs_operand(s_frag[j]), j, v_base);
+            }
+        } else {
+            // @unroll
+            for (var j = 0u; j < N_BLOCKS; j++) {
+                coopStoreT(s_frag[j], &scores[my_scores + 4u * j], S_STRIDE);
+            }
+            subgroupBarrier(); // the scores visible to the subgroup's invocations
+
+            // ---- online softmax on this invocation's half row, held in registers ----
+            let x = read_half_row(my_row, n0 + half_n * 4u * HALF_VECS, row_kv_end, tile_needs_mask(n0, m0));
+            var raw_max = neg_inf();
+            // @unroll
+            for (var i = 0u; i < HALF_VECS; i++) {
+                raw_max = max(raw_max, max(max(x[i].x, x[i].y), max(x[i].z, x[i].w)));
+            }
+            let tile_max = max(raw_max, subgroupShuffleXor(raw_max, 16u)) * params.scale;
+            // Move the reference max only when the tile's max is far above it (or on the first
+            // tile, when the output is still zero and moving it costs nothing).
+            var m_new = m_used;
+            if (tile_max > m_used + RESCALE_THRESHOLD || t == 0u) {
+                m_new = max(m_used, tile_max);
+            }
+            let alpha = exp2(m_used - m_new);
+            m_used = m_new;
+            l_part = l_part * alpha + write_half_probs(x, m_used, my_p_row);
+            subgroupBarrier(); // P visible to the subgroup's cooperative loads; the scores all read
+
+            // ---- O = diag(alpha) O + P V ----
+            // Where some row of the subgroup moved its reference max, each row's factor goes into a
+            // 16 × 16 window of the score rows, is loaded as an accumulator matrix, and multiplies
+            // every output fragment component-wise, in place. (Rescaling through workgroup memory
+            // instead, fragment by fragment, made NVIDIA's compiler copy all of the output's
+            // registers twice a tile, rescaled or not: BENCHMARKS.md.)
+            if (ROW_FACTORS_ALWAYS || subgroupAny(alpha != 1.0)) {
+                let window = my_scores + r * S_STRIDE + 2u * half_n;
+                scores[window] = vec4<f32>(alpha);
+                scores[window + 1u] = vec4<f32>(alpha);
+                subgroupBarrier();
+                scale_rows(&o_frag, coopLoadT<coop_mat16x16<f32, C>>(&scores[my_scores], S_STRIDE));
+            }
+            // @unroll
+            for (var j = 0u; j < N_BLOCKS; j++) {
+                accumulate_pv_block(&o_frag, coopLoadT<coop_mat16x16<f16, A>>(&probs[my_probs + 4u * j], P_STRIDE), j, v_base);
+            }
+
         }
-        accumulate_pv(&o_frag, my_probs, v_base);
 
         if (KV_BUFFERS == 2u && has_next) {
             // The other buffer was last read by the previous tile's products, which every
@@ -426,8 +452,26 @@ fn flash_fwd_coop(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocatio
     }
 
     // ---- epilogue: O / l through the subgroup's score rows, 16 columns at a time; LSE ----
-    let l = l_part + subgroupShuffleXor(l_part, 16u);
-    let inv_l = select(0.0, 1.0 / l, l > 0.0);
+    var row_scale = 1.0; // what this invocation's row of the window is multiplied by on the way out
+    if (REGISTER_SOFTMAX) {
+        var inv_l: array<f32, ROW_SLOTS>;
+        // @unroll
+        for (var sl = 0u; sl < ROW_SLOTS; sl++) {
+            let l = row_sum(reg_rows.l_part[sl]);
+            inv_l[sl] = select(0.0, 1.0 / l, l > 0.0);
+            // One invocation of each row's lanes writes its LSE.
+            if ((lane & ROW_LEADER_BITS) == 0u && reg_rows.row[sl] < params.seq_q && params.write_lse != 0u) {
+                lse[lse_index(b, head, reg_rows.row[sl])] = lse_bits(reg_rows.m_used[sl], l);
+            }
+        }
+        scale_rows(&o_frag, row_matrix(inv_l));
+    } else {
+        let l = l_part + subgroupShuffleXor(l_part, 16u);
+        row_scale = select(0.0, 1.0 / l, l > 0.0);
+        if (half_n == 0u && row < params.seq_q && params.write_lse != 0u) {
+            lse[lse_index(b, head, row)] = lse_bits(m_used, l);
+        }
+    }
     let out_row = row_granule(params.o, b, row, head);
     // @unroll
     for (var d = 0u; d < D_BLOCKS; d++) {
@@ -438,15 +482,17 @@ fn flash_fwd_coop(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocatio
         for (var g = 0u; g < 2u; g++) {
             let col = 16u * d + 8u * half_n + 4u * g;
             if (row < params.seq_q && col < params.head_dim) {
-                o[out_row + col / 4u] = pack_granule(scores[my_scores + r * S_STRIDE + 2u * half_n + g] * inv_l);
+                o[out_row + col / 4u] = pack_granule(scores[my_scores + r * S_STRIDE + 2u * half_n + g] * row_scale);
             }
         }
     }
-    if (half_n == 0u && row < params.seq_q && params.write_lse != 0u) {
-        var bits = LSE_EMPTY_BITS;
-        if (l > 0.0) {
-            bits = bitcast<u32>((m_used + log2(l)) * 0.6931471805599453);
-        }
-        lse[lse_index(b, head, row)] = bits;
+}
+
+// The LSE (natural log) of a row with reference max m (log2 units, scaled) and sum l, as bits;
+// LSE_EMPTY_BITS for a row that saw no key.
+fn lse_bits(m: f32, l: f32) -> u32 {
+    if (l > 0.0) {
+        return bitcast<u32>((m + log2(l)) * 0.6931471805599453);
     }
+    return LSE_EMPTY_BITS;
 }

@@ -294,8 +294,11 @@ fn probe_sources_compile() {
     for (name, body, extra) in VARIANTS {
         crate::spirv_coherence::compile(name, &source(body, extra)).unwrap_or_else(|e| panic!("{name}: {e}"));
     }
-    for (name, source) in cost_variants(crate::select::CoopConfig::new(64, 32, 128)) {
-        crate::spirv_coherence::compile(name, &source).unwrap_or_else(|e| panic!("{name}: {e}"));
+    for layout in [None, Some(crate::coop_layout::RegisterLayout::nvidia_h200())] {
+        let config = crate::select::CoopConfig::new(64, 32, 128).with_register_layout(layout);
+        for (name, source) in cost_variants(config) {
+            crate::spirv_coherence::compile(name, &source).unwrap_or_else(|e| panic!("{name}: {e}"));
+        }
     }
 }
 
@@ -720,7 +723,7 @@ fn cost_variants(config: crate::select::CoopConfig) -> Vec<(&'static str, String
     let no_softmax = |src: &str| {
         cut(
             src,
-            "        // ---- online softmax",
+            "            // ---- online softmax on this invocation",
             "        subgroupBarrier(); // P visible",
             "let alpha = 1.0;\n",
         )
@@ -730,15 +733,16 @@ fn cost_variants(config: crate::select::CoopConfig) -> Vec<(&'static str, String
             src,
             "        // ---- O = diag(alpha) O + P V ----",
             "        if (KV_BUFFERS == 2u && has_next) {",
-            "",
+            "        } // the workgroup-memory softmax branch\n",
         )
     };
-    // The products between the accumulators' zeroing and their stores (the loops are unrolled).
+    // The products between the accumulators' zeroing and the softmax (the loops are unrolled).
     let no_qk = |src: &str| {
         let start = src.find("        // ---- S = Q Kᵀ").expect("QK marker");
-        let a = start + src[start..].find("{ let d = 0u;").expect("QK loop");
-        let store = src.find("coopStoreT(s_frag[j]").expect("score store");
-        let b = src[..store].rfind("{ let j = 0u;").expect("store loop");
+        let a = start + src[start..].find("{ const d = 0u;").expect("QK loop");
+        let b = a + src[a..]
+            .find("        if (REGISTER_SOFTMAX) {")
+            .expect("softmax branch");
         format!("{}{}", &src[..a], &src[b..])
     };
     // The copies cut out, the barriers kept.
@@ -771,6 +775,30 @@ fn cost_variants(config: crate::select::CoopConfig) -> Vec<(&'static str, String
         )
     };
     let full = crate::shaders::KernelConfig::FlashCoop(config).source();
+    if config.register_layout.is_some() {
+        // The softmax in registers (coop_registers.wgsl): P·V cannot be cut without the
+        // compiler dropping the softmax that only feeds it, so it is not.
+        let rescale = "            if (ROW_FACTORS_ALWAYS || moved) {";
+        let no_softmax = |src: &str| {
+            cut(
+                src,
+                "            let moved = softmax_in_registers(",
+                rescale,
+                "            let moved = false;\n",
+            )
+        };
+        return vec![
+            ("full kernel", full.clone()),
+            (
+                "row factors every tile",
+                full.replacen(rescale, "            if (true) {", 1),
+            ),
+            ("no rescale", full.replacen(rescale, "            if (false) {", 1)),
+            ("no softmax", no_softmax(&full)),
+            ("no softmax, no QK", no_qk(&no_softmax(&full))),
+            ("no K/V copy", no_copy(&full)),
+        ];
+    }
     let compute_cut = no_qk(&no_pv(&no_softmax(&full)));
     vec![
         ("full kernel", full.clone()),
@@ -803,29 +831,34 @@ fn coop_kernel_costs() {
         crate::testing::random_tensor(42, len),
         crate::testing::random_tensor(43, len),
     );
-    // The head_dim 128 plans (src/select.rs), the shipped one first.
+    // The head_dim 128 plans (src/select.rs), the shipped one first; the softmax in registers
+    // (where the device's layout allows it) and through workgroup memory.
+    let layout = ctx.caps.coop_register_layout;
     let configs = [
-        (128, 32, true, false),
-        (128, 32, false, false),
-        (128, 16, true, true),
-        (64, 32, true, false),
+        (128, 64, false, false, layout),
+        (128, 32, true, true, layout),
+        (128, 32, true, false, None),
     ];
-    // Phase cuts for the first configuration; the others run whole.
+    // Phase cuts for the first configuration of each softmax; barrier variants for the
+    // workgroup-memory one (the register softmax has no subgroup barriers in its loop).
     let runs = configs.into_iter().enumerate().flat_map(|(i, c)| {
-        std::iter::once((c, "full", Coherence::FULL, i == 0)).chain(
-            BARRIER_VARIANTS
-                .into_iter()
-                .map(move |(name, coherence)| (c, name, coherence, false)),
+        let barrier_variants = if c.4.is_none() { &BARRIER_VARIANTS[..] } else { &[][..] };
+        std::iter::once((c, "full", Coherence::FULL, i == 0 || i == 2)).chain(
+            barrier_variants
+                .iter()
+                .map(move |&(name, coherence)| (c, name, coherence, false)),
         )
     });
-    for ((bm, bn, prefetch, double_buffer), barriers, coherence, with_cuts) in runs {
+    for ((bm, bn, prefetch, double_buffer, layout), barriers, coherence, with_cuts) in runs {
         let config = CoopConfig::new(bm, bn, 128)
             .with_prefetch_kv(prefetch)
-            .with_double_buffer(double_buffer);
+            .with_double_buffer(double_buffer)
+            .with_register_layout(layout);
         let mut params = kernel_params(&problem, bm);
         params.write_lse = 0;
         let variants = cost_variants(config);
-        let barrier_runs = if prefetch { 2 } else { 1 }; // the full kernel, and with late prefetch
+        // The full kernel, and with late prefetch (workgroup-memory softmax).
+        let barrier_runs = if prefetch && layout.is_none() { 2 } else { 1 };
         for (name, source) in variants
             .into_iter()
             .take(if with_cuts { usize::MAX } else { barrier_runs })
@@ -870,12 +903,21 @@ fn coop_pipeline_stats() {
     use crate::select::{coop_plans, CoopConfig};
     let mut configs: Vec<CoopConfig> = Vec::new();
     for d in [64u32, 128, 256] {
-        for plan in coop_plans(d) {
-            for prefetch in [false, true] {
-                let c = plan.config(d).with_prefetch_kv(prefetch);
+        for layout in [Some(crate::coop_layout::RegisterLayout::nvidia_h200()), None] {
+            for plan in coop_plans(d, layout.is_some()) {
+                let c = plan.config(d).with_register_layout(layout);
                 if !configs.contains(&c) {
                     configs.push(c);
                 }
+            }
+        }
+        for (bm, bn, db) in [(128, 64, false), (128, 32, true), (64, 64, false), (64, 32, false)] {
+            let c = crate::select::CoopConfig::new(bm, bn, d)
+                .with_prefetch_kv(true)
+                .with_double_buffer(db)
+                .with_register_layout(Some(crate::coop_layout::RegisterLayout::nvidia_h200()));
+            if !configs.contains(&c) {
+                configs.push(c);
             }
         }
     }

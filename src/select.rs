@@ -290,6 +290,9 @@ pub struct CoopConfig {
     /// Two K/V buffers in workgroup memory: the next tile is copied into one while the other is
     /// read (one barrier a tile instead of two).
     pub double_buffer: bool,
+    /// The device's fragment layout, where the softmax runs on the score fragments' registers
+    /// (shaders/coop_registers.wgsl); `None`: through workgroup memory.
+    pub register_layout: Option<crate::coop_layout::RegisterLayout>,
 }
 
 /// Lanes of the subgroup the cooperative kernel is written for.
@@ -321,9 +324,53 @@ impl CoopPlan {
     }
 }
 
-/// The cooperative kernel's plans, best first, for head dims up to each bound (after rounding up
-/// to 16). Measured on the H200 at seq 8192, f16, TFLOP/s (bench-results/2026-11-29/coop-run4/,
-/// after the K/V copy, softmax and output-rescale rewrite of session 4):
+/// The cooperative kernel's plans with the softmax in registers (where the device's fragment
+/// layout allows it, src/coop_layout.rs), best first, for head dims up to each bound (after
+/// rounding up to 16). Measured on the H200 at seq 8192, f16, TFLOP/s, non-causal
+/// (bench-results/2026-11-29/coop-run5/):
+///
+/// - head_dim 64 (2 × 32 heads): 64 × 64 with prefetch 186; 64 × 32 prefetch 184; 128 × 64
+///   prefetch, double-buffered 183; 128 × 64 prefetch 168; 128 × 16 prefetch 145.
+/// - head_dim 128 (2 × 16 heads): 128 × 64 233 (with prefetch 232); 128 × 32 prefetch,
+///   double-buffered 225; 128 × 48 prefetch 220; 64 × 32 prefetch 203; 128 × 32 prefetch 194.
+/// - head_dim 256 (2 × 8 heads): 128 × 32 210; 128 × 16 prefetch 190; 64 × 16 prefetch 136.
+///
+/// Without the scores' and probabilities' rows in workgroup memory, K/V tiles of 64 keys fit
+/// beside 128 query rows at head_dim 128, and two buffers of 32 keys. The later plans are for
+/// devices with less workgroup memory or fewer invocations per workgroup than the H200 (48 KiB,
+/// 1024).
+pub const COOP_PLANS: [(u32, &[CoopPlan]); 3] = [
+    (
+        64,
+        &[
+            CoopPlan::new(64, 64, true, false),
+            CoopPlan::new(64, 32, true, false),
+            CoopPlan::new(32, 32, false, false),
+        ],
+    ),
+    (
+        128,
+        &[
+            CoopPlan::new(128, 64, false, false),
+            CoopPlan::new(128, 32, true, true),
+            CoopPlan::new(64, 32, true, false),
+            CoopPlan::new(32, 32, false, false),
+        ],
+    ),
+    (
+        256,
+        &[
+            CoopPlan::new(128, 32, false, false),
+            CoopPlan::new(128, 16, true, false),
+            CoopPlan::new(64, 16, true, false),
+            CoopPlan::new(32, 16, false, false),
+        ],
+    ),
+];
+
+/// The plans with the softmax through workgroup memory (devices whose fragment layout does not
+/// allow it in registers), measured the same way (bench-results/2026-11-29/coop-run4/, after the
+/// K/V copy, softmax and output-rescale rewrite of session 4):
 ///
 /// - head_dim 64 (2 × 32 heads): 128 × 16 with prefetch 138; 256 × 16 prefetch 118 (not listed:
 ///   it needs more of everything than 128 × 16); 128 × 16 prefetch, double-buffered 97.
@@ -334,9 +381,8 @@ impl CoopPlan {
 ///   64 × 16 prefetch 77.
 ///
 /// Query tiles of 128 rows win because every workgroup copies the whole of K and V through its
-/// workgroup memory: 128 rows read them half as often as 64. The later plans are for devices with
-/// less workgroup memory or fewer invocations per workgroup than the H200 (48 KiB, 1024).
-pub const COOP_PLANS: [(u32, &[CoopPlan]); 3] = [
+/// workgroup memory: 128 rows read them half as often as 64.
+pub const COOP_SHARED_PLANS: [(u32, &[CoopPlan]); 3] = [
     (
         64,
         &[
@@ -365,13 +411,19 @@ pub const COOP_PLANS: [(u32, &[CoopPlan]); 3] = [
     ),
 ];
 
-/// The plans for `head_dim` (see [`COOP_PLANS`]).
-pub fn coop_plans(head_dim: u32) -> &'static [CoopPlan] {
+/// The plans for `head_dim` (see [`COOP_PLANS`] and [`COOP_SHARED_PLANS`]), for the softmax in
+/// registers or through workgroup memory.
+pub fn coop_plans(head_dim: u32, softmax_in_registers: bool) -> &'static [CoopPlan] {
+    let table = if softmax_in_registers {
+        &COOP_PLANS
+    } else {
+        &COOP_SHARED_PLANS
+    };
     let padded = head_dim.div_ceil(16) * 16;
-    COOP_PLANS
+    table
         .iter()
         .find(|(max, _)| padded <= *max)
-        .unwrap_or(&COOP_PLANS[COOP_PLANS.len() - 1])
+        .unwrap_or(&table[table.len() - 1])
         .1
 }
 
@@ -383,7 +435,23 @@ impl CoopConfig {
             head_dim_pad: head_dim.div_ceil(16) * 16,
             prefetch_kv: false,
             double_buffer: false,
+            register_layout: None,
         }
+    }
+
+    pub fn with_register_layout(self, register_layout: Option<crate::coop_layout::RegisterLayout>) -> Self {
+        CoopConfig {
+            register_layout,
+            ..self
+        }
+    }
+
+    /// The layout the shader is compiled with: the device's, or (for the workgroup-memory
+    /// softmax, which does not use it) the H200's layout, so that the unused register code still
+    /// compiles.
+    pub(crate) fn layout_constants(&self) -> crate::coop_layout::RegisterLayout {
+        self.register_layout
+            .unwrap_or_else(crate::coop_layout::RegisterLayout::nvidia_h200)
     }
 
     pub fn with_double_buffer(self, double_buffer: bool) -> Self {
@@ -400,15 +468,19 @@ impl CoopConfig {
     }
 
     /// `flash_fwd_coop_f16_bm{}_bn{}_d{}`, with `_prefetch` when the next K/V tile is loaded
-    /// into registers early and `_db` when K/V are double-buffered.
+    /// into registers early, `_db` when K/V are double-buffered, and `_regs…` (the layout) when
+    /// the softmax runs in registers.
     pub fn name(&self) -> String {
         format!(
-            "flash_fwd_coop_f16_bm{}_bn{}_d{}{}{}",
+            "flash_fwd_coop_f16_bm{}_bn{}_d{}{}{}{}",
             self.block_m,
             self.block_n,
             self.head_dim_pad,
             if self.prefetch_kv { "_prefetch" } else { "" },
-            if self.double_buffer { "_db" } else { "" }
+            if self.double_buffer { "_db" } else { "" },
+            self.register_layout
+                .map(|l| format!("_{}", l.tag()))
+                .unwrap_or_default()
         )
     }
 
@@ -417,7 +489,7 @@ impl CoopConfig {
     }
 
     /// The trip counts of flash_fwd_coop.wgsl's `// @unroll` loops (src/unroll.rs).
-    pub(crate) fn unroll_bounds(&self) -> [(&'static str, u32); 4] {
+    pub(crate) fn unroll_bounds(&self) -> [(&'static str, u32); 7] {
         // Staged rows one round of the K/V copy covers (COPY_ROW_STEP in the shader; at least 1
         // for a well-formed configuration, and a malformed one must not divide by zero here).
         let copy_row_step = (self.workgroup_size() / (self.head_dim_pad / 4)).max(1);
@@ -426,18 +498,24 @@ impl CoopConfig {
             ("N_BLOCKS", self.block_n / 16),
             ("HALF_VECS", self.block_n / 8),
             ("KV_COPIES", (2 * self.block_n).div_ceil(copy_row_step)),
+            ("COOP_COMPONENTS", self.layout_constants().components),
+            ("ROW_SLOTS", self.layout_constants().slots),
+            ("ROW_LANE_MASK_COUNT", self.layout_constants().row_lane_mask_count),
         ]
     }
 
     /// Mirrors the `var<workgroup>` declarations of flash_fwd_coop.wgsl: the K/V buffers (rows of
     /// head_dim_pad halves plus 8 of padding), and per subgroup 16 rows of f32 scores (plus 4)
-    /// and of f16 probabilities (plus 8).
+    /// and of f16 probabilities (plus 8); with the softmax in registers, 16 score columns and no
+    /// probabilities (four vec4s left: WGSL has no empty arrays).
     pub fn workgroup_bytes(&self) -> u32 {
         let subgroups = self.block_m / 16;
         let kv = self.kv_buffers() * 2 * self.block_n * (self.head_dim_pad + 8) * 2;
-        let scores = subgroups * 16 * (self.block_n + 4) * 4;
-        let probs = subgroups * 16 * (self.block_n + 8) * 2;
-        kv + scores + probs
+        let (score_cols, probs) = match self.register_layout {
+            Some(_) => (16, 4 * 8),
+            None => (self.block_n, subgroups * 16 * (self.block_n + 8) * 2),
+        };
+        kv + subgroups * 16 * (score_cols + 4) * 4 + probs
     }
 
     pub fn is_well_formed(&self) -> bool {
@@ -498,6 +576,9 @@ impl CoopConfig {
                 "the cooperative kernel is written for subgroups of exactly {COOP_SUBGROUP} invocations; the device's are {}..{}",
                 caps.subgroup_min_size, caps.subgroup_max_size
             ));
+        }
+        if self.register_layout.is_some() && self.register_layout != caps.coop_register_layout {
+            return Some("the softmax in registers is built for a fragment layout the device does not have".into());
         }
         let bytes = self.workgroup_bytes();
         if bytes > caps.max_workgroup_storage_bytes {
@@ -562,14 +643,31 @@ pub fn select_forward(problem: &AttentionProblem, caps: &Caps, choice: &KernelCh
     if want {
         let head_dim = problem.shape.head_dim as u32;
         let mut reasons = Vec::new();
-        let plans = coop_plans(head_dim);
+        let layout = match choice.coop_register_softmax {
+            Some(false) => None,
+            _ => caps.coop_register_layout,
+        };
+        if choice.coop_register_softmax == Some(true) && layout.is_none() {
+            reasons.push(
+                "the softmax in registers was asked for, but the device's fragment layout is unknown or does not allow it"
+                    .to_string(),
+            );
+        }
+        let plans = if choice.coop_register_softmax == Some(true) && layout.is_none() {
+            &[][..]
+        } else {
+            coop_plans(head_dim, layout.is_some())
+        };
         let candidates: Vec<CoopConfig> = match choice.coop_tile {
             // A forced tile streams K/V as its plan does, or plainly if no plan has that tile.
             Some((block_m, block_n)) => vec![plans
                 .iter()
                 .find(|p| (p.block_m, p.block_n) == (block_m, block_n))
                 .map(|p| p.config(head_dim))
-                .unwrap_or_else(|| CoopConfig::new(block_m, block_n, head_dim))],
+                .unwrap_or_else(|| CoopConfig::new(block_m, block_n, head_dim))]
+            .into_iter()
+            .filter(|_| !plans.is_empty())
+            .collect(),
             // Query tiles taller than the problem's rows would mostly compute padding: such
             // plans go after the ones that fit the rows (a rule, not a measurement).
             None => {
@@ -581,7 +679,8 @@ pub fn select_forward(problem: &AttentionProblem, caps: &Caps, choice: &KernelCh
         for config in candidates {
             let config = config
                 .with_prefetch_kv(choice.coop_prefetch_kv.unwrap_or(config.prefetch_kv))
-                .with_double_buffer(choice.coop_double_buffer.unwrap_or(config.double_buffer));
+                .with_double_buffer(choice.coop_double_buffer.unwrap_or(config.double_buffer))
+                .with_register_layout(layout);
             match config.unavailable_reason(problem, caps) {
                 None => {
                     check_grid(problem, config.block_m, caps)?;
@@ -616,14 +715,17 @@ const COOP_BY_DEFAULT: bool = true;
 pub fn all_coop_configs() -> Vec<CoopConfig> {
     let mut configs = Vec::new();
     for d in (16..=crate::problem::MAX_HEAD_DIM as u32).step_by(16) {
-        for plan in coop_plans(d) {
-            for (prefetch_kv, double_buffer) in [(false, false), (true, false), (false, true), (true, true)] {
-                let config = plan
-                    .config(d)
-                    .with_prefetch_kv(prefetch_kv)
-                    .with_double_buffer(double_buffer);
-                if !configs.contains(&config) {
-                    configs.push(config);
+        for layout in [None, Some(crate::coop_layout::RegisterLayout::nvidia_h200())] {
+            for plan in coop_plans(d, layout.is_some()) {
+                for (prefetch_kv, double_buffer) in [(false, false), (true, false), (false, true), (true, true)] {
+                    let config = plan
+                        .config(d)
+                        .with_prefetch_kv(prefetch_kv)
+                        .with_double_buffer(double_buffer)
+                        .with_register_layout(layout);
+                    if !configs.contains(&config) {
+                        configs.push(config);
+                    }
                 }
             }
         }
@@ -649,6 +751,10 @@ pub struct KernelChoice {
     /// Whether the cooperative kernel double-buffers K/V tiles (`None`: as the chosen plan does,
     /// see [`COOP_PLANS`]).
     pub coop_double_buffer: Option<bool>,
+    /// Whether the cooperative kernel's softmax runs on the score fragments' registers (`None`:
+    /// where the device's measured fragment layout allows it; `Some(false)`: through workgroup
+    /// memory; `Some(true)`: in registers or not at all).
+    pub coop_register_softmax: Option<bool>,
 }
 
 impl KernelChoice {
@@ -985,7 +1091,10 @@ mod tests {
             let ForwardKernel::Coop(c) = select_forward(&p, &h200, &auto).unwrap() else {
                 panic!("tiled kernel at head_dim {d}")
             };
-            assert_eq!(c, coop_plans(d)[0].config(d), "head_dim {d}");
+            let first = coop_plans(d, true)[0]
+                .config(d)
+                .with_register_layout(h200.coop_register_layout);
+            assert_eq!(c, first, "head_dim {d}");
         }
         // 20 query rows: no 256-row tile when a plan of at most 32 rows fits.
         let p = AttentionProblem::mha(1, 20, 2, 128, DType::F16);
@@ -1003,17 +1112,21 @@ mod tests {
         let ForwardKernel::Coop(c) = select_forward(&problem(128, DType::F16), &h200, &forced).unwrap() else {
             panic!("tiled kernel")
         };
-        assert!(c.prefetch_kv && !c.double_buffer && (c.block_m, c.block_n) == (128, 32));
+        assert!(c.prefetch_kv && c.double_buffer && (c.block_m, c.block_n) == (128, 32));
         for c in all_coop_configs() {
             assert!(c.is_well_formed(), "{}", c.name());
         }
         for d in (16..=MAX_HEAD_DIM as u32).step_by(16) {
-            let first = coop_plans(d)[0].config(d);
-            assert!(
-                first.workgroup_bytes() <= h200.max_workgroup_storage_bytes,
-                "{}",
-                first.name()
-            );
+            for layout in [None, h200.coop_register_layout] {
+                let first = coop_plans(d, layout.is_some())[0]
+                    .config(d)
+                    .with_register_layout(layout);
+                assert!(
+                    first.workgroup_bytes() <= h200.max_workgroup_storage_bytes,
+                    "{}",
+                    first.name()
+                );
+            }
         }
     }
 

@@ -20,6 +20,7 @@ pub const REDUCE_WORKGROUP: &str = include_str!("../shaders/reduce_workgroup.wgs
 pub const REDUCE_SUBGROUP: &str = include_str!("../shaders/reduce_subgroup.wgsl");
 pub const FLASH_FWD: &str = include_str!("../shaders/flash_fwd.wgsl");
 pub const FLASH_FWD_COOP: &str = include_str!("../shaders/flash_fwd_coop.wgsl");
+pub const COOP_REGISTERS: &str = include_str!("../shaders/coop_registers.wgsl");
 pub const NAIVE_SCORES: &str = include_str!("../shaders/naive_scores.wgsl");
 pub const NAIVE_SOFTMAX: &str = include_str!("../shaders/naive_softmax.wgsl");
 pub const NAIVE_PV: &str = include_str!("../shaders/naive_pv.wgsl");
@@ -152,14 +153,16 @@ impl KernelConfig {
                 src.push_str("enable f16;\nenable wgpu_cooperative_matrix;\n");
                 src.push_str(&format!(
                     "const HEAD_DIM_PAD: u32 = {}u;\nconst BLOCK_M: u32 = {}u;\nconst BLOCK_N: u32 = {}u;\n\
-                     const PREFETCH_KV: bool = {};\nconst KV_BUFFERS: u32 = {}u;\n",
+                     const PREFETCH_KV: bool = {};\nconst KV_BUFFERS: u32 = {}u;\nconst REGISTER_SOFTMAX: bool = {};\n{}",
                     c.head_dim_pad,
                     c.block_m,
                     c.block_n,
                     c.prefetch_kv,
-                    c.kv_buffers()
+                    c.kv_buffers(),
+                    c.register_layout.is_some(),
+                    c.layout_constants().wgsl_constants()
                 ));
-                for part in [COMMON, STORAGE_F16, FLASH_FWD_COOP] {
+                for part in [COMMON, STORAGE_F16, FLASH_FWD_COOP, COOP_REGISTERS] {
                     src.push_str(part);
                 }
                 // The fragment loops are unrolled (src/unroll.rs says why). Our own shader's

@@ -8,7 +8,7 @@ use common::{engine_with, gpu, run_and_check, run_and_check_any, seed_of, shape,
 use wgpu_flash_attn::harness::{Kernel, Workload};
 use wgpu_flash_attn::{
     AttentionProblem, BoundsChecks, CoopPlan, DType, FlashAttention, KernelChoice, Layout, Options, Tensor,
-    TensorLayout, TilePlan, Variant, COOP_KERNEL_VERIFIED, COOP_PLANS, PLANS,
+    TensorLayout, TilePlan, Variant, COOP_KERNEL_VERIFIED, COOP_PLANS, COOP_SHARED_PLANS, PLANS,
 };
 
 /// The variants this device can run for `dtype` (f16 tiles only exist for f16 storage).
@@ -212,29 +212,53 @@ fn cooperative_matrix_kernel_matches_the_reference() {
         );
         return;
     }
-    // Every plan of the tables, and each way of streaming K/V on two of the tiles.
-    let mut plans: Vec<CoopPlan> = COOP_PLANS.iter().flat_map(|(_, plans)| plans.iter().copied()).collect();
-    for (block_m, block_n) in [(128, 16), (64, 32)] {
-        for (prefetch_kv, double_buffer) in [(false, false), (true, false), (false, true), (true, true)] {
-            plans.push(CoopPlan {
-                block_m,
-                block_n,
-                prefetch_kv,
-                double_buffer,
-            });
+    // Every plan of the tables (each with its softmax), and each way of streaming K/V on two of
+    // the tiles (with both).
+    let softmax_in_registers: &[bool] = match ctx.caps.coop_register_layout {
+        Some(layout) => {
+            eprintln!(
+                "{}: fragment layout {layout:?}: softmax in registers tested too",
+                ctx.info.name
+            );
+            &[false, true]
+        }
+        None => {
+            eprintln!("{}: no fragment layout for the softmax in registers", ctx.info.name);
+            &[false]
+        }
+    };
+    let mut plans: Vec<(CoopPlan, bool)> = Vec::new();
+    for &registers in softmax_in_registers {
+        let table = if registers { &COOP_PLANS } else { &COOP_SHARED_PLANS };
+        plans.extend(
+            table
+                .iter()
+                .flat_map(|(_, plans)| plans.iter().map(move |p| (*p, registers))),
+        );
+        for (block_m, block_n) in [(128, 16), (64, 32)] {
+            for (prefetch_kv, double_buffer) in [(false, false), (true, false), (false, true), (true, true)] {
+                let plan = CoopPlan {
+                    block_m,
+                    block_n,
+                    prefetch_kv,
+                    double_buffer,
+                };
+                plans.push((plan, registers));
+            }
         }
     }
     let mut seen = Vec::new();
-    for plan in plans {
-        if seen.contains(&plan) {
+    for (plan, registers) in plans {
+        if seen.contains(&(plan, registers)) {
             continue;
         }
-        seen.push(plan);
+        seen.push((plan, registers));
         let choice = KernelChoice {
             cooperative_matrix: Some(true),
             coop_tile: Some((plan.block_m, plan.block_n)),
             coop_prefetch_kv: Some(plan.prefetch_kv),
             coop_double_buffer: Some(plan.double_buffer),
+            coop_register_softmax: Some(registers),
             ..Default::default()
         };
         let engine = engine_with(ctx, choice);

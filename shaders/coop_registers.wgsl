@@ -1,0 +1,168 @@
+// coop_registers.wgsl — the matrix kernel's online softmax on the accumulator's own registers,
+// for devices whose fragment layout allows it (src/coop_layout.rs; REGISTER_SOFTMAX).
+//
+// What an invocation owns: the COOP_COMPONENTS components it holds of each 16 × 16 score
+// fragment. They fall into ROW_SLOTS rows (COMPONENT_SLOT_BITS: the slot of component i in bits
+// 2i..2i+2, the same for every invocation); the invocations that hold a row are one XOR coset of
+// lanes, so a row's max and sum are ROW_LANE_MASK_COUNT shuffles (masks in ROW_LANE_MASK_BITS,
+// five bits each). Which row and column each component is, the kernel measures once at its start
+// (rows_in_registers), the same way the host's probe did: the layout constants are the host's,
+// the lane-dependent positions the pipeline's own.
+//
+// Why: the scores never leave registers. The workgroup-memory softmax stores every score
+// fragment, reads it back by rows, writes P and loads it as the next product's operand; here P is
+// computed component by component where the scores are and becomes the A operand directly, which
+// the probe checked is laid out like the accumulator. Row factors and 1/l are built the same way.
+//
+// The element access is SPIR-V's (OpCompositeExtract/Insert on cooperative matrices): the
+// coop_* functions below are placeholders whose bodies src/spirv_elements.rs fills.
+
+fn coop_elements_c(m: coop_mat16x16<f32, C>) -> array<f32, COOP_COMPONENTS> {
+    return array<f32, COOP_COMPONENTS>();
+}
+
+fn coop_from_elements_c(x: array<f32, COOP_COMPONENTS>) -> coop_mat16x16<f32, C> {
+    return coop_mat16x16<f32, C>();
+}
+
+fn coop_from_elements_a(x: array<f16, COOP_COMPONENTS>) -> coop_mat16x16<f16, A> {
+    return coop_mat16x16<f16, A>();
+}
+
+// Column bits: 4 per component, 8 components per word.
+const COL_WORDS: u32 = (COOP_COMPONENTS + 7u) / 8u;
+
+// One invocation's rows: per slot its query row's key limit, reference max, partial sum (over
+// this invocation's components) and last rescale factor; and its components' columns.
+struct RegisterRows {
+    kv_end: array<u32, ROW_SLOTS>,
+    row: array<u32, ROW_SLOTS>,
+    m_used: array<f32, ROW_SLOTS>,
+    l_part: array<f32, ROW_SLOTS>,
+    alpha: array<f32, ROW_SLOTS>,
+    cols: array<u32, COL_WORDS>,
+}
+
+// Finds where this invocation's components lie by loading a fragment whose element (r, c) is
+// 16·r + c from the subgroup's 16 × 16 window of `scores` at `window` (vec4s, S_STRIDE a row), for
+// the query tile's rows starting at `first_row`.
+fn rows_in_registers(window: u32, lane: u32, first_row: u32) -> RegisterRows {
+    for (var e = lane; e < 256u; e += SUBGROUP) {
+        scores[window + (e / 16u) * S_STRIDE + (e % 16u) / 4u][e % 4u] = f32(e);
+    }
+    subgroupBarrier();
+    let index = coop_elements_c(coopLoadT<coop_mat16x16<f32, C>>(&scores[window], S_STRIDE));
+    subgroupBarrier(); // read before anything else uses the window
+    var rows: RegisterRows;
+    // @unroll
+    for (var i = 0u; i < COOP_COMPONENTS; i++) {
+        let e = u32(index[i]);
+        rows.row[(COMPONENT_SLOT_BITS >> (2u * i)) & 3u] = first_row + e / 16u;
+        rows.cols[i / 8u] |= (e % 16u) << (4u * (i % 8u));
+    }
+    // @unroll
+    for (var s = 0u; s < ROW_SLOTS; s++) {
+        rows.kv_end[s] = params.seq_kv;
+        if (params.causal != 0u) {
+            rows.kv_end[s] = u32(clamp(i32(rows.row[s]) + params.causal_offset + 1, 0, i32(params.seq_kv)));
+        }
+        rows.m_used[s] = NEG_BIG;
+        rows.l_part[s] = 0.0;
+        rows.alpha[s] = 1.0;
+    }
+    return rows;
+}
+
+// x reduced over the invocations that share its row.
+fn row_max(x: f32) -> f32 {
+    var r = x;
+    // @unroll
+    for (var b = 0u; b < ROW_LANE_MASK_COUNT; b++) {
+        r = max(r, subgroupShuffleXor(r, (ROW_LANE_MASK_BITS >> (5u * b)) & 31u));
+    }
+    return r;
+}
+
+fn row_sum(x: f32) -> f32 {
+    var r = x;
+    // @unroll
+    for (var b = 0u; b < ROW_LANE_MASK_COUNT; b++) {
+        r += subgroupShuffleXor(r, (ROW_LANE_MASK_BITS >> (5u * b)) & 31u);
+    }
+    return r;
+}
+
+// The online softmax of one K/V tile, at key n0: the score fragments `s` become P = exp2(scale·s −
+// m_used) in place (f32, still accumulator fragments); m_used, l_part and alpha move as in the
+// workgroup-memory softmax (flash_fwd_coop.wgsl: the reference max moves only by more than
+// RESCALE_THRESHOLD, or on the first tile). Returns whether some row of the subgroup moved
+// (subgroup-uniform).
+fn softmax_in_registers(rows: ptr<function, RegisterRows>, s: ptr<function, array<coop_mat16x16<f32, C>, N_BLOCKS>>, n0: u32, first_tile: bool, needs_mask: bool) -> bool {
+    var x: array<array<f32, COOP_COMPONENTS>, N_BLOCKS>;
+    var raw_max: array<f32, ROW_SLOTS>;
+    // @unroll
+    for (var sl = 0u; sl < ROW_SLOTS; sl++) {
+        raw_max[sl] = neg_inf();
+    }
+    // @unroll
+    for (var j = 0u; j < N_BLOCKS; j++) {
+        x[j] = coop_elements_c((*s)[j]);
+        // @unroll
+        for (var i = 0u; i < COOP_COMPONENTS; i++) {
+            let slot = (COMPONENT_SLOT_BITS >> (2u * i)) & 3u;
+            if (needs_mask) {
+                let col = n0 + 16u * j + (((*rows).cols[i / 8u] >> (4u * (i % 8u))) & 15u);
+                x[j][i] = select(x[j][i], neg_inf(), col >= (*rows).kv_end[slot]);
+            }
+            raw_max[slot] = max(raw_max[slot], x[j][i]);
+        }
+    }
+    var moved = false;
+    // @unroll
+    for (var sl = 0u; sl < ROW_SLOTS; sl++) {
+        let tile_max = row_max(raw_max[sl]) * params.scale;
+        let m_used = (*rows).m_used[sl];
+        var m_new = m_used;
+        if (tile_max > m_used + RESCALE_THRESHOLD || first_tile) {
+            m_new = max(m_used, tile_max);
+        }
+        let alpha = exp2(m_used - m_new);
+        (*rows).alpha[sl] = alpha;
+        (*rows).m_used[sl] = m_new;
+        (*rows).l_part[sl] *= alpha;
+        moved = moved || alpha != 1.0;
+    }
+    // @unroll
+    for (var j = 0u; j < N_BLOCKS; j++) {
+        // @unroll
+        for (var i = 0u; i < COOP_COMPONENTS; i++) {
+            let slot = (COMPONENT_SLOT_BITS >> (2u * i)) & 3u;
+            let p = exp2(x[j][i] * params.scale - (*rows).m_used[slot]);
+            (*rows).l_part[slot] += p;
+            x[j][i] = p;
+        }
+        (*s)[j] = coop_from_elements_c(x[j]);
+    }
+    return subgroupAny(moved);
+}
+
+// Block j of P as the next product's A operand.
+fn probs_operand(p: coop_mat16x16<f32, C>) -> coop_mat16x16<f16, A> {
+    let x = coop_elements_c(p);
+    var h: array<f16, COOP_COMPONENTS>;
+    // @unroll
+    for (var i = 0u; i < COOP_COMPONENTS; i++) {
+        h[i] = f16(x[i]);
+    }
+    return coop_from_elements_a(h);
+}
+
+// An accumulator fragment whose every row holds that row's value of `per_slot`.
+fn row_matrix(per_slot: array<f32, ROW_SLOTS>) -> coop_mat16x16<f32, C> {
+    var f: array<f32, COOP_COMPONENTS>;
+    // @unroll
+    for (var i = 0u; i < COOP_COMPONENTS; i++) {
+        f[i] = per_slot[(COMPONENT_SLOT_BITS >> (2u * i)) & 3u];
+    }
+    return coop_from_elements_c(f);
+}
