@@ -793,6 +793,10 @@ fn cost_variants(config: crate::select::CoopConfig) -> Vec<(&'static str, String
                 "row factors every tile",
                 full.replacen(rescale, "            if (true) {", 1),
             ),
+            (
+                "row factors where moved",
+                full.replacen(rescale, "            if (moved) {", 1),
+            ),
             ("no rescale", full.replacen(rescale, "            if (false) {", 1)),
             ("no softmax", no_softmax(&full)),
             ("no softmax, no QK", no_qk(&no_softmax(&full))),
@@ -850,6 +854,10 @@ fn coop_kernel_costs() {
         )
     });
     for ((bm, bn, prefetch, double_buffer, layout), barriers, coherence, with_cuts) in runs {
+        // COOP_COSTS_FIRST_ONLY: only the phase cuts of the register softmax's plan.
+        if std::env::var("COOP_COSTS_FIRST_ONLY").is_ok() && !(with_cuts && layout.is_some()) {
+            continue;
+        }
         let config = CoopConfig::new(bm, bn, 128)
             .with_prefetch_kv(prefetch)
             .with_double_buffer(double_buffer)
@@ -920,6 +928,10 @@ fn coop_pipeline_stats() {
                 configs.push(c);
             }
         }
+    }
+    // COOP_STATS_ONLY=<part of a name>: only those configurations.
+    if let Ok(only) = std::env::var("COOP_STATS_ONLY") {
+        configs.retain(|c| c.name().contains(&only));
     }
     if let Err(e) = unsafe { pipeline_stats(&configs) } {
         eprintln!("coop_pipeline_stats: {e}");
