@@ -18,31 +18,41 @@
 //
 // What a subgroup owns: 16 query rows. It holds their Q as HEAD_DIM_PAD/16 cooperative A
 // fragments (loaded once) and their output as HEAD_DIM_PAD/16 f32 accumulator fragments for the
-// whole kernel, and 16 rows of scores (f32) and of P (f16) in workgroup memory — the only way to
-// reach single elements of a cooperative matrix. Those rows are the subgroup's alone, so between
-// its product, its softmax and its next product only the subgroup synchronises
-// (subgroupBarrier, made to cover workgroup memory in src/spirv_coherence.rs).
+// whole kernel. The softmax takes one of two routes, chosen by the host from the device's
+// fragment layout (src/coop_layout.rs):
 //
-// What an invocation owns in the softmax: half a score row (two invocations per row, 32 per
-// subgroup, a size the host checks), read once into registers as vec4s. It applies mask and
-// scale (the scale inside exp2's argument), keeps the running max and sum, and writes its half of
-// P.
+// - REGISTER_SOFTMAX (coop_registers.wgsl; the H200): the scores never leave the subgroup's
+//   accumulator fragments. Each invocation owns its components of them (8 on a 32-wide
+//   subgroup), whose rows and columns it measures at its start; it masks, takes row maxima with
+//   a few shuffles among the lanes of each row, writes P in place, and P becomes the next
+//   product's A operand component by component. No workgroup memory and no barrier between the
+//   two products.
+// - Otherwise, through workgroup memory: the subgroup stores 16 rows of scores (f32), and each
+//   invocation owns half a score row (two per row, 32 per subgroup, a size the host checks),
+//   read once into registers as vec4s; it applies mask and scale, keeps the running max and sum,
+//   and writes its half of P (f16), which the subgroup loads as A fragments. Those rows are the
+//   subgroup's alone, so only the subgroup synchronises (subgroupBarrier, made to cover
+//   workgroup memory in src/spirv_coherence.rs).
 //
-// Why rescaling is rare: the output lives in accumulator fragments, whose elements belong to
-// rows in a way the driver does not say, so a row's factor reaches them as a 16 × 16 matrix of
-// factors (written to workgroup memory by the rows' invocations, loaded as an accumulator)
-// multiplied in component-wise (OpFMul, which WGSL cannot spell: see componentwise_product).
-// Following FlashAttention-4, a row's reference max m_used only moves when a tile's max exceeds
-// it by more than RESCALE_THRESHOLD (log2 units); until then P = exp2(s − m_used) ≤ 2^8, which
-// f16 holds, and O and l stay consistent because both use the same m_used. The result is exact
-// either way. Decisions about products are the subgroup's (subgroupAny): cooperative operations
-// need control flow that is uniform over the subgroup, which the Vulkan spec asks and the host's
-// SPIR-V build relies on.
+// Either way the scale sits inside exp2's argument, and masked scores are −∞.
+//
+// Rescaling: the output lives in accumulator fragments, so a row's factor reaches them as a
+// 16 × 16 matrix of factors (built in registers, or written to workgroup memory by the rows'
+// invocations and loaded as an accumulator) multiplied in component-wise (OpFMul, which WGSL
+// cannot spell: see componentwise_product). Following FlashAttention-4, a row's reference max
+// m_used only moves when a tile's max exceeds it by more than RESCALE_THRESHOLD (log2 units);
+// until then P = exp2(s − m_used) ≤ 2^8, which f16 holds, and O and l stay consistent because
+// both use the same m_used. The result is exact either way. Whether the product runs every tile
+// or only where some row of the subgroup moved is ROW_FACTORS_ALWAYS (measured). Decisions about
+// products are the subgroup's (subgroupAny): cooperative operations need control flow that is
+// uniform over the subgroup, which the Vulkan spec asks and the host's SPIR-V build relies on.
 //
 // Why the sizes: 16 × 16 × 16 f16 → f32 is the configuration NVIDIA and AMD expose. Staged rows
 // are padded by one 16-byte pair of granules, so that the eight 16-byte rows a fragment load reads
 // at once start in different banks (a row is HEAD_DIM_PAD/2 + 4 words, ≡ 4 mod 8); score rows by
 // one vec4, so that the 16-byte reads of 8 consecutive rows by 8 invocations hit different banks.
+// Without the score and P rows, the register softmax leaves room for 64-key tiles beside 128
+// query rows at head_dim 128.
 // Q is staged once through the K/V buffers, 2·KV_BUFFERS·BLOCK_N rows at a time. Tile sizes and
 // the streaming options come from the host's plans, fitted to the workgroup memory (48 KiB on
 // NVIDIA) and measured (COOP_PLANS in src/select.rs).
