@@ -271,14 +271,45 @@ fn main(@builtin(local_invocation_index) li: u32) {{\n\
 /// first `words` words of its output.
 #[cfg(not(target_arch = "wasm32"))]
 fn run_probe(device: &wgpu::Device, queue: &wgpu::Queue, src: &str, words: usize) -> Result<Vec<u32>, String> {
-    use std::borrow::Cow;
     let index32: Vec<f32> = (0..256).map(|x| x as f32).collect();
     let index16: Vec<half::f16> = (0..256).map(|x| half::f16::from_f32(x as f32)).collect();
-    let upload = |data: &[u8], usage| crate::readback::upload(device, "coop layout probe", data, usage);
-    let in32 = upload(bytemuck::cast_slice(&index32), wgpu::BufferUsages::empty());
-    let in16 = upload(bytemuck::cast_slice(&index16), wgpu::BufferUsages::empty());
-    let out = upload(&vec![0xffu8; words * 4], wgpu::BufferUsages::COPY_SRC);
+    let out = run_one_workgroup(
+        device,
+        queue,
+        ProbeShader::OurSpirv(src),
+        [bytemuck::cast_slice(&index32), bytemuck::cast_slice(&index16)],
+        &vec![0xffu8; words * 4],
+    )?;
+    Ok(bytemuck::pod_collect_to_vec(&out))
+}
 
+/// How a probe's WGSL reaches the device: through wgpu's own translation, or as our SPIR-V
+/// (src/spirv_coherence.rs: coherent workgroup memory, placeholders filled) passed through.
+#[cfg(not(target_arch = "wasm32"))]
+pub(crate) enum ProbeShader<'a> {
+    #[cfg_attr(not(test), allow(dead_code))] // only the diagnostics in src/coop_probe.rs
+    Wgsl(&'a str),
+    OurSpirv(&'a str),
+}
+
+/// Runs one 32-invocation workgroup of a probe's `main` with two read-only storage buffers
+/// (bindings 0 and 1, holding `inputs`) and one it writes (binding 2, starting as `output`), and
+/// returns binding 2's bytes. Errors are the shader's or the device's, as text.
+#[cfg(not(target_arch = "wasm32"))]
+pub(crate) fn run_one_workgroup(
+    device: &wgpu::Device,
+    queue: &wgpu::Queue,
+    shader: ProbeShader,
+    inputs: [&[u8]; 2],
+    output: &[u8],
+) -> Result<Vec<u8>, String> {
+    use std::borrow::Cow;
+    let upload = |data: &[u8], usage| crate::readback::upload(device, "probe", data, usage);
+    let buffers = [
+        upload(inputs[0], wgpu::BufferUsages::empty()),
+        upload(inputs[1], wgpu::BufferUsages::empty()),
+        upload(output, wgpu::BufferUsages::COPY_SRC),
+    ];
     let entry = |binding, read_only| wgpu::BindGroupLayoutEntry {
         binding,
         visibility: wgpu::ShaderStages::COMPUTE,
@@ -290,32 +321,41 @@ fn run_probe(device: &wgpu::Device, queue: &wgpu::Queue, src: &str, words: usize
         count: None,
     };
     let group_layout = device.create_bind_group_layout(&wgpu::BindGroupLayoutDescriptor {
-        label: Some("coop layout probe"),
+        label: Some("probe"),
         entries: &[entry(0, true), entry(1, true), entry(2, false)],
     });
     let layout = device.create_pipeline_layout(&wgpu::PipelineLayoutDescriptor {
-        label: Some("coop layout probe"),
+        label: Some("probe"),
         bind_group_layouts: &[Some(&group_layout)],
         immediate_size: 0,
     });
-    let spirv = crate::spirv_coherence::compile("coop layout probe", src).map_err(|e| e.to_string())?;
     let scope = device.push_error_scope(wgpu::ErrorFilter::Validation);
-    let entry_points = [wgpu::PassthroughShaderEntryPoint {
-        name: Cow::Borrowed("main"),
-        workgroup_size: (32, 1, 1),
-    }];
-    // SAFETY: naga's validated translation of the probe above, with the placeholder bodies
-    // filled by src/spirv_elements.rs (component indices below the measured length).
-    let module = unsafe {
-        device.create_shader_module_passthrough(wgpu::ShaderModuleDescriptorPassthrough {
-            label: Some("coop layout probe"),
-            entry_points: Cow::Borrowed(&entry_points),
-            spirv: Some(Cow::Owned(spirv)),
-            ..Default::default()
-        })
+    let module = match shader {
+        ProbeShader::Wgsl(src) => device.create_shader_module(wgpu::ShaderModuleDescriptor {
+            label: Some("probe"),
+            source: wgpu::ShaderSource::Wgsl(Cow::Borrowed(src)),
+        }),
+        ProbeShader::OurSpirv(src) => {
+            let spirv = crate::spirv_coherence::compile("probe", src).map_err(|e| e.to_string())?;
+            let entry_points = [wgpu::PassthroughShaderEntryPoint {
+                name: Cow::Borrowed("main"),
+                workgroup_size: (32, 1, 1),
+            }];
+            // SAFETY: naga's validated translation of the probe, with workgroup accesses and
+            // barriers strengthened and placeholder bodies filled (component indices the caller
+            // keeps below the device's length).
+            unsafe {
+                device.create_shader_module_passthrough(wgpu::ShaderModuleDescriptorPassthrough {
+                    label: Some("probe"),
+                    entry_points: Cow::Borrowed(&entry_points),
+                    spirv: Some(Cow::Owned(spirv)),
+                    ..Default::default()
+                })
+            }
+        }
     };
     let pipeline = device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
-        label: Some("coop layout probe"),
+        label: Some("probe"),
         layout: Some(&layout),
         module: &module,
         entry_point: Some("main"),
@@ -325,23 +365,18 @@ fn run_probe(device: &wgpu::Device, queue: &wgpu::Queue, src: &str, words: usize
     if let Some(e) = pollster::block_on(scope.pop()) {
         return Err(e.to_string());
     }
+    let entries: Vec<wgpu::BindGroupEntry> = buffers
+        .iter()
+        .enumerate()
+        .map(|(binding, buffer)| wgpu::BindGroupEntry {
+            binding: binding as u32,
+            resource: buffer.as_entire_binding(),
+        })
+        .collect();
     let group = device.create_bind_group(&wgpu::BindGroupDescriptor {
-        label: Some("coop layout probe"),
+        label: Some("probe"),
         layout: &group_layout,
-        entries: &[
-            wgpu::BindGroupEntry {
-                binding: 0,
-                resource: in32.as_entire_binding(),
-            },
-            wgpu::BindGroupEntry {
-                binding: 1,
-                resource: in16.as_entire_binding(),
-            },
-            wgpu::BindGroupEntry {
-                binding: 2,
-                resource: out.as_entire_binding(),
-            },
-        ],
+        entries: &entries,
     });
     let mut encoder = device.create_command_encoder(&Default::default());
     {
@@ -351,13 +386,10 @@ fn run_probe(device: &wgpu::Device, queue: &wgpu::Queue, src: &str, words: usize
         pass.dispatch_workgroups(1, 1, 1);
     }
     queue.submit([encoder.finish()]);
-    let bytes = pollster::block_on(crate::readback::read_back(
-        device,
-        queue,
-        &[(&out, 0, words as u64 * 4)],
-    ))
-    .map_err(|e| e.to_string())?;
-    Ok(bytemuck::pod_collect_to_vec(&bytes[0]))
+    let ranges = [(&buffers[2], 0, output.len().next_multiple_of(4) as u64)];
+    let mut bytes =
+        pollster::block_on(crate::readback::read_back(device, queue, &ranges)).map_err(|e| e.to_string())?;
+    Ok(bytes.remove(0))
 }
 
 #[cfg(test)]

@@ -187,104 +187,21 @@ fn source(body: &str, extra: &str) -> String {
 }
 
 fn run(ctx: &GpuContext, src: &str, coherent: bool, a: &[half::f16], b: &[half::f16]) -> Result<Vec<f32>, String> {
-    let device = &ctx.device;
-    let storage = |data: &[u8], writable: bool| {
-        crate::readback::upload(
-            device,
-            "probe",
-            data,
-            if writable {
-                wgpu::BufferUsages::COPY_SRC
-            } else {
-                wgpu::BufferUsages::empty()
-            },
-        )
-    };
-    let (ab, bb) = (
-        storage(bytemuck::cast_slice(a), false),
-        storage(bytemuck::cast_slice(b), false),
-    );
-    let cb = storage(bytemuck::cast_slice(&[f32::NAN; 256]), true);
-    let entry = |binding, read_only| wgpu::BindGroupLayoutEntry {
-        binding,
-        visibility: wgpu::ShaderStages::COMPUTE,
-        ty: wgpu::BindingType::Buffer {
-            ty: wgpu::BufferBindingType::Storage { read_only },
-            has_dynamic_offset: false,
-            min_binding_size: None,
-        },
-        count: None,
-    };
-    let group_layout = device.create_bind_group_layout(&wgpu::BindGroupLayoutDescriptor {
-        label: None,
-        entries: &[entry(0, true), entry(1, true), entry(2, false)],
-    });
-    let layout = device.create_pipeline_layout(&wgpu::PipelineLayoutDescriptor {
-        label: None,
-        bind_group_layouts: &[Some(&group_layout)],
-        immediate_size: 0,
-    });
-    let scope = device.push_error_scope(wgpu::ErrorFilter::Validation);
-    let module = if coherent {
-        let words = crate::spirv_coherence::compile("probe", src).map_err(|e| e.to_string())?;
-        let entry = [wgpu::PassthroughShaderEntryPoint {
-            name: Cow::Borrowed("main"),
-            workgroup_size: (32, 1, 1),
-        }];
-        // SAFETY: naga's validated translation of the probe, strengthened by spirv_coherence.
-        unsafe {
-            device.create_shader_module_passthrough(wgpu::ShaderModuleDescriptorPassthrough {
-                label: None,
-                entry_points: Cow::Borrowed(&entry),
-                spirv: Some(Cow::Owned(words)),
-                ..Default::default()
-            })
-        }
+    use crate::coop_layout::{run_one_workgroup, ProbeShader};
+    let shader = if coherent {
+        ProbeShader::OurSpirv(src)
     } else {
-        device.create_shader_module(wgpu::ShaderModuleDescriptor {
-            label: None,
-            source: wgpu::ShaderSource::Wgsl(Cow::Borrowed(src)),
-        })
+        ProbeShader::Wgsl(src)
     };
-    let pipeline = device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
-        label: None,
-        layout: Some(&layout),
-        module: &module,
-        entry_point: Some("main"),
-        compilation_options: Default::default(),
-        cache: None,
-    });
-    if let Some(e) = pollster::block_on(scope.pop()) {
-        return Err(e.to_string());
-    }
-    let group = device.create_bind_group(&wgpu::BindGroupDescriptor {
-        label: None,
-        layout: &group_layout,
-        entries: &[
-            wgpu::BindGroupEntry {
-                binding: 0,
-                resource: ab.as_entire_binding(),
-            },
-            wgpu::BindGroupEntry {
-                binding: 1,
-                resource: bb.as_entire_binding(),
-            },
-            wgpu::BindGroupEntry {
-                binding: 2,
-                resource: cb.as_entire_binding(),
-            },
-        ],
-    });
-    let mut encoder = device.create_command_encoder(&Default::default());
-    {
-        let mut pass = encoder.begin_compute_pass(&Default::default());
-        pass.set_pipeline(&pipeline);
-        pass.set_bind_group(0, &group, &[]);
-        pass.dispatch_workgroups(1, 1, 1);
-    }
-    ctx.queue.submit([encoder.finish()]);
-    let bytes = pollster::block_on(read_back(device, &ctx.queue, &[(&cb, 0, 1024)])).map_err(|e| e.to_string())?;
-    Ok(bytemuck::pod_collect_to_vec(&bytes[0]))
+    let inputs = [bytemuck::cast_slice(a), bytemuck::cast_slice(b)];
+    let out = run_one_workgroup(
+        &ctx.device,
+        &ctx.queue,
+        shader,
+        inputs,
+        bytemuck::cast_slice(&[f32::NAN; 256]),
+    )?;
+    Ok(bytemuck::pod_collect_to_vec(&out))
 }
 
 /// Every probe compiles through naga and the coherence pass (the probes themselves need a device
