@@ -96,7 +96,8 @@ fn row_sum(x: f32) -> f32 {
 // m_used) in place (f32, still accumulator fragments); m_used, l_part and alpha move as in the
 // workgroup-memory softmax (flash_fwd_coop.wgsl: the reference max moves only by more than
 // RESCALE_THRESHOLD, or on the first tile). Returns whether some row of the subgroup moved
-// (subgroup-uniform).
+// (subgroup-uniform; the shipped kernel rescales every tile and ignores it, the cost probes in
+// src/coop_probe.rs branch on it).
 fn softmax_in_registers(rows: ptr<function, RegisterRows>, s: ptr<function, array<coop_mat16x16<f32, C>, N_BLOCKS>>, n0: u32, first_tile: bool, needs_mask: bool) -> bool {
     var x: array<array<f32, COOP_COMPONENTS>, N_BLOCKS>;
     var raw_max: array<f32, ROW_SLOTS>;

@@ -5,8 +5,8 @@
 // Bindings as flash_fwd.wgsl: 0 params, 1 q, 2 k, 3 v (here arrays of vec4<f16>, the 8-byte
 // granules every kernel indexes), 4 o (f16 granules), 5 the LSE bits.
 //
-// What a workgroup owns: one tile of BLOCK_M query rows of one (batch, head), like the register
-// kernel (same grid, same longest-first order, same causal tile skipping). It streams K/V in tiles
+// What a workgroup owns: one tile of BLOCK_M query rows of one (batch, head), like the non-matrix
+// kernel flash_fwd.wgsl (same grid, same longest-first order, same causal tile skipping). It streams K/V in tiles
 // of BLOCK_N keys through workgroup memory: every invocation copies whole granules (coalesced
 // 8-byte loads, 8-byte stores; the same column of granules in every tile, so the addresses are
 // worked out once), and all subgroups then read their fragments from the one copy, so the taller
@@ -103,7 +103,9 @@ const ROW_FACTORS_ALWAYS: bool = HEAD_DIM_PAD > 128u || REGISTER_SOFTMAX;
 const KV_TILE_VECS: u32 = 2u * BLOCK_N * TILE_STRIDE;
 var<workgroup> kv_tile: array<vec4<f16>, KV_BUFFERS * KV_TILE_VECS>;
 // Per subgroup: 16 rows of scores (also a 16 × 16 window of the rows' rescale factors, and of
-// the output when it is written out) and 16 rows of P.
+// the output when it is written out) and 16 rows of P. With the softmax in registers, only the
+// 16 × 16 window (the fragment layout at the start, the output at the end), and P is 4 unused
+// vec4s.
 var<workgroup> scores: array<vec4<f32>, SUBGROUPS * 16u * S_STRIDE>;
 var<workgroup> probs: array<vec4<f16>, PROB_VECS>;
 // Every workgroup variable is a multiple of 16 bytes: NVIDIA's driver lays them out in an order of
@@ -279,7 +281,11 @@ fn componentwise_product(a: coop_mat16x16<f32, C>, b: coop_mat16x16<f32, C>) -> 
 }
 
 @compute @workgroup_size(WORKGROUP_SIZE)
-fn flash_fwd_coop(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) li: u32) {
+fn flash_fwd_coop(
+    @builtin(workgroup_id) wg: vec3<u32>,
+    @builtin(local_invocation_index) li: u32,
+    @builtin(subgroup_invocation_id) subgroup_lane: u32,
+) {
     let head = wg.y;
     let b = wg.z;
     let kv_head = head / params.group_size;
@@ -289,7 +295,9 @@ fn flash_fwd_coop(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocatio
     // measured on the H200, so not yet changed).
     let sg = li / SUBGROUP;
     let lane = li % SUBGROUP;
-    // This invocation's row within its subgroup's 16, and which half of the score columns.
+    // This invocation's row within its subgroup's 16, and which half of the score columns (the
+    // workgroup-memory softmax; with the softmax in registers only the output's write-out uses
+    // them, and rows come from the fragment layout instead).
     let r = lane % 16u;
     let half_n = lane / 16u;
     let row = m0 + sg * 16u + r;
@@ -335,6 +343,7 @@ fn flash_fwd_coop(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocatio
     for (var d = 0u; d < D_BLOCKS; d++) {
         o_frag[d] = coop_mat16x16<f32, C>();
     }
+    // The workgroup-memory softmax's row state; the register softmax keeps its own in reg_rows.
     var m_used = NEG_BIG; // this row's reference max (same in both invocations of the row)
     var l_part = 0.0; // sum of exp2(s − m_used) over this invocation's columns
     let my_row = my_scores + r * S_STRIDE + half_n * HALF_VECS;
@@ -461,7 +470,8 @@ fn flash_fwd_coop(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocatio
         }
     }
 
-    // ---- epilogue: O / l through the subgroup's score rows, 16 columns at a time; LSE ----
+    // ---- epilogue: O / l (in registers, or on the way out with the workgroup-memory softmax)
+    // through the subgroup's score window, 16 columns at a time; LSE ----
     var row_scale = 1.0; // what this invocation's row of the window is multiplied by on the way out
     if (REGISTER_SOFTMAX) {
         var inv_l: array<f32, ROW_SLOTS>;
@@ -469,8 +479,9 @@ fn flash_fwd_coop(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocatio
         for (var sl = 0u; sl < ROW_SLOTS; sl++) {
             let l = row_sum(reg_rows.l_part[sl]);
             inv_l[sl] = select(0.0, 1.0 / l, l > 0.0);
-            // One invocation of each row's lanes writes its LSE.
-            if ((lane & ROW_LEADER_BITS) == 0u && reg_rows.row[sl] < params.seq_q && params.write_lse != 0u) {
+            // One invocation of each row's lanes writes its LSE: the one whose subgroup
+            // invocation id (what the shuffles' masks act on) has every leader bit clear.
+            if ((subgroup_lane & ROW_LEADER_BITS) == 0u && reg_rows.row[sl] < params.seq_q && params.write_lse != 0u) {
                 lse[lse_index(b, head, reg_rows.row[sl])] = lse_bits(reg_rows.m_used[sl], l);
             }
         }

@@ -28,6 +28,9 @@ pub struct Caps {
     /// shape that lets the matrix kernel keep its scores in registers (src/coop_layout.rs);
     /// measured by [`crate::GpuContext::probe_register_layout`].
     pub coop_register_layout: Option<crate::coop_layout::RegisterLayout>,
+    /// Why `coop_register_layout` is `None`, where that is known (not measured, or measured and
+    /// unfit), for error messages.
+    pub coop_register_layout_note: Option<String>,
     pub max_workgroup_storage_bytes: u32,
     pub max_invocations_per_workgroup: u32,
     pub max_workgroup_size_x: u32,
@@ -56,6 +59,7 @@ impl Caps {
             // Known only from the adapter; see `with_cooperative_matrix`.
             cooperative_matrix_f16: false,
             coop_register_layout: None,
+            coop_register_layout_note: None,
             max_workgroup_storage_bytes: l.max_compute_workgroup_storage_size,
             max_invocations_per_workgroup: l.max_compute_invocations_per_workgroup,
             max_workgroup_size_x: l.max_compute_workgroup_size_x,
@@ -98,6 +102,7 @@ impl Caps {
             timestamps: false,
             cooperative_matrix_f16: false,
             coop_register_layout: None,
+            coop_register_layout_note: None,
             max_workgroup_storage_bytes: 16 << 10,
             max_invocations_per_workgroup: 256,
             max_workgroup_size_x: 256,
@@ -128,6 +133,7 @@ pub(crate) mod fixtures {
             timestamps: true,
             cooperative_matrix_f16: false,
             coop_register_layout: None,
+            coop_register_layout_note: None,
             max_workgroup_storage_bytes: 32 << 10,
             max_invocations_per_workgroup: 1024,
             max_workgroup_size_x: 1024,
@@ -147,6 +153,7 @@ pub(crate) mod fixtures {
             subgroup_max_size: 32,
             cooperative_matrix_f16: true,
             coop_register_layout: Some(crate::coop_layout::RegisterLayout::nvidia_h200()),
+            coop_register_layout_note: None,
             max_workgroup_storage_bytes: 48 << 10,
             max_storage_binding_bytes: (2 << 30) - 4,
             max_buffer_bytes: 4 << 30,

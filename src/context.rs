@@ -101,27 +101,34 @@ impl GpuContext {
         ctx.caps = ctx
             .caps
             .with_cooperative_matrix(&ctx.device, &adapter.cooperative_matrix_properties());
-        // Without a layout the matrix kernel takes its softmax through workgroup memory.
-        let _ = ctx.probe_register_layout();
+        // Without a layout the matrix kernel takes its softmax through workgroup memory; the
+        // reason is kept in `caps.coop_register_layout_note`.
+        ctx.probe_register_layout().await;
         Ok(ctx)
     }
 
-    /// Measures how the device lays out cooperative-matrix components over a subgroup (one tiny
-    /// dispatch; src/coop_layout.rs) and records it in `caps` where the matrix kernel can keep
-    /// its scores in registers with it. Does nothing without cooperative matrices. Returns why the
-    /// layout is not recorded, if it is not. [`from_adapter_with`](Self::from_adapter_with) calls
-    /// it; call it after [`Caps::with_cooperative_matrix`] on a device of your own.
-    pub fn probe_register_layout(&mut self) -> std::result::Result<(), String> {
-        self.caps.coop_register_layout = None;
-        if !self.caps.cooperative_matrix_f16 || self.caps.subgroup_min_size != crate::select::COOP_SUBGROUP {
-            return Err("no 16x16 f16 cooperative matrices on 32-wide subgroups".into());
+    /// Measures how the device lays out cooperative-matrix components over a subgroup (two tiny
+    /// dispatches; src/coop_layout.rs) and records it in `caps.coop_register_layout` where the
+    /// matrix kernel can keep its scores in registers with it, else why not in
+    /// `caps.coop_register_layout_note`. Does nothing but record the reason on a device that
+    /// cannot run the matrix kernel. [`from_adapter_with`](Self::from_adapter_with) calls it; call
+    /// it after [`Caps::with_cooperative_matrix`] on a device of your own (created with
+    /// `PASSTHROUGH_SHADERS`, which the library's matrix kernel needs anyway).
+    pub async fn probe_register_layout(&mut self) {
+        let result = self.measure_register_layout().await;
+        self.caps.coop_register_layout = result.as_ref().ok().copied();
+        self.caps.coop_register_layout_note = result.err();
+    }
+
+    async fn measure_register_layout(&self) -> std::result::Result<crate::coop_layout::RegisterLayout, String> {
+        if let Some(why) = crate::select::coop_device_unavailable_reason(&self.caps) {
+            return Err(why);
+        }
+        if !self.device.features().contains(wgpu::Features::PASSTHROUGH_SHADERS) {
+            return Err("the device was created without PASSTHROUGH_SHADERS".into());
         }
         #[cfg(not(target_arch = "wasm32"))]
-        {
-            let layout = crate::coop_layout::probe(&self.device, &self.queue)??;
-            self.caps.coop_register_layout = Some(layout);
-            Ok(())
-        }
+        return crate::coop_layout::probe(&self.device, &self.queue).await;
         #[cfg(target_arch = "wasm32")]
         Err("not measured in the browser".into())
     }

@@ -23,23 +23,25 @@
 use crate::select::COOP_SUBGROUP;
 
 /// The lane-independent facts of a device's fragment layout that the register softmax needs.
+/// Only [`RegisterLayout::from_positions`] makes one, so every value is a checked layout.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct RegisterLayout {
     /// Components each invocation holds of a 16×16 matrix (8 on a 32-wide subgroup).
-    pub components: u32,
+    components: u32,
     /// Row slots per invocation: how many distinct rows its components cover.
-    pub slots: u32,
+    slots: u32,
     /// The row slot of each component (entries past `components` are 0).
-    pub component_slots: [u8; 16],
-    /// A basis of the XOR subgroup of lane ids that share a row (entries past
-    /// `row_lane_mask_count` are 0).
-    pub row_lane_masks: [u8; 5],
-    pub row_lane_mask_count: u32,
+    component_slots: [u8; COMPONENTS],
+    /// A basis of the XOR subgroup of lane ids that share a row, with distinct leading bits
+    /// (entries past `row_lane_mask_count` are 0).
+    row_lane_masks: [u8; 5],
+    row_lane_mask_count: u32,
 }
 
-/// Most components per invocation the kernel is built for (16×16 over 16 lanes).
-const MAX_COMPONENTS: usize = 16;
-/// Most row slots the kernel is built for.
+/// Components per invocation of a 16×16 matrix spread over a subgroup of COOP_SUBGROUP, each
+/// element held once.
+const COMPONENTS: usize = 256 / COOP_SUBGROUP as usize;
+/// Most row slots the kernel is built for (two bits each in COMPONENT_SLOT_BITS).
 pub const MAX_SLOTS: u32 = 4;
 
 impl RegisterLayout {
@@ -65,7 +67,7 @@ impl RegisterLayout {
     /// the A operand.
     pub fn from_positions(c: &[u32], a: &[u32], components: usize) -> Result<Self, String> {
         let lanes = COOP_SUBGROUP as usize;
-        if components == 0 || components > MAX_COMPONENTS || components * lanes != 256 {
+        if components != COMPONENTS {
             return Err(format!(
                 "{components} components per invocation: not a 16x16 matrix over {lanes} lanes"
             ));
@@ -87,7 +89,7 @@ impl RegisterLayout {
         let row = |lane: usize, i: usize| c[lane * components + i] / 16;
 
         // Row slots, numbered by first appearance in lane 0; every lane must follow the pattern.
-        let mut component_slots = [0u8; 16];
+        let mut component_slots = [0u8; COMPONENTS];
         let mut slot_rows: Vec<u32> = Vec::new();
         for (i, slot_of_i) in component_slots.iter_mut().enumerate().take(components) {
             let r = row(0, i);
@@ -174,6 +176,27 @@ impl RegisterLayout {
         })
     }
 
+    /// Components each invocation holds of a 16×16 matrix.
+    pub fn components(&self) -> u32 {
+        self.components
+    }
+
+    /// Distinct rows an invocation's components cover.
+    pub fn slots(&self) -> u32 {
+        self.slots
+    }
+
+    /// The row slot of each component.
+    pub fn component_slots(&self) -> &[u8] {
+        &self.component_slots[..self.components as usize]
+    }
+
+    /// A basis (XOR) of the lane differences within a row's lanes: the shuffles of a row
+    /// reduction.
+    pub fn row_lane_masks(&self) -> &[u8] {
+        &self.row_lane_masks[..self.row_lane_mask_count as usize]
+    }
+
     /// The WGSL constants flash_fwd_coop.wgsl's register softmax is compiled with.
     pub(crate) fn wgsl_constants(&self) -> String {
         let bits = |values: &[u8], width: u32| {
@@ -182,8 +205,8 @@ impl RegisterLayout {
                 .enumerate()
                 .fold(0u64, |acc, (i, &v)| acc | (u64::from(v) << (width * i as u32)))
         };
-        let slot_bits = bits(&self.component_slots[..self.components as usize], 2);
-        let masks = &self.row_lane_masks[..self.row_lane_mask_count as usize];
+        let slot_bits = bits(self.component_slots(), 2);
+        let masks = self.row_lane_masks();
         let mask_bits = bits(masks, 5);
         // The basis has distinct leading bits (from_positions builds it so): the one lane of each
         // coset with all of them clear leads its row.
@@ -198,42 +221,36 @@ impl RegisterLayout {
 
     /// A short tag for kernel names.
     pub(crate) fn tag(&self) -> String {
-        let slots: String = self.component_slots[..self.components as usize]
-            .iter()
-            .map(|s| char::from(b'0' + s))
-            .collect();
-        let masks: Vec<String> = self.row_lane_masks[..self.row_lane_mask_count as usize]
-            .iter()
-            .map(|m| m.to_string())
-            .collect();
+        let slots: String = self.component_slots().iter().map(|s| char::from(b'0' + s)).collect();
+        let masks: Vec<String> = self.row_lane_masks().iter().map(|m| m.to_string()).collect();
         format!("regs{slots}x{}", masks.join("."))
     }
 }
 
-/// Runs the layout probe on a device with cooperative matrices enabled. `Ok(None)`: the layout
-/// was measured and does not fit the register softmax (the reason is in the `String`).
+/// Measures the layout on a device with cooperative matrices enabled (module docs): the layout,
+/// or why it was not measured or does not fit the register softmax.
 #[cfg(not(target_arch = "wasm32"))]
-pub(crate) fn probe(
-    device: &wgpu::Device,
-    queue: &wgpu::Queue,
-) -> Result<std::result::Result<RegisterLayout, String>, String> {
-    let lengths = run_probe(device, queue, &length_source(), 2)?;
+pub(crate) async fn probe(device: &wgpu::Device, queue: &wgpu::Queue) -> Result<RegisterLayout, String> {
+    let lengths = run_probe(device, queue, &length_source(), 2).await?;
     let (lc, la) = (lengths[0] as usize, lengths[1] as usize);
-    if lc != la || lc == 0 || lc > MAX_COMPONENTS {
-        return Ok(Err(format!(
-            "components per invocation: accumulator {lc}, A operand {la}"
-        )));
+    if lc != COMPONENTS || la != COMPONENTS {
+        return Err(format!(
+            "components per invocation: accumulator {lc}, A operand {la} (the register softmax needs {COMPONENTS})"
+        ));
     }
-    let positions = run_probe(device, queue, &positions_source(lc), 2 * 32 * lc)?;
+    let positions = run_probe(device, queue, &positions_source(lc), 2 * 32 * lc).await?;
     let (c, a) = positions.split_at(32 * lc);
-    Ok(RegisterLayout::from_positions(c, a, lc))
+    RegisterLayout::from_positions(c, a, lc)
 }
 
+// The probes number invocations by subgroup invocation id, as the shuffles that use the layout do.
+#[cfg(not(target_arch = "wasm32"))]
 const PROBE_HEADER: &str = "enable f16;\nenable wgpu_cooperative_matrix;\n\
 @group(0) @binding(0) var<storage, read> index32: array<f32>;\n\
 @group(0) @binding(1) var<storage, read> index16: array<f16>;\n\
 @group(0) @binding(2) var<storage, read_write> out: array<u32>;\n";
 
+#[cfg(not(target_arch = "wasm32"))]
 fn length_source() -> String {
     format!(
         "{PROBE_HEADER}\
@@ -249,18 +266,19 @@ fn main(@builtin(local_invocation_index) li: u32) {{\n\
     )
 }
 
+#[cfg(not(target_arch = "wasm32"))]
 fn positions_source(components: usize) -> String {
     format!(
         "{PROBE_HEADER}\
 fn coop_elements_c(m: coop_mat16x16<f32, C>) -> array<f32, {components}> {{ return array<f32, {components}>(); }}\n\
 fn coop_elements_a(m: coop_mat16x16<f16, A>) -> array<f16, {components}> {{ return array<f16, {components}>(); }}\n\
 @compute @workgroup_size(32)\n\
-fn main(@builtin(local_invocation_index) li: u32) {{\n\
+fn main(@builtin(subgroup_invocation_id) lane: u32) {{\n\
     let c = coop_elements_c(coopLoadT<coop_mat16x16<f32, C>>(&index32[0], 16u));\n\
     let a = coop_elements_a(coopLoadT<coop_mat16x16<f16, A>>(&index16[0], 16u));\n\
     for (var i = 0u; i < {components}u; i++) {{\n\
-        out[li * {components}u + i] = u32(c[i]);\n\
-        out[(32u + li) * {components}u + i] = u32(f32(a[i]));\n\
+        out[lane * {components}u + i] = u32(c[i]);\n\
+        out[(32u + lane) * {components}u + i] = u32(f32(a[i]));\n\
     }}\n\
 }}\n"
     )
@@ -270,7 +288,7 @@ fn main(@builtin(local_invocation_index) li: u32) {{\n\
 /// placeholders are filled) on matrices whose element (r, c) holds 16·r + c, and returns the
 /// first `words` words of its output.
 #[cfg(not(target_arch = "wasm32"))]
-fn run_probe(device: &wgpu::Device, queue: &wgpu::Queue, src: &str, words: usize) -> Result<Vec<u32>, String> {
+async fn run_probe(device: &wgpu::Device, queue: &wgpu::Queue, src: &str, words: usize) -> Result<Vec<u32>, String> {
     let index32: Vec<f32> = (0..256).map(|x| x as f32).collect();
     let index16: Vec<half::f16> = (0..256).map(|x| half::f16::from_f32(x as f32)).collect();
     let out = run_one_workgroup(
@@ -279,7 +297,8 @@ fn run_probe(device: &wgpu::Device, queue: &wgpu::Queue, src: &str, words: usize
         ProbeShader::OurSpirv(src),
         [bytemuck::cast_slice(&index32), bytemuck::cast_slice(&index16)],
         &vec![0xffu8; words * 4],
-    )?;
+    )
+    .await?;
     Ok(bytemuck::pod_collect_to_vec(&out))
 }
 
@@ -296,10 +315,10 @@ pub(crate) enum ProbeShader<'a> {
 /// (bindings 0 and 1, holding `inputs`) and one it writes (binding 2, starting as `output`), and
 /// returns binding 2's bytes. Errors are the shader's or the device's, as text.
 #[cfg(not(target_arch = "wasm32"))]
-pub(crate) fn run_one_workgroup(
+pub(crate) async fn run_one_workgroup(
     device: &wgpu::Device,
     queue: &wgpu::Queue,
-    shader: ProbeShader,
+    shader: ProbeShader<'_>,
     inputs: [&[u8]; 2],
     output: &[u8],
 ) -> Result<Vec<u8>, String> {
@@ -329,7 +348,13 @@ pub(crate) fn run_one_workgroup(
         bind_group_layouts: &[Some(&group_layout)],
         immediate_size: 0,
     });
-    let scope = device.push_error_scope(wgpu::ErrorFilter::Validation);
+    // Every kind of error the pipeline can raise is caught here: uncaught, wgpu's default
+    // handler would panic, and the probe runs when a context is created.
+    let scopes = [
+        device.push_error_scope(wgpu::ErrorFilter::Validation),
+        device.push_error_scope(wgpu::ErrorFilter::OutOfMemory),
+        device.push_error_scope(wgpu::ErrorFilter::Internal),
+    ];
     let module = match shader {
         ProbeShader::Wgsl(src) => device.create_shader_module(wgpu::ShaderModuleDescriptor {
             label: Some("probe"),
@@ -362,8 +387,12 @@ pub(crate) fn run_one_workgroup(
         compilation_options: Default::default(),
         cache: None,
     });
-    if let Some(e) = pollster::block_on(scope.pop()) {
-        return Err(e.to_string());
+    // Popped innermost first (each pop takes effect at once), awaited after.
+    let popped: Vec<_> = scopes.into_iter().rev().map(|scope| scope.pop()).collect();
+    for errors in popped {
+        if let Some(e) = errors.await {
+            return Err(e.to_string());
+        }
     }
     let entries: Vec<wgpu::BindGroupEntry> = buffers
         .iter()
@@ -387,8 +416,9 @@ pub(crate) fn run_one_workgroup(
     }
     queue.submit([encoder.finish()]);
     let ranges = [(&buffers[2], 0, output.len().next_multiple_of(4) as u64)];
-    let mut bytes =
-        pollster::block_on(crate::readback::read_back(device, queue, &ranges)).map_err(|e| e.to_string())?;
+    let mut bytes = crate::readback::read_back(device, queue, &ranges)
+        .await
+        .map_err(|e| e.to_string())?;
     Ok(bytes.remove(0))
 }
 
@@ -407,11 +437,49 @@ mod tests {
 
     /// Lane l holding row l % 16, columns 8·(l / 16) .. + 8: one slot, rows shared by lanes l and
     /// l ^ 16.
+    /// `mma.m16n8k16`'s fragments in PTX's component order (lane 4g + t: (g, 2t), (g, 2t+1),
+    /// (g+8, 2t), (g+8, 2t+1), then 8 columns on), or transposed.
+    fn mma_positions(transposed: bool) -> Vec<u32> {
+        let mut c = vec![0u32; 256];
+        for lane in 0..32u32 {
+            for i in 0..8u32 {
+                let (row, col) = ((lane / 4) + 8 * ((i / 2) % 2), 2 * (lane % 4) + i % 2 + 8 * (i / 4));
+                c[(lane * 8 + i) as usize] = if transposed { 16 * col + row } else { 16 * row + col };
+            }
+        }
+        c
+    }
+
+    /// Lane l holds row l % 16, columns 8·(l / 16) .. + 8.
+    fn row_major_positions() -> Vec<u32> {
+        (0..32u32)
+            .flat_map(|l| (0..8).map(move |i| 16 * (l % 16) + 8 * (l / 16) + i))
+            .collect()
+    }
+
+    /// The kernel compiles (naga, then the SPIR-V passes) for layouts other than the H200's: one
+    /// row slot shared by lanes l and l ^ 16, four slots shared by lanes with the same l % 4, and
+    /// PTX's component order. (Whether it computes right on them needs a device that has them.)
+    #[test]
+    fn the_kernel_compiles_for_other_layouts() {
+        let layouts = [
+            RegisterLayout::from_positions(&row_major_positions(), &row_major_positions(), 8).unwrap(),
+            RegisterLayout::from_positions(&mma_positions(true), &mma_positions(true), 8).unwrap(),
+            RegisterLayout::from_positions(&mma_positions(false), &mma_positions(false), 8).unwrap(),
+        ];
+        for layout in layouts {
+            for (bm, bn, d) in [(128, 64, 128), (64, 32, 64), (128, 32, 256)] {
+                let config = crate::select::CoopConfig::new(bm, bn, d).with_register_layout(Some(layout));
+                let kernel = crate::shaders::KernelConfig::FlashCoop(config);
+                crate::spirv_coherence::compile(&kernel.name(), &kernel.source())
+                    .unwrap_or_else(|e| panic!("{}: {e}", kernel.name()));
+            }
+        }
+    }
+
     #[test]
     fn a_row_major_layout_fits_with_one_slot() {
-        let c: Vec<u32> = (0..32u32)
-            .flat_map(|l| (0..8).map(move |i| 16 * (l % 16) + 8 * (l / 16) + i))
-            .collect();
+        let c = row_major_positions();
         let l = RegisterLayout::from_positions(&c, &c, 8).unwrap();
         assert_eq!((l.slots, l.row_lane_mask_count, l.row_lane_masks[0]), (1, 1, 16));
     }
@@ -420,13 +488,7 @@ mod tests {
     /// shared by the 8 lanes with the same lane % 4.
     #[test]
     fn a_transposed_mma_layout_fits_with_four_slots() {
-        let mut c = vec![0u32; 256];
-        for lane in 0..32u32 {
-            for i in 0..8u32 {
-                let (row, col) = ((lane / 4) + 8 * ((i / 2) % 2), 2 * (lane % 4) + i % 2 + 8 * (i / 4));
-                c[(lane * 8 + i) as usize] = 16 * col + row;
-            }
-        }
+        let c = mma_positions(true);
         let l = RegisterLayout::from_positions(&c, &c, 8).unwrap();
         assert_eq!((l.slots, &l.component_slots[..8]), (4, &[0, 1, 0, 1, 2, 3, 2, 3][..]));
         assert_eq!(&l.row_lane_masks[..l.row_lane_mask_count as usize], &[4, 8, 16]);
@@ -434,16 +496,7 @@ mod tests {
 
     #[test]
     fn layouts_the_register_softmax_cannot_use_are_refused() {
-        let mma = |a_transposed: bool| {
-            let mut c = vec![0u32; 256];
-            for lane in 0..32u32 {
-                for i in 0..8u32 {
-                    let (row, col) = ((lane / 4) + 8 * ((i / 2) % 2), 2 * (lane % 4) + i % 2 + 8 * (i / 4));
-                    c[(lane * 8 + i) as usize] = if a_transposed { 16 * col + row } else { 16 * row + col };
-                }
-            }
-            c
-        };
+        let mma = mma_positions;
         // A laid out differently from C.
         let err = RegisterLayout::from_positions(&mma(false), &mma(true), 8).unwrap_err();
         assert!(err.contains("A operand"), "{err}");
@@ -480,15 +533,16 @@ mod tests {
             eprintln!("coop_layout_probe: {} has no cooperative matrices", ctx.info.name);
             return;
         }
-        let lengths = run_probe(&ctx.device, &ctx.queue, &length_source(), 2);
+        let lengths = pollster::block_on(run_probe(&ctx.device, &ctx.queue, &length_source(), 2));
         eprintln!(
             "coop_layout_probe: {}: components per invocation (C, A): {lengths:?}",
             ctx.info.name
         );
         if let Ok(l) = &lengths {
             let n = l[0] as usize;
-            if n > 0 && n <= MAX_COMPONENTS {
-                if let Ok(p) = run_probe(&ctx.device, &ctx.queue, &positions_source(n), 64 * n) {
+            if n == COMPONENTS {
+                let source = positions_source(n);
+                if let Ok(p) = pollster::block_on(run_probe(&ctx.device, &ctx.queue, &source, 64 * n)) {
                     for lane in [0usize, 1, 2, 3, 4, 31] {
                         let at = |base: usize| -> Vec<(u32, u32)> {
                             p[base + lane * n..base + (lane + 1) * n]
@@ -501,8 +555,11 @@ mod tests {
                 }
             }
         }
-        eprintln!("coop_layout_probe: {:?}", ctx.probe_register_layout());
-        eprintln!("coop_layout_probe: {:?}", ctx.caps.coop_register_layout);
+        pollster::block_on(ctx.probe_register_layout());
+        eprintln!(
+            "coop_layout_probe: {:?} ({:?})",
+            ctx.caps.coop_register_layout, ctx.caps.coop_register_layout_note
+        );
     }
 
     #[test]

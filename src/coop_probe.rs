@@ -194,13 +194,8 @@ fn run(ctx: &GpuContext, src: &str, coherent: bool, a: &[half::f16], b: &[half::
         ProbeShader::Wgsl(src)
     };
     let inputs = [bytemuck::cast_slice(a), bytemuck::cast_slice(b)];
-    let out = run_one_workgroup(
-        &ctx.device,
-        &ctx.queue,
-        shader,
-        inputs,
-        bytemuck::cast_slice(&[f32::NAN; 256]),
-    )?;
+    let output: &[u8] = bytemuck::cast_slice(&[f32::NAN; 256]);
+    let out = pollster::block_on(run_one_workgroup(&ctx.device, &ctx.queue, shader, inputs, output))?;
     Ok(bytemuck::pod_collect_to_vec(&out))
 }
 
@@ -829,7 +824,7 @@ fn coop_pipeline_stats() {
     let mut configs: Vec<CoopConfig> = Vec::new();
     for d in [64u32, 128, 256] {
         for layout in [Some(crate::coop_layout::RegisterLayout::nvidia_h200()), None] {
-            for plan in coop_plans(d, layout.is_some()) {
+            for plan in coop_plans(d, crate::select::CoopSoftmax::of(layout)) {
                 let c = plan.config(d).with_register_layout(layout);
                 if !configs.contains(&c) {
                     configs.push(c);

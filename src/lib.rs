@@ -57,6 +57,7 @@ mod select;
 pub mod shaders;
 #[cfg(not(target_arch = "wasm32"))]
 mod spirv_coherence;
+#[cfg(not(target_arch = "wasm32"))]
 mod spirv_elements;
 pub mod testing;
 #[cfg(not(target_arch = "wasm32"))]
@@ -84,7 +85,7 @@ pub use problem::{
 };
 pub use readback::read_back;
 pub use select::{
-    all_configs, all_coop_configs, coop_plans, num_q_tiles, preferred_variants, select, select_forward, CoopConfig,
-    CoopPlan, FlashConfig, ForwardKernel, KernelChoice, Reduction, TilePlan, TileType, Variant, COOP_KERNEL_VERIFIED,
-    COOP_PLANS, COOP_SHARED_PLANS, PLANS,
+    all_configs, all_coop_configs, coop_device_unavailable_reason, coop_plans, num_q_tiles, preferred_variants, select,
+    select_forward, CoopConfig, CoopPlan, CoopSoftmax, FlashConfig, ForwardKernel, KernelChoice, Reduction, TilePlan,
+    TileType, Variant, COOP_KERNEL_VERIFIED, COOP_PLANS, COOP_SHARED_PLANS, PLANS,
 };

@@ -411,13 +411,30 @@ pub const COOP_SHARED_PLANS: [(u32, &[CoopPlan]); 3] = [
     ),
 ];
 
-/// The plans for `head_dim` (see [`COOP_PLANS`] and [`COOP_SHARED_PLANS`]), for the softmax in
-/// registers or through workgroup memory.
-pub fn coop_plans(head_dim: u32, softmax_in_registers: bool) -> &'static [CoopPlan] {
-    let table = if softmax_in_registers {
-        &COOP_PLANS
-    } else {
-        &COOP_SHARED_PLANS
+/// Where the cooperative kernel runs its softmax (shaders/flash_fwd_coop.wgsl).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CoopSoftmax {
+    /// On the score fragments' registers (needs a device layout that allows it).
+    Registers,
+    /// Through workgroup memory (any device).
+    WorkgroupMemory,
+}
+
+impl CoopSoftmax {
+    /// The route a configuration with this register layout (or none) takes.
+    pub fn of(layout: Option<crate::coop_layout::RegisterLayout>) -> Self {
+        match layout {
+            Some(_) => CoopSoftmax::Registers,
+            None => CoopSoftmax::WorkgroupMemory,
+        }
+    }
+}
+
+/// The plans for `head_dim` and a softmax route ([`COOP_PLANS`], [`COOP_SHARED_PLANS`]).
+pub fn coop_plans(head_dim: u32, softmax: CoopSoftmax) -> &'static [CoopPlan] {
+    let table = match softmax {
+        CoopSoftmax::Registers => &COOP_PLANS,
+        CoopSoftmax::WorkgroupMemory => &COOP_SHARED_PLANS,
     };
     let padded = head_dim.div_ceil(16) * 16;
     table
@@ -449,7 +466,7 @@ impl CoopConfig {
     /// The layout the shader is compiled with: the device's, or (for the workgroup-memory
     /// softmax, which does not use it) the H200's layout, so that the unused register code still
     /// compiles.
-    pub(crate) fn layout_constants(&self) -> crate::coop_layout::RegisterLayout {
+    pub(crate) fn compiled_layout(&self) -> crate::coop_layout::RegisterLayout {
         self.register_layout
             .unwrap_or_else(crate::coop_layout::RegisterLayout::nvidia_h200)
     }
@@ -493,14 +510,15 @@ impl CoopConfig {
         // Staged rows one round of the K/V copy covers (COPY_ROW_STEP in the shader; at least 1
         // for a well-formed configuration, and a malformed one must not divide by zero here).
         let copy_row_step = (self.workgroup_size() / (self.head_dim_pad / 4)).max(1);
+        let layout = self.compiled_layout();
         [
             ("D_BLOCKS", self.head_dim_pad / 16),
             ("N_BLOCKS", self.block_n / 16),
             ("HALF_VECS", self.block_n / 8),
             ("KV_COPIES", (2 * self.block_n).div_ceil(copy_row_step)),
-            ("COOP_COMPONENTS", self.layout_constants().components),
-            ("ROW_SLOTS", self.layout_constants().slots),
-            ("ROW_LANE_MASK_COUNT", self.layout_constants().row_lane_mask_count),
+            ("COOP_COMPONENTS", layout.components()),
+            ("ROW_SLOTS", layout.slots()),
+            ("ROW_LANE_MASK_COUNT", layout.row_lane_masks().len() as u32),
         ]
     }
 
@@ -560,25 +578,16 @@ impl CoopConfig {
                 "the cooperative-matrix kernel needs a positive softmax scale of at least about 1e-38, not {scale} (use a non-matrix variant)"
             ));
         }
-        if !caps.cooperative_matrix_f16 {
-            return Some(
-                "the device offers no 16x16x16 f16->f32 cooperative matrices (or they are not enabled)".into(),
-            );
-        }
-        if !caps.shader_f16 {
-            return Some("the device has no shader-f16".into());
-        }
-        if !caps.subgroup_barrier {
-            return Some("the device has no subgroupBarrier() (wgpu's SUBGROUP_BARRIER)".into());
-        }
-        if !caps.subgroups || caps.subgroup_min_size != COOP_SUBGROUP || caps.subgroup_max_size != COOP_SUBGROUP {
-            return Some(format!(
-                "the cooperative kernel is written for subgroups of exactly {COOP_SUBGROUP} invocations; the device's are {}..{}",
-                caps.subgroup_min_size, caps.subgroup_max_size
-            ));
+        if let Some(why) = coop_device_unavailable_reason(caps) {
+            return Some(why);
         }
         if self.register_layout.is_some() && self.register_layout != caps.coop_register_layout {
-            return Some("the softmax in registers is built for a fragment layout the device does not have".into());
+            return Some(format!(
+                "the softmax in registers is built for a fragment layout the device does not have ({})",
+                caps.coop_register_layout_note
+                    .as_deref()
+                    .unwrap_or("the device's layout differs")
+            ));
         }
         let bytes = self.workgroup_bytes();
         if bytes > caps.max_workgroup_storage_bytes {
@@ -592,6 +601,26 @@ impl CoopConfig {
         }
         None
     }
+}
+
+/// Why a device cannot run the cooperative kernel at all, if it cannot (whatever the plan).
+pub fn coop_device_unavailable_reason(caps: &Caps) -> Option<String> {
+    if !caps.cooperative_matrix_f16 {
+        return Some("the device offers no 16x16x16 f16->f32 cooperative matrices (or they are not enabled)".into());
+    }
+    if !caps.shader_f16 {
+        return Some("the device has no shader-f16".into());
+    }
+    if !caps.subgroup_barrier {
+        return Some("the device has no subgroupBarrier() (wgpu's SUBGROUP_BARRIER)".into());
+    }
+    if !caps.subgroups || caps.subgroup_min_size != COOP_SUBGROUP || caps.subgroup_max_size != COOP_SUBGROUP {
+        return Some(format!(
+            "the cooperative kernel is written for subgroups of exactly {COOP_SUBGROUP} invocations; the device's are {}..{}",
+            caps.subgroup_min_size, caps.subgroup_max_size
+        ));
+    }
+    None
 }
 
 /// The forward kernel chosen for a problem: the register-tiled one or the cooperative-matrix one.
@@ -643,44 +672,47 @@ pub fn select_forward(problem: &AttentionProblem, caps: &Caps, choice: &KernelCh
     if want {
         let head_dim = problem.shape.head_dim as u32;
         let mut reasons = Vec::new();
-        let layout = match choice.coop_register_softmax {
-            Some(false) => None,
-            _ => caps.coop_register_layout,
-        };
-        if choice.coop_register_softmax == Some(true) && layout.is_none() {
-            reasons.push(
-                "the softmax in registers was asked for, but the device's fragment layout is unknown or does not allow it"
-                    .to_string(),
-            );
+        // The routes to try, best first: the softmax in registers where the device's layout
+        // allows it, then through workgroup memory (unless the caller asked for registers),
+        // each with its own plans.
+        let mut routes = Vec::new();
+        match (choice.coop_register_softmax, caps.coop_register_layout) {
+            (Some(false), _) => {}
+            (_, Some(layout)) => routes.push(Some(layout)),
+            (Some(true), None) => reasons.push(format!(
+                "the softmax in registers was asked for, but the device's fragment layout does not allow it ({})",
+                caps.coop_register_layout_note.as_deref().unwrap_or("not measured")
+            )),
+            (None, None) => {}
         }
-        let plans = if choice.coop_register_softmax == Some(true) && layout.is_none() {
-            &[][..]
-        } else {
-            coop_plans(head_dim, layout.is_some())
-        };
-        let candidates: Vec<CoopConfig> = match choice.coop_tile {
-            // A forced tile streams K/V as its plan does, or plainly if no plan has that tile.
-            Some((block_m, block_n)) => vec![plans
-                .iter()
-                .find(|p| (p.block_m, p.block_n) == (block_m, block_n))
-                .map(|p| p.config(head_dim))
-                .unwrap_or_else(|| CoopConfig::new(block_m, block_n, head_dim))]
-            .into_iter()
-            .filter(|_| !plans.is_empty())
-            .collect(),
-            // Query tiles taller than the problem's rows would mostly compute padding: such
-            // plans go after the ones that fit the rows (a rule, not a measurement).
-            None => {
-                let rows = (problem.shape.seq_q as u32).next_multiple_of(16).max(32);
-                let (fitting, taller): (Vec<&CoopPlan>, Vec<&CoopPlan>) = plans.iter().partition(|p| p.block_m <= rows);
-                fitting.into_iter().chain(taller).map(|p| p.config(head_dim)).collect()
-            }
-        };
+        if choice.coop_register_softmax != Some(true) {
+            routes.push(None);
+        }
+        let mut candidates: Vec<CoopConfig> = Vec::new();
+        for layout in routes {
+            let plans = coop_plans(head_dim, CoopSoftmax::of(layout));
+            let configs: Vec<CoopConfig> = match choice.coop_tile {
+                // A forced tile streams K/V as its plan does, or plainly if no plan has that tile.
+                Some((block_m, block_n)) => vec![plans
+                    .iter()
+                    .find(|p| (p.block_m, p.block_n) == (block_m, block_n))
+                    .map(|p| p.config(head_dim))
+                    .unwrap_or_else(|| CoopConfig::new(block_m, block_n, head_dim))],
+                // Query tiles taller than the problem's rows would mostly compute padding: such
+                // plans go after the ones that fit the rows (a rule, not a measurement).
+                None => {
+                    let rows = (problem.shape.seq_q as u32).next_multiple_of(16).max(32);
+                    let (fitting, taller): (Vec<&CoopPlan>, Vec<&CoopPlan>) =
+                        plans.iter().partition(|p| p.block_m <= rows);
+                    fitting.into_iter().chain(taller).map(|p| p.config(head_dim)).collect()
+                }
+            };
+            candidates.extend(configs.into_iter().map(|c| c.with_register_layout(layout)));
+        }
         for config in candidates {
             let config = config
                 .with_prefetch_kv(choice.coop_prefetch_kv.unwrap_or(config.prefetch_kv))
-                .with_double_buffer(choice.coop_double_buffer.unwrap_or(config.double_buffer))
-                .with_register_layout(layout);
+                .with_double_buffer(choice.coop_double_buffer.unwrap_or(config.double_buffer));
             match config.unavailable_reason(problem, caps) {
                 None => {
                     check_grid(problem, config.block_m, caps)?;
@@ -716,7 +748,7 @@ pub fn all_coop_configs() -> Vec<CoopConfig> {
     let mut configs = Vec::new();
     for d in (16..=crate::problem::MAX_HEAD_DIM as u32).step_by(16) {
         for layout in [None, Some(crate::coop_layout::RegisterLayout::nvidia_h200())] {
-            for plan in coop_plans(d, layout.is_some()) {
+            for plan in coop_plans(d, CoopSoftmax::of(layout)) {
                 for (prefetch_kv, double_buffer) in [(false, false), (true, false), (false, true), (true, true)] {
                     let config = plan
                         .config(d)
@@ -746,10 +778,10 @@ pub struct KernelChoice {
     /// Use exactly this `(block_m, block_n)` for the cooperative kernel.
     pub coop_tile: Option<(u32, u32)>,
     /// Whether the cooperative kernel prefetches the next K/V tile into registers (`None`: as the
-    /// chosen plan does, see [`COOP_PLANS`]).
+    /// chosen plan does, see [`COOP_PLANS`] and [`COOP_SHARED_PLANS`]).
     pub coop_prefetch_kv: Option<bool>,
     /// Whether the cooperative kernel double-buffers K/V tiles (`None`: as the chosen plan does,
-    /// see [`COOP_PLANS`]).
+    /// see [`COOP_PLANS`] and [`COOP_SHARED_PLANS`]).
     pub coop_double_buffer: Option<bool>,
     /// Whether the cooperative kernel's softmax runs on the score fragments' registers (`None`:
     /// where the device's measured fragment layout allows it; `Some(false)`: through workgroup
@@ -1081,6 +1113,41 @@ mod tests {
         assert!(e.to_string().contains("exactly 32"), "{e}");
     }
 
+    /// The softmax in registers where the device's layout allows it, else through workgroup
+    /// memory with that route's plans; asking for registers on a device without a usable layout
+    /// is an error that says why.
+    #[test]
+    fn the_softmax_route_follows_the_device_layout_and_the_choice() {
+        let p = AttentionProblem::mha(1, 4096, 2, 128, DType::F16);
+        let auto = KernelChoice::default();
+        let mut no_layout = h200();
+        no_layout.coop_register_layout = None;
+        no_layout.coop_register_layout_note = Some("A operand laid out differently".into());
+        let first_shared = coop_plans(128, CoopSoftmax::WorkgroupMemory)[0].config(128);
+        for (caps, choice) in [
+            (&no_layout, auto),
+            (
+                &h200(),
+                KernelChoice {
+                    coop_register_softmax: Some(false),
+                    ..auto
+                },
+            ),
+        ] {
+            let ForwardKernel::Coop(c) = select_forward(&p, caps, &choice).unwrap() else {
+                panic!("tiled kernel")
+            };
+            assert_eq!(c, first_shared);
+        }
+        let forced = KernelChoice {
+            cooperative_matrix: Some(true),
+            coop_register_softmax: Some(true),
+            ..auto
+        };
+        let err = select_forward(&p, &no_layout, &forced).unwrap_err().to_string();
+        assert!(err.contains("A operand laid out differently"), "{err}");
+    }
+
     #[test]
     fn cooperative_plans_follow_the_tables_and_the_query_rows() {
         let h200 = h200();
@@ -1091,7 +1158,7 @@ mod tests {
             let ForwardKernel::Coop(c) = select_forward(&p, &h200, &auto).unwrap() else {
                 panic!("tiled kernel at head_dim {d}")
             };
-            let first = coop_plans(d, true)[0]
+            let first = coop_plans(d, CoopSoftmax::Registers)[0]
                 .config(d)
                 .with_register_layout(h200.coop_register_layout);
             assert_eq!(c, first, "head_dim {d}");
@@ -1118,7 +1185,7 @@ mod tests {
         }
         for d in (16..=MAX_HEAD_DIM as u32).step_by(16) {
             for layout in [None, h200.coop_register_layout] {
-                let first = coop_plans(d, layout.is_some())[0]
+                let first = coop_plans(d, CoopSoftmax::of(layout))[0]
                     .config(d)
                     .with_register_layout(layout);
                 assert!(

@@ -160,7 +160,7 @@ impl KernelConfig {
                     c.prefetch_kv,
                     c.kv_buffers(),
                     c.register_layout.is_some(),
-                    c.layout_constants().wgsl_constants()
+                    c.compiled_layout().wgsl_constants()
                 ));
                 for part in [COMMON, STORAGE_F16, FLASH_FWD_COOP, COOP_REGISTERS] {
                     src.push_str(part);

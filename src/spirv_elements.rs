@@ -255,24 +255,11 @@ pub(crate) fn fill_placeholders(words: &mut Vec<u32>) -> Result<usize, String> {
         return Ok(0);
     }
 
-    // Ids the old bodies defined: debug names and decorations of them go too.
-    let mut removed_ids = HashSet::new();
-    for &(from, to, _) in &replaced {
-        for &(at, op, count) in list.iter().filter(|&&(at, _, _)| at > from && at < to) {
-            // What each instruction defines: its label, or its result (word 2 after a result type).
-            let w = &words[at..at + count];
-            if op == OP_LABEL {
-                removed_ids.insert(w[1]);
-            } else if has_result_type(op) && count > 2 {
-                removed_ids.insert(w[2]);
-            }
-        }
-    }
-
+    // The module with the new bodies.
     let mut out = words[..5].to_vec();
     out[3] = next_id;
     let mut skip_until = 0;
-    for &(at, op, count) in &list {
+    for &(at, _, count) in &list {
         if at < skip_until {
             continue;
         }
@@ -281,28 +268,41 @@ pub(crate) fn fill_placeholders(words: &mut Vec<u32>) -> Result<usize, String> {
             skip_until = *to;
             continue;
         }
-        if (op == OP_NAME || op == OP_DECORATE) && removed_ids.contains(&words[at + 1]) {
-            continue;
-        }
         out.extend_from_slice(&words[at..at + count]);
     }
-    *words = out;
+    // Names and decorations of ids only the old bodies defined would now point at nothing. An
+    // id that is still defined appears in some instruction other than a name or decoration (its
+    // definition), so: drop the names and decorations whose target was in an old body and
+    // appears nowhere else any more.
+    let old_body_words: HashSet<u32> = replaced
+        .iter()
+        .flat_map(|&(from, to, _)| words[from..to].iter().copied())
+        .collect();
+    let is_about_an_id = |op: u32| DEBUG_AND_ANNOTATIONS.contains(&op);
+    let still_used: HashSet<u32> = instructions(&out)
+        .into_iter()
+        .filter(|&(_, op, _)| !is_about_an_id(op))
+        .flat_map(|(at, _, count)| out[at + 1..at + count].to_vec())
+        .collect();
+    let kept: Vec<(usize, usize)> = instructions(&out)
+        .into_iter()
+        .filter(|&(at, op, count)| {
+            let dangling = |target: u32| old_body_words.contains(&target) && !still_used.contains(&target);
+            !(is_about_an_id(op) && count > 1 && dangling(out[at + 1]))
+        })
+        .map(|(at, _, count)| (at, count))
+        .collect();
+    let mut cleaned = out[..5].to_vec();
+    for (at, count) in kept {
+        cleaned.extend_from_slice(&out[at..at + count]);
+    }
+    *words = cleaned;
     Ok(replaced.len())
 }
 
-/// Whether an instruction that can appear in a function body has a result type and result id
-/// (words 1 and 2). Only the kinds naga emits in the placeholders' WGSL bodies need to be right:
-/// variables, loads, constants, composites, conversions and arithmetic.
-fn has_result_type(op: u32) -> bool {
-    !matches!(
-        op,
-        62 /* OpStore */ | 63 /* OpCopyMemory */ | 246 /* OpLoopMerge */ | 247 /* OpSelectionMerge */
-            | 249 /* OpBranch */ | 250 /* OpBranchConditional */ | 251 /* OpSwitch */ | 252 /* OpKill */
-            | 253 /* OpReturn */ | 254 /* OpReturnValue */ | 255 /* OpUnreachable */
-            | 224 /* OpControlBarrier */ | 225 /* OpMemoryBarrier */ | 4458 /* OpCooperativeMatrixStoreKHR */
-            | OP_NAME | OP_DECORATE
-    )
-}
+/// Instructions whose first operand is the id they name or decorate: OpName, OpMemberName,
+/// OpDecorate, OpMemberDecorate, OpDecorateId, OpDecorateString, OpMemberDecorateString.
+const DEBUG_AND_ANNOTATIONS: [u32; 7] = [OP_NAME, 6, OP_DECORATE, 72, 332, 5632, 5633];
 
 #[cfg(test)]
 mod tests {
@@ -350,6 +350,33 @@ fn main(@builtin(local_invocation_index) li: u32) {
         assert!(count(&words, OP_COMPOSITE_EXTRACT) >= 16, "extracts");
         assert_eq!(count(&words, OP_COOP_MATRIX_LENGTH), 1);
         assert_eq!(count(&words, OP_UNDEF), 1);
+    }
+
+    /// A placeholder body with a named local: its name goes with it, and every name left points
+    /// at an id the module still uses.
+    #[test]
+    fn names_of_what_the_old_bodies_defined_go_with_them() {
+        let src = MODULE.replace(
+            "fn coop_elements_c(x: coop_mat16x16<f32, C>) -> array<f32, 8> {\n    return array<f32, 8>();",
+            "fn coop_elements_c(x: coop_mat16x16<f32, C>) -> array<f32, 8> {\n    var scratch_name = array<f32, 8>();\n    scratch_name[1] = 2.0;\n    return scratch_name;",
+        );
+        assert!(src.contains("scratch_name"));
+        let words = crate::spirv_coherence::compile("test", &src).unwrap();
+        let used: HashSet<u32> = instructions(&words)
+            .into_iter()
+            .filter(|&(_, op, _)| !DEBUG_AND_ANNOTATIONS.contains(&op))
+            .flat_map(|(at, _, count)| words[at + 1..at + count].to_vec())
+            .collect();
+        let names: Vec<(u32, String)> = instructions(&words)
+            .into_iter()
+            .filter(|&(_, op, count)| op == OP_NAME && count > 2)
+            .map(|(at, _, count)| (words[at + 1], literal_string(&words[at + 2..at + count])))
+            .collect();
+        assert!(names.iter().all(|(n, _)| *n != 0) && !names.is_empty());
+        assert!(!names.iter().any(|(_, name)| name == "scratch_name"), "{names:?}");
+        for (id, name) in &names {
+            assert!(used.contains(id), "OpName {name} points at an id nothing defines");
+        }
     }
 
     #[test]
