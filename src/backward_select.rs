@@ -14,8 +14,7 @@ use crate::backward_problem::BackwardProblem;
 use crate::caps::Caps;
 use crate::error::{Error, Result};
 use crate::problem::DType;
-use crate::select::{Reduction, TileType, Variant};
-use crate::util::lcm;
+use crate::select::{Reduction, TilePlan, TileType, Variant};
 
 /// The three kernels of a backward call.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -41,70 +40,18 @@ impl BackwardPass {
     }
 }
 
-/// Tile sizes of a gradient kernel (see the headers of `shaders/flash_bwd_*.wgsl`).
+/// Tile sizes of a gradient kernel (see the headers of `shaders/flash_bwd_*.wgsl`): the forward
+/// kernel's seven sizes ([`TilePlan`]), read per pass by the methods below.
 ///
 /// `block_m` counts queries and `block_n` keys in both kernels. The dK/dV kernel's workgroup owns
 /// `block_n` keys (its rows, split over `threads_y`) and streams queries `block_m` at a time (its
 /// columns, split over `threads_x`); the dQ kernel's workgroup owns `block_m` queries and streams
-/// keys `block_n` at a time.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct BackwardTilePlan {
-    pub block_m: u32,
-    pub block_n: u32,
-    /// Invocations sharing a row; the workgroup is `threads_y × threads_x`.
-    pub threads_x: u32,
-    pub threads_y: u32,
-    /// head_dim columns staged per step of the score products.
-    pub k_step: u32,
-    /// Rows of the other side staged per step of the output products.
-    pub n_step: u32,
-    /// Staging buffers: 2 double-buffers (one barrier per step), 1 saves workgroup memory.
-    pub stages: u32,
-}
+/// keys `block_n` at a time. `k_step` is the head_dim columns staged per step of the score
+/// products, `n_step` the rows of the other side staged per step of the output products.
+pub type BackwardTilePlan = TilePlan;
 
-impl BackwardTilePlan {
-    pub const fn new(
-        block_m: u32,
-        block_n: u32,
-        threads_x: u32,
-        threads_y: u32,
-        k_step: u32,
-        n_step: u32,
-        stages: u32,
-    ) -> Self {
-        BackwardTilePlan {
-            block_m,
-            block_n,
-            threads_x,
-            threads_y,
-            k_step,
-            n_step,
-            stages,
-        }
-    }
-
-    /// `BMxBNxTXxTYxKSxNS[xST]`, e.g. `64x64x16x16x8x8x1` (a missing last field means 1 stage).
-    pub fn parse(s: &str) -> Option<Self> {
-        let v: Vec<u32> = s.split('x').map(|x| x.parse().ok()).collect::<Option<_>>()?;
-        match v[..] {
-            [bm, bn, tx, ty, ks, ns] => Some(Self::new(bm, bn, tx, ty, ks, ns, 1)),
-            [bm, bn, tx, ty, ks, ns, st] => Some(Self::new(bm, bn, tx, ty, ks, ns, st)),
-            _ => None,
-        }
-    }
-
-    /// `BMxBNxTXxTYxKSxNSxST`.
-    pub fn label(&self) -> String {
-        format!(
-            "{}x{}x{}x{}x{}x{}x{}",
-            self.block_m, self.block_n, self.threads_x, self.threads_y, self.k_step, self.n_step, self.stages
-        )
-    }
-
-    pub fn workgroup_size(&self) -> u32 {
-        self.threads_x * self.threads_y
-    }
-
+/// What the gradient kernels read of a tile plan.
+impl TilePlan {
     /// `(rows a workgroup owns, columns it streams per tile)` in `pass`.
     pub fn rows_cols(&self, pass: BackwardPass) -> (u32, u32) {
         match pass {
@@ -113,16 +60,9 @@ impl BackwardTilePlan {
         }
     }
 
-    /// head_dim rounded up so that it splits into whole vec4 column groups per invocation and
-    /// whole K_STEP slices. The padding columns are zero and cost only arithmetic.
-    pub fn head_dim_pad(&self, head_dim: u32) -> u32 {
-        let unit = lcm(4 * self.threads_x.max(1) as u64, self.k_step.max(1) as u64) as u32;
-        head_dim.div_ceil(unit) * unit
-    }
-
     /// Whether the sizes fit the kernels' assumptions in `pass`: rows in whole vec4s per
     /// invocation, columns in whole vec4 groups per invocation, whole k and n steps.
-    pub fn is_well_formed(&self, pass: BackwardPass) -> bool {
+    pub fn is_well_formed_for(&self, pass: BackwardPass) -> bool {
         let (rows, cols) = self.rows_cols(pass);
         self.threads_x > 0
             && self.threads_y > 0
@@ -139,7 +79,7 @@ impl BackwardTilePlan {
 
     /// Workgroup memory of a gradient kernel with this plan, in bytes (mirrors the `var<workgroup>`
     /// declarations of flash_bwd_stage.wgsl).
-    pub fn workgroup_bytes(&self, pass: BackwardPass, head_dim_pad: u32, tile: TileType) -> u32 {
+    pub fn grad_workgroup_bytes(&self, pass: BackwardPass, head_dim_pad: u32, tile: TileType) -> u32 {
         let elem = match tile {
             TileType::F32 => 4,
             TileType::F16 => 2,
@@ -153,7 +93,7 @@ impl BackwardTilePlan {
 
     /// f32 values an invocation keeps in registers across a tile: its output accumulators (dK and
     /// dV, or dQ) and its elements of the two score tiles.
-    pub fn registers(&self, pass: BackwardPass, head_dim_pad: u32) -> u32 {
+    pub fn grad_registers(&self, pass: BackwardPass, head_dim_pad: u32) -> u32 {
         let (rows, cols) = self.rows_cols(pass);
         let rows_per_thread = rows / self.threads_y.max(1);
         let outputs = if pass == BackwardPass::DkDv { 2 } else { 1 };
@@ -266,34 +206,27 @@ pub struct GradKernel {
 impl GradKernel {
     /// `flash_bwd_{dkdv|dq}_{dtype}_tile_{f32|f16}_bm{}_bn{}_tx{}_ty{}_ks{}_ns{}_st{}_d{}`.
     pub fn name(&self) -> String {
-        let p = &self.plan;
         format!(
-            "{}_{}_tile_{}_bm{}_bn{}_tx{}_ty{}_ks{}_ns{}_st{}_d{}",
+            "{}_{}_tile_{}_{}_d{}",
             self.pass.entry_point(),
             self.storage.name(),
             tile_name(self.tile),
-            p.block_m,
-            p.block_n,
-            p.threads_x,
-            p.threads_y,
-            p.k_step,
-            p.n_step,
-            p.stages,
+            self.plan.name_part(),
             self.head_dim_pad
         )
     }
 
     pub fn workgroup_bytes(&self) -> u32 {
-        self.plan.workgroup_bytes(self.pass, self.head_dim_pad, self.tile)
+        self.plan.grad_workgroup_bytes(self.pass, self.head_dim_pad, self.tile)
     }
 
     pub fn registers(&self) -> u32 {
-        self.plan.registers(self.pass, self.head_dim_pad)
+        self.plan.grad_registers(self.pass, self.head_dim_pad)
     }
 
     /// Why this kernel cannot run on `caps`, if it cannot.
     pub fn unavailable_reason(&self, caps: &Caps) -> Option<String> {
-        if self.pass == BackwardPass::Preprocess || !self.plan.is_well_formed(self.pass) {
+        if self.pass == BackwardPass::Preprocess || !self.plan.is_well_formed_for(self.pass) {
             return Some(format!(
                 "tile plan {} is malformed for {:?}",
                 self.plan.label(),
@@ -721,7 +654,7 @@ mod tests {
     fn every_shipped_plan_is_well_formed_for_its_kernel_and_every_head_dim() {
         for pass in [BackwardPass::DkDv, BackwardPass::Dq] {
             for &plan in backward_plans(pass) {
-                assert!(plan.is_well_formed(pass), "{plan:?} {pass:?}");
+                assert!(plan.is_well_formed_for(pass), "{plan:?} {pass:?}");
             }
         }
         for plan in DKDV_PLANS.into_iter().chain(DQ_PLANS) {
@@ -885,21 +818,21 @@ mod tests {
         // 2 · 8 · (64 + 64) = 2048 values, a rows stage 8 · 128 = 1024, t_tile 64 · 68.
         let p = BackwardTilePlan::new(64, 64, 16, 16, 8, 8, 1);
         assert_eq!(
-            p.workgroup_bytes(BackwardPass::DkDv, 128, TileType::F32),
+            p.grad_workgroup_bytes(BackwardPass::DkDv, 128, TileType::F32),
             (2048 + 64 * 68) * 4
         );
         assert_eq!(
-            p.workgroup_bytes(BackwardPass::Dq, 256, TileType::F16),
+            p.grad_workgroup_bytes(BackwardPass::Dq, 256, TileType::F16),
             (2048 + 64 * 68) * 2
         );
         // The dK/dV t_tile is BLOCK_M columns of BLOCK_N (+ 4) rows; the dQ one the other way.
         let q = BackwardTilePlan::new(32, 64, 8, 16, 8, 8, 2);
         assert_eq!(
-            q.workgroup_bytes(BackwardPass::DkDv, 64, TileType::F32),
+            q.grad_workgroup_bytes(BackwardPass::DkDv, 64, TileType::F32),
             (2 * 1536 + 32 * 68) * 4
         );
         assert_eq!(
-            q.workgroup_bytes(BackwardPass::Dq, 64, TileType::F32),
+            q.grad_workgroup_bytes(BackwardPass::Dq, 64, TileType::F32),
             (2 * 1536 + 64 * 36) * 4
         );
     }

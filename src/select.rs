@@ -116,6 +116,32 @@ impl TilePlan {
         }
     }
 
+    /// `BMxBNxTXxTYxKSxNSxST`, what [`parse`](Self::parse) reads.
+    pub fn label(&self) -> String {
+        let [bm, bn, tx, ty, ks, ns, st] = self.sizes();
+        format!("{bm}x{bn}x{tx}x{ty}x{ks}x{ns}x{st}")
+    }
+
+    /// `bm{}_bn{}_tx{}_ty{}_ks{}_ns{}_st{}`, the plan's part of kernel names.
+    pub fn name_part(&self) -> String {
+        let [bm, bn, tx, ty, ks, ns, st] = self.sizes();
+        format!("bm{bm}_bn{bn}_tx{tx}_ty{ty}_ks{ks}_ns{ns}_st{st}")
+    }
+
+    /// The seven sizes in declaration order (block_m, block_n, threads_x, threads_y, k_step,
+    /// n_step, stages), as the shaders' generated `const`s take them (src/shaders.rs).
+    pub fn sizes(&self) -> [u32; 7] {
+        [
+            self.block_m,
+            self.block_n,
+            self.threads_x,
+            self.threads_y,
+            self.k_step,
+            self.n_step,
+            self.stages,
+        ]
+    }
+
     pub fn workgroup_size(&self) -> u32 {
         self.threads_x * self.threads_y
     }
@@ -127,7 +153,7 @@ impl TilePlan {
     /// head_dim rounded up so that it splits into whole vec4 column groups per invocation and
     /// whole K_STEP slices. The padding columns are zero and cost only arithmetic.
     pub fn head_dim_pad(&self, head_dim: u32) -> u32 {
-        let unit = lcm(4 * self.threads_x as u64, self.k_step as u64) as u32;
+        let unit = lcm(4 * self.threads_x.max(1) as u64, self.k_step.max(1) as u64) as u32;
         head_dim.div_ceil(unit) * unit
     }
 
@@ -208,18 +234,11 @@ impl FlashConfig {
     /// `flash_fwd_{dtype}_{variant}_bm{}_bn{}_tx{}_ty{}_ks{}_ns{}_d{}`: the pipeline label, cache
     /// key in messages, and test and benchmark id.
     pub fn name(&self) -> String {
-        let p = &self.plan;
         format!(
-            "flash_fwd_{}_{}_bm{}_bn{}_tx{}_ty{}_ks{}_ns{}_st{}_d{}",
+            "flash_fwd_{}_{}_{}_d{}",
             self.storage.name(),
             self.variant.name(),
-            p.block_m,
-            p.block_n,
-            p.threads_x,
-            p.threads_y,
-            p.k_step,
-            p.n_step,
-            p.stages,
+            self.plan.name_part(),
             self.head_dim_pad
         )
     }

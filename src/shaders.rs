@@ -113,15 +113,7 @@ impl KernelConfig {
         match self {
             KernelConfig::Flash(c) => {
                 let p = &c.plan;
-                let sizes = [
-                    p.block_m,
-                    p.block_n,
-                    p.threads_x,
-                    p.threads_y,
-                    p.k_step,
-                    p.n_step,
-                    p.stages,
-                ];
+                let sizes = p.sizes();
                 src.push_str(&tiled_prelude(c.variant.tile, c.head_dim_pad, sizes));
                 for part in [
                     COMMON,
@@ -203,15 +195,7 @@ fn backward_source(kernel: &BackwardKernel, src: &mut String) {
         }
         BackwardKernel::Grad(g) => {
             let p = &g.plan;
-            let sizes = [
-                p.block_m,
-                p.block_n,
-                p.threads_x,
-                p.threads_y,
-                p.k_step,
-                p.n_step,
-                p.stages,
-            ];
+            let sizes = p.sizes();
             src.push_str(&tiled_prelude(g.tile, g.head_dim_pad, sizes));
             for part in [
                 COMMON,

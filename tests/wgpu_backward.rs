@@ -97,7 +97,7 @@ fn every_tile_plan_the_device_fits_matches_the_reference() {
     plans.dedup();
     for plan in plans {
         // Each plan for the kernels it suits (the large ones suit only one), the other automatic.
-        let suits = |pass| plan.is_well_formed(pass).then_some(plan);
+        let suits = |pass| plan.is_well_formed_for(pass).then_some(plan);
         let choice = BackwardChoice {
             variant: None,
             dkdv_plan: suits(BackwardPass::DkDv),
