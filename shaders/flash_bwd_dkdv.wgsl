@@ -78,27 +78,7 @@ fn flash_bwd_dkdv(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocatio
         // ---- Sᵀ = K Qᵀ and dPᵀ = V dOᵀ, one K_STEP slice of head_dim per step ----
         var s = Scores(); // explicit: some browsers do not re-zero a var declared in a loop
         var dp = Scores();
-        for (var c = 0u; c < QK_STEPS; c++) {
-            let next = (stage + 1u) % STAGES;
-            let last = c + 1u == QK_STEPS;
-            var regs: Fetched;
-            if (!last) {
-                regs = fetch_score_slice(hd, m0, n0, (c + 1u) * K_STEP, li);
-            } else {
-                regs = fetch_rows_slice(SRC_DO, hd, m0, li);
-            }
-            accumulate_scores(&s, &dp, stage * STAGE_VECS, row0, tx);
-            if (STAGES == 1u) {
-                workgroupBarrier(); // the stage just read is about to be overwritten
-            }
-            if (!last) {
-                store_score_slice(next * STAGE_VECS, regs, li);
-            } else {
-                store_rows_slice(next * STAGE_VECS, regs, li);
-            }
-            workgroupBarrier();
-            stage = next;
-        }
+        score_products(&s, &dp, &stage, hd, m0, n0, SRC_DO, m0, li, row0, tx);
 
         // ---- Pᵀ and dSᵀ, in registers: s becomes Pᵀ, dp becomes dSᵀ ----
         let needs_mask = m0 + BLOCK_M > params.seq_q || n0 + BLOCK_N > params.seq_kv

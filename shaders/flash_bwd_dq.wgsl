@@ -81,27 +81,7 @@ fn flash_bwd_dq(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_
         // ---- S = Q Kᵀ and dP = dO Vᵀ, one K_STEP slice of head_dim per step ----
         var s = Scores(); // explicit: some browsers do not re-zero a var declared in a loop
         var dp = Scores();
-        for (var c = 0u; c < QK_STEPS; c++) {
-            let next = (stage + 1u) % STAGES;
-            let last = c + 1u == QK_STEPS;
-            var regs: Fetched;
-            if (!last) {
-                regs = fetch_score_slice(hd, m0, n0, (c + 1u) * K_STEP, li);
-            } else {
-                regs = fetch_rows_slice(SRC_K, hd, n0, li);
-            }
-            accumulate_scores(&s, &dp, stage * STAGE_VECS, row0, tx);
-            if (STAGES == 1u) {
-                workgroupBarrier(); // the stage just read is about to be overwritten
-            }
-            if (!last) {
-                store_score_slice(next * STAGE_VECS, regs, li);
-            } else {
-                store_rows_slice(next * STAGE_VECS, regs, li);
-            }
-            workgroupBarrier();
-            stage = next;
-        }
+        score_products(&s, &dp, &stage, hd, m0, n0, SRC_K, n0, li, row0, tx);
 
         // ---- dS = P ∘ (dP − D), in registers (dp becomes dS) ----
         let needs_mask = n0 + BLOCK_N > params.seq_kv

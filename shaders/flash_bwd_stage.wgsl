@@ -181,6 +181,47 @@ fn store_rows_slice(base: u32, regs: Fetched, li: u32) {
     }
 }
 
+// The tile's two score products (S and dP, in the kernel's orientation: Q Kᵀ and dO Vᵀ for dQ,
+// their transposes for dK/dV), one K_STEP slice of head_dim per step through the staging ring at
+// `*stage`; each step fetches the next slice into registers before reading the staged one. Under
+// the last slice, the first N_STEP rows of `then_src` from `then_first_row` are staged instead,
+// for the output products that follow.
+fn score_products(
+    s: ptr<function, Scores>,
+    dp: ptr<function, Scores>,
+    stage: ptr<function, u32>,
+    hd: Heads,
+    m0: u32,
+    n0: u32,
+    then_src: u32,
+    then_first_row: u32,
+    li: u32,
+    row0: u32,
+    tx: u32,
+) {
+    for (var c = 0u; c < QK_STEPS; c++) {
+        let next = (*stage + 1u) % STAGES;
+        let last = c + 1u == QK_STEPS;
+        var regs: Fetched;
+        if (!last) {
+            regs = fetch_score_slice(hd, m0, n0, (c + 1u) * K_STEP, li);
+        } else {
+            regs = fetch_rows_slice(then_src, hd, then_first_row, li);
+        }
+        accumulate_scores(s, dp, *stage * STAGE_VECS, row0, tx);
+        if (STAGES == 1u) {
+            workgroupBarrier(); // the stage just read is about to be overwritten
+        }
+        if (!last) {
+            store_score_slice(next * STAGE_VECS, regs, li);
+        } else {
+            store_rows_slice(next * STAGE_VECS, regs, li);
+        }
+        workgroupBarrier();
+        *stage = next;
+    }
+}
+
 // s += (S row operand)(S column operand)ᵀ and dp += (dP row operand)(dP column operand)ᵀ over one
 // score stage, for this invocation's rows and columns.
 fn accumulate_scores(s: ptr<function, Scores>, dp: ptr<function, Scores>, base: u32, row0: u32, tx: u32) {
