@@ -70,6 +70,16 @@ fn is_visible(row: u32, col: u32) -> bool {
     return params.causal == 0u || i32(col) <= i32(row) + params.causal_offset;
 }
 
+// The first key column that no query row before `rows_end` may see: the sequence's end, or under
+// the causal mask the column after row rows_end − 1's diagonal, clamped to the keys (the keys
+// before it are those is_visible allows row rows_end − 1).
+fn visible_key_end(rows_end: u32) -> u32 {
+    if (params.causal == 0u) {
+        return params.seq_kv;
+    }
+    return u32(clamp(i32(rows_end) + params.causal_offset, 0, i32(params.seq_kv)));
+}
+
 // Index into the [batch, num_heads, seq_q] log-sum-exp output.
 fn lse_index(b: u32, h: u32, row: u32) -> u32 {
     return (b * params.num_heads + h) * params.seq_q + row;

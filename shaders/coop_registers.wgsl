@@ -62,10 +62,7 @@ fn rows_in_registers(window: u32, lane: u32, first_row: u32) -> RegisterRows {
     }
     // @unroll
     for (var s = 0u; s < ROW_SLOTS; s++) {
-        rows.kv_end[s] = params.seq_kv;
-        if (params.causal != 0u) {
-            rows.kv_end[s] = u32(clamp(i32(rows.row[s]) + params.causal_offset + 1, 0, i32(params.seq_kv)));
-        }
+        rows.kv_end[s] = visible_key_end(rows.row[s] + 1u);
         rows.m_used[s] = NEG_BIG;
         rows.l_part[s] = 0.0;
         rows.alpha[s] = 1.0;

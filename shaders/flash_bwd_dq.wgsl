@@ -45,10 +45,7 @@ fn flash_bwd_dq(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_
     let row0 = (li / THREADS_X) * ROWS_PER_THREAD;
 
     // Keys this tile can see: all, or under causal masking those up to its last row's diagonal.
-    var kv_end = params.seq_kv;
-    if (params.causal != 0u) {
-        kv_end = u32(clamp(i32(m0 + BLOCK_M) + params.causal_offset, 0, i32(params.seq_kv)));
-    }
+    let kv_end = visible_key_end(m0 + BLOCK_M);
     let num_kv_tiles = (kv_end + BLOCK_N - 1u) / BLOCK_N;
 
     // Row statistics of this invocation's rows; rows past the end get a P of 0.

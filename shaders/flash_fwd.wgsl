@@ -203,10 +203,7 @@ fn flash_fwd(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_ind
 
     // Keys this tile can see: all of them, or under causal masking those up to the diagonal of
     // its last row. Tiles past that are skipped, not masked.
-    var kv_end = params.seq_kv;
-    if (params.causal != 0u) {
-        kv_end = u32(clamp(i32(m0 + BLOCK_M) + params.causal_offset, 0, i32(params.seq_kv)));
-    }
+    let kv_end = visible_key_end(m0 + BLOCK_M);
     let num_kv_tiles = (kv_end + BLOCK_N - 1u) / BLOCK_N;
 
     var acc = Output();

@@ -327,16 +327,10 @@ fn flash_fwd_coop(
     let my_scores = sg * 16u * S_STRIDE;
     let my_probs = sg * 16u * P_STRIDE;
 
-    var kv_end = params.seq_kv;
-    if (params.causal != 0u) {
-        kv_end = u32(clamp(i32(m0 + BLOCK_M) + params.causal_offset, 0, i32(params.seq_kv)));
-    }
+    let kv_end = visible_key_end(m0 + BLOCK_M);
     let num_kv_tiles = (kv_end + BLOCK_N - 1u) / BLOCK_N;
     // The first key column this row may not see (sequence end or causal diagonal).
-    var row_kv_end = params.seq_kv;
-    if (params.causal != 0u) {
-        row_kv_end = u32(clamp(i32(row) + params.causal_offset + 1, 0, i32(params.seq_kv)));
-    }
+    let row_kv_end = visible_key_end(row + 1u);
 
     // Q fragments, once, staged through the K/V tile's memory, Q_PASS_ROWS rows at a time.
     var q_frag: array<coop_mat16x16<f16, A>, D_BLOCKS>;
