@@ -329,15 +329,8 @@ pub(crate) async fn run_one_workgroup(
         upload(inputs[1], wgpu::BufferUsages::empty()),
         upload(output, wgpu::BufferUsages::COPY_SRC),
     ];
-    let entry = |binding, read_only| wgpu::BindGroupLayoutEntry {
-        binding,
-        visibility: wgpu::ShaderStages::COMPUTE,
-        ty: wgpu::BindingType::Buffer {
-            ty: wgpu::BufferBindingType::Storage { read_only },
-            has_dynamic_offset: false,
-            min_binding_size: None,
-        },
-        count: None,
+    let entry = |binding, read_only| {
+        crate::pipelines::buffer_layout_entry(binding, wgpu::BufferBindingType::Storage { read_only })
     };
     let group_layout = device.create_bind_group_layout(&wgpu::BindGroupLayoutDescriptor {
         label: Some("probe"),
@@ -394,18 +387,10 @@ pub(crate) async fn run_one_workgroup(
             return Err(e.to_string());
         }
     }
-    let entries: Vec<wgpu::BindGroupEntry> = buffers
-        .iter()
-        .enumerate()
-        .map(|(binding, buffer)| wgpu::BindGroupEntry {
-            binding: binding as u32,
-            resource: buffer.as_entire_binding(),
-        })
-        .collect();
     let group = device.create_bind_group(&wgpu::BindGroupDescriptor {
         label: Some("probe"),
         layout: &group_layout,
-        entries: &entries,
+        entries: &crate::pipelines::entries_in_order(&[&buffers[0], &buffers[1], &buffers[2]]),
     });
     let mut encoder = device.create_command_encoder(&Default::default());
     {

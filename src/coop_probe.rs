@@ -433,19 +433,10 @@ impl<'a> KernelRig<'a> {
         if let Some(e) = pollster::block_on(scope.pop()) {
             return Err(e.to_string());
         }
-        let buffers = [&uniform, &qb, &kb, &vb, &o, &lse];
-        let entries: Vec<wgpu::BindGroupEntry> = buffers
-            .iter()
-            .enumerate()
-            .map(|(i, b)| wgpu::BindGroupEntry {
-                binding: i as u32,
-                resource: b.as_entire_binding(),
-            })
-            .collect();
         let group = device.create_bind_group(&wgpu::BindGroupDescriptor {
             label: None,
             layout: &self.group_layout,
-            entries: &entries,
+            entries: &crate::pipelines::entries_in_order(&[&uniform, &qb, &kb, &vb, &o, &lse]),
         });
         Ok(Bound {
             pipeline,
@@ -672,31 +663,26 @@ fn cost_variants(config: crate::select::CoopConfig) -> Vec<(&'static str, String
             "",
         )
     };
-    // The next tile's loads issued after the tile's last subgroup barrier, just before P·V,
-    // instead of before Q·Kᵀ: a barrier with memory semantics may wait for loads in flight.
-    let late_prefetch = |src: &str| {
+    // The next tile's loads moved from before Q·Kᵀ to just before `marker` (in P·V's part of the
+    // tile): a barrier with memory semantics may wait for loads in flight, and after the softmax
+    // the score registers are free again.
+    let late_prefetch_before = |src: &str, marker: &str| {
         let from = "        if (PREFETCH_KV && has_next) {";
         let a = src.find(from).expect("prefetch block");
         let b = a + src[a..].find("        // ---- S = Q Kᵀ").expect("QK marker");
-        let block = src[a..b].to_string();
+        let block = &src[a..b];
         let without = format!("{}{}", &src[..a], &src[b..]);
-        without.replacen(
-            "        // ---- O = diag(alpha) O + P V ----",
-            &format!("{block}        // ---- O = diag(alpha) O + P V ----"),
-            1,
-        )
-    };
-    // The register softmax's variant of the above: the next tile's loads issued after the
-    // softmax, just before P·V, when the score registers are free again.
-    let late_prefetch_in_registers = |src: &str| {
-        let from = "        if (PREFETCH_KV && has_next) {";
-        let a = src.find(from).expect("prefetch block");
-        let b = a + src[a..].find("        // ---- S = Q Kᵀ").expect("QK marker");
-        let block = src[a..b].to_string();
-        let without = format!("{}{}", &src[..a], &src[b..]);
-        let pv = "        if (ROW_FACTORS_ALWAYS || moved) {\n                scale_rows(";
-        let at = without.find(pv).map(|i| i - 4).expect("rescale before P·V");
+        let at = without.find(marker).expect("P·V marker");
         format!("{}{block}{}", &without[..at], &without[at..])
+    };
+    // With the softmax through workgroup memory: after the tile's last subgroup barrier.
+    let late_prefetch = |src: &str| late_prefetch_before(src, "        // ---- O = diag(alpha) O + P V ----");
+    // With the softmax in registers: after the softmax, before the rescale and P·V.
+    let late_prefetch_in_registers = |src: &str| {
+        late_prefetch_before(
+            src,
+            "        if (ROW_FACTORS_ALWAYS || moved) {\n                scale_rows(",
+        )
     };
     let full = crate::shaders::KernelConfig::FlashCoop(config).source();
     if config.register_layout.is_some() {

@@ -168,6 +168,7 @@ impl PipelineCache {
     }
 
     /// The forward kernels' pipeline layout (see [`forward_bind_group_layout`]).
+    #[cfg(not(target_arch = "wasm32"))]
     fn forward_layout(&self, name: &str) -> wgpu::PipelineLayout {
         let group = forward_bind_group_layout(&self.device, Some(name));
         self.device.create_pipeline_layout(&wgpu::PipelineLayoutDescriptor {
@@ -180,17 +181,9 @@ impl PipelineCache {
 
 /// The forward kernels' bindings: params, q, k, v, o, lse (see shaders/flash_fwd.wgsl). Explicit
 /// for the cooperative kernel, whose SPIR-V is passed through without wgpu's reflection.
+#[cfg(not(target_arch = "wasm32"))]
 pub(crate) fn forward_bind_group_layout(device: &wgpu::Device, label: Option<&str>) -> wgpu::BindGroupLayout {
-    let entry = |binding: u32, ty: wgpu::BufferBindingType| wgpu::BindGroupLayoutEntry {
-        binding,
-        visibility: wgpu::ShaderStages::COMPUTE,
-        ty: wgpu::BindingType::Buffer {
-            ty,
-            has_dynamic_offset: false,
-            min_binding_size: None,
-        },
-        count: None,
-    };
+    let entry = buffer_layout_entry;
     let read = wgpu::BufferBindingType::Storage { read_only: true };
     let write = wgpu::BufferBindingType::Storage { read_only: false };
     device.create_bind_group_layout(&wgpu::BindGroupLayoutDescriptor {
@@ -204,6 +197,34 @@ pub(crate) fn forward_bind_group_layout(device: &wgpu::Device, label: Option<&st
             entry(5, write),
         ],
     })
+}
+
+/// A compute shader's whole-buffer binding of type `ty` at `binding`.
+#[cfg(not(target_arch = "wasm32"))]
+pub(crate) fn buffer_layout_entry(binding: u32, ty: wgpu::BufferBindingType) -> wgpu::BindGroupLayoutEntry {
+    wgpu::BindGroupLayoutEntry {
+        binding,
+        visibility: wgpu::ShaderStages::COMPUTE,
+        ty: wgpu::BindingType::Buffer {
+            ty,
+            has_dynamic_offset: false,
+            min_binding_size: None,
+        },
+        count: None,
+    }
+}
+
+/// Bind group entries for `buffers`, whole, at bindings 0, 1, 2, … in order.
+#[cfg(not(target_arch = "wasm32"))]
+pub(crate) fn entries_in_order<'a>(buffers: &[&'a wgpu::Buffer]) -> Vec<wgpu::BindGroupEntry<'a>> {
+    buffers
+        .iter()
+        .enumerate()
+        .map(|(binding, buffer)| wgpu::BindGroupEntry {
+            binding: binding as u32,
+            resource: buffer.as_entire_binding(),
+        })
+        .collect()
 }
 
 /// Polls a future once; `Some` if it was already complete.
