@@ -185,20 +185,26 @@ pub(crate) fn fill_placeholders(words: &mut Vec<u32>) -> Result<usize, String> {
             .map(|p| p + label_index)
             .ok_or_else(|| fail("no OpFunctionEnd"))?;
 
+        // The array's element type and length, where `matrix` is a matrix of that element type
+        // (`roles`: what the signature calls the matrix and the array).
+        let components_as_array = |matrix: u32, array: u32, roles: (&str, &str)| {
+            let component = *types
+                .matrices
+                .get(&matrix)
+                .ok_or_else(|| fail(&format!("{} is not a matrix", roles.0)))?;
+            let &(element, length) = types
+                .arrays
+                .get(&array)
+                .ok_or_else(|| fail(&format!("{} is not an array", roles.1)))?;
+            if element != component {
+                return Err(fail("array element type differs from the matrix component type"));
+            }
+            Ok((element, length))
+        };
         let mut body = instruction(OP_LABEL, &[words[label_at + 1]]);
         let result = match kind {
             Placeholder::Elements => {
-                let component = *types
-                    .matrices
-                    .get(&param_type)
-                    .ok_or_else(|| fail("argument is not a matrix"))?;
-                let &(element, length) = types
-                    .arrays
-                    .get(&return_type)
-                    .ok_or_else(|| fail("result is not an array"))?;
-                if element != component {
-                    return Err(fail("array element type differs from the matrix component type"));
-                }
+                let (element, length) = components_as_array(param_type, return_type, ("argument", "result"))?;
                 let ids: Vec<u32> = (0..length)
                     .map(|k| {
                         let id = fresh();
@@ -213,17 +219,7 @@ pub(crate) fn fill_placeholders(words: &mut Vec<u32>) -> Result<usize, String> {
                 result
             }
             Placeholder::FromElements => {
-                let component = *types
-                    .matrices
-                    .get(&return_type)
-                    .ok_or_else(|| fail("result is not a matrix"))?;
-                let &(element, length) = types
-                    .arrays
-                    .get(&param_type)
-                    .ok_or_else(|| fail("argument is not an array"))?;
-                if element != component {
-                    return Err(fail("array element type differs from the matrix component type"));
-                }
+                let (element, length) = components_as_array(return_type, param_type, ("result", "argument"))?;
                 let mut matrix = fresh();
                 body.extend(instruction(OP_UNDEF, &[return_type, matrix]));
                 for k in 0..length {
