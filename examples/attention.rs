@@ -65,27 +65,20 @@ fn parse_args() -> Result<Args, String> {
             }
             "--coop-buffers" => {
                 options.choice.cooperative_matrix = Some(true);
-                options.choice.coop_double_buffer = Some(match value()?.as_str() {
-                    "1" => false,
-                    "2" => true,
-                    v => return Err(format!("--coop-buffers is 1 or 2, not {v}")),
-                });
+                options.choice.coop_double_buffer = Some(common::either(&flag, &value()?, ("1", false), ("2", true))?);
             }
             "--coop-prefetch" => {
                 options.choice.cooperative_matrix = Some(true);
-                options.choice.coop_prefetch_kv = Some(match value()?.as_str() {
-                    "on" => true,
-                    "off" => false,
-                    v => return Err(format!("--coop-prefetch is on or off, not {v}")),
-                });
+                options.choice.coop_prefetch_kv = Some(common::either(&flag, &value()?, ("on", true), ("off", false))?);
             }
             "--coop-softmax" => {
                 options.choice.cooperative_matrix = Some(true);
-                options.choice.coop_register_softmax = Some(match value()?.as_str() {
-                    "registers" => true,
-                    "shared" => false,
-                    v => return Err(format!("--coop-softmax is registers or shared, not {v}")),
-                });
+                options.choice.coop_register_softmax = Some(common::either(
+                    &flag,
+                    &value()?,
+                    ("registers", true),
+                    ("shared", false),
+                )?);
             }
             "--bounds-checks" => options.bounds_checks = common::bounds_checks(&value()?)?,
             "--runs" => runs = common::number(&value()?)?,

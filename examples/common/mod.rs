@@ -114,6 +114,16 @@ pub fn bounds_checks(v: &str) -> Result<BoundsChecks, String> {
     }
 }
 
+/// A two-way flag's value: the meaning of whichever of the two spellings it is, else an error
+/// naming the flag and both spellings (in the order given).
+pub fn either(flag: &str, value: &str, first: (&str, bool), second: (&str, bool)) -> Result<bool, String> {
+    [first, second]
+        .into_iter()
+        .find(|(spelling, _)| *spelling == value)
+        .map(|(_, meaning)| meaning)
+        .ok_or_else(|| format!("{flag} is {} or {}, not {value}", first.0, second.0))
+}
+
 /// The adapter and the capabilities the kernels care about.
 pub fn adapter_line(ctx: &GpuContext) -> String {
     let caps = &ctx.caps;
