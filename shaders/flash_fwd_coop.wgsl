@@ -80,6 +80,9 @@ const KV_SPLIT_AT_COPY: bool = BLOCK_N % COPY_ROW_STEP == 0u;
 // (Rows staged past BLOCK_M in the last pass are never loaded.)
 const Q_PASS_ROWS: u32 = min(BLOCK_M, 2u * KV_BUFFERS * BLOCK_N);
 const Q_PASSES: u32 = (BLOCK_M + Q_PASS_ROWS - 1u) / Q_PASS_ROWS;
+// Granules of a pass, and how many of them each invocation copies.
+const Q_PASS_GRANULES: u32 = Q_PASS_ROWS * ROW_GRANULES;
+const Q_COPIES: u32 = (Q_PASS_GRANULES + WORKGROUP_SIZE - 1u) / WORKGROUP_SIZE;
 // vec4s per row of a subgroup's scores (f32) and of its P (f16). With the softmax in registers
 // (REGISTER_SOFTMAX, coop_registers.wgsl) neither goes through workgroup memory: a 16 × 16 window
 // of scores remains, for the fragment layout at the start and the output at the end.
@@ -336,15 +339,29 @@ fn flash_fwd_coop(
     var q_frag: array<coop_mat16x16<f16, A>, D_BLOCKS>;
     for (var q_pass = 0u; q_pass < Q_PASSES; q_pass++) {
         let first = q_pass * Q_PASS_ROWS;
-        workgroupBarrier(); // the previous pass's rows are loaded
-        for (var g = li; g < Q_PASS_ROWS * ROW_GRANULES; g += WORKGROUP_SIZE) {
+        // All of this invocation's granules are loaded before any is stored, so that the
+        // workgroup waits for global memory once a pass rather than once a granule (a loop that
+        // stored each granule after its load cost ~13 µs a workgroup on the H200, when a K/V tile
+        // takes ~2: BENCHMARKS.md).
+        var staged: array<vec4<f16>, Q_COPIES>;
+        // @unroll
+        for (var i = 0u; i < Q_COPIES; i++) {
+            let g = li + i * WORKGROUP_SIZE;
             let q_row = m0 + first + g / ROW_GRANULES;
             let c = g % ROW_GRANULES;
             var x = vec4<f16>(0.0);
-            if (q_row < params.seq_q && 4u * c < params.head_dim) {
+            if (g < Q_PASS_GRANULES && q_row < params.seq_q && 4u * c < params.head_dim) {
                 x = q[row_granule(params.q, b, q_row, head) + c];
             }
-            kv_tile[(g / ROW_GRANULES) * TILE_STRIDE + c] = x;
+            staged[i] = x;
+        }
+        workgroupBarrier(); // the previous pass's rows are loaded
+        // @unroll
+        for (var i = 0u; i < Q_COPIES; i++) {
+            let g = li + i * WORKGROUP_SIZE;
+            if (g < Q_PASS_GRANULES) {
+                kv_tile[(g / ROW_GRANULES) * TILE_STRIDE + g % ROW_GRANULES] = staged[i];
+            }
         }
         workgroupBarrier();
         if (sg * 16u / Q_PASS_ROWS == q_pass) { // uniform over the subgroup
