@@ -284,24 +284,33 @@ fn componentwise_product(a: coop_mat16x16<f32, C>, b: coop_mat16x16<f32, C>) -> 
 }
 
 // Which (query tile rank, head, batch) a workgroup computes; rank 0 is the last query tile, the
-// longest under a causal mask. The grid is (query tiles, heads, batch), launched x first. Causal,
-// with 128-row tiles: the workgroups are renumbered so that every head's rank-0 tile comes first,
-// then every rank-1 tile, and so on, so that the longest workgroups start first over the whole
-// grid and the short ones fill the end (in grid order, the last heads' longest tiles start near
-// the end and finish alone on an SM that holds one such workgroup). Measured on the H200, causal,
-// seq 8192: head_dim 128 211 → 214 TFLOP/s, 256 199 → 217, but with 64-row tiles (head_dim 64,
-// two workgroups per SM) 172 → 163, so those keep grid order. Non-causal tiles are all the same
-// length: grid order, which keeps the workgroups running at once on few heads.
-const LONGEST_FIRST_OVER_HEADS: bool = BLOCK_M >= 128u;
+// longest under a causal mask. The grid is (query tiles, heads, batch), launched x first.
+// Causal, with 128-row tiles (one workgroup per SM on the H200), the workgroups are renumbered in
+// groups of heads: within a group, every head's rank-0 tile first, then every rank-1 tile, and so
+// on. Two things pull apart here. In grid order (head after head) the last heads' longest tiles
+// start near the end and finish alone; longest first over all heads fixes that, but then the
+// workgroups in flight read the K/V of every head at different keys, more than L2 holds. A group
+// of CAUSAL_GROUP_WORKGROUPS workgroups (about four waves on 132 SMs) is long enough for its
+// longest tiles (twice the average) to finish beside its short ones, and spans few enough heads
+// for their K/V to stay in L2. Measured on the H200 (head_dim 128, causal; TFLOP/s for grid order /
+// all heads / groups of 512): seq 8192 215 / 218.6 / 223.7, seq 4096 – / 200.2 / 210.4, seq 1024
+// – / 139.1 / 152.7 (BENCHMARKS.md, step 24). With 64-row tiles (head_dim 64, two workgroups per
+// SM) longest first over all heads lost (172 → 163), so those keep grid order. Non-causal tiles
+// are all the same length: grid order, which keeps the workgroups in flight on few heads.
+const CAUSAL_GROUP_WORKGROUPS: u32 = select(0u, 512u, BLOCK_M >= 128u);
 
 fn tile_of_workgroup(wg: vec3<u32>, groups: vec3<u32>) -> vec3<u32> {
-    if (!LONGEST_FIRST_OVER_HEADS || params.causal == 0u) {
+    let heads_in_group = CAUSAL_GROUP_WORKGROUPS / groups.x;
+    if (heads_in_group <= 1u || params.causal == 0u) {
         return wg;
     }
     let heads_batches = groups.y * groups.z;
     let linear = wg.x + groups.x * (wg.y + groups.y * wg.z);
-    let head_batch = linear % heads_batches;
-    return vec3<u32>(linear / heads_batches, head_batch % groups.y, head_batch / groups.y);
+    let first = linear / (heads_in_group * groups.x) * heads_in_group; // the group's first head
+    let in_group = min(heads_in_group, heads_batches - first); // fewer in the last group
+    let r = linear - first * groups.x;
+    let head_batch = first + r % in_group;
+    return vec3<u32>(r / in_group, head_batch % groups.y, head_batch / groups.y);
 }
 
 @compute @workgroup_size(WORKGROUP_SIZE)
