@@ -293,10 +293,11 @@ fn componentwise_product(a: coop_mat16x16<f32, C>, b: coop_mat16x16<f32, C>) -> 
 // of CAUSAL_GROUP_WORKGROUPS workgroups (about four waves on 132 SMs) is long enough for its
 // longest tiles (twice the average) to finish beside its short ones, and spans few enough heads
 // for their K/V to stay in L2. Measured on the H200 (head_dim 128, causal; TFLOP/s for grid order /
-// all heads / groups of 512): seq 8192 215 / 218.6 / 223.7, seq 4096 – / 200.2 / 210.4, seq 1024
-// – / 139.1 / 152.7 (BENCHMARKS.md, step 24). With 64-row tiles (head_dim 64, two workgroups per
-// SM) longest first over all heads lost (172 → 163), so those keep grid order. Non-causal tiles
-// are all the same length: grid order, which keeps the workgroups in flight on few heads.
+// all heads / groups of 512 workgroups): seq 8192 215.0 / 218.6 / 223.7, seq 4096 – / 200.2 /
+// 210.4; groups of 256 did better only at seq 1024 (152.7 against 146.8; BENCHMARKS.md, step 24).
+// With 64-row tiles (head_dim 64, two workgroups per SM) longest first over all heads lost
+// (172 → 163), so those keep grid order. Non-causal tiles are all the same length: grid order,
+// which keeps the workgroups in flight on few heads.
 const CAUSAL_GROUP_WORKGROUPS: u32 = select(0u, 512u, BLOCK_M >= 128u);
 
 fn tile_of_workgroup(wg: vec3<u32>, groups: vec3<u32>) -> vec3<u32> {
