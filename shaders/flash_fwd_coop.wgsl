@@ -350,9 +350,9 @@ fn flash_fwd_coop(
     for (var q_pass = 0u; q_pass < Q_PASSES; q_pass++) {
         let first = q_pass * Q_PASS_ROWS;
         // All of this invocation's granules are loaded before any is stored, so that the
-        // workgroup waits for global memory once a pass rather than once a granule (a loop that
-        // stored each granule after its load cost ~13 µs a workgroup on the H200, when a K/V tile
-        // takes ~2: BENCHMARKS.md).
+        // workgroup waits for global memory once a pass rather than once a granule (with a loop
+        // that stored each granule right after its load, a workgroup's fixed cost on the H200 was
+        // ~13 µs, now ~8, against ~2 for a K/V tile: BENCHMARKS.md, step 23).
         var staged: array<vec4<f16>, Q_COPIES>;
         // @unroll
         for (var i = 0u; i < Q_COPIES; i++) {
