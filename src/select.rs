@@ -538,7 +538,10 @@ impl CoopConfig {
             ("N_BLOCKS", self.block_n / 16),
             ("HALF_VECS", self.block_n / 8),
             ("KV_COPIES", (2 * self.block_n).div_ceil(copy_row_step)),
-            ("Q_COPIES", (q_pass_rows * row_granules).div_ceil(self.workgroup_size().max(1))),
+            (
+                "Q_COPIES",
+                (q_pass_rows * row_granules).div_ceil(self.workgroup_size().max(1)),
+            ),
             ("COOP_COMPONENTS", layout.components()),
             ("ROW_SLOTS", layout.slots()),
             ("ROW_LANE_MASK_COUNT", layout.row_lane_masks().len() as u32),
@@ -1227,8 +1230,8 @@ mod tests {
     fn coop_unroll_bounds_match_the_shader_constants() {
         for config in all_coop_configs() {
             let kernel = crate::shaders::KernelConfig::FlashCoop(config);
-            let module = naga::front::wgsl::parse_str(&kernel.source())
-                .unwrap_or_else(|e| panic!("{}: {e}", kernel.name()));
+            let module =
+                naga::front::wgsl::parse_str(&kernel.source()).unwrap_or_else(|e| panic!("{}: {e}", kernel.name()));
             for (name, bound) in config.unroll_bounds() {
                 let (_, constant) = module
                     .constants

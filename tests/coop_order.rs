@@ -1,0 +1,200 @@
+//! The matrix kernel's workgroup order (`tile_of_workgroup` in shaders/flash_fwd_coop.wgsl), run
+//! as written on whatever device the tests have: the function needs no matrices, so lavapipe runs
+//! it in CI while the kernel around it only runs where cooperative matrices exist. Under a causal
+//! mask it renumbers the grid in groups of heads; every (query tile, head, batch) must still be
+//! computed exactly once, longest first within each group, for grids whose last group is partial
+//! too.
+
+mod common;
+
+use wgpu::util::DeviceExt;
+use wgpu_flash_attn::shaders::FLASH_FWD_COOP;
+
+/// The kernel's order constant and function, cut from its source: from the constant's
+/// declaration to the function's closing brace.
+fn order_source() -> &'static str {
+    let start = FLASH_FWD_COOP
+        .find("const CAUSAL_GROUP_WORKGROUPS")
+        .expect("flash_fwd_coop.wgsl declares CAUSAL_GROUP_WORKGROUPS");
+    let func = start
+        + FLASH_FWD_COOP[start..]
+            .find("fn tile_of_workgroup(")
+            .expect("tile_of_workgroup follows the constant");
+    let mut depth = 0;
+    for (i, c) in FLASH_FWD_COOP[func..].char_indices() {
+        match c {
+            '{' => depth += 1,
+            '}' => {
+                depth -= 1;
+                if depth == 0 {
+                    return &FLASH_FWD_COOP[start..func + i + 1];
+                }
+            }
+            _ => {}
+        }
+    }
+    panic!("tile_of_workgroup has no closing brace")
+}
+
+/// Where each workgroup of a `groups` grid goes (x, y, z per linear workgroup index, launched x
+/// first), for query tiles of `block_m` rows.
+fn mapped_tiles(groups: [u32; 3], block_m: u32, causal: bool) -> Option<Vec<[u32; 3]>> {
+    let ctx = common::gpu()?;
+    // The function reads BLOCK_M and params.causal only.
+    let source = format!(
+        "const BLOCK_M: u32 = {block_m}u;\n\
+         struct Params {{ causal: u32, pad0: u32, pad1: u32, pad2: u32 }}\n\
+         @group(0) @binding(0) var<uniform> params: Params;\n\
+         @group(0) @binding(1) var<storage, read_write> tiles: array<vec4<u32>>;\n\
+         {}\n\
+         @compute @workgroup_size(1)\n\
+         fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) groups: vec3<u32>) {{\n\
+             tiles[wg.x + groups.x * (wg.y + groups.y * wg.z)] = vec4<u32>(tile_of_workgroup(wg, groups), 1u);\n\
+         }}\n",
+        order_source()
+    );
+    let device = &ctx.device;
+    let module = device.create_shader_module(wgpu::ShaderModuleDescriptor {
+        label: Some("order"),
+        source: wgpu::ShaderSource::Wgsl(source.into()),
+    });
+    let pipeline = device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
+        label: Some("order"),
+        layout: None,
+        module: &module,
+        entry_point: Some("main"),
+        compilation_options: Default::default(),
+        cache: None,
+    });
+    let count = (groups[0] * groups[1] * groups[2]) as usize;
+    let params = device.create_buffer_init(&wgpu::util::BufferInitDescriptor {
+        label: Some("order params"),
+        contents: bytemuck::cast_slice(&[causal as u32, 0, 0, 0]),
+        usage: wgpu::BufferUsages::UNIFORM,
+    });
+    let size = (count * 16) as u64;
+    let tiles = device.create_buffer(&wgpu::BufferDescriptor {
+        label: Some("order tiles"),
+        size,
+        usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_SRC,
+        mapped_at_creation: false,
+    });
+    let readback = device.create_buffer(&wgpu::BufferDescriptor {
+        label: Some("order readback"),
+        size,
+        usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+        mapped_at_creation: false,
+    });
+    let bind_group = device.create_bind_group(&wgpu::BindGroupDescriptor {
+        label: Some("order"),
+        layout: &pipeline.get_bind_group_layout(0),
+        entries: &[
+            wgpu::BindGroupEntry {
+                binding: 0,
+                resource: params.as_entire_binding(),
+            },
+            wgpu::BindGroupEntry {
+                binding: 1,
+                resource: tiles.as_entire_binding(),
+            },
+        ],
+    });
+    let mut encoder = device.create_command_encoder(&Default::default());
+    {
+        let mut pass = encoder.begin_compute_pass(&Default::default());
+        pass.set_pipeline(&pipeline);
+        pass.set_bind_group(0, &bind_group, &[]);
+        pass.dispatch_workgroups(groups[0], groups[1], groups[2]);
+    }
+    encoder.copy_buffer_to_buffer(&tiles, 0, &readback, 0, size);
+    ctx.queue.submit([encoder.finish()]);
+    readback
+        .slice(..)
+        .map_async(wgpu::MapMode::Read, |r| r.expect("map the order readback"));
+    device
+        .poll(wgpu::PollType::wait_indefinitely())
+        .expect("wait for the order kernel");
+    let view = readback
+        .slice(..)
+        .get_mapped_range()
+        .expect("the order readback is mapped");
+    let words: Vec<u32> = bytemuck::cast_slice(&view).to_vec();
+    Some(
+        words
+            .chunks(4)
+            .map(|w| {
+                assert_eq!(w[3], 1, "a workgroup of {groups:?} wrote nothing");
+                [w[0], w[1], w[2]]
+            })
+            .collect(),
+    )
+}
+
+#[test]
+fn causal_order_computes_every_tile_once_longest_first_within_groups() {
+    // (query tiles, heads, batch): groups of 512 workgroups, i.e. 512 / query tiles heads, so
+    // 64 tiles give groups of 8 heads: whole (16 × 2), partial (7 × 3: 8, 8, 5), one group
+    // smaller than a group (3 × 7 with 5 tiles), one head per group (512 or more tiles: grid
+    // order), and single workgroups.
+    let grids = [
+        [64, 16, 2],
+        [64, 7, 3],
+        [8, 16, 16],
+        [5, 3, 7],
+        [600, 3, 1],
+        [512, 2, 1],
+        [1, 1, 1],
+        [3, 5, 1],
+    ];
+    for groups in grids {
+        for (block_m, causal) in [(128, true), (128, false), (64, true)] {
+            let Some(tiles) = mapped_tiles(groups, block_m, causal) else {
+                return;
+            };
+            let label = format!("{groups:?}, {block_m}-row tiles, causal {causal}");
+            // Exactly once each.
+            let mut seen = vec![false; tiles.len()];
+            for t in &tiles {
+                assert!(
+                    t[0] < groups[0] && t[1] < groups[1] && t[2] < groups[2],
+                    "{label}: {t:?} outside the grid"
+                );
+                let i = (t[0] + groups[0] * (t[1] + groups[1] * t[2])) as usize;
+                assert!(!seen[i], "{label}: {t:?} twice");
+                seen[i] = true;
+            }
+            let heads_in_group = if causal && block_m >= 128 { 512 / groups[0] } else { 1 };
+            if heads_in_group <= 1 {
+                // Grid order.
+                for (i, t) in tiles.iter().enumerate() {
+                    let want = [
+                        i as u32 % groups[0],
+                        i as u32 / groups[0] % groups[1],
+                        i as u32 / (groups[0] * groups[1]),
+                    ];
+                    assert_eq!(*t, want, "{label}: workgroup {i} not in grid order");
+                }
+                continue;
+            }
+            // Within a group (heads_in_group heads of every query tile), ranks never decrease,
+            // and every workgroup of a group is of that group's heads.
+            let per_group = (heads_in_group * groups[0]) as usize;
+            for (g, chunk) in tiles.chunks(per_group).enumerate() {
+                let first_head = g as u32 * heads_in_group;
+                for pair in chunk.windows(2) {
+                    assert!(
+                        pair[0][0] <= pair[1][0],
+                        "{label}: rank falls within group {g}: {pair:?}"
+                    );
+                }
+                for t in chunk {
+                    let head_batch = t[1] + groups[1] * t[2];
+                    assert!(
+                        (first_head..first_head + heads_in_group).contains(&head_batch),
+                        "{label}: {t:?} in group {g}"
+                    );
+                }
+            }
+        }
+    }
+}
