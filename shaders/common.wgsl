@@ -80,6 +80,13 @@ fn visible_key_end(rows_end: u32) -> u32 {
     return u32(clamp(i32(rows_end) + params.causal_offset, 0, i32(params.seq_kv)));
 }
 
+// Whether some query row from m0 on may not see some key of the tile [n0, n0 + cols): the tile
+// runs past the keys, or under the causal mask past row m0's diagonal (the tile's most restricted
+// row). Where it is false, a tile's scores need no mask.
+fn key_tile_needs_mask(m0: u32, n0: u32, cols: u32) -> bool {
+    return n0 + cols > visible_key_end(m0 + 1u);
+}
+
 // Index into the [batch, num_heads, seq_q] log-sum-exp output.
 fn lse_index(b: u32, h: u32, row: u32) -> u32 {
     return (b * params.num_heads + h) * params.seq_q + row;

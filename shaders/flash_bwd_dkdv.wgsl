@@ -81,8 +81,7 @@ fn flash_bwd_dkdv(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocatio
         score_products(&s, &dp, &stage, hd, m0, n0, SRC_DO, m0, li, row0, tx);
 
         // ---- Pᵀ and dSᵀ, in registers: s becomes Pᵀ, dp becomes dSᵀ ----
-        let needs_mask = m0 + BLOCK_M > params.seq_q || n0 + BLOCK_N > params.seq_kv
-            || (params.causal != 0u && i32(n0 + BLOCK_N) > i32(m0) + params.causal_offset + 1);
+        let needs_mask = m0 + BLOCK_M > params.seq_q || key_tile_needs_mask(m0, n0, BLOCK_N);
         for (var c = 0u; c < S_VECS; c++) {
             // Row statistics of this invocation's query columns.
             var lse2 = vec4<f32>(-NEG_BIG);

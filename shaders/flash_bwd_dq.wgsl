@@ -81,8 +81,7 @@ fn flash_bwd_dq(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_
         score_products(&s, &dp, &stage, hd, m0, n0, SRC_K, n0, li, row0, tx);
 
         // ---- dS = P ∘ (dP − D), in registers (dp becomes dS) ----
-        let needs_mask = n0 + BLOCK_N > params.seq_kv
-            || (params.causal != 0u && i32(n0 + BLOCK_N) > i32(m0) + params.causal_offset + 1);
+        let needs_mask = key_tile_needs_mask(m0, n0, BLOCK_N);
         for (var i = 0u; i < ROWS_PER_THREAD; i++) {
             for (var c = 0u; c < S_VECS; c++) {
                 var p = exp2(s[i * S_VECS + c] * params.scale - lse2[i]);

@@ -251,8 +251,7 @@ fn flash_fwd(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_ind
         }
 
         // ---- online softmax, in base 2 with the scale folded in ----
-        let needs_mask = n0 + BLOCK_N > params.seq_kv
-            || (params.causal != 0u && i32(n0 + BLOCK_N) > i32(m0) + params.causal_offset + 1);
+        let needs_mask = key_tile_needs_mask(m0, n0, BLOCK_N);
         var tile_max: array<f32, ROWS_PER_THREAD>;
         for (var i = 0u; i < ROWS_PER_THREAD; i++) {
             var mx = NEG_BIG;
