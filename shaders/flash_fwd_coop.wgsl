@@ -223,7 +223,9 @@ fn neg_inf() -> f32 {
     return bitcast<f32>(LSE_EMPTY_BITS);
 }
 
-// Whether some score of the tile at key n0 is masked for some row of the query tile at m0.
+// Whether some score of the tile at key n0 is masked for some row of the query tile at m0: the
+// same test as common.wgsl's key_tile_needs_mask (which the other kernels call), written out here
+// until this kernel is re-run on the H200 with that call instead.
 fn tile_needs_mask(n0: u32, m0: u32) -> bool {
     return n0 + BLOCK_N > params.seq_kv
         || (params.causal != 0u && i32(n0 + BLOCK_N) > i32(m0) + params.causal_offset + 1);
@@ -293,8 +295,11 @@ fn componentwise_product(a: coop_mat16x16<f32, C>, b: coop_mat16x16<f32, C>) -> 
 // of CAUSAL_GROUP_WORKGROUPS workgroups (about four waves on 132 SMs) is long enough for its
 // longest tiles (twice the average) to finish beside its short ones, and spans few enough heads
 // for their K/V to stay in L2. Measured on the H200 (head_dim 128, causal; TFLOP/s for grid order /
-// all heads / groups of 512 workgroups): seq 8192 215.0 / 218.6 / 223.7, seq 4096 – / 200.2 /
-// 210.4; groups of 256 did better only at seq 1024 (152.7 against 146.8; BENCHMARKS.md, step 24).
+// all heads / groups of 512 workgroups, one call): seq 8192 215.0 / 218.6 / 223.7, seq 4096 – /
+// 200.2 / 210.4; at seq 1024 groups of 256 ran 152.7 and of 64 heads 146.8 (two calls), at 16384
+// groups of 1024 230.6 against 229.7 (BENCHMARKS.md, step 24). The size is the H200's (132 SMs,
+// one 128-row workgroup each); other devices and the workgroup-memory softmax's 128-row plans are
+// not measured.
 // With 64-row tiles (head_dim 64, two workgroups per SM) longest first over all heads lost
 // (172 → 163), so those keep grid order. Non-causal tiles are all the same length: grid order,
 // which keeps the workgroups in flight on few heads.
@@ -307,11 +312,13 @@ fn tile_of_workgroup(wg: vec3<u32>, groups: vec3<u32>) -> vec3<u32> {
     }
     let heads_batches = groups.y * groups.z;
     let linear = wg.x + groups.x * (wg.y + groups.y * wg.z);
-    let first = linear / (heads_in_group * groups.x) * heads_in_group; // the group's first head
-    let in_group = min(heads_in_group, heads_batches - first); // fewer in the last group
-    let r = linear - first * groups.x;
-    let head_batch = first + r % in_group;
-    return vec3<u32>(r / in_group, head_batch % groups.y, head_batch / groups.y);
+    // The group's first (head, batch) pair, its size (smaller for the last group), and this
+    // workgroup's place in it: rank-major, so every head's rank r before any head's r + 1.
+    let first_head_batch = linear / (heads_in_group * groups.x) * heads_in_group;
+    let in_group = min(heads_in_group, heads_batches - first_head_batch);
+    let offset_in_group = linear - first_head_batch * groups.x;
+    let head_batch = first_head_batch + offset_in_group % in_group;
+    return vec3<u32>(offset_in_group / in_group, head_batch % groups.y, head_batch / groups.y);
 }
 
 @compute @workgroup_size(WORKGROUP_SIZE)
@@ -365,7 +372,7 @@ fn flash_fwd_coop(
             }
             staged[i] = x;
         }
-        workgroupBarrier(); // the previous pass's rows are loaded
+        workgroupBarrier(); // no subgroup still reads the previous pass's staged rows
         // @unroll
         for (var i = 0u; i < Q_COPIES; i++) {
             let g = li + i * WORKGROUP_SIZE;

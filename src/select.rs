@@ -1225,7 +1225,9 @@ mod tests {
 
     /// The host's trip counts for the cooperative kernel's unrolled loops are the shader's own
     /// constants of those names, as naga evaluates them, in every configuration: a count too low
-    /// would silently skip work (the kernel only runs on devices with matrices, not in CI).
+    /// would silently skip work (the kernel only runs on devices with matrices, not in CI). Five
+    /// of them the shader derives itself (D_BLOCKS, N_BLOCKS, HALF_VECS, KV_COPIES, Q_COPIES);
+    /// the layout's three the host writes into the source, so those only check the writing.
     #[test]
     fn coop_unroll_bounds_match_the_shader_constants() {
         for config in all_coop_configs() {

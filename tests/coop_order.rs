@@ -36,12 +36,11 @@ fn order_source() -> &'static str {
     panic!("tile_of_workgroup has no closing brace")
 }
 
-/// Where each workgroup of a `groups` grid goes (x, y, z per linear workgroup index, launched x
-/// first), for query tiles of `block_m` rows.
-fn mapped_tiles(groups: [u32; 3], block_m: u32, causal: bool) -> Option<Vec<[u32; 3]>> {
-    let ctx = common::gpu()?;
+/// A module around the kernel's function for query tiles of `block_m` rows: it writes, for each
+/// workgroup of the grid (by linear index, launched x first), the tile it computes.
+fn order_module(block_m: u32) -> String {
     // The function reads BLOCK_M and params.causal only.
-    let source = format!(
+    format!(
         "const BLOCK_M: u32 = {block_m}u;\n\
          struct Params {{ causal: u32, pad0: u32, pad1: u32, pad2: u32 }}\n\
          @group(0) @binding(0) var<uniform> params: Params;\n\
@@ -52,7 +51,28 @@ fn mapped_tiles(groups: [u32; 3], block_m: u32, causal: bool) -> Option<Vec<[u32
              tiles[wg.x + groups.x * (wg.y + groups.y * wg.z)] = vec4<u32>(tile_of_workgroup(wg, groups), 1u);\n\
          }}\n",
         order_source()
-    );
+    )
+}
+
+/// The kernel's group size in workgroups for `block_m`-row tiles (0: no grouping), as naga
+/// evaluates the module's constant, so that the test follows a retuned value.
+fn group_workgroups(block_m: u32) -> u32 {
+    let module = naga::front::wgsl::parse_str(&order_module(block_m)).expect("the order module parses");
+    let (_, constant) = module
+        .constants
+        .iter()
+        .find(|(_, c)| c.name.as_deref() == Some("CAUSAL_GROUP_WORKGROUPS"))
+        .expect("CAUSAL_GROUP_WORKGROUPS is a constant");
+    match module.global_expressions[constant.init] {
+        naga::Expression::Literal(naga::Literal::U32(v)) => v,
+        ref other => panic!("CAUSAL_GROUP_WORKGROUPS is {other:?}"),
+    }
+}
+
+/// Where each workgroup of a `groups` grid goes, for query tiles of `block_m` rows.
+fn mapped_tiles(groups: [u32; 3], block_m: u32, causal: bool) -> Option<Vec<[u32; 3]>> {
+    let ctx = common::gpu()?;
+    let source = order_module(block_m);
     let device = &ctx.device;
     let module = device.create_shader_module(wgpu::ShaderModuleDescriptor {
         label: Some("order"),
@@ -132,19 +152,25 @@ fn mapped_tiles(groups: [u32; 3], block_m: u32, causal: bool) -> Option<Vec<[u32
 
 #[test]
 fn causal_order_computes_every_tile_once_longest_first_within_groups() {
-    // (query tiles, heads, batch): groups of 512 workgroups, i.e. 512 / query tiles heads, so
-    // 64 tiles give groups of 8 heads: whole (16 × 2), partial (7 × 3: 8, 8, 5), one group
-    // smaller than a group (3 × 7 with 5 tiles), one head per group (512 or more tiles: grid
-    // order), and single workgroups.
+    // (query tiles, heads, batch). With groups of 512 workgroups (512 / query tiles heads each):
+    // whole groups (64 tiles: 8 heads, 16 × 2 = 4 groups; 8 tiles: 64 heads, 256 in 4 groups),
+    // a partial last group (64 × 7 × 3: 8, 8, 5 heads), tile counts that do not divide 512, with
+    // whole and partial groups (100: 5 heads, of 32; 48: 10 heads, of 13; 7: 73 heads, of 100;
+    // 255: 2 heads, of 10), one group holding every head (5 × 3 × 7, 3 × 5 × 1), one head per
+    // group, which is grid order (512 and 600 tiles), and a single workgroup.
     let grids = [
         [64, 16, 2],
-        [64, 7, 3],
         [8, 16, 16],
+        [64, 7, 3],
+        [100, 16, 2],
+        [48, 13, 1],
+        [7, 100, 1],
+        [255, 5, 2],
         [5, 3, 7],
-        [600, 3, 1],
-        [512, 2, 1],
-        [1, 1, 1],
         [3, 5, 1],
+        [512, 2, 1],
+        [600, 3, 1],
+        [1, 1, 1],
     ];
     for groups in grids {
         for (block_m, causal) in [(128, true), (128, false), (64, true)] {
@@ -163,7 +189,11 @@ fn causal_order_computes_every_tile_once_longest_first_within_groups() {
                 assert!(!seen[i], "{label}: {t:?} twice");
                 seen[i] = true;
             }
-            let heads_in_group = if causal && block_m >= 128 { 512 / groups[0] } else { 1 };
+            let heads_in_group = if causal {
+                group_workgroups(block_m) / groups[0]
+            } else {
+                1
+            };
             if heads_in_group <= 1 {
                 // Grid order.
                 for (i, t) in tiles.iter().enumerate() {
