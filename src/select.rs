@@ -1235,15 +1235,8 @@ mod tests {
             let module =
                 naga::front::wgsl::parse_str(&kernel.source()).unwrap_or_else(|e| panic!("{}: {e}", kernel.name()));
             for (name, bound) in config.unroll_bounds() {
-                let (_, constant) = module
-                    .constants
-                    .iter()
-                    .find(|(_, c)| c.name.as_deref() == Some(name))
-                    .unwrap_or_else(|| panic!("{}: no constant {name}", kernel.name()));
-                let value = match module.global_expressions[constant.init] {
-                    naga::Expression::Literal(naga::Literal::U32(v)) => v,
-                    ref other => panic!("{}: {name} is {other:?}", kernel.name()),
-                };
+                let value = crate::testing::wgsl_u32_constant(&module, name)
+                    .unwrap_or_else(|| panic!("{}: no u32 constant {name}", kernel.name()));
                 assert_eq!(value, bound, "{}: {name}", kernel.name());
             }
         }

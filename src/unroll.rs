@@ -78,7 +78,7 @@ fn is_identifier(s: &str) -> bool {
 }
 
 /// Byte offset of the `}` closing the `{` at `open`, skipping `//` comments.
-fn matching_brace(src: &str, open: usize) -> Option<usize> {
+pub(crate) fn matching_brace(src: &str, open: usize) -> Option<usize> {
     let mut depth = 0usize;
     let mut in_comment = false;
     let bytes = src.as_bytes();

@@ -13,27 +13,8 @@ use wgpu_flash_attn::shaders::FLASH_FWD_COOP;
 /// The kernel's order constant and function, cut from its source: from the constant's
 /// declaration to the function's closing brace.
 fn order_source() -> &'static str {
-    let start = FLASH_FWD_COOP
-        .find("const CAUSAL_GROUP_WORKGROUPS")
-        .expect("flash_fwd_coop.wgsl declares CAUSAL_GROUP_WORKGROUPS");
-    let func = start
-        + FLASH_FWD_COOP[start..]
-            .find("fn tile_of_workgroup(")
-            .expect("tile_of_workgroup follows the constant");
-    let mut depth = 0;
-    for (i, c) in FLASH_FWD_COOP[func..].char_indices() {
-        match c {
-            '{' => depth += 1,
-            '}' => {
-                depth -= 1;
-                if depth == 0 {
-                    return &FLASH_FWD_COOP[start..func + i + 1];
-                }
-            }
-            _ => {}
-        }
-    }
-    panic!("tile_of_workgroup has no closing brace")
+    wgpu_flash_attn::testing::wgsl_through_fn(FLASH_FWD_COOP, "const CAUSAL_GROUP_WORKGROUPS", "tile_of_workgroup")
+        .expect("flash_fwd_coop.wgsl declares CAUSAL_GROUP_WORKGROUPS, then tile_of_workgroup")
 }
 
 /// A module around the kernel's function for query tiles of `block_m` rows: it writes, for each
@@ -58,15 +39,8 @@ fn order_module(block_m: u32) -> String {
 /// evaluates the module's constant, so that the test follows a retuned value.
 fn group_workgroups(block_m: u32) -> u32 {
     let module = naga::front::wgsl::parse_str(&order_module(block_m)).expect("the order module parses");
-    let (_, constant) = module
-        .constants
-        .iter()
-        .find(|(_, c)| c.name.as_deref() == Some("CAUSAL_GROUP_WORKGROUPS"))
-        .expect("CAUSAL_GROUP_WORKGROUPS is a constant");
-    match module.global_expressions[constant.init] {
-        naga::Expression::Literal(naga::Literal::U32(v)) => v,
-        ref other => panic!("CAUSAL_GROUP_WORKGROUPS is {other:?}"),
-    }
+    wgpu_flash_attn::testing::wgsl_u32_constant(&module, "CAUSAL_GROUP_WORKGROUPS")
+        .expect("CAUSAL_GROUP_WORKGROUPS is a u32 constant")
 }
 
 /// Where each workgroup of a `groups` grid goes, for query tiles of `block_m` rows.
@@ -99,12 +73,6 @@ fn mapped_tiles(groups: [u32; 3], block_m: u32, causal: bool) -> Option<Vec<[u32
         usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_SRC,
         mapped_at_creation: false,
     });
-    let readback = device.create_buffer(&wgpu::BufferDescriptor {
-        label: Some("order readback"),
-        size,
-        usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
-        mapped_at_creation: false,
-    });
     let bind_group = device.create_bind_group(&wgpu::BindGroupDescriptor {
         label: Some("order"),
         layout: &pipeline.get_bind_group_layout(0),
@@ -126,19 +94,14 @@ fn mapped_tiles(groups: [u32; 3], block_m: u32, causal: bool) -> Option<Vec<[u32
         pass.set_bind_group(0, &bind_group, &[]);
         pass.dispatch_workgroups(groups[0], groups[1], groups[2]);
     }
-    encoder.copy_buffer_to_buffer(&tiles, 0, &readback, 0, size);
     ctx.queue.submit([encoder.finish()]);
-    readback
-        .slice(..)
-        .map_async(wgpu::MapMode::Read, |r| r.expect("map the order readback"));
-    device
-        .poll(wgpu::PollType::wait_indefinitely())
-        .expect("wait for the order kernel");
-    let view = readback
-        .slice(..)
-        .get_mapped_range()
-        .expect("the order readback is mapped");
-    let words: Vec<u32> = bytemuck::cast_slice(&view).to_vec();
+    let bytes = pollster::block_on(wgpu_flash_attn::testing::read_back(
+        device,
+        &ctx.queue,
+        &[(&tiles, 0, size)],
+    ))
+    .expect("read the tiles back");
+    let words: Vec<u32> = bytemuck::cast_slice(&bytes[0]).to_vec();
     Some(
         words
             .chunks(4)
