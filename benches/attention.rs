@@ -10,7 +10,7 @@
 use std::time::Duration;
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
-use wgpu_flash_attn::harness::{Kernel, Workload};
+use wgpu_flash_attn::testing::harness::{Kernel, Workload};
 use wgpu_flash_attn::{AttentionProblem, DType, FlashAttention, GpuContext};
 
 fn shapes(ctx: &GpuContext) -> Vec<AttentionProblem> {

@@ -17,10 +17,9 @@ use std::process::ExitCode;
 mod common;
 
 use common::{describe_timing, mib, ProblemArgs};
-use wgpu_flash_attn::harness::{compare_outputs, tolerance, Kernel, Workload};
-use wgpu_flash_attn::{
-    BoundsChecks, DType, Element, FlashAttention, ForwardKernel, GpuContext, Options, TilePlan, Variant,
-};
+use wgpu_flash_attn::kernel::{CoopChoice, ForwardKernel, TilePlan, TiledChoice, Variant};
+use wgpu_flash_attn::testing::harness::{compare_outputs, tolerance, Kernel, Workload};
+use wgpu_flash_attn::{BoundsChecks, DType, Element, FlashAttention, GpuContext, KernelChoice, Options};
 
 struct Args {
     problem: ProblemArgs,
@@ -35,6 +34,7 @@ fn parse_args() -> Result<Args, String> {
     let mut it = std::env::args().skip(1);
     let mut problem = ProblemArgs::default();
     let mut options = Options::default();
+    let (mut cooperative_matrix, mut tiled, mut coop) = (None, TiledChoice::default(), CoopChoice::default());
     let (mut runs, mut check_rows, mut naive, mut json) = (10, 256, true, None);
     while let Some(flag) = it.next() {
         let mut value = || it.next().ok_or(format!("{flag} needs a value"));
@@ -44,15 +44,12 @@ fn parse_args() -> Result<Args, String> {
         match flag.as_str() {
             "--variant" => match value()?.as_str() {
                 "auto" => {}
-                "coop" => options.choice.cooperative_matrix = Some(true),
-                name => {
-                    options.choice.variant = Some(Variant::from_name(name).ok_or(format!("unknown variant {name}"))?)
-                }
+                "coop" => cooperative_matrix = Some(true),
+                name => tiled.variant = Some(Variant::from_name(name).ok_or(format!("unknown variant {name}"))?),
             },
             "--plan" => {
                 let v = value()?;
-                options.choice.plan =
-                    Some(TilePlan::parse(&v).ok_or(format!("a plan is BMxBNxTXxTYxKSxNS[xST], not {v}"))?)
+                tiled.plan = Some(TilePlan::parse(&v).ok_or(format!("a plan is BMxBNxTXxTYxKSxNS[xST], not {v}"))?)
             }
             "--coop-tile" => {
                 let v = value()?;
@@ -60,20 +57,16 @@ fn parse_args() -> Result<Args, String> {
                 let [bm, bn] = parts[..] else {
                     return Err(format!("--coop-tile is BMxBN, not {v}"));
                 };
-                options.choice.coop_tile = Some((bm, bn));
-                options.choice.cooperative_matrix = Some(true);
+                coop.tile = Some((bm, bn));
             }
             "--coop-buffers" => {
-                options.choice.cooperative_matrix = Some(true);
-                options.choice.coop_double_buffer = Some(common::either(&flag, &value()?, ("1", false), ("2", true))?);
+                coop.double_buffer = Some(common::either(&flag, &value()?, ("1", false), ("2", true))?);
             }
             "--coop-prefetch" => {
-                options.choice.cooperative_matrix = Some(true);
-                options.choice.coop_prefetch_kv = Some(common::either(&flag, &value()?, ("on", true), ("off", false))?);
+                coop.prefetch_kv = Some(common::either(&flag, &value()?, ("on", true), ("off", false))?);
             }
             "--coop-softmax" => {
-                options.choice.cooperative_matrix = Some(true);
-                options.choice.coop_register_softmax = Some(common::either(
+                coop.register_softmax = Some(common::either(
                     &flag,
                     &value()?,
                     ("registers", true),
@@ -92,6 +85,7 @@ fn parse_args() -> Result<Args, String> {
             other => return Err(format!("unknown option {other} (try --help)")),
         }
     }
+    options.choice = KernelChoice::from_knobs(cooperative_matrix, tiled, coop).map_err(|e| e.to_string())?;
     Ok(Args {
         problem,
         options,

@@ -19,11 +19,10 @@ mod common;
 use common::{describe_timing, mib, ProblemArgs};
 use std::process::ExitCode;
 
-use wgpu_flash_attn::backward_harness::{grad_tolerance, BackwardWorkload};
-use wgpu_flash_attn::{
-    select_backward, BackwardChoice, BackwardPass, BackwardProblem, BackwardTilePlan, BoundsChecks, DType, Element,
-    FlashAttention, GpuContext, Options, Variant,
-};
+use wgpu_flash_attn::kernel::{BackwardChoice, BackwardPass, Variant};
+use wgpu_flash_attn::plan::{select_backward, BackwardTilePlan};
+use wgpu_flash_attn::testing::backward_harness::{grad_tolerance, BackwardWorkload};
+use wgpu_flash_attn::{BackwardProblem, BoundsChecks, DType, Element, FlashAttention, GpuContext, Options};
 
 struct Args {
     problem: ProblemArgs,

@@ -11,7 +11,7 @@
 // head_dim elements (a multiple of 8) is a whole number of aligned granules.
 
 // Offset and strides of one [batch, seq, heads, head_dim] tensor, in granules, relative to the
-// start of its binding. Mirrored by `TensorStrides` in src/params.rs.
+// start of its binding. Mirrored by `TensorStrides` in src/wgsl/params.rs.
 struct TensorStrides {
     offset: u32,
     batch: u32,
@@ -19,7 +19,7 @@ struct TensorStrides {
     head: u32,
 }
 
-// Mirrored by `Params` in src/params.rs (same order, same sizes).
+// Mirrored by `Params` in src/wgsl/params.rs (same order, same sizes).
 struct Params {
     q: TensorStrides,
     k: TensorStrides,

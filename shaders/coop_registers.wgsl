@@ -1,5 +1,5 @@
 // coop_registers.wgsl — the matrix kernel's online softmax on the accumulator's own registers,
-// for devices whose fragment layout allows it (src/coop_layout.rs; REGISTER_SOFTMAX).
+// for devices whose fragment layout allows it (src/caps/register_layout.rs; REGISTER_SOFTMAX).
 //
 // What an invocation owns: the COOP_COMPONENTS components it holds of each 16 × 16 score
 // fragment. They fall into ROW_SLOTS rows (COMPONENT_SLOT_BITS: the slot of component i in bits
@@ -15,7 +15,7 @@
 // the probe checked is laid out like the accumulator. Row factors and 1/l are built the same way.
 //
 // The element access is SPIR-V's (OpCompositeExtract/Insert on cooperative matrices): the
-// coop_* functions below are placeholders whose bodies src/spirv_elements.rs fills.
+// coop_* functions below are placeholders whose bodies src/spirv/elements.rs fills.
 
 fn coop_elements_c(m: coop_mat16x16<f32, C>) -> array<f32, COOP_COMPONENTS> {
     return array<f32, COOP_COMPONENTS>();
@@ -94,7 +94,7 @@ fn row_sum(x: f32) -> f32 {
 // workgroup-memory softmax (flash_fwd_coop.wgsl: the reference max moves only by more than
 // RESCALE_THRESHOLD, or on the first tile). Returns whether some row of the subgroup moved
 // (subgroup-uniform; the shipped kernel rescales every tile and ignores it, the cost probes in
-// src/coop_probe.rs branch on it).
+// examples/coop_diagnostics.rs branch on it).
 fn softmax_in_registers(rows: ptr<function, RegisterRows>, s: ptr<function, array<coop_mat16x16<f32, C>, N_BLOCKS>>, n0: u32, first_tile: bool, needs_mask: bool) -> bool {
     var x: array<array<f32, COOP_COMPONENTS>, N_BLOCKS>;
     var raw_max: array<f32, ROW_SLOTS>;

@@ -6,7 +6,7 @@
 // V and O, the sizes, the causal offset, and `scale` = softmax scale · log2(e), because the
 // backward kernels recompute P = exp2(scale · QKᵀ − LSE · log2 e) in base 2 like the forward.
 
-// Mirrored by `GradParams` in src/params.rs (same order, same sizes).
+// Mirrored by `GradParams` in src/wgsl/params.rs (same order, same sizes).
 struct GradParams {
     d_o: TensorStrides,
     dq: TensorStrides,

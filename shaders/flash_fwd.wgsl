@@ -26,7 +26,7 @@
 // memory in K_STEP (QKᵀ) or N_STEP (PV) slices; per slice step an invocation reads ROWS_PER_THREAD
 // plus 4·S_VECS (or 4·O_VECS) values and does ROWS_PER_THREAD · 4·S_VECS (4·O_VECS) multiply-adds,
 // the register tiling that lifts an FMA-bound kernel off the workgroup-memory bandwidth. The tile
-// sizes come from the host (src/select.rs) in a generated `const` block, fitted to the adapter's
+// sizes come from the host (src/plan/forward.rs) in a generated `const` block, fitted to the adapter's
 // workgroup memory (16 KiB in WebGPU by default, 32 KiB on lavapipe, 48 KiB on NVIDIA Vulkan) and
 // invocation limit. Column groups are interleaved across tx (not blocked) so that the invocations of
 // a row read consecutive 16-byte words of workgroup memory: no bank conflicts.

@@ -19,7 +19,7 @@
 // What a subgroup owns: 16 query rows. It holds their Q as HEAD_DIM_PAD/16 cooperative A
 // fragments (loaded once) and their output as HEAD_DIM_PAD/16 f32 accumulator fragments for the
 // whole kernel. The softmax takes one of two routes, chosen by the host from the device's
-// fragment layout (src/coop_layout.rs):
+// fragment layout (src/caps/register_layout.rs):
 //
 // - REGISTER_SOFTMAX (coop_registers.wgsl; the H200): the scores never leave the subgroup's
 //   accumulator fragments. Each invocation owns its components of them (8 on a 32-wide
@@ -32,7 +32,7 @@
 //   read once into registers as vec4s; it applies mask and scale, keeps the running max and sum,
 //   and writes its half of P (f16), which the subgroup loads as A fragments. Those rows are the
 //   subgroup's alone, so only the subgroup synchronises (subgroupBarrier, made to cover
-//   workgroup memory in src/spirv_coherence.rs).
+//   workgroup memory in src/spirv/coherence.rs).
 //
 // Either way the scale sits inside exp2's argument, and masked scores are −∞.
 //
@@ -55,7 +55,7 @@
 // query rows at head_dim 128.
 // Q is staged once through the K/V buffers, 2·KV_BUFFERS·BLOCK_N rows at a time. Tile sizes and
 // the streaming options come from the host's plans, fitted to the workgroup memory (48 KiB on
-// NVIDIA) and measured (COOP_PLANS in src/select.rs).
+// NVIDIA) and measured (COOP_PLANS in src/plan/forward.rs).
 
 const SUBGROUP: u32 = 32u;
 const SUBGROUPS: u32 = BLOCK_M / 16u;
@@ -277,7 +277,7 @@ fn scale_rows(o: ptr<function, array<coop_mat16x16<f32, C>, D_BLOCKS>>, factors:
 }
 
 // Component-wise product of two accumulator matrices. WGSL has no operator for it, so the kernel
-// writes `a - b`, which naga emits as OpFSub, and src/spirv_coherence.rs turns every OpFSub on
+// writes `a - b`, which naga emits as OpFSub, and src/spirv/coherence.rs turns every OpFSub on
 // cooperative matrices into OpFMul (component-wise for cooperative matrices): this is the only
 // matrix subtraction in the kernel (a test checks every configuration). The kernel is only ever
 // built through that pass; any other translation of this file would compute a subtraction.

@@ -13,6 +13,11 @@ pub enum Error {
     #[error("invalid attention problem: {0}")]
     InvalidProblem(String),
 
+    /// A [`KernelChoice`](crate::KernelChoice) built from knobs that contradict each other
+    /// (the knobs of both kernels, or one kernel's knobs with the other kernel asked for).
+    #[error("contradictory kernel choice: {0}")]
+    InvalidChoice(String),
+
     /// `head_dim` is outside what the kernels handle.
     #[error("head_dim {got} is not supported: it must be a multiple of 8 between 8 and {max}")]
     UnsupportedHeadDim { got: usize, max: usize },
@@ -25,8 +30,8 @@ pub enum Error {
     #[error("tensor `{tensor}` holds {got:?} elements but the problem says {expected:?}")]
     DTypeMismatch {
         tensor: &'static str,
-        expected: crate::DType,
-        got: crate::DType,
+        expected: crate::dtype::DType,
+        got: crate::dtype::DType,
     },
 
     // --- what this device can do ---
@@ -74,7 +79,7 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 /// Shorthand for `Err(Error::InvalidProblem(..))` with `format!` arguments.
 macro_rules! invalid {
     ($($arg:tt)*) => {
-        Err($crate::Error::InvalidProblem(format!($($arg)*)))
+        Err($crate::error::Error::InvalidProblem(format!($($arg)*)))
     };
 }
 pub(crate) use invalid;

@@ -20,72 +20,93 @@
 //!
 //! * [`AttentionProblem`] describes a call (shapes, dtype, causal, scale, strides) and validates it.
 //! * [`GpuContext`] opens the best adapter, or wraps a device you already have.
-//! * [`FlashAttention`] selects a kernel ([`select`]), caches pipelines, and runs on host slices
+//! * [`FlashAttention`] selects a kernel, caches pipelines, and runs on host slices
 //!   ([`FlashAttention::forward`]) or records into your encoder on your buffers
-//!   ([`FlashAttention::encode_forward`]).
+//!   ([`FlashAttention::encode_forward`]); [`KernelChoice`] forces a kernel, [`kernel`] describes
+//!   what can be forced and what ran.
 //! * The backward pass ([`FlashAttention::backward`], [`FlashAttention::encode_backward`]) computes
 //!   dQ, dK and dV from Q, K, V, O, the forward's LSE and dO by recomputation, in O(seq) memory;
-//!   [`BackwardProblem`] adds the gradients' layouts, [`select_backward`] picks its kernels.
-//! * With `--features cuda`, [`cuda`] runs the same problems natively on NVIDIA GPUs
-//!   ([`cuda::CudaAttention`]): FlashAttention-2 style tensor-core kernels compiled by NVRTC.
+//!   [`BackwardProblem`] adds the gradients' layouts.
+//! * With `--features cuda`, `cuda` runs the same problems natively on NVIDIA GPUs
+//!   (`cuda::CudaAttention`): FlashAttention-2/3 style tensor-core kernels compiled by NVRTC.
 //! * [`reference`] is a float64 CPU implementation (forward and gradients); [`testing`] has seeded
 //!   inputs and error statistics.
+//!
+//! The modules below are layers, each importing only those above it in this list
+//! (`tests/layers.rs` checks it; docs/architecture.md describes them). With the `internals`
+//! feature they are public, for the tests, tools and benchmarks: their contents (tuning tables,
+//! plans, shader sources) are not under semver.
 
-mod attention;
-mod backward;
-#[cfg(not(target_arch = "wasm32"))]
-pub mod backward_harness;
-mod backward_problem;
-mod backward_select;
-mod binding;
-mod caps;
-mod context;
-pub mod coop_layout;
-#[cfg(all(test, not(target_arch = "wasm32")))]
-mod coop_probe;
-#[cfg(feature = "cuda")]
-pub mod cuda;
+// Layer 0: leaves.
+mod dtype;
 mod error;
-#[cfg(not(target_arch = "wasm32"))]
-pub mod harness;
-mod params;
-mod pipelines;
-mod problem;
-mod readback;
-pub mod reference;
-mod select;
-pub mod shaders;
-#[cfg(not(target_arch = "wasm32"))]
-mod spirv_coherence;
-#[cfg(not(target_arch = "wasm32"))]
-mod spirv_elements;
-pub mod testing;
-#[cfg(not(target_arch = "wasm32"))]
-pub mod timing;
-mod unroll;
 mod util;
 
-pub use attention::{AttentionOutput, FlashAttention, ForwardBuffers, NaivePlan, Options};
-pub use backward::{BackwardBuffers, BackwardInputs, BackwardOutput};
-pub use backward_problem::{BackwardProblem, GradTensor};
-pub use backward_select::{
-    all_backward_kernels, backward_grid, backward_plans, max_registers, preferred_backward_variants, select_backward,
-    BackwardChoice, BackwardConfig, BackwardKernel, BackwardPass, BackwardTilePlan, GradKernel, PreprocessKernel,
-    PreprocessPlan, DKDV_PLANS, DQ_PLANS, PREPROCESS_PLANS,
-};
-pub use binding::TensorBuffer;
-pub use caps::Caps;
-pub use context::{adapter_rank, best_adapter, wanted_features, ContextOptions, GpuContext};
+// Layer 1: the problem description and its validation; no GPU.
+#[cfg(feature = "internals")]
+pub mod problem;
+#[cfg(not(feature = "internals"))]
+mod problem;
+pub mod reference;
+
+// Layer 2: device facts as plain values.
+#[cfg(feature = "internals")]
+pub mod caps;
+#[cfg(not(feature = "internals"))]
+mod caps;
+
+// Layer 3: pure kernel selection.
+#[cfg(feature = "internals")]
+pub mod plan;
+#[cfg(not(feature = "internals"))]
+#[allow(dead_code)]
+mod plan;
+
+// Layer 4: everything the GPU sees, and the host's mirrors of shader facts.
+#[cfg(feature = "internals")]
+pub mod wgsl;
+#[cfg(not(feature = "internals"))]
+#[allow(dead_code)]
+mod wgsl;
+
+// Layer 5: SPIR-V passes for the cooperative-matrix kernel (naga is a native dependency).
+#[cfg(all(feature = "internals", not(target_arch = "wasm32")))]
+pub mod spirv;
+#[cfg(all(not(feature = "internals"), not(target_arch = "wasm32")))]
+mod spirv;
+
+// Layer 6: wgpu mechanics.
+#[cfg(feature = "internals")]
+pub mod gpu;
+#[cfg(not(feature = "internals"))]
+mod gpu;
+
+// Layer 7: getting a device and probing it.
+#[cfg(feature = "internals")]
+pub mod device;
+#[cfg(not(feature = "internals"))]
+mod device;
+
+// Layer 8: the engines.
 #[cfg(feature = "cuda")]
-pub use cuda::{CudaAttention, CudaDevice};
+pub mod cuda;
+#[cfg(feature = "internals")]
+pub mod runtime;
+#[cfg(not(feature = "internals"))]
+mod runtime;
+
+// Layer 9: testing support.
+pub mod testing;
+
+pub use caps::Caps;
+pub use device::context::{ContextOptions, GpuContext};
 pub use error::{Error, Result};
-pub use pipelines::BoundsChecks;
-pub use problem::{
-    AttentionProblem, AttentionShape, DType, Element, Layout, Tensor, TensorLayout, ELEMENT_ALIGNMENT, MAX_HEAD_DIM,
-};
-pub use readback::read_back;
-pub use select::{
-    all_configs, all_coop_configs, coop_device_unavailable_reason, coop_plans, num_q_tiles, preferred_variants, select,
-    select_forward, CoopConfig, CoopPlan, CoopSoftmax, FlashConfig, ForwardKernel, KernelChoice, Reduction, TilePlan,
-    TileType, Variant, COOP_KERNEL_VERIFIED, COOP_PLANS, COOP_SHARED_PLANS, PLANS,
-};
+pub use gpu::binding::TensorBuffer;
+pub use gpu::pipelines::BoundsChecks;
+pub use plan::KernelChoice;
+pub use problem::backward::{BackwardProblem, GradTensor};
+pub use problem::{AttentionProblem, AttentionShape, DType, Element, Layout, Tensor, TensorLayout};
+pub use runtime::backward::{BackwardBuffers, BackwardInputs, BackwardOutput};
+pub use runtime::forward::{AttentionOutput, FlashAttention, ForwardBuffers, Options};
+
+pub mod kernel;

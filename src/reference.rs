@@ -5,9 +5,9 @@
 //! It reads the kernel's inputs as stored (already rounded to the problem's dtype), so the only
 //! difference from a kernel's output is the kernel's own arithmetic.
 
-use crate::backward_problem::{BackwardProblem, GradTensor};
+use crate::error::Result;
+use crate::problem::backward::{BackwardProblem, GradTensor};
 use crate::problem::{AttentionProblem, Element, Tensor};
-use crate::Result;
 
 /// One query row's reference result.
 #[derive(Clone, Debug)]
@@ -72,7 +72,7 @@ fn check_inputs<T: Element>(problem: &AttentionProblem, q: &[T], k: &[T], v: &[T
     for (tensor, data) in [(Tensor::Q, q.len()), (Tensor::K, k.len()), (Tensor::V, v.len())] {
         let need = problem.required_len(tensor);
         if data < need {
-            return Err(crate::Error::InvalidBuffer {
+            return Err(crate::error::Error::InvalidBuffer {
                 tensor: tensor.name(),
                 message: format!("holds {data} elements, the problem needs {need}"),
             });
@@ -272,7 +272,7 @@ fn check_backward_inputs<T: Element>(problem: &BackwardProblem, q: &[T], k: &[T]
     check_inputs(&problem.forward, q, k, v)?;
     let need = problem.required_len(GradTensor::DO);
     if d_o.len() < need {
-        return Err(crate::Error::InvalidBuffer {
+        return Err(crate::error::Error::InvalidBuffer {
             tensor: GradTensor::DO.name(),
             message: format!("holds {} elements, the problem needs {need}", d_o.len()),
         });

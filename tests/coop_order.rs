@@ -8,13 +8,17 @@
 mod common;
 
 use wgpu::util::DeviceExt;
-use wgpu_flash_attn::shaders::FLASH_FWD_COOP;
+use wgpu_flash_attn::wgsl::FLASH_FWD_COOP;
 
 /// The kernel's order constant and function, cut from its source: from the constant's
 /// declaration to the function's closing brace.
 fn order_source() -> &'static str {
-    wgpu_flash_attn::testing::wgsl_through_fn(FLASH_FWD_COOP, "const CAUSAL_GROUP_WORKGROUPS", "tile_of_workgroup")
-        .expect("flash_fwd_coop.wgsl declares CAUSAL_GROUP_WORKGROUPS, then tile_of_workgroup")
+    wgpu_flash_attn::testing::shader::wgsl_through_fn(
+        FLASH_FWD_COOP,
+        "const CAUSAL_GROUP_WORKGROUPS",
+        "tile_of_workgroup",
+    )
+    .expect("flash_fwd_coop.wgsl declares CAUSAL_GROUP_WORKGROUPS, then tile_of_workgroup")
 }
 
 /// A module around the kernel's function for query tiles of `block_m` rows: it writes, for each
@@ -39,7 +43,7 @@ fn order_module(block_m: u32) -> String {
 /// evaluates the module's constant, so that the test follows a retuned value.
 fn group_workgroups(block_m: u32) -> u32 {
     let module = naga::front::wgsl::parse_str(&order_module(block_m)).expect("the order module parses");
-    wgpu_flash_attn::testing::wgsl_u32_constant(&module, "CAUSAL_GROUP_WORKGROUPS")
+    wgpu_flash_attn::testing::shader::wgsl_u32_constant(&module, "CAUSAL_GROUP_WORKGROUPS")
         .expect("CAUSAL_GROUP_WORKGROUPS is a u32 constant")
 }
 
@@ -95,7 +99,7 @@ fn mapped_tiles(groups: [u32; 3], block_m: u32, causal: bool) -> Option<Vec<[u32
         pass.dispatch_workgroups(groups[0], groups[1], groups[2]);
     }
     ctx.queue.submit([encoder.finish()]);
-    let bytes = pollster::block_on(wgpu_flash_attn::testing::read_back(
+    let bytes = pollster::block_on(wgpu_flash_attn::testing::shader::read_back(
         device,
         &ctx.queue,
         &[(&tiles, 0, size)],

@@ -4,9 +4,10 @@
 mod common;
 
 use common::{engine_with, gpu};
+use wgpu_flash_attn::kernel::{TilePlan, TiledChoice, Variant};
 use wgpu_flash_attn::{
     AttentionProblem, AttentionShape, DType, Error, FlashAttention, ForwardBuffers, GpuContext, KernelChoice, Tensor,
-    TensorBuffer, TilePlan, Variant,
+    TensorBuffer,
 };
 
 fn problem() -> AttentionProblem {
@@ -279,21 +280,19 @@ fn forced_kernels_the_device_lacks_are_errors() {
 
     // More workgroup memory than any device offers.
     let huge = TilePlan::new(512, 512, 8, 32, 64, 64, 1);
-    let e = forced(KernelChoice {
+    let e = forced(KernelChoice::Tiled(TiledChoice {
         variant: Some(Variant::WORKGROUP),
         plan: Some(huge),
-        ..Default::default()
-    })
+    }))
     .select(&p)
     .unwrap_err();
     assert!(e.to_string().contains("workgroup memory"), "{e}");
 
     let malformed = TilePlan::new(60, 64, 8, 16, 16, 16, 1);
-    let e = forced(KernelChoice {
+    let e = forced(KernelChoice::Tiled(TiledChoice {
         variant: None,
         plan: Some(malformed),
-        ..Default::default()
-    })
+    }))
     .select(&p)
     .unwrap_err();
     assert!(e.to_string().contains("malformed"), "{e}");
@@ -303,11 +302,10 @@ fn forced_kernels_the_device_lacks_are_errors() {
         assert!(e.to_string().contains("subgroup"), "{e}");
     } else if ctx.caps.subgroup_min_size < 16 {
         let wide = TilePlan::new(64, 64, 16, 16, 16, 8, 1);
-        let e = forced(KernelChoice {
+        let e = forced(KernelChoice::Tiled(TiledChoice {
             variant: Some(Variant::SUBGROUP),
             plan: Some(wide),
-            ..Default::default()
-        })
+        }))
         .select(&p)
         .unwrap_err();
         assert!(e.to_string().contains("subgroups may be as small as"), "{e}");

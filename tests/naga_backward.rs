@@ -4,8 +4,9 @@
 //! break on another platform fails here, on a machine with none of them.
 
 use naga::valid::{Capabilities, SubgroupOperationSet, ValidationFlags, Validator};
-use wgpu_flash_attn::shaders::KernelConfig;
-use wgpu_flash_attn::{all_backward_kernels, BackwardKernel};
+use wgpu_flash_attn::kernel::BackwardKernel;
+use wgpu_flash_attn::plan::all_backward_kernels;
+use wgpu_flash_attn::wgsl::KernelConfig;
 
 /// Only the naga capabilities a kernel's required features grant, so that a kernel that silently
 /// needs subgroups or f16 fails validation.
@@ -96,7 +97,7 @@ fn every_backward_kernel_validates_and_translates_to_spirv_msl_and_hlsl() {
 
 #[test]
 fn backward_shaders_open_with_a_comment_saying_what_they_are() {
-    use wgpu_flash_attn::shaders::*;
+    use wgpu_flash_attn::wgsl::*;
     for (name, src) in [
         ("flash_bwd_common", FLASH_BWD_COMMON),
         ("flash_bwd_stage", FLASH_BWD_STAGE),

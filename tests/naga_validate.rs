@@ -5,8 +5,10 @@
 //! kernel that would break on another platform fails here, on a machine with none of them.
 
 use naga::valid::{Capabilities, SubgroupOperationSet, ValidationFlags, Validator};
-use wgpu_flash_attn::shaders::{KernelConfig, NaivePass};
-use wgpu_flash_attn::{all_configs, all_coop_configs, DType, Reduction, TileType};
+use wgpu_flash_attn::kernel::{Reduction, TileType};
+use wgpu_flash_attn::plan::{all_configs, all_coop_configs};
+use wgpu_flash_attn::wgsl::{KernelConfig, NaivePass};
+use wgpu_flash_attn::DType;
 
 fn every_kernel() -> Vec<KernelConfig> {
     let mut kernels: Vec<KernelConfig> = all_configs().into_iter().map(KernelConfig::Flash).collect();
@@ -65,7 +67,7 @@ fn translate(kernel: &KernelConfig) -> Result<(), String> {
     let source = kernel.source();
     let module = naga::front::wgsl::parse_str(&source).map_err(|e| e.emit_to_string(&source))?;
     // The cooperative kernel is built by the library's own SPIR-V path, which checks uniformity
-    // over the subgroup, not the workgroup (src/spirv_coherence.rs says why); the rest as usual.
+    // over the subgroup, not the workgroup (src/spirv/coherence.rs says why); the rest as usual.
     let flags = match kernel {
         KernelConfig::FlashCoop(_) => ValidationFlags::all().difference(ValidationFlags::CONTROL_FLOW_UNIFORMITY),
         _ => ValidationFlags::all(),
@@ -127,7 +129,7 @@ fn translate(kernel: &KernelConfig) -> Result<(), String> {
 
 #[test]
 fn shaders_open_with_a_comment_saying_what_they_are() {
-    use wgpu_flash_attn::shaders::*;
+    use wgpu_flash_attn::wgsl::*;
     for (name, src) in [
         ("common", COMMON),
         ("storage_f32", STORAGE_F32),

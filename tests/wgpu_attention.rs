@@ -5,10 +5,11 @@
 mod common;
 
 use common::{engine_with, gpu, run_and_check, run_and_check_any, seed_of, shape, SHAPES};
-use wgpu_flash_attn::harness::{Kernel, Workload};
+use wgpu_flash_attn::kernel::{CoopChoice, TilePlan, TiledChoice, Variant};
+use wgpu_flash_attn::plan::{CoopPlan, COOP_KERNEL_VERIFIED, COOP_PLANS, COOP_SHARED_PLANS, PLANS};
+use wgpu_flash_attn::testing::harness::{Kernel, Workload};
 use wgpu_flash_attn::{
-    AttentionProblem, BoundsChecks, CoopPlan, DType, FlashAttention, KernelChoice, Layout, Options, Tensor,
-    TensorLayout, TilePlan, Variant, COOP_KERNEL_VERIFIED, COOP_PLANS, COOP_SHARED_PLANS, PLANS,
+    AttentionProblem, BoundsChecks, DType, FlashAttention, KernelChoice, Layout, Options, Tensor, TensorLayout,
 };
 
 /// The variants this device can run for `dtype` (f16 tiles only exist for f16 storage).
@@ -65,11 +66,10 @@ fn every_tile_plan_the_device_fits_matches_the_reference() {
     ];
     for plan in PLANS.into_iter().chain(extra) {
         for variant in variants(&auto, DType::F32) {
-            let choice = KernelChoice {
+            let choice = KernelChoice::Tiled(TiledChoice {
                 variant: Some(variant),
                 plan: Some(plan),
-                ..Default::default()
-            };
+            });
             let engine = engine_with(ctx, choice);
             for (b, sq, skv, h, hkv, d, causal) in [
                 (1, 100, 100, 2, 1, 64, true),
@@ -253,14 +253,12 @@ fn cooperative_matrix_kernel_matches_the_reference() {
             continue;
         }
         seen.push((plan, registers));
-        let choice = KernelChoice {
-            cooperative_matrix: Some(true),
-            coop_tile: Some((plan.block_m, plan.block_n)),
-            coop_prefetch_kv: Some(plan.prefetch_kv),
-            coop_double_buffer: Some(plan.double_buffer),
-            coop_register_softmax: Some(registers),
-            ..Default::default()
-        };
+        let choice = KernelChoice::CooperativeMatrix(CoopChoice {
+            tile: Some((plan.block_m, plan.block_n)),
+            prefetch_kv: Some(plan.prefetch_kv),
+            double_buffer: Some(plan.double_buffer),
+            register_softmax: Some(registers),
+        });
         let engine = engine_with(ctx, choice);
         let mut ran = 0;
         for_each_shape(|mut problem, label| {

@@ -8,11 +8,12 @@
 mod common;
 
 use common::{gpu, seed_of, shape, SHAPES};
-use wgpu_flash_attn::backward_harness::{BackwardWorkload, Grads};
+use wgpu_flash_attn::kernel::{BackwardChoice, BackwardConfig, BackwardPass, Variant};
+use wgpu_flash_attn::plan::{select_backward, BackwardTilePlan, DKDV_PLANS, DQ_PLANS};
+use wgpu_flash_attn::testing::backward_harness::{BackwardWorkload, Grads};
 use wgpu_flash_attn::{
-    select_backward, AttentionProblem, BackwardBuffers, BackwardChoice, BackwardConfig, BackwardInputs, BackwardPass,
-    BackwardProblem, BackwardTilePlan, DType, Element, Error, FlashAttention, GpuContext, GradTensor, Layout, Tensor,
-    TensorBuffer, TensorLayout, Variant, DKDV_PLANS, DQ_PLANS,
+    AttentionProblem, BackwardBuffers, BackwardInputs, BackwardProblem, DType, Element, Error, FlashAttention,
+    GpuContext, GradTensor, Layout, Tensor, TensorBuffer, TensorLayout,
 };
 
 fn for_each_shape(dtype: DType, mut f: impl FnMut(BackwardProblem, String)) {
@@ -308,7 +309,7 @@ fn dk_and_dv_may_share_a_buffer() {
     let mut encoder = ctx.device.create_command_encoder(&Default::default());
     engine.encode_backward(&mut encoder, problem, &buffers, None).unwrap();
     ctx.queue.submit([encoder.finish()]);
-    let bytes = pollster::block_on(wgpu_flash_attn::read_back(
+    let bytes = pollster::block_on(wgpu_flash_attn::testing::shader::read_back(
         &ctx.device,
         &ctx.queue,
         &[(&both, 0, 8 * kv_len as u64)],

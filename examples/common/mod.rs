@@ -2,7 +2,7 @@
 //! exit status.
 #![allow(dead_code)]
 
-use wgpu_flash_attn::timing::{Clock, Timing};
+use wgpu_flash_attn::testing::timing::{Clock, Timing};
 use wgpu_flash_attn::{AttentionProblem, AttentionShape, BoundsChecks, DType, GpuContext, Layout};
 
 /// The flags that describe an attention problem, with the examples' defaults.

@@ -15,9 +15,9 @@ use super::plan::{
     FwdParams,
 };
 use super::tma;
-use crate::attention::AttentionOutput;
 use crate::error::{Error, Result};
 use crate::problem::{AttentionProblem, Element, Tensor};
+use crate::runtime::forward::AttentionOutput;
 
 // SAFETY: plain `#[repr(C)]` data whose layout `cuda/flash_fwd_mma.cu` mirrors (size asserted on
 // both sides); passed by value as the kernel's only parameter.

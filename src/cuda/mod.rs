@@ -1,5 +1,5 @@
 //! Native CUDA path (`--features cuda`): FlashAttention forward on NVIDIA tensor cores, compiled
-//! at run time by NVRTC, for the same [`AttentionProblem`](crate::AttentionProblem) as the wgpu
+//! at run time by NVRTC, for the same [`AttentionProblem`](crate::problem::AttentionProblem) as the wgpu
 //! path and with the same errors.
 //!
 //! ```no_run
@@ -15,7 +15,7 @@
 //! # Ok(()) }
 //! ```
 //!
-//! * [`CudaDevice`] finds the driver (an [`Error::Unavailable`](crate::Error::Unavailable), never a
+//! * [`CudaDevice`] finds the driver (an [`Error::Unavailable`](crate::error::Error::Unavailable), never a
 //!   panic, when there is none), opens a context and stream, and reads the compute capability.
 //! * [`CudaAttention`] runs on host slices ([`CudaAttention::forward`]) or on your device buffers
 //!   without copies ([`CudaAttention::forward_device`]).
@@ -37,7 +37,7 @@ pub mod tma;
 
 /// The host-side tests' problem: bf16, ragged lengths (1000 queries, 777 keys), GQA 8:2.
 #[cfg(test)]
-fn test_problem(head_dim: usize) -> crate::AttentionProblem {
+fn test_problem(head_dim: usize) -> crate::problem::AttentionProblem {
     let shape = crate::problem::AttentionShape {
         batch: 2,
         seq_q: 1000,
@@ -46,7 +46,7 @@ fn test_problem(head_dim: usize) -> crate::AttentionProblem {
         num_kv_heads: 2,
         head_dim,
     };
-    crate::AttentionProblem::new(shape, crate::DType::BF16)
+    crate::problem::AttentionProblem::new(shape, crate::problem::DType::BF16)
 }
 
 pub use cudarc;

@@ -3,7 +3,7 @@
 
 use std::sync::OnceLock;
 
-use wgpu_flash_attn::harness::{Kernel, Workload};
+use wgpu_flash_attn::testing::harness::{Kernel, Workload};
 use wgpu_flash_attn::{
     AttentionProblem, AttentionShape, DType, Element, FlashAttention, GpuContext, KernelChoice, Options,
 };

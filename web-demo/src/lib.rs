@@ -18,10 +18,9 @@ use std::rc::Rc;
 use serde::{Deserialize, Serialize};
 use wasm_bindgen::prelude::*;
 use wgpu_flash_attn::testing::random_tensor;
-use wgpu_flash_attn::{
-    AttentionOutput, AttentionProblem, AttentionShape, Caps, DType, Element, FlashAttention, ForwardKernel, GpuContext,
-    KernelChoice, Options, Tensor, TilePlan, PLANS,
-};
+use wgpu_flash_attn::{AttentionOutput, AttentionProblem, AttentionShape, Caps, DType, Element, FlashAttention, GpuContext, KernelChoice, Options, Tensor};
+use wgpu_flash_attn::kernel::{ForwardKernel, TiledChoice, TilePlan};
+use wgpu_flash_attn::plan::PLANS;
 
 use crate::check::Check;
 use crate::pattern::Pattern;
@@ -212,9 +211,12 @@ impl Settings {
                 why: format!("the library has {} plans", PLANS.len()),
             })?),
         };
-        Ok(KernelChoice {
-            plan,
-            ..Default::default()
+        Ok(match plan {
+            None => KernelChoice::Auto,
+            Some(plan) => KernelChoice::Tiled(TiledChoice {
+                variant: None,
+                plan: Some(plan),
+            }),
         })
     }
 

@@ -4,9 +4,9 @@
 
 use std::time::Instant;
 
-use crate::context::GpuContext;
+use crate::device::context::GpuContext;
 use crate::error::{Error, Result};
-use crate::readback::read_back;
+use crate::gpu::readback::read_back;
 
 /// Where a measurement came from.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -25,10 +25,9 @@
 //! uniformity over the subgroup (its scope), and the kernel branches on subgroup-uniform values
 //! (`subgroupAny`). Everything else is validated as usual.
 
-use crate::error::{Error, Result};
+use crate::spirv::words::{instructions, OP_CONSTANT, OP_TYPE_COOP_MATRIX};
 
 const OP_TYPE_POINTER: u32 = 32;
-const OP_CONSTANT: u32 = 43;
 const OP_VARIABLE: u32 = 59;
 const OP_LOAD: u32 = 61;
 const OP_STORE: u32 = 62;
@@ -38,7 +37,6 @@ const OP_PTR_ACCESS_CHAIN: u32 = 67;
 const OP_FSUB: u32 = 131;
 const OP_FMUL: u32 = 133;
 const OP_CONTROL_BARRIER: u32 = 224;
-const OP_TYPE_COOP_MATRIX: u32 = 4456;
 const OP_COOP_LOAD: u32 = 4457;
 const OP_COOP_STORE: u32 = 4458;
 
@@ -48,19 +46,11 @@ const SEMANTICS_SUBGROUP_MEMORY: u32 = 0x80;
 const SEMANTICS_WORKGROUP_MEMORY: u32 = 0x100;
 const SEMANTICS_MAKE_AVAILABLE_AND_VISIBLE: u32 = 0x2000 | 0x4000;
 
-/// What naga checks of the cooperative kernel: everything but workgroup-wide uniformity (see
-/// the module docs). With the check off, nothing proves that every `workgroupBarrier()` stays in
-/// control flow uniform over the workgroup: in flash_fwd_coop.wgsl they sit in loops whose trip
-/// counts are constants or per-workgroup values (Q passes, K/V tiles), and edits must keep it so.
-/// tests/naga_validate.rs validates with the same flags.
-pub(crate) const VALIDATION_FLAGS: naga::valid::ValidationFlags =
-    naga::valid::ValidationFlags::all().difference(naga::valid::ValidationFlags::CONTROL_FLOW_UNIFORMITY);
-
 /// What the rewrite does to the barriers (the accesses are always made non-private). The
 /// library uses [`Coherence::FULL`]; the others exist for the probes that measure what each part
-/// costs (src/coop_probe.rs).
+/// costs (examples/coop_diagnostics.rs).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) struct Coherence {
+pub struct Coherence {
     /// Workgroup barriers make workgroup memory available and visible.
     pub workgroup_barrier_visible: bool,
     /// Memory semantics of subgroup barriers.
@@ -68,9 +58,9 @@ pub(crate) struct Coherence {
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-// Only the probes construct the weaker variants.
-#[cfg_attr(not(test), allow(dead_code))]
-pub(crate) enum SubgroupBarrier {
+// Only the diagnostics (examples/coop_diagnostics.rs) construct the weaker variants.
+#[cfg_attr(not(feature = "internals"), allow(dead_code))]
+pub enum SubgroupBarrier {
     /// Workgroup memory ordered, made available and visible (what the memory model asks).
     Visible,
     /// Workgroup memory ordered (acquire-release), without availability and visibility.
@@ -86,65 +76,8 @@ impl Coherence {
     };
 }
 
-/// Compiles `wgsl` (which must use cooperative matrices) to SPIR-V with coherent workgroup
-/// memory. `name` labels errors.
-pub(crate) fn compile(name: &str, wgsl: &str) -> Result<Vec<u32>> {
-    compile_with(name, wgsl, Some(Coherence::FULL))
-}
-
-/// [`compile`] with the given rewrite, or none (naga's own SPIR-V, uniformity relaxed).
-pub(crate) fn compile_with(name: &str, wgsl: &str, coherence: Option<Coherence>) -> Result<Vec<u32>> {
-    let fail = |message: String| Error::Shader {
-        name: name.to_string(),
-        message,
-    };
-    let module = naga::front::wgsl::parse_str(wgsl).map_err(|e| fail(e.emit_to_string(wgsl)))?;
-    let info = naga::valid::Validator::new(VALIDATION_FLAGS, naga::valid::Capabilities::all())
-        .subgroup_stages(naga::valid::ShaderStages::COMPUTE)
-        .subgroup_operations(naga::valid::SubgroupOperationSet::all())
-        .validate(&module)
-        .map_err(|e| fail(e.emit_to_string(wgsl)))?;
-    let options = naga::back::spv::Options {
-        lang_version: (1, 6),
-        // Every index is in bounds by construction (see `BoundsChecks`).
-        bounds_check_policies: naga::proc::BoundsCheckPolicies {
-            index: naga::proc::BoundsCheckPolicy::Unchecked,
-            buffer: naga::proc::BoundsCheckPolicy::Unchecked,
-            image_load: naga::proc::BoundsCheckPolicy::Unchecked,
-            binding_array: naga::proc::BoundsCheckPolicy::Unchecked,
-        },
-        zero_initialize_workgroup_memory: naga::back::spv::ZeroInitializeWorkgroupMemoryMode::None,
-        // Names, by which src/spirv_elements.rs finds its placeholder functions.
-        flags: naga::back::spv::WriterFlags::DEBUG,
-        ..Default::default()
-    };
-    let mut words =
-        naga::back::spv::write_vec(&module, &info, &options, None).map_err(|e| fail(format!("SPIR-V: {e}")))?;
-    crate::spirv_elements::fill_placeholders(&mut words).map_err(&fail)?;
-    componentwise_products(&mut words);
-    if let Some(coherence) = coherence {
-        rewrite(&mut words, coherence).map_err(fail)?;
-    }
-    Ok(words)
-}
-
-/// Iterates over the instructions of a module: `(offset of the first word, opcode, word count)`.
-pub(crate) fn instructions(words: &[u32]) -> Vec<(usize, u32, usize)> {
-    let mut out = Vec::new();
-    let mut at = 5; // after the header
-    while at < words.len() {
-        let count = (words[at] >> 16) as usize;
-        if count == 0 {
-            break;
-        }
-        out.push((at, words[at] & 0xffff, count));
-        at += count;
-    }
-    out
-}
-
 /// The rewrite described in the module docs, in place.
-fn rewrite(words: &mut Vec<u32>, coherence: Coherence) -> std::result::Result<(), String> {
+pub(crate) fn rewrite(words: &mut Vec<u32>, coherence: Coherence) -> std::result::Result<(), String> {
     if words.len() < 5 || words[0] != 0x0723_0203 {
         return Err("not a SPIR-V module".into());
     }
@@ -250,7 +183,7 @@ fn rewrite(words: &mut Vec<u32>, coherence: Coherence) -> std::result::Result<()
 
 /// Every `OpFSub` whose result is a cooperative matrix becomes `OpFMul` (same operands), see the
 /// module docs.
-fn componentwise_products(words: &mut [u32]) {
+pub(crate) fn componentwise_products(words: &mut [u32]) {
     let matrix_types = cooperative_matrix_types(words);
     for (at, op, count) in instructions(words) {
         if op == OP_FSUB && count == 5 && matrix_types.contains(&words[at + 1]) {
@@ -285,6 +218,7 @@ fn with_non_private(w: &[u32], operands_at: usize) -> Vec<u32> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::spirv::compile;
 
     const KERNEL: &str = r#"
 enable f16;
@@ -357,8 +291,8 @@ fn main(@builtin(local_invocation_index) li: u32) {
     /// configuration, and no other matrix subtraction exists to be turned into one by mistake.
     #[test]
     fn the_cooperative_kernel_has_exactly_one_componentwise_product() {
-        for config in crate::select::all_coop_configs() {
-            let kernel = crate::shaders::KernelConfig::FlashCoop(config);
+        for config in crate::plan::all_coop_configs() {
+            let kernel = crate::wgsl::KernelConfig::FlashCoop(config);
             let words = compile(&kernel.name(), &kernel.source()).unwrap();
             let matrix_types = cooperative_matrix_types(&words);
             let on_matrices = |op: u32| {

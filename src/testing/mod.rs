@@ -4,6 +4,15 @@
 
 use crate::problem::Element;
 
+#[cfg(all(any(test, feature = "internals"), not(target_arch = "wasm32")))]
+pub mod backward_harness;
+#[cfg(all(any(test, feature = "internals"), not(target_arch = "wasm32")))]
+pub mod harness;
+#[cfg(any(test, feature = "internals"))]
+pub mod shader;
+#[cfg(all(any(test, feature = "internals"), not(target_arch = "wasm32")))]
+pub mod timing;
+
 /// A small, fast, seedable generator (SplitMix64). Not cryptographic; reproducible on every
 /// platform, which is all the tests need.
 #[derive(Clone, Debug)]
@@ -133,33 +142,6 @@ impl std::fmt::Display for ErrorStats {
             self.rel_l2, self.max_abs, self.worst_index, self.non_finite, self.count
         )
     }
-}
-
-/// The library's read-back (byte ranges of GPU buffers to the host), for tests that dispatch
-/// shaders of their own.
-pub use crate::readback::read_back;
-
-/// The value of a module's `u32` constant `name`, as naga evaluated it when parsing: how tests
-/// compare a shader's own derived sizes with the host's. `None` if there is no such constant or
-/// it is not a `u32`. Native only (naga is a native dependency).
-#[cfg(not(target_arch = "wasm32"))]
-pub fn wgsl_u32_constant(module: &naga::Module, name: &str) -> Option<u32> {
-    let (_, constant) = module.constants.iter().find(|(_, c)| c.name.as_deref() == Some(name))?;
-    match module.global_expressions[constant.init] {
-        naga::Expression::Literal(naga::Literal::U32(v)) => Some(v),
-        _ => None,
-    }
-}
-
-/// The text of WGSL source `src` from the first `from` through the closing brace of the first
-/// function `fn_name` after it (comments skipped as the unroller skips them): how a test runs one
-/// function of a kernel, as written, on a device the whole kernel cannot run on.
-pub fn wgsl_through_fn<'a>(src: &'a str, from: &str, fn_name: &str) -> Option<&'a str> {
-    let start = src.find(from)?;
-    let func = start + src[start..].find(&format!("fn {fn_name}("))?;
-    let open = func + src[func..].find('{')?;
-    let close = crate::unroll::matching_brace(src, open)?;
-    Some(&src[start..=close])
 }
 
 #[cfg(test)]

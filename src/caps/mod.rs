@@ -1,5 +1,9 @@
 //! What the device offers, read once off the adapter and device: the facts kernel selection needs.
 
+pub mod register_layout;
+
+pub use register_layout::RegisterLayout;
+
 /// Capabilities of one device, as the selection function sees them. Built from a live device with
 /// [`Caps::from_device`], or by hand in tests (selection is a pure function of this and the
 /// problem).
@@ -25,9 +29,9 @@ pub struct Caps {
     /// enabled on the device (wgpu's experimental `EXPERIMENTAL_COOPERATIVE_MATRIX`).
     pub cooperative_matrix_f16: bool,
     /// How the device lays out a 16×16 matrix's components over a subgroup, where it has the
-    /// shape that lets the matrix kernel keep its scores in registers (src/coop_layout.rs);
-    /// measured by [`crate::GpuContext::probe_register_layout`].
-    pub coop_register_layout: Option<crate::coop_layout::RegisterLayout>,
+    /// shape that lets the matrix kernel keep its scores in registers (src/caps/register_layout.rs);
+    /// measured by `GpuContext::probe_register_layout` (src/device/context.rs).
+    pub coop_register_layout: Option<RegisterLayout>,
     /// Why `coop_register_layout` is `None`, where that is known (not measured, or measured and
     /// unfit), for error messages.
     pub coop_register_layout_note: Option<String>,
@@ -152,7 +156,7 @@ pub(crate) mod fixtures {
             subgroup_min_size: 32,
             subgroup_max_size: 32,
             cooperative_matrix_f16: true,
-            coop_register_layout: Some(crate::coop_layout::RegisterLayout::nvidia_h200()),
+            coop_register_layout: Some(super::RegisterLayout::nvidia_h200()),
             coop_register_layout_note: None,
             max_workgroup_storage_bytes: 48 << 10,
             max_storage_binding_bytes: (2 << 30) - 4,

@@ -7,17 +7,15 @@
 
 use wgpu::util::DeviceExt;
 
-use crate::attention::FlashAttention;
-use crate::backward_problem::{BackwardProblem, GradTensor};
-use crate::backward_select::{
-    backward_grid, select_backward, BackwardChoice, BackwardConfig, BackwardKernel, BackwardPass,
-};
-use crate::binding::{bind, bind_f32, Bound, TensorBuffer};
 use crate::error::{Error, Result};
-use crate::params::{GradParams, Params};
+use crate::gpu::binding::{bind, bind_f32, Bound, TensorBuffer};
+use crate::gpu::readback::{read_back, upload};
+use crate::plan::{backward_grid, select_backward, BackwardChoice, BackwardConfig, BackwardKernel, BackwardPass};
+use crate::problem::backward::{BackwardProblem, GradTensor};
 use crate::problem::{Element, Tensor};
-use crate::readback::{read_back, upload};
-use crate::shaders::KernelConfig;
+use crate::runtime::forward::FlashAttention;
+use crate::wgsl::params::{GradParams, Params};
+use crate::wgsl::KernelConfig;
 
 /// The tensors of one backward call, in the caller's buffers.
 ///
@@ -87,10 +85,10 @@ struct BoundBackward<'a> {
 
 impl FlashAttention {
     /// The backward kernels this engine would run for `problem` (honouring a variant forced in
-    /// its [`Options`](crate::Options)).
+    /// its [`Options`](crate::runtime::forward::Options)).
     pub fn select_backward(&self, problem: impl Into<BackwardProblem>) -> Result<BackwardConfig> {
         let choice = BackwardChoice {
-            variant: self.options().choice.variant,
+            variant: self.options().choice.tiled().variant,
             ..Default::default()
         };
         select_backward(&problem.into(), &self.context().caps, &choice)
@@ -110,7 +108,7 @@ impl FlashAttention {
     /// pass, reading and writing the caller's buffers. Never blocks. `timestamps`, if given, are
     /// written at the start and end of the pass.
     ///
-    /// `problem` is an [`AttentionProblem`](crate::AttentionProblem) (gradients laid out like
+    /// `problem` is an [`AttentionProblem`](crate::problem::AttentionProblem) (gradients laid out like
     /// their tensors) or a [`BackwardProblem`].
     pub fn encode_backward(
         &self,
@@ -126,7 +124,7 @@ impl FlashAttention {
     }
 
     /// [`encode_backward`](Self::encode_backward) with given kernels (from
-    /// [`select_backward`](crate::select_backward) with a [`BackwardChoice`], e.g. to try plans).
+    /// [`select_backward`](crate::plan::select_backward) with a [`BackwardChoice`], e.g. to try plans).
     pub fn encode_backward_with(
         &self,
         encoder: &mut wgpu::CommandEncoder,

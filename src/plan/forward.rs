@@ -1,6 +1,7 @@
 //! Kernel selection: a pure function from the problem and the device's capabilities to one
 //! kernel configuration. No GPU is touched here, so every branch is unit-tested.
 
+use crate::caps::register_layout::COOP_SUBGROUP;
 use crate::caps::Caps;
 use crate::error::{Error, Result};
 use crate::problem::{AttentionProblem, DType};
@@ -129,7 +130,7 @@ impl TilePlan {
     }
 
     /// The seven sizes in declaration order (block_m, block_n, threads_x, threads_y, k_step,
-    /// n_step, stages), as the shaders' generated `const`s take them (src/shaders.rs).
+    /// n_step, stages), as the shaders' generated `const`s take them (src/wgsl/mod.rs).
     pub fn sizes(&self) -> [u32; 7] {
         [
             self.block_m,
@@ -311,11 +312,8 @@ pub struct CoopConfig {
     pub double_buffer: bool,
     /// The device's fragment layout, where the softmax runs on the score fragments' registers
     /// (shaders/coop_registers.wgsl); `None`: through workgroup memory.
-    pub register_layout: Option<crate::coop_layout::RegisterLayout>,
+    pub register_layout: Option<crate::caps::register_layout::RegisterLayout>,
 }
-
-/// Lanes of the subgroup the cooperative kernel is written for.
-pub const COOP_SUBGROUP: u32 = 32;
 
 /// One way to run the cooperative kernel: its tile and how it streams K/V.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -344,7 +342,7 @@ impl CoopPlan {
 }
 
 /// The cooperative kernel's plans with the softmax in registers (where the device's fragment
-/// layout allows it, src/coop_layout.rs), best first, for head dims up to each bound (after
+/// layout allows it, src/caps/register_layout.rs), best first, for head dims up to each bound (after
 /// rounding up to 16). Measured on the H200 at seq 8192, f16, TFLOP/s, non-causal
 /// (bench-results/2026-11-29/coop-run5/):
 ///
@@ -441,7 +439,7 @@ pub enum CoopSoftmax {
 
 impl CoopSoftmax {
     /// The route a configuration with this register layout (or none) takes.
-    pub fn of(layout: Option<crate::coop_layout::RegisterLayout>) -> Self {
+    pub fn of(layout: Option<crate::caps::register_layout::RegisterLayout>) -> Self {
         match layout {
             Some(_) => CoopSoftmax::Registers,
             None => CoopSoftmax::WorkgroupMemory,
@@ -475,7 +473,7 @@ impl CoopConfig {
         }
     }
 
-    pub fn with_register_layout(self, register_layout: Option<crate::coop_layout::RegisterLayout>) -> Self {
+    pub fn with_register_layout(self, register_layout: Option<crate::caps::register_layout::RegisterLayout>) -> Self {
         CoopConfig {
             register_layout,
             ..self
@@ -485,9 +483,9 @@ impl CoopConfig {
     /// The layout the shader is compiled with: the device's, or (for the workgroup-memory
     /// softmax, which does not use it) the H200's layout, so that the unused register code still
     /// compiles.
-    pub(crate) fn compiled_layout(&self) -> crate::coop_layout::RegisterLayout {
+    pub(crate) fn compiled_layout(&self) -> crate::caps::register_layout::RegisterLayout {
         self.register_layout
-            .unwrap_or_else(crate::coop_layout::RegisterLayout::nvidia_h200)
+            .unwrap_or_else(crate::caps::register_layout::RegisterLayout::nvidia_h200)
     }
 
     pub fn with_double_buffer(self, double_buffer: bool) -> Self {
@@ -524,7 +522,7 @@ impl CoopConfig {
         self.block_m / 16 * COOP_SUBGROUP
     }
 
-    /// The trip counts of flash_fwd_coop.wgsl's `// @unroll` loops (src/unroll.rs).
+    /// The trip counts of flash_fwd_coop.wgsl's `// @unroll` loops (src/wgsl/unroll.rs).
     pub(crate) fn unroll_bounds(&self) -> [(&'static str, u32); 8] {
         // Staged rows one round of the K/V copy covers (COPY_ROW_STEP in the shader; at least 1
         // for a well-formed configuration, and a malformed one must not divide by zero here).
@@ -691,9 +689,10 @@ impl ForwardKernel {
 /// otherwise [`select`]'s tiled kernel.
 pub fn select_forward(problem: &AttentionProblem, caps: &Caps, choice: &KernelChoice) -> Result<ForwardKernel> {
     problem.validate()?;
-    let want = match choice.cooperative_matrix {
-        Some(want) => want,
-        None => COOP_BY_DEFAULT && choice.variant.is_none() && choice.plan.is_none(),
+    let (want, coop) = match choice {
+        KernelChoice::Auto => (COOP_BY_DEFAULT, CoopChoice::default()),
+        KernelChoice::Tiled(_) => (false, CoopChoice::default()),
+        KernelChoice::CooperativeMatrix(coop) => (true, *coop),
     };
     if want {
         let head_dim = problem.shape.head_dim as u32;
@@ -702,7 +701,7 @@ pub fn select_forward(problem: &AttentionProblem, caps: &Caps, choice: &KernelCh
         // allows it, then through workgroup memory (unless the caller asked for registers),
         // each with its own plans.
         let mut routes = Vec::new();
-        match (choice.coop_register_softmax, caps.coop_register_layout) {
+        match (coop.register_softmax, caps.coop_register_layout) {
             (Some(false), _) => {}
             (_, Some(layout)) => routes.push(Some(layout)),
             (Some(true), None) => reasons.push(format!(
@@ -711,13 +710,13 @@ pub fn select_forward(problem: &AttentionProblem, caps: &Caps, choice: &KernelCh
             )),
             (None, None) => {}
         }
-        if choice.coop_register_softmax != Some(true) {
+        if coop.register_softmax != Some(true) {
             routes.push(None);
         }
         let mut candidates: Vec<CoopConfig> = Vec::new();
         for layout in routes {
             let plans = coop_plans(head_dim, CoopSoftmax::of(layout));
-            let configs: Vec<CoopConfig> = match choice.coop_tile {
+            let configs: Vec<CoopConfig> = match coop.tile {
                 // A forced tile streams K/V as its plan does, or plainly if no plan has that tile.
                 Some((block_m, block_n)) => vec![plans
                     .iter()
@@ -737,8 +736,8 @@ pub fn select_forward(problem: &AttentionProblem, caps: &Caps, choice: &KernelCh
         }
         for config in candidates {
             let config = config
-                .with_prefetch_kv(choice.coop_prefetch_kv.unwrap_or(config.prefetch_kv))
-                .with_double_buffer(choice.coop_double_buffer.unwrap_or(config.double_buffer));
+                .with_prefetch_kv(coop.prefetch_kv.unwrap_or(config.prefetch_kv))
+                .with_double_buffer(coop.double_buffer.unwrap_or(config.double_buffer));
             match config.unavailable_reason(problem, caps) {
                 None => {
                     check_grid(problem, config.block_m, caps)?;
@@ -747,14 +746,14 @@ pub fn select_forward(problem: &AttentionProblem, caps: &Caps, choice: &KernelCh
                 Some(why) => reasons.push(format!("{}: {why}", config.name())),
             }
         }
-        if choice.cooperative_matrix == Some(true) {
+        if matches!(choice, KernelChoice::CooperativeMatrix(_)) {
             return Err(Error::Unavailable {
                 what: "the cooperative-matrix kernel".into(),
                 why: reasons.join("; "),
             });
         }
     }
-    select(problem, caps, choice).map(ForwardKernel::Tiled)
+    select(problem, caps, &choice.tiled()).map(ForwardKernel::Tiled)
 }
 
 /// Whether the cooperative-matrix kernel has been seen to match the float64 reference on a device
@@ -773,7 +772,7 @@ const COOP_BY_DEFAULT: bool = true;
 pub fn all_coop_configs() -> Vec<CoopConfig> {
     let mut configs = Vec::new();
     for d in (16..=crate::problem::MAX_HEAD_DIM as u32).step_by(16) {
-        for layout in [None, Some(crate::coop_layout::RegisterLayout::nvidia_h200())] {
+        for layout in [None, Some(crate::caps::register_layout::RegisterLayout::nvidia_h200())] {
             for plan in coop_plans(d, CoopSoftmax::of(layout)) {
                 for (prefetch_kv, double_buffer) in [(false, false), (true, false), (false, true), (true, true)] {
                     let config = plan
@@ -791,35 +790,84 @@ pub fn all_coop_configs() -> Vec<CoopConfig> {
     configs
 }
 
-/// What the caller asks of selection. `Default` is fully automatic.
+/// What the caller asks of forward selection: which kernel, and that kernel's knobs. Each kernel's
+/// knobs live in its own variant, so a request cannot name both kernels. `Default` is
+/// [`KernelChoice::Auto`].
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct KernelChoice {
-    /// Use exactly this variant (an error if the device lacks it), instead of the best available.
+pub enum KernelChoice {
+    /// The best kernel the device runs for the problem: the cooperative-matrix kernel for f16 data
+    /// where the device has tensor cores through wgpu, else the best tiled variant and plan.
+    #[default]
+    Auto,
+    /// The register-tiled kernel (no matrix units), with any of its knobs fixed.
+    Tiled(TiledChoice),
+    /// The cooperative-matrix (tensor-core) kernel, with any of its knobs fixed; an
+    /// [`Error::Unavailable`] naming each reason where the device or the problem cannot run it.
+    CooperativeMatrix(CoopChoice),
+}
+
+/// Knobs of the register-tiled kernel; `None` leaves a knob to selection.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct TiledChoice {
+    /// Exactly this variant (an error if the device lacks it).
     pub variant: Option<Variant>,
-    /// Use exactly this tile plan instead of the best that fits.
+    /// Exactly this tile plan (an error if it does not fit the device).
     pub plan: Option<TilePlan>,
-    /// The cooperative-matrix (tensor-core) kernel: `None` uses it where available unless a
-    /// tiled variant or plan is forced, `Some(false)` never, `Some(true)` or an error.
-    pub cooperative_matrix: Option<bool>,
-    /// Use exactly this `(block_m, block_n)` for the cooperative kernel.
-    pub coop_tile: Option<(u32, u32)>,
-    /// Whether the cooperative kernel prefetches the next K/V tile into registers (`None`: as the
-    /// chosen plan does, see [`COOP_PLANS`] and [`COOP_SHARED_PLANS`]).
-    pub coop_prefetch_kv: Option<bool>,
-    /// Whether the cooperative kernel double-buffers K/V tiles (`None`: as the chosen plan does,
-    /// see [`COOP_PLANS`] and [`COOP_SHARED_PLANS`]).
-    pub coop_double_buffer: Option<bool>,
-    /// Whether the cooperative kernel's softmax runs on the score fragments' registers (`None`:
-    /// where the device's measured fragment layout allows it; `Some(false)`: through workgroup
-    /// memory; `Some(true)`: in registers or not at all).
-    pub coop_register_softmax: Option<bool>,
+}
+
+/// Knobs of the cooperative-matrix kernel; `None` leaves a knob to selection.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CoopChoice {
+    /// Exactly this `(block_m, block_n)`: streaming K/V as the plan with that tile does, or
+    /// plainly if no plan has it.
+    pub tile: Option<(u32, u32)>,
+    /// Whether the next K/V tile is prefetched into registers (`None`: as the chosen plan does).
+    pub prefetch_kv: Option<bool>,
+    /// Whether K/V tiles are double-buffered (`None`: as the chosen plan does).
+    pub double_buffer: Option<bool>,
+    /// Whether the softmax runs on the score fragments' registers (`None`: where the device's
+    /// measured fragment layout allows it; `Some(false)`: through workgroup memory; `Some(true)`:
+    /// in registers or an error).
+    pub register_softmax: Option<bool>,
 }
 
 impl KernelChoice {
+    /// The tiled kernel with exactly this variant.
     pub fn variant(variant: Variant) -> Self {
-        KernelChoice {
+        KernelChoice::Tiled(TiledChoice {
             variant: Some(variant),
-            ..Default::default()
+            plan: None,
+        })
+    }
+
+    /// The choice that separate knobs describe, as a command line collects them: `kernel` names
+    /// a kernel (`Some(true)`: the cooperative-matrix one, `Some(false)`: the tiled one) or
+    /// leaves it to the knobs, which name it by being set. Knobs of both kernels, or one kernel's
+    /// knobs with the other kernel named, are an [`Error::InvalidChoice`] that says which.
+    pub fn from_knobs(cooperative_matrix: Option<bool>, tiled: TiledChoice, coop: CoopChoice) -> Result<Self> {
+        let tiled_set = tiled != TiledChoice::default();
+        let coop_set = coop != CoopChoice::default();
+        let contradiction = match (cooperative_matrix, tiled_set, coop_set) {
+            (_, true, true) => Some("knobs of the tiled kernel and of the cooperative-matrix kernel"),
+            (Some(true), true, _) => Some("the cooperative-matrix kernel with knobs of the tiled kernel"),
+            (Some(false), _, true) => Some("the tiled kernel with knobs of the cooperative-matrix kernel"),
+            _ => None,
+        };
+        if let Some(what) = contradiction {
+            return Err(Error::InvalidChoice(format!("{what} ({tiled:?}, {coop:?})")));
+        }
+        Ok(match (cooperative_matrix, tiled_set, coop_set) {
+            (Some(true), ..) | (None, false, true) => KernelChoice::CooperativeMatrix(coop),
+            (Some(false), ..) | (None, true, false) => KernelChoice::Tiled(tiled),
+            _ => KernelChoice::Auto,
+        })
+    }
+
+    /// The tiled kernel's knobs as asked (all free unless the tiled kernel was chosen).
+    pub fn tiled(&self) -> TiledChoice {
+        match self {
+            KernelChoice::Tiled(tiled) => *tiled,
+            _ => TiledChoice::default(),
         }
     }
 }
@@ -853,7 +901,7 @@ const F16_TILES_BY_DEFAULT: bool = false;
 ///
 /// Fails with [`Error::Unavailable`] when the caller forces a variant or plan the device cannot
 /// run, and with [`Error::TooLarge`] when the grid would exceed the device's dispatch limits.
-pub fn select(problem: &AttentionProblem, caps: &Caps, choice: &KernelChoice) -> Result<FlashConfig> {
+pub fn select(problem: &AttentionProblem, caps: &Caps, choice: &TiledChoice) -> Result<FlashConfig> {
     problem.validate()?;
     let head_dim = problem.shape.head_dim as u32;
     let variants = match choice.variant {
@@ -972,7 +1020,7 @@ mod tests {
     #[test]
     fn automatic_choice_uses_subgroups_when_present_and_falls_back_without() {
         let caps = lavapipe();
-        let c = select(&problem(128, DType::F32), &caps, &KernelChoice::default()).unwrap();
+        let c = select(&problem(128, DType::F32), &caps, &TiledChoice::default()).unwrap();
         assert_eq!(c.variant, Variant::SUBGROUP);
         assert!(c.workgroup_bytes() <= caps.max_workgroup_storage_bytes);
 
@@ -980,7 +1028,7 @@ mod tests {
             subgroups: false,
             ..lavapipe()
         };
-        let c = select(&problem(128, DType::F32), &no_sg, &KernelChoice::default()).unwrap();
+        let c = select(&problem(128, DType::F32), &no_sg, &TiledChoice::default()).unwrap();
         assert_eq!(c.variant, Variant::WORKGROUP);
     }
 
@@ -988,7 +1036,7 @@ mod tests {
     fn small_workgroup_memory_gets_the_small_plan() {
         let caps = Caps::webgpu_baseline();
         for d in [32, 64, 128, 256] {
-            let c = select(&problem(d, DType::F32), &caps, &KernelChoice::default()).unwrap();
+            let c = select(&problem(d, DType::F32), &caps, &TiledChoice::default()).unwrap();
             assert!(c.workgroup_bytes() <= 16 << 10, "{}", c.name());
             assert!(c.plan.workgroup_size() <= 256);
             assert_eq!(c.variant, Variant::WORKGROUP);
@@ -1000,7 +1048,7 @@ mod tests {
         let c = select(
             &problem(256, DType::F32),
             &lavapipe(),
-            &KernelChoice::variant(Variant::WORKGROUP),
+            &KernelChoice::variant(Variant::WORKGROUP).tiled(),
         )
         .unwrap();
         assert!(c.plan.accumulators(c.head_dim_pad) <= MAX_ACCUMULATORS, "{}", c.name());
@@ -1008,7 +1056,7 @@ mod tests {
         let c = select(
             &problem(256, DType::F32),
             &lavapipe(),
-            &KernelChoice::variant(Variant::SUBGROUP),
+            &KernelChoice::variant(Variant::SUBGROUP).tiled(),
         )
         .unwrap();
         assert_eq!(c.plan.threads_x, 8);
@@ -1024,21 +1072,21 @@ mod tests {
         let e = select(
             &problem(64, DType::F32),
             &caps,
-            &KernelChoice::variant(Variant::SUBGROUP),
+            &KernelChoice::variant(Variant::SUBGROUP).tiled(),
         )
         .unwrap_err();
         assert!(e.to_string().contains("no subgroup"), "{e}");
         let e = select(
             &problem(64, DType::F16),
             &caps,
-            &KernelChoice::variant(Variant::WORKGROUP_F16),
+            &KernelChoice::variant(Variant::WORKGROUP_F16).tiled(),
         )
         .unwrap_err();
         assert!(e.to_string().contains("shader-f16"), "{e}");
         let e = select(
             &problem(64, DType::F32),
             &lavapipe(),
-            &KernelChoice::variant(Variant::WORKGROUP_F16),
+            &KernelChoice::variant(Variant::WORKGROUP_F16).tiled(),
         )
         .unwrap_err();
         assert!(e.to_string().contains("f16 storage only"), "{e}");
@@ -1046,7 +1094,7 @@ mod tests {
             max_workgroup_storage_bytes: 4096,
             ..lavapipe()
         };
-        let e = select(&problem(64, DType::F32), &tiny, &KernelChoice::default()).unwrap_err();
+        let e = select(&problem(64, DType::F32), &tiny, &TiledChoice::default()).unwrap_err();
         assert!(e.to_string().contains("workgroup memory"), "{e}");
     }
 
@@ -1067,18 +1115,71 @@ mod tests {
             },
             DType::F32,
         );
-        let e = select(&p, &caps, &KernelChoice::default()).unwrap_err();
+        let e = select(&p, &caps, &TiledChoice::default()).unwrap_err();
         assert!(matches!(e, Error::TooLarge(_)), "{e}");
+    }
+
+    #[test]
+    fn knobs_name_their_kernel_and_contradictions_are_errors() {
+        let tiled = TiledChoice {
+            variant: Some(Variant::SUBGROUP),
+            plan: None,
+        };
+        let coop = CoopChoice {
+            prefetch_kv: Some(true),
+            ..Default::default()
+        };
+        let none = (TiledChoice::default(), CoopChoice::default());
+        assert_eq!(
+            KernelChoice::from_knobs(None, none.0, none.1).unwrap(),
+            KernelChoice::Auto
+        );
+        assert_eq!(
+            KernelChoice::from_knobs(None, tiled, none.1).unwrap(),
+            KernelChoice::Tiled(tiled)
+        );
+        assert_eq!(
+            KernelChoice::from_knobs(None, none.0, coop).unwrap(),
+            KernelChoice::CooperativeMatrix(coop)
+        );
+        assert_eq!(
+            KernelChoice::from_knobs(Some(false), none.0, none.1).unwrap(),
+            KernelChoice::Tiled(TiledChoice::default())
+        );
+        assert_eq!(
+            KernelChoice::from_knobs(Some(true), none.0, none.1).unwrap(),
+            KernelChoice::CooperativeMatrix(CoopChoice::default())
+        );
+        for (kernel, t, c, says) in [
+            (
+                None,
+                tiled,
+                coop,
+                "knobs of the tiled kernel and of the cooperative-matrix kernel",
+            ),
+            (
+                Some(true),
+                tiled,
+                none.1,
+                "the cooperative-matrix kernel with knobs of the tiled kernel",
+            ),
+            (
+                Some(false),
+                none.0,
+                coop,
+                "the tiled kernel with knobs of the cooperative-matrix kernel",
+            ),
+        ] {
+            let e = KernelChoice::from_knobs(kernel, t, c).unwrap_err();
+            assert!(matches!(&e, Error::InvalidChoice(m) if m.contains(says)), "{e}");
+        }
     }
 
     #[test]
     fn cooperative_kernel_is_chosen_only_where_it_can_run() {
         let h200 = h200();
         let auto = KernelChoice::default();
-        let required = KernelChoice {
-            cooperative_matrix: Some(true),
-            ..Default::default()
-        };
+        let required = KernelChoice::CooperativeMatrix(CoopChoice::default());
         if !COOP_KERNEL_VERIFIED {
             let e = select_forward(&problem(128, DType::F16), &h200, &required).unwrap_err();
             assert!(e.to_string().contains("disabled"), "{e}");
@@ -1114,10 +1215,6 @@ mod tests {
         let k = select_forward(&problem(128, DType::F16), &h200, &KernelChoice::default()).unwrap();
         assert_eq!(matches!(k, ForwardKernel::Coop(_)), COOP_BY_DEFAULT);
         // Required but impossible: an error that says why.
-        let required = KernelChoice {
-            cooperative_matrix: Some(true),
-            ..Default::default()
-        };
         let e = select_forward(&problem(128, DType::BF16), &h200, &required).unwrap_err();
         assert!(e.to_string().contains("rounded to f16"), "{e}");
         // The kernel needs a positive scale (it takes tile maxima before scaling): zero and
@@ -1154,10 +1251,10 @@ mod tests {
             (&no_layout, auto),
             (
                 &h200(),
-                KernelChoice {
-                    coop_register_softmax: Some(false),
-                    ..auto
-                },
+                KernelChoice::CooperativeMatrix(CoopChoice {
+                    register_softmax: Some(false),
+                    ..Default::default()
+                }),
             ),
         ] {
             let ForwardKernel::Coop(c) = select_forward(&p, caps, &choice).unwrap() else {
@@ -1165,11 +1262,10 @@ mod tests {
             };
             assert_eq!(c, first_shared);
         }
-        let forced = KernelChoice {
-            cooperative_matrix: Some(true),
-            coop_register_softmax: Some(true),
-            ..auto
-        };
+        let forced = KernelChoice::CooperativeMatrix(CoopChoice {
+            register_softmax: Some(true),
+            ..Default::default()
+        });
         let err = select_forward(&p, &no_layout, &forced).unwrap_err().to_string();
         assert!(err.contains("A operand laid out differently"), "{err}");
     }
@@ -1197,11 +1293,11 @@ mod tests {
         assert!(c.block_m <= 32, "{}", c.name());
         // A forced tile keeps its plan's streaming unless told otherwise; every table config is
         // well formed and fits the H200.
-        let forced = KernelChoice {
-            coop_tile: Some((128, 32)),
-            coop_prefetch_kv: Some(true),
+        let forced = KernelChoice::CooperativeMatrix(CoopChoice {
+            tile: Some((128, 32)),
+            prefetch_kv: Some(true),
             ..Default::default()
-        };
+        });
         let ForwardKernel::Coop(c) = select_forward(&problem(128, DType::F16), &h200, &forced).unwrap() else {
             panic!("tiled kernel")
         };
@@ -1231,11 +1327,11 @@ mod tests {
     #[test]
     fn coop_unroll_bounds_match_the_shader_constants() {
         for config in all_coop_configs() {
-            let kernel = crate::shaders::KernelConfig::FlashCoop(config);
+            let kernel = crate::wgsl::KernelConfig::FlashCoop(config);
             let module =
                 naga::front::wgsl::parse_str(&kernel.source()).unwrap_or_else(|e| panic!("{}: {e}", kernel.name()));
             for (name, bound) in config.unroll_bounds() {
-                let value = crate::testing::wgsl_u32_constant(&module, name)
+                let value = crate::testing::shader::wgsl_u32_constant(&module, name)
                     .unwrap_or_else(|| panic!("{}: no u32 constant {name}", kernel.name()));
                 assert_eq!(value, bound, "{}: {name}", kernel.name());
             }
@@ -1249,7 +1345,7 @@ mod tests {
         for dtype in DType::ALL {
             for v in Variant::ALL {
                 for d in [32, 64, 128, 256] {
-                    if let Ok(c) = select(&problem(d, dtype), &caps, &KernelChoice::variant(v)) {
+                    if let Ok(c) = select(&problem(d, dtype), &caps, &KernelChoice::variant(v).tiled()) {
                         assert!(names.insert(c.name()), "{}", c.name());
                     }
                 }

@@ -6,29 +6,31 @@
 //! and the kernel file. Tile sizes are `const`s rather than pipeline `override`s because they
 //! size per-invocation register arrays, which WGSL allows only for const-expressions.
 
-use crate::backward_select::BackwardKernel;
-use crate::problem::DType;
-use crate::select::{CoopConfig, FlashConfig, Reduction, TileType};
+pub mod params;
+pub mod unroll;
 
-pub const COMMON: &str = include_str!("../shaders/common.wgsl");
-pub const STORAGE_F32: &str = include_str!("../shaders/storage_f32.wgsl");
-pub const STORAGE_F16: &str = include_str!("../shaders/storage_f16.wgsl");
-pub const STORAGE_BF16: &str = include_str!("../shaders/storage_bf16.wgsl");
-pub const TILE_F32: &str = include_str!("../shaders/tile_f32.wgsl");
-pub const TILE_F16: &str = include_str!("../shaders/tile_f16.wgsl");
-pub const REDUCE_WORKGROUP: &str = include_str!("../shaders/reduce_workgroup.wgsl");
-pub const REDUCE_SUBGROUP: &str = include_str!("../shaders/reduce_subgroup.wgsl");
-pub const FLASH_FWD: &str = include_str!("../shaders/flash_fwd.wgsl");
-pub const FLASH_FWD_COOP: &str = include_str!("../shaders/flash_fwd_coop.wgsl");
-pub const COOP_REGISTERS: &str = include_str!("../shaders/coop_registers.wgsl");
-pub const NAIVE_SCORES: &str = include_str!("../shaders/naive_scores.wgsl");
-pub const NAIVE_SOFTMAX: &str = include_str!("../shaders/naive_softmax.wgsl");
-pub const NAIVE_PV: &str = include_str!("../shaders/naive_pv.wgsl");
-pub const FLASH_BWD_COMMON: &str = include_str!("../shaders/flash_bwd_common.wgsl");
-pub const FLASH_BWD_STAGE: &str = include_str!("../shaders/flash_bwd_stage.wgsl");
-pub const FLASH_BWD_PRE: &str = include_str!("../shaders/flash_bwd_pre.wgsl");
-pub const FLASH_BWD_DKDV: &str = include_str!("../shaders/flash_bwd_dkdv.wgsl");
-pub const FLASH_BWD_DQ: &str = include_str!("../shaders/flash_bwd_dq.wgsl");
+use crate::plan::{BackwardKernel, CoopConfig, FlashConfig, Reduction, TileType};
+use crate::problem::DType;
+
+pub const COMMON: &str = include_str!("../../shaders/common.wgsl");
+pub const STORAGE_F32: &str = include_str!("../../shaders/storage_f32.wgsl");
+pub const STORAGE_F16: &str = include_str!("../../shaders/storage_f16.wgsl");
+pub const STORAGE_BF16: &str = include_str!("../../shaders/storage_bf16.wgsl");
+pub const TILE_F32: &str = include_str!("../../shaders/tile_f32.wgsl");
+pub const TILE_F16: &str = include_str!("../../shaders/tile_f16.wgsl");
+pub const REDUCE_WORKGROUP: &str = include_str!("../../shaders/reduce_workgroup.wgsl");
+pub const REDUCE_SUBGROUP: &str = include_str!("../../shaders/reduce_subgroup.wgsl");
+pub const FLASH_FWD: &str = include_str!("../../shaders/flash_fwd.wgsl");
+pub const FLASH_FWD_COOP: &str = include_str!("../../shaders/flash_fwd_coop.wgsl");
+pub const COOP_REGISTERS: &str = include_str!("../../shaders/coop_registers.wgsl");
+pub const NAIVE_SCORES: &str = include_str!("../../shaders/naive_scores.wgsl");
+pub const NAIVE_SOFTMAX: &str = include_str!("../../shaders/naive_softmax.wgsl");
+pub const NAIVE_PV: &str = include_str!("../../shaders/naive_pv.wgsl");
+pub const FLASH_BWD_COMMON: &str = include_str!("../../shaders/flash_bwd_common.wgsl");
+pub const FLASH_BWD_STAGE: &str = include_str!("../../shaders/flash_bwd_stage.wgsl");
+pub const FLASH_BWD_PRE: &str = include_str!("../../shaders/flash_bwd_pre.wgsl");
+pub const FLASH_BWD_DKDV: &str = include_str!("../../shaders/flash_bwd_dkdv.wgsl");
+pub const FLASH_BWD_DQ: &str = include_str!("../../shaders/flash_bwd_dq.wgsl");
 
 /// The three passes of standard attention (the naive GPU baseline).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -55,7 +57,7 @@ pub enum KernelConfig {
         pass: NaivePass,
         storage: DType,
     },
-    /// One of the three kernels of the backward pass (src/backward_select.rs).
+    /// One of the three kernels of the backward pass (src/plan/backward.rs).
     Backward(BackwardKernel),
 }
 
@@ -109,7 +111,7 @@ impl KernelConfig {
 
     /// The complete WGSL module.
     pub fn source(&self) -> String {
-        let mut src = format!("// {} — assembled by wgpu-flash-attn (src/shaders.rs)\n", self.name());
+        let mut src = format!("// {} — assembled by wgpu-flash-attn (src/wgsl/mod.rs)\n", self.name());
         match self {
             KernelConfig::Flash(c) => {
                 let p = &c.plan;
@@ -157,10 +159,10 @@ impl KernelConfig {
                 for part in [COMMON, STORAGE_F16, FLASH_FWD_COOP, COOP_REGISTERS] {
                     src.push_str(part);
                 }
-                // The fragment loops are unrolled (src/unroll.rs says why). Our own shader's
+                // The fragment loops are unrolled (src/wgsl/unroll.rs says why). Our own shader's
                 // markers are checked by the tests; should one ever be malformed, the module
                 // fails to compile with the reason instead of the library panicking.
-                src = match crate::unroll::unroll_loops(&src, &c.unroll_bounds()) {
+                src = match crate::wgsl::unroll::unroll_loops(&src, &c.unroll_bounds()) {
                     Ok(unrolled) => unrolled,
                     Err(e) => format!("{src}\nunroll_failed: {e}\n"),
                 };
@@ -207,7 +209,7 @@ fn backward_source(kernel: &BackwardKernel, src: &mut String) {
                 FLASH_BWD_COMMON,
                 FLASH_BWD_STAGE,
                 match g.pass {
-                    crate::backward_select::BackwardPass::DkDv => FLASH_BWD_DKDV,
+                    crate::plan::BackwardPass::DkDv => FLASH_BWD_DKDV,
                     _ => FLASH_BWD_DQ,
                 },
             ] {

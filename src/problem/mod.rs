@@ -1,75 +1,10 @@
 //! What an attention call computes: shapes, element type, masking, scale and memory layouts,
 //! and the validation that every entry point runs before touching a GPU.
 
+pub mod backward;
+
+pub use crate::dtype::{DType, Element};
 use crate::error::{invalid, Error, Result};
-
-/// Element type of Q, K, V and O in memory. Arithmetic always accumulates in f32.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum DType {
-    F32,
-    F16,
-    /// bfloat16: the upper half of an f32. WGSL has no bf16 type; the kernels read it with a shift.
-    BF16,
-}
-
-impl DType {
-    /// Bytes per element.
-    pub const fn size_bytes(self) -> usize {
-        match self {
-            DType::F32 => 4,
-            DType::F16 | DType::BF16 => 2,
-        }
-    }
-
-    /// Short lowercase name used in kernel names and benchmark ids.
-    pub const fn name(self) -> &'static str {
-        match self {
-            DType::F32 => "f32",
-            DType::F16 => "f16",
-            DType::BF16 => "bf16",
-        }
-    }
-
-    pub const ALL: [DType; 3] = [DType::F32, DType::F16, DType::BF16];
-}
-
-/// A Rust element type that can be passed in host slices: `f32`, [`half::f16`], [`half::bf16`].
-pub trait Element: bytemuck::Pod + Send + Sync + 'static {
-    const DTYPE: DType;
-    fn to_f64(self) -> f64;
-    /// Rounds to the nearest representable value.
-    fn from_f64(v: f64) -> Self;
-}
-
-impl Element for f32 {
-    const DTYPE: DType = DType::F32;
-    fn to_f64(self) -> f64 {
-        self as f64
-    }
-    fn from_f64(v: f64) -> Self {
-        v as f32
-    }
-}
-
-impl Element for half::f16 {
-    const DTYPE: DType = DType::F16;
-    fn to_f64(self) -> f64 {
-        self.to_f64()
-    }
-    fn from_f64(v: f64) -> Self {
-        half::f16::from_f64(v)
-    }
-}
-
-impl Element for half::bf16 {
-    const DTYPE: DType = DType::BF16;
-    fn to_f64(self) -> f64 {
-        self.to_f64()
-    }
-    fn from_f64(v: f64) -> Self {
-        half::bf16::from_f64(v)
-    }
-}
 
 /// The two common orders of a 4-D attention tensor, both with `head_dim` innermost.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -5,7 +5,7 @@ use wgpu::util::DeviceExt;
 use crate::error::{Error, Result};
 
 /// A storage buffer holding `data` (padded with zeros to a multiple of 4 bytes).
-pub(crate) fn upload(device: &wgpu::Device, label: &str, data: &[u8], extra_usage: wgpu::BufferUsages) -> wgpu::Buffer {
+pub fn upload(device: &wgpu::Device, label: &str, data: &[u8], extra_usage: wgpu::BufferUsages) -> wgpu::Buffer {
     let padded;
     let contents = if data.len().is_multiple_of(4) && !data.is_empty() {
         data

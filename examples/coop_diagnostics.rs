@@ -1,27 +1,27 @@
 //! Diagnostics for the cooperative-matrix kernel, for devices that have cooperative matrices (the
-//! H200): `cargo test --release --lib coop_ -- --ignored --nocapture`. They report; they do not
-//! judge (the float64 tests in tests/wgpu_attention.rs do).
+//! H200): `cargo run --release --features internals --example coop_diagnostics -- [probe] [cases]
+//! [costs] [stats]` (all four without arguments). They report; they do not judge (the float64
+//! tests in tests/wgpu_attention.rs do). `cargo test` runs this file's one test: every probe's
+//! source compiles through the SPIR-V passes.
 //!
 //! - `coop_probe`: one 16×16×16 product C = A·B, loaded and stored in each of the ways the kernel
-//!   uses, through wgpu's WGSL path and through our SPIR-V (src/spirv_coherence.rs).
+//!   uses, through wgpu's WGSL path and through our SPIR-V (src/spirv/).
 //! - `coop_kernel_cases`: the whole kernel on inputs chosen to separate its stages.
 //! - `coop_kernel_costs`: the kernel with phases cut out, timed, to see where the time goes, and
 //!   variants of its barrier semantics.
 //! - `coop_pipeline_stats`: what the driver reports of each configuration's pipeline through
 //!   `VK_KHR_pipeline_executable_properties` (registers, spills; the driver's listings and its
 //!   pipeline-cache data into `$COOP_STATS_DIR`), through `ash` because wgpu does not expose it.
-//!   NVIDIA gives no listings, but its cache data holds the binary: scripts/sass-from-cache.py cuts
+//!   NVIDIA gives no listings, but its cache data holds the binary: scripts/lab/sass-from-cache.py cuts
 //!   it out for the CUDA toolkit's disassembler.
 //!
 //! The taps, stops and bisection that found the misaligned workgroup flag (BENCHMARKS.md) were
 //! written against the first kernel and are in the git history.
 
-#![cfg(test)]
-
 use std::borrow::Cow;
 
-use crate::context::GpuContext;
-use crate::spirv_coherence::{Coherence, SubgroupBarrier};
+use wgpu_flash_attn::device::context::GpuContext;
+use wgpu_flash_attn::spirv::{Coherence, SubgroupBarrier};
 
 /// Barrier semantics other than the library's, for the kernel probes: what each part of the
 /// coherence rewrite costs, and whether the kernel stays right without it on this device.
@@ -48,7 +48,7 @@ const BARRIER_VARIANTS: [(&str, Coherence); 3] = [
         },
     ),
 ];
-use crate::readback::read_back;
+use wgpu_flash_attn::gpu::readback::read_back;
 
 const HEADER: &str = "enable f16;\nenable wgpu_cooperative_matrix;\n\
 @group(0) @binding(0) var<storage, read> a: array<f16>;\n\
@@ -187,7 +187,7 @@ fn source(body: &str, extra: &str) -> String {
 }
 
 fn run(ctx: &GpuContext, src: &str, coherent: bool, a: &[half::f16], b: &[half::f16]) -> Result<Vec<f32>, String> {
-    use crate::coop_layout::{run_one_workgroup, ProbeShader};
+    use wgpu_flash_attn::device::layout_probe::{run_one_workgroup, ProbeShader};
     let shader = if coherent {
         ProbeShader::OurSpirv(src)
     } else {
@@ -201,21 +201,23 @@ fn run(ctx: &GpuContext, src: &str, coherent: bool, a: &[half::f16], b: &[half::
 
 /// Every probe compiles through naga and the coherence pass (the probes themselves need a device
 /// with cooperative matrices, so they are `#[ignore]`d).
+#[cfg(test)]
 #[test]
 fn probe_sources_compile() {
     for (name, body, extra) in VARIANTS {
-        crate::spirv_coherence::compile(name, &source(body, extra)).unwrap_or_else(|e| panic!("{name}: {e}"));
+        wgpu_flash_attn::spirv::compile(name, &source(body, extra)).unwrap_or_else(|e| panic!("{name}: {e}"));
     }
-    for layout in [None, Some(crate::coop_layout::RegisterLayout::nvidia_h200())] {
-        let config = crate::select::CoopConfig::new(64, 32, 128).with_register_layout(layout);
+    for layout in [
+        None,
+        Some(wgpu_flash_attn::caps::register_layout::RegisterLayout::nvidia_h200()),
+    ] {
+        let config = wgpu_flash_attn::plan::CoopConfig::new(64, 32, 128).with_register_layout(layout);
         for (name, source) in cost_variants(config) {
-            crate::spirv_coherence::compile(name, &source).unwrap_or_else(|e| panic!("{name}: {e}"));
+            wgpu_flash_attn::spirv::compile(name, &source).unwrap_or_else(|e| panic!("{name}: {e}"));
         }
     }
 }
 
-#[test]
-#[ignore = "diagnostic: run with --ignored --nocapture on a device with cooperative matrices"]
 fn coop_probe() {
     let Ok(ctx) = pollster::block_on(GpuContext::new()) else {
         eprintln!("coop_probe: no GPU");
@@ -285,9 +287,9 @@ struct KernelRig<'a> {
 }
 
 impl<'a> KernelRig<'a> {
-    fn new(ctx: &'a GpuContext, config: crate::select::CoopConfig) -> Self {
+    fn new(ctx: &'a GpuContext, config: wgpu_flash_attn::plan::CoopConfig) -> Self {
         let device = &ctx.device;
-        let group_layout = crate::pipelines::forward_bind_group_layout(device, None);
+        let group_layout = wgpu_flash_attn::gpu::pipelines::forward_bind_group_layout(device, None);
         let layout = device.create_pipeline_layout(&wgpu::PipelineLayoutDescriptor {
             label: None,
             bind_group_layouts: &[Some(&group_layout)],
@@ -295,7 +297,7 @@ impl<'a> KernelRig<'a> {
         });
         KernelRig {
             ctx,
-            source: crate::shaders::KernelConfig::FlashCoop(config).source(),
+            source: wgpu_flash_attn::wgsl::KernelConfig::FlashCoop(config).source(),
             workgroup_size: config.workgroup_size(),
             group_layout,
             layout,
@@ -305,7 +307,7 @@ impl<'a> KernelRig<'a> {
     /// The module with the given coherence rewrite (the library's is `Coherence::FULL`).
     fn module(&self, coherence: Coherence) -> Result<wgpu::ShaderModule, String> {
         let words =
-            crate::spirv_coherence::compile_with("kernel", &self.source, Some(coherence)).map_err(|e| e.to_string())?;
+            wgpu_flash_attn::spirv::compile_with("kernel", &self.source, Some(coherence)).map_err(|e| e.to_string())?;
         let entries = [wgpu::PassthroughShaderEntryPoint {
             name: Cow::Borrowed("flash_fwd_coop"),
             workgroup_size: (self.workgroup_size, 1, 1),
@@ -330,7 +332,7 @@ impl<'a> KernelRig<'a> {
         &self,
         module: &wgpu::ShaderModule,
         entry: &str,
-        params: &crate::params::Params,
+        params: &wgpu_flash_attn::wgsl::params::Params,
         groups: (u32, u32, u32),
         q: &[half::f16],
         k: &[half::f16],
@@ -358,13 +360,13 @@ impl<'a> KernelRig<'a> {
     fn time(
         &self,
         module: &wgpu::ShaderModule,
-        params: &crate::params::Params,
+        params: &wgpu_flash_attn::wgsl::params::Params,
         groups: (u32, u32, u32),
         qkv: [&[half::f16]; 3],
         o_len: usize,
-    ) -> Result<crate::timing::Timing, String> {
+    ) -> Result<wgpu_flash_attn::testing::timing::Timing, String> {
         let bound = self.bind(module, "flash_fwd_coop", params, qkv, o_len, 1)?;
-        crate::timing::time_passes(self.ctx, 3, 7, |encoder, timestamp_writes| {
+        wgpu_flash_attn::testing::timing::time_passes(self.ctx, 3, 7, |encoder, timestamp_writes| {
             let mut pass = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor {
                 label: None,
                 timestamp_writes,
@@ -392,14 +394,14 @@ impl<'a> KernelRig<'a> {
         &self,
         module: &wgpu::ShaderModule,
         entry: &str,
-        params: &crate::params::Params,
+        params: &wgpu_flash_attn::wgsl::params::Params,
         [q, k, v]: [&[half::f16]; 3],
         o_len: usize,
         lse_len: usize,
     ) -> Result<Bound, String> {
         let device = &self.ctx.device;
         let up = |data: &[u8]| {
-            crate::readback::upload(
+            wgpu_flash_attn::gpu::readback::upload(
                 device,
                 "tap",
                 data,
@@ -436,7 +438,7 @@ impl<'a> KernelRig<'a> {
         let group = device.create_bind_group(&wgpu::BindGroupDescriptor {
             label: None,
             layout: &self.group_layout,
-            entries: &crate::pipelines::entries_in_order(&[&uniform, &qb, &kb, &vb, &o, &lse]),
+            entries: &wgpu_flash_attn::gpu::pipelines::entries_in_order(&[&uniform, &qb, &kb, &vb, &o, &lse]),
         });
         Ok(Bound {
             pipeline,
@@ -467,8 +469,11 @@ fn context_with_coop(what: &str) -> Option<GpuContext> {
 }
 
 /// Params for a contiguous [batch, seq, heads, dim] problem, as attention.rs sets them.
-fn kernel_params(problem: &crate::problem::AttentionProblem, block_m: u32) -> crate::params::Params {
-    use crate::params::{Params, TensorStrides};
+fn kernel_params(
+    problem: &wgpu_flash_attn::problem::AttentionProblem,
+    block_m: u32,
+) -> wgpu_flash_attn::wgsl::params::Params {
+    use wgpu_flash_attn::wgsl::params::{Params, TensorStrides};
     let strides = [
         &problem.q_layout,
         &problem.k_layout,
@@ -484,12 +489,10 @@ fn kernel_params(problem: &crate::problem::AttentionProblem, block_m: u32) -> cr
 /// probability equal (so O is the mean of V: P·V and the epilogue alone), a one-hot V makes O
 /// the probabilities themselves (the softmax alone), then random inputs on one and several
 /// subgroups and K/V tiles, and large scores that force the rare rescale.
-#[test]
-#[ignore = "diagnostic: run with --ignored --nocapture on a device with cooperative matrices"]
 fn coop_kernel_cases() {
-    use crate::problem::{AttentionProblem, AttentionShape, DType, Tensor};
-    use crate::select::CoopConfig;
     use half::f16;
+    use wgpu_flash_attn::plan::CoopConfig;
+    use wgpu_flash_attn::problem::{AttentionProblem, AttentionShape, DType, Tensor};
 
     let Some(ctx) = context_with_coop("coop_kernel_cases") else {
         return;
@@ -506,9 +509,9 @@ fn coop_kernel_cases() {
     );
     fn random(p: &AttentionProblem) -> Inputs {
         (
-            crate::testing::random_tensor(11, p.required_len(Tensor::Q)),
-            crate::testing::random_tensor(12, p.required_len(Tensor::K)),
-            crate::testing::random_tensor(13, p.required_len(Tensor::V)),
+            wgpu_flash_attn::testing::random_tensor(11, p.required_len(Tensor::Q)),
+            wgpu_flash_attn::testing::random_tensor(12, p.required_len(Tensor::K)),
+            wgpu_flash_attn::testing::random_tensor(13, p.required_len(Tensor::V)),
         )
     }
     fn zero_q(p: &AttentionProblem) -> Inputs {
@@ -561,7 +564,7 @@ fn coop_kernel_cases() {
             };
             let problem = AttentionProblem::new(shape, DType::F16).with_causal(causal);
             let (q, k, v) = make(&problem);
-            let want = crate::reference::attention(&problem, &q, &k, &v).unwrap();
+            let want = wgpu_flash_attn::reference::attention(&problem, &q, &k, &v).unwrap();
             let config = CoopConfig::new(bm, bn, 64)
                 .with_prefetch_kv(prefetch_kv)
                 .with_double_buffer(double_buffer);
@@ -593,7 +596,7 @@ fn coop_kernel_cases() {
                 want.lse.len(),
             ) {
                 Ok((o, lse)) => {
-                    let err = crate::testing::ErrorStats::from_pairs(
+                    let err = wgpu_flash_attn::testing::ErrorStats::from_pairs(
                         o.iter().map(|x| x.to_f64()).zip(want.out.iter().copied()),
                     );
                     let lse_err = lse
@@ -616,7 +619,7 @@ fn coop_kernel_cases() {
 }
 
 /// The matrix kernel with one or more of its phases cut out (for [`coop_kernel_costs`]).
-fn cost_variants(config: crate::select::CoopConfig) -> Vec<(&'static str, String)> {
+fn cost_variants(config: wgpu_flash_attn::plan::CoopConfig) -> Vec<(&'static str, String)> {
     // Removes the text from `from` up to (not including) the next `to`.
     let cut = |src: &str, from: &str, to: &str, put: &str| -> String {
         let a = src.find(from).unwrap_or_else(|| panic!("{from:?} not in the kernel"));
@@ -684,7 +687,7 @@ fn cost_variants(config: crate::select::CoopConfig) -> Vec<(&'static str, String
             "        if (ROW_FACTORS_ALWAYS || moved) {\n                scale_rows(",
         )
     };
-    let full = crate::shaders::KernelConfig::FlashCoop(config).source();
+    let full = wgpu_flash_attn::wgsl::KernelConfig::FlashCoop(config).source();
     if config.register_layout.is_some() {
         // The softmax in registers (coop_registers.wgsl): P·V cannot be cut without the
         // compiler dropping the softmax that only feeds it, so it is not.
@@ -731,11 +734,9 @@ fn cost_variants(config: crate::select::CoopConfig) -> Vec<(&'static str, String
 /// meaningless, timings not; but on the H200, configurations timed after a "no K/V copy" cut read
 /// far too low, so compare only runs before it), each run on b2 × h16 × seq 8192 × head_dim 128 and timed by the wall
 /// clock around a waited submission (tens of milliseconds each, so the clock is fine).
-#[test]
-#[ignore = "diagnostic: run with --ignored --nocapture on a device with cooperative matrices"]
 fn coop_kernel_costs() {
-    use crate::problem::{AttentionProblem, DType, Tensor};
-    use crate::select::CoopConfig;
+    use wgpu_flash_attn::plan::CoopConfig;
+    use wgpu_flash_attn::problem::{AttentionProblem, DType, Tensor};
 
     let Some(ctx) = context_with_coop("coop_kernel_costs") else {
         return;
@@ -743,11 +744,11 @@ fn coop_kernel_costs() {
     let problem = AttentionProblem::mha(2, 8192, 16, 128, DType::F16);
     let len = problem.required_len(Tensor::Q);
     let (q, k, v): (Vec<half::f16>, Vec<half::f16>, Vec<half::f16>) = (
-        crate::testing::random_tensor(41, len),
-        crate::testing::random_tensor(42, len),
-        crate::testing::random_tensor(43, len),
+        wgpu_flash_attn::testing::random_tensor(41, len),
+        wgpu_flash_attn::testing::random_tensor(42, len),
+        wgpu_flash_attn::testing::random_tensor(43, len),
     );
-    // The head_dim 128 plans (src/select.rs), the shipped one first; the softmax in registers
+    // The head_dim 128 plans (src/plan/forward.rs), the shipped one first; the softmax in registers
     // (where the device's layout allows it) and through workgroup memory.
     let layout = ctx.caps.coop_register_layout;
     let configs = [
@@ -818,14 +819,15 @@ fn coop_kernel_costs() {
 /// memory...), which wgpu does not expose. The kernel's speed moved by ±30% with knobs that should
 /// not matter that much (BENCHMARKS.md); register counts say whether occupancy or spills explain
 /// it. Talks to Vulkan directly through `ash` with our own SPIR-V.
-#[test]
-#[ignore = "diagnostic: run with --ignored --nocapture on a device with cooperative matrices"]
 fn coop_pipeline_stats() {
-    use crate::select::{coop_plans, CoopConfig};
+    use wgpu_flash_attn::plan::{coop_plans, CoopConfig};
     let mut configs: Vec<CoopConfig> = Vec::new();
     for d in [64u32, 128, 256] {
-        for layout in [Some(crate::coop_layout::RegisterLayout::nvidia_h200()), None] {
-            for plan in coop_plans(d, crate::select::CoopSoftmax::of(layout)) {
+        for layout in [
+            Some(wgpu_flash_attn::caps::register_layout::RegisterLayout::nvidia_h200()),
+            None,
+        ] {
+            for plan in coop_plans(d, wgpu_flash_attn::plan::CoopSoftmax::of(layout)) {
                 let c = plan.config(d).with_register_layout(layout);
                 if !configs.contains(&c) {
                     configs.push(c);
@@ -833,10 +835,12 @@ fn coop_pipeline_stats() {
             }
         }
         for (bm, bn, db) in [(128, 64, false), (128, 32, true), (64, 64, false), (64, 32, false)] {
-            let c = crate::select::CoopConfig::new(bm, bn, d)
+            let c = wgpu_flash_attn::plan::CoopConfig::new(bm, bn, d)
                 .with_prefetch_kv(true)
                 .with_double_buffer(db)
-                .with_register_layout(Some(crate::coop_layout::RegisterLayout::nvidia_h200()));
+                .with_register_layout(Some(
+                    wgpu_flash_attn::caps::register_layout::RegisterLayout::nvidia_h200(),
+                ));
             if !configs.contains(&c) {
                 configs.push(c);
             }
@@ -853,7 +857,7 @@ fn coop_pipeline_stats() {
 
 /// Creates a Vulkan 1.3 device with cooperative matrices and pipeline executable properties, builds
 /// each configuration's compute pipeline from our SPIR-V with statistics captured, and prints them.
-unsafe fn pipeline_stats(configs: &[crate::select::CoopConfig]) -> Result<(), String> {
+unsafe fn pipeline_stats(configs: &[wgpu_flash_attn::plan::CoopConfig]) -> Result<(), String> {
     use ash::vk;
     fn fail(what: &'static str) -> impl Fn(vk::Result) -> String {
         move |e| format!("{what}: {e}")
@@ -931,8 +935,8 @@ unsafe fn pipeline_stats(configs: &[crate::select::CoopConfig]) -> Result<(), St
         .map_err(fail("pipeline layout"))?;
     eprintln!("coop_pipeline_stats: {name}");
     for config in configs {
-        let kernel = crate::shaders::KernelConfig::FlashCoop(*config);
-        let words = crate::spirv_coherence::compile(&kernel.name(), &kernel.source()).map_err(|e| e.to_string())?;
+        let kernel = wgpu_flash_attn::wgsl::KernelConfig::FlashCoop(*config);
+        let words = wgpu_flash_attn::spirv::compile(&kernel.name(), &kernel.source()).map_err(|e| e.to_string())?;
         let module = device
             .create_shader_module(&vk::ShaderModuleCreateInfo::default().code(&words), None)
             .map_err(fail("shader module"))?;
@@ -945,7 +949,7 @@ unsafe fn pipeline_stats(configs: &[crate::select::CoopConfig]) -> Result<(), St
             .layout(layout)
             .flags(vk::PipelineCreateFlags::CAPTURE_STATISTICS_KHR);
         // A cache of this pipeline alone: NVIDIA's cache data carries the compiled binary, which
-        // the CUDA toolkit's disassembler can read once cut out (scripts/sass-from-cache.py).
+        // the CUDA toolkit's disassembler can read once cut out (scripts/lab/sass-from-cache.py).
         let cache = device
             .create_pipeline_cache(&vk::PipelineCacheCreateInfo::default(), None)
             .map_err(fail("pipeline cache"))?;
@@ -1034,4 +1038,23 @@ unsafe fn pipeline_stats(configs: &[crate::select::CoopConfig]) -> Result<(), St
     device.destroy_device(None);
     instance.destroy_instance(None);
     Ok(())
+}
+
+fn main() {
+    let diagnostics: [(&str, fn()); 4] = [
+        ("probe", coop_probe),
+        ("cases", coop_kernel_cases),
+        ("costs", coop_kernel_costs),
+        ("stats", coop_pipeline_stats),
+    ];
+    let asked: Vec<String> = std::env::args().skip(1).collect();
+    if let Some(unknown) = asked.iter().find(|a| !diagnostics.iter().any(|(name, _)| name == a)) {
+        eprintln!("unknown diagnostic `{unknown}`; choose from probe, cases, costs, stats");
+        std::process::exit(2);
+    }
+    for (name, run) in diagnostics {
+        if asked.is_empty() || asked.iter().any(|a| a == name) {
+            run();
+        }
+    }
 }

@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll, Waker};
 
 use crate::error::{Error, Result};
-use crate::shaders::KernelConfig;
+use crate::wgsl::KernelConfig;
 
 /// Whether wgpu adds bounds checks to the kernels' memory accesses.
 ///
@@ -132,7 +132,7 @@ impl PipelineCache {
         }
     }
 
-    /// The cooperative-matrix kernel goes through our own SPIR-V (src/spirv_coherence.rs), as a
+    /// The cooperative-matrix kernel goes through our own SPIR-V (src/spirv/coherence.rs), as a
     /// passthrough module with an explicit layout; `None` for every other kernel.
     #[allow(clippy::type_complexity)]
     fn coherent_module(
@@ -142,7 +142,7 @@ impl PipelineCache {
         #[cfg(not(target_arch = "wasm32"))]
         if let KernelConfig::FlashCoop(_) = config {
             let name = config.name();
-            let words = match crate::spirv_coherence::compile(&name, &config.source()) {
+            let words = match crate::spirv::compile(&name, &config.source()) {
                 Ok(w) => w,
                 Err(e) => return Some(Err(e)),
             };
@@ -182,7 +182,7 @@ impl PipelineCache {
 /// The forward kernels' bindings: params, q, k, v, o, lse (see shaders/flash_fwd.wgsl). Explicit
 /// for the cooperative kernel, whose SPIR-V is passed through without wgpu's reflection.
 #[cfg(not(target_arch = "wasm32"))]
-pub(crate) fn forward_bind_group_layout(device: &wgpu::Device, label: Option<&str>) -> wgpu::BindGroupLayout {
+pub fn forward_bind_group_layout(device: &wgpu::Device, label: Option<&str>) -> wgpu::BindGroupLayout {
     let entry = buffer_layout_entry;
     let read = wgpu::BufferBindingType::Storage { read_only: true };
     let write = wgpu::BufferBindingType::Storage { read_only: false };
@@ -201,7 +201,7 @@ pub(crate) fn forward_bind_group_layout(device: &wgpu::Device, label: Option<&st
 
 /// A compute shader's whole-buffer binding of type `ty` at `binding`.
 #[cfg(not(target_arch = "wasm32"))]
-pub(crate) fn buffer_layout_entry(binding: u32, ty: wgpu::BufferBindingType) -> wgpu::BindGroupLayoutEntry {
+pub fn buffer_layout_entry(binding: u32, ty: wgpu::BufferBindingType) -> wgpu::BindGroupLayoutEntry {
     wgpu::BindGroupLayoutEntry {
         binding,
         visibility: wgpu::ShaderStages::COMPUTE,
@@ -216,7 +216,7 @@ pub(crate) fn buffer_layout_entry(binding: u32, ty: wgpu::BufferBindingType) -> 
 
 /// Bind group entries for `buffers`, whole, at bindings 0, 1, 2, … in order.
 #[cfg(not(target_arch = "wasm32"))]
-pub(crate) fn entries_in_order<'a>(buffers: &[&'a wgpu::Buffer]) -> Vec<wgpu::BindGroupEntry<'a>> {
+pub fn entries_in_order<'a>(buffers: &[&'a wgpu::Buffer]) -> Vec<wgpu::BindGroupEntry<'a>> {
     buffers
         .iter()
         .enumerate()

@@ -8,7 +8,7 @@ use crate::problem::{AttentionProblem, TensorLayout, ELEMENT_ALIGNMENT};
 /// start of the tensor's binding.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Pod, Zeroable)]
-pub(crate) struct TensorStrides {
+pub struct TensorStrides {
     pub offset: u32,
     pub batch: u32,
     pub seq: u32,
@@ -32,7 +32,7 @@ impl TensorStrides {
 /// `Params` in common.wgsl.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Pod, Zeroable)]
-pub(crate) struct Params {
+pub struct Params {
     pub q: TensorStrides,
     pub k: TensorStrides,
     pub v: TensorStrides,

@@ -4,18 +4,18 @@
 //! The forward runs on the device first (the flash kernel), writing O and the LSE that the
 //! backward reads, exactly as in training.
 
-use crate::attention::{FlashAttention, ForwardBuffers};
-use crate::backward::BackwardBuffers;
-use crate::backward_problem::{BackwardProblem, GradTensor};
-use crate::backward_select::{BackwardConfig, BackwardPass};
-use crate::binding::TensorBuffer;
-use crate::context::GpuContext;
+use crate::device::context::GpuContext;
 use crate::error::Result;
+use crate::gpu::binding::TensorBuffer;
+use crate::gpu::readback::{read_back, upload};
+use crate::plan::{BackwardConfig, BackwardPass};
+use crate::problem::backward::{BackwardProblem, GradTensor};
 use crate::problem::{DType, Element, Tensor};
-use crate::readback::{read_back, upload};
 use crate::reference;
+use crate::runtime::backward::BackwardBuffers;
+use crate::runtime::forward::{FlashAttention, ForwardBuffers};
+use crate::testing::timing::{time_passes, Timing};
 use crate::testing::{random_tensor, ErrorStats};
-use crate::timing::{time_passes, Timing};
 
 /// Seeded inputs of a backward problem on the device, and buffers for everything it produces.
 pub struct BackwardWorkload<T: Element> {
@@ -160,7 +160,7 @@ impl<T: Element> BackwardWorkload<T> {
             .device
             .poll(wgpu::PollType::wait_indefinitely())
             .map(|_| ())
-            .map_err(|e| crate::Error::ReadBack(e.to_string()))
+            .map_err(|e| crate::error::Error::ReadBack(e.to_string()))
     }
 
     /// O and the LSE as the forward left them.

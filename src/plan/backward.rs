@@ -10,11 +10,11 @@
 //! The two gradient kernels take a [`BackwardTilePlan`] each (chosen independently from
 //! [`DKDV_PLANS`] and [`DQ_PLANS`]) and the [`TileType`] of the variant.
 
-use crate::backward_problem::BackwardProblem;
 use crate::caps::Caps;
 use crate::error::{Error, Result};
+use crate::plan::{Reduction, TilePlan, TileType, Variant};
+use crate::problem::backward::BackwardProblem;
 use crate::problem::DType;
-use crate::select::{Reduction, TilePlan, TileType, Variant};
 
 /// The three kernels of a backward call.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -329,7 +329,7 @@ impl PreprocessKernel {
     }
 }
 
-/// One of the three backward pipelines (the [`crate::shaders::KernelConfig::Backward`] key).
+/// One of the three backward pipelines (the [`crate::wgsl::KernelConfig::Backward`] key).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum BackwardKernel {
     Preprocess(PreprocessKernel),

@@ -3,7 +3,7 @@
 //! `SPV_KHR_cooperative_matrix` lets an invocation read and write its own components of a
 //! cooperative matrix (`OpCompositeExtract`, `OpCompositeInsert`; how many it holds is
 //! `OpCooperativeMatrixLengthKHR`). Which row and column each component is stays
-//! implementation-dependent; src/coop_layout.rs measures it. With it the matrix kernel keeps its
+//! implementation-dependent; src/caps/register_layout.rs measures it. With it the matrix kernel keeps its
 //! scores in registers instead of taking them through workgroup memory.
 //!
 //! WGSL (naga 30) has no such access, so the kernel declares *placeholder functions* with an
@@ -19,19 +19,18 @@
 //!
 //! A module compiled by any other route (naga's MSL, wgpu's own SPIR-V) keeps the WGSL bodies, which
 //! return zeros; the kernels that use placeholders are only ever built through
-//! [`crate::spirv_coherence::compile`], which runs this pass and fails if a placeholder has a
+//! [`crate::spirv::compile`], which runs this pass and fails if a placeholder has a
 //! signature it cannot fill.
 
 use std::collections::{HashMap, HashSet};
 
-use crate::spirv_coherence::instructions;
+use crate::spirv::words::{instruction, instructions, literal_string, OP_CONSTANT, OP_TYPE_COOP_MATRIX};
 
 const OP_UNDEF: u32 = 1;
 const OP_NAME: u32 = 5;
 const OP_TYPE_INT: u32 = 21;
 const OP_TYPE_ARRAY: u32 = 28;
 const OP_TYPE_FUNCTION: u32 = 33;
-const OP_CONSTANT: u32 = 43;
 const OP_FUNCTION: u32 = 54;
 const OP_FUNCTION_PARAMETER: u32 = 55;
 const OP_FUNCTION_END: u32 = 56;
@@ -41,7 +40,6 @@ const OP_COMPOSITE_EXTRACT: u32 = 81;
 const OP_COMPOSITE_INSERT: u32 = 82;
 const OP_LABEL: u32 = 248;
 const OP_RETURN_VALUE: u32 = 254;
-const OP_TYPE_COOP_MATRIX: u32 = 4456;
 const OP_COOP_MATRIX_LENGTH: u32 = 4460;
 
 /// What a placeholder's body becomes.
@@ -64,23 +62,6 @@ impl Placeholder {
             None
         }
     }
-}
-
-/// The string of an `OpName` (or any literal string starting at `words[0]`).
-fn literal_string(words: &[u32]) -> String {
-    let bytes: Vec<u8> = words
-        .iter()
-        .flat_map(|w| w.to_le_bytes())
-        .take_while(|&b| b != 0)
-        .collect();
-    String::from_utf8_lossy(&bytes).into_owned()
-}
-
-fn instruction(op: u32, operands: &[u32]) -> Vec<u32> {
-    let mut w = Vec::with_capacity(operands.len() + 1);
-    w.push(((operands.len() as u32 + 1) << 16) | op);
-    w.extend_from_slice(operands);
-    w
 }
 
 /// The types a placeholder's signature may use.
@@ -340,7 +321,7 @@ fn main(@builtin(local_invocation_index) li: u32) {
 
     #[test]
     fn placeholder_bodies_become_component_access() {
-        let words = crate::spirv_coherence::compile("test", MODULE).unwrap();
+        let words = crate::spirv::compile("test", MODULE).unwrap();
         // 8 extracts (elements), 8 extracts and 8 inserts (from elements).
         assert!(count(&words, OP_COMPOSITE_INSERT) == 8, "inserts");
         assert!(count(&words, OP_COMPOSITE_EXTRACT) >= 16, "extracts");
@@ -357,7 +338,7 @@ fn main(@builtin(local_invocation_index) li: u32) {
             "fn coop_elements_c(x: coop_mat16x16<f32, C>) -> array<f32, 8> {\n    var scratch_name = array<f32, 8>();\n    scratch_name[1] = 2.0;\n    return scratch_name;",
         );
         assert!(src.contains("scratch_name"));
-        let words = crate::spirv_coherence::compile("test", &src).unwrap();
+        let words = crate::spirv::compile("test", &src).unwrap();
         let used: HashSet<u32> = instructions(&words)
             .into_iter()
             .filter(|&(_, op, _)| !DEBUG_AND_ANNOTATIONS.contains(&op))
@@ -383,7 +364,7 @@ fn main(@builtin(local_invocation_index) li: u32) {
                 "fn coop_length_c(x: coop_mat16x16<f32, C>) -> f32 {\n    return 0.0;",
             )
             .replace("f32(coop_length_c(c))", "coop_length_c(c)");
-        let err = crate::spirv_coherence::compile("test", &src).unwrap_err().to_string();
+        let err = crate::spirv::compile("test", &src).unwrap_err().to_string();
         assert!(err.contains("coop_length_c") && err.contains("u32"), "{err}");
     }
 }

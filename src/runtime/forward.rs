@@ -3,15 +3,15 @@
 
 use wgpu::util::DeviceExt;
 
-use crate::binding::{bind, bind_f32, Bound, TensorBuffer};
-use crate::context::GpuContext;
+use crate::device::context::GpuContext;
 use crate::error::{Error, Result};
-use crate::params::Params;
-use crate::pipelines::{BoundsChecks, PipelineCache};
+use crate::gpu::binding::{bind, bind_f32, Bound, TensorBuffer};
+use crate::gpu::pipelines::{BoundsChecks, PipelineCache};
+use crate::gpu::readback::{read_back, upload};
+use crate::plan::{num_q_tiles, select_forward, ForwardKernel, KernelChoice};
 use crate::problem::{AttentionProblem, Element, Tensor};
-use crate::readback::{read_back, upload};
-use crate::select::{num_q_tiles, select_forward, ForwardKernel, KernelChoice};
-use crate::shaders::{KernelConfig, NaivePass};
+use crate::wgsl::params::Params;
+use crate::wgsl::{KernelConfig, NaivePass};
 
 /// The tensors of one forward call, in the caller's buffers.
 #[derive(Clone, Copy, Debug)]
@@ -97,7 +97,7 @@ impl FlashAttention {
         &self.options
     }
 
-    /// The engine's pipeline cache, shared with the backward pass (src/backward.rs).
+    /// The engine's pipeline cache, shared with the backward pass (src/runtime/backward.rs).
     pub(crate) fn pipelines(&self) -> &PipelineCache {
         &self.pipelines
     }

@@ -1,15 +1,15 @@
 //! A problem with its inputs on the device, ready to run, check and time: what the tests, the
 //! example and the benchmarks all need. Blocking, so native only.
 
-use crate::attention::{FlashAttention, ForwardBuffers};
-use crate::binding::TensorBuffer;
-use crate::context::GpuContext;
+use crate::device::context::GpuContext;
 use crate::error::Result;
+use crate::gpu::binding::TensorBuffer;
+use crate::gpu::readback::{read_back, upload};
 use crate::problem::{AttentionProblem, DType, Element, Tensor};
-use crate::readback::{read_back, upload};
 use crate::reference;
+use crate::runtime::forward::{FlashAttention, ForwardBuffers};
+use crate::testing::timing::{time_passes, Timing};
 use crate::testing::{random_tensor, ErrorStats};
-use crate::timing::{time_passes, Timing};
 
 /// Which implementation to run.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

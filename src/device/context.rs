@@ -77,7 +77,7 @@ impl GpuContext {
         let mut features = adapter.features() & wanted_features();
         let matrices = options.cooperative_matrix && offers_f16_matrices(adapter);
         let experimental_features = if matrices {
-            // The matrix kernel's SPIR-V is our own (src/spirv_coherence.rs): passthrough.
+            // The matrix kernel's SPIR-V is our own (src/spirv/coherence.rs): passthrough.
             features |= wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX | wgpu::Features::PASSTHROUGH_SHADERS;
             // SAFETY: wgpu asks callers of experimental features to accept that they may have
             // bugs; `ContextOptions::cooperative_matrix` documents this opt-in and lets the
@@ -108,7 +108,7 @@ impl GpuContext {
     }
 
     /// Measures how the device lays out cooperative-matrix components over a subgroup (two tiny
-    /// dispatches; src/coop_layout.rs) and records it in `caps.coop_register_layout` where the
+    /// dispatches; src/caps/register_layout.rs) and records it in `caps.coop_register_layout` where the
     /// matrix kernel can keep its scores in registers with it, else why not in
     /// `caps.coop_register_layout_note`. Does nothing but record the reason on a device that
     /// cannot run the matrix kernel. [`from_adapter_with`](Self::from_adapter_with) calls it; call
@@ -120,15 +120,17 @@ impl GpuContext {
         self.caps.coop_register_layout_note = result.err();
     }
 
-    async fn measure_register_layout(&self) -> std::result::Result<crate::coop_layout::RegisterLayout, String> {
-        if let Some(why) = crate::select::coop_device_unavailable_reason(&self.caps) {
+    async fn measure_register_layout(
+        &self,
+    ) -> std::result::Result<crate::caps::register_layout::RegisterLayout, String> {
+        if let Some(why) = crate::plan::coop_device_unavailable_reason(&self.caps) {
             return Err(why);
         }
         if !self.device.features().contains(wgpu::Features::PASSTHROUGH_SHADERS) {
             return Err("the device was created without PASSTHROUGH_SHADERS".into());
         }
         #[cfg(not(target_arch = "wasm32"))]
-        return crate::coop_layout::probe(&self.device, &self.queue).await;
+        return crate::device::layout_probe::probe(&self.device, &self.queue).await;
         #[cfg(target_arch = "wasm32")]
         Err("not measured in the browser".into())
     }

@@ -2,9 +2,9 @@
 
 use crate::caps::Caps;
 use crate::error::{Error, Result};
-use crate::params::TensorStrides;
 use crate::problem::{TensorLayout, ELEMENT_ALIGNMENT};
 use crate::util::lcm;
+use crate::wgsl::params::TensorStrides;
 
 /// A tensor in a caller's GPU buffer: the buffer and the byte offset of the tensor's element 0
 /// (its [`TensorLayout`] offset is counted from there).

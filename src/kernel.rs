@@ -1,0 +1,11 @@
+//! The kernels an engine can run, as the caller forces one ([`KernelChoice`](crate::KernelChoice),
+//! [`BackwardChoice`]) and as selection reports what it picked
+//! ([`FlashAttention::select`](crate::FlashAttention::select),
+//! [`BackwardOutput::config`](crate::BackwardOutput::config)).
+
+pub use crate::plan::backward::{
+    BackwardChoice, BackwardConfig, BackwardKernel, BackwardPass, GradKernel, PreprocessKernel, PreprocessPlan,
+};
+pub use crate::plan::forward::{
+    CoopChoice, CoopConfig, FlashConfig, ForwardKernel, Reduction, TilePlan, TileType, TiledChoice, Variant,
+};
