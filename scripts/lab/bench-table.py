@@ -2,7 +2,7 @@
 """Turns the JSON lines of one H200 run (examples/attention --json, torch_sdpa.py --json) into the
 markdown tables of BENCHMARKS.md, so that no figure is copied by hand.
 
-    python3 scripts/bench-table.py RUN_DIR [TABLE | --backward | --coop]
+    python3 scripts/lab/bench-table.py RUN_DIR [TABLE | --backward | --coop]
 RUN_DIR holds TABLE (default table.jsonl: ours, with the naive baseline), torch.jsonl and optionally
 sweep.jsonl.
 """

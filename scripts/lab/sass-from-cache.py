@@ -6,8 +6,8 @@ $COOP_STATS_DIR/<name>.vkcache. NVIDIA (driver 580) stores there, after a 100-by
 zstd frame; inside it a container whose SASS is a plain run of 16-byte Hopper instructions ending
 in EXIT. This script cuts that run out and hands it to the CUDA toolkit's disassembler.
 
-    sass-from-cache.py unpack DIR   # needs the zstd tool: DIR/<name>.vkcache -> DIR/<name>.raw
-    sass-from-cache.py sass DIR     # needs nvdisasm (CUDA toolkit): DIR/<name>.raw -> DIR/<name>.sass
+    python3 scripts/lab/sass-from-cache.py unpack DIR   # needs the zstd tool: DIR/<name>.vkcache -> DIR/<name>.raw
+    python3 scripts/lab/sass-from-cache.py sass DIR     # needs nvdisasm (CUDA toolkit): DIR/<name>.raw -> DIR/<name>.sass
 
 (The H200 machine has nvdisasm but no zstd, so `unpack` runs on the build machine.) The code's
 first instruction is found by trying starts before the first S2R (reading a special register,
