@@ -30,6 +30,8 @@
 //! Building needs no CUDA toolkit: cudarc loads libcuda and libnvrtc at run time.
 
 pub mod device;
+#[cfg(test)]
+mod golden;
 pub mod launch;
 pub mod nvrtc;
 pub mod plan;
