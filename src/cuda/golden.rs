@@ -11,7 +11,9 @@
 //! the diff like any generated code.
 
 use super::nvrtc::CompileJob;
-use super::plan::{select_cuda, select_cuda_on, tile_plans, vec_bytes_for, wgmma_plans, CudaKernelConfig, FwdParams};
+use super::plan::{
+    mma_plans, select_cuda, select_mma, vec_bytes_for, wgmma_plans, CudaKernelConfig, CudaPlan, FwdParams,
+};
 use super::CUDA_HEAD_DIMS;
 use crate::{AttentionProblem, AttentionShape, DType, Layout, Tensor, TensorLayout};
 
@@ -22,7 +24,9 @@ const GOLDEN_PATH: &str = "src/cuda/golden/plans.txt";
 fn table_lines(out: &mut Vec<String>) {
     for head_dim in CUDA_HEAD_DIMS {
         let probe = super::test_problem(head_dim);
-        let tables = [("mma", tile_plans(head_dim)), ("wgmma", wgmma_plans(head_dim))];
+        let mma: Vec<CudaPlan> = mma_plans(head_dim).iter().map(|&p| p.into()).collect();
+        let wgmma: Vec<CudaPlan> = wgmma_plans(head_dim).iter().map(|&p| p.into()).collect();
+        let tables = [("mma", mma), ("wgmma", wgmma)];
         for (table, plans) in tables {
             for (i, &plan) in plans.iter().enumerate() {
                 for dtype in [DType::BF16, DType::F16] {
@@ -48,8 +52,8 @@ fn config_line(at: &str, c: &CudaKernelConfig, probe: &AttentionProblem) -> Stri
     let job = CompileJob::forward(c, "sm_90a");
     let key = job.cache_key((13, 0), 13000);
     let mut probe = *probe;
-    probe.dtype = c.dtype;
-    let g = c.geometry(&probe.with_causal(c.causal));
+    probe.dtype = c.dtype();
+    let g = c.geometry(&probe.with_causal(c.causal()));
     format!(
         "{at}: {} | {} | source={} options={} | cache={} | geometry={g:?}",
         c.name(),
@@ -134,13 +138,13 @@ fn selection_lines(out: &mut Vec<String>) {
                     continue;
                 }
             };
-            match select_cuda(&p, vec_bytes) {
+            match select_mma(&p, vec_bytes) {
                 Ok(c) => out.push(format!("{label} {place} vec={vec_bytes}: mma default {}", c.name())),
                 Err(e) => out.push(format!("{label} {place} vec={vec_bytes}: mma default refused: {e}")),
             }
             for hopper in [false, true] {
                 let at = format!("{label} {place} vec={vec_bytes} hopper={hopper}");
-                match select_cuda_on(&p, vec_bytes, hopper) {
+                match select_cuda(&p, vec_bytes, hopper) {
                     Ok(s) => {
                         let g = s.config.geometry(&p);
                         out.push(format!(
