@@ -3,7 +3,7 @@
 //! spot-checked against the float64 reference (a few query rows per head).
 //!
 //! ```text
-//! cargo run --release --features cuda --example cuda_attention -- \
+//! cargo run --release --features cuda,internals --example cuda_attention -- \
 //!     [--head-dims 64,128,256] [--seqs 512,1024,2048,4096,8192,16384] [--reps 10] \
 //!     [--sweep-seq 8192] [--no-sweep] [--json out.jsonl] [--wgmma-ok file] [--no-wgmma]
 //! ```
@@ -21,9 +21,8 @@ use std::io::Write;
 use half::bf16;
 use wgpu_flash_attn::cuda::cudarc::driver::sys::CUevent_flags;
 use wgpu_flash_attn::cuda::cudarc::driver::CudaSlice;
-use wgpu_flash_attn::cuda::{
-    tile_plans, wgmma_plans, CudaAttention, CudaDevice, CudaKernelConfig, CudaTilePlan, DeviceTensors,
-};
+use wgpu_flash_attn::cuda::plan::{mma_plans, wgmma_plans};
+use wgpu_flash_attn::cuda::{CudaAttention, CudaDevice, CudaKernelConfig, CudaPlan, DeviceTensors};
 use wgpu_flash_attn::testing::{random_tensor, ErrorStats};
 use wgpu_flash_attn::{reference, AttentionProblem, DType, Result};
 
@@ -105,7 +104,7 @@ struct Timing {
 fn time(
     engine: &CudaAttention,
     problem: &AttentionProblem,
-    plan: CudaTilePlan,
+    plan: CudaPlan,
     bufs: &mut Buffers,
     reps: usize,
 ) -> Result<Timing> {
@@ -224,7 +223,7 @@ fn main() -> Result<()> {
             if let Some(seq) = args.sweep_seq {
                 let p = problem_for(head_dim, seq, causal);
                 let mut best_ms = f64::INFINITY;
-                let allowed = |plan: &CudaTilePlan| -> bool {
+                let allowed = |plan: &CudaPlan| -> bool {
                     if !plan.is_wgmma() {
                         return true;
                     }
@@ -246,12 +245,9 @@ fn main() -> Result<()> {
                         (_, Err(_)) => false,
                     }
                 };
-                let candidates: Vec<CudaTilePlan> = tile_plans(head_dim)
-                    .iter()
-                    .chain(wgmma_plans(head_dim))
-                    .copied()
-                    .filter(|p| allowed(p))
-                    .collect();
+                let mma = mma_plans(head_dim).iter().map(|&p| CudaPlan::Mma(p));
+                let wgmma = wgmma_plans(head_dim).iter().map(|&p| CudaPlan::Wgmma(p));
+                let candidates: Vec<CudaPlan> = mma.chain(wgmma).filter(|p| allowed(p)).collect();
                 for plan in candidates {
                     let t = match time(&engine, &p, plan, &mut bufs, args.reps) {
                         Ok(t) => t,

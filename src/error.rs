@@ -13,7 +13,7 @@ pub enum Error {
     #[error("invalid attention problem: {0}")]
     InvalidProblem(String),
 
-    /// A [`KernelChoice`](crate::KernelChoice) built from knobs that contradict each other
+    /// A `KernelChoice` built from knobs that contradict each other
     /// (the knobs of both kernels, or one kernel's knobs with the other kernel asked for).
     #[error("contradictory kernel choice: {0}")]
     InvalidChoice(String),

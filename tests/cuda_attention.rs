@@ -9,11 +9,17 @@ use std::sync::OnceLock;
 
 use half::{bf16, f16};
 use wgpu_flash_attn::cuda::cudarc::driver::CudaSlice;
+#[cfg(feature = "internals")]
 use wgpu_flash_attn::cuda::nvrtc::{compile_cubin, resource_report, CompileJob};
-use wgpu_flash_attn::cuda::plan::{default_wgmma_plan, vec_bytes_for};
+#[cfg(feature = "internals")]
+use wgpu_flash_attn::cuda::plan::{
+    all_cuda_configs, default_wgmma_plan, mma_plans, select_mma, vec_bytes_for, wgmma_plans,
+};
+#[cfg(feature = "internals")]
+use wgpu_flash_attn::cuda::CudaKernelConfig;
 use wgpu_flash_attn::cuda::{
-    all_cuda_configs, driver_available, nvrtc_available, select_cuda, tile_plans, wgmma_plans, CudaAttention,
-    CudaDevice, CudaKernelConfig, CudaOptions, CudaTilePlan, DeviceTensors, DiskCache, Origin,
+    driver_available, nvrtc_available, CudaAttention, CudaDevice, CudaOptions, CudaPlan, DeviceTensors, DiskCache,
+    Origin,
 };
 use wgpu_flash_attn::testing::{random_tensor, ErrorStats};
 use wgpu_flash_attn::{
@@ -106,7 +112,7 @@ impl<T: Half16> Run<T> {
         }
     }
 
-    fn launch(&mut self, engine: &CudaAttention, problem: &AttentionProblem, plan: Option<CudaTilePlan>) -> String {
+    fn launch(&mut self, engine: &CudaAttention, problem: &AttentionProblem, plan: Option<CudaPlan>) -> String {
         let tensors = DeviceTensors {
             q: &self.dq,
             k: &self.dk,
@@ -208,12 +214,7 @@ fn check<T: Element>(
     eprintln!("{label}: O {o_stats}; LSE {lse_stats}");
 }
 
-fn run_and_check<T: Half16>(
-    engine: &CudaAttention,
-    problem: &AttentionProblem,
-    label: &str,
-    plan: Option<CudaTilePlan>,
-) {
+fn run_and_check<T: Half16>(engine: &CudaAttention, problem: &AttentionProblem, label: &str, plan: Option<CudaPlan>) {
     let mut run = Run::<T>::new(engine, problem, seed_of(label));
     let kernel = run.launch(engine, problem, plan);
     let (out, lse) = run.read(engine);
@@ -228,7 +229,7 @@ fn run_and_check<T: Half16>(
     );
 }
 
-fn run_any(engine: &CudaAttention, problem: &AttentionProblem, label: &str, plan: Option<CudaTilePlan>) {
+fn run_any(engine: &CudaAttention, problem: &AttentionProblem, label: &str, plan: Option<CudaPlan>) {
     match problem.dtype {
         DType::BF16 => run_and_check::<bf16>(engine, problem, label, plan),
         DType::F16 => run_and_check::<f16>(engine, problem, label, plan),
@@ -333,16 +334,18 @@ fn matches_the_reference_on_ragged_gqa_causal_and_strided_problems() {
 
 /// The `mma.sync` kernel's default plan for each case, whatever the GPU (on Hopper it is the
 /// fallback for layouts TMA cannot describe).
+#[cfg(feature = "internals")]
 #[test]
 fn mma_matches_the_reference_on_ragged_gqa_causal_and_strided_problems() {
     let Some(engine) = engine() else { return };
     for (label, p) in cases() {
-        let plan = select_cuda(&p, 16).unwrap().plan();
+        let plan = CudaPlan::Mma(select_mma(&p, 16).unwrap().plan);
         run_any(engine, &p, &format!("mma_{label}"), Some(plan));
     }
 }
 
 /// The engine, when its GPU is a Hopper one (the wgmma kernel's only target).
+#[cfg(feature = "internals")]
 fn hopper_engine() -> Option<&'static CudaAttention> {
     let engine = engine()?;
     if !engine.device().is_hopper() {
@@ -358,7 +361,8 @@ fn hopper_engine() -> Option<&'static CudaAttention> {
 /// Runs every (label, problem, plan), catching each failure so that one broken variant does not
 /// hide the others; prints `wgmma ok: <kernel>` per passing config (the benchmark script keeps
 /// only those) and fails at the end if any failed.
-fn run_all_catching(engine: &CudaAttention, runs: Vec<(String, AttentionProblem, CudaTilePlan)>) {
+#[cfg(feature = "internals")]
+fn run_all_catching(engine: &CudaAttention, runs: Vec<(String, AttentionProblem, CudaPlan)>) {
     let mut failed = Vec::new();
     for (label, p, plan) in runs {
         let name = CudaKernelConfig::new(p.dtype, p.shape.head_dim, plan, p.causal, 16)
@@ -382,7 +386,8 @@ fn run_all_catching(engine: &CudaAttention, runs: Vec<(String, AttentionProblem,
     assert!(failed.is_empty(), "failed: {failed:?}");
 }
 
-fn expect_refused<T: Half16>(engine: &CudaAttention, p: &AttentionProblem, plan: CudaTilePlan, label: &str) -> Error {
+#[cfg(feature = "internals")]
+fn expect_refused<T: Half16>(engine: &CudaAttention, p: &AttentionProblem, plan: CudaPlan, label: &str) -> Error {
     let mut run = Run::<T>::new(engine, p, seed_of(label));
     engine
         .forward_device_with_plan(
@@ -399,6 +404,7 @@ fn expect_refused<T: Half16>(engine: &CudaAttention, p: &AttentionProblem, plan:
         .unwrap_err()
 }
 
+#[cfg(feature = "internals")]
 #[test]
 fn wgmma_every_plan_matches_the_reference() {
     let Some(engine) = hopper_engine() else { return };
@@ -409,20 +415,21 @@ fn wgmma_every_plan_matches_the_reference() {
                 // 1000 keys: 8 (or 16) key tiles, so the stage ring wraps and the mbarrier parities
                 // flip several times; 190 query rows: one full 128-row CTA and a ragged one.
                 let p = problem(DType::BF16, 1, 2, 1, 190, 1000, head_dim, causal, Strides::Bshd);
-                runs.push((format!("wgmma_d{head_dim}_causal{causal}"), p, plan));
+                runs.push((format!("wgmma_d{head_dim}_causal{causal}"), p, plan.into()));
             }
         }
     }
     run_all_catching(engine, runs);
 }
 
+#[cfg(feature = "internals")]
 #[test]
 fn wgmma_matches_the_reference_on_ragged_gqa_causal_and_strided_problems() {
     let Some(engine) = hopper_engine() else { return };
     let mut runs = Vec::new();
     for (label, p) in cases() {
         let d = p.shape.head_dim;
-        let Some(plan) = default_wgmma_plan(d, p.causal) else {
+        let Some(plan) = default_wgmma_plan(d, p.causal).map(CudaPlan::Wgmma) else {
             continue;
         };
         if vec_bytes_for(&p, [0x1000; 4]).unwrap() != 16 {
@@ -443,15 +450,16 @@ fn wgmma_matches_the_reference_on_ragged_gqa_causal_and_strided_problems() {
     run_all_catching(engine, runs);
 }
 
+#[cfg(feature = "internals")]
 #[test]
-fn every_tile_plan_is_correct() {
+fn every_mma_plan_is_correct() {
     let Some(engine) = engine() else { return };
     for head_dim in [64, 128, 256] {
-        for &plan in tile_plans(head_dim) {
+        for &plan in mma_plans(head_dim) {
             for causal in [false, true] {
                 let p = problem(DType::BF16, 1, 2, 1, 190, 250, head_dim, causal, Strides::Bshd);
                 let label = format!("plan_bm{}_bn{}_d{head_dim}_causal{causal}", plan.block_m, plan.block_n);
-                run_any(engine, &p, &label, Some(plan));
+                run_any(engine, &p, &label, Some(plan.into()));
             }
         }
     }
@@ -485,7 +493,7 @@ fn a_second_engine_loads_kernels_from_the_disk_cache() {
         plan: None,
     };
     let p = problem(DType::F16, 1, 2, 2, 64, 64, 64, false, Strides::Bshd);
-    let config = select_cuda(&p, 16).unwrap();
+    let config = engine.config_for(&p, 16).unwrap();
     let first = CudaAttention::with_options(engine.device().clone(), options.clone());
     let info = first.prepare(&config).unwrap();
     assert!(matches!(info.origin, Origin::Compiled { .. }), "{:?}", info.origin);
@@ -535,6 +543,7 @@ fn bad_calls_are_errors() {
 /// Runs without a GPU: only libnvrtc is needed. Compiles the default kernel of every head_dim
 /// (bf16, both maskings, one `_a8` and one f16), or every config with FLASH_CUDA_COMPILE_ALL=1,
 /// and prints ptxas's register and spill report; `FLASH_CUDA_DUMP_DIR=dir` saves the cubins.
+#[cfg(feature = "internals")]
 #[test]
 fn kernels_compile_with_nvrtc() {
     if !nvrtc_available() {
@@ -548,14 +557,16 @@ fn kernels_compile_with_nvrtc() {
     let configs: Vec<_> = all_cuda_configs()
         .into_iter()
         .filter(|c| {
-            let default = problem(c.dtype, 1, 1, 1, 64, 64, c.head_dim as usize, c.causal, Strides::Bshd);
+            let (dtype, head_dim, causal, vec_bytes) = (c.dtype(), c.head_dim() as usize, c.causal(), c.vec_bytes());
+            let default = problem(dtype, 1, 1, 1, 64, 64, head_dim, causal, Strides::Bshd);
             // Every wgmma plan in bf16, and the default one in f16 too.
             let wgmma = c.is_wgmma()
-                && (c.dtype == DType::BF16 || Some(c.plan()) == default_wgmma_plan(c.head_dim as usize, c.causal));
+                && (dtype == DType::BF16
+                    || Some(c.plan()) == default_wgmma_plan(head_dim, causal).map(CudaPlan::Wgmma));
             all || wgmma
-                || (c.plan() == select_cuda(&default, 16).unwrap().plan()
-                    && (c.dtype == DType::BF16 && c.vec_bytes == 16
-                        || c.head_dim == 128 && !c.causal && (c.vec_bytes == 8) != (c.dtype == DType::F16)))
+                || (c.plan() == CudaPlan::Mma(select_mma(&default, 16).unwrap().plan)
+                    && (dtype == DType::BF16 && vec_bytes == 16
+                        || head_dim == 128 && !causal && (vec_bytes == 8) != (dtype == DType::F16)))
         })
         .collect();
     assert!(configs.len() >= 8);
@@ -582,4 +593,17 @@ fn without_a_driver_the_device_is_an_error() {
     }
     let err = CudaDevice::new(0).unwrap_err();
     assert!(matches!(err, Error::Unavailable { .. }), "{err}");
+}
+
+/// The plan sweeps and the NVRTC compile test read the tuning tables, which only the `internals`
+/// feature makes public: on the GPU machine (`FLASH_REQUIRE_CUDA=1`) running without it would
+/// skip them silently, so it fails instead.
+#[cfg(not(feature = "internals"))]
+#[test]
+fn plan_sweeps_need_the_internals_feature() {
+    let why = "the plan sweeps and the NVRTC compile test need --features cuda,internals";
+    if std::env::var("FLASH_REQUIRE_CUDA").as_deref() == Ok("1") {
+        panic!("FLASH_REQUIRE_CUDA=1 but {why}");
+    }
+    eprintln!("skipping: {why}");
 }

@@ -88,6 +88,7 @@ impl CudaDevice {
         })
     }
 
+    /// The device's primary context.
     pub fn context(&self) -> &Arc<CudaContext> {
         &self.ctx
     }
@@ -97,10 +98,12 @@ impl CudaDevice {
         &self.stream
     }
 
+    /// The device's marketing name, e.g. `NVIDIA H200`.
     pub fn name(&self) -> &str {
         &self.name
     }
 
+    /// `(major, minor)`, e.g. `(9, 0)` on Hopper.
     pub fn compute_capability(&self) -> (i32, i32) {
         self.compute_capability
     }
@@ -110,6 +113,7 @@ impl CudaDevice {
         &self.arch
     }
 
+    /// Streaming multiprocessors.
     pub fn sm_count(&self) -> u32 {
         self.sm_count
     }

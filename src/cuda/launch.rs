@@ -10,8 +10,9 @@ use cudarc::nvrtc::Ptx;
 
 use super::device::CudaDevice;
 use super::nvrtc::{evict, load_or_compile, resource_report, CompileJob, DiskCache, Origin};
+use super::plan::tensor_map::tensor_map_spec;
 use super::plan::{
-    select_cuda_on, validate_for_cuda, vec_bytes_for, wgmma_unavailable, CudaKernelConfig, CudaSelection, CudaTilePlan,
+    select_cuda, validate_for_cuda, vec_bytes_for, wgmma_unavailable, CudaKernelConfig, CudaPlan, CudaSelection,
     FwdParams,
 };
 use super::tma;
@@ -43,13 +44,15 @@ unsafe impl DeviceRepr for TmaMaps {}
 pub struct CudaOptions {
     /// Where compiled kernels persist between processes.
     pub disk_cache: DiskCache,
-    /// Force a tile plan instead of the default for each head_dim (benchmark sweeps).
-    pub plan: Option<CudaTilePlan>,
+    /// Force a plan instead of the default for each problem (benchmark sweeps); a plan whose
+    /// kernel cannot run a problem is an error, never a silent fallback.
+    pub plan: Option<CudaPlan>,
 }
 
 /// What was loaded for one kernel config.
 #[derive(Clone, Debug)]
 pub struct KernelInfo {
+    /// The config this kernel was compiled for.
     pub config: CudaKernelConfig,
     /// Registers per thread (`CU_FUNC_ATTRIBUTE_NUM_REGS`).
     pub num_regs: i32,
@@ -71,10 +74,15 @@ struct LoadedKernel {
 /// `half::bf16` with cudarc's `f16` feature) laid out as the problem's layouts say; `lse` gets
 /// `[batch, num_heads, seq_q]` f32. `o` must not overlap the inputs.
 pub struct DeviceTensors<'a, T> {
+    /// Queries, `problem.required_len(Tensor::Q)` elements or more.
     pub q: &'a dyn DevicePtr<T>,
+    /// Keys.
     pub k: &'a dyn DevicePtr<T>,
+    /// Values.
     pub v: &'a dyn DevicePtr<T>,
+    /// The output, written where the O layout says.
     pub o: &'a mut dyn DevicePtrMut<T>,
+    /// Each row's log-sum-exp (natural log), or `None` to skip writing it.
     pub lse: Option<&'a mut dyn DevicePtrMut<f32>>,
 }
 
@@ -87,10 +95,12 @@ pub struct CudaAttention {
 }
 
 impl CudaAttention {
+    /// An engine with the default options (default disk cache, default plans).
     pub fn new(device: CudaDevice) -> Self {
         Self::with_options(device, CudaOptions::default())
     }
 
+    /// An engine with `options`.
     pub fn with_options(device: CudaDevice, options: CudaOptions) -> Self {
         CudaAttention {
             device,
@@ -99,10 +109,12 @@ impl CudaAttention {
         }
     }
 
+    /// The device the engine launches on.
     pub fn device(&self) -> &CudaDevice {
         &self.device
     }
 
+    /// The engine's settings.
     pub fn options(&self) -> &CudaOptions {
         &self.options
     }
@@ -112,7 +124,7 @@ impl CudaAttention {
         match self.options.plan {
             Some(plan) => {
                 validate_for_cuda(problem)?;
-                CudaKernelConfig::new(problem.dtype, problem.shape.head_dim, plan, problem.causal, vec_bytes)
+                CudaKernelConfig::for_problem(problem, plan, vec_bytes)
             }
             None => Ok(self.selection(problem, vec_bytes)?.config),
         }
@@ -121,7 +133,7 @@ impl CudaAttention {
     /// The default kernel on this device for `problem`, and why not the Hopper kernel when the
     /// choice is the `mma.sync` one.
     pub fn selection(&self, problem: &AttentionProblem, vec_bytes: u32) -> Result<CudaSelection> {
-        select_cuda_on(problem, vec_bytes, self.device.is_hopper())
+        select_cuda(problem, vec_bytes, self.device.is_hopper())
     }
 
     /// Compiles (or loads) the kernel of `config` now, so that the first launch is not slow.
@@ -206,11 +218,11 @@ impl CudaAttention {
         self.launch(problem, tensors, None)
     }
 
-    /// [`forward_device`](Self::forward_device) with an explicit tile plan.
+    /// [`forward_device`](Self::forward_device) with an explicit plan.
     pub fn forward_device_with_plan<T>(
         &self,
         problem: &AttentionProblem,
-        plan: CudaTilePlan,
+        plan: CudaPlan,
         tensors: DeviceTensors<'_, T>,
     ) -> Result<CudaKernelConfig> {
         self.launch(problem, tensors, Some(plan))
@@ -220,7 +232,7 @@ impl CudaAttention {
         &self,
         problem: &AttentionProblem,
         t: DeviceTensors<'_, T>,
-        plan: Option<CudaTilePlan>,
+        plan: Option<CudaPlan>,
     ) -> Result<CudaKernelConfig> {
         validate_for_cuda(problem)?;
         if std::mem::size_of::<T>() != problem.dtype.size_bytes() {
@@ -234,20 +246,15 @@ impl CudaAttention {
                 ),
             });
         }
-        for (tensor, len) in [
-            (Tensor::Q, t.q.len()),
-            (Tensor::K, t.k.len()),
-            (Tensor::V, t.v.len()),
-            (Tensor::O, t.o.len()),
-        ] {
-            let need = problem.required_len(tensor);
-            if len < need {
-                return Err(Error::InvalidBuffer {
-                    tensor: tensor.name(),
-                    message: format!("holds {len} elements, the problem needs {need}"),
-                });
-            }
-        }
+        check_lengths(
+            problem,
+            [
+                (Tensor::Q, t.q.len()),
+                (Tensor::K, t.k.len()),
+                (Tensor::V, t.v.len()),
+                (Tensor::O, t.o.len()),
+            ],
+        )?;
         if let Some(lse) = &t.lse {
             if lse.len() < problem.lse_len() {
                 return Err(Error::InvalidBuffer {
@@ -274,9 +281,7 @@ impl CudaAttention {
 
         let vec_bytes = vec_bytes_for(problem, [q, k, v, o])?;
         let config = match plan {
-            Some(plan) => {
-                CudaKernelConfig::new(problem.dtype, problem.shape.head_dim, plan, problem.causal, vec_bytes)?
-            }
+            Some(plan) => CudaKernelConfig::for_problem(problem, plan, vec_bytes)?,
             None => self.config_for(problem, vec_bytes)?,
         };
         let geometry = config.geometry(problem)?;
@@ -295,12 +300,12 @@ impl CudaAttention {
                 });
             }
             let map = |tensor: Tensor, rows: u32, base: u64| -> Result<cudarc::driver::sys::CUtensorMap> {
-                tma::encode(&tma::tensor_map_spec(problem, tensor, rows)?, base)
+                tma::encode(&tensor_map_spec(problem, tensor, rows)?, base)
             };
             Some(TmaMaps {
-                q: map(Tensor::Q, config.block_m, q)?,
-                k: map(Tensor::K, config.block_n, k)?,
-                v: map(Tensor::V, config.block_n, v)?,
+                q: map(Tensor::Q, config.block_m(), q)?,
+                k: map(Tensor::K, config.block_n(), k)?,
+                v: map(Tensor::V, config.block_n(), v)?,
             })
         } else {
             None
@@ -333,15 +338,10 @@ impl CudaAttention {
                 got: T::DTYPE,
             });
         }
-        for (tensor, len) in [(Tensor::Q, q.len()), (Tensor::K, k.len()), (Tensor::V, v.len())] {
-            let need = problem.required_len(tensor);
-            if len < need {
-                return Err(Error::InvalidBuffer {
-                    tensor: tensor.name(),
-                    message: format!("holds {len} elements, the problem needs {need}"),
-                });
-            }
-        }
+        check_lengths(
+            problem,
+            [(Tensor::Q, q.len()), (Tensor::K, k.len()), (Tensor::V, v.len())],
+        )?;
         let stream = self.device.stream();
         // bf16/f16 travel as their bit patterns: cudarc's DeviceRepr covers u16, not half's types.
         let bits = |x: &[T]| -> Vec<u16> { bytemuck::cast_slice::<T, u16>(x).to_vec() };
@@ -371,4 +371,18 @@ impl CudaAttention {
             device_bytes,
         })
     }
+}
+
+/// Each buffer holds at least the elements its tensor's layout reaches.
+fn check_lengths<const N: usize>(problem: &AttentionProblem, lengths: [(Tensor, usize); N]) -> Result<()> {
+    for (tensor, len) in lengths {
+        let need = problem.required_len(tensor);
+        if len < need {
+            return Err(Error::InvalidBuffer {
+                tensor: tensor.name(),
+                message: format!("holds {len} elements, the problem needs {need}"),
+            });
+        }
+    }
+    Ok(())
 }

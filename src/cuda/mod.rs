@@ -19,21 +19,43 @@
 //!   panic, when there is none), opens a context and stream, and reads the compute capability.
 //! * [`CudaAttention`] runs on host slices ([`CudaAttention::forward`]) or on your device buffers
 //!   without copies ([`CudaAttention::forward_device`]).
-//! * [`plan`] chooses a kernel config per problem; [`nvrtc`] compiles `cuda/*.cu` for the GPU's
-//!   architecture (`sm_90a` on Hopper) and caches cubins on disk, keyed by a hash of source,
-//!   options, NVRTC and driver version, so a second process skips the compile.
-//! * [`tma`] derives and encodes the tensor maps of Hopper's bulk tensor copies, which the
-//!   FlashAttention-3 style kernel (`cuda/flash_fwd_wgmma.cu`: TMA, wgmma, a producer warpgroup
-//!   and two consumer warpgroups) takes; [`plan::select_cuda_on`] says when it runs and, when it
-//!   does not, why (`mma.sync` is the fallback).
+//! * [`CudaAttention::selection`] says which kernel runs a problem ([`CudaKernelConfig`], a
+//!   plan of one of the two kernels compiled for the problem) and, when it is not the
+//!   FlashAttention-3 style Hopper kernel (`cuda/flash_fwd_wgmma.cu`: TMA, wgmma, a producer
+//!   warpgroup and two or three consumer warpgroups), why: `mma.sync` is the fallback.
+//! * Kernels compile with NVRTC for the GPU's architecture (`sm_90a` on Hopper) and their cubins
+//!   are cached on disk ([`DiskCache`]), keyed by a hash of source, options, NVRTC and driver
+//!   version, so a second process skips the compile.
+//!
+//! Inside, layers each import only those below: `plan` (pure: tile plans, selection, parameter
+//! block, tensor-map rules; no cudarc), then `nvrtc` (compiling), `tma` (encoding tensor maps)
+//! and `device`, then `launch` (the engine). The tuning tables, the plan internals and the
+//! compiler's pieces are public only with the `internals` feature (benchmarks, tests, tools).
 //!
 //! Building needs no CUDA toolkit: cudarc loads libcuda and libnvrtc at run time.
 
-pub mod device;
-pub mod launch;
+mod device;
+#[cfg(test)]
+mod golden;
+mod launch;
+
+// With `internals`, the layers below the engine are public for benchmarks and tests; without
+// it they are the crate's own, and what only those users call would read as dead code.
+#[cfg(feature = "internals")]
 pub mod nvrtc;
+#[cfg(not(feature = "internals"))]
+#[allow(dead_code, unused_imports)]
+pub(crate) mod nvrtc;
+#[cfg(feature = "internals")]
 pub mod plan;
+#[cfg(not(feature = "internals"))]
+#[allow(dead_code, unused_imports)]
+pub(crate) mod plan;
+#[cfg(feature = "internals")]
 pub mod tma;
+#[cfg(not(feature = "internals"))]
+#[allow(dead_code, unused_imports)]
+pub(crate) mod tma;
 
 /// The host-side tests' problem: bf16, ragged lengths (1000 queries, 777 keys), GQA 8:2.
 #[cfg(test)]
@@ -54,6 +76,6 @@ pub use device::{arch_for, driver_available, CudaDevice};
 pub use launch::{CudaAttention, CudaOptions, DeviceTensors, KernelInfo};
 pub use nvrtc::{nvrtc_available, DiskCache, Origin};
 pub use plan::{
-    all_cuda_configs, select_cuda, select_cuda_on, tile_plans, validate_for_cuda, wgmma_plan, wgmma_plans,
-    CudaKernelConfig, CudaSelection, CudaTilePlan, KernelKind, LaunchGeometry, WgmmaVariant, CUDA_HEAD_DIMS,
+    CudaKernelConfig, CudaPlan, CudaSelection, LaunchGeometry, MmaConfig, MmaPlan, WgmmaConfig, WgmmaPlan,
+    CUDA_HEAD_DIMS,
 };

@@ -1,110 +1,15 @@
-//! Tensor maps for Hopper's bulk tensor copies (TMA, `cp.async.bulk.tensor`): the parameters of
-//! `cuTensorMapEncodeTiled` for one attention tensor, derived from the problem's layout and
-//! checked against the hardware's rules, and the driver call that encodes them.
-//!
-//! This is the host half of the FlashAttention-3 path (a producer warpgroup loading Q, K and V
-//! tiles with TMA into an mbarrier-guarded stage ring for wgmma consumers); the `mma.sync`
-//! kernel in use today loads with `cp.async` and needs none of it. The parameter rules are pure
-//! and tested here without a GPU, so the kernel that uses them starts from known-good maps.
+//! Encoding the tensor maps of Hopper's bulk tensor copies (TMA) with the driver: the host half
+//! of the wgmma kernel's loads. The parameters themselves are pure and live in
+//! [`plan::tensor_map`](super::plan::tensor_map), tested without a GPU.
 
 use cudarc::driver::sys::{
     self, CUtensorMap, CUtensorMapDataType, CUtensorMapFloatOOBfill, CUtensorMapInterleave, CUtensorMapL2promotion,
     CUtensorMapSwizzle,
 };
 
+use super::plan::tensor_map::{TensorMapSpec, STRIDE_ALIGN};
 use crate::error::{Error, Result};
-use crate::problem::{AttentionProblem, DType, Tensor};
-
-/// Elements of a 16-bit type in one 128-byte swizzle span: the widest box row a 128-byte
-/// swizzled map may have, and the K-major atom width wgmma reads with 128-byte swizzling. A
-/// head_dim-128 tile is therefore two boxes side by side, head_dim 256 four.
-pub const SWIZZLE_SPAN_ELEMS: u32 = 64;
-/// The hardware's limit on every box dimension.
-const MAX_BOX_DIM: u32 = 256;
-/// Global strides must be multiples of 16 bytes and below 2^40.
-const STRIDE_ALIGN: u64 = 16;
-const MAX_STRIDE: u64 = 1 << 40;
-
-/// The arguments of `cuTensorMapEncodeTiled` for one tensor, dimensions innermost first:
-/// `(head_dim, seq, heads, batch)`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct TensorMapSpec {
-    pub dtype: DType,
-    /// Elements per dimension.
-    pub global_dim: [u64; 4],
-    /// Bytes between consecutive indices of dimensions 1..4 (dimension 0 is contiguous).
-    pub global_strides: [u64; 3],
-    /// One copy moves a `[64 columns, rows, 1 head, 1 batch]` box.
-    pub box_dim: [u32; 4],
-    /// Byte offset of element (0, 0, 0, 0) from the buffer's start (the layout's offset).
-    pub offset_bytes: u64,
-}
-
-impl TensorMapSpec {
-    /// Boxes side by side that cover one head_dim-wide row tile.
-    pub fn boxes_per_row_tile(&self) -> u32 {
-        (self.global_dim[0] as u32).div_ceil(self.box_dim[0])
-    }
-
-    /// Bytes one box fills in shared memory (what the mbarrier's transaction count adds up).
-    pub fn box_bytes(&self) -> u32 {
-        self.box_dim.iter().product::<u32>() * self.dtype.size_bytes() as u32
-    }
-}
-
-fn unavailable(tensor: Tensor, why: String) -> Error {
-    Error::Unavailable {
-        what: format!("TMA loads of tensor `{}`", tensor.name()),
-        why,
-    }
-}
-
-/// The tensor map of `tensor` for tiles of `rows` sequence rows, or why this layout cannot be
-/// described to the copy engine (then the kernel must load with `cp.async`).
-pub fn tensor_map_spec(problem: &AttentionProblem, tensor: Tensor, rows: u32) -> Result<TensorMapSpec> {
-    problem.validate()?;
-    let dtype = problem.dtype;
-    if dtype == DType::F32 {
-        return Err(unavailable(tensor, "the TMA kernels take bf16 or f16".into()));
-    }
-    if rows == 0 || rows > MAX_BOX_DIM {
-        return crate::error::invalid!("a TMA box has 1 to {MAX_BOX_DIM} rows, not {rows}");
-    }
-    let head_dim = problem.shape.head_dim as u32;
-    if !head_dim.is_multiple_of(SWIZZLE_SPAN_ELEMS) {
-        return Err(unavailable(
-            tensor,
-            format!("head_dim {head_dim} is not a multiple of the {SWIZZLE_SPAN_ELEMS}-element swizzle span"),
-        ));
-    }
-    let (seq, heads) = problem.extent(tensor);
-    let l = problem.layout(tensor);
-    let elem = dtype.size_bytes() as u64;
-    let strides = [
-        ("seq", l.seq_stride as u64 * elem, seq),
-        ("head", l.head_stride as u64 * elem, heads),
-        ("batch", l.batch_stride as u64 * elem, problem.shape.batch),
-    ];
-    for (name, bytes, extent) in strides {
-        // A dimension of extent 1 is never stepped along; give it any legal stride below.
-        if extent > 1 && (bytes == 0 || !bytes.is_multiple_of(STRIDE_ALIGN) || bytes >= MAX_STRIDE) {
-            return Err(unavailable(
-                tensor,
-                format!(
-                    "its {name} stride is {bytes} bytes; the copy engine needs a non-zero multiple of 16 below 2^40"
-                ),
-            ));
-        }
-    }
-    let legal = |bytes: u64| if bytes == 0 { STRIDE_ALIGN } else { bytes };
-    Ok(TensorMapSpec {
-        dtype,
-        global_dim: [head_dim as u64, seq as u64, heads as u64, problem.shape.batch as u64],
-        global_strides: [legal(strides[0].1), legal(strides[1].1), legal(strides[2].1)],
-        box_dim: [SWIZZLE_SPAN_ELEMS, rows, 1, 1],
-        offset_bytes: l.offset as u64 * elem,
-    })
-}
+use crate::problem::DType;
 
 /// Encodes `spec` for the buffer whose element 0 is at device address `base`: 128-byte swizzle
 /// (conflict-free for wgmma's K-major reads), rows past the end of a dimension filled with zeros
@@ -155,72 +60,9 @@ pub fn encode(spec: &TensorMapSpec, base: u64) -> Result<CUtensorMap> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::problem::{Layout, TensorLayout};
-
+    use crate::cuda::plan::tensor_map::tensor_map_spec;
     use crate::cuda::test_problem as problem;
-
-    #[test]
-    fn contiguous_layouts_map_to_four_dimensions() {
-        let p = problem(128);
-        let q = tensor_map_spec(&p, Tensor::Q, 128).unwrap();
-        assert_eq!(q.global_dim, [128, 1000, 8, 2]);
-        assert_eq!(q.global_strides, [8 * 128 * 2, 128 * 2, 1000 * 8 * 128 * 2]);
-        assert_eq!(q.box_dim, [64, 128, 1, 1]);
-        assert_eq!(q.boxes_per_row_tile(), 2);
-        assert_eq!(q.box_bytes(), 64 * 128 * 2);
-        // K and V have seq_kv rows of num_kv_heads heads.
-        let k = tensor_map_spec(&p, Tensor::K, 64).unwrap();
-        assert_eq!(k.global_dim, [128, 777, 2, 2]);
-        assert_eq!(k.global_strides[0], 2 * 128 * 2);
-        // [batch, heads, seq, dim]: the seq stride is one row.
-        let b = tensor_map_spec(&p.with_layout(Layout::Bhsd), Tensor::V, 64).unwrap();
-        assert_eq!(b.global_strides, [128 * 2, 777 * 128 * 2, 2 * 777 * 128 * 2]);
-        assert_eq!(
-            tensor_map_spec(&problem(256), Tensor::O, 64)
-                .unwrap()
-                .boxes_per_row_tile(),
-            4
-        );
-    }
-
-    #[test]
-    fn layouts_the_copy_engine_cannot_describe_are_refused() {
-        let p = problem(128);
-        // Rows padded by 4 elements: 8-byte aligned strides.
-        let mut l = p.k_layout;
-        l.seq_stride += 4;
-        l.batch_stride = l.seq_stride * 777;
-        let err = tensor_map_spec(&p.with_tensor_layout(Tensor::K, l), Tensor::K, 64).unwrap_err();
-        assert!(
-            matches!(err, Error::Unavailable { .. }) && err.to_string().contains("seq stride"),
-            "{err}"
-        );
-        // Broadcast over the batch (stride 0).
-        let mut l = p.v_layout;
-        l.batch_stride = 0;
-        let err = tensor_map_spec(&p.with_tensor_layout(Tensor::V, l), Tensor::V, 64).unwrap_err();
-        assert!(err.to_string().contains("batch stride"), "{err}");
-        // ... unless that dimension has extent 1.
-        let mut one = problem(128);
-        one.shape.batch = 1;
-        let one = one.with_layout(Layout::Bshd);
-        let mut l = one.v_layout;
-        l.batch_stride = 0;
-        let s = tensor_map_spec(&one.with_tensor_layout(Tensor::V, l), Tensor::V, 64).unwrap();
-        assert_eq!(s.global_strides[2], 16);
-        // head_dim not a multiple of the swizzle span, f32, box limits.
-        assert!(matches!(
-            tensor_map_spec(&problem(96), Tensor::Q, 64),
-            Err(Error::Unavailable { .. })
-        ));
-        let mut f = p;
-        f.dtype = DType::F32;
-        assert!(tensor_map_spec(&f, Tensor::Q, 64).is_err());
-        assert!(matches!(
-            tensor_map_spec(&p, Tensor::Q, 257),
-            Err(Error::InvalidProblem(_))
-        ));
-    }
+    use crate::problem::{Tensor, TensorLayout};
 
     #[test]
     fn offsets_travel_with_the_spec_and_must_keep_16_byte_alignment() {

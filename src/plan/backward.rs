@@ -329,7 +329,7 @@ impl PreprocessKernel {
     }
 }
 
-/// One of the three backward pipelines (the [`crate::wgsl::KernelConfig::Backward`] key).
+/// One of the three backward pipelines (the `KernelConfig::Backward` (src/wgsl) key).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum BackwardKernel {
     Preprocess(PreprocessKernel),

@@ -1,0 +1,304 @@
+//! What to compile and how to launch it, as pure functions of the problem and a few device
+//! facts (no driver, no NVRTC: CI tests all of it without a GPU).
+//!
+//! A *plan* is a tile and scheduling choice of one kernel ([`MmaPlan`] for `mma.sync`,
+//! [`WgmmaPlan`] for the Hopper kernel, joined as [`CudaPlan`]); each kernel keeps a short table
+//! of them per head_dim. A *config* is a plan compiled for one problem's dtype, head_dim,
+//! masking and access width ([`CudaKernelConfig`]): its [`name`](CudaKernelConfig::name) is the
+//! CUDA entry point, the cache key and the test and benchmark label. [`select_cuda`] picks the
+//! config a problem runs with and says why whenever the Hopper kernel does not.
+//!
+//! Layers: [`support`] (what the CUDA path accepts) and [`tensor_map`] (what TMA can describe)
+//! are leaves; [`mma`] and [`wgmma`] build on them; [`select`] on those. [`alignment`] and
+//! [`params`] read only the problem. Nothing here imports cudarc or the engine.
+
+pub mod alignment;
+pub mod mma;
+pub mod params;
+pub mod select;
+pub mod support;
+pub mod tensor_map;
+pub mod wgmma;
+
+pub use alignment::vec_bytes_for;
+pub use mma::{default_mma_plan, mma_plans, MmaConfig, MmaPlan};
+pub use params::FwdParams;
+pub use select::{select_cuda, select_mma, CudaSelection, WGMMA_BY_DEFAULT};
+pub use support::{validate_for_cuda, CUDA_HEAD_DIMS, MAX_CUDA_SEQ};
+pub use wgmma::{default_wgmma_plan, wgmma_plans, wgmma_unavailable, WgmmaConfig, WgmmaPlan, WGMMA_ROWS_PER_CONSUMER};
+
+use crate::error::Result;
+use crate::problem::{AttentionProblem, DType};
+
+/// A tile and scheduling choice of one of the two kernels.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum CudaPlan {
+    /// `cuda/flash_fwd_mma.cu`: `mma.sync` with `cp.async` loads, any GPU from sm_80 on.
+    Mma(MmaPlan),
+    /// `cuda/flash_fwd_wgmma.cu`: TMA loads by a producer warpgroup, `wgmma` consumers; Hopper
+    /// (sm_90a) only, and only for tensors the copy engine can describe.
+    Wgmma(WgmmaPlan),
+}
+
+impl From<MmaPlan> for CudaPlan {
+    fn from(plan: MmaPlan) -> Self {
+        CudaPlan::Mma(plan)
+    }
+}
+
+impl From<WgmmaPlan> for CudaPlan {
+    fn from(plan: WgmmaPlan) -> Self {
+        CudaPlan::Wgmma(plan)
+    }
+}
+
+impl CudaPlan {
+    /// Query rows per block.
+    pub fn block_m(&self) -> u32 {
+        match self {
+            CudaPlan::Mma(p) => p.block_m,
+            CudaPlan::Wgmma(p) => p.block_m(),
+        }
+    }
+
+    /// Keys per K/V tile.
+    pub fn block_n(&self) -> u32 {
+        match self {
+            CudaPlan::Mma(p) => p.block_n,
+            CudaPlan::Wgmma(p) => p.block_n,
+        }
+    }
+
+    /// Threads per block.
+    pub fn threads(&self) -> u32 {
+        match self {
+            CudaPlan::Mma(p) => p.threads(),
+            CudaPlan::Wgmma(p) => p.threads(),
+        }
+    }
+
+    /// Whether this is a plan of the Hopper kernel.
+    pub fn is_wgmma(&self) -> bool {
+        matches!(self, CudaPlan::Wgmma(_))
+    }
+}
+
+/// Everything that changes the compiled kernel: a plan of one kernel for one dtype, head_dim,
+/// masking and access width. Two problems with equal configs run the same binary; the config's
+/// [`name`](Self::name) is its CUDA entry point.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum CudaKernelConfig {
+    /// The `mma.sync` kernel.
+    Mma(MmaConfig),
+    /// The Hopper (TMA, wgmma) kernel.
+    Wgmma(WgmmaConfig),
+}
+
+/// How one kernel launch is shaped.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LaunchGeometry {
+    /// (query tiles, num_heads, batch).
+    pub grid: (u32, u32, u32),
+    /// (threads, 1, 1).
+    pub block: (u32, u32, u32),
+    /// Dynamic shared memory per block.
+    pub smem_bytes: u32,
+}
+
+impl CudaKernelConfig {
+    /// The config of `plan` for a dtype, head_dim and masking, with global accesses
+    /// `vec_bytes` wide (16, or 8 for tensors only 8-byte aligned; the wgmma kernel needs 16).
+    pub fn new(dtype: DType, head_dim: usize, plan: CudaPlan, causal: bool, vec_bytes: u32) -> Result<Self> {
+        support::check_dtype(dtype)?;
+        support::check_head_dim(head_dim)?;
+        let head_dim = head_dim as u32;
+        Ok(match plan {
+            CudaPlan::Mma(p) => CudaKernelConfig::Mma(MmaConfig::new(dtype, head_dim, p, causal, vec_bytes)?),
+            CudaPlan::Wgmma(p) => CudaKernelConfig::Wgmma(WgmmaConfig::new(dtype, head_dim, p, causal, vec_bytes)?),
+        })
+    }
+
+    /// The config of `plan` for `problem`'s dtype, head_dim and masking.
+    pub fn for_problem(problem: &AttentionProblem, plan: CudaPlan, vec_bytes: u32) -> Result<Self> {
+        Self::new(problem.dtype, problem.shape.head_dim, plan, problem.causal, vec_bytes)
+    }
+
+    /// `flash_fwd_mma_bf16_d128_bm64_bn64_w4[_causal][_a8]` or
+    /// `flash_fwd_wgmma_bf16_d128_bm128_bn128_s2[_ov][_pp][_split][_causal]`: entry point, cache
+    /// key, test label.
+    pub fn name(&self) -> String {
+        match self {
+            CudaKernelConfig::Mma(c) => c.name(),
+            CudaKernelConfig::Wgmma(c) => c.name(),
+        }
+    }
+
+    /// The `-D` definitions the kernel's source reads.
+    pub fn defines(&self) -> Vec<String> {
+        match self {
+            CudaKernelConfig::Mma(c) => c.defines(),
+            CudaKernelConfig::Wgmma(c) => c.defines(),
+        }
+    }
+
+    /// Dynamic shared memory per block.
+    pub fn smem_bytes(&self) -> u32 {
+        match self {
+            CudaKernelConfig::Mma(c) => c.smem_bytes(),
+            CudaKernelConfig::Wgmma(c) => c.smem_bytes(),
+        }
+    }
+
+    /// The plan this config compiles.
+    pub fn plan(&self) -> CudaPlan {
+        match self {
+            CudaKernelConfig::Mma(c) => CudaPlan::Mma(c.plan),
+            CudaKernelConfig::Wgmma(c) => CudaPlan::Wgmma(c.plan),
+        }
+    }
+
+    /// Element type of Q, K, V and O.
+    pub fn dtype(&self) -> DType {
+        match self {
+            CudaKernelConfig::Mma(c) => c.dtype,
+            CudaKernelConfig::Wgmma(c) => c.dtype,
+        }
+    }
+
+    /// Head dimension.
+    pub fn head_dim(&self) -> u32 {
+        match self {
+            CudaKernelConfig::Mma(c) => c.head_dim,
+            CudaKernelConfig::Wgmma(c) => c.head_dim,
+        }
+    }
+
+    /// Causal masking.
+    pub fn causal(&self) -> bool {
+        match self {
+            CudaKernelConfig::Mma(c) => c.causal,
+            CudaKernelConfig::Wgmma(c) => c.causal,
+        }
+    }
+
+    /// Width of the global loads and stores (the wgmma kernel's TMA copies need 16).
+    pub fn vec_bytes(&self) -> u32 {
+        match self {
+            CudaKernelConfig::Mma(c) => c.vec_bytes,
+            CudaKernelConfig::Wgmma(_) => 16,
+        }
+    }
+
+    /// Query rows per block.
+    pub fn block_m(&self) -> u32 {
+        self.plan().block_m()
+    }
+
+    /// Keys per K/V tile.
+    pub fn block_n(&self) -> u32 {
+        self.plan().block_n()
+    }
+
+    /// Threads per block.
+    pub fn threads(&self) -> u32 {
+        self.plan().threads()
+    }
+
+    /// Whether this is the Hopper kernel.
+    pub fn is_wgmma(&self) -> bool {
+        matches!(self, CudaKernelConfig::Wgmma(_))
+    }
+
+    /// Grid, block and shared memory of a launch for `problem`: one block per `block_m` query
+    /// rows of each head of each batch.
+    pub fn geometry(&self, problem: &AttentionProblem) -> Result<LaunchGeometry> {
+        let s = &problem.shape;
+        support::check_grid(s)?;
+        let q_tiles = s.seq_q.div_ceil(self.block_m() as usize);
+        Ok(LaunchGeometry {
+            grid: (q_tiles as u32, s.num_heads as u32, s.batch as u32),
+            block: (self.threads(), 1, 1),
+            smem_bytes: self.smem_bytes(),
+        })
+    }
+}
+
+/// Every config [`select_cuda`] or a sweep over [`mma_plans`] and [`wgmma_plans`] can produce:
+/// what the NVRTC compile test builds.
+pub fn all_cuda_configs() -> Vec<CudaKernelConfig> {
+    let mut out = Vec::new();
+    for dtype in [DType::BF16, DType::F16] {
+        for head_dim in CUDA_HEAD_DIMS {
+            let mma = mma_plans(head_dim).iter().map(|&p| CudaPlan::Mma(p));
+            let wgmma = wgmma_plans(head_dim).iter().map(|&p| CudaPlan::Wgmma(p));
+            for plan in mma.chain(wgmma) {
+                for causal in [false, true] {
+                    for vec_bytes in [16, 8] {
+                        if let Ok(c) = CudaKernelConfig::new(dtype, head_dim, plan, causal, vec_bytes) {
+                            out.push(c);
+                        }
+                    }
+                }
+            }
+        }
+    }
+    out
+}
+
+/// `flash_fwd_{kernel}_{dtype}_d{head_dim}_bm{block_m}_bn{block_n}`: the part of a config's name
+/// both kernels spell the same way.
+fn kernel_name(kernel: &str, dtype: DType, head_dim: u32, block_m: u32, block_n: u32) -> String {
+    format!(
+        "flash_fwd_{kernel}_{}_d{head_dim}_bm{block_m}_bn{block_n}",
+        dtype.name()
+    )
+}
+
+/// One `-D` option.
+fn define(key: &str, value: impl std::fmt::Display) -> String {
+    format!("-D{key}={value}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_are_unique_across_everything_that_can_be_compiled() {
+        let all = all_cuda_configs();
+        let mut names: Vec<_> = all.iter().map(|c| c.name()).collect();
+        names.sort();
+        names.dedup();
+        assert_eq!(names.len(), all.len());
+        for c in &all {
+            // A config is a function of its parts: rebuilding it gives the same config.
+            let again = CudaKernelConfig::new(c.dtype(), c.head_dim() as usize, c.plan(), c.causal(), c.vec_bytes());
+            assert_eq!(again.unwrap(), *c);
+        }
+    }
+
+    #[test]
+    fn planning_imports_neither_cudarc_nor_the_layers_above() {
+        // Planning is the layer below nvrtc, tma, device and launch: it must build and be tested
+        // without a driver, so none of its files may name cudarc or those modules.
+        let files = [
+            ("mod.rs", include_str!("mod.rs")),
+            ("alignment.rs", include_str!("alignment.rs")),
+            ("mma.rs", include_str!("mma.rs")),
+            ("params.rs", include_str!("params.rs")),
+            ("select.rs", include_str!("select.rs")),
+            ("support.rs", include_str!("support.rs")),
+            ("tensor_map.rs", include_str!("tensor_map.rs")),
+            ("wgmma.rs", include_str!("wgmma.rs")),
+        ];
+        let upward = ["cudarc", "launch", "nvrtc", "device", "tma", "crate::cuda::"];
+        for (name, text) in files {
+            let code = text.split("#[cfg(test)]").next().unwrap_or(text);
+            for line in code.lines().filter(|l| l.trim_start().starts_with("use ")) {
+                for bad in upward {
+                    assert!(!line.contains(bad), "plan/{name} imports `{bad}`: {line}");
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,108 @@
+//! The forward kernels' parameter block: the problem's sizes, strides and folded scale, and the
+//! device addresses of its tensors, laid out as the kernels read it.
+
+use crate::problem::{AttentionProblem, Tensor};
+
+/// The forward kernels' parameter block, passed by value. Mirrors `struct FwdParams` in
+/// `cuda/fwd_params.cuh` field for field; both sides check the size.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct FwdParams {
+    /// Device addresses of each tensor's element (0, 0, 0, 0), offsets included.
+    pub q: u64,
+    pub k: u64,
+    pub v: u64,
+    pub o: u64,
+    /// 0: LSE not written.
+    pub lse: u64,
+    pub q_batch_stride: i64,
+    pub q_seq_stride: i64,
+    pub q_head_stride: i64,
+    pub k_batch_stride: i64,
+    pub k_seq_stride: i64,
+    pub k_head_stride: i64,
+    pub v_batch_stride: i64,
+    pub v_seq_stride: i64,
+    pub v_head_stride: i64,
+    pub o_batch_stride: i64,
+    pub o_seq_stride: i64,
+    pub o_head_stride: i64,
+    pub seq_q: i32,
+    pub seq_kv: i32,
+    pub num_heads: i32,
+    pub group_size: i32,
+    pub causal_offset: i32,
+    pub scale_log2: f32,
+}
+
+const _: () = assert!(std::mem::size_of::<FwdParams>() == 160);
+
+impl FwdParams {
+    /// Parameters for `problem` (validated) with buffers whose element 0 is at `base_addresses`
+    /// (`[q, k, v, o]`) and an LSE buffer at `lse` (0 for none).
+    pub fn new(problem: &AttentionProblem, base_addresses: [u64; 4], lse: u64) -> Self {
+        let elem = problem.dtype.size_bytes() as u64;
+        let start = |tensor: Tensor, base: u64| base + problem.layout(tensor).offset as u64 * elem;
+        let strides = |tensor: Tensor| {
+            let l = problem.layout(tensor);
+            [l.batch_stride as i64, l.seq_stride as i64, l.head_stride as i64]
+        };
+        let [qb, qs, qh] = strides(Tensor::Q);
+        let [kb, ks, kh] = strides(Tensor::K);
+        let [vb, vs, vh] = strides(Tensor::V);
+        let [ob, os, oh] = strides(Tensor::O);
+        let s = &problem.shape;
+        FwdParams {
+            q: start(Tensor::Q, base_addresses[0]),
+            k: start(Tensor::K, base_addresses[1]),
+            v: start(Tensor::V, base_addresses[2]),
+            o: start(Tensor::O, base_addresses[3]),
+            lse,
+            q_batch_stride: qb,
+            q_seq_stride: qs,
+            q_head_stride: qh,
+            k_batch_stride: kb,
+            k_seq_stride: ks,
+            k_head_stride: kh,
+            v_batch_stride: vb,
+            v_seq_stride: vs,
+            v_head_stride: vh,
+            o_batch_stride: ob,
+            o_seq_stride: os,
+            o_head_stride: oh,
+            seq_q: s.seq_q as i32,
+            seq_kv: s.seq_kv as i32,
+            num_heads: s.num_heads as i32,
+            group_size: problem.group_size() as i32,
+            causal_offset: problem.causal_offset() as i32,
+            scale_log2: problem.softmax_scale_log2(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cuda::test_problem as problem;
+    use crate::problem::{Layout, TensorLayout};
+
+    #[test]
+    fn params_carry_offsets_strides_and_the_folded_scale() {
+        let p = problem(64).with_causal(true).with_scale(0.5);
+        let o = TensorLayout {
+            offset: 8,
+            ..TensorLayout::contiguous(Layout::Bhsd, 1000, 8, 64)
+        };
+        let p = p.with_tensor_layout(Tensor::O, o);
+        let params = FwdParams::new(&p, [0x1000, 0x2000, 0x3000, 0x4000], 0x5000);
+        assert_eq!(params.o, 0x4000 + 16);
+        assert_eq!(params.o_seq_stride, 64);
+        assert_eq!(params.o_head_stride, 1000 * 64);
+        assert_eq!(params.q_seq_stride, 8 * 64);
+        assert_eq!(params.k_seq_stride, 2 * 64);
+        assert_eq!(params.group_size, 4);
+        assert_eq!(params.causal_offset, 777 - 1000);
+        assert_eq!(params.lse, 0x5000);
+        assert!((params.scale_log2 - 0.5 * std::f32::consts::LOG2_E).abs() < 1e-7);
+    }
+}

@@ -1,0 +1,134 @@
+//! Which kernel runs a problem: the `mma.sync` default for any GPU, and on Hopper the wgmma
+//! kernel where its tensors allow TMA, with the reason whenever it does not run.
+
+use super::mma::{default_mma_plan, MmaConfig};
+use super::support::validate_for_cuda;
+use super::wgmma::{default_wgmma_plan, wgmma_unavailable};
+use super::CudaKernelConfig;
+use crate::error::{Error, Result};
+use crate::problem::AttentionProblem;
+
+/// Whether [`select_cuda`] picks the wgmma kernel on Hopper: every wgmma plan passed
+/// `tests/cuda_attention.rs` on the H200.
+pub const WGMMA_BY_DEFAULT: bool = true;
+
+/// The `mma.sync` kernel's default config for a problem whose tensors allow `vec_bytes`-wide
+/// access (the choice off Hopper, and on Hopper for layouts TMA cannot describe).
+pub fn select_mma(problem: &AttentionProblem, vec_bytes: u32) -> Result<MmaConfig> {
+    validate_for_cuda(problem)?;
+    let head_dim = problem.shape.head_dim;
+    // Validation admits only CUDA_HEAD_DIMS, each of which has plans (tested in `mma`).
+    let plan = default_mma_plan(head_dim, problem.causal).ok_or_else(|| Error::Unavailable {
+        what: format!("head_dim {head_dim} on the CUDA path"),
+        why: "the mma.sync kernel has no plan for it".into(),
+    })?;
+    MmaConfig::new(problem.dtype, head_dim as u32, plan, problem.causal, vec_bytes)
+}
+
+/// What [`select_cuda`] picked, and why not the Hopper kernel when it picked `mma.sync`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct CudaSelection {
+    /// The kernel that runs the problem.
+    pub config: CudaKernelConfig,
+    /// Why the wgmma kernel does not run this problem (`None` when it does).
+    pub fallback: Option<String>,
+}
+
+/// The default kernel for a problem on a device: the wgmma kernel on Hopper when the tensors
+/// allow TMA (and [`WGMMA_BY_DEFAULT`]), else the `mma.sync` kernel of [`select_mma`].
+pub fn select_cuda(problem: &AttentionProblem, vec_bytes: u32, hopper: bool) -> Result<CudaSelection> {
+    let mma = select_mma(problem, vec_bytes)?;
+    let plan = default_wgmma_plan(problem.shape.head_dim, problem.causal);
+    let why = match plan {
+        #[allow(unreachable_patterns)]
+        _ if !WGMMA_BY_DEFAULT => Some("the wgmma kernel is not enabled by default (WGMMA_BY_DEFAULT)".into()),
+        None => Some(format!("no wgmma plan for head_dim {}", problem.shape.head_dim)),
+        Some(_) => wgmma_unavailable(problem, vec_bytes, hopper),
+    };
+    match (why, plan) {
+        (None, Some(plan)) => Ok(CudaSelection {
+            config: CudaKernelConfig::for_problem(problem, plan.into(), vec_bytes)?,
+            fallback: None,
+        }),
+        (why, _) => Ok(CudaSelection {
+            config: CudaKernelConfig::Mma(mma),
+            fallback: why,
+        }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cuda::plan::{MmaPlan, WgmmaPlan};
+    use crate::cuda::test_problem as problem;
+    use crate::problem::{DType, Layout};
+
+    #[test]
+    fn selection_says_why_the_hopper_kernel_does_not_run() {
+        let p = problem(128);
+        let off_hopper = select_cuda(&p, 16, false).unwrap();
+        assert!(!off_hopper.config.is_wgmma());
+        assert!(off_hopper.fallback.is_some());
+        let on_hopper = select_cuda(&p, 16, true).unwrap();
+        assert_eq!(on_hopper.config.is_wgmma(), WGMMA_BY_DEFAULT);
+        assert_eq!(on_hopper.fallback.is_none(), WGMMA_BY_DEFAULT);
+        if WGMMA_BY_DEFAULT {
+            assert_eq!(on_hopper.config.plan(), default_wgmma_plan(128, false).unwrap().into());
+            let causal = select_cuda(&p.with_causal(true), 16, true).unwrap();
+            assert_eq!(causal.config.plan(), default_wgmma_plan(128, true).unwrap().into());
+            assert!(causal.config.causal());
+        }
+        // Wherever the wgmma kernel does not run, the mma.sync default does.
+        let a8 = select_cuda(&p, 8, true).unwrap();
+        assert_eq!(a8.config, CudaKernelConfig::Mma(select_mma(&p, 8).unwrap()));
+    }
+
+    #[test]
+    fn defaults_are_the_measured_best() {
+        let p = problem(128);
+        assert_eq!(select_mma(&p, 16).unwrap().plan, MmaPlan::new(128, 64, 4));
+        assert_eq!(
+            select_mma(&p.with_causal(true), 16).unwrap().plan,
+            MmaPlan::new(64, 64, 4)
+        );
+        assert_eq!(
+            select_mma(&problem(64).with_causal(true), 16).unwrap().plan,
+            MmaPlan::new(128, 64, 4)
+        );
+        assert_eq!(select_mma(&problem(256), 8).unwrap().plan, MmaPlan::new(128, 64, 8));
+        assert_eq!(
+            default_wgmma_plan(256, false),
+            Some(WgmmaPlan::new(2, 80, 2).pingpong())
+        );
+    }
+
+    #[test]
+    fn geometry_covers_every_query_row() {
+        let p = problem(128);
+        for hopper in [false, true] {
+            let c = select_cuda(&p, 16, hopper).unwrap().config;
+            let g = c.geometry(&p).unwrap();
+            assert_eq!(g.grid, (1000u32.div_ceil(c.block_m()), 8, 2));
+            assert_eq!(g.block, (c.threads(), 1, 1));
+            assert_eq!(g.smem_bytes, c.smem_bytes());
+        }
+    }
+
+    #[test]
+    fn unsupported_problems_are_errors() {
+        assert!(matches!(select_mma(&problem(96), 16), Err(Error::Unavailable { .. })));
+        let mut p = problem(128);
+        p.dtype = DType::F32;
+        let msg = select_cuda(&p, 16, true).unwrap_err().to_string();
+        assert!(msg.contains("f32"), "{msg}");
+        let mut p = problem(64);
+        p.shape.num_heads = 70_000;
+        p.shape.num_kv_heads = 70_000;
+        p = p.with_layout(Layout::Bshd);
+        assert!(matches!(select_mma(&p, 16), Err(Error::TooLarge(_))));
+        let mut p = problem(64);
+        p.shape.num_kv_heads = 3;
+        assert!(matches!(select_mma(&p, 16), Err(Error::InvalidProblem(_))));
+    }
+}

@@ -1,0 +1,377 @@
+//! The Hopper kernel (`cuda/flash_fwd_wgmma.cu`: TMA loads by a producer warpgroup, `wgmma`
+//! consumers): its scheduling plans, the table of them per head_dim, the default, when it cannot
+//! run a problem, and the config a plan becomes for one problem.
+
+use super::support::{SMEM_PER_SM, SMEM_RESERVED_PER_BLOCK};
+use super::tensor_map::tensor_map_spec;
+use super::{define, kernel_name};
+use crate::error::{Error, Result};
+use crate::problem::{AttentionProblem, DType, Tensor};
+
+/// Query rows of one consumer warpgroup (wgmma's M).
+pub const WGMMA_ROWS_PER_CONSUMER: u32 = 64;
+
+/// A plan of the Hopper kernel: how many consumer warpgroups share a block, the key tile, the
+/// depth of the K/V ring and the scheduling switches (compile-time, see the kernel's header).
+/// The block's rows and warps follow from `consumers`, so they cannot disagree with it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct WgmmaPlan {
+    /// Consumer warpgroups of 64 query rows each (2 or 3), beside one producer warpgroup.
+    pub consumers: u32,
+    /// Keys per K/V tile: the N of the one wgmma that computes S.
+    pub block_n: u32,
+    /// Shared-memory stages of the K/V ring (2 to 4).
+    pub stages: u32,
+    /// Softmax of tile j overlapped with P·V of tile j-1 inside a warpgroup.
+    pub overlap: bool,
+    /// The consumer warpgroups take turns issuing GEMMs (named barriers).
+    pub pingpong: bool,
+    /// O += P·V as one N = 64 wgmma per head_dim panel instead of one N = head_dim wgmma.
+    pub pv_split: bool,
+}
+
+impl WgmmaPlan {
+    /// `consumers` warpgroups, `block_n`-key tiles, a ring of `stages`, every switch off.
+    pub const fn new(consumers: u32, block_n: u32, stages: u32) -> Self {
+        WgmmaPlan {
+            consumers,
+            block_n,
+            stages,
+            overlap: false,
+            pingpong: false,
+            pv_split: false,
+        }
+    }
+
+    /// This plan with softmax overlapping P·V.
+    pub const fn overlap(self) -> Self {
+        WgmmaPlan { overlap: true, ..self }
+    }
+
+    /// This plan with the consumers taking turns.
+    pub const fn pingpong(self) -> Self {
+        WgmmaPlan { pingpong: true, ..self }
+    }
+
+    /// This plan with P·V split into 64-column panels.
+    pub const fn pv_split(self) -> Self {
+        WgmmaPlan { pv_split: true, ..self }
+    }
+
+    /// Query rows per block: 64 per consumer.
+    pub fn block_m(&self) -> u32 {
+        WGMMA_ROWS_PER_CONSUMER * self.consumers
+    }
+
+    /// Warps per block: a warpgroup (4 warps) per consumer and one producer warpgroup.
+    pub fn warps(&self) -> u32 {
+        4 * (1 + self.consumers)
+    }
+
+    /// Threads per block.
+    pub fn threads(&self) -> u32 {
+        self.warps() * 32
+    }
+}
+
+/// Plans of the Hopper kernel for a head_dim; the benchmark sweeps all and the tests run each
+/// ([`default_wgmma_plan`] picks from them). Key tiles: 128 where registers allow (S and P of a
+/// 128-key tile are 96 registers a thread, O at head_dim 128 another 64), 64 at head_dim 256 (O
+/// alone is 128). Three consumer warpgroups (192 rows) share the registers three ways: at
+/// head_dim 64 that still fits S and O, and more rows per CTA halve the K/V traffic per FLOP.
+pub fn wgmma_plans(head_dim: usize) -> &'static [WgmmaPlan] {
+    const fn two(block_n: u32, stages: u32) -> WgmmaPlan {
+        WgmmaPlan::new(2, block_n, stages)
+    }
+    const fn three(block_n: u32, stages: u32) -> WgmmaPlan {
+        WgmmaPlan::new(3, block_n, stages)
+    }
+    const D64: [WgmmaPlan; 8] = [
+        two(128, 3).overlap().pingpong(),
+        two(128, 2),
+        two(128, 2).pingpong(),
+        two(128, 3).pingpong(),
+        three(128, 2).pingpong(),
+        three(128, 3).pingpong(),
+        three(128, 2),
+        two(192, 2),
+    ];
+    const D128: [WgmmaPlan; 11] = [
+        two(128, 2),
+        two(128, 2).pingpong(),
+        two(128, 3),
+        two(176, 2),
+        two(176, 2).pingpong(),
+        two(192, 2),
+        two(128, 2).overlap().pingpong(),
+        two(64, 3).overlap().pingpong(),
+        three(64, 3).pingpong(),
+        three(64, 3),
+        two(128, 2).pv_split(),
+    ];
+    const D256: [WgmmaPlan; 6] = [
+        two(64, 2).pingpong(),
+        two(64, 2),
+        two(80, 2),
+        two(80, 2).pingpong(),
+        two(64, 2).overlap().pingpong(),
+        two(64, 2).pv_split(),
+    ];
+    match head_dim {
+        64 => &D64,
+        128 => &D128,
+        256 => &D256,
+        _ => &[],
+    }
+}
+
+/// The default wgmma plan for a head_dim and masking: the fastest correct one of the H200 sweep
+/// at seq 8192.
+pub fn default_wgmma_plan(head_dim: usize, causal: bool) -> Option<WgmmaPlan> {
+    let plan = match (head_dim, causal) {
+        // Three consumers: each K/V tile feeds 192 rows.
+        (64, _) => WgmmaPlan::new(3, 128, 2),
+        // 128-key tiles: 176 and 192 tie at seq 8192 but lose at 512-2048.
+        (128, _) => WgmmaPlan::new(2, 128, 2),
+        // 80-key tiles (Q 64 KiB + 2 stages of 80 KiB) and ping-pong.
+        (256, _) => WgmmaPlan::new(2, 80, 2).pingpong(),
+        _ => return None,
+    };
+    debug_assert!(wgmma_plans(head_dim).contains(&plan));
+    Some(plan)
+}
+
+/// Why the wgmma kernel cannot run `problem` on this device, or `None` when it can: it needs a
+/// Hopper GPU, and tensors the copy engine can describe (16-byte aligned starts and strides, no
+/// zero strides; [`tensor_map_spec`] has the rules).
+pub fn wgmma_unavailable(problem: &AttentionProblem, vec_bytes: u32, hopper: bool) -> Option<String> {
+    if !hopper {
+        return Some("the wgmma kernel needs a Hopper GPU (sm_90a)".into());
+    }
+    if vec_bytes != 16 {
+        return Some(
+            "a tensor's start or a stride is not a multiple of 16 bytes, which the copy engine (TMA) needs".into(),
+        );
+    }
+    for tensor in [Tensor::Q, Tensor::K, Tensor::V] {
+        if let Err(e) = tensor_map_spec(problem, tensor, 64) {
+            return Some(e.to_string());
+        }
+    }
+    None
+}
+
+/// A [`WgmmaPlan`] compiled for one dtype, head_dim and masking: everything that changes the
+/// Hopper kernel's binary. Its loads are always 16-byte TMA copies, and Q stays in shared memory.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct WgmmaConfig {
+    /// Element type of Q, K, V and O (bf16 or f16).
+    pub dtype: DType,
+    /// Head dimension, one of [`CUDA_HEAD_DIMS`](super::CUDA_HEAD_DIMS).
+    pub head_dim: u32,
+    /// Causal masking, aligned bottom-right.
+    pub causal: bool,
+    /// The scheduling plan.
+    pub plan: WgmmaPlan,
+}
+
+impl WgmmaConfig {
+    /// The config of `plan` for a dtype and head_dim the CUDA path supports (checked by the
+    /// caller), or why the plan does not fit (registers, shared memory, wgmma shapes) or the
+    /// tensors cannot be loaded by TMA (`vec_bytes` below 16).
+    pub(super) fn new(dtype: DType, head_dim: u32, plan: WgmmaPlan, causal: bool, vec_bytes: u32) -> Result<Self> {
+        let c = plan.consumers;
+        if !(2..=3).contains(&c) {
+            return crate::error::invalid!(
+                "the wgmma kernel runs 64 query rows per consumer warpgroup (2 or 3) plus a producer \
+                 warpgroup; not {} rows on {} warps with {c} consumers",
+                plan.block_m(),
+                plan.warps()
+            );
+        }
+        // One wgmma of N = block_n computes S: the sizes cuda/wgmma_gen.cuh has wrappers for.
+        if ![64, 80, 96, 128, 176, 192].contains(&plan.block_n) {
+            return crate::error::invalid!(
+                "the wgmma kernel takes block_n 64, 80, 96, 128, 176 or 192, not {}",
+                plan.block_n
+            );
+        }
+        // O (head_dim / 2 f32) and S (block_n / 2 f32) per consumer thread, plus P (block_n / 4
+        // packed) beside S when softmax overlaps P·V, must leave room for addresses and softmax
+        // state: 240 registers with 2 consumers, 160 with 3.
+        let need = head_dim / 2 + plan.block_n / 2 + if plan.overlap { plan.block_n / 4 } else { 0 };
+        let budget = if c == 2 { 192 } else { 112 };
+        if need > budget {
+            return crate::error::invalid!(
+                "wgmma head_dim {head_dim} with block_n {} and {c} consumers: O, S and P exceed the registers",
+                plan.block_n
+            );
+        }
+        if !(2..=4).contains(&plan.stages) {
+            return crate::error::invalid!("the wgmma kernel's ring has 2 to 4 stages, not {}", plan.stages);
+        }
+        if vec_bytes != 16 {
+            return Err(Error::Unavailable {
+                what: "the wgmma (TMA) kernel".into(),
+                why: "the copy engine needs every tensor 16-byte aligned with strides in multiples of 16 bytes".into(),
+            });
+        }
+        let config = WgmmaConfig {
+            dtype,
+            head_dim,
+            causal,
+            plan,
+        };
+        if config.smem_bytes() > SMEM_PER_SM - SMEM_RESERVED_PER_BLOCK {
+            return crate::error::invalid!(
+                "wgmma head_dim {head_dim}, block_n {}, {} stages needs {} bytes of shared memory",
+                plan.block_n,
+                plan.stages,
+                config.smem_bytes()
+            );
+        }
+        Ok(config)
+    }
+
+    /// `flash_fwd_wgmma_bf16_d128_bm128_bn128_s2[_ov][_pp][_split][_causal]`.
+    pub fn name(&self) -> String {
+        let p = &self.plan;
+        format!(
+            "{}_s{}{}{}{}{}",
+            kernel_name("wgmma", self.dtype, self.head_dim, p.block_m(), p.block_n),
+            p.stages,
+            if p.overlap { "_ov" } else { "" },
+            if p.pingpong { "_pp" } else { "" },
+            if p.pv_split { "_split" } else { "" },
+            if self.causal { "_causal" } else { "" },
+        )
+    }
+
+    /// Dynamic shared memory: the Q tile and `stages` stages of (K, V) tiles, 16-bit elements,
+    /// plus 1 KiB to align the tiles to 1024 bytes (the 128-byte swizzle's period).
+    pub fn smem_bytes(&self) -> u32 {
+        let row = self.head_dim * 2;
+        self.plan.block_m() * row + self.plan.stages * 2 * self.plan.block_n * row + 1024
+    }
+
+    /// The `-D` definitions `cuda/flash_fwd_wgmma.cu` reads.
+    pub fn defines(&self) -> Vec<String> {
+        let p = &self.plan;
+        vec![
+            define("KERNEL_NAME", self.name()),
+            define("FA_HEAD_DIM", self.head_dim),
+            define("FA_BLOCK_N", p.block_n),
+            define("FA_STAGES", p.stages),
+            define("FA_CONSUMERS", p.consumers),
+            define("FA_CAUSAL", self.causal as u32),
+            define("FA_BF16", (self.dtype == DType::BF16) as u32),
+            define("FA_OVERLAP", p.overlap as u32),
+            define("FA_PINGPONG", p.pingpong as u32),
+            define("FA_PV_SPLIT", p.pv_split as u32),
+        ]
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cuda::plan::CUDA_HEAD_DIMS;
+    use crate::cuda::test_problem as problem;
+
+    fn new(dtype: DType, head_dim: u32, plan: WgmmaPlan, causal: bool, vec_bytes: u32) -> Result<WgmmaConfig> {
+        WgmmaConfig::new(dtype, head_dim, plan, causal, vec_bytes)
+    }
+
+    #[test]
+    fn wgmma_plans_fit_the_hopper_budgets() {
+        for d in CUDA_HEAD_DIMS {
+            let plans = wgmma_plans(d);
+            assert!(!plans.is_empty());
+            for causal in [false, true] {
+                assert!(plans.contains(&default_wgmma_plan(d, causal).unwrap()));
+            }
+            for &p in plans {
+                for causal in [false, true] {
+                    let c = new(DType::BF16, d as u32, p, causal, 16).unwrap();
+                    assert!(p.threads() == 384 || p.threads() == 512);
+                    assert!(c.smem_bytes() <= 227 * 1024, "{} needs {}", c.name(), c.smem_bytes());
+                    assert!(c.name().starts_with("flash_fwd_wgmma_bf16_"), "{}", c.name());
+                    // 8-byte aligned tensors cannot be described to the copy engine.
+                    assert!(matches!(
+                        new(DType::BF16, d as u32, p, causal, 8),
+                        Err(Error::Unavailable { .. })
+                    ));
+                }
+            }
+        }
+        let c = new(
+            DType::F16,
+            128,
+            WgmmaPlan::new(2, 128, 2).overlap().pingpong(),
+            true,
+            16,
+        )
+        .unwrap();
+        assert_eq!(c.name(), "flash_fwd_wgmma_f16_d128_bm128_bn128_s2_ov_pp_causal");
+        // Q 32 KiB + 2 stages of K and V (32 KiB each) + 1 KiB for alignment.
+        assert_eq!(c.smem_bytes(), (32 + 2 * 64 + 1) * 1024);
+        let d = c.defines();
+        for want in [
+            "-DFA_STAGES=2",
+            "-DFA_OVERLAP=1",
+            "-DFA_PINGPONG=1",
+            "-DFA_PV_SPLIT=0",
+            "-DFA_BF16=0",
+        ] {
+            assert!(d.contains(&want.to_string()), "{want} in {d:?}");
+        }
+        // Too many registers (head_dim 256 with 128-key tiles), too many stages.
+        let ov_pp = |block_n, stages| WgmmaPlan::new(2, block_n, stages).overlap().pingpong();
+        assert!(new(DType::BF16, 256, ov_pp(128, 2), false, 16).is_err());
+        assert!(new(DType::BF16, 128, ov_pp(128, 5), false, 16).is_err());
+        // Three consumers: 192 rows on 16 warps, 160 registers each, so no room for P beside S
+        // at head_dim 64 with 128-key tiles.
+        let three = WgmmaPlan::new(3, 128, 2).pingpong();
+        let c3 = new(DType::BF16, 64, three, false, 16).unwrap();
+        assert_eq!((three.block_m(), three.threads()), (192, 512));
+        assert!(c3.defines().contains(&"-DFA_CONSUMERS=3".to_string()));
+        assert!(new(DType::BF16, 64, three.overlap(), false, 16).is_err());
+        assert!(new(DType::BF16, 64, WgmmaPlan::new(4, 128, 2).pingpong(), false, 16).is_err());
+    }
+
+    #[test]
+    fn wgmma_tiles_keep_the_swizzle_and_descriptor_rules() {
+        // What cuda/flash_fwd_wgmma.cu and sm90_ptx.cuh assume of every plan: K/V and Q panels
+        // (rows of 128 bytes) start 1024-byte aligned, the TMA box rows fit the hardware's 256,
+        // and the transposed-V descriptor's leading byte offset (one K/V panel) fits its 14-bit
+        // field in 16-byte units.
+        for d in CUDA_HEAD_DIMS {
+            for &p in wgmma_plans(d) {
+                let c = new(DType::BF16, d as u32, p, false, 16).unwrap();
+                assert_eq!((p.block_m() * 128) % 1024, 0, "{}", c.name());
+                assert_eq!((p.block_n * 128) % 1024, 0, "{}", c.name());
+                assert!(p.block_m() <= 256 && p.block_n <= 256);
+                assert!((p.block_n * 128) >> 4 < 1 << 14);
+                // All of shared memory is addressable by the descriptors' 18-bit start field.
+                assert!(c.smem_bytes() < 1 << 18);
+                assert_eq!(c.head_dim % 64, 0);
+            }
+        }
+    }
+
+    #[test]
+    fn unavailability_names_the_missing_piece() {
+        let p = problem(128);
+        assert_eq!(
+            wgmma_unavailable(&p, 16, false).unwrap(),
+            "the wgmma kernel needs a Hopper GPU (sm_90a)"
+        );
+        assert_eq!(wgmma_unavailable(&p, 16, true), None);
+        assert!(wgmma_unavailable(&p, 8, true).unwrap().contains("16 bytes"));
+        // A zero batch stride (K broadcast over the batch) has no tensor map.
+        let mut l = p.k_layout;
+        l.batch_stride = 0;
+        let why = wgmma_unavailable(&p.with_tensor_layout(Tensor::K, l), 16, true).unwrap();
+        assert!(why.contains("batch stride"), "{why}");
+    }
+}
