@@ -1,17 +1,20 @@
 #!/usr/bin/env bash
-# Every test, with the GPU tests required (on lavapipe where there is no GPU): unit tests, naga
-# translation of every shader to SPIR-V/MSL/HLSL, the kernels against the float64 reference, the
-# error cases, the backward pass; the benchmarks and examples are compiled too; then the web demo
+# Every test, with the GPU tests required (on lavapipe where there is no GPU): unit tests, the
+# layer check, naga translation of every shader to SPIR-V/MSL/HLSL, the kernels against the
+# float64 reference, the error cases, the backward pass; the benchmarks and examples are compiled
+# too; the public API (no `internals`) builds and its docs have no broken links; then the web demo
 # in headless Chromium (WebGPU on SwiftShader).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
 export FLASH_REQUIRE_GPU=1 XDG_RUNTIME_DIR=${XDG_RUNTIME_DIR:-/tmp}
-cargo test --release
-cargo bench --no-run
-# The CUDA path builds without a toolkit: its host-side unit tests run here; its GPU tests skip
-# with a message where there is no CUDA device (they run on the H200).
-cargo test --release --features cuda --lib
-cargo test --release --features cuda --test cuda_attention
+# The tests reach tuning tables, plans and the harness through `internals`; `cuda` adds the CUDA
+# path's host-side tests (its GPU tests skip with a message where there is no CUDA device; they run
+# on the H200). One feature set, so the crate compiles once for all of them.
+cargo test --release --features internals,cuda
+cargo bench --no-run --features internals
+# What a user gets: the library without `internals`, and its documentation.
+cargo build --release --lib
+RUSTDOCFLAGS="-D warnings" cargo doc --no-deps --lib --quiet
 # The browser: the library built for wasm32, the demo page driven in headless Chromium.
 web-demo/test.sh
