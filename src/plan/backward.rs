@@ -12,8 +12,9 @@
 
 use crate::caps::Caps;
 use crate::error::{Error, Result};
-use crate::plan::{Reduction, TilePlan, TileType, Variant};
+use crate::plan::{missing_features, Reduction, TilePlan, TileType, Variant};
 use crate::problem::backward::BackwardProblem;
+use crate::problem::features::{Feature, FeatureSet};
 use crate::problem::DType;
 
 /// The three kernels of a backward call.
@@ -457,6 +458,9 @@ pub fn preferred_backward_variants(caps: &Caps) -> Vec<Variant> {
     order
 }
 
+/// What the backward kernels implement.
+pub const BACKWARD_FEATURES: FeatureSet = FeatureSet::of(&Feature::ALL);
+
 /// Picks the three backward kernels for `problem` on a device with `caps`.
 ///
 /// Fails with the problem's validation error, with [`Error::Unavailable`] when the caller forces a
@@ -464,6 +468,12 @@ pub fn preferred_backward_variants(caps: &Caps) -> Vec<Variant> {
 /// device's dispatch limits.
 pub fn select_backward(problem: &BackwardProblem, caps: &Caps, choice: &BackwardChoice) -> Result<BackwardConfig> {
     problem.validate()?;
+    if let Some(why) = missing_features("the backward kernels", problem.forward.features(), BACKWARD_FEATURES) {
+        return Err(Error::Unavailable {
+            what: "the backward pass".into(),
+            why,
+        });
+    }
     let storage = problem.forward.dtype;
     let head_dim = problem.forward.shape.head_dim as u32;
     let variants = match choice.variant {

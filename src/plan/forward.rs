@@ -4,6 +4,8 @@
 use crate::caps::register_layout::COOP_SUBGROUP;
 use crate::caps::Caps;
 use crate::error::{Error, Result};
+use crate::plan::missing_features;
+use crate::problem::features::{Feature, FeatureSet};
 use crate::problem::{AttentionProblem, DType};
 use crate::util::lcm;
 
@@ -592,14 +594,10 @@ impl CoopConfig {
                 storage.name()
             ));
         }
-        // The kernel takes the tile's max before scaling (flash_fwd_coop.wgsl), which only a
-        // positive scale leaves in place; and it multiplies −∞ (masked scores) by the scale in
-        // base 2, which must stay a normal number (a driver may flush a subnormal one to 0, and
-        // −∞ · 0 is NaN).
-        let scale = problem.softmax_scale();
-        if !(scale > 0.0 && problem.softmax_scale_log2().is_normal()) {
+        if let Some(why) = missing_features("the cooperative-matrix kernel", problem.features(), COOP_FEATURES) {
             return Some(format!(
-                "the cooperative-matrix kernel needs a positive softmax scale of at least about 1e-38, not {scale} (use a non-matrix variant)"
+                "{why} (scale {}; use a non-matrix variant)",
+                problem.softmax_scale()
             ));
         }
         if let Some(why) = coop_device_unavailable_reason(caps) {
@@ -756,6 +754,15 @@ pub fn select_forward(problem: &AttentionProblem, caps: &Caps, choice: &KernelCh
     select(problem, caps, &choice.tiled()).map(ForwardKernel::Tiled)
 }
 
+/// What the cooperative-matrix kernel implements. Not [`Feature::ArbitraryScale`]: it takes the
+/// tile's max before scaling (flash_fwd_coop.wgsl), which only a positive scale leaves in place,
+/// and it multiplies −∞ (masked scores) by the scale in base 2, which must stay a normal number
+/// (a driver may flush a subnormal one to 0, and −∞ · 0 is NaN).
+pub const COOP_FEATURES: FeatureSet = FeatureSet::of(&[Feature::CausalMask, Feature::GroupedKv]);
+
+/// What the register-tiled kernel implements.
+pub const TILED_FEATURES: FeatureSet = FeatureSet::of(&Feature::ALL);
+
 /// Whether the cooperative-matrix kernel has been seen to match the float64 reference on a device
 /// that offers it: yes, on the H200 (driver 580), once its workgroup variables were all sized to
 /// multiples of 16 bytes (flash_fwd_coop.wgsl says why). Kept as a switch so that a device found
@@ -904,6 +911,12 @@ const F16_TILES_BY_DEFAULT: bool = false;
 pub fn select(problem: &AttentionProblem, caps: &Caps, choice: &TiledChoice) -> Result<FlashConfig> {
     problem.validate()?;
     let head_dim = problem.shape.head_dim as u32;
+    if let Some(why) = missing_features("the tiled kernel", problem.features(), TILED_FEATURES) {
+        return Err(Error::Unavailable {
+            what: "a flash kernel".into(),
+            why,
+        });
+    }
     let variants = match choice.variant {
         Some(v) => vec![v],
         None => preferred_variants(problem.dtype, caps),

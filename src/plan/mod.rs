@@ -7,3 +7,12 @@ pub mod forward;
 
 pub use backward::*;
 pub use forward::*;
+
+use crate::problem::features::FeatureSet;
+
+/// Why `kernel`, which implements `supported`, cannot run a problem that asks for `asked`: each
+/// missing feature named, or `None` when it implements them all.
+pub fn missing_features(kernel: &str, asked: FeatureSet, supported: FeatureSet) -> Option<String> {
+    let missing: Vec<&str> = asked.missing_from(supported).iter().map(|f| f.description()).collect();
+    (!missing.is_empty()).then(|| format!("{kernel} does not implement {}", missing.join(", ")))
+}

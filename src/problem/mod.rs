@@ -2,6 +2,7 @@
 //! and the validation that every entry point runs before touching a GPU.
 
 pub mod backward;
+pub mod features;
 
 pub use crate::dtype::{DType, Element};
 use crate::error::{invalid, Error, Result};

@@ -1,0 +1,148 @@
+//! What a problem asks of a kernel beyond plain dense attention, as a set that each kernel's plan
+//! compares with the set it implements: selection skips a kernel that lacks a feature the
+//! problem uses and names the feature in its reason.
+//!
+//! This is where the variants of the coming issues enter the planner: a sliding window, a
+//! soft-cap, ALiBi, sinks, a bias or mask tensor, dropout, variable-length batches and paged K/V
+//! each become a [`Feature`] that [`AttentionProblem::features`] reports when the problem uses
+//! it, and each kernel's plan adds it to its supported set when its shader implements it
+//! (docs/architecture.md, "Adding a variant").
+
+use super::AttentionProblem;
+
+/// One thing a problem may ask that not every kernel implements.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[non_exhaustive]
+pub enum Feature {
+    /// Causal masking, aligned to the bottom-right corner.
+    CausalMask,
+    /// Fewer K/V heads than query heads (grouped- or multi-query attention).
+    GroupedKv,
+    /// A softmax scale that is not a positive normal number after folding in log2(e): zero,
+    /// negative, or below about 1e-38.
+    ArbitraryScale,
+}
+
+impl Feature {
+    pub const ALL: [Feature; 3] = [Feature::CausalMask, Feature::GroupedKv, Feature::ArbitraryScale];
+
+    /// What the feature is, for messages ("... does not implement {description}").
+    pub fn description(self) -> &'static str {
+        match self {
+            Feature::CausalMask => "causal masking",
+            Feature::GroupedKv => "fewer K/V heads than query heads",
+            Feature::ArbitraryScale => {
+                "a softmax scale that is not positive and at least about 1e-38 (it needs a positive \
+                 softmax scale: it takes tile maxima before scaling)"
+            }
+        }
+    }
+
+    const fn bit(self) -> u32 {
+        1 << self as u32
+    }
+}
+
+/// A set of [`Feature`]s.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct FeatureSet(u32);
+
+impl FeatureSet {
+    pub const EMPTY: FeatureSet = FeatureSet(0);
+
+    /// The set of `features`.
+    pub const fn of(features: &[Feature]) -> Self {
+        let mut bits = 0;
+        let mut i = 0;
+        while i < features.len() {
+            bits |= features[i].bit();
+            i += 1;
+        }
+        FeatureSet(bits)
+    }
+
+    pub const fn with(self, feature: Feature) -> Self {
+        FeatureSet(self.0 | feature.bit())
+    }
+
+    pub const fn contains(self, feature: Feature) -> bool {
+        self.0 & feature.bit() != 0
+    }
+
+    pub const fn is_empty(self) -> bool {
+        self.0 == 0
+    }
+
+    /// The features of `self` that `supported` lacks.
+    pub const fn missing_from(self, supported: FeatureSet) -> FeatureSet {
+        FeatureSet(self.0 & !supported.0)
+    }
+
+    pub fn iter(self) -> impl Iterator<Item = Feature> {
+        Feature::ALL.into_iter().filter(move |&f| self.contains(f))
+    }
+}
+
+impl AttentionProblem {
+    /// The features this problem asks of a kernel.
+    pub fn features(&self) -> FeatureSet {
+        let mut set = FeatureSet::EMPTY;
+        if self.causal {
+            set = set.with(Feature::CausalMask);
+        }
+        if self.shape.num_kv_heads < self.shape.num_heads {
+            set = set.with(Feature::GroupedKv);
+        }
+        let scale = self.softmax_scale();
+        if !(scale > 0.0 && self.softmax_scale_log2().is_normal()) {
+            set = set.with(Feature::ArbitraryScale);
+        }
+        set
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::problem::{AttentionShape, DType};
+
+    #[test]
+    fn a_problem_reports_the_features_it_uses() {
+        let plain = AttentionProblem::mha(1, 64, 4, 64, DType::F32);
+        assert!(plain.features().is_empty());
+        let gqa = AttentionProblem::new(
+            AttentionShape {
+                batch: 1,
+                seq_q: 8,
+                seq_kv: 8,
+                num_heads: 4,
+                num_kv_heads: 2,
+                head_dim: 64,
+            },
+            DType::F16,
+        )
+        .with_causal(true);
+        assert_eq!(
+            gqa.features(),
+            FeatureSet::of(&[Feature::CausalMask, Feature::GroupedKv])
+        );
+        for scale in [0.0, -0.5, 1e-39] {
+            let p = plain.with_scale(scale);
+            assert_eq!(
+                p.features(),
+                FeatureSet::of(&[Feature::ArbitraryScale]),
+                "scale {scale}"
+            );
+        }
+        assert!(plain.with_scale(1e-30).features().is_empty());
+    }
+
+    #[test]
+    fn missing_features_are_those_the_kernel_lacks() {
+        let asked = FeatureSet::of(&[Feature::CausalMask, Feature::ArbitraryScale]);
+        let supported = FeatureSet::of(&[Feature::CausalMask, Feature::GroupedKv]);
+        let missing = asked.missing_from(supported);
+        assert_eq!(missing.iter().collect::<Vec<_>>(), vec![Feature::ArbitraryScale]);
+        assert!(asked.missing_from(asked).is_empty());
+    }
+}
