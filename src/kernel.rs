@@ -3,9 +3,9 @@
 //! ([`FlashAttention::select`](crate::FlashAttention::select),
 //! [`BackwardOutput::config`](crate::BackwardOutput::config)).
 
-pub use crate::plan::backward::{
+pub use crate::plan::{
     BackwardChoice, BackwardConfig, BackwardKernel, BackwardPass, GradKernel, PreprocessKernel, PreprocessPlan,
 };
-pub use crate::plan::forward::{
+pub use crate::plan::{
     CoopChoice, CoopConfig, FlashConfig, ForwardKernel, Reduction, TilePlan, TileType, TiledChoice, Variant,
 };

@@ -3,16 +3,45 @@
 //! Nothing here touches a GPU, so every rule is tested against written-down device fixtures.
 
 pub mod backward;
+pub mod choice;
+pub mod coop;
 pub mod forward;
+pub mod policy;
+pub mod tiled;
 
 pub use backward::*;
+pub use choice::*;
+pub use coop::*;
 pub use forward::*;
+pub use policy::*;
+pub use tiled::*;
 
+use crate::caps::Caps;
+use crate::error::{Error, Result};
 use crate::problem::features::FeatureSet;
+use crate::problem::AttentionProblem;
 
 /// Why `kernel`, which implements `supported`, cannot run a problem that asks for `asked`: each
 /// missing feature named, or `None` when it implements them all.
 pub fn missing_features(kernel: &str, asked: FeatureSet, supported: FeatureSet) -> Option<String> {
     let missing: Vec<&str> = asked.missing_from(supported).iter().map(|f| f.description()).collect();
     (!missing.is_empty()).then(|| format!("{kernel} does not implement {}", missing.join(", ")))
+}
+
+/// Whether the forward grid (query tiles of `block_m` rows × heads × batch) fits the device's
+/// dispatch limits.
+pub(crate) fn check_grid(problem: &AttentionProblem, block_m: u32, caps: &Caps) -> Result<()> {
+    let max = caps.max_workgroups_per_dimension as usize;
+    for (what, n) in [
+        ("query tiles", problem.shape.seq_q.div_ceil(block_m as usize)),
+        ("heads", problem.shape.num_heads),
+        ("batch", problem.shape.batch),
+    ] {
+        if n > max {
+            return Err(Error::TooLarge(format!(
+                "{n} {what} exceed the device's {max} workgroups per dispatch dimension"
+            )));
+        }
+    }
+    Ok(())
 }

@@ -250,3 +250,54 @@ fn storage_codec(dtype: DType) -> &'static str {
         DType::BF16 => STORAGE_BF16,
     }
 }
+
+impl CoopConfig {
+    /// The trip counts of flash_fwd_coop.wgsl's `// @unroll` loops (src/wgsl/unroll.rs).
+    pub(crate) fn unroll_bounds(&self) -> [(&'static str, u32); 8] {
+        // Staged rows one round of the K/V copy covers (COPY_ROW_STEP in the shader; at least 1
+        // for a well-formed configuration, and a malformed one must not divide by zero here).
+        let row_granules = self.head_dim_pad / 4;
+        let copy_row_step = (self.workgroup_size() / row_granules).max(1);
+        // Query rows staged at a time (Q_PASS_ROWS): as many as the K/V buffers hold.
+        let q_pass_rows = self.block_m.min(2 * self.kv_buffers() * self.block_n);
+        let layout = self.compiled_layout();
+        [
+            ("D_BLOCKS", self.head_dim_pad / 16),
+            ("N_BLOCKS", self.block_n / 16),
+            ("HALF_VECS", self.block_n / 8),
+            ("KV_COPIES", (2 * self.block_n).div_ceil(copy_row_step)),
+            (
+                "Q_COPIES",
+                (q_pass_rows * row_granules).div_ceil(self.workgroup_size().max(1)),
+            ),
+            ("COOP_COMPONENTS", layout.components()),
+            ("ROW_SLOTS", layout.slots()),
+            ("ROW_LANE_MASK_COUNT", layout.row_lane_masks().len() as u32),
+        ]
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::KernelConfig;
+    use crate::plan::all_coop_configs;
+
+    /// The host's trip counts for the cooperative kernel's unrolled loops are the shader's own
+    /// constants of those names, as naga evaluates them, in every configuration: a count too low
+    /// would silently skip work (the kernel only runs on devices with matrices, not in CI). Five
+    /// of them the shader derives itself (D_BLOCKS, N_BLOCKS, HALF_VECS, KV_COPIES, Q_COPIES);
+    /// the layout's three the host writes into the source, so those only check the writing.
+    #[test]
+    fn coop_unroll_bounds_match_the_shader_constants() {
+        for config in all_coop_configs() {
+            let kernel = KernelConfig::FlashCoop(config);
+            let module =
+                naga::front::wgsl::parse_str(&kernel.source()).unwrap_or_else(|e| panic!("{}: {e}", kernel.name()));
+            for (name, bound) in config.unroll_bounds() {
+                let value = crate::testing::shader::wgsl_u32_constant(&module, name)
+                    .unwrap_or_else(|| panic!("{}: no u32 constant {name}", kernel.name()));
+                assert_eq!(value, bound, "{}: {name}", kernel.name());
+            }
+        }
+    }
+}

@@ -1,0 +1,380 @@
+//! The cooperative-matrix (tensor-core) forward kernel (shaders/flash_fwd_coop.wgsl): its
+//! configurations, the plan tables of its two softmax routes, and what a device must offer to
+//! run it.
+
+use crate::caps::register_layout::COOP_SUBGROUP;
+use crate::caps::Caps;
+use crate::plan::missing_features;
+use crate::plan::policy::COOP_KERNEL_VERIFIED;
+use crate::problem::features::{Feature, FeatureSet};
+use crate::problem::{AttentionProblem, DType};
+
+/// The cooperative-matrix (tensor-core) forward kernel, `shaders/flash_fwd_coop.wgsl`: one
+/// subgroup of 32 invocations per 16 query rows.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct CoopConfig {
+    /// Query rows per workgroup: 16 per subgroup.
+    pub block_m: u32,
+    /// Keys per K/V tile (a multiple of 16).
+    pub block_n: u32,
+    /// head_dim rounded up to a multiple of 16.
+    pub head_dim_pad: u32,
+    /// The next K/V tile is loaded into registers while the current one is computed, instead
+    /// of after the barrier that frees the staging memory.
+    pub prefetch_kv: bool,
+    /// Two K/V buffers in workgroup memory: the next tile is copied into one while the other is
+    /// read (one barrier a tile instead of two).
+    pub double_buffer: bool,
+    /// The device's fragment layout, where the softmax runs on the score fragments' registers
+    /// (shaders/coop_registers.wgsl); `None`: through workgroup memory.
+    pub register_layout: Option<crate::caps::register_layout::RegisterLayout>,
+}
+
+/// One way to run the cooperative kernel: its tile and how it streams K/V.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CoopPlan {
+    pub block_m: u32,
+    pub block_n: u32,
+    pub prefetch_kv: bool,
+    pub double_buffer: bool,
+}
+
+impl CoopPlan {
+    const fn new(block_m: u32, block_n: u32, prefetch_kv: bool, double_buffer: bool) -> Self {
+        CoopPlan {
+            block_m,
+            block_n,
+            prefetch_kv,
+            double_buffer,
+        }
+    }
+
+    pub fn config(&self, head_dim: u32) -> CoopConfig {
+        CoopConfig::new(self.block_m, self.block_n, head_dim)
+            .with_prefetch_kv(self.prefetch_kv)
+            .with_double_buffer(self.double_buffer)
+    }
+}
+
+/// The cooperative kernel's plans with the softmax in registers (where the device's fragment
+/// layout allows it, src/caps/register_layout.rs), best first, for head dims up to each bound (after
+/// rounding up to 16). Measured on the H200 at seq 8192, f16, TFLOP/s, non-causal
+/// (bench-results/2026-11-29/coop-run5/):
+///
+/// - head_dim 64 (2 × 32 heads): 64 × 64 with prefetch 186; 64 × 32 prefetch 184; 128 × 64
+///   prefetch, double-buffered 183; 128 × 64 prefetch 168; 128 × 16 prefetch 145.
+/// - head_dim 128 (2 × 16 heads): 128 × 64 233 (with prefetch 232); 128 × 32 prefetch,
+///   double-buffered 225; 128 × 48 prefetch 220; 64 × 32 prefetch 203; 128 × 32 prefetch 194.
+/// - head_dim 256 (2 × 8 heads): 128 × 32 210; 128 × 16 prefetch 190; 64 × 16 prefetch 136.
+///
+/// Without the scores' and probabilities' rows in workgroup memory, K/V tiles of 64 keys fit
+/// beside 128 query rows at head_dim 128, and two buffers of 32 keys. The later plans are for
+/// devices with less workgroup memory or fewer invocations per workgroup than the H200 (48 KiB,
+/// 1024).
+pub const COOP_PLANS: [(u32, &[CoopPlan]); 3] = [
+    (
+        64,
+        &[
+            CoopPlan::new(64, 64, true, false),
+            CoopPlan::new(64, 32, true, false),
+            CoopPlan::new(32, 32, false, false),
+        ],
+    ),
+    (
+        128,
+        &[
+            CoopPlan::new(128, 64, false, false),
+            CoopPlan::new(128, 32, true, true),
+            CoopPlan::new(64, 32, true, false),
+            CoopPlan::new(32, 32, false, false),
+        ],
+    ),
+    (
+        256,
+        &[
+            CoopPlan::new(128, 32, false, false),
+            CoopPlan::new(128, 16, true, false),
+            CoopPlan::new(64, 16, true, false),
+            CoopPlan::new(32, 16, false, false),
+        ],
+    ),
+];
+
+/// The plans with the softmax through workgroup memory (devices whose fragment layout does not
+/// allow it in registers), measured the same way (bench-results/2026-11-29/coop-run4/, after the
+/// K/V copy, softmax and output-rescale rewrite of session 4):
+///
+/// - head_dim 64 (2 × 32 heads): 128 × 16 with prefetch 138; 256 × 16 prefetch 118 (not listed:
+///   it needs more of everything than 128 × 16); 128 × 16 prefetch, double-buffered 97.
+/// - head_dim 128 (2 × 16 heads): 128 × 32 with prefetch 158 (without it 146); 128 × 16 prefetch,
+///   double-buffered 134; 64 × 32 prefetch 119 (before the rescale rewrite); 256 × 16 69 (its 128
+///   registers per invocation spill the output).
+/// - head_dim 256 (2 × 8 heads): 128 × 16 with prefetch 175 (without it 137); 64 × 32 119;
+///   64 × 16 prefetch 77.
+///
+/// Query tiles of 128 rows win because every workgroup copies the whole of K and V through its
+/// workgroup memory: 128 rows read them half as often as 64.
+pub const COOP_SHARED_PLANS: [(u32, &[CoopPlan]); 3] = [
+    (
+        64,
+        &[
+            CoopPlan::new(128, 16, true, false),
+            CoopPlan::new(64, 32, true, false),
+            CoopPlan::new(32, 32, false, false),
+        ],
+    ),
+    (
+        128,
+        &[
+            CoopPlan::new(128, 32, true, false),
+            CoopPlan::new(128, 16, true, true),
+            CoopPlan::new(64, 32, true, false),
+            CoopPlan::new(32, 32, false, false),
+        ],
+    ),
+    (
+        256,
+        &[
+            CoopPlan::new(128, 16, true, false),
+            CoopPlan::new(64, 32, false, false),
+            CoopPlan::new(64, 16, true, false),
+            CoopPlan::new(32, 16, false, false),
+        ],
+    ),
+];
+
+/// Where the cooperative kernel runs its softmax (shaders/flash_fwd_coop.wgsl).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CoopSoftmax {
+    /// On the score fragments' registers (needs a device layout that allows it).
+    Registers,
+    /// Through workgroup memory (any device).
+    WorkgroupMemory,
+}
+
+impl CoopSoftmax {
+    /// The route a configuration with this register layout (or none) takes.
+    pub fn of(layout: Option<crate::caps::register_layout::RegisterLayout>) -> Self {
+        match layout {
+            Some(_) => CoopSoftmax::Registers,
+            None => CoopSoftmax::WorkgroupMemory,
+        }
+    }
+}
+
+/// The plans for `head_dim` and a softmax route ([`COOP_PLANS`], [`COOP_SHARED_PLANS`]).
+pub fn coop_plans(head_dim: u32, softmax: CoopSoftmax) -> &'static [CoopPlan] {
+    let table = match softmax {
+        CoopSoftmax::Registers => &COOP_PLANS,
+        CoopSoftmax::WorkgroupMemory => &COOP_SHARED_PLANS,
+    };
+    let padded = head_dim.div_ceil(16) * 16;
+    table
+        .iter()
+        .find(|(max, _)| padded <= *max)
+        .unwrap_or(&table[table.len() - 1])
+        .1
+}
+
+impl CoopConfig {
+    pub fn new(block_m: u32, block_n: u32, head_dim: u32) -> Self {
+        CoopConfig {
+            block_m,
+            block_n,
+            head_dim_pad: head_dim.div_ceil(16) * 16,
+            prefetch_kv: false,
+            double_buffer: false,
+            register_layout: None,
+        }
+    }
+
+    pub fn with_register_layout(self, register_layout: Option<crate::caps::register_layout::RegisterLayout>) -> Self {
+        CoopConfig {
+            register_layout,
+            ..self
+        }
+    }
+
+    /// The layout the shader is compiled with: the device's, or (for the workgroup-memory
+    /// softmax, which does not use it) the H200's layout, so that the unused register code still
+    /// compiles.
+    pub(crate) fn compiled_layout(&self) -> crate::caps::register_layout::RegisterLayout {
+        self.register_layout
+            .unwrap_or_else(crate::caps::register_layout::RegisterLayout::nvidia_h200)
+    }
+
+    pub fn with_double_buffer(self, double_buffer: bool) -> Self {
+        CoopConfig { double_buffer, ..self }
+    }
+
+    /// K/V buffers in workgroup memory.
+    pub fn kv_buffers(&self) -> u32 {
+        1 + self.double_buffer as u32
+    }
+
+    pub fn with_prefetch_kv(self, prefetch_kv: bool) -> Self {
+        CoopConfig { prefetch_kv, ..self }
+    }
+
+    /// `flash_fwd_coop_f16_bm{}_bn{}_d{}`, with `_prefetch` when the next K/V tile is loaded
+    /// into registers early, `_db` when K/V are double-buffered, and `_regs…` (the layout) when
+    /// the softmax runs in registers.
+    pub fn name(&self) -> String {
+        format!(
+            "flash_fwd_coop_f16_bm{}_bn{}_d{}{}{}{}",
+            self.block_m,
+            self.block_n,
+            self.head_dim_pad,
+            if self.prefetch_kv { "_prefetch" } else { "" },
+            if self.double_buffer { "_db" } else { "" },
+            self.register_layout
+                .map(|l| format!("_{}", l.tag()))
+                .unwrap_or_default()
+        )
+    }
+
+    pub fn workgroup_size(&self) -> u32 {
+        self.block_m / 16 * COOP_SUBGROUP
+    }
+
+    /// Mirrors the `var<workgroup>` declarations of flash_fwd_coop.wgsl: the K/V buffers (rows of
+    /// head_dim_pad halves plus 8 of padding), and per subgroup 16 rows of f32 scores (plus 4)
+    /// and of f16 probabilities (plus 8); with the softmax in registers, 16 score columns and no
+    /// probabilities (four vec4s left: WGSL has no empty arrays).
+    pub fn workgroup_bytes(&self) -> u32 {
+        let subgroups = self.block_m / 16;
+        let kv = self.kv_buffers() * 2 * self.block_n * (self.head_dim_pad + 8) * 2;
+        let (score_cols, probs) = match self.register_layout {
+            Some(_) => (16, 4 * 8),
+            None => (self.block_n, subgroups * 16 * (self.block_n + 8) * 2),
+        };
+        kv + subgroups * 16 * (score_cols + 4) * 4 + probs
+    }
+
+    pub fn is_well_formed(&self) -> bool {
+        self.block_m > 0
+            && self.block_m.is_multiple_of(16)
+            && self.block_n > 0
+            && self.block_n.is_multiple_of(16)
+            // One round of the K/V copy covers at least one row.
+            && self.workgroup_size() >= self.head_dim_pad / 4
+    }
+
+    /// Why this configuration cannot run `problem` on `caps`, if it cannot.
+    pub fn unavailable_reason(&self, problem: &AttentionProblem, caps: &Caps) -> Option<String> {
+        let storage = problem.dtype;
+        if !COOP_KERNEL_VERIFIED {
+            return Some(
+                "the cooperative-matrix kernel is disabled: on the NVIDIA H200 (driver 580) it returned wrong \
+                 results (BENCHMARKS.md), so it is not offered until that is found and fixed"
+                    .into(),
+            );
+        }
+        if !self.is_well_formed() {
+            return Some(format!(
+                "cooperative tile {}x{} is malformed",
+                self.block_m, self.block_n
+            ));
+        }
+        if storage != DType::F16 {
+            return Some(format!(
+                "the cooperative-matrix kernel multiplies f16 inputs; {} would have to be rounded to f16 \
+                 (convert the tensors, or use a non-matrix variant)",
+                storage.name()
+            ));
+        }
+        if let Some(why) = missing_features("the cooperative-matrix kernel", problem.features(), COOP_FEATURES) {
+            return Some(format!(
+                "{why} (scale {}; use a non-matrix variant)",
+                problem.softmax_scale()
+            ));
+        }
+        if let Some(why) = coop_device_unavailable_reason(caps) {
+            return Some(why);
+        }
+        if self.register_layout.is_some() && self.register_layout != caps.coop_register_layout {
+            return Some(format!(
+                "the softmax in registers is built for a fragment layout the device does not have ({})",
+                caps.coop_register_layout_note
+                    .as_deref()
+                    .unwrap_or("the device's layout differs")
+            ));
+        }
+        let bytes = self.workgroup_bytes();
+        if bytes > caps.max_workgroup_storage_bytes {
+            return Some(format!(
+                "needs {bytes} bytes of workgroup memory, the device offers {}",
+                caps.max_workgroup_storage_bytes
+            ));
+        }
+        if self.workgroup_size() > caps.max_invocations_per_workgroup.min(caps.max_workgroup_size_x) {
+            return Some(format!("needs {} invocations per workgroup", self.workgroup_size()));
+        }
+        None
+    }
+}
+
+/// Why a device cannot run the cooperative kernel at all, if it cannot (whatever the plan).
+pub fn coop_device_unavailable_reason(caps: &Caps) -> Option<String> {
+    if !caps.cooperative_matrix_f16 {
+        return Some("the device offers no 16x16x16 f16->f32 cooperative matrices (or they are not enabled)".into());
+    }
+    if !caps.shader_f16 {
+        return Some("the device has no shader-f16".into());
+    }
+    if !caps.subgroup_barrier {
+        return Some("the device has no subgroupBarrier() (wgpu's SUBGROUP_BARRIER)".into());
+    }
+    if !caps.subgroups || caps.subgroup_min_size != COOP_SUBGROUP || caps.subgroup_max_size != COOP_SUBGROUP {
+        return Some(format!(
+            "the cooperative kernel is written for subgroups of exactly {COOP_SUBGROUP} invocations; the device's are {}..{}",
+            caps.subgroup_min_size, caps.subgroup_max_size
+        ));
+    }
+    None
+}
+
+/// What the cooperative-matrix kernel implements. Not [`Feature::ArbitraryScale`]: it takes the
+/// tile's max before scaling (flash_fwd_coop.wgsl), which only a positive scale leaves in place,
+/// and it multiplies −∞ (masked scores) by the scale in base 2, which must stay a normal number
+/// (a driver may flush a subnormal one to 0, and −∞ · 0 is NaN).
+pub const COOP_FEATURES: FeatureSet = FeatureSet::of(&[Feature::CausalMask, Feature::GroupedKv]);
+
+/// Every cooperative configuration of the plan tables, with each way of streaming K/V a caller
+/// can force (for the shader tests).
+pub fn all_coop_configs() -> Vec<CoopConfig> {
+    let mut configs = Vec::new();
+    for d in (16..=crate::problem::MAX_HEAD_DIM as u32).step_by(16) {
+        for layout in [None, Some(crate::caps::register_layout::RegisterLayout::nvidia_h200())] {
+            for plan in coop_plans(d, CoopSoftmax::of(layout)) {
+                for (prefetch_kv, double_buffer) in [(false, false), (true, false), (false, true), (true, true)] {
+                    let config = plan
+                        .config(d)
+                        .with_prefetch_kv(prefetch_kv)
+                        .with_double_buffer(double_buffer)
+                        .with_register_layout(layout);
+                    if !configs.contains(&config) {
+                        configs.push(config);
+                    }
+                }
+            }
+        }
+    }
+    configs
+}
+
+/// Knobs of the cooperative-matrix kernel; `None` leaves a knob to selection.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CoopChoice {
+    /// Exactly this `(block_m, block_n)`: streaming K/V as the plan with that tile does, or
+    /// plainly if no plan has it.
+    pub tile: Option<(u32, u32)>,
+    /// Whether the next K/V tile is prefetched into registers (`None`: as the chosen plan does).
+    pub prefetch_kv: Option<bool>,
+    /// Whether K/V tiles are double-buffered (`None`: as the chosen plan does).
+    pub double_buffer: Option<bool>,
+    /// Whether the softmax runs on the score fragments' registers (`None`: where the device's
+    /// measured fragment layout allows it; `Some(false)`: through workgroup memory; `Some(true)`:
+    /// in registers or an error).
+    pub register_softmax: Option<bool>,
+}

@@ -1,0 +1,22 @@
+//! The switches of selection policy, on one screen: each says what automatic selection does and
+//! the evidence for it (measurements are in BENCHMARKS.md and docs/perf-history.md).
+
+/// Output accumulators an invocation may hold before a plan is considered too register-hungry
+/// (when another plan fits).
+pub const MAX_ACCUMULATORS: u32 = 64;
+
+/// Whether automatic selection prefers f16 tiles for f16 storage. Not on the evidence so far: on
+/// the H200 the best f16-tile kernel ran at 19.4 TFLOP/s against 25.7 for the best f32 one (the
+/// f16 products need conversions back to f32 for the sums); see BENCHMARKS.md.
+pub const F16_TILES_BY_DEFAULT: bool = false;
+
+/// Whether the cooperative-matrix kernel has been seen to match the float64 reference on a device
+/// that offers it: yes, on the H200 (driver 580), once its workgroup variables were all sized to
+/// multiples of 16 bytes (flash_fwd_coop.wgsl says why). Kept as a switch so that a device found
+/// to compute it wrong can be taken out of selection in one place.
+pub const COOP_KERNEL_VERIFIED: bool = true;
+
+/// Whether automatic selection takes the cooperative-matrix kernel where it can run (f16 data, a
+/// device with 16 × 16 f16 matrices and 32-wide subgroups): yes, it is the fastest kernel on the
+/// H200 for f16 data by far (BENCHMARKS.md).
+pub const COOP_BY_DEFAULT: bool = true;
