@@ -6,4 +6,4 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
 export XDG_RUNTIME_DIR=${XDG_RUNTIME_DIR:-/tmp}
-exec cargo run --release --example attention -- "$@"
+exec cargo run --release --features internals --example attention -- "$@"
