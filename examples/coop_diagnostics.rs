@@ -21,7 +21,7 @@
 use std::borrow::Cow;
 
 use wgpu_flash_attn::device::context::GpuContext;
-use wgpu_flash_attn::spirv::{Coherence, SubgroupBarrier};
+use wgpu_flash_attn::spirv::coherence::{Coherence, SubgroupBarrier};
 
 /// Barrier semantics other than the library's, for the kernel probes: what each part of the
 /// coherence rewrite costs, and whether the kernel stays right without it on this device.

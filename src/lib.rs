@@ -37,6 +37,8 @@
 //! feature they are public, for the tests, tools and benchmarks: their contents (tuning tables,
 //! plans, shader sources) are not under semver.
 
+#![cfg_attr(not(feature = "internals"), warn(missing_docs))]
+
 // Layer 0: leaves.
 mod dtype;
 mod error;

@@ -6,7 +6,8 @@ mod common;
 
 use common::{engine_with, gpu, run_and_check, run_and_check_any, seed_of, shape, SHAPES};
 use wgpu_flash_attn::kernel::{CoopChoice, TilePlan, TiledChoice, Variant};
-use wgpu_flash_attn::plan::{CoopPlan, COOP_KERNEL_VERIFIED, COOP_PLANS, COOP_SHARED_PLANS, PLANS};
+use wgpu_flash_attn::plan::policy::COOP_KERNEL_VERIFIED;
+use wgpu_flash_attn::plan::{CoopPlan, COOP_PLANS, COOP_SHARED_PLANS, PLANS};
 use wgpu_flash_attn::testing::harness::{Kernel, Workload};
 use wgpu_flash_attn::{
     AttentionProblem, BoundsChecks, DType, FlashAttention, KernelChoice, Layout, Options, Tensor, TensorLayout,

@@ -129,6 +129,7 @@ mod tests {
     use crate::caps::fixtures::{h200, lavapipe};
     use crate::caps::Caps;
     use crate::error::Error;
+    use crate::plan::policy::{COOP_BY_DEFAULT, COOP_KERNEL_VERIFIED, MAX_ACCUMULATORS};
     use crate::plan::*;
     use crate::problem::{AttentionProblem, DType};
     use crate::problem::{AttentionShape, MAX_HEAD_DIM};

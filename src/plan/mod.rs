@@ -13,7 +13,6 @@ pub use backward::*;
 pub use choice::*;
 pub use coop::*;
 pub use forward::*;
-pub use policy::*;
 pub use tiled::*;
 
 use crate::caps::Caps;

@@ -8,7 +8,7 @@ pub mod coherence;
 pub(crate) mod elements;
 pub(crate) mod words;
 
-pub use coherence::{Coherence, SubgroupBarrier};
+pub use coherence::Coherence;
 
 use crate::error::{Error, Result};
 
