@@ -9,7 +9,8 @@ use cudarc::driver::{CudaFunction, DevicePtr, DevicePtrMut, DeviceRepr, LaunchCo
 use cudarc::nvrtc::Ptx;
 
 use super::device::CudaDevice;
-use super::nvrtc::{evict, load_or_compile, resource_report, CompileJob, DiskCache, Origin};
+use super::disk_cache::{CacheStatus, DiskCache, Origin};
+use super::nvrtc::{load_or_compile, resource_report, CompileJob};
 use super::plan::tensor_map::tensor_map_spec;
 use super::plan::{
     select_cuda, validate_for_cuda, vec_bytes_for, wgmma_unavailable, CudaKernelConfig, CudaPlan, CudaSelection,
@@ -61,6 +62,8 @@ pub struct KernelInfo {
     pub origin: Origin,
     /// ptxas's line from the compile log (empty when the cubin came from the disk cache).
     pub resource_report: String,
+    /// What the disk cache did: the file read or written, or why it was not used.
+    pub disk_cache: CacheStatus,
 }
 
 struct LoadedKernel {
@@ -169,22 +172,11 @@ impl CudaAttention {
         }
         let job = CompileJob::forward(config, self.device.arch());
         let cache_dir = self.options.disk_cache.dir();
-        let mut compiled = load_or_compile(&job, cache_dir.as_deref(), self.device.driver_version())?;
         let ctx = self.device.context();
-        let module = match ctx.load_module(Ptx::from_binary(compiled.cubin.clone())) {
-            Ok(m) => m,
-            // A cached cubin the driver refuses (damaged, or from another toolkit): drop it and
-            // compile afresh.
-            Err(_) if compiled.origin == Origin::DiskCache => {
-                if let Some(p) = &compiled.cache_path {
-                    evict(p);
-                }
-                compiled = load_or_compile(&job, cache_dir.as_deref(), self.device.driver_version())?;
-                ctx.load_module(Ptx::from_binary(compiled.cubin.clone()))?
-            }
-            Err(e) => return Err(e.into()),
-        };
-        let function = module.load_function(&config.name())?;
+        let fetched = load_or_compile(&job, cache_dir.as_deref(), self.device.driver_version(), |cubin| {
+            Ok(ctx.load_module(Ptx::from_binary(cubin.to_vec()))?)
+        })?;
+        let function = fetched.value.load_function(&config.name())?;
         // Above 48 KiB a block must opt in to its dynamic shared memory.
         function.set_attribute(
             CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
@@ -200,8 +192,9 @@ impl CudaAttention {
             config: *config,
             num_regs: function.num_regs()?,
             local_bytes: function.local_size_bytes()?,
-            origin: compiled.origin,
-            resource_report: resource_report(&compiled.log),
+            origin: fetched.origin,
+            resource_report: resource_report(&fetched.log),
+            disk_cache: fetched.cache,
         };
         let loaded = Arc::new(LoadedKernel { function, info });
         kernels.insert(*config, loaded.clone());
