@@ -5,6 +5,7 @@
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
+use super::sha256::sha256;
 use crate::error::Result;
 
 /// Where compiled kernels are kept between processes.
@@ -84,58 +85,148 @@ pub struct Fetched<T> {
     pub cache: CacheStatus,
 }
 
-/// The kernel of `entry`: `load` applied to the cubin cached in `dir`, or, when there is none,
-/// to a fresh `compile`, which is then stored. Cache failures never fail the call.
+/// The kernel of `entry`: `load` applied to the cubin cached in `dir`, or, when there is none
+/// that can be trusted and loaded, to a fresh `compile`, which then replaces the file.
+///
+/// A cached file is used only if its header names `entry.key` and the SHA-256 of its cubin
+/// matches (a truncated, damaged or foreign file is a miss), and only if `load` accepts it (a
+/// driver that refuses the cubin, or a module without the entry point, is a miss too). A miss
+/// compiles in memory and tries to replace the file; when that fails the kernel is still
+/// returned, with [`CacheStatus::Bypassed`] saying why. Only a failing compile, or `load`
+/// refusing a fresh cubin, is an error: the cache is an optimization.
 pub fn fetch<T>(
     dir: Option<&Path>,
     entry: &Entry,
     compile: impl FnOnce() -> Result<(Vec<u8>, String)>,
     mut load: impl FnMut(&[u8]) -> Result<T>,
 ) -> Result<Fetched<T>> {
-    let path = dir.map(|d| d.join(&entry.file_name));
-    if let Some(path) = &path {
-        // A cached cubin the loader refuses is evicted and looked up again.
-        for attempt in 0..2 {
-            let Ok(cubin) = std::fs::read(path) else { break };
-            if cubin.is_empty() {
-                break;
+    let Some(dir) = dir else {
+        let (fresh, _) = compile_and_load(compile, &mut load)?;
+        return Ok(fresh.with(CacheStatus::Off));
+    };
+    let path = dir.join(&entry.file_name);
+    let rejected = match read_verified(&path, entry.key) {
+        Ok(None) => None,
+        Ok(Some(cubin)) => match load(&cubin) {
+            Ok(value) => {
+                return Ok(Fetched {
+                    value,
+                    log: String::new(),
+                    origin: Origin::DiskCache,
+                    cache: CacheStatus::Hit(path),
+                })
             }
-            match load(&cubin) {
-                Ok(value) => {
-                    return Ok(Fetched {
-                        value,
-                        log: String::new(),
-                        origin: Origin::DiskCache,
-                        cache: CacheStatus::Hit(path.clone()),
-                    })
-                }
-                Err(e) if attempt == 1 => return Err(e),
-                Err(_) => evict(path),
-            }
+            Err(e) => Some(format!("the driver refused it: {e}")),
+        },
+        Err(why) => Some(why),
+    };
+    let (fresh, cubin) = compile_and_load(compile, &mut load)?;
+    let stored = std::fs::create_dir_all(dir).and_then(|()| write_atomically(&path, &encode(entry.key, &cubin)));
+    let cache = match (stored, rejected) {
+        (Ok(()), replaced) => CacheStatus::Stored { path, replaced },
+        (Err(e), None) => CacheStatus::Bypassed {
+            why: format!("could not write {}: {e}", path.display()),
+        },
+        (Err(e), Some(why)) => CacheStatus::Bypassed {
+            why: format!("{} was not used ({why}) and could not be replaced: {e}", path.display()),
+        },
+    };
+    Ok(fresh.with(cache))
+}
+
+/// A fresh compile's result before the cache has had its say.
+struct Fresh<T> {
+    value: T,
+    log: String,
+    millis: f64,
+}
+
+impl<T> Fresh<T> {
+    fn with(self, cache: CacheStatus) -> Fetched<T> {
+        Fetched {
+            value: self.value,
+            log: self.log,
+            origin: Origin::Compiled { millis: self.millis },
+            cache,
         }
     }
+}
+
+fn compile_and_load<T>(
+    compile: impl FnOnce() -> Result<(Vec<u8>, String)>,
+    load: &mut impl FnMut(&[u8]) -> Result<T>,
+) -> Result<(Fresh<T>, Vec<u8>)> {
     let start = Instant::now();
     let (cubin, log) = compile()?;
     let millis = start.elapsed().as_secs_f64() * 1e3;
     let value = load(&cubin)?;
-    let cache = match &path {
-        None => CacheStatus::Off,
-        Some(path) => {
-            if let Some(dir) = path.parent() {
-                let _ = std::fs::create_dir_all(dir).and_then(|()| write_atomically(path, &cubin));
-            }
-            CacheStatus::Stored {
-                path: path.clone(),
-                replaced: None,
-            }
-        }
+    Ok((Fresh { value, log, millis }, cubin))
+}
+
+/// The first bytes of every cache file; the last one is the format's version.
+const MAGIC: [u8; 16] = *b"wgpu-flash-attn\x02";
+/// Magic, key (u64 LE), cubin length (u64 LE), SHA-256 of the cubin.
+const HEADER_BYTES: usize = 16 + 8 + 8 + 32;
+
+/// A cache file's bytes: the header, then the cubin.
+///
+/// The digest catches truncation, damage and files from elsewhere. It cannot stop someone who
+/// can write the directory (they can write a matching digest): that is what the directory's
+/// ownership and permission checks are for.
+fn encode(key: u64, cubin: &[u8]) -> Vec<u8> {
+    let mut bytes = Vec::with_capacity(HEADER_BYTES + cubin.len());
+    bytes.extend_from_slice(&MAGIC);
+    bytes.extend_from_slice(&key.to_le_bytes());
+    bytes.extend_from_slice(&(cubin.len() as u64).to_le_bytes());
+    bytes.extend_from_slice(&sha256(cubin));
+    bytes.extend_from_slice(cubin);
+    bytes
+}
+
+/// The cubin in a cache file's bytes, or why they are not one for `key`.
+fn decode(key: u64, bytes: &[u8]) -> std::result::Result<&[u8], String> {
+    if bytes.len() < HEADER_BYTES || bytes[..16] != MAGIC {
+        return Err("not a cache file of this version".into());
+    }
+    let u64_at = |at: usize| {
+        let mut b = [0u8; 8];
+        b.copy_from_slice(&bytes[at..at + 8]);
+        u64::from_le_bytes(b)
     };
-    Ok(Fetched {
-        value,
-        log,
-        origin: Origin::Compiled { millis },
-        cache,
-    })
+    if u64_at(16) != key {
+        return Err(format!("stored for key {:016x}", u64_at(16)));
+    }
+    let cubin = &bytes[HEADER_BYTES..];
+    if u64_at(24) != cubin.len() as u64 {
+        return Err(format!(
+            "{} bytes of cubin, the header says {}",
+            cubin.len(),
+            u64_at(24)
+        ));
+    }
+    if sha256(cubin)[..] != bytes[32..64] {
+        return Err("the cubin's SHA-256 does not match the header's".into());
+    }
+    Ok(cubin)
+}
+
+/// The cubin cached at `path` for `key`: `None` when there is no file, an error saying why a
+/// file there cannot be used (it is then replaced).
+fn read_verified(path: &Path, key: u64) -> std::result::Result<Option<Vec<u8>>, String> {
+    use std::io::Read;
+    let link = match std::fs::symlink_metadata(path) {
+        Ok(m) => m,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(e.to_string()),
+    };
+    // Not followed: only the regular file this cache wrote is trusted.
+    if !link.file_type().is_file() {
+        return Err("not a regular file".into());
+    }
+    let mut file = std::fs::File::open(path).map_err(|e| e.to_string())?;
+    let mut bytes = Vec::new();
+    file.read_to_end(&mut bytes).map_err(|e| e.to_string())?;
+    decode(key, &bytes).map(|cubin| Some(cubin.to_vec()))
 }
 
 /// Writes `bytes` to `path` atomically, so that a concurrent reader sees the old file or the
@@ -193,11 +284,6 @@ fn create_new(path: &Path) -> std::io::Result<std::fs::File> {
     #[cfg(unix)]
     std::os::unix::fs::OpenOptionsExt::mode(&mut options, 0o600);
     options.open(path)
-}
-
-/// Removes a cached cubin that the driver refused (stale or damaged), so the next load compiles.
-fn evict(path: &Path) {
-    let _ = std::fs::remove_file(path);
 }
 
 #[cfg(test)]
@@ -298,6 +384,42 @@ mod tests {
         assert_eq!((compiles, off.cache), (1, CacheStatus::Off));
     }
 
+    #[test]
+    fn a_planted_file_with_the_right_name_is_not_loaded() {
+        let dir = TempDir::new("planted");
+        first_use(&dir.0, b"CUBIN:good");
+        let path = dir.0.join(entry().file_name);
+        // Right name, content the driver would happily load, but not what this cache wrote.
+        std::fs::write(&path, b"CUBIN:evil").unwrap();
+        let (f, compiles) = later_use(&dir.0, b"CUBIN:good", b"");
+        assert_eq!(f.value, b"CUBIN:good", "the planted cubin was loaded");
+        assert_eq!(compiles, 1);
+        assert!(
+            matches!(&f.cache, CacheStatus::Stored { replaced: Some(_), .. }),
+            "{:?}",
+            f.cache
+        );
+        let (again, compiles) = later_use(&dir.0, b"CUBIN:other", b"");
+        assert_eq!((compiles, again.value.as_slice()), (0, &b"CUBIN:good"[..]), "replaced");
+    }
+
+    #[test]
+    fn a_truncated_file_is_recompiled_and_replaced() {
+        let dir = TempDir::new("truncated");
+        first_use(&dir.0, b"CUBIN:good and long");
+        let path = dir.0.join(entry().file_name);
+        let bytes = std::fs::read(&path).unwrap();
+        std::fs::write(&path, &bytes[..bytes.len() - 5]).unwrap();
+        let (f, compiles) = later_use(&dir.0, b"CUBIN:good and long", b"");
+        assert_eq!((compiles, f.value.as_slice()), (1, &b"CUBIN:good and long"[..]));
+        assert!(
+            matches!(&f.cache, CacheStatus::Stored { replaced: Some(_), .. }),
+            "{:?}",
+            f.cache
+        );
+        assert_eq!(std::fs::read(&path).unwrap(), bytes, "the whole file again");
+    }
+
     #[cfg(unix)]
     fn mode(path: &Path) -> u32 {
         std::fs::symlink_metadata(path).unwrap().permissions().mode() & 0o777
@@ -309,6 +431,33 @@ mod tests {
         let dir = TempDir::new("file-mode");
         first_use(&dir.0, b"CUBIN:good");
         assert_eq!(mode(&dir.0.join(entry().file_name)), 0o600);
+    }
+
+    #[cfg(unix)]
+    #[test]
+    fn a_symlink_at_the_final_name_is_replaced_not_followed() {
+        let dir = TempDir::new("final-symlink");
+        let victim = TempDir::new("final-symlink-victim");
+        let target = victim.0.join("victim.cubin");
+        std::fs::write(&target, b"CUBIN:victim").unwrap();
+        std::fs::set_permissions(&target, std::fs::Permissions::from_mode(0o600)).unwrap();
+        std::fs::set_permissions(&dir.0, std::fs::Permissions::from_mode(0o700)).unwrap();
+        let path = dir.0.join(entry().file_name);
+        symlink(&target, &path).unwrap();
+        let (f, compiles) = later_use(&dir.0, b"CUBIN:good", b"");
+        assert_eq!(
+            (compiles, f.value.as_slice()),
+            (1, &b"CUBIN:good"[..]),
+            "followed the link"
+        );
+        assert_eq!(
+            std::fs::read(&target).unwrap(),
+            b"CUBIN:victim",
+            "the target was written"
+        );
+        assert!(std::fs::symlink_metadata(&path).unwrap().file_type().is_file());
+        let (again, compiles) = later_use(&dir.0, b"CUBIN:other", b"");
+        assert_eq!((compiles, again.value.as_slice()), (0, &b"CUBIN:good"[..]));
     }
 
     #[cfg(unix)]
@@ -346,6 +495,90 @@ mod tests {
         assert_eq!(std::fs::read(&target).unwrap(), b"precious");
         let names: std::collections::HashSet<_> = (0..100).map(|_| temp_name("f".as_ref())).collect();
         assert_eq!(names.len(), 100, "every temporary name is new");
+    }
+
+    /// Makes `dir` unwritable for this process: `chmod 500`, or for root (whom modes do not stop)
+    /// the immutable attribute; `None` (and a printed reason) where neither works.
+    #[cfg(unix)]
+    fn freeze(dir: &Path) -> Option<Frozen> {
+        let writable = || {
+            let probe = dir.join("probe");
+            let ok = std::fs::write(&probe, b"").is_ok();
+            let _ = std::fs::remove_file(&probe);
+            ok
+        };
+        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o500)).ok()?;
+        if !writable() {
+            return Some(Frozen(dir.to_path_buf(), false));
+        }
+        let chattr = |flag: &str| std::process::Command::new("chattr").arg(flag).arg(dir).status();
+        if chattr("+i").is_ok_and(|s| s.success()) && !writable() {
+            return Some(Frozen(dir.to_path_buf(), true));
+        }
+        let _ = chattr("-i");
+        let _ = std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700));
+        eprintln!("skipping: cannot make {} unwritable", dir.display());
+        None
+    }
+
+    #[cfg(unix)]
+    struct Frozen(PathBuf, bool);
+
+    #[cfg(unix)]
+    impl Drop for Frozen {
+        fn drop(&mut self) {
+            if self.1 {
+                let _ = std::process::Command::new("chattr").arg("-i").arg(&self.0).status();
+            }
+            let _ = std::fs::set_permissions(&self.0, std::fs::Permissions::from_mode(0o700));
+        }
+    }
+
+    #[test]
+    fn a_cached_cubin_the_loader_refuses_is_replaced() {
+        let dir = TempDir::new("refused");
+        // Verifies, but the driver cannot use it (another toolkit's, or no entry point).
+        first_use(&dir.0, b"CUBIN:stale");
+        let (f, compiles) = later_use(&dir.0, b"CUBIN:good", b"CUBIN:stale");
+        assert_eq!((compiles, f.value.as_slice()), (1, &b"CUBIN:good"[..]));
+        match &f.cache {
+            CacheStatus::Stored {
+                replaced: Some(why), ..
+            } => assert!(why.contains("fake driver"), "{why}"),
+            other => panic!("{other:?}"),
+        }
+        let (again, compiles) = later_use(&dir.0, b"CUBIN:other", b"CUBIN:stale");
+        assert_eq!((compiles, again.value.as_slice()), (0, &b"CUBIN:good"[..]));
+    }
+
+    #[cfg(unix)]
+    #[test]
+    fn a_refused_cubin_that_cannot_be_replaced_still_yields_the_kernel() {
+        let dir = TempDir::new("frozen");
+        first_use(&dir.0, b"CUBIN:stale");
+        let Some(_frozen) = freeze(&dir.0) else { return };
+        for _ in 0..2 {
+            let (f, compiles) = later_use(&dir.0, b"CUBIN:good", b"CUBIN:stale");
+            assert_eq!((compiles, f.value.as_slice()), (1, &b"CUBIN:good"[..]));
+            match &f.cache {
+                CacheStatus::Bypassed { why } => assert!(why.contains("fake driver"), "{why}"),
+                other => panic!("{other:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn files_carry_their_key_length_and_digest() {
+        let bytes = encode(7, b"CUBIN:x");
+        assert_eq!(decode(7, &bytes), Ok(&b"CUBIN:x"[..]));
+        assert!(decode(8, &bytes).unwrap_err().contains("key"));
+        let mut flipped = bytes.clone();
+        *flipped.last_mut().unwrap() ^= 1;
+        assert!(decode(7, &flipped).unwrap_err().contains("SHA-256"));
+        assert!(decode(7, &bytes[..bytes.len() - 1])
+            .unwrap_err()
+            .contains("header says"));
+        assert!(decode(7, b"CUBIN:x").is_err());
     }
 
     #[test]

@@ -173,10 +173,13 @@ impl CudaAttention {
         let job = CompileJob::forward(config, self.device.arch());
         let cache_dir = self.options.disk_cache.dir();
         let ctx = self.device.context();
+        // Loading includes finding the entry point, so that a cached cubin without it is a
+        // cache miss (recompiled, replaced) rather than an error in every later process.
         let fetched = load_or_compile(&job, cache_dir.as_deref(), self.device.driver_version(), |cubin| {
-            Ok(ctx.load_module(Ptx::from_binary(cubin.to_vec()))?)
+            let module = ctx.load_module(Ptx::from_binary(cubin.to_vec()))?;
+            Ok(module.load_function(&config.name())?)
         })?;
-        let function = fetched.value.load_function(&config.name())?;
+        let function = fetched.value;
         // Above 48 KiB a block must opt in to its dynamic shared memory.
         function.set_attribute(
             CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,

@@ -38,6 +38,7 @@ mod device;
 #[cfg(test)]
 mod golden;
 mod launch;
+mod sha256;
 
 // With `internals`, the layers below the engine are public for benchmarks and tests; without
 // it they are the crate's own, and what only those users call would read as dead code.
