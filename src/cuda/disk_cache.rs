@@ -9,13 +9,18 @@ use super::sha256::sha256;
 use crate::error::Result;
 
 /// Where compiled kernels are kept between processes.
+///
+/// The directory is created owner-only (0700). It must be an absolute path and, on Unix, owned by
+/// this process's user and not writable by group or others; otherwise the cache is not used
+/// (kernels compile in every process) and the engine's `KernelInfo::disk_cache` says why.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub enum DiskCache {
-    /// `$WGPU_FLASH_ATTN_CACHE_DIR`, else `$XDG_CACHE_HOME/wgpu-flash-attn/cuda`, else
-    /// `$HOME/.cache/wgpu-flash-attn/cuda`; none if no variable is set.
+    /// `$WGPU_FLASH_ATTN_CACHE_DIR`, else `$XDG_CACHE_HOME/wgpu-flash-attn/cuda` (an absolute
+    /// `XDG_CACHE_HOME` only, as the XDG spec says), else `$HOME/.cache/wgpu-flash-attn/cuda`;
+    /// none if no variable is set.
     #[default]
     Default,
-    /// This directory (created on the first store).
+    /// This directory (an absolute path; created on the first store).
     Dir(PathBuf),
     /// Compile in every process.
     Off,
@@ -38,7 +43,7 @@ pub fn default_cache_dir(env: impl Fn(&str) -> Option<std::ffi::OsString>) -> Op
     if let Some(d) = non_empty("WGPU_FLASH_ATTN_CACHE_DIR") {
         return Some(d);
     }
-    if let Some(d) = non_empty("XDG_CACHE_HOME") {
+    if let Some(d) = non_empty("XDG_CACHE_HOME").filter(|d| d.is_absolute()) {
         return Some(d.join("wgpu-flash-attn").join("cuda"));
     }
     non_empty("HOME").map(|h| h.join(".cache").join("wgpu-flash-attn").join("cuda"))
@@ -104,6 +109,12 @@ pub fn fetch<T>(
         let (fresh, _) = compile_and_load(compile, &mut load)?;
         return Ok(fresh.with(CacheStatus::Off));
     };
+    if let Err(why) = private_dir(dir) {
+        let (fresh, _) = compile_and_load(compile, &mut load)?;
+        return Ok(fresh.with(CacheStatus::Bypassed {
+            why: format!("cache directory {} refused: {why}", dir.display()),
+        }));
+    }
     let path = dir.join(&entry.file_name);
     let rejected = match read_verified(&path, entry.key) {
         Ok(None) => None,
@@ -121,7 +132,7 @@ pub fn fetch<T>(
         Err(why) => Some(why),
     };
     let (fresh, cubin) = compile_and_load(compile, &mut load)?;
-    let stored = std::fs::create_dir_all(dir).and_then(|()| write_atomically(&path, &encode(entry.key, &cubin)));
+    let stored = write_atomically(&path, &encode(entry.key, &cubin));
     let cache = match (stored, rejected) {
         (Ok(()), replaced) => CacheStatus::Stored { path, replaced },
         (Err(e), None) => CacheStatus::Bypassed {
@@ -132,6 +143,55 @@ pub fn fetch<T>(
         },
     };
     Ok(fresh.with(cache))
+}
+
+/// Creates `dir` (and missing parents) owner-only, and checks that only this user can write it:
+/// whoever can write the cache directory chooses the code this process loads onto the GPU.
+///
+/// Refused, with the reason: a relative path (it would depend on the working directory; name an
+/// absolute one), and on Unix a directory owned by another user or writable by group or others
+/// (`chmod 700` it, or choose another). A symlink to a directory is followed and its target
+/// checked. Elsewhere (Windows) ownership and ACLs are not checked.
+fn private_dir(dir: &Path) -> std::result::Result<(), String> {
+    if dir.is_relative() {
+        return Err("a relative path; name an absolute one".into());
+    }
+    let mut builder = std::fs::DirBuilder::new();
+    builder.recursive(true);
+    #[cfg(unix)]
+    std::os::unix::fs::DirBuilderExt::mode(&mut builder, 0o700);
+    builder.create(dir).map_err(|e| e.to_string())?;
+    let meta = std::fs::metadata(dir).map_err(|e| e.to_string())?;
+    if !meta.is_dir() {
+        return Err("not a directory".into());
+    }
+    private_to_us(&meta)
+}
+
+/// Whether only this user can have written what `meta` describes (a cache file or directory).
+#[cfg(unix)]
+fn private_to_us(meta: &std::fs::Metadata) -> std::result::Result<(), String> {
+    use std::os::unix::fs::MetadataExt;
+    extern "C" {
+        fn geteuid() -> u32;
+    }
+    // SAFETY: geteuid takes nothing, cannot fail and only reads the process's credentials.
+    let euid = unsafe { geteuid() };
+    if meta.uid() != euid {
+        return Err(format!("owned by uid {}, not this process's {euid}", meta.uid()));
+    }
+    if meta.mode() & 0o022 != 0 {
+        return Err(format!(
+            "writable by group or others (mode {:o}); chmod go-w it",
+            meta.mode() & 0o777
+        ));
+    }
+    Ok(())
+}
+
+#[cfg(not(unix))]
+fn private_to_us(_: &std::fs::Metadata) -> std::result::Result<(), String> {
+    Ok(())
 }
 
 /// A fresh compile's result before the cache has had its say.
@@ -224,6 +284,16 @@ fn read_verified(path: &Path, key: u64) -> std::result::Result<Option<Vec<u8>>, 
         return Err("not a regular file".into());
     }
     let mut file = std::fs::File::open(path).map_err(|e| e.to_string())?;
+    // What was opened, not what the name pointed to a moment before.
+    let meta = file.metadata().map_err(|e| e.to_string())?;
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::MetadataExt;
+        if (meta.dev(), meta.ino()) != (link.dev(), link.ino()) {
+            return Err("replaced while being opened".into());
+        }
+    }
+    private_to_us(&meta)?;
     let mut bytes = Vec::new();
     file.read_to_end(&mut bytes).map_err(|e| e.to_string())?;
     decode(key, &bytes).map(|cubin| Some(cubin.to_vec()))
@@ -293,7 +363,7 @@ mod tests {
     use std::cell::Cell;
     use std::ffi::OsString;
     #[cfg(unix)]
-    use std::os::unix::fs::{symlink, PermissionsExt};
+    use std::os::unix::fs::{chown, symlink, PermissionsExt};
 
     /// A fresh directory under the system's temporary directory, removed when dropped.
     struct TempDir(PathBuf);
@@ -420,9 +490,102 @@ mod tests {
         assert_eq!(std::fs::read(&path).unwrap(), bytes, "the whole file again");
     }
 
+    #[test]
+    fn relative_directories_are_refused() {
+        let relative = PathBuf::from(format!("wgpu-flash-attn-relative-cache-{}", std::process::id()));
+        let calls = Cell::new(0);
+        let f = fetch(Some(&relative), &entry(), compiler(b"CUBIN:good", &calls), loader(b"")).unwrap();
+        let created = relative.exists();
+        let _ = std::fs::remove_dir_all(&relative);
+        assert!(
+            !created,
+            "a cache directory was created relative to the working directory"
+        );
+        assert_eq!(f.value, b"CUBIN:good");
+        match &f.cache {
+            CacheStatus::Bypassed { why } => assert!(why.contains("relative"), "{why}"),
+            other => panic!("{other:?}"),
+        }
+    }
+
     #[cfg(unix)]
     fn mode(path: &Path) -> u32 {
         std::fs::symlink_metadata(path).unwrap().permissions().mode() & 0o777
+    }
+
+    #[cfg(unix)]
+    #[test]
+    fn the_cache_directory_is_created_private() {
+        let base = TempDir::new("created");
+        let dir = base.0.join("a").join("cuda");
+        first_use(&dir, b"CUBIN:good");
+        assert_eq!(mode(&dir), 0o700);
+        assert_eq!(mode(&base.0.join("a")), 0o700);
+    }
+
+    #[cfg(unix)]
+    #[test]
+    fn a_directory_others_may_write_is_refused() {
+        for (label, perms) in [("group", 0o770), ("world", 0o707)] {
+            let dir = TempDir::new(label);
+            first_use(&dir.0, b"CUBIN:good");
+            std::fs::set_permissions(&dir.0, std::fs::Permissions::from_mode(perms)).unwrap();
+            let (f, compiles) = later_use(&dir.0, b"CUBIN:fresh", b"");
+            assert_eq!((compiles, f.value.as_slice()), (1, &b"CUBIN:fresh"[..]), "{label}");
+            match &f.cache {
+                CacheStatus::Bypassed { why } => assert!(why.contains("writable"), "{why}"),
+                other => panic!("{label}: {other:?}"),
+            }
+        }
+    }
+
+    /// Gives `path` to `nobody`; false (and a printed reason) where this process may not.
+    #[cfg(unix)]
+    fn give_away(path: &Path) -> bool {
+        match chown(path, Some(65534), Some(65534)) {
+            Ok(()) => true,
+            Err(e) => {
+                eprintln!("skipping: cannot chown {} to 65534 ({e}); run as root", path.display());
+                false
+            }
+        }
+    }
+
+    #[cfg(unix)]
+    #[test]
+    fn a_directory_of_another_user_is_refused() {
+        let dir = TempDir::new("other-owner-dir");
+        first_use(&dir.0, b"CUBIN:good");
+        if !give_away(&dir.0) {
+            return;
+        }
+        let (f, compiles) = later_use(&dir.0, b"CUBIN:fresh", b"");
+        assert_eq!((compiles, f.value.as_slice()), (1, &b"CUBIN:fresh"[..]));
+        match &f.cache {
+            CacheStatus::Bypassed { why } => assert!(why.contains("owned by uid 65534"), "{why}"),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[cfg(unix)]
+    #[test]
+    fn a_file_of_another_user_or_writable_by_others_is_not_loaded() {
+        let dir = TempDir::new("other-owner-file");
+        let path = dir.0.join(entry().file_name);
+        first_use(&dir.0, b"CUBIN:good");
+        if !give_away(&path) {
+            return;
+        }
+        let (f, compiles) = later_use(&dir.0, b"CUBIN:fresh", b"");
+        assert_eq!((compiles, f.value.as_slice()), (1, &b"CUBIN:fresh"[..]));
+        assert!(
+            matches!(&f.cache, CacheStatus::Stored { replaced: Some(why), .. } if why.contains("owned by uid 65534")),
+            "{:?}",
+            f.cache
+        );
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o666)).unwrap();
+        let (f, compiles) = later_use(&dir.0, b"CUBIN:fresher", b"");
+        assert_eq!((compiles, f.value.as_slice()), (1, &b"CUBIN:fresher"[..]));
     }
 
     #[cfg(unix)]
@@ -599,6 +762,11 @@ mod tests {
             Some(PathBuf::from("/c"))
         );
         assert_eq!(default_cache_dir(env(&[("XDG_CACHE_HOME", "")])), None);
+        assert_eq!(
+            default_cache_dir(env(&[("HOME", "/h"), ("XDG_CACHE_HOME", "relative")])),
+            Some(PathBuf::from("/h/.cache/wgpu-flash-attn/cuda")),
+            "the XDG spec ignores relative paths"
+        );
         assert_eq!(DiskCache::Off.dir(), None);
         assert_eq!(DiskCache::Dir("/d".into()).dir(), Some(PathBuf::from("/d")));
     }
