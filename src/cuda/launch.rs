@@ -1,8 +1,7 @@
 //! The CUDA attention engine: loads kernels (memory cache in front of the NVRTC/disk cache),
 //! checks buffers, launches on the device's stream, and offers a host-slice convenience.
 
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use cudarc::driver::sys::CUfunction_attribute;
 use cudarc::driver::{CudaFunction, DevicePtr, DevicePtrMut, DeviceRepr, LaunchConfig, PushKernelArg};
@@ -10,6 +9,7 @@ use cudarc::nvrtc::Ptx;
 
 use super::device::CudaDevice;
 use super::disk_cache::{CacheStatus, DiskCache, Origin};
+use super::kernel_map::OnceMap;
 use super::nvrtc::{load_or_compile, resource_report, CompileJob};
 use super::plan::tensor_map::tensor_map_spec;
 use super::plan::{
@@ -94,7 +94,7 @@ pub struct DeviceTensors<'a, T> {
 pub struct CudaAttention {
     device: CudaDevice,
     options: CudaOptions,
-    kernels: Mutex<HashMap<CudaKernelConfig, Arc<LoadedKernel>>>,
+    kernels: OnceMap<CudaKernelConfig, LoadedKernel>,
 }
 
 impl CudaAttention {
@@ -108,7 +108,7 @@ impl CudaAttention {
         CudaAttention {
             device,
             options,
-            kernels: Mutex::new(HashMap::new()),
+            kernels: OnceMap::default(),
         }
     }
 
@@ -145,11 +145,11 @@ impl CudaAttention {
     }
 
     fn kernel(&self, config: &CudaKernelConfig) -> Result<Arc<LoadedKernel>> {
-        // A poisoned lock only means another thread panicked mid-insert; the map is still valid.
-        let mut kernels = self.kernels.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(k) = kernels.get(config) {
-            return Ok(k.clone());
-        }
+        self.kernels.get_or_try_init(config, || self.load_kernel(config))
+    }
+
+    /// Compiles (or reads from the disk cache) and loads the kernel of `config`.
+    fn load_kernel(&self, config: &CudaKernelConfig) -> Result<LoadedKernel> {
         if config.is_wgmma() && !self.device.is_hopper() {
             return Err(Error::Unavailable {
                 what: format!("kernel {}", config.name()),
@@ -199,9 +199,7 @@ impl CudaAttention {
             resource_report: resource_report(&fetched.log),
             disk_cache: fetched.cache,
         };
-        let loaded = Arc::new(LoadedKernel { function, info });
-        kernels.insert(*config, loaded.clone());
-        Ok(loaded)
+        Ok(LoadedKernel { function, info })
     }
 
     /// Enqueues `O = softmax(scale·QKᵀ [causal])·V` and the LSE on the device's stream, on your

@@ -37,6 +37,7 @@
 mod device;
 #[cfg(test)]
 mod golden;
+mod kernel_map;
 mod launch;
 mod sha256;
 
