@@ -18,8 +18,8 @@ use wgpu_flash_attn::cuda::plan::{
 #[cfg(feature = "internals")]
 use wgpu_flash_attn::cuda::CudaKernelConfig;
 use wgpu_flash_attn::cuda::{
-    driver_available, nvrtc_available, CudaAttention, CudaDevice, CudaOptions, CudaPlan, DeviceTensors, DiskCache,
-    Origin,
+    driver_available, nvrtc_available, CacheStatus, CudaAttention, CudaDevice, CudaOptions, CudaPlan, DeviceTensors,
+    DiskCache, Origin,
 };
 use wgpu_flash_attn::testing::{random_tensor, ErrorStats};
 use wgpu_flash_attn::{
@@ -507,6 +507,16 @@ fn a_second_engine_loads_kernels_from_the_disk_cache() {
     let second = CudaAttention::with_options(engine.device().clone(), options);
     let again = second.prepare(&config).unwrap();
     assert_eq!(again.origin, Origin::DiskCache);
+    assert!(
+        matches!(&info.disk_cache, CacheStatus::Stored { replaced: None, .. }),
+        "{:?}",
+        info.disk_cache
+    );
+    assert!(
+        matches!(&again.disk_cache, CacheStatus::Hit(_)),
+        "{:?}",
+        again.disk_cache
+    );
     assert_eq!(again.num_regs, info.num_regs);
     run_and_check::<f16>(&second, &p, "from_disk_cache", None);
     let _ = std::fs::remove_dir_all(&dir);

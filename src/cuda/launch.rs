@@ -1,15 +1,16 @@
 //! The CUDA attention engine: loads kernels (memory cache in front of the NVRTC/disk cache),
 //! checks buffers, launches on the device's stream, and offers a host-slice convenience.
 
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use cudarc::driver::sys::CUfunction_attribute;
 use cudarc::driver::{CudaFunction, DevicePtr, DevicePtrMut, DeviceRepr, LaunchConfig, PushKernelArg};
 use cudarc::nvrtc::Ptx;
 
 use super::device::CudaDevice;
-use super::nvrtc::{evict, load_or_compile, resource_report, CompileJob, DiskCache, Origin};
+use super::disk_cache::{CacheStatus, DiskCache, Origin};
+use super::kernel_map::OnceMap;
+use super::nvrtc::{load_or_compile, resource_report, CompileJob};
 use super::plan::tensor_map::tensor_map_spec;
 use super::plan::{
     select_cuda, validate_for_cuda, vec_bytes_for, wgmma_unavailable, CudaKernelConfig, CudaPlan, CudaSelection,
@@ -61,6 +62,8 @@ pub struct KernelInfo {
     pub origin: Origin,
     /// ptxas's line from the compile log (empty when the cubin came from the disk cache).
     pub resource_report: String,
+    /// What the disk cache did: the file read or written, or why it was not used.
+    pub disk_cache: CacheStatus,
 }
 
 struct LoadedKernel {
@@ -91,7 +94,7 @@ pub struct DeviceTensors<'a, T> {
 pub struct CudaAttention {
     device: CudaDevice,
     options: CudaOptions,
-    kernels: Mutex<HashMap<CudaKernelConfig, Arc<LoadedKernel>>>,
+    kernels: OnceMap<CudaKernelConfig, LoadedKernel>,
 }
 
 impl CudaAttention {
@@ -105,7 +108,7 @@ impl CudaAttention {
         CudaAttention {
             device,
             options,
-            kernels: Mutex::new(HashMap::new()),
+            kernels: OnceMap::default(),
         }
     }
 
@@ -142,11 +145,11 @@ impl CudaAttention {
     }
 
     fn kernel(&self, config: &CudaKernelConfig) -> Result<Arc<LoadedKernel>> {
-        // A poisoned lock only means another thread panicked mid-insert; the map is still valid.
-        let mut kernels = self.kernels.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(k) = kernels.get(config) {
-            return Ok(k.clone());
-        }
+        self.kernels.get_or_try_init(config, || self.load_kernel(config))
+    }
+
+    /// Compiles (or reads from the disk cache) and loads the kernel of `config`.
+    fn load_kernel(&self, config: &CudaKernelConfig) -> Result<LoadedKernel> {
         if config.is_wgmma() && !self.device.is_hopper() {
             return Err(Error::Unavailable {
                 what: format!("kernel {}", config.name()),
@@ -169,22 +172,14 @@ impl CudaAttention {
         }
         let job = CompileJob::forward(config, self.device.arch());
         let cache_dir = self.options.disk_cache.dir();
-        let mut compiled = load_or_compile(&job, cache_dir.as_deref(), self.device.driver_version())?;
         let ctx = self.device.context();
-        let module = match ctx.load_module(Ptx::from_binary(compiled.cubin.clone())) {
-            Ok(m) => m,
-            // A cached cubin the driver refuses (damaged, or from another toolkit): drop it and
-            // compile afresh.
-            Err(_) if compiled.origin == Origin::DiskCache => {
-                if let Some(p) = &compiled.cache_path {
-                    evict(p);
-                }
-                compiled = load_or_compile(&job, cache_dir.as_deref(), self.device.driver_version())?;
-                ctx.load_module(Ptx::from_binary(compiled.cubin.clone()))?
-            }
-            Err(e) => return Err(e.into()),
-        };
-        let function = module.load_function(&config.name())?;
+        // Loading includes finding the entry point, so that a cached cubin without it is a
+        // cache miss (recompiled, replaced) rather than an error in every later process.
+        let fetched = load_or_compile(&job, cache_dir.as_deref(), self.device.driver_version(), |cubin| {
+            let module = ctx.load_module(Ptx::from_binary(cubin.to_vec()))?;
+            Ok(module.load_function(&config.name())?)
+        })?;
+        let function = fetched.value;
         // Above 48 KiB a block must opt in to its dynamic shared memory.
         function.set_attribute(
             CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
@@ -200,12 +195,11 @@ impl CudaAttention {
             config: *config,
             num_regs: function.num_regs()?,
             local_bytes: function.local_size_bytes()?,
-            origin: compiled.origin,
-            resource_report: resource_report(&compiled.log),
+            origin: fetched.origin,
+            resource_report: resource_report(&fetched.log),
+            disk_cache: fetched.cache,
         };
-        let loaded = Arc::new(LoadedKernel { function, info });
-        kernels.insert(*config, loaded.clone());
-        Ok(loaded)
+        Ok(LoadedKernel { function, info })
     }
 
     /// Enqueues `O = softmax(scale·QKᵀ [causal])·V` and the LSE on the device's stream, on your

@@ -28,8 +28,8 @@
 //!   version, so a second process skips the compile.
 //!
 //! Inside, layers each import only those below: `plan` (pure: tile plans, selection, parameter
-//! block, tensor-map rules; no cudarc), then `nvrtc` (compiling), `tma` (encoding tensor maps)
-//! and `device`, then `launch` (the engine). The tuning tables, the plan internals and the
+//! block, tensor-map rules; no cudarc), `disk_cache` (the cubin files; no cudarc either), then
+//! `nvrtc` (compiling), `tma` (encoding tensor maps) and `device`, then `launch` (the engine). The tuning tables, the plan internals and the
 //! compiler's pieces are public only with the `internals` feature (benchmarks, tests, tools).
 //!
 //! Building needs no CUDA toolkit: cudarc loads libcuda and libnvrtc at run time.
@@ -37,10 +37,17 @@
 mod device;
 #[cfg(test)]
 mod golden;
+mod kernel_map;
 mod launch;
+mod sha256;
 
 // With `internals`, the layers below the engine are public for benchmarks and tests; without
 // it they are the crate's own, and what only those users call would read as dead code.
+#[cfg(feature = "internals")]
+pub mod disk_cache;
+#[cfg(not(feature = "internals"))]
+#[allow(dead_code, unused_imports)]
+pub(crate) mod disk_cache;
 #[cfg(feature = "internals")]
 pub mod nvrtc;
 #[cfg(not(feature = "internals"))]
@@ -73,8 +80,9 @@ fn test_problem(head_dim: usize) -> crate::problem::AttentionProblem {
 
 pub use cudarc;
 pub use device::{arch_for, driver_available, CudaDevice};
+pub use disk_cache::{CacheStatus, DiskCache, Origin};
 pub use launch::{CudaAttention, CudaOptions, DeviceTensors, KernelInfo};
-pub use nvrtc::{nvrtc_available, DiskCache, Origin};
+pub use nvrtc::nvrtc_available;
 pub use plan::{
     CudaKernelConfig, CudaPlan, CudaSelection, LaunchGeometry, MmaConfig, MmaPlan, WgmmaConfig, WgmmaPlan,
     CUDA_HEAD_DIMS,

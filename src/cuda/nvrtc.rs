@@ -1,6 +1,6 @@
-//! Turning `cuda/*.cu` into a loadable cubin: the source table, NVRTC options, and a two-level
-//! cache (the engine keeps loaded modules in memory; this module keeps cubins on disk) so that a
-//! second process skips the compile.
+//! Turning `cuda/*.cu` into a loadable cubin: the source table, NVRTC options, and the cache key
+//! under which [`disk_cache`](super::disk_cache) keeps cubins between processes, so that a second
+//! process skips the compile (the engine keeps loaded modules in memory).
 //!
 //! NVRTC is called directly through cudarc's raw bindings rather than its `compile_ptx`
 //! helper because we need the cubin (not PTX, which the driver would compile again at every
@@ -8,11 +8,11 @@
 //! and errors instead of the panics cudarc's helper has on some paths.
 
 use std::ffi::{c_char, CStr, CString};
-use std::path::{Path, PathBuf};
-use std::time::Instant;
+use std::path::Path;
 
 use cudarc::nvrtc::sys;
 
+use super::disk_cache::{fetch, Entry, Fetched};
 use super::plan::CudaKernelConfig;
 use crate::error::{Error, Result};
 
@@ -144,63 +144,6 @@ impl Fnv1a {
     fn finish(&self) -> u64 {
         self.0
     }
-}
-
-/// Where compiled kernels are kept between processes.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub enum DiskCache {
-    /// `$WGPU_FLASH_ATTN_CACHE_DIR`, else `$XDG_CACHE_HOME/wgpu-flash-attn/cuda`, else
-    /// `$HOME/.cache/wgpu-flash-attn/cuda`; none if no variable is set.
-    #[default]
-    Default,
-    /// This directory (created on the first store).
-    Dir(PathBuf),
-    /// Compile in every process.
-    Off,
-}
-
-impl DiskCache {
-    /// The directory this setting names, if any (not created yet).
-    pub fn dir(&self) -> Option<PathBuf> {
-        match self {
-            DiskCache::Off => None,
-            DiskCache::Dir(d) => Some(d.clone()),
-            DiskCache::Default => default_cache_dir(|k| std::env::var_os(k)),
-        }
-    }
-}
-
-/// The default cache directory given an environment lookup (a parameter, for tests).
-pub fn default_cache_dir(env: impl Fn(&str) -> Option<std::ffi::OsString>) -> Option<PathBuf> {
-    let non_empty = |k: &str| env(k).filter(|v| !v.is_empty()).map(PathBuf::from);
-    if let Some(d) = non_empty("WGPU_FLASH_ATTN_CACHE_DIR") {
-        return Some(d);
-    }
-    if let Some(d) = non_empty("XDG_CACHE_HOME") {
-        return Some(d.join("wgpu-flash-attn").join("cuda"));
-    }
-    non_empty("HOME").map(|h| h.join(".cache").join("wgpu-flash-attn").join("cuda"))
-}
-
-/// Where a kernel's binary came from.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub enum Origin {
-    /// NVRTC compiled it in this process, taking this long.
-    Compiled { millis: f64 },
-    /// Read from the disk cache.
-    DiskCache,
-}
-
-/// A cubin and what the compiler said about it.
-#[derive(Clone, Debug)]
-pub struct CompiledKernel {
-    /// The binary the driver loads.
-    pub cubin: Vec<u8>,
-    /// NVRTC's log, with ptxas's resource report (empty when read from the disk cache).
-    pub log: String,
-    pub origin: Origin,
-    /// The cache file it was read from or written to.
-    pub cache_path: Option<PathBuf>,
 }
 
 /// True when libnvrtc can be loaded (checked before any NVRTC call: cudarc panics otherwise).
@@ -357,58 +300,21 @@ fn program_log(program: &Program) -> String {
         .to_string()
 }
 
-/// The cubin for `job`: from `cache_dir` when a previous process left it there, else compiled
-/// (and then stored there). Cache failures never fail the call: the cache is an optimization.
-pub fn load_or_compile(job: &CompileJob, cache_dir: Option<&Path>, driver_version: i32) -> Result<CompiledKernel> {
-    let path = match cache_dir {
-        Some(dir) if nvrtc_available() => {
-            let key = job.cache_key(nvrtc_version()?, driver_version);
-            Some(dir.join(job.cache_file_name(key)))
-        }
-        _ => None,
+/// The kernel of `job`, loaded by `load`: from the cubin a previous process left in
+/// `cache_dir`, else compiled (and then stored there). See [`fetch`] for what the cache checks.
+pub fn load_or_compile<T>(
+    job: &CompileJob,
+    cache_dir: Option<&Path>,
+    driver_version: i32,
+    load: impl FnMut(&[u8]) -> Result<T>,
+) -> Result<Fetched<T>> {
+    require_nvrtc()?;
+    let key = job.cache_key(nvrtc_version()?, driver_version);
+    let entry = Entry {
+        file_name: job.cache_file_name(key),
+        key,
     };
-    if let Some(path) = &path {
-        if let Ok(cubin) = std::fs::read(path) {
-            if !cubin.is_empty() {
-                return Ok(CompiledKernel {
-                    cubin,
-                    log: String::new(),
-                    origin: Origin::DiskCache,
-                    cache_path: Some(path.clone()),
-                });
-            }
-        }
-    }
-    let start = Instant::now();
-    let (cubin, log) = compile_cubin(job)?;
-    let millis = start.elapsed().as_secs_f64() * 1e3;
-    if let Some(path) = &path {
-        store(path, &cubin);
-    }
-    Ok(CompiledKernel {
-        cubin,
-        log,
-        origin: Origin::Compiled { millis },
-        cache_path: path,
-    })
-}
-
-/// Writes atomically (temporary file, then rename) so that a concurrent reader never sees half
-/// a cubin; errors are ignored.
-fn store(path: &Path, bytes: &[u8]) {
-    let Some(dir) = path.parent() else { return };
-    if std::fs::create_dir_all(dir).is_err() {
-        return;
-    }
-    let tmp = path.with_extension(format!("tmp{}", std::process::id()));
-    if std::fs::write(&tmp, bytes).is_ok() && std::fs::rename(&tmp, path).is_err() {
-        let _ = std::fs::remove_file(&tmp);
-    }
-}
-
-/// Removes a cached cubin that the driver refused (stale or damaged), so the next load compiles.
-pub fn evict(path: &Path) {
-    let _ = std::fs::remove_file(path);
+    fetch(cache_dir, &entry, || compile_cubin(job), load)
 }
 
 /// ptxas's report for the kernel, e.g. `Used 168 registers, used 1 barriers, 0 bytes spill
@@ -426,7 +332,6 @@ mod tests {
     use super::*;
     use crate::cuda::plan::{all_cuda_configs, CudaKernelConfig, MmaPlan};
     use crate::problem::DType;
-    use std::ffi::OsString;
 
     fn config() -> CudaKernelConfig {
         CudaKernelConfig::new(DType::BF16, 128, MmaPlan::new(64, 64, 4).into(), false, 16).unwrap()
@@ -478,28 +383,6 @@ mod tests {
         assert!(file.starts_with("flash_fwd_mma_bf16_d128_bm64_bn64_w4-sm_90a-") && file.ends_with(".cubin"));
         // FNV-1a of the empty input is its offset basis: the hash is the published function.
         assert_eq!(Fnv1a::new().finish(), 0xcbf2_9ce4_8422_2325);
-    }
-
-    #[test]
-    fn default_cache_dir_follows_the_environment() {
-        let env = |pairs: &'static [(&'static str, &'static str)]| {
-            move |k: &str| pairs.iter().find(|(n, _)| *n == k).map(|(_, v)| OsString::from(v))
-        };
-        assert_eq!(
-            default_cache_dir(env(&[("HOME", "/h")])),
-            Some(PathBuf::from("/h/.cache/wgpu-flash-attn/cuda"))
-        );
-        assert_eq!(
-            default_cache_dir(env(&[("HOME", "/h"), ("XDG_CACHE_HOME", "/x")])),
-            Some(PathBuf::from("/x/wgpu-flash-attn/cuda"))
-        );
-        assert_eq!(
-            default_cache_dir(env(&[("XDG_CACHE_HOME", "/x"), ("WGPU_FLASH_ATTN_CACHE_DIR", "/c")])),
-            Some(PathBuf::from("/c"))
-        );
-        assert_eq!(default_cache_dir(env(&[("XDG_CACHE_HOME", "")])), None);
-        assert_eq!(DiskCache::Off.dir(), None);
-        assert_eq!(DiskCache::Dir("/d".into()).dir(), Some(PathBuf::from("/d")));
     }
 
     #[test]
