@@ -8,6 +8,8 @@ cd "$(dirname "$0")/.."
 scripts/setup.sh
 export FLASH_REQUIRE_GPU=1 XDG_RUNTIME_DIR=${XDG_RUNTIME_DIR:-/tmp}
 cargo test --release
+# The command-line tool, run as a user runs it.
+cargo test --release --features cli --test cli
 cargo bench --no-run
 # The CUDA path builds without a toolkit: its host-side unit tests run here; its GPU tests skip
 # with a message where there is no CUDA device (they run on the H200).
