@@ -17,8 +17,13 @@ use crate::problem_args::{
 use crate::progress::Phase;
 use crate::{open_context, seed_of, CliError};
 
+/// The problem flags' defaults, which depend on the adapter (see [`defaults`]).
+const DEFAULTS_HELP: &str = "Defaults: on a CPU adapter (lavapipe) batch 1, heads 8, seq 512, head_dim 64, f32, \
+non-causal, bshd, 3 reps; on a GPU batch 2, heads 16, seq 4096, head_dim 128, 20 reps.";
+
 /// The fields of `-o json`, one object per line and problem (kept stable for scripts).
-const JSON_FIELDS_HELP: &str = "JSON fields (-o json, one object per line): adapter, backend, device_type, kernel, \
+pub const JSON_FIELDS_HELP: &str =
+    "JSON fields (-o json, one object per line): adapter, backend, device_type, kernel, \
 dtype, batch, heads, kv_heads, seq_q, seq_kv, head_dim, causal, layout, gflop (forward FLOPs/1e9, halved if causal), \
 clock (\"gpu_timestamps\" or \"wall_clock\"), reps, flash_ms (median), flash_min_ms, flash_tflops, naive_ms, \
 naive_tflops, speedup (naive_ms / flash_ms; the three null when the naive kernel did not run), check_rows, rel_l2, \
@@ -26,7 +31,10 @@ max_abs (of the sampled rows against float64; null when --check-rows 0), pass (n
 {\"dtype\": .., \"<backend>_fwd_tflops\": ..} from --peers for the same shape).";
 
 #[derive(Args, Clone, Debug)]
-#[command(after_long_help = JSON_FIELDS_HELP)]
+#[command(
+    after_help = DEFAULTS_HELP,
+    after_long_help = format!("{DEFAULTS_HELP}\n\n{JSON_FIELDS_HELP}")
+)]
 pub struct BenchArgs {
     #[command(flatten)]
     pub problem: ProblemArgs,
@@ -367,7 +375,7 @@ struct Peer {
     head_dim: usize,
     causal: bool,
     dtype: String,
-    /// `(backend, TFLOP/s)`, e.g. `("flash", 312.4)`, in the file's order.
+    /// `(backend, TFLOP/s)`, e.g. `("flash", 312.4)`, by backend name.
     fwd_tflops: Vec<(String, f64)>,
 }
 

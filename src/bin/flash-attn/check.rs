@@ -18,6 +18,10 @@ use crate::problem_args::{shape_label, with_element, CausalArg, ProblemArgs, Pro
 use crate::{open_context, progress, seed_of, CliError};
 
 #[derive(Args)]
+#[command(
+    after_help = "Defaults: batch 2, heads 2 sharing 1 K/V head, seq (q x kv) 127x127, 64x200 and 100x37 \
+(--quick: the first two), head_dim 64 (--all: 64 and 128), every dtype, causal both. Problem flags replace them."
+)]
 pub struct CheckArgs {
     #[command(flatten)]
     problem: ProblemArgs,

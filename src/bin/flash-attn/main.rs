@@ -16,6 +16,10 @@ mod info;
 mod problem_args;
 mod progress;
 
+/// What running without a subcommand does.
+const MAIN_JOB_HELP: &str = "Without a subcommand: `bench` with the flags given (the main job: it checks the result \
+against the float64 reference on sampled rows, and times it). FLASH_ADAPTER=<part of a name> picks the adapter.";
+
 #[derive(Parser)]
 #[command(
     name = "flash-attn",
@@ -23,9 +27,9 @@ mod progress;
     about = "Exact FlashAttention through wgpu: inspect the adapter, check every kernel against \
              float64, benchmark flash against naive attention.",
     long_about = None,
-    after_help = "Without a subcommand: `bench` with the flags given (the main job: it checks the \
-                  result against the float64 reference on sampled rows, and times it). \
-                  FLASH_ADAPTER=<part of a name> picks the adapter.",
+    after_help = MAIN_JOB_HELP,
+    // The flattened bench flags bring bench's long help (the JSON fields); say both.
+    after_long_help = format!("{MAIN_JOB_HELP}\n\n{}", bench::JSON_FIELDS_HELP),
     args_conflicts_with_subcommands = true
 )]
 struct Cli {

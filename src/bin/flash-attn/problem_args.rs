@@ -63,7 +63,7 @@ impl DTypeArg {
 pub enum CausalArg {
     No,
     Yes,
-    /// Both, non-causal first.
+    /// Each problem both ways, non-causal first.
     Both,
 }
 
