@@ -10,9 +10,10 @@ scripts/setup.sh
 export FLASH_REQUIRE_GPU=1 XDG_RUNTIME_DIR=${XDG_RUNTIME_DIR:-/tmp}
 # The tests reach tuning tables, plans and the harness through `internals`; `cuda` adds the CUDA
 # path's host-side tests (its GPU tests skip with a message where there is no CUDA device; they run
-# on the H200). One feature set, so the crate compiles once for all of them.
-cargo test --release --features internals,cuda
-cargo bench --no-run --features internals
+# on the H200); `cli` the command-line tool, run as a user runs it (tests/cli.rs). One feature set,
+# so the crate compiles once for all of them.
+cargo test --release --features internals,cuda,cli
+cargo bench --no-run --features internals,cuda,cli
 # What a user gets: the library without `internals`, and its documentation.
 cargo build --release --lib
 RUSTDOCFLAGS="-D warnings" cargo doc --no-deps --lib --quiet

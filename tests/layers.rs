@@ -34,7 +34,10 @@ fn modules() -> BTreeMap<String, String> {
         for entry in std::fs::read_dir(dir).expect("src/ is readable") {
             let path = entry.expect("a directory entry").path();
             if path.is_dir() {
-                walk(&path, root, out);
+                // src/bin/ holds binaries: crates of their own, users of the library's API.
+                if path != root.join("bin") {
+                    walk(&path, root, out);
+                }
             } else if path.extension().is_some_and(|e| e == "rs") {
                 let rel = path.strip_prefix(root).unwrap().with_extension("");
                 let mut parts: Vec<String> = rel.iter().map(|p| p.to_string_lossy().into_owned()).collect();

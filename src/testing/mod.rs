@@ -44,6 +44,14 @@ impl Rng {
     }
 }
 
+/// A seed derived from a label (FNV-1a), so that each case or run has its own inputs and its
+/// label reproduces them.
+pub fn seed_of(label: &str) -> u64 {
+    label.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+        (h ^ b as u64).wrapping_mul(0x100_0000_01b3)
+    })
+}
+
 /// `len` standard-normal values rounded to `T`, from `seed`.
 ///
 /// Generated in fixed chunks, each from its own seed, so the values depend only on `seed` and

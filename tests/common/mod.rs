@@ -32,12 +32,7 @@ pub fn gpu() -> Option<&'static GpuContext> {
     .as_ref()
 }
 
-/// A seed derived from a test label, so each case has its own inputs and its label says which.
-pub fn seed_of(label: &str) -> u64 {
-    label.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
-        (h ^ b as u64).wrapping_mul(0x100_0000_01b3)
-    })
-}
+pub use wgpu_flash_attn::testing::seed_of;
 
 /// Runs `kernel` on seeded inputs with poisoned outputs and checks every element against the
 /// float64 reference; panics with the label, the error statistics and the worst elements.
