@@ -27,17 +27,18 @@
 // per warp O and S double, so Q stays in shared memory and is re-read per tile (Q_IN_REGS = 0),
 // as it also does at head_dim 256, where O alone is 128 registers and BLOCK_N drops to 32.
 // Shared memory: Q tile + 2 stages of (K, V) tiles, e.g. 16 + 2·(16 + 16) = 80 KiB at head_dim
-// 128 with 64 x 64 tiles (the Rust side opts in at launch). src/cuda/plan.rs lists the plans
-// and what the H200 measured for each.
+// 128 with 64 x 64 tiles (the Rust side opts in at launch). src/cuda/plan/mma.rs lists the plans
+// and why the defaults; BENCHMARKS.md has what the H200 measured.
 //
 // Shared-memory tiles are rows of head_dim 16-bit values split into 16-byte chunks, with chunk c
 // of row r stored at chunk c ^ (r & 7): ldmatrix reads 8 rows of the same logical chunk, which
 // the XOR spreads over all 32 banks (unswizzled, rows 128/256/512 bytes apart would hit the same
 // banks 8 times over). head_dim is a multiple of 64, so the XOR stays inside the row.
 //
-// Compile-time parameters (-D, set by src/cuda/plan.rs): FA_HEAD_DIM, FA_BLOCK_M, FA_BLOCK_N,
-// FA_WARPS, FA_CAUSAL, FA_BF16, FA_Q_IN_REGS, FA_VEC_BYTES (16: rows 16-byte aligned; 8: only 8-byte
-// aligned), FA_MIN_BLOCKS (blocks per SM promised to the register allocator), KERNEL_NAME.
+// Compile-time parameters (-D, set by src/cuda/plan/mma.rs): FA_HEAD_DIM, FA_BLOCK_M,
+// FA_BLOCK_N, FA_WARPS, FA_CAUSAL, FA_BF16, FA_Q_IN_REGS, FA_VEC_BYTES (16: rows 16-byte aligned;
+// 8: only 8-byte aligned), FA_MIN_BLOCKS (blocks per SM promised to the register allocator),
+// KERNEL_NAME.
 #include "mma_ptx.cuh"
 #include "fwd_params.cuh"
 

@@ -7,7 +7,7 @@
 // num_heads, seq_q] f32. The host encodes one 4-D tensor map (head_dim, seq, heads, batch) per
 // input with 64-column boxes and 128-byte swizzling (src/cuda/tma.rs) and passes them by value;
 // layouts the copy engine cannot describe (strides that are not multiples of 16 bytes) run the
-// mma.sync kernel instead (src/cuda/plan.rs says so).
+// mma.sync kernel instead (`wgmma_unavailable` in src/cuda/plan/wgmma.rs says why).
 //
 // Who owns what.
 // * A CTA (a producer warpgroup and CONSUMERS = 2 or 3 consumer warpgroups, 384 or 512 threads,
@@ -54,9 +54,9 @@
 // after another; each panel starts 1024-byte aligned, as the swizzle and wgmma's descriptors
 // (sm90_ptx.cuh) need.
 //
-// Compile-time parameters (-D, set by src/cuda/plan.rs): FA_HEAD_DIM, FA_BLOCK_N, FA_STAGES,
-// FA_CONSUMERS, FA_CAUSAL, FA_BF16, FA_OVERLAP, FA_PINGPONG, FA_PV_SPLIT (1: O += P·V as one
-// N = 64 wgmma per head_dim panel instead of one N = head_dim wgmma), KERNEL_NAME.
+// Compile-time parameters (-D, set by src/cuda/plan/wgmma.rs): FA_HEAD_DIM, FA_BLOCK_N,
+// FA_STAGES, FA_CONSUMERS, FA_CAUSAL, FA_BF16, FA_OVERLAP, FA_PINGPONG, FA_PV_SPLIT (1: O += P·V
+// as one N = 64 wgmma per head_dim panel instead of one N = head_dim wgmma), KERNEL_NAME.
 #include "mma_ptx.cuh"
 #include "fwd_params.cuh"
 #include "sm90_ptx.cuh"

@@ -2,7 +2,8 @@
 // (flash_fwd_mma.cu, flash_fwd_wgmma.cu). Needs mma_ptx.cuh first (u16, i64).
 #pragma once
 
-// Mirrors `FwdParams` in src/cuda/plan.rs (#[repr(C)], 160 bytes; both sides assert the size).
+// Mirrors `FwdParams` in src/cuda/plan/params.rs (#[repr(C)], 160 bytes; both sides assert the
+// size).
 // Strides are in elements; the pointers already include each tensor's offset.
 struct FwdParams {
     const u16* q;

@@ -55,7 +55,7 @@
 // query rows at head_dim 128.
 // Q is staged once through the K/V buffers, 2·KV_BUFFERS·BLOCK_N rows at a time. Tile sizes and
 // the streaming options come from the host's plans, fitted to the workgroup memory (48 KiB on
-// NVIDIA) and measured (COOP_PLANS in src/plan/forward.rs).
+// NVIDIA) and measured (COOP_PLANS in src/plan/coop.rs).
 
 const SUBGROUP: u32 = 32u;
 const SUBGROUPS: u32 = BLOCK_M / 16u;
@@ -94,11 +94,10 @@ const PROB_VECS: u32 = select(SUBGROUPS * 16u * P_STRIDE, 4u, REGISTER_SOFTMAX);
 const HALF_VECS: u32 = BLOCK_N / 8u;
 const RESCALE_THRESHOLD: f32 = 8.0;
 // Whether the output is multiplied by the row factors every tile, or only where some row of the
-// subgroup moved its reference max. Measured on the H200: with the softmax through workgroup
-// memory the branch wins up to head_dim 128 (158 against 144 TFLOP/s at 128), the unconditional
-// product at 256 (175 against 65; both use all 255 registers, and why the branch costs that much
-// there is not known yet); with the softmax in registers the unconditional product wins at 128
-// too (196.6 against 177.1; without any rescale 225).
+// subgroup moved its reference max. On the H200 the branch paid only with the softmax through
+// workgroup memory up to head_dim 128; at 256 (all 255 registers in use either way, and why the
+// branch costs that much there is not known yet) and with the softmax in registers the
+// unconditional product was faster (docs/perf-history.md, "Cooperative matrices", steps 13, 18).
 const ROW_FACTORS_ALWAYS: bool = HEAD_DIM_PAD > 128u || REGISTER_SOFTMAX;
 
 // KV_BUFFERS buffers of KV_TILE_VECS: rows 0..BLOCK_N the tile's K, rows BLOCK_N..2·BLOCK_N its V.
@@ -113,7 +112,8 @@ var<workgroup> scores: array<vec4<f32>, SUBGROUPS * 16u * S_STRIDE>;
 var<workgroup> probs: array<vec4<f16>, PROB_VECS>;
 // Every workgroup variable is a multiple of 16 bytes: NVIDIA's driver lays them out in an order of
 // its own, and cooperative loads and stores need 16-byte-aligned addresses (a 4-byte variable
-// once shifted every array after it and the products silently read shifted rows; BENCHMARKS.md).
+// once shifted every array after it and the products silently read shifted rows;
+// docs/perf-history.md, "Cooperative matrices", step 1).
 
 @group(0) @binding(1) var<storage, read> q: array<vec4<f16>>;
 @group(0) @binding(2) var<storage, read> k: array<vec4<f16>>;
@@ -294,14 +294,12 @@ fn componentwise_product(a: coop_mat16x16<f32, C>, b: coop_mat16x16<f32, C>) -> 
 // workgroups in flight read the K/V of every head at different keys, more than L2 holds. A group
 // of CAUSAL_GROUP_WORKGROUPS workgroups (about four waves on 132 SMs) is long enough for its
 // longest tiles (twice the average) to finish beside its short ones, and spans few enough heads
-// for their K/V to stay in L2. Measured on the H200 (head_dim 128, causal; TFLOP/s for grid order /
-// all heads / groups of 512 workgroups, one call): seq 8192 215.0 / 218.6 / 223.7, seq 4096 – /
-// 200.2 / 210.4; at seq 1024 groups of 256 ran 152.7 and of 64 heads 146.8 (two calls), at 16384
-// groups of 1024 230.6 against 229.7 (BENCHMARKS.md, step 24). The size is the H200's (132 SMs,
+// for their K/V to stay in L2; on the H200 it beat both grid order and longest first over all
+// heads (docs/perf-history.md, "Cooperative matrices", step 24). The size is the H200's (132 SMs,
 // one 128-row workgroup each); other devices and the workgroup-memory softmax's 128-row plans are
 // not measured.
 // With 64-row tiles (head_dim 64, two workgroups per SM) longest first over all heads lost
-// (172 → 163), so those keep grid order. Non-causal tiles are all the same length: grid order,
+// (step 22), so those keep grid order. Non-causal tiles are all the same length: grid order,
 // which keeps the workgroups in flight on few heads.
 const CAUSAL_GROUP_WORKGROUPS: u32 = select(0u, 512u, BLOCK_M >= 128u);
 
@@ -357,9 +355,9 @@ fn flash_fwd_coop(
     for (var q_pass = 0u; q_pass < Q_PASSES; q_pass++) {
         let first = q_pass * Q_PASS_ROWS;
         // All of this invocation's granules are loaded before any is stored, so that the
-        // workgroup waits for global memory once a pass rather than once a granule (with a loop
-        // that stored each granule right after its load, a workgroup's fixed cost on the H200 was
-        // ~13 µs, now ~8, against ~2 for a K/V tile: BENCHMARKS.md, step 23).
+        // workgroup waits for global memory once a pass rather than once a granule (a loop that
+        // stored each granule right after its load made a workgroup's fixed cost several K/V
+        // tiles' worth: docs/perf-history.md, "Cooperative matrices", step 23).
         var staged: array<vec4<f16>, Q_COPIES>;
         // @unroll
         for (var i = 0u; i < Q_COPIES; i++) {
@@ -494,7 +492,8 @@ fn flash_fwd_coop(
             // 16 × 16 window of the score rows, is loaded as an accumulator matrix, and multiplies
             // every output fragment component-wise, in place. (Rescaling through workgroup memory
             // instead, fragment by fragment, made NVIDIA's compiler copy all of the output's
-            // registers twice a tile, rescaled or not: BENCHMARKS.md.)
+            // registers twice a tile, rescaled or not: docs/perf-history.md, "Cooperative
+            // matrices", step 13.)
             if (ROW_FACTORS_ALWAYS || subgroupAny(alpha != 1.0)) {
                 let window = my_scores + r * S_STRIDE + 2u * half_n;
                 scores[window] = vec4<f32>(alpha);

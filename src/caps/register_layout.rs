@@ -47,7 +47,8 @@ pub(crate) const COMPONENTS: usize = 256 / COOP_SUBGROUP as usize;
 pub const MAX_SLOTS: u32 = 4;
 
 impl RegisterLayout {
-    /// The layout NVIDIA's Vulkan driver reports on the H200 (driver 580, `coop_layout_probe`):
+    /// The layout NVIDIA's Vulkan driver reports on the H200 (driver 580, `coop_layout_probe` in
+    /// src/device/layout_probe.rs):
     /// lane 4g + t holds row g at columns 2t, 2t+1, 2t+8, 2t+9, then row g + 8 at the same
     /// columns (`mma.m16n8k16`'s fragments, in the driver's own component order). Selection tests,
     /// naga validation and the H200 diagnostics use it; the library measures.

@@ -11,9 +11,10 @@ use crate::wgsl::KernelConfig;
 
 /// Whether wgpu adds bounds checks to the kernels' memory accesses.
 ///
-/// Off by default: measured on an H200 (BENCHMARKS.md), wgpu's checks make the flash kernel
-/// about 10× slower, because they clamp every index into the per-invocation register arrays as
-/// well as into storage, which keeps the driver from holding those arrays in registers.
+/// Off by default: wgpu's checks make the flash kernel about 10× slower (on an H200:
+/// docs/perf-history.md, "Bounds checks on vs off"), because they clamp every index into the
+/// per-invocation register arrays as well as into storage, which keeps the driver from holding
+/// those arrays in registers.
 /// Dropping them is sound here because the host checks, before every dispatch, that each
 /// tensor's whole extent lies inside its binding, and the kernels guard every row and column they
 /// touch and index workgroup and register arrays with compile-time bounds.

@@ -106,16 +106,15 @@ impl TilePlan {
 /// The tile plans the library ships for the dK/dV kernel, best first where several fit (the
 /// choice: within [`max_registers`], the least head_dim padding, the largest tile the device
 /// fits, the first in this list). Measured on the H200 at head_dim 128, seq 8192, f32, with
-/// `examples/backward.rs --passes`:
+/// `examples/backward.rs --passes` (the times are docs/backward.md's plan sweep):
 ///
 /// * 128 keys on 16 × 32 invocations, K_STEP 8, N_STEP 16: 4 keys × (2 × 4 score + 2 × 8 output)
 ///   columns per invocation, 45 KiB — NVIDIA's 48 KiB. Twice the keys per workgroup halve the
-///   passes over Q and dO: 91.7 ms against 101.4 for 64 keys (both at N_STEP 8).
+///   passes over Q and dO.
 /// * 64 keys on 16 × 16, N_STEP 16 then 8: 25 KiB, for lavapipe's and browsers' 32 KiB (N_STEP 8
-///   keeps head_dim 256 under 32 KiB). N_STEP 16 halves the output products' steps: 96.8 ms
-///   against 101.4.
+///   keeps head_dim 256 under 32 KiB). N_STEP 16 halves the output products' steps.
 /// * 64 keys on 8 × 16: for head_dim ≤ 32, which 16-wide rows would pad to 64. At head_dim 128
-///   it would hold 192 registers and spill (538 ms).
+///   it would hold 192 registers and spill.
 /// * 32 × 32 on 8 × 8 invocations, K_STEP = N_STEP = 8: at most 12.6 KiB, the fallback for
 ///   WebGPU's default 16 KiB and 256 invocations.
 pub const DKDV_PLANS: [BackwardTilePlan; 5] = [
@@ -129,8 +128,7 @@ pub const DKDV_PLANS: [BackwardTilePlan; 5] = [
 /// The tile plans for the dQ kernel, chosen like [`DKDV_PLANS`]:
 ///
 /// * 128 query rows on 16 × 16 invocations: 8 rows × (2 × 4 score + 8 output) columns per
-///   invocation, 45 KiB: 66.0 ms against 79.1 for 64 rows (and 71.2 for 128 rows on 16 × 32),
-///   all at N_STEP 8.
+///   invocation, 45 KiB; faster than 64 rows, and than 128 rows on 16 × 32.
 /// * then the 64 × 64 plans and the fallback, as for dK/dV.
 pub const DQ_PLANS: [BackwardTilePlan; 5] = [
     BackwardTilePlan::new(128, 64, 16, 16, 8, 16, 1),
@@ -149,9 +147,9 @@ pub fn backward_plans(pass: BackwardPass) -> &'static [BackwardTilePlan] {
 }
 
 /// f32 registers an invocation may hold (see [`BackwardTilePlan::registers`]) before a plan is
-/// passed over for one that pads head_dim more. Measured on the H200: the dK/dV kernel, which
-/// keeps both accumulators live through the score products, spilled at 128 (491 ms against 97
-/// at 96); the dQ kernel ran fastest at 128.
+/// passed over for one that pads head_dim more. Measured on the H200 (docs/backward.md's plan
+/// sweep): the dK/dV kernel, which keeps both accumulators live through the score products,
+/// spilled at 128; the dQ kernel ran fastest at 128.
 pub const fn max_registers(pass: BackwardPass) -> u32 {
     match pass {
         BackwardPass::DkDv => 96,

@@ -58,14 +58,8 @@ impl CoopPlan {
 
 /// The cooperative kernel's plans with the softmax in registers (where the device's fragment
 /// layout allows it, src/caps/register_layout.rs), best first, for head dims up to each bound (after
-/// rounding up to 16). Measured on the H200 at seq 8192, f16, TFLOP/s, non-causal
-/// (bench-results/2026-11-29/coop-run5/):
-///
-/// - head_dim 64 (2 × 32 heads): 64 × 64 with prefetch 186; 64 × 32 prefetch 184; 128 × 64
-///   prefetch, double-buffered 183; 128 × 64 prefetch 168; 128 × 16 prefetch 145.
-/// - head_dim 128 (2 × 16 heads): 128 × 64 233 (with prefetch 232); 128 × 32 prefetch,
-///   double-buffered 225; 128 × 48 prefetch 220; 64 × 32 prefetch 203; 128 × 32 prefetch 194.
-/// - head_dim 256 (2 × 8 heads): 128 × 32 210; 128 × 16 prefetch 190; 64 × 16 prefetch 136.
+/// rounding up to 16). The order is the H200's (seq 8192, f16, non-causal; the rates are in
+/// docs/perf-history.md, "Numbers moved out of code comments").
 ///
 /// Without the scores' and probabilities' rows in workgroup memory, K/V tiles of 64 keys fit
 /// beside 128 query rows at head_dim 128, and two buffers of 32 keys. The later plans are for
@@ -101,16 +95,9 @@ pub const COOP_PLANS: [(u32, &[CoopPlan]); 3] = [
 ];
 
 /// The plans with the softmax through workgroup memory (devices whose fragment layout does not
-/// allow it in registers), measured the same way (bench-results/2026-11-29/coop-run4/, after the
-/// K/V copy, softmax and output-rescale rewrite of session 4):
-///
-/// - head_dim 64 (2 × 32 heads): 128 × 16 with prefetch 138; 256 × 16 prefetch 118 (not listed:
-///   it needs more of everything than 128 × 16); 128 × 16 prefetch, double-buffered 97.
-/// - head_dim 128 (2 × 16 heads): 128 × 32 with prefetch 158 (without it 146); 128 × 16 prefetch,
-///   double-buffered 134; 64 × 32 prefetch 119 (before the rescale rewrite); 256 × 16 69 (its 128
-///   registers per invocation spill the output).
-/// - head_dim 256 (2 × 8 heads): 128 × 16 with prefetch 175 (without it 137); 64 × 32 119;
-///   64 × 16 prefetch 77.
+/// allow it in registers), ordered the same way (docs/perf-history.md, "Numbers moved out of code
+/// comments"). 256 × 16 is not listed: it needs more of everything than 128 × 16, and at head_dim
+/// 128 its 128 registers per invocation spill the output.
 ///
 /// Query tiles of 128 rows win because every workgroup copies the whole of K and V through its
 /// workgroup memory: 128 rows read them half as often as 64.

@@ -6,8 +6,8 @@
 pub const MAX_ACCUMULATORS: u32 = 64;
 
 /// Whether automatic selection prefers f16 tiles for f16 storage. Not on the evidence so far: on
-/// the H200 the best f16-tile kernel ran at 19.4 TFLOP/s against 25.7 for the best f32 one (the
-/// f16 products need conversions back to f32 for the sums); see BENCHMARKS.md.
+/// the H200 the best f16-tile kernel ran well below the best f32 one (the f16 products need
+/// conversions back to f32 for the sums); see docs/perf-history.md, "Tile-plan sweep".
 pub const F16_TILES_BY_DEFAULT: bool = false;
 
 /// Whether the cooperative-matrix kernel has been seen to match the float64 reference on a device

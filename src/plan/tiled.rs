@@ -199,17 +199,17 @@ impl TilePlan {
 }
 
 /// The tile plans the library ships, best first; selection takes the first that fits the device
-/// and the register budget. TFLOP/s are f32, head_dim 128, seq 8192, non-causal, sg_f32, on the
-/// H200 through Vulkan (BENCHMARKS.md has the sweep).
+/// and the register budget. The order is the H200's (f32, head_dim 128, seq 8192, non-causal,
+/// sg_f32, through Vulkan; the rates are in docs/perf-history.md, "Tile-plan sweep").
 ///
-/// * 128 × 64, 8 × 32 invocations, one stage: 25.7 TFLOP/s, the fastest measured. 4 rows ×
+/// * 128 × 64, 8 × 32 invocations, one stage: the fastest measured. 4 rows ×
 ///   (8 score + 16 output) columns per invocation; 45 KiB of f32 tiles, so 48 KiB devices only,
 ///   and head_dim ≤ 128.
-/// * 64 × 128, 8 × 16, K/V slices of 8, two stages: 23.9; 46 KiB (48 KiB with the workgroup
+/// * 64 × 128, 8 × 16, K/V slices of 8, two stages: the second; 46 KiB (48 KiB with the workgroup
 ///   reduction), so the best plan for the workgroup-memory variant on 48 KiB devices.
-/// * 64 × 64, 16 × 16, two stages: 22.2; the 48 KiB plan for head_dim up to 256, with 16
+/// * 64 × 64, 16 × 16, two stages: the 48 KiB plan for head_dim up to 256, with 16
 ///   invocations per row so an invocation still owns 64 output accumulators.
-/// * 64 × 64, 8 × 16, one stage: 19.9; 25 KiB, so it fits lavapipe's and Chrome's 32 KiB.
+/// * 64 × 64, 8 × 16, one stage: 25 KiB, so it fits lavapipe's and Chrome's 32 KiB.
 /// * 64 × 64, 16 × 16, one stage, V slices of 8: the 32 KiB plan for head_dim up to 256 (29 KiB).
 /// * 32 × 32, 8 × 8: 13 KiB, the fallback for WebGPU's default 16 KiB.
 pub const PLANS: [TilePlan; 6] = [
