@@ -17,5 +17,7 @@ cargo bench --no-run --features internals,cuda,cli
 # What a user gets: the library without `internals`, and its documentation.
 cargo build --release --lib
 RUSTDOCFLAGS="-D warnings" cargo doc --no-deps --lib --quiet
+# BENCHMARKS.md's charts are what the script makes of bench-results/ (python3, standard library).
+python3 scripts/bench-charts.py --check
 # The browser: the library built for wasm32, the demo page driven in headless Chromium.
 web-demo/test.sh

@@ -104,3 +104,107 @@ pub(crate) struct GradParams {
 
 // Four 16-byte members, then a scalar padded to the struct's 16-byte alignment.
 const _: () = assert!(std::mem::size_of::<GradParams>() == 4 * 16 + 16);
+
+#[cfg(test)]
+mod tests {
+    use std::mem::{offset_of, size_of};
+
+    use super::{GradParams, Params, TensorStrides};
+    use crate::plan::{all_backward_kernels, all_configs};
+    use crate::wgsl::KernelConfig;
+
+    /// `(name, byte offset)` of each member of the WGSL struct `name` in `source`, and its size,
+    /// as naga lays it out.
+    fn wgsl_struct(source: &str, name: &str) -> (Vec<(String, u32)>, u32) {
+        let module = naga::front::wgsl::parse_str(source).expect("the kernel parses");
+        let ty = module
+            .types
+            .iter()
+            .find(|(_, ty)| ty.name.as_deref() == Some(name))
+            .unwrap_or_else(|| panic!("no struct {name}"))
+            .1;
+        let naga::TypeInner::Struct { members, span } = &ty.inner else {
+            panic!("{name} is not a struct")
+        };
+        let members = members
+            .iter()
+            .map(|m| (m.name.clone().unwrap_or_default(), m.offset))
+            .collect();
+        (members, *span)
+    }
+
+    fn check(wgsl: (Vec<(String, u32)>, u32), rust: &[(&str, usize)], rust_size: usize) {
+        assert_eq!(
+            wgsl.1 as usize, rust_size,
+            "struct size: WGSL {} bytes, Rust {rust_size}",
+            wgsl.1
+        );
+        for (name, offset) in &wgsl.0 {
+            if name.starts_with("_pad") {
+                continue;
+            }
+            let host = rust.iter().find(|(n, _)| n == name).map(|&(_, o)| o);
+            assert_eq!(
+                host,
+                Some(*offset as usize),
+                "member {name}: WGSL offset {offset}, Rust {host:?}"
+            );
+        }
+        let named = wgsl.0.iter().filter(|(n, _)| !n.starts_with("_pad")).count();
+        assert_eq!(named, rust.len(), "WGSL members {:?} vs Rust {rust:?}", wgsl.0);
+    }
+
+    /// The host's `Params` is the shaders' `Params` byte for byte: every member at the offset
+    /// naga gives it, and the same size (a mismatch would hand every kernel shifted sizes).
+    #[test]
+    fn params_match_the_shaders_struct() {
+        let source = KernelConfig::Flash(all_configs()[0]).source();
+        let rust = [
+            ("q", offset_of!(Params, q)),
+            ("k", offset_of!(Params, k)),
+            ("v", offset_of!(Params, v)),
+            ("o", offset_of!(Params, o)),
+            ("seq_q", offset_of!(Params, seq_q)),
+            ("seq_kv", offset_of!(Params, seq_kv)),
+            ("head_dim", offset_of!(Params, head_dim)),
+            ("num_heads", offset_of!(Params, num_heads)),
+            ("group_size", offset_of!(Params, group_size)),
+            ("causal", offset_of!(Params, causal)),
+            ("causal_offset", offset_of!(Params, causal_offset)),
+            ("scale", offset_of!(Params, scale)),
+            ("num_q_tiles", offset_of!(Params, num_q_tiles)),
+            ("write_lse", offset_of!(Params, write_lse)),
+            ("bh_base", offset_of!(Params, bh_base)),
+            ("flags", offset_of!(Params, flags)),
+        ];
+        check(wgsl_struct(&source, "Params"), &rust, size_of::<Params>());
+        let strides = [
+            ("offset", offset_of!(TensorStrides, offset)),
+            ("batch", offset_of!(TensorStrides, batch)),
+            ("seq", offset_of!(TensorStrides, seq)),
+            ("head", offset_of!(TensorStrides, head)),
+        ];
+        check(
+            wgsl_struct(&source, "TensorStrides"),
+            &strides,
+            size_of::<TensorStrides>(),
+        );
+    }
+
+    #[test]
+    fn grad_params_match_the_shaders_struct() {
+        let kernel = all_backward_kernels()
+            .into_iter()
+            .find(|k| matches!(k, crate::plan::BackwardKernel::Grad(_)))
+            .expect("a gradient kernel");
+        let source = KernelConfig::Backward(kernel).source();
+        let rust = [
+            ("d_o", offset_of!(GradParams, d_o)),
+            ("dq", offset_of!(GradParams, dq)),
+            ("dk", offset_of!(GradParams, dk)),
+            ("dv", offset_of!(GradParams, dv)),
+            ("scale", offset_of!(GradParams, scale)),
+        ];
+        check(wgsl_struct(&source, "GradParams"), &rust, size_of::<GradParams>());
+    }
+}
