@@ -75,7 +75,8 @@ struct LoadedKernel {
 ///
 /// `q`, `k`, `v` and `o` hold 16-bit elements of the problem's dtype (`u16`, or `half::f16` /
 /// `half::bf16` with cudarc's `f16` feature) laid out as the problem's layouts say; `lse` gets
-/// `[batch, num_heads, seq_q]` f32. `o` must not overlap the inputs.
+/// `[batch, num_heads, seq_q]` f32. The extents `o` and `lse` write must not overlap each other or
+/// the inputs' extents (an `Error::InvalidBuffer` naming both); the inputs may share memory.
 pub struct DeviceTensors<'a, T> {
     /// Queries, `problem.required_len(Tensor::Q)` elements or more.
     pub q: &'a dyn DevicePtr<T>,
@@ -273,6 +274,27 @@ impl CudaAttention {
             None => (0, None),
         };
 
+        let es = problem.dtype.size_bytes() as u64;
+        let extent = |tensor: Tensor, base: u64| (base, base + problem.required_len(tensor) as u64 * es);
+        let written = [
+            ("o", extent(Tensor::O, o)),
+            ("lse", (lse, lse + 4 * problem.lse_len() as u64)),
+        ];
+        let read = [
+            ("q", extent(Tensor::Q, q)),
+            ("k", extent(Tensor::K, k)),
+            ("v", extent(Tensor::V, v)),
+        ];
+        let written = if lse == 0 { &written[..1] } else { &written[..] };
+        if let Some((a, b)) = first_overlap(written, &read) {
+            return Err(Error::InvalidBuffer {
+                tensor: a,
+                message: format!(
+                    "its device memory overlaps `{b}`'s: the kernel would overwrite what it reads                      (or write one result over another)"
+                ),
+            });
+        }
+
         let vec_bytes = vec_bytes_for(problem, [q, k, v, o])?;
         let config = match plan {
             Some(plan) => CudaKernelConfig::for_problem(problem, plan, vec_bytes)?,
@@ -368,6 +390,22 @@ impl CudaAttention {
 }
 
 /// Each buffer holds at least the elements its tensor's layout reaches.
+/// The first pair of byte ranges `[start, end)` that overlap: a written range with another
+/// written one or with a read one (reads may overlap each other: packed QKV, broadcast K/V).
+fn first_overlap(
+    written: &[(&'static str, (u64, u64))],
+    read: &[(&'static str, (u64, u64))],
+) -> Option<(&'static str, &'static str)> {
+    let overlaps = |(a0, a1): (u64, u64), (b0, b1): (u64, u64)| a0 < b1 && b0 < a1;
+    for (i, &(name, range)) in written.iter().enumerate() {
+        let others = written[i + 1..].iter().chain(read);
+        if let Some(&(other, _)) = others.into_iter().find(|(_, r)| overlaps(range, *r)) {
+            return Some((name, other));
+        }
+    }
+    None
+}
+
 fn check_lengths<const N: usize>(problem: &AttentionProblem, lengths: [(Tensor, usize); N]) -> Result<()> {
     for (tensor, len) in lengths {
         let need = problem.required_len(tensor);
@@ -379,4 +417,22 @@ fn check_lengths<const N: usize>(problem: &AttentionProblem, lengths: [(Tensor, 
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::first_overlap;
+
+    #[test]
+    fn written_ranges_must_not_overlap_anything_and_reads_may_share() {
+        let q = ("q", (0, 100));
+        let k = ("k", (50, 150)); // packed with q: reads may overlap
+        let o_apart = ("o", (200, 300));
+        let lse_apart = ("lse", (300, 340)); // touching o's end is not overlapping
+        assert_eq!(first_overlap(&[o_apart, lse_apart], &[q, k]), None);
+        assert_eq!(first_overlap(&[("o", (99, 120))], &[q, k]), Some(("o", "q")));
+        assert_eq!(first_overlap(&[("o", (140, 160))], &[q, k]), Some(("o", "k")));
+        assert_eq!(first_overlap(&[o_apart, ("lse", (250, 260))], &[q]), Some(("o", "lse")));
+        assert_eq!(first_overlap(&[o_apart, ("lse", (0, 4))], &[q]), Some(("lse", "q")));
+    }
 }
