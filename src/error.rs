@@ -20,17 +20,31 @@ pub enum Error {
 
     /// `head_dim` is outside what the kernels handle.
     #[error("head_dim {got} is not supported: it must be a multiple of 8 between 8 and {max}")]
-    UnsupportedHeadDim { got: usize, max: usize },
+    UnsupportedHeadDim {
+        /// The problem's `head_dim`.
+        got: usize,
+        /// The largest supported, 256.
+        max: usize,
+    },
 
     /// A host slice or GPU buffer passed in is too small, misaligned or lacks a usage flag.
     #[error("tensor `{tensor}`: {message}")]
-    InvalidBuffer { tensor: &'static str, message: String },
+    InvalidBuffer {
+        /// The tensor: `q`, `k`, `v`, `o`, `lse`, `d_o`, `dq`, `dk`, `dv`, `delta` (on CUDA also
+        /// `tensor map`).
+        tensor: &'static str,
+        /// What is wrong, with the sizes or offsets involved.
+        message: String,
+    },
 
     /// The element type of a host slice does not match the problem's `dtype`.
     #[error("tensor `{tensor}` holds {got:?} elements but the problem says {expected:?}")]
     DTypeMismatch {
+        /// The first tensor checked (`q`; all inputs share one element type).
         tensor: &'static str,
+        /// The problem's `dtype`.
         expected: crate::dtype::DType,
+        /// The element type of the slices passed.
         got: crate::dtype::DType,
     },
 
@@ -41,7 +55,13 @@ pub enum Error {
 
     /// A requested kernel variant or feature is not offered by this adapter.
     #[error("{what} is not available on this device: {why}")]
-    Unavailable { what: String, why: String },
+    Unavailable {
+        /// What was asked for: a kernel, a variant, a plan, a configuration.
+        what: String,
+        /// Why not; where selection tried several kernels or plans, each one's reason, joined
+        /// with `; `.
+        why: String,
+    },
 
     /// No GPU adapter could be found (no driver, or no backend compiled in).
     #[error("no GPU adapter found{0}")]
@@ -55,7 +75,12 @@ pub enum Error {
     /// A shader or pipeline was rejected by wgpu or the driver. This is a bug in the library
     /// (every shader is validated in its tests) or in the driver.
     #[error("shader `{name}` was rejected: {message}")]
-    Shader { name: String, message: String },
+    Shader {
+        /// The kernel's name (the pipeline label).
+        name: String,
+        /// wgpu's or the driver's message.
+        message: String,
+    },
 
     /// Reading results back from the GPU failed (device lost, out of memory).
     #[error("GPU read-back failed: {0}")]
@@ -65,7 +90,12 @@ pub enum Error {
     /// log is the compiler's.
     #[cfg(feature = "cuda")]
     #[error("NVRTC failed for `{name}`:\n{log}")]
-    Nvrtc { name: String, log: String },
+    Nvrtc {
+        /// The kernel being compiled (its configuration's name).
+        name: String,
+        /// NVRTC's compile log.
+        log: String,
+    },
 
     /// A CUDA driver call failed (out of memory, launch failure, device lost).
     #[cfg(feature = "cuda")]

@@ -29,7 +29,7 @@
 //!   [`BackwardProblem`] adds the gradients' layouts.
 //! * With `--features cuda`, `cuda` runs the same problems natively on NVIDIA GPUs
 //!   (`cuda::CudaAttention`): FlashAttention-2/3 style tensor-core kernels compiled by NVRTC.
-//! * [`reference`] is a float64 CPU implementation (forward and gradients); [`testing`] has seeded
+//! * [`reference`](mod@reference) is a float64 CPU implementation (forward and gradients); [`testing`] has seeded
 //!   inputs and error statistics.
 //!
 //! The modules below are layers, each importing only those above it in this list

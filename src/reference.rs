@@ -29,7 +29,30 @@ pub struct ReferenceOutput {
 }
 
 /// The whole problem in float64. Costs `O(B·H·Sq·Skv·D)` on one CPU core: keep it to small
-/// problems, and use [`attention_row`] to spot-check large ones.
+/// problems, and use [`attention_row`] to spot-check large ones. `q`, `k`, `v` are laid out as the
+/// problem says; the problem's validation error, or [`Error::InvalidBuffer`](crate::Error::InvalidBuffer)
+/// for a slice shorter than its tensor's `required_len`.
+///
+/// ```rust
+/// use wgpu_flash_attn::{reference, AttentionProblem, DType};
+/// # fn main() -> wgpu_flash_attn::Result<()> {
+/// // One head of 8, two positions, causal. With K all zero every visible key scores the same, so
+/// // each output row is the mean of the V rows it sees and its LSE is ln(how many it sees).
+/// let problem = AttentionProblem::mha(1, 2, 1, 8, DType::F32).with_causal(true);
+/// let q: Vec<f32> = (0..16).map(|x| x as f32).collect();
+/// let k = vec![0.0f32; 16];
+/// let v: Vec<f32> = (0..16).map(|x| if x < 8 { 0.0 } else { 2.0 }).collect(); // rows 0 and 2
+///
+/// let r = reference::attention(&problem, &q, &k, &v)?;
+/// assert_eq!(r.out[..8], [0.0; 8]); // query 0 sees key 0 only
+/// assert!(r.out[8..].iter().all(|&x| (x - 1.0).abs() < 1e-12)); // query 1: mean of 0 and 2
+/// assert!(r.lse[0].abs() < 1e-12 && (r.lse[1] - 2f64.ln()).abs() < 1e-12);
+///
+/// // One row alone, as the tests spot-check large problems:
+/// let row = reference::attention_row(&problem, &q, &k, &v, 0, 0, 1)?;
+/// assert_eq!(row.out, r.out[8..]);
+/// # Ok(()) }
+/// ```
 pub fn attention<T: Element>(problem: &AttentionProblem, q: &[T], k: &[T], v: &[T]) -> Result<ReferenceOutput> {
     check_inputs(problem, q, k, v)?;
     let s = problem.shape;
@@ -49,7 +72,9 @@ pub fn attention<T: Element>(problem: &AttentionProblem, q: &[T], k: &[T], v: &[
     Ok(ReferenceOutput { out, lse })
 }
 
-/// The reference result of query row `i` of head `h` in batch `b`.
+/// The reference result of query row `i` of head `h` in batch `b`, computed alone (it costs
+/// `O(Skv·D)`); errors as [`attention`], and [`Error::InvalidProblem`](crate::Error::InvalidProblem)
+/// for a row outside the problem.
 pub fn attention_row<T: Element>(
     problem: &AttentionProblem,
     q: &[T],

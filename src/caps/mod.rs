@@ -11,13 +11,17 @@ pub use register_layout::RegisterLayout;
 pub struct Caps {
     /// Adapter name, for messages and reports.
     pub adapter_name: String,
+    /// The graphics API wgpu drives the adapter through (Vulkan, Metal, DX12, the browser's WebGPU).
     pub backend: wgpu::Backend,
+    /// Discrete, integrated, virtual, CPU (lavapipe, WARP) or other.
     pub device_type: wgpu::DeviceType,
-    /// Subgroup operations are enabled on the device.
+    /// Subgroup operations are enabled on the device (never on the browser's WebGPU, which wgpu
+    /// does not pass them through to).
     pub subgroups: bool,
     /// Smallest and largest subgroup the adapter may use (equal on most GPUs: 32 on NVIDIA,
     /// 8 on lavapipe; AMD reports 32..64, Intel 8..32).
     pub subgroup_min_size: u32,
+    /// See `subgroup_min_size`.
     pub subgroup_max_size: u32,
     /// `subgroupBarrier()` is enabled on the device (wgpu's `SUBGROUP_BARRIER`).
     pub subgroup_barrier: bool,
@@ -35,12 +39,21 @@ pub struct Caps {
     /// Why `coop_register_layout` is `None`, where that is known (not measured, or measured and
     /// unfit), for error messages.
     pub coop_register_layout_note: Option<String>,
+    /// Workgroup (shared) memory one workgroup may declare, in bytes; bounds the tile plans.
     pub max_workgroup_storage_bytes: u32,
+    /// Invocations (threads) one workgroup may have; bounds the tile plans.
     pub max_invocations_per_workgroup: u32,
+    /// Largest workgroup size in x, the only dimension the kernels use.
     pub max_workgroup_size_x: u32,
+    /// Workgroups one dispatch may have in each dimension; bounds the grid (query tiles, heads,
+    /// batch).
     pub max_workgroups_per_dimension: u32,
+    /// Largest range of one storage-buffer binding, in bytes: no tensor may span more.
     pub max_storage_binding_bytes: u64,
+    /// Largest buffer the device creates, in bytes.
     pub max_buffer_bytes: u64,
+    /// Alignment, in bytes, of a storage binding's start; bindings start at a tensor's first
+    /// element rounded down to it.
     pub min_storage_offset_alignment: u32,
 }
 

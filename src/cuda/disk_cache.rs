@@ -53,7 +53,10 @@ pub fn default_cache_dir(env: impl Fn(&str) -> Option<std::ffi::OsString>) -> Op
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub enum Origin {
     /// NVRTC compiled it in this process, taking this long.
-    Compiled { millis: f64 },
+    Compiled {
+        /// Wall-clock time of the NVRTC compile, in milliseconds.
+        millis: f64,
+    },
     /// Read from the disk cache.
     DiskCache,
 }
@@ -67,9 +70,18 @@ pub enum CacheStatus {
     Hit(PathBuf),
     /// Compiled, then written to this file; `replaced` says why a file already there was not
     /// used.
-    Stored { path: PathBuf, replaced: Option<String> },
+    Stored {
+        /// The cache file written.
+        path: PathBuf,
+        /// Why a file already at `path` was not used (`None`: there was none).
+        replaced: Option<String>,
+    },
     /// Compiled and kept in memory only: why the cache could not be used or written.
-    Bypassed { why: String },
+    Bypassed {
+        /// Why the cache was not used (directory not absolute, not owned by this user, writable
+        /// by others, an I/O error).
+        why: String,
+    },
 }
 
 /// One cache file: its name inside the cache directory, and the key it is stored under.

@@ -59,6 +59,8 @@ pub struct KernelInfo {
     pub num_regs: i32,
     /// Local memory per thread: non-zero means spills or a stack array, both slow.
     pub local_bytes: i32,
+    /// Whether NVRTC compiled the binary in this process (and how long it took) or it was read
+    /// from the disk cache.
     pub origin: Origin,
     /// ptxas's line from the compile log (empty when the cubin came from the disk cache).
     pub resource_report: String,

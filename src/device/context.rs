@@ -7,9 +7,13 @@ use crate::error::{Error, Result};
 /// A wgpu device and queue plus what the kernels need to know about them.
 #[derive(Clone, Debug)]
 pub struct GpuContext {
+    /// The device the engines create buffers and pipelines on (create yours here too).
     pub device: wgpu::Device,
+    /// The device's queue; the host-slice calls submit to it.
     pub queue: wgpu::Queue,
+    /// The adapter's name, backend, device type and subgroup sizes.
     pub info: wgpu::AdapterInfo,
+    /// What kernel selection knows about the device, read when the context was made.
     pub caps: Caps,
 }
 
@@ -53,12 +57,17 @@ fn offers_f16_matrices(adapter: &wgpu::Adapter) -> bool {
 }
 
 impl GpuContext {
-    /// Opens the best adapter on this machine (see [`best_adapter`]) with default options.
+    /// Opens the best adapter on this machine with default options: a discrete GPU before an
+    /// integrated, virtual or CPU one, Vulkan/Metal/DX12 before GL; or, when the environment
+    /// variable `FLASH_ADAPTER` is set, the best one whose name contains it (case-insensitive).
+    /// In the browser, the high-performance adapter. [`Error::NoAdapter`] if there is none,
+    /// [`Error::RequestDevice`] if it refuses a device.
     pub async fn new() -> Result<Self> {
         Self::with_options(ContextOptions::default()).await
     }
 
-    /// Opens the best adapter on this machine with the given options.
+    /// Opens the best adapter on this machine (as [`new`](Self::new) picks it) with the given
+    /// options.
     pub async fn with_options(options: ContextOptions) -> Result<Self> {
         let instance = wgpu::Instance::new(wgpu::InstanceDescriptor::new_without_display_handle_from_env());
         let adapter = best_adapter(&instance).await?;
@@ -71,8 +80,11 @@ impl GpuContext {
     }
 
     /// Creates a device on `adapter` with the adapter's own limits (wgpu's defaults cap workgroup
-    /// memory at 16 KiB and invocations at 256), those of [`wanted_features`] it offers, and
-    /// cooperative matrices if `options` allow and the adapter has the f16 ones.
+    /// memory at 16 KiB and invocations at 256), those of the features the kernels use that it
+    /// offers (`SUBGROUP`, `SUBGROUP_BARRIER`, `SHADER_F16`, `TIMESTAMP_QUERY`), and cooperative
+    /// matrices if `options` allow and the adapter has the f16 ones; then measures the matrices'
+    /// register layout ([`probe_register_layout`](Self::probe_register_layout)).
+    /// [`Error::RequestDevice`] if the adapter refuses.
     pub async fn from_adapter_with(adapter: &wgpu::Adapter, options: ContextOptions) -> Result<Self> {
         let mut features = adapter.features() & wanted_features();
         let matrices = options.cooperative_matrix && offers_f16_matrices(adapter);
@@ -136,7 +148,8 @@ impl GpuContext {
     }
 
     /// Wraps a device the caller created. The kernels use whatever features and limits it was
-    /// created with (request `adapter.limits()` and [`wanted_features`] for the fastest ones).
+    /// created with (request `adapter.limits()` and, where the adapter has them, `SUBGROUP`,
+    /// `SUBGROUP_BARRIER`, `SHADER_F16` and `TIMESTAMP_QUERY` for the fastest ones).
     /// To use cooperative matrices on such a device, set `caps` with
     /// [`Caps::with_cooperative_matrix`] and the adapter's `cooperative_matrix_properties()`.
     pub fn from_device(device: wgpu::Device, queue: wgpu::Queue, info: wgpu::AdapterInfo) -> Self {

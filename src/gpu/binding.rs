@@ -10,15 +10,20 @@ use crate::wgsl::params::TensorStrides;
 /// (its [`TensorLayout`] offset is counted from there).
 #[derive(Clone, Copy, Debug)]
 pub struct TensorBuffer<'a> {
+    /// The buffer; it needs `BufferUsages::STORAGE`.
     pub buffer: &'a wgpu::Buffer,
+    /// Bytes from the buffer's start to the tensor's element 0; a multiple of 4 elements' bytes
+    /// (the LSE's: of the device's `min_storage_buffer_offset_alignment`).
     pub byte_offset: u64,
 }
 
 impl<'a> TensorBuffer<'a> {
+    /// The tensor at the start of `buffer`.
     pub fn new(buffer: &'a wgpu::Buffer) -> Self {
         TensorBuffer { buffer, byte_offset: 0 }
     }
 
+    /// The tensor at `byte_offset` bytes into `buffer` (several tensors in one buffer).
     pub fn at(buffer: &'a wgpu::Buffer, byte_offset: u64) -> Self {
         TensorBuffer { buffer, byte_offset }
     }

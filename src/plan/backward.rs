@@ -29,6 +29,7 @@ pub enum BackwardPass {
 }
 
 impl BackwardPass {
+    /// The three passes in the order they must run: D first, then dK/dV, then dQ (both read D).
     pub const ALL: [BackwardPass; 3] = [BackwardPass::Preprocess, BackwardPass::DkDv, BackwardPass::Dq];
 
     /// The WGSL entry point (the kernel file's stem).
@@ -161,12 +162,16 @@ pub const fn max_registers(pass: BackwardPass) -> u32 {
 /// row (reduced with the variant's [`Reduction`]), `threads_y` rows of invocations.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct PreprocessPlan {
+    /// Query rows per workgroup.
     pub block_m: u32,
+    /// Invocations sharing a row (a power of two).
     pub threads_x: u32,
+    /// Rows of invocations; each handles `block_m / threads_y` rows.
     pub threads_y: u32,
 }
 
 impl PreprocessPlan {
+    /// Invocations per workgroup: `threads_x · threads_y`.
     pub fn workgroup_size(&self) -> u32 {
         self.threads_x * self.threads_y
     }
@@ -196,9 +201,14 @@ pub const PREPROCESS_PLANS: [PreprocessPlan; 2] = [
 pub struct GradKernel {
     /// [`BackwardPass::DkDv`] or [`BackwardPass::Dq`].
     pub pass: BackwardPass,
+    /// Element type of the tensors in memory.
     pub storage: DType,
+    /// Element type of the tiles in workgroup memory (the variant's).
     pub tile: TileType,
+    /// Tile sizes: `block_m` counts queries and `block_n` keys; the dK/dV kernel owns `block_n`
+    /// keys and streams queries, the dQ kernel owns `block_m` queries and streams keys.
     pub plan: BackwardTilePlan,
+    /// head_dim rounded up as `plan.head_dim_pad` says; the padding columns are zero.
     pub head_dim_pad: u32,
 }
 
@@ -215,10 +225,14 @@ impl GradKernel {
         )
     }
 
+    /// Workgroup memory the kernel declares, in bytes.
     pub fn workgroup_bytes(&self) -> u32 {
         self.plan.grad_workgroup_bytes(self.pass, self.head_dim_pad, self.tile)
     }
 
+    /// f32 values an invocation keeps in registers across a tile (output accumulators and score
+    /// elements); selection prefers plans within a per-pass budget, above which the kernel
+    /// spills.
     pub fn registers(&self) -> u32 {
         self.plan.grad_registers(self.pass, self.head_dim_pad)
     }
@@ -267,8 +281,11 @@ impl GradKernel {
 /// The preprocessing kernel: everything that makes a distinct pipeline.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct PreprocessKernel {
+    /// Element type of O and dO in memory.
     pub storage: DType,
+    /// How the invocations of a row combine their partial sums.
     pub reduction: Reduction,
+    /// Its sizes.
     pub plan: PreprocessPlan,
 }
 
@@ -288,6 +305,7 @@ impl PreprocessKernel {
         )
     }
 
+    /// Workgroup memory the kernel declares, in bytes (0 with the subgroup reduction).
     pub fn workgroup_bytes(&self) -> u32 {
         match self.reduction {
             Reduction::Workgroup => self.plan.block_m * self.plan.threads_x * 4,
@@ -295,6 +313,7 @@ impl PreprocessKernel {
         }
     }
 
+    /// Why this kernel cannot run on `caps`, if it cannot.
     pub fn unavailable_reason(&self, caps: &Caps) -> Option<String> {
         if !self.plan.is_well_formed() {
             return Some(format!("preprocessing plan {:?} is malformed", self.plan));
@@ -331,11 +350,14 @@ impl PreprocessKernel {
 /// One of the three backward pipelines (the `KernelConfig::Backward` (src/wgsl) key).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum BackwardKernel {
+    /// The D kernel (`flash_bwd_pre`).
     Preprocess(PreprocessKernel),
+    /// The dK/dV or the dQ kernel.
     Grad(GradKernel),
 }
 
 impl BackwardKernel {
+    /// Which of the three passes it runs.
     pub fn pass(&self) -> BackwardPass {
         match self {
             BackwardKernel::Preprocess(_) => BackwardPass::Preprocess,
@@ -343,6 +365,7 @@ impl BackwardKernel {
         }
     }
 
+    /// Its name ([`PreprocessKernel::name`], [`GradKernel::name`]): pipeline label and cache key.
     pub fn name(&self) -> String {
         match self {
             BackwardKernel::Preprocess(p) => p.name(),
@@ -350,6 +373,7 @@ impl BackwardKernel {
         }
     }
 
+    /// Element type of the tensors it reads and writes.
     pub fn storage(&self) -> DType {
         match self {
             BackwardKernel::Preprocess(p) => p.storage,
@@ -357,6 +381,7 @@ impl BackwardKernel {
         }
     }
 
+    /// Workgroup memory the kernel declares, in bytes.
     pub fn workgroup_bytes(&self) -> u32 {
         match self {
             BackwardKernel::Preprocess(p) => p.workgroup_bytes(),
@@ -380,8 +405,11 @@ pub struct BackwardConfig {
     /// The variant: its reduction applies to the preprocessing kernel, its tile type to the
     /// gradient kernels.
     pub variant: Variant,
+    /// The D kernel, run first.
     pub preprocess: PreprocessKernel,
+    /// The dK/dV kernel (`pass` must be [`BackwardPass::DkDv`]), run second.
     pub dkdv: GradKernel,
+    /// The dQ kernel (`pass` must be [`BackwardPass::Dq`]), run last.
     pub dq: GradKernel,
 }
 
@@ -430,12 +458,14 @@ impl BackwardConfig {
 pub struct BackwardChoice {
     /// Use exactly this variant (an error if the device lacks it).
     pub variant: Option<Variant>,
-    /// Use exactly this plan for the dK/dV kernel, or for the dQ kernel.
+    /// Use exactly this plan for the dK/dV kernel (an error if it does not fit the device).
     pub dkdv_plan: Option<BackwardTilePlan>,
+    /// Use exactly this plan for the dQ kernel (an error if it does not fit the device).
     pub dq_plan: Option<BackwardTilePlan>,
 }
 
 impl BackwardChoice {
+    /// Exactly this variant, plans left to selection.
     pub fn variant(variant: Variant) -> Self {
         BackwardChoice {
             variant: Some(variant),

@@ -7,6 +7,26 @@ use crate::plan::tiled::{TiledChoice, Variant};
 /// What the caller asks of forward selection: which kernel, and that kernel's knobs. Each kernel's
 /// knobs live in its own variant, so a request cannot name both kernels. `Default` is
 /// [`KernelChoice::Auto`].
+///
+/// Forcing the register-tiled kernel with subgroup shuffles and one tile plan, and giving the
+/// choice to an engine:
+///
+/// ```rust
+/// use wgpu_flash_attn::kernel::{TilePlan, TiledChoice, Variant};
+/// use wgpu_flash_attn::{KernelChoice, Options};
+///
+/// let sg = KernelChoice::variant(Variant::SUBGROUP); // any plan that fits the device
+/// assert_eq!(sg.tiled().variant, Some(Variant::SUBGROUP));
+///
+/// let exact = KernelChoice::Tiled(TiledChoice {
+///     variant: Some(Variant::WORKGROUP),
+///     plan: Some(TilePlan::new(64, 64, 8, 16, 16, 16, 1)), // 64 × 64 tile, 8 × 16 invocations
+/// });
+/// let options = Options { choice: exact, ..Options::default() };
+/// // FlashAttention::with_options(&ctx, options) then runs exactly this kernel, or returns
+/// // Error::Unavailable saying why the device cannot.
+/// # let _ = options;
+/// ```
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum KernelChoice {
     /// The best kernel the device runs for the problem: the cooperative-matrix kernel for f16 data
@@ -33,6 +53,32 @@ impl KernelChoice {
     /// a kernel (`Some(true)`: the cooperative-matrix one, `Some(false)`: the tiled one) or
     /// leaves it to the knobs, which name it by being set. Knobs of both kernels, or one kernel's
     /// knobs with the other kernel named, are an [`Error::InvalidChoice`] that says which.
+    ///
+    /// ```rust
+    /// use wgpu_flash_attn::kernel::{CoopChoice, TilePlan, TiledChoice, Variant};
+    /// use wgpu_flash_attn::{Error, KernelChoice};
+    /// # fn main() -> wgpu_flash_attn::Result<()> {
+    /// let tiled = TiledChoice {
+    ///     variant: Variant::from_name("sg_f32"),
+    ///     plan: TilePlan::parse("64x64x8x16x16x16"),
+    /// };
+    /// let coop = CoopChoice { tile: Some((128, 64)), ..CoopChoice::default() };
+    ///
+    /// // No knobs: automatic. Knobs of one kernel name that kernel.
+    /// let none = (TiledChoice::default(), CoopChoice::default());
+    /// assert_eq!(KernelChoice::from_knobs(None, none.0, none.1)?, KernelChoice::Auto);
+    /// assert_eq!(KernelChoice::from_knobs(None, tiled, CoopChoice::default())?, KernelChoice::Tiled(tiled));
+    /// assert_eq!(
+    ///     KernelChoice::from_knobs(Some(true), TiledChoice::default(), coop)?,
+    ///     KernelChoice::CooperativeMatrix(coop)
+    /// );
+    ///
+    /// // The tiled kernel named with a matrix-kernel knob, or knobs of both: refused, not resolved.
+    /// let err = KernelChoice::from_knobs(Some(false), TiledChoice::default(), coop).unwrap_err();
+    /// assert!(matches!(err, Error::InvalidChoice(_)), "{err}");
+    /// assert!(matches!(KernelChoice::from_knobs(None, tiled, coop), Err(Error::InvalidChoice(_))));
+    /// # Ok(()) }
+    /// ```
     pub fn from_knobs(cooperative_matrix: Option<bool>, tiled: TiledChoice, coop: CoopChoice) -> Result<Self> {
         let tiled_set = tiled != TiledChoice::default();
         let coop_set = coop != CoopChoice::default();

@@ -164,6 +164,8 @@ pub fn coop_plans(head_dim: u32, softmax: CoopSoftmax) -> &'static [CoopPlan] {
 }
 
 impl CoopConfig {
+    /// A `block_m × block_n` tile for `head_dim` (padded to a multiple of 16), without prefetch,
+    /// double buffering or register softmax.
     pub fn new(block_m: u32, block_n: u32, head_dim: u32) -> Self {
         CoopConfig {
             block_m,
@@ -175,6 +177,8 @@ impl CoopConfig {
         }
     }
 
+    /// Runs the softmax on the score fragments' registers with this device layout (`None`:
+    /// through workgroup memory).
     pub fn with_register_layout(self, register_layout: Option<crate::caps::register_layout::RegisterLayout>) -> Self {
         CoopConfig {
             register_layout,
@@ -190,6 +194,7 @@ impl CoopConfig {
             .unwrap_or_else(crate::caps::register_layout::RegisterLayout::nvidia_h200)
     }
 
+    /// Sets [`double_buffer`](Self::double_buffer).
     pub fn with_double_buffer(self, double_buffer: bool) -> Self {
         CoopConfig { double_buffer, ..self }
     }
@@ -199,6 +204,7 @@ impl CoopConfig {
         1 + self.double_buffer as u32
     }
 
+    /// Sets [`prefetch_kv`](Self::prefetch_kv).
     pub fn with_prefetch_kv(self, prefetch_kv: bool) -> Self {
         CoopConfig { prefetch_kv, ..self }
     }
@@ -220,6 +226,7 @@ impl CoopConfig {
         )
     }
 
+    /// Invocations per workgroup: one 32-wide subgroup per 16 query rows.
     pub fn workgroup_size(&self) -> u32 {
         self.block_m / 16 * COOP_SUBGROUP
     }
@@ -238,6 +245,8 @@ impl CoopConfig {
         kv + subgroups * 16 * (score_cols + 4) * 4 + probs
     }
 
+    /// Whether the sizes fit the kernel's assumptions: `block_m` and `block_n` positive multiples
+    /// of 16, and enough invocations to copy a K/V row of `head_dim_pad` in one round.
     pub fn is_well_formed(&self) -> bool {
         self.block_m > 0
             && self.block_m.is_multiple_of(16)

@@ -13,11 +13,15 @@ use crate::problem::AttentionProblem;
 /// The forward kernel chosen for a problem: the register-tiled one or the cooperative-matrix one.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum ForwardKernel {
+    /// The register-tiled kernel (`shaders/flash_fwd.wgsl`).
     Tiled(FlashConfig),
+    /// The cooperative-matrix kernel (`shaders/flash_fwd_coop.wgsl`).
     Coop(CoopConfig),
 }
 
 impl ForwardKernel {
+    /// The configuration's name ([`FlashConfig::name`], [`CoopConfig::name`]): pipeline label,
+    /// cache key, and what [`AttentionOutput::kernel`](crate::AttentionOutput::kernel) reports.
     pub fn name(&self) -> String {
         match self {
             ForwardKernel::Tiled(c) => c.name(),
@@ -25,6 +29,7 @@ impl ForwardKernel {
         }
     }
 
+    /// Query rows per workgroup; the grid has `ceil(seq_q / block_m)` workgroups in x.
     pub fn block_m(&self) -> u32 {
         match self {
             ForwardKernel::Tiled(c) => c.plan.block_m,
@@ -32,6 +37,7 @@ impl ForwardKernel {
         }
     }
 
+    /// Invocations per workgroup.
     pub fn workgroup_size(&self) -> u32 {
         match self {
             ForwardKernel::Tiled(c) => c.plan.workgroup_size(),
@@ -39,6 +45,7 @@ impl ForwardKernel {
         }
     }
 
+    /// Workgroup memory the kernel declares, in bytes.
     pub fn workgroup_bytes(&self) -> u32 {
         match self {
             ForwardKernel::Tiled(c) => c.workgroup_bytes(),

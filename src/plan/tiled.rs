@@ -23,6 +23,7 @@ pub enum Reduction {
 /// Element type of the tiles in workgroup memory and of the products; sums are always f32.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum TileType {
+    /// f32 tiles: any storage type, any device.
     F32,
     /// Needs `shader-f16`; chosen only for f16 storage, whose values an f16 tile holds exactly.
     F16,
@@ -31,27 +32,34 @@ pub enum TileType {
 /// A flash-kernel variant: the axes along which adapters differ.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct Variant {
+    /// How row statistics are combined.
     pub reduction: Reduction,
+    /// Element type of the tiles in workgroup memory.
     pub tile: TileType,
 }
 
 impl Variant {
+    /// `wg_f32`: workgroup-memory reduction, f32 tiles. Runs on every adapter, browsers included.
     pub const WORKGROUP: Variant = Variant {
         reduction: Reduction::Workgroup,
         tile: TileType::F32,
     };
+    /// `sg_f32`: subgroup reduction, f32 tiles.
     pub const SUBGROUP: Variant = Variant {
         reduction: Reduction::Subgroup,
         tile: TileType::F32,
     };
+    /// `wg_f16`: workgroup-memory reduction, f16 tiles (f16 storage and `shader-f16` only).
     pub const WORKGROUP_F16: Variant = Variant {
         reduction: Reduction::Workgroup,
         tile: TileType::F16,
     };
+    /// `sg_f16`: subgroup reduction, f16 tiles (f16 storage and `shader-f16` only).
     pub const SUBGROUP_F16: Variant = Variant {
         reduction: Reduction::Subgroup,
         tile: TileType::F16,
     };
+    /// The four variants, workgroup before subgroup, f32 before f16.
     pub const ALL: [Variant; 4] = [Self::WORKGROUP, Self::SUBGROUP, Self::WORKGROUP_F16, Self::SUBGROUP_F16];
 
     /// `wg_f32`, `sg_f32`, `wg_f16`, `sg_f16`.
@@ -79,6 +87,7 @@ pub struct TilePlan {
     pub block_n: u32,
     /// Invocations sharing a row (a power of two); the workgroup is `threads_y × threads_x`.
     pub threads_x: u32,
+    /// Invocations down the rows: each owns `block_m / threads_y` query rows.
     pub threads_y: u32,
     /// head_dim columns staged per step of the QKᵀ product.
     pub k_step: u32,
@@ -90,6 +99,8 @@ pub struct TilePlan {
 }
 
 impl TilePlan {
+    /// A plan from its seven sizes, in declaration order; check it with
+    /// [`is_well_formed`](Self::is_well_formed).
     pub const fn new(
         block_m: u32,
         block_n: u32,
@@ -146,10 +157,12 @@ impl TilePlan {
         ]
     }
 
+    /// Invocations per workgroup: `threads_x · threads_y`.
     pub fn workgroup_size(&self) -> u32 {
         self.threads_x * self.threads_y
     }
 
+    /// Query rows each invocation owns: `block_m / threads_y`.
     pub fn rows_per_thread(&self) -> u32 {
         self.block_m / self.threads_y
     }
@@ -224,9 +237,13 @@ pub const PLANS: [TilePlan; 6] = [
 /// One flash-kernel configuration: everything that makes a distinct pipeline.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct FlashConfig {
+    /// Element type of Q, K, V and O in memory.
     pub storage: DType,
+    /// Reduction and tile type.
     pub variant: Variant,
+    /// Tile sizes.
     pub plan: TilePlan,
+    /// head_dim rounded up as [`TilePlan::head_dim_pad`] says; the padding columns are zero.
     pub head_dim_pad: u32,
 }
 
@@ -243,6 +260,7 @@ impl FlashConfig {
         )
     }
 
+    /// Workgroup memory the kernel declares, in bytes.
     pub fn workgroup_bytes(&self) -> u32 {
         self.plan.workgroup_bytes(self.head_dim_pad, self.variant)
     }

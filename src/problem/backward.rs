@@ -20,8 +20,10 @@ pub enum GradTensor {
 }
 
 impl GradTensor {
+    /// The four, dO first.
     pub const ALL: [GradTensor; 4] = [GradTensor::DO, GradTensor::DQ, GradTensor::DK, GradTensor::DV];
 
+    /// The name error messages use: `"d_o"`, `"dq"`, `"dk"`, `"dv"`.
     pub const fn name(self) -> &'static str {
         match self {
             GradTensor::DO => "d_o",
@@ -45,12 +47,48 @@ impl GradTensor {
 /// V. All of them follow the forward's rules: offsets and strides multiples of 4 elements, and the
 /// written tensors (dQ, dK, dV) must not overlap themselves — a K broadcast over the batch with a
 /// zero stride needs a dK layout of its own.
+///
+/// Every backward entry point takes `impl Into<BackwardProblem>`, so an [`AttentionProblem`] whose
+/// gradients are laid out like their tensors can be passed as it is. Here K and V are shared by
+/// the whole batch, so dK and dV get dense layouts (one gradient per batch element, for the
+/// caller to sum):
+///
+/// ```rust
+/// use wgpu_flash_attn::{AttentionProblem, BackwardProblem, DType, GradTensor, Layout, Tensor, TensorLayout};
+/// # fn main() -> wgpu_flash_attn::Result<()> {
+/// let (batch, seq, heads, head_dim) = (4, 512, 8, 64);
+/// let mut shared = TensorLayout::contiguous(Layout::Bshd, seq, heads, head_dim);
+/// shared.batch_stride = 0; // every batch element reads the same K and V
+/// let forward = AttentionProblem::mha(batch, seq, heads, head_dim, DType::F32)
+///     .with_causal(true)
+///     .with_tensor_layout(Tensor::K, shared)
+///     .with_tensor_layout(Tensor::V, shared);
+/// forward.validate()?; // inputs may broadcast
+///
+/// // By default dK would take K's layout, and its batch elements would overwrite each other.
+/// assert!(BackwardProblem::new(forward).validate().is_err());
+///
+/// let dense = TensorLayout::contiguous(Layout::Bshd, seq, heads, head_dim);
+/// let problem = BackwardProblem::new(forward)
+///     .with_grad_layout(GradTensor::DK, dense)
+///     .with_grad_layout(GradTensor::DV, dense);
+/// problem.validate()?;
+/// assert_eq!(problem.forward.required_len(Tensor::K), seq * heads * head_dim);
+/// assert_eq!(problem.required_len(GradTensor::DK), batch * seq * heads * head_dim);
+/// assert_eq!(problem.required_len(GradTensor::DQ), batch * seq * heads * head_dim);
+/// # Ok(()) }
+/// ```
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct BackwardProblem {
+    /// The forward call being differentiated, exactly as it ran.
     pub forward: AttentionProblem,
+    /// Where dO is read; shaped like O.
     pub d_o_layout: TensorLayout,
+    /// Where dQ is written; shaped like Q, must not overlap itself.
     pub dq_layout: TensorLayout,
+    /// Where dK is written; shaped like K, must not overlap itself.
     pub dk_layout: TensorLayout,
+    /// Where dV is written; shaped like V, must not overlap itself.
     pub dv_layout: TensorLayout,
 }
 
@@ -77,6 +115,7 @@ impl BackwardProblem {
         self
     }
 
+    /// One gradient tensor's strides and offset.
     pub fn layout(&self, tensor: GradTensor) -> &TensorLayout {
         match tensor {
             GradTensor::DO => &self.d_o_layout,

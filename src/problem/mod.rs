@@ -23,11 +23,43 @@ pub enum Layout {
 /// Any strides are accepted for inputs (a stride of 0 broadcasts); the output must not overlap
 /// itself. Offsets and strides must be multiples of 4 elements, because the kernels move data in
 /// aligned groups of four elements (16 bytes of f32, 8 bytes of f16/bf16).
+///
+/// Q, K and V packed in one `[batch, seq, 3, heads, head_dim]` buffer (a fused QKV projection's
+/// output) are three layouts over the same elements, each `3·heads·head_dim` elements per row:
+///
+/// ```rust
+/// use wgpu_flash_attn::{AttentionProblem, DType, Tensor, TensorLayout};
+/// # fn main() -> wgpu_flash_attn::Result<()> {
+/// let (batch, seq, heads, head_dim) = (2, 100, 4, 64);
+/// let row = 3 * heads * head_dim;
+/// let packed = |which: usize| TensorLayout {
+///     offset: which * heads * head_dim,
+///     batch_stride: seq * row,
+///     seq_stride: row,
+///     head_stride: head_dim,
+/// };
+/// let problem = AttentionProblem::mha(batch, seq, heads, head_dim, DType::F16)
+///     .with_tensor_layout(Tensor::Q, packed(0))
+///     .with_tensor_layout(Tensor::K, packed(1))
+///     .with_tensor_layout(Tensor::V, packed(2));
+/// problem.validate()?;
+/// // Element (b, s, h, d) of K, and the length each binding of the shared buffer needs:
+/// assert_eq!(packed(1).index(1, 2, 3, 4), heads * head_dim + seq * row + 2 * row + 3 * head_dim + 4);
+/// assert_eq!(problem.required_len(Tensor::V), batch * seq * row);
+/// // O keeps its own contiguous [batch, seq, heads, head_dim] buffer.
+/// assert_eq!(problem.required_len(Tensor::O), batch * seq * heads * head_dim);
+/// # Ok(()) }
+/// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct TensorLayout {
+    /// Elements from the start of the buffer (or of the [`TensorBuffer`](crate::TensorBuffer)'s
+    /// byte offset) to element `(0, 0, 0, 0)`.
     pub offset: usize,
+    /// Elements between `(b, s, h, d)` and `(b + 1, s, h, d)`; 0 broadcasts one batch to all.
     pub batch_stride: usize,
+    /// Elements between consecutive sequence positions (rows) of one head.
     pub seq_stride: usize,
+    /// Elements between consecutive heads at one sequence position.
     pub head_stride: usize,
 }
 
@@ -130,13 +162,18 @@ impl TensorLayout {
 /// The four tensors of the forward pass, for messages and per-tensor settings.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Tensor {
+    /// Queries: `seq_q` rows of `num_heads` heads.
     Q,
+    /// Keys: `seq_kv` rows of `num_kv_heads` heads.
     K,
+    /// Values: `seq_kv` rows of `num_kv_heads` heads.
     V,
+    /// The output: `seq_q` rows of `num_heads` heads, the same extent as Q.
     O,
 }
 
 impl Tensor {
+    /// The lowercase name (`"q"`, `"k"`, `"v"`, `"o"`) that error messages use.
     pub const fn name(self) -> &'static str {
         match self {
             Tensor::Q => "q",
@@ -154,11 +191,17 @@ impl Tensor {
 /// multi-query attention. Query head `h` reads K/V head `h / (num_heads / num_kv_heads)`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct AttentionShape {
+    /// Independent sequences; at least 1.
     pub batch: usize,
+    /// Query rows per sequence (rows of Q and O); at least 1.
     pub seq_q: usize,
+    /// Key/value rows per sequence (rows of K and V); at least 1, independent of `seq_q`.
     pub seq_kv: usize,
+    /// Query (and output) heads; a multiple of `num_kv_heads`.
     pub num_heads: usize,
+    /// Key/value heads; equal to `num_heads` for MHA, 1 for MQA.
     pub num_kv_heads: usize,
+    /// Elements per head vector, shared by Q, K, V and O: a multiple of 8, at most 256.
     pub head_dim: usize,
 }
 
@@ -178,16 +221,47 @@ pub const ELEMENT_ALIGNMENT: usize = 4;
 /// Causal masking follows FlashAttention ≥ 2.1: the mask is aligned to the bottom-right corner,
 /// so query `i` sees keys `j ≤ i + seq_kv − seq_q`. When `seq_q > seq_kv` the first
 /// `seq_q − seq_kv` query rows see no key at all: their output is 0 and their LSE is −∞.
+///
+/// Grouped-query attention (32 query heads over 8 K/V heads) on PyTorch's
+/// `[batch, heads, seq, head_dim]` tensors, causal, with an explicit scale:
+///
+/// ```rust
+/// use wgpu_flash_attn::{AttentionProblem, AttentionShape, DType, Layout, Tensor};
+/// # fn main() -> wgpu_flash_attn::Result<()> {
+/// let shape = AttentionShape { batch: 2, seq_q: 256, seq_kv: 1024, num_heads: 32, num_kv_heads: 8, head_dim: 128 };
+/// let problem = AttentionProblem::new(shape, DType::BF16)
+///     .with_layout(Layout::Bhsd)
+///     .with_causal(true)
+///     .with_scale(0.1);
+/// problem.validate()?;
+/// assert_eq!(problem.group_size(), 4); // query head h reads K/V head h / 4
+/// assert_eq!(problem.causal_offset(), 768); // query i sees keys 0..=i + 768
+/// assert_eq!(problem.required_len(Tensor::Q), 2 * 32 * 256 * 128);
+/// assert_eq!(problem.required_len(Tensor::K), 2 * 8 * 1024 * 128);
+/// assert_eq!(problem.lse_len(), 2 * 32 * 256);
+///
+/// // 32 query heads cannot share 6 K/V heads: an error, not a panic.
+/// let bad = AttentionProblem::new(AttentionShape { num_kv_heads: 6, ..shape }, DType::BF16);
+/// assert!(matches!(bad.validate(), Err(wgpu_flash_attn::Error::InvalidProblem(_))));
+/// # Ok(()) }
+/// ```
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct AttentionProblem {
+    /// The sizes.
     pub shape: AttentionShape,
+    /// Element type of Q, K, V and O in memory (the LSE is always f32).
     pub dtype: DType,
+    /// Bottom-right-aligned causal mask: query `i` sees keys `j ≤ i + seq_kv − seq_q`.
     pub causal: bool,
     /// Softmax scale; `None` means `1/sqrt(head_dim)`.
     pub scale: Option<f32>,
+    /// Where Q's elements are in its buffer.
     pub q_layout: TensorLayout,
+    /// Where K's elements are in its buffer.
     pub k_layout: TensorLayout,
+    /// Where V's elements are in its buffer.
     pub v_layout: TensorLayout,
+    /// Where O is written in its buffer; its elements must not overlap.
     pub o_layout: TensorLayout,
 }
 
@@ -224,17 +298,20 @@ impl AttentionProblem {
         )
     }
 
+    /// Turns the bottom-right-aligned causal mask on or off.
     pub fn with_causal(mut self, causal: bool) -> Self {
         self.causal = causal;
         self
     }
 
+    /// Sets the softmax scale (replacing the default `1/sqrt(head_dim)`); it must be finite.
     pub fn with_scale(mut self, scale: f32) -> Self {
         self.scale = Some(scale);
         self
     }
 
-    /// Makes all four tensors contiguous in the given order.
+    /// Makes all four tensors contiguous in the given order, each in its own buffer. Set the shape
+    /// first: the strides are computed from it.
     pub fn with_layout(mut self, order: Layout) -> Self {
         let s = self.shape;
         self.q_layout = TensorLayout::contiguous(order, s.seq_q, s.num_heads, s.head_dim);
@@ -244,12 +321,13 @@ impl AttentionProblem {
         self
     }
 
-    /// Sets one tensor's strides and offset.
+    /// Sets one tensor's strides and offset (checked by [`validate`](Self::validate)).
     pub fn with_tensor_layout(mut self, tensor: Tensor, layout: TensorLayout) -> Self {
         *self.layout_mut(tensor) = layout;
         self
     }
 
+    /// One tensor's strides and offset.
     pub fn layout(&self, tensor: Tensor) -> &TensorLayout {
         match tensor {
             Tensor::Q => &self.q_layout,
@@ -323,7 +401,11 @@ impl AttentionProblem {
         }
     }
 
-    /// Checks everything that can be checked without a device. Every entry point calls this.
+    /// Checks everything that can be checked without a device: no dimension 0, `head_dim` a
+    /// multiple of 8 up to 256 ([`Error::UnsupportedHeadDim`]), `num_heads` a multiple of
+    /// `num_kv_heads`, a finite scale, offsets and strides multiples of 4 elements, O's elements
+    /// not overlapping ([`Error::InvalidProblem`]), and extents within the kernels' 32-bit
+    /// indexing ([`Error::TooLarge`]). Every entry point calls this.
     pub fn validate(&self) -> Result<()> {
         let s = &self.shape;
         for (name, value) in [

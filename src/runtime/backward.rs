@@ -26,15 +26,24 @@ use crate::wgsl::KernelConfig;
 /// `dv` may share one with each other if their elements do not overlap.
 #[derive(Clone, Copy, Debug)]
 pub struct BackwardBuffers<'a> {
+    /// Read: Q at the forward problem's `q_layout`.
     pub q: TensorBuffer<'a>,
+    /// Read: K at `k_layout`.
     pub k: TensorBuffer<'a>,
+    /// Read: V at `v_layout`.
     pub v: TensorBuffer<'a>,
+    /// Read: the forward's output at `o_layout`.
     pub o: TensorBuffer<'a>,
-    /// Its byte offset must meet the device's `min_storage_buffer_offset_alignment`.
+    /// Read: the forward's LSE. Its byte offset must meet the device's
+    /// `min_storage_buffer_offset_alignment`.
     pub lse: TensorBuffer<'a>,
+    /// Read: `dL/dO` at the backward problem's `d_o_layout`.
     pub d_o: TensorBuffer<'a>,
+    /// Written: `dL/dQ` at `dq_layout`.
     pub dq: TensorBuffer<'a>,
+    /// Written: `dL/dK` at `dk_layout` (summed over the query heads that share each K/V head).
     pub dk: TensorBuffer<'a>,
+    /// Written: `dL/dV` at `dv_layout` (summed like dK).
     pub dv: TensorBuffer<'a>,
     /// Workspace for `D = rowsum(dO ∘ O)`: `batch·num_heads·seq_q` f32 values, byte offset aligned
     /// like `lse`'s. Allocated for the call when `None`; give one to reuse it across calls (and to
@@ -42,11 +51,15 @@ pub struct BackwardBuffers<'a> {
     pub delta: Option<TensorBuffer<'a>>,
 }
 
-/// The host-slice inputs of [`FlashAttention::backward`].
+/// The host-slice inputs of [`FlashAttention::backward`]; each slice must hold at least the
+/// problem's `required_len` for its tensor (extra elements are ignored).
 #[derive(Clone, Copy, Debug)]
 pub struct BackwardInputs<'a, T> {
+    /// Q, laid out as the forward problem's `q_layout` says.
     pub q: &'a [T],
+    /// K, at `k_layout`.
     pub k: &'a [T],
+    /// V, at `v_layout`.
     pub v: &'a [T],
     /// The forward's output.
     pub o: &'a [T],
@@ -62,7 +75,9 @@ pub struct BackwardOutput<T> {
     /// Laid out as the problem's `dq_layout`, `dk_layout` and `dv_layout` say
     /// (`problem.required_len(..)` elements each; elements the layouts skip are 0).
     pub dq: Vec<T>,
+    /// `dL/dK`: `num_kv_heads` heads, each summed over the query heads that share it.
     pub dk: Vec<T>,
+    /// `dL/dV`, summed like `dk`.
     pub dv: Vec<T>,
     /// The kernels that ran.
     pub config: BackwardConfig,
@@ -123,8 +138,10 @@ impl FlashAttention {
         Ok(config)
     }
 
-    /// [`encode_backward`](Self::encode_backward) with given kernels (from
-    /// [`select_backward`](crate::plan::select_backward) with a [`BackwardChoice`], e.g. to try plans).
+    /// [`encode_backward`](Self::encode_backward) with given kernels: a [`BackwardConfig`] from
+    /// [`select_backward`](Self::select_backward), selected once and reused, or one with other
+    /// plans to try. [`Error::Unavailable`] if the device cannot run it, [`Error::InvalidProblem`]
+    /// if it was selected for another dtype or head_dim.
     pub fn encode_backward_with(
         &self,
         encoder: &mut wgpu::CommandEncoder,

@@ -13,11 +13,15 @@ use crate::problem::{AttentionProblem, Element, Tensor};
 use crate::wgsl::params::Params;
 use crate::wgsl::{KernelConfig, NaivePass};
 
-/// The tensors of one forward call, in the caller's buffers.
+/// The tensors of one forward call, in the caller's buffers. Each holds elements of the problem's
+/// `dtype` at the problem's layout for it, counted from its `byte_offset`.
 #[derive(Clone, Copy, Debug)]
 pub struct ForwardBuffers<'a> {
+    /// Read: Q at `problem.q_layout`.
     pub q: TensorBuffer<'a>,
+    /// Read: K at `problem.k_layout`; may share a buffer with q and v (packed QKV).
     pub k: TensorBuffer<'a>,
+    /// Read: V at `problem.v_layout`.
     pub v: TensorBuffer<'a>,
     /// Written; must not share a buffer with q, k or v (wgpu forbids reading and writing one
     /// buffer in a dispatch).
@@ -35,7 +39,7 @@ pub struct AttentionOutput<T> {
     pub out: Vec<T>,
     /// `[batch, num_heads, seq_q]`, natural log; −∞ for rows that see no key.
     pub lse: Vec<f32>,
-    /// Name of the kernel that ran ([`FlashConfig::name`], or `naive_*`).
+    /// Name of the kernel that ran ([`ForwardKernel::name`], or `naive_{dtype}`).
     pub kernel: String,
     /// Bytes of device memory the call allocated (inputs, outputs, statistics, scratch).
     pub device_bytes: u64,
@@ -46,6 +50,7 @@ pub struct AttentionOutput<T> {
 pub struct Options {
     /// Which kernel variant and tile plan to use; automatic by default.
     pub choice: KernelChoice,
+    /// Whether shaders are compiled with wgpu's run-time bounds checks; off by default.
     pub bounds_checks: BoundsChecks,
 }
 
@@ -63,17 +68,22 @@ pub struct FlashAttention {
 /// (batch, head) pairs are materialized at a time.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct NaivePlan {
+    /// (batch, head) pairs whose score matrices are in memory at once.
     pub heads_per_pass: usize,
+    /// Rounds of the three naive kernels: `ceil(batch · num_heads / heads_per_pass)`.
     pub passes: usize,
     /// Size of the score buffer: `heads_per_pass · seq_q · seq_kv · 4` bytes.
     pub scores_bytes: u64,
 }
 
 impl FlashAttention {
+    /// An engine on `ctx`'s device with default [`Options`] (automatic kernel choice, no run-time
+    /// bounds checks). Cheap: no pipeline is built until a problem needs it.
     pub fn new(ctx: &GpuContext) -> Self {
         Self::with_options(ctx, Options::default())
     }
 
+    /// An engine with the given options: a forced kernel, bounds checks.
     pub fn with_options(ctx: &GpuContext, options: Options) -> Self {
         let unused_lse = ctx.device.create_buffer(&wgpu::BufferDescriptor {
             label: Some("wgpu-flash-attn unused lse"),
@@ -89,10 +99,12 @@ impl FlashAttention {
         }
     }
 
+    /// The device this engine runs on.
     pub fn context(&self) -> &GpuContext {
         &self.ctx
     }
 
+    /// The options it was created with.
     pub fn options(&self) -> &Options {
         &self.options
     }
@@ -102,7 +114,10 @@ impl FlashAttention {
         &self.pipelines
     }
 
-    /// The flash kernel this engine would run for `problem`.
+    /// The flash kernel this engine would run for `problem`, without building anything: the
+    /// problem's validation error, or [`Error::Unavailable`] (every reason) where no kernel, or
+    /// not the forced one, runs it on this device, or [`Error::TooLarge`] where the grid exceeds
+    /// the dispatch limits.
     pub fn select(&self, problem: &AttentionProblem) -> Result<ForwardKernel> {
         select_forward(problem, &self.ctx.caps, &self.options.choice)
     }
@@ -125,6 +140,53 @@ impl FlashAttention {
 
     /// Records the flash forward pass into `encoder`, reading and writing the caller's buffers.
     /// Never blocks. `timestamps`, if given, are written at the start and end of the pass.
+    /// Returns the kernel recorded; nothing is recorded on an error (the problem's, selection's
+    /// as [`select`](Self::select), a buffer that is too small, misaligned, lacks
+    /// `BufferUsages::STORAGE` or is both read and written: [`Error::InvalidBuffer`]; a tensor
+    /// spanning more than one binding: [`Error::TooLarge`]).
+    ///
+    /// Q and K/V packed in shared buffers, O and the LSE in their own, f16:
+    ///
+    /// ```no_run
+    /// use wgpu_flash_attn::{AttentionProblem, DType, FlashAttention, ForwardBuffers, GpuContext, Tensor, TensorBuffer};
+    /// # fn main() -> wgpu_flash_attn::Result<()> {
+    /// let ctx = pollster::block_on(GpuContext::new())?;
+    /// let attn = FlashAttention::new(&ctx);
+    /// let problem = AttentionProblem::mha(1, 2048, 16, 128, DType::F16).with_causal(true);
+    ///
+    /// let storage = |elements: usize| {
+    ///     ctx.device.create_buffer(&wgpu::BufferDescriptor {
+    ///         label: None,
+    ///         size: (elements * problem.dtype.size_bytes()) as u64,
+    ///         usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST | wgpu::BufferUsages::COPY_SRC,
+    ///         mapped_at_creation: false,
+    ///     })
+    /// };
+    /// let kv_len = problem.required_len(Tensor::K);
+    /// let q_buf = storage(problem.required_len(Tensor::Q));
+    /// let kv_buf = storage(2 * kv_len); // K, then V
+    /// let o_buf = storage(problem.required_len(Tensor::O));
+    /// let lse_buf = ctx.device.create_buffer(&wgpu::BufferDescriptor {
+    ///     label: None,
+    ///     size: 4 * problem.lse_len() as u64, // f32 [batch, num_heads, seq_q]
+    ///     usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_SRC,
+    ///     mapped_at_creation: false,
+    /// });
+    /// // ... fill q_buf and kv_buf with queue.write_buffer or your own kernels ...
+    ///
+    /// let buffers = ForwardBuffers {
+    ///     q: TensorBuffer::new(&q_buf),
+    ///     k: TensorBuffer::new(&kv_buf),
+    ///     v: TensorBuffer::at(&kv_buf, (kv_len * problem.dtype.size_bytes()) as u64),
+    ///     o: TensorBuffer::new(&o_buf),
+    ///     lse: Some(TensorBuffer::new(&lse_buf)),
+    /// };
+    /// let mut encoder = ctx.device.create_command_encoder(&Default::default());
+    /// let kernel = attn.encode_forward(&mut encoder, &problem, &buffers, None)?;
+    /// ctx.queue.submit([encoder.finish()]);
+    /// println!("recorded {}", kernel.name());
+    /// # Ok(()) }
+    /// ```
     pub fn encode_forward(
         &self,
         encoder: &mut wgpu::CommandEncoder,

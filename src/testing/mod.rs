@@ -19,10 +19,12 @@ pub mod timing;
 pub struct Rng(u64);
 
 impl Rng {
+    /// A generator whose sequence depends only on `seed`.
     pub fn new(seed: u64) -> Self {
         Rng(seed)
     }
 
+    /// The next 64 uniformly distributed bits.
     pub fn next_u64(&mut self) -> u64 {
         self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
         let mut z = self.0;
@@ -56,6 +58,23 @@ pub fn seed_of(label: &str) -> u64 {
 ///
 /// Generated in fixed chunks, each from its own seed, so the values depend only on `seed` and
 /// `len`, while large tensors (the benchmarks use hundreds of MiB) fill on every core.
+///
+/// The same seed gives the same normals in every element type, so the f16 inputs of a test can
+/// be compared with their f32 originals:
+///
+/// ```rust
+/// use wgpu_flash_attn::testing::{random_tensor, seed_of, ErrorStats};
+///
+/// let seed = seed_of("my case"); // a label reproduces its inputs
+/// let x: Vec<half::f16> = random_tensor(seed, 4096);
+/// assert_eq!(x, random_tensor::<half::f16>(seed, 4096));
+///
+/// let exact: Vec<f32> = random_tensor(seed, 4096);
+/// let stats = ErrorStats::from_pairs(x.iter().zip(&exact).map(|(a, b)| (a.to_f64(), *b as f64)));
+/// assert_eq!(stats.count, 4096);
+/// assert!(stats.within(1e-3, 1e-2), "f16 rounding: {stats}"); // relative error ≤ 2⁻¹¹
+/// assert!(!stats.within(1e-5, 1e-2));
+/// ```
 pub fn random_tensor<T: Element>(seed: u64, len: usize) -> Vec<T> {
     const CHUNK: usize = 1 << 14;
     let mut out = vec![T::from_f64(0.0); len];
@@ -88,7 +107,28 @@ pub fn random_tensor<T: Element>(seed: u64, len: usize) -> Vec<T> {
     out
 }
 
-/// How far a result is from its reference.
+/// How far a result is from its reference. Build one with [`from_pairs`](Self::from_pairs), test
+/// it with [`within`](Self::within); `Display` prints all of it for a failure message.
+///
+/// A GPU result against the float64 [`reference`](crate::reference::attention):
+///
+/// ```no_run
+/// use wgpu_flash_attn::testing::{random_tensor, ErrorStats};
+/// use wgpu_flash_attn::{reference, AttentionProblem, DType, FlashAttention, GpuContext, Tensor};
+/// # fn main() -> wgpu_flash_attn::Result<()> {
+/// let problem = AttentionProblem::mha(1, 300, 4, 64, DType::F32).with_causal(true);
+/// let q: Vec<f32> = random_tensor(1, problem.required_len(Tensor::Q));
+/// let k: Vec<f32> = random_tensor(2, problem.required_len(Tensor::K));
+/// let v: Vec<f32> = random_tensor(3, problem.required_len(Tensor::V));
+///
+/// let ctx = pollster::block_on(GpuContext::new())?;
+/// let got = FlashAttention::new(&ctx).forward_blocking(&problem, &q, &k, &v)?;
+/// let want = reference::attention(&problem, &q, &k, &v)?;
+/// let out = ErrorStats::from_pairs(got.out.iter().map(|&x| x as f64).zip(want.out.iter().copied()));
+/// let lse = ErrorStats::from_pairs(got.lse.iter().map(|&x| x as f64).zip(want.lse.iter().copied()));
+/// assert!(out.within(1e-5, 1e-4) && lse.within(1e-5, 1e-4), "O: {out}; LSE: {lse}");
+/// # Ok(()) }
+/// ```
 #[derive(Clone, Debug, Default)]
 pub struct ErrorStats {
     /// ‖got − want‖₂ / ‖want‖₂ (NaN-free inputs only; see `non_finite`).
@@ -99,6 +139,7 @@ pub struct ErrorStats {
     pub worst_index: usize,
     /// Elements of `got` that are NaN or infinite where `want` is finite. Any of them fails.
     pub non_finite: usize,
+    /// Pairs compared.
     pub count: usize,
 }
 

@@ -25,7 +25,9 @@ pub fn select_mma(problem: &AttentionProblem, vec_bytes: u32) -> Result<MmaConfi
     MmaConfig::new(problem.dtype, head_dim as u32, plan, problem.causal, vec_bytes)
 }
 
-/// What [`select_cuda`] picked, and why not the Hopper kernel when it picked `mma.sync`.
+/// What default selection picked for a problem
+/// ([`CudaAttention::selection`](crate::cuda::CudaAttention::selection)), and why not the Hopper
+/// kernel when it picked `mma.sync`.
 #[derive(Clone, Debug, PartialEq)]
 pub struct CudaSelection {
     /// The kernel that runs the problem.
