@@ -147,7 +147,7 @@ pub fn backward_plans(pass: BackwardPass) -> &'static [BackwardTilePlan] {
     }
 }
 
-/// f32 registers an invocation may hold (see [`BackwardTilePlan::registers`]) before a plan is
+/// f32 registers an invocation may hold (see [`GradKernel::registers`]) before a plan is
 /// passed over for one that pads head_dim more. Measured on the H200 (docs/backward.md's plan
 /// sweep): the dK/dV kernel, which keeps both accumulators live through the score products,
 /// spilled at 128; the dQ kernel ran fastest at 128.

@@ -5,8 +5,8 @@
 //! leaf they share.
 
 pub mod coherence;
-pub(crate) mod elements;
-pub(crate) mod words;
+pub mod elements;
+pub mod words;
 
 pub use coherence::Coherence;
 
