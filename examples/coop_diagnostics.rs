@@ -107,7 +107,7 @@ const VARIANTS: &[(&str, &str, &str)] = &[
         "var<workgroup> wc: array<f32, 320>;\n",
     ),
     (
-        // The matrix kernel loads fragments from the middle of its staged rows: A here starts 16
+        // The cooperative-matrix kernel loads fragments from the middle of its staged rows: A here starts 16
         // halves into each 40-half row, B one row down.
         "workgroup_const_offsets",
         "for (var i = li; i < 256u; i += 32u) { wa[(i / 16u) * 40u + 16u + i % 16u] = a[i]; wb[(1u + i / 16u) * 24u + i % 16u] = b[i]; }\n\
@@ -276,7 +276,7 @@ fn coop_probe() {
     }
 }
 
-/// The matrix kernel's module on the device, built as the library builds it (our SPIR-V), with
+/// The cooperative-matrix kernel's module on the device, built as the library builds it (our SPIR-V), with
 /// the bindings the kernel expects; its source may be edited before [`module`](Self::module).
 struct KernelRig<'a> {
     ctx: &'a GpuContext,
@@ -485,7 +485,7 @@ fn kernel_params(
     Params::for_flash(problem, strides, num_q_tiles, true)
 }
 
-/// The whole matrix kernel on inputs chosen to separate its stages: Q = 0 makes every
+/// The whole cooperative-matrix kernel on inputs chosen to separate its stages: Q = 0 makes every
 /// probability equal (so O is the mean of V: P·V and the epilogue alone), a one-hot V makes O
 /// the probabilities themselves (the softmax alone), then random inputs on one and several
 /// subgroups and K/V tiles, and large scores that force the rare rescale.
@@ -618,7 +618,7 @@ fn coop_kernel_cases() {
     }
 }
 
-/// The matrix kernel with one or more of its phases cut out (for [`coop_kernel_costs`]).
+/// The cooperative-matrix kernel with one or more of its phases cut out (for [`coop_kernel_costs`]).
 fn cost_variants(config: wgpu_flash_attn::plan::CoopConfig) -> Vec<(&'static str, String)> {
     // Removes the text from `from` up to (not including) the next `to`.
     let cut = |src: &str, from: &str, to: &str, put: &str| -> String {
@@ -730,7 +730,7 @@ fn cost_variants(config: wgpu_flash_attn::plan::CoopConfig) -> Vec<(&'static str
     ]
 }
 
-/// Where the matrix kernel's time goes: the kernel with one of its phases cut out (results
+/// Where the cooperative-matrix kernel's time goes: the kernel with one of its phases cut out (results
 /// meaningless, timings not; but on the H200, configurations timed after a "no K/V copy" cut read
 /// far too low, so compare only runs before it), each run on b2 × h16 × seq 8192 × head_dim 128 and timed by the wall
 /// clock around a waited submission (tens of milliseconds each, so the clock is fine).

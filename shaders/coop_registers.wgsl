@@ -1,4 +1,4 @@
-// coop_registers.wgsl — the matrix kernel's online softmax on the accumulator's own registers,
+// coop_registers.wgsl — the cooperative-matrix kernel's online softmax on the accumulator's own registers,
 // for devices whose fragment layout allows it (src/caps/register_layout.rs; REGISTER_SOFTMAX).
 //
 // What an invocation owns: the COOP_COMPONENTS components it holds of each 16 × 16 score

@@ -1,4 +1,4 @@
-//! The matrix kernel's workgroup order (`tile_of_workgroup` in shaders/flash_fwd_coop.wgsl), run
+//! The cooperative-matrix kernel's workgroup order (`tile_of_workgroup` in shaders/flash_fwd_coop.wgsl), run
 //! as written on whatever device the tests have: the function needs no matrices, so lavapipe runs
 //! it in CI while the kernel around it only runs where cooperative matrices exist. Under a causal
 //! mask it renumbers the grid in groups of heads; every (query tile, head, batch) must still be

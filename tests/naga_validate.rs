@@ -66,7 +66,7 @@ fn every_kernel_validates_and_translates_to_spirv_msl_and_hlsl() {
 fn translate(kernel: &KernelConfig) -> Result<(), String> {
     let source = kernel.source();
     let module = naga::front::wgsl::parse_str(&source).map_err(|e| e.emit_to_string(&source))?;
-    // The cooperative kernel is built by the library's own SPIR-V path, which checks uniformity
+    // The cooperative-matrix kernel is built by the library's own SPIR-V path, which checks uniformity
     // over the subgroup, not the workgroup (src/spirv/coherence.rs says why); the rest as usual.
     let flags = match kernel {
         KernelConfig::FlashCoop(_) => ValidationFlags::all().difference(ValidationFlags::CONTROL_FLOW_UNIFORMITY),
@@ -151,7 +151,7 @@ fn shaders_open_with_a_comment_saying_what_they_are() {
     }
 }
 
-/// The host's count of the cooperative kernel's workgroup memory (what selection checks against
+/// The host's count of the cooperative-matrix kernel's workgroup memory (what selection checks against
 /// the device's limit) is the sum of the kernel's `var<workgroup>` declarations, as naga lays them
 /// out, for every configuration selection can return.
 #[test]

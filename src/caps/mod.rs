@@ -33,7 +33,7 @@ pub struct Caps {
     /// enabled on the device (wgpu's experimental `EXPERIMENTAL_COOPERATIVE_MATRIX`).
     pub cooperative_matrix_f16: bool,
     /// How the device lays out a 16×16 matrix's components over a subgroup, where it has the
-    /// shape that lets the matrix kernel keep its scores in registers (src/caps/register_layout.rs);
+    /// shape that lets the cooperative-matrix kernel keep its scores in registers (src/caps/register_layout.rs);
     /// measured by `GpuContext::probe_register_layout` (src/device/context.rs).
     pub coop_register_layout: Option<RegisterLayout>,
     /// Why `coop_register_layout` is `None`, where that is known (not measured, or measured and

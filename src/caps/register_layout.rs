@@ -1,7 +1,7 @@
 //! Where a device keeps the components of a 16×16 cooperative matrix, measured once per device.
 //!
 //! `VK_KHR_cooperative_matrix` leaves it to the implementation which row and column each of an
-//! invocation's components is. The matrix kernel can keep its scores in registers (no round trip
+//! invocation's components is. The cooperative-matrix kernel can keep its scores in registers (no round trip
 //! through workgroup memory) when the layout has the shape FlashAttention-2 relies on for
 //! `mma.sync`, which this module checks on the measured layout instead of assuming it:
 //!
@@ -20,7 +20,7 @@
 //! components' row and column the same way, in registers, at its start (flash_fwd_coop.wgsl);
 //! only the lane-independent facts below are compiled in.
 
-/// Lanes of the subgroup the cooperative kernel is written for, and whose fragment layout a
+/// Lanes of the subgroup the cooperative-matrix kernel is written for, and whose fragment layout a
 /// [`RegisterLayout`] describes.
 pub const COOP_SUBGROUP: u32 = 32;
 

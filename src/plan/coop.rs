@@ -30,7 +30,7 @@ pub struct CoopConfig {
     pub register_layout: Option<crate::caps::register_layout::RegisterLayout>,
 }
 
-/// One way to run the cooperative kernel: its tile and how it streams K/V.
+/// One way to run the cooperative-matrix kernel: its tile and how it streams K/V.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct CoopPlan {
     pub block_m: u32,
@@ -56,7 +56,7 @@ impl CoopPlan {
     }
 }
 
-/// The cooperative kernel's plans with the softmax in registers (where the device's fragment
+/// The cooperative-matrix kernel's plans with the softmax in registers (where the device's fragment
 /// layout allows it, src/caps/register_layout.rs), best first, for head dims up to each bound (after
 /// rounding up to 16). The order is the H200's (seq 8192, f16, non-causal; the rates are in
 /// docs/perf-history.md, "Numbers moved out of code comments").
@@ -130,7 +130,7 @@ pub const COOP_SHARED_PLANS: [(u32, &[CoopPlan]); 3] = [
     ),
 ];
 
-/// Where the cooperative kernel runs its softmax (shaders/flash_fwd_coop.wgsl).
+/// Where the cooperative-matrix kernel runs its softmax (shaders/flash_fwd_coop.wgsl).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum CoopSoftmax {
     /// On the score fragments' registers (needs a device layout that allows it).
@@ -310,7 +310,7 @@ impl CoopConfig {
     }
 }
 
-/// Why a device cannot run the cooperative kernel at all, if it cannot (whatever the plan).
+/// Why a device cannot run the cooperative-matrix kernel at all, if it cannot (whatever the plan).
 pub fn coop_device_unavailable_reason(caps: &Caps) -> Option<String> {
     if !caps.cooperative_matrix_f16 {
         return Some("the device offers no 16x16x16 f16->f32 cooperative matrices (or they are not enabled)".into());
@@ -323,7 +323,7 @@ pub fn coop_device_unavailable_reason(caps: &Caps) -> Option<String> {
     }
     if !caps.subgroups || caps.subgroup_min_size != COOP_SUBGROUP || caps.subgroup_max_size != COOP_SUBGROUP {
         return Some(format!(
-            "the cooperative kernel is written for subgroups of exactly {COOP_SUBGROUP} invocations; the device's are {}..{}",
+            "the cooperative-matrix kernel is written for subgroups of exactly {COOP_SUBGROUP} invocations; the device's are {}..{}",
             caps.subgroup_min_size, caps.subgroup_max_size
         ));
     }

@@ -1,5 +1,5 @@
 //! Forward selection: a pure function from the problem, the device's capabilities and the
-//! caller's [`KernelChoice`] to one kernel configuration, the matrix kernel or the tiled one.
+//! caller's [`KernelChoice`] to one kernel configuration, the cooperative-matrix kernel or the tiled one.
 
 use crate::caps::Caps;
 use crate::error::{Error, Result};

@@ -3,7 +3,7 @@
 //! `SPV_KHR_cooperative_matrix` lets an invocation read and write its own components of a
 //! cooperative matrix (`OpCompositeExtract`, `OpCompositeInsert`; how many it holds is
 //! `OpCooperativeMatrixLengthKHR`). Which row and column each component is stays
-//! implementation-dependent; src/caps/register_layout.rs measures it. With it the matrix kernel keeps its
+//! implementation-dependent; src/caps/register_layout.rs measures it. With it the cooperative-matrix kernel keeps its
 //! scores in registers instead of taking them through workgroup memory.
 //!
 //! WGSL (naga 30) has no such access, so the kernel declares *placeholder functions* with an

@@ -12,7 +12,7 @@ pub use coherence::Coherence;
 
 use crate::error::{Error, Result};
 
-/// What naga checks of the cooperative kernel: everything but workgroup-wide uniformity (see
+/// What naga checks of the cooperative-matrix kernel: everything but workgroup-wide uniformity (see
 /// the module docs). With the check off, nothing proves that every `workgroupBarrier()` stays in
 /// control flow uniform over the workgroup: in flash_fwd_coop.wgsl they sit in loops whose trip
 /// counts are constants or per-workgroup values (Q passes, K/V tiles), and edits must keep it so.

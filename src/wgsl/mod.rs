@@ -282,7 +282,7 @@ mod tests {
     use super::KernelConfig;
     use crate::plan::all_coop_configs;
 
-    /// The host's trip counts for the cooperative kernel's unrolled loops are the shader's own
+    /// The host's trip counts for the cooperative-matrix kernel's unrolled loops are the shader's own
     /// constants of those names, as naga evaluates them, in every configuration: a count too low
     /// would silently skip work (the kernel only runs on devices with matrices, not in CI). Five
     /// of them the shader derives itself (D_BLOCKS, N_BLOCKS, HALF_VECS, KV_COPIES, Q_COPIES);

@@ -1,6 +1,6 @@
 //! Loop unrolling for WGSL, done on the source text before naga sees it.
 //!
-//! WGSL has no `#pragma unroll`. The cooperative kernel keeps its Q, score and output fragments
+//! WGSL has no `#pragma unroll`. The cooperative-matrix kernel keeps its Q, score and output fragments
 //! in arrays indexed by loop counters; a run-time index into an array of cooperative matrices
 //! forces the driver to unroll the loop itself or to keep the array in addressable (local)
 //! memory. Expanding the loops here makes every index a constant in the SPIR-V, whatever the
