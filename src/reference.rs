@@ -30,7 +30,7 @@ pub struct ReferenceOutput {
 
 /// The whole problem in float64. Costs `O(B·H·Sq·Skv·D)` on one CPU core: keep it to small
 /// problems, and use [`attention_row`] to spot-check large ones. `q`, `k`, `v` are laid out as the
-/// problem says; the problem's validation error, or [`Error::InvalidBuffer`](crate::Error::InvalidBuffer)
+/// problem says; the problem's validation error, or [`Error::InvalidBuffer`](crate::error::Error::InvalidBuffer)
 /// for a slice shorter than its tensor's `required_len`.
 ///
 /// ```rust
@@ -73,7 +73,7 @@ pub fn attention<T: Element>(problem: &AttentionProblem, q: &[T], k: &[T], v: &[
 }
 
 /// The reference result of query row `i` of head `h` in batch `b`, computed alone (it costs
-/// `O(Skv·D)`); errors as [`attention`], and [`Error::InvalidProblem`](crate::Error::InvalidProblem)
+/// `O(Skv·D)`); errors as [`attention`], and [`Error::InvalidProblem`](crate::error::Error::InvalidProblem)
 /// for a row outside the problem.
 pub fn attention_row<T: Element>(
     problem: &AttentionProblem,

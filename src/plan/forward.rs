@@ -21,7 +21,7 @@ pub enum ForwardKernel {
 
 impl ForwardKernel {
     /// The configuration's name ([`FlashConfig::name`], [`CoopConfig::name`]): pipeline label,
-    /// cache key, and what [`AttentionOutput::kernel`](crate::AttentionOutput::kernel) reports.
+    /// cache key, and what `AttentionOutput::kernel` reports.
     pub fn name(&self) -> String {
         match self {
             ForwardKernel::Tiled(c) => c.name(),

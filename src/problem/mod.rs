@@ -52,7 +52,7 @@ pub enum Layout {
 /// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct TensorLayout {
-    /// Elements from the start of the buffer (or of the [`TensorBuffer`](crate::TensorBuffer)'s
+    /// Elements from the start of the buffer (or of the `TensorBuffer`'s
     /// byte offset) to element `(0, 0, 0, 0)`.
     pub offset: usize,
     /// Elements between `(b, s, h, d)` and `(b + 1, s, h, d)`; 0 broadcasts one batch to all.
