@@ -74,6 +74,16 @@ fn check_binding_size(name: &'static str, size: u64, caps: &Caps) -> Result<()> 
     Ok(())
 }
 
+/// Bytes of `len` elements of `elem_bytes` each, refused if that overflows a `u64` (`usize` may be
+/// 32 bits: the product is formed in 64).
+pub(crate) fn byte_len(name: &'static str, len: usize, elem_bytes: usize) -> Result<u64> {
+    (len as u64).checked_mul(elem_bytes as u64).ok_or_else(|| {
+        Error::TooLarge(format!(
+            "tensor `{name}`: {len} elements of {elem_bytes} bytes overflow a 64-bit size"
+        ))
+    })
+}
+
 /// Checks that `tensor` holds `len_elems` elements of `elem_bytes` each at `layout` and returns
 /// the smallest aligned binding that covers them.
 ///
@@ -98,8 +108,19 @@ pub(crate) fn bind<'a>(
             ),
         });
     }
-    let first = tensor.byte_offset + (layout.offset * elem_bytes) as u64;
-    let end = tensor.byte_offset + (len_elems * elem_bytes) as u64;
+    let past_u64 = || Error::InvalidBuffer {
+        tensor: name,
+        message: format!(
+            "byte offset {} plus {len_elems} elements of {elem_bytes} bytes overflows a 64-bit offset",
+            tensor.byte_offset
+        ),
+    };
+    let first = byte_len(name, layout.offset, elem_bytes)?
+        .checked_add(tensor.byte_offset)
+        .ok_or_else(past_u64)?;
+    let end = byte_len(name, len_elems, elem_bytes)?
+        .checked_add(tensor.byte_offset)
+        .ok_or_else(past_u64)?;
     check_extent(name, tensor, end, format!("{len_elems} elements of {elem_bytes} bytes"))?;
     // Round down to a multiple of both the device's alignment and the granule.
     let align = lcm(caps.min_storage_offset_alignment.max(1) as u64, granule);
@@ -131,8 +152,18 @@ pub(crate) fn bind_f32<'a>(
             ),
         });
     }
-    let size = 4 * len as u64;
-    check_extent(name, tensor, tensor.byte_offset + size, format!("{len} f32 values"))?;
+    let size = byte_len(name, len, 4)?;
+    let end = tensor
+        .byte_offset
+        .checked_add(size)
+        .ok_or_else(|| Error::InvalidBuffer {
+            tensor: name,
+            message: format!(
+                "byte offset {} plus {len} f32 values overflows a 64-bit offset",
+                tensor.byte_offset
+            ),
+        })?;
+    check_extent(name, tensor, end, format!("{len} f32 values"))?;
     check_binding_size(name, size, caps)?;
     Ok(Bound {
         buffer: tensor.buffer,

@@ -336,6 +336,19 @@ impl FlashAttention {
                 s.seq_q
             )));
         }
+        // The score and PV passes run 16×16 tiles (see `encode_naive`'s grids).
+        for (what, n) in [
+            ("key", s.seq_kv.div_ceil(16)),
+            ("query", s.seq_q.div_ceil(16)),
+            ("head_dim", (s.head_dim / 4).div_ceil(16)),
+        ] {
+            if n > max_dim {
+                return Err(Error::TooLarge(format!(
+                    "the naive kernel's grid has {n} {what} tiles of 16, more than the device's {max_dim} \
+                     workgroups per dispatch dimension"
+                )));
+            }
+        }
         let total = s.batch * s.num_heads;
         let heads_per_pass = ((limit / per_head) as usize).min(total).min(max_dim);
         Ok(NaivePlan {

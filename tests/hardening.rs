@@ -1,0 +1,201 @@
+//! The hardening issue's findings, one test each: inputs that used to panic (in wgpu, or on an
+//! arithmetic overflow in a debug build) or to give silently wrong results now give an `Error`.
+
+mod common;
+
+use common::gpu;
+use wgpu_flash_attn::kernel::{TilePlan, TiledChoice, Variant};
+use wgpu_flash_attn::plan::{backward_grid, select_backward, BackwardChoice, BackwardPass};
+use wgpu_flash_attn::{
+    AttentionProblem, AttentionShape, BackwardBuffers, BackwardInputs, BackwardProblem, DType, Error, FlashAttention,
+    ForwardBuffers, GpuContext, GradTensor, KernelChoice, Layout, Options, Tensor, TensorBuffer, TensorLayout,
+};
+
+fn storage(ctx: &GpuContext, bytes: u64) -> wgpu::Buffer {
+    ctx.device.create_buffer(&wgpu::BufferDescriptor {
+        label: Some("test"),
+        size: bytes,
+        usage: wgpu::BufferUsages::STORAGE,
+        mapped_at_creation: false,
+    })
+}
+
+/// 1 batch, 8 rows, 1 head, head_dim 32, f32: 1 KiB per tensor.
+fn small() -> AttentionProblem {
+    AttentionProblem::mha(1, 8, 1, 32, DType::F32)
+}
+
+/// Finding 3: sizes computed with overflow on zero and huge dimensions (debug builds panicked).
+#[test]
+fn zero_and_huge_sizes_do_not_overflow() {
+    // An empty tensor needs no elements.
+    let l = TensorLayout::contiguous(Layout::Bshd, 8, 2, 16);
+    for dims in [(0, 8, 2, 16), (1, 0, 2, 16), (1, 8, 0, 16), (1, 8, 2, 0)] {
+        assert_eq!(l.required_len(dims.0, dims.1, dims.2, dims.3), Some(0), "{dims:?}");
+    }
+    // The README's first call, with a zero dimension: required_len is 0, validation says why.
+    for zero in 0..5 {
+        let mut s = [2, 16, 16, 4, 2];
+        s[zero] = 0;
+        let p = AttentionProblem::new(
+            AttentionShape {
+                batch: s[0],
+                seq_q: s[1],
+                seq_kv: s[2],
+                num_heads: s[3],
+                num_kv_heads: s[4],
+                head_dim: 32,
+            },
+            DType::F32,
+        );
+        for t in [Tensor::Q, Tensor::K, Tensor::V, Tensor::O] {
+            let _ = p.required_len(t);
+        }
+        let _ = p.lse_len();
+        let e = p.validate().unwrap_err();
+        assert!(matches!(e, Error::InvalidProblem(ref m) if m.contains("is 0")), "{e}");
+    }
+    // Shapes whose contiguous strides overflow are refused, not wrapped.
+    for huge in [usize::MAX, usize::MAX / 2, 1 << 40, i32::MAX as usize] {
+        for p in [
+            AttentionProblem::mha(huge, 8, 1, 32, DType::F32),
+            AttentionProblem::mha(1, huge, 1, 32, DType::F32),
+            AttentionProblem::mha(1, 8, huge, 32, DType::F32).with_layout(Layout::Bhsd),
+            AttentionProblem::mha(huge, huge, huge, 256, DType::BF16),
+        ] {
+            let _ = (p.required_len(Tensor::Q), p.lse_len(), p.flops());
+            let e = p.validate().unwrap_err();
+            assert!(matches!(e, Error::TooLarge(_) | Error::InvalidProblem(_)), "{e}");
+        }
+    }
+}
+
+/// Finding 3: byte offsets near `u64::MAX` in `bind()`.
+#[test]
+fn byte_offsets_near_u64_max_are_errors() {
+    let Some(ctx) = gpu() else { return };
+    let engine = FlashAttention::new(ctx);
+    let p = small().with_tensor_layout(Tensor::Q, {
+        let mut l = small().q_layout;
+        l.offset = 64;
+        l
+    });
+    let bytes = 4 * p.required_len(Tensor::Q) as u64;
+    let (q, k, v, o) = (
+        storage(ctx, bytes),
+        storage(ctx, bytes),
+        storage(ctx, bytes),
+        storage(ctx, bytes),
+    );
+    let lse = storage(ctx, 256);
+    let good = ForwardBuffers {
+        q: TensorBuffer::new(&q),
+        k: TensorBuffer::new(&k),
+        v: TensorBuffer::new(&v),
+        o: TensorBuffer::new(&o),
+        lse: Some(TensorBuffer::new(&lse)),
+    };
+    let far = u64::MAX - 255;
+    for buffers in [
+        ForwardBuffers {
+            q: TensorBuffer::at(&q, far),
+            ..good
+        },
+        ForwardBuffers {
+            o: TensorBuffer::at(&o, far),
+            ..good
+        },
+        ForwardBuffers {
+            lse: Some(TensorBuffer::at(&lse, far)),
+            ..good
+        },
+    ] {
+        let mut encoder = ctx.device.create_command_encoder(&Default::default());
+        let e = engine.encode_forward(&mut encoder, &p, &buffers, None).unwrap_err();
+        assert!(matches!(e, Error::InvalidBuffer { .. }), "{e}");
+    }
+}
+
+/// Finding 3: forced tile plans with zero or huge sizes are refused, not divided by.
+#[test]
+fn forced_plans_with_zero_or_huge_sizes_are_refused() {
+    let Some(ctx) = gpu() else { return };
+    let p = small();
+    let huge = 1 << 30;
+    let plans = [
+        TilePlan::new(0, 64, 8, 16, 16, 16, 1),
+        TilePlan::new(64, 0, 8, 16, 16, 16, 1),
+        TilePlan::new(64, 64, huge, 16, 12, 16, 1),
+        TilePlan::new(64, 64, 8, huge, 16, 16, 1),
+        TilePlan::new(huge, huge, 8, 16, huge, huge, 2),
+        TilePlan::new(u32::MAX, u32::MAX, u32::MAX, u32::MAX, u32::MAX, u32::MAX, u32::MAX),
+        TilePlan::new(0, 0, 0, 0, 0, 0, 0),
+    ];
+    for plan in plans {
+        let engine = FlashAttention::with_options(
+            ctx,
+            Options {
+                choice: KernelChoice::Tiled(TiledChoice {
+                    variant: Some(Variant::WORKGROUP),
+                    plan: Some(plan),
+                }),
+                ..Default::default()
+            },
+        );
+        assert!(engine.select(&p).is_err(), "{plan:?}");
+        for (dkdv, dq) in [(Some(plan), None), (None, Some(plan))] {
+            let choice = BackwardChoice {
+                variant: Some(Variant::WORKGROUP),
+                dkdv_plan: dkdv,
+                dq_plan: dq,
+            };
+            assert!(select_backward(&p.into(), &ctx.caps, &choice).is_err(), "{plan:?}");
+        }
+    }
+    // A preprocessing plan of zero rows, given to the engine directly.
+    let engine = FlashAttention::new(ctx);
+    let mut config = engine.select_backward(p).unwrap();
+    config.preprocess.plan.block_m = 0;
+    let b: BackwardProblem = p.into();
+    let _ = backward_grid(&b, &config, BackwardPass::Preprocess);
+    let bytes = 4 * p.required_len(Tensor::Q) as u64;
+    let t: Vec<wgpu::Buffer> = (0..10).map(|_| storage(ctx, bytes)).collect();
+    let buffers = BackwardBuffers {
+        q: TensorBuffer::new(&t[0]),
+        k: TensorBuffer::new(&t[1]),
+        v: TensorBuffer::new(&t[2]),
+        o: TensorBuffer::new(&t[3]),
+        lse: TensorBuffer::new(&t[4]),
+        d_o: TensorBuffer::new(&t[5]),
+        dq: TensorBuffer::new(&t[6]),
+        dk: TensorBuffer::new(&t[7]),
+        dv: TensorBuffer::new(&t[8]),
+        delta: Some(TensorBuffer::new(&t[9])),
+    };
+    let mut encoder = ctx.device.create_command_encoder(&Default::default());
+    let e = engine
+        .encode_backward_with(&mut encoder, p, &buffers, &config, None)
+        .unwrap_err();
+    assert!(matches!(e, Error::Unavailable { .. }), "{e}");
+}
+
+/// Finding 3: the naive kernel's grid (`seq_kv / 16` score tiles in x) against the dispatch limit.
+#[test]
+fn naive_grid_beyond_the_dispatch_limit_is_too_large() {
+    let Some(ctx) = gpu() else { return };
+    let engine = FlashAttention::new(ctx);
+    let max = ctx.caps.max_workgroups_per_dimension as usize;
+    let p = AttentionProblem::new(
+        AttentionShape {
+            batch: 1,
+            seq_q: 1,
+            seq_kv: 16 * max + 16,
+            num_heads: 1,
+            num_kv_heads: 1,
+            head_dim: 8,
+        },
+        DType::F32,
+    );
+    let e = engine.naive_plan(&p).unwrap_err();
+    assert!(matches!(e, Error::TooLarge(ref m) if m.contains("naive")), "{e}");
+}
