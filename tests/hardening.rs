@@ -199,3 +199,20 @@ fn naive_grid_beyond_the_dispatch_limit_is_too_large() {
     let e = engine.naive_plan(&p).unwrap_err();
     assert!(matches!(e, Error::TooLarge(ref m) if m.contains("naive")), "{e}");
 }
+
+/// Finding 4: a scale whose base-2 form (`scale·log2 e`) is infinite.
+#[test]
+fn scales_that_overflow_in_base_2_are_invalid() {
+    let p = small();
+    for scale in [f32::NAN, f32::INFINITY, f32::NEG_INFINITY, 3.0e38, -3.0e38, f32::MAX] {
+        let e = p.with_scale(scale).validate().unwrap_err();
+        assert!(
+            matches!(e, Error::InvalidProblem(ref m) if m.contains("scale")),
+            "{scale}: {e}"
+        );
+    }
+    for scale in [0.0, -0.0, 1.0e-38, -1.0, 2.0e38, f32::MAX / 1.5] {
+        p.with_scale(scale).validate().unwrap();
+        assert!(p.with_scale(scale).softmax_scale_log2().is_finite());
+    }
+}

@@ -376,6 +376,13 @@ impl AttentionProblem {
             if !scale.is_finite() {
                 return invalid!("softmax scale {scale} is not finite");
             }
+            // The flash kernels apply `scale·log2 e` with exp2: it must be finite too.
+            if !self.softmax_scale_log2().is_finite() {
+                return invalid!(
+                    "softmax scale {scale} is too large: scale·log2(e) overflows f32 (|scale| must be below {:e})",
+                    f32::MAX / std::f32::consts::LOG2_E
+                );
+            }
         }
         // The LSE (and D in the backward) is indexed with 32-bit integers.
         let lse = (s.batch as u64)
