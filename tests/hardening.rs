@@ -20,9 +20,105 @@ fn storage(ctx: &GpuContext, bytes: u64) -> wgpu::Buffer {
     })
 }
 
+/// A device on the test adapter with the given limits and features, wrapped as a caller's device
+/// (`GpuContext::from_device`: wgpu's default handler, which panics on an uncaptured error).
+fn device_with(limits: impl FnOnce(&mut wgpu::Limits), features: wgpu::Features) -> Option<GpuContext> {
+    gpu()?;
+    let instance = wgpu::Instance::new(wgpu::InstanceDescriptor::new_without_display_handle_from_env());
+    let adapter = pollster::block_on(wgpu_flash_attn::device::context::best_adapter(&instance)).ok()?;
+    let mut required_limits = adapter.limits();
+    limits(&mut required_limits);
+    let (device, queue) = pollster::block_on(adapter.request_device(&wgpu::DeviceDescriptor {
+        label: Some("hardening test"),
+        required_features: adapter.features() & features,
+        required_limits,
+        ..Default::default()
+    }))
+    .expect("request_device");
+    Some(GpuContext::from_device(device, queue, adapter.get_info()))
+}
+
+/// 2 KiB buffers: every tensor of [`small`] fits (1 KiB), its three gradients together do not.
+fn tiny_device() -> Option<GpuContext> {
+    device_with(
+        |l| {
+            l.max_buffer_size = 2048;
+            l.max_storage_buffer_binding_size = 2048;
+            l.max_uniform_buffer_binding_size = 2048;
+        },
+        wgpu::Features::SUBGROUP | wgpu::Features::SUBGROUP_BARRIER,
+    )
+}
+
 /// 1 batch, 8 rows, 1 head, head_dim 32, f32: 1 KiB per tensor.
 fn small() -> AttentionProblem {
     AttentionProblem::mha(1, 8, 1, 32, DType::F32)
+}
+
+fn values(n: usize, seed: u32) -> Vec<f32> {
+    (0..n)
+        .map(|i| (((i as u32).wrapping_mul(2654435761) ^ seed) % 1000) as f32 / 1000.0 - 0.5)
+        .collect()
+}
+
+/// Finding 1: host-slice calls on a device with small buffer limits. An output that does not fit
+/// is an error before anything is allocated; outputs that fit one by one but not together are
+/// read back in several staging buffers.
+#[test]
+fn tiny_buffer_limits_are_errors_not_panics() {
+    let Some(ctx) = tiny_device() else { return };
+    let engine = FlashAttention::new(&ctx);
+    let p = small();
+    let n = p.required_len(Tensor::Q);
+    let (q, k, v) = (values(n, 1), values(n, 2), values(n, 3));
+    let fwd = engine.forward_blocking(&p, &q, &k, &v).unwrap();
+
+    // O laid out 512 elements in: a 3 KiB buffer for a 1 KiB tensor.
+    let mut o = p.o_layout;
+    o.offset = 512;
+    let e = engine
+        .forward_blocking(&p.with_tensor_layout(Tensor::O, o), &q, &k, &v)
+        .unwrap_err();
+    assert!(matches!(e, Error::TooLarge(ref m) if m.contains("`o`")), "{e}");
+    // The same for an input.
+    let mut ql = p.q_layout;
+    ql.offset = 512;
+    let long_q = values(n + 512, 4);
+    let e = engine
+        .forward_blocking(&p.with_tensor_layout(Tensor::Q, ql), &long_q, &k, &v)
+        .unwrap_err();
+    assert!(matches!(e, Error::TooLarge(ref m) if m.contains("`q`")), "{e}");
+    // And the naive kernel.
+    let e = engine
+        .naive_forward_blocking(&p.with_tensor_layout(Tensor::O, o), &q, &k, &v)
+        .unwrap_err();
+    assert!(matches!(e, Error::TooLarge(_)), "{e}");
+
+    // Three 1 KiB gradients: 3 KiB to read back through 2 KiB staging buffers.
+    let d_o = values(n, 5);
+    let inputs = BackwardInputs {
+        q: &q,
+        k: &k,
+        v: &v,
+        o: &fwd.out,
+        lse: &fwd.lse,
+        d_o: &d_o,
+    };
+    let grads = engine.backward_blocking(p, &inputs).unwrap();
+    let reference = FlashAttention::new(gpu().unwrap())
+        .backward_blocking(p, &inputs)
+        .unwrap();
+    assert_eq!(grads.dq, reference.dq);
+    assert_eq!(grads.dk, reference.dk);
+    assert_eq!(grads.dv, reference.dv);
+
+    // A gradient that does not fit.
+    let mut dv = p.v_layout;
+    dv.offset = 512;
+    let e = engine
+        .backward_blocking(BackwardProblem::new(p).with_grad_layout(GradTensor::DV, dv), &inputs)
+        .unwrap_err();
+    assert!(matches!(e, Error::TooLarge(ref m) if m.contains("`dv`")), "{e}");
 }
 
 /// Finding 3: sizes computed with overflow on zero and huge dimensions (debug builds panicked).

@@ -74,6 +74,19 @@ fn check_binding_size(name: &'static str, size: u64, caps: &Caps) -> Result<()> 
     Ok(())
 }
 
+/// Refuses, before anything is allocated, a buffer of `bytes` for tensor `name` that the device
+/// cannot create (wgpu would report it to the device's uncaptured-error handler, which panics by
+/// default). The host-slice paths call this for every buffer they create.
+pub(crate) fn check_buffer_size(name: &'static str, bytes: u64, caps: &Caps) -> Result<()> {
+    if bytes > caps.max_buffer_bytes {
+        return Err(Error::TooLarge(format!(
+            "tensor `{name}` needs a buffer of {bytes} bytes, more than this device allocates at once ({} bytes)",
+            caps.max_buffer_bytes
+        )));
+    }
+    Ok(())
+}
+
 /// Bytes of `len` elements of `elem_bytes` each, refused if that overflows a `u64` (`usize` may be
 /// 32 bits: the product is formed in 64).
 pub(crate) fn byte_len(name: &'static str, len: usize, elem_bytes: usize) -> Result<u64> {

@@ -8,7 +8,7 @@
 use wgpu::util::DeviceExt;
 
 use crate::error::{Error, Result};
-use crate::gpu::binding::{bind, bind_f32, Bound, TensorBuffer};
+use crate::gpu::binding::{bind, bind_f32, byte_len, check_buffer_size, Bound, TensorBuffer};
 use crate::gpu::readback::{read_back, upload};
 use crate::plan::{backward_grid, select_backward, BackwardChoice, BackwardConfig, BackwardKernel, BackwardPass};
 use crate::problem::backward::{BackwardProblem, GradTensor};
@@ -188,9 +188,11 @@ impl FlashAttention {
         let delta_buffer = match &buffers.delta {
             Some(d) => *d,
             None => {
+                let bytes = byte_len("delta", problem.forward.lse_len(), 4)?;
+                check_buffer_size("delta", bytes, caps)?;
                 scratch = device.create_buffer(&wgpu::BufferDescriptor {
                     label: Some("wgpu-flash-attn backward delta"),
-                    size: 4 * problem.forward.lse_len() as u64,
+                    size: bytes,
                     usage: wgpu::BufferUsages::STORAGE,
                     mapped_at_creation: false,
                 });
@@ -393,6 +395,8 @@ impl FlashAttention {
             ("lse", inputs.lse.len(), f.lse_len()),
             ("d_o", inputs.d_o.len(), problem.required_len(GradTensor::DO)),
         ];
+        let es = f.dtype.size_bytes();
+        let caps = &self.context().caps;
         for (tensor, got, need) in lengths {
             if got < need {
                 return Err(Error::InvalidBuffer {
@@ -400,7 +404,15 @@ impl FlashAttention {
                     message: format!("the slice holds {got} elements, the problem's layout needs {need}"),
                 });
             }
+            let es = if tensor == "lse" { 4 } else { es };
+            check_buffer_size(tensor, byte_len(tensor, need, es)?, caps)?;
         }
+        // Every buffer is checked before the first is created (see `FlashAttention::forward`).
+        for t in [GradTensor::DQ, GradTensor::DK, GradTensor::DV] {
+            check_buffer_size(t.name(), byte_len(t.name(), problem.required_len(t), es)?, caps)?;
+        }
+        check_buffer_size("delta", byte_len("delta", f.lse_len(), 4)?, caps)?;
+        let queue = &self.context().queue;
         let up = |name, data: &[T], len| {
             upload(
                 device,
@@ -420,7 +432,7 @@ impl FlashAttention {
             wgpu::BufferUsages::empty(),
         );
         let d_o = up("d_o", inputs.d_o, lengths[5].2);
-        let grad_bytes = |t| (problem.required_len(t) * f.dtype.size_bytes()) as u64;
+        let grad_bytes = |t| problem.required_len(t) as u64 * es as u64;
         let output = |t: GradTensor| {
             device.create_buffer(&wgpu::BufferDescriptor {
                 label: Some(t.name()),
@@ -458,7 +470,7 @@ impl FlashAttention {
             (&dk, 0, grad_bytes(GradTensor::DK)),
             (&dv, 0, grad_bytes(GradTensor::DV)),
         ];
-        let bytes = read_back(device, &self.context().queue, &ranges).await?;
+        let bytes = read_back(device, queue, &ranges).await?;
         let all = [&q, &k, &v, &o, &lse, &d_o, &dq, &dk, &dv, &delta];
         Ok(BackwardOutput {
             dq: bytemuck::pod_collect_to_vec(&bytes[0]),

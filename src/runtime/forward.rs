@@ -5,7 +5,7 @@ use wgpu::util::DeviceExt;
 
 use crate::device::context::GpuContext;
 use crate::error::{Error, Result};
-use crate::gpu::binding::{bind, bind_f32, Bound, TensorBuffer};
+use crate::gpu::binding::{bind, bind_f32, byte_len, check_buffer_size, Bound, TensorBuffer};
 use crate::gpu::pipelines::{BoundsChecks, PipelineCache};
 use crate::gpu::readback::{read_back, upload};
 use crate::plan::{num_q_tiles, select_forward, ForwardKernel, KernelChoice};
@@ -257,9 +257,11 @@ impl FlashAttention {
                 got: T::DTYPE,
             });
         }
-        let device = &self.ctx.device;
-        let mut inputs = Vec::new();
-        for (t, data) in [(Tensor::Q, q), (Tensor::K, k), (Tensor::V, v)] {
+        // Every check before the first allocation: a buffer the device cannot create would be
+        // reported to its uncaptured-error handler (wgpu's default panics).
+        let es = problem.dtype.size_bytes();
+        let inputs = [(Tensor::Q, q), (Tensor::K, k), (Tensor::V, v)];
+        for (t, data) in inputs {
             let need = problem.required_len(t);
             if data.len() < need {
                 return Err(Error::InvalidBuffer {
@@ -270,15 +272,17 @@ impl FlashAttention {
                     ),
                 });
             }
-            inputs.push(upload(
-                device,
-                t.name(),
-                bytemuck::cast_slice(&data[..need]),
-                wgpu::BufferUsages::empty(),
-            ));
+            check_buffer_size(t.name(), byte_len(t.name(), need, es)?, &self.ctx.caps)?;
         }
-        let o_bytes = (problem.required_len(Tensor::O) * problem.dtype.size_bytes()) as u64;
-        let lse_bytes = 4 * problem.lse_len() as u64;
+        let o_bytes = byte_len("o", problem.required_len(Tensor::O), es)?;
+        let lse_bytes = byte_len("lse", problem.lse_len(), 4)?;
+        check_buffer_size("o", o_bytes, &self.ctx.caps)?;
+        check_buffer_size("lse", lse_bytes, &self.ctx.caps)?;
+        let device = &self.ctx.device;
+        let inputs = inputs.map(|(t, data)| {
+            let bytes = bytemuck::cast_slice(&data[..problem.required_len(t)]);
+            upload(device, t.name(), bytes, wgpu::BufferUsages::empty())
+        });
         let output = |label, size| {
             device.create_buffer(&wgpu::BufferDescriptor {
                 label: Some(label),
