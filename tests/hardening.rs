@@ -121,6 +121,70 @@ fn tiny_buffer_limits_are_errors_not_panics() {
     assert!(matches!(e, Error::TooLarge(ref m) if m.contains("`dv`")), "{e}");
 }
 
+/// Finding 2, first half: a shader module the device rejects (here: f16 tiles on a device created
+/// without `shader-f16`, whose caps claim it) is an `Error::Shader` from the error scope, not a
+/// panic in the caller's (default) uncaptured-error handler.
+#[test]
+fn shader_module_errors_are_caught_by_the_scope() {
+    let Some(mut ctx) = device_with(|_| {}, wgpu::Features::empty()) else {
+        return;
+    };
+    ctx.caps.shader_f16 = true;
+    let engine = FlashAttention::with_options(
+        &ctx,
+        Options {
+            choice: KernelChoice::variant(Variant::WORKGROUP_F16),
+            ..Default::default()
+        },
+    );
+    let p = AttentionProblem::mha(1, 8, 1, 32, DType::F16);
+    let x = vec![half::f16::ONE; p.required_len(Tensor::Q)];
+    let e = engine.forward_blocking(&p, &x, &x, &x).unwrap_err();
+    assert!(matches!(e, Error::Shader { .. }), "{e}");
+}
+
+/// Finding 2, second half: on a device the library created, an error wgpu does not report to a
+/// scope is recorded and returned by the next call on that context (once), instead of panicking.
+#[test]
+fn uncaptured_errors_on_library_devices_are_returned() {
+    if gpu().is_none() {
+        return;
+    }
+    let ctx = pollster::block_on(GpuContext::new()).unwrap();
+    let engine = FlashAttention::new(&ctx);
+    let p = small();
+    let x = values(p.required_len(Tensor::Q), 1);
+    // A buffer larger than the device allows: a validation error outside any scope.
+    let _big = ctx.device.create_buffer(&wgpu::BufferDescriptor {
+        label: Some("too large"),
+        size: ctx.caps.max_buffer_bytes + 4,
+        usage: wgpu::BufferUsages::STORAGE,
+        mapped_at_creation: false,
+    });
+    let e = engine.forward_blocking(&p, &x, &x, &x).unwrap_err();
+    assert!(e.to_string().contains("too large"), "{e}");
+    // Reported once: the device itself is fine.
+    engine.forward_blocking(&p, &x, &x, &x).unwrap();
+}
+
+/// Finding 2: a lost (here: destroyed) device is an error on every later call.
+#[test]
+fn lost_devices_are_errors() {
+    if gpu().is_none() {
+        return;
+    }
+    let ctx = pollster::block_on(GpuContext::new()).unwrap();
+    let engine = FlashAttention::new(&ctx);
+    let p = small();
+    let x = values(p.required_len(Tensor::Q), 1);
+    engine.forward_blocking(&p, &x, &x, &x).unwrap();
+    ctx.device.destroy();
+    for _ in 0..2 {
+        let e = engine.forward_blocking(&p, &x, &x, &x).unwrap_err();
+        assert!(e.to_string().contains("lost"), "{e}");
+    }
+}
+
 /// Finding 3: sizes computed with overflow on zero and huge dimensions (debug builds panicked).
 #[test]
 fn zero_and_huge_sizes_do_not_overflow() {

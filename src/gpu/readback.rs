@@ -24,6 +24,35 @@ pub fn upload(device: &wgpu::Device, label: &str, data: &[u8], extra_usage: wgpu
     })
 }
 
+/// Like [`upload`], but fills the buffer through `queue` instead of a mapping at creation: on a
+/// lost device that is an error for the device's handler (and the read-back), where wgpu's
+/// `create_buffer_init` panics. The host-slice paths use it.
+pub fn upload_queued(
+    device: &wgpu::Device,
+    queue: &wgpu::Queue,
+    label: &str,
+    data: &[u8],
+    extra_usage: wgpu::BufferUsages,
+) -> wgpu::Buffer {
+    let align = wgpu::COPY_BUFFER_ALIGNMENT as usize;
+    let buffer = device.create_buffer(&wgpu::BufferDescriptor {
+        label: Some(label),
+        size: data.len().div_ceil(align).max(1) as u64 * align as u64,
+        usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST | extra_usage,
+        mapped_at_creation: false,
+    });
+    let whole = data.len() / align * align;
+    if whole > 0 {
+        queue.write_buffer(&buffer, 0, &data[..whole]);
+    }
+    if whole < data.len() {
+        let mut tail = data[whole..].to_vec();
+        tail.resize(align, 0);
+        queue.write_buffer(&buffer, whole as u64, &tail);
+    }
+    buffer
+}
+
 /// Copies byte ranges `(buffer, offset, len)` (offsets and lengths multiples of 4) into mappable
 /// staging buffers, submits, and returns their bytes. Each staging buffer stays within the
 /// device's `max_buffer_size` (outputs that fit one by one may not fit together, and a range larger

@@ -9,7 +9,7 @@ use wgpu::util::DeviceExt;
 
 use crate::error::{Error, Result};
 use crate::gpu::binding::{bind, bind_f32, byte_len, check_buffer_size, Bound, TensorBuffer};
-use crate::gpu::readback::{read_back, upload};
+use crate::gpu::readback::{read_back, upload_queued};
 use crate::plan::{backward_grid, select_backward, BackwardChoice, BackwardConfig, BackwardKernel, BackwardPass};
 use crate::problem::backward::{BackwardProblem, GradTensor};
 use crate::problem::{Element, Tensor};
@@ -174,6 +174,7 @@ impl FlashAttention {
         passes: &[BackwardPass],
         timestamps: Option<wgpu::ComputePassTimestampWrites<'_>>,
     ) -> Result<()> {
+        self.context().check_device(false)?;
         problem.validate()?;
         self.check_config(problem, config)?;
         let device = &self.context().device;
@@ -412,10 +413,12 @@ impl FlashAttention {
             check_buffer_size(t.name(), byte_len(t.name(), problem.required_len(t), es)?, caps)?;
         }
         check_buffer_size("delta", byte_len("delta", f.lse_len(), 4)?, caps)?;
+        self.context().check_device(true)?;
         let queue = &self.context().queue;
         let up = |name, data: &[T], len| {
-            upload(
+            upload_queued(
                 device,
+                queue,
                 name,
                 bytemuck::cast_slice(&data[..len]),
                 wgpu::BufferUsages::empty(),
@@ -425,8 +428,9 @@ impl FlashAttention {
         let k = up("k", inputs.k, lengths[1].2);
         let v = up("v", inputs.v, lengths[2].2);
         let o = up("o", inputs.o, lengths[3].2);
-        let lse = upload(
+        let lse = upload_queued(
             device,
+            queue,
             "lse",
             bytemuck::cast_slice(&inputs.lse[..lengths[4].2]),
             wgpu::BufferUsages::empty(),
@@ -470,7 +474,10 @@ impl FlashAttention {
             (&dk, 0, grad_bytes(GradTensor::DK)),
             (&dv, 0, grad_bytes(GradTensor::DV)),
         ];
-        let bytes = read_back(device, queue, &ranges).await?;
+        let bytes = read_back(device, queue, &ranges).await;
+        // An error the device recorded meanwhile explains a failed read-back, and spoils a good one.
+        self.context().check_device(false)?;
+        let bytes = bytes?;
         let all = [&q, &k, &v, &o, &lse, &d_o, &dq, &dk, &dv, &delta];
         Ok(BackwardOutput {
             dq: bytemuck::pod_collect_to_vec(&bytes[0]),

@@ -7,7 +7,7 @@ use crate::device::context::GpuContext;
 use crate::error::{Error, Result};
 use crate::gpu::binding::{bind, bind_f32, byte_len, check_buffer_size, Bound, TensorBuffer};
 use crate::gpu::pipelines::{BoundsChecks, PipelineCache};
-use crate::gpu::readback::{read_back, upload};
+use crate::gpu::readback::{read_back, upload_queued};
 use crate::plan::{num_q_tiles, select_forward, ForwardKernel, KernelChoice};
 use crate::problem::{AttentionProblem, Element, Tensor};
 use crate::wgsl::params::Params;
@@ -132,6 +132,7 @@ impl FlashAttention {
         buffers: &ForwardBuffers<'_>,
         timestamps: Option<wgpu::ComputePassTimestampWrites<'_>>,
     ) -> Result<ForwardKernel> {
+        self.ctx.check_device(false)?;
         let config = self.select(problem)?;
         let pipeline = self.pipelines.get(&Self::pipeline_key(&config))?;
         let bound = self.bind_forward(problem, buffers)?;
@@ -257,6 +258,7 @@ impl FlashAttention {
                 got: T::DTYPE,
             });
         }
+        self.ctx.check_device(true)?;
         // Every check before the first allocation: a buffer the device cannot create would be
         // reported to its uncaptured-error handler (wgpu's default panics).
         let es = problem.dtype.size_bytes();
@@ -281,7 +283,7 @@ impl FlashAttention {
         let device = &self.ctx.device;
         let inputs = inputs.map(|(t, data)| {
             let bytes = bytemuck::cast_slice(&data[..problem.required_len(t)]);
-            upload(device, t.name(), bytes, wgpu::BufferUsages::empty())
+            upload_queued(device, &self.ctx.queue, t.name(), bytes, wgpu::BufferUsages::empty())
         });
         let output = |label, size| {
             device.create_buffer(&wgpu::BufferDescriptor {
@@ -303,7 +305,10 @@ impl FlashAttention {
         let mut encoder = device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some(&kernel) });
         encode(self, &mut encoder, &buffers)?;
         self.ctx.queue.submit([encoder.finish()]);
-        let mut bytes = read_back(device, &self.ctx.queue, &[(&o, 0, o_bytes), (&lse, 0, lse_bytes)]).await?;
+        let bytes = read_back(device, &self.ctx.queue, &[(&o, 0, o_bytes), (&lse, 0, lse_bytes)]).await;
+        // An error the device recorded meanwhile explains a failed read-back, and spoils a good one.
+        self.ctx.check_device(false)?;
+        let mut bytes = bytes?;
         let lse_out = bytemuck::pod_collect_to_vec(&bytes.pop().unwrap_or_default());
         let out = bytemuck::pod_collect_to_vec(&bytes.pop().unwrap_or_default());
         let device_bytes = inputs.iter().map(|b| b.size()).sum::<u64>() + o.size() + lse.size() + scratch_bytes;
@@ -372,6 +377,7 @@ impl FlashAttention {
         buffers: &ForwardBuffers<'_>,
         timestamps: Option<wgpu::ComputePassTimestampWrites<'_>>,
     ) -> Result<NaivePlan> {
+        self.ctx.check_device(false)?;
         let plan = self.naive_plan(problem)?;
         let pipelines = NaivePass::ALL.map(|pass| {
             self.pipelines.get(&KernelConfig::Naive {
