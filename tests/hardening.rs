@@ -376,3 +376,90 @@ fn scales_that_overflow_in_base_2_are_invalid() {
         assert!(p.with_scale(scale).softmax_scale_log2().is_finite());
     }
 }
+
+/// Finding 5: written tensors that overlap each other or a read tensor in one buffer.
+#[test]
+fn overlapping_written_tensors_are_errors() {
+    let Some(ctx) = gpu() else { return };
+    let engine = FlashAttention::new(ctx);
+    let p = small();
+    let bytes = 4 * p.required_len(Tensor::Q) as u64; // 1 KiB
+    let align = (ctx.caps.min_storage_offset_alignment as u64).max(256);
+    let (q, k, v) = (storage(ctx, bytes), storage(ctx, bytes), storage(ctx, bytes));
+    let shared = storage(ctx, 4 * bytes + 4 * align);
+    let lse_bytes = 4 * p.lse_len() as u64;
+    let forward = |o: TensorBuffer<'_>, lse: TensorBuffer<'_>| {
+        let buffers = ForwardBuffers {
+            q: TensorBuffer::new(&q),
+            k: TensorBuffer::new(&k),
+            v: TensorBuffer::new(&v),
+            o,
+            lse: Some(lse),
+        };
+        let mut encoder = ctx.device.create_command_encoder(&Default::default());
+        engine.encode_forward(&mut encoder, &p, &buffers, None).map(|_| ())
+    };
+    // O and the LSE in one buffer: apart is fine, overlapping is not.
+    forward(
+        TensorBuffer::new(&shared),
+        TensorBuffer::at(&shared, bytes.next_multiple_of(align)),
+    )
+    .unwrap();
+    let e = forward(TensorBuffer::new(&shared), TensorBuffer::at(&shared, 0)).unwrap_err();
+    assert!(
+        matches!(e, Error::InvalidBuffer { ref message, .. } if message.contains("`o`") || message.contains("`lse`")),
+        "{e}"
+    );
+    assert!(lse_bytes < bytes);
+
+    // The backward: dq, dk, dv with each other, and a caller's delta with q, k, v, lse.
+    let inputs: Vec<wgpu::Buffer> = (0..7).map(|_| storage(ctx, bytes)).collect();
+    let grads = storage(ctx, 3 * bytes);
+    let base = BackwardBuffers {
+        q: TensorBuffer::new(&inputs[0]),
+        k: TensorBuffer::new(&inputs[1]),
+        v: TensorBuffer::new(&inputs[2]),
+        o: TensorBuffer::new(&inputs[3]),
+        lse: TensorBuffer::new(&inputs[4]),
+        d_o: TensorBuffer::new(&inputs[5]),
+        dq: TensorBuffer::at(&grads, 0),
+        dk: TensorBuffer::at(&grads, bytes),
+        dv: TensorBuffer::at(&grads, 2 * bytes),
+        delta: Some(TensorBuffer::new(&inputs[6])),
+    };
+    let backward = |b: &BackwardBuffers<'_>| {
+        let mut encoder = ctx.device.create_command_encoder(&Default::default());
+        engine.encode_backward(&mut encoder, p, b, None).map(|_| ())
+    };
+    backward(&base).unwrap();
+    let half = TensorBuffer::at(&grads, bytes / 2);
+    for (written, other, b) in [
+        ("dk", "dq", BackwardBuffers { dk: half, ..base }),
+        ("dv", "dq", BackwardBuffers { dv: half, ..base }),
+        (
+            "dv",
+            "dk",
+            BackwardBuffers {
+                dv: TensorBuffer::at(&grads, bytes + bytes / 2),
+                ..base
+            },
+        ),
+    ] {
+        let e = backward(&b).unwrap_err();
+        assert!(
+            matches!(e, Error::InvalidBuffer { ref message, .. } if e.to_string().contains(written) && message.contains(other)),
+            "{written}/{other}: {e}"
+        );
+    }
+    for (i, read) in [(0, "q"), (1, "k"), (2, "v"), (4, "lse")] {
+        let b = BackwardBuffers {
+            delta: Some(TensorBuffer::new(&inputs[i])),
+            ..base
+        };
+        let e = backward(&b).unwrap_err();
+        assert!(
+            matches!(e, Error::InvalidBuffer { tensor: "delta", ref message } if message.contains(&format!("`{read}`"))),
+            "delta/{read}: {e}"
+        );
+    }
+}

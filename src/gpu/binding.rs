@@ -30,11 +30,19 @@ pub(crate) struct Bound<'a> {
     pub buffer: &'a wgpu::Buffer,
     pub start: u64,
     pub size: u64,
+    /// Byte offset of the tensor's first element in the buffer; with `start + size`, the bytes the
+    /// tensor spans (the binding may begin earlier, at an aligned offset).
+    pub first: u64,
     /// Offset and strides of the tensor relative to `start`, in granules.
     pub strides: TensorStrides,
 }
 
 impl Bound<'_> {
+    /// The byte range the tensor spans in its buffer.
+    pub fn span(&self) -> std::ops::Range<u64> {
+        self.first..self.start + self.size
+    }
+
     pub fn entry(&self, binding: u32) -> wgpu::BindGroupEntry<'_> {
         wgpu::BindGroupEntry {
             binding,
@@ -97,6 +105,24 @@ pub(crate) fn byte_len(name: &'static str, len: usize, elem_bytes: usize) -> Res
     })
 }
 
+/// Refuses two tensors whose byte ranges overlap in one buffer, where `a` is written: the kernels
+/// would overwrite the other tensor (or each other's results) without any error from wgpu, which
+/// only forbids read-only and writable bindings of one buffer in the same dispatch.
+pub(crate) fn check_disjoint(a_name: &'static str, a: &Bound<'_>, b_name: &str, b: &Bound<'_>) -> Result<()> {
+    let (x, y) = (a.span(), b.span());
+    if a.buffer == b.buffer && x.start < y.end && y.start < x.end {
+        return Err(Error::InvalidBuffer {
+            tensor: a_name,
+            message: format!(
+                "its bytes {}..{} overlap those of `{b_name}` ({}..{}) in the same buffer; the kernels \
+                 write `{a_name}`",
+                x.start, x.end, y.start, y.end
+            ),
+        });
+    }
+    Ok(())
+}
+
 /// Checks that `tensor` holds `len_elems` elements of `elem_bytes` each at `layout` and returns
 /// the smallest aligned binding that covers them.
 ///
@@ -143,6 +169,7 @@ pub(crate) fn bind<'a>(
         buffer: tensor.buffer,
         start,
         size: end - start,
+        first,
         strides: TensorStrides::new(layout, ((first - start) / elem_bytes as u64) as usize),
     })
 }
@@ -182,6 +209,7 @@ pub(crate) fn bind_f32<'a>(
         buffer: tensor.buffer,
         start: tensor.byte_offset,
         size,
+        first: tensor.byte_offset,
         strides: TensorStrides::default(),
     })
 }

@@ -8,7 +8,7 @@
 use wgpu::util::DeviceExt;
 
 use crate::error::{Error, Result};
-use crate::gpu::binding::{bind, bind_f32, byte_len, check_buffer_size, Bound, TensorBuffer};
+use crate::gpu::binding::{bind, bind_f32, byte_len, check_buffer_size, check_disjoint, Bound, TensorBuffer};
 use crate::gpu::readback::{read_back, upload_queued};
 use crate::plan::{backward_grid, select_backward, BackwardChoice, BackwardConfig, BackwardKernel, BackwardPass};
 use crate::problem::backward::{BackwardProblem, GradTensor};
@@ -22,8 +22,8 @@ use crate::wgsl::KernelConfig;
 /// Read: `q`, `k`, `v`, `o` (laid out as the forward problem says), `lse` (the forward's
 /// `[batch, num_heads, seq_q]` f32 natural-log LSE, −∞ for rows that saw no key) and `d_o`.
 /// Written: `dq`, `dk`, `dv` (laid out as the [`BackwardProblem`] says), which must not share a
-/// buffer with any input (wgpu forbids reading and writing one buffer in a dispatch); `dk` and
-/// `dv` may share one with each other if their elements do not overlap.
+/// buffer with any input (wgpu forbids reading and writing one buffer in a dispatch); they may
+/// share one with each other if their byte ranges (first element to last) do not overlap.
 #[derive(Clone, Copy, Debug)]
 pub struct BackwardBuffers<'a> {
     pub q: TensorBuffer<'a>,
@@ -37,8 +37,10 @@ pub struct BackwardBuffers<'a> {
     pub dk: TensorBuffer<'a>,
     pub dv: TensorBuffer<'a>,
     /// Workspace for `D = rowsum(dO ∘ O)`: `batch·num_heads·seq_q` f32 values, byte offset aligned
-    /// like `lse`'s. Allocated for the call when `None`; give one to reuse it across calls (and to
-    /// record the three kernels separately with [`FlashAttention::encode_backward_pass`]).
+    /// like `lse`'s. Written: it must not share a buffer with `o`, `d_o`, `dq`, `dk`, `dv`, nor
+    /// overlap the bytes of `q`, `k`, `v` or `lse`. Allocated for the call when `None`; give one
+    /// to reuse it across calls (and to record the three kernels separately with
+    /// [`FlashAttention::encode_backward_pass`]).
     pub delta: Option<TensorBuffer<'a>>,
 }
 
@@ -213,6 +215,9 @@ impl FlashAttention {
                     return Err(shares("delta", name));
                 }
             }
+            for (name, read) in [("q", &bound.q), ("k", &bound.k), ("v", &bound.v), ("lse", &bound.lse)] {
+                check_disjoint("delta", &delta, name, read)?;
+            }
         }
 
         let f = &problem.forward;
@@ -355,7 +360,7 @@ impl FlashAttention {
         let grad = |t: GradTensor, tb: &TensorBuffer<'a>| {
             bind(t.name(), tb, problem.layout(t), problem.required_len(t), es, caps)
         };
-        Ok(BoundBackward {
+        let bound = BoundBackward {
             q: input(Tensor::Q, &buffers.q)?,
             k: input(Tensor::K, &buffers.k)?,
             v: input(Tensor::V, &buffers.v)?,
@@ -365,7 +370,12 @@ impl FlashAttention {
             dq: grad(GradTensor::DQ, &buffers.dq)?,
             dk: grad(GradTensor::DK, &buffers.dk)?,
             dv: grad(GradTensor::DV, &buffers.dv)?,
-        })
+        };
+        // The gradients may share a buffer, not bytes.
+        check_disjoint("dk", &bound.dk, "dq", &bound.dq)?;
+        check_disjoint("dv", &bound.dv, "dq", &bound.dq)?;
+        check_disjoint("dv", &bound.dv, "dk", &bound.dk)?;
+        Ok(bound)
     }
 
     /// The backward pass on host slices: uploads the inputs (laid out as the problem says), runs

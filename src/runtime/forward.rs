@@ -5,7 +5,7 @@ use wgpu::util::DeviceExt;
 
 use crate::device::context::GpuContext;
 use crate::error::{Error, Result};
-use crate::gpu::binding::{bind, bind_f32, byte_len, check_buffer_size, Bound, TensorBuffer};
+use crate::gpu::binding::{bind, bind_f32, byte_len, check_buffer_size, check_disjoint, Bound, TensorBuffer};
 use crate::gpu::pipelines::{BoundsChecks, PipelineCache};
 use crate::gpu::readback::{read_back, upload_queued};
 use crate::plan::{num_q_tiles, select_forward, ForwardKernel, KernelChoice};
@@ -23,7 +23,8 @@ pub struct ForwardBuffers<'a> {
     /// buffer in a dispatch).
     pub o: TensorBuffer<'a>,
     /// `[batch, num_heads, seq_q]` f32, written when given. Its byte offset must meet the
-    /// device's `min_storage_buffer_offset_alignment`.
+    /// device's `min_storage_buffer_offset_alignment`. It may share a buffer with `o` if their
+    /// bytes do not overlap.
     pub lse: Option<TensorBuffer<'a>>,
 }
 
@@ -192,13 +193,16 @@ impl FlashAttention {
             Some(l) => bind_f32("lse", l, problem.lse_len(), caps)?,
             None => bind_f32("lse", &unused, 1, caps)?,
         };
-        Ok([
+        let bound = [
             tensor(Tensor::Q, &buffers.q)?,
             tensor(Tensor::K, &buffers.k)?,
             tensor(Tensor::V, &buffers.v)?,
             tensor(Tensor::O, &buffers.o)?,
             lse,
-        ])
+        ];
+        // Both are written: O and the LSE may share a buffer, not bytes.
+        check_disjoint("lse", &bound[4], "o", &bound[3])?;
+        Ok(bound)
     }
 
     fn uniform(&self, params: &Params) -> wgpu::Buffer {
