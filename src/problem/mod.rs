@@ -313,7 +313,9 @@ impl AttentionProblem {
 
     /// `seq_kv − seq_q`: query `i` may see keys `j ≤ i + causal_offset` when causal.
     pub fn causal_offset(&self) -> i64 {
-        self.shape.seq_kv as i64 - self.shape.seq_q as i64
+        // In 128 bits, clamped: an unvalidated length may be anything `usize` holds.
+        let offset = self.shape.seq_kv as i128 - self.shape.seq_q as i128;
+        offset.clamp(i64::MIN as i128, i64::MAX as i128) as i64
     }
 
     /// Query heads per K/V head.
