@@ -82,6 +82,12 @@ pub enum Error {
         message: String,
     },
 
+    /// The device reported an error outside any check of the library's (out of memory, a driver
+    /// failure) or was lost. Recorded on devices the library creates and returned by the next call
+    /// on that context; a lost device stays lost.
+    #[error("GPU device error: {0}")]
+    Device(String),
+
     /// Reading results back from the GPU failed (device lost, out of memory).
     #[error("GPU read-back failed: {0}")]
     ReadBack(String),

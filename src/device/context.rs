@@ -1,10 +1,18 @@
 //! Getting a device: the best adapter, with its full limits and only the features the kernels use.
 //! Kept apart from running on a device, so that callers (and tests) can bring their own.
 
+use std::sync::{Arc, Mutex};
+
 use crate::caps::Caps;
 use crate::error::{Error, Result};
 
 /// A wgpu device and queue plus what the kernels need to know about them.
+///
+/// On a device the library creates ([`new`](Self::new), [`from_adapter_with`](Self::from_adapter_with)),
+/// errors wgpu reports outside an error scope (out of memory, a device-side failure) are recorded
+/// instead of panicking in wgpu's default handler, and a lost device is remembered: the next call
+/// on the context returns them as [`Error::Device`]. A device passed to
+/// [`from_device`](Self::from_device) keeps the caller's handlers.
 #[derive(Clone, Debug)]
 pub struct GpuContext {
     /// The device the engines create buffers and pipelines on (create yours here too).
@@ -15,6 +23,15 @@ pub struct GpuContext {
     pub info: wgpu::AdapterInfo,
     /// What kernel selection knows about the device, read when the context was made.
     pub caps: Caps,
+    health: Arc<Health>,
+}
+
+/// What the handlers of a library-created device recorded: the first uncaptured error since the
+/// last check, and why the device was lost.
+#[derive(Debug, Default)]
+struct Health {
+    error: Mutex<Option<String>>,
+    lost: Mutex<Option<String>>,
 }
 
 /// Features the kernels can use when the adapter has them. Nothing else is requested (and the
@@ -110,6 +127,7 @@ impl GpuContext {
             .await
             .map_err(|e| Error::RequestDevice(e.to_string()))?;
         let mut ctx = Self::from_device(device, queue, adapter.get_info());
+        ctx.install_handlers();
         ctx.caps = ctx
             .caps
             .with_cooperative_matrix(&ctx.device, &adapter.cooperative_matrix_properties());
@@ -152,6 +170,12 @@ impl GpuContext {
     /// `SUBGROUP_BARRIER`, `SHADER_F16` and `TIMESTAMP_QUERY` for the fastest ones).
     /// To use cooperative matrices on such a device, set `caps` with
     /// [`Caps::with_cooperative_matrix`] and the adapter's `cooperative_matrix_properties()`.
+    ///
+    /// The caller owns the device's uncaptured-error handler and device-lost callback: the library
+    /// installs neither. Every input is still checked before anything is created, and shader and
+    /// pipeline creation run inside error scopes, so the library's own calls report to those
+    /// handlers only what no check can foresee (out of memory outside a scope, a lost device,
+    /// a driver failure); wgpu's default handler panics on them.
     pub fn from_device(device: wgpu::Device, queue: wgpu::Queue, info: wgpu::AdapterInfo) -> Self {
         let caps = Caps::from_device(&device, &info);
         GpuContext {
@@ -159,7 +183,49 @@ impl GpuContext {
             queue,
             info,
             caps,
+            health: Arc::default(),
         }
+    }
+
+    /// Records uncaptured errors and device loss in `health` instead of wgpu's default panic.
+    fn install_handlers(&self) {
+        let health = Arc::downgrade(&self.health);
+        self.device.on_uncaptured_error(Arc::new(move |error: wgpu::Error| {
+            if let Some(health) = health.upgrade() {
+                if let Ok(mut slot) = health.error.lock() {
+                    slot.get_or_insert_with(|| error.to_string());
+                }
+            }
+        }));
+        let health = Arc::downgrade(&self.health);
+        self.device.set_device_lost_callback(move |reason, message| {
+            if let Some(health) = health.upgrade() {
+                if let Ok(mut slot) = health.lost.lock() {
+                    slot.get_or_insert_with(|| format!("{reason:?}: {message}"));
+                }
+            }
+        });
+    }
+
+    /// `Err(Error::Device)` if the device was lost (every call from then on), or if wgpu reported
+    /// an error outside an error scope since the last check (once). Always `Ok` on a device from
+    /// [`from_device`](Self::from_device), whose handlers are the caller's. With `poll`, lets wgpu
+    /// run its maintenance first (native only; it does not wait), which is when it notices a lost
+    /// device.
+    pub fn check_device(&self, poll: bool) -> Result<()> {
+        #[cfg(not(target_arch = "wasm32"))]
+        if poll {
+            let _ = self.device.poll(wgpu::PollType::Poll);
+        }
+        #[cfg(target_arch = "wasm32")]
+        let _ = poll;
+        if let Some(why) = self.health.lost.lock().ok().and_then(|l| l.clone()) {
+            return Err(Error::Device(format!("the device was lost ({why})")));
+        }
+        if let Some(error) = self.health.error.lock().ok().and_then(|mut e| e.take()) {
+            return Err(Error::Device(error));
+        }
+        Ok(())
     }
 }
 

@@ -35,11 +35,19 @@ pub(crate) struct Bound<'a> {
     pub buffer: &'a wgpu::Buffer,
     pub start: u64,
     pub size: u64,
+    /// Byte offset of the tensor's first element in the buffer; with `start + size`, the bytes the
+    /// tensor spans (the binding may begin earlier, at an aligned offset).
+    pub first: u64,
     /// Offset and strides of the tensor relative to `start`, in granules.
     pub strides: TensorStrides,
 }
 
 impl Bound<'_> {
+    /// The byte range the tensor spans in its buffer.
+    pub fn span(&self) -> std::ops::Range<u64> {
+        self.first..self.start + self.size
+    }
+
     pub fn entry(&self, binding: u32) -> wgpu::BindGroupEntry<'_> {
         wgpu::BindGroupEntry {
             binding,
@@ -79,6 +87,47 @@ fn check_binding_size(name: &'static str, size: u64, caps: &Caps) -> Result<()> 
     Ok(())
 }
 
+/// Refuses, before anything is allocated, a buffer of `bytes` for tensor `name` that the device
+/// cannot create (wgpu would report it to the device's uncaptured-error handler, which panics by
+/// default). The host-slice paths call this for every buffer they create.
+pub(crate) fn check_buffer_size(name: &'static str, bytes: u64, caps: &Caps) -> Result<()> {
+    if bytes > caps.max_buffer_bytes {
+        return Err(Error::TooLarge(format!(
+            "tensor `{name}` needs a buffer of {bytes} bytes, more than this device allocates at once ({} bytes)",
+            caps.max_buffer_bytes
+        )));
+    }
+    Ok(())
+}
+
+/// Bytes of `len` elements of `elem_bytes` each, refused if that overflows a `u64` (`usize` may be
+/// 32 bits: the product is formed in 64).
+pub(crate) fn byte_len(name: &'static str, len: usize, elem_bytes: usize) -> Result<u64> {
+    (len as u64).checked_mul(elem_bytes as u64).ok_or_else(|| {
+        Error::TooLarge(format!(
+            "tensor `{name}`: {len} elements of {elem_bytes} bytes overflow a 64-bit size"
+        ))
+    })
+}
+
+/// Refuses two tensors whose byte ranges overlap in one buffer, where `a` is written: the kernels
+/// would overwrite the other tensor (or each other's results) without any error from wgpu, which
+/// only forbids read-only and writable bindings of one buffer in the same dispatch.
+pub(crate) fn check_disjoint(a_name: &'static str, a: &Bound<'_>, b_name: &str, b: &Bound<'_>) -> Result<()> {
+    let (x, y) = (a.span(), b.span());
+    if a.buffer == b.buffer && x.start < y.end && y.start < x.end {
+        return Err(Error::InvalidBuffer {
+            tensor: a_name,
+            message: format!(
+                "its bytes {}..{} overlap those of `{b_name}` ({}..{}) in the same buffer; the kernels \
+                 write `{a_name}`",
+                x.start, x.end, y.start, y.end
+            ),
+        });
+    }
+    Ok(())
+}
+
 /// Checks that `tensor` holds `len_elems` elements of `elem_bytes` each at `layout` and returns
 /// the smallest aligned binding that covers them.
 ///
@@ -103,8 +152,19 @@ pub(crate) fn bind<'a>(
             ),
         });
     }
-    let first = tensor.byte_offset + (layout.offset * elem_bytes) as u64;
-    let end = tensor.byte_offset + (len_elems * elem_bytes) as u64;
+    let past_u64 = || Error::InvalidBuffer {
+        tensor: name,
+        message: format!(
+            "byte offset {} plus {len_elems} elements of {elem_bytes} bytes overflows a 64-bit offset",
+            tensor.byte_offset
+        ),
+    };
+    let first = byte_len(name, layout.offset, elem_bytes)?
+        .checked_add(tensor.byte_offset)
+        .ok_or_else(past_u64)?;
+    let end = byte_len(name, len_elems, elem_bytes)?
+        .checked_add(tensor.byte_offset)
+        .ok_or_else(past_u64)?;
     check_extent(name, tensor, end, format!("{len_elems} elements of {elem_bytes} bytes"))?;
     // Round down to a multiple of both the device's alignment and the granule.
     let align = lcm(caps.min_storage_offset_alignment.max(1) as u64, granule);
@@ -114,6 +174,7 @@ pub(crate) fn bind<'a>(
         buffer: tensor.buffer,
         start,
         size: end - start,
+        first,
         strides: TensorStrides::new(layout, ((first - start) / elem_bytes as u64) as usize),
     })
 }
@@ -136,13 +197,24 @@ pub(crate) fn bind_f32<'a>(
             ),
         });
     }
-    let size = 4 * len as u64;
-    check_extent(name, tensor, tensor.byte_offset + size, format!("{len} f32 values"))?;
+    let size = byte_len(name, len, 4)?;
+    let end = tensor
+        .byte_offset
+        .checked_add(size)
+        .ok_or_else(|| Error::InvalidBuffer {
+            tensor: name,
+            message: format!(
+                "byte offset {} plus {len} f32 values overflows a 64-bit offset",
+                tensor.byte_offset
+            ),
+        })?;
+    check_extent(name, tensor, end, format!("{len} f32 values"))?;
     check_binding_size(name, size, caps)?;
     Ok(Bound {
         buffer: tensor.buffer,
         start: tensor.byte_offset,
         size,
+        first: tensor.byte_offset,
         strides: TensorStrides::default(),
     })
 }

@@ -28,7 +28,8 @@ pub enum BoundsChecks {
     Off,
 }
 
-/// The verdict of a validation error scope: `Some(message)` if wgpu rejected the pipeline.
+/// The verdict of the error scopes around a build: `Some(message)` if wgpu rejected the module or
+/// the pipeline, or ran out of memory or failed internally while creating them.
 type ScopeResult = std::pin::Pin<Box<dyn Future<Output = Option<String>>>>;
 
 /// A cache of compute pipelines keyed by [`KernelConfig`].
@@ -51,9 +52,10 @@ impl PipelineCache {
         self.pipelines.lock().ok()?.get(config).cloned()
     }
 
-    /// The pipeline for `config`, built on first use. Shader and pipeline creation run inside a
-    /// validation error scope, so a rejected module is an [`Error::Shader`] rather than wgpu's
-    /// default panic. On native backends the scope resolves at once; on the web the result of a
+    /// The pipeline for `config`, built on first use. Shader-module and pipeline creation run
+    /// inside validation, out-of-memory and internal error scopes, so a rejected module or a
+    /// failed build is an [`Error::Shader`] rather than a report to the device's uncaptured-error
+    /// handler (wgpu's default panics). On native backends the scope resolves at once; on the web the result of a
     /// first build can only be known asynchronously — call [`get_async`](Self::get_async) there.
     pub fn get(&self, config: &KernelConfig) -> Result<Arc<wgpu::ComputePipeline>> {
         if let Some(p) = self.cached(config) {
@@ -92,15 +94,19 @@ impl PipelineCache {
         pipeline
     }
 
-    /// Creates the pipeline inside a validation error scope; the future yields wgpu's error, if
-    /// any. Fails at once if our own SPIR-V compilation (cooperative kernel) fails.
+    /// Creates the module and the pipeline inside error scopes of every filter; the future yields
+    /// wgpu's first error, if any. Fails at once if our own SPIR-V compilation (cooperative
+    /// kernel) fails.
     fn build(&self, config: &KernelConfig) -> Result<(wgpu::ComputePipeline, ScopeResult)> {
         let name = config.name();
+        // Separate guards, so that an early return drops (pops) them innermost first.
+        let validation = self.device.push_error_scope(wgpu::ErrorFilter::Validation);
+        let memory = self.device.push_error_scope(wgpu::ErrorFilter::OutOfMemory);
+        let internal = self.device.push_error_scope(wgpu::ErrorFilter::Internal);
         let (module, layout) = match self.coherent_module(config) {
             Some(built) => built?,
             None => (self.wgsl_module(config, &name), None),
         };
-        let scope = self.device.push_error_scope(wgpu::ErrorFilter::Validation);
         let pipeline = self.device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
             label: Some(&name),
             layout: layout.as_ref(),
@@ -113,8 +119,16 @@ impl PipelineCache {
             },
             cache: None,
         });
-        let error = scope.pop();
-        Ok((pipeline, Box::pin(async move { error.await.map(|e| e.to_string()) })))
+        let errors = [internal.pop(), memory.pop(), validation.pop()];
+        let verdict = async move {
+            for error in errors {
+                if let Some(e) = error.await {
+                    return Some(e.to_string());
+                }
+            }
+            None
+        };
+        Ok((pipeline, Box::pin(verdict)))
     }
 
     fn wgsl_module(&self, config: &KernelConfig, name: &str) -> wgpu::ShaderModule {

@@ -16,6 +16,7 @@ use crate::plan::{missing_features, Reduction, TilePlan, TileType, Variant};
 use crate::problem::backward::BackwardProblem;
 use crate::problem::features::{Feature, FeatureSet};
 use crate::problem::DType;
+use crate::util::sat_u32;
 
 /// The three kernels of a backward call.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -70,8 +71,8 @@ impl TilePlan {
             && self.threads_y > 0
             && rows > 0
             && cols > 0
-            && rows.is_multiple_of(4 * self.threads_y)
-            && cols.is_multiple_of(4 * self.threads_x)
+            && (rows as u64).is_multiple_of(4 * self.threads_y as u64)
+            && (cols as u64).is_multiple_of(4 * self.threads_x as u64)
             && self.k_step > 0
             && self.k_step.is_multiple_of(4)
             && self.n_step > 0
@@ -86,21 +87,34 @@ impl TilePlan {
             TileType::F32 => 4,
             TileType::F16 => 2,
         };
+        // In 128 bits, saturating: a forced plan's sizes may be anything u32 holds.
         let (rows, cols) = self.rows_cols(pass);
-        let score_stage = 2 * self.k_step * (self.block_m + self.block_n);
-        let rows_stage = self.n_step * head_dim_pad;
+        let [rows, cols, block_m, block_n, k_step, n_step, stages, pad] = [
+            rows,
+            cols,
+            self.block_m,
+            self.block_n,
+            self.k_step,
+            self.n_step,
+            self.stages,
+            head_dim_pad,
+        ]
+        .map(|x| x as u128);
+        let score_stage = 2 * k_step * (block_m + block_n);
+        let rows_stage = n_step * pad;
         let t_tile = cols * (rows + 4);
-        (self.stages * score_stage.max(rows_stage) + t_tile) * elem
+        sat_u32(u64::try_from((stages * score_stage.max(rows_stage) + t_tile) * elem).unwrap_or(u64::MAX))
     }
 
     /// f32 values an invocation keeps in registers across a tile: its output accumulators (dK and
     /// dV, or dQ) and its elements of the two score tiles.
     pub fn grad_registers(&self, pass: BackwardPass, head_dim_pad: u32) -> u32 {
         let (rows, cols) = self.rows_cols(pass);
-        let rows_per_thread = rows / self.threads_y.max(1);
+        let rows_per_thread = (rows / self.threads_y.max(1)) as u64;
         let outputs = if pass == BackwardPass::DkDv { 2 } else { 1 };
-        let per_row = outputs * head_dim_pad / self.threads_x.max(1) + 2 * cols / self.threads_x.max(1);
-        rows_per_thread * per_row
+        let threads_x = self.threads_x.max(1) as u64;
+        let per_row = outputs * head_dim_pad as u64 / threads_x + 2 * cols as u64 / threads_x;
+        sat_u32(rows_per_thread.saturating_mul(per_row))
     }
 }
 
@@ -173,11 +187,14 @@ pub struct PreprocessPlan {
 impl PreprocessPlan {
     /// Invocations per workgroup: `threads_x · threads_y`.
     pub fn workgroup_size(&self) -> u32 {
-        self.threads_x * self.threads_y
+        self.threads_x.saturating_mul(self.threads_y)
     }
 
     fn is_well_formed(&self) -> bool {
-        self.threads_x.is_power_of_two() && self.threads_y > 0 && self.block_m.is_multiple_of(self.threads_y)
+        self.threads_x.is_power_of_two()
+            && self.threads_y > 0
+            && self.block_m > 0
+            && self.block_m.is_multiple_of(self.threads_y)
     }
 }
 
@@ -308,7 +325,7 @@ impl PreprocessKernel {
     /// Workgroup memory the kernel declares, in bytes (0 with the subgroup reduction).
     pub fn workgroup_bytes(&self) -> u32 {
         match self.reduction {
-            Reduction::Workgroup => self.plan.block_m * self.plan.threads_x * 4,
+            Reduction::Workgroup => sat_u32(self.plan.block_m as u64 * self.plan.threads_x as u64 * 4),
             Reduction::Subgroup => 0,
         }
     }
@@ -635,18 +652,12 @@ pub fn all_backward_kernels() -> Vec<BackwardKernel> {
 /// The dispatch grid `(x, y, z)` of one kernel of `config`.
 pub fn backward_grid(problem: &BackwardProblem, config: &BackwardConfig, pass: BackwardPass) -> [usize; 3] {
     let s = &problem.forward.shape;
+    // A malformed plan's zero tile is refused by `unavailable_reason`; here it must not divide.
+    let tiles = |n: usize, block: u32| n.div_ceil(block.max(1) as usize);
     match pass {
-        BackwardPass::Preprocess => [
-            s.seq_q.div_ceil(config.preprocess.plan.block_m as usize),
-            s.num_heads,
-            s.batch,
-        ],
-        BackwardPass::DkDv => [
-            s.seq_kv.div_ceil(config.dkdv.plan.block_n as usize),
-            s.num_kv_heads,
-            s.batch,
-        ],
-        BackwardPass::Dq => [s.seq_q.div_ceil(config.dq.plan.block_m as usize), s.num_heads, s.batch],
+        BackwardPass::Preprocess => [tiles(s.seq_q, config.preprocess.plan.block_m), s.num_heads, s.batch],
+        BackwardPass::DkDv => [tiles(s.seq_kv, config.dkdv.plan.block_n), s.num_kv_heads, s.batch],
+        BackwardPass::Dq => [tiles(s.seq_q, config.dq.plan.block_m), s.num_heads, s.batch],
     }
 }
 

@@ -228,7 +228,7 @@ impl CoopConfig {
 
     /// Invocations per workgroup: one 32-wide subgroup per 16 query rows.
     pub fn workgroup_size(&self) -> u32 {
-        self.block_m / 16 * COOP_SUBGROUP
+        (self.block_m / 16).saturating_mul(COOP_SUBGROUP)
     }
 
     /// Mirrors the `var<workgroup>` declarations of flash_fwd_coop.wgsl: the K/V buffers (rows of
@@ -236,13 +236,15 @@ impl CoopConfig {
     /// and of f16 probabilities (plus 8); with the softmax in registers, 16 score columns and no
     /// probabilities (four vec4s left: WGSL has no empty arrays).
     pub fn workgroup_bytes(&self) -> u32 {
-        let subgroups = self.block_m / 16;
-        let kv = self.kv_buffers() * 2 * self.block_n * (self.head_dim_pad + 8) * 2;
+        // In 128 bits, saturating: a forced tile may be anything u32 holds.
+        let subgroups = (self.block_m / 16) as u128;
+        let (block_n, pad) = (self.block_n as u128, self.head_dim_pad as u128);
+        let kv = self.kv_buffers() as u128 * 2 * block_n * (pad + 8) * 2;
         let (score_cols, probs) = match self.register_layout {
             Some(_) => (16, 4 * 8),
-            None => (self.block_n, subgroups * 16 * (self.block_n + 8) * 2),
+            None => (block_n, subgroups * 16 * (block_n + 8) * 2),
         };
-        kv + subgroups * 16 * (score_cols + 4) * 4 + probs
+        crate::util::sat_u32(u64::try_from(kv + subgroups * 16 * (score_cols + 4) * 4 + probs).unwrap_or(u64::MAX))
     }
 
     /// Whether the sizes fit the kernel's assumptions: `block_m` and `block_n` positive multiples

@@ -128,7 +128,7 @@ pub fn select_forward(problem: &AttentionProblem, caps: &Caps, choice: &KernelCh
 
 /// Number of query tiles (workgroups along the grid's x) for a kernel.
 pub fn num_q_tiles(problem: &AttentionProblem, kernel: &ForwardKernel) -> usize {
-    problem.shape.seq_q.div_ceil(kernel.block_m() as usize)
+    problem.shape.seq_q.div_ceil(kernel.block_m().max(1) as usize)
 }
 
 #[cfg(test)]

@@ -32,7 +32,7 @@ pub fn missing_features(kernel: &str, asked: FeatureSet, supported: FeatureSet) 
 pub(crate) fn check_grid(problem: &AttentionProblem, block_m: u32, caps: &Caps) -> Result<()> {
     let max = caps.max_workgroups_per_dimension as usize;
     for (what, n) in [
-        ("query tiles", problem.shape.seq_q.div_ceil(block_m as usize)),
+        ("query tiles", problem.shape.seq_q.div_ceil(block_m.max(1) as usize)),
         ("heads", problem.shape.num_heads),
         ("batch", problem.shape.batch),
     ] {

@@ -8,7 +8,7 @@ use crate::plan::policy::{F16_TILES_BY_DEFAULT, MAX_ACCUMULATORS};
 use crate::plan::{check_grid, missing_features};
 use crate::problem::features::{Feature, FeatureSet};
 use crate::problem::{AttentionProblem, DType};
-use crate::util::lcm;
+use crate::util::{lcm, sat_u32};
 
 /// How the invocations that share a query row combine their partial row statistics.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -159,28 +159,31 @@ impl TilePlan {
 
     /// Invocations per workgroup: `threads_x · threads_y`.
     pub fn workgroup_size(&self) -> u32 {
-        self.threads_x * self.threads_y
+        self.threads_x.saturating_mul(self.threads_y)
     }
 
     /// Query rows each invocation owns: `block_m / threads_y`.
     pub fn rows_per_thread(&self) -> u32 {
-        self.block_m / self.threads_y
+        self.block_m / self.threads_y.max(1)
     }
 
     /// head_dim rounded up so that it splits into whole vec4 column groups per invocation and
     /// whole K_STEP slices. The padding columns are zero and cost only arithmetic.
+    /// Computed in 64 bits and saturating (a malformed plan may reach here before
+    /// [`is_well_formed`](Self::is_well_formed) refuses it).
     pub fn head_dim_pad(&self, head_dim: u32) -> u32 {
-        let unit = lcm(4 * self.threads_x.max(1) as u64, self.k_step.max(1) as u64) as u32;
-        head_dim.div_ceil(unit) * unit
+        let unit = lcm(4 * self.threads_x.max(1) as u64, self.k_step.max(1) as u64);
+        sat_u32((head_dim as u64).div_ceil(unit).saturating_mul(unit))
     }
 
     /// Whether the sizes fit the kernel's assumptions (every division exact, vec4 groups whole).
     pub fn is_well_formed(&self) -> bool {
         let pow2 = |x: u32| x.is_power_of_two();
+        let multiple = |x: u32, of: u32| x > 0 && (x as u64).is_multiple_of(4 * of as u64);
         pow2(self.threads_x)
             && self.threads_y > 0
-            && self.block_m.is_multiple_of(4 * self.threads_y)
-            && self.block_n.is_multiple_of(4 * self.threads_x)
+            && multiple(self.block_m, self.threads_y)
+            && multiple(self.block_n, self.threads_x)
             && self.k_step.is_multiple_of(4)
             && self.k_step > 0
             && self.n_step > 0
@@ -191,23 +194,35 @@ impl TilePlan {
     /// Workgroup memory of the flash kernel with this plan, in bytes (mirrors the `var<workgroup>`
     /// declarations of flash_fwd.wgsl and reduce_workgroup.wgsl).
     pub fn workgroup_bytes(&self, head_dim_pad: u32, variant: Variant) -> u32 {
+        // In 128 bits: a forced plan's sizes may be anything u32 holds, and no product of three
+        // of them overflows; the result saturates.
+        let [block_m, block_n, threads_x, k_step, n_step, stages, pad] = [
+            self.block_m,
+            self.block_n,
+            self.threads_x,
+            self.k_step,
+            self.n_step,
+            self.stages,
+            head_dim_pad,
+        ]
+        .map(|x| x as u128);
         let elem = match variant.tile {
             TileType::F32 => 4,
             TileType::F16 => 2,
         };
-        let stage = (self.k_step * (self.block_m + self.block_n)).max(self.n_step * head_dim_pad);
-        let staging = self.stages * stage;
-        let p_tile = self.block_n * (self.block_m + 4);
+        let stage = (k_step * (block_m + block_n)).max(n_step * pad);
+        let staging = stages * stage;
+        let p_tile = block_n * (block_m + 4);
         let reduce = match variant.reduction {
-            Reduction::Workgroup => self.block_m * self.threads_x * 4,
+            Reduction::Workgroup => block_m * threads_x * 4,
             Reduction::Subgroup => 0,
         };
-        (staging + p_tile) * elem + reduce
+        sat_u32(u64::try_from((staging + p_tile) * elem + reduce).unwrap_or(u64::MAX))
     }
 
     /// f32 accumulator registers per invocation for the output rows it owns.
     pub fn accumulators(&self, head_dim_pad: u32) -> u32 {
-        self.rows_per_thread() * head_dim_pad / self.threads_x
+        sat_u32(self.rows_per_thread() as u64 * head_dim_pad as u64 / self.threads_x.max(1) as u64)
     }
 }
 

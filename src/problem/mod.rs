@@ -64,20 +64,22 @@ pub struct TensorLayout {
 }
 
 impl TensorLayout {
-    /// A densely packed tensor of the given order.
+    /// A densely packed tensor of the given order. Strides that would overflow saturate at
+    /// `usize::MAX`, which validation then refuses.
     pub fn contiguous(order: Layout, seq: usize, heads: usize, head_dim: usize) -> Self {
+        let mul = usize::saturating_mul;
         match order {
             Layout::Bshd => TensorLayout {
                 offset: 0,
-                batch_stride: seq * heads * head_dim,
-                seq_stride: heads * head_dim,
+                batch_stride: mul(mul(seq, heads), head_dim),
+                seq_stride: mul(heads, head_dim),
                 head_stride: head_dim,
             },
             Layout::Bhsd => TensorLayout {
                 offset: 0,
-                batch_stride: heads * seq * head_dim,
+                batch_stride: mul(mul(heads, seq), head_dim),
                 seq_stride: head_dim,
-                head_stride: seq * head_dim,
+                head_stride: mul(seq, head_dim),
             },
         }
     }
@@ -88,8 +90,11 @@ impl TensorLayout {
     }
 
     /// Number of elements a buffer must hold for a tensor of this extent: one past the last
-    /// element, or `None` if that overflows.
+    /// element, `Some(0)` for an empty tensor (a zero dimension), or `None` if that overflows.
     pub fn required_len(&self, batch: usize, seq: usize, heads: usize, head_dim: usize) -> Option<usize> {
+        if batch == 0 || seq == 0 || heads == 0 || head_dim == 0 {
+            return Some(0);
+        }
         let last = |n: usize, stride: usize| (n - 1).checked_mul(stride);
         self.offset
             .checked_add(last(batch, self.batch_stride)?)?
@@ -151,7 +156,8 @@ impl TensorLayout {
                             self.head_stride
                         );
                     }
-                    inner_extent = stride * count;
+                    // Saturates: a stride past usize::MAX elements already failed `required_len`.
+                    inner_extent = stride.saturating_mul(count);
                 }
             }
         }
@@ -356,7 +362,9 @@ impl AttentionProblem {
         }
     }
 
-    /// Elements a buffer holding `tensor` must have (after validation this cannot overflow).
+    /// Elements a buffer holding `tensor` must have: 0 when a dimension is 0 (which
+    /// [`validate`](Self::validate) refuses), `usize::MAX` when the layout overflows (refused
+    /// too); after validation the exact count.
     pub fn required_len(&self, tensor: Tensor) -> usize {
         let (seq, heads) = self.extent(tensor);
         self.layout(tensor)
@@ -364,9 +372,11 @@ impl AttentionProblem {
             .unwrap_or(usize::MAX)
     }
 
-    /// Elements of the LSE output: `batch · num_heads · seq_q`.
+    /// Elements of the LSE output: `batch · num_heads · seq_q` (saturating at `usize::MAX`,
+    /// which validation refuses).
     pub fn lse_len(&self) -> usize {
-        self.shape.batch * self.shape.num_heads * self.shape.seq_q
+        let s = &self.shape;
+        s.batch.saturating_mul(s.num_heads).saturating_mul(s.seq_q)
     }
 
     /// The softmax scale in use.
@@ -381,7 +391,9 @@ impl AttentionProblem {
 
     /// `seq_kv − seq_q`: query `i` may see keys `j ≤ i + causal_offset` when causal.
     pub fn causal_offset(&self) -> i64 {
-        self.shape.seq_kv as i64 - self.shape.seq_q as i64
+        // In 128 bits, clamped: an unvalidated length may be anything `usize` holds.
+        let offset = self.shape.seq_kv as i128 - self.shape.seq_q as i128;
+        offset.clamp(i64::MIN as i128, i64::MAX as i128) as i64
     }
 
     /// Query heads per K/V head.
@@ -393,7 +405,7 @@ impl AttentionProblem {
     /// (the FlashAttention papers' and PyTorch benchmarks' count).
     pub fn flops(&self) -> f64 {
         let s = &self.shape;
-        let full = 4.0 * (s.batch * s.num_heads) as f64 * s.seq_q as f64 * s.seq_kv as f64 * s.head_dim as f64;
+        let full = 4.0 * s.batch as f64 * s.num_heads as f64 * s.seq_q as f64 * s.seq_kv as f64 * s.head_dim as f64;
         if self.causal {
             full / 2.0
         } else {
@@ -448,6 +460,23 @@ impl AttentionProblem {
             if !scale.is_finite() {
                 return invalid!("softmax scale {scale} is not finite");
             }
+            // The flash kernels apply `scale·log2 e` with exp2: it must be finite too.
+            if !self.softmax_scale_log2().is_finite() {
+                return invalid!(
+                    "softmax scale {scale} is too large: scale·log2(e) overflows f32 (|scale| must be below {:e})",
+                    f32::MAX / std::f32::consts::LOG2_E
+                );
+            }
+        }
+        // The LSE (and D in the backward) is indexed with 32-bit integers.
+        let lse = (s.batch as u64)
+            .checked_mul(s.num_heads as u64)
+            .and_then(|n| n.checked_mul(s.seq_q as u64));
+        if lse.is_none_or(|n| n > u32::MAX as u64) {
+            return Err(Error::TooLarge(format!(
+                "the LSE has batch·num_heads·seq_q = {}·{}·{} rows, more than 32-bit indexing reaches",
+                s.batch, s.num_heads, s.seq_q
+            )));
         }
         for tensor in [Tensor::Q, Tensor::K, Tensor::V, Tensor::O] {
             self.validate_layout(tensor)?;

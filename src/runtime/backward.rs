@@ -8,8 +8,8 @@
 use wgpu::util::DeviceExt;
 
 use crate::error::{Error, Result};
-use crate::gpu::binding::{bind, bind_f32, Bound, TensorBuffer};
-use crate::gpu::readback::{read_back, upload};
+use crate::gpu::binding::{bind, bind_f32, byte_len, check_buffer_size, check_disjoint, Bound, TensorBuffer};
+use crate::gpu::readback::{read_back, upload_queued};
 use crate::plan::{backward_grid, select_backward, BackwardChoice, BackwardConfig, BackwardKernel, BackwardPass};
 use crate::problem::backward::{BackwardProblem, GradTensor};
 use crate::problem::{Element, Tensor};
@@ -22,8 +22,8 @@ use crate::wgsl::KernelConfig;
 /// Read: `q`, `k`, `v`, `o` (laid out as the forward problem says), `lse` (the forward's
 /// `[batch, num_heads, seq_q]` f32 natural-log LSE, −∞ for rows that saw no key) and `d_o`.
 /// Written: `dq`, `dk`, `dv` (laid out as the [`BackwardProblem`] says), which must not share a
-/// buffer with any input (wgpu forbids reading and writing one buffer in a dispatch); `dk` and
-/// `dv` may share one with each other if their elements do not overlap.
+/// buffer with any input (wgpu forbids reading and writing one buffer in a dispatch); they may
+/// share one with each other if their byte ranges (first element to last) do not overlap.
 #[derive(Clone, Copy, Debug)]
 pub struct BackwardBuffers<'a> {
     /// Read: Q at the forward problem's `q_layout`.
@@ -46,8 +46,10 @@ pub struct BackwardBuffers<'a> {
     /// Written: `dL/dV` at `dv_layout` (summed like dK).
     pub dv: TensorBuffer<'a>,
     /// Workspace for `D = rowsum(dO ∘ O)`: `batch·num_heads·seq_q` f32 values, byte offset aligned
-    /// like `lse`'s. Allocated for the call when `None`; give one to reuse it across calls (and to
-    /// record the three kernels separately with [`FlashAttention::encode_backward_pass`]).
+    /// like `lse`'s. Written: it must not share a buffer with `o`, `d_o`, `dq`, `dk`, `dv`, nor
+    /// overlap the bytes of `q`, `k`, `v` or `lse`. Allocated for the call when `None`; give one
+    /// to reuse it across calls (and to record the three kernels separately with
+    /// [`FlashAttention::encode_backward_pass`]).
     pub delta: Option<TensorBuffer<'a>>,
 }
 
@@ -191,6 +193,7 @@ impl FlashAttention {
         passes: &[BackwardPass],
         timestamps: Option<wgpu::ComputePassTimestampWrites<'_>>,
     ) -> Result<()> {
+        self.context().check_device(false)?;
         problem.validate()?;
         self.check_config(problem, config)?;
         let device = &self.context().device;
@@ -205,9 +208,11 @@ impl FlashAttention {
         let delta_buffer = match &buffers.delta {
             Some(d) => *d,
             None => {
+                let bytes = byte_len("delta", problem.forward.lse_len(), 4)?;
+                check_buffer_size("delta", bytes, caps)?;
                 scratch = device.create_buffer(&wgpu::BufferDescriptor {
                     label: Some("wgpu-flash-attn backward delta"),
-                    size: 4 * problem.forward.lse_len() as u64,
+                    size: bytes,
                     usage: wgpu::BufferUsages::STORAGE,
                     mapped_at_creation: false,
                 });
@@ -226,6 +231,9 @@ impl FlashAttention {
                 if d.buffer == other.buffer {
                     return Err(shares("delta", name));
                 }
+            }
+            for (name, read) in [("q", &bound.q), ("k", &bound.k), ("v", &bound.v), ("lse", &bound.lse)] {
+                check_disjoint("delta", &delta, name, read)?;
             }
         }
 
@@ -369,7 +377,7 @@ impl FlashAttention {
         let grad = |t: GradTensor, tb: &TensorBuffer<'a>| {
             bind(t.name(), tb, problem.layout(t), problem.required_len(t), es, caps)
         };
-        Ok(BoundBackward {
+        let bound = BoundBackward {
             q: input(Tensor::Q, &buffers.q)?,
             k: input(Tensor::K, &buffers.k)?,
             v: input(Tensor::V, &buffers.v)?,
@@ -379,7 +387,12 @@ impl FlashAttention {
             dq: grad(GradTensor::DQ, &buffers.dq)?,
             dk: grad(GradTensor::DK, &buffers.dk)?,
             dv: grad(GradTensor::DV, &buffers.dv)?,
-        })
+        };
+        // The gradients may share a buffer, not bytes.
+        check_disjoint("dk", &bound.dk, "dq", &bound.dq)?;
+        check_disjoint("dv", &bound.dv, "dq", &bound.dq)?;
+        check_disjoint("dv", &bound.dv, "dk", &bound.dk)?;
+        Ok(bound)
     }
 
     /// The backward pass on host slices: uploads the inputs (laid out as the problem says), runs
@@ -410,6 +423,8 @@ impl FlashAttention {
             ("lse", inputs.lse.len(), f.lse_len()),
             ("d_o", inputs.d_o.len(), problem.required_len(GradTensor::DO)),
         ];
+        let es = f.dtype.size_bytes();
+        let caps = &self.context().caps;
         for (tensor, got, need) in lengths {
             if got < need {
                 return Err(Error::InvalidBuffer {
@@ -417,10 +432,20 @@ impl FlashAttention {
                     message: format!("the slice holds {got} elements, the problem's layout needs {need}"),
                 });
             }
+            let es = if tensor == "lse" { 4 } else { es };
+            check_buffer_size(tensor, byte_len(tensor, need, es)?, caps)?;
         }
+        // Every buffer is checked before the first is created (see `FlashAttention::forward`).
+        for t in [GradTensor::DQ, GradTensor::DK, GradTensor::DV] {
+            check_buffer_size(t.name(), byte_len(t.name(), problem.required_len(t), es)?, caps)?;
+        }
+        check_buffer_size("delta", byte_len("delta", f.lse_len(), 4)?, caps)?;
+        self.context().check_device(true)?;
+        let queue = &self.context().queue;
         let up = |name, data: &[T], len| {
-            upload(
+            upload_queued(
                 device,
+                queue,
                 name,
                 bytemuck::cast_slice(&data[..len]),
                 wgpu::BufferUsages::empty(),
@@ -430,14 +455,15 @@ impl FlashAttention {
         let k = up("k", inputs.k, lengths[1].2);
         let v = up("v", inputs.v, lengths[2].2);
         let o = up("o", inputs.o, lengths[3].2);
-        let lse = upload(
+        let lse = upload_queued(
             device,
+            queue,
             "lse",
             bytemuck::cast_slice(&inputs.lse[..lengths[4].2]),
             wgpu::BufferUsages::empty(),
         );
         let d_o = up("d_o", inputs.d_o, lengths[5].2);
-        let grad_bytes = |t| (problem.required_len(t) * f.dtype.size_bytes()) as u64;
+        let grad_bytes = |t| problem.required_len(t) as u64 * es as u64;
         let output = |t: GradTensor| {
             device.create_buffer(&wgpu::BufferDescriptor {
                 label: Some(t.name()),
@@ -475,7 +501,10 @@ impl FlashAttention {
             (&dk, 0, grad_bytes(GradTensor::DK)),
             (&dv, 0, grad_bytes(GradTensor::DV)),
         ];
-        let bytes = read_back(device, &self.context().queue, &ranges).await?;
+        let bytes = read_back(device, queue, &ranges).await;
+        // An error the device recorded meanwhile explains a failed read-back, and spoils a good one.
+        self.context().check_device(false)?;
+        let bytes = bytes?;
         let all = [&q, &k, &v, &o, &lse, &d_o, &dq, &dk, &dv, &delta];
         Ok(BackwardOutput {
             dq: bytemuck::pod_collect_to_vec(&bytes[0]),

@@ -5,9 +5,9 @@ use wgpu::util::DeviceExt;
 
 use crate::device::context::GpuContext;
 use crate::error::{Error, Result};
-use crate::gpu::binding::{bind, bind_f32, Bound, TensorBuffer};
+use crate::gpu::binding::{bind, bind_f32, byte_len, check_buffer_size, check_disjoint, Bound, TensorBuffer};
 use crate::gpu::pipelines::{BoundsChecks, PipelineCache};
-use crate::gpu::readback::{read_back, upload};
+use crate::gpu::readback::{read_back, upload_queued};
 use crate::plan::{num_q_tiles, select_forward, ForwardKernel, KernelChoice};
 use crate::problem::{AttentionProblem, Element, Tensor};
 use crate::wgsl::params::Params;
@@ -27,7 +27,8 @@ pub struct ForwardBuffers<'a> {
     /// buffer in a dispatch).
     pub o: TensorBuffer<'a>,
     /// `[batch, num_heads, seq_q]` f32, written when given. Its byte offset must meet the
-    /// device's `min_storage_buffer_offset_alignment`.
+    /// device's `min_storage_buffer_offset_alignment`. It may share a buffer with `o` if their
+    /// bytes do not overlap.
     pub lse: Option<TensorBuffer<'a>>,
 }
 
@@ -194,6 +195,7 @@ impl FlashAttention {
         buffers: &ForwardBuffers<'_>,
         timestamps: Option<wgpu::ComputePassTimestampWrites<'_>>,
     ) -> Result<ForwardKernel> {
+        self.ctx.check_device(false)?;
         let config = self.select(problem)?;
         let pipeline = self.pipelines.get(&Self::pipeline_key(&config))?;
         let bound = self.bind_forward(problem, buffers)?;
@@ -253,13 +255,16 @@ impl FlashAttention {
             Some(l) => bind_f32("lse", l, problem.lse_len(), caps)?,
             None => bind_f32("lse", &unused, 1, caps)?,
         };
-        Ok([
+        let bound = [
             tensor(Tensor::Q, &buffers.q)?,
             tensor(Tensor::K, &buffers.k)?,
             tensor(Tensor::V, &buffers.v)?,
             tensor(Tensor::O, &buffers.o)?,
             lse,
-        ])
+        ];
+        // Both are written: O and the LSE may share a buffer, not bytes.
+        check_disjoint("lse", &bound[4], "o", &bound[3])?;
+        Ok(bound)
     }
 
     fn uniform(&self, params: &Params) -> wgpu::Buffer {
@@ -319,9 +324,12 @@ impl FlashAttention {
                 got: T::DTYPE,
             });
         }
-        let device = &self.ctx.device;
-        let mut inputs = Vec::new();
-        for (t, data) in [(Tensor::Q, q), (Tensor::K, k), (Tensor::V, v)] {
+        self.ctx.check_device(true)?;
+        // Every check before the first allocation: a buffer the device cannot create would be
+        // reported to its uncaptured-error handler (wgpu's default panics).
+        let es = problem.dtype.size_bytes();
+        let inputs = [(Tensor::Q, q), (Tensor::K, k), (Tensor::V, v)];
+        for (t, data) in inputs {
             let need = problem.required_len(t);
             if data.len() < need {
                 return Err(Error::InvalidBuffer {
@@ -332,15 +340,17 @@ impl FlashAttention {
                     ),
                 });
             }
-            inputs.push(upload(
-                device,
-                t.name(),
-                bytemuck::cast_slice(&data[..need]),
-                wgpu::BufferUsages::empty(),
-            ));
+            check_buffer_size(t.name(), byte_len(t.name(), need, es)?, &self.ctx.caps)?;
         }
-        let o_bytes = (problem.required_len(Tensor::O) * problem.dtype.size_bytes()) as u64;
-        let lse_bytes = 4 * problem.lse_len() as u64;
+        let o_bytes = byte_len("o", problem.required_len(Tensor::O), es)?;
+        let lse_bytes = byte_len("lse", problem.lse_len(), 4)?;
+        check_buffer_size("o", o_bytes, &self.ctx.caps)?;
+        check_buffer_size("lse", lse_bytes, &self.ctx.caps)?;
+        let device = &self.ctx.device;
+        let inputs = inputs.map(|(t, data)| {
+            let bytes = bytemuck::cast_slice(&data[..problem.required_len(t)]);
+            upload_queued(device, &self.ctx.queue, t.name(), bytes, wgpu::BufferUsages::empty())
+        });
         let output = |label, size| {
             device.create_buffer(&wgpu::BufferDescriptor {
                 label: Some(label),
@@ -361,7 +371,10 @@ impl FlashAttention {
         let mut encoder = device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some(&kernel) });
         encode(self, &mut encoder, &buffers)?;
         self.ctx.queue.submit([encoder.finish()]);
-        let mut bytes = read_back(device, &self.ctx.queue, &[(&o, 0, o_bytes), (&lse, 0, lse_bytes)]).await?;
+        let bytes = read_back(device, &self.ctx.queue, &[(&o, 0, o_bytes), (&lse, 0, lse_bytes)]).await;
+        // An error the device recorded meanwhile explains a failed read-back, and spoils a good one.
+        self.ctx.check_device(false)?;
+        let mut bytes = bytes?;
         let lse_out = bytemuck::pod_collect_to_vec(&bytes.pop().unwrap_or_default());
         let out = bytemuck::pod_collect_to_vec(&bytes.pop().unwrap_or_default());
         let device_bytes = inputs.iter().map(|b| b.size()).sum::<u64>() + o.size() + lse.size() + scratch_bytes;
@@ -398,6 +411,19 @@ impl FlashAttention {
                 s.seq_q
             )));
         }
+        // The score and PV passes run 16×16 tiles (see `encode_naive`'s grids).
+        for (what, n) in [
+            ("key", s.seq_kv.div_ceil(16)),
+            ("query", s.seq_q.div_ceil(16)),
+            ("head_dim", (s.head_dim / 4).div_ceil(16)),
+        ] {
+            if n > max_dim {
+                return Err(Error::TooLarge(format!(
+                    "the naive kernel's grid has {n} {what} tiles of 16, more than the device's {max_dim} \
+                     workgroups per dispatch dimension"
+                )));
+            }
+        }
         let total = s.batch * s.num_heads;
         let heads_per_pass = ((limit / per_head) as usize).min(total).min(max_dim);
         Ok(NaivePlan {
@@ -417,6 +443,7 @@ impl FlashAttention {
         buffers: &ForwardBuffers<'_>,
         timestamps: Option<wgpu::ComputePassTimestampWrites<'_>>,
     ) -> Result<NaivePlan> {
+        self.ctx.check_device(false)?;
         let plan = self.naive_plan(problem)?;
         let pipelines = NaivePass::ALL.map(|pass| {
             self.pipelines.get(&KernelConfig::Naive {

@@ -1,0 +1,465 @@
+//! The hardening issue's findings, one test each: inputs that used to panic (in wgpu, or on an
+//! arithmetic overflow in a debug build) or to give silently wrong results now give an `Error`.
+
+mod common;
+
+use common::gpu;
+use wgpu_flash_attn::kernel::{TilePlan, TiledChoice, Variant};
+use wgpu_flash_attn::plan::{backward_grid, select_backward, BackwardChoice, BackwardPass};
+use wgpu_flash_attn::{
+    AttentionProblem, AttentionShape, BackwardBuffers, BackwardInputs, BackwardProblem, DType, Error, FlashAttention,
+    ForwardBuffers, GpuContext, GradTensor, KernelChoice, Layout, Options, Tensor, TensorBuffer, TensorLayout,
+};
+
+fn storage(ctx: &GpuContext, bytes: u64) -> wgpu::Buffer {
+    ctx.device.create_buffer(&wgpu::BufferDescriptor {
+        label: Some("test"),
+        size: bytes,
+        usage: wgpu::BufferUsages::STORAGE,
+        mapped_at_creation: false,
+    })
+}
+
+/// A device on the test adapter with the given limits and features, wrapped as a caller's device
+/// (`GpuContext::from_device`: wgpu's default handler, which panics on an uncaptured error).
+fn device_with(limits: impl FnOnce(&mut wgpu::Limits), features: wgpu::Features) -> Option<GpuContext> {
+    gpu()?;
+    let instance = wgpu::Instance::new(wgpu::InstanceDescriptor::new_without_display_handle_from_env());
+    let adapter = pollster::block_on(wgpu_flash_attn::device::context::best_adapter(&instance)).ok()?;
+    let mut required_limits = adapter.limits();
+    limits(&mut required_limits);
+    let (device, queue) = pollster::block_on(adapter.request_device(&wgpu::DeviceDescriptor {
+        label: Some("hardening test"),
+        required_features: adapter.features() & features,
+        required_limits,
+        ..Default::default()
+    }))
+    .expect("request_device");
+    Some(GpuContext::from_device(device, queue, adapter.get_info()))
+}
+
+/// 2 KiB buffers: every tensor of [`small`] fits (1 KiB), its three gradients together do not.
+fn tiny_device() -> Option<GpuContext> {
+    device_with(
+        |l| {
+            l.max_buffer_size = 2048;
+            l.max_storage_buffer_binding_size = 2048;
+            l.max_uniform_buffer_binding_size = 2048;
+        },
+        wgpu::Features::SUBGROUP | wgpu::Features::SUBGROUP_BARRIER,
+    )
+}
+
+/// 1 batch, 8 rows, 1 head, head_dim 32, f32: 1 KiB per tensor.
+fn small() -> AttentionProblem {
+    AttentionProblem::mha(1, 8, 1, 32, DType::F32)
+}
+
+fn values(n: usize, seed: u32) -> Vec<f32> {
+    (0..n)
+        .map(|i| (((i as u32).wrapping_mul(2654435761) ^ seed) % 1000) as f32 / 1000.0 - 0.5)
+        .collect()
+}
+
+/// Finding 1: host-slice calls on a device with small buffer limits. An output that does not fit
+/// is an error before anything is allocated; outputs that fit one by one but not together are
+/// read back in several staging buffers.
+#[test]
+fn tiny_buffer_limits_are_errors_not_panics() {
+    let Some(ctx) = tiny_device() else { return };
+    let engine = FlashAttention::new(&ctx);
+    let p = small();
+    let n = p.required_len(Tensor::Q);
+    let (q, k, v) = (values(n, 1), values(n, 2), values(n, 3));
+    let fwd = engine.forward_blocking(&p, &q, &k, &v).unwrap();
+
+    // O laid out 512 elements in: a 3 KiB buffer for a 1 KiB tensor.
+    let mut o = p.o_layout;
+    o.offset = 512;
+    let e = engine
+        .forward_blocking(&p.with_tensor_layout(Tensor::O, o), &q, &k, &v)
+        .unwrap_err();
+    assert!(matches!(e, Error::TooLarge(ref m) if m.contains("`o`")), "{e}");
+    // The same for an input.
+    let mut ql = p.q_layout;
+    ql.offset = 512;
+    let long_q = values(n + 512, 4);
+    let e = engine
+        .forward_blocking(&p.with_tensor_layout(Tensor::Q, ql), &long_q, &k, &v)
+        .unwrap_err();
+    assert!(matches!(e, Error::TooLarge(ref m) if m.contains("`q`")), "{e}");
+    // And the naive kernel.
+    let e = engine
+        .naive_forward_blocking(&p.with_tensor_layout(Tensor::O, o), &q, &k, &v)
+        .unwrap_err();
+    assert!(matches!(e, Error::TooLarge(_)), "{e}");
+
+    // Three 1 KiB gradients: 3 KiB to read back through 2 KiB staging buffers.
+    let d_o = values(n, 5);
+    let inputs = BackwardInputs {
+        q: &q,
+        k: &k,
+        v: &v,
+        o: &fwd.out,
+        lse: &fwd.lse,
+        d_o: &d_o,
+    };
+    let grads = engine.backward_blocking(p, &inputs).unwrap();
+    let reference = FlashAttention::new(gpu().unwrap())
+        .backward_blocking(p, &inputs)
+        .unwrap();
+    assert_eq!(grads.dq, reference.dq);
+    assert_eq!(grads.dk, reference.dk);
+    assert_eq!(grads.dv, reference.dv);
+
+    // A gradient that does not fit.
+    let mut dv = p.v_layout;
+    dv.offset = 512;
+    let e = engine
+        .backward_blocking(BackwardProblem::new(p).with_grad_layout(GradTensor::DV, dv), &inputs)
+        .unwrap_err();
+    assert!(matches!(e, Error::TooLarge(ref m) if m.contains("`dv`")), "{e}");
+}
+
+/// Finding 2, first half: a shader module the device rejects (here: f16 tiles on a device created
+/// without `shader-f16`, whose caps claim it) is an `Error::Shader` from the error scope, not a
+/// panic in the caller's (default) uncaptured-error handler.
+#[test]
+fn shader_module_errors_are_caught_by_the_scope() {
+    let Some(mut ctx) = device_with(|_| {}, wgpu::Features::empty()) else {
+        return;
+    };
+    ctx.caps.shader_f16 = true;
+    let engine = FlashAttention::with_options(
+        &ctx,
+        Options {
+            choice: KernelChoice::variant(Variant::WORKGROUP_F16),
+            ..Default::default()
+        },
+    );
+    let p = AttentionProblem::mha(1, 8, 1, 32, DType::F16);
+    let x = vec![half::f16::ONE; p.required_len(Tensor::Q)];
+    let e = engine.forward_blocking(&p, &x, &x, &x).unwrap_err();
+    assert!(matches!(e, Error::Shader { .. }), "{e}");
+}
+
+/// Finding 2, second half: on a device the library created, an error wgpu does not report to a
+/// scope is recorded and returned by the next call on that context (once), instead of panicking.
+#[test]
+fn uncaptured_errors_on_library_devices_are_returned() {
+    if gpu().is_none() {
+        return;
+    }
+    let ctx = pollster::block_on(GpuContext::new()).unwrap();
+    let engine = FlashAttention::new(&ctx);
+    let p = small();
+    let x = values(p.required_len(Tensor::Q), 1);
+    // A buffer larger than the device allows: a validation error outside any scope.
+    let _big = ctx.device.create_buffer(&wgpu::BufferDescriptor {
+        label: Some("too large"),
+        size: ctx.caps.max_buffer_bytes + 4,
+        usage: wgpu::BufferUsages::STORAGE,
+        mapped_at_creation: false,
+    });
+    let e = engine.forward_blocking(&p, &x, &x, &x).unwrap_err();
+    assert!(e.to_string().contains("too large"), "{e}");
+    // Reported once: the device itself is fine.
+    engine.forward_blocking(&p, &x, &x, &x).unwrap();
+}
+
+/// Finding 2: a lost (here: destroyed) device is an error on every later call.
+#[test]
+fn lost_devices_are_errors() {
+    if gpu().is_none() {
+        return;
+    }
+    let ctx = pollster::block_on(GpuContext::new()).unwrap();
+    let engine = FlashAttention::new(&ctx);
+    let p = small();
+    let x = values(p.required_len(Tensor::Q), 1);
+    engine.forward_blocking(&p, &x, &x, &x).unwrap();
+    ctx.device.destroy();
+    for _ in 0..2 {
+        let e = engine.forward_blocking(&p, &x, &x, &x).unwrap_err();
+        assert!(e.to_string().contains("lost"), "{e}");
+    }
+}
+
+/// Finding 3: sizes computed with overflow on zero and huge dimensions (debug builds panicked).
+#[test]
+fn zero_and_huge_sizes_do_not_overflow() {
+    // An empty tensor needs no elements.
+    let l = TensorLayout::contiguous(Layout::Bshd, 8, 2, 16);
+    for dims in [(0, 8, 2, 16), (1, 0, 2, 16), (1, 8, 0, 16), (1, 8, 2, 0)] {
+        assert_eq!(l.required_len(dims.0, dims.1, dims.2, dims.3), Some(0), "{dims:?}");
+    }
+    // The README's first call, with a zero dimension: required_len is 0, validation says why.
+    for zero in 0..5 {
+        let mut s = [2, 16, 16, 4, 2];
+        s[zero] = 0;
+        let p = AttentionProblem::new(
+            AttentionShape {
+                batch: s[0],
+                seq_q: s[1],
+                seq_kv: s[2],
+                num_heads: s[3],
+                num_kv_heads: s[4],
+                head_dim: 32,
+            },
+            DType::F32,
+        );
+        for t in [Tensor::Q, Tensor::K, Tensor::V, Tensor::O] {
+            let _ = p.required_len(t);
+        }
+        let _ = p.lse_len();
+        let e = p.validate().unwrap_err();
+        assert!(matches!(e, Error::InvalidProblem(ref m) if m.contains("is 0")), "{e}");
+    }
+    // Shapes whose contiguous strides overflow are refused, not wrapped.
+    for huge in [usize::MAX, usize::MAX / 2, 1 << 40, i32::MAX as usize] {
+        for p in [
+            AttentionProblem::mha(huge, 8, 1, 32, DType::F32),
+            AttentionProblem::mha(1, huge, 1, 32, DType::F32),
+            AttentionProblem::mha(1, 8, huge, 32, DType::F32).with_layout(Layout::Bhsd),
+            AttentionProblem::mha(huge, huge, huge, 256, DType::BF16),
+        ] {
+            let _ = (p.required_len(Tensor::Q), p.lse_len(), p.flops());
+            let e = p.validate().unwrap_err();
+            assert!(matches!(e, Error::TooLarge(_) | Error::InvalidProblem(_)), "{e}");
+        }
+    }
+}
+
+/// Finding 3: byte offsets near `u64::MAX` in `bind()`.
+#[test]
+fn byte_offsets_near_u64_max_are_errors() {
+    let Some(ctx) = gpu() else { return };
+    let engine = FlashAttention::new(ctx);
+    let p = small().with_tensor_layout(Tensor::Q, {
+        let mut l = small().q_layout;
+        l.offset = 64;
+        l
+    });
+    let bytes = 4 * p.required_len(Tensor::Q) as u64;
+    let (q, k, v, o) = (
+        storage(ctx, bytes),
+        storage(ctx, bytes),
+        storage(ctx, bytes),
+        storage(ctx, bytes),
+    );
+    let lse = storage(ctx, 256);
+    let good = ForwardBuffers {
+        q: TensorBuffer::new(&q),
+        k: TensorBuffer::new(&k),
+        v: TensorBuffer::new(&v),
+        o: TensorBuffer::new(&o),
+        lse: Some(TensorBuffer::new(&lse)),
+    };
+    let far = u64::MAX - 255;
+    for buffers in [
+        ForwardBuffers {
+            q: TensorBuffer::at(&q, far),
+            ..good
+        },
+        ForwardBuffers {
+            o: TensorBuffer::at(&o, far),
+            ..good
+        },
+        ForwardBuffers {
+            lse: Some(TensorBuffer::at(&lse, far)),
+            ..good
+        },
+    ] {
+        let mut encoder = ctx.device.create_command_encoder(&Default::default());
+        let e = engine.encode_forward(&mut encoder, &p, &buffers, None).unwrap_err();
+        assert!(matches!(e, Error::InvalidBuffer { .. }), "{e}");
+    }
+}
+
+/// Finding 3: forced tile plans with zero or huge sizes are refused, not divided by.
+#[test]
+fn forced_plans_with_zero_or_huge_sizes_are_refused() {
+    let Some(ctx) = gpu() else { return };
+    let p = small();
+    let huge = 1 << 30;
+    let plans = [
+        TilePlan::new(0, 64, 8, 16, 16, 16, 1),
+        TilePlan::new(64, 0, 8, 16, 16, 16, 1),
+        TilePlan::new(64, 64, huge, 16, 12, 16, 1),
+        TilePlan::new(64, 64, 8, huge, 16, 16, 1),
+        TilePlan::new(huge, huge, 8, 16, huge, huge, 2),
+        TilePlan::new(u32::MAX, u32::MAX, u32::MAX, u32::MAX, u32::MAX, u32::MAX, u32::MAX),
+        TilePlan::new(0, 0, 0, 0, 0, 0, 0),
+    ];
+    for plan in plans {
+        let engine = FlashAttention::with_options(
+            ctx,
+            Options {
+                choice: KernelChoice::Tiled(TiledChoice {
+                    variant: Some(Variant::WORKGROUP),
+                    plan: Some(plan),
+                }),
+                ..Default::default()
+            },
+        );
+        assert!(engine.select(&p).is_err(), "{plan:?}");
+        for (dkdv, dq) in [(Some(plan), None), (None, Some(plan))] {
+            let choice = BackwardChoice {
+                variant: Some(Variant::WORKGROUP),
+                dkdv_plan: dkdv,
+                dq_plan: dq,
+            };
+            assert!(select_backward(&p.into(), &ctx.caps, &choice).is_err(), "{plan:?}");
+        }
+    }
+    // A preprocessing plan of zero rows, given to the engine directly.
+    let engine = FlashAttention::new(ctx);
+    let mut config = engine.select_backward(p).unwrap();
+    config.preprocess.plan.block_m = 0;
+    let b: BackwardProblem = p.into();
+    let _ = backward_grid(&b, &config, BackwardPass::Preprocess);
+    let bytes = 4 * p.required_len(Tensor::Q) as u64;
+    let t: Vec<wgpu::Buffer> = (0..10).map(|_| storage(ctx, bytes)).collect();
+    let buffers = BackwardBuffers {
+        q: TensorBuffer::new(&t[0]),
+        k: TensorBuffer::new(&t[1]),
+        v: TensorBuffer::new(&t[2]),
+        o: TensorBuffer::new(&t[3]),
+        lse: TensorBuffer::new(&t[4]),
+        d_o: TensorBuffer::new(&t[5]),
+        dq: TensorBuffer::new(&t[6]),
+        dk: TensorBuffer::new(&t[7]),
+        dv: TensorBuffer::new(&t[8]),
+        delta: Some(TensorBuffer::new(&t[9])),
+    };
+    let mut encoder = ctx.device.create_command_encoder(&Default::default());
+    let e = engine
+        .encode_backward_with(&mut encoder, p, &buffers, &config, None)
+        .unwrap_err();
+    assert!(matches!(e, Error::Unavailable { .. }), "{e}");
+}
+
+/// Finding 3: the naive kernel's grid (`seq_kv / 16` score tiles in x) against the dispatch limit.
+#[test]
+fn naive_grid_beyond_the_dispatch_limit_is_too_large() {
+    let Some(ctx) = gpu() else { return };
+    let engine = FlashAttention::new(ctx);
+    let max = ctx.caps.max_workgroups_per_dimension as usize;
+    let p = AttentionProblem::new(
+        AttentionShape {
+            batch: 1,
+            seq_q: 1,
+            seq_kv: 16 * max + 16,
+            num_heads: 1,
+            num_kv_heads: 1,
+            head_dim: 8,
+        },
+        DType::F32,
+    );
+    let e = engine.naive_plan(&p).unwrap_err();
+    assert!(matches!(e, Error::TooLarge(ref m) if m.contains("naive")), "{e}");
+}
+
+/// Finding 4: a scale whose base-2 form (`scale·log2 e`) is infinite.
+#[test]
+fn scales_that_overflow_in_base_2_are_invalid() {
+    let p = small();
+    for scale in [f32::NAN, f32::INFINITY, f32::NEG_INFINITY, 3.0e38, -3.0e38, f32::MAX] {
+        let e = p.with_scale(scale).validate().unwrap_err();
+        assert!(
+            matches!(e, Error::InvalidProblem(ref m) if m.contains("scale")),
+            "{scale}: {e}"
+        );
+    }
+    for scale in [0.0, -0.0, 1.0e-38, -1.0, 2.0e38, f32::MAX / 1.5] {
+        p.with_scale(scale).validate().unwrap();
+        assert!(p.with_scale(scale).softmax_scale_log2().is_finite());
+    }
+}
+
+/// Finding 5: written tensors that overlap each other or a read tensor in one buffer.
+#[test]
+fn overlapping_written_tensors_are_errors() {
+    let Some(ctx) = gpu() else { return };
+    let engine = FlashAttention::new(ctx);
+    let p = small();
+    let bytes = 4 * p.required_len(Tensor::Q) as u64; // 1 KiB
+    let align = (ctx.caps.min_storage_offset_alignment as u64).max(256);
+    let (q, k, v) = (storage(ctx, bytes), storage(ctx, bytes), storage(ctx, bytes));
+    let shared = storage(ctx, 4 * bytes + 4 * align);
+    let lse_bytes = 4 * p.lse_len() as u64;
+    let forward = |o: TensorBuffer<'_>, lse: TensorBuffer<'_>| {
+        let buffers = ForwardBuffers {
+            q: TensorBuffer::new(&q),
+            k: TensorBuffer::new(&k),
+            v: TensorBuffer::new(&v),
+            o,
+            lse: Some(lse),
+        };
+        let mut encoder = ctx.device.create_command_encoder(&Default::default());
+        engine.encode_forward(&mut encoder, &p, &buffers, None).map(|_| ())
+    };
+    // O and the LSE in one buffer: apart is fine, overlapping is not.
+    forward(
+        TensorBuffer::new(&shared),
+        TensorBuffer::at(&shared, bytes.next_multiple_of(align)),
+    )
+    .unwrap();
+    let e = forward(TensorBuffer::new(&shared), TensorBuffer::at(&shared, 0)).unwrap_err();
+    assert!(
+        matches!(e, Error::InvalidBuffer { ref message, .. } if message.contains("`o`") || message.contains("`lse`")),
+        "{e}"
+    );
+    assert!(lse_bytes < bytes);
+
+    // The backward: dq, dk, dv with each other, and a caller's delta with q, k, v, lse.
+    let inputs: Vec<wgpu::Buffer> = (0..7).map(|_| storage(ctx, bytes)).collect();
+    let grads = storage(ctx, 3 * bytes);
+    let base = BackwardBuffers {
+        q: TensorBuffer::new(&inputs[0]),
+        k: TensorBuffer::new(&inputs[1]),
+        v: TensorBuffer::new(&inputs[2]),
+        o: TensorBuffer::new(&inputs[3]),
+        lse: TensorBuffer::new(&inputs[4]),
+        d_o: TensorBuffer::new(&inputs[5]),
+        dq: TensorBuffer::at(&grads, 0),
+        dk: TensorBuffer::at(&grads, bytes),
+        dv: TensorBuffer::at(&grads, 2 * bytes),
+        delta: Some(TensorBuffer::new(&inputs[6])),
+    };
+    let backward = |b: &BackwardBuffers<'_>| {
+        let mut encoder = ctx.device.create_command_encoder(&Default::default());
+        engine.encode_backward(&mut encoder, p, b, None).map(|_| ())
+    };
+    backward(&base).unwrap();
+    let half = TensorBuffer::at(&grads, bytes / 2);
+    for (written, other, b) in [
+        ("dk", "dq", BackwardBuffers { dk: half, ..base }),
+        ("dv", "dq", BackwardBuffers { dv: half, ..base }),
+        (
+            "dv",
+            "dk",
+            BackwardBuffers {
+                dv: TensorBuffer::at(&grads, bytes + bytes / 2),
+                ..base
+            },
+        ),
+    ] {
+        let e = backward(&b).unwrap_err();
+        assert!(
+            matches!(e, Error::InvalidBuffer { ref message, .. } if e.to_string().contains(written) && message.contains(other)),
+            "{written}/{other}: {e}"
+        );
+    }
+    for (i, read) in [(0, "q"), (1, "k"), (2, "v"), (4, "lse")] {
+        let b = BackwardBuffers {
+            delta: Some(TensorBuffer::new(&inputs[i])),
+            ..base
+        };
+        let e = backward(&b).unwrap_err();
+        assert!(
+            matches!(e, Error::InvalidBuffer { tensor: "delta", ref message } if message.contains(&format!("`{read}`"))),
+            "delta/{read}: {e}"
+        );
+    }
+}
