@@ -48,7 +48,7 @@ pub fn wanted_features() -> wgpu::Features {
 pub struct ContextOptions {
     /// Enable wgpu's experimental cooperative matrices (tensor cores) when the adapter offers
     /// 16×16×16 f16 → f32 ones. They are an opt-in of wgpu's (`ExperimentalFeatures`): wgpu warns
-    /// that experimental features may still have bugs. On by default, because the matrix kernel
+    /// that experimental features may still have bugs. On by default, because the cooperative-matrix kernel
     /// is where the speed is on GPUs that have them; turn off to stay on wgpu's stable surface.
     pub cooperative_matrix: bool,
 }
@@ -61,7 +61,7 @@ impl Default for ContextOptions {
     }
 }
 
-/// Whether an adapter offers the cooperative-matrix configuration the matrix kernel uses.
+/// Whether an adapter offers the cooperative-matrix configuration the cooperative-matrix kernel uses.
 fn offers_f16_matrices(adapter: &wgpu::Adapter) -> bool {
     use wgpu::CooperativeScalarType as T;
     adapter
@@ -106,7 +106,7 @@ impl GpuContext {
         let mut features = adapter.features() & wanted_features();
         let matrices = options.cooperative_matrix && offers_f16_matrices(adapter);
         let experimental_features = if matrices {
-            // The matrix kernel's SPIR-V is our own (src/spirv/coherence.rs): passthrough.
+            // The cooperative-matrix kernel's SPIR-V is our own (src/spirv/coherence.rs): passthrough.
             features |= wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX | wgpu::Features::PASSTHROUGH_SHADERS;
             // SAFETY: wgpu asks callers of experimental features to accept that they may have
             // bugs; `ContextOptions::cooperative_matrix` documents this opt-in and lets the
@@ -131,19 +131,19 @@ impl GpuContext {
         ctx.caps = ctx
             .caps
             .with_cooperative_matrix(&ctx.device, &adapter.cooperative_matrix_properties());
-        // Without a layout the matrix kernel takes its softmax through workgroup memory; the
+        // Without a layout the cooperative-matrix kernel takes its softmax through workgroup memory; the
         // reason is kept in `caps.coop_register_layout_note`.
         ctx.probe_register_layout().await;
         Ok(ctx)
     }
 
     /// Measures how the device lays out cooperative-matrix components over a subgroup (two tiny
-    /// dispatches; src/caps/register_layout.rs) and records it in `caps.coop_register_layout` where the
-    /// matrix kernel can keep its scores in registers with it, else why not in
+    /// dispatches; src/device/layout_probe.rs) and records it in `caps.coop_register_layout` where
+    /// the cooperative-matrix kernel can keep its scores in registers with it, else why not in
     /// `caps.coop_register_layout_note`. Does nothing but record the reason on a device that
-    /// cannot run the matrix kernel. [`from_adapter_with`](Self::from_adapter_with) calls it; call
-    /// it after [`Caps::with_cooperative_matrix`] on a device of your own (created with
-    /// `PASSTHROUGH_SHADERS`, which the library's matrix kernel needs anyway).
+    /// cannot run the cooperative-matrix kernel. [`from_adapter_with`](Self::from_adapter_with)
+    /// calls it; call it after [`Caps::with_cooperative_matrix`] on a device of your own (created
+    /// with `PASSTHROUGH_SHADERS`, which the library's cooperative-matrix kernel needs anyway).
     pub async fn probe_register_layout(&mut self) {
         let result = self.measure_register_layout().await;
         self.caps.coop_register_layout = result.as_ref().ok().copied();

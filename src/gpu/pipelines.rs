@@ -195,7 +195,7 @@ impl PipelineCache {
 }
 
 /// The forward kernels' bindings: params, q, k, v, o, lse (see shaders/flash_fwd.wgsl). Explicit
-/// for the cooperative kernel, whose SPIR-V is passed through without wgpu's reflection.
+/// for the cooperative-matrix kernel, whose SPIR-V is passed through without wgpu's reflection.
 #[cfg(not(target_arch = "wasm32"))]
 pub fn forward_bind_group_layout(device: &wgpu::Device, label: Option<&str>) -> wgpu::BindGroupLayout {
     let entry = buffer_layout_entry;
