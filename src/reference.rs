@@ -215,6 +215,137 @@ mod tests {
     }
 }
 
+// ------------------------------------------------------------------------------------- merge
+
+/// Two partial attention results of the same query rows over disjoint key sets, merged into the
+/// result over their union, in float64: for each row `r` of `[batch, num_heads, seq_q]`,
+/// `lse = m + ln(exp(lse_a − m) + exp(lse_b − m))` with `m = max(lse_a, lse_b)`, and each of its
+/// `head_dim` outputs `o = exp(lse_a − lse)·o_a + exp(lse_b − lse)·o_b`.
+///
+/// A side whose LSE is −∞ (a row that saw no key of that set) has weight 0 and its O is not
+/// read; both −∞ give `o = 0`, `lse = −∞`, as the forward writes a row that sees no key. The
+/// merge is exact, commutative (bit for bit, here and in [`merge_attention_states_host`]) and
+/// associative up to rounding: cascade (shared-prefix) attention, split-KV decode and results
+/// from different devices combine in any order. LSE values are finite or −∞.
+///
+/// `o_a`, `o_b` are laid out as the problem's `o_layout` says, `lse_a`, `lse_b` are f32
+/// `[batch, num_heads, seq_q]` as the forward writes them; only `batch`, `num_heads`, `seq_q`,
+/// `head_dim`, the dtype and `o_layout` of `problem` matter. Errors: the problem's validation
+/// error, [`Error::DTypeMismatch`](crate::error::Error::DTypeMismatch), or
+/// [`Error::InvalidBuffer`](crate::error::Error::InvalidBuffer) for a slice shorter than its tensor.
+///
+/// ```rust
+/// use wgpu_flash_attn::{reference, AttentionProblem, DType};
+/// # fn main() -> wgpu_flash_attn::Result<()> {
+/// let problem = AttentionProblem::mha(1, 1, 1, 8, DType::F32); // one row of 8
+/// let (o_a, o_b) = (vec![1.0f32; 8], vec![4.0f32; 8]);
+/// // Side b's keys carry twice side a's softmax mass: weights 1/3 and 2/3.
+/// let (lse_a, lse_b) = ([0.0f32], [2f32.ln()]);
+/// let r = reference::merge_attention_states(&problem, &o_a, &lse_a, &o_b, &lse_b)?;
+/// assert!((r.out[0] - 3.0).abs() < 1e-6 && (r.lse[0] - 3f64.ln()).abs() < 1e-6);
+/// # Ok(()) }
+/// ```
+pub fn merge_attention_states<T: Element>(
+    problem: &AttentionProblem,
+    o_a: &[T],
+    lse_a: &[f32],
+    o_b: &[T],
+    lse_b: &[f32],
+) -> Result<ReferenceOutput> {
+    check_merge_inputs(problem, o_a, lse_a, o_b, lse_b)?;
+    let s = problem.shape;
+    let mut out = vec![0.0; problem.required_len(Tensor::O)];
+    let mut lse = vec![f64::NEG_INFINITY; problem.lse_len()];
+    for b in 0..s.batch {
+        for h in 0..s.num_heads {
+            for i in 0..s.seq_q {
+                let r = (b * s.num_heads + h) * s.seq_q + i;
+                let (la, lb) = (lse_a[r] as f64, lse_b[r] as f64);
+                let m = la.max(lb);
+                if m == f64::NEG_INFINITY {
+                    continue; // no key on either side: o = 0, lse = −∞
+                }
+                let l = m + ((la - m).exp() + (lb - m).exp()).ln();
+                lse[r] = l;
+                for d in 0..s.head_dim {
+                    let at = problem.o_layout.index(b, i, h, d);
+                    let mut o = 0.0;
+                    // A side with LSE −∞ is skipped, not multiplied by 0: its O is not read.
+                    if la != f64::NEG_INFINITY {
+                        o += (la - l).exp() * o_a[at].to_f64();
+                    }
+                    if lb != f64::NEG_INFINITY {
+                        o += (lb - l).exp() * o_b[at].to_f64();
+                    }
+                    out[at] = o;
+                }
+            }
+        }
+    }
+    Ok(ReferenceOutput { out, lse })
+}
+
+/// A merged result on the host: O in the problem's dtype and `o_layout` (elements the layout
+/// skips are 0), the LSE f32 `[batch, num_heads, seq_q]`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct MergedStates<T> {
+    /// Laid out as the problem's `o_layout` says (`problem.required_len(Tensor::O)` elements).
+    pub out: Vec<T>,
+    /// `[batch, num_heads, seq_q]`, natural log; −∞ for rows neither side saw a key for.
+    pub lse: Vec<f32>,
+}
+
+/// [`merge_attention_states`] on the host without a GPU, returned in the inputs' types: computed
+/// in float64 and rounded once, so it is the reference's result rounded, commutative bit for bit,
+/// and as exact as the storage type allows. On a GPU, `FlashAttention::merge` (host slices) and
+/// `FlashAttention::encode_merge` (the caller's buffers) compute the same in f32. Errors as
+/// [`merge_attention_states`].
+pub fn merge_attention_states_host<T: Element>(
+    problem: &AttentionProblem,
+    o_a: &[T],
+    lse_a: &[f32],
+    o_b: &[T],
+    lse_b: &[f32],
+) -> Result<MergedStates<T>> {
+    let r = merge_attention_states(problem, o_a, lse_a, o_b, lse_b)?;
+    Ok(MergedStates {
+        out: r.out.into_iter().map(T::from_f64).collect(),
+        lse: r.lse.into_iter().map(|x| x as f32).collect(),
+    })
+}
+
+fn check_merge_inputs<T: Element>(
+    problem: &AttentionProblem,
+    o_a: &[T],
+    lse_a: &[f32],
+    o_b: &[T],
+    lse_b: &[f32],
+) -> Result<()> {
+    problem.validate()?;
+    if T::DTYPE != problem.dtype {
+        return Err(crate::error::Error::DTypeMismatch {
+            tensor: "o_a",
+            expected: problem.dtype,
+            got: T::DTYPE,
+        });
+    }
+    let (o_len, lse_len) = (problem.required_len(Tensor::O), problem.lse_len());
+    for (tensor, have, need) in [
+        ("o_a", o_a.len(), o_len),
+        ("lse_a", lse_a.len(), lse_len),
+        ("o_b", o_b.len(), o_len),
+        ("lse_b", lse_b.len(), lse_len),
+    ] {
+        if have < need {
+            return Err(crate::error::Error::InvalidBuffer {
+                tensor,
+                message: format!("holds {have} elements, the problem needs {need}"),
+            });
+        }
+    }
+    Ok(())
+}
+
 // ---------------------------------------------------------------------------------- backward
 
 /// Reference gradients of a whole problem.
