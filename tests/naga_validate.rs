@@ -1,6 +1,6 @@
 //! Every shader module the library can build — each flash configuration selection can return,
-//! each cooperative-matrix configuration, and each naive pass, for every storage type — is parsed
-//! and validated by naga and translated to SPIR-V (Vulkan), MSL (Metal) and, except the
+//! each cooperative-matrix configuration, each naive pass and the merge, for every storage type —
+//! is parsed and validated by naga and translated to SPIR-V (Vulkan), MSL (Metal) and, except the
 //! cooperative-matrix kernel (no cooperative matrices on DX12 in wgpu), HLSL (DX12), so that a
 //! kernel that would break on another platform fails here, on a machine with none of them.
 
@@ -17,6 +17,7 @@ fn every_kernel() -> Vec<KernelConfig> {
         for pass in NaivePass::ALL {
             kernels.push(KernelConfig::Naive { pass, storage });
         }
+        kernels.push(KernelConfig::Merge { storage });
     }
     kernels
 }
@@ -143,6 +144,7 @@ fn shaders_open_with_a_comment_saying_what_they_are() {
         ("naive_scores", NAIVE_SCORES),
         ("naive_softmax", NAIVE_SOFTMAX),
         ("naive_pv", NAIVE_PV),
+        ("merge", MERGE),
     ] {
         assert!(
             src.starts_with(&format!("// {name}.wgsl")),

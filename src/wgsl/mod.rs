@@ -31,6 +31,7 @@ pub const FLASH_BWD_STAGE: &str = include_str!("../../shaders/flash_bwd_stage.wg
 pub const FLASH_BWD_PRE: &str = include_str!("../../shaders/flash_bwd_pre.wgsl");
 pub const FLASH_BWD_DKDV: &str = include_str!("../../shaders/flash_bwd_dkdv.wgsl");
 pub const FLASH_BWD_DQ: &str = include_str!("../../shaders/flash_bwd_dq.wgsl");
+pub const MERGE: &str = include_str!("../../shaders/merge.wgsl");
 
 /// The three passes of standard attention (the naive GPU baseline).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -59,6 +60,10 @@ pub enum KernelConfig {
     },
     /// One of the three kernels of the backward pass (src/plan/backward.rs).
     Backward(BackwardKernel),
+    /// The merge of two partial results by their LSEs (shaders/merge.wgsl), O in `storage`.
+    Merge {
+        storage: DType,
+    },
 }
 
 impl KernelConfig {
@@ -69,6 +74,7 @@ impl KernelConfig {
             KernelConfig::FlashCoop(c) => c.name(),
             KernelConfig::Naive { storage, .. } => format!("{}_{}", self.entry_point(), storage.name()),
             KernelConfig::Backward(k) => k.name(),
+            KernelConfig::Merge { storage } => format!("merge_{}", storage.name()),
         }
     }
 
@@ -83,6 +89,7 @@ impl KernelConfig {
                 NaivePass::Pv => "naive_pv",
             },
             KernelConfig::Backward(k) => k.pass().entry_point(),
+            KernelConfig::Merge { .. } => "merge",
         }
     }
 
@@ -143,6 +150,11 @@ impl KernelConfig {
                 });
             }
             KernelConfig::Backward(k) => backward_source(k, &mut src),
+            KernelConfig::Merge { storage } => {
+                for part in [COMMON, storage_codec(*storage), MERGE] {
+                    src.push_str(part);
+                }
+            }
             KernelConfig::FlashCoop(c) => {
                 src.push_str("enable f16;\nenable wgpu_cooperative_matrix;\n");
                 src.push_str(&format!(

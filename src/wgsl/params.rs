@@ -89,6 +89,17 @@ impl Params {
     }
 }
 
+impl Params {
+    /// The merge kernel's parameters (shaders/merge.wgsl): the bound strides of o_a, o_b and o in
+    /// the q, k and o slots, the problem's seq_q, num_heads and head_dim.
+    pub fn for_merge(problem: &AttentionProblem, [o_a, o_b, o]: [TensorStrides; 3], write_lse: bool) -> Self {
+        let mut params = Params::for_problem(problem, 1.0);
+        (params.q, params.k, params.o) = (o_a, o_b, o);
+        params.write_lse = write_lse as u32;
+        params
+    }
+}
+
 /// `GradParams` in flash_bwd_common.wgsl: the layouts of the backward's extra tensors and the
 /// natural softmax scale (binding 1 of the backward kernels, beside `Params` at binding 0).
 #[repr(C)]
