@@ -27,6 +27,10 @@
 //! * The backward pass ([`FlashAttention::backward`], [`FlashAttention::encode_backward`]) computes
 //!   dQ, dK and dV from Q, K, V, O, the forward's LSE and dO by recomputation, in O(seq) memory;
 //!   [`BackwardProblem`] adds the gradients' layouts.
+//! * Two partial results of the same rows over disjoint keys (a shared prefix and a suffix, KV
+//!   splits, other devices) merge exactly by their LSEs: [`FlashAttention::merge`],
+//!   [`FlashAttention::encode_merge`], or [`reference::merge_attention_states_host`] without a
+//!   GPU.
 //! * With `--features cuda`, `cuda` runs the same problems natively on NVIDIA GPUs
 //!   (`cuda::CudaAttention`): FlashAttention-2/3 style tensor-core kernels compiled by NVRTC.
 //! * [`reference`](mod@reference) is a float64 CPU implementation (forward and gradients); [`testing`] has seeded
@@ -110,5 +114,6 @@ pub use problem::backward::{BackwardProblem, GradTensor};
 pub use problem::{AttentionProblem, AttentionShape, DType, Element, Layout, Tensor, TensorLayout};
 pub use runtime::backward::{BackwardBuffers, BackwardInputs, BackwardOutput};
 pub use runtime::forward::{AttentionOutput, FlashAttention, ForwardBuffers, Options};
+pub use runtime::merge::MergeBuffers;
 
 pub mod kernel;

@@ -526,7 +526,7 @@ impl FlashAttention {
     }
 }
 
-fn shares(written: &'static str, read: &str) -> Error {
+pub(crate) fn shares(written: &'static str, read: &str) -> Error {
     Error::InvalidBuffer {
         tensor: written,
         message: format!("shares a buffer with `{read}`; wgpu forbids reading and writing one buffer in a dispatch"),

@@ -115,6 +115,11 @@ impl FlashAttention {
         &self.pipelines
     }
 
+    /// The 4-byte buffer bound in place of an LSE the caller does not want (src/runtime/merge.rs).
+    pub(crate) fn unused_lse(&self) -> &wgpu::Buffer {
+        &self.unused_lse
+    }
+
     /// The flash kernel this engine would run for `problem`, without building anything: the
     /// problem's validation error, or [`Error::Unavailable`] (every reason) where no kernel, or
     /// not the forced one, runs it on this device, or [`Error::TooLarge`] where the grid exceeds

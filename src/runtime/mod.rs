@@ -1,5 +1,7 @@
 //! The engines: [`FlashAttention`](forward::FlashAttention) runs the forward pass (flash and
-//! naive kernels) and, in [`backward`], the gradients, on host slices or on the caller's buffers.
+//! naive kernels), in [`backward`], the gradients, and in [`merge`], the merge of two partial
+//! results by their LSEs, on host slices or on the caller's buffers.
 
 pub mod backward;
 pub mod forward;
+pub mod merge;
