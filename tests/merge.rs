@@ -39,7 +39,7 @@ fn o_bounds(dtype: DType) -> (f64, f64) {
 
 fn split_case<T: Element>(
     attn: &FlashAttention,
-    (batch, seq_q, n, heads, kv_heads, d): (usize, usize, usize, usize, usize, usize),
+    (batch, seq_q, n, heads, kv_heads, d): Dims,
     split: usize,
     causal: bool,
 ) {
@@ -117,7 +117,11 @@ fn split_case<T: Element>(
     }
 }
 
-const SPLITS: [((usize, usize, usize, usize, usize, usize), usize, bool); 6] = [
+/// (batch, seq_q, seq_kv, heads, kv_heads, head_dim), as `common::SHAPES`.
+type Dims = (usize, usize, usize, usize, usize, usize);
+
+/// Shape, the first suffix key, causal.
+const SPLITS: [(Dims, usize, bool); 6] = [
     ((1, 1, 300, 4, 1, 128), 100, false), // decode: one query row, MQA
     ((2, 17, 40, 4, 2, 32), 13, false),   // GQA 2, batch 2
     ((1, 33, 97, 8, 2, 64), 96, false),   // GQA 4, a one-key suffix
