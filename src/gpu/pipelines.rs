@@ -7,26 +7,8 @@ use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll, Waker};
 
 use crate::error::{Error, Result};
+use crate::plan::choice::BoundsChecks;
 use crate::wgsl::KernelConfig;
-
-/// Whether wgpu adds bounds checks to the kernels' memory accesses.
-///
-/// Off by default: wgpu's checks make the flash kernel about 10× slower (on an H200:
-/// docs/perf-history.md, "Bounds checks on vs off"), because they clamp every index into the
-/// per-invocation register arrays as well as into storage, which keeps the driver from holding
-/// those arrays in registers.
-/// Dropping them is sound here because the host checks, before every dispatch, that each
-/// tensor's whole extent lies inside its binding, and the kernels guard every row and column they
-/// touch and index workgroup and register arrays with compile-time bounds.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
-pub enum BoundsChecks {
-    /// wgpu's default checks: every index is clamped at run time.
-    On,
-    /// Modules created with `create_shader_module_trusted` and no runtime checks. Browsers
-    /// always check, whatever is asked here.
-    #[default]
-    Off,
-}
 
 /// The verdict of the error scopes around a build: `Some(message)` if wgpu rejected the module or
 /// the pipeline, or ran out of memory or failed internally while creating them.

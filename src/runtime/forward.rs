@@ -6,9 +6,9 @@ use wgpu::util::DeviceExt;
 use crate::device::context::GpuContext;
 use crate::error::{Error, Result};
 use crate::gpu::binding::{bind, bind_f32, byte_len, check_buffer_size, check_disjoint, Bound, TensorBuffer};
-use crate::gpu::pipelines::{BoundsChecks, PipelineCache};
+use crate::gpu::pipelines::PipelineCache;
 use crate::gpu::readback::{read_back, upload_queued};
-use crate::plan::{num_q_tiles, select_forward, ForwardKernel, KernelChoice};
+use crate::plan::{num_q_tiles, select_forward, BoundsChecks, ForwardKernel, KernelChoice};
 use crate::problem::{AttentionProblem, Element, Tensor};
 use crate::wgsl::params::Params;
 use crate::wgsl::{KernelConfig, NaivePass};
@@ -51,7 +51,8 @@ pub struct AttentionOutput<T> {
 pub struct Options {
     /// Which kernel variant and tile plan to use; automatic by default.
     pub choice: KernelChoice,
-    /// Whether shaders are compiled with wgpu's run-time bounds checks; off by default.
+    /// Whether shaders are compiled with wgpu's run-time bounds checks; off by default. On rules
+    /// out the cooperative-matrix kernel, which wgpu cannot check ([`BoundsChecks`]).
     pub bounds_checks: BoundsChecks,
 }
 
@@ -120,7 +121,12 @@ impl FlashAttention {
     /// not the forced one, runs it on this device, or [`Error::TooLarge`] where the grid exceeds
     /// the dispatch limits.
     pub fn select(&self, problem: &AttentionProblem) -> Result<ForwardKernel> {
-        select_forward(problem, &self.ctx.caps, &self.options.choice)
+        select_forward(
+            problem,
+            &self.ctx.caps,
+            &self.options.choice,
+            self.options.bounds_checks,
+        )
     }
 
     fn pipeline_key(kernel: &ForwardKernel) -> KernelConfig {
