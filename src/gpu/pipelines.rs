@@ -53,7 +53,16 @@ impl PipelineCache {
         Ok(self.insert(config, pipeline))
     }
 
-    /// Like [`get`](Self::get), but waits for the error scope on every platform.
+    /// Like [`get`](Self::get), but waits for the error scope on every platform. On native
+    /// backends that is [`get`](Self::get) itself: the scope has resolved when the build returns,
+    /// and not holding its (`!Send`) future keeps the callers' futures `Send`.
+    #[cfg(not(target_arch = "wasm32"))]
+    pub async fn get_async(&self, config: &KernelConfig) -> Result<Arc<wgpu::ComputePipeline>> {
+        self.get(config)
+    }
+
+    /// Like [`get`](Self::get), but waits for the error scope, which on the web resolves later.
+    #[cfg(target_arch = "wasm32")]
     pub async fn get_async(&self, config: &KernelConfig) -> Result<Arc<wgpu::ComputePipeline>> {
         if let Some(p) = self.cached(config) {
             return Ok(p);
