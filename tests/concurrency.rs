@@ -4,6 +4,8 @@
 
 mod common;
 
+use std::sync::Barrier;
+
 use common::gpu;
 use wgpu_flash_attn::{AttentionProblem, BackwardInputs, DType, FlashAttention, Tensor};
 
@@ -26,6 +28,67 @@ type Inputs = (Vec<f32>, Vec<f32>, Vec<f32>);
 fn inputs(p: &AttentionProblem) -> Inputs {
     let n = p.required_len(Tensor::Q);
     (values(n, 1), values(n, 2), values(n, 3))
+}
+
+/// 16 threads on one fresh engine, released together into their first call; thread `i` runs
+/// `problems[i % problems.len()]`. Returns each thread's (O, LSE) and the engine's builds.
+fn race(problems: &[AttentionProblem], data: &[Inputs]) -> (Vec<(Vec<f32>, Vec<f32>)>, usize) {
+    const THREADS: usize = 16;
+    let engine = FlashAttention::new(gpu().unwrap());
+    let start = Barrier::new(THREADS);
+    let outputs = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..THREADS)
+            .map(|i| {
+                let (engine, start) = (&engine, &start);
+                let (p, (q, k, v)) = (&problems[i % problems.len()], &data[i % problems.len()]);
+                s.spawn(move || {
+                    start.wait();
+                    let r = engine.forward_blocking(p, q, k, v).unwrap();
+                    (r.out, r.lse)
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    (outputs, engine.pipeline_builds())
+}
+
+/// Finding: concurrent first use built a pipeline once per racing thread.
+#[test]
+fn concurrent_first_use_builds_each_pipeline_once() {
+    let Some(ctx) = gpu() else { return };
+    let problems = problems();
+    let data: Vec<Inputs> = problems.iter().map(inputs).collect();
+    let sequential = FlashAttention::new(ctx);
+    let expected: Vec<(Vec<f32>, Vec<f32>)> = problems
+        .iter()
+        .zip(&data)
+        .map(|(p, (q, k, v))| {
+            let r = sequential.forward_blocking(p, q, k, v).unwrap();
+            (r.out, r.lse)
+        })
+        .collect();
+    assert_eq!(sequential.pipeline_builds(), 2, "the two problems need two pipelines");
+
+    for n in [1, 2] {
+        let (outputs, builds) = race(&problems[..n], &data[..n]);
+        assert_eq!(builds, n, "{n} problem(s) raced by 16 threads: one build per pipeline");
+        for (i, (out, lse)) in outputs.iter().enumerate() {
+            let (want_out, want_lse) = &expected[i % n];
+            // Bit-identical: the same kernel on the same inputs.
+            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            assert_eq!(
+                bits(out),
+                bits(want_out),
+                "thread {i}: O differs from the sequential run"
+            );
+            assert_eq!(
+                bits(lse),
+                bits(want_lse),
+                "thread {i}: LSE differs from the sequential run"
+            );
+        }
+    }
 }
 
 fn assert_send<T: Send>(_: T) {}

@@ -116,6 +116,12 @@ impl FlashAttention {
         &self.pipelines
     }
 
+    /// Pipeline builds this engine has started (for tests that count them).
+    #[cfg(feature = "internals")]
+    pub fn pipeline_builds(&self) -> usize {
+        self.pipelines.builds()
+    }
+
     /// The flash kernel this engine would run for `problem`, without building anything: the
     /// problem's validation error, or [`Error::Unavailable`] (every reason) where no kernel, or
     /// not the forced one, runs it on this device, or [`Error::TooLarge`] where the grid exceeds
