@@ -99,6 +99,8 @@ fn assert_send<T: Send>(_: T) {}
 #[cfg(not(target_arch = "wasm32"))]
 #[test]
 fn async_api_futures_are_send() {
+    fn shared_by_threads<T: Send + Sync>() {}
+    shared_by_threads::<FlashAttention>();
     let Some(ctx) = gpu() else { return };
     let engine = FlashAttention::new(ctx);
     let p = problems()[0];
