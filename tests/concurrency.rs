@@ -24,6 +24,8 @@ fn problems() -> [AttentionProblem; 2] {
 }
 
 type Inputs = (Vec<f32>, Vec<f32>, Vec<f32>);
+/// A call's O and LSE.
+type Output = (Vec<f32>, Vec<f32>);
 
 fn inputs(p: &AttentionProblem) -> Inputs {
     let n = p.required_len(Tensor::Q);
@@ -32,7 +34,7 @@ fn inputs(p: &AttentionProblem) -> Inputs {
 
 /// 16 threads on one fresh engine, released together into their first call; thread `i` runs
 /// `problems[i % problems.len()]`. Returns each thread's (O, LSE) and the engine's builds.
-fn race(problems: &[AttentionProblem], data: &[Inputs]) -> (Vec<(Vec<f32>, Vec<f32>)>, usize) {
+fn race(problems: &[AttentionProblem], data: &[Inputs]) -> (Vec<Output>, usize) {
     const THREADS: usize = 16;
     let engine = FlashAttention::new(gpu().unwrap());
     let start = Barrier::new(THREADS);
@@ -60,7 +62,7 @@ fn concurrent_first_use_builds_each_pipeline_once() {
     let problems = problems();
     let data: Vec<Inputs> = problems.iter().map(inputs).collect();
     let sequential = FlashAttention::new(ctx);
-    let expected: Vec<(Vec<f32>, Vec<f32>)> = problems
+    let expected: Vec<Output> = problems
         .iter()
         .zip(&data)
         .map(|(p, (q, k, v))| {
