@@ -88,7 +88,8 @@ pub enum Error {
     #[error("GPU device error: {0}")]
     Device(String),
 
-    /// Reading results back from the GPU failed (device lost, out of memory).
+    /// Reading results back from the GPU failed (device lost, out of memory), or the device did
+    /// not finish within `Options::read_back_timeout`.
     #[error("GPU read-back failed: {0}")]
     ReadBack(String),
 

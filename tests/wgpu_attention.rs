@@ -5,7 +5,7 @@
 mod common;
 
 use common::{engine_with, gpu, run_and_check, run_and_check_any, seed_of, shape, SHAPES};
-use wgpu_flash_attn::kernel::{CoopChoice, TilePlan, TiledChoice, Variant};
+use wgpu_flash_attn::kernel::{CoopChoice, ForwardKernel, TilePlan, TiledChoice, Variant};
 use wgpu_flash_attn::plan::policy::COOP_KERNEL_VERIFIED;
 use wgpu_flash_attn::plan::{CoopPlan, COOP_PLANS, COOP_SHARED_PLANS, PLANS};
 use wgpu_flash_attn::testing::harness::{Kernel, Workload};
@@ -189,17 +189,29 @@ fn bounds_checked_modules_give_the_same_bits() {
     let problem = AttentionProblem::new(shape(1, 77, 90, 4, 2, 64), DType::F16).with_causal(true);
     let label = "bounds_checks";
     let mut results = Vec::new();
+    // The tiled kernel both times: with checks on, selection never takes the cooperative-matrix
+    // kernel (wgpu cannot check its SPIR-V), which would make the bits differ on the H200.
     for bounds_checks in [BoundsChecks::On, BoundsChecks::Off] {
         let engine = FlashAttention::with_options(
             ctx,
             Options {
                 bounds_checks,
+                choice: KernelChoice::Tiled(TiledChoice::default()),
                 ..Default::default()
             },
         );
         results.push(run_and_check::<half::f16>(&engine, Kernel::Flash, &problem, label));
     }
     assert_eq!(results[0].0, results[1].0);
+    let checked = FlashAttention::with_options(
+        ctx,
+        Options {
+            bounds_checks: BoundsChecks::On,
+            ..Default::default()
+        },
+    );
+    let kernel = checked.select(&problem).unwrap();
+    assert!(matches!(kernel, ForwardKernel::Tiled(_)), "{}", kernel.name());
 }
 
 #[test]

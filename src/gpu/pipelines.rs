@@ -3,40 +3,31 @@
 use std::borrow::Cow;
 use std::collections::HashMap;
 use std::future::Future;
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::task::{Context, Poll, Waker};
 
 use crate::error::{Error, Result};
+use crate::plan::choice::BoundsChecks;
 use crate::wgsl::KernelConfig;
-
-/// Whether wgpu adds bounds checks to the kernels' memory accesses.
-///
-/// Off by default: wgpu's checks make the flash kernel about 10× slower (on an H200:
-/// docs/perf-history.md, "Bounds checks on vs off"), because they clamp every index into the
-/// per-invocation register arrays as well as into storage, which keeps the driver from holding
-/// those arrays in registers.
-/// Dropping them is sound here because the host checks, before every dispatch, that each
-/// tensor's whole extent lies inside its binding, and the kernels guard every row and column they
-/// touch and index workgroup and register arrays with compile-time bounds.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
-pub enum BoundsChecks {
-    /// wgpu's default checks: every index is clamped at run time.
-    On,
-    /// Modules created with `create_shader_module_trusted` and no runtime checks. Browsers
-    /// always check, whatever is asked here.
-    #[default]
-    Off,
-}
 
 /// The verdict of the error scopes around a build: `Some(message)` if wgpu rejected the module or
 /// the pipeline, or ran out of memory or failed internally while creating them.
 type ScopeResult = std::pin::Pin<Box<dyn Future<Output = Option<String>>>>;
 
-/// A cache of compute pipelines keyed by [`KernelConfig`].
+/// One configuration's pipeline: empty until a build succeeds.
+type Slot = Arc<Mutex<Option<Arc<wgpu::ComputePipeline>>>>;
+
+/// A cache of compute pipelines keyed by [`KernelConfig`], built once per configuration even when
+/// threads race to its first use: the map's lock is held only to find or add a configuration's
+/// slot, and the slot's lock across its build, so that the racers wait for the one build while
+/// other configurations build beside it. A failed build leaves the slot empty, for a retry.
 pub(crate) struct PipelineCache {
     device: wgpu::Device,
     bounds_checks: BoundsChecks,
-    pipelines: Mutex<HashMap<KernelConfig, Arc<wgpu::ComputePipeline>>>,
+    pipelines: Mutex<HashMap<KernelConfig, Slot>>,
+    /// Builds started, failed ones included.
+    builds: AtomicUsize,
 }
 
 impl PipelineCache {
@@ -45,11 +36,21 @@ impl PipelineCache {
             device,
             bounds_checks,
             pipelines: Mutex::new(HashMap::new()),
+            builds: AtomicUsize::new(0),
         }
     }
 
-    fn cached(&self, config: &KernelConfig) -> Option<Arc<wgpu::ComputePipeline>> {
-        self.pipelines.lock().ok()?.get(config).cloned()
+    /// How many builds this cache has started (for tests that count them).
+    #[cfg(feature = "internals")]
+    pub fn builds(&self) -> usize {
+        self.builds.load(Ordering::Relaxed)
+    }
+
+    /// The slot of `config`, added if new. A poisoned lock is taken as it is: a slot holds a built
+    /// pipeline or nothing, never a half-built one.
+    fn slot(&self, config: &KernelConfig) -> Slot {
+        let mut map = self.pipelines.lock().unwrap_or_else(PoisonError::into_inner);
+        map.entry(*config).or_default().clone()
     }
 
     /// The pipeline for `config`, built on first use. Shader-module and pipeline creation run
@@ -58,8 +59,10 @@ impl PipelineCache {
     /// handler (wgpu's default panics). On native backends the scope resolves at once; on the web the result of a
     /// first build can only be known asynchronously — call [`get_async`](Self::get_async) there.
     pub fn get(&self, config: &KernelConfig) -> Result<Arc<wgpu::ComputePipeline>> {
-        if let Some(p) = self.cached(config) {
-            return Ok(p);
+        let slot = self.slot(config);
+        let mut built = slot.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(p) = built.as_ref() {
+            return Ok(p.clone());
         }
         let (pipeline, error) = self.build(config)?;
         if let Some(message) = now_or_never(error).flatten() {
@@ -68,13 +71,27 @@ impl PipelineCache {
                 message,
             });
         }
-        Ok(self.insert(config, pipeline))
+        let pipeline = Arc::new(pipeline);
+        *built = Some(pipeline.clone());
+        Ok(pipeline)
     }
 
-    /// Like [`get`](Self::get), but waits for the error scope on every platform.
+    /// Like [`get`](Self::get), but waits for the error scope on every platform. On native
+    /// backends that is [`get`](Self::get) itself: the scope has resolved when the build returns,
+    /// and not holding its (`!Send`) future keeps the callers' futures `Send`.
+    #[cfg(not(target_arch = "wasm32"))]
     pub async fn get_async(&self, config: &KernelConfig) -> Result<Arc<wgpu::ComputePipeline>> {
-        if let Some(p) = self.cached(config) {
-            return Ok(p);
+        self.get(config)
+    }
+
+    /// Like [`get`](Self::get), but waits for the error scope, which on the web resolves later.
+    /// The slot is not held across the wait (that would block the one thread): two tasks awaiting
+    /// one configuration's first build may both build it.
+    #[cfg(target_arch = "wasm32")]
+    pub async fn get_async(&self, config: &KernelConfig) -> Result<Arc<wgpu::ComputePipeline>> {
+        let slot = self.slot(config);
+        if let Some(p) = slot.lock().unwrap_or_else(PoisonError::into_inner).as_ref() {
+            return Ok(p.clone());
         }
         let (pipeline, error) = self.build(config)?;
         if let Some(message) = error.await {
@@ -83,21 +100,16 @@ impl PipelineCache {
                 message,
             });
         }
-        Ok(self.insert(config, pipeline))
-    }
-
-    fn insert(&self, config: &KernelConfig, pipeline: wgpu::ComputePipeline) -> Arc<wgpu::ComputePipeline> {
         let pipeline = Arc::new(pipeline);
-        if let Ok(mut map) = self.pipelines.lock() {
-            map.insert(*config, pipeline.clone());
-        }
-        pipeline
+        *slot.lock().unwrap_or_else(PoisonError::into_inner) = Some(pipeline.clone());
+        Ok(pipeline)
     }
 
     /// Creates the module and the pipeline inside error scopes of every filter; the future yields
     /// wgpu's first error, if any. Fails at once if our own SPIR-V compilation (cooperative
     /// kernel) fails.
     fn build(&self, config: &KernelConfig) -> Result<(wgpu::ComputePipeline, ScopeResult)> {
+        self.builds.fetch_add(1, Ordering::Relaxed);
         let name = config.name();
         // Separate guards, so that an early return drops (pops) them innermost first.
         let validation = self.device.push_error_scope(wgpu::ErrorFilter::Validation);

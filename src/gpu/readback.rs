@@ -1,5 +1,7 @@
 //! Uploading host data and reading results back, without blocking a browser's thread.
 
+use std::time::Duration;
+
 use wgpu::util::DeviceExt;
 
 use crate::error::{Error, Result};
@@ -53,16 +55,36 @@ pub fn upload_queued(
     buffer
 }
 
-/// Copies byte ranges `(buffer, offset, len)` (offsets and lengths multiples of 4) into mappable
-/// staging buffers, submits, and returns their bytes. Each staging buffer stays within the
-/// device's `max_buffer_size` (outputs that fit one by one may not fit together, and a range larger
-/// than the limit is copied in pieces), so read-back never asks wgpu for a buffer it must refuse.
-/// Waits with `poll` on native backends; on the web it only awaits the map callbacks, which the
-/// browser's event loop delivers.
+/// How long a read-back waits for the device on native backends unless told otherwise
+/// (`Options::read_back_timeout`): generous, since a large problem on a slow device (lavapipe) can
+/// run for many seconds, but finite, so that a device that never finishes is an error.
+pub const DEFAULT_READ_BACK_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// [`read_back_within`] the [`DEFAULT_READ_BACK_TIMEOUT`].
 pub async fn read_back(
     device: &wgpu::Device,
     queue: &wgpu::Queue,
     ranges: &[(&wgpu::Buffer, u64, u64)],
+) -> Result<Vec<Vec<u8>>> {
+    read_back_within(device, queue, ranges, DEFAULT_READ_BACK_TIMEOUT).await
+}
+
+/// Copies byte ranges `(buffer, offset, len)` (offsets and lengths multiples of 4) into mappable
+/// staging buffers, submits, and returns their bytes. Each staging buffer stays within the
+/// device's `max_buffer_size` (outputs that fit one by one may not fit together, and a range larger
+/// than the limit is copied in pieces), so read-back never asks wgpu for a buffer it must refuse.
+///
+/// On native backends it waits in `device.poll` on the calling thread — in an `async` caller too:
+/// wgpu delivers map callbacks only from a poll — for at most `timeout`, then gives up with
+/// [`Error::ReadBack`] (the work may still be running; the staging buffers are released). The
+/// timeout bounds that poll only: a driver may block in `queue.submit` itself (lavapipe does, for
+/// as long as the earlier work runs), which no timeout here can cut short. On the web it only
+/// awaits the map callbacks, which the browser's event loop delivers, and `timeout` is not used.
+pub async fn read_back_within(
+    device: &wgpu::Device,
+    queue: &wgpu::Queue,
+    ranges: &[(&wgpu::Buffer, u64, u64)],
+    timeout: Duration,
 ) -> Result<Vec<Vec<u8>>> {
     let align = wgpu::COPY_BUFFER_ALIGNMENT;
     for &(buffer, offset, len) in ranges {
@@ -114,7 +136,7 @@ pub async fn read_back(
         }
         buffers.push(staging);
     }
-    queue.submit([encoder.finish()]);
+    let submission = queue.submit([encoder.finish()]);
 
     let mut receivers = Vec::with_capacity(buffers.len());
     for staging in &buffers {
@@ -126,8 +148,18 @@ pub async fn read_back(
     }
     #[cfg(not(target_arch = "wasm32"))]
     device
-        .poll(wgpu::PollType::wait_indefinitely())
-        .map_err(|e| Error::ReadBack(e.to_string()))?;
+        .poll(wgpu::PollType::Wait {
+            submission_index: Some(submission),
+            timeout: Some(timeout),
+        })
+        .map_err(|e| match e {
+            wgpu::PollError::Timeout => Error::ReadBack(format!(
+                "the device did not finish within {timeout:?} (Options::read_back_timeout); its work may still be running"
+            )),
+            e => Error::ReadBack(e.to_string()),
+        })?;
+    #[cfg(target_arch = "wasm32")]
+    let _ = (submission, timeout);
     for receiver in receivers {
         receiver
             .await

@@ -106,3 +106,27 @@ impl KernelChoice {
         }
     }
 }
+
+/// Whether wgpu adds bounds checks to the kernels' memory accesses.
+///
+/// Off by default: wgpu's checks make the flash kernel about 10× slower (on an H200:
+/// docs/perf-history.md, "Bounds checks on vs off"), because they clamp every index into the
+/// per-invocation register arrays as well as into storage, which keeps the driver from holding
+/// those arrays in registers.
+/// Dropping them is sound here because the host checks, before every dispatch, that each
+/// tensor's whole extent lies inside its binding, and the kernels guard every row and column they
+/// touch and index workgroup and register arrays with compile-time bounds.
+///
+/// A setting of selection, not only of the pipeline cache: the cooperative-matrix kernel's SPIR-V
+/// is built by this library and passed through to the driver, so wgpu cannot add checks to it.
+/// With `On`, automatic selection skips that kernel and forcing it is an `Error::Unavailable`
+/// (`select_forward`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum BoundsChecks {
+    /// wgpu's default checks: every index is clamped at run time.
+    On,
+    /// Modules created with `create_shader_module_trusted` and no runtime checks. Browsers
+    /// always check, whatever is asked here.
+    #[default]
+    Off,
+}

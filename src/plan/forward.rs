@@ -4,7 +4,7 @@
 use crate::caps::Caps;
 use crate::error::{Error, Result};
 use crate::plan::check_grid;
-use crate::plan::choice::KernelChoice;
+use crate::plan::choice::{BoundsChecks, KernelChoice};
 use crate::plan::coop::{coop_plans, CoopChoice, CoopConfig, CoopPlan, CoopSoftmax};
 use crate::plan::policy::COOP_BY_DEFAULT;
 use crate::plan::tiled::{select, FlashConfig};
@@ -56,8 +56,14 @@ impl ForwardKernel {
 
 /// Picks the forward kernel: the cooperative-matrix one where the device has tensor cores through
 /// wgpu and the data is f16 (unless the caller forces a tiled variant or turns matrices off),
-/// otherwise [`select`]'s tiled kernel.
-pub fn select_forward(problem: &AttentionProblem, caps: &Caps, choice: &KernelChoice) -> Result<ForwardKernel> {
+/// otherwise [`select`]'s tiled kernel. With `bounds_checks` on, never the cooperative-matrix
+/// kernel (see [`BoundsChecks`]): forcing it is an [`Error::Unavailable`] saying so.
+pub fn select_forward(
+    problem: &AttentionProblem,
+    caps: &Caps,
+    choice: &KernelChoice,
+    bounds_checks: BoundsChecks,
+) -> Result<ForwardKernel> {
     problem.validate()?;
     let (want, coop) = match choice {
         KernelChoice::Auto => (COOP_BY_DEFAULT, CoopChoice::default()),
@@ -82,6 +88,15 @@ pub fn select_forward(problem: &AttentionProblem, caps: &Caps, choice: &KernelCh
         }
         if coop.register_softmax != Some(true) {
             routes.push(None);
+        }
+        if bounds_checks == BoundsChecks::On {
+            // Not a plan's limit: no cooperative-matrix candidate can honour the setting.
+            reasons.push(
+                "bounds checks are on, and wgpu cannot add them to this kernel: its SPIR-V is built \
+                 by this library and passed through to the driver unchecked"
+                    .into(),
+            );
+            routes.clear();
         }
         let mut candidates: Vec<CoopConfig> = Vec::new();
         for layout in routes {
@@ -320,15 +335,21 @@ mod tests {
         let auto = KernelChoice::default();
         let required = KernelChoice::CooperativeMatrix(CoopChoice::default());
         if !COOP_KERNEL_VERIFIED {
-            let e = select_forward(&problem(128, DType::F16), &h200, &required).unwrap_err();
+            let e = select_forward(&problem(128, DType::F16), &h200, &required, BoundsChecks::Off).unwrap_err();
             assert!(e.to_string().contains("disabled"), "{e}");
             // Automatic selection never reaches for it.
-            let k = select_forward(&problem(128, DType::F16), &h200, &KernelChoice::default()).unwrap();
+            let k = select_forward(
+                &problem(128, DType::F16),
+                &h200,
+                &KernelChoice::default(),
+                BoundsChecks::Off,
+            )
+            .unwrap();
             assert!(matches!(k, ForwardKernel::Tiled(_)));
             return;
         }
         for d in [64, 128, 256] {
-            let k = select_forward(&problem(d, DType::F16), &h200, &required).unwrap();
+            let k = select_forward(&problem(d, DType::F16), &h200, &required, BoundsChecks::Off).unwrap();
             let ForwardKernel::Coop(c) = k else {
                 panic!("{}", k.name())
             };
@@ -346,32 +367,38 @@ mod tests {
             ),
         ] {
             assert!(matches!(
-                select_forward(&p, &caps, &choice).unwrap(),
+                select_forward(&p, &caps, &choice, BoundsChecks::Off).unwrap(),
                 ForwardKernel::Tiled(_)
             ));
         }
         // Automatic selection takes it for f16 data once it is the faster kernel.
-        let k = select_forward(&problem(128, DType::F16), &h200, &KernelChoice::default()).unwrap();
+        let k = select_forward(
+            &problem(128, DType::F16),
+            &h200,
+            &KernelChoice::default(),
+            BoundsChecks::Off,
+        )
+        .unwrap();
         assert_eq!(matches!(k, ForwardKernel::Coop(_)), COOP_BY_DEFAULT);
         // Required but impossible: an error that says why.
-        let e = select_forward(&problem(128, DType::BF16), &h200, &required).unwrap_err();
+        let e = select_forward(&problem(128, DType::BF16), &h200, &required, BoundsChecks::Off).unwrap_err();
         assert!(e.to_string().contains("rounded to f16"), "{e}");
         // The kernel needs a positive scale (it takes tile maxima before scaling): zero and
         // negative scales go to the tiled kernel, or fail with the reason when it is required.
         for scale in [0.0, -0.125, 1e-39] {
             let p = problem(128, DType::F16).with_scale(scale);
             assert!(matches!(
-                select_forward(&p, &h200, &auto).unwrap(),
+                select_forward(&p, &h200, &auto, BoundsChecks::Off).unwrap(),
                 ForwardKernel::Tiled(_)
             ));
-            let e = select_forward(&p, &h200, &required).unwrap_err();
+            let e = select_forward(&p, &h200, &required, BoundsChecks::Off).unwrap_err();
             assert!(e.to_string().contains("positive softmax scale"), "{e}");
         }
         let amd = Caps {
             subgroup_max_size: 64,
             ..h200
         };
-        let e = select_forward(&problem(128, DType::F16), &amd, &required).unwrap_err();
+        let e = select_forward(&problem(128, DType::F16), &amd, &required, BoundsChecks::Off).unwrap_err();
         assert!(e.to_string().contains("exactly 32"), "{e}");
     }
 
@@ -396,7 +423,7 @@ mod tests {
                 }),
             ),
         ] {
-            let ForwardKernel::Coop(c) = select_forward(&p, caps, &choice).unwrap() else {
+            let ForwardKernel::Coop(c) = select_forward(&p, caps, &choice, BoundsChecks::Off).unwrap() else {
                 panic!("tiled kernel")
             };
             assert_eq!(c, first_shared);
@@ -405,7 +432,9 @@ mod tests {
             register_softmax: Some(true),
             ..Default::default()
         });
-        let err = select_forward(&p, &no_layout, &forced).unwrap_err().to_string();
+        let err = select_forward(&p, &no_layout, &forced, BoundsChecks::Off)
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("A operand laid out differently"), "{err}");
     }
 
@@ -416,7 +445,7 @@ mod tests {
         // Long sequences: the first plan of the head_dim's table.
         for d in [64u32, 96, 128, 256] {
             let p = AttentionProblem::mha(1, 4096, 2, d as usize, DType::F16);
-            let ForwardKernel::Coop(c) = select_forward(&p, &h200, &auto).unwrap() else {
+            let ForwardKernel::Coop(c) = select_forward(&p, &h200, &auto, BoundsChecks::Off).unwrap() else {
                 panic!("tiled kernel at head_dim {d}")
             };
             let first = coop_plans(d, CoopSoftmax::Registers)[0]
@@ -426,7 +455,7 @@ mod tests {
         }
         // 20 query rows: no 256-row tile when a plan of at most 32 rows fits.
         let p = AttentionProblem::mha(1, 20, 2, 128, DType::F16);
-        let ForwardKernel::Coop(c) = select_forward(&p, &h200, &auto).unwrap() else {
+        let ForwardKernel::Coop(c) = select_forward(&p, &h200, &auto, BoundsChecks::Off).unwrap() else {
             panic!("tiled kernel")
         };
         assert!(c.block_m <= 32, "{}", c.name());
@@ -437,7 +466,9 @@ mod tests {
             prefetch_kv: Some(true),
             ..Default::default()
         });
-        let ForwardKernel::Coop(c) = select_forward(&problem(128, DType::F16), &h200, &forced).unwrap() else {
+        let ForwardKernel::Coop(c) =
+            select_forward(&problem(128, DType::F16), &h200, &forced, BoundsChecks::Off).unwrap()
+        else {
             panic!("tiled kernel")
         };
         assert!(c.prefetch_kv && c.double_buffer && (c.block_m, c.block_n) == (128, 32));
@@ -472,5 +503,26 @@ mod tests {
             }
         }
         assert!(names.len() > 8);
+    }
+
+    #[test]
+    fn bounds_checks_on_refuse_the_cooperative_kernel() {
+        // Its SPIR-V is ours, passed through: wgpu cannot add checks to it, so with checks on
+        // selection must not hand it out, and forcing it is refused with the reason.
+        let h200 = h200();
+        let p = problem(128, DType::F16);
+        let forced = KernelChoice::CooperativeMatrix(CoopChoice::default());
+        let on = BoundsChecks::On;
+        if COOP_KERNEL_VERIFIED && COOP_BY_DEFAULT {
+            let k = select_forward(&p, &h200, &KernelChoice::Auto, BoundsChecks::Off).unwrap();
+            assert!(matches!(k, ForwardKernel::Coop(_)), "{}", k.name());
+        }
+        let k = select_forward(&p, &h200, &KernelChoice::Auto, on).unwrap();
+        assert!(matches!(k, ForwardKernel::Tiled(_)), "{}", k.name());
+        let e = select_forward(&p, &h200, &forced, on).unwrap_err();
+        assert!(
+            matches!(&e, Error::Unavailable { why, .. } if why.contains("bounds checks")),
+            "{e}"
+        );
     }
 }

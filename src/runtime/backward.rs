@@ -9,7 +9,7 @@ use wgpu::util::DeviceExt;
 
 use crate::error::{Error, Result};
 use crate::gpu::binding::{bind, bind_f32, byte_len, check_buffer_size, check_disjoint, Bound, TensorBuffer};
-use crate::gpu::readback::{read_back, upload_queued};
+use crate::gpu::readback::{read_back_within, upload_queued};
 use crate::plan::{backward_grid, select_backward, BackwardChoice, BackwardConfig, BackwardKernel, BackwardPass};
 use crate::problem::backward::{BackwardProblem, GradTensor};
 use crate::problem::{Element, Tensor};
@@ -501,7 +501,7 @@ impl FlashAttention {
             (&dk, 0, grad_bytes(GradTensor::DK)),
             (&dv, 0, grad_bytes(GradTensor::DV)),
         ];
-        let bytes = read_back(device, queue, &ranges).await;
+        let bytes = read_back_within(device, queue, &ranges, self.options().read_back_timeout).await;
         // An error the device recorded meanwhile explains a failed read-back, and spoils a good one.
         self.context().check_device(false)?;
         let bytes = bytes?;

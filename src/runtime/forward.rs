@@ -6,9 +6,9 @@ use wgpu::util::DeviceExt;
 use crate::device::context::GpuContext;
 use crate::error::{Error, Result};
 use crate::gpu::binding::{bind, bind_f32, byte_len, check_buffer_size, check_disjoint, Bound, TensorBuffer};
-use crate::gpu::pipelines::{BoundsChecks, PipelineCache};
-use crate::gpu::readback::{read_back, upload_queued};
-use crate::plan::{num_q_tiles, select_forward, ForwardKernel, KernelChoice};
+use crate::gpu::pipelines::PipelineCache;
+use crate::gpu::readback::{read_back_within, upload_queued, DEFAULT_READ_BACK_TIMEOUT};
+use crate::plan::{num_q_tiles, select_forward, BoundsChecks, ForwardKernel, KernelChoice};
 use crate::problem::{AttentionProblem, Element, Tensor};
 use crate::wgsl::params::Params;
 use crate::wgsl::{KernelConfig, NaivePass};
@@ -47,12 +47,28 @@ pub struct AttentionOutput<T> {
 }
 
 /// Settings of a [`FlashAttention`] engine.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Options {
     /// Which kernel variant and tile plan to use; automatic by default.
     pub choice: KernelChoice,
-    /// Whether shaders are compiled with wgpu's run-time bounds checks; off by default.
+    /// Whether shaders are compiled with wgpu's run-time bounds checks; off by default. On rules
+    /// out the cooperative-matrix kernel, which wgpu cannot check ([`BoundsChecks`]).
     pub bounds_checks: BoundsChecks,
+    /// How long a host-slice call waits for the device to finish before it gives up with
+    /// [`Error::ReadBack`] (native backends; the web's callbacks arrive by its event loop). 60 s
+    /// by default. The wait blocks the calling thread, in the `async` calls too; it bounds wgpu's
+    /// poll, not a driver that blocks in `queue.submit` (lavapipe).
+    pub read_back_timeout: std::time::Duration,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Options {
+            choice: KernelChoice::default(),
+            bounds_checks: BoundsChecks::default(),
+            read_back_timeout: DEFAULT_READ_BACK_TIMEOUT,
+        }
+    }
 }
 
 /// Runs attention on one device. Pipelines are built on first use and cached, so keep one engine
@@ -120,12 +136,23 @@ impl FlashAttention {
         &self.unused_lse
     }
 
+    /// Pipeline builds this engine has started (for tests that count them).
+    #[cfg(feature = "internals")]
+    pub fn pipeline_builds(&self) -> usize {
+        self.pipelines.builds()
+    }
+
     /// The flash kernel this engine would run for `problem`, without building anything: the
     /// problem's validation error, or [`Error::Unavailable`] (every reason) where no kernel, or
     /// not the forced one, runs it on this device, or [`Error::TooLarge`] where the grid exceeds
     /// the dispatch limits.
     pub fn select(&self, problem: &AttentionProblem) -> Result<ForwardKernel> {
-        select_forward(problem, &self.ctx.caps, &self.options.choice)
+        select_forward(
+            problem,
+            &self.ctx.caps,
+            &self.options.choice,
+            self.options.bounds_checks,
+        )
     }
 
     fn pipeline_key(kernel: &ForwardKernel) -> KernelConfig {
@@ -376,7 +403,8 @@ impl FlashAttention {
         let mut encoder = device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some(&kernel) });
         encode(self, &mut encoder, &buffers)?;
         self.ctx.queue.submit([encoder.finish()]);
-        let bytes = read_back(device, &self.ctx.queue, &[(&o, 0, o_bytes), (&lse, 0, lse_bytes)]).await;
+        let ranges = [(&o, 0, o_bytes), (&lse, 0, lse_bytes)];
+        let bytes = read_back_within(device, &self.ctx.queue, &ranges, self.options.read_back_timeout).await;
         // An error the device recorded meanwhile explains a failed read-back, and spoils a good one.
         self.ctx.check_device(false)?;
         let mut bytes = bytes?;

@@ -142,7 +142,12 @@ fn print_forward_paths(caps: &Caps) {
         for causal in [false, true] {
             let problem = path_problem(dtype, causal);
             let path = format!("{} {}", dtype.name(), if causal { "causal" } else { "non-causal" });
-            let chosen = match select_forward(&problem, caps, &KernelChoice::default()) {
+            let chosen = match select_forward(
+                &problem,
+                caps,
+                &KernelChoice::default(),
+                wgpu_flash_attn::BoundsChecks::Off,
+            ) {
                 Ok(kernel) => kernel,
                 Err(e) => {
                     println!("  {path}: no kernel: {e}");
