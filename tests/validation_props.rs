@@ -11,55 +11,13 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 
 use proptest::prelude::*;
 use proptest::sample::select;
-use wgpu_flash_attn::caps::Caps;
+use wgpu_flash_attn::caps::fixtures::{h200, lavapipe};
 use wgpu_flash_attn::kernel::{TilePlan, TiledChoice};
 use wgpu_flash_attn::plan::{num_q_tiles, select_backward, select_forward, BackwardChoice};
 use wgpu_flash_attn::{
     AttentionProblem, AttentionShape, BackwardProblem, DType, FlashAttention, ForwardBuffers, GpuContext, GradTensor,
     KernelChoice, Layout, Tensor, TensorBuffer, TensorLayout,
 };
-
-/// Mesa's lavapipe as CI sees it (the crate's `caps::fixtures::lavapipe`, which is test-only).
-fn lavapipe() -> Caps {
-    Caps {
-        adapter_name: "llvmpipe".into(),
-        backend: wgpu::Backend::Vulkan,
-        device_type: wgpu::DeviceType::Cpu,
-        subgroups: true,
-        subgroup_min_size: 8,
-        subgroup_max_size: 8,
-        subgroup_barrier: true,
-        shader_f16: true,
-        timestamps: true,
-        cooperative_matrix_f16: false,
-        coop_register_layout: None,
-        coop_register_layout_note: None,
-        max_workgroup_storage_bytes: 32 << 10,
-        max_invocations_per_workgroup: 1024,
-        max_workgroup_size_x: 1024,
-        max_workgroups_per_dimension: 65535,
-        max_storage_binding_bytes: 128 << 20,
-        max_buffer_bytes: 2 << 30,
-        min_storage_offset_alignment: 32,
-    }
-}
-
-/// The NVIDIA H200 through Vulkan (`caps::fixtures::h200`), cooperative matrices enabled.
-fn h200() -> Caps {
-    Caps {
-        adapter_name: "NVIDIA H200".into(),
-        device_type: wgpu::DeviceType::DiscreteGpu,
-        subgroup_min_size: 32,
-        subgroup_max_size: 32,
-        cooperative_matrix_f16: true,
-        coop_register_layout: Some(wgpu_flash_attn::caps::RegisterLayout::nvidia_h200()),
-        coop_register_layout_note: None,
-        max_workgroup_storage_bytes: 48 << 10,
-        max_storage_binding_bytes: (2 << 30) - 4,
-        max_buffer_bytes: 4 << 30,
-        ..lavapipe()
-    }
-}
 
 const HUGE: [usize; 9] = [
     usize::MAX,

@@ -131,9 +131,10 @@ impl Caps {
     }
 }
 
-/// Capabilities of the two devices the library is tested on, for the selection unit tests.
-#[cfg(test)]
-pub(crate) mod fixtures {
+/// Capabilities of the two devices the library is tested on, for the selection tests (unit tests,
+/// and with `internals` the integration tests).
+#[cfg(any(test, feature = "internals"))]
+pub mod fixtures {
     use super::Caps;
 
     /// Mesa's lavapipe (CPU Vulkan), as CI sees it.
