@@ -12,6 +12,7 @@
 
 use crate::caps::Caps;
 use crate::error::{Error, Result};
+use crate::plan::tiled::tiled_device_fit_reason;
 use crate::plan::{missing_features, Reduction, TilePlan, TileType, Variant};
 use crate::problem::backward::BackwardProblem;
 use crate::problem::features::{Feature, FeatureSet};
@@ -266,32 +267,13 @@ impl GradKernel {
         if self.head_dim_pad != self.plan.head_dim_pad(self.head_dim_pad) {
             return Some(format!("padded head_dim {} does not suit the plan", self.head_dim_pad));
         }
-        if self.tile == TileType::F16 {
-            if !caps.shader_f16 {
-                return Some("the device has no shader-f16".into());
-            }
-            if self.storage != DType::F16 {
-                return Some(format!(
-                    "f16 tiles would round {} inputs; they are offered for f16 storage only",
-                    self.storage.name()
-                ));
-            }
-        }
-        let bytes = self.workgroup_bytes();
-        if bytes > caps.max_workgroup_storage_bytes {
-            return Some(format!(
-                "needs {bytes} bytes of workgroup memory, the device offers {}",
-                caps.max_workgroup_storage_bytes
-            ));
-        }
-        let size = self.plan.workgroup_size();
-        if size > caps.max_invocations_per_workgroup || size > caps.max_workgroup_size_x {
-            return Some(format!(
-                "needs {size} invocations per workgroup, the device offers {}",
-                caps.max_invocations_per_workgroup.min(caps.max_workgroup_size_x)
-            ));
-        }
-        None
+        tiled_device_fit_reason(
+            self.tile,
+            self.storage,
+            self.workgroup_bytes(),
+            self.plan.workgroup_size(),
+            caps,
+        )
     }
 }
 

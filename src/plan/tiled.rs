@@ -297,32 +297,13 @@ impl FlashConfig {
                 ));
             }
         }
-        if v.tile == TileType::F16 {
-            if !caps.shader_f16 {
-                return Some("the device has no shader-f16".into());
-            }
-            if self.storage != DType::F16 {
-                return Some(format!(
-                    "f16 tiles would round {} inputs; they are offered for f16 storage only",
-                    self.storage.name()
-                ));
-            }
-        }
-        let bytes = self.workgroup_bytes();
-        if bytes > caps.max_workgroup_storage_bytes {
-            return Some(format!(
-                "needs {bytes} bytes of workgroup memory, the device offers {}",
-                caps.max_workgroup_storage_bytes
-            ));
-        }
-        let size = self.plan.workgroup_size();
-        if size > caps.max_invocations_per_workgroup || size > caps.max_workgroup_size_x {
-            return Some(format!(
-                "needs {size} invocations per workgroup, the device offers {}",
-                caps.max_invocations_per_workgroup.min(caps.max_workgroup_size_x)
-            ));
-        }
-        None
+        tiled_device_fit_reason(
+            v.tile,
+            self.storage,
+            self.workgroup_bytes(),
+            self.plan.workgroup_size(),
+            caps,
+        )
     }
 }
 
@@ -431,6 +412,42 @@ pub fn all_configs() -> Vec<FlashConfig> {
         }
     }
     configs
+}
+
+/// Why a tiled forward or gradient kernel does not fit the device: f16 tiles need `shader-f16` and
+/// f16 storage (they would round other inputs), and the workgroup's memory and invocations must
+/// fit the device's limits. `None` when it fits.
+pub(crate) fn tiled_device_fit_reason(
+    tile: TileType,
+    storage: DType,
+    workgroup_bytes: u32,
+    workgroup_size: u32,
+    caps: &Caps,
+) -> Option<String> {
+    if tile == TileType::F16 {
+        if !caps.shader_f16 {
+            return Some("the device has no shader-f16".into());
+        }
+        if storage != DType::F16 {
+            return Some(format!(
+                "f16 tiles would round {} inputs; they are offered for f16 storage only",
+                storage.name()
+            ));
+        }
+    }
+    if workgroup_bytes > caps.max_workgroup_storage_bytes {
+        return Some(format!(
+            "needs {workgroup_bytes} bytes of workgroup memory, the device offers {}",
+            caps.max_workgroup_storage_bytes
+        ));
+    }
+    if workgroup_size > caps.max_invocations_per_workgroup || workgroup_size > caps.max_workgroup_size_x {
+        return Some(format!(
+            "needs {workgroup_size} invocations per workgroup, the device offers {}",
+            caps.max_invocations_per_workgroup.min(caps.max_workgroup_size_x)
+        ));
+    }
+    None
 }
 
 /// Knobs of the register-tiled kernel; `None` leaves a knob to selection.
