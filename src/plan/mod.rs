@@ -5,6 +5,7 @@
 pub mod backward;
 pub mod choice;
 pub mod coop;
+pub mod decode;
 pub mod forward;
 pub mod policy;
 pub mod tiled;
@@ -12,6 +13,7 @@ pub mod tiled;
 pub use backward::*;
 pub use choice::*;
 pub use coop::*;
+pub use decode::*;
 pub use forward::*;
 pub use tiled::*;
 

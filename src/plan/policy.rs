@@ -20,3 +20,19 @@ pub const COOP_KERNEL_VERIFIED: bool = true;
 /// device with 16 × 16 f16 matrices and 32-wide subgroups): yes, it is the fastest kernel on the
 /// H200 for f16 data by far (BENCHMARKS.md).
 pub const COOP_BY_DEFAULT: bool = true;
+
+/// The decode kernel (src/plan/decode.rs) takes problems with at most this many new tokens per
+/// sequence (one for plain decoding, a few for speculative decoding)...
+pub const DECODE_MAX_QUERIES: usize = 16;
+
+/// ... and at most this many query rows per K/V head (query heads per K/V head × new tokens):
+/// each block of a workgroup's rows reads the K/V again, so beyond a few blocks a prefill tile,
+/// which reads them once per 64 or more rows, wins.
+pub const DECODE_MAX_ROWS: usize = 64;
+
+/// A split of the keys has at least this many, so the partial outputs (one f32 row per query row
+/// and split) stay a small fraction of the K/V bytes a split reads (rows / keys of it).
+pub const DECODE_MIN_KEYS_PER_SPLIT: u64 = 256;
+
+/// At most this many splits: the combine kernel holds one weight per split in workgroup memory.
+pub const DECODE_MAX_SPLITS: u32 = 256;

@@ -1,0 +1,497 @@
+//! The decode kernel's plans and its split of the keys (flash-decoding): a few query rows per
+//! sequence (one new token, or a few for speculative decoding) against a long K/V cache.
+//!
+//! The prefill kernels give each workgroup a tile of 64 or more query rows of one head; with one
+//! query row per head that tile is almost all padding and the grid has one workgroup per head,
+//! far too few to keep the memory system busy. The decode kernel (`shaders/flash_decode.wgsl`,
+//! `cuda/flash_decode.cu`) instead
+//! * packs the query heads that share a K/V head, times the new tokens, into one workgroup's rows
+//!   (GQA packing), so each K/V row is read once per group rather than once per query head;
+//! * splits the keys into [`DecodeSplit::splits`] pieces, one workgroup each, which write a
+//!   partial output and its LSE; a combine kernel merges the pieces by their LSEs.
+//!
+//! Everything here is pure: the split is a function of the problem and a count of the device's
+//! parallel workgroup slots, tested below.
+
+use crate::caps::Caps;
+use crate::error::{invalid, Error, Result};
+use crate::plan::missing_features;
+use crate::plan::policy::{DECODE_MAX_QUERIES, DECODE_MAX_ROWS, DECODE_MAX_SPLITS, DECODE_MIN_KEYS_PER_SPLIT};
+use crate::plan::tiled::Reduction;
+use crate::problem::features::{Feature, FeatureSet};
+use crate::problem::{AttentionProblem, DType};
+
+/// Features the decode kernel implements.
+pub const DECODE_FEATURES: FeatureSet =
+    FeatureSet::of(&[Feature::CausalMask, Feature::GroupedKv, Feature::ArbitraryScale]);
+
+/// The sizes of one decode kernel build.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct DecodePlan {
+    /// Invocations that read one key row together, each every `lanes_per_key`-th granule of it;
+    /// their partial dot products are added across them. A power of two.
+    pub lanes_per_key: u32,
+    /// Query rows one workgroup holds (packed query heads × new tokens); a power of two. Each
+    /// invocation keeps a query slice and an output accumulator per row in registers.
+    pub rows: u32,
+    /// Consecutive keys a lane group loads before it uses any of them: the loads in flight.
+    pub keys_per_step: u32,
+    /// Invocations per workgroup; a multiple of `lanes_per_key`.
+    pub workgroup_size: u32,
+}
+
+/// The plans the automatic choice picks from, by the lanes a key gets: 16 lanes of 8-byte granules
+/// read a 128-element f16 row in one coalesced 128-byte transaction per lane group.
+pub const DECODE_PLANS: [DecodePlan; 3] = [
+    DecodePlan {
+        lanes_per_key: 16,
+        rows: 8,
+        keys_per_step: 4,
+        workgroup_size: 128,
+    },
+    DecodePlan {
+        lanes_per_key: 8,
+        rows: 8,
+        keys_per_step: 4,
+        workgroup_size: 128,
+    },
+    DecodePlan {
+        lanes_per_key: 4,
+        rows: 4,
+        keys_per_step: 4,
+        workgroup_size: 64,
+    },
+];
+
+impl DecodePlan {
+    /// Lane groups (keys read at once) per workgroup.
+    pub fn key_groups(&self) -> u32 {
+        self.workgroup_size / self.lanes_per_key.max(1)
+    }
+
+    /// Granules of a `head_dim` row each lane holds.
+    pub fn granules_per_lane(&self, head_dim: u32) -> u32 {
+        (head_dim / 4).div_ceil(self.lanes_per_key.max(1))
+    }
+
+    /// Whether the sizes fit the kernel's assumptions.
+    pub fn is_well_formed(&self) -> bool {
+        let pow2 = |x: u32| x.is_power_of_two();
+        pow2(self.lanes_per_key)
+            && pow2(self.rows)
+            && self.rows <= 16
+            && (1..=8).contains(&self.keys_per_step)
+            && self.workgroup_size > 0
+            && self.workgroup_size <= 256
+            && self.workgroup_size.is_multiple_of(self.lanes_per_key)
+    }
+
+    /// The same plan holding at most `rows` rows (a power of two at least 1): fewer registers
+    /// where the problem has fewer rows per K/V head.
+    pub fn with_rows_for(self, problem_rows: u32) -> Self {
+        DecodePlan {
+            rows: self.rows.min(problem_rows.max(1).next_power_of_two()),
+            ..self
+        }
+    }
+}
+
+/// A decode plan bound to what makes one pipeline.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct DecodeConfig {
+    pub plan: DecodePlan,
+    /// Element type of Q, K, V and O in memory.
+    pub storage: DType,
+    /// The problem's head_dim (a multiple of 8); each build is exact for it.
+    pub head_dim: u32,
+    /// How a lane group adds its partial dot products.
+    pub reduction: Reduction,
+}
+
+impl DecodeConfig {
+    /// Pipeline label and cache key, e.g. `flash_decode_f16_sg_l16_r8_u4_wg128_d128`.
+    pub fn name(&self) -> String {
+        let p = &self.plan;
+        format!(
+            "flash_decode_{}_{}_l{}_r{}_u{}_wg{}_d{}",
+            self.storage.name(),
+            match self.reduction {
+                Reduction::Subgroup => "sg",
+                Reduction::Workgroup => "wg",
+            },
+            p.lanes_per_key,
+            p.rows,
+            p.keys_per_step,
+            p.workgroup_size,
+            self.head_dim
+        )
+    }
+
+    /// Workgroup memory the kernel declares, in bytes: the key groups' row statistics, the merged
+    /// output rows, and with workgroup reduction the partial dot products.
+    pub fn workgroup_bytes(&self) -> u32 {
+        let p = &self.plan;
+        let stats = 2 * p.key_groups() * p.rows * 4;
+        let merged = p.rows * p.lanes_per_key * p.granules_per_lane(self.head_dim) * 16;
+        let partials = match self.reduction {
+            Reduction::Workgroup => p.workgroup_size * p.keys_per_step * p.rows * 4,
+            Reduction::Subgroup => 0,
+        };
+        stats + merged + partials
+    }
+
+    /// Why this build cannot run on `caps`, or `None`.
+    pub fn unavailable_reason(&self, caps: &Caps) -> Option<String> {
+        let p = &self.plan;
+        if !p.is_well_formed() {
+            return Some(format!("the plan {p:?} is malformed"));
+        }
+        if self.reduction == Reduction::Subgroup {
+            if !caps.subgroups {
+                return Some("the device has no subgroup operations".into());
+            }
+            if caps.subgroup_min_size < p.lanes_per_key {
+                return Some(format!(
+                    "{} lanes per key need subgroups of at least that many; the device's smallest is {}",
+                    p.lanes_per_key, caps.subgroup_min_size
+                ));
+            }
+        }
+        if p.workgroup_size > caps.max_invocations_per_workgroup || p.workgroup_size > caps.max_workgroup_size_x {
+            return Some(format!(
+                "{} invocations per workgroup exceed the device's limit",
+                p.workgroup_size
+            ));
+        }
+        let bytes = self.workgroup_bytes();
+        if bytes > caps.max_workgroup_storage_bytes {
+            return Some(format!(
+                "{bytes} bytes of workgroup memory exceed the device's {}",
+                caps.max_workgroup_storage_bytes
+            ));
+        }
+        None
+    }
+}
+
+/// What a caller may force of the decode kernel.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct DecodeChoice {
+    /// The plan; the first of [`DECODE_PLANS`] that fits the device when `None`.
+    pub plan: Option<DecodePlan>,
+    /// Pieces the keys are split into; [`split_count`]'s choice when `None`. Capped at one piece
+    /// per key.
+    pub splits: Option<u32>,
+    /// How lanes add their products; subgroups where the device has them wide enough when `None`.
+    pub reduction: Option<Reduction>,
+}
+
+/// How one decode call divides its work: a grid of (splits, K/V heads × row blocks, batch)
+/// workgroups, each over `keys_per_split` keys of one K/V head for `rows` query rows.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct DecodeSplit {
+    /// Pieces the keys are split into; 1 writes O and the LSE directly, more write partial
+    /// results that the combine kernel merges.
+    pub splits: u32,
+    /// Keys per piece (the last piece may have fewer); a multiple of 16.
+    pub keys_per_split: u32,
+    /// Query rows per K/V head: query heads per K/V head × new tokens.
+    pub rows_per_kv_head: u32,
+    /// Workgroups per K/V head along the rows: `ceil(rows_per_kv_head / plan.rows)`.
+    pub row_blocks: u32,
+}
+
+impl DecodeSplit {
+    /// The split of `problem` for a kernel holding `rows_per_block` rows, into `splits` pieces
+    /// (at least 1, at most one per 16 keys).
+    pub fn new(problem: &AttentionProblem, rows_per_block: u32, splits: u32) -> Self {
+        let s = problem.shape;
+        let rows_per_kv_head = (problem.group_size() * s.seq_q) as u32;
+        let keys = s.seq_kv.max(1) as u32;
+        let wanted = splits.clamp(1, keys.div_ceil(16));
+        let keys_per_split = keys.div_ceil(wanted).next_multiple_of(16);
+        DecodeSplit {
+            splits: keys.div_ceil(keys_per_split),
+            keys_per_split,
+            rows_per_kv_head,
+            row_blocks: rows_per_kv_head.div_ceil(rows_per_block.max(1)),
+        }
+    }
+
+    /// Workgroups of the whole grid.
+    pub fn workgroups(&self, problem: &AttentionProblem) -> u64 {
+        let s = problem.shape;
+        self.splits as u64 * (s.num_kv_heads * s.batch) as u64 * self.row_blocks as u64
+    }
+
+    /// Elements of the partial outputs (f32, `[batch, num_heads, seq_q, splits, head_dim]`) and
+    /// of their LSEs (`[batch, num_heads, seq_q, splits]`); zero with one split.
+    pub fn partial_lens(&self, problem: &AttentionProblem) -> (u64, u64) {
+        if self.splits <= 1 {
+            return (0, 0);
+        }
+        let s = problem.shape;
+        let lse = (s.batch * s.num_heads * s.seq_q) as u64 * self.splits as u64;
+        (lse * s.head_dim as u64, lse)
+    }
+}
+
+/// How many pieces to split each K/V head's keys into: FlashAttention's wave-efficiency rule.
+/// `units` workgroups exist without splitting (batch × K/V heads × row blocks), the device runs
+/// `slots` of them at once; splitting multiplies the workgroups, and the fraction of the last
+/// wave's slots that have work is the efficiency. Takes the fewest pieces whose efficiency is
+/// within 85% of the best, no piece under `min_keys` keys, at most `max_splits`; none when the
+/// units already fill most of the slots.
+pub fn split_count(units: u64, keys: u64, slots: u64, min_keys: u64, max_splits: u32) -> u32 {
+    if units == 0 || slots == 0 || units * 5 >= slots * 4 {
+        return 1;
+    }
+    let most = (keys / min_keys.max(1)).clamp(1, max_splits.max(1) as u64);
+    let efficiency = |s: u64| {
+        let n = units * s;
+        n as f64 / (n.div_ceil(slots) * slots) as f64
+    };
+    let best = (1..=most).map(efficiency).fold(0.0, f64::max);
+    (1..=most).find(|&s| efficiency(s) >= 0.85 * best).unwrap_or(1) as u32
+}
+
+/// Whether automatic selection sends `problem` to the decode kernel: few new tokens, and few
+/// rows per K/V head, so that packing them beats a prefill tile of 64 mostly empty rows.
+pub fn prefers_decode(problem: &AttentionProblem) -> bool {
+    let rows = problem.group_size() * problem.shape.seq_q;
+    problem.shape.seq_q <= DECODE_MAX_QUERIES && rows <= DECODE_MAX_ROWS
+}
+
+/// Workgroups a device runs at once, as the split rule counts them. wgpu reports no count of
+/// compute units, so this is a class estimate: CPUs (lavapipe, WARP) run one per core; every GPU
+/// is counted as a large discrete one, since splitting too finely on a small GPU only costs the
+/// partial outputs' traffic (at least [`DECODE_MIN_KEYS_PER_SPLIT`] keys per piece bounds it).
+pub fn parallel_slots(caps: &Caps) -> u64 {
+    match caps.device_type {
+        wgpu::DeviceType::Cpu => 16,
+        _ => 528,
+    }
+}
+
+/// The decode configuration and split for `problem` on `caps`, or why the kernel cannot run it.
+pub fn select_decode(
+    problem: &AttentionProblem,
+    caps: &Caps,
+    choice: &DecodeChoice,
+) -> Result<(DecodeConfig, DecodeSplit)> {
+    if let Some(why) = missing_features("the decode kernel", problem.features(), DECODE_FEATURES) {
+        return Err(Error::Unavailable {
+            what: "the decode kernel".into(),
+            why,
+        });
+    }
+    if choice.splits == Some(0) {
+        return invalid!("a decode split count of 0; ask for 1 to turn splitting off");
+    }
+    let s = problem.shape;
+    let rows = (problem.group_size() * s.seq_q) as u32;
+    let head_dim = s.head_dim as u32;
+    let plans: Vec<DecodePlan> = match choice.plan {
+        Some(plan) => vec![plan],
+        None => DECODE_PLANS.iter().map(|p| p.with_rows_for(rows)).collect(),
+    };
+    let reductions: &[Reduction] = match choice.reduction {
+        Some(Reduction::Subgroup) => &[Reduction::Subgroup],
+        Some(Reduction::Workgroup) => &[Reduction::Workgroup],
+        None => &[Reduction::Subgroup, Reduction::Workgroup],
+    };
+    let mut reasons = Vec::new();
+    for &reduction in reductions {
+        for &plan in &plans {
+            let config = DecodeConfig {
+                plan,
+                storage: problem.dtype,
+                head_dim,
+                reduction,
+            };
+            if let Some(why) = config.unavailable_reason(caps) {
+                reasons.push(format!("{}: {why}", config.name()));
+                continue;
+            }
+            let unsplit = DecodeSplit::new(problem, plan.rows, 1);
+            let splits = choice.splits.unwrap_or_else(|| {
+                split_count(
+                    unsplit.workgroups(problem),
+                    s.seq_kv as u64,
+                    parallel_slots(caps),
+                    DECODE_MIN_KEYS_PER_SPLIT,
+                    DECODE_MAX_SPLITS,
+                )
+            });
+            let split = DecodeSplit::new(problem, plan.rows, splits);
+            check_decode_grid(problem, &split, caps)?;
+            return Ok((config, split));
+        }
+    }
+    Err(Error::Unavailable {
+        what: "the decode kernel".into(),
+        why: reasons.join("; "),
+    })
+}
+
+/// Whether the decode grid (splits, K/V heads × row blocks, batch) and the combine grid (seq_q,
+/// heads, batch) fit the device's dispatch limits.
+fn check_decode_grid(problem: &AttentionProblem, split: &DecodeSplit, caps: &Caps) -> Result<()> {
+    let s = problem.shape;
+    let max = caps.max_workgroups_per_dimension as u64;
+    for (what, n) in [
+        ("key splits", split.splits as u64),
+        (
+            "K/V heads × row blocks",
+            s.num_kv_heads as u64 * split.row_blocks as u64,
+        ),
+        ("query rows", s.seq_q as u64),
+        ("heads", s.num_heads as u64),
+        ("batch", s.batch as u64),
+    ] {
+        if n > max {
+            return Err(Error::TooLarge(format!(
+                "the decode grid's {n} {what} exceed the device's {max} workgroups per dispatch dimension"
+            )));
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::caps::fixtures::{h200, lavapipe};
+    use crate::problem::AttentionShape;
+
+    fn decode_problem(batch: usize, heads: usize, kv_heads: usize, seq_q: usize, seq_kv: usize) -> AttentionProblem {
+        AttentionProblem::new(
+            AttentionShape {
+                batch,
+                seq_q,
+                seq_kv,
+                num_heads: heads,
+                num_kv_heads: kv_heads,
+                head_dim: 128,
+            },
+            DType::F16,
+        )
+        .with_causal(true)
+    }
+
+    #[test]
+    fn shipped_plans_are_well_formed() {
+        for plan in DECODE_PLANS {
+            assert!(plan.is_well_formed(), "{plan:?}");
+            for rows in 1..=64 {
+                assert!(plan.with_rows_for(rows).is_well_formed());
+            }
+        }
+    }
+
+    #[test]
+    fn few_units_are_split_and_many_are_not() {
+        // One sequence, 8 K/V heads: 8 units on 528 slots want many pieces.
+        let s = split_count(8, 32768, 528, 256, 128);
+        assert!((50..=66).contains(&s), "{s}");
+        // Enough units to fill the device: no split.
+        assert_eq!(split_count(1000, 32768, 528, 256, 128), 1);
+        // Short caches are not split below the minimum piece.
+        assert_eq!(split_count(8, 300, 528, 256, 128), 1);
+        assert_eq!(split_count(8, 1024, 528, 256, 128), 4);
+        // The cap holds (within it, the fewest pieces within 85% of the best efficiency).
+        let capped = split_count(1, 1 << 30, 528, 256, 128);
+        assert!((109..=128).contains(&capped), "{capped}");
+        // Degenerate inputs give one piece, never zero.
+        assert_eq!(split_count(0, 100, 528, 256, 128), 1);
+        assert_eq!(split_count(8, 0, 528, 256, 128), 1);
+        assert_eq!(split_count(8, 100, 0, 0, 0), 1);
+    }
+
+    #[test]
+    fn splits_cover_the_keys_without_empty_pieces() {
+        for seq_kv in [1, 15, 16, 17, 255, 1000, 32768, 131071] {
+            for splits in [1, 2, 3, 7, 64, 128, 100_000] {
+                let p = decode_problem(1, 32, 8, 1, seq_kv);
+                let split = DecodeSplit::new(&p, 8, splits);
+                assert!(split.splits >= 1 && split.keys_per_split.is_multiple_of(16));
+                let covered = split.splits as u64 * split.keys_per_split as u64;
+                assert!(covered >= seq_kv as u64, "{seq_kv} {splits} {split:?}");
+                assert!(
+                    ((split.splits - 1) * split.keys_per_split) < seq_kv as u32,
+                    "{seq_kv} {splits} {split:?}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn gqa_rows_are_packed_per_kv_head() {
+        let p = decode_problem(8, 32, 8, 4, 32768);
+        let split = DecodeSplit::new(&p, 8, 1);
+        assert_eq!(split.rows_per_kv_head, 16);
+        assert_eq!(split.row_blocks, 2);
+        let (config, split) =
+            select_decode(&decode_problem(1, 32, 8, 1, 32768), &h200(), &DecodeChoice::default()).unwrap();
+        assert_eq!(config.plan.rows, 4, "four query heads per K/V head, one token");
+        assert_eq!(config.reduction, Reduction::Subgroup);
+        assert!(split.splits > 1);
+    }
+
+    #[test]
+    fn devices_without_wide_subgroups_get_the_workgroup_reduction() {
+        let p = decode_problem(1, 8, 8, 1, 4096);
+        let (config, _) = select_decode(&p, &lavapipe(), &DecodeChoice::default()).unwrap();
+        assert_eq!(config.reduction, Reduction::Subgroup);
+        assert!(config.plan.lanes_per_key <= 8);
+        let mut caps = lavapipe();
+        caps.subgroups = false;
+        let (config, _) = select_decode(&p, &caps, &DecodeChoice::default()).unwrap();
+        assert_eq!(config.reduction, Reduction::Workgroup);
+        let forced = DecodeChoice {
+            reduction: Some(Reduction::Subgroup),
+            ..DecodeChoice::default()
+        };
+        let err = select_decode(&p, &caps, &forced).unwrap_err();
+        assert!(err.to_string().contains("no subgroup"), "{err}");
+    }
+
+    #[test]
+    fn forced_splits_are_honoured_and_zero_is_refused() {
+        let p = decode_problem(2, 8, 2, 1, 1000);
+        let forced = |splits| DecodeChoice {
+            splits: Some(splits),
+            ..DecodeChoice::default()
+        };
+        assert_eq!(select_decode(&p, &h200(), &forced(5)).unwrap().1.splits, 5);
+        assert_eq!(
+            select_decode(&p, &h200(), &forced(1000)).unwrap().1.splits,
+            63,
+            "one piece per 16 keys at most"
+        );
+        assert!(matches!(
+            select_decode(&p, &h200(), &forced(0)),
+            Err(Error::InvalidProblem(_))
+        ));
+    }
+
+    #[test]
+    fn names_are_distinct_per_config() {
+        let mut names = std::collections::HashSet::new();
+        for plan in DECODE_PLANS {
+            for reduction in [Reduction::Subgroup, Reduction::Workgroup] {
+                for storage in [DType::F32, DType::F16, DType::BF16] {
+                    for head_dim in [64, 128] {
+                        let c = DecodeConfig {
+                            plan,
+                            storage,
+                            head_dim,
+                            reduction,
+                        };
+                        assert!(names.insert(c.name()), "{}", c.name());
+                    }
+                }
+            }
+        }
+    }
+}
