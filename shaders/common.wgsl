@@ -45,8 +45,13 @@ struct Params {
     // First (batch · num_heads + head) index of this dispatch: the naive kernel processes the
     // score matrices a few heads at a time.
     bh_base: u32,
-    // Kernel-specific bits (none used at present; keeps the layout stable).
-    flags: u32,
+    // The decode kernel's split of the keys (flash_decode.wgsl, decode_combine.wgsl): pieces per
+    // K/V head, and keys per piece.
+    num_splits: u32,
+    keys_per_split: u32,
+    _pad0: u32,
+    _pad1: u32,
+    _pad2: u32,
 }
 
 @group(0) @binding(0) var<uniform> params: Params;

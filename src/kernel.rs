@@ -7,5 +7,6 @@ pub use crate::plan::{
     BackwardChoice, BackwardConfig, BackwardKernel, BackwardPass, GradKernel, PreprocessKernel, PreprocessPlan,
 };
 pub use crate::plan::{
-    CoopChoice, CoopConfig, FlashConfig, ForwardKernel, Reduction, TilePlan, TileType, TiledChoice, Variant,
+    CoopChoice, CoopConfig, DecodeChoice, DecodeConfig, DecodePlan, DecodeSplit, FlashConfig, ForwardKernel, Reduction,
+    TilePlan, TileType, TiledChoice, Variant,
 };

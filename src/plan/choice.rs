@@ -2,6 +2,7 @@
 
 use crate::error::{Error, Result};
 use crate::plan::coop::CoopChoice;
+use crate::plan::decode::DecodeChoice;
 use crate::plan::tiled::{TiledChoice, Variant};
 
 /// What the caller asks of forward selection: which kernel, and that kernel's knobs. Each kernel's
@@ -38,6 +39,11 @@ pub enum KernelChoice {
     /// The cooperative-matrix (tensor-core) kernel, with any of its knobs fixed; an
     /// [`Error::Unavailable`] naming each reason where the device or the problem cannot run it.
     CooperativeMatrix(CoopChoice),
+    /// The decode kernel (split-KV flash-decoding with the query heads of a K/V head packed
+    /// together), with any of its knobs fixed — the number of pieces of the keys, say. Runs any
+    /// problem it implements the features of, however many query rows; automatic selection
+    /// takes it for a few new tokens against a cache.
+    Decode(DecodeChoice),
 }
 
 impl KernelChoice {

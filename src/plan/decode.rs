@@ -180,7 +180,7 @@ pub struct DecodeChoice {
     /// The plan; the first of [`DECODE_PLANS`] that fits the device when `None`.
     pub plan: Option<DecodePlan>,
     /// Pieces the keys are split into; [`split_count`]'s choice when `None`. Capped at one piece
-    /// per key.
+    /// per 16 keys and at [`DECODE_MAX_SPLITS`].
     pub splits: Option<u32>,
     /// How lanes add their products; subgroups where the device has them wide enough when `None`.
     pub reduction: Option<Reduction>,
@@ -203,12 +203,12 @@ pub struct DecodeSplit {
 
 impl DecodeSplit {
     /// The split of `problem` for a kernel holding `rows_per_block` rows, into `splits` pieces
-    /// (at least 1, at most one per 16 keys).
+    /// (at least 1, at most one per 16 keys and [`DECODE_MAX_SPLITS`]).
     pub fn new(problem: &AttentionProblem, rows_per_block: u32, splits: u32) -> Self {
         let s = problem.shape;
         let rows_per_kv_head = (problem.group_size() * s.seq_q) as u32;
         let keys = s.seq_kv.max(1) as u32;
-        let wanted = splits.clamp(1, keys.div_ceil(16));
+        let wanted = splits.clamp(1, keys.div_ceil(16).min(DECODE_MAX_SPLITS));
         let keys_per_split = keys.div_ceil(wanted).next_multiple_of(16);
         DecodeSplit {
             splits: keys.div_ceil(keys_per_split),
@@ -323,6 +323,19 @@ pub fn select_decode(
                     DECODE_MAX_SPLITS,
                 )
             });
+            // The partial results must fit one binding: fewer pieces where they would not.
+            let per_split = DecodeSplit::new(problem, plan.rows, 2).partial_lens(problem).0 / 2 * 4;
+            let room = (caps.max_storage_binding_bytes.min(caps.max_buffer_bytes) / per_split.max(1)).max(1);
+            let splits = match choice.splits {
+                Some(forced) if forced > 1 && forced as u64 > room => {
+                    return Err(Error::TooLarge(format!(
+                        "{forced} pieces of the keys need {} bytes of partial results, more than this \
+                         device binds at once; at most {room} fit",
+                        per_split * forced as u64
+                    )))
+                }
+                _ => splits.min(room.min(u32::MAX as u64) as u32),
+            };
             let split = DecodeSplit::new(problem, plan.rows, splits);
             check_decode_grid(problem, &split, caps)?;
             return Ok((config, split));
@@ -473,6 +486,20 @@ mod tests {
             select_decode(&p, &h200(), &forced(0)),
             Err(Error::InvalidProblem(_))
         ));
+    }
+
+    #[test]
+    fn partial_results_fit_one_binding() {
+        let p = decode_problem(64, 64, 8, 16, 1 << 20);
+        let mut caps = h200();
+        caps.max_storage_binding_bytes = 1 << 27;
+        let (_, split) = select_decode(&p, &caps, &DecodeChoice::default()).unwrap();
+        assert!(split.partial_lens(&p).0 * 4 <= 1 << 27, "{split:?}");
+        let forced = DecodeChoice {
+            splits: Some(64),
+            ..DecodeChoice::default()
+        };
+        assert!(matches!(select_decode(&p, &caps, &forced), Err(Error::TooLarge(_))));
     }
 
     #[test]

@@ -6,34 +6,44 @@ use crate::error::{Error, Result};
 use crate::plan::check_grid;
 use crate::plan::choice::{BoundsChecks, KernelChoice};
 use crate::plan::coop::{coop_plans, CoopChoice, CoopConfig, CoopPlan, CoopSoftmax};
-use crate::plan::policy::COOP_BY_DEFAULT;
+use crate::plan::decode::{prefers_decode, select_decode, DecodeChoice, DecodeConfig, DecodeSplit};
+use crate::plan::policy::{COOP_BY_DEFAULT, DECODE_BY_DEFAULT};
 use crate::plan::tiled::{select, FlashConfig};
 use crate::problem::AttentionProblem;
 
-/// The forward kernel chosen for a problem: the register-tiled one or the cooperative-matrix one.
+/// The forward kernel chosen for a problem: the register-tiled one, the cooperative-matrix one,
+/// or for a few query rows against many keys the decode kernel with its split of the keys.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum ForwardKernel {
     /// The register-tiled kernel (`shaders/flash_fwd.wgsl`).
     Tiled(FlashConfig),
     /// The cooperative-matrix kernel (`shaders/flash_fwd_coop.wgsl`).
     Coop(CoopConfig),
+    /// The decode kernel (`shaders/flash_decode.wgsl`), and with more than one piece of the keys
+    /// the combine kernel (`shaders/decode_combine.wgsl`).
+    Decode { config: DecodeConfig, split: DecodeSplit },
 }
 
 impl ForwardKernel {
     /// The configuration's name ([`FlashConfig::name`], [`CoopConfig::name`]): pipeline label,
     /// cache key, and what `AttentionOutput::kernel` reports.
+    /// For the decode kernel, its configuration's name and the number of pieces of the keys
+    /// (`flash_decode_..._d128_s57`).
     pub fn name(&self) -> String {
         match self {
             ForwardKernel::Tiled(c) => c.name(),
             ForwardKernel::Coop(c) => c.name(),
+            ForwardKernel::Decode { config, split } => format!("{}_s{}", config.name(), split.splits),
         }
     }
 
-    /// Query rows per workgroup; the grid has `ceil(seq_q / block_m)` workgroups in x.
+    /// Query rows per workgroup; the prefill kernels' grid has `ceil(seq_q / block_m)`
+    /// workgroups in x (the decode kernel's rows are packed query heads × tokens).
     pub fn block_m(&self) -> u32 {
         match self {
             ForwardKernel::Tiled(c) => c.plan.block_m,
             ForwardKernel::Coop(c) => c.block_m,
+            ForwardKernel::Decode { config, .. } => config.plan.rows,
         }
     }
 
@@ -42,6 +52,7 @@ impl ForwardKernel {
         match self {
             ForwardKernel::Tiled(c) => c.plan.workgroup_size(),
             ForwardKernel::Coop(c) => c.workgroup_size(),
+            ForwardKernel::Decode { config, .. } => config.plan.workgroup_size,
         }
     }
 
@@ -50,11 +61,13 @@ impl ForwardKernel {
         match self {
             ForwardKernel::Tiled(c) => c.workgroup_bytes(),
             ForwardKernel::Coop(c) => c.workgroup_bytes(),
+            ForwardKernel::Decode { config, .. } => config.workgroup_bytes(),
         }
     }
 }
 
-/// Picks the forward kernel: the cooperative-matrix one where the device has tensor cores through
+/// Picks the forward kernel: the decode kernel for a few new tokens against a cache
+/// ([`prefers_decode`]); else the cooperative-matrix one where the device has tensor cores through
 /// wgpu and the data is f16 (unless the caller forces a tiled variant or turns matrices off),
 /// otherwise [`select`]'s tiled kernel. With `bounds_checks` on, never the cooperative-matrix
 /// kernel (see [`BoundsChecks`]): forcing it is an [`Error::Unavailable`] saying so.
@@ -65,9 +78,22 @@ pub fn select_forward(
     bounds_checks: BoundsChecks,
 ) -> Result<ForwardKernel> {
     problem.validate()?;
+    let decode = |choice: &DecodeChoice| {
+        select_decode(problem, caps, choice).map(|(config, split)| ForwardKernel::Decode { config, split })
+    };
+    match choice {
+        KernelChoice::Decode(forced) => return decode(forced),
+        KernelChoice::Auto if DECODE_BY_DEFAULT && prefers_decode(problem) => {
+            // Where the decode kernel cannot run, the prefill kernels still can.
+            if let Ok(kernel) = decode(&DecodeChoice::default()) {
+                return Ok(kernel);
+            }
+        }
+        _ => {}
+    }
     let (want, coop) = match choice {
         KernelChoice::Auto => (COOP_BY_DEFAULT, CoopChoice::default()),
-        KernelChoice::Tiled(_) => (false, CoopChoice::default()),
+        KernelChoice::Tiled(_) | KernelChoice::Decode(_) => (false, CoopChoice::default()),
         KernelChoice::CooperativeMatrix(coop) => (true, *coop),
     };
     if want {

@@ -21,7 +21,11 @@ pub const COOP_KERNEL_VERIFIED: bool = true;
 /// H200 for f16 data by far (BENCHMARKS.md).
 pub const COOP_BY_DEFAULT: bool = true;
 
-/// The decode kernel (src/plan/decode.rs) takes problems with at most this many new tokens per
+/// Whether automatic selection takes the decode kernel (src/plan/decode.rs) for problems with few
+/// query rows per K/V head (below).
+pub const DECODE_BY_DEFAULT: bool = true;
+
+/// The decode kernel takes problems with at most this many new tokens per
 /// sequence (one for plain decoding, a few for speculative decoding)...
 pub const DECODE_MAX_QUERIES: usize = 16;
 

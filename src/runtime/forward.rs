@@ -102,9 +102,10 @@ impl FlashAttention {
 
     /// An engine with the given options: a forced kernel, bounds checks.
     pub fn with_options(ctx: &GpuContext, options: Options) -> Self {
+        // 16 bytes: also bound in place of the decode kernel's vec4 partial outputs.
         let unused_lse = ctx.device.create_buffer(&wgpu::BufferDescriptor {
             label: Some("wgpu-flash-attn unused lse"),
-            size: 4,
+            size: 16,
             usage: wgpu::BufferUsages::STORAGE,
             mapped_at_creation: false,
         });
@@ -155,19 +156,30 @@ impl FlashAttention {
         )
     }
 
-    fn pipeline_key(kernel: &ForwardKernel) -> KernelConfig {
+    /// The pipelines `kernel` records: one, or for the decode kernel with more than one piece of
+    /// the keys, the decode kernel and the combine.
+    fn pipeline_keys(kernel: &ForwardKernel, problem: &AttentionProblem) -> Vec<KernelConfig> {
         match kernel {
-            ForwardKernel::Tiled(c) => KernelConfig::Flash(*c),
-            ForwardKernel::Coop(c) => KernelConfig::FlashCoop(*c),
+            ForwardKernel::Tiled(c) => vec![KernelConfig::Flash(*c)],
+            ForwardKernel::Coop(c) => vec![KernelConfig::FlashCoop(*c)],
+            ForwardKernel::Decode { config, split } => {
+                let mut keys = vec![KernelConfig::Decode(*config)];
+                if split.splits > 1 {
+                    keys.push(KernelConfig::DecodeCombine { storage: problem.dtype });
+                }
+                keys
+            }
         }
     }
 
-    /// Selects the kernel for `problem` and builds its pipeline, waiting for the driver's verdict
-    /// on every platform. Optional on native backends (the first encode builds it), advisable on
-    /// the web, where a shader error is otherwise only reported asynchronously.
+    /// Selects the kernel for `problem` and builds its pipelines, waiting for the driver's
+    /// verdict on every platform. Optional on native backends (the first encode builds them),
+    /// advisable on the web, where a shader error is otherwise only reported asynchronously.
     pub async fn prepare(&self, problem: &AttentionProblem) -> Result<ForwardKernel> {
         let kernel = self.select(problem)?;
-        self.pipelines.get_async(&Self::pipeline_key(&kernel)).await?;
+        for key in Self::pipeline_keys(&kernel, problem) {
+            self.pipelines.get_async(&key).await?;
+        }
         Ok(kernel)
     }
 
@@ -229,7 +241,17 @@ impl FlashAttention {
     ) -> Result<ForwardKernel> {
         self.ctx.check_device(false)?;
         let config = self.select(problem)?;
-        let pipeline = self.pipelines.get(&Self::pipeline_key(&config))?;
+        let key = match &config {
+            ForwardKernel::Tiled(c) => KernelConfig::Flash(*c),
+            ForwardKernel::Coop(c) => KernelConfig::FlashCoop(*c),
+            ForwardKernel::Decode { config: decode, split } => {
+                let bound = self.bind_forward(problem, buffers)?;
+                let write_lse = buffers.lse.is_some();
+                self.encode_decode(encoder, problem, &bound, write_lse, timestamps, decode, split)?;
+                return Ok(config);
+            }
+        };
+        let pipeline = self.pipelines.get(&key)?;
         let bound = self.bind_forward(problem, buffers)?;
 
         let params = Params::for_flash(
@@ -318,7 +340,14 @@ impl FlashAttention {
         v: &[T],
     ) -> Result<AttentionOutput<T>> {
         let config = self.prepare(problem).await?;
-        self.run_on_host(problem, q, k, v, config.name(), 0, |engine, encoder, buffers| {
+        let scratch = match &config {
+            ForwardKernel::Decode { split, .. } => {
+                let (o, lse) = crate::runtime::decode::scratch_bytes(problem, split)?;
+                o + lse
+            }
+            _ => 0,
+        };
+        self.run_on_host(problem, q, k, v, config.name(), scratch, |engine, encoder, buffers| {
             engine.encode_forward(encoder, problem, buffers, None).map(|_| ())
         })
         .await

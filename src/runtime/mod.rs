@@ -1,7 +1,9 @@
 //! The engines: [`FlashAttention`](forward::FlashAttention) runs the forward pass (flash and
 //! naive kernels), in [`backward`], the gradients, and in [`merge`], the merge of two partial
-//! results by their LSEs, on host slices or on the caller's buffers.
+//! results by their LSEs, on host slices or on the caller's buffers; `decode` records the
+//! split-KV decode kernel that `forward` selects for a few new tokens against a cache.
 
 pub mod backward;
+mod decode;
 pub mod forward;
 pub mod merge;

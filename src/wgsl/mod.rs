@@ -9,7 +9,8 @@
 pub mod params;
 pub mod unroll;
 
-use crate::plan::{BackwardKernel, CoopConfig, FlashConfig, Reduction, TileType};
+use crate::plan::policy::DECODE_MAX_SPLITS;
+use crate::plan::{BackwardKernel, CoopConfig, DecodeConfig, FlashConfig, Reduction, TileType};
 use crate::problem::DType;
 
 pub const COMMON: &str = include_str!("../../shaders/common.wgsl");
@@ -32,6 +33,10 @@ pub const FLASH_BWD_PRE: &str = include_str!("../../shaders/flash_bwd_pre.wgsl")
 pub const FLASH_BWD_DKDV: &str = include_str!("../../shaders/flash_bwd_dkdv.wgsl");
 pub const FLASH_BWD_DQ: &str = include_str!("../../shaders/flash_bwd_dq.wgsl");
 pub const MERGE: &str = include_str!("../../shaders/merge.wgsl");
+pub const FLASH_DECODE: &str = include_str!("../../shaders/flash_decode.wgsl");
+pub const DECODE_LANES_SUBGROUP: &str = include_str!("../../shaders/decode_lanes_subgroup.wgsl");
+pub const DECODE_LANES_WORKGROUP: &str = include_str!("../../shaders/decode_lanes_workgroup.wgsl");
+pub const DECODE_COMBINE: &str = include_str!("../../shaders/decode_combine.wgsl");
 
 /// The three passes of standard attention (the naive GPU baseline).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -64,6 +69,13 @@ pub enum KernelConfig {
     Merge {
         storage: DType,
     },
+    /// The decode kernel (shaders/flash_decode.wgsl, src/plan/decode.rs).
+    Decode(DecodeConfig),
+    /// The merge of the decode kernel's partial results (shaders/decode_combine.wgsl), O in
+    /// `storage`.
+    DecodeCombine {
+        storage: DType,
+    },
 }
 
 impl KernelConfig {
@@ -75,6 +87,8 @@ impl KernelConfig {
             KernelConfig::Naive { storage, .. } => format!("{}_{}", self.entry_point(), storage.name()),
             KernelConfig::Backward(k) => k.name(),
             KernelConfig::Merge { storage } => format!("merge_{}", storage.name()),
+            KernelConfig::Decode(c) => c.name(),
+            KernelConfig::DecodeCombine { storage } => format!("decode_combine_{}", storage.name()),
         }
     }
 
@@ -90,6 +104,8 @@ impl KernelConfig {
             },
             KernelConfig::Backward(k) => k.pass().entry_point(),
             KernelConfig::Merge { .. } => "merge",
+            KernelConfig::Decode(_) => "flash_decode",
+            KernelConfig::DecodeCombine { .. } => "decode_combine",
         }
     }
 
@@ -106,6 +122,11 @@ impl KernelConfig {
         }
         if let KernelConfig::Backward(k) = self {
             f |= k.required_features();
+        }
+        if let KernelConfig::Decode(c) = self {
+            if c.reduction == Reduction::Subgroup {
+                f |= wgpu::Features::SUBGROUP;
+            }
         }
         if let KernelConfig::FlashCoop(_) = self {
             f |= wgpu::Features::SUBGROUP
@@ -152,6 +173,35 @@ impl KernelConfig {
             KernelConfig::Backward(k) => backward_source(k, &mut src),
             KernelConfig::Merge { storage } => {
                 for part in [COMMON, storage_codec(*storage), MERGE] {
+                    src.push_str(part);
+                }
+            }
+            KernelConfig::Decode(c) => {
+                let p = &c.plan;
+                src.push_str(&format!(
+                    "const WG: u32 = {}u;\nconst LANES: u32 = {}u;\nconst ROWS: u32 = {}u;\n\
+                     const KEYS_PER_STEP: u32 = {}u;\nconst HEAD_GRANULES: u32 = {}u;\n",
+                    p.workgroup_size,
+                    p.lanes_per_key,
+                    p.rows,
+                    p.keys_per_step,
+                    c.head_dim / 4
+                ));
+                for part in [
+                    COMMON,
+                    storage_codec(c.storage),
+                    match c.reduction {
+                        Reduction::Subgroup => DECODE_LANES_SUBGROUP,
+                        Reduction::Workgroup => DECODE_LANES_WORKGROUP,
+                    },
+                    FLASH_DECODE,
+                ] {
+                    src.push_str(part);
+                }
+            }
+            KernelConfig::DecodeCombine { storage } => {
+                src.push_str(&format!("const MAX_SPLITS: u32 = {DECODE_MAX_SPLITS}u;\n"));
+                for part in [COMMON, storage_codec(*storage), DECODE_COMBINE] {
                     src.push_str(part);
                 }
             }

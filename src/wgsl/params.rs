@@ -48,12 +48,15 @@ pub struct Params {
     pub num_q_tiles: u32,
     pub write_lse: u32,
     pub bh_base: u32,
-    /// Kernel-specific bits (none used at present; kept so that the layout stays stable).
-    pub flags: u32,
+    /// The decode kernel's pieces of the keys per K/V head (`DecodeSplit::splits`).
+    pub num_splits: u32,
+    /// Keys per piece (`DecodeSplit::keys_per_split`).
+    pub keys_per_split: u32,
+    pub _pad: [u32; 3],
 }
 
-// WGSL lays the struct out as four 16-byte members then twelve 4-byte scalars.
-const _: () = assert!(std::mem::size_of::<Params>() == 4 * 16 + 12 * 4);
+// WGSL lays the struct out as four 16-byte members then sixteen 4-byte scalars (three of padding).
+const _: () = assert!(std::mem::size_of::<Params>() == 4 * 16 + 16 * 4);
 
 impl Params {
     /// The fields that depend only on the problem; strides and per-dispatch fields are filled in
@@ -186,7 +189,8 @@ mod tests {
             ("num_q_tiles", offset_of!(Params, num_q_tiles)),
             ("write_lse", offset_of!(Params, write_lse)),
             ("bh_base", offset_of!(Params, bh_base)),
-            ("flags", offset_of!(Params, flags)),
+            ("num_splits", offset_of!(Params, num_splits)),
+            ("keys_per_split", offset_of!(Params, keys_per_split)),
         ];
         check(wgsl_struct(&source, "Params"), &rust, size_of::<Params>());
         let strides = [

@@ -1,0 +1,229 @@
+// flash_decode.wgsl — attention for a few query rows per sequence against a long K/V cache (LLM
+// decoding: one new token, or a few for speculative decoding), split along the keys across
+// workgroups (flash-decoding).
+//
+// What a workgroup owns: one K/V head of one sequence (grid y: K/V head × row block, z: batch),
+// ROWS of its packed query rows — the GROUP query heads that read this K/V head times the seq_q
+// new tokens (row r is query head kv_head·GROUP + r / seq_q, token r % seq_q), so each K/V row is
+// read once for all of them — and one piece of the keys (grid x): keys [split·keys_per_split, +
+// keys_per_split), cut at the causal limit of its last token. With one piece it writes O and the
+// LSE; with more, a normalized f32 partial O and its LSE per row, which decode_combine.wgsl merges.
+//
+// What an invocation owns: LANES consecutive invocations form a key group that reads one key row
+// together, lane l the granules l, l + LANES, ... of it, so a row is one coalesced read; their
+// partial dot products are added across the group (add_across_lanes: subgroup shuffles, or
+// workgroup memory on devices without subgroups). KEY_GROUPS = WG / LANES groups take
+// interleaved blocks of KEYS_PER_STEP consecutive keys; a lane issues all loads of a block (K and
+// V) before it uses any, which is what keeps enough bytes in flight for a memory-bound kernel.
+// Every lane keeps, for its granules and all ROWS rows, the query slice and the output
+// accumulator in registers, and the rows' running max and sum (equal across its group). At the end
+// the groups merge their states through workgroup memory.
+//
+// Sizes (src/plan/decode.rs, DECODE_PLANS): 16 lanes of 8-byte granules cover a 128-element
+// 16-bit row in 128 bytes; LANES never exceeds the smallest subgroup when shuffles add the
+// products; ROWS × granules per lane bounds the registers.
+//
+// Masked keys contribute exactly zero: a row's max starts at its first visible key (`seen`), not
+// at a sentinel, so any finite softmax scale (negative, tiny, huge) gives the reference's answer;
+// a row that sees no key writes O = 0 and LSE = −∞.
+
+const KEY_GROUPS: u32 = WG / LANES;
+const GRANULES_PER_LANE: u32 = (HEAD_GRANULES + LANES - 1u) / LANES;
+const DOTS: u32 = KEYS_PER_STEP * ROWS;
+// Granules of one row in `merged`: the lanes' granules, padding included.
+const MERGED_ROW: u32 = LANES * GRANULES_PER_LANE;
+const LN_2: f32 = 0.6931471805599453;
+
+@group(0) @binding(1) var<storage, read> q: array<Granule>;
+@group(0) @binding(2) var<storage, read> k: array<Granule>;
+@group(0) @binding(3) var<storage, read> v: array<Granule>;
+@group(0) @binding(4) var<storage, read_write> o: array<Granule>;
+@group(0) @binding(5) var<storage, read_write> lse: array<u32>;
+// [batch, num_heads, seq_q, num_splits, head_dim / 4] and [batch, num_heads, seq_q, num_splits].
+@group(0) @binding(6) var<storage, read_write> o_partial: array<vec4<f32>>;
+@group(0) @binding(7) var<storage, read_write> lse_partial: array<u32>;
+
+var<workgroup> group_max: array<f32, KEY_GROUPS * ROWS>;
+var<workgroup> group_sum: array<f32, KEY_GROUPS * ROWS>;
+var<workgroup> merged: array<vec4<f32>, ROWS * MERGED_ROW>;
+
+@compute @workgroup_size(WG)
+fn flash_decode(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) li: u32) {
+    let split = wg.x;
+    let b = wg.z;
+    let rows_per_kv_head = params.group_size * params.seq_q;
+    let row_blocks = (rows_per_kv_head + ROWS - 1u) / ROWS;
+    let kv_head = wg.y / row_blocks;
+    let row0 = (wg.y % row_blocks) * ROWS;
+    let lane = li % LANES;
+    let key_group = li / LANES;
+
+    // The rows' query heads and tokens; rows past the K/V head's last are padding.
+    var head: array<u32, ROWS>;
+    var token: array<u32, ROWS>;
+    var last_token = 0u;
+    for (var r = 0u; r < ROWS; r++) {
+        let packed = min(row0 + r, rows_per_kv_head - 1u);
+        head[r] = kv_head * params.group_size + packed / params.seq_q;
+        token[r] = packed % params.seq_q;
+        last_token = max(last_token, token[r]);
+    }
+
+    var q_slice: array<vec4<f32>, ROWS * GRANULES_PER_LANE>;
+    for (var r = 0u; r < ROWS; r++) {
+        let base = row_granule(params.q, b, token[r], head[r]);
+        for (var j = 0u; j < GRANULES_PER_LANE; j++) {
+            let g = lane + j * LANES;
+            if (g < HEAD_GRANULES) {
+                q_slice[r * GRANULES_PER_LANE + j] = unpack_granule(q[base + g]);
+            }
+        }
+    }
+
+    let keys_begin = split * params.keys_per_split;
+    // No row of the block sees keys past its last token's diagonal.
+    let keys_end = min(min(params.seq_kv, keys_begin + params.keys_per_split), visible_key_end(last_token + 1u));
+
+    var acc: array<vec4<f32>, ROWS * GRANULES_PER_LANE>;
+    var row_max: array<f32, ROWS>;
+    var row_sum: array<f32, ROWS>;
+    // Trip count uniform across the workgroup: add_across_lanes may hold barriers.
+    for (var block = keys_begin; block < keys_end; block += KEY_GROUPS * KEYS_PER_STEP) {
+        let first = block + key_group * KEYS_PER_STEP;
+        var k_raw: array<Granule, KEYS_PER_STEP * GRANULES_PER_LANE>;
+        var v_raw: array<Granule, KEYS_PER_STEP * GRANULES_PER_LANE>;
+        for (var u = 0u; u < KEYS_PER_STEP; u++) {
+            let key = first + u;
+            if (key < keys_end) {
+                let k_base = row_granule(params.k, b, key, kv_head);
+                let v_base = row_granule(params.v, b, key, kv_head);
+                for (var j = 0u; j < GRANULES_PER_LANE; j++) {
+                    let g = lane + j * LANES;
+                    if (g < HEAD_GRANULES) {
+                        k_raw[u * GRANULES_PER_LANE + j] = k[k_base + g];
+                        v_raw[u * GRANULES_PER_LANE + j] = v[v_base + g];
+                    }
+                }
+            }
+        }
+
+        var dots: array<f32, DOTS>;
+        for (var u = 0u; u < KEYS_PER_STEP; u++) {
+            for (var j = 0u; j < GRANULES_PER_LANE; j++) {
+                let key_part = unpack_granule(k_raw[u * GRANULES_PER_LANE + j]);
+                for (var r = 0u; r < ROWS; r++) {
+                    dots[u * ROWS + r] += dot(q_slice[r * GRANULES_PER_LANE + j], key_part);
+                }
+            }
+        }
+        dots = add_across_lanes(dots, li);
+
+        for (var r = 0u; r < ROWS; r++) {
+            var step_max = 0.0;
+            var any_visible = false;
+            for (var u = 0u; u < KEYS_PER_STEP; u++) {
+                let key = first + u;
+                if (key < keys_end && is_visible(token[r], key)) {
+                    let s = dots[u * ROWS + r] * params.scale;
+                    step_max = select(s, max(step_max, s), any_visible);
+                    any_visible = true;
+                }
+            }
+            if (!any_visible) {
+                continue;
+            }
+            // After its first visible key a row's sum is at least 1 (its max contributes exp2(0)).
+            let seen = row_sum[r] > 0.0;
+            let new_max = select(step_max, max(row_max[r], step_max), seen);
+            let rescale = select(0.0, exp2(row_max[r] - new_max), seen);
+            row_max[r] = new_max;
+            var sum = row_sum[r] * rescale;
+            var out: array<vec4<f32>, GRANULES_PER_LANE>;
+            for (var j = 0u; j < GRANULES_PER_LANE; j++) {
+                out[j] = acc[r * GRANULES_PER_LANE + j] * rescale;
+            }
+            for (var u = 0u; u < KEYS_PER_STEP; u++) {
+                let key = first + u;
+                if (key < keys_end && is_visible(token[r], key)) {
+                    let p = exp2(dots[u * ROWS + r] * params.scale - new_max);
+                    sum += p;
+                    for (var j = 0u; j < GRANULES_PER_LANE; j++) {
+                        out[j] += p * unpack_granule(v_raw[u * GRANULES_PER_LANE + j]);
+                    }
+                }
+            }
+            row_sum[r] = sum;
+            for (var j = 0u; j < GRANULES_PER_LANE; j++) {
+                acc[r * GRANULES_PER_LANE + j] = out[j];
+            }
+        }
+    }
+
+    // Merge the key groups: the rows' overall max and sum, then each group's accumulator,
+    // rescaled to that max, added into `merged` one group at a time.
+    if (lane == 0u) {
+        for (var r = 0u; r < ROWS; r++) {
+            group_max[key_group * ROWS + r] = row_max[r];
+            group_sum[key_group * ROWS + r] = row_sum[r];
+        }
+    }
+    workgroupBarrier();
+    var total_max: array<f32, ROWS>;
+    var total_sum: array<f32, ROWS>;
+    for (var r = 0u; r < ROWS; r++) {
+        var m = 0.0;
+        var any_seen = false;
+        for (var g = 0u; g < KEY_GROUPS; g++) {
+            if (group_sum[g * ROWS + r] > 0.0) {
+                m = select(group_max[g * ROWS + r], max(m, group_max[g * ROWS + r]), any_seen);
+                any_seen = true;
+            }
+        }
+        var sum = 0.0;
+        for (var g = 0u; g < KEY_GROUPS; g++) {
+            let l = group_sum[g * ROWS + r];
+            if (l > 0.0) {
+                sum += l * exp2(group_max[g * ROWS + r] - m);
+            }
+        }
+        total_max[r] = m;
+        total_sum[r] = sum;
+    }
+    for (var g = 0u; g < KEY_GROUPS; g++) {
+        if (key_group == g) {
+            for (var r = 0u; r < ROWS; r++) {
+                let weight = select(0.0, exp2(row_max[r] - total_max[r]), row_sum[r] > 0.0);
+                for (var j = 0u; j < GRANULES_PER_LANE; j++) {
+                    let at = r * MERGED_ROW + lane + j * LANES;
+                    let mine = weight * acc[r * GRANULES_PER_LANE + j];
+                    merged[at] = select(merged[at] + mine, mine, g == 0u);
+                }
+            }
+        }
+        workgroupBarrier();
+    }
+
+    for (var item = li; item < ROWS * HEAD_GRANULES; item += WG) {
+        let r = item / HEAD_GRANULES;
+        let g = item % HEAD_GRANULES;
+        if (row0 + r >= rows_per_kv_head) {
+            continue;
+        }
+        let sum = total_sum[r];
+        let out = select(vec4<f32>(0.0), merged[r * MERGED_ROW + g] / sum, sum > 0.0);
+        let lse_bits = select(LSE_EMPTY_BITS, bitcast<u32>((total_max[r] + log2(sum)) * LN_2), sum > 0.0);
+        let row = lse_index(b, head[r], token[r]);
+        if (params.num_splits == 1u) {
+            o[row_granule(params.o, b, token[r], head[r]) + g] = pack_granule(out);
+            if (g == 0u && params.write_lse != 0u) {
+                lse[row] = lse_bits;
+            }
+        } else {
+            let piece = row * params.num_splits + split;
+            o_partial[piece * HEAD_GRANULES + g] = out;
+            if (g == 0u) {
+                lse_partial[piece] = lse_bits;
+            }
+        }
+    }
+}

@@ -1,0 +1,126 @@
+//! Recording the decode kernel: one dispatch over (pieces of the keys, K/V heads × row blocks,
+//! batch), and with more than one piece the combine dispatch over (query rows, heads, batch),
+//! in one compute pass. The partial results live in scratch buffers allocated per call and
+//! released with the command buffer.
+
+use wgpu::util::DeviceExt;
+
+use crate::error::{Error, Result};
+use crate::gpu::binding::{byte_len, check_buffer_size, Bound};
+use crate::plan::{DecodeConfig, DecodeSplit};
+use crate::problem::AttentionProblem;
+use crate::runtime::forward::FlashAttention;
+use crate::wgsl::params::Params;
+use crate::wgsl::KernelConfig;
+
+/// Bytes of the partial outputs and their LSEs a call allocates for `split` (0 with one piece).
+pub(crate) fn scratch_bytes(problem: &AttentionProblem, split: &DecodeSplit) -> Result<(u64, u64)> {
+    let (o_len, lse_len) = split.partial_lens(problem);
+    let bytes = |name, len: u64| -> Result<u64> { byte_len(name, usize::try_from(len).unwrap_or(usize::MAX), 4) };
+    Ok((bytes("o_partial", o_len)?, bytes("lse_partial", lse_len)?))
+}
+
+impl FlashAttention {
+    /// Records the decode kernel (and the combine) for `problem` on the checked bindings `bound`
+    /// (q, k, v, o, lse as `bind_forward` returns them).
+    pub(crate) fn encode_decode(
+        &self,
+        encoder: &mut wgpu::CommandEncoder,
+        problem: &AttentionProblem,
+        bound: &[Bound<'_>; 5],
+        write_lse: bool,
+        timestamps: Option<wgpu::ComputePassTimestampWrites<'_>>,
+        config: &DecodeConfig,
+        split: &DecodeSplit,
+    ) -> Result<()> {
+        let ctx = self.context();
+        let decode = self.pipelines().get(&KernelConfig::Decode(*config))?;
+        let combine = match split.splits {
+            1 => None,
+            _ => Some(
+                self.pipelines()
+                    .get(&KernelConfig::DecodeCombine { storage: problem.dtype })?,
+            ),
+        };
+        let (o_bytes, lse_bytes) = scratch_bytes(problem, split)?;
+        for (name, bytes) in [("o_partial", o_bytes), ("lse_partial", lse_bytes)] {
+            check_buffer_size(name, bytes, &ctx.caps)?;
+            if bytes > ctx.caps.max_storage_binding_bytes {
+                return Err(Error::TooLarge(format!(
+                    "the decode kernel's `{name}` needs {bytes} bytes, more than this device binds at once"
+                )));
+            }
+        }
+        // With one piece nothing is written there, but every binding needs a buffer.
+        let scratch = |label, bytes: u64| match bytes {
+            0 => None,
+            _ => Some(ctx.device.create_buffer(&wgpu::BufferDescriptor {
+                label: Some(label),
+                size: bytes,
+                usage: wgpu::BufferUsages::STORAGE,
+                mapped_at_creation: false,
+            })),
+        };
+        let o_partial = scratch("decode o_partial", o_bytes);
+        let lse_partial = scratch("decode lse_partial", lse_bytes);
+        let unused = self.unused_lse();
+        let o_partial = o_partial.as_ref().unwrap_or(unused);
+        let lse_partial = lse_partial.as_ref().unwrap_or(unused);
+
+        let strides = [bound[0].strides, bound[1].strides, bound[2].strides, bound[3].strides];
+        let mut params = Params::for_flash(problem, strides, split.row_blocks, write_lse);
+        params.num_splits = split.splits;
+        params.keys_per_split = split.keys_per_split;
+        let params_buffer = ctx.device.create_buffer_init(&wgpu::util::BufferInitDescriptor {
+            label: Some("wgpu-flash-attn decode params"),
+            contents: bytemuck::bytes_of(&params),
+            usage: wgpu::BufferUsages::UNIFORM,
+        });
+
+        let mut entries = vec![whole(0, &params_buffer)];
+        entries.extend(bound.iter().enumerate().map(|(i, b)| b.entry(i as u32 + 1)));
+        entries.push(whole(6, o_partial));
+        entries.push(whole(7, lse_partial));
+        let name = config.name();
+        let decode_group = ctx.device.create_bind_group(&wgpu::BindGroupDescriptor {
+            label: Some(&name),
+            layout: &decode.get_bind_group_layout(0),
+            entries: &entries,
+        });
+        let combine_group = combine.as_ref().map(|pipeline| {
+            ctx.device.create_bind_group(&wgpu::BindGroupDescriptor {
+                label: Some("decode_combine"),
+                layout: &pipeline.get_bind_group_layout(0),
+                entries: &[
+                    whole(0, &params_buffer),
+                    whole(1, o_partial),
+                    whole(2, lse_partial),
+                    bound[3].entry(3),
+                    bound[4].entry(4),
+                ],
+            })
+        });
+
+        let s = problem.shape;
+        let mut pass = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor {
+            label: Some(&name),
+            timestamp_writes: timestamps,
+        });
+        pass.set_pipeline(&decode);
+        pass.set_bind_group(0, &decode_group, &[]);
+        pass.dispatch_workgroups(split.splits, s.num_kv_heads as u32 * split.row_blocks, s.batch as u32);
+        if let (Some(pipeline), Some(group)) = (&combine, &combine_group) {
+            pass.set_pipeline(pipeline);
+            pass.set_bind_group(0, group, &[]);
+            pass.dispatch_workgroups(s.seq_q as u32, s.num_heads as u32, s.batch as u32);
+        }
+        Ok(())
+    }
+}
+
+fn whole(binding: u32, buffer: &wgpu::Buffer) -> wgpu::BindGroupEntry<'_> {
+    wgpu::BindGroupEntry {
+        binding,
+        resource: buffer.as_entire_binding(),
+    }
+}

@@ -1,0 +1,148 @@
+//! The decode kernel (split-KV flash-decoding with GQA packing) against the float64 reference:
+//! seeded random problems — one to sixteen new tokens, caches of 1 to thousands of keys, GQA
+//! groups 1/4/8, every dtype, head dims from 8 to 256, causal or not, strided layouts, negative
+//! scales — on NaN-poisoned outputs, with the number of pieces of the keys forced from 1 to many
+//! and chosen by the rule; and that automatic selection sends decode-shaped problems to it.
+
+mod common;
+
+use common::{engine_with, gpu, run_and_check_any, shape};
+use wgpu_flash_attn::kernel::{DecodeChoice, ForwardKernel, Reduction};
+use wgpu_flash_attn::testing::harness::Kernel;
+use wgpu_flash_attn::testing::Rng;
+use wgpu_flash_attn::{AttentionProblem, DType, FlashAttention, KernelChoice, Layout};
+
+fn decode_engine(
+    ctx: &wgpu_flash_attn::GpuContext,
+    splits: Option<u32>,
+    reduction: Option<Reduction>,
+) -> FlashAttention {
+    engine_with(
+        ctx,
+        KernelChoice::Decode(DecodeChoice {
+            splits,
+            reduction,
+            ..DecodeChoice::default()
+        }),
+    )
+}
+
+fn label(problem: &AttentionProblem, kernel: &ForwardKernel, extra: &str) -> String {
+    let s = problem.shape;
+    format!(
+        "{}_b{}_q{}_kv{}_h{}_{}_d{}{}{}_{extra}",
+        kernel.name(),
+        s.batch,
+        s.seq_q,
+        s.seq_kv,
+        s.num_heads,
+        s.num_kv_heads,
+        s.head_dim,
+        if problem.causal { "_causal" } else { "" },
+        if problem.q_layout != problem.o_layout {
+            "_strided"
+        } else {
+            ""
+        },
+    )
+}
+
+/// Runs `problem` on `engine` (which must pick the decode kernel) and checks it.
+fn check(engine: &FlashAttention, problem: &AttentionProblem, extra: &str) {
+    let kernel = engine.select(problem).unwrap_or_else(|e| panic!("{extra}: {e}"));
+    assert!(
+        matches!(kernel, ForwardKernel::Decode { .. }),
+        "{extra}: {}",
+        kernel.name()
+    );
+    run_and_check_any(engine, Kernel::Flash, problem, &label(problem, &kernel, extra));
+}
+
+fn below(rng: &mut Rng, n: usize) -> usize {
+    (rng.next_u64() % n as u64) as usize
+}
+
+#[test]
+fn split_counts_from_one_to_many_match_the_reference() {
+    let Some(ctx) = gpu() else { return };
+    for splits in [Some(1), Some(2), Some(7), Some(64), None] {
+        let engine = decode_engine(ctx, splits, None);
+        for (b, q, kv, h, kvh, d, causal) in [
+            (1, 1, 1000, 8, 2, 128, true),
+            (2, 1, 257, 4, 4, 64, false),
+            (1, 4, 1500, 8, 1, 128, true),
+            (1, 16, 333, 2, 2, 32, true),
+        ] {
+            let problem = AttentionProblem::new(shape(b, q, kv, h, kvh, d), DType::F16).with_causal(causal);
+            check(&engine, &problem, &format!("splits{splits:?}"));
+        }
+    }
+}
+
+#[test]
+fn ragged_and_tiny_caches() {
+    let Some(ctx) = gpu() else { return };
+    let engine = decode_engine(ctx, None, None);
+    for kv in [1, 2, 15, 16, 17, 63, 64, 65] {
+        for (q, causal) in [(1, false), (1, true), (3, true), (16, true)] {
+            let problem = AttentionProblem::new(shape(2, q, kv, 8, 2, 64), DType::F32).with_causal(causal);
+            check(&engine, &problem, "ragged");
+        }
+    }
+}
+
+#[test]
+fn random_problems_every_dtype_and_both_reductions() {
+    let Some(ctx) = gpu() else { return };
+    let mut rng = Rng::new(0xdec0de);
+    let reductions: Vec<Option<Reduction>> = if ctx.caps.subgroups {
+        vec![Some(Reduction::Subgroup), Some(Reduction::Workgroup)]
+    } else {
+        vec![Some(Reduction::Workgroup)]
+    };
+    for case in 0..24 {
+        let group = [1, 4, 8][below(&mut rng, 3)];
+        let kv_heads = 1 + below(&mut rng, 3);
+        let seq_q = [1, 1, 2, 4, 5, 16][below(&mut rng, 6)];
+        let seq_kv = [1, 16, 100, 777, 2048, 4100][below(&mut rng, 6)];
+        let head_dim = [8, 40, 64, 72, 128, 200, 256][below(&mut rng, 7)];
+        let dtype = [DType::F32, DType::F16, DType::BF16][below(&mut rng, 3)];
+        let mut problem = AttentionProblem::new(
+            shape(
+                1 + below(&mut rng, 3),
+                seq_q,
+                seq_kv,
+                kv_heads * group,
+                kv_heads,
+                head_dim,
+            ),
+            dtype,
+        )
+        .with_causal(below(&mut rng, 2) == 0);
+        if below(&mut rng, 3) == 0 {
+            problem = problem.with_layout(Layout::Bhsd);
+        }
+        if below(&mut rng, 4) == 0 {
+            problem = problem.with_scale(-0.3 / (head_dim as f32).sqrt());
+        }
+        let splits = [None, Some(1), Some(3), Some(40)][below(&mut rng, 4)];
+        let reduction = reductions[case % reductions.len()];
+        let engine = decode_engine(ctx, splits, reduction);
+        check(&engine, &problem, &format!("case{case}_{splits:?}"));
+    }
+}
+
+#[test]
+fn automatic_selection_sends_few_new_tokens_to_the_decode_kernel() {
+    let Some(ctx) = gpu() else { return };
+    let engine = FlashAttention::new(ctx);
+    let decode = AttentionProblem::new(shape(1, 1, 4096, 32, 8, 128), DType::F16).with_causal(true);
+    let kernel = engine.select(&decode).unwrap();
+    assert!(matches!(kernel, ForwardKernel::Decode { .. }), "{}", kernel.name());
+    check(&engine, &decode, "auto");
+    let prefill = AttentionProblem::new(shape(1, 512, 512, 8, 8, 64), DType::F16).with_causal(true);
+    assert!(!matches!(
+        engine.select(&prefill).unwrap(),
+        ForwardKernel::Decode { .. }
+    ));
+}
