@@ -8,6 +8,7 @@
 fn add_across_lanes(partial: array<f32, DOTS>, li: u32) -> array<f32, DOTS> {
     var total = partial;
     for (var lane_mask = 1u; lane_mask < LANES; lane_mask <<= 1u) {
+        // @unroll
         for (var i = 0u; i < DOTS; i++) {
             total[i] += subgroupShuffleXor(total[i], lane_mask);
         }

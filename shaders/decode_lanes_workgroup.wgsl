@@ -6,12 +6,14 @@ var<workgroup> lane_partials: array<f32, DOTS * WG>;
 
 // Call from uniform control flow (it holds barriers).
 fn add_across_lanes(partial: array<f32, DOTS>, li: u32) -> array<f32, DOTS> {
+    // @unroll
     for (var i = 0u; i < DOTS; i++) {
         lane_partials[i * WG + li] = partial[i];
     }
     workgroupBarrier();
     let first_lane = li - li % LANES;
     var total: array<f32, DOTS>;
+    // @unroll
     for (var i = 0u; i < DOTS; i++) {
         var sum = 0.0;
         for (var l = 0u; l < LANES; l++) {

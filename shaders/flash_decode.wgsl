@@ -23,6 +23,9 @@
 // 16-bit row in 128 bytes; LANES never exceeds the smallest subgroup when shuffles add the
 // products; ROWS × granules per lane bounds the registers.
 //
+// Every loop over a register array carries the unroll marker and is expanded by the host
+// (src/wgsl/unroll.rs): with run-time indices the driver may keep those arrays in local memory.
+//
 // Masked keys contribute exactly zero: a row's max starts at its first visible key (`seen`), not
 // at a sentinel, so any finite softmax scale (negative, tiny, huge) gives the reference's answer;
 // a row that sees no key writes O = 0 and LSE = −∞.
@@ -30,6 +33,8 @@
 const KEY_GROUPS: u32 = WG / LANES;
 const GRANULES_PER_LANE: u32 = (HEAD_GRANULES + LANES - 1u) / LANES;
 const DOTS: u32 = KEYS_PER_STEP * ROWS;
+// Granules of K (or V) one lane loads per block of keys.
+const KV_PARTS: u32 = KEYS_PER_STEP * GRANULES_PER_LANE;
 // Granules of one row in `merged`: the lanes' granules, padding included.
 const MERGED_ROW: u32 = LANES * GRANULES_PER_LANE;
 const LN_2: f32 = 0.6931471805599453;
@@ -58,20 +63,28 @@ fn flash_decode(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_
     let lane = li % LANES;
     let key_group = li / LANES;
 
-    // The rows' query heads and tokens; rows past the K/V head's last are padding.
+    // The rows' query heads and tokens (rows past the K/V head's last repeat it and are not
+    // written), and the end of the keys each row sees: the piece's end, cut at its diagonal.
+    let keys_begin = split * params.keys_per_split;
+    let piece_end = min(params.seq_kv, keys_begin + params.keys_per_split);
     var head: array<u32, ROWS>;
     var token: array<u32, ROWS>;
-    var last_token = 0u;
+    var row_end: array<u32, ROWS>;
+    var keys_end = keys_begin;
+    // @unroll
     for (var r = 0u; r < ROWS; r++) {
         let packed = min(row0 + r, rows_per_kv_head - 1u);
         head[r] = kv_head * params.group_size + packed / params.seq_q;
         token[r] = packed % params.seq_q;
-        last_token = max(last_token, token[r]);
+        row_end[r] = min(piece_end, visible_key_end(token[r] + 1u));
+        keys_end = max(keys_end, row_end[r]);
     }
 
     var q_slice: array<vec4<f32>, ROWS * GRANULES_PER_LANE>;
+    // @unroll
     for (var r = 0u; r < ROWS; r++) {
         let base = row_granule(params.q, b, token[r], head[r]);
+        // @unroll
         for (var j = 0u; j < GRANULES_PER_LANE; j++) {
             let g = lane + j * LANES;
             if (g < HEAD_GRANULES) {
@@ -80,23 +93,21 @@ fn flash_decode(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_
         }
     }
 
-    let keys_begin = split * params.keys_per_split;
-    // No row of the block sees keys past its last token's diagonal.
-    let keys_end = min(min(params.seq_kv, keys_begin + params.keys_per_split), visible_key_end(last_token + 1u));
-
     var acc: array<vec4<f32>, ROWS * GRANULES_PER_LANE>;
     var row_max: array<f32, ROWS>;
     var row_sum: array<f32, ROWS>;
     // Trip count uniform across the workgroup: add_across_lanes may hold barriers.
     for (var block = keys_begin; block < keys_end; block += KEY_GROUPS * KEYS_PER_STEP) {
         let first = block + key_group * KEYS_PER_STEP;
-        var k_raw: array<Granule, KEYS_PER_STEP * GRANULES_PER_LANE>;
-        var v_raw: array<Granule, KEYS_PER_STEP * GRANULES_PER_LANE>;
+        var k_raw: array<Granule, KV_PARTS>;
+        var v_raw: array<Granule, KV_PARTS>;
+        // @unroll
         for (var u = 0u; u < KEYS_PER_STEP; u++) {
             let key = first + u;
             if (key < keys_end) {
                 let k_base = row_granule(params.k, b, key, kv_head);
                 let v_base = row_granule(params.v, b, key, kv_head);
+                // @unroll
                 for (var j = 0u; j < GRANULES_PER_LANE; j++) {
                     let g = lane + j * LANES;
                     if (g < HEAD_GRANULES) {
@@ -108,9 +119,12 @@ fn flash_decode(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_
         }
 
         var dots: array<f32, DOTS>;
+        // @unroll
         for (var u = 0u; u < KEYS_PER_STEP; u++) {
+            // @unroll
             for (var j = 0u; j < GRANULES_PER_LANE; j++) {
                 let key_part = unpack_granule(k_raw[u * GRANULES_PER_LANE + j]);
+                // @unroll
                 for (var r = 0u; r < ROWS; r++) {
                     dots[u * ROWS + r] += dot(q_slice[r * GRANULES_PER_LANE + j], key_part);
                 }
@@ -118,43 +132,43 @@ fn flash_decode(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_
         }
         dots = add_across_lanes(dots, li);
 
+        var v_part: array<vec4<f32>, KV_PARTS>;
+        // @unroll
+        for (var i = 0u; i < KV_PARTS; i++) {
+            v_part[i] = unpack_granule(v_raw[i]);
+        }
+        // @unroll
         for (var r = 0u; r < ROWS; r++) {
             var step_max = 0.0;
             var any_visible = false;
+            // @unroll
             for (var u = 0u; u < KEYS_PER_STEP; u++) {
-                let key = first + u;
-                if (key < keys_end && is_visible(token[r], key)) {
-                    let s = dots[u * ROWS + r] * params.scale;
-                    step_max = select(s, max(step_max, s), any_visible);
-                    any_visible = true;
+                let s = dots[u * ROWS + r] * params.scale;
+                let visible = first + u < row_end[r];
+                step_max = select(step_max, select(s, max(step_max, s), any_visible), visible);
+                any_visible = any_visible || visible;
+            }
+            if (any_visible) {
+                // After its first visible key a row's sum is at least 1 (its max adds exp2(0)).
+                let seen = row_sum[r] > 0.0;
+                let new_max = select(step_max, max(row_max[r], step_max), seen);
+                let rescale = select(0.0, exp2(row_max[r] - new_max), seen);
+                row_max[r] = new_max;
+                var sum = row_sum[r] * rescale;
+                // @unroll
+                for (var j = 0u; j < GRANULES_PER_LANE; j++) {
+                    acc[r * GRANULES_PER_LANE + j] *= rescale;
                 }
-            }
-            if (!any_visible) {
-                continue;
-            }
-            // After its first visible key a row's sum is at least 1 (its max contributes exp2(0)).
-            let seen = row_sum[r] > 0.0;
-            let new_max = select(step_max, max(row_max[r], step_max), seen);
-            let rescale = select(0.0, exp2(row_max[r] - new_max), seen);
-            row_max[r] = new_max;
-            var sum = row_sum[r] * rescale;
-            var out: array<vec4<f32>, GRANULES_PER_LANE>;
-            for (var j = 0u; j < GRANULES_PER_LANE; j++) {
-                out[j] = acc[r * GRANULES_PER_LANE + j] * rescale;
-            }
-            for (var u = 0u; u < KEYS_PER_STEP; u++) {
-                let key = first + u;
-                if (key < keys_end && is_visible(token[r], key)) {
-                    let p = exp2(dots[u * ROWS + r] * params.scale - new_max);
+                // @unroll
+                for (var u = 0u; u < KEYS_PER_STEP; u++) {
+                    let p = select(0.0, exp2(dots[u * ROWS + r] * params.scale - new_max), first + u < row_end[r]);
                     sum += p;
+                    // @unroll
                     for (var j = 0u; j < GRANULES_PER_LANE; j++) {
-                        out[j] += p * unpack_granule(v_raw[u * GRANULES_PER_LANE + j]);
+                        acc[r * GRANULES_PER_LANE + j] += p * v_part[u * GRANULES_PER_LANE + j];
                     }
                 }
-            }
-            row_sum[r] = sum;
-            for (var j = 0u; j < GRANULES_PER_LANE; j++) {
-                acc[r * GRANULES_PER_LANE + j] = out[j];
+                row_sum[r] = sum;
             }
         }
     }
@@ -162,6 +176,7 @@ fn flash_decode(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_
     // Merge the key groups: the rows' overall max and sum, then each group's accumulator,
     // rescaled to that max, added into `merged` one group at a time.
     if (lane == 0u) {
+        // @unroll
         for (var r = 0u; r < ROWS; r++) {
             group_max[key_group * ROWS + r] = row_max[r];
             group_sum[key_group * ROWS + r] = row_sum[r];
@@ -170,6 +185,7 @@ fn flash_decode(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_
     workgroupBarrier();
     var total_max: array<f32, ROWS>;
     var total_sum: array<f32, ROWS>;
+    // @unroll
     for (var r = 0u; r < ROWS; r++) {
         var m = 0.0;
         var any_seen = false;
@@ -191,8 +207,10 @@ fn flash_decode(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_
     }
     for (var g = 0u; g < KEY_GROUPS; g++) {
         if (key_group == g) {
+            // @unroll
             for (var r = 0u; r < ROWS; r++) {
                 let weight = select(0.0, exp2(row_max[r] - total_max[r]), row_sum[r] > 0.0);
+                // @unroll
                 for (var j = 0u; j < GRANULES_PER_LANE; j++) {
                     let at = r * MERGED_ROW + lane + j * LANES;
                     let mine = weight * acc[r * GRANULES_PER_LANE + j];

@@ -6,7 +6,7 @@
 
 use naga::valid::{Capabilities, SubgroupOperationSet, ValidationFlags, Validator};
 use wgpu_flash_attn::kernel::{Reduction, TileType};
-use wgpu_flash_attn::plan::{all_configs, all_coop_configs};
+use wgpu_flash_attn::plan::{all_configs, all_coop_configs, all_decode_configs};
 use wgpu_flash_attn::wgsl::{KernelConfig, NaivePass};
 use wgpu_flash_attn::DType;
 
@@ -18,7 +18,9 @@ fn every_kernel() -> Vec<KernelConfig> {
             kernels.push(KernelConfig::Naive { pass, storage });
         }
         kernels.push(KernelConfig::Merge { storage });
+        kernels.push(KernelConfig::DecodeCombine { storage });
     }
+    kernels.extend(all_decode_configs().into_iter().map(KernelConfig::Decode));
     kernels
 }
 
@@ -33,6 +35,11 @@ fn capabilities(kernel: &KernelConfig) -> Capabilities {
         }
         if c.variant.tile == TileType::F16 {
             caps |= Capabilities::SHADER_FLOAT16;
+        }
+    }
+    if let KernelConfig::Decode(c) = kernel {
+        if c.reduction == Reduction::Subgroup {
+            caps |= Capabilities::SUBGROUP;
         }
     }
     if let KernelConfig::FlashCoop(_) = kernel {
@@ -145,6 +152,10 @@ fn shaders_open_with_a_comment_saying_what_they_are() {
         ("naive_softmax", NAIVE_SOFTMAX),
         ("naive_pv", NAIVE_PV),
         ("merge", MERGE),
+        ("flash_decode", FLASH_DECODE),
+        ("decode_lanes_subgroup", DECODE_LANES_SUBGROUP),
+        ("decode_lanes_workgroup", DECODE_LANES_WORKGROUP),
+        ("decode_combine", DECODE_COMBINE),
     ] {
         assert!(
             src.starts_with(&format!("// {name}.wgsl")),
@@ -175,6 +186,26 @@ fn cooperative_workgroup_memory_matches_the_declarations() {
                 assert_eq!(size % 16, 0, "{}", kernel.name());
                 size
             })
+            .sum();
+        assert_eq!(declared, config.workgroup_bytes(), "{}", kernel.name());
+    }
+}
+
+/// The host's count of the decode kernel's workgroup memory is the sum of its `var<workgroup>`
+/// declarations, as naga lays them out, for every configuration the tests enumerate.
+#[test]
+fn decode_workgroup_memory_matches_the_declarations() {
+    for config in all_decode_configs() {
+        let kernel = KernelConfig::Decode(config);
+        let module =
+            naga::front::wgsl::parse_str(&kernel.source()).unwrap_or_else(|e| panic!("{}: {e}", kernel.name()));
+        let mut layouter = naga::proc::Layouter::default();
+        layouter.update(module.to_ctx()).unwrap();
+        let declared: u32 = module
+            .global_variables
+            .iter()
+            .filter(|(_, var)| var.space == naga::AddressSpace::WorkGroup)
+            .map(|(_, var)| layouter[var.ty].size)
             .sum();
         assert_eq!(declared, config.workgroup_bytes(), "{}", kernel.name());
     }

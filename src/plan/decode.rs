@@ -371,6 +371,33 @@ fn check_decode_grid(problem: &AttentionProblem, split: &DecodeSplit, caps: &Cap
     Ok(())
 }
 
+/// The decode configurations the shader tests compile: every shipped plan at the row counts
+/// selection derives from it, both reductions, every storage type, head dims from the smallest
+/// to the largest with uneven granule counts between.
+pub fn all_decode_configs() -> Vec<DecodeConfig> {
+    let mut configs = Vec::new();
+    for plan in DECODE_PLANS {
+        for rows in [1, 2, 4, 8, 16] {
+            for reduction in [Reduction::Subgroup, Reduction::Workgroup] {
+                for storage in [DType::F32, DType::F16, DType::BF16] {
+                    for head_dim in [8, 40, 64, 72, 128, 200, 256] {
+                        let config = DecodeConfig {
+                            plan: plan.with_rows_for(rows),
+                            storage,
+                            head_dim,
+                            reduction,
+                        };
+                        if !configs.contains(&config) {
+                            configs.push(config);
+                        }
+                    }
+                }
+            }
+        }
+    }
+    configs
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -64,33 +64,46 @@ pub fn time_passes(
     let runs = runs.max(1);
     let mut samples = Vec::with_capacity(runs);
     if ctx.caps.timestamps {
-        let query_set = device.create_query_set(&wgpu::QuerySetDescriptor {
-            label: Some("wgpu-flash-attn timer"),
-            ty: wgpu::QueryType::Timestamp,
-            count: 2,
-        });
-        let resolved = device.create_buffer(&wgpu::BufferDescriptor {
-            label: Some("wgpu-flash-attn timer"),
-            size: 16,
-            usage: wgpu::BufferUsages::QUERY_RESOLVE | wgpu::BufferUsages::COPY_SRC,
-            mapped_at_creation: false,
-        });
-        let period = queue.get_timestamp_period() as f64 * 1e-9;
-        for _ in 0..runs {
+        // The runs go back to back in one submission, each pass between its own two timestamps,
+        // as an application submits them (and as PyTorch's CUDA-event loops time its kernels):
+        // waiting after every run would let the GPU idle and drop its clocks between runs, which
+        // distorts kernels of tens of microseconds (decode steps).
+        const RUNS_PER_SUBMIT: usize = 1024;
+        let mut left = runs;
+        while left > 0 {
+            let batch = left.min(RUNS_PER_SUBMIT);
+            left -= batch;
+            let queries = 2 * batch as u32;
+            let query_set = device.create_query_set(&wgpu::QuerySetDescriptor {
+                label: Some("wgpu-flash-attn timer"),
+                ty: wgpu::QueryType::Timestamp,
+                count: queries,
+            });
+            let resolved = device.create_buffer(&wgpu::BufferDescriptor {
+                label: Some("wgpu-flash-attn timer"),
+                size: 8 * queries as u64,
+                usage: wgpu::BufferUsages::QUERY_RESOLVE | wgpu::BufferUsages::COPY_SRC,
+                mapped_at_creation: false,
+            });
+            let period = queue.get_timestamp_period() as f64 * 1e-9;
             let mut encoder = device.create_command_encoder(&Default::default());
-            encode(
-                &mut encoder,
-                Some(wgpu::ComputePassTimestampWrites {
-                    query_set: &query_set,
-                    beginning_of_pass_write_index: Some(0),
-                    end_of_pass_write_index: Some(1),
-                }),
-            )?;
-            encoder.resolve_query_set(&query_set, 0..2, &resolved, 0);
+            for run in 0..batch as u32 {
+                encode(
+                    &mut encoder,
+                    Some(wgpu::ComputePassTimestampWrites {
+                        query_set: &query_set,
+                        beginning_of_pass_write_index: Some(2 * run),
+                        end_of_pass_write_index: Some(2 * run + 1),
+                    }),
+                )?;
+            }
+            encoder.resolve_query_set(&query_set, 0..queries, &resolved, 0);
             queue.submit([encoder.finish()]);
-            let bytes = pollster::block_on(read_back(device, queue, &[(&resolved, 0, 16)]))?;
+            let bytes = pollster::block_on(read_back(device, queue, &[(&resolved, 0, 8 * queries as u64)]))?;
             let ticks: Vec<u64> = bytemuck::pod_collect_to_vec(&bytes[0]);
-            samples.push(ticks[1].saturating_sub(ticks[0]) as f64 * period);
+            for pair in ticks.chunks_exact(2) {
+                samples.push(pair[1].saturating_sub(pair[0]) as f64 * period);
+            }
         }
         Ok(Timing::from_samples(samples, Clock::GpuTimestamps))
     } else {

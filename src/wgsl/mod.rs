@@ -198,6 +198,10 @@ impl KernelConfig {
                 ] {
                     src.push_str(part);
                 }
+                src = match crate::wgsl::unroll::unroll_loops(&src, &c.unroll_bounds()) {
+                    Ok(unrolled) => unrolled,
+                    Err(e) => format!("{src}\nunroll_failed: {e}\n"),
+                };
             }
             KernelConfig::DecodeCombine { storage } => {
                 src.push_str(&format!("const MAX_SPLITS: u32 = {DECODE_MAX_SPLITS}u;\n"));
@@ -339,10 +343,40 @@ impl CoopConfig {
     }
 }
 
+impl DecodeConfig {
+    /// The trip counts of flash_decode.wgsl's `// @unroll` loops (src/wgsl/unroll.rs).
+    pub(crate) fn unroll_bounds(&self) -> [(&'static str, u32); 5] {
+        let p = &self.plan;
+        let granules_per_lane = p.granules_per_lane(self.head_dim);
+        [
+            ("ROWS", p.rows),
+            ("GRANULES_PER_LANE", granules_per_lane),
+            ("KEYS_PER_STEP", p.keys_per_step),
+            ("DOTS", p.keys_per_step * p.rows),
+            ("KV_PARTS", p.keys_per_step * granules_per_lane),
+        ]
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::KernelConfig;
     use crate::plan::all_coop_configs;
+
+    /// The decode kernel's unrolled trip counts are the shader's constants of those names.
+    #[test]
+    fn decode_unroll_bounds_match_the_shader_constants() {
+        for config in crate::plan::all_decode_configs() {
+            let kernel = KernelConfig::Decode(config);
+            let module =
+                naga::front::wgsl::parse_str(&kernel.source()).unwrap_or_else(|e| panic!("{}: {e}", kernel.name()));
+            for (name, bound) in config.unroll_bounds() {
+                let value = crate::testing::shader::wgsl_u32_constant(&module, name)
+                    .unwrap_or_else(|| panic!("{}: no u32 constant {name}", kernel.name()));
+                assert_eq!(value, bound, "{}: {name}", kernel.name());
+            }
+        }
+    }
 
     /// The host's trip counts for the cooperative-matrix kernel's unrolled loops are the shader's own
     /// constants of those names, as naga evaluates them, in every configuration: a count too low
