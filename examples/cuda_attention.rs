@@ -21,7 +21,8 @@
 //! new token and with 4 (speculative decoding, causal); each is checked against the float64
 //! reference first, then timed (CUDA events around decode + combine, median of `--reps` after
 //! warm-up) and reported as TB/s of K and V read. `--decode-splits 8,16,32` adds runs with those
-//! forced split counts; `--decode-baseline` adds the prefill `mma.sync` kernel on each shape.
+//! forced split counts; `--decode-sweep` adds every decode plan (warps, key tiles per step) at
+//! the default split; `--decode-baseline` adds the prefill `mma.sync` kernel on each shape.
 //!
 //! ```text
 //! cargo run --release --features cuda,internals --example cuda_attention -- --decode --reps 200
@@ -32,7 +33,7 @@ use std::io::Write;
 use half::bf16;
 use wgpu_flash_attn::cuda::cudarc::driver::sys::CUevent_flags;
 use wgpu_flash_attn::cuda::cudarc::driver::CudaSlice;
-use wgpu_flash_attn::cuda::plan::{decode_split, mma_plans, select_mma, wgmma_plans};
+use wgpu_flash_attn::cuda::plan::{decode_plans, decode_split, mma_plans, select_mma, wgmma_plans};
 use wgpu_flash_attn::cuda::{CudaAttention, CudaDevice, CudaKernelConfig, CudaOptions, CudaPlan, DeviceTensors};
 use wgpu_flash_attn::testing::{random_tensor, ErrorStats};
 use wgpu_flash_attn::{reference, AttentionProblem, AttentionShape, DType, Result, Tensor};
@@ -52,6 +53,7 @@ struct Args {
     decode: bool,
     decode_splits: Vec<u32>,
     decode_baseline: bool,
+    decode_sweep: bool,
 }
 
 fn parse_args() -> Args {
@@ -66,6 +68,7 @@ fn parse_args() -> Args {
         decode: false,
         decode_splits: Vec::new(),
         decode_baseline: false,
+        decode_sweep: false,
     };
     let list = |s: &str| -> Vec<usize> { s.split(',').map(|x| x.trim().parse().expect("a number")).collect() };
     let mut it = std::env::args().skip(1);
@@ -82,6 +85,7 @@ fn parse_args() -> Args {
             "--decode" => a.decode = true,
             "--decode-splits" => a.decode_splits = list(&value()).into_iter().map(|x| x as u32).collect(),
             "--decode-baseline" => a.decode_baseline = true,
+            "--decode-sweep" => a.decode_sweep = true,
             "--wgmma-ok" => {
                 let text = std::fs::read_to_string(value()).unwrap_or_default();
                 a.wgmma_ok = Some(
@@ -268,6 +272,11 @@ fn decode_bench(args: &Args, device: CudaDevice) -> Result<()> {
         let kv_bytes = 2.0 * (s.batch * s.seq_kv * s.num_kv_heads * s.head_dim * 2) as f64;
         let mut runs: Vec<(String, &CudaAttention, Option<CudaPlan>)> =
             engines.iter().map(|(_, e)| (String::new(), e, None)).collect();
+        if args.decode_sweep {
+            for plan in decode_plans(s.head_dim) {
+                runs.push(("plan ".into(), &engines[0].1, Some(CudaPlan::Decode(plan))));
+            }
+        }
         if args.decode_baseline {
             runs.push((
                 "prefill ".into(),
@@ -308,8 +317,12 @@ fn decode_bench(args: &Args, device: CudaDevice) -> Result<()> {
             }
             let check = ErrorStats::from_pairs(pairs);
             let ms = median_ms(&device, args.reps, || launch(&mut d_o, &mut d_lse).map(|_| ()))?;
-            let splits = match (plan, engine.config_for(p, 16)?) {
-                (None, CudaKernelConfig::Decode(c)) => decode_split(p, &c, sm_count, engine.options().decode_splits)?
+            let config = match plan {
+                Some(plan) => CudaKernelConfig::for_problem(p, plan, 16)?,
+                None => engine.config_for(p, 16)?,
+            };
+            let splits = match config {
+                CudaKernelConfig::Decode(c) => decode_split(p, &c, sm_count, engine.options().decode_splits)?
                     .splits
                     .to_string(),
                 _ => "-".into(),

@@ -472,6 +472,7 @@ fn every_mma_plan_is_correct() {
 /// prefill kernels' missing 72 and 200, causal or not, bf16/f16, BSHD, BHSD and 8-byte aligned
 /// rows, a negative scale now and then. Each comes with the split count to force (None: the
 /// engine's rule).
+#[cfg(feature = "internals")]
 fn decode_cases() -> Vec<(String, AttentionProblem, Option<u32>)> {
     use DType::{BF16, F16};
     let mut out = vec![
