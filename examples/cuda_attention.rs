@@ -15,16 +15,28 @@
 //! them), so that a variant that failed its tests is never launched here. Timing: CUDA events
 //! around each launch, median of `--reps` after three warm-up launches (NVRTC compiles or loads
 //! from the disk cache before that).
+//!
+//! `--decode` times the split-KV decode kernel instead, on issue 16's shapes: 32 query heads over
+//! 8 K/V heads, head_dim 128, bf16, batch 1 and 8 at 32768 keys and batch 1 at 131072, with 1
+//! new token and with 4 (speculative decoding, causal); each is checked against the float64
+//! reference first, then timed (CUDA events around decode + combine, median of `--reps` after
+//! warm-up) and reported as TB/s of K and V read. `--decode-splits 8,16,32` adds runs with those
+//! forced split counts; `--decode-sweep` adds every decode plan (warps, key tiles per step) at
+//! the default split; `--decode-baseline` adds the prefill `mma.sync` kernel on each shape.
+//!
+//! ```text
+//! cargo run --release --features cuda,internals --example cuda_attention -- --decode --reps 200
+//! ```
 
 use std::io::Write;
 
 use half::bf16;
 use wgpu_flash_attn::cuda::cudarc::driver::sys::CUevent_flags;
 use wgpu_flash_attn::cuda::cudarc::driver::CudaSlice;
-use wgpu_flash_attn::cuda::plan::{mma_plans, wgmma_plans};
-use wgpu_flash_attn::cuda::{CudaAttention, CudaDevice, CudaKernelConfig, CudaPlan, DeviceTensors};
+use wgpu_flash_attn::cuda::plan::{decode_plans, decode_split, mma_plans, select_mma, wgmma_plans};
+use wgpu_flash_attn::cuda::{CudaAttention, CudaDevice, CudaKernelConfig, CudaOptions, CudaPlan, DeviceTensors};
 use wgpu_flash_attn::testing::{random_tensor, ErrorStats};
-use wgpu_flash_attn::{reference, AttentionProblem, DType, Result};
+use wgpu_flash_attn::{reference, AttentionProblem, AttentionShape, DType, Result, Tensor};
 
 const TOKENS: usize = 16384;
 const HIDDEN: usize = 2048;
@@ -38,6 +50,10 @@ struct Args {
     /// Kernel names of the wgmma configs allowed to run (None: all).
     wgmma_ok: Option<Vec<String>>,
     wgmma: bool,
+    decode: bool,
+    decode_splits: Vec<u32>,
+    decode_baseline: bool,
+    decode_sweep: bool,
 }
 
 fn parse_args() -> Args {
@@ -49,6 +65,10 @@ fn parse_args() -> Args {
         json: None,
         wgmma_ok: None,
         wgmma: true,
+        decode: false,
+        decode_splits: Vec::new(),
+        decode_baseline: false,
+        decode_sweep: false,
     };
     let list = |s: &str| -> Vec<usize> { s.split(',').map(|x| x.trim().parse().expect("a number")).collect() };
     let mut it = std::env::args().skip(1);
@@ -62,6 +82,10 @@ fn parse_args() -> Args {
             "--no-sweep" => a.sweep_seq = None,
             "--json" => a.json = Some(value()),
             "--no-wgmma" => a.wgmma = false,
+            "--decode" => a.decode = true,
+            "--decode-splits" => a.decode_splits = list(&value()).into_iter().map(|x| x as u32).collect(),
+            "--decode-baseline" => a.decode_baseline = true,
+            "--decode-sweep" => a.decode_sweep = true,
             "--wgmma-ok" => {
                 let text = std::fs::read_to_string(value()).unwrap_or_default();
                 a.wgmma_ok = Some(
@@ -168,6 +192,155 @@ fn spot_check(engine: &CudaAttention, problem: &AttentionProblem, bufs: &Buffers
     Ok(ErrorStats::from_pairs(pairs))
 }
 
+/// Median time of `reps` event-timed calls of `launch` after ten warm-up calls, in ms.
+fn median_ms(device: &CudaDevice, reps: usize, mut launch: impl FnMut() -> Result<()>) -> Result<f64> {
+    let stream = device.stream();
+    for _ in 0..10 {
+        launch()?;
+    }
+    stream.synchronize()?;
+    let mut times = Vec::with_capacity(reps);
+    for _ in 0..reps.max(1) {
+        let start = device.context().new_event(Some(CUevent_flags::CU_EVENT_DEFAULT))?;
+        let end = device.context().new_event(Some(CUevent_flags::CU_EVENT_DEFAULT))?;
+        start.record(stream)?;
+        launch()?;
+        end.record(stream)?;
+        end.synchronize()?;
+        times.push(start.elapsed_ms(&end)? as f64);
+    }
+    times.sort_by(|a, b| a.total_cmp(b));
+    Ok(times[times.len() / 2])
+}
+
+/// Issue 16's decode shapes: (batch, new tokens, keys); 32 query heads over 8 K/V heads, head_dim
+/// 128, bf16, causal (bottom-right) so that the 4 new tokens of speculative decoding see the
+/// cache and each other as a model does.
+fn decode_problems() -> Vec<AttentionProblem> {
+    let mut out = Vec::new();
+    for seq_q in [1, 4] {
+        for (batch, seq_kv) in [(1, 32768), (8, 32768), (1, 131072)] {
+            let shape = AttentionShape {
+                batch,
+                seq_q,
+                seq_kv,
+                num_heads: 32,
+                num_kv_heads: 8,
+                head_dim: 128,
+            };
+            out.push(AttentionProblem::new(shape, DType::BF16).with_causal(true));
+        }
+    }
+    out
+}
+
+/// `--decode`: the decode kernel on [`decode_problems`], checked, then timed as TB/s of K and V.
+fn decode_bench(args: &Args, device: CudaDevice) -> Result<()> {
+    let problems = decode_problems();
+    let len = |t: Tensor| problems.iter().map(|p| p.required_len(t)).max().unwrap_or(0);
+    let (q_len, kv_len) = (len(Tensor::Q), len(Tensor::K));
+    let lse_len = problems.iter().map(|p| p.lse_len()).max().unwrap_or(0);
+    // K and V repeat a random block of 16M elements: generating 2 × 268M normals on the host
+    // would take longer than the whole benchmark.
+    let t0 = std::time::Instant::now();
+    let block = 1 << 24;
+    let tile = |seed: u64| -> Vec<bf16> {
+        let b = random_tensor::<bf16>(seed, block);
+        b.iter().copied().cycle().take(kv_len).collect()
+    };
+    let (q, k, v) = (random_tensor::<bf16>(1, q_len), tile(2), tile(3));
+    let stream = device.stream().clone();
+    let dq = stream.clone_htod(&to_bits(&q))?;
+    let dk = stream.clone_htod(&to_bits(&k))?;
+    let dv = stream.clone_htod(&to_bits(&v))?;
+    let mut d_o = stream.clone_htod(&vec![0x7fc0u16; q_len])?;
+    let mut d_lse = stream.alloc_zeros::<f32>(lse_len)?;
+    eprintln!("inputs ready in {:.1} s", t0.elapsed().as_secs_f64());
+    let sm_count = device.sm_count();
+    let mut engines = vec![(None, CudaAttention::new(device.clone()))];
+    for &s in &args.decode_splits {
+        let options = CudaOptions {
+            decode_splits: Some(s),
+            ..CudaOptions::default()
+        };
+        engines.push((Some(s), CudaAttention::with_options(device.clone(), options)));
+    }
+    println!("| batch | new tokens | keys | kernel | splits | µs | TB/s K+V | check |");
+    println!("|---|---|---|---|---|---|---|---|");
+    for p in &problems {
+        let s = p.shape;
+        let kv_bytes = 2.0 * (s.batch * s.seq_kv * s.num_kv_heads * s.head_dim * 2) as f64;
+        let mut runs: Vec<(String, &CudaAttention, Option<CudaPlan>)> =
+            engines.iter().map(|(_, e)| (String::new(), e, None)).collect();
+        if args.decode_sweep {
+            for plan in decode_plans(s.head_dim) {
+                runs.push(("plan ".into(), &engines[0].1, Some(CudaPlan::Decode(plan))));
+            }
+        }
+        if args.decode_baseline {
+            runs.push((
+                "prefill ".into(),
+                &engines[0].1,
+                Some(CudaPlan::Mma(select_mma(p, 16)?.plan)),
+            ));
+        }
+        for (tag, engine, plan) in runs {
+            let launch = |o: &mut CudaSlice<u16>, lse: &mut CudaSlice<f32>| -> Result<String> {
+                let t = DeviceTensors {
+                    q: &dq,
+                    k: &dk,
+                    v: &dv,
+                    o,
+                    lse: Some(lse),
+                };
+                let config = match plan {
+                    Some(plan) => engine.forward_device_with_plan(p, plan, t)?,
+                    None => engine.forward_device(p, t)?,
+                };
+                Ok(config.name())
+            };
+            // Check first: poisoned O, one launch, every head of the first and last sequence.
+            stream.memcpy_htod(&vec![0x7fc0u16; q_len], &mut d_o)?;
+            let kernel = launch(&mut d_o, &mut d_lse)?;
+            let o_bits: Vec<u16> = stream.clone_dtoh(&d_o)?;
+            let out: &[bf16] = bytemuck::cast_slice(&o_bits);
+            let mut pairs = Vec::new();
+            for b in [0, s.batch - 1] {
+                for h in (0..s.num_heads).step_by(3) {
+                    for i in 0..s.seq_q {
+                        let want = reference::attention_row(p, &q, &k, &v, b, h, i)?;
+                        for (d, w) in want.out.iter().enumerate() {
+                            pairs.push((out[p.o_layout.index(b, i, h, d)].to_f64(), *w));
+                        }
+                    }
+                }
+            }
+            let check = ErrorStats::from_pairs(pairs);
+            let ms = median_ms(&device, args.reps, || launch(&mut d_o, &mut d_lse).map(|_| ()))?;
+            let config = match plan {
+                Some(plan) => CudaKernelConfig::for_problem(p, plan, 16)?,
+                None => engine.config_for(p, 16)?,
+            };
+            let splits = match config {
+                CudaKernelConfig::Decode(c) => decode_split(p, &c, sm_count, engine.options().decode_splits)?
+                    .splits
+                    .to_string(),
+                _ => "-".into(),
+            };
+            println!(
+                "| {} | {} | {} | {tag}{kernel} | {splits} | {:.1} | {:.2} | {} {check} |",
+                s.batch,
+                s.seq_q,
+                s.seq_kv,
+                ms * 1e3,
+                kv_bytes / (ms * 1e-3) / 1e12,
+                if check.within(1e-2, 5e-2) { "ok" } else { "WRONG" },
+            );
+        }
+    }
+    Ok(())
+}
+
 fn main() -> Result<()> {
     let args = parse_args();
     let device = CudaDevice::new(0)?;
@@ -180,6 +353,9 @@ fn main() -> Result<()> {
         device.driver_version(),
         device.arch()
     );
+    if args.decode {
+        return decode_bench(&args, device);
+    }
     let engine = CudaAttention::new(device);
     let stream = engine.device().stream().clone();
     let n = TOKENS * HIDDEN;

@@ -13,7 +13,8 @@ use wgpu_flash_attn::cuda::cudarc::driver::CudaSlice;
 use wgpu_flash_attn::cuda::nvrtc::{compile_cubin, resource_report, CompileJob};
 #[cfg(feature = "internals")]
 use wgpu_flash_attn::cuda::plan::{
-    all_cuda_configs, default_wgmma_plan, mma_plans, select_mma, vec_bytes_for, wgmma_plans,
+    all_cuda_configs, decode_plans, default_decode_plan, default_wgmma_plan, mma_plans, select_mma, vec_bytes_for,
+    wgmma_plans,
 };
 #[cfg(feature = "internals")]
 use wgpu_flash_attn::cuda::CudaKernelConfig;
@@ -465,6 +466,152 @@ fn every_mma_plan_is_correct() {
     }
 }
 
+/// Decode problems (a few new tokens against a longer K/V cache) for the split-KV decode kernel:
+/// a fixed set around the benchmark's shapes, then seeded random ones over batch 1-4, 1-16 new
+/// tokens, keys 1, 15, 16, 17, 1000 and 5000, GQA groups 1/4/8, head_dim 64/128/256 and the
+/// prefill kernels' missing 72 and 200, causal or not, bf16/f16, BSHD, BHSD and 8-byte aligned
+/// rows, a negative scale now and then. Each comes with the split count to force (None: the
+/// engine's rule).
+#[cfg(feature = "internals")]
+fn decode_cases() -> Vec<(String, AttentionProblem, Option<u32>)> {
+    use DType::{BF16, F16};
+    let mut out = vec![
+        (
+            "bar_b2_q1".to_string(),
+            problem(BF16, 2, 32, 8, 1, 5000, 128, true, Strides::Bshd),
+            None,
+        ),
+        (
+            "bar_b2_q4_spec".to_string(),
+            problem(BF16, 2, 32, 8, 4, 5000, 128, true, Strides::Bshd),
+            None,
+        ),
+        // 16 tokens × 4 query heads = 64 rows: four row blocks per K/V head.
+        (
+            "rows64_split7".to_string(),
+            problem(F16, 1, 8, 2, 16, 1000, 128, true, Strides::Bshd),
+            Some(7),
+        ),
+        // More tokens than keys, causal: the first tokens see no key (O = 0, LSE = -inf), and
+        // with splits some pieces are empty.
+        (
+            "q_longer_than_kv_split2".to_string(),
+            problem(BF16, 2, 4, 1, 16, 15, 64, true, Strides::Bshd),
+            Some(2),
+        ),
+        (
+            "one_key".to_string(),
+            problem(BF16, 1, 8, 1, 1, 1, 256, false, Strides::Bshd),
+            None,
+        ),
+        (
+            "huge_negative_scale".to_string(),
+            problem(F16, 1, 4, 1, 2, 1000, 128, false, Strides::Bshd).with_scale(-40.0),
+            Some(3),
+        ),
+    ];
+    let mut state = 0x05ee_ddec_u64;
+    let mut next = |n: usize| -> usize {
+        state = state
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        ((state >> 33) % n as u64) as usize
+    };
+    for i in 0..48 {
+        let batch = 1 + next(4);
+        let seq_q = [1, 4, 1 + next(16)][next(3)];
+        let seq_kv = [1, 15, 16, 17, 1000, 5000][next(6)];
+        let group = [1, 4, 8][next(3)];
+        let kv_heads = 1 + next(2);
+        let head_dim = [64, 128, 256, 72, 200][next(5)];
+        let causal = next(2) == 1;
+        let dtype = if next(2) == 0 { BF16 } else { F16 };
+        let strides = [Strides::Bshd, Strides::Bhsd, Strides::Pad4][next(3)];
+        let splits = [None, Some(1), Some(2), Some(7), Some(64)][next(5)];
+        let mut p = problem(
+            dtype,
+            batch,
+            kv_heads * group,
+            kv_heads,
+            seq_q,
+            seq_kv,
+            head_dim,
+            causal,
+            strides,
+        );
+        if next(5) == 0 {
+            p = p.with_scale(-0.3);
+        }
+        let label = format!(
+            "decode{i}_b{batch}_q{seq_q}_kv{seq_kv}_g{group}x{kv_heads}_d{head_dim}_{}{}_{strides:?}_splits{splits:?}",
+            dtype.name(),
+            if causal { "_causal" } else { "" }
+        );
+        out.push((label, p, splits));
+    }
+    out
+}
+
+/// The decode kernel against the float64 reference (O and LSE, outputs poisoned), forced on every
+/// case whatever selection would pick, on engines that force each split count.
+#[cfg(feature = "internals")]
+#[test]
+fn decode_matches_the_reference() {
+    let Some(base) = engine() else { return };
+    let mut engines: Vec<(Option<u32>, CudaAttention)> = Vec::new();
+    for (label, p, splits) in decode_cases() {
+        if !engines.iter().any(|(s, _)| *s == splits) {
+            let options = CudaOptions {
+                decode_splits: splits,
+                ..CudaOptions::default()
+            };
+            engines.push((splits, CudaAttention::with_options(base.device().clone(), options)));
+        }
+        let engine = &engines.iter().find(|(s, _)| *s == splits).unwrap().1;
+        let plan = CudaPlan::Decode(default_decode_plan(p.shape.head_dim));
+        run_any(engine, &p, &label, Some(plan));
+    }
+}
+
+/// Selection sends decode problems to the decode kernel, which then matches the reference on the
+/// default path (host slices, automatic split).
+#[test]
+fn decode_problems_run_the_decode_kernel_by_default() {
+    let Some(engine) = engine() else { return };
+    let p = problem(DType::BF16, 1, 32, 8, 1, 2000, 128, true, Strides::Bshd);
+    let config = engine.config_for(&p, 16).unwrap();
+    assert!(config.name().starts_with("flash_decode_"), "{}", config.name());
+    let q: Vec<bf16> = random_tensor(7, p.required_len(Tensor::Q));
+    let k: Vec<bf16> = random_tensor(8, p.required_len(Tensor::K));
+    let v: Vec<bf16> = random_tensor(9, p.required_len(Tensor::V));
+    let out = engine.forward(&p, &q, &k, &v).unwrap();
+    assert_eq!(out.kernel, config.name());
+    check(&p, "decode_default_host", &q, &k, &v, &out.out, &out.lse);
+    // A forced split count of 0 is an error, not a launch.
+    let zero = CudaAttention::with_options(
+        engine.device().clone(),
+        CudaOptions {
+            decode_splits: Some(0),
+            ..CudaOptions::default()
+        },
+    );
+    assert!(matches!(zero.forward(&p, &q, &k, &v), Err(Error::InvalidProblem(_))));
+}
+
+/// Every decode plan of the sweep, at the benchmark's head_dim and a ragged one.
+#[cfg(feature = "internals")]
+#[test]
+fn every_decode_plan_is_correct() {
+    let Some(engine) = engine() else { return };
+    for head_dim in [128, 72] {
+        for plan in decode_plans(head_dim) {
+            let p = problem(DType::BF16, 2, 8, 2, 4, 1000, head_dim, true, Strides::Bshd);
+            let label = format!("decode_plan_w{}_t{}_d{head_dim}", plan.warps, plan.tiles);
+            run_any(engine, &p, &label, Some(plan.into()));
+        }
+    }
+}
+
 #[test]
 fn host_slices_match_device_buffers() {
     let Some(engine) = engine() else { return };
@@ -490,7 +637,7 @@ fn a_second_engine_loads_kernels_from_the_disk_cache() {
     let _ = std::fs::remove_dir_all(&dir);
     let options = CudaOptions {
         disk_cache: DiskCache::Dir(dir.clone()),
-        plan: None,
+        ..CudaOptions::default()
     };
     let p = problem(DType::F16, 1, 2, 2, 64, 64, 64, false, Strides::Bshd);
     let config = engine.config_for(&p, 16).unwrap();
@@ -592,6 +739,43 @@ fn kernels_compile_with_nvrtc() {
         eprintln!("{}: {} bytes; {report}", c.name(), cubin.len());
         if !report.contains("registers") {
             eprintln!("warning: no ptxas report in the log of {}: {log}", c.name());
+        }
+    }
+}
+
+/// Runs without a GPU: only libnvrtc is needed. Compiles the decode kernel (both entry points)
+/// at the head dims and options that matter: the benchmark's, the other prefill ones, ragged
+/// ones, f16, causal, 8-byte access; prints ptxas's register and spill report.
+#[cfg(feature = "internals")]
+#[test]
+fn decode_kernels_compile_with_nvrtc() {
+    if !nvrtc_available() {
+        if std::env::var("FLASH_REQUIRE_CUDA").as_deref() == Ok("1") {
+            panic!("FLASH_REQUIRE_CUDA=1 but libnvrtc was not found");
+        }
+        eprintln!("skipping the NVRTC compile test: libnvrtc was not found");
+        return;
+    }
+    let cases = [
+        (DType::BF16, 128, false, 16),
+        (DType::BF16, 128, true, 16),
+        (DType::F16, 128, true, 8),
+        (DType::BF16, 64, true, 16),
+        (DType::BF16, 256, false, 16),
+        (DType::F16, 72, true, 16),
+        (DType::BF16, 200, false, 8),
+        (DType::F16, 8, false, 8),
+    ];
+    for (dtype, head_dim, causal, vec_bytes) in cases {
+        for plan in decode_plans(head_dim) {
+            let c = CudaKernelConfig::new(dtype, head_dim, plan.into(), causal, vec_bytes).unwrap();
+            let job = CompileJob::forward(&c, "sm_90a");
+            let (cubin, log) = compile_cubin(&job).unwrap_or_else(|e| panic!("{e}"));
+            assert!(!cubin.is_empty());
+            if let Some(dir) = std::env::var_os("FLASH_CUDA_DUMP_DIR") {
+                std::fs::write(std::path::Path::new(&dir).join(format!("{}.cubin", c.name())), &cubin).unwrap();
+            }
+            eprintln!("{}: {} bytes; {}", c.name(), cubin.len(), resource_report(&log));
         }
     }
 }

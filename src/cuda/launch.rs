@@ -1,10 +1,10 @@
 //! The CUDA attention engine: loads kernels (memory cache in front of the NVRTC/disk cache),
 //! checks buffers, launches on the device's stream, and offers a host-slice convenience.
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use cudarc::driver::sys::CUfunction_attribute;
-use cudarc::driver::{CudaFunction, DevicePtr, DevicePtrMut, DeviceRepr, LaunchConfig, PushKernelArg};
+use cudarc::driver::{CudaFunction, CudaSlice, DevicePtr, DevicePtrMut, DeviceRepr, LaunchConfig, PushKernelArg};
 use cudarc::nvrtc::Ptx;
 
 use super::device::CudaDevice;
@@ -13,17 +13,23 @@ use super::kernel_map::OnceMap;
 use super::nvrtc::{load_or_compile, resource_report, CompileJob};
 use super::plan::tensor_map::tensor_map_spec;
 use super::plan::{
-    select_cuda, validate_for_cuda, vec_bytes_for, wgmma_unavailable, CudaKernelConfig, CudaPlan, CudaSelection,
-    FwdParams,
+    decode_split, select_cuda, validate_for_cuda, validate_for_decode, vec_bytes_for, wgmma_unavailable,
+    CudaDecodeConfig, CudaKernelConfig, CudaPlan, CudaSelection, DecodeParams, FwdParams, LaunchGeometry,
+    DECODE_BY_DEFAULT,
 };
 use super::tma;
 use crate::error::{Error, Result};
+use crate::plan::decode::prefers_decode;
 use crate::problem::{AttentionProblem, Element, Tensor};
 use crate::runtime::forward::AttentionOutput;
 
 // SAFETY: plain `#[repr(C)]` data whose layout `cuda/flash_fwd_mma.cu` mirrors (size asserted on
 // both sides); passed by value as the kernel's only parameter.
 unsafe impl DeviceRepr for FwdParams {}
+
+// SAFETY: plain `#[repr(C)]` data whose layout `cuda/flash_decode.cu` mirrors (size asserted on
+// both sides); passed by value as both decode entry points' only parameter.
+unsafe impl DeviceRepr for DecodeParams {}
 
 /// The wgmma kernel's second parameter: the tensor maps of Q, K and V (`struct TmaMaps` in
 /// `cuda/flash_fwd_wgmma.cu`, 3 x 128 bytes), passed by value as a `__grid_constant__`.
@@ -46,8 +52,12 @@ pub struct CudaOptions {
     /// Where compiled kernels persist between processes.
     pub disk_cache: DiskCache,
     /// Force a plan instead of the default for each problem (benchmark sweeps); a plan whose
-    /// kernel cannot run a problem is an error, never a silent fallback.
+    /// kernel cannot run a problem is an error, never a silent fallback. A prefill plan keeps
+    /// decode problems off the decode kernel; a decode plan sends every problem to it.
     pub plan: Option<CudaPlan>,
+    /// Force the decode kernel's split of the keys into this many pieces (capped at one per 16
+    /// keys; 0 is an error) instead of the wave-efficiency rule over the GPU's SMs (tests, sweeps).
+    pub decode_splits: Option<u32>,
 }
 
 /// What was loaded for one kernel config.
@@ -70,6 +80,8 @@ pub struct KernelInfo {
 
 struct LoadedKernel {
     function: CudaFunction,
+    /// The decode kernel's combine entry point (same module); `None` for the prefill kernels.
+    combine: Option<CudaFunction>,
     info: KernelInfo,
 }
 
@@ -98,6 +110,9 @@ pub struct CudaAttention {
     device: CudaDevice,
     options: CudaOptions,
     kernels: OnceMap<CudaKernelConfig, LoadedKernel>,
+    /// The decode kernel's partial outputs and LSEs (f32), grown to the largest split launched.
+    /// Launches use it in stream order on the engine's one stream, so one buffer serves all.
+    decode_scratch: Mutex<Option<CudaSlice<f32>>>,
 }
 
 impl CudaAttention {
@@ -112,6 +127,7 @@ impl CudaAttention {
             device,
             options,
             kernels: OnceMap::default(),
+            decode_scratch: Mutex::new(None),
         }
     }
 
@@ -129,7 +145,7 @@ impl CudaAttention {
     pub fn config_for(&self, problem: &AttentionProblem, vec_bytes: u32) -> Result<CudaKernelConfig> {
         match self.options.plan {
             Some(plan) => {
-                validate_for_cuda(problem)?;
+                validate_for(problem, Some(plan))?;
                 CudaKernelConfig::for_problem(problem, plan, vec_bytes)
             }
             None => Ok(self.selection(problem, vec_bytes)?.config),
@@ -178,11 +194,19 @@ impl CudaAttention {
         let ctx = self.device.context();
         // Loading includes finding the entry point, so that a cached cubin without it is a
         // cache miss (recompiled, replaced) rather than an error in every later process.
+        let combine_name = match config {
+            CudaKernelConfig::Decode(c) => Some(c.combine_name()),
+            _ => None,
+        };
         let fetched = load_or_compile(&job, cache_dir.as_deref(), self.device.driver_version(), |cubin| {
             let module = ctx.load_module(Ptx::from_binary(cubin.to_vec()))?;
-            Ok(module.load_function(&config.name())?)
+            let combine = match &combine_name {
+                Some(name) => Some(module.load_function(name)?),
+                None => None,
+            };
+            Ok((module.load_function(&config.name())?, combine))
         })?;
-        let function = fetched.value;
+        let (function, combine) = fetched.value;
         // Above 48 KiB a block must opt in to its dynamic shared memory.
         function.set_attribute(
             CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
@@ -202,7 +226,11 @@ impl CudaAttention {
             resource_report: resource_report(&fetched.log),
             disk_cache: fetched.cache,
         };
-        Ok(LoadedKernel { function, info })
+        Ok(LoadedKernel {
+            function,
+            combine,
+            info,
+        })
     }
 
     /// Enqueues `O = softmax(scale·QKᵀ [causal])·V` and the LSE on the device's stream, on your
@@ -231,7 +259,7 @@ impl CudaAttention {
         t: DeviceTensors<'_, T>,
         plan: Option<CudaPlan>,
     ) -> Result<CudaKernelConfig> {
-        validate_for_cuda(problem)?;
+        validate_for(problem, plan.or(self.options.plan))?;
         if std::mem::size_of::<T>() != problem.dtype.size_bytes() {
             return Err(Error::InvalidBuffer {
                 tensor: "q",
@@ -302,6 +330,10 @@ impl CudaAttention {
             Some(plan) => CudaKernelConfig::for_problem(problem, plan, vec_bytes)?,
             None => self.config_for(problem, vec_bytes)?,
         };
+        if let CudaKernelConfig::Decode(c) = &config {
+            self.launch_decode(problem, c, [q, k, v, o], lse)?;
+            return Ok(config);
+        }
         let geometry = config.geometry(problem)?;
         let kernel = self.kernel(&config)?;
         let params = FwdParams::new(problem, [q, k, v, o], lse);
@@ -339,6 +371,60 @@ impl CudaAttention {
         Ok(config)
     }
 
+    /// Enqueues the decode kernel on buffers already checked, and with more than one split the
+    /// combine kernel after it; the split's partial results go to the engine's scratch.
+    fn launch_decode(&self, problem: &AttentionProblem, c: &CudaDecodeConfig, bases: [u64; 4], lse: u64) -> Result<()> {
+        let split = decode_split(problem, c, self.device.sm_count(), self.options.decode_splits)?;
+        let geometry = c.geometry(problem, &split)?;
+        let combine_geometry = c.combine_geometry(problem)?;
+        let kernel = self.kernel(&CudaKernelConfig::Decode(*c))?;
+        let stream = self.device.stream();
+        let (o_len, lse_len) = split.partial_lens(problem);
+        let need = usize::try_from(o_len + lse_len).map_err(|_| Error::TooLarge("the decode scratch".into()))?;
+        // A poisoned lock only means another thread panicked while holding it; the buffer (or
+        // none) is valid at every point.
+        let mut scratch = self.decode_scratch.lock().unwrap_or_else(|e| e.into_inner());
+        if need > 0 && scratch.as_ref().is_none_or(|s| s.len() < need) {
+            // SAFETY: uninitialized f32s; the decode kernel writes every element the combine
+            // kernel then reads (each row's pieces, chunks below head_dim).
+            *scratch = Some(unsafe { stream.alloc::<f32>(need) }?);
+        }
+        let mut scratch_guard = None;
+        let scratch_ptr = match scratch.as_mut() {
+            Some(s) if need > 0 => {
+                let (ptr, guard) = s.device_ptr_mut(stream);
+                scratch_guard = Some(guard);
+                ptr
+            }
+            _ => 0,
+        };
+        let params = DecodeParams::new(problem, bases, lse, scratch_ptr, &split);
+        let launch = |function: &CudaFunction, g: LaunchGeometry| -> Result<()> {
+            let mut builder = stream.launch_builder(function);
+            builder.arg(&params);
+            let cfg = LaunchConfig {
+                grid_dim: g.grid,
+                block_dim: g.block,
+                shared_mem_bytes: g.smem_bytes,
+            };
+            // SAFETY: the parameter block matches both entry points' (size asserted on both
+            // sides); every address it holds was checked to cover the extent the problem's
+            // layouts reach, and the scratch holds `partial_lens` elements.
+            unsafe { builder.launch(cfg) }?;
+            Ok(())
+        };
+        launch(&kernel.function, geometry)?;
+        if split.splits > 1 {
+            let combine = kernel.combine.as_ref().ok_or_else(|| Error::Unavailable {
+                what: format!("kernel {}", c.combine_name()),
+                why: "its module was loaded without the combine entry point".into(),
+            })?;
+            launch(combine, combine_geometry)?;
+        }
+        drop(scratch_guard);
+        Ok(())
+    }
+
     /// Host slices in, host vectors out: uploads Q, K and V, runs, waits and reads O and LSE
     /// back. Layouts as the problem says; O elements its layout skips are 0.
     pub fn forward<T: Element>(
@@ -348,7 +434,7 @@ impl CudaAttention {
         k: &[T],
         v: &[T],
     ) -> Result<AttentionOutput<T>> {
-        validate_for_cuda(problem)?;
+        validate_for(problem, self.options.plan)?;
         if T::DTYPE != problem.dtype {
             return Err(Error::DTypeMismatch {
                 tensor: "q",
@@ -391,7 +477,22 @@ impl CudaAttention {
     }
 }
 
-/// Each buffer holds at least the elements its tensor's layout reaches.
+/// The checks of the kernel a problem goes to: the decode kernel's (any head_dim validation
+/// admits) when `forced` is a decode plan, or when nothing is forced and selection sends it there;
+/// else the prefill kernels'.
+fn validate_for(problem: &AttentionProblem, forced: Option<CudaPlan>) -> Result<()> {
+    problem.validate()?;
+    let decode = match forced {
+        Some(plan) => matches!(plan, CudaPlan::Decode(_)),
+        None => DECODE_BY_DEFAULT && prefers_decode(problem),
+    };
+    if decode {
+        validate_for_decode(problem)
+    } else {
+        validate_for_cuda(problem)
+    }
+}
+
 /// The first pair of byte ranges `[start, end)` that overlap: a written range with another
 /// written one or with a read one (reads may overlap each other: packed QKV, broadcast K/V).
 fn first_overlap(
@@ -408,6 +509,7 @@ fn first_overlap(
     None
 }
 
+/// Each buffer holds at least the elements its tensor's layout reaches.
 fn check_lengths<const N: usize>(problem: &AttentionProblem, lengths: [(Tensor, usize); N]) -> Result<()> {
     for (tensor, len) in lengths {
         let need = problem.required_len(tensor);

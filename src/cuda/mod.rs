@@ -19,8 +19,11 @@
 //!   panic, when there is none), opens a context and stream, and reads the compute capability.
 //! * [`CudaAttention`] runs on host slices ([`CudaAttention::forward`]) or on your device buffers
 //!   without copies ([`CudaAttention::forward_device`]).
+//! * A few new tokens per sequence (decoding, speculative decoding) go to the split-KV decode
+//!   kernel (`cuda/flash_decode.cu`): query heads sharing a K/V head packed into one CTA's rows,
+//!   the keys split over the GPU's SMs, the pieces merged by a combine kernel.
 //! * [`CudaAttention::selection`] says which kernel runs a problem ([`CudaKernelConfig`], a
-//!   plan of one of the two kernels compiled for the problem) and, when it is not the
+//!   plan of one of the kernels compiled for the problem) and, when it is not the
 //!   FlashAttention-3 style Hopper kernel (`cuda/flash_fwd_wgmma.cu`: TMA, wgmma, a producer
 //!   warpgroup and two or three consumer warpgroups), why: `mma.sync` is the fallback.
 //! * Kernels compile with NVRTC for the GPU's architecture (`sm_90a` on Hopper) and their cubins
@@ -84,6 +87,6 @@ pub use disk_cache::{CacheStatus, DiskCache, Origin};
 pub use launch::{CudaAttention, CudaOptions, DeviceTensors, KernelInfo};
 pub use nvrtc::nvrtc_available;
 pub use plan::{
-    CudaKernelConfig, CudaPlan, CudaSelection, LaunchGeometry, MmaConfig, MmaPlan, WgmmaConfig, WgmmaPlan,
-    CUDA_HEAD_DIMS,
+    CudaDecodeConfig, CudaDecodePlan, CudaKernelConfig, CudaPlan, CudaSelection, LaunchGeometry, MmaConfig, MmaPlan,
+    WgmmaConfig, WgmmaPlan, CUDA_HEAD_DIMS,
 };

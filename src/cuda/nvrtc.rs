@@ -39,6 +39,8 @@ macro_rules! source {
 pub const FLASH_FWD_MMA: Source = source!("flash_fwd_mma.cu");
 /// The FlashAttention-3 style Hopper forward kernel: TMA, mbarriers, wgmma, warp specialization.
 pub const FLASH_FWD_WGMMA: Source = source!("flash_fwd_wgmma.cu");
+/// The split-KV decode kernel and its combine kernel (two entry points per config).
+pub const FLASH_DECODE: Source = source!("flash_decode.cu");
 /// Inline-PTX helpers the kernels include.
 pub const MMA_PTX: Source = source!("mma_ptx.cuh");
 /// The forward parameter block shared by the forward kernels.
@@ -84,6 +86,7 @@ impl CompileJob {
         let source = match config {
             CudaKernelConfig::Mma(_) => FLASH_FWD_MMA,
             CudaKernelConfig::Wgmma(_) => FLASH_FWD_WGMMA,
+            CudaKernelConfig::Decode(_) => FLASH_DECODE,
         };
         CompileJob {
             kernel: config.name(),
@@ -348,7 +351,8 @@ mod tests {
         assert!(job.source.contains("KERNEL_NAME"));
         // The kernel includes exactly the headers we hand NVRTC, and nothing from a toolkit.
         let headers = HEADERS.iter().flat_map(|h| h.text.lines());
-        for line in job.source.lines().chain(FLASH_FWD_WGMMA.text.lines()).chain(headers) {
+        let kernels = FLASH_FWD_WGMMA.text.lines().chain(FLASH_DECODE.text.lines());
+        for line in job.source.lines().chain(kernels).chain(headers) {
             if let Some(rest) = line.trim().strip_prefix("#include") {
                 let name = rest.trim().trim_matches('"');
                 assert!(HEADERS.iter().any(|h| h.name == name), "unknown include {name}");

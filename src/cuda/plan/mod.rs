@@ -9,10 +9,11 @@
 //! config a problem runs with and says why whenever the Hopper kernel does not.
 //!
 //! Layers: [`support`] (what the CUDA path accepts) and [`tensor_map`] (what TMA can describe)
-//! are leaves; [`mma`] and [`wgmma`] build on them; [`select`] on those. [`alignment`] and
+//! are leaves; [`mma`], [`wgmma`] and [`decode`] build on them; [`select`] on those. [`alignment`] and
 //! [`params`] read only the problem. Nothing here imports cudarc or the engine.
 
 pub mod alignment;
+pub mod decode;
 pub mod mma;
 pub mod params;
 pub mod select;
@@ -21,13 +22,18 @@ pub mod tensor_map;
 pub mod wgmma;
 
 pub use alignment::vec_bytes_for;
+pub use decode::{
+    decode_plans, decode_split, default_decode_plan, select_cuda_decode, validate_for_decode, CudaDecodeConfig,
+    CudaDecodePlan, DECODE_ROWS,
+};
 pub use mma::{default_mma_plan, mma_plans, MmaConfig, MmaPlan};
-pub use params::FwdParams;
-pub use select::{select_cuda, select_mma, CudaSelection, WGMMA_BY_DEFAULT};
+pub use params::{DecodeParams, FwdParams};
+pub use select::{select_cuda, select_mma, CudaSelection, DECODE_BY_DEFAULT, WGMMA_BY_DEFAULT};
 pub use support::{validate_for_cuda, CUDA_HEAD_DIMS, MAX_CUDA_SEQ};
 pub use wgmma::{default_wgmma_plan, wgmma_plans, wgmma_unavailable, WgmmaConfig, WgmmaPlan, WGMMA_ROWS_PER_CONSUMER};
 
 use crate::error::Result;
+use crate::plan::decode::DecodeSplit;
 use crate::problem::{AttentionProblem, DType};
 
 /// A tile and scheduling choice of one of the two kernels.
@@ -38,6 +44,9 @@ pub enum CudaPlan {
     /// `cuda/flash_fwd_wgmma.cu`: TMA loads by a producer warpgroup, `wgmma` consumers; Hopper
     /// (sm_90a) only, and only for tensors the copy engine can describe.
     Wgmma(WgmmaPlan),
+    /// `cuda/flash_decode.cu`: split-KV decoding, a few new tokens against a long K/V cache;
+    /// `mma.sync`, any GPU from sm_80 on.
+    Decode(CudaDecodePlan),
 }
 
 impl From<MmaPlan> for CudaPlan {
@@ -52,20 +61,28 @@ impl From<WgmmaPlan> for CudaPlan {
     }
 }
 
+impl From<CudaDecodePlan> for CudaPlan {
+    fn from(plan: CudaDecodePlan) -> Self {
+        CudaPlan::Decode(plan)
+    }
+}
+
 impl CudaPlan {
-    /// Query rows per block.
+    /// Query rows per block (the decode kernel's are packed query heads × new tokens).
     pub fn block_m(&self) -> u32 {
         match self {
             CudaPlan::Mma(p) => p.block_m,
             CudaPlan::Wgmma(p) => p.block_m(),
+            CudaPlan::Decode(_) => DECODE_ROWS,
         }
     }
 
-    /// Keys per K/V tile.
+    /// Keys per K/V tile (the decode kernel's: keys a warp loads per step).
     pub fn block_n(&self) -> u32 {
         match self {
             CudaPlan::Mma(p) => p.block_n,
             CudaPlan::Wgmma(p) => p.block_n,
+            CudaPlan::Decode(p) => p.keys_per_step(),
         }
     }
 
@@ -74,6 +91,7 @@ impl CudaPlan {
         match self {
             CudaPlan::Mma(p) => p.threads(),
             CudaPlan::Wgmma(p) => p.threads(),
+            CudaPlan::Decode(p) => p.threads(),
         }
     }
 
@@ -92,6 +110,8 @@ pub enum CudaKernelConfig {
     Mma(MmaConfig),
     /// The Hopper (TMA, wgmma) kernel.
     Wgmma(WgmmaConfig),
+    /// The split-KV decode kernel (with its combine kernel in the same module).
+    Decode(CudaDecodeConfig),
 }
 
 /// How one kernel launch is shaped.
@@ -110,11 +130,17 @@ impl CudaKernelConfig {
     /// `vec_bytes` wide (16, or 8 for tensors only 8-byte aligned; the wgmma kernel needs 16).
     pub fn new(dtype: DType, head_dim: usize, plan: CudaPlan, causal: bool, vec_bytes: u32) -> Result<Self> {
         support::check_dtype(dtype)?;
-        support::check_head_dim(head_dim)?;
-        let head_dim = head_dim as u32;
+        // The decode kernel takes every head_dim validation admits; the prefill kernels a few.
+        if !matches!(plan, CudaPlan::Decode(_)) {
+            support::check_head_dim(head_dim)?;
+        }
+        let head_dim = u32::try_from(head_dim).unwrap_or(u32::MAX);
         Ok(match plan {
             CudaPlan::Mma(p) => CudaKernelConfig::Mma(MmaConfig::new(dtype, head_dim, p, causal, vec_bytes)?),
             CudaPlan::Wgmma(p) => CudaKernelConfig::Wgmma(WgmmaConfig::new(dtype, head_dim, p, causal, vec_bytes)?),
+            CudaPlan::Decode(p) => {
+                CudaKernelConfig::Decode(CudaDecodeConfig::new(dtype, head_dim, p, causal, vec_bytes)?)
+            }
         })
     }
 
@@ -130,6 +156,7 @@ impl CudaKernelConfig {
         match self {
             CudaKernelConfig::Mma(c) => c.name(),
             CudaKernelConfig::Wgmma(c) => c.name(),
+            CudaKernelConfig::Decode(c) => c.name(),
         }
     }
 
@@ -138,6 +165,7 @@ impl CudaKernelConfig {
         match self {
             CudaKernelConfig::Mma(c) => c.defines(),
             CudaKernelConfig::Wgmma(c) => c.defines(),
+            CudaKernelConfig::Decode(c) => c.defines(),
         }
     }
 
@@ -146,6 +174,7 @@ impl CudaKernelConfig {
         match self {
             CudaKernelConfig::Mma(c) => c.smem_bytes(),
             CudaKernelConfig::Wgmma(c) => c.smem_bytes(),
+            CudaKernelConfig::Decode(c) => c.smem_bytes(),
         }
     }
 
@@ -154,6 +183,7 @@ impl CudaKernelConfig {
         match self {
             CudaKernelConfig::Mma(c) => CudaPlan::Mma(c.plan),
             CudaKernelConfig::Wgmma(c) => CudaPlan::Wgmma(c.plan),
+            CudaKernelConfig::Decode(c) => CudaPlan::Decode(c.plan),
         }
     }
 
@@ -162,6 +192,7 @@ impl CudaKernelConfig {
         match self {
             CudaKernelConfig::Mma(c) => c.dtype,
             CudaKernelConfig::Wgmma(c) => c.dtype,
+            CudaKernelConfig::Decode(c) => c.dtype,
         }
     }
 
@@ -170,6 +201,7 @@ impl CudaKernelConfig {
         match self {
             CudaKernelConfig::Mma(c) => c.head_dim,
             CudaKernelConfig::Wgmma(c) => c.head_dim,
+            CudaKernelConfig::Decode(c) => c.head_dim,
         }
     }
 
@@ -178,6 +210,7 @@ impl CudaKernelConfig {
         match self {
             CudaKernelConfig::Mma(c) => c.causal,
             CudaKernelConfig::Wgmma(c) => c.causal,
+            CudaKernelConfig::Decode(c) => c.causal,
         }
     }
 
@@ -186,6 +219,7 @@ impl CudaKernelConfig {
         match self {
             CudaKernelConfig::Mma(c) => c.vec_bytes,
             CudaKernelConfig::Wgmma(_) => 16,
+            CudaKernelConfig::Decode(c) => c.vec_bytes,
         }
     }
 
@@ -209,11 +243,20 @@ impl CudaKernelConfig {
         matches!(self, CudaKernelConfig::Wgmma(_))
     }
 
+    /// Whether this is the split-KV decode kernel.
+    pub fn is_decode(&self) -> bool {
+        matches!(self, CudaKernelConfig::Decode(_))
+    }
+
     /// Grid, block and shared memory of a launch for `problem`: one block per `block_m` query
-    /// rows of each head of each batch.
+    /// rows of each head of each batch; for the decode kernel, its grid without splitting (a
+    /// launch multiplies grid x by the split count, [`CudaDecodeConfig::geometry`]).
     pub fn geometry(&self, problem: &AttentionProblem) -> Result<LaunchGeometry> {
         let s = &problem.shape;
         support::check_grid(s)?;
+        if let CudaKernelConfig::Decode(c) = self {
+            return c.geometry(problem, &DecodeSplit::new(problem, DECODE_ROWS, 1));
+        }
         let q_tiles = s.seq_q.div_ceil(self.block_m() as usize);
         Ok(LaunchGeometry {
             grid: (q_tiles as u32, s.num_heads as u32, s.batch as u32),
@@ -223,12 +266,21 @@ impl CudaKernelConfig {
     }
 }
 
-/// Every config [`select_cuda`] or a sweep over [`mma_plans`] and [`wgmma_plans`] can produce:
-/// what the NVRTC compile test builds.
+/// Every config [`select_cuda`] or a sweep over [`mma_plans`], [`wgmma_plans`] and
+/// [`decode_plans`] (at the prefill head dims) can produce: what the NVRTC compile test builds.
 pub fn all_cuda_configs() -> Vec<CudaKernelConfig> {
     let mut out = Vec::new();
     for dtype in [DType::BF16, DType::F16] {
         for head_dim in CUDA_HEAD_DIMS {
+            for plan in decode_plans(head_dim) {
+                for causal in [false, true] {
+                    for vec_bytes in [16, 8] {
+                        if let Ok(c) = CudaKernelConfig::new(dtype, head_dim, plan.into(), causal, vec_bytes) {
+                            out.push(c);
+                        }
+                    }
+                }
+            }
             let mma = mma_plans(head_dim).iter().map(|&p| CudaPlan::Mma(p));
             let wgmma = wgmma_plans(head_dim).iter().map(|&p| CudaPlan::Wgmma(p));
             for plan in mma.chain(wgmma) {
@@ -284,6 +336,7 @@ mod tests {
         let files = [
             ("mod.rs", include_str!("mod.rs")),
             ("alignment.rs", include_str!("alignment.rs")),
+            ("decode.rs", include_str!("decode.rs")),
             ("mma.rs", include_str!("mma.rs")),
             ("params.rs", include_str!("params.rs")),
             ("select.rs", include_str!("select.rs")),

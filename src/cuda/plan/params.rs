@@ -80,6 +80,27 @@ impl FwdParams {
     }
 }
 
+/// The decode kernels' parameter block (`cuda/flash_decode.cu`, both entry points), passed by
+/// value: the forward parameters, then the split's f32 scratch and sizes. Mirrors `struct
+/// DecodeParams` there field for field; both sides check the size.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct DecodeParams {
+    pub fwd: FwdParams,
+    /// Partial outputs, `[batch, num_heads, seq_q, splits, head_dim]` f32 (0 with one split).
+    pub part_o: u64,
+    /// Partial LSEs, `[batch, num_heads, seq_q, splits]` f32 (0 with one split).
+    pub part_lse: u64,
+    pub splits: i32,
+    pub keys_per_split: i32,
+    /// Query heads per K/V head × new tokens.
+    pub rows_per_kv_head: i32,
+    /// Blocks of the kernel's rows per K/V head.
+    pub row_blocks: i32,
+}
+
+const _: () = assert!(std::mem::size_of::<DecodeParams>() == 192);
+
 #[cfg(test)]
 mod tests {
     use super::*;

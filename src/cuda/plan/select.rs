@@ -1,16 +1,24 @@
-//! Which kernel runs a problem: the `mma.sync` default for any GPU, and on Hopper the wgmma
-//! kernel where its tensors allow TMA, with the reason whenever it does not run.
+//! Which kernel runs a problem: the split-KV decode kernel for a few new tokens per sequence, else
+//! the `mma.sync` default for any GPU, and on Hopper the wgmma kernel where its tensors allow TMA,
+//! with the reason whenever it does not run.
 
+use super::decode::select_cuda_decode;
 use super::mma::{default_mma_plan, MmaConfig};
 use super::support::validate_for_cuda;
 use super::wgmma::{default_wgmma_plan, wgmma_unavailable};
 use super::CudaKernelConfig;
 use crate::error::{Error, Result};
+use crate::plan::decode::prefers_decode;
 use crate::problem::AttentionProblem;
 
 /// Whether [`select_cuda`] picks the wgmma kernel on Hopper: every wgmma plan passed
 /// `tests/cuda_attention.rs` on the H200.
 pub const WGMMA_BY_DEFAULT: bool = true;
+
+/// Whether [`select_cuda`] sends the problems [`prefers_decode`] picks (a few new tokens, few rows
+/// per K/V head) to the split-KV decode kernel: the prefill kernels run them as tiles of 64 or
+/// more rows that are almost all padding, on one CTA per head (0.30 TB/s of K/V on the H200).
+pub const DECODE_BY_DEFAULT: bool = true;
 
 /// The `mma.sync` kernel's default config for a problem whose tensors allow `vec_bytes`-wide
 /// access (the choice off Hopper, and on Hopper for layouts TMA cannot describe).
@@ -36,9 +44,17 @@ pub struct CudaSelection {
     pub fallback: Option<String>,
 }
 
-/// The default kernel for a problem on a device: the wgmma kernel on Hopper when the tensors
-/// allow TMA (and [`WGMMA_BY_DEFAULT`]), else the `mma.sync` kernel of [`select_mma`].
+/// The default kernel for a problem on a device: the decode kernel where [`prefers_decode`] holds
+/// (and [`DECODE_BY_DEFAULT`]); else the wgmma kernel on Hopper when the tensors allow TMA (and
+/// [`WGMMA_BY_DEFAULT`]), else the `mma.sync` kernel of [`select_mma`].
 pub fn select_cuda(problem: &AttentionProblem, vec_bytes: u32, hopper: bool) -> Result<CudaSelection> {
+    problem.validate()?;
+    if DECODE_BY_DEFAULT && prefers_decode(problem) {
+        return Ok(CudaSelection {
+            config: CudaKernelConfig::Decode(select_cuda_decode(problem, vec_bytes)?),
+            fallback: None,
+        });
+    }
     let mma = select_mma(problem, vec_bytes)?;
     let plan = default_wgmma_plan(problem.shape.head_dim, problem.causal);
     let why = match plan {
@@ -115,6 +131,39 @@ mod tests {
             assert_eq!(g.block, (c.threads(), 1, 1));
             assert_eq!(g.smem_bytes, c.smem_bytes());
         }
+    }
+
+    #[test]
+    fn decode_problems_go_to_the_decode_kernel() {
+        use crate::problem::AttentionShape;
+        let shape = AttentionShape {
+            batch: 8,
+            seq_q: 4,
+            seq_kv: 32768,
+            num_heads: 32,
+            num_kv_heads: 8,
+            head_dim: 128,
+        };
+        let p = AttentionProblem::new(shape, DType::BF16).with_causal(true);
+        for hopper in [false, true] {
+            let s = select_cuda(&p, 16, hopper).unwrap();
+            assert_eq!(s.config.is_decode(), DECODE_BY_DEFAULT);
+            assert!(s.fallback.is_none() || !DECODE_BY_DEFAULT);
+        }
+        if DECODE_BY_DEFAULT {
+            // Head dims the prefill kernels lack run too.
+            let mut odd = p;
+            odd.shape.head_dim = 72;
+            let c = select_cuda(&odd.with_layout(Layout::Bshd), 8, true).unwrap().config;
+            assert_eq!(c.name(), "flash_decode_bf16_d72_w4_t2_causal_a8");
+        }
+        // Many new tokens: a prefill tile.
+        let mut long = p;
+        long.shape.seq_q = 17;
+        assert!(!select_cuda(&long.with_layout(Layout::Bshd), 16, true)
+            .unwrap()
+            .config
+            .is_decode());
     }
 
     #[test]

@@ -1,0 +1,459 @@
+// Split-KV flash decoding: a few query rows per sequence (one new token, or a few for speculative
+// decoding) against a long K/V cache, on tensor cores through mma.sync, for sm_80 and newer.
+// Two entry points: KERNEL_NAME (the pieces) and COMBINE_NAME (merges the pieces by their LSEs).
+//
+// Shapes and parameters as flash_fwd_mma.cu (FwdParams in fwd_params.cuh): Q, O [batch, seq_q,
+// num_heads, head_dim] at any strides, K, V [batch, seq_kv, num_kv_heads, head_dim], LSE [batch,
+// num_heads, seq_q] f32, natural log, -inf (and O = 0) for a row that sees no key. head_dim is
+// any multiple of 8 up to 256. With more than one split the pieces go to f32 scratch: partial O
+// [batch, num_heads, seq_q, splits, head_dim], each divided by its own sum, and partial LSE
+// [batch, num_heads, seq_q, splits], -inf for a piece that saw no key of the row.
+//
+// Who owns what.
+// * A CTA owns ROWS = 16 packed query rows of one K/V head of one sequence and one piece of its
+//   keys: grid = (splits, num_kv_heads × row_blocks, batch). Packed row r of a K/V head is query
+//   head kv_head·group_size + r / seq_q, new token r % seq_q (GQA packing): the query heads that
+//   share a K/V head, times the new tokens, read each K/V row once. The piece is keys
+//   [split·keys_per_split, (split + 1)·keys_per_split) ∩ [0, seq_kv), cut further at the last
+//   key the CTA's latest token sees when causal (bottom-right: token i sees keys
+//   j <= i + seq_kv - seq_q).
+// * A warp owns every WARPS-th step of STEP = 8·TILES keys of the piece. It loads all TILES n8
+//   key tiles of K and V of a step into registers before it uses any (the bytes in flight that a
+//   memory-bound kernel lives on), computes S = Q·Kᵀ for its 16 rows on mma.m16n8k16, runs the
+//   online softmax (base 2, scale·log2 e folded in) and adds P·V on mma.m16n8k8.
+// * A lane 4g + t owns rows g and g + 8 and, of every row it touches, the 16-byte chunks 4j + t
+//   (j < ROUNDS): it loads K and V row g of each key tile at those chunks, reads Q rows g, g + 8
+//   at those chunks from shared memory, and accumulates O rows g, g + 8 at those chunks. This
+//   works because the MMAs only need a consistent order of the reduced dimension, not memory
+//   order: a chunk's four registers are the B fragments (b0, b1) of two k16 steps of Q·Kᵀ, with
+//   Q's A fragments built from the same chunk; for P·V, each V register (two dims of one key
+//   row) is one lane's share of an 8x8 matrix [key][dim pair], which movmatrix transposes into
+//   exactly the m16n8k8 B fragment [key pair][dim], and the resulting O accumulators land on the
+//   dims of the chunk the lane loaded. So every global access is a whole 16-byte chunk (or two
+//   8-byte halves when a tensor is only 8-byte aligned), four lanes read 64 contiguous bytes of
+//   a row, and no shared memory sits between the loads and the MMAs.
+// * At the end the warps' (max, sum, O) per row go through shared memory (reusing Q's space) and
+//   all threads merge them per (row, chunk), then write O and the LSE, or the piece's
+//   normalized partial O and its LSE.
+//
+// Why these sizes. Decoding reads every K/V byte once and computes little with it, so the aim is
+// bytes in flight, not FLOPs: 16 rows are mma's M (rows a problem lacks are zero Q rows, nearly
+// free on tensor cores, where the FMA units would spend an instruction per row and key); the
+// registers a lane holds are O (ROWS·head_dim/32 = 8·ROUNDS·4 f32: 64 at head_dim 128, 128 at
+// 256) plus a step's K and V (8·ROUNDS·TILES 32-bit registers), so TILES = 8 / ROUNDS keeps a
+// step at 8 KiB per warp (16 keys at head_dim 128, 8 at 256) and the total under the 255 that
+// __launch_bounds__(THREADS, 2) allows. Four warps and several CTAs per SM keep tens of KiB in
+// flight per SM. Shared memory: Q (16 rows) during the loop, then every warp's O rows in f32 for
+// the merge (33 KiB at head_dim 128 with 4 warps); src/cuda/plan/decode.rs computes it.
+//
+// Masking never relies on a sentinel: masked scores are -inf, scores are clamped to finite values
+// first (a huge scale cannot overflow into inf - inf), and a row has seen a key exactly when its
+// running max is finite, so any finite scale works, negative included.
+//
+// Compile-time parameters (-D, set by src/cuda/plan/decode.rs): FA_HEAD_DIM, FA_WARPS, FA_TILES,
+// FA_CAUSAL, FA_BF16, FA_VEC_BYTES (16 or 8), FA_MIN_BLOCKS, KERNEL_NAME, COMBINE_NAME.
+#include "mma_ptx.cuh"
+#include "fwd_params.cuh"
+
+#ifndef KERNEL_NAME
+#error "KERNEL_NAME must be defined (the kernel's config name)"
+#endif
+#ifndef COMBINE_NAME
+#error "COMBINE_NAME must be defined (the combine kernel's name)"
+#endif
+
+constexpr int HEAD_DIM = FA_HEAD_DIM;
+constexpr int WARPS = FA_WARPS;
+constexpr int TILES = FA_TILES;
+constexpr bool CAUSAL = FA_CAUSAL != 0;
+constexpr bool IS_BF16 = FA_BF16 != 0;
+constexpr int VEC_BYTES = FA_VEC_BYTES;
+constexpr int THREADS = WARPS * 32;
+constexpr int ROWS = 16;                  // mma's M: packed query rows per CTA
+constexpr int CHUNKS = HEAD_DIM / 8;      // 16-byte chunks of a row
+constexpr int ROUNDS = (CHUNKS + 3) / 4;  // chunks per lane: lane t of a quad owns 4j + t
+constexpr int STEP = 8 * TILES;           // keys a warp loads per step
+// Q rows in shared memory, 64·ROUNDS bytes padded to an odd multiple of 64: the 8 lanes of a
+// quarter warp read rows g and g + 1 at the same chunks, which then fall on different banks.
+constexpr int Q_ROW_BYTES = (ROUNDS | 1) * 64;
+// A warp's O rows in f32 for the merge, one float more than the chunks: lanes (g, t) store row g,
+// float 8t + k, and an odd row stride spreads the 32 lanes over all banks.
+constexpr int O_ROW_FLOATS = ROUNDS * 32 + 1;
+constexpr float LN2 = 0.6931471805599453f;
+constexpr float LOG2E = 1.4426950408889634f;
+constexpr float F32_MAX = 3.402823466e38f;
+constexpr u32 FULL_MASK = 0xffffffffu;
+
+static_assert(HEAD_DIM % 8 == 0 && HEAD_DIM >= 8 && HEAD_DIM <= 256, "head_dim: a multiple of 8 up to 256");
+static_assert(WARPS >= 1 && WARPS <= 8, "1 to 8 warps");
+static_assert(TILES >= 1 && TILES <= 4, "1 to 4 key tiles per step");
+static_assert(VEC_BYTES == 16 || VEC_BYTES == 8, "global rows are moved in 16- or 8-byte pieces");
+
+// Mirrors `DecodeParams` in src/cuda/plan/params.rs (#[repr(C)], 192 bytes; both sides assert the
+// size): the forward parameters, then the split's scratch and sizes.
+struct DecodeParams {
+    FwdParams fwd;
+    float* part_o;          // [batch, num_heads, seq_q, splits, head_dim]; unused with one split
+    float* part_lse;        // [batch, num_heads, seq_q, splits]
+    int splits;             // pieces of the keys; 1: write O and the LSE directly
+    int keys_per_split;
+    int rows_per_kv_head;   // group_size · seq_q
+    int row_blocks;         // ceil(rows_per_kv_head / ROWS)
+};
+static_assert(sizeof(DecodeParams) == 192, "DecodeParams must match the Rust mirror");
+
+// --- helpers only this kernel uses ----------------------------------------------------------
+
+// K and V are read once, so they bypass L1 (no_allocate) and ask L2 to fetch 256 bytes around
+// each access (a whole head_dim-128 row). Read-only for the kernel's lifetime: the .nc path.
+__device__ __forceinline__ void ld_stream_v4(const void* p, u32 r[4]) {
+    asm volatile("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "l"(p));
+}
+__device__ __forceinline__ void ld_stream_v2(const void* p, u32& a, u32& b) {
+    asm volatile("ld.global.nc.L1::no_allocate.L2::256B.v2.u32 {%0,%1}, [%2];\n" : "=r"(a), "=r"(b) : "l"(p));
+}
+// Eight 16-bit elements, 16-byte aligned (VEC_BYTES 16) or two 8-byte aligned halves.
+__device__ __forceinline__ void load_chunk(const u16* p, u32 r[4]) {
+    if (VEC_BYTES == 16) {
+        ld_stream_v4(p, r);
+    } else {
+        ld_stream_v2(p, r[0], r[1]);
+        ld_stream_v2(p + 4, r[2], r[3]);
+    }
+}
+__device__ __forceinline__ void store_chunk(u16* p, const u32 r[4]) {
+    if (VEC_BYTES == 16) {
+        st_global_v4(p, r);
+    } else {
+        st_global_v2(p, r[0], r[1]);
+        st_global_v2(p + 4, r[2], r[3]);
+    }
+}
+// Four f32 of the previous kernel's output (16-byte aligned).
+__device__ __forceinline__ void ld_global_v4f(const float* p, float v[4]) {
+    asm volatile("ld.global.v4.f32 {%0,%1,%2,%3}, [%4];\n" : "=f"(v[0]), "=f"(v[1]), "=f"(v[2]), "=f"(v[3]) : "l"(p));
+}
+__device__ __forceinline__ void st_shared_v4(u32 addr, const u32 v[4]) {
+    asm volatile("st.shared.v4.u32 [%0], {%1,%2,%3,%4};\n" ::"r"(addr), "r"(v[0]), "r"(v[1]), "r"(v[2]), "r"(v[3])
+                 : "memory");
+}
+// Transposes an 8x8 matrix of 16-bit values held one row pair per lane (lane 4g + t: row g,
+// columns 2t, 2t + 1) into the same layout.
+__device__ __forceinline__ u32 movmatrix_trans(u32 a) {
+    u32 d;
+    asm volatile("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;\n" : "=r"(d) : "r"(a));
+    return d;
+}
+// D = A·B + D with A 16x8 (a0: row g, k 2t..2t+1; a1: row g + 8), B 8x8 (b0: k 2t..2t+1 of
+// column g), C as mma_16816.
+template <bool BF16>
+__device__ __forceinline__ void mma_1688(float c[4], u32 a0, u32 a1, u32 b0) {
+    if (BF16) {
+        asm volatile("mma.sync.aligned.m16n8k8.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5}, {%6}, {%0,%1,%2,%3};\n"
+                     : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                     : "r"(a0), "r"(a1), "r"(b0));
+    } else {
+        asm volatile("mma.sync.aligned.m16n8k8.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5}, {%6}, {%0,%1,%2,%3};\n"
+                     : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                     : "r"(a0), "r"(a1), "r"(b0));
+    }
+}
+
+// Query head and new token of packed row `pr` of K/V head `kv_head`.
+__device__ __forceinline__ int row_head(const FwdParams& p, int kv_head, int pr) {
+    return kv_head * p.group_size + pr / p.seq_q;
+}
+
+extern "C" __global__ void __launch_bounds__(THREADS, FA_MIN_BLOCKS) KERNEL_NAME(const __grid_constant__ DecodeParams dp) {
+    extern __shared__ __align__(16) unsigned char smem[];
+    const FwdParams& p = dp.fwd;
+    const int tid = threadIdx.x;
+    const int warp = tid / 32;
+    const int lane = tid % 32;
+    const int g = lane / 4;
+    const int t = lane % 4;
+    const int split = blockIdx.x;
+    const int kv_head = blockIdx.y / dp.row_blocks;
+    const int row0 = (blockIdx.y % dp.row_blocks) * ROWS;  // first packed row of the CTA
+    const int batch = blockIdx.z;
+    const int rows_left = dp.rows_per_kv_head - row0;
+    const int rows_here = rows_left < ROWS ? rows_left : ROWS;
+
+    // The CTA's earliest and latest new token: causal masking only touches steps past the first
+    // one's diagonal, and no key past the last one's diagonal is loaded.
+    int tok_min = p.seq_q;
+    int tok_max = -1;
+    for (int r = 0; r < rows_here; ++r) {
+        const int tok = (row0 + r) % p.seq_q;
+        tok_min = tok < tok_min ? tok : tok_min;
+        tok_max = tok > tok_max ? tok : tok_max;
+    }
+    const i64 key_begin = (i64)split * dp.keys_per_split;
+    i64 key_limit = key_begin + dp.keys_per_split;
+    if (key_limit > p.seq_kv) key_limit = p.seq_kv;
+    if (CAUSAL && (i64)tok_max + p.causal_offset + 1 < key_limit) key_limit = (i64)tok_max + p.causal_offset + 1;
+    const int n_begin = (int)key_begin;
+    const int n_end = key_limit > key_begin ? (int)key_limit : n_begin;
+
+    // Q rows into shared memory, zero for rows the problem lacks and chunks past head_dim.
+    const u32 s_q = smem_addr(smem);
+    for (int i = tid; i < ROWS * ROUNDS * 4; i += THREADS) {
+        const int r = i / (ROUNDS * 4);
+        const int c = i % (ROUNDS * 4);
+        u32 v[4] = {0u, 0u, 0u, 0u};
+        if (r < rows_here && c < CHUNKS) {
+            const int pr = row0 + r;
+            const u16* src = p.q + batch * p.q_batch_stride + row_head(p, kv_head, pr) * p.q_head_stride +
+                             (i64)(pr % p.seq_q) * p.q_seq_stride + c * 8;
+            load_chunk(src, v);
+        }
+        st_shared_v4(s_q + (u32)(r * Q_ROW_BYTES + c * 16), v);
+    }
+    __syncthreads();
+
+    const u16* k_base = p.k + batch * p.k_batch_stride + kv_head * p.k_head_stride;
+    const u16* v_base = p.v + batch * p.v_batch_stride + kv_head * p.v_head_stride;
+    const int tok_lo = (row0 + g) % p.seq_q;  // token of row g (rows past the problem's: unused)
+    const int tok_hi = (row0 + g + 8) % p.seq_q;
+
+    // o[j][i]: rows g (elements 0, 1) and g + 8 (2, 3), dims 8·(4j + t) + 2i + {0, 1}.
+    float o[ROUNDS][4][4];
+#pragma unroll
+    for (int j = 0; j < ROUNDS; ++j)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) o[j][i][0] = o[j][i][1] = o[j][i][2] = o[j][i][3] = 0.f;
+    float row_max[2] = {NEG_INF, NEG_INF};  // running max of the log2-scaled scores, rows g, g + 8
+    float row_sum[2] = {0.f, 0.f};          // this lane's part of the running sum
+
+    for (int n0 = n_begin + warp * STEP; n0 < n_end; n0 += WARPS * STEP) {
+        // Every load of the step first: K and V row (n0 + 8·tile + g), chunks 4j + t.
+        u32 kr[TILES][ROUNDS][4];
+        u32 vr[TILES][ROUNDS][4];
+#pragma unroll
+        for (int tl = 0; tl < TILES; ++tl) {
+            const int key = n0 + tl * 8 + g;
+            const u16* kp = k_base + (i64)key * p.k_seq_stride;
+            const u16* vp = v_base + (i64)key * p.v_seq_stride;
+#pragma unroll
+            for (int j = 0; j < ROUNDS; ++j) {
+                const int c = 4 * j + t;
+                kr[tl][j][0] = kr[tl][j][1] = kr[tl][j][2] = kr[tl][j][3] = 0u;
+                vr[tl][j][0] = vr[tl][j][1] = vr[tl][j][2] = vr[tl][j][3] = 0u;
+                if (key < n_end && c < CHUNKS) {
+                    load_chunk(kp + c * 8, kr[tl][j]);
+                    load_chunk(vp + c * 8, vr[tl][j]);
+                }
+            }
+        }
+
+        // S = Q·Kᵀ: chunk j's registers 0, 1 are the B fragment of one k16 step, 2, 3 of the next;
+        // Q's A fragment of each takes the same registers of rows g and g + 8.
+        float s[TILES][4];
+#pragma unroll
+        for (int tl = 0; tl < TILES; ++tl) s[tl][0] = s[tl][1] = s[tl][2] = s[tl][3] = 0.f;
+#pragma unroll
+        for (int j = 0; j < ROUNDS; ++j) {
+            u32 qa[4];
+            u32 qb[4];
+            ld_shared_v4(s_q + (u32)(g * Q_ROW_BYTES + (4 * j + t) * 16), qa);
+            ld_shared_v4(s_q + (u32)((g + 8) * Q_ROW_BYTES + (4 * j + t) * 16), qb);
+            const u32 a_lo[4] = {qa[0], qb[0], qa[1], qb[1]};
+            const u32 a_hi[4] = {qa[2], qb[2], qa[3], qb[3]};
+#pragma unroll
+            for (int tl = 0; tl < TILES; ++tl) {
+                mma_16816<IS_BF16>(s[tl], a_lo, kr[tl][j][0], kr[tl][j][1]);
+                mma_16816<IS_BF16>(s[tl], a_hi, kr[tl][j][2], kr[tl][j][3]);
+            }
+        }
+
+        // Into the log2 domain, clamped finite, then masked: s[tl][e] is row g (e < 2) or g + 8,
+        // key n0 + 8·tl + 2t + (e & 1).
+        const bool need_mask =
+            n0 + STEP > n_end || (CAUSAL && (i64)n0 + STEP - 1 > (i64)tok_min + p.causal_offset);
+#pragma unroll
+        for (int tl = 0; tl < TILES; ++tl)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                float x = fminf(fmaxf(s[tl][e] * p.scale_log2, -F32_MAX), F32_MAX);
+                if (need_mask) {
+                    const int key = n0 + tl * 8 + 2 * t + (e & 1);
+                    const int tok = e < 2 ? tok_lo : tok_hi;
+                    if (key >= n_end || (CAUSAL && (i64)key > (i64)tok + p.causal_offset)) x = NEG_INF;
+                }
+                s[tl][e] = x;
+            }
+
+        // Online softmax per row (r = 0: row g, elements 0, 1; r = 1: row g + 8, elements 2, 3).
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+            float mx = row_max[r];
+#pragma unroll
+            for (int tl = 0; tl < TILES; ++tl) mx = fmaxf(mx, fmaxf(s[tl][2 * r], s[tl][2 * r + 1]));
+            mx = fmaxf(mx, __shfl_xor_sync(FULL_MASK, mx, 1));
+            mx = fmaxf(mx, __shfl_xor_sync(FULL_MASK, mx, 2));
+            // No key seen yet: subtract 0, so exp2(-inf - -inf) never makes a NaN; every p is 0.
+            const float m_use = mx == NEG_INF ? 0.f : mx;
+            const float alpha = ex2(row_max[r] - m_use);
+            row_max[r] = mx;
+            float sum = 0.f;
+#pragma unroll
+            for (int tl = 0; tl < TILES; ++tl) {
+                s[tl][2 * r] = ex2(s[tl][2 * r] - m_use);
+                s[tl][2 * r + 1] = ex2(s[tl][2 * r + 1] - m_use);
+                sum += s[tl][2 * r] + s[tl][2 * r + 1];
+            }
+            row_sum[r] = row_sum[r] * alpha + sum;
+#pragma unroll
+            for (int j = 0; j < ROUNDS; ++j)
+#pragma unroll
+                for (int i = 0; i < 4; ++i) {
+                    o[j][i][2 * r] *= alpha;
+                    o[j][i][2 * r + 1] *= alpha;
+                }
+        }
+
+        // O += P·V per key tile: P's S accumulators are the m16n8k8 A fragment as they stand;
+        // V register i of chunk j, transposed, is the B fragment of dims 8·(4j + ·) + 2i + {0, 1}.
+#pragma unroll
+        for (int tl = 0; tl < TILES; ++tl) {
+            const u32 p_lo = pack2<IS_BF16>(s[tl][0], s[tl][1]);
+            const u32 p_hi = pack2<IS_BF16>(s[tl][2], s[tl][3]);
+#pragma unroll
+            for (int j = 0; j < ROUNDS; ++j)
+#pragma unroll
+                for (int i = 0; i < 4; ++i) mma_1688<IS_BF16>(o[j][i], p_lo, p_hi, movmatrix_trans(vr[tl][j][i]));
+        }
+    }
+
+    // Merge the warps. Each lane's sums cover its columns: add the quad's.
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+        row_sum[r] += __shfl_xor_sync(FULL_MASK, row_sum[r], 1);
+        row_sum[r] += __shfl_xor_sync(FULL_MASK, row_sum[r], 2);
+    }
+    __syncthreads();  // every warp is done with Q: its space holds the warps' O rows now
+    float* s_o = reinterpret_cast<float*>(smem);      // [WARPS][ROWS][O_ROW_FLOATS]
+    float* s_max = s_o + WARPS * ROWS * O_ROW_FLOATS;  // [WARPS][ROWS]
+    float* s_sum = s_max + WARPS * ROWS;               // [WARPS][ROWS]
+    if (t == 0) {
+        s_max[warp * ROWS + g] = row_max[0];
+        s_max[warp * ROWS + g + 8] = row_max[1];
+        s_sum[warp * ROWS + g] = row_sum[0];
+        s_sum[warp * ROWS + g + 8] = row_sum[1];
+    }
+#pragma unroll
+    for (int j = 0; j < ROUNDS; ++j)
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+            float* dst = s_o + (warp * ROWS + g + 8 * r) * O_ROW_FLOATS + (4 * j + t) * 8;
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+                dst[2 * i] = o[j][i][2 * r];
+                dst[2 * i + 1] = o[j][i][2 * r + 1];
+            }
+        }
+    __syncthreads();
+
+    // One (row, chunk) per thread: rescale each warp's part to the common max, add, normalize.
+    for (int item = tid; item < ROWS * CHUNKS; item += THREADS) {
+        const int r = item / CHUNKS;
+        const int c = item % CHUNKS;
+        if (r >= rows_here) continue;
+        float mx = NEG_INF;
+#pragma unroll
+        for (int w = 0; w < WARPS; ++w) mx = fmaxf(mx, s_max[w * ROWS + r]);
+        const float m_use = mx == NEG_INF ? 0.f : mx;
+        float sum = 0.f;
+        float acc[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+        for (int w = 0; w < WARPS; ++w) {
+            const float f = ex2(s_max[w * ROWS + r] - m_use);
+            sum += f * s_sum[w * ROWS + r];
+            const float* src = s_o + (w * ROWS + r) * O_ROW_FLOATS + c * 8;
+#pragma unroll
+            for (int k = 0; k < 8; ++k) acc[k] += f * src[k];
+        }
+        // A row has seen a key iff its max is finite; then the max's own term makes sum >= 1.
+        const float inv = sum > 0.f ? 1.f / sum : 0.f;
+        const float lse = sum > 0.f ? mx * LN2 + logf(sum) : NEG_INF;
+        const int pr = row0 + r;
+        const int head = row_head(p, kv_head, pr);
+        const int tok = pr % p.seq_q;
+        if (dp.splits == 1) {
+            u32 packed[4];
+#pragma unroll
+            for (int k = 0; k < 4; ++k) packed[k] = pack2<IS_BF16>(acc[2 * k] * inv, acc[2 * k + 1] * inv);
+            store_chunk(p.o + batch * p.o_batch_stride + head * p.o_head_stride + (i64)tok * p.o_seq_stride + c * 8,
+                        packed);
+            if (c == 0 && p.lse != nullptr) p.lse[((i64)batch * p.num_heads + head) * p.seq_q + tok] = lse;
+        } else {
+            const i64 piece = (((i64)batch * p.num_heads + head) * p.seq_q + tok) * dp.splits + split;
+            float* dst = dp.part_o + piece * HEAD_DIM + c * 8;
+#pragma unroll
+            for (int k = 0; k < 8; ++k) dst[k] = acc[k] * inv;
+            if (c == 0) dp.part_lse[piece] = lse;
+        }
+    }
+}
+
+// The combine: one CTA per (new token, query head, sequence), grid = (seq_q, num_heads, batch).
+// Lane x of a warp owns chunk x of the row (head_dim <= 256: at most 32 chunks); the
+// COMBINE_GROUPS warps take every COMBINE_GROUPS-th piece, so that several pieces' loads are in
+// flight at once, and add their parts through shared memory. Piece s weighs
+// exp(lse_s - max) / sum; all pieces empty: O = 0, LSE = -inf.
+constexpr int COMBINE_GROUPS = 4;
+
+extern "C" __global__ void __launch_bounds__(32 * COMBINE_GROUPS) COMBINE_NAME(const __grid_constant__ DecodeParams dp) {
+    __shared__ float s_acc[COMBINE_GROUPS][32][9];
+    __shared__ float s_sum[COMBINE_GROUPS];
+    const FwdParams& p = dp.fwd;
+    const int c = threadIdx.x;
+    const int group = threadIdx.y;
+    const int tok = blockIdx.x;
+    const int head = blockIdx.y;
+    const int batch = blockIdx.z;
+    const i64 first = (((i64)batch * p.num_heads + head) * p.seq_q + tok) * dp.splits;
+    const float* lse = dp.part_lse + first;
+
+    float mx = NEG_INF;
+#pragma unroll 8
+    for (int s = 0; s < dp.splits; ++s) mx = fmaxf(mx, lse[s]);
+    const float m_use = mx == NEG_INF ? 0.f : mx;
+    float sum = 0.f;
+    float acc[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+#pragma unroll 4
+    for (int s = group; s < dp.splits; s += COMBINE_GROUPS) {
+        const float w = ex2((lse[s] - m_use) * LOG2E);  // an empty piece: exp2(-inf) = 0
+        sum += w;
+        if (c < CHUNKS) {
+            float v[8];
+            const float* src = dp.part_o + (first + s) * HEAD_DIM + c * 8;
+            ld_global_v4f(src, v);
+            ld_global_v4f(src + 4, v + 4);
+#pragma unroll
+            for (int k = 0; k < 8; ++k) acc[k] += w * v[k];
+        }
+    }
+    if (c == 0) s_sum[group] = sum;
+#pragma unroll
+    for (int k = 0; k < 8; ++k) s_acc[group][c][k] = acc[k];
+    __syncthreads();
+    if (group != 0 || c >= CHUNKS) return;
+    float total = 0.f;
+#pragma unroll
+    for (int gr = 0; gr < COMBINE_GROUPS; ++gr) total += s_sum[gr];
+#pragma unroll
+    for (int gr = 1; gr < COMBINE_GROUPS; ++gr)
+#pragma unroll
+        for (int k = 0; k < 8; ++k) acc[k] += s_acc[gr][c][k];
+    const float inv = total > 0.f ? 1.f / total : 0.f;
+    u32 packed[4];
+#pragma unroll
+    for (int k = 0; k < 4; ++k) packed[k] = pack2<IS_BF16>(acc[2 * k] * inv, acc[2 * k + 1] * inv);
+    store_chunk(p.o + batch * p.o_batch_stride + head * p.o_head_stride + (i64)tok * p.o_seq_stride + c * 8, packed);
+    if (c == 0 && p.lse != nullptr) {
+        p.lse[((i64)batch * p.num_heads + head) * p.seq_q + tok] = total > 0.f ? mx + logf(total) : NEG_INF;
+    }
+}

@@ -1,0 +1,449 @@
+//! The decode kernel (`cuda/flash_decode.cu`): split-KV flash decoding for a few new tokens per
+//! sequence against a long K/V cache. Its plans, the config a plan becomes for one problem (the
+//! compiler's `-D` defines, block, shared memory), the split of the keys
+//! ([`crate::plan::decode::split_count`] over the GPU's CTA slots) and the parameter block.
+//!
+//! The kernel packs the query heads sharing a K/V head, times the new tokens, into the 16 rows of
+//! one `mma.sync` tile per CTA; see the kernel's header for what a warp and a lane own.
+
+use super::params::{DecodeParams, FwdParams};
+use super::support::{check_dtype, check_grid, MAX_CUDA_SEQ, REGS_PER_SM, SMEM_PER_SM, SMEM_RESERVED_PER_BLOCK};
+use super::{define, LaunchGeometry};
+use crate::error::{invalid, Error, Result};
+use crate::plan::decode::{split_count, DecodeSplit, DECODE_FEATURES};
+use crate::plan::missing_features;
+use crate::plan::policy::{DECODE_MAX_SPLITS, DECODE_MIN_KEYS_PER_SPLIT};
+use crate::problem::{AttentionProblem, DType};
+
+/// Packed query rows per CTA: the M of one `mma.sync` tile.
+pub const DECODE_ROWS: u32 = 16;
+
+/// CTAs per SM promised to the register allocator (`__launch_bounds__`): at most 255 registers
+/// a thread, enough for O (128 f32 at head_dim 256) and a step's K and V.
+const DECODE_MIN_BLOCKS: u32 = 2;
+
+/// Registers per thread beyond O and a step's K and V (S, Q fragments, addresses, softmax state):
+/// the estimate behind the CTAs per SM that the split rule counts.
+const DECODE_REGS_OVERHEAD: u32 = 56;
+
+/// Threads of the combine kernel's CTA: a warp over a row's chunks, times four groups of pieces.
+const COMBINE_BLOCK: (u32, u32, u32) = (32, 4, 1);
+
+/// Largest grid y and z.
+const MAX_GRID_YZ: u64 = 65535;
+
+/// A plan of the decode kernel: `warps` warps per CTA, each loading `tiles` key tiles of 8 keys
+/// per step before it uses any of them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct CudaDecodePlan {
+    /// Warps per CTA; each takes every `warps`-th step of the CTA's keys.
+    pub warps: u32,
+    /// Key tiles of 8 keys a warp loads per step.
+    pub tiles: u32,
+}
+
+impl CudaDecodePlan {
+    /// The plan of `warps` warps loading `tiles` key tiles per step (checked when it becomes a
+    /// [`CudaDecodeConfig`]).
+    pub const fn new(warps: u32, tiles: u32) -> Self {
+        CudaDecodePlan { warps, tiles }
+    }
+
+    /// Threads per CTA.
+    pub fn threads(&self) -> u32 {
+        self.warps * 32
+    }
+
+    /// Keys a warp loads per step.
+    pub fn keys_per_step(&self) -> u32 {
+        8 * self.tiles
+    }
+}
+
+/// Chunks of 16 bytes each lane owns of a row: lane t of a quad owns chunks 4j + t.
+fn rounds(head_dim: u32) -> u32 {
+    (head_dim / 8).div_ceil(4)
+}
+
+/// Key tiles per step that keep a step's K and V at 8·rounds·tiles ≤ 64 registers a lane
+/// (8 KiB in flight per warp at head_dim 128 and 256), between 1 and 4.
+fn default_tiles(head_dim: u32) -> u32 {
+    (8 / rounds(head_dim).max(1)).clamp(1, 4)
+}
+
+/// The decode plan automatic selection runs for a head_dim: four warps (with two or more CTAs per
+/// SM, tens of KiB of loads in flight per SM) and the default tiles per step.
+pub fn default_decode_plan(head_dim: usize) -> CudaDecodePlan {
+    CudaDecodePlan::new(4, default_tiles(head_dim as u32))
+}
+
+/// Candidate plans for a head_dim, the default first: the sweep in `examples/cuda_attention.rs`
+/// times them all.
+pub fn decode_plans(head_dim: usize) -> Vec<CudaDecodePlan> {
+    let t = default_tiles(head_dim as u32);
+    let mut plans = vec![
+        default_decode_plan(head_dim),
+        CudaDecodePlan::new(8, t),
+        CudaDecodePlan::new(2, t),
+        CudaDecodePlan::new(4, (t / 2).max(1)),
+        CudaDecodePlan::new(4, (t * 2).min(4)),
+    ];
+    let mut seen = Vec::new();
+    plans.retain(|p| {
+        let new = !seen.contains(p);
+        seen.push(*p);
+        new
+    });
+    plans
+}
+
+/// A [`CudaDecodePlan`] compiled for one dtype, head_dim, masking and access width: everything
+/// that changes the decode kernel's binary. The split count is a launch parameter, not part of it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct CudaDecodeConfig {
+    /// Element type of Q, K, V and O (bf16 or f16).
+    pub dtype: DType,
+    /// Head dimension: any multiple of 8 up to 256.
+    pub head_dim: u32,
+    /// Causal masking, aligned bottom-right.
+    pub causal: bool,
+    /// Warps and keys per step.
+    pub plan: CudaDecodePlan,
+    /// Width of the global loads and stores: 16 bytes, or 8 for tensors only 8-byte aligned.
+    pub vec_bytes: u32,
+}
+
+impl CudaDecodeConfig {
+    /// The config of `plan` for a dtype, head_dim and masking, or why the kernel cannot be built
+    /// so.
+    pub fn new(dtype: DType, head_dim: u32, plan: CudaDecodePlan, causal: bool, vec_bytes: u32) -> Result<Self> {
+        check_dtype(dtype)?;
+        if head_dim == 0 || !head_dim.is_multiple_of(8) || head_dim > 256 {
+            return Err(Error::Unavailable {
+                what: format!("head_dim {head_dim} in the CUDA decode kernel"),
+                why: "it takes multiples of 8 up to 256".into(),
+            });
+        }
+        if !(1..=8).contains(&plan.warps) || !(1..=4).contains(&plan.tiles) {
+            return invalid!(
+                "CUDA decode plan of {} warps and {} key tiles per step: 1 to 8 warps and 1 to 4 tiles",
+                plan.warps,
+                plan.tiles
+            );
+        }
+        if vec_bytes != 16 && vec_bytes != 8 {
+            return invalid!("vec_bytes {vec_bytes} must be 16 or 8");
+        }
+        Ok(CudaDecodeConfig {
+            dtype,
+            head_dim,
+            causal,
+            plan,
+            vec_bytes,
+        })
+    }
+
+    /// `flash_decode_bf16_d128_w4_t2[_causal][_a8]`: the decode kernel's entry point.
+    pub fn name(&self) -> String {
+        format!(
+            "flash_decode_{}_d{}_w{}_t{}{}{}",
+            self.dtype.name(),
+            self.head_dim,
+            self.plan.warps,
+            self.plan.tiles,
+            if self.causal { "_causal" } else { "" },
+            if self.vec_bytes == 8 { "_a8" } else { "" },
+        )
+    }
+
+    /// The combine kernel's entry point, in the same module.
+    pub fn combine_name(&self) -> String {
+        format!("{}_combine", self.name())
+    }
+
+    /// Dynamic shared memory: Q's 16 rows during the loop, then (in the same space) every warp's
+    /// O rows in f32 and their max and sum for the merge; the larger of the two.
+    pub fn smem_bytes(&self) -> u32 {
+        let r = rounds(self.head_dim);
+        let q = DECODE_ROWS * (r | 1) * 64;
+        let rows = self.plan.warps * DECODE_ROWS;
+        let merge = (rows * (r * 32 + 1) + 2 * rows) * 4;
+        q.max(merge)
+    }
+
+    /// Registers a thread needs, about: O (rows g and g + 8 at `rounds` chunks of 8 dims: 16·rounds
+    /// f32), a step's K and V (8·rounds·tiles), and a fixed overhead.
+    pub fn register_estimate(&self) -> u32 {
+        let r = rounds(self.head_dim);
+        let o = 16 * r;
+        let kv = 8 * r * self.plan.tiles;
+        (o + kv + DECODE_REGS_OVERHEAD).next_multiple_of(8).min(255)
+    }
+
+    /// CTAs one SM runs at once, about: what registers and shared memory allow, at least the
+    /// count promised to the register allocator.
+    pub fn blocks_per_sm(&self) -> u32 {
+        let by_smem = SMEM_PER_SM / (self.smem_bytes() + SMEM_RESERVED_PER_BLOCK);
+        let by_regs = REGS_PER_SM / (self.plan.threads() * self.register_estimate());
+        by_smem.min(by_regs).clamp(DECODE_MIN_BLOCKS, 32)
+    }
+
+    /// The `-D` definitions `cuda/flash_decode.cu` reads.
+    pub fn defines(&self) -> Vec<String> {
+        vec![
+            define("KERNEL_NAME", self.name()),
+            define("COMBINE_NAME", self.combine_name()),
+            define("FA_HEAD_DIM", self.head_dim),
+            define("FA_WARPS", self.plan.warps),
+            define("FA_TILES", self.plan.tiles),
+            define("FA_CAUSAL", self.causal as u32),
+            define("FA_BF16", (self.dtype == DType::BF16) as u32),
+            define("FA_VEC_BYTES", self.vec_bytes),
+            define("FA_MIN_BLOCKS", DECODE_MIN_BLOCKS),
+        ]
+    }
+
+    /// The decode kernel's launch for `problem` split as `split`: (splits, K/V heads × row
+    /// blocks, batch) CTAs.
+    pub fn geometry(&self, problem: &AttentionProblem, split: &DecodeSplit) -> Result<LaunchGeometry> {
+        let s = &problem.shape;
+        let y = s.num_kv_heads as u64 * split.row_blocks as u64;
+        if y > MAX_GRID_YZ || s.batch as u64 > MAX_GRID_YZ || split.splits > i32::MAX as u32 {
+            return Err(Error::TooLarge(format!(
+                "the CUDA decode grid ({} splits, {y} K/V heads × row blocks, {} batches) exceeds the \
+                 device's limits ({MAX_GRID_YZ} for y and z)",
+                split.splits, s.batch
+            )));
+        }
+        Ok(LaunchGeometry {
+            grid: (split.splits, y as u32, s.batch as u32),
+            block: (self.plan.threads(), 1, 1),
+            smem_bytes: self.smem_bytes(),
+        })
+    }
+
+    /// The combine kernel's launch: one CTA per (new token, query head, sequence).
+    pub fn combine_geometry(&self, problem: &AttentionProblem) -> Result<LaunchGeometry> {
+        let s = &problem.shape;
+        check_grid(s)?;
+        Ok(LaunchGeometry {
+            grid: (s.seq_q as u32, s.num_heads as u32, s.batch as u32),
+            block: COMBINE_BLOCK,
+            smem_bytes: 0,
+        })
+    }
+}
+
+/// Everything the decode kernel checks before it touches a device: the problem's own validation,
+/// dtype, features and sizes. Unlike the prefill kernels it takes every head_dim validation does
+/// (multiples of 8 up to 256).
+pub fn validate_for_decode(problem: &AttentionProblem) -> Result<()> {
+    problem.validate()?;
+    check_dtype(problem.dtype)?;
+    if let Some(why) = missing_features("the CUDA decode kernel", problem.features(), DECODE_FEATURES) {
+        return Err(Error::Unavailable {
+            what: "the CUDA decode kernel".into(),
+            why,
+        });
+    }
+    for (name, value) in [("seq_q", problem.shape.seq_q), ("seq_kv", problem.shape.seq_kv)] {
+        if value > MAX_CUDA_SEQ {
+            return Err(Error::TooLarge(format!(
+                "{name} = {value} exceeds the CUDA kernels' limit of {MAX_CUDA_SEQ}"
+            )));
+        }
+    }
+    check_grid(&problem.shape)
+}
+
+/// The decode kernel's default config for a problem whose tensors allow `vec_bytes`-wide access.
+pub fn select_cuda_decode(problem: &AttentionProblem, vec_bytes: u32) -> Result<CudaDecodeConfig> {
+    validate_for_decode(problem)?;
+    let head_dim = problem.shape.head_dim;
+    CudaDecodeConfig::new(
+        problem.dtype,
+        head_dim as u32,
+        default_decode_plan(head_dim),
+        problem.causal,
+        vec_bytes,
+    )
+}
+
+/// How a launch of `config` splits `problem`'s keys on a GPU of `sm_count` SMs: `forced` pieces
+/// (capped at one per 16 keys), or FlashAttention's wave-efficiency rule over the GPU's CTA slots
+/// (SMs × [`CudaDecodeConfig::blocks_per_sm`]).
+pub fn decode_split(
+    problem: &AttentionProblem,
+    config: &CudaDecodeConfig,
+    sm_count: u32,
+    forced: Option<u32>,
+) -> Result<DecodeSplit> {
+    if forced == Some(0) {
+        return invalid!("a decode split count of 0; ask for 1 to turn splitting off");
+    }
+    let unsplit = DecodeSplit::new(problem, DECODE_ROWS, 1);
+    let splits = forced.unwrap_or_else(|| {
+        split_count(
+            unsplit.workgroups(problem),
+            problem.shape.seq_kv as u64,
+            sm_count as u64 * config.blocks_per_sm() as u64,
+            DECODE_MIN_KEYS_PER_SPLIT,
+            DECODE_MAX_SPLITS,
+        )
+    });
+    let split = DecodeSplit::new(problem, DECODE_ROWS, splits);
+    config.geometry(problem, &split)?;
+    Ok(split)
+}
+
+impl DecodeParams {
+    /// Parameters for `problem` (validated) split as `split`, with buffers whose element 0 is at
+    /// `base_addresses` (`[q, k, v, o]`), an LSE buffer at `lse` (0 for none) and, with more than
+    /// one split, f32 scratch at `scratch` of [`DecodeSplit::partial_lens`] elements (partial O,
+    /// then partial LSE).
+    pub fn new(
+        problem: &AttentionProblem,
+        base_addresses: [u64; 4],
+        lse: u64,
+        scratch: u64,
+        split: &DecodeSplit,
+    ) -> Self {
+        let (o_len, _) = split.partial_lens(problem);
+        let split_out = split.splits > 1;
+        DecodeParams {
+            fwd: FwdParams::new(problem, base_addresses, lse),
+            part_o: if split_out { scratch } else { 0 },
+            part_lse: if split_out { scratch + 4 * o_len } else { 0 },
+            splits: split.splits as i32,
+            keys_per_split: split.keys_per_split as i32,
+            rows_per_kv_head: split.rows_per_kv_head as i32,
+            row_blocks: split.row_blocks as i32,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::problem::AttentionShape;
+
+    fn decode_problem(batch: usize, seq_q: usize, seq_kv: usize, head_dim: usize) -> AttentionProblem {
+        AttentionProblem::new(
+            AttentionShape {
+                batch,
+                seq_q,
+                seq_kv,
+                num_heads: 32,
+                num_kv_heads: 8,
+                head_dim,
+            },
+            DType::BF16,
+        )
+        .with_causal(true)
+    }
+
+    #[test]
+    fn plans_fit_registers_and_shared_memory_at_every_head_dim() {
+        for head_dim in (8..=256).step_by(8) {
+            for plan in decode_plans(head_dim) {
+                for vec in [16, 8] {
+                    let c = CudaDecodeConfig::new(DType::F16, head_dim as u32, plan, true, vec).unwrap();
+                    assert!(c.smem_bytes() <= 227 * 1024, "{}", c.name());
+                    assert!(c.register_estimate() <= 255, "{}", c.name());
+                    assert!(c.blocks_per_sm() >= DECODE_MIN_BLOCKS);
+                }
+            }
+            let d = default_decode_plan(head_dim);
+            // A step's K and V stay at 64 registers a lane or fewer.
+            assert!(
+                8 * rounds(head_dim as u32) * d.tiles <= 64 || d.tiles == 1,
+                "{head_dim}"
+            );
+        }
+        assert_eq!(default_decode_plan(128), CudaDecodePlan::new(4, 2));
+        assert_eq!(default_decode_plan(64), CudaDecodePlan::new(4, 4));
+        assert_eq!(default_decode_plan(256), CudaDecodePlan::new(4, 1));
+    }
+
+    #[test]
+    fn shapes_the_kernel_does_not_run_are_refused() {
+        let plan = default_decode_plan(128);
+        assert!(CudaDecodeConfig::new(DType::F32, 128, plan, false, 16).is_err());
+        assert!(CudaDecodeConfig::new(DType::BF16, 100, plan, false, 16).is_err());
+        assert!(CudaDecodeConfig::new(DType::BF16, 264, plan, false, 16).is_err());
+        assert!(CudaDecodeConfig::new(DType::BF16, 128, CudaDecodePlan::new(9, 1), false, 16).is_err());
+        assert!(CudaDecodeConfig::new(DType::BF16, 128, CudaDecodePlan::new(4, 0), false, 16).is_err());
+        assert!(CudaDecodeConfig::new(DType::BF16, 128, plan, false, 4).is_err());
+        // Every multiple of 8 up to 256 is built, unlike the prefill kernels.
+        let p = decode_problem(1, 1, 100, 72);
+        assert_eq!(select_cuda_decode(&p, 16).unwrap().head_dim, 72);
+    }
+
+    #[test]
+    fn names_and_defines_encode_the_config() {
+        let c = CudaDecodeConfig::new(DType::BF16, 128, CudaDecodePlan::new(4, 2), true, 8).unwrap();
+        assert_eq!(c.name(), "flash_decode_bf16_d128_w4_t2_causal_a8");
+        assert_eq!(c.combine_name(), "flash_decode_bf16_d128_w4_t2_causal_a8_combine");
+        let d = c.defines();
+        for want in [
+            "-DKERNEL_NAME=flash_decode_bf16_d128_w4_t2_causal_a8",
+            "-DCOMBINE_NAME=flash_decode_bf16_d128_w4_t2_causal_a8_combine",
+            "-DFA_HEAD_DIM=128",
+            "-DFA_TILES=2",
+            "-DFA_CAUSAL=1",
+            "-DFA_BF16=1",
+            "-DFA_VEC_BYTES=8",
+        ] {
+            assert!(d.contains(&want.to_string()), "{want} in {d:?}");
+        }
+        // Q: 16 rows of 5·64 bytes; merge: 4 warps × 16 rows × 129 floats + max and sum.
+        assert_eq!(c.smem_bytes(), (4 * 16 * 129 + 2 * 4 * 16) * 4);
+    }
+
+    #[test]
+    fn the_bar_shapes_fill_the_h200() {
+        let sms = 132;
+        // One sequence, 8 K/V heads, one row block: split until the CTAs fill the slots.
+        let p = decode_problem(1, 1, 32768, 128);
+        let c = select_cuda_decode(&p, 16).unwrap();
+        let split = decode_split(&p, &c, sms, None).unwrap();
+        let slots = sms as u64 * c.blocks_per_sm() as u64;
+        let ctas = split.workgroups(&p);
+        assert!(
+            split.splits > 8 && ctas <= slots && ctas * 10 >= slots * 8,
+            "{split:?} {ctas} of {slots}"
+        );
+        // Four new tokens × 4 query heads = 16 rows: still one row block.
+        let p4 = decode_problem(8, 4, 32768, 128);
+        let split4 = decode_split(&p4, &c, sms, None).unwrap();
+        assert_eq!((split4.rows_per_kv_head, split4.row_blocks), (16, 1));
+        // Forced splits are honoured (capped at one per 16 keys); 0 is refused.
+        assert_eq!(decode_split(&p, &c, sms, Some(7)).unwrap().splits, 7);
+        let short = decode_problem(1, 1, 17, 128);
+        assert_eq!(decode_split(&short, &c, sms, Some(100)).unwrap().splits, 2);
+        assert!(matches!(
+            decode_split(&p, &c, sms, Some(0)),
+            Err(Error::InvalidProblem(_))
+        ));
+        let g = c.geometry(&p, &split).unwrap();
+        assert_eq!(g.grid, (split.splits, 8, 1));
+        assert_eq!(g.block, (128, 1, 1));
+        assert_eq!(c.combine_geometry(&p4).unwrap().grid, (4, 32, 8));
+    }
+
+    #[test]
+    fn params_point_at_the_scratch_only_when_split() {
+        let p = decode_problem(2, 4, 1000, 128);
+        let bases = [0x1000, 0x2000, 0x3000, 0x4000];
+        let split = DecodeSplit::new(&p, DECODE_ROWS, 3);
+        let params = DecodeParams::new(&p, bases, 0x5000, 0x10_0000, &split);
+        let (o_len, lse_len) = split.partial_lens(&p);
+        assert_eq!(o_len, 2 * 32 * 4 * 3 * 128);
+        assert_eq!(lse_len, 2 * 32 * 4 * 3);
+        assert_eq!((params.part_o, params.part_lse), (0x10_0000, 0x10_0000 + 4 * o_len));
+        assert_eq!((params.splits, params.rows_per_kv_head, params.row_blocks), (3, 16, 1));
+        assert_eq!(params.fwd, FwdParams::new(&p, bases, 0x5000));
+        let one = DecodeParams::new(&p, bases, 0, 0x10_0000, &DecodeSplit::new(&p, DECODE_ROWS, 1));
+        assert_eq!((one.part_o, one.part_lse, one.splits), (0, 0, 1));
+    }
+}
