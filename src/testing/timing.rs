@@ -38,9 +38,15 @@ impl Timing {
     }
 }
 
-/// Runs `encode` `warmup` times untimed, then `runs` times timed (each in its own submission),
-/// and returns the median. `encode` records one compute pass and must pass the given timestamp
-/// writes to it (they are `None` when the device has no timestamps).
+/// Samples a timing takes at most: `runs` are spread over this many submissions.
+const SAMPLES: usize = 5;
+
+/// Runs `encode` `warmup` times untimed, then `runs` times timed, and returns the median of the
+/// samples. With timestamps, a sample is the mean of a submission of up to `runs / SAMPLES`
+/// runs back to back; without, each run is its own submission timed by the wall clock.
+/// `encode` records one compute pass and must pass the given timestamp writes to it (`None`
+/// when the device has no timestamps, or for the passes inside a sample).
+
 pub fn time_passes(
     ctx: &GpuContext,
     warmup: usize,
@@ -64,46 +70,44 @@ pub fn time_passes(
     let runs = runs.max(1);
     let mut samples = Vec::with_capacity(runs);
     if ctx.caps.timestamps {
-        // The runs go back to back in one submission, each pass between its own two timestamps,
-        // as an application submits them (and as PyTorch's CUDA-event loops time its kernels):
-        // waiting after every run would let the GPU idle and drop its clocks between runs, which
-        // distorts kernels of tens of microseconds (decode steps).
-        const RUNS_PER_SUBMIT: usize = 1024;
+        // Each sample is one submission of several runs back to back, as an application submits
+        // them (and as PyTorch's CUDA-event loops time its kernels), timed from the first pass's
+        // start to the last pass's end and divided by the runs: waiting after every run lets the
+        // GPU idle and drop its clocks, and a pass's own start timestamp may be taken while the
+        // previous pass still runs (a top-of-pipe write), so per-pass durations of short kernels
+        // back to back are unreliable. The span of one submission is neither.
+        let per_sample = runs.div_ceil(SAMPLES).max(1);
+        let query_set = device.create_query_set(&wgpu::QuerySetDescriptor {
+            label: Some("wgpu-flash-attn timer"),
+            ty: wgpu::QueryType::Timestamp,
+            count: 2,
+        });
+        let resolved = device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("wgpu-flash-attn timer"),
+            size: 16,
+            usage: wgpu::BufferUsages::QUERY_RESOLVE | wgpu::BufferUsages::COPY_SRC,
+            mapped_at_creation: false,
+        });
+        let period = queue.get_timestamp_period() as f64 * 1e-9;
         let mut left = runs;
         while left > 0 {
-            let batch = left.min(RUNS_PER_SUBMIT);
+            let batch = left.min(per_sample);
             left -= batch;
-            let queries = 2 * batch as u32;
-            let query_set = device.create_query_set(&wgpu::QuerySetDescriptor {
-                label: Some("wgpu-flash-attn timer"),
-                ty: wgpu::QueryType::Timestamp,
-                count: queries,
-            });
-            let resolved = device.create_buffer(&wgpu::BufferDescriptor {
-                label: Some("wgpu-flash-attn timer"),
-                size: 8 * queries as u64,
-                usage: wgpu::BufferUsages::QUERY_RESOLVE | wgpu::BufferUsages::COPY_SRC,
-                mapped_at_creation: false,
-            });
-            let period = queue.get_timestamp_period() as f64 * 1e-9;
             let mut encoder = device.create_command_encoder(&Default::default());
-            for run in 0..batch as u32 {
-                encode(
-                    &mut encoder,
-                    Some(wgpu::ComputePassTimestampWrites {
-                        query_set: &query_set,
-                        beginning_of_pass_write_index: Some(2 * run),
-                        end_of_pass_write_index: Some(2 * run + 1),
-                    }),
-                )?;
+            for run in 0..batch {
+                let (first, last) = (run == 0, run + 1 == batch);
+                let writes = (first || last).then(|| wgpu::ComputePassTimestampWrites {
+                    query_set: &query_set,
+                    beginning_of_pass_write_index: first.then_some(0),
+                    end_of_pass_write_index: last.then_some(1),
+                });
+                encode(&mut encoder, writes)?;
             }
-            encoder.resolve_query_set(&query_set, 0..queries, &resolved, 0);
+            encoder.resolve_query_set(&query_set, 0..2, &resolved, 0);
             queue.submit([encoder.finish()]);
-            let bytes = pollster::block_on(read_back(device, queue, &[(&resolved, 0, 8 * queries as u64)]))?;
+            let bytes = pollster::block_on(read_back(device, queue, &[(&resolved, 0, 16)]))?;
             let ticks: Vec<u64> = bytemuck::pod_collect_to_vec(&bytes[0]);
-            for pair in ticks.chunks_exact(2) {
-                samples.push(pair[1].saturating_sub(pair[0]) as f64 * period);
-            }
+            samples.push(ticks[1].saturating_sub(ticks[0]) as f64 * period / batch as f64);
         }
         Ok(Timing::from_samples(samples, Clock::GpuTimestamps))
     } else {
