@@ -18,6 +18,10 @@ use wgpu_flash_attn::{
     AttentionProblem, AttentionShape, DType, Element, FlashAttention, GpuContext, KernelChoice, Options,
 };
 
+/// Seconds of back-to-back runs before timing, and at least this long timed.
+const WARM_UP_S: f64 = 0.3;
+const TIMED_S: f64 = 0.1;
+
 struct Args {
     sweep: bool,
     dtype: DType,
@@ -147,7 +151,12 @@ fn run<T: Element>(ctx: &GpuContext, args: &Args, out: &mut Option<std::fs::File
                     };
                     let result = work.run(&engine, Kernel::Flash).and_then(|(o, lse)| {
                         let check = work.check_rows(&o, &lse, 64)?;
-                        let timing = work.time(&engine, Kernel::Flash, 5, args.runs)?;
+                        // A short kernel on an idle GPU runs at idle clocks: estimate the time,
+                        // keep the GPU busy for WARM_UP_S, then time at least TIMED_S of runs.
+                        let estimate = work.time(&engine, Kernel::Flash, 1, 5)?.median.max(1e-6);
+                        let warmup = ((WARM_UP_S / estimate) as usize).clamp(5, 20_000);
+                        let runs = args.runs.max((TIMED_S / estimate) as usize).min(20_000);
+                        let timing = work.time(&engine, Kernel::Flash, warmup, runs)?;
                         Ok((check, timing))
                     });
                     match result {

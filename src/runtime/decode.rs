@@ -1,7 +1,12 @@
 //! Recording the decode kernel: one dispatch over (pieces of the keys, K/V heads × row blocks,
 //! batch), and with more than one piece the combine dispatch over (query rows, heads, batch),
-//! in one compute pass. The partial results live in scratch buffers allocated per call and
-//! released with the command buffer.
+//! in one compute pass. The partial results live in scratch buffers the engine keeps between
+//! calls, grown to the largest call's need: a serving loop decodes thousands of times a second,
+//! and a buffer per call would cost an allocation and a zero-fill each. Sharing them between
+//! calls recorded back to back is safe: wgpu orders every use of a buffer written as storage
+//! with a barrier, within a command buffer and across submissions to the queue.
+
+use std::sync::Mutex;
 
 use wgpu::util::DeviceExt;
 
@@ -18,6 +23,42 @@ pub(crate) fn scratch_bytes(problem: &AttentionProblem, split: &DecodeSplit) -> 
     let (o_len, lse_len) = split.partial_lens(problem);
     let bytes = |name, len: u64| -> Result<u64> { byte_len(name, usize::try_from(len).unwrap_or(usize::MAX), 4) };
     Ok((bytes("o_partial", o_len)?, bytes("lse_partial", lse_len)?))
+}
+
+/// The decode kernel's partial outputs and LSEs, shared by an engine's calls.
+#[derive(Default)]
+pub(crate) struct DecodeScratch {
+    buffers: Mutex<Option<(wgpu::Buffer, wgpu::Buffer)>>,
+}
+
+impl DecodeScratch {
+    /// Buffers of at least `o_bytes` and `lse_bytes`, replacing smaller ones (in-flight work
+    /// keeps the old ones alive until it completes).
+    fn at_least(&self, device: &wgpu::Device, o_bytes: u64, lse_bytes: u64) -> (wgpu::Buffer, wgpu::Buffer) {
+        // A poisoned lock only means another call panicked between two assignments; the buffers
+        // are whole either way.
+        let mut held = self.buffers.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        if let Some((o, lse)) = held.as_ref() {
+            if o.size() >= o_bytes && lse.size() >= lse_bytes {
+                return (o.clone(), lse.clone());
+            }
+        }
+        let (old_o, old_lse) = held.as_ref().map_or((0, 0), |(o, l)| (o.size(), l.size()));
+        let create = |label, bytes: u64| {
+            device.create_buffer(&wgpu::BufferDescriptor {
+                label: Some(label),
+                size: bytes.max(16),
+                usage: wgpu::BufferUsages::STORAGE,
+                mapped_at_creation: false,
+            })
+        };
+        let fresh = (
+            create("decode o_partial", o_bytes.max(old_o)),
+            create("decode lse_partial", lse_bytes.max(old_lse)),
+        );
+        *held = Some(fresh.clone());
+        fresh
+    }
 }
 
 impl FlashAttention {
@@ -52,20 +93,11 @@ impl FlashAttention {
             }
         }
         // With one piece nothing is written there, but every binding needs a buffer.
-        let scratch = |label, bytes: u64| match bytes {
-            0 => None,
-            _ => Some(ctx.device.create_buffer(&wgpu::BufferDescriptor {
-                label: Some(label),
-                size: bytes,
-                usage: wgpu::BufferUsages::STORAGE,
-                mapped_at_creation: false,
-            })),
+        let (o_partial, lse_partial) = match split.splits {
+            1 => (self.unused_lse().clone(), self.unused_lse().clone()),
+            _ => self.decode_scratch().at_least(&ctx.device, o_bytes, lse_bytes),
         };
-        let o_partial = scratch("decode o_partial", o_bytes);
-        let lse_partial = scratch("decode lse_partial", lse_bytes);
-        let unused = self.unused_lse();
-        let o_partial = o_partial.as_ref().unwrap_or(unused);
-        let lse_partial = lse_partial.as_ref().unwrap_or(unused);
+        let (o_partial, lse_partial) = (&o_partial, &lse_partial);
 
         let strides = [bound[0].strides, bound[1].strides, bound[2].strides, bound[3].strides];
         let mut params = Params::for_flash(problem, strides, split.row_blocks, write_lse);

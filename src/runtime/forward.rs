@@ -79,6 +79,9 @@ pub struct FlashAttention {
     pipelines: PipelineCache,
     /// Bound in place of the LSE when the caller does not want it.
     unused_lse: wgpu::Buffer,
+    /// The decode kernel's partial results, kept between calls and grown to the largest need
+    /// (src/runtime/decode.rs).
+    decode_scratch: crate::runtime::decode::DecodeScratch,
 }
 
 /// How the naive baseline splits a problem: the score matrices of `heads_per_pass`
@@ -114,6 +117,7 @@ impl FlashAttention {
             options,
             pipelines: PipelineCache::new(ctx.device.clone(), options.bounds_checks),
             unused_lse,
+            decode_scratch: Default::default(),
         }
     }
 
@@ -135,6 +139,11 @@ impl FlashAttention {
     /// The 4-byte buffer bound in place of an LSE the caller does not want (src/runtime/merge.rs).
     pub(crate) fn unused_lse(&self) -> &wgpu::Buffer {
         &self.unused_lse
+    }
+
+    /// The decode kernel's reusable scratch (src/runtime/decode.rs).
+    pub(crate) fn decode_scratch(&self) -> &crate::runtime::decode::DecodeScratch {
+        &self.decode_scratch
     }
 
     /// Pipeline builds this engine has started (for tests that count them).

@@ -61,9 +61,13 @@ pub fn time_passes(
             .map(|_| ())
             .map_err(|e| Error::ReadBack(e.to_string()))
     };
-    for _ in 0..warmup {
+    // The warm-up runs back to back, without waiting in between: an idle GPU lowers its core
+    // and memory clocks, and only sustained work brings them back up.
+    if warmup > 0 {
         let mut encoder = device.create_command_encoder(&Default::default());
-        encode(&mut encoder, None)?;
+        for _ in 0..warmup {
+            encode(&mut encoder, None)?;
+        }
         queue.submit([encoder.finish()]);
         wait()?;
     }
