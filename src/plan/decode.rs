@@ -40,27 +40,14 @@ pub struct DecodePlan {
     pub workgroup_size: u32,
 }
 
-/// The plans the automatic choice picks from, by the lanes a key gets: 16 lanes of 8-byte granules
-/// read a 128-element f16 row in one coalesced 128-byte transaction per lane group.
+/// The plans the automatic choice tries in order (the first the device runs wins), by the lanes
+/// a key gets. The first is the best measured on the H200 at batch 8 (3.07 TB/s of K/V at 32
+/// query / 8 K/V heads, head_dim 128, 32,768 keys; BENCHMARKS.md); 4 lanes is for devices whose
+/// subgroups may be as small as 4.
 pub const DECODE_PLANS: [DecodePlan; 3] = [
-    DecodePlan {
-        lanes_per_key: 16,
-        rows: 8,
-        keys_per_step: 4,
-        workgroup_size: 128,
-    },
-    DecodePlan {
-        lanes_per_key: 8,
-        rows: 8,
-        keys_per_step: 4,
-        workgroup_size: 128,
-    },
-    DecodePlan {
-        lanes_per_key: 4,
-        rows: 4,
-        keys_per_step: 4,
-        workgroup_size: 64,
-    },
+    DecodePlan { lanes_per_key: 8, rows: 8, keys_per_step: 4, workgroup_size: 128 },
+    DecodePlan { lanes_per_key: 16, rows: 8, keys_per_step: 4, workgroup_size: 128 },
+    DecodePlan { lanes_per_key: 4, rows: 4, keys_per_step: 4, workgroup_size: 64 },
 ];
 
 impl DecodePlan {
