@@ -6,23 +6,17 @@
 use wgpu::util::DeviceExt;
 
 use crate::error::{Error, Result};
-use crate::gpu::binding::{byte_len, check_buffer_size, Bound};
+use crate::gpu::binding::{check_buffer_size, Bound};
 use crate::plan::{DecodeConfig, DecodeSplit};
 use crate::problem::AttentionProblem;
-use crate::runtime::forward::FlashAttention;
+use crate::runtime::forward::{scratch_bytes, FlashAttention};
 use crate::wgsl::params::Params;
 use crate::wgsl::KernelConfig;
-
-/// Bytes of the partial outputs and their LSEs a call allocates for `split` (0 with one piece).
-pub(crate) fn scratch_bytes(problem: &AttentionProblem, split: &DecodeSplit) -> Result<(u64, u64)> {
-    let (o_len, lse_len) = split.partial_lens(problem);
-    let bytes = |name, len: u64| -> Result<u64> { byte_len(name, usize::try_from(len).unwrap_or(usize::MAX), 4) };
-    Ok((bytes("o_partial", o_len)?, bytes("lse_partial", lse_len)?))
-}
 
 impl FlashAttention {
     /// Records the decode kernel (and the combine) for `problem` on the checked bindings `bound`
     /// (q, k, v, o, lse as `bind_forward` returns them).
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn encode_decode(
         &self,
         encoder: &mut wgpu::CommandEncoder,

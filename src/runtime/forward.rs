@@ -8,7 +8,7 @@ use crate::error::{Error, Result};
 use crate::gpu::binding::{bind, bind_f32, byte_len, check_buffer_size, check_disjoint, Bound, TensorBuffer};
 use crate::gpu::pipelines::PipelineCache;
 use crate::gpu::readback::{read_back_within, upload_queued, DEFAULT_READ_BACK_TIMEOUT};
-use crate::plan::{num_q_tiles, select_forward, BoundsChecks, ForwardKernel, KernelChoice};
+use crate::plan::{num_q_tiles, select_forward, BoundsChecks, DecodeSplit, ForwardKernel, KernelChoice};
 use crate::problem::{AttentionProblem, Element, Tensor};
 use crate::wgsl::params::Params;
 use crate::wgsl::{KernelConfig, NaivePass};
@@ -342,7 +342,7 @@ impl FlashAttention {
         let config = self.prepare(problem).await?;
         let scratch = match &config {
             ForwardKernel::Decode { split, .. } => {
-                let (o, lse) = crate::runtime::decode::scratch_bytes(problem, split)?;
+                let (o, lse) = scratch_bytes(problem, split)?;
                 o + lse
             }
             _ => 0,
@@ -631,4 +631,11 @@ impl FlashAttention {
     ) -> Result<AttentionOutput<T>> {
         pollster::block_on(self.naive_forward(problem, q, k, v))
     }
+}
+
+/// Bytes of the partial outputs and their LSEs a call allocates for `split` (0 with one piece).
+pub(crate) fn scratch_bytes(problem: &AttentionProblem, split: &DecodeSplit) -> Result<(u64, u64)> {
+    let (o_len, lse_len) = split.partial_lens(problem);
+    let bytes = |name, len: u64| -> Result<u64> { byte_len(name, usize::try_from(len).unwrap_or(usize::MAX), 4) };
+    Ok((bytes("o_partial", o_len)?, bytes("lse_partial", lse_len)?))
 }
