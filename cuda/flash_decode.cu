@@ -50,8 +50,26 @@
 // first (a huge scale cannot overflow into inf - inf), and a row has seen a key exactly when its
 // running max is finite, so any finite scale works, negative included.
 //
+// Tuning knobs (plan fields in src/cuda/plan/decode.rs, all in the config's name):
+// * FA_STAGES = 0: a warp loads a step's K and V into registers, then computes (nothing in flight
+//   while it computes). FA_STAGES = S >= 2: software pipelining through shared memory. Each warp
+//   owns a ring of S stages; before computing step i it issues step i + S - 1 with cp.async
+//   (16 bytes, .cg, zero-fill past the piece's end) into the stage step i - 1 used, so S - 1
+//   steps are always in flight. A lane copies exactly the chunks it later reads itself (layout
+//   [K/V][tile][round][lane] of 16 bytes: conflict-free), so cp.async.wait_group alone orders
+//   them: no __syncwarp, no barrier. The K and V registers are read from shared memory next to
+//   the MMA that uses them, so a step's K and V no longer occupy 8·ROUNDS·TILES registers: more
+//   CTAs per SM fit. The first S - 1 steps are issued before Q is loaded.
+// * FA_MIN_BLOCKS: __launch_bounds__' CTAs per SM (caps registers at 65536 / (THREADS·min)).
+// * FA_FUSED = 1: no combine launch. With more than one split every CTA writes its piece, then
+//   (fence, atomic add on a per-(sequence, K/V head, row block) counter in global memory) the
+//   last CTA of those rows merges all pieces and writes O and the LSE, and resets the counter to
+//   0 for the next launch. The counters (DecodeParams::counters) are zeroed once when the engine
+//   allocates them; every launch leaves them at 0.
+//
 // Compile-time parameters (-D, set by src/cuda/plan/decode.rs): FA_HEAD_DIM, FA_WARPS, FA_TILES,
-// FA_CAUSAL, FA_BF16, FA_VEC_BYTES (16 or 8), FA_MIN_BLOCKS, KERNEL_NAME, COMBINE_NAME.
+// FA_CAUSAL, FA_BF16, FA_VEC_BYTES (16 or 8), FA_MIN_BLOCKS, FA_STAGES, FA_FUSED, KERNEL_NAME,
+// COMBINE_NAME.
 #include "mma_ptx.cuh"
 #include "fwd_params.cuh"
 
@@ -68,6 +86,8 @@ constexpr int TILES = FA_TILES;
 constexpr bool CAUSAL = FA_CAUSAL != 0;
 constexpr bool IS_BF16 = FA_BF16 != 0;
 constexpr int VEC_BYTES = FA_VEC_BYTES;
+constexpr int STAGES = FA_STAGES;
+constexpr bool FUSED = FA_FUSED != 0;
 constexpr int THREADS = WARPS * 32;
 constexpr int ROWS = 16;                  // mma's M: packed query rows per CTA
 constexpr int CHUNKS = HEAD_DIM / 8;      // 16-byte chunks of a row
@@ -79,6 +99,10 @@ constexpr int Q_ROW_BYTES = (ROUNDS | 1) * 64;
 // A warp's O rows in f32 for the merge, one float more than the chunks: lanes (g, t) store row g,
 // float 8t + k, and an odd row stride spreads the 32 lanes over all banks.
 constexpr int O_ROW_FLOATS = ROUNDS * 32 + 1;
+constexpr int Q_BYTES = ROWS * Q_ROW_BYTES;
+// One pipeline stage of one warp: K then V, TILES key tiles, ROUNDS chunks, 32 lanes × 16 bytes.
+constexpr int KV_SLOT_BYTES = 32 * 16;
+constexpr int KV_STAGE_BYTES = 2 * TILES * ROUNDS * KV_SLOT_BYTES;
 constexpr float LN2 = 0.6931471805599453f;
 constexpr float LOG2E = 1.4426950408889634f;
 constexpr float F32_MAX = 3.402823466e38f;
@@ -88,6 +112,7 @@ static_assert(HEAD_DIM % 8 == 0 && HEAD_DIM >= 8 && HEAD_DIM <= 256, "head_dim: 
 static_assert(WARPS >= 1 && WARPS <= 8, "1 to 8 warps");
 static_assert(TILES >= 1 && TILES <= 4, "1 to 4 key tiles per step");
 static_assert(VEC_BYTES == 16 || VEC_BYTES == 8, "global rows are moved in 16- or 8-byte pieces");
+static_assert(STAGES == 0 || (STAGES >= 2 && STAGES <= 6), "0 (register loads) or 2 to 6 cp.async stages");
 
 // Mirrors `DecodeParams` in src/cuda/plan/params.rs (#[repr(C)], 192 bytes; both sides assert the
 // size): the forward parameters, then the split's scratch and sizes.
@@ -99,8 +124,9 @@ struct DecodeParams {
     int keys_per_split;
     int rows_per_kv_head;   // group_size · seq_q
     int row_blocks;         // ceil(rows_per_kv_head / ROWS)
+    unsigned* counters;     // FUSED: [batch, num_kv_heads · row_blocks], 0 between launches
 };
-static_assert(sizeof(DecodeParams) == 192, "DecodeParams must match the Rust mirror");
+static_assert(sizeof(DecodeParams) == 200, "DecodeParams must match the Rust mirror");
 
 // --- helpers only this kernel uses ----------------------------------------------------------
 
@@ -135,6 +161,25 @@ __device__ __forceinline__ void store_chunk(u16* p, const u32 r[4]) {
 __device__ __forceinline__ void ld_global_v4f(const float* p, float v[4]) {
     asm volatile("ld.global.v4.f32 {%0,%1,%2,%3}, [%4];\n" : "=f"(v[0]), "=f"(v[1]), "=f"(v[2]), "=f"(v[3]) : "l"(p));
 }
+// The pieces other CTAs of this launch wrote (fused combine): through L2, never a stale L1 line.
+__device__ __forceinline__ void ld_cg_v4f(const float* p, float v[4]) {
+    asm volatile("ld.global.cg.v4.f32 {%0,%1,%2,%3}, [%4];\n" : "=f"(v[0]), "=f"(v[1]), "=f"(v[2]), "=f"(v[3]) : "l"(p));
+}
+__device__ __forceinline__ float ld_cg_f(const float* p) {
+    float v;
+    asm volatile("ld.global.cg.f32 %0, [%1];\n" : "=f"(v) : "l"(p));
+    return v;
+}
+// __threadfence(): orders this thread's writes before its later ones for every thread of the GPU.
+__device__ __forceinline__ void fence_gpu() { asm volatile("membar.gl;\n" ::: "memory"); }
+__device__ __forceinline__ u32 atomic_add_u32(unsigned* p, u32 v) {
+    u32 old;
+    asm volatile("atom.global.add.u32 %0, [%1], %2;\n" : "=r"(old) : "l"(p), "r"(v) : "memory");
+    return old;
+}
+__device__ __forceinline__ void st_global_u32(unsigned* p, u32 v) {
+    asm volatile("st.global.u32 [%0], %1;\n" ::"l"(p), "r"(v) : "memory");
+}
 __device__ __forceinline__ void st_shared_v4(u32 addr, const u32 v[4]) {
     asm volatile("st.shared.v4.u32 [%0], {%1,%2,%3,%4};\n" ::"r"(addr), "r"(v[0]), "r"(v[1]), "r"(v[2]), "r"(v[3])
                  : "memory");
@@ -158,6 +203,40 @@ __device__ __forceinline__ void mma_1688(float c[4], u32 a0, u32 a1, u32 b0) {
         asm volatile("mma.sync.aligned.m16n8k8.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5}, {%6}, {%0,%1,%2,%3};\n"
                      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
                      : "r"(a0), "r"(a1), "r"(b0));
+    }
+}
+
+// Pipelined path: lane `lane` copies its chunks of step `n` (keys n + 8·tile + g, chunks 4j + t)
+// into the stage at `stage` (a 32-bit shared address), zeros for keys at or past `n_end` and
+// chunks past head_dim. A step wholly past the end copies nothing (the caller still commits its
+// empty group, so that wait_group counts stay uniform).
+__device__ __forceinline__ void issue_step(u32 stage, const u16* k_base, const u16* v_base, i64 k_stride, i64 v_stride,
+                                           int n, int n_end, int g, int t, int lane) {
+    if (n >= n_end) return;
+#pragma unroll
+    for (int tl = 0; tl < TILES; ++tl) {
+        const int key = n + tl * 8 + g;
+        const bool key_ok = key < n_end;
+        const i64 row = key_ok ? key : n;  // any valid row: src-size 0 reads nothing
+        const u16* kp = k_base + row * k_stride;
+        const u16* vp = v_base + row * v_stride;
+#pragma unroll
+        for (int j = 0; j < ROUNDS; ++j) {
+            const int c = 4 * j + t;
+            const bool ok = key_ok && c < CHUNKS;
+            const int cc = c < CHUNKS ? c : 0;
+            const u32 dk = stage + (u32)(((0 * TILES + tl) * ROUNDS + j) * KV_SLOT_BYTES + lane * 16);
+            const u32 dv = stage + (u32)(((1 * TILES + tl) * ROUNDS + j) * KV_SLOT_BYTES + lane * 16);
+            if (VEC_BYTES == 16) {
+                cp_async_16(dk, kp + cc * 8, ok);
+                cp_async_16(dv, vp + cc * 8, ok);
+            } else {
+                cp_async_8(dk, kp + cc * 8, ok);
+                cp_async_8(dk + 8, kp + cc * 8 + 4, ok);
+                cp_async_8(dv, vp + cc * 8, ok);
+                cp_async_8(dv + 8, vp + cc * 8 + 4, ok);
+            }
+        }
     }
 }
 
@@ -197,8 +276,22 @@ extern "C" __global__ void __launch_bounds__(THREADS, FA_MIN_BLOCKS) KERNEL_NAME
     const int n_begin = (int)key_begin;
     const int n_end = key_limit > key_begin ? (int)key_limit : n_begin;
 
-    // Q rows into shared memory, zero for rows the problem lacks and chunks past head_dim.
+    const u16* k_base = p.k + batch * p.k_batch_stride + kv_head * p.k_head_stride;
+    const u16* v_base = p.v + batch * p.v_batch_stride + kv_head * p.v_head_stride;
     const u32 s_q = smem_addr(smem);
+    // Pipelined: this warp's ring of STAGES stages after Q; its first STAGES - 1 steps go out
+    // before Q is even loaded.
+    const u32 ring = s_q + (u32)Q_BYTES + (u32)(warp * STAGES * KV_STAGE_BYTES);
+    if constexpr (STAGES > 0) {
+#pragma unroll
+        for (int st = 0; st < STAGES - 1; ++st) {
+            issue_step(ring + (u32)(st * KV_STAGE_BYTES), k_base, v_base, p.k_seq_stride, p.v_seq_stride,
+                       n_begin + warp * STEP + st * WARPS * STEP, n_end, g, t, lane);
+            cp_async_commit();
+        }
+    }
+
+    // Q rows into shared memory, zero for rows the problem lacks and chunks past head_dim.
     for (int i = tid; i < ROWS * ROUNDS * 4; i += THREADS) {
         const int r = i / (ROUNDS * 4);
         const int c = i % (ROUNDS * 4);
@@ -213,8 +306,6 @@ extern "C" __global__ void __launch_bounds__(THREADS, FA_MIN_BLOCKS) KERNEL_NAME
     }
     __syncthreads();
 
-    const u16* k_base = p.k + batch * p.k_batch_stride + kv_head * p.k_head_stride;
-    const u16* v_base = p.v + batch * p.v_batch_stride + kv_head * p.v_head_stride;
     const int tok_lo = (row0 + g) % p.seq_q;  // token of row g (rows past the problem's: unused)
     const int tok_hi = (row0 + g + 8) % p.seq_q;
 
@@ -227,12 +318,26 @@ extern "C" __global__ void __launch_bounds__(THREADS, FA_MIN_BLOCKS) KERNEL_NAME
     float row_max[2] = {NEG_INF, NEG_INF};  // running max of the log2-scaled scores, rows g, g + 8
     float row_sum[2] = {0.f, 0.f};          // this lane's part of the running sum
 
+    int read_stage = 0;                // pipelined: the stage of step n0
+    int write_stage = STAGES - 1;      // pipelined: the stage step n0 + (STAGES - 1) goes to
     for (int n0 = n_begin + warp * STEP; n0 < n_end; n0 += WARPS * STEP) {
-        // Every load of the step first: K and V row (n0 + 8·tile + g), chunks 4j + t.
+        // Register path: every load of the step first, K and V row (n0 + 8·tile + g), chunks
+        // 4j + t. Pipelined path: issue step n0 + STAGES - 1 into the stage step n0 - 1 used
+        // (read into registers and consumed by the MMAs last iteration), then wait for step n0.
         u32 kr[TILES][ROUNDS][4];
         u32 vr[TILES][ROUNDS][4];
+        u32 stage = 0;
+        if constexpr (STAGES > 0) {
+            issue_step(ring + (u32)(write_stage * KV_STAGE_BYTES), k_base, v_base, p.k_seq_stride, p.v_seq_stride,
+                       n0 + (STAGES - 1) * WARPS * STEP, n_end, g, t, lane);
+            cp_async_commit();
+            cp_async_wait<STAGES - 1>();
+            stage = ring + (u32)(read_stage * KV_STAGE_BYTES);
+            read_stage = read_stage + 1 == STAGES ? 0 : read_stage + 1;
+            write_stage = write_stage + 1 == STAGES ? 0 : write_stage + 1;
+        }
 #pragma unroll
-        for (int tl = 0; tl < TILES; ++tl) {
+        for (int tl = 0; tl < TILES && STAGES == 0; ++tl) {
             const int key = n0 + tl * 8 + g;
             const u16* kp = k_base + (i64)key * p.k_seq_stride;
             const u16* vp = v_base + (i64)key * p.v_seq_stride;
@@ -263,6 +368,8 @@ extern "C" __global__ void __launch_bounds__(THREADS, FA_MIN_BLOCKS) KERNEL_NAME
             const u32 a_hi[4] = {qa[2], qb[2], qa[3], qb[3]};
 #pragma unroll
             for (int tl = 0; tl < TILES; ++tl) {
+                if constexpr (STAGES > 0)
+                    ld_shared_v4(stage + (u32)(((0 * TILES + tl) * ROUNDS + j) * KV_SLOT_BYTES + lane * 16), kr[tl][j]);
                 mma_16816<IS_BF16>(s[tl], a_lo, kr[tl][j][0], kr[tl][j][1]);
                 mma_16816<IS_BF16>(s[tl], a_hi, kr[tl][j][2], kr[tl][j][3]);
             }
@@ -321,11 +428,16 @@ extern "C" __global__ void __launch_bounds__(THREADS, FA_MIN_BLOCKS) KERNEL_NAME
             const u32 p_lo = pack2<IS_BF16>(s[tl][0], s[tl][1]);
             const u32 p_hi = pack2<IS_BF16>(s[tl][2], s[tl][3]);
 #pragma unroll
-            for (int j = 0; j < ROUNDS; ++j)
+            for (int j = 0; j < ROUNDS; ++j) {
+                if constexpr (STAGES > 0)
+                    ld_shared_v4(stage + (u32)(((1 * TILES + tl) * ROUNDS + j) * KV_SLOT_BYTES + lane * 16), vr[tl][j]);
 #pragma unroll
                 for (int i = 0; i < 4; ++i) mma_1688<IS_BF16>(o[j][i], p_lo, p_hi, movmatrix_trans(vr[tl][j][i]));
+            }
         }
     }
+    // Every step issued was consumed; no copy may still be landing where the merge writes.
+    if constexpr (STAGES > 0) cp_async_wait<0>();
 
     // Merge the warps. Each lane's sums cover its columns: add the quad's.
 #pragma unroll
@@ -394,6 +506,62 @@ extern "C" __global__ void __launch_bounds__(THREADS, FA_MIN_BLOCKS) KERNEL_NAME
 #pragma unroll
             for (int k = 0; k < 8; ++k) dst[k] = acc[k] * inv;
             if (c == 0) dp.part_lse[piece] = lse;
+        }
+    }
+
+    // Fused combine: the last CTA of these rows to finish merges every piece. Each thread's
+    // piece writes are fenced before the barrier, the barrier before the count, so that the CTA
+    // that counts last sees every piece; it fences again before reading them (through L2).
+    if constexpr (FUSED) {
+        if (dp.splits == 1) return;
+        __shared__ int s_last;
+        fence_gpu();
+        __syncthreads();
+        if (tid == 0) {
+            unsigned* counter = dp.counters + ((i64)blockIdx.z * gridDim.y + blockIdx.y);
+            const u32 before = atomic_add_u32(counter, 1u);
+            const bool last = before == (u32)dp.splits - 1;
+            // Nobody else touches the counter again in this launch: back to 0 for the next one.
+            if (last) st_global_u32(counter, 0u);
+            s_last = last ? 1 : 0;
+        }
+        __syncthreads();
+        if (s_last == 0) return;
+        fence_gpu();
+        for (int item = tid; item < rows_here * CHUNKS; item += THREADS) {
+            const int r = item / CHUNKS;
+            const int c = item % CHUNKS;
+            const int pr = row0 + r;
+            const int head = row_head(p, kv_head, pr);
+            const int tok = pr % p.seq_q;
+            const i64 first = (((i64)batch * p.num_heads + head) * p.seq_q + tok) * dp.splits;
+            const float* lse = dp.part_lse + first;
+            float mx = NEG_INF;
+#pragma unroll 8
+            for (int sp = 0; sp < dp.splits; ++sp) mx = fmaxf(mx, ld_cg_f(lse + sp));
+            const float m_use = mx == NEG_INF ? 0.f : mx;
+            float sum = 0.f;
+            float acc[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+#pragma unroll 8
+            for (int sp = 0; sp < dp.splits; ++sp) {
+                const float w = ex2((ld_cg_f(lse + sp) - m_use) * LOG2E);  // an empty piece: 0
+                sum += w;
+                float v[8];
+                const float* src = dp.part_o + (first + sp) * HEAD_DIM + c * 8;
+                ld_cg_v4f(src, v);
+                ld_cg_v4f(src + 4, v + 4);
+#pragma unroll
+                for (int k = 0; k < 8; ++k) acc[k] += w * v[k];
+            }
+            const float inv = sum > 0.f ? 1.f / sum : 0.f;
+            u32 packed[4];
+#pragma unroll
+            for (int k = 0; k < 4; ++k) packed[k] = pack2<IS_BF16>(acc[2 * k] * inv, acc[2 * k + 1] * inv);
+            store_chunk(p.o + batch * p.o_batch_stride + head * p.o_head_stride + (i64)tok * p.o_seq_stride + c * 8,
+                        packed);
+            if (c == 0 && p.lse != nullptr) {
+                p.lse[((i64)batch * p.num_heads + head) * p.seq_q + tok] = sum > 0.f ? mx + logf(sum) : NEG_INF;
+            }
         }
     }
 }

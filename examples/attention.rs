@@ -193,6 +193,16 @@ fn run<T: Element>(args: &Args) -> wgpu_flash_attn::Result<bool> {
                     if c.double_buffer { "+db" } else { "" }
                 ),
             ),
+            ForwardKernel::Decode { config, split } => {
+                let p = config.plan;
+                (
+                    "decode".to_string(),
+                    format!(
+                        "l{}r{}u{}wg{}s{}",
+                        p.lanes_per_key, p.rows, p.keys_per_step, p.workgroup_size, split.splits
+                    ),
+                )
+            }
         };
         let line = format!(
             "{{\"adapter\":\"{}\",\"kernel\":\"{}\",\"variant\":\"{}\",\"plan\":\"{}\",\"bounds\":\"{}\",\"dtype\":\"{}\",\"batch\":{},\"heads\":{},\"kv_heads\":{},\"seq_q\":{},\"seq_kv\":{},\"head_dim\":{},\"causal\":{},\"flash_ms\":{:.4},\"flash_tflops\":{:.3},\"naive_ms\":{},\"rel_l2\":{:.3e},\"pass\":{}}}\n",

@@ -21,8 +21,11 @@
 //! new token and with 4 (speculative decoding, causal); each is checked against the float64
 //! reference first, then timed (CUDA events around decode + combine, median of `--reps` after
 //! warm-up) and reported as TB/s of K and V read. `--decode-splits 8,16,32` adds runs with those
-//! forced split counts; `--decode-sweep` adds every decode plan (warps, key tiles per step) at
-//! the default split; `--decode-baseline` adds the prefill `mma.sync` kernel on each shape.
+//! forced split counts; `--decode-sweep` times every plan of `decode_plans` (warps, key tiles,
+//! cp.async stages, min_blocks, fused combine) at the rule's split, at 2 and 4 full waves of the
+//! plan's occupancy and at each `--decode-splits` count, with each kernel's CTAs/SM, registers
+//! and local memory, and ends with the best correct run per shape (the reference rows are
+//! computed once per shape); `--decode-baseline` adds the prefill `mma.sync` kernel.
 //!
 //! ```text
 //! cargo run --release --features cuda,internals --example cuda_attention -- --decode --reps 200
@@ -33,7 +36,7 @@ use std::io::Write;
 use half::bf16;
 use wgpu_flash_attn::cuda::cudarc::driver::sys::CUevent_flags;
 use wgpu_flash_attn::cuda::cudarc::driver::CudaSlice;
-use wgpu_flash_attn::cuda::plan::{decode_plans, decode_split, mma_plans, select_mma, wgmma_plans};
+use wgpu_flash_attn::cuda::plan::{decode_plans, mma_plans, select_mma, splits_for_waves, wgmma_plans, CudaDecodePlan};
 use wgpu_flash_attn::cuda::{CudaAttention, CudaDevice, CudaKernelConfig, CudaOptions, CudaPlan, DeviceTensors};
 use wgpu_flash_attn::testing::{random_tensor, ErrorStats};
 use wgpu_flash_attn::{reference, AttentionProblem, AttentionShape, DType, Result, Tensor};
@@ -257,34 +260,90 @@ fn decode_bench(args: &Args, device: CudaDevice) -> Result<()> {
     let mut d_lse = stream.alloc_zeros::<f32>(lse_len)?;
     eprintln!("inputs ready in {:.1} s", t0.elapsed().as_secs_f64());
     let sm_count = device.sm_count();
-    let mut engines = vec![(None, CudaAttention::new(device.clone()))];
-    for &s in &args.decode_splits {
+    // One engine per forced split count (None: the rule), made when first needed.
+    let mut engines: Vec<(Option<u32>, CudaAttention)> = vec![(None, CudaAttention::new(device.clone()))];
+    let engine_for = |engines: &mut Vec<(Option<u32>, CudaAttention)>, splits: Option<u32>| -> usize {
+        if let Some(i) = engines.iter().position(|(s, _)| *s == splits) {
+            return i;
+        }
         let options = CudaOptions {
-            decode_splits: Some(s),
+            decode_splits: splits,
             ..CudaOptions::default()
         };
-        engines.push((Some(s), CudaAttention::with_options(device.clone(), options)));
-    }
-    println!("| batch | new tokens | keys | kernel | splits | µs | TB/s K+V | check |");
-    println!("|---|---|---|---|---|---|---|---|");
+        engines.push((splits, CudaAttention::with_options(device.clone(), options)));
+        engines.len() - 1
+    };
+    println!("| batch | new tokens | keys | kernel | splits | CTAs/SM | regs | local | µs | TB/s K+V | check |");
+    println!("|---|---|---|---|---|---|---|---|---|---|---|");
+    let sweep_start = std::time::Instant::now();
+    let mut best: Vec<String> = Vec::new();
     for p in &problems {
         let s = p.shape;
         let kv_bytes = 2.0 * (s.batch * s.seq_kv * s.num_kv_heads * s.head_dim * 2) as f64;
-        let mut runs: Vec<(String, &CudaAttention, Option<CudaPlan>)> =
-            engines.iter().map(|(_, e)| (String::new(), e, None)).collect();
-        if args.decode_sweep {
-            for plan in decode_plans(s.head_dim) {
-                runs.push(("plan ".into(), &engines[0].1, Some(CudaPlan::Decode(plan))));
+        // The float64 reference of the rows checked, once per shape: every head of the first
+        // and last sequence in steps of 3, every new token.
+        let mut batches = vec![0, s.batch - 1];
+        batches.dedup();
+        let mut want: Vec<(usize, f64)> = Vec::new();
+        for &b in &batches {
+            for h in (0..s.num_heads).step_by(3) {
+                for i in 0..s.seq_q {
+                    let r = reference::attention_row(p, &q, &k, &v, b, h, i)?;
+                    for (d, w) in r.out.iter().enumerate() {
+                        want.push((p.o_layout.index(b, i, h, d), *w));
+                    }
+                }
+            }
+        }
+        // (label, forced splits, plan): the default (rule's split); with --decode-sweep every
+        // plan of the table at the rule's split, at 2 and 4 full waves of its occupancy, and at
+        // each --decode-splits count; without it, the default plan at those counts.
+        let mut runs: Vec<(String, Option<u32>, Option<CudaPlan>)> = vec![(String::new(), None, None)];
+        let plans: Vec<CudaDecodePlan> = if args.decode_sweep {
+            decode_plans(s.head_dim)
+        } else {
+            Vec::new()
+        };
+        for &forced in &args.decode_splits {
+            if !args.decode_sweep {
+                runs.push((String::new(), Some(forced), None));
+            }
+        }
+        for plan in plans {
+            let config = CudaKernelConfig::for_problem(p, CudaPlan::Decode(plan), 16)?;
+            let occupancy = match engines[0].1.prepare(&config) {
+                Ok(info) => info.blocks_per_sm,
+                Err(e) => {
+                    println!(
+                        "| {} | {} | {} | plan {} | - | - | - | - | - | - | ERROR {e} |",
+                        s.batch,
+                        s.seq_q,
+                        s.seq_kv,
+                        plan.tag()
+                    );
+                    continue;
+                }
+            };
+            let mut counts: Vec<Option<u32>> = vec![None];
+            for waves in [2, 4] {
+                counts.push(Some(splits_for_waves(p, sm_count, occupancy, waves)));
+            }
+            counts.extend(args.decode_splits.iter().map(|&x| Some(x)));
+            let mut seen = Vec::new();
+            for c in counts {
+                if !seen.contains(&c) {
+                    seen.push(c);
+                    runs.push(("plan ".into(), c, Some(CudaPlan::Decode(plan))));
+                }
             }
         }
         if args.decode_baseline {
-            runs.push((
-                "prefill ".into(),
-                &engines[0].1,
-                Some(CudaPlan::Mma(select_mma(p, 16)?.plan)),
-            ));
+            runs.push(("prefill ".into(), None, Some(CudaPlan::Mma(select_mma(p, 16)?.plan))));
         }
-        for (tag, engine, plan) in runs {
+        let mut shape_best: Option<(f64, String)> = None;
+        for (tag, forced, plan) in runs {
+            let ei = engine_for(&mut engines, forced);
+            let engine = &engines[ei].1;
             let launch = |o: &mut CudaSlice<u16>, lse: &mut CudaSlice<f32>| -> Result<String> {
                 let t = DeviceTensors {
                     q: &dq,
@@ -299,44 +358,61 @@ fn decode_bench(args: &Args, device: CudaDevice) -> Result<()> {
                 };
                 Ok(config.name())
             };
-            // Check first: poisoned O, one launch, every head of the first and last sequence.
+            // Check first: poisoned O, one launch, against the reference rows.
             stream.memcpy_htod(&vec![0x7fc0u16; q_len], &mut d_o)?;
-            let kernel = launch(&mut d_o, &mut d_lse)?;
+            let kernel = match launch(&mut d_o, &mut d_lse) {
+                Ok(k) => k,
+                Err(e) => {
+                    println!(
+                        "| {} | {} | {} | {tag}{plan:?} | {forced:?} | - | - | - | - | - | ERROR {e} |",
+                        s.batch, s.seq_q, s.seq_kv
+                    );
+                    continue;
+                }
+            };
             let o_bits: Vec<u16> = stream.clone_dtoh(&d_o)?;
             let out: &[bf16] = bytemuck::cast_slice(&o_bits);
-            let mut pairs = Vec::new();
-            for b in [0, s.batch - 1] {
-                for h in (0..s.num_heads).step_by(3) {
-                    for i in 0..s.seq_q {
-                        let want = reference::attention_row(p, &q, &k, &v, b, h, i)?;
-                        for (d, w) in want.out.iter().enumerate() {
-                            pairs.push((out[p.o_layout.index(b, i, h, d)].to_f64(), *w));
-                        }
-                    }
-                }
-            }
-            let check = ErrorStats::from_pairs(pairs);
+            let check = ErrorStats::from_pairs(want.iter().map(|&(i, w)| (out[i].to_f64(), w)));
+            let ok = check.within(1e-2, 5e-2);
             let ms = median_ms(&device, args.reps, || launch(&mut d_o, &mut d_lse).map(|_| ()))?;
             let config = match plan {
                 Some(plan) => CudaKernelConfig::for_problem(p, plan, 16)?,
                 None => engine.config_for(p, 16)?,
             };
+            let info = engine.prepare(&config)?;
             let splits = match config {
-                CudaKernelConfig::Decode(c) => decode_split(p, &c, sm_count, engine.options().decode_splits)?
-                    .splits
-                    .to_string(),
+                CudaKernelConfig::Decode(c) => engine.decode_split_for(p, &c)?.splits.to_string(),
                 _ => "-".into(),
             };
-            println!(
-                "| {} | {} | {} | {tag}{kernel} | {splits} | {:.1} | {:.2} | {} {check} |",
+            let tbs = kv_bytes / (ms * 1e-3) / 1e12;
+            let line = format!(
+                "| {} | {} | {} | {tag}{kernel} | {splits}{} | {} | {} | {} | {:.1} | {:.2} | {} {check} |",
                 s.batch,
                 s.seq_q,
                 s.seq_kv,
+                if forced.is_some() { " (forced)" } else { "" },
+                info.blocks_per_sm,
+                info.num_regs,
+                info.local_bytes,
                 ms * 1e3,
-                kv_bytes / (ms * 1e-3) / 1e12,
-                if check.within(1e-2, 5e-2) { "ok" } else { "WRONG" },
+                tbs,
+                if ok { "ok" } else { "WRONG" },
             );
+            println!("{line}");
+            if ok && shape_best.as_ref().is_none_or(|(b, _)| tbs > *b) {
+                shape_best = Some((tbs, line));
+            }
         }
+        if let Some((_, line)) = shape_best {
+            best.push(line);
+        }
+    }
+    eprintln!("decode runs took {:.1} s", sweep_start.elapsed().as_secs_f64());
+    println!("\nBest correct run per shape:\n");
+    println!("| batch | new tokens | keys | kernel | splits | CTAs/SM | regs | local | µs | TB/s K+V | check |");
+    println!("|---|---|---|---|---|---|---|---|---|---|---|");
+    for line in best {
+        println!("{line}");
     }
     Ok(())
 }

@@ -598,16 +598,58 @@ fn decode_problems_run_the_decode_kernel_by_default() {
     assert!(matches!(zero.forward(&p, &q, &k, &v), Err(Error::InvalidProblem(_))));
 }
 
-/// Every decode plan of the sweep, at the benchmark's head_dim and a ragged one.
+/// Every decode plan of the sweep (each knob: cp.async stages, min_blocks, fused combine, warps,
+/// tiles) at the benchmark's head_dim, a ragged one and 256, on cases that reach each path: the
+/// automatic split (fused or not), one piece (no combine), forced pieces with empty ones (more
+/// tokens than keys, causal), a piece's end mid-step (17 keys), 8-byte aligned rows (the
+/// cp.async 8-byte path), many pieces, several row blocks, a negative scale. bf16 and causal
+/// throughout, so that each plan compiles twice per head_dim (16- and 8-byte access);
+/// `decode_matches_the_reference` covers f16 and non-causal on the default plan. One engine per forced split count runs
+/// every case back to back, so a fused plan's counters must be back at 0 after each launch.
 #[cfg(feature = "internals")]
 #[test]
 fn every_decode_plan_is_correct() {
-    let Some(engine) = engine() else { return };
-    for head_dim in [128, 72] {
+    use DType::BF16;
+    use Strides::*;
+    let Some(base) = engine() else { return };
+    type Case = (&'static str, fn(usize) -> AttentionProblem, Option<u32>);
+    let cases: Vec<Case> = vec![
+        ("auto", |d| problem(BF16, 2, 8, 2, 4, 1000, d, true, Bshd), None),
+        ("one_piece", |d| problem(BF16, 1, 8, 2, 1, 1000, d, true, Bshd), Some(1)),
+        (
+            "empty_pieces",
+            |d| problem(BF16, 2, 4, 1, 16, 15, d, true, Bshd),
+            Some(2),
+        ),
+        ("keys17_a8", |d| problem(BF16, 1, 4, 1, 1, 17, d, true, Pad4), Some(2)),
+        (
+            "many_pieces_bhsd",
+            |d| problem(BF16, 3, 8, 1, 2, 5000, d, true, Bhsd),
+            Some(64),
+        ),
+        (
+            "rows64",
+            |d| problem(BF16, 1, 8, 2, 16, 1000, d, true, Bshd).with_scale(-0.3),
+            Some(7),
+        ),
+        ("auto_again", |d| problem(BF16, 1, 32, 8, 1, 3000, d, true, Bshd), None),
+    ];
+    let mut engines: Vec<(Option<u32>, CudaAttention)> = Vec::new();
+    for head_dim in [128, 72, 256] {
         for plan in decode_plans(head_dim) {
-            let p = problem(DType::BF16, 2, 8, 2, 4, 1000, head_dim, true, Strides::Bshd);
-            let label = format!("decode_plan_w{}_t{}_d{head_dim}", plan.warps, plan.tiles);
-            run_any(engine, &p, &label, Some(plan.into()));
+            for (name, make, splits) in &cases {
+                if !engines.iter().any(|(s, _)| s == splits) {
+                    let options = CudaOptions {
+                        decode_splits: *splits,
+                        ..CudaOptions::default()
+                    };
+                    engines.push((*splits, CudaAttention::with_options(base.device().clone(), options)));
+                }
+                let engine = &engines.iter().find(|(s, _)| s == splits).unwrap().1;
+                let p = make(head_dim);
+                let label = format!("decode_plan_{}_d{head_dim}_{name}", plan.tag());
+                run_any(engine, &p, &label, Some(plan.into()));
+            }
         }
     }
 }

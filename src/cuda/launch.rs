@@ -13,13 +13,13 @@ use super::kernel_map::OnceMap;
 use super::nvrtc::{load_or_compile, resource_report, CompileJob};
 use super::plan::tensor_map::tensor_map_spec;
 use super::plan::{
-    decode_split, select_cuda, validate_for_cuda, validate_for_decode, vec_bytes_for, wgmma_unavailable,
-    CudaDecodeConfig, CudaKernelConfig, CudaPlan, CudaSelection, DecodeParams, FwdParams, LaunchGeometry,
-    DECODE_BY_DEFAULT,
+    decode_counters_len, decode_split, select_cuda, validate_for_cuda, validate_for_decode, vec_bytes_for,
+    wgmma_unavailable, CudaDecodeConfig, CudaKernelConfig, CudaPlan, CudaSelection, DecodeParams, FwdParams,
+    LaunchGeometry, DECODE_BY_DEFAULT,
 };
 use super::tma;
 use crate::error::{Error, Result};
-use crate::plan::decode::prefers_decode;
+use crate::plan::decode::{prefers_decode, DecodeSplit};
 use crate::problem::{AttentionProblem, Element, Tensor};
 use crate::runtime::forward::AttentionOutput;
 
@@ -69,6 +69,10 @@ pub struct KernelInfo {
     pub num_regs: i32,
     /// Local memory per thread: non-zero means spills or a stack array, both slow.
     pub local_bytes: i32,
+    /// CTAs of this kernel one SM runs at once at its block size and shared memory
+    /// (`cuOccupancyMaxActiveBlocksPerMultiprocessor`); the decode split rule counts slots with
+    /// it. 0 when the driver did not say.
+    pub blocks_per_sm: u32,
     /// Whether NVRTC compiled the binary in this process (and how long it took) or it was read
     /// from the disk cache.
     pub origin: Origin,
@@ -110,9 +114,19 @@ pub struct CudaAttention {
     device: CudaDevice,
     options: CudaOptions,
     kernels: OnceMap<CudaKernelConfig, LoadedKernel>,
-    /// The decode kernel's partial outputs and LSEs (f32), grown to the largest split launched.
-    /// Launches use it in stream order on the engine's one stream, so one buffer serves all.
-    decode_scratch: Mutex<Option<CudaSlice<f32>>>,
+    /// The decode kernel's partial outputs and LSEs, and the fused combine's counters.
+    decode_scratch: Mutex<DecodeScratch>,
+}
+
+/// Buffers the decode launches reuse, grown to the largest launched. Launches use them in stream
+/// order on the engine's one stream, so one of each serves all.
+#[derive(Default)]
+struct DecodeScratch {
+    /// Partial outputs and LSEs (f32), written before they are read in every launch.
+    partial: Option<CudaSlice<f32>>,
+    /// The fused plans' counters, one per (sequence, K/V head, row block): zeroed when allocated,
+    /// and every launch leaves them at 0 (the last CTA of each row block resets its own).
+    counters: Option<CudaSlice<u32>>,
 }
 
 impl CudaAttention {
@@ -127,7 +141,7 @@ impl CudaAttention {
             device,
             options,
             kernels: OnceMap::default(),
-            decode_scratch: Mutex::new(None),
+            decode_scratch: Mutex::new(DecodeScratch::default()),
         }
     }
 
@@ -218,10 +232,19 @@ impl CudaAttention {
             CUfunction_attribute::CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT,
             100,
         )?;
+        // Occupancy at the launch's block size and shared memory; 0 (estimate instead) when the
+        // driver does not answer.
+        let blocks_per_sm = match config {
+            CudaKernelConfig::Decode(c) => function
+                .occupancy_max_active_blocks_per_multiprocessor(c.plan.threads(), smem as usize, None)
+                .unwrap_or(0),
+            _ => 0,
+        };
         let info = KernelInfo {
             config: *config,
             num_regs: function.num_regs()?,
             local_bytes: function.local_size_bytes()?,
+            blocks_per_sm,
             origin: fetched.origin,
             resource_report: resource_report(&fetched.log),
             disk_cache: fetched.cache,
@@ -371,34 +394,74 @@ impl CudaAttention {
         Ok(config)
     }
 
+    /// How a launch of the decode kernel `config` splits `problem` on this engine: the forced
+    /// count, or the split rule over the loaded kernel's occupancy (compiles or loads it).
+    pub fn decode_split_for(&self, problem: &AttentionProblem, config: &CudaDecodeConfig) -> Result<DecodeSplit> {
+        let kernel = self.kernel(&CudaKernelConfig::Decode(*config))?;
+        decode_split(
+            problem,
+            config,
+            self.device.sm_count(),
+            Some(kernel.info.blocks_per_sm),
+            self.options.decode_splits,
+        )
+    }
+
     /// Enqueues the decode kernel on buffers already checked, and with more than one split the
-    /// combine kernel after it; the split's partial results go to the engine's scratch.
+    /// combine kernel after it (unless the plan fuses it); the split's partial results go to the
+    /// engine's scratch.
     fn launch_decode(&self, problem: &AttentionProblem, c: &CudaDecodeConfig, bases: [u64; 4], lse: u64) -> Result<()> {
-        let split = decode_split(problem, c, self.device.sm_count(), self.options.decode_splits)?;
+        let kernel = self.kernel(&CudaKernelConfig::Decode(*c))?;
+        let split = decode_split(
+            problem,
+            c,
+            self.device.sm_count(),
+            Some(kernel.info.blocks_per_sm),
+            self.options.decode_splits,
+        )?;
         let geometry = c.geometry(problem, &split)?;
         let combine_geometry = c.combine_geometry(problem)?;
-        let kernel = self.kernel(&CudaKernelConfig::Decode(*c))?;
         let stream = self.device.stream();
         let (o_len, lse_len) = split.partial_lens(problem);
-        let need = usize::try_from(o_len + lse_len).map_err(|_| Error::TooLarge("the decode scratch".into()))?;
-        // A poisoned lock only means another thread panicked while holding it; the buffer (or
-        // none) is valid at every point.
+        let too_large = || Error::TooLarge("the decode scratch".into());
+        let need = usize::try_from(o_len + lse_len).map_err(|_| too_large())?;
+        let fused = c.plan.fused && split.splits > 1;
+        let need_counters = if fused {
+            usize::try_from(decode_counters_len(problem, &split)).map_err(|_| too_large())?
+        } else {
+            0
+        };
+        // A poisoned lock only means another thread panicked while holding it; the buffers (or
+        // none) are valid at every point.
         let mut scratch = self.decode_scratch.lock().unwrap_or_else(|e| e.into_inner());
-        if need > 0 && scratch.as_ref().is_none_or(|s| s.len() < need) {
+        let scratch = &mut *scratch;
+        if need > 0 && scratch.partial.as_ref().is_none_or(|s| s.len() < need) {
             // SAFETY: uninitialized f32s; the decode kernel writes every element the combine
-            // kernel then reads (each row's pieces, chunks below head_dim).
-            *scratch = Some(unsafe { stream.alloc::<f32>(need) }?);
+            // (kernel or fused) then reads (each row's pieces, chunks below head_dim).
+            scratch.partial = Some(unsafe { stream.alloc::<f32>(need) }?);
         }
-        let mut scratch_guard = None;
-        let scratch_ptr = match scratch.as_mut() {
+        if need_counters > 0 && scratch.counters.as_ref().is_none_or(|s| s.len() < need_counters) {
+            // Zeroed once: every fused launch leaves them at 0 again.
+            scratch.counters = Some(stream.alloc_zeros::<u32>(need_counters)?);
+        }
+        let mut guards = Vec::new();
+        let scratch_ptr = match scratch.partial.as_mut() {
             Some(s) if need > 0 => {
                 let (ptr, guard) = s.device_ptr_mut(stream);
-                scratch_guard = Some(guard);
+                guards.push(guard);
                 ptr
             }
             _ => 0,
         };
-        let params = DecodeParams::new(problem, bases, lse, scratch_ptr, &split);
+        let counters_ptr = match scratch.counters.as_mut() {
+            Some(s) if need_counters > 0 => {
+                let (ptr, guard) = s.device_ptr_mut(stream);
+                guards.push(guard);
+                ptr
+            }
+            _ => 0,
+        };
+        let params = DecodeParams::new(problem, bases, lse, scratch_ptr, counters_ptr, &split);
         let launch = |function: &CudaFunction, g: LaunchGeometry| -> Result<()> {
             let mut builder = stream.launch_builder(function);
             builder.arg(&params);
@@ -409,19 +472,20 @@ impl CudaAttention {
             };
             // SAFETY: the parameter block matches both entry points' (size asserted on both
             // sides); every address it holds was checked to cover the extent the problem's
-            // layouts reach, and the scratch holds `partial_lens` elements.
+            // layouts reach, the scratch holds `partial_lens` elements and, for a fused plan,
+            // the counters `decode_counters_len` zeros.
             unsafe { builder.launch(cfg) }?;
             Ok(())
         };
         launch(&kernel.function, geometry)?;
-        if split.splits > 1 {
+        if split.splits > 1 && !fused {
             let combine = kernel.combine.as_ref().ok_or_else(|| Error::Unavailable {
                 what: format!("kernel {}", c.combine_name()),
                 why: "its module was loaded without the combine entry point".into(),
             })?;
             launch(combine, combine_geometry)?;
         }
-        drop(scratch_guard);
+        drop(guards);
         Ok(())
     }
 

@@ -45,9 +45,24 @@ pub struct DecodePlan {
 /// query / 8 K/V heads, head_dim 128, 32,768 keys; BENCHMARKS.md); 4 lanes is for devices whose
 /// subgroups may be as small as 4.
 pub const DECODE_PLANS: [DecodePlan; 3] = [
-    DecodePlan { lanes_per_key: 8, rows: 8, keys_per_step: 4, workgroup_size: 128 },
-    DecodePlan { lanes_per_key: 16, rows: 8, keys_per_step: 4, workgroup_size: 128 },
-    DecodePlan { lanes_per_key: 4, rows: 4, keys_per_step: 4, workgroup_size: 64 },
+    DecodePlan {
+        lanes_per_key: 8,
+        rows: 8,
+        keys_per_step: 4,
+        workgroup_size: 128,
+    },
+    DecodePlan {
+        lanes_per_key: 16,
+        rows: 8,
+        keys_per_step: 4,
+        workgroup_size: 128,
+    },
+    DecodePlan {
+        lanes_per_key: 4,
+        rows: 4,
+        keys_per_step: 4,
+        workgroup_size: 64,
+    },
 ];
 
 impl DecodePlan {

@@ -1,69 +1,23 @@
 //! Recording the decode kernel: one dispatch over (pieces of the keys, K/V heads × row blocks,
 //! batch), and with more than one piece the combine dispatch over (query rows, heads, batch),
 //! in one compute pass. The partial results live in scratch buffers the engine keeps between
-//! calls, grown to the largest call's need: a serving loop decodes thousands of times a second,
-//! and a buffer per call would cost an allocation and a zero-fill each. Sharing them between
-//! calls recorded back to back is safe: wgpu orders every use of a buffer written as storage
-//! with a barrier, within a command buffer and across submissions to the queue.
-
-use std::sync::Mutex;
+//! calls (src/gpu/scratch.rs): a serving loop decodes thousands of times a second, and a buffer
+//! per call would cost an allocation and a zero-fill each.
 
 use wgpu::util::DeviceExt;
 
 use crate::error::{Error, Result};
-use crate::gpu::binding::{byte_len, check_buffer_size, Bound};
+use crate::gpu::binding::{check_buffer_size, Bound};
 use crate::plan::{DecodeConfig, DecodeSplit};
 use crate::problem::AttentionProblem;
-use crate::runtime::forward::FlashAttention;
+use crate::runtime::forward::{scratch_bytes, FlashAttention};
 use crate::wgsl::params::Params;
 use crate::wgsl::KernelConfig;
-
-/// Bytes of the partial outputs and their LSEs a call allocates for `split` (0 with one piece).
-pub(crate) fn scratch_bytes(problem: &AttentionProblem, split: &DecodeSplit) -> Result<(u64, u64)> {
-    let (o_len, lse_len) = split.partial_lens(problem);
-    let bytes = |name, len: u64| -> Result<u64> { byte_len(name, usize::try_from(len).unwrap_or(usize::MAX), 4) };
-    Ok((bytes("o_partial", o_len)?, bytes("lse_partial", lse_len)?))
-}
-
-/// The decode kernel's partial outputs and LSEs, shared by an engine's calls.
-#[derive(Default)]
-pub(crate) struct DecodeScratch {
-    buffers: Mutex<Option<(wgpu::Buffer, wgpu::Buffer)>>,
-}
-
-impl DecodeScratch {
-    /// Buffers of at least `o_bytes` and `lse_bytes`, replacing smaller ones (in-flight work
-    /// keeps the old ones alive until it completes).
-    fn at_least(&self, device: &wgpu::Device, o_bytes: u64, lse_bytes: u64) -> (wgpu::Buffer, wgpu::Buffer) {
-        // A poisoned lock only means another call panicked between two assignments; the buffers
-        // are whole either way.
-        let mut held = self.buffers.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-        if let Some((o, lse)) = held.as_ref() {
-            if o.size() >= o_bytes && lse.size() >= lse_bytes {
-                return (o.clone(), lse.clone());
-            }
-        }
-        let (old_o, old_lse) = held.as_ref().map_or((0, 0), |(o, l)| (o.size(), l.size()));
-        let create = |label, bytes: u64| {
-            device.create_buffer(&wgpu::BufferDescriptor {
-                label: Some(label),
-                size: bytes.max(16),
-                usage: wgpu::BufferUsages::STORAGE,
-                mapped_at_creation: false,
-            })
-        };
-        let fresh = (
-            create("decode o_partial", o_bytes.max(old_o)),
-            create("decode lse_partial", lse_bytes.max(old_lse)),
-        );
-        *held = Some(fresh.clone());
-        fresh
-    }
-}
 
 impl FlashAttention {
     /// Records the decode kernel (and the combine) for `problem` on the checked bindings `bound`
     /// (q, k, v, o, lse as `bind_forward` returns them).
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn encode_decode(
         &self,
         encoder: &mut wgpu::CommandEncoder,
@@ -93,9 +47,9 @@ impl FlashAttention {
             }
         }
         // With one piece nothing is written there, but every binding needs a buffer.
-        let (o_partial, lse_partial) = match split.splits {
-            1 => (self.unused_lse().clone(), self.unused_lse().clone()),
-            _ => self.decode_scratch().at_least(&ctx.device, o_bytes, lse_bytes),
+        let [o_partial, lse_partial] = match split.splits {
+            1 => [self.unused_lse().clone(), self.unused_lse().clone()],
+            _ => self.decode_scratch().at_least(&ctx.device, [o_bytes, lse_bytes]),
         };
         let (o_partial, lse_partial) = (&o_partial, &lse_partial);
 

@@ -8,7 +8,8 @@ use crate::error::{Error, Result};
 use crate::gpu::binding::{bind, bind_f32, byte_len, check_buffer_size, check_disjoint, Bound, TensorBuffer};
 use crate::gpu::pipelines::PipelineCache;
 use crate::gpu::readback::{read_back_within, upload_queued, DEFAULT_READ_BACK_TIMEOUT};
-use crate::plan::{num_q_tiles, select_forward, BoundsChecks, ForwardKernel, KernelChoice};
+use crate::gpu::scratch::ScratchBuffers;
+use crate::plan::{num_q_tiles, select_forward, BoundsChecks, DecodeSplit, ForwardKernel, KernelChoice};
 use crate::problem::{AttentionProblem, Element, Tensor};
 use crate::wgsl::params::Params;
 use crate::wgsl::{KernelConfig, NaivePass};
@@ -81,7 +82,7 @@ pub struct FlashAttention {
     unused_lse: wgpu::Buffer,
     /// The decode kernel's partial results, kept between calls and grown to the largest need
     /// (src/runtime/decode.rs).
-    decode_scratch: crate::runtime::decode::DecodeScratch,
+    decode_scratch: ScratchBuffers<2>,
 }
 
 /// How the naive baseline splits a problem: the score matrices of `heads_per_pass`
@@ -117,7 +118,7 @@ impl FlashAttention {
             options,
             pipelines: PipelineCache::new(ctx.device.clone(), options.bounds_checks),
             unused_lse,
-            decode_scratch: Default::default(),
+            decode_scratch: ScratchBuffers::new(["decode o_partial", "decode lse_partial"]),
         }
     }
 
@@ -142,7 +143,7 @@ impl FlashAttention {
     }
 
     /// The decode kernel's reusable scratch (src/runtime/decode.rs).
-    pub(crate) fn decode_scratch(&self) -> &crate::runtime::decode::DecodeScratch {
+    pub(crate) fn decode_scratch(&self) -> &ScratchBuffers<2> {
         &self.decode_scratch
     }
 
@@ -351,7 +352,7 @@ impl FlashAttention {
         let config = self.prepare(problem).await?;
         let scratch = match &config {
             ForwardKernel::Decode { split, .. } => {
-                let (o, lse) = crate::runtime::decode::scratch_bytes(problem, split)?;
+                let (o, lse) = scratch_bytes(problem, split)?;
                 o + lse
             }
             _ => 0,
@@ -640,4 +641,11 @@ impl FlashAttention {
     ) -> Result<AttentionOutput<T>> {
         pollster::block_on(self.naive_forward(problem, q, k, v))
     }
+}
+
+/// Bytes of the partial outputs and their LSEs a call allocates for `split` (0 with one piece).
+pub(crate) fn scratch_bytes(problem: &AttentionProblem, split: &DecodeSplit) -> Result<(u64, u64)> {
+    let (o_len, lse_len) = split.partial_lens(problem);
+    let bytes = |name, len: u64| -> Result<u64> { byte_len(name, usize::try_from(len).unwrap_or(usize::MAX), 4) };
+    Ok((bytes("o_partial", o_len)?, bytes("lse_partial", lse_len)?))
 }

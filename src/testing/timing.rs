@@ -46,7 +46,6 @@ const SAMPLES: usize = 5;
 /// runs back to back; without, each run is its own submission timed by the wall clock.
 /// `encode` records one compute pass and must pass the given timestamp writes to it (`None`
 /// when the device has no timestamps, or for the passes inside a sample).
-
 pub fn time_passes(
     ctx: &GpuContext,
     warmup: usize,

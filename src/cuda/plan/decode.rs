@@ -10,7 +10,7 @@ use super::params::{DecodeParams, FwdParams};
 use super::support::{check_dtype, check_grid, MAX_CUDA_SEQ, REGS_PER_SM, SMEM_PER_SM, SMEM_RESERVED_PER_BLOCK};
 use super::{define, LaunchGeometry};
 use crate::error::{invalid, Error, Result};
-use crate::plan::decode::{split_count, DecodeSplit, DECODE_FEATURES};
+use crate::plan::decode::{DecodeSplit, DECODE_FEATURES};
 use crate::plan::missing_features;
 use crate::plan::policy::{DECODE_MAX_SPLITS, DECODE_MIN_KEYS_PER_SPLIT};
 use crate::problem::{AttentionProblem, DType};
@@ -18,8 +18,8 @@ use crate::problem::{AttentionProblem, DType};
 /// Packed query rows per CTA: the M of one `mma.sync` tile.
 pub const DECODE_ROWS: u32 = 16;
 
-/// CTAs per SM promised to the register allocator (`__launch_bounds__`): at most 255 registers
-/// a thread, enough for O (128 f32 at head_dim 256) and a step's K and V.
+/// CTAs per SM promised to the register allocator (`__launch_bounds__`) by [`CudaDecodePlan::new`]:
+/// at most 255 registers a thread, enough for O (128 f32 at head_dim 256) and a step's K and V.
 const DECODE_MIN_BLOCKS: u32 = 2;
 
 /// Registers per thread beyond O and a step's K and V (S, Q fragments, addresses, softmax state):
@@ -29,24 +29,63 @@ const DECODE_REGS_OVERHEAD: u32 = 56;
 /// Threads of the combine kernel's CTA: a warp over a row's chunks, times four groups of pieces.
 const COMBINE_BLOCK: (u32, u32, u32) = (32, 4, 1);
 
+/// Largest dynamic shared memory a decode CTA may ask for (the H100/H200 opt-in limit, 227 KiB).
+const DECODE_MAX_SMEM: u32 = 227 * 1024;
+
+/// Full waves of CTAs the split rule aims at (see [`cuda_split_count`]).
+pub const DECODE_WAVES: u32 = 1;
+
 /// Largest grid y and z.
 const MAX_GRID_YZ: u64 = 65535;
 
 /// A plan of the decode kernel: `warps` warps per CTA, each loading `tiles` key tiles of 8 keys
-/// per step before it uses any of them.
+/// per step, either into registers before it uses any of them (`stages` 0) or through a ring of
+/// `stages` cp.async stages in shared memory (`stages - 1` steps always in flight); `min_blocks`
+/// CTAs per SM promised to the register allocator; `fused`: the last CTA of a row block merges
+/// the pieces (no combine launch).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct CudaDecodePlan {
     /// Warps per CTA; each takes every `warps`-th step of the CTA's keys.
     pub warps: u32,
     /// Key tiles of 8 keys a warp loads per step.
     pub tiles: u32,
+    /// 0: register loads, nothing in flight while a warp computes; 2 to 6: software pipelining
+    /// through a per-warp ring of that many shared-memory stages filled by cp.async.
+    pub stages: u32,
+    /// `__launch_bounds__(threads, min_blocks)`: registers capped at 65536 / (threads · min_blocks).
+    pub min_blocks: u32,
+    /// Merge the split's pieces in the last CTA of each row block (atomic counter) instead of a
+    /// second launch.
+    pub fused: bool,
 }
 
 impl CudaDecodePlan {
-    /// The plan of `warps` warps loading `tiles` key tiles per step (checked when it becomes a
+    /// The plan of `warps` warps loading `tiles` key tiles per step into registers, two CTAs per
+    /// SM promised, a separate combine launch: the first kernel's plan (checked when it becomes a
     /// [`CudaDecodeConfig`]).
     pub const fn new(warps: u32, tiles: u32) -> Self {
-        CudaDecodePlan { warps, tiles }
+        CudaDecodePlan {
+            warps,
+            tiles,
+            stages: 0,
+            min_blocks: DECODE_MIN_BLOCKS,
+            fused: false,
+        }
+    }
+
+    /// This plan with `stages` cp.async stages (0: register loads).
+    pub const fn with_stages(self, stages: u32) -> Self {
+        CudaDecodePlan { stages, ..self }
+    }
+
+    /// This plan promising `min_blocks` CTAs per SM to the register allocator.
+    pub const fn with_min_blocks(self, min_blocks: u32) -> Self {
+        CudaDecodePlan { min_blocks, ..self }
+    }
+
+    /// This plan with the combine fused into the last CTA of each row block (or not).
+    pub const fn with_fused(self, fused: bool) -> Self {
+        CudaDecodePlan { fused, ..self }
     }
 
     /// Threads per CTA.
@@ -57,6 +96,22 @@ impl CudaDecodePlan {
     /// Keys a warp loads per step.
     pub fn keys_per_step(&self) -> u32 {
         8 * self.tiles
+    }
+
+    /// `w4_t2[_s3][_m3][_fc]`: the plan's part of the kernel name (stages only when pipelined,
+    /// min_blocks only when not 2, `_fc` when fused).
+    pub fn tag(&self) -> String {
+        let mut t = format!("w{}_t{}", self.warps, self.tiles);
+        if self.stages > 0 {
+            t += &format!("_s{}", self.stages);
+        }
+        if self.min_blocks != DECODE_MIN_BLOCKS {
+            t += &format!("_m{}", self.min_blocks);
+        }
+        if self.fused {
+            t += "_fc";
+        }
+        t
     }
 }
 
@@ -71,22 +126,44 @@ fn default_tiles(head_dim: u32) -> u32 {
     (8 / rounds(head_dim).max(1)).clamp(1, 4)
 }
 
-/// The decode plan automatic selection runs for a head_dim: four warps (with two or more CTAs per
-/// SM, tens of KiB of loads in flight per SM) and the default tiles per step.
+/// The decode plan automatic selection runs for a head_dim: four warps, the default tiles per
+/// step, three cp.async stages per warp (two steps, 16 KiB at head_dim 128, always in flight per
+/// warp; with two CTAs per SM 128 KiB per SM), and the combine fused into the last CTA. Not
+/// measured yet: `examples/cuda_attention.rs --decode --decode-sweep` times the alternatives.
 pub fn default_decode_plan(head_dim: usize) -> CudaDecodePlan {
     CudaDecodePlan::new(4, default_tiles(head_dim as u32))
+        .with_stages(3)
+        .with_fused(true)
 }
 
 /// Candidate plans for a head_dim, the default first: the sweep in `examples/cuda_attention.rs`
-/// times them all.
+/// times them all, and `tests/cuda_attention.rs` checks them all. Each knob is varied from the
+/// default at least once: the combine (fused or not), the stages (0: the register-loading
+/// kernel; 2, 3, 4), min_blocks (2, 3), warps (4, 8) and tiles per step.
 pub fn decode_plans(head_dim: usize) -> Vec<CudaDecodePlan> {
     let t = default_tiles(head_dim as u32);
+    let half = (t / 2).max(1);
+    let d = default_decode_plan(head_dim);
     let mut plans = vec![
-        default_decode_plan(head_dim),
-        CudaDecodePlan::new(8, t),
-        CudaDecodePlan::new(2, t),
-        CudaDecodePlan::new(4, (t / 2).max(1)),
-        CudaDecodePlan::new(4, (t * 2).min(4)),
+        d,
+        // The same without fusing: the combine launch's cost.
+        d.with_fused(false),
+        // Half the step, one more stage, three CTAs per SM (smaller ring, more CTAs).
+        CudaDecodePlan::new(4, half)
+            .with_stages(4)
+            .with_min_blocks(3)
+            .with_fused(true),
+        // Two stages (one step in flight while computing), three CTAs per SM.
+        CudaDecodePlan::new(4, t)
+            .with_stages(2)
+            .with_min_blocks(3)
+            .with_fused(true),
+        // Eight warps of half steps: more independent streams per CTA.
+        CudaDecodePlan::new(8, half).with_stages(3).with_fused(true),
+        // The register-loading kernel, fused and as it was.
+        CudaDecodePlan::new(4, t).with_fused(true),
+        CudaDecodePlan::new(4, t),
+        CudaDecodePlan::new(4, half),
     ];
     let mut seen = Vec::new();
     plans.retain(|p| {
@@ -134,23 +211,39 @@ impl CudaDecodeConfig {
         if vec_bytes != 16 && vec_bytes != 8 {
             return invalid!("vec_bytes {vec_bytes} must be 16 or 8");
         }
-        Ok(CudaDecodeConfig {
+        if plan.stages == 1 || plan.stages > 6 || !(1..=8).contains(&plan.min_blocks) {
+            return invalid!(
+                "CUDA decode plan {}: stages 0 (register loads) or 2 to 6, min_blocks 1 to 8",
+                plan.tag()
+            );
+        }
+        let config = CudaDecodeConfig {
             dtype,
             head_dim,
             causal,
             plan,
             vec_bytes,
-        })
+        };
+        if config.smem_bytes() > DECODE_MAX_SMEM {
+            return Err(Error::Unavailable {
+                what: format!("CUDA decode plan {} at head_dim {head_dim}", plan.tag()),
+                why: format!(
+                    "it needs {} bytes of shared memory per CTA, more than {DECODE_MAX_SMEM}",
+                    config.smem_bytes()
+                ),
+            });
+        }
+        Ok(config)
     }
 
-    /// `flash_decode_bf16_d128_w4_t2[_causal][_a8]`: the decode kernel's entry point.
+    /// `flash_decode_bf16_d128_w4_t2[_s3][_m3][_fc][_causal][_a8]`: the decode kernel's entry
+    /// point (the plan's part is [`CudaDecodePlan::tag`]).
     pub fn name(&self) -> String {
         format!(
-            "flash_decode_{}_d{}_w{}_t{}{}{}",
+            "flash_decode_{}_d{}_{}{}{}",
             self.dtype.name(),
             self.head_dim,
-            self.plan.warps,
-            self.plan.tiles,
+            self.plan.tag(),
             if self.causal { "_causal" } else { "" },
             if self.vec_bytes == 8 { "_a8" } else { "" },
         )
@@ -161,31 +254,40 @@ impl CudaDecodeConfig {
         format!("{}_combine", self.name())
     }
 
-    /// Dynamic shared memory: Q's 16 rows during the loop, then (in the same space) every warp's
-    /// O rows in f32 and their max and sum for the merge; the larger of the two.
+    /// Dynamic shared memory: Q's 16 rows and (pipelined) every warp's ring of stages during the
+    /// loop, then (from the start of the same space) every warp's O rows in f32 and their max and
+    /// sum for the merge; the larger of the two.
     pub fn smem_bytes(&self) -> u32 {
         let r = rounds(self.head_dim);
         let q = DECODE_ROWS * (r | 1) * 64;
+        let ring = self.plan.warps * self.plan.stages * 2 * self.plan.tiles * r * 512;
         let rows = self.plan.warps * DECODE_ROWS;
         let merge = (rows * (r * 32 + 1) + 2 * rows) * 4;
-        q.max(merge)
+        (q + ring).max(merge)
     }
 
     /// Registers a thread needs, about: O (rows g and g + 8 at `rounds` chunks of 8 dims: 16·rounds
-    /// f32), a step's K and V (8·rounds·tiles), and a fixed overhead.
+    /// f32), a step's K and V (8·rounds·tiles; pipelined, read from shared memory next to their
+    /// MMAs: about one round's), and a fixed overhead; capped by `__launch_bounds__`.
     pub fn register_estimate(&self) -> u32 {
         let r = rounds(self.head_dim);
         let o = 16 * r;
-        let kv = 8 * r * self.plan.tiles;
-        (o + kv + DECODE_REGS_OVERHEAD).next_multiple_of(8).min(255)
+        let kv = if self.plan.stages > 0 {
+            8 * self.plan.tiles
+        } else {
+            8 * r * self.plan.tiles
+        };
+        let cap = (REGS_PER_SM / (self.plan.threads() * self.plan.min_blocks.max(1))).min(255) & !7;
+        (o + kv + DECODE_REGS_OVERHEAD).next_multiple_of(8).min(cap)
     }
 
     /// CTAs one SM runs at once, about: what registers and shared memory allow, at least the
-    /// count promised to the register allocator.
+    /// count promised to the register allocator when shared memory allows it. The engine asks
+    /// the driver instead once the kernel is loaded ([`decode_split`]'s `blocks_per_sm`).
     pub fn blocks_per_sm(&self) -> u32 {
         let by_smem = SMEM_PER_SM / (self.smem_bytes() + SMEM_RESERVED_PER_BLOCK);
         let by_regs = REGS_PER_SM / (self.plan.threads() * self.register_estimate());
-        by_smem.min(by_regs).clamp(DECODE_MIN_BLOCKS, 32)
+        by_regs.max(self.plan.min_blocks).min(by_smem).clamp(1, 32)
     }
 
     /// The `-D` definitions `cuda/flash_decode.cu` reads.
@@ -199,7 +301,9 @@ impl CudaDecodeConfig {
             define("FA_CAUSAL", self.causal as u32),
             define("FA_BF16", (self.dtype == DType::BF16) as u32),
             define("FA_VEC_BYTES", self.vec_bytes),
-            define("FA_MIN_BLOCKS", DECODE_MIN_BLOCKS),
+            define("FA_MIN_BLOCKS", self.plan.min_blocks),
+            define("FA_STAGES", self.plan.stages),
+            define("FA_FUSED", self.plan.fused as u32),
         ]
     }
 
@@ -269,24 +373,44 @@ pub fn select_cuda_decode(problem: &AttentionProblem, vec_bytes: u32) -> Result<
     )
 }
 
+/// Pieces per K/V head for the CUDA decode kernel: as many as fill `waves` full waves of the
+/// GPU's `slots` CTA slots (rounded down: never a sliver of an extra wave, whose CTAs would run
+/// alone at the end), none when the unsplit grid of `units` CTAs already fills most of a wave; no
+/// piece under `min_keys` keys, at most `max_splits`. Unlike the wgpu path's rule
+/// ([`crate::plan::decode::split_count`]: fewest pieces within 85% of the best wave efficiency: 29 pieces, 232 of 264 slots at batch
+/// 1), every slot gets a CTA: a memory-bound kernel's bandwidth grows with the CTAs streaming.
+pub fn cuda_split_count(units: u64, keys: u64, slots: u64, waves: u32, min_keys: u64, max_splits: u32) -> u32 {
+    if units == 0 || slots == 0 || units * 5 >= slots * 4 {
+        return 1;
+    }
+    let most = (keys / min_keys.max(1)).clamp(1, max_splits.max(1) as u64);
+    (waves.max(1) as u64 * slots / units).clamp(1, most) as u32
+}
+
 /// How a launch of `config` splits `problem`'s keys on a GPU of `sm_count` SMs: `forced` pieces
-/// (capped at one per 16 keys), or FlashAttention's wave-efficiency rule over the GPU's CTA slots
-/// (SMs × [`CudaDecodeConfig::blocks_per_sm`]).
+/// (capped at one per 16 keys), or [`cuda_split_count`] over [`DECODE_WAVES`] waves of the GPU's
+/// CTA slots: SMs × `blocks_per_sm` (the driver's occupancy of the loaded kernel) or, without
+/// it, × [`CudaDecodeConfig::blocks_per_sm`] (an estimate).
 pub fn decode_split(
     problem: &AttentionProblem,
     config: &CudaDecodeConfig,
     sm_count: u32,
+    blocks_per_sm: Option<u32>,
     forced: Option<u32>,
 ) -> Result<DecodeSplit> {
     if forced == Some(0) {
         return invalid!("a decode split count of 0; ask for 1 to turn splitting off");
     }
     let unsplit = DecodeSplit::new(problem, DECODE_ROWS, 1);
+    let per_sm = blocks_per_sm
+        .filter(|&b| b > 0)
+        .unwrap_or_else(|| config.blocks_per_sm());
     let splits = forced.unwrap_or_else(|| {
-        split_count(
+        cuda_split_count(
             unsplit.workgroups(problem),
             problem.shape.seq_kv as u64,
-            sm_count as u64 * config.blocks_per_sm() as u64,
+            sm_count as u64 * per_sm as u64,
+            DECODE_WAVES,
             DECODE_MIN_KEYS_PER_SPLIT,
             DECODE_MAX_SPLITS,
         )
@@ -296,16 +420,30 @@ pub fn decode_split(
     Ok(split)
 }
 
+/// The forced split count that gives `waves` full waves of `sm_count × blocks_per_sm` CTA slots
+/// for `problem` (at least 1): what the sweep times besides the rule's choice.
+pub fn splits_for_waves(problem: &AttentionProblem, sm_count: u32, blocks_per_sm: u32, waves: u32) -> u32 {
+    let units = DecodeSplit::new(problem, DECODE_ROWS, 1).workgroups(problem).max(1);
+    ((waves as u64 * sm_count as u64 * blocks_per_sm.max(1) as u64) / units).clamp(1, u32::MAX as u64) as u32
+}
+
+/// Counters a fused plan's launch needs: one per (sequence, K/V head, row block).
+pub fn decode_counters_len(problem: &AttentionProblem, split: &DecodeSplit) -> u64 {
+    problem.shape.batch as u64 * problem.shape.num_kv_heads as u64 * split.row_blocks as u64
+}
+
 impl DecodeParams {
     /// Parameters for `problem` (validated) split as `split`, with buffers whose element 0 is at
     /// `base_addresses` (`[q, k, v, o]`), an LSE buffer at `lse` (0 for none) and, with more than
     /// one split, f32 scratch at `scratch` of [`DecodeSplit::partial_lens`] elements (partial O,
-    /// then partial LSE).
+    /// then partial LSE) and, for a fused plan, [`decode_counters_len`] u32 counters at
+    /// `counters`, all 0 (0: none).
     pub fn new(
         problem: &AttentionProblem,
         base_addresses: [u64; 4],
         lse: u64,
         scratch: u64,
+        counters: u64,
         split: &DecodeSplit,
     ) -> Self {
         let (o_len, _) = split.partial_lens(problem);
@@ -318,6 +456,7 @@ impl DecodeParams {
             keys_per_split: split.keys_per_split as i32,
             rows_per_kv_head: split.rows_per_kv_head as i32,
             row_blocks: split.row_blocks as i32,
+            counters: if split_out { counters } else { 0 },
         }
     }
 }
@@ -350,7 +489,7 @@ mod tests {
                     let c = CudaDecodeConfig::new(DType::F16, head_dim as u32, plan, true, vec).unwrap();
                     assert!(c.smem_bytes() <= 227 * 1024, "{}", c.name());
                     assert!(c.register_estimate() <= 255, "{}", c.name());
-                    assert!(c.blocks_per_sm() >= DECODE_MIN_BLOCKS);
+                    assert!(c.blocks_per_sm() >= 1);
                 }
             }
             let d = default_decode_plan(head_dim);
@@ -360,9 +499,22 @@ mod tests {
                 "{head_dim}"
             );
         }
-        assert_eq!(default_decode_plan(128), CudaDecodePlan::new(4, 2));
-        assert_eq!(default_decode_plan(64), CudaDecodePlan::new(4, 4));
-        assert_eq!(default_decode_plan(256), CudaDecodePlan::new(4, 1));
+        let pipelined = |w, t| CudaDecodePlan::new(w, t).with_stages(3).with_fused(true);
+        assert_eq!(default_decode_plan(128), pipelined(4, 2));
+        assert_eq!(default_decode_plan(64), pipelined(4, 4));
+        assert_eq!(default_decode_plan(256), pipelined(4, 1));
+        // Every knob takes a value other than the default's somewhere in the table.
+        let plans = decode_plans(128);
+        assert!(plans.iter().any(|p| !p.fused) && plans.iter().any(|p| p.fused));
+        for stages in [0, 2, 3, 4] {
+            assert!(plans.iter().any(|p| p.stages == stages), "{stages}");
+        }
+        assert!(plans.iter().any(|p| p.min_blocks == 3) && plans.iter().any(|p| p.warps == 8));
+        assert!(
+            plans.contains(&CudaDecodePlan::new(4, 2)),
+            "the first kernel, for comparison"
+        );
+        assert!(plans.len() <= 8, "the sweep times every plan on six shapes");
     }
 
     #[test]
@@ -374,6 +526,15 @@ mod tests {
         assert!(CudaDecodeConfig::new(DType::BF16, 128, CudaDecodePlan::new(9, 1), false, 16).is_err());
         assert!(CudaDecodeConfig::new(DType::BF16, 128, CudaDecodePlan::new(4, 0), false, 16).is_err());
         assert!(CudaDecodeConfig::new(DType::BF16, 128, plan, false, 4).is_err());
+        for bad in [plan.with_stages(1), plan.with_stages(7), plan.with_min_blocks(0)] {
+            assert!(
+                CudaDecodeConfig::new(DType::BF16, 128, bad, false, 16).is_err(),
+                "{bad:?}"
+            );
+        }
+        // 8 warps × 6 stages × 8 KiB: over the shared memory a CTA can have.
+        let huge = CudaDecodePlan::new(8, 2).with_stages(6);
+        assert!(CudaDecodeConfig::new(DType::BF16, 128, huge, false, 16).is_err());
         // Every multiple of 8 up to 256 is built, unlike the prefill kernels.
         let p = decode_problem(1, 1, 100, 72);
         assert_eq!(select_cuda_decode(&p, 16).unwrap().head_dim, 72);
@@ -398,33 +559,63 @@ mod tests {
         }
         // Q: 16 rows of 5·64 bytes; merge: 4 warps × 16 rows × 129 floats + max and sum.
         assert_eq!(c.smem_bytes(), (4 * 16 * 129 + 2 * 4 * 16) * 4);
+        assert!(d.contains(&"-DFA_STAGES=0".to_string()) && d.contains(&"-DFA_FUSED=0".to_string()));
+        assert!(d.contains(&"-DFA_MIN_BLOCKS=2".to_string()));
+        // The pipelined, fused default: Q (5 KiB) + 4 warps × 3 stages × 8 KiB.
+        let plan = CudaDecodePlan::new(4, 2)
+            .with_stages(3)
+            .with_min_blocks(3)
+            .with_fused(true);
+        let c = CudaDecodeConfig::new(DType::BF16, 128, plan, true, 16).unwrap();
+        assert_eq!(c.name(), "flash_decode_bf16_d128_w4_t2_s3_m3_fc_causal");
+        assert_eq!(c.smem_bytes(), 16 * 320 + 4 * 3 * 8192);
+        let d = c.defines();
+        for want in ["-DFA_STAGES=3", "-DFA_FUSED=1", "-DFA_MIN_BLOCKS=3"] {
+            assert!(d.contains(&want.to_string()), "{want} in {d:?}");
+        }
     }
 
     #[test]
     fn the_bar_shapes_fill_the_h200() {
         let sms = 132;
-        // One sequence, 8 K/V heads, one row block: split until the CTAs fill the slots.
+        // One sequence, 8 K/V heads, one row block: split until the CTAs fill one wave of slots
+        // exactly (or nearly: the floor), whatever the occupancy the driver reports.
         let p = decode_problem(1, 1, 32768, 128);
         let c = select_cuda_decode(&p, 16).unwrap();
-        let split = decode_split(&p, &c, sms, None).unwrap();
-        let slots = sms as u64 * c.blocks_per_sm() as u64;
-        let ctas = split.workgroups(&p);
-        assert!(
-            split.splits > 8 && ctas <= slots && ctas * 10 >= slots * 8,
-            "{split:?} {ctas} of {slots}"
-        );
+        for per_sm in [None, Some(1), Some(2), Some(3), Some(4)] {
+            let split = decode_split(&p, &c, sms, per_sm, None).unwrap();
+            let slots = sms as u64 * per_sm.unwrap_or_else(|| c.blocks_per_sm()) as u64;
+            let ctas = split.workgroups(&p);
+            assert!(
+                split.splits > 8 && ctas <= slots && ctas * 100 >= slots * 95,
+                "{split:?} {ctas} of {slots}"
+            );
+        }
+        // Two CTAs per SM: 33 pieces × 8 heads = 264 = 2 × 132.
+        assert_eq!(decode_split(&p, &c, sms, Some(2), None).unwrap().splits, 33);
+        // Batch 8: 64 units, 4 pieces at two CTAs per SM, 6 at three.
+        let p8 = decode_problem(8, 1, 32768, 128);
+        assert_eq!(decode_split(&p8, &c, sms, Some(2), None).unwrap().splits, 4);
+        assert_eq!(decode_split(&p8, &c, sms, Some(3), None).unwrap().splits, 6);
+        assert_eq!(splits_for_waves(&p8, sms, 2, 2), 8);
+        assert_eq!(splits_for_waves(&p, sms, 2, 4), 132);
+        // The rule: no split when the grid fills most of a wave; never under min_keys a piece.
+        assert_eq!(cuda_split_count(240, 1 << 20, 264, 1, 256, 256), 1);
+        assert_eq!(cuda_split_count(8, 1024, 264, 1, 256, 256), 4);
+        assert_eq!(cuda_split_count(8, 1 << 20, 264, 2, 256, 256), 66);
         // Four new tokens × 4 query heads = 16 rows: still one row block.
         let p4 = decode_problem(8, 4, 32768, 128);
-        let split4 = decode_split(&p4, &c, sms, None).unwrap();
+        let split4 = decode_split(&p4, &c, sms, None, None).unwrap();
         assert_eq!((split4.rows_per_kv_head, split4.row_blocks), (16, 1));
         // Forced splits are honoured (capped at one per 16 keys); 0 is refused.
-        assert_eq!(decode_split(&p, &c, sms, Some(7)).unwrap().splits, 7);
+        assert_eq!(decode_split(&p, &c, sms, None, Some(7)).unwrap().splits, 7);
         let short = decode_problem(1, 1, 17, 128);
-        assert_eq!(decode_split(&short, &c, sms, Some(100)).unwrap().splits, 2);
+        assert_eq!(decode_split(&short, &c, sms, None, Some(100)).unwrap().splits, 2);
         assert!(matches!(
-            decode_split(&p, &c, sms, Some(0)),
+            decode_split(&p, &c, sms, None, Some(0)),
             Err(Error::InvalidProblem(_))
         ));
+        let split = decode_split(&p, &c, sms, None, None).unwrap();
         let g = c.geometry(&p, &split).unwrap();
         assert_eq!(g.grid, (split.splits, 8, 1));
         assert_eq!(g.block, (128, 1, 1));
@@ -436,14 +627,23 @@ mod tests {
         let p = decode_problem(2, 4, 1000, 128);
         let bases = [0x1000, 0x2000, 0x3000, 0x4000];
         let split = DecodeSplit::new(&p, DECODE_ROWS, 3);
-        let params = DecodeParams::new(&p, bases, 0x5000, 0x10_0000, &split);
+        let params = DecodeParams::new(&p, bases, 0x5000, 0x10_0000, 0x20_0000, &split);
         let (o_len, lse_len) = split.partial_lens(&p);
         assert_eq!(o_len, 2 * 32 * 4 * 3 * 128);
         assert_eq!(lse_len, 2 * 32 * 4 * 3);
         assert_eq!((params.part_o, params.part_lse), (0x10_0000, 0x10_0000 + 4 * o_len));
         assert_eq!((params.splits, params.rows_per_kv_head, params.row_blocks), (3, 16, 1));
         assert_eq!(params.fwd, FwdParams::new(&p, bases, 0x5000));
-        let one = DecodeParams::new(&p, bases, 0, 0x10_0000, &DecodeSplit::new(&p, DECODE_ROWS, 1));
-        assert_eq!((one.part_o, one.part_lse, one.splits), (0, 0, 1));
+        let one = DecodeParams::new(
+            &p,
+            bases,
+            0,
+            0x10_0000,
+            0x20_0000,
+            &DecodeSplit::new(&p, DECODE_ROWS, 1),
+        );
+        assert_eq!((one.part_o, one.part_lse, one.splits, one.counters), (0, 0, 1, 0));
+        assert_eq!(params.counters, 0x20_0000);
+        assert_eq!(decode_counters_len(&p, &split), 2 * 8);
     }
 }

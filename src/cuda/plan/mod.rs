@@ -23,8 +23,8 @@ pub mod wgmma;
 
 pub use alignment::vec_bytes_for;
 pub use decode::{
-    decode_plans, decode_split, default_decode_plan, select_cuda_decode, validate_for_decode, CudaDecodeConfig,
-    CudaDecodePlan, DECODE_ROWS,
+    cuda_split_count, decode_counters_len, decode_plans, decode_split, default_decode_plan, select_cuda_decode,
+    splits_for_waves, validate_for_decode, CudaDecodeConfig, CudaDecodePlan, DECODE_ROWS,
 };
 pub use mma::{default_mma_plan, mma_plans, MmaConfig, MmaPlan};
 pub use params::{DecodeParams, FwdParams};

@@ -97,9 +97,12 @@ pub struct DecodeParams {
     pub rows_per_kv_head: i32,
     /// Blocks of the kernel's rows per K/V head.
     pub row_blocks: i32,
+    /// Fused combine: `[batch, num_kv_heads × row_blocks]` u32 counters, 0 before and after
+    /// every launch (0 with one split).
+    pub counters: u64,
 }
 
-const _: () = assert!(std::mem::size_of::<DecodeParams>() == 192);
+const _: () = assert!(std::mem::size_of::<DecodeParams>() == 200);
 
 #[cfg(test)]
 mod tests {
