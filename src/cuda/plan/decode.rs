@@ -32,8 +32,13 @@ const COMBINE_BLOCK: (u32, u32, u32) = (32, 4, 1);
 /// Largest dynamic shared memory a decode CTA may ask for (the H100/H200 opt-in limit, 227 KiB).
 const DECODE_MAX_SMEM: u32 = 227 * 1024;
 
-/// Full waves of CTAs the split rule aims at (see [`cuda_split_count`]).
+/// Full waves of CTAs the split rule aims at at least (see [`cuda_split_count`]).
 pub const DECODE_WAVES: u32 = 1;
+
+/// Keys per piece the split rule aims at at most: beyond one wave, more pieces of about this
+/// many keys still paid on the H200 (batch 8 × 32,768 keys: 16 pieces 3.68 TB/s, 4 pieces 3.50;
+/// batch 1 × 131,072: 66 pieces 3.36, 33 pieces 3.33; BENCHMARKS.md).
+pub const DECODE_KEYS_PER_SPLIT: u64 = 2048;
 
 /// Largest grid y and z.
 const MAX_GRID_YZ: u64 = 65535;
@@ -128,12 +133,11 @@ fn default_tiles(head_dim: u32) -> u32 {
 
 /// The decode plan automatic selection runs for a head_dim: four warps, the default tiles per
 /// step, three cp.async stages per warp (two steps, 16 KiB at head_dim 128, always in flight per
-/// warp; with two CTAs per SM 128 KiB per SM), and the combine fused into the last CTA. Not
-/// measured yet: `examples/cuda_attention.rs --decode --decode-sweep` times the alternatives.
+/// warp; with two CTAs per SM 128 KiB per SM), and a separate combine launch. The best of the
+/// table on every bar shape of the H200 sweep (`examples/cuda_attention.rs --decode
+/// --decode-sweep`; BENCHMARKS.md): fusing the combine into the last CTA cost 10–20%.
 pub fn default_decode_plan(head_dim: usize) -> CudaDecodePlan {
-    CudaDecodePlan::new(4, default_tiles(head_dim as u32))
-        .with_stages(3)
-        .with_fused(true)
+    CudaDecodePlan::new(4, default_tiles(head_dim as u32)).with_stages(3)
 }
 
 /// Candidate plans for a head_dim, the default first: the sweep in `examples/cuda_attention.rs`
@@ -146,8 +150,8 @@ pub fn decode_plans(head_dim: usize) -> Vec<CudaDecodePlan> {
     let d = default_decode_plan(head_dim);
     let mut plans = vec![
         d,
-        // The same without fusing: the combine launch's cost.
-        d.with_fused(false),
+        // The same with the combine fused into the last CTA of a row block.
+        d.with_fused(true),
         // Half the step, one more stage, three CTAs per SM (smaller ring, more CTAs).
         CudaDecodePlan::new(4, half)
             .with_stages(4)
@@ -375,8 +379,9 @@ pub fn select_cuda_decode(problem: &AttentionProblem, vec_bytes: u32) -> Result<
 
 /// Pieces per K/V head for the CUDA decode kernel: as many as fill `waves` full waves of the
 /// GPU's `slots` CTA slots (rounded down: never a sliver of an extra wave, whose CTAs would run
-/// alone at the end), none when the unsplit grid of `units` CTAs already fills most of a wave; no
-/// piece under `min_keys` keys, at most `max_splits`. Unlike the wgpu path's rule
+/// alone at the end), and more where pieces would hold over [`DECODE_KEYS_PER_SPLIT`] keys; none
+/// when the unsplit grid of `units` CTAs already fills most of a wave; no piece under `min_keys`
+/// keys, at most `max_splits`. Unlike the wgpu path's rule
 /// ([`crate::plan::decode::split_count`]: fewest pieces within 85% of the best wave efficiency: 29 pieces, 232 of 264 slots at batch
 /// 1), every slot gets a CTA: a memory-bound kernel's bandwidth grows with the CTAs streaming.
 pub fn cuda_split_count(units: u64, keys: u64, slots: u64, waves: u32, min_keys: u64, max_splits: u32) -> u32 {
@@ -384,7 +389,8 @@ pub fn cuda_split_count(units: u64, keys: u64, slots: u64, waves: u32, min_keys:
         return 1;
     }
     let most = (keys / min_keys.max(1)).clamp(1, max_splits.max(1) as u64);
-    (waves.max(1) as u64 * slots / units).clamp(1, most) as u32
+    let filling = waves.max(1) as u64 * slots / units;
+    filling.max(keys / DECODE_KEYS_PER_SPLIT).clamp(1, most) as u32
 }
 
 /// How a launch of `config` splits `problem`'s keys on a GPU of `sm_count` SMs: `forced` pieces
@@ -499,7 +505,7 @@ mod tests {
                 "{head_dim}"
             );
         }
-        let pipelined = |w, t| CudaDecodePlan::new(w, t).with_stages(3).with_fused(true);
+        let pipelined = |w, t| CudaDecodePlan::new(w, t).with_stages(3);
         assert_eq!(default_decode_plan(128), pipelined(4, 2));
         assert_eq!(default_decode_plan(64), pipelined(4, 4));
         assert_eq!(default_decode_plan(256), pipelined(4, 1));
@@ -593,16 +599,19 @@ mod tests {
         }
         // Two CTAs per SM: 33 pieces × 8 heads = 264 = 2 × 132.
         assert_eq!(decode_split(&p, &c, sms, Some(2), None).unwrap().splits, 33);
-        // Batch 8: 64 units, 4 pieces at two CTAs per SM, 6 at three.
+        // Batch 8: 64 units fill a wave with 4 pieces at two CTAs per SM, 6 at three; pieces of
+        // 2048 keys make 16.
         let p8 = decode_problem(8, 1, 32768, 128);
-        assert_eq!(decode_split(&p8, &c, sms, Some(2), None).unwrap().splits, 4);
-        assert_eq!(decode_split(&p8, &c, sms, Some(3), None).unwrap().splits, 6);
+        assert_eq!(decode_split(&p8, &c, sms, Some(2), None).unwrap().splits, 16);
+        assert_eq!(decode_split(&p8, &c, sms, Some(3), None).unwrap().splits, 16);
         assert_eq!(splits_for_waves(&p8, sms, 2, 2), 8);
         assert_eq!(splits_for_waves(&p, sms, 2, 4), 132);
         // The rule: no split when the grid fills most of a wave; never under min_keys a piece.
         assert_eq!(cuda_split_count(240, 1 << 20, 264, 1, 256, 256), 1);
         assert_eq!(cuda_split_count(8, 1024, 264, 1, 256, 256), 4);
-        assert_eq!(cuda_split_count(8, 1 << 20, 264, 2, 256, 256), 66);
+        assert_eq!(cuda_split_count(8, 1 << 20, 264, 2, 256, 256), 256, "2048 keys a piece, capped");
+        assert_eq!(cuda_split_count(64, 32768, 264, 1, 256, 256), 16, "batch 8: 16 pieces of 2048 keys");
+        assert_eq!(cuda_split_count(8, 32768, 264, 1, 256, 256), 33, "batch 1: one full wave");
         // Four new tokens × 4 query heads = 16 rows: still one row block.
         let p4 = decode_problem(8, 4, 32768, 128);
         let split4 = decode_split(&p4, &c, sms, None, None).unwrap();

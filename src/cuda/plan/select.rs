@@ -155,7 +155,7 @@ mod tests {
             let mut odd = p;
             odd.shape.head_dim = 72;
             let c = select_cuda(&odd.with_layout(Layout::Bshd), 8, true).unwrap().config;
-            assert_eq!(c.name(), "flash_decode_bf16_d72_w4_t2_s3_fc_causal_a8");
+            assert_eq!(c.name(), "flash_decode_bf16_d72_w4_t2_s3_causal_a8");
         }
         // Many new tokens: a prefill tile.
         let mut long = p;
