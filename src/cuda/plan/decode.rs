@@ -609,9 +609,21 @@ mod tests {
         // The rule: no split when the grid fills most of a wave; never under min_keys a piece.
         assert_eq!(cuda_split_count(240, 1 << 20, 264, 1, 256, 256), 1);
         assert_eq!(cuda_split_count(8, 1024, 264, 1, 256, 256), 4);
-        assert_eq!(cuda_split_count(8, 1 << 20, 264, 2, 256, 256), 256, "2048 keys a piece, capped");
-        assert_eq!(cuda_split_count(64, 32768, 264, 1, 256, 256), 16, "batch 8: 16 pieces of 2048 keys");
-        assert_eq!(cuda_split_count(8, 32768, 264, 1, 256, 256), 33, "batch 1: one full wave");
+        assert_eq!(
+            cuda_split_count(8, 1 << 20, 264, 2, 256, 256),
+            256,
+            "2048 keys a piece, capped"
+        );
+        assert_eq!(
+            cuda_split_count(64, 32768, 264, 1, 256, 256),
+            16,
+            "batch 8: 16 pieces of 2048 keys"
+        );
+        assert_eq!(
+            cuda_split_count(8, 32768, 264, 1, 256, 256),
+            33,
+            "batch 1: one full wave"
+        );
         // Four new tokens × 4 query heads = 16 rows: still one row block.
         let p4 = decode_problem(8, 4, 32768, 128);
         let split4 = decode_split(&p4, &c, sms, None, None).unwrap();
