@@ -7,6 +7,7 @@
 
 use crate::error::Result;
 use crate::problem::backward::{BackwardProblem, GradTensor};
+use crate::problem::cache::CacheIndex;
 use crate::problem::{AttentionProblem, Element, Tensor};
 
 /// One query row's reference result.
@@ -54,14 +55,32 @@ pub struct ReferenceOutput {
 /// # Ok(()) }
 /// ```
 pub fn attention<T: Element>(problem: &AttentionProblem, q: &[T], k: &[T], v: &[T]) -> Result<ReferenceOutput> {
+    attention_cached(problem, q, k, v, &CacheIndex::default())
+}
+
+/// [`attention`] for a problem whose keys are paged or have per-sequence counts
+/// ([`AttentionProblem::with_paged_kv`], [`AttentionProblem::with_kv_lengths`]): `index` holds
+/// the page table and the counts, checked against the problem ([`CacheIndex::validate`]). Paged
+/// attention is defined as dense attention over each sequence's keys gathered from their pages,
+/// with the causal mask aligned to each sequence's own end; a sequence of no keys gives O = 0
+/// and LSE = −∞.
+pub fn attention_cached<T: Element>(
+    problem: &AttentionProblem,
+    q: &[T],
+    k: &[T],
+    v: &[T],
+    index: &CacheIndex<'_>,
+) -> Result<ReferenceOutput> {
     check_inputs(problem, q, k, v)?;
     let s = problem.shape;
+    index.validate(&problem.kv_cache, s.batch, s.seq_kv)?;
     let mut out = vec![0.0; problem.required_len(Tensor::O)];
     let mut lse = vec![0.0; problem.lse_len()];
     for b in 0..s.batch {
+        let keys = SequenceKeys::of(problem, index, b);
         for h in 0..s.num_heads {
             for i in 0..s.seq_q {
-                let row = row_unchecked(problem, q, k, v, b, h, i);
+                let row = row_unchecked(problem, q, k, v, b, h, i, &keys);
                 for (d, x) in row.out.iter().enumerate() {
                     out[problem.o_layout.index(b, i, h, d)] = *x;
                 }
@@ -89,7 +108,46 @@ pub fn attention_row<T: Element>(
     if b >= s.batch || h >= s.num_heads || i >= s.seq_q {
         return crate::error::invalid!("reference row (b {b}, h {h}, i {i}) is outside the problem");
     }
-    Ok(row_unchecked(problem, q, k, v, b, h, i))
+    let index = CacheIndex::default();
+    index.validate(&problem.kv_cache, s.batch, s.seq_kv)?;
+    Ok(row_unchecked(
+        problem,
+        q,
+        k,
+        v,
+        b,
+        h,
+        i,
+        &SequenceKeys::of(problem, &index, b),
+    ))
+}
+
+/// Where one sequence's keys are: how many it has, and the pages they lie in.
+struct SequenceKeys<'a> {
+    len: usize,
+    /// The sequence's row of the page table and the page size, when paged.
+    pages: Option<(&'a [u32], usize)>,
+}
+
+impl<'a> SequenceKeys<'a> {
+    /// Sequence `b`'s keys; `index` has been validated against the problem.
+    fn of(problem: &AttentionProblem, index: &CacheIndex<'a>, b: usize) -> Self {
+        let len = index.kv_lens.map_or(problem.shape.seq_kv, |lens| lens[b] as usize);
+        let pages = problem
+            .kv_cache
+            .paged
+            .zip(index.page_table)
+            .map(|(p, table)| (&table[b * p.pages_per_seq..(b + 1) * p.pages_per_seq], p.page_size));
+        SequenceKeys { len, pages }
+    }
+
+    /// `(batch or page, row)` of key `j` in the K/V tensors.
+    fn locate(&self, b: usize, j: usize) -> (usize, usize) {
+        match self.pages {
+            Some((table, page_size)) => (table[j / page_size] as usize, j % page_size),
+            None => (b, j),
+        }
+    }
 }
 
 fn check_inputs<T: Element>(problem: &AttentionProblem, q: &[T], k: &[T], v: &[T]) -> Result<()> {
@@ -106,6 +164,7 @@ fn check_inputs<T: Element>(problem: &AttentionProblem, q: &[T], k: &[T], v: &[T
     Ok(())
 }
 
+#[allow(clippy::too_many_arguments)]
 fn row_unchecked<T: Element>(
     problem: &AttentionProblem,
     q: &[T],
@@ -114,16 +173,17 @@ fn row_unchecked<T: Element>(
     b: usize,
     h: usize,
     i: usize,
+    keys: &SequenceKeys<'_>,
 ) -> ReferenceRow {
     let s = problem.shape;
     let d = s.head_dim;
     let kv_head = h / problem.group_size();
     let scale = problem.softmax_scale() as f64;
-    // Bottom-right aligned causal mask: keys 0 ..= i + seq_kv - seq_q are visible.
+    // Bottom-right aligned causal mask: keys 0 ..= i + len - seq_q are visible.
     let visible = if problem.causal {
-        (i as i64 + problem.causal_offset() + 1).clamp(0, s.seq_kv as i64) as usize
+        (i as i64 + keys.len as i64 - s.seq_q as i64 + 1).clamp(0, keys.len as i64) as usize
     } else {
-        s.seq_kv
+        keys.len
     };
     if visible == 0 {
         return ReferenceRow {
@@ -134,7 +194,8 @@ fn row_unchecked<T: Element>(
     let qi: Vec<f64> = (0..d).map(|x| q[problem.q_layout.index(b, i, h, x)].to_f64()).collect();
     let scores: Vec<f64> = (0..visible)
         .map(|j| {
-            let kj = problem.k_layout.index(b, j, kv_head, 0);
+            let (kb, kr) = keys.locate(b, j);
+            let kj = problem.k_layout.index(kb, kr, kv_head, 0);
             scale * (0..d).map(|x| qi[x] * k[kj + x].to_f64()).sum::<f64>()
         })
         .collect();
@@ -143,7 +204,8 @@ fn row_unchecked<T: Element>(
     let sum: f64 = weights.iter().sum();
     let mut out = vec![0.0; d];
     for (j, w) in weights.iter().enumerate() {
-        let vj = problem.v_layout.index(b, j, kv_head, 0);
+        let (vb, vr) = keys.locate(b, j);
+        let vj = problem.v_layout.index(vb, vr, kv_head, 0);
         for (x, o) in out.iter_mut().enumerate() {
             *o += w * v[vj + x].to_f64();
         }
@@ -161,6 +223,90 @@ fn row_unchecked<T: Element>(
 mod tests {
     use super::*;
     use crate::problem::{AttentionShape, DType};
+
+    /// Paged keys are the dense keys gathered from their pages, and a sequence's own count is
+    /// the dense problem over its first keys, the causal mask aligned to its end.
+    #[test]
+    fn paged_and_counted_keys_mean_the_gathered_dense_keys() {
+        use crate::problem::cache::PagedKv;
+        use crate::problem::Layout;
+        let shape = AttentionShape {
+            batch: 2,
+            seq_q: 3,
+            seq_kv: 40,
+            num_heads: 4,
+            num_kv_heads: 2,
+            head_dim: 8,
+        };
+        let dense = AttentionProblem::new(shape, DType::F32).with_causal(true);
+        let n = |t| dense.required_len(t);
+        let q: Vec<f32> = crate::testing::random_tensor(1, n(Tensor::Q));
+        let k: Vec<f32> = crate::testing::random_tensor(2, n(Tensor::K));
+        let v: Vec<f32> = crate::testing::random_tensor(3, n(Tensor::V));
+        // Three pages of 16 per sequence, scattered over a pool of 7 in reverse-interleaved order.
+        let pages = PagedKv {
+            page_size: 16,
+            num_pages: 7,
+            pages_per_seq: 3,
+        };
+        let table: Vec<u32> = vec![5, 0, 3, 6, 2, 4];
+        let paged = dense.with_paged_kv(pages, Layout::Bshd).with_kv_lengths(true);
+        let row = 2 * 8; // kv_heads · head_dim
+        let mut k_pool = vec![f32::NAN; paged.required_len(Tensor::K)];
+        let mut v_pool = k_pool.clone();
+        for b in 0..2 {
+            for j in 0..40 {
+                let at = (table[b * 3 + j / 16] as usize * 16 + j % 16) * row;
+                let from = (b * 40 + j) * row;
+                k_pool[at..at + row].copy_from_slice(&k[from..from + row]);
+                v_pool[at..at + row].copy_from_slice(&v[from..from + row]);
+            }
+        }
+        let lens = [40u32, 17];
+        let index = CacheIndex {
+            page_table: Some(&table),
+            kv_lens: Some(&lens),
+        };
+        let got = attention_cached(&paged, &q, &k_pool, &v_pool, &index).unwrap();
+        for b in 0..2 {
+            let mut one = dense;
+            one.shape.batch = 1;
+            one.shape.seq_kv = lens[b] as usize;
+            let one = one.with_layout(Layout::Bshd);
+            let take = |x: &[f32], len: usize| x[b * len..(b + 1) * len].to_vec();
+            let qb = take(&q, 3 * 4 * 8);
+            let kb: Vec<f32> = k[b * 40 * row..][..lens[b] as usize * row].to_vec();
+            let vb: Vec<f32> = v[b * 40 * row..][..lens[b] as usize * row].to_vec();
+            let want = attention(&one, &qb, &kb, &vb).unwrap();
+            assert_eq!(got.out[b * 96..(b + 1) * 96], want.out[..], "sequence {b}");
+            assert_eq!(got.lse[b * 12..(b + 1) * 12], want.lse[..], "sequence {b}");
+        }
+        // The index must match the problem: missing, surplus, out-of-pool or too-long entries.
+        let missing = CacheIndex {
+            page_table: None,
+            kv_lens: Some(&lens),
+        };
+        assert!(attention_cached(&paged, &q, &k_pool, &v_pool, &missing).is_err());
+        let bad_page = [5u32, 0, 3, 6, 2, 7];
+        let index = CacheIndex {
+            page_table: Some(&bad_page),
+            kv_lens: Some(&lens),
+        };
+        assert!(attention_cached(&paged, &q, &k_pool, &v_pool, &index)
+            .unwrap_err()
+            .to_string()
+            .contains("page 7"));
+        let long = [41u32, 1];
+        let index = CacheIndex {
+            page_table: Some(&table),
+            kv_lens: Some(&long),
+        };
+        assert!(attention_cached(&paged, &q, &k_pool, &v_pool, &index).is_err());
+        assert!(
+            attention(&paged, &q, &k_pool, &v_pool).is_err(),
+            "a paged problem needs its index"
+        );
+    }
 
     #[test]
     fn uniform_scores_average_the_values() {

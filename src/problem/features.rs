@@ -21,10 +21,20 @@ pub enum Feature {
     /// A softmax scale that is not a positive normal number after folding in log2(e): zero,
     /// negative, or below about 1e-38.
     ArbitraryScale,
+    /// K and V in pages addressed through a page table (src/problem/cache.rs).
+    PagedKv,
+    /// Each sequence's own key count from a tensor.
+    KvLengths,
 }
 
 impl Feature {
-    pub const ALL: [Feature; 3] = [Feature::CausalMask, Feature::GroupedKv, Feature::ArbitraryScale];
+    pub const ALL: [Feature; 5] = [
+        Feature::CausalMask,
+        Feature::GroupedKv,
+        Feature::ArbitraryScale,
+        Feature::PagedKv,
+        Feature::KvLengths,
+    ];
 
     /// What the feature is, for messages ("... does not implement {description}").
     pub fn description(self) -> &'static str {
@@ -35,6 +45,8 @@ impl Feature {
                 "a softmax scale that is not positive and at least about 1e-38 (it needs a positive \
                  softmax scale: it takes tile maxima before scaling)"
             }
+            Feature::PagedKv => "a paged K/V cache",
+            Feature::KvLengths => "per-sequence key counts",
         }
     }
 
@@ -96,6 +108,12 @@ impl AttentionProblem {
         let scale = self.softmax_scale();
         if !(scale > 0.0 && self.softmax_scale_log2().is_normal()) {
             set = set.with(Feature::ArbitraryScale);
+        }
+        if self.kv_cache.paged.is_some() {
+            set = set.with(Feature::PagedKv);
+        }
+        if self.kv_cache.lengths {
+            set = set.with(Feature::KvLengths);
         }
         set
     }

@@ -2,7 +2,10 @@
 //! and the validation that every entry point runs before touching a GPU.
 
 pub mod backward;
+pub mod cache;
 pub mod features;
+
+pub use cache::{CacheIndex, KvCache, PagedKv};
 
 pub use crate::dtype::{DType, Element};
 use crate::error::{invalid, Error, Result};
@@ -269,6 +272,9 @@ pub struct AttentionProblem {
     pub v_layout: TensorLayout,
     /// Where O is written in its buffer; its elements must not overlap.
     pub o_layout: TensorLayout,
+    /// How the keys are stored: contiguous with `seq_kv` each (the default), or paged and/or with
+    /// per-sequence counts (src/problem/cache.rs).
+    pub kv_cache: KvCache,
 }
 
 impl AttentionProblem {
@@ -284,6 +290,7 @@ impl AttentionProblem {
             k_layout: TensorLayout::contiguous(Layout::Bshd, 0, 0, 0),
             v_layout: TensorLayout::contiguous(Layout::Bshd, 0, 0, 0),
             o_layout: TensorLayout::contiguous(Layout::Bshd, 0, 0, 0),
+            kv_cache: KvCache::default(),
         };
         p = p.with_layout(Layout::Bshd);
         p
@@ -316,14 +323,51 @@ impl AttentionProblem {
         self
     }
 
-    /// Makes all four tensors contiguous in the given order, each in its own buffer. Set the shape
-    /// first: the strides are computed from it.
+    /// Makes all four tensors contiguous in the given order, each in its own buffer (K and V as
+    /// pools of pages when the cache is paged). Set the shape and the cache first: the strides are
+    /// computed from them.
     pub fn with_layout(mut self, order: Layout) -> Self {
         let s = self.shape;
         self.q_layout = TensorLayout::contiguous(order, s.seq_q, s.num_heads, s.head_dim);
-        self.k_layout = TensorLayout::contiguous(order, s.seq_kv, s.num_kv_heads, s.head_dim);
+        let kv_rows = self.kv_cache.paged.map_or(s.seq_kv, |p| p.page_size);
+        self.k_layout = TensorLayout::contiguous(order, kv_rows, s.num_kv_heads, s.head_dim);
         self.v_layout = self.k_layout;
         self.o_layout = self.q_layout;
+        self
+    }
+
+    /// Stores K and V in pages (`[num_pages, page_size, num_kv_heads, head_dim]` pools addressed
+    /// through a `[batch, pages_per_seq]` page table) and makes them contiguous pools in `order`;
+    /// Q and O keep their layouts. Only the decode kernel reads paged caches
+    /// (src/problem/cache.rs says how keys are found).
+    ///
+    /// ```rust
+    /// use wgpu_flash_attn::cache::PagedKv;
+    /// use wgpu_flash_attn::{AttentionProblem, AttentionShape, DType, Layout, Tensor};
+    /// # fn main() -> wgpu_flash_attn::Result<()> {
+    /// let shape = AttentionShape { batch: 4, seq_q: 1, seq_kv: 4096, num_heads: 32, num_kv_heads: 8, head_dim: 128 };
+    /// let pages = PagedKv { page_size: 64, num_pages: 300, pages_per_seq: 64 };
+    /// let problem = AttentionProblem::new(shape, DType::F16)
+    ///     .with_causal(true)
+    ///     .with_paged_kv(pages, Layout::Bshd)
+    ///     .with_kv_lengths(true); // each sequence's key count in a [batch] u32 tensor
+    /// problem.validate()?;
+    /// assert_eq!(problem.required_len(Tensor::K), 300 * 64 * 8 * 128);
+    /// assert_eq!(problem.kv_cache.page_table_len(4), 4 * 64);
+    /// # Ok(()) }
+    /// ```
+    pub fn with_paged_kv(mut self, pages: PagedKv, order: Layout) -> Self {
+        self.kv_cache.paged = Some(pages);
+        let s = self.shape;
+        self.k_layout = TensorLayout::contiguous(order, pages.page_size, s.num_kv_heads, s.head_dim);
+        self.v_layout = self.k_layout;
+        self
+    }
+
+    /// Gives each sequence its own key count, at most `seq_kv`, in a `[batch]` u32 tensor
+    /// (FlashAttention's `seqused_k`); causal masks align to each sequence's own end.
+    pub fn with_kv_lengths(mut self, lengths: bool) -> Self {
+        self.kv_cache.lengths = lengths;
         self
     }
 
@@ -366,10 +410,22 @@ impl AttentionProblem {
     /// [`validate`](Self::validate) refuses), `usize::MAX` when the layout overflows (refused
     /// too); after validation the exact count.
     pub fn required_len(&self, tensor: Tensor) -> usize {
-        let (seq, heads) = self.extent(tensor);
+        let (batch, seq, heads) = self.stored_extent(tensor);
         self.layout(tensor)
-            .required_len(self.shape.batch, seq, heads, self.shape.head_dim)
+            .required_len(batch, seq, heads, self.shape.head_dim)
             .unwrap_or(usize::MAX)
+    }
+
+    /// `(batch, seq, heads)` of a tensor as stored: [`extent`](Self::extent) with the batch, or
+    /// for paged K and V `(num_pages, page_size, num_kv_heads)`.
+    pub fn stored_extent(&self, tensor: Tensor) -> (usize, usize, usize) {
+        match (tensor, self.kv_cache.paged) {
+            (Tensor::K | Tensor::V, Some(p)) => (p.num_pages, p.page_size, self.shape.num_kv_heads),
+            _ => {
+                let (seq, heads) = self.extent(tensor);
+                (self.shape.batch, seq, heads)
+            }
+        }
     }
 
     /// Elements of the LSE output: `batch · num_heads · seq_q` (saturating at `usize::MAX`,
@@ -478,6 +534,7 @@ impl AttentionProblem {
                 s.batch, s.num_heads, s.seq_q
             )));
         }
+        self.kv_cache.validate(s.batch, s.seq_kv)?;
         for tensor in [Tensor::Q, Tensor::K, Tensor::V, Tensor::O] {
             self.validate_layout(tensor)?;
         }
@@ -485,8 +542,8 @@ impl AttentionProblem {
     }
 
     fn validate_layout(&self, tensor: Tensor) -> Result<()> {
-        let (seq, heads) = self.extent(tensor);
-        let extent = (self.shape.batch, seq, heads, self.shape.head_dim);
+        let (batch, seq, heads) = self.stored_extent(tensor);
+        let extent = (batch, seq, heads, self.shape.head_dim);
         let written = (tensor == Tensor::O).then_some("");
         self.layout(tensor).check(tensor.name(), extent, written).map(|_| ())
     }
