@@ -49,9 +49,15 @@ struct Params {
     // K/V head, and keys per piece.
     num_splits: u32,
     keys_per_split: u32,
+    // A paged K/V cache (flash_decode.wgsl with PAGED): tokens per page, columns of the page table,
+    // pages in the pool.
+    page_size: u32,
+    pages_per_seq: u32,
+    num_pages: u32,
     _pad0: u32,
     _pad1: u32,
     _pad2: u32,
+    _pad3: u32,
 }
 
 @group(0) @binding(0) var<uniform> params: Params;

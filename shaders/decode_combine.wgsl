@@ -1,7 +1,8 @@
 // decode_combine.wgsl — merges the decode kernel's partial results (flash_decode.wgsl with more
 // than one piece of the keys) by their LSEs into O and the final LSE:
 //   lse = m + log Σ_s exp(lse_s − m),  m = max_s lse_s,   o = Σ_s exp(lse_s − lse) · o_s
-// Pieces whose LSE is −∞ (they saw no key of the row) weigh 0; if all do, O = 0 and LSE = −∞.
+// Pieces whose LSE is −∞ (they saw no key of the row) weigh 0; if all do, O = 0 and LSE = −∞. A
+// piece whose LSE is NaN (it met an invalid cache index) makes the row NaN.
 //
 // What a workgroup owns: one query row of one head (grid: (seq_q, num_heads, batch)): it reduces
 // the row's num_splits LSEs (at most MAX_SPLITS) to weights in workgroup memory, then each
@@ -12,6 +13,7 @@
 const WG: u32 = 64u;
 // Below every finite LSE: the identity of the max.
 const LOWEST: f32 = -3.4028234e38;
+const NAN_BITS: u32 = 0x7fc00000u;
 
 @group(0) @binding(1) var<storage, read> o_partial: array<vec4<f32>>;
 @group(0) @binding(2) var<storage, read> lse_partial: array<u32>;
@@ -47,17 +49,22 @@ fn decode_combine(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocatio
     let first_piece = row * splits;
 
     var m = LOWEST;
+    var poisoned = 0.0;
     for (var s = li; s < splits; s += WG) {
         let bits = lse_partial[first_piece + s];
-        if (bits != LSE_EMPTY_BITS) {
+        // NaN tested on the bits: comparisons of NaN need not be honoured.
+        if ((bits & 0x7fffffffu) > 0x7f800000u) {
+            poisoned = 1.0;
+        } else if (bits != LSE_EMPTY_BITS) {
             m = max(m, bitcast<f32>(bits));
         }
     }
     m = reduce_workgroup(m, li, true);
+    poisoned = reduce_workgroup(poisoned, li, true);
     var sum = 0.0;
     for (var s = li; s < splits; s += WG) {
         let bits = lse_partial[first_piece + s];
-        let w = select(0.0, exp(bitcast<f32>(bits) - m), bits != LSE_EMPTY_BITS);
+        let w = select(0.0, exp(bitcast<f32>(bits) - m), bits != LSE_EMPTY_BITS && poisoned == 0.0);
         weights[s] = w;
         sum += w;
     }
@@ -75,9 +82,12 @@ fn decode_combine(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocatio
             }
             out /= sum;
         }
+        if (poisoned != 0.0) {
+            out = vec4<f32>(bitcast<f32>(NAN_BITS));
+        }
         o[row_granule(params.o, b, token, h) + g] = pack_granule(out);
     }
     if (li == 0u && params.write_lse != 0u) {
-        lse[row] = select(LSE_EMPTY_BITS, bitcast<u32>(m + log(sum)), sum > 0.0);
+        lse[row] = select(select(LSE_EMPTY_BITS, bitcast<u32>(m + log(sum)), sum > 0.0), NAN_BITS, poisoned != 0.0);
     }
 }

@@ -26,6 +26,13 @@
 // Every loop over a register array carries the unroll marker and is expanded by the host
 // (src/wgsl/unroll.rs): with run-time indices the driver may keep those arrays in local memory.
 //
+// K/V caches (src/problem/cache.rs): with PAGED, key j of sequence b is row j % page_size of page
+// page_table[b · pages_per_seq + j / page_size] of the K and V pools (the layouts' batch stride is
+// the page stride); with KV_LENGTHS, sequence b has kv_lens[b] keys and its causal mask ends there.
+// The host checks both index tensors when it uploads them; on the caller's buffers a page past the
+// pool or a count past seq_kv is read as page 0 / seq_kv, never out of bounds, and the rows of
+// that workgroup are written as NaN (O and LSE), so the error shows instead of passing silently.
+//
 // Masked keys contribute exactly zero: a row's max starts at its first visible key (`seen`), not
 // at a sentinel, so any finite softmax scale (negative, tiny, huge) gives the reference's answer;
 // a row that sees no key writes O = 0 and LSE = −∞.
@@ -38,6 +45,8 @@ const KV_PARTS: u32 = KEYS_PER_STEP * GRANULES_PER_LANE;
 // Granules of one row in `merged`: the lanes' granules, padding included.
 const MERGED_ROW: u32 = LANES * GRANULES_PER_LANE;
 const LN_2: f32 = 0.6931471805599453;
+// A quiet NaN: what the rows of a workgroup that met an invalid cache index are written as.
+const NAN_BITS: u32 = 0x7fc00000u;
 
 @group(0) @binding(1) var<storage, read> q: array<Granule>;
 @group(0) @binding(2) var<storage, read> k: array<Granule>;
@@ -47,10 +56,35 @@ const LN_2: f32 = 0.6931471805599453;
 // [batch, num_heads, seq_q, num_splits, head_dim / 4] and [batch, num_heads, seq_q, num_splits].
 @group(0) @binding(6) var<storage, read_write> o_partial: array<vec4<f32>>;
 @group(0) @binding(7) var<storage, read_write> lse_partial: array<u32>;
+// [batch, pages_per_seq] and [batch]; a 16-byte placeholder when not PAGED / not KV_LENGTHS.
+@group(0) @binding(8) var<storage, read> page_table: array<u32>;
+@group(0) @binding(9) var<storage, read> kv_lens: array<u32>;
 
 var<workgroup> group_max: array<f32, KEY_GROUPS * ROWS>;
 var<workgroup> group_sum: array<f32, KEY_GROUPS * ROWS>;
 var<workgroup> merged: array<vec4<f32>, ROWS * MERGED_ROW>;
+// Set by any invocation that met a page past the pool or a key count past seq_kv.
+var<workgroup> bad_index: u32;
+
+// Granule index of (key, K/V head) row `key` of sequence `b` in a tensor of layout `t`, and whether
+// the page it names exists (always, when not PAGED).
+fn cache_row(t: TensorStrides, b: u32, key: u32, kv_head: u32) -> vec2<u32> {
+    if (!PAGED) {
+        return vec2<u32>(row_granule(t, b, key, kv_head), 1u);
+    }
+    let page = page_table[b * params.pages_per_seq + key / params.page_size];
+    let valid = page < params.num_pages;
+    return vec2<u32>(row_granule(t, select(0u, page, valid), key % params.page_size, kv_head), u32(valid));
+}
+
+// The end of the keys query `token` sees in a sequence of `seq_len` keys: all of them, or under
+// the causal mask those up to its diagonal, aligned to the sequence's end.
+fn row_key_end(token: u32, seq_len: u32) -> u32 {
+    if (params.causal == 0u) {
+        return seq_len;
+    }
+    return u32(clamp(i32(token) + 1 + i32(seq_len) - i32(params.seq_q), 0, i32(seq_len)));
+}
 
 @compute @workgroup_size(WG)
 fn flash_decode(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) li: u32) {
@@ -65,8 +99,22 @@ fn flash_decode(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_
 
     // The rows' query heads and tokens (rows past the K/V head's last repeat it and are not
     // written), and the end of the keys each row sees: the piece's end, cut at its diagonal.
+    // Cleared before anyone may set it (workgroup memory need not start at zero).
+    if (li == 0u) {
+        bad_index = 0u;
+    }
+    workgroupBarrier();
+    // This sequence's keys: seq_kv, or its own count (clamped, and flagged if past seq_kv).
+    var seq_len = params.seq_kv;
+    if (KV_LENGTHS) {
+        seq_len = kv_lens[b];
+        if (seq_len > params.seq_kv) {
+            bad_index = 1u;
+            seq_len = params.seq_kv;
+        }
+    }
     let keys_begin = split * params.keys_per_split;
-    let piece_end = min(params.seq_kv, keys_begin + params.keys_per_split);
+    let piece_end = min(seq_len, keys_begin + params.keys_per_split);
     var head: array<u32, ROWS>;
     var token: array<u32, ROWS>;
     var row_end: array<u32, ROWS>;
@@ -76,7 +124,7 @@ fn flash_decode(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_
         let packed = min(row0 + r, rows_per_kv_head - 1u);
         head[r] = kv_head * params.group_size + packed / params.seq_q;
         token[r] = packed % params.seq_q;
-        row_end[r] = min(piece_end, visible_key_end(token[r] + 1u));
+        row_end[r] = min(piece_end, row_key_end(token[r], seq_len));
         keys_end = max(keys_end, row_end[r]);
     }
 
@@ -105,8 +153,12 @@ fn flash_decode(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_
         for (var u = 0u; u < KEYS_PER_STEP; u++) {
             let key = first + u;
             if (key < keys_end) {
-                let k_base = row_granule(params.k, b, key, kv_head);
-                let v_base = row_granule(params.v, b, key, kv_head);
+                let k_row = cache_row(params.k, b, key, kv_head);
+                let k_base = k_row.x;
+                let v_base = cache_row(params.v, b, key, kv_head).x;
+                if (k_row.y == 0u) {
+                    bad_index = 1u;
+                }
                 // @unroll
                 for (var j = 0u; j < GRANULES_PER_LANE; j++) {
                     let g = lane + j * LANES;
@@ -221,6 +273,7 @@ fn flash_decode(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_
         workgroupBarrier();
     }
 
+    let poisoned = bad_index != 0u;
     for (var item = li; item < ROWS * HEAD_GRANULES; item += WG) {
         let r = item / HEAD_GRANULES;
         let g = item % HEAD_GRANULES;
@@ -228,8 +281,12 @@ fn flash_decode(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_
             continue;
         }
         let sum = total_sum[r];
-        let out = select(vec4<f32>(0.0), merged[r * MERGED_ROW + g] / sum, sum > 0.0);
-        let lse_bits = select(LSE_EMPTY_BITS, bitcast<u32>((total_max[r] + log2(sum)) * LN_2), sum > 0.0);
+        var out = select(vec4<f32>(0.0), merged[r * MERGED_ROW + g] / sum, sum > 0.0);
+        var lse_bits = select(LSE_EMPTY_BITS, bitcast<u32>((total_max[r] + log2(sum)) * LN_2), sum > 0.0);
+        if (poisoned) {
+            out = vec4<f32>(bitcast<f32>(NAN_BITS));
+            lse_bits = NAN_BITS;
+        }
         let row = lse_index(b, head[r], token[r]);
         if (params.num_splits == 1u) {
             o[row_granule(params.o, b, token[r], head[r]) + g] = pack_granule(out);

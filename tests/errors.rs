@@ -114,6 +114,8 @@ fn gpu_buffer_errors() {
         v: TensorBuffer::new(&v),
         o: TensorBuffer::new(&o),
         lse: Some(TensorBuffer::new(&lse)),
+        page_table: None,
+        kv_lens: None,
     };
     encode(&engine, &p, &good).unwrap();
 
@@ -243,6 +245,8 @@ fn device_limits_are_errors() {
             v: TensorBuffer::new(&q),
             o: TensorBuffer::new(&o),
             lse: None,
+            page_table: None,
+            kv_lens: None,
         };
         let e = encode(&engine, &big, &b).unwrap_err();
         assert!(matches!(e, Error::TooLarge(ref m) if m.contains("`q`")), "{e}");

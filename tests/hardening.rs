@@ -254,6 +254,8 @@ fn byte_offsets_near_u64_max_are_errors() {
         v: TensorBuffer::new(&v),
         o: TensorBuffer::new(&o),
         lse: Some(TensorBuffer::new(&lse)),
+        page_table: None,
+        kv_lens: None,
     };
     let far = u64::MAX - 255;
     for buffers in [
@@ -395,6 +397,8 @@ fn overlapping_written_tensors_are_errors() {
             v: TensorBuffer::new(&v),
             o,
             lse: Some(lse),
+            page_table: None,
+            kv_lens: None,
         };
         let mut encoder = ctx.device.create_command_encoder(&Default::default());
         engine.encode_forward(&mut encoder, &p, &buffers, None).map(|_| ())

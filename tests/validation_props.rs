@@ -406,6 +406,8 @@ fn check_encode(ctx: &GpuContext, engine: &FlashAttention, c: &BufferCase) -> bo
         lse: c
             .lse
             .map(|(in_o, offset)| TensorBuffer::at(if in_o { o_buffer } else { &lse_own }, offset)),
+        page_table: None,
+        kv_lens: None,
     };
     let mut encoder = ctx.device.create_command_encoder(&Default::default());
     let result = engine.encode_forward(&mut encoder, p, &buffers, None);

@@ -486,7 +486,8 @@ pub fn preferred_backward_variants(caps: &Caps) -> Vec<Variant> {
 }
 
 /// What the backward kernels implement.
-pub const BACKWARD_FEATURES: FeatureSet = FeatureSet::of(&Feature::ALL);
+pub const BACKWARD_FEATURES: FeatureSet =
+    FeatureSet::of(&[Feature::CausalMask, Feature::GroupedKv, Feature::ArbitraryScale]);
 
 /// Picks the three backward kernels for `problem` on a device with `caps`.
 ///

@@ -22,8 +22,13 @@ use crate::problem::features::{Feature, FeatureSet};
 use crate::problem::{AttentionProblem, DType};
 
 /// Features the decode kernel implements.
-pub const DECODE_FEATURES: FeatureSet =
-    FeatureSet::of(&[Feature::CausalMask, Feature::GroupedKv, Feature::ArbitraryScale]);
+pub const DECODE_FEATURES: FeatureSet = FeatureSet::of(&[
+    Feature::CausalMask,
+    Feature::GroupedKv,
+    Feature::ArbitraryScale,
+    Feature::PagedKv,
+    Feature::KvLengths,
+]);
 
 /// The sizes of one decode kernel build.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -108,6 +113,10 @@ pub struct DecodeConfig {
     pub head_dim: u32,
     /// How a lane group adds its partial dot products.
     pub reduction: Reduction,
+    /// K/V in pages, found through a page table (src/problem/cache.rs).
+    pub paged: bool,
+    /// Each sequence's key count read from a tensor.
+    pub kv_lengths: bool,
 }
 
 impl DecodeConfig {
@@ -115,7 +124,7 @@ impl DecodeConfig {
     pub fn name(&self) -> String {
         let p = &self.plan;
         format!(
-            "flash_decode_{}_{}_l{}_r{}_u{}_wg{}_d{}",
+            "flash_decode_{}_{}_l{}_r{}_u{}_wg{}_d{}{}{}",
             self.storage.name(),
             match self.reduction {
                 Reduction::Subgroup => "sg",
@@ -125,7 +134,9 @@ impl DecodeConfig {
             p.rows,
             p.keys_per_step,
             p.workgroup_size,
-            self.head_dim
+            self.head_dim,
+            if self.paged { "_paged" } else { "" },
+            if self.kv_lengths { "_lens" } else { "" },
         )
     }
 
@@ -133,7 +144,8 @@ impl DecodeConfig {
     /// output rows, and with workgroup reduction the partial dot products.
     pub fn workgroup_bytes(&self) -> u32 {
         let p = &self.plan;
-        let stats = 2 * p.key_groups() * p.rows * 4;
+        // The statistics, and one u32 flag for an invalid cache index.
+        let stats = 2 * p.key_groups() * p.rows * 4 + 4;
         let merged = p.rows * p.lanes_per_key * p.granules_per_lane(self.head_dim) * 16;
         let partials = match self.reduction {
             Reduction::Workgroup => p.workgroup_size * p.keys_per_step * p.rows * 4,
@@ -310,6 +322,8 @@ pub fn select_decode(
                 storage: problem.dtype,
                 head_dim,
                 reduction,
+                paged: problem.kv_cache.paged.is_some(),
+                kv_lengths: problem.kv_cache.lengths,
             };
             if let Some(why) = config.unavailable_reason(caps) {
                 reasons.push(format!("{}: {why}", config.name()));
@@ -383,14 +397,23 @@ pub fn all_decode_configs() -> Vec<DecodeConfig> {
             for reduction in [Reduction::Subgroup, Reduction::Workgroup] {
                 for storage in [DType::F32, DType::F16, DType::BF16] {
                     for head_dim in [8, 40, 64, 72, 128, 200, 256] {
-                        let config = DecodeConfig {
-                            plan: plan.with_rows_for(rows),
-                            storage,
-                            head_dim,
-                            reduction,
+                        // The cache variants at a few head dims (they change only addressing).
+                        let caches: &[(bool, bool)] = match head_dim {
+                            40 | 128 => &[(false, false), (true, false), (false, true), (true, true)],
+                            _ => &[(false, false)],
                         };
-                        if !configs.contains(&config) {
-                            configs.push(config);
+                        for &(paged, kv_lengths) in caches {
+                            let config = DecodeConfig {
+                                plan: plan.with_rows_for(rows),
+                                storage,
+                                head_dim,
+                                reduction,
+                                paged,
+                                kv_lengths,
+                            };
+                            if !configs.contains(&config) {
+                                configs.push(config);
+                            }
                         }
                     }
                 }
@@ -538,13 +561,17 @@ mod tests {
             for reduction in [Reduction::Subgroup, Reduction::Workgroup] {
                 for storage in [DType::F32, DType::F16, DType::BF16] {
                     for head_dim in [64, 128] {
-                        let c = DecodeConfig {
-                            plan,
-                            storage,
-                            head_dim,
-                            reduction,
-                        };
-                        assert!(names.insert(c.name()), "{}", c.name());
+                        for (paged, kv_lengths) in [(false, false), (true, false), (false, true), (true, true)] {
+                            let c = DecodeConfig {
+                                plan,
+                                storage,
+                                head_dim,
+                                reduction,
+                                paged,
+                                kv_lengths,
+                            };
+                            assert!(names.insert(c.name()), "{}", c.name());
+                        }
                     }
                 }
             }

@@ -308,7 +308,8 @@ impl FlashConfig {
 }
 
 /// What the register-tiled kernel implements.
-pub const TILED_FEATURES: FeatureSet = FeatureSet::of(&Feature::ALL);
+pub const TILED_FEATURES: FeatureSet =
+    FeatureSet::of(&[Feature::CausalMask, Feature::GroupedKv, Feature::ArbitraryScale]);
 
 /// The variants worth trying for a problem on a device, best first.
 ///

@@ -10,7 +10,7 @@ use crate::error::{Error, Result};
 use crate::gpu::binding::{check_buffer_size, Bound};
 use crate::plan::{DecodeConfig, DecodeSplit};
 use crate::problem::AttentionProblem;
-use crate::runtime::forward::{scratch_bytes, FlashAttention};
+use crate::runtime::forward::{scratch_bytes, CacheBindings, FlashAttention};
 use crate::wgsl::params::Params;
 use crate::wgsl::KernelConfig;
 
@@ -23,6 +23,7 @@ impl FlashAttention {
         encoder: &mut wgpu::CommandEncoder,
         problem: &AttentionProblem,
         bound: &[Bound<'_>; 5],
+        cache: &CacheBindings<'_>,
         write_lse: bool,
         timestamps: Option<wgpu::ComputePassTimestampWrites<'_>>,
         config: &DecodeConfig,
@@ -57,6 +58,12 @@ impl FlashAttention {
         let mut params = Params::for_flash(problem, strides, split.row_blocks, write_lse);
         params.num_splits = split.splits;
         params.keys_per_split = split.keys_per_split;
+        if let Some(pages) = problem.kv_cache.paged {
+            // Validation bounds all three by u32 (src/problem/cache.rs).
+            params.page_size = pages.page_size as u32;
+            params.pages_per_seq = pages.pages_per_seq as u32;
+            params.num_pages = pages.num_pages as u32;
+        }
         let params_buffer = ctx.device.create_buffer_init(&wgpu::util::BufferInitDescriptor {
             label: Some("wgpu-flash-attn decode params"),
             contents: bytemuck::bytes_of(&params),
@@ -67,6 +74,8 @@ impl FlashAttention {
         entries.extend(bound.iter().enumerate().map(|(i, b)| b.entry(i as u32 + 1)));
         entries.push(whole(6, o_partial));
         entries.push(whole(7, lse_partial));
+        entries.push(cache.page_table.entry(8));
+        entries.push(cache.kv_lens.entry(9));
         let name = config.name();
         let decode_group = ctx.device.create_bind_group(&wgpu::BindGroupDescriptor {
             label: Some(&name),

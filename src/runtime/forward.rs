@@ -10,6 +10,7 @@ use crate::gpu::pipelines::PipelineCache;
 use crate::gpu::readback::{read_back_within, upload_queued, DEFAULT_READ_BACK_TIMEOUT};
 use crate::gpu::scratch::ScratchBuffers;
 use crate::plan::{num_q_tiles, select_forward, BoundsChecks, DecodeSplit, ForwardKernel, KernelChoice};
+use crate::problem::cache::CacheIndex;
 use crate::problem::{AttentionProblem, Element, Tensor};
 use crate::wgsl::params::Params;
 use crate::wgsl::{KernelConfig, NaivePass};
@@ -31,6 +32,42 @@ pub struct ForwardBuffers<'a> {
     /// device's `min_storage_buffer_offset_alignment`. It may share a buffer with `o` if their
     /// bytes do not overlap.
     pub lse: Option<TensorBuffer<'a>>,
+    /// Read: the `[batch, pages_per_seq]` u32 page table of a paged cache
+    /// ([`AttentionProblem::with_paged_kv`]); `None` otherwise. Entries must be below
+    /// `num_pages`: the kernel never reads past the pool, and writes the rows of a sequence that
+    /// names a page past it as NaN.
+    pub page_table: Option<TensorBuffer<'a>>,
+    /// Read: the `[batch]` u32 key counts ([`AttentionProblem::with_kv_lengths`]); `None`
+    /// otherwise. Counts must be at most `seq_kv` (a larger one makes the sequence's rows NaN).
+    pub kv_lens: Option<TensorBuffer<'a>>,
+}
+
+impl<'a> ForwardBuffers<'a> {
+    /// The four tensors and the LSE, for a problem whose keys are plain (no page table, no
+    /// per-sequence counts).
+    pub fn new(
+        q: TensorBuffer<'a>,
+        k: TensorBuffer<'a>,
+        v: TensorBuffer<'a>,
+        o: TensorBuffer<'a>,
+        lse: Option<TensorBuffer<'a>>,
+    ) -> Self {
+        ForwardBuffers {
+            q,
+            k,
+            v,
+            o,
+            lse,
+            page_table: None,
+            kv_lens: None,
+        }
+    }
+}
+
+/// The checked bindings of a cache's index tensors (placeholders where the problem has none).
+pub(crate) struct CacheBindings<'a> {
+    pub page_table: Bound<'a>,
+    pub kv_lens: Bound<'a>,
 }
 
 /// Result of a host-slice call.
@@ -78,8 +115,12 @@ pub struct FlashAttention {
     ctx: GpuContext,
     options: Options,
     pipelines: PipelineCache,
-    /// Bound in place of the LSE when the caller does not want it.
+    /// Bound in place of the LSE when the caller does not want it, and of the decode kernel's
+    /// partial results with one piece (written bindings).
     unused_lse: wgpu::Buffer,
+    /// Bound in place of a cache index the problem does not use (read bindings: wgpu forbids one
+    /// buffer both read and written in a dispatch).
+    unused_index: wgpu::Buffer,
     /// The decode kernel's partial results, kept between calls and grown to the largest need
     /// (src/runtime/decode.rs).
     decode_scratch: ScratchBuffers<2>,
@@ -113,8 +154,15 @@ impl FlashAttention {
             usage: wgpu::BufferUsages::STORAGE,
             mapped_at_creation: false,
         });
+        let unused_index = ctx.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("wgpu-flash-attn unused cache index"),
+            size: 16,
+            usage: wgpu::BufferUsages::STORAGE,
+            mapped_at_creation: false,
+        });
         FlashAttention {
             ctx: ctx.clone(),
+            unused_index,
             options,
             pipelines: PipelineCache::new(ctx.device.clone(), options.bounds_checks),
             unused_lse,
@@ -235,6 +283,8 @@ impl FlashAttention {
     ///     v: TensorBuffer::at(&kv_buf, (kv_len * problem.dtype.size_bytes()) as u64),
     ///     o: TensorBuffer::new(&o_buf),
     ///     lse: Some(TensorBuffer::new(&lse_buf)),
+    ///     page_table: None,
+    ///     kv_lens: None,
     /// };
     /// let mut encoder = ctx.device.create_command_encoder(&Default::default());
     /// let kernel = attn.encode_forward(&mut encoder, &problem, &buffers, None)?;
@@ -256,11 +306,14 @@ impl FlashAttention {
             ForwardKernel::Coop(c) => KernelConfig::FlashCoop(*c),
             ForwardKernel::Decode { config: decode, split } => {
                 let bound = self.bind_forward(problem, buffers)?;
+                let cache = self.bind_cache(problem, buffers)?;
                 let write_lse = buffers.lse.is_some();
-                self.encode_decode(encoder, problem, &bound, write_lse, timestamps, decode, split)?;
+                self.encode_decode(encoder, problem, &bound, &cache, write_lse, timestamps, decode, split)?;
                 return Ok(config);
             }
         };
+        // The prefill kernels read no cache index (selection refuses a problem that has one).
+        self.bind_cache(problem, buffers)?;
         let pipeline = self.pipelines.get(&key)?;
         let bound = self.bind_forward(problem, buffers)?;
 
@@ -331,6 +384,56 @@ impl FlashAttention {
         Ok(bound)
     }
 
+    /// Checks the cache's index tensors against the problem: given exactly when the problem
+    /// asks for them, long enough, readable, not sharing a buffer with O or the LSE.
+    pub(crate) fn bind_cache<'a>(
+        &'a self,
+        problem: &AttentionProblem,
+        buffers: &ForwardBuffers<'a>,
+    ) -> Result<CacheBindings<'a>> {
+        let caps = &self.ctx.caps;
+        let cache = &problem.kv_cache;
+        let unused = TensorBuffer::new(&self.unused_index);
+        let bind_index = |name: &'static str, given: Option<&TensorBuffer<'a>>, len: Option<usize>| {
+            let tensor = match (given, len) {
+                (Some(t), Some(len)) => (t, len),
+                (None, None) => (&unused, 1),
+                (Some(_), None) => {
+                    return Err(Error::InvalidBuffer {
+                        tensor: name,
+                        message: "given for a problem that does not use it (see AttentionProblem::with_paged_kv / with_kv_lengths)".into(),
+                    })
+                }
+                (None, Some(_)) => {
+                    return Err(Error::InvalidBuffer {
+                        tensor: name,
+                        message: "missing: the problem's cache needs it (on host slices: FlashAttention::forward_cached)".into(),
+                    })
+                }
+            };
+            for (written_name, written) in [("o", Some(&buffers.o)), ("lse", buffers.lse.as_ref())] {
+                if written.is_some_and(|w| w.buffer == tensor.0.buffer) {
+                    return Err(Error::InvalidBuffer {
+                        tensor: name,
+                        message: format!(
+                            "shares a buffer with `{written_name}`; wgpu forbids reading and writing one buffer in a dispatch"
+                        ),
+                    });
+                }
+            }
+            bind_f32(name, tensor.0, tensor.1, caps)
+        };
+        let batch = problem.shape.batch;
+        Ok(CacheBindings {
+            page_table: bind_index(
+                "page_table",
+                buffers.page_table.as_ref(),
+                cache.paged.map(|_| cache.page_table_len(batch)),
+            )?,
+            kv_lens: bind_index("kv_lens", buffers.kv_lens.as_ref(), cache.lengths.then_some(batch))?,
+        })
+    }
+
     fn uniform(&self, params: &Params) -> wgpu::Buffer {
         self.ctx.device.create_buffer_init(&wgpu::util::BufferInitDescriptor {
             label: Some("wgpu-flash-attn params"),
@@ -361,6 +464,68 @@ impl FlashAttention {
             engine.encode_forward(encoder, problem, buffers, None).map(|_| ())
         })
         .await
+    }
+
+    /// [`forward`](Self::forward) for a problem whose keys are paged or have per-sequence counts
+    /// ([`AttentionProblem::with_paged_kv`], [`AttentionProblem::with_kv_lengths`]): `k` and `v`
+    /// are the page pools, `index` the page table and the counts, checked before anything is
+    /// uploaded ([`CacheIndex::validate`]: a page past the pool or a count past `seq_kv` is an
+    /// [`Error::InvalidBuffer`]). The decode kernel runs it.
+    pub async fn forward_cached<T: Element>(
+        &self,
+        problem: &AttentionProblem,
+        q: &[T],
+        k: &[T],
+        v: &[T],
+        index: &CacheIndex<'_>,
+    ) -> Result<AttentionOutput<T>> {
+        problem.validate()?;
+        index.validate(&problem.kv_cache, problem.shape.batch, problem.shape.seq_kv)?;
+        let config = self.prepare(problem).await?;
+        let scratch = match &config {
+            ForwardKernel::Decode { split, .. } => {
+                let (o, lse) = scratch_bytes(problem, split)?;
+                o + lse
+            }
+            _ => 0,
+        };
+        let device = &self.ctx.device;
+        let upload = |name: &'static str, data: Option<&[u32]>| -> Result<Option<wgpu::Buffer>> {
+            let Some(data) = data else { return Ok(None) };
+            let bytes: &[u8] = bytemuck::cast_slice(data);
+            check_buffer_size(name, bytes.len() as u64, &self.ctx.caps)?;
+            Ok(Some(upload_queued(
+                device,
+                &self.ctx.queue,
+                name,
+                bytes,
+                wgpu::BufferUsages::empty(),
+            )))
+        };
+        let page_table = upload("page_table", index.page_table)?;
+        let kv_lens = upload("kv_lens", index.kv_lens)?;
+        self.run_on_host(problem, q, k, v, config.name(), scratch, |engine, encoder, buffers| {
+            let buffers = ForwardBuffers {
+                page_table: page_table.as_ref().map(TensorBuffer::new),
+                kv_lens: kv_lens.as_ref().map(TensorBuffer::new),
+                ..*buffers
+            };
+            engine.encode_forward(encoder, problem, &buffers, None).map(|_| ())
+        })
+        .await
+    }
+
+    /// [`forward_cached`](Self::forward_cached), blocking (not on the web).
+    #[cfg(not(target_arch = "wasm32"))]
+    pub fn forward_cached_blocking<T: Element>(
+        &self,
+        problem: &AttentionProblem,
+        q: &[T],
+        k: &[T],
+        v: &[T],
+        index: &CacheIndex<'_>,
+    ) -> Result<AttentionOutput<T>> {
+        pollster::block_on(self.forward_cached(problem, q, k, v, index))
     }
 
     /// [`forward`](Self::forward), blocking until the result is back (not on the web).
@@ -438,6 +603,8 @@ impl FlashAttention {
             v: TensorBuffer::new(&inputs[2]),
             o: TensorBuffer::new(&o),
             lse: Some(TensorBuffer::new(&lse)),
+            page_table: None,
+            kv_lens: None,
         };
         let mut encoder = device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some(&kernel) });
         encode(self, &mut encoder, &buffers)?;

@@ -180,12 +180,15 @@ impl KernelConfig {
                 let p = &c.plan;
                 src.push_str(&format!(
                     "const WG: u32 = {}u;\nconst LANES: u32 = {}u;\nconst ROWS: u32 = {}u;\n\
-                     const KEYS_PER_STEP: u32 = {}u;\nconst HEAD_GRANULES: u32 = {}u;\n",
+                     const KEYS_PER_STEP: u32 = {}u;\nconst HEAD_GRANULES: u32 = {}u;\n\
+                     const PAGED: bool = {};\nconst KV_LENGTHS: bool = {};\n",
                     p.workgroup_size,
                     p.lanes_per_key,
                     p.rows,
                     p.keys_per_step,
-                    c.head_dim / 4
+                    c.head_dim / 4,
+                    c.paged,
+                    c.kv_lengths
                 ));
                 for part in [
                     COMMON,

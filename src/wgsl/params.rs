@@ -52,11 +52,15 @@ pub struct Params {
     pub num_splits: u32,
     /// Keys per piece (`DecodeSplit::keys_per_split`).
     pub keys_per_split: u32,
-    pub _pad: [u32; 3],
+    /// A paged cache's tokens per page, page-table columns and pool size (`PagedKv`).
+    pub page_size: u32,
+    pub pages_per_seq: u32,
+    pub num_pages: u32,
+    pub _pad: [u32; 4],
 }
 
-// WGSL lays the struct out as four 16-byte members then sixteen 4-byte scalars (three of padding).
-const _: () = assert!(std::mem::size_of::<Params>() == 4 * 16 + 16 * 4);
+// WGSL lays the struct out as four 16-byte members then twenty 4-byte scalars (four of padding).
+const _: () = assert!(std::mem::size_of::<Params>() == 4 * 16 + 20 * 4);
 
 impl Params {
     /// The fields that depend only on the problem; strides and per-dispatch fields are filled in
@@ -191,6 +195,9 @@ mod tests {
             ("bh_base", offset_of!(Params, bh_base)),
             ("num_splits", offset_of!(Params, num_splits)),
             ("keys_per_split", offset_of!(Params, keys_per_split)),
+            ("page_size", offset_of!(Params, page_size)),
+            ("pages_per_seq", offset_of!(Params, pages_per_seq)),
+            ("num_pages", offset_of!(Params, num_pages)),
         ];
         check(wgsl_struct(&source, "Params"), &rust, size_of::<Params>());
         let strides = [

@@ -1,0 +1,350 @@
+//! The decode kernel on paged K/V caches and per-sequence key counts, against
+//! `reference::attention_cached` (dense attention over each sequence's gathered keys, the causal
+//! mask aligned to its own end): seeded random problems over page sizes 16/64/256, shuffled page
+//! tables into pools larger than needed, ragged counts including 0, 1 and seq_kv, forced splits,
+//! GQA 1/4/8, one or several new tokens, every dtype and both lane reductions; outputs poisoned
+//! with NaN before the kernel runs. An index past the pool, or a count past seq_kv, on the
+//! caller's buffers makes exactly that sequence's rows NaN; on host slices it is an error.
+
+mod common;
+
+use common::{gpu, shape};
+use wgpu::util::DeviceExt;
+use wgpu_flash_attn::cache::{CacheIndex, PagedKv};
+use wgpu_flash_attn::gpu::readback::read_back;
+use wgpu_flash_attn::kernel::{DecodeChoice, ForwardKernel, Reduction};
+use wgpu_flash_attn::testing::harness::{nan_bytes, tolerance};
+use wgpu_flash_attn::testing::{random_tensor, ErrorStats, Rng};
+use wgpu_flash_attn::{
+    reference, AttentionProblem, DType, Element, Error, FlashAttention, ForwardBuffers, GpuContext, KernelChoice,
+    Layout, Options, Tensor, TensorBuffer,
+};
+
+fn below(rng: &mut Rng, n: usize) -> usize {
+    (rng.next_u64() % n as u64) as usize
+}
+
+/// A decode problem over a cache, its inputs and its index.
+struct Case<T> {
+    problem: AttentionProblem,
+    q: Vec<T>,
+    k: Vec<T>,
+    v: Vec<T>,
+    page_table: Option<Vec<u32>>,
+    kv_lens: Option<Vec<u32>>,
+}
+
+impl<T: Element> Case<T> {
+    fn index(&self) -> CacheIndex<'_> {
+        CacheIndex {
+            page_table: self.page_table.as_deref(),
+            kv_lens: self.kv_lens.as_deref(),
+        }
+    }
+
+    /// Runs on the caller's buffers with O and the LSE poisoned; returns them.
+    fn run(&self, ctx: &GpuContext, engine: &FlashAttention) -> wgpu_flash_attn::Result<(Vec<T>, Vec<f32>)> {
+        let p = &self.problem;
+        let storage = |label, bytes: &[u8]| {
+            ctx.device.create_buffer_init(&wgpu::util::BufferInitDescriptor {
+                label: Some(label),
+                contents: bytes,
+                usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_SRC,
+            })
+        };
+        let q = storage("q", bytemuck::cast_slice(&self.q));
+        let k = storage("k", bytemuck::cast_slice(&self.k));
+        let v = storage("v", bytemuck::cast_slice(&self.v));
+        let o = storage("o", &nan_bytes(p.dtype, p.required_len(Tensor::O)));
+        let lse = storage("lse", &nan_bytes(DType::F32, p.lse_len()));
+        let table = self
+            .page_table
+            .as_ref()
+            .map(|t| storage("page_table", bytemuck::cast_slice(t)));
+        let lens = self
+            .kv_lens
+            .as_ref()
+            .map(|l| storage("kv_lens", bytemuck::cast_slice(l)));
+        let buffers = ForwardBuffers {
+            page_table: table.as_ref().map(TensorBuffer::new),
+            kv_lens: lens.as_ref().map(TensorBuffer::new),
+            ..ForwardBuffers::new(
+                TensorBuffer::new(&q),
+                TensorBuffer::new(&k),
+                TensorBuffer::new(&v),
+                TensorBuffer::new(&o),
+                Some(TensorBuffer::new(&lse)),
+            )
+        };
+        let mut encoder = ctx.device.create_command_encoder(&Default::default());
+        engine.encode_forward(&mut encoder, p, &buffers, None)?;
+        ctx.queue.submit([encoder.finish()]);
+        let bytes = pollster::block_on(read_back(
+            &ctx.device,
+            &ctx.queue,
+            &[(&o, 0, o.size()), (&lse, 0, lse.size())],
+        ))?;
+        Ok((
+            bytemuck::pod_collect_to_vec(&bytes[0]),
+            bytemuck::pod_collect_to_vec(&bytes[1]),
+        ))
+    }
+
+    fn check(&self, ctx: &GpuContext, engine: &FlashAttention, label: &str) {
+        let kernel = engine.select(&self.problem).unwrap_or_else(|e| panic!("{label}: {e}"));
+        assert!(
+            matches!(kernel, ForwardKernel::Decode { .. }),
+            "{label}: {}",
+            kernel.name()
+        );
+        let (out, lse) = self.run(ctx, engine).unwrap_or_else(|e| panic!("{label}: {e}"));
+        let want = reference::attention_cached(&self.problem, &self.q, &self.k, &self.v, &self.index()).unwrap();
+        let o = ErrorStats::from_pairs(out.iter().map(|x| x.to_f64()).zip(want.out.iter().copied()));
+        let l = ErrorStats::from_pairs(lse.iter().map(|&x| x as f64).zip(want.lse.iter().copied()));
+        let tol = tolerance(self.problem.dtype);
+        assert!(
+            o.within(tol.out_rel_l2, tol.out_max_abs),
+            "{label} ({}): O {o}",
+            kernel.name()
+        );
+        assert!(l.within(1e-5, tol.lse_max_abs), "{label} ({}): LSE {l}", kernel.name());
+    }
+}
+
+/// A random cache problem: `pages` of `page_size` tokens, each sequence's pages a random subset
+/// of a pool twice the need, counts ragged when `lengths`.
+#[allow(clippy::too_many_arguments)]
+fn case<T: Element>(
+    rng: &mut Rng,
+    dims: (usize, usize, usize, usize, usize, usize),
+    dtype: DType,
+    causal: bool,
+    page_size: Option<usize>,
+    lengths: bool,
+    layout: Layout,
+) -> Case<T> {
+    let (batch, seq_q, seq_kv, heads, kv_heads, head_dim) = dims;
+    let mut problem = AttentionProblem::new(shape(batch, seq_q, seq_kv, heads, kv_heads, head_dim), dtype)
+        .with_causal(causal)
+        .with_layout(layout)
+        .with_kv_lengths(lengths);
+    let mut page_table = None;
+    if let Some(page_size) = page_size {
+        let pages_per_seq = seq_kv.div_ceil(page_size);
+        let num_pages = 2 * batch * pages_per_seq + 1;
+        problem = problem.with_paged_kv(
+            PagedKv {
+                page_size,
+                num_pages,
+                pages_per_seq,
+            },
+            layout,
+        );
+        // A random permutation of the pool; its first entries are the sequences' pages.
+        let mut pool: Vec<u32> = (0..num_pages as u32).collect();
+        for i in (1..pool.len()).rev() {
+            pool.swap(i, below(rng, i + 1));
+        }
+        page_table = Some(pool[..batch * pages_per_seq].to_vec());
+    }
+    let kv_lens = lengths.then(|| {
+        (0..batch)
+            .map(|b| match b % 4 {
+                0 => seq_kv as u32,
+                1 => 0,
+                2 => 1,
+                _ => below(rng, seq_kv + 1) as u32,
+            })
+            .collect()
+    });
+    let seed = rng.next_u64();
+    let n = |t| problem.required_len(t);
+    Case {
+        q: random_tensor(seed, n(Tensor::Q)),
+        k: random_tensor(seed + 1, n(Tensor::K)),
+        v: random_tensor(seed + 2, n(Tensor::V)),
+        problem,
+        page_table,
+        kv_lens,
+    }
+}
+
+fn engine(ctx: &GpuContext, splits: Option<u32>, reduction: Option<Reduction>) -> FlashAttention {
+    FlashAttention::with_options(
+        ctx,
+        Options {
+            choice: KernelChoice::Decode(DecodeChoice {
+                splits,
+                reduction,
+                ..DecodeChoice::default()
+            }),
+            ..Options::default()
+        },
+    )
+}
+
+#[allow(clippy::too_many_arguments)]
+fn check_any(
+    rng: &mut Rng,
+    ctx: &GpuContext,
+    engine: &FlashAttention,
+    dims: (usize, usize, usize, usize, usize, usize),
+    dtype: DType,
+    causal: bool,
+    page_size: Option<usize>,
+    lengths: bool,
+    layout: Layout,
+    label: &str,
+) {
+    match dtype {
+        DType::F32 => case::<f32>(rng, dims, dtype, causal, page_size, lengths, layout).check(ctx, engine, label),
+        DType::F16 => case::<half::f16>(rng, dims, dtype, causal, page_size, lengths, layout).check(ctx, engine, label),
+        DType::BF16 => {
+            case::<half::bf16>(rng, dims, dtype, causal, page_size, lengths, layout).check(ctx, engine, label)
+        }
+    }
+}
+
+#[test]
+fn paged_caches_of_every_page_size_match_the_reference() {
+    let Some(ctx) = gpu() else { return };
+    let mut rng = Rng::new(0x9a6e);
+    for page_size in [16, 64, 256] {
+        for (splits, lengths) in [(None, false), (Some(1), true), (Some(5), true), (None, true)] {
+            let engine = engine(ctx, splits, None);
+            let dims = (4, 1 + below(&mut rng, 4), 300 + below(&mut rng, 400), 8, 2, 64);
+            let label = format!("page{page_size}_splits{splits:?}_lens{lengths}");
+            check_any(
+                &mut rng,
+                ctx,
+                &engine,
+                dims,
+                DType::F16,
+                true,
+                Some(page_size),
+                lengths,
+                Layout::Bshd,
+                &label,
+            );
+        }
+    }
+}
+
+#[test]
+fn random_cache_problems() {
+    let Some(ctx) = gpu() else { return };
+    let mut rng = Rng::new(0xcac4e);
+    let reductions: Vec<Option<Reduction>> = if ctx.caps.subgroups {
+        vec![Some(Reduction::Subgroup), Some(Reduction::Workgroup)]
+    } else {
+        vec![Some(Reduction::Workgroup)]
+    };
+    for i in 0..16 {
+        let group = [1, 4, 8][below(&mut rng, 3)];
+        let kv_heads = 1 + below(&mut rng, 2);
+        let dims = (
+            1 + below(&mut rng, 5),
+            [1, 1, 2, 4, 7][below(&mut rng, 5)],
+            [1, 16, 17, 200, 1000][below(&mut rng, 5)],
+            kv_heads * group,
+            kv_heads,
+            [8, 64, 128, 200][below(&mut rng, 4)],
+        );
+        let dtype = [DType::F32, DType::F16, DType::BF16][below(&mut rng, 3)];
+        let page_size = [None, Some(16), Some(64), Some(256)][below(&mut rng, 4)];
+        let lengths = below(&mut rng, 2) == 0 || page_size.is_none();
+        let layout = [Layout::Bshd, Layout::Bhsd][below(&mut rng, 2)];
+        let splits = [None, Some(1), Some(3), Some(64)][below(&mut rng, 4)];
+        let engine = engine(ctx, splits, reductions[i % reductions.len()]);
+        let causal = below(&mut rng, 3) != 0;
+        let label = format!("case{i}_{dims:?}_{dtype:?}_page{page_size:?}_lens{lengths}_{layout:?}_splits{splits:?}");
+        check_any(
+            &mut rng,
+            ctx,
+            &engine,
+            dims,
+            dtype,
+            causal,
+            page_size,
+            lengths,
+            layout,
+            &label,
+        );
+    }
+}
+
+#[test]
+fn an_invalid_index_poisons_exactly_its_sequence_or_is_refused_on_the_host() {
+    let Some(ctx) = gpu() else { return };
+    let mut rng = Rng::new(0xbad);
+    for splits in [Some(1), Some(4)] {
+        let engine = engine(ctx, splits, None);
+        let mut c = case::<f32>(
+            &mut rng,
+            (3, 1, 100, 4, 2, 64),
+            DType::F32,
+            true,
+            Some(16),
+            true,
+            Layout::Bshd,
+        );
+        let pages = c.problem.kv_cache.paged.unwrap();
+        // Sequence 1 names a page past the pool; sequence 2 claims more keys than seq_kv.
+        c.page_table.as_mut().unwrap()[pages.pages_per_seq] = pages.num_pages as u32;
+        c.kv_lens = Some(vec![100, 100, 101]);
+        let (out, lse) = c.run(ctx, &engine).unwrap();
+        let row = 4 * 64; // heads · head_dim per token
+        assert!(out[..row].iter().all(|x| x.is_finite()), "sequence 0 is valid");
+        assert!(out[row..].iter().all(|x| x.is_nan()), "sequences 1 and 2 are poisoned");
+        assert!(lse[..4].iter().all(|x| x.is_finite()) && lse[4..].iter().all(|x| x.is_nan()));
+        let host = engine.forward_cached_blocking(&c.problem, &c.q, &c.k, &c.v, &c.index());
+        assert!(matches!(host, Err(Error::InvalidBuffer { .. })), "{host:?}");
+    }
+    // A paged problem without its index, or an index for a plain problem: errors naming it.
+    let engine = FlashAttention::new(ctx);
+    let c = case::<f32>(
+        &mut rng,
+        (2, 1, 50, 4, 2, 64),
+        DType::F32,
+        false,
+        Some(16),
+        false,
+        Layout::Bshd,
+    );
+    let err = engine.forward_blocking(&c.problem, &c.q, &c.k, &c.v).unwrap_err();
+    assert!(err.to_string().contains("page_table"), "{err}");
+    let plain = AttentionProblem::new(shape(2, 1, 50, 4, 2, 64), DType::F32);
+    let table = [0u32; 8];
+    let index = CacheIndex {
+        page_table: Some(&table),
+        kv_lens: None,
+    };
+    let n = |t| plain.required_len(t);
+    let x: Vec<f32> = random_tensor(1, n(Tensor::Q).max(n(Tensor::K)));
+    let err = engine.forward_cached_blocking(&plain, &x, &x, &x, &index).unwrap_err();
+    assert!(err.to_string().contains("page_table"), "{err}");
+}
+
+#[test]
+fn prefill_kernels_refuse_a_cache_and_say_why() {
+    let Some(ctx) = gpu() else { return };
+    let problem = AttentionProblem::new(shape(1, 64, 64, 2, 2, 64), DType::F32).with_kv_lengths(true);
+    let engine = FlashAttention::new(ctx);
+    let err = engine.select(&problem).unwrap_err();
+    assert!(err.to_string().contains("per-sequence key counts"), "{err}");
+    // Forced, the decode kernel runs it (64 new tokens are not too many to be right).
+    let mut rng = Rng::new(5);
+    let forced = self::engine(ctx, None, None);
+    check_any(
+        &mut rng,
+        ctx,
+        &forced,
+        (2, 20, 64, 2, 2, 64),
+        DType::F32,
+        true,
+        None,
+        true,
+        Layout::Bshd,
+        "prefill_shape_lens",
+    );
+}
