@@ -4,18 +4,26 @@
 //! both dispatches of a split call) as K/V bytes read per second. With `--sweep`, every plan of a
 //! grid and split counts around the rule's, to tune `DECODE_PLANS` and the rule.
 //!
+//! With `--paged 16,256`, the same shapes also run over a paged cache of each page size (a
+//! shuffled page table into a pool of the same keys), timed beside the contiguous cache in the
+//! same run and checked equal to it.
+//!
 //! ```text
 //! cargo run --release --features internals --example decode_bench -- [--sweep] [--dtype f16|bf16|f32]
-//!     [--batch 1,8] [--kv 32768,131072] [--q 1,4] [--runs 50] [--json FILE]
+//!     [--batch 1,8] [--kv 32768,131072] [--q 1,4] [--runs 50] [--paged 16,256] [--json FILE]
 //! ```
 
 use std::io::Write;
 
+use wgpu::util::DeviceExt;
+use wgpu_flash_attn::cache::PagedKv;
 use wgpu_flash_attn::kernel::{DecodeChoice, DecodePlan, ForwardKernel};
 use wgpu_flash_attn::testing::harness::{Kernel, Workload};
-use wgpu_flash_attn::testing::seed_of;
+use wgpu_flash_attn::testing::timing::{time_passes, Timing};
+use wgpu_flash_attn::testing::{random_tensor, seed_of};
 use wgpu_flash_attn::{
-    AttentionProblem, AttentionShape, DType, Element, FlashAttention, GpuContext, KernelChoice, Options,
+    AttentionProblem, AttentionShape, DType, Element, FlashAttention, ForwardBuffers, GpuContext, KernelChoice, Layout,
+    Options, Tensor, TensorBuffer,
 };
 
 /// Seconds of back-to-back runs before timing, and at least this long timed.
@@ -29,6 +37,7 @@ struct Args {
     kv_lens: Vec<usize>,
     q_lens: Vec<usize>,
     runs: usize,
+    paged: Vec<usize>,
     json: Option<String>,
 }
 
@@ -40,6 +49,7 @@ fn parse() -> Args {
         kv_lens: vec![32768, 131072],
         q_lens: vec![1, 4],
         runs: 50,
+        paged: Vec::new(),
         json: None,
     };
     let list = |s: String| {
@@ -64,6 +74,7 @@ fn parse() -> Args {
             "--q" => args.q_lens = list(value()),
             "--runs" => args.runs = value().parse().expect("a number"),
             "--json" => args.json = Some(value()),
+            "--paged" => args.paged = list(value()),
             other => panic!("unknown flag {other}"),
         }
     }
@@ -134,6 +145,12 @@ fn run<T: Element>(ctx: &GpuContext, args: &Args, out: &mut Option<std::fs::File
                         }));
                     }
                 }
+                for &page_size in &args.paged {
+                    if let Err(e) = paged_run::<T>(ctx, &problem, page_size, kv_bytes, &label, args.runs, out) {
+                        ok = false;
+                        println!("{label} paged {page_size}: {e}");
+                    }
+                }
                 for choice in choices {
                     let engine = FlashAttention::with_options(
                         ctx,
@@ -193,6 +210,146 @@ fn run<T: Element>(ctx: &GpuContext, args: &Args, out: &mut Option<std::fs::File
         }
     }
     ok
+}
+
+/// Times `problem` over a contiguous cache and over a paged one of `page_size` holding the same
+/// keys (a shuffled page table into a pool of exactly the pages needed), in the same run; checks
+/// that both give the same output; prints both and their ratio.
+fn paged_run<T: Element>(
+    ctx: &GpuContext,
+    problem: &AttentionProblem,
+    page_size: usize,
+    kv_bytes: f64,
+    label: &str,
+    runs: usize,
+    out: &mut Option<std::fs::File>,
+) -> wgpu_flash_attn::Result<()> {
+    let s = problem.shape;
+    let pages_per_seq = s.seq_kv.div_ceil(page_size);
+    let num_pages = s.batch * pages_per_seq;
+    let paged = problem.with_paged_kv(
+        PagedKv {
+            page_size,
+            num_pages,
+            pages_per_seq,
+        },
+        Layout::Bshd,
+    );
+    let seed = seed_of(label);
+    let q: Vec<T> = random_tensor(seed, problem.required_len(Tensor::Q));
+    let k: Vec<T> = random_tensor(seed + 1, problem.required_len(Tensor::K));
+    let v: Vec<T> = random_tensor(seed + 2, problem.required_len(Tensor::V));
+    // Page i of the pool holds logical page table[i]'s keys: a fixed shuffle.
+    let mut table: Vec<u32> = (0..num_pages as u32).collect();
+    let mut x = seed | 1;
+    for i in (1..table.len()).rev() {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        table.swap(i, (x % (i as u64 + 1)) as usize);
+    }
+    let row = s.num_kv_heads * s.head_dim;
+    let pool = |dense: &[T]| {
+        let mut pool = vec![dense[0]; paged.required_len(Tensor::K)];
+        for b in 0..s.batch {
+            for j in 0..s.seq_kv {
+                let page = table[b * pages_per_seq + j / page_size] as usize;
+                let at = (page * page_size + j % page_size) * row;
+                let from = (b * s.seq_kv + j) * row;
+                pool[at..at + row].copy_from_slice(&dense[from..from + row]);
+            }
+        }
+        pool
+    };
+    let (k_pool, v_pool) = (pool(&k), pool(&v));
+    let device = &ctx.device;
+    let buffer = |bytes: &[u8]| {
+        device.create_buffer_init(&wgpu::util::BufferInitDescriptor {
+            label: None,
+            contents: bytes,
+            usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_SRC,
+        })
+    };
+    let (qb, kb, vb, kpb, vpb, tb) = (
+        buffer(bytemuck::cast_slice(&q)),
+        buffer(bytemuck::cast_slice(&k)),
+        buffer(bytemuck::cast_slice(&v)),
+        buffer(bytemuck::cast_slice(&k_pool)),
+        buffer(bytemuck::cast_slice(&v_pool)),
+        buffer(bytemuck::cast_slice(&table)),
+    );
+    let o_bytes = (problem.required_len(Tensor::O) * problem.dtype.size_bytes()) as u64;
+    let (oc, op) = (buffer(&vec![0; o_bytes as usize]), buffer(&vec![0; o_bytes as usize]));
+    let engine = FlashAttention::new(ctx);
+    let contiguous = ForwardBuffers::new(
+        TensorBuffer::new(&qb),
+        TensorBuffer::new(&kb),
+        TensorBuffer::new(&vb),
+        TensorBuffer::new(&oc),
+        None,
+    );
+    let paged_buffers = ForwardBuffers {
+        page_table: Some(TensorBuffer::new(&tb)),
+        ..ForwardBuffers::new(
+            TensorBuffer::new(&qb),
+            TensorBuffer::new(&kpb),
+            TensorBuffer::new(&vpb),
+            TensorBuffer::new(&op),
+            None,
+        )
+    };
+    let time = |p: &AttentionProblem, b: &ForwardBuffers<'_>| -> wgpu_flash_attn::Result<Timing> {
+        let mut run = |encoder: &mut wgpu::CommandEncoder, ts: Option<wgpu::ComputePassTimestampWrites<'_>>| {
+            engine.encode_forward(encoder, p, b, ts).map(|_| ())
+        };
+        let estimate = time_passes(ctx, 1, 5, &mut run)?.median.max(1e-6);
+        let warmup = ((WARM_UP_S / estimate) as usize).clamp(5, 20_000);
+        time_passes(
+            ctx,
+            warmup,
+            runs.max((TIMED_S / estimate) as usize).min(20_000),
+            &mut run,
+        )
+    };
+    let t_contiguous = time(problem, &contiguous)?;
+    let t_paged = time(&paged, &paged_buffers)?;
+    let got = pollster::block_on(wgpu_flash_attn::gpu::readback::read_back(
+        device,
+        &ctx.queue,
+        &[(&oc, 0, o_bytes), (&op, 0, o_bytes)],
+    ))?;
+    let (a, b): (Vec<T>, Vec<T>) = (
+        bytemuck::pod_collect_to_vec(&got[0]),
+        bytemuck::pod_collect_to_vec(&got[1]),
+    );
+    let diff = a
+        .iter()
+        .zip(&b)
+        .map(|(x, y)| (x.to_f64() - y.to_f64()).abs())
+        .fold(0.0, f64::max);
+    let same = diff <= 1e-6 && a.iter().all(|x| x.to_f64().is_finite());
+    let (tc, tp) = (kv_bytes / t_contiguous.median / 1e12, kv_bytes / t_paged.median / 1e12);
+    println!(
+        "{label} paged {page_size:>4}: {:>8.1} us {tp:>6.2} TB/s  contiguous {:>8.1} us {tc:>6.2} TB/s  paged/contiguous {:.3}  same output: {same} (max diff {diff:.1e})",
+        t_paged.median * 1e6,
+        t_contiguous.median * 1e6,
+        tp / tc
+    );
+    if let Some(f) = out.as_mut() {
+        let _ = writeln!(
+            f,
+            "{{\"shape\":\"{label}\",\"page_size\":{page_size},\"paged_us\":{:.2},\"paged_tbps\":{tp:.3},\"contiguous_us\":{:.2},\"contiguous_tbps\":{tc:.3},\"same\":{same}}}",
+            t_paged.median * 1e6,
+            t_contiguous.median * 1e6
+        );
+    }
+    if same {
+        Ok(())
+    } else {
+        Err(wgpu_flash_attn::Error::ReadBack(format!(
+            "paged output differs from contiguous by {diff}"
+        )))
+    }
 }
 
 fn main() -> std::process::ExitCode {

@@ -259,16 +259,7 @@ fn random_cache_problems() {
         let causal = below(&mut rng, 3) != 0;
         let label = format!("case{i}_{dims:?}_{dtype:?}_page{page_size:?}_lens{lengths}_{layout:?}_splits{splits:?}");
         check_any(
-            &mut rng,
-            ctx,
-            &engine,
-            dims,
-            dtype,
-            causal,
-            page_size,
-            lengths,
-            layout,
-            &label,
+            &mut rng, ctx, &engine, dims, dtype, causal, page_size, lengths, layout, &label,
         );
     }
 }
