@@ -1345,6 +1345,30 @@ fn decode_kernels_compile_with_nvrtc() {
             eprintln!("{}: {} bytes; {}", c.name(), cubin.len(), resource_report(&log));
         }
     }
+    // The cache variants (paged, counted, both) of every plan at the benchmark's head_dim.
+    use wgpu_flash_attn::problem::KvCache;
+    let pages = PagedKv {
+        page_size: 16,
+        num_pages: 1,
+        pages_per_seq: 1,
+    };
+    for plan in decode_plans(128) {
+        for (paged, lengths) in [(true, false), (false, true), (true, true)] {
+            let CudaKernelConfig::Decode(c) = CudaKernelConfig::new(DType::BF16, 128, plan.into(), true, 16).unwrap()
+            else {
+                unreachable!()
+            };
+            let cache = KvCache {
+                paged: paged.then_some(pages),
+                lengths,
+            };
+            let c = CudaKernelConfig::Decode(c.with_cache(&cache));
+            let job = CompileJob::forward(&c, "sm_90a");
+            let (cubin, log) = compile_cubin(&job).unwrap_or_else(|e| panic!("{e}"));
+            assert!(!cubin.is_empty());
+            eprintln!("{}: {} bytes; {}", c.name(), cubin.len(), resource_report(&log));
+        }
+    }
 }
 
 #[test]
