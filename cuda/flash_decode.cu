@@ -67,9 +67,27 @@
 //   0 for the next launch. The counters (DecodeParams::counters) are zeroed once when the engine
 //   allocates them; every launch leaves them at 0.
 //
+// A K/V cache (src/problem/cache.rs), compiled in only where asked (FA_PAGED, FA_LENS; the
+// plain kernel is unchanged):
+// * FA_PAGED = 1: K and V are pools of pages [num_pages, page_size, num_kv_heads, head_dim] (the
+//   layout's batch stride is the page stride); key j of sequence b is row j % page_size of page
+//   page_table[b · pages_per_seq + j / page_size]. Each lane looks its key row's page up once
+//   per key tile (8 keys, one broadcast load for the warp), before the K and V chunks of that row
+//   (cp.async stages: each 16-byte chunk is addressed through its row's page).
+// * FA_LENS = 1: sequence b has kv_lens[b] <= seq_kv keys; pieces past it are empty (LSE -inf,
+//   as any empty piece), and the causal mask aligns to the sequence's own end: token i sees keys
+//   j <= i + kv_lens[b] - seq_q.
+// * Bad indices never read out of bounds and never pass silently: a page entry >= num_pages is
+//   clamped to page 0 for the address, a kv_lens[b] > seq_kv reads no key at all, and the CTA that
+//   met either writes NaN for all its rows (O and LSE, or its pieces, which make the combine's
+//   result NaN). Every row whose keys include a bad page, and every row of a sequence whose count
+//   is too large, comes out NaN; a page entry no row reaches (past the count or the causal
+//   diagonal) is never read and does no harm. The host path checks the index first
+//   (CacheIndex::validate).
+//
 // Compile-time parameters (-D, set by src/cuda/plan/decode.rs): FA_HEAD_DIM, FA_WARPS, FA_TILES,
-// FA_CAUSAL, FA_BF16, FA_VEC_BYTES (16 or 8), FA_MIN_BLOCKS, FA_STAGES, FA_FUSED, KERNEL_NAME,
-// COMBINE_NAME.
+// FA_CAUSAL, FA_BF16, FA_VEC_BYTES (16 or 8), FA_MIN_BLOCKS, FA_STAGES, FA_FUSED, FA_PAGED,
+// FA_LENS, KERNEL_NAME, COMBINE_NAME.
 #include "mma_ptx.cuh"
 #include "fwd_params.cuh"
 
@@ -88,6 +106,15 @@ constexpr bool IS_BF16 = FA_BF16 != 0;
 constexpr int VEC_BYTES = FA_VEC_BYTES;
 constexpr int STAGES = FA_STAGES;
 constexpr bool FUSED = FA_FUSED != 0;
+#ifndef FA_PAGED
+#define FA_PAGED 0
+#endif
+#ifndef FA_LENS
+#define FA_LENS 0
+#endif
+constexpr bool PAGED = FA_PAGED != 0;
+constexpr bool LENS = FA_LENS != 0;
+constexpr bool CHECKED = PAGED || LENS;  // indices read from device memory: NaN on a bad one
 constexpr int THREADS = WARPS * 32;
 constexpr int ROWS = 16;                  // mma's M: packed query rows per CTA
 constexpr int CHUNKS = HEAD_DIM / 8;      // 16-byte chunks of a row
@@ -114,8 +141,8 @@ static_assert(TILES >= 1 && TILES <= 4, "1 to 4 key tiles per step");
 static_assert(VEC_BYTES == 16 || VEC_BYTES == 8, "global rows are moved in 16- or 8-byte pieces");
 static_assert(STAGES == 0 || (STAGES >= 2 && STAGES <= 6), "0 (register loads) or 2 to 6 cp.async stages");
 
-// Mirrors `DecodeParams` in src/cuda/plan/params.rs (#[repr(C)], 192 bytes; both sides assert the
-// size): the forward parameters, then the split's scratch and sizes.
+// Mirrors `DecodeParams` in src/cuda/plan/params.rs (#[repr(C)], 232 bytes; both sides assert the
+// size): the forward parameters, then the split's scratch and sizes, then the cache's index.
 struct DecodeParams {
     FwdParams fwd;
     float* part_o;          // [batch, num_heads, seq_q, splits, head_dim]; unused with one split
@@ -125,8 +152,14 @@ struct DecodeParams {
     int rows_per_kv_head;   // group_size · seq_q
     int row_blocks;         // ceil(rows_per_kv_head / ROWS)
     unsigned* counters;     // FUSED: [batch, num_kv_heads · row_blocks], 0 between launches
+    const u32* page_table;  // PAGED: [batch, pages_per_seq] page numbers
+    const u32* kv_lens;     // LENS: [batch] key counts
+    int page_size;          // PAGED: key rows per page
+    int num_pages;          // PAGED: pages in each of the K and V pools
+    int pages_per_seq;      // PAGED: columns of the page table
+    int cache_pad;
 };
-static_assert(sizeof(DecodeParams) == 200, "DecodeParams must match the Rust mirror");
+static_assert(sizeof(DecodeParams) == 232, "DecodeParams must match the Rust mirror");
 
 // --- helpers only this kernel uses ----------------------------------------------------------
 
@@ -206,20 +239,51 @@ __device__ __forceinline__ void mma_1688(float c[4], u32 a0, u32 a1, u32 b0) {
     }
 }
 
+// A u32 of an index tensor (page table, key counts): read-only for the kernel's lifetime.
+__device__ __forceinline__ u32 ld_index(const u32* p) {
+    u32 v;
+    asm("ld.global.nc.u32 %0, [%1];\n" : "=r"(v) : "l"(p));
+    return v;
+}
+
+// Element offsets of key row `key` (>= 0, below the sequence's count) in K and V from the CTA's
+// k_base / v_base. Paged: through the page table row `pt` of the sequence; a page number past
+// the pool reads page 0 instead and sets `bad`.
+__device__ __forceinline__ void key_offsets(const DecodeParams& dp, const u32* pt, int key, i64& k_off, i64& v_off,
+                                            bool& bad) {
+    const FwdParams& p = dp.fwd;
+    if constexpr (PAGED) {
+        const u32 col = (u32)key / (u32)dp.page_size;
+        const u32 in_page = (u32)key - col * (u32)dp.page_size;
+        u32 page = ld_index(pt + col);
+        if (page >= (u32)dp.num_pages) {
+            bad = true;
+            page = 0;
+        }
+        k_off = (i64)page * p.k_batch_stride + (i64)in_page * p.k_seq_stride;
+        v_off = (i64)page * p.v_batch_stride + (i64)in_page * p.v_seq_stride;
+    } else {
+        k_off = (i64)key * p.k_seq_stride;
+        v_off = (i64)key * p.v_seq_stride;
+    }
+}
+
 // Pipelined path: lane `lane` copies its chunks of step `n` (keys n + 8·tile + g, chunks 4j + t)
 // into the stage at `stage` (a 32-bit shared address), zeros for keys at or past `n_end` and
 // chunks past head_dim. A step wholly past the end copies nothing (the caller still commits its
 // empty group, so that wait_group counts stay uniform).
-__device__ __forceinline__ void issue_step(u32 stage, const u16* k_base, const u16* v_base, i64 k_stride, i64 v_stride,
-                                           int n, int n_end, int g, int t, int lane) {
+__device__ __forceinline__ void issue_step(u32 stage, const DecodeParams& dp, const u32* pt, const u16* k_base,
+                                           const u16* v_base, int n, int n_end, int g, int t, int lane, bool& bad) {
     if (n >= n_end) return;
 #pragma unroll
     for (int tl = 0; tl < TILES; ++tl) {
         const int key = n + tl * 8 + g;
         const bool key_ok = key < n_end;
-        const i64 row = key_ok ? key : n;  // any valid row: src-size 0 reads nothing
-        const u16* kp = k_base + row * k_stride;
-        const u16* vp = v_base + row * v_stride;
+        const int row = key_ok ? key : n;  // any valid row: src-size 0 reads nothing
+        i64 k_off, v_off;
+        key_offsets(dp, pt, row, k_off, v_off, bad);
+        const u16* kp = k_base + k_off;
+        const u16* vp = v_base + v_off;
 #pragma unroll
         for (int j = 0; j < ROUNDS; ++j) {
             const int c = 4 * j + t;
@@ -269,15 +333,32 @@ extern "C" __global__ void __launch_bounds__(THREADS, FA_MIN_BLOCKS) KERNEL_NAME
         tok_min = tok < tok_min ? tok : tok_min;
         tok_max = tok > tok_max ? tok : tok_max;
     }
+    // The sequence's keys and causal alignment; with lengths, its own count (none at all when the
+    // count is bad: the CTA then writes NaN).
+    bool bad = false;  // this lane met a bad cache index
+    int seq_len = p.seq_kv;
+    int causal_off = p.causal_offset;
+    if constexpr (LENS) {
+        const u32 len = ld_index(dp.kv_lens + batch);
+        if (len > (u32)p.seq_kv) {
+            bad = true;
+            seq_len = 0;
+        } else {
+            seq_len = (int)len;
+        }
+        causal_off = seq_len - p.seq_q;
+    }
+    const u32* pt = PAGED ? dp.page_table + (i64)batch * dp.pages_per_seq : nullptr;
     const i64 key_begin = (i64)split * dp.keys_per_split;
     i64 key_limit = key_begin + dp.keys_per_split;
-    if (key_limit > p.seq_kv) key_limit = p.seq_kv;
-    if (CAUSAL && (i64)tok_max + p.causal_offset + 1 < key_limit) key_limit = (i64)tok_max + p.causal_offset + 1;
+    if (key_limit > seq_len) key_limit = seq_len;
+    if (CAUSAL && (i64)tok_max + causal_off + 1 < key_limit) key_limit = (i64)tok_max + causal_off + 1;
     const int n_begin = (int)key_begin;
     const int n_end = key_limit > key_begin ? (int)key_limit : n_begin;
 
-    const u16* k_base = p.k + batch * p.k_batch_stride + kv_head * p.k_head_stride;
-    const u16* v_base = p.v + batch * p.v_batch_stride + kv_head * p.v_head_stride;
+    // Paged: the pools have no batch dimension; key_offsets adds each row's page.
+    const u16* k_base = p.k + (PAGED ? 0 : batch * p.k_batch_stride) + kv_head * p.k_head_stride;
+    const u16* v_base = p.v + (PAGED ? 0 : batch * p.v_batch_stride) + kv_head * p.v_head_stride;
     const u32 s_q = smem_addr(smem);
     // Pipelined: this warp's ring of STAGES stages after Q; its first STAGES - 1 steps go out
     // before Q is even loaded.
@@ -285,8 +366,8 @@ extern "C" __global__ void __launch_bounds__(THREADS, FA_MIN_BLOCKS) KERNEL_NAME
     if constexpr (STAGES > 0) {
 #pragma unroll
         for (int st = 0; st < STAGES - 1; ++st) {
-            issue_step(ring + (u32)(st * KV_STAGE_BYTES), k_base, v_base, p.k_seq_stride, p.v_seq_stride,
-                       n_begin + warp * STEP + st * WARPS * STEP, n_end, g, t, lane);
+            issue_step(ring + (u32)(st * KV_STAGE_BYTES), dp, pt, k_base, v_base,
+                       n_begin + warp * STEP + st * WARPS * STEP, n_end, g, t, lane, bad);
             cp_async_commit();
         }
     }
@@ -328,8 +409,8 @@ extern "C" __global__ void __launch_bounds__(THREADS, FA_MIN_BLOCKS) KERNEL_NAME
         u32 vr[TILES][ROUNDS][4];
         u32 stage = 0;
         if constexpr (STAGES > 0) {
-            issue_step(ring + (u32)(write_stage * KV_STAGE_BYTES), k_base, v_base, p.k_seq_stride, p.v_seq_stride,
-                       n0 + (STAGES - 1) * WARPS * STEP, n_end, g, t, lane);
+            issue_step(ring + (u32)(write_stage * KV_STAGE_BYTES), dp, pt, k_base, v_base,
+                       n0 + (STAGES - 1) * WARPS * STEP, n_end, g, t, lane, bad);
             cp_async_commit();
             cp_async_wait<STAGES - 1>();
             stage = ring + (u32)(read_stage * KV_STAGE_BYTES);
@@ -339,8 +420,10 @@ extern "C" __global__ void __launch_bounds__(THREADS, FA_MIN_BLOCKS) KERNEL_NAME
 #pragma unroll
         for (int tl = 0; tl < TILES && STAGES == 0; ++tl) {
             const int key = n0 + tl * 8 + g;
-            const u16* kp = k_base + (i64)key * p.k_seq_stride;
-            const u16* vp = v_base + (i64)key * p.v_seq_stride;
+            i64 k_off = 0, v_off = 0;
+            if (!PAGED || key < n_end) key_offsets(dp, pt, key, k_off, v_off, bad);
+            const u16* kp = k_base + k_off;
+            const u16* vp = v_base + v_off;
 #pragma unroll
             for (int j = 0; j < ROUNDS; ++j) {
                 const int c = 4 * j + t;
@@ -378,7 +461,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, FA_MIN_BLOCKS) KERNEL_NAME
         // Into the log2 domain, clamped finite, then masked: s[tl][e] is row g (e < 2) or g + 8,
         // key n0 + 8·tl + 2t + (e & 1).
         const bool need_mask =
-            n0 + STEP > n_end || (CAUSAL && (i64)n0 + STEP - 1 > (i64)tok_min + p.causal_offset);
+            n0 + STEP > n_end || (CAUSAL && (i64)n0 + STEP - 1 > (i64)tok_min + causal_off);
 #pragma unroll
         for (int tl = 0; tl < TILES; ++tl)
 #pragma unroll
@@ -387,7 +470,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, FA_MIN_BLOCKS) KERNEL_NAME
                 if (need_mask) {
                     const int key = n0 + tl * 8 + 2 * t + (e & 1);
                     const int tok = e < 2 ? tok_lo : tok_hi;
-                    if (key >= n_end || (CAUSAL && (i64)key > (i64)tok + p.causal_offset)) x = NEG_INF;
+                    if (key >= n_end || (CAUSAL && (i64)key > (i64)tok + causal_off)) x = NEG_INF;
                 }
                 s[tl][e] = x;
             }
@@ -445,7 +528,14 @@ extern "C" __global__ void __launch_bounds__(THREADS, FA_MIN_BLOCKS) KERNEL_NAME
         row_sum[r] += __shfl_xor_sync(FULL_MASK, row_sum[r], 1);
         row_sum[r] += __shfl_xor_sync(FULL_MASK, row_sum[r], 2);
     }
-    __syncthreads();  // every warp is done with Q: its space holds the warps' O rows now
+    // Every warp is done with Q: its space holds the warps' O rows now. With a cache index, the
+    // same barrier tells every thread whether any lane met a bad one.
+    bool cta_bad = false;
+    if constexpr (CHECKED) {
+        cta_bad = __syncthreads_or(bad ? 1 : 0) != 0;
+    } else {
+        __syncthreads();
+    }
     float* s_o = reinterpret_cast<float*>(smem);      // [WARPS][ROWS][O_ROW_FLOATS]
     float* s_max = s_o + WARPS * ROWS * O_ROW_FLOATS;  // [WARPS][ROWS]
     float* s_sum = s_max + WARPS * ROWS;               // [WARPS][ROWS]
@@ -488,8 +578,12 @@ extern "C" __global__ void __launch_bounds__(THREADS, FA_MIN_BLOCKS) KERNEL_NAME
             for (int k = 0; k < 8; ++k) acc[k] += f * src[k];
         }
         // A row has seen a key iff its max is finite; then the max's own term makes sum >= 1.
-        const float inv = sum > 0.f ? 1.f / sum : 0.f;
-        const float lse = sum > 0.f ? mx * LN2 + logf(sum) : NEG_INF;
+        float inv = sum > 0.f ? 1.f / sum : 0.f;
+        float lse = sum > 0.f ? mx * LN2 + logf(sum) : NEG_INF;
+        if (CHECKED && cta_bad) {  // a bad cache index: NaN rows (or pieces, which the combine spreads)
+            inv = __int_as_float(0x7fc00000);
+            lse = inv;
+        }
         const int pr = row0 + r;
         const int head = row_head(p, kv_head, pr);
         const int tok = pr % p.seq_q;
@@ -560,7 +654,9 @@ extern "C" __global__ void __launch_bounds__(THREADS, FA_MIN_BLOCKS) KERNEL_NAME
             store_chunk(p.o + batch * p.o_batch_stride + head * p.o_head_stride + (i64)tok * p.o_seq_stride + c * 8,
                         packed);
             if (c == 0 && p.lse != nullptr) {
-                p.lse[((i64)batch * p.num_heads + head) * p.seq_q + tok] = sum > 0.f ? mx + logf(sum) : NEG_INF;
+                // A NaN piece (bad cache index) makes the sum NaN: the LSE too, not -inf.
+                const bool seen = sum > 0.f || (CHECKED && sum != sum);
+                p.lse[((i64)batch * p.num_heads + head) * p.seq_q + tok] = seen ? mx + logf(sum) : NEG_INF;
             }
         }
     }
@@ -622,6 +718,8 @@ extern "C" __global__ void __launch_bounds__(32 * COMBINE_GROUPS) COMBINE_NAME(c
     for (int k = 0; k < 4; ++k) packed[k] = pack2<IS_BF16>(acc[2 * k] * inv, acc[2 * k + 1] * inv);
     store_chunk(p.o + batch * p.o_batch_stride + head * p.o_head_stride + (i64)tok * p.o_seq_stride + c * 8, packed);
     if (c == 0 && p.lse != nullptr) {
-        p.lse[((i64)batch * p.num_heads + head) * p.seq_q + tok] = total > 0.f ? mx + logf(total) : NEG_INF;
+        // A NaN piece (bad cache index) makes the total NaN: the LSE too, not -inf.
+        const bool seen = total > 0.f || (CHECKED && total != total);
+        p.lse[((i64)batch * p.num_heads + head) * p.seq_q + tok] = seen ? mx + logf(total) : NEG_INF;
     }
 }

@@ -27,8 +27,15 @@
 //! and local memory, and ends with the best correct run per shape (the reference rows are
 //! computed once per shape); `--decode-baseline` adds the prefill `mma.sync` kernel.
 //!
+//! `--decode --decode-paged 16,256` times the same shapes with the K/V cache paged instead (pages
+//! of each listed size, the page table a seeded shuffle of the pool, which is the contiguous
+//! cache's memory viewed as pages), beside the contiguous cache in the same run: each run is
+//! checked against the float64 reference first (rows of the first and last sequence, their keys
+//! gathered from the pages), then timed, and printed with TB/s and the ratio paged/contiguous.
+//!
 //! ```text
 //! cargo run --release --features cuda,internals --example cuda_attention -- --decode --reps 200
+//! cargo run --release --features cuda,internals --example cuda_attention -- --decode --decode-paged 16,256
 //! ```
 
 use std::io::Write;
@@ -37,9 +44,12 @@ use half::bf16;
 use wgpu_flash_attn::cuda::cudarc::driver::sys::CUevent_flags;
 use wgpu_flash_attn::cuda::cudarc::driver::CudaSlice;
 use wgpu_flash_attn::cuda::plan::{decode_plans, mma_plans, select_mma, splits_for_waves, wgmma_plans, CudaDecodePlan};
-use wgpu_flash_attn::cuda::{CudaAttention, CudaDevice, CudaKernelConfig, CudaOptions, CudaPlan, DeviceTensors};
+use wgpu_flash_attn::cuda::{
+    CudaAttention, CudaDevice, CudaKernelConfig, CudaOptions, CudaPlan, DeviceCacheIndex, DeviceTensors,
+};
+use wgpu_flash_attn::problem::PagedKv;
 use wgpu_flash_attn::testing::{random_tensor, ErrorStats};
-use wgpu_flash_attn::{reference, AttentionProblem, AttentionShape, DType, Result, Tensor};
+use wgpu_flash_attn::{reference, AttentionProblem, AttentionShape, DType, Layout, Result, Tensor};
 
 const TOKENS: usize = 16384;
 const HIDDEN: usize = 2048;
@@ -57,6 +67,8 @@ struct Args {
     decode_splits: Vec<u32>,
     decode_baseline: bool,
     decode_sweep: bool,
+    /// Page sizes for `--decode-paged` (empty: the plain decode table).
+    decode_paged: Vec<usize>,
 }
 
 fn parse_args() -> Args {
@@ -72,6 +84,7 @@ fn parse_args() -> Args {
         decode_splits: Vec::new(),
         decode_baseline: false,
         decode_sweep: false,
+        decode_paged: Vec::new(),
     };
     let list = |s: &str| -> Vec<usize> { s.split(',').map(|x| x.trim().parse().expect("a number")).collect() };
     let mut it = std::env::args().skip(1);
@@ -89,6 +102,7 @@ fn parse_args() -> Args {
             "--decode-splits" => a.decode_splits = list(&value()).into_iter().map(|x| x as u32).collect(),
             "--decode-baseline" => a.decode_baseline = true,
             "--decode-sweep" => a.decode_sweep = true,
+            "--decode-paged" => a.decode_paged = list(&value()),
             "--wgmma-ok" => {
                 let text = std::fs::read_to_string(value()).unwrap_or_default();
                 a.wgmma_ok = Some(
@@ -417,6 +431,167 @@ fn decode_bench(args: &Args, device: CudaDevice) -> Result<()> {
     Ok(())
 }
 
+/// `--decode --decode-paged 16,256`: each shape of [`decode_problems`] on the contiguous cache,
+/// then paged at each page size over a shuffled page table, checked against the float64
+/// reference, timed, and compared (TB/s of K and V read; paged / contiguous).
+fn decode_paged_bench(args: &Args, device: CudaDevice) -> Result<()> {
+    let problems = decode_problems();
+    let len = |t: Tensor| problems.iter().map(|p| p.required_len(t)).max().unwrap_or(0);
+    let (q_len, kv_len) = (len(Tensor::Q), len(Tensor::K));
+    let lse_len = problems.iter().map(|p| p.lse_len()).max().unwrap_or(0);
+    let t0 = std::time::Instant::now();
+    let block = 1 << 24;
+    let tile = |seed: u64| -> Vec<bf16> {
+        let b = random_tensor::<bf16>(seed, block);
+        b.iter().copied().cycle().take(kv_len).collect()
+    };
+    let (q, k, v) = (random_tensor::<bf16>(1, q_len), tile(2), tile(3));
+    let stream = device.stream().clone();
+    let dq = stream.clone_htod(&to_bits(&q))?;
+    let dk = stream.clone_htod(&to_bits(&k))?;
+    let dv = stream.clone_htod(&to_bits(&v))?;
+    let mut d_o = stream.clone_htod(&vec![0x7fc0u16; q_len])?;
+    let mut d_lse = stream.alloc_zeros::<f32>(lse_len)?;
+    eprintln!("inputs ready in {:.1} s", t0.elapsed().as_secs_f64());
+    let engine = CudaAttention::new(device.clone());
+    println!("| batch | new tokens | keys | cache | kernel | splits | µs | TB/s K+V | paged / contiguous | check |");
+    println!("|---|---|---|---|---|---|---|---|---|---|");
+    let start = std::time::Instant::now();
+    let mut state = 0x9a6e_d5eed_u64;
+    for p in &problems {
+        let s = p.shape;
+        let kv_bytes = 2.0 * (s.batch * s.seq_kv * s.num_kv_heads * s.head_dim * 2) as f64;
+        let row = s.num_kv_heads * s.head_dim;
+        let mut batches = vec![0, s.batch - 1];
+        batches.dedup();
+        let mut contiguous_tbs = None;
+        for page_size in std::iter::once(None).chain(args.decode_paged.iter().map(|&x| Some(x))) {
+            // The pool is the contiguous cache's buffer viewed as pages; the table a shuffle of
+            // its pages (a sequence's keys land anywhere in it).
+            let mut problem = *p;
+            let mut table: Vec<u32> = Vec::new();
+            if let Some(ps) = page_size {
+                let num_pages = kv_len / (ps * row);
+                let pages_per_seq = s.seq_kv.div_ceil(ps);
+                let mut pool: Vec<u32> = (0..num_pages as u32).collect();
+                for i in (1..pool.len()).rev() {
+                    state = state
+                        .wrapping_mul(6364136223846793005)
+                        .wrapping_add(1442695040888963407);
+                    pool.swap(i, ((state >> 33) % (i as u64 + 1)) as usize);
+                }
+                table = pool[..s.batch * pages_per_seq].to_vec();
+                problem = problem.with_paged_kv(
+                    PagedKv {
+                        page_size: ps,
+                        num_pages,
+                        pages_per_seq,
+                    },
+                    Layout::Bshd,
+                );
+            }
+            let problem = problem;
+            let d_table = stream.clone_htod(&[&table[..], &[0]].concat())?;
+            let launch = |o: &mut CudaSlice<u16>, lse: &mut CudaSlice<f32>| -> Result<String> {
+                let t = DeviceTensors {
+                    q: &dq,
+                    k: &dk,
+                    v: &dv,
+                    o,
+                    lse: Some(lse),
+                };
+                let config = match page_size {
+                    Some(_) => engine.forward_cached_device(
+                        &problem,
+                        t,
+                        DeviceCacheIndex {
+                            page_table: Some(&d_table),
+                            kv_lens: None,
+                        },
+                    )?,
+                    None => engine.forward_device(&problem, t)?,
+                };
+                Ok(config.name())
+            };
+            let label = page_size.map_or("contiguous".to_string(), |ps| format!("paged {ps}"));
+            stream.memcpy_htod(&vec![0x7fc0u16; q_len], &mut d_o)?;
+            let kernel = match launch(&mut d_o, &mut d_lse) {
+                Ok(k) => k,
+                Err(e) => {
+                    println!(
+                        "| {} | {} | {} | {label} | - | - | - | - | - | ERROR {e} |",
+                        s.batch, s.seq_q, s.seq_kv
+                    );
+                    continue;
+                }
+            };
+            let o_bits: Vec<u16> = stream.clone_dtoh(&d_o)?;
+            let out: &[bf16] = bytemuck::cast_slice(&o_bits);
+            // The reference of a few rows of the first and last sequence: their keys gathered
+            // (from the pages, when paged) into a one-sequence dense problem.
+            let mut one = *p;
+            one.shape.batch = 1;
+            let one = one.with_layout(Layout::Bshd);
+            let mut pairs = Vec::new();
+            for &b in &batches {
+                let gather = |x: &[bf16]| -> Vec<bf16> {
+                    match page_size {
+                        None => x[b * s.seq_kv * row..(b + 1) * s.seq_kv * row].to_vec(),
+                        Some(ps) => {
+                            let pps = s.seq_kv.div_ceil(ps);
+                            let mut dense = Vec::with_capacity(s.seq_kv * row);
+                            for j in (0..s.seq_kv).step_by(ps) {
+                                let page = table[b * pps + j / ps] as usize;
+                                let n = ps.min(s.seq_kv - j);
+                                dense.extend_from_slice(&x[page * ps * row..][..n * row]);
+                            }
+                            dense
+                        }
+                    }
+                };
+                let (kb, vb) = (gather(&k), gather(&v));
+                let q_row = s.seq_q * s.num_heads * s.head_dim;
+                let qb = &q[b * q_row..(b + 1) * q_row];
+                for h in [0, 13, s.num_heads - 1] {
+                    for i in 0..s.seq_q {
+                        let r = reference::attention_row(&one, qb, &kb, &vb, 0, h, i)?;
+                        for (d, w) in r.out.iter().enumerate() {
+                            pairs.push((out[p.o_layout.index(b, i, h, d)].to_f64(), *w));
+                        }
+                    }
+                }
+            }
+            let check = ErrorStats::from_pairs(pairs);
+            let ok = check.within(1e-2, 5e-2);
+            let ms = median_ms(&device, args.reps, || launch(&mut d_o, &mut d_lse).map(|_| ()))?;
+            let splits = match engine.config_for(&problem, 16)? {
+                CudaKernelConfig::Decode(c) => engine.decode_split_for(&problem, &c)?.splits.to_string(),
+                _ => "-".into(),
+            };
+            let tbs = kv_bytes / (ms * 1e-3) / 1e12;
+            let ratio = match (page_size, contiguous_tbs) {
+                (None, _) => {
+                    contiguous_tbs = Some(tbs);
+                    "1.00".to_string()
+                }
+                (Some(_), Some(c)) => format!("{:.2}", tbs / c),
+                (Some(_), None) => "-".into(),
+            };
+            println!(
+                "| {} | {} | {} | {label} | {kernel} | {splits} | {:.1} | {:.2} | {ratio} | {} {check} |",
+                s.batch,
+                s.seq_q,
+                s.seq_kv,
+                ms * 1e3,
+                tbs,
+                if ok { "ok" } else { "WRONG" },
+            );
+        }
+    }
+    eprintln!("paged decode runs took {:.1} s", start.elapsed().as_secs_f64());
+    Ok(())
+}
+
 fn main() -> Result<()> {
     let args = parse_args();
     let device = CudaDevice::new(0)?;
@@ -429,6 +604,9 @@ fn main() -> Result<()> {
         device.driver_version(),
         device.arch()
     );
+    if args.decode && !args.decode_paged.is_empty() {
+        return decode_paged_bench(&args, device);
+    }
     if args.decode {
         return decode_bench(&args, device);
     }

@@ -19,9 +19,10 @@ use wgpu_flash_attn::cuda::plan::{
 #[cfg(feature = "internals")]
 use wgpu_flash_attn::cuda::CudaKernelConfig;
 use wgpu_flash_attn::cuda::{
-    driver_available, nvrtc_available, CacheStatus, CudaAttention, CudaDevice, CudaOptions, CudaPlan, DeviceTensors,
-    DiskCache, Origin,
+    driver_available, nvrtc_available, CacheStatus, CudaAttention, CudaDevice, CudaOptions, CudaPlan, DeviceCacheIndex,
+    DeviceTensors, DiskCache, Origin,
 };
+use wgpu_flash_attn::problem::{CacheIndex, PagedKv};
 use wgpu_flash_attn::testing::{random_tensor, ErrorStats};
 use wgpu_flash_attn::{
     reference, AttentionProblem, AttentionShape, DType, Element, Error, Layout, Tensor, TensorLayout,
@@ -171,7 +172,22 @@ fn check<T: Element>(
     out: &[T],
     lse: &[f32],
 ) {
-    let want = reference::attention(problem, run_q, run_k, run_v).unwrap();
+    check_cached(problem, label, run_q, run_k, run_v, out, lse, &CacheIndex::default());
+}
+
+/// [`check`] for a paged or counted cache: against `reference::attention_cached` with `index`.
+#[allow(clippy::too_many_arguments)]
+fn check_cached<T: Element>(
+    problem: &AttentionProblem,
+    label: &str,
+    run_q: &[T],
+    run_k: &[T],
+    run_v: &[T],
+    out: &[T],
+    lse: &[f32],
+    index: &CacheIndex<'_>,
+) {
+    let want = reference::attention_cached(problem, run_q, run_k, run_v, index).unwrap();
     let s = problem.shape;
     let mut pairs = Vec::new();
     let mut coords = Vec::new();
@@ -654,6 +670,515 @@ fn every_decode_plan_is_correct() {
     }
 }
 
+/// A decode problem over a K/V cache: `pages` (page size, pages to spare in the pool) pages it,
+/// `lens` gives each sequence its own count; the pool is laid out in `order`.
+struct CacheCase {
+    label: String,
+    problem: AttentionProblem,
+    page_table: Vec<u32>,
+    kv_lens: Vec<u32>,
+    splits: Option<u32>,
+}
+
+impl CacheCase {
+    fn index(&self) -> CacheIndex<'_> {
+        CacheIndex {
+            page_table: self.problem.kv_cache.paged.map(|_| &self.page_table[..]),
+            kv_lens: self.problem.kv_cache.lengths.then_some(&self.kv_lens[..]),
+        }
+    }
+}
+
+/// A seeded generator of small integers (an LCG; the tests need no statistics).
+struct Lcg(u64);
+impl Lcg {
+    fn below(&mut self, n: usize) -> usize {
+        self.0 = self
+            .0
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        ((self.0 >> 33) % n.max(1) as u64) as usize
+    }
+    fn shuffle<T>(&mut self, x: &mut [T]) {
+        for i in (1..x.len()).rev() {
+            x.swap(i, self.below(i + 1));
+        }
+    }
+}
+
+/// `base` (dense shape, dtype, masking) with its K/V cache paged in pages of `page_size` (`None`:
+/// contiguous) with `spare` pages more in the pool than the sequences use and `spare_cols` more
+/// columns in the table than they need, pages handed out shuffled, and (with `lens`) counts
+/// drawn from 0, 1, seq_kv and anything between.
+#[allow(clippy::too_many_arguments)]
+fn cache_case(
+    label: String,
+    base: AttentionProblem,
+    page_size: Option<usize>,
+    spare: usize,
+    spare_cols: usize,
+    lens: bool,
+    order: Layout,
+    splits: Option<u32>,
+    rng: &mut Lcg,
+) -> CacheCase {
+    let s = base.shape;
+    let mut problem = base.with_layout(order);
+    let mut page_table = Vec::new();
+    if let Some(page_size) = page_size {
+        let pages_per_seq = s.seq_kv.div_ceil(page_size) + spare_cols;
+        let num_pages = s.batch * pages_per_seq + spare;
+        let mut pool: Vec<u32> = (0..num_pages as u32).collect();
+        rng.shuffle(&mut pool);
+        page_table = pool[..s.batch * pages_per_seq].to_vec();
+        problem = problem.with_paged_kv(
+            PagedKv {
+                page_size,
+                num_pages,
+                pages_per_seq,
+            },
+            order,
+        );
+    }
+    let kv_lens: Vec<u32> = (0..s.batch)
+        .map(|b| match (b + rng.below(4)) % 4 {
+            0 => 0,
+            1 => 1.min(s.seq_kv) as u32,
+            2 => s.seq_kv as u32,
+            _ => rng.below(s.seq_kv + 1) as u32,
+        })
+        .collect();
+    let problem = problem.with_kv_lengths(lens);
+    problem.validate().unwrap();
+    CacheCase {
+        label,
+        problem,
+        page_table,
+        kv_lens,
+        splits,
+    }
+}
+
+/// Runs `case` through `forward_cached_device` on poisoned outputs; returns O, the LSE, the
+/// inputs and the kernel's name.
+fn run_cached<T: Half16>(engine: &CudaAttention, case: &CacheCase) -> (Run<T>, Vec<T>, Vec<f32>, String) {
+    let p = &case.problem;
+    let mut run = Run::<T>::new(engine, p, seed_of(&case.label));
+    let stream = engine.device().stream();
+    // Never empty: cudarc refuses 0-length copies, and an absent tensor is passed as None.
+    let table = stream.clone_htod(&[&case.page_table[..], &[0]].concat()).unwrap();
+    let lens = stream.clone_htod(&[&case.kv_lens[..], &[0]].concat()).unwrap();
+    let config = engine
+        .forward_cached_device(
+            p,
+            DeviceTensors {
+                q: &run.dq,
+                k: &run.dk,
+                v: &run.dv,
+                o: &mut run.d_o,
+                lse: Some(&mut run.d_lse),
+            },
+            DeviceCacheIndex {
+                page_table: p.kv_cache.paged.map(|_| &table as _),
+                kv_lens: p.kv_cache.lengths.then_some(&lens as _),
+            },
+        )
+        .unwrap_or_else(|e| panic!("{}: launch failed: {e}", case.label));
+    let (out, lse) = run.read(engine);
+    (run, out, lse, config.name())
+}
+
+fn run_and_check_cached<T: Half16>(engine: &CudaAttention, case: &CacheCase) {
+    let (run, out, lse, kernel) = run_cached::<T>(engine, case);
+    let p = &case.problem;
+    assert!(kernel.starts_with("flash_decode_"), "{kernel}");
+    assert_eq!(kernel.contains("_paged"), p.kv_cache.paged.is_some(), "{kernel}");
+    assert_eq!(kernel.contains("_lens"), p.kv_cache.lengths, "{kernel}");
+    let label = format!("{} [{kernel}]", case.label);
+    check_cached(p, &label, &run.q, &run.k, &run.v, &out, &lse, &case.index());
+}
+
+fn run_any_cached(engine: &CudaAttention, case: &CacheCase) {
+    match case.problem.dtype {
+        DType::BF16 => run_and_check_cached::<bf16>(engine, case),
+        DType::F16 => run_and_check_cached::<f16>(engine, case),
+        DType::F32 => unreachable!("the CUDA path takes 16-bit types"),
+    }
+}
+
+/// An engine per (forced split count, forced plan), made on first use.
+type EngineKey = (Option<u32>, Option<CudaPlan>);
+struct Engines(Vec<(EngineKey, CudaAttention)>);
+impl Engines {
+    fn get(&mut self, base: &CudaAttention, splits: Option<u32>, plan: Option<CudaPlan>) -> &CudaAttention {
+        let key = (splits, plan);
+        if !self.0.iter().any(|(k, _)| *k == key) {
+            let options = CudaOptions {
+                decode_splits: splits,
+                plan,
+                ..CudaOptions::default()
+            };
+            self.0
+                .push((key, CudaAttention::with_options(base.device().clone(), options)));
+        }
+        &self.0.iter().find(|(k, _)| *k == key).unwrap().1
+    }
+}
+
+/// Seeded random decode problems over paged and counted caches: page sizes 16, 64 and 256,
+/// shuffled page tables, pools and tables larger than needed, ragged counts (0, 1, seq_kv and
+/// between), one piece, a few and many, GQA 1/4/8, 1 and 4 new tokens (and 16: two row blocks
+/// at group 8), causal or not, bf16 and f16, BSHD and BHSD pools, head_dim 128 mostly (and 64,
+/// 256, 72); plus counts on a contiguous cache.
+fn cache_cases() -> Vec<CacheCase> {
+    use DType::{BF16, F16};
+    let mut rng = Lcg(0x0009_a9ed_ca5e_5eed);
+    let mut out = Vec::new();
+    for i in 0..40 {
+        let batch = 1 + rng.below(4);
+        let seq_q = [1, 4, 1, 4, 16][rng.below(5)];
+        let seq_kv = [1, 16, 17, 300, 1000, 3000][rng.below(6)];
+        let group = [1, 4, 8][rng.below(3)];
+        let kv_heads = 1 + rng.below(2);
+        let head_dim = [128, 128, 128, 64, 256, 72][rng.below(6)];
+        let causal = rng.below(2) == 1;
+        let dtype = if rng.below(2) == 0 { BF16 } else { F16 };
+        let page_size = [Some(16), Some(64), Some(256), None][i % 4];
+        let lens = page_size.is_none() || rng.below(3) != 0;
+        let order = [Layout::Bshd, Layout::Bhsd][rng.below(2)];
+        let splits = [None, Some(1), Some(3), Some(64)][rng.below(4)];
+        let (spare, spare_cols) = (rng.below(5), rng.below(3));
+        let shape = AttentionShape {
+            batch,
+            seq_q,
+            seq_kv,
+            num_heads: kv_heads * group,
+            num_kv_heads: kv_heads,
+            head_dim,
+        };
+        let base = AttentionProblem::new(shape, dtype).with_causal(causal);
+        let label = format!(
+            "cache{i}_b{batch}_q{seq_q}_kv{seq_kv}_g{group}x{kv_heads}_d{head_dim}_{}{}_page{page_size:?}_lens{}_{order:?}_splits{splits:?}",
+            dtype.name(),
+            if causal { "_causal" } else { "" },
+            lens as u8,
+        );
+        out.push(cache_case(
+            label, base, page_size, spare, spare_cols, lens, order, splits, &mut rng,
+        ));
+    }
+    out
+}
+
+/// Runs without a GPU: the random cache cases are valid problems with valid indices, and cover
+/// what they claim (every page size, counts 0, 1 and seq_kv, spare pages, shuffled tables).
+#[test]
+fn cache_cases_are_valid() {
+    let cases = cache_cases();
+    let mut sizes = std::collections::BTreeSet::new();
+    let (mut zero, mut one, mut full, mut spare, mut shuffled) = (false, false, false, false, false);
+    for case in &cases {
+        let p = &case.problem;
+        p.validate().unwrap();
+        case.index()
+            .validate(&p.kv_cache, p.shape.batch, p.shape.seq_kv)
+            .unwrap_or_else(|e| panic!("{}: {e}", case.label));
+        if let Some(pages) = p.kv_cache.paged {
+            sizes.insert(pages.page_size);
+            spare |= pages.num_pages > case.page_table.len();
+            shuffled |= case.page_table.windows(2).any(|w| w[1] != w[0] + 1);
+        }
+        if p.kv_cache.lengths {
+            zero |= case.kv_lens.contains(&0);
+            one |= case.kv_lens.contains(&1);
+            full |= case.kv_lens.iter().any(|&l| l as usize == p.shape.seq_kv && l > 1);
+        }
+    }
+    assert_eq!(sizes.into_iter().collect::<Vec<_>>(), vec![16, 64, 256]);
+    assert!(zero && one && full && spare && shuffled);
+}
+
+/// The decode kernel over paged and counted caches against `reference::attention_cached`
+/// (outputs poisoned), through `forward_cached_device` on engines forcing each split count.
+#[test]
+fn cached_decode_matches_the_reference() {
+    let Some(base) = engine() else { return };
+    let mut engines = Engines(Vec::new());
+    for case in cache_cases() {
+        run_any_cached(engines.get(base, case.splits, None), &case);
+    }
+}
+
+/// Every decode plan of the sweep (register loads, 2-4 stages, fused combine, 8 warps) over a
+/// paged, counted cache at head_dim 128, with one piece, a few and the automatic split.
+#[cfg(feature = "internals")]
+#[test]
+fn every_decode_plan_reads_paged_caches() {
+    let Some(base) = engine() else { return };
+    let mut engines = Engines(Vec::new());
+    let mut rng = Lcg(0x5eed_9a6e);
+    for plan in decode_plans(128) {
+        for (page, splits) in [(16, Some(1)), (64, Some(5)), (256, None)] {
+            let shape = AttentionShape {
+                batch: 3,
+                seq_q: 4,
+                seq_kv: 1500,
+                num_heads: 16,
+                num_kv_heads: 4,
+                head_dim: 128,
+            };
+            let base_p = AttentionProblem::new(shape, DType::BF16).with_causal(true);
+            let label = format!("cache_plan_{}_page{page}_splits{splits:?}", plan.tag());
+            let case = cache_case(label, base_p, Some(page), 3, 1, true, Layout::Bshd, splits, &mut rng);
+            run_any_cached(engines.get(base, splits, Some(plan.into())), &case);
+        }
+    }
+}
+
+/// A page number past the pool or a count above seq_kv, which the device path cannot check:
+/// never read through, and the affected sequence's rows come out NaN (O and LSE) while the
+/// other sequences stay right; on every path (one piece, the combine launch, the fused combine,
+/// register loads).
+#[cfg(feature = "internals")]
+#[test]
+fn bad_cache_indices_give_nan_rows() {
+    let Some(base) = engine() else { return };
+    let mut engines = Engines(Vec::new());
+    let mut rng = Lcg(0xbad_9a6e);
+    let default = default_decode_plan(128);
+    let plans = [
+        None,
+        Some(CudaPlan::Decode(default.with_fused(true))),
+        Some(CudaPlan::Decode(default.with_stages(0))),
+    ];
+    for (i, (splits, plan, causal)) in [
+        (Some(1), plans[0], false),
+        (Some(4), plans[0], true),
+        (None, plans[1], false),
+        (Some(3), plans[2], true),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let shape = AttentionShape {
+            batch: 3,
+            seq_q: 4,
+            seq_kv: 1000,
+            num_heads: 16,
+            num_kv_heads: 4,
+            head_dim: 128,
+        };
+        let base_p = AttentionProblem::new(shape, DType::BF16).with_causal(causal);
+        let mut case = cache_case(
+            format!("bad_index{i}"),
+            base_p,
+            Some(64),
+            2,
+            0,
+            true,
+            Layout::Bshd,
+            splits,
+            &mut rng,
+        );
+        let num_pages = case.problem.kv_cache.paged.unwrap().num_pages as u32;
+        // Sequence 0: all its keys, its first page past the pool (every token sees key 0).
+        // Sequence 1: a count above seq_kv. Sequence 2: fine.
+        case.kv_lens = vec![1000, 1001, 700];
+        let good_page = case.page_table[0];
+        case.page_table[0] = num_pages + 7 + i as u32;
+        let engine = engines.get(base, splits, plan);
+        let (run, out, lse, kernel) = run_cached::<bf16>(engine, &case);
+        let p = &case.problem;
+        let s = p.shape;
+        let label = format!("{} [{kernel}]", case.label);
+        for b in 0..2 {
+            for h in 0..s.num_heads {
+                for t in 0..s.seq_q {
+                    assert!(
+                        lse[(b * s.num_heads + h) * s.seq_q + t].is_nan(),
+                        "{label}: LSE of sequence {b}"
+                    );
+                    for d in 0..s.head_dim {
+                        let x = out[p.o_layout.index(b, t, h, d)].to_f64();
+                        assert!(x.is_nan(), "{label}: O of sequence {b} (h {h}, t {t}, d {d}) is {x}");
+                    }
+                }
+            }
+        }
+        // Sequence 2 against the reference, with the bad entries made good (other sequences'
+        // rows are then compared too: mask them out by checking only sequence 2).
+        let mut fixed = case.page_table.clone();
+        fixed[0] = good_page;
+        let lens = [1000u32, 1000, 700];
+        let want = reference::attention_cached(
+            p,
+            &run.q,
+            &run.k,
+            &run.v,
+            &CacheIndex {
+                page_table: Some(&fixed),
+                kv_lens: Some(&lens),
+            },
+        )
+        .unwrap();
+        let b = 2;
+        for h in 0..s.num_heads {
+            for t in 0..s.seq_q {
+                let (g, w) = (
+                    lse[(b * s.num_heads + h) * s.seq_q + t] as f64,
+                    want.lse[(b * s.num_heads + h) * s.seq_q + t],
+                );
+                assert!((g - w).abs() < 1e-2, "{label}: LSE of sequence 2: {g} vs {w}");
+                for d in 0..s.head_dim {
+                    let idx = p.o_layout.index(b, t, h, d);
+                    let (g, w) = (out[idx].to_f64(), want.out[idx]);
+                    assert!((g - w).abs() < 5e-2, "{label}: O of sequence 2: {g} vs {w}");
+                }
+            }
+        }
+        eprintln!("{label}: bad sequences NaN, the good one right");
+    }
+}
+
+/// The host path (`forward_cached`) checks the index and matches the device path bit for bit;
+/// the entry points without an index refuse a paged or counted problem and name the one to use;
+/// a forced prefill plan refuses it.
+#[test]
+fn cached_host_path_checks_the_index() {
+    let Some(engine) = engine() else { return };
+    let mut rng = Lcg(0x4057);
+    let shape = AttentionShape {
+        batch: 2,
+        seq_q: 1,
+        seq_kv: 600,
+        num_heads: 8,
+        num_kv_heads: 2,
+        head_dim: 128,
+    };
+    let base_p = AttentionProblem::new(shape, DType::BF16).with_causal(true);
+    let case = cache_case(
+        "cached_host".into(),
+        base_p,
+        Some(16),
+        5,
+        1,
+        true,
+        Layout::Bshd,
+        None,
+        &mut rng,
+    );
+    let p = &case.problem;
+    let (run, dev_out, dev_lse, kernel) = run_cached::<bf16>(engine, &case);
+    let host = engine.forward_cached(p, &run.q, &run.k, &run.v, &case.index()).unwrap();
+    assert_eq!(host.kernel, kernel);
+    assert_eq!(bits(&host.out), bits(&dev_out), "same kernel, same inputs: same bits");
+    assert_eq!(
+        host.lse.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
+        dev_lse.iter().map(|x| x.to_bits()).collect::<Vec<_>>()
+    );
+    check_cached(
+        p,
+        "cached_host",
+        &run.q,
+        &run.k,
+        &run.v,
+        &host.out,
+        &host.lse,
+        &case.index(),
+    );
+    // A page past the pool or a count above seq_kv: refused on the host before any launch.
+    let num_pages = p.kv_cache.paged.unwrap().num_pages as u32;
+    let mut table = case.page_table.clone();
+    table[3] = num_pages;
+    let bad_page = CacheIndex {
+        page_table: Some(&table),
+        kv_lens: Some(&case.kv_lens),
+    };
+    let err = engine.forward_cached(p, &run.q, &run.k, &run.v, &bad_page).unwrap_err();
+    assert!(
+        matches!(
+            err,
+            Error::InvalidBuffer {
+                tensor: "page_table",
+                ..
+            }
+        ),
+        "{err}"
+    );
+    let long = [601u32, 5];
+    let bad_len = CacheIndex {
+        page_table: Some(&case.page_table),
+        kv_lens: Some(&long),
+    };
+    let err = engine.forward_cached(p, &run.q, &run.k, &run.v, &bad_len).unwrap_err();
+    assert!(matches!(err, Error::InvalidBuffer { tensor: "kv_lens", .. }), "{err}");
+    // The entry points without an index name the ones with it.
+    let msg = engine.forward(p, &run.q, &run.k, &run.v).unwrap_err().to_string();
+    assert!(msg.contains("forward_cached"), "{msg}");
+    let stream = engine.device().stream();
+    let mut d_o = stream.alloc_zeros::<u16>(p.required_len(Tensor::O)).unwrap();
+    macro_rules! tensors {
+        ($o:expr) => {
+            DeviceTensors {
+                q: &run.dq,
+                k: &run.dk,
+                v: &run.dv,
+                o: $o,
+                lse: None,
+            }
+        };
+    }
+    let msg = engine.forward_device(p, tensors!(&mut d_o)).unwrap_err().to_string();
+    assert!(msg.contains("forward_cached_device"), "{msg}");
+    // An index missing a tensor the problem needs, or too short.
+    let table_dev = stream.clone_htod(&case.page_table).unwrap();
+    let err = engine
+        .forward_cached_device(
+            p,
+            tensors!(&mut d_o),
+            DeviceCacheIndex {
+                page_table: Some(&table_dev),
+                kv_lens: None,
+            },
+        )
+        .unwrap_err();
+    assert!(matches!(err, Error::InvalidBuffer { tensor: "kv_lens", .. }), "{err}");
+    let short = stream.clone_htod(&case.page_table[1..]).unwrap();
+    let lens_dev = stream.clone_htod(&case.kv_lens).unwrap();
+    let err = engine
+        .forward_cached_device(
+            p,
+            tensors!(&mut d_o),
+            DeviceCacheIndex {
+                page_table: Some(&short),
+                kv_lens: Some(&lens_dev),
+            },
+        )
+        .unwrap_err();
+    assert!(
+        matches!(
+            err,
+            Error::InvalidBuffer {
+                tensor: "page_table",
+                ..
+            }
+        ),
+        "{err}"
+    );
+    // The prefill kernels refuse a cache.
+    let prefill = CudaAttention::with_options(
+        engine.device().clone(),
+        CudaOptions {
+            plan: Some(CudaPlan::Mma(wgpu_flash_attn::cuda::MmaPlan::new(64, 64, 4))),
+            ..CudaOptions::default()
+        },
+    );
+    let err = prefill
+        .forward_cached(p, &run.q, &run.k, &run.v, &case.index())
+        .unwrap_err();
+    assert!(matches!(err, Error::Unavailable { .. }), "{err}");
+}
+
 #[test]
 fn host_slices_match_device_buffers() {
     let Some(engine) = engine() else { return };
@@ -817,6 +1342,30 @@ fn decode_kernels_compile_with_nvrtc() {
             if let Some(dir) = std::env::var_os("FLASH_CUDA_DUMP_DIR") {
                 std::fs::write(std::path::Path::new(&dir).join(format!("{}.cubin", c.name())), &cubin).unwrap();
             }
+            eprintln!("{}: {} bytes; {}", c.name(), cubin.len(), resource_report(&log));
+        }
+    }
+    // The cache variants (paged, counted, both) of every plan at the benchmark's head_dim.
+    use wgpu_flash_attn::problem::KvCache;
+    let pages = PagedKv {
+        page_size: 16,
+        num_pages: 1,
+        pages_per_seq: 1,
+    };
+    for plan in decode_plans(128) {
+        for (paged, lengths) in [(true, false), (false, true), (true, true)] {
+            let CudaKernelConfig::Decode(c) = CudaKernelConfig::new(DType::BF16, 128, plan.into(), true, 16).unwrap()
+            else {
+                unreachable!()
+            };
+            let cache = KvCache {
+                paged: paged.then_some(pages),
+                lengths,
+            };
+            let c = CudaKernelConfig::Decode(c.with_cache(&cache));
+            let job = CompileJob::forward(&c, "sm_90a");
+            let (cubin, log) = compile_cubin(&job).unwrap_or_else(|e| panic!("{e}"));
+            assert!(!cubin.is_empty());
             eprintln!("{}: {} bytes; {}", c.name(), cubin.len(), resource_report(&log));
         }
     }

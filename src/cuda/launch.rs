@@ -13,14 +13,14 @@ use super::kernel_map::OnceMap;
 use super::nvrtc::{load_or_compile, resource_report, CompileJob};
 use super::plan::tensor_map::tensor_map_spec;
 use super::plan::{
-    decode_counters_len, decode_split, select_cuda, validate_for_cuda, validate_for_decode, vec_bytes_for,
-    wgmma_unavailable, CudaDecodeConfig, CudaKernelConfig, CudaPlan, CudaSelection, DecodeParams, FwdParams,
-    LaunchGeometry, DECODE_BY_DEFAULT,
+    decode_counters_len, decode_split, goes_to_decode, select_cuda, validate_for_cuda, validate_for_decode,
+    vec_bytes_for, wgmma_unavailable, CudaDecodeConfig, CudaKernelConfig, CudaPlan, CudaSelection, DecodeParams,
+    FwdParams, LaunchGeometry,
 };
 use super::tma;
-use crate::error::{Error, Result};
-use crate::plan::decode::{prefers_decode, DecodeSplit};
-use crate::problem::{AttentionProblem, Element, Tensor};
+use crate::error::{invalid, Error, Result};
+use crate::plan::decode::DecodeSplit;
+use crate::problem::{AttentionProblem, CacheIndex, Element, Tensor};
 use crate::runtime::forward::AttentionOutput;
 
 // SAFETY: plain `#[repr(C)]` data whose layout `cuda/flash_fwd_mma.cu` mirrors (size asserted on
@@ -106,6 +106,23 @@ pub struct DeviceTensors<'a, T> {
     pub o: &'a mut dyn DevicePtrMut<T>,
     /// Each row's log-sum-exp (natural log), or `None` to skip writing it.
     pub lse: Option<&'a mut dyn DevicePtrMut<f32>>,
+}
+
+/// The index tensors of a K/V cache in device memory, for
+/// [`forward_cached_device`](CudaAttention::forward_cached_device): the page table
+/// (`[batch, pages_per_seq]` u32, when the problem's cache is paged) and the per-sequence key
+/// counts (`[batch]` u32, when it has lengths); each present exactly when the problem asks for it.
+///
+/// Their values are not checked on the host (they live on the device): a page number past the
+/// pool, or a count above `seq_kv`, is never read through; the rows it affects come out NaN (O
+/// and LSE) instead (`cuda/flash_decode.cu`). The host path
+/// [`forward_cached`](CudaAttention::forward_cached) checks them with [`CacheIndex::validate`].
+#[derive(Default)]
+pub struct DeviceCacheIndex<'a> {
+    /// The page table, `batch · pages_per_seq` entries or more.
+    pub page_table: Option<&'a dyn DevicePtr<u32>>,
+    /// Each sequence's key count, `batch` entries or more.
+    pub kv_lens: Option<&'a dyn DevicePtr<u32>>,
 }
 
 /// Runs exact attention on one CUDA device. Kernels compile on first use (or load from the disk
@@ -263,7 +280,20 @@ impl CudaAttention {
         problem: &AttentionProblem,
         tensors: DeviceTensors<'_, T>,
     ) -> Result<CudaKernelConfig> {
-        self.launch(problem, tensors, None)
+        self.launch(problem, tensors, None, None)
+    }
+
+    /// [`forward_device`](Self::forward_device) for a problem whose K/V cache is paged or has
+    /// per-sequence key counts ([`AttentionProblem::with_paged_kv`],
+    /// [`AttentionProblem::with_kv_lengths`]): K and V are the page pools, `index` the page table
+    /// and counts on the device. Runs on the decode kernel (any number of new tokens).
+    pub fn forward_cached_device<T>(
+        &self,
+        problem: &AttentionProblem,
+        tensors: DeviceTensors<'_, T>,
+        index: DeviceCacheIndex<'_>,
+    ) -> Result<CudaKernelConfig> {
+        self.launch(problem, tensors, None, Some(index))
     }
 
     /// [`forward_device`](Self::forward_device) with an explicit plan.
@@ -273,7 +303,7 @@ impl CudaAttention {
         plan: CudaPlan,
         tensors: DeviceTensors<'_, T>,
     ) -> Result<CudaKernelConfig> {
-        self.launch(problem, tensors, Some(plan))
+        self.launch(problem, tensors, Some(plan), None)
     }
 
     fn launch<T>(
@@ -281,8 +311,10 @@ impl CudaAttention {
         problem: &AttentionProblem,
         t: DeviceTensors<'_, T>,
         plan: Option<CudaPlan>,
+        index: Option<DeviceCacheIndex<'_>>,
     ) -> Result<CudaKernelConfig> {
         validate_for(problem, plan.or(self.options.plan))?;
+        let index = check_device_index(problem, index, "forward_cached_device")?;
         if std::mem::size_of::<T>() != problem.dtype.size_bytes() {
             return Err(Error::InvalidBuffer {
                 tensor: "q",
@@ -333,11 +365,33 @@ impl CudaAttention {
             ("o", extent(Tensor::O, o)),
             ("lse", (lse, lse + 4 * problem.lse_len() as u64)),
         ];
-        let read = [
+        // The cache index (each tensor or none) and the extents it is read at.
+        let (page_table, _gpt) = match index.page_table {
+            Some(t) => {
+                let (p, g) = t.device_ptr(stream);
+                (p, Some(g))
+            }
+            None => (0, None),
+        };
+        let (kv_lens, _glens) = match index.kv_lens {
+            Some(t) => {
+                let (p, g) = t.device_ptr(stream);
+                (p, Some(g))
+            }
+            None => (0, None),
+        };
+        let mut read = vec![
             ("q", extent(Tensor::Q, q)),
             ("k", extent(Tensor::K, k)),
             ("v", extent(Tensor::V, v)),
         ];
+        if page_table != 0 {
+            let len = problem.kv_cache.page_table_len(problem.shape.batch) as u64;
+            read.push(("page_table", (page_table, page_table + 4 * len)));
+        }
+        if kv_lens != 0 {
+            read.push(("kv_lens", (kv_lens, kv_lens + 4 * problem.shape.batch as u64)));
+        }
         let written = if lse == 0 { &written[..1] } else { &written[..] };
         if let Some((a, b)) = first_overlap(written, &read) {
             return Err(Error::InvalidBuffer {
@@ -354,7 +408,7 @@ impl CudaAttention {
             None => self.config_for(problem, vec_bytes)?,
         };
         if let CudaKernelConfig::Decode(c) = &config {
-            self.launch_decode(problem, c, [q, k, v, o], lse)?;
+            self.launch_decode(problem, c, [q, k, v, o], lse, [page_table, kv_lens])?;
             return Ok(config);
         }
         let geometry = config.geometry(problem)?;
@@ -410,7 +464,14 @@ impl CudaAttention {
     /// Enqueues the decode kernel on buffers already checked, and with more than one split the
     /// combine kernel after it (unless the plan fuses it); the split's partial results go to the
     /// engine's scratch.
-    fn launch_decode(&self, problem: &AttentionProblem, c: &CudaDecodeConfig, bases: [u64; 4], lse: u64) -> Result<()> {
+    fn launch_decode(
+        &self,
+        problem: &AttentionProblem,
+        c: &CudaDecodeConfig,
+        bases: [u64; 4],
+        lse: u64,
+        [page_table, kv_lens]: [u64; 2],
+    ) -> Result<()> {
         let kernel = self.kernel(&CudaKernelConfig::Decode(*c))?;
         let split = decode_split(
             problem,
@@ -461,7 +522,8 @@ impl CudaAttention {
             }
             _ => 0,
         };
-        let params = DecodeParams::new(problem, bases, lse, scratch_ptr, counters_ptr, &split);
+        let params = DecodeParams::new(problem, bases, lse, scratch_ptr, counters_ptr, &split)
+            .with_cache(problem, page_table, kv_lens);
         let launch = |function: &CudaFunction, g: LaunchGeometry| -> Result<()> {
             let mut builder = stream.launch_builder(function);
             builder.arg(&params);
@@ -498,7 +560,36 @@ impl CudaAttention {
         k: &[T],
         v: &[T],
     ) -> Result<AttentionOutput<T>> {
+        self.forward_host(problem, q, k, v, None)
+    }
+
+    /// [`forward`](Self::forward) for a problem whose K/V cache is paged or has per-sequence key
+    /// counts: K and V are the page pools, `index` the page table and counts, checked first
+    /// ([`CacheIndex::validate`]: page numbers inside the pool, counts at most `seq_kv`).
+    pub fn forward_cached<T: Element>(
+        &self,
+        problem: &AttentionProblem,
+        q: &[T],
+        k: &[T],
+        v: &[T],
+        index: &CacheIndex<'_>,
+    ) -> Result<AttentionOutput<T>> {
+        self.forward_host(problem, q, k, v, Some(index))
+    }
+
+    fn forward_host<T: Element>(
+        &self,
+        problem: &AttentionProblem,
+        q: &[T],
+        k: &[T],
+        v: &[T],
+        index: Option<&CacheIndex<'_>>,
+    ) -> Result<AttentionOutput<T>> {
         validate_for(problem, self.options.plan)?;
+        match index {
+            Some(index) => index.validate(&problem.kv_cache, problem.shape.batch, problem.shape.seq_kv)?,
+            None => refuse_cached(problem, "forward_cached")?,
+        }
         if T::DTYPE != problem.dtype {
             return Err(Error::DTypeMismatch {
                 tensor: "q",
@@ -519,16 +610,27 @@ impl CudaAttention {
         let o_len = problem.required_len(Tensor::O);
         let mut d_o = stream.alloc_zeros::<u16>(o_len)?;
         let mut d_lse = stream.alloc_zeros::<f32>(problem.lse_len())?;
-        let config = self.forward_device(
-            problem,
-            DeviceTensors {
-                q: &dq,
-                k: &dk,
-                v: &dv,
-                o: &mut d_o,
-                lse: Some(&mut d_lse),
-            },
-        )?;
+        let upload = |x: Option<&[u32]>| x.map(|x| stream.clone_htod(x)).transpose();
+        let d_table = upload(index.and_then(|i| i.page_table))?;
+        let d_lens = upload(index.and_then(|i| i.kv_lens))?;
+        let tensors = DeviceTensors {
+            q: &dq,
+            k: &dk,
+            v: &dv,
+            o: &mut d_o,
+            lse: Some(&mut d_lse),
+        };
+        let config = match index {
+            Some(_) => self.forward_cached_device(
+                problem,
+                tensors,
+                DeviceCacheIndex {
+                    page_table: d_table.as_ref().map(|t| t as &dyn DevicePtr<u32>),
+                    kv_lens: d_lens.as_ref().map(|t| t as &dyn DevicePtr<u32>),
+                },
+            )?,
+            None => self.forward_device(problem, tensors)?,
+        };
         let out_bits: Vec<u16> = stream.clone_dtoh(&d_o)?;
         let lse: Vec<f32> = stream.clone_dtoh(&d_lse)?;
         let device_bytes = 2 * (dq.len() + dk.len() + dv.len() + o_len) as u64 + 4 * lse.len() as u64;
@@ -541,6 +643,57 @@ impl CudaAttention {
     }
 }
 
+/// An error for a problem whose K/V cache needs an index, reached through an entry point that
+/// takes none: it names `entry`, the one to use.
+fn refuse_cached(problem: &AttentionProblem, entry: &str) -> Result<()> {
+    let cache = &problem.kv_cache;
+    if cache.is_plain() {
+        return Ok(());
+    }
+    let what = match (cache.paged.is_some(), cache.lengths) {
+        (true, true) => "paged with per-sequence key counts",
+        (true, false) => "paged",
+        _ => "given per-sequence key counts",
+    };
+    invalid!("the problem's K/V cache is {what}: pass its page table and key counts with `{entry}`")
+}
+
+/// The device cache index of a launch, checked against the problem: `None` only for a plain
+/// cache (else an error naming `entry`); each tensor present exactly when the problem asks for
+/// it, and long enough.
+fn check_device_index<'a>(
+    problem: &AttentionProblem,
+    index: Option<DeviceCacheIndex<'a>>,
+    entry: &str,
+) -> Result<DeviceCacheIndex<'a>> {
+    let Some(index) = index else {
+        refuse_cached(problem, entry)?;
+        return Ok(DeviceCacheIndex::default());
+    };
+    let cache = &problem.kv_cache;
+    let batch = problem.shape.batch;
+    let bad = |tensor, message: String| Err(Error::InvalidBuffer { tensor, message });
+    for (tensor, wanted, given, need) in [
+        (
+            "page_table",
+            cache.paged.is_some(),
+            index.page_table.map(|t| t.len()),
+            cache.page_table_len(batch),
+        ),
+        ("kv_lens", cache.lengths, index.kv_lens.map(|t| t.len()), batch),
+    ] {
+        match (wanted, given) {
+            (true, None) => return bad(tensor, "missing: the problem's cache needs it".into()),
+            (false, Some(_)) => return bad(tensor, "given for a problem whose cache does not use it".into()),
+            (true, Some(len)) if len < need => {
+                return bad(tensor, format!("holds {len} entries, the problem needs {need}"))
+            }
+            _ => {}
+        }
+    }
+    Ok(index)
+}
+
 /// The checks of the kernel a problem goes to: the decode kernel's (any head_dim validation
 /// admits) when `forced` is a decode plan, or when nothing is forced and selection sends it there;
 /// else the prefill kernels'.
@@ -548,7 +701,7 @@ fn validate_for(problem: &AttentionProblem, forced: Option<CudaPlan>) -> Result<
     problem.validate()?;
     let decode = match forced {
         Some(plan) => matches!(plan, CudaPlan::Decode(_)),
-        None => DECODE_BY_DEFAULT && prefers_decode(problem),
+        None => goes_to_decode(problem),
     };
     if decode {
         validate_for_decode(problem)

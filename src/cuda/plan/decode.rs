@@ -13,7 +13,12 @@ use crate::error::{invalid, Error, Result};
 use crate::plan::decode::{DecodeSplit, DECODE_FEATURES};
 use crate::plan::missing_features;
 use crate::plan::policy::{DECODE_MAX_SPLITS, DECODE_MIN_KEYS_PER_SPLIT};
-use crate::problem::{AttentionProblem, DType};
+use crate::problem::features::{Feature, FeatureSet};
+use crate::problem::{AttentionProblem, DType, KvCache};
+
+/// Features the CUDA decode kernel implements: the decode kernels' common set, a paged K/V cache
+/// and per-sequence key counts (`FA_PAGED`, `FA_LENS` in `cuda/flash_decode.cu`).
+pub const CUDA_DECODE_FEATURES: FeatureSet = DECODE_FEATURES.with(Feature::PagedKv).with(Feature::KvLengths);
 
 /// Packed query rows per CTA: the M of one `mma.sync` tile.
 pub const DECODE_ROWS: u32 = 16;
@@ -192,6 +197,10 @@ pub struct CudaDecodeConfig {
     pub plan: CudaDecodePlan,
     /// Width of the global loads and stores: 16 bytes, or 8 for tensors only 8-byte aligned.
     pub vec_bytes: u32,
+    /// K and V in pages addressed through a page table (`_paged`).
+    pub paged: bool,
+    /// Per-sequence key counts (`_lens`).
+    pub lengths: bool,
 }
 
 impl CudaDecodeConfig {
@@ -227,6 +236,8 @@ impl CudaDecodeConfig {
             causal,
             plan,
             vec_bytes,
+            paged: false,
+            lengths: false,
         };
         if config.smem_bytes() > DECODE_MAX_SMEM {
             return Err(Error::Unavailable {
@@ -240,16 +251,28 @@ impl CudaDecodeConfig {
         Ok(config)
     }
 
-    /// `flash_decode_bf16_d128_w4_t2[_s3][_m3][_fc][_causal][_a8]`: the decode kernel's entry
-    /// point (the plan's part is [`CudaDecodePlan::tag`]).
+    /// This config reading the K/V cache `cache` describes: paged and/or with per-sequence key
+    /// counts (the plain cache: neither).
+    pub fn with_cache(self, cache: &KvCache) -> Self {
+        CudaDecodeConfig {
+            paged: cache.paged.is_some(),
+            lengths: cache.lengths,
+            ..self
+        }
+    }
+
+    /// `flash_decode_bf16_d128_w4_t2[_s3][_m3][_fc][_causal][_a8][_paged][_lens]`: the decode
+    /// kernel's entry point (the plan's part is [`CudaDecodePlan::tag`]).
     pub fn name(&self) -> String {
         format!(
-            "flash_decode_{}_d{}_{}{}{}",
+            "flash_decode_{}_d{}_{}{}{}{}{}",
             self.dtype.name(),
             self.head_dim,
             self.plan.tag(),
             if self.causal { "_causal" } else { "" },
             if self.vec_bytes == 8 { "_a8" } else { "" },
+            if self.paged { "_paged" } else { "" },
+            if self.lengths { "_lens" } else { "" },
         )
     }
 
@@ -308,6 +331,8 @@ impl CudaDecodeConfig {
             define("FA_MIN_BLOCKS", self.plan.min_blocks),
             define("FA_STAGES", self.plan.stages),
             define("FA_FUSED", self.plan.fused as u32),
+            define("FA_PAGED", self.paged as u32),
+            define("FA_LENS", self.lengths as u32),
         ]
     }
 
@@ -348,7 +373,7 @@ impl CudaDecodeConfig {
 pub fn validate_for_decode(problem: &AttentionProblem) -> Result<()> {
     problem.validate()?;
     check_dtype(problem.dtype)?;
-    if let Some(why) = missing_features("the CUDA decode kernel", problem.features(), DECODE_FEATURES) {
+    if let Some(why) = missing_features("the CUDA decode kernel", problem.features(), CUDA_DECODE_FEATURES) {
         return Err(Error::Unavailable {
             what: "the CUDA decode kernel".into(),
             why,
@@ -361,6 +386,20 @@ pub fn validate_for_decode(problem: &AttentionProblem) -> Result<()> {
             )));
         }
     }
+    if let Some(p) = problem.kv_cache.paged {
+        // The kernel takes page numbers, page sizes and table columns as 32-bit ints.
+        for (name, value) in [
+            ("num_pages", p.num_pages),
+            ("page_size", p.page_size),
+            ("pages_per_seq", p.pages_per_seq),
+        ] {
+            if value > i32::MAX as usize {
+                return Err(Error::TooLarge(format!(
+                    "{name} = {value} exceeds the CUDA decode kernel's 31-bit limit"
+                )));
+            }
+        }
+    }
     check_grid(&problem.shape)
 }
 
@@ -368,13 +407,14 @@ pub fn validate_for_decode(problem: &AttentionProblem) -> Result<()> {
 pub fn select_cuda_decode(problem: &AttentionProblem, vec_bytes: u32) -> Result<CudaDecodeConfig> {
     validate_for_decode(problem)?;
     let head_dim = problem.shape.head_dim;
-    CudaDecodeConfig::new(
+    Ok(CudaDecodeConfig::new(
         problem.dtype,
         head_dim as u32,
         default_decode_plan(head_dim),
         problem.causal,
         vec_bytes,
-    )
+    )?
+    .with_cache(&problem.kv_cache))
 }
 
 /// Pieces per K/V head for the CUDA decode kernel: as many as fill `waves` full waves of the
@@ -463,6 +503,33 @@ impl DecodeParams {
             rows_per_kv_head: split.rows_per_kv_head as i32,
             row_blocks: split.row_blocks as i32,
             counters: if split_out { counters } else { 0 },
+            page_table: 0,
+            kv_lens: 0,
+            page_size: 0,
+            num_pages: 0,
+            pages_per_seq: 0,
+            cache_pad: 0,
+        }
+    }
+
+    /// These parameters with `problem`'s cache index: the page table at `page_table` and the key
+    /// counts at `kv_lens` (device addresses of u32 tensors; 0 where the cache has none).
+    /// `problem` is validated: its page sizes and counts fit 32 bits.
+    pub fn with_cache(self, problem: &AttentionProblem, page_table: u64, kv_lens: u64) -> Self {
+        let cache = &problem.kv_cache;
+        let paged = cache.paged.unwrap_or(crate::problem::PagedKv {
+            page_size: 0,
+            num_pages: 0,
+            pages_per_seq: 0,
+        });
+        let as_i32 = |n: usize| i32::try_from(n).unwrap_or(i32::MAX);
+        DecodeParams {
+            page_table: if cache.paged.is_some() { page_table } else { 0 },
+            kv_lens: if cache.lengths { kv_lens } else { 0 },
+            page_size: as_i32(paged.page_size),
+            num_pages: as_i32(paged.num_pages),
+            pages_per_seq: as_i32(paged.pages_per_seq),
+            ..self
         }
     }
 }
@@ -641,6 +708,41 @@ mod tests {
         assert_eq!(g.grid, (split.splits, 8, 1));
         assert_eq!(g.block, (128, 1, 1));
         assert_eq!(c.combine_geometry(&p4).unwrap().grid, (4, 32, 8));
+    }
+
+    #[test]
+    fn paged_and_counted_caches_get_their_own_kernels() {
+        use crate::problem::{Layout, PagedKv};
+        let pages = PagedKv {
+            page_size: 16,
+            num_pages: 40,
+            pages_per_seq: 8,
+        };
+        let plain = decode_problem(2, 1, 100, 128);
+        let paged = plain.with_paged_kv(pages, Layout::Bshd);
+        let both = paged.with_kv_lengths(true);
+        let lens = plain.with_kv_lengths(true);
+        let name = |p: &AttentionProblem| select_cuda_decode(p, 16).unwrap().name();
+        assert_eq!(name(&plain), "flash_decode_bf16_d128_w4_t2_s3_causal");
+        assert_eq!(name(&paged), "flash_decode_bf16_d128_w4_t2_s3_causal_paged");
+        assert_eq!(name(&lens), "flash_decode_bf16_d128_w4_t2_s3_causal_lens");
+        assert_eq!(name(&both), "flash_decode_bf16_d128_w4_t2_s3_causal_paged_lens");
+        let d = select_cuda_decode(&both, 16).unwrap().defines();
+        assert!(d.contains(&"-DFA_PAGED=1".to_string()) && d.contains(&"-DFA_LENS=1".to_string()));
+        let d = select_cuda_decode(&plain, 16).unwrap().defines();
+        assert!(d.contains(&"-DFA_PAGED=0".to_string()) && d.contains(&"-DFA_LENS=0".to_string()));
+        // The parameters carry the index only where the cache has it; the page stride is K's
+        // batch stride.
+        let split = DecodeSplit::new(&both, DECODE_ROWS, 2);
+        let bases = [0x1000, 0x2000, 0x3000, 0x4000];
+        let params = DecodeParams::new(&both, bases, 0, 0x5000, 0, &split).with_cache(&both, 0x6000, 0x7000);
+        assert_eq!((params.page_table, params.kv_lens), (0x6000, 0x7000));
+        assert_eq!((params.page_size, params.num_pages, params.pages_per_seq), (16, 40, 8));
+        assert_eq!(params.fwd.k_batch_stride, 16 * 8 * 128);
+        let params = DecodeParams::new(&lens, bases, 0, 0x5000, 0, &split).with_cache(&lens, 0x6000, 0x7000);
+        assert_eq!((params.page_table, params.kv_lens, params.page_size), (0, 0x7000, 0));
+        let params = DecodeParams::new(&plain, bases, 0, 0x5000, 0, &split).with_cache(&plain, 0x6000, 0x7000);
+        assert_eq!((params.page_table, params.kv_lens), (0, 0));
     }
 
     #[test]

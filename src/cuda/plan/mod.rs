@@ -24,12 +24,12 @@ pub mod wgmma;
 pub use alignment::vec_bytes_for;
 pub use decode::{
     cuda_split_count, decode_counters_len, decode_plans, decode_split, default_decode_plan, select_cuda_decode,
-    splits_for_waves, validate_for_decode, CudaDecodeConfig, CudaDecodePlan, DECODE_ROWS,
+    splits_for_waves, validate_for_decode, CudaDecodeConfig, CudaDecodePlan, CUDA_DECODE_FEATURES, DECODE_ROWS,
 };
 pub use mma::{default_mma_plan, mma_plans, MmaConfig, MmaPlan};
 pub use params::{DecodeParams, FwdParams};
-pub use select::{select_cuda, select_mma, CudaSelection, DECODE_BY_DEFAULT, WGMMA_BY_DEFAULT};
-pub use support::{validate_for_cuda, CUDA_HEAD_DIMS, MAX_CUDA_SEQ};
+pub use select::{goes_to_decode, select_cuda, select_mma, CudaSelection, DECODE_BY_DEFAULT, WGMMA_BY_DEFAULT};
+pub use support::{validate_for_cuda, CUDA_HEAD_DIMS, CUDA_PREFILL_FEATURES, MAX_CUDA_SEQ};
 pub use wgmma::{default_wgmma_plan, wgmma_plans, wgmma_unavailable, WgmmaConfig, WgmmaPlan, WGMMA_ROWS_PER_CONSUMER};
 
 use crate::error::Result;
@@ -146,7 +146,12 @@ impl CudaKernelConfig {
 
     /// The config of `plan` for `problem`'s dtype, head_dim and masking.
     pub fn for_problem(problem: &AttentionProblem, plan: CudaPlan, vec_bytes: u32) -> Result<Self> {
-        Self::new(problem.dtype, problem.shape.head_dim, plan, problem.causal, vec_bytes)
+        Ok(
+            match Self::new(problem.dtype, problem.shape.head_dim, plan, problem.causal, vec_bytes)? {
+                CudaKernelConfig::Decode(c) => CudaKernelConfig::Decode(c.with_cache(&problem.kv_cache)),
+                other => other,
+            },
+        )
     }
 
     /// `flash_fwd_mma_bf16_d128_bm64_bn64_w4[_causal][_a8]` or

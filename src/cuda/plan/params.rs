@@ -100,9 +100,19 @@ pub struct DecodeParams {
     /// Fused combine: `[batch, num_kv_heads × row_blocks]` u32 counters, 0 before and after
     /// every launch (0 with one split).
     pub counters: u64,
+    /// Paged caches: the `[batch, pages_per_seq]` u32 page table (0 when not paged).
+    pub page_table: u64,
+    /// Per-sequence key counts: the `[batch]` u32 tensor (0 without lengths).
+    pub kv_lens: u64,
+    /// Paged caches: key rows per page, pages per pool, columns of the page table (0 when not
+    /// paged).
+    pub page_size: i32,
+    pub num_pages: i32,
+    pub pages_per_seq: i32,
+    pub cache_pad: i32,
 }
 
-const _: () = assert!(std::mem::size_of::<DecodeParams>() == 200);
+const _: () = assert!(std::mem::size_of::<DecodeParams>() == 232);
 
 #[cfg(test)]
 mod tests {

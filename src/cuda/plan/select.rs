@@ -44,12 +44,19 @@ pub struct CudaSelection {
     pub fallback: Option<String>,
 }
 
+/// Whether default selection sends `problem` to the decode kernel: where [`prefers_decode`] holds
+/// (and [`DECODE_BY_DEFAULT`]), and always for a paged cache or per-sequence key counts, which
+/// only the decode kernel reads (it takes any number of new tokens, in blocks of 16 rows).
+pub fn goes_to_decode(problem: &AttentionProblem) -> bool {
+    !problem.kv_cache.is_plain() || (DECODE_BY_DEFAULT && prefers_decode(problem))
+}
+
 /// The default kernel for a problem on a device: the decode kernel where [`prefers_decode`] holds
 /// (and [`DECODE_BY_DEFAULT`]); else the wgmma kernel on Hopper when the tensors allow TMA (and
 /// [`WGMMA_BY_DEFAULT`]), else the `mma.sync` kernel of [`select_mma`].
 pub fn select_cuda(problem: &AttentionProblem, vec_bytes: u32, hopper: bool) -> Result<CudaSelection> {
     problem.validate()?;
-    if DECODE_BY_DEFAULT && prefers_decode(problem) {
+    if goes_to_decode(problem) {
         return Ok(CudaSelection {
             config: CudaKernelConfig::Decode(select_cuda_decode(problem, vec_bytes)?),
             fallback: None,
@@ -164,6 +171,30 @@ mod tests {
             .unwrap()
             .config
             .is_decode());
+    }
+
+    #[test]
+    fn caches_go_to_the_decode_kernel_and_the_prefill_kernels_refuse_them() {
+        use crate::problem::PagedKv;
+        let pages = PagedKv {
+            page_size: 64,
+            num_pages: 100,
+            pages_per_seq: 20,
+        };
+        // Many new tokens, but a paged or counted cache: only the decode kernel reads it.
+        let prefill = problem(128).with_layout(Layout::Bshd);
+        assert!(!select_cuda(&prefill, 16, true).unwrap().config.is_decode());
+        for p in [
+            prefill.with_paged_kv(pages, Layout::Bshd),
+            prefill.with_kv_lengths(true),
+        ] {
+            assert!(goes_to_decode(&p));
+            let c = select_cuda(&p, 16, true).unwrap().config;
+            assert!(c.is_decode(), "{}", c.name());
+            let msg = select_mma(&p, 16).unwrap_err().to_string();
+            assert!(msg.contains("prefill") && msg.contains("decode"), "{msg}");
+            assert!(matches!(validate_for_cuda(&p), Err(Error::Unavailable { .. })));
+        }
     }
 
     #[test]

@@ -2,7 +2,14 @@
 //! grid limits, and the Hopper budgets the plans are sized against.
 
 use crate::error::{Error, Result};
+use crate::plan::missing_features;
+use crate::problem::features::{Feature, FeatureSet};
 use crate::problem::{AttentionProblem, AttentionShape, DType};
+
+/// Features the CUDA prefill kernels (`mma.sync`, wgmma) implement: no K/V cache indexing (paged
+/// caches and per-sequence counts go to the decode kernel).
+pub const CUDA_PREFILL_FEATURES: FeatureSet =
+    FeatureSet::of(&[Feature::CausalMask, Feature::GroupedKv, Feature::ArbitraryScale]);
 
 /// Head dimensions the CUDA kernels are built for. The shared-memory swizzle needs rows of a
 /// multiple of 64 elements (8 chunks of 16 bytes); 64, 128 and 256 are what models use.
@@ -58,6 +65,12 @@ pub(super) fn check_grid(shape: &AttentionShape) -> Result<()> {
 /// then dtype, head_dim and sizes the kernels handle.
 pub fn validate_for_cuda(problem: &AttentionProblem) -> Result<()> {
     problem.validate()?;
+    if let Some(why) = missing_features("the CUDA prefill kernels", problem.features(), CUDA_PREFILL_FEATURES) {
+        return Err(Error::Unavailable {
+            what: "the CUDA prefill kernels (mma.sync, wgmma)".into(),
+            why: format!("{why}; only the CUDA decode kernel reads a K/V cache (CudaPlan::Decode)"),
+        });
+    }
     check_dtype(problem.dtype)?;
     check_head_dim(problem.shape.head_dim)?;
     for (name, value) in [("seq_q", problem.shape.seq_q), ("seq_kv", problem.shape.seq_kv)] {
