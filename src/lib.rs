@@ -118,8 +118,4 @@ pub use runtime::merge::MergeBuffers;
 
 pub mod kernel;
 
-/// K/V caches as decoding reads them: pages addressed through a page table, per-sequence key
-/// counts ([`AttentionProblem::with_paged_kv`], [`AttentionProblem::with_kv_lengths`]).
-pub mod cache {
-    pub use crate::problem::cache::{CacheIndex, KvCache, PagedKv, PAGE_SIZE_MULTIPLE};
-}
+pub mod cache;

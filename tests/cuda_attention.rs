@@ -8,6 +8,7 @@
 use std::sync::OnceLock;
 
 use half::{bf16, f16};
+use wgpu_flash_attn::cache::{CacheIndex, PagedKv};
 use wgpu_flash_attn::cuda::cudarc::driver::CudaSlice;
 #[cfg(feature = "internals")]
 use wgpu_flash_attn::cuda::nvrtc::{compile_cubin, resource_report, CompileJob};
@@ -22,7 +23,6 @@ use wgpu_flash_attn::cuda::{
     driver_available, nvrtc_available, CacheStatus, CudaAttention, CudaDevice, CudaOptions, CudaPlan, DeviceCacheIndex,
     DeviceTensors, DiskCache, Origin,
 };
-use wgpu_flash_attn::problem::{CacheIndex, PagedKv};
 use wgpu_flash_attn::testing::{random_tensor, ErrorStats};
 use wgpu_flash_attn::{
     reference, AttentionProblem, AttentionShape, DType, Element, Error, Layout, Tensor, TensorLayout,

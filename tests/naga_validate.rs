@@ -19,6 +19,13 @@ fn every_kernel() -> Vec<KernelConfig> {
         }
         kernels.push(KernelConfig::Merge { storage });
         kernels.push(KernelConfig::DecodeCombine { storage });
+        for (paged, kv_lengths) in [(false, false), (true, false), (false, true), (true, true)] {
+            kernels.push(KernelConfig::AppendKv {
+                storage,
+                paged,
+                kv_lengths,
+            });
+        }
     }
     kernels.extend(all_decode_configs().into_iter().map(KernelConfig::Decode));
     kernels
@@ -156,6 +163,7 @@ fn shaders_open_with_a_comment_saying_what_they_are() {
         ("decode_lanes_subgroup", DECODE_LANES_SUBGROUP),
         ("decode_lanes_workgroup", DECODE_LANES_WORKGROUP),
         ("decode_combine", DECODE_COMBINE),
+        ("append_kv", APPEND_KV),
     ] {
         assert!(
             src.starts_with(&format!("// {name}.wgsl")),

@@ -20,7 +20,8 @@ use super::plan::{
 use super::tma;
 use crate::error::{invalid, Error, Result};
 use crate::plan::decode::DecodeSplit;
-use crate::problem::{AttentionProblem, CacheIndex, Element, Tensor};
+use crate::problem::cache::CacheIndex;
+use crate::problem::{AttentionProblem, Element, Tensor};
 use crate::runtime::forward::AttentionOutput;
 
 // SAFETY: plain `#[repr(C)]` data whose layout `cuda/flash_fwd_mma.cu` mirrors (size asserted on

@@ -106,6 +106,7 @@ impl DecodePlan {
 /// A decode plan bound to what makes one pipeline.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct DecodeConfig {
+    /// The sizes.
     pub plan: DecodePlan,
     /// Element type of Q, K, V and O in memory.
     pub storage: DType,
@@ -191,10 +192,10 @@ impl DecodeConfig {
 /// What a caller may force of the decode kernel.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct DecodeChoice {
-    /// The plan; the first of [`DECODE_PLANS`] that fits the device when `None`.
+    /// The plan; the first of `DECODE_PLANS` that fits the device when `None`.
     pub plan: Option<DecodePlan>,
-    /// Pieces the keys are split into; [`split_count`]'s choice when `None`. Capped at one piece
-    /// per 16 keys and at [`DECODE_MAX_SPLITS`].
+    /// Pieces the keys are split into; `split_count`'s choice when `None`. Capped at one piece
+    /// per 16 keys and at `DECODE_MAX_SPLITS`.
     pub splits: Option<u32>,
     /// How lanes add their products; subgroups where the device has them wide enough when `None`.
     pub reduction: Option<Reduction>,
@@ -217,7 +218,7 @@ pub struct DecodeSplit {
 
 impl DecodeSplit {
     /// The split of `problem` for a kernel holding `rows_per_block` rows, into `splits` pieces
-    /// (at least 1, at most one per 16 keys and [`DECODE_MAX_SPLITS`]).
+    /// (at least 1, at most one per 16 keys and `DECODE_MAX_SPLITS`).
     pub fn new(problem: &AttentionProblem, rows_per_block: u32, splits: u32) -> Self {
         let s = problem.shape;
         let rows_per_kv_head = (problem.group_size() * s.seq_q) as u32;

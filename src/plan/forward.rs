@@ -21,7 +21,12 @@ pub enum ForwardKernel {
     Coop(CoopConfig),
     /// The decode kernel (`shaders/flash_decode.wgsl`), and with more than one piece of the keys
     /// the combine kernel (`shaders/decode_combine.wgsl`).
-    Decode { config: DecodeConfig, split: DecodeSplit },
+    Decode {
+        /// The build.
+        config: DecodeConfig,
+        /// How this problem's keys are split across workgroups.
+        split: DecodeSplit,
+    },
 }
 
 impl ForwardKernel {

@@ -89,7 +89,9 @@ impl KvCache {
 /// and the per-sequence key counts (`[batch]`, with lengths).
 #[derive(Clone, Copy, Debug, Default)]
 pub struct CacheIndex<'a> {
+    /// `[batch, pages_per_seq]` page numbers, when the cache is paged.
     pub page_table: Option<&'a [u32]>,
+    /// `[batch]` key counts, when the problem has them.
     pub kv_lens: Option<&'a [u32]>,
 }
 

@@ -5,7 +5,7 @@ pub mod backward;
 pub mod cache;
 pub mod features;
 
-pub use cache::{CacheIndex, KvCache, PagedKv};
+pub use cache::{KvCache, PagedKv};
 
 pub use crate::dtype::{DType, Element};
 use crate::error::{invalid, Error, Result};

@@ -391,13 +391,27 @@ impl FlashAttention {
         problem: &AttentionProblem,
         buffers: &ForwardBuffers<'a>,
     ) -> Result<CacheBindings<'a>> {
+        let mut written = vec![("o", &buffers.o)];
+        written.extend(buffers.lse.as_ref().map(|l| ("lse", l)));
+        self.bind_cache_index(problem, buffers.page_table.as_ref(), buffers.kv_lens.as_ref(), &written)
+    }
+
+    /// [`bind_cache`](Self::bind_cache) for any call: the index tensors given, checked against the
+    /// problem and against the tensors the call writes.
+    pub(crate) fn bind_cache_index<'a>(
+        &'a self,
+        problem: &AttentionProblem,
+        page_table: Option<&TensorBuffer<'a>>,
+        kv_lens: Option<&TensorBuffer<'a>>,
+        written: &[(&'static str, &TensorBuffer<'a>)],
+    ) -> Result<CacheBindings<'a>> {
         let caps = &self.ctx.caps;
         let cache = &problem.kv_cache;
         let unused = TensorBuffer::new(&self.unused_index);
         let bind_index = |name: &'static str, given: Option<&TensorBuffer<'a>>, len: Option<usize>| {
-            let tensor = match (given, len) {
-                (Some(t), Some(len)) => (t, len),
-                (None, None) => (&unused, 1),
+            let (tensor, len) = match (given, len) {
+                (Some(t), Some(len)) => (*t, len),
+                (None, None) => (unused, 1),
                 (Some(_), None) => {
                     return Err(Error::InvalidBuffer {
                         tensor: name,
@@ -411,26 +425,24 @@ impl FlashAttention {
                     })
                 }
             };
-            for (written_name, written) in [("o", Some(&buffers.o)), ("lse", buffers.lse.as_ref())] {
-                if written.is_some_and(|w| w.buffer == tensor.0.buffer) {
-                    return Err(Error::InvalidBuffer {
-                        tensor: name,
-                        message: format!(
-                            "shares a buffer with `{written_name}`; wgpu forbids reading and writing one buffer in a dispatch"
-                        ),
-                    });
-                }
+            if let Some((written_name, _)) = written.iter().find(|(_, w)| w.buffer == tensor.buffer) {
+                return Err(Error::InvalidBuffer {
+                    tensor: name,
+                    message: format!(
+                        "shares a buffer with `{written_name}`; wgpu forbids reading and writing one buffer in a dispatch"
+                    ),
+                });
             }
-            bind_f32(name, tensor.0, tensor.1, caps)
+            bind_f32(name, &tensor, len, caps)
         };
         let batch = problem.shape.batch;
         Ok(CacheBindings {
             page_table: bind_index(
                 "page_table",
-                buffers.page_table.as_ref(),
+                page_table,
                 cache.paged.map(|_| cache.page_table_len(batch)),
             )?,
-            kv_lens: bind_index("kv_lens", buffers.kv_lens.as_ref(), cache.lengths.then_some(batch))?,
+            kv_lens: bind_index("kv_lens", kv_lens, cache.lengths.then_some(batch))?,
         })
     }
 

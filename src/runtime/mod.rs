@@ -1,8 +1,10 @@
 //! The engines: [`FlashAttention`](forward::FlashAttention) runs the forward pass (flash and
 //! naive kernels), in [`backward`], the gradients, and in [`merge`], the merge of two partial
 //! results by their LSEs, on host slices or on the caller's buffers; `decode` records the
-//! split-KV decode kernel that `forward` selects for a few new tokens against a cache.
+//! split-KV decode kernel that `forward` selects for a few new tokens against a cache; `append`
+//! writes new tokens' K/V into a cache.
 
+pub mod append;
 pub mod backward;
 mod decode;
 pub mod forward;

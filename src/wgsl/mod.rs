@@ -37,6 +37,7 @@ pub const FLASH_DECODE: &str = include_str!("../../shaders/flash_decode.wgsl");
 pub const DECODE_LANES_SUBGROUP: &str = include_str!("../../shaders/decode_lanes_subgroup.wgsl");
 pub const DECODE_LANES_WORKGROUP: &str = include_str!("../../shaders/decode_lanes_workgroup.wgsl");
 pub const DECODE_COMBINE: &str = include_str!("../../shaders/decode_combine.wgsl");
+pub const APPEND_KV: &str = include_str!("../../shaders/append_kv.wgsl");
 
 /// The three passes of standard attention (the naive GPU baseline).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -76,6 +77,12 @@ pub enum KernelConfig {
     DecodeCombine {
         storage: DType,
     },
+    /// Writing new tokens' K/V rows into a cache (shaders/append_kv.wgsl).
+    AppendKv {
+        storage: DType,
+        paged: bool,
+        kv_lengths: bool,
+    },
 }
 
 impl KernelConfig {
@@ -89,6 +96,16 @@ impl KernelConfig {
             KernelConfig::Merge { storage } => format!("merge_{}", storage.name()),
             KernelConfig::Decode(c) => c.name(),
             KernelConfig::DecodeCombine { storage } => format!("decode_combine_{}", storage.name()),
+            KernelConfig::AppendKv {
+                storage,
+                paged,
+                kv_lengths,
+            } => format!(
+                "append_kv_{}{}{}",
+                storage.name(),
+                if *paged { "_paged" } else { "" },
+                if *kv_lengths { "_lens" } else { "" }
+            ),
         }
     }
 
@@ -106,6 +123,7 @@ impl KernelConfig {
             KernelConfig::Merge { .. } => "merge",
             KernelConfig::Decode(_) => "flash_decode",
             KernelConfig::DecodeCombine { .. } => "decode_combine",
+            KernelConfig::AppendKv { .. } => "append_kv",
         }
     }
 
@@ -205,6 +223,18 @@ impl KernelConfig {
                     Ok(unrolled) => unrolled,
                     Err(e) => format!("{src}\nunroll_failed: {e}\n"),
                 };
+            }
+            KernelConfig::AppendKv {
+                storage,
+                paged,
+                kv_lengths,
+            } => {
+                src.push_str(&format!(
+                    "const PAGED: bool = {paged};\nconst KV_LENGTHS: bool = {kv_lengths};\n"
+                ));
+                for part in [COMMON, storage_codec(*storage), APPEND_KV] {
+                    src.push_str(part);
+                }
             }
             KernelConfig::DecodeCombine { storage } => {
                 src.push_str(&format!("const MAX_SPLITS: u32 = {DECODE_MAX_SPLITS}u;\n"));

@@ -1,0 +1,141 @@
+//! Writing the new tokens' K and V rows into a K/V cache (shaders/append_kv.wgsl), on the
+//! caller's buffers: the first half of a serving step, whose second half is the decode call over
+//! the same cache ([`FlashAttention::encode_forward`]); recorded into one encoder, the two run as
+//! one submission.
+
+use wgpu::util::DeviceExt;
+
+use crate::error::{Error, Result};
+use crate::gpu::binding::{bind, check_disjoint, TensorBuffer};
+use crate::problem::{AttentionProblem, Layout, Tensor, TensorLayout};
+use crate::runtime::forward::FlashAttention;
+use crate::wgsl::params::Params;
+use crate::wgsl::KernelConfig;
+
+/// The tensors of one append, in the caller's buffers.
+#[derive(Clone, Copy, Debug)]
+pub struct AppendBuffers<'a> {
+    /// Read: the new tokens' keys, `[batch, seq_q, num_kv_heads, head_dim]` contiguous, in the
+    /// problem's dtype (`seq_q` of the problem: the new tokens of each sequence).
+    pub new_k: TensorBuffer<'a>,
+    /// Read: their values, laid out as `new_k`.
+    pub new_v: TensorBuffer<'a>,
+    /// Written: the K cache at the problem's K layout (the pool, when paged).
+    pub k_cache: TensorBuffer<'a>,
+    /// Written: the V cache at the problem's V layout; it may share `k_cache`'s buffer at
+    /// disjoint bytes.
+    pub v_cache: TensorBuffer<'a>,
+    /// Read: the page table, when the problem's cache is paged.
+    pub page_table: Option<TensorBuffer<'a>>,
+    /// Read: the key counts, when the problem has them; they include the new tokens.
+    pub kv_lens: Option<TensorBuffer<'a>>,
+}
+
+impl FlashAttention {
+    /// Records the append of `problem.shape.seq_q` new tokens per sequence into the cache: new
+    /// token `t` of sequence `b` goes to key position `kv_len(b) − seq_q + t` (`kv_len` is
+    /// `kv_lens[b]`, or `seq_kv`), through the page table when paged. Positions below 0 and
+    /// pages past the pool are skipped (the host cannot see the caller's index tensors; the
+    /// attention call that follows writes such sequences as NaN when their index is invalid).
+    /// Of `problem`, the shape, dtype, K/V layouts and cache matter. Never blocks; nothing is
+    /// recorded on an error (the problem's, a buffer too small, misaligned, without
+    /// `BufferUsages::STORAGE`, or written while read: [`Error::InvalidBuffer`]).
+    pub fn encode_append_kv(
+        &self,
+        encoder: &mut wgpu::CommandEncoder,
+        problem: &AttentionProblem,
+        buffers: &AppendBuffers<'_>,
+    ) -> Result<()> {
+        let ctx = self.context();
+        ctx.check_device(false)?;
+        problem.validate()?;
+        let s = problem.shape;
+        let max = ctx.caps.max_workgroups_per_dimension as usize;
+        for (what, n) in [
+            ("new tokens", s.seq_q),
+            ("K/V heads", s.num_kv_heads),
+            ("batch entries", s.batch),
+        ] {
+            if n > max {
+                return Err(Error::TooLarge(format!(
+                    "the append runs one workgroup per new token, K/V head and sequence: {n} {what} exceed \
+                     the device's {max} workgroups per dispatch dimension"
+                )));
+            }
+        }
+        let config = KernelConfig::AppendKv {
+            storage: problem.dtype,
+            paged: problem.kv_cache.paged.is_some(),
+            kv_lengths: problem.kv_cache.lengths,
+        };
+        let pipeline = self.pipelines().get(&config)?;
+        let es = problem.dtype.size_bytes();
+        let caps = &ctx.caps;
+        let new_layout = TensorLayout::contiguous(Layout::Bshd, s.seq_q, s.num_kv_heads, s.head_dim);
+        let new_len = s.batch * s.seq_q * s.num_kv_heads * s.head_dim;
+        for (name, written) in [("k_cache", &buffers.k_cache), ("v_cache", &buffers.v_cache)] {
+            for (input, read) in [("new_k", &buffers.new_k), ("new_v", &buffers.new_v)] {
+                if written.buffer == read.buffer {
+                    return Err(Error::InvalidBuffer {
+                        tensor: name,
+                        message: format!(
+                            "shares a buffer with `{input}`; wgpu forbids reading and writing one buffer in a dispatch"
+                        ),
+                    });
+                }
+            }
+        }
+        let new_k = bind("new_k", &buffers.new_k, &new_layout, new_len, es, caps)?;
+        let new_v = bind("new_v", &buffers.new_v, &new_layout, new_len, es, caps)?;
+        let cache = |name, t: Tensor, tb| bind(name, tb, problem.layout(t), problem.required_len(t), es, caps);
+        let k_cache = cache("k_cache", Tensor::K, &buffers.k_cache)?;
+        let v_cache = cache("v_cache", Tensor::V, &buffers.v_cache)?;
+        check_disjoint("v_cache", &v_cache, "k_cache", &k_cache)?;
+        let written = [("k_cache", &buffers.k_cache), ("v_cache", &buffers.v_cache)];
+        let index = self.bind_cache_index(problem, buffers.page_table.as_ref(), buffers.kv_lens.as_ref(), &written)?;
+
+        let mut params = Params::for_problem(problem, 1.0);
+        params.q = new_k.strides;
+        params.o = new_v.strides;
+        params.k = k_cache.strides;
+        params.v = v_cache.strides;
+        if let Some(pages) = problem.kv_cache.paged {
+            (params.page_size, params.pages_per_seq, params.num_pages) = (
+                pages.page_size as u32,
+                pages.pages_per_seq as u32,
+                pages.num_pages as u32,
+            );
+        }
+        let params_buffer = ctx.device.create_buffer_init(&wgpu::util::BufferInitDescriptor {
+            label: Some("wgpu-flash-attn append params"),
+            contents: bytemuck::bytes_of(&params),
+            usage: wgpu::BufferUsages::UNIFORM,
+        });
+        let entries = [
+            wgpu::BindGroupEntry {
+                binding: 0,
+                resource: params_buffer.as_entire_binding(),
+            },
+            new_k.entry(1),
+            new_v.entry(2),
+            k_cache.entry(3),
+            v_cache.entry(4),
+            index.page_table.entry(5),
+            index.kv_lens.entry(6),
+        ];
+        let name = config.name();
+        let group = ctx.device.create_bind_group(&wgpu::BindGroupDescriptor {
+            label: Some(&name),
+            layout: &pipeline.get_bind_group_layout(0),
+            entries: &entries,
+        });
+        let mut pass = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor {
+            label: Some(&name),
+            timestamp_writes: None,
+        });
+        pass.set_pipeline(&pipeline);
+        pass.set_bind_group(0, &group, &[]);
+        pass.dispatch_workgroups(s.seq_q as u32, s.num_kv_heads as u32, s.batch as u32);
+        Ok(())
+    }
+}
