@@ -67,6 +67,15 @@ struct Params {
 const NEG_BIG: f32 = -1.0e30;
 // Bit pattern of -infinity: the LSE of a row that sees no key (the host reads it as f32).
 const LSE_EMPTY_BITS: u32 = 0xff800000u;
+// A quiet NaN's bits: what a kernel writes for rows it cannot compute (an invalid cache index).
+const NAN_BITS: u32 = 0x7fc00000u;
+
+// A NaN as a value. Not a constant expression: WGSL compilers refuse a NaN they fold at compile
+// time (Chrome's Tint: "value nan cannot be represented as 'f32'"), so the bits pass through a
+// uniform first.
+fn nan_f32() -> f32 {
+    return bitcast<f32>(NAN_BITS | (params.seq_q & 0u));
+}
 
 // Granule index of element (b, s, h, 0) of a tensor.
 fn row_granule(t: TensorStrides, b: u32, s: u32, h: u32) -> u32 {

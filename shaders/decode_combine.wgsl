@@ -13,7 +13,6 @@
 const WG: u32 = 64u;
 // Below every finite LSE: the identity of the max.
 const LOWEST: f32 = -3.4028234e38;
-const NAN_BITS: u32 = 0x7fc00000u;
 
 @group(0) @binding(1) var<storage, read> o_partial: array<vec4<f32>>;
 @group(0) @binding(2) var<storage, read> lse_partial: array<u32>;
@@ -83,7 +82,7 @@ fn decode_combine(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocatio
             out /= sum;
         }
         if (poisoned != 0.0) {
-            out = vec4<f32>(bitcast<f32>(NAN_BITS));
+            out = vec4<f32>(nan_f32());
         }
         o[row_granule(params.o, b, token, h) + g] = pack_granule(out);
     }

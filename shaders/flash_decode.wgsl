@@ -45,8 +45,6 @@ const KV_PARTS: u32 = KEYS_PER_STEP * GRANULES_PER_LANE;
 // Granules of one row in `merged`: the lanes' granules, padding included.
 const MERGED_ROW: u32 = LANES * GRANULES_PER_LANE;
 const LN_2: f32 = 0.6931471805599453;
-// A quiet NaN: what the rows of a workgroup that met an invalid cache index are written as.
-const NAN_BITS: u32 = 0x7fc00000u;
 
 @group(0) @binding(1) var<storage, read> q: array<Granule>;
 @group(0) @binding(2) var<storage, read> k: array<Granule>;
@@ -284,7 +282,7 @@ fn flash_decode(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_
         var out = select(vec4<f32>(0.0), merged[r * MERGED_ROW + g] / sum, sum > 0.0);
         var lse_bits = select(LSE_EMPTY_BITS, bitcast<u32>((total_max[r] + log2(sum)) * LN_2), sum > 0.0);
         if (poisoned) {
-            out = vec4<f32>(bitcast<f32>(NAN_BITS));
+            out = vec4<f32>(nan_f32());
             lse_bits = NAN_BITS;
         }
         let row = lse_index(b, head[r], token[r]);

@@ -79,6 +79,24 @@ fn split_counts_from_one_to_many_match_the_reference() {
     }
 }
 
+/// Both lane reductions on the shape the browser test runs (GQA 4 × two new tokens: eight rows
+/// per K/V head), with one piece and several.
+#[test]
+fn both_reductions_on_packed_rows() {
+    let Some(ctx) = gpu() else { return };
+    let mut reductions = vec![Reduction::Workgroup];
+    if ctx.caps.subgroups {
+        reductions.push(Reduction::Subgroup);
+    }
+    for reduction in reductions {
+        for splits in [Some(1), None] {
+            let engine = decode_engine(ctx, splits, Some(reduction));
+            let problem = AttentionProblem::new(shape(2, 2, 700, 8, 2, 64), DType::F16).with_causal(true);
+            check(&engine, &problem, &format!("{reduction:?}_{splits:?}"));
+        }
+    }
+}
+
 #[test]
 fn ragged_and_tiny_caches() {
     let Some(ctx) = gpu() else { return };

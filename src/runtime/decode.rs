@@ -47,11 +47,9 @@ impl FlashAttention {
                 )));
             }
         }
-        // With one piece nothing is written there, but every binding needs a buffer.
-        let [o_partial, lse_partial] = match split.splits {
-            1 => [self.unused_lse().clone(), self.unused_lse().clone()],
-            _ => self.decode_scratch().at_least(&ctx.device, [o_bytes, lse_bytes]),
-        };
+        // With one piece nothing is written there, but every binding needs a buffer of its own:
+        // WebGPU refuses two writable bindings of one buffer's bytes in a dispatch.
+        let [o_partial, lse_partial] = self.decode_scratch().at_least(&ctx.device, [o_bytes, lse_bytes]);
         let (o_partial, lse_partial) = (&o_partial, &lse_partial);
 
         let strides = [bound[0].strides, bound[1].strides, bound[2].strides, bound[3].strides];

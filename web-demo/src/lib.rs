@@ -157,6 +157,7 @@ impl Demo {
                 variant: match &kernel {
                     ForwardKernel::Tiled(c) => c.variant.name(),
                     ForwardKernel::Coop(_) => "coop",
+                    ForwardKernel::Decode { .. } => "decode",
                 },
                 workgroup_size: kernel.workgroup_size(),
                 workgroup_bytes: kernel.workgroup_bytes(),
@@ -179,8 +180,12 @@ struct Settings {
     batch: usize,
     num_heads: usize,
     num_kv_heads: usize,
-    /// Query and key/value length alike.
+    /// Query length, and key/value length unless `seq_kv` is given.
     seq: usize,
+    /// Key/value length (the cache) when it differs from `seq`: a decode step is a few new tokens
+    /// (`seq`) against a long cache, which the library runs on its decode kernel.
+    #[serde(default)]
+    seq_kv: Option<usize>,
     head_dim: usize,
     causal: bool,
     /// `f32`, `f16` or `bf16`.
@@ -229,7 +234,7 @@ impl Settings {
             AttentionShape {
                 batch: self.batch,
                 seq_q: self.seq,
-                seq_kv: self.seq,
+                seq_kv: self.seq_kv.unwrap_or(self.seq),
                 num_heads: self.num_heads,
                 num_kv_heads: self.num_kv_heads,
                 head_dim: self.head_dim,
@@ -377,6 +382,7 @@ impl From<&Caps> for DeviceSummary {
 pub struct Tensors {
     pub batch: usize,
     pub seq: usize,
+    pub seq_kv: usize,
     pub num_heads: usize,
     pub num_kv_heads: usize,
     pub head_dim: usize,
@@ -404,6 +410,7 @@ impl Tensors {
         Some(Tensors {
             batch: s.batch,
             seq: s.seq_q,
+            seq_kv: s.seq_kv,
             num_heads: s.num_heads,
             num_kv_heads: s.num_kv_heads,
             head_dim: s.head_dim,

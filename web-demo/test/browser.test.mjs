@@ -117,6 +117,8 @@ const CASES = [
   { name: 'mqa-causal-f16', batch: 1, num_heads: 4, num_kv_heads: 1, seq: 77, head_dim: 80, dtype: 'f16', causal: true },
   { name: 'gqa-bf16', batch: 1, num_heads: 6, num_kv_heads: 2, seq: 130, head_dim: 128, dtype: 'bf16', causal: false },
   { name: 'one-token', batch: 3, num_heads: 2, num_kv_heads: 1, seq: 1, head_dim: 32, dtype: 'f32', causal: true },
+  // Decode: two new tokens against a longer cache (bottom-right causal, GQA).
+  { name: 'decode-gqa-f16', batch: 2, num_heads: 8, num_kv_heads: 2, seq: 2, seq_kv: 700, head_dim: 64, dtype: 'f16', causal: true },
 ];
 
 describe('demo page on WebGPU (SwiftShader)', () => {
@@ -133,7 +135,7 @@ describe('demo page on WebGPU (SwiftShader)', () => {
   for (const c of CASES) {
     test(c.name, async () => {
       const { name, ...settings } = c;
-      const status = await runFromForm(page, { ...settings, reps: 2, plan: '' });
+      const status = await runFromForm(page, { seq_kv: '', ...settings, reps: 2, plan: '' });
       await page.screenshot({ path: join(artifacts, `${name}.png`), fullPage: true });
       assert.equal(status.state, 'done', `the run failed: ${status.message}`);
       assert.deepEqual(pageErrors, []);
@@ -144,6 +146,8 @@ describe('demo page on WebGPU (SwiftShader)', () => {
       // limits respected are the browser's.
       assert.equal(status.device.backend, 'BrowserWebGpu');
       assert.equal(status.device.subgroups, false);
+      // Decode steps too run on the tiled kernel in a browser (src/plan/policy.rs,
+      // DECODE_IN_BROWSERS, says why).
       assert.match(status.kernel, /^flash_fwd_\w+_wg_f32_/);
       assert.ok(r.kernel.workgroup_size <= status.device.max_invocations_per_workgroup);
       assert.ok(r.kernel.workgroup_bytes <= status.device.max_workgroup_storage_bytes);
@@ -152,6 +156,9 @@ describe('demo page on WebGPU (SwiftShader)', () => {
       assert.deepEqual(
         [r.problem.batch, r.problem.num_heads, r.problem.num_kv_heads, r.problem.seq_q, r.problem.head_dim, r.problem.dtype, r.problem.causal],
         [c.batch, c.num_heads, c.num_kv_heads, c.seq, c.head_dim, c.dtype, c.causal],
+      );
+      assert.equal(r.problem.seq_kv, c.seq_kv ?? c.seq);
+      assert.ok(true
       );
       assert.ok(r.naive, `the naive kernel did not run: ${r.naive_skipped}`);
       assert.ok(status.flash_ms > 0 && status.naive_ms > 0);
@@ -167,7 +174,7 @@ describe('demo page on WebGPU (SwiftShader)', () => {
         const tensors = window.flashDemo.lastRunTensors();
         if (!tensors) return null;
         // A wasm-bindgen object: its fields are getters, the arrays Float32Arrays.
-        const fields = ['batch', 'seq', 'num_heads', 'num_kv_heads', 'head_dim', 'causal', 'scale', 'q', 'k', 'v', 'out', 'lse'];
+        const fields = ['batch', 'seq', 'seq_kv', 'num_heads', 'num_kv_heads', 'head_dim', 'causal', 'scale', 'q', 'k', 'v', 'out', 'lse'];
         return Object.fromEntries(fields.map((f) => [f, ArrayBuffer.isView(tensors[f]) ? Array.from(tensors[f]) : tensors[f]]));
       });
       assert.ok(t, 'the page kept the tensors of this small run');
@@ -236,20 +243,21 @@ describe('without WebGPU', () => {
 // ---------------------------------------------------------------- float64 reference
 
 /** Attention in float64, [batch, seq, heads, head_dim] layout, bottom-right causal mask. */
-function attention({ batch, seq, num_heads, num_kv_heads, head_dim, causal, scale, q, k, v }) {
+function attention({ batch, seq, seq_kv, num_heads, num_kv_heads, head_dim, causal, scale, q, k, v }) {
   const out = new Float64Array(q.length);
   const lse = new Float64Array(batch * num_heads * seq);
-  const at = (b, s, h, heads) => ((b * seq + s) * heads + h) * head_dim;
+  // [batch, rows, heads, head_dim]; causal is aligned to the bottom-right corner.
+  const at = (b, s, h, heads, rows) => ((b * rows + s) * heads + h) * head_dim;
   for (let b = 0; b < batch; b++) {
     for (let h = 0; h < num_heads; h++) {
       const g = Math.floor(h / (num_heads / num_kv_heads));
       for (let i = 0; i < seq; i++) {
-        const visible = causal ? i + 1 : seq;
-        const qi = at(b, i, h, num_heads);
+        const visible = causal ? Math.max(0, Math.min(seq_kv, i + 1 + seq_kv - seq)) : seq_kv;
+        const qi = at(b, i, h, num_heads, seq);
         const scores = new Float64Array(visible);
         let max = -Infinity;
         for (let j = 0; j < visible; j++) {
-          const kj = at(b, j, g, num_kv_heads);
+          const kj = at(b, j, g, num_kv_heads, seq_kv);
           let dot = 0;
           for (let d = 0; d < head_dim; d++) dot += q[qi + d] * k[kj + d];
           scores[j] = scale * dot;
@@ -258,7 +266,7 @@ function attention({ batch, seq, num_heads, num_kv_heads, head_dim, causal, scal
         let sum = 0;
         for (let j = 0; j < visible; j++) sum += (scores[j] = Math.exp(scores[j] - max));
         for (let j = 0; j < visible; j++) {
-          const vj = at(b, j, g, num_kv_heads);
+          const vj = at(b, j, g, num_kv_heads, seq_kv);
           for (let d = 0; d < head_dim; d++) out[qi + d] += (scores[j] / sum) * v[vj + d];
         }
         lse[(b * num_heads + h) * seq + i] = max + Math.log(sum);

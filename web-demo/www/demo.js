@@ -24,6 +24,8 @@ function setStatus(fields) {
 function readForm() {
   const settings = { dtype: form.dtype.value, causal: form.causal.checked };
   for (const name of INTEGER_FIELDS) settings[name] = Number(form[name].value);
+  // Empty means the cache is as long as the queries; set, the new tokens attend to a longer cache.
+  if (form.seq_kv.value !== '') settings.seq_kv = Number(form.seq_kv.value);
   // Absent means automatic selection.
   if (form.plan.value !== '') settings.plan = Number(form.plan.value);
   return settings;
@@ -33,6 +35,7 @@ function readForm() {
 function applyUrl() {
   const params = new URLSearchParams(location.search);
   for (const name of INTEGER_FIELDS) if (params.has(name)) form[name].value = params.get(name);
+  form.seq_kv.value = params.get('seq_kv') ?? '';
   if (params.has('dtype')) form.dtype.value = params.get('dtype');
   if (params.has('causal')) form.causal.checked = params.get('causal') === '1';
   if (params.has('plan')) form.plan.dataset.wanted = params.get('plan'); // the options come later
@@ -188,7 +191,8 @@ async function run(demo) {
 function showReport(r) {
   const { problem: p, kernel, flash, naive, check } = r;
   const rows = [
-    ['Problem', `batch ${p.batch}, ${p.num_heads} heads (${p.num_kv_heads} KV), sequence ${p.seq_q}, head dim ${p.head_dim}, ` +
+    ['Problem', `batch ${p.batch}, ${p.num_heads} heads (${p.num_kv_heads} KV), ` +
+      (p.seq_kv === p.seq_q ? `sequence ${p.seq_q}` : `${p.seq_q} new tokens against a cache of ${p.seq_kv}`) + `, head dim ${p.head_dim}, ` +
       `${p.dtype}${p.causal ? ', causal' : ''} · ${flopText(p.flops)}`],
     ['Kernel', `<code>${kernel.name}</code><br><span class="muted">${kernel.workgroup_size} invocations, ` +
       `${kib(kernel.workgroup_bytes)} workgroup memory; pipeline built in ${ms(kernel.build_ms)}</span>`],
