@@ -145,8 +145,12 @@ fn flash_decode(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_
     // Trip count uniform across the workgroup: add_across_lanes may hold barriers.
     for (var block = keys_begin; block < keys_end; block += KEY_GROUPS * KEYS_PER_STEP) {
         let first = block + key_group * KEYS_PER_STEP;
-        var k_raw: array<Granule, KV_PARTS>;
-        var v_raw: array<Granule, KV_PARTS>;
+        // Initialized explicitly on every trip: a `var` without initializer inside a loop is zero
+        // on each trip by the WGSL spec, but Chrome on SwiftShader kept the last trip's values
+        // (wrong results past the first block of keys, found by web-demo/test.sh);
+        // tests/naga_validate.rs holds this file to it.
+        var k_raw = array<Granule, KV_PARTS>();
+        var v_raw = array<Granule, KV_PARTS>();
         // @unroll
         for (var u = 0u; u < KEYS_PER_STEP; u++) {
             let key = first + u;
@@ -168,7 +172,7 @@ fn flash_decode(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_
             }
         }
 
-        var dots: array<f32, DOTS>;
+        var dots = array<f32, DOTS>();
         // @unroll
         for (var u = 0u; u < KEYS_PER_STEP; u++) {
             // @unroll
@@ -182,7 +186,7 @@ fn flash_decode(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_
         }
         dots = add_across_lanes(dots, li);
 
-        var v_part: array<vec4<f32>, KV_PARTS>;
+        var v_part = array<vec4<f32>, KV_PARTS>();
         // @unroll
         for (var i = 0u; i < KV_PARTS; i++) {
             v_part[i] = unpack_granule(v_raw[i]);

@@ -218,3 +218,42 @@ fn decode_workgroup_memory_matches_the_declarations() {
         assert_eq!(declared, config.workgroup_bytes(), "{}", kernel.name());
     }
 }
+
+/// Every `var` the decode shaders declare inside a loop has an initializer: WGSL zeroes one
+/// without on each trip, but Chrome on SwiftShader kept the previous trip's values, and the decode
+/// kernel's dot products accumulate into theirs (wrong results past the first block of keys).
+#[test]
+fn decode_shaders_initialize_variables_declared_in_loops() {
+    use wgpu_flash_attn::wgsl::*;
+    for (name, src) in [
+        ("flash_decode", FLASH_DECODE),
+        ("decode_lanes_subgroup", DECODE_LANES_SUBGROUP),
+        ("decode_lanes_workgroup", DECODE_LANES_WORKGROUP),
+        ("decode_combine", DECODE_COMBINE),
+        ("append_kv", APPEND_KV),
+    ] {
+        // One entry per open brace: whether it opened a loop's body.
+        let mut blocks: Vec<bool> = Vec::new();
+        for (n, line) in src.lines().enumerate() {
+            let t = line.trim();
+            if t.starts_with("//") {
+                continue;
+            }
+            for _ in 0..t.matches('}').count() {
+                blocks.pop();
+            }
+            let in_loop = blocks.iter().any(|&l| l);
+            let declares = t.starts_with("var ") && !t.starts_with("var<");
+            assert!(
+                !(in_loop && declares && !t.contains('=')),
+                "{name}.wgsl:{}: `{t}` inside a loop needs an initializer",
+                n + 1
+            );
+            let is_loop =
+                t.starts_with("for ") || t.starts_with("for(") || t.starts_with("loop") || t.starts_with("while");
+            for i in 0..t.matches('{').count() {
+                blocks.push(is_loop && i == 0);
+            }
+        }
+    }
+}

@@ -16,7 +16,7 @@
 use crate::caps::Caps;
 use crate::error::{invalid, Error, Result};
 use crate::plan::missing_features;
-use crate::plan::policy::{self, DECODE_MAX_QUERIES, DECODE_MAX_ROWS, DECODE_MAX_SPLITS, DECODE_MIN_KEYS_PER_SPLIT};
+use crate::plan::policy::{DECODE_MAX_QUERIES, DECODE_MAX_ROWS, DECODE_MAX_SPLITS, DECODE_MIN_KEYS_PER_SPLIT};
 use crate::plan::tiled::Reduction;
 use crate::problem::features::{Feature, FeatureSet};
 use crate::problem::{AttentionProblem, DType};
@@ -158,14 +158,6 @@ impl DecodeConfig {
     /// Why this build cannot run on `caps`, or `None`.
     pub fn unavailable_reason(&self, caps: &Caps) -> Option<String> {
         let p = &self.plan;
-        if caps.backend == wgpu::Backend::BrowserWebGpu && !policy::DECODE_IN_BROWSERS {
-            return Some(
-                "the decode kernel is not run on a browser's WebGPU: in Chrome on SwiftShader it \
-                 returned wrong results for grouped-query decode steps (web-demo/test.sh), a fault \
-                 not yet found; the prefill kernels run those problems there"
-                    .into(),
-            );
-        }
         if !p.is_well_formed() {
             return Some(format!("the plan {p:?} is malformed"));
         }

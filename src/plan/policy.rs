@@ -40,11 +40,3 @@ pub const DECODE_MIN_KEYS_PER_SPLIT: u64 = 256;
 
 /// At most this many splits: the combine kernel holds one weight per split in workgroup memory.
 pub const DECODE_MAX_SPLITS: u32 = 256;
-
-/// Whether the decode kernel runs on a browser's WebGPU: not yet. In Chrome on SwiftShader
-/// (web-demo/test.sh) it returned wrong results for grouped-query decode steps (rel L2 ≈ 16 with
-/// 4 query heads per K/V head, one or two new tokens, 200–700 keys, f16 and f32; a one-key,
-/// two-head case was right), while the same WGSL matches the float64 reference on lavapipe and
-/// the H200. Until the fault is found the browser runs those problems on the prefill kernels, and
-/// forcing the decode kernel there is an `Error::Unavailable` saying why.
-pub const DECODE_IN_BROWSERS: bool = false;

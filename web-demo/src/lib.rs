@@ -201,6 +201,9 @@ struct Settings {
     /// Index into [`PLANS`] to force a tile plan; automatic selection when absent.
     #[serde(default)]
     plan: Option<usize>,
+    /// Forces the decode kernel with this many pieces of the keys (a link-only knob).
+    #[serde(default)]
+    decode_splits: Option<u32>,
 }
 
 impl Settings {
@@ -216,6 +219,12 @@ impl Settings {
                 why: format!("the library has {} plans", PLANS.len()),
             })?),
         };
+        if let Some(splits) = self.decode_splits {
+            return Ok(KernelChoice::Decode(wgpu_flash_attn::kernel::DecodeChoice {
+                splits: Some(splits),
+                ..Default::default()
+            }));
+        }
         Ok(match plan {
             None => KernelChoice::Auto,
             Some(plan) => KernelChoice::Tiled(TiledChoice {

@@ -26,6 +26,8 @@ function readForm() {
   for (const name of INTEGER_FIELDS) settings[name] = Number(form[name].value);
   // Empty means the cache is as long as the queries; set, the new tokens attend to a longer cache.
   if (form.seq_kv.value !== '') settings.seq_kv = Number(form.seq_kv.value);
+  const splits = new URLSearchParams(location.search).get('decode_splits');
+  if (splits) settings.decode_splits = Number(splits);
   // Absent means automatic selection.
   if (form.plan.value !== '') settings.plan = Number(form.plan.value);
   return settings;
