@@ -97,6 +97,7 @@ fn bench_json_rows_have_the_documented_fields() {
             "flash_ms",
             "flash_min_ms",
             "flash_tflops",
+            "kv_tbps",
             "naive_ms",
             "naive_tflops",
             "speedup",

@@ -26,7 +26,8 @@ non-causal, bshd, 3 reps; on a GPU batch 2, heads 16, seq 4096, head_dim 128, 20
 pub const JSON_FIELDS_HELP: &str =
     "JSON fields (-o json, one object per line): adapter, backend, device_type, kernel, \
 dtype, batch, heads, kv_heads, seq_q, seq_kv, head_dim, causal, layout, gflop (forward FLOPs/1e9, halved if causal), \
-clock (\"gpu_timestamps\" or \"wall_clock\"), reps, flash_ms (median), flash_min_ms, flash_tflops, naive_ms, \
+clock (\"gpu_timestamps\" or \"wall_clock\"), reps, flash_ms (median), flash_min_ms, flash_tflops, kv_tbps (K and V \
+bytes over flash_ms: the figure of merit of a decode step), naive_ms, \
 naive_tflops, speedup (naive_ms / flash_ms; the three null when the naive kernel did not run), check_rows, rel_l2, \
 max_abs (of the sampled rows against float64; null when --check-rows 0), pass (null when unchecked), peers (null, or \
 {\"dtype\": .., \"<backend>_fwd_tflops\": ..} from --peers for the same shape).";
@@ -263,6 +264,7 @@ fn json_row(ctx: &GpuContext, row: &Row, check_rows: usize, reps: usize) -> Valu
         "flash_ms": row.flash.median * 1e3,
         "flash_min_ms": row.flash.min * 1e3,
         "flash_tflops": flops / row.flash.median / 1e12,
+        "kv_tbps": kv_bytes(p) / row.flash.median / 1e12,
         "naive_ms": naive_ms,
         "naive_tflops": row.naive.as_ref().map(|t| flops / t.median / 1e12),
         "speedup": row.naive.as_ref().map(|t| t.median / row.flash.median),
@@ -281,6 +283,17 @@ fn json_row(ctx: &GpuContext, row: &Row, check_rows: usize, reps: usize) -> Valu
     })
 }
 
+/// Bytes of K and V one call reads at least once: what a memory-bound decode step costs.
+fn kv_bytes(p: &AttentionProblem) -> f64 {
+    let s = p.shape;
+    2.0 * (s.batch * s.seq_kv * s.num_kv_heads * s.head_dim * p.dtype.size_bytes()) as f64
+}
+
+/// Decode steps (a few new tokens) are bound by the K/V bytes they read: the table shows that rate.
+fn is_decode_step(p: &AttentionProblem) -> bool {
+    p.shape.seq_q <= 16 && p.shape.seq_kv > p.shape.seq_q
+}
+
 fn print_markdown(ctx: &GpuContext, rows: &[Row], with_peers: bool) {
     println!();
     println!(
@@ -288,9 +301,12 @@ fn print_markdown(ctx: &GpuContext, rows: &[Row], with_peers: bool) {
         ctx.info.name, ctx.info.backend, ctx.info.device_type
     );
     println!();
-    let mut header = vec![
-        "kernel", "dtype", "shape", "causal", "flash ms", "TFLOP/s", "naive ms", "speed-up", "check",
-    ];
+    let decode = rows.iter().any(|r| is_decode_step(&r.problem));
+    let mut header = vec!["kernel", "dtype", "shape", "causal", "flash ms", "TFLOP/s"];
+    if decode {
+        header.push("K/V TB/s");
+    }
+    header.extend(["naive ms", "speed-up", "check"]);
     if with_peers {
         header.push("PyTorch TFLOP/s");
     }
@@ -305,6 +321,11 @@ fn print_markdown(ctx: &GpuContext, rows: &[Row], with_peers: bool) {
                 if p.causal { "yes" } else { "no" }.to_string(),
                 format!("{:.3}", row.flash.median * 1e3),
                 tflops_cell(p.flops() / row.flash.median / 1e12),
+            ];
+            if decode {
+                cells.push(tflops_cell(kv_bytes(p) / row.flash.median / 1e12));
+            }
+            cells.extend([
                 row.naive
                     .as_ref()
                     .map_or("-".into(), |t| format!("{:.3}", t.median * 1e3)),
@@ -315,7 +336,7 @@ fn print_markdown(ctx: &GpuContext, rows: &[Row], with_peers: bool) {
                     Some((rel_l2, _, pass)) => format!("{} {rel_l2:.1e}", if pass { "PASS" } else { "FAIL" }),
                     None => "-".into(),
                 },
-            ];
+            ]);
             if with_peers {
                 cells.push(row.peers.as_ref().map_or("-".into(), |peer| peer.describe()));
             }
@@ -333,7 +354,12 @@ fn print_markdown(ctx: &GpuContext, rows: &[Row], with_peers: bool) {
         })
         .collect();
     // Text left, numbers right, as llama-bench aligns them.
-    let numeric = |column: usize| matches!(header[column], "flash ms" | "TFLOP/s" | "naive ms" | "speed-up");
+    let numeric = |column: usize| {
+        matches!(
+            header[column],
+            "flash ms" | "TFLOP/s" | "K/V TB/s" | "naive ms" | "speed-up"
+        )
+    };
     let line = |cells: Vec<String>| {
         let padded: Vec<String> = cells
             .iter()
