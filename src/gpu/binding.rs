@@ -110,6 +110,29 @@ pub(crate) fn byte_len(name: &'static str, len: usize, elem_bytes: usize) -> Res
     })
 }
 
+/// Refuses a written tensor that shares a buffer with a tensor the same dispatch reads: wgpu
+/// (and WebGPU) forbid one buffer bound both read-only and writable in a dispatch. `written`
+/// entries that are `None` (an optional output not asked for) are skipped.
+pub(crate) fn check_written_apart_from_read(
+    written: &[(&'static str, Option<&TensorBuffer<'_>>)],
+    read: &[(&str, Option<&TensorBuffer<'_>>)],
+) -> Result<()> {
+    for &(name, w) in written {
+        let Some(w) = w else { continue };
+        for &(input, r) in read {
+            if r.is_some_and(|r| r.buffer == w.buffer) {
+                return Err(Error::InvalidBuffer {
+                    tensor: name,
+                    message: format!(
+                        "shares a buffer with `{input}`; wgpu forbids reading and writing one buffer in a dispatch"
+                    ),
+                });
+            }
+        }
+    }
+    Ok(())
+}
+
 /// Refuses two tensors whose byte ranges overlap in one buffer, where `a` is written: the kernels
 /// would overwrite the other tensor (or each other's results) without any error from wgpu, which
 /// only forbids read-only and writable bindings of one buffer in the same dispatch.

@@ -6,7 +6,7 @@
 use wgpu::util::DeviceExt;
 
 use crate::error::{Error, Result};
-use crate::gpu::binding::{bind, check_disjoint, TensorBuffer};
+use crate::gpu::binding::{bind, check_disjoint, check_written_apart_from_read, TensorBuffer};
 use crate::problem::{AttentionProblem, Layout, Tensor, TensorLayout};
 use crate::runtime::forward::FlashAttention;
 use crate::wgsl::params::Params;
@@ -73,18 +73,10 @@ impl FlashAttention {
         let caps = &ctx.caps;
         let new_layout = TensorLayout::contiguous(Layout::Bshd, s.seq_q, s.num_kv_heads, s.head_dim);
         let new_len = s.batch * s.seq_q * s.num_kv_heads * s.head_dim;
-        for (name, written) in [("k_cache", &buffers.k_cache), ("v_cache", &buffers.v_cache)] {
-            for (input, read) in [("new_k", &buffers.new_k), ("new_v", &buffers.new_v)] {
-                if written.buffer == read.buffer {
-                    return Err(Error::InvalidBuffer {
-                        tensor: name,
-                        message: format!(
-                            "shares a buffer with `{input}`; wgpu forbids reading and writing one buffer in a dispatch"
-                        ),
-                    });
-                }
-            }
-        }
+        check_written_apart_from_read(
+            &[("k_cache", Some(&buffers.k_cache)), ("v_cache", Some(&buffers.v_cache))],
+            &[("new_k", Some(&buffers.new_k)), ("new_v", Some(&buffers.new_v))],
+        )?;
         let new_k = bind("new_k", &buffers.new_k, &new_layout, new_len, es, caps)?;
         let new_v = bind("new_v", &buffers.new_v, &new_layout, new_len, es, caps)?;
         let cache = |name, t: Tensor, tb| bind(name, tb, problem.layout(t), problem.required_len(t), es, caps);

@@ -8,7 +8,9 @@
 use wgpu::util::DeviceExt;
 
 use crate::error::{Error, Result};
-use crate::gpu::binding::{bind, bind_f32, byte_len, check_buffer_size, check_disjoint, Bound, TensorBuffer};
+use crate::gpu::binding::{
+    bind, bind_f32, byte_len, check_buffer_size, check_disjoint, check_written_apart_from_read, Bound, TensorBuffer,
+};
 use crate::gpu::readback::{read_back_within, upload_queued};
 use crate::plan::{backward_grid, select_backward, BackwardChoice, BackwardConfig, BackwardKernel, BackwardPass};
 use crate::problem::backward::{BackwardProblem, GradTensor};
@@ -221,17 +223,16 @@ impl FlashAttention {
         };
         let delta = bind_f32("delta", &delta_buffer, problem.forward.lse_len(), caps)?;
         if let Some(d) = &buffers.delta {
-            for (name, other) in [
-                ("o", &buffers.o),
-                ("d_o", &buffers.d_o),
-                ("dq", &buffers.dq),
-                ("dk", &buffers.dk),
-                ("dv", &buffers.dv),
-            ] {
-                if d.buffer == other.buffer {
-                    return Err(shares("delta", name));
-                }
-            }
+            check_written_apart_from_read(
+                &[("delta", Some(d))],
+                &[
+                    ("o", Some(&buffers.o)),
+                    ("d_o", Some(&buffers.d_o)),
+                    ("dq", Some(&buffers.dq)),
+                    ("dk", Some(&buffers.dk)),
+                    ("dv", Some(&buffers.dv)),
+                ],
+            )?;
             for (name, read) in [("q", &bound.q), ("k", &bound.k), ("v", &bound.v), ("lse", &bound.lse)] {
                 check_disjoint("delta", &delta, name, read)?;
             }
@@ -359,20 +360,21 @@ impl FlashAttention {
         let caps = &self.context().caps;
         let f = &problem.forward;
         let es = f.dtype.size_bytes();
-        for (name, written) in [("dq", &buffers.dq), ("dk", &buffers.dk), ("dv", &buffers.dv)] {
-            for (input, read) in [
-                ("q", &buffers.q),
-                ("k", &buffers.k),
-                ("v", &buffers.v),
-                ("o", &buffers.o),
-                ("lse", &buffers.lse),
-                ("d_o", &buffers.d_o),
-            ] {
-                if written.buffer == read.buffer {
-                    return Err(shares(name, input));
-                }
-            }
-        }
+        check_written_apart_from_read(
+            &[
+                ("dq", Some(&buffers.dq)),
+                ("dk", Some(&buffers.dk)),
+                ("dv", Some(&buffers.dv)),
+            ],
+            &[
+                ("q", Some(&buffers.q)),
+                ("k", Some(&buffers.k)),
+                ("v", Some(&buffers.v)),
+                ("o", Some(&buffers.o)),
+                ("lse", Some(&buffers.lse)),
+                ("d_o", Some(&buffers.d_o)),
+            ],
+        )?;
         let input = |t: Tensor, tb: &TensorBuffer<'a>| bind(t.name(), tb, f.layout(t), f.required_len(t), es, caps);
         let grad = |t: GradTensor, tb: &TensorBuffer<'a>| {
             bind(t.name(), tb, problem.layout(t), problem.required_len(t), es, caps)
@@ -523,12 +525,5 @@ impl FlashAttention {
         inputs: &BackwardInputs<'_, T>,
     ) -> Result<BackwardOutput<T>> {
         pollster::block_on(self.backward(problem, inputs))
-    }
-}
-
-pub(crate) fn shares(written: &'static str, read: &str) -> Error {
-    Error::InvalidBuffer {
-        tensor: written,
-        message: format!("shares a buffer with `{read}`; wgpu forbids reading and writing one buffer in a dispatch"),
     }
 }

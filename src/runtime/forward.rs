@@ -5,7 +5,9 @@ use wgpu::util::DeviceExt;
 
 use crate::device::context::GpuContext;
 use crate::error::{Error, Result};
-use crate::gpu::binding::{bind, bind_f32, byte_len, check_buffer_size, check_disjoint, Bound, TensorBuffer};
+use crate::gpu::binding::{
+    bind, bind_f32, byte_len, check_buffer_size, check_disjoint, check_written_apart_from_read, Bound, TensorBuffer,
+};
 use crate::gpu::pipelines::PipelineCache;
 use crate::gpu::readback::{read_back_within, upload_queued, DEFAULT_READ_BACK_TIMEOUT};
 use crate::gpu::scratch::ScratchBuffers;
@@ -354,19 +356,14 @@ impl FlashAttention {
         let es = problem.dtype.size_bytes();
         let tensor =
             |t: Tensor, tb: &TensorBuffer<'a>| bind(t.name(), tb, problem.layout(t), problem.required_len(t), es, caps);
-        for (name, written) in [("o", Some(&buffers.o)), ("lse", buffers.lse.as_ref())] {
-            let Some(written) = written else { continue };
-            for (input, read) in [("q", &buffers.q), ("k", &buffers.k), ("v", &buffers.v)] {
-                if written.buffer == read.buffer {
-                    return Err(Error::InvalidBuffer {
-                        tensor: name,
-                        message: format!(
-                            "shares a buffer with `{input}`; wgpu forbids reading and writing one buffer in a dispatch"
-                        ),
-                    });
-                }
-            }
-        }
+        check_written_apart_from_read(
+            &[("o", Some(&buffers.o)), ("lse", buffers.lse.as_ref())],
+            &[
+                ("q", Some(&buffers.q)),
+                ("k", Some(&buffers.k)),
+                ("v", Some(&buffers.v)),
+            ],
+        )?;
         let unused = TensorBuffer::new(&self.unused_lse);
         let lse = match &buffers.lse {
             Some(l) => bind_f32("lse", l, problem.lse_len(), caps)?,
@@ -425,14 +422,9 @@ impl FlashAttention {
                     })
                 }
             };
-            if let Some((written_name, _)) = written.iter().find(|(_, w)| w.buffer == tensor.buffer) {
-                return Err(Error::InvalidBuffer {
-                    tensor: name,
-                    message: format!(
-                        "shares a buffer with `{written_name}`; wgpu forbids reading and writing one buffer in a dispatch"
-                    ),
-                });
-            }
+            // Reported from the index's side: the call's outputs are fine, the index is misplaced.
+            let outputs: Vec<(&str, Option<&TensorBuffer<'_>>)> = written.iter().map(|(n, w)| (*n, Some(*w))).collect();
+            check_written_apart_from_read(&[(name, Some(&tensor))], &outputs)?;
             bind_f32(name, &tensor, len, caps)
         };
         let batch = problem.shape.batch;
@@ -465,13 +457,7 @@ impl FlashAttention {
         v: &[T],
     ) -> Result<AttentionOutput<T>> {
         let config = self.prepare(problem).await?;
-        let scratch = match &config {
-            ForwardKernel::Decode { split, .. } => {
-                let (o, lse) = scratch_bytes(problem, split)?;
-                o + lse
-            }
-            _ => 0,
-        };
+        let scratch = kernel_scratch_bytes(problem, &config)?;
         self.run_on_host(problem, q, k, v, config.name(), scratch, |engine, encoder, buffers| {
             engine.encode_forward(encoder, problem, buffers, None).map(|_| ())
         })
@@ -494,13 +480,7 @@ impl FlashAttention {
         problem.validate()?;
         index.validate(&problem.kv_cache, problem.shape.batch, problem.shape.seq_kv)?;
         let config = self.prepare(problem).await?;
-        let scratch = match &config {
-            ForwardKernel::Decode { split, .. } => {
-                let (o, lse) = scratch_bytes(problem, split)?;
-                o + lse
-            }
-            _ => 0,
-        };
+        let scratch = kernel_scratch_bytes(problem, &config)?;
         let device = &self.ctx.device;
         let upload = |name: &'static str, data: Option<&[u32]>| -> Result<Option<wgpu::Buffer>> {
             let Some(data) = data else { return Ok(None) };
@@ -819,6 +799,17 @@ impl FlashAttention {
         v: &[T],
     ) -> Result<AttentionOutput<T>> {
         pollster::block_on(self.naive_forward(problem, q, k, v))
+    }
+}
+
+/// Scratch bytes `kernel` uses beside the inputs and outputs (the decode kernel's partial results).
+fn kernel_scratch_bytes(problem: &AttentionProblem, kernel: &ForwardKernel) -> Result<u64> {
+    match kernel {
+        ForwardKernel::Decode { split, .. } => {
+            let (o, lse) = scratch_bytes(problem, split)?;
+            Ok(o + lse)
+        }
+        _ => Ok(0),
     }
 }
 

@@ -5,10 +5,11 @@
 use wgpu::util::DeviceExt;
 
 use crate::error::{Error, Result};
-use crate::gpu::binding::{bind, bind_f32, byte_len, check_buffer_size, check_disjoint, Bound, TensorBuffer};
+use crate::gpu::binding::{
+    bind, bind_f32, byte_len, check_buffer_size, check_disjoint, check_written_apart_from_read, Bound, TensorBuffer,
+};
 use crate::gpu::readback::{read_back, upload_queued};
 use crate::problem::{AttentionProblem, Element, Tensor};
-use crate::runtime::backward::shares;
 use crate::runtime::forward::{AttentionOutput, FlashAttention};
 use crate::wgsl::params::Params;
 use crate::wgsl::KernelConfig;
@@ -131,14 +132,10 @@ impl FlashAttention {
             ("o_b", &buffers.o_b),
             ("lse_b", &buffers.lse_b),
         ];
-        for (name, written) in [("o", Some(&buffers.o)), ("lse", buffers.lse.as_ref())] {
-            let Some(written) = written else { continue };
-            for (input, read) in reads {
-                if written.buffer == read.buffer {
-                    return Err(shares(name, input));
-                }
-            }
-        }
+        check_written_apart_from_read(
+            &[("o", Some(&buffers.o)), ("lse", buffers.lse.as_ref())],
+            &reads.map(|(name, t)| (name, Some(t))),
+        )?;
         let (es, o_len, rows) = (
             problem.dtype.size_bytes(),
             problem.required_len(Tensor::O),

@@ -394,20 +394,25 @@ impl DecodeConfig {
 #[cfg(test)]
 mod tests {
     use super::KernelConfig;
-    use crate::plan::all_coop_configs;
+    use crate::plan::{all_coop_configs, all_decode_configs};
 
-    /// The decode kernel's unrolled trip counts are the shader's constants of those names.
+    /// Each `(name, trip count)` the host unrolls a loop of `kernel` by is the shader's own `u32`
+    /// constant of that name, as naga evaluates it.
+    fn assert_unroll_bounds(kernel: &KernelConfig, bounds: &[(&str, u32)]) {
+        let module =
+            naga::front::wgsl::parse_str(&kernel.source()).unwrap_or_else(|e| panic!("{}: {e}", kernel.name()));
+        for &(name, bound) in bounds {
+            let value = crate::testing::shader::wgsl_u32_constant(&module, name)
+                .unwrap_or_else(|| panic!("{}: no u32 constant {name}", kernel.name()));
+            assert_eq!(value, bound, "{}: {name}", kernel.name());
+        }
+    }
+
+    /// The decode kernel's unrolled trip counts, in every configuration the tests enumerate.
     #[test]
     fn decode_unroll_bounds_match_the_shader_constants() {
-        for config in crate::plan::all_decode_configs() {
-            let kernel = KernelConfig::Decode(config);
-            let module =
-                naga::front::wgsl::parse_str(&kernel.source()).unwrap_or_else(|e| panic!("{}: {e}", kernel.name()));
-            for (name, bound) in config.unroll_bounds() {
-                let value = crate::testing::shader::wgsl_u32_constant(&module, name)
-                    .unwrap_or_else(|| panic!("{}: no u32 constant {name}", kernel.name()));
-                assert_eq!(value, bound, "{}: {name}", kernel.name());
-            }
+        for config in all_decode_configs() {
+            assert_unroll_bounds(&KernelConfig::Decode(config), &config.unroll_bounds());
         }
     }
 
@@ -419,14 +424,7 @@ mod tests {
     #[test]
     fn coop_unroll_bounds_match_the_shader_constants() {
         for config in all_coop_configs() {
-            let kernel = KernelConfig::FlashCoop(config);
-            let module =
-                naga::front::wgsl::parse_str(&kernel.source()).unwrap_or_else(|e| panic!("{}: {e}", kernel.name()));
-            for (name, bound) in config.unroll_bounds() {
-                let value = crate::testing::shader::wgsl_u32_constant(&module, name)
-                    .unwrap_or_else(|| panic!("{}: no u32 constant {name}", kernel.name()));
-                assert_eq!(value, bound, "{}: {name}", kernel.name());
-            }
+            assert_unroll_bounds(&KernelConfig::FlashCoop(config), &config.unroll_bounds());
         }
     }
 }
