@@ -453,3 +453,121 @@ fn encode_forward_never_panics_on_random_buffers() {
         "too few valid cases ({accepted}) to exercise the accepted path"
     );
 }
+
+/// A problem over a K/V cache: paging sizes and index tensors, zero, huge and inconsistent values
+/// included.
+#[derive(Clone, Debug)]
+struct CacheCase {
+    shape: AttentionShape,
+    dtype: DType,
+    causal: bool,
+    pages: Option<(usize, usize, usize)>,
+    lengths: bool,
+    table: Option<Vec<u32>>,
+    lens: Option<Vec<u32>>,
+    splits: Option<u32>,
+}
+
+fn cache_case() -> impl Strategy<Value = CacheCase> {
+    let small = || prop_oneof![8 => 1usize..=6, 1 => Just(0usize), 1 => select(HUGE.to_vec())];
+    let page = prop_oneof![4 => select(vec![16usize, 32, 64, 256]), 1 => 0usize..300, 1 => select(HUGE.to_vec())];
+    let index = || {
+        prop_oneof![
+            2 => Just(None),
+            6 => proptest::collection::vec(prop_oneof![8 => 0u32..40, 1 => Just(u32::MAX)], 0..40).prop_map(Some),
+        ]
+    };
+    (
+        (
+            small(),
+            1usize..=20,
+            prop_oneof![4 => 1usize..=300, 1 => select(HUGE.to_vec())],
+            1usize..=4,
+            1usize..=4,
+        ),
+        (head_dim(), dtype(), any::<bool>()),
+        (
+            proptest::option::of((page, small(), small())),
+            any::<bool>(),
+            index(),
+            index(),
+        ),
+        proptest::option::of(prop_oneof![0u32..300, Just(u32::MAX)]),
+    )
+        .prop_map(
+            |(
+                (batch, seq_q, seq_kv, kv_heads, group),
+                (head_dim, dtype, causal),
+                (pages, lengths, table, lens),
+                splits,
+            )| CacheCase {
+                shape: AttentionShape {
+                    batch,
+                    seq_q,
+                    seq_kv,
+                    num_heads: kv_heads * group,
+                    num_kv_heads: kv_heads,
+                    head_dim,
+                },
+                dtype,
+                causal,
+                pages,
+                lengths,
+                table,
+                lens,
+                splits,
+            },
+        )
+}
+
+/// Validation, selection (automatic and forced decode, on both device fixtures) and the index
+/// checks return, never panic; where everything is accepted and small, the float64 reference runs
+/// over the index and sees only keys below each sequence's count.
+fn check_cache(c: &CacheCase) {
+    use wgpu_flash_attn::cache::{CacheIndex, PagedKv};
+    use wgpu_flash_attn::kernel::DecodeChoice;
+    let mut problem = AttentionProblem::new(c.shape, c.dtype)
+        .with_causal(c.causal)
+        .with_kv_lengths(c.lengths);
+    if let Some((page_size, num_pages, pages_per_seq)) = c.pages {
+        problem = problem.with_paged_kv(
+            PagedKv {
+                page_size,
+                num_pages,
+                pages_per_seq,
+            },
+            Layout::Bshd,
+        );
+    }
+    let valid = problem.validate().is_ok();
+    for caps in [lavapipe(), h200()] {
+        let forced = KernelChoice::Decode(DecodeChoice {
+            splits: c.splits,
+            ..DecodeChoice::default()
+        });
+        for choice in [KernelChoice::Auto, forced] {
+            let selected = select_forward(&problem, &caps, &choice, Default::default());
+            assert!(valid || selected.is_err(), "selected an invalid problem: {problem:?}");
+        }
+    }
+    let index = CacheIndex {
+        page_table: c.table.as_deref(),
+        kv_lens: c.lens.as_deref(),
+    };
+    let index_ok = index.validate(&problem.kv_cache, c.shape.batch, c.shape.seq_kv).is_ok();
+    let elements = [Tensor::Q, Tensor::K, Tensor::V].map(|t| problem.required_len(t));
+    if valid && index_ok && elements.iter().all(|&n| n <= 1 << 16) {
+        let data: Vec<f32> = wgpu_flash_attn::testing::random_tensor(1, elements.into_iter().max().unwrap_or(0));
+        let out = wgpu_flash_attn::reference::attention_cached(&problem, &data, &data, &data, &index);
+        assert!(out.is_ok(), "{problem:?}: {:?}", out.err());
+    }
+}
+
+#[test]
+fn caches_never_panic_validation_selection_or_the_reference() {
+    run_cases(2000, cache_case(), |c| {
+        let outcome = catch_unwind(AssertUnwindSafe(|| check_cache(&c)));
+        prop_assert!(outcome.is_ok(), "panicked on {c:?}");
+        Ok(())
+    });
+}

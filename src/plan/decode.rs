@@ -221,7 +221,8 @@ impl DecodeSplit {
     /// (at least 1, at most one per 16 keys and `DECODE_MAX_SPLITS`).
     pub fn new(problem: &AttentionProblem, rows_per_block: u32, splits: u32) -> Self {
         let s = problem.shape;
-        let rows_per_kv_head = (problem.group_size() * s.seq_q) as u32;
+        // Saturating: a count past u32 leaves a grid no device dispatches, which the grid checks refuse.
+        let rows_per_kv_head = u32::try_from(problem.group_size().saturating_mul(s.seq_q)).unwrap_or(u32::MAX);
         let keys = s.seq_kv.max(1) as u32;
         let wanted = splits.clamp(1, keys.div_ceil(16).min(DECODE_MAX_SPLITS));
         let keys_per_split = keys.div_ceil(wanted).next_multiple_of(16);
@@ -304,7 +305,13 @@ pub fn select_decode(
         return invalid!("a decode split count of 0; ask for 1 to turn splitting off");
     }
     let s = problem.shape;
-    let rows = (problem.group_size() * s.seq_q) as u32;
+    let Ok(rows) = u32::try_from(problem.group_size().saturating_mul(s.seq_q)) else {
+        return Err(Error::TooLarge(format!(
+            "the decode kernel packs query heads × new tokens = {} × {} rows per K/V head, more than 32-bit counters hold",
+            problem.group_size(),
+            s.seq_q
+        )));
+    };
     let head_dim = s.head_dim as u32;
     let plans: Vec<DecodePlan> = match choice.plan {
         Some(plan) => vec![plan],

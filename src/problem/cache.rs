@@ -102,7 +102,7 @@ impl CacheIndex<'_> {
         let bad = |tensor, message: String| Err(Error::InvalidBuffer { tensor, message });
         match (cache.paged, self.page_table) {
             (Some(p), Some(table)) => {
-                let need = batch * p.pages_per_seq;
+                let need = batch.saturating_mul(p.pages_per_seq);
                 if table.len() < need {
                     return bad("page_table", format!("holds {} entries, needs {need}", table.len()));
                 }
