@@ -456,12 +456,7 @@ impl FlashAttention {
         k: &[T],
         v: &[T],
     ) -> Result<AttentionOutput<T>> {
-        let config = self.prepare(problem).await?;
-        let scratch = kernel_scratch_bytes(problem, &config)?;
-        self.run_on_host(problem, q, k, v, config.name(), scratch, |engine, encoder, buffers| {
-            engine.encode_forward(encoder, problem, buffers, None).map(|_| ())
-        })
-        .await
+        self.forward_indexed(problem, q, k, v, None).await
     }
 
     /// [`forward`](Self::forward) for a problem whose keys are paged or have per-sequence counts
@@ -477,8 +472,24 @@ impl FlashAttention {
         v: &[T],
         index: &CacheIndex<'_>,
     ) -> Result<AttentionOutput<T>> {
-        problem.validate()?;
-        index.validate(&problem.kv_cache, problem.shape.batch, problem.shape.seq_kv)?;
+        self.forward_indexed(problem, q, k, v, Some(index)).await
+    }
+
+    /// [`forward`](Self::forward) and [`forward_cached`](Self::forward_cached): with an index,
+    /// checked and uploaded beside the inputs; without, a problem that needs one fails when its
+    /// buffers are bound, naming the call that takes it.
+    async fn forward_indexed<T: Element>(
+        &self,
+        problem: &AttentionProblem,
+        q: &[T],
+        k: &[T],
+        v: &[T],
+        index: Option<&CacheIndex<'_>>,
+    ) -> Result<AttentionOutput<T>> {
+        if let Some(index) = index {
+            problem.validate()?;
+            index.validate(&problem.kv_cache, problem.shape.batch, problem.shape.seq_kv)?;
+        }
         let config = self.prepare(problem).await?;
         let scratch = kernel_scratch_bytes(problem, &config)?;
         let device = &self.ctx.device;
@@ -494,8 +505,8 @@ impl FlashAttention {
                 wgpu::BufferUsages::empty(),
             )))
         };
-        let page_table = upload("page_table", index.page_table)?;
-        let kv_lens = upload("kv_lens", index.kv_lens)?;
+        let page_table = upload("page_table", index.and_then(|i| i.page_table))?;
+        let kv_lens = upload("kv_lens", index.and_then(|i| i.kv_lens))?;
         self.run_on_host(problem, q, k, v, config.name(), scratch, |engine, encoder, buffers| {
             let buffers = ForwardBuffers {
                 page_table: page_table.as_ref().map(TensorBuffer::new),
