@@ -251,8 +251,23 @@ fn decode_problems() -> Vec<AttentionProblem> {
     out
 }
 
-/// `--decode`: the decode kernel on [`decode_problems`], checked, then timed as TB/s of K and V.
-fn decode_bench(args: &Args, device: CudaDevice) -> Result<()> {
+/// The decode benchmarks' inputs, sized for the largest of [`decode_problems`]: seeded bf16 Q, K
+/// and V on the host (for the reference checks) and on the device, O poisoned with NaN, the LSE.
+struct DecodeInputs {
+    problems: Vec<AttentionProblem>,
+    q: Vec<bf16>,
+    k: Vec<bf16>,
+    v: Vec<bf16>,
+    q_len: usize,
+    kv_len: usize,
+    dq: CudaSlice<u16>,
+    dk: CudaSlice<u16>,
+    dv: CudaSlice<u16>,
+    d_o: CudaSlice<u16>,
+    d_lse: CudaSlice<f32>,
+}
+
+fn decode_inputs(device: &CudaDevice) -> Result<DecodeInputs> {
     let problems = decode_problems();
     let len = |t: Tensor| problems.iter().map(|p| p.required_len(t)).max().unwrap_or(0);
     let (q_len, kv_len) = (len(Tensor::Q), len(Tensor::K));
@@ -267,12 +282,39 @@ fn decode_bench(args: &Args, device: CudaDevice) -> Result<()> {
     };
     let (q, k, v) = (random_tensor::<bf16>(1, q_len), tile(2), tile(3));
     let stream = device.stream().clone();
-    let dq = stream.clone_htod(&to_bits(&q))?;
-    let dk = stream.clone_htod(&to_bits(&k))?;
-    let dv = stream.clone_htod(&to_bits(&v))?;
-    let mut d_o = stream.clone_htod(&vec![0x7fc0u16; q_len])?;
-    let mut d_lse = stream.alloc_zeros::<f32>(lse_len)?;
+    let inputs = DecodeInputs {
+        dq: stream.clone_htod(&to_bits(&q))?,
+        dk: stream.clone_htod(&to_bits(&k))?,
+        dv: stream.clone_htod(&to_bits(&v))?,
+        d_o: stream.clone_htod(&vec![0x7fc0u16; q_len])?,
+        d_lse: stream.alloc_zeros::<f32>(lse_len)?,
+        problems,
+        q,
+        k,
+        v,
+        q_len,
+        kv_len,
+    };
     eprintln!("inputs ready in {:.1} s", t0.elapsed().as_secs_f64());
+    Ok(inputs)
+}
+
+/// `--decode`: the decode kernel on [`decode_problems`], checked, then timed as TB/s of K and V.
+fn decode_bench(args: &Args, device: CudaDevice) -> Result<()> {
+    let DecodeInputs {
+        problems,
+        q,
+        k,
+        v,
+        q_len,
+        dq,
+        dk,
+        dv,
+        mut d_o,
+        mut d_lse,
+        ..
+    } = decode_inputs(&device)?;
+    let stream = device.stream().clone();
     let sm_count = device.sm_count();
     // One engine per forced split count (None: the rule), made when first needed.
     let mut engines: Vec<(Option<u32>, CudaAttention)> = vec![(None, CudaAttention::new(device.clone()))];
@@ -435,24 +477,20 @@ fn decode_bench(args: &Args, device: CudaDevice) -> Result<()> {
 /// then paged at each page size over a shuffled page table, checked against the float64
 /// reference, timed, and compared (TB/s of K and V read; paged / contiguous).
 fn decode_paged_bench(args: &Args, device: CudaDevice) -> Result<()> {
-    let problems = decode_problems();
-    let len = |t: Tensor| problems.iter().map(|p| p.required_len(t)).max().unwrap_or(0);
-    let (q_len, kv_len) = (len(Tensor::Q), len(Tensor::K));
-    let lse_len = problems.iter().map(|p| p.lse_len()).max().unwrap_or(0);
-    let t0 = std::time::Instant::now();
-    let block = 1 << 24;
-    let tile = |seed: u64| -> Vec<bf16> {
-        let b = random_tensor::<bf16>(seed, block);
-        b.iter().copied().cycle().take(kv_len).collect()
-    };
-    let (q, k, v) = (random_tensor::<bf16>(1, q_len), tile(2), tile(3));
+    let DecodeInputs {
+        problems,
+        q,
+        k,
+        v,
+        q_len,
+        kv_len,
+        dq,
+        dk,
+        dv,
+        mut d_o,
+        mut d_lse,
+    } = decode_inputs(&device)?;
     let stream = device.stream().clone();
-    let dq = stream.clone_htod(&to_bits(&q))?;
-    let dk = stream.clone_htod(&to_bits(&k))?;
-    let dv = stream.clone_htod(&to_bits(&v))?;
-    let mut d_o = stream.clone_htod(&vec![0x7fc0u16; q_len])?;
-    let mut d_lse = stream.alloc_zeros::<f32>(lse_len)?;
-    eprintln!("inputs ready in {:.1} s", t0.elapsed().as_secs_f64());
     let engine = CudaAttention::new(device.clone());
     println!("| batch | new tokens | keys | cache | kernel | splits | µs | TB/s K+V | paged / contiguous | check |");
     println!("|---|---|---|---|---|---|---|---|---|---|");
