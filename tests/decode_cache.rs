@@ -20,6 +20,15 @@ use wgpu_flash_attn::{
     Layout, Options, Tensor, TensorBuffer,
 };
 
+/// A storage buffer holding `bytes`, readable back.
+fn storage(ctx: &GpuContext, label: &str, bytes: &[u8]) -> wgpu::Buffer {
+    ctx.device.create_buffer_init(&wgpu::util::BufferInitDescriptor {
+        label: Some(label),
+        contents: bytes,
+        usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_SRC | wgpu::BufferUsages::COPY_DST,
+    })
+}
+
 fn below(rng: &mut Rng, n: usize) -> usize {
     (rng.next_u64() % n as u64) as usize
 }
@@ -45,13 +54,7 @@ impl<T: Element> Case<T> {
     /// Runs on the caller's buffers with O and the LSE poisoned; returns them.
     fn run(&self, ctx: &GpuContext, engine: &FlashAttention) -> wgpu_flash_attn::Result<(Vec<T>, Vec<f32>)> {
         let p = &self.problem;
-        let storage = |label, bytes: &[u8]| {
-            ctx.device.create_buffer_init(&wgpu::util::BufferInitDescriptor {
-                label: Some(label),
-                contents: bytes,
-                usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_SRC,
-            })
-        };
+        let storage = |label, bytes: &[u8]| storage(ctx, label, bytes);
         let q = storage("q", bytemuck::cast_slice(&self.q));
         let k = storage("k", bytemuck::cast_slice(&self.k));
         let v = storage("v", bytemuck::cast_slice(&self.v));
@@ -371,13 +374,7 @@ fn appending_then_attending_matches_the_reference() {
         let mut k_pool: Vec<half::f16> = random_tensor(rng.next_u64(), pool_len);
         let mut v_pool: Vec<half::f16> = random_tensor(rng.next_u64(), pool_len);
         let mut lens: Vec<u32> = vec![0, 37, 150];
-        let storage = |bytes: &[u8]| {
-            ctx.device.create_buffer_init(&wgpu::util::BufferInitDescriptor {
-                label: None,
-                contents: bytes,
-                usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_SRC | wgpu::BufferUsages::COPY_DST,
-            })
-        };
+        let storage = |bytes: &[u8]| storage(ctx, "cache test", bytes);
         let k_buf = storage(bytemuck::cast_slice(&k_pool));
         let v_buf = storage(bytemuck::cast_slice(&v_pool));
         let table_buf = storage(bytemuck::cast_slice(&table));
