@@ -134,15 +134,18 @@ extern "C" __global__ void __launch_bounds__(THREADS, FA_MIN_BLOCKS) KERNEL_NAME
     const int batch = blockIdx.z;
     const int kv_head = head / p.group_size;
     const int m0 = q_tile * BLOCK_M;
+    const SeqRows seq = sequence_rows(p, batch);
+    if (m0 >= seq.seq_q) return;  // past this sequence's rows (a shorter one of a packed batch)
 
     // Keys this tile can see: all, or (causal, bottom-right aligned) up to its last row's
     // diagonal. Tiles entirely right of the diagonal are never loaded.
-    const int n_end = visible_keys_end<CAUSAL>(p, m0, BLOCK_M);
+    const int n_end = visible_keys_end<CAUSAL>(seq, m0, BLOCK_M);
     const int n_tiles = (n_end + BLOCK_N - 1) / BLOCK_N;
 
-    const u16* q = p.q + batch * p.q_batch_stride + head * p.q_head_stride + (i64)m0 * p.q_seq_stride;
-    const u16* k = p.k + batch * p.k_batch_stride + kv_head * p.k_head_stride;
-    const u16* v = p.v + batch * p.v_batch_stride + kv_head * p.v_head_stride;
+    const u16* q =
+        p.q + batch * p.q_batch_stride + head * p.q_head_stride + ((i64)seq.q_first + m0) * p.q_seq_stride;
+    const u16* k = p.k + batch * p.k_batch_stride + kv_head * p.k_head_stride + (i64)seq.kv_first * p.k_seq_stride;
+    const u16* v = p.v + batch * p.v_batch_stride + kv_head * p.v_head_stride + (i64)seq.kv_first * p.v_seq_stride;
 
     const u32 s_q = smem_addr(smem);
     const u32 s_kv = s_q + Q_TILE_BYTES;  // stage s: K at s_kv + 2s·KV_TILE_BYTES, V after it
@@ -150,12 +153,12 @@ extern "C" __global__ void __launch_bounds__(THREADS, FA_MIN_BLOCKS) KERNEL_NAME
     auto stage_v = [&](int s) { return s_kv + (u32)(2 * s + 1) * KV_TILE_BYTES; };
     auto load_kv = [&](int tile, int s) {
         const int n0 = tile * BLOCK_N;
-        load_tile<BLOCK_N>(stage_k(s), k + (i64)n0 * p.k_seq_stride, p.k_seq_stride, p.seq_kv - n0, tid);
-        load_tile<BLOCK_N>(stage_v(s), v + (i64)n0 * p.v_seq_stride, p.v_seq_stride, p.seq_kv - n0, tid);
+        load_tile<BLOCK_N>(stage_k(s), k + (i64)n0 * p.k_seq_stride, p.k_seq_stride, seq.seq_kv - n0, tid);
+        load_tile<BLOCK_N>(stage_v(s), v + (i64)n0 * p.v_seq_stride, p.v_seq_stride, seq.seq_kv - n0, tid);
     };
 
     // Prologue: group 0 = Q and K/V tile 0, group 1 = K/V tile 1 (either may be empty).
-    load_tile<BLOCK_M>(s_q, q, p.q_seq_stride, p.seq_q - m0, tid);
+    load_tile<BLOCK_M>(s_q, q, p.q_seq_stride, seq.seq_q - m0, tid);
     if (n_tiles > 0) load_kv(0, 0);
     cp_async_commit();
     if (n_tiles > 1) load_kv(1, 1);
@@ -252,7 +255,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, FA_MIN_BLOCKS) KERNEL_NAME
 #pragma unroll
                 for (int e = 0; e < 4; ++e) s[mt][n][e] *= p.scale_log2;
         const bool need_mask =
-            n0 + BLOCK_N > p.seq_kv || (CAUSAL && (i64)n0 + BLOCK_N - 1 > (i64)m0 + p.causal_offset);
+            n0 + BLOCK_N > seq.seq_kv || (CAUSAL && (i64)n0 + BLOCK_N - 1 > (i64)m0 + seq.causal_offset);
         if (need_mask) {
 #pragma unroll
             for (int mt = 0; mt < M_TILES; ++mt)
@@ -262,7 +265,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, FA_MIN_BLOCKS) KERNEL_NAME
                     for (int e = 0; e < 4; ++e) {
                         const int col = n0 + n * 8 + (lane % 4) * 2 + (e & 1);
                         const int row = row0 + 16 * mt + (e >> 1) * 8;
-                        const bool hidden = col >= p.seq_kv || (CAUSAL && (i64)col > (i64)row + p.causal_offset);
+                        const bool hidden = col >= seq.seq_kv || (CAUSAL && (i64)col > (i64)row + seq.causal_offset);
                         if (hidden) s[mt][n][e] = NEG_INF;
                     }
         }
@@ -339,7 +342,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, FA_MIN_BLOCKS) KERNEL_NAME
             sum += __shfl_xor_sync(0xffffffffu, sum, 1);
             sum += __shfl_xor_sync(0xffffffffu, sum, 2);
             // No visible key: O = 0 and LSE = -inf, as the reference defines it.
-            const float inv = sum > 0.f ? 1.f / sum : 0.f;
+            const float inv = !seq.valid ? __int_as_float(0x7fc00000) : (sum > 0.f ? 1.f / sum : 0.f);
             const int local_row = warp * WARP_ROWS + 16 * mt + lane / 4 + r * 8;
 #pragma unroll
             for (int d = 0; d < D_TILES; ++d) {
@@ -347,20 +350,20 @@ extern "C" __global__ void __launch_bounds__(THREADS, FA_MIN_BLOCKS) KERNEL_NAME
                 st_shared_u32(s_q + swizzle(local_row, d) + (lane % 4) * 4, packed);
             }
             const int row = row0 + 16 * mt + r * 8;
-            if (p.lse != nullptr && lane % 4 == 0 && row < p.seq_q) {
+            if (p.lse != nullptr && lane % 4 == 0 && row < seq.seq_q) {
                 const float lse = sum > 0.f ? row_max[mt][r] * LN2 + logf(sum) : NEG_INF;
-                p.lse[((i64)batch * p.num_heads + head) * p.seq_q + row] = lse;
+                p.lse[lse_index(p, seq, batch, head, row)] = seq.valid ? lse : __int_as_float(0x7fc00000);
             }
         }
     __syncwarp();
-    u16* o = p.o + batch * p.o_batch_stride + head * p.o_head_stride;
+    u16* o = p.o + batch * p.o_batch_stride + head * p.o_head_stride + (i64)seq.q_first * p.o_seq_stride;
 #pragma unroll
     for (int j = 0; j < WARP_ROWS * CHUNKS / 32; ++j) {
         const int i = lane + 32 * j;
         const int local_row = warp * WARP_ROWS + i / CHUNKS;
         const int chunk = i % CHUNKS;
         const int row = m0 + local_row;
-        if (row < p.seq_q) {
+        if (row < seq.seq_q) {
             u32 val[4];
             ld_shared_v4(s_q + swizzle(local_row, chunk), val);
             u16* dst = o + (i64)row * p.o_seq_stride + chunk * 8;

@@ -137,8 +137,15 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
     const int batch = blockIdx.z;
     const int kv_head = head / p.group_size;
     const int m0 = q_tile * BLOCK_M;
-    const int n_end = visible_keys_end<CAUSAL>(p, m0, BLOCK_M);
+    const SeqRows seq = sequence_rows(p, batch);
+    if (m0 >= seq.seq_q) return;  // past this sequence's rows (a shorter one of a packed batch)
+    const int n_end = visible_keys_end<CAUSAL>(seq, m0, BLOCK_M);
     const int n_tiles = (n_end + BLOCK_N - 1) / BLOCK_N;
+    // The tensor maps' rows and batch: a packed batch is one batch of all sequences' rows, and
+    // its copies start at the sequence's first row (rows past it belong to the next sequence or
+    // are zero past the tensor: masked, or computed and not stored).
+    const int map_batch = p.cu_seqlens_q != nullptr ? 0 : batch;
+    const int q_row0 = seq.q_first + m0;
 
     if (tid == 0) {
         mbar_init(bar_q, 1);
@@ -158,7 +165,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
             mbar_arrive_expect_tx(bar_q, Q_BYTES);
 #pragma unroll
             for (int pn = 0; pn < PANELS; ++pn)
-                tma_load_4d(s_q + pn * Q_PANEL_BYTES, &maps.q, pn * 64, m0, head, batch, bar_q);
+                tma_load_4d(s_q + pn * Q_PANEL_BYTES, &maps.q, pn * 64, q_row0, head, map_batch, bar_q);
             for (int j = 0; j < n_tiles; ++j) {
                 const int s = j % STAGES;
                 // Use u = j / STAGES of stage s waits for the consumers' release of use u - 1.
@@ -168,12 +175,13 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
                 mbar_arrive_expect_tx(bar_k_full(s), KV_BYTES);
 #pragma unroll
                 for (int pn = 0; pn < PANELS; ++pn)
-                    tma_load_4d(k_dst + pn * KV_PANEL_BYTES, &maps.k, pn * 64, n0, kv_head, batch, bar_k_full(s));
+                    tma_load_4d(k_dst + pn * KV_PANEL_BYTES, &maps.k, pn * 64, seq.kv_first + n0, kv_head, map_batch,
+                                bar_k_full(s));
                 mbar_arrive_expect_tx(bar_v_full(s), KV_BYTES);
 #pragma unroll
                 for (int pn = 0; pn < PANELS; ++pn)
-                    tma_load_4d(k_dst + KV_BYTES + pn * KV_PANEL_BYTES, &maps.v, pn * 64, n0, kv_head, batch,
-                                bar_v_full(s));
+                    tma_load_4d(k_dst + KV_BYTES + pn * KV_PANEL_BYTES, &maps.v, pn * 64, seq.kv_first + n0, kv_head,
+                                map_batch, bar_v_full(s));
             }
         }
         return;
@@ -263,13 +271,13 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
         }
         // Mask past the end of the keys, or right of some row's diagonal.
         const bool need_mask =
-            n0 + BLOCK_N > p.seq_kv || (CAUSAL && (i64)n0 + BLOCK_N - 1 > (i64)wg_m0 + p.causal_offset);
+            n0 + BLOCK_N > seq.seq_kv || (CAUSAL && (i64)n0 + BLOCK_N - 1 > (i64)wg_m0 + seq.causal_offset);
         if (need_mask) {
 #pragma unroll
             for (int i = 0; i < S_REGS; ++i) {
                 const int col = n0 + 8 * (i / 4) + 2 * (lane % 4) + (i & 1);
                 const int row = row0 + 8 * ((i >> 1) & 1);
-                const bool hidden = col >= p.seq_kv || (CAUSAL && (i64)col > (i64)row + p.causal_offset);
+                const bool hidden = col >= seq.seq_kv || (CAUSAL && (i64)col > (i64)row + seq.causal_offset);
                 if (hidden) s_acc[i] = NEG_INF;
             }
         }
@@ -421,11 +429,11 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
         sum += __shfl_xor_sync(0xffffffffu, sum, 1);
         sum += __shfl_xor_sync(0xffffffffu, sum, 2);
         // No visible key: O = 0 and LSE = -inf, as the reference defines it.
-        inv[r] = sum > 0.f ? 1.f / sum : 0.f;
+        inv[r] = !seq.valid ? __int_as_float(0x7fc00000) : (sum > 0.f ? 1.f / sum : 0.f);
         const int row = row0 + 8 * r;
-        if (p.lse != nullptr && lane % 4 == 0 && row < p.seq_q) {
+        if (p.lse != nullptr && lane % 4 == 0 && row < seq.seq_q) {
             const float lse = sum > 0.f ? row_max[r] * LN2 + logf(sum) : NEG_INF;
-            p.lse[((i64)batch * p.num_heads + head) * p.seq_q + row] = lse;
+            p.lse[lse_index(p, seq, batch, head, row)] = seq.valid ? lse : __int_as_float(0x7fc00000);
         }
     }
 #pragma unroll
@@ -438,7 +446,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
             st_shared_u32(addr, packed);
         }
     named_bar_sync(BAR_EPILOGUE + cw, 128);
-    u16* out = p.o + batch * p.o_batch_stride + head * p.o_head_stride;
+    u16* out = p.o + batch * p.o_batch_stride + head * p.o_head_stride + (i64)seq.q_first * p.o_seq_stride;
     constexpr int CHUNKS = HEAD_DIM / 8;  // 16-byte chunks per row
 #pragma unroll
     for (int k = 0; k < WG_ROWS * CHUNKS / 128; ++k) {
@@ -446,7 +454,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
         const int lr = i / CHUNKS;
         const int c = i % CHUNKS;
         const int row = wg_m0 + lr;
-        if (row < p.seq_q) {
+        if (row < seq.seq_q) {
             u32 val[4];
             ld_shared_v4(q_wg + (c / 8) * Q_PANEL_BYTES + lr * ROW_BYTES + (((c % 8) ^ (lr & 7)) << 4), val);
             st_global_v4(out + (i64)row * p.o_seq_stride + c * 8, val);

@@ -2,7 +2,7 @@
 // (flash_fwd_mma.cu, flash_fwd_wgmma.cu). Needs mma_ptx.cuh first (u16, i64).
 #pragma once
 
-// Mirrors `FwdParams` in src/cuda/plan/params.rs (#[repr(C)], 160 bytes; both sides assert the
+// Mirrors `FwdParams` in src/cuda/plan/params.rs (#[repr(C)], 184 bytes; both sides assert the
 // size).
 // Strides are in elements; the pointers already include each tensor's offset.
 struct FwdParams {
@@ -21,15 +21,65 @@ struct FwdParams {
     int group_size;     // query heads per K/V head
     int causal_offset;  // seq_kv - seq_q: row i sees keys j <= i + causal_offset
     float scale_log2;   // softmax scale * log2(e): scores go straight to exp2
+    // A packed (varlen) batch (src/problem/varlen.rs): the [batch + 1] row offsets of Q/O and of
+    // K/V (null for a batch of equal sequences, whose seq_q/seq_kv above are every sequence's;
+    // packed, they are the longest's and the batch strides are 0), and the packed rows.
+    const unsigned* cu_seqlens_q;
+    const unsigned* cu_seqlens_k;
+    int total_q;
+    int total_kv;
 };
-static_assert(sizeof(FwdParams) == 160, "FwdParams must match the Rust mirror");
+static_assert(sizeof(FwdParams) == 184, "FwdParams must match the Rust mirror");
+
+// Where one sequence's rows are: its first row of Q/O and of K/V and its lengths. Offsets a
+// caller's device buffers may get wrong are checked, never trusted: query rows outside Q make a
+// sequence of no rows (nothing can be written), keys outside K/V or longer than seq_kv keep its
+// rows but mark it invalid (written as NaN).
+struct SeqRows {
+    int q_first;
+    int seq_q;
+    int kv_first;
+    int seq_kv;
+    int causal_offset;  // seq_kv - seq_q: row i sees keys j <= i + causal_offset
+    bool valid;
+};
+
+__device__ __forceinline__ SeqRows sequence_rows(const FwdParams& p, int b) {
+    SeqRows s{0, p.seq_q, 0, p.seq_kv, p.causal_offset, true};
+    if (p.cu_seqlens_q == nullptr) return s;
+    const unsigned q0 = p.cu_seqlens_q[b], q1 = p.cu_seqlens_q[b + 1];
+    if (q1 < q0 || q1 > (unsigned)p.total_q || q1 - q0 > (unsigned)p.seq_q) {
+        s.seq_q = 0;
+        s.valid = false;
+        return s;
+    }
+    s.q_first = (int)q0;
+    s.seq_q = (int)(q1 - q0);
+    const unsigned k0 = p.cu_seqlens_k[b], k1 = p.cu_seqlens_k[b + 1];
+    if (k1 < k0 || k1 > (unsigned)p.total_kv || k1 - k0 > (unsigned)p.seq_kv) {
+        s.seq_kv = 0;
+        s.valid = false;
+    } else {
+        s.kv_first = (int)k0;
+        s.seq_kv = (int)(k1 - k0);
+    }
+    s.causal_offset = s.seq_kv - s.seq_q;
+    return s;
+}
+
+// Index of row `row` of sequence `b`'s head `head` in the LSE: [batch, num_heads, seq_q], or
+// [num_heads, total_q] when packed.
+__device__ __forceinline__ i64 lse_index(const FwdParams& p, const SeqRows& s, int b, int head, int row) {
+    if (p.cu_seqlens_q != nullptr) return (i64)head * p.total_q + s.q_first + row;
+    return ((i64)b * p.num_heads + head) * p.seq_q + row;
+}
 
 // One past the last key that query rows [m0, m0 + rows) can see: all keys, or (causal, aligned
 // bottom-right) up to the last row's diagonal; 0 when no row sees any key. Key tiles at or past
 // it are never loaded.
 template <bool CAUSAL>
-__device__ __forceinline__ int visible_keys_end(const FwdParams& p, int m0, int rows) {
-    if (!CAUSAL) return p.seq_kv;
-    const i64 limit = (i64)m0 + rows + p.causal_offset;
-    return (int)(limit < 0 ? 0 : (limit < p.seq_kv ? limit : p.seq_kv));
+__device__ __forceinline__ int visible_keys_end(const SeqRows& s, int m0, int rows) {
+    if (!CAUSAL) return s.seq_kv;
+    const i64 limit = (i64)m0 + rows + s.causal_offset;
+    return (int)(limit < 0 ? 0 : (limit < s.seq_kv ? limit : s.seq_kv));
 }

@@ -45,7 +45,7 @@ use wgpu_flash_attn::cuda::cudarc::driver::sys::CUevent_flags;
 use wgpu_flash_attn::cuda::cudarc::driver::CudaSlice;
 use wgpu_flash_attn::cuda::plan::{decode_plans, mma_plans, select_mma, splits_for_waves, wgmma_plans, CudaDecodePlan};
 use wgpu_flash_attn::cuda::{
-    CudaAttention, CudaDevice, CudaKernelConfig, CudaOptions, CudaPlan, DeviceCacheIndex, DeviceTensors,
+    CudaAttention, CudaDevice, CudaKernelConfig, CudaOptions, CudaPlan, DeviceBatchIndex, DeviceTensors,
 };
 use wgpu_flash_attn::problem::PagedKv;
 use wgpu_flash_attn::testing::{random_tensor, ErrorStats};
@@ -539,12 +539,13 @@ fn decode_paged_bench(args: &Args, device: CudaDevice) -> Result<()> {
                     lse: Some(lse),
                 };
                 let config = match page_size {
-                    Some(_) => engine.forward_cached_device(
+                    Some(_) => engine.forward_indexed_device(
                         &problem,
                         t,
-                        DeviceCacheIndex {
+                        DeviceBatchIndex {
                             page_table: Some(&d_table),
                             kv_lens: None,
+                            ..Default::default()
                         },
                     )?,
                     None => engine.forward_device(&problem, t)?,

@@ -16,7 +16,7 @@
 use std::io::Write;
 
 use wgpu::util::DeviceExt;
-use wgpu_flash_attn::cache::PagedKv;
+use wgpu_flash_attn::batch::PagedKv;
 use wgpu_flash_attn::kernel::{DecodeChoice, DecodePlan, ForwardKernel};
 use wgpu_flash_attn::testing::harness::{Kernel, Workload};
 use wgpu_flash_attn::testing::timing::{time_passes, Timing};

@@ -15,7 +15,7 @@
 use std::time::Instant;
 
 use wgpu::util::DeviceExt;
-use wgpu_flash_attn::cache::{AppendBuffers, CacheIndex, PagedKv};
+use wgpu_flash_attn::batch::{AppendBuffers, BatchIndex, PagedKv};
 use wgpu_flash_attn::testing::{random_tensor, ErrorStats, Rng};
 use wgpu_flash_attn::{
     reference, AttentionProblem, AttentionShape, DType, FlashAttention, ForwardBuffers, GpuContext, Layout, Tensor,
@@ -204,11 +204,12 @@ fn main() -> wgpu_flash_attn::Result<()> {
         if (step + 1) % a.check_every == 0 || step + 1 == a.steps {
             let out = read::<Elem>(&ctx, &o_buf)?;
             let lse = read::<f32>(&ctx, &lse_buf)?;
-            let index = CacheIndex {
+            let index = BatchIndex {
                 page_table: Some(&table),
                 kv_lens: Some(&lens),
+                ..Default::default()
             };
-            let want = reference::attention_cached(&problem, &q, &k_pool, &v_pool, &index)?;
+            let want = reference::attention_indexed(&problem, &q, &k_pool, &v_pool, &index)?;
             let o = ErrorStats::from_pairs(out.iter().map(|x| x.to_f64()).zip(want.out.iter().copied()));
             let l = ErrorStats::from_pairs(lse.iter().map(|&x| x as f64).zip(want.lse.iter().copied()));
             let pass = o.within(1e-2, 1.5e-2) && l.within(1e-5, 2e-3);

@@ -54,10 +54,11 @@ struct Params {
     page_size: u32,
     pages_per_seq: u32,
     num_pages: u32,
+    // Rows of the packed Q/O and K/V of a variable-length batch (sequence.wgsl); 0 otherwise.
+    total_q: u32,
+    total_kv: u32,
     _pad0: u32,
     _pad1: u32,
-    _pad2: u32,
-    _pad3: u32,
 }
 
 @group(0) @binding(0) var<uniform> params: Params;
@@ -82,32 +83,58 @@ fn row_granule(t: TensorStrides, b: u32, s: u32, h: u32) -> u32 {
     return t.offset + b * t.batch + s * t.seq + h * t.head;
 }
 
+// Where one sequence of the batch lies: its first rows in the tensors and its lengths. A kernel
+// finds it with `sequence(b)` (sequence_dense.wgsl, sequence_indexed.wgsl); the host's mirror is
+// `SequenceRows` in src/problem/varlen.rs. Rows are counted from the sequence's start: query row
+// i of the sequence is row q_first + i of Q and O (within batch b's slice, whose stride is 0 for a
+// packed batch), key j is row kv_first + j of K and V.
+struct Sequence {
+    b: u32,
+    q_first: u32,
+    seq_q: u32,
+    kv_first: u32,
+    seq_kv: u32,
+    // seq_kv − seq_q: with causal, query row i sees key columns j <= i + causal_offset.
+    causal_offset: i32,
+    // false when the index tensors place the sequence outside its tensors: the kernel writes its
+    // rows as NaN (q_first and seq_q still name real rows) rather than read out of range.
+    valid: bool,
+}
+
+// Sequence b of a batch of equal sequences: the problem's lengths, rows from 0.
+fn dense_sequence(b: u32) -> Sequence {
+    return Sequence(b, 0u, params.seq_q, 0u, params.seq_kv, params.causal_offset, true);
+}
+
 // Whether query row `row` may attend to key column `col` (bounds and bottom-right causal mask).
-fn is_visible(row: u32, col: u32) -> bool {
-    if (col >= params.seq_kv) {
+fn is_visible(seq: Sequence, row: u32, col: u32) -> bool {
+    if (col >= seq.seq_kv) {
         return false;
     }
-    return params.causal == 0u || i32(col) <= i32(row) + params.causal_offset;
+    return params.causal == 0u || i32(col) <= i32(row) + seq.causal_offset;
 }
 
 // The first key column that no query row before `rows_end` may see: the sequence's end, or under
 // the causal mask the column after row rows_end − 1's diagonal, clamped to the keys (the keys
 // before it are those is_visible allows row rows_end − 1).
-fn visible_key_end(rows_end: u32) -> u32 {
+fn visible_key_end(seq: Sequence, rows_end: u32) -> u32 {
     if (params.causal == 0u) {
-        return params.seq_kv;
+        return seq.seq_kv;
     }
-    return u32(clamp(i32(rows_end) + params.causal_offset, 0, i32(params.seq_kv)));
+    return u32(clamp(i32(rows_end) + seq.causal_offset, 0, i32(seq.seq_kv)));
 }
 
 // Whether some query row from m0 on may not see some key of the tile [n0, n0 + cols): the tile
 // runs past the keys, or under the causal mask past row m0's diagonal (the tile's most restricted
 // row). Where it is false, a tile's scores need no mask.
-fn key_tile_needs_mask(m0: u32, n0: u32, cols: u32) -> bool {
-    return n0 + cols > visible_key_end(m0 + 1u);
+fn key_tile_needs_mask(seq: Sequence, m0: u32, n0: u32, cols: u32) -> bool {
+    return n0 + cols > visible_key_end(seq, m0 + 1u);
 }
 
-// Index into the [batch, num_heads, seq_q] log-sum-exp output.
-fn lse_index(b: u32, h: u32, row: u32) -> u32 {
-    return (b * params.num_heads + h) * params.seq_q + row;
+// Index of a row's log-sum-exp: [batch, num_heads, seq_q], or [num_heads, total_q] when packed.
+fn lse_index(seq: Sequence, h: u32, row: u32) -> u32 {
+    if (params.total_q != 0u) {
+        return h * params.total_q + seq.q_first + row;
+    }
+    return (seq.b * params.num_heads + h) * params.seq_q + row;
 }

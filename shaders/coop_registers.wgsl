@@ -46,7 +46,7 @@ struct RegisterRows {
 // Finds where this invocation's components lie by loading a fragment whose element (r, c) is
 // 16·r + c from the subgroup's 16 × 16 window of `scores` at `window` (vec4s, S_STRIDE a row), for
 // the query tile's rows starting at `first_row`.
-fn rows_in_registers(window: u32, lane: u32, first_row: u32) -> RegisterRows {
+fn rows_in_registers(seq: Sequence, window: u32, lane: u32, first_row: u32) -> RegisterRows {
     for (var e = lane; e < 256u; e += SUBGROUP) {
         scores[window + (e / 16u) * S_STRIDE + (e % 16u) / 4u][e % 4u] = f32(e);
     }
@@ -62,7 +62,7 @@ fn rows_in_registers(window: u32, lane: u32, first_row: u32) -> RegisterRows {
     }
     // @unroll
     for (var s = 0u; s < ROW_SLOTS; s++) {
-        rows.kv_end[s] = visible_key_end(rows.row[s] + 1u);
+        rows.kv_end[s] = visible_key_end(seq, rows.row[s] + 1u);
         rows.m_used[s] = NEG_BIG;
         rows.l_part[s] = 0.0;
         rows.alpha[s] = 1.0;

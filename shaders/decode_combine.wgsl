@@ -43,7 +43,7 @@ fn decode_combine(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocatio
     let token = wg.x;
     let h = wg.y;
     let b = wg.z;
-    let row = lse_index(b, h, token);
+    let row = lse_index(dense_sequence(b), h, token);
     let splits = params.num_splits;
     let first_piece = row * splits;
 

@@ -6,7 +6,7 @@
 // with D = rowsum(dO ∘ O) from flash_bwd_pre.wgsl. Shared machinery (bindings 2–7, staging, the
 // products) is in flash_bwd_stage.wgsl; this file adds 8 dk and 9 dv (written, arrays of granules).
 //
-// What a workgroup owns: BLOCK_N keys of one (batch, K/V head), and their dK and dV rows, which it
+// What a workgroup owns: BLOCK_N keys of one (sequence, K/V head), and their dK and dV rows, which it
 // accumulates in registers and writes once: no atomics, and nothing of size seq_q × seq_kv ever
 // reaches memory. The grid is (ceil(seq_kv / BLOCK_N), num_kv_heads, batch). The workgroup loops
 // over every query head that shares its K/V head (GQA/MQA) and, for each, over the query tiles of
@@ -43,18 +43,21 @@ const DP_COLS_AT: u32 = DO_AT;
 @compute @workgroup_size(WORKGROUP_SIZE)
 fn flash_bwd_dkdv(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) li: u32) {
     let kv_head = wg.y;
-    let b = wg.z;
+    let seq = sequence(wg.z);
     let n0 = wg.x * BLOCK_N;
     let tx = li % THREADS_X;
     let row0 = (li / THREADS_X) * ROWS_PER_THREAD;
+    if (n0 >= seq.seq_kv) {
+        return; // past this sequence's keys (a shorter sequence of a packed batch)
+    }
 
     // Query rows that see any of these keys: all, or under causal masking i ≥ n0 − causal_offset.
     var m_start = 0u;
     if (params.causal != 0u) {
-        m_start = u32(clamp(i32(n0) - params.causal_offset, 0, i32(params.seq_q)));
+        m_start = u32(clamp(i32(n0) - seq.causal_offset, 0, i32(seq.seq_q)));
     }
     let first_tile = m_start / BLOCK_M;
-    let tiles_per_head = (params.seq_q + BLOCK_M - 1u) / BLOCK_M - first_tile;
+    let tiles_per_head = (seq.seq_q + BLOCK_M - 1u) / BLOCK_M - first_tile;
     // One work item per (query head of the group, query tile).
     let num_items = params.group_size * tiles_per_head;
 
@@ -64,16 +67,16 @@ fn flash_bwd_dkdv(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocatio
     // Pipeline prologue: the first score slice.
     var stage = 0u;
     if (num_items > 0u) {
-        let hd = Heads(b, kv_head * params.group_size, kv_head);
+        let hd = Heads(seq, kv_head * params.group_size, kv_head);
         store_score_slice(0u, fetch_score_slice(hd, first_tile * BLOCK_M, n0, 0u, li), li);
     }
     workgroupBarrier();
 
     for (var it = 0u; it < num_items; it++) {
-        let hd = Heads(b, kv_head * params.group_size + it / tiles_per_head, kv_head);
+        let hd = Heads(seq, kv_head * params.group_size + it / tiles_per_head, kv_head);
         let m0 = (first_tile + it % tiles_per_head) * BLOCK_M;
         // Query-row steps past the end of the sequence are not needed.
-        let row_steps = (min(BLOCK_M, params.seq_q - m0) + N_STEP - 1u) / N_STEP;
+        let row_steps = (min(BLOCK_M, seq.seq_q - m0) + N_STEP - 1u) / N_STEP;
 
         // ---- Sᵀ = K Qᵀ and dPᵀ = V dOᵀ, one K_STEP slice of head_dim per step ----
         var s = Scores(); // explicit: some browsers do not re-zero a var declared in a loop
@@ -81,16 +84,16 @@ fn flash_bwd_dkdv(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocatio
         score_products(&s, &dp, &stage, hd, m0, n0, SRC_DO, m0, li, row0, tx);
 
         // ---- Pᵀ and dSᵀ, in registers: s becomes Pᵀ, dp becomes dSᵀ ----
-        let needs_mask = m0 + BLOCK_M > params.seq_q || key_tile_needs_mask(m0, n0, BLOCK_N);
+        let needs_mask = m0 + BLOCK_M > seq.seq_q || key_tile_needs_mask(seq, m0, n0, BLOCK_N);
         for (var c = 0u; c < S_VECS; c++) {
             // Row statistics of this invocation's query columns.
             var lse2 = vec4<f32>(-NEG_BIG);
             var d = vec4<f32>(0.0);
             for (var j = 0u; j < 4u; j++) {
                 let col = m0 + 4u * (tx + THREADS_X * c) + j;
-                if (col < params.seq_q) {
-                    lse2[j] = lse2_of(b, hd.head, col);
-                    d[j] = delta[lse_index(b, hd.head, col)];
+                if (col < seq.seq_q) {
+                    lse2[j] = lse2_of(seq, hd.head, col);
+                    d[j] = delta[lse_index(seq, hd.head, col)];
                 }
             }
             for (var i = 0u; i < ROWS_PER_THREAD; i++) {
@@ -98,7 +101,7 @@ fn flash_bwd_dkdv(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocatio
                 if (needs_mask) {
                     for (var j = 0u; j < 4u; j++) {
                         let col = m0 + 4u * (tx + THREADS_X * c) + j;
-                        p[j] = select(0.0, p[j], col < params.seq_q && is_visible(col, n0 + row0 + i));
+                        p[j] = select(0.0, p[j], col < seq.seq_q && is_visible(seq, col, n0 + row0 + i));
                     }
                 }
                 s[i * S_VECS + c] = p;
@@ -140,7 +143,7 @@ fn flash_bwd_dkdv(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocatio
                 regs = fetch_rows_slice(SRC_Q, hd, m0 + (c + 1u) * N_STEP, li);
             } else if (more_items) {
                 let it_next = it + 1u;
-                let hd_next = Heads(b, kv_head * params.group_size + it_next / tiles_per_head, kv_head);
+                let hd_next = Heads(seq, kv_head * params.group_size + it_next / tiles_per_head, kv_head);
                 let m0_next = (first_tile + it_next % tiles_per_head) * BLOCK_M;
                 regs = fetch_score_slice(hd_next, m0_next, n0, 0u, li);
             }
@@ -161,9 +164,9 @@ fn flash_bwd_dkdv(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocatio
     // ---- epilogue: dK = scale · Σ dSᵀ Q, dV = Σ Pᵀ dO, written once ----
     for (var i = 0u; i < ROWS_PER_THREAD; i++) {
         let row = n0 + row0 + i;
-        if (row < params.seq_kv) {
-            let dk_row = row_granule(grad.dk, b, row, kv_head);
-            let dv_row = row_granule(grad.dv, b, row, kv_head);
+        if (row < seq.seq_kv) {
+            let dk_row = row_granule(grad.dk, seq.b, seq.kv_first + row, kv_head);
+            let dv_row = row_granule(grad.dv, seq.b, seq.kv_first + row, kv_head);
             for (var c = 0u; c < O_VECS; c++) {
                 let dg = tx + THREADS_X * c;
                 if (4u * dg < params.head_dim) {

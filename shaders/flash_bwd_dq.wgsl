@@ -10,7 +10,7 @@
 // workgroup, and the result is deterministic. Shared machinery (bindings 2–7, staging, the
 // products) is in flash_bwd_stage.wgsl; this file adds 8 dq (written, array of granules).
 //
-// What a workgroup owns: BLOCK_M query rows of one (batch, head) and their dQ rows, accumulated in
+// What a workgroup owns: BLOCK_M query rows of one (sequence, head) and their dQ rows, accumulated in
 // registers and written once. The grid is (num_q_tiles, num_heads, batch), x reversed so that under
 // causal masking the tiles with the most keys start first. The workgroup streams the keys in tiles
 // of BLOCK_N; under causal masking the key tiles wholly above the diagonal are skipped, and only
@@ -39,13 +39,17 @@ const DP_COLS_AT: u32 = V_AT;
 @compute @workgroup_size(WORKGROUP_SIZE)
 fn flash_bwd_dq(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) li: u32) {
     let head = wg.y;
-    let hd = Heads(wg.z, head, head / params.group_size);
+    let seq = sequence(wg.z);
+    let hd = Heads(seq, head, head / params.group_size);
     let m0 = (params.num_q_tiles - 1u - wg.x) * BLOCK_M;
     let tx = li % THREADS_X;
     let row0 = (li / THREADS_X) * ROWS_PER_THREAD;
+    if (m0 >= seq.seq_q) {
+        return; // past this sequence's rows (a shorter sequence of a packed batch)
+    }
 
     // Keys this tile can see: all, or under causal masking those up to its last row's diagonal.
-    let kv_end = visible_key_end(m0 + BLOCK_M);
+    let kv_end = visible_key_end(seq, m0 + BLOCK_M);
     let num_kv_tiles = (kv_end + BLOCK_N - 1u) / BLOCK_N;
 
     // Row statistics of this invocation's rows; rows past the end get a P of 0.
@@ -55,9 +59,9 @@ fn flash_bwd_dq(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_
         let row = m0 + row0 + i;
         lse2[i] = -NEG_BIG;
         d[i] = 0.0;
-        if (row < params.seq_q) {
-            lse2[i] = lse2_of(hd.b, head, row);
-            d[i] = delta[lse_index(hd.b, head, row)];
+        if (row < seq.seq_q) {
+            lse2[i] = lse2_of(seq, head, row);
+            d[i] = delta[lse_index(seq, head, row)];
         }
     }
 
@@ -81,13 +85,13 @@ fn flash_bwd_dq(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_
         score_products(&s, &dp, &stage, hd, m0, n0, SRC_K, n0, li, row0, tx);
 
         // ---- dS = P ∘ (dP − D), in registers (dp becomes dS) ----
-        let needs_mask = key_tile_needs_mask(m0, n0, BLOCK_N);
+        let needs_mask = key_tile_needs_mask(seq, m0, n0, BLOCK_N);
         for (var i = 0u; i < ROWS_PER_THREAD; i++) {
             for (var c = 0u; c < S_VECS; c++) {
                 var p = exp2(s[i * S_VECS + c] * params.scale - lse2[i]);
                 if (needs_mask) {
                     for (var j = 0u; j < 4u; j++) {
-                        p[j] = select(0.0, p[j], is_visible(m0 + row0 + i, n0 + 4u * (tx + THREADS_X * c) + j));
+                        p[j] = select(0.0, p[j], is_visible(seq, m0 + row0 + i, n0 + 4u * (tx + THREADS_X * c) + j));
                     }
                 }
                 dp[i * S_VECS + c] = p * (dp[i * S_VECS + c] - d[i]);
@@ -124,12 +128,12 @@ fn flash_bwd_dq(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_
     // ---- epilogue: dQ = scale · Σ dS K, written once (zeros for rows that saw no key) ----
     for (var i = 0u; i < ROWS_PER_THREAD; i++) {
         let row = m0 + row0 + i;
-        if (row < params.seq_q) {
-            let dq_row = row_granule(grad.dq, hd.b, row, head);
+        if (row < seq.seq_q) {
+            let dq_row = row_granule(grad.dq, seq.b, seq.q_first + row, head);
             for (var c = 0u; c < O_VECS; c++) {
                 let dg = tx + THREADS_X * c;
                 if (4u * dg < params.head_dim) {
-                    dq[dq_row + dg] = pack_granule(dq_acc[i * O_VECS + c] * grad.scale);
+                    dq[dq_row + dg] = pack_granule(dq_acc[i * O_VECS + c] * select(nan_f32(), grad.scale, seq.valid));
                 }
             }
         }

@@ -33,7 +33,7 @@ const ROWS_PER_THREAD: u32 = BLOCK_M / THREADS_Y;
 @compute @workgroup_size(WORKGROUP_SIZE)
 fn flash_bwd_pre(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) li: u32) {
     let head = wg.y;
-    let b = wg.z;
+    let seq = sequence(wg.z);
     let m0 = wg.x * BLOCK_M;
     let tx = li % THREADS_X;
     let row0 = (li / THREADS_X) * ROWS_PER_THREAD;
@@ -43,9 +43,9 @@ fn flash_bwd_pre(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation
     for (var i = 0u; i < ROWS_PER_THREAD; i++) {
         let row = m0 + row0 + i;
         var sum = 0.0;
-        if (row < params.seq_q) {
-            let o_row = row_granule(params.o, b, row, head);
-            let do_row = row_granule(grad.d_o, b, row, head);
+        if (row < seq.seq_q) {
+            let o_row = row_granule(params.o, seq.b, seq.q_first + row, head);
+            let do_row = row_granule(grad.d_o, seq.b, seq.q_first + row, head);
             for (var g = tx; g < granules; g += THREADS_X) {
                 sum += dot(unpack_granule(o[o_row + g]), unpack_granule(d_o[do_row + g]));
             }
@@ -56,8 +56,8 @@ fn flash_bwd_pre(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation
     if (tx == 0u) {
         for (var i = 0u; i < ROWS_PER_THREAD; i++) {
             let row = m0 + row0 + i;
-            if (row < params.seq_q) {
-                delta[lse_index(b, head, row)] = total[i];
+            if (row < seq.seq_q) {
+                delta[lse_index(seq, head, row)] = total[i];
             }
         }
     }

@@ -69,9 +69,9 @@ alias Fetched = array<vec4<f32>, FETCH_VECS>;
 alias Scores = array<vec4<f32>, ROWS_PER_THREAD * S_VECS>;
 alias Output = array<vec4<f32>, ROWS_PER_THREAD * O_VECS>;
 
-// The batch, query head and K/V head a step reads.
+// The sequence, query head and K/V head a step reads.
 struct Heads {
-    b: u32,
+    seq: Sequence,
     head: u32,
     kv_head: u32,
 }
@@ -88,23 +88,23 @@ fn load_granule(src: u32, hd: Heads, row: u32, dg: u32) -> vec4<f32> {
     if (4u * dg < params.head_dim) {
         switch src {
             case 0u: {
-                if (row < params.seq_q) {
-                    return unpack_granule(q[row_granule(params.q, hd.b, row, hd.head) + dg]);
+                if (row < hd.seq.seq_q) {
+                    return unpack_granule(q[row_granule(params.q, hd.seq.b, hd.seq.q_first + row, hd.head) + dg]);
                 }
             }
             case 1u: {
-                if (row < params.seq_q) {
-                    return unpack_granule(d_o[row_granule(grad.d_o, hd.b, row, hd.head) + dg]);
+                if (row < hd.seq.seq_q) {
+                    return unpack_granule(d_o[row_granule(grad.d_o, hd.seq.b, hd.seq.q_first + row, hd.head) + dg]);
                 }
             }
             case 2u: {
-                if (row < params.seq_kv) {
-                    return unpack_granule(k[row_granule(params.k, hd.b, row, hd.kv_head) + dg]);
+                if (row < hd.seq.seq_kv) {
+                    return unpack_granule(k[row_granule(params.k, hd.seq.b, hd.seq.kv_first + row, hd.kv_head) + dg]);
                 }
             }
             default: {
-                if (row < params.seq_kv) {
-                    return unpack_granule(v[row_granule(params.v, hd.b, row, hd.kv_head) + dg]);
+                if (row < hd.seq.seq_kv) {
+                    return unpack_granule(v[row_granule(params.v, hd.seq.b, hd.seq.kv_first + row, hd.kv_head) + dg]);
                 }
             }
         }
@@ -291,8 +291,8 @@ fn mul_add_f32(acc: vec4<f32>, a: TileElem, b: vec4<TileElem>) -> vec4<f32> {
 // The forward's log-sum-exp of query row `row` in base 2. A row that saw no key has LSE = −∞; it
 // gets a huge finite value instead, so that exp2(score − lse2) is exactly 0 and its gradients are
 // zeros rather than NaN (WGSL implementations need not honour infinities).
-fn lse2_of(b: u32, head: u32, row: u32) -> f32 {
-    let bits = lse[lse_index(b, head, row)];
+fn lse2_of(seq: Sequence, head: u32, row: u32) -> f32 {
+    let bits = lse[lse_index(seq, head, row)];
     if (bits == LSE_EMPTY_BITS) {
         return -NEG_BIG;
     }

@@ -289,7 +289,7 @@ fn flash_decode(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_
             out = vec4<f32>(nan_f32());
             lse_bits = NAN_BITS;
         }
-        let row = lse_index(b, head[r], token[r]);
+        let row = lse_index(dense_sequence(b), head[r], token[r]);
         if (params.num_splits == 1u) {
             o[row_granule(params.o, b, token[r], head[r]) + g] = pack_granule(out);
             if (g == 0u && params.write_lse != 0u) {

@@ -3,11 +3,14 @@
 //   O = softmax(scale · Q Kᵀ [causal mask]) V,   LSE = log Σ exp(scale · Q Kᵀ)
 //
 // Bindings: 0 params (common.wgsl), 1 q, 2 k, 3 v (read), 4 o (write) — arrays of granules —
-// and 5 the f32 log-sum-exp, written as raw bits.
+// 5 the f32 log-sum-exp, written as raw bits, and for a batch with index tensors (packed
+// sequences, key counts) 6–8 (sequence_indexed.wgsl).
 //
-// What a workgroup owns: one tile of BLOCK_M query rows of one (batch, head). The grid is
-// (num_q_tiles, num_heads, batch); the x index is reversed so that, under causal masking, the tiles
-// with the most keys to visit start first. The workgroup streams the K/V sequence in tiles of
+// What a workgroup owns: one tile of BLOCK_M query rows of one (sequence, head). The grid is
+// (num_q_tiles, num_heads, batch), num_q_tiles counting the longest sequence's tiles: a
+// workgroup past its own sequence's rows returns at once, so a packed batch computes no padding.
+// The x index is reversed so that, under causal masking, the tiles with the most keys to visit
+// start first. The workgroup streams the K/V sequence in tiles of
 // BLOCK_N keys and keeps, per query row, a running max m and sum l of exp2 of the scores (the
 // online softmax), rescaling its partial output by exp2(m_old − m_new) whenever m grows. Only
 // O (seq_q × head_dim) and LSE (seq_q) are ever written: memory stays O(seq). Under causal
@@ -72,9 +75,10 @@ var<workgroup> p_tile: array<vec4<TileElem>, BLOCK_N * P_STRIDE / 4u>;
 
 alias Fetched = array<vec4<f32>, FETCH_VECS>;
 
-// Where a workgroup is: its batch, query head, K/V head and first query row.
+// Where a workgroup is: its sequence, query head, K/V head and first query row (counted from the
+// sequence's start).
 struct Tile {
-    b: u32,
+    seq: Sequence,
     head: u32,
     kv_head: u32,
     m0: u32,
@@ -92,15 +96,15 @@ fn fetch_qk(tile: Tile, n0: u32, d0: u32, li: u32) -> Fetched {
         if (g < Q_SLICE_VECS) {
             let row = tile.m0 + g % BLOCK_M;
             let d = d0 + 4u * (g / BLOCK_M);
-            if (row < params.seq_q && d < params.head_dim) {
-                x = unpack_granule(q[row_granule(params.q, tile.b, row, tile.head) + d / 4u]);
+            if (row < tile.seq.seq_q && d < params.head_dim) {
+                x = unpack_granule(q[row_granule(params.q, tile.seq.b, tile.seq.q_first + row, tile.head) + d / 4u]);
             }
         } else if (g < QK_SLICE_VECS) {
             let gk = g - Q_SLICE_VECS;
             let row = n0 + gk % BLOCK_N;
             let d = d0 + 4u * (gk / BLOCK_N);
-            if (row < params.seq_kv && d < params.head_dim) {
-                x = unpack_granule(k[row_granule(params.k, tile.b, row, tile.kv_head) + d / 4u]);
+            if (row < tile.seq.seq_kv && d < params.head_dim) {
+                x = unpack_granule(k[row_granule(params.k, tile.seq.b, tile.seq.kv_first + row, tile.kv_head) + d / 4u]);
             }
         }
         regs[j] = x;
@@ -141,8 +145,8 @@ fn fetch_v(tile: Tile, first_row: u32, li: u32) -> Fetched {
         let row = first_row + g / DIM_VECS;
         let dg = g % DIM_VECS;
         var x = vec4<f32>(0.0);
-        if (g < V_SLICE_VECS && row < params.seq_kv && 4u * dg < params.head_dim) {
-            x = unpack_granule(v[row_granule(params.v, tile.b, row, tile.kv_head) + dg]);
+        if (g < V_SLICE_VECS && row < tile.seq.seq_kv && 4u * dg < params.head_dim) {
+            x = unpack_granule(v[row_granule(params.v, tile.seq.b, tile.seq.kv_first + row, tile.kv_head) + dg]);
         }
         regs[j] = x;
     }
@@ -196,14 +200,18 @@ fn accumulate_pv(acc: ptr<function, Output>, base: u32, n_first: u32, row0: u32,
 @compute @workgroup_size(WORKGROUP_SIZE)
 fn flash_fwd(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) li: u32) {
     let head = wg.y;
-    let tile = Tile(wg.z, head, head / params.group_size, (params.num_q_tiles - 1u - wg.x) * BLOCK_M);
+    let seq = sequence(wg.z);
+    let tile = Tile(seq, head, head / params.group_size, (params.num_q_tiles - 1u - wg.x) * BLOCK_M);
     let m0 = tile.m0;
+    if (m0 >= seq.seq_q) {
+        return; // past this sequence's rows (a shorter sequence of a packed batch)
+    }
     let tx = li % THREADS_X;
     let row0 = (li / THREADS_X) * ROWS_PER_THREAD;
 
     // Keys this tile can see: all of them, or under causal masking those up to the diagonal of
     // its last row. Tiles past that are skipped, not masked.
-    let kv_end = visible_key_end(m0 + BLOCK_M);
+    let kv_end = visible_key_end(seq, m0 + BLOCK_M);
     let num_kv_tiles = (kv_end + BLOCK_N - 1u) / BLOCK_N;
 
     var acc = Output();
@@ -251,7 +259,7 @@ fn flash_fwd(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_ind
         }
 
         // ---- online softmax, in base 2 with the scale folded in ----
-        let needs_mask = key_tile_needs_mask(m0, n0, BLOCK_N);
+        let needs_mask = key_tile_needs_mask(seq, m0, n0, BLOCK_N);
         var tile_max: array<f32, ROWS_PER_THREAD>;
         for (var i = 0u; i < ROWS_PER_THREAD; i++) {
             var mx = NEG_BIG;
@@ -259,7 +267,7 @@ fn flash_fwd(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_ind
                 var x = s[i * S_VECS + c] * params.scale;
                 if (needs_mask) {
                     for (var j = 0u; j < 4u; j++) {
-                        x[j] = select(NEG_BIG, x[j], is_visible(m0 + row0 + i, n0 + 4u * (tx + THREADS_X * c) + j));
+                        x[j] = select(NEG_BIG, x[j], is_visible(seq, m0 + row0 + i, n0 + 4u * (tx + THREADS_X * c) + j));
                     }
                 }
                 s[i * S_VECS + c] = x;
@@ -283,7 +291,7 @@ fn flash_fwd(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_ind
                 if (needs_mask) {
                     // A row with no visible key yet has m_new = NEG_BIG and would give exp2(0) = 1.
                     for (var j = 0u; j < 4u; j++) {
-                        p[j] = select(0.0, p[j], is_visible(m0 + row0 + i, n0 + 4u * (tx + THREADS_X * c) + j));
+                        p[j] = select(0.0, p[j], is_visible(seq, m0 + row0 + i, n0 + 4u * (tx + THREADS_X * c) + j));
                     }
                 }
                 l_run[i] += (p.x + p.y) + (p.z + p.w);
@@ -337,11 +345,14 @@ fn flash_fwd(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_ind
     let l_total = reduce_rows(l_run, tx, row0, false);
     for (var i = 0u; i < ROWS_PER_THREAD; i++) {
         let row = m0 + row0 + i;
-        if (row < params.seq_q) {
+        if (row < seq.seq_q) {
             let l = l_total[i];
             // A row that saw no key (causal, seq_q > seq_kv) has l = 0: its output is 0.
-            let inv_l = select(0.0, 1.0 / l, l > 0.0);
-            let out_row = row_granule(params.o, tile.b, row, head);
+            var inv_l = select(0.0, 1.0 / l, l > 0.0);
+            if (!seq.valid) {
+                inv_l = nan_f32();
+            }
+            let out_row = row_granule(params.o, seq.b, seq.q_first + row, head);
             for (var c = 0u; c < O_VECS; c++) {
                 let dg = tx + THREADS_X * c;
                 if (4u * dg < params.head_dim) {
@@ -353,7 +364,10 @@ fn flash_fwd(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_ind
                 if (l > 0.0) {
                     bits = bitcast<u32>((m_run[i] + log2(l)) * 0.6931471805599453);
                 }
-                lse[lse_index(tile.b, head, row)] = bits;
+                if (!seq.valid) {
+                    bits = NAN_BITS;
+                }
+                lse[lse_index(seq, head, row)] = bits;
             }
         }
     }

@@ -3,10 +3,12 @@
 // online softmax in f32 on the invocations.
 //
 // Bindings as flash_fwd.wgsl: 0 params, 1 q, 2 k, 3 v (here arrays of vec4<f16>, the 8-byte
-// granules every kernel indexes), 4 o (f16 granules), 5 the LSE bits.
+// granules every kernel indexes), 4 o (f16 granules), 5 the LSE bits, and for a batch with index
+// tensors 6–8 (sequence_indexed.wgsl).
 //
-// What a workgroup owns: one tile of BLOCK_M query rows of one (batch, head), like the non-matrix
-// kernel flash_fwd.wgsl (same grid, longest first, same causal tile skipping). It streams K/V in tiles
+// What a workgroup owns: one tile of BLOCK_M query rows of one (sequence, head), like the
+// non-matrix kernel flash_fwd.wgsl (same grid, longest first, same causal tile skipping, tiles
+// past a shorter sequence's rows return at once). It streams K/V in tiles
 // of BLOCK_N keys through workgroup memory: every invocation copies whole granules (coalesced
 // 8-byte loads, 8-byte stores; the same column of granules in every tile, so the addresses are
 // worked out once), and all subgroups then read their fragments from the one copy, so the taller
@@ -126,6 +128,7 @@ var<workgroup> probs: array<vec4<f16>, PROB_VECS>;
 // (for V, "row" first_row − BLOCK_N: the u32 wraps, and every copy that reads V adds BLOCK_N or
 // more rows back), and where the granule goes in a buffer.
 struct KvCopy {
+    seq_kv: u32, // the sequence's keys
     first_row: u32, // staged row of copy 0 (≥ 2·BLOCK_N: copies nothing)
     col_ok: bool, // its column is within head_dim (else it stores zeros)
     k_src: u32,
@@ -133,17 +136,18 @@ struct KvCopy {
     slot: u32,
 }
 
-fn kv_copy(li: u32, b: u32, h: u32) -> KvCopy {
+fn kv_copy(li: u32, seq: Sequence, h: u32) -> KvCopy {
     let col = li % ROW_GRANULES;
     var first_row = li / ROW_GRANULES;
     if (first_row >= COPY_ROW_STEP) {
         first_row = 2u * BLOCK_N;
     }
     return KvCopy(
+        seq.seq_kv,
         first_row,
         4u * col < params.head_dim,
-        row_granule(params.k, b, first_row, h) + col,
-        row_granule(params.v, b, first_row - BLOCK_N, h) + col,
+        row_granule(params.k, seq.b, seq.kv_first + first_row, h) + col,
+        row_granule(params.v, seq.b, seq.kv_first + first_row - BLOCK_N, h) + col,
         first_row * TILE_STRIDE + col,
     );
 }
@@ -173,7 +177,7 @@ fn load_kv_tile(regs: ptr<function, array<vec4<f16>, KV_COPIES>>, cp: KvCopy, n0
         let is_v = copy_is_v(cp, i);
         let key = n0 + row - select(0u, BLOCK_N, is_v);
         var x = vec4<f16>(0.0);
-        if (!checked || (row < 2u * BLOCK_N && key < params.seq_kv && cp.col_ok)) {
+        if (!checked || (row < 2u * BLOCK_N && key < cp.seq_kv && cp.col_ok)) {
             if (is_v) {
                 x = v[v_tile + i * COPY_ROW_STEP * params.v.seq];
             } else {
@@ -186,12 +190,12 @@ fn load_kv_tile(regs: ptr<function, array<vec4<f16>, KV_COPIES>>, cp: KvCopy, n0
 
 // Whether the K/V tile at n0 lies wholly inside K and V, and every invocation's copies inside
 // the tile: then no granule needs checking.
-fn kv_tile_is_whole(n0: u32) -> bool {
-    return COPY_EXACT && n0 + BLOCK_N <= params.seq_kv && params.head_dim == HEAD_DIM_PAD;
+fn kv_tile_is_whole(cp: KvCopy, n0: u32) -> bool {
+    return COPY_EXACT && n0 + BLOCK_N <= cp.seq_kv && params.head_dim == HEAD_DIM_PAD;
 }
 
 fn load_kv_tile_at(regs: ptr<function, array<vec4<f16>, KV_COPIES>>, cp: KvCopy, n0: u32) {
-    if (kv_tile_is_whole(n0)) {
+    if (kv_tile_is_whole(cp, n0)) {
         load_kv_tile(regs, cp, n0, false);
     } else {
         load_kv_tile(regs, cp, n0, true);
@@ -221,14 +225,6 @@ fn copy_kv_tile(cp: KvCopy, n0: u32, base: u32) {
 // promise it everywhere (to be measured before it is added).
 fn neg_inf() -> f32 {
     return bitcast<f32>(LSE_EMPTY_BITS);
-}
-
-// Whether some score of the tile at key n0 is masked for some row of the query tile at m0: the
-// same test as common.wgsl's key_tile_needs_mask (which the other kernels call), written out here
-// until this kernel is re-run on the H200 with that call instead.
-fn tile_needs_mask(n0: u32, m0: u32) -> bool {
-    return n0 + BLOCK_N > params.seq_kv
-        || (params.causal != 0u && i32(n0 + BLOCK_N) > i32(m0) + params.causal_offset + 1);
 }
 
 // This invocation's half score row, starting at vec4 `at` of `scores` and at key column
@@ -328,9 +324,12 @@ fn flash_fwd_coop(
 ) {
     let tile = tile_of_workgroup(wg, groups);
     let head = tile.y;
-    let b = tile.z;
+    let seq = sequence(tile.z);
     let kv_head = head / params.group_size;
     let m0 = (params.num_q_tiles - 1u - tile.x) * BLOCK_M;
+    if (m0 >= seq.seq_q) {
+        return; // past this sequence's rows (a shorter sequence of a packed batch)
+    }
     // Subgroups as consecutive runs of 32 local invocations: what NVIDIA's driver does, not
     // what Vulkan promises (subgroup_id / subgroup_invocation_id would not assume it; not yet
     // measured on the H200, so not yet changed).
@@ -345,10 +344,10 @@ fn flash_fwd_coop(
     let my_scores = sg * 16u * S_STRIDE;
     let my_probs = sg * 16u * P_STRIDE;
 
-    let kv_end = visible_key_end(m0 + BLOCK_M);
+    let kv_end = visible_key_end(seq, m0 + BLOCK_M);
     let num_kv_tiles = (kv_end + BLOCK_N - 1u) / BLOCK_N;
     // The first key column this row may not see (sequence end or causal diagonal).
-    let row_kv_end = visible_key_end(row + 1u);
+    let row_kv_end = visible_key_end(seq, row + 1u);
 
     // Q fragments, once, staged through the K/V tile's memory, Q_PASS_ROWS rows at a time.
     var q_frag: array<coop_mat16x16<f16, A>, D_BLOCKS>;
@@ -365,8 +364,8 @@ fn flash_fwd_coop(
             let q_row = m0 + first + g / ROW_GRANULES;
             let c = g % ROW_GRANULES;
             var x = vec4<f16>(0.0);
-            if (g < Q_PASS_GRANULES && q_row < params.seq_q && 4u * c < params.head_dim) {
-                x = q[row_granule(params.q, b, q_row, head) + c];
+            if (g < Q_PASS_GRANULES && q_row < seq.seq_q && 4u * c < params.head_dim) {
+                x = q[row_granule(params.q, seq.b, seq.q_first + q_row, head) + c];
             }
             staged[i] = x;
         }
@@ -399,14 +398,14 @@ fn flash_fwd_coop(
     let my_p_row = my_probs + r * P_STRIDE + half_n * HALF_VECS;
     var reg_rows: RegisterRows;
     if (REGISTER_SOFTMAX) {
-        reg_rows = rows_in_registers(my_scores, lane, m0 + sg * 16u);
+        reg_rows = rows_in_registers(seq, my_scores, lane, m0 + sg * 16u);
     }
 
     // K/V tiles: KV_BUFFERS == 1 frees the one buffer, fills it and waits (two barriers a
     // tile); KV_BUFFERS == 2 fills the other buffer with the next tile after computing this one
     // (one barrier a tile, and the copy overlaps other subgroups' products). With PREFETCH_KV the
     // granules of the next tile are loaded into registers before this tile's products.
-    let cp = kv_copy(li, b, kv_head);
+    let cp = kv_copy(li, seq, kv_head);
     var next_kv: array<vec4<f16>, KV_COPIES>;
     if (KV_BUFFERS == 2u) {
         workgroupBarrier(); // Q's fragments are loaded
@@ -453,7 +452,7 @@ fn flash_fwd_coop(
         }
         if (REGISTER_SOFTMAX) {
             // ---- online softmax and O = diag(alpha) O + P V, P never leaving registers ----
-            let moved = softmax_in_registers(&reg_rows, &s_frag, n0, t == 0u, tile_needs_mask(n0, m0));
+            let moved = softmax_in_registers(&reg_rows, &s_frag, n0, t == 0u, key_tile_needs_mask(seq, m0, n0, BLOCK_N));
             if (ROW_FACTORS_ALWAYS || moved) {
                 scale_rows(&o_frag, row_matrix(reg_rows.alpha));
             }
@@ -469,7 +468,7 @@ fn flash_fwd_coop(
             subgroupBarrier(); // the scores visible to the subgroup's invocations
 
             // ---- online softmax on this invocation's half row, held in registers ----
-            let x = read_half_row(my_row, n0 + half_n * 4u * HALF_VECS, row_kv_end, tile_needs_mask(n0, m0));
+            let x = read_half_row(my_row, n0 + half_n * 4u * HALF_VECS, row_kv_end, key_tile_needs_mask(seq, m0, n0, BLOCK_N));
             var raw_max = neg_inf();
             // @unroll
             for (var i = 0u; i < HALF_VECS; i++) {
@@ -529,21 +528,27 @@ fn flash_fwd_coop(
         for (var sl = 0u; sl < ROW_SLOTS; sl++) {
             let l = row_sum(reg_rows.l_part[sl]);
             inv_l[sl] = select(0.0, 1.0 / l, l > 0.0);
+            if (!seq.valid) {
+                inv_l[sl] = nan_f32();
+            }
             // One invocation of each row's lanes writes its LSE: the one whose subgroup
             // invocation id (what the shuffles' masks act on) has every leader bit clear.
-            if ((subgroup_lane & ROW_LEADER_BITS) == 0u && reg_rows.row[sl] < params.seq_q && params.write_lse != 0u) {
-                lse[lse_index(b, head, reg_rows.row[sl])] = lse_bits(reg_rows.m_used[sl], l);
+            if ((subgroup_lane & ROW_LEADER_BITS) == 0u && reg_rows.row[sl] < seq.seq_q && params.write_lse != 0u) {
+                lse[lse_index(seq, head, reg_rows.row[sl])] = select(NAN_BITS, lse_bits(reg_rows.m_used[sl], l), seq.valid);
             }
         }
         scale_rows(&o_frag, row_matrix(inv_l));
     } else {
         let l = l_part + subgroupShuffleXor(l_part, 16u);
         row_scale = select(0.0, 1.0 / l, l > 0.0);
-        if (half_n == 0u && row < params.seq_q && params.write_lse != 0u) {
-            lse[lse_index(b, head, row)] = lse_bits(m_used, l);
+        if (!seq.valid) {
+            row_scale = nan_f32();
+        }
+        if (half_n == 0u && row < seq.seq_q && params.write_lse != 0u) {
+            lse[lse_index(seq, head, row)] = select(NAN_BITS, lse_bits(m_used, l), seq.valid);
         }
     }
-    let out_row = row_granule(params.o, b, row, head);
+    let out_row = row_granule(params.o, seq.b, seq.q_first + row, head);
     // @unroll
     for (var d = 0u; d < D_BLOCKS; d++) {
         subgroupBarrier();
@@ -552,7 +557,7 @@ fn flash_fwd_coop(
         // Each invocation writes two granules (8 columns) of its row.
         for (var g = 0u; g < 2u; g++) {
             let col = 16u * d + 8u * half_n + 4u * g;
-            if (row < params.seq_q && col < params.head_dim) {
+            if (row < seq.seq_q && col < params.head_dim) {
                 o[out_row + col / 4u] = pack_granule(scores[my_scores + r * S_STRIDE + 2u * half_n + g] * row_scale);
             }
         }

@@ -43,7 +43,7 @@ fn merge(
     for (var item = wg.x * WG + li; item < count; item += groups.x * WG) {
         let row = item / granules_per_row;
         let g = item % granules_per_row;
-        let r = lse_index(b, h, row);
+        let r = lse_index(dense_sequence(b), h, row);
         let bits_a = lse_a[r];
         let bits_b = lse_b[r];
         let seen_a = bits_a != LSE_EMPTY_BITS;

@@ -34,10 +34,11 @@ fn naive_softmax(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation
     let i = wg.x;
     let bh = params.bh_base + wg.y;
     let base = (wg.y * params.seq_q + i) * params.seq_kv;
+    let seq = dense_sequence(bh / params.num_heads);
 
     var mx = NEG_BIG;
     for (var j = li; j < params.seq_kv; j += WG) {
-        if (is_visible(i, j)) {
+        if (is_visible(seq, i, j)) {
             mx = max(mx, scores[base + j]);
         }
     }
@@ -46,7 +47,7 @@ fn naive_softmax(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation
 
     var sum = 0.0;
     for (var j = li; j < params.seq_kv; j += WG) {
-        if (is_visible(i, j)) {
+        if (is_visible(seq, i, j)) {
             sum += exp(scores[base + j] - row_max);
         }
     }
@@ -56,7 +57,7 @@ fn naive_softmax(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation
     let inv = select(0.0, 1.0 / row_sum, row_sum > 0.0);
     for (var j = li; j < params.seq_kv; j += WG) {
         var p = 0.0;
-        if (is_visible(i, j)) {
+        if (is_visible(seq, i, j)) {
             p = exp(scores[base + j] - row_max) * inv;
         }
         scores[base + j] = p;

@@ -118,4 +118,4 @@ pub use runtime::merge::MergeBuffers;
 
 pub mod kernel;
 
-pub mod cache;
+pub mod batch;

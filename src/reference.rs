@@ -7,8 +7,8 @@
 
 use crate::error::Result;
 use crate::problem::backward::{BackwardProblem, GradTensor};
-use crate::problem::cache::CacheIndex;
-use crate::problem::{AttentionProblem, Element, Tensor};
+use crate::problem::index::BatchIndex;
+use crate::problem::{AttentionProblem, Element, SequenceRows, Tensor};
 
 /// One query row's reference result.
 #[derive(Clone, Debug)]
@@ -55,36 +55,37 @@ pub struct ReferenceOutput {
 /// # Ok(()) }
 /// ```
 pub fn attention<T: Element>(problem: &AttentionProblem, q: &[T], k: &[T], v: &[T]) -> Result<ReferenceOutput> {
-    attention_cached(problem, q, k, v, &CacheIndex::default())
+    attention_indexed(problem, q, k, v, &BatchIndex::default())
 }
 
 /// [`attention`] for a problem whose keys are paged or have per-sequence counts
 /// ([`AttentionProblem::with_paged_kv`], [`AttentionProblem::with_kv_lengths`]): `index` holds
-/// the page table and the counts, checked against the problem ([`CacheIndex::validate`]). Paged
+/// the page table and the counts, checked against the problem ([`BatchIndex::validate`]). Paged
 /// attention is defined as dense attention over each sequence's keys gathered from their pages,
 /// with the causal mask aligned to each sequence's own end; a sequence of no keys gives O = 0
 /// and LSE = −∞.
-pub fn attention_cached<T: Element>(
+pub fn attention_indexed<T: Element>(
     problem: &AttentionProblem,
     q: &[T],
     k: &[T],
     v: &[T],
-    index: &CacheIndex<'_>,
+    index: &BatchIndex<'_>,
 ) -> Result<ReferenceOutput> {
     check_inputs(problem, q, k, v)?;
     let s = problem.shape;
-    index.validate(&problem.kv_cache, s.batch, s.seq_kv)?;
+    index.validate(problem)?;
     let mut out = vec![0.0; problem.required_len(Tensor::O)];
     let mut lse = vec![0.0; problem.lse_len()];
     for b in 0..s.batch {
         let keys = SequenceKeys::of(problem, index, b);
+        let rows = keys.rows;
         for h in 0..s.num_heads {
-            for i in 0..s.seq_q {
+            for i in 0..rows.seq_q {
                 let row = row_unchecked(problem, q, k, v, b, h, i, &keys);
                 for (d, x) in row.out.iter().enumerate() {
-                    out[problem.o_layout.index(b, i, h, d)] = *x;
+                    out[problem.o_layout.index(b, rows.q_first + i, h, d)] = *x;
                 }
-                lse[(b * s.num_heads + h) * s.seq_q + i] = row.lse;
+                lse[problem.lse_index(b, &rows, h, i)] = row.lse;
             }
         }
     }
@@ -108,8 +109,8 @@ pub fn attention_row<T: Element>(
     if b >= s.batch || h >= s.num_heads || i >= s.seq_q {
         return crate::error::invalid!("reference row (b {b}, h {h}, i {i}) is outside the problem");
     }
-    let index = CacheIndex::default();
-    index.validate(&problem.kv_cache, s.batch, s.seq_kv)?;
+    let index = BatchIndex::default();
+    index.validate(problem)?;
     Ok(row_unchecked(
         problem,
         q,
@@ -122,30 +123,32 @@ pub fn attention_row<T: Element>(
     ))
 }
 
-/// Where one sequence's keys are: how many it has, and the pages they lie in.
+/// Where one sequence's rows are: its rows and lengths, and the pages its keys lie in.
 struct SequenceKeys<'a> {
-    len: usize,
+    rows: SequenceRows,
     /// The sequence's row of the page table and the page size, when paged.
     pages: Option<(&'a [u32], usize)>,
 }
 
 impl<'a> SequenceKeys<'a> {
-    /// Sequence `b`'s keys; `index` has been validated against the problem.
-    fn of(problem: &AttentionProblem, index: &CacheIndex<'a>, b: usize) -> Self {
-        let len = index.kv_lens.map_or(problem.shape.seq_kv, |lens| lens[b] as usize);
+    /// Sequence `b`'s rows; `index` has been validated against the problem.
+    fn of(problem: &AttentionProblem, index: &BatchIndex<'a>, b: usize) -> Self {
         let pages = problem
             .kv_cache
             .paged
             .zip(index.page_table)
             .map(|(p, table)| (&table[b * p.pages_per_seq..(b + 1) * p.pages_per_seq], p.page_size));
-        SequenceKeys { len, pages }
+        SequenceKeys {
+            rows: index.sequence(problem, b),
+            pages,
+        }
     }
 
     /// `(batch or page, row)` of key `j` in the K/V tensors.
     fn locate(&self, b: usize, j: usize) -> (usize, usize) {
         match self.pages {
             Some((table, page_size)) => (table[j / page_size] as usize, j % page_size),
-            None => (b, j),
+            None => (b, self.rows.kv_first + j),
         }
     }
 }
@@ -179,11 +182,12 @@ fn row_unchecked<T: Element>(
     let d = s.head_dim;
     let kv_head = h / problem.group_size();
     let scale = problem.softmax_scale() as f64;
-    // Bottom-right aligned causal mask: keys 0 ..= i + len - seq_q are visible.
+    let rows = &keys.rows;
+    // Bottom-right aligned causal mask: keys 0 ..= i + seq_kv - seq_q are visible.
     let visible = if problem.causal {
-        (i as i64 + keys.len as i64 - s.seq_q as i64 + 1).clamp(0, keys.len as i64) as usize
+        (i as i64 + rows.seq_kv as i64 - rows.seq_q as i64 + 1).clamp(0, rows.seq_kv as i64) as usize
     } else {
-        keys.len
+        rows.seq_kv
     };
     if visible == 0 {
         return ReferenceRow {
@@ -191,7 +195,9 @@ fn row_unchecked<T: Element>(
             lse: f64::NEG_INFINITY,
         };
     }
-    let qi: Vec<f64> = (0..d).map(|x| q[problem.q_layout.index(b, i, h, x)].to_f64()).collect();
+    let qi: Vec<f64> = (0..d)
+        .map(|x| q[problem.q_layout.index(b, rows.q_first + i, h, x)].to_f64())
+        .collect();
     let scores: Vec<f64> = (0..visible)
         .map(|j| {
             let (kb, kr) = keys.locate(b, j);
@@ -263,11 +269,12 @@ mod tests {
             }
         }
         let lens = [40u32, 17];
-        let index = CacheIndex {
+        let index = BatchIndex {
             page_table: Some(&table),
             kv_lens: Some(&lens),
+            ..Default::default()
         };
-        let got = attention_cached(&paged, &q, &k_pool, &v_pool, &index).unwrap();
+        let got = attention_indexed(&paged, &q, &k_pool, &v_pool, &index).unwrap();
         for b in 0..2 {
             let mut one = dense;
             one.shape.batch = 1;
@@ -282,26 +289,29 @@ mod tests {
             assert_eq!(got.lse[b * 12..(b + 1) * 12], want.lse[..], "sequence {b}");
         }
         // The index must match the problem: missing, surplus, out-of-pool or too-long entries.
-        let missing = CacheIndex {
+        let missing = BatchIndex {
             page_table: None,
             kv_lens: Some(&lens),
+            ..Default::default()
         };
-        assert!(attention_cached(&paged, &q, &k_pool, &v_pool, &missing).is_err());
+        assert!(attention_indexed(&paged, &q, &k_pool, &v_pool, &missing).is_err());
         let bad_page = [5u32, 0, 3, 6, 2, 7];
-        let index = CacheIndex {
+        let index = BatchIndex {
             page_table: Some(&bad_page),
             kv_lens: Some(&lens),
+            ..Default::default()
         };
-        assert!(attention_cached(&paged, &q, &k_pool, &v_pool, &index)
+        assert!(attention_indexed(&paged, &q, &k_pool, &v_pool, &index)
             .unwrap_err()
             .to_string()
             .contains("page 7"));
         let long = [41u32, 1];
-        let index = CacheIndex {
+        let index = BatchIndex {
             page_table: Some(&table),
             kv_lens: Some(&long),
+            ..Default::default()
         };
-        assert!(attention_cached(&paged, &q, &k_pool, &v_pool, &index).is_err());
+        assert!(attention_indexed(&paged, &q, &k_pool, &v_pool, &index).is_err());
         assert!(
             attention(&paged, &q, &k_pool, &v_pool).is_err(),
             "a paged problem needs its index"
@@ -521,8 +531,22 @@ pub fn attention_backward<T: Element>(
     v: &[T],
     d_o: &[T],
 ) -> Result<ReferenceGrads> {
+    attention_backward_indexed(problem, q, k, v, d_o, &BatchIndex::default())
+}
+
+/// [`attention_backward`] for a packed batch ([`AttentionProblem::with_varlen`]): each
+/// sequence's gradients as if it were a problem of its own; rows past the last sequence are 0.
+pub fn attention_backward_indexed<T: Element>(
+    problem: &BackwardProblem,
+    q: &[T],
+    k: &[T],
+    v: &[T],
+    d_o: &[T],
+    index: &BatchIndex<'_>,
+) -> Result<ReferenceGrads> {
     check_backward_inputs(problem, q, k, v, d_o)?;
     let f = &problem.forward;
+    index.validate(f)?;
     let s = f.shape;
     let mut grads = ReferenceGrads {
         dq: vec![0.0; problem.required_len(GradTensor::DQ)],
@@ -530,17 +554,18 @@ pub fn attention_backward<T: Element>(
         dv: vec![0.0; problem.required_len(GradTensor::DV)],
     };
     for b in 0..s.batch {
+        let rows = index.sequence(f, b);
         for h in 0..s.num_heads {
-            for i in 0..s.seq_q {
-                let row = backward_row(problem, q, k, v, d_o, b, h, i);
+            for i in 0..rows.seq_q {
+                let row = backward_row(problem, q, k, v, d_o, b, &rows, h, i);
                 let kv_head = h / f.group_size();
                 for (x, g) in row.dq.iter().enumerate() {
-                    grads.dq[problem.dq_layout.index(b, i, h, x)] = *g;
+                    grads.dq[problem.dq_layout.index(b, rows.q_first + i, h, x)] = *g;
                 }
                 for (j, (dk_j, dv_j)) in row.dk.iter().zip(&row.dv).enumerate() {
                     for x in 0..s.head_dim {
-                        grads.dk[problem.dk_layout.index(b, j, kv_head, x)] += dk_j[x];
-                        grads.dv[problem.dv_layout.index(b, j, kv_head, x)] += dv_j[x];
+                        grads.dk[problem.dk_layout.index(b, rows.kv_first + j, kv_head, x)] += dk_j[x];
+                        grads.dv[problem.dv_layout.index(b, rows.kv_first + j, kv_head, x)] += dv_j[x];
                     }
                 }
             }
@@ -566,7 +591,10 @@ pub fn attention_backward_dq_row<T: Element>(
     if b >= s.batch || h >= s.num_heads || i >= s.seq_q {
         return crate::error::invalid!("reference row (b {b}, h {h}, i {i}) is outside the problem");
     }
-    Ok(backward_row(problem, q, k, v, d_o, b, h, i).dq)
+    let index = BatchIndex::default();
+    index.validate(&problem.forward)?;
+    let rows = index.sequence(&problem.forward, b);
+    Ok(backward_row(problem, q, k, v, d_o, b, &rows, h, i).dq)
 }
 
 fn check_backward_inputs<T: Element>(problem: &BackwardProblem, q: &[T], k: &[T], v: &[T], d_o: &[T]) -> Result<()> {
@@ -598,6 +626,7 @@ fn backward_row<T: Element>(
     v: &[T],
     d_o: &[T],
     b: usize,
+    rows: &SequenceRows,
     h: usize,
     i: usize,
 ) -> BackwardRow {
@@ -606,16 +635,25 @@ fn backward_row<T: Element>(
     let kv_head = h / f.group_size();
     let scale = f.softmax_scale() as f64;
     let visible = if f.causal {
-        (i as i64 + f.causal_offset() + 1).clamp(0, f.shape.seq_kv as i64) as usize
+        (i as i64 + rows.seq_kv as i64 - rows.seq_q as i64 + 1).clamp(0, rows.seq_kv as i64) as usize
     } else {
-        f.shape.seq_kv
+        rows.seq_kv
     };
-    let qi: Vec<f64> = (0..d).map(|x| q[f.q_layout.index(b, i, h, x)].to_f64()).collect();
+    let (qi_row, kv0) = (rows.q_first + i, rows.kv_first);
+    let qi: Vec<f64> = (0..d).map(|x| q[f.q_layout.index(b, qi_row, h, x)].to_f64()).collect();
     let doi: Vec<f64> = (0..d)
-        .map(|x| d_o[problem.d_o_layout.index(b, i, h, x)].to_f64())
+        .map(|x| d_o[problem.d_o_layout.index(b, qi_row, h, x)].to_f64())
         .collect();
-    let key = |j: usize| -> Vec<f64> { (0..d).map(|x| k[f.k_layout.index(b, j, kv_head, x)].to_f64()).collect() };
-    let value = |j: usize| -> Vec<f64> { (0..d).map(|x| v[f.v_layout.index(b, j, kv_head, x)].to_f64()).collect() };
+    let key = |j: usize| -> Vec<f64> {
+        (0..d)
+            .map(|x| k[f.k_layout.index(b, kv0 + j, kv_head, x)].to_f64())
+            .collect()
+    };
+    let value = |j: usize| -> Vec<f64> {
+        (0..d)
+            .map(|x| v[f.v_layout.index(b, kv0 + j, kv_head, x)].to_f64())
+            .collect()
+    };
     let dot = |a: &[f64], b: &[f64]| a.iter().zip(b).map(|(x, y)| x * y).sum::<f64>();
 
     let keys: Vec<Vec<f64>> = (0..visible).map(key).collect();

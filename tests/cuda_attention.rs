@@ -8,7 +8,7 @@
 use std::sync::OnceLock;
 
 use half::{bf16, f16};
-use wgpu_flash_attn::cache::{CacheIndex, PagedKv};
+use wgpu_flash_attn::batch::{BatchIndex, PagedKv};
 use wgpu_flash_attn::cuda::cudarc::driver::CudaSlice;
 #[cfg(feature = "internals")]
 use wgpu_flash_attn::cuda::nvrtc::{compile_cubin, resource_report, CompileJob};
@@ -20,7 +20,7 @@ use wgpu_flash_attn::cuda::plan::{
 #[cfg(feature = "internals")]
 use wgpu_flash_attn::cuda::CudaKernelConfig;
 use wgpu_flash_attn::cuda::{
-    driver_available, nvrtc_available, CacheStatus, CudaAttention, CudaDevice, CudaOptions, CudaPlan, DeviceCacheIndex,
+    driver_available, nvrtc_available, CacheStatus, CudaAttention, CudaDevice, CudaOptions, CudaPlan, DeviceBatchIndex,
     DeviceTensors, DiskCache, Origin,
 };
 use wgpu_flash_attn::testing::{random_tensor, ErrorStats};
@@ -172,10 +172,10 @@ fn check<T: Element>(
     out: &[T],
     lse: &[f32],
 ) {
-    check_cached(problem, label, run_q, run_k, run_v, out, lse, &CacheIndex::default());
+    check_cached(problem, label, run_q, run_k, run_v, out, lse, &BatchIndex::default());
 }
 
-/// [`check`] for a paged or counted cache: against `reference::attention_cached` with `index`.
+/// [`check`] for a paged or counted cache: against `reference::attention_indexed` with `index`.
 #[allow(clippy::too_many_arguments)]
 fn check_cached<T: Element>(
     problem: &AttentionProblem,
@@ -185,9 +185,9 @@ fn check_cached<T: Element>(
     run_v: &[T],
     out: &[T],
     lse: &[f32],
-    index: &CacheIndex<'_>,
+    index: &BatchIndex<'_>,
 ) {
-    let want = reference::attention_cached(problem, run_q, run_k, run_v, index).unwrap();
+    let want = reference::attention_indexed(problem, run_q, run_k, run_v, index).unwrap();
     let s = problem.shape;
     let mut pairs = Vec::new();
     let mut coords = Vec::new();
@@ -681,10 +681,11 @@ struct CacheCase {
 }
 
 impl CacheCase {
-    fn index(&self) -> CacheIndex<'_> {
-        CacheIndex {
+    fn index(&self) -> BatchIndex<'_> {
+        BatchIndex {
             page_table: self.problem.kv_cache.paged.map(|_| &self.page_table[..]),
             kv_lens: self.problem.kv_cache.lengths.then_some(&self.kv_lens[..]),
+            ..Default::default()
         }
     }
 }
@@ -759,7 +760,7 @@ fn cache_case(
     }
 }
 
-/// Runs `case` through `forward_cached_device` on poisoned outputs; returns O, the LSE, the
+/// Runs `case` through `forward_indexed_device` on poisoned outputs; returns O, the LSE, the
 /// inputs and the kernel's name.
 fn run_cached<T: Half16>(engine: &CudaAttention, case: &CacheCase) -> (Run<T>, Vec<T>, Vec<f32>, String) {
     let p = &case.problem;
@@ -769,7 +770,7 @@ fn run_cached<T: Half16>(engine: &CudaAttention, case: &CacheCase) -> (Run<T>, V
     let table = stream.clone_htod(&[&case.page_table[..], &[0]].concat()).unwrap();
     let lens = stream.clone_htod(&[&case.kv_lens[..], &[0]].concat()).unwrap();
     let config = engine
-        .forward_cached_device(
+        .forward_indexed_device(
             p,
             DeviceTensors {
                 q: &run.dq,
@@ -778,9 +779,10 @@ fn run_cached<T: Half16>(engine: &CudaAttention, case: &CacheCase) -> (Run<T>, V
                 o: &mut run.d_o,
                 lse: Some(&mut run.d_lse),
             },
-            DeviceCacheIndex {
+            DeviceBatchIndex {
                 page_table: p.kv_cache.paged.map(|_| &table as _),
                 kv_lens: p.kv_cache.lengths.then_some(&lens as _),
+                ..Default::default()
             },
         )
         .unwrap_or_else(|e| panic!("{}: launch failed: {e}", case.label));
@@ -881,7 +883,7 @@ fn cache_cases_are_valid() {
         let p = &case.problem;
         p.validate().unwrap();
         case.index()
-            .validate(&p.kv_cache, p.shape.batch, p.shape.seq_kv)
+            .validate(p)
             .unwrap_or_else(|e| panic!("{}: {e}", case.label));
         if let Some(pages) = p.kv_cache.paged {
             sizes.insert(pages.page_size);
@@ -898,8 +900,8 @@ fn cache_cases_are_valid() {
     assert!(zero && one && full && spare && shuffled);
 }
 
-/// The decode kernel over paged and counted caches against `reference::attention_cached`
-/// (outputs poisoned), through `forward_cached_device` on engines forcing each split count.
+/// The decode kernel over paged and counted caches against `reference::attention_indexed`
+/// (outputs poisoned), through `forward_indexed_device` on engines forcing each split count.
 #[test]
 fn cached_decode_matches_the_reference() {
     let Some(base) = engine() else { return };
@@ -1010,14 +1012,15 @@ fn bad_cache_indices_give_nan_rows() {
         let mut fixed = case.page_table.clone();
         fixed[0] = good_page;
         let lens = [1000u32, 1000, 700];
-        let want = reference::attention_cached(
+        let want = reference::attention_indexed(
             p,
             &run.q,
             &run.k,
             &run.v,
-            &CacheIndex {
+            &BatchIndex {
                 page_table: Some(&fixed),
                 kv_lens: Some(&lens),
+                ..Default::default()
             },
         )
         .unwrap();
@@ -1040,7 +1043,7 @@ fn bad_cache_indices_give_nan_rows() {
     }
 }
 
-/// The host path (`forward_cached`) checks the index and matches the device path bit for bit;
+/// The host path (`forward_indexed`) checks the index and matches the device path bit for bit;
 /// the entry points without an index refuse a paged or counted problem and name the one to use;
 /// a forced prefill plan refuses it.
 #[test]
@@ -1069,7 +1072,9 @@ fn cached_host_path_checks_the_index() {
     );
     let p = &case.problem;
     let (run, dev_out, dev_lse, kernel) = run_cached::<bf16>(engine, &case);
-    let host = engine.forward_cached(p, &run.q, &run.k, &run.v, &case.index()).unwrap();
+    let host = engine
+        .forward_indexed(p, &run.q, &run.k, &run.v, &case.index())
+        .unwrap();
     assert_eq!(host.kernel, kernel);
     assert_eq!(bits(&host.out), bits(&dev_out), "same kernel, same inputs: same bits");
     assert_eq!(
@@ -1090,11 +1095,14 @@ fn cached_host_path_checks_the_index() {
     let num_pages = p.kv_cache.paged.unwrap().num_pages as u32;
     let mut table = case.page_table.clone();
     table[3] = num_pages;
-    let bad_page = CacheIndex {
+    let bad_page = BatchIndex {
         page_table: Some(&table),
         kv_lens: Some(&case.kv_lens),
+        ..Default::default()
     };
-    let err = engine.forward_cached(p, &run.q, &run.k, &run.v, &bad_page).unwrap_err();
+    let err = engine
+        .forward_indexed(p, &run.q, &run.k, &run.v, &bad_page)
+        .unwrap_err();
     assert!(
         matches!(
             err,
@@ -1106,15 +1114,16 @@ fn cached_host_path_checks_the_index() {
         "{err}"
     );
     let long = [601u32, 5];
-    let bad_len = CacheIndex {
+    let bad_len = BatchIndex {
         page_table: Some(&case.page_table),
         kv_lens: Some(&long),
+        ..Default::default()
     };
-    let err = engine.forward_cached(p, &run.q, &run.k, &run.v, &bad_len).unwrap_err();
+    let err = engine.forward_indexed(p, &run.q, &run.k, &run.v, &bad_len).unwrap_err();
     assert!(matches!(err, Error::InvalidBuffer { tensor: "kv_lens", .. }), "{err}");
     // The entry points without an index name the ones with it.
     let msg = engine.forward(p, &run.q, &run.k, &run.v).unwrap_err().to_string();
-    assert!(msg.contains("forward_cached"), "{msg}");
+    assert!(msg.contains("forward_indexed"), "{msg}");
     let stream = engine.device().stream();
     let mut d_o = stream.alloc_zeros::<u16>(p.required_len(Tensor::O)).unwrap();
     macro_rules! tensors {
@@ -1129,16 +1138,17 @@ fn cached_host_path_checks_the_index() {
         };
     }
     let msg = engine.forward_device(p, tensors!(&mut d_o)).unwrap_err().to_string();
-    assert!(msg.contains("forward_cached_device"), "{msg}");
+    assert!(msg.contains("forward_indexed_device"), "{msg}");
     // An index missing a tensor the problem needs, or too short.
     let table_dev = stream.clone_htod(&case.page_table).unwrap();
     let err = engine
-        .forward_cached_device(
+        .forward_indexed_device(
             p,
             tensors!(&mut d_o),
-            DeviceCacheIndex {
+            DeviceBatchIndex {
                 page_table: Some(&table_dev),
                 kv_lens: None,
+                ..Default::default()
             },
         )
         .unwrap_err();
@@ -1146,12 +1156,13 @@ fn cached_host_path_checks_the_index() {
     let short = stream.clone_htod(&case.page_table[1..]).unwrap();
     let lens_dev = stream.clone_htod(&case.kv_lens).unwrap();
     let err = engine
-        .forward_cached_device(
+        .forward_indexed_device(
             p,
             tensors!(&mut d_o),
-            DeviceCacheIndex {
+            DeviceBatchIndex {
                 page_table: Some(&short),
                 kv_lens: Some(&lens_dev),
+                ..Default::default()
             },
         )
         .unwrap_err();
@@ -1174,7 +1185,7 @@ fn cached_host_path_checks_the_index() {
         },
     );
     let err = prefill
-        .forward_cached(p, &run.q, &run.k, &run.v, &case.index())
+        .forward_indexed(p, &run.q, &run.k, &run.v, &case.index())
         .unwrap_err();
     assert!(matches!(err, Error::Unavailable { .. }), "{err}");
 }
@@ -1391,4 +1402,163 @@ fn plan_sweeps_need_the_internals_feature() {
         panic!("FLASH_REQUIRE_CUDA=1 but {why}");
     }
     eprintln!("skipping: {why}");
+}
+
+/// Offsets of sequences of the given lengths, packed end to end.
+fn packed_offsets(lengths: &[usize]) -> Vec<u32> {
+    let mut cu = vec![0u32];
+    for &n in lengths {
+        cu.push(cu.last().copied().unwrap_or(0) + n as u32);
+    }
+    cu
+}
+
+/// Packed (varlen) batches on the prefill kernels — the default (wgmma on Hopper) and the
+/// `mma.sync` kernel forced — on poisoned device buffers, against the reference per sequence:
+/// ragged lengths with 0 and 1, self- and cross-attention, GQA, causal or not, head_dim 64/128,
+/// rows after the last sequence untouched. Offsets that leave the tensors make that sequence NaN.
+#[test]
+fn packed_batches_match_the_reference() {
+    let Some(base) = engine() else { return };
+    let mma = CudaAttention::with_options(
+        base.device().clone(),
+        CudaOptions {
+            plan: Some(CudaPlan::Mma(wgpu_flash_attn::cuda::MmaPlan::new(64, 64, 4))),
+            ..CudaOptions::default()
+        },
+    );
+    let mut rng = Lcg(0x7a11e);
+    for seed in 0..10u64 {
+        for (name, engine) in [("default", base), ("mma", &mma)] {
+            let batch = 1 + rng.below(5);
+            let ragged = |rng: &mut Lcg| -> Vec<usize> {
+                (0..batch)
+                    .map(|_| match rng.below(5) {
+                        0 => 0,
+                        1 => 1,
+                        _ => 1 + rng.below(300),
+                    })
+                    .collect()
+            };
+            let lens_q = ragged(&mut rng);
+            let lens_k = if seed % 2 == 0 {
+                lens_q.clone()
+            } else {
+                ragged(&mut rng)
+            };
+            let (cu_q, cu_k) = (packed_offsets(&lens_q), packed_offsets(&lens_k));
+            let kv_heads = [1, 2, 4][rng.below(3)];
+            let heads = kv_heads * [1, 4][rng.below(2)];
+            let head_dim = [64, 128][rng.below(2)];
+            let causal = rng.below(2) == 0;
+            let tail = [0, 7][rng.below(2)];
+            let dtype = [DType::BF16, DType::F16][rng.below(2)];
+            let shape = AttentionShape {
+                batch,
+                seq_q: lens_q.iter().copied().max().unwrap_or(1).max(1),
+                seq_kv: lens_k.iter().copied().max().unwrap_or(1).max(1),
+                num_heads: heads,
+                num_kv_heads: kv_heads,
+                head_dim,
+            };
+            let p =
+                AttentionProblem::new(shape, dtype)
+                    .with_causal(causal)
+                    .with_varlen(wgpu_flash_attn::batch::Varlen {
+                        // At least one row each: a packed tensor of no rows is refused.
+                        total_q: (cu_q[batch] as usize + tail).max(1),
+                        total_kv: (cu_k[batch] as usize + tail).max(1),
+                    });
+            let label = format!(
+                "{name} seed {seed}: q {lens_q:?} k {lens_k:?} heads {heads}/{kv_heads} d{head_dim} causal {causal} {}",
+                dtype.name()
+            );
+            match dtype {
+                DType::BF16 => packed_case::<bf16>(engine, &p, &cu_q, &cu_k, &label),
+                _ => packed_case::<f16>(engine, &p, &cu_q, &cu_k, &label),
+            }
+        }
+    }
+}
+
+fn packed_case<T: Half16>(engine: &CudaAttention, p: &AttentionProblem, cu_q: &[u32], cu_k: &[u32], label: &str) {
+    let stream = engine.device().stream();
+    let index = BatchIndex {
+        cu_seqlens_q: Some(cu_q),
+        cu_seqlens_k: Some(cu_k),
+        ..Default::default()
+    };
+    let run_with = |cu_k: &[u32]| -> (Run<T>, Vec<T>, Vec<f32>, String) {
+        let mut run = Run::<T>::new(engine, p, seed_of(label));
+        let d_cu_q = stream.clone_htod(cu_q).unwrap();
+        let d_cu_k = stream.clone_htod(cu_k).unwrap();
+        let config = engine
+            .forward_indexed_device(
+                p,
+                DeviceTensors {
+                    q: &run.dq,
+                    k: &run.dk,
+                    v: &run.dv,
+                    o: &mut run.d_o,
+                    lse: Some(&mut run.d_lse),
+                },
+                DeviceBatchIndex {
+                    cu_seqlens_q: Some(&d_cu_q),
+                    cu_seqlens_k: Some(&d_cu_k),
+                    ..Default::default()
+                },
+            )
+            .unwrap_or_else(|e| panic!("{label}: {e}"));
+        let (out, lse) = run.read(engine);
+        (run, out, lse, config.name())
+    };
+    let (run, out, lse, kernel) = run_with(cu_k);
+    let want = reference::attention_indexed(p, &run.q, &run.k, &run.v, &index).unwrap();
+    let s = p.shape;
+    let (mut pairs, mut lse_pairs) = (Vec::new(), Vec::new());
+    let mut owned = vec![false; out.len()];
+    for b in 0..s.batch {
+        let seq = index.sequence(p, b);
+        for i in 0..seq.seq_q {
+            for h in 0..s.num_heads {
+                for d in 0..s.head_dim {
+                    let at = p.o_layout.index(0, seq.q_first + i, h, d);
+                    owned[at] = true;
+                    pairs.push((out[at].to_f64(), want.out[at]));
+                }
+                let at = p.lse_index(b, &seq, h, i);
+                lse_pairs.push((lse[at] as f64, want.lse[at]));
+            }
+        }
+    }
+    let o = ErrorStats::from_pairs(pairs);
+    let l = ErrorStats::from_pairs(lse_pairs);
+    assert!(
+        o.within(1e-2, 5e-2) && l.within(1e-3, 1e-2),
+        "{label} [{kernel}]: O {o}; LSE {l}"
+    );
+    let untouched = out.iter().zip(&owned).all(|(x, &w)| w || x.to_f64().is_nan());
+    assert!(untouched, "{label} [{kernel}]: wrote outside its sequences");
+    eprintln!("{label} [{kernel}]: O {o}; LSE {l}");
+
+    // The last sequence's keys end past K: it comes out NaN, every other one as before.
+    let b = s.batch - 1;
+    let mut bad = cu_k.to_vec();
+    bad[b + 1] = p.varlen.map_or(0, |v| v.total_kv as u32) + 1;
+    let (_, out_bad, _, _) = run_with(&bad);
+    for bb in 0..s.batch {
+        let seq = index.sequence(p, bb);
+        for i in 0..seq.seq_q {
+            let at = p.o_layout.index(0, seq.q_first + i, 0, 0);
+            if bb == b {
+                assert!(out_bad[at].to_f64().is_nan(), "{label}: sequence {bb} not NaN");
+            } else {
+                assert_eq!(
+                    out_bad[at].to_f64().to_bits(),
+                    out[at].to_f64().to_bits(),
+                    "{label}: sequence {bb}"
+                );
+            }
+        }
+    }
 }

@@ -1,5 +1,5 @@
 //! The decode kernel on paged K/V caches and per-sequence key counts, against
-//! `reference::attention_cached` (dense attention over each sequence's gathered keys, the causal
+//! `reference::attention_indexed` (dense attention over each sequence's gathered keys, the causal
 //! mask aligned to its own end): seeded random problems over page sizes 16/64/256, shuffled page
 //! tables into pools larger than needed, ragged counts including 0, 1 and seq_kv, forced splits,
 //! GQA 1/4/8, one or several new tokens, every dtype and both lane reductions; outputs poisoned
@@ -10,7 +10,7 @@ mod common;
 
 use common::{gpu, shape};
 use wgpu::util::DeviceExt;
-use wgpu_flash_attn::cache::{CacheIndex, PagedKv};
+use wgpu_flash_attn::batch::{BatchIndex, PagedKv};
 use wgpu_flash_attn::gpu::readback::read_back;
 use wgpu_flash_attn::kernel::{DecodeChoice, ForwardKernel, Reduction};
 use wgpu_flash_attn::testing::harness::{nan_bytes, tolerance};
@@ -44,10 +44,11 @@ struct Case<T> {
 }
 
 impl<T: Element> Case<T> {
-    fn index(&self) -> CacheIndex<'_> {
-        CacheIndex {
+    fn index(&self) -> BatchIndex<'_> {
+        BatchIndex {
             page_table: self.page_table.as_deref(),
             kv_lens: self.kv_lens.as_deref(),
+            ..Default::default()
         }
     }
 
@@ -93,15 +94,11 @@ impl<T: Element> Case<T> {
         ))
     }
 
-    fn check(&self, ctx: &GpuContext, engine: &FlashAttention, label: &str) {
+    /// Runs and compares with the reference; returns the kernel that ran.
+    fn check(&self, ctx: &GpuContext, engine: &FlashAttention, label: &str) -> ForwardKernel {
         let kernel = engine.select(&self.problem).unwrap_or_else(|e| panic!("{label}: {e}"));
-        assert!(
-            matches!(kernel, ForwardKernel::Decode { .. }),
-            "{label}: {}",
-            kernel.name()
-        );
         let (out, lse) = self.run(ctx, engine).unwrap_or_else(|e| panic!("{label}: {e}"));
-        let want = reference::attention_cached(&self.problem, &self.q, &self.k, &self.v, &self.index()).unwrap();
+        let want = reference::attention_indexed(&self.problem, &self.q, &self.k, &self.v, &self.index()).unwrap();
         let o = ErrorStats::from_pairs(out.iter().map(|x| x.to_f64()).zip(want.out.iter().copied()));
         let l = ErrorStats::from_pairs(lse.iter().map(|&x| x as f64).zip(want.lse.iter().copied()));
         let tol = tolerance(self.problem.dtype);
@@ -111,6 +108,7 @@ impl<T: Element> Case<T> {
             kernel.name()
         );
         assert!(l.within(1e-5, tol.lse_max_abs), "{label} ({}): LSE {l}", kernel.name());
+        kernel
     }
 }
 
@@ -199,13 +197,18 @@ fn check_any(
     layout: Layout,
     label: &str,
 ) {
-    match dtype {
+    let kernel = match dtype {
         DType::F32 => case::<f32>(rng, dims, dtype, causal, page_size, lengths, layout).check(ctx, engine, label),
         DType::F16 => case::<half::f16>(rng, dims, dtype, causal, page_size, lengths, layout).check(ctx, engine, label),
         DType::BF16 => {
             case::<half::bf16>(rng, dims, dtype, causal, page_size, lengths, layout).check(ctx, engine, label)
         }
-    }
+    };
+    assert!(
+        matches!(kernel, ForwardKernel::Decode { .. }),
+        "{label}: {}",
+        kernel.name()
+    );
 }
 
 #[test]
@@ -291,7 +294,7 @@ fn an_invalid_index_poisons_exactly_its_sequence_or_is_refused_on_the_host() {
         assert!(out[..row].iter().all(|x| x.is_finite()), "sequence 0 is valid");
         assert!(out[row..].iter().all(|x| x.is_nan()), "sequences 1 and 2 are poisoned");
         assert!(lse[..4].iter().all(|x| x.is_finite()) && lse[4..].iter().all(|x| x.is_nan()));
-        let host = engine.forward_cached_blocking(&c.problem, &c.q, &c.k, &c.v, &c.index());
+        let host = engine.forward_indexed_blocking(&c.problem, &c.q, &c.k, &c.v, &c.index());
         assert!(matches!(host, Err(Error::InvalidBuffer { .. })), "{host:?}");
     }
     // A paged problem without its index, or an index for a plain problem: errors naming it.
@@ -309,25 +312,58 @@ fn an_invalid_index_poisons_exactly_its_sequence_or_is_refused_on_the_host() {
     assert!(err.to_string().contains("page_table"), "{err}");
     let plain = AttentionProblem::new(shape(2, 1, 50, 4, 2, 64), DType::F32);
     let table = [0u32; 8];
-    let index = CacheIndex {
+    let index = BatchIndex {
         page_table: Some(&table),
         kv_lens: None,
+        ..Default::default()
     };
     let n = |t| plain.required_len(t);
     let x: Vec<f32> = random_tensor(1, n(Tensor::Q).max(n(Tensor::K)));
-    let err = engine.forward_cached_blocking(&plain, &x, &x, &x, &index).unwrap_err();
+    let err = engine.forward_indexed_blocking(&plain, &x, &x, &x, &index).unwrap_err();
     assert!(err.to_string().contains("page_table"), "{err}");
 }
 
+/// Per-sequence key counts on a prefill-sized problem go to the tiled kernel, which reads them
+/// (`_lens`); a paged cache the prefill kernels refuse by name. Forced, the decode kernel runs
+/// the counted problem too (64 new tokens are not too many to be right).
 #[test]
-fn prefill_kernels_refuse_a_cache_and_say_why() {
+fn prefill_kernels_read_key_counts_and_refuse_pages() {
     let Some(ctx) = gpu() else { return };
-    let problem = AttentionProblem::new(shape(1, 64, 64, 2, 2, 64), DType::F32).with_kv_lengths(true);
-    let engine = FlashAttention::new(ctx);
-    let err = engine.select(&problem).unwrap_err();
-    assert!(err.to_string().contains("per-sequence key counts"), "{err}");
-    // Forced, the decode kernel runs it (64 new tokens are not too many to be right).
     let mut rng = Rng::new(5);
+    let engine = FlashAttention::new(ctx);
+    let c = case::<f32>(
+        &mut rng,
+        (3, 64, 90, 2, 2, 64),
+        DType::F32,
+        true,
+        None,
+        true,
+        Layout::Bshd,
+    );
+    let kernel = c.check(ctx, &engine, "prefill_lens");
+    assert!(
+        matches!(kernel, ForwardKernel::Tiled(_)) && kernel.name().ends_with("_lens"),
+        "{}",
+        kernel.name()
+    );
+    let tiled = FlashAttention::with_options(
+        ctx,
+        Options {
+            choice: KernelChoice::Tiled(Default::default()),
+            ..Options::default()
+        },
+    );
+    let paged = case::<f32>(
+        &mut rng,
+        (1, 64, 64, 2, 2, 64),
+        DType::F32,
+        false,
+        Some(16),
+        false,
+        Layout::Bshd,
+    );
+    let err = tiled.select(&paged.problem).unwrap_err();
+    assert!(err.to_string().contains("a paged K/V cache"), "{err}");
     let forced = self::engine(ctx, None, None);
     check_any(
         &mut rng,
@@ -349,7 +385,7 @@ fn prefill_kernels_refuse_a_cache_and_say_why() {
 /// matches the reference over that copy.
 #[test]
 fn appending_then_attending_matches_the_reference() {
-    use wgpu_flash_attn::cache::AppendBuffers;
+    use wgpu_flash_attn::batch::AppendBuffers;
     let Some(ctx) = gpu() else { return };
     let mut rng = Rng::new(0xa99e);
     let engine = FlashAttention::new(ctx);
@@ -444,11 +480,12 @@ fn appending_then_attending_matches_the_reference() {
             assert!(bytes[1] == bytemuck::cast_slice::<_, u8>(&v_pool), "{label}: V pool");
             let out: Vec<half::f16> = bytemuck::pod_collect_to_vec(&bytes[2]);
             let lse_out: Vec<f32> = bytemuck::pod_collect_to_vec(&bytes[3]);
-            let index = CacheIndex {
+            let index = BatchIndex {
                 page_table: Some(&table),
                 kv_lens: Some(&lens),
+                ..Default::default()
             };
-            let want = reference::attention_cached(&problem, &q, &k_pool, &v_pool, &index).unwrap();
+            let want = reference::attention_indexed(&problem, &q, &k_pool, &v_pool, &index).unwrap();
             let o_err = ErrorStats::from_pairs(out.iter().map(|x| x.to_f64()).zip(want.out.iter().copied()));
             let l_err = ErrorStats::from_pairs(lse_out.iter().map(|&x| x as f64).zip(want.lse.iter().copied()));
             let tol = tolerance(DType::F16);

@@ -114,6 +114,8 @@ fn gpu_buffer_errors() {
         v: TensorBuffer::new(&v),
         o: TensorBuffer::new(&o),
         lse: Some(TensorBuffer::new(&lse)),
+        cu_seqlens_q: None,
+        cu_seqlens_k: None,
         page_table: None,
         kv_lens: None,
     };
@@ -245,6 +247,8 @@ fn device_limits_are_errors() {
             v: TensorBuffer::new(&q),
             o: TensorBuffer::new(&o),
             lse: None,
+            cu_seqlens_q: None,
+            cu_seqlens_k: None,
             page_table: None,
             kv_lens: None,
         };

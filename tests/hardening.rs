@@ -254,6 +254,8 @@ fn byte_offsets_near_u64_max_are_errors() {
         v: TensorBuffer::new(&v),
         o: TensorBuffer::new(&o),
         lse: Some(TensorBuffer::new(&lse)),
+        cu_seqlens_q: None,
+        cu_seqlens_k: None,
         page_table: None,
         kv_lens: None,
     };
@@ -333,6 +335,8 @@ fn forced_plans_with_zero_or_huge_sizes_are_refused() {
         dk: TensorBuffer::new(&t[7]),
         dv: TensorBuffer::new(&t[8]),
         delta: Some(TensorBuffer::new(&t[9])),
+        cu_seqlens_q: None,
+        cu_seqlens_k: None,
     };
     let mut encoder = ctx.device.create_command_encoder(&Default::default());
     let e = engine
@@ -397,6 +401,8 @@ fn overlapping_written_tensors_are_errors() {
             v: TensorBuffer::new(&v),
             o,
             lse: Some(lse),
+            cu_seqlens_q: None,
+            cu_seqlens_k: None,
             page_table: None,
             kv_lens: None,
         };
@@ -430,6 +436,8 @@ fn overlapping_written_tensors_are_errors() {
         dk: TensorBuffer::at(&grads, bytes),
         dv: TensorBuffer::at(&grads, 2 * bytes),
         delta: Some(TensorBuffer::new(&inputs[6])),
+        cu_seqlens_q: None,
+        cu_seqlens_k: None,
     };
     let backward = |b: &BackwardBuffers<'_>| {
         let mut encoder = ctx.device.create_command_encoder(&Default::default());

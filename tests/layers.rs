@@ -26,7 +26,7 @@ const LAYERS: &[&str] = &[
     "cuda",      // the CUDA engine (its own layers inside)
     "testing",   // harnesses, timing, shader-test helpers
     "kernel",    // the public facade over `plan`'s types
-    "cache",     // the public facade over K/V cache types
+    "batch",     // the public facade over packed batches, K/V caches and their index
 ];
 
 /// Each file's module path (`plan::forward`, `caps`) and its text before `#[cfg(test)]`.
@@ -112,7 +112,7 @@ fn edges(modules: &BTreeMap<String, String>) -> (BTreeMap<&str, BTreeSet<&str>>,
                     edges.entry(module.as_str()).or_default().insert(to);
                 }
                 Some(_) => {}
-                None if module == "kernel" || module == "cache" => {} // facades' doc links name root items
+                None if module == "kernel" || module == "batch" => {} // facades' doc links name root items
                 None if path.starts_with(|c: char| c.is_ascii_uppercase()) => {
                     through_root.push(format!("src/{module}: crate::{path}"))
                 }

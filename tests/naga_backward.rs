@@ -5,7 +5,7 @@
 
 use naga::valid::{Capabilities, SubgroupOperationSet, ValidationFlags, Validator};
 use wgpu_flash_attn::kernel::BackwardKernel;
-use wgpu_flash_attn::plan::all_backward_kernels;
+use wgpu_flash_attn::plan::{all_backward_kernels, GradKernel, PreprocessKernel, SequenceIndex};
 use wgpu_flash_attn::wgsl::KernelConfig;
 
 /// Only the naga capabilities a kernel's required features grant, so that a kernel that silently
@@ -80,8 +80,26 @@ fn translate(kernel: &BackwardKernel) -> Result<(), String> {
 
 #[test]
 fn every_backward_kernel_validates_and_translates_to_spirv_msl_and_hlsl() {
-    let kernels = all_backward_kernels();
+    let mut kernels = all_backward_kernels();
     assert!(kernels.len() > 50, "only {} kernels enumerated", kernels.len());
+    // The builds that read a packed batch's offsets, at one head_dim.
+    let varlen = SequenceIndex {
+        varlen: true,
+        kv_lengths: false,
+    };
+    let indexed: Vec<BackwardKernel> = kernels
+        .iter()
+        .filter_map(|k| match *k {
+            BackwardKernel::Preprocess(p) => {
+                Some(BackwardKernel::Preprocess(PreprocessKernel { sequences: varlen, ..p }))
+            }
+            BackwardKernel::Grad(g) if g.head_dim_pad == 128 => {
+                Some(BackwardKernel::Grad(GradKernel { sequences: varlen, ..g }))
+            }
+            BackwardKernel::Grad(_) => None,
+        })
+        .collect();
+    kernels.extend(indexed);
     let failures: Vec<String> = kernels
         .iter()
         .filter_map(|k| translate(k).err().map(|e| format!("{}: {e}", k.name())))

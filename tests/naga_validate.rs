@@ -6,13 +6,45 @@
 
 use naga::valid::{Capabilities, SubgroupOperationSet, ValidationFlags, Validator};
 use wgpu_flash_attn::kernel::{Reduction, TileType};
-use wgpu_flash_attn::plan::{all_configs, all_coop_configs, all_decode_configs};
+use wgpu_flash_attn::plan::{all_configs, all_coop_configs, all_decode_configs, SequenceIndex};
 use wgpu_flash_attn::wgsl::{KernelConfig, NaivePass};
 use wgpu_flash_attn::DType;
+
+/// Every way a kernel may read index tensors.
+const INDEXED: [SequenceIndex; 3] = [
+    SequenceIndex {
+        varlen: true,
+        kv_lengths: false,
+    },
+    SequenceIndex {
+        varlen: false,
+        kv_lengths: true,
+    },
+    SequenceIndex {
+        varlen: true,
+        kv_lengths: true,
+    },
+];
 
 fn every_kernel() -> Vec<KernelConfig> {
     let mut kernels: Vec<KernelConfig> = all_configs().into_iter().map(KernelConfig::Flash).collect();
     kernels.extend(all_coop_configs().into_iter().map(KernelConfig::FlashCoop));
+    // The index-reading builds of the prefill kernels, at one head_dim (the index code does not
+    // depend on it).
+    for sequences in INDEXED {
+        kernels.extend(
+            all_configs()
+                .into_iter()
+                .filter(|c| c.head_dim_pad == 128)
+                .map(|c| KernelConfig::Flash(wgpu_flash_attn::plan::FlashConfig { sequences, ..c })),
+        );
+        kernels.extend(
+            all_coop_configs()
+                .into_iter()
+                .filter(|c| c.head_dim_pad == 128)
+                .map(|c| KernelConfig::FlashCoop(c.with_sequences(sequences))),
+        );
+    }
     for storage in DType::ALL {
         for pass in NaivePass::ALL {
             kernels.push(KernelConfig::Naive { pass, storage });

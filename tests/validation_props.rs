@@ -406,6 +406,8 @@ fn check_encode(ctx: &GpuContext, engine: &FlashAttention, c: &BufferCase) -> bo
         lse: c
             .lse
             .map(|(in_o, offset)| TensorBuffer::at(if in_o { o_buffer } else { &lse_own }, offset)),
+        cu_seqlens_q: None,
+        cu_seqlens_k: None,
         page_table: None,
         kv_lens: None,
     };
@@ -524,7 +526,7 @@ fn cache_case() -> impl Strategy<Value = CacheCase> {
 /// checks return, never panic; where everything is accepted and small, the float64 reference runs
 /// over the index and sees only keys below each sequence's count.
 fn check_cache(c: &CacheCase) {
-    use wgpu_flash_attn::cache::{CacheIndex, PagedKv};
+    use wgpu_flash_attn::batch::{BatchIndex, PagedKv};
     use wgpu_flash_attn::kernel::DecodeChoice;
     let mut problem = AttentionProblem::new(c.shape, c.dtype)
         .with_causal(c.causal)
@@ -550,15 +552,16 @@ fn check_cache(c: &CacheCase) {
             assert!(valid || selected.is_err(), "selected an invalid problem: {problem:?}");
         }
     }
-    let index = CacheIndex {
+    let index = BatchIndex {
         page_table: c.table.as_deref(),
         kv_lens: c.lens.as_deref(),
+        ..Default::default()
     };
-    let index_ok = index.validate(&problem.kv_cache, c.shape.batch, c.shape.seq_kv).is_ok();
+    let index_ok = index.validate(&problem).is_ok();
     let elements = [Tensor::Q, Tensor::K, Tensor::V].map(|t| problem.required_len(t));
     if valid && index_ok && elements.iter().all(|&n| n <= 1 << 16) {
         let data: Vec<f32> = wgpu_flash_attn::testing::random_tensor(1, elements.into_iter().max().unwrap_or(0));
-        let out = wgpu_flash_attn::reference::attention_cached(&problem, &data, &data, &data, &index);
+        let out = wgpu_flash_attn::reference::attention_indexed(&problem, &data, &data, &data, &index);
         assert!(out.is_ok(), "{problem:?}: {:?}", out.err());
     }
 }

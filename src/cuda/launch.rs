@@ -20,7 +20,7 @@ use super::plan::{
 use super::tma;
 use crate::error::{invalid, Error, Result};
 use crate::plan::decode::DecodeSplit;
-use crate::problem::cache::CacheIndex;
+use crate::problem::index::BatchIndex;
 use crate::problem::{AttentionProblem, Element, Tensor};
 use crate::runtime::forward::AttentionOutput;
 
@@ -110,16 +110,20 @@ pub struct DeviceTensors<'a, T> {
 }
 
 /// The index tensors of a K/V cache in device memory, for
-/// [`forward_cached_device`](CudaAttention::forward_cached_device): the page table
+/// [`forward_indexed_device`](CudaAttention::forward_indexed_device): the page table
 /// (`[batch, pages_per_seq]` u32, when the problem's cache is paged) and the per-sequence key
 /// counts (`[batch]` u32, when it has lengths); each present exactly when the problem asks for it.
 ///
 /// Their values are not checked on the host (they live on the device): a page number past the
 /// pool, or a count above `seq_kv`, is never read through; the rows it affects come out NaN (O
 /// and LSE) instead (`cuda/flash_decode.cu`). The host path
-/// [`forward_cached`](CudaAttention::forward_cached) checks them with [`CacheIndex::validate`].
+/// [`forward_indexed`](CudaAttention::forward_indexed) checks them with [`BatchIndex::validate`].
 #[derive(Default)]
-pub struct DeviceCacheIndex<'a> {
+pub struct DeviceBatchIndex<'a> {
+    /// A packed batch's `[batch + 1]` query-row offsets ([`AttentionProblem::with_varlen`]).
+    pub cu_seqlens_q: Option<&'a dyn DevicePtr<u32>>,
+    /// A packed batch's `[batch + 1]` key-row offsets.
+    pub cu_seqlens_k: Option<&'a dyn DevicePtr<u32>>,
     /// The page table, `batch · pages_per_seq` entries or more.
     pub page_table: Option<&'a dyn DevicePtr<u32>>,
     /// Each sequence's key count, `batch` entries or more.
@@ -284,15 +288,17 @@ impl CudaAttention {
         self.launch(problem, tensors, None, None)
     }
 
-    /// [`forward_device`](Self::forward_device) for a problem whose K/V cache is paged or has
-    /// per-sequence key counts ([`AttentionProblem::with_paged_kv`],
-    /// [`AttentionProblem::with_kv_lengths`]): K and V are the page pools, `index` the page table
-    /// and counts on the device. Runs on the decode kernel (any number of new tokens).
-    pub fn forward_cached_device<T>(
+    /// [`forward_device`](Self::forward_device) for a problem with index tensors: a packed batch
+    /// ([`AttentionProblem::with_varlen`]: the row offsets; the prefill kernels run it, and check
+    /// every offset as they read it), or a K/V cache that is paged or has per-sequence key counts
+    /// ([`AttentionProblem::with_paged_kv`], [`AttentionProblem::with_kv_lengths`]: K and V the
+    /// page pools, `index` the page table and counts; the decode kernel runs it, any number of
+    /// new tokens).
+    pub fn forward_indexed_device<T>(
         &self,
         problem: &AttentionProblem,
         tensors: DeviceTensors<'_, T>,
-        index: DeviceCacheIndex<'_>,
+        index: DeviceBatchIndex<'_>,
     ) -> Result<CudaKernelConfig> {
         self.launch(problem, tensors, None, Some(index))
     }
@@ -312,10 +318,10 @@ impl CudaAttention {
         problem: &AttentionProblem,
         t: DeviceTensors<'_, T>,
         plan: Option<CudaPlan>,
-        index: Option<DeviceCacheIndex<'_>>,
+        index: Option<DeviceBatchIndex<'_>>,
     ) -> Result<CudaKernelConfig> {
         validate_for(problem, plan.or(self.options.plan))?;
-        let index = check_device_index(problem, index, "forward_cached_device")?;
+        let index = check_device_index(problem, index, "forward_indexed_device")?;
         if std::mem::size_of::<T>() != problem.dtype.size_bytes() {
             return Err(Error::InvalidBuffer {
                 tensor: "q",
@@ -366,21 +372,11 @@ impl CudaAttention {
             ("o", extent(Tensor::O, o)),
             ("lse", (lse, lse + 4 * problem.lse_len() as u64)),
         ];
-        // The cache index (each tensor or none) and the extents it is read at.
-        let (page_table, _gpt) = match index.page_table {
-            Some(t) => {
-                let (p, g) = t.device_ptr(stream);
-                (p, Some(g))
-            }
-            None => (0, None),
-        };
-        let (kv_lens, _glens) = match index.kv_lens {
-            Some(t) => {
-                let (p, g) = t.device_ptr(stream);
-                (p, Some(g))
-            }
-            None => (0, None),
-        };
+        // The index (each tensor or none) and the extents it is read at.
+        let (page_table, _gpt) = index_pointer(index.page_table, stream);
+        let (kv_lens, _glens) = index_pointer(index.kv_lens, stream);
+        let (cu_seqlens_q, _gcq) = index_pointer(index.cu_seqlens_q, stream);
+        let (cu_seqlens_k, _gck) = index_pointer(index.cu_seqlens_k, stream);
         let mut read = vec![
             ("q", extent(Tensor::Q, q)),
             ("k", extent(Tensor::K, k)),
@@ -392,6 +388,11 @@ impl CudaAttention {
         }
         if kv_lens != 0 {
             read.push(("kv_lens", (kv_lens, kv_lens + 4 * problem.shape.batch as u64)));
+        }
+        let offsets_bytes = 4 * (problem.shape.batch as u64 + 1);
+        if cu_seqlens_q != 0 {
+            read.push(("cu_seqlens_q", (cu_seqlens_q, cu_seqlens_q + offsets_bytes)));
+            read.push(("cu_seqlens_k", (cu_seqlens_k, cu_seqlens_k + offsets_bytes)));
         }
         let written = if lse == 0 { &written[..1] } else { &written[..] };
         if let Some((a, b)) = first_overlap(written, &read) {
@@ -414,7 +415,11 @@ impl CudaAttention {
         }
         let geometry = config.geometry(problem)?;
         let kernel = self.kernel(&config)?;
-        let params = FwdParams::new(problem, [q, k, v, o], lse);
+        let params = FwdParams {
+            cu_seqlens_q,
+            cu_seqlens_k,
+            ..FwdParams::new(problem, [q, k, v, o], lse)
+        };
         let cfg = LaunchConfig {
             grid_dim: geometry.grid,
             block_dim: geometry.block,
@@ -566,14 +571,14 @@ impl CudaAttention {
 
     /// [`forward`](Self::forward) for a problem whose K/V cache is paged or has per-sequence key
     /// counts: K and V are the page pools, `index` the page table and counts, checked first
-    /// ([`CacheIndex::validate`]: page numbers inside the pool, counts at most `seq_kv`).
-    pub fn forward_cached<T: Element>(
+    /// ([`BatchIndex::validate`]: page numbers inside the pool, counts at most `seq_kv`).
+    pub fn forward_indexed<T: Element>(
         &self,
         problem: &AttentionProblem,
         q: &[T],
         k: &[T],
         v: &[T],
-        index: &CacheIndex<'_>,
+        index: &BatchIndex<'_>,
     ) -> Result<AttentionOutput<T>> {
         self.forward_host(problem, q, k, v, Some(index))
     }
@@ -584,12 +589,12 @@ impl CudaAttention {
         q: &[T],
         k: &[T],
         v: &[T],
-        index: Option<&CacheIndex<'_>>,
+        index: Option<&BatchIndex<'_>>,
     ) -> Result<AttentionOutput<T>> {
         validate_for(problem, self.options.plan)?;
         match index {
-            Some(index) => index.validate(&problem.kv_cache, problem.shape.batch, problem.shape.seq_kv)?,
-            None => refuse_cached(problem, "forward_cached")?,
+            Some(index) => index.validate(problem)?,
+            None => refuse_cached(problem, "forward_indexed")?,
         }
         if T::DTYPE != problem.dtype {
             return Err(Error::DTypeMismatch {
@@ -614,6 +619,8 @@ impl CudaAttention {
         let upload = |x: Option<&[u32]>| x.map(|x| stream.clone_htod(x)).transpose();
         let d_table = upload(index.and_then(|i| i.page_table))?;
         let d_lens = upload(index.and_then(|i| i.kv_lens))?;
+        let d_cu_q = upload(index.and_then(|i| i.cu_seqlens_q))?;
+        let d_cu_k = upload(index.and_then(|i| i.cu_seqlens_k))?;
         let tensors = DeviceTensors {
             q: &dq,
             k: &dk,
@@ -622,10 +629,12 @@ impl CudaAttention {
             lse: Some(&mut d_lse),
         };
         let config = match index {
-            Some(_) => self.forward_cached_device(
+            Some(_) => self.forward_indexed_device(
                 problem,
                 tensors,
-                DeviceCacheIndex {
+                DeviceBatchIndex {
+                    cu_seqlens_q: d_cu_q.as_ref().map(|t| t as &dyn DevicePtr<u32>),
+                    cu_seqlens_k: d_cu_k.as_ref().map(|t| t as &dyn DevicePtr<u32>),
                     page_table: d_table.as_ref().map(|t| t as &dyn DevicePtr<u32>),
                     kv_lens: d_lens.as_ref().map(|t| t as &dyn DevicePtr<u32>),
                 },
@@ -644,10 +653,28 @@ impl CudaAttention {
     }
 }
 
+/// The device address of an index tensor (0 for none) and the guard that orders the launch
+/// after earlier writes to it.
+fn index_pointer<'a>(
+    tensor: Option<&'a dyn DevicePtr<u32>>,
+    stream: &'a std::sync::Arc<cudarc::driver::CudaStream>,
+) -> (u64, Option<cudarc::driver::SyncOnDrop<'a>>) {
+    match tensor {
+        Some(t) => {
+            let (p, g) = t.device_ptr(stream);
+            (p, Some(g))
+        }
+        None => (0, None),
+    }
+}
+
 /// An error for a problem whose K/V cache needs an index, reached through an entry point that
 /// takes none: it names `entry`, the one to use.
 fn refuse_cached(problem: &AttentionProblem, entry: &str) -> Result<()> {
     let cache = &problem.kv_cache;
+    if problem.varlen.is_some() {
+        return invalid!("the problem is a packed (varlen) batch: pass its row offsets with `{entry}`");
+    }
     if cache.is_plain() {
         return Ok(());
     }
@@ -664,12 +691,12 @@ fn refuse_cached(problem: &AttentionProblem, entry: &str) -> Result<()> {
 /// it, and long enough.
 fn check_device_index<'a>(
     problem: &AttentionProblem,
-    index: Option<DeviceCacheIndex<'a>>,
+    index: Option<DeviceBatchIndex<'a>>,
     entry: &str,
-) -> Result<DeviceCacheIndex<'a>> {
+) -> Result<DeviceBatchIndex<'a>> {
     let Some(index) = index else {
         refuse_cached(problem, entry)?;
-        return Ok(DeviceCacheIndex::default());
+        return Ok(DeviceBatchIndex::default());
     };
     let cache = &problem.kv_cache;
     let batch = problem.shape.batch;
@@ -682,6 +709,18 @@ fn check_device_index<'a>(
             cache.page_table_len(batch),
         ),
         ("kv_lens", cache.lengths, index.kv_lens.map(|t| t.len()), batch),
+        (
+            "cu_seqlens_q",
+            problem.varlen.is_some(),
+            index.cu_seqlens_q.map(|t| t.len()),
+            batch + 1,
+        ),
+        (
+            "cu_seqlens_k",
+            problem.varlen.is_some(),
+            index.cu_seqlens_k.map(|t| t.len()),
+            batch + 1,
+        ),
     ] {
         match (wanted, given) {
             (true, None) => return bad(tensor, "missing: the problem's cache needs it".into()),

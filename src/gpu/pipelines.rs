@@ -167,7 +167,7 @@ impl PipelineCache {
         config: &KernelConfig,
     ) -> Option<Result<(wgpu::ShaderModule, Option<wgpu::PipelineLayout>)>> {
         #[cfg(not(target_arch = "wasm32"))]
-        if let KernelConfig::FlashCoop(_) = config {
+        if let KernelConfig::FlashCoop(coop) = config {
             let name = config.name();
             let words = match crate::spirv::compile(&name, &config.source()) {
                 Ok(w) => w,
@@ -188,7 +188,10 @@ impl PipelineCache {
                         ..Default::default()
                     })
             };
-            return Some(Ok((module, Some(self.forward_layout(&name)))));
+            return Some(Ok((
+                module,
+                Some(self.forward_layout(&name, coop.sequences.is_indexed())),
+            )));
         }
         let _ = config;
         None
@@ -196,8 +199,8 @@ impl PipelineCache {
 
     /// The forward kernels' pipeline layout (see [`forward_bind_group_layout`]).
     #[cfg(not(target_arch = "wasm32"))]
-    fn forward_layout(&self, name: &str) -> wgpu::PipelineLayout {
-        let group = forward_bind_group_layout(&self.device, Some(name));
+    fn forward_layout(&self, name: &str, indexed: bool) -> wgpu::PipelineLayout {
+        let group = forward_bind_group_layout(&self.device, Some(name), indexed);
         self.device.create_pipeline_layout(&wgpu::PipelineLayoutDescriptor {
             label: Some(name),
             bind_group_layouts: &[Some(&group)],
@@ -206,23 +209,30 @@ impl PipelineCache {
     }
 }
 
-/// The forward kernels' bindings: params, q, k, v, o, lse (see shaders/flash_fwd.wgsl). Explicit
-/// for the cooperative-matrix kernel, whose SPIR-V is passed through without wgpu's reflection.
+/// The forward kernels' bindings: params, q, k, v, o, lse, and with `indexed` the index tensors
+/// after them (see shaders/flash_fwd.wgsl, shaders/sequence_indexed.wgsl). Explicit for the
+/// cooperative-matrix kernel, whose SPIR-V is passed through without wgpu's reflection: its
+/// binding numbers must be the dense ones wgpu's Vulkan backend gives the layout's entries.
 #[cfg(not(target_arch = "wasm32"))]
-pub fn forward_bind_group_layout(device: &wgpu::Device, label: Option<&str>) -> wgpu::BindGroupLayout {
+pub fn forward_bind_group_layout(device: &wgpu::Device, label: Option<&str>, indexed: bool) -> wgpu::BindGroupLayout {
     let entry = buffer_layout_entry;
     let read = wgpu::BufferBindingType::Storage { read_only: true };
     let write = wgpu::BufferBindingType::Storage { read_only: false };
+    let mut entries = vec![
+        entry(0, wgpu::BufferBindingType::Uniform),
+        entry(1, read),
+        entry(2, read),
+        entry(3, read),
+        entry(4, write),
+        entry(5, write),
+    ];
+    if indexed {
+        let first = crate::wgsl::FORWARD_INDEX_BINDING;
+        entries.extend([entry(first, read), entry(first + 1, read), entry(first + 2, read)]);
+    }
     device.create_bind_group_layout(&wgpu::BindGroupLayoutDescriptor {
         label,
-        entries: &[
-            entry(0, wgpu::BufferBindingType::Uniform),
-            entry(1, read),
-            entry(2, read),
-            entry(3, read),
-            entry(4, write),
-            entry(5, write),
-        ],
+        entries: &entries,
     })
 }
 

@@ -13,7 +13,7 @@
 use crate::caps::Caps;
 use crate::error::{Error, Result};
 use crate::plan::tiled::tiled_device_fit_reason;
-use crate::plan::{missing_features, Reduction, TilePlan, TileType, Variant};
+use crate::plan::{missing_features, Reduction, SequenceIndex, TilePlan, TileType, Variant};
 use crate::problem::backward::BackwardProblem;
 use crate::problem::features::{Feature, FeatureSet};
 use crate::problem::DType;
@@ -228,18 +228,21 @@ pub struct GradKernel {
     pub plan: BackwardTilePlan,
     /// head_dim rounded up as `plan.head_dim_pad` says; the padding columns are zero.
     pub head_dim_pad: u32,
+    /// The index tensors it reads to find each sequence.
+    pub sequences: SequenceIndex,
 }
 
 impl GradKernel {
     /// `flash_bwd_{dkdv|dq}_{dtype}_tile_{f32|f16}_bm{}_bn{}_tx{}_ty{}_ks{}_ns{}_st{}_d{}`.
     pub fn name(&self) -> String {
         format!(
-            "{}_{}_tile_{}_{}_d{}",
+            "{}_{}_tile_{}_{}_d{}{}",
             self.pass.entry_point(),
             self.storage.name(),
             tile_name(self.tile),
             self.plan.name_part(),
-            self.head_dim_pad
+            self.head_dim_pad,
+            self.sequences.name_suffix()
         )
     }
 
@@ -286,13 +289,15 @@ pub struct PreprocessKernel {
     pub reduction: Reduction,
     /// Its sizes.
     pub plan: PreprocessPlan,
+    /// The index tensors it reads to find each sequence.
+    pub sequences: SequenceIndex,
 }
 
 impl PreprocessKernel {
     /// `flash_bwd_pre_{dtype}_{wg|sg}_bm{}_tx{}_ty{}`.
     pub fn name(&self) -> String {
         format!(
-            "flash_bwd_pre_{}_{}_bm{}_tx{}_ty{}",
+            "flash_bwd_pre_{}_{}_bm{}_tx{}_ty{}{}",
             self.storage.name(),
             match self.reduction {
                 Reduction::Workgroup => "wg",
@@ -300,7 +305,8 @@ impl PreprocessKernel {
             },
             self.plan.block_m,
             self.plan.threads_x,
-            self.plan.threads_y
+            self.plan.threads_y,
+            self.sequences.name_suffix()
         )
     }
 
@@ -361,6 +367,14 @@ impl BackwardKernel {
         match self {
             BackwardKernel::Preprocess(_) => BackwardPass::Preprocess,
             BackwardKernel::Grad(g) => g.pass,
+        }
+    }
+
+    /// The index tensors it reads.
+    pub fn sequences(&self) -> SequenceIndex {
+        match self {
+            BackwardKernel::Preprocess(p) => p.sequences,
+            BackwardKernel::Grad(g) => g.sequences,
         }
     }
 
@@ -486,8 +500,12 @@ pub fn preferred_backward_variants(caps: &Caps) -> Vec<Variant> {
 }
 
 /// What the backward kernels implement.
-pub const BACKWARD_FEATURES: FeatureSet =
-    FeatureSet::of(&[Feature::CausalMask, Feature::GroupedKv, Feature::ArbitraryScale]);
+pub const BACKWARD_FEATURES: FeatureSet = FeatureSet::of(&[
+    Feature::CausalMask,
+    Feature::GroupedKv,
+    Feature::ArbitraryScale,
+    Feature::Varlen,
+]);
 
 /// Picks the three backward kernels for `problem` on a device with `caps`.
 ///
@@ -504,6 +522,7 @@ pub fn select_backward(problem: &BackwardProblem, caps: &Caps, choice: &Backward
     }
     let storage = problem.forward.dtype;
     let head_dim = problem.forward.shape.head_dim as u32;
+    let sequences = SequenceIndex::of(&problem.forward);
     let variants = match choice.variant {
         Some(v) => vec![v],
         None => preferred_backward_variants(caps),
@@ -516,6 +535,7 @@ pub fn select_backward(problem: &BackwardProblem, caps: &Caps, choice: &Backward
                 storage,
                 reduction: variant.reduction,
                 plan,
+                sequences,
             })
             .find(|k| k.unavailable_reason(caps).is_none());
         let Some(preprocess) = preprocess else {
@@ -523,6 +543,7 @@ pub fn select_backward(problem: &BackwardProblem, caps: &Caps, choice: &Backward
                 storage,
                 reduction: variant.reduction,
                 plan: PREPROCESS_PLANS[0],
+                sequences,
             };
             reasons.push(format!(
                 "{}: {}",
@@ -544,6 +565,7 @@ pub fn select_backward(problem: &BackwardProblem, caps: &Caps, choice: &Backward
                     tile: variant.tile,
                     plan,
                     head_dim_pad: plan.head_dim_pad(head_dim),
+                    sequences,
                 };
                 match kernel.unavailable_reason(caps) {
                     Some(why) => reasons.push(format!("{}: {why}", kernel.name())),
@@ -602,6 +624,7 @@ pub fn all_backward_kernels() -> Vec<BackwardKernel> {
                     storage,
                     reduction,
                     plan,
+                    sequences: SequenceIndex::default(),
                 }));
             }
         }
@@ -623,6 +646,7 @@ pub fn all_backward_kernels() -> Vec<BackwardKernel> {
                             tile,
                             plan,
                             head_dim_pad,
+                            sequences: SequenceIndex::default(),
                         }));
                     }
                 }

@@ -4,8 +4,8 @@
 
 use crate::caps::register_layout::COOP_SUBGROUP;
 use crate::caps::Caps;
-use crate::plan::missing_features;
 use crate::plan::policy::COOP_KERNEL_VERIFIED;
+use crate::plan::{missing_features, SequenceIndex};
 use crate::problem::features::{Feature, FeatureSet};
 use crate::problem::{AttentionProblem, DType};
 
@@ -28,6 +28,8 @@ pub struct CoopConfig {
     /// The device's fragment layout, where the softmax runs on the score fragments' registers
     /// (shaders/coop_registers.wgsl); `None`: through workgroup memory.
     pub register_layout: Option<crate::caps::register_layout::RegisterLayout>,
+    /// The index tensors it reads to find each sequence.
+    pub sequences: SequenceIndex,
 }
 
 /// One way to run the cooperative-matrix kernel: its tile and how it streams K/V.
@@ -174,7 +176,13 @@ impl CoopConfig {
             prefetch_kv: false,
             double_buffer: false,
             register_layout: None,
+            sequences: SequenceIndex::default(),
         }
+    }
+
+    /// Sets [`sequences`](Self::sequences).
+    pub fn with_sequences(self, sequences: SequenceIndex) -> Self {
+        CoopConfig { sequences, ..self }
     }
 
     /// Runs the softmax on the score fragments' registers with this device layout (`None`:
@@ -211,10 +219,10 @@ impl CoopConfig {
 
     /// `flash_fwd_coop_f16_bm{}_bn{}_d{}`, with `_prefetch` when the next K/V tile is loaded
     /// into registers early, `_db` when K/V are double-buffered, and `_regs…` (the layout) when
-    /// the softmax runs in registers.
+    /// the softmax runs in registers (and `_varlen`, `_lens`).
     pub fn name(&self) -> String {
         format!(
-            "flash_fwd_coop_f16_bm{}_bn{}_d{}{}{}{}",
+            "flash_fwd_coop_f16_bm{}_bn{}_d{}{}{}{}{}",
             self.block_m,
             self.block_n,
             self.head_dim_pad,
@@ -222,7 +230,8 @@ impl CoopConfig {
             if self.double_buffer { "_db" } else { "" },
             self.register_layout
                 .map(|l| format!("_{}", l.tag()))
-                .unwrap_or_default()
+                .unwrap_or_default(),
+            self.sequences.name_suffix()
         )
     }
 
@@ -336,7 +345,12 @@ pub fn coop_device_unavailable_reason(caps: &Caps) -> Option<String> {
 /// tile's max before scaling (flash_fwd_coop.wgsl), which only a positive scale leaves in place,
 /// and it multiplies −∞ (masked scores) by the scale in base 2, which must stay a normal number
 /// (a driver may flush a subnormal one to 0, and −∞ · 0 is NaN).
-pub const COOP_FEATURES: FeatureSet = FeatureSet::of(&[Feature::CausalMask, Feature::GroupedKv]);
+pub const COOP_FEATURES: FeatureSet = FeatureSet::of(&[
+    Feature::CausalMask,
+    Feature::GroupedKv,
+    Feature::Varlen,
+    Feature::KvLengths,
+]);
 
 /// Every cooperative configuration of the plan tables, with each way of streaming K/V a caller
 /// can force (for the shader tests).

@@ -8,6 +8,7 @@ pub mod coop;
 pub mod decode;
 pub mod forward;
 pub mod policy;
+pub mod sequences;
 pub mod tiled;
 
 pub use backward::*;
@@ -15,6 +16,7 @@ pub use choice::*;
 pub use coop::*;
 pub use decode::*;
 pub use forward::*;
+pub use sequences::SequenceIndex;
 pub use tiled::*;
 
 use crate::caps::Caps;

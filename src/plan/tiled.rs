@@ -5,7 +5,7 @@
 use crate::caps::Caps;
 use crate::error::{Error, Result};
 use crate::plan::policy::{F16_TILES_BY_DEFAULT, MAX_ACCUMULATORS};
-use crate::plan::{check_grid, missing_features};
+use crate::plan::{check_grid, missing_features, SequenceIndex};
 use crate::problem::features::{Feature, FeatureSet};
 use crate::problem::{AttentionProblem, DType};
 use crate::util::{lcm, sat_u32};
@@ -260,18 +260,21 @@ pub struct FlashConfig {
     pub plan: TilePlan,
     /// head_dim rounded up as [`TilePlan::head_dim_pad`] says; the padding columns are zero.
     pub head_dim_pad: u32,
+    /// The index tensors it reads to find each sequence.
+    pub sequences: SequenceIndex,
 }
 
 impl FlashConfig {
-    /// `flash_fwd_{dtype}_{variant}_bm{}_bn{}_tx{}_ty{}_ks{}_ns{}_d{}`: the pipeline label, cache
-    /// key in messages, and test and benchmark id.
+    /// `flash_fwd_{dtype}_{variant}_bm{}_bn{}_tx{}_ty{}_ks{}_ns{}_d{}` (and `_varlen`, `_lens`):
+    /// the pipeline label, cache key in messages, and test and benchmark id.
     pub fn name(&self) -> String {
         format!(
-            "flash_fwd_{}_{}_{}_d{}",
+            "flash_fwd_{}_{}_{}_d{}{}",
             self.storage.name(),
             self.variant.name(),
             self.plan.name_part(),
-            self.head_dim_pad
+            self.head_dim_pad,
+            self.sequences.name_suffix()
         )
     }
 
@@ -308,8 +311,13 @@ impl FlashConfig {
 }
 
 /// What the register-tiled kernel implements.
-pub const TILED_FEATURES: FeatureSet =
-    FeatureSet::of(&[Feature::CausalMask, Feature::GroupedKv, Feature::ArbitraryScale]);
+pub const TILED_FEATURES: FeatureSet = FeatureSet::of(&[
+    Feature::CausalMask,
+    Feature::GroupedKv,
+    Feature::ArbitraryScale,
+    Feature::Varlen,
+    Feature::KvLengths,
+]);
 
 /// The variants worth trying for a problem on a device, best first.
 ///
@@ -361,6 +369,7 @@ pub fn select(problem: &AttentionProblem, caps: &Caps, choice: &TiledChoice) -> 
                 variant,
                 plan: *plan,
                 head_dim_pad: plan.head_dim_pad(head_dim),
+                sequences: SequenceIndex::of(problem),
             };
             match config.unavailable_reason(caps) {
                 Some(why) => reasons.push(format!("{}: {why}", config.name())),
@@ -407,6 +416,7 @@ pub fn all_configs() -> Vec<FlashConfig> {
                         variant,
                         plan,
                         head_dim_pad,
+                        sequences: SequenceIndex::default(),
                     });
                 }
             }

@@ -135,11 +135,22 @@ impl BackwardProblem {
         }
     }
 
+    /// `(batch, seq, heads)` of a gradient tensor as stored: [`extent`](Self::extent) with the
+    /// batch, or for a packed batch `(1, total rows, heads)` like the tensor it is the gradient of.
+    pub fn stored_extent(&self, tensor: GradTensor) -> (usize, usize, usize) {
+        let (seq, heads) = self.extent(tensor);
+        match (self.forward.varlen, tensor) {
+            (Some(v), GradTensor::DO | GradTensor::DQ) => (1, v.total_q, heads),
+            (Some(v), GradTensor::DK | GradTensor::DV) => (1, v.total_kv, heads),
+            (None, _) => (self.forward.shape.batch, seq, heads),
+        }
+    }
+
     /// Elements a buffer holding `tensor` must have (after validation this cannot overflow).
     pub fn required_len(&self, tensor: GradTensor) -> usize {
-        let (seq, heads) = self.extent(tensor);
+        let (batch, seq, heads) = self.stored_extent(tensor);
         self.layout(tensor)
-            .required_len(self.forward.shape.batch, seq, heads, self.forward.shape.head_dim)
+            .required_len(batch, seq, heads, self.forward.shape.head_dim)
             .unwrap_or(usize::MAX)
     }
 
@@ -161,14 +172,14 @@ impl BackwardProblem {
     }
 
     fn validate_layout(&self, tensor: GradTensor) -> Result<()> {
-        let (seq, heads) = self.extent(tensor);
+        let (batch, seq, heads) = self.stored_extent(tensor);
         let s = &self.forward.shape;
         // Gradients default to their tensors' layouts, which may broadcast: say how to fix that.
         let written = tensor
             .is_output()
             .then_some("; give it a layout of its own with BackwardProblem::with_grad_layout");
         self.layout(tensor)
-            .check(tensor.name(), (s.batch, seq, heads, s.head_dim), written)?;
+            .check(tensor.name(), (batch, seq, heads, s.head_dim), written)?;
         Ok(())
     }
 }

@@ -25,15 +25,18 @@ pub enum Feature {
     PagedKv,
     /// Each sequence's own key count from a tensor.
     KvLengths,
+    /// Sequences of different lengths packed end to end (src/problem/varlen.rs).
+    Varlen,
 }
 
 impl Feature {
-    pub const ALL: [Feature; 5] = [
+    pub const ALL: [Feature; 6] = [
         Feature::CausalMask,
         Feature::GroupedKv,
         Feature::ArbitraryScale,
         Feature::PagedKv,
         Feature::KvLengths,
+        Feature::Varlen,
     ];
 
     /// What the feature is, for messages ("... does not implement {description}").
@@ -47,6 +50,7 @@ impl Feature {
             }
             Feature::PagedKv => "a paged K/V cache",
             Feature::KvLengths => "per-sequence key counts",
+            Feature::Varlen => "variable-length sequences packed end to end",
         }
     }
 
@@ -114,6 +118,9 @@ impl AttentionProblem {
         }
         if self.kv_cache.lengths {
             set = set.with(Feature::KvLengths);
+        }
+        if self.varlen.is_some() {
+            set = set.with(Feature::Varlen);
         }
         set
     }

@@ -4,8 +4,12 @@
 pub mod backward;
 pub mod cache;
 pub mod features;
+pub mod index;
+pub mod varlen;
 
 pub use cache::{KvCache, PagedKv};
+pub use index::BatchIndex;
+pub use varlen::{SequenceRows, Varlen};
 
 pub use crate::dtype::{DType, Element};
 use crate::error::{invalid, Error, Result};
@@ -275,6 +279,9 @@ pub struct AttentionProblem {
     /// How the keys are stored: contiguous with `seq_kv` each (the default), or paged and/or with
     /// per-sequence counts (src/problem/cache.rs).
     pub kv_cache: KvCache,
+    /// Sequences of different lengths packed end to end, or `None` for `[batch, seq, ...]`
+    /// tensors (src/problem/varlen.rs).
+    pub varlen: Option<Varlen>,
 }
 
 impl AttentionProblem {
@@ -291,6 +298,7 @@ impl AttentionProblem {
             v_layout: TensorLayout::contiguous(Layout::Bshd, 0, 0, 0),
             o_layout: TensorLayout::contiguous(Layout::Bshd, 0, 0, 0),
             kv_cache: KvCache::default(),
+            varlen: None,
         };
         p = p.with_layout(Layout::Bshd);
         p
@@ -328,11 +336,53 @@ impl AttentionProblem {
     /// computed from them.
     pub fn with_layout(mut self, order: Layout) -> Self {
         let s = self.shape;
-        self.q_layout = TensorLayout::contiguous(order, s.seq_q, s.num_heads, s.head_dim);
-        let kv_rows = self.kv_cache.paged.map_or(s.seq_kv, |p| p.page_size);
+        let (q_rows, kv_rows) = match self.varlen {
+            Some(v) => (v.total_q, v.total_kv),
+            None => (s.seq_q, s.seq_kv),
+        };
+        self.q_layout = TensorLayout::contiguous(order, q_rows, s.num_heads, s.head_dim);
+        let kv_rows = self.kv_cache.paged.map_or(kv_rows, |p| p.page_size);
         self.k_layout = TensorLayout::contiguous(order, kv_rows, s.num_kv_heads, s.head_dim);
         self.v_layout = self.k_layout;
         self.o_layout = self.q_layout;
+        self
+    }
+
+    /// Packs sequences of different lengths end to end (src/problem/varlen.rs): Q and O become
+    /// `[total_q, num_heads, head_dim]`, K and V `[total_kv, num_kv_heads, head_dim]`, contiguous;
+    /// `[batch + 1]` u32 offsets (`cu_seqlens_q`, `cu_seqlens_k`) say where each sequence starts.
+    /// The shape's `batch` is the number of sequences and `seq_q`/`seq_kv` the longest ones.
+    ///
+    /// ```rust
+    /// use wgpu_flash_attn::batch::{BatchIndex, Varlen};
+    /// use wgpu_flash_attn::{AttentionProblem, AttentionShape, DType, Tensor};
+    /// # fn main() -> wgpu_flash_attn::Result<()> {
+    /// // Three sequences of 5, 0 and 9 tokens, self-attention, causal.
+    /// let cu = [0u32, 5, 5, 14];
+    /// let shape = AttentionShape { batch: 3, seq_q: 9, seq_kv: 9, num_heads: 8, num_kv_heads: 2, head_dim: 64 };
+    /// let problem = AttentionProblem::new(shape, DType::F16)
+    ///     .with_causal(true)
+    ///     .with_varlen(Varlen { total_q: 14, total_kv: 14 });
+    /// let index = BatchIndex { cu_seqlens_q: Some(&cu), cu_seqlens_k: Some(&cu), ..Default::default() };
+    /// index.validate(&problem)?;
+    /// assert_eq!(problem.required_len(Tensor::Q), 14 * 8 * 64);
+    /// assert_eq!(problem.lse_len(), 8 * 14); // [num_heads, total_q]
+    /// assert_eq!(index.sequence(&problem, 2).q_first, 5);
+    /// # Ok(()) }
+    /// ```
+    pub fn with_varlen(mut self, varlen: Varlen) -> Self {
+        self.varlen = Some(varlen);
+        let s = self.shape;
+        let packed = |rows, heads| TensorLayout {
+            batch_stride: 0,
+            ..TensorLayout::contiguous(Layout::Bshd, rows, heads, s.head_dim)
+        };
+        self.q_layout = packed(varlen.total_q, s.num_heads);
+        self.o_layout = self.q_layout;
+        if self.kv_cache.paged.is_none() {
+            self.k_layout = packed(varlen.total_kv, s.num_kv_heads);
+            self.v_layout = self.k_layout;
+        }
         self
     }
 
@@ -342,7 +392,7 @@ impl AttentionProblem {
     /// (src/problem/cache.rs says how keys are found).
     ///
     /// ```rust
-    /// use wgpu_flash_attn::cache::PagedKv;
+    /// use wgpu_flash_attn::batch::PagedKv;
     /// use wgpu_flash_attn::{AttentionProblem, AttentionShape, DType, Layout, Tensor};
     /// # fn main() -> wgpu_flash_attn::Result<()> {
     /// let shape = AttentionShape { batch: 4, seq_q: 1, seq_kv: 4096, num_heads: 32, num_kv_heads: 8, head_dim: 128 };
@@ -416,11 +466,14 @@ impl AttentionProblem {
             .unwrap_or(usize::MAX)
     }
 
-    /// `(batch, seq, heads)` of a tensor as stored: [`extent`](Self::extent) with the batch, or
-    /// for paged K and V `(num_pages, page_size, num_kv_heads)`.
+    /// `(batch, seq, heads)` of a tensor as stored: [`extent`](Self::extent) with the batch, for
+    /// paged K and V `(num_pages, page_size, num_kv_heads)`, for packed tensors `(1, total rows,
+    /// heads)`.
     pub fn stored_extent(&self, tensor: Tensor) -> (usize, usize, usize) {
-        match (tensor, self.kv_cache.paged) {
-            (Tensor::K | Tensor::V, Some(p)) => (p.num_pages, p.page_size, self.shape.num_kv_heads),
+        match (tensor, self.kv_cache.paged, self.varlen) {
+            (Tensor::K | Tensor::V, Some(p), _) => (p.num_pages, p.page_size, self.shape.num_kv_heads),
+            (Tensor::Q | Tensor::O, _, Some(v)) => (1, v.total_q, self.shape.num_heads),
+            (Tensor::K | Tensor::V, None, Some(v)) => (1, v.total_kv, self.shape.num_kv_heads),
             _ => {
                 let (seq, heads) = self.extent(tensor);
                 (self.shape.batch, seq, heads)
@@ -428,11 +481,23 @@ impl AttentionProblem {
         }
     }
 
-    /// Elements of the LSE output: `batch · num_heads · seq_q` (saturating at `usize::MAX`,
-    /// which validation refuses).
+    /// Elements of the LSE output: `batch · num_heads · seq_q`, or `num_heads · total_q` when
+    /// packed (saturating at `usize::MAX`, which validation refuses).
     pub fn lse_len(&self) -> usize {
         let s = &self.shape;
-        s.batch.saturating_mul(s.num_heads).saturating_mul(s.seq_q)
+        match self.varlen {
+            Some(v) => s.num_heads.saturating_mul(v.total_q),
+            None => s.batch.saturating_mul(s.num_heads).saturating_mul(s.seq_q),
+        }
+    }
+
+    /// Index of row `i` of sequence `seq`, head `h`, in the LSE: `[batch, num_heads, seq_q]`,
+    /// or `[num_heads, total_q]` when packed.
+    pub fn lse_index(&self, b: usize, seq: &SequenceRows, h: usize, i: usize) -> usize {
+        match self.varlen {
+            Some(v) => h * v.total_q + seq.q_first + i,
+            None => (b * self.shape.num_heads + h) * self.shape.seq_q + i,
+        }
     }
 
     /// The softmax scale in use.
@@ -458,7 +523,8 @@ impl AttentionProblem {
     }
 
     /// Floating-point operations by the usual convention: `4·B·H·Sq·Skv·D`, halved when causal
-    /// (the FlashAttention papers' and PyTorch benchmarks' count).
+    /// (the FlashAttention papers' and PyTorch benchmarks' count). A packed batch counts here as
+    /// if every sequence were the longest; [`BatchIndex::flops`] counts its real lengths.
     pub fn flops(&self) -> f64 {
         let s = &self.shape;
         let full = 4.0 * s.batch as f64 * s.num_heads as f64 * s.seq_q as f64 * s.seq_kv as f64 * s.head_dim as f64;
@@ -524,11 +590,17 @@ impl AttentionProblem {
                 );
             }
         }
+        if let Some(v) = self.varlen {
+            v.validate()?;
+            if self.kv_cache.paged.is_some() {
+                return invalid!("a packed (varlen) batch over a paged cache is not supported yet");
+            }
+        }
         // The LSE (and D in the backward) is indexed with 32-bit integers.
         let lse = (s.batch as u64)
             .checked_mul(s.num_heads as u64)
             .and_then(|n| n.checked_mul(s.seq_q as u64));
-        if lse.is_none_or(|n| n > u32::MAX as u64) {
+        if lse.is_none_or(|n| n > u32::MAX as u64) || self.lse_len() > u32::MAX as usize {
             return Err(Error::TooLarge(format!(
                 "the LSE has batch·num_heads·seq_q = {}·{}·{} rows, more than 32-bit indexing reaches",
                 s.batch, s.num_heads, s.seq_q

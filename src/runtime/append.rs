@@ -8,7 +8,7 @@ use wgpu::util::DeviceExt;
 use crate::error::{Error, Result};
 use crate::gpu::binding::{bind, check_disjoint, check_written_apart_from_read, TensorBuffer};
 use crate::problem::{AttentionProblem, Layout, Tensor, TensorLayout};
-use crate::runtime::forward::FlashAttention;
+use crate::runtime::forward::{FlashAttention, IndexBuffers};
 use crate::wgsl::params::Params;
 use crate::wgsl::KernelConfig;
 
@@ -49,6 +49,12 @@ impl FlashAttention {
         let ctx = self.context();
         ctx.check_device(false)?;
         problem.validate()?;
+        if problem.varlen.is_some() {
+            return Err(Error::Unavailable {
+                what: "the K/V append".into(),
+                why: "it appends to [batch, ...] or paged caches, not to a packed (varlen) batch".into(),
+            });
+        }
         let s = problem.shape;
         let max = ctx.caps.max_workgroups_per_dimension as usize;
         for (what, n) in [
@@ -84,7 +90,12 @@ impl FlashAttention {
         let v_cache = cache("v_cache", Tensor::V, &buffers.v_cache)?;
         check_disjoint("v_cache", &v_cache, "k_cache", &k_cache)?;
         let written = [("k_cache", &buffers.k_cache), ("v_cache", &buffers.v_cache)];
-        let index = self.bind_cache_index(problem, buffers.page_table.as_ref(), buffers.kv_lens.as_ref(), &written)?;
+        let index = IndexBuffers {
+            page_table: buffers.page_table,
+            kv_lens: buffers.kv_lens,
+            ..IndexBuffers::default()
+        };
+        let index = self.bind_index(problem, &index, &written)?;
 
         let mut params = Params::for_problem(problem, 1.0);
         params.q = new_k.strides;

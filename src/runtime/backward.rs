@@ -14,10 +14,10 @@ use crate::gpu::binding::{
 use crate::gpu::readback::{read_back_within, upload_queued};
 use crate::plan::{backward_grid, select_backward, BackwardChoice, BackwardConfig, BackwardKernel, BackwardPass};
 use crate::problem::backward::{BackwardProblem, GradTensor};
-use crate::problem::{Element, Tensor};
-use crate::runtime::forward::FlashAttention;
+use crate::problem::{BatchIndex, Element, Tensor};
+use crate::runtime::forward::{FlashAttention, IndexBuffers};
 use crate::wgsl::params::{GradParams, Params};
-use crate::wgsl::KernelConfig;
+use crate::wgsl::{KernelConfig, BACKWARD_INDEX_BINDING};
 
 /// The tensors of one backward call, in the caller's buffers.
 ///
@@ -53,6 +53,13 @@ pub struct BackwardBuffers<'a> {
     /// to reuse it across calls (and to record the three kernels separately with
     /// [`FlashAttention::encode_backward_pass`]).
     pub delta: Option<TensorBuffer<'a>>,
+    /// Read: the `[batch + 1]` u32 query-row offsets of a packed batch
+    /// ([`AttentionProblem::with_varlen`](crate::problem::AttentionProblem::with_varlen)), as in the
+    /// forward ([`ForwardBuffers::cu_seqlens_q`](crate::runtime::forward::ForwardBuffers::cu_seqlens_q)); `None`
+    /// otherwise. Gradient rows past the last sequence are not written.
+    pub cu_seqlens_q: Option<TensorBuffer<'a>>,
+    /// Read: the `[batch + 1]` u32 key-row offsets of a packed batch; `None` otherwise.
+    pub cu_seqlens_k: Option<TensorBuffer<'a>>,
 }
 
 /// The host-slice inputs of [`FlashAttention::backward`]; each slice must hold at least the
@@ -206,6 +213,13 @@ impl FlashAttention {
             pipelines.push(self.pipelines().get(&KernelConfig::Backward(*kernel))?);
         }
         let bound = self.bind_backward(problem, buffers)?;
+        let written = [("dq", &buffers.dq), ("dk", &buffers.dk), ("dv", &buffers.dv)];
+        let index = IndexBuffers {
+            cu_seqlens_q: buffers.cu_seqlens_q,
+            cu_seqlens_k: buffers.cu_seqlens_k,
+            ..IndexBuffers::default()
+        };
+        let index_bindings = self.bind_index(&problem.forward, &index, &written)?;
         let scratch;
         let delta_buffer = match &buffers.delta {
             Some(d) => *d,
@@ -245,7 +259,7 @@ impl FlashAttention {
             backward_grid(problem, config, BackwardPass::Dq)[0] as u32,
             false,
         );
-        let grad = GradParams {
+        let mut grad = GradParams {
             d_o: bound.d_o.strides,
             dq: bound.dq.strides,
             dk: bound.dk.strides,
@@ -253,6 +267,12 @@ impl FlashAttention {
             scale: f.softmax_scale(),
             _pad: [0; 3],
         };
+        if f.varlen.is_some() {
+            // Packed tensors have one batch, as in Params::for_flash.
+            for t in [&mut grad.d_o, &mut grad.dq, &mut grad.dk, &mut grad.dv] {
+                t.batch = 0;
+            }
+        }
         let uniform = |label, contents: &[u8]| {
             device.create_buffer_init(&wgpu::util::BufferInitDescriptor {
                 label: Some(label),
@@ -297,6 +317,9 @@ impl FlashAttention {
                         entries.push(bound.dq.entry(8));
                     }
                 }
+            }
+            if kernel.sequences().is_indexed() {
+                entries.extend(index_bindings.sequence_entries(BACKWARD_INDEX_BINDING));
             }
             let bind_group = device.create_bind_group(&wgpu::BindGroupDescriptor {
                 label: Some(&kernel.name()),
@@ -405,8 +428,43 @@ impl FlashAttention {
         problem: impl Into<BackwardProblem>,
         inputs: &BackwardInputs<'_, T>,
     ) -> Result<BackwardOutput<T>> {
-        let problem = problem.into();
+        self.backward_with_index(problem.into(), inputs, None).await
+    }
+
+    /// [`backward`](Self::backward) for a packed batch
+    /// ([`AttentionProblem::with_varlen`](crate::problem::AttentionProblem::with_varlen)): the inputs
+    /// packed, `index` the row offsets, checked before anything is uploaded
+    /// ([`BatchIndex::validate`]). Gradient rows past the last sequence come back 0.
+    pub async fn backward_indexed<T: Element>(
+        &self,
+        problem: impl Into<BackwardProblem>,
+        inputs: &BackwardInputs<'_, T>,
+        index: &BatchIndex<'_>,
+    ) -> Result<BackwardOutput<T>> {
+        self.backward_with_index(problem.into(), inputs, Some(index)).await
+    }
+
+    /// [`backward_indexed`](Self::backward_indexed), blocking (not on the web).
+    #[cfg(not(target_arch = "wasm32"))]
+    pub fn backward_indexed_blocking<T: Element>(
+        &self,
+        problem: impl Into<BackwardProblem>,
+        inputs: &BackwardInputs<'_, T>,
+        index: &BatchIndex<'_>,
+    ) -> Result<BackwardOutput<T>> {
+        pollster::block_on(self.backward_indexed(problem, inputs, index))
+    }
+
+    async fn backward_with_index<T: Element>(
+        &self,
+        problem: BackwardProblem,
+        inputs: &BackwardInputs<'_, T>,
+        index: Option<&BatchIndex<'_>>,
+    ) -> Result<BackwardOutput<T>> {
         problem.validate()?;
+        if let Some(index) = index {
+            index.validate(&problem.forward)?;
+        }
         let f = &problem.forward;
         if T::DTYPE != f.dtype {
             return Err(Error::DTypeMismatch {
@@ -443,6 +501,8 @@ impl FlashAttention {
         }
         check_buffer_size("delta", byte_len("delta", f.lse_len(), 4)?, caps)?;
         self.context().check_device(true)?;
+        let uploaded = self.upload_index(index)?;
+        let index = uploaded.buffers();
         let queue = &self.context().queue;
         let up = |name, data: &[T], len| {
             upload_queued(
@@ -492,6 +552,8 @@ impl FlashAttention {
             dk: TensorBuffer::new(&dk),
             dv: TensorBuffer::new(&dv),
             delta: Some(TensorBuffer::new(&delta)),
+            cu_seqlens_q: index.cu_seqlens_q,
+            cu_seqlens_k: index.cu_seqlens_k,
         };
         let mut encoder = device.create_command_encoder(&wgpu::CommandEncoderDescriptor {
             label: Some(&config.name()),

@@ -10,7 +10,7 @@ use crate::error::{Error, Result};
 use crate::gpu::binding::{check_buffer_size, Bound};
 use crate::plan::{DecodeConfig, DecodeSplit};
 use crate::problem::AttentionProblem;
-use crate::runtime::forward::{scratch_bytes, CacheBindings, FlashAttention};
+use crate::runtime::forward::{scratch_bytes, FlashAttention, IndexBindings};
 use crate::wgsl::params::Params;
 use crate::wgsl::KernelConfig;
 
@@ -23,7 +23,7 @@ impl FlashAttention {
         encoder: &mut wgpu::CommandEncoder,
         problem: &AttentionProblem,
         bound: &[Bound<'_>; 5],
-        cache: &CacheBindings<'_>,
+        cache: &IndexBindings<'_>,
         write_lse: bool,
         timestamps: Option<wgpu::ComputePassTimestampWrites<'_>>,
         config: &DecodeConfig,

@@ -12,10 +12,10 @@ use crate::gpu::pipelines::PipelineCache;
 use crate::gpu::readback::{read_back_within, upload_queued, DEFAULT_READ_BACK_TIMEOUT};
 use crate::gpu::scratch::ScratchBuffers;
 use crate::plan::{num_q_tiles, select_forward, BoundsChecks, DecodeSplit, ForwardKernel, KernelChoice};
-use crate::problem::cache::CacheIndex;
+use crate::problem::index::BatchIndex;
 use crate::problem::{AttentionProblem, Element, Tensor};
 use crate::wgsl::params::Params;
-use crate::wgsl::{KernelConfig, NaivePass};
+use crate::wgsl::{KernelConfig, NaivePass, FORWARD_INDEX_BINDING};
 
 /// The tensors of one forward call, in the caller's buffers. Each holds elements of the problem's
 /// `dtype` at the problem's layout for it, counted from its `byte_offset`.
@@ -30,10 +30,18 @@ pub struct ForwardBuffers<'a> {
     /// Written; must not share a buffer with q, k or v (wgpu forbids reading and writing one
     /// buffer in a dispatch).
     pub o: TensorBuffer<'a>,
-    /// `[batch, num_heads, seq_q]` f32, written when given. Its byte offset must meet the
-    /// device's `min_storage_buffer_offset_alignment`. It may share a buffer with `o` if their
-    /// bytes do not overlap.
+    /// `[batch, num_heads, seq_q]` (packed: `[num_heads, total_q]`) f32, written when given. Its
+    /// byte offset must meet the device's `min_storage_buffer_offset_alignment`. It may share a
+    /// buffer with `o` if their bytes do not overlap.
     pub lse: Option<TensorBuffer<'a>>,
+    /// Read: the `[batch + 1]` u32 query-row offsets of a packed batch
+    /// ([`AttentionProblem::with_varlen`]); `None` otherwise. Offsets must rise and stay within
+    /// `total_q`, each sequence at most `seq_q` rows: the kernels never read or write past the
+    /// tensors, skip a sequence whose query rows fall outside Q, and write a sequence whose keys
+    /// fall outside K/V (or exceed `seq_kv`) as NaN. Rows past the last sequence are not written.
+    pub cu_seqlens_q: Option<TensorBuffer<'a>>,
+    /// Read: the `[batch + 1]` u32 key-row offsets of a packed batch; `None` otherwise.
+    pub cu_seqlens_k: Option<TensorBuffer<'a>>,
     /// Read: the `[batch, pages_per_seq]` u32 page table of a paged cache
     /// ([`AttentionProblem::with_paged_kv`]); `None` otherwise. Entries must be below
     /// `num_pages`: the kernel never reads past the pool, and writes the rows of a sequence that
@@ -41,6 +49,15 @@ pub struct ForwardBuffers<'a> {
     pub page_table: Option<TensorBuffer<'a>>,
     /// Read: the `[batch]` u32 key counts ([`AttentionProblem::with_kv_lengths`]); `None`
     /// otherwise. Counts must be at most `seq_kv` (a larger one makes the sequence's rows NaN).
+    pub kv_lens: Option<TensorBuffer<'a>>,
+}
+
+/// The index tensors of a call (see [`ForwardBuffers`]), each given when the problem uses it.
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct IndexBuffers<'a> {
+    pub cu_seqlens_q: Option<TensorBuffer<'a>>,
+    pub cu_seqlens_k: Option<TensorBuffer<'a>>,
+    pub page_table: Option<TensorBuffer<'a>>,
     pub kv_lens: Option<TensorBuffer<'a>>,
 }
 
@@ -60,16 +77,61 @@ impl<'a> ForwardBuffers<'a> {
             v,
             o,
             lse,
+            cu_seqlens_q: None,
+            cu_seqlens_k: None,
             page_table: None,
             kv_lens: None,
         }
     }
+
+    /// The index tensors among the buffers.
+    pub(crate) fn index(&self) -> IndexBuffers<'a> {
+        IndexBuffers {
+            cu_seqlens_q: self.cu_seqlens_q,
+            cu_seqlens_k: self.cu_seqlens_k,
+            page_table: self.page_table,
+            kv_lens: self.kv_lens,
+        }
+    }
 }
 
-/// The checked bindings of a cache's index tensors (placeholders where the problem has none).
-pub(crate) struct CacheBindings<'a> {
+/// A host call's index tensors, uploaded.
+pub(crate) struct UploadedIndex {
+    cu_seqlens_q: Option<wgpu::Buffer>,
+    cu_seqlens_k: Option<wgpu::Buffer>,
+    page_table: Option<wgpu::Buffer>,
+    kv_lens: Option<wgpu::Buffer>,
+}
+
+impl UploadedIndex {
+    pub fn buffers(&self) -> IndexBuffers<'_> {
+        IndexBuffers {
+            cu_seqlens_q: self.cu_seqlens_q.as_ref().map(TensorBuffer::new),
+            cu_seqlens_k: self.cu_seqlens_k.as_ref().map(TensorBuffer::new),
+            page_table: self.page_table.as_ref().map(TensorBuffer::new),
+            kv_lens: self.kv_lens.as_ref().map(TensorBuffer::new),
+        }
+    }
+}
+
+/// The checked bindings of a call's index tensors (placeholders where the problem has none).
+pub(crate) struct IndexBindings<'a> {
+    pub cu_seqlens_q: Bound<'a>,
+    pub cu_seqlens_k: Bound<'a>,
     pub page_table: Bound<'a>,
     pub kv_lens: Bound<'a>,
+}
+
+impl IndexBindings<'_> {
+    /// The entries of the prefill and backward kernels' index bindings, from `first` on
+    /// (shaders/sequence_indexed.wgsl).
+    pub fn sequence_entries(&self, first: u32) -> [wgpu::BindGroupEntry<'_>; 3] {
+        [
+            self.cu_seqlens_q.entry(first),
+            self.cu_seqlens_k.entry(first + 1),
+            self.kv_lens.entry(first + 2),
+        ]
+    }
 }
 
 /// Result of a host-slice call.
@@ -285,6 +347,8 @@ impl FlashAttention {
     ///     v: TensorBuffer::at(&kv_buf, (kv_len * problem.dtype.size_bytes()) as u64),
     ///     o: TensorBuffer::new(&o_buf),
     ///     lse: Some(TensorBuffer::new(&lse_buf)),
+    ///     cu_seqlens_q: None,
+    ///     cu_seqlens_k: None,
     ///     page_table: None,
     ///     kv_lens: None,
     /// };
@@ -303,19 +367,17 @@ impl FlashAttention {
     ) -> Result<ForwardKernel> {
         self.ctx.check_device(false)?;
         let config = self.select(problem)?;
-        let key = match &config {
-            ForwardKernel::Tiled(c) => KernelConfig::Flash(*c),
-            ForwardKernel::Coop(c) => KernelConfig::FlashCoop(*c),
+        let index = self.bind_forward_index(problem, buffers)?;
+        let (key, sequences) = match &config {
+            ForwardKernel::Tiled(c) => (KernelConfig::Flash(*c), c.sequences),
+            ForwardKernel::Coop(c) => (KernelConfig::FlashCoop(*c), c.sequences),
             ForwardKernel::Decode { config: decode, split } => {
                 let bound = self.bind_forward(problem, buffers)?;
-                let cache = self.bind_cache(problem, buffers)?;
                 let write_lse = buffers.lse.is_some();
-                self.encode_decode(encoder, problem, &bound, &cache, write_lse, timestamps, decode, split)?;
+                self.encode_decode(encoder, problem, &bound, &index, write_lse, timestamps, decode, split)?;
                 return Ok(config);
             }
         };
-        // The prefill kernels read no cache index (selection refuses a problem that has one).
-        self.bind_cache(problem, buffers)?;
         let pipeline = self.pipelines.get(&key)?;
         let bound = self.bind_forward(problem, buffers)?;
 
@@ -333,6 +395,9 @@ impl FlashAttention {
         }];
         for (i, b) in bound.iter().enumerate() {
             entries.push(b.entry(i as u32 + 1));
+        }
+        if sequences.is_indexed() {
+            entries.extend(index.sequence_entries(FORWARD_INDEX_BINDING));
         }
         let bind_group = self.ctx.device.create_bind_group(&wgpu::BindGroupDescriptor {
             label: Some(&config.name()),
@@ -381,44 +446,43 @@ impl FlashAttention {
         Ok(bound)
     }
 
-    /// Checks the cache's index tensors against the problem: given exactly when the problem
+    /// Checks a forward call's index tensors against the problem: given exactly when the problem
     /// asks for them, long enough, readable, not sharing a buffer with O or the LSE.
-    pub(crate) fn bind_cache<'a>(
+    fn bind_forward_index<'a>(
         &'a self,
         problem: &AttentionProblem,
         buffers: &ForwardBuffers<'a>,
-    ) -> Result<CacheBindings<'a>> {
+    ) -> Result<IndexBindings<'a>> {
         let mut written = vec![("o", &buffers.o)];
         written.extend(buffers.lse.as_ref().map(|l| ("lse", l)));
-        self.bind_cache_index(problem, buffers.page_table.as_ref(), buffers.kv_lens.as_ref(), &written)
+        self.bind_index(problem, &buffers.index(), &written)
     }
 
-    /// [`bind_cache`](Self::bind_cache) for any call: the index tensors given, checked against the
-    /// problem and against the tensors the call writes.
-    pub(crate) fn bind_cache_index<'a>(
+    /// [`bind_forward_index`](Self::bind_forward_index) for any call: the index tensors given,
+    /// checked against the problem and against the tensors the call writes.
+    pub(crate) fn bind_index<'a>(
         &'a self,
         problem: &AttentionProblem,
-        page_table: Option<&TensorBuffer<'a>>,
-        kv_lens: Option<&TensorBuffer<'a>>,
+        index: &IndexBuffers<'a>,
         written: &[(&'static str, &TensorBuffer<'a>)],
-    ) -> Result<CacheBindings<'a>> {
+    ) -> Result<IndexBindings<'a>> {
         let caps = &self.ctx.caps;
         let cache = &problem.kv_cache;
         let unused = TensorBuffer::new(&self.unused_index);
-        let bind_index = |name: &'static str, given: Option<&TensorBuffer<'a>>, len: Option<usize>| {
+        let bind_index = |name: &'static str, given: Option<TensorBuffer<'a>>, len: Option<usize>| {
             let (tensor, len) = match (given, len) {
-                (Some(t), Some(len)) => (*t, len),
+                (Some(t), Some(len)) => (t, len),
                 (None, None) => (unused, 1),
                 (Some(_), None) => {
                     return Err(Error::InvalidBuffer {
                         tensor: name,
-                        message: "given for a problem that does not use it (see AttentionProblem::with_paged_kv / with_kv_lengths)".into(),
+                        message: "given for a problem that does not use it (see AttentionProblem::with_varlen / with_paged_kv / with_kv_lengths)".into(),
                     })
                 }
                 (None, Some(_)) => {
                     return Err(Error::InvalidBuffer {
                         tensor: name,
-                        message: "missing: the problem's cache needs it (on host slices: FlashAttention::forward_cached)".into(),
+                        message: "missing: the problem needs it (on host slices: FlashAttention::forward_indexed)".into(),
                     })
                 }
             };
@@ -428,13 +492,16 @@ impl FlashAttention {
             bind_f32(name, &tensor, len, caps)
         };
         let batch = problem.shape.batch;
-        Ok(CacheBindings {
+        let offsets = problem.varlen.map(|_| batch.saturating_add(1));
+        Ok(IndexBindings {
+            cu_seqlens_q: bind_index("cu_seqlens_q", index.cu_seqlens_q, offsets)?,
+            cu_seqlens_k: bind_index("cu_seqlens_k", index.cu_seqlens_k, offsets)?,
             page_table: bind_index(
                 "page_table",
-                page_table,
+                index.page_table,
                 cache.paged.map(|_| cache.page_table_len(batch)),
             )?,
-            kv_lens: bind_index("kv_lens", kv_lens, cache.lengths.then_some(batch))?,
+            kv_lens: bind_index("kv_lens", index.kv_lens, cache.lengths.then_some(batch))?,
         })
     }
 
@@ -456,61 +523,52 @@ impl FlashAttention {
         k: &[T],
         v: &[T],
     ) -> Result<AttentionOutput<T>> {
-        self.forward_indexed(problem, q, k, v, None).await
+        self.forward_with_index(problem, q, k, v, None).await
     }
 
-    /// [`forward`](Self::forward) for a problem whose keys are paged or have per-sequence counts
-    /// ([`AttentionProblem::with_paged_kv`], [`AttentionProblem::with_kv_lengths`]): `k` and `v`
-    /// are the page pools, `index` the page table and the counts, checked before anything is
-    /// uploaded ([`CacheIndex::validate`]: a page past the pool or a count past `seq_kv` is an
-    /// [`Error::InvalidBuffer`]). The decode kernel runs it.
-    pub async fn forward_cached<T: Element>(
+    /// [`forward`](Self::forward) for a problem with index tensors: a packed batch
+    /// ([`AttentionProblem::with_varlen`]: `q`, `k`, `v` packed, `index` the row offsets), keys in
+    /// pages or with per-sequence counts ([`AttentionProblem::with_paged_kv`],
+    /// [`AttentionProblem::with_kv_lengths`]: `k` and `v` the page pools, `index` the page table
+    /// and the counts). The index is checked before anything is uploaded
+    /// ([`BatchIndex::validate`]: offsets that fall or leave the tensors, a page past the pool or
+    /// a count past `seq_kv` is an [`Error::InvalidBuffer`]).
+    pub async fn forward_indexed<T: Element>(
         &self,
         problem: &AttentionProblem,
         q: &[T],
         k: &[T],
         v: &[T],
-        index: &CacheIndex<'_>,
+        index: &BatchIndex<'_>,
     ) -> Result<AttentionOutput<T>> {
-        self.forward_indexed(problem, q, k, v, Some(index)).await
+        self.forward_with_index(problem, q, k, v, Some(index)).await
     }
 
-    /// [`forward`](Self::forward) and [`forward_cached`](Self::forward_cached): with an index,
+    /// [`forward`](Self::forward) and [`forward_indexed`](Self::forward_indexed): with an index,
     /// checked and uploaded beside the inputs; without, a problem that needs one fails when its
     /// buffers are bound, naming the call that takes it.
-    async fn forward_indexed<T: Element>(
+    async fn forward_with_index<T: Element>(
         &self,
         problem: &AttentionProblem,
         q: &[T],
         k: &[T],
         v: &[T],
-        index: Option<&CacheIndex<'_>>,
+        index: Option<&BatchIndex<'_>>,
     ) -> Result<AttentionOutput<T>> {
         if let Some(index) = index {
             problem.validate()?;
-            index.validate(&problem.kv_cache, problem.shape.batch, problem.shape.seq_kv)?;
+            index.validate(problem)?;
         }
         let config = self.prepare(problem).await?;
         let scratch = kernel_scratch_bytes(problem, &config)?;
-        let device = &self.ctx.device;
-        let upload = |name: &'static str, data: Option<&[u32]>| -> Result<Option<wgpu::Buffer>> {
-            let Some(data) = data else { return Ok(None) };
-            let bytes: &[u8] = bytemuck::cast_slice(data);
-            check_buffer_size(name, bytes.len() as u64, &self.ctx.caps)?;
-            Ok(Some(upload_queued(
-                device,
-                &self.ctx.queue,
-                name,
-                bytes,
-                wgpu::BufferUsages::empty(),
-            )))
-        };
-        let page_table = upload("page_table", index.and_then(|i| i.page_table))?;
-        let kv_lens = upload("kv_lens", index.and_then(|i| i.kv_lens))?;
+        let uploaded = self.upload_index(index)?;
+        let index = uploaded.buffers();
         self.run_on_host(problem, q, k, v, config.name(), scratch, |engine, encoder, buffers| {
             let buffers = ForwardBuffers {
-                page_table: page_table.as_ref().map(TensorBuffer::new),
-                kv_lens: kv_lens.as_ref().map(TensorBuffer::new),
+                cu_seqlens_q: index.cu_seqlens_q,
+                cu_seqlens_k: index.cu_seqlens_k,
+                page_table: index.page_table,
+                kv_lens: index.kv_lens,
                 ..*buffers
             };
             engine.encode_forward(encoder, problem, &buffers, None).map(|_| ())
@@ -518,17 +576,40 @@ impl FlashAttention {
         .await
     }
 
-    /// [`forward_cached`](Self::forward_cached), blocking (not on the web).
+    /// Uploads a host call's index tensors (none without an index).
+    pub(crate) fn upload_index(&self, index: Option<&BatchIndex<'_>>) -> Result<UploadedIndex> {
+        let upload = |name: &'static str, data: Option<&[u32]>| -> Result<Option<wgpu::Buffer>> {
+            let Some(data) = data else { return Ok(None) };
+            let bytes: &[u8] = bytemuck::cast_slice(data);
+            check_buffer_size(name, bytes.len() as u64, &self.ctx.caps)?;
+            Ok(Some(upload_queued(
+                &self.ctx.device,
+                &self.ctx.queue,
+                name,
+                bytes,
+                wgpu::BufferUsages::empty(),
+            )))
+        };
+        let index = index.copied().unwrap_or_default();
+        Ok(UploadedIndex {
+            cu_seqlens_q: upload("cu_seqlens_q", index.cu_seqlens_q)?,
+            cu_seqlens_k: upload("cu_seqlens_k", index.cu_seqlens_k)?,
+            page_table: upload("page_table", index.page_table)?,
+            kv_lens: upload("kv_lens", index.kv_lens)?,
+        })
+    }
+
+    /// [`forward_indexed`](Self::forward_indexed), blocking (not on the web).
     #[cfg(not(target_arch = "wasm32"))]
-    pub fn forward_cached_blocking<T: Element>(
+    pub fn forward_indexed_blocking<T: Element>(
         &self,
         problem: &AttentionProblem,
         q: &[T],
         k: &[T],
         v: &[T],
-        index: &CacheIndex<'_>,
+        index: &BatchIndex<'_>,
     ) -> Result<AttentionOutput<T>> {
-        pollster::block_on(self.forward_cached(problem, q, k, v, index))
+        pollster::block_on(self.forward_indexed(problem, q, k, v, index))
     }
 
     /// [`forward`](Self::forward), blocking until the result is back (not on the web).
@@ -606,6 +687,8 @@ impl FlashAttention {
             v: TensorBuffer::new(&inputs[2]),
             o: TensorBuffer::new(&o),
             lse: Some(TensorBuffer::new(&lse)),
+            cu_seqlens_q: None,
+            cu_seqlens_k: None,
             page_table: None,
             kv_lens: None,
         };

@@ -110,6 +110,8 @@ impl<T: Element> BackwardWorkload<T> {
             v: TensorBuffer::new(&self.v_buf),
             o: TensorBuffer::new(&self.o_buf),
             lse: Some(TensorBuffer::new(&self.lse_buf)),
+            cu_seqlens_q: None,
+            cu_seqlens_k: None,
             page_table: None,
             kv_lens: None,
         }
@@ -127,6 +129,8 @@ impl<T: Element> BackwardWorkload<T> {
             dk: TensorBuffer::new(&self.dk_buf),
             dv: TensorBuffer::new(&self.dv_buf),
             delta: Some(TensorBuffer::new(&self.delta_buf)),
+            cu_seqlens_q: None,
+            cu_seqlens_k: None,
         }
     }
 

@@ -91,6 +91,8 @@ impl<T: Element> Workload<T> {
             v: TensorBuffer::new(&self.v_buf),
             o: TensorBuffer::new(&self.o_buf),
             lse: Some(TensorBuffer::new(&self.lse_buf)),
+            cu_seqlens_q: None,
+            cu_seqlens_k: None,
             page_table: None,
             kv_lens: None,
         }

@@ -10,10 +10,12 @@ pub mod params;
 pub mod unroll;
 
 use crate::plan::policy::DECODE_MAX_SPLITS;
-use crate::plan::{BackwardKernel, CoopConfig, DecodeConfig, FlashConfig, Reduction, TileType};
+use crate::plan::{BackwardKernel, CoopConfig, DecodeConfig, FlashConfig, Reduction, SequenceIndex, TileType};
 use crate::problem::DType;
 
 pub const COMMON: &str = include_str!("../../shaders/common.wgsl");
+pub const SEQUENCE_DENSE: &str = include_str!("../../shaders/sequence_dense.wgsl");
+pub const SEQUENCE_INDEXED: &str = include_str!("../../shaders/sequence_indexed.wgsl");
 pub const STORAGE_F32: &str = include_str!("../../shaders/storage_f32.wgsl");
 pub const STORAGE_F16: &str = include_str!("../../shaders/storage_f16.wgsl");
 pub const STORAGE_BF16: &str = include_str!("../../shaders/storage_bf16.wgsl");
@@ -163,6 +165,7 @@ impl KernelConfig {
                 let p = &c.plan;
                 let sizes = p.sizes();
                 src.push_str(&tiled_prelude(c.variant.tile, c.head_dim_pad, sizes));
+                src.push_str(&sequence_source(c.sequences, FORWARD_INDEX_BINDING));
                 for part in [
                     COMMON,
                     storage_codec(c.storage),
@@ -255,6 +258,7 @@ impl KernelConfig {
                     c.register_layout.is_some(),
                     c.compiled_layout().wgsl_constants()
                 ));
+                src.push_str(&sequence_source(c.sequences, FORWARD_INDEX_BINDING));
                 for part in [COMMON, STORAGE_F16, FLASH_FWD_COOP, COOP_REGISTERS] {
                     src.push_str(part);
                 }
@@ -281,6 +285,7 @@ fn backward_source(kernel: &BackwardKernel, src: &mut String) {
                 "const BLOCK_M: u32 = {}u;\nconst THREADS_X: u32 = {}u;\nconst THREADS_Y: u32 = {}u;\n",
                 p.plan.block_m, p.plan.threads_x, p.plan.threads_y
             ));
+            src.push_str(&sequence_source(p.sequences, BACKWARD_INDEX_BINDING));
             for part in [
                 COMMON,
                 storage_codec(p.storage),
@@ -298,6 +303,7 @@ fn backward_source(kernel: &BackwardKernel, src: &mut String) {
             let p = &g.plan;
             let sizes = p.sizes();
             src.push_str(&tiled_prelude(g.tile, g.head_dim_pad, sizes));
+            src.push_str(&sequence_source(g.sequences, BACKWARD_INDEX_BINDING));
             for part in [
                 COMMON,
                 storage_codec(g.storage),
@@ -316,6 +322,24 @@ fn backward_source(kernel: &BackwardKernel, src: &mut String) {
             }
         }
     }
+}
+
+/// The first binding of the index tensors (sequence_indexed.wgsl): right after the forward
+/// kernels' six, and the backward gradient kernels' ten.
+pub const FORWARD_INDEX_BINDING: u32 = 6;
+pub const BACKWARD_INDEX_BINDING: u32 = 10;
+
+/// How a prefill or backward kernel finds its sequences: `sequence(b)` from the problem's sizes
+/// (sequence_dense.wgsl), or from the index tensors it binds from `first_binding` on
+/// (sequence_indexed.wgsl, with the `const`s that say which).
+fn sequence_source(sequences: SequenceIndex, first_binding: u32) -> String {
+    if !sequences.is_indexed() {
+        return SEQUENCE_DENSE.to_string();
+    }
+    format!(
+        "const VARLEN: bool = {};\nconst KV_LENGTHS: bool = {};\nconst INDEX_BINDING: u32 = {first_binding}u;\n{SEQUENCE_INDEXED}",
+        sequences.varlen, sequences.kv_lengths
+    )
 }
 
 /// The head of a register-tiled kernel's module (forward or backward): `enable f16;` for f16

@@ -56,10 +56,13 @@ pub struct Params {
     pub page_size: u32,
     pub pages_per_seq: u32,
     pub num_pages: u32,
-    pub _pad: [u32; 4],
+    /// Rows of a packed batch's Q/O and K/V (`Varlen`); 0 otherwise.
+    pub total_q: u32,
+    pub total_kv: u32,
+    pub _pad: [u32; 2],
 }
 
-// WGSL lays the struct out as four 16-byte members then twenty 4-byte scalars (four of padding).
+// WGSL lays the struct out as four 16-byte members then twenty 4-byte scalars (two of padding).
 const _: () = assert!(std::mem::size_of::<Params>() == 4 * 16 + 20 * 4);
 
 impl Params {
@@ -76,6 +79,8 @@ impl Params {
             causal: problem.causal as u32,
             causal_offset: problem.causal_offset() as i32,
             scale,
+            total_q: problem.varlen.map_or(0, |v| v.total_q as u32),
+            total_kv: problem.varlen.map_or(0, |v| v.total_kv as u32),
             ..Params::default()
         }
     }
@@ -90,6 +95,12 @@ impl Params {
     ) -> Self {
         let mut params = Params::for_problem(problem, problem.softmax_scale_log2());
         (params.q, params.k, params.v, params.o) = (q, k, v, o);
+        if problem.varlen.is_some() {
+            // Packed tensors have one batch: each sequence's rows start at its offset.
+            for t in [&mut params.q, &mut params.k, &mut params.v, &mut params.o] {
+                t.batch = 0;
+            }
+        }
         params.num_q_tiles = num_q_tiles;
         params.write_lse = write_lse as u32;
         params
@@ -198,6 +209,8 @@ mod tests {
             ("page_size", offset_of!(Params, page_size)),
             ("pages_per_seq", offset_of!(Params, pages_per_seq)),
             ("num_pages", offset_of!(Params, num_pages)),
+            ("total_q", offset_of!(Params, total_q)),
+            ("total_kv", offset_of!(Params, total_kv)),
         ];
         check(wgsl_struct(&source, "Params"), &rust, size_of::<Params>());
         let strides = [

@@ -234,6 +234,7 @@ fn forward_cases(caps: &Caps, problem: &AttentionProblem, coverage: Coverage) ->
                 variant,
                 plan,
                 head_dim_pad: plan.head_dim_pad(head_dim),
+                sequences: Default::default(),
             };
             if config.unavailable_reason(caps).is_none() {
                 let choice = KernelChoice::Tiled(TiledChoice {

@@ -200,6 +200,7 @@ fn tiled_config(problem: &AttentionProblem, variant: Variant, plan: wgpu_flash_a
         variant,
         plan,
         head_dim_pad: plan.head_dim_pad(problem.shape.head_dim as u32),
+        sequences: Default::default(),
     }
 }
 
@@ -293,6 +294,7 @@ fn backward_variant_reason(problem: &BackwardProblem, caps: &Caps, variant: Vari
                 storage,
                 reduction: variant.reduction,
                 plan,
+                sequences: Default::default(),
             };
             kernel.unavailable_reason(caps)
         })
@@ -307,6 +309,7 @@ fn backward_variant_reason(problem: &BackwardProblem, caps: &Caps, variant: Vari
                     tile: variant.tile,
                     plan,
                     head_dim_pad: plan.head_dim_pad(head_dim),
+                    sequences: Default::default(),
                 };
                 kernel.unavailable_reason(caps)
             })

@@ -33,9 +33,15 @@ pub struct FwdParams {
     pub group_size: i32,
     pub causal_offset: i32,
     pub scale_log2: f32,
+    /// A packed (varlen) batch: device addresses of the `[batch + 1]` u32 row offsets of Q/O
+    /// and K/V (0 for a batch of equal sequences; set by the launcher), and the packed rows.
+    pub cu_seqlens_q: u64,
+    pub cu_seqlens_k: u64,
+    pub total_q: i32,
+    pub total_kv: i32,
 }
 
-const _: () = assert!(std::mem::size_of::<FwdParams>() == 160);
+const _: () = assert!(std::mem::size_of::<FwdParams>() == 184);
 
 impl FwdParams {
     /// Parameters for `problem` (validated) with buffers whose element 0 is at `base_addresses`
@@ -52,6 +58,9 @@ impl FwdParams {
         let [vb, vs, vh] = strides(Tensor::V);
         let [ob, os, oh] = strides(Tensor::O);
         let s = &problem.shape;
+        // Packed tensors have one batch: each sequence's rows start at its offset.
+        let batch = |stride: i64| if problem.varlen.is_some() { 0 } else { stride };
+        let (qb, kb, vb, ob) = (batch(qb), batch(kb), batch(vb), batch(ob));
         FwdParams {
             q: start(Tensor::Q, base_addresses[0]),
             k: start(Tensor::K, base_addresses[1]),
@@ -76,6 +85,10 @@ impl FwdParams {
             group_size: problem.group_size() as i32,
             causal_offset: problem.causal_offset() as i32,
             scale_log2: problem.softmax_scale_log2(),
+            cu_seqlens_q: 0,
+            cu_seqlens_k: 0,
+            total_q: problem.varlen.map_or(0, |v| v.total_q as i32),
+            total_kv: problem.varlen.map_or(0, |v| v.total_kv as i32),
         }
     }
 }
@@ -112,7 +125,7 @@ pub struct DecodeParams {
     pub cache_pad: i32,
 }
 
-const _: () = assert!(std::mem::size_of::<DecodeParams>() == 232);
+const _: () = assert!(std::mem::size_of::<DecodeParams>() == 256);
 
 #[cfg(test)]
 mod tests {

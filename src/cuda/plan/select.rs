@@ -46,9 +46,10 @@ pub struct CudaSelection {
 
 /// Whether default selection sends `problem` to the decode kernel: where [`prefers_decode`] holds
 /// (and [`DECODE_BY_DEFAULT`]), and always for a paged cache or per-sequence key counts, which
-/// only the decode kernel reads (it takes any number of new tokens, in blocks of 16 rows).
+/// only the decode kernel reads (it takes any number of new tokens, in blocks of 16 rows). Never
+/// a packed (varlen) batch, which the prefill kernels read.
 pub fn goes_to_decode(problem: &AttentionProblem) -> bool {
-    !problem.kv_cache.is_plain() || (DECODE_BY_DEFAULT && prefers_decode(problem))
+    problem.varlen.is_none() && (!problem.kv_cache.is_plain() || (DECODE_BY_DEFAULT && prefers_decode(problem)))
 }
 
 /// The default kernel for a problem on a device: the decode kernel where [`prefers_decode`] holds

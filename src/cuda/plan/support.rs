@@ -8,8 +8,12 @@ use crate::problem::{AttentionProblem, AttentionShape, DType};
 
 /// Features the CUDA prefill kernels (`mma.sync`, wgmma) implement: no K/V cache indexing (paged
 /// caches and per-sequence counts go to the decode kernel).
-pub const CUDA_PREFILL_FEATURES: FeatureSet =
-    FeatureSet::of(&[Feature::CausalMask, Feature::GroupedKv, Feature::ArbitraryScale]);
+pub const CUDA_PREFILL_FEATURES: FeatureSet = FeatureSet::of(&[
+    Feature::CausalMask,
+    Feature::GroupedKv,
+    Feature::ArbitraryScale,
+    Feature::Varlen,
+]);
 
 /// Head dimensions the CUDA kernels are built for. The shared-memory swizzle needs rows of a
 /// multiple of 64 elements (8 chunks of 16 bytes); 64, 128 and 256 are what models use.

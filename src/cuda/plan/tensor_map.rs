@@ -68,13 +68,13 @@ pub fn tensor_map_spec(problem: &AttentionProblem, tensor: Tensor, rows: u32) ->
             format!("head_dim {head_dim} is not a multiple of the {SWIZZLE_SPAN_ELEMS}-element swizzle span"),
         ));
     }
-    let (seq, heads) = problem.extent(tensor);
+    let (batch, seq, heads) = problem.stored_extent(tensor);
     let l = problem.layout(tensor);
     let elem = dtype.size_bytes() as u64;
     let strides = [
         ("seq", l.seq_stride as u64 * elem, seq),
         ("head", l.head_stride as u64 * elem, heads),
-        ("batch", l.batch_stride as u64 * elem, problem.shape.batch),
+        ("batch", l.batch_stride as u64 * elem, batch),
     ];
     for (name, bytes, extent) in strides {
         // A dimension of extent 1 is never stepped along; give it any legal stride below.
@@ -90,7 +90,7 @@ pub fn tensor_map_spec(problem: &AttentionProblem, tensor: Tensor, rows: u32) ->
     let legal = |bytes: u64| if bytes == 0 { STRIDE_ALIGN } else { bytes };
     Ok(TensorMapSpec {
         dtype,
-        global_dim: [head_dim as u64, seq as u64, heads as u64, problem.shape.batch as u64],
+        global_dim: [head_dim as u64, seq as u64, heads as u64, batch as u64],
         global_strides: [legal(strides[0].1), legal(strides[1].1), legal(strides[2].1)],
         box_dim: [SWIZZLE_SPAN_ELEMS, rows, 1, 1],
         offset_bytes: l.offset as u64 * elem,
