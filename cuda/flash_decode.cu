@@ -83,11 +83,14 @@
 //   result NaN). Every row whose keys include a bad page, and every row of a sequence whose count
 //   is too large, comes out NaN; a page entry no row reaches (past the count or the causal
 //   diagonal) is never read and does no harm. The host path checks the index first
-//   (CacheIndex::validate).
+//   (BatchIndex::validate).
+//
+// The module's third entry point, APPEND_NAME, writes new tokens' K/V rows into the cache the
+// decode kernel then reads (the serving step's first half; see the kernel at the end).
 //
 // Compile-time parameters (-D, set by src/cuda/plan/decode.rs): FA_HEAD_DIM, FA_WARPS, FA_TILES,
 // FA_CAUSAL, FA_BF16, FA_VEC_BYTES (16 or 8), FA_MIN_BLOCKS, FA_STAGES, FA_FUSED, FA_PAGED,
-// FA_LENS, KERNEL_NAME, COMBINE_NAME.
+// FA_LENS, KERNEL_NAME, COMBINE_NAME, APPEND_NAME.
 #include "mma_ptx.cuh"
 #include "fwd_params.cuh"
 
@@ -96,6 +99,9 @@
 #endif
 #ifndef COMBINE_NAME
 #error "COMBINE_NAME must be defined (the combine kernel's name)"
+#endif
+#ifndef APPEND_NAME
+#error "APPEND_NAME must be defined (the append kernel's name)"
 #endif
 
 constexpr int HEAD_DIM = FA_HEAD_DIM;
@@ -721,5 +727,41 @@ extern "C" __global__ void __launch_bounds__(32 * COMBINE_GROUPS) COMBINE_NAME(c
         // A NaN piece (bad cache index) makes the total NaN: the LSE too, not -inf.
         const bool seen = total > 0.f || (CHECKED && total != total);
         p.lse[((i64)batch * p.num_heads + head) * p.seq_q + tok] = seen ? mx + logf(total) : NEG_INF;
+    }
+}
+
+// The append: new token t of sequence b lands at key position kv_len(b) - seq_q + t of the cache
+// (kv_len: kv_lens[b] with FA_LENS, else seq_kv; the counts already include the new tokens, as
+// the decode call that follows expects), through the page table with FA_PAGED — the rules of
+// shaders/append_kv.wgsl: a position below 0 (a count smaller than seq_q) or a page past the pool
+// is not written, so that every write stays inside the cache whatever the caller's index holds.
+// One warp per (new token, K/V head, sequence), grid = (seq_q, num_kv_heads, batch); lane x copies
+// elements x, x + 32, ... of the K row and of the V row: a copy bound by memory, with nothing
+// shared. Parameter block as the decode kernel's, with fwd.q / fwd.o the new K / V rows (by their
+// strides) and fwd.k / fwd.v the caches, written here (their pointers are const for the decode
+// kernel, which only reads them).
+extern "C" __global__ void __launch_bounds__(32) APPEND_NAME(const __grid_constant__ DecodeParams dp) {
+    const FwdParams& p = dp.fwd;
+    const int t = blockIdx.x;
+    const int kv_head = blockIdx.y;
+    const int b = blockIdx.z;
+    const i64 len = LENS ? (i64)dp.kv_lens[b] : (i64)p.seq_kv;
+    const i64 pos = len - p.seq_q + t;
+    if (pos < 0 || pos >= p.seq_kv) return;
+    i64 cache_batch = b;
+    i64 row = pos;
+    if (PAGED) {
+        const u32 page = dp.page_table[(i64)b * dp.pages_per_seq + pos / dp.page_size];
+        if (page >= (u32)dp.num_pages) return;
+        cache_batch = page;
+        row = pos % dp.page_size;
+    }
+    const u16* new_k = p.q + b * p.q_batch_stride + t * p.q_seq_stride + kv_head * p.q_head_stride;
+    const u16* new_v = p.o + b * p.o_batch_stride + t * p.o_seq_stride + kv_head * p.o_head_stride;
+    u16* k_row = const_cast<u16*>(p.k) + cache_batch * p.k_batch_stride + row * p.k_seq_stride + kv_head * p.k_head_stride;
+    u16* v_row = const_cast<u16*>(p.v) + cache_batch * p.v_batch_stride + row * p.v_seq_stride + kv_head * p.v_head_stride;
+    for (int d = threadIdx.x; d < HEAD_DIM; d += 32) {
+        k_row[d] = new_k[d];
+        v_row[d] = new_v[d];
     }
 }

@@ -13,9 +13,9 @@ use super::kernel_map::OnceMap;
 use super::nvrtc::{load_or_compile, resource_report, CompileJob};
 use super::plan::tensor_map::tensor_map_spec;
 use super::plan::{
-    decode_counters_len, decode_split, goes_to_decode, select_cuda, validate_for_cuda, validate_for_decode,
-    vec_bytes_for, wgmma_unavailable, CudaDecodeConfig, CudaKernelConfig, CudaPlan, CudaSelection, DecodeParams,
-    FwdParams, LaunchGeometry,
+    decode_counters_len, decode_split, default_decode_plan, goes_to_decode, select_cuda, validate_for_cuda,
+    validate_for_decode, vec_bytes_for, wgmma_unavailable, CudaDecodeConfig, CudaKernelConfig, CudaPlan, CudaSelection,
+    DecodeParams, FwdParams, LaunchGeometry,
 };
 use super::tma;
 use crate::error::{invalid, Error, Result};
@@ -87,7 +87,24 @@ struct LoadedKernel {
     function: CudaFunction,
     /// The decode kernel's combine entry point (same module); `None` for the prefill kernels.
     combine: Option<CudaFunction>,
+    /// The decode module's K/V append entry point; `None` for the prefill kernels.
+    append: Option<CudaFunction>,
     info: KernelInfo,
+}
+
+/// The tensors of one K/V append in device memory
+/// ([`append_kv_device`](CudaAttention::append_kv_device)), 16-bit elements of the problem's
+/// dtype. The caches are written; nothing written may overlap anything read.
+pub struct AppendTensors<'a, T> {
+    /// The new tokens' keys, `[batch, seq_q, num_kv_heads, head_dim]` contiguous (`seq_q` of the
+    /// problem: the new tokens of each sequence).
+    pub new_k: &'a dyn DevicePtr<T>,
+    /// Their values, laid out as `new_k`.
+    pub new_v: &'a dyn DevicePtr<T>,
+    /// The K cache at the problem's K layout (the pool of pages, when paged).
+    pub k_cache: &'a mut dyn DevicePtrMut<T>,
+    /// The V cache at the problem's V layout.
+    pub v_cache: &'a mut dyn DevicePtrMut<T>,
 }
 
 /// The tensors of one forward call in device memory, on any stream of the engine's context.
@@ -230,19 +247,22 @@ impl CudaAttention {
         let ctx = self.device.context();
         // Loading includes finding the entry point, so that a cached cubin without it is a
         // cache miss (recompiled, replaced) rather than an error in every later process.
-        let combine_name = match config {
-            CudaKernelConfig::Decode(c) => Some(c.combine_name()),
+        let extra_names = match config {
+            CudaKernelConfig::Decode(c) => Some((c.combine_name(), c.append_name())),
             _ => None,
         };
         let fetched = load_or_compile(&job, cache_dir.as_deref(), self.device.driver_version(), |cubin| {
             let module = ctx.load_module(Ptx::from_binary(cubin.to_vec()))?;
-            let combine = match &combine_name {
-                Some(name) => Some(module.load_function(name)?),
-                None => None,
+            let (combine, append) = match &extra_names {
+                Some((combine, append)) => (
+                    Some(module.load_function(combine)?),
+                    Some(module.load_function(append)?),
+                ),
+                None => (None, None),
             };
-            Ok((module.load_function(&config.name())?, combine))
+            Ok((module.load_function(&config.name())?, combine, append))
         })?;
-        let (function, combine) = fetched.value;
+        let (function, combine, append) = fetched.value;
         // Above 48 KiB a block must opt in to its dynamic shared memory.
         function.set_attribute(
             CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
@@ -274,6 +294,7 @@ impl CudaAttention {
         Ok(LoadedKernel {
             function,
             combine,
+            append,
             info,
         })
     }
@@ -554,6 +575,126 @@ impl CudaAttention {
             launch(combine, combine_geometry)?;
         }
         drop(guards);
+        Ok(())
+    }
+
+    /// Enqueues the append of `problem.shape.seq_q` new tokens per sequence into a K/V cache on
+    /// your buffers: new token `t` of sequence `b` goes to key position `kv_len(b) − seq_q + t`
+    /// (`kv_len` is `kv_lens[b]`, which already counts the new tokens, or `seq_kv`), through the
+    /// page table when the cache is paged — the first half of a serving step, whose second half
+    /// is [`forward_indexed_device`](Self::forward_indexed_device) (or
+    /// [`forward_device`](Self::forward_device)) over the same cache on the same stream. The
+    /// index's values are the caller's: positions below 0 and pages past the pool are skipped on
+    /// the device (never written out of bounds); the attention call that follows writes such a
+    /// sequence as NaN. Of `problem`, the shape, dtype, K/V layouts and cache matter; the kernel
+    /// is an entry point of the problem's decode module (`cuda/flash_decode.cu`).
+    pub fn append_kv_device<T>(
+        &self,
+        problem: &AttentionProblem,
+        t: AppendTensors<'_, T>,
+        index: DeviceBatchIndex<'_>,
+    ) -> Result<()> {
+        validate_for_decode(problem)?;
+        if problem.varlen.is_some() {
+            return Err(Error::Unavailable {
+                what: "the K/V append".into(),
+                why: "it appends to [batch, ...] or paged caches, not to a packed (varlen) batch".into(),
+            });
+        }
+        let index = check_device_index(problem, Some(index), "append_kv_device")?;
+        let es = problem.dtype.size_bytes();
+        if std::mem::size_of::<T>() != es {
+            return Err(Error::InvalidBuffer {
+                tensor: "new_k",
+                message: format!(
+                    "device buffers hold {}-byte elements; {} needs {es}",
+                    std::mem::size_of::<T>(),
+                    problem.dtype.name()
+                ),
+            });
+        }
+        let s = &problem.shape;
+        let new_len = s.batch * s.seq_q * s.num_kv_heads * s.head_dim;
+        for (tensor, len, need) in [
+            ("new_k", t.new_k.len(), new_len),
+            ("new_v", t.new_v.len(), new_len),
+            ("k_cache", t.k_cache.len(), problem.required_len(Tensor::K)),
+            ("v_cache", t.v_cache.len(), problem.required_len(Tensor::V)),
+        ] {
+            if len < need {
+                return Err(Error::InvalidBuffer {
+                    tensor,
+                    message: format!("holds {len} elements, the problem needs {need}"),
+                });
+            }
+        }
+        let config = CudaKernelConfig::for_problem(problem, CudaPlan::Decode(default_decode_plan(s.head_dim)), 16)?;
+        let CudaKernelConfig::Decode(decode) = config else {
+            return invalid!("the append runs in the decode module");
+        };
+        let geometry = decode.append_geometry(problem)?;
+        let kernel = self.kernel(&config)?;
+        let append = kernel.append.as_ref().ok_or_else(|| Error::Unavailable {
+            what: format!("kernel {}", decode.append_name()),
+            why: "its module was loaded without the append entry point".into(),
+        })?;
+
+        let stream = self.device.stream();
+        let (new_k, _gk) = t.new_k.device_ptr(stream);
+        let (new_v, _gv) = t.new_v.device_ptr(stream);
+        let (k_cache, _gkc) = t.k_cache.device_ptr_mut(stream);
+        let (v_cache, _gvc) = t.v_cache.device_ptr_mut(stream);
+        let (page_table, _gpt) = index_pointer(index.page_table, stream);
+        let (kv_lens, _glens) = index_pointer(index.kv_lens, stream);
+        let span = |base: u64, elems: usize| (base, base + (elems * es) as u64);
+        let written = [
+            ("k_cache", span(k_cache, problem.required_len(Tensor::K))),
+            ("v_cache", span(v_cache, problem.required_len(Tensor::V))),
+        ];
+        let mut read = vec![("new_k", span(new_k, new_len)), ("new_v", span(new_v, new_len))];
+        if page_table != 0 {
+            let len = problem.kv_cache.page_table_len(s.batch);
+            read.push(("page_table", (page_table, page_table + 4 * len as u64)));
+        }
+        if kv_lens != 0 {
+            read.push(("kv_lens", (kv_lens, kv_lens + 4 * s.batch as u64)));
+        }
+        if let Some((a, b)) = first_overlap(&written, &read) {
+            return Err(Error::InvalidBuffer {
+                tensor: a,
+                message: format!("its device memory overlaps `{b}`'s: the append would overwrite what it reads"),
+            });
+        }
+        // The new rows, [batch, seq_q, num_kv_heads, head_dim], in the Q and O slots.
+        let row = (s.num_kv_heads * s.head_dim) as i64;
+        let fwd = FwdParams::new(problem, [0, k_cache, v_cache, 0], 0);
+        let fwd = FwdParams {
+            q: new_k,
+            o: new_v,
+            q_batch_stride: s.seq_q as i64 * row,
+            q_seq_stride: row,
+            q_head_stride: s.head_dim as i64,
+            o_batch_stride: s.seq_q as i64 * row,
+            o_seq_stride: row,
+            o_head_stride: s.head_dim as i64,
+            ..fwd
+        };
+        let params = DecodeParams {
+            fwd,
+            ..DecodeParams::default()
+        }
+        .with_cache(problem, page_table, kv_lens);
+        let mut builder = stream.launch_builder(append);
+        builder.arg(&params);
+        let cfg = LaunchConfig {
+            grid_dim: geometry.grid,
+            block_dim: geometry.block,
+            shared_mem_bytes: 0,
+        };
+        // SAFETY: the parameter block matches the entry point's (size asserted on both sides);
+        // the new rows and the caches were checked to hold the extents the layouts reach, and
+        // the kernel writes only cache rows it found inside them.
+        unsafe { builder.launch(cfg) }?;
         Ok(())
     }
 

@@ -281,6 +281,11 @@ impl CudaDecodeConfig {
         format!("{}_combine", self.name())
     }
 
+    /// The K/V append's entry point, in the same module.
+    pub fn append_name(&self) -> String {
+        format!("{}_append", self.name())
+    }
+
     /// Dynamic shared memory: Q's 16 rows and (pipelined) every warp's ring of stages during the
     /// loop, then (from the start of the same space) every warp's O rows in f32 and their max and
     /// sum for the merge; the larger of the two.
@@ -322,6 +327,7 @@ impl CudaDecodeConfig {
         vec![
             define("KERNEL_NAME", self.name()),
             define("COMBINE_NAME", self.combine_name()),
+            define("APPEND_NAME", self.append_name()),
             define("FA_HEAD_DIM", self.head_dim),
             define("FA_WARPS", self.plan.warps),
             define("FA_TILES", self.plan.tiles),
@@ -362,6 +368,17 @@ impl CudaDecodeConfig {
         Ok(LaunchGeometry {
             grid: (s.seq_q as u32, s.num_heads as u32, s.batch as u32),
             block: COMBINE_BLOCK,
+            smem_bytes: 0,
+        })
+    }
+
+    /// The K/V append's launch: one warp per (new token, K/V head, sequence).
+    pub fn append_geometry(&self, problem: &AttentionProblem) -> Result<LaunchGeometry> {
+        let s = &problem.shape;
+        check_grid(s)?;
+        Ok(LaunchGeometry {
+            grid: (s.seq_q as u32, s.num_kv_heads as u32, s.batch as u32),
+            block: (32, 1, 1),
             smem_bytes: 0,
         })
     }
