@@ -57,8 +57,14 @@ struct Params {
     // Rows of the packed Q/O and K/V of a variable-length batch (sequence.wgsl); 0 otherwise.
     total_q: u32,
     total_kv: u32,
+    // A sliding window's sides (u32::MAX: unbounded) and the soft-cap in base 2 (cap · log2 e):
+    // flash_decode.wgsl with WINDOW / SOFTCAP.
+    window_left: u32,
+    window_right: u32,
+    softcap: f32,
     _pad0: u32,
     _pad1: u32,
+    _pad2: u32,
 }
 
 @group(0) @binding(0) var<uniform> params: Params;

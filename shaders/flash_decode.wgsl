@@ -75,13 +75,38 @@ fn cache_row(t: TensorStrides, b: u32, key: u32, kv_head: u32) -> vec2<u32> {
     return vec2<u32>(row_granule(t, select(0u, page, valid), key % params.page_size, kv_head), u32(valid));
 }
 
-// The end of the keys query `token` sees in a sequence of `seq_len` keys: all of them, or under
-// the causal mask those up to its diagonal, aligned to the sequence's end.
-fn row_key_end(token: u32, seq_len: u32) -> u32 {
-    if (params.causal == 0u) {
-        return seq_len;
+// The keys [begin, end) query `token` sees in a sequence of `seq_len` keys: all of them, cut by the
+// causal mask at its diagonal and with WINDOW by the window around its position (both aligned to
+// the sequence's end: the position is token + seq_len − seq_q). Mirrors
+// AttentionProblem::visible_keys (src/problem/mod.rs). Window sides of u32::MAX are unbounded.
+fn row_keys(token: u32, seq_len: u32) -> vec2<u32> {
+    let position = i32(token) + i32(seq_len) - i32(params.seq_q);
+    var end = i32(seq_len);
+    var begin = 0;
+    if (params.causal != 0u) {
+        end = min(end, position + 1);
     }
-    return u32(clamp(i32(token) + 1 + i32(seq_len) - i32(params.seq_q), 0, i32(seq_len)));
+    if (WINDOW) {
+        if (params.window_left != 0xffffffffu) {
+            begin = max(begin, position - i32(min(params.window_left, 0x7fffffffu)));
+        }
+        if (params.window_right != 0xffffffffu && params.causal == 0u) {
+            end = min(end, position + i32(min(params.window_right, 0x3fffffffu)) + 1);
+        }
+    }
+    let e = u32(clamp(end, 0, i32(seq_len)));
+    return vec2<u32>(min(u32(clamp(begin, 0, i32(seq_len))), e), e);
+}
+
+// A score in base 2 from a dot product: the scale, and with SOFTCAP the soft-cap
+// cap·tanh(s / cap) (params.softcap is the cap in base 2, cap·log2 e, so the cap applies to the
+// natural-log score as the reference defines it).
+fn score(dot_product: f32) -> f32 {
+    let s = dot_product * params.scale;
+    if (SOFTCAP) {
+        return params.softcap * tanh(s / params.softcap);
+    }
+    return s;
 }
 
 @compute @workgroup_size(WG)
@@ -115,15 +140,21 @@ fn flash_decode(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_
     let piece_end = min(seq_len, keys_begin + params.keys_per_split);
     var head: array<u32, ROWS>;
     var token: array<u32, ROWS>;
+    var row_begin: array<u32, ROWS>;
     var row_end: array<u32, ROWS>;
     var keys_end = keys_begin;
+    // The first key any row of the block sees, from which the loop starts (a window's left edge).
+    var first_seen = piece_end;
     // @unroll
     for (var r = 0u; r < ROWS; r++) {
         let packed = min(row0 + r, rows_per_kv_head - 1u);
         head[r] = kv_head * params.group_size + packed / params.seq_q;
         token[r] = packed % params.seq_q;
-        row_end[r] = min(piece_end, row_key_end(token[r], seq_len));
+        let keys = row_keys(token[r], seq_len);
+        row_begin[r] = keys.x;
+        row_end[r] = min(piece_end, keys.y);
         keys_end = max(keys_end, row_end[r]);
+        first_seen = min(first_seen, max(keys_begin, keys.x));
     }
 
     var q_slice: array<vec4<f32>, ROWS * GRANULES_PER_LANE>;
@@ -143,7 +174,7 @@ fn flash_decode(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_
     var row_max: array<f32, ROWS>;
     var row_sum: array<f32, ROWS>;
     // Trip count uniform across the workgroup: add_across_lanes may hold barriers.
-    for (var block = keys_begin; block < keys_end; block += KEY_GROUPS * KEYS_PER_STEP) {
+    for (var block = first_seen; block < keys_end; block += KEY_GROUPS * KEYS_PER_STEP) {
         let first = block + key_group * KEYS_PER_STEP;
         // Initialized explicitly on every trip: a `var` without initializer inside a loop is zero
         // on each trip by the WGSL spec, but Chrome on SwiftShader kept the last trip's values
@@ -197,8 +228,8 @@ fn flash_decode(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_
             var any_visible = false;
             // @unroll
             for (var u = 0u; u < KEYS_PER_STEP; u++) {
-                let s = dots[u * ROWS + r] * params.scale;
-                let visible = first + u < row_end[r];
+                let s = score(dots[u * ROWS + r]);
+                let visible = first + u < row_end[r] && first + u >= row_begin[r];
                 step_max = select(step_max, select(s, max(step_max, s), any_visible), visible);
                 any_visible = any_visible || visible;
             }
@@ -215,7 +246,8 @@ fn flash_decode(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_
                 }
                 // @unroll
                 for (var u = 0u; u < KEYS_PER_STEP; u++) {
-                    let p = select(0.0, exp2(dots[u * ROWS + r] * params.scale - new_max), first + u < row_end[r]);
+                    let key = first + u;
+                    let p = select(0.0, exp2(score(dots[u * ROWS + r]) - new_max), key < row_end[r] && key >= row_begin[r]);
                     sum += p;
                     // @unroll
                     for (var j = 0u; j < GRANULES_PER_LANE; j++) {

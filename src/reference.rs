@@ -183,13 +183,9 @@ fn row_unchecked<T: Element>(
     let kv_head = h / problem.group_size();
     let scale = problem.softmax_scale() as f64;
     let rows = &keys.rows;
-    // Bottom-right aligned causal mask: keys 0 ..= i + seq_kv - seq_q are visible.
-    let visible = if problem.causal {
-        (i as i64 + rows.seq_kv as i64 - rows.seq_q as i64 + 1).clamp(0, rows.seq_kv as i64) as usize
-    } else {
-        rows.seq_kv
-    };
-    if visible == 0 {
+    // The bottom-right aligned causal mask and the window, over this sequence's keys.
+    let visible = problem.visible_keys(i, rows.seq_q, rows.seq_kv);
+    if visible.is_empty() {
         return ReferenceRow {
             out: vec![0.0; d],
             lse: f64::NEG_INFINITY,
@@ -198,18 +194,21 @@ fn row_unchecked<T: Element>(
     let qi: Vec<f64> = (0..d)
         .map(|x| q[problem.q_layout.index(b, rows.q_first + i, h, x)].to_f64())
         .collect();
-    let scores: Vec<f64> = (0..visible)
+    let cap = problem.softcap.map(f64::from);
+    let scores: Vec<f64> = visible
+        .clone()
         .map(|j| {
             let (kb, kr) = keys.locate(b, j);
             let kj = problem.k_layout.index(kb, kr, kv_head, 0);
-            scale * (0..d).map(|x| qi[x] * k[kj + x].to_f64()).sum::<f64>()
+            let score = scale * (0..d).map(|x| qi[x] * k[kj + x].to_f64()).sum::<f64>();
+            cap.map_or(score, |cap| cap * (score / cap).tanh())
         })
         .collect();
     let max = scores.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
     let weights: Vec<f64> = scores.iter().map(|s| (s - max).exp()).collect();
     let sum: f64 = weights.iter().sum();
     let mut out = vec![0.0; d];
-    for (j, w) in weights.iter().enumerate() {
+    for (j, w) in visible.zip(&weights) {
         let (vb, vr) = keys.locate(b, j);
         let vj = problem.v_layout.index(vb, vr, kv_head, 0);
         for (x, o) in out.iter_mut().enumerate() {
@@ -598,6 +597,14 @@ pub fn attention_backward_dq_row<T: Element>(
 }
 
 fn check_backward_inputs<T: Element>(problem: &BackwardProblem, q: &[T], k: &[T], v: &[T], d_o: &[T]) -> Result<()> {
+    // The gradients are defined here for dense attention with the causal mask only so far.
+    let f = &problem.forward;
+    if !f.kv_cache.is_plain() || f.window.is_some() || f.softcap.is_some() {
+        return crate::error::invalid!(
+            "the backward reference covers dense attention with an optional causal mask; this problem \
+             has a K/V cache, a window or a soft-cap"
+        );
+    }
     problem.validate()?;
     check_inputs(&problem.forward, q, k, v)?;
     let need = problem.required_len(GradTensor::DO);

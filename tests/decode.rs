@@ -164,3 +164,32 @@ fn automatic_selection_sends_few_new_tokens_to_the_decode_kernel() {
         ForwardKernel::Decode { .. }
     ));
 }
+
+/// Sliding windows (left, right, both, wider than the cache, empty for some rows) and soft-caps,
+/// alone and together, causal or not, over contiguous and paged caches, with one piece and many.
+#[test]
+fn windows_and_soft_caps_match_the_reference() {
+    let Some(ctx) = gpu() else { return };
+    let mut rng = Rng::new(0x5ca1e);
+    for case in 0..16 {
+        let left = [None, Some(0), Some(7), Some(100), Some(5000)][below(&mut rng, 5)];
+        let right = [None, Some(0), Some(3), Some(64)][below(&mut rng, 4)];
+        let softcap = [None, Some(0.5f32), Some(5.0), Some(30.0)][below(&mut rng, 4)];
+        let seq_q = [1, 3, 9][below(&mut rng, 3)];
+        let seq_kv = [20, 333, 1200][below(&mut rng, 3)];
+        let mut problem = AttentionProblem::new(shape(2, seq_q, seq_kv, 8, 2, 64), DType::F32)
+            .with_causal(below(&mut rng, 2) == 0)
+            .with_window(left, right);
+        if let Some(cap) = softcap {
+            // A large scale, so the cap bites.
+            problem = problem.with_softcap(cap).with_scale(0.6);
+        }
+        let splits = [Some(1), Some(4), None][below(&mut rng, 3)];
+        let engine = decode_engine(ctx, splits, None);
+        check(
+            &engine,
+            &problem,
+            &format!("case{case}_l{left:?}_r{right:?}_cap{softcap:?}_{splits:?}"),
+        );
+    }
+}

@@ -27,16 +27,22 @@ pub enum Feature {
     KvLengths,
     /// Sequences of different lengths packed end to end (src/problem/varlen.rs).
     Varlen,
+    /// Local attention: a window of keys around each query's position.
+    SlidingWindow,
+    /// Soft-capped scores.
+    SoftCap,
 }
 
 impl Feature {
-    pub const ALL: [Feature; 6] = [
+    pub const ALL: [Feature; 8] = [
         Feature::CausalMask,
         Feature::GroupedKv,
         Feature::ArbitraryScale,
         Feature::PagedKv,
         Feature::KvLengths,
         Feature::Varlen,
+        Feature::SlidingWindow,
+        Feature::SoftCap,
     ];
 
     /// What the feature is, for messages ("... does not implement {description}").
@@ -51,6 +57,8 @@ impl Feature {
             Feature::PagedKv => "a paged K/V cache",
             Feature::KvLengths => "per-sequence key counts",
             Feature::Varlen => "variable-length sequences packed end to end",
+            Feature::SlidingWindow => "a sliding window",
+            Feature::SoftCap => "soft-capped scores",
         }
     }
 
@@ -121,6 +129,15 @@ impl AttentionProblem {
         }
         if self.varlen.is_some() {
             set = set.with(Feature::Varlen);
+        }
+        if self
+            .window
+            .is_some_and(|w| w.left.is_some() || (w.right.is_some() && !self.causal))
+        {
+            set = set.with(Feature::SlidingWindow);
+        }
+        if self.softcap.is_some() {
+            set = set.with(Feature::SoftCap);
         }
         set
     }

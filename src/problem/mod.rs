@@ -172,6 +172,16 @@ impl TensorLayout {
     }
 }
 
+/// How far a query sees around its own position (see [`AttentionProblem::window`]); `None` on a
+/// side means unbounded.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct Window {
+    /// Keys before the query's position it sees.
+    pub left: Option<usize>,
+    /// Keys after the query's position it sees.
+    pub right: Option<usize>,
+}
+
 /// The four tensors of the forward pass, for messages and per-tensor settings.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Tensor {
@@ -268,6 +278,14 @@ pub struct AttentionProblem {
     pub causal: bool,
     /// Softmax scale; `None` means `1/sqrt(head_dim)`.
     pub scale: Option<f32>,
+    /// Local (sliding-window) attention: query `i` sees keys `j` with
+    /// `p − left ≤ j ≤ p + right`, where `p = i + seq_kv − seq_q` is its position aligned to the
+    /// end of the keys (FlashAttention's `window_size`); `None` for no window. With `causal`, the
+    /// right side is 0 whatever is set.
+    pub window: Option<Window>,
+    /// Soft-capping of the scores (Gemma 2, Grok): `cap · tanh(scale·q·k / cap)` before the
+    /// softmax; `None` for none.
+    pub softcap: Option<f32>,
     /// Where Q's elements are in its buffer.
     pub q_layout: TensorLayout,
     /// Where K's elements are in its buffer.
@@ -293,6 +311,8 @@ impl AttentionProblem {
             dtype,
             causal: false,
             scale: None,
+            window: None,
+            softcap: None,
             q_layout: TensorLayout::contiguous(Layout::Bshd, 0, 0, 0),
             k_layout: TensorLayout::contiguous(Layout::Bshd, 0, 0, 0),
             v_layout: TensorLayout::contiguous(Layout::Bshd, 0, 0, 0),
@@ -323,6 +343,46 @@ impl AttentionProblem {
     pub fn with_causal(mut self, causal: bool) -> Self {
         self.causal = causal;
         self
+    }
+
+    /// Local attention: each query sees `left` keys before its position and `right` after
+    /// ([`AttentionProblem::window`]).
+    pub fn with_window(mut self, left: Option<usize>, right: Option<usize>) -> Self {
+        self.window = Some(Window { left, right });
+        self
+    }
+
+    /// Soft-caps the scores at `cap` ([`AttentionProblem::softcap`]); `cap` must be finite and
+    /// positive.
+    pub fn with_softcap(mut self, cap: f32) -> Self {
+        self.softcap = Some(cap);
+        self
+    }
+
+    /// The keys `[begin, end)` query `i` sees in a sequence of `seq_kv` keys, by the causal mask
+    /// and the window (both aligned to the end of the keys); empty when it sees none.
+    pub fn visible_keys(&self, i: usize, seq_q: usize, seq_kv: usize) -> std::ops::Range<usize> {
+        let position = i as i64 + seq_kv as i64 - seq_q as i64;
+        let mut end = seq_kv as i64;
+        let mut begin = 0i64;
+        if self.causal {
+            end = end.min(position + 1);
+        }
+        if let Some(w) = self.window {
+            if let Some(left) = w.left {
+                begin = begin.max(position.saturating_sub(left.min(i64::MAX as usize) as i64));
+            }
+            if let (Some(right), false) = (w.right, self.causal) {
+                end = end.min(
+                    position
+                        .saturating_add(right.min(i64::MAX as usize) as i64)
+                        .saturating_add(1),
+                );
+            }
+        }
+        let end = end.clamp(0, seq_kv as i64) as usize;
+        let begin = (begin.clamp(0, seq_kv as i64) as usize).min(end);
+        begin..end
     }
 
     /// Sets the softmax scale (replacing the default `1/sqrt(head_dim)`); it must be finite.
@@ -606,6 +666,11 @@ impl AttentionProblem {
                 s.batch, s.num_heads, s.seq_q
             )));
         }
+        if let Some(cap) = self.softcap {
+            if !(cap.is_finite() && cap > 0.0) {
+                return invalid!("soft-cap {cap} is not a finite positive number");
+            }
+        }
         self.kv_cache.validate(s.batch, s.seq_kv)?;
         for tensor in [Tensor::Q, Tensor::K, Tensor::V, Tensor::O] {
             self.validate_layout(tensor)?;
@@ -624,6 +689,7 @@ impl AttentionProblem {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::problem::features::Feature;
 
     fn shape() -> AttentionShape {
         AttentionShape {
@@ -696,6 +762,36 @@ mod tests {
         let mut l = ok.k_layout;
         l.batch_stride = 0;
         ok.with_tensor_layout(Tensor::K, l).validate().unwrap();
+    }
+
+    #[test]
+    fn windows_bound_the_visible_keys_around_each_position() {
+        let p = AttentionProblem::new(shape(), DType::F32); // seq_q 5, seq_kv 7: positions 2..=6
+        assert_eq!(p.visible_keys(0, 5, 7), 0..7);
+        assert_eq!(p.with_causal(true).visible_keys(0, 5, 7), 0..3);
+        let w = p.with_window(Some(1), Some(2));
+        assert_eq!(w.visible_keys(0, 5, 7), 1..5);
+        assert_eq!(w.visible_keys(4, 5, 7), 5..7);
+        // Causal overrides the right side; a window wider than the keys is no window.
+        assert_eq!(w.with_causal(true).visible_keys(0, 5, 7), 1..3);
+        assert_eq!(p.with_window(Some(100), Some(100)).visible_keys(2, 5, 7), 0..7);
+        assert!(p
+            .with_window(Some(100), None)
+            .features()
+            .contains(Feature::SlidingWindow));
+        // A window only on the right of a causal problem changes nothing, and asks for nothing.
+        assert!(!p
+            .with_causal(true)
+            .with_window(None, Some(3))
+            .features()
+            .contains(Feature::SlidingWindow));
+        // More queries than keys: the first rows see nothing.
+        assert!(p.with_causal(true).visible_keys(0, 9, 3).is_empty());
+        // Soft-caps must be finite and positive.
+        for cap in [0.0, -1.0, f32::INFINITY, f32::NAN] {
+            assert!(p.with_softcap(cap).validate().is_err(), "{cap}");
+        }
+        p.with_softcap(30.0).validate().unwrap();
     }
 
     #[test]

@@ -59,18 +59,29 @@ pub struct Params {
     /// Rows of a packed batch's Q/O and K/V (`Varlen`); 0 otherwise.
     pub total_q: u32,
     pub total_kv: u32,
-    pub _pad: [u32; 2],
+    /// A sliding window's sides, `u32::MAX` for unbounded (`AttentionProblem::window`).
+    pub window_left: u32,
+    pub window_right: u32,
+    /// The soft-cap in base 2, `cap · log2 e` (`AttentionProblem::softcap`).
+    pub softcap: f32,
+    pub _pad: [u32; 3],
 }
 
-// WGSL lays the struct out as four 16-byte members then twenty 4-byte scalars (two of padding).
-const _: () = assert!(std::mem::size_of::<Params>() == 4 * 16 + 20 * 4);
+// WGSL lays the struct out as four 16-byte members then twenty-four 4-byte scalars (three of
+// padding).
+const _: () = assert!(std::mem::size_of::<Params>() == 4 * 16 + 24 * 4);
 
 impl Params {
     /// The fields that depend only on the problem; strides and per-dispatch fields are filled in
     /// by the caller. `scale` is the softmax scale as the kernel wants it.
     pub fn for_problem(problem: &AttentionProblem, scale: f32) -> Self {
         let s = problem.shape;
+        let side = |n: Option<usize>| n.map_or(u32::MAX, |n| n.min(u32::MAX as usize - 1) as u32);
+        let window = problem.window.unwrap_or_default();
         Params {
+            window_left: side(window.left),
+            window_right: side(window.right),
+            softcap: problem.softcap.map_or(0.0, |cap| cap * std::f32::consts::LOG2_E),
             seq_q: s.seq_q as u32,
             seq_kv: s.seq_kv as u32,
             head_dim: s.head_dim as u32,
@@ -211,6 +222,9 @@ mod tests {
             ("num_pages", offset_of!(Params, num_pages)),
             ("total_q", offset_of!(Params, total_q)),
             ("total_kv", offset_of!(Params, total_kv)),
+            ("window_left", offset_of!(Params, window_left)),
+            ("window_right", offset_of!(Params, window_right)),
+            ("softcap", offset_of!(Params, softcap)),
         ];
         check(wgsl_struct(&source, "Params"), &rust, size_of::<Params>());
         let strides = [

@@ -10,7 +10,7 @@ use super::params::{DecodeParams, FwdParams};
 use super::support::{check_dtype, check_grid, MAX_CUDA_SEQ, REGS_PER_SM, SMEM_PER_SM, SMEM_RESERVED_PER_BLOCK};
 use super::{define, LaunchGeometry};
 use crate::error::{invalid, Error, Result};
-use crate::plan::decode::{DecodeSplit, DECODE_FEATURES};
+use crate::plan::decode::DecodeSplit;
 use crate::plan::missing_features;
 use crate::plan::policy::{DECODE_MAX_SPLITS, DECODE_MIN_KEYS_PER_SPLIT};
 use crate::problem::features::{Feature, FeatureSet};
@@ -18,7 +18,13 @@ use crate::problem::{AttentionProblem, DType, KvCache};
 
 /// Features the CUDA decode kernel implements: the decode kernels' common set, a paged K/V cache
 /// and per-sequence key counts (`FA_PAGED`, `FA_LENS` in `cuda/flash_decode.cu`).
-pub const CUDA_DECODE_FEATURES: FeatureSet = DECODE_FEATURES.with(Feature::PagedKv).with(Feature::KvLengths);
+pub const CUDA_DECODE_FEATURES: FeatureSet = FeatureSet::of(&[
+    Feature::CausalMask,
+    Feature::GroupedKv,
+    Feature::ArbitraryScale,
+    Feature::PagedKv,
+    Feature::KvLengths,
+]);
 
 /// Packed query rows per CTA: the M of one `mma.sync` tile.
 pub const DECODE_ROWS: u32 = 16;
