@@ -90,7 +90,7 @@ fn row_keys(token: u32, seq_len: u32) -> vec2<u32> {
         if (params.window_left != 0xffffffffu) {
             begin = max(begin, position - i32(min(params.window_left, 0x7fffffffu)));
         }
-        if (params.window_right != 0xffffffffu && params.causal == 0u) {
+        if ((params.window_right != 0xffffffffu) & (params.causal == 0u)) {
             end = min(end, position + i32(min(params.window_right, 0x3fffffffu)) + 1);
         }
     }
@@ -229,9 +229,10 @@ fn flash_decode(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_
             // @unroll
             for (var u = 0u; u < KEYS_PER_STEP; u++) {
                 let s = score(dots[u * ROWS + r]);
-                let visible = first + u < row_end[r] && first + u >= row_begin[r];
+                // `&`, not `&&`: its branch per unrolled copy hung SwiftShader's compile in Chrome.
+                let visible = (first + u < row_end[r]) & (first + u >= row_begin[r]);
                 step_max = select(step_max, select(s, max(step_max, s), any_visible), visible);
-                any_visible = any_visible || visible;
+                any_visible = any_visible | visible;
             }
             if (any_visible) {
                 // After its first visible key a row's sum is at least 1 (its max adds exp2(0)).
@@ -247,7 +248,7 @@ fn flash_decode(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_
                 // @unroll
                 for (var u = 0u; u < KEYS_PER_STEP; u++) {
                     let key = first + u;
-                    let p = select(0.0, exp2(score(dots[u * ROWS + r]) - new_max), key < row_end[r] && key >= row_begin[r]);
+                    let p = select(0.0, exp2(score(dots[u * ROWS + r]) - new_max), (key < row_end[r]) & (key >= row_begin[r]));
                     sum += p;
                     // @unroll
                     for (var j = 0u; j < GRANULES_PER_LANE; j++) {

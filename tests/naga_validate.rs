@@ -289,3 +289,42 @@ fn decode_shaders_initialize_variables_declared_in_loops() {
         }
     }
 }
+
+/// No `&&` or `||` inside a decode shader's `// @unroll` loop (`&` and `|` on bools instead):
+/// Tint turns each short-circuit into a branch, one per unrolled copy, and the window check
+/// written with `&&` made Chrome's SwiftShader take minutes to compile flash_decode (ROWS 8,
+/// KEYS_PER_STEP 4), so web-demo/test.sh timed out.
+#[test]
+fn decode_shaders_have_no_short_circuits_in_unrolled_loops() {
+    use wgpu_flash_attn::wgsl::*;
+    for (name, src) in [
+        ("flash_decode", FLASH_DECODE),
+        ("decode_lanes_subgroup", DECODE_LANES_SUBGROUP),
+        ("decode_lanes_workgroup", DECODE_LANES_WORKGROUP),
+    ] {
+        // One entry per open brace: whether it opened the body of an unrolled loop.
+        let mut blocks: Vec<bool> = Vec::new();
+        let mut marked = false;
+        for (n, line) in src.lines().enumerate() {
+            let t = line.trim();
+            if t.starts_with("// @unroll") {
+                marked = true;
+                continue;
+            }
+            let code = t.split("//").next().unwrap_or("");
+            for _ in 0..code.matches('}').count() {
+                blocks.pop();
+            }
+            let unrolled = blocks.iter().any(|&u| u) || (marked && code.starts_with("for"));
+            assert!(
+                !(unrolled && (code.contains("&&") || code.contains("||"))),
+                "{name}.wgsl:{}: `{t}` in an unrolled loop: use `&` / `|`, not a short-circuit",
+                n + 1
+            );
+            for i in 0..code.matches('{').count() {
+                blocks.push(marked && i == 0);
+                marked = false;
+            }
+        }
+    }
+}
