@@ -57,8 +57,8 @@ struct Params {
     // Rows of the packed Q/O and K/V of a variable-length batch (sequence.wgsl); 0 otherwise.
     total_q: u32,
     total_kv: u32,
-    // A sliding window's sides (u32::MAX: unbounded) and the soft-cap in base 2 (cap · log2 e):
-    // flash_decode.wgsl with WINDOW / SOFTCAP.
+    // A sliding window's sides (u32::MAX: unbounded) and the soft-cap in base 2 (cap · log2 e;
+    // 0: none), read by keys_seen and soft_cap below.
     window_left: u32,
     window_right: u32,
     softcap: f32,
@@ -112,29 +112,96 @@ fn dense_sequence(b: u32) -> Sequence {
     return Sequence(b, 0u, params.seq_q, 0u, params.seq_kv, params.causal_offset, true);
 }
 
-// Whether query row `row` may attend to key column `col` (bounds and bottom-right causal mask).
+// A window side of u32::MAX is unbounded (the host's `Window` side `None`).
+const UNBOUNDED: u32 = 0xffffffffu;
+
+// The keys [begin, end) of a sequence of `seq_kv` keys that the query at key position `position`
+// (its row plus the sequence's causal offset: aligned to the end of the keys) sees: all of them,
+// cut by the causal mask at its diagonal and by the sliding window around it. Mirrors
+// AttentionProblem::visible_keys (src/problem/mod.rs). Written with `&`, not `&&`: it runs inside
+// unrolled loops, and Chrome's shader compiler hangs on many short-circuit branches there.
+fn keys_seen(position: i32, seq_kv: u32) -> vec2<u32> {
+    var end = i32(seq_kv);
+    var begin = 0;
+    if (params.causal != 0u) {
+        end = min(end, position + 1);
+    }
+    if (params.window_left != UNBOUNDED) {
+        begin = max(begin, position - i32(min(params.window_left, 0x3fffffffu)));
+    }
+    if ((params.window_right != UNBOUNDED) & (params.causal == 0u)) {
+        end = min(end, position + i32(min(params.window_right, 0x3fffffffu)) + 1);
+    }
+    let e = u32(clamp(end, 0, i32(seq_kv)));
+    return vec2<u32>(min(u32(clamp(begin, 0, i32(seq_kv))), e), e);
+}
+
+// The keys [begin, end) query row `row` of a sequence sees.
+fn visible_keys(seq: Sequence, row: u32) -> vec2<u32> {
+    return keys_seen(i32(row) + seq.causal_offset, seq.seq_kv);
+}
+
+// Whether query row `row` may attend to key column `col` (bounds, causal mask, window).
 fn is_visible(seq: Sequence, row: u32, col: u32) -> bool {
-    if (col >= seq.seq_kv) {
-        return false;
-    }
-    return params.causal == 0u || i32(col) <= i32(row) + seq.causal_offset;
+    let keys = visible_keys(seq, row);
+    return (col >= keys.x) & (col < keys.y);
 }
 
-// The first key column that no query row before `rows_end` may see: the sequence's end, or under
-// the causal mask the column after row rows_end − 1's diagonal, clamped to the keys (the keys
-// before it are those is_visible allows row rows_end − 1).
+// The first key column that no query row before `rows_end` may see (rows_end ≥ 1): the end of
+// what row rows_end − 1 sees, the largest of the rows'.
 fn visible_key_end(seq: Sequence, rows_end: u32) -> u32 {
-    if (params.causal == 0u) {
-        return seq.seq_kv;
-    }
-    return u32(clamp(i32(rows_end) + seq.causal_offset, 0, i32(seq.seq_kv)));
+    return visible_keys(seq, rows_end - 1u).y;
 }
 
-// Whether some query row from m0 on may not see some key of the tile [n0, n0 + cols): the tile
-// runs past the keys, or under the causal mask past row m0's diagonal (the tile's most restricted
-// row). Where it is false, a tile's scores need no mask.
-fn key_tile_needs_mask(seq: Sequence, m0: u32, n0: u32, cols: u32) -> bool {
-    return n0 + cols > visible_key_end(seq, m0 + 1u);
+// The first key column query row `row` or any later row may see: a window's left edge, else 0.
+fn visible_key_begin(seq: Sequence, row: u32) -> u32 {
+    return visible_keys(seq, row).x;
+}
+
+// Whether some query row of [m0, m0 + rows) may not see some key of the tile [n0, n0 + cols): the
+// tile runs past what the first row sees (the end of the keys, its diagonal, its window's right
+// edge) or starts before what the last row sees (its window's left edge). Where it is false, a
+// tile's scores need no mask.
+fn key_tile_needs_mask(seq: Sequence, m0: u32, rows: u32, n0: u32, cols: u32) -> bool {
+    return (n0 + cols > visible_keys(seq, m0).y) | (n0 < visible_keys(seq, m0 + rows - 1u).x);
+}
+
+// The query rows [start, end) of a sequence that see some key of [n0, n0 + cols): the backward's
+// dK/dV kernel visits only their tiles.
+fn rows_seeing(seq: Sequence, n0: u32, cols: u32) -> vec2<u32> {
+    var start = 0;
+    var end = i32(seq.seq_q);
+    // A row sees past n0 once its diagonal (or its window's right edge) reaches it.
+    if (params.causal != 0u) {
+        start = i32(n0) - seq.causal_offset;
+    } else if (params.window_right != UNBOUNDED) {
+        start = i32(n0) - seq.causal_offset - i32(min(params.window_right, 0x3fffffffu));
+    }
+    // A row sees before n0 + cols until its window's left edge passes it.
+    if (params.window_left != UNBOUNDED) {
+        end = min(end, i32(n0 + cols) + i32(min(params.window_left, 0x3fffffffu)) - seq.causal_offset);
+    }
+    let e = u32(clamp(end, 0, i32(seq.seq_q)));
+    return vec2<u32>(min(u32(clamp(start, 0, i32(seq.seq_q))), e), e);
+}
+
+// A score vector in base 2 (scale · log2 e applied) soft-capped: cap·tanh(x / cap), with
+// params.softcap the cap in base 2 (cap · log2 e; 0 for none), so that the cap applies to the
+// natural-log score as the reference defines it.
+fn soft_cap(x: vec4<f32>) -> vec4<f32> {
+    if (params.softcap == 0.0) {
+        return x;
+    }
+    return params.softcap * tanh(x / params.softcap);
+}
+
+// d soft_cap(x) / dx at a capped value y: 1 − (y / cap)², as tanh' = 1 − tanh² (1 without a cap).
+fn soft_cap_slope(y: vec4<f32>) -> vec4<f32> {
+    if (params.softcap == 0.0) {
+        return vec4<f32>(1.0);
+    }
+    let t = y / params.softcap;
+    return 1.0 - t * t;
 }
 
 // Index of a row's log-sum-exp: [batch, num_heads, seq_q], or [num_heads, total_q] when packed.

@@ -51,13 +51,11 @@ fn flash_bwd_dkdv(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocatio
         return; // past this sequence's keys (a shorter sequence of a packed batch)
     }
 
-    // Query rows that see any of these keys: all, or under causal masking i ≥ n0 − causal_offset.
-    var m_start = 0u;
-    if (params.causal != 0u) {
-        m_start = u32(clamp(i32(n0) - seq.causal_offset, 0, i32(seq.seq_q)));
-    }
-    let first_tile = m_start / BLOCK_M;
-    let tiles_per_head = (seq.seq_q + BLOCK_M - 1u) / BLOCK_M - first_tile;
+    // Query rows that see any of these keys: all, or from the first whose diagonal reaches them
+    // (causal) to the last whose window still reaches back to them.
+    let rows = rows_seeing(seq, n0, BLOCK_N);
+    let first_tile = rows.x / BLOCK_M;
+    let tiles_per_head = (rows.y + BLOCK_M - 1u) / BLOCK_M - first_tile;
     // One work item per (query head of the group, query tile).
     let num_items = params.group_size * tiles_per_head;
 
@@ -83,8 +81,8 @@ fn flash_bwd_dkdv(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocatio
         var dp = Scores();
         score_products(&s, &dp, &stage, hd, m0, n0, SRC_DO, m0, li, row0, tx);
 
-        // ---- Pᵀ and dSᵀ, in registers: s becomes Pᵀ, dp becomes dSᵀ ----
-        let needs_mask = m0 + BLOCK_M > seq.seq_q || key_tile_needs_mask(seq, m0, n0, BLOCK_N);
+        // ---- Pᵀ and dSᵀ (times the soft-cap's slope), in registers: s becomes Pᵀ, dp becomes dSᵀ ----
+        let needs_mask = m0 + BLOCK_M > seq.seq_q || key_tile_needs_mask(seq, m0, BLOCK_M, n0, BLOCK_N);
         for (var c = 0u; c < S_VECS; c++) {
             // Row statistics of this invocation's query columns.
             var lse2 = vec4<f32>(-NEG_BIG);
@@ -97,15 +95,16 @@ fn flash_bwd_dkdv(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocatio
                 }
             }
             for (var i = 0u; i < ROWS_PER_THREAD; i++) {
-                var p = exp2(s[i * S_VECS + c] * params.scale - lse2);
+                let y = soft_cap(s[i * S_VECS + c] * params.scale);
+                var p = exp2(y - lse2);
                 if (needs_mask) {
                     for (var j = 0u; j < 4u; j++) {
                         let col = m0 + 4u * (tx + THREADS_X * c) + j;
-                        p[j] = select(0.0, p[j], col < seq.seq_q && is_visible(seq, col, n0 + row0 + i));
+                        p[j] = select(0.0, p[j], (col < seq.seq_q) & is_visible(seq, col, n0 + row0 + i));
                     }
                 }
                 s[i * S_VECS + c] = p;
-                dp[i * S_VECS + c] = p * (dp[i * S_VECS + c] - d);
+                dp[i * S_VECS + c] = p * (dp[i * S_VECS + c] - d) * soft_cap_slope(y);
             }
         }
         store_transposed(&s, row0, tx);

@@ -48,8 +48,10 @@ fn flash_bwd_dq(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_
         return; // past this sequence's rows (a shorter sequence of a packed batch)
     }
 
-    // Keys this tile can see: all, or under causal masking those up to its last row's diagonal.
+    // Keys this tile can see: all, or under causal masking those up to its last row's diagonal,
+    // and with a window from its first row's left edge.
     let kv_end = visible_key_end(seq, m0 + BLOCK_M);
+    let first_kv_tile = visible_key_begin(seq, m0) / BLOCK_N;
     let num_kv_tiles = (kv_end + BLOCK_N - 1u) / BLOCK_N;
 
     // Row statistics of this invocation's rows; rows past the end get a P of 0.
@@ -69,12 +71,12 @@ fn flash_bwd_dq(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_
 
     // Pipeline prologue: the first score slice.
     var stage = 0u;
-    if (num_kv_tiles > 0u) {
-        store_score_slice(0u, fetch_score_slice(hd, m0, 0u, 0u, li), li);
+    if (first_kv_tile < num_kv_tiles) {
+        store_score_slice(0u, fetch_score_slice(hd, m0, first_kv_tile * BLOCK_N, 0u, li), li);
     }
     workgroupBarrier();
 
-    for (var t = 0u; t < num_kv_tiles; t++) {
+    for (var t = first_kv_tile; t < num_kv_tiles; t++) {
         let n0 = t * BLOCK_N;
         // Key steps past the last visible key are not needed.
         let key_steps = (min(BLOCK_N, kv_end - n0) + N_STEP - 1u) / N_STEP;
@@ -84,17 +86,18 @@ fn flash_bwd_dq(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_
         var dp = Scores();
         score_products(&s, &dp, &stage, hd, m0, n0, SRC_K, n0, li, row0, tx);
 
-        // ---- dS = P ∘ (dP − D), in registers (dp becomes dS) ----
-        let needs_mask = key_tile_needs_mask(seq, m0, n0, BLOCK_N);
+        // ---- dS = P ∘ (dP − D) (times the soft-cap's slope), in registers (dp becomes dS) ----
+        let needs_mask = key_tile_needs_mask(seq, m0, BLOCK_M, n0, BLOCK_N);
         for (var i = 0u; i < ROWS_PER_THREAD; i++) {
             for (var c = 0u; c < S_VECS; c++) {
-                var p = exp2(s[i * S_VECS + c] * params.scale - lse2[i]);
+                let y = soft_cap(s[i * S_VECS + c] * params.scale);
+                var p = exp2(y - lse2[i]);
                 if (needs_mask) {
                     for (var j = 0u; j < 4u; j++) {
                         p[j] = select(0.0, p[j], is_visible(seq, m0 + row0 + i, n0 + 4u * (tx + THREADS_X * c) + j));
                     }
                 }
-                dp[i * S_VECS + c] = p * (dp[i * S_VECS + c] - d[i]);
+                dp[i * S_VECS + c] = p * (dp[i * S_VECS + c] - d[i]) * soft_cap_slope(y);
             }
         }
         store_transposed(&dp, row0, tx);

@@ -75,38 +75,15 @@ fn cache_row(t: TensorStrides, b: u32, key: u32, kv_head: u32) -> vec2<u32> {
     return vec2<u32>(row_granule(t, select(0u, page, valid), key % params.page_size, kv_head), u32(valid));
 }
 
-// The keys [begin, end) query `token` sees in a sequence of `seq_len` keys: all of them, cut by the
-// causal mask at its diagonal and with WINDOW by the window around its position (both aligned to
-// the sequence's end: the position is token + seq_len − seq_q). Mirrors
-// AttentionProblem::visible_keys (src/problem/mod.rs). Window sides of u32::MAX are unbounded.
+// The keys [begin, end) query `token` sees in a sequence of `seq_len` keys (common.wgsl's
+// keys_seen at the token's position, aligned to the sequence's end).
 fn row_keys(token: u32, seq_len: u32) -> vec2<u32> {
-    let position = i32(token) + i32(seq_len) - i32(params.seq_q);
-    var end = i32(seq_len);
-    var begin = 0;
-    if (params.causal != 0u) {
-        end = min(end, position + 1);
-    }
-    if (WINDOW) {
-        if (params.window_left != 0xffffffffu) {
-            begin = max(begin, position - i32(min(params.window_left, 0x7fffffffu)));
-        }
-        if ((params.window_right != 0xffffffffu) & (params.causal == 0u)) {
-            end = min(end, position + i32(min(params.window_right, 0x3fffffffu)) + 1);
-        }
-    }
-    let e = u32(clamp(end, 0, i32(seq_len)));
-    return vec2<u32>(min(u32(clamp(begin, 0, i32(seq_len))), e), e);
+    return keys_seen(i32(token) + i32(seq_len) - i32(params.seq_q), seq_len);
 }
 
-// A score in base 2 from a dot product: the scale, and with SOFTCAP the soft-cap
-// cap·tanh(s / cap) (params.softcap is the cap in base 2, cap·log2 e, so the cap applies to the
-// natural-log score as the reference defines it).
+// A score in base 2 from a dot product: the scale, and the soft-cap if any (common.wgsl).
 fn score(dot_product: f32) -> f32 {
-    let s = dot_product * params.scale;
-    if (SOFTCAP) {
-        return params.softcap * tanh(s / params.softcap);
-    }
-    return s;
+    return soft_cap(vec4<f32>(dot_product * params.scale)).x;
 }
 
 @compute @workgroup_size(WG)

@@ -210,8 +210,10 @@ fn flash_fwd(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_ind
     let row0 = (li / THREADS_X) * ROWS_PER_THREAD;
 
     // Keys this tile can see: all of them, or under causal masking those up to the diagonal of
-    // its last row. Tiles past that are skipped, not masked.
+    // its last row, and with a window from its first row's left edge. Tiles outside are skipped,
+    // not masked.
     let kv_end = visible_key_end(seq, m0 + BLOCK_M);
+    let first_kv_tile = visible_key_begin(seq, m0) / BLOCK_N;
     let num_kv_tiles = (kv_end + BLOCK_N - 1u) / BLOCK_N;
 
     var acc = Output();
@@ -224,12 +226,12 @@ fn flash_fwd(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_ind
 
     // Pipeline prologue: the first Q/K slice.
     var stage = 0u;
-    if (num_kv_tiles > 0u) {
-        store_qk(0u, fetch_qk(tile, 0u, 0u, li), li);
+    if (first_kv_tile < num_kv_tiles) {
+        store_qk(0u, fetch_qk(tile, first_kv_tile * BLOCK_N, 0u, li), li);
     }
     workgroupBarrier();
 
-    for (var t = 0u; t < num_kv_tiles; t++) {
+    for (var t = first_kv_tile; t < num_kv_tiles; t++) {
         let n0 = t * BLOCK_N;
         // V slices past the last visible key are not needed.
         let v_steps = (min(BLOCK_N, kv_end - n0) + N_STEP - 1u) / N_STEP;
@@ -258,13 +260,13 @@ fn flash_fwd(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_ind
             stage = next;
         }
 
-        // ---- online softmax, in base 2 with the scale folded in ----
-        let needs_mask = key_tile_needs_mask(seq, m0, n0, BLOCK_N);
+        // ---- online softmax, in base 2 with the scale folded in (and the soft-cap, if any) ----
+        let needs_mask = key_tile_needs_mask(seq, m0, BLOCK_M, n0, BLOCK_N);
         var tile_max: array<f32, ROWS_PER_THREAD>;
         for (var i = 0u; i < ROWS_PER_THREAD; i++) {
             var mx = NEG_BIG;
             for (var c = 0u; c < S_VECS; c++) {
-                var x = s[i * S_VECS + c] * params.scale;
+                var x = soft_cap(s[i * S_VECS + c] * params.scale);
                 if (needs_mask) {
                     for (var j = 0u; j < 4u; j++) {
                         x[j] = select(NEG_BIG, x[j], is_visible(seq, m0 + row0 + i, n0 + 4u * (tx + THREADS_X * c) + j));

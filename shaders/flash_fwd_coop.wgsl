@@ -452,7 +452,7 @@ fn flash_fwd_coop(
         }
         if (REGISTER_SOFTMAX) {
             // ---- online softmax and O = diag(alpha) O + P V, P never leaving registers ----
-            let moved = softmax_in_registers(&reg_rows, &s_frag, n0, t == 0u, key_tile_needs_mask(seq, m0, n0, BLOCK_N));
+            let moved = softmax_in_registers(&reg_rows, &s_frag, n0, t == 0u, key_tile_needs_mask(seq, m0, BLOCK_M, n0, BLOCK_N));
             if (ROW_FACTORS_ALWAYS || moved) {
                 scale_rows(&o_frag, row_matrix(reg_rows.alpha));
             }
@@ -468,7 +468,7 @@ fn flash_fwd_coop(
             subgroupBarrier(); // the scores visible to the subgroup's invocations
 
             // ---- online softmax on this invocation's half row, held in registers ----
-            let x = read_half_row(my_row, n0 + half_n * 4u * HALF_VECS, row_kv_end, key_tile_needs_mask(seq, m0, n0, BLOCK_N));
+            let x = read_half_row(my_row, n0 + half_n * 4u * HALF_VECS, row_kv_end, key_tile_needs_mask(seq, m0, BLOCK_M, n0, BLOCK_N));
             var raw_max = neg_inf();
             // @unroll
             for (var i = 0u; i < HALF_VECS; i++) {

@@ -562,9 +562,10 @@ pub fn attention_backward_indexed<T: Element>(
                     grads.dq[problem.dq_layout.index(b, rows.q_first + i, h, x)] = *g;
                 }
                 for (j, (dk_j, dv_j)) in row.dk.iter().zip(&row.dv).enumerate() {
+                    let key = rows.kv_first + row.first_key + j;
                     for x in 0..s.head_dim {
-                        grads.dk[problem.dk_layout.index(b, rows.kv_first + j, kv_head, x)] += dk_j[x];
-                        grads.dv[problem.dv_layout.index(b, rows.kv_first + j, kv_head, x)] += dv_j[x];
+                        grads.dk[problem.dk_layout.index(b, key, kv_head, x)] += dk_j[x];
+                        grads.dv[problem.dv_layout.index(b, key, kv_head, x)] += dv_j[x];
                     }
                 }
             }
@@ -597,13 +598,10 @@ pub fn attention_backward_dq_row<T: Element>(
 }
 
 fn check_backward_inputs<T: Element>(problem: &BackwardProblem, q: &[T], k: &[T], v: &[T], d_o: &[T]) -> Result<()> {
-    // The gradients are defined here for dense attention with the causal mask only so far.
+    // The gradients are defined here for K/V at their layouts (no pages, no counts).
     let f = &problem.forward;
-    if !f.kv_cache.is_plain() || f.window.is_some() || f.softcap.is_some() {
-        return crate::error::invalid!(
-            "the backward reference covers dense attention with an optional causal mask; this problem \
-             has a K/V cache, a window or a soft-cap"
-        );
+    if !f.kv_cache.is_plain() {
+        return crate::error::invalid!("the backward reference does not cover a K/V cache (pages or key counts)");
     }
     problem.validate()?;
     check_inputs(&problem.forward, q, k, v)?;
@@ -618,9 +616,11 @@ fn check_backward_inputs<T: Element>(problem: &BackwardProblem, q: &[T], k: &[T]
 }
 
 /// What one query row contributes: its dQ row, and its terms of the dK and dV rows of the keys
-/// it sees (`dk[j]`, `dv[j]` for `j < visible`).
+/// it sees (`dk[j]`, `dv[j]` for the `j`-th of them).
 struct BackwardRow {
     dq: Vec<f64>,
+    /// The first key the row sees: `dk[j]` and `dv[j]` belong to key `first_key + j`.
+    first_key: usize,
     dk: Vec<Vec<f64>>,
     dv: Vec<Vec<f64>>,
 }
@@ -641,11 +641,7 @@ fn backward_row<T: Element>(
     let d = f.shape.head_dim;
     let kv_head = h / f.group_size();
     let scale = f.softmax_scale() as f64;
-    let visible = if f.causal {
-        (i as i64 + rows.seq_kv as i64 - rows.seq_q as i64 + 1).clamp(0, rows.seq_kv as i64) as usize
-    } else {
-        rows.seq_kv
-    };
+    let visible = f.visible_keys(i, rows.seq_q, rows.seq_kv);
     let (qi_row, kv0) = (rows.q_first + i, rows.kv_first);
     let qi: Vec<f64> = (0..d).map(|x| q[f.q_layout.index(b, qi_row, h, x)].to_f64()).collect();
     let doi: Vec<f64> = (0..d)
@@ -663,9 +659,19 @@ fn backward_row<T: Element>(
     };
     let dot = |a: &[f64], b: &[f64]| a.iter().zip(b).map(|(x, y)| x * y).sum::<f64>();
 
-    let keys: Vec<Vec<f64>> = (0..visible).map(key).collect();
-    let values: Vec<Vec<f64>> = (0..visible).map(value).collect();
-    let scores: Vec<f64> = keys.iter().map(|kj| scale * dot(&qi, kj)).collect();
+    let keys: Vec<Vec<f64>> = visible.clone().map(key).collect();
+    let values: Vec<Vec<f64>> = visible.clone().map(value).collect();
+    // y = cap·tanh(x / cap) of x = scale·q·k with a soft-cap: its slope dy/dx = 1 − (y / cap)²
+    // carries dS back from the capped scores to the products.
+    let cap = f.softcap.map(f64::from);
+    let scores: Vec<f64> = keys
+        .iter()
+        .map(|kj| {
+            let x = scale * dot(&qi, kj);
+            cap.map_or(x, |cap| cap * (x / cap).tanh())
+        })
+        .collect();
+    let slope = |y: f64| cap.map_or(1.0, |cap| 1.0 - (y / cap) * (y / cap));
     let max = scores.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
     let weights: Vec<f64> = scores.iter().map(|s| (s - max).exp()).collect();
     let sum: f64 = weights.iter().sum();
@@ -673,7 +679,12 @@ fn backward_row<T: Element>(
     let dp: Vec<f64> = values.iter().map(|vj| dot(&doi, vj)).collect();
     // rowsum(P ∘ dP) = dO · O.
     let delta: f64 = p.iter().zip(&dp).map(|(p, dp)| p * dp).sum();
-    let ds: Vec<f64> = p.iter().zip(&dp).map(|(p, dp)| p * (dp - delta)).collect();
+    let ds: Vec<f64> = p
+        .iter()
+        .zip(&dp)
+        .zip(&scores)
+        .map(|((p, dp), y)| p * (dp - delta) * slope(*y))
+        .collect();
 
     let mut dq = vec![0.0; d];
     for (dsj, kj) in ds.iter().zip(&keys) {
@@ -683,6 +694,7 @@ fn backward_row<T: Element>(
     }
     BackwardRow {
         dq,
+        first_key: visible.start,
         dk: ds
             .iter()
             .map(|dsj| qi.iter().map(|qx| scale * dsj * qx).collect())
@@ -816,6 +828,16 @@ mod backward_tests {
             .with_grad_layout(GradTensor::DQ, padded_layout(&f, Tensor::Q))
             .with_grad_layout(GradTensor::DK, padded_layout(&f, Tensor::K));
         check_against_finite_differences(p, 3);
+        // A sliding window (left 1, right 2) and a soft-cap, not causal; then causal with a window.
+        let p = AttentionProblem::new(shape(1, 4, 6, 2, 1, 8), DType::F32)
+            .with_window(Some(1), Some(2))
+            .with_softcap(0.8);
+        check_against_finite_differences(p.into(), 4);
+        let p = AttentionProblem::new(shape(2, 5, 5, 2, 2, 8), DType::F32)
+            .with_causal(true)
+            .with_window(Some(2), None)
+            .with_softcap(1.5);
+        check_against_finite_differences(p.into(), 5);
     }
 
     /// A `[batch, seq, heads, head_dim]` layout with 4 unused elements after each row and 8

@@ -483,7 +483,7 @@ fn backward_case<T: Element>(ctx: &GpuContext, engine: &FlashAttention, case: Ca
         cu_seqlens_k: Some(TensorBuffer::new(&cu_k)),
     };
     let mut encoder = ctx.device.create_command_encoder(&Default::default());
-    let config = engine.select_backward(&bp).unwrap_or_else(|e| panic!("{label}: {e}"));
+    let config = engine.select_backward(bp).unwrap_or_else(|e| panic!("{label}: {e}"));
     let kernels = config.kernels();
     assert!(
         kernels.iter().all(|k| k.name().contains("_varlen")),

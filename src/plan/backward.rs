@@ -505,6 +505,8 @@ pub const BACKWARD_FEATURES: FeatureSet = FeatureSet::of(&[
     Feature::GroupedKv,
     Feature::ArbitraryScale,
     Feature::Varlen,
+    Feature::SlidingWindow,
+    Feature::SoftCap,
 ]);
 
 /// Picks the three backward kernels for `problem` on a device with `caps`.

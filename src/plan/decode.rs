@@ -120,10 +120,6 @@ pub struct DecodeConfig {
     pub paged: bool,
     /// Each sequence's key count read from a tensor.
     pub kv_lengths: bool,
-    /// A sliding window around each query's position.
-    pub window: bool,
-    /// Soft-capped scores.
-    pub softcap: bool,
 }
 
 impl DecodeConfig {
@@ -131,7 +127,7 @@ impl DecodeConfig {
     pub fn name(&self) -> String {
         let p = &self.plan;
         format!(
-            "flash_decode_{}_{}_l{}_r{}_u{}_wg{}_d{}{}{}{}{}",
+            "flash_decode_{}_{}_l{}_r{}_u{}_wg{}_d{}{}{}",
             self.storage.name(),
             match self.reduction {
                 Reduction::Subgroup => "sg",
@@ -144,8 +140,6 @@ impl DecodeConfig {
             self.head_dim,
             if self.paged { "_paged" } else { "" },
             if self.kv_lengths { "_lens" } else { "" },
-            if self.window { "_win" } else { "" },
-            if self.softcap { "_cap" } else { "" },
         )
     }
 
@@ -340,8 +334,6 @@ pub fn select_decode(
                 reduction,
                 paged: problem.kv_cache.paged.is_some(),
                 kv_lengths: problem.kv_cache.lengths,
-                window: problem.features().contains(Feature::SlidingWindow),
-                softcap: problem.softcap.is_some(),
             };
             if let Some(why) = config.unavailable_reason(caps) {
                 reasons.push(format!("{}: {why}", config.name()));
@@ -428,8 +420,6 @@ pub fn all_decode_configs() -> Vec<DecodeConfig> {
                                 reduction,
                                 paged,
                                 kv_lengths,
-                                window: paged,
-                                softcap: kv_lengths,
                             };
                             if !configs.contains(&config) {
                                 configs.push(config);
@@ -589,8 +579,6 @@ mod tests {
                                 reduction,
                                 paged,
                                 kv_lengths,
-                                window: paged,
-                                softcap: !kv_lengths,
                             };
                             assert!(names.insert(c.name()), "{}", c.name());
                         }

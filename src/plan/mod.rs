@@ -24,6 +24,13 @@ use crate::error::{Error, Result};
 use crate::problem::features::FeatureSet;
 use crate::problem::AttentionProblem;
 
+/// What the naive three-pass baseline (shaders/naive_*.wgsl) implements: dense attention.
+pub const NAIVE_FEATURES: FeatureSet = FeatureSet::of(&[
+    crate::problem::features::Feature::CausalMask,
+    crate::problem::features::Feature::GroupedKv,
+    crate::problem::features::Feature::ArbitraryScale,
+]);
+
 /// Why `kernel`, which implements `supported`, cannot run a problem that asks for `asked`: each
 /// missing feature named, or `None` when it implements them all.
 pub fn missing_features(kernel: &str, asked: FeatureSet, supported: FeatureSet) -> Option<String> {

@@ -317,6 +317,8 @@ pub const TILED_FEATURES: FeatureSet = FeatureSet::of(&[
     Feature::ArbitraryScale,
     Feature::Varlen,
     Feature::KvLengths,
+    Feature::SlidingWindow,
+    Feature::SoftCap,
 ]);
 
 /// The variants worth trying for a problem on a device, best first.

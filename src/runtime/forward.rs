@@ -718,6 +718,14 @@ impl FlashAttention {
     /// attention.
     pub fn naive_plan(&self, problem: &AttentionProblem) -> Result<NaivePlan> {
         problem.validate()?;
+        if let Some(why) =
+            crate::plan::missing_features("the naive kernel", problem.features(), crate::plan::NAIVE_FEATURES)
+        {
+            return Err(Error::Unavailable {
+                what: "the naive baseline".into(),
+                why,
+            });
+        }
         let caps = &self.ctx.caps;
         let s = problem.shape;
         let per_head = 4 * s.seq_q as u64 * s.seq_kv as u64;

@@ -298,6 +298,11 @@ impl<T: Element> BackwardWorkload<T> {
     pub fn check_rows(&self, grads: &Grads<T>, o: &[T], lse: &[f32], rows: usize) -> Result<GradCheck> {
         let p = &self.problem;
         let f = &p.forward;
+        if f.varlen.is_some() {
+            return crate::error::invalid!(
+                "check_rows samples [batch, seq, ...] rows; use check_all for a packed batch"
+            );
+        }
         let s = f.shape;
         let mut check = GradCheck::default();
 
@@ -326,15 +331,24 @@ impl<T: Element> BackwardWorkload<T> {
             let mut dv = vec![0.0; s.head_dim];
             for h in g * f.group_size()..(g + 1) * f.group_size() {
                 for i in 0..s.seq_q {
-                    if f.causal && (j as i64) > i as i64 + f.causal_offset() {
+                    if !f.visible_keys(i, s.seq_q, s.seq_kv).contains(&j) {
                         continue;
                     }
                     let qi = row(&self.q, &f.q_layout, b, i, h);
                     let doi = row(&self.d_o, &p.d_o_layout, b, i, h);
                     let oi = row(o, &f.o_layout, b, i, h);
                     let l = lse[(b * s.num_heads + h) * s.seq_q + i] as f64;
-                    let pij = (scale * dot(&qi, &kj) - l).exp();
-                    let dsij = pij * (dot(&doi, &vj) - dot(&doi, &oi));
+                    // The soft-capped score y and its slope dy/dx, as in reference::attention_backward.
+                    let x = scale * dot(&qi, &kj);
+                    let (y, slope) = match f.softcap.map(f64::from) {
+                        Some(cap) => {
+                            let t = (x / cap).tanh();
+                            (cap * t, 1.0 - t * t)
+                        }
+                        None => (x, 1.0),
+                    };
+                    let pij = (y - l).exp();
+                    let dsij = pij * (dot(&doi, &vj) - dot(&doi, &oi)) * slope;
                     for d in 0..s.head_dim {
                         dk[d] += scale * dsij * qi[d];
                         dv[d] += pij * doi[d];

@@ -202,16 +202,14 @@ impl KernelConfig {
                 src.push_str(&format!(
                     "const WG: u32 = {}u;\nconst LANES: u32 = {}u;\nconst ROWS: u32 = {}u;\n\
                      const KEYS_PER_STEP: u32 = {}u;\nconst HEAD_GRANULES: u32 = {}u;\n\
-                     const PAGED: bool = {};\nconst KV_LENGTHS: bool = {};\nconst WINDOW: bool = {};\nconst SOFTCAP: bool = {};\n",
+                     const PAGED: bool = {};\nconst KV_LENGTHS: bool = {};\n",
                     p.workgroup_size,
                     p.lanes_per_key,
                     p.rows,
                     p.keys_per_step,
                     c.head_dim / 4,
                     c.paged,
-                    c.kv_lengths,
-                    c.window,
-                    c.softcap
+                    c.kv_lengths
                 ));
                 for part in [
                     COMMON,
