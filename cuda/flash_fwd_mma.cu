@@ -139,8 +139,11 @@ extern "C" __global__ void __launch_bounds__(THREADS, FA_MIN_BLOCKS) KERNEL_NAME
 
     // Keys this tile can see: all, or (causal, bottom-right aligned) up to its last row's
     // diagonal. Tiles entirely right of the diagonal are never loaded.
-    const int n_end = visible_keys_end<CAUSAL>(seq, m0, BLOCK_M);
-    const int n_tiles = (n_end + BLOCK_N - 1) / BLOCK_N;
+    // And with a window, from the first row's left edge: tiles wholly left of it are never loaded.
+    const int n_end = visible_keys_end<CAUSAL>(p, seq, m0, BLOCK_M);
+    const int first_tile = keys_seen<CAUSAL>(p, seq, m0).x / BLOCK_N;
+    const int end_tile = (n_end + BLOCK_N - 1) / BLOCK_N;
+    const int n_tiles = end_tile > first_tile ? end_tile - first_tile : 0;
 
     const u16* q =
         p.q + batch * p.q_batch_stride + head * p.q_head_stride + ((i64)seq.q_first + m0) * p.q_seq_stride;
@@ -151,8 +154,8 @@ extern "C" __global__ void __launch_bounds__(THREADS, FA_MIN_BLOCKS) KERNEL_NAME
     const u32 s_kv = s_q + Q_TILE_BYTES;  // stage s: K at s_kv + 2s·KV_TILE_BYTES, V after it
     auto stage_k = [&](int s) { return s_kv + (u32)(2 * s) * KV_TILE_BYTES; };
     auto stage_v = [&](int s) { return s_kv + (u32)(2 * s + 1) * KV_TILE_BYTES; };
-    auto load_kv = [&](int tile, int s) {
-        const int n0 = tile * BLOCK_N;
+    auto load_kv = [&](int tile, int s) {  // tile: counted from first_tile
+        const int n0 = (first_tile + tile) * BLOCK_N;
         load_tile<BLOCK_N>(stage_k(s), k + (i64)n0 * p.k_seq_stride, p.k_seq_stride, seq.seq_kv - n0, tid);
         load_tile<BLOCK_N>(stage_v(s), v + (i64)n0 * p.v_seq_stride, p.v_seq_stride, seq.seq_kv - n0, tid);
     };
@@ -203,7 +206,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, FA_MIN_BLOCKS) KERNEL_NAME
         cp_async_wait<1>();  // every group but the newest is done: tile `it` has landed
         __syncthreads();
         const int stage = it & 1;
-        const int n0 = it * BLOCK_N;
+        const int n0 = (first_tile + it) * BLOCK_N;
         if (Q_IN_REGS && it == 0) {
 #pragma unroll
             for (int mt = 0; mt < (Q_IN_REGS ? M_TILES : 0); ++mt)
@@ -253,9 +256,11 @@ extern "C" __global__ void __launch_bounds__(THREADS, FA_MIN_BLOCKS) KERNEL_NAME
 #pragma unroll
             for (int n = 0; n < N_TILES; ++n)
 #pragma unroll
-                for (int e = 0; e < 4; ++e) s[mt][n][e] *= p.scale_log2;
-        const bool need_mask =
-            n0 + BLOCK_N > seq.seq_kv || (CAUSAL && (i64)n0 + BLOCK_N - 1 > (i64)m0 + seq.causal_offset);
+                for (int e = 0; e < 4; ++e) s[mt][n][e] = soft_cap(p, s[mt][n][e] * p.scale_log2);
+        // A tile needs a mask where it runs past what the first row sees or starts before what
+        // the last row sees (a window's left edge).
+        const bool need_mask = n0 + BLOCK_N > keys_seen<CAUSAL>(p, seq, m0).y ||
+                               n0 < keys_seen<CAUSAL>(p, seq, m0 + BLOCK_M - 1).x;
         if (need_mask) {
 #pragma unroll
             for (int mt = 0; mt < M_TILES; ++mt)
@@ -265,7 +270,8 @@ extern "C" __global__ void __launch_bounds__(THREADS, FA_MIN_BLOCKS) KERNEL_NAME
                     for (int e = 0; e < 4; ++e) {
                         const int col = n0 + n * 8 + (lane % 4) * 2 + (e & 1);
                         const int row = row0 + 16 * mt + (e >> 1) * 8;
-                        const bool hidden = col >= seq.seq_kv || (CAUSAL && (i64)col > (i64)row + seq.causal_offset);
+                        const int2 seen = keys_seen<CAUSAL>(p, seq, row);
+                        const bool hidden = col < seen.x || col >= seen.y;
                         if (hidden) s[mt][n][e] = NEG_INF;
                     }
         }

@@ -139,7 +139,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
     const int m0 = q_tile * BLOCK_M;
     const SeqRows seq = sequence_rows(p, batch);
     if (m0 >= seq.seq_q) return;  // past this sequence's rows (a shorter one of a packed batch)
-    const int n_end = visible_keys_end<CAUSAL>(seq, m0, BLOCK_M);
+    const int n_end = visible_keys_end<CAUSAL>(p, seq, m0, BLOCK_M);
     const int n_tiles = (n_end + BLOCK_N - 1) / BLOCK_N;
     // The tensor maps' rows and batch: a packed batch is one batch of all sequences' rows, and
     // its copies start at the sequence's first row (rows past it belong to the next sequence or

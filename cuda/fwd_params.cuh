@@ -2,7 +2,7 @@
 // (flash_fwd_mma.cu, flash_fwd_wgmma.cu). Needs mma_ptx.cuh first (u16, i64).
 #pragma once
 
-// Mirrors `FwdParams` in src/cuda/plan/params.rs (#[repr(C)], 184 bytes; both sides assert the
+// Mirrors `FwdParams` in src/cuda/plan/params.rs (#[repr(C)], 200 bytes; both sides assert the
 // size).
 // Strides are in elements; the pointers already include each tensor's offset.
 struct FwdParams {
@@ -28,8 +28,14 @@ struct FwdParams {
     const unsigned* cu_seqlens_k;
     int total_q;
     int total_kv;
+    // A sliding window's sides in keys (-1: unbounded) and the soft-cap in base 2 (cap · log2 e;
+    // 0: none). The mma.sync kernel reads them; the wgmma kernel is not selected for them.
+    int window_left;
+    int window_right;
+    float softcap_log2;
+    int variant_pad;
 };
-static_assert(sizeof(FwdParams) == 184, "FwdParams must match the Rust mirror");
+static_assert(sizeof(FwdParams) == 200, "FwdParams must match the Rust mirror");
 
 // Where one sequence's rows are: its first row of Q/O and of K/V and its lengths. Offsets a
 // caller's device buffers may get wrong are checked, never trusted: query rows outside Q make a
@@ -74,12 +80,30 @@ __device__ __forceinline__ i64 lse_index(const FwdParams& p, const SeqRows& s, i
     return ((i64)b * p.num_heads + head) * p.seq_q + row;
 }
 
-// One past the last key that query rows [m0, m0 + rows) can see: all keys, or (causal, aligned
-// bottom-right) up to the last row's diagonal; 0 when no row sees any key. Key tiles at or past
-// it are never loaded.
+// The keys [begin, end) query row `row` of a sequence sees: all of them, cut by the causal mask at
+// its diagonal (aligned bottom-right) and by the sliding window around its position. Mirrors
+// keys_seen in shaders/common.wgsl and AttentionProblem::visible_keys.
 template <bool CAUSAL>
-__device__ __forceinline__ int visible_keys_end(const SeqRows& s, int m0, int rows) {
-    if (!CAUSAL) return s.seq_kv;
-    const i64 limit = (i64)m0 + rows + s.causal_offset;
-    return (int)(limit < 0 ? 0 : (limit < s.seq_kv ? limit : s.seq_kv));
+__device__ __forceinline__ int2 keys_seen(const FwdParams& p, const SeqRows& s, int row) {
+    const i64 pos = (i64)row + s.causal_offset;
+    i64 begin = 0;
+    i64 end = s.seq_kv;
+    if (CAUSAL && pos + 1 < end) end = pos + 1;
+    if (p.window_left >= 0 && pos - p.window_left > begin) begin = pos - p.window_left;
+    if (!CAUSAL && p.window_right >= 0 && pos + p.window_right + 1 < end) end = pos + p.window_right + 1;
+    if (end < 0) end = 0;
+    if (begin > end) begin = end;
+    return make_int2((int)begin, (int)end);
+}
+
+// One past the last key that query rows [m0, m0 + rows) can see (the last row's end; 0 when no
+// row sees any key). Key tiles at or past it are never loaded.
+template <bool CAUSAL>
+__device__ __forceinline__ int visible_keys_end(const FwdParams& p, const SeqRows& s, int m0, int rows) {
+    return keys_seen<CAUSAL>(p, s, m0 + rows - 1).y;
+}
+
+// A tile of scaled scores (base 2) soft-capped in place: cap·tanh(x / cap), nothing without a cap.
+__device__ __forceinline__ float soft_cap(const FwdParams& p, float x) {
+    return p.softcap_log2 > 0.f ? p.softcap_log2 * tanhf(x / p.softcap_log2) : x;
 }

@@ -1729,3 +1729,59 @@ fn appending_then_attending_matches_the_reference() {
         }
     }
 }
+
+/// Sliding windows and soft-caps on the CUDA prefill path (the `mma.sync` kernel: the wgmma kernel
+/// refuses them and selection falls back), against the reference: windows from 0 to past the
+/// sequence on either side, with and without the causal mask, tight and loose caps, GQA, both
+/// dtypes, head_dim 64 and 128, a few new tokens (which the decode kernel does not take with a
+/// window); a forced wgmma plan refuses by name.
+#[test]
+fn windows_and_soft_caps_match_the_reference() {
+    let Some(engine) = engine() else { return };
+    let mut rng = Lcg(0x717d);
+    for seed in 0..16u64 {
+        let seq_q = [3, 77, 200][rng.below(3)];
+        let seq_kv = [seq_q, 150, 333][rng.below(3)];
+        let kv_heads = [1, 2][rng.below(2)];
+        let heads = kv_heads * [1, 4][rng.below(2)];
+        let dtype = [DType::BF16, DType::F16][rng.below(2)];
+        let head_dim = [64, 128][rng.below(2)];
+        let causal = rng.below(2) == 0;
+        let side = |rng: &mut Lcg| match rng.below(4) {
+            0 => None,
+            1 => Some(0),
+            2 => Some(rng.below(50)),
+            _ => Some(rng.below(500)),
+        };
+        let mut p = problem(
+            dtype,
+            2,
+            heads,
+            kv_heads,
+            seq_q,
+            seq_kv,
+            head_dim,
+            causal,
+            Strides::Bshd,
+        );
+        if seed % 3 != 1 {
+            p = p.with_window(side(&mut rng), side(&mut rng));
+        }
+        if seed % 3 != 0 {
+            p = p.with_softcap([0.5f32, 3.0, 40.0][rng.below(3)]);
+        }
+        let label = format!(
+            "seed {seed}: {seq_q}x{seq_kv} h{heads}/{kv_heads} d{head_dim} {} causal {causal} window {:?} cap {:?}",
+            dtype.name(),
+            p.window,
+            p.softcap
+        );
+        run_any(engine, &p, &label, None);
+    }
+    if engine.device().is_hopper() {
+        let p = problem(DType::BF16, 1, 4, 4, 256, 256, 128, true, Strides::Bshd).with_window(Some(32), None);
+        let plan = default_wgmma_plan(128, true).map(CudaPlan::Wgmma).unwrap();
+        let err = expect_refused::<bf16>(engine, &p, plan, "wgmma window");
+        assert!(err.to_string().contains("sliding windows"), "{err}");
+    }
+}

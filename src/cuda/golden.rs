@@ -166,8 +166,8 @@ fn selection_lines(out: &mut Vec<String>) {
 
 /// The parameter block as the kernel receives it.
 fn hex(params: &FwdParams) -> String {
-    // SAFETY: `FwdParams` is `#[repr(C)]` plain data without padding (184 bytes: 17 eight-byte
-    // fields, 6 four-byte ones, 2 eight-byte ones and 2 four-byte ones), so every byte is
+    // SAFETY: `FwdParams` is `#[repr(C)]` plain data without padding (200 bytes: 17 eight-byte
+    // fields, 6 four-byte ones, 2 eight-byte ones and 6 four-byte ones), so every byte is
     // initialized.
     let bytes = unsafe {
         std::slice::from_raw_parts(

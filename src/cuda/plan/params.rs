@@ -39,9 +39,15 @@ pub struct FwdParams {
     pub cu_seqlens_k: u64,
     pub total_q: i32,
     pub total_kv: i32,
+    /// A sliding window's sides in keys, -1 for unbounded (`AttentionProblem::window`).
+    pub window_left: i32,
+    pub window_right: i32,
+    /// The soft-cap in base 2, `cap · log2 e`, 0 for none (`AttentionProblem::softcap`).
+    pub softcap_log2: f32,
+    pub variant_pad: i32,
 }
 
-const _: () = assert!(std::mem::size_of::<FwdParams>() == 184);
+const _: () = assert!(std::mem::size_of::<FwdParams>() == 200);
 
 impl FwdParams {
     /// Parameters for `problem` (validated) with buffers whose element 0 is at `base_addresses`
@@ -89,8 +95,17 @@ impl FwdParams {
             cu_seqlens_k: 0,
             total_q: problem.varlen.map_or(0, |v| v.total_q as i32),
             total_kv: problem.varlen.map_or(0, |v| v.total_kv as i32),
+            window_left: window_side(problem.window.and_then(|w| w.left)),
+            window_right: window_side(problem.window.and_then(|w| w.right)),
+            softcap_log2: problem.softcap.map_or(0.0, |cap| cap * std::f32::consts::LOG2_E),
+            variant_pad: 0,
         }
     }
+}
+
+/// A window side as the kernels read it: -1 unbounded, else the keys, saturated at `i32::MAX`.
+fn window_side(side: Option<usize>) -> i32 {
+    side.map_or(-1, |n| i32::try_from(n).unwrap_or(i32::MAX))
 }
 
 /// The decode kernels' parameter block (`cuda/flash_decode.cu`, both entry points), passed by
@@ -125,7 +140,7 @@ pub struct DecodeParams {
     pub cache_pad: i32,
 }
 
-const _: () = assert!(std::mem::size_of::<DecodeParams>() == 256);
+const _: () = assert!(std::mem::size_of::<DecodeParams>() == 272);
 
 #[cfg(test)]
 mod tests {

@@ -2,7 +2,7 @@
 //! the `mma.sync` default for any GPU, and on Hopper the wgmma kernel where its tensors allow TMA,
 //! with the reason whenever it does not run.
 
-use super::decode::select_cuda_decode;
+use super::decode::{select_cuda_decode, CUDA_DECODE_FEATURES};
 use super::mma::{default_mma_plan, MmaConfig};
 use super::support::validate_for_cuda;
 use super::wgmma::{default_wgmma_plan, wgmma_unavailable};
@@ -49,7 +49,9 @@ pub struct CudaSelection {
 /// only the decode kernel reads (it takes any number of new tokens, in blocks of 16 rows). Never
 /// a packed (varlen) batch, which the prefill kernels read.
 pub fn goes_to_decode(problem: &AttentionProblem) -> bool {
-    problem.varlen.is_none() && (!problem.kv_cache.is_plain() || (DECODE_BY_DEFAULT && prefers_decode(problem)))
+    let decode_implements = problem.features().missing_from(CUDA_DECODE_FEATURES).is_empty();
+    problem.varlen.is_none()
+        && (!problem.kv_cache.is_plain() || (DECODE_BY_DEFAULT && prefers_decode(problem) && decode_implements))
 }
 
 /// The default kernel for a problem on a device: the decode kernel where [`prefers_decode`] holds

@@ -13,6 +13,8 @@ pub const CUDA_PREFILL_FEATURES: FeatureSet = FeatureSet::of(&[
     Feature::GroupedKv,
     Feature::ArbitraryScale,
     Feature::Varlen,
+    Feature::SlidingWindow,
+    Feature::SoftCap,
 ]);
 
 /// Head dimensions the CUDA kernels are built for. The shared-memory swizzle needs rows of a
