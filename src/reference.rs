@@ -477,6 +477,7 @@ fn check_merge_inputs<T: Element>(
     lse_b: &[f32],
 ) -> Result<()> {
     problem.validate()?;
+    crate::problem::varlen::refuse_packed(problem, "the merge")?;
     if T::DTYPE != problem.dtype {
         return Err(crate::error::Error::DTypeMismatch {
             tensor: "o_a",

@@ -402,6 +402,16 @@ fn offsets_outside_the_tensors_never_reach_memory() {
         .unwrap_err()
         .to_string();
     assert!(err.contains("cu_seqlens_q"), "{err}");
+    // The merge reads [batch, num_heads, seq_q] rows: it refuses a packed batch rather than
+    // misreading it, on the GPU and in the reference.
+    let lse = vec![0.0f32; case.problem.lse_len()];
+    let o = &case.q[..case.problem.required_len(Tensor::O)];
+    let err = engine
+        .merge_blocking(&case.problem, o, &lse, o, &lse)
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("packed (varlen)"), "{err}");
+    assert!(reference::merge_attention_states(&case.problem, o, &lse, o, &lse).is_err());
 }
 
 /// The backward pass of packed batches on the caller's buffers, gradients poisoned, against the

@@ -53,6 +53,18 @@ impl Varlen {
     }
 }
 
+/// An error for a packed problem given to `what`, which reads `[batch, seq, ...]` rows and a
+/// `[batch, num_heads, seq_q]` LSE.
+pub(crate) fn refuse_packed(problem: &super::AttentionProblem, what: &str) -> Result<()> {
+    if problem.varlen.is_some() {
+        return Err(Error::Unavailable {
+            what: what.into(),
+            why: "it reads [batch, seq, ...] rows, not a packed (varlen) batch; merge each sequence's rows as a batch of one".into(),
+        });
+    }
+    Ok(())
+}
+
 /// Checks one `[batch + 1]` offsets tensor: long enough, non-decreasing, ending within `total`
 /// rows, no sequence longer than `max_len`.
 pub(crate) fn validate_offsets(

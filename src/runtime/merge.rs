@@ -9,6 +9,7 @@ use crate::gpu::binding::{
     bind, bind_f32, byte_len, check_buffer_size, check_disjoint, check_written_apart_from_read, Bound, TensorBuffer,
 };
 use crate::gpu::readback::{read_back, upload_queued};
+use crate::problem::varlen::refuse_packed;
 use crate::problem::{AttentionProblem, Element, Tensor};
 use crate::runtime::forward::{AttentionOutput, FlashAttention};
 use crate::wgsl::params::Params;
@@ -59,6 +60,7 @@ impl FlashAttention {
     ) -> Result<()> {
         self.context().check_device(false)?;
         problem.validate()?;
+        refuse_packed(problem, "the merge")?;
         let grid = self.merge_grid(problem)?;
         let config = KernelConfig::Merge { storage: problem.dtype };
         let pipeline = self.pipelines().get(&config)?;
@@ -173,6 +175,7 @@ impl FlashAttention {
         lse_b: &[f32],
     ) -> Result<AttentionOutput<T>> {
         problem.validate()?;
+        refuse_packed(problem, "the merge")?;
         if T::DTYPE != problem.dtype {
             return Err(Error::DTypeMismatch {
                 tensor: "o_a",
