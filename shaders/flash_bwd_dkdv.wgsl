@@ -113,7 +113,7 @@ fn flash_bwd_dkdv(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocatio
         // ---- dV += Pᵀ dO, N_STEP query rows per step; then the first Q rows ----
         for (var c = 0u; c < row_steps; c++) {
             let next = (stage + 1u) % STAGES;
-            var regs: Fetched;
+            var regs = Fetched();
             if (c + 1u < row_steps) {
                 regs = fetch_rows_slice(SRC_DO, hd, m0 + (c + 1u) * N_STEP, li);
             } else {
@@ -137,7 +137,7 @@ fn flash_bwd_dkdv(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocatio
             let next = (stage + 1u) % STAGES;
             let more_rows = c + 1u < row_steps;
             let more_items = it + 1u < num_items;
-            var regs: Fetched;
+            var regs = Fetched();
             if (more_rows) {
                 regs = fetch_rows_slice(SRC_Q, hd, m0 + (c + 1u) * N_STEP, li);
             } else if (more_items) {

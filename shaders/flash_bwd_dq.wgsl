@@ -108,7 +108,7 @@ fn flash_bwd_dq(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_
             let next = (stage + 1u) % STAGES;
             let more_keys = c + 1u < key_steps;
             let more_tiles = t + 1u < num_kv_tiles;
-            var regs: Fetched;
+            var regs = Fetched();
             if (more_keys) {
                 regs = fetch_rows_slice(SRC_K, hd, n0 + (c + 1u) * N_STEP, li);
             } else if (more_tiles) {

@@ -202,7 +202,7 @@ fn score_products(
     for (var c = 0u; c < QK_STEPS; c++) {
         let next = (*stage + 1u) % STAGES;
         let last = c + 1u == QK_STEPS;
-        var regs: Fetched;
+        var regs = Fetched();
         if (!last) {
             regs = fetch_score_slice(hd, m0, n0, (c + 1u) * K_STEP, li);
         } else {
@@ -226,8 +226,8 @@ fn score_products(
 // score stage, for this invocation's rows and columns.
 fn accumulate_scores(s: ptr<function, Scores>, dp: ptr<function, Scores>, base: u32, row0: u32, tx: u32) {
     for (var kk = 0u; kk < K_STEP; kk++) {
-        var s_rows: array<vec4<TileElem>, ROW_VECS>;
-        var dp_rows: array<vec4<TileElem>, ROW_VECS>;
+        var s_rows = array<vec4<TileElem>, ROW_VECS>();
+        var dp_rows = array<vec4<TileElem>, ROW_VECS>();
         for (var g = 0u; g < ROW_VECS; g++) {
             s_rows[g] = staging[base + S_ROWS_AT + (kk * TILE_ROWS + row0) / 4u + g];
             dp_rows[g] = staging[base + DP_ROWS_AT + (kk * TILE_ROWS + row0) / 4u + g];
@@ -267,7 +267,7 @@ fn store_transposed(x: ptr<function, Scores>, row0: u32, tx: u32) {
 // output columns.
 fn accumulate_rows(acc: ptr<function, Output>, base: u32, col_first: u32, row0: u32, tx: u32) {
     for (var n = 0u; n < N_STEP; n++) {
-        var t_rows: array<vec4<TileElem>, ROW_VECS>;
+        var t_rows = array<vec4<TileElem>, ROW_VECS>();
         for (var g = 0u; g < ROW_VECS; g++) {
             t_rows[g] = t_tile[((col_first + n) * T_STRIDE + row0) / 4u + g];
         }

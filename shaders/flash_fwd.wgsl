@@ -168,7 +168,7 @@ alias Output = array<vec4<f32>, ROWS_PER_THREAD * O_VECS>;
 // s += (Q slice)(K slice)ᵀ for this invocation's rows and score columns.
 fn accumulate_scores(s: ptr<function, Scores>, base: u32, row0: u32, tx: u32) {
     for (var kk = 0u; kk < K_STEP; kk++) {
-        var q_rows: array<vec4<TileElem>, ROW_VECS>;
+        var q_rows = array<vec4<TileElem>, ROW_VECS>();
         for (var g = 0u; g < ROW_VECS; g++) {
             q_rows[g] = staging[base + (kk * BLOCK_M + row0) / 4u + g];
         }
@@ -184,7 +184,7 @@ fn accumulate_scores(s: ptr<function, Scores>, base: u32, row0: u32, tx: u32) {
 // acc += P[:, n_first ..] · (V slice) for this invocation's rows and output columns.
 fn accumulate_pv(acc: ptr<function, Output>, base: u32, n_first: u32, row0: u32, tx: u32) {
     for (var n = 0u; n < N_STEP; n++) {
-        var p_rows: array<vec4<TileElem>, ROW_VECS>;
+        var p_rows = array<vec4<TileElem>, ROW_VECS>();
         for (var g = 0u; g < ROW_VECS; g++) {
             p_rows[g] = p_tile[((n_first + n) * P_STRIDE + row0) / 4u + g];
         }
@@ -241,7 +241,7 @@ fn flash_fwd(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_ind
         for (var c = 0u; c < QK_STEPS; c++) {
             let next = (stage + 1u) % STAGES;
             let last = c + 1u == QK_STEPS;
-            var regs: Fetched;
+            var regs = Fetched();
             if (!last) {
                 regs = fetch_qk(tile, n0, (c + 1u) * K_STEP, li);
             } else {
@@ -262,7 +262,7 @@ fn flash_fwd(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_ind
 
         // ---- online softmax, in base 2 with the scale folded in (and the soft-cap, if any) ----
         let needs_mask = key_tile_needs_mask(seq, m0, BLOCK_M, n0, BLOCK_N);
-        var tile_max: array<f32, ROWS_PER_THREAD>;
+        var tile_max = array<f32, ROWS_PER_THREAD>();
         for (var i = 0u; i < ROWS_PER_THREAD; i++) {
             var mx = NEG_BIG;
             for (var c = 0u; c < S_VECS; c++) {
@@ -323,7 +323,7 @@ fn flash_fwd(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_ind
             let next = (stage + 1u) % STAGES;
             let more_v = c + 1u < v_steps;
             let more_tiles = t + 1u < num_kv_tiles;
-            var regs: Fetched;
+            var regs = Fetched();
             if (more_v) {
                 regs = fetch_v(tile, n0 + (c + 1u) * N_STEP, li);
             } else if (more_tiles) {

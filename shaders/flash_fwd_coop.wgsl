@@ -357,7 +357,7 @@ fn flash_fwd_coop(
         // workgroup waits for global memory once a pass rather than once a granule (a loop that
         // stored each granule right after its load made a workgroup's fixed cost several K/V
         // tiles' worth: docs/perf-history.md, "Cooperative matrices", step 23).
-        var staged: array<vec4<f16>, Q_COPIES>;
+        var staged: array<vec4<f16>, Q_COPIES>; // set in full below, before any read
         // @unroll
         for (var i = 0u; i < Q_COPIES; i++) {
             let g = li + i * WORKGROUP_SIZE;
@@ -437,7 +437,7 @@ fn flash_fwd_coop(
         // head_dim blocks outside, key blocks inside: N_BLOCKS independent accumulators keep
         // the matrix units busy instead of one chain of dependent multiply-adds. Kᵀ is a
         // column-major B: its element (d, n) is K row n, column d.
-        var s_frag: array<coop_mat16x16<f32, C>, N_BLOCKS>;
+        var s_frag: array<coop_mat16x16<f32, C>, N_BLOCKS>; // set in full below, before any read
         // @unroll
         for (var j = 0u; j < N_BLOCKS; j++) {
             s_frag[j] = coop_mat16x16<f32, C>();
