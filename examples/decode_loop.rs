@@ -177,7 +177,6 @@ fn main() -> wgpu_flash_attn::Result<()> {
             page_table: cache_index.0,
             kv_lens: cache_index.1,
         };
-        engine.encode_append_kv(&mut encoder, &problem, &append)?;
         let attend = ForwardBuffers {
             page_table: cache_index.0,
             kv_lens: cache_index.1,
@@ -189,7 +188,8 @@ fn main() -> wgpu_flash_attn::Result<()> {
                 Some(TensorBuffer::new(&lse_buf)),
             )
         };
-        let kernel = engine.encode_forward(&mut encoder, &problem, &attend, None)?;
+        // The serving step: append this step's K/V, then attend over the cache, one submission.
+        let kernel = engine.encode_append_and_forward(&mut encoder, &problem, &append, &attend, None)?;
         ctx.queue.submit([encoder.finish()]);
         device
             .poll(wgpu::PollType::wait_indefinitely())

@@ -380,9 +380,10 @@ fn prefill_kernels_read_key_counts_and_refuse_pages() {
 }
 
 /// Three serving steps over a paged cache of ragged sequences: each appends one or two new
-/// tokens' K/V through the page table (recorded with the attention call in one encoder) and
-/// attends over the cache; the pool read back equals the host's copy bit for bit, and the output
-/// matches the reference over that copy.
+/// tokens' K/V through the page table (recorded with the attention call in one encoder, by two
+/// calls or by `encode_append_and_forward`) and attends over the cache; the pool read back equals
+/// the host's copy bit for bit, and the output matches the reference over that copy. A step whose
+/// attention cannot run records nothing.
 #[test]
 fn appending_then_attending_matches_the_reference() {
     use wgpu_flash_attn::batch::AppendBuffers;
@@ -450,7 +451,6 @@ fn appending_then_attending_matches_the_reference() {
                 page_table: Some(TensorBuffer::new(&table_buf)),
                 kv_lens: Some(TensorBuffer::new(&lens_buf)),
             };
-            engine.encode_append_kv(&mut encoder, &problem, &append).unwrap();
             let attend = ForwardBuffers {
                 page_table: Some(TensorBuffer::new(&table_buf)),
                 kv_lens: Some(TensorBuffer::new(&lens_buf)),
@@ -462,7 +462,40 @@ fn appending_then_attending_matches_the_reference() {
                     Some(TensorBuffer::new(&lse)),
                 )
             };
-            engine.encode_forward(&mut encoder, &problem, &attend, None).unwrap();
+            if step == 1 {
+                // A step whose attention cannot run (an LSE buffer too small) records nothing,
+                // not even the append: NaN rows offered to it never reach the cache.
+                let small = storage(&[0u8; 16]);
+                let bad = ForwardBuffers {
+                    lse: Some(TensorBuffer::new(&small)),
+                    ..attend
+                };
+                let nan_rows = storage(&nan_bytes(DType::F16, new_k.len()));
+                let junk = AppendBuffers {
+                    new_k: TensorBuffer::new(&nan_rows),
+                    new_v: TensorBuffer::new(&nan_rows),
+                    ..append
+                };
+                let mut failed = ctx.device.create_command_encoder(&Default::default());
+                let err = engine
+                    .encode_append_and_forward(&mut failed, &problem, &junk, &bad, None)
+                    .unwrap_err();
+                assert!(err.to_string().contains("lse"), "{err}");
+                ctx.queue.submit([failed.finish()]);
+                let cache =
+                    pollster::block_on(read_back(&ctx.device, &ctx.queue, &[(&k_buf, 0, k_buf.size())])).unwrap();
+                let cache: Vec<half::f16> = bytemuck::pod_collect_to_vec(&cache[0]);
+                assert!(cache.iter().all(|x| x.is_finite()), "the failed step wrote the cache");
+            }
+            // The serving step: recorded by the two calls on even steps, by the one on odd ones.
+            if step % 2 == 0 {
+                engine.encode_append_kv(&mut encoder, &problem, &append).unwrap();
+                engine.encode_forward(&mut encoder, &problem, &attend, None).unwrap();
+            } else {
+                engine
+                    .encode_append_and_forward(&mut encoder, &problem, &append, &attend, None)
+                    .unwrap();
+            }
             ctx.queue.submit([encoder.finish()]);
             let bytes = pollster::block_on(read_back(
                 &ctx.device,

@@ -7,8 +7,9 @@ use wgpu::util::DeviceExt;
 
 use crate::error::{Error, Result};
 use crate::gpu::binding::{bind, check_disjoint, check_written_apart_from_read, TensorBuffer};
+use crate::plan::ForwardKernel;
 use crate::problem::{AttentionProblem, Layout, Tensor, TensorLayout};
-use crate::runtime::forward::{FlashAttention, IndexBuffers};
+use crate::runtime::forward::{FlashAttention, ForwardBuffers, IndexBuffers};
 use crate::wgsl::params::Params;
 use crate::wgsl::KernelConfig;
 
@@ -32,6 +33,25 @@ pub struct AppendBuffers<'a> {
 }
 
 impl FlashAttention {
+    /// The serving step in one call: the append of the new tokens' K/V into the cache
+    /// ([`encode_append_kv`](Self::encode_append_kv)), then attention over that cache
+    /// ([`encode_forward`](Self::encode_forward) with `attend`, whose K, V and index tensors are
+    /// the cache `append` writes), recorded into `encoder` in that order: one submission.
+    /// Everything both calls check is checked before either records, so a problem, buffer or
+    /// pipeline error records nothing. Returns the attention's kernel.
+    pub fn encode_append_and_forward(
+        &self,
+        encoder: &mut wgpu::CommandEncoder,
+        problem: &AttentionProblem,
+        append: &AppendBuffers<'_>,
+        attend: &ForwardBuffers<'_>,
+        timestamps: Option<wgpu::ComputePassTimestampWrites<'_>>,
+    ) -> Result<ForwardKernel> {
+        self.check_forward(problem, attend)?;
+        self.encode_append_kv(encoder, problem, append)?;
+        self.encode_forward(encoder, problem, attend, timestamps)
+    }
+
     /// Records the append of `problem.shape.seq_q` new tokens per sequence into the cache: new
     /// token `t` of sequence `b` goes to key position `kv_len(b) − seq_q + t` (`kv_len` is
     /// `kv_lens[b]`, or `seq_kv`), through the page table when paged. Positions below 0 and

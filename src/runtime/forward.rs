@@ -415,6 +415,32 @@ impl FlashAttention {
         Ok(config)
     }
 
+    /// Everything [`encode_forward`](Self::encode_forward) checks before it records: the device,
+    /// the kernel selection, the buffers and index tensors, and the kernel's pipelines (built
+    /// now if new). Returns the kernel that would run.
+    pub(crate) fn check_forward(
+        &self,
+        problem: &AttentionProblem,
+        buffers: &ForwardBuffers<'_>,
+    ) -> Result<ForwardKernel> {
+        self.ctx.check_device(false)?;
+        let config = self.select(problem)?;
+        self.bind_forward_index(problem, buffers)?;
+        self.bind_forward(problem, buffers)?;
+        match &config {
+            ForwardKernel::Tiled(c) => drop(self.pipelines.get(&KernelConfig::Flash(*c))?),
+            ForwardKernel::Coop(c) => drop(self.pipelines.get(&KernelConfig::FlashCoop(*c))?),
+            ForwardKernel::Decode { config, split } => {
+                self.pipelines.get(&KernelConfig::Decode(*config))?;
+                if split.splits > 1 {
+                    self.pipelines
+                        .get(&KernelConfig::DecodeCombine { storage: problem.dtype })?;
+                }
+            }
+        }
+        Ok(config)
+    }
+
     /// Checks the caller's buffers against the problem and the device: q, k, v, o, lse bindings.
     fn bind_forward<'a>(&'a self, problem: &AttentionProblem, buffers: &ForwardBuffers<'a>) -> Result<[Bound<'a>; 5]> {
         let caps = &self.ctx.caps;
