@@ -70,8 +70,15 @@ struct Params {
 @group(0) @binding(0) var<uniform> params: Params;
 
 // A score that stands for "masked": far below any real score, yet finite, so that differences of
-// two masked scores stay finite (WGSL implementations need not honour infinities).
+// two masked scores stay finite (WGSL implementations need not honour infinities). The
+// cooperative-matrix kernel's reference max starts here, and the backward reads an empty row's
+// LSE as -NEG_BIG.
 const NEG_BIG: f32 = -1.0e30;
+// The lowest finite f32, below every finite score: the tiled and naive forwards start a row's max
+// here and give masked scores this value, so that a row whose real scores all lie below NEG_BIG
+// (a huge negative scale, huge opposite q and k) still gets the reference's answer. Masked minus
+// a real max may overflow to −∞ there, whose exp2 is the 0 it should be.
+const LOWEST: f32 = -3.4028234e38;
 // Bit pattern of -infinity: the LSE of a row that sees no key (the host reads it as f32).
 const LSE_EMPTY_BITS: u32 = 0xff800000u;
 // A quiet NaN's bits: what a kernel writes for rows it cannot compute (an invalid cache index).

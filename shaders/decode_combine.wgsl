@@ -11,8 +11,6 @@
 // (splits × head_dim f32 per row), so no more parallelism is needed.
 
 const WG: u32 = 64u;
-// Below every finite LSE: the identity of the max.
-const LOWEST: f32 = -3.4028234e38;
 
 @group(0) @binding(1) var<storage, read> o_partial: array<vec4<f32>>;
 @group(0) @binding(2) var<storage, read> lse_partial: array<u32>;

@@ -220,7 +220,7 @@ fn flash_fwd(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_ind
     var m_run: array<f32, ROWS_PER_THREAD>;
     var l_run: array<f32, ROWS_PER_THREAD>;
     for (var i = 0u; i < ROWS_PER_THREAD; i++) {
-        m_run[i] = NEG_BIG;
+        m_run[i] = LOWEST;
         l_run[i] = 0.0;
     }
 
@@ -264,12 +264,12 @@ fn flash_fwd(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_ind
         let needs_mask = key_tile_needs_mask(seq, m0, BLOCK_M, n0, BLOCK_N);
         var tile_max = array<f32, ROWS_PER_THREAD>();
         for (var i = 0u; i < ROWS_PER_THREAD; i++) {
-            var mx = NEG_BIG;
+            var mx = LOWEST;
             for (var c = 0u; c < S_VECS; c++) {
                 var x = soft_cap(s[i * S_VECS + c] * params.scale);
                 if (needs_mask) {
                     for (var j = 0u; j < 4u; j++) {
-                        x[j] = select(NEG_BIG, x[j], is_visible(seq, m0 + row0 + i, n0 + 4u * (tx + THREADS_X * c) + j));
+                        x[j] = select(LOWEST, x[j], is_visible(seq, m0 + row0 + i, n0 + 4u * (tx + THREADS_X * c) + j));
                     }
                 }
                 s[i * S_VECS + c] = x;
@@ -280,9 +280,9 @@ fn flash_fwd(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_ind
         tile_max = reduce_rows(tile_max, tx, row0, true);
         for (var i = 0u; i < ROWS_PER_THREAD; i++) {
             let m_new = max(m_run[i], tile_max[i]);
-            // exp2(NEG_BIG − m) underflows to 0, so the first visible key wipes the (zero) history
-            // of a row, and a row that has seen nothing keeps alpha = 1 on zeros.
-            let alpha = exp2(m_run[i] - m_new);
+            // A row that has seen nothing (m = LOWEST) has zero history: alpha 0 wipes it without
+            // forming LOWEST − m_new, which may overflow; otherwise exp2(m_old − m_new) ≤ 1.
+            let alpha = select(exp2(m_run[i] - m_new), 0.0, m_run[i] == LOWEST);
             m_run[i] = m_new;
             l_run[i] *= alpha;
             for (var c = 0u; c < O_VECS; c++) {
@@ -291,7 +291,7 @@ fn flash_fwd(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_ind
             for (var c = 0u; c < S_VECS; c++) {
                 var p = exp2(s[i * S_VECS + c] - m_new);
                 if (needs_mask) {
-                    // A row with no visible key yet has m_new = NEG_BIG and would give exp2(0) = 1.
+                    // A row with no visible key yet has m_new = LOWEST and would give exp2(0) = 1.
                     for (var j = 0u; j < 4u; j++) {
                         p[j] = select(0.0, p[j], is_visible(seq, m0 + row0 + i, n0 + 4u * (tx + THREADS_X * c) + j));
                     }

@@ -36,7 +36,7 @@ fn naive_softmax(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation
     let base = (wg.y * params.seq_q + i) * params.seq_kv;
     let seq = dense_sequence(bh / params.num_heads);
 
-    var mx = NEG_BIG;
+    var mx = LOWEST;
     for (var j = li; j < params.seq_kv; j += WG) {
         if (is_visible(seq, i, j)) {
             mx = max(mx, scores[base + j]);

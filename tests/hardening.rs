@@ -475,3 +475,57 @@ fn overlapping_written_tensors_are_errors() {
         );
     }
 }
+
+/// Rows whose real scores all lie far below the old −1e30 "masked" sentinel (scale −1e30 on
+/// positive dot products: every score about −6e31) get the reference's answer on the tiled and
+/// naive kernels — equal scores, so O is the mean of the visible V rows and the LSE that score
+/// plus ln(count) — instead of O = 0 and LSE = −∞; so does the decode kernel.
+#[test]
+fn scores_below_the_old_mask_sentinel_are_right() {
+    use wgpu_flash_attn::reference;
+    let Some(ctx) = gpu() else { return };
+    let tiled = FlashAttention::with_options(
+        ctx,
+        Options {
+            choice: KernelChoice::Tiled(TiledChoice::default()),
+            ..Options::default()
+        },
+    );
+    let auto = FlashAttention::new(ctx);
+    for (seq_q, causal) in [(40, true), (40, false), (3, true)] {
+        let p = AttentionProblem::new(
+            AttentionShape {
+                batch: 1,
+                seq_q,
+                seq_kv: 40,
+                num_heads: 2,
+                num_kv_heads: 2,
+                head_dim: 64,
+            },
+            DType::F32,
+        )
+        .with_causal(causal)
+        .with_scale(-1.0e30);
+        let q = vec![1.0f32; p.required_len(Tensor::Q)];
+        let k = vec![1.0f32; p.required_len(Tensor::K)];
+        let v = values(p.required_len(Tensor::V), 9);
+        let want = reference::attention(&p, &q, &k, &v).unwrap();
+        let runs = [
+            ("tiled", tiled.forward_blocking(&p, &q, &k, &v).unwrap()),
+            ("naive", auto.naive_forward_blocking(&p, &q, &k, &v).unwrap()),
+            ("auto", auto.forward_blocking(&p, &q, &k, &v).unwrap()),
+        ];
+        for (name, got) in runs {
+            let label = format!("{name} ({}) seq_q {seq_q} causal {causal}", got.kernel);
+            for (i, (g, w)) in got.out.iter().zip(&want.out).enumerate() {
+                assert!((*g as f64 - w).abs() < 1e-4, "{label}: O[{i}] = {g}, want {w}");
+            }
+            for (i, (g, w)) in got.lse.iter().zip(&want.lse).enumerate() {
+                assert!(
+                    w.is_finite() && ((*g as f64 - w) / w).abs() < 1e-6,
+                    "{label}: LSE[{i}] = {g}, want {w}"
+                );
+            }
+        }
+    }
+}
