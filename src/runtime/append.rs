@@ -47,9 +47,9 @@ impl FlashAttention {
         attend: &ForwardBuffers<'_>,
         timestamps: Option<wgpu::ComputePassTimestampWrites<'_>>,
     ) -> Result<ForwardKernel> {
-        self.check_forward(problem, attend)?;
+        let prepared = self.prepare_forward(problem, attend)?;
         self.encode_append_kv(encoder, problem, append)?;
-        self.encode_forward(encoder, problem, attend, timestamps)
+        self.record_forward(encoder, problem, &prepared, timestamps)
     }
 
     /// Records the append of `problem.shape.seq_q` new tokens per sequence into the cache: new

@@ -11,7 +11,9 @@ use crate::gpu::binding::{
 use crate::gpu::pipelines::PipelineCache;
 use crate::gpu::readback::{read_back_within, upload_queued, DEFAULT_READ_BACK_TIMEOUT};
 use crate::gpu::scratch::ScratchBuffers;
-use crate::plan::{num_q_tiles, select_forward, BoundsChecks, DecodeSplit, ForwardKernel, KernelChoice};
+use crate::plan::{
+    num_q_tiles, select_forward, BoundsChecks, DecodeConfig, DecodeSplit, ForwardKernel, KernelChoice, SequenceIndex,
+};
 use crate::problem::index::BatchIndex;
 use crate::problem::{AttentionProblem, Element, Tensor};
 use crate::wgsl::params::Params;
@@ -93,6 +95,29 @@ impl<'a> ForwardBuffers<'a> {
             kv_lens: self.kv_lens,
         }
     }
+}
+
+/// A forward call checked and ready to record ([`FlashAttention::prepare_forward`]): the kernel,
+/// what recording it needs, the bound tensors and index tensors.
+pub(crate) struct PreparedForward<'a> {
+    config: ForwardKernel,
+    kernel: PreparedKernel,
+    bound: [Bound<'a>; 5],
+    index: IndexBindings<'a>,
+    write_lse: bool,
+}
+
+/// What recording a prepared forward needs: a prefill kernel's pipeline and the index tensors it
+/// reads, or the decode kernel's configuration (its two pipelines come from the cache).
+enum PreparedKernel {
+    Prefill {
+        pipeline: std::sync::Arc<wgpu::ComputePipeline>,
+        sequences: SequenceIndex,
+    },
+    Decode {
+        config: DecodeConfig,
+        split: DecodeSplit,
+    },
 }
 
 /// A host call's index tensors, uploaded.
@@ -365,27 +390,82 @@ impl FlashAttention {
         buffers: &ForwardBuffers<'_>,
         timestamps: Option<wgpu::ComputePassTimestampWrites<'_>>,
     ) -> Result<ForwardKernel> {
+        let prepared = self.prepare_forward(problem, buffers)?;
+        self.record_forward(encoder, problem, &prepared, timestamps)
+    }
+
+    /// Everything [`encode_forward`](Self::encode_forward) checks and builds before it records:
+    /// the device, the kernel selection, the buffers and index tensors, and the kernel's
+    /// pipelines (built now if new), so that a caller recording more than the attention (the
+    /// serving step) can check it before recording anything.
+    pub(crate) fn prepare_forward<'a>(
+        &'a self,
+        problem: &AttentionProblem,
+        buffers: &ForwardBuffers<'a>,
+    ) -> Result<PreparedForward<'a>> {
         self.ctx.check_device(false)?;
         let config = self.select(problem)?;
         let index = self.bind_forward_index(problem, buffers)?;
-        let (key, sequences) = match &config {
-            ForwardKernel::Tiled(c) => (KernelConfig::Flash(*c), c.sequences),
-            ForwardKernel::Coop(c) => (KernelConfig::FlashCoop(*c), c.sequences),
-            ForwardKernel::Decode { config: decode, split } => {
-                let bound = self.bind_forward(problem, buffers)?;
-                let write_lse = buffers.lse.is_some();
-                self.encode_decode(encoder, problem, &bound, &index, write_lse, timestamps, decode, split)?;
-                return Ok(config);
+        let kernel = match &config {
+            ForwardKernel::Tiled(c) => PreparedKernel::Prefill {
+                pipeline: self.pipelines.get(&KernelConfig::Flash(*c))?,
+                sequences: c.sequences,
+            },
+            ForwardKernel::Coop(c) => PreparedKernel::Prefill {
+                pipeline: self.pipelines.get(&KernelConfig::FlashCoop(*c))?,
+                sequences: c.sequences,
+            },
+            ForwardKernel::Decode { config, split } => {
+                // Built here so that a build error comes before anything is recorded;
+                // encode_decode takes them from the cache.
+                self.pipelines.get(&KernelConfig::Decode(*config))?;
+                if split.splits > 1 {
+                    self.pipelines
+                        .get(&KernelConfig::DecodeCombine { storage: problem.dtype })?;
+                }
+                PreparedKernel::Decode {
+                    config: *config,
+                    split: *split,
+                }
             }
         };
-        let pipeline = self.pipelines.get(&key)?;
         let bound = self.bind_forward(problem, buffers)?;
+        Ok(PreparedForward {
+            config,
+            kernel,
+            bound,
+            index,
+            write_lse: buffers.lse.is_some(),
+        })
+    }
 
+    /// Records a forward call [`prepare_forward`](Self::prepare_forward) checked.
+    pub(crate) fn record_forward(
+        &self,
+        encoder: &mut wgpu::CommandEncoder,
+        problem: &AttentionProblem,
+        prepared: &PreparedForward<'_>,
+        timestamps: Option<wgpu::ComputePassTimestampWrites<'_>>,
+    ) -> Result<ForwardKernel> {
+        let PreparedForward {
+            config,
+            kernel,
+            bound,
+            index,
+            write_lse,
+        } = prepared;
+        let (pipeline, sequences) = match kernel {
+            PreparedKernel::Prefill { pipeline, sequences } => (pipeline, sequences),
+            PreparedKernel::Decode { config: decode, split } => {
+                self.encode_decode(encoder, problem, bound, index, *write_lse, timestamps, decode, split)?;
+                return Ok(*config);
+            }
+        };
         let params = Params::for_flash(
             problem,
             [bound[0].strides, bound[1].strides, bound[2].strides, bound[3].strides],
-            num_q_tiles(problem, &config) as u32,
-            buffers.lse.is_some(),
+            num_q_tiles(problem, config) as u32,
+            *write_lse,
         );
         let params_buffer = self.uniform(&params);
 
@@ -408,37 +488,11 @@ impl FlashAttention {
             label: Some(&config.name()),
             timestamp_writes: timestamps,
         });
-        pass.set_pipeline(&pipeline);
+        pass.set_pipeline(pipeline);
         pass.set_bind_group(0, &bind_group, &[]);
         let s = problem.shape;
         pass.dispatch_workgroups(params.num_q_tiles, s.num_heads as u32, s.batch as u32);
-        Ok(config)
-    }
-
-    /// Everything [`encode_forward`](Self::encode_forward) checks before it records: the device,
-    /// the kernel selection, the buffers and index tensors, and the kernel's pipelines (built
-    /// now if new). Returns the kernel that would run.
-    pub(crate) fn check_forward(
-        &self,
-        problem: &AttentionProblem,
-        buffers: &ForwardBuffers<'_>,
-    ) -> Result<ForwardKernel> {
-        self.ctx.check_device(false)?;
-        let config = self.select(problem)?;
-        self.bind_forward_index(problem, buffers)?;
-        self.bind_forward(problem, buffers)?;
-        match &config {
-            ForwardKernel::Tiled(c) => drop(self.pipelines.get(&KernelConfig::Flash(*c))?),
-            ForwardKernel::Coop(c) => drop(self.pipelines.get(&KernelConfig::FlashCoop(*c))?),
-            ForwardKernel::Decode { config, split } => {
-                self.pipelines.get(&KernelConfig::Decode(*config))?;
-                if split.splits > 1 {
-                    self.pipelines
-                        .get(&KernelConfig::DecodeCombine { storage: problem.dtype })?;
-                }
-            }
-        }
-        Ok(config)
+        Ok(*config)
     }
 
     /// Checks the caller's buffers against the problem and the device: q, k, v, o, lse bindings.
