@@ -6,7 +6,7 @@
 
 mod common;
 
-use common::{engine_with, gpu, run_and_check_any, shape};
+use common::{below, engine_with, gpu, run_and_check_any, shape};
 use wgpu_flash_attn::kernel::{DecodeChoice, ForwardKernel, Reduction};
 use wgpu_flash_attn::testing::harness::Kernel;
 use wgpu_flash_attn::testing::Rng;
@@ -56,10 +56,6 @@ fn check(engine: &FlashAttention, problem: &AttentionProblem, extra: &str) {
         kernel.name()
     );
     run_and_check_any(engine, Kernel::Flash, problem, &label(problem, &kernel, extra));
-}
-
-fn below(rng: &mut Rng, n: usize) -> usize {
-    (rng.next_u64() % n as u64) as usize
 }
 
 #[test]

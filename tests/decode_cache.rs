@@ -8,8 +8,7 @@
 
 mod common;
 
-use common::{gpu, shape};
-use wgpu::util::DeviceExt;
+use common::{below, gpu, shape, storage};
 use wgpu_flash_attn::batch::{BatchIndex, PagedKv};
 use wgpu_flash_attn::gpu::readback::read_back;
 use wgpu_flash_attn::kernel::{DecodeChoice, ForwardKernel, Reduction};
@@ -19,19 +18,6 @@ use wgpu_flash_attn::{
     reference, AttentionProblem, DType, Element, Error, FlashAttention, ForwardBuffers, GpuContext, KernelChoice,
     Layout, Options, Tensor, TensorBuffer,
 };
-
-/// A storage buffer holding `bytes`, readable back.
-fn storage(ctx: &GpuContext, label: &str, bytes: &[u8]) -> wgpu::Buffer {
-    ctx.device.create_buffer_init(&wgpu::util::BufferInitDescriptor {
-        label: Some(label),
-        contents: bytes,
-        usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_SRC | wgpu::BufferUsages::COPY_DST,
-    })
-}
-
-fn below(rng: &mut Rng, n: usize) -> usize {
-    (rng.next_u64() % n as u64) as usize
-}
 
 /// A decode problem over a cache, its inputs and its index.
 struct Case<T> {

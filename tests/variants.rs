@@ -8,7 +8,7 @@
 
 mod common;
 
-use common::{gpu, run_and_check_any, seed_of, shape};
+use common::{below, gpu, run_and_check_any, seed_of, shape};
 use wgpu_flash_attn::batch::{BatchIndex, Varlen};
 use wgpu_flash_attn::kernel::{BackwardChoice, CoopChoice};
 use wgpu_flash_attn::plan::select_backward;
@@ -18,10 +18,6 @@ use wgpu_flash_attn::testing::{random_tensor, ErrorStats, Rng};
 use wgpu_flash_attn::{
     reference, AttentionProblem, BackwardProblem, DType, Element, FlashAttention, KernelChoice, Options, Tensor,
 };
-
-fn below(rng: &mut Rng, n: usize) -> usize {
-    (rng.next_u64() % n as u64) as usize
-}
 
 /// A random problem with a window, a soft-cap or both.
 fn random_problem(rng: &mut Rng, dtype: DType) -> AttentionProblem {

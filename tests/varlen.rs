@@ -11,8 +11,7 @@
 
 mod common;
 
-use common::{gpu, shape};
-use wgpu::util::DeviceExt;
+use common::{below, gpu, shape, storage};
 use wgpu_flash_attn::batch::{BatchIndex, Varlen};
 use wgpu_flash_attn::gpu::readback::read_back;
 use wgpu_flash_attn::kernel::CoopChoice;
@@ -23,18 +22,6 @@ use wgpu_flash_attn::{
     reference, AttentionProblem, BackwardBuffers, BackwardProblem, DType, Element, Error, FlashAttention,
     ForwardBuffers, GpuContext, GradTensor, KernelChoice, Options, Tensor, TensorBuffer, TensorLayout,
 };
-
-fn storage(ctx: &GpuContext, label: &str, bytes: &[u8]) -> wgpu::Buffer {
-    ctx.device.create_buffer_init(&wgpu::util::BufferInitDescriptor {
-        label: Some(label),
-        contents: if bytes.is_empty() { &[0; 16] } else { bytes },
-        usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_SRC | wgpu::BufferUsages::COPY_DST,
-    })
-}
-
-fn below(rng: &mut Rng, n: usize) -> usize {
-    (rng.next_u64() % n as u64) as usize
-}
 
 /// A packed batch, its inputs and its index.
 struct Case<T> {

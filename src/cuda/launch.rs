@@ -343,17 +343,7 @@ impl CudaAttention {
     ) -> Result<CudaKernelConfig> {
         validate_for(problem, plan.or(self.options.plan))?;
         let index = check_device_index(problem, index, "forward_indexed_device")?;
-        if std::mem::size_of::<T>() != problem.dtype.size_bytes() {
-            return Err(Error::InvalidBuffer {
-                tensor: "q",
-                message: format!(
-                    "device buffers hold {}-byte elements; {} needs {}",
-                    std::mem::size_of::<T>(),
-                    problem.dtype.name(),
-                    problem.dtype.size_bytes()
-                ),
-            });
-        }
+        check_element_size::<T>(problem, "q")?;
         check_lengths(
             problem,
             [
@@ -595,24 +585,10 @@ impl CudaAttention {
         index: DeviceBatchIndex<'_>,
     ) -> Result<()> {
         validate_for_decode(problem)?;
-        if problem.varlen.is_some() {
-            return Err(Error::Unavailable {
-                what: "the K/V append".into(),
-                why: "it appends to [batch, ...] or paged caches, not to a packed (varlen) batch".into(),
-            });
-        }
+        crate::problem::varlen::refuse_packed(problem, "the K/V append")?;
         let index = check_device_index(problem, Some(index), "append_kv_device")?;
+        check_element_size::<T>(problem, "new_k")?;
         let es = problem.dtype.size_bytes();
-        if std::mem::size_of::<T>() != es {
-            return Err(Error::InvalidBuffer {
-                tensor: "new_k",
-                message: format!(
-                    "device buffers hold {}-byte elements; {} needs {es}",
-                    std::mem::size_of::<T>(),
-                    problem.dtype.name()
-                ),
-            });
-        }
         let s = &problem.shape;
         let new_len = s.batch * s.seq_q * s.num_kv_heads * s.head_dim;
         for (tensor, len, need) in [
@@ -905,6 +881,22 @@ fn first_overlap(
         }
     }
     None
+}
+
+/// Device buffers of `T` hold elements of the problem's dtype's size (`tensor` names the first).
+fn check_element_size<T>(problem: &AttentionProblem, tensor: &'static str) -> Result<()> {
+    if std::mem::size_of::<T>() != problem.dtype.size_bytes() {
+        return Err(Error::InvalidBuffer {
+            tensor,
+            message: format!(
+                "device buffers hold {}-byte elements; {} needs {}",
+                std::mem::size_of::<T>(),
+                problem.dtype.name(),
+                problem.dtype.size_bytes()
+            ),
+        });
+    }
+    Ok(())
 }
 
 /// Each buffer holds at least the elements its tensor's layout reaches.

@@ -53,13 +53,13 @@ impl Varlen {
     }
 }
 
-/// An error for a packed problem given to `what`, which reads `[batch, seq, ...]` rows and a
-/// `[batch, num_heads, seq_q]` LSE.
+/// An error for a packed problem given to `what`, which works on `[batch, seq, ...]` rows (the
+/// merge, the K/V append).
 pub(crate) fn refuse_packed(problem: &super::AttentionProblem, what: &str) -> Result<()> {
     if problem.varlen.is_some() {
         return Err(Error::Unavailable {
             what: what.into(),
-            why: "it reads [batch, seq, ...] rows, not a packed (varlen) batch; merge each sequence's rows as a batch of one".into(),
+            why: "it works on [batch, seq, ...] rows, not on a packed (varlen) batch; give it each sequence as a batch of one".into(),
         });
     }
     Ok(())

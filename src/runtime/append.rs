@@ -8,6 +8,7 @@ use wgpu::util::DeviceExt;
 use crate::error::{Error, Result};
 use crate::gpu::binding::{bind, check_disjoint, check_written_apart_from_read, TensorBuffer};
 use crate::plan::ForwardKernel;
+use crate::problem::varlen::refuse_packed;
 use crate::problem::{AttentionProblem, Layout, Tensor, TensorLayout};
 use crate::runtime::forward::{FlashAttention, ForwardBuffers, IndexBuffers};
 use crate::wgsl::params::Params;
@@ -69,12 +70,7 @@ impl FlashAttention {
         let ctx = self.context();
         ctx.check_device(false)?;
         problem.validate()?;
-        if problem.varlen.is_some() {
-            return Err(Error::Unavailable {
-                what: "the K/V append".into(),
-                why: "it appends to [batch, ...] or paged caches, not to a packed (varlen) batch".into(),
-            });
-        }
+        refuse_packed(problem, "the K/V append")?;
         let s = problem.shape;
         let max = ctx.caps.max_workgroups_per_dimension as usize;
         for (what, n) in [

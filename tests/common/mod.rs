@@ -105,3 +105,19 @@ pub fn engine_with(ctx: &GpuContext, choice: KernelChoice) -> FlashAttention {
         },
     )
 }
+
+/// A number in `0..n` from the test's seeded generator.
+pub fn below(rng: &mut wgpu_flash_attn::testing::Rng, n: usize) -> usize {
+    (rng.next_u64() % n as u64) as usize
+}
+
+/// A storage buffer holding `bytes` (16 zero bytes for none: a binding cannot be empty), readable
+/// back and writable.
+pub fn storage(ctx: &GpuContext, label: &str, bytes: &[u8]) -> wgpu::Buffer {
+    use wgpu::util::DeviceExt;
+    ctx.device.create_buffer_init(&wgpu::util::BufferInitDescriptor {
+        label: Some(label),
+        contents: if bytes.is_empty() { &[0; 16] } else { bytes },
+        usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_SRC | wgpu::BufferUsages::COPY_DST,
+    })
+}
