@@ -32,6 +32,9 @@
 //! cache's memory viewed as pages), beside the contiguous cache in the same run: each run is
 //! checked against the float64 reference first (rows of the first and last sequence, their keys
 //! gathered from the pages), then timed, and printed with TB/s and the ratio paged/contiguous.
+//! `--decode-layout bhsd` runs the plain decode table head-major (PyTorch's layout in
+//! torch_decode.py) instead of BSHD. `--window-left N` and `--softcap CAP` give the prefill
+//! table's problems a sliding window or a soft-cap (issue 17's bars: time beside a run without).
 //!
 //! ```text
 //! cargo run --release --features cuda,internals --example cuda_attention -- --decode --reps 200
@@ -69,6 +72,14 @@ struct Args {
     decode_sweep: bool,
     /// Page sizes for `--decode-paged` (empty: the plain decode table).
     decode_paged: Vec<usize>,
+    /// `--decode-layout bhsd`: the decode table's tensors head-major (each K/V head's cache one
+    /// contiguous run, as PyTorch's `[batch, heads, seq, head_dim]` tensors in torch_decode.py);
+    /// the default is BSHD (a key row holds every K/V head).
+    decode_layout: Layout,
+    /// `--window-left N` / `--softcap CAP`: the prefill table's problems with that window (left
+    /// side; combined with the causal rows' mask) or soft-cap.
+    window_left: Option<usize>,
+    softcap: Option<f32>,
 }
 
 fn parse_args() -> Args {
@@ -85,6 +96,9 @@ fn parse_args() -> Args {
         decode_baseline: false,
         decode_sweep: false,
         decode_paged: Vec::new(),
+        decode_layout: Layout::Bshd,
+        window_left: None,
+        softcap: None,
     };
     let list = |s: &str| -> Vec<usize> { s.split(',').map(|x| x.trim().parse().expect("a number")).collect() };
     let mut it = std::env::args().skip(1);
@@ -103,6 +117,15 @@ fn parse_args() -> Args {
             "--decode-baseline" => a.decode_baseline = true,
             "--decode-sweep" => a.decode_sweep = true,
             "--decode-paged" => a.decode_paged = list(&value()),
+            "--window-left" => a.window_left = Some(value().parse().expect("a number")),
+            "--softcap" => a.softcap = Some(value().parse().expect("a number")),
+            "--decode-layout" => {
+                a.decode_layout = match value().as_str() {
+                    "bshd" => Layout::Bshd,
+                    "bhsd" => Layout::Bhsd,
+                    other => panic!("--decode-layout: bshd or bhsd, not {other}"),
+                }
+            }
             "--wgmma-ok" => {
                 let text = std::fs::read_to_string(value()).unwrap_or_default();
                 a.wgmma_ok = Some(
@@ -233,7 +256,7 @@ fn median_ms(device: &CudaDevice, reps: usize, mut launch: impl FnMut() -> Resul
 /// Issue 16's decode shapes: (batch, new tokens, keys); 32 query heads over 8 K/V heads, head_dim
 /// 128, bf16, causal (bottom-right) so that the 4 new tokens of speculative decoding see the
 /// cache and each other as a model does.
-fn decode_problems() -> Vec<AttentionProblem> {
+fn decode_problems(layout: Layout) -> Vec<AttentionProblem> {
     let mut out = Vec::new();
     for seq_q in [1, 4] {
         for (batch, seq_kv) in [(1, 32768), (8, 32768), (1, 131072)] {
@@ -245,7 +268,11 @@ fn decode_problems() -> Vec<AttentionProblem> {
                 num_kv_heads: 8,
                 head_dim: 128,
             };
-            out.push(AttentionProblem::new(shape, DType::BF16).with_causal(true));
+            out.push(
+                AttentionProblem::new(shape, DType::BF16)
+                    .with_causal(true)
+                    .with_layout(layout),
+            );
         }
     }
     out
@@ -267,8 +294,8 @@ struct DecodeInputs {
     d_lse: CudaSlice<f32>,
 }
 
-fn decode_inputs(device: &CudaDevice) -> Result<DecodeInputs> {
-    let problems = decode_problems();
+fn decode_inputs(device: &CudaDevice, layout: Layout) -> Result<DecodeInputs> {
+    let problems = decode_problems(layout);
     let len = |t: Tensor| problems.iter().map(|p| p.required_len(t)).max().unwrap_or(0);
     let (q_len, kv_len) = (len(Tensor::Q), len(Tensor::K));
     let lse_len = problems.iter().map(|p| p.lse_len()).max().unwrap_or(0);
@@ -313,7 +340,7 @@ fn decode_bench(args: &Args, device: CudaDevice) -> Result<()> {
         mut d_o,
         mut d_lse,
         ..
-    } = decode_inputs(&device)?;
+    } = decode_inputs(&device, args.decode_layout)?;
     let stream = device.stream().clone();
     let sm_count = device.sm_count();
     // One engine per forced split count (None: the rule), made when first needed.
@@ -489,7 +516,7 @@ fn decode_paged_bench(args: &Args, device: CudaDevice) -> Result<()> {
         dv,
         mut d_o,
         mut d_lse,
-    } = decode_inputs(&device)?;
+    } = decode_inputs(&device, Layout::Bshd)?;
     let stream = device.stream().clone();
     let engine = CudaAttention::new(device.clone());
     println!("| batch | new tokens | keys | cache | kernel | splits | µs | TB/s K+V | paged / contiguous | check |");
@@ -679,7 +706,14 @@ fn main() -> Result<()> {
     });
     let problem_for = |head_dim: usize, seq: usize, causal: bool| {
         let heads = HIDDEN / head_dim;
-        AttentionProblem::mha((TOKENS / seq).max(1), seq, heads, head_dim, DType::BF16).with_causal(causal)
+        let mut p = AttentionProblem::mha((TOKENS / seq).max(1), seq, heads, head_dim, DType::BF16).with_causal(causal);
+        if args.window_left.is_some() {
+            p = p.with_window(args.window_left, None);
+        }
+        if let Some(cap) = args.softcap {
+            p = p.with_softcap(cap);
+        }
+        p
     };
 
     let mut table = Vec::new();

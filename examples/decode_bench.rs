@@ -11,6 +11,7 @@
 //! ```text
 //! cargo run --release --features internals --example decode_bench -- [--sweep] [--dtype f16|bf16|f32]
 //!     [--batch 1,8] [--kv 32768,131072] [--q 1,4] [--runs 50] [--paged 16,256] [--json FILE]
+//!     [--layout bshd|bhsd]
 //! ```
 
 use std::io::Write;
@@ -39,6 +40,9 @@ struct Args {
     runs: usize,
     paged: Vec<usize>,
     json: Option<String>,
+    /// `--layout bhsd`: every tensor head-major (each K/V head's cache one contiguous run, as
+    /// PyTorch's tensors in torch_decode.py); the default BSHD keeps a key's heads together.
+    layout: Layout,
 }
 
 fn parse() -> Args {
@@ -51,6 +55,7 @@ fn parse() -> Args {
         runs: 50,
         paged: Vec::new(),
         json: None,
+        layout: Layout::Bshd,
     };
     let list = |s: String| {
         s.split(',')
@@ -75,9 +80,20 @@ fn parse() -> Args {
             "--runs" => args.runs = value().parse().expect("a number"),
             "--json" => args.json = Some(value()),
             "--paged" => args.paged = list(value()),
+            "--layout" => {
+                args.layout = match value().as_str() {
+                    "bshd" => Layout::Bshd,
+                    "bhsd" => Layout::Bhsd,
+                    other => panic!("--layout: bshd or bhsd, not {other}"),
+                }
+            }
             other => panic!("unknown flag {other}"),
         }
     }
+    assert!(
+        args.paged.is_empty() || args.layout == Layout::Bshd,
+        "--paged builds its pools from a BSHD cache: leave --layout at bshd"
+    );
     args
 }
 
@@ -115,7 +131,8 @@ fn run<T: Element>(ctx: &GpuContext, args: &Args, out: &mut Option<std::fs::File
                     },
                     args.dtype,
                 )
-                .with_causal(true);
+                .with_causal(true)
+                .with_layout(args.layout);
                 let label = format!("decode_b{batch}_q{seq_q}_kv{seq_kv}");
                 let work = match Workload::<T>::random(ctx, &problem, seed_of(&label)) {
                     Ok(w) => w,

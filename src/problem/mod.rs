@@ -583,11 +583,20 @@ impl AttentionProblem {
     }
 
     /// Floating-point operations by the usual convention: `4·B·H·Sq·Skv·D`, halved when causal
-    /// (the FlashAttention papers' and PyTorch benchmarks' count). A packed batch counts here as
-    /// if every sequence were the longest; [`BatchIndex::flops`] counts its real lengths.
+    /// (the FlashAttention papers' and PyTorch benchmarks' count); with a sliding window,
+    /// `4·B·H·D` times the (query, key) pairs the window and mask leave visible, counted exactly
+    /// (a window's point is the work it removes). A packed batch counts here as if every sequence
+    /// were the longest; [`BatchIndex::flops`] counts its real lengths.
     pub fn flops(&self) -> f64 {
         let s = &self.shape;
-        let full = 4.0 * s.batch as f64 * s.num_heads as f64 * s.seq_q as f64 * s.seq_kv as f64 * s.head_dim as f64;
+        let per_pair = 4.0 * s.batch as f64 * s.num_heads as f64 * s.head_dim as f64;
+        if self.window.is_some() {
+            let pairs: usize = (0..s.seq_q)
+                .map(|i| self.visible_keys(i, s.seq_q, s.seq_kv).len())
+                .sum();
+            return per_pair * pairs as f64;
+        }
+        let full = per_pair * s.seq_q as f64 * s.seq_kv as f64;
         if self.causal {
             full / 2.0
         } else {
@@ -799,6 +808,9 @@ mod tests {
         let p = AttentionProblem::mha(1, 8, 2, 64, DType::F16);
         assert_eq!(p.flops(), 4.0 * 2.0 * 64.0 * 64.0);
         assert_eq!(p.with_causal(true).flops(), 2.0 * 2.0 * 64.0 * 64.0);
+        // A window counts its visible pairs: rows 0..=3 see 1..=4 keys, the other 4 rows 4 each.
+        let windowed = p.with_causal(true).with_window(Some(3), None);
+        assert_eq!(windowed.flops(), 4.0 * 2.0 * 64.0 * (1 + 2 + 3 + 4 * 5) as f64);
         assert_eq!(p.softmax_scale(), 0.125);
         assert_eq!(p.with_scale(0.5).softmax_scale(), 0.5);
     }

@@ -25,7 +25,8 @@ non-causal, bshd, 3 reps; on a GPU batch 2, heads 16, seq 4096, head_dim 128, 20
 /// The fields of `-o json`, one object per line and problem (kept stable for scripts).
 pub const JSON_FIELDS_HELP: &str =
     "JSON fields (-o json, one object per line): adapter, backend, device_type, kernel, \
-dtype, batch, heads, kv_heads, seq_q, seq_kv, head_dim, causal, layout, gflop (forward FLOPs/1e9, halved if causal), \
+dtype, batch, heads, kv_heads, seq_q, seq_kv, head_dim, causal, layout, window_left, window_right, softcap (null: \
+none or unbounded), gflop (forward FLOPs/1e9, halved if causal; with a window, its visible pairs), \
 clock (\"gpu_timestamps\" or \"wall_clock\"), reps, flash_ms (median), flash_min_ms, flash_tflops, kv_tbps (K and V \
 bytes over flash_ms: the figure of merit of a decode step), naive_ms, \
 naive_tflops, speedup (naive_ms / flash_ms; the three null when the naive kernel did not run), check_rows, rel_l2, \
@@ -258,6 +259,9 @@ fn json_row(ctx: &GpuContext, row: &Row, check_rows: usize, reps: usize) -> Valu
         "head_dim": s.head_dim,
         "causal": p.causal,
         "layout": layout_name(layout_of(p)),
+        "window_left": p.window.and_then(|w| w.left),
+        "window_right": p.window.and_then(|w| w.right),
+        "softcap": p.softcap,
         "gflop": flops / 1e9,
         "clock": clock_name(row.flash.clock),
         "reps": reps,
@@ -456,9 +460,12 @@ fn read_peers(path: &PathBuf) -> Result<Vec<Peer>, CliError> {
 }
 
 /// The peer row for the same shape (PyTorch's runs have seq_q = seq_kv and as many K/V heads as
-/// query heads); the last one if the file has several.
+/// query heads, and neither windows nor soft-caps); the last one if the file has several.
 fn find_peer(peers: &[Peer], problem: &AttentionProblem) -> Option<Peer> {
     let s = problem.shape;
+    if problem.window.is_some() || problem.softcap.is_some() {
+        return None;
+    }
     peers
         .iter()
         .rev()

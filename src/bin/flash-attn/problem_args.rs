@@ -40,6 +40,17 @@ pub struct ProblemArgs {
     /// [batch, heads, seq, dim].
     #[arg(long, value_enum)]
     pub layout: Option<LayoutArg>,
+    /// Sliding window: the keys left of each query's position it sees (FlashAttention's
+    /// window_size[0]) [default: unbounded].
+    #[arg(long, value_name = "KEYS")]
+    pub window_left: Option<usize>,
+    /// Sliding window: the keys right of each query's position it sees, without --causal
+    /// (window_size[1]) [default: unbounded].
+    #[arg(long, value_name = "KEYS")]
+    pub window_right: Option<usize>,
+    /// Soft-cap the scores at CAP: cap·tanh(score / cap) (Gemma 2).
+    #[arg(long, value_name = "CAP")]
+    pub softcap: Option<f32>,
 }
 
 #[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
@@ -134,11 +145,16 @@ impl ProblemArgs {
                             num_kv_heads: self.kv_heads.or(defaults.kv_heads).unwrap_or(heads),
                             head_dim,
                         };
-                        problems.push(
-                            AttentionProblem::new(shape, dtype)
-                                .with_causal(causal)
-                                .with_layout(layout),
-                        );
+                        let mut p = AttentionProblem::new(shape, dtype)
+                            .with_causal(causal)
+                            .with_layout(layout);
+                        if self.window_left.is_some() || self.window_right.is_some() {
+                            p = p.with_window(self.window_left, self.window_right);
+                        }
+                        if let Some(cap) = self.softcap {
+                            p = p.with_softcap(cap);
+                        }
+                        problems.push(p);
                     }
                 }
             }
@@ -167,10 +183,11 @@ pub fn shape_label(problem: &AttentionProblem) -> String {
     )
 }
 
-/// `batch 1, heads 8/8 (q/kv), seq 1024x1024, head_dim 64, f32, non-causal, bshd`.
+/// `batch 1, heads 8/8 (q/kv), seq 1024x1024, head_dim 64, f32, non-causal, bshd`, then the
+/// window and soft-cap where the problem has them.
 pub fn describe(problem: &AttentionProblem) -> String {
     let s = problem.shape;
-    format!(
+    let mut text = format!(
         "batch {}, heads {}/{} (q/kv), seq {}x{}, head_dim {}, {}, {}, {}",
         s.batch,
         s.num_heads,
@@ -181,7 +198,15 @@ pub fn describe(problem: &AttentionProblem) -> String {
         problem.dtype.name(),
         if problem.causal { "causal" } else { "non-causal" },
         layout_name(layout_of(problem)),
-    )
+    );
+    if let Some(w) = problem.window {
+        let side = |x: Option<usize>| x.map_or("unbounded".to_string(), |k| k.to_string());
+        text += &format!(", window {}/{}", side(w.left), side(w.right));
+    }
+    if let Some(cap) = problem.softcap {
+        text += &format!(", softcap {cap}");
+    }
+    text
 }
 
 pub fn layout_name(layout: Layout) -> &'static str {
