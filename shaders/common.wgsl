@@ -62,9 +62,12 @@ struct Params {
     window_left: u32,
     window_right: u32,
     softcap: f32,
-    _pad0: u32,
-    _pad1: u32,
-    _pad2: u32,
+    // ALiBi's slopes: 0 none, 1 the geometric ones for num_heads, 2 the alibi_slopes tensor; 1
+    // when the sinks tensor joins every row's denominator (head_terms_*.wgsl).
+    alibi: u32,
+    sinks: u32,
+    // The batch size, for kernels that loop over it (flash_bwd_sinks.wgsl).
+    batch: u32,
 }
 
 @group(0) @binding(0) var<uniform> params: Params;
@@ -79,6 +82,8 @@ const NEG_BIG: f32 = -1.0e30;
 // (a huge negative scale, huge opposite q and k) still gets the reference's answer. Masked minus
 // a real max may overflow to −∞ there, whose exp2 is the 0 it should be.
 const LOWEST: f32 = -3.4028234e38;
+const LOG2_E: f32 = 1.4426950408889634;
+const LN_2: f32 = 0.6931471805599453;
 // Bit pattern of -infinity: the LSE of a row that sees no key (the host reads it as f32).
 const LSE_EMPTY_BITS: u32 = 0xff800000u;
 // A quiet NaN's bits: what a kernel writes for rows it cannot compute (an invalid cache index).

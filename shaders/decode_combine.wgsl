@@ -2,7 +2,9 @@
 // than one piece of the keys) by their LSEs into O and the final LSE:
 //   lse = m + log Σ_s exp(lse_s − m),  m = max_s lse_s,   o = Σ_s exp(lse_s − lse) · o_s
 // Pieces whose LSE is −∞ (they saw no key of the row) weigh 0; if all do, O = 0 and LSE = −∞. A
-// piece whose LSE is NaN (it met an invalid cache index) makes the row NaN.
+// piece whose LSE is NaN (it met an invalid cache index) makes the row NaN. With sinks
+// (params.sinks, the tensor bound by head_terms_bound.wgsl), the head's sink is one more piece
+// whose output is 0: it joins the max and the sum.
 //
 // What a workgroup owns: one query row of one head (grid: (seq_q, num_heads, batch)): it reduces
 // the row's num_splits LSEs (at most MAX_SPLITS) to weights in workgroup memory, then each
@@ -58,6 +60,11 @@ fn decode_combine(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocatio
     }
     m = reduce_workgroup(m, li, true);
     poisoned = reduce_workgroup(poisoned, li, true);
+    var sink = LOWEST;
+    if (params.sinks != 0u) {
+        sink = sink_log2(h) * LN_2;
+        m = max(m, sink);
+    }
     var sum = 0.0;
     for (var s = li; s < splits; s += WG) {
         let bits = lse_partial[first_piece + s];
@@ -66,6 +73,9 @@ fn decode_combine(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocatio
         sum += w;
     }
     sum = reduce_workgroup(sum, li, false);
+    if (params.sinks != 0u) {
+        sum += exp(sink - m);
+    }
 
     let granules = params.head_dim / 4u;
     for (var g = li; g < granules; g += WG) {

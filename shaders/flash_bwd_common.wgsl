@@ -20,5 +20,3 @@ struct GradParams {
 }
 
 @group(0) @binding(1) var<uniform> grad: GradParams;
-
-const LOG2_E: f32 = 1.4426950408889634;

@@ -96,7 +96,13 @@ fn flash_bwd_dkdv(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocatio
             }
             for (var i = 0u; i < ROWS_PER_THREAD; i++) {
                 let y = soft_cap(s[i * S_VECS + c] * params.scale);
-                var p = exp2(y - lse2);
+                var x = y;
+                if (has_alibi()) {
+                    // |query position − key| with the roles of alibi_bias's arguments swapped.
+                    let queries = vec4<u32>(m0 + 4u * (tx + THREADS_X * c)) + vec4<u32>(0u, 1u, 2u, 3u);
+                    x += alibi_bias(hd.head, i32(n0 + row0 + i) - seq.causal_offset, queries);
+                }
+                var p = exp2(x - lse2);
                 if (needs_mask) {
                     for (var j = 0u; j < 4u; j++) {
                         let col = m0 + 4u * (tx + THREADS_X * c) + j;

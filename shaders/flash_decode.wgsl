@@ -33,6 +33,10 @@
 // pool or a count past seq_kv is read as page 0 / seq_kv, never out of bounds, and the rows of
 // that workgroup are written as NaN (O and LSE), so the error shows instead of passing silently.
 //
+// ALiBi and sinks (head_terms.wgsl; with their tensors at bindings 10–11): a row's slope and
+// position are worked out once, so the bias costs a multiply-add per score (0 without ALiBi); a
+// head's sink joins the row's sum at the end with one piece, else in decode_combine.wgsl.
+//
 // Masked keys contribute exactly zero: a row's max starts at its first visible key (`seen`), not
 // at a sentinel, so any finite softmax scale (negative, tiny, huge) gives the reference's answer;
 // a row that sees no key writes O = 0 and LSE = −∞.
@@ -44,7 +48,6 @@ const DOTS: u32 = KEYS_PER_STEP * ROWS;
 const KV_PARTS: u32 = KEYS_PER_STEP * GRANULES_PER_LANE;
 // Granules of one row in `merged`: the lanes' granules, padding included.
 const MERGED_ROW: u32 = LANES * GRANULES_PER_LANE;
-const LN_2: f32 = 0.6931471805599453;
 
 @group(0) @binding(1) var<storage, read> q: array<Granule>;
 @group(0) @binding(2) var<storage, read> k: array<Granule>;
@@ -81,9 +84,11 @@ fn row_keys(token: u32, seq_len: u32) -> vec2<u32> {
     return keys_seen(i32(token) + i32(seq_len) - i32(params.seq_q), seq_len);
 }
 
-// A score in base 2 from a dot product: the scale, and the soft-cap if any (common.wgsl).
-fn score(dot_product: f32) -> f32 {
-    return soft_cap(vec4<f32>(dot_product * params.scale)).x;
+// A score in base 2 from a dot product: the scale, the soft-cap if any (common.wgsl), and
+// ALiBi's bias for a row of slope `slope` (base 2, 0 without ALiBi) at key position `position`
+// against `key`.
+fn score(dot_product: f32, slope: f32, position: f32, key: u32) -> f32 {
+    return soft_cap(vec4<f32>(dot_product * params.scale)).x - slope * abs(position - f32(key));
 }
 
 @compute @workgroup_size(WG)
@@ -119,6 +124,8 @@ fn flash_decode(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_
     var token: array<u32, ROWS>;
     var row_begin: array<u32, ROWS>;
     var row_end: array<u32, ROWS>;
+    var row_slope: array<f32, ROWS>;
+    var row_position: array<f32, ROWS>;
     var keys_end = keys_begin;
     // The first key any row of the block sees, from which the loop starts (a window's left edge).
     var first_seen = piece_end;
@@ -128,6 +135,8 @@ fn flash_decode(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_
         head[r] = kv_head * params.group_size + packed / params.seq_q;
         token[r] = packed % params.seq_q;
         let keys = row_keys(token[r], seq_len);
+        row_slope[r] = alibi_slope(head[r]) * LOG2_E;
+        row_position[r] = f32(i32(token[r]) + i32(seq_len) - i32(params.seq_q));
         row_begin[r] = keys.x;
         row_end[r] = min(piece_end, keys.y);
         keys_end = max(keys_end, row_end[r]);
@@ -205,7 +214,7 @@ fn flash_decode(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_
             var any_visible = false;
             // @unroll
             for (var u = 0u; u < KEYS_PER_STEP; u++) {
-                let s = score(dots[u * ROWS + r]);
+                let s = score(dots[u * ROWS + r], row_slope[r], row_position[r], first + u);
                 // `&`, not `&&`: its branch per unrolled copy hung SwiftShader's compile in Chrome.
                 let visible = (first + u < row_end[r]) & (first + u >= row_begin[r]);
                 step_max = select(step_max, select(s, max(step_max, s), any_visible), visible);
@@ -225,7 +234,7 @@ fn flash_decode(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_
                 // @unroll
                 for (var u = 0u; u < KEYS_PER_STEP; u++) {
                     let key = first + u;
-                    let p = select(0.0, exp2(score(dots[u * ROWS + r]) - new_max), (key < row_end[r]) & (key >= row_begin[r]));
+                    let p = select(0.0, exp2(score(dots[u * ROWS + r], row_slope[r], row_position[r], key) - new_max), (key < row_end[r]) & (key >= row_begin[r]));
                     sum += p;
                     // @unroll
                     for (var j = 0u; j < GRANULES_PER_LANE; j++) {
@@ -285,6 +294,22 @@ fn flash_decode(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_
         workgroupBarrier();
     }
 
+    // With one piece, the head's sink joins the sum here (with more, decode_combine.wgsl adds it):
+    // what the merge above kept under total_max is scaled by out_factor to the new max.
+    var out_factor: array<f32, ROWS>;
+    // @unroll
+    for (var r = 0u; r < ROWS; r++) {
+        out_factor[r] = 1.0;
+        if ((params.sinks != 0u) & (params.num_splits == 1u)) {
+            let sink = sink_log2(head[r]);
+            let seen = total_sum[r] > 0.0;
+            let m = select(sink, max(total_max[r], sink), seen);
+            out_factor[r] = select(0.0, exp2(total_max[r] - m), seen);
+            total_sum[r] = total_sum[r] * out_factor[r] + exp2(sink - m);
+            total_max[r] = m;
+        }
+    }
+
     let poisoned = bad_index != 0u;
     for (var item = li; item < ROWS * HEAD_GRANULES; item += WG) {
         let r = item / HEAD_GRANULES;
@@ -293,7 +318,7 @@ fn flash_decode(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_
             continue;
         }
         let sum = total_sum[r];
-        var out = select(vec4<f32>(0.0), merged[r * MERGED_ROW + g] / sum, sum > 0.0);
+        var out = select(vec4<f32>(0.0), merged[r * MERGED_ROW + g] * (out_factor[r] / sum), sum > 0.0);
         var lse_bits = select(LSE_EMPTY_BITS, bitcast<u32>((total_max[r] + log2(sum)) * LN_2), sum > 0.0);
         if (poisoned) {
             out = vec4<f32>(nan_f32());

@@ -3,8 +3,9 @@
 //   O = softmax(scale · Q Kᵀ [causal mask]) V,   LSE = log Σ exp(scale · Q Kᵀ)
 //
 // Bindings: 0 params (common.wgsl), 1 q, 2 k, 3 v (read), 4 o (write) — arrays of granules —
-// 5 the f32 log-sum-exp, written as raw bits, and for a batch with index tensors (packed
-// sequences, key counts) 6–8 (sequence_indexed.wgsl).
+// 5 the f32 log-sum-exp, written as raw bits, for a batch with index tensors (packed
+// sequences, key counts) 6–8 (sequence_indexed.wgsl), and for per-head tensors (ALiBi slopes,
+// sinks) 9–10 (head_terms_bound.wgsl).
 //
 // What a workgroup owns: one tile of BLOCK_M query rows of one (sequence, head). The grid is
 // (num_q_tiles, num_heads, batch), num_q_tiles counting the longest sequence's tiles: a
@@ -260,13 +261,18 @@ fn flash_fwd(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_ind
             stage = next;
         }
 
-        // ---- online softmax, in base 2 with the scale folded in (and the soft-cap, if any) ----
+        // ---- online softmax, in base 2 with the scale folded in (and the soft-cap and ALiBi's
+        // bias, if any) ----
         let needs_mask = key_tile_needs_mask(seq, m0, BLOCK_M, n0, BLOCK_N);
         var tile_max = array<f32, ROWS_PER_THREAD>();
         for (var i = 0u; i < ROWS_PER_THREAD; i++) {
             var mx = LOWEST;
             for (var c = 0u; c < S_VECS; c++) {
                 var x = soft_cap(s[i * S_VECS + c] * params.scale);
+                if (has_alibi()) {
+                    let cols = vec4<u32>(n0 + 4u * (tx + THREADS_X * c)) + vec4<u32>(0u, 1u, 2u, 3u);
+                    x += alibi_bias(head, i32(m0 + row0 + i) + seq.causal_offset, cols);
+                }
                 if (needs_mask) {
                     for (var j = 0u; j < 4u; j++) {
                         x[j] = select(LOWEST, x[j], is_visible(seq, m0 + row0 + i, n0 + 4u * (tx + THREADS_X * c) + j));
@@ -343,14 +349,25 @@ fn flash_fwd(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_ind
         }
     }
 
-    // ---- epilogue: O = acc / l, LSE = (m + log2 l) · ln 2 ----
+    // ---- epilogue: O = acc / l, LSE = (m + log2 l) · ln 2, with the head's sink, if any, joining
+    // the sum ----
     let l_total = reduce_rows(l_run, tx, row0, false);
     for (var i = 0u; i < ROWS_PER_THREAD; i++) {
         let row = m0 + row0 + i;
         if (row < seq.seq_q) {
-            let l = l_total[i];
-            // A row that saw no key (causal, seq_q > seq_kv) has l = 0: its output is 0.
-            var inv_l = select(0.0, 1.0 / l, l > 0.0);
+            var l = l_total[i];
+            // What acc (kept under max m_run) is multiplied by under the final max.
+            var o_factor = 1.0;
+            if (params.sinks != 0u) {
+                let sink = sink_log2(head);
+                let m_new = max(m_run[i], sink);
+                o_factor = select(exp2(m_run[i] - m_new), 0.0, m_run[i] == LOWEST);
+                l = l * o_factor + exp2(sink - m_new);
+                m_run[i] = m_new;
+            }
+            // A row that saw no key (causal, seq_q > seq_kv) and no sink has l = 0: its output
+            // is 0 (with a sink too, as acc is).
+            var inv_l = select(0.0, o_factor / l, l > 0.0);
             if (!seq.valid) {
                 inv_l = nan_f32();
             }

@@ -8,7 +8,7 @@
 use crate::error::Result;
 use crate::problem::backward::{BackwardProblem, GradTensor};
 use crate::problem::index::BatchIndex;
-use crate::problem::{AttentionProblem, Element, SequenceRows, Tensor};
+use crate::problem::{Alibi, AttentionProblem, Element, SequenceRows, Tensor};
 
 /// One query row's reference result.
 #[derive(Clone, Debug)]
@@ -123,11 +123,25 @@ pub fn attention_row<T: Element>(
     ))
 }
 
-/// Where one sequence's rows are: its rows and lengths, and the pages its keys lie in.
+/// Where one sequence's rows are: its rows and lengths, and the pages its keys lie in; and the
+/// call's per-head terms.
 struct SequenceKeys<'a> {
     rows: SequenceRows,
     /// The sequence's row of the page table and the page size, when paged.
     pages: Option<(&'a [u32], usize)>,
+    index: BatchIndex<'a>,
+}
+
+/// Query head `h`'s ALiBi slope (0 without ALiBi) and sink logit, from the problem and the
+/// call's validated tensors (src/problem/head_terms.rs).
+fn head_terms(problem: &AttentionProblem, index: &BatchIndex<'_>, h: usize) -> (f64, Option<f64>) {
+    let slope = match problem.alibi {
+        None => 0.0,
+        Some(Alibi::Geometric) => Alibi::geometric_slope(h, problem.shape.num_heads),
+        Some(Alibi::PerHead) => index.alibi_slopes.map_or(0.0, |s| s[h] as f64),
+    };
+    let sink = index.sinks.filter(|_| problem.sinks).map(|s| s[h] as f64);
+    (slope, sink)
 }
 
 impl<'a> SequenceKeys<'a> {
@@ -141,6 +155,7 @@ impl<'a> SequenceKeys<'a> {
         SequenceKeys {
             rows: index.sequence(problem, b),
             pages,
+            index: *index,
         }
     }
 
@@ -183,14 +198,16 @@ fn row_unchecked<T: Element>(
     let kv_head = h / problem.group_size();
     let scale = problem.softmax_scale() as f64;
     let rows = &keys.rows;
+    let (slope, sink) = head_terms(problem, &keys.index, h);
     // The bottom-right aligned causal mask and the window, over this sequence's keys.
     let visible = problem.visible_keys(i, rows.seq_q, rows.seq_kv);
     if visible.is_empty() {
         return ReferenceRow {
             out: vec![0.0; d],
-            lse: f64::NEG_INFINITY,
+            lse: sink.unwrap_or(f64::NEG_INFINITY),
         };
     }
+    let position = i as f64 + rows.seq_kv as f64 - rows.seq_q as f64;
     let qi: Vec<f64> = (0..d)
         .map(|x| q[problem.q_layout.index(b, rows.q_first + i, h, x)].to_f64())
         .collect();
@@ -201,12 +218,13 @@ fn row_unchecked<T: Element>(
             let (kb, kr) = keys.locate(b, j);
             let kj = problem.k_layout.index(kb, kr, kv_head, 0);
             let score = scale * (0..d).map(|x| qi[x] * k[kj + x].to_f64()).sum::<f64>();
-            cap.map_or(score, |cap| cap * (score / cap).tanh())
+            let capped = cap.map_or(score, |cap| cap * (score / cap).tanh());
+            capped - slope * (position - j as f64).abs()
         })
         .collect();
-    let max = scores.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+    let max = scores.iter().cloned().chain(sink).fold(f64::NEG_INFINITY, f64::max);
     let weights: Vec<f64> = scores.iter().map(|s| (s - max).exp()).collect();
-    let sum: f64 = weights.iter().sum();
+    let sum: f64 = weights.iter().sum::<f64>() + sink.map_or(0.0, |s| (s - max).exp());
     let mut out = vec![0.0; d];
     for (j, w) in visible.zip(&weights) {
         let (vb, vr) = keys.locate(b, j);
@@ -513,13 +531,19 @@ pub struct ReferenceGrads {
     pub dk: Vec<f64>,
     /// Laid out as `dv_layout` says; summed likewise.
     pub dv: Vec<f64>,
+    /// `[num_heads]` `dL/ds_h` of the sink logits (src/problem/head_terms.rs); empty without
+    /// sinks.
+    pub d_sinks: Vec<f64>,
 }
 
 /// The gradients of a loss `L` with respect to Q, K and V, given `d_o = dL/dO` (laid out as
 /// `problem.d_o_layout` says), in float64 by the analytic formulas, row by row:
 ///
 /// `P = softmax(scale·QKᵀ)` (recomputed here, not read from a forward), `dV = Pᵀ·dO`,
-/// `dP = dO·Vᵀ`, `dS = P ∘ (dP − rowsum(P ∘ dP))`, `dQ = scale·dS·K`, `dK = scale·dSᵀ·Q`.
+/// `dP = dO·Vᵀ`, `dS = P ∘ (dP − rowsum(P ∘ dP))`, `dQ = scale·dS·K`, `dK = scale·dSᵀ·Q`; with
+/// sinks, P includes the sink's column (which has no value row) and `dL/ds_h` sums
+/// `−P_sink · rowsum(P ∘ dP)` over the head's rows. ALiBi's bias is a constant of the scores: it
+/// changes P, not the chain rule.
 ///
 /// A query row that sees no key (causal, `seq_q > seq_kv`) has a constant zero output, so its
 /// gradients are zero. Costs `O(B·H·Sq·Skv·D)` on one core, like [`attention`]; use
@@ -552,12 +576,17 @@ pub fn attention_backward_indexed<T: Element>(
         dq: vec![0.0; problem.required_len(GradTensor::DQ)],
         dk: vec![0.0; problem.required_len(GradTensor::DK)],
         dv: vec![0.0; problem.required_len(GradTensor::DV)],
+        d_sinks: vec![0.0; if f.sinks { s.num_heads } else { 0 }],
     };
     for b in 0..s.batch {
         let rows = index.sequence(f, b);
         for h in 0..s.num_heads {
+            let terms = head_terms(f, index, h);
             for i in 0..rows.seq_q {
-                let row = backward_row(problem, q, k, v, d_o, b, &rows, h, i);
+                let row = backward_row(problem, q, k, v, d_o, b, &rows, h, i, terms);
+                if f.sinks {
+                    grads.d_sinks[h] += row.d_sink;
+                }
                 let kv_head = h / f.group_size();
                 for (x, g) in row.dq.iter().enumerate() {
                     grads.dq[problem.dq_layout.index(b, rows.q_first + i, h, x)] = *g;
@@ -595,7 +624,8 @@ pub fn attention_backward_dq_row<T: Element>(
     let index = BatchIndex::default();
     index.validate(&problem.forward)?;
     let rows = index.sequence(&problem.forward, b);
-    Ok(backward_row(problem, q, k, v, d_o, b, &rows, h, i).dq)
+    let terms = head_terms(&problem.forward, &index, h);
+    Ok(backward_row(problem, q, k, v, d_o, b, &rows, h, i, terms).dq)
 }
 
 fn check_backward_inputs<T: Element>(problem: &BackwardProblem, q: &[T], k: &[T], v: &[T], d_o: &[T]) -> Result<()> {
@@ -624,6 +654,8 @@ struct BackwardRow {
     first_key: usize,
     dk: Vec<Vec<f64>>,
     dv: Vec<Vec<f64>>,
+    /// The row's term of its head's sink gradient (0 without sinks).
+    d_sink: f64,
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -637,6 +669,7 @@ fn backward_row<T: Element>(
     rows: &SequenceRows,
     h: usize,
     i: usize,
+    (alibi_slope, sink): (f64, Option<f64>),
 ) -> BackwardRow {
     let f = &problem.forward;
     let d = f.shape.head_dim;
@@ -665,7 +698,7 @@ fn backward_row<T: Element>(
     // y = cap·tanh(x / cap) of x = scale·q·k with a soft-cap: its slope dy/dx = 1 − (y / cap)²
     // carries dS back from the capped scores to the products.
     let cap = f.softcap.map(f64::from);
-    let scores: Vec<f64> = keys
+    let capped: Vec<f64> = keys
         .iter()
         .map(|kj| {
             let x = scale * dot(&qi, kj);
@@ -673,19 +706,28 @@ fn backward_row<T: Element>(
         })
         .collect();
     let slope = |y: f64| cap.map_or(1.0, |cap| 1.0 - (y / cap) * (y / cap));
-    let max = scores.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+    let position = i as f64 + rows.seq_kv as f64 - rows.seq_q as f64;
+    let scores: Vec<f64> = capped
+        .iter()
+        .zip(visible.clone())
+        .map(|(y, j)| y - alibi_slope * (position - j as f64).abs())
+        .collect();
+    let max = scores.iter().cloned().chain(sink).fold(f64::NEG_INFINITY, f64::max);
     let weights: Vec<f64> = scores.iter().map(|s| (s - max).exp()).collect();
-    let sum: f64 = weights.iter().sum();
+    let sink_weight = sink.map_or(0.0, |s| (s - max).exp());
+    let sum: f64 = weights.iter().sum::<f64>() + sink_weight;
     let p: Vec<f64> = weights.iter().map(|w| w / sum).collect();
     let dp: Vec<f64> = values.iter().map(|vj| dot(&doi, vj)).collect();
-    // rowsum(P ∘ dP) = dO · O.
+    // rowsum(P ∘ dP) = dO · O (the sink's column has dP = 0).
     let delta: f64 = p.iter().zip(&dp).map(|(p, dp)| p * dp).sum();
     let ds: Vec<f64> = p
         .iter()
         .zip(&dp)
-        .zip(&scores)
+        .zip(&capped)
         .map(|((p, dp), y)| p * (dp - delta) * slope(*y))
         .collect();
+    // A row that sees no key has sum = e^{s − s} = 1 and delta 0: no gradient.
+    let d_sink = if sum > 0.0 { -(sink_weight / sum) * delta } else { 0.0 };
 
     let mut dq = vec![0.0; d];
     for (dsj, kj) in ds.iter().zip(&keys) {
@@ -701,6 +743,7 @@ fn backward_row<T: Element>(
             .map(|dsj| qi.iter().map(|qx| scale * dsj * qx).collect())
             .collect(),
         dv: p.iter().map(|pj| doi.iter().map(|g| pj * g).collect()).collect(),
+        d_sink,
     }
 }
 
@@ -731,10 +774,10 @@ mod backward_tests {
     }
 
     /// L = Σ dO ∘ O over the output elements, O from the forward reference.
-    fn loss(p: &BackwardProblem, q: &[F64], k: &[F64], v: &[F64], d_o: &[F64]) -> f64 {
+    fn loss(p: &BackwardProblem, index: &BatchIndex<'_>, [q, k, v, d_o]: [&[F64]; 4]) -> f64 {
         let f = &p.forward;
         let s = f.shape;
-        let out = attention(f, q, k, v).unwrap().out;
+        let out = attention_indexed(f, q, k, v, index).unwrap().out;
         let mut l = 0.0;
         for b in 0..s.batch {
             for i in 0..s.seq_q {
@@ -754,11 +797,33 @@ mod backward_tests {
     fn check_against_finite_differences(p: BackwardProblem, seed: u64) {
         let f = &p.forward;
         let mut rng = Rng::new(seed);
+        let heads = f.shape.num_heads;
+        let slopes: Vec<f32> = (0..heads).map(|_| 0.1 + 0.4 * rng.uniform() as f32).collect();
+        let sinks: Vec<f32> = (0..heads).map(|_| rng.normal() as f32).collect();
         let mut q = random(&mut rng, f.required_len(Tensor::Q));
         let mut k = random(&mut rng, f.required_len(Tensor::K));
         let mut v = random(&mut rng, f.required_len(Tensor::V));
         let d_o = random(&mut rng, p.required_len(GradTensor::DO));
-        let grads = attention_backward(&p, &q, &k, &v, &d_o).unwrap();
+        let index = head_index(f, &slopes, &sinks);
+        let grads = attention_backward_indexed(&p, &q, &k, &v, &d_o, &index).unwrap();
+        // Each sink against a central difference taken in f32 steps (the tensor's type).
+        for h in 0..if f.sinks { heads } else { 0 } {
+            let at = |by: f32| {
+                let mut nudged = sinks.clone();
+                nudged[h] += by;
+                (
+                    nudged[h] as f64,
+                    loss(&p, &head_index(f, &slopes, &nudged), [&q, &k, &v, &d_o]),
+                )
+            };
+            let ((s_up, up), (s_down, down)) = (at(1e-3), at(-1e-3));
+            let fd = (up - down) / (s_up - s_down);
+            let an = grads.d_sinks[h];
+            assert!(
+                (fd - an).abs() / (1.0 + an.abs()) < 1e-5,
+                "d_sinks[{h}]: analytic {an}, finite difference {fd}"
+            );
+        }
         let h = 1e-5;
         let mut worst = 0.0f64;
         for (name, which) in [("q", 0), ("k", 1), ("v", 2)] {
@@ -782,9 +847,9 @@ mod backward_tests {
                                 t[at].0 += by;
                             };
                             nudge(&mut q, &mut k, &mut v, h);
-                            let up = loss(&p, &q, &k, &v, &d_o);
+                            let up = loss(&p, &index, [&q, &k, &v, &d_o]);
                             nudge(&mut q, &mut k, &mut v, -2.0 * h);
-                            let down = loss(&p, &q, &k, &v, &d_o);
+                            let down = loss(&p, &index, [&q, &k, &v, &d_o]);
                             nudge(&mut q, &mut k, &mut v, h);
                             let fd = (up - down) / (2.0 * h);
                             let an = want[layout.index(b, s, hh, x)];
@@ -800,6 +865,15 @@ mod backward_tests {
             }
         }
         assert!(worst > 0.0 || f.shape.seq_kv == 0);
+    }
+
+    /// The per-head tensors `f` asks for, from `slopes` and `sinks`.
+    fn head_index<'a>(f: &AttentionProblem, slopes: &'a [f32], sinks: &'a [f32]) -> BatchIndex<'a> {
+        BatchIndex {
+            alibi_slopes: f.has_alibi_tensor().then_some(slopes),
+            sinks: f.sinks.then_some(sinks),
+            ..BatchIndex::default()
+        }
     }
 
     fn shape(batch: usize, seq_q: usize, seq_kv: usize, heads: usize, kv_heads: usize, d: usize) -> AttentionShape {
@@ -839,6 +913,19 @@ mod backward_tests {
             .with_window(Some(2), None)
             .with_softcap(1.5);
         check_against_finite_differences(p.into(), 5);
+        // ALiBi (per-head slopes, then geometric) with sinks, GQA, causal with seq_q > seq_kv
+        // (rows that see only the sink), a window and a cap.
+        let p = AttentionProblem::new(shape(1, 5, 3, 4, 2, 8), DType::F32)
+            .with_causal(true)
+            .with_alibi_slopes()
+            .with_sinks();
+        check_against_finite_differences(p.into(), 6);
+        let p = AttentionProblem::new(shape(2, 4, 6, 3, 3, 8), DType::F32)
+            .with_window(Some(2), Some(1))
+            .with_softcap(2.0)
+            .with_geometric_alibi()
+            .with_sinks();
+        check_against_finite_differences(p.into(), 7);
     }
 
     /// A `[batch, seq, heads, head_dim]` layout with 4 unused elements after each row and 8

@@ -118,6 +118,8 @@ fn gpu_buffer_errors() {
         cu_seqlens_k: None,
         page_table: None,
         kv_lens: None,
+        alibi_slopes: None,
+        sinks: None,
     };
     encode(&engine, &p, &good).unwrap();
 
@@ -251,6 +253,8 @@ fn device_limits_are_errors() {
             cu_seqlens_k: None,
             page_table: None,
             kv_lens: None,
+            alibi_slopes: None,
+            sinks: None,
         };
         let e = encode(&engine, &big, &b).unwrap_err();
         assert!(matches!(e, Error::TooLarge(ref m) if m.contains("`q`")), "{e}");

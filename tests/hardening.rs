@@ -258,6 +258,8 @@ fn byte_offsets_near_u64_max_are_errors() {
         cu_seqlens_k: None,
         page_table: None,
         kv_lens: None,
+        alibi_slopes: None,
+        sinks: None,
     };
     let far = u64::MAX - 255;
     for buffers in [
@@ -337,6 +339,9 @@ fn forced_plans_with_zero_or_huge_sizes_are_refused() {
         delta: Some(TensorBuffer::new(&t[9])),
         cu_seqlens_q: None,
         cu_seqlens_k: None,
+        alibi_slopes: None,
+        sinks: None,
+        d_sinks: None,
     };
     let mut encoder = ctx.device.create_command_encoder(&Default::default());
     let e = engine
@@ -405,6 +410,8 @@ fn overlapping_written_tensors_are_errors() {
             cu_seqlens_k: None,
             page_table: None,
             kv_lens: None,
+            alibi_slopes: None,
+            sinks: None,
         };
         let mut encoder = ctx.device.create_command_encoder(&Default::default());
         engine.encode_forward(&mut encoder, &p, &buffers, None).map(|_| ())
@@ -438,6 +445,9 @@ fn overlapping_written_tensors_are_errors() {
         delta: Some(TensorBuffer::new(&inputs[6])),
         cu_seqlens_q: None,
         cu_seqlens_k: None,
+        alibi_slopes: None,
+        sinks: None,
+        d_sinks: None,
     };
     let backward = |b: &BackwardBuffers<'_>| {
         let mut encoder = ctx.device.create_command_encoder(&Default::default());

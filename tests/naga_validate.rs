@@ -50,7 +50,9 @@ fn every_kernel() -> Vec<KernelConfig> {
             kernels.push(KernelConfig::Naive { pass, storage });
         }
         kernels.push(KernelConfig::Merge { storage });
-        kernels.push(KernelConfig::DecodeCombine { storage });
+        for sinks in [false, true] {
+            kernels.push(KernelConfig::DecodeCombine { storage, sinks });
+        }
         for (paged, kv_lengths) in [(false, false), (true, false), (false, true), (true, true)] {
             kernels.push(KernelConfig::AppendKv {
                 storage,
@@ -60,6 +62,14 @@ fn every_kernel() -> Vec<KernelConfig> {
         }
     }
     kernels.extend(all_decode_configs().into_iter().map(KernelConfig::Decode));
+    kernels.push(KernelConfig::SinkGrad {
+        sequences: Default::default(),
+    });
+    kernels.extend(
+        INDEXED
+            .into_iter()
+            .map(|sequences| KernelConfig::SinkGrad { sequences }),
+    );
     kernels
 }
 

@@ -410,6 +410,8 @@ fn check_encode(ctx: &GpuContext, engine: &FlashAttention, c: &BufferCase) -> bo
         cu_seqlens_k: None,
         page_table: None,
         kv_lens: None,
+        alibi_slopes: None,
+        sinks: None,
     };
     let mut encoder = ctx.device.create_command_encoder(&Default::default());
     let result = engine.encode_forward(&mut encoder, p, &buffers, None);

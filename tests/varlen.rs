@@ -478,6 +478,9 @@ fn backward_case<T: Element>(ctx: &GpuContext, engine: &FlashAttention, case: Ca
         delta: None,
         cu_seqlens_q: Some(TensorBuffer::new(&cu_q)),
         cu_seqlens_k: Some(TensorBuffer::new(&cu_k)),
+        alibi_slopes: None,
+        sinks: None,
+        d_sinks: None,
     };
     let mut encoder = ctx.device.create_command_encoder(&Default::default());
     let config = engine.select_backward(bp).unwrap_or_else(|e| panic!("{label}: {e}"));

@@ -230,19 +230,23 @@ pub struct GradKernel {
     pub head_dim_pad: u32,
     /// The index tensors it reads to find each sequence.
     pub sequences: SequenceIndex,
+    /// Whether it binds the ALiBi slopes tensor (shaders/head_terms_bound.wgsl; the sinks need
+    /// no binding here, as the forward's LSE includes them).
+    pub head_tensors: bool,
 }
 
 impl GradKernel {
     /// `flash_bwd_{dkdv|dq}_{dtype}_tile_{f32|f16}_bm{}_bn{}_tx{}_ty{}_ks{}_ns{}_st{}_d{}`.
     pub fn name(&self) -> String {
         format!(
-            "{}_{}_tile_{}_{}_d{}{}",
+            "{}_{}_tile_{}_{}_d{}{}{}",
             self.pass.entry_point(),
             self.storage.name(),
             tile_name(self.tile),
             self.plan.name_part(),
             self.head_dim_pad,
-            self.sequences.name_suffix()
+            self.sequences.name_suffix(),
+            if self.head_tensors { "_heads" } else { "" }
         )
     }
 
@@ -507,6 +511,8 @@ pub const BACKWARD_FEATURES: FeatureSet = FeatureSet::of(&[
     Feature::Varlen,
     Feature::SlidingWindow,
     Feature::SoftCap,
+    Feature::Alibi,
+    Feature::Sinks,
 ]);
 
 /// Picks the three backward kernels for `problem` on a device with `caps`.
@@ -568,6 +574,7 @@ pub fn select_backward(problem: &BackwardProblem, caps: &Caps, choice: &Backward
                     plan,
                     head_dim_pad: plan.head_dim_pad(head_dim),
                     sequences,
+                    head_tensors: problem.forward.has_alibi_tensor(),
                 };
                 match kernel.unavailable_reason(caps) {
                     Some(why) => reasons.push(format!("{}: {why}", kernel.name())),
@@ -642,14 +649,20 @@ pub fn all_backward_kernels() -> Vec<BackwardKernel> {
                         .collect();
                     pads.dedup();
                     for head_dim_pad in pads {
-                        kernels.push(BackwardKernel::Grad(GradKernel {
-                            pass,
-                            storage,
-                            tile,
-                            plan,
-                            head_dim_pad,
-                            sequences: SequenceIndex::default(),
-                        }));
+                        for head_tensors in [false, true] {
+                            if head_tensors && plan != backward_plans(pass)[0] {
+                                continue;
+                            }
+                            kernels.push(BackwardKernel::Grad(GradKernel {
+                                pass,
+                                storage,
+                                tile,
+                                plan,
+                                head_dim_pad,
+                                sequences: SequenceIndex::default(),
+                                head_tensors,
+                            }));
+                        }
                     }
                 }
             }

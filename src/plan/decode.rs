@@ -30,6 +30,8 @@ pub const DECODE_FEATURES: FeatureSet = FeatureSet::of(&[
     Feature::KvLengths,
     Feature::SlidingWindow,
     Feature::SoftCap,
+    Feature::Alibi,
+    Feature::Sinks,
 ]);
 
 /// The sizes of one decode kernel build.
@@ -120,6 +122,8 @@ pub struct DecodeConfig {
     pub paged: bool,
     /// Each sequence's key count read from a tensor.
     pub kv_lengths: bool,
+    /// Whether it binds the per-head tensors (ALiBi slopes, sinks; shaders/head_terms.wgsl).
+    pub head_tensors: bool,
 }
 
 impl DecodeConfig {
@@ -127,7 +131,7 @@ impl DecodeConfig {
     pub fn name(&self) -> String {
         let p = &self.plan;
         format!(
-            "flash_decode_{}_{}_l{}_r{}_u{}_wg{}_d{}{}{}",
+            "flash_decode_{}_{}_l{}_r{}_u{}_wg{}_d{}{}{}{}",
             self.storage.name(),
             match self.reduction {
                 Reduction::Subgroup => "sg",
@@ -140,6 +144,7 @@ impl DecodeConfig {
             self.head_dim,
             if self.paged { "_paged" } else { "" },
             if self.kv_lengths { "_lens" } else { "" },
+            if self.head_tensors { "_heads" } else { "" },
         )
     }
 
@@ -334,6 +339,7 @@ pub fn select_decode(
                 reduction,
                 paged: problem.kv_cache.paged.is_some(),
                 kv_lengths: problem.kv_cache.lengths,
+                head_tensors: problem.has_head_tensors(),
             };
             if let Some(why) = config.unavailable_reason(caps) {
                 reasons.push(format!("{}: {why}", config.name()));
@@ -407,12 +413,15 @@ pub fn all_decode_configs() -> Vec<DecodeConfig> {
             for reduction in [Reduction::Subgroup, Reduction::Workgroup] {
                 for storage in [DType::F32, DType::F16, DType::BF16] {
                     for head_dim in [8, 40, 64, 72, 128, 200, 256] {
-                        // The cache variants at a few head dims (they change only addressing).
+                        // The cache variants and the per-head tensors at a few head dims (they
+                        // change only addressing and a few terms).
                         let caches: &[(bool, bool)] = match head_dim {
                             40 | 128 => &[(false, false), (true, false), (false, true), (true, true)],
                             _ => &[(false, false)],
                         };
-                        for &(paged, kv_lengths) in caches {
+                        for (&(paged, kv_lengths), head_tensors) in
+                            caches.iter().flat_map(|c| [(c, false), (c, head_dim == 40)])
+                        {
                             let config = DecodeConfig {
                                 plan: plan.with_rows_for(rows),
                                 storage,
@@ -420,6 +429,7 @@ pub fn all_decode_configs() -> Vec<DecodeConfig> {
                                 reduction,
                                 paged,
                                 kv_lengths,
+                                head_tensors,
                             };
                             if !configs.contains(&config) {
                                 configs.push(config);
@@ -579,6 +589,7 @@ mod tests {
                                 reduction,
                                 paged,
                                 kv_lengths,
+                                head_tensors: head_dim == 64,
                             };
                             assert!(names.insert(c.name()), "{}", c.name());
                         }

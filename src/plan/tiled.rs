@@ -262,6 +262,8 @@ pub struct FlashConfig {
     pub head_dim_pad: u32,
     /// The index tensors it reads to find each sequence.
     pub sequences: SequenceIndex,
+    /// Whether it binds the per-head tensors (ALiBi slopes, sinks; shaders/head_terms.wgsl).
+    pub head_tensors: bool,
 }
 
 impl FlashConfig {
@@ -269,12 +271,13 @@ impl FlashConfig {
     /// the pipeline label, cache key in messages, and test and benchmark id.
     pub fn name(&self) -> String {
         format!(
-            "flash_fwd_{}_{}_{}_d{}{}",
+            "flash_fwd_{}_{}_{}_d{}{}{}",
             self.storage.name(),
             self.variant.name(),
             self.plan.name_part(),
             self.head_dim_pad,
-            self.sequences.name_suffix()
+            self.sequences.name_suffix(),
+            if self.head_tensors { "_heads" } else { "" }
         )
     }
 
@@ -319,6 +322,8 @@ pub const TILED_FEATURES: FeatureSet = FeatureSet::of(&[
     Feature::KvLengths,
     Feature::SlidingWindow,
     Feature::SoftCap,
+    Feature::Alibi,
+    Feature::Sinks,
 ]);
 
 /// The variants worth trying for a problem on a device, best first.
@@ -372,6 +377,7 @@ pub fn select(problem: &AttentionProblem, caps: &Caps, choice: &TiledChoice) -> 
                 plan: *plan,
                 head_dim_pad: plan.head_dim_pad(head_dim),
                 sequences: SequenceIndex::of(problem),
+                head_tensors: problem.has_head_tensors(),
             };
             match config.unavailable_reason(caps) {
                 Some(why) => reasons.push(format!("{}: {why}", config.name())),
@@ -398,7 +404,8 @@ pub fn select(problem: &AttentionProblem, caps: &Caps, choice: &TiledChoice) -> 
 }
 
 /// Every configuration automatic selection can return, on any device: each shipped plan with each
-/// variant, storage type and padded head_dim. The shader tests translate all of them.
+/// variant, storage type and padded head_dim, and the first plan's also with the per-head
+/// tensors bound. The shader tests translate all of them.
 pub fn all_configs() -> Vec<FlashConfig> {
     let mut configs = Vec::new();
     for storage in DType::ALL {
@@ -413,13 +420,19 @@ pub fn all_configs() -> Vec<FlashConfig> {
                     .collect();
                 pads.dedup();
                 for head_dim_pad in pads {
-                    configs.push(FlashConfig {
-                        storage,
-                        variant,
-                        plan,
-                        head_dim_pad,
-                        sequences: SequenceIndex::default(),
-                    });
+                    for head_tensors in [false, true] {
+                        if head_tensors && plan != PLANS[0] {
+                            continue;
+                        }
+                        configs.push(FlashConfig {
+                            storage,
+                            variant,
+                            plan,
+                            head_dim_pad,
+                            sequences: SequenceIndex::default(),
+                            head_tensors,
+                        });
+                    }
                 }
             }
         }

@@ -31,10 +31,14 @@ pub enum Feature {
     SlidingWindow,
     /// Soft-capped scores.
     SoftCap,
+    /// ALiBi's linear position bias (src/problem/head_terms.rs).
+    Alibi,
+    /// Attention sinks: a per-head logit in every row's softmax denominator.
+    Sinks,
 }
 
 impl Feature {
-    pub const ALL: [Feature; 8] = [
+    pub const ALL: [Feature; 10] = [
         Feature::CausalMask,
         Feature::GroupedKv,
         Feature::ArbitraryScale,
@@ -43,6 +47,8 @@ impl Feature {
         Feature::Varlen,
         Feature::SlidingWindow,
         Feature::SoftCap,
+        Feature::Alibi,
+        Feature::Sinks,
     ];
 
     /// What the feature is, for messages ("... does not implement {description}").
@@ -59,6 +65,8 @@ impl Feature {
             Feature::Varlen => "variable-length sequences packed end to end",
             Feature::SlidingWindow => "a sliding window",
             Feature::SoftCap => "soft-capped scores",
+            Feature::Alibi => "ALiBi position bias",
+            Feature::Sinks => "attention sinks",
         }
     }
 
@@ -138,6 +146,12 @@ impl AttentionProblem {
         }
         if self.softcap.is_some() {
             set = set.with(Feature::SoftCap);
+        }
+        if self.alibi.is_some() {
+            set = set.with(Feature::Alibi);
+        }
+        if self.sinks {
+            set = set.with(Feature::Sinks);
         }
         set
     }

@@ -2,11 +2,14 @@
 //! offsets of a variable-length batch (src/problem/varlen.rs), the page table of a paged cache
 //! and the per-sequence key counts (src/problem/cache.rs).
 
+use super::head_terms::check_head_tensor;
 use super::varlen::{validate_offsets, SequenceRows};
 use super::AttentionProblem;
 use crate::error::{Error, Result};
 
-/// A batch's index tensors on the host, each given exactly when the problem uses it.
+/// A call's small side tensors on the host, each given exactly when the problem uses it: the
+/// batch's index tensors (where its sequences and keys lie) and the per-head terms (ALiBi slopes,
+/// sink logits; src/problem/head_terms.rs).
 #[derive(Clone, Copy, Debug, Default)]
 pub struct BatchIndex<'a> {
     /// `[batch + 1]` query-row offsets of a packed batch ([`AttentionProblem::with_varlen`]).
@@ -17,6 +20,10 @@ pub struct BatchIndex<'a> {
     pub page_table: Option<&'a [u32]>,
     /// `[batch]` key counts, when the problem has them.
     pub kv_lens: Option<&'a [u32]>,
+    /// `[num_heads]` ALiBi slopes ([`AttentionProblem::with_alibi_slopes`](crate::problem::AttentionProblem::with_alibi_slopes)).
+    pub alibi_slopes: Option<&'a [f32]>,
+    /// `[num_heads]` sink logits ([`AttentionProblem::with_sinks`]).
+    pub sinks: Option<&'a [f32]>,
 }
 
 impl BatchIndex<'_> {
@@ -61,6 +68,13 @@ impl BatchIndex<'_> {
             "AttentionProblem::with_kv_lengths",
         )?;
         let bad = |tensor, message: String| Err(Error::InvalidBuffer { tensor, message });
+        check_head_tensor(
+            "alibi_slopes",
+            self.alibi_slopes,
+            problem.has_alibi_tensor(),
+            s.num_heads,
+        )?;
+        check_head_tensor("sinks", self.sinks, problem.sinks, s.num_heads)?;
 
         if let (Some(v), Some(cu_q), Some(cu_k)) = (varlen, self.cu_seqlens_q, self.cu_seqlens_k) {
             validate_offsets("cu_seqlens_q", cu_q, batch, v.total_q, s.seq_q)?;

@@ -4,10 +4,12 @@
 pub mod backward;
 pub mod cache;
 pub mod features;
+pub mod head_terms;
 pub mod index;
 pub mod varlen;
 
 pub use cache::{KvCache, PagedKv};
+pub use head_terms::Alibi;
 pub use index::BatchIndex;
 pub use varlen::{SequenceRows, Varlen};
 
@@ -286,6 +288,12 @@ pub struct AttentionProblem {
     /// Soft-capping of the scores (Gemma 2, Grok): `cap · tanh(scale·q·k / cap)` before the
     /// softmax; `None` for none.
     pub softcap: Option<f32>,
+    /// ALiBi's linear position bias, added after the cap: `−slope_h · |p − j|` with `p` the
+    /// query's position as for `window` (src/problem/head_terms.rs); `None` for none.
+    pub alibi: Option<Alibi>,
+    /// Attention sinks: one logit per query head, from a `[num_heads]` f32 tensor given with the
+    /// call, joins every row's softmax denominator (src/problem/head_terms.rs).
+    pub sinks: bool,
     /// Where Q's elements are in its buffer.
     pub q_layout: TensorLayout,
     /// Where K's elements are in its buffer.
@@ -313,6 +321,8 @@ impl AttentionProblem {
             scale: None,
             window: None,
             softcap: None,
+            alibi: None,
+            sinks: false,
             q_layout: TensorLayout::contiguous(Layout::Bshd, 0, 0, 0),
             k_layout: TensorLayout::contiguous(Layout::Bshd, 0, 0, 0),
             v_layout: TensorLayout::contiguous(Layout::Bshd, 0, 0, 0),
@@ -356,6 +366,27 @@ impl AttentionProblem {
     /// positive.
     pub fn with_softcap(mut self, cap: f32) -> Self {
         self.softcap = Some(cap);
+        self
+    }
+
+    /// Adds ALiBi's position bias with the ALiBi paper's geometric slopes for the head count
+    /// ([`AttentionProblem::alibi`]; the kernels compute them).
+    pub fn with_geometric_alibi(mut self) -> Self {
+        self.alibi = Some(Alibi::Geometric);
+        self
+    }
+
+    /// Adds ALiBi's position bias with one slope per query head, from the `[num_heads]` f32
+    /// `alibi_slopes` tensor the call gives ([`AttentionProblem::alibi`]).
+    pub fn with_alibi_slopes(mut self) -> Self {
+        self.alibi = Some(Alibi::PerHead);
+        self
+    }
+
+    /// Adds attention sinks ([`AttentionProblem::sinks`]): the call gives their `[num_heads]`
+    /// logits.
+    pub fn with_sinks(mut self) -> Self {
+        self.sinks = true;
         self
     }
 

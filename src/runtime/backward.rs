@@ -17,7 +17,7 @@ use crate::problem::backward::{BackwardProblem, GradTensor};
 use crate::problem::{BatchIndex, Element, Tensor};
 use crate::runtime::forward::{FlashAttention, IndexBuffers};
 use crate::wgsl::params::{GradParams, Params};
-use crate::wgsl::{KernelConfig, BACKWARD_INDEX_BINDING};
+use crate::wgsl::{KernelConfig, BACKWARD_HEAD_BINDING, BACKWARD_INDEX_BINDING, SINK_GRAD_INDEX_BINDING};
 
 /// The tensors of one backward call, in the caller's buffers.
 ///
@@ -60,6 +60,17 @@ pub struct BackwardBuffers<'a> {
     pub cu_seqlens_q: Option<TensorBuffer<'a>>,
     /// Read: the `[batch + 1]` u32 key-row offsets of a packed batch; `None` otherwise.
     pub cu_seqlens_k: Option<TensorBuffer<'a>>,
+    /// Read: the forward's `[num_heads]` f32 ALiBi slopes
+    /// ([`AttentionProblem::with_alibi_slopes`](crate::problem::AttentionProblem::with_alibi_slopes)); `None` otherwise.
+    pub alibi_slopes: Option<TensorBuffer<'a>>,
+    /// Read: the forward's `[num_heads]` f32 sink logits
+    /// ([`AttentionProblem::with_sinks`](crate::problem::AttentionProblem::with_sinks)); `None`
+    /// otherwise.
+    pub sinks: Option<TensorBuffer<'a>>,
+    /// Written: `dL/d(sinks)`, `[num_heads]` f32, when the problem has sinks and the caller wants
+    /// their gradient (`None`: not computed, as for frozen sinks). Recorded with the
+    /// preprocessing kernel, whose `D` it reads.
+    pub d_sinks: Option<TensorBuffer<'a>>,
 }
 
 /// The host-slice inputs of [`FlashAttention::backward`]; each slice must hold at least the
@@ -90,6 +101,8 @@ pub struct BackwardOutput<T> {
     pub dk: Vec<T>,
     /// `dL/dV`, summed like `dk`.
     pub dv: Vec<T>,
+    /// `[num_heads]` `dL/d(sinks)` of a problem with sinks; empty otherwise.
+    pub d_sinks: Vec<f32>,
     /// The kernels that ran.
     pub config: BackwardConfig,
     /// Bytes of device memory the call allocated (inputs, gradients, the D workspace).
@@ -213,13 +226,17 @@ impl FlashAttention {
             pipelines.push(self.pipelines().get(&KernelConfig::Backward(*kernel))?);
         }
         let bound = self.bind_backward(problem, buffers)?;
-        let written = [("dq", &buffers.dq), ("dk", &buffers.dk), ("dv", &buffers.dv)];
+        let mut written = vec![("dq", &buffers.dq), ("dk", &buffers.dk), ("dv", &buffers.dv)];
+        written.extend(buffers.d_sinks.as_ref().map(|d| ("d_sinks", d)));
         let index = IndexBuffers {
             cu_seqlens_q: buffers.cu_seqlens_q,
             cu_seqlens_k: buffers.cu_seqlens_k,
+            alibi_slopes: buffers.alibi_slopes,
+            sinks: buffers.sinks,
             ..IndexBuffers::default()
         };
         let index_bindings = self.bind_index(&problem.forward, &index, &written)?;
+        let sink_grad = self.bind_sink_grad(problem, buffers)?;
         let scratch;
         let delta_buffer = match &buffers.delta {
             Some(d) => *d,
@@ -321,12 +338,38 @@ impl FlashAttention {
             if kernel.sequences().is_indexed() {
                 entries.extend(index_bindings.sequence_entries(BACKWARD_INDEX_BINDING));
             }
+            if let BackwardKernel::Grad(g) = kernel {
+                // The gradient kernels read the slopes only: the sinks are inside the LSE.
+                if g.head_tensors {
+                    entries.push(index_bindings.alibi_slopes.entry(BACKWARD_HEAD_BINDING));
+                }
+            }
             let bind_group = device.create_bind_group(&wgpu::BindGroupDescriptor {
                 label: Some(&kernel.name()),
                 layout: &pipeline.get_bind_group_layout(0),
                 entries: &entries,
             });
-            steps.push((pipeline, bind_group, backward_grid(problem, config, pass)));
+            steps.push((pipeline.clone(), bind_group, backward_grid(problem, config, pass)));
+            // The sinks' gradient reads the D the preprocessing kernel has just written.
+            if let (BackwardPass::Preprocess, Some((pipeline, d_sinks))) = (pass, &sink_grad) {
+                let mut entries = vec![
+                    uniforms[0].clone(),
+                    bound.lse.entry(1),
+                    delta.entry(2),
+                    index_bindings.sinks.entry(3),
+                    d_sinks.entry(4),
+                ];
+                let sequences = kernel.sequences();
+                if sequences.is_indexed() {
+                    entries.extend(index_bindings.sequence_entries(SINK_GRAD_INDEX_BINDING));
+                }
+                let bind_group = device.create_bind_group(&wgpu::BindGroupDescriptor {
+                    label: Some("flash_bwd_sinks"),
+                    layout: &pipeline.get_bind_group_layout(0),
+                    entries: &entries,
+                });
+                steps.push((pipeline.clone(), bind_group, [problem.forward.shape.num_heads, 1, 1]));
+            }
         }
 
         let label = config.name();
@@ -340,6 +383,43 @@ impl FlashAttention {
             cpass.dispatch_workgroups(*x as u32, *y as u32, *z as u32);
         }
         Ok(())
+    }
+
+    /// The sinks' gradient kernel and its output, when the call asks for it: `d_sinks` given
+    /// exactly for a problem with sinks (else an error), `[num_heads]` f32, apart from every
+    /// tensor the backward reads.
+    fn bind_sink_grad<'a>(
+        &self,
+        problem: &BackwardProblem,
+        buffers: &BackwardBuffers<'a>,
+    ) -> Result<Option<(std::sync::Arc<wgpu::ComputePipeline>, Bound<'a>)>> {
+        let f = &problem.forward;
+        let Some(d_sinks) = &buffers.d_sinks else {
+            return Ok(None);
+        };
+        if !f.sinks {
+            return Err(Error::InvalidBuffer {
+                tensor: "d_sinks",
+                message: "given for a problem without sinks (see AttentionProblem::with_sinks)".into(),
+            });
+        }
+        check_written_apart_from_read(
+            &[("d_sinks", Some(d_sinks))],
+            &[
+                ("q", Some(&buffers.q)),
+                ("k", Some(&buffers.k)),
+                ("v", Some(&buffers.v)),
+                ("o", Some(&buffers.o)),
+                ("lse", Some(&buffers.lse)),
+                ("d_o", Some(&buffers.d_o)),
+                ("delta", buffers.delta.as_ref()),
+                ("sinks", buffers.sinks.as_ref()),
+            ],
+        )?;
+        let bound = bind_f32("d_sinks", d_sinks, f.shape.num_heads, &self.context().caps)?;
+        let sequences = crate::plan::SequenceIndex::of(f);
+        let pipeline = self.pipelines().get(&KernelConfig::SinkGrad { sequences })?;
+        Ok(Some((pipeline, bound)))
     }
 
     /// Checks that `config` can run here and was made for this problem.
@@ -541,6 +621,15 @@ impl FlashAttention {
             usage: wgpu::BufferUsages::STORAGE,
             mapped_at_creation: false,
         });
+        let sinks_bytes = 4 * f.shape.num_heads as u64;
+        let d_sinks = f.sinks.then(|| {
+            device.create_buffer(&wgpu::BufferDescriptor {
+                label: Some("d_sinks"),
+                size: sinks_bytes,
+                usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_SRC,
+                mapped_at_creation: false,
+            })
+        });
         let buffers = BackwardBuffers {
             q: TensorBuffer::new(&q),
             k: TensorBuffer::new(&k),
@@ -554,17 +643,21 @@ impl FlashAttention {
             delta: Some(TensorBuffer::new(&delta)),
             cu_seqlens_q: index.cu_seqlens_q,
             cu_seqlens_k: index.cu_seqlens_k,
+            alibi_slopes: index.alibi_slopes,
+            sinks: index.sinks,
+            d_sinks: d_sinks.as_ref().map(TensorBuffer::new),
         };
         let mut encoder = device.create_command_encoder(&wgpu::CommandEncoderDescriptor {
             label: Some(&config.name()),
         });
         self.encode_backward_with(&mut encoder, problem, &buffers, &config, None)?;
         self.context().queue.submit([encoder.finish()]);
-        let ranges = [
+        let mut ranges = vec![
             (&dq, 0, grad_bytes(GradTensor::DQ)),
             (&dk, 0, grad_bytes(GradTensor::DK)),
             (&dv, 0, grad_bytes(GradTensor::DV)),
         ];
+        ranges.extend(d_sinks.as_ref().map(|d| (d, 0, sinks_bytes)));
         let bytes = read_back_within(device, queue, &ranges, self.options().read_back_timeout).await;
         // An error the device recorded meanwhile explains a failed read-back, and spoils a good one.
         self.context().check_device(false)?;
@@ -574,8 +667,9 @@ impl FlashAttention {
             dq: bytemuck::pod_collect_to_vec(&bytes[0]),
             dk: bytemuck::pod_collect_to_vec(&bytes[1]),
             dv: bytemuck::pod_collect_to_vec(&bytes[2]),
+            d_sinks: bytes.get(3).map_or_else(Vec::new, |b| bytemuck::pod_collect_to_vec(b)),
             config,
-            device_bytes: all.iter().map(|b| b.size()).sum(),
+            device_bytes: all.iter().map(|b| b.size()).sum::<u64>() + d_sinks.map_or(0, |d| d.size()),
         })
     }
 

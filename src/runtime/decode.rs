@@ -12,7 +12,7 @@ use crate::plan::{DecodeConfig, DecodeSplit};
 use crate::problem::AttentionProblem;
 use crate::runtime::forward::{scratch_bytes, FlashAttention, IndexBindings};
 use crate::wgsl::params::Params;
-use crate::wgsl::KernelConfig;
+use crate::wgsl::{KernelConfig, COMBINE_HEAD_BINDING, DECODE_HEAD_BINDING};
 
 impl FlashAttention {
     /// Records the decode kernel (and the combine) for `problem` on the checked bindings `bound`
@@ -33,10 +33,10 @@ impl FlashAttention {
         let decode = self.pipelines().get(&KernelConfig::Decode(*config))?;
         let combine = match split.splits {
             1 => None,
-            _ => Some(
-                self.pipelines()
-                    .get(&KernelConfig::DecodeCombine { storage: problem.dtype })?,
-            ),
+            _ => Some(self.pipelines().get(&KernelConfig::DecodeCombine {
+                storage: problem.dtype,
+                sinks: problem.sinks,
+            })?),
         };
         let (o_bytes, lse_bytes) = scratch_bytes(problem, split)?;
         for (name, bytes) in [("o_partial", o_bytes), ("lse_partial", lse_bytes)] {
@@ -74,6 +74,9 @@ impl FlashAttention {
         entries.push(whole(7, lse_partial));
         entries.push(cache.page_table.entry(8));
         entries.push(cache.kv_lens.entry(9));
+        if config.head_tensors {
+            entries.extend(cache.head_entries(DECODE_HEAD_BINDING));
+        }
         let name = config.name();
         let decode_group = ctx.device.create_bind_group(&wgpu::BindGroupDescriptor {
             label: Some(&name),
@@ -81,16 +84,21 @@ impl FlashAttention {
             entries: &entries,
         });
         let combine_group = combine.as_ref().map(|pipeline| {
+            let mut entries = vec![
+                whole(0, &params_buffer),
+                whole(1, o_partial),
+                whole(2, lse_partial),
+                bound[3].entry(3),
+                bound[4].entry(4),
+            ];
+            // The combine reads only the sinks, the second per-head tensor.
+            if problem.sinks {
+                entries.push(cache.sinks.entry(COMBINE_HEAD_BINDING + 1));
+            }
             ctx.device.create_bind_group(&wgpu::BindGroupDescriptor {
                 label: Some("decode_combine"),
                 layout: &pipeline.get_bind_group_layout(0),
-                entries: &[
-                    whole(0, &params_buffer),
-                    whole(1, o_partial),
-                    whole(2, lse_partial),
-                    bound[3].entry(3),
-                    bound[4].entry(4),
-                ],
+                entries: &entries,
             })
         });
 

@@ -17,7 +17,7 @@ use crate::plan::{
 use crate::problem::index::BatchIndex;
 use crate::problem::{AttentionProblem, Element, Tensor};
 use crate::wgsl::params::Params;
-use crate::wgsl::{KernelConfig, NaivePass, FORWARD_INDEX_BINDING};
+use crate::wgsl::{KernelConfig, NaivePass, FORWARD_HEAD_BINDING, FORWARD_INDEX_BINDING};
 
 /// The tensors of one forward call, in the caller's buffers. Each holds elements of the problem's
 /// `dtype` at the problem's layout for it, counted from its `byte_offset`.
@@ -52,20 +52,29 @@ pub struct ForwardBuffers<'a> {
     /// Read: the `[batch]` u32 key counts ([`AttentionProblem::with_kv_lengths`]); `None`
     /// otherwise. Counts must be at most `seq_kv` (a larger one makes the sequence's rows NaN).
     pub kv_lens: Option<TensorBuffer<'a>>,
+    /// Read: the `[num_heads]` f32 ALiBi slopes
+    /// ([`AttentionProblem::with_alibi_slopes`](crate::problem::AttentionProblem::with_alibi_slopes)); `None` otherwise.
+    pub alibi_slopes: Option<TensorBuffer<'a>>,
+    /// Read: the `[num_heads]` f32 sink logits ([`AttentionProblem::with_sinks`]); `None`
+    /// otherwise.
+    pub sinks: Option<TensorBuffer<'a>>,
 }
 
-/// The index tensors of a call (see [`ForwardBuffers`]), each given when the problem uses it.
+/// The side tensors of a call (see [`ForwardBuffers`]), each given when the problem uses it: the
+/// batch's index tensors and the per-head tensors.
 #[derive(Clone, Copy, Debug, Default)]
 pub(crate) struct IndexBuffers<'a> {
     pub cu_seqlens_q: Option<TensorBuffer<'a>>,
     pub cu_seqlens_k: Option<TensorBuffer<'a>>,
     pub page_table: Option<TensorBuffer<'a>>,
     pub kv_lens: Option<TensorBuffer<'a>>,
+    pub alibi_slopes: Option<TensorBuffer<'a>>,
+    pub sinks: Option<TensorBuffer<'a>>,
 }
 
 impl<'a> ForwardBuffers<'a> {
-    /// The four tensors and the LSE, for a problem whose keys are plain (no page table, no
-    /// per-sequence counts).
+    /// The four tensors and the LSE, for a problem without side tensors (no packed offsets, page
+    /// table, key counts, ALiBi slopes or sinks).
     pub fn new(
         q: TensorBuffer<'a>,
         k: TensorBuffer<'a>,
@@ -83,16 +92,33 @@ impl<'a> ForwardBuffers<'a> {
             cu_seqlens_k: None,
             page_table: None,
             kv_lens: None,
+            alibi_slopes: None,
+            sinks: None,
         }
     }
 
-    /// The index tensors among the buffers.
+    /// The side tensors among the buffers.
     pub(crate) fn index(&self) -> IndexBuffers<'a> {
         IndexBuffers {
             cu_seqlens_q: self.cu_seqlens_q,
             cu_seqlens_k: self.cu_seqlens_k,
             page_table: self.page_table,
             kv_lens: self.kv_lens,
+            alibi_slopes: self.alibi_slopes,
+            sinks: self.sinks,
+        }
+    }
+
+    /// These buffers with the side tensors of `index` in place of their own.
+    pub(crate) fn with_index(self, index: IndexBuffers<'a>) -> Self {
+        ForwardBuffers {
+            cu_seqlens_q: index.cu_seqlens_q,
+            cu_seqlens_k: index.cu_seqlens_k,
+            page_table: index.page_table,
+            kv_lens: index.kv_lens,
+            alibi_slopes: index.alibi_slopes,
+            sinks: index.sinks,
+            ..self
         }
     }
 }
@@ -113,6 +139,7 @@ enum PreparedKernel {
     Prefill {
         pipeline: std::sync::Arc<wgpu::ComputePipeline>,
         sequences: SequenceIndex,
+        head_tensors: bool,
     },
     Decode {
         config: DecodeConfig,
@@ -120,12 +147,14 @@ enum PreparedKernel {
     },
 }
 
-/// A host call's index tensors, uploaded.
+/// A host call's side tensors, uploaded.
 pub(crate) struct UploadedIndex {
     cu_seqlens_q: Option<wgpu::Buffer>,
     cu_seqlens_k: Option<wgpu::Buffer>,
     page_table: Option<wgpu::Buffer>,
     kv_lens: Option<wgpu::Buffer>,
+    alibi_slopes: Option<wgpu::Buffer>,
+    sinks: Option<wgpu::Buffer>,
 }
 
 impl UploadedIndex {
@@ -135,16 +164,20 @@ impl UploadedIndex {
             cu_seqlens_k: self.cu_seqlens_k.as_ref().map(TensorBuffer::new),
             page_table: self.page_table.as_ref().map(TensorBuffer::new),
             kv_lens: self.kv_lens.as_ref().map(TensorBuffer::new),
+            alibi_slopes: self.alibi_slopes.as_ref().map(TensorBuffer::new),
+            sinks: self.sinks.as_ref().map(TensorBuffer::new),
         }
     }
 }
 
-/// The checked bindings of a call's index tensors (placeholders where the problem has none).
+/// The checked bindings of a call's side tensors (placeholders where the problem has none).
 pub(crate) struct IndexBindings<'a> {
     pub cu_seqlens_q: Bound<'a>,
     pub cu_seqlens_k: Bound<'a>,
     pub page_table: Bound<'a>,
     pub kv_lens: Bound<'a>,
+    pub alibi_slopes: Bound<'a>,
+    pub sinks: Bound<'a>,
 }
 
 impl IndexBindings<'_> {
@@ -156,6 +189,11 @@ impl IndexBindings<'_> {
             self.cu_seqlens_k.entry(first + 1),
             self.kv_lens.entry(first + 2),
         ]
+    }
+
+    /// The entries of the per-head tensors, from `first` on (shaders/head_terms_bound.wgsl).
+    pub fn head_entries(&self, first: u32) -> [wgpu::BindGroupEntry<'_>; 2] {
+        [self.alibi_slopes.entry(first), self.sinks.entry(first + 1)]
     }
 }
 
@@ -312,7 +350,10 @@ impl FlashAttention {
             ForwardKernel::Decode { config, split } => {
                 let mut keys = vec![KernelConfig::Decode(*config)];
                 if split.splits > 1 {
-                    keys.push(KernelConfig::DecodeCombine { storage: problem.dtype });
+                    keys.push(KernelConfig::DecodeCombine {
+                        storage: problem.dtype,
+                        sinks: problem.sinks,
+                    });
                 }
                 keys
             }
@@ -366,17 +407,13 @@ impl FlashAttention {
     /// });
     /// // ... fill q_buf and kv_buf with queue.write_buffer or your own kernels ...
     ///
-    /// let buffers = ForwardBuffers {
-    ///     q: TensorBuffer::new(&q_buf),
-    ///     k: TensorBuffer::new(&kv_buf),
-    ///     v: TensorBuffer::at(&kv_buf, (kv_len * problem.dtype.size_bytes()) as u64),
-    ///     o: TensorBuffer::new(&o_buf),
-    ///     lse: Some(TensorBuffer::new(&lse_buf)),
-    ///     cu_seqlens_q: None,
-    ///     cu_seqlens_k: None,
-    ///     page_table: None,
-    ///     kv_lens: None,
-    /// };
+    /// let buffers = ForwardBuffers::new(
+    ///     TensorBuffer::new(&q_buf),
+    ///     TensorBuffer::new(&kv_buf),
+    ///     TensorBuffer::at(&kv_buf, (kv_len * problem.dtype.size_bytes()) as u64),
+    ///     TensorBuffer::new(&o_buf),
+    ///     Some(TensorBuffer::new(&lse_buf)),
+    /// );
     /// let mut encoder = ctx.device.create_command_encoder(&Default::default());
     /// let kernel = attn.encode_forward(&mut encoder, &problem, &buffers, None)?;
     /// ctx.queue.submit([encoder.finish()]);
@@ -410,18 +447,22 @@ impl FlashAttention {
             ForwardKernel::Tiled(c) => PreparedKernel::Prefill {
                 pipeline: self.pipelines.get(&KernelConfig::Flash(*c))?,
                 sequences: c.sequences,
+                head_tensors: c.head_tensors,
             },
             ForwardKernel::Coop(c) => PreparedKernel::Prefill {
                 pipeline: self.pipelines.get(&KernelConfig::FlashCoop(*c))?,
                 sequences: c.sequences,
+                head_tensors: false,
             },
             ForwardKernel::Decode { config, split } => {
                 // Built here so that a build error comes before anything is recorded;
                 // encode_decode takes them from the cache.
                 self.pipelines.get(&KernelConfig::Decode(*config))?;
                 if split.splits > 1 {
-                    self.pipelines
-                        .get(&KernelConfig::DecodeCombine { storage: problem.dtype })?;
+                    self.pipelines.get(&KernelConfig::DecodeCombine {
+                        storage: problem.dtype,
+                        sinks: problem.sinks,
+                    })?;
                 }
                 PreparedKernel::Decode {
                     config: *config,
@@ -454,8 +495,12 @@ impl FlashAttention {
             index,
             write_lse,
         } = prepared;
-        let (pipeline, sequences) = match kernel {
-            PreparedKernel::Prefill { pipeline, sequences } => (pipeline, sequences),
+        let (pipeline, sequences, head_tensors) = match kernel {
+            PreparedKernel::Prefill {
+                pipeline,
+                sequences,
+                head_tensors,
+            } => (pipeline, sequences, *head_tensors),
             PreparedKernel::Decode { config: decode, split } => {
                 self.encode_decode(encoder, problem, bound, index, *write_lse, timestamps, decode, split)?;
                 return Ok(*config);
@@ -478,6 +523,9 @@ impl FlashAttention {
         }
         if sequences.is_indexed() {
             entries.extend(index.sequence_entries(FORWARD_INDEX_BINDING));
+        }
+        if head_tensors {
+            entries.extend(index.head_entries(FORWARD_HEAD_BINDING));
         }
         let bind_group = self.ctx.device.create_bind_group(&wgpu::BindGroupDescriptor {
             label: Some(&config.name()),
@@ -556,7 +604,7 @@ impl FlashAttention {
                 (Some(_), None) => {
                     return Err(Error::InvalidBuffer {
                         tensor: name,
-                        message: "given for a problem that does not use it (see AttentionProblem::with_varlen / with_paged_kv / with_kv_lengths)".into(),
+                        message: "given for a problem that does not use it (see AttentionProblem::with_varlen / with_paged_kv / with_kv_lengths / with_alibi / with_sinks)".into(),
                     })
                 }
                 (None, Some(_)) => {
@@ -582,6 +630,12 @@ impl FlashAttention {
                 cache.paged.map(|_| cache.page_table_len(batch)),
             )?,
             kv_lens: bind_index("kv_lens", index.kv_lens, cache.lengths.then_some(batch))?,
+            alibi_slopes: bind_index(
+                "alibi_slopes",
+                index.alibi_slopes,
+                problem.has_alibi_tensor().then_some(problem.shape.num_heads),
+            )?,
+            sinks: bind_index("sinks", index.sinks, problem.sinks.then_some(problem.shape.num_heads))?,
         })
     }
 
@@ -644,13 +698,7 @@ impl FlashAttention {
         let uploaded = self.upload_index(index)?;
         let index = uploaded.buffers();
         self.run_on_host(problem, q, k, v, config.name(), scratch, |engine, encoder, buffers| {
-            let buffers = ForwardBuffers {
-                cu_seqlens_q: index.cu_seqlens_q,
-                cu_seqlens_k: index.cu_seqlens_k,
-                page_table: index.page_table,
-                kv_lens: index.kv_lens,
-                ..*buffers
-            };
+            let buffers = buffers.with_index(index);
             engine.encode_forward(encoder, problem, &buffers, None).map(|_| ())
         })
         .await
@@ -658,9 +706,8 @@ impl FlashAttention {
 
     /// Uploads a host call's index tensors (none without an index).
     pub(crate) fn upload_index(&self, index: Option<&BatchIndex<'_>>) -> Result<UploadedIndex> {
-        let upload = |name: &'static str, data: Option<&[u32]>| -> Result<Option<wgpu::Buffer>> {
-            let Some(data) = data else { return Ok(None) };
-            let bytes: &[u8] = bytemuck::cast_slice(data);
+        let upload = |name: &'static str, bytes: Option<&[u8]>| -> Result<Option<wgpu::Buffer>> {
+            let Some(bytes) = bytes else { return Ok(None) };
             check_buffer_size(name, bytes.len() as u64, &self.ctx.caps)?;
             Ok(Some(upload_queued(
                 &self.ctx.device,
@@ -671,11 +718,16 @@ impl FlashAttention {
             )))
         };
         let index = index.copied().unwrap_or_default();
+        fn bytes<T: bytemuck::Pod>(x: Option<&[T]>) -> Option<&[u8]> {
+            x.map(bytemuck::cast_slice)
+        }
         Ok(UploadedIndex {
-            cu_seqlens_q: upload("cu_seqlens_q", index.cu_seqlens_q)?,
-            cu_seqlens_k: upload("cu_seqlens_k", index.cu_seqlens_k)?,
-            page_table: upload("page_table", index.page_table)?,
-            kv_lens: upload("kv_lens", index.kv_lens)?,
+            cu_seqlens_q: upload("cu_seqlens_q", bytes(index.cu_seqlens_q))?,
+            cu_seqlens_k: upload("cu_seqlens_k", bytes(index.cu_seqlens_k))?,
+            page_table: upload("page_table", bytes(index.page_table))?,
+            kv_lens: upload("kv_lens", bytes(index.kv_lens))?,
+            alibi_slopes: upload("alibi_slopes", bytes(index.alibi_slopes))?,
+            sinks: upload("sinks", bytes(index.sinks))?,
         })
     }
 
@@ -771,6 +823,8 @@ impl FlashAttention {
             cu_seqlens_k: None,
             page_table: None,
             kv_lens: None,
+            alibi_slopes: None,
+            sinks: None,
         };
         let mut encoder = device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some(&kernel) });
         encode(self, &mut encoder, &buffers)?;

@@ -114,6 +114,8 @@ impl<T: Element> BackwardWorkload<T> {
             cu_seqlens_k: None,
             page_table: None,
             kv_lens: None,
+            alibi_slopes: None,
+            sinks: None,
         }
     }
 
@@ -131,6 +133,9 @@ impl<T: Element> BackwardWorkload<T> {
             delta: Some(TensorBuffer::new(&self.delta_buf)),
             cu_seqlens_q: None,
             cu_seqlens_k: None,
+            alibi_slopes: None,
+            sinks: None,
+            d_sinks: None,
         }
     }
 

@@ -95,6 +95,8 @@ impl<T: Element> Workload<T> {
             cu_seqlens_k: None,
             page_table: None,
             kv_lens: None,
+            alibi_slopes: None,
+            sinks: None,
         }
     }
 

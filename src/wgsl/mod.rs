@@ -16,6 +16,9 @@ use crate::problem::DType;
 pub const COMMON: &str = include_str!("../../shaders/common.wgsl");
 pub const SEQUENCE_DENSE: &str = include_str!("../../shaders/sequence_dense.wgsl");
 pub const SEQUENCE_INDEXED: &str = include_str!("../../shaders/sequence_indexed.wgsl");
+pub const HEAD_TERMS: &str = include_str!("../../shaders/head_terms.wgsl");
+pub const HEAD_TERMS_BOUND: &str = include_str!("../../shaders/head_terms_bound.wgsl");
+pub const HEAD_TERMS_UNBOUND: &str = include_str!("../../shaders/head_terms_unbound.wgsl");
 pub const STORAGE_F32: &str = include_str!("../../shaders/storage_f32.wgsl");
 pub const STORAGE_F16: &str = include_str!("../../shaders/storage_f16.wgsl");
 pub const STORAGE_BF16: &str = include_str!("../../shaders/storage_bf16.wgsl");
@@ -34,6 +37,7 @@ pub const FLASH_BWD_STAGE: &str = include_str!("../../shaders/flash_bwd_stage.wg
 pub const FLASH_BWD_PRE: &str = include_str!("../../shaders/flash_bwd_pre.wgsl");
 pub const FLASH_BWD_DKDV: &str = include_str!("../../shaders/flash_bwd_dkdv.wgsl");
 pub const FLASH_BWD_DQ: &str = include_str!("../../shaders/flash_bwd_dq.wgsl");
+pub const FLASH_BWD_SINKS: &str = include_str!("../../shaders/flash_bwd_sinks.wgsl");
 pub const MERGE: &str = include_str!("../../shaders/merge.wgsl");
 pub const FLASH_DECODE: &str = include_str!("../../shaders/flash_decode.wgsl");
 pub const DECODE_LANES_SUBGROUP: &str = include_str!("../../shaders/decode_lanes_subgroup.wgsl");
@@ -75,15 +79,21 @@ pub enum KernelConfig {
     /// The decode kernel (shaders/flash_decode.wgsl, src/plan/decode.rs).
     Decode(DecodeConfig),
     /// The merge of the decode kernel's partial results (shaders/decode_combine.wgsl), O in
-    /// `storage`.
+    /// `storage`; with `sinks`, the heads' sinks join each row's sum.
     DecodeCombine {
         storage: DType,
+        sinks: bool,
     },
     /// Writing new tokens' K/V rows into a cache (shaders/append_kv.wgsl).
     AppendKv {
         storage: DType,
         paged: bool,
         kv_lengths: bool,
+    },
+    /// The gradient of the attention sinks (shaders/flash_bwd_sinks.wgsl), reading the index
+    /// tensors `sequences` says.
+    SinkGrad {
+        sequences: SequenceIndex,
     },
 }
 
@@ -97,7 +107,13 @@ impl KernelConfig {
             KernelConfig::Backward(k) => k.name(),
             KernelConfig::Merge { storage } => format!("merge_{}", storage.name()),
             KernelConfig::Decode(c) => c.name(),
-            KernelConfig::DecodeCombine { storage } => format!("decode_combine_{}", storage.name()),
+            KernelConfig::DecodeCombine { storage, sinks } => {
+                format!(
+                    "decode_combine_{}{}",
+                    storage.name(),
+                    if *sinks { "_sinks" } else { "" }
+                )
+            }
             KernelConfig::AppendKv {
                 storage,
                 paged,
@@ -108,6 +124,7 @@ impl KernelConfig {
                 if *paged { "_paged" } else { "" },
                 if *kv_lengths { "_lens" } else { "" }
             ),
+            KernelConfig::SinkGrad { sequences } => format!("flash_bwd_sinks{}", sequences.name_suffix()),
         }
     }
 
@@ -126,6 +143,7 @@ impl KernelConfig {
             KernelConfig::Decode(_) => "flash_decode",
             KernelConfig::DecodeCombine { .. } => "decode_combine",
             KernelConfig::AppendKv { .. } => "append_kv",
+            KernelConfig::SinkGrad { .. } => "flash_bwd_sinks",
         }
     }
 
@@ -166,6 +184,7 @@ impl KernelConfig {
                 let sizes = p.sizes();
                 src.push_str(&tiled_prelude(c.variant.tile, c.head_dim_pad, sizes));
                 src.push_str(&sequence_source(c.sequences, FORWARD_INDEX_BINDING));
+                src.push_str(&head_terms_source(c.head_tensors, FORWARD_HEAD_BINDING));
                 for part in [
                     COMMON,
                     storage_codec(c.storage),
@@ -192,6 +211,11 @@ impl KernelConfig {
                 });
             }
             KernelConfig::Backward(k) => backward_source(k, &mut src),
+            KernelConfig::SinkGrad { sequences } => {
+                src.push_str(&sequence_source(*sequences, SINK_GRAD_INDEX_BINDING));
+                src.push_str(COMMON);
+                src.push_str(FLASH_BWD_SINKS);
+            }
             KernelConfig::Merge { storage } => {
                 for part in [COMMON, storage_codec(*storage), MERGE] {
                     src.push_str(part);
@@ -211,6 +235,7 @@ impl KernelConfig {
                     c.paged,
                     c.kv_lengths
                 ));
+                src.push_str(&head_terms_source(c.head_tensors, DECODE_HEAD_BINDING));
                 for part in [
                     COMMON,
                     storage_codec(c.storage),
@@ -239,8 +264,9 @@ impl KernelConfig {
                     src.push_str(part);
                 }
             }
-            KernelConfig::DecodeCombine { storage } => {
+            KernelConfig::DecodeCombine { storage, sinks } => {
                 src.push_str(&format!("const MAX_SPLITS: u32 = {DECODE_MAX_SPLITS}u;\n"));
+                src.push_str(&head_terms_source(*sinks, COMBINE_HEAD_BINDING));
                 for part in [COMMON, storage_codec(*storage), DECODE_COMBINE] {
                     src.push_str(part);
                 }
@@ -304,6 +330,7 @@ fn backward_source(kernel: &BackwardKernel, src: &mut String) {
             let sizes = p.sizes();
             src.push_str(&tiled_prelude(g.tile, g.head_dim_pad, sizes));
             src.push_str(&sequence_source(g.sequences, BACKWARD_INDEX_BINDING));
+            src.push_str(&head_terms_source(g.head_tensors, BACKWARD_HEAD_BINDING));
             for part in [
                 COMMON,
                 storage_codec(g.storage),
@@ -328,6 +355,26 @@ fn backward_source(kernel: &BackwardKernel, src: &mut String) {
 /// kernels' six, and the backward gradient kernels' ten.
 pub const FORWARD_INDEX_BINDING: u32 = 6;
 pub const BACKWARD_INDEX_BINDING: u32 = 10;
+/// ... and the sink gradient kernel's five.
+pub const SINK_GRAD_INDEX_BINDING: u32 = 5;
+/// The per-head tensors of the decode kernel (after its ten bindings) and of the combine (after
+/// its five; it reads only the sinks, the second).
+pub const DECODE_HEAD_BINDING: u32 = 10;
+pub const COMBINE_HEAD_BINDING: u32 = 5;
+
+/// The first binding of the per-head tensors (head_terms_bound.wgsl): after the index tensors'
+/// three, whether or not the kernel binds those.
+pub const FORWARD_HEAD_BINDING: u32 = FORWARD_INDEX_BINDING + 3;
+pub const BACKWARD_HEAD_BINDING: u32 = BACKWARD_INDEX_BINDING + 3;
+
+/// ALiBi and sinks for a kernel that implements them (head_terms.wgsl): with `bound`, the
+/// per-head tensors at bindings `first_binding` and `first_binding + 1`.
+fn head_terms_source(bound: bool, first_binding: u32) -> String {
+    if !bound {
+        return format!("{HEAD_TERMS}{HEAD_TERMS_UNBOUND}");
+    }
+    format!("const HEAD_BINDING: u32 = {first_binding}u;\n{HEAD_TERMS}{HEAD_TERMS_BOUND}")
+}
 
 /// How a prefill or backward kernel finds its sequences: `sequence(b)` from the problem's sizes
 /// (sequence_dense.wgsl), or from the index tensors it binds from `first_binding` on

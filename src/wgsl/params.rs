@@ -2,7 +2,7 @@
 
 use bytemuck::{Pod, Zeroable};
 
-use crate::problem::{AttentionProblem, TensorLayout, ELEMENT_ALIGNMENT};
+use crate::problem::{Alibi, AttentionProblem, TensorLayout, ELEMENT_ALIGNMENT};
 
 /// `TensorStrides` in common.wgsl: offset and strides in granules (4 elements), relative to the
 /// start of the tensor's binding.
@@ -64,11 +64,21 @@ pub struct Params {
     pub window_right: u32,
     /// The soft-cap in base 2, `cap · log2 e` (`AttentionProblem::softcap`).
     pub softcap: f32,
-    pub _pad: [u32; 3],
+    /// ALiBi's slopes (`AttentionProblem::alibi`): [`ALIBI_NONE`], [`ALIBI_GEOMETRIC`] or
+    /// [`ALIBI_PER_HEAD`] (read from the `alibi_slopes` tensor).
+    pub alibi: u32,
+    /// 1 when the sinks tensor joins every row's denominator (`AttentionProblem::sinks`).
+    pub sinks: u32,
+    /// The batch size, for kernels that loop over it (flash_bwd_sinks.wgsl).
+    pub batch: u32,
 }
 
-// WGSL lays the struct out as four 16-byte members then twenty-four 4-byte scalars (three of
-// padding).
+/// `Params::alibi`: the modes of shaders/head_terms_*.wgsl.
+pub const ALIBI_NONE: u32 = 0;
+pub const ALIBI_GEOMETRIC: u32 = 1;
+pub const ALIBI_PER_HEAD: u32 = 2;
+
+// WGSL lays the struct out as four 16-byte members then twenty-four 4-byte scalars.
 const _: () = assert!(std::mem::size_of::<Params>() == 4 * 16 + 24 * 4);
 
 impl Params {
@@ -82,6 +92,13 @@ impl Params {
             window_left: side(window.left),
             window_right: side(window.right),
             softcap: problem.softcap.map_or(0.0, |cap| cap * std::f32::consts::LOG2_E),
+            alibi: match problem.alibi {
+                None => ALIBI_NONE,
+                Some(Alibi::Geometric) => ALIBI_GEOMETRIC,
+                Some(Alibi::PerHead) => ALIBI_PER_HEAD,
+            },
+            sinks: problem.sinks as u32,
+            batch: s.batch as u32,
             seq_q: s.seq_q as u32,
             seq_kv: s.seq_kv as u32,
             head_dim: s.head_dim as u32,
@@ -225,6 +242,9 @@ mod tests {
             ("window_left", offset_of!(Params, window_left)),
             ("window_right", offset_of!(Params, window_right)),
             ("softcap", offset_of!(Params, softcap)),
+            ("alibi", offset_of!(Params, alibi)),
+            ("sinks", offset_of!(Params, sinks)),
+            ("batch", offset_of!(Params, batch)),
         ];
         check(wgsl_struct(&source, "Params"), &rust, size_of::<Params>());
         let strides = [

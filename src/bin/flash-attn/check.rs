@@ -235,6 +235,7 @@ fn forward_cases(caps: &Caps, problem: &AttentionProblem, coverage: Coverage) ->
                 plan,
                 head_dim_pad: plan.head_dim_pad(head_dim),
                 sequences: Default::default(),
+                head_tensors: problem.has_head_tensors(),
             };
             if config.unavailable_reason(caps).is_none() {
                 let choice = KernelChoice::Tiled(TiledChoice {

@@ -201,6 +201,7 @@ fn tiled_config(problem: &AttentionProblem, variant: Variant, plan: wgpu_flash_a
         plan,
         head_dim_pad: plan.head_dim_pad(problem.shape.head_dim as u32),
         sequences: Default::default(),
+        head_tensors: problem.has_head_tensors(),
     }
 }
 
@@ -310,6 +311,7 @@ fn backward_variant_reason(problem: &BackwardProblem, caps: &Caps, variant: Vari
                     plan,
                     head_dim_pad: plan.head_dim_pad(head_dim),
                     sequences: Default::default(),
+                    head_tensors: false,
                 };
                 kernel.unavailable_reason(caps)
             })
