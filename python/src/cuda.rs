@@ -180,9 +180,7 @@ pub fn cuda_forward<'py>(
     kv_lens: Option<DeviceTensor>,
 ) -> PyResult<(String, Bound<'py, PyDict>)> {
     let p = problem.inner;
-    let refused = problem.refuse_unimplemented();
     let (kernel, handed) = detached(py, move || -> Outcome<(String, Handed)> {
-        refused?;
         let engine = engine(device, stream)?;
         let s = engine.device().stream().clone();
         let (q, k, v) = (Borrowed::<u16>::new(q, &s), Borrowed::new(k, &s), Borrowed::new(v, &s));

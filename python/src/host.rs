@@ -177,7 +177,6 @@ pub fn wgpu_forward(
     kv_lens: Option<HostTensor>,
 ) -> PyResult<String> {
     let p = problem.inner;
-    let refused = problem.refuse_unimplemented();
     let index = HostIndex {
         cu_seqlens_q,
         cu_seqlens_k,
@@ -185,7 +184,6 @@ pub fn wgpu_forward(
         kv_lens,
     };
     detached(py, move || {
-        refused?;
         let engine = engine()?;
         with_element!(p.dtype, T => forward_typed::<T>(&engine, &p, [q, k, v, o], lse, index))
     })
@@ -246,14 +244,12 @@ pub fn wgpu_backward(
     cu_seqlens_k: Option<HostTensor>,
 ) -> PyResult<String> {
     let p = problem.inner;
-    let refused = problem.refuse_unimplemented();
     let index = HostIndex {
         cu_seqlens_q,
         cu_seqlens_k,
         ..HostIndex::default()
     };
     detached(py, move || {
-        refused?;
         let engine = engine()?;
         with_element!(p.dtype, T => backward_typed::<T>(&engine, &p, [q, k, v, o, lse, d_o], [dq, dk, dv], index))
     })

@@ -16,25 +16,6 @@ use crate::errors::{parse_dtype, to_pyerr, Failure};
 #[pyclass(frozen, module = "wgpu_flash_attn._native")]
 pub struct Problem {
     pub inner: AttentionProblem,
-    /// Whether the call asked for ALiBi; carried so that the entry points refuse it in one
-    /// place (see [`Problem::refuse_unimplemented`]).
-    pub alibi: bool,
-}
-
-impl Problem {
-    /// The error for what FlashAttention's API takes and the library does not compute yet. ALiBi
-    /// is being added to the library (issue 17): when `AttentionProblem` gains it, this check
-    /// becomes a `with_alibi` call in `new` and the slopes travel like the index tensors.
-    pub fn refuse_unimplemented(&self) -> Result<(), Failure> {
-        if self.alibi {
-            return Err(Failure::NotImplemented(
-                "alibi_slopes (ALiBi position biases) are not implemented in wgpu-flash-attn yet; \
-                 pass alibi_slopes=None"
-                    .into(),
-            ));
-        }
-        Ok(())
-    }
 }
 
 #[pymethods]
@@ -119,8 +100,22 @@ impl Problem {
             };
             p = p.with_tensor_layout(tensor, layout);
         }
+        // ALiBi is being added to the library (issue 17). Refused here, where every call starts
+        // and before the K/V append of a decoding step writes anything: when `AttentionProblem`
+        // gains it, this becomes a `with_alibi(..)` above, and the slopes travel to the entry
+        // points like the index tensors.
+        if alibi {
+            return Err(to_pyerr(
+                py,
+                Failure::NotImplemented(
+                    "alibi_slopes (ALiBi position biases) are not implemented in wgpu-flash-attn yet; \
+                     pass alibi_slopes=None"
+                        .into(),
+                ),
+            ));
+        }
         p.validate().map_err(|e| to_pyerr(py, e.into()))?;
-        Ok(Problem { inner: p, alibi })
+        Ok(Problem { inner: p })
     }
 
     /// Elements each tensor's memory must hold from its first element (`"q"`, `"k"`, `"v"`, `"o"`).

@@ -202,6 +202,13 @@ def test_not_implemented_features_name_themselves():
         fa.flash_attn_varlen_func(q[0], k[0], v[0], cu, cu, 8, 8, block_table=np.zeros((1, 1), np.int32))
     with pytest.raises(NotImplementedError, match="rotary_cos"):
         fa.flash_attn_with_kvcache(q, k, v, rotary_cos=np.ones((8, 16), np.float32))
+    # Refused before the append writes anything into the caches.
+    k_cache, v_cache = k.copy(), v.copy()
+    with pytest.raises(NotImplementedError, match="alibi_slopes"):
+        fa.flash_attn_with_kvcache(
+            q[:, :1], k_cache, v_cache, k[:, :1], v[:, :1], cache_seqlens=3, alibi_slopes=np.ones(4, np.float32)
+        )
+    assert np.array_equal(k_cache, k) and np.array_equal(v_cache, v)
 
 
 def test_library_errors_are_value_errors_with_its_message():

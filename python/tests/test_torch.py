@@ -191,3 +191,82 @@ def test_errors_on_tensors():
         fa.flash_attn_func(q, q.numpy(), q)
     with pytest.raises(NotImplementedError, match="alibi_slopes"):
         fa.flash_attn_func(q, q, q, alibi_slopes=torch.ones(4))
+
+
+class _StandIn:
+    """The CUDA route's Python half run on CPU tensors: ``_native.cuda_forward`` replaced by the
+    wgpu call on the same addresses, problem and index tensors (host memory works for both), the
+    append recorded, PyTorch's CUDA stream calls made no-ops. Checks what the route passes the
+    library (strides, packed and paged layouts, key counts) without a GPU."""
+
+    def __init__(self, monkeypatch):
+        from wgpu_flash_attn import _interface, _native
+
+        self.appends = []
+        self.native = _native
+
+        def forward(problem, device, stream, q, k, v, o, lse=None, **index):
+            kernel = _native.wgpu_forward(problem, q, k, v, o, lse, **index)
+            return kernel, {"q": q[0], "k": k[0], "v": v[0], "o": o[0], "stream": stream}
+
+        def append(problem, device, stream, *tensors, **index):
+            self.appends.append(problem)
+
+        class Stream:
+            cuda_stream = 0
+
+        monkeypatch.setattr(_interface, "ensure_nvrtc", lambda: None)
+        monkeypatch.setattr(_native, "cuda_forward", forward)
+        monkeypatch.setattr(_native, "cuda_append_kv", append)
+        monkeypatch.setattr(torch.cuda, "device", lambda device: __import__("contextlib").nullcontext())
+        monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: Stream())
+        self.route = _interface
+
+
+def test_cuda_route_plumbing_with_a_stand_in(monkeypatch):
+    stand_in = _StandIn(monkeypatch)
+    route = stand_in.route
+    seed = 200
+    # Packed QKV views: passed with their own strides, not copied.
+    qkv = randn(seed, (2, 29, 3, 4, 32))
+    q, k, v = qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]
+    call = route._Call("float32", (2, 29, 29, 4, 4, 32), causal=True, scale=32**-0.5)
+    call.out_shape, call.lse_shape = (2, 29, 4, 32), (2, 4, 29)
+    out, lse, _ = route._cuda_forward(call, q, k, v)
+    assert route._last_cuda_launch["q"] == q.data_ptr() and route._last_cuda_launch["v"] == v.data_ptr()
+    ref, ref_lse = attention(q.numpy(), k.numpy(), v.numpy(), causal=True)
+    assert_close(out.numpy(), ref, "float32", "stand-in packed views", seed)
+    assert_lse(lse.numpy(), ref_lse, "stand-in packed views", seed)
+
+    # Packed batch whose rows are strided views.
+    cu = torch.tensor([0, 7, 20], dtype=torch.int32)
+    wide = randn(seed + 1, (20, 2, 4, 32))
+    q, k, v = wide[:, 0], wide[:, 1, :2], wide[:, 1, 2:]
+    call = route._Call("float32", (2, 13, 13, 4, 2, 32), scale=32**-0.5, varlen=(20, 20))
+    call.index = {"cu_seqlens_q": route._device_index(cu, "cpu"), "cu_seqlens_k": route._device_index(cu, "cpu")}
+    call.out_shape, call.lse_shape = (20, 4, 32), (4, 20)
+    out, _, _ = route._cuda_forward(call, q, k, v)
+    for b in range(2):
+        rows = slice(int(cu[b]), int(cu[b + 1]))
+        ref, _ = attention(q[rows].numpy()[None], k[rows].numpy()[None], v[rows].numpy()[None])
+        assert_close(out[rows].numpy(), ref[0], "float32", f"stand-in varlen {b}", seed)
+
+    # A paged decoding step: the append problem is built, the forward reads the new counts.
+    page, per_seq, heads_k = 16, 3, 2
+    table = torch.tensor([[4, 0, 2], [1, 5, 3]], dtype=torch.int32)
+    k_pool, v_pool = randn(seed + 2, (6, page, heads_k, 32)), randn(seed + 3, (6, page, heads_k, 32))
+    q = randn(seed + 4, (2, 1, 4, 32))
+    lens = torch.tensor([20, 47], dtype=torch.int32)
+    call = route._Call(
+        "float32", (2, 1, page * per_seq, 4, heads_k, 32), causal=True, scale=32**-0.5,
+        kv_lengths=True, paged=(page, 6, per_seq),
+    )
+    call.out_shape, call.lse_shape = (2, 1, 4, 32), (2, 4, 1)
+    k_new = randn(seed + 5, (2, 1, heads_k, 32))
+    out, _ = route._kvcache_cuda(call, q, k_pool, v_pool, k_new, k_new, lens, table, 1)
+    assert len(stand_in.appends) == 1
+    for b in range(2):
+        keys = torch.cat([k_pool[p] for p in table[b].tolist()])[: int(lens[b]) + 1]
+        values = torch.cat([v_pool[p] for p in table[b].tolist()])[: int(lens[b]) + 1]
+        ref, _ = attention(q[b : b + 1].numpy(), keys[None].numpy(), values[None].numpy(), causal=True)
+        assert_close(out[b].numpy(), ref[0], "float32", f"stand-in paged {b}", seed)

@@ -665,11 +665,16 @@ def flash_attn_with_kvcache(
 
 def _kvcache_host(call, q, k_cache, v_cache, k, v, cache_seqlens, block_table, seq_new):
     """The host route of a decoding step: the append done in place on the caller's caches (any
-    device: plain indexing), then attention over the cache through wgpu."""
-    batch = call.sizes[0]
-    seq_kv = call.sizes[2]
+    device: plain indexing), then attention over the cache through wgpu. Everything is checked
+    before the append writes anything."""
+    batch, seq_kv = call.sizes[0], call.sizes[2]
     if block_table is not None:
-        call.index["page_table"] = _host_index(block_table, "block_table")
+        table = _host_index(block_table, "block_table")
+        blocks = int(k_cache.shape[0])
+        if table.size and int(table.max()) >= blocks:
+            raise ValueError(f"block_table names page {int(table.max())}; the caches hold {blocks} pages")
+        call.index["page_table"] = table
+    lens = None
     if cache_seqlens is not None:
         lens = _host_index(_as_array(cache_seqlens, q), "cache_seqlens", batch)[:batch]
         kv_lens = lens + seq_new
@@ -679,8 +684,9 @@ def _kvcache_host(call, q, k_cache, v_cache, k, v, cache_seqlens, block_table, s
                 + (" (pages per sequence × page size)" if block_table is not None else "")
             )
         call.index["kv_lens"] = _host_index(kv_lens, "kv_lens")
-        if seq_new:
-            _append_in_place(call, k_cache, v_cache, k, v, lens, seq_new)
+    call.problem()  # the library's checks (and the refusals) before anything is written
+    if seq_new:
+        _append_in_place(call, k_cache, v_cache, k, v, lens, seq_new)
     where = _where(q)
     if where not in ("numpy", "cpu"):
         device = q.device
@@ -735,42 +741,45 @@ def _append_in_place(call, k_cache, v_cache, k, v, lens, seq_new) -> None:
 
 def _kvcache_cuda(call, q, k_cache, v_cache, k, v, cache_seqlens, block_table, seq_new):
     """The CUDA route of a decoding step: the library's append kernel writes the new tokens into
-    the caller's caches in place, then the decode kernel attends, both on the current stream."""
+    the caller's caches in place, then the decode kernel attends, both on the current stream.
+    Both problems are built (and checked) before the append is enqueued."""
     torch = _torch()
     ensure_nvrtc()
     device = q.device
-    paged = block_table is not None
     for name, cache in (("k_cache", k_cache), ("v_cache", v_cache)):
         if _cuda_ready(cache) is not cache:
             raise ValueError(
                 f"{name} has strides {tuple(cache.stride())}: the cache is updated in place, so it must "
                 "have a contiguous last dimension and other strides that are multiples of 4 elements"
             )
-    if paged:
+    if block_table is not None:
         call.index["page_table"] = _device_index(block_table, device)
     if cache_seqlens is not None:
         lens = _device_index(_as_array(cache_seqlens, q), device)
         call.index["kv_lens"] = (lens + seq_new).to(torch.int32) if seq_new else lens
     layouts = {"k": _cuda_layout(k_cache, False), "v": _cuda_layout(v_cache, False)}
+    q = _cuda_ready(q)
+    problem = call.problem(dict(layouts, q=_cuda_layout(q, False)))
+    index = {n: _device_address(t) for n, t in call.index.items()}
+    if seq_new:
+        sizes = call.sizes[:1] + (seq_new,) + call.sizes[2:]
+        append = _Call(call.dtype, sizes, **call.kwargs).problem(layouts)
+        k_new, v_new = k.contiguous(), v.contiguous()
+    out = _empty(q, call.out_shape)
+    lse = _empty(q, call.lse_shape, float32=True)
     with torch.cuda.device(device):
         stream = torch.cuda.current_stream(device).cuda_stream
         if seq_new:
-            append = _Call(call.dtype, call.sizes[:1] + (seq_new,) + call.sizes[2:], **call.kwargs)
-            k_new, v_new = k.contiguous(), v.contiguous()
             _native.cuda_append_kv(
-                append.problem(layouts),
+                append,
                 device.index,
                 stream,
                 _device_address(k_new),
                 _device_address(v_new),
                 _device_address(k_cache),
                 _device_address(v_cache),
-                **{n: _device_address(t) for n, t in call.index.items()},
+                **index,
             )
-        q = _cuda_ready(q)
-        problem = call.problem(dict(layouts, q=_cuda_layout(q, False)))
-        out = _empty(q, call.out_shape)
-        lse = _empty(q, call.lse_shape, float32=True)
         kernel, handed = _native.cuda_forward(
             problem,
             device.index,
@@ -780,7 +789,7 @@ def _kvcache_cuda(call, q, k_cache, v_cache, k, v, cache_seqlens, block_table, s
             _device_address(v_cache),
             _device_address(out),
             _device_address(lse),
-            **{n: _device_address(t) for n, t in call.index.items()},
+            **index,
         )
     _last_cuda_launch.clear()
     _last_cuda_launch.update(handed, kernel=kernel, out=out.data_ptr(), lse_tensor=lse.data_ptr())
