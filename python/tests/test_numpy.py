@@ -85,6 +85,22 @@ def test_non_contiguous_inputs():
     assert_close(out, ref, "float32", "non-contiguous", seed)
 
 
+def test_packed_variants():
+    seed = 35
+    qkv = randn(seed, (2, 21, 3, 4, 32))
+    q, k, v = qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]
+    ref, _ = attention(q, k, v, causal=True)
+    assert_close(fa.flash_attn_qkvpacked_func(qkv, causal=True), ref, "float32", "qkvpacked", seed)
+    kv = qkv[:, :, 1:]
+    assert_close(fa.flash_attn_kvpacked_func(q, kv, causal=True), ref, "float32", "kvpacked", seed)
+    cu = np.array([0, 21, 42], np.int32)
+    flat = qkv.reshape(42, 3, 4, 32)
+    out = fa.flash_attn_varlen_qkvpacked_func(flat, cu, 21, causal=True)
+    assert_close(out.reshape(2, 21, 4, 32), ref, "float32", "varlen qkvpacked", seed)
+    out = fa.flash_attn_varlen_kvpacked_func(flat[:, 0], flat[:, 1:], cu, cu, 21, 21, causal=True)
+    assert_close(out.reshape(2, 21, 4, 32), ref, "float32", "varlen kvpacked", seed)
+
+
 def test_return_attn_probs_is_flash_attention_s_triple():
     q, k, v = (randn(s, (1, 8, 2, 32)) for s in (1, 2, 3))
     out, lse, s_dmask = fa.flash_attn_func(q, k, v, return_attn_probs=True)
@@ -184,6 +200,19 @@ def test_kvcache_paged():
         ref, ref_lse = attention(q[b : b + 1], keys[None], values[None], causal=True)
         assert_close(out[b], ref[0], "float32", f"paged sequence {b}", seed)
         assert_lse(lse[b], ref_lse[0], f"paged sequence {b}", seed)
+
+
+def test_threads_share_the_engine():
+    """Calls from several Python threads at once (the GIL is released during the GPU work) give
+    what one thread gets."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    inputs = [tuple(randn(70 + 3 * i + j, (1, 24, 4, 32)) for j in range(3)) for i in range(6)]
+    alone = [fa.flash_attn_func(*x, causal=True) for x in inputs]
+    with ThreadPoolExecutor(4) as pool:
+        together = list(pool.map(lambda x: fa.flash_attn_func(*x, causal=True), inputs))
+    for a, b in zip(alone, together):
+        assert np.array_equal(a, b)
 
 
 # --- errors -------------------------------------------------------------------------------------

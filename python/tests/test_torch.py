@@ -127,6 +127,16 @@ def test_backward_agrees_with_sdpa_autograd():
         assert rel_l2(ours.grad.numpy(), theirs.grad.numpy()) <= 1e-4, label
 
 
+def test_qkvpacked_backward_reaches_the_packed_tensor():
+    seed = 145
+    qkv = randn(seed, (1, 20, 3, 2, 32), requires_grad=True)
+    d_out = randn(seed + 1, (1, 20, 2, 32))
+    (fa.flash_attn_qkvpacked_func(qkv, causal=True) * d_out).sum().backward()
+    grads = attention_grads(*(np64(qkv[:, :, i]) for i in range(3)), np64(d_out), causal=True)
+    for i, (ref, label) in enumerate(zip(grads, ("dq", "dk", "dv"))):
+        assert rel_l2(qkv.grad[:, :, i].numpy(), ref) <= 1e-4, label
+
+
 def test_backward_bf16():
     seed = 150
     q, k, v = (randn(seed + i, (1, 32, 2, 64), "bfloat16", requires_grad=True) for i in range(3))

@@ -10,7 +10,8 @@
 NumPy arrays and CPU PyTorch tensors run on the wgpu engine (Vulkan, Metal, DX12; a CPU Vulkan
 driver where there is no GPU); PyTorch CUDA tensors run on the CUDA kernels, in place on PyTorch's
 current stream. See ``flash_attn_func``, ``flash_attn_varlen_func`` and
-``flash_attn_with_kvcache``.
+``flash_attn_with_kvcache`` (and the packed variants ``flash_attn_qkvpacked_func``,
+``flash_attn_kvpacked_func`` and their ``varlen`` forms).
 """
 
 from __future__ import annotations
@@ -26,7 +27,15 @@ from ._errors import (
     TooLargeError,
     UnavailableError,
 )
-from ._interface import flash_attn_func, flash_attn_varlen_func, flash_attn_with_kvcache
+from ._interface import (
+    flash_attn_func,
+    flash_attn_kvpacked_func,
+    flash_attn_qkvpacked_func,
+    flash_attn_varlen_func,
+    flash_attn_varlen_kvpacked_func,
+    flash_attn_varlen_qkvpacked_func,
+    flash_attn_with_kvcache,
+)
 
 __version__ = _native.LIBRARY_VERSION
 
@@ -34,6 +43,10 @@ __all__ = [
     "flash_attn_func",
     "flash_attn_varlen_func",
     "flash_attn_with_kvcache",
+    "flash_attn_qkvpacked_func",
+    "flash_attn_kvpacked_func",
+    "flash_attn_varlen_qkvpacked_func",
+    "flash_attn_varlen_kvpacked_func",
     "wgpu_adapter",
     "cuda_status",
     "FlashAttnError",

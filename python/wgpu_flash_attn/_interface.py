@@ -794,3 +794,102 @@ def _kvcache_cuda(call, q, k_cache, v_cache, k, v, cache_seqlens, block_table, s
     _last_cuda_launch.clear()
     _last_cuda_launch.update(handed, kernel=kernel, out=out.data_ptr(), lse_tensor=lse.data_ptr())
     return out, lse
+
+
+# ---------------------------------------------------------------------------------------------
+# FlashAttention's packed variants: views into the packed tensor, passed on as q, k, v (their
+# strides reach the CUDA kernels as they are; gradients flow back into the packed tensor).
+
+
+def _unpack(x: Any, axis: int, count: int) -> Tuple[Any, ...]:
+    if x.shape[axis] != count:
+        raise ValueError(f"the packed tensor must have {count} at dimension {axis}, got shape {tuple(x.shape)}")
+    if _is_numpy(x):
+        return tuple(x.take(i, axis=axis) for i in range(count))
+    return tuple(x.unbind(axis))
+
+
+def flash_attn_qkvpacked_func(
+    qkv: Array,
+    dropout_p: float = 0.0,
+    softmax_scale: Optional[float] = None,
+    causal: bool = False,
+    window_size: Tuple[int, int] = (-1, -1),
+    softcap: float = 0.0,
+    alibi_slopes: Optional[Array] = None,
+    deterministic: bool = False,
+    return_attn_probs: bool = False,
+) -> Union[Array, Tuple[Array, ...]]:
+    """``flash_attn_func`` on ``qkv`` ``(batch, seqlen, 3, nheads, headdim)``, FlashAttention's
+    ``flash_attn_qkvpacked_func``."""
+    q, k, v = _unpack(qkv, 2, 3)
+    return flash_attn_func(
+        q, k, v, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic, return_attn_probs
+    )
+
+
+def flash_attn_kvpacked_func(
+    q: Array,
+    kv: Array,
+    dropout_p: float = 0.0,
+    softmax_scale: Optional[float] = None,
+    causal: bool = False,
+    window_size: Tuple[int, int] = (-1, -1),
+    softcap: float = 0.0,
+    alibi_slopes: Optional[Array] = None,
+    deterministic: bool = False,
+    return_attn_probs: bool = False,
+) -> Union[Array, Tuple[Array, ...]]:
+    """``flash_attn_func`` with ``kv`` ``(batch, seqlen_k, 2, nheads_k, headdim)``, FlashAttention's
+    ``flash_attn_kvpacked_func``."""
+    k, v = _unpack(kv, 2, 2)
+    return flash_attn_func(
+        q, k, v, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic, return_attn_probs
+    )
+
+
+def flash_attn_varlen_qkvpacked_func(
+    qkv: Array,
+    cu_seqlens: Array,
+    max_seqlen: int,
+    dropout_p: float = 0.0,
+    softmax_scale: Optional[float] = None,
+    causal: bool = False,
+    window_size: Tuple[int, int] = (-1, -1),
+    softcap: float = 0.0,
+    alibi_slopes: Optional[Array] = None,
+    deterministic: bool = False,
+    return_attn_probs: bool = False,
+) -> Union[Array, Tuple[Array, ...]]:
+    """``flash_attn_varlen_func`` on ``qkv`` ``(total, 3, nheads, headdim)``, FlashAttention's
+    ``flash_attn_varlen_qkvpacked_func``."""
+    q, k, v = _unpack(qkv, 1, 3)
+    return flash_attn_varlen_func(
+        q, k, v, cu_seqlens, cu_seqlens, max_seqlen, max_seqlen, dropout_p, softmax_scale, causal,
+        window_size, softcap, alibi_slopes, deterministic, return_attn_probs,
+    )  # fmt: skip
+
+
+def flash_attn_varlen_kvpacked_func(
+    q: Array,
+    kv: Array,
+    cu_seqlens_q: Array,
+    cu_seqlens_k: Array,
+    max_seqlen_q: int,
+    max_seqlen_k: int,
+    dropout_p: float = 0.0,
+    softmax_scale: Optional[float] = None,
+    causal: bool = False,
+    window_size: Tuple[int, int] = (-1, -1),
+    softcap: float = 0.0,
+    alibi_slopes: Optional[Array] = None,
+    deterministic: bool = False,
+    return_attn_probs: bool = False,
+) -> Union[Array, Tuple[Array, ...]]:
+    """``flash_attn_varlen_func`` with ``kv`` ``(total_k, 2, nheads_k, headdim)``, FlashAttention's
+    ``flash_attn_varlen_kvpacked_func``."""
+    k, v = _unpack(kv, 1, 2)
+    return flash_attn_varlen_func(
+        q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p, softmax_scale, causal,
+        window_size, softcap, alibi_slopes, deterministic, return_attn_probs,
+    )  # fmt: skip
