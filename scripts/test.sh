@@ -19,7 +19,7 @@ cargo bench --no-run --features internals,cuda,cli
 cargo build --release --lib
 RUSTDOCFLAGS="-D warnings" cargo doc --no-deps --lib --quiet
 # The Python package: `pip install .` in a fresh virtual environment, then pytest (python/test.sh;
-# it reuses the release build's dependencies in target/).
+# about 4.5 minutes, nearly all of it the release build of the extension).
 python/test.sh
 # BENCHMARKS.md's charts are what the script makes of bench-results/ (python3, standard library).
 python3 scripts/bench-charts.py --check
