@@ -233,6 +233,12 @@ class _StandIn:
         self.route = _interface
 
 
+def call_of(route, batch, seq_q, seq_k, heads, heads_k, dim=32, **kwargs):
+    call = route._Call("float32", (batch, seq_q, seq_k, heads, heads_k, dim), scale=dim**-0.5, **kwargs)
+    call.out_shape, call.lse_shape = (batch, seq_q, heads, dim), (batch, heads, seq_q)
+    return call
+
+
 def test_cuda_route_plumbing_with_a_stand_in(monkeypatch):
     stand_in = _StandIn(monkeypatch)
     route = stand_in.route
@@ -247,6 +253,13 @@ def test_cuda_route_plumbing_with_a_stand_in(monkeypatch):
     ref, ref_lse = attention(q.numpy(), k.numpy(), v.numpy(), causal=True)
     assert_close(out.numpy(), ref, "float32", "stand-in packed views", seed)
     assert_lse(lse.numpy(), ref_lse, "stand-in packed views", seed)
+
+    # A length-1 dimension with a stride no kernel could step by: still read in place.
+    q1 = randn(seed + 9, (1, 16, 4, 32)).as_strided((1, 16, 4, 32), (3, 128, 32, 1))
+    out, _, _ = route._cuda_forward(call_of(route, 1, 16, 16, 4, 4), q1, q1, q1)
+    assert route._last_cuda_launch["q"] == q1.data_ptr()
+    ref, _ = attention(q1.numpy(), q1.numpy(), q1.numpy())
+    assert_close(out.numpy(), ref, "float32", "stand-in odd stride of a length-1 dimension", seed)
 
     # Packed batch whose rows are strided views.
     cu = torch.tensor([0, 7, 20], dtype=torch.int32)

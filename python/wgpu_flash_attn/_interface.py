@@ -252,19 +252,23 @@ def _host_backward(call: _Call, problem: Any, saved: Sequence[Any], d_out: Any) 
 
 
 def _cuda_ready(x: Any) -> Any:
-    """``x`` itself when the kernels can read it where it is (last dimension contiguous, other
-    strides whole groups of 4 elements, an 8-byte-aligned start), else a contiguous copy:
-    FlashAttention's ``maybe_contiguous``, with the library's stride rule."""
+    """``x`` itself when the kernels can read it where it is (last dimension contiguous, the
+    strides of the other dimensions longer than 1 whole groups of 4 elements, an 8-byte-aligned
+    start), else a contiguous copy: FlashAttention's ``maybe_contiguous``, with the library's
+    stride rule."""
     strides = x.stride()
-    if strides[-1] == 1 and all(s % 4 == 0 for s in strides[:-1]) and x.data_ptr() % 8 == 0:
+    steps = (s for s, n in zip(strides[:-1], x.shape[:-1]) if n > 1)
+    if strides[-1] == 1 and all(s % 4 == 0 for s in steps) and x.data_ptr() % 8 == 0:
         return x
     return x.contiguous()
 
 
 def _cuda_layout(x: Any, packed: bool) -> Tuple[int, int, int, int]:
     """``(offset, batch_stride, seq_stride, head_stride)`` of a CUDA tensor, relative to its own
-    address: ``[batch, seq, heads, dim]`` (or a page pool), or packed ``[total, heads, dim]``."""
-    s = x.stride()
+    address: ``[batch, seq, heads, dim]`` (or a page pool), or packed ``[total, heads, dim]``. A
+    dimension of length 1 is never stepped along: its stride (which PyTorch leaves arbitrary)
+    goes as 0."""
+    s = [0 if n == 1 else st for st, n in zip(x.stride(), x.shape)]
     return (0, 0, s[0], s[1]) if packed else (0, s[0], s[1], s[2])
 
 
