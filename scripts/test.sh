@@ -2,8 +2,9 @@
 # Every test, with the GPU tests required (on lavapipe where there is no GPU): unit tests, the
 # layer check, naga translation of every shader to SPIR-V/MSL/HLSL, the kernels against the
 # float64 reference, the error cases, the backward pass; the benchmarks and examples are compiled
-# too; the public API (no `internals`) builds and its docs have no broken links; then the web demo
-# in headless Chromium (WebGPU on SwiftShader).
+# too; the public API (no `internals`) builds and its docs have no broken links; the Python package
+# installs with pip and passes its tests; then the web demo in headless Chromium (WebGPU on
+# SwiftShader).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
@@ -17,6 +18,9 @@ cargo bench --no-run --features internals,cuda,cli
 # What a user gets: the library without `internals`, and its documentation.
 cargo build --release --lib
 RUSTDOCFLAGS="-D warnings" cargo doc --no-deps --lib --quiet
+# The Python package: `pip install .` in a fresh virtual environment, then pytest (python/test.sh;
+# about 4.5 minutes, nearly all of it the release build of the extension).
+python/test.sh
 # BENCHMARKS.md's charts are what the script makes of bench-results/ (python3, standard library).
 python3 scripts/bench-charts.py --check
 # The browser: the library built for wasm32, the demo page driven in headless Chromium.

@@ -1,0 +1,248 @@
+"""The CUDA route of wgpu_flash_attn on PyTorch CUDA tensors (run on an NVIDIA GPU; the H200 in
+practice, through python/cuda/h200-run.sh).
+
+Correctness follows FlashAttention's own test rule: the largest error of our output against a
+float64 reference must be at most twice that of PyTorch's attention computed in the inputs' 16-bit
+type (bf16 or f16 matmuls and softmax) against the same reference. Zero copy is checked by the
+addresses the library launched with (the inputs' own, and the output tensor returned), by
+PyTorch's allocator (no transient allocation beyond O and the LSE), and by the stream (PyTorch's
+current one).
+
+Runs under pytest, or as ``python3 test_cuda.py`` where pytest is not installed.
+"""
+
+from __future__ import annotations
+
+import sys
+import traceback
+
+import torch
+
+import wgpu_flash_attn as fa
+from wgpu_flash_attn import _interface
+
+DEV = torch.device("cuda", 0)
+
+
+def randn(seed, shape, dtype=torch.bfloat16):
+    g = torch.Generator(device=DEV).manual_seed(seed)
+    return torch.randn(shape, generator=g, device=DEV, dtype=torch.float32).to(dtype)
+
+
+def visible(seq_q, seq_k, causal, window, kv_len=None):
+    """``[seq_q, seq_k]``: key ``j`` visible to query ``i`` (bottom-right aligned to ``kv_len``)."""
+    kv_len = seq_k if kv_len is None else kv_len
+    i = torch.arange(seq_q, device=DEV)[:, None] + kv_len - seq_q
+    j = torch.arange(seq_k, device=DEV)[None, :]
+    ok = j < kv_len
+    left, right = window
+    if causal:
+        right = 0
+    if left >= 0:
+        ok &= j >= i - left
+    if right >= 0:
+        ok &= j <= i + right
+    return ok
+
+
+def math_attention(q, k, v, *, causal=False, window=(-1, -1), softcap=0.0, scale=None, dtype=torch.float64):
+    """Attention computed in ``dtype``: float64 for the reference, the inputs' 16-bit type for
+    "PyTorch's math implementation" of the rule (each matmul and the softmax rounded to it).
+    Returns O ``[b, sq, h, d]`` (in ``dtype``) and the LSE ``[b, h, sq]`` (float64)."""
+    b, sq, h, d = q.shape
+    sk, hk = k.shape[1], k.shape[2]
+    scale = d**-0.5 if scale is None else scale
+    q, k, v = (x.to(dtype) for x in (q, k, v))
+    k, v = (x.repeat_interleave(h // hk, dim=2) for x in (k, v))
+    s = torch.einsum("bqhd,bkhd->bhqk", q, k) * scale
+    if softcap > 0:
+        s = softcap * torch.tanh(s / softcap)
+    s = s.masked_fill(~visible(sq, sk, causal, window), float("-inf"))
+    lse = torch.logsumexp(s.double(), dim=-1)
+    p = torch.softmax(s, dim=-1).nan_to_num(0.0)  # rows that see no key: 0
+    return torch.einsum("bhqk,bkhd->bqhd", p, v), lse
+
+
+def check_rule(name, ours, ref, pt):
+    """FlashAttention's rule, max-abs errors against the float64 reference."""
+    err = (ours.double() - ref).abs().max().item()
+    err_pt = (pt.double() - ref).abs().max().item()
+    kernel = _interface._last_cuda_launch.get("kernel", "?")
+    print(f"  {name}: max error {err:.3e}, PyTorch {pt.dtype} math {err_pt:.3e} ({err / max(err_pt, 1e-30):.2f}x), {kernel}")
+    assert err <= 2 * err_pt + 1e-5, f"{name}: error {err:.3e} > 2 x PyTorch's {err_pt:.3e}"
+
+
+def check_lse(name, lse, ref_lse):
+    finite = torch.isfinite(ref_lse)
+    assert torch.equal(torch.isfinite(lse), finite), f"{name}: LSE -inf where the reference is not"
+    err = (lse.double() - ref_lse)[finite].abs().max().item() if finite.any() else 0.0
+    assert err <= 2e-3, f"{name}: LSE off by {err:.3e}"
+
+
+def check_addresses(q, k, v, out):
+    launch = _interface._last_cuda_launch
+    assert launch["q"] == q.data_ptr() and launch["k"] == k.data_ptr() and launch["v"] == v.data_ptr(), launch
+    assert launch["o"] == out.data_ptr(), "the output returned is not the memory the kernel wrote"
+    assert launch["stream"] == torch.cuda.current_stream(DEV).cuda_stream
+
+
+DENSE = [
+    # name, batch, seq_q, seq_k, heads, kv_heads, head_dim, options
+    ("hd128_gqa", 2, 1000, 1000, 8, 2, 128, {}),
+    ("hd128_gqa_causal", 2, 1000, 1000, 8, 2, 128, {"causal": True}),
+    ("hd64_causal_fewer_queries", 1, 512, 1500, 4, 4, 64, {"causal": True}),
+    ("hd256", 2, 333, 333, 8, 8, 256, {}),
+    ("hd128_window", 1, 1024, 1024, 4, 4, 128, {"window_size": (100, 50)}),
+    ("hd128_softcap_causal", 1, 777, 777, 4, 2, 128, {"causal": True, "softcap": 5.0, "softmax_scale": 0.2}),
+]
+
+
+def run_dense(case, dtype, seed):
+    name, b, sq, sk, h, hk, d, opts = case
+    q, k, v = randn(seed, (b, sq, h, d), dtype), randn(seed + 1, (b, sk, hk, d), dtype), randn(seed + 2, (b, sk, hk, d), dtype)
+    out, lse = fa.flash_attn_func(q, k, v, return_lse=True, **opts)
+    check_addresses(q, k, v, out)
+    args = dict(
+        causal=opts.get("causal", False),
+        window=opts.get("window_size", (-1, -1)),
+        softcap=opts.get("softcap", 0.0),
+        scale=opts.get("softmax_scale"),
+    )
+    ref, ref_lse = math_attention(q, k, v, **args)
+    pt, _ = math_attention(q, k, v, dtype=dtype, **args)
+    check_rule(f"{name} {dtype}", out, ref, pt)
+    check_lse(name, lse, ref_lse)
+
+
+def test_dense_bf16():
+    for i, case in enumerate(DENSE):
+        run_dense(case, torch.bfloat16, 10 * i)
+
+
+def test_dense_f16():
+    for i, case in enumerate(DENSE[:3]):
+        run_dense(case, torch.float16, 100 + 10 * i)
+
+
+def test_varlen():
+    seed, lengths = 200, [100, 1, 777, 300]
+    cu = torch.tensor([0] + list(torch.tensor(lengths).cumsum(0)), dtype=torch.int32, device=DEV)
+    total = int(cu[-1])
+    q, k, v = randn(seed, (total, 8, 128)), randn(seed + 1, (total, 2, 128)), randn(seed + 2, (total, 2, 128))
+    out = fa.flash_attn_varlen_func(q, k, v, cu, cu, max(lengths), max(lengths), causal=True)
+    check_addresses(q, k, v, out)
+    for b in range(len(lengths)):
+        r = slice(int(cu[b]), int(cu[b + 1]))
+        ref, _ = math_attention(q[None, r], k[None, r], v[None, r], causal=True)
+        pt, _ = math_attention(q[None, r], k[None, r], v[None, r], causal=True, dtype=torch.bfloat16)
+        check_rule(f"varlen sequence {b}", out[None, r], ref, pt)
+
+
+def test_strided_inputs_are_read_in_place():
+    """Q, K, V as views of one packed QKV tensor: launched on the views' own addresses."""
+    qkv = randn(300, (2, 512, 3, 8, 128))
+    q, k, v = qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]
+    out = fa.flash_attn_func(q, k, v, causal=True)
+    check_addresses(q, k, v, out)
+    ref, _ = math_attention(q, k, v, causal=True)
+    pt, _ = math_attention(q, k, v, causal=True, dtype=torch.bfloat16)
+    check_rule("packed qkv views", out, ref, pt)
+
+
+def test_no_copy_allocations():
+    """PyTorch's allocator sees only O and the LSE: no copy of Q, K or V, even transiently."""
+    q, k, v = (randn(310 + i, (2, 2048, 16, 128)) for i in range(3))
+    fa.flash_attn_func(q, k, v)  # compile / load the kernel first
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_allocated(DEV)
+    torch.cuda.reset_peak_memory_stats(DEV)
+    out = fa.flash_attn_func(q, k, v)
+    peak = torch.cuda.max_memory_allocated(DEV) - before
+    expected = out.numel() * out.element_size() + 2 * 16 * 2048 * 4  # O and the LSE
+    print(f"  allocated during the call: {peak} bytes; O + LSE = {expected}; Q alone = {q.numel() * 2}")
+    assert peak <= expected + 4096, f"{peak} bytes allocated; O and the LSE are {expected}"
+
+
+def test_runs_on_the_current_stream():
+    q, k, v = (randn(320 + i, (1, 256, 4, 64)) for i in range(3))
+    side = torch.cuda.Stream(DEV)
+    side.wait_stream(torch.cuda.current_stream(DEV))
+    with torch.cuda.stream(side):
+        out = fa.flash_attn_func(q, k, v, causal=True)
+        assert _interface._last_cuda_launch["stream"] == side.cuda_stream
+    side.synchronize()
+    ref, _ = math_attention(q, k, v, causal=True)
+    pt, _ = math_attention(q, k, v, causal=True, dtype=torch.bfloat16)
+    check_rule("side stream", out, ref, pt)
+
+
+def test_kvcache_contiguous_and_paged():
+    """A decoding step: append 1 (and 4) new tokens per sequence in place, attend over the cache."""
+    seed, batch, heads, heads_k, d = 400, 4, 32, 8, 128
+    lens = torch.tensor([100, 2000, 4095, 0], dtype=torch.int32, device=DEV)
+    for seq_new in (1, 4):
+        q = randn(seed, (batch, seq_new, heads, d))
+        k_new, v_new = randn(seed + 1, (batch, seq_new, heads_k, d)), randn(seed + 2, (batch, seq_new, heads_k, d))
+        page, per_seq = 256, 17  # 4352 slots per sequence: room for 4095 + 4
+        k_cache = randn(seed + 3, (batch, page * per_seq, heads_k, d))
+        v_cache = randn(seed + 4, (batch, page * per_seq, heads_k, d))
+        out = fa.flash_attn_with_kvcache(q, k_cache, v_cache, k_new, v_new, cache_seqlens=lens, causal=True)
+        check_addresses(q, k_cache, v_cache, out)
+        # Paged: the same cache (new tokens included) in shuffled pages of 256 tokens; the paged
+        # call's append writes the same values again.
+        table = torch.randperm(batch * per_seq, device=DEV).to(torch.int32).reshape(batch, per_seq)
+        k_pool = torch.empty((batch * per_seq, page, heads_k, d), dtype=torch.bfloat16, device=DEV)
+        v_pool = torch.empty_like(k_pool)
+        for b in range(batch):
+            k_pool[table[b].long()] = k_cache[b].reshape(per_seq, page, heads_k, d)
+            v_pool[table[b].long()] = v_cache[b].reshape(per_seq, page, heads_k, d)
+        paged = fa.flash_attn_with_kvcache(
+            q, k_pool, v_pool, k_new, v_new, cache_seqlens=lens, block_table=table, causal=True
+        )
+        for b in range(batch):
+            n = int(lens[b]) + seq_new
+            assert torch.equal(k_cache[b, n - seq_new : n], k_new[b]), "the append did not land in the cache"
+            ref, _ = math_attention(q[b : b + 1], k_cache[b : b + 1, :n], v_cache[b : b + 1, :n], causal=True)
+            pt, _ = math_attention(
+                q[b : b + 1], k_cache[b : b + 1, :n], v_cache[b : b + 1, :n], causal=True, dtype=torch.bfloat16
+            )
+            check_rule(f"kvcache {seq_new} new, sequence {b}", out[b : b + 1], ref, pt)
+            check_rule(f"paged kvcache {seq_new} new, sequence {b}", paged[b : b + 1], ref, pt)
+
+
+def test_backward_on_cuda_is_not_implemented():
+    q, k, v = (randn(500 + i, (1, 64, 4, 64)).requires_grad_(True) for i in range(3))
+    out = fa.flash_attn_func(q, k, v)  # the forward runs
+    try:
+        out.sum().backward()
+    except NotImplementedError as e:
+        assert "CUDA" in str(e)
+    else:
+        raise AssertionError("backward on CUDA tensors did not raise NotImplementedError")
+
+
+def test_f32_is_refused_by_name():
+    q = randn(600, (1, 64, 4, 64), torch.float32)
+    try:
+        fa.flash_attn_func(q, q, q)
+    except fa.UnavailableError as e:
+        assert "bf16 or f16" in str(e), e
+    else:
+        raise AssertionError("f32 CUDA tensors were accepted")
+
+
+if __name__ == "__main__":
+    tests = [(n, f) for n, f in sorted(globals().items()) if n.startswith("test_") and callable(f)]
+    print(f"{torch.cuda.get_device_name(DEV)}, PyTorch {torch.__version__}, wgpu_flash_attn {fa.__version__}")
+    failed = 0
+    for name, test in tests:
+        print(name)
+        try:
+            test()
+            print(f"ok {name}")
+        except Exception:
+            failed += 1
+            print(f"FAILED {name}")
+            traceback.print_exc()
+    print(f"{len(tests) - failed} passed, {failed} failed")
+    sys.exit(1 if failed else 0)

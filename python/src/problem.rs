@@ -1,0 +1,148 @@
+//! `Problem`: one attention call as the Python layer describes it, checked once when built and
+//! then handed to the wgpu or the CUDA entry points.
+
+use std::collections::HashMap;
+
+use pyo3::exceptions::PyValueError;
+use pyo3::prelude::*;
+use wgpu_flash_attn::batch::{PagedKv, Varlen};
+use wgpu_flash_attn::{AttentionProblem, AttentionShape, Layout, Tensor, TensorLayout};
+
+use crate::errors::{parse_dtype, to_pyerr, Failure};
+
+/// An attention problem: shapes, element type, masking, scale, soft-cap, packed or paged storage
+/// and the tensors' strides. Built by the Python layer from the arrays it was given; the
+/// library's validation runs in the constructor, so a bad call fails before any device work.
+#[pyclass(frozen, module = "wgpu_flash_attn._native")]
+pub struct Problem {
+    pub inner: AttentionProblem,
+}
+
+#[pymethods]
+impl Problem {
+    /// `window` is `(left, right)` with `None` for an unbounded side, or `None` for no window;
+    /// `varlen` is `(total_q, total_kv)`; `paged` is `(page_size, num_pages, pages_per_seq)`;
+    /// `layouts` maps `"q"`, `"k"`, `"v"`, `"o"` to `(offset, batch_stride, seq_stride,
+    /// head_stride)` in elements (the default: contiguous `[batch, seq, heads, head_dim]`, or
+    /// packed / paged as asked).
+    #[new]
+    #[pyo3(signature = (
+        dtype, batch, seq_q, seq_kv, num_heads, num_kv_heads, head_dim, *,
+        causal = false, scale = None, window = None, softcap = None, alibi = false,
+        varlen = None, paged = None, kv_lengths = false, layouts = None,
+    ))]
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        py: Python<'_>,
+        dtype: &str,
+        batch: usize,
+        seq_q: usize,
+        seq_kv: usize,
+        num_heads: usize,
+        num_kv_heads: usize,
+        head_dim: usize,
+        causal: bool,
+        scale: Option<f32>,
+        window: Option<(Option<usize>, Option<usize>)>,
+        softcap: Option<f32>,
+        alibi: bool,
+        varlen: Option<(usize, usize)>,
+        paged: Option<(usize, usize, usize)>,
+        kv_lengths: bool,
+        layouts: Option<HashMap<String, (usize, usize, usize, usize)>>,
+    ) -> PyResult<Self> {
+        let shape = AttentionShape {
+            batch,
+            seq_q,
+            seq_kv,
+            num_heads,
+            num_kv_heads,
+            head_dim,
+        };
+        let mut p = AttentionProblem::new(shape, parse_dtype(dtype)?).with_causal(causal);
+        if let Some(scale) = scale {
+            p = p.with_scale(scale);
+        }
+        if let Some((left, right)) = window {
+            if left.is_some() || right.is_some() {
+                p = p.with_window(left, right);
+            }
+        }
+        if let Some(cap) = softcap {
+            p = p.with_softcap(cap);
+        }
+        // The cache first: the packed and paged layouts are computed from it.
+        if let Some((page_size, num_pages, pages_per_seq)) = paged {
+            let pages = PagedKv {
+                page_size,
+                num_pages,
+                pages_per_seq,
+            };
+            p = p.with_paged_kv(pages, Layout::Bshd);
+        }
+        p = p.with_kv_lengths(kv_lengths);
+        if let Some((total_q, total_kv)) = varlen {
+            p = p.with_varlen(Varlen { total_q, total_kv });
+        }
+        for (name, (offset, batch_stride, seq_stride, head_stride)) in layouts.unwrap_or_default() {
+            let tensor = match name.as_str() {
+                "q" => Tensor::Q,
+                "k" => Tensor::K,
+                "v" => Tensor::V,
+                "o" => Tensor::O,
+                other => return Err(PyValueError::new_err(format!("no tensor named {other:?}"))),
+            };
+            let layout = TensorLayout {
+                offset,
+                batch_stride,
+                seq_stride,
+                head_stride,
+            };
+            p = p.with_tensor_layout(tensor, layout);
+        }
+        // ALiBi is being added to the library (issue 17). Refused here, where every call starts
+        // and before the K/V append of a decoding step writes anything: when `AttentionProblem`
+        // gains it, this becomes a `with_alibi(..)` above, and the slopes travel to the entry
+        // points like the index tensors.
+        if alibi {
+            return Err(to_pyerr(
+                py,
+                Failure::NotImplemented(
+                    "alibi_slopes (ALiBi position biases) are not implemented in wgpu-flash-attn yet; \
+                     pass alibi_slopes=None"
+                        .into(),
+                ),
+            ));
+        }
+        p.validate().map_err(|e| to_pyerr(py, e.into()))?;
+        Ok(Problem { inner: p })
+    }
+
+    /// Elements each tensor's memory must hold from its first element (`"q"`, `"k"`, `"v"`, `"o"`).
+    fn required_len(&self, tensor: &str) -> PyResult<usize> {
+        let tensor = match tensor {
+            "q" => Tensor::Q,
+            "k" => Tensor::K,
+            "v" => Tensor::V,
+            "o" => Tensor::O,
+            other => return Err(PyValueError::new_err(format!("no tensor named {other:?}"))),
+        };
+        Ok(self.inner.required_len(tensor))
+    }
+
+    /// Rows of the LSE: `batch·num_heads·seq_q`, or `num_heads·total_q` when packed.
+    #[getter]
+    fn lse_len(&self) -> usize {
+        self.inner.lse_len()
+    }
+
+    /// The softmax scale in use.
+    #[getter]
+    fn softmax_scale(&self) -> f32 {
+        self.inner.softmax_scale()
+    }
+
+    fn __repr__(&self) -> String {
+        format!("Problem({:?})", self.inner)
+    }
+}
