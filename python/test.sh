@@ -23,6 +23,14 @@ export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$root/target}
 venv=$CARGO_TARGET_DIR/python-venv
 start=$SECONDS
 
+# Debian's python3 leaves venv's pip bootstrap to the python3-venv package: install it where it
+# is missing (a clean Debian 12, as CI is).
+if ! python3 -c "import ensurepip" 2>/dev/null; then
+    echo "python: installing python3-venv" >&2
+    sudo=""; [ "$(id -u)" = 0 ] || sudo="sudo"
+    $sudo apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends python3-venv >/dev/null
+fi
 rm -rf "$venv"
 python3 -m venv "$venv"
 py=$venv/bin/python

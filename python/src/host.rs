@@ -106,6 +106,7 @@ impl HostIndex {
             cu_seqlens_k: one(self.cu_seqlens_k, "cu_seqlens_k")?,
             page_table: one(self.page_table, "page_table")?,
             kv_lens: one(self.kv_lens, "kv_lens")?,
+            ..BatchIndex::default()
         })
     }
 }
