@@ -87,13 +87,14 @@ fn engine() -> Result<Arc<FlashAttention>, Error> {
     Ok(engine)
 }
 
-/// The index tensors of a call, as host tensors of u32.
+/// The side tensors of a call: the index tensors as host tensors of u32, the ALiBi slopes of f32.
 #[derive(Clone, Copy, Default)]
 struct HostIndex {
     cu_seqlens_q: Option<HostTensor>,
     cu_seqlens_k: Option<HostTensor>,
     page_table: Option<HostTensor>,
     kv_lens: Option<HostTensor>,
+    alibi_slopes: Option<HostTensor>,
 }
 
 impl HostIndex {
@@ -106,6 +107,7 @@ impl HostIndex {
             cu_seqlens_k: one(self.cu_seqlens_k, "cu_seqlens_k")?,
             page_table: one(self.page_table, "page_table")?,
             kv_lens: one(self.kv_lens, "kv_lens")?,
+            alibi_slopes: self.alibi_slopes.map(|t| t.slice::<f32>("alibi_slopes")).transpose()?,
             ..BatchIndex::default()
         })
     }
@@ -162,7 +164,7 @@ fn forward_typed<T: Element>(
 /// Attention on host memory through wgpu: reads `q`, `k`, `v` (and the index tensors the problem
 /// uses), writes O and, when given, the LSE. Returns the kernel's name.
 #[pyfunction]
-#[pyo3(signature = (problem, q, k, v, o, lse = None, *, cu_seqlens_q = None, cu_seqlens_k = None, page_table = None, kv_lens = None))]
+#[pyo3(signature = (problem, q, k, v, o, lse = None, *, cu_seqlens_q = None, cu_seqlens_k = None, page_table = None, kv_lens = None, alibi_slopes = None))]
 #[allow(clippy::too_many_arguments)]
 pub fn wgpu_forward(
     py: Python<'_>,
@@ -176,6 +178,7 @@ pub fn wgpu_forward(
     cu_seqlens_k: Option<HostTensor>,
     page_table: Option<HostTensor>,
     kv_lens: Option<HostTensor>,
+    alibi_slopes: Option<HostTensor>,
 ) -> PyResult<String> {
     let p = problem.inner;
     let index = HostIndex {
@@ -183,6 +186,7 @@ pub fn wgpu_forward(
         cu_seqlens_k,
         page_table,
         kv_lens,
+        alibi_slopes,
     };
     detached(py, move || {
         let engine = engine()?;
@@ -227,7 +231,7 @@ fn backward_typed<T: Element>(
 /// The backward pass on host memory through wgpu: dQ, dK, dV from Q, K, V, O, the forward's
 /// LSE and dO (each gradient laid out like its tensor). Returns the kernels' name.
 #[pyfunction]
-#[pyo3(signature = (problem, q, k, v, o, lse, d_o, dq, dk, dv, *, cu_seqlens_q = None, cu_seqlens_k = None))]
+#[pyo3(signature = (problem, q, k, v, o, lse, d_o, dq, dk, dv, *, cu_seqlens_q = None, cu_seqlens_k = None, alibi_slopes = None))]
 #[allow(clippy::too_many_arguments)]
 pub fn wgpu_backward(
     py: Python<'_>,
@@ -243,11 +247,13 @@ pub fn wgpu_backward(
     dv: HostTensor,
     cu_seqlens_q: Option<HostTensor>,
     cu_seqlens_k: Option<HostTensor>,
+    alibi_slopes: Option<HostTensor>,
 ) -> PyResult<String> {
     let p = problem.inner;
     let index = HostIndex {
         cu_seqlens_q,
         cu_seqlens_k,
+        alibi_slopes,
         ..HostIndex::default()
     };
     detached(py, move || {

@@ -71,6 +71,10 @@ impl Problem {
         if let Some(cap) = softcap {
             p = p.with_softcap(cap);
         }
+        // One slope per query head, from the call's alibi_slopes tensor.
+        if alibi {
+            p = p.with_alibi_slopes();
+        }
         // The cache first: the packed and paged layouts are computed from it.
         if let Some((page_size, num_pages, pages_per_seq)) = paged {
             let pages = PagedKv {
@@ -99,20 +103,6 @@ impl Problem {
                 head_stride,
             };
             p = p.with_tensor_layout(tensor, layout);
-        }
-        // ALiBi is being added to the library (issue 17). Refused here, where every call starts
-        // and before the K/V append of a decoding step writes anything: when `AttentionProblem`
-        // gains it, this becomes a `with_alibi(..)` above, and the slopes travel to the entry
-        // points like the index tensors.
-        if alibi {
-            return Err(to_pyerr(
-                py,
-                Failure::NotImplemented(
-                    "alibi_slopes (ALiBi position biases) are not implemented in wgpu-flash-attn yet; \
-                     pass alibi_slopes=None"
-                        .into(),
-                ),
-            ));
         }
         p.validate().map_err(|e| to_pyerr(py, e.into()))?;
         Ok(Problem { inner: p })

@@ -1,6 +1,7 @@
 """Float64 attention in NumPy: the forward (O and the LSE) and the gradients, written as plainly as
 possible, with FlashAttention's masks (bottom-right causal, windows), soft-capping, GQA and
-per-sequence key counts. Inputs are taken as they are stored (already rounded to their dtype)."""
+per-sequence key counts and ALiBi. Inputs are taken as they are stored (already rounded to their
+dtype)."""
 
 from __future__ import annotations
 
@@ -29,8 +30,15 @@ def _f64(x) -> np.ndarray:
     return np.asarray(x).astype(np.float64)
 
 
+def alibi_bias(slopes, seq_q: int, seq_k: int) -> np.ndarray:
+    """``[h, seq_q, seq_k]``: ALiBi's ``−slope_h · |i + seq_k − seq_q − j|`` (FlashAttention's)."""
+    i = np.arange(seq_q)[:, None] + seq_k - seq_q
+    j = np.arange(seq_k)[None, :]
+    return -_f64(slopes)[:, None, None] * np.abs(i - j)[None]
+
+
 def attention(
-    q, k, v, *, scale: Optional[float] = None, causal=False, window=(-1, -1), softcap=0.0
+    q, k, v, *, scale: Optional[float] = None, causal=False, window=(-1, -1), softcap=0.0, alibi_slopes=None
 ) -> Tuple[np.ndarray, np.ndarray]:
     """O ``[b, sq, h, d]`` and LSE ``[b, h, sq]`` of ``[b, s, h, d]`` inputs; K/V may have fewer heads."""
     q, k, v = _f64(q), _f64(k), _f64(v)
@@ -42,6 +50,8 @@ def attention(
     s = np.einsum("bqhd,bkhd->bhqk", q, k) * scale
     if softcap > 0:
         s = softcap * np.tanh(s / softcap)
+    if alibi_slopes is not None:
+        s = s + alibi_bias(alibi_slopes, sq, sk)[None]
     mask = visible(sq, sk, causal, window)
     s = np.where(mask, s, -np.inf)
     m = s.max(axis=-1, keepdims=True)
@@ -54,7 +64,7 @@ def attention(
     return o, lse
 
 
-def attention_grads(q, k, v, d_o, *, scale=None, causal=False, window=(-1, -1), softcap=0.0):
+def attention_grads(q, k, v, d_o, *, scale=None, causal=False, window=(-1, -1), softcap=0.0, alibi_slopes=None):
     """dQ, dK, dV of ``sum(O * d_o)``; dK and dV summed over the query heads sharing a K/V head."""
     q, k, v, d_o = _f64(q), _f64(k), _f64(v), _f64(d_o)
     b, sq, h, d = q.shape
@@ -64,6 +74,8 @@ def attention_grads(q, k, v, d_o, *, scale=None, causal=False, window=(-1, -1), 
     ke, ve = np.repeat(k, g, axis=2), np.repeat(v, g, axis=2)
     raw = np.einsum("bqhd,bkhd->bhqk", q, ke) * scale
     s = softcap * np.tanh(raw / softcap) if softcap > 0 else raw
+    if alibi_slopes is not None:
+        s = s + alibi_bias(alibi_slopes, sq, sk)[None]
     mask = visible(sq, sk, causal, window)
     s = np.where(mask, s, -np.inf)
     m = s.max(axis=-1, keepdims=True)

@@ -63,6 +63,33 @@ def test_matches_reference_16bit(case, dtype):
     run_case(*case, dtype, seed=20)
 
 
+@pytest.mark.parametrize("causal", [False, True])
+def test_alibi_matches_the_reference(causal):
+    """ALiBi slopes, (nheads,) and FlashAttention's (batch, nheads) with equal rows, GQA, with a
+    window and a soft-cap: against the float64 reference."""
+    q = randn(30, (2, 19, 4, 32), "float32")
+    k = randn(31, (2, 27, 2, 32), "float32")
+    v = randn(32, (2, 27, 2, 32), "float32")
+    slopes = np.array([0.5, 0.25, 0.125, 0.0625], np.float32)
+    for given in (slopes, np.stack([slopes, slopes])):
+        for opts in ({}, {"window_size": (5, 3), "softcap": 4.0}):
+            out, lse = fa.flash_attn_func(q, k, v, causal=causal, alibi_slopes=given, return_lse=True, **opts)
+            ref_out, ref_lse = attention(
+                q,
+                k,
+                v,
+                causal=causal,
+                window=opts.get("window_size", (-1, -1)),
+                softcap=opts.get("softcap", 0.0),
+                alibi_slopes=slopes,
+            )
+            assert_close(out, ref_out, "float32", f"alibi {given.shape} {opts}", 30)
+            assert_lse(lse, ref_lse, f"alibi {given.shape} {opts}", 30)
+    # The bias matters: without it the result differs.
+    plain = fa.flash_attn_func(q, k, v, causal=causal)
+    assert not np.allclose(plain, out)
+
+
 def test_rows_that_see_no_key_are_zero():
     q, k, v = (randn(s, (1, 9, 2, 32)) for s in (1, 2, 3))
     out, lse = fa.flash_attn_func(q, k[:, :3], v[:, :3], causal=True, return_lse=True)
@@ -224,8 +251,9 @@ def test_not_implemented_features_name_themselves():
     q, k, v = QKV
     with pytest.raises(NotImplementedError, match="dropout"):
         fa.flash_attn_func(q, k, v, dropout_p=0.1)
-    with pytest.raises(NotImplementedError, match="alibi_slopes"):
-        fa.flash_attn_func(q, k, v, alibi_slopes=np.ones(4, np.float32))
+    with pytest.raises(NotImplementedError, match="alibi_slopes that differ"):
+        two = np.concatenate([q, q])
+        fa.flash_attn_func(two, two, two, alibi_slopes=np.array([[1, 2, 3, 4], [4, 3, 2, 1]], np.float32))
     with pytest.raises(NotImplementedError, match="block_table"):
         cu = np.array([0, 8], np.int32)
         fa.flash_attn_varlen_func(q[0], k[0], v[0], cu, cu, 8, 8, block_table=np.zeros((1, 1), np.int32))
@@ -233,9 +261,9 @@ def test_not_implemented_features_name_themselves():
         fa.flash_attn_with_kvcache(q, k, v, rotary_cos=np.ones((8, 16), np.float32))
     # Refused before the append writes anything into the caches.
     k_cache, v_cache = k.copy(), v.copy()
-    with pytest.raises(NotImplementedError, match="alibi_slopes"):
+    with pytest.raises(NotImplementedError, match="rotary_cos"):
         fa.flash_attn_with_kvcache(
-            q[:, :1], k_cache, v_cache, k[:, :1], v[:, :1], cache_seqlens=3, alibi_slopes=np.ones(4, np.float32)
+            q[:, :1], k_cache, v_cache, k[:, :1], v[:, :1], cache_seqlens=3, rotary_cos=np.ones((8, 16), np.float32)
         )
     assert np.array_equal(k_cache, k) and np.array_equal(v_cache, v)
 

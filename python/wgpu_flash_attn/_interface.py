@@ -181,15 +181,41 @@ def _softcap(softcap: float) -> Optional[float]:
     return float(softcap) if softcap > 0.0 else None
 
 
-def _alibi(alibi_slopes: Any, batch: int, num_heads: int) -> bool:
-    """Checks ALiBi slopes' shape (``(nheads,)`` or ``(batch, nheads)``); whether there are any.
-    The native ``Problem`` then refuses them until the library computes ALiBi."""
+def _alibi(alibi_slopes: Any, batch: int, num_heads: int) -> Optional[Any]:
+    """ALiBi slopes (``(nheads,)`` or ``(batch, nheads)``, FlashAttention's shapes) as
+    ``num_heads`` contiguous float32 values in host memory, or ``None``. The library has one
+    slope per head: a ``(batch, nheads)`` tensor whose rows differ raises ``NotImplementedError``."""
     if alibi_slopes is None:
-        return False
+        return None
     shape = tuple(alibi_slopes.shape)
     if shape not in ((num_heads,), (batch, num_heads)):
         raise ValueError(f"alibi_slopes has shape {shape}; expected ({num_heads},) or ({batch}, {num_heads})")
-    return True
+    if _is_torch(alibi_slopes):
+        rows = alibi_slopes.detach().to("cpu", _torch().float32).reshape(-1, num_heads)
+        same = bool((rows == rows[0]).all())
+        first = rows[0].contiguous()
+    else:
+        np = sys.modules["numpy"]
+        rows = np.asarray(alibi_slopes, dtype=np.float32).reshape(-1, num_heads)
+        same = bool((rows == rows[0]).all())
+        first = np.ascontiguousarray(rows[0])
+    if not same:
+        raise NotImplementedError(
+            "alibi_slopes that differ between the sequences of a batch: wgpu-flash-attn has one slope per head"
+        )
+    return first
+
+
+_ALIBI_ON_CUDA = (
+    "alibi_slopes on CUDA tensors: wgpu-flash-attn's CUDA kernels do not have ALiBi yet "
+    "(its wgpu kernels do: pass CPU tensors or NumPy arrays)"
+)
+
+
+def _add_slopes(call: "_Call", slopes: Optional[Any]) -> None:
+    """The slopes join the call's side tensors (host memory: only the wgpu route reads them)."""
+    if slopes is not None:
+        call.index["alibi_slopes"] = slopes
 
 
 def _same(where: str, dtype: str, tensors: Dict[str, Any]) -> None:
@@ -245,7 +271,8 @@ def _host_backward(call: _Call, problem: Any, saved: Sequence[Any], d_out: Any) 
     q, k, v, out, lse = saved
     d_out = _contiguous(d_out)
     dq, dk, dv = _empty(q, q.shape), _empty(k, k.shape), _empty(v, v.shape)
-    index = {name: _host_address(t) for name, t in call.index.items() if name.startswith("cu_seqlens")}
+    backward_side = ("cu_seqlens_q", "cu_seqlens_k", "alibi_slopes")
+    index = {name: _host_address(t) for name, t in call.index.items() if name in backward_side}
     tensors = (q, k, v, out, lse, d_out, dq, dk, dv)
     _native.wgpu_backward(problem, *(_host_address(t) for t in tensors), **index)
     return dq, dk, dv
@@ -274,6 +301,8 @@ def _cuda_layout(x: Any, packed: bool) -> Tuple[int, int, int, int]:
 
 def _cuda_forward(call: _Call, q: Any, k: Any, v: Any) -> Tuple[Any, Any, Any]:
     """The CUDA route: the kernel enqueued on PyTorch's current stream, on the tensors in place."""
+    if "alibi_slopes" in call.index:
+        raise NotImplementedError(_ALIBI_ON_CUDA)
     torch = _torch()
     ensure_nvrtc()
     q, k, v = _cuda_ready(q), _cuda_ready(k), _cuda_ready(v)
@@ -414,7 +443,9 @@ def flash_attn_func(
         window_size: ``(left, right)`` local attention around each query's aligned position
             ``i + seqlen_k - seqlen_q``; ``-1`` leaves a side unbounded.
         softcap: ``> 0`` soft-caps the scores, ``softcap · tanh(score / softcap)``.
-        alibi_slopes: not implemented yet: anything but ``None`` raises ``NotImplementedError``.
+        alibi_slopes: ``(nheads,)`` or ``(batch, nheads)`` float32 ALiBi slopes, adding
+            ``-slope * |i + seqlen_k - seqlen_q - j|`` to the scores (on the wgpu route; the
+            CUDA route raises ``NotImplementedError``, as do ``(batch, nheads)`` rows that differ).
         deterministic: accepted for compatibility; the backward pass is always deterministic.
         return_attn_probs: also return the LSE and FlashAttention's ``S_dmask`` (empty: there is
             no dropout pattern to return).
@@ -444,6 +475,7 @@ def flash_attn_func(
         )
     scale = dim**-0.5 if softmax_scale is None else float(softmax_scale)
     padded = (dim + 7) // 8 * 8
+    slopes = _alibi(alibi_slopes, batch, heads)
     call = _Call(
         dtype,
         (batch, seq_q, seq_k, heads, heads_k, padded),
@@ -451,8 +483,9 @@ def flash_attn_func(
         scale=scale,
         window=_window(window_size),
         softcap=_softcap(softcap),
-        alibi=_alibi(alibi_slopes, batch, heads),
+        alibi=slopes is not None,
     )
+    _add_slopes(call, slopes)
     call.out_shape = (batch, seq_q, heads, padded)
     call.lse_shape = (batch, heads, seq_q)
     out, lse = _attention(call, *(_pad_head_dim(x, padded) for x in (q, k, v)))
@@ -526,6 +559,7 @@ def flash_attn_varlen_func(
         )
     scale = dim**-0.5 if softmax_scale is None else float(softmax_scale)
     padded = (dim + 7) // 8 * 8
+    slopes = _alibi(alibi_slopes, batch, heads)
     call = _Call(
         dtype,
         (batch, int(max_seqlen_q), int(max_seqlen_k), heads, heads_k, padded),
@@ -533,7 +567,7 @@ def flash_attn_varlen_func(
         scale=scale,
         window=_window(window_size),
         softcap=_softcap(softcap),
-        alibi=_alibi(alibi_slopes, batch, heads),
+        alibi=slopes is not None,
         varlen=(total_q, total_k),
     )
     if where == "cuda":
@@ -546,6 +580,7 @@ def flash_attn_varlen_func(
             "cu_seqlens_q": _host_index(cu_seqlens_q, "cu_seqlens_q"),
             "cu_seqlens_k": _host_index(cu_seqlens_k, "cu_seqlens_k"),
         }
+    _add_slopes(call, slopes)
     call.out_shape = (total_q, heads, padded)
     call.lse_shape = (heads, total_q)
     out, lse = _attention(call, *(_pad_head_dim(x, padded) for x in (q, k, v)))
@@ -646,17 +681,22 @@ def flash_attn_with_kvcache(
     if isinstance(cache_seqlens, int):
         cache_seqlens = [cache_seqlens] * batch
     scale = dim**-0.5 if softmax_scale is None else float(softmax_scale)
+    slopes = _alibi(alibi_slopes, batch, heads)
+    if slopes is not None and where == "cuda":
+        # Before the append writes anything to the caller's caches.
+        raise NotImplementedError(_ALIBI_ON_CUDA)
     kwargs: Dict[str, Any] = dict(
         causal=bool(causal),
         scale=scale,
         window=_window(window_size),
         softcap=_softcap(softcap),
-        alibi=_alibi(alibi_slopes, batch, heads),
+        alibi=slopes is not None,
         kv_lengths=cache_seqlens is not None,
     )
     if paged:
         kwargs["paged"] = (block_size, blocks, pages_per_seq)
     call = _Call(dtype, (batch, seq_q, seq_kv, heads, heads_k, dim), **kwargs)
+    _add_slopes(call, slopes)
     call.out_shape = (batch, seq_q, heads, dim)
     call.lse_shape = (batch, heads, seq_q)
 

@@ -48,6 +48,7 @@ def wgpu_forward(
     cu_seqlens_k: Optional[HostTensor] = None,
     page_table: Optional[HostTensor] = None,
     kv_lens: Optional[HostTensor] = None,
+    alibi_slopes: Optional[HostTensor] = None,
 ) -> str: ...
 def wgpu_backward(
     problem: Problem,
@@ -63,6 +64,7 @@ def wgpu_backward(
     *,
     cu_seqlens_q: Optional[HostTensor] = None,
     cu_seqlens_k: Optional[HostTensor] = None,
+    alibi_slopes: Optional[HostTensor] = None,
 ) -> str: ...
 def wgpu_adapter() -> Dict[str, str]: ...
 def cuda_forward(
