@@ -17,9 +17,10 @@ use std::process::ExitCode;
 mod common;
 
 use common::{describe_timing, mib, ProblemArgs};
+use wgpu_flash_attn::kernel::BoundsChecks;
 use wgpu_flash_attn::kernel::{CoopChoice, ForwardKernel, TilePlan, TiledChoice, Variant};
 use wgpu_flash_attn::testing::harness::{compare_outputs, tolerance, Kernel, Workload};
-use wgpu_flash_attn::{BoundsChecks, DType, Element, FlashAttention, GpuContext, KernelChoice, Options};
+use wgpu_flash_attn::{DType, Element, FlashAttention, GpuContext, KernelChoice, Options};
 
 struct Args {
     problem: ProblemArgs,

@@ -19,10 +19,11 @@ mod common;
 use common::{describe_timing, mib, ProblemArgs};
 use std::process::ExitCode;
 
+use wgpu_flash_attn::kernel::BoundsChecks;
 use wgpu_flash_attn::kernel::{BackwardChoice, BackwardPass, Variant};
 use wgpu_flash_attn::plan::{select_backward, BackwardTilePlan};
 use wgpu_flash_attn::testing::backward_harness::{grad_tolerance, BackwardWorkload};
-use wgpu_flash_attn::{BackwardProblem, BoundsChecks, DType, Element, FlashAttention, GpuContext, Options};
+use wgpu_flash_attn::{BackwardProblem, DType, Element, FlashAttention, GpuContext, Options};
 
 struct Args {
     problem: ProblemArgs,

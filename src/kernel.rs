@@ -1,8 +1,9 @@
 //! The kernels an engine can run, as the caller forces one ([`KernelChoice`](crate::KernelChoice),
-//! [`BackwardChoice`]) and as selection reports what it picked
+//! [`BackwardChoice`]) or rules some out ([`BoundsChecks`]), and as selection reports what it picked
 //! ([`FlashAttention::select`](crate::FlashAttention::select),
 //! [`BackwardOutput::config`](crate::BackwardOutput::config)).
 
+pub use crate::plan::BoundsChecks;
 pub use crate::plan::{
     BackwardChoice, BackwardConfig, BackwardKernel, BackwardPass, GradKernel, PreprocessKernel, PreprocessPlan,
 };

@@ -108,7 +108,6 @@ pub use caps::Caps;
 pub use device::context::{ContextOptions, GpuContext};
 pub use error::{Error, Result};
 pub use gpu::binding::TensorBuffer;
-pub use plan::BoundsChecks;
 pub use plan::KernelChoice;
 pub use problem::backward::{BackwardProblem, GradTensor};
 pub use problem::{AttentionProblem, AttentionShape, DType, Element, Layout, Tensor, TensorLayout};

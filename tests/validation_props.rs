@@ -219,7 +219,7 @@ fn check_pure(c: &Case) {
             }),
         ];
         for choice in choices {
-            if let Ok(kernel) = select_forward(p, &caps, &choice, wgpu_flash_attn::BoundsChecks::Off) {
+            if let Ok(kernel) = select_forward(p, &caps, &choice, wgpu_flash_attn::kernel::BoundsChecks::Off) {
                 assert!(valid.is_ok(), "selected {kernel:?} for an invalid problem: {valid:?}");
                 let max = caps.max_workgroups_per_dimension as usize;
                 let tiles = num_q_tiles(p, &kernel);

@@ -5,13 +5,11 @@
 mod common;
 
 use common::{engine_with, gpu, run_and_check, run_and_check_any, seed_of, shape, SHAPES};
-use wgpu_flash_attn::kernel::{CoopChoice, ForwardKernel, TilePlan, TiledChoice, Variant};
+use wgpu_flash_attn::kernel::{BoundsChecks, CoopChoice, ForwardKernel, TilePlan, TiledChoice, Variant};
 use wgpu_flash_attn::plan::policy::COOP_KERNEL_VERIFIED;
 use wgpu_flash_attn::plan::{CoopPlan, COOP_PLANS, COOP_SHARED_PLANS, PLANS};
 use wgpu_flash_attn::testing::harness::{Kernel, Workload};
-use wgpu_flash_attn::{
-    AttentionProblem, BoundsChecks, DType, FlashAttention, KernelChoice, Layout, Options, Tensor, TensorLayout,
-};
+use wgpu_flash_attn::{AttentionProblem, DType, FlashAttention, KernelChoice, Layout, Options, Tensor, TensorLayout};
 
 /// The variants this device can run for `dtype` (f16 tiles only exist for f16 storage).
 fn variants(engine: &FlashAttention, dtype: DType) -> Vec<Variant> {

@@ -2,8 +2,9 @@
 //! exit status.
 #![allow(dead_code)]
 
+use wgpu_flash_attn::kernel::BoundsChecks;
 use wgpu_flash_attn::testing::timing::{Clock, Timing};
-use wgpu_flash_attn::{AttentionProblem, AttentionShape, BoundsChecks, DType, GpuContext, Layout};
+use wgpu_flash_attn::{AttentionProblem, AttentionShape, DType, GpuContext, Layout};
 
 /// The flags that describe an attention problem, with the examples' defaults.
 pub struct ProblemArgs {

@@ -214,7 +214,7 @@ fn forward_cases(caps: &Caps, problem: &AttentionProblem, coverage: Coverage) ->
     let mut cases = Vec::new();
     let automatic = KernelChoice::default();
     if coverage == Coverage::Selected {
-        if let Ok(kernel) = select_forward(problem, caps, &automatic, wgpu_flash_attn::BoundsChecks::Off) {
+        if let Ok(kernel) = select_forward(problem, caps, &automatic, wgpu_flash_attn::kernel::BoundsChecks::Off) {
             cases.push(forward_case(problem, automatic, Kernel::Flash, kernel.name()));
         }
         return cases;
@@ -252,7 +252,7 @@ fn forward_cases(caps: &Caps, problem: &AttentionProblem, coverage: Coverage) ->
     if coverage == Coverage::Variants {
         // The cooperative plan automatic selection picks (f16 data only).
         if let Ok(kernel @ ForwardKernel::Coop(_)) =
-            select_forward(problem, caps, &automatic, wgpu_flash_attn::BoundsChecks::Off)
+            select_forward(problem, caps, &automatic, wgpu_flash_attn::kernel::BoundsChecks::Off)
         {
             cases.push(forward_case(problem, automatic, Kernel::Flash, kernel.name()));
         }

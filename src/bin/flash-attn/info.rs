@@ -146,7 +146,7 @@ fn print_forward_paths(caps: &Caps) {
                 &problem,
                 caps,
                 &KernelChoice::default(),
-                wgpu_flash_attn::BoundsChecks::Off,
+                wgpu_flash_attn::kernel::BoundsChecks::Off,
             ) {
                 Ok(kernel) => kernel,
                 Err(e) => {
