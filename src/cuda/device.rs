@@ -12,9 +12,18 @@ use cudarc::driver::{CudaContext, CudaStream};
 use crate::error::{Error, Result};
 
 /// True when libcuda can be loaded.
+#[cfg(not(feature = "candle-cuda"))]
 pub fn driver_available() -> bool {
     // SAFETY: only tries to dlopen the library by its usual names.
     unsafe { cudarc::driver::sys::is_culib_present() }
+}
+
+/// True: candle's CUDA backend (feature `candle-cuda`) turns on cudarc's `dynamic-linking`,
+/// which outranks our `fallback-dynamic-loading`, so libcuda is linked into the program (it could
+/// not have started without it) and cudarc has no `is_culib_present` to ask (docs/candle.md).
+#[cfg(feature = "candle-cuda")]
+pub fn driver_available() -> bool {
+    true
 }
 
 /// The NVRTC target for a compute capability: `sm_90a` on Hopper (the `a` unlocks wgmma and

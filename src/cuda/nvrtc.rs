@@ -150,9 +150,16 @@ impl Fnv1a {
 }
 
 /// True when libnvrtc can be loaded (checked before any NVRTC call: cudarc panics otherwise).
+#[cfg(not(feature = "candle-cuda"))]
 pub fn nvrtc_available() -> bool {
     // SAFETY: only tries to dlopen the library by its usual names.
     unsafe { sys::is_culib_present() }
+}
+
+/// True: linked, not loaded, under `candle-cuda` (see `device::driver_available`).
+#[cfg(feature = "candle-cuda")]
+pub fn nvrtc_available() -> bool {
+    true
 }
 
 fn require_nvrtc() -> Result<()> {
