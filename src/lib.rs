@@ -33,6 +33,9 @@
 //!   GPU.
 //! * With `--features cuda`, `cuda` runs the same problems natively on NVIDIA GPUs
 //!   (`cuda::CudaAttention`): FlashAttention-2/3 style tensor-core kernels compiled by NVRTC.
+//! * With `--features candle`, `candle` is a drop-in for candle-flash-attn: its functions on
+//!   candle tensors, CPU tensors through wgpu (and CUDA tensors on the CUDA kernels with
+//!   `candle-cuda`).
 //! * [`reference`](mod@reference) is a float64 CPU implementation (forward and gradients); [`testing`] has seeded
 //!   inputs and error statistics.
 //!
@@ -118,3 +121,8 @@ pub use runtime::merge::MergeBuffers;
 pub mod kernel;
 
 pub mod batch;
+
+// Above everything it calls: the candle drop-in (feature `candle`; the wgpu route blocks on
+// read-back, which the web has not).
+#[cfg(all(feature = "candle", not(target_arch = "wasm32")))]
+pub mod candle;

@@ -27,6 +27,7 @@ const LAYERS: &[&str] = &[
     "testing",   // harnesses, timing, shader-test helpers
     "kernel",    // the public facade over `plan`'s types
     "batch",     // the public facade over packed batches, K/V caches and their index
+    "candle",    // the candle drop-in: candle-flash-attn's functions over the engines
 ];
 
 /// Each file's module path (`plan::forward`, `caps`) and its text before `#[cfg(test)]`.

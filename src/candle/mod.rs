@@ -1,0 +1,412 @@
+//! A drop-in for [candle-flash-attn](https://docs.rs/candle-flash-attn): its functions, with its
+//! names, arguments and shapes, on any device (feature `candle`).
+//!
+//! ```no_run
+//! use candle_core::{DType, Device, Tensor};
+//! use wgpu_flash_attn::candle::{flash_attn, flash_attn_varlen_lse, flash_attn_windowed};
+//! # fn main() -> candle_core::Result<()> {
+//! let q = Tensor::randn(0f32, 1.0, (2, 1024, 32, 128), &Device::Cpu)?.to_dtype(DType::BF16)?;
+//! let kv = Tensor::randn(0f32, 1.0, (2, 1024, 8, 128), &Device::Cpu)?.to_dtype(DType::BF16)?;
+//! let out = flash_attn(&q, &kv, &kv, 128f32.powf(-0.5), true)?;          // causal, GQA 32/8
+//! let local = flash_attn_windowed(&q, &kv, &kv, 0.088, Some(256), Some(0))?; // sliding window
+//! let (packed, seqlens) = (q.reshape((2048, 32, 128))?, Tensor::new(&[0u32, 700, 2048], &Device::Cpu)?);
+//! let kv_packed = kv.reshape((2048, 8, 128))?;
+//! let (out, lse) = flash_attn_varlen_lse(&packed, &kv_packed, &kv_packed, &seqlens, &seqlens, 1348, 1348, 0.088, true)?;
+//! # Ok(()) }
+//! ```
+//!
+//! (The README's example.)
+//!
+//! * **Where it runs.** Tensors in CPU memory run on the wgpu engine (a GPU that wgpu reaches, or
+//!   a CPU Vulkan driver): f32, f16 and bf16. One engine serves the program, created at the first
+//!   call ([`wgpu_engine`]); `FLASH_ADAPTER=<part of a name>` picks the adapter. With the feature
+//!   `candle-cuda`, tensors in CUDA memory run on our CUDA kernels (f16, bf16) on the stream of
+//!   the candle device that holds them, reading candle's buffers in place. It needs a CUDA toolkit
+//!   at build time, as candle's CUDA backend does (docs/candle.md).
+//! * **Tensors.** `q` is `[batch, seq_q, num_heads, head_dim]`, `k` and `v`
+//!   `[batch, seq_kv, num_kv_heads, head_dim]` (`num_heads` a multiple of `num_kv_heads`:
+//!   grouped-query and multi-query attention), `head_dim` a multiple of 8 up to 256; the varlen
+//!   calls take `[total rows, heads, head_dim]` packed tensors and `[batch + 1]` u32 offsets.
+//!   Views (transposes, narrows, a fused QKV projection's parts) are read in place when the last
+//!   dimension is contiguous and the other strides and the start are multiples of 4 elements;
+//!   other views are copied first.
+//! * **Masks.** `causal` is FlashAttention's bottom-right-aligned mask (query `i` sees keys up to
+//!   `i + seq_kv − seq_q`); `window_size_left/right` are its sliding window, a side past `seq_kv`
+//!   (`max_seqlen_k` when packed) or `None` unbounded, `(None, Some(0))` the causal mask. Rows
+//!   that see no key give 0 (and LSE −∞).
+//! * **The LSE.** The `_lse` twins also return each row's natural-log log-sum-exp of the scaled
+//!   scores, f32 `[batch, num_heads, seq_q]` (`[num_heads, total_q]` packed), on the output's
+//!   device: what candle-flash-attn computes and drops, and what merging partial results needs
+//!   (`wgpu_flash_attn::FlashAttention::merge`).
+//! * **Not yet:** ALiBi: the `*alibi*` functions return an error that says so (with
+//!   `alibi_slopes: None`, the `_softcap` ones run). Paged K/V
+//!   (`flash_attn_varlen_paged_windowed`) is not provided. Gradients: candle's backward through
+//!   these calls is an error, as through candle-flash-attn's.
+//!
+//! Every refusal is a [`candle_core::Error`] naming the function, with the library's own message
+//! where the library refused: never a panic.
+
+mod cpu;
+#[cfg(feature = "candle-cuda")]
+mod cuda;
+mod op;
+mod problem;
+
+use candle_core::{Result, Tensor};
+
+use op::{run, FlashAttnOp, Packed};
+use problem::{refuse, Args};
+
+/// The wgpu engine that CPU tensors run on, created at its first use on the best adapter
+/// (`FLASH_ADAPTER=<part of a name>` picks another): what it runs on
+/// (`wgpu_engine()?.context().info`), and a way to build its pipelines before the first call.
+/// Where there is no adapter, that error, at every call.
+pub fn wgpu_engine() -> Result<&'static crate::runtime::forward::FlashAttention> {
+    cpu::engine()
+}
+
+/// The mask arguments of a causal flag, as candle-flash-attn passes them on.
+fn causal_window(causal: bool) -> (Option<usize>, Option<usize>) {
+    (None, causal.then_some(0))
+}
+
+/// candle-flash-attn's soft-cap argument: 0 is none.
+fn softcap(cap: f32) -> Option<f32> {
+    (cap != 0.0).then_some(cap)
+}
+
+/// The error of every ALiBi call until the kernels have ALiBi.
+fn no_alibi(function: &str) -> candle_core::Error {
+    refuse(
+        function,
+        "ALiBi slopes are not supported by wgpu-flash-attn yet (call it without them, or candle-flash-attn)",
+    )
+}
+
+/// One dense call: O, and the LSE when `lse`.
+fn dense(q: &Tensor, k: &Tensor, v: &Tensor, args: Args, lse: bool) -> Result<(Tensor, Option<Tensor>)> {
+    let op = FlashAttnOp {
+        args,
+        packed: None,
+        lse: lse.then(Default::default),
+    };
+    run(q, k, v, op)
+}
+
+/// One packed call: O, and the LSE when `lse`.
+#[allow(clippy::too_many_arguments)]
+fn packed(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    seqlens_q: &Tensor,
+    seqlens_k: &Tensor,
+    max_seqlen_q: usize,
+    max_seqlen_k: usize,
+    args: Args,
+    lse: bool,
+) -> Result<(Tensor, Option<Tensor>)> {
+    let op = FlashAttnOp {
+        args,
+        packed: Some(Packed {
+            seqlens_q: seqlens_q.clone(),
+            seqlens_k: seqlens_k.clone(),
+            max_seqlen_q,
+            max_seqlen_k,
+        }),
+        lse: lse.then(Default::default),
+    };
+    run(q, k, v, op)
+}
+
+/// The LSE of a call that asked for it.
+fn with_lse(function: &str, (out, lse): (Tensor, Option<Tensor>)) -> Result<(Tensor, Tensor)> {
+    let lse = lse.ok_or_else(|| refuse(function, "no LSE came back (a bug)"))?;
+    Ok((out, lse))
+}
+
+fn args(
+    function: &'static str,
+    softmax_scale: f32,
+    (window_size_left, window_size_right): (Option<usize>, Option<usize>),
+    softcap: Option<f32>,
+) -> Args {
+    Args {
+        function,
+        softmax_scale,
+        window_size_left,
+        window_size_right,
+        softcap,
+    }
+}
+
+/// `softmax(q·kᵀ·softmax_scale [+ causal mask])·v`: `q` `[batch, seq_q, num_heads, head_dim]`, `k`
+/// and `v` `[batch, seq_kv, num_kv_heads, head_dim]`; the output has `q`'s shape. candle-flash-attn's
+/// `flash_attn` (the [module](self) says where it runs and what it takes).
+pub fn flash_attn(q: &Tensor, k: &Tensor, v: &Tensor, softmax_scale: f32, causal: bool) -> Result<Tensor> {
+    let args = args("flash_attn", softmax_scale, causal_window(causal), None);
+    Ok(dense(q, k, v, args, false)?.0)
+}
+
+/// [`flash_attn`], also returning the LSE, f32 `[batch, num_heads, seq_q]`.
+pub fn flash_attn_lse(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    softmax_scale: f32,
+    causal: bool,
+) -> Result<(Tensor, Tensor)> {
+    let args = args("flash_attn_lse", softmax_scale, causal_window(causal), None);
+    with_lse("flash_attn_lse", dense(q, k, v, args, true)?)
+}
+
+/// [`flash_attn`] over a sliding window: query `i` (at position `p = i + seq_kv − seq_q`) sees
+/// keys `p − window_size_left ..= p + window_size_right`; `None` or a size past `seq_kv` leaves
+/// a side unbounded, and `(None, Some(0))` is the causal mask. candle-flash-attn's
+/// `flash_attn_windowed`.
+pub fn flash_attn_windowed(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    softmax_scale: f32,
+    window_size_left: Option<usize>,
+    window_size_right: Option<usize>,
+) -> Result<Tensor> {
+    let args = args(
+        "flash_attn_windowed",
+        softmax_scale,
+        (window_size_left, window_size_right),
+        None,
+    );
+    Ok(dense(q, k, v, args, false)?.0)
+}
+
+/// [`flash_attn_windowed`], also returning the LSE, f32 `[batch, num_heads, seq_q]`.
+pub fn flash_attn_windowed_lse(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    softmax_scale: f32,
+    window_size_left: Option<usize>,
+    window_size_right: Option<usize>,
+) -> Result<(Tensor, Tensor)> {
+    let args = args(
+        "flash_attn_windowed_lse",
+        softmax_scale,
+        (window_size_left, window_size_right),
+        None,
+    );
+    with_lse("flash_attn_windowed_lse", dense(q, k, v, args, true)?)
+}
+
+/// candle-flash-attn's `flash_attn_alibi`: an error until the kernels have ALiBi.
+pub fn flash_attn_alibi(
+    _q: &Tensor,
+    _k: &Tensor,
+    _v: &Tensor,
+    _alibi_slopes: &Tensor,
+    _softmax_scale: f32,
+    _causal: bool,
+) -> Result<Tensor> {
+    Err(no_alibi("flash_attn_alibi"))
+}
+
+/// candle-flash-attn's `flash_attn_alibi_windowed`: an error until the kernels have ALiBi.
+pub fn flash_attn_alibi_windowed(
+    _q: &Tensor,
+    _k: &Tensor,
+    _v: &Tensor,
+    _alibi_slopes: &Tensor,
+    _softmax_scale: f32,
+    _window_size_left: Option<usize>,
+    _window_size_right: Option<usize>,
+) -> Result<Tensor> {
+    Err(no_alibi("flash_attn_alibi_windowed"))
+}
+
+/// [`flash_attn_windowed`] with Gemma's soft-cap of the scores, `softcap·tanh(s / softcap)` (0
+/// for none): candle-flash-attn's `flash_attn_alibi_windowed_softcap`. `alibi_slopes` must be
+/// `None` until the kernels have ALiBi.
+#[allow(clippy::too_many_arguments)]
+pub fn flash_attn_alibi_windowed_softcap(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    alibi_slopes: Option<&Tensor>,
+    softmax_scale: f32,
+    window_size_left: Option<usize>,
+    window_size_right: Option<usize>,
+    softcap: f32,
+) -> Result<Tensor> {
+    const NAME: &str = "flash_attn_alibi_windowed_softcap";
+    if alibi_slopes.is_some() {
+        return Err(no_alibi(NAME));
+    }
+    let args = args(
+        NAME,
+        softmax_scale,
+        (window_size_left, window_size_right),
+        self::softcap(softcap),
+    );
+    Ok(dense(q, k, v, args, false)?.0)
+}
+
+/// [`flash_attn`] on a packed batch of sequences of different lengths: `q`
+/// `[total_q, num_heads, head_dim]`, `k` and `v` `[total_kv, num_kv_heads, head_dim]`,
+/// sequence `b`'s rows from `seqlens_q[b]` to `seqlens_q[b + 1]` (u32 `[batch + 1]`, likewise
+/// `seqlens_k`), none longer than `max_seqlen_q` / `max_seqlen_k`; causal aligns to each
+/// sequence's own end. The output has `q`'s shape. On CPU tensors the offsets are checked
+/// before the call (an error); on CUDA the kernels check them as they read them, and a
+/// sequence whose offsets are wrong comes back NaN. candle-flash-attn's `flash_attn_varlen`.
+#[allow(clippy::too_many_arguments)]
+pub fn flash_attn_varlen(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    seqlens_q: &Tensor,
+    seqlens_k: &Tensor,
+    max_seqlen_q: usize,
+    max_seqlen_k: usize,
+    softmax_scale: f32,
+    causal: bool,
+) -> Result<Tensor> {
+    let args = args("flash_attn_varlen", softmax_scale, causal_window(causal), None);
+    let call = packed(q, k, v, seqlens_q, seqlens_k, max_seqlen_q, max_seqlen_k, args, false)?;
+    Ok(call.0)
+}
+
+/// [`flash_attn_varlen`], also returning the LSE, f32 `[num_heads, total_q]`.
+#[allow(clippy::too_many_arguments)]
+pub fn flash_attn_varlen_lse(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    seqlens_q: &Tensor,
+    seqlens_k: &Tensor,
+    max_seqlen_q: usize,
+    max_seqlen_k: usize,
+    softmax_scale: f32,
+    causal: bool,
+) -> Result<(Tensor, Tensor)> {
+    let args = args("flash_attn_varlen_lse", softmax_scale, causal_window(causal), None);
+    let call = packed(q, k, v, seqlens_q, seqlens_k, max_seqlen_q, max_seqlen_k, args, true)?;
+    with_lse("flash_attn_varlen_lse", call)
+}
+
+/// [`flash_attn_varlen`] over a sliding window, each sequence's aligned to its own end (see
+/// [`flash_attn_windowed`]; a side past `max_seqlen_k` is unbounded). candle-flash-attn's
+/// `flash_attn_varlen_windowed`.
+#[allow(clippy::too_many_arguments)]
+pub fn flash_attn_varlen_windowed(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    seqlens_q: &Tensor,
+    seqlens_k: &Tensor,
+    max_seqlen_q: usize,
+    max_seqlen_k: usize,
+    softmax_scale: f32,
+    window_size_left: Option<usize>,
+    window_size_right: Option<usize>,
+) -> Result<Tensor> {
+    let args = args(
+        "flash_attn_varlen_windowed",
+        softmax_scale,
+        (window_size_left, window_size_right),
+        None,
+    );
+    let call = packed(q, k, v, seqlens_q, seqlens_k, max_seqlen_q, max_seqlen_k, args, false)?;
+    Ok(call.0)
+}
+
+/// [`flash_attn_varlen_windowed`], also returning the LSE, f32 `[num_heads, total_q]`.
+#[allow(clippy::too_many_arguments)]
+pub fn flash_attn_varlen_windowed_lse(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    seqlens_q: &Tensor,
+    seqlens_k: &Tensor,
+    max_seqlen_q: usize,
+    max_seqlen_k: usize,
+    softmax_scale: f32,
+    window_size_left: Option<usize>,
+    window_size_right: Option<usize>,
+) -> Result<(Tensor, Tensor)> {
+    let args = args(
+        "flash_attn_varlen_windowed_lse",
+        softmax_scale,
+        (window_size_left, window_size_right),
+        None,
+    );
+    let call = packed(q, k, v, seqlens_q, seqlens_k, max_seqlen_q, max_seqlen_k, args, true)?;
+    with_lse("flash_attn_varlen_windowed_lse", call)
+}
+
+/// candle-flash-attn's `flash_attn_varlen_alibi`: an error until the kernels have ALiBi.
+#[allow(clippy::too_many_arguments)]
+pub fn flash_attn_varlen_alibi(
+    _q: &Tensor,
+    _k: &Tensor,
+    _v: &Tensor,
+    _alibi_slopes: &Tensor,
+    _seqlens_q: &Tensor,
+    _seqlens_k: &Tensor,
+    _max_seqlen_q: usize,
+    _max_seqlen_k: usize,
+    _softmax_scale: f32,
+    _causal: bool,
+) -> Result<Tensor> {
+    Err(no_alibi("flash_attn_varlen_alibi"))
+}
+
+/// candle-flash-attn's `flash_attn_varlen_alibi_windowed`: an error until the kernels have
+/// ALiBi.
+#[allow(clippy::too_many_arguments)]
+pub fn flash_attn_varlen_alibi_windowed(
+    _q: &Tensor,
+    _k: &Tensor,
+    _v: &Tensor,
+    _alibi_slopes: &Tensor,
+    _seqlens_q: &Tensor,
+    _seqlens_k: &Tensor,
+    _max_seqlen_q: usize,
+    _max_seqlen_k: usize,
+    _softmax_scale: f32,
+    _window_size_left: Option<usize>,
+    _window_size_right: Option<usize>,
+) -> Result<Tensor> {
+    Err(no_alibi("flash_attn_varlen_alibi_windowed"))
+}
+
+/// [`flash_attn_varlen_windowed`] with Gemma's soft-cap (0 for none): candle-flash-attn's
+/// `flash_attn_varlen_alibi_windowed_softcap`. `alibi_slopes` must be `None` until the kernels
+/// have ALiBi.
+#[allow(clippy::too_many_arguments)]
+pub fn flash_attn_varlen_alibi_windowed_softcap(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    alibi_slopes: Option<&Tensor>,
+    seqlens_q: &Tensor,
+    seqlens_k: &Tensor,
+    max_seqlen_q: usize,
+    max_seqlen_k: usize,
+    softmax_scale: f32,
+    window_size_left: Option<usize>,
+    window_size_right: Option<usize>,
+    softcap: f32,
+) -> Result<Tensor> {
+    const NAME: &str = "flash_attn_varlen_alibi_windowed_softcap";
+    if alibi_slopes.is_some() {
+        return Err(no_alibi(NAME));
+    }
+    let args = args(
+        NAME,
+        softmax_scale,
+        (window_size_left, window_size_right),
+        self::softcap(softcap),
+    );
+    let call = packed(q, k, v, seqlens_q, seqlens_k, max_seqlen_q, max_seqlen_k, args, false)?;
+    Ok(call.0)
+}
