@@ -11,10 +11,12 @@ scripts/setup.sh
 export FLASH_REQUIRE_GPU=1 XDG_RUNTIME_DIR=${XDG_RUNTIME_DIR:-/tmp}
 # The tests reach tuning tables, plans and the harness through `internals`; `cuda` adds the CUDA
 # path's host-side tests (its GPU tests skip with a message where there is no CUDA device; they run
-# on the H200); `cli` the command-line tool, run as a user runs it (tests/cli.rs). One feature set,
-# so the crate compiles once for all of them.
-cargo test --release --features internals,cuda,cli
-cargo bench --no-run --features internals,cuda,cli
+# on the H200); `cli` the command-line tool, run as a user runs it (tests/cli.rs); `candle` the
+# candle drop-in on CPU tensors (tests/candle.rs; candle-core and its dependencies add about 3
+# minutes to a clean one-job build; `candle-cuda` needs a CUDA toolkit and is not built here). One
+# feature set, so the crate compiles once for all of them.
+cargo test --release --features internals,cuda,cli,candle
+cargo bench --no-run --features internals,cuda,cli,candle
 # What a user gets: the library without `internals`, and its documentation.
 cargo build --release --lib
 RUSTDOCFLAGS="-D warnings" cargo doc --no-deps --lib --quiet
