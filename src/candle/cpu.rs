@@ -8,7 +8,7 @@ use candle_core::backend::BackendStorage;
 use candle_core::{CpuStorage, Layout, Shape, Storage, WithDType};
 
 use super::op::FlashAttnOp;
-use super::problem::{lse_shape, ours, out_shape, problem, refuse};
+use super::problem::{lse_shape, ours, out_shape, problem, refuse, same_dtype};
 use crate::device::context::GpuContext;
 use crate::problem::{AttentionProblem, BatchIndex, Element};
 use crate::runtime::forward::FlashAttention;
@@ -41,11 +41,7 @@ pub(crate) fn forward(
 ) -> candle_core::Result<(CpuStorage, Shape)> {
     let f = op.args.function;
     let dtype = q.0.dtype();
-    for (name, (s, _)) in [("k", k), ("v", v)] {
-        if s.dtype() != dtype {
-            return Err(refuse(f, format!("q is {dtype:?} but {name} is {:?}", s.dtype())));
-        }
-    }
+    same_dtype(f, [dtype, k.0.dtype(), v.0.dtype()])?;
     let packing = op.packed.as_ref().map(|p| p.packing(f)).transpose()?;
     let problem = problem(&op.args, dtype, [q.1, k.1, v.1], packing)?;
     match dtype {

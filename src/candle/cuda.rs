@@ -14,7 +14,7 @@ use candle_core::{CudaStorage, Layout, Shape, Storage};
 use cudarc::driver::{CudaSlice, CudaView, DevicePtrMut, DeviceRepr, ValidAsZeroBits};
 
 use super::op::FlashAttnOp;
-use super::problem::{lse_shape, ours, out_shape, problem, refuse};
+use super::problem::{lse_shape, ours, out_shape, problem, refuse, same_dtype};
 use crate::cuda::{CudaAttention, CudaDevice, DeviceBatchIndex, DeviceTensors};
 use crate::problem::{AttentionProblem, Tensor};
 
@@ -41,11 +41,7 @@ pub(crate) fn forward(
 ) -> candle_core::Result<(CudaStorage, Shape)> {
     let f = op.args.function;
     let dtype = q.0.dtype();
-    for (name, (s, _)) in [("k", k), ("v", v)] {
-        if s.dtype() != dtype {
-            return Err(refuse(f, format!("q is {dtype:?} but {name} is {:?}", s.dtype())));
-        }
-    }
+    same_dtype(f, [dtype, k.0.dtype(), v.0.dtype()])?;
     match dtype {
         candle_core::DType::F16 => run::<half::f16>(op, [q, k, v]),
         candle_core::DType::BF16 => run::<half::bf16>(op, [q, k, v]),

@@ -60,6 +60,17 @@ pub(crate) fn dtype(function: &str, dtype: candle_core::DType) -> candle_core::R
     }
 }
 
+/// q, k and v share one element type: candle checks a custom op's tensors for one device, not for
+/// one dtype.
+pub(crate) fn same_dtype(function: &str, [q, k, v]: [candle_core::DType; 3]) -> candle_core::Result<()> {
+    for (name, dtype) in [("k", k), ("v", v)] {
+        if dtype != q {
+            return Err(refuse(function, format!("q is {q:?} but {name} is {dtype:?}")));
+        }
+    }
+    Ok(())
+}
+
 /// A candle view as one of our layouts counted from its first element (the routes pass the
 /// storage from `start_offset` on), or `None` where the kernels cannot read it in place: the last
 /// dimension not contiguous, or a stride or the start not a multiple of
