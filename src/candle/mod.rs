@@ -39,7 +39,8 @@
 //!   device: what candle-flash-attn computes and drops, and what merging partial results needs
 //!   (`wgpu_flash_attn::FlashAttention::merge`).
 //! * **Not yet:** ALiBi: the `*alibi*` functions return an error that says so (with
-//!   `alibi_slopes: None`, the `_softcap` ones run). Paged K/V
+//!   `alibi_slopes: None`, the `_softcap` ones run). The wgpu kernels gained ALiBi (issue 17)
+//!   while this was built; passing candle's slopes to them is the next step. Paged K/V
 //!   (`flash_attn_varlen_paged_windowed`) is not provided. Gradients: candle's backward through
 //!   these calls is an error, as through candle-flash-attn's.
 //!
@@ -75,11 +76,11 @@ fn softcap(cap: f32) -> Option<f32> {
     (cap != 0.0).then_some(cap)
 }
 
-/// The error of every ALiBi call until the kernels have ALiBi.
+/// The error of every ALiBi call until the drop-in passes slopes to the kernels.
 fn no_alibi(function: &str) -> candle_core::Error {
     refuse(
         function,
-        "ALiBi slopes are not supported by wgpu-flash-attn yet (call it without them, or candle-flash-attn)",
+        "ALiBi slopes are not supported by the candle drop-in yet (call it without them, or candle-flash-attn)",
     )
 }
 
@@ -199,7 +200,7 @@ pub fn flash_attn_windowed_lse(
     with_lse("flash_attn_windowed_lse", dense(q, k, v, args, true)?)
 }
 
-/// candle-flash-attn's `flash_attn_alibi`: an error until the kernels have ALiBi.
+/// candle-flash-attn's `flash_attn_alibi`: an error until the drop-in passes ALiBi slopes on.
 pub fn flash_attn_alibi(
     _q: &Tensor,
     _k: &Tensor,
@@ -211,7 +212,7 @@ pub fn flash_attn_alibi(
     Err(no_alibi("flash_attn_alibi"))
 }
 
-/// candle-flash-attn's `flash_attn_alibi_windowed`: an error until the kernels have ALiBi.
+/// candle-flash-attn's `flash_attn_alibi_windowed`: an error until the drop-in passes ALiBi slopes on.
 pub fn flash_attn_alibi_windowed(
     _q: &Tensor,
     _k: &Tensor,
@@ -226,7 +227,7 @@ pub fn flash_attn_alibi_windowed(
 
 /// [`flash_attn_windowed`] with Gemma's soft-cap of the scores, `softcap·tanh(s / softcap)` (0
 /// for none): candle-flash-attn's `flash_attn_alibi_windowed_softcap`. `alibi_slopes` must be
-/// `None` until the kernels have ALiBi.
+/// `None` until the drop-in passes ALiBi slopes on.
 #[allow(clippy::too_many_arguments)]
 pub fn flash_attn_alibi_windowed_softcap(
     q: &Tensor,
@@ -343,7 +344,7 @@ pub fn flash_attn_varlen_windowed_lse(
     with_lse("flash_attn_varlen_windowed_lse", call)
 }
 
-/// candle-flash-attn's `flash_attn_varlen_alibi`: an error until the kernels have ALiBi.
+/// candle-flash-attn's `flash_attn_varlen_alibi`: an error until the drop-in passes ALiBi slopes on.
 #[allow(clippy::too_many_arguments)]
 pub fn flash_attn_varlen_alibi(
     _q: &Tensor,
@@ -360,8 +361,8 @@ pub fn flash_attn_varlen_alibi(
     Err(no_alibi("flash_attn_varlen_alibi"))
 }
 
-/// candle-flash-attn's `flash_attn_varlen_alibi_windowed`: an error until the kernels have
-/// ALiBi.
+/// candle-flash-attn's `flash_attn_varlen_alibi_windowed`: an error until the drop-in passes
+/// ALiBi slopes on.
 #[allow(clippy::too_many_arguments)]
 pub fn flash_attn_varlen_alibi_windowed(
     _q: &Tensor,
@@ -380,8 +381,8 @@ pub fn flash_attn_varlen_alibi_windowed(
 }
 
 /// [`flash_attn_varlen_windowed`] with Gemma's soft-cap (0 for none): candle-flash-attn's
-/// `flash_attn_varlen_alibi_windowed_softcap`. `alibi_slopes` must be `None` until the kernels
-/// have ALiBi.
+/// `flash_attn_varlen_alibi_windowed_softcap`. `alibi_slopes` must be `None` until the drop-in
+/// passes ALiBi slopes on.
 #[allow(clippy::too_many_arguments)]
 pub fn flash_attn_varlen_alibi_windowed_softcap(
     q: &Tensor,
