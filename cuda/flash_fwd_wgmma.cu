@@ -30,6 +30,11 @@
 //   warpgroup's 64: for each, 2 of every 8 columns of S and O. Row max and sum are combined over
 //   the 4 lanes of a quad with two shuffles.
 //
+// Variants (run-time FwdParams, as in flash_fwd_mma.cu): a sliding window's tiles left of every
+// row's window are never copied (the producer and consumers count tiles from the first one the
+// CTA's first row sees), and a soft-cap scales and caps the scores before the mask, at the cost
+// of the one multiply that a positive scale otherwise folds into exp2's FFMA.
+//
 // Overlap (FA_OVERLAP): inside a warpgroup, S(j) = Q·K(j)ᵀ and O += P(j-1)·V(j-1) are issued
 // back to back, and the softmax of tile j is meant to run while the tensor cores finish
 // P(j-1)·V(j-1); P is kept as packed 16-bit registers beside S for that. (ptxas 13.0 schedules
@@ -139,8 +144,12 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
     const int m0 = q_tile * BLOCK_M;
     const SeqRows seq = sequence_rows(p, batch);
     if (m0 >= seq.seq_q) return;  // past this sequence's rows (a shorter one of a packed batch)
+    // The K/V tiles some row sees, from the one holding the first row's window edge: n_tiles of
+    // them, tile j at key (first_tile + j) · BLOCK_N.
     const int n_end = visible_keys_end<CAUSAL>(p, seq, m0, BLOCK_M);
-    const int n_tiles = (n_end + BLOCK_N - 1) / BLOCK_N;
+    const int first_tile = keys_seen<CAUSAL>(p, seq, m0).x / BLOCK_N;
+    const int end_tile = (n_end + BLOCK_N - 1) / BLOCK_N;
+    const int n_tiles = end_tile > first_tile ? end_tile - first_tile : 0;
     // The tensor maps' rows and batch: a packed batch is one batch of all sequences' rows, and
     // its copies start at the sequence's first row (rows past it belong to the next sequence or
     // are zero past the tensor: masked, or computed and not stored).
@@ -170,7 +179,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
                 const int s = j % STAGES;
                 // Use u = j / STAGES of stage s waits for the consumers' release of use u - 1.
                 mbar_wait(bar_empty(s), ((j / STAGES) & 1) ^ 1);
-                const int n0 = j * BLOCK_N;
+                const int n0 = (first_tile + j) * BLOCK_N;
                 const u32 k_dst = s_kv + s * STAGE_BYTES;
                 mbar_arrive_expect_tx(bar_k_full(s), KV_BYTES);
 #pragma unroll
@@ -259,26 +268,29 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
     // Online softmax of tile j in place: s_acc becomes P (f32), the running max and sum move on,
     // and alpha is what O (accumulated under the old max) must be multiplied by.
     auto softmax = [&](int j, float (&alpha)[2]) {
-        const int n0 = j * BLOCK_N;
+        const int n0 = (first_tile + j) * BLOCK_N;
         // With a positive scale the max of the raw scores, scaled, is the max of the scaled
         // ones, and exp2(s·scale - max) is one FFMA per score: no separate scaling pass. A
-        // negative (or zero) scale scales first, and the FFMA multiplies by 1.
-        const bool positive = p.scale_log2 > 0.f;
-        const float sc = positive ? p.scale_log2 : 1.f;
-        if (!positive) {
+        // negative (or zero) scale, or a soft-cap, scales (and caps) first, and the FFMA
+        // multiplies by 1.
+        const bool fold_scale = p.scale_log2 > 0.f && p.softcap_log2 == 0.f;
+        const float sc = fold_scale ? p.scale_log2 : 1.f;
+        if (!fold_scale) {
 #pragma unroll
-            for (int i = 0; i < S_REGS; ++i) s_acc[i] *= p.scale_log2;
+            for (int i = 0; i < S_REGS; ++i) s_acc[i] = soft_cap(p, s_acc[i] * p.scale_log2);
         }
-        // Mask past the end of the keys, or right of some row's diagonal.
-        const bool need_mask =
-            n0 + BLOCK_N > seq.seq_kv || (CAUSAL && (i64)n0 + BLOCK_N - 1 > (i64)wg_m0 + seq.causal_offset);
+        // Mask where the tile runs past what the warpgroup's first row sees (end of the keys,
+        // diagonal, window's right edge) or starts before what its last row sees (window's left
+        // edge).
+        const bool need_mask = n0 + BLOCK_N > keys_seen<CAUSAL>(p, seq, wg_m0).y ||
+                               n0 < keys_seen<CAUSAL>(p, seq, wg_m0 + WG_ROWS - 1).x;
         if (need_mask) {
+            const int2 seen[2] = {keys_seen<CAUSAL>(p, seq, row0), keys_seen<CAUSAL>(p, seq, row0 + 8)};
 #pragma unroll
             for (int i = 0; i < S_REGS; ++i) {
                 const int col = n0 + 8 * (i / 4) + 2 * (lane % 4) + (i & 1);
-                const int row = row0 + 8 * ((i >> 1) & 1);
-                const bool hidden = col >= seq.seq_kv || (CAUSAL && (i64)col > (i64)row + seq.causal_offset);
-                if (hidden) s_acc[i] = NEG_INF;
+                const int2 keys = seen[(i >> 1) & 1];
+                if (col < keys.x || col >= keys.y) s_acc[i] = NEG_INF;
             }
         }
 #pragma unroll

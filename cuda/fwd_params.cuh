@@ -29,7 +29,7 @@ struct FwdParams {
     int total_q;
     int total_kv;
     // A sliding window's sides in keys (-1: unbounded) and the soft-cap in base 2 (cap · log2 e;
-    // 0: none). The mma.sync kernel reads them; the wgmma kernel is not selected for them.
+    // 0: none).
     int window_left;
     int window_right;
     float softcap_log2;

@@ -32,9 +32,11 @@ fn coop_from_elements_a(x: array<f16, COOP_COMPONENTS>) -> coop_mat16x16<f16, A>
 // Column bits: 4 per component, 8 components per word.
 const COL_WORDS: u32 = (COOP_COMPONENTS + 7u) / 8u;
 
-// One invocation's rows: per slot its query row's key limit, reference max, partial sum (over
-// this invocation's components) and last rescale factor; and its components' columns.
+// One invocation's rows: per slot its query row's visible keys [kv_begin, kv_end), reference
+// max, partial sum (over this invocation's components) and last rescale factor; and its
+// components' columns.
 struct RegisterRows {
+    kv_begin: array<u32, ROW_SLOTS>,
     kv_end: array<u32, ROW_SLOTS>,
     row: array<u32, ROW_SLOTS>,
     m_used: array<f32, ROW_SLOTS>,
@@ -62,8 +64,10 @@ fn rows_in_registers(seq: Sequence, window: u32, lane: u32, first_row: u32) -> R
     }
     // @unroll
     for (var s = 0u; s < ROW_SLOTS; s++) {
-        rows.kv_end[s] = visible_key_end(seq, rows.row[s] + 1u);
-        rows.m_used[s] = NEG_BIG;
+        let keys = visible_keys(seq, rows.row[s]);
+        rows.kv_begin[s] = keys.x;
+        rows.kv_end[s] = keys.y;
+        rows.m_used[s] = neg_inf();
         rows.l_part[s] = 0.0;
         rows.alpha[s] = 1.0;
     }
@@ -91,11 +95,10 @@ fn row_sum(x: f32) -> f32 {
 
 // The online softmax of one K/V tile, at key n0: the score fragments `s` become P = exp2(scale·s −
 // m_used) in place (f32, still accumulator fragments); m_used, l_part and alpha move as in the
-// workgroup-memory softmax (flash_fwd_coop.wgsl: the reference max moves only by more than
-// RESCALE_THRESHOLD, or on the first tile). Returns whether some row of the subgroup moved
-// (subgroup-uniform; the shipped kernel rescales every tile and ignores it, the cost probes in
-// examples/coop_diagnostics.rs branch on it).
-fn softmax_in_registers(rows: ptr<function, RegisterRows>, s: ptr<function, array<coop_mat16x16<f32, C>, N_BLOCKS>>, n0: u32, first_tile: bool, needs_mask: bool) -> bool {
+// workgroup-memory softmax (flash_fwd_coop.wgsl: next_reference_max, rescale_factor). Returns
+// whether some row of the subgroup moved (subgroup-uniform; the shipped kernel rescales every
+// tile and ignores it, the cost probes in examples/coop_diagnostics.rs branch on it).
+fn softmax_in_registers(rows: ptr<function, RegisterRows>, s: ptr<function, array<coop_mat16x16<f32, C>, N_BLOCKS>>, n0: u32, needs_mask: bool) -> bool {
     var x: array<array<f32, COOP_COMPONENTS>, N_BLOCKS>;
     var raw_max: array<f32, ROW_SLOTS>;
     // @unroll
@@ -105,29 +108,40 @@ fn softmax_in_registers(rows: ptr<function, RegisterRows>, s: ptr<function, arra
     // @unroll
     for (var j = 0u; j < N_BLOCKS; j++) {
         x[j] = coop_elements_c((*s)[j]);
+    }
+    if (params.softcap != 0.0) {
+        // @unroll
+        for (var j = 0u; j < N_BLOCKS; j++) {
+            // @unroll
+            for (var i = 0u; i < COOP_COMPONENTS; i++) {
+                x[j][i] = soft_cap_raw(x[j][i]);
+            }
+        }
+    }
+    // @unroll
+    for (var j = 0u; j < N_BLOCKS; j++) {
         // @unroll
         for (var i = 0u; i < COOP_COMPONENTS; i++) {
             let slot = (COMPONENT_SLOT_BITS >> (2u * i)) & 3u;
             if (needs_mask) {
                 let col = n0 + 16u * j + (((*rows).cols[i / 8u] >> (4u * (i % 8u))) & 15u);
-                x[j][i] = select(x[j][i], neg_inf(), col >= (*rows).kv_end[slot]);
+                let hidden = (col < (*rows).kv_begin[slot]) | (col >= (*rows).kv_end[slot]);
+                x[j][i] = select(x[j][i], neg_inf(), hidden);
             }
             raw_max[slot] = max(raw_max[slot], x[j][i]);
         }
     }
     var moved = false;
+    var m_exp: array<f32, ROW_SLOTS>; // set in full below, before any read
     // @unroll
     for (var sl = 0u; sl < ROW_SLOTS; sl++) {
-        let tile_max = row_max(raw_max[sl]) * params.scale;
         let m_used = (*rows).m_used[sl];
-        var m_new = m_used;
-        if (tile_max > m_used + RESCALE_THRESHOLD || first_tile) {
-            m_new = max(m_used, tile_max);
-        }
-        let alpha = exp2(m_used - m_new);
+        let m_new = next_reference_max(m_used, row_max(raw_max[sl]) * params.scale);
+        let alpha = rescale_factor(m_used, m_new);
         (*rows).alpha[sl] = alpha;
         (*rows).m_used[sl] = m_new;
         (*rows).l_part[sl] *= alpha;
+        m_exp[sl] = exp_reference(m_new);
         moved = moved || alpha != 1.0;
     }
     // @unroll
@@ -135,7 +149,7 @@ fn softmax_in_registers(rows: ptr<function, RegisterRows>, s: ptr<function, arra
         // @unroll
         for (var i = 0u; i < COOP_COMPONENTS; i++) {
             let slot = (COMPONENT_SLOT_BITS >> (2u * i)) & 3u;
-            let p = exp2(x[j][i] * params.scale - (*rows).m_used[slot]);
+            let p = exp2(x[j][i] * params.scale - m_exp[slot]);
             (*rows).l_part[slot] += p;
             x[j][i] = p;
         }

@@ -36,7 +36,10 @@
 //   subgroup's alone, so only the subgroup synchronises (subgroupBarrier, made to cover
 //   workgroup memory in src/spirv/coherence.rs).
 //
-// Either way the scale sits inside exp2's argument, and masked scores are −∞.
+// Either way the scale sits inside exp2's argument, and masked scores are −∞. Sliding windows
+// and soft-caps are run-time parameters (common.wgsl): K/V tiles left of every row's window are
+// never loaded, as tiles past the diagonal are not; a cap is applied to the raw scores
+// (soft_cap_raw) in a pass of its own that plain attention skips.
 //
 // Rescaling: the output lives in accumulator fragments, so a row's factor reaches them as a
 // 16 × 16 matrix of factors (built in registers, or written to workgroup memory by the rows'
@@ -227,16 +230,54 @@ fn neg_inf() -> f32 {
     return bitcast<f32>(LSE_EMPTY_BITS);
 }
 
+// A raw (unscaled) score soft-capped so that scaling it afterwards gives the capped scaled score
+// (common.wgsl's soft_cap): the kernel scales inside exp2 and takes maxima of raw scores, which
+// stays right because the cap, like a positive scale, keeps their order.
+fn soft_cap_raw(x: f32) -> f32 {
+    return params.softcap / params.scale * tanh(x * params.scale / params.softcap);
+}
+
+// A row's reference max after a tile whose scaled max is `tile_max`: it moves only when the
+// tile's max exceeds it by more than RESCALE_THRESHOLD, and always from −∞, where every row
+// starts (so any finite score is right, however far below −1e30), and where it stays while the
+// row has seen no key.
+fn next_reference_max(m_used: f32, tile_max: f32) -> f32 {
+    return select(m_used, tile_max, tile_max > m_used + RESCALE_THRESHOLD);
+}
+
+// What the output and sum kept under reference max m_old are multiplied by under m_new: 1 where
+// it did not move (also −∞ to −∞, which exp2 would make NaN), 0 from −∞ (nothing kept yet).
+fn rescale_factor(m_old: f32, m_new: f32) -> f32 {
+    return select(exp2(m_old - m_new), 1.0, m_old == m_new);
+}
+
+// What exp2's argument subtracts for reference max m: m, or 0 for a row that has seen no key
+// (all its scores −∞: exp2(−∞ − 0) = 0, where −∞ − −∞ would be NaN).
+fn exp_reference(m: f32) -> f32 {
+    return select(m, 0.0, m == neg_inf());
+}
+
 // This invocation's half score row, starting at vec4 `at` of `scores` and at key column
-// `first_col`, raw (unscaled), −∞ where the key is masked (at or past row_kv_end).
-fn read_half_row(at: u32, first_col: u32, row_kv_end: u32, needs_mask: bool) -> array<vec4<f32>, HALF_VECS> {
+// `first_col`, raw (unscaled) and soft-capped, −∞ where the key is masked (outside the row's
+// visible keys [row_keys.x, row_keys.y)).
+fn read_half_row(at: u32, first_col: u32, row_keys: vec2<u32>, needs_mask: bool) -> array<vec4<f32>, HALF_VECS> {
     var x: array<vec4<f32>, HALF_VECS>;
     // @unroll
     for (var i = 0u; i < HALF_VECS; i++) {
         x[i] = scores[at + i];
-        if (needs_mask) {
+    }
+    if (params.softcap != 0.0) {
+        // @unroll
+        for (var i = 0u; i < HALF_VECS; i++) {
+            x[i] = vec4<f32>(soft_cap_raw(x[i].x), soft_cap_raw(x[i].y), soft_cap_raw(x[i].z), soft_cap_raw(x[i].w));
+        }
+    }
+    if (needs_mask) {
+        // @unroll
+        for (var i = 0u; i < HALF_VECS; i++) {
             let cols = vec4<u32>(first_col + 4u * i) + vec4<u32>(0u, 1u, 2u, 3u);
-            x[i] = select(vec4<f32>(neg_inf()), x[i], cols < vec4<u32>(row_kv_end));
+            let visible = (cols >= vec4<u32>(row_keys.x)) & (cols < vec4<u32>(row_keys.y));
+            x[i] = select(vec4<f32>(neg_inf()), x[i], visible);
         }
     }
     return x;
@@ -344,10 +385,13 @@ fn flash_fwd_coop(
     let my_scores = sg * 16u * S_STRIDE;
     let my_probs = sg * 16u * P_STRIDE;
 
+    // The K/V tiles some row of the tile sees: from the first row's window edge (tiles left of
+    // every row's window are never loaded) to the last row's end of keys, diagonal or window.
     let kv_end = visible_key_end(seq, m0 + BLOCK_M);
     let num_kv_tiles = (kv_end + BLOCK_N - 1u) / BLOCK_N;
-    // The first key column this row may not see (sequence end or causal diagonal).
-    let row_kv_end = visible_key_end(seq, row + 1u);
+    let first_kv_tile = visible_key_begin(seq, m0) / BLOCK_N;
+    // The keys this row sees (sequence end, causal diagonal, window).
+    let row_keys = visible_keys(seq, row);
 
     // Q fragments, once, staged through the K/V tile's memory, Q_PASS_ROWS rows at a time.
     var q_frag: array<coop_mat16x16<f16, A>, D_BLOCKS>;
@@ -392,7 +436,7 @@ fn flash_fwd_coop(
         o_frag[d] = coop_mat16x16<f32, C>();
     }
     // The workgroup-memory softmax's row state; the register softmax keeps its own in reg_rows.
-    var m_used = NEG_BIG; // this row's reference max (same in both invocations of the row)
+    var m_used = neg_inf(); // this row's reference max (same in both invocations of the row)
     var l_part = 0.0; // sum of exp2(s − m_used) over this invocation's columns
     let my_row = my_scores + r * S_STRIDE + half_n * HALF_VECS;
     let my_p_row = my_probs + r * P_STRIDE + half_n * HALF_VECS;
@@ -409,11 +453,11 @@ fn flash_fwd_coop(
     var next_kv: array<vec4<f16>, KV_COPIES>;
     if (KV_BUFFERS == 2u) {
         workgroupBarrier(); // Q's fragments are loaded
-        copy_kv_tile(cp, 0u, 0u);
+        copy_kv_tile(cp, first_kv_tile * BLOCK_N, (first_kv_tile % KV_BUFFERS) * KV_TILE_VECS);
     } else if (PREFETCH_KV) {
-        load_kv_tile_at(&next_kv, cp, 0u);
+        load_kv_tile_at(&next_kv, cp, first_kv_tile * BLOCK_N);
     }
-    for (var t = 0u; t < num_kv_tiles; t++) {
+    for (var t = first_kv_tile; t < num_kv_tiles; t++) {
         let n0 = t * BLOCK_N;
         let k_base = (t % KV_BUFFERS) * KV_TILE_VECS;
         let v_base = k_base + BLOCK_N * TILE_STRIDE;
@@ -452,7 +496,7 @@ fn flash_fwd_coop(
         }
         if (REGISTER_SOFTMAX) {
             // ---- online softmax and O = diag(alpha) O + P V, P never leaving registers ----
-            let moved = softmax_in_registers(&reg_rows, &s_frag, n0, t == 0u, key_tile_needs_mask(seq, m0, BLOCK_M, n0, BLOCK_N));
+            let moved = softmax_in_registers(&reg_rows, &s_frag, n0, key_tile_needs_mask(seq, m0, BLOCK_M, n0, BLOCK_N));
             if (ROW_FACTORS_ALWAYS || moved) {
                 scale_rows(&o_frag, row_matrix(reg_rows.alpha));
             }
@@ -468,22 +512,17 @@ fn flash_fwd_coop(
             subgroupBarrier(); // the scores visible to the subgroup's invocations
 
             // ---- online softmax on this invocation's half row, held in registers ----
-            let x = read_half_row(my_row, n0 + half_n * 4u * HALF_VECS, row_kv_end, key_tile_needs_mask(seq, m0, BLOCK_M, n0, BLOCK_N));
+            let x = read_half_row(my_row, n0 + half_n * 4u * HALF_VECS, row_keys, key_tile_needs_mask(seq, m0, BLOCK_M, n0, BLOCK_N));
             var raw_max = neg_inf();
             // @unroll
             for (var i = 0u; i < HALF_VECS; i++) {
                 raw_max = max(raw_max, max(max(x[i].x, x[i].y), max(x[i].z, x[i].w)));
             }
             let tile_max = max(raw_max, subgroupShuffleXor(raw_max, 16u)) * params.scale;
-            // Move the reference max only when the tile's max is far above it (or on the first
-            // tile, when the output is still zero and moving it costs nothing).
-            var m_new = m_used;
-            if (tile_max > m_used + RESCALE_THRESHOLD || t == 0u) {
-                m_new = max(m_used, tile_max);
-            }
-            let alpha = exp2(m_used - m_new);
+            let m_new = next_reference_max(m_used, tile_max);
+            let alpha = rescale_factor(m_used, m_new);
             m_used = m_new;
-            l_part = l_part * alpha + write_half_probs(x, m_used, my_p_row);
+            l_part = l_part * alpha + write_half_probs(x, exp_reference(m_used), my_p_row);
             subgroupBarrier(); // P visible to the subgroup's cooperative loads; the scores all read
 
             // ---- O = diag(alpha) O + P V ----

@@ -1730,11 +1730,10 @@ fn appending_then_attending_matches_the_reference() {
     }
 }
 
-/// Sliding windows and soft-caps on the CUDA prefill path (the `mma.sync` kernel: the wgmma kernel
-/// refuses them and selection falls back), against the reference: windows from 0 to past the
-/// sequence on either side, with and without the causal mask, tight and loose caps, GQA, both
-/// dtypes, head_dim 64 and 128, a few new tokens (which the decode kernel does not take with a
-/// window); a forced wgmma plan refuses by name.
+/// Sliding windows and soft-caps on both CUDA prefill kernels (`mma.sync`, and wgmma on Hopper),
+/// against the reference: windows from 0 to past the sequence on either side, with and without
+/// the causal mask, tight and loose caps, GQA, both dtypes, head_dim 64 and 128, a few new tokens
+/// (which the decode kernel does not take with a window).
 #[test]
 fn windows_and_soft_caps_match_the_reference() {
     let Some(engine) = engine() else { return };
@@ -1776,12 +1775,13 @@ fn windows_and_soft_caps_match_the_reference() {
             p.window,
             p.softcap
         );
-        run_any(engine, &p, &label, None);
-    }
-    if engine.device().is_hopper() {
-        let p = problem(DType::BF16, 1, 4, 4, 256, 256, 128, true, Strides::Bshd).with_window(Some(32), None);
-        let plan = default_wgmma_plan(128, true).map(CudaPlan::Wgmma).unwrap();
-        let err = expect_refused::<bf16>(engine, &p, plan, "wgmma window");
-        assert!(err.to_string().contains("sliding windows"), "{err}");
+        // Both kernels: mma.sync, and on Hopper the wgmma kernel (which automatic selection
+        // takes there).
+        let mma = CudaPlan::Mma(select_mma(&p, 16).unwrap().plan);
+        run_any(engine, &p, &format!("{label} mma.sync"), Some(mma));
+        if engine.device().is_hopper() {
+            let wgmma = default_wgmma_plan(head_dim, causal).map(CudaPlan::Wgmma).unwrap();
+            run_any(engine, &p, &format!("{label} wgmma"), Some(wgmma));
+        }
     }
 }

@@ -539,3 +539,81 @@ fn scores_below_the_old_mask_sentinel_are_right() {
         }
     }
 }
+
+/// The same on the cooperative-matrix kernel (f16, positive scales only; on devices with 16×16
+/// f16 cooperative matrices, the H200): scores near −9e30 in base 2 (q = 1, key j's elements
+/// −(100 + j), scale 1e27), where a running max that started at −1e30 gave O = 0 and LSE = −∞.
+/// The score gaps are ~1e29, so each row's weight is all on its first visible key: O is that V
+/// row, the LSE its score. With a window, that key differs by row.
+#[test]
+fn cooperative_scores_below_the_old_mask_sentinel_are_right() {
+    use half::f16;
+    use wgpu_flash_attn::kernel::CoopChoice;
+    use wgpu_flash_attn::reference;
+    let Some(ctx) = gpu() else { return };
+    if !ctx.caps.cooperative_matrix_f16 {
+        eprintln!(
+            "skipped: {} has no 16x16 f16 cooperative matrices (this runs on the H200)",
+            ctx.info.name
+        );
+        return;
+    }
+    for registers in [false, true] {
+        if registers && ctx.caps.coop_register_layout.is_none() {
+            continue;
+        }
+        let coop = FlashAttention::with_options(
+            ctx,
+            Options {
+                choice: KernelChoice::CooperativeMatrix(CoopChoice {
+                    register_softmax: Some(registers),
+                    ..CoopChoice::default()
+                }),
+                ..Options::default()
+            },
+        );
+        for (seq_q, causal, window) in [
+            (40, true, None),
+            (40, false, None),
+            (3, true, None),
+            (70, true, Some(20)),
+        ] {
+            let mut p = AttentionProblem::new(
+                AttentionShape {
+                    batch: 1,
+                    seq_q,
+                    seq_kv: 70,
+                    num_heads: 2,
+                    num_kv_heads: 2,
+                    head_dim: 64,
+                },
+                DType::F16,
+            )
+            .with_causal(causal)
+            .with_scale(1.0e27);
+            if let Some(left) = window {
+                p = p.with_window(Some(left), None);
+            }
+            let q = vec![f16::ONE; p.required_len(Tensor::Q)];
+            let k: Vec<f16> = (0..p.required_len(Tensor::K))
+                .map(|i| f16::from_f32(-(100.0 + (i / (2 * 64)) as f32)))
+                .collect();
+            let v: Vec<f16> = values(p.required_len(Tensor::V), 5)
+                .into_iter()
+                .map(f16::from_f32)
+                .collect();
+            let want = reference::attention(&p, &q, &k, &v).unwrap();
+            let got = coop.forward_blocking(&p, &q, &k, &v).unwrap();
+            let label = format!("coop ({}) seq_q {seq_q} causal {causal} window {window:?}", got.kernel);
+            for (i, (g, w)) in got.out.iter().zip(&want.out).enumerate() {
+                assert!((g.to_f64() - w).abs() < 1e-3, "{label}: O[{i}] = {g}, want {w}");
+            }
+            for (i, (g, w)) in got.lse.iter().zip(&want.lse).enumerate() {
+                assert!(
+                    w.is_finite() && ((*g as f64 - w) / w).abs() < 1e-5,
+                    "{label}: LSE[{i}] = {g}, want {w}"
+                );
+            }
+        }
+    }
+}

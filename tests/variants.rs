@@ -158,24 +158,57 @@ fn a_window_on_a_packed_batch_matches_the_reference() {
     assert!(other.out != got.out);
 }
 
-/// The cooperative-matrix kernel and the naive baseline do not implement windows or soft-caps:
-/// forced, they refuse by name; automatic selection takes the tiled kernel.
+/// The cooperative-matrix kernel (f16, on devices with 16×16 f16 cooperative matrices: the
+/// H200), forced, on random f16 problems with windows and soft-caps, with each of its softmax
+/// routes and each way of streaming K/V (tiles left of every row's window are skipped, so the
+/// first tile a workgroup loads need not be tile 0, nor in buffer 0).
+#[test]
+fn cooperative_windows_and_soft_caps_match_the_reference() {
+    let Some(ctx) = gpu() else { return };
+    if !ctx.caps.cooperative_matrix_f16 {
+        eprintln!(
+            "skipped: {} has no 16x16 f16 cooperative matrices (this runs on the H200)",
+            ctx.info.name
+        );
+        return;
+    }
+    let mut rng = Rng::new(0xc00b);
+    let mut seed = 0u64;
+    for registers in [false, true] {
+        if registers && ctx.caps.coop_register_layout.is_none() {
+            continue;
+        }
+        for (prefetch_kv, double_buffer) in [(false, false), (true, false), (false, true), (true, true)] {
+            let engine = FlashAttention::with_options(
+                ctx,
+                Options {
+                    choice: KernelChoice::CooperativeMatrix(CoopChoice {
+                        tile: Some((64, 32)),
+                        prefetch_kv: Some(prefetch_kv),
+                        double_buffer: Some(double_buffer),
+                        register_softmax: Some(registers),
+                    }),
+                    ..Options::default()
+                },
+            );
+            for _ in 0..4 {
+                let p = random_problem(&mut rng, DType::F16);
+                let label = format!(
+                    "{} registers {registers} prefetch {prefetch_kv} double {double_buffer}",
+                    label(&p, seed)
+                );
+                seed += 1;
+                run_and_check_any(&engine, Kernel::Flash, &p, &label);
+            }
+        }
+    }
+}
+
+/// The naive baseline does not implement windows or soft-caps: it refuses them by name.
 #[test]
 fn kernels_without_a_variant_refuse_it_by_name() {
     let Some(ctx) = gpu() else { return };
     let p = AttentionProblem::mha(1, 64, 2, 64, DType::F16).with_window(Some(8), Some(0));
-    let coop = FlashAttention::with_options(
-        ctx,
-        Options {
-            choice: KernelChoice::CooperativeMatrix(CoopChoice::default()),
-            ..Options::default()
-        },
-    );
-    let err = coop.select(&p).unwrap_err().to_string();
-    assert!(
-        err.contains("sliding window") || !ctx.caps.cooperative_matrix_f16,
-        "{err}"
-    );
     let engine = FlashAttention::new(ctx);
     let q: Vec<half::f16> = random_tensor(1, p.required_len(Tensor::Q));
     let err = engine.naive_forward_blocking(&p, &q, &q, &q).unwrap_err().to_string();

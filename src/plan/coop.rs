@@ -350,6 +350,8 @@ pub const COOP_FEATURES: FeatureSet = FeatureSet::of(&[
     Feature::GroupedKv,
     Feature::Varlen,
     Feature::KvLengths,
+    Feature::SlidingWindow,
+    Feature::SoftCap,
 ]);
 
 /// Every cooperative configuration of the plan tables, with each way of streaming K/V a caller

@@ -153,9 +153,6 @@ pub fn wgmma_unavailable(problem: &AttentionProblem, vec_bytes: u32, hopper: boo
             "a tensor's start or a stride is not a multiple of 16 bytes, which the copy engine (TMA) needs".into(),
         );
     }
-    if problem.window.is_some() || problem.softcap.is_some() {
-        return Some("the wgmma kernel does not implement sliding windows or soft-caps yet".into());
-    }
     for tensor in [Tensor::Q, Tensor::K, Tensor::V] {
         if let Err(e) = tensor_map_spec(problem, tensor, 64) {
             return Some(e.to_string());
