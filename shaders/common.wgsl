@@ -73,9 +73,8 @@ struct Params {
 @group(0) @binding(0) var<uniform> params: Params;
 
 // A score that stands for "masked": far below any real score, yet finite, so that differences of
-// two masked scores stay finite (WGSL implementations need not honour infinities). The
-// cooperative-matrix kernel's reference max starts here, and the backward reads an empty row's
-// LSE as -NEG_BIG.
+// two masked scores stay finite (WGSL implementations need not honour infinities). The backward
+// reads an empty row's LSE as -NEG_BIG.
 const NEG_BIG: f32 = -1.0e30;
 // The lowest finite f32, below every finite score: the tiled and naive forwards start a row's max
 // here and give masked scores this value, so that a row whose real scores all lie below NEG_BIG

@@ -40,6 +40,7 @@ struct RegisterRows {
     kv_end: array<u32, ROW_SLOTS>,
     row: array<u32, ROW_SLOTS>,
     m_used: array<f32, ROW_SLOTS>,
+    m_raw: array<f32, ROW_SLOTS>,
     l_part: array<f32, ROW_SLOTS>,
     alpha: array<f32, ROW_SLOTS>,
     cols: array<u32, COL_WORDS>,
@@ -68,6 +69,7 @@ fn rows_in_registers(seq: Sequence, window: u32, lane: u32, first_row: u32) -> R
         rows.kv_begin[s] = keys.x;
         rows.kv_end[s] = keys.y;
         rows.m_used[s] = neg_inf();
+        rows.m_raw[s] = neg_inf();
         rows.l_part[s] = 0.0;
         rows.alpha[s] = 1.0;
     }
@@ -132,24 +134,51 @@ fn softmax_in_registers(rows: ptr<function, RegisterRows>, s: ptr<function, arra
         }
     }
     var moved = false;
+    // Whether some row may have a huge reference: one comparison a row a tile, true also for rows
+    // that have seen no key (−∞), whose tiles then take the rare path too, and are right there.
+    var any_huge = false;
     var m_exp: array<f32, ROW_SLOTS>; // set in full below, before any read
     // @unroll
     for (var sl = 0u; sl < ROW_SLOTS; sl++) {
         let m_used = (*rows).m_used[sl];
-        let m_new = next_reference_max(m_used, row_max(raw_max[sl]) * params.scale);
+        let tile_raw_max = row_max(raw_max[sl]);
+        let m_new = next_reference_max(m_used, tile_raw_max * params.scale);
         let alpha = rescale_factor(m_used, m_new);
         (*rows).alpha[sl] = alpha;
+        (*rows).m_raw[sl] = next_reference_raw((*rows).m_raw[sl], tile_raw_max, alpha);
         (*rows).m_used[sl] = m_new;
         (*rows).l_part[sl] *= alpha;
         m_exp[sl] = exp_reference(m_new);
+        any_huge = any_huge || abs(m_new) >= HUGE_REFERENCE;
         moved = moved || alpha != 1.0;
+    }
+    // exp2's argument is x·exp_scale − m_exp: the scale and the reference max, one fused
+    // multiply-add a score. Rows with a huge reference (is_huge_reference, rare) need the
+    // subtraction first, so then every score becomes its exponent here and the loop below
+    // multiplies by 1 and subtracts 0.
+    var exp_scale = params.scale;
+    if (any_huge) {
+        // @unroll
+        for (var j = 0u; j < N_BLOCKS; j++) {
+            // @unroll
+            for (var i = 0u; i < COOP_COMPONENTS; i++) {
+                let slot = (COMPONENT_SLOT_BITS >> (2u * i)) & 3u;
+                let huge = is_huge_reference((*rows).m_used[slot]);
+                x[j][i] = select(x[j][i] * params.scale - m_exp[slot], (x[j][i] - (*rows).m_raw[slot]) * params.scale, huge);
+            }
+        }
+        exp_scale = 1.0;
+        // @unroll
+        for (var sl = 0u; sl < ROW_SLOTS; sl++) {
+            m_exp[sl] = 0.0;
+        }
     }
     // @unroll
     for (var j = 0u; j < N_BLOCKS; j++) {
         // @unroll
         for (var i = 0u; i < COOP_COMPONENTS; i++) {
             let slot = (COMPONENT_SLOT_BITS >> (2u * i)) & 3u;
-            let p = exp2(x[j][i] * params.scale - m_exp[slot]);
+            let p = exp2(x[j][i] * exp_scale - m_exp[slot]);
             (*rows).l_part[slot] += p;
             x[j][i] = p;
         }

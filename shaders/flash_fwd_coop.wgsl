@@ -257,6 +257,32 @@ fn exp_reference(m: f32) -> f32 {
     return select(m, 0.0, m == neg_inf());
 }
 
+// The raw score whose scaled value became the reference max: `m_raw` after a tile whose raw max
+// is `tile_raw_max` rescaled the row by `alpha` (≠ 1 exactly when the reference moved), or stayed.
+fn next_reference_raw(m_raw: f32, tile_raw_max: f32, alpha: f32) -> f32 {
+    return select(m_raw, tile_raw_max, alpha != 1.0);
+}
+
+// From this magnitude of a row's reference max (log2 units) on, exp2(scale·x − m) is computed the
+// other way. The compiler fuses scale·x into the subtraction, so at the max's own score exp2 sees
+// scale·x − round(scale·x), the product's rounding error: up to half an ulp of m, ≥ 1 from 2^24
+// on, and enough past 2^31 to make exp2 0 or ∞ (a row of such scores came out O = 0). Rows that
+// large (a huge scale, huge opposite q and k) use (x − m_raw)·scale instead, exactly 0 at the max.
+const HUGE_REFERENCE: f32 = 16777216.0;
+
+fn is_huge_reference(m: f32) -> bool {
+    return abs(m) >= HUGE_REFERENCE && m != neg_inf();
+}
+
+// P = exp2(scale·x − m) for a row with reference max m (scaled) and m_raw (raw), `huge` its
+// is_huge_reference(m).
+fn probabilities(x: vec4<f32>, m: f32, m_raw: f32, huge: bool) -> vec4<f32> {
+    if (huge) {
+        return exp2((x - m_raw) * params.scale);
+    }
+    return exp2(x * params.scale - exp_reference(m));
+}
+
 // This invocation's half score row, starting at vec4 `at` of `scores` and at key column
 // `first_col`, raw (unscaled) and soft-capped, −∞ where the key is masked (outside the row's
 // visible keys [row_keys.x, row_keys.y)).
@@ -283,13 +309,15 @@ fn read_half_row(at: u32, first_col: u32, row_keys: vec2<u32>, needs_mask: bool)
     return x;
 }
 
-// P = exp2(scale·x − m) into this invocation's half row of `probs` at vec4 `at`, and its sum.
-// The scale is positive (the host checks), so the tile's max before scaling is its max after.
-fn write_half_probs(x: array<vec4<f32>, HALF_VECS>, m: f32, at: u32) -> f32 {
+// P = exp2(scale·x − m) into this invocation's half row of `probs` at vec4 `at`, and its sum,
+// for a row with reference max m (scaled) and m_raw (raw). The scale is positive (the host
+// checks), so the tile's max before scaling is its max after.
+fn write_half_probs(x: array<vec4<f32>, HALF_VECS>, m: f32, m_raw: f32, at: u32) -> f32 {
     var sum = 0.0;
+    let huge = is_huge_reference(m);
     // @unroll
     for (var i = 0u; i < HALF_VECS; i++) {
-        let p = exp2(x[i] * params.scale - m);
+        let p = probabilities(x[i], m, m_raw, huge);
         sum += p.x + p.y + p.z + p.w;
         probs[at + i] = vec4<f16>(p);
     }
@@ -437,6 +465,7 @@ fn flash_fwd_coop(
     }
     // The workgroup-memory softmax's row state; the register softmax keeps its own in reg_rows.
     var m_used = neg_inf(); // this row's reference max (same in both invocations of the row)
+    var m_raw = neg_inf(); // the raw score m_used was scaled from
     var l_part = 0.0; // sum of exp2(s − m_used) over this invocation's columns
     let my_row = my_scores + r * S_STRIDE + half_n * HALF_VECS;
     let my_p_row = my_probs + r * P_STRIDE + half_n * HALF_VECS;
@@ -518,11 +547,12 @@ fn flash_fwd_coop(
             for (var i = 0u; i < HALF_VECS; i++) {
                 raw_max = max(raw_max, max(max(x[i].x, x[i].y), max(x[i].z, x[i].w)));
             }
-            let tile_max = max(raw_max, subgroupShuffleXor(raw_max, 16u)) * params.scale;
-            let m_new = next_reference_max(m_used, tile_max);
+            let tile_raw_max = max(raw_max, subgroupShuffleXor(raw_max, 16u));
+            let m_new = next_reference_max(m_used, tile_raw_max * params.scale);
             let alpha = rescale_factor(m_used, m_new);
+            m_raw = next_reference_raw(m_raw, tile_raw_max, alpha);
             m_used = m_new;
-            l_part = l_part * alpha + write_half_probs(x, exp_reference(m_used), my_p_row);
+            l_part = l_part * alpha + write_half_probs(x, m_used, m_raw, my_p_row);
             subgroupBarrier(); // P visible to the subgroup's cooperative loads; the scores all read
 
             // ---- O = diag(alpha) O + P V ----
