@@ -203,7 +203,15 @@ fn soft_cap(x: vec4<f32>) -> vec4<f32> {
     if (params.softcap == 0.0) {
         return x;
     }
-    return params.softcap * tanh(x / params.softcap);
+    return params.softcap * tanh_by_exp2(x * (1.0 / params.softcap)); // a uniform reciprocal
+}
+
+// tanh(x) = 1 − 2 / (1 + e^2x): one exp2 and one reciprocal, where the H200's Vulkan driver spent
+// more on WGSL's tanh (BENCHMARKS.md, soft-cap). Absolute error about 1e-7 (the cancellation
+// near 0 is in absolute terms, which is what the cap multiplies); exp2 overflowing to ∞ or
+// reaching 0 gives the limits ±1 exactly.
+fn tanh_by_exp2(x: vec4<f32>) -> vec4<f32> {
+    return 1.0 - 2.0 / (1.0 + exp2(x * (2.0 * LOG2_E)));
 }
 
 // d soft_cap(x) / dx at a capped value y: 1 − (y / cap)², as tanh' = 1 − tanh² (1 without a cap).

@@ -234,7 +234,8 @@ fn neg_inf() -> f32 {
 // (common.wgsl's soft_cap): the kernel scales inside exp2 and takes maxima of raw scores, which
 // stays right because the cap, like a positive scale, keeps their order.
 fn soft_cap_raw(x: f32) -> f32 {
-    return params.softcap / params.scale * tanh(x * params.scale / params.softcap);
+    // Both ratios are uniform: a score costs two multiplies and the tanh, no division.
+    return (params.softcap / params.scale) * tanh_by_exp2(vec4<f32>(x * (params.scale / params.softcap))).x;
 }
 
 // A row's reference max after a tile whose scaled max is `tile_max`: it moves only when the

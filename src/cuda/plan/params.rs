@@ -44,7 +44,9 @@ pub struct FwdParams {
     pub window_right: i32,
     /// The soft-cap in base 2, `cap · log2 e`, 0 for none (`AttentionProblem::softcap`).
     pub softcap_log2: f32,
-    pub variant_pad: i32,
+    /// `1 / softcap_log2` (0 for none): the kernels multiply by it, a division a score would cost
+    /// several instructions.
+    pub softcap_inv_log2: f32,
 }
 
 const _: () = assert!(std::mem::size_of::<FwdParams>() == 200);
@@ -98,7 +100,9 @@ impl FwdParams {
             window_left: window_side(problem.window.and_then(|w| w.left)),
             window_right: window_side(problem.window.and_then(|w| w.right)),
             softcap_log2: problem.softcap.map_or(0.0, |cap| cap * std::f32::consts::LOG2_E),
-            variant_pad: 0,
+            softcap_inv_log2: problem
+                .softcap
+                .map_or(0.0, |cap| 1.0 / (cap * std::f32::consts::LOG2_E)),
         }
     }
 }
