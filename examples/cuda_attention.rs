@@ -140,7 +140,8 @@ fn parse_args() -> Args {
     a
 }
 
-/// Q, K, V, O of 16k tokens × 2048 hidden: every benchmark shape is a view of the same buffers.
+/// Q, K, V, O of 16k tokens (or the longest sequence) × 2048 hidden: every benchmark shape is a
+/// view of the same buffers.
 struct Buffers {
     q: Vec<bf16>,
     k: Vec<bf16>,
@@ -678,7 +679,9 @@ fn main() -> Result<()> {
     }
     let engine = CudaAttention::new(device);
     let stream = engine.device().stream().clone();
-    let n = TOKENS * HIDDEN;
+    // 16k tokens, or one sequence of the longest length asked for (batch 1 beyond 16k).
+    let tokens = args.seqs.iter().copied().fold(TOKENS, usize::max);
+    let n = tokens * HIDDEN;
     let t0 = std::time::Instant::now();
     let (q, k, v) = (
         random_tensor::<bf16>(1, n),
@@ -691,7 +694,7 @@ fn main() -> Result<()> {
         dv: stream.clone_htod(&to_bits(&v))?,
         d_o: stream.alloc_zeros::<u16>(n)?,
         d_poison: stream.clone_htod(&vec![0x7fc0u16; n])?,
-        d_lse: stream.alloc_zeros::<f32>(TOKENS * (HIDDEN / 64))?,
+        d_lse: stream.alloc_zeros::<f32>(tokens * (HIDDEN / 64))?,
         q,
         k,
         v,
