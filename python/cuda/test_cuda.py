@@ -34,7 +34,7 @@ def visible(seq_q, seq_k, causal, window, kv_len=None):
     kv_len = seq_k if kv_len is None else kv_len
     i = torch.arange(seq_q, device=DEV)[:, None] + kv_len - seq_q
     j = torch.arange(seq_k, device=DEV)[None, :]
-    ok = j < kv_len
+    ok = (j < kv_len).expand(seq_q, seq_k).clone()  # full size before the in-place updates
     left, right = window
     if causal:
         right = 0
