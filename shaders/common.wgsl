@@ -68,6 +68,8 @@ struct Params {
     sinks: u32,
     // The batch size, for kernels that loop over it (flash_bwd_sinks.wgsl).
     batch: u32,
+    // Where the score bias's elements lie, in elements, not granules (score_bias_bound.wgsl).
+    bias: TensorStrides,
 }
 
 @group(0) @binding(0) var<uniform> params: Params;
@@ -116,6 +118,13 @@ struct Sequence {
     // false when the index tensors place the sequence outside its tensors: the kernel writes its
     // rows as NaN (q_first and seq_q still name real rows) rather than read out of range.
     valid: bool,
+}
+
+// A score bias for four key columns (score_bias_*.wgsl): the values in base 2, and which keys it
+// hides (−∞).
+struct ScoreBias {
+    value: vec4<f32>,
+    hidden: vec4<bool>,
 }
 
 // Sequence b of a batch of equal sequences: the problem's lengths, rows from 0.

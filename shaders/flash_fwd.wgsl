@@ -4,8 +4,8 @@
 //
 // Bindings: 0 params (common.wgsl), 1 q, 2 k, 3 v (read), 4 o (write) — arrays of granules —
 // 5 the f32 log-sum-exp, written as raw bits, for a batch with index tensors (packed
-// sequences, key counts) 6–8 (sequence_indexed.wgsl), and for per-head tensors (ALiBi slopes,
-// sinks) 9–10 (head_terms_bound.wgsl).
+// sequences, key counts) 6–8 (sequence_indexed.wgsl), for per-head tensors (ALiBi slopes,
+// sinks) 9–10 (head_terms_bound.wgsl), and for a score bias 11 (score_bias_bound.wgsl).
 //
 // What a workgroup owns: one tile of BLOCK_M query rows of one (sequence, head). The grid is
 // (num_q_tiles, num_heads, batch), num_q_tiles counting the longest sequence's tiles: a
@@ -269,9 +269,15 @@ fn flash_fwd(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_ind
             var mx = LOWEST;
             for (var c = 0u; c < S_VECS; c++) {
                 var x = soft_cap(s[i * S_VECS + c] * params.scale);
+                let cols = vec4<u32>(n0 + 4u * (tx + THREADS_X * c)) + vec4<u32>(0u, 1u, 2u, 3u);
                 if (has_alibi()) {
-                    let cols = vec4<u32>(n0 + 4u * (tx + THREADS_X * c)) + vec4<u32>(0u, 1u, 2u, 3u);
                     x += alibi_bias(head, i32(m0 + row0 + i) + seq.causal_offset, cols);
+                }
+                if (HAS_BIAS) {
+                    // Keys the bias hides (−∞) become LOWEST, as masked ones do; their P is
+                    // zeroed below.
+                    let bias = score_bias(seq, head, m0 + row0 + i, cols);
+                    x = select(x + bias.value, vec4<f32>(LOWEST), bias.hidden);
                 }
                 if (needs_mask) {
                     for (var j = 0u; j < 4u; j++) {
@@ -296,6 +302,12 @@ fn flash_fwd(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_ind
             }
             for (var c = 0u; c < S_VECS; c++) {
                 var p = exp2(s[i * S_VECS + c] - m_new);
+                if (HAS_BIAS) {
+                    // Keys the bias hid: exp2(LOWEST − m_new) is 1, not 0, in a row that has
+                    // seen nothing else yet. (A real score of exactly LOWEST goes the same way:
+                    // its weight is 0 beside any score above about LOWEST + 150.)
+                    p = select(p, vec4<f32>(0.0), s[i * S_VECS + c] == vec4<f32>(LOWEST));
+                }
                 if (needs_mask) {
                     // A row with no visible key yet has m_new = LOWEST and would give exp2(0) = 1.
                     for (var j = 0u; j < 4u; j++) {

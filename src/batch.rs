@@ -4,10 +4,15 @@
 //! per-sequence key counts ([`AttentionProblem::with_paged_kv`](crate::AttentionProblem::with_paged_kv),
 //! [`AttentionProblem::with_kv_lengths`](crate::AttentionProblem::with_kv_lengths)) — the host's
 //! [`BatchIndex`] of them, and the append of new tokens' K/V
-//! ([`FlashAttention::encode_append_kv`](crate::FlashAttention::encode_append_kv)).
-//! The public facade over `problem::{varlen, cache, index}` and `runtime::append`.
+//! ([`FlashAttention::encode_append_kv`](crate::FlashAttention::encode_append_kv)); and the
+//! types of the side tensors a [`BatchIndex`] carries for the variants: ALiBi's slope source
+//! ([`Alibi`]) and the score bias ([`ScoreBias`], its [`BiasLayout`], its host [`BiasValues`]).
+//! The public facade over `problem::{varlen, cache, index, head_terms, score_bias}` and
+//! `runtime::append`.
 
 pub use crate::problem::cache::{KvCache, PagedKv, PAGE_SIZE_MULTIPLE};
+pub use crate::problem::head_terms::Alibi;
 pub use crate::problem::index::BatchIndex;
+pub use crate::problem::score_bias::{BiasLayout, BiasValues, ScoreBias};
 pub use crate::problem::varlen::{SequenceRows, Varlen};
 pub use crate::runtime::append::AppendBuffers;

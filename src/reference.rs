@@ -8,6 +8,7 @@
 use crate::error::Result;
 use crate::problem::backward::{BackwardProblem, GradTensor};
 use crate::problem::index::BatchIndex;
+use crate::problem::score_bias::bias_at;
 use crate::problem::{Alibi, AttentionProblem, Element, SequenceRows, Tensor};
 
 /// One query row's reference result.
@@ -219,10 +220,17 @@ fn row_unchecked<T: Element>(
             let kj = problem.k_layout.index(kb, kr, kv_head, 0);
             let score = scale * (0..d).map(|x| qi[x] * k[kj + x].to_f64()).sum::<f64>();
             let capped = cap.map_or(score, |cap| cap * (score / cap).tanh());
-            capped - slope * (position - j as f64).abs()
+            capped - slope * (position - j as f64).abs() + bias_at(problem, keys.index.bias, b, h, i, j)
         })
         .collect();
     let max = scores.iter().cloned().chain(sink).fold(f64::NEG_INFINITY, f64::max);
+    if max == f64::NEG_INFINITY {
+        // Every visible key hidden by a −∞ bias, and no sink: as a row that sees no key.
+        return ReferenceRow {
+            out: vec![0.0; d],
+            lse: f64::NEG_INFINITY,
+        };
+    }
     let weights: Vec<f64> = scores.iter().map(|s| (s - max).exp()).collect();
     let sum: f64 = weights.iter().sum::<f64>() + sink.map_or(0.0, |s| (s - max).exp());
     let mut out = vec![0.0; d];
@@ -633,6 +641,9 @@ fn check_backward_inputs<T: Element>(problem: &BackwardProblem, q: &[T], k: &[T]
     let f = &problem.forward;
     if !f.kv_cache.is_plain() {
         return crate::error::invalid!("the backward reference does not cover a K/V cache (pages or key counts)");
+    }
+    if f.bias.is_some() {
+        return crate::error::invalid!("the backward reference does not cover a score bias yet");
     }
     problem.validate()?;
     check_inputs(&problem.forward, q, k, v)?;

@@ -120,6 +120,7 @@ fn gpu_buffer_errors() {
         kv_lens: None,
         alibi_slopes: None,
         sinks: None,
+        bias: None,
     };
     encode(&engine, &p, &good).unwrap();
 
@@ -255,6 +256,7 @@ fn device_limits_are_errors() {
             kv_lens: None,
             alibi_slopes: None,
             sinks: None,
+            bias: None,
         };
         let e = encode(&engine, &big, &b).unwrap_err();
         assert!(matches!(e, Error::TooLarge(ref m) if m.contains("`q`")), "{e}");

@@ -260,6 +260,7 @@ fn byte_offsets_near_u64_max_are_errors() {
         kv_lens: None,
         alibi_slopes: None,
         sinks: None,
+        bias: None,
     };
     let far = u64::MAX - 255;
     for buffers in [
@@ -412,6 +413,7 @@ fn overlapping_written_tensors_are_errors() {
             kv_lens: None,
             alibi_slopes: None,
             sinks: None,
+            bias: None,
         };
         let mut encoder = ctx.device.create_command_encoder(&Default::default());
         engine.encode_forward(&mut encoder, &p, &buffers, None).map(|_| ())

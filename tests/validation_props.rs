@@ -412,6 +412,7 @@ fn check_encode(ctx: &GpuContext, engine: &FlashAttention, c: &BufferCase) -> bo
         kv_lens: None,
         alibi_slopes: None,
         sinks: None,
+        bias: None,
     };
     let mut encoder = ctx.device.create_command_encoder(&Default::default());
     let result = engine.encode_forward(&mut encoder, p, &buffers, None);

@@ -264,6 +264,8 @@ pub struct FlashConfig {
     pub sequences: SequenceIndex,
     /// Whether it binds the per-head tensors (ALiBi slopes, sinks; shaders/head_terms.wgsl).
     pub head_tensors: bool,
+    /// The score bias tensor's element type, when it binds one (shaders/score_bias_bound.wgsl).
+    pub bias: Option<DType>,
 }
 
 impl FlashConfig {
@@ -271,13 +273,14 @@ impl FlashConfig {
     /// the pipeline label, cache key in messages, and test and benchmark id.
     pub fn name(&self) -> String {
         format!(
-            "flash_fwd_{}_{}_{}_d{}{}{}",
+            "flash_fwd_{}_{}_{}_d{}{}{}{}",
             self.storage.name(),
             self.variant.name(),
             self.plan.name_part(),
             self.head_dim_pad,
             self.sequences.name_suffix(),
-            if self.head_tensors { "_heads" } else { "" }
+            if self.head_tensors { "_heads" } else { "" },
+            self.bias.map_or(String::new(), |t| format!("_bias{}", t.name()))
         )
     }
 
@@ -324,6 +327,7 @@ pub const TILED_FEATURES: FeatureSet = FeatureSet::of(&[
     Feature::SoftCap,
     Feature::Alibi,
     Feature::Sinks,
+    Feature::Bias,
 ]);
 
 /// The variants worth trying for a problem on a device, best first.
@@ -378,6 +382,7 @@ pub fn select(problem: &AttentionProblem, caps: &Caps, choice: &TiledChoice) -> 
                 head_dim_pad: plan.head_dim_pad(head_dim),
                 sequences: SequenceIndex::of(problem),
                 head_tensors: problem.has_head_tensors(),
+                bias: problem.bias.map(|b| b.dtype),
             };
             match config.unavailable_reason(caps) {
                 Some(why) => reasons.push(format!("{}: {why}", config.name())),
@@ -405,7 +410,7 @@ pub fn select(problem: &AttentionProblem, caps: &Caps, choice: &TiledChoice) -> 
 
 /// Every configuration automatic selection can return, on any device: each shipped plan with each
 /// variant, storage type and padded head_dim, and the first plan's also with the per-head
-/// tensors bound. The shader tests translate all of them.
+/// tensors bound and with a bias of each type. The shader tests translate all of them.
 pub fn all_configs() -> Vec<FlashConfig> {
     let mut configs = Vec::new();
     for storage in DType::ALL {
@@ -431,7 +436,21 @@ pub fn all_configs() -> Vec<FlashConfig> {
                             head_dim_pad,
                             sequences: SequenceIndex::default(),
                             head_tensors,
+                            bias: None,
                         });
+                    }
+                    if plan == PLANS[0] {
+                        for bias in DType::ALL {
+                            configs.push(FlashConfig {
+                                storage,
+                                variant,
+                                plan,
+                                head_dim_pad,
+                                sequences: SequenceIndex::default(),
+                                head_tensors: false,
+                                bias: Some(bias),
+                            });
+                        }
                     }
                 }
             }

@@ -35,10 +35,12 @@ pub enum Feature {
     Alibi,
     /// Attention sinks: a per-head logit in every row's softmax denominator.
     Sinks,
+    /// An additive bias tensor over the scores (src/problem/score_bias.rs).
+    Bias,
 }
 
 impl Feature {
-    pub const ALL: [Feature; 10] = [
+    pub const ALL: [Feature; 11] = [
         Feature::CausalMask,
         Feature::GroupedKv,
         Feature::ArbitraryScale,
@@ -49,6 +51,7 @@ impl Feature {
         Feature::SoftCap,
         Feature::Alibi,
         Feature::Sinks,
+        Feature::Bias,
     ];
 
     /// What the feature is, for messages ("... does not implement {description}").
@@ -67,6 +70,7 @@ impl Feature {
             Feature::SoftCap => "soft-capped scores",
             Feature::Alibi => "ALiBi position bias",
             Feature::Sinks => "attention sinks",
+            Feature::Bias => "a score bias tensor",
         }
     }
 
@@ -152,6 +156,9 @@ impl AttentionProblem {
         }
         if self.sinks {
             set = set.with(Feature::Sinks);
+        }
+        if self.bias.is_some() {
+            set = set.with(Feature::Bias);
         }
         set
     }

@@ -3,6 +3,7 @@
 //! and the per-sequence key counts (src/problem/cache.rs).
 
 use super::head_terms::check_head_tensor;
+use super::score_bias::{check_bias_values, BiasValues};
 use super::varlen::{validate_offsets, SequenceRows};
 use super::AttentionProblem;
 use crate::error::{Error, Result};
@@ -24,6 +25,8 @@ pub struct BatchIndex<'a> {
     pub alibi_slopes: Option<&'a [f32]>,
     /// `[num_heads]` sink logits ([`AttentionProblem::with_sinks`]).
     pub sinks: Option<&'a [f32]>,
+    /// The score bias ([`AttentionProblem::with_bias`]), in its layout.
+    pub bias: Option<BiasValues<'a>>,
 }
 
 impl BatchIndex<'_> {
@@ -75,6 +78,7 @@ impl BatchIndex<'_> {
             s.num_heads,
         )?;
         check_head_tensor("sinks", self.sinks, problem.sinks, s.num_heads)?;
+        check_bias_values(self.bias, problem)?;
 
         if let (Some(v), Some(cu_q), Some(cu_k)) = (varlen, self.cu_seqlens_q, self.cu_seqlens_k) {
             validate_offsets("cu_seqlens_q", cu_q, batch, v.total_q, s.seq_q)?;

@@ -6,11 +6,13 @@ pub mod cache;
 pub mod features;
 pub mod head_terms;
 pub mod index;
+pub mod score_bias;
 pub mod varlen;
 
 pub use cache::{KvCache, PagedKv};
 pub use head_terms::Alibi;
 pub use index::BatchIndex;
+pub use score_bias::{BiasLayout, BiasValues, ScoreBias};
 pub use varlen::{SequenceRows, Varlen};
 
 pub use crate::dtype::{DType, Element};
@@ -294,6 +296,9 @@ pub struct AttentionProblem {
     /// Attention sinks: one logit per query head, from a `[num_heads]` f32 tensor given with the
     /// call, joins every row's softmax denominator (src/problem/head_terms.rs).
     pub sinks: bool,
+    /// An additive bias over the scores from a tensor given with the call, after ALiBi
+    /// (src/problem/score_bias.rs); `None` for none.
+    pub bias: Option<ScoreBias>,
     /// Where Q's elements are in its buffer.
     pub q_layout: TensorLayout,
     /// Where K's elements are in its buffer.
@@ -323,6 +328,7 @@ impl AttentionProblem {
             softcap: None,
             alibi: None,
             sinks: false,
+            bias: None,
             q_layout: TensorLayout::contiguous(Layout::Bshd, 0, 0, 0),
             k_layout: TensorLayout::contiguous(Layout::Bshd, 0, 0, 0),
             v_layout: TensorLayout::contiguous(Layout::Bshd, 0, 0, 0),
@@ -387,6 +393,13 @@ impl AttentionProblem {
     /// logits.
     pub fn with_sinks(mut self) -> Self {
         self.sinks = true;
+        self
+    }
+
+    /// Adds a score bias ([`AttentionProblem::bias`]): the call gives its tensor, of
+    /// `bias.dtype`, laid out as `bias.layout` says.
+    pub fn with_bias(mut self, bias: ScoreBias) -> Self {
+        self.bias = Some(bias);
         self
     }
 
@@ -712,6 +725,9 @@ impl AttentionProblem {
             }
         }
         self.kv_cache.validate(s.batch, s.seq_kv)?;
+        if let Some(bias) = self.bias {
+            bias.validate(self)?;
+        }
         for tensor in [Tensor::Q, Tensor::K, Tensor::V, Tensor::O] {
             self.validate_layout(tensor)?;
         }

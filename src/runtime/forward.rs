@@ -17,7 +17,7 @@ use crate::plan::{
 use crate::problem::index::BatchIndex;
 use crate::problem::{AttentionProblem, Element, Tensor};
 use crate::wgsl::params::Params;
-use crate::wgsl::{KernelConfig, NaivePass, FORWARD_HEAD_BINDING, FORWARD_INDEX_BINDING};
+use crate::wgsl::{KernelConfig, NaivePass, FORWARD_BIAS_BINDING, FORWARD_HEAD_BINDING, FORWARD_INDEX_BINDING};
 
 /// The tensors of one forward call, in the caller's buffers. Each holds elements of the problem's
 /// `dtype` at the problem's layout for it, counted from its `byte_offset`.
@@ -58,6 +58,10 @@ pub struct ForwardBuffers<'a> {
     /// Read: the `[num_heads]` f32 sink logits ([`AttentionProblem::with_sinks`]); `None`
     /// otherwise.
     pub sinks: Option<TensorBuffer<'a>>,
+    /// Read: the score bias ([`AttentionProblem::with_bias`]), of the problem's bias type at its
+    /// layout, read as whole 4-byte words (the buffer must hold the word of the last element);
+    /// `None` otherwise.
+    pub bias: Option<TensorBuffer<'a>>,
 }
 
 /// The side tensors of a call (see [`ForwardBuffers`]), each given when the problem uses it: the
@@ -70,11 +74,12 @@ pub(crate) struct IndexBuffers<'a> {
     pub kv_lens: Option<TensorBuffer<'a>>,
     pub alibi_slopes: Option<TensorBuffer<'a>>,
     pub sinks: Option<TensorBuffer<'a>>,
+    pub bias: Option<TensorBuffer<'a>>,
 }
 
 impl<'a> ForwardBuffers<'a> {
     /// The four tensors and the LSE, for a problem without side tensors (no packed offsets, page
-    /// table, key counts, ALiBi slopes or sinks).
+    /// table, key counts, ALiBi slopes, sinks or bias).
     pub fn new(
         q: TensorBuffer<'a>,
         k: TensorBuffer<'a>,
@@ -94,6 +99,7 @@ impl<'a> ForwardBuffers<'a> {
             kv_lens: None,
             alibi_slopes: None,
             sinks: None,
+            bias: None,
         }
     }
 
@@ -106,6 +112,7 @@ impl<'a> ForwardBuffers<'a> {
             kv_lens: self.kv_lens,
             alibi_slopes: self.alibi_slopes,
             sinks: self.sinks,
+            bias: self.bias,
         }
     }
 
@@ -118,6 +125,7 @@ impl<'a> ForwardBuffers<'a> {
             kv_lens: index.kv_lens,
             alibi_slopes: index.alibi_slopes,
             sinks: index.sinks,
+            bias: index.bias,
             ..self
         }
     }
@@ -140,6 +148,7 @@ enum PreparedKernel {
         pipeline: std::sync::Arc<wgpu::ComputePipeline>,
         sequences: SequenceIndex,
         head_tensors: bool,
+        bias: bool,
     },
     Decode {
         config: DecodeConfig,
@@ -155,6 +164,7 @@ pub(crate) struct UploadedIndex {
     kv_lens: Option<wgpu::Buffer>,
     alibi_slopes: Option<wgpu::Buffer>,
     sinks: Option<wgpu::Buffer>,
+    bias: Option<wgpu::Buffer>,
 }
 
 impl UploadedIndex {
@@ -166,6 +176,7 @@ impl UploadedIndex {
             kv_lens: self.kv_lens.as_ref().map(TensorBuffer::new),
             alibi_slopes: self.alibi_slopes.as_ref().map(TensorBuffer::new),
             sinks: self.sinks.as_ref().map(TensorBuffer::new),
+            bias: self.bias.as_ref().map(TensorBuffer::new),
         }
     }
 }
@@ -178,6 +189,7 @@ pub(crate) struct IndexBindings<'a> {
     pub kv_lens: Bound<'a>,
     pub alibi_slopes: Bound<'a>,
     pub sinks: Bound<'a>,
+    pub bias: Bound<'a>,
 }
 
 impl IndexBindings<'_> {
@@ -448,11 +460,13 @@ impl FlashAttention {
                 pipeline: self.pipelines.get(&KernelConfig::Flash(*c))?,
                 sequences: c.sequences,
                 head_tensors: c.head_tensors,
+                bias: c.bias.is_some(),
             },
             ForwardKernel::Coop(c) => PreparedKernel::Prefill {
                 pipeline: self.pipelines.get(&KernelConfig::FlashCoop(*c))?,
                 sequences: c.sequences,
                 head_tensors: false,
+                bias: false,
             },
             ForwardKernel::Decode { config, split } => {
                 // Built here so that a build error comes before anything is recorded;
@@ -495,12 +509,13 @@ impl FlashAttention {
             index,
             write_lse,
         } = prepared;
-        let (pipeline, sequences, head_tensors) = match kernel {
+        let (pipeline, sequences, head_tensors, bias) = match kernel {
             PreparedKernel::Prefill {
                 pipeline,
                 sequences,
                 head_tensors,
-            } => (pipeline, sequences, *head_tensors),
+                bias,
+            } => (pipeline, sequences, *head_tensors, *bias),
             PreparedKernel::Decode { config: decode, split } => {
                 self.encode_decode(encoder, problem, bound, index, *write_lse, timestamps, decode, split)?;
                 return Ok(*config);
@@ -526,6 +541,9 @@ impl FlashAttention {
         }
         if head_tensors {
             entries.extend(index.head_entries(FORWARD_HEAD_BINDING));
+        }
+        if bias {
+            entries.push(index.bias.entry(FORWARD_BIAS_BINDING));
         }
         let bind_group = self.ctx.device.create_bind_group(&wgpu::BindGroupDescriptor {
             label: Some(&config.name()),
@@ -604,7 +622,7 @@ impl FlashAttention {
                 (Some(_), None) => {
                     return Err(Error::InvalidBuffer {
                         tensor: name,
-                        message: "given for a problem that does not use it (see AttentionProblem::with_varlen / with_paged_kv / with_kv_lengths / with_alibi / with_sinks)".into(),
+                        message: "given for a problem that does not use it (see AttentionProblem::with_varlen / with_paged_kv / with_kv_lengths / with_alibi / with_sinks / with_bias)".into(),
                     })
                 }
                 (None, Some(_)) => {
@@ -636,6 +654,15 @@ impl FlashAttention {
                 problem.has_alibi_tensor().then_some(problem.shape.num_heads),
             )?,
             sinks: bind_index("sinks", index.sinks, problem.sinks.then_some(problem.shape.num_heads))?,
+            // Read as u32 words: the word that holds the last element.
+            bias: bind_index(
+                "bias",
+                index.bias,
+                problem.bias.map(|b| {
+                    let elements = b.required_len(problem).unwrap_or(usize::MAX);
+                    elements.saturating_mul(b.dtype.size_bytes()).div_ceil(4)
+                }),
+            )?,
         })
     }
 
@@ -728,6 +755,18 @@ impl FlashAttention {
             kv_lens: upload("kv_lens", bytes(index.kv_lens))?,
             alibi_slopes: upload("alibi_slopes", bytes(index.alibi_slopes))?,
             sinks: upload("sinks", bytes(index.sinks))?,
+            // Padded to whole words, as the kernels read it.
+            bias: upload(
+                "bias",
+                index
+                    .bias
+                    .map(|b| {
+                        let mut v = b.bytes().to_vec();
+                        v.resize(v.len().next_multiple_of(4), 0);
+                        v
+                    })
+                    .as_deref(),
+            )?,
         })
     }
 
@@ -813,19 +852,13 @@ impl FlashAttention {
         };
         let o = output("o", o_bytes);
         let lse = output("lse", lse_bytes);
-        let buffers = ForwardBuffers {
-            q: TensorBuffer::new(&inputs[0]),
-            k: TensorBuffer::new(&inputs[1]),
-            v: TensorBuffer::new(&inputs[2]),
-            o: TensorBuffer::new(&o),
-            lse: Some(TensorBuffer::new(&lse)),
-            cu_seqlens_q: None,
-            cu_seqlens_k: None,
-            page_table: None,
-            kv_lens: None,
-            alibi_slopes: None,
-            sinks: None,
-        };
+        let buffers = ForwardBuffers::new(
+            TensorBuffer::new(&inputs[0]),
+            TensorBuffer::new(&inputs[1]),
+            TensorBuffer::new(&inputs[2]),
+            TensorBuffer::new(&o),
+            Some(TensorBuffer::new(&lse)),
+        );
         let mut encoder = device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some(&kernel) });
         encode(self, &mut encoder, &buffers)?;
         self.ctx.queue.submit([encoder.finish()]);

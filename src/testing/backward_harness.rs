@@ -104,19 +104,13 @@ impl<T: Element> BackwardWorkload<T> {
     }
 
     pub fn forward_buffers(&self) -> ForwardBuffers<'_> {
-        ForwardBuffers {
-            q: TensorBuffer::new(&self.q_buf),
-            k: TensorBuffer::new(&self.k_buf),
-            v: TensorBuffer::new(&self.v_buf),
-            o: TensorBuffer::new(&self.o_buf),
-            lse: Some(TensorBuffer::new(&self.lse_buf)),
-            cu_seqlens_q: None,
-            cu_seqlens_k: None,
-            page_table: None,
-            kv_lens: None,
-            alibi_slopes: None,
-            sinks: None,
-        }
+        ForwardBuffers::new(
+            TensorBuffer::new(&self.q_buf),
+            TensorBuffer::new(&self.k_buf),
+            TensorBuffer::new(&self.v_buf),
+            TensorBuffer::new(&self.o_buf),
+            Some(TensorBuffer::new(&self.lse_buf)),
+        )
     }
 
     pub fn buffers(&self) -> BackwardBuffers<'_> {

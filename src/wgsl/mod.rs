@@ -19,6 +19,8 @@ pub const SEQUENCE_INDEXED: &str = include_str!("../../shaders/sequence_indexed.
 pub const HEAD_TERMS: &str = include_str!("../../shaders/head_terms.wgsl");
 pub const HEAD_TERMS_BOUND: &str = include_str!("../../shaders/head_terms_bound.wgsl");
 pub const HEAD_TERMS_UNBOUND: &str = include_str!("../../shaders/head_terms_unbound.wgsl");
+pub const SCORE_BIAS_BOUND: &str = include_str!("../../shaders/score_bias_bound.wgsl");
+pub const SCORE_BIAS_UNBOUND: &str = include_str!("../../shaders/score_bias_unbound.wgsl");
 pub const STORAGE_F32: &str = include_str!("../../shaders/storage_f32.wgsl");
 pub const STORAGE_F16: &str = include_str!("../../shaders/storage_f16.wgsl");
 pub const STORAGE_BF16: &str = include_str!("../../shaders/storage_bf16.wgsl");
@@ -185,6 +187,7 @@ impl KernelConfig {
                 src.push_str(&tiled_prelude(c.variant.tile, c.head_dim_pad, sizes));
                 src.push_str(&sequence_source(c.sequences, FORWARD_INDEX_BINDING));
                 src.push_str(&head_terms_source(c.head_tensors, FORWARD_HEAD_BINDING));
+                src.push_str(&score_bias_source(c.bias, FORWARD_BIAS_BINDING));
                 for part in [
                     COMMON,
                     storage_codec(c.storage),
@@ -366,6 +369,24 @@ pub const COMBINE_HEAD_BINDING: u32 = 5;
 /// three, whether or not the kernel binds those.
 pub const FORWARD_HEAD_BINDING: u32 = FORWARD_INDEX_BINDING + 3;
 pub const BACKWARD_HEAD_BINDING: u32 = BACKWARD_INDEX_BINDING + 3;
+
+/// The score bias tensor of the forward kernels that implement it: after the per-head tensors'
+/// two, whether or not the kernel binds those.
+pub const FORWARD_BIAS_BINDING: u32 = FORWARD_HEAD_BINDING + 2;
+
+/// The score bias for a kernel that implements it (score_bias_*.wgsl): with `dtype`, its tensor of
+/// that element type at binding `binding`.
+fn score_bias_source(dtype: Option<DType>, binding: u32) -> String {
+    let Some(dtype) = dtype else {
+        return SCORE_BIAS_UNBOUND.to_string();
+    };
+    let code = match dtype {
+        DType::F32 => 0,
+        DType::F16 => 1,
+        DType::BF16 => 2,
+    };
+    format!("const BIAS_BINDING: u32 = {binding}u;\nconst BIAS_DTYPE: u32 = {code}u;\n{SCORE_BIAS_BOUND}")
+}
 
 /// ALiBi and sinks for a kernel that implements them (head_terms.wgsl): with `bound`, the
 /// per-head tensors at bindings `first_binding` and `first_binding + 1`.

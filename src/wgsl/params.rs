@@ -71,6 +71,9 @@ pub struct Params {
     pub sinks: u32,
     /// The batch size, for kernels that loop over it (flash_bwd_sinks.wgsl).
     pub batch: u32,
+    /// Where the score bias's elements lie (`AttentionProblem::bias`), in elements rather than
+    /// granules: `seq` is the row stride.
+    pub bias: TensorStrides,
 }
 
 /// `Params::alibi`: the modes of shaders/head_terms_*.wgsl.
@@ -78,8 +81,8 @@ pub const ALIBI_NONE: u32 = 0;
 pub const ALIBI_GEOMETRIC: u32 = 1;
 pub const ALIBI_PER_HEAD: u32 = 2;
 
-// WGSL lays the struct out as four 16-byte members then twenty-four 4-byte scalars.
-const _: () = assert!(std::mem::size_of::<Params>() == 4 * 16 + 24 * 4);
+// WGSL lays the struct out as four 16-byte members, twenty-four 4-byte scalars, one 16-byte member.
+const _: () = assert!(std::mem::size_of::<Params>() == 4 * 16 + 24 * 4 + 16);
 
 impl Params {
     /// The fields that depend only on the problem; strides and per-dispatch fields are filled in
@@ -99,6 +102,13 @@ impl Params {
             },
             sinks: problem.sinks as u32,
             batch: s.batch as u32,
+            // Validation kept every element below 2^32.
+            bias: problem.bias.map_or(TensorStrides::default(), |b| TensorStrides {
+                offset: b.layout.offset as u32,
+                batch: b.layout.batch_stride as u32,
+                seq: b.layout.row_stride as u32,
+                head: b.layout.head_stride as u32,
+            }),
             seq_q: s.seq_q as u32,
             seq_kv: s.seq_kv as u32,
             head_dim: s.head_dim as u32,
@@ -245,6 +255,7 @@ mod tests {
             ("alibi", offset_of!(Params, alibi)),
             ("sinks", offset_of!(Params, sinks)),
             ("batch", offset_of!(Params, batch)),
+            ("bias", offset_of!(Params, bias)),
         ];
         check(wgsl_struct(&source, "Params"), &rust, size_of::<Params>());
         let strides = [

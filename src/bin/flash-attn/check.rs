@@ -236,6 +236,7 @@ fn forward_cases(caps: &Caps, problem: &AttentionProblem, coverage: Coverage) ->
                 head_dim_pad: plan.head_dim_pad(head_dim),
                 sequences: Default::default(),
                 head_tensors: problem.has_head_tensors(),
+                bias: problem.bias.map(|b| b.dtype),
             };
             if config.unavailable_reason(caps).is_none() {
                 let choice = KernelChoice::Tiled(TiledChoice {

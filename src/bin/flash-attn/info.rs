@@ -202,6 +202,7 @@ fn tiled_config(problem: &AttentionProblem, variant: Variant, plan: wgpu_flash_a
         head_dim_pad: plan.head_dim_pad(problem.shape.head_dim as u32),
         sequences: Default::default(),
         head_tensors: problem.has_head_tensors(),
+        bias: problem.bias.map(|b| b.dtype),
     }
 }
 

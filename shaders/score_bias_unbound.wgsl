@@ -1,0 +1,8 @@
+// score_bias_unbound.wgsl — no score bias (see score_bias_bound.wgsl): HAS_BIAS is false and the
+// branches that read it compile away.
+
+const HAS_BIAS: bool = false;
+
+fn score_bias(seq: Sequence, h: u32, row: u32, cols: vec4<u32>) -> ScoreBias {
+    return ScoreBias(vec4<f32>(0.0), vec4<bool>(false));
+}

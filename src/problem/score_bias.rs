@@ -1,0 +1,300 @@
+//! An additive bias over the scores from a tensor given with the call: T5's relative position
+//! bias, a learned or computed bias of any architecture, and a mask written as a bias (0 where a
+//! key is visible, −∞ where it is not).
+//!
+//! The bias `B[b, h, i, j]` (natural-log units) is added to query `i`'s score of key `j` after the
+//! scale, the soft-cap and ALiBi: `x = cap·tanh(scale·q·k / cap) − slope·|p − j| + B`. Its tensor
+//! is `[batch | 1, num_heads | 1, seq_q, seq_kv]` of f32, f16 or bf16 at any element strides
+//! ([`BiasLayout`]): a stride of 0 broadcasts a dimension (one bias for every batch, or every
+//! head). Rows and columns count from each sequence's start (packed batches included), as the
+//! causal mask and windows do. A `−∞` entry hides its key exactly as the causal mask does (a row
+//! whose every key is hidden gives O = 0 and LSE = −∞); NaN and `+∞` are refused on host slices
+//! and give undefined rows on device buffers.
+//!
+//! Which kernels implement it: [`Feature::Bias`](super::features::Feature::Bias) in their plans'
+//! supported sets (the wgpu tiled forward so far); the others refuse it by name.
+
+use super::AttentionProblem;
+use crate::dtype::DType;
+use crate::error::{Error, Result};
+
+/// A problem's score bias ([`AttentionProblem::with_bias`]): the tensor's element type and where
+/// its elements lie.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct ScoreBias {
+    /// The bias's element type (independent of the problem's own).
+    pub dtype: DType,
+    /// Where its elements lie.
+    pub layout: BiasLayout,
+}
+
+/// Where element `(b, h, i, j)` of a bias tensor lies: `offset + b·batch_stride + h·head_stride +
+/// i·row_stride + j`, in elements from the start of its buffer. Keys are contiguous; a stride of 0
+/// broadcasts its dimension.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct BiasLayout {
+    /// Element `(0, 0, 0, 0)`.
+    pub offset: usize,
+    /// Between batch entries (sequences when packed); 0 broadcasts.
+    pub batch_stride: usize,
+    /// Between query heads; 0 broadcasts.
+    pub head_stride: usize,
+    /// Between query rows.
+    pub row_stride: usize,
+}
+
+impl BiasLayout {
+    /// A dense `[batch | 1, num_heads | 1, seq_q, seq_kv]` tensor for `problem` (`seq_q`/`seq_kv`
+    /// the longest sequence's when packed): one bias per batch entry unless `per_batch` is false,
+    /// per head unless `per_head` is false.
+    pub fn dense(problem: &AttentionProblem, per_batch: bool, per_head: bool) -> Self {
+        let s = problem.shape;
+        let row_stride = s.seq_kv;
+        let head_stride = if per_head { s.seq_q * row_stride } else { 0 };
+        let batch_stride = if per_batch {
+            (if per_head { s.num_heads } else { 1 }) * s.seq_q * row_stride
+        } else {
+            0
+        };
+        BiasLayout {
+            offset: 0,
+            batch_stride,
+            head_stride,
+            row_stride,
+        }
+    }
+}
+
+impl ScoreBias {
+    /// Elements the bias buffer must hold for `problem`: one past its last element, or `None`
+    /// when that overflows.
+    pub fn required_len(&self, problem: &AttentionProblem) -> Option<usize> {
+        let s = problem.shape;
+        let l = self.layout;
+        let last = [
+            (s.batch - 1, l.batch_stride),
+            (s.num_heads - 1, l.head_stride),
+            (s.seq_q - 1, l.row_stride),
+            (s.seq_kv - 1, 1),
+        ]
+        .iter()
+        .try_fold(l.offset, |acc, &(n, stride)| acc.checked_add(n.checked_mul(stride)?))?;
+        last.checked_add(1)
+    }
+
+    /// Checks the description against `problem` (whose dimensions are valid): rows long enough to
+    /// hold a row of keys, and every element within 32-bit indexing (the kernels index the bias
+    /// with u32).
+    pub(crate) fn validate(&self, problem: &AttentionProblem) -> Result<()> {
+        let s = problem.shape;
+        if s.seq_q > 1 && self.layout.row_stride < s.seq_kv {
+            return crate::error::invalid!(
+                "the score bias's row stride {} is shorter than a row of {} keys",
+                self.layout.row_stride,
+                s.seq_kv
+            );
+        }
+        match self.required_len(problem) {
+            Some(n) if n <= u32::MAX as usize => Ok(()),
+            _ => Err(Error::TooLarge(
+                "the score bias reaches past 2^32 elements, more than the kernels' 32-bit indexing".into(),
+            )),
+        }
+    }
+}
+
+/// The bias values of a host-slice call ([`BatchIndex::bias`](super::BatchIndex::bias)), in the
+/// problem's bias type.
+#[derive(Clone, Copy, Debug)]
+pub enum BiasValues<'a> {
+    /// For a bias of [`DType::F32`].
+    F32(&'a [f32]),
+    /// For a bias of [`DType::F16`].
+    F16(&'a [half::f16]),
+    /// For a bias of [`DType::BF16`].
+    BF16(&'a [half::bf16]),
+}
+
+impl BiasValues<'_> {
+    /// The values' element type.
+    pub fn dtype(&self) -> DType {
+        match self {
+            BiasValues::F32(_) => DType::F32,
+            BiasValues::F16(_) => DType::F16,
+            BiasValues::BF16(_) => DType::BF16,
+        }
+    }
+
+    /// How many elements.
+    pub fn len(&self) -> usize {
+        match self {
+            BiasValues::F32(v) => v.len(),
+            BiasValues::F16(v) => v.len(),
+            BiasValues::BF16(v) => v.len(),
+        }
+    }
+
+    /// Whether there are none.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Element `e` as f64.
+    pub fn get(&self, e: usize) -> f64 {
+        match self {
+            BiasValues::F32(v) => v[e] as f64,
+            BiasValues::F16(v) => v[e].to_f64(),
+            BiasValues::BF16(v) => v[e].to_f64(),
+        }
+    }
+
+    /// The values as the bytes the kernels read.
+    pub fn bytes(&self) -> &[u8] {
+        match self {
+            BiasValues::F32(v) => bytemuck::cast_slice(v),
+            BiasValues::F16(v) => bytemuck::cast_slice(v),
+            BiasValues::BF16(v) => bytemuck::cast_slice(v),
+        }
+    }
+}
+
+/// Checks a host call's bias against the problem: given exactly when the problem has one, of its
+/// type, long enough, and every element the problem reads finite or −∞.
+pub(crate) fn check_bias_values(values: Option<BiasValues<'_>>, problem: &AttentionProblem) -> Result<()> {
+    let error = |message: String| {
+        Err(Error::InvalidBuffer {
+            tensor: "bias",
+            message,
+        })
+    };
+    let (values, bias) = match (values, problem.bias) {
+        (None, None) => return Ok(()),
+        (Some(_), None) => return error("given for a problem without a bias (AttentionProblem::with_bias)".into()),
+        (None, Some(_)) => return error("missing: the problem has a bias".into()),
+        (Some(v), Some(b)) => (v, b),
+    };
+    if values.dtype() != bias.dtype {
+        return error(format!(
+            "holds {} values, the problem's bias is {}",
+            values.dtype().name(),
+            bias.dtype.name()
+        ));
+    }
+    let need = bias.required_len(problem).unwrap_or(usize::MAX);
+    if values.len() < need {
+        return error(format!("holds {} elements, the problem needs {need}", values.len()));
+    }
+    let s = problem.shape;
+    let l = bias.layout;
+    for b in 0..s.batch {
+        for h in 0..s.num_heads {
+            for i in 0..s.seq_q {
+                let row = l.offset + b * l.batch_stride + h * l.head_stride + i * l.row_stride;
+                for j in 0..s.seq_kv {
+                    let x = values.get(row + j);
+                    if x.is_nan() || x == f64::INFINITY {
+                        return error(format!(
+                            "element ({b}, {h}, {i}, {j}) is {x}: NaN and +∞ are not biases"
+                        ));
+                    }
+                }
+                if l.row_stride == 0 {
+                    break;
+                }
+            }
+            if l.head_stride == 0 {
+                break;
+            }
+        }
+        if l.batch_stride == 0 {
+            break;
+        }
+    }
+    Ok(())
+}
+
+/// The bias of `(b, h, i, j)` from checked values (0 without a bias).
+pub(crate) fn bias_at(
+    problem: &AttentionProblem,
+    values: Option<BiasValues<'_>>,
+    b: usize,
+    h: usize,
+    i: usize,
+    j: usize,
+) -> f64 {
+    match (problem.bias, values) {
+        (Some(bias), Some(v)) => {
+            let l = bias.layout;
+            v.get(l.offset + b * l.batch_stride + h * l.head_stride + i * l.row_stride + j)
+        }
+        _ => 0.0,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn dense_layouts_and_lengths() {
+        let p = AttentionProblem::mha(2, 5, 3, 64, DType::F16);
+        let full = ScoreBias {
+            dtype: DType::F32,
+            layout: BiasLayout::dense(&p, true, true),
+        };
+        assert_eq!(full.required_len(&p), Some(2 * 3 * 5 * 5));
+        let per_head = ScoreBias {
+            dtype: DType::F32,
+            layout: BiasLayout::dense(&p, false, true),
+        };
+        assert_eq!(per_head.layout.batch_stride, 0);
+        assert_eq!(per_head.required_len(&p), Some(3 * 5 * 5));
+        let shared = ScoreBias {
+            dtype: DType::BF16,
+            layout: BiasLayout::dense(&p, false, false),
+        };
+        assert_eq!(shared.required_len(&p), Some(25));
+        assert!(shared.validate(&p).is_ok());
+    }
+
+    #[test]
+    fn bad_biases_are_refused() {
+        let p = AttentionProblem::mha(1, 4, 2, 64, DType::F32);
+        let layout = BiasLayout::dense(&p, true, true);
+        let dense = ScoreBias {
+            dtype: DType::F32,
+            layout,
+        };
+        let short_rows = ScoreBias {
+            dtype: DType::F32,
+            layout: BiasLayout {
+                row_stride: 3,
+                ..layout
+            },
+        };
+        assert!(short_rows.validate(&p).is_err());
+        let huge = ScoreBias {
+            dtype: DType::F32,
+            layout: BiasLayout {
+                offset: u32::MAX as usize,
+                ..layout
+            },
+        };
+        assert!(matches!(huge.validate(&p), Err(Error::TooLarge(_))));
+        let p = p.with_bias(dense);
+        let values = vec![0.5f32; 32];
+        assert!(check_bias_values(Some(BiasValues::F32(&values)), &p).is_ok());
+        assert!(check_bias_values(None, &p).is_err());
+        assert!(check_bias_values(Some(BiasValues::F32(&values[..31])), &p).is_err());
+        let halves = vec![half::f16::ZERO; 32];
+        assert!(check_bias_values(Some(BiasValues::F16(&halves)), &p).is_err());
+        for bad in [f32::NAN, f32::INFINITY] {
+            let mut v = values.clone();
+            v[17] = bad;
+            assert!(check_bias_values(Some(BiasValues::F32(&v)), &p).is_err(), "{bad}");
+        }
+        let mut v = values.clone();
+        v[17] = f32::NEG_INFINITY;
+        assert!(check_bias_values(Some(BiasValues::F32(&v)), &p).is_ok());
+    }
+}
