@@ -127,6 +127,11 @@ struct ScoreBias {
     hidden: vec4<bool>,
 }
 
+struct ScoreBiasElement {
+    value: f32,
+    hidden: bool,
+}
+
 // Sequence b of a batch of equal sequences: the problem's lengths, rows from 0.
 fn dense_sequence(b: u32) -> Sequence {
     return Sequence(b, 0u, params.seq_q, 0u, params.seq_kv, params.causal_offset, true);

@@ -97,12 +97,19 @@ fn flash_bwd_dkdv(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocatio
             for (var i = 0u; i < ROWS_PER_THREAD; i++) {
                 let y = soft_cap(s[i * S_VECS + c] * params.scale);
                 var x = y;
+                let queries = vec4<u32>(m0 + 4u * (tx + THREADS_X * c)) + vec4<u32>(0u, 1u, 2u, 3u);
                 if (has_alibi()) {
                     // |query position − key| with the roles of alibi_bias's arguments swapped.
-                    let queries = vec4<u32>(m0 + 4u * (tx + THREADS_X * c)) + vec4<u32>(0u, 1u, 2u, 3u);
                     x += alibi_bias(hd.head, i32(n0 + row0 + i) - seq.causal_offset, queries);
                 }
-                var p = exp2(x - lse2);
+                var p = vec4<f32>(0.0);
+                if (HAS_BIAS) {
+                    // This invocation's key against four query columns: the transposed read.
+                    let bias = score_bias_of_rows(seq, hd.head, queries, n0 + row0 + i);
+                    p = select(exp2(x + bias.value - lse2), vec4<f32>(0.0), bias.hidden);
+                } else {
+                    p = exp2(x - lse2);
+                }
                 if (needs_mask) {
                     for (var j = 0u; j < 4u; j++) {
                         let col = m0 + 4u * (tx + THREADS_X * c) + j;

@@ -87,17 +87,24 @@ fn flash_bwd_dq(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_
         score_products(&s, &dp, &stage, hd, m0, n0, SRC_K, n0, li, row0, tx);
 
         // ---- dS = P ∘ (dP − D) (times the soft-cap's slope), in registers (dp becomes dS); ALiBi's
-        // bias is a constant of P's exponent ----
+        // bias and the score bias are constants of P's exponent ----
         let needs_mask = key_tile_needs_mask(seq, m0, BLOCK_M, n0, BLOCK_N);
         for (var i = 0u; i < ROWS_PER_THREAD; i++) {
             for (var c = 0u; c < S_VECS; c++) {
                 let y = soft_cap(s[i * S_VECS + c] * params.scale);
                 var x = y;
+                let cols = vec4<u32>(n0 + 4u * (tx + THREADS_X * c)) + vec4<u32>(0u, 1u, 2u, 3u);
                 if (has_alibi()) {
-                    let cols = vec4<u32>(n0 + 4u * (tx + THREADS_X * c)) + vec4<u32>(0u, 1u, 2u, 3u);
                     x += alibi_bias(head, i32(m0 + row0 + i) + seq.causal_offset, cols);
                 }
-                var p = exp2(x - lse2[i]);
+                var p = vec4<f32>(0.0);
+                if (HAS_BIAS) {
+                    // Like ALiBi's, a constant of P's exponent; keys it hides have P = 0.
+                    let bias = score_bias(seq, head, m0 + row0 + i, cols);
+                    p = select(exp2(x + bias.value - lse2[i]), vec4<f32>(0.0), bias.hidden);
+                } else {
+                    p = exp2(x - lse2[i]);
+                }
                 if (needs_mask) {
                     for (var j = 0u; j < 4u; j++) {
                         p[j] = select(0.0, p[j], is_visible(seq, m0 + row0 + i, n0 + 4u * (tx + THREADS_X * c) + j));

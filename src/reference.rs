@@ -8,7 +8,7 @@
 use crate::error::Result;
 use crate::problem::backward::{BackwardProblem, GradTensor};
 use crate::problem::index::BatchIndex;
-use crate::problem::score_bias::bias_at;
+use crate::problem::score_bias::{bias_at, BiasValues};
 use crate::problem::{Alibi, AttentionProblem, Element, SequenceRows, Tensor};
 
 /// One query row's reference result.
@@ -591,7 +591,7 @@ pub fn attention_backward_indexed<T: Element>(
         for h in 0..s.num_heads {
             let terms = head_terms(f, index, h);
             for i in 0..rows.seq_q {
-                let row = backward_row(problem, q, k, v, d_o, b, &rows, h, i, terms);
+                let row = backward_row(problem, q, k, v, d_o, b, &rows, h, i, terms, index.bias);
                 if f.sinks {
                     grads.d_sinks[h] += row.d_sink;
                 }
@@ -633,7 +633,7 @@ pub fn attention_backward_dq_row<T: Element>(
     index.validate(&problem.forward)?;
     let rows = index.sequence(&problem.forward, b);
     let terms = head_terms(&problem.forward, &index, h);
-    Ok(backward_row(problem, q, k, v, d_o, b, &rows, h, i, terms).dq)
+    Ok(backward_row(problem, q, k, v, d_o, b, &rows, h, i, terms, None).dq)
 }
 
 fn check_backward_inputs<T: Element>(problem: &BackwardProblem, q: &[T], k: &[T], v: &[T], d_o: &[T]) -> Result<()> {
@@ -641,9 +641,6 @@ fn check_backward_inputs<T: Element>(problem: &BackwardProblem, q: &[T], k: &[T]
     let f = &problem.forward;
     if !f.kv_cache.is_plain() {
         return crate::error::invalid!("the backward reference does not cover a K/V cache (pages or key counts)");
-    }
-    if f.bias.is_some() {
-        return crate::error::invalid!("the backward reference does not cover a score bias yet");
     }
     problem.validate()?;
     check_inputs(&problem.forward, q, k, v)?;
@@ -681,6 +678,7 @@ fn backward_row<T: Element>(
     h: usize,
     i: usize,
     (alibi_slope, sink): (f64, Option<f64>),
+    bias: Option<BiasValues<'_>>,
 ) -> BackwardRow {
     let f = &problem.forward;
     let d = f.shape.head_dim;
@@ -721,13 +719,19 @@ fn backward_row<T: Element>(
     let scores: Vec<f64> = capped
         .iter()
         .zip(visible.clone())
-        .map(|(y, j)| y - alibi_slope * (position - j as f64).abs())
+        .map(|(y, j)| y - alibi_slope * (position - j as f64).abs() + bias_at(f, bias, b, h, i, j))
         .collect();
-    let max = scores.iter().cloned().chain(sink).fold(f64::NEG_INFINITY, f64::max);
+    // A row whose keys a −∞ bias all hides, without a sink, has no gradient (as one without keys).
+    let max = scores
+        .iter()
+        .cloned()
+        .chain(sink)
+        .fold(f64::NEG_INFINITY, f64::max)
+        .max(f64::MIN);
     let weights: Vec<f64> = scores.iter().map(|s| (s - max).exp()).collect();
     let sink_weight = sink.map_or(0.0, |s| (s - max).exp());
     let sum: f64 = weights.iter().sum::<f64>() + sink_weight;
-    let p: Vec<f64> = weights.iter().map(|w| w / sum).collect();
+    let p: Vec<f64> = weights.iter().map(|w| if sum > 0.0 { w / sum } else { 0.0 }).collect();
     let dp: Vec<f64> = values.iter().map(|vj| dot(&doi, vj)).collect();
     // rowsum(P ∘ dP) = dO · O (the sink's column has dP = 0).
     let delta: f64 = p.iter().zip(&dp).map(|(p, dp)| p * dp).sum();

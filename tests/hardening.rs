@@ -343,6 +343,7 @@ fn forced_plans_with_zero_or_huge_sizes_are_refused() {
         alibi_slopes: None,
         sinks: None,
         d_sinks: None,
+        bias: None,
     };
     let mut encoder = ctx.device.create_command_encoder(&Default::default());
     let e = engine
@@ -450,6 +451,7 @@ fn overlapping_written_tensors_are_errors() {
         alibi_slopes: None,
         sinks: None,
         d_sinks: None,
+        bias: None,
     };
     let backward = |b: &BackwardBuffers<'_>| {
         let mut encoder = ctx.device.create_command_encoder(&Default::default());

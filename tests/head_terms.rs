@@ -216,6 +216,7 @@ fn backward_case<T: Element>(ctx: &GpuContext, engine: &FlashAttention, p: &Atte
         alibi_slopes: p.has_alibi_tensor().then(|| TensorBuffer::new(&slopes)),
         sinks: p.sinks.then(|| TensorBuffer::new(&sinks)),
         d_sinks: p.sinks.then(|| TensorBuffer::new(&d_sinks)),
+        bias: None,
     };
     let mut encoder = ctx.device.create_command_encoder(&Default::default());
     let config = engine

@@ -233,20 +233,23 @@ pub struct GradKernel {
     /// Whether it binds the ALiBi slopes tensor (shaders/head_terms_bound.wgsl; the sinks need
     /// no binding here, as the forward's LSE includes them).
     pub head_tensors: bool,
+    /// The score bias tensor's element type, when it binds one (shaders/score_bias_bound.wgsl).
+    pub bias: Option<DType>,
 }
 
 impl GradKernel {
     /// `flash_bwd_{dkdv|dq}_{dtype}_tile_{f32|f16}_bm{}_bn{}_tx{}_ty{}_ks{}_ns{}_st{}_d{}`.
     pub fn name(&self) -> String {
         format!(
-            "{}_{}_tile_{}_{}_d{}{}{}",
+            "{}_{}_tile_{}_{}_d{}{}{}{}",
             self.pass.entry_point(),
             self.storage.name(),
             tile_name(self.tile),
             self.plan.name_part(),
             self.head_dim_pad,
             self.sequences.name_suffix(),
-            if self.head_tensors { "_heads" } else { "" }
+            if self.head_tensors { "_heads" } else { "" },
+            self.bias.map_or(String::new(), |t| format!("_bias{}", t.name()))
         )
     }
 
@@ -513,6 +516,7 @@ pub const BACKWARD_FEATURES: FeatureSet = FeatureSet::of(&[
     Feature::SoftCap,
     Feature::Alibi,
     Feature::Sinks,
+    Feature::Bias,
 ]);
 
 /// Picks the three backward kernels for `problem` on a device with `caps`.
@@ -575,6 +579,7 @@ pub fn select_backward(problem: &BackwardProblem, caps: &Caps, choice: &Backward
                     head_dim_pad: plan.head_dim_pad(head_dim),
                     sequences,
                     head_tensors: problem.forward.has_alibi_tensor(),
+                    bias: problem.forward.bias.map(|b| b.dtype),
                 };
                 match kernel.unavailable_reason(caps) {
                     Some(why) => reasons.push(format!("{}: {why}", kernel.name())),
@@ -661,7 +666,22 @@ pub fn all_backward_kernels() -> Vec<BackwardKernel> {
                                 head_dim_pad,
                                 sequences: SequenceIndex::default(),
                                 head_tensors,
+                                bias: None,
                             }));
+                        }
+                        if plan == backward_plans(pass)[0] {
+                            for bias in DType::ALL {
+                                kernels.push(BackwardKernel::Grad(GradKernel {
+                                    pass,
+                                    storage,
+                                    tile,
+                                    plan,
+                                    head_dim_pad,
+                                    sequences: SequenceIndex::default(),
+                                    head_tensors: false,
+                                    bias: Some(bias),
+                                }));
+                            }
                         }
                     }
                 }

@@ -12,7 +12,8 @@
 //! and give undefined rows on device buffers.
 //!
 //! Which kernels implement it: [`Feature::Bias`](super::features::Feature::Bias) in their plans'
-//! supported sets (the wgpu tiled forward so far); the others refuse it by name.
+//! supported sets (the wgpu tiled forward and the backward's gradient kernels, which treat it as
+//! a constant: there is no `dL/d(bias)` yet); the others refuse it by name.
 
 use super::AttentionProblem;
 use crate::dtype::DType;

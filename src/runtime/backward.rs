@@ -17,7 +17,9 @@ use crate::problem::backward::{BackwardProblem, GradTensor};
 use crate::problem::{BatchIndex, Element, Tensor};
 use crate::runtime::forward::{FlashAttention, IndexBuffers};
 use crate::wgsl::params::{GradParams, Params};
-use crate::wgsl::{KernelConfig, BACKWARD_HEAD_BINDING, BACKWARD_INDEX_BINDING, SINK_GRAD_INDEX_BINDING};
+use crate::wgsl::{
+    KernelConfig, BACKWARD_BIAS_BINDING, BACKWARD_HEAD_BINDING, BACKWARD_INDEX_BINDING, SINK_GRAD_INDEX_BINDING,
+};
 
 /// The tensors of one backward call, in the caller's buffers.
 ///
@@ -71,6 +73,11 @@ pub struct BackwardBuffers<'a> {
     /// their gradient (`None`: not computed, as for frozen sinks). Recorded with the
     /// preprocessing kernel, whose `D` it reads.
     pub d_sinks: Option<TensorBuffer<'a>>,
+    /// Read: the forward's score bias
+    /// ([`AttentionProblem::with_bias`](crate::problem::AttentionProblem::with_bias)), as
+    /// [`ForwardBuffers::bias`](crate::runtime::forward::ForwardBuffers::bias); `None` otherwise. The gradients
+    /// treat it as a constant: no `dL/d(bias)` yet.
+    pub bias: Option<TensorBuffer<'a>>,
 }
 
 /// The host-slice inputs of [`FlashAttention::backward`]; each slice must hold at least the
@@ -233,6 +240,7 @@ impl FlashAttention {
             cu_seqlens_k: buffers.cu_seqlens_k,
             alibi_slopes: buffers.alibi_slopes,
             sinks: buffers.sinks,
+            bias: buffers.bias,
             ..IndexBuffers::default()
         };
         let index_bindings = self.bind_index(&problem.forward, &index, &written)?;
@@ -342,6 +350,9 @@ impl FlashAttention {
                 // The gradient kernels read the slopes only: the sinks are inside the LSE.
                 if g.head_tensors {
                     entries.push(index_bindings.alibi_slopes.entry(BACKWARD_HEAD_BINDING));
+                }
+                if g.bias.is_some() {
+                    entries.push(index_bindings.bias.entry(BACKWARD_BIAS_BINDING));
                 }
             }
             let bind_group = device.create_bind_group(&wgpu::BindGroupDescriptor {
@@ -646,6 +657,7 @@ impl FlashAttention {
             alibi_slopes: index.alibi_slopes,
             sinks: index.sinks,
             d_sinks: d_sinks.as_ref().map(TensorBuffer::new),
+            bias: index.bias,
         };
         let mut encoder = device.create_command_encoder(&wgpu::CommandEncoderDescriptor {
             label: Some(&config.name()),

@@ -130,6 +130,7 @@ impl<T: Element> BackwardWorkload<T> {
             alibi_slopes: None,
             sinks: None,
             d_sinks: None,
+            bias: None,
         }
     }
 

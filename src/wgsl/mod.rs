@@ -334,6 +334,7 @@ fn backward_source(kernel: &BackwardKernel, src: &mut String) {
             src.push_str(&tiled_prelude(g.tile, g.head_dim_pad, sizes));
             src.push_str(&sequence_source(g.sequences, BACKWARD_INDEX_BINDING));
             src.push_str(&head_terms_source(g.head_tensors, BACKWARD_HEAD_BINDING));
+            src.push_str(&score_bias_source(g.bias, BACKWARD_BIAS_BINDING));
             for part in [
                 COMMON,
                 storage_codec(g.storage),
@@ -370,9 +371,10 @@ pub const COMBINE_HEAD_BINDING: u32 = 5;
 pub const FORWARD_HEAD_BINDING: u32 = FORWARD_INDEX_BINDING + 3;
 pub const BACKWARD_HEAD_BINDING: u32 = BACKWARD_INDEX_BINDING + 3;
 
-/// The score bias tensor of the forward kernels that implement it: after the per-head tensors'
-/// two, whether or not the kernel binds those.
+/// The score bias tensor of the forward and gradient kernels that implement it: after the
+/// per-head tensors' two, whether or not the kernel binds those.
 pub const FORWARD_BIAS_BINDING: u32 = FORWARD_HEAD_BINDING + 2;
+pub const BACKWARD_BIAS_BINDING: u32 = BACKWARD_HEAD_BINDING + 2;
 
 /// The score bias for a kernel that implements it (score_bias_*.wgsl): with `dtype`, its tensor of
 /// that element type at binding `binding`.

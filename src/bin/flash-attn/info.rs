@@ -313,6 +313,7 @@ fn backward_variant_reason(problem: &BackwardProblem, caps: &Caps, variant: Vari
                     head_dim_pad: plan.head_dim_pad(head_dim),
                     sequences: Default::default(),
                     head_tensors: false,
+                    bias: None,
                 };
                 kernel.unavailable_reason(caps)
             })
