@@ -3,7 +3,7 @@
 
 mod common;
 
-use common::gpu;
+use common::{device_with, gpu};
 use wgpu_flash_attn::kernel::{TilePlan, TiledChoice, Variant};
 use wgpu_flash_attn::plan::{backward_grid, select_backward, BackwardChoice, BackwardPass};
 use wgpu_flash_attn::{
@@ -18,24 +18,6 @@ fn storage(ctx: &GpuContext, bytes: u64) -> wgpu::Buffer {
         usage: wgpu::BufferUsages::STORAGE,
         mapped_at_creation: false,
     })
-}
-
-/// A device on the test adapter with the given limits and features, wrapped as a caller's device
-/// (`GpuContext::from_device`: wgpu's default handler, which panics on an uncaptured error).
-fn device_with(limits: impl FnOnce(&mut wgpu::Limits), features: wgpu::Features) -> Option<GpuContext> {
-    gpu()?;
-    let instance = wgpu::Instance::new(wgpu::InstanceDescriptor::new_without_display_handle_from_env());
-    let adapter = pollster::block_on(wgpu_flash_attn::device::context::best_adapter(&instance)).ok()?;
-    let mut required_limits = adapter.limits();
-    limits(&mut required_limits);
-    let (device, queue) = pollster::block_on(adapter.request_device(&wgpu::DeviceDescriptor {
-        label: Some("hardening test"),
-        required_features: adapter.features() & features,
-        required_limits,
-        ..Default::default()
-    }))
-    .expect("request_device");
-    Some(GpuContext::from_device(device, queue, adapter.get_info()))
 }
 
 /// 2 KiB buffers: every tensor of [`small`] fits (1 KiB), its three gradients together do not.
@@ -61,9 +43,10 @@ fn values(n: usize, seed: u32) -> Vec<f32> {
         .collect()
 }
 
-/// Finding 1: host-slice calls on a device with small buffer limits. An output that does not fit
-/// is an error before anything is allocated; outputs that fit one by one but not together are
-/// read back in several staging buffers.
+/// Finding 1: host-slice calls on a device with small buffer limits. An output or input whose
+/// buffer would not fit is run in parts on buffers of its own (src/runtime/split.rs) where it can
+/// be, else refused before anything is allocated; outputs that fit one by one but not together
+/// are read back in several staging buffers.
 #[test]
 fn tiny_buffer_limits_are_errors_not_panics() {
     let Some(ctx) = tiny_device() else { return };
@@ -73,26 +56,38 @@ fn tiny_buffer_limits_are_errors_not_panics() {
     let (q, k, v) = (values(n, 1), values(n, 2), values(n, 3));
     let fwd = engine.forward_blocking(&p, &q, &k, &v).unwrap();
 
-    // O laid out 512 elements in: a 3 KiB buffer for a 1 KiB tensor.
+    // O laid out 512 elements in: a 3 KiB buffer for a 1 KiB tensor. Before: `TooLarge`; now the
+    // tensor runs on a buffer of its own and lands at its offset.
     let mut o = p.o_layout;
     o.offset = 512;
-    let e = engine
+    let moved = engine
         .forward_blocking(&p.with_tensor_layout(Tensor::O, o), &q, &k, &v)
-        .unwrap_err();
-    assert!(matches!(e, Error::TooLarge(ref m) if m.contains("`o`")), "{e}");
+        .unwrap();
+    assert!(moved.kernel.contains("parts"), "{}", moved.kernel);
+    assert!(moved.out[..512].iter().all(|&x| x == 0.0));
+    assert_eq!(moved.out[512..], fwd.out[..]);
     // The same for an input.
     let mut ql = p.q_layout;
     ql.offset = 512;
-    let long_q = values(n + 512, 4);
-    let e = engine
+    let mut long_q = values(n + 512, 4);
+    long_q[512..].copy_from_slice(&q);
+    let moved = engine
         .forward_blocking(&p.with_tensor_layout(Tensor::Q, ql), &long_q, &k, &v)
-        .unwrap_err();
-    assert!(matches!(e, Error::TooLarge(ref m) if m.contains("`q`")), "{e}");
-    // And the naive kernel.
+        .unwrap();
+    assert_eq!(moved.out, fwd.out);
+    // The naive kernel is not split.
     let e = engine
         .naive_forward_blocking(&p.with_tensor_layout(Tensor::O, o), &q, &k, &v)
         .unwrap_err();
     assert!(matches!(e, Error::TooLarge(_)), "{e}");
+    // Keys no split can shrink: one head's 24 keys of 32 f32 are 3 KiB.
+    let long = AttentionProblem::mha(1, 24, 1, 32, DType::F32);
+    let x = values(long.required_len(Tensor::K), 5);
+    let e = engine.forward_blocking(&long, &x, &x, &x).unwrap_err();
+    assert!(
+        matches!(e, Error::TooLarge(ref m) if m.contains("`k`") && m.contains("2048")),
+        "{e}"
+    );
 
     // Three 1 KiB gradients: 3 KiB to read back through 2 KiB staging buffers.
     let d_o = values(n, 5);
@@ -112,13 +107,15 @@ fn tiny_buffer_limits_are_errors_not_panics() {
     assert_eq!(grads.dk, reference.dk);
     assert_eq!(grads.dv, reference.dv);
 
-    // A gradient that does not fit.
+    // A gradient whose buffer would not fit runs on one of its own, like O above.
     let mut dv = p.v_layout;
     dv.offset = 512;
-    let e = engine
+    let moved = engine
         .backward_blocking(BackwardProblem::new(p).with_grad_layout(GradTensor::DV, dv), &inputs)
-        .unwrap_err();
-    assert!(matches!(e, Error::TooLarge(ref m) if m.contains("`dv`")), "{e}");
+        .unwrap();
+    assert!(moved.dv[..512].iter().all(|&x| x == 0.0));
+    assert_eq!(moved.dv[512..], reference.dv[..]);
+    assert_eq!(moved.dq, reference.dq);
 }
 
 /// Finding 2, first half: a shader module the device rejects (here: f16 tiles on a device created

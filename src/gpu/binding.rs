@@ -76,11 +76,10 @@ fn check_extent(name: &'static str, tensor: &TensorBuffer<'_>, end: u64, what: S
     Ok(())
 }
 
-fn check_binding_size(name: &'static str, size: u64, caps: &Caps) -> Result<()> {
+pub(crate) fn check_binding_size(name: &'static str, size: u64, caps: &Caps) -> Result<()> {
     if size > caps.max_storage_binding_bytes {
         return Err(Error::TooLarge(format!(
-            "tensor `{name}` spans {size} bytes, more than this device binds at once ({} bytes); \
-             split the batch or heads over several calls",
+            "tensor `{name}` spans {size} bytes, more than this device binds at once ({} bytes)",
             caps.max_storage_binding_bytes
         )));
     }
@@ -189,9 +188,7 @@ pub(crate) fn bind<'a>(
         .checked_add(tensor.byte_offset)
         .ok_or_else(past_u64)?;
     check_extent(name, tensor, end, format!("{len_elems} elements of {elem_bytes} bytes"))?;
-    // Round down to a multiple of both the device's alignment and the granule.
-    let align = lcm(caps.min_storage_offset_alignment.max(1) as u64, granule);
-    let start = first / align * align;
+    let start = binding_start(first, elem_bytes, caps);
     check_binding_size(name, end - start, caps)?;
     Ok(Bound {
         buffer: tensor.buffer,
@@ -202,6 +199,21 @@ pub(crate) fn bind<'a>(
     })
 }
 
+/// Where the binding of a tensor whose first element is at byte `first` starts: rounded down to a
+/// multiple of both the device's storage-offset alignment and the tensor's granule (4 elements),
+/// so that a tensor deep inside a large buffer only needs its own extent to fit in one binding.
+pub(crate) fn binding_start(first: u64, elem_bytes: usize, caps: &Caps) -> u64 {
+    let granule = (ELEMENT_ALIGNMENT * elem_bytes) as u64;
+    let align = lcm(caps.min_storage_offset_alignment.max(1) as u64, granule);
+    first / align * align
+}
+
+/// The alignment an f32 tensor's byte offset needs (it is bound exactly there): the device's
+/// storage-offset alignment.
+pub(crate) fn f32_offset_alignment(caps: &Caps) -> u64 {
+    caps.min_storage_offset_alignment.max(4) as u64
+}
+
 /// Binding for `len` f32 values read or written whole (the LSE): bound exactly at its offset,
 /// which must therefore meet the device's storage-offset alignment.
 pub(crate) fn bind_f32<'a>(
@@ -210,7 +222,7 @@ pub(crate) fn bind_f32<'a>(
     len: usize,
     caps: &Caps,
 ) -> Result<Bound<'a>> {
-    let align = caps.min_storage_offset_alignment.max(4) as u64;
+    let align = f32_offset_alignment(caps);
     if !tensor.byte_offset.is_multiple_of(align) {
         return Err(Error::InvalidBuffer {
             tensor: name,

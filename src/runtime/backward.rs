@@ -7,15 +7,18 @@
 
 use wgpu::util::DeviceExt;
 
+use crate::caps::Caps;
 use crate::error::{Error, Result};
 use crate::gpu::binding::{
-    bind, bind_f32, byte_len, check_buffer_size, check_disjoint, check_written_apart_from_read, Bound, TensorBuffer,
+    bind, bind_f32, binding_start, byte_len, check_binding_size, check_buffer_size, check_disjoint,
+    check_written_apart_from_read, f32_offset_alignment, Bound, TensorBuffer,
 };
 use crate::gpu::readback::{read_back_within, upload_queued};
 use crate::plan::{backward_grid, select_backward, BackwardChoice, BackwardConfig, BackwardKernel, BackwardPass};
 use crate::problem::backward::{BackwardProblem, GradTensor};
-use crate::problem::{BatchIndex, Element, Tensor};
+use crate::problem::{BatchIndex, Element, Tensor, TensorLayout};
 use crate::runtime::forward::{FlashAttention, IndexBuffers};
+use crate::runtime::split::{self, on_own_buffers, part_slice, part_timestamps, scatter_rows, shifted, Part, Pass};
 use crate::wgsl::params::{GradParams, Params};
 use crate::wgsl::{
     KernelConfig, BACKWARD_BIAS_BINDING, BACKWARD_HEAD_BINDING, BACKWARD_INDEX_BINDING, SINK_GRAD_INDEX_BINDING,
@@ -116,6 +119,50 @@ pub struct BackwardOutput<T> {
     pub device_bytes: u64,
 }
 
+/// A backward call checked and built, ready to record: each kernel's pipeline, bind group and
+/// grid, in order.
+struct PreparedBackward {
+    label: String,
+    steps: Vec<(std::sync::Arc<wgpu::ComputePipeline>, wgpu::BindGroup, [usize; 3])>,
+}
+
+/// Records a prepared backward call as one compute pass.
+fn record_passes(
+    encoder: &mut wgpu::CommandEncoder,
+    prepared: &PreparedBackward,
+    timestamps: Option<wgpu::ComputePassTimestampWrites<'_>>,
+) {
+    let mut cpass = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor {
+        label: Some(&prepared.label),
+        timestamp_writes: timestamps,
+    });
+    for (pipeline, bind_group, [x, y, z]) in &prepared.steps {
+        cpass.set_pipeline(pipeline);
+        cpass.set_bind_group(0, bind_group, &[]);
+        cpass.dispatch_workgroups(*x as u32, *y as u32, *z as u32);
+    }
+}
+
+/// A caller's `delta` (bound as `delta`) against the tensors of the call: it is written, so it may
+/// not share a buffer with a tensor read in the same dispatches (O, dO) or the gradients, nor
+/// overlap the bytes of Q, K, V or the LSE.
+fn check_delta(buffers: &BackwardBuffers<'_>, bound: &BoundBackward<'_>, delta: &Bound<'_>) -> Result<()> {
+    check_written_apart_from_read(
+        &[("delta", buffers.delta.as_ref())],
+        &[
+            ("o", Some(&buffers.o)),
+            ("d_o", Some(&buffers.d_o)),
+            ("dq", Some(&buffers.dq)),
+            ("dk", Some(&buffers.dk)),
+            ("dv", Some(&buffers.dv)),
+        ],
+    )?;
+    for (name, read) in [("q", &bound.q), ("k", &bound.k), ("v", &bound.v), ("lse", &bound.lse)] {
+        check_disjoint("delta", delta, name, read)?;
+    }
+    Ok(())
+}
+
 /// The checked bindings of one call.
 struct BoundBackward<'a> {
     q: Bound<'a>,
@@ -156,6 +203,12 @@ impl FlashAttention {
     ///
     /// `problem` is an [`AttentionProblem`](crate::problem::AttentionProblem) (gradients laid out like
     /// their tensors) or a [`BackwardProblem`].
+    ///
+    /// A problem whose tensors span more than one binding, or whose grids exceed the device's
+    /// dispatch limits, is recorded as one such pass per part of it (whole batch entries, or
+    /// whole K/V head groups of one entry), with the same result; a part's LSE rows whose offset
+    /// the device cannot bind are copied out first, which needs `COPY_SRC` on the LSE's buffer.
+    /// What no split fixes (a group's rows beyond one binding) is [`Error::TooLarge`].
     pub fn encode_backward(
         &self,
         encoder: &mut wgpu::CommandEncoder,
@@ -164,9 +217,16 @@ impl FlashAttention {
         timestamps: Option<wgpu::ComputePassTimestampWrites<'_>>,
     ) -> Result<BackwardConfig> {
         let problem = problem.into();
-        let config = self.select_backward(problem)?;
-        self.encode_backward_with(encoder, problem, buffers, &config, timestamps)?;
-        Ok(config)
+        match self.select_backward(problem) {
+            Ok(config) => {
+                self.encode_backward_with(encoder, problem, buffers, &config, timestamps)?;
+                Ok(config)
+            }
+            Err(Error::TooLarge(why)) => {
+                self.encode_backward_in_parts(encoder, &problem, buffers, None, timestamps, &why)
+            }
+            Err(e) => Err(e),
+        }
     }
 
     /// [`encode_backward`](Self::encode_backward) with given kernels: a [`BackwardConfig`] from
@@ -213,6 +273,8 @@ impl FlashAttention {
         self.encode_passes(encoder, &problem.into(), buffers, config, &[pass], timestamps)
     }
 
+    /// Records `passes` of `config`, or, where the whole call is too large for one dispatch per
+    /// kernel and all three are recorded, its parts ([`encode_backward_in_parts`](Self::encode_backward_in_parts)).
     fn encode_passes(
         &self,
         encoder: &mut wgpu::CommandEncoder,
@@ -222,6 +284,29 @@ impl FlashAttention {
         passes: &[BackwardPass],
         timestamps: Option<wgpu::ComputePassTimestampWrites<'_>>,
     ) -> Result<()> {
+        match self.prepare_passes(problem, buffers, config, passes) {
+            Ok(prepared) => {
+                record_passes(encoder, &prepared, timestamps);
+                Ok(())
+            }
+            // One kernel recorded alone reads D from the caller's `delta`, which parts would
+            // overwrite: only the three together are split.
+            Err(Error::TooLarge(why)) if passes.len() == BackwardPass::ALL.len() => self
+                .encode_backward_in_parts(encoder, problem, buffers, Some(config), timestamps, &why)
+                .map(|_| ()),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Everything [`encode_passes`](Self::encode_passes) checks and builds before it records: the
+    /// problem, the configuration, the buffers, each kernel's pipeline and bind group.
+    fn prepare_passes(
+        &self,
+        problem: &BackwardProblem,
+        buffers: &BackwardBuffers<'_>,
+        config: &BackwardConfig,
+        passes: &[BackwardPass],
+    ) -> Result<PreparedBackward> {
         self.context().check_device(false)?;
         problem.validate()?;
         self.check_config(problem, config)?;
@@ -232,7 +317,7 @@ impl FlashAttention {
         for kernel in &kernels {
             pipelines.push(self.pipelines().get(&KernelConfig::Backward(*kernel))?);
         }
-        let bound = self.bind_backward(problem, buffers)?;
+        let bound = self.bind_backward(problem, buffers, caps)?;
         let mut written = vec![("dq", &buffers.dq), ("dk", &buffers.dk), ("dv", &buffers.dv)];
         written.extend(buffers.d_sinks.as_ref().map(|d| ("d_sinks", d)));
         let index = IndexBuffers {
@@ -261,20 +346,8 @@ impl FlashAttention {
             }
         };
         let delta = bind_f32("delta", &delta_buffer, problem.forward.lse_len(), caps)?;
-        if let Some(d) = &buffers.delta {
-            check_written_apart_from_read(
-                &[("delta", Some(d))],
-                &[
-                    ("o", Some(&buffers.o)),
-                    ("d_o", Some(&buffers.d_o)),
-                    ("dq", Some(&buffers.dq)),
-                    ("dk", Some(&buffers.dk)),
-                    ("dv", Some(&buffers.dv)),
-                ],
-            )?;
-            for (name, read) in [("q", &bound.q), ("k", &bound.k), ("v", &bound.v), ("lse", &bound.lse)] {
-                check_disjoint("delta", &delta, name, read)?;
-            }
+        if buffers.delta.is_some() {
+            check_delta(buffers, &bound, &delta)?;
         }
 
         let f = &problem.forward;
@@ -382,18 +455,150 @@ impl FlashAttention {
                 steps.push((pipeline.clone(), bind_group, [problem.forward.shape.num_heads, 1, 1]));
             }
         }
+        Ok(PreparedBackward {
+            label: config.name(),
+            steps,
+        })
+    }
 
-        let label = config.name();
-        let mut cpass = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor {
-            label: Some(&label),
-            timestamp_writes: timestamps,
-        });
-        for (pipeline, bind_group, [x, y, z]) in &steps {
-            cpass.set_pipeline(pipeline);
-            cpass.set_bind_group(0, bind_group, &[]);
-            cpass.dispatch_workgroups(*x as u32, *y as u32, *z as u32);
+    /// [`encode_backward_with`](Self::encode_backward_with) for a problem too large for one
+    /// dispatch per kernel (`too_large` says why), with `config` or, when `None`, the kernels
+    /// selected for the first part: the whole call's buffers are checked as one, [`split::plan`]
+    /// picks parts of whole batch entries or whole K/V head groups (dK and dV sum over a group's
+    /// heads and every query row), every part is prepared, and only then is anything recorded.
+    /// Each part's three kernels run before the next part's, so the parts share D: the caller's
+    /// `delta` at its offset, or one scratch buffer. A part's LSE is bound in place where its
+    /// offset is one the device can bind, else copied into a scratch buffer first (which needs
+    /// `COPY_SRC` on the caller's LSE buffer).
+    fn encode_backward_in_parts(
+        &self,
+        encoder: &mut wgpu::CommandEncoder,
+        whole: &BackwardProblem,
+        buffers: &BackwardBuffers<'_>,
+        config: Option<&BackwardConfig>,
+        timestamps: Option<wgpu::ComputePassTimestampWrites<'_>>,
+        too_large: &str,
+    ) -> Result<BackwardConfig> {
+        self.context().check_device(false)?;
+        whole.validate()?;
+        let f = &whole.forward;
+        let caps = &self.context().caps;
+        // Everything but the size of one binding, on the whole call.
+        let unbounded = split::unbounded(caps);
+        let bound = self.bind_backward(whole, buffers, &unbounded)?;
+        let index = IndexBuffers {
+            cu_seqlens_q: buffers.cu_seqlens_q,
+            cu_seqlens_k: buffers.cu_seqlens_k,
+            alibi_slopes: buffers.alibi_slopes,
+            sinks: buffers.sinks,
+            bias: buffers.bias,
+            ..IndexBuffers::default()
+        };
+        let mut written = vec![("dq", &buffers.dq), ("dk", &buffers.dk), ("dv", &buffers.dv)];
+        written.extend(buffers.d_sinks.as_ref().map(|d| ("d_sinks", d)));
+        self.bind_index(f, &index, &written)?;
+        if let Some(d) = &buffers.delta {
+            check_delta(buffers, &bound, &bind_f32("delta", d, f.lse_len(), &unbounded)?)?;
         }
-        Ok(())
+
+        let es = f.dtype.size_bytes();
+        let group = f.group_size();
+        let moved = |part: &Part, lse, delta| {
+            let q_rows = |l| (es * part.offset_in(l, false, group)) as u64;
+            let kv_rows = |l| (es * part.offset_in(l, true, group)) as u64;
+            BackwardBuffers {
+                q: shifted(&buffers.q, q_rows(&f.q_layout)),
+                k: shifted(&buffers.k, kv_rows(&f.k_layout)),
+                v: shifted(&buffers.v, kv_rows(&f.v_layout)),
+                o: shifted(&buffers.o, q_rows(&f.o_layout)),
+                lse,
+                d_o: shifted(&buffers.d_o, q_rows(whole.layout(GradTensor::DO))),
+                dq: shifted(&buffers.dq, q_rows(whole.layout(GradTensor::DQ))),
+                dk: shifted(&buffers.dk, kv_rows(whole.layout(GradTensor::DK))),
+                dv: shifted(&buffers.dv, kv_rows(whole.layout(GradTensor::DV))),
+                delta,
+                cu_seqlens_q: None,
+                cu_seqlens_k: None,
+                alibi_slopes: buffers.alibi_slopes,
+                sinks: buffers.sinks,
+                d_sinks: buffers.d_sinks,
+                bias: buffers.bias,
+            }
+        };
+        let align = f32_offset_alignment(caps);
+        // A backward part has every query row, and all heads or one batch entry: its LSE rows
+        // are one run of the whole's.
+        let lse_at = |part: &Part| buffers.lse.byte_offset + 4 * part.lse_runs(f)[0].1 as u64;
+        let lse_in_place = |part: &Part| lse_at(part).is_multiple_of(align);
+        let config_for = |sub: &BackwardProblem| match config {
+            Some(c) => Ok(*c),
+            None => self.select_backward(*sub),
+        };
+        let parts = split::plan(f, Pass::Backward, too_large, |part| {
+            let sub = part_problem(whole, part);
+            self.check_config(&sub, &config_for(&sub)?)?;
+            let b = moved(part, buffers.lse, None);
+            let input = |t: Tensor, tb| bind(t.name(), tb, f.layout(t), sub.forward.required_len(t), es, caps);
+            let grad = |t: GradTensor, tb| bind(t.name(), tb, whole.layout(t), sub.required_len(t), es, caps);
+            input(Tensor::Q, &b.q)?;
+            input(Tensor::K, &b.k)?;
+            input(Tensor::V, &b.v)?;
+            input(Tensor::O, &b.o)?;
+            grad(GradTensor::DO, &b.d_o)?;
+            grad(GradTensor::DQ, &b.dq)?;
+            grad(GradTensor::DK, &b.dk)?;
+            grad(GradTensor::DV, &b.dv)?;
+            // The LSE and D of the part, wherever they are bound.
+            check_binding_size("lse", 4 * part.lse_len() as u64, caps)?;
+            check_binding_size("delta", 4 * part.lse_len() as u64, caps)
+        })?;
+        let config = config_for(&part_problem(whole, &parts[0]))?;
+        let largest = parts.iter().map(|p| 4 * p.lse_len() as u64).max().unwrap_or(4);
+        let scratch = |label: &'static str, usage| -> Result<wgpu::Buffer> {
+            check_buffer_size(label, largest, caps)?;
+            Ok(self.context().device.create_buffer(&wgpu::BufferDescriptor {
+                label: Some(label),
+                size: largest,
+                usage: wgpu::BufferUsages::STORAGE | usage,
+                mapped_at_creation: false,
+            }))
+        };
+        let lse_scratch = if parts.iter().all(lse_in_place) {
+            None
+        } else if !buffers.lse.buffer.usage().contains(wgpu::BufferUsages::COPY_SRC) {
+            return Err(Error::InvalidBuffer {
+                tensor: "lse",
+                message: format!(
+                    "the problem is split into {} dispatches ({too_large}), and some parts' LSE rows do not \
+                     start at a multiple of the device's storage offset alignment ({align} bytes); they are \
+                     copied to a scratch buffer first, which needs BufferUsages::COPY_SRC",
+                    parts.len()
+                ),
+            });
+        } else {
+            Some(scratch("lse", wgpu::BufferUsages::COPY_DST)?)
+        };
+        let delta_scratch = match buffers.delta {
+            Some(_) => None,
+            None => Some(scratch("delta", wgpu::BufferUsages::empty())?),
+        };
+        let delta = buffers.delta.or(delta_scratch.as_ref().map(TensorBuffer::new));
+        let mut prepared = Vec::with_capacity(parts.len());
+        for part in &parts {
+            let lse = match (&lse_scratch, lse_in_place(part)) {
+                (Some(s), false) => TensorBuffer::new(s),
+                _ => TensorBuffer::at(buffers.lse.buffer, lse_at(part)),
+            };
+            let b = moved(part, lse, delta);
+            prepared.push(self.prepare_passes(&part_problem(whole, part), &b, &config, &BackwardPass::ALL)?);
+        }
+        for (i, (part, p)) in parts.iter().zip(&prepared).enumerate() {
+            if let (Some(s), false) = (&lse_scratch, lse_in_place(part)) {
+                encoder.copy_buffer_to_buffer(buffers.lse.buffer, lse_at(part), s, 0, 4 * part.lse_len() as u64);
+            }
+            record_passes(encoder, p, part_timestamps(&timestamps, i, parts.len()));
+        }
+        Ok(config)
     }
 
     /// The sinks' gradient kernel and its output, when the call asks for it: `d_sinks` given
@@ -469,9 +674,13 @@ impl FlashAttention {
         Ok(())
     }
 
-    /// Checks the caller's buffers against the problem and the device.
-    fn bind_backward<'a>(&self, problem: &BackwardProblem, buffers: &BackwardBuffers<'a>) -> Result<BoundBackward<'a>> {
-        let caps = &self.context().caps;
+    /// Checks the caller's buffers against the problem and the limits in `caps`.
+    fn bind_backward<'a>(
+        &self,
+        problem: &BackwardProblem,
+        buffers: &BackwardBuffers<'a>,
+        caps: &Caps,
+    ) -> Result<BoundBackward<'a>> {
         let f = &problem.forward;
         let es = f.dtype.size_bytes();
         check_written_apart_from_read(
@@ -555,34 +764,27 @@ impl FlashAttention {
         problem.validate()?;
         if let Some(index) = index {
             index.validate(&problem.forward)?;
+        } else if let Err(Error::TooLarge(why)) = self.backward_fits_on_own_buffers(&problem) {
+            return self.backward_in_parts(problem, inputs, &why).await;
         }
+        self.backward_whole(problem, inputs, index).await
+    }
+
+    /// A host-slice backward as one call of each kernel (see
+    /// [`backward_with_index`](Self::backward_with_index)).
+    async fn backward_whole<T: Element>(
+        &self,
+        problem: BackwardProblem,
+        inputs: &BackwardInputs<'_, T>,
+        index: Option<&BatchIndex<'_>>,
+    ) -> Result<BackwardOutput<T>> {
+        let lengths = check_backward_slices(&problem, inputs)?;
         let f = &problem.forward;
-        if T::DTYPE != f.dtype {
-            return Err(Error::DTypeMismatch {
-                tensor: "q",
-                expected: f.dtype,
-                got: T::DTYPE,
-            });
-        }
         let config = self.prepare_backward(problem).await?;
         let device = &self.context().device;
-        let lengths = [
-            ("q", inputs.q.len(), f.required_len(Tensor::Q)),
-            ("k", inputs.k.len(), f.required_len(Tensor::K)),
-            ("v", inputs.v.len(), f.required_len(Tensor::V)),
-            ("o", inputs.o.len(), f.required_len(Tensor::O)),
-            ("lse", inputs.lse.len(), f.lse_len()),
-            ("d_o", inputs.d_o.len(), problem.required_len(GradTensor::DO)),
-        ];
         let es = f.dtype.size_bytes();
         let caps = &self.context().caps;
-        for (tensor, got, need) in lengths {
-            if got < need {
-                return Err(Error::InvalidBuffer {
-                    tensor,
-                    message: format!("the slice holds {got} elements, the problem's layout needs {need}"),
-                });
-            }
+        for (tensor, _, need) in lengths {
             let es = if tensor == "lse" { 4 } else { es };
             check_buffer_size(tensor, byte_len(tensor, need, es)?, caps)?;
         }
@@ -608,12 +810,13 @@ impl FlashAttention {
         let k = up("k", inputs.k, lengths[1].2);
         let v = up("v", inputs.v, lengths[2].2);
         let o = up("o", inputs.o, lengths[3].2);
+        // COPY_SRC: a call split on the device copies parts' LSE rows out.
         let lse = upload_queued(
             device,
             queue,
             "lse",
             bytemuck::cast_slice(&inputs.lse[..lengths[4].2]),
-            wgpu::BufferUsages::empty(),
+            wgpu::BufferUsages::COPY_SRC,
         );
         let d_o = up("d_o", inputs.d_o, lengths[5].2);
         let grad_bytes = |t| problem.required_len(t) as u64 * es as u64;
@@ -685,6 +888,108 @@ impl FlashAttention {
         })
     }
 
+    /// Whether a host-slice backward runs `problem` as one call of each kernel: the grids, and
+    /// each buffer it creates (the inputs from element 0 of their slices, the gradients, D) within
+    /// what the device allocates and binds. [`Error::TooLarge`] says which does not fit.
+    fn backward_fits_on_own_buffers(&self, problem: &BackwardProblem) -> Result<()> {
+        self.select_backward(*problem)?;
+        let caps = &self.context().caps;
+        let f = &problem.forward;
+        let es = f.dtype.size_bytes();
+        let tensors = [Tensor::Q, Tensor::K, Tensor::V, Tensor::O].map(|t| (t.name(), f.layout(t), f.required_len(t)));
+        let grads = GradTensor::ALL.map(|t| (t.name(), problem.layout(t), problem.required_len(t)));
+        for (name, layout, len) in tensors.into_iter().chain(grads) {
+            let bytes = byte_len(name, len, es)?;
+            check_buffer_size(name, bytes, caps)?;
+            let first = byte_len(name, layout.offset, es)?;
+            check_binding_size(name, bytes - binding_start(first, es, caps), caps)?;
+        }
+        for name in ["lse", "delta"] {
+            let bytes = byte_len(name, f.lse_len(), 4)?;
+            check_buffer_size(name, bytes, caps)?;
+            check_binding_size(name, bytes, caps)?;
+        }
+        Ok(())
+    }
+
+    /// A host-slice backward too large for one call of each kernel on buffers of its own
+    /// (`too_large` says why): its parts ([`split::plan`]: whole batch entries or K/V head
+    /// groups), each uploaded, run and read back in turn, scattered into the whole's gradients.
+    async fn backward_in_parts<T: Element>(
+        &self,
+        whole: BackwardProblem,
+        inputs: &BackwardInputs<'_, T>,
+        too_large: &str,
+    ) -> Result<BackwardOutput<T>> {
+        check_backward_slices(&whole, inputs)?;
+        let f = &whole.forward;
+        let parts = split::plan(f, Pass::Backward, too_large, |part| {
+            self.backward_fits_on_own_buffers(&on_own_buffers_backward(whole, part))
+        })?;
+        let zero = <T as bytemuck::Zeroable>::zeroed();
+        let mut grads = GradTensor::ALL.map(|t| vec![zero; whole.required_len(t)]);
+        let (mut config, mut device_bytes) = (None, 0);
+        let group = f.group_size();
+        for part in &parts {
+            let sub = on_own_buffers_backward(whole, part);
+            let sf = &sub.forward;
+            let slice =
+                |data, layout: &TensorLayout, kv, len| part_slice(data, layout, part.offset_in(layout, kv, group), len);
+            let (_, lse_at, lse_len) = part.lse_runs(f)[0];
+            let sub_inputs = BackwardInputs {
+                q: slice(inputs.q, &f.q_layout, false, sf.required_len(Tensor::Q)),
+                k: slice(inputs.k, &f.k_layout, true, sf.required_len(Tensor::K)),
+                v: slice(inputs.v, &f.v_layout, true, sf.required_len(Tensor::V)),
+                o: slice(inputs.o, &f.o_layout, false, sf.required_len(Tensor::O)),
+                lse: &inputs.lse[lse_at..lse_at + lse_len],
+                d_o: slice(
+                    inputs.d_o,
+                    whole.layout(GradTensor::DO),
+                    false,
+                    sub.required_len(GradTensor::DO),
+                ),
+            };
+            let result = self.backward_whole(sub, &sub_inputs, None).await?;
+            let s = f.shape;
+            let kv_heads = sf.shape.num_kv_heads;
+            for (i, (t, from)) in [
+                (GradTensor::DQ, &result.dq),
+                (GradTensor::DK, &result.dk),
+                (GradTensor::DV, &result.dv),
+            ]
+            .into_iter()
+            .enumerate()
+            {
+                let (extent, start) = match t {
+                    GradTensor::DQ => ((part.nb, s.seq_q, part.nh), (part.b0, 0, part.h0)),
+                    _ => ((part.nb, s.seq_kv, kv_heads), (part.b0, 0, part.h0 / group)),
+                };
+                scatter_rows(
+                    &mut grads[i + 1],
+                    whole.layout(t),
+                    from,
+                    sub.layout(t),
+                    extent,
+                    start,
+                    s.head_dim,
+                );
+            }
+            config.get_or_insert(result.config);
+            device_bytes += result.device_bytes;
+        }
+        let [_, dq, dk, dv] = grads;
+        Ok(BackwardOutput {
+            dq,
+            dk,
+            dv,
+            // `plan` refuses problems with sinks.
+            d_sinks: Vec::new(),
+            // `plan` returns at least one part.
+            config: config.ok_or_else(|| Error::TooLarge(too_large.to_string()))?,
+            device_bytes,
+        })
+    }
+
     /// [`backward`](Self::backward), blocking until the result is back (not on the web).
     #[cfg(not(target_arch = "wasm32"))]
     pub fn backward_blocking<T: Element>(
@@ -694,4 +999,61 @@ impl FlashAttention {
     ) -> Result<BackwardOutput<T>> {
         pollster::block_on(self.backward(problem, inputs))
     }
+}
+
+/// A part's backward problem: the part's forward problem, the whole's gradient layouts.
+fn part_problem(whole: &BackwardProblem, part: &Part) -> BackwardProblem {
+    BackwardProblem {
+        forward: part.problem(&whole.forward),
+        ..*whole
+    }
+}
+
+/// A part's backward problem on buffers of its own (a host-slice call's): every layout starts at
+/// the part's first element.
+fn on_own_buffers_backward(whole: BackwardProblem, part: &Part) -> BackwardProblem {
+    let mut sub = part_problem(&whole, part);
+    sub.forward = on_own_buffers(part, &whole.forward);
+    for l in [
+        &mut sub.d_o_layout,
+        &mut sub.dq_layout,
+        &mut sub.dk_layout,
+        &mut sub.dv_layout,
+    ] {
+        l.offset = 0;
+    }
+    sub
+}
+
+/// The checks of a host-slice backward's inputs that need no device: the element type and each
+/// slice's length; returns `(tensor, length, needed)` for q, k, v, o, lse, d_o.
+fn check_backward_slices<T: Element>(
+    problem: &BackwardProblem,
+    inputs: &BackwardInputs<'_, T>,
+) -> Result<[(&'static str, usize, usize); 6]> {
+    let f = &problem.forward;
+    if T::DTYPE != f.dtype {
+        return Err(Error::DTypeMismatch {
+            tensor: "q",
+            expected: f.dtype,
+            got: T::DTYPE,
+        });
+    }
+    let lengths = [
+        ("q", inputs.q.len(), f.required_len(Tensor::Q)),
+        ("k", inputs.k.len(), f.required_len(Tensor::K)),
+        ("v", inputs.v.len(), f.required_len(Tensor::V)),
+        ("o", inputs.o.len(), f.required_len(Tensor::O)),
+        ("lse", inputs.lse.len(), f.lse_len()),
+        ("d_o", inputs.d_o.len(), problem.required_len(GradTensor::DO)),
+    ];
+    for (tensor, got, need) in lengths {
+        if got < need {
+            return Err(Error::InvalidBuffer {
+                tensor,
+                message: format!("the slice holds {got} elements, the problem's layout needs {need}"),
+            });
+        }
+    }
+    Ok(lengths)
 }

@@ -38,15 +38,7 @@ impl FlashAttention {
                 sinks: problem.sinks,
             })?),
         };
-        let (o_bytes, lse_bytes) = scratch_bytes(problem, split)?;
-        for (name, bytes) in [("o_partial", o_bytes), ("lse_partial", lse_bytes)] {
-            check_buffer_size(name, bytes, &ctx.caps)?;
-            if bytes > ctx.caps.max_storage_binding_bytes {
-                return Err(Error::TooLarge(format!(
-                    "the decode kernel's `{name}` needs {bytes} bytes, more than this device binds at once"
-                )));
-            }
-        }
+        let (o_bytes, lse_bytes) = self.check_decode_scratch(problem, split)?;
         // With one piece nothing is written there, but every binding needs a buffer of its own:
         // WebGPU refuses two writable bindings of one buffer's bytes in a dispatch.
         let [o_partial, lse_partial] = self.decode_scratch().at_least(&ctx.device, [o_bytes, lse_bytes]);
@@ -116,6 +108,24 @@ impl FlashAttention {
             pass.dispatch_workgroups(s.seq_q as u32, s.num_heads as u32, s.batch as u32);
         }
         Ok(())
+    }
+}
+
+impl FlashAttention {
+    /// The bytes of the decode kernel's partial results for `split`, refused where the device
+    /// cannot allocate or bind them (checked before anything is recorded).
+    pub(crate) fn check_decode_scratch(&self, problem: &AttentionProblem, split: &DecodeSplit) -> Result<(u64, u64)> {
+        let caps = &self.context().caps;
+        let (o_bytes, lse_bytes) = scratch_bytes(problem, split)?;
+        for (name, bytes) in [("o_partial", o_bytes), ("lse_partial", lse_bytes)] {
+            check_buffer_size(name, bytes, caps)?;
+            if bytes > caps.max_storage_binding_bytes {
+                return Err(Error::TooLarge(format!(
+                    "the decode kernel's `{name}` needs {bytes} bytes, more than this device binds at once"
+                )));
+            }
+        }
+        Ok((o_bytes, lse_bytes))
     }
 }
 

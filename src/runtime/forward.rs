@@ -3,10 +3,12 @@
 
 use wgpu::util::DeviceExt;
 
+use crate::caps::Caps;
 use crate::device::context::GpuContext;
 use crate::error::{Error, Result};
 use crate::gpu::binding::{
-    bind, bind_f32, byte_len, check_buffer_size, check_disjoint, check_written_apart_from_read, Bound, TensorBuffer,
+    bind, bind_f32, binding_start, byte_len, check_binding_size, check_buffer_size, check_disjoint,
+    check_written_apart_from_read, f32_offset_alignment, Bound, TensorBuffer,
 };
 use crate::gpu::pipelines::PipelineCache;
 use crate::gpu::readback::{read_back_within, upload_queued, DEFAULT_READ_BACK_TIMEOUT};
@@ -16,6 +18,7 @@ use crate::plan::{
 };
 use crate::problem::index::BatchIndex;
 use crate::problem::{AttentionProblem, Element, Tensor};
+use crate::runtime::split::{self, on_own_buffers, part_slice, part_timestamps, scatter_rows, shifted, Part, Pass};
 use crate::wgsl::params::Params;
 use crate::wgsl::{KernelConfig, NaivePass, FORWARD_BIAS_BINDING, FORWARD_HEAD_BINDING, FORWARD_INDEX_BINDING};
 
@@ -139,6 +142,9 @@ pub(crate) struct PreparedForward<'a> {
     bound: [Bound<'a>; 5],
     index: IndexBindings<'a>,
     write_lse: bool,
+    /// Where row 0 sits relative to the keys: the problem's `seq_kv − seq_q`, or for a part of a
+    /// split problem's rows that of the whole plus the part's first row (src/runtime/split.rs).
+    causal_offset: i64,
 }
 
 /// What recording a prepared forward needs: a prefill kernel's pipeline and the index tensors it
@@ -217,7 +223,8 @@ pub struct AttentionOutput<T> {
     pub out: Vec<T>,
     /// `[batch, num_heads, seq_q]`, natural log; −∞ for rows that see no key.
     pub lse: Vec<f32>,
-    /// Name of the kernel that ran ([`ForwardKernel::name`], or `naive_{dtype}`).
+    /// Name of the kernel that ran ([`ForwardKernel::name`], or `naive_{dtype}`); for a problem
+    /// run in parts, the first part's followed by ` (in N parts)`.
     pub kernel: String,
     /// Bytes of device memory the call allocated (inputs, outputs, statistics, scratch).
     pub device_bytes: u64,
@@ -376,7 +383,13 @@ impl FlashAttention {
     /// verdict on every platform. Optional on native backends (the first encode builds them),
     /// advisable on the web, where a shader error is otherwise only reported asynchronously.
     pub async fn prepare(&self, problem: &AttentionProblem) -> Result<ForwardKernel> {
-        let kernel = self.select(problem)?;
+        self.prepare_at(problem, problem.causal_offset()).await
+    }
+
+    /// [`prepare`](Self::prepare) with row 0 at `causal_offset` (see
+    /// [`encode_forward_at`](Self::encode_forward_at)).
+    async fn prepare_at(&self, problem: &AttentionProblem, causal_offset: i64) -> Result<ForwardKernel> {
+        let kernel = self.select_at(problem, causal_offset)?;
         for key in Self::pipeline_keys(&kernel, problem) {
             self.pipelines.get_async(&key).await?;
         }
@@ -387,8 +400,14 @@ impl FlashAttention {
     /// Never blocks. `timestamps`, if given, are written at the start and end of the pass.
     /// Returns the kernel recorded; nothing is recorded on an error (the problem's, selection's
     /// as [`select`](Self::select), a buffer that is too small, misaligned, lacks
-    /// `BufferUsages::STORAGE` or is both read and written: [`Error::InvalidBuffer`]; a tensor
-    /// spanning more than one binding: [`Error::TooLarge`]).
+    /// `BufferUsages::STORAGE` or is both read and written: [`Error::InvalidBuffer`]).
+    ///
+    /// A problem whose tensors span more than one binding, or whose grid exceeds the device's
+    /// dispatch limits, is recorded as several dispatches over parts of it (batch entries, heads,
+    /// query rows; see the README's "Larger than the device binds"), with the same result; the
+    /// kernel returned is the first part's. A part's LSE rows that cannot be bound in place are
+    /// copied, which needs `COPY_DST` on the LSE's buffer ([`Error::InvalidBuffer`] otherwise).
+    /// What no split fixes (one K/V head's keys beyond a binding) is [`Error::TooLarge`].
     ///
     /// Q and K/V packed in shared buffers, O and the LSE in their own, f16:
     ///
@@ -439,8 +458,53 @@ impl FlashAttention {
         buffers: &ForwardBuffers<'_>,
         timestamps: Option<wgpu::ComputePassTimestampWrites<'_>>,
     ) -> Result<ForwardKernel> {
-        let prepared = self.prepare_forward(problem, buffers)?;
-        self.record_forward(encoder, problem, &prepared, timestamps)
+        self.encode_forward_at(encoder, problem, problem.causal_offset(), buffers, timestamps)
+    }
+
+    /// [`encode_forward`](Self::encode_forward) for a problem whose row 0 sits at `causal_offset`
+    /// relative to its keys (a part of a larger problem's rows; see src/runtime/split.rs). A
+    /// problem too large for one dispatch is split into several where the layout allows.
+    pub(crate) fn encode_forward_at(
+        &self,
+        encoder: &mut wgpu::CommandEncoder,
+        problem: &AttentionProblem,
+        causal_offset: i64,
+        buffers: &ForwardBuffers<'_>,
+        timestamps: Option<wgpu::ComputePassTimestampWrites<'_>>,
+    ) -> Result<ForwardKernel> {
+        match self.prepare_forward_at(problem, causal_offset, buffers) {
+            Ok(prepared) => self.record_forward(encoder, problem, &prepared, timestamps),
+            Err(Error::TooLarge(why)) => {
+                self.encode_forward_in_parts(encoder, problem, causal_offset, buffers, timestamps, &why)
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    /// The kernel for `problem` when its row 0 sits at `causal_offset`: [`select`](Self::select)'s,
+    /// except that rows placed elsewhere than `seq_kv − seq_q` under a mask or window go to the
+    /// prefill kernels, which take their rows' place from `Params::causal_offset`; the decode
+    /// kernel places rows from the problem's own sizes (shaders/flash_decode.wgsl).
+    fn select_at(&self, problem: &AttentionProblem, causal_offset: i64) -> Result<ForwardKernel> {
+        let kernel = self.select(problem)?;
+        let shifted = causal_offset != problem.causal_offset() && (problem.causal || problem.window.is_some());
+        if !(shifted && matches!(kernel, ForwardKernel::Decode { .. })) {
+            return Ok(kernel);
+        }
+        if let KernelChoice::Decode(_) = self.options.choice {
+            return Err(Error::Unavailable {
+                what: "the decode kernel".into(),
+                why: "it cannot run a part of a split problem's query rows under a causal mask or window; \
+                      choose KernelChoice::Auto or the tiled kernel for problems this large"
+                    .into(),
+            });
+        }
+        select_forward(
+            problem,
+            &self.ctx.caps,
+            &KernelChoice::Tiled(self.options.choice.tiled()),
+            self.options.bounds_checks,
+        )
     }
 
     /// Everything [`encode_forward`](Self::encode_forward) checks and builds before it records:
@@ -452,8 +516,19 @@ impl FlashAttention {
         problem: &AttentionProblem,
         buffers: &ForwardBuffers<'a>,
     ) -> Result<PreparedForward<'a>> {
+        self.prepare_forward_at(problem, problem.causal_offset(), buffers)
+    }
+
+    /// [`prepare_forward`](Self::prepare_forward) with row 0 at `causal_offset` (see
+    /// [`encode_forward_at`](Self::encode_forward_at)).
+    fn prepare_forward_at<'a>(
+        &'a self,
+        problem: &AttentionProblem,
+        causal_offset: i64,
+        buffers: &ForwardBuffers<'a>,
+    ) -> Result<PreparedForward<'a>> {
         self.ctx.check_device(false)?;
-        let config = self.select(problem)?;
+        let config = self.select_at(problem, causal_offset)?;
         let index = self.bind_forward_index(problem, buffers)?;
         let kernel = match &config {
             ForwardKernel::Tiled(c) => PreparedKernel::Prefill {
@@ -469,6 +544,7 @@ impl FlashAttention {
                 bias: false,
             },
             ForwardKernel::Decode { config, split } => {
+                self.check_decode_scratch(problem, split)?;
                 // Built here so that a build error comes before anything is recorded;
                 // encode_decode takes them from the cache.
                 self.pipelines.get(&KernelConfig::Decode(*config))?;
@@ -491,6 +567,7 @@ impl FlashAttention {
             bound,
             index,
             write_lse: buffers.lse.is_some(),
+            causal_offset,
         })
     }
 
@@ -508,6 +585,7 @@ impl FlashAttention {
             bound,
             index,
             write_lse,
+            causal_offset,
         } = prepared;
         let (pipeline, sequences, head_tensors, bias) = match kernel {
             PreparedKernel::Prefill {
@@ -521,12 +599,14 @@ impl FlashAttention {
                 return Ok(*config);
             }
         };
-        let params = Params::for_flash(
+        let mut params = Params::for_flash(
             problem,
             [bound[0].strides, bound[1].strides, bound[2].strides, bound[3].strides],
             num_q_tiles(problem, config) as u32,
             *write_lse,
         );
+        // Validation bounds both lengths by i32::MAX, and a part's first row lies below seq_q.
+        params.causal_offset = *causal_offset as i32;
         let params_buffer = self.uniform(&params);
 
         let mut entries = vec![wgpu::BindGroupEntry {
@@ -563,18 +643,20 @@ impl FlashAttention {
 
     /// Checks the caller's buffers against the problem and the device: q, k, v, o, lse bindings.
     fn bind_forward<'a>(&'a self, problem: &AttentionProblem, buffers: &ForwardBuffers<'a>) -> Result<[Bound<'a>; 5]> {
-        let caps = &self.ctx.caps;
+        self.bind_forward_on(problem, buffers, &self.ctx.caps)
+    }
+
+    /// [`bind_forward`](Self::bind_forward) against the limits in `caps`.
+    fn bind_forward_on<'a>(
+        &'a self,
+        problem: &AttentionProblem,
+        buffers: &ForwardBuffers<'a>,
+        caps: &Caps,
+    ) -> Result<[Bound<'a>; 5]> {
         let es = problem.dtype.size_bytes();
         let tensor =
             |t: Tensor, tb: &TensorBuffer<'a>| bind(t.name(), tb, problem.layout(t), problem.required_len(t), es, caps);
-        check_written_apart_from_read(
-            &[("o", Some(&buffers.o)), ("lse", buffers.lse.as_ref())],
-            &[
-                ("q", Some(&buffers.q)),
-                ("k", Some(&buffers.k)),
-                ("v", Some(&buffers.v)),
-            ],
-        )?;
+        check_forward_aliasing(buffers)?;
         let unused = TensorBuffer::new(&self.unused_lse);
         let lse = match &buffers.lse {
             Some(l) => bind_f32("lse", l, problem.lse_len(), caps)?,
@@ -602,6 +684,211 @@ impl FlashAttention {
         let mut written = vec![("o", &buffers.o)];
         written.extend(buffers.lse.as_ref().map(|l| ("lse", l)));
         self.bind_index(problem, &buffers.index(), &written)
+    }
+
+    /// What [`bind_forward`](Self::bind_forward) and [`bind_forward_index`](Self::bind_forward_index)
+    /// check, except the size of one binding: the whole call's buffers, before it is split into
+    /// parts whose bindings are checked one by one.
+    fn check_forward_buffers(&self, problem: &AttentionProblem, buffers: &ForwardBuffers<'_>) -> Result<()> {
+        self.bind_forward_on(problem, buffers, &split::unbounded(&self.ctx.caps))?;
+        self.bind_forward_index(problem, buffers).map(|_| ())
+    }
+
+    /// [`encode_forward_at`](Self::encode_forward_at) for a problem too large for one dispatch
+    /// (`too_large` says why): the whole call's buffers are checked as one (a bad buffer is that
+    /// error, not a split), [`split::plan`] picks parts that each fit, every part is prepared, and
+    /// only then is anything recorded. A part's LSE is bound in place where it is one run of the
+    /// whole's at an offset the device can bind; otherwise the part writes a scratch buffer that
+    /// is copied into place, which needs `COPY_DST` on the caller's LSE buffer.
+    fn encode_forward_in_parts(
+        &self,
+        encoder: &mut wgpu::CommandEncoder,
+        whole: &AttentionProblem,
+        causal_offset: i64,
+        buffers: &ForwardBuffers<'_>,
+        timestamps: Option<wgpu::ComputePassTimestampWrites<'_>>,
+        too_large: &str,
+    ) -> Result<ForwardKernel> {
+        whole.validate()?;
+        self.check_forward_buffers(whole, buffers)?;
+        let caps = &self.ctx.caps;
+        let es = whole.dtype.size_bytes();
+        let moved = |part: &Part, lse| {
+            let at = |t: Tensor| (es * part.element_offset(whole, t)) as u64;
+            ForwardBuffers {
+                lse,
+                ..ForwardBuffers::new(
+                    shifted(&buffers.q, at(Tensor::Q)),
+                    shifted(&buffers.k, at(Tensor::K)),
+                    shifted(&buffers.v, at(Tensor::V)),
+                    shifted(&buffers.o, at(Tensor::O)),
+                    None,
+                )
+            }
+        };
+        let align = f32_offset_alignment(caps);
+        let lse_in_place = |part: &Part| {
+            let lse = buffers.lse.as_ref()?;
+            let &[(_, at, _)] = part.lse_runs(whole).as_slice() else {
+                return None;
+            };
+            let bytes = lse.byte_offset + 4 * at as u64;
+            bytes.is_multiple_of(align).then(|| TensorBuffer::at(lse.buffer, bytes))
+        };
+        let parts = split::plan(whole, Pass::Forward, too_large, |part| {
+            let sub = part.problem(whole);
+            if let ForwardKernel::Decode { split, .. } = self.select_at(&sub, part.causal_offset(causal_offset))? {
+                self.check_decode_scratch(&sub, &split)?;
+            }
+            let b = moved(part, None);
+            for (t, tb) in [(Tensor::Q, b.q), (Tensor::K, b.k), (Tensor::V, b.v), (Tensor::O, b.o)] {
+                bind(t.name(), &tb, whole.layout(t), sub.required_len(t), es, caps)?;
+            }
+            if buffers.lse.is_some() {
+                check_binding_size("lse", 4 * part.lse_len() as u64, caps)?;
+            }
+            Ok(())
+        })?;
+        // The parts whose LSE is copied into place share one scratch buffer: each part's copy is
+        // recorded before the next part's pass writes it again.
+        let copied = parts.iter().filter(|p| lse_in_place(p).is_none());
+        let scratch = match (&buffers.lse, copied.map(|p| 4 * p.lse_len() as u64).max()) {
+            (Some(lse), Some(bytes)) => {
+                if !lse.buffer.usage().contains(wgpu::BufferUsages::COPY_DST) {
+                    return Err(Error::InvalidBuffer {
+                        tensor: "lse",
+                        message: format!(
+                            "the problem is split into {} dispatches ({too_large}), and some parts' LSE rows do \
+                             not start at a multiple of the device's storage offset alignment ({align} bytes) \
+                             or lie apart; they are copied into place, which needs BufferUsages::COPY_DST",
+                            parts.len()
+                        ),
+                    });
+                }
+                check_buffer_size("lse", bytes, caps)?;
+                Some(self.ctx.device.create_buffer(&wgpu::BufferDescriptor {
+                    label: Some("wgpu-flash-attn split lse"),
+                    size: bytes,
+                    usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_SRC,
+                    mapped_at_creation: false,
+                }))
+            }
+            _ => None,
+        };
+        let mut prepared = Vec::with_capacity(parts.len());
+        for part in &parts {
+            let sub = part.problem(whole);
+            let lse = match (&buffers.lse, lse_in_place(part), &scratch) {
+                (None, ..) => None,
+                (Some(_), Some(in_place), _) => Some(in_place),
+                (Some(_), None, scratch) => scratch.as_ref().map(TensorBuffer::new),
+            };
+            let p = self.prepare_forward_at(&sub, part.causal_offset(causal_offset), &moved(part, lse))?;
+            prepared.push((sub, p));
+        }
+        let mut first = None;
+        for (i, (part, (sub, p))) in parts.iter().zip(&prepared).enumerate() {
+            let kernel = self.record_forward(encoder, sub, p, part_timestamps(&timestamps, i, parts.len()))?;
+            first.get_or_insert(kernel);
+            if let (Some(lse), Some(scratch), None) = (&buffers.lse, &scratch, lse_in_place(part)) {
+                for (at_part, at_whole, len) in part.lse_runs(whole) {
+                    encoder.copy_buffer_to_buffer(
+                        scratch,
+                        4 * at_part as u64,
+                        lse.buffer,
+                        lse.byte_offset + 4 * at_whole as u64,
+                        4 * len as u64,
+                    );
+                }
+            }
+        }
+        // `plan` returns at least one part.
+        first.ok_or_else(|| Error::TooLarge(too_large.to_string()))
+    }
+
+    /// Whether a host-slice call runs `problem` (row 0 at `causal_offset`) as one dispatch: its
+    /// kernel's grid and scratch, and each buffer it creates (the inputs from element 0 of their
+    /// slices, O, the LSE) within what the device allocates and binds. [`Error::TooLarge`] says
+    /// which does not fit.
+    fn fits_on_own_buffers(&self, problem: &AttentionProblem, causal_offset: i64) -> Result<()> {
+        if let ForwardKernel::Decode { split, .. } = self.select_at(problem, causal_offset)? {
+            self.check_decode_scratch(problem, &split)?;
+        }
+        let caps = &self.ctx.caps;
+        let es = problem.dtype.size_bytes();
+        for t in [Tensor::Q, Tensor::K, Tensor::V, Tensor::O] {
+            let bytes = byte_len(t.name(), problem.required_len(t), es)?;
+            check_buffer_size(t.name(), bytes, caps)?;
+            let first = byte_len(t.name(), problem.layout(t).offset, es)?;
+            check_binding_size(t.name(), bytes - binding_start(first, es, caps), caps)?;
+        }
+        let lse = byte_len("lse", problem.lse_len(), 4)?;
+        check_buffer_size("lse", lse, caps)?;
+        check_binding_size("lse", lse, caps)
+    }
+
+    /// A host-slice forward too large for one dispatch on buffers of its own (`too_large` says
+    /// why): its parts ([`split::plan`]), each uploaded, run and read back in turn, so device
+    /// memory holds one part at a time, and scattered into the whole's O and LSE.
+    async fn forward_in_parts<T: Element>(
+        &self,
+        whole: &AttentionProblem,
+        q: &[T],
+        k: &[T],
+        v: &[T],
+        too_large: &str,
+    ) -> Result<AttentionOutput<T>> {
+        check_host_slices::<T>(
+            whole,
+            [(Tensor::Q, q.len()), (Tensor::K, k.len()), (Tensor::V, v.len())],
+        )?;
+        let offset = whole.causal_offset();
+        let parts = split::plan(whole, Pass::Forward, too_large, |part| {
+            self.fits_on_own_buffers(&on_own_buffers(part, whole), part.causal_offset(offset))
+        })?;
+        let mut out = vec![<T as bytemuck::Zeroable>::zeroed(); whole.required_len(Tensor::O)];
+        let mut lse = vec![0.0f32; whole.lse_len()];
+        let (mut kernel, mut device_bytes) = (None, 0);
+        for part in &parts {
+            let sub = on_own_buffers(part, whole);
+            let at = part.causal_offset(offset);
+            let config = self.prepare_at(&sub, at).await?;
+            let scratch = kernel_scratch_bytes(&sub, &config)?;
+            let slice = |t: Tensor, data| {
+                part_slice(
+                    data,
+                    whole.layout(t),
+                    part.element_offset(whole, t),
+                    sub.required_len(t),
+                )
+            };
+            let (q, k, v) = (slice(Tensor::Q, q), slice(Tensor::K, k), slice(Tensor::V, v));
+            let result = self
+                .run_on_host(&sub, q, k, v, config.name(), scratch, |engine, encoder, buffers| {
+                    engine.encode_forward_at(encoder, &sub, at, buffers, None).map(|_| ())
+                })
+                .await?;
+            scatter_rows(
+                &mut out,
+                &whole.o_layout,
+                &result.out,
+                &sub.o_layout,
+                (part.nb, part.nq, part.nh),
+                (part.b0, part.q0, part.h0),
+                whole.shape.head_dim,
+            );
+            for (from, to, len) in part.lse_runs(whole) {
+                lse[to..to + len].copy_from_slice(&result.lse[from..from + len]);
+            }
+            kernel.get_or_insert(result.kernel);
+            device_bytes += result.device_bytes;
+        }
+        Ok(AttentionOutput {
+            out,
+            lse,
+            kernel: format!("{} (in {} parts)", kernel.unwrap_or_default(), parts.len()),
+            device_bytes,
+        })
     }
 
     /// [`bind_forward_index`](Self::bind_forward_index) for any call: the index tensors given,
@@ -719,6 +1006,8 @@ impl FlashAttention {
         if let Some(index) = index {
             problem.validate()?;
             index.validate(problem)?;
+        } else if let Err(Error::TooLarge(why)) = self.fits_on_own_buffers(problem, problem.causal_offset()) {
+            return self.forward_in_parts(problem, q, k, v, &why).await;
         }
         let config = self.prepare(problem).await?;
         let scratch = kernel_scratch_bytes(problem, &config)?;
@@ -807,31 +1096,21 @@ impl FlashAttention {
         scratch_bytes: u64,
         encode: impl FnOnce(&Self, &mut wgpu::CommandEncoder, &ForwardBuffers<'_>) -> Result<()>,
     ) -> Result<AttentionOutput<T>> {
-        problem.validate()?;
-        if T::DTYPE != problem.dtype {
-            return Err(Error::DTypeMismatch {
-                tensor: "q",
-                expected: problem.dtype,
-                got: T::DTYPE,
-            });
-        }
+        check_host_slices::<T>(
+            problem,
+            [(Tensor::Q, q.len()), (Tensor::K, k.len()), (Tensor::V, v.len())],
+        )?;
         self.ctx.check_device(true)?;
         // Every check before the first allocation: a buffer the device cannot create would be
         // reported to its uncaptured-error handler (wgpu's default panics).
         let es = problem.dtype.size_bytes();
         let inputs = [(Tensor::Q, q), (Tensor::K, k), (Tensor::V, v)];
-        for (t, data) in inputs {
-            let need = problem.required_len(t);
-            if data.len() < need {
-                return Err(Error::InvalidBuffer {
-                    tensor: t.name(),
-                    message: format!(
-                        "the slice holds {} elements, the problem's layout needs {need}",
-                        data.len()
-                    ),
-                });
-            }
-            check_buffer_size(t.name(), byte_len(t.name(), need, es)?, &self.ctx.caps)?;
+        for t in [Tensor::Q, Tensor::K, Tensor::V] {
+            check_buffer_size(
+                t.name(),
+                byte_len(t.name(), problem.required_len(t), es)?,
+                &self.ctx.caps,
+            )?;
         }
         let o_bytes = byte_len("o", problem.required_len(Tensor::O), es)?;
         let lse_bytes = byte_len("lse", problem.lse_len(), 4)?;
@@ -842,11 +1121,12 @@ impl FlashAttention {
             let bytes = bytemuck::cast_slice(&data[..problem.required_len(t)]);
             upload_queued(device, &self.ctx.queue, t.name(), bytes, wgpu::BufferUsages::empty())
         });
+        // COPY_DST: a call split on the device copies parts' LSE rows into place.
         let output = |label, size| {
             device.create_buffer(&wgpu::BufferDescriptor {
                 label: Some(label),
                 size,
-                usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_SRC,
+                usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_SRC | wgpu::BufferUsages::COPY_DST,
                 mapped_at_creation: false,
             })
         };
@@ -1087,4 +1367,43 @@ pub(crate) fn scratch_bytes(problem: &AttentionProblem, split: &DecodeSplit) -> 
     let (o_len, lse_len) = split.partial_lens(problem);
     let bytes = |name, len: u64| -> Result<u64> { byte_len(name, usize::try_from(len).unwrap_or(usize::MAX), 4) };
     Ok((bytes("o_partial", o_len)?, bytes("lse_partial", lse_len)?))
+}
+
+/// The tensors a forward call writes (O, the LSE) apart from those it reads: wgpu forbids one
+/// buffer bound both ways in a dispatch.
+fn check_forward_aliasing(buffers: &ForwardBuffers<'_>) -> Result<()> {
+    check_written_apart_from_read(
+        &[("o", Some(&buffers.o)), ("lse", buffers.lse.as_ref())],
+        &[
+            ("q", Some(&buffers.q)),
+            ("k", Some(&buffers.k)),
+            ("v", Some(&buffers.v)),
+        ],
+    )
+}
+
+/// The checks of a host-slice call's inputs that need no device: the problem, the slices'
+/// element type (`T`) and their lengths against the layouts.
+pub(crate) fn check_host_slices<T: Element>(
+    problem: &AttentionProblem,
+    lengths: impl IntoIterator<Item = (Tensor, usize)>,
+) -> Result<()> {
+    problem.validate()?;
+    if T::DTYPE != problem.dtype {
+        return Err(Error::DTypeMismatch {
+            tensor: "q",
+            expected: problem.dtype,
+            got: T::DTYPE,
+        });
+    }
+    for (t, len) in lengths {
+        let need = problem.required_len(t);
+        if len < need {
+            return Err(Error::InvalidBuffer {
+                tensor: t.name(),
+                message: format!("the slice holds {len} elements, the problem's layout needs {need}"),
+            });
+        }
+    }
+    Ok(())
 }

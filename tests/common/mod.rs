@@ -34,6 +34,25 @@ pub fn gpu() -> Option<&'static GpuContext> {
 
 pub use wgpu_flash_attn::testing::seed_of;
 
+/// A device on the test adapter with the given limits and features, wrapped as a caller's device
+/// (`GpuContext::from_device`: wgpu's default handler, which panics on an uncaptured error, so a
+/// check the library misses fails the test). `None` where [`gpu`] is.
+pub fn device_with(limits: impl FnOnce(&mut wgpu::Limits), features: wgpu::Features) -> Option<GpuContext> {
+    gpu()?;
+    let instance = wgpu::Instance::new(wgpu::InstanceDescriptor::new_without_display_handle_from_env());
+    let adapter = pollster::block_on(wgpu_flash_attn::device::context::best_adapter(&instance)).ok()?;
+    let mut required_limits = adapter.limits();
+    limits(&mut required_limits);
+    let (device, queue) = pollster::block_on(adapter.request_device(&wgpu::DeviceDescriptor {
+        label: Some("limited test device"),
+        required_features: adapter.features() & features,
+        required_limits,
+        ..Default::default()
+    }))
+    .expect("request_device");
+    Some(GpuContext::from_device(device, queue, adapter.get_info()))
+}
+
 /// Runs `kernel` on seeded inputs with poisoned outputs and checks every element against the
 /// float64 reference; panics with the label, the error statistics and the worst elements.
 pub fn run_and_check<T: Element>(

@@ -1,0 +1,574 @@
+//! Problems larger than one binding or one dispatch, run as several dispatches over parts of the
+//! problem: ranges of the batch, of the heads, or (forward only) of the query rows. Each part is
+//! an ordinary problem of its own (a smaller shape, the same strides) whose tensors start at an
+//! offset into the caller's tensors, so its result is exactly the rows of the whole result it
+//! covers. What the planning needs of a device is one question, "does this part fit?", asked by
+//! the caller; the planning itself is pure.
+//!
+//! Which parts keep the computation unchanged:
+//! - whole batch entries: always;
+//! - ranges of query heads within one batch entry: for the forward, whole groups of the heads that
+//!   share a K/V head, or a range inside one group (its one K/V head); for the backward only whole
+//!   groups, since dK and dV sum over the group's query heads;
+//! - ranges of query rows of one batch entry (forward only: the backward sums dK and dV over all
+//!   rows): the rows keep their position relative to the keys through the causal offset the
+//!   kernel is given ([`Part::causal_offset`]), so masks and windows see the same keys.
+//!
+//! The keys of one (batch entry, K/V head) are never split (that would need the merge of partial
+//! results); where they alone exceed a binding the problem is refused, naming the tensor.
+
+use crate::caps::Caps;
+use crate::error::{Error, Result};
+use crate::gpu::binding::TensorBuffer;
+use crate::plan::missing_features;
+use crate::problem::features::{Feature, FeatureSet};
+use crate::problem::{AttentionProblem, AttentionShape, Tensor, TensorLayout};
+
+/// The features a part computes exactly as the whole does: none of them depends on a row's batch
+/// entry or head index. Anything else (index tensors, and future per-head features such as ALiBi
+/// slopes or sinks, which would need the part's first head) keeps a problem whole.
+pub(crate) const SPLIT_FEATURES: FeatureSet = FeatureSet::of(&[
+    Feature::CausalMask,
+    Feature::GroupedKv,
+    Feature::ArbitraryScale,
+    Feature::SlidingWindow,
+    Feature::SoftCap,
+]);
+
+/// The most dispatches one call is split into: each records a pass with its own uniform and bind
+/// group, so a split finer than this is a problem no device should be asked to run this way.
+pub(crate) const MAX_PARTS: usize = 1 << 16;
+
+/// Which pass is split; the backward's parts keep all query rows and whole K/V head groups.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Pass {
+    Forward,
+    Backward,
+}
+
+/// One dispatch's share of a problem: batch entries `b0..b0 + nb`, query heads `h0..h0 + nh`,
+/// query rows `q0..q0 + nq`. A part with several batch entries has all heads, one with several
+/// heads or fewer than all rows has one batch entry, and one with fewer than all rows has heads of
+/// at most one K/V head group or whole groups — so the part's LSE rows are `nb·nh` runs of `nq`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Part {
+    pub b0: usize,
+    pub nb: usize,
+    pub h0: usize,
+    pub nh: usize,
+    pub q0: usize,
+    pub nq: usize,
+}
+
+impl Part {
+    /// The part's own problem: its sizes, the whole problem's strides and everything else.
+    pub fn problem(&self, whole: &AttentionProblem) -> AttentionProblem {
+        let group = whole.group_size();
+        AttentionProblem {
+            shape: AttentionShape {
+                batch: self.nb,
+                seq_q: self.nq,
+                num_heads: self.nh,
+                // A range inside one group reads that group's one K/V head.
+                num_kv_heads: (self.nh / group).max(1),
+                ..whole.shape
+            },
+            ..*whole
+        }
+    }
+
+    /// Elements from the whole tensor's element (0, 0, 0, 0) to the part's.
+    pub fn element_offset(&self, whole: &AttentionProblem, tensor: Tensor) -> usize {
+        let kv = matches!(tensor, Tensor::K | Tensor::V);
+        self.offset_in(whole.layout(tensor), kv, whole.group_size())
+    }
+
+    /// [`element_offset`](Self::element_offset) in a tensor at `layout` with rows of query heads
+    /// (Q, O, dO, dQ) or, when `kv`, of K/V heads (K, V, dK, dV) of `group` query heads each.
+    pub fn offset_in(&self, layout: &TensorLayout, kv: bool, group: usize) -> usize {
+        let (rows, head) = if kv { (0, self.h0 / group) } else { (self.q0, self.h0) };
+        // Below the whole tensor's validated extent: no overflow.
+        self.b0 * layout.batch_stride + rows * layout.seq_stride + head * layout.head_stride
+    }
+
+    /// The causal offset that places the part's row 0 where the whole's row `q0` is.
+    pub fn causal_offset(&self, whole_offset: i64) -> i64 {
+        whole_offset + self.q0 as i64
+    }
+
+    /// LSE values of the part: `nb·nh·nq`.
+    pub fn lse_len(&self) -> usize {
+        self.nb * self.nh * self.nq
+    }
+
+    /// Where the part's LSE values go in the whole LSE (`[batch, num_heads, seq_q]`): runs of
+    /// `(index in the part's LSE, index in the whole's, length)`, one per (batch entry, head), or
+    /// one in all where they are contiguous.
+    pub fn lse_runs(&self, whole: &AttentionProblem) -> Vec<(usize, usize, usize)> {
+        let s = whole.shape;
+        let at = |b: usize, h: usize| (b * s.num_heads + h) * s.seq_q + self.q0;
+        if self.lse_is_contiguous(whole) {
+            return vec![(0, at(self.b0, self.h0), self.lse_len())];
+        }
+        let mut runs = Vec::with_capacity(self.nb * self.nh);
+        for b in self.b0..self.b0 + self.nb {
+            for h in self.h0..self.h0 + self.nh {
+                runs.push((((b - self.b0) * self.nh + h - self.h0) * self.nq, at(b, h), self.nq));
+            }
+        }
+        runs
+    }
+
+    /// Whether the part's LSE is one run of the whole's.
+    pub fn lse_is_contiguous(&self, whole: &AttentionProblem) -> bool {
+        self.nq == whole.shape.seq_q && (self.nh == whole.shape.num_heads || self.nb == 1)
+    }
+}
+
+/// The head counts a part may have, ascending: ranges inside one group (`1..group`, forward only),
+/// then whole groups (`group, 2·group, .., num_heads`). Indexed rather than listed: a problem may
+/// have billions of heads.
+struct HeadCounts {
+    group: usize,
+    groups: usize,
+    partial: usize,
+}
+
+impl HeadCounts {
+    fn new(whole: &AttentionProblem, pass: Pass) -> Self {
+        let group = whole.group_size().max(1);
+        HeadCounts {
+            group,
+            groups: whole.shape.num_heads / group,
+            partial: if pass == Pass::Forward { group - 1 } else { 0 },
+        }
+    }
+
+    fn len(&self) -> usize {
+        self.partial + self.groups
+    }
+
+    fn get(&self, i: usize) -> usize {
+        if i < self.partial {
+            i + 1
+        } else {
+            (i - self.partial + 1) * self.group
+        }
+    }
+}
+
+/// The largest `n` in `1..=max` for which `fits(n)` holds, searched as if `fits` were monotone
+/// (sizes of bindings and grids grow with a part); `None` if not even 1 fits. The answer always
+/// fits, monotone or not.
+fn largest(max: usize, mut fits: impl FnMut(usize) -> bool) -> Option<usize> {
+    if max == 0 || !fits(1) {
+        return None;
+    }
+    let (mut lo, mut hi) = (1, max);
+    while lo < hi {
+        let mid = lo + (hi - lo).div_ceil(2);
+        if fits(mid) {
+            lo = mid;
+        } else {
+            hi = mid - 1;
+        }
+    }
+    Some(lo)
+}
+
+/// The parts of `whole`, in order, each of which `fits`: whole batch entries if one fits, else
+/// head ranges of one batch entry, else (forward) row ranges of such head ranges. `too_large` is
+/// why the whole did not fit; the error when no split works names it and what the smallest part
+/// still needs.
+pub(crate) fn plan(
+    whole: &AttentionProblem,
+    pass: Pass,
+    too_large: &str,
+    mut fits: impl FnMut(&Part) -> Result<()>,
+) -> Result<Vec<Part>> {
+    let refuse = |why: String| {
+        Error::TooLarge(format!(
+            "{too_large}; the problem cannot be split into smaller dispatches: {why}"
+        ))
+    };
+    // Packed batches and paged or counted keys are features too: their index tensors are per
+    // batch entry and would need offsets of their own.
+    if let Some(why) = missing_features("a split into several dispatches", whole.features(), SPLIT_FEATURES) {
+        return Err(refuse(why));
+    }
+    let s = whole.shape;
+    let heads = HeadCounts::new(whole, pass);
+    let part = |nb, nh, nq| Part {
+        b0: 0,
+        nb,
+        h0: 0,
+        nh,
+        q0: 0,
+        nq,
+    };
+    // The shape of the parts, as (batch entries, index into `heads`, rows), in the order tried:
+    // the fewest dispatches first.
+    let all_heads = heads.len() - 1;
+    let mut shape = None;
+    if let Some(nb) = largest(s.batch, |nb| fits(&part(nb, s.num_heads, s.seq_q)).is_ok()) {
+        shape = Some((nb, all_heads, s.seq_q));
+    } else if let Some(i) = largest(heads.len(), |i| fits(&part(1, heads.get(i - 1), s.seq_q)).is_ok()) {
+        shape = Some((1, i - 1, s.seq_q));
+    } else if pass == Pass::Forward {
+        if let Some(i) = largest(heads.len(), |i| fits(&part(1, heads.get(i - 1), 1)).is_ok()) {
+            let nh = heads.get(i - 1);
+            let nq = largest(s.seq_q, |nq| fits(&part(1, nh, nq)).is_ok()).unwrap_or(1);
+            shape = Some((1, i - 1, nq));
+        }
+    }
+    let Some((mut nb, mut hi, mut nq)) = shape else {
+        let smallest = match pass {
+            Pass::Forward => part(1, 1, 1),
+            Pass::Backward => part(1, heads.get(0), s.seq_q),
+        };
+        let why = fits(&smallest)
+            .err()
+            .map_or_else(|| "no part fits".to_string(), |e| e.to_string());
+        let what = match pass {
+            Pass::Forward => "one query row of one head",
+            Pass::Backward => "one group of heads that share a K/V head, of one batch entry,",
+        };
+        return Err(refuse(format!("even {what} is too large: {why}")));
+    };
+    // A part placed elsewhere may bind a few bytes more than the probe at the start (bindings
+    // begin at an aligned offset below the tensor); shrink the split dimension until every part
+    // fits.
+    let shrink = |n: usize| n - (n / 8).max(1);
+    loop {
+        let parts = tile(whole, nb, heads.get(hi), nq, heads.group)?;
+        let Some(e) = parts.iter().find_map(|p| fits(p).err()) else {
+            return Ok(parts);
+        };
+        if nq < s.seq_q && nq > 1 {
+            nq = shrink(nq);
+        } else if nb > 1 {
+            nb = shrink(nb);
+        } else if nq == s.seq_q && hi > 0 {
+            hi -= 1;
+        } else {
+            return Err(refuse(e.to_string()));
+        }
+    }
+}
+
+/// The parts of `nb` batch entries, `nh` heads and `nq` rows (the last of each range shorter)
+/// covering `whole`; head ranges of fewer than `group` heads stay inside their group.
+fn tile(whole: &AttentionProblem, nb: usize, nh: usize, nq: usize, group: usize) -> Result<Vec<Part>> {
+    let s = whole.shape;
+    let head_ranges: Vec<(usize, usize)> = if nh >= group {
+        (0..s.num_heads)
+            .step_by(nh)
+            .map(|h0| (h0, nh.min(s.num_heads - h0)))
+            .collect()
+    } else {
+        (0..s.num_heads)
+            .step_by(group)
+            .flat_map(|g0| {
+                (g0..g0 + group)
+                    .step_by(nh)
+                    .map(move |h0| (h0, nh.min(g0 + group - h0)))
+            })
+            .collect()
+    };
+    let count = s
+        .batch
+        .div_ceil(nb)
+        .checked_mul(head_ranges.len())
+        .and_then(|n| n.checked_mul(s.seq_q.div_ceil(nq)))
+        .filter(|&n| n <= MAX_PARTS);
+    let Some(count) = count else {
+        return Err(Error::TooLarge(format!(
+            "the problem would need more than {MAX_PARTS} dispatches of {nb} batch entries, {nh} heads and {nq} query rows"
+        )));
+    };
+    let mut parts = Vec::with_capacity(count);
+    for b0 in (0..s.batch).step_by(nb) {
+        for &(h0, heads) in &head_ranges {
+            for q0 in (0..s.seq_q).step_by(nq) {
+                parts.push(Part {
+                    b0,
+                    nb: nb.min(s.batch - b0),
+                    h0,
+                    nh: heads,
+                    q0,
+                    nq: nq.min(s.seq_q - q0),
+                });
+            }
+        }
+    }
+    Ok(parts)
+}
+
+/// `caps` without a limit on one binding's size: checking a whole call's buffers with these checks
+/// everything but what a split into parts changes.
+pub(crate) fn unbounded(caps: &Caps) -> Caps {
+    Caps {
+        max_storage_binding_bytes: u64::MAX,
+        ..caps.clone()
+    }
+}
+
+/// `tensor` moved `bytes` further into its buffer: a part's tensor inside the whole's. The whole
+/// tensor's extent was checked, so the sum stays within its buffer.
+pub(crate) fn shifted<'a>(tensor: &TensorBuffer<'a>, bytes: u64) -> TensorBuffer<'a> {
+    TensorBuffer::at(tensor.buffer, tensor.byte_offset + bytes)
+}
+
+/// The timestamp writes of part `i` of `n`: the beginning of the first part's pass and the end of
+/// the last's, so that the pair spans the whole call.
+pub(crate) fn part_timestamps<'q>(
+    timestamps: &Option<wgpu::ComputePassTimestampWrites<'q>>,
+    i: usize,
+    n: usize,
+) -> Option<wgpu::ComputePassTimestampWrites<'q>> {
+    let t = timestamps.as_ref()?;
+    let begin = if i == 0 { t.beginning_of_pass_write_index } else { None };
+    let end = if i + 1 == n { t.end_of_pass_write_index } else { None };
+    (begin.is_some() || end.is_some()).then_some(wgpu::ComputePassTimestampWrites {
+        query_set: t.query_set,
+        beginning_of_pass_write_index: begin,
+        end_of_pass_write_index: end,
+    })
+}
+
+/// A part's problem on buffers of its own (a host-slice call's): the part's problem with every
+/// layout starting at its first element.
+pub(crate) fn on_own_buffers(part: &Part, whole: &AttentionProblem) -> AttentionProblem {
+    let mut sub = part.problem(whole);
+    for l in [
+        &mut sub.q_layout,
+        &mut sub.k_layout,
+        &mut sub.v_layout,
+        &mut sub.o_layout,
+    ] {
+        l.offset = 0;
+    }
+    sub
+}
+
+/// The elements of `data` (the whole's tensor at `layout`) that a part's own buffer holds: from
+/// the part's first element, `len` of them.
+pub(crate) fn part_slice<'d, T>(data: &'d [T], layout: &TensorLayout, element_offset: usize, len: usize) -> &'d [T] {
+    let first = layout.offset + element_offset;
+    &data[first..first + len]
+}
+
+/// Copies the rows (`head_dim` elements each) of a part's tensor into the whole's: part row
+/// `(b, s, h)` at `part` goes to `(b0 + b, s0 + s, h0 + h)` at `whole`; `extent` is the part's
+/// `(batch, seq, heads)` and `start` its `(b0, s0, h0)`.
+pub(crate) fn scatter_rows<T: Copy>(
+    into: &mut [T],
+    whole: &TensorLayout,
+    from: &[T],
+    part: &TensorLayout,
+    (nb, ns, nh): (usize, usize, usize),
+    (b0, s0, h0): (usize, usize, usize),
+    head_dim: usize,
+) {
+    for b in 0..nb {
+        for s in 0..ns {
+            for h in 0..nh {
+                let src = part.index(b, s, h, 0);
+                let dst = whole.index(b0 + b, s0 + s, h0 + h, 0);
+                into[dst..dst + head_dim].copy_from_slice(&from[src..src + head_dim]);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::problem::{DType, Layout};
+
+    fn problem(batch: usize, seq_q: usize, heads: usize, kv_heads: usize) -> AttentionProblem {
+        AttentionProblem::new(
+            AttentionShape {
+                batch,
+                seq_q,
+                seq_kv: 40,
+                num_heads: heads,
+                num_kv_heads: kv_heads,
+                head_dim: 16,
+            },
+            DType::F32,
+        )
+    }
+
+    /// Every (batch, head, row) of the whole is in exactly one part, and each part is a valid
+    /// problem whose K/V heads are the ones its query heads read.
+    fn check_cover(whole: &AttentionProblem, parts: &[Part]) {
+        let s = whole.shape;
+        let mut seen = vec![0u8; s.batch * s.num_heads * s.seq_q];
+        for p in parts {
+            let sub = p.problem(whole);
+            sub.validate().unwrap_or_else(|e| panic!("{p:?}: {e}"));
+            for b in p.b0..p.b0 + p.nb {
+                for h in p.h0..p.h0 + p.nh {
+                    // Head h of the whole reads K/V head h / group; in the part, head h - h0
+                    // reads (h - h0) / sub_group, counted from the part's first K/V head.
+                    let kv = p.h0 / whole.group_size() + (h - p.h0) / sub.group_size();
+                    assert_eq!(kv, h / whole.group_size(), "{p:?} head {h}");
+                    for q in p.q0..p.q0 + p.nq {
+                        seen[(b * s.num_heads + h) * s.seq_q + q] += 1;
+                    }
+                }
+            }
+            let mut lse = 0;
+            for (at_part, at_whole, len) in p.lse_runs(whole) {
+                assert_eq!(at_part, lse, "{p:?}");
+                assert!(at_whole + len <= whole.lse_len());
+                lse += len;
+            }
+            assert_eq!(lse, p.lse_len());
+        }
+        assert!(seen.iter().all(|&n| n == 1), "not a partition: {parts:?}");
+    }
+
+    #[test]
+    fn batches_then_heads_then_rows() {
+        let whole = problem(5, 30, 8, 2);
+        // Up to two batch entries per part.
+        let parts = plan(&whole, Pass::Forward, "", |p| {
+            if p.nb <= 2 {
+                Ok(())
+            } else {
+                Err(Error::TooLarge("nb".into()))
+            }
+        })
+        .unwrap();
+        assert_eq!(parts.len(), 3);
+        check_cover(&whole, &parts);
+        // Up to six heads: whole groups of four.
+        let parts = plan(&whole, Pass::Forward, "", |p| {
+            if p.nb == 1 && p.nh <= 6 {
+                Ok(())
+            } else {
+                Err(Error::TooLarge("nh".into()))
+            }
+        })
+        .unwrap();
+        assert!(parts.iter().all(|p| p.nh == 4 && p.nq == 30), "{parts:?}");
+        check_cover(&whole, &parts);
+        // Up to three heads: inside a group, 3 + 1.
+        let parts = plan(&whole, Pass::Forward, "", |p| {
+            if p.nb == 1 && p.nh <= 3 {
+                Ok(())
+            } else {
+                Err(Error::TooLarge("nh".into()))
+            }
+        })
+        .unwrap();
+        assert_eq!(parts.iter().map(|p| p.nh).take(2).collect::<Vec<_>>(), [3, 1]);
+        check_cover(&whole, &parts);
+        // At most 16 (head, row) pairs: not one head's 30 rows, so all 8 heads of 2 rows.
+        let parts = plan(&whole, Pass::Forward, "", |p| {
+            if p.nb * p.nh * p.nq <= 16 {
+                Ok(())
+            } else {
+                Err(Error::TooLarge("rows".into()))
+            }
+        })
+        .unwrap();
+        assert!(parts.iter().all(|p| (p.nh, p.nq) == (8, 2)), "{parts:?}");
+        check_cover(&whole, &parts);
+    }
+
+    #[test]
+    fn the_backward_keeps_rows_and_groups_whole() {
+        let whole = problem(2, 30, 8, 2);
+        let parts = plan(&whole, Pass::Backward, "", |p| {
+            if p.nb == 1 && p.nh <= 6 {
+                Ok(())
+            } else {
+                Err(Error::TooLarge("nh".into()))
+            }
+        })
+        .unwrap();
+        assert!(parts.iter().all(|p| p.nh == 4 && p.nq == 30));
+        check_cover(&whole, &parts);
+        // Fewer than a group, or fewer than all rows, is refused by name.
+        let e = plan(&whole, Pass::Backward, "whole", |p| {
+            if p.nh < 4 {
+                Ok(())
+            } else {
+                Err(Error::TooLarge("tensor `k` spans too much".into()))
+            }
+        })
+        .unwrap_err();
+        let m = e.to_string();
+        assert!(m.contains("whole") && m.contains("`k`") && m.contains("group"), "{m}");
+    }
+
+    #[test]
+    fn what_cannot_be_split_is_refused_by_name() {
+        let whole = problem(1, 30, 2, 2);
+        let e = plan(&whole, Pass::Forward, "tensor `k` spans 9 bytes", |_| {
+            Err(Error::TooLarge("tensor `k` spans 9 bytes".into()))
+        })
+        .unwrap_err();
+        assert!(
+            matches!(e, Error::TooLarge(ref m) if m.contains("one query row of one head") && m.contains("`k`")),
+            "{e}"
+        );
+        let packed = whole.with_varlen(crate::problem::Varlen {
+            total_q: 30,
+            total_kv: 40,
+        });
+        let e = plan(&packed, Pass::Forward, "x", |_| Ok(())).unwrap_err();
+        assert!(e.to_string().contains("packed"), "{e}");
+        // A split into too many dispatches.
+        let many = problem(1 << 20, 1, 1, 1);
+        let e = plan(&many, Pass::Forward, "x", |p| {
+            if p.nb == 1 {
+                Ok(())
+            } else {
+                Err(Error::TooLarge("nb".into()))
+            }
+        })
+        .unwrap_err();
+        assert!(e.to_string().contains("dispatches"), "{e}");
+    }
+
+    #[test]
+    fn parts_that_fit_only_at_the_start_are_shrunk() {
+        let whole = problem(1, 64, 1, 1).with_layout(Layout::Bhsd);
+        // 10 rows fit at row 0 but only 8 elsewhere (as an aligned-down binding start can add).
+        let parts = plan(&whole, Pass::Forward, "", |p| {
+            let limit = if p.q0 == 0 { 10 } else { 8 };
+            if p.nq <= limit {
+                Ok(())
+            } else {
+                Err(Error::TooLarge("rows".into()))
+            }
+        })
+        .unwrap();
+        assert!(parts.iter().all(|p| p.nq <= 8), "{parts:?}");
+        check_cover(&whole, &parts);
+    }
+
+    #[test]
+    fn offsets_place_each_part() {
+        let whole = problem(3, 10, 6, 3).with_layout(Layout::Bhsd);
+        let p = Part {
+            b0: 2,
+            nb: 1,
+            h0: 4,
+            nh: 2,
+            q0: 7,
+            nq: 3,
+        };
+        assert_eq!(p.element_offset(&whole, Tensor::Q), whole.q_layout.index(2, 7, 4, 0));
+        assert_eq!(p.element_offset(&whole, Tensor::K), whole.k_layout.index(2, 0, 2, 0));
+        assert_eq!(p.causal_offset(whole.causal_offset()), 40 - 10 + 7);
+        assert_eq!(
+            p.lse_runs(&whole),
+            vec![(0, (2 * 6 + 4) * 10 + 7, 3), (3, (2 * 6 + 5) * 10 + 7, 3)]
+        );
+    }
+}
