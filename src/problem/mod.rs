@@ -406,27 +406,58 @@ impl AttentionProblem {
     /// The keys `[begin, end)` query `i` sees in a sequence of `seq_kv` keys, by the causal mask
     /// and the window (both aligned to the end of the keys); empty when it sees none.
     pub fn visible_keys(&self, i: usize, seq_q: usize, seq_kv: usize) -> std::ops::Range<usize> {
-        let position = i as i64 + seq_kv as i64 - seq_q as i64;
-        let mut end = seq_kv as i64;
-        let mut begin = 0i64;
+        // In 128 bits: every length `usize` holds, unvalidated, and every window side, with no
+        // overflow and no bound below 0 (a debug build overflowed, and `clamp` panicked on
+        // seq_kv past i64::MAX; found by tests/campaign.rs).
+        let position = i as i128 + seq_kv as i128 - seq_q as i128;
+        let keys = seq_kv as i128;
+        let mut end = keys;
+        let mut begin = 0;
         if self.causal {
             end = end.min(position + 1);
         }
         if let Some(w) = self.window {
             if let Some(left) = w.left {
-                begin = begin.max(position.saturating_sub(left.min(i64::MAX as usize) as i64));
+                begin = begin.max(position - left as i128);
             }
             if let (Some(right), false) = (w.right, self.causal) {
-                end = end.min(
-                    position
-                        .saturating_add(right.min(i64::MAX as usize) as i64)
-                        .saturating_add(1),
-                );
+                end = end.min(position + right as i128 + 1);
             }
         }
-        let end = end.clamp(0, seq_kv as i64) as usize;
-        let begin = (begin.clamp(0, seq_kv as i64) as usize).min(end);
-        begin..end
+        let end = end.clamp(0, keys);
+        let begin = begin.clamp(0, keys).min(end);
+        begin as usize..end as usize
+    }
+
+    /// The (query, key) pairs the mask and window leave visible, over one sequence of `seq_q`
+    /// rows: the sum of [`visible_keys`](Self::visible_keys) over the rows, in closed form. A
+    /// row's count is linear in its index between the rows where a window edge or the mask
+    /// meets either end of the keys, so each such run is an arithmetic series. (The loop over
+    /// rows this replaces took minutes for the 2³¹ rows validation admits, and forever on an
+    /// unvalidated length.)
+    fn visible_pairs(&self) -> f64 {
+        let s = &self.shape;
+        let (rows, keys) = (s.seq_q as i128, s.seq_kv as i128);
+        let offset = keys - rows;
+        let window = self.window.unwrap_or_default();
+        let right = if self.causal { Some(0) } else { window.right };
+        let mut cuts = vec![0, rows];
+        for edge in [0, keys] {
+            // Row i's last key is i + offset + right; its first, i + offset − left.
+            if let Some(r) = right {
+                cuts.push(edge - r as i128 - 1 - offset);
+            }
+            if let Some(l) = window.left {
+                cuts.push(edge + l as i128 - offset);
+            }
+        }
+        let mut cuts: Vec<i128> = cuts.into_iter().map(|c| c.clamp(0, rows)).collect();
+        cuts.sort_unstable();
+        cuts.dedup();
+        let count = |i: i128| self.visible_keys(i as usize, s.seq_q, s.seq_kv).len() as f64;
+        cuts.windows(2)
+            .map(|w| (count(w[0]) + count(w[1] - 1)) * (w[1] - w[0]) as f64 / 2.0)
+            .sum()
     }
 
     /// Sets the softmax scale (replacing the default `1/sqrt(head_dim)`); it must be finite.
@@ -635,10 +666,7 @@ impl AttentionProblem {
         let s = &self.shape;
         let per_pair = 4.0 * s.batch as f64 * s.num_heads as f64 * s.head_dim as f64;
         if self.window.is_some() {
-            let pairs: usize = (0..s.seq_q)
-                .map(|i| self.visible_keys(i, s.seq_q, s.seq_kv).len())
-                .sum();
-            return per_pair * pairs as f64;
+            return per_pair * self.visible_pairs();
         }
         let full = per_pair * s.seq_q as f64 * s.seq_kv as f64;
         if self.causal {
@@ -745,6 +773,45 @@ impl AttentionProblem {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The closed form of the visible pairs equals the sum over rows, on windows, masks and
+    /// lengths of every relation; and a length of 2⁶⁰ rows takes no longer.
+    #[test]
+    fn visible_pairs_match_the_rows() {
+        let sides = [None, Some(0), Some(1), Some(3), Some(40), Some(usize::MAX)];
+        for (seq_q, seq_kv) in [(1, 1), (7, 30), (30, 7), (33, 33), (5, 100), (100, 5)] {
+            for causal in [false, true] {
+                for left in sides {
+                    for right in sides {
+                        let p = AttentionProblem::new(
+                            AttentionShape {
+                                batch: 1,
+                                seq_q,
+                                seq_kv,
+                                num_heads: 1,
+                                num_kv_heads: 1,
+                                head_dim: 8,
+                            },
+                            DType::F32,
+                        )
+                        .with_causal(causal)
+                        .with_window(left, right);
+                        let rows: usize = (0..seq_q).map(|i| p.visible_keys(i, seq_q, seq_kv).len()).sum();
+                        assert_eq!(
+                            p.visible_pairs(),
+                            rows as f64,
+                            "{seq_q}x{seq_kv} causal {causal} {left:?} {right:?}"
+                        );
+                    }
+                }
+            }
+        }
+        let mut huge = AttentionProblem::mha(1, 1 << 60, 1, 8, DType::F32).with_window(Some(3), Some(0));
+        assert_eq!(huge.visible_pairs(), 4.0 * (1u64 << 60) as f64 - 6.0);
+        huge.shape.seq_kv = usize::MAX - 3;
+        assert_eq!(huge.visible_keys(0, huge.shape.seq_q, huge.shape.seq_kv).len(), 4);
+        assert!(huge.flops().is_finite());
+    }
     use crate::problem::features::Feature;
 
     fn shape() -> AttentionShape {

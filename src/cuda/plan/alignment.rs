@@ -16,7 +16,17 @@ pub fn vec_bytes_for(problem: &AttentionProblem, base_addresses: [u64; 4]) -> Re
         .zip(base_addresses)
     {
         let l = problem.layout(tensor);
-        let start = base + l.offset as u64 * elem;
+        // Checked: this runs on layouts and addresses as given (a debug build panicked on a
+        // huge offset or an address near u64::MAX; found by tests/campaign.rs).
+        let Some(start) = (l.offset as u64).checked_mul(elem).and_then(|o| o.checked_add(base)) else {
+            return Err(Error::InvalidBuffer {
+                tensor: tensor.name(),
+                message: format!(
+                    "device address {base:#x} plus its offset of {} elements overflows 64 bits",
+                    l.offset
+                ),
+            });
+        };
         if !start.is_multiple_of(8) {
             return Err(Error::InvalidBuffer {
                 tensor: tensor.name(),
@@ -24,7 +34,8 @@ pub fn vec_bytes_for(problem: &AttentionProblem, base_addresses: [u64; 4]) -> Re
             });
         }
         let strides = [l.batch_stride, l.seq_stride, l.head_stride];
-        if !start.is_multiple_of(16) || strides.iter().any(|&s| !(s as u64 * elem).is_multiple_of(16)) {
+        // (s · elem) mod 16 from s mod 16: the product itself may overflow.
+        if !start.is_multiple_of(16) || strides.iter().any(|&s| !((s as u64 % 16) * elem).is_multiple_of(16)) {
             vec = 8;
         }
     }
@@ -35,6 +46,27 @@ pub fn vec_bytes_for(problem: &AttentionProblem, base_addresses: [u64; 4]) -> Re
 mod tests {
     use super::*;
     use crate::cuda::test_problem as problem;
+
+    /// Huge strides and offsets, and addresses near u64::MAX, are an error or a width, not an
+    /// overflow (a debug build panicked on both).
+    #[test]
+    fn huge_strides_and_addresses_do_not_overflow() {
+        let mut p = problem(64);
+        p.q_layout.batch_stride = usize::MAX;
+        assert_eq!(vec_bytes_for(&p, [0; 4]).unwrap(), 8);
+        p.q_layout.batch_stride = usize::MAX - 15;
+        assert_eq!(vec_bytes_for(&p, [0; 4]).unwrap(), 16);
+        let mut p = problem(64);
+        p.q_layout.offset = 8;
+        let e = vec_bytes_for(&p, [u64::MAX - 15, 0, 0, 0]).unwrap_err();
+        assert!(matches!(e, Error::InvalidBuffer { tensor: "q", .. }), "{e}");
+        let mut p = problem(64);
+        p.k_layout.offset = usize::MAX;
+        assert!(matches!(
+            vec_bytes_for(&p, [0; 4]),
+            Err(Error::InvalidBuffer { tensor: "k", .. })
+        ));
+    }
 
     #[test]
     fn alignment_picks_the_access_width() {
