@@ -387,6 +387,35 @@ fn scales_that_overflow_in_base_2_are_invalid() {
     }
 }
 
+/// A soft-cap whose base-2 form (`cap·log2 e`, what the kernels apply) is infinite or below the
+/// smallest normal f32 is invalid: before, 3e38 validated and the scores became NaN
+/// (inf · tanh(x / inf)), and a denormal cap could be flushed to 0, which the kernels read as
+/// "no cap". The smallest valid caps run and match the reference. (Caps far above every score,
+/// 1e30 say, are valid but computed with the driver's tanh, whose absolute error near 0 times
+/// the cap swamps the score on lavapipe: a shader matter, reported with issue 15.)
+#[test]
+fn soft_caps_that_leave_f32_in_base_2_are_invalid() {
+    use wgpu_flash_attn::reference;
+    let p = small();
+    for cap in [3.0e38, f32::MAX, 2.4e38, 1.0e-40, 1.0e-45, 5.0e-39] {
+        let e = p.with_softcap(cap).validate().unwrap_err();
+        assert!(matches!(e, Error::InvalidProblem(ref m) if m.contains("soft-cap")), "{cap}: {e}");
+    }
+    let Some(ctx) = gpu() else { return };
+    let engine = FlashAttention::new(ctx);
+    let n = p.required_len(Tensor::Q);
+    let (q, k, v) = (values(n, 1), values(n, 2), values(n, 3));
+    for cap in [1.0e-37, 1.0e-30, 50.0] {
+        let capped = p.with_softcap(cap);
+        capped.validate().unwrap();
+        let got = engine.forward_blocking(&capped, &q, &k, &v).unwrap();
+        let want = reference::attention(&capped, &q, &k, &v).unwrap();
+        for (g, w) in got.lse.iter().zip(&want.lse) {
+            assert!(g.is_finite() && (*g as f64 - w).abs() < 1e-3 * (1.0 + w.abs()), "cap {cap}: LSE {g}, want {w}");
+        }
+    }
+}
+
 /// Finding 5: written tensors that overlap each other or a read tensor in one buffer.
 #[test]
 fn overlapping_written_tensors_are_errors() {

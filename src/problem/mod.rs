@@ -751,6 +751,18 @@ impl AttentionProblem {
             if !(cap.is_finite() && cap > 0.0) {
                 return invalid!("soft-cap {cap} is not a finite positive number");
             }
+            // The kernels take the cap in base 2, `cap·log2 e`, as an f32: past f32::MAX / log2 e
+            // it is infinite (the scores became NaN: inf · tanh(x / inf)), and below the smallest
+            // normal f32 a GPU may flush it to 0, which means "no cap" (found by
+            // tests/campaign.rs).
+            let base2 = cap * std::f32::consts::LOG2_E;
+            if !base2.is_finite() || base2 < f32::MIN_POSITIVE {
+                return invalid!(
+                    "soft-cap {cap} is out of range: cap·log2(e) must be a normal f32 ({:e} ≤ cap < {:e})",
+                    f32::MIN_POSITIVE / std::f32::consts::LOG2_E,
+                    f32::MAX / std::f32::consts::LOG2_E
+                );
+            }
         }
         self.kv_cache.validate(s.batch, s.seq_kv)?;
         if let Some(bias) = self.bias {
