@@ -493,7 +493,12 @@ pub fn decode_split(
 /// for `problem` (at least 1): what the sweep times besides the rule's choice.
 pub fn splits_for_waves(problem: &AttentionProblem, sm_count: u32, blocks_per_sm: u32, waves: u32) -> u32 {
     let units = DecodeSplit::new(problem, DECODE_ROWS, 1).workgroups(problem).max(1);
-    ((waves as u64 * sm_count as u64 * blocks_per_sm.max(1) as u64) / units).clamp(1, u32::MAX as u64) as u32
+    // Saturating: three u32 factors can pass u64 (a debug build panicked; found by
+    // tests/campaign.rs), and the result is clamped to u32 anyway.
+    let slots = (waves as u64)
+        .saturating_mul(sm_count as u64)
+        .saturating_mul(blocks_per_sm.max(1) as u64);
+    (slots / units).clamp(1, u32::MAX as u64) as u32
 }
 
 /// Counters a fused plan's launch needs: one per (sequence, K/V head, row block).
@@ -560,6 +565,14 @@ impl DecodeParams {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Device sizes as large as u32 allows do not overflow (a debug build panicked).
+    #[test]
+    fn splits_for_waves_saturates() {
+        let p = crate::cuda::test_problem(128);
+        assert_eq!(splits_for_waves(&p, u32::MAX, u32::MAX, u32::MAX), u32::MAX);
+        assert_eq!(splits_for_waves(&p, 0, 0, 0), 1);
+    }
     use crate::problem::AttentionShape;
 
     fn decode_problem(batch: usize, seq_q: usize, seq_kv: usize, head_dim: usize) -> AttentionProblem {
