@@ -1,0 +1,96 @@
+//! The randomized bad-input campaign: calls through every public entry point (tests/calls: host
+//! slices and caller's buffers, forward, naive, decode over caches, backward, merge, append, the
+//! pure planning and validation functions, the CUDA path's host side) drawn from seeded random
+//! bytes, each under `catch_unwind`, on the test adapter's own device and on two with tiny limits.
+//! The property: no call panics, none makes wgpu report an error the library's checks missed, and
+//! every call that succeeds on a small problem gives the float64 reference's result.
+//!
+//! The slice in the normal test run makes `FLASH_CAMPAIGN_CALLS` calls (3,000 by default); the
+//! full campaign, in a debug build so that every arithmetic overflow panics:
+//!
+//! ```sh
+//! FLASH_REQUIRE_GPU=1 FLASH_CAMPAIGN_CALLS=100000 cargo test --features internals,cuda --test campaign -- --ignored --nocapture
+//! ```
+//!
+//! A failure names its seed; `FLASH_CAMPAIGN_SEED=<seed> FLASH_CAMPAIGN_CALLS=1` replays it.
+
+mod calls;
+mod common;
+
+use calls::{seeded_bytes, Campaign};
+
+/// Bytes per call: more than any call draws (the rest are zeros anyway).
+const BYTES_PER_CALL: usize = 512;
+
+fn env_number(name: &str) -> Option<u64> {
+    std::env::var(name).ok().and_then(|v| v.parse().ok())
+}
+
+fn campaign(default_calls: u64) {
+    // Honours FLASH_REQUIRE_GPU like every GPU test; without an adapter only the calls that need
+    // no device run.
+    let _ = common::gpu();
+    let calls = env_number("FLASH_CAMPAIGN_CALLS").unwrap_or(default_calls);
+    let first = env_number("FLASH_CAMPAIGN_SEED").unwrap_or(0);
+    let mut c = Campaign::new(true);
+    let start = std::time::Instant::now();
+    for seed in first..first + calls {
+        c.call(&seeded_bytes(seed, BYTES_PER_CALL), &format!("seed {seed}"));
+    }
+    let elapsed = start.elapsed();
+    let checked: usize = c.tallies.values().map(|t| t.checked).sum();
+    eprintln!(
+        "{} calls in {elapsed:.1?} on {} devices ({}), {} failures\n{}",
+        c.calls(),
+        c.devices.len(),
+        c.devices.iter().map(|d| d.name).collect::<Vec<_>>().join(", "),
+        c.failures.len(),
+        c.report()
+    );
+    assert!(
+        c.failures.is_empty(),
+        "{} of {} calls failed; the first:\n{}",
+        c.failures.len(),
+        c.calls(),
+        c.failures.iter().take(5).cloned().collect::<Vec<_>>().join("\n\n")
+    );
+    // A campaign whose calls all fail validation proves nothing about the accepted path: most
+    // entry points must have had successful calls judged against float64.
+    if !c.devices.is_empty() && calls >= 1000 {
+        for name in [
+            "forward (host)",
+            "forward (buffers)",
+            "backward (host)",
+            "merge",
+            "append",
+        ] {
+            let t = &c.tallies[name];
+            assert!(
+                t.checked * 20 >= t.calls,
+                "{name}: only {} of {} calls checked",
+                t.checked,
+                t.calls
+            );
+            assert!(
+                t.err * 20 >= t.calls,
+                "{name}: only {} of {} calls refused",
+                t.err,
+                t.calls
+            );
+        }
+        assert!(checked * 10 >= c.calls(), "only {checked} results checked");
+    }
+}
+
+/// The slice in the normal test run.
+#[test]
+fn bad_input_campaign() {
+    campaign(3_000);
+}
+
+/// The full campaign (run it in a debug build; see the module's doc).
+#[test]
+#[ignore]
+fn bad_input_campaign_full() {
+    campaign(100_000);
+}
