@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # Every test, with the GPU tests required (on lavapipe where there is no GPU): unit tests, the
 # layer check, naga translation of every shader to SPIR-V/MSL/HLSL, the kernels against the
-# float64 reference, the error cases, the backward pass; the benchmarks and examples are compiled
-# too; the public API (no `internals`) builds and its docs have no broken links; the Python package
-# installs with pip and passes its tests; then the web demo in headless Chromium (WebGPU on
-# SwiftShader).
+# float64 reference, the error cases, the backward pass, problems split over bindings and grids,
+# a slice of the randomized bad-input campaign and the validation fuzz target (with overflow
+# checks on), the memory soak; the benchmarks and examples are compiled too; the public API (no
+# `internals`) builds and its docs have no broken links; the Python package installs with pip and
+# passes its tests; then the web demo in headless Chromium (WebGPU on SwiftShader).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
@@ -14,8 +15,12 @@ export FLASH_REQUIRE_GPU=1 XDG_RUNTIME_DIR=${XDG_RUNTIME_DIR:-/tmp}
 # on the H200); `cli` the command-line tool, run as a user runs it (tests/cli.rs); `candle` the
 # candle drop-in on CPU tensors (tests/candle.rs; candle-core and its dependencies add about 3
 # minutes to a clean one-job build; `candle-cuda` needs a CUDA toolkit and is not built here). One
-# feature set, so the crate compiles once for all of them.
-cargo test --release --features internals,cuda,cli,candle
+# feature set, so the crate compiles once for all of them. The library is built for its tests with
+# overflow checks on (a debug build's arithmetic at release speed; downstream builds are
+# untouched): every test, the bad-input campaign's slice (tests/campaign.rs) and the validation
+# fuzz target's budget (tests/fuzz_validation.rs) among them, fails on an overflow the checked
+# arithmetic missed.
+cargo test --release --features internals,cuda,cli,candle --config 'profile.release.package.wgpu-flash-attn.overflow-checks=true'
 cargo bench --no-run --features internals,cuda,cli,candle
 # What a user gets: the library without `internals`, and its documentation.
 cargo build --release --lib
