@@ -60,7 +60,7 @@ fn validation_fuzz_for_a_budget() {
     let _ = common::gpu();
     let budget = std::time::Duration::from_secs(env_number("FLASH_FUZZ_SECONDS").unwrap_or(10));
     let mut seed = env_number("FLASH_FUZZ_SEED").unwrap_or(1);
-    let mut c = Campaign::new(false);
+    let mut c = Campaign::with_breadth(false, true);
     let mut corpus: Vec<Vec<u8>> = Vec::new();
     let start = std::time::Instant::now();
     while start.elapsed() < budget {

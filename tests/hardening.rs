@@ -399,7 +399,10 @@ fn soft_caps_that_leave_f32_in_base_2_are_invalid() {
     let p = small();
     for cap in [3.0e38, f32::MAX, 2.4e38, 1.0e-40, 1.0e-45, 5.0e-39] {
         let e = p.with_softcap(cap).validate().unwrap_err();
-        assert!(matches!(e, Error::InvalidProblem(ref m) if m.contains("soft-cap")), "{cap}: {e}");
+        assert!(
+            matches!(e, Error::InvalidProblem(ref m) if m.contains("soft-cap")),
+            "{cap}: {e}"
+        );
     }
     let Some(ctx) = gpu() else { return };
     let engine = FlashAttention::new(ctx);
@@ -411,7 +414,10 @@ fn soft_caps_that_leave_f32_in_base_2_are_invalid() {
         let got = engine.forward_blocking(&capped, &q, &k, &v).unwrap();
         let want = reference::attention(&capped, &q, &k, &v).unwrap();
         for (g, w) in got.lse.iter().zip(&want.lse) {
-            assert!(g.is_finite() && (*g as f64 - w).abs() < 1e-3 * (1.0 + w.abs()), "cap {cap}: LSE {g}, want {w}");
+            assert!(
+                g.is_finite() && (*g as f64 - w).abs() < 1e-3 * (1.0 + w.abs()),
+                "cap {cap}: LSE {g}, want {w}"
+            );
         }
     }
 }

@@ -53,6 +53,13 @@ fn cases() -> Vec<(&'static str, AttentionProblem)> {
                 .with_causal(true)
                 .with_softcap(5.0),
         ),
+        // Parts of 7 rows of 8 heads, the size automatic selection gives the decode kernel, which
+        // places rows from its own sizes: under the causal mask the parts must go to the tiled
+        // kernel, which takes their place from the causal offset.
+        (
+            "bshd_causal_rows_of_decode_size",
+            AttentionProblem::new(shape(1, 20, 8, 8, 8, 64), DType::F32).with_causal(true),
+        ),
         // A decode-shaped problem (one query row, BHSD cache): batch entries split.
         (
             "decode_batches",
