@@ -422,6 +422,49 @@ fn soft_caps_that_leave_f32_in_base_2_are_invalid() {
     }
 }
 
+/// A packed (varlen) batch's tensors lie end to end along the rows: a batch stride on one is
+/// invalid. Before, validation took it, the kernels ignored it (reading with stride 0) and the
+/// float64 reference used it and panicked on an index out of bounds (found by the bad-input
+/// campaign).
+#[test]
+fn packed_tensors_refuse_a_batch_stride() {
+    use wgpu_flash_attn::batch::{BatchIndex, Varlen};
+    use wgpu_flash_attn::reference;
+    let p = AttentionProblem::new(common::shape(2, 8, 8, 2, 2, 16), DType::F32).with_varlen(Varlen {
+        total_q: 16,
+        total_kv: 16,
+    });
+    p.validate().unwrap();
+    let cu = [0u32, 8, 16];
+    let index = BatchIndex {
+        cu_seqlens_q: Some(&cu),
+        cu_seqlens_k: Some(&cu),
+        ..Default::default()
+    };
+    let x = values(p.required_len(Tensor::Q), 1);
+    reference::attention_indexed(&p, &x, &x, &x, &index).unwrap();
+    for t in [Tensor::Q, Tensor::K, Tensor::V, Tensor::O] {
+        let mut l = *p.layout(t);
+        l.batch_stride = 1 << 20;
+        let bad = p.with_tensor_layout(t, l);
+        let e = bad.validate().unwrap_err();
+        assert!(
+            matches!(e, Error::InvalidProblem(ref m) if m.contains("batch_stride")),
+            "{t:?}: {e}"
+        );
+        assert!(reference::attention_indexed(&bad, &x, &x, &x, &index).is_err());
+    }
+    for g in [GradTensor::DO, GradTensor::DQ, GradTensor::DK, GradTensor::DV] {
+        let mut l = *BackwardProblem::new(p).layout(g);
+        l.batch_stride = 64;
+        let e = BackwardProblem::new(p).with_grad_layout(g, l).validate().unwrap_err();
+        assert!(
+            matches!(e, Error::InvalidProblem(ref m) if m.contains("batch_stride")),
+            "{g:?}: {e}"
+        );
+    }
+}
+
 /// Finding 5: written tensors that overlap each other or a read tensor in one buffer.
 #[test]
 fn overlapping_written_tensors_are_errors() {

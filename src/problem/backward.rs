@@ -178,6 +178,8 @@ impl BackwardProblem {
         let written = tensor
             .is_output()
             .then_some("; give it a layout of its own with BackwardProblem::with_grad_layout");
+        let kv = matches!(tensor, GradTensor::DK | GradTensor::DV);
+        super::check_packed_batch_stride(&self.forward, tensor.name(), self.layout(tensor), kv)?;
         self.layout(tensor)
             .check(tensor.name(), (batch, seq, heads, s.head_dim), written)?;
         Ok(())

@@ -778,8 +778,32 @@ impl AttentionProblem {
         let (batch, seq, heads) = self.stored_extent(tensor);
         let extent = (batch, seq, heads, self.shape.head_dim);
         let written = (tensor == Tensor::O).then_some("");
+        let kv = matches!(tensor, Tensor::K | Tensor::V);
+        check_packed_batch_stride(self, tensor.name(), self.layout(tensor), kv)?;
         self.layout(tensor).check(tensor.name(), extent, written).map(|_| ())
     }
+}
+
+/// Refuses a batch stride on a packed tensor (a packed batch's Q and O, and its K and V unless
+/// paged): its sequences lie end to end along the rows, so no batch dimension exists to stride
+/// over. The kernels read such tensors with a batch stride of 0 whatever is set, while the float64
+/// reference used it and read past the tensor (an index out of bounds; found by
+/// tests/campaign.rs): either would silently disagree with what the caller meant.
+pub(crate) fn check_packed_batch_stride(
+    problem: &AttentionProblem,
+    name: &str,
+    layout: &TensorLayout,
+    kv: bool,
+) -> Result<()> {
+    let packed = problem.varlen.is_some() && (!kv || problem.kv_cache.paged.is_none());
+    if packed && layout.batch_stride != 0 {
+        return invalid!(
+            "tensor `{name}` of a packed (varlen) batch has batch_stride {}: its sequences lie end to \
+             end along the rows, so the batch stride must be 0",
+            layout.batch_stride
+        );
+    }
+    Ok(())
 }
 
 #[cfg(test)]
