@@ -35,8 +35,20 @@ fn campaign(default_calls: u64, narrow: bool) {
     let first = env_number("FLASH_CAMPAIGN_SEED").unwrap_or(0);
     let mut c = Campaign::with_breadth(true, narrow);
     let start = std::time::Instant::now();
+    // FLASH_CAMPAIGN_TRACE=<file> keeps the seed of the call in progress there: a call that
+    // aborts the process (an allocation that fails is not a panic) leaves its seed behind.
+    let trace = std::env::var("FLASH_CAMPAIGN_TRACE").ok();
+    let mut failed = 0;
     for seed in first..first + calls {
+        if let Some(path) = &trace {
+            let _ = std::fs::write(path, format!("{seed}\n"));
+        }
         c.call(&seeded_bytes(seed, BYTES_PER_CALL), &format!("seed {seed}"));
+        // Each failure as it happens: a long run shows them before it ends.
+        for f in &c.failures[failed..] {
+            eprintln!("FAILURE {f}");
+        }
+        failed = c.failures.len();
     }
     let elapsed = start.elapsed();
     let checked: usize = c.tallies.values().map(|t| t.checked).sum();

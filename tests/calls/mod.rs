@@ -977,7 +977,7 @@ fn forward_buffers_typed<T: Element>(
     let lse = match lse_choice {
         0..=39 => None,
         40..=229 => Some(TensorBuffer::at(&lse_own.0, lse_own.1)),
-        _ => Some(TensorBuffer::at(&o.0, o.1 + 4 * b.below(64) as u64)),
+        _ => Some(TensorBuffer::at(&o.0, o.1.saturating_add(4 * b.below(64) as u64))),
     };
     let index = index_buffers(ctx, d);
     let buffers = ForwardBuffers {

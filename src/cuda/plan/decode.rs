@@ -448,11 +448,13 @@ pub fn select_cuda_decode(problem: &AttentionProblem, vec_bytes: u32) -> Result<
 /// ([`crate::plan::decode::split_count`]: fewest pieces within 85% of the best wave efficiency: 29 pieces, 232 of 264 slots at batch
 /// 1), every slot gets a CTA: a memory-bound kernel's bandwidth grows with the CTAs streaming.
 pub fn cuda_split_count(units: u64, keys: u64, slots: u64, waves: u32, min_keys: u64, max_splits: u32) -> u32 {
-    if units == 0 || slots == 0 || units * 5 >= slots * 4 {
+    // In 128 bits: both counts may be near u64::MAX (a debug build overflowed; found by
+    // tests/campaign.rs).
+    if units == 0 || slots == 0 || units as u128 * 5 >= slots as u128 * 4 {
         return 1;
     }
     let most = (keys / min_keys.max(1)).clamp(1, max_splits.max(1) as u64);
-    let filling = waves.max(1) as u64 * slots / units;
+    let filling = (waves.max(1) as u128 * slots as u128 / units as u128).min(u64::MAX as u128) as u64;
     filling.max(keys / DECODE_KEYS_PER_SPLIT).clamp(1, most) as u32
 }
 
@@ -565,6 +567,13 @@ impl DecodeParams {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Slot and unit counts near u64::MAX do not overflow (a debug build panicked).
+    #[test]
+    fn split_count_takes_any_count() {
+        assert_eq!(cuda_split_count(1, 1 << 20, u64::MAX, u32::MAX, 1, 64), 64);
+        assert_eq!(cuda_split_count(u64::MAX, 1 << 20, u64::MAX, 4, 1, 64), 1);
+    }
 
     /// Device sizes as large as u32 allows do not overflow (a debug build panicked).
     #[test]
