@@ -465,6 +465,41 @@ fn packed_tensors_refuse_a_batch_stride() {
     }
 }
 
+/// The K/V append writes the caches: a cache layout whose rows overlap (two tokens' rows at one
+/// address) is refused like an overlapping O. Before, it was accepted and the rows raced (the
+/// bad-input campaign's seed 2778: a V layout of seq_stride 48 and head_stride 128 at head_dim 32).
+#[test]
+fn appends_refuse_caches_whose_rows_overlap() {
+    use wgpu_flash_attn::batch::AppendBuffers;
+    let Some(ctx) = gpu() else { return };
+    let engine = FlashAttention::new(ctx);
+    let p = AttentionProblem::new(common::shape(2, 3, 4, 2, 2, 32), DType::F32).with_causal(true);
+    let mut v = p.v_layout;
+    (v.seq_stride, v.head_stride, v.batch_stride) = (48, 128, 256);
+    let overlapping = p.with_tensor_layout(Tensor::V, v);
+    // An input may overlap (it is read): the attention itself validates.
+    overlapping.validate().unwrap();
+    let new = storage(ctx, 4 * 2 * 3 * 2 * 32);
+    let (k, vb) = (storage(ctx, 4 * 1024), storage(ctx, 4 * 1024));
+    let buffers = AppendBuffers {
+        new_k: TensorBuffer::new(&new),
+        new_v: TensorBuffer::new(&new),
+        k_cache: TensorBuffer::new(&k),
+        v_cache: TensorBuffer::new(&vb),
+        page_table: None,
+        kv_lens: None,
+    };
+    let mut encoder = ctx.device.create_command_encoder(&Default::default());
+    engine.encode_append_kv(&mut encoder, &p, &buffers).unwrap();
+    let e = engine
+        .encode_append_kv(&mut encoder, &overlapping, &buffers)
+        .unwrap_err();
+    assert!(
+        matches!(e, Error::InvalidProblem(ref m) if m.contains("v_cache") && m.contains("overlap")),
+        "{e}"
+    );
+}
+
 /// Finding 5: written tensors that overlap each other or a read tensor in one buffer.
 #[test]
 fn overlapping_written_tensors_are_errors() {

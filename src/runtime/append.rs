@@ -101,6 +101,16 @@ impl FlashAttention {
         )?;
         let new_k = bind("new_k", &buffers.new_k, &new_layout, new_len, es, caps)?;
         let new_v = bind("new_v", &buffers.new_v, &new_layout, new_len, es, caps)?;
+        // The caches are written here: like O, no two of their elements may share an address, or
+        // two tokens' rows would race for it (inputs may overlap; these are outputs of this call).
+        // Found by tests/campaign.rs: a V layout whose rows overlapped was accepted.
+        for (name, t) in [("k_cache", Tensor::K), ("v_cache", Tensor::V)] {
+            let (batch, seq, heads) = problem.stored_extent(t);
+            let extent = (batch, seq, heads, s.head_dim);
+            problem
+                .layout(t)
+                .check(name, extent, Some(" (the append writes the cache)"))?;
+        }
         let cache = |name, t: Tensor, tb| bind(name, tb, problem.layout(t), problem.required_len(t), es, caps);
         let k_cache = cache("k_cache", Tensor::K, &buffers.k_cache)?;
         let v_cache = cache("v_cache", Tensor::V, &buffers.v_cache)?;
