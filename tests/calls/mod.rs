@@ -1117,12 +1117,20 @@ fn judge_backward<T: Element>(
         })
         .collect();
     let scale = stats.iter().map(|s| s.2).fold(0.0, f64::max);
+    // The tests' bounds (GradCheck::passes) hold for their problems; the campaign's tiny random
+    // ones also reach two conditionings they do not:
+    // - a gradient that cancels to nothing (dK and dQ are exactly 0 where every row sees one key)
+    //   keeps the rounding of dP − D, whose terms are of the size of the others: it is judged
+    //   against the largest gradient, not a hundredth of it;
+    // - with f16/bf16, D = rowsum(dO ∘ O) comes from O rounded to the storage type (as from any
+    //   forward), an error of 2⁻⁹ of |dO|·|O| per row that a small dQ or dK carries whole: five
+    //   times the tests' bounds (10%), still far below the error of a wrong row, key or mask.
+    let widen = if p.dtype == DType::F32 { 1.0 } else { 5.0 };
     for (g, e, ref_max) in &stats {
-        // As GradCheck::passes: a gradient negligible beside the others is judged absolutely.
-        let floor = 1e-2 * scale;
+        let negligible = *ref_max < 1e-2 * scale;
         let ok = e.non_finite == 0
-            && (e.rel_l2 <= t.rel_l2 || *ref_max < floor)
-            && e.max_abs <= t.max_abs_of_max * ref_max.max(floor).max(1e-30);
+            && (e.rel_l2 <= widen * t.rel_l2 || negligible)
+            && e.max_abs <= widen * t.max_abs_of_max * if negligible { scale } else { *ref_max }.max(1e-30);
         if !ok {
             return Err(format!("{}: {e} (max |ref| {ref_max:.3e})", g.name()));
         }
