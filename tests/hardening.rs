@@ -118,6 +118,27 @@ fn tiny_buffer_limits_are_errors_not_panics() {
     assert_eq!(moved.dq, reference.dq);
 }
 
+/// A host-slice forward run in parts allocates its output at the layout's size: an O whose head
+/// stride spans 32 GiB is [`Error::TooLarge`], not a failed allocation, which aborts the process
+/// (the bad-input campaign's first full run ended so, on a 51 GB O).
+#[test]
+fn host_outputs_beyond_memory_are_errors() {
+    let Some(ctx) = tiny_device() else { return };
+    let engine = FlashAttention::new(&ctx);
+    let dense = AttentionProblem::mha(1, 8, 2, 32, DType::F32);
+    let mut o = dense.o_layout;
+    o.head_stride = 1 << 33;
+    let sparse = dense.with_tensor_layout(Tensor::O, o);
+    sparse.validate().unwrap();
+    let n = sparse.required_len(Tensor::Q);
+    let x = values(n, 1);
+    let e = engine.forward_blocking(&sparse, &x, &x, &x).unwrap_err();
+    assert!(
+        matches!(e, Error::TooLarge(ref m) if m.contains("`o`") && m.contains("host")),
+        "{e}"
+    );
+}
+
 /// Finding 2, first half: a shader module the device rejects (here: f16 tiles on a device created
 /// without `shader-f16`, whose caps claim it) is an `Error::Shader` from the error scope, not a
 /// panic in the caller's (default) uncaptured-error handler.

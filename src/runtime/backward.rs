@@ -18,7 +18,9 @@ use crate::plan::{backward_grid, select_backward, BackwardChoice, BackwardConfig
 use crate::problem::backward::{BackwardProblem, GradTensor};
 use crate::problem::{BatchIndex, Element, Tensor, TensorLayout};
 use crate::runtime::forward::{FlashAttention, IndexBuffers};
-use crate::runtime::split::{self, on_own_buffers, part_slice, part_timestamps, scatter_rows, shifted, Part, Pass};
+use crate::runtime::split::{
+    self, host_output, on_own_buffers, part_slice, part_timestamps, scatter_rows, shifted, Part, Pass,
+};
 use crate::wgsl::params::{GradParams, Params};
 use crate::wgsl::{
     KernelConfig, BACKWARD_BIAS_BINDING, BACKWARD_HEAD_BINDING, BACKWARD_INDEX_BINDING, SINK_GRAD_INDEX_BINDING,
@@ -927,7 +929,10 @@ impl FlashAttention {
             self.backward_fits_on_own_buffers(&on_own_buffers_backward(whole, part))
         })?;
         let zero = <T as bytemuck::Zeroable>::zeroed();
-        let mut grads = GradTensor::ALL.map(|t| vec![zero; whole.required_len(t)]);
+        let mut grads = [Vec::new(), Vec::new(), Vec::new(), Vec::new()];
+        for (g, t) in grads.iter_mut().zip(GradTensor::ALL).skip(1) {
+            *g = host_output(t.name(), whole.required_len(t), zero)?;
+        }
         let (mut config, mut device_bytes) = (None, 0);
         let group = f.group_size();
         for part in &parts {

@@ -18,7 +18,9 @@ use crate::plan::{
 };
 use crate::problem::index::BatchIndex;
 use crate::problem::{AttentionProblem, Element, Tensor};
-use crate::runtime::split::{self, on_own_buffers, part_slice, part_timestamps, scatter_rows, shifted, Part, Pass};
+use crate::runtime::split::{
+    self, host_output, on_own_buffers, part_slice, part_timestamps, scatter_rows, shifted, Part, Pass,
+};
 use crate::wgsl::params::Params;
 use crate::wgsl::{KernelConfig, NaivePass, FORWARD_BIAS_BINDING, FORWARD_HEAD_BINDING, FORWARD_INDEX_BINDING};
 
@@ -846,8 +848,8 @@ impl FlashAttention {
         let parts = split::plan(whole, Pass::Forward, too_large, |part| {
             self.fits_on_own_buffers(&on_own_buffers(part, whole), part.causal_offset(offset))
         })?;
-        let mut out = vec![<T as bytemuck::Zeroable>::zeroed(); whole.required_len(Tensor::O)];
-        let mut lse = vec![0.0f32; whole.lse_len()];
+        let mut out = host_output("o", whole.required_len(Tensor::O), <T as bytemuck::Zeroable>::zeroed())?;
+        let mut lse = host_output("lse", whole.lse_len(), 0.0f32)?;
         let (mut kernel, mut device_bytes) = (None, 0);
         for part in &parts {
             let sub = on_own_buffers(part, whole);

@@ -554,6 +554,10 @@ impl Campaign {
         let drawn = draw_problem(&mut b);
         b.tidy = b.chance(128);
         let check = self.check_results;
+        if std::env::var_os("FLASH_CAMPAIGN_VERBOSE").is_some() {
+            let on = device.map_or("no device", |d| self.devices[d].name);
+            eprintln!("{label}: {name} on {on}, engine {engine_index}: {drawn:?}");
+        }
         let start = std::time::Instant::now();
         let outcome = {
             let at = device.map(|d| (&self.devices[d], &self.devices[d].engines[engine_index]));
@@ -661,10 +665,13 @@ fn moderate(p: &AttentionProblem) -> bool {
     work <= 4.0e5 && p.scale.is_none_or(|x| x.abs() <= 4.0) && p.softcap.is_none_or(|c| (1e-3..=1e4).contains(&c))
 }
 
+/// Whether the float64 reference is cheap for `p` in a debug build: little work, and tensors
+/// (which it allocates at their layouts, sparse ones included) of at most 4 Mi elements.
 fn small(p: &AttentionProblem) -> bool {
     let s = p.shape;
     let work = s.batch as f64 * s.num_heads as f64 * s.seq_q as f64 * s.seq_kv as f64 * s.head_dim as f64;
-    work <= 4.0e5
+    let tensors = [Tensor::Q, Tensor::K, Tensor::V, Tensor::O];
+    work <= 4.0e5 && tensors.iter().all(|&t| p.required_len(t) <= 1 << 22)
 }
 
 /// Host data for a tensor the problem needs `need` elements of: that many (capped at 64 Ki
@@ -1063,8 +1070,10 @@ fn backward_problem(b: &mut Bytes<'_>, d: &Drawn) -> BackwardProblem {
 /// where the reference refuses.
 fn forward_for_backward<T: Element>(d: &Drawn, q: &[T], k: &[T], v: &[T]) -> (Vec<T>, Vec<f32>) {
     let p = &d.problem;
-    match reference::attention_indexed(p, q, k, v, &d.index()) {
-        Ok(r) if small(p) => (
+    // The reference allocates O at its layout: only where that is small.
+    let sized = small(p) && p.required_len(Tensor::O) <= 1 << 20;
+    match sized.then(|| reference::attention_indexed(p, q, k, v, &d.index())) {
+        Some(Ok(r)) => (
             r.out.iter().map(|&x| T::from_f64(x)).collect(),
             r.lse.iter().map(|&x| x as f32).collect(),
         ),
