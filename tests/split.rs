@@ -2,16 +2,20 @@
 //! dispatches (over batch entries, heads or query rows) and give the unsplit result: on lavapipe
 //! devices whose limits are made tiny, every element against the float64 reference, outputs
 //! poisoned with NaN so that a part never run cannot pass. Where no split can work (one K/V head's
-//! keys exceed a binding), the error names the tensor and the limit.
+//! keys exceed a binding), the error names the tensor and the limit. ALiBi and sinks keep every
+//! head in each part, and give the unsplit result too.
 
 mod common;
 
-use common::{device_with, gpu, seed_of, shape};
-use wgpu_flash_attn::testing::backward_harness::BackwardWorkload;
-use wgpu_flash_attn::testing::harness::{Kernel, Workload};
+use common::{device_with, gpu, seed_of, shape, storage};
+use wgpu_flash_attn::batch::{BatchIndex, BiasLayout, BiasValues, ScoreBias};
+use wgpu_flash_attn::gpu::readback::read_back;
+use wgpu_flash_attn::testing::backward_harness::{grad_tolerance, BackwardWorkload};
+use wgpu_flash_attn::testing::harness::{nan_bytes, tolerance, Kernel, Workload};
+use wgpu_flash_attn::testing::{random_tensor, ErrorStats, Rng};
 use wgpu_flash_attn::{
-    AttentionProblem, BackwardInputs, DType, Error, FlashAttention, ForwardBuffers, GpuContext, Layout, Tensor,
-    TensorBuffer,
+    reference, AttentionProblem, BackwardBuffers, BackwardInputs, BackwardProblem, DType, Error, FlashAttention,
+    ForwardBuffers, GpuContext, GradTensor, Layout, Tensor, TensorBuffer,
 };
 
 /// A device whose one binding holds `binding` bytes, one buffer `buffer`, one dispatch dimension
@@ -210,8 +214,9 @@ fn backward_is_split_over_batches_and_head_groups() {
     }
 }
 
-/// What no split can fix is [`Error::TooLarge`] naming the tensor, the limit and why; an LSE that
-/// parts must copy into place without `COPY_DST` is [`Error::InvalidBuffer`] naming `lse`.
+/// What no split can fix is [`Error::TooLarge`] naming the tensor, the limit and why (or the score
+/// bias, which parts do not take); an LSE that parts must copy into place without `COPY_DST` is
+/// [`Error::InvalidBuffer`] naming `lse`.
 #[test]
 fn what_cannot_be_split_is_refused_by_name() {
     let Some(ctx) = limited(16 << 10, UNLIMITED, 65535) else {
@@ -269,4 +274,419 @@ fn what_cannot_be_split_is_refused_by_name() {
     // Without the LSE the same call is split and recorded.
     let buffers = ForwardBuffers { lse: None, ..buffers };
     engine.encode_forward(&mut encoder, &problem, &buffers, None).unwrap();
+
+    // A score bias (rows per batch entry, head and query) is not split, on either path.
+    let biased = problem.with_bias(ScoreBias {
+        dtype: DType::F32,
+        layout: BiasLayout::dense(&problem, false, false),
+    });
+    let bias = vec![0.5f32; biased.shape.seq_q * biased.shape.seq_kv];
+    let bias_buf = common::storage(&ctx, "bias", bytemuck::cast_slice(&bias));
+    let refused = |e: Error| {
+        assert!(
+            matches!(e, Error::TooLarge(ref m) if m.contains("score bias") && m.contains("cannot be split")),
+            "{e}"
+        );
+    };
+    let with_bias = ForwardBuffers {
+        bias: Some(TensorBuffer::new(&bias_buf)),
+        ..buffers
+    };
+    refused(
+        engine
+            .encode_forward(&mut encoder, &biased, &with_bias, None)
+            .unwrap_err(),
+    );
+    let x: Vec<f32> = random_tensor(5, biased.required_len(Tensor::Q));
+    let index = BatchIndex {
+        bias: Some(BiasValues::F32(&bias)),
+        ..BatchIndex::default()
+    };
+    refused(
+        engine
+            .forward_indexed_blocking(&biased, &x, &x, &x, &index)
+            .unwrap_err(),
+    );
+}
+
+/// Inputs of a problem with per-head terms: Q, K, V, dO, and `[num_heads]` ALiBi slopes (0.02 to
+/// 1) and sinks (spread 2), f32.
+struct HeadTermInputs {
+    q: Vec<f32>,
+    k: Vec<f32>,
+    v: Vec<f32>,
+    d_o: Vec<f32>,
+    slopes: Vec<f32>,
+    sinks: Vec<f32>,
+}
+
+impl HeadTermInputs {
+    fn random(p: &AttentionProblem, label: &str) -> Self {
+        let seed = seed_of(label);
+        let mut rng = Rng::new(seed ^ 0x5eed);
+        let heads = p.shape.num_heads;
+        HeadTermInputs {
+            q: random_tensor(seed, p.required_len(Tensor::Q)),
+            k: random_tensor(seed + 1, p.required_len(Tensor::K)),
+            v: random_tensor(seed + 2, p.required_len(Tensor::V)),
+            d_o: random_tensor(seed + 3, p.required_len(Tensor::O)),
+            slopes: (0..heads).map(|_| 0.02 + 0.98 * rng.uniform() as f32).collect(),
+            sinks: (0..heads).map(|_| 2.0 * rng.normal() as f32).collect(),
+        }
+    }
+
+    fn index(&self, p: &AttentionProblem) -> BatchIndex<'_> {
+        BatchIndex {
+            alibi_slopes: p.has_alibi_tensor().then_some(&self.slopes[..]),
+            sinks: p.sinks.then_some(&self.sinks[..]),
+            ..BatchIndex::default()
+        }
+    }
+}
+
+/// `got` (O or a gradient) and `lse` against the float64 reference's, as tests/head_terms.rs
+/// judges them.
+fn check_head_term_output(label: &str, what: &str, got: &[f32], want: &[f64], grad: bool) {
+    let stats = ErrorStats::from_pairs(got.iter().zip(want).map(|(g, w)| (*g as f64, *w)));
+    let ok = if grad {
+        let t = grad_tolerance(DType::F32);
+        let scale = want.iter().fold(0.0f64, |m, x| m.max(x.abs()));
+        stats.non_finite == 0 && (stats.rel_l2 <= t.rel_l2 || stats.max_abs <= t.max_abs_of_max * scale)
+    } else {
+        let t = tolerance(DType::F32);
+        stats.within(t.out_rel_l2, t.out_max_abs)
+    };
+    assert!(ok, "{label}: {what} {stats}");
+}
+
+fn check_lse(label: &str, got: &[f32], want: &[f64]) {
+    let bound = tolerance(DType::F32).lse_max_abs;
+    for (i, (g, w)) in got.iter().zip(want).enumerate() {
+        let g = *g as f64;
+        assert!(
+            g == *w || (g - w).abs() <= bound * (1.0 + w.abs()),
+            "{label}: LSE {i} = {g}, want {w}"
+        );
+    }
+}
+
+/// Problems with ALiBi and sinks that need a split on a device binding 16 KiB: the parts keep
+/// every head, so a geometric slope (which depends on the head's index and the head count) and
+/// the tensors' values are the whole's.
+fn head_term_cases() -> Vec<(&'static str, AttentionProblem)> {
+    vec![
+        // BHSD, 8 heads of 2 K/V heads, a batch entry's Q 18 KiB: without ALiBi and sinks the
+        // split is into two K/V head groups of 4 heads (whose geometric slopes would be those of 4
+        // heads, and whose tensors would be read from head 0); with them, into rows of all 8.
+        (
+            "bhsd_geometric_alibi_sinks_rows_not_heads",
+            AttentionProblem::new(shape(1, 36, 30, 8, 2, 16), DType::F32)
+                .with_layout(Layout::Bhsd)
+                .with_geometric_alibi()
+                .with_sinks(),
+        ),
+        (
+            "bhsd_alibi_slopes_causal_rows_not_heads",
+            AttentionProblem::new(shape(2, 36, 30, 8, 2, 16), DType::F32)
+                .with_layout(Layout::Bhsd)
+                .with_causal(true)
+                .with_alibi_slopes(),
+        ),
+        // BSHD, a batch entry's Q is 20 KiB: rows of all 8 heads.
+        (
+            "geometric_alibi_sinks_rows",
+            AttentionProblem::new(shape(2, 40, 48, 8, 2, 16), DType::F32)
+                .with_causal(true)
+                .with_geometric_alibi()
+                .with_sinks(),
+        ),
+        // BHSD, per-head slopes and sinks, a window: batch entries split.
+        (
+            "alibi_slopes_sinks_batches",
+            AttentionProblem::new(shape(3, 30, 24, 4, 2, 32), DType::F32)
+                .with_layout(Layout::Bhsd)
+                .with_window(Some(9), Some(2))
+                .with_alibi_slopes()
+                .with_sinks(),
+        ),
+        // Parts of a few rows of 8 heads, a size automatic selection gives the decode kernel, which
+        // takes positions from its own sizes: under ALiBi (no mask) they go to the tiled kernel.
+        (
+            "geometric_alibi_rows_of_decode_size",
+            AttentionProblem::new(shape(1, 20, 8, 8, 8, 64), DType::F32).with_geometric_alibi(),
+        ),
+        // Decode-shaped, BHSD cache: batch entries split, each through the decode kernel, whose
+        // combine adds the sinks.
+        (
+            "decode_alibi_slopes_sinks_batches",
+            AttentionProblem::new(shape(5, 1, 50, 8, 2, 32), DType::F32)
+                .with_layout(Layout::Bhsd)
+                .with_causal(true)
+                .with_alibi_slopes()
+                .with_sinks(),
+        ),
+    ]
+}
+
+/// The forward with ALiBi and sinks, split over bindings: on the caller's buffers (O and the LSE
+/// poisoned) and on host slices (on a device whose buffers hold 16 KiB), against the float64
+/// reference.
+#[test]
+fn alibi_and_sinks_forward_is_split_with_every_head() {
+    let Some(ctx) = limited(16 << 10, UNLIMITED, 65535) else {
+        return;
+    };
+    let Some(small_buffers) = limited(16 << 10, 16 << 10, 65535) else {
+        return;
+    };
+    let engine = FlashAttention::new(&ctx);
+    for (label, p) in head_term_cases() {
+        let bytes = p.required_len(Tensor::Q).max(p.required_len(Tensor::K)) * 4;
+        assert!(bytes > 16 << 10, "{label}: {bytes} bytes fit one binding");
+        let inputs = HeadTermInputs::random(&p, label);
+        let index = inputs.index(&p);
+        let want = reference::attention_indexed(&p, &inputs.q, &inputs.k, &inputs.v, &index).unwrap();
+
+        let buffer = |name, data: &[f32]| storage(&ctx, name, bytemuck::cast_slice(data));
+        let (q, k, v) = (buffer("q", &inputs.q), buffer("k", &inputs.k), buffer("v", &inputs.v));
+        let (slopes, sinks) = (buffer("alibi_slopes", &inputs.slopes), buffer("sinks", &inputs.sinks));
+        let o = storage(&ctx, "o", &nan_bytes(DType::F32, p.required_len(Tensor::O)));
+        let lse = storage(&ctx, "lse", &nan_bytes(DType::F32, p.lse_len()));
+        let buffers = ForwardBuffers {
+            alibi_slopes: p.has_alibi_tensor().then(|| TensorBuffer::new(&slopes)),
+            sinks: p.sinks.then(|| TensorBuffer::new(&sinks)),
+            ..ForwardBuffers::new(
+                TensorBuffer::new(&q),
+                TensorBuffer::new(&k),
+                TensorBuffer::new(&v),
+                TensorBuffer::new(&o),
+                Some(TensorBuffer::new(&lse)),
+            )
+        };
+        let mut encoder = ctx.device.create_command_encoder(&Default::default());
+        engine
+            .encode_forward(&mut encoder, &p, &buffers, None)
+            .unwrap_or_else(|e| panic!("{label}: {e}"));
+        ctx.queue.submit([encoder.finish()]);
+        let bytes = pollster::block_on(read_back(
+            &ctx.device,
+            &ctx.queue,
+            &[(&o, 0, o.size()), (&lse, 0, lse.size())],
+        ))
+        .unwrap();
+        let device_label = format!("{label} (caller's buffers)");
+        check_head_term_output(
+            &device_label,
+            "O",
+            &bytemuck::pod_collect_to_vec::<u8, f32>(&bytes[0]),
+            &want.out,
+            false,
+        );
+        check_lse(&device_label, &bytemuck::pod_collect_to_vec(&bytes[1]), &want.lse);
+
+        let host_label = format!("{label} (host slices)");
+        let result = FlashAttention::new(&small_buffers)
+            .forward_indexed_blocking(&p, &inputs.q, &inputs.k, &inputs.v, &index)
+            .unwrap_or_else(|e| panic!("{host_label}: {e}"));
+        assert!(result.kernel.contains("parts"), "{host_label}: {}", result.kernel);
+        check_head_term_output(&host_label, "O", &result.out, &want.out, false);
+        check_lse(&host_label, &result.lse, &want.lse);
+    }
+}
+
+/// The backward with ALiBi and sinks, split into batch entries of every head (ALiBi) or K/V head
+/// groups (sinks alone, which only the sinks' gradient reads): on the caller's buffers (`d_sinks`
+/// not asked for, and refused by name when it is) and on host slices, where `d_sinks` is the sum
+/// of the parts' (each part given its heads' sinks), against the float64 reference.
+#[test]
+fn alibi_and_sinks_backward_is_split() {
+    let Some(plain) = gpu() else { return };
+    let Some(ctx) = limited(16 << 10, UNLIMITED, 65535) else {
+        return;
+    };
+    let Some(small_buffers) = limited(16 << 10, 16 << 10, 65535) else {
+        return;
+    };
+    let engine = FlashAttention::new(&ctx);
+    let problems = [
+        // BSHD, a batch entry's Q is 12 KiB of 48: batch entries.
+        (
+            "bwd_geometric_alibi_sinks_batches",
+            AttentionProblem::new(shape(4, 24, 20, 4, 2, 32), DType::F32)
+                .with_causal(true)
+                .with_geometric_alibi()
+                .with_sinks(),
+        ),
+        (
+            "bwd_alibi_slopes_batches",
+            AttentionProblem::new(shape(4, 24, 20, 4, 2, 32), DType::F32)
+                .with_window(Some(5), Some(5))
+                .with_alibi_slopes(),
+        ),
+        // BHSD, sinks alone, a batch entry of 18 KiB: K/V head groups of 3 heads, each with its
+        // heads' sinks (host slices).
+        (
+            "bwd_sinks_groups",
+            AttentionProblem::new(shape(1, 48, 36, 6, 2, 16), DType::F32)
+                .with_layout(Layout::Bhsd)
+                .with_window(Some(7), None)
+                .with_sinks(),
+        ),
+    ];
+    for (label, p) in problems {
+        let bytes = p.required_len(Tensor::Q) * 4;
+        assert!(bytes > 16 << 10, "{label}: {bytes} bytes fit one binding");
+        let bp = BackwardProblem::new(p);
+        let inputs = HeadTermInputs::random(&p, label);
+        let index = inputs.index(&p);
+        let fwd = FlashAttention::new(plain)
+            .forward_indexed_blocking(&p, &inputs.q, &inputs.k, &inputs.v, &index)
+            .unwrap();
+        let want =
+            reference::attention_backward_indexed(&bp, &inputs.q, &inputs.k, &inputs.v, &inputs.d_o, &index).unwrap();
+
+        // Host slices: the parts' d_sinks add up.
+        let host_label = format!("{label} (host slices)");
+        let host_inputs = BackwardInputs {
+            q: &inputs.q,
+            k: &inputs.k,
+            v: &inputs.v,
+            o: &fwd.out,
+            lse: &fwd.lse,
+            d_o: &inputs.d_o,
+        };
+        let g = FlashAttention::new(&small_buffers)
+            .backward_indexed_blocking(bp, &host_inputs, &index)
+            .unwrap_or_else(|e| panic!("{host_label}: {e}"));
+        check_head_term_output(&host_label, "dq", &g.dq, &want.dq, true);
+        check_head_term_output(&host_label, "dk", &g.dk, &want.dk, true);
+        check_head_term_output(&host_label, "dv", &g.dv, &want.dv, true);
+        assert_eq!(g.d_sinks.len(), want.d_sinks.len(), "{host_label}");
+        let d_scale = want.d_sinks.iter().fold(0.0f64, |m, x| m.max(x.abs()));
+        for (h, (got, w)) in g.d_sinks.iter().zip(&want.d_sinks).enumerate() {
+            assert!(
+                (*got as f64 - w).abs() <= 1e-4 * (1.0 + d_scale),
+                "{host_label}: d_sinks[{h}] = {got}, want {w}"
+            );
+        }
+
+        // The caller's buffers, gradients poisoned.
+        let device_label = format!("{label} (caller's buffers)");
+        let buffer = |name, data: &[f32]| storage(&ctx, name, bytemuck::cast_slice(data));
+        let (q, k, v, o, lse, d_o) = (
+            buffer("q", &inputs.q),
+            buffer("k", &inputs.k),
+            buffer("v", &inputs.v),
+            buffer("o", &fwd.out),
+            buffer("lse", &fwd.lse),
+            buffer("d_o", &inputs.d_o),
+        );
+        let (slopes, sinks) = (buffer("alibi_slopes", &inputs.slopes), buffer("sinks", &inputs.sinks));
+        let poisoned = |t: GradTensor| storage(&ctx, t.name(), &nan_bytes(DType::F32, bp.required_len(t)));
+        let (dq, dk, dv) = (
+            poisoned(GradTensor::DQ),
+            poisoned(GradTensor::DK),
+            poisoned(GradTensor::DV),
+        );
+        let d_sinks = storage(&ctx, "d_sinks", &nan_bytes(DType::F32, p.shape.num_heads));
+        let buffers = BackwardBuffers {
+            q: TensorBuffer::new(&q),
+            k: TensorBuffer::new(&k),
+            v: TensorBuffer::new(&v),
+            o: TensorBuffer::new(&o),
+            lse: TensorBuffer::new(&lse),
+            d_o: TensorBuffer::new(&d_o),
+            dq: TensorBuffer::new(&dq),
+            dk: TensorBuffer::new(&dk),
+            dv: TensorBuffer::new(&dv),
+            delta: None,
+            cu_seqlens_q: None,
+            cu_seqlens_k: None,
+            alibi_slopes: p.has_alibi_tensor().then(|| TensorBuffer::new(&slopes)),
+            sinks: p.sinks.then(|| TensorBuffer::new(&sinks)),
+            d_sinks: None,
+            bias: None,
+        };
+        let mut encoder = ctx.device.create_command_encoder(&Default::default());
+        if p.sinks {
+            // The sinks' gradient is a sum over every part: refused, nothing recorded.
+            let asked = BackwardBuffers {
+                d_sinks: Some(TensorBuffer::new(&d_sinks)),
+                ..buffers
+            };
+            let e = engine.encode_backward(&mut encoder, bp, &asked, None).unwrap_err();
+            assert!(
+                matches!(e, Error::TooLarge(ref m) if m.contains("d_sinks") && m.contains("cannot be split")),
+                "{device_label}: {e}"
+            );
+        }
+        engine
+            .encode_backward(&mut encoder, bp, &buffers, None)
+            .unwrap_or_else(|e| panic!("{device_label}: {e}"));
+        ctx.queue.submit([encoder.finish()]);
+        let bytes = pollster::block_on(read_back(
+            &ctx.device,
+            &ctx.queue,
+            &[(&dq, 0, dq.size()), (&dk, 0, dk.size()), (&dv, 0, dv.size())],
+        ))
+        .unwrap();
+        for (i, (name, want)) in [("dq", &want.dq), ("dk", &want.dk), ("dv", &want.dv)]
+            .into_iter()
+            .enumerate()
+        {
+            check_head_term_output(
+                &device_label,
+                name,
+                &bytemuck::pod_collect_to_vec::<u8, f32>(&bytes[i]),
+                want,
+                true,
+            );
+        }
+    }
+}
+
+/// Where the heads that ALiBi keeps together do not fit one dispatch, the split is refused by
+/// name rather than run over head ranges with the wrong slopes: a forward of more heads than a
+/// device of 2 workgroups per dimension dispatches, and a backward (which keeps every query row)
+/// of a BHSD batch entry beyond a 16 KiB binding. Without ALiBi both run over head ranges.
+#[test]
+fn alibi_heads_that_do_not_fit_together_are_refused() {
+    let refused = |e: Error| {
+        assert!(
+            matches!(e, Error::TooLarge(ref m) if m.contains("every head") && m.contains("cannot be split")),
+            "{e}"
+        );
+    };
+    let Some(ctx) = limited(UNLIMITED, UNLIMITED, 2) else {
+        return;
+    };
+    let engine = FlashAttention::new(&ctx);
+    let p = AttentionProblem::new(shape(1, 8, 8, 4, 4, 16), DType::F32).with_geometric_alibi();
+    let x: Vec<f32> = random_tensor(3, p.required_len(Tensor::Q));
+    refused(engine.forward_blocking(&p, &x, &x, &x).unwrap_err());
+    let plain = AttentionProblem { alibi: None, ..p };
+    let out = engine.forward_blocking(&plain, &x, &x, &x).unwrap();
+    let want = reference::attention(&plain, &x, &x, &x).unwrap();
+    check_head_term_output("plain", "O", &out.out, &want.out, false);
+
+    let Some(ctx) = limited(16 << 10, 16 << 10, 65535) else {
+        return;
+    };
+    let engine = FlashAttention::new(&ctx);
+    let p = AttentionProblem::new(shape(1, 48, 36, 6, 2, 16), DType::F32)
+        .with_layout(Layout::Bhsd)
+        .with_geometric_alibi();
+    let x: Vec<f32> = random_tensor(4, p.required_len(Tensor::Q));
+    let lse = vec![0.0f32; p.lse_len()];
+    let inputs = BackwardInputs {
+        q: &x,
+        k: &x,
+        v: &x,
+        o: &x,
+        lse: &lse,
+        d_o: &x,
+    };
+    refused(engine.backward_blocking(p, &inputs).unwrap_err());
+    let plain = AttentionProblem { alibi: None, ..p };
+    engine.backward_blocking(plain, &inputs).unwrap();
 }

@@ -16,7 +16,7 @@ use crate::gpu::binding::{
 use crate::gpu::readback::{read_back_within, upload_queued};
 use crate::plan::{backward_grid, select_backward, BackwardChoice, BackwardConfig, BackwardKernel, BackwardPass};
 use crate::problem::backward::{BackwardProblem, GradTensor};
-use crate::problem::{BatchIndex, Element, Tensor, TensorLayout};
+use crate::problem::{AttentionProblem, BatchIndex, Element, Tensor, TensorLayout};
 use crate::runtime::forward::{FlashAttention, IndexBuffers};
 use crate::runtime::split::{
     self, host_output, on_own_buffers, part_slice, part_timestamps, scatter_rows, shifted, Part, Pass,
@@ -145,6 +145,17 @@ fn record_passes(
     }
 }
 
+/// A `d_sinks` output is for a problem with sinks.
+fn check_d_sinks_wanted(problem: &AttentionProblem) -> Result<()> {
+    if problem.sinks {
+        return Ok(());
+    }
+    Err(Error::InvalidBuffer {
+        tensor: "d_sinks",
+        message: "given for a problem without sinks (see AttentionProblem::with_sinks)".into(),
+    })
+}
+
 /// A caller's `delta` (bound as `delta`) against the tensors of the call: it is written, so it may
 /// not share a buffer with a tensor read in the same dispatches (O, dO) or the gradients, nor
 /// overlap the bytes of Q, K, V or the LSE.
@@ -208,9 +219,10 @@ impl FlashAttention {
     ///
     /// A problem whose tensors span more than one binding, or whose grids exceed the device's
     /// dispatch limits, is recorded as one such pass per part of it (whole batch entries, or
-    /// whole K/V head groups of one entry), with the same result; a part's LSE rows whose offset
-    /// the device cannot bind are copied out first, which needs `COPY_SRC` on the LSE's buffer.
-    /// What no split fixes (a group's rows beyond one binding) is [`Error::TooLarge`].
+    /// whole K/V head groups of one entry; every head with ALiBi), with the same result; a part's
+    /// LSE rows whose offset the device cannot bind are copied out first, which needs `COPY_SRC`
+    /// on the LSE's buffer. What no split fixes (a group's rows beyond one binding, or a call that
+    /// asks for `d_sinks`, a sum over all parts) is [`Error::TooLarge`].
     pub fn encode_backward(
         &self,
         encoder: &mut wgpu::CommandEncoder,
@@ -502,6 +514,16 @@ impl FlashAttention {
         if let Some(d) = &buffers.delta {
             check_delta(buffers, &bound, &bind_f32("delta", d, f.lse_len(), &unbounded)?)?;
         }
+        // The sinks' gradient sums over every batch entry and row: each part's kernel would write
+        // its own sum over the last's (src/runtime/split.rs).
+        if buffers.d_sinks.is_some() {
+            check_d_sinks_wanted(f)?;
+            return Err(Error::TooLarge(format!(
+                "{too_large}; the problem cannot be split into smaller dispatches while it computes the sinks' \
+                 gradient, a sum over every part: give `d_sinks: None` (and take it from a host-slice backward, \
+                 which adds the parts' sums up), or a device that binds the whole call"
+            )));
+        }
 
         let es = f.dtype.size_bytes();
         let group = f.group_size();
@@ -521,9 +543,12 @@ impl FlashAttention {
                 delta,
                 cu_seqlens_q: None,
                 cu_seqlens_k: None,
+                // Parts have every head where the kernels read a per-head term
+                // (split::keeps_heads_whole): the whole call's tensors as they are.
                 alibi_slopes: buffers.alibi_slopes,
                 sinks: buffers.sinks,
-                d_sinks: buffers.d_sinks,
+                d_sinks: None,
+                // None unless the problem has a bias, which `plan` refuses.
                 bias: buffers.bias,
             }
         };
@@ -615,12 +640,7 @@ impl FlashAttention {
         let Some(d_sinks) = &buffers.d_sinks else {
             return Ok(None);
         };
-        if !f.sinks {
-            return Err(Error::InvalidBuffer {
-                tensor: "d_sinks",
-                message: "given for a problem without sinks (see AttentionProblem::with_sinks)".into(),
-            });
-        }
+        check_d_sinks_wanted(f)?;
         check_written_apart_from_read(
             &[("d_sinks", Some(d_sinks))],
             &[
@@ -766,8 +786,13 @@ impl FlashAttention {
         problem.validate()?;
         if let Some(index) = index {
             index.validate(&problem.forward)?;
-        } else if let Err(Error::TooLarge(why)) = self.backward_fits_on_own_buffers(&problem) {
-            return self.backward_in_parts(problem, inputs, &why).await;
+        }
+        // An index of more than per-head terms (packed offsets) keeps a problem whole
+        // (src/runtime/split.rs).
+        if index.is_none() || split::splittable(&problem.forward) {
+            if let Err(Error::TooLarge(why)) = self.backward_fits_on_own_buffers(&problem) {
+                return self.backward_in_parts(problem, inputs, index, &why).await;
+            }
         }
         self.backward_whole(problem, inputs, index).await
     }
@@ -917,10 +942,13 @@ impl FlashAttention {
     /// A host-slice backward too large for one call of each kernel on buffers of its own
     /// (`too_large` says why): its parts ([`split::plan`]: whole batch entries or K/V head
     /// groups), each uploaded, run and read back in turn, scattered into the whole's gradients.
+    /// `index`, checked by the caller, holds at most the per-head terms: each part gets its heads'
+    /// share of them, and the sinks' gradient is the sum of the parts'.
     async fn backward_in_parts<T: Element>(
         &self,
         whole: BackwardProblem,
         inputs: &BackwardInputs<'_, T>,
+        index: Option<&BatchIndex<'_>>,
         too_large: &str,
     ) -> Result<BackwardOutput<T>> {
         check_backward_slices(&whole, inputs)?;
@@ -933,10 +961,22 @@ impl FlashAttention {
         for (g, t) in grads.iter_mut().zip(GradTensor::ALL).skip(1) {
             *g = host_output(t.name(), whole.required_len(t), zero)?;
         }
+        let mut d_sinks = if f.sinks {
+            vec![0.0f32; f.shape.num_heads]
+        } else {
+            Vec::new()
+        };
         let (mut config, mut device_bytes) = (None, 0);
         let group = f.group_size();
         for part in &parts {
             let sub = on_own_buffers_backward(whole, part);
+            // The part's heads of each (validated) `[num_heads]` tensor.
+            let heads = part.h0..part.h0 + part.nh;
+            let sub_index = index.map(|i| BatchIndex {
+                alibi_slopes: i.alibi_slopes.map(|t| &t[heads.clone()]),
+                sinks: i.sinks.map(|t| &t[heads.clone()]),
+                ..BatchIndex::default()
+            });
             let sf = &sub.forward;
             let slice =
                 |data, layout: &TensorLayout, kv, len| part_slice(data, layout, part.offset_in(layout, kv, group), len);
@@ -954,7 +994,10 @@ impl FlashAttention {
                     sub.required_len(GradTensor::DO),
                 ),
             };
-            let result = self.backward_whole(sub, &sub_inputs, None).await?;
+            let result = self.backward_whole(sub, &sub_inputs, sub_index.as_ref()).await?;
+            for (total, part) in d_sinks.iter_mut().skip(part.h0).zip(&result.d_sinks) {
+                *total += part;
+            }
             let s = f.shape;
             let kv_heads = sf.shape.num_kv_heads;
             for (i, (t, from)) in [
@@ -987,8 +1030,7 @@ impl FlashAttention {
             dq,
             dk,
             dv,
-            // `plan` refuses problems with sinks.
-            d_sinks: Vec::new(),
+            d_sinks,
             // `plan` returns at least one part.
             config: config.ok_or_else(|| Error::TooLarge(too_large.to_string()))?,
             device_bytes,

@@ -406,10 +406,11 @@ impl FlashAttention {
     ///
     /// A problem whose tensors span more than one binding, or whose grid exceeds the device's
     /// dispatch limits, is recorded as several dispatches over parts of it (batch entries, heads,
-    /// query rows; see the README's "Larger than the device binds"), with the same result; the
-    /// kernel returned is the first part's. A part's LSE rows that cannot be bound in place are
-    /// copied, which needs `COPY_DST` on the LSE's buffer ([`Error::InvalidBuffer`] otherwise).
-    /// What no split fixes (one K/V head's keys beyond a binding) is [`Error::TooLarge`].
+    /// query rows; every head with ALiBi or sinks; see the README's "Larger than the device
+    /// binds"), with the same result; the kernel returned is the first part's. A part's LSE rows
+    /// that cannot be bound in place are copied, which needs `COPY_DST` on the LSE's buffer
+    /// ([`Error::InvalidBuffer`] otherwise). What no split fixes (one K/V head's keys beyond a
+    /// binding) is [`Error::TooLarge`].
     ///
     /// Q and K/V packed in shared buffers, O and the LSE in their own, f16:
     ///
@@ -484,19 +485,21 @@ impl FlashAttention {
     }
 
     /// The kernel for `problem` when its row 0 sits at `causal_offset`: [`select`](Self::select)'s,
-    /// except that rows placed elsewhere than `seq_kv − seq_q` under a mask or window go to the
-    /// prefill kernels, which take their rows' place from `Params::causal_offset`; the decode
-    /// kernel places rows from the problem's own sizes (shaders/flash_decode.wgsl).
+    /// except that rows placed elsewhere than `seq_kv − seq_q` under a mask, window or ALiBi (whose
+    /// bias is by position) go to the prefill kernels, which take their rows' place from
+    /// `Params::causal_offset`; the decode kernel places rows from the problem's own sizes
+    /// (shaders/flash_decode.wgsl).
     fn select_at(&self, problem: &AttentionProblem, causal_offset: i64) -> Result<ForwardKernel> {
         let kernel = self.select(problem)?;
-        let shifted = causal_offset != problem.causal_offset() && (problem.causal || problem.window.is_some());
+        let by_position = problem.causal || problem.window.is_some() || problem.alibi.is_some();
+        let shifted = causal_offset != problem.causal_offset() && by_position;
         if !(shifted && matches!(kernel, ForwardKernel::Decode { .. })) {
             return Ok(kernel);
         }
         if let KernelChoice::Decode(_) = self.options.choice {
             return Err(Error::Unavailable {
                 what: "the decode kernel".into(),
-                why: "it cannot run a part of a split problem's query rows under a causal mask or window; \
+                why: "it cannot run a part of a split problem's query rows under a causal mask, window or ALiBi; \
                       choose KernelChoice::Auto or the tiled kernel for problems this large"
                     .into(),
             });
@@ -715,18 +718,23 @@ impl FlashAttention {
         self.check_forward_buffers(whole, buffers)?;
         let caps = &self.ctx.caps;
         let es = whole.dtype.size_bytes();
+        // A part has every head where the problem has per-head terms (split::keeps_heads_whole),
+        // so it reads the whole call's `[num_heads]` tensors as they are.
+        let head_terms = IndexBuffers {
+            alibi_slopes: buffers.alibi_slopes,
+            sinks: buffers.sinks,
+            ..IndexBuffers::default()
+        };
         let moved = |part: &Part, lse| {
             let at = |t: Tensor| (es * part.element_offset(whole, t)) as u64;
-            ForwardBuffers {
+            ForwardBuffers::new(
+                shifted(&buffers.q, at(Tensor::Q)),
+                shifted(&buffers.k, at(Tensor::K)),
+                shifted(&buffers.v, at(Tensor::V)),
+                shifted(&buffers.o, at(Tensor::O)),
                 lse,
-                ..ForwardBuffers::new(
-                    shifted(&buffers.q, at(Tensor::Q)),
-                    shifted(&buffers.k, at(Tensor::K)),
-                    shifted(&buffers.v, at(Tensor::V)),
-                    shifted(&buffers.o, at(Tensor::O)),
-                    None,
-                )
-            }
+            )
+            .with_index(head_terms)
         };
         let align = f32_offset_alignment(caps);
         let lse_in_place = |part: &Part| {
@@ -831,13 +839,15 @@ impl FlashAttention {
 
     /// A host-slice forward too large for one dispatch on buffers of its own (`too_large` says
     /// why): its parts ([`split::plan`]), each uploaded, run and read back in turn, so device
-    /// memory holds one part at a time, and scattered into the whole's O and LSE.
+    /// memory holds one part at a time, and scattered into the whole's O and LSE. `index`, checked
+    /// by the caller, holds at most the per-head terms, uploaded once: every part has all heads.
     async fn forward_in_parts<T: Element>(
         &self,
         whole: &AttentionProblem,
         q: &[T],
         k: &[T],
         v: &[T],
+        index: Option<&BatchIndex<'_>>,
         too_large: &str,
     ) -> Result<AttentionOutput<T>> {
         check_host_slices::<T>(
@@ -850,6 +860,8 @@ impl FlashAttention {
         })?;
         let mut out = host_output("o", whole.required_len(Tensor::O), <T as bytemuck::Zeroable>::zeroed())?;
         let mut lse = host_output("lse", whole.lse_len(), 0.0f32)?;
+        let uploaded = self.upload_index(index)?;
+        let head_terms = uploaded.buffers();
         let (mut kernel, mut device_bytes) = (None, 0);
         for part in &parts {
             let sub = on_own_buffers(part, whole);
@@ -867,7 +879,8 @@ impl FlashAttention {
             let (q, k, v) = (slice(Tensor::Q, q), slice(Tensor::K, k), slice(Tensor::V, v));
             let result = self
                 .run_on_host(&sub, q, k, v, config.name(), scratch, |engine, encoder, buffers| {
-                    engine.encode_forward_at(encoder, &sub, at, buffers, None).map(|_| ())
+                    let buffers = buffers.with_index(head_terms);
+                    engine.encode_forward_at(encoder, &sub, at, &buffers, None).map(|_| ())
                 })
                 .await?;
             scatter_rows(
@@ -1008,8 +1021,13 @@ impl FlashAttention {
         if let Some(index) = index {
             problem.validate()?;
             index.validate(problem)?;
-        } else if let Err(Error::TooLarge(why)) = self.fits_on_own_buffers(problem, problem.causal_offset()) {
-            return self.forward_in_parts(problem, q, k, v, &why).await;
+        }
+        // An index of more than per-head terms (packed offsets, a page table, key counts) keeps
+        // a problem whole (src/runtime/split.rs).
+        if index.is_none() || split::splittable(problem) {
+            if let Err(Error::TooLarge(why)) = self.fits_on_own_buffers(problem, problem.causal_offset()) {
+                return self.forward_in_parts(problem, q, k, v, index, &why).await;
+            }
         }
         let config = self.prepare(problem).await?;
         let scratch = kernel_scratch_bytes(problem, &config)?;

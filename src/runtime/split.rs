@@ -16,6 +16,18 @@
 //!
 //! The keys of one (batch entry, K/V head) are never split (that would need the merge of partial
 //! results); where they alone exceed a binding the problem is refused, naming the tensor.
+//!
+//! Per-head terms (src/problem/head_terms.rs) keep a problem's heads together: a part always has
+//! all `num_heads` query heads ([`keeps_heads_whole`]). ALiBi's geometric slope depends on the
+//! absolute head index and the head count, and the kernels index the `alibi_slopes` and `sinks`
+//! tensors by head from their binding's start, which a part could only move by a multiple of the
+//! device's storage offset alignment, so a part of fewer heads would read other heads' terms. With
+//! every head, a part reads the whole call's tensors unchanged, and its batch entries and query
+//! rows are split as for any problem (ALiBi takes a row's position from the causal offset, as the
+//! mask does). The backward's gradient kernels read only the slopes (the LSE holds the sinks), so
+//! there sinks alone do not keep heads together; their gradient `dL/ds_h` sums over every batch
+//! entry and row, which the host backward adds up over its parts and the caller's-buffers
+//! backward refuses to split (each part's kernel would overwrite `d_sinks` with its own sum).
 
 use crate::caps::Caps;
 use crate::error::{Error, Result};
@@ -25,15 +37,31 @@ use crate::problem::features::{Feature, FeatureSet};
 use crate::problem::{AttentionProblem, AttentionShape, Tensor, TensorLayout};
 
 /// The features a part computes exactly as the whole does: none of them depends on a row's batch
-/// entry or head index. Anything else (index tensors, and future per-head features such as ALiBi
-/// slopes or sinks, which would need the part's first head) keeps a problem whole.
+/// entry, and the per-head terms (ALiBi, sinks) only on its head, which parts of every head keep
+/// ([`keeps_heads_whole`]). Anything else (the index tensors of packed batches, paged caches and
+/// key counts, which are per batch entry, and a score bias tensor, per batch entry, head and row:
+/// each would need offsets of its own) keeps a problem whole.
 pub(crate) const SPLIT_FEATURES: FeatureSet = FeatureSet::of(&[
     Feature::CausalMask,
     Feature::GroupedKv,
     Feature::ArbitraryScale,
     Feature::SlidingWindow,
     Feature::SoftCap,
+    Feature::Alibi,
+    Feature::Sinks,
 ]);
+
+/// Whether `problem` may be split into parts at all: its features are all [`SPLIT_FEATURES`].
+pub(crate) fn splittable(problem: &AttentionProblem) -> bool {
+    problem.features().missing_from(SPLIT_FEATURES).is_empty()
+}
+
+/// Whether every part of `whole` must have all its query heads: where `pass` reads a per-head
+/// term, ALiBi's slopes (forward and backward) or the sinks (forward; the backward's gradient
+/// kernels find them in the LSE). See the module's documentation.
+pub(crate) fn keeps_heads_whole(whole: &AttentionProblem, pass: Pass) -> bool {
+    whole.alibi.is_some() || (whole.sinks && pass == Pass::Forward)
+}
 
 /// The most dispatches one call is split into: each records a pass with its own uniform and bind
 /// group, so a split finer than this is a problem no device should be asked to run this way.
@@ -126,8 +154,9 @@ impl Part {
 }
 
 /// The head counts a part may have, ascending: ranges inside one group (`1..group`, forward only),
-/// then whole groups (`group, 2·group, .., num_heads`). Indexed rather than listed: a problem may
-/// have billions of heads.
+/// then whole groups (`group, 2·group, .., num_heads`); only `num_heads` where the heads stay
+/// together ([`keeps_heads_whole`]). Indexed rather than listed: a problem may have billions of
+/// heads.
 struct HeadCounts {
     group: usize,
     groups: usize,
@@ -136,6 +165,14 @@ struct HeadCounts {
 
 impl HeadCounts {
     fn new(whole: &AttentionProblem, pass: Pass) -> Self {
+        if keeps_heads_whole(whole, pass) {
+            // One "group" of every head: head ranges are all heads or nothing.
+            return HeadCounts {
+                group: whole.shape.num_heads.max(1),
+                groups: 1,
+                partial: 0,
+            };
+        }
         let group = whole.group_size().max(1);
         HeadCounts {
             group,
@@ -223,15 +260,17 @@ pub(crate) fn plan(
     }
     let Some((mut nb, mut hi, mut nq)) = shape else {
         let smallest = match pass {
-            Pass::Forward => part(1, 1, 1),
+            Pass::Forward => part(1, heads.get(0), 1),
             Pass::Backward => part(1, heads.get(0), s.seq_q),
         };
         let why = fits(&smallest)
             .err()
             .map_or_else(|| "no part fits".to_string(), |e| e.to_string());
-        let what = match pass {
-            Pass::Forward => "one query row of one head",
-            Pass::Backward => "one group of heads that share a K/V head, of one batch entry,",
+        let what = match (pass, keeps_heads_whole(whole, pass)) {
+            (Pass::Forward, false) => "one query row of one head",
+            (Pass::Forward, true) => "one query row of every head (ALiBi and sinks keep the heads together)",
+            (Pass::Backward, false) => "one group of heads that share a K/V head, of one batch entry,",
+            (Pass::Backward, true) => "every head of one batch entry (ALiBi keeps the heads together)",
         };
         return Err(refuse(format!("even {what} is too large: {why}")));
     };
@@ -548,6 +587,39 @@ mod tests {
         })
         .unwrap_err();
         assert!(e.to_string().contains("dispatches"), "{e}");
+    }
+
+    #[test]
+    fn per_head_terms_keep_every_head_together() {
+        let whole = problem(2, 30, 8, 2);
+        // At most 120 (head, row) pairs of one batch entry.
+        let fits = |p: &Part| {
+            if p.nb == 1 && p.nh * p.nq <= 120 {
+                Ok(())
+            } else {
+                Err(Error::TooLarge("pairs".into()))
+            }
+        };
+        // Without per-head terms: one group of four heads, all 30 rows.
+        let parts = plan(&whole, Pass::Forward, "", fits).unwrap();
+        assert!(parts.iter().all(|p| (p.nh, p.nq) == (4, 30)), "{parts:?}");
+        // With them, every head of fewer rows.
+        for with in [
+            whole.with_geometric_alibi(),
+            whole.with_alibi_slopes(),
+            whole.with_sinks(),
+        ] {
+            let parts = plan(&with, Pass::Forward, "", fits).unwrap();
+            assert!(parts.iter().all(|p| (p.h0, p.nh, p.nq) == (0, 8, 15)), "{parts:?}");
+            check_cover(&with, &parts);
+        }
+        // The backward keeps every row: with ALiBi, one batch entry of every head is too large.
+        let e = plan(&whole.with_geometric_alibi(), Pass::Backward, "whole", fits).unwrap_err();
+        assert!(e.to_string().contains("every head"), "{e}");
+        // Sinks alone are not read by its gradient kernels: groups of heads, as without.
+        let parts = plan(&whole.with_sinks(), Pass::Backward, "", fits).unwrap();
+        assert!(parts.iter().all(|p| (p.nh, p.nq) == (4, 30)), "{parts:?}");
+        check_cover(&whole, &parts);
     }
 
     #[test]
