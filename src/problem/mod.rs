@@ -12,7 +12,7 @@ pub mod varlen;
 pub use cache::{KvCache, PagedKv};
 pub use head_terms::Alibi;
 pub use index::BatchIndex;
-pub use score_bias::{BiasLayout, BiasValues, ScoreBias};
+pub use score_bias::ScoreBias;
 pub use varlen::{SequenceRows, Varlen};
 
 pub use crate::dtype::{DType, Element};
