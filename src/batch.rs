@@ -6,13 +6,17 @@
 //! [`BatchIndex`] of them, and the append of new tokens' K/V
 //! ([`FlashAttention::encode_append_kv`](crate::FlashAttention::encode_append_kv)); and the
 //! types of the side tensors a [`BatchIndex`] carries for the variants: ALiBi's slope source
-//! ([`Alibi`]) and the score bias ([`ScoreBias`], its [`BiasLayout`], its host [`BiasValues`]).
-//! The public facade over `problem::{varlen, cache, index, head_terms, score_bias}` and
+//! ([`Alibi`]), the score bias ([`ScoreBias`], its [`BiasLayout`], its host [`BiasValues`]), the
+//! mask tensor ([`AttentionMask`], at a [`BiasLayout`] too) and its block summary ([`MaskBlocks`]
+//! of [`MASK_BLOCK`]-square [`BlockState`]s, computed by
+//! [`FlashAttention::encode_mask_blocks`](crate::FlashAttention::encode_mask_blocks)).
+//! The public facade over `problem::{varlen, cache, index, head_terms, score_bias, mask}` and
 //! `runtime::append`.
 
 pub use crate::problem::cache::{KvCache, PagedKv, PAGE_SIZE_MULTIPLE};
 pub use crate::problem::head_terms::Alibi;
 pub use crate::problem::index::BatchIndex;
+pub use crate::problem::mask::{AttentionMask, BlockState, MaskBlocks, MASK_BLOCK};
 pub use crate::problem::score_bias::{BiasLayout, BiasValues, ScoreBias};
 pub use crate::problem::varlen::{SequenceRows, Varlen};
 pub use crate::runtime::append::AppendBuffers;

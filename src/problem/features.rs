@@ -37,10 +37,14 @@ pub enum Feature {
     Sinks,
     /// An additive bias tensor over the scores (src/problem/score_bias.rs).
     Bias,
+    /// A boolean (byte) mask tensor (src/problem/mask.rs).
+    Mask,
+    /// Tile skipping by a block summary of the mask or bias (src/problem/mask.rs, `MaskBlocks`).
+    MaskBlocks,
 }
 
 impl Feature {
-    pub const ALL: [Feature; 11] = [
+    pub const ALL: [Feature; 13] = [
         Feature::CausalMask,
         Feature::GroupedKv,
         Feature::ArbitraryScale,
@@ -52,6 +56,8 @@ impl Feature {
         Feature::Alibi,
         Feature::Sinks,
         Feature::Bias,
+        Feature::Mask,
+        Feature::MaskBlocks,
     ];
 
     /// What the feature is, for messages ("... does not implement {description}").
@@ -71,6 +77,8 @@ impl Feature {
             Feature::Alibi => "ALiBi position bias",
             Feature::Sinks => "attention sinks",
             Feature::Bias => "a score bias tensor",
+            Feature::Mask => "a mask tensor",
+            Feature::MaskBlocks => "a mask's block summary (tile skipping)",
         }
     }
 
@@ -159,6 +167,12 @@ impl AttentionProblem {
         }
         if self.bias.is_some() {
             set = set.with(Feature::Bias);
+        }
+        if self.mask.is_some() {
+            set = set.with(Feature::Mask);
+        }
+        if self.mask_blocks {
+            set = set.with(Feature::MaskBlocks);
         }
         set
     }
