@@ -70,6 +70,20 @@ struct Params {
     batch: u32,
     // Where the score bias's elements lie, in elements, not granules (score_bias_bound.wgsl).
     bias: TensorStrides,
+    // Where the mask's bytes lie, in bytes, as the bias's elements (mask_bound.wgsl).
+    mask: TensorStrides,
+    // The mask's block summary (mask_blocks_bound.wgsl).
+    blocks: MaskBlocksParams,
+}
+
+// The key of the description a block summary must have been computed for, and the strides of its
+// states in words: between summarized batch entries and heads (0 when the mask broadcasts) and
+// rows of blocks. Mirrored by `MaskBlocksParams` in src/wgsl/params.rs.
+struct MaskBlocksParams {
+    key: u32,
+    batch: u32,
+    head: u32,
+    row: u32,
 }
 
 @group(0) @binding(0) var<uniform> params: Params;

@@ -217,6 +217,8 @@ fn backward_case<T: Element>(ctx: &GpuContext, engine: &FlashAttention, p: &Atte
         sinks: p.sinks.then(|| TensorBuffer::new(&sinks)),
         d_sinks: p.sinks.then(|| TensorBuffer::new(&d_sinks)),
         bias: None,
+        mask: None,
+        mask_blocks: None,
     };
     let mut encoder = ctx.device.create_command_encoder(&Default::default());
     let config = engine

@@ -13,7 +13,7 @@
 use crate::caps::Caps;
 use crate::error::{Error, Result};
 use crate::plan::tiled::tiled_device_fit_reason;
-use crate::plan::{missing_features, Reduction, SequenceIndex, TilePlan, TileType, Variant};
+use crate::plan::{missing_features, MaskBinding, Reduction, SequenceIndex, TilePlan, TileType, Variant};
 use crate::problem::backward::BackwardProblem;
 use crate::problem::features::{Feature, FeatureSet};
 use crate::problem::DType;
@@ -235,13 +235,15 @@ pub struct GradKernel {
     pub head_tensors: bool,
     /// The score bias tensor's element type, when it binds one (shaders/score_bias_bound.wgsl).
     pub bias: Option<DType>,
+    /// Whether it binds the mask tensor and its block summary (shaders/mask_*.wgsl).
+    pub mask: MaskBinding,
 }
 
 impl GradKernel {
     /// `flash_bwd_{dkdv|dq}_{dtype}_tile_{f32|f16}_bm{}_bn{}_tx{}_ty{}_ks{}_ns{}_st{}_d{}`.
     pub fn name(&self) -> String {
         format!(
-            "{}_{}_tile_{}_{}_d{}{}{}{}",
+            "{}_{}_tile_{}_{}_d{}{}{}{}{}",
             self.pass.entry_point(),
             self.storage.name(),
             tile_name(self.tile),
@@ -249,7 +251,8 @@ impl GradKernel {
             self.head_dim_pad,
             self.sequences.name_suffix(),
             if self.head_tensors { "_heads" } else { "" },
-            self.bias.map_or(String::new(), |t| format!("_bias{}", t.name()))
+            self.bias.map_or(String::new(), |t| format!("_bias{}", t.name())),
+            self.mask.name_suffix()
         )
     }
 
@@ -517,6 +520,8 @@ pub const BACKWARD_FEATURES: FeatureSet = FeatureSet::of(&[
     Feature::Alibi,
     Feature::Sinks,
     Feature::Bias,
+    Feature::Mask,
+    Feature::MaskBlocks,
 ]);
 
 /// Picks the three backward kernels for `problem` on a device with `caps`.
@@ -580,6 +585,7 @@ pub fn select_backward(problem: &BackwardProblem, caps: &Caps, choice: &Backward
                     sequences,
                     head_tensors: problem.forward.has_alibi_tensor(),
                     bias: problem.forward.bias.map(|b| b.dtype),
+                    mask: MaskBinding::of(&problem.forward),
                 };
                 match kernel.unavailable_reason(caps) {
                     Some(why) => reasons.push(format!("{}: {why}", kernel.name())),
@@ -667,6 +673,7 @@ pub fn all_backward_kernels() -> Vec<BackwardKernel> {
                                 sequences: SequenceIndex::default(),
                                 head_tensors,
                                 bias: None,
+                                mask: MaskBinding::default(),
                             }));
                         }
                         if plan == backward_plans(pass)[0] {
@@ -680,6 +687,20 @@ pub fn all_backward_kernels() -> Vec<BackwardKernel> {
                                     sequences: SequenceIndex::default(),
                                     head_tensors: false,
                                     bias: Some(bias),
+                                    mask: MaskBinding::default(),
+                                }));
+                            }
+                            for mask in MaskBinding::BOUND {
+                                kernels.push(BackwardKernel::Grad(GradKernel {
+                                    pass,
+                                    storage,
+                                    tile,
+                                    plan,
+                                    head_dim_pad,
+                                    sequences: SequenceIndex::default(),
+                                    head_tensors: false,
+                                    bias: None,
+                                    mask,
                                 }));
                             }
                         }

@@ -5,7 +5,7 @@
 use crate::caps::Caps;
 use crate::error::{Error, Result};
 use crate::plan::policy::{F16_TILES_BY_DEFAULT, MAX_ACCUMULATORS};
-use crate::plan::{check_grid, missing_features, SequenceIndex};
+use crate::plan::{check_grid, missing_features, MaskBinding, SequenceIndex};
 use crate::problem::features::{Feature, FeatureSet};
 use crate::problem::{AttentionProblem, DType};
 use crate::util::{lcm, sat_u32};
@@ -266,6 +266,8 @@ pub struct FlashConfig {
     pub head_tensors: bool,
     /// The score bias tensor's element type, when it binds one (shaders/score_bias_bound.wgsl).
     pub bias: Option<DType>,
+    /// Whether it binds the mask tensor and its block summary (shaders/mask_*.wgsl).
+    pub mask: MaskBinding,
 }
 
 impl FlashConfig {
@@ -273,14 +275,15 @@ impl FlashConfig {
     /// the pipeline label, cache key in messages, and test and benchmark id.
     pub fn name(&self) -> String {
         format!(
-            "flash_fwd_{}_{}_{}_d{}{}{}{}",
+            "flash_fwd_{}_{}_{}_d{}{}{}{}{}",
             self.storage.name(),
             self.variant.name(),
             self.plan.name_part(),
             self.head_dim_pad,
             self.sequences.name_suffix(),
             if self.head_tensors { "_heads" } else { "" },
-            self.bias.map_or(String::new(), |t| format!("_bias{}", t.name()))
+            self.bias.map_or(String::new(), |t| format!("_bias{}", t.name())),
+            self.mask.name_suffix()
         )
     }
 
@@ -328,6 +331,8 @@ pub const TILED_FEATURES: FeatureSet = FeatureSet::of(&[
     Feature::Alibi,
     Feature::Sinks,
     Feature::Bias,
+    Feature::Mask,
+    Feature::MaskBlocks,
 ]);
 
 /// The variants worth trying for a problem on a device, best first.
@@ -383,6 +388,7 @@ pub fn select(problem: &AttentionProblem, caps: &Caps, choice: &TiledChoice) -> 
                 sequences: SequenceIndex::of(problem),
                 head_tensors: problem.has_head_tensors(),
                 bias: problem.bias.map(|b| b.dtype),
+                mask: MaskBinding::of(problem),
             };
             match config.unavailable_reason(caps) {
                 Some(why) => reasons.push(format!("{}: {why}", config.name())),
@@ -410,7 +416,8 @@ pub fn select(problem: &AttentionProblem, caps: &Caps, choice: &TiledChoice) -> 
 
 /// Every configuration automatic selection can return, on any device: each shipped plan with each
 /// variant, storage type and padded head_dim, and the first plan's also with the per-head
-/// tensors bound and with a bias of each type. The shader tests translate all of them.
+/// tensors bound, with a bias of each type, and with each binding of a mask and its summary. The
+/// shader tests translate all of them.
 pub fn all_configs() -> Vec<FlashConfig> {
     let mut configs = Vec::new();
     for storage in DType::ALL {
@@ -437,6 +444,7 @@ pub fn all_configs() -> Vec<FlashConfig> {
                             sequences: SequenceIndex::default(),
                             head_tensors,
                             bias: None,
+                            mask: MaskBinding::default(),
                         });
                     }
                     if plan == PLANS[0] {
@@ -449,6 +457,19 @@ pub fn all_configs() -> Vec<FlashConfig> {
                                 sequences: SequenceIndex::default(),
                                 head_tensors: false,
                                 bias: Some(bias),
+                                mask: MaskBinding::default(),
+                            });
+                        }
+                        for mask in MaskBinding::BOUND {
+                            configs.push(FlashConfig {
+                                storage,
+                                variant,
+                                plan,
+                                head_dim_pad,
+                                sequences: SequenceIndex::default(),
+                                head_tensors: false,
+                                bias: None,
+                                mask,
                             });
                         }
                     }

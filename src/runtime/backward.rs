@@ -21,6 +21,7 @@ use crate::runtime::forward::{FlashAttention, IndexBuffers};
 use crate::runtime::split::{
     self, host_output, on_own_buffers, part_slice, part_timestamps, scatter_rows, shifted, Part, Pass,
 };
+use crate::wgsl::mask::BACKWARD_MASK_BINDING;
 use crate::wgsl::params::{GradParams, Params};
 use crate::wgsl::{
     KernelConfig, BACKWARD_BIAS_BINDING, BACKWARD_HEAD_BINDING, BACKWARD_INDEX_BINDING, SINK_GRAD_INDEX_BINDING,
@@ -83,6 +84,14 @@ pub struct BackwardBuffers<'a> {
     /// [`ForwardBuffers::bias`](crate::runtime::forward::ForwardBuffers::bias); `None` otherwise. The gradients
     /// treat it as a constant: no `dL/d(bias)` yet.
     pub bias: Option<TensorBuffer<'a>>,
+    /// Read: the forward's mask
+    /// ([`AttentionProblem::with_mask`](crate::problem::AttentionProblem::with_mask)), as
+    /// [`ForwardBuffers::mask`](crate::runtime::forward::ForwardBuffers::mask); `None` otherwise.
+    pub mask: Option<TensorBuffer<'a>>,
+    /// Read: the mask's block summary, as
+    /// [`ForwardBuffers::mask_blocks`](crate::runtime::forward::ForwardBuffers::mask_blocks) (the
+    /// forward's serves); `None` otherwise.
+    pub mask_blocks: Option<TensorBuffer<'a>>,
 }
 
 /// The host-slice inputs of [`FlashAttention::backward`]; each slice must hold at least the
@@ -340,6 +349,8 @@ impl FlashAttention {
             alibi_slopes: buffers.alibi_slopes,
             sinks: buffers.sinks,
             bias: buffers.bias,
+            mask: buffers.mask,
+            mask_blocks: buffers.mask_blocks,
             ..IndexBuffers::default()
         };
         let index_bindings = self.bind_index(&problem.forward, &index, &written)?;
@@ -441,6 +452,7 @@ impl FlashAttention {
                 if g.bias.is_some() {
                     entries.push(index_bindings.bias.entry(BACKWARD_BIAS_BINDING));
                 }
+                entries.extend(index_bindings.mask_entries(g.mask, BACKWARD_MASK_BINDING));
             }
             let bind_group = device.create_bind_group(&wgpu::BindGroupDescriptor {
                 label: Some(&kernel.name()),
@@ -506,6 +518,8 @@ impl FlashAttention {
             alibi_slopes: buffers.alibi_slopes,
             sinks: buffers.sinks,
             bias: buffers.bias,
+            mask: buffers.mask,
+            mask_blocks: buffers.mask_blocks,
             ..IndexBuffers::default()
         };
         let mut written = vec![("dq", &buffers.dq), ("dk", &buffers.dk), ("dv", &buffers.dv)];
@@ -548,8 +562,10 @@ impl FlashAttention {
                 alibi_slopes: buffers.alibi_slopes,
                 sinks: buffers.sinks,
                 d_sinks: None,
-                // None unless the problem has a bias, which `plan` refuses.
+                // None unless the problem has a bias or mask, which `plan` refuses.
                 bias: buffers.bias,
+                mask: buffers.mask,
+                mask_blocks: buffers.mask_blocks,
             }
         };
         let align = f32_offset_alignment(caps);
@@ -821,7 +837,9 @@ impl FlashAttention {
         }
         check_buffer_size("delta", byte_len("delta", f.lse_len(), 4)?, caps)?;
         self.context().check_device(true)?;
-        let uploaded = self.upload_index(index)?;
+        let mut uploaded = self.upload_index(index)?;
+        // A summary of the mask, if asked for, computed on the device before the call reads it.
+        uploaded.mask_blocks = self.host_mask_blocks_buffer(f)?;
         let index = uploaded.buffers();
         let queue = &self.context().queue;
         let up = |name, data: &[T], len| {
@@ -888,10 +906,13 @@ impl FlashAttention {
             sinks: index.sinks,
             d_sinks: d_sinks.as_ref().map(TensorBuffer::new),
             bias: index.bias,
+            mask: index.mask,
+            mask_blocks: index.mask_blocks,
         };
         let mut encoder = device.create_command_encoder(&wgpu::CommandEncoderDescriptor {
             label: Some(&config.name()),
         });
+        self.record_host_mask_blocks(&mut encoder, f, &index)?;
         self.encode_backward_with(&mut encoder, problem, &buffers, &config, None)?;
         self.context().queue.submit([encoder.finish()]);
         let mut ranges = vec![

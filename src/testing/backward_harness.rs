@@ -131,6 +131,8 @@ impl<T: Element> BackwardWorkload<T> {
             sinks: None,
             d_sinks: None,
             bias: None,
+            mask: None,
+            mask_blocks: None,
         }
     }
 
