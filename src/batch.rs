@@ -16,7 +16,7 @@
 pub use crate::problem::cache::{KvCache, PagedKv, PAGE_SIZE_MULTIPLE};
 pub use crate::problem::head_terms::Alibi;
 pub use crate::problem::index::BatchIndex;
-pub use crate::problem::mask::{AttentionMask, BlockState, MaskBlocks, MASK_BLOCK};
+pub use crate::problem::mask::{AttentionMask, BlockState, MaskBlocks, BLOCKS_HEADER_WORDS, BLOCKS_MAGIC, MASK_BLOCK};
 pub use crate::problem::score_bias::{BiasLayout, BiasValues, ScoreBias};
 pub use crate::problem::varlen::{SequenceRows, Varlen};
 pub use crate::runtime::append::AppendBuffers;
