@@ -432,7 +432,7 @@ fn rows_the_mask_hides_whole() {
 
 /// Packed batches of different lengths: each sequence's mask rows and columns count from its own
 /// start (the mask holds the longest sequence's extent per batch entry), with and without the
-/// summary, on host slices.
+/// summary, on host slices, forward and backward.
 #[test]
 fn masks_on_packed_batches() {
     let Some(ctx) = gpu() else { return };
@@ -462,6 +462,7 @@ fn masks_on_packed_batches() {
             sides.cu_q = Some(cu_q.clone());
             sides.cu_k = Some(cu_k.clone());
             run_forward(ctx, &engine, &p, &sides, &label, false);
+            backward_case::<f32>(&engine, &p, &sides, &label);
         }
     }
 }
