@@ -561,7 +561,7 @@ fn device_summaries_equal_the_hosts() {
         if summarize_bias {
             p.mask = None;
             p = p.with_bias(ScoreBias {
-                dtype: DType::ALL[seed as usize % 3],
+                dtype: DType::ALL[(seed / 3) as usize % 3],
                 layout: BiasLayout::dense(&p, seed % 2 == 0, seed % 4 < 2),
             });
         }

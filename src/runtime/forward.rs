@@ -71,8 +71,9 @@ pub struct ForwardBuffers<'a> {
     /// `None` otherwise.
     pub bias: Option<TensorBuffer<'a>>,
     /// Read: the mask ([`AttentionProblem::with_mask`]), one byte per element at its layout (0
-    /// hides the key), read as whole 4-byte words (the buffer must hold the word of the last
-    /// byte); `None` otherwise.
+    /// hides the key; the layout's offset places element 0 from the binding's start, which must
+    /// meet the device's storage offset alignment), read as whole 4-byte words (the buffer must
+    /// hold the word of the last byte); `None` otherwise.
     pub mask: Option<TensorBuffer<'a>>,
     /// Read: the block summary of the mask, or of the bias without one
     /// ([`AttentionProblem::with_mask_blocks`]), as
