@@ -1,14 +1,15 @@
 //! A block-sparse mask against dense attention (issue 17): a document mask — four documents of
 //! equal length, each query seeing the keys of its own document, one `[seq, seq]` byte mask
-//! shared by the batch and heads — run without a mask, with the mask read element by element (no
+//! shared by the batch and heads — run without a mask (as automatic selection runs it, and on the
+//! tiled kernel, which is the one that takes masks), with the mask read element by element (no
 //! summary), and with its block summary (the kernels skip the three quarters of the key tiles it
 //! hides). The summary's own cost, once per mask, is timed too. Also backward: dense against the
-//! summarized mask.
+//! summarized mask (both on the tiled gradient kernels).
 //!
 //! Every variant's throughput is the dense problem's FLOPs (`4·B·H·S²·D`), so criterion's
-//! "elem/s" compares times directly: the summarized mask should run near 4× the dense rate
-//! (a quarter of the tiles), the unsummarized one below the dense rate (every tile, plus the
-//! mask's reads).
+//! "elem/s" compares times directly: the summarized mask should run near 4× the dense tiled
+//! rate (a quarter of the tiles), the unsummarized one below it (every tile, plus the mask's
+//! reads).
 //!
 //! ```text
 //! cargo bench --features internals --bench mask                      # b1 h16 s8192 d128 f16 (GPU)
@@ -24,8 +25,8 @@ use wgpu_flash_attn::testing::harness::Workload;
 use wgpu_flash_attn::testing::random_tensor;
 use wgpu_flash_attn::testing::timing::time_passes;
 use wgpu_flash_attn::{
-    AttentionProblem, BackwardBuffers, BackwardProblem, DType, FlashAttention, ForwardBuffers, GpuContext, Tensor,
-    TensorBuffer,
+    AttentionProblem, BackwardBuffers, BackwardProblem, DType, FlashAttention, ForwardBuffers, GpuContext,
+    KernelChoice, Options, Tensor, TensorBuffer,
 };
 
 /// Documents per sequence.
@@ -103,14 +104,13 @@ fn bench(c: &mut Criterion) {
     fn forward<T: wgpu_flash_attn::Element>(
         c: &mut criterion::BenchmarkGroup<'_, criterion::measurement::WallTime>,
         ctx: &GpuContext,
-        engine: &FlashAttention,
         id: &str,
-        problems: [(&str, AttentionProblem); 3],
+        problems: [(&str, &FlashAttention, AttentionProblem); 4],
         mask: &wgpu::Buffer,
         blocks: &wgpu::Buffer,
     ) {
-        let work = Workload::<T>::random(ctx, &problems[0].1, 7).expect("inputs");
-        for (name, problem) in problems {
+        let work = Workload::<T>::random(ctx, &problems[0].2, 7).expect("inputs");
+        for (name, engine, problem) in problems {
             let buffers = ForwardBuffers {
                 mask: problem.mask.map(|_| TensorBuffer::new(mask)),
                 mask_blocks: problem.mask_blocks.then(|| TensorBuffer::new(blocks)),
@@ -128,10 +128,25 @@ fn bench(c: &mut Criterion) {
             });
         }
     }
-    let problems = [("dense", dense), ("mask", masked), ("mask_blocks", summarized)];
+    // Masks run on the tiled kernel alone: the dense problem on it too, for the like-for-like
+    // ratio, and as automatic selection runs it (the cooperative-matrix kernel for f16 where the
+    // device has one), for what a mask costs against the fastest dense kernel.
+    let tiled = FlashAttention::with_options(
+        &ctx,
+        Options {
+            choice: KernelChoice::Tiled(Default::default()),
+            ..Default::default()
+        },
+    );
+    let problems = [
+        ("dense", &engine, dense),
+        ("dense_tiled", &tiled, dense),
+        ("mask", &engine, masked),
+        ("mask_blocks", &engine, summarized),
+    ];
     match dtype {
-        DType::F16 => forward::<half::f16>(&mut group, &ctx, &engine, &id, problems, &mask_buf, &blocks_buf),
-        _ => forward::<f32>(&mut group, &ctx, &engine, &id, problems, &mask_buf, &blocks_buf),
+        DType::F16 => forward::<half::f16>(&mut group, &ctx, &id, problems, &mask_buf, &blocks_buf),
+        _ => forward::<f32>(&mut group, &ctx, &id, problems, &mask_buf, &blocks_buf),
     }
 
     // The summary itself: once per mask.
