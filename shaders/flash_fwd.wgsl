@@ -367,19 +367,11 @@ fn flash_fwd(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_ind
     for (var i = 0u; i < ROWS_PER_THREAD; i++) {
         let row = m0 + row0 + i;
         if (row < seq.seq_q) {
-            var l = l_total[i];
-            // What acc (kept under max m_run) is multiplied by under the final max.
-            var o_factor = 1.0;
-            if (params.sinks != 0u) {
-                let sink = sink_log2(head);
-                let m_new = max(m_run[i], sink);
-                o_factor = select(exp2(m_run[i] - m_new), 0.0, m_run[i] == LOWEST);
-                l = l * o_factor + exp2(sink - m_new);
-                m_run[i] = m_new;
-            }
+            let total = join_sink(head, m_run[i], l_total[i]);
+            let l = total.l;
             // A row that saw no key (causal, seq_q > seq_kv) and no sink has l = 0: its output
             // is 0 (with a sink too, as acc is).
-            var inv_l = select(0.0, o_factor / l, l > 0.0);
+            var inv_l = select(0.0, total.o_factor / l, l > 0.0);
             if (!seq.valid) {
                 inv_l = nan_f32();
             }
@@ -393,7 +385,7 @@ fn flash_fwd(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_ind
             if (tx == 0u && params.write_lse != 0u) {
                 var bits = LSE_EMPTY_BITS;
                 if (l > 0.0) {
-                    bits = bitcast<u32>((m_run[i] + log2(l)) * 0.6931471805599453);
+                    bits = bitcast<u32>((total.m + log2(l)) * 0.6931471805599453);
                 }
                 if (!seq.valid) {
                     bits = NAN_BITS;

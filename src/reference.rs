@@ -105,23 +105,31 @@ pub fn attention_row<T: Element>(
     h: usize,
     i: usize,
 ) -> Result<ReferenceRow> {
+    attention_row_indexed(problem, q, k, v, &BatchIndex::default(), [b, h, i])
+}
+
+/// [`attention_row`] with the call's index tensors (as [`attention_indexed`]); `at` is
+/// `[b, h, i]`, the row within its sequence.
+pub fn attention_row_indexed<T: Element>(
+    problem: &AttentionProblem,
+    q: &[T],
+    k: &[T],
+    v: &[T],
+    index: &BatchIndex<'_>,
+    at: [usize; 3],
+) -> Result<ReferenceRow> {
     check_inputs(problem, q, k, v)?;
     let s = problem.shape;
-    if b >= s.batch || h >= s.num_heads || i >= s.seq_q {
+    let [b, h, i] = at;
+    if b >= s.batch || h >= s.num_heads {
         return crate::error::invalid!("reference row (b {b}, h {h}, i {i}) is outside the problem");
     }
-    let index = BatchIndex::default();
     index.validate(problem)?;
-    Ok(row_unchecked(
-        problem,
-        q,
-        k,
-        v,
-        b,
-        h,
-        i,
-        &SequenceKeys::of(problem, &index, b),
-    ))
+    let keys = SequenceKeys::of(problem, index, b);
+    if i >= keys.rows.seq_q {
+        return crate::error::invalid!("reference row (b {b}, h {h}, i {i}) is outside the problem");
+    }
+    Ok(row_unchecked(problem, q, k, v, b, h, i, &keys))
 }
 
 /// Where one sequence's rows are: its rows and lengths, and the pages its keys lie in; and the

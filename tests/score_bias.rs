@@ -8,7 +8,7 @@
 
 mod common;
 
-use common::{below, gpu, seed_of, shape, storage};
+use common::{below, coop_engines, gpu, seed_of, shape, storage};
 use half::{bf16, f16};
 use wgpu_flash_attn::batch::BatchIndex;
 use wgpu_flash_attn::batch::{Alibi, BiasLayout, BiasValues, ScoreBias};
@@ -234,6 +234,23 @@ fn score_bias_matches_the_reference() {
         let p = random_problem(&mut rng, DType::ALL[seed as usize % 3]);
         let label = label(&p, seed);
         run(ctx, &engine, &p, &label, seed % 2 == 0, seed % 3 == 0);
+    }
+}
+
+/// The cooperative-matrix kernel, forced (each softmax route and way of streaming K/V), with a
+/// bias on random f16 problems, on the caller's buffers and on host slices, some rows hidden.
+#[test]
+fn cooperative_score_bias_matches_the_reference() {
+    let Some(ctx) = gpu() else { return };
+    let mut rng = Rng::new(0xc0b1);
+    let mut seed = 0u64;
+    for (route, engine) in coop_engines(ctx) {
+        for _ in 0..3 {
+            let p = random_problem(&mut rng, DType::F16);
+            let label = format!("{} {route}", label(&p, seed));
+            run(ctx, &engine, &p, &label, seed.is_multiple_of(2), seed.is_multiple_of(3));
+            seed += 1;
+        }
     }
 }
 

@@ -545,8 +545,8 @@ impl FlashAttention {
             ForwardKernel::Coop(c) => PreparedKernel::Prefill {
                 pipeline: self.pipelines.get(&KernelConfig::FlashCoop(*c))?,
                 sequences: c.sequences,
-                head_tensors: false,
-                bias: false,
+                head_tensors: c.head_tensors,
+                bias: c.bias.is_some(),
             },
             ForwardKernel::Decode { config, split } => {
                 self.check_decode_scratch(problem, split)?;

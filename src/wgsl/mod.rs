@@ -288,6 +288,8 @@ impl KernelConfig {
                     c.compiled_layout().wgsl_constants()
                 ));
                 src.push_str(&sequence_source(c.sequences, FORWARD_INDEX_BINDING));
+                src.push_str(&head_terms_source(c.head_tensors, FORWARD_HEAD_BINDING));
+                src.push_str(&score_bias_source(c.bias, FORWARD_BIAS_BINDING));
                 for part in [COMMON, STORAGE_F16, FLASH_FWD_COOP, COOP_REGISTERS] {
                     src.push_str(part);
                 }

@@ -26,7 +26,7 @@ non-causal, bshd, 3 reps; on a GPU batch 2, heads 16, seq 4096, head_dim 128, 20
 pub const JSON_FIELDS_HELP: &str =
     "JSON fields (-o json, one object per line): adapter, backend, device_type, kernel, \
 dtype, batch, heads, kv_heads, seq_q, seq_kv, head_dim, causal, layout, window_left, window_right, softcap (null: \
-none or unbounded), gflop (forward FLOPs/1e9, halved if causal; with a window, its visible pairs), \
+none or unbounded), alibi (null, \"Geometric\" or \"PerHead\"), sinks, bias (null or its element type), gflop (forward FLOPs/1e9, halved if causal; with a window, its visible pairs), \
 clock (\"gpu_timestamps\" or \"wall_clock\"), reps, flash_ms (median), flash_min_ms, flash_tflops, kv_tbps (K and V \
 bytes over flash_ms: the figure of merit of a decode step), naive_ms, \
 naive_tflops, speedup (naive_ms / flash_ms; the three null when the naive kernel did not run), check_rows, rel_l2, \
@@ -262,6 +262,9 @@ fn json_row(ctx: &GpuContext, row: &Row, check_rows: usize, reps: usize) -> Valu
         "window_left": p.window.and_then(|w| w.left),
         "window_right": p.window.and_then(|w| w.right),
         "softcap": p.softcap,
+        "alibi": p.alibi.map(|a| format!("{a:?}")),
+        "sinks": p.sinks,
+        "bias": p.bias.map(|b| b.dtype.name()),
         "gflop": flops / 1e9,
         "clock": clock_name(row.flash.clock),
         "reps": reps,
@@ -463,7 +466,12 @@ fn read_peers(path: &PathBuf) -> Result<Vec<Peer>, CliError> {
 /// query heads, and neither windows nor soft-caps); the last one if the file has several.
 fn find_peer(peers: &[Peer], problem: &AttentionProblem) -> Option<Peer> {
     let s = problem.shape;
-    if problem.window.is_some() || problem.softcap.is_some() {
+    if problem.window.is_some()
+        || problem.softcap.is_some()
+        || problem.alibi.is_some()
+        || problem.sinks
+        || problem.bias.is_some()
+    {
         return None;
     }
     peers
