@@ -259,18 +259,28 @@ fn has_score_terms() -> bool {
     return has_alibi() || HAS_BIAS;
 }
 
-// Raw (soft-capped) score x of query `row` (within the sequence) against key `col`, with ALiBi's
-// bias and the score bias tensor's added in raw units, or −∞ where the bias hides the key. (The
-// raw units can overflow where the scaled ones would not: a bias beyond f32::MAX · scale, which no
-// model has, becomes ±∞ here.)
+// ALiBi's term for query `row` (within the sequence) against key `col`, in raw units.
+fn alibi_raw(seq: Sequence, row: u32, col: u32, terms: ScoreTerms) -> f32 {
+    return -terms.alibi_raw_slope * abs(f32(i32(row) + seq.causal_offset) - f32(col));
+}
+
+// The bias tensor's term for query `row` against key `col`, in raw units, or −∞ where it hides
+// the key. (The raw units can overflow where the scaled ones would not: a bias beyond
+// f32::MAX · scale, which no model has, becomes ±∞ here.)
+fn bias_raw(seq: Sequence, head: u32, row: u32, col: u32, terms: ScoreTerms) -> f32 {
+    let b = bias_element(seq, head, row, col);
+    return select(b.value * terms.raw_per_base2, neg_inf(), b.hidden);
+}
+
+// Raw (soft-capped) score x of query `row` against key `col` with ALiBi's and the bias tensor's
+// terms (the workgroup-memory softmax; the register softmax loads the bias ahead of the products).
 fn with_score_terms(x: f32, seq: Sequence, head: u32, row: u32, col: u32, terms: ScoreTerms) -> f32 {
     var y = x;
     if (has_alibi()) {
-        y -= terms.alibi_raw_slope * abs(f32(i32(row) + seq.causal_offset) - f32(col));
+        y += alibi_raw(seq, row, col, terms);
     }
     if (HAS_BIAS) {
-        let b = bias_element(seq, head, row, col);
-        y = select(y + b.value * terms.raw_per_base2, neg_inf(), b.hidden);
+        y += bias_raw(seq, head, row, col, terms);
     }
     return y;
 }
@@ -538,6 +548,7 @@ fn flash_fwd_coop(
     } else if (PREFETCH_KV) {
         load_kv_tile_at(&next_kv, cp, first_kv_tile * BLOCK_N);
     }
+    var tile_bias: array<array<f32, COOP_COMPONENTS>, N_BLOCKS>; // with a bias: set each tile
     for (var t = first_kv_tile; t < num_kv_tiles; t++) {
         let n0 = t * BLOCK_N;
         let k_base = (t % KV_BUFFERS) * KV_TILE_VECS;
@@ -556,6 +567,13 @@ fn flash_fwd_coop(
         }
         if (PREFETCH_KV && has_next) {
             load_kv_tile_at(&next_kv, cp, n0 + BLOCK_N);
+        }
+
+        // The bias of this invocation's score components, loaded before the products so that
+        // they hide the loads' latency (read after them, the loads stalled the softmax: 0.36× the
+        // plain rate on the H200, BENCHMARKS.md).
+        if (REGISTER_SOFTMAX && HAS_BIAS) {
+            tile_bias = bias_components(&reg_rows, seq, head, n0, terms);
         }
 
         // ---- S = Q Kᵀ into this subgroup's score rows ----
@@ -577,7 +595,7 @@ fn flash_fwd_coop(
         }
         if (REGISTER_SOFTMAX) {
             // ---- online softmax and O = diag(alpha) O + P V, P never leaving registers ----
-            let moved = softmax_in_registers(&reg_rows, &s_frag, n0, key_tile_needs_mask(seq, m0, BLOCK_M, n0, BLOCK_N), seq, head, terms);
+            let moved = softmax_in_registers(&reg_rows, &s_frag, n0, key_tile_needs_mask(seq, m0, BLOCK_M, n0, BLOCK_N), seq, head, terms, tile_bias);
             if (ROW_FACTORS_ALWAYS || moved) {
                 scale_rows(&o_frag, row_matrix(reg_rows.alpha));
             }

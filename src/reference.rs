@@ -118,18 +118,35 @@ pub fn attention_row_indexed<T: Element>(
     index: &BatchIndex<'_>,
     at: [usize; 3],
 ) -> Result<ReferenceRow> {
+    let mut rows = attention_rows_indexed(problem, q, k, v, index, &[at])?;
+    Ok(rows.remove(0))
+}
+
+/// [`attention_row_indexed`] for several rows, checking the inputs and the index once (a large
+/// bias's values are checked in full).
+pub fn attention_rows_indexed<T: Element>(
+    problem: &AttentionProblem,
+    q: &[T],
+    k: &[T],
+    v: &[T],
+    index: &BatchIndex<'_>,
+    rows: &[[usize; 3]],
+) -> Result<Vec<ReferenceRow>> {
     check_inputs(problem, q, k, v)?;
-    let s = problem.shape;
-    let [b, h, i] = at;
-    if b >= s.batch || h >= s.num_heads {
-        return crate::error::invalid!("reference row (b {b}, h {h}, i {i}) is outside the problem");
-    }
     index.validate(problem)?;
-    let keys = SequenceKeys::of(problem, index, b);
-    if i >= keys.rows.seq_q {
-        return crate::error::invalid!("reference row (b {b}, h {h}, i {i}) is outside the problem");
-    }
-    Ok(row_unchecked(problem, q, k, v, b, h, i, &keys))
+    let s = problem.shape;
+    rows.iter()
+        .map(|&[b, h, i]| {
+            if b >= s.batch || h >= s.num_heads {
+                return crate::error::invalid!("reference row (b {b}, h {h}, i {i}) is outside the problem");
+            }
+            let keys = SequenceKeys::of(problem, index, b);
+            if i >= keys.rows.seq_q {
+                return crate::error::invalid!("reference row (b {b}, h {h}, i {i}) is outside the problem");
+            }
+            Ok(row_unchecked(problem, q, k, v, b, h, i, &keys))
+        })
+        .collect()
 }
 
 /// Where one sequence's rows are: its rows and lengths, and the pages its keys lie in; and the

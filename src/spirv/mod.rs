@@ -68,11 +68,8 @@ pub fn compile_with(name: &str, wgsl: &str, coherence: Option<Coherence>) -> Res
 /// translates itself, so a passthrough module must carry those numbers already (the layout then
 /// has exactly the bindings the module declares).
 fn dense_binding_map(module: &naga::Module) -> naga::back::spv::BindingMap {
-    let mut bindings: Vec<naga::ResourceBinding> = module
-        .global_variables
-        .iter()
-        .filter_map(|(_, g)| g.binding)
-        .collect();
+    let mut bindings: Vec<naga::ResourceBinding> =
+        module.global_variables.iter().filter_map(|(_, g)| g.binding).collect();
     bindings.sort();
     bindings.dedup();
     let mut map = naga::back::spv::BindingMap::default();

@@ -194,10 +194,17 @@ impl<T: Element> Workload<T> {
 
     /// Bytes on the device: inputs (the bias included), output and LSE.
     pub fn device_bytes(&self) -> u64 {
-        [&self.q_buf, &self.k_buf, &self.v_buf, &self.o_buf, &self.lse_buf, &self.bias_buf]
-            .iter()
-            .map(|b| b.size())
-            .sum()
+        [
+            &self.q_buf,
+            &self.k_buf,
+            &self.v_buf,
+            &self.o_buf,
+            &self.lse_buf,
+            &self.bias_buf,
+        ]
+        .iter()
+        .map(|b| b.size())
+        .sum()
     }
 
     fn encode(
@@ -282,29 +289,33 @@ impl<T: Element> Workload<T> {
     pub fn check_rows(&self, out: &[T], lse: &[f32], rows: usize) -> Result<Check> {
         let s = self.problem.shape;
         let total = s.batch * s.num_heads * s.seq_q;
+        // Rows evenly spaced over the flattened (b, h, i) index, ends included.
+        let picked: Vec<[usize; 3]> = (0..rows.min(total))
+            .map(|r| {
+                let flat = if rows <= 1 {
+                    0
+                } else {
+                    r * (total - 1) / (rows.min(total) - 1)
+                };
+                [
+                    flat / (s.num_heads * s.seq_q),
+                    flat / s.seq_q % s.num_heads,
+                    flat % s.seq_q,
+                ]
+            })
+            .collect();
+        let wanted = reference::attention_rows_indexed(
+            &self.problem,
+            &self.q,
+            &self.k,
+            &self.v,
+            &self.extra.index(&self.problem),
+            &picked,
+        )?;
         let mut o_pairs = Vec::new();
         let mut coords = Vec::new();
         let mut lse_pairs = Vec::new();
-        for r in 0..rows.min(total) {
-            // Row r of `rows`, evenly spaced over the flattened (b, h, i) index, ends included.
-            let flat = if rows <= 1 {
-                0
-            } else {
-                r * (total - 1) / (rows.min(total) - 1)
-            };
-            let (b, h, i) = (
-                flat / (s.num_heads * s.seq_q),
-                flat / s.seq_q % s.num_heads,
-                flat % s.seq_q,
-            );
-            let want = reference::attention_row_indexed(
-                &self.problem,
-                &self.q,
-                &self.k,
-                &self.v,
-                &self.extra.index(&self.problem),
-                [b, h, i],
-            )?;
+        for (&[b, h, i], want) in picked.iter().zip(wanted) {
             for (d, w) in want.out.iter().enumerate() {
                 o_pairs.push((out[self.problem.o_layout.index(b, i, h, d)].to_f64(), *w));
                 coords.push([b, h, i, d]);
