@@ -84,33 +84,16 @@ fn flash_bwd_dq(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_
         // ---- S = Q Kᵀ and dP = dO Vᵀ, one K_STEP slice of head_dim per step ----
         var s = Scores(); // explicit: some browsers do not re-zero a var declared in a loop
         var dp = Scores();
-        score_products(&s, &dp, &stage, hd, m0, n0, SRC_K, n0, li, row0, tx);
+        score_products(&s, &dp, &stage, hd, m0, n0, SRC_K, hd, n0, li, row0, tx);
 
         // ---- dS = P ∘ (dP − D) (times the soft-cap's slope), in registers (dp becomes dS); ALiBi's
         // bias and the score bias are constants of P's exponent ----
         let needs_mask = key_tile_needs_mask(seq, m0, BLOCK_M, n0, BLOCK_N);
         for (var i = 0u; i < ROWS_PER_THREAD; i++) {
             for (var c = 0u; c < S_VECS; c++) {
-                let y = soft_cap(s[i * S_VECS + c] * params.scale);
-                var x = y;
                 let cols = vec4<u32>(n0 + 4u * (tx + THREADS_X * c)) + vec4<u32>(0u, 1u, 2u, 3u);
-                if (has_alibi()) {
-                    x += alibi_bias(head, i32(m0 + row0 + i) + seq.causal_offset, cols);
-                }
-                var p = vec4<f32>(0.0);
-                if (HAS_BIAS) {
-                    // Like ALiBi's, a constant of P's exponent; keys it hides have P = 0.
-                    let bias = score_bias(seq, head, m0 + row0 + i, cols);
-                    p = select(exp2(x + bias.value - lse2[i]), vec4<f32>(0.0), bias.hidden);
-                } else {
-                    p = exp2(x - lse2[i]);
-                }
-                if (needs_mask) {
-                    for (var j = 0u; j < 4u; j++) {
-                        p[j] = select(0.0, p[j], is_visible(seq, m0 + row0 + i, n0 + 4u * (tx + THREADS_X * c) + j));
-                    }
-                }
-                dp[i * S_VECS + c] = p * (dp[i * S_VECS + c] - d[i]) * soft_cap_slope(y);
+                let r = row_probabilities(seq, head, m0 + row0 + i, cols, s[i * S_VECS + c], lse2[i], needs_mask);
+                dp[i * S_VECS + c] = r.p * (dp[i * S_VECS + c] - d[i]) * soft_cap_slope(r.y);
             }
         }
         store_transposed(&dp, row0, tx);

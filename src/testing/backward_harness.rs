@@ -131,6 +131,7 @@ impl<T: Element> BackwardWorkload<T> {
             sinks: None,
             d_sinks: None,
             bias: None,
+            d_bias: None,
         }
     }
 

@@ -39,6 +39,7 @@ pub const FLASH_BWD_STAGE: &str = include_str!("../../shaders/flash_bwd_stage.wg
 pub const FLASH_BWD_PRE: &str = include_str!("../../shaders/flash_bwd_pre.wgsl");
 pub const FLASH_BWD_DKDV: &str = include_str!("../../shaders/flash_bwd_dkdv.wgsl");
 pub const FLASH_BWD_DQ: &str = include_str!("../../shaders/flash_bwd_dq.wgsl");
+pub const FLASH_BWD_DBIAS: &str = include_str!("../../shaders/flash_bwd_dbias.wgsl");
 pub const FLASH_BWD_SINKS: &str = include_str!("../../shaders/flash_bwd_sinks.wgsl");
 pub const MERGE: &str = include_str!("../../shaders/merge.wgsl");
 pub const FLASH_DECODE: &str = include_str!("../../shaders/flash_decode.wgsl");
@@ -346,6 +347,7 @@ fn backward_source(kernel: &BackwardKernel, src: &mut String) {
                 FLASH_BWD_STAGE,
                 match g.pass {
                     crate::plan::BackwardPass::DkDv => FLASH_BWD_DKDV,
+                    crate::plan::BackwardPass::DBias => FLASH_BWD_DBIAS,
                     _ => FLASH_BWD_DQ,
                 },
             ] {
