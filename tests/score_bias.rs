@@ -14,7 +14,8 @@ use half::{bf16, f16};
 use wgpu_flash_attn::batch::BatchIndex;
 use wgpu_flash_attn::batch::{Alibi, BiasLayout, BiasValues, ScoreBias, Varlen};
 use wgpu_flash_attn::gpu::readback::read_back;
-use wgpu_flash_attn::kernel::BackwardPass;
+use wgpu_flash_attn::kernel::{BackwardChoice, BackwardPass};
+use wgpu_flash_attn::plan::select_backward;
 use wgpu_flash_attn::problem::backward::GradTensor;
 use wgpu_flash_attn::testing::backward_harness::grad_tolerance;
 use wgpu_flash_attn::testing::harness::{nan_bytes, tolerance};
@@ -349,6 +350,9 @@ struct GradRun<'a, T> {
     k: &'a [T],
     v: &'a [T],
     index: BatchIndex<'a>,
+    /// On the caller's buffers: the d(bias) kernel forced (a plan given), even where the dQ kernel
+    /// would write the gradient.
+    separate: bool,
 }
 
 /// Runs the backward of `bp` (which asks for d(bias)) on the caller's buffers — every output, the
@@ -428,9 +432,23 @@ fn run_bias_grad<T: Element>(
         d_bias: Some(TensorBuffer::new(&d_bias)),
     };
     let mut encoder = ctx.device.create_command_encoder(&Default::default());
-    let config = engine
-        .encode_backward(&mut encoder, bp, &buffers, None)
-        .unwrap_or_else(|e| panic!("{label}: {e}"));
+    let config = if run.separate {
+        let auto = engine.select_backward(bp).unwrap_or_else(|e| panic!("{label}: {e}"));
+        let choice = BackwardChoice {
+            dbias_plan: Some(auto.dq.plan),
+            ..BackwardChoice::default()
+        };
+        let config = select_backward(&bp, &ctx.caps, &choice).unwrap_or_else(|e| panic!("{label}: {e}"));
+        assert!(config.dbias.is_some() && !config.dq.writes_d_bias, "{label}");
+        engine
+            .encode_backward_with(&mut encoder, bp, &buffers, &config, None)
+            .unwrap_or_else(|e| panic!("{label}: {e}"));
+        config
+    } else {
+        engine
+            .encode_backward(&mut encoder, bp, &buffers, None)
+            .unwrap_or_else(|e| panic!("{label}: {e}"))
+    };
     ctx.queue.submit([encoder.finish()]);
     let bytes = pollster::block_on(read_back(
         &ctx.device,
@@ -462,9 +480,10 @@ fn bias_grad_case<T: Element>(
     p: &AttentionProblem,
     cu: Option<(&[u32], &[u32])>,
     label: &str,
-    on_device: bool,
+    on: On,
     hide: bool,
 ) {
+    let (on_device, separate) = (on != On::Host, on == On::DeviceSeparate);
     let seed = seed_of(label);
     let (q, k, v): (Vec<T>, Vec<T>, Vec<T>) = (
         random_tensor(seed, p.required_len(Tensor::Q)),
@@ -487,6 +506,7 @@ fn bias_grad_case<T: Element>(
             cu_seqlens_k: cu.map(|c| c.1),
             ..BatchIndex::default()
         },
+        separate,
     };
     let bp = BackwardProblem::new(*p).with_bias_grad(true);
     let d_o: Vec<T> = random_tensor(seed + 7, bp.required_len(GradTensor::DO));
@@ -570,19 +590,28 @@ fn bias_grad_case<T: Element>(
     }
 }
 
+/// Where a d(bias) case runs: the caller's buffers with the automatic kernels, the caller's
+/// buffers with the d(bias) kernel forced, or host slices.
+#[derive(Clone, Copy, PartialEq)]
+enum On {
+    Device,
+    DeviceSeparate,
+    Host,
+}
+
 fn bias_grad_any(
     ctx: &GpuContext,
     engine: &FlashAttention,
     p: &AttentionProblem,
     cu: Option<(&[u32], &[u32])>,
     label: &str,
-    on_device: bool,
+    on: On,
     hide: bool,
 ) {
     match p.dtype {
-        DType::F32 => bias_grad_case::<f32>(ctx, engine, p, cu, label, on_device, hide),
-        DType::F16 => bias_grad_case::<f16>(ctx, engine, p, cu, label, on_device, hide),
-        DType::BF16 => bias_grad_case::<bf16>(ctx, engine, p, cu, label, on_device, hide),
+        DType::F32 => bias_grad_case::<f32>(ctx, engine, p, cu, label, on, hide),
+        DType::F16 => bias_grad_case::<f16>(ctx, engine, p, cu, label, on, hide),
+        DType::BF16 => bias_grad_case::<bf16>(ctx, engine, p, cu, label, on, hide),
     }
 }
 
@@ -611,7 +640,10 @@ fn bias_gradient_matches_the_reference() {
         );
         let p = if seed % 5 == 1 { p.with_alibi_slopes() } else { p };
         let label = label(&p, seed);
-        bias_grad_any(ctx, &engine, &p, None, &label, seed % 2 == 0, seed % 3 == 0);
+        // Host slices, the caller's buffers, and there the d(bias) kernel forced where the dQ
+        // kernel would write a bias per batch entry and head.
+        let on = [On::Host, On::Device, On::DeviceSeparate][seed as usize % 3];
+        bias_grad_any(ctx, &engine, &p, None, &label, on, seed % 5 == 0);
     }
 }
 
@@ -633,7 +665,10 @@ fn bias_gradient_over_many_tiles() {
             "tiles {i}: per batch {per_batch}, per head {per_head}, {}",
             dtype.name()
         );
-        bias_grad_any(ctx, &engine, &p, None, &label, i % 2 == 0, false);
+        bias_grad_any(ctx, &engine, &p, None, &label, [On::Device, On::Host][i % 2], false);
+        if i == 0 {
+            bias_grad_any(ctx, &engine, &p, None, &label, On::DeviceSeparate, false);
+        }
     }
 }
 
@@ -666,8 +701,19 @@ fn bias_gradient_of_packed_batches() {
         };
         let p = biased(p, DType::F16, per_batch, true, 2, 3);
         let label = format!("varlen {i}: per sequence {per_batch}");
-        bias_grad_any(ctx, &engine, &p, Some((&cu_q, &cu_k)), &label, i == 0, false);
-        bias_grad_any(ctx, &engine, &p, Some((&cu_q, &cu_k)), &label, i == 1, false);
+        bias_grad_any(ctx, &engine, &p, Some((&cu_q, &cu_k)), &label, On::Device, false);
+        bias_grad_any(ctx, &engine, &p, Some((&cu_q, &cu_k)), &label, On::Host, false);
+        if per_batch {
+            bias_grad_any(
+                ctx,
+                &engine,
+                &p,
+                Some((&cu_q, &cu_k)),
+                &label,
+                On::DeviceSeparate,
+                false,
+            );
+        }
     }
 }
 
@@ -691,6 +737,7 @@ fn bias_gradient_is_deterministic() {
             bias: Some(bias.values(DType::F32)),
             ..BatchIndex::default()
         },
+        separate: false,
     };
     let first = run_bias_grad(ctx, &engine, bp, &run, &d_o, true, "deterministic").3;
     let second = run_bias_grad(ctx, &engine, bp, &run, &d_o, true, "deterministic").3;
@@ -848,6 +895,55 @@ fn bias_gradient_errors_name_the_tensor() {
         )
         .unwrap_err();
     assert!(e.to_string().contains("flash_bwd_dbias"), "{e}");
+
+    // A bias per batch entry and head, whose gradient the dQ kernel writes beside dQ: the same
+    // checks of its buffer.
+    let full = biased(plain, DType::F32, true, true, 0, 0);
+    let asked = BackwardProblem::new(full).with_bias_grad(true);
+    assert!(engine.select_backward(asked).unwrap().dq.writes_d_bias);
+    let full_bias = storage("bias", &vec![0; 4 * 2 * 4 * 16 * 24]);
+    let d_bias = storage("d_bias", &vec![0; 4 * asked.d_bias_len()]);
+    let after = (dq_bytes as u64).next_multiple_of(ctx.caps.min_storage_offset_alignment.max(4) as u64);
+    let shared = storage("dq+d_bias", &vec![0; after as usize + 4 * asked.d_bias_len()]);
+    let good = BackwardBuffers {
+        bias: Some(TensorBuffer::new(&full_bias)),
+        d_bias: Some(TensorBuffer::new(&d_bias)),
+        ..good
+    };
+    encode(asked, &good).unwrap();
+    let together = BackwardBuffers {
+        dq: TensorBuffer::new(&shared),
+        d_bias: Some(TensorBuffer::at(&shared, after)),
+        ..good
+    };
+    encode(asked, &together).unwrap();
+    for (what, problem, buffers) in [
+        ("unasked", BackwardProblem::new(full), BackwardBuffers { ..good }),
+        ("missing", asked, BackwardBuffers { d_bias: None, ..good }),
+        (
+            "short",
+            asked,
+            BackwardBuffers {
+                d_bias: Some(TensorBuffer::at(&d_bias, 256)),
+                ..good
+            },
+        ),
+        (
+            "overlaps dq",
+            asked,
+            BackwardBuffers {
+                dq: TensorBuffer::new(&shared),
+                d_bias: Some(TensorBuffer::at(&shared, 0)),
+                ..good
+            },
+        ),
+    ] {
+        let e = encode(problem, &buffers).unwrap_err();
+        assert!(
+            matches!(e, Error::InvalidBuffer { tensor: "d_bias", .. }),
+            "{what}: {e}"
+        );
+    }
 }
 
 /// A mask written as a bias (0 or −∞), per head, on a decode-shaped problem and a causal one:

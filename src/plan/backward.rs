@@ -253,13 +253,18 @@ pub struct GradKernel {
     pub head_tensors: bool,
     /// The score bias tensor's element type, when it binds one (shaders/score_bias_bound.wgsl).
     pub bias: Option<DType>,
+    /// Whether the dQ kernel also writes `dL/d(bias)` (shaders/score_bias_grad_bound.wgsl): for a
+    /// problem that asks for it with one (batch entry, head) per slice of the gradient, whose
+    /// elements are the dQ kernel's own `P ∘ (dP − D)`; the broadcast biases take the d(bias)
+    /// kernel instead. `false` for the other passes.
+    pub writes_d_bias: bool,
 }
 
 impl GradKernel {
     /// `flash_bwd_{dkdv|dq|dbias}_{dtype}_tile_{f32|f16}_bm{}_bn{}_tx{}_ty{}_ks{}_ns{}_st{}_d{}`.
     pub fn name(&self) -> String {
         format!(
-            "{}_{}_tile_{}_{}_d{}{}{}{}",
+            "{}_{}_tile_{}_{}_d{}{}{}{}{}",
             self.pass.entry_point(),
             self.storage.name(),
             tile_name(self.tile),
@@ -267,7 +272,8 @@ impl GradKernel {
             self.head_dim_pad,
             self.sequences.name_suffix(),
             if self.head_tensors { "_heads" } else { "" },
-            self.bias.map_or(String::new(), |t| format!("_bias{}", t.name()))
+            self.bias.map_or(String::new(), |t| format!("_bias{}", t.name())),
+            if self.writes_d_bias { "_dbias" } else { "" }
         )
     }
 
@@ -297,6 +303,9 @@ impl GradKernel {
         }
         if self.pass == BackwardPass::DBias && self.bias.is_none() {
             return Some("the score bias's gradient kernel is built for a bias tensor".into());
+        }
+        if self.writes_d_bias && (self.pass != BackwardPass::Dq || self.bias.is_none()) {
+            return Some("only the dQ kernel of a problem with a bias writes the bias's gradient".into());
         }
         tiled_device_fit_reason(
             self.tile,
@@ -453,14 +462,15 @@ pub struct BackwardConfig {
     /// The dQ kernel (`pass` must be [`BackwardPass::Dq`]), run third.
     pub dq: GradKernel,
     /// The d(bias) kernel (`pass` must be [`BackwardPass::DBias`]) for a problem that asks for
-    /// the score bias's gradient, run last; `None` otherwise.
+    /// the score bias's gradient of a broadcast bias, run last; `None` otherwise (for a bias per
+    /// batch entry and head, the dQ kernel writes it: [`GradKernel::writes_d_bias`]).
     pub dbias: Option<GradKernel>,
 }
 
 impl BackwardConfig {
     /// `flash_bwd_{dtype}_{variant}_kv{dK/dV plan}_q{dQ plan}_d{padded head_dim}`: test and
     /// benchmark id (`_d{dK/dV}_{dQ}` when the two plans pad head_dim differently; then
-    /// `_dbias{plan}` with the d(bias) kernel).
+    /// `_dbias{plan}` with the d(bias) kernel, `_dbiasdq` where the dQ kernel writes d(bias)).
     pub fn name(&self) -> String {
         let pad = if self.dkdv.head_dim_pad == self.dq.head_dim_pad {
             self.dkdv.head_dim_pad.to_string()
@@ -473,9 +483,17 @@ impl BackwardConfig {
             self.variant.name(),
             self.dkdv.plan.label(),
             self.dq.plan.label(),
-            self.dbias
-                .map_or(String::new(), |g| format!("_dbias{}", g.plan.label()))
+            match (self.dbias, self.dq.writes_d_bias) {
+                (Some(g), _) => format!("_dbias{}", g.plan.label()),
+                (None, true) => "_dbiasdq".to_string(),
+                (None, false) => String::new(),
+            }
         )
+    }
+
+    /// Whether it computes the score bias's gradient, in the dQ kernel or a kernel of its own.
+    pub fn computes_d_bias(&self) -> bool {
+        self.dq.writes_d_bias || self.dbias.is_some()
     }
 
     /// The passes this configuration runs, in order: [`BackwardPass::ALL`], then
@@ -509,6 +527,9 @@ impl BackwardConfig {
         {
             return Some("the gradient kernels are given for the wrong passes".into());
         }
+        if self.dq.writes_d_bias && self.dbias.is_some() {
+            return Some("the bias's gradient is written by the dQ kernel and by a kernel of its own".into());
+        }
         let pre = self.preprocess.unavailable_reason(caps);
         let grads = [Some(&self.dkdv), Some(&self.dq), self.dbias.as_ref()]
             .into_iter()
@@ -527,7 +548,8 @@ pub struct BackwardChoice {
     pub dkdv_plan: Option<BackwardTilePlan>,
     /// Use exactly this plan for the dQ kernel (an error if it does not fit the device).
     pub dq_plan: Option<BackwardTilePlan>,
-    /// Use exactly this plan for the d(bias) kernel (an error if it does not fit the device);
+    /// Use the d(bias) kernel with exactly this plan (an error if it does not fit the device),
+    /// even where the dQ kernel would write the gradient (a bias per batch entry and head);
     /// unused for a problem that does not ask for the bias's gradient.
     pub dbias_plan: Option<BackwardTilePlan>,
 }
@@ -612,6 +634,11 @@ pub fn select_backward(problem: &BackwardProblem, caps: &Caps, choice: &Backward
             ));
             continue;
         };
+        // The dQ kernel writes d(bias) where each of its elements belongs to one (batch entry,
+        // head), which is one of the dQ kernel's own: stores instead of a kernel that repeats the
+        // two score products; a broadcast bias, or a forced d(bias) plan, takes that kernel.
+        let (batch, heads) = (problem.forward.shape.batch, problem.forward.shape.num_heads);
+        let dq_writes_d_bias = problem.d_bias_extent() == Some((batch, heads)) && choice.dbias_plan.is_none();
         let pick = |pass, forced: Option<BackwardTilePlan>, reasons: &mut Vec<String>| {
             let plans = match forced {
                 Some(p) => vec![p],
@@ -628,6 +655,7 @@ pub fn select_backward(problem: &BackwardProblem, caps: &Caps, choice: &Backward
                     sequences,
                     head_tensors: problem.forward.has_alibi_tensor(),
                     bias: problem.forward.bias.map(|b| b.dtype),
+                    writes_d_bias: pass == BackwardPass::Dq && dq_writes_d_bias,
                 };
                 match kernel.unavailable_reason(caps) {
                     Some(why) => reasons.push(format!("{}: {why}", kernel.name())),
@@ -654,7 +682,7 @@ pub fn select_backward(problem: &BackwardProblem, caps: &Caps, choice: &Backward
         };
         let dkdv = pick(BackwardPass::DkDv, choice.dkdv_plan, &mut reasons);
         let dq = pick(BackwardPass::Dq, choice.dq_plan, &mut reasons);
-        let dbias = match problem.bias_grad {
+        let dbias = match problem.bias_grad && !dq_writes_d_bias {
             true => pick(BackwardPass::DBias, choice.dbias_plan, &mut reasons).map(Some),
             false => Some(None),
         };
@@ -715,6 +743,7 @@ pub fn all_backward_kernels() -> Vec<BackwardKernel> {
                                 sequences: SequenceIndex::default(),
                                 head_tensors,
                                 bias: None,
+                                writes_d_bias: false,
                             }));
                         }
                         if plan == backward_plans(pass)[0] {
@@ -728,6 +757,20 @@ pub fn all_backward_kernels() -> Vec<BackwardKernel> {
                                     sequences: SequenceIndex::default(),
                                     head_tensors: false,
                                     bias: Some(bias),
+                                    writes_d_bias: false,
+                                }));
+                            }
+                            if pass == BackwardPass::Dq {
+                                kernels.push(BackwardKernel::Grad(GradKernel {
+                                    pass,
+                                    storage,
+                                    tile,
+                                    plan,
+                                    head_dim_pad,
+                                    sequences: SequenceIndex::default(),
+                                    head_tensors: true,
+                                    bias: Some(DType::F32),
+                                    writes_d_bias: true,
                                 }));
                             }
                         }
@@ -755,6 +798,7 @@ pub fn all_backward_kernels() -> Vec<BackwardKernel> {
                                 sequences: SequenceIndex::default(),
                                 head_tensors,
                                 bias: Some(bias),
+                                writes_d_bias: false,
                             }));
                         }
                     }
@@ -1136,5 +1180,45 @@ mod tests {
         // The kernel is built for a bias tensor.
         let unbiased = GradKernel { bias: None, ..g };
         assert!(unbiased.unavailable_reason(&h200()).is_some());
+        assert!(!c_has_fused(&auto(&p, &h200())));
+
+        // A bias per batch entry and head (or broadcast over a dimension of size 1): the dQ
+        // kernel writes the gradient, no fourth kernel; a forced d(bias) plan takes the kernel.
+        let full = f.with_bias(ScoreBias {
+            dtype: DType::F32,
+            layout: BiasLayout::dense(&f, true, true),
+        });
+        let one_entry = AttentionProblem {
+            shape: AttentionShape { batch: 1, ..f.shape },
+            ..f
+        };
+        for forward in [full, one_entry] {
+            let p = BackwardProblem::new(forward).with_bias_grad(true);
+            let c = auto(&p, &h200());
+            assert!(
+                c_has_fused(&c) && c.dbias.is_none() && c.computes_d_bias(),
+                "{}",
+                c.name()
+            );
+            assert_eq!(c.passes(), BackwardPass::ALL.to_vec());
+            assert!(c.dq.name().ends_with("_dbias"), "{}", c.dq.name());
+            assert!(c.name().ends_with("_dbiasdq"), "{}", c.name());
+            assert!(!c.dkdv.writes_d_bias);
+            let forced = select_backward(&p, &h200(), &choice).unwrap();
+            assert!(!c_has_fused(&forced) && forced.dbias.is_some());
+            // Without the request, nothing.
+            let c = auto(&BackwardProblem::new(forward), &h200());
+            assert!(!c.computes_d_bias());
+        }
+        // Only the dQ kernel of a problem with a bias writes it.
+        let wrong = GradKernel {
+            writes_d_bias: true,
+            ..auto(&p, &h200()).dkdv
+        };
+        assert!(wrong.unavailable_reason(&h200()).is_some());
+    }
+
+    fn c_has_fused(c: &BackwardConfig) -> bool {
+        c.dq.writes_d_bias
     }
 }

@@ -454,7 +454,13 @@ impl FlashAttention {
                     ]);
                     match (pass, &d_bias) {
                         (BackwardPass::DkDv, _) => entries.extend([bound.dk.entry(8), bound.dv.entry(9)]),
-                        (BackwardPass::Dq, _) => entries.push(bound.dq.entry(8)),
+                        (BackwardPass::Dq, d) => {
+                            entries.push(bound.dq.entry(8));
+                            // For a bias per batch entry and head the dQ kernel writes d(bias).
+                            if config.dq.writes_d_bias {
+                                entries.extend(d.as_ref().map(|d| d.entry(9)));
+                            }
+                        }
                         (_, Some(d)) => entries.push(d.entry(8)),
                         // A DBias kernel is in the configuration only for a problem that asks for
                         // the gradient, whose `d_bias` was required above.
@@ -752,11 +758,11 @@ impl FlashAttention {
             });
         }
         let f = &problem.forward;
-        if problem.bias_grad != config.dbias.is_some() {
+        if problem.bias_grad != config.computes_d_bias() {
             return crate::error::invalid!(
                 "configuration `{}` was selected for a problem that {} the score bias's gradient; this one {}",
                 config.name(),
-                if config.dbias.is_some() {
+                if config.computes_d_bias() {
                     "asks for"
                 } else {
                     "does not ask for"
