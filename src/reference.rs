@@ -639,16 +639,50 @@ pub fn attention_backward_dq_row<T: Element>(
     h: usize,
     i: usize,
 ) -> Result<Vec<f64>> {
+    attention_backward_row_indexed(problem, q, k, v, d_o, &BatchIndex::default(), b, h, i).map(|r| r.dq)
+}
+
+/// One query row's reference gradients ([`attention_backward_row_indexed`]).
+#[derive(Clone, Debug)]
+pub struct ReferenceGradRow {
+    /// `head_dim` values of dQ.
+    pub dq: Vec<f64>,
+    /// `dL/dz` of the row's logits, one per key of its sequence (0 for keys it does not see):
+    /// the row's term of the score bias's gradient.
+    pub d_logits: Vec<f64>,
+}
+
+/// The reference gradients of query row `i` of head `h` in batch entry `b`, with the per-head and
+/// bias tensors (and a packed batch's offsets) `index` gives: a spot check of large problems.
+#[allow(clippy::too_many_arguments)]
+pub fn attention_backward_row_indexed<T: Element>(
+    problem: &BackwardProblem,
+    q: &[T],
+    k: &[T],
+    v: &[T],
+    d_o: &[T],
+    index: &BatchIndex<'_>,
+    b: usize,
+    h: usize,
+    i: usize,
+) -> Result<ReferenceGradRow> {
     check_backward_inputs(problem, q, k, v, d_o)?;
-    let s = problem.forward.shape;
-    if b >= s.batch || h >= s.num_heads || i >= s.seq_q {
-        return crate::error::invalid!("reference row (b {b}, h {h}, i {i}) is outside the problem");
+    let f = &problem.forward;
+    index.validate(f)?;
+    let s = f.shape;
+    let outside = || crate::error::invalid!("reference row (b {b}, h {h}, i {i}) is outside the problem");
+    if b >= s.batch || h >= s.num_heads {
+        return outside();
     }
-    let index = BatchIndex::default();
-    index.validate(&problem.forward)?;
-    let rows = index.sequence(&problem.forward, b);
-    let terms = head_terms(&problem.forward, &index, h);
-    Ok(backward_row(problem, q, k, v, d_o, b, &rows, h, i, terms, None).dq)
+    let rows = index.sequence(f, b);
+    if i >= rows.seq_q {
+        return outside();
+    }
+    let terms = head_terms(f, index, h);
+    let row = backward_row(problem, q, k, v, d_o, b, &rows, h, i, terms, index.bias);
+    let mut d_logits = vec![0.0; rows.seq_kv];
+    d_logits[row.first_key..row.first_key + row.d_logits.len()].copy_from_slice(&row.d_logits);
+    Ok(ReferenceGradRow { dq: row.dq, d_logits })
 }
 
 fn check_backward_inputs<T: Element>(problem: &BackwardProblem, q: &[T], k: &[T], v: &[T], d_o: &[T]) -> Result<()> {

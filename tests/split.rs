@@ -193,6 +193,7 @@ fn backward_is_split_over_batches_and_head_groups() {
                     dq: g.dq,
                     dk: g.dk,
                     dv: g.dv,
+                    d_bias: g.d_bias,
                 }
             } else {
                 w.forward(&engine).unwrap();
