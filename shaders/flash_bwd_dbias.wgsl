@@ -19,9 +19,10 @@
 // dimensions. The workgroup loops over the pairs of its slice — every batch entry where the bias
 // broadcasts over the batch, every head where it broadcasts over the heads; batch-major, always in
 // that order — and for each recomputes S = Q Kᵀ and dP = dO Vᵀ of its tile and adds P ∘ (dP − D).
-// No atomics and a fixed order of summation: the result is deterministic. A bias per (batch, head)
-// makes it one pair per workgroup; the dQ kernel does not write its dS instead because a broadcast
-// bias sums over pairs that the dQ kernel spreads over workgroups. Pairs whose sequence does not
+// No atomics and a fixed order of summation: the result is deterministic. This kernel is for the
+// biases that broadcast, whose sums span pairs the dQ kernel spreads over workgroups; a bias per
+// (batch, head) — one pair per slice — has its gradient stored by the dQ kernel itself
+// (score_bias_grad_bound.wgsl), unless a plan forces this kernel. Pairs whose sequence does not
 // reach the tile, or whose causal mask or window hides it whole, are skipped (the next pair's first
 // score slice is fetched while the current one's last is multiplied); tiles that cross a mask or
 // an end evaluate it per element; keys a −∞ bias hides and rows that see no key (LSE = −∞) have
