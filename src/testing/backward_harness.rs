@@ -377,8 +377,9 @@ impl<T: Element> BackwardWorkload<T> {
     /// Compares `rows` rows of each gradient, spread over batch, heads and sequence (ends
     /// included), with float64: a check that stays cheap at any size.
     ///
-    /// dQ rows come from [`reference::attention_backward_dq_row`], which recomputes everything.
-    /// A dK/dV row needs the softmax statistics of every query row, which the reference would
+    /// dQ rows come from [`reference::attention_backward_row_indexed`], which recomputes
+    /// everything; so do d(bias) rows, each the sum of the rows of the (batch, head) pairs its
+    /// slice broadcasts to. A dK/dV row needs the softmax statistics of every query row, which the reference would
     /// recompute at the cost of the whole forward; here they come from the device's forward
     /// instead (its LSE and O, `o` and `lse` as [`read_forward`](Self::read_forward) returns them,
     /// themselves checked by the forward's tests) and the rest is float64.
