@@ -352,9 +352,14 @@ impl FlashAttention {
         for &pass in passes {
             let kernel = config.kernel(pass).ok_or_else(|| {
                 Error::InvalidProblem(format!(
-                    "configuration `{}` has no {} kernel (the problem does not ask for the bias's gradient)",
+                    "configuration `{}` has no {} kernel: {}",
                     config.name(),
-                    pass.entry_point()
+                    pass.entry_point(),
+                    if config.dq.writes_d_bias {
+                        "its dQ kernel writes the bias's gradient"
+                    } else {
+                        "it does not compute the bias's gradient"
+                    }
                 ))
             })?;
             kernels.push((pass, kernel, self.pipelines().get(&KernelConfig::Backward(kernel))?));
