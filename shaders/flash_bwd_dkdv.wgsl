@@ -79,7 +79,7 @@ fn flash_bwd_dkdv(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocatio
         // ---- Sᵀ = K Qᵀ and dPᵀ = V dOᵀ, one K_STEP slice of head_dim per step ----
         var s = Scores(); // explicit: some browsers do not re-zero a var declared in a loop
         var dp = Scores();
-        score_products(&s, &dp, &stage, hd, m0, n0, SRC_DO, m0, li, row0, tx);
+        score_products(&s, &dp, &stage, hd, m0, n0, SRC_DO, hd, m0, li, row0, tx);
 
         // ---- Pᵀ and dSᵀ (times the soft-cap's slope), in registers: s becomes Pᵀ, dp becomes dSᵀ ----
         let needs_mask = m0 + BLOCK_M > seq.seq_q || key_tile_needs_mask(seq, m0, BLOCK_M, n0, BLOCK_N);

@@ -193,6 +193,7 @@ fn backward_is_split_over_batches_and_head_groups() {
                     dq: g.dq,
                     dk: g.dk,
                     dv: g.dv,
+                    d_bias: g.d_bias,
                 }
             } else {
                 w.forward(&engine).unwrap();
@@ -606,6 +607,7 @@ fn alibi_and_sinks_backward_is_split() {
             sinks: p.sinks.then(|| TensorBuffer::new(&sinks)),
             d_sinks: None,
             bias: None,
+            d_bias: None,
         };
         let mut encoder = ctx.device.create_command_encoder(&Default::default());
         if p.sinks {

@@ -482,6 +482,7 @@ fn backward_case<T: Element>(ctx: &GpuContext, engine: &FlashAttention, case: Ca
         sinks: None,
         d_sinks: None,
         bias: None,
+        d_bias: None,
     };
     let mut encoder = ctx.device.create_command_encoder(&Default::default());
     let config = engine.select_backward(bp).unwrap_or_else(|e| panic!("{label}: {e}"));

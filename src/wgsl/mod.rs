@@ -21,6 +21,8 @@ pub const HEAD_TERMS_BOUND: &str = include_str!("../../shaders/head_terms_bound.
 pub const HEAD_TERMS_UNBOUND: &str = include_str!("../../shaders/head_terms_unbound.wgsl");
 pub const SCORE_BIAS_BOUND: &str = include_str!("../../shaders/score_bias_bound.wgsl");
 pub const SCORE_BIAS_UNBOUND: &str = include_str!("../../shaders/score_bias_unbound.wgsl");
+pub const SCORE_BIAS_GRAD_BOUND: &str = include_str!("../../shaders/score_bias_grad_bound.wgsl");
+pub const SCORE_BIAS_GRAD_UNBOUND: &str = include_str!("../../shaders/score_bias_grad_unbound.wgsl");
 pub const STORAGE_F32: &str = include_str!("../../shaders/storage_f32.wgsl");
 pub const STORAGE_F16: &str = include_str!("../../shaders/storage_f16.wgsl");
 pub const STORAGE_BF16: &str = include_str!("../../shaders/storage_bf16.wgsl");
@@ -39,6 +41,7 @@ pub const FLASH_BWD_STAGE: &str = include_str!("../../shaders/flash_bwd_stage.wg
 pub const FLASH_BWD_PRE: &str = include_str!("../../shaders/flash_bwd_pre.wgsl");
 pub const FLASH_BWD_DKDV: &str = include_str!("../../shaders/flash_bwd_dkdv.wgsl");
 pub const FLASH_BWD_DQ: &str = include_str!("../../shaders/flash_bwd_dq.wgsl");
+pub const FLASH_BWD_DBIAS: &str = include_str!("../../shaders/flash_bwd_dbias.wgsl");
 pub const FLASH_BWD_SINKS: &str = include_str!("../../shaders/flash_bwd_sinks.wgsl");
 pub const MERGE: &str = include_str!("../../shaders/merge.wgsl");
 pub const FLASH_DECODE: &str = include_str!("../../shaders/flash_decode.wgsl");
@@ -337,6 +340,10 @@ fn backward_source(kernel: &BackwardKernel, src: &mut String) {
             src.push_str(&sequence_source(g.sequences, BACKWARD_INDEX_BINDING));
             src.push_str(&head_terms_source(g.head_tensors, BACKWARD_HEAD_BINDING));
             src.push_str(&score_bias_source(g.bias, BACKWARD_BIAS_BINDING));
+            src.push_str(match g.writes_d_bias {
+                true => SCORE_BIAS_GRAD_BOUND,
+                false => SCORE_BIAS_GRAD_UNBOUND,
+            });
             for part in [
                 COMMON,
                 storage_codec(g.storage),
@@ -348,6 +355,7 @@ fn backward_source(kernel: &BackwardKernel, src: &mut String) {
                 FLASH_BWD_STAGE,
                 match g.pass {
                     crate::plan::BackwardPass::DkDv => FLASH_BWD_DKDV,
+                    crate::plan::BackwardPass::DBias => FLASH_BWD_DBIAS,
                     _ => FLASH_BWD_DQ,
                 },
             ] {

@@ -1288,6 +1288,7 @@ fn backward_buffers_typed<T: Element>(
         sinks: None,
         d_sinks: None,
         bias: None,
+        d_bias: None,
     };
     let mut encoder = ctx.device.create_command_encoder(&Default::default());
     let how = b.u8();
@@ -1311,6 +1312,7 @@ fn backward_buffers_typed<T: Element>(
                 variant: None,
                 dkdv_plan: plan(b),
                 dq_plan: plan(b),
+                dbias_plan: None,
             };
             match wgpu_flash_attn::plan::select_backward(&bp, &ctx.caps, &choice) {
                 Ok(config) => engine.encode_backward_with(&mut encoder, bp, &buffers, &config, None),

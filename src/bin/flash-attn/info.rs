@@ -314,6 +314,7 @@ fn backward_variant_reason(problem: &BackwardProblem, caps: &Caps, variant: Vari
                     sequences: Default::default(),
                     head_tensors: false,
                     bias: None,
+                    writes_d_bias: false,
                 };
                 kernel.unavailable_reason(caps)
             })
