@@ -159,7 +159,7 @@ pub struct DeviceBatchIndex<'a> {
 /// A score bias in device memory, in the element type the problem's [`ScoreBias`] names (16-bit
 /// types as their bits).
 ///
-/// [`ScoreBias`]: crate::batch::ScoreBias
+/// [`ScoreBias`]: crate::problem::score_bias::ScoreBias
 #[derive(Clone, Copy)]
 pub enum DeviceBias<'a> {
     /// f32 values.
