@@ -258,13 +258,16 @@ pub struct GradKernel {
     /// elements are the dQ kernel's own `P ∘ (dP − D)`; the broadcast biases take the d(bias)
     /// kernel instead. `false` for the other passes.
     pub writes_d_bias: bool,
+    /// Whether it regenerates the forward's dropout mask (shaders/dropout.wgsl).
+    pub dropout: bool,
 }
 
 impl GradKernel {
-    /// `flash_bwd_{dkdv|dq|dbias}_{dtype}_tile_{f32|f16}_bm{}_bn{}_tx{}_ty{}_ks{}_ns{}_st{}_d{}`.
+    /// `flash_bwd_{dkdv|dq|dbias}_{dtype}_tile_{f32|f16}_bm{}_bn{}_tx{}_ty{}_ks{}_ns{}_st{}_d{}`
+    /// (and the suffixes of the variants it binds or compiles in).
     pub fn name(&self) -> String {
         format!(
-            "{}_{}_tile_{}_{}_d{}{}{}{}{}",
+            "{}_{}_tile_{}_{}_d{}{}{}{}{}{}",
             self.pass.entry_point(),
             self.storage.name(),
             tile_name(self.tile),
@@ -273,7 +276,8 @@ impl GradKernel {
             self.sequences.name_suffix(),
             if self.head_tensors { "_heads" } else { "" },
             self.bias.map_or(String::new(), |t| format!("_bias{}", t.name())),
-            if self.writes_d_bias { "_dbias" } else { "" }
+            if self.writes_d_bias { "_dbias" } else { "" },
+            if self.dropout { "_dropout" } else { "" }
         )
     }
 
@@ -306,6 +310,9 @@ impl GradKernel {
         }
         if self.writes_d_bias && (self.pass != BackwardPass::Dq || self.bias.is_none()) {
             return Some("only the dQ kernel of a problem with a bias writes the bias's gradient".into());
+        }
+        if self.pass == BackwardPass::DBias && self.dropout {
+            return Some("the score bias's gradient kernel does not regenerate dropout's mask".into());
         }
         tiled_device_fit_reason(
             self.tile,
@@ -587,6 +594,7 @@ pub const BACKWARD_FEATURES: FeatureSet = FeatureSet::of(&[
     Feature::Alibi,
     Feature::Sinks,
     Feature::Bias,
+    Feature::Dropout,
 ]);
 
 /// Picks the three backward kernels for `problem` on a device with `caps`.
@@ -656,6 +664,7 @@ pub fn select_backward(problem: &BackwardProblem, caps: &Caps, choice: &Backward
                     head_tensors: problem.forward.has_alibi_tensor(),
                     bias: problem.forward.bias.map(|b| b.dtype),
                     writes_d_bias: pass == BackwardPass::Dq && dq_writes_d_bias,
+                    dropout: problem.forward.active_dropout().is_some(),
                 };
                 match kernel.unavailable_reason(caps) {
                     Some(why) => reasons.push(format!("{}: {why}", kernel.name())),
@@ -744,6 +753,7 @@ pub fn all_backward_kernels() -> Vec<BackwardKernel> {
                                 head_tensors,
                                 bias: None,
                                 writes_d_bias: false,
+                                dropout: false,
                             }));
                         }
                         if plan == backward_plans(pass)[0] {
@@ -758,6 +768,7 @@ pub fn all_backward_kernels() -> Vec<BackwardKernel> {
                                     head_tensors: false,
                                     bias: Some(bias),
                                     writes_d_bias: false,
+                                    dropout: false,
                                 }));
                             }
                             if pass == BackwardPass::Dq {
@@ -771,8 +782,21 @@ pub fn all_backward_kernels() -> Vec<BackwardKernel> {
                                     head_tensors: true,
                                     bias: Some(DType::F32),
                                     writes_d_bias: true,
+                                    dropout: false,
                                 }));
                             }
+                            kernels.push(BackwardKernel::Grad(GradKernel {
+                                pass,
+                                storage,
+                                tile,
+                                plan,
+                                head_dim_pad,
+                                sequences: SequenceIndex::default(),
+                                head_tensors: false,
+                                bias: None,
+                                writes_d_bias: false,
+                                dropout: true,
+                            }));
                         }
                     }
                 }
@@ -799,6 +823,7 @@ pub fn all_backward_kernels() -> Vec<BackwardKernel> {
                                 head_tensors,
                                 bias: Some(bias),
                                 writes_d_bias: false,
+                                dropout: false,
                             }));
                         }
                     }
