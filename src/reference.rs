@@ -1224,6 +1224,31 @@ mod backward_tests {
         check_bias_gradient(f, BiasLayout::dense(&f, false, false), 3, 14);
     }
 
+    /// With dropout the bias's gradient is `P ∘ (dP − D)` with the dropped-out `dP = (dO·Vᵀ) ∘ Z·r`
+    /// (a dropped key still has a gradient, `−P·D`, through the row's softmax): the reference's
+    /// against central differences, per batch entry and head and broadcast, with the variants.
+    #[test]
+    fn bias_gradient_with_dropout_matches_finite_differences() {
+        use crate::problem::score_bias::BiasLayout;
+        let dropout = crate::problem::Dropout {
+            p: 0.4,
+            seed: 21,
+            offset: 3,
+        };
+        let f = AttentionProblem::new(shape(2, 5, 6, 4, 2, 8), DType::F32)
+            .with_causal(true)
+            .with_dropout(dropout);
+        check_bias_gradient(f, BiasLayout::dense(&f, true, true), 4, 15);
+        let f = AttentionProblem::new(shape(2, 4, 7, 2, 1, 8), DType::F32)
+            .with_window(Some(2), Some(1))
+            .with_softcap(1.5)
+            .with_alibi_slopes()
+            .with_sinks()
+            .with_dropout(dropout);
+        check_bias_gradient(f, BiasLayout::dense(&f, false, true), 0, 16);
+        check_bias_gradient(f, BiasLayout::dense(&f, false, false), 5, 17);
+    }
+
     /// A `[batch, seq, heads, head_dim]` layout with 4 unused elements after each row and 8
     /// before the tensor.
     fn padded_layout(f: &AttentionProblem, t: Tensor) -> crate::problem::TensorLayout {

@@ -311,9 +311,6 @@ impl GradKernel {
         if self.writes_d_bias && (self.pass != BackwardPass::Dq || self.bias.is_none()) {
             return Some("only the dQ kernel of a problem with a bias writes the bias's gradient".into());
         }
-        if self.pass == BackwardPass::DBias && self.dropout {
-            return Some("the score bias's gradient kernel does not regenerate dropout's mask".into());
-        }
         tiled_device_fit_reason(
             self.tile,
             self.storage,
@@ -772,18 +769,20 @@ pub fn all_backward_kernels() -> Vec<BackwardKernel> {
                                 }));
                             }
                             if pass == BackwardPass::Dq {
-                                kernels.push(BackwardKernel::Grad(GradKernel {
-                                    pass,
-                                    storage,
-                                    tile,
-                                    plan,
-                                    head_dim_pad,
-                                    sequences: SequenceIndex::default(),
-                                    head_tensors: true,
-                                    bias: Some(DType::F32),
-                                    writes_d_bias: true,
-                                    dropout: false,
-                                }));
+                                for dropout in [false, true] {
+                                    kernels.push(BackwardKernel::Grad(GradKernel {
+                                        pass,
+                                        storage,
+                                        tile,
+                                        plan,
+                                        head_dim_pad,
+                                        sequences: SequenceIndex::default(),
+                                        head_tensors: true,
+                                        bias: Some(DType::F32),
+                                        writes_d_bias: true,
+                                        dropout,
+                                    }));
+                                }
                             }
                             kernels.push(BackwardKernel::Grad(GradKernel {
                                 pass,
@@ -802,17 +801,18 @@ pub fn all_backward_kernels() -> Vec<BackwardKernel> {
                 }
             }
             // The d(bias) kernel: every plan and padding with an f32 bias; the first plan also
-            // with the 16-bit biases and with the per-head tensors.
+            // with the 16-bit biases, with the per-head tensors and with dropout.
             for &plan in backward_plans(BackwardPass::DBias) {
                 let first = plan == backward_plans(BackwardPass::DBias)[0];
                 for head_dim_pad in head_dim_pads(plan) {
-                    for (bias, head_tensors) in [
-                        (DType::F32, false),
-                        (DType::F16, false),
-                        (DType::BF16, false),
-                        (DType::F32, true),
+                    for (bias, head_tensors, dropout) in [
+                        (DType::F32, false, false),
+                        (DType::F16, false, false),
+                        (DType::BF16, false, false),
+                        (DType::F32, true, false),
+                        (DType::F32, false, true),
                     ] {
-                        if first || (bias == DType::F32 && !head_tensors) {
+                        if first || (bias == DType::F32 && !head_tensors && !dropout) {
                             kernels.push(BackwardKernel::Grad(GradKernel {
                                 pass: BackwardPass::DBias,
                                 storage,
@@ -823,7 +823,7 @@ pub fn all_backward_kernels() -> Vec<BackwardKernel> {
                                 head_tensors,
                                 bias: Some(bias),
                                 writes_d_bias: false,
-                                dropout: false,
+                                dropout,
                             }));
                         }
                     }
@@ -1241,6 +1241,44 @@ mod tests {
             ..auto(&p, &h200()).dkdv
         };
         assert!(wrong.unavailable_reason(&h200()).is_some());
+    }
+
+    /// With dropout, every gradient kernel regenerates the mask: dK/dV, dQ (and so the d(bias) it
+    /// stores) and the d(bias) kernel, whose dP must carry the same `Z / (1 − p)`.
+    #[test]
+    fn dropout_reaches_every_gradient_kernel() {
+        use crate::problem::score_bias::{BiasLayout, ScoreBias};
+        use crate::problem::Dropout;
+        let f = AttentionProblem::new(
+            AttentionShape {
+                batch: 2,
+                seq_q: 100,
+                seq_kv: 80,
+                num_heads: 4,
+                num_kv_heads: 2,
+                head_dim: 64,
+            },
+            DType::F32,
+        )
+        .with_dropout(Dropout {
+            p: 0.1,
+            seed: 1,
+            offset: 2,
+        });
+        for (per_batch, fused) in [(true, true), (false, false)] {
+            let f = f.with_bias(ScoreBias {
+                dtype: DType::F32,
+                layout: BiasLayout::dense(&f, per_batch, true),
+            });
+            let c = auto(&BackwardProblem::new(f).with_bias_grad(true), &h200());
+            assert_eq!(c_has_fused(&c), fused, "{}", c.name());
+            assert!(c.dkdv.dropout && c.dq.dropout, "{}", c.name());
+            if let Some(g) = c.dbias {
+                assert!(g.dropout && g.name().ends_with("_dropout"), "{}", g.name());
+                assert_eq!(g.unavailable_reason(&h200()), None, "{}", g.name());
+            }
+            assert!(c.dbias.is_some() != fused, "{}", c.name());
+        }
     }
 
     fn c_has_fused(c: &BackwardConfig) -> bool {
