@@ -6,8 +6,9 @@
 // summed over the (batch entry, head) pairs the bias broadcasts to — those its layout gives a
 // stride of 0 (params.bias.batch, params.bias.head) — with D = rowsum(dO ∘ O) from
 // flash_bwd_pre.wgsl. This is the dQ kernel's dS without the soft-cap's slope: the bias is added
-// after the cap. Shared machinery (bindings 2–7, staging, the score products, P of a row) is in
-// flash_bwd_stage.wgsl; this file adds 8 d_bias (written, f32): a dense
+// after the cap. With dropout (DROPOUT, dropout.wgsl) dP is dO Vᵀ ∘ Z / (1 − p), each pair's own
+// mask Z regenerated as the dQ kernel does. Shared machinery (bindings 2–7, staging, the score
+// products, P of a row) is in flash_bwd_stage.wgsl; this file adds 8 d_bias (written, f32): a dense
 // [batch | 1, num_heads | 1, seq_q, seq_kv] tensor from the start of its binding, with a dimension
 // exactly where the bias has a non-zero stride (BackwardProblem::d_bias_layout). For a packed batch
 // seq_q and seq_kv are the longest sequence's, and rows and columns count from each sequence's
@@ -140,6 +141,17 @@ fn flash_bwd_dbias(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocati
         var s = Scores(); // explicit: some browsers do not re-zero a var declared in a loop
         var dp = Scores();
         score_products(&s, &dp, &stage, hd, m0, n0, SRC_SCORES, then_hd, 0u, li, row0, tx);
+
+        if (DROPOUT) {
+            // The forward multiplied V by P ∘ Z / (1 − p) (dropout.wgsl): the dP that reaches the
+            // logits is dP ∘ Z / (1 − p), the pair's own mask, exactly as the dQ kernel forms it.
+            for (var c = 0u; c < S_VECS; c++) {
+                let keep = dropout_keep_rows(seq.b, hd.head, m0 + row0, n0 + 4u * (tx + THREADS_X * c));
+                for (var i = 0u; i < ROWS_PER_THREAD; i++) {
+                    dp[i * S_VECS + c] = select(vec4<f32>(0.0), dp[i * S_VECS + c] * params.dropout_scale, keep[i]);
+                }
+            }
+        }
 
         // ---- d(bias) += P ∘ (dP − D), in registers; rows past the sequence have P = 0 ----
         let needs_mask = key_tile_needs_mask(seq, m0, BLOCK_M, n0, BLOCK_N);

@@ -97,6 +97,17 @@ fn flash_bwd_dq(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_
         var dp = Scores();
         score_products(&s, &dp, &stage, hd, m0, n0, SRC_K, hd, n0, li, row0, tx);
 
+        if (DROPOUT) {
+            // The forward multiplied V by P ∘ Z / (1 − p) (dropout.wgsl): the gradient that
+            // reaches P is dP ∘ Z / (1 − p). D = rowsum(dO ∘ O) is already of that dropped-out O.
+            for (var c = 0u; c < S_VECS; c++) {
+                let keep = dropout_keep_rows(seq.b, head, m0 + row0, n0 + 4u * (tx + THREADS_X * c));
+                for (var i = 0u; i < ROWS_PER_THREAD; i++) {
+                    dp[i * S_VECS + c] = select(vec4<f32>(0.0), dp[i * S_VECS + c] * params.dropout_scale, keep[i]);
+                }
+            }
+        }
+
         // ---- dS = P ∘ (dP − D) (times the soft-cap's slope), in registers (dp becomes dS); ALiBi's
         // bias and the score bias are constants of P's exponent ----
         let needs_mask = key_tile_needs_mask(seq, m0, BLOCK_M, n0, BLOCK_N);

@@ -5,7 +5,8 @@
 // Bindings: 0 params (common.wgsl), 1 q, 2 k, 3 v (read), 4 o (write) — arrays of granules —
 // 5 the f32 log-sum-exp, written as raw bits, for a batch with index tensors (packed
 // sequences, key counts) 6–8 (sequence_indexed.wgsl), for per-head tensors (ALiBi slopes,
-// sinks) 9–10 (head_terms_bound.wgsl), and for a score bias 11 (score_bias_bound.wgsl).
+// sinks) 9–10 (head_terms_bound.wgsl), and for a score bias 11 (score_bias_bound.wgsl). Dropout
+// (dropout.wgsl) needs no binding: its mask is drawn where P is formed.
 //
 // What a workgroup owns: one tile of BLOCK_M query rows of one (sequence, head). The grid is
 // (num_q_tiles, num_heads, batch), num_q_tiles counting the longest sequence's tiles: a
@@ -318,6 +319,17 @@ fn flash_fwd(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_ind
                 s[i * S_VECS + c] = p;
             }
         }
+        if (DROPOUT) {
+            // Dropout (dropout.wgsl): the row sums above keep every probability (the LSE is the
+            // undropped softmax's); what multiplies V is P with the dropped ones zeroed. The
+            // kept ones' 1/(1 − p) is applied once, in the epilogue.
+            for (var c = 0u; c < S_VECS; c++) {
+                let keep = dropout_keep_rows(seq.b, head, m0 + row0, n0 + 4u * (tx + THREADS_X * c));
+                for (var i = 0u; i < ROWS_PER_THREAD; i++) {
+                    s[i * S_VECS + c] = select(vec4<f32>(0.0), s[i * S_VECS + c], keep[i]);
+                }
+            }
+        }
         // P goes to workgroup memory, transposed: PV needs every column of a row, and the row's
         // columns are spread over THREADS_X invocations.
         for (var c = 0u; c < S_VECS; c++) {
@@ -372,6 +384,9 @@ fn flash_fwd(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_ind
             // A row that saw no key (causal, seq_q > seq_kv) and no sink has l = 0: its output
             // is 0 (with a sink too, as acc is).
             var inv_l = select(0.0, total.o_factor / l, l > 0.0);
+            if (DROPOUT) {
+                inv_l *= params.dropout_scale;
+            }
             if (!seq.valid) {
                 inv_l = nan_f32();
             }

@@ -6,11 +6,13 @@
 //! [`BatchIndex`] of them, and the append of new tokens' K/V
 //! ([`FlashAttention::encode_append_kv`](crate::FlashAttention::encode_append_kv)); and the
 //! types of the side tensors a [`BatchIndex`] carries for the variants: ALiBi's slope source
-//! ([`Alibi`]) and the score bias ([`ScoreBias`], its [`BiasLayout`], its host [`BiasValues`]).
-//! The public facade over `problem::{varlen, cache, index, head_terms, score_bias}` and
+//! ([`Alibi`]) and the score bias ([`ScoreBias`], its [`BiasLayout`], its host [`BiasValues`]);
+//! and dropout's description ([`Dropout`], with the host's copy of its mask).
+//! The public facade over `problem::{varlen, cache, index, head_terms, score_bias, dropout}` and
 //! `runtime::append`.
 
 pub use crate::problem::cache::{KvCache, PagedKv, PAGE_SIZE_MULTIPLE};
+pub use crate::problem::dropout::Dropout;
 pub use crate::problem::head_terms::Alibi;
 pub use crate::problem::index::BatchIndex;
 pub use crate::problem::score_bias::{BiasLayout, BiasValues, ScoreBias};

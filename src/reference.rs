@@ -258,8 +258,12 @@ fn row_unchecked<T: Element>(
     }
     let weights: Vec<f64> = scores.iter().map(|s| (s - max).exp()).collect();
     let sum: f64 = weights.iter().sum::<f64>() + sink.map_or(0.0, |s| (s - max).exp());
+    // Dropout zeroes the dropped weights and scales the kept ones in the output only: the sum,
+    // and the LSE, are the undropped softmax's.
+    let kept = dropout_factors(problem, b, h, i, visible.clone());
     let mut out = vec![0.0; d];
-    for (j, w) in visible.zip(&weights) {
+    for ((j, w), z) in visible.zip(&weights).zip(kept) {
+        let w = w * z;
         let (vb, vr) = keys.locate(b, j);
         let vj = problem.v_layout.index(vb, vr, kv_head, 0);
         for (x, o) in out.iter_mut().enumerate() {
@@ -272,6 +276,20 @@ fn row_unchecked<T: Element>(
     ReferenceRow {
         out,
         lse: max + sum.ln(),
+    }
+}
+
+/// What dropout multiplies the probabilities of query row `i` of head `h` in batch entry (or
+/// sequence) `b` by, for the keys `keys`: 0 where the mask drops one, `1/(1 − p)` where it keeps
+/// one ([`Dropout::mask`](crate::problem::Dropout::mask)), 1 without dropout.
+fn dropout_factors(problem: &AttentionProblem, b: usize, h: usize, i: usize, keys: std::ops::Range<usize>) -> Vec<f64> {
+    match problem.active_dropout() {
+        None => vec![1.0; keys.len()],
+        Some(dropout) => {
+            let scale = dropout.scale();
+            keys.map(|j| if dropout.keeps(b, h, i, j) { scale } else { 0.0 })
+                .collect()
+        }
     }
 }
 
@@ -583,7 +601,10 @@ pub struct ReferenceGrads {
 /// `−P_sink · rowsum(P ∘ dP)` over the head's rows. ALiBi's bias is a constant of the scores: it
 /// changes P, not the chain rule. The score bias is added to the logits after the cap, so its
 /// gradient is `P ∘ (dP − rowsum(P ∘ dP))` without the cap's slope, summed over the batch entries
-/// and heads it broadcasts to (when the problem asks for it).
+/// and heads it broadcasts to (when the problem asks for it). With dropout (mask `Z` of
+/// [`Dropout::mask`](crate::problem::Dropout::mask), `r = 1/(1 − p)`), the forward is
+/// `O = (P ∘ Z·r)·V`: `dV = (P ∘ Z·r)ᵀ·dO` and `dP = (dO·Vᵀ) ∘ Z·r`, the rest unchanged
+/// (`rowsum(P ∘ dP)` is still `rowsum(dO ∘ O)`, and the bias's gradient takes this dP).
 ///
 /// A query row that sees no key (causal, `seq_q > seq_kv`) has a constant zero output, so its
 /// gradients are zero. Costs `O(B·H·Sq·Skv·D)` on one core, like [`attention`]; use
@@ -809,7 +830,10 @@ fn backward_row<T: Element>(
     let sink_weight = sink.map_or(0.0, |s| (s - max).exp());
     let sum: f64 = weights.iter().sum::<f64>() + sink_weight;
     let p: Vec<f64> = weights.iter().map(|w| if sum > 0.0 { w / sum } else { 0.0 }).collect();
-    let dp: Vec<f64> = values.iter().map(|vj| dot(&doi, vj)).collect();
+    // Dropout: O = (P ∘ Z·r) V, so the gradient reaching P is dP = (dO·vⱼ) Zⱼ r, and dV takes the
+    // dropped-out P (factors 1 without dropout).
+    let kept = dropout_factors(f, b, h, i, visible.clone());
+    let dp: Vec<f64> = values.iter().zip(&kept).map(|(vj, z)| dot(&doi, vj) * z).collect();
     // rowsum(P ∘ dP) = dO · O (the sink's column has dP = 0).
     let delta: f64 = p.iter().zip(&dp).map(|(p, dp)| p * dp).sum();
     // dL/dz of the logits, then dS through the cap's slope.
@@ -831,7 +855,11 @@ fn backward_row<T: Element>(
             .iter()
             .map(|dsj| qi.iter().map(|qx| scale * dsj * qx).collect())
             .collect(),
-        dv: p.iter().map(|pj| doi.iter().map(|g| pj * g).collect()).collect(),
+        dv: p
+            .iter()
+            .zip(&kept)
+            .map(|(pj, z)| doi.iter().map(|g| pj * z * g).collect())
+            .collect(),
         d_sink,
         d_logits,
     }
@@ -1016,6 +1044,66 @@ mod backward_tests {
             .with_geometric_alibi()
             .with_sinks();
         check_against_finite_differences(p.into(), 7);
+        // Dropout (p = 0.3): plain with GQA and causal; then with sinks, ALiBi, a window and a cap.
+        let dropout = crate::problem::Dropout {
+            p: 0.3,
+            seed: 5,
+            offset: 9,
+        };
+        let p = AttentionProblem::new(shape(2, 5, 6, 4, 2, 8), DType::F32)
+            .with_causal(true)
+            .with_dropout(dropout);
+        check_against_finite_differences(p.into(), 8);
+        let p = AttentionProblem::new(shape(1, 5, 7, 2, 1, 8), DType::F32)
+            .with_window(Some(3), Some(1))
+            .with_softcap(2.0)
+            .with_alibi_slopes()
+            .with_sinks()
+            .with_dropout(dropout);
+        check_against_finite_differences(p.into(), 9);
+    }
+
+    /// Dropout in the forward reference: LSE untouched, the output a mix of the kept values scaled
+    /// by 1/(1 − p) (with V one-hot per key, each output column is one key's kept weight, so the
+    /// mask can be read off the output).
+    #[test]
+    fn dropout_keeps_the_lse_and_drops_the_masked_weights() {
+        let (seq_q, seq_kv) = (6, 8);
+        let plain = AttentionProblem::new(shape(2, seq_q, seq_kv, 2, 1, seq_kv), DType::F32).with_causal(true);
+        let dropout = crate::problem::Dropout {
+            p: 0.5,
+            seed: 3,
+            offset: 1,
+        };
+        let p = plain.with_dropout(dropout);
+        let mut rng = Rng::new(4);
+        let q = random(&mut rng, p.required_len(Tensor::Q));
+        let k = random(&mut rng, p.required_len(Tensor::K));
+        // V of key j is the unit vector e_j: output column j is key j's weight in the row.
+        let v: Vec<F64> = (0..p.required_len(Tensor::V))
+            .map(|e| F64(f64::from(e % seq_kv == e / seq_kv % seq_kv)))
+            .collect();
+        let (with, without) = (
+            attention(&p, &q, &k, &v).unwrap(),
+            attention(&plain, &q, &k, &v).unwrap(),
+        );
+        assert_eq!(with.lse, without.lse);
+        for b in 0..2 {
+            for h in 0..2 {
+                let mask = dropout.mask(b, h, seq_q, seq_kv);
+                for i in 0..seq_q {
+                    for j in 0..seq_kv {
+                        let at = p.o_layout.index(b, i, h, j);
+                        let want = if mask[i * seq_kv + j] {
+                            2.0 * without.out[at]
+                        } else {
+                            0.0
+                        };
+                        assert!((with.out[at] - want).abs() < 1e-15, "b{b} h{h} ({i}, {j})");
+                    }
+                }
+            }
+        }
     }
 
     /// The reference's `dL/d(bias)` against central differences of the forward reference, for
@@ -1134,6 +1222,31 @@ mod backward_tests {
             .with_softcap(2.0)
             .with_geometric_alibi();
         check_bias_gradient(f, BiasLayout::dense(&f, false, false), 3, 14);
+    }
+
+    /// With dropout the bias's gradient is `P ∘ (dP − D)` with the dropped-out `dP = (dO·Vᵀ) ∘ Z·r`
+    /// (a dropped key still has a gradient, `−P·D`, through the row's softmax): the reference's
+    /// against central differences, per batch entry and head and broadcast, with the variants.
+    #[test]
+    fn bias_gradient_with_dropout_matches_finite_differences() {
+        use crate::problem::score_bias::BiasLayout;
+        let dropout = crate::problem::Dropout {
+            p: 0.4,
+            seed: 21,
+            offset: 3,
+        };
+        let f = AttentionProblem::new(shape(2, 5, 6, 4, 2, 8), DType::F32)
+            .with_causal(true)
+            .with_dropout(dropout);
+        check_bias_gradient(f, BiasLayout::dense(&f, true, true), 4, 15);
+        let f = AttentionProblem::new(shape(2, 4, 7, 2, 1, 8), DType::F32)
+            .with_window(Some(2), Some(1))
+            .with_softcap(1.5)
+            .with_alibi_slopes()
+            .with_sinks()
+            .with_dropout(dropout);
+        check_bias_gradient(f, BiasLayout::dense(&f, false, true), 0, 16);
+        check_bias_gradient(f, BiasLayout::dense(&f, false, false), 5, 17);
     }
 
     /// A `[batch, seq, heads, head_dim]` layout with 4 unused elements after each row and 8

@@ -12,7 +12,7 @@ mod common;
 use common::{below, coop_engines, gpu, seed_of, shape, storage};
 use half::{bf16, f16};
 use wgpu_flash_attn::batch::BatchIndex;
-use wgpu_flash_attn::batch::{Alibi, BiasLayout, BiasValues, ScoreBias, Varlen};
+use wgpu_flash_attn::batch::{Alibi, BiasLayout, BiasValues, Dropout, ScoreBias, Varlen};
 use wgpu_flash_attn::gpu::readback::read_back;
 use wgpu_flash_attn::kernel::{BackwardChoice, BackwardPass};
 use wgpu_flash_attn::plan::select_backward;
@@ -732,6 +732,68 @@ fn bias_gradient_of_packed_batches() {
             );
         }
     }
+}
+
+/// d(bias) through dropout: `P ∘ (dP − D)` with the dropped-out `dP = dO Vᵀ ∘ Z / (1 − p)`, by both
+/// routes — the dQ kernel's stores (a bias per batch entry and head) and the d(bias) kernel, which
+/// regenerates each pair's mask itself (broadcast biases, or forced) — on the caller's buffers and
+/// on host slices, a packed batch too, against the reference (whose mask is the host's).
+#[test]
+fn bias_gradient_with_dropout() {
+    let Some(ctx) = gpu() else { return };
+    let engine = FlashAttention::new(ctx);
+    let dropout = Dropout {
+        p: 0.3,
+        seed: 0xd1a5,
+        offset: 7,
+    };
+    let check_kernels = |p: &AttentionProblem, label: &str| {
+        let c = engine
+            .select_backward(BackwardProblem::new(*p).with_bias_grad(true))
+            .unwrap_or_else(|e| panic!("{label}: {e}"));
+        assert!(
+            c.dkdv.dropout && c.dq.dropout && c.dbias.is_none_or(|g| g.dropout),
+            "{label}: {}",
+            c.name()
+        );
+    };
+    // Per batch entry and head (the dQ kernel's route, and the d(bias) kernel forced), causal with
+    // GQA over several tiles each way.
+    let p = AttentionProblem::new(shape(2, 70, 90, 4, 2, 32), DType::F32)
+        .with_causal(true)
+        .with_dropout(dropout);
+    let p = biased(p, DType::F32, true, true, 3, 1);
+    check_kernels(&p, "dropout, per batch and head");
+    for on in [On::Device, On::DeviceSeparate, On::Host] {
+        bias_grad_any(ctx, &engine, &p, None, "dropout, per batch and head", on, false);
+    }
+    // Broadcast over the batch (the d(bias) kernel sums two pairs, each with its own mask), with a
+    // window, a soft-cap, ALiBi and sinks, −∞ keys and hidden rows.
+    let p = AttentionProblem::new(shape(2, 40, 50, 2, 2, 32), DType::BF16)
+        .with_window(Some(9), Some(4))
+        .with_softcap(3.0)
+        .with_geometric_alibi()
+        .with_sinks()
+        .with_dropout(dropout);
+    let p = biased(p, DType::BF16, false, true, 0, 2);
+    check_kernels(&p, "dropout, per head");
+    for on in [On::Device, On::Host] {
+        bias_grad_any(ctx, &engine, &p, None, "dropout, per head", on, true);
+    }
+    // A packed batch, one bias for everything: rows and keys counted from each sequence's start,
+    // as the mask's are.
+    let (cu_q, cu_k) = (vec![0u32, 5, 45, 62], vec![0u32, 9, 49, 119]);
+    let p = AttentionProblem::new(shape(3, 40, 70, 2, 1, 32), DType::F16)
+        .with_varlen(Varlen {
+            total_q: 62,
+            total_kv: 119,
+        })
+        .with_causal(true)
+        .with_dropout(dropout);
+    let p = biased(p, DType::F32, false, false, 0, 0);
+    check_kernels(&p, "dropout, packed");
+    let cu = Some((&cu_q[..], &cu_k[..]));
+    bias_grad_any(ctx, &engine, &p, cu, "dropout, packed", On::Device, false);
 }
 
 /// The same call twice gives the same bits: no atomics, a fixed order of summation.

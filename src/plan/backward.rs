@@ -258,13 +258,16 @@ pub struct GradKernel {
     /// elements are the dQ kernel's own `P ∘ (dP − D)`; the broadcast biases take the d(bias)
     /// kernel instead. `false` for the other passes.
     pub writes_d_bias: bool,
+    /// Whether it regenerates the forward's dropout mask (shaders/dropout.wgsl).
+    pub dropout: bool,
 }
 
 impl GradKernel {
-    /// `flash_bwd_{dkdv|dq|dbias}_{dtype}_tile_{f32|f16}_bm{}_bn{}_tx{}_ty{}_ks{}_ns{}_st{}_d{}`.
+    /// `flash_bwd_{dkdv|dq|dbias}_{dtype}_tile_{f32|f16}_bm{}_bn{}_tx{}_ty{}_ks{}_ns{}_st{}_d{}`
+    /// (and the suffixes of the variants it binds or compiles in).
     pub fn name(&self) -> String {
         format!(
-            "{}_{}_tile_{}_{}_d{}{}{}{}{}",
+            "{}_{}_tile_{}_{}_d{}{}{}{}{}{}",
             self.pass.entry_point(),
             self.storage.name(),
             tile_name(self.tile),
@@ -273,7 +276,8 @@ impl GradKernel {
             self.sequences.name_suffix(),
             if self.head_tensors { "_heads" } else { "" },
             self.bias.map_or(String::new(), |t| format!("_bias{}", t.name())),
-            if self.writes_d_bias { "_dbias" } else { "" }
+            if self.writes_d_bias { "_dbias" } else { "" },
+            if self.dropout { "_dropout" } else { "" }
         )
     }
 
@@ -587,6 +591,7 @@ pub const BACKWARD_FEATURES: FeatureSet = FeatureSet::of(&[
     Feature::Alibi,
     Feature::Sinks,
     Feature::Bias,
+    Feature::Dropout,
 ]);
 
 /// Picks the three backward kernels for `problem` on a device with `caps`.
@@ -656,6 +661,7 @@ pub fn select_backward(problem: &BackwardProblem, caps: &Caps, choice: &Backward
                     head_tensors: problem.forward.has_alibi_tensor(),
                     bias: problem.forward.bias.map(|b| b.dtype),
                     writes_d_bias: pass == BackwardPass::Dq && dq_writes_d_bias,
+                    dropout: problem.forward.active_dropout().is_some(),
                 };
                 match kernel.unavailable_reason(caps) {
                     Some(why) => reasons.push(format!("{}: {why}", kernel.name())),
@@ -744,6 +750,7 @@ pub fn all_backward_kernels() -> Vec<BackwardKernel> {
                                 head_tensors,
                                 bias: None,
                                 writes_d_bias: false,
+                                dropout: false,
                             }));
                         }
                         if plan == backward_plans(pass)[0] {
@@ -758,37 +765,54 @@ pub fn all_backward_kernels() -> Vec<BackwardKernel> {
                                     head_tensors: false,
                                     bias: Some(bias),
                                     writes_d_bias: false,
+                                    dropout: false,
                                 }));
                             }
                             if pass == BackwardPass::Dq {
-                                kernels.push(BackwardKernel::Grad(GradKernel {
-                                    pass,
-                                    storage,
-                                    tile,
-                                    plan,
-                                    head_dim_pad,
-                                    sequences: SequenceIndex::default(),
-                                    head_tensors: true,
-                                    bias: Some(DType::F32),
-                                    writes_d_bias: true,
-                                }));
+                                for dropout in [false, true] {
+                                    kernels.push(BackwardKernel::Grad(GradKernel {
+                                        pass,
+                                        storage,
+                                        tile,
+                                        plan,
+                                        head_dim_pad,
+                                        sequences: SequenceIndex::default(),
+                                        head_tensors: true,
+                                        bias: Some(DType::F32),
+                                        writes_d_bias: true,
+                                        dropout,
+                                    }));
+                                }
                             }
+                            kernels.push(BackwardKernel::Grad(GradKernel {
+                                pass,
+                                storage,
+                                tile,
+                                plan,
+                                head_dim_pad,
+                                sequences: SequenceIndex::default(),
+                                head_tensors: false,
+                                bias: None,
+                                writes_d_bias: false,
+                                dropout: true,
+                            }));
                         }
                     }
                 }
             }
             // The d(bias) kernel: every plan and padding with an f32 bias; the first plan also
-            // with the 16-bit biases and with the per-head tensors.
+            // with the 16-bit biases, with the per-head tensors and with dropout.
             for &plan in backward_plans(BackwardPass::DBias) {
                 let first = plan == backward_plans(BackwardPass::DBias)[0];
                 for head_dim_pad in head_dim_pads(plan) {
-                    for (bias, head_tensors) in [
-                        (DType::F32, false),
-                        (DType::F16, false),
-                        (DType::BF16, false),
-                        (DType::F32, true),
+                    for (bias, head_tensors, dropout) in [
+                        (DType::F32, false, false),
+                        (DType::F16, false, false),
+                        (DType::BF16, false, false),
+                        (DType::F32, true, false),
+                        (DType::F32, false, true),
                     ] {
-                        if first || (bias == DType::F32 && !head_tensors) {
+                        if first || (bias == DType::F32 && !head_tensors && !dropout) {
                             kernels.push(BackwardKernel::Grad(GradKernel {
                                 pass: BackwardPass::DBias,
                                 storage,
@@ -799,6 +823,7 @@ pub fn all_backward_kernels() -> Vec<BackwardKernel> {
                                 head_tensors,
                                 bias: Some(bias),
                                 writes_d_bias: false,
+                                dropout,
                             }));
                         }
                     }
@@ -1216,6 +1241,44 @@ mod tests {
             ..auto(&p, &h200()).dkdv
         };
         assert!(wrong.unavailable_reason(&h200()).is_some());
+    }
+
+    /// With dropout, every gradient kernel regenerates the mask: dK/dV, dQ (and so the d(bias) it
+    /// stores) and the d(bias) kernel, whose dP must carry the same `Z / (1 − p)`.
+    #[test]
+    fn dropout_reaches_every_gradient_kernel() {
+        use crate::problem::score_bias::{BiasLayout, ScoreBias};
+        use crate::problem::Dropout;
+        let f = AttentionProblem::new(
+            AttentionShape {
+                batch: 2,
+                seq_q: 100,
+                seq_kv: 80,
+                num_heads: 4,
+                num_kv_heads: 2,
+                head_dim: 64,
+            },
+            DType::F32,
+        )
+        .with_dropout(Dropout {
+            p: 0.1,
+            seed: 1,
+            offset: 2,
+        });
+        for (per_batch, fused) in [(true, true), (false, false)] {
+            let f = f.with_bias(ScoreBias {
+                dtype: DType::F32,
+                layout: BiasLayout::dense(&f, per_batch, true),
+            });
+            let c = auto(&BackwardProblem::new(f).with_bias_grad(true), &h200());
+            assert_eq!(c_has_fused(&c), fused, "{}", c.name());
+            assert!(c.dkdv.dropout && c.dq.dropout, "{}", c.name());
+            if let Some(g) = c.dbias {
+                assert!(g.dropout && g.name().ends_with("_dropout"), "{}", g.name());
+                assert_eq!(g.unavailable_reason(&h200()), None, "{}", g.name());
+            }
+            assert!(c.dbias.is_some() != fused, "{}", c.name());
+        }
     }
 
     fn c_has_fused(c: &BackwardConfig) -> bool {

@@ -266,21 +266,26 @@ pub struct FlashConfig {
     pub head_tensors: bool,
     /// The score bias tensor's element type, when it binds one (shaders/score_bias_bound.wgsl).
     pub bias: Option<DType>,
+    /// Whether it drops probabilities (shaders/dropout.wgsl): compiled in, so that the kernel
+    /// without it stays as it was.
+    pub dropout: bool,
 }
 
 impl FlashConfig {
-    /// `flash_fwd_{dtype}_{variant}_bm{}_bn{}_tx{}_ty{}_ks{}_ns{}_d{}` (and `_varlen`, `_lens`):
-    /// the pipeline label, cache key in messages, and test and benchmark id.
+    /// `flash_fwd_{dtype}_{variant}_bm{}_bn{}_tx{}_ty{}_ks{}_ns{}_d{}` (and `_varlen`, `_lens`,
+    /// `_heads`, `_bias{dtype}`, `_dropout`): the pipeline label, cache key in messages, and test
+    /// and benchmark id.
     pub fn name(&self) -> String {
         format!(
-            "flash_fwd_{}_{}_{}_d{}{}{}{}",
+            "flash_fwd_{}_{}_{}_d{}{}{}{}{}",
             self.storage.name(),
             self.variant.name(),
             self.plan.name_part(),
             self.head_dim_pad,
             self.sequences.name_suffix(),
             if self.head_tensors { "_heads" } else { "" },
-            self.bias.map_or(String::new(), |t| format!("_bias{}", t.name()))
+            self.bias.map_or(String::new(), |t| format!("_bias{}", t.name())),
+            if self.dropout { "_dropout" } else { "" }
         )
     }
 
@@ -328,6 +333,7 @@ pub const TILED_FEATURES: FeatureSet = FeatureSet::of(&[
     Feature::Alibi,
     Feature::Sinks,
     Feature::Bias,
+    Feature::Dropout,
 ]);
 
 /// The variants worth trying for a problem on a device, best first.
@@ -383,6 +389,7 @@ pub fn select(problem: &AttentionProblem, caps: &Caps, choice: &TiledChoice) -> 
                 sequences: SequenceIndex::of(problem),
                 head_tensors: problem.has_head_tensors(),
                 bias: problem.bias.map(|b| b.dtype),
+                dropout: problem.active_dropout().is_some(),
             };
             match config.unavailable_reason(caps) {
                 Some(why) => reasons.push(format!("{}: {why}", config.name())),
@@ -410,7 +417,8 @@ pub fn select(problem: &AttentionProblem, caps: &Caps, choice: &TiledChoice) -> 
 
 /// Every configuration automatic selection can return, on any device: each shipped plan with each
 /// variant, storage type and padded head_dim, and the first plan's also with the per-head
-/// tensors bound and with a bias of each type. The shader tests translate all of them.
+/// tensors bound, with a bias of each type and with dropout. The shader tests translate all of
+/// them.
 pub fn all_configs() -> Vec<FlashConfig> {
     let mut configs = Vec::new();
     for storage in DType::ALL {
@@ -437,6 +445,7 @@ pub fn all_configs() -> Vec<FlashConfig> {
                             sequences: SequenceIndex::default(),
                             head_tensors,
                             bias: None,
+                            dropout: false,
                         });
                     }
                     if plan == PLANS[0] {
@@ -449,8 +458,19 @@ pub fn all_configs() -> Vec<FlashConfig> {
                                 sequences: SequenceIndex::default(),
                                 head_tensors: false,
                                 bias: Some(bias),
+                                dropout: false,
                             });
                         }
+                        configs.push(FlashConfig {
+                            storage,
+                            variant,
+                            plan,
+                            head_dim_pad,
+                            sequences: SequenceIndex::default(),
+                            head_tensors: false,
+                            bias: None,
+                            dropout: true,
+                        });
                     }
                 }
             }

@@ -37,10 +37,12 @@ pub enum Feature {
     Sinks,
     /// An additive bias tensor over the scores (src/problem/score_bias.rs).
     Bias,
+    /// Dropout on the attention probabilities (src/problem/dropout.rs).
+    Dropout,
 }
 
 impl Feature {
-    pub const ALL: [Feature; 11] = [
+    pub const ALL: [Feature; 12] = [
         Feature::CausalMask,
         Feature::GroupedKv,
         Feature::ArbitraryScale,
@@ -52,6 +54,7 @@ impl Feature {
         Feature::Alibi,
         Feature::Sinks,
         Feature::Bias,
+        Feature::Dropout,
     ];
 
     /// What the feature is, for messages ("... does not implement {description}").
@@ -71,6 +74,7 @@ impl Feature {
             Feature::Alibi => "ALiBi position bias",
             Feature::Sinks => "attention sinks",
             Feature::Bias => "a score bias tensor",
+            Feature::Dropout => "dropout",
         }
     }
 
@@ -160,6 +164,9 @@ impl AttentionProblem {
         if self.bias.is_some() {
             set = set.with(Feature::Bias);
         }
+        if self.active_dropout().is_some() {
+            set = set.with(Feature::Dropout);
+        }
         set
     }
 }
@@ -198,6 +205,11 @@ mod tests {
             );
         }
         assert!(plain.with_scale(1e-30).features().is_empty());
+        // Dropout counts once it drops anything: p = 0, or below 2^-17, is none.
+        let dropout = |p| plain.with_dropout(crate::problem::Dropout { p, seed: 1, offset: 2 });
+        assert!(dropout(0.0).features().is_empty());
+        assert!(dropout(1e-6).features().is_empty());
+        assert_eq!(dropout(0.1).features(), FeatureSet::of(&[Feature::Dropout]));
     }
 
     #[test]

@@ -3,6 +3,7 @@
 
 pub mod backward;
 pub mod cache;
+pub mod dropout;
 pub mod features;
 pub mod head_terms;
 pub mod index;
@@ -10,6 +11,7 @@ pub mod score_bias;
 pub mod varlen;
 
 pub use cache::{KvCache, PagedKv};
+pub use dropout::Dropout;
 pub use head_terms::Alibi;
 pub use index::BatchIndex;
 pub use score_bias::ScoreBias;
@@ -299,6 +301,10 @@ pub struct AttentionProblem {
     /// An additive bias over the scores from a tensor given with the call, after ALiBi
     /// (src/problem/score_bias.rs); `None` for none.
     pub bias: Option<ScoreBias>,
+    /// Dropout on the attention probabilities (src/problem/dropout.rs): the kept ones scaled by
+    /// `1/(1 − p)` before they multiply V; the LSE stays the undropped softmax's. `None` (or
+    /// `p = 0`) for none.
+    pub dropout: Option<Dropout>,
     /// Where Q's elements are in its buffer.
     pub q_layout: TensorLayout,
     /// Where K's elements are in its buffer.
@@ -329,6 +335,7 @@ impl AttentionProblem {
             alibi: None,
             sinks: false,
             bias: None,
+            dropout: None,
             q_layout: TensorLayout::contiguous(Layout::Bshd, 0, 0, 0),
             k_layout: TensorLayout::contiguous(Layout::Bshd, 0, 0, 0),
             v_layout: TensorLayout::contiguous(Layout::Bshd, 0, 0, 0),
@@ -401,6 +408,19 @@ impl AttentionProblem {
     pub fn with_bias(mut self, bias: ScoreBias) -> Self {
         self.bias = Some(bias);
         self
+    }
+
+    /// Adds dropout on the attention probabilities ([`AttentionProblem::dropout`]); give the
+    /// backward the same problem, whose mask it regenerates.
+    pub fn with_dropout(mut self, dropout: Dropout) -> Self {
+        self.dropout = Some(dropout);
+        self
+    }
+
+    /// The problem's dropout when it drops anything (`p` at least 2⁻¹⁷): what the kernels that
+    /// implement it compile in.
+    pub fn active_dropout(&self) -> Option<Dropout> {
+        self.dropout.filter(Dropout::is_active)
     }
 
     /// The keys `[begin, end)` query `i` sees in a sequence of `seq_kv` keys, by the causal mask
@@ -767,6 +787,9 @@ impl AttentionProblem {
         self.kv_cache.validate(s.batch, s.seq_kv)?;
         if let Some(bias) = self.bias {
             bias.validate(self)?;
+        }
+        if let Some(dropout) = self.dropout {
+            dropout.validate()?;
         }
         for tensor in [Tensor::Q, Tensor::K, Tensor::V, Tensor::O] {
             self.validate_layout(tensor)?;

@@ -472,10 +472,14 @@ impl<T: Element> BackwardWorkload<T> {
                     } else {
                         (y + bias - l).exp()
                     };
-                    let dsij = pij * (dot(&doi, &vj) - dot(&doi, &oi)) * slope;
+                    // Dropout's factor of this probability (0 dropped, 1/(1 − p) kept).
+                    let z = f
+                        .active_dropout()
+                        .map_or(1.0, |d| if d.keeps(b, h, i, j) { d.scale() } else { 0.0 });
+                    let dsij = pij * (dot(&doi, &vj) * z - dot(&doi, &oi)) * slope;
                     for d in 0..s.head_dim {
                         dk[d] += scale * dsij * qi[d];
-                        dv[d] += pij * doi[d];
+                        dv[d] += pij * z * doi[d];
                     }
                 }
             }

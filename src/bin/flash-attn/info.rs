@@ -203,6 +203,7 @@ fn tiled_config(problem: &AttentionProblem, variant: Variant, plan: wgpu_flash_a
         sequences: Default::default(),
         head_tensors: problem.has_head_tensors(),
         bias: problem.bias.map(|b| b.dtype),
+        dropout: problem.active_dropout().is_some(),
     }
 }
 
@@ -315,6 +316,7 @@ fn backward_variant_reason(problem: &BackwardProblem, caps: &Caps, variant: Vari
                     head_tensors: false,
                     bias: None,
                     writes_d_bias: false,
+                    dropout: false,
                 };
                 kernel.unavailable_reason(caps)
             })

@@ -214,7 +214,7 @@ pub fn shape_label(problem: &AttentionProblem) -> String {
 }
 
 /// `batch 1, heads 8/8 (q/kv), seq 1024x1024, head_dim 64, f32, non-causal, bshd`, then the
-/// window, soft-cap, ALiBi, sinks and bias where the problem has them.
+/// window, soft-cap, ALiBi, sinks, bias and dropout where the problem has them.
 pub fn describe(problem: &AttentionProblem) -> String {
     let s = problem.shape;
     let mut text = format!(
@@ -244,6 +244,9 @@ pub fn describe(problem: &AttentionProblem) -> String {
     }
     if let Some(bias) = problem.bias {
         text += &format!(", {} bias per head", bias.dtype.name());
+    }
+    if let Some(d) = problem.dropout {
+        text += &format!(", dropout {}", d.p);
     }
     text
 }
