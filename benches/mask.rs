@@ -205,6 +205,7 @@ fn bench(c: &mut Criterion) {
             bias: None,
             mask: problem.mask.map(|_| TensorBuffer::new(&mask_buf)),
             mask_blocks: problem.mask_blocks.then(|| TensorBuffer::new(&blocks_buf)),
+            d_bias: None,
         };
         let bp = BackwardProblem::new(problem);
         timed!(format!("bwd_{name}"), |encoder, ts| {

@@ -20,6 +20,10 @@
 // * A lane (4·g + t) owns, of every 16-row fragment, rows g and g+8: two softmax rows, whose
 //   max and sum are combined over the 4 lanes of a quad with two shuffles.
 //
+// Variants are run-time FwdParams: a window skips the tiles wholly left of its first row's
+// edge; the scores are scaled, soft-capped, then get ALiBi's and the bias's terms (alibi_term,
+// bias_term in fwd_params.cuh) before the mask; a head's sink joins each row's sum at the end (join_sink).
+//
 // Why these sizes. Registers per thread, head_dim 128, BLOCK_N 64, 16 rows per warp: O
 // accumulators 16·128/32 = 64, S 16·64/32 = 32, Q fragments kept in registers 16·128·2/4/32 =
 // 32: ~250 with addresses (ptxas), under the 255 that __launch_bounds__(128, 2) allows, so two
@@ -201,6 +205,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, FA_MIN_BLOCKS) KERNEL_NAME
 
     // This lane's rows: row0 + 16·mt and row0 + 16·mt + 8.
     const int row0 = m0 + warp * WARP_ROWS + lane / 4;
+    const float slope_log2 = alibi_slope_log2(p, head);
 
     for (int it = 0; it < n_tiles; ++it) {
         cp_async_wait<1>();  // every group but the newest is done: tile `it` has landed
@@ -257,6 +262,26 @@ extern "C" __global__ void __launch_bounds__(THREADS, FA_MIN_BLOCKS) KERNEL_NAME
             for (int n = 0; n < N_TILES; ++n)
 #pragma unroll
                 for (int e = 0; e < 4; ++e) s[mt][n][e] = soft_cap(p, s[mt][n][e] * p.scale_log2);
+        if (has_score_terms(p)) {
+            // This lane's first column of the tile; each row's position relative to it.
+            const int col0 = n0 + (lane % 4) * 2;
+#pragma unroll
+            for (int mt = 0; mt < M_TILES; ++mt)
+#pragma unroll
+                for (int half = 0; half < 2; ++half) {
+                    const int row = row0 + 16 * mt + half * 8;
+                    const float rel = (float)(row + seq.causal_offset - col0);
+#pragma unroll
+                    for (int n = 0; n < N_TILES; ++n)
+#pragma unroll
+                        for (int e = 2 * half; e < 2 * half + 2; ++e) {
+                            const int c = n * 8 + (e & 1);
+                            float t = p.alibi_mode != 0 ? alibi_term(slope_log2, rel, (float)c) : 0.f;
+                            if (p.bias != nullptr) t += bias_term(p, seq, batch, head, row, col0 + c);
+                            s[mt][n][e] += t;
+                        }
+                }
+        }
         // A tile needs a mask where it runs past what the first row sees or starts before what
         // the last row sees (a window's left edge).
         const bool need_mask = n0 + BLOCK_N > keys_seen<CAUSAL>(p, seq, m0).y ||
@@ -347,8 +372,10 @@ extern "C" __global__ void __launch_bounds__(THREADS, FA_MIN_BLOCKS) KERNEL_NAME
             float sum = row_sum[mt][r];
             sum += __shfl_xor_sync(0xffffffffu, sum, 1);
             sum += __shfl_xor_sync(0xffffffffu, sum, 2);
-            // No visible key: O = 0 and LSE = -inf, as the reference defines it.
-            const float inv = !seq.valid ? __int_as_float(0x7fc00000) : (sum > 0.f ? 1.f / sum : 0.f);
+            const RowTotal total = join_sink(p, head, row_max[mt][r], sum);
+            // No visible key (and no sink): O = 0 and LSE = -inf, as the reference defines it.
+            const float inv =
+                !seq.valid ? __int_as_float(0x7fc00000) : (total.sum > 0.f ? total.o_factor / total.sum : 0.f);
             const int local_row = warp * WARP_ROWS + 16 * mt + lane / 4 + r * 8;
 #pragma unroll
             for (int d = 0; d < D_TILES; ++d) {
@@ -357,7 +384,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, FA_MIN_BLOCKS) KERNEL_NAME
             }
             const int row = row0 + 16 * mt + r * 8;
             if (p.lse != nullptr && lane % 4 == 0 && row < seq.seq_q) {
-                const float lse = sum > 0.f ? row_max[mt][r] * LN2 + logf(sum) : NEG_INF;
+                const float lse = total.sum > 0.f ? total.m * LN2 + logf(total.sum) : NEG_INF;
                 p.lse[lse_index(p, seq, batch, head, row)] = seq.valid ? lse : __int_as_float(0x7fc00000);
             }
         }

@@ -33,7 +33,10 @@
 // Variants (run-time FwdParams, as in flash_fwd_mma.cu): a sliding window's tiles left of every
 // row's window are never copied (the producer and consumers count tiles from the first one the
 // CTA's first row sees), and a soft-cap scales and caps the scores before the mask, at the cost
-// of the one multiply that a positive scale otherwise folds into exp2's FFMA.
+// of the one multiply that a positive scale otherwise folds into exp2's FFMA; ALiBi and the score
+// bias then add their terms (alibi_term, bias_term in fwd_params.cuh: the bias read straight from global
+// memory, four bytes a score at most), and a head's sink joins each row's sum in the epilogue
+// (join_sink).
 //
 // Overlap (FA_OVERLAP): inside a warpgroup, S(j) = Q·K(j)ᵀ and O += P(j-1)·V(j-1) are issued
 // back to back, and the softmax of tile j is meant to run while the tensor cores finish
@@ -205,6 +208,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
     const int wg_m0 = m0 + cw * WG_ROWS;
     const int local_row = 16 * warp + lane / 4;  // this thread's rows: local_row and local_row + 8
     const int row0 = wg_m0 + local_row;
+    const float slope_log2 = alibi_slope_log2(p, head);
     const u32 q_wg = s_q + cw * WG_ROWS * ROW_BYTES;  // this warpgroup's 64 rows of every Q panel
 
     // Descriptors of k-step 0 (stage 0); the others differ only in the start address, added in
@@ -271,13 +275,25 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
         const int n0 = (first_tile + j) * BLOCK_N;
         // With a positive scale the max of the raw scores, scaled, is the max of the scaled
         // ones, and exp2(s·scale - max) is one FFMA per score: no separate scaling pass. A
-        // negative (or zero) scale, or a soft-cap, scales (and caps) first, and the FFMA
-        // multiplies by 1.
-        const bool fold_scale = p.scale_log2 > 0.f && p.softcap_log2 == 0.f;
+        // negative (or zero) scale, a soft-cap, ALiBi or a bias scales (and caps, and adds the
+        // terms) first, and the FFMA multiplies by 1.
+        const bool fold_scale = p.scale_log2 > 0.f && p.softcap_log2 == 0.f && !has_score_terms(p);
         const float sc = fold_scale ? p.scale_log2 : 1.f;
         if (!fold_scale) {
 #pragma unroll
             for (int i = 0; i < S_REGS; ++i) s_acc[i] = soft_cap(p, s_acc[i] * p.scale_log2);
+        }
+        if (has_score_terms(p)) {
+            // This lane's first column of the tile, and each of its rows' position relative to it.
+            const int col0 = n0 + 2 * (lane % 4);
+            const float rel[2] = {(float)(row0 + seq.causal_offset - col0), (float)(row0 + 8 + seq.causal_offset - col0)};
+#pragma unroll
+            for (int i = 0; i < S_REGS; ++i) {
+                const int r = (i >> 1) & 1, c = 8 * (i / 4) + (i & 1);
+                float t = p.alibi_mode != 0 ? alibi_term(slope_log2, rel[r], (float)c) : 0.f;
+                if (p.bias != nullptr) t += bias_term(p, seq, batch, head, row0 + 8 * r, col0 + c);
+                s_acc[i] += t;
+            }
         }
         // Mask where the tile runs past what the warpgroup's first row sees (end of the keys,
         // diagonal, window's right edge) or starts before what its last row sees (window's left
@@ -440,11 +456,12 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
         float sum = row_sum[r];
         sum += __shfl_xor_sync(0xffffffffu, sum, 1);
         sum += __shfl_xor_sync(0xffffffffu, sum, 2);
-        // No visible key: O = 0 and LSE = -inf, as the reference defines it.
-        inv[r] = !seq.valid ? __int_as_float(0x7fc00000) : (sum > 0.f ? 1.f / sum : 0.f);
+        const RowTotal total = join_sink(p, head, row_max[r], sum);
+        // No visible key (and no sink): O = 0 and LSE = -inf, as the reference defines it.
+        inv[r] = !seq.valid ? __int_as_float(0x7fc00000) : (total.sum > 0.f ? total.o_factor / total.sum : 0.f);
         const int row = row0 + 8 * r;
         if (p.lse != nullptr && lane % 4 == 0 && row < seq.seq_q) {
-            const float lse = sum > 0.f ? row_max[r] * LN2 + logf(sum) : NEG_INF;
+            const float lse = total.sum > 0.f ? total.m * LN2 + logf(total.sum) : NEG_INF;
             p.lse[lse_index(p, seq, batch, head, row)] = seq.valid ? lse : __int_as_float(0x7fc00000);
         }
     }

@@ -2,7 +2,7 @@
 // (flash_fwd_mma.cu, flash_fwd_wgmma.cu). Needs mma_ptx.cuh first (u16, i64).
 #pragma once
 
-// Mirrors `FwdParams` in src/cuda/plan/params.rs (#[repr(C)], 200 bytes; both sides assert the
+// Mirrors `FwdParams` in src/cuda/plan/params.rs (#[repr(C)], 256 bytes; both sides assert the
 // size).
 // Strides are in elements; the pointers already include each tensor's offset.
 struct FwdParams {
@@ -35,8 +35,19 @@ struct FwdParams {
     int window_right;
     float softcap_log2;
     float softcap_inv_log2;
+    // ALiBi (src/problem/head_terms.rs): alibi_mode 0 none, 1 the geometric slopes, 2 the
+    // [num_heads] f32 slopes at alibi_slopes; sinks: [num_heads] f32 logits, or null.
+    const float* alibi_slopes;
+    const float* sinks;
+    // The score bias (src/problem/score_bias.rs): its element (b, h, i, j) at bias + b·batch +
+    // h·head + i·row + j elements (offset included; a stride of 0 broadcasts), of bias_dtype (0
+    // f32, 1 f16, 2 bf16); null for none.
+    const void* bias;
+    i64 bias_batch_stride, bias_head_stride, bias_row_stride;
+    int alibi_mode;
+    int bias_dtype;
 };
-static_assert(sizeof(FwdParams) == 200, "FwdParams must match the Rust mirror");
+static_assert(sizeof(FwdParams) == 256, "FwdParams must match the Rust mirror");
 
 // Where one sequence's rows are: its first row of Q/O and of K/V and its lengths. Offsets a
 // caller's device buffers may get wrong are checked, never trusted: query rows outside Q make a
@@ -116,4 +127,68 @@ __device__ __forceinline__ float tanh_approx(float x) {
 // A scaled score (base 2) soft-capped: cap·tanh(x / cap), nothing without a cap.
 __device__ __forceinline__ float soft_cap(const FwdParams& p, float x) {
     return p.softcap_log2 > 0.f ? p.softcap_log2 * tanh_approx(x * p.softcap_inv_log2) : x;
+}
+
+// ---- ALiBi, the score bias and sinks (the forward kernels' per-score and per-row terms) ----
+
+// Whether scores get ALiBi's or the bias's terms at all: a uniform branch plain attention skips.
+__device__ __forceinline__ bool has_score_terms(const FwdParams& p) {
+    return p.alibi_mode != 0 || p.bias != nullptr;
+}
+
+// Query head h's ALiBi slope times log2 e (0 without ALiBi). The geometric slopes for n heads,
+// with q the largest power of two <= n: 2^(-8(h+1)/q) for h < q, else 2^(-4(2(h-q)+1)/q)
+// (Alibi::geometric_slope).
+__device__ __forceinline__ float alibi_slope_log2(const FwdParams& p, int h) {
+    constexpr float LOG2E_F = 1.4426950408889634f;
+    if (p.alibi_mode == 2) return p.alibi_slopes[h] * LOG2E_F;
+    if (p.alibi_mode != 1) return 0.f;
+    const int q = 1 << (31 - __clz(p.num_heads));
+    const float e = h < q ? -8.f * (float)(h + 1) / (float)q : -4.f * (float)(2 * (h - q) + 1) / (float)q;
+    return exp2f(e) * LOG2E_F;
+}
+
+// An f16 value from its bits (the kernels include no CUDA headers).
+__device__ __forceinline__ float f16_bits_to_float(unsigned short bits) {
+    float f;
+    asm("{ .reg .b16 h; mov.b16 h, %1; cvt.f32.f16 %0, h; }" : "=f"(f) : "h"(bits));
+    return f;
+}
+
+// ALiBi's base-2 term, -slope·|position - key|, for a key c columns right of a column col0, from
+// rel = row + causal_offset - col0 (a float worked out once per row and tile: converting every
+// score's column would cost as much as its exp2).
+__device__ __forceinline__ float alibi_term(float slope_log2, float rel, float c) {
+    return -slope_log2 * fabsf(rel - c);
+}
+
+// The bias's base-2 term for query `row` (within sequence `s`, batch entry b, head h) against key
+// `col`: its value times log2 e, or -inf where it hides the key; 0 without a bias, and for rows
+// past the sequence's queries or keys past its end (the kernels mask or drop those).
+__device__ __forceinline__ float bias_term(const FwdParams& p, const SeqRows& s, int b, int h, int row, int col) {
+    if (p.bias == nullptr || row >= s.seq_q || col >= s.seq_kv) return 0.f;
+    const i64 e = b * p.bias_batch_stride + h * p.bias_head_stride + (i64)row * p.bias_row_stride + col;
+    float x;
+    if (p.bias_dtype == 0) {
+        x = __ldg(static_cast<const float*>(p.bias) + e);
+    } else {
+        const unsigned short bits = __ldg(static_cast<const unsigned short*>(p.bias) + e);
+        x = p.bias_dtype == 1 ? f16_bits_to_float(bits) : __uint_as_float((unsigned)bits << 16);
+    }
+    return x == NEG_INF ? NEG_INF : x * 1.4426950408889634f;
+}
+
+// A row's final softmax state with head h's sink joining its sum: from the row's max m (base 2;
+// -inf for a row that saw no key) and sum, m' = max(m, sink), sum' = sum·f + 2^(sink - m'), and
+// what its output (accumulated under m) is multiplied by, f = 2^(m - m'). Without sinks, (m, sum, 1).
+struct RowTotal {
+    float m, sum, o_factor;
+};
+
+__device__ __forceinline__ RowTotal join_sink(const FwdParams& p, int h, float m, float sum) {
+    if (p.sinks == nullptr) return RowTotal{m, sum, 1.f};
+    const float sink = p.sinks[h] * 1.4426950408889634f;
+    const float m_new = fmaxf(m, sink);
+    const float f = m == NEG_INF ? 0.f : exp2f(m - m_new);
+    return RowTotal{m_new, sum * f + exp2f(sink - m_new), f};
 }

@@ -10,17 +10,21 @@
 //! --layout bshd|bhsd [bshd] --variant auto|wg_f32|sg_f32|wg_f16|sg_f16 [auto]
 //! --kv-plan, --q-plan BMxBNxTXxTYxKSxNS[xST] (the dK/dV and dQ kernels' tile plans)
 //! --bounds-checks on|off [off] --runs [10] --check-rows [64] --passes (time each kernel too)
+//! --bias full|heads|batch|shared (a score bias [b,h] / [1,h] / [b,1] / [1,1], random normal)
+//! --bias-dtype f32|f16|bf16 [f32] --bias-grad (its gradient too, and the backward timed again
+//! without it) --db-plan BMxBNxTXxTYxKSxNS[xST] (force the d(bias) kernel with this plan)
 //! --json FILE (append one JSON line of results).
-//! TFLOP/s count the backward as 2.5 × the forward's 4·B·H·Sq·Skv·D (halved when causal).
-//! Exits non-zero if a check fails.
+//! TFLOP/s count the backward as 2.5 × the forward's 4·B·H·Sq·Skv·D (halved when causal), with or
+//! without d(bias). Exits non-zero if a check fails.
 
 mod common;
 
 use common::{describe_timing, mib, ProblemArgs};
 use std::process::ExitCode;
 
+use wgpu_flash_attn::batch::{BiasLayout, ScoreBias};
 use wgpu_flash_attn::kernel::BoundsChecks;
-use wgpu_flash_attn::kernel::{BackwardChoice, BackwardPass, Variant};
+use wgpu_flash_attn::kernel::{BackwardChoice, Variant};
 use wgpu_flash_attn::plan::{select_backward, BackwardTilePlan};
 use wgpu_flash_attn::testing::backward_harness::{grad_tolerance, BackwardWorkload};
 use wgpu_flash_attn::{BackwardProblem, DType, Element, FlashAttention, GpuContext, Options};
@@ -33,6 +37,10 @@ struct Args {
     check_rows: usize,
     passes: bool,
     json: Option<String>,
+    /// (per batch entry, per head) of the score bias, if any.
+    bias: Option<(bool, bool)>,
+    bias_dtype: DType,
+    bias_grad: bool,
 }
 
 fn parse_args() -> Result<Args, String> {
@@ -41,6 +49,7 @@ fn parse_args() -> Result<Args, String> {
     let mut choice = BackwardChoice::default();
     let mut bounds_checks = BoundsChecks::Off;
     let (mut runs, mut check_rows, mut passes, mut json) = (10, 64, false, None);
+    let (mut bias, mut bias_dtype, mut bias_grad) = (None, DType::F32, false);
     while let Some(flag) = it.next() {
         let mut value = || it.next().ok_or(format!("{flag} needs a value"));
         if problem.take(&flag, &mut value)? {
@@ -61,11 +70,29 @@ fn parse_args() -> Result<Args, String> {
             "--runs" => runs = common::number(&value()?)?,
             "--check-rows" => check_rows = common::number(&value()?)?,
             "--passes" => passes = true,
+            "--bias" => {
+                bias = Some(match value()?.as_str() {
+                    "full" => (true, true),
+                    "heads" => (false, true),
+                    "batch" => (true, false),
+                    "shared" => (false, false),
+                    other => return Err(format!("--bias is full, heads, batch or shared, not {other}")),
+                })
+            }
+            "--bias-dtype" => {
+                let v = value()?;
+                bias_dtype = DType::ALL
+                    .into_iter()
+                    .find(|d| d.name() == v)
+                    .ok_or(format!("unknown dtype {v}"))?
+            }
+            "--bias-grad" => bias_grad = true,
+            "--db-plan" => choice.dbias_plan = Some(plan(value()?)?),
             "--json" => json = Some(value()?),
             "--help" | "-h" => {
                 return Err(include_str!("backward.rs")
                     .lines()
-                    .take(15)
+                    .take(19)
                     .collect::<Vec<_>>()
                     .join("\n"))
             }
@@ -80,6 +107,9 @@ fn parse_args() -> Result<Args, String> {
         check_rows,
         passes,
         json,
+        bias,
+        bias_dtype,
+        bias_grad,
     })
 }
 
@@ -92,7 +122,14 @@ fn main() -> ExitCode {
 }
 
 fn run<T: Element>(args: &Args) -> wgpu_flash_attn::Result<bool> {
-    let problem = BackwardProblem::from(args.problem.problem());
+    let mut forward = args.problem.problem();
+    if let Some((per_batch, per_head)) = args.bias {
+        forward = forward.with_bias(ScoreBias {
+            dtype: args.bias_dtype,
+            layout: BiasLayout::dense(&forward, per_batch, per_head),
+        });
+    }
+    let problem = BackwardProblem::from(forward).with_bias_grad(args.bias_grad);
     let p = &problem;
     let f = &p.forward;
     let ctx = pollster::block_on(GpuContext::new())?;
@@ -136,17 +173,42 @@ fn run<T: Element>(args: &Args) -> wgpu_flash_attn::Result<bool> {
         100.0 * backward_rate / forward_rate,
         backward_time.median / forward_time.median
     );
+    // The same backward without d(bias): the price of the gradient.
+    let mut without_ms = None;
+    if p.bias_grad {
+        let plain = problem.with_bias_grad(false);
+        let plain_work = work.for_problem(plain)?;
+        plain_work.forward(&engine)?;
+        let plain_config = select_backward(&plain, caps, &args.choice)?;
+        let t = plain_work.time_backward(&engine, &plain_config, 2, args.runs)?;
+        println!("without d(bias): {}", describe_timing(&t, p.flops()));
+        println!(
+            "d(bias):  {:+.1}% time over the backward without it ({})",
+            100.0 * (backward_time.median / t.median - 1.0),
+            if config.dq.writes_d_bias {
+                "written by the dQ kernel"
+            } else {
+                "the d(bias) kernel"
+            }
+        );
+        without_ms = Some(t.median * 1e3);
+    }
     let mut pass_ms = Vec::new();
     if args.passes {
-        for pass in BackwardPass::ALL {
+        for pass in config.passes() {
             let t = work.time_backward_pass(&engine, &config, pass, 1, args.runs)?;
             println!("  {:15} {:9.3} ms", pass.entry_point(), t.median * 1e3);
             pass_ms.push(format!("\"{}\":{:.4}", pass.entry_point(), t.median * 1e3));
         }
     }
     println!(
-        "memory:   {} on the device: q, k, v, o, lse, d_o, dq, dk, dv and D; no seq_q × seq_kv buffer",
-        mib(work.device_bytes())
+        "memory:   {} on the device: q, k, v, o, lse, d_o, dq, dk, dv and D{}",
+        mib(work.device_bytes()),
+        match (f.bias.is_some(), p.bias_grad) {
+            (false, _) => "; no seq_q × seq_kv buffer",
+            (true, false) => ", the bias",
+            (true, true) => ", the bias and d(bias)",
+        }
     );
 
     let (o, lse) = work.read_forward()?;
@@ -163,7 +225,7 @@ fn run<T: Element>(args: &Args) -> wgpu_flash_attn::Result<bool> {
     if let Some(path) = &args.json {
         use std::io::Write;
         let line = format!(
-            "{{\"adapter\":\"{}\",\"kernels\":\"{}\",\"variant\":\"{}\",\"kv_plan\":\"{}\",\"q_plan\":\"{}\",\"bounds\":\"{}\",\"dtype\":\"{}\",\"batch\":{},\"heads\":{},\"kv_heads\":{},\"seq_q\":{},\"seq_kv\":{},\"head_dim\":{},\"causal\":{},\"forward_ms\":{:.4},\"forward_tflops\":{:.3},\"backward_ms\":{:.4},\"backward_tflops\":{:.3},\"ratio\":{:.3},\"passes_ms\":{{{}}},\"rel_l2\":{:.3e},\"pass\":{}}}\n",
+            "{{\"adapter\":\"{}\",\"kernels\":\"{}\",\"variant\":\"{}\",\"kv_plan\":\"{}\",\"q_plan\":\"{}\",\"bounds\":\"{}\",\"dtype\":\"{}\",\"batch\":{},\"heads\":{},\"kv_heads\":{},\"seq_q\":{},\"seq_kv\":{},\"head_dim\":{},\"causal\":{},\"forward_ms\":{:.4},\"forward_tflops\":{:.3},\"backward_ms\":{:.4},\"backward_tflops\":{:.3},\"ratio\":{:.3},\"passes_ms\":{{{}}},\"bias\":\"{}\",\"bias_grad\":{},\"backward_without_dbias_ms\":{},\"rel_l2\":{:.3e},\"pass\":{}}}\n",
             ctx.info.name,
             config.name(),
             config.variant.name(),
@@ -184,6 +246,12 @@ fn run<T: Element>(args: &Args) -> wgpu_flash_attn::Result<bool> {
             backward_rate / 1e12,
             backward_rate / forward_rate,
             pass_ms.join(","),
+            match args.bias {
+                None => "none".to_string(),
+                Some((b, h)) => format!("{}{}_{}", if b { "b" } else { "1" }, if h { "h" } else { "1" }, args.bias_dtype.name()),
+            },
+            p.bias_grad,
+            without_ms.map_or("null".to_string(), |ms| format!("{ms:.4}")),
             check.worst_rel_l2(),
             ok
         );

@@ -34,7 +34,9 @@
 //! gathered from the pages), then timed, and printed with TB/s and the ratio paged/contiguous.
 //! `--decode-layout bhsd` runs the plain decode table head-major (PyTorch's layout in
 //! torch_decode.py) instead of BSHD. `--window-left N` and `--softcap CAP` give the prefill
-//! table's problems a sliding window or a soft-cap (issue 17's bars: time beside a run without).
+//! table's problems a sliding window or a soft-cap, `--alibi geometric|per-head`, `--sinks` and
+//! `--bias` ALiBi, random sinks or a random bf16 bias per head (issue 17's bars: time beside a run
+//! without).
 //!
 //! ```text
 //! cargo run --release --features cuda,internals --example cuda_attention -- --decode --reps 200
@@ -44,11 +46,12 @@
 use std::io::Write;
 
 use half::bf16;
+use wgpu_flash_attn::batch::{Alibi, BatchIndex, BiasLayout, BiasValues, ScoreBias};
 use wgpu_flash_attn::cuda::cudarc::driver::sys::CUevent_flags;
-use wgpu_flash_attn::cuda::cudarc::driver::CudaSlice;
+use wgpu_flash_attn::cuda::cudarc::driver::{CudaSlice, DevicePtr};
 use wgpu_flash_attn::cuda::plan::{decode_plans, mma_plans, select_mma, splits_for_waves, wgmma_plans, CudaDecodePlan};
 use wgpu_flash_attn::cuda::{
-    CudaAttention, CudaDevice, CudaKernelConfig, CudaOptions, CudaPlan, DeviceBatchIndex, DeviceTensors,
+    CudaAttention, CudaDevice, CudaKernelConfig, CudaOptions, CudaPlan, DeviceBatchIndex, DeviceBias, DeviceTensors,
 };
 use wgpu_flash_attn::problem::PagedKv;
 use wgpu_flash_attn::testing::{random_tensor, ErrorStats};
@@ -80,6 +83,11 @@ struct Args {
     /// side; combined with the causal rows' mask) or soft-cap.
     window_left: Option<usize>,
     softcap: Option<f32>,
+    /// `--alibi geometric|per-head`, `--sinks`, `--bias`: the prefill table's problems with ALiBi,
+    /// random sinks, or a random bf16 bias per head (broadcast over the batch).
+    alibi: Option<Alibi>,
+    sinks: bool,
+    bias: bool,
 }
 
 fn parse_args() -> Args {
@@ -99,6 +107,9 @@ fn parse_args() -> Args {
         decode_layout: Layout::Bshd,
         window_left: None,
         softcap: None,
+        alibi: None,
+        sinks: false,
+        bias: false,
     };
     let list = |s: &str| -> Vec<usize> { s.split(',').map(|x| x.trim().parse().expect("a number")).collect() };
     let mut it = std::env::args().skip(1);
@@ -119,6 +130,15 @@ fn parse_args() -> Args {
             "--decode-paged" => a.decode_paged = list(&value()),
             "--window-left" => a.window_left = Some(value().parse().expect("a number")),
             "--softcap" => a.softcap = Some(value().parse().expect("a number")),
+            "--alibi" => {
+                a.alibi = Some(match value().as_str() {
+                    "geometric" => Alibi::Geometric,
+                    "per-head" => Alibi::PerHead,
+                    other => panic!("--alibi takes geometric or per-head, not {other}"),
+                })
+            }
+            "--sinks" => a.sinks = true,
+            "--bias" => a.bias = true,
             "--decode-layout" => {
                 a.decode_layout = match value().as_str() {
                     "bshd" => Layout::Bshd,
@@ -153,6 +173,27 @@ struct Buffers {
     d_lse: CudaSlice<f32>,
     /// NaN bit patterns copied over O before every shape, so that rows a kernel skips fail.
     d_poison: CudaSlice<u16>,
+    /// Per-head ALiBi slopes, sink logits and a bias for the largest problem (empty when unused).
+    slopes: Vec<f32>,
+    sinks: Vec<f32>,
+    bias: Vec<bf16>,
+    d_slopes: CudaSlice<f32>,
+    d_sinks: CudaSlice<f32>,
+    d_bias: CudaSlice<u16>,
+}
+
+impl Buffers {
+    /// The host tensors a problem reads besides Q/K/V.
+    fn index(&self, p: &AttentionProblem) -> BatchIndex<'_> {
+        BatchIndex {
+            alibi_slopes: p.has_alibi_tensor().then_some(&self.slopes[..]),
+            sinks: p.sinks.then_some(&self.sinks[..]),
+            bias: p
+                .bias
+                .map(|b| BiasValues::BF16(&self.bias[..b.required_len(p).unwrap_or(0)])),
+            ..BatchIndex::default()
+        }
+    }
 }
 
 fn to_bits(x: &[bf16]) -> Vec<u16> {
@@ -176,18 +217,40 @@ fn time(
     let dev = engine.device();
     let stream = dev.stream();
     stream.memcpy_dtod(&bufs.d_poison, &mut bufs.d_o)?;
-    let launch = |bufs: &mut Buffers| -> Result<String> {
-        let config = engine.forward_device_with_plan(
-            problem,
-            plan,
-            DeviceTensors {
-                q: &bufs.dq,
-                k: &bufs.dk,
-                v: &bufs.dv,
-                o: &mut bufs.d_o,
-                lse: Some(&mut bufs.d_lse),
+    // Per-head tensors and a bias go through the indexed entry point, on an engine forced to the
+    // plan.
+    let indexed = (problem.has_head_tensors() || problem.bias.is_some()).then(|| {
+        CudaAttention::with_options(
+            dev.clone(),
+            CudaOptions {
+                plan: Some(plan),
+                ..CudaOptions::default()
             },
-        )?;
+        )
+    });
+    let launch = |bufs: &mut Buffers| -> Result<String> {
+        let tensors = DeviceTensors {
+            q: &bufs.dq,
+            k: &bufs.dk,
+            v: &bufs.dv,
+            o: &mut bufs.d_o,
+            lse: Some(&mut bufs.d_lse),
+        };
+        let config = match &indexed {
+            Some(forced) => forced.forward_indexed_device(
+                problem,
+                tensors,
+                DeviceBatchIndex {
+                    alibi_slopes: problem
+                        .has_alibi_tensor()
+                        .then_some(&bufs.d_slopes as &dyn DevicePtr<f32>),
+                    sinks: problem.sinks.then_some(&bufs.d_sinks as &dyn DevicePtr<f32>),
+                    bias: problem.bias.map(|_| DeviceBias::BF16(&bufs.d_bias)),
+                    ..DeviceBatchIndex::default()
+                },
+            )?,
+            None => engine.forward_device_with_plan(problem, plan, tensors)?,
+        };
         Ok(config.name())
     };
     let mut kernel = String::new();
@@ -219,15 +282,17 @@ fn spot_check(engine: &CudaAttention, problem: &AttentionProblem, bufs: &Buffers
     let out: &[bf16] = bytemuck::cast_slice(&o_bits);
     let s = problem.shape;
     let rows = [0, 1, s.seq_q / 3, s.seq_q / 2 + 7, s.seq_q - 2, s.seq_q - 1];
-    let mut pairs = Vec::new();
+    let mut picked = Vec::new();
     for b in [0, s.batch - 1] {
         for h in (0..s.num_heads).step_by(5) {
-            for &i in &rows {
-                let want = reference::attention_row(problem, &bufs.q, &bufs.k, &bufs.v, b, h, i)?;
-                for (d, w) in want.out.iter().enumerate() {
-                    pairs.push((out[problem.o_layout.index(b, i, h, d)].to_f64(), *w));
-                }
-            }
+            picked.extend(rows.iter().map(|&i| [b, h, i]));
+        }
+    }
+    let wanted = reference::attention_rows_indexed(problem, &bufs.q, &bufs.k, &bufs.v, &bufs.index(problem), &picked)?;
+    let mut pairs = Vec::new();
+    for (&[b, h, i], want) in picked.iter().zip(&wanted) {
+        for (d, w) in want.out.iter().enumerate() {
+            pairs.push((out[problem.o_layout.index(b, i, h, d)].to_f64(), *w));
         }
     }
     Ok(ErrorStats::from_pairs(pairs))
@@ -698,7 +763,28 @@ fn main() -> Result<()> {
         q,
         k,
         v,
+        slopes: Vec::new(),
+        sinks: Vec::new(),
+        bias: Vec::new(),
+        d_slopes: stream.alloc_zeros::<f32>(1)?,
+        d_sinks: stream.alloc_zeros::<f32>(1)?,
+        d_bias: stream.alloc_zeros::<u16>(1)?,
     };
+    // At most HIDDEN / 64 heads; the bias for the longest sequence, one matrix per head.
+    let max_heads = HIDDEN / args.head_dims.iter().copied().min().unwrap_or(64);
+    if args.alibi == Some(Alibi::PerHead) {
+        bufs.slopes = (0..max_heads).map(|h| 0.5f32.powi(h as i32 % 8 + 1)).collect();
+        bufs.d_slopes = stream.clone_htod(&bufs.slopes)?;
+    }
+    if args.sinks {
+        bufs.sinks = random_tensor::<f32>(4, max_heads);
+        bufs.d_sinks = stream.clone_htod(&bufs.sinks)?;
+    }
+    if args.bias {
+        let longest = args.seqs.iter().copied().max().unwrap_or(0);
+        bufs.bias = random_tensor::<bf16>(5, max_heads * longest * longest);
+        bufs.d_bias = stream.clone_htod(&to_bits(&bufs.bias))?;
+    }
     eprintln!("inputs ready in {:.1} s", t0.elapsed().as_secs_f64());
     let mut json = args.json.as_ref().map(|p| {
         std::fs::OpenOptions::new()
@@ -715,6 +801,16 @@ fn main() -> Result<()> {
         }
         if let Some(cap) = args.softcap {
             p = p.with_softcap(cap);
+        }
+        p.alibi = args.alibi;
+        if args.sinks {
+            p = p.with_sinks();
+        }
+        if args.bias {
+            p = p.with_bias(ScoreBias {
+                dtype: DType::BF16,
+                layout: BiasLayout::dense(&p, false, true),
+            });
         }
         p
     };

@@ -70,6 +70,12 @@ struct Params {
     batch: u32,
     // Where the score bias's elements lie, in elements, not granules (score_bias_bound.wgsl).
     bias: TensorStrides,
+    // Dropout (dropout.wgsl): the generator's key, derived on the host from the seed and offset;
+    // the threshold below which a 16-bit draw drops its element; the kept values' 1/(1 − p).
+    dropout_key0: u32,
+    dropout_key1: u32,
+    dropout_threshold: u32,
+    dropout_scale: f32,
     // Where the mask's bytes lie, in bytes, as the bias's elements (mask_bound.wgsl).
     mask: TensorStrides,
     // The mask's block summary (mask_blocks_bound.wgsl).

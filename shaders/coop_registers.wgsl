@@ -76,6 +76,11 @@ fn rows_in_registers(seq: Sequence, window: u32, lane: u32, first_row: u32) -> R
     return rows;
 }
 
+// The key column of component i of score block j of the K/V tile at key n0.
+fn component_col(rows: ptr<function, RegisterRows>, n0: u32, j: u32, i: u32) -> u32 {
+    return n0 + 16u * j + (((*rows).cols[i / 8u] >> (4u * (i % 8u))) & 15u);
+}
+
 // x reduced over the invocations that share its row.
 fn row_max(x: f32) -> f32 {
     var r = x;
@@ -95,12 +100,28 @@ fn row_sum(x: f32) -> f32 {
     return r;
 }
 
-// The online softmax of one K/V tile, at key n0: the score fragments `s` become P = exp2(scale·s −
+// The bias tensor's terms (bias_raw) of this invocation's components of the K/V tile at key n0.
+fn bias_components(rows: ptr<function, RegisterRows>, seq: Sequence, head: u32, n0: u32, terms: ScoreTerms) -> array<array<f32, COOP_COMPONENTS>, N_BLOCKS> {
+    var b: array<array<f32, COOP_COMPONENTS>, N_BLOCKS>;
+    // @unroll
+    for (var j = 0u; j < N_BLOCKS; j++) {
+        // @unroll
+        for (var i = 0u; i < COOP_COMPONENTS; i++) {
+            let slot = (COMPONENT_SLOT_BITS >> (2u * i)) & 3u;
+            b[j][i] = bias_raw(seq, head, (*rows).row[slot], component_col(rows, n0, j, i), terms);
+        }
+    }
+    return b;
+}
+
+// The online softmax of one K/V tile, at key n0 (of sequence `seq`, head `head`, whose score terms
+// are `terms`, with `bias` from bias_components when there is a bias tensor): the score fragments
+// `s` become P = exp2(scale·s −
 // m_used) in place (f32, still accumulator fragments); m_used, l_part and alpha move as in the
 // workgroup-memory softmax (flash_fwd_coop.wgsl: next_reference_max, rescale_factor). Returns
 // whether some row of the subgroup moved (subgroup-uniform; the shipped kernel rescales every
 // tile and ignores it, the cost probes in examples/coop_diagnostics.rs branch on it).
-fn softmax_in_registers(rows: ptr<function, RegisterRows>, s: ptr<function, array<coop_mat16x16<f32, C>, N_BLOCKS>>, n0: u32, needs_mask: bool) -> bool {
+fn softmax_in_registers(rows: ptr<function, RegisterRows>, s: ptr<function, array<coop_mat16x16<f32, C>, N_BLOCKS>>, n0: u32, needs_mask: bool, seq: Sequence, head: u32, terms: ScoreTerms, bias: array<array<f32, COOP_COMPONENTS>, N_BLOCKS>) -> bool {
     var x: array<array<f32, COOP_COMPONENTS>, N_BLOCKS>;
     var raw_max: array<f32, ROW_SLOTS>;
     // @unroll
@@ -120,13 +141,28 @@ fn softmax_in_registers(rows: ptr<function, RegisterRows>, s: ptr<function, arra
             }
         }
     }
+    if (has_score_terms()) {
+        // @unroll
+        for (var j = 0u; j < N_BLOCKS; j++) {
+            // @unroll
+            for (var i = 0u; i < COOP_COMPONENTS; i++) {
+                let slot = (COMPONENT_SLOT_BITS >> (2u * i)) & 3u;
+                if (has_alibi()) {
+                    x[j][i] += alibi_raw(seq, (*rows).row[slot], component_col(rows, n0, j, i), terms);
+                }
+                if (HAS_BIAS) {
+                    x[j][i] += bias[j][i];
+                }
+            }
+        }
+    }
     // @unroll
     for (var j = 0u; j < N_BLOCKS; j++) {
         // @unroll
         for (var i = 0u; i < COOP_COMPONENTS; i++) {
             let slot = (COMPONENT_SLOT_BITS >> (2u * i)) & 3u;
             if (needs_mask) {
-                let col = n0 + 16u * j + (((*rows).cols[i / 8u] >> (4u * (i % 8u))) & 15u);
+                let col = component_col(rows, n0, j, i);
                 let hidden = (col < (*rows).kv_begin[slot]) | (col >= (*rows).kv_end[slot]);
                 x[j][i] = select(x[j][i], neg_inf(), hidden);
             }

@@ -111,7 +111,7 @@ fn flash_bwd_dkdv(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocatio
         // ---- Sᵀ = K Qᵀ and dPᵀ = V dOᵀ, one K_STEP slice of head_dim per step ----
         var s = Scores(); // explicit: some browsers do not re-zero a var declared in a loop
         var dp = Scores();
-        score_products(&s, &dp, &stage, hd, m0, n0, SRC_DO, m0, li, row0, tx);
+        score_products(&s, &dp, &stage, hd, m0, n0, SRC_DO, hd, m0, li, row0, tx);
 
         // ---- Pᵀ and dSᵀ (times the soft-cap's slope), in registers: s becomes Pᵀ, dp becomes dSᵀ ----
         let needs_mask = m0 + BLOCK_M > seq.seq_q || key_tile_needs_mask(seq, m0, BLOCK_M, n0, BLOCK_N);
@@ -127,6 +127,12 @@ fn flash_bwd_dkdv(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocatio
                     lse2[j] = lse2_of(seq, hd.head, col);
                     d[j] = delta[lse_index(seq, hd.head, col)];
                 }
+            }
+            // Dropout's keep bits of these keys for these four queries (dropout.wgsl), read
+            // transposed: the forward multiplied V by P ∘ Z / (1 − p).
+            var keep = array<vec4<bool>, ROWS_PER_THREAD>();
+            if (DROPOUT) {
+                keep = dropout_keep_keys(seq.b, hd.head, n0 + row0, m0 + 4u * (tx + THREADS_X * c));
             }
             for (var i = 0u; i < ROWS_PER_THREAD; i++) {
                 let y = soft_cap(s[i * S_VECS + c] * params.scale);
@@ -153,8 +159,16 @@ fn flash_bwd_dkdv(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocatio
                 if (reads_mask) {
                     p = select(p, vec4<f32>(0.0), mask_hidden_of_rows(seq, hd.head, queries, n0 + row0 + i));
                 }
-                s[i * S_VECS + c] = p;
-                dp[i * S_VECS + c] = p * (dp[i * S_VECS + c] - d) * soft_cap_slope(y);
+                var dpv = dp[i * S_VECS + c];
+                if (DROPOUT) {
+                    // dV = (P ∘ Z)ᵀ dO (its 1/(1 − p) applied once, at the end) and the gradient
+                    // that reaches P is dP ∘ Z / (1 − p).
+                    dpv = select(vec4<f32>(0.0), dpv * params.dropout_scale, keep[i]);
+                    s[i * S_VECS + c] = select(vec4<f32>(0.0), p, keep[i]);
+                } else {
+                    s[i * S_VECS + c] = p;
+                }
+                dp[i * S_VECS + c] = p * (dpv - d) * soft_cap_slope(y);
             }
         }
         store_transposed(&s, row0, tx);
@@ -219,7 +233,11 @@ fn flash_bwd_dkdv(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocatio
                 let dg = tx + THREADS_X * c;
                 if (4u * dg < params.head_dim) {
                     dk[dk_row + dg] = pack_granule(dk_acc[i * O_VECS + c] * grad.scale);
-                    dv[dv_row + dg] = pack_granule(dv_acc[i * O_VECS + c]);
+                    var dv_out = dv_acc[i * O_VECS + c];
+                    if (DROPOUT) {
+                        dv_out *= params.dropout_scale;
+                    }
+                    dv[dv_row + dg] = pack_granule(dv_out);
                 }
             }
         }

@@ -8,7 +8,11 @@
 // a fused one would have to add partial dQ tiles from many workgroups: WGSL has no float atomics,
 // and a partial-sum buffer would be O(seq²). This way every output is written once, by one
 // workgroup, and the result is deterministic. Shared machinery (bindings 2–7, staging, the
-// products) is in flash_bwd_stage.wgsl; this file adds 8 dq (written, array of granules).
+// products) is in flash_bwd_stage.wgsl; this file adds 8 dq (written, array of granules). With
+// WRITES_D_BIAS (score_bias_grad_bound.wgsl: a score bias per batch entry and head whose gradient
+// the call asks for) it also writes P ∘ (dP − D), the bias's gradient, at 9 d_bias: each of its
+// elements is one of this kernel's, so it costs stores, not products; the elements of key tiles
+// the masks let it skip are filled with zeros.
 //
 // What a workgroup owns: BLOCK_M query rows of one (sequence, head) and their dQ rows, accumulated in
 // registers and written once. The grid is (num_q_tiles, num_heads, batch), x reversed so that under
@@ -46,7 +50,9 @@ fn flash_bwd_dq(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_
     let tx = li % THREADS_X;
     let row0 = (li / THREADS_X) * ROWS_PER_THREAD;
     if (m0 >= seq.seq_q) {
-        return; // past this sequence's rows (a shorter sequence of a packed batch)
+        // Past this sequence's rows (a shorter sequence of a packed batch), which no query sees.
+        fill_d_bias(seq, head, m0, 0u, params.seq_kv, li);
+        return;
     }
 
     // Keys this tile can see: all, or under causal masking those up to its last row's diagonal,
@@ -56,6 +62,12 @@ fn flash_bwd_dq(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_
     let num_kv_tiles = (kv_end + BLOCK_N - 1u) / BLOCK_N;
     // So are those a mask's block summary shows hidden whole (mask_blocks_bound.wgsl).
     var t = next_key_tile(seq, head, m0, BLOCK_M, first_kv_tile, num_kv_tiles, BLOCK_N);
+    if (WRITES_D_BIAS) {
+        // The bias's gradient where the loop below does not go (the skipped tiles between are
+        // filled as the loop steps over them).
+        fill_d_bias(seq, head, m0, 0u, min(t * BLOCK_N, params.seq_kv), li);
+        fill_d_bias(seq, head, m0, num_kv_tiles * BLOCK_N, params.seq_kv, li);
+    }
 
     // Row statistics of this invocation's rows; rows past the end get a P of 0.
     var lse2: array<f32, ROWS_PER_THREAD>;
@@ -88,7 +100,18 @@ fn flash_bwd_dq(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_
         // ---- S = Q Kᵀ and dP = dO Vᵀ, one K_STEP slice of head_dim per step ----
         var s = Scores(); // explicit: some browsers do not re-zero a var declared in a loop
         var dp = Scores();
-        score_products(&s, &dp, &stage, hd, m0, n0, SRC_K, n0, li, row0, tx);
+        score_products(&s, &dp, &stage, hd, m0, n0, SRC_K, hd, n0, li, row0, tx);
+
+        if (DROPOUT) {
+            // The forward multiplied V by P ∘ Z / (1 − p) (dropout.wgsl): the gradient that
+            // reaches P is dP ∘ Z / (1 − p). D = rowsum(dO ∘ O) is already of that dropped-out O.
+            for (var c = 0u; c < S_VECS; c++) {
+                let keep = dropout_keep_rows(seq.b, head, m0 + row0, n0 + 4u * (tx + THREADS_X * c));
+                for (var i = 0u; i < ROWS_PER_THREAD; i++) {
+                    dp[i * S_VECS + c] = select(vec4<f32>(0.0), dp[i * S_VECS + c] * params.dropout_scale, keep[i]);
+                }
+            }
+        }
 
         // ---- dS = P ∘ (dP − D) (times the soft-cap's slope), in registers (dp becomes dS); ALiBi's
         // bias and the score bias are constants of P's exponent ----
@@ -97,29 +120,13 @@ fn flash_bwd_dq(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_
         let reads_mask = HAS_MASK && key_tile_blocks(seq, head, m0, BLOCK_M, n0, BLOCK_N) != BLOCK_VISIBLE;
         for (var i = 0u; i < ROWS_PER_THREAD; i++) {
             for (var c = 0u; c < S_VECS; c++) {
-                let y = soft_cap(s[i * S_VECS + c] * params.scale);
-                var x = y;
                 let cols = vec4<u32>(n0 + 4u * (tx + THREADS_X * c)) + vec4<u32>(0u, 1u, 2u, 3u);
-                if (has_alibi()) {
-                    x += alibi_bias(head, i32(m0 + row0 + i) + seq.causal_offset, cols);
+                let r = row_probabilities(seq, head, m0 + row0 + i, cols, s[i * S_VECS + c], lse2[i], needs_mask, reads_mask);
+                let dz = r.p * (dp[i * S_VECS + c] - d[i]);
+                if (WRITES_D_BIAS) {
+                    store_d_bias(seq, head, m0 + row0 + i, cols, dz);
                 }
-                var p = vec4<f32>(0.0);
-                if (HAS_BIAS) {
-                    // Like ALiBi's, a constant of P's exponent; keys it hides have P = 0.
-                    let bias = score_bias(seq, head, m0 + row0 + i, cols);
-                    p = select(exp2(x + bias.value - lse2[i]), vec4<f32>(0.0), bias.hidden);
-                } else {
-                    p = exp2(x - lse2[i]);
-                }
-                if (needs_mask) {
-                    for (var j = 0u; j < 4u; j++) {
-                        p[j] = select(0.0, p[j], is_visible(seq, m0 + row0 + i, n0 + 4u * (tx + THREADS_X * c) + j));
-                    }
-                }
-                if (reads_mask) {
-                    p = select(p, vec4<f32>(0.0), mask_hidden(seq, head, m0 + row0 + i, cols));
-                }
-                dp[i * S_VECS + c] = p * (dp[i * S_VECS + c] - d[i]) * soft_cap_slope(y);
+                dp[i * S_VECS + c] = dz * soft_cap_slope(r.y);
             }
         }
         store_transposed(&dp, row0, tx);
@@ -147,6 +154,10 @@ fn flash_bwd_dq(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_
             }
             workgroupBarrier();
             stage = next;
+        }
+        if (WRITES_D_BIAS) {
+            // Key tiles the summary showed hidden whole: no query of the tile sees them.
+            fill_d_bias(seq, head, m0, (t + 1u) * BLOCK_N, min(t_next * BLOCK_N, params.seq_kv), li);
         }
         t = t_next;
     }

@@ -1,15 +1,16 @@
-// flash_bwd_stage.wgsl — the register-tiled machinery the two gradient kernels share
-// (flash_bwd_dkdv.wgsl, flash_bwd_dq.wgsl): input bindings, slice staging, the two score products
-// and the output products. The kernel file says which side of the tile its workgroup owns by
-// defining TILE_ROWS (the rows it owns: keys for dK/dV, queries for dQ), TILE_COLS (the rows of the
-// other side it streams through, per tile) and where each score operand sits in a stage
-// (S_ROWS_AT, S_COLS_AT, DP_ROWS_AT, DP_COLS_AT).
+// flash_bwd_stage.wgsl — the register-tiled machinery the gradient kernels share
+// (flash_bwd_dkdv.wgsl, flash_bwd_dq.wgsl, flash_bwd_dbias.wgsl): input bindings, slice staging,
+// the two score products, P of a query row, and the output products. The kernel file says which
+// side of the tile its workgroup owns by defining TILE_ROWS (the rows it owns: keys for dK/dV,
+// queries for dQ and d(bias)), TILE_COLS (the rows of the other side it streams through, per
+// tile) and where each score operand sits in a stage (S_ROWS_AT, S_COLS_AT, DP_ROWS_AT,
+// DP_COLS_AT).
 //
 // Bindings: 2 q, 3 k, 4 v, 5 d_o (read, arrays of granules), 6 the forward's LSE (read as raw f32
 // bits, natural log), 7 delta = rowsum(dO ∘ O) (flash_bwd_pre.wgsl). The kernel files add their
 // outputs at 8 (and 9).
 //
-// What an invocation owns, in both kernels: the workgroup is a THREADS_Y × THREADS_X grid;
+// What an invocation owns, in every kernel: the workgroup is a THREADS_Y × THREADS_X grid;
 // invocation (ty, tx) owns ROWS_PER_THREAD consecutive rows of its side (row0 = ty · ROWS_PER_THREAD)
 // and, within them,
 //   * S_VECS groups of 4 columns of each score tile, 4·(tx + THREADS_X·c), c < S_VECS — the same
@@ -81,6 +82,8 @@ const SRC_Q: u32 = 0u;
 const SRC_DO: u32 = 1u;
 const SRC_K: u32 = 2u;
 const SRC_V: u32 = 3u;
+// What score_products stages last instead of rows: the first score slice of another tile.
+const SRC_SCORES: u32 = 4u;
 
 // Granule `dg` of row `row` of tensor `src`; zero past the end of the sequence and past head_dim,
 // so padding rows and columns add nothing to any product.
@@ -181,11 +184,12 @@ fn store_rows_slice(base: u32, regs: Fetched, li: u32) {
     }
 }
 
-// The tile's two score products (S and dP, in the kernel's orientation: Q Kᵀ and dO Vᵀ for dQ,
-// their transposes for dK/dV), one K_STEP slice of head_dim per step through the staging ring at
-// `*stage`; each step fetches the next slice into registers before reading the staged one. Under
-// the last slice, the first N_STEP rows of `then_src` from `then_first_row` are staged instead,
-// for the output products that follow.
+// The tile's two score products (S and dP, in the kernel's orientation: Q Kᵀ and dO Vᵀ for dQ and
+// d(bias), their transposes for dK/dV), one K_STEP slice of head_dim per step through the staging
+// ring at `*stage`; each step fetches the next slice into registers before reading the staged
+// one. Under the last slice, what follows is staged instead: the first N_STEP rows of `then_src`
+// of `then_hd` from `then_first_row`, for the output products; or with `then_src` = SRC_SCORES
+// the first score slice of `then_hd`'s tile at (m0, n0), for the d(bias) kernel's next pair.
 fn score_products(
     s: ptr<function, Scores>,
     dp: ptr<function, Scores>,
@@ -194,6 +198,7 @@ fn score_products(
     m0: u32,
     n0: u32,
     then_src: u32,
+    then_hd: Heads,
     then_first_row: u32,
     li: u32,
     row0: u32,
@@ -202,17 +207,20 @@ fn score_products(
     for (var c = 0u; c < QK_STEPS; c++) {
         let next = (*stage + 1u) % STAGES;
         let last = c + 1u == QK_STEPS;
+        let scores_next = !last || then_src == SRC_SCORES;
         var regs = Fetched();
         if (!last) {
             regs = fetch_score_slice(hd, m0, n0, (c + 1u) * K_STEP, li);
+        } else if (scores_next) {
+            regs = fetch_score_slice(then_hd, m0, n0, 0u, li);
         } else {
-            regs = fetch_rows_slice(then_src, hd, then_first_row, li);
+            regs = fetch_rows_slice(then_src, then_hd, then_first_row, li);
         }
         accumulate_scores(s, dp, *stage * STAGE_VECS, row0, tx);
         if (STAGES == 1u) {
             workgroupBarrier(); // the stage just read is about to be overwritten
         }
-        if (!last) {
+        if (scores_next) {
             store_score_slice(next * STAGE_VECS, regs, li);
         } else {
             store_rows_slice(next * STAGE_VECS, regs, li);
@@ -242,6 +250,51 @@ fn accumulate_scores(s: ptr<function, Scores>, dp: ptr<function, Scores>, base: 
             }
         }
     }
+}
+
+// P of query row `row` of a sequence against the four key columns `cols`, from their products
+// s = q·k (unscaled) and the row's LSE in base 2: the scale and the soft-cap (y, returned for the
+// cap's slope), then ALiBi's bias and the score bias, constants of P's exponent (a key the bias
+// hides gets P = 0), with `needs_mask` the causal mask, the window and the end of the keys, and
+// with `reads_mask` the mask tensor.
+// The dQ and d(bias) kernels, whose tiles have query rows; the dK/dV kernel's are transposed.
+struct RowProbabilities {
+    p: vec4<f32>,
+    y: vec4<f32>,
+}
+
+fn row_probabilities(
+    seq: Sequence,
+    head: u32,
+    row: u32,
+    cols: vec4<u32>,
+    s: vec4<f32>,
+    lse2: f32,
+    needs_mask: bool,
+    reads_mask: bool,
+) -> RowProbabilities {
+    let y = soft_cap(s * params.scale);
+    var x = y;
+    if (has_alibi()) {
+        x += alibi_bias(head, i32(row) + seq.causal_offset, cols);
+    }
+    var p = vec4<f32>(0.0);
+    if (HAS_BIAS) {
+        let bias = score_bias(seq, head, row, cols);
+        p = select(exp2(x + bias.value - lse2), vec4<f32>(0.0), bias.hidden);
+    } else {
+        p = exp2(x - lse2);
+    }
+    if (needs_mask) {
+        for (var j = 0u; j < 4u; j++) {
+            p[j] = select(0.0, p[j], is_visible(seq, row, cols[j]));
+        }
+    }
+    if (reads_mask) {
+        // Keys the mask tensor hides (mask_bound.wgsl) have P = 0 too.
+        p = select(p, vec4<f32>(0.0), mask_hidden(seq, head, row, cols));
+    }
+    return RowProbabilities(p, y);
 }
 
 // Writes this invocation's elements of a score-shaped tile (P or dS) to t_tile, transposed.

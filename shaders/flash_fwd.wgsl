@@ -6,7 +6,8 @@
 // 5 the f32 log-sum-exp, written as raw bits, for a batch with index tensors (packed
 // sequences, key counts) 6–8 (sequence_indexed.wgsl), for per-head tensors (ALiBi slopes,
 // sinks) 9–10 (head_terms_bound.wgsl), for a score bias 11 (score_bias_bound.wgsl), and for a
-// mask tensor and its block summary 12–13 (mask_bound.wgsl, mask_blocks_bound.wgsl).
+// mask tensor and its block summary 12–13 (mask_bound.wgsl, mask_blocks_bound.wgsl). Dropout
+// (dropout.wgsl) needs no binding: its mask is drawn where P is formed.
 //
 // What a workgroup owns: one tile of BLOCK_M query rows of one (sequence, head). The grid is
 // (num_q_tiles, num_heads, batch), num_q_tiles counting the longest sequence's tiles: a
@@ -334,6 +335,17 @@ fn flash_fwd(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_ind
                 s[i * S_VECS + c] = p;
             }
         }
+        if (DROPOUT) {
+            // Dropout (dropout.wgsl): the row sums above keep every probability (the LSE is the
+            // undropped softmax's); what multiplies V is P with the dropped ones zeroed. The
+            // kept ones' 1/(1 − p) is applied once, in the epilogue.
+            for (var c = 0u; c < S_VECS; c++) {
+                let keep = dropout_keep_rows(seq.b, head, m0 + row0, n0 + 4u * (tx + THREADS_X * c));
+                for (var i = 0u; i < ROWS_PER_THREAD; i++) {
+                    s[i * S_VECS + c] = select(vec4<f32>(0.0), s[i * S_VECS + c], keep[i]);
+                }
+            }
+        }
         // P goes to workgroup memory, transposed: PV needs every column of a row, and the row's
         // columns are spread over THREADS_X invocations.
         for (var c = 0u; c < S_VECS; c++) {
@@ -384,19 +396,14 @@ fn flash_fwd(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_ind
     for (var i = 0u; i < ROWS_PER_THREAD; i++) {
         let row = m0 + row0 + i;
         if (row < seq.seq_q) {
-            var l = l_total[i];
-            // What acc (kept under max m_run) is multiplied by under the final max.
-            var o_factor = 1.0;
-            if (params.sinks != 0u) {
-                let sink = sink_log2(head);
-                let m_new = max(m_run[i], sink);
-                o_factor = select(exp2(m_run[i] - m_new), 0.0, m_run[i] == LOWEST);
-                l = l * o_factor + exp2(sink - m_new);
-                m_run[i] = m_new;
-            }
+            let total = join_sink(head, m_run[i], l_total[i]);
+            let l = total.l;
             // A row that saw no key (causal, seq_q > seq_kv) and no sink has l = 0: its output
             // is 0 (with a sink too, as acc is).
-            var inv_l = select(0.0, o_factor / l, l > 0.0);
+            var inv_l = select(0.0, total.o_factor / l, l > 0.0);
+            if (DROPOUT) {
+                inv_l *= params.dropout_scale;
+            }
             if (!seq.valid) {
                 inv_l = nan_f32();
             }
@@ -410,7 +417,7 @@ fn flash_fwd(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_ind
             if (tx == 0u && params.write_lse != 0u) {
                 var bits = LSE_EMPTY_BITS;
                 if (l > 0.0) {
-                    bits = bitcast<u32>((m_run[i] + log2(l)) * 0.6931471805599453);
+                    bits = bitcast<u32>((total.m + log2(l)) * 0.6931471805599453);
                 }
                 if (!seq.valid) {
                     bits = NAN_BITS;

@@ -4,7 +4,8 @@
 //
 // Bindings as flash_fwd.wgsl: 0 params, 1 q, 2 k, 3 v (here arrays of vec4<f16>, the 8-byte
 // granules every kernel indexes), 4 o (f16 granules), 5 the LSE bits, and for a batch with index
-// tensors 6–8 (sequence_indexed.wgsl).
+// tensors 6–8 (sequence_indexed.wgsl), for ALiBi slopes or sinks from tensors 9–10
+// (head_terms_bound.wgsl), for a score bias 11 (score_bias_bound.wgsl).
 //
 // What a workgroup owns: one tile of BLOCK_M query rows of one (sequence, head), like the
 // non-matrix kernel flash_fwd.wgsl (same grid, longest first, same causal tile skipping, tiles
@@ -39,7 +40,9 @@
 // Either way the scale sits inside exp2's argument, and masked scores are −∞. Sliding windows
 // and soft-caps are run-time parameters (common.wgsl): K/V tiles left of every row's window are
 // never loaded, as tiles past the diagonal are not; a cap is applied to the raw scores
-// (soft_cap_raw) in a pass of its own that plain attention skips.
+// (soft_cap_raw) in a pass of its own that plain attention skips. ALiBi and the score bias tensor
+// are another such pass (with_score_terms), after the cap; a head's sink joins each row's sum in
+// the epilogue (join_sink, head_terms.wgsl).
 //
 // Rescaling: the output lives in accumulator fragments, so a row's factor reaches them as a
 // 16 × 16 matrix of factors (built in registers, or written to workgroup memory by the rows'
@@ -238,6 +241,50 @@ fn soft_cap_raw(x: f32) -> f32 {
     return (params.softcap / params.scale) * tanh_by_exp2(vec4<f32>(x * (params.scale / params.softcap))).x;
 }
 
+// The head's terms for with_score_terms, worked out once a workgroup: ALiBi's slope and the bias's
+// base-2 values both divided by the base-2 scale (raw_per_base2 = 1 / params.scale), since the
+// scores they join are raw.
+struct ScoreTerms {
+    alibi_raw_slope: f32,
+    raw_per_base2: f32,
+}
+
+fn score_terms(head: u32) -> ScoreTerms {
+    let raw_per_base2 = 1.0 / params.scale;
+    return ScoreTerms(alibi_slope(head) * LOG2_E * raw_per_base2, raw_per_base2);
+}
+
+// Whether the scores get with_score_terms at all (uniform: a pass plain attention skips).
+fn has_score_terms() -> bool {
+    return has_alibi() || HAS_BIAS;
+}
+
+// ALiBi's term for query `row` (within the sequence) against key `col`, in raw units.
+fn alibi_raw(seq: Sequence, row: u32, col: u32, terms: ScoreTerms) -> f32 {
+    return -terms.alibi_raw_slope * abs(f32(i32(row) + seq.causal_offset) - f32(col));
+}
+
+// The bias tensor's term for query `row` against key `col`, in raw units, or −∞ where it hides
+// the key. (The raw units can overflow where the scaled ones would not: a bias beyond
+// f32::MAX · scale, which no model has, becomes ±∞ here.)
+fn bias_raw(seq: Sequence, head: u32, row: u32, col: u32, terms: ScoreTerms) -> f32 {
+    let b = bias_element(seq, head, row, col);
+    return select(b.value * terms.raw_per_base2, neg_inf(), b.hidden);
+}
+
+// Raw (soft-capped) score x of query `row` against key `col` with ALiBi's and the bias tensor's
+// terms (the workgroup-memory softmax; the register softmax loads the bias ahead of the products).
+fn with_score_terms(x: f32, seq: Sequence, head: u32, row: u32, col: u32, terms: ScoreTerms) -> f32 {
+    var y = x;
+    if (has_alibi()) {
+        y += alibi_raw(seq, row, col, terms);
+    }
+    if (HAS_BIAS) {
+        y += bias_raw(seq, head, row, col, terms);
+    }
+    return y;
+}
+
 // A row's reference max after a tile whose scaled max is `tile_max`: it moves only when the
 // tile's max exceeds it by more than RESCALE_THRESHOLD, and always from −∞, where every row
 // starts (so any finite score is right, however far below −1e30), and where it stays while the
@@ -284,10 +331,11 @@ fn probabilities(x: vec4<f32>, m: f32, m_raw: f32, huge: bool) -> vec4<f32> {
     return exp2(x * params.scale - exp_reference(m));
 }
 
-// This invocation's half score row, starting at vec4 `at` of `scores` and at key column
-// `first_col`, raw (unscaled) and soft-capped, −∞ where the key is masked (outside the row's
-// visible keys [row_keys.x, row_keys.y)).
-fn read_half_row(at: u32, first_col: u32, row_keys: vec2<u32>, needs_mask: bool) -> array<vec4<f32>, HALF_VECS> {
+// This invocation's half score row (query `row` of `seq`, head `head`), starting at vec4 `at` of
+// `scores` and at key column `first_col`, raw (unscaled), soft-capped and with the score terms,
+// −∞ where the key is masked (outside the row's visible keys [row_keys.x, row_keys.y), or hidden
+// by the bias).
+fn read_half_row(at: u32, first_col: u32, row_keys: vec2<u32>, needs_mask: bool, seq: Sequence, head: u32, row: u32, terms: ScoreTerms) -> array<vec4<f32>, HALF_VECS> {
     var x: array<vec4<f32>, HALF_VECS>;
     // @unroll
     for (var i = 0u; i < HALF_VECS; i++) {
@@ -297,6 +345,18 @@ fn read_half_row(at: u32, first_col: u32, row_keys: vec2<u32>, needs_mask: bool)
         // @unroll
         for (var i = 0u; i < HALF_VECS; i++) {
             x[i] = vec4<f32>(soft_cap_raw(x[i].x), soft_cap_raw(x[i].y), soft_cap_raw(x[i].z), soft_cap_raw(x[i].w));
+        }
+    }
+    if (has_score_terms()) {
+        // @unroll
+        for (var i = 0u; i < HALF_VECS; i++) {
+            let col = first_col + 4u * i;
+            x[i] = vec4<f32>(
+                with_score_terms(x[i].x, seq, head, row, col, terms),
+                with_score_terms(x[i].y, seq, head, row, col + 1u, terms),
+                with_score_terms(x[i].z, seq, head, row, col + 2u, terms),
+                with_score_terms(x[i].w, seq, head, row, col + 3u, terms),
+            );
         }
     }
     if (needs_mask) {
@@ -470,6 +530,7 @@ fn flash_fwd_coop(
     var l_part = 0.0; // sum of exp2(s − m_used) over this invocation's columns
     let my_row = my_scores + r * S_STRIDE + half_n * HALF_VECS;
     let my_p_row = my_probs + r * P_STRIDE + half_n * HALF_VECS;
+    let terms = score_terms(head);
     var reg_rows: RegisterRows;
     if (REGISTER_SOFTMAX) {
         reg_rows = rows_in_registers(seq, my_scores, lane, m0 + sg * 16u);
@@ -487,6 +548,7 @@ fn flash_fwd_coop(
     } else if (PREFETCH_KV) {
         load_kv_tile_at(&next_kv, cp, first_kv_tile * BLOCK_N);
     }
+    var tile_bias: array<array<f32, COOP_COMPONENTS>, N_BLOCKS>; // with a bias: set each tile
     for (var t = first_kv_tile; t < num_kv_tiles; t++) {
         let n0 = t * BLOCK_N;
         let k_base = (t % KV_BUFFERS) * KV_TILE_VECS;
@@ -505,6 +567,13 @@ fn flash_fwd_coop(
         }
         if (PREFETCH_KV && has_next) {
             load_kv_tile_at(&next_kv, cp, n0 + BLOCK_N);
+        }
+
+        // The bias of this invocation's score components, loaded before the products so that
+        // they hide the loads' latency (read after them, the loads stalled the softmax: 0.36× the
+        // plain rate on the H200, BENCHMARKS.md).
+        if (REGISTER_SOFTMAX && HAS_BIAS) {
+            tile_bias = bias_components(&reg_rows, seq, head, n0, terms);
         }
 
         // ---- S = Q Kᵀ into this subgroup's score rows ----
@@ -526,7 +595,7 @@ fn flash_fwd_coop(
         }
         if (REGISTER_SOFTMAX) {
             // ---- online softmax and O = diag(alpha) O + P V, P never leaving registers ----
-            let moved = softmax_in_registers(&reg_rows, &s_frag, n0, key_tile_needs_mask(seq, m0, BLOCK_M, n0, BLOCK_N));
+            let moved = softmax_in_registers(&reg_rows, &s_frag, n0, key_tile_needs_mask(seq, m0, BLOCK_M, n0, BLOCK_N), seq, head, terms, tile_bias);
             if (ROW_FACTORS_ALWAYS || moved) {
                 scale_rows(&o_frag, row_matrix(reg_rows.alpha));
             }
@@ -542,7 +611,7 @@ fn flash_fwd_coop(
             subgroupBarrier(); // the scores visible to the subgroup's invocations
 
             // ---- online softmax on this invocation's half row, held in registers ----
-            let x = read_half_row(my_row, n0 + half_n * 4u * HALF_VECS, row_keys, key_tile_needs_mask(seq, m0, BLOCK_M, n0, BLOCK_N));
+            let x = read_half_row(my_row, n0 + half_n * 4u * HALF_VECS, row_keys, key_tile_needs_mask(seq, m0, BLOCK_M, n0, BLOCK_N), seq, head, row, terms);
             var raw_max = neg_inf();
             // @unroll
             for (var i = 0u; i < HALF_VECS; i++) {
@@ -590,32 +659,33 @@ fn flash_fwd_coop(
     }
 
     // ---- epilogue: O / l (in registers, or on the way out with the workgroup-memory softmax)
-    // through the subgroup's score window, 16 columns at a time; LSE ----
+    // through the subgroup's score window, 16 columns at a time; LSE; the head's sink, if any,
+    // joining each row's sum ----
     var row_scale = 1.0; // what this invocation's row of the window is multiplied by on the way out
     if (REGISTER_SOFTMAX) {
         var inv_l: array<f32, ROW_SLOTS>;
         // @unroll
         for (var sl = 0u; sl < ROW_SLOTS; sl++) {
-            let l = row_sum(reg_rows.l_part[sl]);
-            inv_l[sl] = select(0.0, 1.0 / l, l > 0.0);
+            let total = join_sink(head, reg_rows.m_used[sl], row_sum(reg_rows.l_part[sl]));
+            inv_l[sl] = select(0.0, total.o_factor / total.l, total.l > 0.0);
             if (!seq.valid) {
                 inv_l[sl] = nan_f32();
             }
             // One invocation of each row's lanes writes its LSE: the one whose subgroup
             // invocation id (what the shuffles' masks act on) has every leader bit clear.
             if ((subgroup_lane & ROW_LEADER_BITS) == 0u && reg_rows.row[sl] < seq.seq_q && params.write_lse != 0u) {
-                lse[lse_index(seq, head, reg_rows.row[sl])] = select(NAN_BITS, lse_bits(reg_rows.m_used[sl], l), seq.valid);
+                lse[lse_index(seq, head, reg_rows.row[sl])] = select(NAN_BITS, lse_bits(total.m, total.l), seq.valid);
             }
         }
         scale_rows(&o_frag, row_matrix(inv_l));
     } else {
-        let l = l_part + subgroupShuffleXor(l_part, 16u);
-        row_scale = select(0.0, 1.0 / l, l > 0.0);
+        let total = join_sink(head, m_used, l_part + subgroupShuffleXor(l_part, 16u));
+        row_scale = select(0.0, total.o_factor / total.l, total.l > 0.0);
         if (!seq.valid) {
             row_scale = nan_f32();
         }
         if (half_n == 0u && row < seq.seq_q && params.write_lse != 0u) {
-            lse[lse_index(seq, head, row)] = select(NAN_BITS, lse_bits(m_used, l), seq.valid);
+            lse[lse_index(seq, head, row)] = select(NAN_BITS, lse_bits(total.m, total.l), seq.valid);
         }
     }
     let out_row = row_granule(params.o, seq.b, seq.q_first + row, head);

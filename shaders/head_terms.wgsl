@@ -26,3 +26,24 @@ fn alibi_bias(h: u32, position: i32, cols: vec4<u32>) -> vec4<f32> {
 fn has_alibi() -> bool {
     return params.alibi != 0u;
 }
+
+// A row's final softmax state, with its head's sink joining the sum (the forward kernels'
+// epilogues): the row's output (accumulated under max m) is multiplied by o_factor / l.
+struct RowTotal {
+    m: f32,
+    l: f32,
+    o_factor: f32,
+}
+
+// Row state m (its max or reference max, base 2; LOWEST or −∞ for a row that saw no key) and sum
+// l under it, joined by head h's sink: m' = max(m, sink), l' = l·f + exp2(sink − m'), o_factor f
+// = exp2(m − m'). Without sinks, (m, l, 1).
+fn join_sink(h: u32, m: f32, l: f32) -> RowTotal {
+    if (params.sinks == 0u) {
+        return RowTotal(m, l, 1.0);
+    }
+    let sink = sink_log2(h);
+    let m_new = max(m, sink);
+    let o_factor = select(exp2(m - m_new), 0.0, m <= LOWEST);
+    return RowTotal(m_new, l * o_factor + exp2(sink - m_new), o_factor);
+}

@@ -116,6 +116,44 @@ fn bench_json_rows_have_the_documented_fields() {
     assert_eq!(rows[1]["seq_q"], 100);
 }
 
+/// `--dropout 0,0.1` runs each problem without and with dropout: the second row on the tiled
+/// kernel built with it, checked against float64 (whose mask is the host's), and without the
+/// naive baseline, which refuses it.
+#[test]
+fn bench_sweeps_dropout() {
+    let out = flash_attn(&[
+        "bench",
+        "-o",
+        "json",
+        "--batch",
+        "1",
+        "--heads",
+        "2",
+        "--seq",
+        "100",
+        "--head-dim",
+        "32",
+        "--reps",
+        "1",
+        "--warmup",
+        "0",
+        "--dropout",
+        "0,0.1",
+    ]);
+    let stdout = text(&out.stdout);
+    assert!(out.status.success(), "bench failed:\n{}{}", stdout, text(&out.stderr));
+    let rows: Vec<serde_json::Value> = stdout.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    assert_eq!(rows.len(), 2, "{stdout}");
+    assert_eq!(rows[0]["dropout"].as_f64(), Some(0.0), "{stdout}");
+    assert!((rows[1]["dropout"].as_f64().unwrap() - 0.1).abs() < 1e-6, "{stdout}");
+    assert!(!rows[0]["kernel"].as_str().unwrap().ends_with("_dropout"), "{stdout}");
+    assert!(rows[1]["kernel"].as_str().unwrap().ends_with("_dropout"), "{stdout}");
+    assert!(rows[1]["naive_ms"].is_null(), "{stdout}");
+    for row in &rows {
+        assert_eq!(row["pass"], serde_json::Value::Bool(true), "{row}");
+    }
+}
+
 #[test]
 fn bad_input_is_refused_with_a_message() {
     // An unknown dtype: clap's usage error.

@@ -1785,3 +1785,143 @@ fn windows_and_soft_caps_match_the_reference() {
         }
     }
 }
+
+/// ALiBi (geometric and per-head), sinks and the score bias (each element type, per head or
+/// broadcast, padded rows, keys and whole rows hidden by −∞) on both CUDA prefill kernels, forced
+/// through engines with each plan, on the host path (which uploads the tensors), against the
+/// float64 reference; mixed with windows, soft-caps, causal masks, GQA and seq_q above seq_kv.
+#[test]
+fn alibi_sinks_and_bias_match_the_reference() {
+    use wgpu_flash_attn::batch::{Alibi, BiasLayout, BiasValues, ScoreBias};
+    use wgpu_flash_attn::cuda::CudaOptions;
+    let Some(engine) = engine() else { return };
+    let mut rng = Lcg(0xa1b5);
+    for seed in 0..12u64 {
+        let seq_q = [5, 77, 140][rng.below(3)];
+        let seq_kv = [seq_q, 130, 200][rng.below(3)];
+        let kv_heads = [1, 2][rng.below(2)];
+        let heads = kv_heads * [1, 3][rng.below(2)];
+        let dtype = [DType::BF16, DType::F16][rng.below(2)];
+        let head_dim = [64, 128][rng.below(2)];
+        let causal = rng.below(2) == 0;
+        let mut p = problem(
+            dtype,
+            2,
+            heads,
+            kv_heads,
+            seq_q,
+            seq_kv,
+            head_dim,
+            causal,
+            Strides::Bshd,
+        );
+        p.alibi = [None, Some(Alibi::Geometric), Some(Alibi::PerHead)][seed as usize % 3];
+        if seed % 2 == 0 {
+            p = p.with_sinks();
+        }
+        let bias_dtype = [None, Some(DType::F32), Some(DType::F16), Some(DType::BF16)][seed as usize % 4];
+        if let Some(bias_dtype) = bias_dtype {
+            let dense = BiasLayout::dense(&p, seed % 3 == 0, true);
+            let pad = rng.below(5);
+            let rows = |stride: usize| {
+                if stride == 0 {
+                    0
+                } else {
+                    stride / dense.row_stride * (seq_kv + pad)
+                }
+            };
+            p = p.with_bias(ScoreBias {
+                dtype: bias_dtype,
+                layout: BiasLayout {
+                    offset: rng.below(4),
+                    row_stride: seq_kv + pad,
+                    head_stride: rows(dense.head_stride),
+                    batch_stride: rows(dense.batch_stride),
+                },
+            });
+        }
+        match seed % 4 {
+            1 => p = p.with_window(Some(rng.below(60)), Some(rng.below(60))),
+            2 => p = p.with_softcap(5.0),
+            _ => {}
+        }
+        let sd = seed_of(&format!("head terms {seed}"));
+        let slopes: Vec<f32> = (0..heads).map(|h| 0.05 + 0.1 * h as f32).collect();
+        let sinks: Vec<f32> = (0..heads).map(|h| h as f32 * 0.7 - 1.0).collect();
+        let bias_len = p.bias.map_or(0, |b| b.required_len(&p).unwrap());
+        // Random values; −∞ for every eleventh element and for all of row 0 of batch entry 0, head 0.
+        let mut bias: Vec<f32> = random_tensor(sd ^ 0xb1, bias_len);
+        for (e, x) in bias.iter_mut().enumerate() {
+            if e % 11 == 3 {
+                *x = f32::NEG_INFINITY;
+            }
+        }
+        if let Some(b) = p.bias {
+            for j in 0..seq_kv {
+                bias[b.layout.offset + j] = f32::NEG_INFINITY;
+            }
+        }
+        let bias16: Vec<f16> = bias.iter().map(|&x| f16::from_f32(x)).collect();
+        let bias_bf16: Vec<bf16> = bias.iter().map(|&x| bf16::from_f32(x)).collect();
+        let index = BatchIndex {
+            alibi_slopes: p.has_alibi_tensor().then_some(&slopes[..]),
+            sinks: p.sinks.then_some(&sinks[..]),
+            bias: p.bias.map(|b| match b.dtype {
+                DType::F32 => BiasValues::F32(&bias),
+                DType::F16 => BiasValues::F16(&bias16),
+                DType::BF16 => BiasValues::BF16(&bias_bf16),
+            }),
+            ..BatchIndex::default()
+        };
+        let label = format!(
+            "seed {seed}: {seq_q}x{seq_kv} h{heads}/{kv_heads} d{head_dim} {} causal {causal} alibi {:?} sinks {} bias {:?} window {:?} cap {:?}",
+            dtype.name(),
+            p.alibi,
+            p.sinks,
+            bias_dtype.map(|t| t.name()),
+            p.window,
+            p.softcap
+        );
+        let mut plans = vec![("mma.sync", CudaPlan::Mma(select_mma(&p, 16).unwrap().plan))];
+        if engine.device().is_hopper() {
+            plans.push((
+                "wgmma",
+                default_wgmma_plan(head_dim, causal).map(CudaPlan::Wgmma).unwrap(),
+            ));
+        }
+        for (name, plan) in plans {
+            let forced = CudaAttention::with_options(
+                engine.device().clone(),
+                CudaOptions {
+                    plan: Some(plan),
+                    ..CudaOptions::default()
+                },
+            );
+            let label = format!("{label} {name}");
+            match dtype {
+                DType::BF16 => {
+                    let (q, k, v) = inputs::<bf16>(&p, sd);
+                    let got = forced
+                        .forward_indexed(&p, &q, &k, &v, &index)
+                        .unwrap_or_else(|e| panic!("{label}: {e}"));
+                    check_cached(&p, &label, &q, &k, &v, &got.out, &got.lse, &index);
+                }
+                _ => {
+                    let (q, k, v) = inputs::<f16>(&p, sd);
+                    let got = forced
+                        .forward_indexed(&p, &q, &k, &v, &index)
+                        .unwrap_or_else(|e| panic!("{label}: {e}"));
+                    check_cached(&p, &label, &q, &k, &v, &got.out, &got.lse, &index);
+                }
+            }
+        }
+    }
+}
+
+fn inputs<T: Element>(p: &AttentionProblem, seed: u64) -> (Vec<T>, Vec<T>, Vec<T>) {
+    (
+        random_tensor(seed, p.required_len(Tensor::Q)),
+        random_tensor(seed ^ 1, p.required_len(Tensor::K)),
+        random_tensor(seed ^ 2, p.required_len(Tensor::V)),
+    )
+}

@@ -335,6 +335,7 @@ fn forced_plans_with_zero_or_huge_sizes_are_refused() {
                 variant: Some(Variant::WORKGROUP),
                 dkdv_plan: dkdv,
                 dq_plan: dq,
+                dbias_plan: None,
             };
             assert!(select_backward(&p.into(), &ctx.caps, &choice).is_err(), "{plan:?}");
         }
@@ -366,6 +367,7 @@ fn forced_plans_with_zero_or_huge_sizes_are_refused() {
         bias: None,
         mask: None,
         mask_blocks: None,
+        d_bias: None,
     };
     let mut encoder = ctx.device.create_command_encoder(&Default::default());
     let e = engine
@@ -591,6 +593,7 @@ fn overlapping_written_tensors_are_errors() {
         bias: None,
         mask: None,
         mask_blocks: None,
+        d_bias: None,
     };
     let backward = |b: &BackwardBuffers<'_>| {
         let mut encoder = ctx.device.create_command_encoder(&Default::default());

@@ -9,10 +9,9 @@
 
 mod common;
 
-use common::{below, gpu, seed_of, shape, storage};
+use common::{below, coop_engines, gpu, seed_of, shape, storage};
 use wgpu_flash_attn::batch::BatchIndex;
 use wgpu_flash_attn::gpu::readback::read_back;
-use wgpu_flash_attn::kernel::CoopChoice;
 use wgpu_flash_attn::problem::backward::GradTensor;
 use wgpu_flash_attn::problem::Alibi;
 use wgpu_flash_attn::testing::backward_harness::grad_tolerance;
@@ -172,6 +171,23 @@ fn alibi_and_sinks_match_the_reference() {
     }
 }
 
+/// The cooperative-matrix kernel, forced (each softmax route and way of streaming K/V), with
+/// ALiBi and sinks on random f16 problems.
+#[test]
+fn cooperative_alibi_and_sinks_match_the_reference() {
+    let Some(ctx) = gpu() else { return };
+    let mut rng = Rng::new(0xc0a1);
+    let mut seed = 0u64;
+    for (route, engine) in coop_engines(ctx) {
+        for _ in 0..3 {
+            let p = random_problem(&mut rng, DType::F16);
+            let label = format!("{} {route}", label(&p, seed));
+            seed += 1;
+            forward_case::<half::f16>(ctx, &engine, &p, &label);
+        }
+    }
+}
+
 /// The backward on the caller's buffers, dQ, dK, dV and d(sinks) poisoned, against the
 /// reference; O and the LSE from the host forward (which the forward test checks).
 fn backward_case<T: Element>(ctx: &GpuContext, engine: &FlashAttention, p: &AttentionProblem, label: &str) {
@@ -219,6 +235,7 @@ fn backward_case<T: Element>(ctx: &GpuContext, engine: &FlashAttention, p: &Atte
         bias: None,
         mask: None,
         mask_blocks: None,
+        d_bias: None,
     };
     let mut encoder = ctx.device.create_command_encoder(&Default::default());
     let config = engine
@@ -452,8 +469,8 @@ fn the_decode_kernel_matches_the_reference() {
     }
 }
 
-/// Kernels without ALiBi or sinks refuse them by name when forced; automatic selection keeps the
-/// decode kernel for a decode-shaped problem with them.
+/// The naive baseline refuses ALiBi by name; automatic selection keeps the decode kernel for a
+/// decode-shaped problem with sinks.
 #[test]
 fn kernels_without_them_refuse_by_name() {
     let Some(ctx) = gpu() else { return };
@@ -462,18 +479,6 @@ fn kernels_without_them_refuse_by_name() {
     let q: Vec<half::f16> = random_tensor(1, p.required_len(Tensor::Q));
     let err = engine.naive_forward_blocking(&p, &q, &q, &q).unwrap_err().to_string();
     assert!(err.contains("ALiBi"), "{err}");
-    let coop = FlashAttention::with_options(
-        ctx,
-        Options {
-            choice: KernelChoice::CooperativeMatrix(CoopChoice::default()),
-            ..Options::default()
-        },
-    );
-    let err = coop.select(&p.with_sinks()).unwrap_err().to_string();
-    assert!(
-        err.contains("attention sinks") || !ctx.caps.cooperative_matrix_f16,
-        "{err}"
-    );
     let decode = AttentionProblem::new(shape(2, 1, 300, 8, 2, 64), DType::F16)
         .with_causal(true)
         .with_sinks();

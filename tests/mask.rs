@@ -830,6 +830,7 @@ fn the_kernels_trust_the_summary_and_ignore_a_wrong_one() {
             bias: None,
             mask: Some(TensorBuffer::new(&mask_buf)),
             mask_blocks: Some(TensorBuffer::new(&blocks)),
+            d_bias: None,
         };
         engine.encode_backward(&mut encoder, bp, &backward, None).unwrap();
         ctx.queue.submit([encoder.finish()]);
@@ -1025,4 +1026,109 @@ fn mask_checks_and_refusals() {
         "{}",
         kernel.name()
     );
+}
+
+/// The mask with the score bias's gradient (`BackwardProblem::with_bias_grad`) and with dropout,
+/// against the reference: a bias per batch entry and head (the dQ kernel writes d(bias)) or
+/// broadcast (the d(bias) kernel sums it), with and without the summary, some with dropout. Where
+/// the mask hides a key from every (batch entry, head) a d(bias) element sums, it is exactly 0.
+#[test]
+fn mask_with_bias_grad_and_dropout() {
+    let Some(ctx) = gpu() else { return };
+    let engine = FlashAttention::new(ctx);
+    let mut rng = Rng::new(0xdb1a5);
+    for seed in 0..8u64 {
+        let seq_q = 1 + below(&mut rng, 100);
+        let seq_kv = 1 + below(&mut rng, 130);
+        let mut p = AttentionProblem::new(shape(2, seq_q, seq_kv, 4, 2, 32), DType::F32)
+            .with_causal(seed % 4 == 3)
+            .with_layout(wgpu_flash_attn::Layout::Bshd);
+        p = p.with_mask(random_mask(&mut rng, &p));
+        // Per batch entry and head for even seeds (the dQ kernel writes d(bias)), broadcast over
+        // one or both for odd ones (the d(bias) kernel).
+        let (per_batch, per_head) = match seed % 4 {
+            0 | 2 => (true, true),
+            1 => (false, true),
+            _ => (false, false),
+        };
+        p = p.with_bias(ScoreBias {
+            dtype: DType::F32,
+            layout: BiasLayout::dense(&p, per_batch, per_head),
+        });
+        if seed % 3 == 1 {
+            p = p.with_dropout(wgpu_flash_attn::batch::Dropout {
+                p: 0.2,
+                seed: seed + 5,
+                offset: 3,
+            });
+        }
+        p.mask_blocks = seed % 2 == 0 || seed == 5;
+        let pattern = PATTERNS[seed as usize % 4];
+        let label = format!("{} dropout {:?}", label(&p, seed, pattern), p.dropout);
+        let sides = Sides::new(&p, pattern, seed % 3 == 0, seed);
+        let index = sides.index(&p);
+        let (q, k, v): (Vec<f32>, Vec<f32>, Vec<f32>) = (
+            random_tensor(seed, p.required_len(Tensor::Q)),
+            random_tensor(seed + 1, p.required_len(Tensor::K)),
+            random_tensor(seed + 2, p.required_len(Tensor::V)),
+        );
+        let fwd = engine
+            .forward_indexed_blocking(&p, &q, &k, &v, &index)
+            .unwrap_or_else(|e| panic!("{label}: {e}"));
+        let bp = BackwardProblem::new(p).with_bias_grad(true);
+        let d_o: Vec<f32> = random_tensor(seed + 7, bp.required_len(GradTensor::DO));
+        let inputs = BackwardInputs {
+            q: &q,
+            k: &k,
+            v: &v,
+            o: &fwd.out,
+            lse: &fwd.lse,
+            d_o: &d_o,
+        };
+        let got = engine
+            .backward_indexed_blocking(bp, &inputs, &index)
+            .unwrap_or_else(|e| panic!("{label}: {e}"));
+        let kernels = got.config.name();
+        let d_bias_kernel = match got.config.dbias {
+            Some(k) => k.name(),
+            None => got.config.dq.name(),
+        };
+        assert!(d_bias_kernel.contains("_mask"), "{label}: {d_bias_kernel}");
+        assert_eq!(d_bias_kernel.contains("_blocks"), p.mask_blocks, "{label}: {d_bias_kernel}");
+        assert_eq!(got.config.dbias.is_some(), !(per_batch && per_head), "{label}: {kernels}");
+        let want = reference::attention_backward_indexed(&bp, &q, &k, &v, &d_o, &index).unwrap();
+        let label = format!("{label} ({kernels})");
+        check_grads(p.dtype, &label, [&got.dq, &got.dk, &got.dv], [&want.dq, &want.dk, &want.dv]);
+        assert_eq!(got.d_bias.len(), want.d_bias.len(), "{label}");
+        let t = grad_tolerance(p.dtype);
+        let scale = want.d_bias.iter().fold(0.0f64, |m, x| m.max(x.abs()));
+        let stats = ErrorStats::from_pairs(got.d_bias.iter().zip(&want.d_bias).map(|(g, w)| (*g as f64, *w)));
+        assert!(
+            stats.non_finite == 0 && (stats.rel_l2 <= t.rel_l2 || stats.max_abs <= t.max_abs_of_max * scale),
+            "{label}: d_bias {stats}"
+        );
+        // Exactly 0 where the mask hides the key from every pair the element sums.
+        let m = p.mask.unwrap().layout;
+        let (nb, nh) = bp.d_bias_extent().unwrap();
+        for bb in 0..nb {
+            for hh in 0..nh {
+                for i in 0..seq_q {
+                    for j in 0..seq_kv {
+                        let batches = if nb == 1 { 0..2 } else { bb..bb + 1 };
+                        let hidden = batches.into_iter().all(|b| {
+                            let heads = if nh == 1 { 0..4 } else { hh..hh + 1 };
+                            heads.into_iter().all(|h| {
+                                let e = m.offset + b * m.batch_stride + h * m.head_stride + i * m.row_stride + j;
+                                sides.mask[e] == 0
+                            })
+                        });
+                        if hidden {
+                            let e = ((bb * nh + hh) * seq_q + i) * seq_kv + j;
+                            assert_eq!(got.d_bias[e], 0.0, "{label}: d_bias[{bb}, {hh}, {i}, {j}] under the mask");
+                        }
+                    }
+                }
+            }
+        }
+    }
 }

@@ -122,13 +122,17 @@ fn backward_shaders_open_with_a_comment_saying_what_they_are() {
         ("flash_bwd_pre", FLASH_BWD_PRE),
         ("flash_bwd_dkdv", FLASH_BWD_DKDV),
         ("flash_bwd_dq", FLASH_BWD_DQ),
+        ("flash_bwd_dbias", FLASH_BWD_DBIAS),
     ] {
         assert!(
             src.starts_with(&format!("// {name}.wgsl")),
             "{name}.wgsl must open with its header comment"
         );
         for needed in ["What a workgroup owns", "What an invocation owns", "Why these sizes"] {
-            if matches!(name, "flash_bwd_pre" | "flash_bwd_dkdv" | "flash_bwd_dq") {
+            if matches!(
+                name,
+                "flash_bwd_pre" | "flash_bwd_dkdv" | "flash_bwd_dq" | "flash_bwd_dbias"
+            ) {
                 assert!(src.contains(needed), "{name}.wgsl must say `{needed}`");
             }
         }

@@ -193,6 +193,7 @@ fn backward_is_split_over_batches_and_head_groups() {
                     dq: g.dq,
                     dk: g.dk,
                     dv: g.dv,
+                    d_bias: g.d_bias,
                 }
             } else {
                 w.forward(&engine).unwrap();
@@ -608,6 +609,7 @@ fn alibi_and_sinks_backward_is_split() {
             bias: None,
             mask: None,
             mask_blocks: None,
+            d_bias: None,
         };
         let mut encoder = ctx.device.create_command_encoder(&Default::default());
         if p.sinks {

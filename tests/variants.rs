@@ -8,16 +8,14 @@
 
 mod common;
 
-use common::{below, gpu, run_and_check_any, seed_of, shape};
+use common::{below, coop_engines, gpu, run_and_check_any, seed_of, shape};
 use wgpu_flash_attn::batch::{BatchIndex, Varlen};
-use wgpu_flash_attn::kernel::{BackwardChoice, CoopChoice};
+use wgpu_flash_attn::kernel::BackwardChoice;
 use wgpu_flash_attn::plan::select_backward;
 use wgpu_flash_attn::testing::backward_harness::BackwardWorkload;
 use wgpu_flash_attn::testing::harness::{tolerance, Kernel};
 use wgpu_flash_attn::testing::{random_tensor, ErrorStats, Rng};
-use wgpu_flash_attn::{
-    reference, AttentionProblem, BackwardProblem, DType, Element, FlashAttention, KernelChoice, Options, Tensor,
-};
+use wgpu_flash_attn::{reference, AttentionProblem, BackwardProblem, DType, Element, FlashAttention, Tensor};
 
 /// A random problem with a window, a soft-cap or both.
 fn random_problem(rng: &mut Rng, dtype: DType) -> AttentionProblem {
@@ -165,41 +163,14 @@ fn a_window_on_a_packed_batch_matches_the_reference() {
 #[test]
 fn cooperative_windows_and_soft_caps_match_the_reference() {
     let Some(ctx) = gpu() else { return };
-    if !ctx.caps.cooperative_matrix_f16 {
-        eprintln!(
-            "skipped: {} has no 16x16 f16 cooperative matrices (this runs on the H200)",
-            ctx.info.name
-        );
-        return;
-    }
     let mut rng = Rng::new(0xc00b);
     let mut seed = 0u64;
-    for registers in [false, true] {
-        if registers && ctx.caps.coop_register_layout.is_none() {
-            continue;
-        }
-        for (prefetch_kv, double_buffer) in [(false, false), (true, false), (false, true), (true, true)] {
-            let engine = FlashAttention::with_options(
-                ctx,
-                Options {
-                    choice: KernelChoice::CooperativeMatrix(CoopChoice {
-                        tile: Some((64, 32)),
-                        prefetch_kv: Some(prefetch_kv),
-                        double_buffer: Some(double_buffer),
-                        register_softmax: Some(registers),
-                    }),
-                    ..Options::default()
-                },
-            );
-            for _ in 0..4 {
-                let p = random_problem(&mut rng, DType::F16);
-                let label = format!(
-                    "{} registers {registers} prefetch {prefetch_kv} double {double_buffer}",
-                    label(&p, seed)
-                );
-                seed += 1;
-                run_and_check_any(&engine, Kernel::Flash, &p, &label);
-            }
+    for (route, engine) in coop_engines(ctx) {
+        for _ in 0..4 {
+            let p = random_problem(&mut rng, DType::F16);
+            let label = format!("{} {route}", label(&p, seed));
+            seed += 1;
+            run_and_check_any(&engine, Kernel::Flash, &p, &label);
         }
     }
 }

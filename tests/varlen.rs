@@ -484,6 +484,7 @@ fn backward_case<T: Element>(ctx: &GpuContext, engine: &FlashAttention, case: Ca
         bias: None,
         mask: None,
         mask_blocks: None,
+        d_bias: None,
     };
     let mut encoder = ctx.device.create_command_encoder(&Default::default());
     let config = engine.select_backward(bp).unwrap_or_else(|e| panic!("{label}: {e}"));

@@ -103,6 +103,7 @@ fn every_tile_plan_the_device_fits_matches_the_reference() {
             variant: None,
             dkdv_plan: suits(BackwardPass::DkDv),
             dq_plan: suits(BackwardPass::Dq),
+            dbias_plan: None,
         };
         for (b, sq, skv, h, hkv, d, causal) in [
             (1, 100, 100, 2, 1, 64, true),

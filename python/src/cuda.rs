@@ -207,6 +207,7 @@ pub fn cuda_forward<'py>(
                 cu_seqlens_k: as_ptr(&cu_k),
                 page_table: as_ptr(&table),
                 kv_lens: as_ptr(&lens),
+                ..Default::default()
             },
         )?;
         let mut handed = vec![

@@ -163,7 +163,8 @@ def _check_dropout(dropout_p: float) -> None:
         raise ValueError(f"dropout_p must be in [0, 1], got {dropout_p}")
     if dropout_p > 0.0:
         raise NotImplementedError(
-            f"dropout_p={dropout_p}: attention dropout is not implemented in wgpu-flash-attn yet; "
+            f"dropout_p={dropout_p}: attention dropout is not wired into the Python interface yet "
+            "(the Rust library's wgpu tiled kernels have it: AttentionProblem::with_dropout); "
             "pass dropout_p=0.0 (FlashAttention's setting for evaluation)"
         )
 
@@ -436,7 +437,7 @@ def flash_attn_func(
         k: ``(batch, seqlen_k, nheads_k, headdim)``; ``nheads`` must be a multiple of
             ``nheads_k`` (query head ``h`` reads K/V head ``h // (nheads // nheads_k)``: MQA, GQA).
         v: like ``k``.
-        dropout_p: must be 0.0: dropout is not implemented (``NotImplementedError``).
+        dropout_p: must be 0.0: dropout is not wired into this interface yet (``NotImplementedError``).
         softmax_scale: defaults to ``1 / sqrt(headdim)``.
         causal: the mask aligned to the bottom-right corner: query ``i`` sees keys
             ``j <= i + seqlen_k - seqlen_q``; rows that see no key give 0 (LSE ``-inf``).

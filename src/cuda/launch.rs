@@ -21,7 +21,8 @@ use super::tma;
 use crate::error::{invalid, Error, Result};
 use crate::plan::decode::DecodeSplit;
 use crate::problem::index::BatchIndex;
-use crate::problem::{AttentionProblem, Element, Tensor};
+use crate::problem::score_bias::BiasValues;
+use crate::problem::{AttentionProblem, DType, Element, Tensor};
 use crate::runtime::forward::AttentionOutput;
 
 // SAFETY: plain `#[repr(C)]` data whose layout `cuda/flash_fwd_mma.cu` mirrors (size asserted on
@@ -145,6 +146,56 @@ pub struct DeviceBatchIndex<'a> {
     pub page_table: Option<&'a dyn DevicePtr<u32>>,
     /// Each sequence's key count, `batch` entries or more.
     pub kv_lens: Option<&'a dyn DevicePtr<u32>>,
+    /// `[num_heads]` ALiBi slopes, for a problem with per-head slopes
+    /// ([`AttentionProblem::with_alibi_slopes`](crate::problem::AttentionProblem::with_alibi_slopes)).
+    pub alibi_slopes: Option<&'a dyn DevicePtr<f32>>,
+    /// `[num_heads]` sink logits ([`AttentionProblem::with_sinks`]).
+    pub sinks: Option<&'a dyn DevicePtr<f32>>,
+    /// The score bias ([`AttentionProblem::with_bias`]) in its element type, holding its
+    /// layout's extent. Its values are read as they are (a NaN in it makes NaN rows).
+    pub bias: Option<DeviceBias<'a>>,
+}
+
+/// A score bias in device memory, in the element type the problem's [`ScoreBias`] names (16-bit
+/// types as their bits).
+///
+/// [`ScoreBias`]: crate::problem::score_bias::ScoreBias
+#[derive(Clone, Copy)]
+pub enum DeviceBias<'a> {
+    /// f32 values.
+    F32(&'a dyn DevicePtr<f32>),
+    /// f16 values as their bits.
+    F16(&'a dyn DevicePtr<u16>),
+    /// bf16 values as their bits.
+    BF16(&'a dyn DevicePtr<u16>),
+}
+
+impl DeviceBias<'_> {
+    fn dtype(&self) -> DType {
+        match self {
+            DeviceBias::F32(_) => DType::F32,
+            DeviceBias::F16(_) => DType::F16,
+            DeviceBias::BF16(_) => DType::BF16,
+        }
+    }
+
+    fn len(&self) -> usize {
+        match self {
+            DeviceBias::F32(t) => t.len(),
+            DeviceBias::F16(t) | DeviceBias::BF16(t) => t.len(),
+        }
+    }
+
+    /// Its device address and the guard that orders the launch after earlier writes to it.
+    fn pointer<'s>(
+        &'s self,
+        stream: &'s std::sync::Arc<cudarc::driver::CudaStream>,
+    ) -> (u64, cudarc::driver::SyncOnDrop<'s>) {
+        match self {
+            DeviceBias::F32(t) => t.device_ptr(stream),
+            DeviceBias::F16(t) | DeviceBias::BF16(t) => t.device_ptr(stream),
+        }
+    }
 }
 
 /// Runs exact attention on one CUDA device. Kernels compile on first use (or load from the disk
@@ -388,6 +439,15 @@ impl CudaAttention {
         let (kv_lens, _glens) = index_pointer(index.kv_lens, stream);
         let (cu_seqlens_q, _gcq) = index_pointer(index.cu_seqlens_q, stream);
         let (cu_seqlens_k, _gck) = index_pointer(index.cu_seqlens_k, stream);
+        let (alibi_slopes, _gslopes) = index_pointer(index.alibi_slopes, stream);
+        let (sinks, _gsinks) = index_pointer(index.sinks, stream);
+        let (bias, _gbias) = match &index.bias {
+            Some(b) => {
+                let (p, g) = b.pointer(stream);
+                (p, Some(g))
+            }
+            None => (0, None),
+        };
         let mut read = vec![
             ("q", extent(Tensor::Q, q)),
             ("k", extent(Tensor::K, k)),
@@ -404,6 +464,22 @@ impl CudaAttention {
         if cu_seqlens_q != 0 {
             read.push(("cu_seqlens_q", (cu_seqlens_q, cu_seqlens_q + offsets_bytes)));
             read.push(("cu_seqlens_k", (cu_seqlens_k, cu_seqlens_k + offsets_bytes)));
+        }
+        let head_bytes = 4 * problem.shape.num_heads as u64;
+        if alibi_slopes != 0 {
+            read.push(("alibi_slopes", (alibi_slopes, alibi_slopes + head_bytes)));
+        }
+        if sinks != 0 {
+            read.push(("sinks", (sinks, sinks + head_bytes)));
+        }
+        // The bias's first element: its layout's offset past the buffer's start.
+        let mut bias_first = 0;
+        if let Some(b) = problem.bias {
+            let es = b.dtype.size_bytes() as u64;
+            bias_first = bias + b.layout.offset as u64 * es;
+            // check_device_index saw that the buffer holds the extent.
+            let len = b.required_len(problem).unwrap_or(0) as u64;
+            read.push(("bias", (bias, bias + len * es)));
         }
         let written = if lse == 0 { &written[..1] } else { &written[..] };
         if let Some((a, b)) = first_overlap(written, &read) {
@@ -429,6 +505,9 @@ impl CudaAttention {
         let params = FwdParams {
             cu_seqlens_q,
             cu_seqlens_k,
+            alibi_slopes,
+            sinks,
+            bias: bias_first,
             ..FwdParams::new(problem, [q, k, v, o], lse)
         };
         let cfg = LaunchConfig {
@@ -738,6 +817,20 @@ impl CudaAttention {
         let d_lens = upload(index.and_then(|i| i.kv_lens))?;
         let d_cu_q = upload(index.and_then(|i| i.cu_seqlens_q))?;
         let d_cu_k = upload(index.and_then(|i| i.cu_seqlens_k))?;
+        let upload_f32 = |x: Option<&[f32]>| x.map(|x| stream.clone_htod(x)).transpose();
+        let d_slopes = upload_f32(index.and_then(|i| i.alibi_slopes))?;
+        let d_sinks = upload_f32(index.and_then(|i| i.sinks))?;
+        // 16-bit biases travel as their bits, like Q/K/V.
+        let bias = index.and_then(|i| i.bias);
+        let d_bias32 = upload_f32(bias.and_then(|b| match b {
+            BiasValues::F32(x) => Some(x),
+            _ => None,
+        }))?;
+        let d_bias16 = match bias {
+            Some(BiasValues::F16(x)) => Some(stream.clone_htod(bytemuck::cast_slice::<half::f16, u16>(x))?),
+            Some(BiasValues::BF16(x)) => Some(stream.clone_htod(bytemuck::cast_slice::<half::bf16, u16>(x))?),
+            _ => None,
+        };
         let tensors = DeviceTensors {
             q: &dq,
             k: &dk,
@@ -754,6 +847,14 @@ impl CudaAttention {
                     cu_seqlens_k: d_cu_k.as_ref().map(|t| t as &dyn DevicePtr<u32>),
                     page_table: d_table.as_ref().map(|t| t as &dyn DevicePtr<u32>),
                     kv_lens: d_lens.as_ref().map(|t| t as &dyn DevicePtr<u32>),
+                    alibi_slopes: d_slopes.as_ref().map(|t| t as &dyn DevicePtr<f32>),
+                    sinks: d_sinks.as_ref().map(|t| t as &dyn DevicePtr<f32>),
+                    bias: match (bias, &d_bias32, &d_bias16) {
+                        (Some(_), Some(t), _) => Some(DeviceBias::F32(t)),
+                        (Some(BiasValues::F16(_)), _, Some(t)) => Some(DeviceBias::F16(t)),
+                        (Some(BiasValues::BF16(_)), _, Some(t)) => Some(DeviceBias::BF16(t)),
+                        _ => None,
+                    },
                 },
             )?,
             None => self.forward_device(problem, tensors)?,
@@ -772,8 +873,8 @@ impl CudaAttention {
 
 /// The device address of an index tensor (0 for none) and the guard that orders the launch
 /// after earlier writes to it.
-fn index_pointer<'a>(
-    tensor: Option<&'a dyn DevicePtr<u32>>,
+fn index_pointer<'a, T>(
+    tensor: Option<&'a dyn DevicePtr<T>>,
     stream: &'a std::sync::Arc<cudarc::driver::CudaStream>,
 ) -> (u64, Option<cudarc::driver::SyncOnDrop<'a>>) {
     match tensor {
@@ -785,12 +886,17 @@ fn index_pointer<'a>(
     }
 }
 
-/// An error for a problem whose K/V cache needs an index, reached through an entry point that
-/// takes none: it names `entry`, the one to use.
+/// An error for a problem that needs index tensors (a cache's, a packed batch's, per-head tensors,
+/// a bias), reached through an entry point that takes none: it names `entry`, the one to use.
 fn refuse_cached(problem: &AttentionProblem, entry: &str) -> Result<()> {
     let cache = &problem.kv_cache;
     if problem.varlen.is_some() {
         return invalid!("the problem is a packed (varlen) batch: pass its row offsets with `{entry}`");
+    }
+    if problem.has_head_tensors() || problem.bias.is_some() {
+        return invalid!(
+            "the problem reads per-head tensors (ALiBi slopes, sinks) or a score bias: pass them with `{entry}`"
+        );
     }
     if cache.is_plain() {
         return Ok(());
@@ -838,14 +944,46 @@ fn check_device_index<'a>(
             index.cu_seqlens_k.map(|t| t.len()),
             batch + 1,
         ),
+        (
+            "alibi_slopes",
+            problem.has_alibi_tensor(),
+            index.alibi_slopes.map(|t| t.len()),
+            problem.shape.num_heads,
+        ),
+        (
+            "sinks",
+            problem.sinks,
+            index.sinks.map(|t| t.len()),
+            problem.shape.num_heads,
+        ),
+        (
+            "bias",
+            problem.bias.is_some(),
+            index.bias.map(|b| b.len()),
+            problem
+                .bias
+                .map_or(0, |b| b.required_len(problem).unwrap_or(usize::MAX)),
+        ),
     ] {
         match (wanted, given) {
-            (true, None) => return bad(tensor, "missing: the problem's cache needs it".into()),
-            (false, Some(_)) => return bad(tensor, "given for a problem whose cache does not use it".into()),
+            (true, None) => return bad(tensor, "missing: the problem needs it".into()),
+            (false, Some(_)) => return bad(tensor, "given for a problem that does not use it".into()),
             (true, Some(len)) if len < need => {
                 return bad(tensor, format!("holds {len} entries, the problem needs {need}"))
             }
             _ => {}
+        }
+    }
+    if let (Some(want), Some(given)) = (problem.bias, index.bias) {
+        if want.dtype != given.dtype() {
+            return bad(
+                "bias",
+                format!(
+                    "holds {} values, the problem's bias is {}",
+                    given.dtype().name(),
+                    want.dtype.name()
+                ),
+            );
         }
     }
     Ok(index)

@@ -84,7 +84,7 @@ fn test_problem(head_dim: usize) -> crate::problem::AttentionProblem {
 pub use cudarc;
 pub use device::{arch_for, driver_available, CudaDevice};
 pub use disk_cache::{CacheStatus, DiskCache, Origin};
-pub use launch::{AppendTensors, CudaAttention, CudaOptions, DeviceBatchIndex, DeviceTensors, KernelInfo};
+pub use launch::{AppendTensors, CudaAttention, CudaOptions, DeviceBatchIndex, DeviceBias, DeviceTensors, KernelInfo};
 pub use nvrtc::nvrtc_available;
 pub use plan::{
     CudaDecodeConfig, CudaDecodePlan, CudaKernelConfig, CudaPlan, CudaSelection, LaunchGeometry, MmaConfig, MmaPlan,

@@ -188,10 +188,12 @@ impl PipelineCache {
                         ..Default::default()
                     })
             };
-            return Some(Ok((
-                module,
-                Some(self.forward_layout(&name, coop.sequences.is_indexed())),
-            )));
+            let tensors = ForwardTensors {
+                indexed: coop.sequences.is_indexed(),
+                head_tensors: coop.head_tensors,
+                bias: coop.bias.is_some(),
+            };
+            return Some(Ok((module, Some(self.forward_layout(&name, tensors)))));
         }
         let _ = config;
         None
@@ -199,8 +201,8 @@ impl PipelineCache {
 
     /// The forward kernels' pipeline layout (see [`forward_bind_group_layout`]).
     #[cfg(not(target_arch = "wasm32"))]
-    fn forward_layout(&self, name: &str, indexed: bool) -> wgpu::PipelineLayout {
-        let group = forward_bind_group_layout(&self.device, Some(name), indexed);
+    fn forward_layout(&self, name: &str, tensors: ForwardTensors) -> wgpu::PipelineLayout {
+        let group = forward_bind_group_layout(&self.device, Some(name), tensors);
         self.device.create_pipeline_layout(&wgpu::PipelineLayoutDescriptor {
             label: Some(name),
             bind_group_layouts: &[Some(&group)],
@@ -209,12 +211,27 @@ impl PipelineCache {
     }
 }
 
-/// The forward kernels' bindings: params, q, k, v, o, lse, and with `indexed` the index tensors
-/// after them (see shaders/flash_fwd.wgsl, shaders/sequence_indexed.wgsl). Explicit for the
-/// cooperative-matrix kernel, whose SPIR-V is passed through without wgpu's reflection: its
-/// binding numbers must be the dense ones wgpu's Vulkan backend gives the layout's entries.
+/// Which optional tensors a forward kernel binds after params, q, k, v, o and lse.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ForwardTensors {
+    /// The index tensors (shaders/sequence_indexed.wgsl).
+    pub indexed: bool,
+    /// The per-head tensors: ALiBi slopes and sinks (shaders/head_terms_bound.wgsl).
+    pub head_tensors: bool,
+    /// The score bias (shaders/score_bias_bound.wgsl).
+    pub bias: bool,
+}
+
+/// The forward kernels' bindings: params, q, k, v, o, lse, and the optional tensors after them
+/// at their bindings (see shaders/flash_fwd.wgsl). Explicit for the cooperative-matrix kernel,
+/// whose SPIR-V is passed through without wgpu's reflection (src/spirv/mod.rs numbers its
+/// bindings as wgpu's Vulkan backend numbers these entries).
 #[cfg(not(target_arch = "wasm32"))]
-pub fn forward_bind_group_layout(device: &wgpu::Device, label: Option<&str>, indexed: bool) -> wgpu::BindGroupLayout {
+pub fn forward_bind_group_layout(
+    device: &wgpu::Device,
+    label: Option<&str>,
+    tensors: ForwardTensors,
+) -> wgpu::BindGroupLayout {
     let entry = buffer_layout_entry;
     let read = wgpu::BufferBindingType::Storage { read_only: true };
     let write = wgpu::BufferBindingType::Storage { read_only: false };
@@ -226,9 +243,16 @@ pub fn forward_bind_group_layout(device: &wgpu::Device, label: Option<&str>, ind
         entry(4, write),
         entry(5, write),
     ];
-    if indexed {
+    if tensors.indexed {
         let first = crate::wgsl::FORWARD_INDEX_BINDING;
         entries.extend([entry(first, read), entry(first + 1, read), entry(first + 2, read)]);
+    }
+    if tensors.head_tensors {
+        let first = crate::wgsl::FORWARD_HEAD_BINDING;
+        entries.extend([entry(first, read), entry(first + 1, read)]);
+    }
+    if tensors.bias {
+        entries.push(entry(crate::wgsl::FORWARD_BIAS_BINDING, read));
     }
     device.create_bind_group_layout(&wgpu::BindGroupLayoutDescriptor {
         label,

@@ -5,10 +5,16 @@
 //! * `flash_bwd_pre`: `D = rowsum(dO ∘ O)`, bandwidth-bound, with a row reduction — the one place
 //!   where the workgroup and subgroup [`Reduction`]s differ, exactly as in the forward;
 //! * `flash_bwd_dkdv`: parallel over K/V tiles, dK and dV in registers, looping over query tiles;
-//! * `flash_bwd_dq`: parallel over query tiles, dQ in registers, looping over key tiles.
+//! * `flash_bwd_dq`: parallel over query tiles, dQ in registers, looping over key tiles;
 //!
-//! The two gradient kernels take a [`BackwardTilePlan`] each (chosen independently from
-//! [`DKDV_PLANS`] and [`DQ_PLANS`]) and the [`TileType`] of the variant.
+//! and a fourth when the problem asks for the score bias's gradient
+//! ([`BackwardProblem::bias_grad`]):
+//! * `flash_bwd_dbias`: parallel over tiles of `dL/d(bias)`, each in registers, looping over the
+//!   (batch entry, head) pairs the bias broadcasts to.
+//!
+//! The gradient kernels take a [`BackwardTilePlan`] each (chosen independently from
+//! [`DKDV_PLANS`] and [`DQ_PLANS`], the d(bias) kernel's from the latter) and the [`TileType`] of
+//! the variant.
 
 use crate::caps::Caps;
 use crate::error::{Error, Result};
@@ -19,7 +25,7 @@ use crate::problem::features::{Feature, FeatureSet};
 use crate::problem::DType;
 use crate::util::sat_u32;
 
-/// The three kernels of a backward call.
+/// The kernels of a backward call.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum BackwardPass {
     /// `D = rowsum(dO ∘ O)`.
@@ -28,10 +34,15 @@ pub enum BackwardPass {
     DkDv,
     /// dQ, parallel over query tiles.
     Dq,
+    /// `dL/d(bias)`, parallel over its tiles; only for a problem that asks for it
+    /// ([`BackwardProblem::bias_grad`]), after the others (it reads D).
+    DBias,
 }
 
 impl BackwardPass {
-    /// The three passes in the order they must run: D first, then dK/dV, then dQ (both read D).
+    /// The three passes every call runs, in the order they must run: D first, then dK/dV, then
+    /// dQ (both read D). [`DBias`](Self::DBias) follows where asked for
+    /// ([`BackwardConfig::passes`]).
     pub const ALL: [BackwardPass; 3] = [BackwardPass::Preprocess, BackwardPass::DkDv, BackwardPass::Dq];
 
     /// The WGSL entry point (the kernel file's stem).
@@ -40,6 +51,7 @@ impl BackwardPass {
             BackwardPass::Preprocess => "flash_bwd_pre",
             BackwardPass::DkDv => "flash_bwd_dkdv",
             BackwardPass::Dq => "flash_bwd_dq",
+            BackwardPass::DBias => "flash_bwd_dbias",
         }
     }
 }
@@ -56,7 +68,8 @@ pub type BackwardTilePlan = TilePlan;
 
 /// What the gradient kernels read of a tile plan.
 impl TilePlan {
-    /// `(rows a workgroup owns, columns it streams per tile)` in `pass`.
+    /// `(rows a workgroup owns, columns it streams per tile)` in `pass` (the d(bias) kernel's:
+    /// the query rows and key columns of its tile).
     pub fn rows_cols(&self, pass: BackwardPass) -> (u32, u32) {
         match pass {
             BackwardPass::DkDv => (self.block_n, self.block_m),
@@ -108,13 +121,17 @@ impl TilePlan {
     }
 
     /// f32 values an invocation keeps in registers across a tile: its output accumulators (dK and
-    /// dV, or dQ) and its elements of the two score tiles.
+    /// dV, dQ, or its elements of the d(bias) tile) and its elements of the two score tiles.
     pub fn grad_registers(&self, pass: BackwardPass, head_dim_pad: u32) -> u32 {
         let (rows, cols) = self.rows_cols(pass);
         let rows_per_thread = (rows / self.threads_y.max(1)) as u64;
-        let outputs = if pass == BackwardPass::DkDv { 2 } else { 1 };
         let threads_x = self.threads_x.max(1) as u64;
-        let per_row = outputs * head_dim_pad as u64 / threads_x + 2 * cols as u64 / threads_x;
+        let outputs = match pass {
+            BackwardPass::DkDv => 2 * head_dim_pad as u64,
+            BackwardPass::DBias => cols as u64,
+            _ => head_dim_pad as u64,
+        };
+        let per_row = outputs / threads_x + 2 * cols as u64 / threads_x;
         sat_u32(rows_per_thread.saturating_mul(per_row))
     }
 }
@@ -154,7 +171,8 @@ pub const DQ_PLANS: [BackwardTilePlan; 5] = [
     BackwardTilePlan::new(32, 32, 8, 8, 8, 8, 1),
 ];
 
-/// The shipped plans of a gradient kernel.
+/// The shipped plans of a gradient kernel: the d(bias) kernel takes the dQ kernel's, whose
+/// orientation it shares (query rows owned, key columns per tile), unmeasured on its own.
 pub fn backward_plans(pass: BackwardPass) -> &'static [BackwardTilePlan] {
     match pass {
         BackwardPass::DkDv => &DKDV_PLANS,
@@ -217,7 +235,7 @@ pub const PREPROCESS_PLANS: [PreprocessPlan; 2] = [
 /// One gradient kernel (dK/dV or dQ): everything that makes a distinct pipeline.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct GradKernel {
-    /// [`BackwardPass::DkDv`] or [`BackwardPass::Dq`].
+    /// [`BackwardPass::DkDv`], [`BackwardPass::Dq`] or [`BackwardPass::DBias`].
     pub pass: BackwardPass,
     /// Element type of the tensors in memory.
     pub storage: DType,
@@ -237,13 +255,21 @@ pub struct GradKernel {
     pub bias: Option<DType>,
     /// Whether it binds the mask tensor and its block summary (shaders/mask_*.wgsl).
     pub mask: MaskBinding,
+    /// Whether the dQ kernel also writes `dL/d(bias)` (shaders/score_bias_grad_bound.wgsl): for a
+    /// problem that asks for it with one (batch entry, head) per slice of the gradient, whose
+    /// elements are the dQ kernel's own `P ∘ (dP − D)`; the broadcast biases take the d(bias)
+    /// kernel instead. `false` for the other passes.
+    pub writes_d_bias: bool,
+    /// Whether it regenerates the forward's dropout mask (shaders/dropout.wgsl).
+    pub dropout: bool,
 }
 
 impl GradKernel {
-    /// `flash_bwd_{dkdv|dq}_{dtype}_tile_{f32|f16}_bm{}_bn{}_tx{}_ty{}_ks{}_ns{}_st{}_d{}`.
+    /// `flash_bwd_{dkdv|dq|dbias}_{dtype}_tile_{f32|f16}_bm{}_bn{}_tx{}_ty{}_ks{}_ns{}_st{}_d{}`
+    /// (and the suffixes of the variants it binds or compiles in).
     pub fn name(&self) -> String {
         format!(
-            "{}_{}_tile_{}_{}_d{}{}{}{}{}",
+            "{}_{}_tile_{}_{}_d{}{}{}{}{}{}{}",
             self.pass.entry_point(),
             self.storage.name(),
             tile_name(self.tile),
@@ -252,7 +278,9 @@ impl GradKernel {
             self.sequences.name_suffix(),
             if self.head_tensors { "_heads" } else { "" },
             self.bias.map_or(String::new(), |t| format!("_bias{}", t.name())),
-            self.mask.name_suffix()
+            self.mask.name_suffix(),
+            if self.writes_d_bias { "_dbias" } else { "" },
+            if self.dropout { "_dropout" } else { "" }
         )
     }
 
@@ -279,6 +307,12 @@ impl GradKernel {
         }
         if self.head_dim_pad != self.plan.head_dim_pad(self.head_dim_pad) {
             return Some(format!("padded head_dim {} does not suit the plan", self.head_dim_pad));
+        }
+        if self.pass == BackwardPass::DBias && self.bias.is_none() {
+            return Some("the score bias's gradient kernel is built for a bias tensor".into());
+        }
+        if self.writes_d_bias && (self.pass != BackwardPass::Dq || self.bias.is_none()) {
+            return Some("only the dQ kernel of a problem with a bias writes the bias's gradient".into());
         }
         tiled_device_fit_reason(
             self.tile,
@@ -432,13 +466,18 @@ pub struct BackwardConfig {
     pub preprocess: PreprocessKernel,
     /// The dK/dV kernel (`pass` must be [`BackwardPass::DkDv`]), run second.
     pub dkdv: GradKernel,
-    /// The dQ kernel (`pass` must be [`BackwardPass::Dq`]), run last.
+    /// The dQ kernel (`pass` must be [`BackwardPass::Dq`]), run third.
     pub dq: GradKernel,
+    /// The d(bias) kernel (`pass` must be [`BackwardPass::DBias`]) for a problem that asks for
+    /// the score bias's gradient of a broadcast bias, run last; `None` otherwise (for a bias per
+    /// batch entry and head, the dQ kernel writes it: [`GradKernel::writes_d_bias`]).
+    pub dbias: Option<GradKernel>,
 }
 
 impl BackwardConfig {
     /// `flash_bwd_{dtype}_{variant}_kv{dK/dV plan}_q{dQ plan}_d{padded head_dim}`: test and
-    /// benchmark id (`_d{dK/dV}_{dQ}` when the two plans pad head_dim differently).
+    /// benchmark id (`_d{dK/dV}_{dQ}` when the two plans pad head_dim differently; then
+    /// `_dbias{plan}` with the d(bias) kernel, `_dbiasdq` where the dQ kernel writes d(bias)).
     pub fn name(&self) -> String {
         let pad = if self.dkdv.head_dim_pad == self.dq.head_dim_pad {
             self.dkdv.head_dim_pad.to_string()
@@ -446,31 +485,62 @@ impl BackwardConfig {
             format!("{}_{}", self.dkdv.head_dim_pad, self.dq.head_dim_pad)
         };
         format!(
-            "flash_bwd_{}_{}_kv{}_q{}_d{pad}",
+            "flash_bwd_{}_{}_kv{}_q{}_d{pad}{}",
             self.dkdv.storage.name(),
             self.variant.name(),
             self.dkdv.plan.label(),
             self.dq.plan.label(),
+            match (self.dbias, self.dq.writes_d_bias) {
+                (Some(g), _) => format!("_dbias{}", g.plan.label()),
+                (None, true) => "_dbiasdq".to_string(),
+                (None, false) => String::new(),
+            }
         )
     }
 
+    /// Whether it computes the score bias's gradient, in the dQ kernel or a kernel of its own.
+    pub fn computes_d_bias(&self) -> bool {
+        self.dq.writes_d_bias || self.dbias.is_some()
+    }
+
+    /// The passes this configuration runs, in order: [`BackwardPass::ALL`], then
+    /// [`BackwardPass::DBias`] when it has that kernel.
+    pub fn passes(&self) -> Vec<BackwardPass> {
+        let mut passes = BackwardPass::ALL.to_vec();
+        passes.extend(self.dbias.map(|_| BackwardPass::DBias));
+        passes
+    }
+
+    /// The kernel of `pass`, if this configuration runs it.
+    pub fn kernel(&self, pass: BackwardPass) -> Option<BackwardKernel> {
+        match pass {
+            BackwardPass::Preprocess => Some(BackwardKernel::Preprocess(self.preprocess)),
+            BackwardPass::DkDv => Some(BackwardKernel::Grad(self.dkdv)),
+            BackwardPass::Dq => Some(BackwardKernel::Grad(self.dq)),
+            BackwardPass::DBias => self.dbias.map(BackwardKernel::Grad),
+        }
+    }
+
     /// The pipelines, in the order they run.
-    pub fn kernels(&self) -> [BackwardKernel; 3] {
-        [
-            BackwardKernel::Preprocess(self.preprocess),
-            BackwardKernel::Grad(self.dkdv),
-            BackwardKernel::Grad(self.dq),
-        ]
+    pub fn kernels(&self) -> Vec<BackwardKernel> {
+        self.passes().into_iter().filter_map(|p| self.kernel(p)).collect()
     }
 
     /// Why this configuration cannot run on `caps`, if it cannot.
     pub fn unavailable_reason(&self, caps: &Caps) -> Option<String> {
-        if self.dkdv.pass != BackwardPass::DkDv || self.dq.pass != BackwardPass::Dq {
+        if self.dkdv.pass != BackwardPass::DkDv
+            || self.dq.pass != BackwardPass::Dq
+            || self.dbias.is_some_and(|g| g.pass != BackwardPass::DBias)
+        {
             return Some("the gradient kernels are given for the wrong passes".into());
         }
+        if self.dq.writes_d_bias && self.dbias.is_some() {
+            return Some("the bias's gradient is written by the dQ kernel and by a kernel of its own".into());
+        }
         let pre = self.preprocess.unavailable_reason(caps);
-        let grads = [&self.dkdv, &self.dq]
+        let grads = [Some(&self.dkdv), Some(&self.dq), self.dbias.as_ref()]
             .into_iter()
+            .flatten()
             .find_map(|g| g.unavailable_reason(caps).map(|why| format!("{}: {why}", g.name())));
         pre.map(|why| format!("{}: {why}", self.preprocess.name())).or(grads)
     }
@@ -485,6 +555,10 @@ pub struct BackwardChoice {
     pub dkdv_plan: Option<BackwardTilePlan>,
     /// Use exactly this plan for the dQ kernel (an error if it does not fit the device).
     pub dq_plan: Option<BackwardTilePlan>,
+    /// Use the d(bias) kernel with exactly this plan (an error if it does not fit the device),
+    /// even where the dQ kernel would write the gradient (a bias per batch entry and head);
+    /// unused for a problem that does not ask for the bias's gradient.
+    pub dbias_plan: Option<BackwardTilePlan>,
 }
 
 impl BackwardChoice {
@@ -522,6 +596,7 @@ pub const BACKWARD_FEATURES: FeatureSet = FeatureSet::of(&[
     Feature::Bias,
     Feature::Mask,
     Feature::MaskBlocks,
+    Feature::Dropout,
 ]);
 
 /// Picks the three backward kernels for `problem` on a device with `caps`.
@@ -569,6 +644,11 @@ pub fn select_backward(problem: &BackwardProblem, caps: &Caps, choice: &Backward
             ));
             continue;
         };
+        // The dQ kernel writes d(bias) where each of its elements belongs to one (batch entry,
+        // head), which is one of the dQ kernel's own: stores instead of a kernel that repeats the
+        // two score products; a broadcast bias, or a forced d(bias) plan, takes that kernel.
+        let (batch, heads) = (problem.forward.shape.batch, problem.forward.shape.num_heads);
+        let dq_writes_d_bias = problem.d_bias_extent() == Some((batch, heads)) && choice.dbias_plan.is_none();
         let pick = |pass, forced: Option<BackwardTilePlan>, reasons: &mut Vec<String>| {
             let plans = match forced {
                 Some(p) => vec![p],
@@ -586,6 +666,8 @@ pub fn select_backward(problem: &BackwardProblem, caps: &Caps, choice: &Backward
                     head_tensors: problem.forward.has_alibi_tensor(),
                     bias: problem.forward.bias.map(|b| b.dtype),
                     mask: MaskBinding::of(&problem.forward),
+                    writes_d_bias: pass == BackwardPass::Dq && dq_writes_d_bias,
+                    dropout: problem.forward.active_dropout().is_some(),
                 };
                 match kernel.unavailable_reason(caps) {
                     Some(why) => reasons.push(format!("{}: {why}", kernel.name())),
@@ -612,12 +694,17 @@ pub fn select_backward(problem: &BackwardProblem, caps: &Caps, choice: &Backward
         };
         let dkdv = pick(BackwardPass::DkDv, choice.dkdv_plan, &mut reasons);
         let dq = pick(BackwardPass::Dq, choice.dq_plan, &mut reasons);
-        if let (Some(dkdv), Some(dq)) = (dkdv, dq) {
+        let dbias = match problem.bias_grad && !dq_writes_d_bias {
+            true => pick(BackwardPass::DBias, choice.dbias_plan, &mut reasons).map(Some),
+            false => Some(None),
+        };
+        if let (Some(dkdv), Some(dq), Some(dbias)) = (dkdv, dq, dbias) {
             let config = BackwardConfig {
                 variant,
                 preprocess,
                 dkdv,
                 dq,
+                dbias,
             };
             check_grids(problem, &config, caps)?;
             return Ok(config);
@@ -654,12 +741,7 @@ pub fn all_backward_kernels() -> Vec<BackwardKernel> {
             }
             for pass in [BackwardPass::DkDv, BackwardPass::Dq] {
                 for &plan in backward_plans(pass) {
-                    let mut pads: Vec<u32> = (8..=crate::problem::MAX_HEAD_DIM as u32)
-                        .step_by(8)
-                        .map(|d| plan.head_dim_pad(d))
-                        .collect();
-                    pads.dedup();
-                    for head_dim_pad in pads {
+                    for head_dim_pad in head_dim_pads(plan) {
                         for head_tensors in [false, true] {
                             if head_tensors && plan != backward_plans(pass)[0] {
                                 continue;
@@ -674,6 +756,8 @@ pub fn all_backward_kernels() -> Vec<BackwardKernel> {
                                 head_tensors,
                                 bias: None,
                                 mask: MaskBinding::default(),
+                                writes_d_bias: false,
+                                dropout: false,
                             }));
                         }
                         if plan == backward_plans(pass)[0] {
@@ -688,6 +772,8 @@ pub fn all_backward_kernels() -> Vec<BackwardKernel> {
                                     head_tensors: false,
                                     bias: Some(bias),
                                     mask: MaskBinding::default(),
+                                    writes_d_bias: false,
+                                    dropout: false,
                                 }));
                             }
                             for mask in MaskBinding::BOUND {
@@ -701,8 +787,81 @@ pub fn all_backward_kernels() -> Vec<BackwardKernel> {
                                     head_tensors: false,
                                     bias: None,
                                     mask,
+                                    writes_d_bias: false,
+                                    dropout: false,
                                 }));
                             }
+                            if pass == BackwardPass::Dq {
+                                for (dropout, mask) in [
+                                    (false, MaskBinding::default()),
+                                    (true, MaskBinding::default()),
+                                    (false, MaskBinding::BOUND[2]),
+                                ] {
+                                    kernels.push(BackwardKernel::Grad(GradKernel {
+                                        pass,
+                                        storage,
+                                        tile,
+                                        plan,
+                                        head_dim_pad,
+                                        sequences: SequenceIndex::default(),
+                                        head_tensors: true,
+                                        bias: Some(DType::F32),
+                                        mask,
+                                        writes_d_bias: true,
+                                        dropout,
+                                    }));
+                                }
+                            }
+                            for mask in [MaskBinding::default(), MaskBinding::BOUND[2]] {
+                                kernels.push(BackwardKernel::Grad(GradKernel {
+                                    pass,
+                                    storage,
+                                    tile,
+                                    plan,
+                                    head_dim_pad,
+                                    sequences: SequenceIndex::default(),
+                                    head_tensors: false,
+                                    bias: None,
+                                    mask,
+                                    writes_d_bias: false,
+                                    dropout: true,
+                                }));
+                            }
+                        }
+                    }
+                }
+            }
+            // The d(bias) kernel: every plan and padding with an f32 bias; the first plan also
+            // with the 16-bit biases, with the per-head tensors, with dropout and with each binding
+            // of a mask and its summary.
+            let no_mask = MaskBinding::default();
+            for &plan in backward_plans(BackwardPass::DBias) {
+                let first = plan == backward_plans(BackwardPass::DBias)[0];
+                for head_dim_pad in head_dim_pads(plan) {
+                    for (bias, head_tensors, dropout, mask) in [
+                        (DType::F32, false, false, no_mask),
+                        (DType::F16, false, false, no_mask),
+                        (DType::BF16, false, false, no_mask),
+                        (DType::F32, true, false, no_mask),
+                        (DType::F32, false, true, no_mask),
+                        (DType::F32, false, false, MaskBinding::BOUND[0]),
+                        (DType::F32, false, false, MaskBinding::BOUND[1]),
+                        (DType::F32, false, false, MaskBinding::BOUND[2]),
+                    ] {
+                        if first || (bias == DType::F32 && !head_tensors && !dropout && mask == no_mask) {
+                            kernels.push(BackwardKernel::Grad(GradKernel {
+                                pass: BackwardPass::DBias,
+                                storage,
+                                tile,
+                                plan,
+                                head_dim_pad,
+                                sequences: SequenceIndex::default(),
+                                head_tensors,
+                                bias: Some(bias),
+                                mask,
+                                writes_d_bias: false,
+                                dropout,
+                            }));
                         }
                     }
                 }
@@ -712,7 +871,19 @@ pub fn all_backward_kernels() -> Vec<BackwardKernel> {
     kernels
 }
 
-/// The dispatch grid `(x, y, z)` of one kernel of `config`.
+/// The padded head_dims a plan produces over every supported head_dim.
+fn head_dim_pads(plan: BackwardTilePlan) -> Vec<u32> {
+    let mut pads: Vec<u32> = (8..=crate::problem::MAX_HEAD_DIM as u32)
+        .step_by(8)
+        .map(|d| plan.head_dim_pad(d))
+        .collect();
+    pads.dedup();
+    pads
+}
+
+/// The dispatch grid `(x, y, z)` of one kernel of `config` (`[0, 0, 0]` for a pass it does not
+/// run). The d(bias) kernel's is (key tiles, query tiles, bias slices): one workgroup per tile
+/// of each `[seq_q, seq_kv]` slice of the gradient, `(batch | 1) · (num_heads | 1)` of them.
 pub fn backward_grid(problem: &BackwardProblem, config: &BackwardConfig, pass: BackwardPass) -> [usize; 3] {
     let s = &problem.forward.shape;
     // A malformed plan's zero tile is refused by `unavailable_reason`; here it must not divide.
@@ -721,14 +892,26 @@ pub fn backward_grid(problem: &BackwardProblem, config: &BackwardConfig, pass: B
         BackwardPass::Preprocess => [tiles(s.seq_q, config.preprocess.plan.block_m), s.num_heads, s.batch],
         BackwardPass::DkDv => [tiles(s.seq_kv, config.dkdv.plan.block_n), s.num_kv_heads, s.batch],
         BackwardPass::Dq => [tiles(s.seq_q, config.dq.plan.block_m), s.num_heads, s.batch],
+        BackwardPass::DBias => match (config.dbias, problem.d_bias_extent()) {
+            (Some(g), Some((batch, heads))) => [
+                tiles(s.seq_kv, g.plan.block_n),
+                tiles(s.seq_q, g.plan.block_m),
+                batch * heads,
+            ],
+            _ => [0, 0, 0],
+        },
     }
 }
 
 fn check_grids(problem: &BackwardProblem, config: &BackwardConfig, caps: &Caps) -> Result<()> {
     let max = caps.max_workgroups_per_dimension as usize;
-    for pass in BackwardPass::ALL {
+    for pass in config.passes() {
         let grid = backward_grid(problem, config, pass);
-        for (what, n) in ["tiles", "heads", "batch"].into_iter().zip(grid) {
+        let what = match pass {
+            BackwardPass::DBias => ["key tiles", "query tiles", "bias slices"],
+            _ => ["tiles", "heads", "batch"],
+        };
+        for (what, n) in what.into_iter().zip(grid) {
             if n > max {
                 return Err(Error::TooLarge(format!(
                     "{n} {what} of {} exceed the device's {max} workgroups per dispatch dimension",
@@ -988,5 +1171,154 @@ mod tests {
             "flash_bwd_dkdv_bf16_tile_f32_bm64_bn64_tx16_ty16_ks8_ns16_st1_d64"
         );
         assert_eq!(c.preprocess.name(), "flash_bwd_pre_bf16_sg_bm64_tx8_ty32");
+    }
+
+    #[test]
+    fn the_bias_gradient_kernel_is_selected_only_when_asked_for() {
+        use crate::problem::score_bias::{BiasLayout, ScoreBias};
+        let f = AttentionProblem::new(
+            AttentionShape {
+                batch: 3,
+                seq_q: 100,
+                seq_kv: 200,
+                num_heads: 4,
+                num_kv_heads: 2,
+                head_dim: 64,
+            },
+            DType::F16,
+        );
+        let f = f.with_bias(ScoreBias {
+            dtype: DType::BF16,
+            layout: BiasLayout::dense(&f, false, true),
+        });
+        let plain = auto(&BackwardProblem::new(f), &lavapipe());
+        assert_eq!(plain.dbias, None);
+        assert_eq!(plain.passes(), BackwardPass::ALL.to_vec());
+        assert_eq!(plain.kernels().len(), 3);
+
+        let p = BackwardProblem::new(f).with_bias_grad(true);
+        for caps in [lavapipe(), h200(), Caps::webgpu_baseline()] {
+            let c = auto(&p, &caps);
+            let g = c.dbias.expect("a d(bias) kernel");
+            assert_eq!(
+                (g.pass, g.bias, g.storage),
+                (BackwardPass::DBias, Some(DType::BF16), DType::F16)
+            );
+            assert_eq!(c.unavailable_reason(&caps), None, "{}", c.name());
+            assert!(g.registers() <= max_registers(BackwardPass::DBias), "{}", g.name());
+            assert_eq!(c.kernels().last(), Some(&BackwardKernel::Grad(g)));
+            assert!(c.name().ends_with(&format!("_dbias{}", g.plan.label())), "{}", c.name());
+            assert!(g.name().starts_with("flash_bwd_dbias_f16_tile_f32_"), "{}", g.name());
+            // One workgroup per tile of each of the 4 per-head slices (broadcast over the batch).
+            assert_eq!(
+                backward_grid(&p, &c, BackwardPass::DBias),
+                [
+                    200usize.div_ceil(g.plan.block_n as usize),
+                    100usize.div_ceil(g.plan.block_m as usize),
+                    4
+                ]
+            );
+            assert_eq!(backward_grid(&p, &plain, BackwardPass::DBias), [0, 0, 0]);
+        }
+        // 128 × 64 on 16 × 16: 8 rows of 4 columns, three times (d(bias), S, dP).
+        let g = auto(&p, &h200()).dbias.unwrap();
+        assert_eq!((g.plan, g.registers()), (DQ_PLANS[0], 96));
+        // A forced plan is honoured, and refused when it cannot run.
+        let forced = BackwardTilePlan::new(32, 32, 8, 8, 8, 8, 1);
+        let choice = BackwardChoice {
+            dbias_plan: Some(forced),
+            ..Default::default()
+        };
+        assert_eq!(
+            select_backward(&p, &lavapipe(), &choice).unwrap().dbias.unwrap().plan,
+            forced
+        );
+        let huge = BackwardChoice {
+            dbias_plan: Some(BackwardTilePlan::new(128, 128, 16, 16, 16, 16, 2)),
+            ..Default::default()
+        };
+        let e = select_backward(&p, &lavapipe(), &huge).unwrap_err();
+        assert!(e.to_string().contains("flash_bwd_dbias"), "{e}");
+        // The kernel is built for a bias tensor.
+        let unbiased = GradKernel { bias: None, ..g };
+        assert!(unbiased.unavailable_reason(&h200()).is_some());
+        assert!(!c_has_fused(&auto(&p, &h200())));
+
+        // A bias per batch entry and head (or broadcast over a dimension of size 1): the dQ
+        // kernel writes the gradient, no fourth kernel; a forced d(bias) plan takes the kernel.
+        let full = f.with_bias(ScoreBias {
+            dtype: DType::F32,
+            layout: BiasLayout::dense(&f, true, true),
+        });
+        let one_entry = AttentionProblem {
+            shape: AttentionShape { batch: 1, ..f.shape },
+            ..f
+        };
+        for forward in [full, one_entry] {
+            let p = BackwardProblem::new(forward).with_bias_grad(true);
+            let c = auto(&p, &h200());
+            assert!(
+                c_has_fused(&c) && c.dbias.is_none() && c.computes_d_bias(),
+                "{}",
+                c.name()
+            );
+            assert_eq!(c.passes(), BackwardPass::ALL.to_vec());
+            assert!(c.dq.name().ends_with("_dbias"), "{}", c.dq.name());
+            assert!(c.name().ends_with("_dbiasdq"), "{}", c.name());
+            assert!(!c.dkdv.writes_d_bias);
+            let forced = select_backward(&p, &h200(), &choice).unwrap();
+            assert!(!c_has_fused(&forced) && forced.dbias.is_some());
+            // Without the request, nothing.
+            let c = auto(&BackwardProblem::new(forward), &h200());
+            assert!(!c.computes_d_bias());
+        }
+        // Only the dQ kernel of a problem with a bias writes it.
+        let wrong = GradKernel {
+            writes_d_bias: true,
+            ..auto(&p, &h200()).dkdv
+        };
+        assert!(wrong.unavailable_reason(&h200()).is_some());
+    }
+
+    /// With dropout, every gradient kernel regenerates the mask: dK/dV, dQ (and so the d(bias) it
+    /// stores) and the d(bias) kernel, whose dP must carry the same `Z / (1 − p)`.
+    #[test]
+    fn dropout_reaches_every_gradient_kernel() {
+        use crate::problem::score_bias::{BiasLayout, ScoreBias};
+        use crate::problem::Dropout;
+        let f = AttentionProblem::new(
+            AttentionShape {
+                batch: 2,
+                seq_q: 100,
+                seq_kv: 80,
+                num_heads: 4,
+                num_kv_heads: 2,
+                head_dim: 64,
+            },
+            DType::F32,
+        )
+        .with_dropout(Dropout {
+            p: 0.1,
+            seed: 1,
+            offset: 2,
+        });
+        for (per_batch, fused) in [(true, true), (false, false)] {
+            let f = f.with_bias(ScoreBias {
+                dtype: DType::F32,
+                layout: BiasLayout::dense(&f, per_batch, true),
+            });
+            let c = auto(&BackwardProblem::new(f).with_bias_grad(true), &h200());
+            assert_eq!(c_has_fused(&c), fused, "{}", c.name());
+            assert!(c.dkdv.dropout && c.dq.dropout, "{}", c.name());
+            if let Some(g) = c.dbias {
+                assert!(g.dropout && g.name().ends_with("_dropout"), "{}", g.name());
+                assert_eq!(g.unavailable_reason(&h200()), None, "{}", g.name());
+            }
+            assert!(c.dbias.is_some() != fused, "{}", c.name());
+        }
+    }
+
+    fn c_has_fused(c: &BackwardConfig) -> bool {
+        c.dq.writes_d_bias
     }
 }

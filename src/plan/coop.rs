@@ -30,6 +30,10 @@ pub struct CoopConfig {
     pub register_layout: Option<crate::caps::register_layout::RegisterLayout>,
     /// The index tensors it reads to find each sequence.
     pub sequences: SequenceIndex,
+    /// Whether it binds the per-head tensors (ALiBi slopes, sinks; shaders/head_terms.wgsl).
+    pub head_tensors: bool,
+    /// The score bias tensor's element type, when it binds one (shaders/score_bias_bound.wgsl).
+    pub bias: Option<DType>,
 }
 
 /// One way to run the cooperative-matrix kernel: its tile and how it streams K/V.
@@ -177,12 +181,25 @@ impl CoopConfig {
             double_buffer: false,
             register_layout: None,
             sequences: SequenceIndex::default(),
+            head_tensors: false,
+            bias: None,
         }
     }
 
     /// Sets [`sequences`](Self::sequences).
     pub fn with_sequences(self, sequences: SequenceIndex) -> Self {
         CoopConfig { sequences, ..self }
+    }
+
+    /// Binds the tensors `problem` reads besides Q/K/V: its index tensors, per-head tensors and
+    /// score bias.
+    pub fn with_tensors_of(self, problem: &AttentionProblem) -> Self {
+        CoopConfig {
+            sequences: SequenceIndex::of(problem),
+            head_tensors: problem.has_head_tensors(),
+            bias: problem.bias.map(|b| b.dtype),
+            ..self
+        }
     }
 
     /// Runs the softmax on the score fragments' registers with this device layout (`None`:
@@ -219,10 +236,10 @@ impl CoopConfig {
 
     /// `flash_fwd_coop_f16_bm{}_bn{}_d{}`, with `_prefetch` when the next K/V tile is loaded
     /// into registers early, `_db` when K/V are double-buffered, and `_regs…` (the layout) when
-    /// the softmax runs in registers (and `_varlen`, `_lens`).
+    /// the softmax runs in registers (and `_varlen`, `_lens`, `_heads`, `_bias{dtype}`).
     pub fn name(&self) -> String {
         format!(
-            "flash_fwd_coop_f16_bm{}_bn{}_d{}{}{}{}{}",
+            "flash_fwd_coop_f16_bm{}_bn{}_d{}{}{}{}{}{}{}",
             self.block_m,
             self.block_n,
             self.head_dim_pad,
@@ -231,7 +248,9 @@ impl CoopConfig {
             self.register_layout
                 .map(|l| format!("_{}", l.tag()))
                 .unwrap_or_default(),
-            self.sequences.name_suffix()
+            self.sequences.name_suffix(),
+            if self.head_tensors { "_heads" } else { "" },
+            self.bias.map_or(String::new(), |t| format!("_bias{}", t.name()))
         )
     }
 
@@ -352,10 +371,14 @@ pub const COOP_FEATURES: FeatureSet = FeatureSet::of(&[
     Feature::KvLengths,
     Feature::SlidingWindow,
     Feature::SoftCap,
+    Feature::Alibi,
+    Feature::Sinks,
+    Feature::Bias,
 ]);
 
 /// Every cooperative configuration of the plan tables, with each way of streaming K/V a caller
-/// can force (for the shader tests).
+/// can force, and each route's first plan also with the per-head tensors and with a bias of each
+/// type (for the shader tests).
 pub fn all_coop_configs() -> Vec<CoopConfig> {
     let mut configs = Vec::new();
     for d in (16..=crate::problem::MAX_HEAD_DIM as u32).step_by(16) {
@@ -371,6 +394,20 @@ pub fn all_coop_configs() -> Vec<CoopConfig> {
                         configs.push(config);
                     }
                 }
+            }
+            // The per-head tensors and each bias type, with each softmax route's first plan.
+            let first = coop_plans(d, CoopSoftmax::of(layout))[0]
+                .config(d)
+                .with_register_layout(layout);
+            configs.push(CoopConfig {
+                head_tensors: true,
+                ..first
+            });
+            for bias in DType::ALL {
+                configs.push(CoopConfig {
+                    bias: Some(bias),
+                    ..first
+                });
             }
         }
     }

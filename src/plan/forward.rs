@@ -3,12 +3,12 @@
 
 use crate::caps::Caps;
 use crate::error::{Error, Result};
+use crate::plan::check_grid;
 use crate::plan::choice::{BoundsChecks, KernelChoice};
 use crate::plan::coop::{coop_plans, CoopChoice, CoopConfig, CoopPlan, CoopSoftmax};
 use crate::plan::decode::{prefers_decode, select_decode, DecodeChoice, DecodeConfig, DecodeSplit};
 use crate::plan::policy::{COOP_BY_DEFAULT, DECODE_BY_DEFAULT};
 use crate::plan::tiled::{select, FlashConfig};
-use crate::plan::{check_grid, SequenceIndex};
 use crate::problem::AttentionProblem;
 
 /// The forward kernel chosen for a problem: the register-tiled one, the cooperative-matrix one,
@@ -154,7 +154,7 @@ pub fn select_forward(
             let config = config
                 .with_prefetch_kv(coop.prefetch_kv.unwrap_or(config.prefetch_kv))
                 .with_double_buffer(coop.double_buffer.unwrap_or(config.double_buffer))
-                .with_sequences(SequenceIndex::of(problem));
+                .with_tensors_of(problem);
             match config.unavailable_reason(problem, caps) {
                 None => {
                     check_grid(problem, config.block_m, caps)?;

@@ -268,14 +268,18 @@ pub struct FlashConfig {
     pub bias: Option<DType>,
     /// Whether it binds the mask tensor and its block summary (shaders/mask_*.wgsl).
     pub mask: MaskBinding,
+    /// Whether it drops probabilities (shaders/dropout.wgsl): compiled in, so that the kernel
+    /// without it stays as it was.
+    pub dropout: bool,
 }
 
 impl FlashConfig {
-    /// `flash_fwd_{dtype}_{variant}_bm{}_bn{}_tx{}_ty{}_ks{}_ns{}_d{}` (and `_varlen`, `_lens`):
-    /// the pipeline label, cache key in messages, and test and benchmark id.
+    /// `flash_fwd_{dtype}_{variant}_bm{}_bn{}_tx{}_ty{}_ks{}_ns{}_d{}` (and `_varlen`, `_lens`,
+    /// `_heads`, `_bias{dtype}`, `_dropout`): the pipeline label, cache key in messages, and test
+    /// and benchmark id.
     pub fn name(&self) -> String {
         format!(
-            "flash_fwd_{}_{}_{}_d{}{}{}{}{}",
+            "flash_fwd_{}_{}_{}_d{}{}{}{}{}{}",
             self.storage.name(),
             self.variant.name(),
             self.plan.name_part(),
@@ -283,7 +287,8 @@ impl FlashConfig {
             self.sequences.name_suffix(),
             if self.head_tensors { "_heads" } else { "" },
             self.bias.map_or(String::new(), |t| format!("_bias{}", t.name())),
-            self.mask.name_suffix()
+            self.mask.name_suffix(),
+            if self.dropout { "_dropout" } else { "" }
         )
     }
 
@@ -333,6 +338,7 @@ pub const TILED_FEATURES: FeatureSet = FeatureSet::of(&[
     Feature::Bias,
     Feature::Mask,
     Feature::MaskBlocks,
+    Feature::Dropout,
 ]);
 
 /// The variants worth trying for a problem on a device, best first.
@@ -389,6 +395,7 @@ pub fn select(problem: &AttentionProblem, caps: &Caps, choice: &TiledChoice) -> 
                 head_tensors: problem.has_head_tensors(),
                 bias: problem.bias.map(|b| b.dtype),
                 mask: MaskBinding::of(problem),
+                dropout: problem.active_dropout().is_some(),
             };
             match config.unavailable_reason(caps) {
                 Some(why) => reasons.push(format!("{}: {why}", config.name())),
@@ -416,8 +423,8 @@ pub fn select(problem: &AttentionProblem, caps: &Caps, choice: &TiledChoice) -> 
 
 /// Every configuration automatic selection can return, on any device: each shipped plan with each
 /// variant, storage type and padded head_dim, and the first plan's also with the per-head
-/// tensors bound, with a bias of each type, and with each binding of a mask and its summary. The
-/// shader tests translate all of them.
+/// tensors bound, with a bias of each type, with each binding of a mask and its summary, and with
+/// dropout. The shader tests translate all of them.
 pub fn all_configs() -> Vec<FlashConfig> {
     let mut configs = Vec::new();
     for storage in DType::ALL {
@@ -445,6 +452,7 @@ pub fn all_configs() -> Vec<FlashConfig> {
                             head_tensors,
                             bias: None,
                             mask: MaskBinding::default(),
+                            dropout: false,
                         });
                     }
                     if plan == PLANS[0] {
@@ -458,6 +466,7 @@ pub fn all_configs() -> Vec<FlashConfig> {
                                 head_tensors: false,
                                 bias: Some(bias),
                                 mask: MaskBinding::default(),
+                                dropout: false,
                             });
                         }
                         for mask in MaskBinding::BOUND {
@@ -470,6 +479,20 @@ pub fn all_configs() -> Vec<FlashConfig> {
                                 head_tensors: false,
                                 bias: None,
                                 mask,
+                                dropout: false,
+                            });
+                        }
+                        for mask in [MaskBinding::default(), MaskBinding::BOUND[2]] {
+                            configs.push(FlashConfig {
+                                storage,
+                                variant,
+                                plan,
+                                head_dim_pad,
+                                sequences: SequenceIndex::default(),
+                                head_tensors: false,
+                                bias: None,
+                                mask,
+                                dropout: true,
                             });
                         }
                     }

@@ -1,8 +1,9 @@
 //! What a backward call computes: the forward problem plus the layouts of the incoming gradient
-//! dO and of the gradients dQ, dK, dV it produces; and the validation every backward entry point
-//! runs before touching a GPU.
+//! dO and of the gradients dQ, dK, dV it produces, and whether it also computes the score bias's
+//! gradient; and the validation every backward entry point runs before touching a GPU.
 
-use crate::error::Result;
+use crate::error::{Error, Result};
+use crate::problem::score_bias::BiasLayout;
 use crate::problem::{AttentionProblem, TensorLayout};
 
 /// The four extra tensors of the backward pass, for messages and per-tensor layouts.
@@ -90,6 +91,11 @@ pub struct BackwardProblem {
     pub dk_layout: TensorLayout,
     /// Where dV is written; shaped like V, must not overlap itself.
     pub dv_layout: TensorLayout,
+    /// Whether the call also computes `dL/d(bias)` of the forward's score bias
+    /// ([`with_bias_grad`](Self::with_bias_grad); laid out as [`d_bias_layout`](Self::d_bias_layout)
+    /// says). `false` by default: a bias that needs no gradient (a mask, a frozen table) costs
+    /// nothing more.
+    pub bias_grad: bool,
 }
 
 impl BackwardProblem {
@@ -101,7 +107,64 @@ impl BackwardProblem {
             dq_layout: forward.q_layout,
             dk_layout: forward.k_layout,
             dv_layout: forward.v_layout,
+            bias_grad: false,
         }
+    }
+
+    /// Asks for (or not) the gradient of the forward's score bias
+    /// ([`AttentionProblem::with_bias`]): `dL/d(bias)[b, h, i, j] = P ∘ (dP − D)` at `(i, j)` of
+    /// the `(b, h)` it is added to, summed over the batch entries and heads the bias broadcasts
+    /// over (a stride of 0 in its [`BiasLayout`]). It comes in f32, in the dense layout
+    /// [`d_bias_layout`](Self::d_bias_layout) gives: on the caller's buffers in
+    /// `BackwardBuffers::d_bias`, on host slices in `BackwardOutput::d_bias`. A problem without a
+    /// bias cannot ask for it.
+    pub fn with_bias_grad(mut self, bias_grad: bool) -> Self {
+        self.bias_grad = bias_grad;
+        self
+    }
+
+    /// Where `dL/d(bias)` lies when the call computes it ([`with_bias_grad`](Self::with_bias_grad)):
+    /// a dense f32 `[batch | 1, num_heads | 1, seq_q, seq_kv]` tensor from element 0, with a
+    /// batch (head) dimension exactly where the bias has a non-zero batch (head) stride
+    /// ([`BiasLayout::dense`]; for a packed batch `seq_q` and `seq_kv` are the longest
+    /// sequence's, and elements past a sequence's end are 0). Dense and f32 whatever the bias's
+    /// own layout and type: its sums over the broadcast dimensions are formed in f32, its rows
+    /// may be padded or overlap, and 16-bit values written two to a word by different workgroups
+    /// would need atomics, which WGSL lacks for them. Elements the bias's layout aliases (two
+    /// non-zero strides reaching one element) get one gradient each, for the caller to add.
+    /// `None` when the call does not compute it.
+    pub fn d_bias_layout(&self) -> Option<BiasLayout> {
+        let bias = self.forward.bias.filter(|_| self.bias_grad)?;
+        Some(BiasLayout::dense(
+            &self.forward,
+            bias.layout.batch_stride != 0,
+            bias.layout.head_stride != 0,
+        ))
+    }
+
+    /// `(batch entries, heads)` of `dL/d(bias)` when the call computes it: the problem's where the
+    /// bias has a non-zero stride, 1 where it broadcasts.
+    pub fn d_bias_extent(&self) -> Option<(usize, usize)> {
+        let bias = self.forward.bias.filter(|_| self.bias_grad)?;
+        let s = &self.forward.shape;
+        let l = bias.layout;
+        Some((
+            if l.batch_stride != 0 { s.batch } else { 1 },
+            if l.head_stride != 0 { s.num_heads } else { 1 },
+        ))
+    }
+
+    /// f32 values of `dL/d(bias)` ([`d_bias_layout`](Self::d_bias_layout)); 0 when the call does
+    /// not compute it. After validation this cannot overflow.
+    pub fn d_bias_len(&self) -> usize {
+        let Some((batch, heads)) = self.d_bias_extent() else {
+            return 0;
+        };
+        let s = &self.forward.shape;
+        [heads, s.seq_q, s.seq_kv]
+            .iter()
+            .try_fold(batch, |acc, &n| acc.checked_mul(n))
+            .unwrap_or(usize::MAX)
     }
 
     /// Sets one gradient tensor's strides and offset.
@@ -167,6 +230,21 @@ impl BackwardProblem {
         self.forward.validate()?;
         for tensor in GradTensor::ALL {
             self.validate_layout(tensor)?;
+        }
+        if self.bias_grad {
+            if self.forward.bias.is_none() {
+                return crate::error::invalid!(
+                    "the backward asks for the score bias's gradient (BackwardProblem::with_bias_grad), but the \
+                     forward problem has no bias (AttentionProblem::with_bias)"
+                );
+            }
+            // The kernel indexes d(bias) with u32.
+            let len = self.d_bias_len();
+            if len > u32::MAX as usize {
+                return Err(Error::TooLarge(format!(
+                    "the score bias's gradient has {len} elements, more than the kernels' 32-bit indexing reaches"
+                )));
+            }
         }
         Ok(())
     }
@@ -272,5 +350,48 @@ mod tests {
         let mut d_o = p.d_o_layout;
         d_o.batch_stride = 0;
         p.with_grad_layout(GradTensor::DO, d_o).validate().unwrap();
+    }
+
+    #[test]
+    fn the_bias_gradient_follows_the_broadcast_of_the_bias() {
+        use crate::problem::score_bias::{BiasLayout, ScoreBias};
+        let f = forward();
+        // Asked for without a bias: refused by name.
+        let msg = BackwardProblem::new(f)
+            .with_bias_grad(true)
+            .validate()
+            .unwrap_err()
+            .to_string();
+        assert!(msg.contains("with_bias_grad") && msg.contains("no bias"), "{msg}");
+        assert_eq!(BackwardProblem::new(f).d_bias_len(), 0);
+        // [batch, seq, heads] = [2, 5 × 7, 4]: each broadcast keeps its dimensions, padded rows
+        // and offsets of the bias do not change the gradient's dense layout.
+        for (per_batch, per_head, len) in [
+            (true, true, 2 * 4 * 35),
+            (false, true, 4 * 35),
+            (true, false, 2 * 35),
+            (false, false, 35),
+        ] {
+            let dense = BiasLayout::dense(&f, per_batch, per_head);
+            let padded = BiasLayout {
+                offset: 3,
+                row_stride: 9,
+                head_stride: if per_head { 5 * 9 } else { 0 },
+                batch_stride: if per_batch { 4 * 5 * 9 } else { 0 },
+            };
+            let with = |layout| {
+                BackwardProblem::new(f.with_bias(ScoreBias {
+                    dtype: DType::BF16,
+                    layout,
+                }))
+            };
+            assert_eq!(with(padded).d_bias_layout(), None, "not asked for");
+            let p = with(padded).with_bias_grad(true);
+            p.validate().unwrap();
+            assert_eq!(p.d_bias_layout(), Some(dense));
+            assert_eq!(p.d_bias_len(), len);
+            let extent = p.d_bias_extent().unwrap();
+            assert_eq!(extent, (if per_batch { 2 } else { 1 }, if per_head { 4 } else { 1 }));
+        }
     }
 }

@@ -41,10 +41,12 @@ pub enum Feature {
     Mask,
     /// Tile skipping by a block summary of the mask or bias (src/problem/mask.rs, `MaskBlocks`).
     MaskBlocks,
+    /// Dropout on the attention probabilities (src/problem/dropout.rs).
+    Dropout,
 }
 
 impl Feature {
-    pub const ALL: [Feature; 13] = [
+    pub const ALL: [Feature; 14] = [
         Feature::CausalMask,
         Feature::GroupedKv,
         Feature::ArbitraryScale,
@@ -58,6 +60,7 @@ impl Feature {
         Feature::Bias,
         Feature::Mask,
         Feature::MaskBlocks,
+        Feature::Dropout,
     ];
 
     /// What the feature is, for messages ("... does not implement {description}").
@@ -79,6 +82,7 @@ impl Feature {
             Feature::Bias => "a score bias tensor",
             Feature::Mask => "a mask tensor",
             Feature::MaskBlocks => "a mask's block summary (tile skipping)",
+            Feature::Dropout => "dropout",
         }
     }
 
@@ -174,6 +178,9 @@ impl AttentionProblem {
         if self.mask_blocks {
             set = set.with(Feature::MaskBlocks);
         }
+        if self.active_dropout().is_some() {
+            set = set.with(Feature::Dropout);
+        }
         set
     }
 }
@@ -212,6 +219,11 @@ mod tests {
             );
         }
         assert!(plain.with_scale(1e-30).features().is_empty());
+        // Dropout counts once it drops anything: p = 0, or below 2^-17, is none.
+        let dropout = |p| plain.with_dropout(crate::problem::Dropout { p, seed: 1, offset: 2 });
+        assert!(dropout(0.0).features().is_empty());
+        assert!(dropout(1e-6).features().is_empty());
+        assert_eq!(dropout(0.1).features(), FeatureSet::of(&[Feature::Dropout]));
     }
 
     #[test]

@@ -3,6 +3,7 @@
 
 pub mod backward;
 pub mod cache;
+pub mod dropout;
 pub mod features;
 pub mod head_terms;
 pub mod index;
@@ -11,6 +12,7 @@ pub mod score_bias;
 pub mod varlen;
 
 pub use cache::{KvCache, PagedKv};
+pub use dropout::Dropout;
 pub use head_terms::Alibi;
 pub use index::BatchIndex;
 pub use mask::AttentionMask;
@@ -301,6 +303,10 @@ pub struct AttentionProblem {
     /// An additive bias over the scores from a tensor given with the call, after ALiBi
     /// (src/problem/score_bias.rs); `None` for none.
     pub bias: Option<ScoreBias>,
+    /// Dropout on the attention probabilities (src/problem/dropout.rs): the kept ones scaled by
+    /// `1/(1 − p)` before they multiply V; the LSE stays the undropped softmax's. `None` (or
+    /// `p = 0`) for none.
+    pub dropout: Option<Dropout>,
     /// A boolean (byte) mask tensor given with the call: 0 hides a key, as the causal mask does
     /// (src/problem/mask.rs); `None` for none. With a bias too, both apply.
     pub mask: Option<AttentionMask>,
@@ -337,6 +343,7 @@ impl AttentionProblem {
             alibi: None,
             sinks: false,
             bias: None,
+            dropout: None,
             mask: None,
             mask_blocks: false,
             q_layout: TensorLayout::contiguous(Layout::Bshd, 0, 0, 0),
@@ -427,6 +434,19 @@ impl AttentionProblem {
     pub fn with_mask_blocks(mut self) -> Self {
         self.mask_blocks = true;
         self
+    }
+
+    /// Adds dropout on the attention probabilities ([`AttentionProblem::dropout`]); give the
+    /// backward the same problem, whose mask it regenerates.
+    pub fn with_dropout(mut self, dropout: Dropout) -> Self {
+        self.dropout = Some(dropout);
+        self
+    }
+
+    /// The problem's dropout when it drops anything (`p` at least 2⁻¹⁷): what the kernels that
+    /// implement it compile in.
+    pub fn active_dropout(&self) -> Option<Dropout> {
+        self.dropout.filter(Dropout::is_active)
     }
 
     /// The keys `[begin, end)` query `i` sees in a sequence of `seq_kv` keys, by the causal mask
@@ -799,6 +819,9 @@ impl AttentionProblem {
         }
         if self.mask_blocks {
             mask::MaskBlocks::of(self)?.validate()?;
+        }
+        if let Some(dropout) = self.dropout {
+            dropout.validate()?;
         }
         for tensor in [Tensor::Q, Tensor::K, Tensor::V, Tensor::O] {
             self.validate_layout(tensor)?;

@@ -12,8 +12,12 @@
 //! and give undefined rows on device buffers.
 //!
 //! Which kernels implement it: [`Feature::Bias`](super::features::Feature::Bias) in their plans'
-//! supported sets (the wgpu tiled forward and the backward's gradient kernels, which treat it as
-//! a constant: there is no `dL/d(bias)` yet); the others refuse it by name.
+//! supported sets (the wgpu tiled forward and the backward's gradient kernels, for which it is a
+//! constant of the scores); the others refuse it by name. Its own gradient `dL/d(bias)` comes
+//! from the wgpu backward when asked for
+//! ([`BackwardProblem::with_bias_grad`](super::backward::BackwardProblem::with_bias_grad)): f32,
+//! dense `[batch | 1, num_heads | 1, seq_q, seq_kv]`, summed over the dimensions the bias
+//! broadcasts ([`BackwardProblem::d_bias_layout`](super::backward::BackwardProblem::d_bias_layout)).
 
 use super::AttentionProblem;
 use crate::dtype::DType;

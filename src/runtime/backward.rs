@@ -1,9 +1,11 @@
 //! The backward pass on a device: `dQ`, `dK`, `dV` from `Q`, `K`, `V`, `O`, the forward's LSE and
 //! `dO`, by recomputation (FlashAttention-2): three kernels recorded into one compute pass, on the
-//! caller's buffers or on host slices.
+//! caller's buffers or on host slices; a fourth for the score bias's gradient when the problem
+//! asks for it ([`BackwardProblem::with_bias_grad`]).
 //!
 //! Device memory beyond the tensors themselves: `4·batch·num_heads·seq_q` bytes for
-//! `D = rowsum(dO ∘ O)` — O(seq), nothing of size `seq_q × seq_kv`.
+//! `D = rowsum(dO ∘ O)` — O(seq), nothing of size `seq_q × seq_kv` (but the bias's gradient,
+//! which is the bias's size).
 
 use wgpu::util::DeviceExt;
 
@@ -81,8 +83,8 @@ pub struct BackwardBuffers<'a> {
     pub d_sinks: Option<TensorBuffer<'a>>,
     /// Read: the forward's score bias
     /// ([`AttentionProblem::with_bias`](crate::problem::AttentionProblem::with_bias)), as
-    /// [`ForwardBuffers::bias`](crate::runtime::forward::ForwardBuffers::bias); `None` otherwise. The gradients
-    /// treat it as a constant: no `dL/d(bias)` yet.
+    /// [`ForwardBuffers::bias`](crate::runtime::forward::ForwardBuffers::bias); `None` otherwise. dQ, dK and
+    /// dV treat it as a constant of the scores.
     pub bias: Option<TensorBuffer<'a>>,
     /// Read: the forward's mask
     /// ([`AttentionProblem::with_mask`](crate::problem::AttentionProblem::with_mask)), as
@@ -92,6 +94,14 @@ pub struct BackwardBuffers<'a> {
     /// [`ForwardBuffers::mask_blocks`](crate::runtime::forward::ForwardBuffers::mask_blocks) (the
     /// forward's serves); `None` otherwise.
     pub mask_blocks: Option<TensorBuffer<'a>>,
+    /// Written: `dL/d(bias)`, exactly when the problem asks for it
+    /// ([`BackwardProblem::with_bias_grad`]): [`BackwardProblem::d_bias_len`] f32 values, dense
+    /// as [`BackwardProblem::d_bias_layout`] says (summed over the dimensions the bias
+    /// broadcasts), from a byte offset aligned like `lse`'s. Every element is written (0 where no
+    /// query sees the key). It must not share a buffer with a tensor the backward reads, nor
+    /// overlap the bytes of `dq`, `dk`, `dv` or `d_sinks`. Recorded after the dQ kernel, by a
+    /// kernel of its own ([`BackwardPass::DBias`]).
+    pub d_bias: Option<TensorBuffer<'a>>,
 }
 
 /// The host-slice inputs of [`FlashAttention::backward`]; each slice must hold at least the
@@ -124,6 +134,9 @@ pub struct BackwardOutput<T> {
     pub dv: Vec<T>,
     /// `[num_heads]` `dL/d(sinks)` of a problem with sinks; empty otherwise.
     pub d_sinks: Vec<f32>,
+    /// `dL/d(bias)` when the problem asks for it ([`BackwardProblem::with_bias_grad`]), laid out
+    /// as [`BackwardProblem::d_bias_layout`] says; empty otherwise.
+    pub d_bias: Vec<f32>,
     /// The kernels that ran.
     pub config: BackwardConfig,
     /// Bytes of device memory the call allocated (inputs, gradients, the D workspace).
@@ -152,6 +165,21 @@ fn record_passes(
         cpass.set_bind_group(0, bind_group, &[]);
         cpass.dispatch_workgroups(*x as u32, *y as u32, *z as u32);
     }
+}
+
+/// A `d_bias` output is given exactly when the problem asks for it.
+fn check_d_bias_wanted(problem: &BackwardProblem, d_bias: Option<&TensorBuffer<'_>>) -> Result<()> {
+    let message = match (problem.bias_grad, d_bias.is_some()) {
+        (true, true) | (false, false) => return Ok(()),
+        (false, true) => {
+            "given for a backward that does not compute the bias's gradient (see BackwardProblem::with_bias_grad)"
+        }
+        (true, false) => "missing: the backward problem asks for the bias's gradient (BackwardProblem::with_bias_grad)",
+    };
+    Err(Error::InvalidBuffer {
+        tensor: "d_bias",
+        message: message.into(),
+    })
 }
 
 /// A `d_sinks` output is for a problem with sinks.
@@ -264,20 +292,14 @@ impl FlashAttention {
         config: &BackwardConfig,
         timestamps: Option<wgpu::ComputePassTimestampWrites<'_>>,
     ) -> Result<()> {
-        self.encode_passes(
-            encoder,
-            &problem.into(),
-            buffers,
-            config,
-            &BackwardPass::ALL,
-            timestamps,
-        )
+        self.encode_passes(encoder, &problem.into(), buffers, config, &config.passes(), timestamps)
     }
 
-    /// Records a single one of the three backward kernels, in its own compute pass: for
-    /// profiling, or to interleave other work. The passes must run in the order
-    /// [`BackwardPass::ALL`] lists them, on the same buffers, and `buffers.delta` must be given
-    /// (it carries D from the first pass to the others).
+    /// Records a single one of the backward kernels, in its own compute pass: for profiling, or to
+    /// interleave other work. The passes must run in the order [`BackwardConfig::passes`] lists
+    /// them, on the same buffers, and `buffers.delta` must be given (it carries D from the first
+    /// pass to the others). The sinks' gradient is recorded with the preprocessing pass; the
+    /// bias's gradient is a pass of its own ([`BackwardPass::DBias`]).
     pub fn encode_backward_pass(
         &self,
         encoder: &mut wgpu::CommandEncoder,
@@ -313,8 +335,8 @@ impl FlashAttention {
                 Ok(())
             }
             // One kernel recorded alone reads D from the caller's `delta`, which parts would
-            // overwrite: only the three together are split.
-            Err(Error::TooLarge(why)) if passes.len() == BackwardPass::ALL.len() => self
+            // overwrite: only all of them together are split.
+            Err(Error::TooLarge(why)) if passes == config.passes() => self
                 .encode_backward_in_parts(encoder, problem, buffers, Some(config), timestamps, &why)
                 .map(|_| ()),
             Err(e) => Err(e),
@@ -335,14 +357,26 @@ impl FlashAttention {
         self.check_config(problem, config)?;
         let device = &self.context().device;
         let caps = &self.context().caps;
-        let kernels = config.kernels();
-        let mut pipelines = Vec::new();
-        for kernel in &kernels {
-            pipelines.push(self.pipelines().get(&KernelConfig::Backward(*kernel))?);
+        let mut kernels = Vec::new();
+        for &pass in passes {
+            let kernel = config.kernel(pass).ok_or_else(|| {
+                Error::InvalidProblem(format!(
+                    "configuration `{}` has no {} kernel: {}",
+                    config.name(),
+                    pass.entry_point(),
+                    if config.dq.writes_d_bias {
+                        "its dQ kernel writes the bias's gradient"
+                    } else {
+                        "it does not compute the bias's gradient"
+                    }
+                ))
+            })?;
+            kernels.push((pass, kernel, self.pipelines().get(&KernelConfig::Backward(kernel))?));
         }
         let bound = self.bind_backward(problem, buffers, caps)?;
         let mut written = vec![("dq", &buffers.dq), ("dk", &buffers.dk), ("dv", &buffers.dv)];
         written.extend(buffers.d_sinks.as_ref().map(|d| ("d_sinks", d)));
+        written.extend(buffers.d_bias.as_ref().map(|d| ("d_bias", d)));
         let index = IndexBuffers {
             cu_seqlens_q: buffers.cu_seqlens_q,
             cu_seqlens_k: buffers.cu_seqlens_k,
@@ -355,6 +389,7 @@ impl FlashAttention {
         };
         let index_bindings = self.bind_index(&problem.forward, &index, &written)?;
         let sink_grad = self.bind_sink_grad(problem, buffers)?;
+        let d_bias = self.bind_d_bias(problem, buffers, &bound, sink_grad.as_ref().map(|(_, b)| b))?;
         let scratch;
         let delta_buffer = match &buffers.delta {
             Some(d) => *d,
@@ -417,15 +452,14 @@ impl FlashAttention {
         ];
 
         let mut steps = Vec::new();
-        for &pass in passes {
-            let index = BackwardPass::ALL.iter().position(|p| *p == pass).unwrap_or_default();
-            let (kernel, pipeline) = (&kernels[index], &pipelines[index]);
+        for (pass, kernel, pipeline) in &kernels {
+            let pass = *pass;
             let mut entries = uniforms.to_vec();
             match pass {
                 BackwardPass::Preprocess => {
                     entries.extend([bound.o.entry(2), bound.d_o.entry(3), delta.entry(4)]);
                 }
-                BackwardPass::DkDv | BackwardPass::Dq => {
+                BackwardPass::DkDv | BackwardPass::Dq | BackwardPass::DBias => {
                     entries.extend([
                         bound.q.entry(2),
                         bound.k.entry(3),
@@ -434,10 +468,24 @@ impl FlashAttention {
                         bound.lse.entry(6),
                         delta.entry(7),
                     ]);
-                    if pass == BackwardPass::DkDv {
-                        entries.extend([bound.dk.entry(8), bound.dv.entry(9)]);
-                    } else {
-                        entries.push(bound.dq.entry(8));
+                    match (pass, &d_bias) {
+                        (BackwardPass::DkDv, _) => entries.extend([bound.dk.entry(8), bound.dv.entry(9)]),
+                        (BackwardPass::Dq, d) => {
+                            entries.push(bound.dq.entry(8));
+                            // For a bias per batch entry and head the dQ kernel writes d(bias).
+                            if config.dq.writes_d_bias {
+                                entries.extend(d.as_ref().map(|d| d.entry(9)));
+                            }
+                        }
+                        (_, Some(d)) => entries.push(d.entry(8)),
+                        // A DBias kernel is in the configuration only for a problem that asks for
+                        // the gradient, whose `d_bias` was required above.
+                        (_, None) => {
+                            return Err(Error::InvalidBuffer {
+                                tensor: "d_bias",
+                                message: "missing: the configuration computes the bias's gradient".into(),
+                            })
+                        }
                     }
                 }
             }
@@ -524,7 +572,9 @@ impl FlashAttention {
         };
         let mut written = vec![("dq", &buffers.dq), ("dk", &buffers.dk), ("dv", &buffers.dv)];
         written.extend(buffers.d_sinks.as_ref().map(|d| ("d_sinks", d)));
+        written.extend(buffers.d_bias.as_ref().map(|d| ("d_bias", d)));
         self.bind_index(f, &index, &written)?;
+        check_d_bias_wanted(whole, buffers.d_bias.as_ref())?;
         if let Some(d) = &buffers.delta {
             check_delta(buffers, &bound, &bind_f32("delta", d, f.lse_len(), &unbounded)?)?;
         }
@@ -566,6 +616,7 @@ impl FlashAttention {
                 bias: buffers.bias,
                 mask: buffers.mask,
                 mask_blocks: buffers.mask_blocks,
+                d_bias: None,
             }
         };
         let align = f32_offset_alignment(caps);
@@ -676,6 +727,48 @@ impl FlashAttention {
         Ok(Some((pipeline, bound)))
     }
 
+    /// The bias gradient's output, when the call asks for it: `d_bias` given exactly when the
+    /// problem asks for the gradient (else an error), [`BackwardProblem::d_bias_len`] f32 values,
+    /// apart from every tensor the backward reads and from the bytes of the other gradients
+    /// (`d_sinks` bound, when the call computes it).
+    fn bind_d_bias<'a>(
+        &self,
+        problem: &BackwardProblem,
+        buffers: &BackwardBuffers<'a>,
+        bound: &BoundBackward<'a>,
+        d_sinks: Option<&Bound<'a>>,
+    ) -> Result<Option<Bound<'a>>> {
+        check_d_bias_wanted(problem, buffers.d_bias.as_ref())?;
+        let Some(d_bias) = &buffers.d_bias else {
+            return Ok(None);
+        };
+        // The index tensors (the bias among them) are checked against it in `bind_index`.
+        check_written_apart_from_read(
+            &[("d_bias", Some(d_bias))],
+            &[
+                ("q", Some(&buffers.q)),
+                ("k", Some(&buffers.k)),
+                ("v", Some(&buffers.v)),
+                ("o", Some(&buffers.o)),
+                ("lse", Some(&buffers.lse)),
+                ("d_o", Some(&buffers.d_o)),
+                ("delta", buffers.delta.as_ref()),
+            ],
+        )?;
+        let d = bind_f32("d_bias", d_bias, problem.d_bias_len(), &self.context().caps)?;
+        for (name, other) in [
+            ("dq", Some(&bound.dq)),
+            ("dk", Some(&bound.dk)),
+            ("dv", Some(&bound.dv)),
+            ("d_sinks", d_sinks),
+        ] {
+            if let Some(other) = other {
+                check_disjoint("d_bias", &d, name, other)?;
+            }
+        }
+        Ok(Some(d))
+    }
+
     /// Checks that `config` can run here and was made for this problem.
     fn check_config(&self, problem: &BackwardProblem, config: &BackwardConfig) -> Result<()> {
         let caps = &self.context().caps;
@@ -686,22 +779,37 @@ impl FlashAttention {
             });
         }
         let f = &problem.forward;
+        if problem.bias_grad != config.computes_d_bias() {
+            return crate::error::invalid!(
+                "configuration `{}` was selected for a problem that {} the score bias's gradient; this one {}",
+                config.name(),
+                if config.computes_d_bias() {
+                    "asks for"
+                } else {
+                    "does not ask for"
+                },
+                if problem.bias_grad { "does" } else { "does not" }
+            );
+        }
         for kernel in config.kernels() {
             let fits = match kernel {
                 BackwardKernel::Preprocess(_) => true,
-                BackwardKernel::Grad(g) => g.head_dim_pad == g.plan.head_dim_pad(f.shape.head_dim as u32),
+                BackwardKernel::Grad(g) => {
+                    g.head_dim_pad == g.plan.head_dim_pad(f.shape.head_dim as u32) && g.bias == f.bias.map(|b| b.dtype)
+                }
             };
             if kernel.storage() != f.dtype || !fits {
                 return crate::error::invalid!(
-                    "kernel `{}` was selected for another problem (dtype {}, head_dim {})",
+                    "kernel `{}` was selected for another problem (dtype {}, head_dim {}, bias {})",
                     kernel.name(),
                     f.dtype.name(),
-                    f.shape.head_dim
+                    f.shape.head_dim,
+                    f.bias.map_or("none", |b| b.dtype.name())
                 );
             }
         }
         let max = caps.max_workgroups_per_dimension as usize;
-        for pass in BackwardPass::ALL {
+        for pass in config.passes() {
             if backward_grid(problem, config, pass).iter().any(|&n| n > max) {
                 return Err(Error::TooLarge(format!(
                     "the {} grid exceeds the device's {max} workgroups per dispatch dimension",
@@ -836,6 +944,8 @@ impl FlashAttention {
             check_buffer_size(t.name(), byte_len(t.name(), problem.required_len(t), es)?, caps)?;
         }
         check_buffer_size("delta", byte_len("delta", f.lse_len(), 4)?, caps)?;
+        let d_bias_bytes = byte_len("d_bias", problem.d_bias_len(), 4)?;
+        check_buffer_size("d_bias", d_bias_bytes, caps)?;
         self.context().check_device(true)?;
         let mut uploaded = self.upload_index(index)?;
         // A summary of the mask, if asked for, computed on the device before the call reads it.
@@ -889,6 +999,14 @@ impl FlashAttention {
                 mapped_at_creation: false,
             })
         });
+        let d_bias = problem.bias_grad.then(|| {
+            device.create_buffer(&wgpu::BufferDescriptor {
+                label: Some("d_bias"),
+                size: d_bias_bytes,
+                usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_SRC,
+                mapped_at_creation: false,
+            })
+        });
         let buffers = BackwardBuffers {
             q: TensorBuffer::new(&q),
             k: TensorBuffer::new(&k),
@@ -908,6 +1026,7 @@ impl FlashAttention {
             bias: index.bias,
             mask: index.mask,
             mask_blocks: index.mask_blocks,
+            d_bias: d_bias.as_ref().map(TensorBuffer::new),
         };
         let mut encoder = device.create_command_encoder(&wgpu::CommandEncoderDescriptor {
             label: Some(&config.name()),
@@ -921,18 +1040,27 @@ impl FlashAttention {
             (&dv, 0, grad_bytes(GradTensor::DV)),
         ];
         ranges.extend(d_sinks.as_ref().map(|d| (d, 0, sinks_bytes)));
+        ranges.extend(d_bias.as_ref().map(|d| (d, 0, d_bias_bytes)));
         let bytes = read_back_within(device, queue, &ranges, self.options().read_back_timeout).await;
         // An error the device recorded meanwhile explains a failed read-back, and spoils a good one.
         self.context().check_device(false)?;
         let bytes = bytes?;
         let all = [&q, &k, &v, &o, &lse, &d_o, &dq, &dk, &dv, &delta];
+        let optional = [&d_sinks, &d_bias].map(|b| b.as_ref().map_or(0, |b| b.size()));
+        // After dQ, dK, dV: d_sinks where the problem has sinks, then d_bias where it asks for it.
+        let mut extra = bytes[3..].iter();
+        let mut next_f32 = |present: bool| match present {
+            true => extra.next().map_or_else(Vec::new, |b| bytemuck::pod_collect_to_vec(b)),
+            false => Vec::new(),
+        };
         Ok(BackwardOutput {
             dq: bytemuck::pod_collect_to_vec(&bytes[0]),
             dk: bytemuck::pod_collect_to_vec(&bytes[1]),
             dv: bytemuck::pod_collect_to_vec(&bytes[2]),
-            d_sinks: bytes.get(3).map_or_else(Vec::new, |b| bytemuck::pod_collect_to_vec(b)),
+            d_sinks: next_f32(d_sinks.is_some()),
+            d_bias: next_f32(d_bias.is_some()),
             config,
-            device_bytes: all.iter().map(|b| b.size()).sum::<u64>() + d_sinks.map_or(0, |d| d.size()),
+            device_bytes: all.iter().map(|b| b.size()).sum::<u64>() + optional.iter().sum::<u64>(),
         })
     }
 
@@ -952,8 +1080,12 @@ impl FlashAttention {
             let first = byte_len(name, layout.offset, es)?;
             check_binding_size(name, bytes - binding_start(first, es, caps), caps)?;
         }
-        for name in ["lse", "delta"] {
-            let bytes = byte_len(name, f.lse_len(), 4)?;
+        for (name, len) in [
+            ("lse", f.lse_len()),
+            ("delta", f.lse_len()),
+            ("d_bias", problem.d_bias_len()),
+        ] {
+            let bytes = byte_len(name, len, 4)?;
             check_buffer_size(name, bytes, caps)?;
             check_binding_size(name, bytes, caps)?;
         }
@@ -1052,6 +1184,8 @@ impl FlashAttention {
             dk,
             dv,
             d_sinks,
+            // A problem with a bias is never split (src/runtime/split.rs).
+            d_bias: Vec::new(),
             // `plan` returns at least one part.
             config: config.ok_or_else(|| Error::TooLarge(too_large.to_string()))?,
             device_bytes,

@@ -589,8 +589,8 @@ impl FlashAttention {
             ForwardKernel::Coop(c) => PreparedKernel::Prefill {
                 pipeline: self.pipelines.get(&KernelConfig::FlashCoop(*c))?,
                 sequences: c.sequences,
-                head_tensors: false,
-                bias: false,
+                head_tensors: c.head_tensors,
+                bias: c.bias.is_some(),
                 mask: MaskBinding::default(),
             },
             ForwardKernel::Decode { config, split } => {

@@ -50,6 +50,7 @@ pub fn compile_with(name: &str, wgsl: &str, coherence: Option<Coherence>) -> Res
         zero_initialize_workgroup_memory: naga::back::spv::ZeroInitializeWorkgroupMemoryMode::None,
         // Names, by which src/spirv/elements.rs finds its placeholder functions.
         flags: naga::back::spv::WriterFlags::DEBUG,
+        binding_map: dense_binding_map(&module),
         ..Default::default()
     };
     let mut words =
@@ -60,4 +61,30 @@ pub fn compile_with(name: &str, wgsl: &str, coherence: Option<Coherence>) -> Res
         coherence::rewrite(&mut words, coherence).map_err(fail)?;
     }
     Ok(words)
+}
+
+/// Each resource binding of `module` renumbered 0, 1, 2, … in binding order within its group:
+/// wgpu's Vulkan backend numbers a bind group layout's entries that way and remaps the modules it
+/// translates itself, so a passthrough module must carry those numbers already (the layout then
+/// has exactly the bindings the module declares).
+fn dense_binding_map(module: &naga::Module) -> naga::back::spv::BindingMap {
+    let mut bindings: Vec<naga::ResourceBinding> =
+        module.global_variables.iter().filter_map(|(_, g)| g.binding).collect();
+    bindings.sort();
+    bindings.dedup();
+    let mut map = naga::back::spv::BindingMap::default();
+    let mut next = std::collections::BTreeMap::<u32, u32>::new();
+    for rb in bindings {
+        let n = next.entry(rb.group).or_default();
+        map.insert(
+            rb,
+            naga::back::spv::BindingInfo {
+                descriptor_set: rb.group,
+                binding: *n,
+                binding_array_size: None,
+            },
+        );
+        *n += 1;
+    }
+    map
 }

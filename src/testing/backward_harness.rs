@@ -2,7 +2,8 @@
 //! backward tests and `examples/backward.rs` need. Blocking, so native only.
 //!
 //! The forward runs on the device first (the flash kernel), writing O and the LSE that the
-//! backward reads, exactly as in training.
+//! backward reads, exactly as in training. A problem with a score bias gets seeded bias values
+//! (standard normal, in the bias's type), and its gradient where the problem asks for it.
 
 use crate::device::context::GpuContext;
 use crate::error::Result;
@@ -10,6 +11,8 @@ use crate::gpu::binding::TensorBuffer;
 use crate::gpu::readback::{read_back, upload};
 use crate::plan::{BackwardConfig, BackwardPass};
 use crate::problem::backward::{BackwardProblem, GradTensor};
+use crate::problem::index::BatchIndex;
+use crate::problem::score_bias::BiasValues;
 use crate::problem::{DType, Element, Tensor};
 use crate::reference;
 use crate::runtime::backward::BackwardBuffers;
@@ -35,6 +38,36 @@ pub struct BackwardWorkload<T: Element> {
     dk_buf: wgpu::Buffer,
     dv_buf: wgpu::Buffer,
     delta_buf: wgpu::Buffer,
+    /// The score bias's values, its buffer, and the buffer of its gradient where asked for.
+    bias: Option<HostBias>,
+    bias_buf: Option<wgpu::Buffer>,
+    d_bias_buf: Option<wgpu::Buffer>,
+}
+
+/// A score bias's values in its own element type.
+enum HostBias {
+    F32(Vec<f32>),
+    F16(Vec<half::f16>),
+    BF16(Vec<half::bf16>),
+}
+
+impl HostBias {
+    /// Standard normal values from `seed`, `len` of them in `dtype`.
+    fn random(dtype: DType, seed: u64, len: usize) -> Self {
+        match dtype {
+            DType::F32 => HostBias::F32(random_tensor(seed, len)),
+            DType::F16 => HostBias::F16(random_tensor(seed, len)),
+            DType::BF16 => HostBias::BF16(random_tensor(seed, len)),
+        }
+    }
+
+    fn values(&self) -> BiasValues<'_> {
+        match self {
+            HostBias::F32(v) => BiasValues::F32(v),
+            HostBias::F16(v) => BiasValues::F16(v),
+            HostBias::BF16(v) => BiasValues::BF16(v),
+        }
+    }
 }
 
 /// Gradients read back from the device, laid out as the problem says.
@@ -43,6 +76,9 @@ pub struct Grads<T> {
     pub dq: Vec<T>,
     pub dk: Vec<T>,
     pub dv: Vec<T>,
+    /// `dL/d(bias)` where the problem asks for it (laid out as its `d_bias_layout` says); empty
+    /// otherwise.
+    pub d_bias: Vec<f32>,
 }
 
 /// The bytes of `len` NaNs of `dtype`, to poison outputs before a checked run.
@@ -83,7 +119,21 @@ impl<T: Element> BackwardWorkload<T> {
         let copy = wgpu::BufferUsages::COPY_DST | wgpu::BufferUsages::COPY_SRC;
         let dev = &ctx.device;
         let nan = |label, len| upload(dev, label, &nan_bytes(f.dtype, len), copy);
+        let bias = f
+            .bias
+            .map(|b| HostBias::random(b.dtype, 0xb1a5, b.required_len(f).unwrap_or(0)));
+        let bias_buf = bias.as_ref().map(|b| {
+            let mut bytes = b.values().bytes().to_vec();
+            bytes.resize(bytes.len().next_multiple_of(4).max(4), 0);
+            upload(dev, "bias", &bytes, copy)
+        });
+        let d_bias_buf = problem
+            .bias_grad
+            .then(|| upload(dev, "d_bias", &nan_bytes(DType::F32, problem.d_bias_len()), copy));
         Ok(BackwardWorkload {
+            bias,
+            bias_buf,
+            d_bias_buf,
             q_buf: upload(dev, "q", bytemuck::cast_slice(&q), copy),
             k_buf: upload(dev, "k", bytemuck::cast_slice(&k), copy),
             v_buf: upload(dev, "v", bytemuck::cast_slice(&v), copy),
@@ -104,12 +154,36 @@ impl<T: Element> BackwardWorkload<T> {
     }
 
     pub fn forward_buffers(&self) -> ForwardBuffers<'_> {
-        ForwardBuffers::new(
-            TensorBuffer::new(&self.q_buf),
-            TensorBuffer::new(&self.k_buf),
-            TensorBuffer::new(&self.v_buf),
-            TensorBuffer::new(&self.o_buf),
-            Some(TensorBuffer::new(&self.lse_buf)),
+        ForwardBuffers {
+            bias: self.bias_buf.as_ref().map(TensorBuffer::new),
+            ..ForwardBuffers::new(
+                TensorBuffer::new(&self.q_buf),
+                TensorBuffer::new(&self.k_buf),
+                TensorBuffer::new(&self.v_buf),
+                TensorBuffer::new(&self.o_buf),
+                Some(TensorBuffer::new(&self.lse_buf)),
+            )
+        }
+    }
+
+    /// The tensors the reference needs beside Q, K, V and dO: the bias's values.
+    pub fn index(&self) -> BatchIndex<'_> {
+        BatchIndex {
+            bias: self.bias.as_ref().map(HostBias::values),
+            ..BatchIndex::default()
+        }
+    }
+
+    /// The same inputs for `problem` (the same forward: another request, with or without the
+    /// bias's gradient), sharing nothing on the device.
+    pub fn for_problem(&self, problem: BackwardProblem) -> Result<Self> {
+        Self::with_inputs(
+            &self.ctx,
+            problem,
+            self.q.clone(),
+            self.k.clone(),
+            self.v.clone(),
+            self.d_o.clone(),
         )
     }
 
@@ -130,9 +204,10 @@ impl<T: Element> BackwardWorkload<T> {
             alibi_slopes: None,
             sinks: None,
             d_sinks: None,
-            bias: None,
+            bias: self.bias_buf.as_ref().map(TensorBuffer::new),
             mask: None,
             mask_blocks: None,
+            d_bias: self.d_bias_buf.as_ref().map(TensorBuffer::new),
         }
     }
 
@@ -150,7 +225,9 @@ impl<T: Element> BackwardWorkload<T> {
             &self.dv_buf,
             &self.delta_buf,
         ]
-        .iter()
+        .into_iter()
+        .chain(&self.bias_buf)
+        .chain(&self.d_bias_buf)
         .map(|b| b.size())
         .sum()
     }
@@ -200,23 +277,25 @@ impl<T: Element> BackwardWorkload<T> {
             queue.write_buffer(buf, 0, &nan_bytes(dtype, p.required_len(t)));
         }
         queue.write_buffer(&self.delta_buf, 0, &nan_bytes(DType::F32, p.forward.lse_len()));
+        if let Some(d) = &self.d_bias_buf {
+            queue.write_buffer(d, 0, &nan_bytes(DType::F32, p.d_bias_len()));
+        }
         let mut encoder = self.ctx.device.create_command_encoder(&Default::default());
         engine.encode_backward_with(&mut encoder, p, &self.buffers(), config, None)?;
         queue.submit([encoder.finish()]);
         let bytes_of = |t| (p.required_len(t) * dtype.size_bytes()) as u64;
-        let bytes = pollster::block_on(read_back(
-            &self.ctx.device,
-            queue,
-            &[
-                (&self.dq_buf, 0, bytes_of(GradTensor::DQ)),
-                (&self.dk_buf, 0, bytes_of(GradTensor::DK)),
-                (&self.dv_buf, 0, bytes_of(GradTensor::DV)),
-            ],
-        ))?;
+        let mut ranges = vec![
+            (&self.dq_buf, 0, bytes_of(GradTensor::DQ)),
+            (&self.dk_buf, 0, bytes_of(GradTensor::DK)),
+            (&self.dv_buf, 0, bytes_of(GradTensor::DV)),
+        ];
+        ranges.extend(self.d_bias_buf.as_ref().map(|d| (d, 0, 4 * p.d_bias_len() as u64)));
+        let bytes = pollster::block_on(read_back(&self.ctx.device, queue, &ranges))?;
         Ok(Grads {
             dq: bytemuck::pod_collect_to_vec(&bytes[0]),
             dk: bytemuck::pod_collect_to_vec(&bytes[1]),
             dv: bytemuck::pod_collect_to_vec(&bytes[2]),
+            d_bias: bytes.get(3).map_or_else(Vec::new, |b| bytemuck::pod_collect_to_vec(b)),
         })
     }
 
@@ -261,7 +340,7 @@ impl<T: Element> BackwardWorkload<T> {
     /// which recomputes the forward itself). `O(B·H·Sq·Skv·D)` on the CPU: for small problems.
     pub fn check_all(&self, grads: &Grads<T>) -> Result<GradCheck> {
         let p = &self.problem;
-        let want = reference::attention_backward(p, &self.q, &self.k, &self.v, &self.d_o)?;
+        let want = reference::attention_backward_indexed(p, &self.q, &self.k, &self.v, &self.d_o, &self.index())?;
         let s = p.forward.shape;
         let mut check = GradCheck::default();
         for (t, got, want, stats) in [
@@ -284,7 +363,15 @@ impl<T: Element> BackwardWorkload<T> {
                     }
                 }
             }
-            *stats = GradStats::new(t, &pairs, &coords, &mut check.mismatches);
+            *stats = GradStats::new(t.name(), &pairs, &coords, &mut check.mismatches);
+        }
+        if let Some((nb, nh)) = p.d_bias_extent() {
+            let rows = (0..nb * nh).flat_map(|slice| (0..s.seq_q).map(move |i| (slice, i)));
+            let stats = d_bias_stats(p, &grads.d_bias, rows, &mut check.mismatches, |slice, i| {
+                let at = (slice * s.seq_q + i) * s.seq_kv;
+                Ok(want.d_bias[at..at + s.seq_kv].to_vec())
+            })?;
+            check.d_bias = Some(stats);
         }
         Ok(check)
     }
@@ -292,8 +379,9 @@ impl<T: Element> BackwardWorkload<T> {
     /// Compares `rows` rows of each gradient, spread over batch, heads and sequence (ends
     /// included), with float64: a check that stays cheap at any size.
     ///
-    /// dQ rows come from [`reference::attention_backward_dq_row`], which recomputes everything.
-    /// A dK/dV row needs the softmax statistics of every query row, which the reference would
+    /// dQ rows come from [`reference::attention_backward_row_indexed`], which recomputes
+    /// everything; so do d(bias) rows, each the sum of the rows of the (batch, head) pairs its
+    /// slice broadcasts to. A dK/dV row needs the softmax statistics of every query row, which the reference would
     /// recompute at the cost of the whole forward; here they come from the device's forward
     /// instead (its LSE and O, `o` and `lse` as [`read_forward`](Self::read_forward) returns them,
     /// themselves checked by the forward's tests) and the rest is float64.
@@ -308,15 +396,45 @@ impl<T: Element> BackwardWorkload<T> {
         let s = f.shape;
         let mut check = GradCheck::default();
 
+        let index = self.index();
+        let reference_row = |b, h, i| {
+            reference::attention_backward_row_indexed(p, &self.q, &self.k, &self.v, &self.d_o, &index, b, h, i)
+        };
         let (mut pairs, mut coords) = (Vec::new(), Vec::new());
         for (b, h, i) in spread(rows, s.batch, s.num_heads, s.seq_q) {
-            let want = reference::attention_backward_dq_row(p, &self.q, &self.k, &self.v, &self.d_o, b, h, i)?;
+            let want = reference_row(b, h, i)?.dq;
             for (d, w) in want.iter().enumerate() {
                 pairs.push((grads.dq[p.dq_layout.index(b, i, h, d)].to_f64(), *w));
                 coords.push([b, h, i, d]);
             }
         }
-        check.dq = GradStats::new(GradTensor::DQ, &pairs, &coords, &mut check.mismatches);
+        check.dq = GradStats::new(GradTensor::DQ.name(), &pairs, &coords, &mut check.mismatches);
+
+        // d(bias) rows: each the sum of the reference rows of the pairs its slice broadcasts to;
+        // at most 2048 reference rows in all, however many pairs a slice has.
+        if let Some((nb, nh)) = p.d_bias_extent() {
+            let pairs_per_slice = (s.batch / nb) * (s.num_heads / nh);
+            let sampled = spread(rows.min(2048 / pairs_per_slice).max(1), nb, nh, s.seq_q);
+            let stats = d_bias_stats(
+                p,
+                &grads.d_bias,
+                sampled.into_iter().map(|(bb, hh, i)| (bb * nh + hh, i)),
+                &mut check.mismatches,
+                |slice, i| {
+                    let (bb, hh) = (slice / nh, slice % nh);
+                    let mut sum = vec![0.0; s.seq_kv];
+                    for b in if nb == 1 { 0..s.batch } else { bb..bb + 1 } {
+                        for h in if nh == 1 { 0..s.num_heads } else { hh..hh + 1 } {
+                            for (t, x) in sum.iter_mut().zip(reference_row(b, h, i)?.d_logits) {
+                                *t += x;
+                            }
+                        }
+                    }
+                    Ok(sum)
+                },
+            )?;
+            check.d_bias = Some(stats);
+        }
 
         let (mut dk_pairs, mut dv_pairs, mut kv_coords) = (Vec::new(), Vec::new(), Vec::new());
         let scale = f.softmax_scale() as f64;
@@ -349,11 +467,21 @@ impl<T: Element> BackwardWorkload<T> {
                         }
                         None => (x, 1.0),
                     };
-                    let pij = (y - l).exp();
-                    let dsij = pij * (dot(&doi, &vj) - dot(&doi, &oi)) * slope;
+                    let bias = crate::problem::score_bias::bias_at(f, index.bias, b, h, i, j);
+                    // A key the bias hides has P = 0 (its row's LSE may be −∞ too).
+                    let pij = if bias == f64::NEG_INFINITY {
+                        0.0
+                    } else {
+                        (y + bias - l).exp()
+                    };
+                    // Dropout's factor of this probability (0 dropped, 1/(1 − p) kept).
+                    let z = f
+                        .active_dropout()
+                        .map_or(1.0, |d| if d.keeps(b, h, i, j) { d.scale() } else { 0.0 });
+                    let dsij = pij * (dot(&doi, &vj) * z - dot(&doi, &oi)) * slope;
                     for d in 0..s.head_dim {
                         dk[d] += scale * dsij * qi[d];
-                        dv[d] += pij * doi[d];
+                        dv[d] += pij * z * doi[d];
                     }
                 }
             }
@@ -363,10 +491,32 @@ impl<T: Element> BackwardWorkload<T> {
                 kv_coords.push([b, g, j, d]);
             }
         }
-        check.dk = GradStats::new(GradTensor::DK, &dk_pairs, &kv_coords, &mut check.mismatches);
-        check.dv = GradStats::new(GradTensor::DV, &dv_pairs, &kv_coords, &mut check.mismatches);
+        check.dk = GradStats::new(GradTensor::DK.name(), &dk_pairs, &kv_coords, &mut check.mismatches);
+        check.dv = GradStats::new(GradTensor::DV.name(), &dv_pairs, &kv_coords, &mut check.mismatches);
         Ok(check)
     }
+}
+
+/// d(bias) (`got`, laid out as `p.d_bias_layout()` says) against `want(slice, i)`, the reference
+/// row `i` of slice `slice`, over `rows`; coordinates `[batch entry | 0, head | 0, i, j]`.
+fn d_bias_stats(
+    p: &BackwardProblem,
+    got: &[f32],
+    rows: impl IntoIterator<Item = (usize, usize)>,
+    mismatches: &mut Vec<String>,
+    want: impl Fn(usize, usize) -> Result<Vec<f64>>,
+) -> Result<GradStats> {
+    let s = p.forward.shape;
+    let (_, nh) = p.d_bias_extent().unwrap_or((1, 1));
+    let (mut pairs, mut coords) = (Vec::new(), Vec::new());
+    for (slice, i) in rows {
+        let row = want(slice, i)?;
+        for (j, w) in row.iter().enumerate().take(s.seq_kv) {
+            pairs.push((got[(slice * s.seq_q + i) * s.seq_kv + j] as f64, *w));
+            coords.push([slice / nh, slice % nh, i, j]);
+        }
+    }
+    Ok(GradStats::new("d_bias", &pairs, &coords, mismatches))
 }
 
 /// `rows` (b, h, i) triples evenly spaced over the flattened index, first and last included.
@@ -392,7 +542,7 @@ pub struct GradStats {
 }
 
 impl GradStats {
-    fn new(tensor: GradTensor, pairs: &[(f64, f64)], coords: &[[usize; 4]], mismatches: &mut Vec<String>) -> Self {
+    fn new(tensor: &str, pairs: &[(f64, f64)], coords: &[[usize; 4]], mismatches: &mut Vec<String>) -> Self {
         let stats = ErrorStats::from_pairs(pairs.iter().cloned());
         let ref_max = pairs.iter().map(|p| p.1.abs()).fold(0.0, f64::max);
         for ((g, w), c) in pairs.iter().zip(coords) {
@@ -400,7 +550,7 @@ impl GradStats {
                 break;
             }
             if !g.is_finite() || (g - w).abs() > 0.05 * ref_max.max(1e-30) {
-                mismatches.push(format!("{}[b,h,s,d]={c:?} got {g} want {w}", tensor.name()));
+                mismatches.push(format!("{tensor}[b,h,s,d]={c:?} got {g} want {w}"));
             }
         }
         GradStats {
@@ -428,6 +578,8 @@ pub struct GradCheck {
     pub dq: GradStats,
     pub dk: GradStats,
     pub dv: GradStats,
+    /// `dL/d(bias)`, where the problem asks for it.
+    pub d_bias: Option<GradStats>,
     /// Up to six elements that are non-finite or off by more than 5% of their tensor's largest
     /// reference value.
     pub mismatches: Vec<String>,
@@ -464,22 +616,36 @@ pub fn grad_tolerance(dtype: DType) -> GradTolerance {
 }
 
 impl GradCheck {
-    /// Whether all three gradients are within the bounds for `dtype` (see [`grad_tolerance`]).
+    /// Whether all three gradients (and d(bias), judged against its own largest value) are within
+    /// the bounds for `dtype` (see [`grad_tolerance`]).
     pub fn passes(&self, dtype: DType) -> bool {
         let t = grad_tolerance(dtype);
         let scale = self.dq.ref_max.max(self.dk.ref_max).max(self.dv.ref_max);
         [&self.dq, &self.dk, &self.dv].iter().all(|g| g.passes(&t, scale))
+            && self.d_bias.as_ref().is_none_or(|g| g.passes(&t, g.ref_max.max(scale)))
     }
 
-    /// The largest relative L2 error of the three.
+    /// The largest relative L2 error of the three (four with d(bias)).
     pub fn worst_rel_l2(&self) -> f64 {
-        self.dq.stats.rel_l2.max(self.dk.stats.rel_l2).max(self.dv.stats.rel_l2)
+        let d_bias = self.d_bias.as_ref().map_or(0.0, |g| g.stats.rel_l2);
+        self.dq
+            .stats
+            .rel_l2
+            .max(self.dk.stats.rel_l2)
+            .max(self.dv.stats.rel_l2)
+            .max(d_bias)
     }
 }
 
 impl std::fmt::Display for GradCheck {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        for (name, g) in [("dQ", &self.dq), ("dK", &self.dk), ("dV", &self.dv)] {
+        for (name, g) in [
+            ("dQ", Some(&self.dq)),
+            ("dK", Some(&self.dk)),
+            ("dV", Some(&self.dv)),
+            ("d(bias)", self.d_bias.as_ref()),
+        ] {
+            let Some(g) = g else { continue };
             write!(
                 f,
                 "{name} {} (max |ref| {:.2e}, worst at [b,h,s,d]={:?}); ",

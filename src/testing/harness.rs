@@ -5,6 +5,8 @@ use crate::device::context::GpuContext;
 use crate::error::Result;
 use crate::gpu::binding::TensorBuffer;
 use crate::gpu::readback::{read_back, upload};
+use crate::problem::index::BatchIndex;
+use crate::problem::score_bias::BiasValues;
 use crate::problem::{AttentionProblem, DType, Element, Tensor};
 use crate::reference;
 use crate::runtime::forward::{FlashAttention, ForwardBuffers};
@@ -26,12 +28,86 @@ pub struct Workload<T: Element> {
     pub q: Vec<T>,
     pub k: Vec<T>,
     pub v: Vec<T>,
+    /// The tensors the problem reads besides Q/K/V.
+    pub extra: ExtraInputs,
     ctx: GpuContext,
     q_buf: wgpu::Buffer,
     k_buf: wgpu::Buffer,
     v_buf: wgpu::Buffer,
     o_buf: wgpu::Buffer,
     lse_buf: wgpu::Buffer,
+    slopes_buf: wgpu::Buffer,
+    sinks_buf: wgpu::Buffer,
+    bias_buf: wgpu::Buffer,
+}
+
+/// Seeded values for the tensors a problem reads besides Q/K/V (empty where it does not): per-head
+/// ALiBi slopes in (0, 1], sink logits and a score bias, both standard normal.
+pub struct ExtraInputs {
+    pub alibi_slopes: Vec<f32>,
+    pub sinks: Vec<f32>,
+    pub bias: OwnedBias,
+}
+
+/// A score bias's values in its element type.
+pub enum OwnedBias {
+    F32(Vec<f32>),
+    F16(Vec<half::f16>),
+    BF16(Vec<half::bf16>),
+}
+
+impl OwnedBias {
+    pub fn values(&self) -> BiasValues<'_> {
+        match self {
+            OwnedBias::F32(x) => BiasValues::F32(x),
+            OwnedBias::F16(x) => BiasValues::F16(x),
+            OwnedBias::BF16(x) => BiasValues::BF16(x),
+        }
+    }
+}
+
+impl ExtraInputs {
+    pub fn random(problem: &AttentionProblem, seed: u64) -> Self {
+        let heads = problem.shape.num_heads;
+        let alibi_slopes = if problem.has_alibi_tensor() {
+            random_tensor::<f32>(seed ^ 0x51, heads)
+                .iter()
+                .map(|x| 1.0 / (1.0 + x.abs()))
+                .collect()
+        } else {
+            Vec::new()
+        };
+        let sinks = if problem.sinks {
+            random_tensor(seed ^ 0x5e, heads)
+        } else {
+            Vec::new()
+        };
+        let (dtype, len) = match problem.bias {
+            Some(b) => (b.dtype, b.required_len(problem).unwrap_or(0)),
+            None => (DType::F32, 0),
+        };
+        let bias_seed = seed ^ 0xb1;
+        let bias = match dtype {
+            DType::F32 => OwnedBias::F32(random_tensor(bias_seed, len)),
+            DType::F16 => OwnedBias::F16(random_tensor(bias_seed, len)),
+            DType::BF16 => OwnedBias::BF16(random_tensor(bias_seed, len)),
+        };
+        ExtraInputs {
+            alibi_slopes,
+            sinks,
+            bias,
+        }
+    }
+
+    /// The host tensors as a call's index (only those the problem uses).
+    pub fn index(&self, problem: &AttentionProblem) -> BatchIndex<'_> {
+        BatchIndex {
+            alibi_slopes: problem.has_alibi_tensor().then_some(&self.alibi_slopes[..]),
+            sinks: problem.sinks.then_some(&self.sinks[..]),
+            bias: problem.bias.map(|_| self.bias.values()),
+            ..BatchIndex::default()
+        }
+    }
 }
 
 /// The bytes of `len` NaNs of `dtype`: outputs are poisoned with them before a checked run, so an
@@ -70,36 +146,65 @@ impl<T: Element> Workload<T> {
             copy,
         );
         let lse_buf = upload(dev, "lse", &nan_bytes(DType::F32, problem.lse_len()), copy);
+        let extra = ExtraInputs::random(problem, 0xe7);
+        // 4-byte multiples: a 16-bit bias of odd length is read as whole words.
+        let mut bias_bytes = extra.bias.values().bytes().to_vec();
+        bias_bytes.resize(bias_bytes.len().next_multiple_of(4).max(16), 0);
+        let words = |x: &[f32]| -> Vec<u8> {
+            let mut b = bytemuck::cast_slice(x).to_vec();
+            b.resize(b.len().max(16), 0);
+            b
+        };
+        let slopes_buf = upload(dev, "alibi_slopes", &words(&extra.alibi_slopes), copy);
+        let sinks_buf = upload(dev, "sinks", &words(&extra.sinks), copy);
+        let bias_buf = upload(dev, "bias", &bias_bytes, copy);
         Ok(Workload {
             problem: *problem,
             q,
             k,
             v,
+            extra,
             ctx: ctx.clone(),
             q_buf,
             k_buf,
             v_buf,
             o_buf,
             lse_buf,
+            slopes_buf,
+            sinks_buf,
+            bias_buf,
         })
     }
 
     pub fn buffers(&self) -> ForwardBuffers<'_> {
-        ForwardBuffers::new(
-            TensorBuffer::new(&self.q_buf),
-            TensorBuffer::new(&self.k_buf),
-            TensorBuffer::new(&self.v_buf),
-            TensorBuffer::new(&self.o_buf),
-            Some(TensorBuffer::new(&self.lse_buf)),
-        )
+        let p = &self.problem;
+        ForwardBuffers {
+            alibi_slopes: p.has_alibi_tensor().then(|| TensorBuffer::new(&self.slopes_buf)),
+            sinks: p.sinks.then(|| TensorBuffer::new(&self.sinks_buf)),
+            bias: p.bias.map(|_| TensorBuffer::new(&self.bias_buf)),
+            ..ForwardBuffers::new(
+                TensorBuffer::new(&self.q_buf),
+                TensorBuffer::new(&self.k_buf),
+                TensorBuffer::new(&self.v_buf),
+                TensorBuffer::new(&self.o_buf),
+                Some(TensorBuffer::new(&self.lse_buf)),
+            )
+        }
     }
 
-    /// Bytes on the device: inputs, output and LSE.
+    /// Bytes on the device: inputs (the bias included), output and LSE.
     pub fn device_bytes(&self) -> u64 {
-        [&self.q_buf, &self.k_buf, &self.v_buf, &self.o_buf, &self.lse_buf]
-            .iter()
-            .map(|b| b.size())
-            .sum()
+        [
+            &self.q_buf,
+            &self.k_buf,
+            &self.v_buf,
+            &self.o_buf,
+            &self.lse_buf,
+            &self.bias_buf,
+        ]
+        .iter()
+        .map(|b| b.size())
+        .sum()
     }
 
     fn encode(
@@ -154,7 +259,13 @@ impl<T: Element> Workload<T> {
     /// Compares every output and LSE element with the float64 reference. `O(B·H·Sq·Skv·D)` on
     /// the CPU: for small problems.
     pub fn check_all(&self, out: &[T], lse: &[f32]) -> Result<Check> {
-        let want = reference::attention(&self.problem, &self.q, &self.k, &self.v)?;
+        let want = reference::attention_indexed(
+            &self.problem,
+            &self.q,
+            &self.k,
+            &self.v,
+            &self.extra.index(&self.problem),
+        )?;
         let s = self.problem.shape;
         let mut o_pairs = Vec::with_capacity(s.batch * s.seq_q * s.num_heads * s.head_dim);
         let mut coords = Vec::with_capacity(o_pairs.capacity());
@@ -178,22 +289,33 @@ impl<T: Element> Workload<T> {
     pub fn check_rows(&self, out: &[T], lse: &[f32], rows: usize) -> Result<Check> {
         let s = self.problem.shape;
         let total = s.batch * s.num_heads * s.seq_q;
+        // Rows evenly spaced over the flattened (b, h, i) index, ends included.
+        let picked: Vec<[usize; 3]> = (0..rows.min(total))
+            .map(|r| {
+                let flat = if rows <= 1 {
+                    0
+                } else {
+                    r * (total - 1) / (rows.min(total) - 1)
+                };
+                [
+                    flat / (s.num_heads * s.seq_q),
+                    flat / s.seq_q % s.num_heads,
+                    flat % s.seq_q,
+                ]
+            })
+            .collect();
+        let wanted = reference::attention_rows_indexed(
+            &self.problem,
+            &self.q,
+            &self.k,
+            &self.v,
+            &self.extra.index(&self.problem),
+            &picked,
+        )?;
         let mut o_pairs = Vec::new();
         let mut coords = Vec::new();
         let mut lse_pairs = Vec::new();
-        for r in 0..rows.min(total) {
-            // Row r of `rows`, evenly spaced over the flattened (b, h, i) index, ends included.
-            let flat = if rows <= 1 {
-                0
-            } else {
-                r * (total - 1) / (rows.min(total) - 1)
-            };
-            let (b, h, i) = (
-                flat / (s.num_heads * s.seq_q),
-                flat / s.seq_q % s.num_heads,
-                flat % s.seq_q,
-            );
-            let want = reference::attention_row(&self.problem, &self.q, &self.k, &self.v, b, h, i)?;
+        for (&[b, h, i], want) in picked.iter().zip(wanted) {
             for (d, w) in want.out.iter().enumerate() {
                 o_pairs.push((out[self.problem.o_layout.index(b, i, h, d)].to_f64(), *w));
                 coords.push([b, h, i, d]);

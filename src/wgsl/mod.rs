@@ -22,6 +22,9 @@ pub const HEAD_TERMS_BOUND: &str = include_str!("../../shaders/head_terms_bound.
 pub const HEAD_TERMS_UNBOUND: &str = include_str!("../../shaders/head_terms_unbound.wgsl");
 pub const SCORE_BIAS_BOUND: &str = include_str!("../../shaders/score_bias_bound.wgsl");
 pub const SCORE_BIAS_UNBOUND: &str = include_str!("../../shaders/score_bias_unbound.wgsl");
+pub const SCORE_BIAS_GRAD_BOUND: &str = include_str!("../../shaders/score_bias_grad_bound.wgsl");
+pub const SCORE_BIAS_GRAD_UNBOUND: &str = include_str!("../../shaders/score_bias_grad_unbound.wgsl");
+pub const DROPOUT: &str = include_str!("../../shaders/dropout.wgsl");
 pub const STORAGE_F32: &str = include_str!("../../shaders/storage_f32.wgsl");
 pub const STORAGE_F16: &str = include_str!("../../shaders/storage_f16.wgsl");
 pub const STORAGE_BF16: &str = include_str!("../../shaders/storage_bf16.wgsl");
@@ -40,6 +43,7 @@ pub const FLASH_BWD_STAGE: &str = include_str!("../../shaders/flash_bwd_stage.wg
 pub const FLASH_BWD_PRE: &str = include_str!("../../shaders/flash_bwd_pre.wgsl");
 pub const FLASH_BWD_DKDV: &str = include_str!("../../shaders/flash_bwd_dkdv.wgsl");
 pub const FLASH_BWD_DQ: &str = include_str!("../../shaders/flash_bwd_dq.wgsl");
+pub const FLASH_BWD_DBIAS: &str = include_str!("../../shaders/flash_bwd_dbias.wgsl");
 pub const FLASH_BWD_SINKS: &str = include_str!("../../shaders/flash_bwd_sinks.wgsl");
 pub const MERGE: &str = include_str!("../../shaders/merge.wgsl");
 pub const FLASH_DECODE: &str = include_str!("../../shaders/flash_decode.wgsl");
@@ -197,6 +201,7 @@ impl KernelConfig {
                 src.push_str(&head_terms_source(c.head_tensors, FORWARD_HEAD_BINDING));
                 src.push_str(&score_bias_source(c.bias, FORWARD_BIAS_BINDING));
                 src.push_str(&mask::mask_source(c.mask, mask::FORWARD_MASK_BINDING));
+                src.push_str(&dropout_source(c.dropout));
                 for part in [
                     COMMON,
                     storage_codec(c.storage),
@@ -298,6 +303,8 @@ impl KernelConfig {
                     c.compiled_layout().wgsl_constants()
                 ));
                 src.push_str(&sequence_source(c.sequences, FORWARD_INDEX_BINDING));
+                src.push_str(&head_terms_source(c.head_tensors, FORWARD_HEAD_BINDING));
+                src.push_str(&score_bias_source(c.bias, FORWARD_BIAS_BINDING));
                 for part in [COMMON, STORAGE_F16, FLASH_FWD_COOP, COOP_REGISTERS] {
                     src.push_str(part);
                 }
@@ -346,6 +353,11 @@ fn backward_source(kernel: &BackwardKernel, src: &mut String) {
             src.push_str(&head_terms_source(g.head_tensors, BACKWARD_HEAD_BINDING));
             src.push_str(&score_bias_source(g.bias, BACKWARD_BIAS_BINDING));
             src.push_str(&mask::mask_source(g.mask, mask::BACKWARD_MASK_BINDING));
+            src.push_str(match g.writes_d_bias {
+                true => SCORE_BIAS_GRAD_BOUND,
+                false => SCORE_BIAS_GRAD_UNBOUND,
+            });
+            src.push_str(&dropout_source(g.dropout));
             for part in [
                 COMMON,
                 storage_codec(g.storage),
@@ -357,6 +369,7 @@ fn backward_source(kernel: &BackwardKernel, src: &mut String) {
                 FLASH_BWD_STAGE,
                 match g.pass {
                     crate::plan::BackwardPass::DkDv => FLASH_BWD_DKDV,
+                    crate::plan::BackwardPass::DBias => FLASH_BWD_DBIAS,
                     _ => FLASH_BWD_DQ,
                 },
             ] {
@@ -399,6 +412,12 @@ pub(crate) fn score_bias_source(dtype: Option<DType>, binding: u32) -> String {
         DType::BF16 => 2,
     };
     format!("const BIAS_BINDING: u32 = {binding}u;\nconst BIAS_DTYPE: u32 = {code}u;\n{SCORE_BIAS_BOUND}")
+}
+
+/// Dropout for a kernel that implements it (dropout.wgsl): the generator and the masks, compiled
+/// in when `on` (`const DROPOUT`), folded away otherwise.
+fn dropout_source(on: bool) -> String {
+    format!("const DROPOUT: bool = {on};\n{DROPOUT}")
 }
 
 /// ALiBi and sinks for a kernel that implements them (head_terms.wgsl): with `bound`, the

@@ -75,6 +75,13 @@ pub struct Params {
     /// Where the score bias's elements lie (`AttentionProblem::bias`), in elements rather than
     /// granules: `seq` is the row stride.
     pub bias: TensorStrides,
+    /// Dropout (`AttentionProblem::dropout`, shaders/dropout.wgsl): the generator's key
+    /// (`Dropout::key`), the 16-bit threshold below which a draw drops its element, and the kept
+    /// values' factor `1/(1 − p)`. Zero without dropout.
+    pub dropout_key0: u32,
+    pub dropout_key1: u32,
+    pub dropout_threshold: u32,
+    pub dropout_scale: f32,
     /// Where the mask's bytes lie (`AttentionProblem::mask`), in bytes: `seq` is the row stride.
     pub mask: TensorStrides,
     /// The mask's block summary (`AttentionProblem::mask_blocks`).
@@ -114,9 +121,9 @@ pub const ALIBI_NONE: u32 = 0;
 pub const ALIBI_GEOMETRIC: u32 = 1;
 pub const ALIBI_PER_HEAD: u32 = 2;
 
-// WGSL lays the struct out as four 16-byte members, twenty-four 4-byte scalars, three 16-byte
-// members.
-const _: () = assert!(std::mem::size_of::<Params>() == 4 * 16 + 24 * 4 + 3 * 16);
+// WGSL lays the struct out as four 16-byte members, twenty-four 4-byte scalars, one 16-byte member,
+// four 4-byte scalars, two 16-byte members.
+const _: () = assert!(std::mem::size_of::<Params>() == 4 * 16 + 24 * 4 + 16 + 4 * 4 + 2 * 16);
 
 impl Params {
     /// The fields that depend only on the problem; strides and per-dispatch fields are filled in
@@ -125,7 +132,13 @@ impl Params {
         let s = problem.shape;
         let side = |n: Option<usize>| n.map_or(u32::MAX, |n| n.min(u32::MAX as usize - 1) as u32);
         let window = problem.window.unwrap_or_default();
+        let dropout = problem.active_dropout();
+        let [dropout_key0, dropout_key1] = dropout.map_or([0, 0], |d| d.key());
         Params {
+            dropout_key0,
+            dropout_key1,
+            dropout_threshold: dropout.map_or(0, |d| d.threshold()),
+            dropout_scale: dropout.map_or(1.0, |d| d.scale() as f32),
             window_left: side(window.left),
             window_right: side(window.right),
             softcap: problem.softcap.map_or(0.0, |cap| cap * std::f32::consts::LOG2_E),
@@ -297,6 +310,10 @@ mod tests {
             ("sinks", offset_of!(Params, sinks)),
             ("batch", offset_of!(Params, batch)),
             ("bias", offset_of!(Params, bias)),
+            ("dropout_key0", offset_of!(Params, dropout_key0)),
+            ("dropout_key1", offset_of!(Params, dropout_key1)),
+            ("dropout_threshold", offset_of!(Params, dropout_threshold)),
+            ("dropout_scale", offset_of!(Params, dropout_scale)),
             ("mask", offset_of!(Params, mask)),
             ("blocks", offset_of!(Params, blocks)),
         ];

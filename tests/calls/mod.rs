@@ -1290,6 +1290,7 @@ fn backward_buffers_typed<T: Element>(
         bias: None,
         mask: None,
         mask_blocks: None,
+        d_bias: None,
     };
     let mut encoder = ctx.device.create_command_encoder(&Default::default());
     let how = b.u8();
@@ -1313,6 +1314,7 @@ fn backward_buffers_typed<T: Element>(
                 variant: None,
                 dkdv_plan: plan(b),
                 dq_plan: plan(b),
+                dbias_plan: None,
             };
             match wgpu_flash_attn::plan::select_backward(&bp, &ctx.caps, &choice) {
                 Ok(config) => engine.encode_backward_with(&mut encoder, bp, &buffers, &config, None),

@@ -140,3 +140,36 @@ pub fn storage(ctx: &GpuContext, label: &str, bytes: &[u8]) -> wgpu::Buffer {
         usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_SRC | wgpu::BufferUsages::COPY_DST,
     })
 }
+
+/// The forced cooperative-matrix engines of the device with a label each: each softmax route the
+/// device has (registers only where its fragment layout allows) and each way of streaming K/V, at
+/// one small tile (64 × 32, so that short random problems still span several tiles). Empty (the
+/// caller's test prints why and passes) where the device has no 16×16 f16 cooperative matrices:
+/// these run on the H200.
+pub fn coop_engines(ctx: &GpuContext) -> Vec<(String, FlashAttention)> {
+    use wgpu_flash_attn::kernel::CoopChoice;
+    if !ctx.caps.cooperative_matrix_f16 {
+        eprintln!(
+            "skipped: {} has no 16x16 f16 cooperative matrices (this runs on the H200)",
+            ctx.info.name
+        );
+        return Vec::new();
+    }
+    let mut engines = Vec::new();
+    for registers in [false, true] {
+        if registers && ctx.caps.coop_register_layout.is_none() {
+            continue;
+        }
+        for (prefetch_kv, double_buffer) in [(false, false), (true, false), (false, true), (true, true)] {
+            let choice = KernelChoice::CooperativeMatrix(CoopChoice {
+                tile: Some((64, 32)),
+                prefetch_kv: Some(prefetch_kv),
+                double_buffer: Some(double_buffer),
+                register_softmax: Some(registers),
+            });
+            let label = format!("registers {registers} prefetch {prefetch_kv} double {double_buffer}");
+            engines.push((label, engine_with(ctx, choice)));
+        }
+    }
+    engines
+}

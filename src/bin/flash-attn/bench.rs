@@ -7,6 +7,7 @@ use std::path::PathBuf;
 
 use clap::{Args, ValueEnum};
 use serde_json::{json, Value};
+use wgpu_flash_attn::batch::Dropout;
 use wgpu_flash_attn::testing::harness::{Kernel, Workload};
 use wgpu_flash_attn::testing::timing::{Clock, Timing};
 use wgpu_flash_attn::{AttentionProblem, DType, FlashAttention, GpuContext};
@@ -26,7 +27,8 @@ non-causal, bshd, 3 reps; on a GPU batch 2, heads 16, seq 4096, head_dim 128, 20
 pub const JSON_FIELDS_HELP: &str =
     "JSON fields (-o json, one object per line): adapter, backend, device_type, kernel, \
 dtype, batch, heads, kv_heads, seq_q, seq_kv, head_dim, causal, layout, window_left, window_right, softcap (null: \
-none or unbounded), gflop (forward FLOPs/1e9, halved if causal; with a window, its visible pairs), \
+none or unbounded), alibi (null, \"Geometric\" or \"PerHead\"), sinks, bias (null or its element type), dropout (its p; \
+null: none), gflop (forward FLOPs/1e9, halved if causal; with a window, its visible pairs), \
 clock (\"gpu_timestamps\" or \"wall_clock\"), reps, flash_ms (median), flash_min_ms, flash_tflops, kv_tbps (K and V \
 bytes over flash_ms: the figure of merit of a decode step), naive_ms, \
 naive_tflops, speedup (naive_ms / flash_ms; the three null when the naive kernel did not run), check_rows, rel_l2, \
@@ -61,6 +63,10 @@ pub struct BenchArgs {
     /// ours where batch, heads, seq, head_dim and causal match.
     #[arg(long, value_name = "FILE")]
     pub peers: Option<PathBuf>,
+    /// Dropout probabilities on the attention probabilities (seed and offset fixed); a comma list
+    /// sweeps, so `--dropout 0,0.1` times each problem without and with it, side by side.
+    #[arg(long, value_name = "P,..", value_delimiter = ',')]
+    pub dropout: Vec<f32>,
 }
 
 #[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
@@ -112,7 +118,7 @@ pub fn run(args: &BenchArgs) -> Result<bool, CliError> {
     let ctx = open_context()?;
     let (defaults, default_reps) = defaults(&ctx);
     let reps = args.reps.unwrap_or(default_reps).max(1);
-    let problems = args.problem.problems(&defaults);
+    let problems = with_dropout(args.problem.problems(&defaults), &args.dropout);
     for problem in &problems {
         problem.validate()?;
     }
@@ -138,6 +144,22 @@ pub fn run(args: &BenchArgs) -> Result<bool, CliError> {
         );
     }
     Ok(failed == 0)
+}
+
+/// Each problem once per dropout probability in `ps` (none when `ps` is empty), in that order.
+fn with_dropout(problems: Vec<AttentionProblem>, ps: &[f32]) -> Vec<AttentionProblem> {
+    if ps.is_empty() {
+        return problems;
+    }
+    let dropout = |p| Dropout {
+        p,
+        seed: 0x5eed,
+        offset: 0,
+    };
+    problems
+        .iter()
+        .flat_map(|problem| ps.iter().map(|&p| problem.with_dropout(dropout(p))))
+        .collect()
 }
 
 fn bench_one<T: wgpu_flash_attn::Element>(
@@ -262,6 +284,10 @@ fn json_row(ctx: &GpuContext, row: &Row, check_rows: usize, reps: usize) -> Valu
         "window_left": p.window.and_then(|w| w.left),
         "window_right": p.window.and_then(|w| w.right),
         "softcap": p.softcap,
+        "alibi": p.alibi.map(|a| format!("{a:?}")),
+        "sinks": p.sinks,
+        "bias": p.bias.map(|b| b.dtype.name()),
+        "dropout": p.dropout.map(|d| d.p),
         "gflop": flops / 1e9,
         "clock": clock_name(row.flash.clock),
         "reps": reps,
@@ -306,7 +332,12 @@ fn print_markdown(ctx: &GpuContext, rows: &[Row], with_peers: bool) {
     );
     println!();
     let decode = rows.iter().any(|r| is_decode_step(&r.problem));
-    let mut header = vec!["kernel", "dtype", "shape", "causal", "flash ms", "TFLOP/s"];
+    let dropout = rows.iter().any(|r| r.problem.dropout.is_some());
+    let mut header = vec!["kernel", "dtype", "shape", "causal"];
+    if dropout {
+        header.push("dropout");
+    }
+    header.extend(["flash ms", "TFLOP/s"]);
     if decode {
         header.push("K/V TB/s");
     }
@@ -323,9 +354,14 @@ fn print_markdown(ctx: &GpuContext, rows: &[Row], with_peers: bool) {
                 p.dtype.name().to_string(),
                 shape_label(p),
                 if p.causal { "yes" } else { "no" }.to_string(),
+            ];
+            if dropout {
+                cells.push(p.dropout.map_or("-".into(), |d| d.p.to_string()));
+            }
+            cells.extend([
                 format!("{:.3}", row.flash.median * 1e3),
                 tflops_cell(p.flops() / row.flash.median / 1e12),
-            ];
+            ]);
             if decode {
                 cells.push(tflops_cell(kv_bytes(p) / row.flash.median / 1e12));
             }
@@ -460,10 +496,17 @@ fn read_peers(path: &PathBuf) -> Result<Vec<Peer>, CliError> {
 }
 
 /// The peer row for the same shape (PyTorch's runs have seq_q = seq_kv and as many K/V heads as
-/// query heads, and neither windows nor soft-caps); the last one if the file has several.
+/// query heads, and neither windows, soft-caps, ALiBi, sinks, a bias nor dropout); the last one if
+/// the file has several.
 fn find_peer(peers: &[Peer], problem: &AttentionProblem) -> Option<Peer> {
     let s = problem.shape;
-    if problem.window.is_some() || problem.softcap.is_some() {
+    if problem.window.is_some()
+        || problem.softcap.is_some()
+        || problem.alibi.is_some()
+        || problem.sinks
+        || problem.bias.is_some()
+        || problem.dropout.is_some()
+    {
         return None;
     }
     peers

@@ -238,6 +238,7 @@ fn forward_cases(caps: &Caps, problem: &AttentionProblem, coverage: Coverage) ->
                 head_tensors: problem.has_head_tensors(),
                 bias: problem.bias.map(|b| b.dtype),
                 mask: wgpu_flash_attn::plan::MaskBinding::of(problem),
+                dropout: problem.active_dropout().is_some(),
             };
             if config.unavailable_reason(caps).is_none() {
                 let choice = KernelChoice::Tiled(TiledChoice {

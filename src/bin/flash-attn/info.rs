@@ -204,6 +204,7 @@ fn tiled_config(problem: &AttentionProblem, variant: Variant, plan: wgpu_flash_a
         head_tensors: problem.has_head_tensors(),
         bias: problem.bias.map(|b| b.dtype),
         mask: wgpu_flash_attn::plan::MaskBinding::of(problem),
+        dropout: problem.active_dropout().is_some(),
     }
 }
 
@@ -316,6 +317,8 @@ fn backward_variant_reason(problem: &BackwardProblem, caps: &Caps, variant: Vari
                     head_tensors: false,
                     bias: None,
                     mask: Default::default(),
+                    writes_d_bias: false,
+                    dropout: false,
                 };
                 kernel.unavailable_reason(caps)
             })

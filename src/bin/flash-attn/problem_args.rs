@@ -3,6 +3,7 @@
 //! ([`ProblemDefaults`]), and comma lists (`--seq 1024,4096`) sweep.
 
 use clap::{Args, ValueEnum};
+use wgpu_flash_attn::batch::{Alibi, BiasLayout, ScoreBias};
 use wgpu_flash_attn::{AttentionProblem, AttentionShape, DType, Layout, Tensor, TensorLayout};
 
 #[derive(Args, Clone, Debug, Default)]
@@ -51,6 +52,22 @@ pub struct ProblemArgs {
     /// Soft-cap the scores at CAP: cap·tanh(score / cap) (Gemma 2).
     #[arg(long, value_name = "CAP")]
     pub softcap: Option<f32>,
+    /// ALiBi position bias: the standard geometric slopes, or random per-head slopes from a tensor.
+    #[arg(long, value_enum)]
+    pub alibi: Option<AlibiArg>,
+    /// Attention sinks: a random logit per query head joins every row's softmax denominator.
+    #[arg(long)]
+    pub sinks: bool,
+    /// An additive score bias of this element type, one [seq_q, seq_kv] matrix per head (broadcast
+    /// over the batch), with random values.
+    #[arg(long, value_name = "TYPE")]
+    pub bias: Option<DTypeArg>,
+}
+
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AlibiArg {
+    Geometric,
+    PerHead,
 }
 
 #[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
@@ -154,6 +171,19 @@ impl ProblemArgs {
                         if let Some(cap) = self.softcap {
                             p = p.with_softcap(cap);
                         }
+                        p.alibi = self.alibi.map(|a| match a {
+                            AlibiArg::Geometric => Alibi::Geometric,
+                            AlibiArg::PerHead => Alibi::PerHead,
+                        });
+                        if self.sinks {
+                            p = p.with_sinks();
+                        }
+                        if let Some(dtype) = self.bias {
+                            p = p.with_bias(ScoreBias {
+                                dtype: dtype.dtype(),
+                                layout: BiasLayout::dense(&p, false, true),
+                            });
+                        }
                         problems.push(p);
                     }
                 }
@@ -184,7 +214,7 @@ pub fn shape_label(problem: &AttentionProblem) -> String {
 }
 
 /// `batch 1, heads 8/8 (q/kv), seq 1024x1024, head_dim 64, f32, non-causal, bshd`, then the
-/// window and soft-cap where the problem has them.
+/// window, soft-cap, ALiBi, sinks, bias and dropout where the problem has them.
 pub fn describe(problem: &AttentionProblem) -> String {
     let s = problem.shape;
     let mut text = format!(
@@ -205,6 +235,18 @@ pub fn describe(problem: &AttentionProblem) -> String {
     }
     if let Some(cap) = problem.softcap {
         text += &format!(", softcap {cap}");
+    }
+    if let Some(alibi) = problem.alibi {
+        text += &format!(", ALiBi {alibi:?}");
+    }
+    if problem.sinks {
+        text += ", sinks";
+    }
+    if let Some(bias) = problem.bias {
+        text += &format!(", {} bias per head", bias.dtype.name());
+    }
+    if let Some(d) = problem.dropout {
+        text += &format!(", dropout {}", d.p);
     }
     text
 }

@@ -1,7 +1,8 @@
 //! The forward kernels' parameter block: the problem's sizes, strides and folded scale, and the
 //! device addresses of its tensors, laid out as the kernels read it.
 
-use crate::problem::{AttentionProblem, Tensor};
+use crate::problem::head_terms::Alibi;
+use crate::problem::{AttentionProblem, DType, Tensor};
 
 /// The forward kernels' parameter block, passed by value. Mirrors `struct FwdParams` in
 /// `cuda/fwd_params.cuh` field for field; both sides check the size.
@@ -47,9 +48,23 @@ pub struct FwdParams {
     /// `1 / softcap_log2` (0 for none): the kernels multiply by it, a division a score would cost
     /// several instructions.
     pub softcap_inv_log2: f32,
+    /// Device addresses of the `[num_heads]` f32 ALiBi slopes (with [`ALIBI_PER_HEAD`]) and
+    /// sink logits; 0 for none (set by the launcher).
+    pub alibi_slopes: u64,
+    pub sinks: u64,
+    /// Device address of the score bias's first element (its layout's offset included; set by the
+    /// launcher), 0 for none, and its strides in elements.
+    pub bias: u64,
+    pub bias_batch_stride: i64,
+    pub bias_head_stride: i64,
+    pub bias_row_stride: i64,
+    /// 0 no ALiBi, [`ALIBI_GEOMETRIC`], or [`ALIBI_PER_HEAD`].
+    pub alibi_mode: i32,
+    /// The bias's element type: 0 f32, 1 f16, 2 bf16.
+    pub bias_dtype: i32,
 }
 
-const _: () = assert!(std::mem::size_of::<FwdParams>() == 200);
+const _: () = assert!(std::mem::size_of::<FwdParams>() == 256);
 
 impl FwdParams {
     /// Parameters for `problem` (validated) with buffers whose element 0 is at `base_addresses`
@@ -66,6 +81,7 @@ impl FwdParams {
         let [vb, vs, vh] = strides(Tensor::V);
         let [ob, os, oh] = strides(Tensor::O);
         let s = &problem.shape;
+        let bias = problem.bias;
         // Packed tensors have one batch: each sequence's rows start at its offset.
         let batch = |stride: i64| if problem.varlen.is_some() { 0 } else { stride };
         let (qb, kb, vb, ob) = (batch(qb), batch(kb), batch(vb), batch(ob));
@@ -103,9 +119,30 @@ impl FwdParams {
             softcap_inv_log2: problem
                 .softcap
                 .map_or(0.0, |cap| 1.0 / (cap * std::f32::consts::LOG2_E)),
+            alibi_slopes: 0,
+            sinks: 0,
+            bias: 0,
+            bias_batch_stride: bias.map_or(0, |b| b.layout.batch_stride as i64),
+            bias_head_stride: bias.map_or(0, |b| b.layout.head_stride as i64),
+            bias_row_stride: bias.map_or(0, |b| b.layout.row_stride as i64),
+            alibi_mode: match problem.alibi {
+                None => 0,
+                Some(Alibi::Geometric) => ALIBI_GEOMETRIC,
+                Some(Alibi::PerHead) => ALIBI_PER_HEAD,
+            },
+            bias_dtype: bias.map_or(0, |b| match b.dtype {
+                DType::F32 => 0,
+                DType::F16 => 1,
+                DType::BF16 => 2,
+            }),
         }
     }
 }
+
+/// `FwdParams::alibi_mode`: the geometric slopes, computed by the kernel.
+pub const ALIBI_GEOMETRIC: i32 = 1;
+/// `FwdParams::alibi_mode`: the slopes tensor.
+pub const ALIBI_PER_HEAD: i32 = 2;
 
 /// A window side as the kernels read it: -1 unbounded, else the keys, saturated at `i32::MAX`.
 fn window_side(side: Option<usize>) -> i32 {
@@ -144,7 +181,7 @@ pub struct DecodeParams {
     pub cache_pad: i32,
 }
 
-const _: () = assert!(std::mem::size_of::<DecodeParams>() == 272);
+const _: () = assert!(std::mem::size_of::<DecodeParams>() == 328);
 
 #[cfg(test)]
 mod tests {

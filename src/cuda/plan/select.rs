@@ -237,4 +237,25 @@ mod tests {
             }
         }
     }
+
+    /// Dropout is drawn by the wgpu tiled kernels only (src/problem/dropout.rs): every CUDA kernel
+    /// refuses it by name, on a decode-shaped problem too.
+    #[test]
+    fn dropout_is_refused_by_name() {
+        let dropout = crate::problem::Dropout {
+            p: 0.1,
+            seed: 1,
+            offset: 0,
+        };
+        let mut one_row = problem(128);
+        one_row.shape.seq_q = 1;
+        for p in [problem(128), one_row.with_layout(Layout::Bshd)] {
+            for hopper in [false, true] {
+                let msg = select_cuda(&p.with_dropout(dropout), 16, hopper)
+                    .unwrap_err()
+                    .to_string();
+                assert!(msg.contains("does not implement dropout"), "{msg}");
+            }
+        }
+    }
 }

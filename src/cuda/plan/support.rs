@@ -15,6 +15,9 @@ pub const CUDA_PREFILL_FEATURES: FeatureSet = FeatureSet::of(&[
     Feature::Varlen,
     Feature::SlidingWindow,
     Feature::SoftCap,
+    Feature::Alibi,
+    Feature::Sinks,
+    Feature::Bias,
 ]);
 
 /// Head dimensions the CUDA kernels are built for. The shared-memory swizzle needs rows of a

@@ -1,0 +1,102 @@
+// dropout.wgsl — dropout on the attention probabilities: the generator and the keep masks of the
+// tiled forward (flash_fwd.wgsl) and the gradient kernels (flash_bwd_dq.wgsl, flash_bwd_dkdv.wgsl).
+// The host's twin is src/problem/dropout.rs, whose header says how each element's bit is drawn;
+// in short:
+//
+//   words = philox4x32_10([col / 4, row / 2, head, batch], key),   key from (seed, offset)
+//   element (row, col) reads the 16 bits (col % 2) of word 2·(row % 2) + (col % 4) / 2 of words,
+//   and is dropped when they are below params.dropout_threshold = round(p · 2^16).
+//
+// Rows and keys count from their sequence's start, heads are query heads: the bit of an element
+// depends on nothing a kernel chooses (tile sizes, which side it owns), so the backward's kernels
+// regenerate exactly the forward's mask, and the host its copy.
+//
+// The kernels compile this in only with DROPOUT = true (the generated constant before this file):
+// without it the branches fold away and the kernel is the one it was. The run-time values (key,
+// threshold, factor) are in `params`.
+
+const PHILOX_M0: u32 = 0xD2511F53u;
+const PHILOX_M1: u32 = 0xCD9E8D57u;
+const PHILOX_W0: u32 = 0x9E3779B9u;
+const PHILOX_W1: u32 = 0xBB67AE85u;
+
+// The high 32 bits of the 64-bit product a · b. WGSL has no such multiply: the product is built
+// from 16-bit halves, a = a_hi·2^16 + a_lo, each partial product below 2^32, and the carries of
+// the middle terms collected in `cross` and `cross2` (each at most (2^16 − 1)² + 2^16 − 1 < 2^32).
+// With b a constant, its halves fold at compile time: five multiplies and a few shifts in all.
+fn mul_hi(a: u32, b: u32) -> u32 {
+    let a_lo = a & 0xffffu;
+    let a_hi = a >> 16u;
+    let b_lo = b & 0xffffu;
+    let b_hi = b >> 16u;
+    let lo_lo = a_lo * b_lo;
+    let cross = a_hi * b_lo + (lo_lo >> 16u);
+    let cross2 = a_lo * b_hi + (cross & 0xffffu);
+    return a_hi * b_hi + (cross >> 16u) + (cross2 >> 16u);
+}
+
+// One round of Philox4x32 (Random123's philox4x32round).
+fn philox_round(x: vec4<u32>, k: vec2<u32>) -> vec4<u32> {
+    let hi0 = mul_hi(PHILOX_M0, x.x);
+    let hi1 = mul_hi(PHILOX_M1, x.z);
+    return vec4<u32>(hi1 ^ x.y ^ k.x, PHILOX_M1 * x.z, hi0 ^ x.w ^ k.y, PHILOX_M0 * x.x);
+}
+
+// Philox4x32-10: ten rounds, the key bumped by the Weyl constants between them.
+fn philox4x32_10(counter: vec4<u32>, key: vec2<u32>) -> vec4<u32> {
+    var x = philox_round(counter, key);
+    var k = key;
+    for (var round = 1u; round < 10u; round++) {
+        k += vec2<u32>(PHILOX_W0, PHILOX_W1);
+        x = philox_round(x, k);
+    }
+    return x;
+}
+
+// The keep decisions of one block: query rows row & ~1 (`first`) and row | 1 (`second`), four keys
+// from col & ~3 each.
+struct DropoutBlock {
+    first: vec4<bool>,
+    second: vec4<bool>,
+}
+
+// The block of query head `head` of batch entry (or packed sequence) `b` that holds (row, col).
+fn dropout_block(b: u32, head: u32, row: u32, col: u32) -> DropoutBlock {
+    let w = philox4x32_10(
+        vec4<u32>(col / 4u, row / 2u, head, b),
+        vec2<u32>(params.dropout_key0, params.dropout_key1),
+    );
+    let t = vec4<u32>(params.dropout_threshold);
+    let first = vec4<u32>(w.x & 0xffffu, w.x >> 16u, w.y & 0xffffu, w.y >> 16u);
+    let second = vec4<u32>(w.z & 0xffffu, w.z >> 16u, w.w & 0xffffu, w.w >> 16u);
+    return DropoutBlock(first >= t, second >= t);
+}
+
+// For a kernel whose invocation owns query rows (forward, dQ): which of the four keys from `col` (a
+// multiple of 4) each of its ROWS_PER_THREAD rows from `first_row` (even) keeps; keep[i][j] is
+// row first_row + i, key col + j. One generator call per two rows.
+fn dropout_keep_rows(b: u32, head: u32, first_row: u32, col: u32) -> array<vec4<bool>, ROWS_PER_THREAD> {
+    var keep: array<vec4<bool>, ROWS_PER_THREAD>;
+    for (var i = 0u; i < ROWS_PER_THREAD; i += 2u) {
+        let block = dropout_block(b, head, first_row + i, col);
+        keep[i] = block.first;
+        keep[i + 1u] = block.second;
+    }
+    return keep;
+}
+
+// For the dK/dV kernel, whose invocation owns keys and reads four query columns: keep[i][j] is key
+// first_key + i (first_key a multiple of 4), query `query` + j (a multiple of 4). Each 4 × 4
+// square is the two blocks of query pairs (query, query + 1) and (query + 2, query + 3), read
+// transposed: two generator calls per four keys, as many per element as for the rows.
+fn dropout_keep_keys(b: u32, head: u32, first_key: u32, query: u32) -> array<vec4<bool>, ROWS_PER_THREAD> {
+    var keep: array<vec4<bool>, ROWS_PER_THREAD>;
+    for (var i = 0u; i < ROWS_PER_THREAD; i += 4u) {
+        let lo = dropout_block(b, head, query, first_key + i);
+        let hi = dropout_block(b, head, query + 2u, first_key + i);
+        for (var j = 0u; j < 4u; j++) {
+            keep[i + j] = vec4<bool>(lo.first[j], lo.second[j], hi.first[j], hi.second[j]);
+        }
+    }
+    return keep;
+}
