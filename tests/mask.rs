@@ -1094,11 +1094,24 @@ fn mask_with_bias_grad_and_dropout() {
             None => got.config.dq.name(),
         };
         assert!(d_bias_kernel.contains("_mask"), "{label}: {d_bias_kernel}");
-        assert_eq!(d_bias_kernel.contains("_blocks"), p.mask_blocks, "{label}: {d_bias_kernel}");
-        assert_eq!(got.config.dbias.is_some(), !(per_batch && per_head), "{label}: {kernels}");
+        assert_eq!(
+            d_bias_kernel.contains("_blocks"),
+            p.mask_blocks,
+            "{label}: {d_bias_kernel}"
+        );
+        assert_eq!(
+            got.config.dbias.is_some(),
+            !(per_batch && per_head),
+            "{label}: {kernels}"
+        );
         let want = reference::attention_backward_indexed(&bp, &q, &k, &v, &d_o, &index).unwrap();
         let label = format!("{label} ({kernels})");
-        check_grads(p.dtype, &label, [&got.dq, &got.dk, &got.dv], [&want.dq, &want.dk, &want.dv]);
+        check_grads(
+            p.dtype,
+            &label,
+            [&got.dq, &got.dk, &got.dv],
+            [&want.dq, &want.dk, &want.dv],
+        );
         assert_eq!(got.d_bias.len(), want.d_bias.len(), "{label}");
         let t = grad_tolerance(p.dtype);
         let scale = want.d_bias.iter().fold(0.0f64, |m, x| m.max(x.abs()));
@@ -1124,7 +1137,10 @@ fn mask_with_bias_grad_and_dropout() {
                         });
                         if hidden {
                             let e = ((bb * nh + hh) * seq_q + i) * seq_kv + j;
-                            assert_eq!(got.d_bias[e], 0.0, "{label}: d_bias[{bb}, {hh}, {i}, {j}] under the mask");
+                            assert_eq!(
+                                got.d_bias[e], 0.0,
+                                "{label}: d_bias[{bb}, {hh}, {i}, {j}] under the mask"
+                            );
                         }
                     }
                 }
