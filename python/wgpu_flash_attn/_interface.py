@@ -208,8 +208,8 @@ def _alibi(alibi_slopes: Any, batch: int, num_heads: int) -> Optional[Any]:
 
 
 _ALIBI_ON_CUDA = (
-    "alibi_slopes on CUDA tensors: wgpu-flash-attn's CUDA kernels do not have ALiBi yet "
-    "(its wgpu kernels do: pass CPU tensors or NumPy arrays)"
+    "alibi_slopes on CUDA tensors: the Python interface does not pass slopes to wgpu-flash-attn's "
+    "CUDA kernels yet (its wgpu kernels take them: pass CPU tensors or NumPy arrays)"
 )
 
 
