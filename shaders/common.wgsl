@@ -76,6 +76,20 @@ struct Params {
     dropout_key1: u32,
     dropout_threshold: u32,
     dropout_scale: f32,
+    // Where the mask's bytes lie, in bytes, as the bias's elements (mask_bound.wgsl).
+    mask: TensorStrides,
+    // The mask's block summary (mask_blocks_bound.wgsl).
+    blocks: MaskBlocksParams,
+}
+
+// The key of the description a block summary must have been computed for, and the strides of its
+// states in words: between summarized batch entries and heads (0 when the mask broadcasts) and
+// rows of blocks. Mirrored by `MaskBlocksParams` in src/wgsl/params.rs.
+struct MaskBlocksParams {
+    key: u32,
+    batch: u32,
+    head: u32,
+    row: u32,
 }
 
 @group(0) @binding(0) var<uniform> params: Params;

@@ -24,9 +24,10 @@
 // biases that broadcast, whose sums span pairs the dQ kernel spreads over workgroups; a bias per
 // (batch, head) — one pair per slice — has its gradient stored by the dQ kernel itself
 // (score_bias_grad_bound.wgsl), unless a plan forces this kernel. Pairs whose sequence does not
-// reach the tile, or whose causal mask or window hides it whole, are skipped (the next pair's first
-// score slice is fetched while the current one's last is multiplied); tiles that cross a mask or
-// an end evaluate it per element; keys a −∞ bias hides and rows that see no key (LSE = −∞) have
+// reach the tile, or whose causal mask or window hides it whole, or whose mask tensor a block
+// summary shows hiding it whole, are skipped (the next pair's first score slice is fetched while
+// the current one's last is multiplied); tiles that cross a mask or an end evaluate it per
+// element; keys a −∞ bias or the mask tensor hides and rows that see no key (LSE = −∞) have
 // P = 0. Elements no pair reaches (above a causal diagonal, past a short sequence) are written as
 // 0. A pair whose sequence the index tensors place outside its tensors (sequence_indexed.wgsl)
 // makes the whole slice NaN, as the dQ kernel writes its rows.
@@ -92,13 +93,15 @@ fn tile_seen(seq: Sequence, m0: u32, n0: u32) -> bool {
     return (n0 < visible_key_end(seq, rows_end)) & (n0 + BLOCK_N > visible_key_begin(seq, m0));
 }
 
-// The first pair from `first` on whose sequence the tile at (m0, n0) sees; the slice's pair count
-// when none does.
+// The first pair from `first` on whose sequence the tile at (m0, n0) sees, and for whose head a
+// mask's block summary does not show the tile hidden whole (mask_blocks_bound.wgsl); the slice's
+// pair count when none does.
 fn next_pair(slice: BiasSlice, first: u32, m0: u32, n0: u32) -> u32 {
     let pairs = slice.batches * slice.heads;
     var it = first;
     while (it < pairs) {
-        if (tile_seen(sequence(slice.b0 + it / slice.heads), m0, n0)) {
+        let hd = pair_heads(slice, it);
+        if (tile_seen(hd.seq, m0, n0) && key_tile_blocks(hd.seq, hd.head, m0, BLOCK_M, n0, BLOCK_N) != BLOCK_HIDDEN) {
             break;
         }
         it++;
@@ -155,6 +158,8 @@ fn flash_bwd_dbias(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocati
 
         // ---- d(bias) += P ∘ (dP − D), in registers; rows past the sequence have P = 0 ----
         let needs_mask = key_tile_needs_mask(seq, m0, BLOCK_M, n0, BLOCK_N);
+        // The mask tensor is read unless the summary shows the whole tile visible.
+        let reads_mask = HAS_MASK && key_tile_blocks(seq, hd.head, m0, BLOCK_M, n0, BLOCK_N) != BLOCK_VISIBLE;
         for (var i = 0u; i < ROWS_PER_THREAD; i++) {
             let row = m0 + row0 + i;
             var lse2 = -NEG_BIG;
@@ -165,7 +170,7 @@ fn flash_bwd_dbias(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocati
             }
             for (var c = 0u; c < S_VECS; c++) {
                 let cols = vec4<u32>(n0 + 4u * (tx + THREADS_X * c)) + vec4<u32>(0u, 1u, 2u, 3u);
-                let r = row_probabilities(seq, hd.head, row, cols, s[i * S_VECS + c], lse2, needs_mask);
+                let r = row_probabilities(seq, hd.head, row, cols, s[i * S_VECS + c], lse2, needs_mask, reads_mask);
                 acc[i * S_VECS + c] += r.p * (dp[i * S_VECS + c] - d);
             }
         }

@@ -13,8 +13,10 @@
 // BLOCK_M rows, so the sum over the group happens in registers with a single pass over memory.
 // Under causal masking (bottom-right aligned: query i sees keys j ≤ i + seq_kv − seq_q) the query
 // tiles wholly above the diagonal — rows that see none of these keys — are never visited; only
-// tiles that cross the diagonal or an end of a sequence evaluate the mask. Tile x = 0 (the keys seen
-// by the most queries) starts first.
+// tiles that cross the diagonal or an end of a sequence evaluate the mask; with a mask's block
+// summary, so are the query tiles it shows hiding all of these keys (next_item), and query tiles
+// it shows seeing all of them do not read the mask tensor. Tile x = 0 (the keys seen by the most
+// queries) starts first.
 //
 // What an invocation owns (TILE_ROWS = BLOCK_N keys, TILE_COLS = BLOCK_M queries): ROWS_PER_THREAD
 // keys; S_VECS groups of 4 query columns of each transposed score tile Sᵀ = K Qᵀ and dPᵀ = V dOᵀ;
@@ -40,6 +42,34 @@ const DP_COLS_AT: u32 = DO_AT;
 @group(0) @binding(8) var<storage, read_write> dk: array<Granule>;
 @group(0) @binding(9) var<storage, read_write> dv: array<Granule>;
 
+// The query head and first query row of work item `it` of K/V head kv_head (the query heads of the
+// group one after another, each over its query tiles from first_tile on).
+fn item_head(kv_head: u32, it: u32, tiles_per_head: u32) -> u32 {
+    return kv_head * params.group_size + it / tiles_per_head;
+}
+
+fn item_m0(it: u32, first_tile: u32, tiles_per_head: u32) -> u32 {
+    return (first_tile + it % tiles_per_head) * BLOCK_M;
+}
+
+// The first work item from `it` on, before `num_items`, whose query tile a mask's block summary
+// does not show hiding all the keys [n0, n0 + BLOCK_N): the items between are never loaded.
+fn next_item(seq: Sequence, kv_head: u32, n0: u32, it: u32, num_items: u32, first_tile: u32, tiles_per_head: u32) -> u32 {
+    var next = it;
+    loop {
+        if ((next >= num_items) | !HAS_MASK_BLOCKS) {
+            break;
+        }
+        let h = item_head(kv_head, next, tiles_per_head);
+        let m0 = item_m0(next, first_tile, tiles_per_head);
+        if (key_tile_blocks(seq, h, m0, BLOCK_M, n0, BLOCK_N) != BLOCK_HIDDEN) {
+            break;
+        }
+        next++;
+    }
+    return next;
+}
+
 @compute @workgroup_size(WORKGROUP_SIZE)
 fn flash_bwd_dkdv(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) li: u32) {
     let kv_head = wg.y;
@@ -64,15 +94,17 @@ fn flash_bwd_dkdv(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocatio
 
     // Pipeline prologue: the first score slice.
     var stage = 0u;
-    if (num_items > 0u) {
-        let hd = Heads(seq, kv_head * params.group_size, kv_head);
-        store_score_slice(0u, fetch_score_slice(hd, first_tile * BLOCK_M, n0, 0u, li), li);
+    var it = next_item(seq, kv_head, n0, 0u, num_items, first_tile, tiles_per_head);
+    if (it < num_items) {
+        let hd = Heads(seq, item_head(kv_head, it, tiles_per_head), kv_head);
+        store_score_slice(0u, fetch_score_slice(hd, item_m0(it, first_tile, tiles_per_head), n0, 0u, li), li);
     }
     workgroupBarrier();
 
-    for (var it = 0u; it < num_items; it++) {
-        let hd = Heads(seq, kv_head * params.group_size + it / tiles_per_head, kv_head);
-        let m0 = (first_tile + it % tiles_per_head) * BLOCK_M;
+    while (it < num_items) {
+        let hd = Heads(seq, item_head(kv_head, it, tiles_per_head), kv_head);
+        let m0 = item_m0(it, first_tile, tiles_per_head);
+        let it_next = next_item(seq, kv_head, n0, it + 1u, num_items, first_tile, tiles_per_head);
         // Query-row steps past the end of the sequence are not needed.
         let row_steps = (min(BLOCK_M, seq.seq_q - m0) + N_STEP - 1u) / N_STEP;
 
@@ -83,6 +115,8 @@ fn flash_bwd_dkdv(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocatio
 
         // ---- Pᵀ and dSᵀ (times the soft-cap's slope), in registers: s becomes Pᵀ, dp becomes dSᵀ ----
         let needs_mask = m0 + BLOCK_M > seq.seq_q || key_tile_needs_mask(seq, m0, BLOCK_M, n0, BLOCK_N);
+        // The mask tensor is read unless the summary shows the whole tile visible.
+        let reads_mask = HAS_MASK && key_tile_blocks(seq, hd.head, m0, BLOCK_M, n0, BLOCK_N) != BLOCK_VISIBLE;
         for (var c = 0u; c < S_VECS; c++) {
             // Row statistics of this invocation's query columns.
             var lse2 = vec4<f32>(-NEG_BIG);
@@ -121,6 +155,9 @@ fn flash_bwd_dkdv(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocatio
                         let col = m0 + 4u * (tx + THREADS_X * c) + j;
                         p[j] = select(0.0, p[j], (col < seq.seq_q) & is_visible(seq, col, n0 + row0 + i));
                     }
+                }
+                if (reads_mask) {
+                    p = select(p, vec4<f32>(0.0), mask_hidden_of_rows(seq, hd.head, queries, n0 + row0 + i));
                 }
                 var dpv = dp[i * S_VECS + c];
                 if (DROPOUT) {
@@ -163,15 +200,13 @@ fn flash_bwd_dkdv(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocatio
         for (var c = 0u; c < row_steps; c++) {
             let next = (stage + 1u) % STAGES;
             let more_rows = c + 1u < row_steps;
-            let more_items = it + 1u < num_items;
+            let more_items = it_next < num_items;
             var regs = Fetched();
             if (more_rows) {
                 regs = fetch_rows_slice(SRC_Q, hd, m0 + (c + 1u) * N_STEP, li);
             } else if (more_items) {
-                let it_next = it + 1u;
-                let hd_next = Heads(seq, kv_head * params.group_size + it_next / tiles_per_head, kv_head);
-                let m0_next = (first_tile + it_next % tiles_per_head) * BLOCK_M;
-                regs = fetch_score_slice(hd_next, m0_next, n0, 0u, li);
+                let hd_next = Heads(seq, item_head(kv_head, it_next, tiles_per_head), kv_head);
+                regs = fetch_score_slice(hd_next, item_m0(it_next, first_tile, tiles_per_head), n0, 0u, li);
             }
             accumulate_rows(&dk_acc, stage * STAGE_VECS, c * N_STEP, row0, tx);
             if (STAGES == 1u) {
@@ -185,6 +220,7 @@ fn flash_bwd_dkdv(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocatio
             workgroupBarrier();
             stage = next;
         }
+        it = it_next;
     }
 
     // ---- epilogue: dK = scale · Σ dSᵀ Q, dV = Σ Pᵀ dO, written once ----

@@ -18,8 +18,9 @@
 // registers and written once. The grid is (num_q_tiles, num_heads, batch), x reversed so that under
 // causal masking the tiles with the most keys start first. The workgroup streams the keys in tiles
 // of BLOCK_N; under causal masking the key tiles wholly above the diagonal are skipped, and only
-// tiles crossing the diagonal or the end of the keys evaluate the mask. Rows that see no key (LSE
-// = −∞) get dQ = 0.
+// tiles crossing the diagonal or the end of the keys evaluate the mask; with a mask's block
+// summary, so are the tiles it shows hidden whole (next_key_tile), and tiles it shows visible
+// whole do not read the mask tensor. Rows that see no key (LSE = −∞) get dQ = 0.
 //
 // What an invocation owns (TILE_ROWS = BLOCK_M queries, TILE_COLS = BLOCK_N keys): ROWS_PER_THREAD
 // query rows, their LSE and D; S_VECS groups of 4 key columns of S = Q Kᵀ and dP = dO Vᵀ; O_VECS
@@ -59,9 +60,12 @@ fn flash_bwd_dq(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_
     let kv_end = visible_key_end(seq, m0 + BLOCK_M);
     let first_kv_tile = visible_key_begin(seq, m0) / BLOCK_N;
     let num_kv_tiles = (kv_end + BLOCK_N - 1u) / BLOCK_N;
+    // So are those a mask's block summary shows hidden whole (mask_blocks_bound.wgsl).
+    var t = next_key_tile(seq, head, m0, BLOCK_M, first_kv_tile, num_kv_tiles, BLOCK_N);
     if (WRITES_D_BIAS) {
-        // The bias's gradient where the loop below does not go.
-        fill_d_bias(seq, head, m0, 0u, first_kv_tile * BLOCK_N, li);
+        // The bias's gradient where the loop below does not go (the skipped tiles between are
+        // filled as the loop steps over them).
+        fill_d_bias(seq, head, m0, 0u, min(t * BLOCK_N, params.seq_kv), li);
         fill_d_bias(seq, head, m0, num_kv_tiles * BLOCK_N, params.seq_kv, li);
     }
 
@@ -82,13 +86,14 @@ fn flash_bwd_dq(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_
 
     // Pipeline prologue: the first score slice.
     var stage = 0u;
-    if (first_kv_tile < num_kv_tiles) {
-        store_score_slice(0u, fetch_score_slice(hd, m0, first_kv_tile * BLOCK_N, 0u, li), li);
+    if (t < num_kv_tiles) {
+        store_score_slice(0u, fetch_score_slice(hd, m0, t * BLOCK_N, 0u, li), li);
     }
     workgroupBarrier();
 
-    for (var t = first_kv_tile; t < num_kv_tiles; t++) {
+    while (t < num_kv_tiles) {
         let n0 = t * BLOCK_N;
+        let t_next = next_key_tile(seq, head, m0, BLOCK_M, t + 1u, num_kv_tiles, BLOCK_N);
         // Key steps past the last visible key are not needed.
         let key_steps = (min(BLOCK_N, kv_end - n0) + N_STEP - 1u) / N_STEP;
 
@@ -111,10 +116,12 @@ fn flash_bwd_dq(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_
         // ---- dS = P ∘ (dP − D) (times the soft-cap's slope), in registers (dp becomes dS); ALiBi's
         // bias and the score bias are constants of P's exponent ----
         let needs_mask = key_tile_needs_mask(seq, m0, BLOCK_M, n0, BLOCK_N);
+        // The mask tensor is read unless the summary shows the whole tile visible.
+        let reads_mask = HAS_MASK && key_tile_blocks(seq, head, m0, BLOCK_M, n0, BLOCK_N) != BLOCK_VISIBLE;
         for (var i = 0u; i < ROWS_PER_THREAD; i++) {
             for (var c = 0u; c < S_VECS; c++) {
                 let cols = vec4<u32>(n0 + 4u * (tx + THREADS_X * c)) + vec4<u32>(0u, 1u, 2u, 3u);
-                let r = row_probabilities(seq, head, m0 + row0 + i, cols, s[i * S_VECS + c], lse2[i], needs_mask);
+                let r = row_probabilities(seq, head, m0 + row0 + i, cols, s[i * S_VECS + c], lse2[i], needs_mask, reads_mask);
                 let dz = r.p * (dp[i * S_VECS + c] - d[i]);
                 if (WRITES_D_BIAS) {
                     store_d_bias(seq, head, m0 + row0 + i, cols, dz);
@@ -129,12 +136,12 @@ fn flash_bwd_dq(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_
         for (var c = 0u; c < key_steps; c++) {
             let next = (stage + 1u) % STAGES;
             let more_keys = c + 1u < key_steps;
-            let more_tiles = t + 1u < num_kv_tiles;
+            let more_tiles = t_next < num_kv_tiles;
             var regs = Fetched();
             if (more_keys) {
                 regs = fetch_rows_slice(SRC_K, hd, n0 + (c + 1u) * N_STEP, li);
             } else if (more_tiles) {
-                regs = fetch_score_slice(hd, m0, n0 + BLOCK_N, 0u, li);
+                regs = fetch_score_slice(hd, m0, t_next * BLOCK_N, 0u, li);
             }
             accumulate_rows(&dq_acc, stage * STAGE_VECS, c * N_STEP, row0, tx);
             if (STAGES == 1u) {
@@ -148,6 +155,11 @@ fn flash_bwd_dq(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_
             workgroupBarrier();
             stage = next;
         }
+        if (WRITES_D_BIAS) {
+            // Key tiles the summary showed hidden whole: no query of the tile sees them.
+            fill_d_bias(seq, head, m0, (t + 1u) * BLOCK_N, min(t_next * BLOCK_N, params.seq_kv), li);
+        }
+        t = t_next;
     }
 
     // ---- epilogue: dQ = scale · Σ dS K, written once (zeros for rows that saw no key) ----

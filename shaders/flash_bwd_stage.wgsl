@@ -255,7 +255,8 @@ fn accumulate_scores(s: ptr<function, Scores>, dp: ptr<function, Scores>, base: 
 // P of query row `row` of a sequence against the four key columns `cols`, from their products
 // s = q·k (unscaled) and the row's LSE in base 2: the scale and the soft-cap (y, returned for the
 // cap's slope), then ALiBi's bias and the score bias, constants of P's exponent (a key the bias
-// hides gets P = 0), and with `needs_mask` the causal mask, the window and the end of the keys.
+// hides gets P = 0), with `needs_mask` the causal mask, the window and the end of the keys, and
+// with `reads_mask` the mask tensor.
 // The dQ and d(bias) kernels, whose tiles have query rows; the dK/dV kernel's are transposed.
 struct RowProbabilities {
     p: vec4<f32>,
@@ -270,6 +271,7 @@ fn row_probabilities(
     s: vec4<f32>,
     lse2: f32,
     needs_mask: bool,
+    reads_mask: bool,
 ) -> RowProbabilities {
     let y = soft_cap(s * params.scale);
     var x = y;
@@ -287,6 +289,10 @@ fn row_probabilities(
         for (var j = 0u; j < 4u; j++) {
             p[j] = select(0.0, p[j], is_visible(seq, row, cols[j]));
         }
+    }
+    if (reads_mask) {
+        // Keys the mask tensor hides (mask_bound.wgsl) have P = 0 too.
+        p = select(p, vec4<f32>(0.0), mask_hidden(seq, head, row, cols));
     }
     return RowProbabilities(p, y);
 }

@@ -5,7 +5,8 @@
 // Bindings: 0 params (common.wgsl), 1 q, 2 k, 3 v (read), 4 o (write) — arrays of granules —
 // 5 the f32 log-sum-exp, written as raw bits, for a batch with index tensors (packed
 // sequences, key counts) 6–8 (sequence_indexed.wgsl), for per-head tensors (ALiBi slopes,
-// sinks) 9–10 (head_terms_bound.wgsl), and for a score bias 11 (score_bias_bound.wgsl). Dropout
+// sinks) 9–10 (head_terms_bound.wgsl), for a score bias 11 (score_bias_bound.wgsl), and for a
+// mask tensor and its block summary 12–13 (mask_bound.wgsl, mask_blocks_bound.wgsl). Dropout
 // (dropout.wgsl) needs no binding: its mask is drawn where P is formed.
 //
 // What a workgroup owns: one tile of BLOCK_M query rows of one (sequence, head). The grid is
@@ -17,7 +18,9 @@
 // online softmax), rescaling its partial output by exp2(m_old − m_new) whenever m grows. Only
 // O (seq_q × head_dim) and LSE (seq_q) are ever written: memory stays O(seq). Under causal
 // masking the K/V tiles wholly above the diagonal are never visited; only tiles that cross the
-// diagonal or the end of the sequence evaluate the mask.
+// diagonal or the end of the sequence evaluate the mask. With a mask's block summary, the tiles it
+// shows hidden whole are stepped over too (next_key_tile), and tiles it shows visible whole do not
+// read the mask.
 //
 // What an invocation owns: the workgroup is a THREADS_Y × THREADS_X grid. Invocation (ty, tx) owns
 // ROWS_PER_THREAD consecutive query rows (row0 = ty · ROWS_PER_THREAD), and within them
@@ -217,6 +220,8 @@ fn flash_fwd(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_ind
     let kv_end = visible_key_end(seq, m0 + BLOCK_M);
     let first_kv_tile = visible_key_begin(seq, m0) / BLOCK_N;
     let num_kv_tiles = (kv_end + BLOCK_N - 1u) / BLOCK_N;
+    // So are those a mask's block summary shows hidden whole (mask_blocks_bound.wgsl).
+    var t = next_key_tile(seq, head, m0, BLOCK_M, first_kv_tile, num_kv_tiles, BLOCK_N);
 
     var acc = Output();
     var m_run: array<f32, ROWS_PER_THREAD>;
@@ -228,13 +233,14 @@ fn flash_fwd(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_ind
 
     // Pipeline prologue: the first Q/K slice.
     var stage = 0u;
-    if (first_kv_tile < num_kv_tiles) {
-        store_qk(0u, fetch_qk(tile, first_kv_tile * BLOCK_N, 0u, li), li);
+    if (t < num_kv_tiles) {
+        store_qk(0u, fetch_qk(tile, t * BLOCK_N, 0u, li), li);
     }
     workgroupBarrier();
 
-    for (var t = first_kv_tile; t < num_kv_tiles; t++) {
+    while (t < num_kv_tiles) {
         let n0 = t * BLOCK_N;
+        let t_next = next_key_tile(seq, head, m0, BLOCK_M, t + 1u, num_kv_tiles, BLOCK_N);
         // V slices past the last visible key are not needed.
         let v_steps = (min(BLOCK_N, kv_end - n0) + N_STEP - 1u) / N_STEP;
 
@@ -265,6 +271,8 @@ fn flash_fwd(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_ind
         // ---- online softmax, in base 2 with the scale folded in (and the soft-cap and ALiBi's
         // bias, if any) ----
         let needs_mask = key_tile_needs_mask(seq, m0, BLOCK_M, n0, BLOCK_N);
+        // The mask tensor is read unless the summary shows the whole tile visible.
+        let reads_mask = HAS_MASK && key_tile_blocks(seq, head, m0, BLOCK_M, n0, BLOCK_N) != BLOCK_VISIBLE;
         var tile_max = array<f32, ROWS_PER_THREAD>();
         for (var i = 0u; i < ROWS_PER_THREAD; i++) {
             var mx = LOWEST;
@@ -279,6 +287,10 @@ fn flash_fwd(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_ind
                     // zeroed below.
                     let bias = score_bias(seq, head, m0 + row0 + i, cols);
                     x = select(x + bias.value, vec4<f32>(LOWEST), bias.hidden);
+                }
+                if (reads_mask) {
+                    // Keys the mask hides become LOWEST too, their P zeroed below.
+                    x = select(x, vec4<f32>(LOWEST), mask_hidden(seq, head, m0 + row0 + i, cols));
                 }
                 if (needs_mask) {
                     for (var j = 0u; j < 4u; j++) {
@@ -307,6 +319,10 @@ fn flash_fwd(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_ind
                     // Keys the bias hid: exp2(LOWEST − m_new) is 1, not 0, in a row that has
                     // seen nothing else yet. (A real score of exactly LOWEST goes the same way:
                     // its weight is 0 beside any score above about LOWEST + 150.)
+                    p = select(p, vec4<f32>(0.0), s[i * S_VECS + c] == vec4<f32>(LOWEST));
+                }
+                if (reads_mask) {
+                    // Keys the mask hid, as the bias's above.
                     p = select(p, vec4<f32>(0.0), s[i * S_VECS + c] == vec4<f32>(LOWEST));
                 }
                 if (needs_mask) {
@@ -352,12 +368,12 @@ fn flash_fwd(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_ind
         for (var c = 0u; c < v_steps; c++) {
             let next = (stage + 1u) % STAGES;
             let more_v = c + 1u < v_steps;
-            let more_tiles = t + 1u < num_kv_tiles;
+            let more_tiles = t_next < num_kv_tiles;
             var regs = Fetched();
             if (more_v) {
                 regs = fetch_v(tile, n0 + (c + 1u) * N_STEP, li);
             } else if (more_tiles) {
-                regs = fetch_qk(tile, n0 + BLOCK_N, 0u, li);
+                regs = fetch_qk(tile, t_next * BLOCK_N, 0u, li);
             }
             accumulate_pv(&acc, stage * STAGE_VECS, c * N_STEP, row0, tx);
             if (STAGES == 1u) {
@@ -371,6 +387,7 @@ fn flash_fwd(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_ind
             workgroupBarrier();
             stage = next;
         }
+        t = t_next;
     }
 
     // ---- epilogue: O = acc / l, LSE = (m + log2 l) · ln 2, with the head's sink, if any, joining

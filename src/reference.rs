@@ -8,7 +8,8 @@
 use crate::error::Result;
 use crate::problem::backward::{BackwardProblem, GradTensor};
 use crate::problem::index::BatchIndex;
-use crate::problem::score_bias::{bias_at, BiasValues};
+use crate::problem::mask::score_terms;
+use crate::problem::score_bias::BiasValues;
 use crate::problem::{Alibi, AttentionProblem, Element, SequenceRows, Tensor};
 
 /// One query row's reference result.
@@ -245,12 +246,14 @@ fn row_unchecked<T: Element>(
             let kj = problem.k_layout.index(kb, kr, kv_head, 0);
             let score = scale * (0..d).map(|x| qi[x] * k[kj + x].to_f64()).sum::<f64>();
             let capped = cap.map_or(score, |cap| cap * (score / cap).tanh());
-            capped - slope * (position - j as f64).abs() + bias_at(problem, keys.index.bias, b, h, i, j)
+            let terms = score_terms(problem, keys.index.bias, keys.index.mask, b, h, i, j);
+            capped - slope * (position - j as f64).abs() + terms
         })
         .collect();
     let max = scores.iter().cloned().chain(sink).fold(f64::NEG_INFINITY, f64::max);
     if max == f64::NEG_INFINITY {
-        // Every visible key hidden by a −∞ bias, and no sink: as a row that sees no key.
+        // Every visible key hidden by a −∞ bias or the mask, and no sink: as a row that sees no
+        // key.
         return ReferenceRow {
             out: vec![0.0; d],
             lse: f64::NEG_INFINITY,
@@ -414,6 +417,103 @@ mod tests {
             assert!((r.out[i * 8] - mean).abs() < 1e-12);
             assert!((r.lse[i] - (score + (count as f64).ln())).abs() < 1e-12);
         }
+    }
+
+    /// A mask means a −∞ bias where it is 0 (any other byte shows the key); with a bias too, the
+    /// union is hidden and the bias added elsewhere; an all-visible mask is no mask; the
+    /// gradients agree the same way.
+    #[test]
+    fn a_mask_hides_what_a_minus_infinity_bias_hides() {
+        use crate::problem::backward::BackwardProblem;
+        use crate::problem::mask::AttentionMask;
+        use crate::problem::score_bias::{BiasLayout, ScoreBias};
+        let shape = AttentionShape {
+            batch: 2,
+            seq_q: 5,
+            seq_kv: 7,
+            num_heads: 4,
+            num_kv_heads: 2,
+            head_dim: 8,
+        };
+        let plain = AttentionProblem::new(shape, DType::F32).with_sinks();
+        let n = |t| plain.required_len(t);
+        let q: Vec<f32> = crate::testing::random_tensor(1, n(Tensor::Q));
+        let k: Vec<f32> = crate::testing::random_tensor(2, n(Tensor::K));
+        let v: Vec<f32> = crate::testing::random_tensor(3, n(Tensor::V));
+        let sinks = [0.5f32, -1.0, 2.0, 0.0];
+        // Per head, shared by the batch; row 1 of head 2 hidden whole.
+        let mask = AttentionMask::dense(&plain, false, true);
+        let mut rng = crate::testing::Rng::new(9);
+        let mut bytes: Vec<u8> = (0..4 * 5 * 7)
+            .map(|_| [0u8, 1, 7, 255][(rng.next_u64() % 4) as usize])
+            .collect();
+        bytes[(2 * 5 + 1) * 7..(2 * 5 + 2) * 7].fill(0);
+        let as_bias: Vec<f32> = bytes
+            .iter()
+            .map(|&m| if m == 0 { f32::NEG_INFINITY } else { 0.0 })
+            .collect();
+        let bias = ScoreBias {
+            dtype: DType::F32,
+            layout: BiasLayout::dense(&plain, false, true),
+        };
+        let masked = plain.with_mask(mask);
+        let biased = plain.with_bias(bias);
+        let with_mask = BatchIndex {
+            mask: Some(&bytes),
+            sinks: Some(&sinks),
+            ..Default::default()
+        };
+        let with_bias = BatchIndex {
+            bias: Some(crate::problem::score_bias::BiasValues::F32(&as_bias)),
+            sinks: Some(&sinks),
+            ..Default::default()
+        };
+        let m = attention_indexed(&masked, &q, &k, &v, &with_mask).unwrap();
+        let b = attention_indexed(&biased, &q, &k, &v, &with_bias).unwrap();
+        assert_eq!(m.out, b.out);
+        assert_eq!(m.lse, b.lse);
+        // The hidden row: O = 0, the sink alone in the LSE.
+        for batch in 0..2 {
+            let row = (batch * 4 + 2) * 5 + 1;
+            assert_eq!(m.lse[row], 2.0, "batch {batch}");
+            assert!((0..8).all(|x| m.out[masked.o_layout.index(batch, 1, 2, x)] == 0.0));
+        }
+        let bm = BackwardProblem::new(masked);
+        let d_o: Vec<f32> = crate::testing::random_tensor(4, n(Tensor::O));
+        let gm = attention_backward_indexed(&bm, &q, &k, &v, &d_o, &with_mask).unwrap();
+        let gb = attention_backward_indexed(&BackwardProblem::new(biased), &q, &k, &v, &d_o, &with_bias).unwrap();
+        assert_eq!((gm.dq, gm.dk, gm.dv), (gb.dq, gb.dk, gb.dv));
+
+        // Mask and bias together: the mask's zeros hidden, the bias added to the rest.
+        let values: Vec<f32> = (0..4 * 5 * 7).map(|x| (x % 5) as f32 * 0.3 - 0.6).collect();
+        let both = masked.with_bias(bias);
+        let together = BatchIndex {
+            bias: Some(crate::problem::score_bias::BiasValues::F32(&values)),
+            ..with_mask
+        };
+        let merged: Vec<f32> = values.iter().zip(&as_bias).map(|(&x, &hidden)| x + hidden).collect();
+        let merged_index = BatchIndex {
+            bias: Some(crate::problem::score_bias::BiasValues::F32(&merged)),
+            ..with_bias
+        };
+        let t = attention_indexed(&both, &q, &k, &v, &together).unwrap();
+        let u = attention_indexed(&biased, &q, &k, &v, &merged_index).unwrap();
+        assert_eq!((t.out, t.lse), (u.out, u.lse));
+
+        // A mask that hides nothing is no mask.
+        let ones = vec![1u8; 4 * 5 * 7];
+        let open = BatchIndex {
+            mask: Some(&ones),
+            sinks: Some(&sinks),
+            ..Default::default()
+        };
+        let o = attention_indexed(&masked, &q, &k, &v, &open).unwrap();
+        let sinks_only = BatchIndex {
+            sinks: Some(&sinks),
+            ..Default::default()
+        };
+        let p = attention_indexed(&plain, &q, &k, &v, &sinks_only).unwrap();
+        assert_eq!((o.out, o.lse), (p.out, p.lse));
     }
 
     #[test]
@@ -646,7 +746,7 @@ pub fn attention_backward_indexed<T: Element>(
         for h in 0..s.num_heads {
             let terms = head_terms(f, index, h);
             for i in 0..rows.seq_q {
-                let row = backward_row(problem, q, k, v, d_o, b, &rows, h, i, terms, index.bias);
+                let row = backward_row(problem, q, k, v, d_o, b, &rows, h, i, terms, (index.bias, index.mask));
                 if f.sinks {
                     grads.d_sinks[h] += row.d_sink;
                 }
@@ -725,7 +825,7 @@ pub fn attention_backward_row_indexed<T: Element>(
         return outside();
     }
     let terms = head_terms(f, index, h);
-    let row = backward_row(problem, q, k, v, d_o, b, &rows, h, i, terms, index.bias);
+    let row = backward_row(problem, q, k, v, d_o, b, &rows, h, i, terms, (index.bias, index.mask));
     let mut d_logits = vec![0.0; rows.seq_kv];
     d_logits[row.first_key..row.first_key + row.d_logits.len()].copy_from_slice(&row.d_logits);
     Ok(ReferenceGradRow { dq: row.dq, d_logits })
@@ -776,7 +876,7 @@ fn backward_row<T: Element>(
     h: usize,
     i: usize,
     (alibi_slope, sink): (f64, Option<f64>),
-    bias: Option<BiasValues<'_>>,
+    (bias, mask): (Option<BiasValues<'_>>, Option<&[u8]>),
 ) -> BackwardRow {
     let f = &problem.forward;
     let d = f.shape.head_dim;
@@ -817,9 +917,10 @@ fn backward_row<T: Element>(
     let scores: Vec<f64> = capped
         .iter()
         .zip(visible.clone())
-        .map(|(y, j)| y - alibi_slope * (position - j as f64).abs() + bias_at(f, bias, b, h, i, j))
+        .map(|(y, j)| y - alibi_slope * (position - j as f64).abs() + score_terms(f, bias, mask, b, h, i, j))
         .collect();
-    // A row whose keys a −∞ bias all hides, without a sink, has no gradient (as one without keys).
+    // A row whose keys a −∞ bias or the mask all hides, without a sink, has no gradient (as one
+    // without keys).
     let max = scores
         .iter()
         .cloned()

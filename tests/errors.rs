@@ -121,6 +121,8 @@ fn gpu_buffer_errors() {
         alibi_slopes: None,
         sinks: None,
         bias: None,
+        mask: None,
+        mask_blocks: None,
     };
     encode(&engine, &p, &good).unwrap();
 
@@ -257,6 +259,8 @@ fn device_limits_are_errors() {
             alibi_slopes: None,
             sinks: None,
             bias: None,
+            mask: None,
+            mask_blocks: None,
         };
         let e = encode(&engine, &big, &b).unwrap_err();
         assert!(matches!(e, Error::TooLarge(ref m) if m.contains("`q`")), "{e}");

@@ -279,6 +279,8 @@ fn byte_offsets_near_u64_max_are_errors() {
         alibi_slopes: None,
         sinks: None,
         bias: None,
+        mask: None,
+        mask_blocks: None,
     };
     let far = u64::MAX - 255;
     for buffers in [
@@ -363,6 +365,8 @@ fn forced_plans_with_zero_or_huge_sizes_are_refused() {
         sinks: None,
         d_sinks: None,
         bias: None,
+        mask: None,
+        mask_blocks: None,
         d_bias: None,
     };
     let mut encoder = ctx.device.create_command_encoder(&Default::default());
@@ -548,6 +552,8 @@ fn overlapping_written_tensors_are_errors() {
             alibi_slopes: None,
             sinks: None,
             bias: None,
+            mask: None,
+            mask_blocks: None,
         };
         let mut encoder = ctx.device.create_command_encoder(&Default::default());
         engine.encode_forward(&mut encoder, &p, &buffers, None).map(|_| ())
@@ -585,6 +591,8 @@ fn overlapping_written_tensors_are_errors() {
         sinks: None,
         d_sinks: None,
         bias: None,
+        mask: None,
+        mask_blocks: None,
         d_bias: None,
     };
     let backward = |b: &BackwardBuffers<'_>| {

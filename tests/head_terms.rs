@@ -233,6 +233,8 @@ fn backward_case<T: Element>(ctx: &GpuContext, engine: &FlashAttention, p: &Atte
         sinks: p.sinks.then(|| TensorBuffer::new(&sinks)),
         d_sinks: p.sinks.then(|| TensorBuffer::new(&d_sinks)),
         bias: None,
+        mask: None,
+        mask_blocks: None,
         d_bias: None,
     };
     let mut encoder = ctx.device.create_command_encoder(&Default::default());

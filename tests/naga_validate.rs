@@ -1,5 +1,6 @@
 //! Every shader module the library can build — each flash configuration selection can return,
-//! each cooperative-matrix configuration, each naive pass and the merge, for every storage type —
+//! each cooperative-matrix configuration, each naive pass, the merge and the mask's block summary,
+//! for every storage type —
 //! is parsed and validated by naga and translated to SPIR-V (Vulkan), MSL (Metal) and, except the
 //! cooperative-matrix kernel (no cooperative matrices on DX12 in wgpu), HLSL (DX12), so that a
 //! kernel that would break on another platform fails here, on a machine with none of them.
@@ -65,6 +66,9 @@ fn every_kernel() -> Vec<KernelConfig> {
     kernels.push(KernelConfig::SinkGrad {
         sequences: Default::default(),
     });
+    // The block summary of a mask, and of a bias of each type.
+    kernels.push(KernelConfig::MaskBlocks { bias: None });
+    kernels.extend(DType::ALL.map(|t| KernelConfig::MaskBlocks { bias: Some(t) }));
     kernels.extend(
         INDEXED
             .into_iter()
@@ -206,6 +210,11 @@ fn shaders_open_with_a_comment_saying_what_they_are() {
         ("decode_lanes_workgroup", DECODE_LANES_WORKGROUP),
         ("decode_combine", DECODE_COMBINE),
         ("append_kv", APPEND_KV),
+        ("mask_bound", mask::MASK_BOUND),
+        ("mask_unbound", mask::MASK_UNBOUND),
+        ("mask_blocks_bound", mask::MASK_BLOCKS_BOUND),
+        ("mask_blocks_unbound", mask::MASK_BLOCKS_UNBOUND),
+        ("mask_blocks", mask::MASK_BLOCKS),
     ] {
         assert!(
             src.starts_with(&format!("// {name}.wgsl")),

@@ -446,6 +446,8 @@ fn run_bias_grad<T: Element>(
         sinks: sinks.as_ref().map(TensorBuffer::new),
         d_sinks: None,
         bias: Some(TensorBuffer::new(&bias)),
+        mask: None,
+        mask_blocks: None,
         d_bias: Some(TensorBuffer::new(&d_bias)),
     };
     let mut encoder = ctx.device.create_command_encoder(&Default::default());
@@ -878,6 +880,8 @@ fn bias_gradient_errors_name_the_tensor() {
         sinks: None,
         d_sinks: None,
         bias: Some(TensorBuffer::new(&bias)),
+        mask: None,
+        mask_blocks: None,
         d_bias: Some(TensorBuffer::new(&d_bias)),
     };
     let encode = |problem: BackwardProblem, buffers: &BackwardBuffers<'_>| {

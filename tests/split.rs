@@ -607,6 +607,8 @@ fn alibi_and_sinks_backward_is_split() {
             sinks: p.sinks.then(|| TensorBuffer::new(&sinks)),
             d_sinks: None,
             bias: None,
+            mask: None,
+            mask_blocks: None,
             d_bias: None,
         };
         let mut encoder = ctx.device.create_command_encoder(&Default::default());

@@ -414,6 +414,8 @@ fn check_encode(ctx: &GpuContext, engine: &FlashAttention, c: &BufferCase) -> bo
         alibi_slopes: None,
         sinks: None,
         bias: None,
+        mask: None,
+        mask_blocks: None,
     };
     let mut encoder = ctx.device.create_command_encoder(&Default::default());
     let result = engine.encode_forward(&mut encoder, p, &buffers, None);

@@ -482,6 +482,8 @@ fn backward_case<T: Element>(ctx: &GpuContext, engine: &FlashAttention, case: Ca
         sinks: None,
         d_sinks: None,
         bias: None,
+        mask: None,
+        mask_blocks: None,
         d_bias: None,
     };
     let mut encoder = ctx.device.create_command_encoder(&Default::default());

@@ -19,7 +19,7 @@
 use crate::caps::Caps;
 use crate::error::{Error, Result};
 use crate::plan::tiled::tiled_device_fit_reason;
-use crate::plan::{missing_features, Reduction, SequenceIndex, TilePlan, TileType, Variant};
+use crate::plan::{missing_features, MaskBinding, Reduction, SequenceIndex, TilePlan, TileType, Variant};
 use crate::problem::backward::BackwardProblem;
 use crate::problem::features::{Feature, FeatureSet};
 use crate::problem::DType;
@@ -253,6 +253,8 @@ pub struct GradKernel {
     pub head_tensors: bool,
     /// The score bias tensor's element type, when it binds one (shaders/score_bias_bound.wgsl).
     pub bias: Option<DType>,
+    /// Whether it binds the mask tensor and its block summary (shaders/mask_*.wgsl).
+    pub mask: MaskBinding,
     /// Whether the dQ kernel also writes `dL/d(bias)` (shaders/score_bias_grad_bound.wgsl): for a
     /// problem that asks for it with one (batch entry, head) per slice of the gradient, whose
     /// elements are the dQ kernel's own `P ∘ (dP − D)`; the broadcast biases take the d(bias)
@@ -267,7 +269,7 @@ impl GradKernel {
     /// (and the suffixes of the variants it binds or compiles in).
     pub fn name(&self) -> String {
         format!(
-            "{}_{}_tile_{}_{}_d{}{}{}{}{}{}",
+            "{}_{}_tile_{}_{}_d{}{}{}{}{}{}{}",
             self.pass.entry_point(),
             self.storage.name(),
             tile_name(self.tile),
@@ -276,6 +278,7 @@ impl GradKernel {
             self.sequences.name_suffix(),
             if self.head_tensors { "_heads" } else { "" },
             self.bias.map_or(String::new(), |t| format!("_bias{}", t.name())),
+            self.mask.name_suffix(),
             if self.writes_d_bias { "_dbias" } else { "" },
             if self.dropout { "_dropout" } else { "" }
         )
@@ -591,6 +594,8 @@ pub const BACKWARD_FEATURES: FeatureSet = FeatureSet::of(&[
     Feature::Alibi,
     Feature::Sinks,
     Feature::Bias,
+    Feature::Mask,
+    Feature::MaskBlocks,
     Feature::Dropout,
 ]);
 
@@ -660,6 +665,7 @@ pub fn select_backward(problem: &BackwardProblem, caps: &Caps, choice: &Backward
                     sequences,
                     head_tensors: problem.forward.has_alibi_tensor(),
                     bias: problem.forward.bias.map(|b| b.dtype),
+                    mask: MaskBinding::of(&problem.forward),
                     writes_d_bias: pass == BackwardPass::Dq && dq_writes_d_bias,
                     dropout: problem.forward.active_dropout().is_some(),
                 };
@@ -749,6 +755,7 @@ pub fn all_backward_kernels() -> Vec<BackwardKernel> {
                                 sequences: SequenceIndex::default(),
                                 head_tensors,
                                 bias: None,
+                                mask: MaskBinding::default(),
                                 writes_d_bias: false,
                                 dropout: false,
                             }));
@@ -764,12 +771,32 @@ pub fn all_backward_kernels() -> Vec<BackwardKernel> {
                                     sequences: SequenceIndex::default(),
                                     head_tensors: false,
                                     bias: Some(bias),
+                                    mask: MaskBinding::default(),
+                                    writes_d_bias: false,
+                                    dropout: false,
+                                }));
+                            }
+                            for mask in MaskBinding::BOUND {
+                                kernels.push(BackwardKernel::Grad(GradKernel {
+                                    pass,
+                                    storage,
+                                    tile,
+                                    plan,
+                                    head_dim_pad,
+                                    sequences: SequenceIndex::default(),
+                                    head_tensors: false,
+                                    bias: None,
+                                    mask,
                                     writes_d_bias: false,
                                     dropout: false,
                                 }));
                             }
                             if pass == BackwardPass::Dq {
-                                for dropout in [false, true] {
+                                for (dropout, mask) in [
+                                    (false, MaskBinding::default()),
+                                    (true, MaskBinding::default()),
+                                    (false, MaskBinding::BOUND[2]),
+                                ] {
                                     kernels.push(BackwardKernel::Grad(GradKernel {
                                         pass,
                                         storage,
@@ -779,40 +806,49 @@ pub fn all_backward_kernels() -> Vec<BackwardKernel> {
                                         sequences: SequenceIndex::default(),
                                         head_tensors: true,
                                         bias: Some(DType::F32),
+                                        mask,
                                         writes_d_bias: true,
                                         dropout,
                                     }));
                                 }
                             }
-                            kernels.push(BackwardKernel::Grad(GradKernel {
-                                pass,
-                                storage,
-                                tile,
-                                plan,
-                                head_dim_pad,
-                                sequences: SequenceIndex::default(),
-                                head_tensors: false,
-                                bias: None,
-                                writes_d_bias: false,
-                                dropout: true,
-                            }));
+                            for mask in [MaskBinding::default(), MaskBinding::BOUND[2]] {
+                                kernels.push(BackwardKernel::Grad(GradKernel {
+                                    pass,
+                                    storage,
+                                    tile,
+                                    plan,
+                                    head_dim_pad,
+                                    sequences: SequenceIndex::default(),
+                                    head_tensors: false,
+                                    bias: None,
+                                    mask,
+                                    writes_d_bias: false,
+                                    dropout: true,
+                                }));
+                            }
                         }
                     }
                 }
             }
             // The d(bias) kernel: every plan and padding with an f32 bias; the first plan also
-            // with the 16-bit biases, with the per-head tensors and with dropout.
+            // with the 16-bit biases, with the per-head tensors, with dropout and with each binding
+            // of a mask and its summary.
+            let no_mask = MaskBinding::default();
             for &plan in backward_plans(BackwardPass::DBias) {
                 let first = plan == backward_plans(BackwardPass::DBias)[0];
                 for head_dim_pad in head_dim_pads(plan) {
-                    for (bias, head_tensors, dropout) in [
-                        (DType::F32, false, false),
-                        (DType::F16, false, false),
-                        (DType::BF16, false, false),
-                        (DType::F32, true, false),
-                        (DType::F32, false, true),
+                    for (bias, head_tensors, dropout, mask) in [
+                        (DType::F32, false, false, no_mask),
+                        (DType::F16, false, false, no_mask),
+                        (DType::BF16, false, false, no_mask),
+                        (DType::F32, true, false, no_mask),
+                        (DType::F32, false, true, no_mask),
+                        (DType::F32, false, false, MaskBinding::BOUND[0]),
+                        (DType::F32, false, false, MaskBinding::BOUND[1]),
+                        (DType::F32, false, false, MaskBinding::BOUND[2]),
                     ] {
-                        if first || (bias == DType::F32 && !head_tensors && !dropout) {
+                        if first || (bias == DType::F32 && !head_tensors && !dropout && mask == no_mask) {
                             kernels.push(BackwardKernel::Grad(GradKernel {
                                 pass: BackwardPass::DBias,
                                 storage,
@@ -822,6 +858,7 @@ pub fn all_backward_kernels() -> Vec<BackwardKernel> {
                                 sequences: SequenceIndex::default(),
                                 head_tensors,
                                 bias: Some(bias),
+                                mask,
                                 writes_d_bias: false,
                                 dropout,
                             }));

@@ -7,6 +7,7 @@ pub mod choice;
 pub mod coop;
 pub mod decode;
 pub mod forward;
+pub mod mask;
 pub mod policy;
 pub mod sequences;
 pub mod tiled;
@@ -16,6 +17,7 @@ pub use choice::*;
 pub use coop::*;
 pub use decode::*;
 pub use forward::*;
+pub use mask::MaskBinding;
 pub use sequences::SequenceIndex;
 pub use tiled::*;
 

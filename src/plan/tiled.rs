@@ -5,7 +5,7 @@
 use crate::caps::Caps;
 use crate::error::{Error, Result};
 use crate::plan::policy::{F16_TILES_BY_DEFAULT, MAX_ACCUMULATORS};
-use crate::plan::{check_grid, missing_features, SequenceIndex};
+use crate::plan::{check_grid, missing_features, MaskBinding, SequenceIndex};
 use crate::problem::features::{Feature, FeatureSet};
 use crate::problem::{AttentionProblem, DType};
 use crate::util::{lcm, sat_u32};
@@ -266,6 +266,8 @@ pub struct FlashConfig {
     pub head_tensors: bool,
     /// The score bias tensor's element type, when it binds one (shaders/score_bias_bound.wgsl).
     pub bias: Option<DType>,
+    /// Whether it binds the mask tensor and its block summary (shaders/mask_*.wgsl).
+    pub mask: MaskBinding,
     /// Whether it drops probabilities (shaders/dropout.wgsl): compiled in, so that the kernel
     /// without it stays as it was.
     pub dropout: bool,
@@ -277,7 +279,7 @@ impl FlashConfig {
     /// and benchmark id.
     pub fn name(&self) -> String {
         format!(
-            "flash_fwd_{}_{}_{}_d{}{}{}{}{}",
+            "flash_fwd_{}_{}_{}_d{}{}{}{}{}{}",
             self.storage.name(),
             self.variant.name(),
             self.plan.name_part(),
@@ -285,6 +287,7 @@ impl FlashConfig {
             self.sequences.name_suffix(),
             if self.head_tensors { "_heads" } else { "" },
             self.bias.map_or(String::new(), |t| format!("_bias{}", t.name())),
+            self.mask.name_suffix(),
             if self.dropout { "_dropout" } else { "" }
         )
     }
@@ -333,6 +336,8 @@ pub const TILED_FEATURES: FeatureSet = FeatureSet::of(&[
     Feature::Alibi,
     Feature::Sinks,
     Feature::Bias,
+    Feature::Mask,
+    Feature::MaskBlocks,
     Feature::Dropout,
 ]);
 
@@ -389,6 +394,7 @@ pub fn select(problem: &AttentionProblem, caps: &Caps, choice: &TiledChoice) -> 
                 sequences: SequenceIndex::of(problem),
                 head_tensors: problem.has_head_tensors(),
                 bias: problem.bias.map(|b| b.dtype),
+                mask: MaskBinding::of(problem),
                 dropout: problem.active_dropout().is_some(),
             };
             match config.unavailable_reason(caps) {
@@ -417,8 +423,8 @@ pub fn select(problem: &AttentionProblem, caps: &Caps, choice: &TiledChoice) -> 
 
 /// Every configuration automatic selection can return, on any device: each shipped plan with each
 /// variant, storage type and padded head_dim, and the first plan's also with the per-head
-/// tensors bound, with a bias of each type and with dropout. The shader tests translate all of
-/// them.
+/// tensors bound, with a bias of each type, with each binding of a mask and its summary, and with
+/// dropout. The shader tests translate all of them.
 pub fn all_configs() -> Vec<FlashConfig> {
     let mut configs = Vec::new();
     for storage in DType::ALL {
@@ -445,6 +451,7 @@ pub fn all_configs() -> Vec<FlashConfig> {
                             sequences: SequenceIndex::default(),
                             head_tensors,
                             bias: None,
+                            mask: MaskBinding::default(),
                             dropout: false,
                         });
                     }
@@ -458,19 +465,36 @@ pub fn all_configs() -> Vec<FlashConfig> {
                                 sequences: SequenceIndex::default(),
                                 head_tensors: false,
                                 bias: Some(bias),
+                                mask: MaskBinding::default(),
                                 dropout: false,
                             });
                         }
-                        configs.push(FlashConfig {
-                            storage,
-                            variant,
-                            plan,
-                            head_dim_pad,
-                            sequences: SequenceIndex::default(),
-                            head_tensors: false,
-                            bias: None,
-                            dropout: true,
-                        });
+                        for mask in MaskBinding::BOUND {
+                            configs.push(FlashConfig {
+                                storage,
+                                variant,
+                                plan,
+                                head_dim_pad,
+                                sequences: SequenceIndex::default(),
+                                head_tensors: false,
+                                bias: None,
+                                mask,
+                                dropout: false,
+                            });
+                        }
+                        for mask in [MaskBinding::default(), MaskBinding::BOUND[2]] {
+                            configs.push(FlashConfig {
+                                storage,
+                                variant,
+                                plan,
+                                head_dim_pad,
+                                sequences: SequenceIndex::default(),
+                                head_tensors: false,
+                                bias: None,
+                                mask,
+                                dropout: true,
+                            });
+                        }
                     }
                 }
             }

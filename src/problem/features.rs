@@ -37,12 +37,16 @@ pub enum Feature {
     Sinks,
     /// An additive bias tensor over the scores (src/problem/score_bias.rs).
     Bias,
+    /// A boolean (byte) mask tensor (src/problem/mask.rs).
+    Mask,
+    /// Tile skipping by a block summary of the mask or bias (src/problem/mask.rs, `MaskBlocks`).
+    MaskBlocks,
     /// Dropout on the attention probabilities (src/problem/dropout.rs).
     Dropout,
 }
 
 impl Feature {
-    pub const ALL: [Feature; 12] = [
+    pub const ALL: [Feature; 14] = [
         Feature::CausalMask,
         Feature::GroupedKv,
         Feature::ArbitraryScale,
@@ -54,6 +58,8 @@ impl Feature {
         Feature::Alibi,
         Feature::Sinks,
         Feature::Bias,
+        Feature::Mask,
+        Feature::MaskBlocks,
         Feature::Dropout,
     ];
 
@@ -74,6 +80,8 @@ impl Feature {
             Feature::Alibi => "ALiBi position bias",
             Feature::Sinks => "attention sinks",
             Feature::Bias => "a score bias tensor",
+            Feature::Mask => "a mask tensor",
+            Feature::MaskBlocks => "a mask's block summary (tile skipping)",
             Feature::Dropout => "dropout",
         }
     }
@@ -163,6 +171,12 @@ impl AttentionProblem {
         }
         if self.bias.is_some() {
             set = set.with(Feature::Bias);
+        }
+        if self.mask.is_some() {
+            set = set.with(Feature::Mask);
+        }
+        if self.mask_blocks {
+            set = set.with(Feature::MaskBlocks);
         }
         if self.active_dropout().is_some() {
             set = set.with(Feature::Dropout);

@@ -3,6 +3,7 @@
 //! and the per-sequence key counts (src/problem/cache.rs).
 
 use super::head_terms::check_head_tensor;
+use super::mask::check_mask_values;
 use super::score_bias::{check_bias_values, BiasValues};
 use super::varlen::{validate_offsets, SequenceRows};
 use super::AttentionProblem;
@@ -27,6 +28,9 @@ pub struct BatchIndex<'a> {
     pub sinks: Option<&'a [f32]>,
     /// The score bias ([`AttentionProblem::with_bias`]), in its layout.
     pub bias: Option<BiasValues<'a>>,
+    /// The mask ([`AttentionProblem::with_mask`]): its bytes in its layout, 0 hiding a key (a
+    /// `bool` tensor's bytes).
+    pub mask: Option<&'a [u8]>,
 }
 
 impl BatchIndex<'_> {
@@ -79,6 +83,7 @@ impl BatchIndex<'_> {
         )?;
         check_head_tensor("sinks", self.sinks, problem.sinks, s.num_heads)?;
         check_bias_values(self.bias, problem)?;
+        check_mask_values(self.mask, problem)?;
 
         if let (Some(v), Some(cu_q), Some(cu_k)) = (varlen, self.cu_seqlens_q, self.cu_seqlens_k) {
             validate_offsets("cu_seqlens_q", cu_q, batch, v.total_q, s.seq_q)?;

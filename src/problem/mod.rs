@@ -7,6 +7,7 @@ pub mod dropout;
 pub mod features;
 pub mod head_terms;
 pub mod index;
+pub mod mask;
 pub mod score_bias;
 pub mod varlen;
 
@@ -14,6 +15,7 @@ pub use cache::{KvCache, PagedKv};
 pub use dropout::Dropout;
 pub use head_terms::Alibi;
 pub use index::BatchIndex;
+pub use mask::AttentionMask;
 pub use score_bias::ScoreBias;
 pub use varlen::{SequenceRows, Varlen};
 
@@ -305,6 +307,12 @@ pub struct AttentionProblem {
     /// `1/(1 − p)` before they multiply V; the LSE stays the undropped softmax's. `None` (or
     /// `p = 0`) for none.
     pub dropout: Option<Dropout>,
+    /// A boolean (byte) mask tensor given with the call: 0 hides a key, as the causal mask does
+    /// (src/problem/mask.rs); `None` for none. With a bias too, both apply.
+    pub mask: Option<AttentionMask>,
+    /// Whether the call gives a block summary of the mask (or of the bias's −∞ entries), which
+    /// lets the kernels skip the key tiles it hides ([`mask::MaskBlocks`]).
+    pub mask_blocks: bool,
     /// Where Q's elements are in its buffer.
     pub q_layout: TensorLayout,
     /// Where K's elements are in its buffer.
@@ -336,6 +344,8 @@ impl AttentionProblem {
             sinks: false,
             bias: None,
             dropout: None,
+            mask: None,
+            mask_blocks: false,
             q_layout: TensorLayout::contiguous(Layout::Bshd, 0, 0, 0),
             k_layout: TensorLayout::contiguous(Layout::Bshd, 0, 0, 0),
             v_layout: TensorLayout::contiguous(Layout::Bshd, 0, 0, 0),
@@ -407,6 +417,22 @@ impl AttentionProblem {
     /// `bias.dtype`, laid out as `bias.layout` says.
     pub fn with_bias(mut self, bias: ScoreBias) -> Self {
         self.bias = Some(bias);
+        self
+    }
+
+    /// Adds a mask tensor ([`AttentionProblem::mask`]): the call gives its bytes, laid out as
+    /// `mask.layout` says.
+    pub fn with_mask(mut self, mask: AttentionMask) -> Self {
+        self.mask = Some(mask);
+        self
+    }
+
+    /// Says that the call gives the block summary of the mask (or, without a mask, of the bias's
+    /// −∞ entries) that `FlashAttention::encode_mask_blocks` computed for this problem
+    /// ([`AttentionProblem::mask_blocks`], [`mask::MaskBlocks`]); host-slice calls compute it
+    /// themselves.
+    pub fn with_mask_blocks(mut self) -> Self {
+        self.mask_blocks = true;
         self
     }
 
@@ -787,6 +813,12 @@ impl AttentionProblem {
         self.kv_cache.validate(s.batch, s.seq_kv)?;
         if let Some(bias) = self.bias {
             bias.validate(self)?;
+        }
+        if let Some(mask) = self.mask {
+            mask.layout.validate(self, "mask")?;
+        }
+        if self.mask_blocks {
+            mask::MaskBlocks::of(self)?.validate()?;
         }
         if let Some(dropout) = self.dropout {
             dropout.validate()?;

@@ -68,14 +68,13 @@ impl BiasLayout {
             row_stride,
         }
     }
-}
 
-impl ScoreBias {
-    /// Elements the bias buffer must hold for `problem`: one past its last element, or `None`
-    /// when that overflows.
+    /// Elements a buffer at this layout must hold for `problem`: one past its last element, or
+    /// `None` when that overflows. Shared by the score bias and the mask tensor
+    /// (src/problem/mask.rs), whose elements lie the same way.
     pub fn required_len(&self, problem: &AttentionProblem) -> Option<usize> {
         let s = problem.shape;
-        let l = self.layout;
+        let l = self;
         let last = [
             (s.batch - 1, l.batch_stride),
             (s.num_heads - 1, l.head_stride),
@@ -87,24 +86,39 @@ impl ScoreBias {
         last.checked_add(1)
     }
 
-    /// Checks the description against `problem` (whose dimensions are valid): rows long enough to
-    /// hold a row of keys, and every element within 32-bit indexing (the kernels index the bias
-    /// with u32).
-    pub(crate) fn validate(&self, problem: &AttentionProblem) -> Result<()> {
+    /// Checks the layout of `tensor` against `problem` (whose dimensions are valid): rows long
+    /// enough to hold a row of keys, and every element within 32-bit indexing (the kernels index
+    /// it with u32).
+    pub(crate) fn validate(&self, problem: &AttentionProblem, tensor: &str) -> Result<()> {
         let s = problem.shape;
-        if s.seq_q > 1 && self.layout.row_stride < s.seq_kv {
+        if s.seq_q > 1 && self.row_stride < s.seq_kv {
             return crate::error::invalid!(
-                "the score bias's row stride {} is shorter than a row of {} keys",
-                self.layout.row_stride,
+                "the {tensor}'s row stride {} is shorter than a row of {} keys",
+                self.row_stride,
                 s.seq_kv
             );
         }
         match self.required_len(problem) {
             Some(n) if n <= u32::MAX as usize => Ok(()),
-            _ => Err(Error::TooLarge(
-                "the score bias reaches past 2^32 elements, more than the kernels' 32-bit indexing".into(),
-            )),
+            _ => Err(Error::TooLarge(format!(
+                "the {tensor} reaches past 2^32 elements, more than the kernels' 32-bit indexing"
+            ))),
         }
+    }
+}
+
+impl ScoreBias {
+    /// Elements the bias buffer must hold for `problem`: one past its last element, or `None`
+    /// when that overflows.
+    pub fn required_len(&self, problem: &AttentionProblem) -> Option<usize> {
+        self.layout.required_len(problem)
+    }
+
+    /// Checks the description against `problem` (whose dimensions are valid): rows long enough to
+    /// hold a row of keys, and every element within 32-bit indexing (the kernels index the bias
+    /// with u32).
+    pub(crate) fn validate(&self, problem: &AttentionProblem) -> Result<()> {
+        self.layout.validate(problem, "score bias")
     }
 }
 

@@ -23,6 +23,7 @@ use crate::runtime::forward::{FlashAttention, IndexBuffers};
 use crate::runtime::split::{
     self, host_output, on_own_buffers, part_slice, part_timestamps, scatter_rows, shifted, Part, Pass,
 };
+use crate::wgsl::mask::BACKWARD_MASK_BINDING;
 use crate::wgsl::params::{GradParams, Params};
 use crate::wgsl::{
     KernelConfig, BACKWARD_BIAS_BINDING, BACKWARD_HEAD_BINDING, BACKWARD_INDEX_BINDING, SINK_GRAD_INDEX_BINDING,
@@ -85,6 +86,14 @@ pub struct BackwardBuffers<'a> {
     /// [`ForwardBuffers::bias`](crate::runtime::forward::ForwardBuffers::bias); `None` otherwise. dQ, dK and
     /// dV treat it as a constant of the scores.
     pub bias: Option<TensorBuffer<'a>>,
+    /// Read: the forward's mask
+    /// ([`AttentionProblem::with_mask`](crate::problem::AttentionProblem::with_mask)), as
+    /// [`ForwardBuffers::mask`](crate::runtime::forward::ForwardBuffers::mask); `None` otherwise.
+    pub mask: Option<TensorBuffer<'a>>,
+    /// Read: the mask's block summary, as
+    /// [`ForwardBuffers::mask_blocks`](crate::runtime::forward::ForwardBuffers::mask_blocks) (the
+    /// forward's serves); `None` otherwise.
+    pub mask_blocks: Option<TensorBuffer<'a>>,
     /// Written: `dL/d(bias)`, exactly when the problem asks for it
     /// ([`BackwardProblem::with_bias_grad`]): [`BackwardProblem::d_bias_len`] f32 values, dense
     /// as [`BackwardProblem::d_bias_layout`] says (summed over the dimensions the bias
@@ -374,6 +383,8 @@ impl FlashAttention {
             alibi_slopes: buffers.alibi_slopes,
             sinks: buffers.sinks,
             bias: buffers.bias,
+            mask: buffers.mask,
+            mask_blocks: buffers.mask_blocks,
             ..IndexBuffers::default()
         };
         let index_bindings = self.bind_index(&problem.forward, &index, &written)?;
@@ -489,6 +500,7 @@ impl FlashAttention {
                 if g.bias.is_some() {
                     entries.push(index_bindings.bias.entry(BACKWARD_BIAS_BINDING));
                 }
+                entries.extend(index_bindings.mask_entries(g.mask, BACKWARD_MASK_BINDING));
             }
             let bind_group = device.create_bind_group(&wgpu::BindGroupDescriptor {
                 label: Some(&kernel.name()),
@@ -554,6 +566,8 @@ impl FlashAttention {
             alibi_slopes: buffers.alibi_slopes,
             sinks: buffers.sinks,
             bias: buffers.bias,
+            mask: buffers.mask,
+            mask_blocks: buffers.mask_blocks,
             ..IndexBuffers::default()
         };
         let mut written = vec![("dq", &buffers.dq), ("dk", &buffers.dk), ("dv", &buffers.dv)];
@@ -598,8 +612,10 @@ impl FlashAttention {
                 alibi_slopes: buffers.alibi_slopes,
                 sinks: buffers.sinks,
                 d_sinks: None,
-                // None unless the problem has a bias, which `plan` refuses.
+                // None unless the problem has a bias or mask, which `plan` refuses.
                 bias: buffers.bias,
+                mask: buffers.mask,
+                mask_blocks: buffers.mask_blocks,
                 d_bias: None,
             }
         };
@@ -931,7 +947,9 @@ impl FlashAttention {
         let d_bias_bytes = byte_len("d_bias", problem.d_bias_len(), 4)?;
         check_buffer_size("d_bias", d_bias_bytes, caps)?;
         self.context().check_device(true)?;
-        let uploaded = self.upload_index(index)?;
+        let mut uploaded = self.upload_index(index)?;
+        // A summary of the mask, if asked for, computed on the device before the call reads it.
+        uploaded.mask_blocks = self.host_mask_blocks_buffer(f)?;
         let index = uploaded.buffers();
         let queue = &self.context().queue;
         let up = |name, data: &[T], len| {
@@ -1006,11 +1024,14 @@ impl FlashAttention {
             sinks: index.sinks,
             d_sinks: d_sinks.as_ref().map(TensorBuffer::new),
             bias: index.bias,
+            mask: index.mask,
+            mask_blocks: index.mask_blocks,
             d_bias: d_bias.as_ref().map(TensorBuffer::new),
         };
         let mut encoder = device.create_command_encoder(&wgpu::CommandEncoderDescriptor {
             label: Some(&config.name()),
         });
+        self.record_host_mask_blocks(&mut encoder, f, &index)?;
         self.encode_backward_with(&mut encoder, problem, &buffers, &config, None)?;
         self.context().queue.submit([encoder.finish()]);
         let mut ranges = vec![

@@ -14,13 +14,16 @@ use crate::gpu::pipelines::PipelineCache;
 use crate::gpu::readback::{read_back_within, upload_queued, DEFAULT_READ_BACK_TIMEOUT};
 use crate::gpu::scratch::ScratchBuffers;
 use crate::plan::{
-    num_q_tiles, select_forward, BoundsChecks, DecodeConfig, DecodeSplit, ForwardKernel, KernelChoice, SequenceIndex,
+    num_q_tiles, select_forward, BoundsChecks, DecodeConfig, DecodeSplit, ForwardKernel, KernelChoice, MaskBinding,
+    SequenceIndex,
 };
 use crate::problem::index::BatchIndex;
+use crate::problem::mask::MaskBlocks;
 use crate::problem::{AttentionProblem, Element, Tensor};
 use crate::runtime::split::{
     self, host_output, on_own_buffers, part_slice, part_timestamps, scatter_rows, shifted, Part, Pass,
 };
+use crate::wgsl::mask::FORWARD_MASK_BINDING;
 use crate::wgsl::params::Params;
 use crate::wgsl::{KernelConfig, NaivePass, FORWARD_BIAS_BINDING, FORWARD_HEAD_BINDING, FORWARD_INDEX_BINDING};
 
@@ -67,6 +70,17 @@ pub struct ForwardBuffers<'a> {
     /// layout, read as whole 4-byte words (the buffer must hold the word of the last element);
     /// `None` otherwise.
     pub bias: Option<TensorBuffer<'a>>,
+    /// Read: the mask ([`AttentionProblem::with_mask`]), one byte per element at its layout (0
+    /// hides the key; the layout's offset places element 0 from the binding's start, which must
+    /// meet the device's storage offset alignment), read as whole 4-byte words (the buffer must
+    /// hold the word of the last byte); `None` otherwise.
+    pub mask: Option<TensorBuffer<'a>>,
+    /// Read: the block summary of the mask, or of the bias without one
+    /// ([`AttentionProblem::with_mask_blocks`]), as
+    /// [`encode_mask_blocks`](FlashAttention::encode_mask_blocks) wrote it (its `size_bytes()`
+    /// bytes, from an offset meeting the device's storage offset alignment); `None` otherwise. Kept between calls: one summary
+    /// serves every call on the same mask.
+    pub mask_blocks: Option<TensorBuffer<'a>>,
 }
 
 /// The side tensors of a call (see [`ForwardBuffers`]), each given when the problem uses it: the
@@ -80,11 +94,13 @@ pub(crate) struct IndexBuffers<'a> {
     pub alibi_slopes: Option<TensorBuffer<'a>>,
     pub sinks: Option<TensorBuffer<'a>>,
     pub bias: Option<TensorBuffer<'a>>,
+    pub mask: Option<TensorBuffer<'a>>,
+    pub mask_blocks: Option<TensorBuffer<'a>>,
 }
 
 impl<'a> ForwardBuffers<'a> {
     /// The four tensors and the LSE, for a problem without side tensors (no packed offsets, page
-    /// table, key counts, ALiBi slopes, sinks or bias).
+    /// table, key counts, ALiBi slopes, sinks, bias or mask).
     pub fn new(
         q: TensorBuffer<'a>,
         k: TensorBuffer<'a>,
@@ -105,6 +121,8 @@ impl<'a> ForwardBuffers<'a> {
             alibi_slopes: None,
             sinks: None,
             bias: None,
+            mask: None,
+            mask_blocks: None,
         }
     }
 
@@ -118,6 +136,8 @@ impl<'a> ForwardBuffers<'a> {
             alibi_slopes: self.alibi_slopes,
             sinks: self.sinks,
             bias: self.bias,
+            mask: self.mask,
+            mask_blocks: self.mask_blocks,
         }
     }
 
@@ -131,6 +151,8 @@ impl<'a> ForwardBuffers<'a> {
             alibi_slopes: index.alibi_slopes,
             sinks: index.sinks,
             bias: index.bias,
+            mask: index.mask,
+            mask_blocks: index.mask_blocks,
             ..self
         }
     }
@@ -157,6 +179,7 @@ enum PreparedKernel {
         sequences: SequenceIndex,
         head_tensors: bool,
         bias: bool,
+        mask: MaskBinding,
     },
     Decode {
         config: DecodeConfig,
@@ -173,6 +196,9 @@ pub(crate) struct UploadedIndex {
     alibi_slopes: Option<wgpu::Buffer>,
     sinks: Option<wgpu::Buffer>,
     bias: Option<wgpu::Buffer>,
+    mask: Option<wgpu::Buffer>,
+    /// Written by the summary kernel before the call reads it (src/runtime/mask_blocks.rs).
+    pub(crate) mask_blocks: Option<wgpu::Buffer>,
 }
 
 impl UploadedIndex {
@@ -185,6 +211,8 @@ impl UploadedIndex {
             alibi_slopes: self.alibi_slopes.as_ref().map(TensorBuffer::new),
             sinks: self.sinks.as_ref().map(TensorBuffer::new),
             bias: self.bias.as_ref().map(TensorBuffer::new),
+            mask: self.mask.as_ref().map(TensorBuffer::new),
+            mask_blocks: self.mask_blocks.as_ref().map(TensorBuffer::new),
         }
     }
 }
@@ -198,6 +226,8 @@ pub(crate) struct IndexBindings<'a> {
     pub alibi_slopes: Bound<'a>,
     pub sinks: Bound<'a>,
     pub bias: Bound<'a>,
+    pub mask: Bound<'a>,
+    pub mask_blocks: Bound<'a>,
 }
 
 impl IndexBindings<'_> {
@@ -214,6 +244,19 @@ impl IndexBindings<'_> {
     /// The entries of the per-head tensors, from `first` on (shaders/head_terms_bound.wgsl).
     pub fn head_entries(&self, first: u32) -> [wgpu::BindGroupEntry<'_>; 2] {
         [self.alibi_slopes.entry(first), self.sinks.entry(first + 1)]
+    }
+
+    /// The entries of the mask tensor and its summary that `mask` binds, at `first` and
+    /// `first + 1` (shaders/mask_bound.wgsl, mask_blocks_bound.wgsl).
+    pub fn mask_entries(&self, mask: MaskBinding, first: u32) -> Vec<wgpu::BindGroupEntry<'_>> {
+        let mut entries = Vec::new();
+        if mask.tensor {
+            entries.push(self.mask.entry(first));
+        }
+        if mask.blocks {
+            entries.push(self.mask_blocks.entry(first + 1));
+        }
+        entries
     }
 }
 
@@ -541,12 +584,14 @@ impl FlashAttention {
                 sequences: c.sequences,
                 head_tensors: c.head_tensors,
                 bias: c.bias.is_some(),
+                mask: c.mask,
             },
             ForwardKernel::Coop(c) => PreparedKernel::Prefill {
                 pipeline: self.pipelines.get(&KernelConfig::FlashCoop(*c))?,
                 sequences: c.sequences,
                 head_tensors: c.head_tensors,
                 bias: c.bias.is_some(),
+                mask: MaskBinding::default(),
             },
             ForwardKernel::Decode { config, split } => {
                 self.check_decode_scratch(problem, split)?;
@@ -592,13 +637,14 @@ impl FlashAttention {
             write_lse,
             causal_offset,
         } = prepared;
-        let (pipeline, sequences, head_tensors, bias) = match kernel {
+        let (pipeline, sequences, head_tensors, bias, mask) = match kernel {
             PreparedKernel::Prefill {
                 pipeline,
                 sequences,
                 head_tensors,
                 bias,
-            } => (pipeline, sequences, *head_tensors, *bias),
+                mask,
+            } => (pipeline, sequences, *head_tensors, *bias, *mask),
             PreparedKernel::Decode { config: decode, split } => {
                 self.encode_decode(encoder, problem, bound, index, *write_lse, timestamps, decode, split)?;
                 return Ok(*config);
@@ -630,6 +676,7 @@ impl FlashAttention {
         if bias {
             entries.push(index.bias.entry(FORWARD_BIAS_BINDING));
         }
+        entries.extend(index.mask_entries(mask, FORWARD_MASK_BINDING));
         let bind_group = self.ctx.device.create_bind_group(&wgpu::BindGroupDescriptor {
             label: Some(&config.name()),
             layout: &pipeline.get_bind_group_layout(0),
@@ -924,7 +971,7 @@ impl FlashAttention {
                 (Some(_), None) => {
                     return Err(Error::InvalidBuffer {
                         tensor: name,
-                        message: "given for a problem that does not use it (see AttentionProblem::with_varlen / with_paged_kv / with_kv_lengths / with_alibi / with_sinks / with_bias)".into(),
+                        message: "given for a problem that does not use it (see AttentionProblem::with_varlen / with_paged_kv / with_kv_lengths / with_alibi / with_sinks / with_bias / with_mask / with_mask_blocks)".into(),
                     })
                 }
                 (None, Some(_)) => {
@@ -965,10 +1012,27 @@ impl FlashAttention {
                     elements.saturating_mul(b.dtype.size_bytes()).div_ceil(4)
                 }),
             )?,
+            mask: bind_index(
+                "mask",
+                index.mask,
+                problem
+                    .mask
+                    .map(|m| m.required_len(problem).unwrap_or(usize::MAX).div_ceil(4)),
+            )?,
+            mask_blocks: bind_index(
+                "mask_blocks",
+                index.mask_blocks,
+                problem.mask_blocks.then(|| {
+                    MaskBlocks::of(problem)
+                        .ok()
+                        .and_then(|b| b.len_words())
+                        .unwrap_or(usize::MAX)
+                }),
+            )?,
         })
     }
 
-    fn uniform(&self, params: &Params) -> wgpu::Buffer {
+    pub(crate) fn uniform(&self, params: &Params) -> wgpu::Buffer {
         self.ctx.device.create_buffer_init(&wgpu::util::BufferInitDescriptor {
             label: Some("wgpu-flash-attn params"),
             contents: bytemuck::bytes_of(params),
@@ -1031,9 +1095,12 @@ impl FlashAttention {
         }
         let config = self.prepare(problem).await?;
         let scratch = kernel_scratch_bytes(problem, &config)?;
-        let uploaded = self.upload_index(index)?;
+        let mut uploaded = self.upload_index(index)?;
+        // A summary of the mask, if asked for, computed on the device before the call reads it.
+        uploaded.mask_blocks = self.host_mask_blocks_buffer(problem)?;
         let index = uploaded.buffers();
         self.run_on_host(problem, q, k, v, config.name(), scratch, |engine, encoder, buffers| {
+            engine.record_host_mask_blocks(encoder, problem, &index)?;
             let buffers = buffers.with_index(index);
             engine.encode_forward(encoder, problem, &buffers, None).map(|_| ())
         })
@@ -1076,6 +1143,18 @@ impl FlashAttention {
                     })
                     .as_deref(),
             )?,
+            mask: upload(
+                "mask",
+                index
+                    .mask
+                    .map(|m| {
+                        let mut v = m.to_vec();
+                        v.resize(v.len().next_multiple_of(4), 0);
+                        v
+                    })
+                    .as_deref(),
+            )?,
+            mask_blocks: None,
         })
     }
 

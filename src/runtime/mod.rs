@@ -2,12 +2,14 @@
 //! naive kernels), in [`backward`], the gradients, and in [`merge`], the merge of two partial
 //! results by their LSEs, on host slices or on the caller's buffers; `decode` records the
 //! split-KV decode kernel that `forward` selects for a few new tokens against a cache; `append`
-//! writes new tokens' K/V into a cache; `split` plans a problem larger than one binding or
+//! writes new tokens' K/V into a cache; `mask_blocks` records the block summary of a mask;
+//! `split` plans a problem larger than one binding or
 //! dispatch into parts that forward and backward run as several dispatches.
 
 pub mod append;
 pub mod backward;
 mod decode;
 pub mod forward;
+pub mod mask_blocks;
 pub mod merge;
 mod split;

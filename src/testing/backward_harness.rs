@@ -205,6 +205,8 @@ impl<T: Element> BackwardWorkload<T> {
             sinks: None,
             d_sinks: None,
             bias: self.bias_buf.as_ref().map(TensorBuffer::new),
+            mask: None,
+            mask_blocks: None,
             d_bias: self.d_bias_buf.as_ref().map(TensorBuffer::new),
         }
     }

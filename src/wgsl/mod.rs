@@ -6,6 +6,7 @@
 //! and the kernel file. Tile sizes are `const`s rather than pipeline `override`s because they
 //! size per-invocation register arrays, which WGSL allows only for const-expressions.
 
+pub mod mask;
 pub mod params;
 pub mod unroll;
 
@@ -101,6 +102,11 @@ pub enum KernelConfig {
     SinkGrad {
         sequences: SequenceIndex,
     },
+    /// The block summary of a mask (shaders/mask_blocks.wgsl, src/wgsl/mask.rs), or with `bias`
+    /// of a score bias of that type.
+    MaskBlocks {
+        bias: Option<DType>,
+    },
 }
 
 impl KernelConfig {
@@ -131,6 +137,7 @@ impl KernelConfig {
                 if *kv_lengths { "_lens" } else { "" }
             ),
             KernelConfig::SinkGrad { sequences } => format!("flash_bwd_sinks{}", sequences.name_suffix()),
+            KernelConfig::MaskBlocks { bias } => mask::summary_name(*bias),
         }
     }
 
@@ -150,6 +157,7 @@ impl KernelConfig {
             KernelConfig::DecodeCombine { .. } => "decode_combine",
             KernelConfig::AppendKv { .. } => "append_kv",
             KernelConfig::SinkGrad { .. } => "flash_bwd_sinks",
+            KernelConfig::MaskBlocks { .. } => "mask_blocks",
         }
     }
 
@@ -192,6 +200,7 @@ impl KernelConfig {
                 src.push_str(&sequence_source(c.sequences, FORWARD_INDEX_BINDING));
                 src.push_str(&head_terms_source(c.head_tensors, FORWARD_HEAD_BINDING));
                 src.push_str(&score_bias_source(c.bias, FORWARD_BIAS_BINDING));
+                src.push_str(&mask::mask_source(c.mask, mask::FORWARD_MASK_BINDING));
                 src.push_str(&dropout_source(c.dropout));
                 for part in [
                     COMMON,
@@ -224,6 +233,7 @@ impl KernelConfig {
                 src.push_str(COMMON);
                 src.push_str(FLASH_BWD_SINKS);
             }
+            KernelConfig::MaskBlocks { bias } => src.push_str(&mask::summary_source(*bias)),
             KernelConfig::Merge { storage } => {
                 for part in [COMMON, storage_codec(*storage), MERGE] {
                     src.push_str(part);
@@ -342,6 +352,7 @@ fn backward_source(kernel: &BackwardKernel, src: &mut String) {
             src.push_str(&sequence_source(g.sequences, BACKWARD_INDEX_BINDING));
             src.push_str(&head_terms_source(g.head_tensors, BACKWARD_HEAD_BINDING));
             src.push_str(&score_bias_source(g.bias, BACKWARD_BIAS_BINDING));
+            src.push_str(&mask::mask_source(g.mask, mask::BACKWARD_MASK_BINDING));
             src.push_str(match g.writes_d_bias {
                 true => SCORE_BIAS_GRAD_BOUND,
                 false => SCORE_BIAS_GRAD_UNBOUND,
@@ -391,7 +402,7 @@ pub const BACKWARD_BIAS_BINDING: u32 = BACKWARD_HEAD_BINDING + 2;
 
 /// The score bias for a kernel that implements it (score_bias_*.wgsl): with `dtype`, its tensor of
 /// that element type at binding `binding`.
-fn score_bias_source(dtype: Option<DType>, binding: u32) -> String {
+pub(crate) fn score_bias_source(dtype: Option<DType>, binding: u32) -> String {
     let Some(dtype) = dtype else {
         return SCORE_BIAS_UNBOUND.to_string();
     };

@@ -2,6 +2,7 @@
 
 use bytemuck::{Pod, Zeroable};
 
+use crate::problem::mask::MaskBlocks;
 use crate::problem::{Alibi, AttentionProblem, TensorLayout, ELEMENT_ALIGNMENT};
 
 /// `TensorStrides` in common.wgsl: offset and strides in granules (4 elements), relative to the
@@ -81,6 +82,38 @@ pub struct Params {
     pub dropout_key1: u32,
     pub dropout_threshold: u32,
     pub dropout_scale: f32,
+    /// Where the mask's bytes lie (`AttentionProblem::mask`), in bytes: `seq` is the row stride.
+    pub mask: TensorStrides,
+    /// The mask's block summary (`AttentionProblem::mask_blocks`).
+    pub blocks: MaskBlocksParams,
+}
+
+/// `MaskBlocksParams` in common.wgsl: the key a block summary's header must carry for the kernels
+/// to trust it, and the strides of its states in words (`MaskBlocks::strides`).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Pod, Zeroable)]
+pub struct MaskBlocksParams {
+    pub key: u32,
+    pub batch: u32,
+    pub head: u32,
+    pub row: u32,
+}
+
+impl MaskBlocksParams {
+    /// The summary of `problem`'s mask (or bias); zeros for a problem with neither.
+    pub fn of(problem: &AttentionProblem) -> Self {
+        let Ok(blocks) = MaskBlocks::of(problem) else {
+            return MaskBlocksParams::default();
+        };
+        // Validation kept every word below 2^32.
+        let (batch, head, row) = blocks.strides();
+        MaskBlocksParams {
+            key: blocks.key(),
+            batch: batch as u32,
+            head: head as u32,
+            row: row as u32,
+        }
+    }
 }
 
 /// `Params::alibi`: the modes of shaders/head_terms_*.wgsl.
@@ -89,8 +122,8 @@ pub const ALIBI_GEOMETRIC: u32 = 1;
 pub const ALIBI_PER_HEAD: u32 = 2;
 
 // WGSL lays the struct out as four 16-byte members, twenty-four 4-byte scalars, one 16-byte member,
-// four 4-byte scalars.
-const _: () = assert!(std::mem::size_of::<Params>() == 4 * 16 + 24 * 4 + 16 + 4 * 4);
+// four 4-byte scalars, two 16-byte members.
+const _: () = assert!(std::mem::size_of::<Params>() == 4 * 16 + 24 * 4 + 16 + 4 * 4 + 2 * 16);
 
 impl Params {
     /// The fields that depend only on the problem; strides and per-dispatch fields are filled in
@@ -123,6 +156,13 @@ impl Params {
                 seq: b.layout.row_stride as u32,
                 head: b.layout.head_stride as u32,
             }),
+            mask: problem.mask.map_or(TensorStrides::default(), |m| TensorStrides {
+                offset: m.layout.offset as u32,
+                batch: m.layout.batch_stride as u32,
+                seq: m.layout.row_stride as u32,
+                head: m.layout.head_stride as u32,
+            }),
+            blocks: MaskBlocksParams::of(problem),
             seq_q: s.seq_q as u32,
             seq_kv: s.seq_kv as u32,
             head_dim: s.head_dim as u32,
@@ -190,7 +230,7 @@ const _: () = assert!(std::mem::size_of::<GradParams>() == 4 * 16 + 16);
 mod tests {
     use std::mem::{offset_of, size_of};
 
-    use super::{GradParams, Params, TensorStrides};
+    use super::{GradParams, MaskBlocksParams, Params, TensorStrides};
     use crate::plan::{all_backward_kernels, all_configs};
     use crate::wgsl::KernelConfig;
 
@@ -274,6 +314,8 @@ mod tests {
             ("dropout_key1", offset_of!(Params, dropout_key1)),
             ("dropout_threshold", offset_of!(Params, dropout_threshold)),
             ("dropout_scale", offset_of!(Params, dropout_scale)),
+            ("mask", offset_of!(Params, mask)),
+            ("blocks", offset_of!(Params, blocks)),
         ];
         check(wgsl_struct(&source, "Params"), &rust, size_of::<Params>());
         let strides = [
@@ -286,6 +328,17 @@ mod tests {
             wgsl_struct(&source, "TensorStrides"),
             &strides,
             size_of::<TensorStrides>(),
+        );
+        let blocks = [
+            ("key", offset_of!(MaskBlocksParams, key)),
+            ("batch", offset_of!(MaskBlocksParams, batch)),
+            ("head", offset_of!(MaskBlocksParams, head)),
+            ("row", offset_of!(MaskBlocksParams, row)),
+        ];
+        check(
+            wgsl_struct(&source, "MaskBlocksParams"),
+            &blocks,
+            size_of::<MaskBlocksParams>(),
         );
     }
 

@@ -1288,6 +1288,8 @@ fn backward_buffers_typed<T: Element>(
         sinks: None,
         d_sinks: None,
         bias: None,
+        mask: None,
+        mask_blocks: None,
         d_bias: None,
     };
     let mut encoder = ctx.device.create_command_encoder(&Default::default());

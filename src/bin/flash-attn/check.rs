@@ -237,6 +237,7 @@ fn forward_cases(caps: &Caps, problem: &AttentionProblem, coverage: Coverage) ->
                 sequences: Default::default(),
                 head_tensors: problem.has_head_tensors(),
                 bias: problem.bias.map(|b| b.dtype),
+                mask: wgpu_flash_attn::plan::MaskBinding::of(problem),
                 dropout: problem.active_dropout().is_some(),
             };
             if config.unavailable_reason(caps).is_none() {

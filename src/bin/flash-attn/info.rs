@@ -203,6 +203,7 @@ fn tiled_config(problem: &AttentionProblem, variant: Variant, plan: wgpu_flash_a
         sequences: Default::default(),
         head_tensors: problem.has_head_tensors(),
         bias: problem.bias.map(|b| b.dtype),
+        mask: wgpu_flash_attn::plan::MaskBinding::of(problem),
         dropout: problem.active_dropout().is_some(),
     }
 }
@@ -315,6 +316,7 @@ fn backward_variant_reason(problem: &BackwardProblem, caps: &Caps, variant: Vari
                     sequences: Default::default(),
                     head_tensors: false,
                     bias: None,
+                    mask: Default::default(),
                     writes_d_bias: false,
                     dropout: false,
                 };

@@ -217,6 +217,27 @@ mod tests {
         assert!(matches!(select_mma(&p, 16), Err(Error::InvalidProblem(_))));
     }
 
+    /// A mask tensor and its block summary (src/problem/mask.rs) are the wgpu tiled kernels'
+    /// alone: every CUDA kernel refuses them by name, prefill and decode shapes alike.
+    #[test]
+    fn masks_are_refused_by_name() {
+        use crate::problem::mask::AttentionMask;
+        for seq_q in [1, 512] {
+            let mut p = problem(128);
+            p.shape.seq_q = seq_q;
+            let p = p.with_layout(Layout::Bshd);
+            let masked = p.with_mask(AttentionMask::dense(&p, false, false));
+            for hopper in [false, true] {
+                let msg = select_cuda(&masked, 16, hopper).unwrap_err().to_string();
+                assert!(msg.contains("mask tensor"), "seq_q {seq_q}: {msg}");
+                let msg = select_cuda(&masked.with_mask_blocks(), 16, hopper)
+                    .unwrap_err()
+                    .to_string();
+                assert!(msg.contains("block summary"), "seq_q {seq_q}: {msg}");
+            }
+        }
+    }
+
     /// Dropout is drawn by the wgpu tiled kernels only (src/problem/dropout.rs): every CUDA kernel
     /// refuses it by name, on a decode-shaped problem too.
     #[test]
