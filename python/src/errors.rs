@@ -8,7 +8,7 @@
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
-use pyo3::exceptions::{PyNotImplementedError, PyRuntimeError, PyTypeError, PyValueError};
+use pyo3::exceptions::{PyRuntimeError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use wgpu_flash_attn::Error;
 
@@ -19,8 +19,6 @@ pub enum Failure {
     Lib(Error),
     /// An argument this module refuses before the library sees it (a null or misaligned pointer).
     Value(String),
-    /// A feature FlashAttention has and this library does not yet (ALiBi).
-    NotImplemented(String),
 }
 
 impl From<Error> for Failure {
@@ -62,7 +60,6 @@ fn class_of(e: &Error) -> (&'static str, &'static str) {
 pub fn to_pyerr(py: Python<'_>, failure: Failure) -> PyErr {
     match failure {
         Failure::Value(message) => PyValueError::new_err(message),
-        Failure::NotImplemented(message) => PyNotImplementedError::new_err(message),
         Failure::Lib(e) => {
             let (class, kind) = class_of(&e);
             let message = e.to_string();

@@ -8,7 +8,7 @@ use pyo3::prelude::*;
 use wgpu_flash_attn::batch::{PagedKv, Varlen};
 use wgpu_flash_attn::{AttentionProblem, AttentionShape, Layout, Tensor, TensorLayout};
 
-use crate::errors::{parse_dtype, to_pyerr, Failure};
+use crate::errors::{parse_dtype, to_pyerr};
 
 /// An attention problem: shapes, element type, masking, scale, soft-cap, packed or paged storage
 /// and the tensors' strides. Built by the Python layer from the arrays it was given; the
