@@ -742,54 +742,35 @@ pub fn all_backward_kernels() -> Vec<BackwardKernel> {
             for pass in [BackwardPass::DkDv, BackwardPass::Dq] {
                 for &plan in backward_plans(pass) {
                     for head_dim_pad in head_dim_pads(plan) {
-                        for head_tensors in [false, true] {
-                            if head_tensors && plan != backward_plans(pass)[0] {
-                                continue;
-                            }
-                            kernels.push(BackwardKernel::Grad(GradKernel {
-                                pass,
-                                storage,
-                                tile,
-                                plan,
-                                head_dim_pad,
-                                sequences: SequenceIndex::default(),
-                                head_tensors,
-                                bias: None,
-                                mask: MaskBinding::default(),
-                                writes_d_bias: false,
-                                dropout: false,
-                            }));
-                        }
+                        // The plain kernel; the variants below each change a few of its fields.
+                        let plain = GradKernel {
+                            pass,
+                            storage,
+                            tile,
+                            plan,
+                            head_dim_pad,
+                            sequences: SequenceIndex::default(),
+                            head_tensors: false,
+                            bias: None,
+                            mask: MaskBinding::default(),
+                            writes_d_bias: false,
+                            dropout: false,
+                        };
+                        let mut push = |k: GradKernel| kernels.push(BackwardKernel::Grad(k));
+                        push(plain);
                         if plan == backward_plans(pass)[0] {
+                            push(GradKernel {
+                                head_tensors: true,
+                                ..plain
+                            });
                             for bias in DType::ALL {
-                                kernels.push(BackwardKernel::Grad(GradKernel {
-                                    pass,
-                                    storage,
-                                    tile,
-                                    plan,
-                                    head_dim_pad,
-                                    sequences: SequenceIndex::default(),
-                                    head_tensors: false,
+                                push(GradKernel {
                                     bias: Some(bias),
-                                    mask: MaskBinding::default(),
-                                    writes_d_bias: false,
-                                    dropout: false,
-                                }));
+                                    ..plain
+                                });
                             }
                             for mask in MaskBinding::BOUND {
-                                kernels.push(BackwardKernel::Grad(GradKernel {
-                                    pass,
-                                    storage,
-                                    tile,
-                                    plan,
-                                    head_dim_pad,
-                                    sequences: SequenceIndex::default(),
-                                    head_tensors: false,
-                                    bias: None,
-                                    mask,
-                                    writes_d_bias: false,
-                                    dropout: false,
-                                }));
+                                push(GradKernel { mask, ..plain });
                             }
                             if pass == BackwardPass::Dq {
                                 for (dropout, mask) in [
@@ -797,35 +778,22 @@ pub fn all_backward_kernels() -> Vec<BackwardKernel> {
                                     (true, MaskBinding::default()),
                                     (false, MaskBinding::BOUND[2]),
                                 ] {
-                                    kernels.push(BackwardKernel::Grad(GradKernel {
-                                        pass,
-                                        storage,
-                                        tile,
-                                        plan,
-                                        head_dim_pad,
-                                        sequences: SequenceIndex::default(),
+                                    push(GradKernel {
                                         head_tensors: true,
                                         bias: Some(DType::F32),
                                         mask,
                                         writes_d_bias: true,
                                         dropout,
-                                    }));
+                                        ..plain
+                                    });
                                 }
                             }
                             for mask in [MaskBinding::default(), MaskBinding::BOUND[2]] {
-                                kernels.push(BackwardKernel::Grad(GradKernel {
-                                    pass,
-                                    storage,
-                                    tile,
-                                    plan,
-                                    head_dim_pad,
-                                    sequences: SequenceIndex::default(),
-                                    head_tensors: false,
-                                    bias: None,
+                                push(GradKernel {
                                     mask,
-                                    writes_d_bias: false,
                                     dropout: true,
-                                }));
+                                    ..plain
+                                });
                             }
                         }
                     }
