@@ -7,12 +7,15 @@
 // whose output is 0: it joins the max and the sum.
 //
 // What a workgroup owns: one query row of one head (grid: (seq_q, num_heads, batch)): it reduces
-// the row's num_splits LSEs (at most MAX_SPLITS) to weights in workgroup memory, then each
-// invocation sums the pieces' granules g, g + WG, ... of the row. WG = 64 is a multiple of every
-// subgroup width and covers the 32 granules of a 128-element row in one pass; the data is small
-// (splits × head_dim f32 per row), so no more parallelism is needed.
+// the row's num_splits LSEs (at most MAX_SPLITS) to weights in workgroup memory, then sums the
+// pieces' outputs. An invocation owns one granule g of the row (head_dim / 4 of them, at most 64)
+// and one lane of the pieces, l: it adds pieces l, l + piece_lanes, ... of granule g, two pieces a
+// step, and the lanes' sums meet in workgroup memory. The pieces are spread over lanes because
+// each piece is a dependent load: one invocation walking 57 pieces of a row in turn waits out 57
+// memory latencies, which at batch 1 is most of a decode step. WG = 256 gives 8 lanes at head_dim
+// 128 and 4 at 256, and is WebGPU's default invocation limit.
 
-const WG: u32 = 64u;
+const WG: u32 = 256u;
 
 @group(0) @binding(1) var<storage, read> o_partial: array<vec4<f32>>;
 @group(0) @binding(2) var<storage, read> lse_partial: array<u32>;
@@ -21,6 +24,7 @@ const WG: u32 = 64u;
 
 var<workgroup> weights: array<f32, MAX_SPLITS>;
 var<workgroup> reduced: array<f32, WG>;
+var<workgroup> lane_sums: array<vec4<f32>, WG>;
 
 // The workgroup's combination of `x` (max or sum), in every invocation. Uniform control flow.
 fn reduce_workgroup(x: f32, li: u32, take_max: bool) -> f32 {
@@ -36,6 +40,11 @@ fn reduce_workgroup(x: f32, li: u32, take_max: bool) -> f32 {
     let total = reduced[0];
     workgroupBarrier();
     return total;
+}
+
+// A piece's output times its weight, exactly 0 for a weight of 0.
+fn weighted(w: f32, x: vec4<f32>) -> vec4<f32> {
+    return select(vec4<f32>(0.0), w * x, w > 0.0);
 }
 
 @compute @workgroup_size(WG)
@@ -78,17 +87,30 @@ fn decode_combine(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocatio
     }
 
     let granules = params.head_dim / 4u;
-    for (var g = li; g < granules; g += WG) {
-        var out = vec4<f32>(0.0);
-        if (sum > 0.0) {
-            for (var s = 0u; s < splits; s++) {
-                let w = weights[s];
-                if (w > 0.0) {
-                    out += w * o_partial[(first_piece + s) * granules + g];
-                }
-            }
-            out /= sum;
+    let piece_lanes = WG / granules;
+    let g = li % granules;
+    let lane = li / granules;
+    var out = vec4<f32>(0.0);
+    if (sum > 0.0 && lane < piece_lanes) {
+        // Two pieces a step, both loads issued before either is used. A piece of weight 0 (it
+        // saw no key of the row) adds nothing, whatever its scratch holds.
+        var s = lane;
+        for (; s + piece_lanes < splits; s += 2u * piece_lanes) {
+            let a = o_partial[(first_piece + s) * granules + g];
+            let c = o_partial[(first_piece + s + piece_lanes) * granules + g];
+            out += weighted(weights[s], a) + weighted(weights[s + piece_lanes], c);
         }
+        if (s < splits) {
+            out += weighted(weights[s], o_partial[(first_piece + s) * granules + g]);
+        }
+    }
+    lane_sums[li] = out;
+    workgroupBarrier();
+    if (lane == 0u) {
+        for (var l = 1u; l < piece_lanes; l++) {
+            out += lane_sums[l * granules + g];
+        }
+        out = select(vec4<f32>(0.0), out / sum, sum > 0.0);
         if (poisoned != 0.0) {
             out = vec4<f32>(nan_f32());
         }
