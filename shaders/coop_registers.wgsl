@@ -132,7 +132,7 @@ fn softmax_in_registers(rows: ptr<function, RegisterRows>, s: ptr<function, arra
     for (var j = 0u; j < N_BLOCKS; j++) {
         x[j] = coop_elements_c((*s)[j]);
     }
-    if (params.softcap != 0.0) {
+    if (SOFTCAP) {
         // @unroll
         for (var j = 0u; j < N_BLOCKS; j++) {
             // @unroll
@@ -147,7 +147,7 @@ fn softmax_in_registers(rows: ptr<function, RegisterRows>, s: ptr<function, arra
             // @unroll
             for (var i = 0u; i < COOP_COMPONENTS; i++) {
                 let slot = (COMPONENT_SLOT_BITS >> (2u * i)) & 3u;
-                if (has_alibi()) {
+                if (ALIBI) {
                     x[j][i] += alibi_raw(seq, (*rows).row[slot], component_col(rows, n0, j, i), terms);
                 }
                 if (HAS_BIAS) {
@@ -170,9 +170,11 @@ fn softmax_in_registers(rows: ptr<function, RegisterRows>, s: ptr<function, arra
         }
     }
     var moved = false;
-    // Whether some row may have a huge reference: one comparison a row a tile, true also for rows
-    // that have seen no key (−∞), whose tiles then take the rare path too, and are right there.
-    var any_huge = false;
+    // exp2's argument is (x − shift)·scale − m_exp: for most rows shift is 0 and it is one fused
+    // multiply-add from the raw score; rows with a huge reference (is_huge_reference, rare)
+    // subtract their raw max first (shift = m_raw, m_exp = 0), exact at the max. Per row, so the
+    // common path pays one subtraction a score instead of a branch around the whole tile.
+    var shift: array<f32, ROW_SLOTS>; // set in full below, before any read
     var m_exp: array<f32, ROW_SLOTS>; // set in full below, before any read
     // @unroll
     for (var sl = 0u; sl < ROW_SLOTS; sl++) {
@@ -184,37 +186,17 @@ fn softmax_in_registers(rows: ptr<function, RegisterRows>, s: ptr<function, arra
         (*rows).m_raw[sl] = next_reference_raw((*rows).m_raw[sl], tile_raw_max, alpha);
         (*rows).m_used[sl] = m_new;
         (*rows).l_part[sl] *= alpha;
-        m_exp[sl] = exp_reference(m_new);
-        any_huge = any_huge || abs(m_new) >= HUGE_REFERENCE;
+        let huge = is_huge_reference(m_new);
+        shift[sl] = select(0.0, (*rows).m_raw[sl], huge);
+        m_exp[sl] = select(exp_reference(m_new), 0.0, huge);
         moved = moved || alpha != 1.0;
-    }
-    // exp2's argument is x·exp_scale − m_exp: the scale and the reference max, one fused
-    // multiply-add a score. Rows with a huge reference (is_huge_reference, rare) need the
-    // subtraction first, so then every score becomes its exponent here and the loop below
-    // multiplies by 1 and subtracts 0.
-    var exp_scale = params.scale;
-    if (any_huge) {
-        // @unroll
-        for (var j = 0u; j < N_BLOCKS; j++) {
-            // @unroll
-            for (var i = 0u; i < COOP_COMPONENTS; i++) {
-                let slot = (COMPONENT_SLOT_BITS >> (2u * i)) & 3u;
-                let huge = is_huge_reference((*rows).m_used[slot]);
-                x[j][i] = select(x[j][i] * params.scale - m_exp[slot], (x[j][i] - (*rows).m_raw[slot]) * params.scale, huge);
-            }
-        }
-        exp_scale = 1.0;
-        // @unroll
-        for (var sl = 0u; sl < ROW_SLOTS; sl++) {
-            m_exp[sl] = 0.0;
-        }
     }
     // @unroll
     for (var j = 0u; j < N_BLOCKS; j++) {
         // @unroll
         for (var i = 0u; i < COOP_COMPONENTS; i++) {
             let slot = (COMPONENT_SLOT_BITS >> (2u * i)) & 3u;
-            let p = exp2(x[j][i] * exp_scale - m_exp[slot]);
+            let p = exp2((x[j][i] - shift[slot]) * params.scale - m_exp[slot]);
             (*rows).l_part[slot] += p;
             x[j][i] = p;
         }

@@ -38,11 +38,12 @@
 //   workgroup memory in src/spirv/coherence.rs).
 //
 // Either way the scale sits inside exp2's argument, and masked scores are −∞. Sliding windows
-// and soft-caps are run-time parameters (common.wgsl): K/V tiles left of every row's window are
-// never loaded, as tiles past the diagonal are not; a cap is applied to the raw scores
-// (soft_cap_raw) in a pass of its own that plain attention skips. ALiBi and the score bias tensor
-// are another such pass (with_score_terms), after the cap; a head's sink joins each row's sum in
-// the epilogue (join_sink, head_terms.wgsl).
+// are run-time parameters (common.wgsl): K/V tiles left of every row's window are never loaded,
+// as tiles past the diagonal are not. A soft-cap (SOFTCAP), ALiBi (ALIBI) and the score bias
+// (HAS_BIAS) are compile-time: each is a pass over the raw scores that the kernels without it
+// do not contain (as run-time branches they cost plain attention 5% on the H200, BENCHMARKS.md):
+// the cap (soft_cap_raw) first, then ALiBi's and the bias's terms (with_score_terms); a head's
+// sink joins each row's sum in the epilogue (join_sink, head_terms.wgsl).
 //
 // Rescaling: the output lives in accumulator fragments, so a row's factor reaches them as a
 // 16 × 16 matrix of factors (built in registers, or written to workgroup memory by the rows'
@@ -254,9 +255,10 @@ fn score_terms(head: u32) -> ScoreTerms {
     return ScoreTerms(alibi_slope(head) * LOG2_E * raw_per_base2, raw_per_base2);
 }
 
-// Whether the scores get with_score_terms at all (uniform: a pass plain attention skips).
+// Whether the scores get with_score_terms at all: a compile-time pass plain attention does not
+// contain (ALIBI and SOFTCAP are the configuration's, HAS_BIAS the bias binding's).
 fn has_score_terms() -> bool {
-    return has_alibi() || HAS_BIAS;
+    return ALIBI || HAS_BIAS;
 }
 
 // ALiBi's term for query `row` (within the sequence) against key `col`, in raw units.
@@ -276,7 +278,7 @@ fn bias_raw(seq: Sequence, head: u32, row: u32, col: u32, terms: ScoreTerms) -> 
 // terms (the workgroup-memory softmax; the register softmax loads the bias ahead of the products).
 fn with_score_terms(x: f32, seq: Sequence, head: u32, row: u32, col: u32, terms: ScoreTerms) -> f32 {
     var y = x;
-    if (has_alibi()) {
+    if (ALIBI) {
         y += alibi_raw(seq, row, col, terms);
     }
     if (HAS_BIAS) {
@@ -341,7 +343,7 @@ fn read_half_row(at: u32, first_col: u32, row_keys: vec2<u32>, needs_mask: bool,
     for (var i = 0u; i < HALF_VECS; i++) {
         x[i] = scores[at + i];
     }
-    if (params.softcap != 0.0) {
+    if (SOFTCAP) {
         // @unroll
         for (var i = 0u; i < HALF_VECS; i++) {
             x[i] = vec4<f32>(soft_cap_raw(x[i].x), soft_cap_raw(x[i].y), soft_cap_raw(x[i].z), soft_cap_raw(x[i].w));

@@ -34,6 +34,10 @@ pub struct CoopConfig {
     pub head_tensors: bool,
     /// The score bias tensor's element type, when it binds one (shaders/score_bias_bound.wgsl).
     pub bias: Option<DType>,
+    /// Compiled with the soft-cap pass (SOFTCAP): for problems with a soft-cap only.
+    pub softcap: bool,
+    /// Compiled with ALiBi's term (ALIBI): for problems with ALiBi only.
+    pub alibi: bool,
 }
 
 /// One way to run the cooperative-matrix kernel: its tile and how it streams K/V.
@@ -183,6 +187,8 @@ impl CoopConfig {
             sequences: SequenceIndex::default(),
             head_tensors: false,
             bias: None,
+            softcap: false,
+            alibi: false,
         }
     }
 
@@ -191,13 +197,15 @@ impl CoopConfig {
         CoopConfig { sequences, ..self }
     }
 
-    /// Binds the tensors `problem` reads besides Q/K/V: its index tensors, per-head tensors and
-    /// score bias.
+    /// Binds the tensors `problem` reads besides Q/K/V (its index tensors, per-head tensors and
+    /// score bias) and compiles in the score passes it needs (soft-cap, ALiBi).
     pub fn with_tensors_of(self, problem: &AttentionProblem) -> Self {
         CoopConfig {
             sequences: SequenceIndex::of(problem),
             head_tensors: problem.has_head_tensors(),
             bias: problem.bias.map(|b| b.dtype),
+            softcap: problem.softcap.is_some(),
+            alibi: problem.alibi.is_some(),
             ..self
         }
     }
@@ -236,10 +244,11 @@ impl CoopConfig {
 
     /// `flash_fwd_coop_f16_bm{}_bn{}_d{}`, with `_prefetch` when the next K/V tile is loaded
     /// into registers early, `_db` when K/V are double-buffered, and `_regs…` (the layout) when
-    /// the softmax runs in registers (and `_varlen`, `_lens`, `_heads`, `_bias{dtype}`).
+    /// the softmax runs in registers (and `_varlen`, `_lens`, `_heads`, `_bias{dtype}`, `_cap`,
+    /// `_alibi`).
     pub fn name(&self) -> String {
         format!(
-            "flash_fwd_coop_f16_bm{}_bn{}_d{}{}{}{}{}{}{}",
+            "flash_fwd_coop_f16_bm{}_bn{}_d{}{}{}{}{}{}{}{}{}",
             self.block_m,
             self.block_n,
             self.head_dim_pad,
@@ -250,7 +259,9 @@ impl CoopConfig {
                 .unwrap_or_default(),
             self.sequences.name_suffix(),
             if self.head_tensors { "_heads" } else { "" },
-            self.bias.map_or(String::new(), |t| format!("_bias{}", t.name()))
+            self.bias.map_or(String::new(), |t| format!("_bias{}", t.name())),
+            if self.softcap { "_cap" } else { "" },
+            if self.alibi { "_alibi" } else { "" },
         )
     }
 
@@ -315,6 +326,17 @@ impl CoopConfig {
                 problem.softmax_scale()
             ));
         }
+        if self.softcap != problem.softcap.is_some() || self.alibi != problem.alibi.is_some() {
+            return Some(format!(
+                "{} is compiled {} the soft-cap and {} ALiBi, which the problem {} and {} \
+                 (with_tensors_of builds the matching configuration)",
+                self.name(),
+                if self.softcap { "with" } else { "without" },
+                if self.alibi { "with" } else { "without" },
+                if problem.softcap.is_some() { "has" } else { "lacks" },
+                if problem.alibi.is_some() { "has" } else { "lacks" },
+            ));
+        }
         if let Some(why) = coop_device_unavailable_reason(caps) {
             return Some(why);
         }
@@ -377,8 +399,8 @@ pub const COOP_FEATURES: FeatureSet = FeatureSet::of(&[
 ]);
 
 /// Every cooperative configuration of the plan tables, with each way of streaming K/V a caller
-/// can force, and each route's first plan also with the per-head tensors and with a bias of each
-/// type (for the shader tests).
+/// can force, and each route's first plan also with the per-head tensors, with a bias of each
+/// type, with the soft-cap and ALiBi passes, and with all of them (for the shader tests).
 pub fn all_coop_configs() -> Vec<CoopConfig> {
     let mut configs = Vec::new();
     for d in (16..=crate::problem::MAX_HEAD_DIM as u32).step_by(16) {
@@ -409,6 +431,15 @@ pub fn all_coop_configs() -> Vec<CoopConfig> {
                     ..first
                 });
             }
+            configs.push(CoopConfig { softcap: true, ..first });
+            configs.push(CoopConfig { alibi: true, ..first });
+            configs.push(CoopConfig {
+                softcap: true,
+                alibi: true,
+                head_tensors: true,
+                bias: Some(DType::F16),
+                ..first
+            });
         }
     }
     configs

@@ -434,6 +434,46 @@ mod tests {
         assert!(e.to_string().contains("exactly 32"), "{e}");
     }
 
+    /// The cooperative kernel compiles in exactly the score passes the problem has (soft-cap,
+    /// ALiBi), so plain attention carries neither; a configuration built for another problem is
+    /// refused with the reason, never run without a pass the problem needs.
+    #[test]
+    fn cooperative_score_passes_follow_the_problem() {
+        if !COOP_KERNEL_VERIFIED {
+            return;
+        }
+        let h200 = h200();
+        let required = KernelChoice::CooperativeMatrix(CoopChoice::default());
+        let plain = problem(128, DType::F16);
+        let capped = plain.clone().with_softcap(30.0);
+        let alibi = plain.clone().with_geometric_alibi();
+        let both = capped.clone().with_geometric_alibi();
+        let mut names = std::collections::HashSet::new();
+        for (p, softcap, has_alibi) in [
+            (&plain, false, false),
+            (&capped, true, false),
+            (&alibi, false, true),
+            (&both, true, true),
+        ] {
+            let ForwardKernel::Coop(c) = select_forward(p, &h200, &required, BoundsChecks::Off).unwrap() else {
+                panic!("not the cooperative kernel")
+            };
+            assert_eq!((c.softcap, c.alibi), (softcap, has_alibi), "{}", c.name());
+            assert!(names.insert(c.name()), "{}", c.name());
+            for other in [&plain, &capped, &alibi, &both] {
+                let matches = other.softcap.is_some() == softcap && other.alibi.is_some() == has_alibi;
+                let why = c.unavailable_reason(other, &h200);
+                assert_eq!(
+                    why.is_none(),
+                    matches,
+                    "{} for {:?}: {why:?}",
+                    c.name(),
+                    other.features()
+                );
+            }
+        }
+    }
+
     /// The softmax in registers where the device's layout allows it, else through workgroup
     /// memory with that route's plans; asking for registers on a device without a usable layout
     /// is an error that says why.
