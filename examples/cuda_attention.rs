@@ -858,7 +858,7 @@ fn main() -> Result<()> {
                             continue;
                         }
                     };
-                    let info = engine.prepare(&CudaKernelConfig::new(DType::BF16, head_dim, plan, causal, 16)?)?;
+                    let info = engine.prepare(&CudaKernelConfig::for_problem(&p, plan, 16)?)?;
                     let check = spot_check(&engine, &p, &bufs)?;
                     let tflops = p.flops() / (t.median_ms * 1e-3) / 1e12;
                     println!(
