@@ -57,8 +57,11 @@
 // with 2 consumers (240 registers) head_dim 128 takes 128-192-key tiles; at head_dim 256 O alone
 // is 128, so tiles are 64 or 80 keys. With 3 consumers (160 registers) head_dim 64 with 128-key
 // tiles fits (32 + 64 + 32 plus addresses; ptxas reports no spills), and each K/V tile then
-// feeds 192 rows. Shared memory: Q (BLOCK_M x head_dim) + STAGES · (K + V)
-// (BLOCK_N x head_dim each), 16-bit, + 1 KiB for alignment: head_dim 128, 128 x 128, 2 stages =
+// feeds 192 rows. A 16-bit bias tile held across the S wgmma is BLOCK_N / 4 more (32 at
+// BLOCK_N 128): it is prefetched only where O + S (+ P) + it leave 56 registers for addresses
+// and the terms' per-row state (BIAS_PREFETCH; ptxas then reports no spills). Shared memory:
+// Q (BLOCK_M x head_dim) + STAGES · (K + V) (BLOCK_N x head_dim each), 16-bit, + 1 KiB for
+// alignment: head_dim 128, 128 x 128, 2 stages =
 // 32 + 2·64 = 160 KiB; head_dim 256, 128 x 80, 2 stages = 64 + 2·80 = 224 KiB; one CTA per SM,
 // which the thread count at the register cap already implies.
 //
@@ -295,7 +298,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
     // cores; otherwise (three consumers, the widest tiles) and for an f32 bias (twice the
     // registers) the softmax reads them as it adds them.
     constexpr bool BIAS_PREFETCH =
-        HAS_BIAS && O_REGS + S_REGS + (OVERLAP ? S_REGS / 2 : 0) + BLOCK_N / 4 <= CONSUMER_REGS - 48;
+        HAS_BIAS && O_REGS + S_REGS + (OVERLAP ? S_REGS / 2 : 0) + BLOCK_N / 4 <= CONSUMER_REGS - 56;
     u32 bias_w[BIAS_PREFETCH ? BLOCK_N / 8 : 1][2];
     auto load_bias = [&](int j) {
         if constexpr (BIAS_PREFETCH) {
