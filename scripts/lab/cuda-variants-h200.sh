@@ -11,7 +11,8 @@
 # Expects in .gpu-cuda/ (copied from the build machine's target dir):
 #   cuda_attention_tests  = target/release/deps/cuda_attention-<hash> (cargo test --no-run)
 #   cuda_attention        = target/release/examples/cuda_attention
-# and PyTorch on the machine for ../shared/bench/torch_sdpa.py and scripts/torch_sdpa_bias.py.
+# and PyTorch on the machine for shared/bench/torch_sdpa.py (or ../shared/...) and
+# scripts/torch_sdpa_bias.py.
 # Writes logs under $OUT. Env: REPS (10), SEQS (8192), HEAD_DIMS (128), TORCH (0 skips PyTorch),
 # TESTS (0 skips the tests).
 set -u
@@ -54,9 +55,13 @@ bench softcap --softcap 30
 bench sinks --sinks
 bench all --alibi geometric --bias-f16 --softcap 30 --sinks
 
+# torch_sdpa.py lives in the shared checkout: shared/ in the repository root on the device
+# machine, ../shared beside the worktrees here.
+SDPA=$ROOT/shared/bench/torch_sdpa.py
+[ -f "$SDPA" ] || SDPA=$ROOT/../shared/bench/torch_sdpa.py
 if [ "${TORCH:-1}" = 1 ]; then
   s=$SECONDS
-  timeout 200 python3 "$ROOT/../shared/bench/torch_sdpa.py" --head-dims "$HEAD_DIMS" --seqs "$SEQS" --causal both \
+  timeout 200 python3 "$SDPA" --head-dims "$HEAD_DIMS" --seqs "$SEQS" --causal both \
     --backends flash,cudnn --iters 10 --json "$OUT/torch.jsonl" > "$OUT/torch.log" 2>&1
   echo "torch rc=$? ($((SECONDS - s)) s)"
   s=$SECONDS
