@@ -311,8 +311,8 @@ extern "C" __global__ void __launch_bounds__(THREADS, FA_MIN_BLOCKS) KERNEL_NAME
                     }
                 }
         }
-        // ALiBi's per-row base (alibi_linear; 0 on the diagonal), added to the row's max and to
-        // its exp2's argument.
+        // ALiBi's per-row base (alibi_linear; 0 on the diagonal), added to the lane's max (before
+        // the quad's max: each lane's base is its own) and to its exp2's argument.
         float base[HAS_ALIBI ? M_TILES : 1][2];
         if constexpr (HAS_ALIBI) {
             // This lane's first column of the tile; each row's position relative to it.
@@ -371,13 +371,15 @@ extern "C" __global__ void __launch_bounds__(THREADS, FA_MIN_BLOCKS) KERNEL_NAME
         for (int mt = 0; mt < M_TILES; ++mt)
 #pragma unroll
             for (int r = 0; r < 2; ++r) {
-                // With ALiBi's base the tile's max is taken first and shifted by it.
+                // With ALiBi the lane's max is taken first and shifted by its own base before the
+                // quad's max: the base depends on the lane's first column, so the 4 lanes' scores
+                // are in different units until it is added.
                 float mx = HAS_ALIBI ? NEG_INF : row_max[mt][r];
 #pragma unroll
                 for (int n = 0; n < N_TILES; ++n) mx = fmaxf(mx, fmaxf(s[mt][n][2 * r], s[mt][n][2 * r + 1]));
+                if constexpr (HAS_ALIBI) mx = fmaxf(row_max[mt][r], mx + base[HAS_ALIBI ? mt : 0][r]);
                 mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
                 mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-                if constexpr (HAS_ALIBI) mx = fmaxf(row_max[mt][r], mx + base[HAS_ALIBI ? mt : 0][r]);
                 // A row that has seen only masked keys keeps max -inf; subtract 0 instead so that
                 // exp2(-inf - -inf) never makes a NaN. Its probabilities are all exp2(-inf) = 0.
                 const float m_use = mx == NEG_INF ? 0.f : mx;

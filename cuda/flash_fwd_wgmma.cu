@@ -354,7 +354,8 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
                 }
             }
         }
-        // ALiBi's per-row base (0 on the diagonal), added to the row's max and its exp2's FFMA.
+        // ALiBi's per-row base (0 on the diagonal), added to the lane's max (before the quad's
+        // max: each lane's base is its own) and to its exp2's FFMA.
         float base[2] = {0.f, 0.f};
         if constexpr (HAS_ALIBI) {
             // This lane's first column of the tile, and each of its rows' position relative to it.
@@ -399,10 +400,13 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
             float mx = NEG_INF;  // this tile's max in x units
 #pragma unroll
             for (int jn = 0; jn < BLOCK_N / 8; ++jn) mx = fmaxf(mx, fmaxf(s_acc[4 * jn + 2 * r], s_acc[4 * jn + 2 * r + 1]));
+            // The running max stays in base-2 logits (x·fold, plus ALiBi's base). ALiBi's base
+            // depends on the lane's first column: each lane's max goes to logits with its own
+            // base before the quad's max (the 4 lanes' x are in different units until then).
+            if constexpr (HAS_ALIBI) mx = fmaf(mx, sc, base[r]);
             mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
             mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-            // The running max stays in base-2 logits (x·fold, plus ALiBi's base).
-            mx = fmaxf(row_max[r], HAS_ALIBI ? fmaf(mx, sc, base[r]) : mx * sc);
+            mx = fmaxf(row_max[r], HAS_ALIBI ? mx : mx * sc);
             // A row that has seen only masked keys keeps max -inf; subtract 0 instead so that
             // exp2(-inf - -inf) never makes a NaN. Its probabilities are all exp2(-inf) = 0.
             const float m_use = mx == NEG_INF ? 0.f : mx;
