@@ -20,9 +20,14 @@
 // * A lane (4·g + t) owns, of every 16-row fragment, rows g and g+8: two softmax rows, whose
 //   max and sum are combined over the 4 lanes of a quad with two shuffles.
 //
-// Variants are run-time FwdParams: a window skips the tiles wholly left of its first row's
-// edge; the scores are scaled, soft-capped, then get ALiBi's and the bias's terms (alibi_term,
-// bias_term in fwd_params.cuh) before the mask; a head's sink joins each row's sum at the end (join_sink).
+// Variants. Run-time FwdParams: a window skips the tiles wholly left of its first row's edge; a
+// head's sink joins each row's sum at the end (join_sink). Compile-time (FA_SOFTCAP, FA_ALIBI,
+// FA_BIAS, shared with flash_fwd_wgmma.cu through fwd_params.cuh), so that the plain kernel holds
+// none of their code or registers: the scaled scores are soft-capped (tanh.approx), then get
+// ALiBi's term (one FFMA a score off the diagonal, the row's share added to its max and exp2
+// argument: alibi_linear) and the bias's (one 32-bit load per column pair of a 16-bit bias, 8-byte
+// for f32; read after Q·Kᵀ, as registers at the 255 cap leave no room to hold a tile across the
+// MMAs) before the mask.
 //
 // Why these sizes. Registers per thread, head_dim 128, BLOCK_N 64, 16 rows per warp: O
 // accumulators 16·128/32 = 64, S 16·64/32 = 32, Q fragments kept in registers 16·128·2/4/32 =
@@ -42,7 +47,7 @@
 // Compile-time parameters (-D, set by src/cuda/plan/mma.rs): FA_HEAD_DIM, FA_BLOCK_M,
 // FA_BLOCK_N, FA_WARPS, FA_CAUSAL, FA_BF16, FA_Q_IN_REGS, FA_VEC_BYTES (16: rows 16-byte aligned;
 // 8: only 8-byte aligned), FA_MIN_BLOCKS (blocks per SM promised to the register allocator),
-// KERNEL_NAME.
+// FA_ALIBI, FA_BIAS, FA_SOFTCAP (the score terms, above), KERNEL_NAME.
 #include "mma_ptx.cuh"
 #include "fwd_params.cuh"
 
@@ -206,6 +211,20 @@ extern "C" __global__ void __launch_bounds__(THREADS, FA_MIN_BLOCKS) KERNEL_NAME
     // This lane's rows: row0 + 16·mt and row0 + 16·mt + 8.
     const int row0 = m0 + warp * WARP_ROWS + lane / 4;
     const float slope_log2 = alibi_slope_log2(p, head);
+    // Scores go to base-2 logits here (fold 1): s·scale, capped with the variant's cap.
+    const float cap_pre = HAS_SOFTCAP ? p.scale_log2 * p.softcap_inv_log2 : 0.f;
+    // The bias's rows (row0 + 16·mt + 8·half), located once.
+    const unsigned char* bias_at[HAS_BIAS ? M_TILES : 1][2];
+    bool bias_pairs[HAS_BIAS ? M_TILES : 1][2];
+    if constexpr (HAS_BIAS) {
+#pragma unroll
+        for (int mt = 0; mt < (HAS_BIAS ? M_TILES : 1); ++mt)
+#pragma unroll
+            for (int half = 0; half < 2; ++half) {
+                bias_at[mt][half] = bias_row(p, batch, head, row0 + 16 * mt + 8 * half);
+                bias_pairs[mt][half] = bias_pairs_ok(p, bias_at[mt][half]);
+            }
+    }
 
     for (int it = 0; it < n_tiles; ++it) {
         cp_async_wait<1>();  // every group but the newest is done: tile `it` has landed
@@ -254,33 +273,79 @@ extern "C" __global__ void __launch_bounds__(THREADS, FA_MIN_BLOCKS) KERNEL_NAME
         }
 
         // Scale into the log2 domain (scale·log2 e folded into one multiply; a max taken after
-        // scaling stays right for a negative scale), then mask where this tile needs it: past
-        // the end of the keys, or right of some row's diagonal.
+        // scaling stays right for a negative scale), cap with the variant's soft-cap, add its
+        // ALiBi and bias terms, then mask where this tile needs it: past the end of the keys, or
+        // right of some row's diagonal.
 #pragma unroll
         for (int mt = 0; mt < M_TILES; ++mt)
 #pragma unroll
             for (int n = 0; n < N_TILES; ++n)
 #pragma unroll
-                for (int e = 0; e < 4; ++e) s[mt][n][e] = soft_cap(p, s[mt][n][e] * p.scale_log2);
-        if (has_score_terms(p)) {
-            // This lane's first column of the tile; each row's position relative to it.
+                for (int e = 0; e < 4; ++e)
+                    s[mt][n][e] = HAS_SOFTCAP ? p.softcap_log2 * tanh_approx(s[mt][n][e] * cap_pre)
+                                              : s[mt][n][e] * p.scale_log2;
+        // The bias: one 32-bit load per column pair of a 16-bit bias (an 8-byte one for f32).
+        if constexpr (HAS_BIAS) {
             const int col0 = n0 + (lane % 4) * 2;
 #pragma unroll
-            for (int mt = 0; mt < M_TILES; ++mt)
+            for (int mt = 0; mt < (HAS_BIAS ? M_TILES : 1); ++mt)
 #pragma unroll
                 for (int half = 0; half < 2; ++half) {
-                    const int row = row0 + 16 * mt + half * 8;
-                    const float rel = (float)(row + seq.causal_offset - col0);
+                    const int limit = bias_limit(seq, row0 + 16 * mt + 8 * half, col0);
+                    const unsigned char* at = bias_at[mt][half];
+                    const bool pairs = bias_pairs[mt][half];
+                    if (p.bias_dtype != 0) {
+#pragma unroll
+                        for (int n = 0; n < N_TILES; ++n) {
+                            const float2 b = bias_unpack16(bias_pair16(at + 2 * (i64)col0, 8 * n, limit, pairs), p.bias_dtype);
+                            s[mt][n][2 * half] = fmaf(b.x, LOG2E_F, s[mt][n][2 * half]);
+                            s[mt][n][2 * half + 1] = fmaf(b.y, LOG2E_F, s[mt][n][2 * half + 1]);
+                        }
+                    } else {
+#pragma unroll
+                        for (int n = 0; n < N_TILES; ++n) {
+                            const float2 b = bias_pair32(at + 4 * (i64)col0, 8 * n, limit, pairs);
+                            s[mt][n][2 * half] = fmaf(b.x, LOG2E_F, s[mt][n][2 * half]);
+                            s[mt][n][2 * half + 1] = fmaf(b.y, LOG2E_F, s[mt][n][2 * half + 1]);
+                        }
+                    }
+                }
+        }
+        // ALiBi's per-row base (alibi_linear; 0 on the diagonal), added to the lane's max (before
+        // the quad's max: each lane's base is its own) and to its exp2's argument.
+        float base[HAS_ALIBI ? M_TILES : 1][2];
+        if constexpr (HAS_ALIBI) {
+            // This lane's first column of the tile; each row's position relative to it.
+            const int col0 = n0 + (lane % 4) * 2;
+            float rel[M_TILES][2], k[M_TILES][2];
+            bool linear = true;
+#pragma unroll
+            for (int mt = 0; mt < (HAS_ALIBI ? M_TILES : 1); ++mt)
+#pragma unroll
+                for (int half = 0; half < 2; ++half) {
+                    rel[mt][half] = (float)(row0 + 16 * mt + 8 * half + seq.causal_offset - col0);
+                    linear &= alibi_linear(slope_log2, slope_log2, rel[mt][half], (float)(BLOCK_N - 7), CAUSAL,
+                                           k[mt][half], base[mt][half]);
+                }
+            if (__all_sync(0xffffffffu, linear)) {
+#pragma unroll
+                for (int mt = 0; mt < (HAS_ALIBI ? M_TILES : 1); ++mt)
 #pragma unroll
                     for (int n = 0; n < N_TILES; ++n)
 #pragma unroll
-                        for (int e = 2 * half; e < 2 * half + 2; ++e) {
-                            const int c = n * 8 + (e & 1);
-                            float t = p.alibi_mode != 0 ? alibi_term(slope_log2, rel, (float)c) : 0.f;
-                            if (p.bias != nullptr) t += bias_term(p, seq, batch, head, row, col0 + c);
-                            s[mt][n][e] += t;
-                        }
+                        for (int e = 0; e < 4; ++e)
+                            s[mt][n][e] = fmaf(k[mt][e >> 1], (float)(n * 8 + (e & 1)), s[mt][n][e]);
+            } else {
+#pragma unroll
+                for (int mt = 0; mt < (HAS_ALIBI ? M_TILES : 1); ++mt) {
+                    base[mt][0] = base[mt][1] = 0.f;
+#pragma unroll
+                    for (int n = 0; n < N_TILES; ++n)
+#pragma unroll
+                        for (int e = 0; e < 4; ++e)
+                            s[mt][n][e] = alibi_x(s[mt][n][e], slope_log2, rel[mt][e >> 1], (float)(n * 8 + (e & 1)));
                 }
+            }
         }
         // A tile needs a mask where it runs past what the first row sees or starts before what
         // the last row sees (a window's left edge).
@@ -306,9 +371,13 @@ extern "C" __global__ void __launch_bounds__(THREADS, FA_MIN_BLOCKS) KERNEL_NAME
         for (int mt = 0; mt < M_TILES; ++mt)
 #pragma unroll
             for (int r = 0; r < 2; ++r) {
-                float mx = row_max[mt][r];
+                // With ALiBi the lane's max is taken first and shifted by its own base before the
+                // quad's max: the base depends on the lane's first column, so the 4 lanes' scores
+                // are in different units until it is added.
+                float mx = HAS_ALIBI ? NEG_INF : row_max[mt][r];
 #pragma unroll
                 for (int n = 0; n < N_TILES; ++n) mx = fmaxf(mx, fmaxf(s[mt][n][2 * r], s[mt][n][2 * r + 1]));
+                if constexpr (HAS_ALIBI) mx = fmaxf(row_max[mt][r], mx + base[HAS_ALIBI ? mt : 0][r]);
                 mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
                 mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
                 // A row that has seen only masked keys keeps max -inf; subtract 0 instead so that
@@ -316,11 +385,12 @@ extern "C" __global__ void __launch_bounds__(THREADS, FA_MIN_BLOCKS) KERNEL_NAME
                 const float m_use = mx == NEG_INF ? 0.f : mx;
                 const float alpha = ex2(row_max[mt][r] - m_use);  // rescales the old sum and O
                 row_max[mt][r] = mx;
+                const float shift = HAS_ALIBI ? base[HAS_ALIBI ? mt : 0][r] - m_use : 0.f;
                 float sum = 0.f;
 #pragma unroll
                 for (int n = 0; n < N_TILES; ++n) {
-                    s[mt][n][2 * r] = ex2(s[mt][n][2 * r] - m_use);
-                    s[mt][n][2 * r + 1] = ex2(s[mt][n][2 * r + 1] - m_use);
+                    s[mt][n][2 * r] = ex2(HAS_ALIBI ? s[mt][n][2 * r] + shift : s[mt][n][2 * r] - m_use);
+                    s[mt][n][2 * r + 1] = ex2(HAS_ALIBI ? s[mt][n][2 * r + 1] + shift : s[mt][n][2 * r + 1] - m_use);
                     sum += s[mt][n][2 * r] + s[mt][n][2 * r + 1];
                 }
                 // The sum stays per lane until the end (alpha is equal on the 4 lanes of a quad).

@@ -30,13 +30,18 @@
 //   warpgroup's 64: for each, 2 of every 8 columns of S and O. Row max and sum are combined over
 //   the 4 lanes of a quad with two shuffles.
 //
-// Variants (run-time FwdParams, as in flash_fwd_mma.cu): a sliding window's tiles left of every
-// row's window are never copied (the producer and consumers count tiles from the first one the
-// CTA's first row sees), and a soft-cap scales and caps the scores before the mask, at the cost
-// of the one multiply that a positive scale otherwise folds into exp2's FFMA; ALiBi and the score
-// bias then add their terms (alibi_term, bias_term in fwd_params.cuh: the bias read straight from global
-// memory, four bytes a score at most), and a head's sink joins each row's sum in the epilogue
-// (join_sink).
+// Variants. Run-time (FwdParams, as in flash_fwd_mma.cu): a sliding window's tiles left of
+// every row's window are never copied (the producer and consumers count tiles from the first one
+// the CTA's first row sees), and a head's sink joins each row's sum in the epilogue (join_sink).
+// Compile-time (FA_SOFTCAP, FA_ALIBI, FA_BIAS; fwd_params.cuh), because each costs registers and
+// instructions per score that the plain kernel must not carry: the soft-cap takes tanh of the
+// scaled scores (one FMUL and one MUFU a score) and folds the cap into exp2's FFMA in place of the
+// scale; ALiBi adds one FFMA a score off the diagonal (alibi_linear: the row's share goes into its
+// max and its exp2's FFMA once per tile), two on it; the bias's tile (16-bit: one 32-bit load per
+// column pair, BLOCK_N / 4 registers) is loaded right after S = Q·Kᵀ is issued where those
+// registers fit (BIAS_PREFETCH), so the loads overlap the tensor cores, and each value costs an
+// unpack and an FFMA (f32, and plans without the room: loaded in the softmax, 8 bytes or 4 a
+// column pair).
 //
 // Overlap (FA_OVERLAP): inside a warpgroup, S(j) = Q·K(j)ᵀ and O += P(j-1)·V(j-1) are issued
 // back to back, and the softmax of tile j is meant to run while the tensor cores finish
@@ -52,8 +57,11 @@
 // with 2 consumers (240 registers) head_dim 128 takes 128-192-key tiles; at head_dim 256 O alone
 // is 128, so tiles are 64 or 80 keys. With 3 consumers (160 registers) head_dim 64 with 128-key
 // tiles fits (32 + 64 + 32 plus addresses; ptxas reports no spills), and each K/V tile then
-// feeds 192 rows. Shared memory: Q (BLOCK_M x head_dim) + STAGES · (K + V)
-// (BLOCK_N x head_dim each), 16-bit, + 1 KiB for alignment: head_dim 128, 128 x 128, 2 stages =
+// feeds 192 rows. A 16-bit bias tile held across the S wgmma is BLOCK_N / 4 more (32 at
+// BLOCK_N 128): it is prefetched only where O + S (+ P) + it leave 56 registers for addresses
+// and the terms' per-row state (BIAS_PREFETCH; ptxas then reports no spills). Shared memory:
+// Q (BLOCK_M x head_dim) + STAGES · (K + V) (BLOCK_N x head_dim each), 16-bit, + 1 KiB for
+// alignment: head_dim 128, 128 x 128, 2 stages =
 // 32 + 2·64 = 160 KiB; head_dim 256, 128 x 80, 2 stages = 64 + 2·80 = 224 KiB; one CTA per SM,
 // which the thread count at the register cap already implies.
 //
@@ -64,7 +72,8 @@
 //
 // Compile-time parameters (-D, set by src/cuda/plan/wgmma.rs): FA_HEAD_DIM, FA_BLOCK_N,
 // FA_STAGES, FA_CONSUMERS, FA_CAUSAL, FA_BF16, FA_OVERLAP, FA_PINGPONG, FA_PV_SPLIT (1: O += P·V
-// as one N = 64 wgmma per head_dim panel instead of one N = head_dim wgmma), KERNEL_NAME.
+// as one N = 64 wgmma per head_dim panel instead of one N = head_dim wgmma), FA_ALIBI, FA_BIAS,
+// FA_SOFTCAP (the score terms, above), KERNEL_NAME.
 #include "mma_ptx.cuh"
 #include "fwd_params.cuh"
 #include "sm90_ptx.cuh"
@@ -269,30 +278,107 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
         if (lane == 0) mbar_arrive(bar_empty(s));
     };
 
+    // The score terms' per-thread constants (score_units and the helpers in fwd_params.cuh):
+    // terms go into x units (divided by fold) once here, the bias's rows are located once.
+    const ScoreUnits units = score_units(p);
+    const float slope_x = slope_log2 / units.fold;
+    const float bias_k = LOG2E_F / units.fold;
+    const unsigned char* bias_at[2] = {nullptr, nullptr};
+    bool bias_pairs[2] = {false, false};
+    if constexpr (HAS_BIAS) {
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+            bias_at[r] = bias_row(p, batch, head, row0 + 8 * r);
+            bias_pairs[r] = bias_pairs_ok(p, bias_at[r]);
+        }
+    }
+    // A 16-bit bias tile's words (columns 8·jn + 2·(lane % 4) + {0, 1} of both rows): where
+    // BLOCK_N / 4 more registers fit beside O, S (and P with overlap) with room for addresses,
+    // they are loaded right after S(j) is issued, so that their latency hides behind the tensor
+    // cores; otherwise (three consumers, the widest tiles) and for an f32 bias (twice the
+    // registers) the softmax reads them as it adds them.
+    constexpr bool BIAS_PREFETCH =
+        HAS_BIAS && O_REGS + S_REGS + (OVERLAP ? S_REGS / 2 : 0) + BLOCK_N / 4 <= CONSUMER_REGS - 56;
+    u32 bias_w[BIAS_PREFETCH ? BLOCK_N / 8 : 1][2];
+    auto load_bias = [&](int j) {
+        if constexpr (BIAS_PREFETCH) {
+            if (p.bias_dtype == 0) return;
+            const int col0 = (first_tile + j) * BLOCK_N + 2 * (lane % 4);
+#pragma unroll
+            for (int r = 0; r < 2; ++r) {
+                const int limit = bias_limit(seq, row0 + 8 * r, col0);
+#pragma unroll
+                for (int jn = 0; jn < (BIAS_PREFETCH ? BLOCK_N / 8 : 1); ++jn)
+                    bias_w[jn][r] = bias_pair16(bias_at[r] + 2 * (i64)col0, 8 * jn, limit, bias_pairs[r]);
+            }
+        }
+    };
+
     // Online softmax of tile j in place: s_acc becomes P (f32), the running max and sum move on,
     // and alpha is what O (accumulated under the old max) must be multiplied by.
     auto softmax = [&](int j, float (&alpha)[2]) {
         const int n0 = (first_tile + j) * BLOCK_N;
-        // With a positive scale the max of the raw scores, scaled, is the max of the scaled
-        // ones, and exp2(s·scale - max) is one FFMA per score: no separate scaling pass. A
-        // negative (or zero) scale, a soft-cap, ALiBi or a bias scales (and caps, and adds the
-        // terms) first, and the FFMA multiplies by 1.
-        const bool fold_scale = p.scale_log2 > 0.f && p.softcap_log2 == 0.f && !has_score_terms(p);
-        const float sc = fold_scale ? p.scale_log2 : 1.f;
-        if (!fold_scale) {
+        // Scores in x units (score_units): nothing to do for plain attention with a positive
+        // scale, whose exp2(s·scale - max) is one FFMA per score.
+        const float sc = units.fold;
+        if (HAS_SOFTCAP || units.pre != 1.f) {
 #pragma unroll
-            for (int i = 0; i < S_REGS; ++i) s_acc[i] = soft_cap(p, s_acc[i] * p.scale_log2);
+            for (int i = 0; i < S_REGS; ++i) s_acc[i] = score_x(units, s_acc[i]);
         }
-        if (has_score_terms(p)) {
+        // The bias first: its prefetched words are free once added.
+        if constexpr (HAS_BIAS) {
+            const int col0 = n0 + 2 * (lane % 4);
+            if (p.bias_dtype != 0) {
+#pragma unroll
+                for (int r = 0; r < 2; ++r) {
+                    const int limit = bias_limit(seq, row0 + 8 * r, col0);
+#pragma unroll
+                    for (int jn = 0; jn < BLOCK_N / 8; ++jn) {
+                        const u32 w = BIAS_PREFETCH ? bias_w[BIAS_PREFETCH ? jn : 0][r]
+                                                    : bias_pair16(bias_at[r] + 2 * (i64)col0, 8 * jn, limit, bias_pairs[r]);
+                        const float2 b = bias_unpack16(w, p.bias_dtype);
+                        s_acc[4 * jn + 2 * r] = fmaf(b.x, bias_k, s_acc[4 * jn + 2 * r]);
+                        s_acc[4 * jn + 2 * r + 1] = fmaf(b.y, bias_k, s_acc[4 * jn + 2 * r + 1]);
+                    }
+                }
+            } else {
+#pragma unroll
+                for (int r = 0; r < 2; ++r) {
+                    const int limit = bias_limit(seq, row0 + 8 * r, col0);
+#pragma unroll
+                    for (int jn = 0; jn < BLOCK_N / 8; ++jn) {
+                        const float2 b = bias_pair32(bias_at[r] + 4 * (i64)col0, 8 * jn, limit, bias_pairs[r]);
+                        s_acc[4 * jn + 2 * r] = fmaf(b.x, bias_k, s_acc[4 * jn + 2 * r]);
+                        s_acc[4 * jn + 2 * r + 1] = fmaf(b.y, bias_k, s_acc[4 * jn + 2 * r + 1]);
+                    }
+                }
+            }
+        }
+        // ALiBi's per-row base (0 on the diagonal), added to the lane's max (before the quad's
+        // max: each lane's base is its own) and to its exp2's FFMA.
+        float base[2] = {0.f, 0.f};
+        if constexpr (HAS_ALIBI) {
             // This lane's first column of the tile, and each of its rows' position relative to it.
             const int col0 = n0 + 2 * (lane % 4);
             const float rel[2] = {(float)(row0 + seq.causal_offset - col0), (float)(row0 + 8 + seq.causal_offset - col0)};
+            float k[2];
+            bool linear = true;
 #pragma unroll
-            for (int i = 0; i < S_REGS; ++i) {
-                const int r = (i >> 1) & 1, c = 8 * (i / 4) + (i & 1);
-                float t = p.alibi_mode != 0 ? alibi_term(slope_log2, rel[r], (float)c) : 0.f;
-                if (p.bias != nullptr) t += bias_term(p, seq, batch, head, row0 + 8 * r, col0 + c);
-                s_acc[i] += t;
+            for (int r = 0; r < 2; ++r)
+                linear &= alibi_linear(slope_x, slope_log2, rel[r], (float)(BLOCK_N - 7), CAUSAL, k[r], base[r]);
+            if (__all_sync(0xffffffffu, linear)) {
+#pragma unroll
+                for (int i = 0; i < S_REGS; ++i) {
+                    const int r = (i >> 1) & 1, c = 8 * (i / 4) + (i & 1);
+                    s_acc[i] = fmaf(k[r], (float)c, s_acc[i]);
+                }
+            } else {
+                base[0] = base[1] = 0.f;
+#pragma unroll
+                for (int i = 0; i < S_REGS; ++i) {
+                    const int r = (i >> 1) & 1, c = 8 * (i / 4) + (i & 1);
+                    s_acc[i] = alibi_x(s_acc[i], slope_x, rel[r], (float)c);
+                }
             }
         }
         // Mask where the tile runs past what the warpgroup's first row sees (end of the keys,
@@ -311,22 +397,27 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
         }
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
-            float mx = NEG_INF;  // this tile's max, raw when the scale is positive
+            float mx = NEG_INF;  // this tile's max in x units
 #pragma unroll
             for (int jn = 0; jn < BLOCK_N / 8; ++jn) mx = fmaxf(mx, fmaxf(s_acc[4 * jn + 2 * r], s_acc[4 * jn + 2 * r + 1]));
+            // The running max stays in base-2 logits (x·fold, plus ALiBi's base). ALiBi's base
+            // depends on the lane's first column: each lane's max goes to logits with its own
+            // base before the quad's max (the 4 lanes' x are in different units until then).
+            if constexpr (HAS_ALIBI) mx = fmaf(mx, sc, base[r]);
             mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
             mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-            mx = fmaxf(row_max[r], mx * sc);  // the running max stays in scaled units
+            mx = fmaxf(row_max[r], HAS_ALIBI ? mx : mx * sc);
             // A row that has seen only masked keys keeps max -inf; subtract 0 instead so that
             // exp2(-inf - -inf) never makes a NaN. Its probabilities are all exp2(-inf) = 0.
             const float m_use = mx == NEG_INF ? 0.f : mx;
             alpha[r] = ex2(row_max[r] - m_use);
             row_max[r] = mx;
+            const float shift = HAS_ALIBI ? base[r] - m_use : -m_use;
             float sum = 0.f;
 #pragma unroll
             for (int jn = 0; jn < BLOCK_N / 8; ++jn) {
-                s_acc[4 * jn + 2 * r] = ex2(fmaf(s_acc[4 * jn + 2 * r], sc, -m_use));
-                s_acc[4 * jn + 2 * r + 1] = ex2(fmaf(s_acc[4 * jn + 2 * r + 1], sc, -m_use));
+                s_acc[4 * jn + 2 * r] = ex2(fmaf(s_acc[4 * jn + 2 * r], sc, shift));
+                s_acc[4 * jn + 2 * r + 1] = ex2(fmaf(s_acc[4 * jn + 2 * r + 1], sc, shift));
                 sum += s_acc[4 * jn + 2 * r] + s_acc[4 * jn + 2 * r + 1];
             }
             row_sum[r] = row_sum[r] * alpha[r] + sum;
@@ -372,6 +463,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
             issue_qk(0);
             wgmma_commit();
             turn_end();
+            load_bias(0);
             wgmma_wait<0>();
             fence_regs(s_acc);
             softmax(0, alpha);
@@ -390,6 +482,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
                 issue_pv(sp);
                 wgmma_commit();
                 turn_end();
+                load_bias(j);
                 wgmma_wait<1>();  // S(j) is done; P(j-1)·V(j-1) may still run
                 fence_regs(s_acc);
                 softmax(j, alpha);
@@ -425,6 +518,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
                 issue_qk(s);
                 wgmma_commit();
                 turn_end();
+                load_bias(j);
                 wgmma_wait<0>();
                 fence_regs(s_acc);
                 softmax(j, alpha);

@@ -115,6 +115,28 @@ __device__ __forceinline__ int visible_keys_end(const FwdParams& p, const SeqRow
     return keys_seen<CAUSAL>(p, s, m0 + rows - 1).y;
 }
 
+// ---- Score-term variants: ALiBi, the score bias, the soft-cap ----
+//
+// Compile-time switches (-DFA_ALIBI, -DFA_BIAS, -DFA_SOFTCAP: 0 or 1, set by src/cuda/plan from
+// the problem's ScoreTerms), so that the plain kernel holds none of their code or registers and
+// a variant only its own terms'. The host launches a config only for a problem with exactly its
+// terms (CudaKernelConfig::check_terms), so the run-time values below are set whenever a switch
+// is on; their own modes (slopes geometric or per head, the bias's dtype and strides, the cap)
+// stay run-time. Kernels that define none of them (flash_decode.cu) get the plain defaults.
+#ifndef FA_ALIBI
+#define FA_ALIBI 0
+#endif
+#ifndef FA_BIAS
+#define FA_BIAS 0
+#endif
+#ifndef FA_SOFTCAP
+#define FA_SOFTCAP 0
+#endif
+constexpr bool HAS_ALIBI = FA_ALIBI != 0;
+constexpr bool HAS_BIAS = FA_BIAS != 0;
+constexpr bool HAS_SOFTCAP = FA_SOFTCAP != 0;
+constexpr float LOG2E_F = 1.4426950408889634f;
+
 // tanh on the special-function unit (sm_75+): one instruction where tanhf is a dozen, relative
 // error below 2^-10.9 (PTX ISA), which the 16-bit inputs' own rounding dwarfs; FlashAttention
 // caps its scores with it too.
@@ -124,23 +146,36 @@ __device__ __forceinline__ float tanh_approx(float x) {
     return y;
 }
 
-// A scaled score (base 2) soft-capped: cap·tanh(x / cap), nothing without a cap.
-__device__ __forceinline__ float soft_cap(const FwdParams& p, float x) {
-    return p.softcap_log2 > 0.f ? p.softcap_log2 * tanh_approx(x * p.softcap_inv_log2) : x;
+// How a raw score s (Q·K) reaches its base-2 logit: x = tanh(s·pre) with a cap, else s·pre, and
+// logit = x·fold with fold > 0, so that the row max of x, times fold, is the max of the logits and
+// exp2(x·fold - max) is one FFMA. With a positive scale and no cap pre = 1 (x is s itself: no
+// pass over the scores at all); with a cap fold is cap·log2 e (cap·tanh(s·scale / cap)); a
+// negative or zero scale multiplies first (fold 1). ALiBi's and the bias's terms are added to x,
+// so they are divided by fold once per CTA, not per score.
+struct ScoreUnits {
+    float pre;
+    float fold;
+};
+
+__device__ __forceinline__ ScoreUnits score_units(const FwdParams& p) {
+    if (HAS_SOFTCAP) return ScoreUnits{p.scale_log2 * p.softcap_inv_log2, p.softcap_log2};
+    if (p.scale_log2 > 0.f) return ScoreUnits{1.f, p.scale_log2};
+    return ScoreUnits{p.scale_log2, 1.f};
+}
+
+// A raw score in the units of `u` (the pass over the scores that plain attention with a positive
+// scale skips: callers test u.pre != 1 first when there is no cap).
+__device__ __forceinline__ float score_x(const ScoreUnits& u, float s) {
+    return HAS_SOFTCAP ? tanh_approx(s * u.pre) : s * u.pre;
 }
 
 // ---- ALiBi, the score bias and sinks (the forward kernels' per-score and per-row terms) ----
-
-// Whether scores get ALiBi's or the bias's terms at all: a uniform branch plain attention skips.
-__device__ __forceinline__ bool has_score_terms(const FwdParams& p) {
-    return p.alibi_mode != 0 || p.bias != nullptr;
-}
 
 // Query head h's ALiBi slope times log2 e (0 without ALiBi). The geometric slopes for n heads,
 // with q the largest power of two <= n: 2^(-8(h+1)/q) for h < q, else 2^(-4(2(h-q)+1)/q)
 // (Alibi::geometric_slope).
 __device__ __forceinline__ float alibi_slope_log2(const FwdParams& p, int h) {
-    constexpr float LOG2E_F = 1.4426950408889634f;
+    if (!HAS_ALIBI) return 0.f;
     if (p.alibi_mode == 2) return p.alibi_slopes[h] * LOG2E_F;
     if (p.alibi_mode != 1) return 0.f;
     const int q = 1 << (31 - __clz(p.num_heads));
@@ -148,34 +183,77 @@ __device__ __forceinline__ float alibi_slope_log2(const FwdParams& p, int h) {
     return exp2f(e) * LOG2E_F;
 }
 
-// An f16 value from its bits (the kernels include no CUDA headers).
-__device__ __forceinline__ float f16_bits_to_float(unsigned short bits) {
-    float f;
-    asm("{ .reg .b16 h; mov.b16 h, %1; cvt.f32.f16 %0, h; }" : "=f"(f) : "h"(bits));
-    return f;
-}
-
-// ALiBi's base-2 term, -slope·|position - key|, for a key c columns right of a column col0, from
-// rel = row + causal_offset - col0 (a float worked out once per row and tile: converting every
-// score's column would cost as much as its exp2).
-__device__ __forceinline__ float alibi_term(float slope_log2, float rel, float c) {
-    return -slope_log2 * fabsf(rel - c);
-}
-
-// The bias's base-2 term for query `row` (within sequence `s`, batch entry b, head h) against key
-// `col`: its value times log2 e, or -inf where it hides the key; 0 without a bias, and for rows
-// past the sequence's queries or keys past its end (the kernels mask or drop those).
-__device__ __forceinline__ float bias_term(const FwdParams& p, const SeqRows& s, int b, int h, int row, int col) {
-    if (p.bias == nullptr || row >= s.seq_q || col >= s.seq_kv) return 0.f;
-    const i64 e = b * p.bias_batch_stride + h * p.bias_head_stride + (i64)row * p.bias_row_stride + col;
-    float x;
-    if (p.bias_dtype == 0) {
-        x = __ldg(static_cast<const float*>(p.bias) + e);
-    } else {
-        const unsigned short bits = __ldg(static_cast<const unsigned short*>(p.bias) + e);
-        x = p.bias_dtype == 1 ? f16_bits_to_float(bits) : __uint_as_float((unsigned)bits << 16);
+// ALiBi's term of one row over one tile, -slope·|rel - c| for the thread's columns c (compile-time
+// offsets 0..c_max from its first column col0; rel = position - col0, a float worked out once
+// per row and tile). Where all of them lie on one side of the position (left: every key of a
+// causal row, whose visible keys never pass it) the term is linear in c: k·c + base, with
+// k = ±slope in x units (one FFMA per score, c an immediate) and base = ∓slope·rel, which is
+// added once per row to its max and to the exp2's FFMA. Returns false on the diagonal, where the
+// caller uses the |·| form (alibi_x).
+__device__ __forceinline__ bool alibi_linear(float slope_x, float slope_log2, float rel, float c_max, bool left_only,
+                                             float& k, float& base) {
+    if (left_only || rel >= c_max) {
+        k = slope_x;
+        base = -slope_log2 * rel;
+        return true;
     }
-    return x == NEG_INF ? NEG_INF : x * 1.4426950408889634f;
+    k = -slope_x;
+    base = slope_log2 * rel;
+    return rel <= 0.f;
+}
+
+// ALiBi's term in x units for a score on the diagonal: two FP32 ops (FADD, FFMA with |·|).
+__device__ __forceinline__ float alibi_x(float x, float slope_x, float rel, float c) {
+    return fmaf(-slope_x, fabsf(rel - c), x);
+}
+
+// The bias's row: element (b, h, row, 0) as a byte pointer (offset included; rows past the
+// sequence's queries read nothing: see bias_limit).
+__device__ __forceinline__ const unsigned char* bias_row(const FwdParams& p, int b, int h, int row) {
+    const i64 e = b * p.bias_batch_stride + h * p.bias_head_stride + (i64)row * p.bias_row_stride;
+    return static_cast<const unsigned char*>(p.bias) + e * (p.bias_dtype == 0 ? 4 : 2);
+}
+
+// How many keys of a bias row are left from column col0 (0 for a row past the sequence's
+// queries): offsets c with c < limit are read, the rest count as 0 (the mask hides those keys).
+__device__ __forceinline__ int bias_limit(const SeqRows& s, int row, int col0) {
+    return row < s.seq_q ? s.seq_kv - col0 : 0;
+}
+
+// Two adjacent 16-bit bias values (offsets c, c + 1 from `at`, c even) as one word, c's in the
+// low half: one 32-bit load where the row's address allows (`pairs`: it is 4-byte aligned, which
+// an even column keeps), two 16-bit loads otherwise; 0 for offsets at or past `limit`.
+__device__ __forceinline__ u32 bias_pair16(const unsigned char* at, int c, int limit, bool pairs) {
+    const unsigned short* e = reinterpret_cast<const unsigned short*>(at) + c;
+    if (c + 1 < limit) {
+        if (pairs) return __ldg(reinterpret_cast<const unsigned int*>(e));
+        return (u32)__ldg(e) | ((u32)__ldg(e + 1) << 16);
+    }
+    return c < limit ? (u32)__ldg(e) : 0u;
+}
+
+// The two f32 values of a word of bias_pair16: f16 (bias_dtype 1) or bf16 (2).
+__device__ __forceinline__ float2 bias_unpack16(u32 v, int dtype) {
+    if (dtype == 2) return make_float2(__uint_as_float(v << 16), __uint_as_float(v & 0xffff0000u));
+    float lo, hi;
+    asm("{ .reg .b16 l, h; mov.b32 {l, h}, %2; cvt.f32.f16 %0, l; cvt.f32.f16 %1, h; }" : "=f"(lo), "=f"(hi) : "r"(v));
+    return make_float2(lo, hi);
+}
+
+// Two adjacent f32 bias values (offsets c, c + 1, c even): one 8-byte load where the row is
+// 8-byte aligned (`pairs`), else two; 0 past `limit`.
+__device__ __forceinline__ float2 bias_pair32(const unsigned char* at, int c, int limit, bool pairs) {
+    const float* e = reinterpret_cast<const float*>(at) + c;
+    if (c + 1 < limit) {
+        if (pairs) return __ldg(reinterpret_cast<const float2*>(e));
+        return make_float2(__ldg(e), __ldg(e + 1));
+    }
+    return make_float2(c < limit ? __ldg(e) : 0.f, 0.f);
+}
+
+// Whether a bias row's loads may go two columns at a time (an aligned address for the pair).
+__device__ __forceinline__ bool bias_pairs_ok(const FwdParams& p, const unsigned char* row) {
+    return ((size_t)row & (p.bias_dtype == 0 ? 7 : 3)) == 0;
 }
 
 // A row's final softmax state with head h's sink joining its sum: from the row's max m (base 2;
@@ -187,7 +265,7 @@ struct RowTotal {
 
 __device__ __forceinline__ RowTotal join_sink(const FwdParams& p, int h, float m, float sum) {
     if (p.sinks == nullptr) return RowTotal{m, sum, 1.f};
-    const float sink = p.sinks[h] * 1.4426950408889634f;
+    const float sink = p.sinks[h] * LOG2E_F;
     const float m_new = fmaxf(m, sink);
     const float f = m == NEG_INF ? 0.f : exp2f(m - m_new);
     return RowTotal{m_new, sum * f + exp2f(sink - m_new), f};

@@ -35,8 +35,8 @@
 //! `--decode-layout bhsd` runs the plain decode table head-major (PyTorch's layout in
 //! torch_decode.py) instead of BSHD. `--window-left N` and `--softcap CAP` give the prefill
 //! table's problems a sliding window or a soft-cap, `--alibi geometric|per-head`, `--sinks` and
-//! `--bias` ALiBi, random sinks or a random bf16 bias per head (issue 17's bars: time beside a run
-//! without).
+//! `--bias` ALiBi, random sinks or a random bf16 bias per head (`--bias-f16`: in f16) (issue 17's
+//! bars: time beside a run without).
 //!
 //! ```text
 //! cargo run --release --features cuda,internals --example cuda_attention -- --decode --reps 200
@@ -45,7 +45,7 @@
 
 use std::io::Write;
 
-use half::bf16;
+use half::{bf16, f16};
 use wgpu_flash_attn::batch::{Alibi, BatchIndex, BiasLayout, BiasValues, ScoreBias};
 use wgpu_flash_attn::cuda::cudarc::driver::sys::CUevent_flags;
 use wgpu_flash_attn::cuda::cudarc::driver::{CudaSlice, DevicePtr};
@@ -84,10 +84,12 @@ struct Args {
     window_left: Option<usize>,
     softcap: Option<f32>,
     /// `--alibi geometric|per-head`, `--sinks`, `--bias`: the prefill table's problems with ALiBi,
-    /// random sinks, or a random bf16 bias per head (broadcast over the batch).
+    /// random sinks, or a random bf16 bias per head (broadcast over the batch); `--bias-f16`: the
+    /// bias in f16 instead.
     alibi: Option<Alibi>,
     sinks: bool,
     bias: bool,
+    bias_f16: bool,
 }
 
 fn parse_args() -> Args {
@@ -110,6 +112,7 @@ fn parse_args() -> Args {
         alibi: None,
         sinks: false,
         bias: false,
+        bias_f16: false,
     };
     let list = |s: &str| -> Vec<usize> { s.split(',').map(|x| x.trim().parse().expect("a number")).collect() };
     let mut it = std::env::args().skip(1);
@@ -139,6 +142,10 @@ fn parse_args() -> Args {
             }
             "--sinks" => a.sinks = true,
             "--bias" => a.bias = true,
+            "--bias-f16" => {
+                a.bias = true;
+                a.bias_f16 = true;
+            }
             "--decode-layout" => {
                 a.decode_layout = match value().as_str() {
                     "bshd" => Layout::Bshd,
@@ -177,6 +184,8 @@ struct Buffers {
     slopes: Vec<f32>,
     sinks: Vec<f32>,
     bias: Vec<bf16>,
+    /// The same values in f16, for `--bias-f16` (else empty).
+    bias16: Vec<f16>,
     d_slopes: CudaSlice<f32>,
     d_sinks: CudaSlice<f32>,
     d_bias: CudaSlice<u16>,
@@ -188,9 +197,13 @@ impl Buffers {
         BatchIndex {
             alibi_slopes: p.has_alibi_tensor().then_some(&self.slopes[..]),
             sinks: p.sinks.then_some(&self.sinks[..]),
-            bias: p
-                .bias
-                .map(|b| BiasValues::BF16(&self.bias[..b.required_len(p).unwrap_or(0)])),
+            bias: p.bias.map(|b| {
+                let n = b.required_len(p).unwrap_or(0);
+                match b.dtype {
+                    DType::F16 => BiasValues::F16(&self.bias16[..n]),
+                    _ => BiasValues::BF16(&self.bias[..n]),
+                }
+            }),
             ..BatchIndex::default()
         }
     }
@@ -245,7 +258,10 @@ fn time(
                         .has_alibi_tensor()
                         .then_some(&bufs.d_slopes as &dyn DevicePtr<f32>),
                     sinks: problem.sinks.then_some(&bufs.d_sinks as &dyn DevicePtr<f32>),
-                    bias: problem.bias.map(|_| DeviceBias::BF16(&bufs.d_bias)),
+                    bias: problem.bias.map(|b| match b.dtype {
+                        DType::F16 => DeviceBias::F16(&bufs.d_bias),
+                        _ => DeviceBias::BF16(&bufs.d_bias),
+                    }),
                     ..DeviceBatchIndex::default()
                 },
             )?,
@@ -766,6 +782,7 @@ fn main() -> Result<()> {
         slopes: Vec::new(),
         sinks: Vec::new(),
         bias: Vec::new(),
+        bias16: Vec::new(),
         d_slopes: stream.alloc_zeros::<f32>(1)?,
         d_sinks: stream.alloc_zeros::<f32>(1)?,
         d_bias: stream.alloc_zeros::<u16>(1)?,
@@ -784,6 +801,10 @@ fn main() -> Result<()> {
         let longest = args.seqs.iter().copied().max().unwrap_or(0);
         bufs.bias = random_tensor::<bf16>(5, max_heads * longest * longest);
         bufs.d_bias = stream.clone_htod(&to_bits(&bufs.bias))?;
+        if args.bias_f16 {
+            bufs.bias16 = bufs.bias.iter().map(|x| f16::from_f32(x.to_f32())).collect();
+            bufs.d_bias = stream.clone_htod(bytemuck::cast_slice::<f16, u16>(&bufs.bias16))?;
+        }
     }
     eprintln!("inputs ready in {:.1} s", t0.elapsed().as_secs_f64());
     let mut json = args.json.as_ref().map(|p| {
@@ -808,7 +829,7 @@ fn main() -> Result<()> {
         }
         if args.bias {
             p = p.with_bias(ScoreBias {
-                dtype: DType::BF16,
+                dtype: if args.bias_f16 { DType::F16 } else { DType::BF16 },
                 layout: BiasLayout::dense(&p, false, true),
             });
         }
@@ -858,7 +879,7 @@ fn main() -> Result<()> {
                             continue;
                         }
                     };
-                    let info = engine.prepare(&CudaKernelConfig::new(DType::BF16, head_dim, plan, causal, 16)?)?;
+                    let info = engine.prepare(&CudaKernelConfig::for_problem(&p, plan, 16)?)?;
                     let check = spot_check(&engine, &p, &bufs)?;
                     let tflops = p.flops() / (t.median_ms * 1e-3) / 1e12;
                     println!(

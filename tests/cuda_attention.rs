@@ -23,6 +23,7 @@ use wgpu_flash_attn::cuda::{
     driver_available, nvrtc_available, CacheStatus, CudaAttention, CudaDevice, CudaOptions, CudaPlan, DeviceBatchIndex,
     DeviceTensors, DiskCache, Origin,
 };
+use wgpu_flash_attn::cuda::{ScoreTerms, CUDA_HEAD_DIMS};
 use wgpu_flash_attn::testing::{random_tensor, ErrorStats};
 use wgpu_flash_attn::{
     reference, AttentionProblem, AttentionShape, DType, Element, Error, Layout, Tensor, TensorLayout,
@@ -1305,6 +1306,22 @@ fn kernels_compile_with_nvrtc() {
         })
         .collect();
     assert!(configs.len() >= 8);
+    // Every score-term variant of both kernels' default plans: at head_dim 128, or at every
+    // head_dim with FLASH_CUDA_COMPILE_ALL=1.
+    let mut configs = configs;
+    for head_dim in CUDA_HEAD_DIMS.into_iter().filter(|&d| all || d == 128) {
+        for causal in [false, true] {
+            let default = problem(DType::BF16, 1, 1, 1, 64, 64, head_dim, causal, Strides::Bshd);
+            let plans = [
+                CudaPlan::Mma(select_mma(&default, 16).unwrap().plan),
+                CudaPlan::Wgmma(default_wgmma_plan(head_dim, causal).unwrap()),
+            ];
+            for plan in plans {
+                let plain = CudaKernelConfig::new(DType::BF16, head_dim, plan, causal, 16).unwrap();
+                configs.extend(ScoreTerms::all().into_iter().skip(1).map(|t| plain.with_terms(t)));
+            }
+        }
+    }
     for c in configs {
         let job = CompileJob::forward(&c, "sm_90a");
         let (cubin, log) = compile_cubin(&job).unwrap_or_else(|e| panic!("{e}"));
@@ -1792,8 +1809,7 @@ fn windows_and_soft_caps_match_the_reference() {
 /// float64 reference; mixed with windows, soft-caps, causal masks, GQA and seq_q above seq_kv.
 #[test]
 fn alibi_sinks_and_bias_match_the_reference() {
-    use wgpu_flash_attn::batch::{Alibi, BiasLayout, BiasValues, ScoreBias};
-    use wgpu_flash_attn::cuda::CudaOptions;
+    use wgpu_flash_attn::batch::{Alibi, BiasLayout, ScoreBias};
     let Some(engine) = engine() else { return };
     let mut rng = Lcg(0xa1b5);
     for seed in 0..12u64 {
@@ -1845,74 +1861,126 @@ fn alibi_sinks_and_bias_match_the_reference() {
             2 => p = p.with_softcap(5.0),
             _ => {}
         }
-        let sd = seed_of(&format!("head terms {seed}"));
-        let slopes: Vec<f32> = (0..heads).map(|h| 0.05 + 0.1 * h as f32).collect();
-        let sinks: Vec<f32> = (0..heads).map(|h| h as f32 * 0.7 - 1.0).collect();
-        let bias_len = p.bias.map_or(0, |b| b.required_len(&p).unwrap());
-        // Random values; −∞ for every eleventh element and for all of row 0 of batch entry 0, head 0.
-        let mut bias: Vec<f32> = random_tensor(sd ^ 0xb1, bias_len);
-        for (e, x) in bias.iter_mut().enumerate() {
-            if e % 11 == 3 {
-                *x = f32::NEG_INFINITY;
-            }
-        }
-        if let Some(b) = p.bias {
-            for j in 0..seq_kv {
-                bias[b.layout.offset + j] = f32::NEG_INFINITY;
-            }
-        }
-        let bias16: Vec<f16> = bias.iter().map(|&x| f16::from_f32(x)).collect();
-        let bias_bf16: Vec<bf16> = bias.iter().map(|&x| bf16::from_f32(x)).collect();
-        let index = BatchIndex {
-            alibi_slopes: p.has_alibi_tensor().then_some(&slopes[..]),
-            sinks: p.sinks.then_some(&sinks[..]),
-            bias: p.bias.map(|b| match b.dtype {
-                DType::F32 => BiasValues::F32(&bias),
-                DType::F16 => BiasValues::F16(&bias16),
-                DType::BF16 => BiasValues::BF16(&bias_bf16),
-            }),
-            ..BatchIndex::default()
-        };
         let label = format!(
-            "seed {seed}: {seq_q}x{seq_kv} h{heads}/{kv_heads} d{head_dim} {} causal {causal} alibi {:?} sinks {} bias {:?} window {:?} cap {:?}",
-            dtype.name(),
-            p.alibi,
-            p.sinks,
-            bias_dtype.map(|t| t.name()),
-            p.window,
-            p.softcap
+            "seed {seed}: {seq_q}x{seq_kv} h{heads}/{kv_heads} d{head_dim} {} causal {causal}",
+            dtype.name()
         );
-        let mut plans = vec![("mma.sync", CudaPlan::Mma(select_mma(&p, 16).unwrap().plan))];
-        if engine.device().is_hopper() {
-            plans.push((
-                "wgmma",
-                default_wgmma_plan(head_dim, causal).map(CudaPlan::Wgmma).unwrap(),
-            ));
-        }
-        for (name, plan) in plans {
-            let forced = CudaAttention::with_options(
-                engine.device().clone(),
-                CudaOptions {
-                    plan: Some(plan),
-                    ..CudaOptions::default()
-                },
+        run_head_terms(engine, &p, &label, seed_of(&format!("head terms {seed}")));
+    }
+}
+
+/// Every score-term variant (ALiBi, bias, soft-cap: each compiled in or not), causal or not,
+/// with sinks, on both CUDA prefill kernels, against the float64 reference: the bias in each
+/// 16-bit type and f32, at an odd offset (two 16-bit loads a column pair) and an even one (one).
+#[test]
+fn every_score_term_variant_matches_the_reference() {
+    use wgpu_flash_attn::batch::{Alibi, BiasLayout, ScoreBias};
+    let Some(engine) = engine() else { return };
+    for (i, terms) in ScoreTerms::all().into_iter().enumerate() {
+        for causal in [false, true] {
+            let (seq_q, seq_kv) = if causal { (150, 211) } else { (133, 133) };
+            let dtype = [DType::BF16, DType::F16][i % 2];
+            let head_dim = [64, 128, 256][i % 3];
+            let mut p = problem(dtype, 2, 4, 2, seq_q, seq_kv, head_dim, causal, Strides::Bshd).with_sinks();
+            if terms.alibi {
+                p.alibi = Some([Alibi::Geometric, Alibi::PerHead][causal as usize]);
+            }
+            if terms.bias {
+                let dense = BiasLayout::dense(&p, false, true);
+                p = p.with_bias(ScoreBias {
+                    dtype: [DType::F16, DType::BF16, DType::F32][i % 3],
+                    layout: BiasLayout {
+                        offset: causal as usize,
+                        ..dense
+                    },
+                });
+            }
+            if terms.softcap {
+                p = p.with_softcap(4.0);
+            }
+            let label = format!(
+                "{terms:?} d{head_dim} {} causal {causal} {seq_q}x{seq_kv}",
+                dtype.name()
             );
-            let label = format!("{label} {name}");
-            match dtype {
-                DType::BF16 => {
-                    let (q, k, v) = inputs::<bf16>(&p, sd);
-                    let got = forced
-                        .forward_indexed(&p, &q, &k, &v, &index)
-                        .unwrap_or_else(|e| panic!("{label}: {e}"));
-                    check_cached(&p, &label, &q, &k, &v, &got.out, &got.lse, &index);
-                }
-                _ => {
-                    let (q, k, v) = inputs::<f16>(&p, sd);
-                    let got = forced
-                        .forward_indexed(&p, &q, &k, &v, &index)
-                        .unwrap_or_else(|e| panic!("{label}: {e}"));
-                    check_cached(&p, &label, &q, &k, &v, &got.out, &got.lse, &index);
-                }
+            run_head_terms(engine, &p, &label, seed_of(&label));
+        }
+    }
+}
+
+/// Runs `p` (ALiBi, sinks, bias as it has them) on both prefill kernels, forced, with random
+/// slopes, sinks and bias values (−∞ for every eleventh element and all of row 0 of batch entry
+/// 0, head 0), and checks against the reference.
+fn run_head_terms(engine: &CudaAttention, p: &AttentionProblem, label: &str, sd: u64) {
+    use wgpu_flash_attn::batch::BiasValues;
+    let p = *p;
+    let (heads, seq_kv, dtype) = (p.shape.num_heads, p.shape.seq_kv, p.dtype);
+    let (head_dim, causal) = (p.shape.head_dim, p.causal);
+    let bias_dtype = p.bias.map(|b| b.dtype);
+    let slopes: Vec<f32> = (0..heads).map(|h| 0.05 + 0.1 * h as f32).collect();
+    let sinks: Vec<f32> = (0..heads).map(|h| h as f32 * 0.7 - 1.0).collect();
+    let bias_len = p.bias.map_or(0, |b| b.required_len(&p).unwrap());
+    // Random values; −∞ for every eleventh element and for all of row 0 of batch entry 0, head 0.
+    let mut bias: Vec<f32> = random_tensor(sd ^ 0xb1, bias_len);
+    for (e, x) in bias.iter_mut().enumerate() {
+        if e % 11 == 3 {
+            *x = f32::NEG_INFINITY;
+        }
+    }
+    if let Some(b) = p.bias {
+        for j in 0..seq_kv {
+            bias[b.layout.offset + j] = f32::NEG_INFINITY;
+        }
+    }
+    let bias16: Vec<f16> = bias.iter().map(|&x| f16::from_f32(x)).collect();
+    let bias_bf16: Vec<bf16> = bias.iter().map(|&x| bf16::from_f32(x)).collect();
+    let index = BatchIndex {
+        alibi_slopes: p.has_alibi_tensor().then_some(&slopes[..]),
+        sinks: p.sinks.then_some(&sinks[..]),
+        bias: p.bias.map(|b| match b.dtype {
+            DType::F32 => BiasValues::F32(&bias),
+            DType::F16 => BiasValues::F16(&bias16),
+            DType::BF16 => BiasValues::BF16(&bias_bf16),
+        }),
+        ..BatchIndex::default()
+    };
+    let label = format!(
+        "{label} alibi {:?} sinks {} bias {:?} window {:?} cap {:?}",
+        p.alibi,
+        p.sinks,
+        bias_dtype.map(|t| t.name()),
+        p.window,
+        p.softcap
+    );
+    let mut plans = vec![("mma.sync", CudaPlan::Mma(select_mma(&p, 16).unwrap().plan))];
+    if engine.device().is_hopper() {
+        plans.push((
+            "wgmma",
+            default_wgmma_plan(head_dim, causal).map(CudaPlan::Wgmma).unwrap(),
+        ));
+    }
+    for (name, plan) in plans {
+        let forced = CudaAttention::with_options(
+            engine.device().clone(),
+            CudaOptions {
+                plan: Some(plan),
+                ..CudaOptions::default()
+            },
+        );
+        let label = format!("{label} {name}");
+        match dtype {
+            DType::BF16 => {
+                let (q, k, v) = inputs::<bf16>(&p, sd);
+                let got = forced
+                    .forward_indexed(&p, &q, &k, &v, &index)
+                    .unwrap_or_else(|e| panic!("{label}: {e}"));
+                check_cached(&p, &label, &q, &k, &v, &got.out, &got.lse, &index);
+            }
+            _ => {
+                let (q, k, v) = inputs::<f16>(&p, sd);
+                let got = forced
+                    .forward_indexed(&p, &q, &k, &v, &index)
+                    .unwrap_or_else(|e| panic!("{label}: {e}"));
+                check_cached(&p, &label, &q, &k, &v, &got.out, &got.lse, &index);
             }
         }
     }

@@ -500,6 +500,9 @@ impl CudaAttention {
             self.launch_decode(problem, c, [q, k, v, o], lse, [page_table, kv_lens])?;
             return Ok(config);
         }
+        // The kernel holds the code of exactly its config's score terms: never launch one that
+        // would drop a term of the problem or read one it does not set.
+        config.check_terms(problem)?;
         let geometry = config.geometry(problem)?;
         let kernel = self.kernel(&config)?;
         let params = FwdParams {

@@ -88,5 +88,5 @@ pub use launch::{AppendTensors, CudaAttention, CudaOptions, DeviceBatchIndex, De
 pub use nvrtc::nvrtc_available;
 pub use plan::{
     CudaDecodeConfig, CudaDecodePlan, CudaKernelConfig, CudaPlan, CudaSelection, LaunchGeometry, MmaConfig, MmaPlan,
-    WgmmaConfig, WgmmaPlan, CUDA_HEAD_DIMS,
+    ScoreTerms, WgmmaConfig, WgmmaPlan, CUDA_HEAD_DIMS,
 };

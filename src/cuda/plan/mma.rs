@@ -3,7 +3,7 @@
 //! block and its shared memory).
 
 use super::support::{REGS_PER_SM, SMEM_PER_SM, SMEM_RESERVED_PER_BLOCK};
-use super::{define, kernel_name};
+use super::{define, kernel_name, ScoreTerms};
 use crate::error::Result;
 use crate::problem::DType;
 
@@ -96,6 +96,8 @@ pub struct MmaConfig {
     pub vec_bytes: u32,
     /// Blocks per SM promised to the register allocator (`__launch_bounds__`).
     pub min_blocks: u32,
+    /// The per-score terms compiled in (none unless set from a problem).
+    pub terms: ScoreTerms,
 }
 
 impl MmaConfig {
@@ -129,6 +131,7 @@ impl MmaConfig {
             q_in_regs: rows_per_warp * head_dim <= 16 * 128,
             vec_bytes,
             min_blocks: 1,
+            terms: ScoreTerms::NONE,
         };
         let by_smem = SMEM_PER_SM / (config.smem_bytes() + SMEM_RESERVED_PER_BLOCK);
         let by_regs = REGS_PER_SM / (plan.threads() * config.register_estimate());
@@ -136,15 +139,16 @@ impl MmaConfig {
         Ok(config)
     }
 
-    /// `flash_fwd_mma_bf16_d128_bm64_bn64_w4[_causal][_a8]`.
+    /// `flash_fwd_mma_bf16_d128_bm64_bn64_w4[_causal][_a8][_alibi][_bias][_cap]`.
     pub fn name(&self) -> String {
         let p = &self.plan;
         format!(
-            "{}_w{}{}{}",
+            "{}_w{}{}{}{}",
             kernel_name("mma", self.dtype, self.head_dim, p.block_m, p.block_n),
             p.warps,
             if self.causal { "_causal" } else { "" },
             if self.vec_bytes == 8 { "_a8" } else { "" },
+            self.terms.suffix(),
         )
     }
 
@@ -176,7 +180,7 @@ impl MmaConfig {
     /// The `-D` definitions `cuda/flash_fwd_mma.cu` reads.
     pub fn defines(&self) -> Vec<String> {
         let p = &self.plan;
-        vec![
+        let mut d = vec![
             define("KERNEL_NAME", self.name()),
             define("FA_HEAD_DIM", self.head_dim),
             define("FA_BLOCK_M", p.block_m),
@@ -187,7 +191,9 @@ impl MmaConfig {
             define("FA_Q_IN_REGS", self.q_in_regs as u32),
             define("FA_VEC_BYTES", self.vec_bytes),
             define("FA_MIN_BLOCKS", self.min_blocks),
-        ]
+        ];
+        d.extend(self.terms.defines());
+        d
     }
 }
 

@@ -101,8 +101,75 @@ impl CudaPlan {
     }
 }
 
+/// The per-score terms a prefill kernel is compiled with (`-DFA_ALIBI`, `-DFA_BIAS`,
+/// `-DFA_SOFTCAP`): each costs registers and instructions in the loop over every score, so the
+/// plain kernel carries none of their code and a problem runs the variant of exactly its terms
+/// ([`ScoreTerms::of`]). Their values (slopes, the bias's pointer, strides and dtype, the cap)
+/// stay run-time [`FwdParams`]; sinks join a row once at the end and need no variant.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct ScoreTerms {
+    /// ALiBi's `-slope·|position - key|` (geometric or per-head slopes).
+    pub alibi: bool,
+    /// An additive score bias (f32, f16 or bf16).
+    pub bias: bool,
+    /// Soft-capping, `cap·tanh(score / cap)`.
+    pub softcap: bool,
+}
+
+impl ScoreTerms {
+    /// Plain attention: no per-score term.
+    pub const NONE: ScoreTerms = ScoreTerms {
+        alibi: false,
+        bias: false,
+        softcap: false,
+    };
+
+    /// The terms `problem` has: the variant it must run.
+    pub fn of(problem: &AttentionProblem) -> Self {
+        ScoreTerms {
+            alibi: problem.alibi.is_some(),
+            bias: problem.bias.is_some(),
+            softcap: problem.softcap.is_some(),
+        }
+    }
+
+    /// Every combination, plain first.
+    pub fn all() -> [ScoreTerms; 8] {
+        std::array::from_fn(|i| ScoreTerms {
+            alibi: i & 1 != 0,
+            bias: i & 2 != 0,
+            softcap: i & 4 != 0,
+        })
+    }
+
+    /// `[_alibi][_bias][_cap]`: what a config's name adds for these terms.
+    pub fn suffix(&self) -> String {
+        let mut s = String::new();
+        for (on, tag) in [(self.alibi, "_alibi"), (self.bias, "_bias"), (self.softcap, "_cap")] {
+            if on {
+                s.push_str(tag);
+            }
+        }
+        s
+    }
+
+    /// The `-D` switches both prefill kernels read, those that are on (fwd_params.cuh defaults
+    /// each to 0, so a plain kernel compiles with the options it always had).
+    fn defines(&self) -> Vec<String> {
+        [
+            (self.alibi, "FA_ALIBI"),
+            (self.bias, "FA_BIAS"),
+            (self.softcap, "FA_SOFTCAP"),
+        ]
+        .into_iter()
+        .filter(|&(on, _)| on)
+        .map(|(_, key)| define(key, 1))
+        .collect()
+    }
+}
+
 /// Everything that changes the compiled kernel: a plan of one kernel for one dtype, head_dim,
-/// masking and access width. Two problems with equal configs run the same binary; the config's
+/// masking, access width and score terms. Two problems with equal configs run the same binary; the config's
 /// [`name`](Self::name) is its CUDA entry point.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum CudaKernelConfig {
@@ -144,19 +211,53 @@ impl CudaKernelConfig {
         })
     }
 
-    /// The config of `plan` for `problem`'s dtype, head_dim and masking.
+    /// The config of `plan` for `problem`'s dtype, head_dim, masking and score terms.
     pub fn for_problem(problem: &AttentionProblem, plan: CudaPlan, vec_bytes: u32) -> Result<Self> {
         Ok(
             match Self::new(problem.dtype, problem.shape.head_dim, plan, problem.causal, vec_bytes)? {
                 CudaKernelConfig::Decode(c) => CudaKernelConfig::Decode(c.with_cache(&problem.kv_cache)),
-                other => other,
+                other => other.with_terms(ScoreTerms::of(problem)),
             },
         )
     }
 
-    /// `flash_fwd_mma_bf16_d128_bm64_bn64_w4[_causal][_a8]` or
-    /// `flash_fwd_wgmma_bf16_d128_bm128_bn128_s2[_ov][_pp][_split][_causal]`: entry point, cache
-    /// key, test label.
+    /// This config compiled with `terms` (a prefill kernel's variant; the decode kernel, which
+    /// takes no problem with such terms, is returned as it is).
+    pub fn with_terms(self, terms: ScoreTerms) -> Self {
+        match self {
+            CudaKernelConfig::Mma(c) => CudaKernelConfig::Mma(MmaConfig { terms, ..c }),
+            CudaKernelConfig::Wgmma(c) => CudaKernelConfig::Wgmma(WgmmaConfig { terms, ..c }),
+            decode => decode,
+        }
+    }
+
+    /// The score terms this config is compiled with.
+    pub fn terms(&self) -> ScoreTerms {
+        match self {
+            CudaKernelConfig::Mma(c) => c.terms,
+            CudaKernelConfig::Wgmma(c) => c.terms,
+            CudaKernelConfig::Decode(_) => ScoreTerms::NONE,
+        }
+    }
+
+    /// Refuses a launch of this config for `problem` when the config is not the variant of the
+    /// problem's score terms: a kernel without a term would silently drop it, and one with a term
+    /// the problem lacks would read parameters that are not set.
+    pub fn check_terms(&self, problem: &AttentionProblem) -> Result<()> {
+        let want = ScoreTerms::of(problem);
+        if self.is_decode() || self.terms() == want {
+            return Ok(());
+        }
+        Err(crate::error::Error::InvalidChoice(format!(
+            "kernel {} is compiled for score terms {:?}, but the problem has {want:?}",
+            self.name(),
+            self.terms()
+        )))
+    }
+
+    /// `flash_fwd_mma_bf16_d128_bm64_bn64_w4[_causal][_a8][_alibi][_bias][_cap]` or
+    /// `flash_fwd_wgmma_bf16_d128_bm128_bn128_s2[_ov][_pp][_split][_causal][_alibi][_bias][_cap]`:
+    /// entry point, cache key, test label.
     pub fn name(&self) -> String {
         match self {
             CudaKernelConfig::Mma(c) => c.name(),
@@ -332,6 +433,73 @@ mod tests {
             let again = CudaKernelConfig::new(c.dtype(), c.head_dim() as usize, c.plan(), c.causal(), c.vec_bytes());
             assert_eq!(again.unwrap(), *c);
         }
+    }
+
+    #[test]
+    fn each_combination_of_score_terms_runs_its_own_variant() {
+        use crate::problem::score_bias::BiasLayout;
+        use crate::problem::{Alibi, ScoreBias};
+        let base = crate::cuda::test_problem(128);
+        let plans = [
+            CudaPlan::Mma(default_mma_plan(128, false).unwrap()),
+            CudaPlan::Wgmma(default_wgmma_plan(128, false).unwrap()),
+        ];
+        let mut names = Vec::new();
+        for terms in ScoreTerms::all() {
+            let mut p = base;
+            if terms.alibi {
+                p.alibi = Some(Alibi::Geometric);
+            }
+            if terms.bias {
+                p = p.with_bias(ScoreBias {
+                    dtype: DType::F16,
+                    layout: BiasLayout::dense(&p, false, true),
+                });
+            }
+            if terms.softcap {
+                p = p.with_softcap(30.0);
+            }
+            // Sinks join once per row at the end: they pick no variant.
+            for p in [p, p.with_sinks()] {
+                assert_eq!(ScoreTerms::of(&p), terms);
+                for plan in plans {
+                    let c = CudaKernelConfig::for_problem(&p, plan, 16).unwrap();
+                    assert_eq!(c.terms(), terms);
+                    c.check_terms(&p).unwrap();
+                    let plain = CudaKernelConfig::new(p.dtype, 128, plan, false, 16).unwrap();
+                    assert_eq!(c.name(), format!("{}{}", plain.name(), terms.suffix()));
+                    let d = c.defines();
+                    for (key, on) in [
+                        ("FA_ALIBI", terms.alibi),
+                        ("FA_BIAS", terms.bias),
+                        ("FA_SOFTCAP", terms.softcap),
+                    ] {
+                        assert_eq!(d.contains(&format!("-D{key}=1")), on, "{key} in {d:?}");
+                        // Off is the kernels' default: a plain kernel keeps its old options.
+                        assert!(!d.contains(&format!("-D{key}=0")));
+                    }
+                    // Any other variant is refused for this problem, the plain one included.
+                    for other in ScoreTerms::all().into_iter().filter(|&t| t != terms) {
+                        assert!(c.with_terms(other).check_terms(&p).is_err(), "{other:?} for {terms:?}");
+                    }
+                    names.push(c.name());
+                }
+            }
+        }
+        assert_eq!(ScoreTerms::all()[0], ScoreTerms::NONE);
+        assert_eq!(
+            ScoreTerms {
+                alibi: true,
+                bias: true,
+                softcap: true
+            }
+            .suffix(),
+            "_alibi_bias_cap"
+        );
+        // Sixteen distinct kernels: eight variants of two plans, each reached with and without sinks.
+        names.sort();
+        names.dedup();
+        assert_eq!(names.len(), 16);
     }
 
     #[test]

@@ -6,7 +6,7 @@ use super::decode::{select_cuda_decode, CUDA_DECODE_FEATURES};
 use super::mma::{default_mma_plan, MmaConfig};
 use super::support::validate_for_cuda;
 use super::wgmma::{default_wgmma_plan, wgmma_unavailable};
-use super::CudaKernelConfig;
+use super::{CudaKernelConfig, ScoreTerms};
 use crate::error::{Error, Result};
 use crate::plan::decode::prefers_decode;
 use crate::problem::AttentionProblem;
@@ -30,7 +30,11 @@ pub fn select_mma(problem: &AttentionProblem, vec_bytes: u32) -> Result<MmaConfi
         what: format!("head_dim {head_dim} on the CUDA path"),
         why: "the mma.sync kernel has no plan for it".into(),
     })?;
-    MmaConfig::new(problem.dtype, head_dim as u32, plan, problem.causal, vec_bytes)
+    let config = MmaConfig::new(problem.dtype, head_dim as u32, plan, problem.causal, vec_bytes)?;
+    Ok(MmaConfig {
+        terms: ScoreTerms::of(problem),
+        ..config
+    })
 }
 
 /// What default selection picked for a problem

@@ -4,7 +4,7 @@
 
 use super::support::{SMEM_PER_SM, SMEM_RESERVED_PER_BLOCK};
 use super::tensor_map::tensor_map_spec;
-use super::{define, kernel_name};
+use super::{define, kernel_name, ScoreTerms};
 use crate::error::{Error, Result};
 use crate::problem::{AttentionProblem, DType, Tensor};
 
@@ -173,6 +173,8 @@ pub struct WgmmaConfig {
     pub causal: bool,
     /// The scheduling plan.
     pub plan: WgmmaPlan,
+    /// The per-score terms compiled in (none unless set from a problem).
+    pub terms: ScoreTerms,
 }
 
 impl WgmmaConfig {
@@ -221,6 +223,7 @@ impl WgmmaConfig {
             head_dim,
             causal,
             plan,
+            terms: ScoreTerms::NONE,
         };
         if config.smem_bytes() > SMEM_PER_SM - SMEM_RESERVED_PER_BLOCK {
             return crate::error::invalid!(
@@ -233,17 +236,18 @@ impl WgmmaConfig {
         Ok(config)
     }
 
-    /// `flash_fwd_wgmma_bf16_d128_bm128_bn128_s2[_ov][_pp][_split][_causal]`.
+    /// `flash_fwd_wgmma_bf16_d128_bm128_bn128_s2[_ov][_pp][_split][_causal][_alibi][_bias][_cap]`.
     pub fn name(&self) -> String {
         let p = &self.plan;
         format!(
-            "{}_s{}{}{}{}{}",
+            "{}_s{}{}{}{}{}{}",
             kernel_name("wgmma", self.dtype, self.head_dim, p.block_m(), p.block_n),
             p.stages,
             if p.overlap { "_ov" } else { "" },
             if p.pingpong { "_pp" } else { "" },
             if p.pv_split { "_split" } else { "" },
             if self.causal { "_causal" } else { "" },
+            self.terms.suffix(),
         )
     }
 
@@ -257,7 +261,7 @@ impl WgmmaConfig {
     /// The `-D` definitions `cuda/flash_fwd_wgmma.cu` reads.
     pub fn defines(&self) -> Vec<String> {
         let p = &self.plan;
-        vec![
+        let mut d = vec![
             define("KERNEL_NAME", self.name()),
             define("FA_HEAD_DIM", self.head_dim),
             define("FA_BLOCK_N", p.block_n),
@@ -268,7 +272,9 @@ impl WgmmaConfig {
             define("FA_OVERLAP", p.overlap as u32),
             define("FA_PINGPONG", p.pingpong as u32),
             define("FA_PV_SPLIT", p.pv_split as u32),
-        ]
+        ];
+        d.extend(self.terms.defines());
+        d
     }
 }
 
