@@ -11,6 +11,7 @@ use crate::problem::index::BatchIndex;
 use crate::problem::mask::score_terms;
 use crate::problem::score_bias::BiasValues;
 use crate::problem::{Alibi, AttentionProblem, Element, SequenceRows, Tensor};
+use crate::util::host_output;
 
 /// One query row's reference result.
 #[derive(Clone, Debug)]
@@ -76,8 +77,8 @@ pub fn attention_indexed<T: Element>(
     check_inputs(problem, q, k, v)?;
     let s = problem.shape;
     index.validate(problem)?;
-    let mut out = vec![0.0; problem.required_len(Tensor::O)];
-    let mut lse = vec![0.0; problem.lse_len()];
+    let mut out = host_output("o", problem.required_len(Tensor::O), 0.0)?;
+    let mut lse = host_output("lse", problem.lse_len(), 0.0)?;
     for b in 0..s.batch {
         let keys = SequenceKeys::of(problem, index, b);
         let rows = keys.rows;
@@ -578,8 +579,8 @@ pub fn merge_attention_states<T: Element>(
 ) -> Result<ReferenceOutput> {
     check_merge_inputs(problem, o_a, lse_a, o_b, lse_b)?;
     let s = problem.shape;
-    let mut out = vec![0.0; problem.required_len(Tensor::O)];
-    let mut lse = vec![f64::NEG_INFINITY; problem.lse_len()];
+    let mut out = host_output("o", problem.required_len(Tensor::O), 0.0)?;
+    let mut lse = host_output("lse", problem.lse_len(), f64::NEG_INFINITY)?;
     for b in 0..s.batch {
         for h in 0..s.num_heads {
             for i in 0..s.seq_q {
@@ -734,11 +735,11 @@ pub fn attention_backward_indexed<T: Element>(
     index.validate(f)?;
     let s = f.shape;
     let mut grads = ReferenceGrads {
-        dq: vec![0.0; problem.required_len(GradTensor::DQ)],
-        dk: vec![0.0; problem.required_len(GradTensor::DK)],
-        dv: vec![0.0; problem.required_len(GradTensor::DV)],
+        dq: host_output("dq", problem.required_len(GradTensor::DQ), 0.0)?,
+        dk: host_output("dk", problem.required_len(GradTensor::DK), 0.0)?,
+        dv: host_output("dv", problem.required_len(GradTensor::DV), 0.0)?,
         d_sinks: vec![0.0; if f.sinks { s.num_heads } else { 0 }],
-        d_bias: vec![0.0; problem.d_bias_len()],
+        d_bias: host_output("d_bias", problem.d_bias_len(), 0.0)?,
     };
     let d_bias_layout = problem.d_bias_layout();
     for b in 0..s.batch {
