@@ -248,6 +248,11 @@ fn row_unchecked<T: Element>(
             let score = scale * (0..d).map(|x| qi[x] * k[kj + x].to_f64()).sum::<f64>();
             let capped = cap.map_or(score, |cap| cap * (score / cap).tanh());
             let terms = score_terms(problem, keys.index.bias, keys.index.mask, b, h, i, j);
+            if terms == f64::NEG_INFINITY {
+                // A key the mask or a −∞ bias hides: its product is not read (a NaN in K there
+                // would make the row's max and sum NaN).
+                return f64::NEG_INFINITY;
+            }
             capped - slope * (position - j as f64).abs() + terms
         })
         .collect();
@@ -267,6 +272,11 @@ fn row_unchecked<T: Element>(
     let kept = dropout_factors(problem, b, h, i, visible.clone());
     let mut out = vec![0.0; d];
     for ((j, w), z) in visible.zip(&weights).zip(kept) {
+        if *w == 0.0 {
+            // A key of weight 0 (hidden by a −∞ bias or the mask, or underflowed) adds nothing:
+            // 0·∞ would make its NaN or ±∞ values the row's (README, "NaN and ±∞ inputs").
+            continue;
+        }
         let w = w * z;
         let (vb, vr) = keys.locate(b, j);
         let vj = problem.v_layout.index(vb, vr, kv_head, 0);
@@ -918,7 +928,10 @@ fn backward_row<T: Element>(
     let scores: Vec<f64> = capped
         .iter()
         .zip(visible.clone())
-        .map(|(y, j)| y - alibi_slope * (position - j as f64).abs() + score_terms(f, bias, mask, b, h, i, j))
+        .map(|(y, j)| match score_terms(f, bias, mask, b, h, i, j) {
+            f64::NEG_INFINITY => f64::NEG_INFINITY, // hidden: its product is not read
+            terms => y - alibi_slope * (position - j as f64).abs() + terms,
+        })
         .collect();
     // A row whose keys a −∞ bias or the mask all hides, without a sink, has no gradient (as one
     // without keys).
