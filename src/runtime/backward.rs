@@ -20,9 +20,7 @@ use crate::plan::{backward_grid, select_backward, BackwardChoice, BackwardConfig
 use crate::problem::backward::{BackwardProblem, GradTensor};
 use crate::problem::{AttentionProblem, BatchIndex, Element, Tensor, TensorLayout};
 use crate::runtime::forward::{FlashAttention, IndexBuffers};
-use crate::runtime::split::{
-    self, on_own_buffers, part_slice, part_timestamps, scatter_rows, shifted, Part, Pass,
-};
+use crate::runtime::split::{self, on_own_buffers, part_slice, part_timestamps, scatter_rows, shifted, Part, Pass};
 use crate::util::host_output;
 use crate::wgsl::mask::BACKWARD_MASK_BINDING;
 use crate::wgsl::params::{GradParams, Params};

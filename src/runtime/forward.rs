@@ -20,11 +20,9 @@ use crate::plan::{
 use crate::problem::index::BatchIndex;
 use crate::problem::mask::MaskBlocks;
 use crate::problem::{AttentionProblem, Element, Tensor};
-use crate::runtime::split::{
-    self, on_own_buffers, part_slice, part_timestamps, scatter_rows, shifted, Part, Pass,
-};
-use crate::wgsl::mask::FORWARD_MASK_BINDING;
+use crate::runtime::split::{self, on_own_buffers, part_slice, part_timestamps, scatter_rows, shifted, Part, Pass};
 use crate::util::host_output;
+use crate::wgsl::mask::FORWARD_MASK_BINDING;
 use crate::wgsl::params::Params;
 use crate::wgsl::{KernelConfig, NaivePass, FORWARD_BIAS_BINDING, FORWARD_HEAD_BINDING, FORWARD_INDEX_BINDING};
 
