@@ -5,13 +5,13 @@
 //! It reads the kernel's inputs as stored (already rounded to the problem's dtype), so the only
 //! difference from a kernel's output is the kernel's own arithmetic.
 
+use crate::error::host_output;
 use crate::error::Result;
 use crate::problem::backward::{BackwardProblem, GradTensor};
 use crate::problem::index::BatchIndex;
 use crate::problem::mask::score_terms;
 use crate::problem::score_bias::BiasValues;
 use crate::problem::{Alibi, AttentionProblem, Element, SequenceRows, Tensor};
-use crate::util::host_output;
 
 /// One query row's reference result.
 #[derive(Clone, Debug)]
