@@ -361,6 +361,69 @@ fn mma_matches_the_reference_on_ragged_gqa_causal_and_strided_problems() {
     }
 }
 
+/// Soft-caps across the range validation allows (`cap·log2 e` a normal f32), on the default
+/// kernel (wgmma on Hopper) and `mma.sync`: a cap of 1e-38 clips every score to ±cap; caps of
+/// 1e4 … 2e38 lie far above every score, where `cap·tanh(x / cap)` is x (fwd_params.cuh's
+/// soft_cap takes tanh's series there; `x / cap` is below f32's normal range near 1e38).
+#[cfg(feature = "internals")]
+#[test]
+fn soft_caps_at_both_ends_of_the_range_match_the_reference() {
+    let Some(engine) = engine() else { return };
+    for cap in [1e-38f32, 1e4, 1e30, 3e37, 2e38] {
+        for causal in [false, true] {
+            let p = problem(DType::BF16, 1, 4, 2, 190, 300, 128, causal, Strides::Bshd).with_softcap(cap);
+            let label = format!("softcap {cap:e} causal {causal}");
+            run_any(engine, &p, &label, None);
+            let plan = CudaPlan::Mma(select_mma(&p, 16).unwrap().plan);
+            run_any(engine, &p, &format!("mma {label}"), Some(plan));
+        }
+    }
+}
+
+/// NaN and ±∞ in K at keys a row does not see (past the causal diagonal) leave that row as the
+/// reference has it: a hidden score is replaced, not multiplied. (∞ or NaN in V at such a key is
+/// not defined on the tensor-core kernels: README, "Edge semantics".)
+#[cfg(feature = "internals")]
+#[test]
+fn nan_and_inf_in_k_at_hidden_keys_do_not_reach_the_rows() {
+    let Some(engine) = engine() else { return };
+    let p = problem(DType::BF16, 1, 2, 2, 200, 200, 128, true, Strides::Bshd);
+    let mut plans = vec![None];
+    plans.push(Some(CudaPlan::Mma(select_mma(&p, 16).unwrap().plan)));
+    for plan in plans {
+        let label = format!("hidden keys {plan:?}");
+        let mut run = Run::<bf16>::new(engine, &p, seed_of(&label));
+        // Rows below 190 see none of these keys (row i sees keys ≤ i).
+        for (key, kv_head, x) in [(199, 0, f32::NAN), (195, 1, f32::INFINITY), (190, 0, f32::NEG_INFINITY)] {
+            for d in 0..p.shape.head_dim {
+                run.k[p.k_layout.index(0, key, kv_head, d)] = bf16::from_f32(x);
+            }
+        }
+        run.dk = engine.device().stream().clone_htod(&bits(&run.k)).unwrap();
+        let kernel = run.launch(engine, &p, plan);
+        let (out, lse) = run.read(engine);
+        let want = reference::attention(&p, &run.q, &run.k, &run.v).unwrap();
+        let s = p.shape;
+        for h in 0..s.num_heads {
+            for i in 0..190 {
+                for d in 0..s.head_dim {
+                    let at = p.o_layout.index(0, i, h, d);
+                    let (g, w) = (out[at].to_f64(), want.out[at]);
+                    assert!(
+                        (g - w).abs() <= 5e-2,
+                        "{label} [{kernel}]: (h {h}, i {i}, d {d}) got {g} want {w}"
+                    );
+                }
+                let (g, w) = (lse[h * s.seq_q + i] as f64, want.lse[h * s.seq_q + i]);
+                assert!(
+                    (g - w).abs() <= 1e-2,
+                    "{label} [{kernel}]: LSE (h {h}, i {i}) got {g} want {w}"
+                );
+            }
+        }
+    }
+}
+
 /// The engine, when its GPU is a Hopper one (the wgmma kernel's only target).
 #[cfg(feature = "internals")]
 fn hopper_engine() -> Option<&'static CudaAttention> {
