@@ -6,6 +6,7 @@
 //!   row that sees none, a mask tensor): they must not reach that row through 0·∞ in P·V;
 //! * soft-caps at both ends of the valid range (1e-38 … 2e38), where `cap·tanh(x / cap)` must
 //!   give the reference's ≈ x for a cap far above every score.
+//!
 //! The cooperative-matrix kernel's versions run on the H200 (tests/hardening.rs, this file's
 //! `cooperative_*`), the CUDA kernels' in tests/cuda_attention.rs.
 
