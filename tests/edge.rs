@@ -12,7 +12,7 @@
 
 mod common;
 
-use common::inputs::{assert_rows_match, extreme_logit_inputs};
+use common::inputs::{assert_rows_match, extreme_logit_inputs, large_inputs};
 use common::{coop_engines, engine_with, gpu, run_and_check, seed_of, shape};
 use half::f16;
 use wgpu_flash_attn::batch::{AttentionMask, BatchIndex};
@@ -149,6 +149,13 @@ fn hidden_key_cases() -> Vec<(&'static str, AttentionProblem, Vec<Plant>)> {
             "rows_that_see_nothing",
             AttentionProblem::new(shape(1, 50, 20, 2, 1, 32), DType::F32).with_causal(true),
             vec![(19, 0, false, inf), (19, 0, true, nan)],
+        ),
+        // Decode-shaped: 12 rows on 5 keys, causal: rows 0–6 see no key, row 7 key 0 alone, and
+        // only row 11 sees key 4.
+        (
+            "decode_rows_that_see_nothing",
+            AttentionProblem::new(shape(2, 12, 5, 4, 1, 64), DType::F32).with_causal(true),
+            vec![(4, 0, false, inf), (4, 0, true, nan)],
         ),
         // Row i sees keys ≥ i − 8: rows from 12 on see none of keys 0–3.
         (
@@ -451,10 +458,10 @@ fn scale_zero_and_negative_match_the_reference_on_every_kernel() {
                 (shape(1, 50, 50, 2, 2, 32), false, Some(9)),
                 (shape(2, 3, 90, 4, 2, 64), true, Some(20)),
             ] {
-                let p = AttentionProblem::new(s, dtype)
-                    .with_causal(causal)
-                    .with_window(window, None)
-                    .with_scale(scale);
+                let mut p = AttentionProblem::new(s, dtype).with_causal(causal).with_scale(scale);
+                if window.is_some() {
+                    p = p.with_window(window, None);
+                }
                 let label = format!("scale {scale} {dtype:?} {s:?} causal {causal} window {window:?}");
                 match dtype {
                     DType::F32 => every_kernel_matches::<f32>(ctx, &engines, &p, &label),
@@ -699,4 +706,29 @@ fn hidden_backward_case<T: Element>(
         }
     }
     checked
+}
+
+/// The backward on f16 Q and K of magnitude ~300 (products to ~1e6, past f16's 65,504; the
+/// gradient kernels widen to f32 before multiplying), causal and decode-shaped, against the
+/// reference.
+#[test]
+fn backward_f16_products_past_f16s_range_match_the_reference() {
+    let Some(ctx) = gpu() else { return };
+    let engine = FlashAttention::new(ctx);
+    for s in [shape(1, 40, 70, 2, 1, 64), shape(2, 3, 90, 4, 2, 128)] {
+        let d = s.head_dim as f32;
+        let p = AttentionProblem::new(s, DType::F16)
+            .with_causal(true)
+            .with_scale(1.0 / (90_000.0 * d.sqrt()));
+        let label = format!("backward magnitude 300 {s:?}");
+        let (q, k, v) = large_inputs::<f16>(&p, seed_of(&label), 300.0);
+        let problem = BackwardProblem::new(p);
+        let d_o = random_tensor::<f16>(seed_of(&label) ^ 3, problem.required_len(GradTensor::DO));
+        let work = BackwardWorkload::with_inputs(ctx, problem, q, k, v, d_o).unwrap();
+        let config = select_backward(&problem, &ctx.caps, &BackwardChoice::default()).unwrap();
+        work.forward(&engine).unwrap();
+        let grads = work.run(&engine, &config).unwrap_or_else(|e| panic!("{label}: {e}"));
+        let check = work.check_all(&grads).unwrap();
+        assert!(check.passes(DType::F16), "{label}: {check}");
+    }
 }
