@@ -164,9 +164,15 @@ __device__ __forceinline__ ScoreUnits score_units(const FwdParams& p) {
 }
 
 // A raw score in the units of `u` (the pass over the scores that plain attention with a positive
-// scale skips: callers test u.pre != 1 first when there is no cap).
+// scale skips: callers test u.pre != 1 first when there is no cap). With a cap, where |y| =
+// |s·pre| is below 1/16 tanh's series y − y³/3 + 2y⁵/15 (relative error below 4e-9) replaces
+// tanh.approx, whose relative error near 0 (2^-11) times a cap far above the scores would swamp
+// them. shaders/common.wgsl's soft-cap is the same.
 __device__ __forceinline__ float score_x(const ScoreUnits& u, float s) {
-    return HAS_SOFTCAP ? tanh_approx(s * u.pre) : s * u.pre;
+    if (!HAS_SOFTCAP) return s * u.pre;
+    const float y = s * u.pre;
+    const float y2 = y * y;
+    return fabsf(y) < 0.0625f ? y * fmaf(y2, fmaf(y2, 2.f / 15.f, -1.f / 3.f), 1.f) : tanh_approx(y);
 }
 
 // ---- ALiBi, the score bias and sinks (the forward kernels' per-score and per-row terms) ----

@@ -237,7 +237,18 @@ fn soft_cap(x: vec4<f32>) -> vec4<f32> {
     if (params.softcap == 0.0) {
         return x;
     }
-    return params.softcap * tanh_by_exp2(x * (1.0 / params.softcap)); // a uniform reciprocal
+    return cap_times_tanh(x, x * (1.0 / params.softcap), params.softcap); // a uniform reciprocal
+}
+
+// cap·tanh(y) of y = x / cap. Where |y| is below 1/16, tanh's series y − y³/3 + 2y⁵/15 (relative
+// error below 4e-9) is taken as x times 1 − y²/3 + 2y⁴/15, without the cap: tanh_by_exp2's
+// absolute error times a cap far above the scores would swamp them, and y falls below f32's
+// normal range (flushed to 0) for caps near 1e38, where cap·tanh(x / cap) is x. The branch not
+// taken may be ∞ or NaN (a cap over a tiny scale, in soft_cap_raw): select discards it.
+fn cap_times_tanh(x: vec4<f32>, y: vec4<f32>, cap: f32) -> vec4<f32> {
+    let y2 = y * y;
+    let series = x * fma(y2, fma(y2, vec4<f32>(2.0 / 15.0), vec4<f32>(-1.0 / 3.0)), vec4<f32>(1.0));
+    return select(cap * tanh_by_exp2(y), series, abs(y) < vec4<f32>(0.0625));
 }
 
 // tanh(x) = 1 − 2 / (1 + e^2x): one exp2 and one reciprocal, where the H200's Vulkan driver spent

@@ -245,8 +245,8 @@ fn accumulate_scores(s: ptr<function, Scores>, dp: ptr<function, Scores>, base: 
             let s_cols = staging[base + S_COLS_AT + col];
             let dp_cols = staging[base + DP_COLS_AT + col];
             for (var i = 0u; i < ROWS_PER_THREAD; i++) {
-                (*s)[i * S_VECS + c] = mul_add_f32((*s)[i * S_VECS + c], s_rows[i / 4u][i % 4u], s_cols);
-                (*dp)[i * S_VECS + c] = mul_add_f32((*dp)[i * S_VECS + c], dp_rows[i / 4u][i % 4u], dp_cols);
+                (*s)[i * S_VECS + c] = mul_add4((*s)[i * S_VECS + c], s_rows[i / 4u][i % 4u], s_cols);
+                (*dp)[i * S_VECS + c] = mul_add4((*dp)[i * S_VECS + c], dp_rows[i / 4u][i % 4u], dp_cols);
             }
         }
     }
@@ -327,18 +327,10 @@ fn accumulate_rows(acc: ptr<function, Output>, base: u32, col_first: u32, row0: 
         for (var c = 0u; c < O_VECS; c++) {
             let cols = staging[base + n * DIM_VECS + tx + THREADS_X * c];
             for (var i = 0u; i < ROWS_PER_THREAD; i++) {
-                (*acc)[i * O_VECS + c] = mul_add_f32((*acc)[i * O_VECS + c], t_rows[i / 4u][i % 4u], cols);
+                (*acc)[i * O_VECS + c] = mul_add4((*acc)[i * O_VECS + c], t_rows[i / 4u][i % 4u], cols);
             }
         }
     }
-}
-
-// acc + a·b in f32, whatever the tile type. With f16 tiles (tile_f16.wgsl) the forward's mul_add4
-// rounds each product to f16; the backward cannot afford that: dS = P ∘ (dP − D) subtracts two
-// nearly equal sums, and f16 products would leave dP − D at their rounding noise. A product of two
-// f16 values is exact in f32, so here f16 tiles only round what they store (P and dS).
-fn mul_add_f32(acc: vec4<f32>, a: TileElem, b: vec4<TileElem>) -> vec4<f32> {
-    return fma(vec4<f32>(f32(a)), vec4<f32>(b), acc);
 }
 
 // The forward's log-sum-exp of query row `row` in base 2. A row that saw no key has LSE = −∞; it

@@ -186,8 +186,11 @@ fn accumulate_scores(s: ptr<function, Scores>, base: u32, row0: u32, tx: u32) {
     }
 }
 
-// acc += P[:, n_first ..] · (V slice) for this invocation's rows and output columns.
-fn accumulate_pv(acc: ptr<function, Output>, base: u32, n_first: u32, row0: u32, tx: u32) {
+// acc += P[:, n_first ..] · (V slice) for this invocation's rows and output columns. With
+// `hides_keys` (a tile where some row does not see some key) a zero P adds nothing instead of
+// multiplying: a NaN or ±∞ in V at a key the row does not see would make 0·∞ = NaN of it. The
+// caller passes a constant, so the copy for tiles that hide nothing keeps the plain multiply-add.
+fn accumulate_pv(acc: ptr<function, Output>, base: u32, n_first: u32, row0: u32, tx: u32, hides_keys: bool) {
     for (var n = 0u; n < N_STEP; n++) {
         var p_rows = array<vec4<TileElem>, ROW_VECS>();
         for (var g = 0u; g < ROW_VECS; g++) {
@@ -196,7 +199,9 @@ fn accumulate_pv(acc: ptr<function, Output>, base: u32, n_first: u32, row0: u32,
         for (var c = 0u; c < O_VECS; c++) {
             let v_cols = staging[base + n * DIM_VECS + tx + THREADS_X * c];
             for (var i = 0u; i < ROWS_PER_THREAD; i++) {
-                (*acc)[i * O_VECS + c] = mul_add4((*acc)[i * O_VECS + c], p_rows[i / 4u][i % 4u], v_cols);
+                let p = p_rows[i / 4u][i % 4u];
+                let sum = mul_add4((*acc)[i * O_VECS + c], p, v_cols);
+                (*acc)[i * O_VECS + c] = select(sum, (*acc)[i * O_VECS + c], hides_keys & (f32(p) == 0.0));
             }
         }
     }
@@ -273,6 +278,8 @@ fn flash_fwd(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_ind
         let needs_mask = key_tile_needs_mask(seq, m0, BLOCK_M, n0, BLOCK_N);
         // The mask tensor is read unless the summary shows the whole tile visible.
         let reads_mask = HAS_MASK && key_tile_blocks(seq, head, m0, BLOCK_M, n0, BLOCK_N) != BLOCK_VISIBLE;
+        // Whether some row of the tile does not see some key of it (P·V then skips zero P).
+        let hides_keys = needs_mask || reads_mask || HAS_BIAS;
         var tile_max = array<f32, ROWS_PER_THREAD>();
         for (var i = 0u; i < ROWS_PER_THREAD; i++) {
             var mx = LOWEST;
@@ -375,7 +382,11 @@ fn flash_fwd(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_ind
             } else if (more_tiles) {
                 regs = fetch_qk(tile, t_next * BLOCK_N, 0u, li);
             }
-            accumulate_pv(&acc, stage * STAGE_VECS, c * N_STEP, row0, tx);
+            if (hides_keys) {
+                accumulate_pv(&acc, stage * STAGE_VECS, c * N_STEP, row0, tx, true);
+            } else {
+                accumulate_pv(&acc, stage * STAGE_VECS, c * N_STEP, row0, tx, false);
+            }
             if (STAGES == 1u) {
                 workgroupBarrier();
             }

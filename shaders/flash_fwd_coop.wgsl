@@ -239,7 +239,7 @@ fn neg_inf() -> f32 {
 // stays right because the cap, like a positive scale, keeps their order.
 fn soft_cap_raw(x: f32) -> f32 {
     // Both ratios are uniform: a score costs two multiplies and the tanh, no division.
-    return (params.softcap / params.scale) * tanh_by_exp2(vec4<f32>(x * (params.scale / params.softcap))).x;
+    return cap_times_tanh(vec4<f32>(x), vec4<f32>(x * (params.scale / params.softcap)), params.softcap / params.scale).x;
 }
 
 // The head's terms for with_score_terms, worked out once a workgroup: ALiBi's slope and the bias's

@@ -42,7 +42,10 @@ fn naive_pv(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) 
         v_tile[lid.y][lid.x] = x;
         workgroupBarrier();
         for (var j = 0u; j < KEYS; j++) {
-            acc = fma(vec4<f32>(p_tile[lid.y][j]), v_tile[j][lid.x], acc);
+            // A masked key's P is 0 and adds nothing, not 0·V: a NaN or ±∞ in V there would
+            // make 0·∞ = NaN of the row.
+            let p = p_tile[lid.y][j];
+            acc = select(fma(vec4<f32>(p), v_tile[j][lid.x], acc), acc, p == 0.0);
         }
         workgroupBarrier();
     }

@@ -5,6 +5,7 @@
 //! It reads the kernel's inputs as stored (already rounded to the problem's dtype), so the only
 //! difference from a kernel's output is the kernel's own arithmetic.
 
+use crate::error::host_output;
 use crate::error::Result;
 use crate::problem::backward::{BackwardProblem, GradTensor};
 use crate::problem::index::BatchIndex;
@@ -76,8 +77,8 @@ pub fn attention_indexed<T: Element>(
     check_inputs(problem, q, k, v)?;
     let s = problem.shape;
     index.validate(problem)?;
-    let mut out = vec![0.0; problem.required_len(Tensor::O)];
-    let mut lse = vec![0.0; problem.lse_len()];
+    let mut out = host_output("o", problem.required_len(Tensor::O), 0.0)?;
+    let mut lse = host_output("lse", problem.lse_len(), 0.0)?;
     for b in 0..s.batch {
         let keys = SequenceKeys::of(problem, index, b);
         let rows = keys.rows;
@@ -247,6 +248,11 @@ fn row_unchecked<T: Element>(
             let score = scale * (0..d).map(|x| qi[x] * k[kj + x].to_f64()).sum::<f64>();
             let capped = cap.map_or(score, |cap| cap * (score / cap).tanh());
             let terms = score_terms(problem, keys.index.bias, keys.index.mask, b, h, i, j);
+            if terms == f64::NEG_INFINITY {
+                // A key the mask or a −∞ bias hides: its product is not read (a NaN in K there
+                // would make the row's max and sum NaN).
+                return f64::NEG_INFINITY;
+            }
             capped - slope * (position - j as f64).abs() + terms
         })
         .collect();
@@ -266,6 +272,11 @@ fn row_unchecked<T: Element>(
     let kept = dropout_factors(problem, b, h, i, visible.clone());
     let mut out = vec![0.0; d];
     for ((j, w), z) in visible.zip(&weights).zip(kept) {
+        if *w == 0.0 {
+            // A key of weight 0 (hidden by a −∞ bias or the mask, or underflowed) adds nothing:
+            // 0·∞ would make its NaN or ±∞ values the row's (README, "NaN and ±∞ inputs").
+            continue;
+        }
         let w = w * z;
         let (vb, vr) = keys.locate(b, j);
         let vj = problem.v_layout.index(vb, vr, kv_head, 0);
@@ -578,8 +589,8 @@ pub fn merge_attention_states<T: Element>(
 ) -> Result<ReferenceOutput> {
     check_merge_inputs(problem, o_a, lse_a, o_b, lse_b)?;
     let s = problem.shape;
-    let mut out = vec![0.0; problem.required_len(Tensor::O)];
-    let mut lse = vec![f64::NEG_INFINITY; problem.lse_len()];
+    let mut out = host_output("o", problem.required_len(Tensor::O), 0.0)?;
+    let mut lse = host_output("lse", problem.lse_len(), f64::NEG_INFINITY)?;
     for b in 0..s.batch {
         for h in 0..s.num_heads {
             for i in 0..s.seq_q {
@@ -734,11 +745,11 @@ pub fn attention_backward_indexed<T: Element>(
     index.validate(f)?;
     let s = f.shape;
     let mut grads = ReferenceGrads {
-        dq: vec![0.0; problem.required_len(GradTensor::DQ)],
-        dk: vec![0.0; problem.required_len(GradTensor::DK)],
-        dv: vec![0.0; problem.required_len(GradTensor::DV)],
+        dq: host_output("dq", problem.required_len(GradTensor::DQ), 0.0)?,
+        dk: host_output("dk", problem.required_len(GradTensor::DK), 0.0)?,
+        dv: host_output("dv", problem.required_len(GradTensor::DV), 0.0)?,
         d_sinks: vec![0.0; if f.sinks { s.num_heads } else { 0 }],
-        d_bias: vec![0.0; problem.d_bias_len()],
+        d_bias: host_output("d_bias", problem.d_bias_len(), 0.0)?,
     };
     let d_bias_layout = problem.d_bias_layout();
     for b in 0..s.batch {
@@ -917,7 +928,10 @@ fn backward_row<T: Element>(
     let scores: Vec<f64> = capped
         .iter()
         .zip(visible.clone())
-        .map(|(y, j)| y - alibi_slope * (position - j as f64).abs() + score_terms(f, bias, mask, b, h, i, j))
+        .map(|(y, j)| match score_terms(f, bias, mask, b, h, i, j) {
+            f64::NEG_INFINITY => f64::NEG_INFINITY, // hidden: its product is not read
+            terms => y - alibi_slope * (position - j as f64).abs() + terms,
+        })
         .collect();
     // A row whose keys a −∞ bias or the mask all hides, without a sink, has no gradient (as one
     // without keys).

@@ -7,6 +7,9 @@
 
 use std::sync::OnceLock;
 
+#[path = "common/inputs.rs"]
+mod inputs;
+
 use half::{bf16, f16};
 use wgpu_flash_attn::batch::{BatchIndex, PagedKv};
 use wgpu_flash_attn::cuda::cudarc::driver::CudaSlice;
@@ -359,6 +362,168 @@ fn mma_matches_the_reference_on_ragged_gqa_causal_and_strided_problems() {
     for (label, p) in cases() {
         let plan = CudaPlan::Mma(select_mma(&p, 16).unwrap().plan);
         run_any(engine, &p, &format!("mma_{label}"), Some(plan));
+    }
+}
+
+/// Soft-caps across the range validation allows (`cap·log2 e` a normal f32), on the default
+/// kernel (wgmma on Hopper) and `mma.sync`: a cap of 1e-38 clips every score to ±cap; caps of
+/// 1e4 … 2e38 lie far above every score, where `cap·tanh(x / cap)` is x (fwd_params.cuh's
+/// soft_cap takes tanh's series there; `x / cap` is below f32's normal range near 1e38).
+#[cfg(feature = "internals")]
+#[test]
+fn soft_caps_at_both_ends_of_the_range_match_the_reference() {
+    let Some(engine) = engine() else { return };
+    for cap in [1e-38f32, 1e4, 1e30, 3e37, 2e38] {
+        for causal in [false, true] {
+            let p = problem(DType::BF16, 1, 4, 2, 190, 300, 128, causal, Strides::Bshd).with_softcap(cap);
+            let label = format!("softcap {cap:e} causal {causal}");
+            run_any(engine, &p, &label, None);
+            let plan = CudaPlan::Mma(select_mma(&p, 16).unwrap().plan);
+            run_any(engine, &p, &format!("mma {label}"), Some(plan));
+        }
+    }
+}
+
+/// NaN and ±∞ in K at keys a row does not see (past the causal diagonal) leave that row as the
+/// reference has it: a hidden score is replaced, not multiplied. (∞ or NaN in V at such a key is
+/// not defined on the tensor-core kernels: README, "Edge semantics".)
+#[cfg(feature = "internals")]
+#[test]
+fn nan_and_inf_in_k_at_hidden_keys_do_not_reach_the_rows() {
+    let Some(engine) = engine() else { return };
+    let p = problem(DType::BF16, 1, 2, 2, 200, 200, 128, true, Strides::Bshd);
+    let mut plans = vec![None];
+    plans.push(Some(CudaPlan::Mma(select_mma(&p, 16).unwrap().plan)));
+    for plan in plans {
+        let label = format!("hidden keys {plan:?}");
+        let mut run = Run::<bf16>::new(engine, &p, seed_of(&label));
+        // Rows below 190 see none of these keys (row i sees keys ≤ i).
+        for (key, kv_head, x) in [(199, 0, f32::NAN), (195, 1, f32::INFINITY), (190, 0, f32::NEG_INFINITY)] {
+            for d in 0..p.shape.head_dim {
+                run.k[p.k_layout.index(0, key, kv_head, d)] = bf16::from_f32(x);
+            }
+        }
+        run.dk = engine.device().stream().clone_htod(&bits(&run.k)).unwrap();
+        let kernel = run.launch(engine, &p, plan);
+        let (out, lse) = run.read(engine);
+        let want = reference::attention(&p, &run.q, &run.k, &run.v).unwrap();
+        let s = p.shape;
+        for h in 0..s.num_heads {
+            for i in 0..190 {
+                for d in 0..s.head_dim {
+                    let at = p.o_layout.index(0, i, h, d);
+                    let (g, w) = (out[at].to_f64(), want.out[at]);
+                    assert!(
+                        (g - w).abs() <= 5e-2,
+                        "{label} [{kernel}]: (h {h}, i {i}, d {d}) got {g} want {w}"
+                    );
+                }
+                let (g, w) = (lse[h * s.seq_q + i] as f64, want.lse[h * s.seq_q + i]);
+                assert!(
+                    (g - w).abs() <= 1e-2,
+                    "{label} [{kernel}]: LSE (h {h}, i {i}) got {g} want {w}"
+                );
+            }
+        }
+    }
+}
+
+/// Runs `p` on the given inputs (outputs poisoned) and compares with the reference row by row
+/// (`inputs::assert_rows_match`: rows that see no key exactly O = 0 and LSE = −∞, the LSE
+/// relatively); returns how many rows saw no key.
+fn run_on_inputs<T: Half16>(
+    engine: &CudaAttention,
+    p: &AttentionProblem,
+    plan: Option<CudaPlan>,
+    (q, k, v): (Vec<T>, Vec<T>, Vec<T>),
+    label: &str,
+) -> usize {
+    let mut run = Run::<T>::new(engine, p, seed_of(label));
+    let stream = engine.device().stream();
+    run.dq = stream.clone_htod(&bits(&q)).unwrap();
+    run.dk = stream.clone_htod(&bits(&k)).unwrap();
+    run.dv = stream.clone_htod(&bits(&v)).unwrap();
+    (run.q, run.k, run.v) = (q, k, v);
+    let kernel = run.launch(engine, p, plan);
+    let (out, lse) = run.read(engine);
+    let want = reference::attention(p, &run.q, &run.k, &run.v).unwrap();
+    // bf16/f16 inputs, P rounded to 16 bits for the second product, f32 accumulation.
+    inputs::assert_rows_match(p, &want, &out, &lse, (5e-2, 1e-2), &format!("{label} [{kernel}]"))
+}
+
+/// The README's edge semantics on the default kernel (wgmma on Hopper) and `mma.sync`, bf16 and
+/// f16, causal, GQA, head_dim 128: scale 0 (O the mean of the visible V rows) and negative;
+/// rows that see no key (causal with 300 rows on 190 keys, and a ±4 window: rows 0–109 and
+/// 0–105 see none); Q and K of magnitude ~300, whose products pass f16's 65,504 (the tensor
+/// cores accumulate in f32); and scores around ±1e30, all equal in a row or ~1e27 apart
+/// (`inputs::extreme_logit_inputs`; 250 keys, exact in bf16).
+#[cfg(feature = "internals")]
+#[test]
+fn edge_semantics_match_the_reference_on_wgmma_and_mma() {
+    let Some(engine) = engine() else { return };
+    let plans = |p: &AttentionProblem| [None, Some(CudaPlan::Mma(select_mma(p, 16).unwrap().plan))];
+    for dtype in [DType::BF16, DType::F16] {
+        let mut cases: Vec<(String, AttentionProblem, u8, usize)> = Vec::new();
+        let base = problem(dtype, 1, 4, 2, 190, 300, 128, true, Strides::Bshd);
+        for scale in [0.0f32, -0.125, -1.0] {
+            cases.push((format!("scale {scale}"), base.with_scale(scale), 0, 0));
+        }
+        cases.push((
+            "causal, rows without keys".into(),
+            problem(dtype, 1, 4, 2, 300, 190, 128, true, Strides::Bshd),
+            0,
+            110 * 4,
+        ));
+        cases.push((
+            "window, rows without keys".into(),
+            problem(dtype, 1, 4, 2, 300, 190, 128, false, Strides::Bshd).with_window(Some(4), Some(4)),
+            0,
+            106 * 4,
+        ));
+        let d = 128f32;
+        cases.push((
+            "magnitude 300".into(),
+            base.with_scale(1.0 / (90_000.0 * d.sqrt())),
+            1,
+            0,
+        ));
+        let extreme = problem(dtype, 1, 4, 2, 190, 250, 128, true, Strides::Bshd);
+        for scale in [1e29f32, -1e29] {
+            cases.push((
+                format!("equal scores, scale {scale:e}"),
+                extreme.with_scale(scale),
+                2,
+                0,
+            ));
+        }
+        for scale in [1e26f32, -1e26] {
+            cases.push((
+                format!("one-hot scores, scale {scale:e}"),
+                extreme.with_scale(scale),
+                3,
+                0,
+            ));
+        }
+        for (case, p, kind, rows_without_keys) in cases {
+            for plan in plans(&p) {
+                let label = format!("{case} {dtype:?} {plan:?}");
+                let seed = seed_of(&label);
+                let empty = match dtype {
+                    DType::BF16 => run_on_inputs::<bf16>(engine, &p, plan, edge_inputs(&p, seed, kind), &label),
+                    _ => run_on_inputs::<f16>(engine, &p, plan, edge_inputs(&p, seed, kind), &label),
+                };
+                assert_eq!(empty, rows_without_keys, "{label}: rows that see no key");
+            }
+        }
+    }
+}
+
+/// The inputs of an edge case: 0 random, 1 Q and K times 300, 2 equal scores, 3 one-hot scores.
+fn edge_inputs<T: Element>(p: &AttentionProblem, seed: u64, kind: u8) -> (Vec<T>, Vec<T>, Vec<T>) {
+    match kind {
+        0 => inputs::large_inputs(p, seed, 1.0),
+        1 => inputs::large_inputs(p, seed, 300.0),
+        _ => inputs::extreme_logit_inputs(p, seed, kind == 3),
     }
 }
 

@@ -646,10 +646,12 @@ fn device_summaries_equal_the_hosts() {
 }
 
 /// A key-padding mask hiding the keys from `padded` on from every query: their V rows hold NaN,
-/// which any load of them would spread into O (0 · NaN) and into dQ and dK. With the summary the
+/// which any load of them spreads into dQ and dK (0 · NaN in the backward). With the summary the
 /// kernels never load those tiles, and O, the LSE and the gradients match the reference's (from
-/// the clean values, which those keys do not touch); without it they are NaN — so the test sees
-/// the loads the summary saves.
+/// the clean values, which those keys do not touch); without it the gradients are NaN — so the
+/// test sees the loads the summary saves. The forward keeps a hidden key's NaN out of O either
+/// way (its P·V skips a zero P on tiles with hidden keys: README, "Edge semantics"), so without
+/// the summary O must still match.
 #[test]
 fn hidden_tiles_are_never_loaded() {
     let Some(ctx) = gpu() else { return };
@@ -700,8 +702,8 @@ fn hidden_tiles_are_never_loaded() {
             };
             let got = engine.backward_indexed_blocking(bp, &inputs, &index).unwrap();
             let label = format!("{label} blocks {blocks} ({}, {})", fwd.kernel, got.config.name());
+            check_forward(&p, &label, &fwd.out, &fwd.lse, &want);
             if blocks {
-                check_forward(&p, &label, &fwd.out, &fwd.lse, &want);
                 check_grads(
                     DType::F32,
                     &label,
@@ -709,10 +711,6 @@ fn hidden_tiles_are_never_loaded() {
                     [&grads.dq, &grads.dk, &grads.dv],
                 );
             } else {
-                assert!(
-                    fwd.out.iter().any(|x| x.is_nan()),
-                    "{label}: the poisoned V never reached O"
-                );
                 assert!(
                     got.dq.iter().any(|x| x.is_nan()),
                     "{label}: the poisoned V never reached dQ"

@@ -10,6 +10,7 @@
 use wgpu::util::DeviceExt;
 
 use crate::caps::Caps;
+use crate::error::host_output;
 use crate::error::{Error, Result};
 use crate::gpu::binding::{
     bind, bind_f32, binding_start, byte_len, check_binding_size, check_buffer_size, check_disjoint,
@@ -20,9 +21,7 @@ use crate::plan::{backward_grid, select_backward, BackwardChoice, BackwardConfig
 use crate::problem::backward::{BackwardProblem, GradTensor};
 use crate::problem::{AttentionProblem, BatchIndex, Element, Tensor, TensorLayout};
 use crate::runtime::forward::{FlashAttention, IndexBuffers};
-use crate::runtime::split::{
-    self, host_output, on_own_buffers, part_slice, part_timestamps, scatter_rows, shifted, Part, Pass,
-};
+use crate::runtime::split::{self, on_own_buffers, part_slice, part_timestamps, scatter_rows, shifted, Part, Pass};
 use crate::wgsl::mask::BACKWARD_MASK_BINDING;
 use crate::wgsl::params::{GradParams, Params};
 use crate::wgsl::{

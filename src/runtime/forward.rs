@@ -5,6 +5,7 @@ use wgpu::util::DeviceExt;
 
 use crate::caps::Caps;
 use crate::device::context::GpuContext;
+use crate::error::host_output;
 use crate::error::{Error, Result};
 use crate::gpu::binding::{
     bind, bind_f32, binding_start, byte_len, check_binding_size, check_buffer_size, check_disjoint,
@@ -20,9 +21,7 @@ use crate::plan::{
 use crate::problem::index::BatchIndex;
 use crate::problem::mask::MaskBlocks;
 use crate::problem::{AttentionProblem, Element, Tensor};
-use crate::runtime::split::{
-    self, host_output, on_own_buffers, part_slice, part_timestamps, scatter_rows, shifted, Part, Pass,
-};
+use crate::runtime::split::{self, on_own_buffers, part_slice, part_timestamps, scatter_rows, shifted, Part, Pass};
 use crate::wgsl::mask::FORWARD_MASK_BINDING;
 use crate::wgsl::params::Params;
 use crate::wgsl::{KernelConfig, NaivePass, FORWARD_BIAS_BINDING, FORWARD_HEAD_BINDING, FORWARD_INDEX_BINDING};

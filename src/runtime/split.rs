@@ -343,21 +343,6 @@ fn tile(whole: &AttentionProblem, nb: usize, nh: usize, nq: usize, group: usize)
     Ok(parts)
 }
 
-/// A host output of `len` elements, each `zero`, for tensor `name`, or [`Error::TooLarge`] where
-/// the host cannot allocate it: a layout's strides, not its data, set a split call's output size
-/// (a sparse O can span gigabytes), and a failed allocation aborts the process, which no caller
-/// can handle (found by tests/campaign.rs: a 51 GB O aborted a run).
-pub(crate) fn host_output<T: Clone>(name: &'static str, len: usize, zero: T) -> Result<Vec<T>> {
-    let mut v = Vec::new();
-    v.try_reserve_exact(len).map_err(|_| {
-        Error::TooLarge(format!(
-            "tensor `{name}`: {len} elements of output do not fit in the host's memory"
-        ))
-    })?;
-    v.resize(len, zero);
-    Ok(v)
-}
-
 /// `caps` without a limit on one binding's size: checking a whole call's buffers with these checks
 /// everything but what a split into parts changes.
 pub(crate) fn unbounded(caps: &Caps) -> Caps {

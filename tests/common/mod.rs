@@ -1,6 +1,8 @@
 //! Shared by the GPU tests: the device, and seeded runs checked against the float64 reference.
 #![allow(dead_code)]
 
+pub mod inputs;
+
 use std::sync::OnceLock;
 
 use wgpu_flash_attn::testing::harness::{Kernel, Workload};
