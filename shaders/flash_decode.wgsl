@@ -39,8 +39,7 @@
 //
 // Masked keys contribute exactly zero: a row's max starts at its first visible key (`seen`), not
 // at a sentinel, so any finite softmax scale (negative, tiny, huge) gives the reference's answer;
-// a row that sees no key writes O = 0 and LSE = −∞; a NaN or ±∞ in K or V at a key a row does not
-// see is selected away, never multiplied by 0.
+// a row that sees no key writes O = 0 and LSE = −∞.
 
 const KEY_GROUPS: u32 = WG / LANES;
 const GRANULES_PER_LANE: u32 = (HEAD_GRANULES + LANES - 1u) / LANES;
@@ -235,14 +234,11 @@ fn flash_decode(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_
                 // @unroll
                 for (var u = 0u; u < KEYS_PER_STEP; u++) {
                     let key = first + u;
-                    let seen = (key < row_end[r]) & (key >= row_begin[r]);
-                    let p = select(0.0, exp2(score(dots[u * ROWS + r], row_slope[r], row_position[r], key) - new_max), seen);
+                    let p = select(0.0, exp2(score(dots[u * ROWS + r], row_slope[r], row_position[r], key) - new_max), (key < row_end[r]) & (key >= row_begin[r]));
                     sum += p;
-                    // A key the row does not see adds nothing, not 0·V: a NaN or ±∞ in V there
-                    // (loaded for another row) would make 0·∞ = NaN of the row.
                     // @unroll
                     for (var j = 0u; j < GRANULES_PER_LANE; j++) {
-                        acc[r * GRANULES_PER_LANE + j] += select(vec4<f32>(0.0), p * v_part[u * GRANULES_PER_LANE + j], seen);
+                        acc[r * GRANULES_PER_LANE + j] += p * v_part[u * GRANULES_PER_LANE + j];
                     }
                 }
                 row_sum[r] = sum;
