@@ -222,8 +222,11 @@ fn views_are_read_where_they_lie() {
     let case = Case::new(2, 4, 4, 24, 40, 64).causal();
     // Q produced [batch, seq, heads, head_dim], as a projection does, then swapped.
     let q = randn("views q", [2, 24, 4, 64], DType::F32, &device).swap_dims(1, 2);
-    // K: heads 1..5 of a 6-head tensor.
-    let k = randn("views k", [2, 6, 40, 64], DType::F32, &device).slice([0..2, 1..5, 0..40, 0..64]);
+    // K: heads 1..5 of a 6-head tensor stored [batch, heads, head_dim, seq] (a transposed
+    // key cache): head_dim not contiguous, so copied to a contiguous tensor on the device first.
+    let k = randn("views k", [2, 6, 64, 40], DType::F32, &device)
+        .swap_dims(2, 3)
+        .slice([0..2, 1..5, 0..40, 0..64]);
     // V: one head broadcast to four (stride 0).
     let v = randn("views v", [2, 1, 40, 64], DType::F32, &device).expand([2, 4, 40, 64]);
     check("views", case, DType::F32, [q, k, v], &device);

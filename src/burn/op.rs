@@ -96,14 +96,16 @@ impl Operation<FusionCubeRuntime> for FlashOp {
     }
 }
 
-/// `t`, or a contiguous copy where the kernels cannot read its strides (or its metadata is
-/// tiled); with its layout.
+/// A cube tensor's strides as our layout, where the kernels can read them in place (and its
+/// metadata is not tiled).
+fn layout(t: &CubeTensor) -> Option<TensorLayout> {
+    let shape: [usize; 4] = t.meta.shape().dims();
+    let strides: [usize; 4] = std::array::from_fn(|i| t.meta.strides()[i]);
+    (!t.meta.is_tiled()).then(|| tensor_layout(shape, strides)).flatten()
+}
+
+/// `t`, or a contiguous copy where the kernels cannot read its strides; with its layout.
 fn readable(t: &CubeTensor) -> (CubeTensor, Option<TensorLayout>) {
-    let layout = |t: &CubeTensor| {
-        let shape: [usize; 4] = t.meta.shape().dims();
-        let strides: [usize; 4] = std::array::from_fn(|i| t.meta.strides()[i]);
-        (!t.meta.is_tiled()).then(|| tensor_layout(shape, strides)).flatten()
-    };
     match layout(t) {
         Some(l) => (t.clone(), Some(l)),
         None => {
@@ -140,7 +142,7 @@ fn run(reg: &Registered, problem: &AttentionProblem, [q, k, v]: [&CubeTensor; 3]
     let (k, lk) = readable(k);
     let (v, lv) = readable(v);
     let out = CubeBackend::float_empty(q.shape(), &q.device, q.dtype.into());
-    let (_, lo) = readable(&out);
+    let lo = layout(&out);
     let not_in_place = |name: &'static str| Error::InvalidBuffer {
         tensor: name,
         message: "strides the kernels cannot read even after a contiguous copy".into(),
