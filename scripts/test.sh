@@ -14,13 +14,14 @@ export FLASH_REQUIRE_GPU=1 XDG_RUNTIME_DIR=${XDG_RUNTIME_DIR:-/tmp}
 # path's host-side tests (its GPU tests skip with a message where there is no CUDA device; they run
 # on the H200); `cli` the command-line tool, run as a user runs it (tests/cli.rs); `candle` the
 # candle drop-in on CPU tensors (tests/candle.rs; candle-core and its dependencies add about 3
-# minutes to a clean one-job build; `candle-cuda` needs a CUDA toolkit and is not built here). One
-# feature set, so the crate compiles once for all of them. The library is built for its tests with
+# minutes to a clean one-job build; `candle-cuda` needs a CUDA toolkit and is not built here);
+# `burn` burn's attention op on burn's wgpu device (tests/burn.rs, docs/burn.md). One feature set,
+# so the crate compiles once for all of them. The library is built for its tests with
 # overflow checks on (a debug build's arithmetic at release speed; downstream builds are
 # untouched): every test, the bad-input campaign's slice (tests/campaign.rs) and the validation
 # fuzz target's budget (tests/fuzz_validation.rs) among them, fails on an overflow the checked
 # arithmetic missed.
-cargo test --release --features internals,cuda,cli,candle --config 'profile.release.package.wgpu-flash-attn.overflow-checks=true'
+cargo test --release --features internals,cuda,cli,candle,burn --config 'profile.release.package.wgpu-flash-attn.overflow-checks=true'
 cargo bench --no-run --features internals,cuda,cli,candle
 # What a user gets: the library without `internals`, and its documentation.
 cargo build --release --lib

@@ -36,6 +36,9 @@
 //! * With `--features candle`, `candle` is a drop-in for candle-flash-attn: its functions on
 //!   candle tensors, CPU tensors through wgpu (and CUDA tensors on the CUDA kernels with
 //!   `candle-cuda`).
+//! * With `--features burn`, `burn` runs burn's attention op on our wgpu kernels, on burn's own
+//!   wgpu device and queue and buffers, and falls back to burn's attention for what they do not
+//!   run.
 //! * [`reference`](mod@reference) is a float64 CPU implementation (forward and gradients); [`testing`] has seeded
 //!   inputs and error statistics.
 //!
@@ -126,3 +129,8 @@ pub mod batch;
 // read-back, which the web has not).
 #[cfg(all(feature = "candle", not(target_arch = "wasm32")))]
 pub mod candle;
+
+// Beside it: burn's attention on the wgpu engine, on burn's device (feature `burn`; burn's
+// runtime is brought up synchronously, which the web has not).
+#[cfg(all(feature = "burn", not(target_arch = "wasm32")))]
+pub mod burn;
