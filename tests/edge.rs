@@ -281,7 +281,7 @@ fn hidden_case<T: Element>(
             (&work, &want)
         };
         let (out, lse) = work.run(engine, kernel).unwrap_or_else(|e| panic!("{label}: {e}"));
-        let checked = check_unplanted_rows(p, &want, &out, &lse, &label);
+        let checked = check_unplanted_rows(p, want, &out, &lse, &label);
         assert!(
             checked >= p.shape.num_heads,
             "{label}: only {checked} rows do not see a planted key"

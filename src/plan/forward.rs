@@ -445,9 +445,9 @@ mod tests {
         let h200 = h200();
         let required = KernelChoice::CooperativeMatrix(CoopChoice::default());
         let plain = problem(128, DType::F16);
-        let capped = plain.clone().with_softcap(30.0);
-        let alibi = plain.clone().with_geometric_alibi();
-        let both = capped.clone().with_geometric_alibi();
+        let capped = plain.with_softcap(30.0);
+        let alibi = plain.with_geometric_alibi();
+        let both = capped.with_geometric_alibi();
         let mut names = std::collections::HashSet::new();
         for (p, softcap, has_alibi) in [
             (&plain, false, false),
