@@ -439,60 +439,37 @@ pub fn all_configs() -> Vec<FlashConfig> {
                     .collect();
                 pads.dedup();
                 for head_dim_pad in pads {
-                    for head_tensors in [false, true] {
-                        if head_tensors && plan != PLANS[0] {
-                            continue;
-                        }
-                        configs.push(FlashConfig {
-                            storage,
-                            variant,
-                            plan,
-                            head_dim_pad,
-                            sequences: SequenceIndex::default(),
-                            head_tensors,
-                            bias: None,
-                            mask: MaskBinding::default(),
-                            dropout: false,
-                        });
-                    }
+                    let plain = FlashConfig {
+                        storage,
+                        variant,
+                        plan,
+                        head_dim_pad,
+                        sequences: SequenceIndex::default(),
+                        head_tensors: false,
+                        bias: None,
+                        mask: MaskBinding::default(),
+                        dropout: false,
+                    };
+                    configs.push(plain);
                     if plan == PLANS[0] {
+                        configs.push(FlashConfig {
+                            head_tensors: true,
+                            ..plain
+                        });
                         for bias in DType::ALL {
                             configs.push(FlashConfig {
-                                storage,
-                                variant,
-                                plan,
-                                head_dim_pad,
-                                sequences: SequenceIndex::default(),
-                                head_tensors: false,
                                 bias: Some(bias),
-                                mask: MaskBinding::default(),
-                                dropout: false,
+                                ..plain
                             });
                         }
                         for mask in MaskBinding::BOUND {
-                            configs.push(FlashConfig {
-                                storage,
-                                variant,
-                                plan,
-                                head_dim_pad,
-                                sequences: SequenceIndex::default(),
-                                head_tensors: false,
-                                bias: None,
-                                mask,
-                                dropout: false,
-                            });
+                            configs.push(FlashConfig { mask, ..plain });
                         }
                         for mask in [MaskBinding::default(), MaskBinding::BOUND[2]] {
                             configs.push(FlashConfig {
-                                storage,
-                                variant,
-                                plan,
-                                head_dim_pad,
-                                sequences: SequenceIndex::default(),
-                                head_tensors: false,
-                                bias: None,
                                 mask,
                                 dropout: true,
+                                ..plain
                             });
                         }
                     }
