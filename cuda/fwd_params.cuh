@@ -117,8 +117,9 @@ __device__ __forceinline__ int visible_keys_end(const FwdParams& p, const SeqRow
 
 // ---- Score-term variants: ALiBi, the score bias, the soft-cap ----
 //
-// Compile-time switches (-DFA_ALIBI, -DFA_BIAS, -DFA_SOFTCAP: 0 or 1, set by src/cuda/plan from
-// the problem's ScoreTerms), so that the plain kernel holds none of their code or registers and
+// Compile-time switches (-DFA_ALIBI, -DFA_BIAS: 0 or 1; -DFA_SOFTCAP: 0, 1 tanh, 2 tanh with its
+// series for caps far above the scores, the cap's CapForm in src/problem/softcap.rs; set by
+// src/cuda/plan from the problem's ScoreTerms), so that the plain kernel holds none of their code or registers and
 // a variant only its own terms'. The host launches a config only for a problem with exactly its
 // terms (CudaKernelConfig::check_terms), so the run-time values below are set whenever a switch
 // is on; their own modes (slopes geometric or per head, the bias's dtype and strides, the cap)
@@ -135,6 +136,7 @@ __device__ __forceinline__ int visible_keys_end(const FwdParams& p, const SeqRow
 constexpr bool HAS_ALIBI = FA_ALIBI != 0;
 constexpr bool HAS_BIAS = FA_BIAS != 0;
 constexpr bool HAS_SOFTCAP = FA_SOFTCAP != 0;
+constexpr bool CAP_SERIES = FA_SOFTCAP == 2;
 constexpr float LOG2E_F = 1.4426950408889634f;
 
 // tanh on the special-function unit (sm_75+): one instruction where tanhf is a dozen, relative
@@ -164,15 +166,26 @@ __device__ __forceinline__ ScoreUnits score_units(const FwdParams& p) {
 }
 
 // A raw score in the units of `u` (the pass over the scores that plain attention with a positive
-// scale skips: callers test u.pre != 1 first when there is no cap). With a cap, where |y| =
-// |s·pre| is below 1/16 tanh's series y − y³/3 + 2y⁵/15 (relative error below 4e-9) replaces
-// tanh.approx, whose relative error near 0 (2^-11) times a cap far above the scores would swamp
-// them. shaders/common.wgsl's soft-cap is the same.
+// scale skips: callers test u.pre != 1 first when there is no cap). With a cap far above the
+// scores (CAP_SERIES), where |y| = |s·pre| is below 1/16 tanh's series y − y³/3 + 2y⁵/15
+// (relative error below 4e-9) replaces tanh.approx, whose error near 0 times such a cap would
+// swamp the scores (and y may be subnormal: flushed). shaders/common.wgsl's soft-cap is the same.
 __device__ __forceinline__ float score_x(const ScoreUnits& u, float s) {
     if (!HAS_SOFTCAP) return s * u.pre;
     const float y = s * u.pre;
+    if (!CAP_SERIES) return tanh_approx(y);
     const float y2 = y * y;
     return fabsf(y) < 0.0625f ? y * fmaf(y2, fmaf(y2, 2.f / 15.f, -1.f / 3.f), 1.f) : tanh_approx(y);
+}
+
+// Whether a row's base-2 max m is so large that exp2(x·fold − m) cannot be one FFMA: the fused
+// product is exact, so at the max's own score exp2 would see the rounding error of m = x·fold,
+// up to half an ulp of m — at least 1 from 2^24 on, enough past 2^31 to make exp2 0 or ∞ (a row
+// of equal scores at scale 1e29 came out with LSE −∞). Such rows (a huge scale, huge opposite q
+// and k) round the logit first and subtract m after, as the max was computed: exactly 0 there.
+// The threshold matches shaders/flash_fwd_coop.wgsl's HUGE_REFERENCE.
+__device__ __forceinline__ bool is_huge_reference(float m) {
+    return fabsf(m) >= 16777216.f;
 }
 
 // ---- ALiBi, the score bias and sinks (the forward kernels' per-score and per-row terms) ----

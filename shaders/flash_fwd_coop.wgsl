@@ -236,10 +236,16 @@ fn neg_inf() -> f32 {
 
 // A raw (unscaled) score soft-capped so that scaling it afterwards gives the capped scaled score
 // (common.wgsl's soft_cap): the kernel scales inside exp2 and takes maxima of raw scores, which
-// stays right because the cap, like a positive scale, keeps their order.
+// stays right because the cap, like a positive scale, keeps their order. CAP_SERIES (the cap's
+// CapForm, src/problem/softcap.rs) adds tanh's series for caps far above the scores.
 fn soft_cap_raw(x: f32) -> f32 {
     // Both ratios are uniform: a score costs two multiplies and the tanh, no division.
-    return cap_times_tanh(vec4<f32>(x), vec4<f32>(x * (params.scale / params.softcap)), params.softcap / params.scale).x;
+    let y = vec4<f32>(x * (params.scale / params.softcap));
+    let raw_cap = params.softcap / params.scale;
+    if (CAP_SERIES) {
+        return cap_times_tanh(vec4<f32>(x), y, raw_cap).x;
+    }
+    return raw_cap * tanh_by_exp2(y).x;
 }
 
 // The head's terms for with_score_terms, worked out once a workgroup: ALiBi's slope and the bias's

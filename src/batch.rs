@@ -6,12 +6,13 @@
 //! [`BatchIndex`] of them, and the append of new tokens' K/V
 //! ([`FlashAttention::encode_append_kv`](crate::FlashAttention::encode_append_kv)); and the
 //! types of the side tensors a [`BatchIndex`] carries for the variants: ALiBi's slope source
-//! ([`Alibi`]), the score bias ([`ScoreBias`], its [`BiasLayout`], its host [`BiasValues`]), the
+//! ([`Alibi`]), how compiled kernels evaluate a soft-cap ([`CapForm`]), the score bias ([`ScoreBias`], its [`BiasLayout`], its host [`BiasValues`]), the
 //! mask tensor ([`AttentionMask`], at a [`BiasLayout`] too) and its block summary ([`MaskBlocks`]
 //! of [`MASK_BLOCK`]-square [`BlockState`]s, computed by
 //! [`FlashAttention::encode_mask_blocks`](crate::FlashAttention::encode_mask_blocks)); and
 //! dropout's description ([`Dropout`], with the host's copy of its mask).
-//! The public facade over `problem::{varlen, cache, index, head_terms, score_bias, mask, dropout}`
+//! The public facade over
+//! `problem::{varlen, cache, index, head_terms, score_bias, softcap, mask, dropout}`
 //! and `runtime::append`.
 
 pub use crate::problem::cache::{KvCache, PagedKv, PAGE_SIZE_MULTIPLE};
@@ -20,5 +21,6 @@ pub use crate::problem::head_terms::Alibi;
 pub use crate::problem::index::BatchIndex;
 pub use crate::problem::mask::{AttentionMask, BlockState, MaskBlocks, BLOCKS_HEADER_WORDS, BLOCKS_MAGIC, MASK_BLOCK};
 pub use crate::problem::score_bias::{BiasLayout, BiasValues, ScoreBias};
+pub use crate::problem::softcap::CapForm;
 pub use crate::problem::varlen::{SequenceRows, Varlen};
 pub use crate::runtime::append::AppendBuffers;

@@ -11,6 +11,7 @@ use std::sync::OnceLock;
 mod inputs;
 
 use half::{bf16, f16};
+use wgpu_flash_attn::batch::CapForm;
 use wgpu_flash_attn::batch::{BatchIndex, PagedKv};
 use wgpu_flash_attn::cuda::cudarc::driver::CudaSlice;
 #[cfg(feature = "internals")]
@@ -456,7 +457,7 @@ fn run_on_inputs<T: Half16>(
 /// rows that see no key (causal with 300 rows on 190 keys, and a ±4 window: rows 0–109 and
 /// 0–105 see none); Q and K of magnitude ~300, whose products pass f16's 65,504 (the tensor
 /// cores accumulate in f32); and scores around ±1e30, all equal in a row or ~1e27 apart
-/// (`inputs::extreme_logit_inputs`; 250 keys, exact in bf16).
+/// (`inputs::extreme_logit_inputs`; 250 keys, exact in bf16), with and without ALiBi.
 #[cfg(feature = "internals")]
 #[test]
 fn edge_semantics_match_the_reference_on_wgmma_and_mma() {
@@ -496,6 +497,14 @@ fn edge_semantics_match_the_reference_on_wgmma_and_mma() {
                 0,
             ));
         }
+        // ALiBi's variants compute their logits with the base added in (fwd_params.cuh,
+        // is_huge_reference): at this scale its terms vanish into the logits' rounding.
+        cases.push((
+            "equal scores, scale 1e29, ALiBi".into(),
+            extreme.with_scale(1e29).with_geometric_alibi(),
+            2,
+            0,
+        ));
         for scale in [1e26f32, -1e26] {
             cases.push((
                 format!("one-hot scores, scale {scale:e}"),
@@ -2034,8 +2043,8 @@ fn alibi_sinks_and_bias_match_the_reference() {
     }
 }
 
-/// Every score-term variant (ALiBi, bias, soft-cap: each compiled in or not), causal or not,
-/// with sinks, on both CUDA prefill kernels, against the float64 reference: the bias in each
+/// Every score-term variant (ALiBi, bias: each compiled in or not; the soft-cap not, or in each
+/// form), causal or not, with sinks, on both CUDA prefill kernels, against the float64 reference: the bias in each
 /// 16-bit type and f32, at an odd offset (two 16-bit loads a column pair) and an even one (one).
 #[test]
 fn every_score_term_variant_matches_the_reference() {
@@ -2060,8 +2069,11 @@ fn every_score_term_variant_matches_the_reference() {
                     },
                 });
             }
-            if terms.softcap {
-                p = p.with_softcap(4.0);
+            // A cap near the scores (tanh) or far above them (its series, CapForm).
+            match terms.softcap {
+                Some(CapForm::Tanh) => p = p.with_softcap(4.0),
+                Some(CapForm::Series) => p = p.with_softcap(300.0),
+                None => {}
             }
             let label = format!(
                 "{terms:?} d{head_dim} {} causal {causal} {seq_q}x{seq_kv}",

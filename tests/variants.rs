@@ -47,7 +47,7 @@ fn random_problem(rng: &mut Rng, dtype: DType) -> AttentionProblem {
         p = p.with_window(side(rng), side(rng));
     }
     if cap {
-        p = p.with_softcap([0.3f32, 2.0, 30.0][below(rng, 3)]);
+        p = p.with_softcap([0.3f32, 2.0, 30.0, 300.0][below(rng, 4)]);
     }
     p
 }

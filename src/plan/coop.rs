@@ -7,7 +7,7 @@ use crate::caps::Caps;
 use crate::plan::policy::COOP_KERNEL_VERIFIED;
 use crate::plan::{missing_features, SequenceIndex};
 use crate::problem::features::{Feature, FeatureSet};
-use crate::problem::{AttentionProblem, DType};
+use crate::problem::{AttentionProblem, CapForm, DType};
 
 /// The cooperative-matrix (tensor-core) forward kernel, `shaders/flash_fwd_coop.wgsl`: one
 /// subgroup of 32 invocations per 16 query rows.
@@ -34,8 +34,9 @@ pub struct CoopConfig {
     pub head_tensors: bool,
     /// The score bias tensor's element type, when it binds one (shaders/score_bias_bound.wgsl).
     pub bias: Option<DType>,
-    /// Compiled with the soft-cap pass (SOFTCAP): for problems with a soft-cap only.
-    pub softcap: bool,
+    /// Compiled with the soft-cap pass (SOFTCAP) in this form (CAP_SERIES): for problems with a
+    /// soft-cap of that form only ([`AttentionProblem::cap_form`]).
+    pub softcap: Option<CapForm>,
     /// Compiled with ALiBi's term (ALIBI): for problems with ALiBi only.
     pub alibi: bool,
 }
@@ -187,7 +188,7 @@ impl CoopConfig {
             sequences: SequenceIndex::default(),
             head_tensors: false,
             bias: None,
-            softcap: false,
+            softcap: None,
             alibi: false,
         }
     }
@@ -204,7 +205,7 @@ impl CoopConfig {
             sequences: SequenceIndex::of(problem),
             head_tensors: problem.has_head_tensors(),
             bias: problem.bias.map(|b| b.dtype),
-            softcap: problem.softcap.is_some(),
+            softcap: problem.cap_form(),
             alibi: problem.alibi.is_some(),
             ..self
         }
@@ -244,8 +245,8 @@ impl CoopConfig {
 
     /// `flash_fwd_coop_f16_bm{}_bn{}_d{}`, with `_prefetch` when the next K/V tile is loaded
     /// into registers early, `_db` when K/V are double-buffered, and `_regs…` (the layout) when
-    /// the softmax runs in registers (and `_varlen`, `_lens`, `_heads`, `_bias{dtype}`, `_cap`,
-    /// `_alibi`).
+    /// the softmax runs in registers (and `_varlen`, `_lens`, `_heads`, `_bias{dtype}`,
+    /// `_cap`/`_capseries`, `_alibi`).
     pub fn name(&self) -> String {
         format!(
             "flash_fwd_coop_f16_bm{}_bn{}_d{}{}{}{}{}{}{}{}{}",
@@ -260,7 +261,7 @@ impl CoopConfig {
             self.sequences.name_suffix(),
             if self.head_tensors { "_heads" } else { "" },
             self.bias.map_or(String::new(), |t| format!("_bias{}", t.name())),
-            if self.softcap { "_cap" } else { "" },
+            self.softcap.map_or("", CapForm::name_suffix),
             if self.alibi { "_alibi" } else { "" },
         )
     }
@@ -326,15 +327,15 @@ impl CoopConfig {
                 problem.softmax_scale()
             ));
         }
-        if self.softcap != problem.softcap.is_some() || self.alibi != problem.alibi.is_some() {
+        if self.softcap != problem.cap_form() || self.alibi != problem.alibi.is_some() {
             return Some(format!(
-                "{} is compiled {} the soft-cap and {} ALiBi, which the problem {} and {} \
-                 (with_tensors_of builds the matching configuration)",
+                "{} is compiled with soft-cap {:?} and {} ALiBi, where the problem needs soft-cap {:?} \
+                 and {} ALiBi (with_tensors_of builds the matching configuration)",
                 self.name(),
-                if self.softcap { "with" } else { "without" },
+                self.softcap,
                 if self.alibi { "with" } else { "without" },
-                if problem.softcap.is_some() { "has" } else { "lacks" },
-                if problem.alibi.is_some() { "has" } else { "lacks" },
+                problem.cap_form(),
+                if problem.alibi.is_some() { "has" } else { "no" },
             ));
         }
         if let Some(why) = coop_device_unavailable_reason(caps) {
@@ -431,10 +432,15 @@ pub fn all_coop_configs() -> Vec<CoopConfig> {
                     ..first
                 });
             }
-            configs.push(CoopConfig { softcap: true, ..first });
+            for form in [CapForm::Tanh, CapForm::Series] {
+                configs.push(CoopConfig {
+                    softcap: Some(form),
+                    ..first
+                });
+            }
             configs.push(CoopConfig { alibi: true, ..first });
             configs.push(CoopConfig {
-                softcap: true,
+                softcap: Some(CapForm::Series),
                 alibi: true,
                 head_tensors: true,
                 bias: Some(DType::F16),

@@ -185,7 +185,7 @@ mod tests {
     use crate::error::Error;
     use crate::plan::policy::{COOP_BY_DEFAULT, COOP_KERNEL_VERIFIED, MAX_ACCUMULATORS};
     use crate::plan::*;
-    use crate::problem::{AttentionProblem, DType};
+    use crate::problem::{AttentionProblem, CapForm, DType};
     use crate::problem::{AttentionShape, MAX_HEAD_DIM};
 
     fn problem(head_dim: usize, dtype: DType) -> AttentionProblem {
@@ -446,22 +446,25 @@ mod tests {
         let required = KernelChoice::CooperativeMatrix(CoopChoice::default());
         let plain = problem(128, DType::F16);
         let capped = plain.with_softcap(30.0);
+        let wide_cap = plain.with_softcap(1e4);
         let alibi = plain.with_geometric_alibi();
         let both = capped.with_geometric_alibi();
+        let problems = [&plain, &capped, &wide_cap, &alibi, &both];
         let mut names = std::collections::HashSet::new();
         for (p, softcap, has_alibi) in [
-            (&plain, false, false),
-            (&capped, true, false),
-            (&alibi, false, true),
-            (&both, true, true),
+            (&plain, None, false),
+            (&capped, Some(CapForm::Tanh), false),
+            (&wide_cap, Some(CapForm::Series), false),
+            (&alibi, None, true),
+            (&both, Some(CapForm::Tanh), true),
         ] {
             let ForwardKernel::Coop(c) = select_forward(p, &h200, &required, BoundsChecks::Off).unwrap() else {
                 panic!("not the cooperative kernel")
             };
             assert_eq!((c.softcap, c.alibi), (softcap, has_alibi), "{}", c.name());
             assert!(names.insert(c.name()), "{}", c.name());
-            for other in [&plain, &capped, &alibi, &both] {
-                let matches = other.softcap.is_some() == softcap && other.alibi.is_some() == has_alibi;
+            for other in problems {
+                let matches = other.cap_form() == softcap && other.alibi.is_some() == has_alibi;
                 let why = c.unavailable_reason(other, &h200);
                 assert_eq!(
                     why.is_none(),

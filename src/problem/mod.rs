@@ -9,6 +9,7 @@ pub mod head_terms;
 pub mod index;
 pub mod mask;
 pub mod score_bias;
+pub mod softcap;
 pub mod varlen;
 
 pub use cache::{KvCache, PagedKv};
@@ -17,6 +18,7 @@ pub use head_terms::Alibi;
 pub use index::BatchIndex;
 pub use mask::AttentionMask;
 pub use score_bias::ScoreBias;
+pub use softcap::CapForm;
 pub use varlen::{SequenceRows, Varlen};
 
 pub use crate::dtype::{DType, Element};
@@ -390,6 +392,12 @@ impl AttentionProblem {
     pub fn with_softcap(mut self, cap: f32) -> Self {
         self.softcap = Some(cap);
         self
+    }
+
+    /// How the kernels that compile the soft-cap in evaluate it ([`CapForm::of`] the cap; `None`
+    /// without one).
+    pub fn cap_form(&self) -> Option<CapForm> {
+        self.softcap.map(CapForm::of)
     }
 
     /// Adds ALiBi's position bias with the ALiBi paper's geometric slopes for the head count

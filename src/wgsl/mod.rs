@@ -294,14 +294,15 @@ impl KernelConfig {
                 src.push_str(&format!(
                     "const HEAD_DIM_PAD: u32 = {}u;\nconst BLOCK_M: u32 = {}u;\nconst BLOCK_N: u32 = {}u;\n\
                      const PREFETCH_KV: bool = {};\nconst KV_BUFFERS: u32 = {}u;\nconst REGISTER_SOFTMAX: bool = {};\n\
-                     const SOFTCAP: bool = {};\nconst ALIBI: bool = {};\n{}",
+                     const SOFTCAP: bool = {};\nconst CAP_SERIES: bool = {};\nconst ALIBI: bool = {};\n{}",
                     c.head_dim_pad,
                     c.block_m,
                     c.block_n,
                     c.prefetch_kv,
                     c.kv_buffers(),
                     c.register_layout.is_some(),
-                    c.softcap,
+                    c.softcap.is_some(),
+                    c.softcap == Some(crate::problem::CapForm::Series),
                     c.alibi,
                     c.compiled_layout().wgsl_constants()
                 ));

@@ -34,7 +34,7 @@ pub use wgmma::{default_wgmma_plan, wgmma_plans, wgmma_unavailable, WgmmaConfig,
 
 use crate::error::Result;
 use crate::plan::decode::DecodeSplit;
-use crate::problem::{AttentionProblem, DType};
+use crate::problem::{AttentionProblem, CapForm, DType};
 
 /// A tile and scheduling choice of one of the two kernels.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -112,8 +112,9 @@ pub struct ScoreTerms {
     pub alibi: bool,
     /// An additive score bias (f32, f16 or bf16).
     pub bias: bool,
-    /// Soft-capping, `cap·tanh(score / cap)`.
-    pub softcap: bool,
+    /// Soft-capping, `cap·tanh(score / cap)`, in the form its cap takes (`-DFA_SOFTCAP=1` tanh,
+    /// `2` with the series; [`AttentionProblem::cap_form`]).
+    pub softcap: Option<CapForm>,
 }
 
 impl ScoreTerms {
@@ -121,7 +122,7 @@ impl ScoreTerms {
     pub const NONE: ScoreTerms = ScoreTerms {
         alibi: false,
         bias: false,
-        softcap: false,
+        softcap: None,
     };
 
     /// The terms `problem` has: the variant it must run.
@@ -129,41 +130,47 @@ impl ScoreTerms {
         ScoreTerms {
             alibi: problem.alibi.is_some(),
             bias: problem.bias.is_some(),
-            softcap: problem.softcap.is_some(),
+            softcap: problem.cap_form(),
         }
     }
 
     /// Every combination, plain first.
-    pub fn all() -> [ScoreTerms; 8] {
+    pub fn all() -> [ScoreTerms; 12] {
         std::array::from_fn(|i| ScoreTerms {
             alibi: i & 1 != 0,
             bias: i & 2 != 0,
-            softcap: i & 4 != 0,
+            softcap: [None, Some(CapForm::Tanh), Some(CapForm::Series)][i / 4],
         })
     }
 
-    /// `[_alibi][_bias][_cap]`: what a config's name adds for these terms.
+    /// `[_alibi][_bias][_cap|_capseries]`: what a config's name adds for these terms.
     pub fn suffix(&self) -> String {
         let mut s = String::new();
-        for (on, tag) in [(self.alibi, "_alibi"), (self.bias, "_bias"), (self.softcap, "_cap")] {
+        for (on, tag) in [(self.alibi, "_alibi"), (self.bias, "_bias")] {
             if on {
                 s.push_str(tag);
             }
         }
+        s.push_str(self.softcap.map_or("", CapForm::name_suffix));
         s
     }
 
     /// The `-D` switches both prefill kernels read, those that are on (fwd_params.cuh defaults
     /// each to 0, so a plain kernel compiles with the options it always had).
     fn defines(&self) -> Vec<String> {
+        let cap = match self.softcap {
+            None => 0,
+            Some(CapForm::Tanh) => 1,
+            Some(CapForm::Series) => 2,
+        };
         [
-            (self.alibi, "FA_ALIBI"),
-            (self.bias, "FA_BIAS"),
-            (self.softcap, "FA_SOFTCAP"),
+            (self.alibi as u32, "FA_ALIBI"),
+            (self.bias as u32, "FA_BIAS"),
+            (cap, "FA_SOFTCAP"),
         ]
         .into_iter()
-        .filter(|&(on, _)| on)
-        .map(|(_, key)| define(key, 1))
+        .filter(|&(value, _)| value != 0)
+        .map(|(value, key)| define(key, value))
         .collect()
     }
 }
@@ -255,8 +262,8 @@ impl CudaKernelConfig {
         )))
     }
 
-    /// `flash_fwd_mma_bf16_d128_bm64_bn64_w4[_causal][_a8][_alibi][_bias][_cap]` or
-    /// `flash_fwd_wgmma_bf16_d128_bm128_bn128_s2[_ov][_pp][_split][_causal][_alibi][_bias][_cap]`:
+    /// `flash_fwd_mma_bf16_d128_bm64_bn64_w4[_causal][_a8][_alibi][_bias][_cap|_capseries]` or
+    /// `flash_fwd_wgmma_bf16_d128_bm128_bn128_s2[_ov][_pp][_split][_causal][_alibi][_bias][_cap|_capseries]`:
     /// entry point, cache key, test label.
     pub fn name(&self) -> String {
         match self {
@@ -456,8 +463,10 @@ mod tests {
                     layout: BiasLayout::dense(&p, false, true),
                 });
             }
-            if terms.softcap {
-                p = p.with_softcap(30.0);
+            match terms.softcap {
+                Some(CapForm::Tanh) => p = p.with_softcap(30.0),
+                Some(CapForm::Series) => p = p.with_softcap(1e4),
+                None => {}
             }
             // Sinks join once per row at the end: they pick no variant.
             for p in [p, p.with_sinks()] {
@@ -469,12 +478,15 @@ mod tests {
                     let plain = CudaKernelConfig::new(p.dtype, 128, plan, false, 16).unwrap();
                     assert_eq!(c.name(), format!("{}{}", plain.name(), terms.suffix()));
                     let d = c.defines();
-                    for (key, on) in [
-                        ("FA_ALIBI", terms.alibi),
-                        ("FA_BIAS", terms.bias),
-                        ("FA_SOFTCAP", terms.softcap),
+                    let cap = terms.softcap.map_or(0, |f| 1 + (f == CapForm::Series) as u32);
+                    for (key, value) in [
+                        ("FA_ALIBI", terms.alibi as u32),
+                        ("FA_BIAS", terms.bias as u32),
+                        ("FA_SOFTCAP", cap),
                     ] {
-                        assert_eq!(d.contains(&format!("-D{key}=1")), on, "{key} in {d:?}");
+                        for v in 1..=2 {
+                            assert_eq!(d.contains(&format!("-D{key}={v}")), value == v, "{key} in {d:?}");
+                        }
                         // Off is the kernels' default: a plain kernel keeps its old options.
                         assert!(!d.contains(&format!("-D{key}=0")));
                     }
@@ -491,15 +503,15 @@ mod tests {
             ScoreTerms {
                 alibi: true,
                 bias: true,
-                softcap: true
+                softcap: Some(CapForm::Series)
             }
             .suffix(),
-            "_alibi_bias_cap"
+            "_alibi_bias_capseries"
         );
-        // Sixteen distinct kernels: eight variants of two plans, each reached with and without sinks.
+        // 24 distinct kernels: twelve variants of two plans, each reached with and without sinks.
         names.sort();
         names.dedup();
-        assert_eq!(names.len(), 16);
+        assert_eq!(names.len(), 24);
     }
 
     #[test]
