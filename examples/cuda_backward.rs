@@ -119,7 +119,13 @@ fn buffers(engine: &CudaAttention, p: &BackwardProblem) -> Result<Buffers> {
     let v = random_tensor::<bf16>(3, f.required_len(Tensor::V));
     let d_o = random_tensor::<bf16>(4, p.required_len(GradTensor::DO));
     let up = |x: &[bf16]| stream.clone_htod(bytemuck::cast_slice::<bf16, u16>(x));
-    let dev = [up(&q)?, up(&k)?, up(&v)?, stream.alloc_zeros(f.required_len(Tensor::O))?, up(&d_o)?];
+    let dev = [
+        up(&q)?,
+        up(&k)?,
+        up(&v)?,
+        stream.alloc_zeros(f.required_len(Tensor::O))?,
+        up(&d_o)?,
+    ];
     let grads = [
         stream.alloc_zeros(p.required_len(GradTensor::DQ))?,
         stream.alloc_zeros(p.required_len(GradTensor::DK))?,
