@@ -136,7 +136,7 @@ impl<T: Half16> Inputs<T> {
     }
 
     /// Replaces O and the LSE with the CUDA forward's.
-    fn from_cuda_forward(&mut self, engine: &CudaAttention, problem: &BackwardProblem) {
+    fn use_cuda_forward(&mut self, engine: &CudaAttention, problem: &BackwardProblem) {
         let [q, k, v, o, _] = &mut self.dev;
         engine
             .forward_device(
@@ -479,7 +479,7 @@ fn the_cuda_forward_feeds_the_backward() {
         let p = problem(DType::BF16, 2, 333, 333, 8, 2, 128, causal);
         let tag = format!("{} from the CUDA forward", label(&p));
         let mut inputs = Inputs::<bf16>::new(engine, &p, seed_of(&tag));
-        inputs.from_cuda_forward(engine, &p);
+        inputs.use_cuda_forward(engine, &p);
         let (dq, dk, dv, kernel) = inputs.run(engine, &p, &CudaBackwardOptions::default(), &tag);
         check(&p, &format!("{tag} [{kernel}]"), &inputs, [&dq, &dk, &dv]);
     }
@@ -499,7 +499,7 @@ fn host_slices_match_device_buffers() {
     let device = inputs.run(engine, &p, &det, &tag);
     let host = engine
         .backward(
-            &p,
+            p,
             &BackwardInputs {
                 q: &inputs.q,
                 k: &inputs.k,
@@ -622,7 +622,7 @@ fn bad_buffers_are_errors_naming_the_tensor() {
     let options = CudaBackwardOptions::default();
     let e = engine
         .backward_device(
-            &p,
+            p,
             BackwardDeviceTensors {
                 q: &q,
                 k: &k,
@@ -640,7 +640,7 @@ fn bad_buffers_are_errors_naming_the_tensor() {
     assert!(matches!(e, Error::InvalidBuffer { tensor: "dk", .. }), "{e}");
     let e = engine
         .backward_device(
-            &p,
+            p,
             BackwardDeviceTensors {
                 q: &q,
                 k: &k,
@@ -662,7 +662,7 @@ fn bad_buffers_are_errors_naming_the_tensor() {
     let x = f32s(8);
     let e = engine
         .backward_device(
-            &p,
+            p,
             BackwardDeviceTensors {
                 q: &x,
                 k: &x,
@@ -681,7 +681,7 @@ fn bad_buffers_are_errors_naming_the_tensor() {
     // The good buffers run.
     engine
         .backward_device(
-            &p,
+            p,
             BackwardDeviceTensors {
                 q: &q,
                 k: &k,

@@ -383,7 +383,7 @@ impl CudaAttention {
         let mut dk = stream.alloc_zeros::<u16>(problem.required_len(GradTensor::DK))?;
         let mut dv = stream.alloc_zeros::<u16>(problem.required_len(GradTensor::DV))?;
         let config = self.backward_device(
-            &problem,
+            problem,
             BackwardDeviceTensors {
                 q: &dq_in,
                 k: &dk_in,
