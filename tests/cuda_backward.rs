@@ -720,33 +720,47 @@ fn backward_kernels_compile_with_nvrtc() {
             let job = CompileJob::backward(c, arch);
             let (cubin, log) = compile_cubin(&job).unwrap_or_else(|e| panic!("{e}"));
             assert!(!cubin.is_empty());
-            // ptxas's lines per entry point: "Compiling entry function 'x'", then its report.
+            // ptxas's lines per entry point: "Compiling entry function 'x'", then (in either
+            // order) "N bytes stack frame, S bytes spill stores, L bytes spill loads" and "Used R
+            // registers, ...": one "entry R regs, spills S/L" per entry point.
             let mut function = String::new();
-            let mut lines = Vec::new();
+            let mut lines: Vec<(String, String, String)> = Vec::new();
             for line in log.lines() {
                 if let Some(rest) = line.split("Compiling entry function '").nth(1) {
                     function = rest.split('\'').next().unwrap_or("").to_string();
+                    let short = match function.strip_prefix(&c.name()) {
+                        Some("") => "main".to_string(),
+                        Some(s) => s.trim_start_matches('_').to_string(),
+                        None => function.clone(),
+                    };
+                    lines.push((short, String::new(), String::new()));
                 }
-                let short = function
-                    .strip_prefix(&c.name())
-                    .map(|s| {
-                        if s.is_empty() {
-                            "main"
-                        } else {
-                            s.trim_start_matches('_')
-                        }
-                    })
-                    .unwrap_or(&function)
-                    .to_string();
+                let Some(last) = lines.last_mut() else { continue };
+                let number_before = |word: &str| {
+                    let head = line.split(word).next().unwrap_or("");
+                    head.split_whitespace().last().unwrap_or("?").to_string()
+                };
                 if line.contains("Used") {
-                    lines.push(format!("{short}: {}", line.split("Used").nth(1).unwrap_or("").trim()));
+                    last.1 = line
+                        .split("Used")
+                        .nth(1)
+                        .unwrap_or("")
+                        .split_whitespace()
+                        .next()
+                        .unwrap_or("?")
+                        .into();
                 } else if line.contains("spill") {
-                    lines.push(format!(
-                        "{short}: {}",
-                        line.trim().trim_start_matches("ptxas").trim_start_matches(" .").trim()
-                    ));
+                    last.2 = format!(
+                        "{}/{}",
+                        number_before("bytes spill stores"),
+                        number_before("bytes spill loads")
+                    );
                 }
             }
+            let lines: Vec<String> = lines
+                .iter()
+                .map(|(f, regs, spills)| format!("{f} {regs} regs, spill stores/loads {spills} bytes"))
+                .collect();
             eprintln!("{arch} {}: {}", c.name(), lines.join("; "));
             assert!(lines.len() >= 3, "no ptxas report for {}: {log}", c.name());
         }
