@@ -58,11 +58,13 @@
 // adds two barriers and a spin; the non-deterministic build pays neither.
 //
 // Why these sizes. Registers per thread at head_dim 128 with BLOCK_M = 64 (4 warps, BLOCK_N 64):
-// dK and dV accumulators 2 · 16·128/32 = 128, Sᵀ/Pᵀ and dPᵀ/dSᵀ 2 · 16·64/32 = 64, then dQ's
-// fragment 16·128/32 = 64 while Pᵀ and dPᵀ are dead: about 200 with addresses, under the 255 of
-// __launch_bounds__(128, 2), so two CTAs share an SM. K and V are re-read from shared memory as
-// A-fragments per query tile (keeping them would cost 64 more registers). head_dim 256 does not
-// fit: dK and dV alone would be 256 registers per thread (the host refuses it, naming the
+// dK and dV accumulators 2 · 16·128/32 = 128; Sᵀ (then dPᵀ, in the same registers) 16·64/32 = 32
+// and Pᵀ (then dSᵀ) packed to 16 bits, 16; dQ in passes of 64 columns, 32, while those are dead.
+// With addresses and fragments that is ptxas's 255 under __launch_bounds__(128, 2) (two CTAs per
+// SM), with 4-36 bytes of spills in some head_dim 128 builds (the compile test in
+// tests/cuda_backward.rs prints each). K and V are re-read from shared memory as A-fragments per
+// query tile (keeping them would cost 64 more registers). head_dim 256 does not fit: dK and dV
+// alone would be 256 registers per thread (the host refuses it, naming the
 // supported head dims). Shared memory: K, V (BLOCK_N rows each), 2 stages of (Q, dO: BLOCK_M rows;
 // LSE, D: BLOCK_M floats) and dSᵀ (BLOCK_N x BLOCK_M 16-bit), e.g. 16 + 16 + 2·(16 + 16 + 0.5) +
 // 8 = 105 KiB at head_dim 128, 64 x 64. BLOCK_M >= 64 so that dSᵀ's rows have 8 chunks for the

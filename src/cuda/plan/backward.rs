@@ -62,8 +62,8 @@ impl CudaBackwardPlan {
 /// Candidate plans for a head_dim, the default first.
 ///
 /// 64 query rows per step: the smallest `block_m` whose dSᵀ rows (64 16-bit values, 8 chunks)
-/// the swizzle covers, and the one that keeps Sᵀ and dPᵀ at 64 registers beside dK and dV's 128
-/// at head_dim 128. 64 keys (4 warps) per CTA first: two CTAs fit an SM's registers; 128 keys
+/// the swizzle covers, and the one that keeps Sᵀ/dPᵀ at 32 registers and the packed Pᵀ/dSᵀ at 16
+/// beside dK and dV's 128 at head_dim 128 (ptxas still reaches the 255 cap there). 64 keys (4 warps) per CTA first: two CTAs fit an SM's registers; 128 keys
 /// (8 warps) halve the Q and dO traffic per key and split dQ's columns between two warps per
 /// row group, at one CTA per SM.
 pub fn backward_plans(head_dim: usize) -> &'static [CudaBackwardPlan] {
