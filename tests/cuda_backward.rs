@@ -723,15 +723,14 @@ fn backward_kernels_compile_with_nvrtc() {
             // ptxas's lines per entry point: "Compiling entry function 'x'", then (in either
             // order) "N bytes stack frame, S bytes spill stores, L bytes spill loads" and "Used R
             // registers, ...": one "entry R regs, spills S/L" per entry point.
-            let mut function = String::new();
             let mut lines: Vec<(String, String, String)> = Vec::new();
             for line in log.lines() {
                 if let Some(rest) = line.split("Compiling entry function '").nth(1) {
-                    function = rest.split('\'').next().unwrap_or("").to_string();
+                    let function = rest.split('\'').next().unwrap_or("");
                     let short = match function.strip_prefix(&c.name()) {
                         Some("") => "main".to_string(),
                         Some(s) => s.trim_start_matches('_').to_string(),
-                        None => function.clone(),
+                        None => function.to_string(),
                     };
                     lines.push((short, String::new(), String::new()));
                 }
