@@ -12,9 +12,11 @@
 
 use super::nvrtc::CompileJob;
 use super::plan::{
-    mma_plans, select_cuda, select_mma, vec_bytes_for, wgmma_plans, CudaKernelConfig, CudaPlan, FwdParams,
+    all_backward_configs, mma_plans, select_cuda, select_mma, vec_bytes_for, wgmma_plans, BackwardAddresses, BwdParams,
+    CudaKernelConfig, CudaPlan, FwdParams,
 };
 use super::CUDA_HEAD_DIMS;
+use crate::problem::backward::BackwardProblem;
 use crate::problem::{AttentionProblem, AttentionShape, DType, Layout, Tensor, TensorLayout};
 
 const GOLDEN: &str = include_str!("golden/plans.txt");
@@ -164,6 +166,55 @@ fn selection_lines(out: &mut Vec<String>) {
     }
 }
 
+/// One line per backward config (the compile job, cache file, grids and workspace for the probe
+/// problem), then the parameter block of the probe problem.
+fn backward_lines(out: &mut Vec<String>) {
+    for c in all_backward_configs() {
+        let job = CompileJob::backward(&c, "sm_90a");
+        let key = job.cache_key((13, 0), 13000);
+        let mut probe = super::test_problem(c.head_dim as usize).with_causal(c.causal);
+        probe.dtype = c.dtype;
+        let p = BackwardProblem::new(probe);
+        out.push(format!(
+            "bwd {}: {} | source={} options={} | cache={} | main={:?} aux={:?} | workspace={:?}",
+            c.name(),
+            c.defines().join(" "),
+            job.source_name,
+            job.options.join(" "),
+            job.cache_file_name(key),
+            c.geometry(&p),
+            c.aux_geometry(&p),
+            c.workspace(&p),
+        ));
+    }
+    let p = BackwardProblem::new(super::test_problem(128).with_causal(true));
+    let a = BackwardAddresses {
+        q: 0x1000,
+        k: 0x20000,
+        v: 0x40000,
+        o: 0x60000,
+        lse: 0x80000,
+        d_o: 0xa0000,
+        dq: 0xc0000,
+        dk: 0xe0000,
+        dv: 0x100000,
+    };
+    let c = all_backward_configs()[0];
+    let params = BwdParams::new(&p, &a, &c.workspace(&p));
+    // SAFETY: `BwdParams` is `#[repr(C)]` plain data without padding (the forward's block, 4
+    // addresses, 12 strides, 4 addresses, 6 four-byte fields), so every byte is initialized.
+    let bytes = unsafe {
+        std::slice::from_raw_parts(
+            &params as *const BwdParams as *const u8,
+            std::mem::size_of::<BwdParams>(),
+        )
+    };
+    out.push(format!(
+        "bwd params d128 causal gqa 8:2 ragged: {}",
+        bytes.iter().map(|b| format!("{b:02x}")).collect::<String>()
+    ));
+}
+
 /// The parameter block as the kernel receives it.
 fn hex(params: &FwdParams) -> String {
     // SAFETY: `FwdParams` is `#[repr(C)]` plain data without padding (200 bytes: 17 eight-byte
@@ -182,6 +233,7 @@ fn snapshot() -> String {
     let mut lines = Vec::new();
     table_lines(&mut lines);
     selection_lines(&mut lines);
+    backward_lines(&mut lines);
     lines.join("\n") + "\n"
 }
 

@@ -7,6 +7,7 @@ use cudarc::driver::sys::CUfunction_attribute;
 use cudarc::driver::{CudaFunction, CudaSlice, DevicePtr, DevicePtrMut, DeviceRepr, LaunchConfig, PushKernelArg};
 use cudarc::nvrtc::Ptx;
 
+use super::backward::{BackwardScratch, LoadedBackward};
 use super::device::CudaDevice;
 use super::disk_cache::{CacheStatus, DiskCache, Origin};
 use super::kernel_map::OnceMap;
@@ -14,8 +15,8 @@ use super::nvrtc::{load_or_compile, resource_report, CompileJob};
 use super::plan::tensor_map::tensor_map_spec;
 use super::plan::{
     decode_counters_len, decode_split, default_decode_plan, goes_to_decode, select_cuda, validate_for_cuda,
-    validate_for_decode, vec_bytes_for, wgmma_unavailable, CudaDecodeConfig, CudaKernelConfig, CudaPlan, CudaSelection,
-    DecodeParams, FwdParams, LaunchGeometry,
+    validate_for_decode, vec_bytes_for, wgmma_unavailable, CudaBackwardConfig, CudaDecodeConfig, CudaKernelConfig,
+    CudaPlan, CudaSelection, DecodeParams, FwdParams, LaunchGeometry,
 };
 use super::tma;
 use crate::error::{invalid, Error, Result};
@@ -206,6 +207,10 @@ pub struct CudaAttention {
     kernels: OnceMap<CudaKernelConfig, LoadedKernel>,
     /// The decode kernel's partial outputs and LSEs, and the fused combine's counters.
     decode_scratch: Mutex<DecodeScratch>,
+    /// The backward's modules, one per config (src/cuda/backward.rs).
+    pub(super) backward_kernels: OnceMap<CudaBackwardConfig, LoadedBackward>,
+    /// The backward's workspace, reused between calls.
+    pub(super) backward_scratch: Mutex<BackwardScratch>,
 }
 
 /// Buffers the decode launches reuse, grown to the largest launched. Launches use them in stream
@@ -232,6 +237,8 @@ impl CudaAttention {
             options,
             kernels: OnceMap::default(),
             decode_scratch: Mutex::new(DecodeScratch::default()),
+            backward_kernels: OnceMap::default(),
+            backward_scratch: Mutex::new(BackwardScratch::default()),
         }
     }
 
@@ -1010,7 +1017,7 @@ fn validate_for(problem: &AttentionProblem, forced: Option<CudaPlan>) -> Result<
 
 /// The first pair of byte ranges `[start, end)` that overlap: a written range with another
 /// written one or with a read one (reads may overlap each other: packed QKV, broadcast K/V).
-fn first_overlap(
+pub(super) fn first_overlap(
     written: &[(&'static str, (u64, u64))],
     read: &[(&'static str, (u64, u64))],
 ) -> Option<(&'static str, &'static str)> {
@@ -1025,7 +1032,7 @@ fn first_overlap(
 }
 
 /// Device buffers of `T` hold elements of the problem's dtype's size (`tensor` names the first).
-fn check_element_size<T>(problem: &AttentionProblem, tensor: &'static str) -> Result<()> {
+pub(super) fn check_element_size<T>(problem: &AttentionProblem, tensor: &'static str) -> Result<()> {
     if std::mem::size_of::<T>() != problem.dtype.size_bytes() {
         return Err(Error::InvalidBuffer {
             tensor,

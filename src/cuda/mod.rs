@@ -26,6 +26,10 @@
 //!   plan of one of the kernels compiled for the problem) and, when it is not the
 //!   FlashAttention-3 style Hopper kernel (`cuda/flash_fwd_wgmma.cu`: TMA, wgmma, a producer
 //!   warpgroup and two or three consumer warpgroups), why: `mma.sync` is the fallback.
+//! * [`CudaAttention::backward`] (host slices) and [`CudaAttention::backward_device`] (your
+//!   buffers) compute dQ, dK and dV: FlashAttention-2's backward on `mma.sync`
+//!   (`cuda/flash_bwd_mma.cu`), one CTA per K/V tile, dQ accumulated in f32 by atomics or, with
+//!   [`CudaBackwardOptions::deterministic`], in a fixed order (bit-identical runs).
 //! * Kernels compile with NVRTC for the GPU's architecture (`sm_90a` on Hopper) and their cubins
 //!   are cached on disk ([`DiskCache`]), keyed by a hash of source, options, NVRTC and driver
 //!   version, so a second process skips the compile.
@@ -37,6 +41,7 @@
 //!
 //! Building needs no CUDA toolkit: cudarc loads libcuda and libnvrtc at run time.
 
+mod backward;
 mod device;
 #[cfg(test)]
 mod golden;
@@ -81,12 +86,13 @@ fn test_problem(head_dim: usize) -> crate::problem::AttentionProblem {
     crate::problem::AttentionProblem::new(shape, crate::problem::DType::BF16)
 }
 
+pub use backward::{BackwardDeviceTensors, BackwardKernelInfo, CudaBackwardOptions, CudaBackwardOutput};
 pub use cudarc;
 pub use device::{arch_for, driver_available, CudaDevice};
 pub use disk_cache::{CacheStatus, DiskCache, Origin};
 pub use launch::{AppendTensors, CudaAttention, CudaOptions, DeviceBatchIndex, DeviceBias, DeviceTensors, KernelInfo};
 pub use nvrtc::nvrtc_available;
 pub use plan::{
-    CudaDecodeConfig, CudaDecodePlan, CudaKernelConfig, CudaPlan, CudaSelection, LaunchGeometry, MmaConfig, MmaPlan,
-    ScoreTerms, WgmmaConfig, WgmmaPlan, CUDA_HEAD_DIMS,
+    CudaBackwardConfig, CudaBackwardPlan, CudaDecodeConfig, CudaDecodePlan, CudaKernelConfig, CudaPlan, CudaSelection,
+    LaunchGeometry, MmaConfig, MmaPlan, ScoreTerms, WgmmaConfig, WgmmaPlan, CUDA_BACKWARD_HEAD_DIMS, CUDA_HEAD_DIMS,
 };

@@ -250,7 +250,7 @@ impl FlashAttention {
     /// pass, reading and writing the caller's buffers. Never blocks. `timestamps`, if given, are
     /// written at the start and end of the pass.
     ///
-    /// `problem` is an [`AttentionProblem`](crate::problem::AttentionProblem) (gradients laid out like
+    /// `problem` is an [`AttentionProblem`] (gradients laid out like
     /// their tensors) or a [`BackwardProblem`].
     ///
     /// A problem whose tensors span more than one binding, or whose grids exceed the device's

@@ -9,10 +9,12 @@
 //! config a problem runs with and says why whenever the Hopper kernel does not.
 //!
 //! Layers: [`support`] (what the CUDA path accepts) and [`tensor_map`] (what TMA can describe)
-//! are leaves; [`mma`], [`wgmma`] and [`decode`] build on them; [`select`] on those. [`alignment`] and
+//! are leaves; [`mma`], [`wgmma`], [`decode`] and [`backward`] (the `mma.sync` backward's plans
+//! and configs) build on them; [`select`] on those. [`alignment`] and
 //! [`params`] read only the problem. Nothing here imports cudarc or the engine.
 
 pub mod alignment;
+pub mod backward;
 pub mod decode;
 pub mod mma;
 pub mod params;
@@ -22,12 +24,17 @@ pub mod tensor_map;
 pub mod wgmma;
 
 pub use alignment::vec_bytes_for;
+pub use backward::{
+    all_backward_configs, backward_plans, backward_vec_bytes, default_backward_plan, select_backward_config,
+    validate_for_cuda_backward, BackwardAddresses, BackwardWorkspace, CudaBackwardConfig, CudaBackwardPlan,
+    CUDA_BACKWARD_FEATURES, CUDA_BACKWARD_HEAD_DIMS,
+};
 pub use decode::{
     cuda_split_count, decode_counters_len, decode_plans, decode_split, default_decode_plan, select_cuda_decode,
     splits_for_waves, validate_for_decode, CudaDecodeConfig, CudaDecodePlan, CUDA_DECODE_FEATURES, DECODE_ROWS,
 };
 pub use mma::{default_mma_plan, mma_plans, MmaConfig, MmaPlan};
-pub use params::{DecodeParams, FwdParams};
+pub use params::{BwdParams, DecodeParams, FwdParams};
 pub use select::{goes_to_decode, select_cuda, select_mma, CudaSelection, DECODE_BY_DEFAULT, WGMMA_BY_DEFAULT};
 pub use support::{validate_for_cuda, CUDA_HEAD_DIMS, CUDA_PREFILL_FEATURES, MAX_CUDA_SEQ};
 pub use wgmma::{default_wgmma_plan, wgmma_plans, wgmma_unavailable, WgmmaConfig, WgmmaPlan, WGMMA_ROWS_PER_CONSUMER};
@@ -521,6 +528,7 @@ mod tests {
         let files = [
             ("mod.rs", include_str!("mod.rs")),
             ("alignment.rs", include_str!("alignment.rs")),
+            ("backward.rs", include_str!("backward.rs")),
             ("decode.rs", include_str!("decode.rs")),
             ("mma.rs", include_str!("mma.rs")),
             ("params.rs", include_str!("params.rs")),

@@ -1,6 +1,7 @@
 //! The forward kernels' parameter block: the problem's sizes, strides and folded scale, and the
 //! device addresses of its tensors, laid out as the kernels read it.
 
+use crate::problem::backward::{BackwardProblem, GradTensor};
 use crate::problem::head_terms::Alibi;
 use crate::problem::{AttentionProblem, DType, Tensor};
 
@@ -183,6 +184,100 @@ pub struct DecodeParams {
 
 const _: () = assert!(std::mem::size_of::<DecodeParams>() == 328);
 
+/// The backward kernels' parameter block (`cuda/flash_bwd_mma.cu`, all three entry points), passed
+/// by value: the forward's block (Q, K, V, O and the forward's LSE as read inputs), then dO, the
+/// gradients, their strides and the workspace. Mirrors `struct BwdParams` in
+/// `cuda/bwd_params.cuh` field for field; both sides check the size.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct BwdParams {
+    pub fwd: FwdParams,
+    /// Device addresses of element (0, 0, 0, 0) of dO, dQ, dK and dV, offsets included.
+    pub d_o: u64,
+    pub dq: u64,
+    pub dk: u64,
+    pub dv: u64,
+    pub do_batch_stride: i64,
+    pub do_seq_stride: i64,
+    pub do_head_stride: i64,
+    pub dq_batch_stride: i64,
+    pub dq_seq_stride: i64,
+    pub dq_head_stride: i64,
+    pub dk_batch_stride: i64,
+    pub dk_seq_stride: i64,
+    pub dk_head_stride: i64,
+    pub dv_batch_stride: i64,
+    pub dv_seq_stride: i64,
+    pub dv_head_stride: i64,
+    /// The workspace (set by the launcher): the f32 dQ accumulator, D, the base-2 LSE, and the
+    /// deterministic build's counters (0 otherwise).
+    pub dq_accum: u64,
+    pub d_rows: u64,
+    pub lse_log2: u64,
+    pub semaphores: u64,
+    /// Query rows per (batch, head) in the workspace, a multiple of `block_m`.
+    pub seq_q_pad: i32,
+    pub q_tiles: i32,
+    pub num_kv_heads: i32,
+    pub kv_tiles: i32,
+    /// The softmax scale (dK's and dQ's factor).
+    pub scale: f32,
+    pub pad_: i32,
+}
+
+const _: () = assert!(std::mem::size_of::<BwdParams>() == 440);
+
+impl BwdParams {
+    /// Parameters for `problem` (validated) with buffers whose element 0 is at `a`, and the
+    /// sizes of `workspace` (its addresses are the launcher's to set).
+    pub fn new(
+        problem: &BackwardProblem,
+        a: &super::backward::BackwardAddresses,
+        workspace: &super::backward::BackwardWorkspace,
+    ) -> Self {
+        let f = &problem.forward;
+        let elem = f.dtype.size_bytes() as u64;
+        let start = |t: GradTensor, base: u64| base + problem.layout(t).offset as u64 * elem;
+        let strides = |t: GradTensor| {
+            let l = problem.layout(t);
+            [l.batch_stride as i64, l.seq_stride as i64, l.head_stride as i64]
+        };
+        let [dob, dos, doh] = strides(GradTensor::DO);
+        let [dqb, dqs, dqh] = strides(GradTensor::DQ);
+        let [dkb, dks, dkh] = strides(GradTensor::DK);
+        let [dvb, dvs, dvh] = strides(GradTensor::DV);
+        BwdParams {
+            fwd: FwdParams::new(f, [a.q, a.k, a.v, a.o], a.lse),
+            d_o: start(GradTensor::DO, a.d_o),
+            dq: start(GradTensor::DQ, a.dq),
+            dk: start(GradTensor::DK, a.dk),
+            dv: start(GradTensor::DV, a.dv),
+            do_batch_stride: dob,
+            do_seq_stride: dos,
+            do_head_stride: doh,
+            dq_batch_stride: dqb,
+            dq_seq_stride: dqs,
+            dq_head_stride: dqh,
+            dk_batch_stride: dkb,
+            dk_seq_stride: dks,
+            dk_head_stride: dkh,
+            dv_batch_stride: dvb,
+            dv_seq_stride: dvs,
+            dv_head_stride: dvh,
+            dq_accum: 0,
+            d_rows: 0,
+            lse_log2: 0,
+            semaphores: 0,
+            seq_q_pad: workspace.seq_q_pad as i32,
+            q_tiles: workspace.q_tiles as i32,
+            num_kv_heads: f.shape.num_kv_heads as i32,
+            kv_tiles: workspace.kv_tiles as i32,
+            scale: f.softmax_scale(),
+            pad_: 0,
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -207,5 +302,38 @@ mod tests {
         assert_eq!(params.causal_offset, 777 - 1000);
         assert_eq!(params.lse, 0x5000);
         assert!((params.scale_log2 - 0.5 * std::f32::consts::LOG2_E).abs() < 1e-7);
+    }
+
+    #[test]
+    fn backward_params_carry_the_gradient_layouts_and_the_workspace_sizes() {
+        use crate::cuda::plan::backward::{BackwardAddresses, CudaBackwardConfig, CudaBackwardPlan};
+        let f = problem(64).with_causal(true).with_scale(0.25);
+        let dq = TensorLayout {
+            offset: 4,
+            ..TensorLayout::contiguous(Layout::Bhsd, 1000, 8, 64)
+        };
+        let p = BackwardProblem::new(f).with_grad_layout(GradTensor::DQ, dq);
+        let c = CudaBackwardConfig::new(DType::BF16, 64, CudaBackwardPlan::new(64, 64), true, 16, false).unwrap();
+        let a = BackwardAddresses {
+            q: 0x1000,
+            k: 0x2000,
+            v: 0x3000,
+            o: 0x4000,
+            lse: 0x5000,
+            d_o: 0x6000,
+            dq: 0x7000,
+            dk: 0x8000,
+            dv: 0x9000,
+        };
+        let params = BwdParams::new(&p, &a, &c.workspace(&p));
+        assert_eq!(params.fwd, FwdParams::new(&f, [0x1000, 0x2000, 0x3000, 0x4000], 0x5000));
+        assert_eq!(params.dq, 0x7000 + 8);
+        assert_eq!(params.dq_seq_stride, 64);
+        assert_eq!(params.dq_head_stride, 1000 * 64);
+        assert_eq!(params.dk_seq_stride, 2 * 64);
+        assert_eq!(params.do_seq_stride, 8 * 64);
+        assert_eq!((params.seq_q_pad, params.q_tiles, params.kv_tiles), (1024, 16, 13));
+        assert_eq!(params.num_kv_heads, 2);
+        assert_eq!(params.scale, 0.25);
     }
 }
