@@ -385,12 +385,14 @@ extern "C" __global__ void __launch_bounds__(THREADS, FA_MIN_BLOCKS) KERNEL_NAME
                 const float m_use = mx == NEG_INF ? 0.f : mx;
                 const float alpha = ex2(row_max[mt][r] - m_use);  // rescales the old sum and O
                 row_max[mt][r] = mx;
-                const float shift = HAS_ALIBI ? base[HAS_ALIBI ? mt : 0][r] - m_use : 0.f;
+                // The logit as the max saw it (with ALiBi's base added first), minus the max: 0 at
+                // the max itself however large it is (fwd_params.cuh, is_huge_reference).
+                const float b = HAS_ALIBI ? base[HAS_ALIBI ? mt : 0][r] : 0.f;
                 float sum = 0.f;
 #pragma unroll
                 for (int n = 0; n < N_TILES; ++n) {
-                    s[mt][n][2 * r] = ex2(HAS_ALIBI ? s[mt][n][2 * r] + shift : s[mt][n][2 * r] - m_use);
-                    s[mt][n][2 * r + 1] = ex2(HAS_ALIBI ? s[mt][n][2 * r + 1] + shift : s[mt][n][2 * r + 1] - m_use);
+                    s[mt][n][2 * r] = ex2(HAS_ALIBI ? (s[mt][n][2 * r] + b) - m_use : s[mt][n][2 * r] - m_use);
+                    s[mt][n][2 * r + 1] = ex2(HAS_ALIBI ? (s[mt][n][2 * r + 1] + b) - m_use : s[mt][n][2 * r + 1] - m_use);
                     sum += s[mt][n][2 * r] + s[mt][n][2 * r + 1];
                 }
                 // The sum stays per lane until the end (alpha is equal on the 4 lanes of a quad).

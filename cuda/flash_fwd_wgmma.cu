@@ -395,6 +395,9 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
                 if (col < keys.x || col >= keys.y) s_acc[i] = NEG_INF;
             }
         }
+        // Both rows' maxima first (m_ref, base 2), then their exp2s: exp2(x·k + shift) is one FFMA
+        // a score, with k = fold and shift = base - m_ref.
+        float m_ref[2], k[2], shift[2];
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
             float mx = NEG_INF;  // this tile's max in x units
@@ -412,12 +415,35 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
             const float m_use = mx == NEG_INF ? 0.f : mx;
             alpha[r] = ex2(row_max[r] - m_use);
             row_max[r] = mx;
-            const float shift = HAS_ALIBI ? base[r] - m_use : -m_use;
+            m_ref[r] = m_use;
+            k[r] = sc;
+            shift[r] = HAS_ALIBI ? base[r] - m_use : -m_use;
+        }
+        // Rows whose max is huge (is_huge_reference; rare, one vote a tile) take their logits
+        // minus the max here instead: rounded exactly as the max was (an FMUL, or ALiBi's FFMA),
+        // then the max subtracted, so 0 at the max itself; the FFMA below then adds nothing.
+        if (__any_sync(0xffffffffu, is_huge_reference(m_ref[0]) || is_huge_reference(m_ref[1]))) {
+#pragma unroll
+            for (int r = 0; r < 2; ++r) {
+                if (!is_huge_reference(m_ref[r])) continue;
+#pragma unroll
+                for (int jn = 0; jn < BLOCK_N / 8; ++jn)
+#pragma unroll
+                    for (int e = 0; e < 2; ++e) {
+                        float& x = s_acc[4 * jn + 2 * r + e];
+                        x = __fsub_rn(HAS_ALIBI ? fmaf(x, sc, base[r]) : __fmul_rn(x, sc), m_ref[r]);
+                    }
+                k[r] = 1.f;
+                shift[r] = 0.f;
+            }
+        }
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
             float sum = 0.f;
 #pragma unroll
             for (int jn = 0; jn < BLOCK_N / 8; ++jn) {
-                s_acc[4 * jn + 2 * r] = ex2(fmaf(s_acc[4 * jn + 2 * r], sc, shift));
-                s_acc[4 * jn + 2 * r + 1] = ex2(fmaf(s_acc[4 * jn + 2 * r + 1], sc, shift));
+                s_acc[4 * jn + 2 * r] = ex2(fmaf(s_acc[4 * jn + 2 * r], k[r], shift[r]));
+                s_acc[4 * jn + 2 * r + 1] = ex2(fmaf(s_acc[4 * jn + 2 * r + 1], k[r], shift[r]));
                 sum += s_acc[4 * jn + 2 * r] + s_acc[4 * jn + 2 * r + 1];
             }
             row_sum[r] = row_sum[r] * alpha[r] + sum;
