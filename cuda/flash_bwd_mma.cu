@@ -35,27 +35,34 @@
 //
 // The deterministic build (FA_DETERMINISTIC=1). Float addition is not associative, so dQ is
 // bit-reproducible only if every element receives its K/V tiles' parts in one fixed order. Here
-// that order is j = 0, 1, 2, ... by construction: each (batch, head, query tile) has a counter in
-// global memory, zeroed by the preprocess kernel. The CTA of K/V tile j, about to add its part of
-// query tile i, waits (one thread spins on an acquire load, then __syncthreads) until the counter
-// reads j - first(i), where first(i) is the first K/V tile that contributes to tile i; it then
-// adds with plain f32 loads and stores at L2, __threadfence, __syncthreads, and one thread
-// increments the counter (red.release). The contributing K/V tiles of a query tile are a
-// contiguous range starting at first(i) = 0 under both masks this kernel runs: without a mask
-// every key tile, and with the causal mask a tile that sees key tile j sees every earlier one
-// (row r sees keys [0, r + seq_kv - seq_q]). So exactly first(i)..j-1 have added when the counter
-// reads j - first(i), and the wait target is j. (A sliding window would make first(i) > 0; the
-// counter scheme stays the same.)
+// that order is descending, j = last(i), last(i) - 1, ..., 0, by construction: each (batch, head,
+// query tile) has a counter in global memory, zeroed by the preprocess kernel. The CTA of K/V
+// tile j, about to add its part of query tile i, waits (one thread spins on an acquire load, then
+// __syncthreads) until the counter reads last(i) - j, where last(i) is the last K/V tile that
+// contributes to tile i; it then adds with plain f32 loads and stores at L2, __threadfence,
+// __syncthreads, and one thread increments the counter (red.release). The contributing K/V tiles
+// of a query tile are the contiguous range 0..last(i) under both masks this kernel runs: without
+// a mask every key tile (last(i) = the last tile), and with the causal mask a tile that sees key
+// tile j sees every earlier one (row r sees keys [0, r + seq_kv - seq_q]) and last(i) is the tile
+// of its last row's diagonal. So exactly j+1..last(i) have added when the counter reads
+// last(i) - j.
+// Why descending: a CTA walks its query tiles ascending from its first, and under the causal mask
+// the first is the diagonal one, which no later K/V tile touches, so CTA j's step s (query tile
+// first(j) + s) waits only for CTA j+1's step s - 1: the CTAs of a (K/V head, batch) run side by
+// side one step apart. In ascending order CTA j's first step would wait for CTAs 0..j-1 to reach
+// the diagonal, j steps each, and the causal backward took the non-causal time (session 14,
+// BENCHMARKS.md). Without a mask both orders are a wavefront one step apart.
 // Why this cannot deadlock: CTA (j, kv head, batch) only waits for CTAs (j', same kv head, same
-// batch) with j' < j. blockIdx.x = j is the fastest grid dimension, so those CTAs have lower
-// linear block indices, and the hardware dispatches CTAs in increasing linear index (the same
-// assumption FlashAttention-3's deterministic backward makes): when CTA j is resident, every CTA
-// it can wait for has been dispatched, i.e. is resident or finished. By induction on j (tile 0
-// never waits: its target is 0), every waited-for CTA is running and eventually adds and
-// increments, so every wait ends. The CTA's own steps run in a fixed order (heads, then query
-// tiles, ascending) in every CTA, so a CTA never waits on a counter that needs a later step of
-// itself. Cost: CTAs of one (kv head, batch) form a wavefront one query tile apart, and each step
-// adds two barriers and a spin; the non-deterministic build pays neither.
+// batch) with j' > j. The grid's fastest dimension numbers the K/V tiles from the last,
+// blockIdx.x = kv_tiles - 1 - j, so those CTAs have lower linear block indices, and the hardware
+// dispatches CTAs in increasing linear index (the same assumption FlashAttention-3's
+// deterministic backward makes): when CTA j is resident, every CTA it can wait for has been
+// dispatched, i.e. is resident or finished. By induction from the last tile (its target is 0: it
+// never waits), every waited-for CTA is running and eventually adds and increments, so every wait
+// ends. The CTA's own steps run in a fixed order (heads, then query tiles, ascending) in every
+// CTA, so a CTA never waits on a counter that needs a later step of itself. Cost: each step adds
+// two barriers and a spin; the non-deterministic build pays neither (and numbers its tiles from
+// the first, so that the causal backward's longest CTAs start first).
 //
 // Why these sizes. Registers per thread at head_dim 128 with BLOCK_M = 64 (4 warps, BLOCK_N 64):
 // dK and dV accumulators 2 · 16·128/32 = 128; Sᵀ (then dPᵀ, in the same registers) 16·64/32 = 32
@@ -201,7 +208,9 @@ extern "C" __global__ void __launch_bounds__(THREADS, FA_MIN_BLOCKS) KERNEL_NAME
     const int tid = threadIdx.x;
     const int warp = tid / 32;
     const int lane = tid % 32;
-    const int kv_tile = blockIdx.x;  // fastest grid dimension: the deterministic build relies on it
+    // The fastest grid dimension; the deterministic build numbers the tiles from the last (its
+    // order, in the opening comment, relies on it).
+    const int kv_tile = DETERMINISTIC ? (int)(gridDim.x - 1 - blockIdx.x) : (int)blockIdx.x;
     const int kv_head = blockIdx.y;
     const int batch = blockIdx.z;
     const int n0 = kv_tile * BLOCK_N;
@@ -403,9 +412,11 @@ extern "C" __global__ void __launch_bounds__(THREADS, FA_MIN_BLOCKS) KERNEL_NAME
         float* dq_at = bp.dq_accum + (row_base(bp, batch, h) + m0 + 16 * rg + g) * HEAD_DIM + cg * DQ_COLS + 2 * t;
         unsigned* sem = DETERMINISTIC ? bp.semaphores + ((i64)batch * p.num_heads + h) * bp.q_tiles + q_tile : nullptr;
         if constexpr (DETERMINISTIC) {
-            // Wait for K/V tiles first(q_tile) = 0 .. kv_tile - 1 (see the opening comment).
+            // Wait for K/V tiles kv_tile + 1 .. last(q_tile) (see the opening comment).
+            const int last_row_key = CAUSAL ? m0 + BLOCK_M - 1 + seq.causal_offset : seq.seq_kv - 1;
+            const int last = (last_row_key < seq.seq_kv - 1 ? last_row_key : seq.seq_kv - 1) / BLOCK_N;
             if (tid == 0) {
-                while (ld_acquire_u32(sem) < (unsigned)kv_tile) {
+                while (ld_acquire_u32(sem) < (unsigned)(last - kv_tile)) {
                 }
             }
             __syncthreads();
