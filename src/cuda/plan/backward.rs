@@ -63,11 +63,12 @@ impl CudaBackwardPlan {
 ///
 /// 64 query rows per step: the smallest `block_m` whose dSᵀ rows (64 16-bit values, 8 chunks)
 /// the swizzle covers, and the one that keeps Sᵀ/dPᵀ at 32 registers and the packed Pᵀ/dSᵀ at 16
-/// beside dK and dV's 128 at head_dim 128 (ptxas still reaches the 255 cap there). 64 keys (4 warps) per CTA first: two CTAs fit an SM's registers; 128 keys
-/// (8 warps) halve the Q and dO traffic per key and split dQ's columns between two warps per
-/// row group, at one CTA per SM.
+/// beside dK and dV's 128 at head_dim 128 (ptxas still reaches the 255 cap there). 128 keys (8
+/// warps) per CTA first: they halve the Q and dO traffic per key and split dQ's columns between
+/// two warps per row group, at one CTA per SM; 64 keys (4 warps, two CTAs an SM) ran 0.76× as
+/// fast at head_dim 128 and 0.83× at 64 on the H200 (BENCHMARKS.md, session 14).
 pub fn backward_plans(head_dim: usize) -> &'static [CudaBackwardPlan] {
-    const PLANS: [CudaBackwardPlan; 2] = [CudaBackwardPlan::new(64, 64), CudaBackwardPlan::new(64, 128)];
+    const PLANS: [CudaBackwardPlan; 2] = [CudaBackwardPlan::new(64, 128), CudaBackwardPlan::new(64, 64)];
     if CUDA_BACKWARD_HEAD_DIMS.contains(&head_dim) {
         &PLANS
     } else {
