@@ -11,8 +11,9 @@ Where the work runs:
   Mesa's lavapipe on a machine without one), created on the first call and kept for the process.
   Inputs are read in place when contiguous (else copied once); results are written into arrays
   allocated here.
-* PyTorch CUDA tensors: the library's CUDA kernels, on PyTorch's current stream, reading the
-  tensors and writing the output where they are (no copy), like any PyTorch operation.
+* PyTorch CUDA tensors: the library's CUDA kernels (forward and backward), on PyTorch's current
+  stream, reading the tensors and writing the output where they are (no copy), like any PyTorch
+  operation.
 * PyTorch tensors on other devices (``mps``, ``xpu``, ...): copied to the CPU and back.
 
 Every tensor passed to ``_native`` is referenced by a local variable for the whole call: the Rust
