@@ -258,7 +258,11 @@ pub fn cuda_backward<'py>(
         let (q, k, v) = (Borrowed::<u16>::new(q, &s), Borrowed::new(k, &s), Borrowed::new(v, &s));
         let (o, d_o) = (Borrowed::<u16>::new(o, &s), Borrowed::new(d_o, &s));
         let lse = Borrowed::<f32>::new(lse, &s);
-        let (mut dq, mut dk, mut dv) = (Borrowed::<u16>::new(dq, &s), Borrowed::new(dk, &s), Borrowed::new(dv, &s));
+        let (mut dq, mut dk, mut dv) = (
+            Borrowed::<u16>::new(dq, &s),
+            Borrowed::new(dk, &s),
+            Borrowed::new(dv, &s),
+        );
         let options = CudaBackwardOptions {
             deterministic,
             ..Default::default()
