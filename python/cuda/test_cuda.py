@@ -6,7 +6,9 @@ float64 reference must be at most twice that of PyTorch's attention computed in 
 type (bf16 or f16 matmuls and softmax) against the same reference. Zero copy is checked by the
 addresses the library launched with (the inputs' own, and the output tensor returned), by
 PyTorch's allocator (no transient allocation beyond O and the LSE), and by the stream (PyTorch's
-current one).
+current one). The backward (``loss.backward()``) is held to the same rule against float64 autograd
+(FlashAttention's hopper tests' form of it, which adds the reference's own 16-bit rounding), and
+its deterministic mode to bit-identical gradients.
 
 Runs under pytest, or as ``python3 test_cuda.py`` where pytest is not installed.
 """
@@ -210,15 +212,110 @@ def test_kvcache_contiguous_and_paged():
             check_rule(f"paged kvcache {seq_new} new, sequence {b}", paged[b : b + 1], ref, pt)
 
 
-def test_backward_on_cuda_is_not_implemented():
-    q, k, v = (randn(500 + i, (1, 64, 4, 64)).requires_grad_(True) for i in range(3))
-    out = fa.flash_attn_func(q, k, v)  # the forward runs
-    try:
-        out.sum().backward()
-    except NotImplementedError as e:
-        assert "CUDA" in str(e)
-    else:
-        raise AssertionError("backward on CUDA tensors did not raise NotImplementedError")
+BACKWARD = [
+    # name, batch, seq_q, seq_k, heads, kv_heads, head_dim, causal (seq_q <= seq_k: every query
+    # sees a key, so the reference's gradients have no NaN rows)
+    ("hd128_gqa", 2, 500, 500, 8, 2, 128, False),
+    ("hd128_gqa_causal", 2, 500, 500, 8, 2, 128, True),
+    ("hd64_causal_more_keys", 1, 300, 700, 4, 4, 64, True),
+    ("hd64_mqa", 2, 257, 333, 8, 1, 64, False),
+]
+
+
+def math_grads(q, k, v, g, causal, dtype):
+    """dQ, dK, dV of ``sum(O * g)`` through ``math_attention`` computed in ``dtype`` (float64:
+    the reference; the 16-bit type: "PyTorch's math implementation" of the rule)."""
+    leaves = [x.detach().to(dtype).requires_grad_(True) for x in (q, k, v)]
+    out, _ = math_attention(*leaves, causal=causal, dtype=dtype)
+    (out * g.to(dtype)).sum().backward()
+    return [x.grad for x in leaves]
+
+
+def check_grad(name, ours, ref, pt):
+    """FlashAttention's backward rule (its hopper tests'): at most twice PyTorch's 16-bit math
+    error, plus twice the rounding error of the reference itself in the 16-bit type."""
+    rounding = (ref.to(pt.dtype) + 0.3 - 0.3 - ref.to(pt.dtype)).double().abs().max().item()
+    err = (ours.double() - ref).abs().max().item()
+    err_pt = (pt.double() - ref).abs().max().item()
+    kernel = _interface._last_cuda_launch.get("kernel", "?")
+    print(f"  {name}: max error {err:.3e}, PyTorch {pt.dtype} math {err_pt:.3e} ({err / max(err_pt, 1e-30):.2f}x), {kernel}")
+    assert err <= 2 * err_pt + 2 * rounding + 1e-5, f"{name}: error {err:.3e} > 2 x PyTorch's {err_pt:.3e} + {2 * rounding:.1e}"
+
+
+def run_backward(case, dtype, seed, deterministic=False):
+    name, b, sq, sk, h, hk, d, causal = case
+    q = randn(seed, (b, sq, h, d), dtype).requires_grad_(True)
+    k = randn(seed + 1, (b, sk, hk, d), dtype).requires_grad_(True)
+    v = randn(seed + 2, (b, sk, hk, d), dtype).requires_grad_(True)
+    g = randn(seed + 3, (b, sq, h, d), dtype)  # the upstream gradient dL/dO
+    out = fa.flash_attn_func(q, k, v, causal=causal, deterministic=deterministic)
+    (out * g).sum().backward()
+    launch = _interface._last_cuda_launch
+    assert launch["kernel"].startswith("flash_bwd"), launch
+    assert launch["stream"] == torch.cuda.current_stream(DEV).cuda_stream
+    assert launch["dq"] == launch["dq_tensor"] and launch["dk"] == launch["dk_tensor"], launch
+    assert q.grad.shape == q.shape and k.grad.shape == k.shape and v.grad.shape == v.shape
+    return q, k, v, g
+
+
+def test_backward():
+    """loss.backward() through flash_attn_func on CUDA tensors: the CUDA backward's dQ, dK, dV
+    against float64 autograd through the math attention (GQA/MQA gradients summed per K/V head)."""
+    for dtype in (torch.bfloat16, torch.float16):
+        for i, case in enumerate(BACKWARD):
+            q, k, v, g = run_backward(case, dtype, 700 + 10 * i)
+            causal = case[-1]
+            ref = math_grads(q, k, v, g, causal, torch.float64)
+            pt = math_grads(q, k, v, g, causal, dtype)
+            for grad, name, r, p in zip((q.grad, k.grad, v.grad), ("dq", "dk", "dv"), ref, pt):
+                check_grad(f"{case[0]} {dtype} {name}", grad, r, p)
+
+
+def test_backward_of_out_sum():
+    """``out.sum().backward()``: dO arrives as an expanded (stride 0) tensor, copied once."""
+    q, k, v = (randn(800 + i, (1, 256, 4, 64)).requires_grad_(True) for i in range(3))
+    fa.flash_attn_func(q, k, v, causal=True).sum().backward()
+    ref = math_grads(q, k, v, torch.ones(1, 256, 4, 64, device=DEV), True, torch.float64)
+    pt = math_grads(q, k, v, torch.ones(1, 256, 4, 64, device=DEV), True, torch.bfloat16)
+    for grad, name, r, p in zip((q.grad, k.grad, v.grad), ("dq", "dk", "dv"), ref, pt):
+        check_grad(f"out.sum() {name}", grad, r, p)
+
+
+def test_backward_deterministic():
+    """deterministic=True: bit-identical dQ, dK, dV over 3 runs (dQ's atomics otherwise add in
+    any order)."""
+    case = ("hd128_gqa_causal_2k", 2, 2048, 2048, 16, 4, 128, True)
+    for dtype in (torch.bfloat16, torch.float16):
+        grads = []
+        for run in range(3):
+            q, k, v, _ = run_backward(case, dtype, 900, deterministic=True)
+            assert "det" in _interface._last_cuda_launch["kernel"], _interface._last_cuda_launch
+            grads.append((q.grad, k.grad, v.grad))
+        for run in (1, 2):
+            for name, a, b in zip(("dq", "dk", "dv"), grads[0], grads[run]):
+                assert torch.equal(a, b), f"{dtype} {name}: run {run} differs from run 0"
+        print(f"  {dtype}: 3 deterministic runs bit-identical ({_interface._last_cuda_launch['kernel']})")
+
+
+def test_backward_refusals_are_not_implemented():
+    """What the CUDA backward does not run: the forward runs, backward() raises
+    NotImplementedError with the library's message."""
+    cases = [
+        ("softcap", (1, 64, 4, 64), {"softcap": 5.0}, "soft-capped"),
+        ("window", (1, 64, 4, 64), {"window_size": (16, 0)}, "sliding window"),
+        ("head_dim 256", (1, 64, 4, 256), {}, "head_dim 256"),
+    ]
+    for name, shape, opts, words in cases:
+        q, k, v = (randn(500 + i, shape).requires_grad_(True) for i in range(3))
+        out = fa.flash_attn_func(q, k, v, **opts)  # the forward runs
+        try:
+            out.sum().backward()
+        except NotImplementedError as e:
+            assert "CUDA backward" in str(e) and words in str(e), f"{name}: {e}"
+            assert isinstance(e.__cause__, fa.UnavailableError), f"{name}: {e.__cause__!r}"
+            print(f"  {name}: {e}")
+        else:
+            raise AssertionError(f"{name}: backward on CUDA tensors did not raise NotImplementedError")
 
 
 def test_f32_is_refused_by_name():

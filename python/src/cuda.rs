@@ -23,9 +23,10 @@ use wgpu_flash_attn::cuda::cudarc::driver::{
     CudaContext, CudaStream, DevicePtr, DevicePtrMut, DeviceSlice, SyncOnDrop,
 };
 use wgpu_flash_attn::cuda::{
-    driver_available, nvrtc_available, AppendTensors, CudaAttention, CudaDevice, DeviceBatchIndex, DeviceTensors,
+    driver_available, nvrtc_available, AppendTensors, BackwardDeviceTensors, CudaAttention, CudaBackwardOptions,
+    CudaDevice, DeviceBatchIndex, DeviceTensors,
 };
-use wgpu_flash_attn::{AttentionProblem, DType, Error, Tensor};
+use wgpu_flash_attn::{AttentionProblem, BackwardProblem, DType, Error, Tensor};
 
 use crate::errors::{detached, Failure, Outcome};
 use crate::problem::Problem;
@@ -219,6 +220,79 @@ pub fn cuda_forward<'py>(
         if let Some(lse) = &lse {
             handed.push(("lse", lse.handed()));
         }
+        Ok((config.name(), handed))
+    })?;
+    Ok((kernel, handed_dict(py, stream, &handed)?))
+}
+
+/// The backward pass on PyTorch CUDA tensors, enqueued on `stream` of device `device` without
+/// copies: reads `q`, `k`, `v`, `o`, `d_o` (16-bit elements) and the forward's `lse` (f32), writes
+/// dQ, dK, dV (each laid out like its tensor: `BackwardProblem::new`) into tensors the Python
+/// layer allocated. `deterministic`: dQ accumulated in a fixed order, bit-identical from run to
+/// run. What the CUDA backward does not run is the library's `Error::Unavailable` (raised as
+/// `UnavailableError`; the autograd function turns it into `NotImplementedError`). Returns the
+/// kernels' name and the addresses they ran on.
+#[pyfunction]
+#[pyo3(signature = (problem, device, stream, q, k, v, o, lse, d_o, dq, dk, dv, *, deterministic = false))]
+#[allow(clippy::too_many_arguments)]
+pub fn cuda_backward<'py>(
+    py: Python<'py>,
+    problem: &Problem,
+    device: usize,
+    stream: usize,
+    q: DeviceTensor,
+    k: DeviceTensor,
+    v: DeviceTensor,
+    o: DeviceTensor,
+    lse: DeviceTensor,
+    d_o: DeviceTensor,
+    dq: DeviceTensor,
+    dk: DeviceTensor,
+    dv: DeviceTensor,
+    deterministic: bool,
+) -> PyResult<(String, Bound<'py, PyDict>)> {
+    let p = BackwardProblem::new(problem.inner);
+    let (kernel, handed) = detached(py, move || -> Outcome<(String, Handed)> {
+        let engine = engine(device, stream)?;
+        let s = engine.device().stream().clone();
+        let (q, k, v) = (Borrowed::<u16>::new(q, &s), Borrowed::new(k, &s), Borrowed::new(v, &s));
+        let (o, d_o) = (Borrowed::<u16>::new(o, &s), Borrowed::new(d_o, &s));
+        let lse = Borrowed::<f32>::new(lse, &s);
+        let (mut dq, mut dk, mut dv) = (
+            Borrowed::<u16>::new(dq, &s),
+            Borrowed::new(dk, &s),
+            Borrowed::new(dv, &s),
+        );
+        let options = CudaBackwardOptions {
+            deterministic,
+            ..Default::default()
+        };
+        let config = engine.backward_device(
+            p,
+            BackwardDeviceTensors {
+                q: &q,
+                k: &k,
+                v: &v,
+                o: &o,
+                lse: &lse,
+                d_o: &d_o,
+                dq: &mut dq,
+                dk: &mut dk,
+                dv: &mut dv,
+            },
+            &options,
+        )?;
+        let handed = vec![
+            ("q", q.handed()),
+            ("k", k.handed()),
+            ("v", v.handed()),
+            ("o", o.handed()),
+            ("lse", lse.handed()),
+            ("d_o", d_o.handed()),
+            ("dq", dq.handed()),
+            ("dk", dk.handed()),
+            ("dv", dv.handed()),
+        ];
         Ok((config.name(), handed))
     })?;
     Ok((kernel, handed_dict(py, stream, &handed)?))

@@ -7,7 +7,7 @@
 //!
 //! * `wgpu_forward`, `wgpu_backward`: host memory (NumPy arrays, CPU tensors) through the
 //!   library's wgpu engine, one per process, created on first use (src/host.rs).
-//! * `cuda_forward`, `cuda_append_kv`: PyTorch CUDA tensors in place, on PyTorch's current stream
+//! * `cuda_forward`, `cuda_backward`, `cuda_append_kv`: PyTorch CUDA tensors in place, on PyTorch's current stream
 //!   (src/cuda.rs).
 //!
 //! The addresses are trusted: this module is private (`_native`), and the Python layer passes only
@@ -29,6 +29,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(host::wgpu_backward, m)?)?;
     m.add_function(wrap_pyfunction!(host::wgpu_adapter, m)?)?;
     m.add_function(wrap_pyfunction!(cuda::cuda_forward, m)?)?;
+    m.add_function(wrap_pyfunction!(cuda::cuda_backward, m)?)?;
     m.add_function(wrap_pyfunction!(cuda::cuda_append_kv, m)?)?;
     m.add_function(wrap_pyfunction!(cuda::cuda_libraries, m)?)?;
     m.add_function(wrap_pyfunction!(cuda::cuda_bench_direct, m)?)?;

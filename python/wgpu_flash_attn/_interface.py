@@ -11,8 +11,9 @@ Where the work runs:
   Mesa's lavapipe on a machine without one), created on the first call and kept for the process.
   Inputs are read in place when contiguous (else copied once); results are written into arrays
   allocated here.
-* PyTorch CUDA tensors: the library's CUDA kernels, on PyTorch's current stream, reading the
-  tensors and writing the output where they are (no copy), like any PyTorch operation.
+* PyTorch CUDA tensors: the library's CUDA kernels (forward and backward), on PyTorch's current
+  stream, reading the tensors and writing the output where they are (no copy), like any PyTorch
+  operation.
 * PyTorch tensors on other devices (``mps``, ``xpu``, ...): copied to the CPU and back.
 
 Every tensor passed to ``_native`` is referenced by a local variable for the whole call: the Rust
@@ -26,6 +27,7 @@ from typing import Any, Dict, Optional, Sequence, Tuple, Union
 
 from . import _native
 from ._cuda_libs import ensure_nvrtc
+from ._errors import UnavailableError
 
 Array = Any  # numpy.ndarray or torch.Tensor; neither is imported unless the caller uses it.
 
@@ -246,6 +248,8 @@ class _Call:
         self.out_shape: Tuple[int, ...] = ()
         self.lse_shape: Tuple[int, ...] = ()
         self.packed = "varlen" in kwargs
+        #: FlashAttention's ``deterministic``: the CUDA backward's fixed-order dQ accumulation.
+        self.deterministic = False
 
     def problem(self, layouts: Optional[Dict[str, Tuple[int, int, int, int]]] = None) -> Any:
         return _native.Problem(self.dtype, *self.sizes, layouts=layouts, **self.kwargs)
@@ -336,6 +340,44 @@ def _cuda_forward(call: _Call, q: Any, k: Any, v: Any) -> Tuple[Any, Any, Any]:
     return out, lse, problem
 
 
+def _cuda_dense(x: Any) -> Any:
+    """``x`` itself when contiguous with a 16-byte-aligned start, else a contiguous copy: the
+    backward reads every tensor in the default (contiguous) layouts."""
+    if x.is_contiguous() and x.data_ptr() % 16 == 0:
+        return x
+    return x.clone(memory_format=_torch().contiguous_format)
+
+
+def _cuda_backward(call: _Call, saved: Sequence[Any], d_out: Any) -> Tuple[Any, Any, Any]:
+    """The CUDA backward on PyTorch's current stream: dQ, dK, dV written into tensors allocated
+    here (``torch.empty_like`` of the contiguous inputs). Q, K, V, O and dO are read contiguous
+    (a strided one is copied once; dO from ``out.sum()`` is an expanded tensor). What the CUDA
+    backward refuses (windows, soft-caps, ALiBi, packed batches, head_dim other than 64 and 128,
+    ...), the library's ``Unavailable`` error, raises ``NotImplementedError`` with its message."""
+    torch = _torch()
+    q, k, v, out, lse = saved
+    q, k, v, out, d_out, lse = (_cuda_dense(x) for x in (q, k, v, out, d_out, lse))
+    problem = call.problem()
+    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    device = q.device
+    tensors = (q, k, v, out, lse, d_out, dq, dk, dv)
+    with torch.cuda.device(device):
+        stream = torch.cuda.current_stream(device).cuda_stream
+        try:
+            kernel, handed = _native.cuda_backward(
+                problem,
+                device.index,
+                stream,
+                *(_device_address(t) for t in tensors),
+                deterministic=call.deterministic,
+            )
+        except UnavailableError as e:
+            raise NotImplementedError(str(e)) from e
+    _last_cuda_launch.clear()
+    _last_cuda_launch.update(handed, kernel=kernel, dq_tensor=dq.data_ptr(), dk_tensor=dk.data_ptr(), dv_tensor=dv.data_ptr())
+    return dq, dk, dv
+
+
 def _autograd_function():
     """``torch.autograd.Function`` for the host and CUDA routes, defined once torch is in use."""
     global _FlashAttnFunction
@@ -345,31 +387,30 @@ def _autograd_function():
 
     class FlashAttnFunction(torch.autograd.Function):
         """Attention with a backward pass: the forward keeps Q, K, V, O and the LSE, the backward
-        runs the library's (FlashAttention-2's recomputing) backward on them. The backward exists
-        on the wgpu route; on CUDA tensors it raises ``NotImplementedError``."""
+        runs the library's (FlashAttention-2's recomputing) backward on them: the wgpu backward
+        on host tensors, the CUDA backward (``CudaAttention::backward_device``) on CUDA ones,
+        where what it does not run raises ``NotImplementedError`` with the library's message."""
 
         @staticmethod
         def forward(ctx, q, k, v, call):
             if q.device.type == "cuda":
                 out, lse, _ = _cuda_forward(call, q, k, v)
                 ctx.cuda = True
+                ctx.call = call
             else:
                 out, lse, problem = _host_forward(call, q, k, v)
                 ctx.cuda = False
                 ctx.call, ctx.problem = call, problem
-                ctx.save_for_backward(q, k, v, out, lse)
+            ctx.save_for_backward(q, k, v, out, lse)
             ctx.mark_non_differentiable(lse)
             return out, lse
 
         @staticmethod
         def backward(ctx, d_out, _d_lse):
-            if ctx.cuda:
-                raise NotImplementedError(
-                    "the backward pass on CUDA tensors is not implemented in wgpu-flash-attn yet "
-                    "(the CUDA route has the forward only); run training on CPU tensors (the wgpu "
-                    "backward) or call flash_attn_func under torch.no_grad()"
-                )
             q, k, v, out, lse = ctx.saved_tensors
+            if ctx.cuda:
+                dq, dk, dv = _cuda_backward(ctx.call, (q, k, v, out, lse), d_out)
+                return dq, dk, dv, None
             q, k, v, out = (x.contiguous() for x in (q, k, v, out))
             dq, dk, dv = _host_backward(ctx.call, ctx.problem, (q, k, v, out, lse), d_out)
             return dq, dk, dv, None
@@ -447,7 +488,10 @@ def flash_attn_func(
         alibi_slopes: ``(nheads,)`` or ``(batch, nheads)`` float32 ALiBi slopes, adding
             ``-slope * |i + seqlen_k - seqlen_q - j|`` to the scores (on the wgpu route; the
             CUDA route raises ``NotImplementedError``, as do ``(batch, nheads)`` rows that differ).
-        deterministic: accepted for compatibility; the backward pass is always deterministic.
+        deterministic: on CUDA tensors, the backward accumulates dQ in a fixed order, so that
+            every gradient is bit-identical from run to run (slower); without it dQ's last bits
+            may vary between runs (dK and dV never do). The wgpu backward (host tensors) is
+            always deterministic.
         return_attn_probs: also return the LSE and FlashAttention's ``S_dmask`` (empty: there is
             no dropout pattern to return).
         return_lse: also return the LSE (without the empty ``S_dmask``).
@@ -459,7 +503,10 @@ def flash_attn_func(
         log of each row's softmax denominator.
 
     PyTorch tensors that require grad go through a ``torch.autograd.Function``: ``backward()``
-    runs the library's backward on CPU tensors, and raises ``NotImplementedError`` on CUDA ones.
+    runs the library's backward, the wgpu one on CPU tensors and the CUDA one on CUDA tensors
+    (float16/bfloat16, ``headdim`` 64 or 128, causal or not, MQA/GQA). What the
+    CUDA backward does not run (sliding windows, ``softcap``, ``alibi_slopes``, other head
+    dimensions) raises ``NotImplementedError`` from ``backward()``, with the library's message.
     Library errors raise ``wgpu_flash_attn.InvalidProblemError`` (a ``ValueError``),
     ``UnavailableError`` or ``DeviceError`` (``RuntimeError``s) with the library's message.
     """
@@ -487,6 +534,7 @@ def flash_attn_func(
         alibi=slopes is not None,
     )
     _add_slopes(call, slopes)
+    call.deterministic = bool(deterministic)
     call.out_shape = (batch, seq_q, heads, padded)
     call.lse_shape = (batch, heads, seq_q)
     out, lse = _attention(call, *(_pad_head_dim(x, padded) for x in (q, k, v)))
@@ -582,6 +630,7 @@ def flash_attn_varlen_func(
             "cu_seqlens_k": _host_index(cu_seqlens_k, "cu_seqlens_k"),
         }
     _add_slopes(call, slopes)
+    call.deterministic = bool(deterministic)
     call.out_shape = (total_q, heads, padded)
     call.lse_shape = (heads, total_q)
     out, lse = _attention(call, *(_pad_head_dim(x, padded) for x in (q, k, v)))

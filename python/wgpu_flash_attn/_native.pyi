@@ -82,6 +82,22 @@ def cuda_forward(
     page_table: Optional[DeviceTensor] = None,
     kv_lens: Optional[DeviceTensor] = None,
 ) -> Tuple[str, Dict[str, int]]: ...
+def cuda_backward(
+    problem: Problem,
+    device: int,
+    stream: int,
+    q: DeviceTensor,
+    k: DeviceTensor,
+    v: DeviceTensor,
+    o: DeviceTensor,
+    lse: DeviceTensor,
+    d_o: DeviceTensor,
+    dq: DeviceTensor,
+    dk: DeviceTensor,
+    dv: DeviceTensor,
+    *,
+    deterministic: bool = False,
+) -> Tuple[str, Dict[str, int]]: ...
 def cuda_append_kv(
     problem: Problem,
     device: int,
