@@ -232,14 +232,13 @@ def math_grads(q, k, v, g, causal, dtype):
 
 
 def check_grad(name, ours, ref, pt):
-    """FlashAttention's backward rule (its hopper tests'): at most twice PyTorch's 16-bit math
-    error, plus twice the rounding error of the reference itself in the 16-bit type."""
-    rounding = (ref.to(pt.dtype) + 0.3 - 0.3 - ref.to(pt.dtype)).double().abs().max().item()
+    """Issue 20's rule, the forward's: at most twice PyTorch's 16-bit math error against float64
+    (measured on the H200 at 0.23-0.95x of it, session 14)."""
     err = (ours.double() - ref).abs().max().item()
     err_pt = (pt.double() - ref).abs().max().item()
     kernel = _interface._last_cuda_launch.get("kernel", "?")
     print(f"  {name}: max error {err:.3e}, PyTorch {pt.dtype} math {err_pt:.3e} ({err / max(err_pt, 1e-30):.2f}x), {kernel}")
-    assert err <= 2 * err_pt + 2 * rounding + 1e-5, f"{name}: error {err:.3e} > 2 x PyTorch's {err_pt:.3e} + {2 * rounding:.1e}"
+    assert err <= 2 * err_pt, f"{name}: error {err:.3e} > 2 x PyTorch's {err_pt:.3e}"
 
 
 def run_backward(case, dtype, seed, deterministic=False):
