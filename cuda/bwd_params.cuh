@@ -1,6 +1,7 @@
 // The backward kernels' parameter block, and the small pieces they share with nothing else yet:
-// swizzled shared-memory tiles of any row width, 16-bit unpacking, and the global-memory
-// operations of the deterministic dQ accumulation. Needs mma_ptx.cuh and fwd_params.cuh first.
+// ldmatrix addresses in swizzled tiles of any row width (swz, mma_ptx.cuh), 16-bit unpacking,
+// and the global-memory operations of the deterministic dQ accumulation. Needs mma_ptx.cuh and
+// fwd_params.cuh first.
 #pragma once
 
 // Mirrors `BwdParams` in src/cuda/plan/params.rs (#[repr(C)], 440 bytes; both sides assert the
@@ -36,16 +37,6 @@ struct BwdParams {
     int pad_;
 };
 static_assert(sizeof(BwdParams) == 440, "BwdParams must match the Rust mirror");
-
-// Byte offset of 16-byte chunk `chunk` of row `row` in a swizzled tile of ROW_BYTES-byte rows:
-// chunk c of row r is stored at chunk c ^ (r & 7), so that ldmatrix's 8 rows of one logical
-// chunk land in 8 different bank groups. ROW_BYTES must be a multiple of 128 (8 chunks), so the
-// XOR stays inside the row.
-template <int ROW_BYTES>
-__device__ __forceinline__ u32 swz(int row, int chunk) {
-    static_assert(ROW_BYTES % 128 == 0, "the swizzle needs a multiple of 8 chunks per row");
-    return (u32)(row * ROW_BYTES + ((chunk ^ (row & 7)) << 4));
-}
 
 // The ldmatrix addresses of one lane in a swizzled tile: row `row + extra_rows`, chunk
 // c0 + 2k + c. Only the low 3 bits of the chunk meet the XOR, so each of the four base[b] holds

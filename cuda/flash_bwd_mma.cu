@@ -77,7 +77,8 @@
 // 8 = 105 KiB at head_dim 128, 64 x 64. BLOCK_M >= 64 so that dSᵀ's rows have 8 chunks for the
 // swizzle; src/cuda/plan/backward.rs lists the plans.
 //
-// Shared-memory tiles are swizzled as in flash_fwd_mma.cu (bwd_params.cuh: swz, TileAddr).
+// Shared-memory tiles are swizzled and filled as in flash_fwd_mma.cu (mma_ptx.cuh: swz,
+// cp_async_rows; bwd_params.cuh: TileAddr).
 //
 // Compile-time parameters (-D, set by src/cuda/plan/backward.rs): FA_HEAD_DIM, FA_BLOCK_M,
 // FA_BLOCK_N, FA_CAUSAL, FA_BF16, FA_VEC_BYTES (16: rows of Q, K, V, dO 16-byte aligned; 8: only
@@ -106,7 +107,6 @@ constexpr int VEC_BYTES = FA_VEC_BYTES;
 constexpr int WARPS = BLOCK_N / 16;  // a warp owns 16 keys
 constexpr int THREADS = WARPS * 32;
 constexpr int ROW_BYTES = HEAD_DIM * 2;
-constexpr int CHUNKS = HEAD_DIM / 8;     // 16-byte chunks per row
 constexpr int K_STEPS = HEAD_DIM / 16;   // k16 steps of Sᵀ and dPᵀ
 constexpr int M_TILES = BLOCK_M / 8;     // n8 tiles of Sᵀ (query columns)
 constexpr int M_STEPS = BLOCK_M / 16;    // k16 steps of dV and dK (over queries)
@@ -130,29 +130,6 @@ static_assert(BLOCK_N % 16 == 0 && WARPS >= 1 && WARPS <= 8, "a warp owns 16 key
 static_assert(BLOCK_M % 64 == 0, "dSᵀ's rows need 8 chunks for the swizzle");
 static_assert(WARPS % DQ_ROW_GROUPS == 0 && DQ_COLS % 16 == 0, "dQ's tile must split evenly among the warps");
 static_assert(VEC_BYTES == 16 || VEC_BYTES == 8, "global rows are moved in 16- or 8-byte pieces");
-
-// Copies ROWS rows of head_dim elements, row r at `g + r * row_stride`, into a swizzled tile; rows
-// at or past `rows_valid` are zero-filled (cp.async with src-size 0). All threads take part.
-template <int ROWS>
-__device__ __forceinline__ void load_tile(u32 tile, const u16* g, i64 row_stride, int rows_valid, int tid) {
-    constexpr int TOTAL = ROWS * CHUNKS;
-#pragma unroll
-    for (int j = 0; j < (TOTAL + THREADS - 1) / THREADS; ++j) {
-        const int i = tid + j * THREADS;
-        if (TOTAL % THREADS != 0 && i >= TOTAL) break;
-        const int row = i / CHUNKS;
-        const int chunk = i % CHUNKS;
-        const bool valid = row < rows_valid;
-        const u16* src = g + (valid ? (i64)row * row_stride : 0) + chunk * 8;
-        const u32 dst = tile + swz<ROW_BYTES>(row, chunk);
-        if (VEC_BYTES == 16) {
-            cp_async_16(dst, src, valid);
-        } else {
-            cp_async_8(dst, src, valid);
-            cp_async_8(dst + 8, src + 4, valid);
-        }
-    }
-}
 
 // Row (b, h)'s first element in the [batch, num_heads, seq_q_pad] workspace.
 __device__ __forceinline__ i64 row_base(const BwdParams& bp, int b, int h) {
@@ -243,8 +220,8 @@ extern "C" __global__ void __launch_bounds__(THREADS, FA_MIN_BLOCKS) KERNEL_NAME
         const u32 s = s_stage0 + (u32)stage * STAGE_BYTES;
         const u16* q = p.q + batch * p.q_batch_stride + h * p.q_head_stride + (i64)m0 * p.q_seq_stride;
         const u16* d_o = bp.d_o + batch * bp.do_batch_stride + h * bp.do_head_stride + (i64)m0 * bp.do_seq_stride;
-        load_tile<BLOCK_M>(s, q, p.q_seq_stride, seq.seq_q - m0, tid);
-        load_tile<BLOCK_M>(s + DO_OFF, d_o, bp.do_seq_stride, seq.seq_q - m0, tid);
+        cp_async_rows<BLOCK_M, ROW_BYTES, THREADS, VEC_BYTES>(s, q, p.q_seq_stride, seq.seq_q - m0, tid);
+        cp_async_rows<BLOCK_M, ROW_BYTES, THREADS, VEC_BYTES>(s + DO_OFF, d_o, bp.do_seq_stride, seq.seq_q - m0, tid);
         // LSE and D: BLOCK_M floats each, padded in the workspace (16-byte chunks, no bounds).
         const i64 at = row_base(bp, batch, h) + m0;
         if (tid < BLOCK_M / 4) {
@@ -256,8 +233,8 @@ extern "C" __global__ void __launch_bounds__(THREADS, FA_MIN_BLOCKS) KERNEL_NAME
     };
 
     // Prologue: group 0 = K, V and step 0; group 1 = step 1 (either may be empty).
-    load_tile<BLOCK_N>(s_k, k, p.k_seq_stride, seq.seq_kv - n0, tid);
-    load_tile<BLOCK_N>(s_v, v, p.v_seq_stride, seq.seq_kv - n0, tid);
+    cp_async_rows<BLOCK_N, ROW_BYTES, THREADS, VEC_BYTES>(s_k, k, p.k_seq_stride, seq.seq_kv - n0, tid);
+    cp_async_rows<BLOCK_N, ROW_BYTES, THREADS, VEC_BYTES>(s_v, v, p.v_seq_stride, seq.seq_kv - n0, tid);
     if (steps > 0) load_step(0, 0);
     cp_async_commit();
     if (steps > 1) load_step(1, 1);

@@ -81,17 +81,12 @@ static_assert(WARPS >= 1 && WARPS <= 8 && (M_TILES == 1 || M_TILES == 2) && BLOC
 static_assert(BLOCK_N % 16 == 0, "P·V steps over the key tile 16 at a time");
 static_assert(VEC_BYTES == 16 || VEC_BYTES == 8, "global rows are moved in 16- or 8-byte pieces");
 
-// Byte offset of 16-byte chunk `chunk` of row `row` in a swizzled tile.
-__device__ __forceinline__ u32 swizzle(int row, int chunk) {
-    return (u32)(row * ROW_BYTES + ((chunk ^ (row & 7)) << 4));
-}
-
 // The ldmatrix addresses of one lane: rows `row + 8i` and chunks `2k + c` for all k. The XOR of
-// the swizzle touches only the low 3 bits of the chunk, so
-//     swizzle(row + 8i, 2k + c) = row·ROW_BYTES + 8i·ROW_BYTES + 128·(k / 4) + (((2·(k % 4) + c) ^ (row & 7)) << 4)
+// the swizzle (swz, mma_ptx.cuh) touches only the low 3 bits of the chunk, so
+//     swz(row + 8i, 2k + c) = row·ROW_BYTES + 8i·ROW_BYTES + 128·(k / 4) + (((2·(k % 4) + c) ^ (row & 7)) << 4)
 // and only the last term varies per lane: four registers hold it for every k, and the rest
 // folds into immediates of the unrolled loops. (Written out because ptxas does not find it: with
-// plain swizzle() calls it kept more address registers; this form saved 5 registers at head_dim
+// plain swz() calls it kept more address registers; this form saved 5 registers at head_dim
 // 128 and removed the 128 x 64 four-warp plan's spills.)
 struct FragAddr {
     u32 base[4];
@@ -104,31 +99,6 @@ struct FragAddr {
         return base[k & 3] + (u32)((k >> 2) * 128 + extra_rows * ROW_BYTES);
     }
 };
-
-// Copies `ROWS` rows of head_dim elements, row r at `g + r * row_stride`, into a swizzled tile;
-// rows at or past `rows_valid` are zero-filled. All threads of the block take part: consecutive
-// threads take consecutive chunks of a row, so a warp reads whole rows (coalesced).
-template <int ROWS>
-__device__ __forceinline__ void load_tile(u32 tile, const u16* g, i64 row_stride, int rows_valid, int tid) {
-    constexpr int TOTAL = ROWS * CHUNKS;
-#pragma unroll
-    for (int j = 0; j < (TOTAL + THREADS - 1) / THREADS; ++j) {
-        const int i = tid + j * THREADS;
-        if (TOTAL % THREADS != 0 && i >= TOTAL) break;
-        const int row = i / CHUNKS;
-        const int chunk = i % CHUNKS;
-        const bool valid = row < rows_valid;
-        // An invalid row reads nothing, but the address must still be a legal one: row 0.
-        const u16* src = g + (valid ? (i64)row * row_stride : 0) + chunk * 8;
-        const u32 dst = tile + swizzle(row, chunk);
-        if (VEC_BYTES == 16) {
-            cp_async_16(dst, src, valid);
-        } else {
-            cp_async_8(dst, src, valid);
-            cp_async_8(dst + 8, src + 4, valid);
-        }
-    }
-}
 
 extern "C" __global__ void __launch_bounds__(THREADS, FA_MIN_BLOCKS) KERNEL_NAME(const FwdParams p) {
     extern __shared__ __align__(128) unsigned char smem[];
@@ -165,12 +135,12 @@ extern "C" __global__ void __launch_bounds__(THREADS, FA_MIN_BLOCKS) KERNEL_NAME
     auto stage_v = [&](int s) { return s_kv + (u32)(2 * s + 1) * KV_TILE_BYTES; };
     auto load_kv = [&](int tile, int s) {  // tile: counted from first_tile
         const int n0 = (first_tile + tile) * BLOCK_N;
-        load_tile<BLOCK_N>(stage_k(s), k + (i64)n0 * p.k_seq_stride, p.k_seq_stride, seq.seq_kv - n0, tid);
-        load_tile<BLOCK_N>(stage_v(s), v + (i64)n0 * p.v_seq_stride, p.v_seq_stride, seq.seq_kv - n0, tid);
+        cp_async_rows<BLOCK_N, ROW_BYTES, THREADS, VEC_BYTES>(stage_k(s), k + (i64)n0 * p.k_seq_stride, p.k_seq_stride, seq.seq_kv - n0, tid);
+        cp_async_rows<BLOCK_N, ROW_BYTES, THREADS, VEC_BYTES>(stage_v(s), v + (i64)n0 * p.v_seq_stride, p.v_seq_stride, seq.seq_kv - n0, tid);
     };
 
     // Prologue: group 0 = Q and K/V tile 0, group 1 = K/V tile 1 (either may be empty).
-    load_tile<BLOCK_M>(s_q, q, p.q_seq_stride, seq.seq_q - m0, tid);
+    cp_async_rows<BLOCK_M, ROW_BYTES, THREADS, VEC_BYTES>(s_q, q, p.q_seq_stride, seq.seq_q - m0, tid);
     if (n_tiles > 0) load_kv(0, 0);
     cp_async_commit();
     if (n_tiles > 1) load_kv(1, 1);
@@ -452,7 +422,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, FA_MIN_BLOCKS) KERNEL_NAME
 #pragma unroll
             for (int d = 0; d < D_TILES; ++d) {
                 const u32 packed = pack2<IS_BF16>(o_acc[mt][d][2 * r] * inv, o_acc[mt][d][2 * r + 1] * inv);
-                st_shared_u32(s_q + swizzle(local_row, d) + (lane % 4) * 4, packed);
+                st_shared_u32(s_q + swz<ROW_BYTES>(local_row, d) + (lane % 4) * 4, packed);
             }
             const int row = row0 + 16 * mt + r * 8;
             if (p.lse != nullptr && lane % 4 == 0 && row < seq.seq_q) {
@@ -470,7 +440,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, FA_MIN_BLOCKS) KERNEL_NAME
         const int row = m0 + local_row;
         if (row < seq.seq_q) {
             u32 val[4];
-            ld_shared_v4(s_q + swizzle(local_row, chunk), val);
+            ld_shared_v4(s_q + swz<ROW_BYTES>(local_row, chunk), val);
             u16* dst = o + (i64)row * p.o_seq_stride + chunk * 8;
             if (VEC_BYTES == 16) {
                 st_global_v4(dst, val);

@@ -1,5 +1,5 @@
 // Inline-PTX helpers for the mma.sync (sm_80+) attention kernels: shared-memory addresses,
-// cp.async, ldmatrix, the m16n8k16 tensor-core MMA, f32 -> 16-bit packing and exp2.
+// cp.async (and swizzled tiles filled by it), ldmatrix, the m16n8k16 tensor-core MMA, f32 -> 16-bit packing and exp2.
 //
 // No CUDA header is included anywhere: NVRTC sees only these files (self-contained, so a
 // machine with the driver and libnvrtc but no toolkit headers compiles them), and bf16/f16 are
@@ -36,6 +36,46 @@ __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commi
 template <int N>
 __device__ __forceinline__ void cp_async_wait() {
     asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+
+// --- Swizzled shared-memory tiles of 16-bit rows, filled by cp.async ----------------------------
+// Byte offset of 16-byte chunk `chunk` of row `row` in a tile of ROW_BYTES-byte rows: chunk c of
+// row r is stored at chunk c ^ (r & 7), so that ldmatrix's 8 rows of one logical chunk land in 8
+// different bank groups. ROW_BYTES must be a multiple of 128 (8 chunks), so the XOR stays inside
+// the row.
+template <int ROW_BYTES>
+__device__ __forceinline__ u32 swz(int row, int chunk) {
+    static_assert(ROW_BYTES % 128 == 0, "the swizzle needs a multiple of 8 chunks per row");
+    return (u32)(row * ROW_BYTES + ((chunk ^ (row & 7)) << 4));
+}
+
+// Copies ROWS rows of ROW_BYTES bytes, row r at `g + r * row_stride` (in elements), into a
+// swizzled tile; rows at or past `rows_valid` are zero-filled (cp.async with src-size 0). All
+// THREADS threads of the block take part, consecutive threads taking consecutive chunks of a row
+// so that a warp reads whole rows (coalesced); VEC_BYTES 16 moves a chunk in one cp.async, 8 (rows
+// only 8-byte aligned) in two.
+template <int ROWS, int ROW_BYTES, int THREADS, int VEC_BYTES>
+__device__ __forceinline__ void cp_async_rows(u32 tile, const u16* g, i64 row_stride, int rows_valid, int tid) {
+    static_assert(VEC_BYTES == 16 || VEC_BYTES == 8, "global rows are moved in 16- or 8-byte pieces");
+    constexpr int CHUNKS = ROW_BYTES / 16;
+    constexpr int TOTAL = ROWS * CHUNKS;
+#pragma unroll
+    for (int j = 0; j < (TOTAL + THREADS - 1) / THREADS; ++j) {
+        const int i = tid + j * THREADS;
+        if (TOTAL % THREADS != 0 && i >= TOTAL) break;
+        const int row = i / CHUNKS;
+        const int chunk = i % CHUNKS;
+        const bool valid = row < rows_valid;
+        // An invalid row reads nothing, but the address must still be a legal one: row 0.
+        const u16* src = g + (valid ? (i64)row * row_stride : 0) + chunk * 8;
+        const u32 dst = tile + swz<ROW_BYTES>(row, chunk);
+        if (VEC_BYTES == 16) {
+            cp_async_16(dst, src, valid);
+        } else {
+            cp_async_8(dst, src, valid);
+            cp_async_8(dst + 8, src + 4, valid);
+        }
+    }
 }
 
 // --- ldmatrix: four 8x8 b16 matrices, one row address per lane (lanes 8i..8i+7: matrix i) ---

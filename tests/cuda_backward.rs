@@ -761,9 +761,10 @@ fn backward_kernels_compile_with_nvrtc() {
                 .map(|(f, regs, spills)| format!("{f} {regs} regs, spill stores/loads {spills} bytes"))
                 .collect();
             eprintln!("{arch} {}: {}", c.name(), lines.join("; "));
-            // CUDA 13's NVRTC on the H200 returned some compiles' logs empty (the forward's compile
-            // test saw it too); a log that has text must hold all three entry points.
-            if log.trim().is_empty() {
+            // CUDA 13's NVRTC on the H200 returned some compiles' logs without ptxas's report
+            // (empty, or with only a front-end warning; the forward's compile test saw it too); a
+            // log that has the report must hold all three entry points.
+            if !log.contains("Compiling entry function") {
                 eprintln!("warning: no ptxas report in the log of {arch} {}", c.name());
             } else {
                 assert!(lines.len() >= 3, "no ptxas report for {}: {log}", c.name());
