@@ -82,8 +82,17 @@ impl Mask {
 }
 
 /// candle's naive attention in f32 on the CPU: O `[batch, seq_q, heads, head_dim]` and the LSE
-/// `[batch, heads, seq_q]`. Rows that see no key give 0 and −∞, as FlashAttention's.
-fn naive(q: &Tensor, k: &Tensor, v: &Tensor, scale: f64, mask: Mask, softcap: Option<f64>) -> (Tensor, Tensor) {
+/// `[batch, heads, seq_q]`. Rows that see no key give 0 and −∞, as FlashAttention's. `alibi`:
+/// one slope per head, `−slope·|p − j|` added after the soft-cap (FlashAttention's order).
+fn naive(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    scale: f64,
+    mask: Mask,
+    softcap: Option<f64>,
+    alibi: Option<&[f32]>,
+) -> (Tensor, Tensor) {
     let f32 = |t: &Tensor| {
         t.to_device(&Device::Cpu)?
             .to_dtype(DType::F32)?
@@ -99,6 +108,15 @@ fn naive(q: &Tensor, k: &Tensor, v: &Tensor, scale: f64, mask: Mask, softcap: Op
     let mut s = (q.matmul(&k.t().unwrap()).unwrap() * scale).unwrap();
     if let Some(cap) = softcap {
         s = ((s / cap).unwrap().tanh().unwrap() * cap).unwrap();
+    }
+    if let Some(slopes) = alibi {
+        let distance: Vec<f32> = (0..sq * skv)
+            .map(|x| (x / skv + skv) as f32 - (sq + x % skv) as f32)
+            .map(f32::abs)
+            .collect();
+        let distance = Tensor::from_vec(distance, (1, 1, sq, skv), &Device::Cpu).unwrap();
+        let slopes = Tensor::from_vec(slopes.to_vec(), (1, h, 1, 1), &Device::Cpu).unwrap();
+        s = s.broadcast_sub(&distance.broadcast_mul(&slopes).unwrap()).unwrap();
     }
     let seen: Vec<f32> = (0..sq * skv)
         .map(|x| mask.sees(x / skv, x % skv, sq, skv) as u8 as f32)
@@ -143,7 +161,7 @@ fn f64s(x: &[f32]) -> Vec<f64> {
     x.iter().map(|&x| x as f64).collect()
 }
 
-/// One dense case: sizes, mask, soft-cap.
+/// One dense case: sizes, mask, soft-cap, ALiBi.
 #[derive(Clone, Copy, Debug)]
 struct Case {
     batch: usize,
@@ -154,6 +172,14 @@ struct Case {
     head_dim: usize,
     mask: Mask,
     softcap: Option<f32>,
+    /// ALiBi with [`slopes`] (one per head).
+    alibi: bool,
+}
+
+/// ALiBi slopes for `heads` query heads: halving from 0.5, each head's bias tangibly different
+/// over the tests' few dozen keys (2^−(h+1); the paper's geometric slopes for 8 heads).
+fn slopes(heads: usize) -> Vec<f32> {
+    (0..heads).map(|h| 0.5f32.powi(h as i32 + 1)).collect()
 }
 
 impl Case {
@@ -171,6 +197,7 @@ impl Case {
                 right: None,
             },
             softcap: None,
+            alibi: false,
         }
     }
 
@@ -217,7 +244,13 @@ impl Case {
         if let Some(cap) = self.softcap {
             p = p.with_softcap(cap);
         }
-        let r = reference::attention(&p, &values(q), &values(k), &values(v)).unwrap();
+        let slopes = slopes(self.heads);
+        let mut index = BatchIndex::default();
+        if self.alibi {
+            p = p.with_alibi_slopes();
+            index.alibi_slopes = Some(&slopes);
+        }
+        let r = reference::attention_indexed(&p, &values(q), &values(k), &values(v), &index).unwrap();
         (r.out, r.lse)
     }
 
@@ -249,7 +282,16 @@ impl Case {
             (&want.0, &want.1),
         );
         let softcap = self.softcap.map(f64::from);
-        let (n_out, n_lse) = naive(&x[0], &x[1], &x[2], self.scale() as f64, self.mask, softcap);
+        let alibi = self.alibi.then(|| slopes(self.heads));
+        let (n_out, n_lse) = naive(
+            &x[0],
+            &x[1],
+            &x[2],
+            self.scale() as f64,
+            self.mask,
+            softcap,
+            alibi.as_deref(),
+        );
         let (n_out, n_lse) = (values(&n_out), values(&n_lse));
         // candle's naive attention is right (to f32 rounding), and the drop-in matches it.
         assert_close(
@@ -376,8 +418,74 @@ fn windows_and_softcaps_match_candle_and_float64() {
     }
 }
 
+/// ALiBi through every `*alibi*` function: with and without the causal mask, a window, a
+/// soft-cap; slopes on the tensors' device or on the CPU, in f32 or f64.
+fn alibi_on(device: &Device, dtypes: &[DType]) {
+    let base = Case {
+        alibi: true,
+        ..Case::new(2, 40, 52, 4, 2, 64)
+    };
+    // There is no LSE twin with ALiBi: the reference's LSE stands in for it, and O is checked.
+    let reference_lse = |case: &Case, x: &[Tensor; 3]| {
+        let lse: Vec<f32> = case.reference(x).1.iter().map(|&x| x as f32).collect();
+        Tensor::from_vec(lse, (case.batch, case.heads, case.seq_q), &Device::Cpu).unwrap()
+    };
+    for &dtype in dtypes {
+        let on_device = Tensor::new(slopes(base.heads).as_slice(), device).unwrap();
+        let on_cpu_f64 = on_device.to_device(&Device::Cpu).unwrap().to_dtype(DType::F64).unwrap();
+        for (case, slopes) in [(base, &on_device), (base.causal(), &on_cpu_f64)] {
+            let label = format!("flash_attn_alibi {dtype:?} causal {}", case.mask.causal);
+            case.check(&label, dtype, device, |x| {
+                let [q, k, v] = x;
+                let out = fa::flash_attn_alibi(q, k, v, slopes, case.scale(), case.mask.causal).unwrap();
+                (out, reference_lse(&case, x))
+            });
+        }
+        let (left, right) = (Some(8), Some(2));
+        let windowed = Case {
+            mask: Mask {
+                causal: false,
+                left,
+                right,
+            },
+            ..base
+        };
+        let label = format!("flash_attn_alibi_windowed {dtype:?}");
+        windowed.check(&label, dtype, device, |x| {
+            let [q, k, v] = x;
+            let out = fa::flash_attn_alibi_windowed(q, k, v, &on_device, windowed.scale(), left, right).unwrap();
+            (out, reference_lse(&windowed, x))
+        });
+        let capped = Case {
+            softcap: Some(5.0),
+            ..windowed
+        };
+        let label = format!("flash_attn_alibi_windowed_softcap {dtype:?}");
+        let s = capped.scale();
+        capped.check(&label, dtype, device, |x| {
+            let [q, k, v] = x;
+            let out = fa::flash_attn_alibi_windowed_softcap(q, k, v, Some(&on_device), s, left, right, 5.0).unwrap();
+            (out, reference_lse(&capped, x))
+        });
+        let [q, k, v] = base.inputs("alibi without a cap", dtype, device);
+        assert_eq!(
+            values(&fa::flash_attn_alibi_windowed_softcap(&q, &k, &v, Some(&on_device), s, left, right, 0.0).unwrap()),
+            values(&fa::flash_attn_alibi_windowed(&q, &k, &v, &on_device, s, left, right).unwrap()),
+            "{dtype:?}: softcap 0.0 with slopes is flash_attn_alibi_windowed"
+        );
+    }
+}
+
+#[test]
+fn alibi_matches_candle_and_float64() {
+    if wgpu_ready() {
+        alibi_on(&Device::Cpu, &DTYPES);
+    }
+}
+
 /// A packed batch: ragged lengths, a sequence of no queries and one of no keys (its rows give 0
-/// and LSE −∞), GQA, causal aligned to each sequence's end, a window.
+/// and LSE −∞), GQA, causal aligned to each sequence's end, a window; with and without ALiBi
+/// (positions within each sequence).
 fn varlen_on(device: &Device, dtypes: &[DType]) {
     let cu_q: [u32; 5] = [0, 5, 5, 30, 47];
     let cu_k: [u32; 5] = [0, 9, 20, 20, 60];
@@ -386,19 +494,24 @@ fn varlen_on(device: &Device, dtypes: &[DType]) {
     let (max_q, max_k) = (25, 40);
     let scale = 0.125;
     for &dtype in dtypes {
-        for mask in [
-            Mask::default(),
-            Mask {
-                causal: true,
-                ..Mask::default()
-            },
-            Mask {
-                causal: false,
-                left: Some(6),
-                right: Some(1),
-            },
+        let causal = Mask {
+            causal: true,
+            ..Mask::default()
+        };
+        let window = Mask {
+            causal: false,
+            left: Some(6),
+            right: Some(1),
+        };
+        let slopes = slopes(heads);
+        for (mask, alibi) in [
+            (Mask::default(), false),
+            (causal, false),
+            (window, false),
+            (causal, true),
+            (window, true),
         ] {
-            let label = format!("varlen {dtype:?} {mask:?}");
+            let label = format!("varlen {dtype:?} {mask:?} alibi {alibi}");
             let q = randn(&format!("{label} q"), &[total_q, heads, head_dim], dtype, device);
             let k = randn(&format!("{label} k"), &[total_kv, kv_heads, head_dim], dtype, device);
             let v = randn(&format!("{label} v"), &[total_kv, kv_heads, head_dim], dtype, device);
@@ -422,7 +535,35 @@ fn varlen_on(device: &Device, dtypes: &[DType]) {
                 fa::flash_attn_varlen_windowed(&q, &k, &v, &sq, &sk, max_q, max_k, scale, left, right).unwrap()
             };
             assert_eq!(values(&plain), values(&out), "{label}: with and without the LSE");
-            let (got_o, got_lse) = (values(&out), values(&lse));
+            let (mut got_o, mut got_lse) = (values(&out), values(&lse));
+            if alibi {
+                let t = Tensor::new(slopes.as_slice(), device).unwrap();
+                let out = if mask.causal {
+                    fa::flash_attn_varlen_alibi(&q, &k, &v, &t, &sq, &sk, max_q, max_k, scale, true).unwrap()
+                } else {
+                    fa::flash_attn_varlen_alibi_windowed(&q, &k, &v, &t, &sq, &sk, max_q, max_k, scale, left, right)
+                        .unwrap()
+                };
+                let capless = fa::flash_attn_varlen_alibi_windowed_softcap(
+                    &q,
+                    &k,
+                    &v,
+                    Some(&t),
+                    &sq,
+                    &sk,
+                    max_q,
+                    max_k,
+                    scale,
+                    left,
+                    right,
+                    0.0,
+                )
+                .unwrap();
+                assert_eq!(values(&capless), values(&out), "{label}: softcap 0.0 with slopes");
+                got_o = values(&out);
+                // No LSE twin with ALiBi: the reference's LSE stands in for it below.
+                got_lse.clear();
+            }
 
             // float64: the packed problem.
             let shape = AttentionShape {
@@ -440,12 +581,19 @@ fn varlen_on(device: &Device, dtypes: &[DType]) {
             if mask.left.is_some() {
                 p = p.with_window(mask.left, mask.right);
             }
+            if alibi {
+                p = p.with_alibi_slopes();
+            }
             let index = BatchIndex {
                 cu_seqlens_q: Some(&cu_q),
                 cu_seqlens_k: Some(&cu_k),
+                alibi_slopes: alibi.then_some(&slopes[..]),
                 ..Default::default()
             };
             let want = reference::attention_indexed(&p, &values(&q), &values(&k), &values(&v), &index).unwrap();
+            if alibi {
+                got_lse = want.lse.iter().map(|&x| x as f32).collect();
+            }
             assert_close(
                 &format!("{label} vs float64"),
                 dtype,
@@ -474,6 +622,7 @@ fn varlen_on(device: &Device, dtypes: &[DType]) {
                     scale as f64,
                     mask,
                     None,
+                    alibi.then_some(&slopes[..]),
                 );
                 let row = heads * head_dim;
                 for (i, x) in values(&o).into_iter().enumerate() {
@@ -620,19 +769,16 @@ fn bad_calls_are_candle_errors() {
         fa::flash_attn_alibi_windowed_softcap(&q, &kv, &kv, None, 1.0, None, None, -1.0),
         &["soft-cap"],
     );
-    // ALiBi, named.
+    // ALiBi slopes: one per query head.
     let slopes = Tensor::ones(4, DType::F32, &dev).unwrap();
+    assert!(fa::flash_attn_alibi(&q, &kv, &kv, &slopes, 1.0, true).is_ok());
     refused(
-        fa::flash_attn_alibi(&q, &kv, &kv, &slopes, 1.0, true),
-        &["flash_attn_alibi:", "ALiBi", "not supported"],
+        fa::flash_attn_alibi(&q, &kv, &kv, &Tensor::ones(3, DType::F32, &dev).unwrap(), 1.0, true),
+        &["flash_attn_alibi:", "alibi_slopes holds 3 slopes for 4 query heads"],
     );
     refused(
-        fa::flash_attn_alibi_windowed(&q, &kv, &kv, &slopes, 1.0, None, None),
-        &["flash_attn_alibi_windowed:"],
-    );
-    refused(
-        fa::flash_attn_alibi_windowed_softcap(&q, &kv, &kv, Some(&slopes), 1.0, None, None, 0.0),
-        &["flash_attn_alibi_windowed_softcap:", "ALiBi"],
+        fa::flash_attn_alibi_windowed(&q, &kv, &kv, &slopes.reshape((1, 4)).unwrap(), 1.0, None, None),
+        &["flash_attn_alibi_windowed:", "[num_heads]", "[1, 4]"],
     );
     // Packed batches: the offsets' type, shape and values, the longest sequence.
     let (pq, pkv) = (t(&[10, 4, 64], DType::F32), t(&[12, 2, 64], DType::F32));
@@ -655,29 +801,19 @@ fn bad_calls_are_candle_errors() {
     refused(varlen(&good_q, &good_k, 5, 7), &["cu_seqlens_q"]);
     refused(varlen(&cu(&[0]), &cu(&[0]), 6, 7), &["[batch + 1]"]);
     refused(
-        fa::flash_attn_varlen_alibi(&pq, &pkv, &pkv, &slopes, &good_q, &good_k, 6, 7, 1.0, true),
-        &["flash_attn_varlen_alibi:", "ALiBi"],
-    );
-    refused(
-        fa::flash_attn_varlen_alibi_windowed(&pq, &pkv, &pkv, &slopes, &good_q, &good_k, 6, 7, 1.0, None, None),
-        &["flash_attn_varlen_alibi_windowed:"],
-    );
-    refused(
-        fa::flash_attn_varlen_alibi_windowed_softcap(
+        fa::flash_attn_varlen_alibi(
             &pq,
             &pkv,
             &pkv,
-            Some(&slopes),
+            &slopes.i(..2).unwrap(),
             &good_q,
             &good_k,
             6,
             7,
             1.0,
-            None,
-            None,
-            0.0,
+            true,
         ),
-        &["flash_attn_varlen_alibi_windowed_softcap:"],
+        &["flash_attn_varlen_alibi:", "alibi_slopes holds 2 slopes"],
     );
     refused(
         fa::flash_attn_varlen(&q, &kv, &kv, &good_q, &good_k, 6, 7, 1.0, true),
@@ -722,6 +858,13 @@ mod cuda {
     fn cuda_windows_and_softcaps_match_candle_and_float64() {
         if let Some(dev) = device() {
             windows_on(&dev, &CUDA_DTYPES);
+        }
+    }
+
+    #[test]
+    fn cuda_alibi_matches_candle_and_float64() {
+        if let Some(dev) = device() {
+            alibi_on(&dev, &CUDA_DTYPES);
         }
     }
 

@@ -68,20 +68,20 @@ fn run<T: Element + WithDType>(
     });
     let (q, k, v) = (q?, k?, v?);
     let engine = engine()?;
-    let result = match &op.packed {
-        None => engine.forward_blocking(problem, q, k, v),
-        Some(packed) => {
-            let cu_seqlens_q = packed.seqlens_q.to_vec1::<u32>()?;
-            let cu_seqlens_k = packed.seqlens_k.to_vec1::<u32>()?;
-            let index = BatchIndex {
-                cu_seqlens_q: Some(&cu_seqlens_q),
-                cu_seqlens_k: Some(&cu_seqlens_k),
-                ..Default::default()
-            };
-            engine.forward_indexed_blocking(problem, q, k, v, &index)
-        }
-    }
-    .map_err(|e| ours(f, e))?;
+    let slopes = op.alibi_slopes.as_ref().map(|s| s.to_vec1::<f32>()).transpose()?;
+    let offsets = match &op.packed {
+        None => None,
+        Some(p) => Some((p.seqlens_q.to_vec1::<u32>()?, p.seqlens_k.to_vec1::<u32>()?)),
+    };
+    let index = BatchIndex {
+        cu_seqlens_q: offsets.as_ref().map(|o| &o.0[..]),
+        cu_seqlens_k: offsets.as_ref().map(|o| &o.1[..]),
+        alibi_slopes: slopes.as_deref(),
+        ..Default::default()
+    };
+    let result = engine
+        .forward_indexed_blocking(problem, q, k, v, &index)
+        .map_err(|e| ours(f, e))?;
     op.keep_lse(Storage::Cpu(CpuStorage::F32(result.lse)), lse_shape(problem));
     Ok((T::to_cpu_storage_owned(result.out), out_shape(problem)))
 }

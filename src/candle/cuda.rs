@@ -66,14 +66,15 @@ fn view<'a, T: CudaDType>(f: &str, (s, l): (&'a CudaStorage, &Layout)) -> candle
     Ok(slice.slice(l.start_offset()..))
 }
 
-/// A packed batch's offsets, where the kernels read them: candle's buffer on q's device.
-fn offsets<'a>(
+/// A side tensor (a packed batch's offsets, ALiBi slopes) where the kernels read it: candle's
+/// buffer on q's device.
+fn side_tensor<'a, T: CudaDType>(
     f: &str,
     name: &str,
     storage: &'a Storage,
     layout: &Layout,
     dev: &candle_core::CudaDevice,
-) -> candle_core::Result<CudaView<'a, u32>> {
+) -> candle_core::Result<CudaView<'a, T>> {
     match storage {
         Storage::Cuda(s) if s.device.id() == dev.id() => view(f, (s, layout)),
         _ => Err(refuse(
@@ -119,22 +120,31 @@ fn run<T: CudaDType + DeviceRepr + ValidAsZeroBits>(
         o: &mut o,
         lse: lse.as_mut().map(|l| l as &mut dyn DevicePtrMut<f32>),
     };
-    match &op.packed {
-        None => engine.forward_device(&problem, tensors),
-        Some(packed) => {
-            let (sq, lq) = packed.seqlens_q.storage_and_layout();
-            let (sk, lk) = packed.seqlens_k.storage_and_layout();
-            let cu_q = offsets(f, "seqlens_q", &sq, lq, &dev)?;
-            let cu_k = offsets(f, "seqlens_k", &sk, lk, &dev)?;
-            let index = DeviceBatchIndex {
-                cu_seqlens_q: Some(&cu_q),
-                cu_seqlens_k: Some(&cu_k),
-                ..Default::default()
-            };
-            engine.forward_indexed_device(&problem, tensors, index)
-        }
-    }
-    .map_err(|e| ours(f, e))?;
+    let slopes = op.alibi_slopes.as_ref().map(|t| t.storage_and_layout());
+    let slopes = match &slopes {
+        None => None,
+        Some((s, l)) => Some(side_tensor::<f32>(f, "alibi_slopes", s, l, &dev)?),
+    };
+    let offsets = op
+        .packed
+        .as_ref()
+        .map(|p| (p.seqlens_q.storage_and_layout(), p.seqlens_k.storage_and_layout()));
+    let offsets = match &offsets {
+        None => None,
+        Some(((sq, lq), (sk, lk))) => Some((
+            side_tensor::<u32>(f, "seqlens_q", sq, lq, &dev)?,
+            side_tensor::<u32>(f, "seqlens_k", sk, lk, &dev)?,
+        )),
+    };
+    let index = DeviceBatchIndex {
+        cu_seqlens_q: offsets.as_ref().map(|o| &o.0 as _),
+        cu_seqlens_k: offsets.as_ref().map(|o| &o.1 as _),
+        alibi_slopes: slopes.as_ref().map(|s| s as _),
+        ..Default::default()
+    };
+    engine
+        .forward_indexed_device(&problem, tensors, index)
+        .map_err(|e| ours(f, e))?;
     if let Some(lse) = lse {
         op.keep_lse(
             Storage::Cuda(CudaStorage::wrap_cuda_slice(lse, dev.clone())),

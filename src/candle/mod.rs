@@ -38,11 +38,12 @@
 //!   scores, f32 `[batch, num_heads, seq_q]` (`[num_heads, total_q]` packed), on the output's
 //!   device: what candle-flash-attn computes and drops, and what merging partial results needs
 //!   (`wgpu_flash_attn::FlashAttention::merge`).
-//! * **Not yet:** ALiBi: the `*alibi*` functions return an error that says so (with
-//!   `alibi_slopes: None`, the `_softcap` ones run). The wgpu kernels gained ALiBi (issue 17)
-//!   while this was built; passing candle's slopes to them is the next step. Paged K/V
-//!   (`flash_attn_varlen_paged_windowed`) is not provided. Gradients: candle's backward through
-//!   these calls is an error, as through candle-flash-attn's.
+//! * **ALiBi.** The `*alibi*` functions take candle-flash-attn's `alibi_slopes`: one slope per
+//!   query head, `[num_heads]` (f32; other float types are converted, and slopes on another
+//!   device than `q` are moved to it), adding `−slope·|i + seq_kv − seq_q − j|` to the scaled
+//!   scores (after the soft-cap, as FlashAttention does).
+//! * **Not yet:** paged K/V (`flash_attn_varlen_paged_windowed`). Gradients: candle's backward
+//!   through these calls is an error, as through candle-flash-attn's.
 //!
 //! Every refusal is a [`candle_core::Error`] naming the function, with the library's own message
 //! where the library refused: never a panic.
@@ -76,19 +77,44 @@ fn softcap(cap: f32) -> Option<f32> {
     (cap != 0.0).then_some(cap)
 }
 
-/// The error of every ALiBi call until the drop-in passes slopes to the kernels.
-fn no_alibi(function: &str) -> candle_core::Error {
-    refuse(
-        function,
-        "ALiBi slopes are not supported by the candle drop-in yet (call it without them, or candle-flash-attn)",
-    )
+/// ALiBi slopes as the routes read them: f32, contiguous, on `q`'s device. Their count is
+/// checked against the heads with the rest of the problem.
+fn alibi(function: &str, slopes: &Tensor, q: &Tensor) -> Result<Tensor> {
+    if slopes.rank() != 1 {
+        return Err(refuse(
+            function,
+            format!(
+                "alibi_slopes must be [num_heads], one slope per query head; it is {:?}",
+                slopes.dims()
+            ),
+        ));
+    }
+    slopes
+        .to_dtype(candle_core::DType::F32)?
+        .to_device(q.device())?
+        .contiguous()
 }
 
 /// One dense call: O, and the LSE when `lse`.
 fn dense(q: &Tensor, k: &Tensor, v: &Tensor, args: Args, lse: bool) -> Result<(Tensor, Option<Tensor>)> {
+    dense_alibi(q, k, v, None, args, lse)
+}
+
+/// One dense call with ALiBi slopes when given.
+fn dense_alibi(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    alibi_slopes: Option<&Tensor>,
+    mut args: Args,
+    lse: bool,
+) -> Result<(Tensor, Option<Tensor>)> {
+    let alibi_slopes = alibi_slopes.map(|s| alibi(args.function, s, q)).transpose()?;
+    args.alibi_heads = alibi_slopes.as_ref().map(|s| s.elem_count());
     let op = FlashAttnOp {
         args,
         packed: None,
+        alibi_slopes,
         lse: lse.then(Default::default),
     };
     run(q, k, v, op)
@@ -104,11 +130,15 @@ fn packed(
     seqlens_k: &Tensor,
     max_seqlen_q: usize,
     max_seqlen_k: usize,
-    args: Args,
+    alibi_slopes: Option<&Tensor>,
+    mut args: Args,
     lse: bool,
 ) -> Result<(Tensor, Option<Tensor>)> {
+    let alibi_slopes = alibi_slopes.map(|s| alibi(args.function, s, q)).transpose()?;
+    args.alibi_heads = alibi_slopes.as_ref().map(|s| s.elem_count());
     let op = FlashAttnOp {
         args,
+        alibi_slopes,
         packed: Some(Packed {
             seqlens_q: seqlens_q.clone(),
             seqlens_k: seqlens_k.clone(),
@@ -138,6 +168,7 @@ fn args(
         window_size_left,
         window_size_right,
         softcap,
+        alibi_heads: None,
     }
 }
 
@@ -200,34 +231,43 @@ pub fn flash_attn_windowed_lse(
     with_lse("flash_attn_windowed_lse", dense(q, k, v, args, true)?)
 }
 
-/// candle-flash-attn's `flash_attn_alibi`: an error until the drop-in passes ALiBi slopes on.
+/// [`flash_attn`] with ALiBi: `−slope·|i + seq_kv − seq_q − j|` added to query head `h`'s scaled
+/// scores, `alibi_slopes` `[num_heads]` f32. candle-flash-attn's `flash_attn_alibi`.
 pub fn flash_attn_alibi(
-    _q: &Tensor,
-    _k: &Tensor,
-    _v: &Tensor,
-    _alibi_slopes: &Tensor,
-    _softmax_scale: f32,
-    _causal: bool,
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    alibi_slopes: &Tensor,
+    softmax_scale: f32,
+    causal: bool,
 ) -> Result<Tensor> {
-    Err(no_alibi("flash_attn_alibi"))
+    let args = args("flash_attn_alibi", softmax_scale, causal_window(causal), None);
+    Ok(dense_alibi(q, k, v, Some(alibi_slopes), args, false)?.0)
 }
 
-/// candle-flash-attn's `flash_attn_alibi_windowed`: an error until the drop-in passes ALiBi slopes on.
+/// [`flash_attn_windowed`] with ALiBi ([`flash_attn_alibi`]). candle-flash-attn's
+/// `flash_attn_alibi_windowed`.
 pub fn flash_attn_alibi_windowed(
-    _q: &Tensor,
-    _k: &Tensor,
-    _v: &Tensor,
-    _alibi_slopes: &Tensor,
-    _softmax_scale: f32,
-    _window_size_left: Option<usize>,
-    _window_size_right: Option<usize>,
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    alibi_slopes: &Tensor,
+    softmax_scale: f32,
+    window_size_left: Option<usize>,
+    window_size_right: Option<usize>,
 ) -> Result<Tensor> {
-    Err(no_alibi("flash_attn_alibi_windowed"))
+    let args = args(
+        "flash_attn_alibi_windowed",
+        softmax_scale,
+        (window_size_left, window_size_right),
+        None,
+    );
+    Ok(dense_alibi(q, k, v, Some(alibi_slopes), args, false)?.0)
 }
 
 /// [`flash_attn_windowed`] with Gemma's soft-cap of the scores, `softcap·tanh(s / softcap)` (0
-/// for none): candle-flash-attn's `flash_attn_alibi_windowed_softcap`. `alibi_slopes` must be
-/// `None` until the drop-in passes ALiBi slopes on.
+/// for none), and ALiBi when `alibi_slopes` is given (added after the cap):
+/// candle-flash-attn's `flash_attn_alibi_windowed_softcap`.
 #[allow(clippy::too_many_arguments)]
 pub fn flash_attn_alibi_windowed_softcap(
     q: &Tensor,
@@ -239,17 +279,13 @@ pub fn flash_attn_alibi_windowed_softcap(
     window_size_right: Option<usize>,
     softcap: f32,
 ) -> Result<Tensor> {
-    const NAME: &str = "flash_attn_alibi_windowed_softcap";
-    if alibi_slopes.is_some() {
-        return Err(no_alibi(NAME));
-    }
     let args = args(
-        NAME,
+        "flash_attn_alibi_windowed_softcap",
         softmax_scale,
         (window_size_left, window_size_right),
         self::softcap(softcap),
     );
-    Ok(dense(q, k, v, args, false)?.0)
+    Ok(dense_alibi(q, k, v, alibi_slopes, args, false)?.0)
 }
 
 /// [`flash_attn`] on a packed batch of sequences of different lengths: `q`
@@ -272,7 +308,18 @@ pub fn flash_attn_varlen(
     causal: bool,
 ) -> Result<Tensor> {
     let args = args("flash_attn_varlen", softmax_scale, causal_window(causal), None);
-    let call = packed(q, k, v, seqlens_q, seqlens_k, max_seqlen_q, max_seqlen_k, args, false)?;
+    let call = packed(
+        q,
+        k,
+        v,
+        seqlens_q,
+        seqlens_k,
+        max_seqlen_q,
+        max_seqlen_k,
+        None,
+        args,
+        false,
+    )?;
     Ok(call.0)
 }
 
@@ -290,7 +337,18 @@ pub fn flash_attn_varlen_lse(
     causal: bool,
 ) -> Result<(Tensor, Tensor)> {
     let args = args("flash_attn_varlen_lse", softmax_scale, causal_window(causal), None);
-    let call = packed(q, k, v, seqlens_q, seqlens_k, max_seqlen_q, max_seqlen_k, args, true)?;
+    let call = packed(
+        q,
+        k,
+        v,
+        seqlens_q,
+        seqlens_k,
+        max_seqlen_q,
+        max_seqlen_k,
+        None,
+        args,
+        true,
+    )?;
     with_lse("flash_attn_varlen_lse", call)
 }
 
@@ -316,7 +374,18 @@ pub fn flash_attn_varlen_windowed(
         (window_size_left, window_size_right),
         None,
     );
-    let call = packed(q, k, v, seqlens_q, seqlens_k, max_seqlen_q, max_seqlen_k, args, false)?;
+    let call = packed(
+        q,
+        k,
+        v,
+        seqlens_q,
+        seqlens_k,
+        max_seqlen_q,
+        max_seqlen_k,
+        None,
+        args,
+        false,
+    )?;
     Ok(call.0)
 }
 
@@ -340,49 +409,93 @@ pub fn flash_attn_varlen_windowed_lse(
         (window_size_left, window_size_right),
         None,
     );
-    let call = packed(q, k, v, seqlens_q, seqlens_k, max_seqlen_q, max_seqlen_k, args, true)?;
+    let call = packed(
+        q,
+        k,
+        v,
+        seqlens_q,
+        seqlens_k,
+        max_seqlen_q,
+        max_seqlen_k,
+        None,
+        args,
+        true,
+    )?;
     with_lse("flash_attn_varlen_windowed_lse", call)
 }
 
-/// candle-flash-attn's `flash_attn_varlen_alibi`: an error until the drop-in passes ALiBi slopes on.
+/// [`flash_attn_varlen`] with ALiBi ([`flash_attn_alibi`]; positions within each sequence).
+/// candle-flash-attn's `flash_attn_varlen_alibi`.
 #[allow(clippy::too_many_arguments)]
 pub fn flash_attn_varlen_alibi(
-    _q: &Tensor,
-    _k: &Tensor,
-    _v: &Tensor,
-    _alibi_slopes: &Tensor,
-    _seqlens_q: &Tensor,
-    _seqlens_k: &Tensor,
-    _max_seqlen_q: usize,
-    _max_seqlen_k: usize,
-    _softmax_scale: f32,
-    _causal: bool,
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    alibi_slopes: &Tensor,
+    seqlens_q: &Tensor,
+    seqlens_k: &Tensor,
+    max_seqlen_q: usize,
+    max_seqlen_k: usize,
+    softmax_scale: f32,
+    causal: bool,
 ) -> Result<Tensor> {
-    Err(no_alibi("flash_attn_varlen_alibi"))
+    let args = args("flash_attn_varlen_alibi", softmax_scale, causal_window(causal), None);
+    let slopes = Some(alibi_slopes);
+    let call = packed(
+        q,
+        k,
+        v,
+        seqlens_q,
+        seqlens_k,
+        max_seqlen_q,
+        max_seqlen_k,
+        slopes,
+        args,
+        false,
+    )?;
+    Ok(call.0)
 }
 
-/// candle-flash-attn's `flash_attn_varlen_alibi_windowed`: an error until the drop-in passes
-/// ALiBi slopes on.
+/// [`flash_attn_varlen_windowed`] with ALiBi ([`flash_attn_alibi`]). candle-flash-attn's
+/// `flash_attn_varlen_alibi_windowed`.
 #[allow(clippy::too_many_arguments)]
 pub fn flash_attn_varlen_alibi_windowed(
-    _q: &Tensor,
-    _k: &Tensor,
-    _v: &Tensor,
-    _alibi_slopes: &Tensor,
-    _seqlens_q: &Tensor,
-    _seqlens_k: &Tensor,
-    _max_seqlen_q: usize,
-    _max_seqlen_k: usize,
-    _softmax_scale: f32,
-    _window_size_left: Option<usize>,
-    _window_size_right: Option<usize>,
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    alibi_slopes: &Tensor,
+    seqlens_q: &Tensor,
+    seqlens_k: &Tensor,
+    max_seqlen_q: usize,
+    max_seqlen_k: usize,
+    softmax_scale: f32,
+    window_size_left: Option<usize>,
+    window_size_right: Option<usize>,
 ) -> Result<Tensor> {
-    Err(no_alibi("flash_attn_varlen_alibi_windowed"))
+    let args = args(
+        "flash_attn_varlen_alibi_windowed",
+        softmax_scale,
+        (window_size_left, window_size_right),
+        None,
+    );
+    let slopes = Some(alibi_slopes);
+    let call = packed(
+        q,
+        k,
+        v,
+        seqlens_q,
+        seqlens_k,
+        max_seqlen_q,
+        max_seqlen_k,
+        slopes,
+        args,
+        false,
+    )?;
+    Ok(call.0)
 }
 
-/// [`flash_attn_varlen_windowed`] with Gemma's soft-cap (0 for none): candle-flash-attn's
-/// `flash_attn_varlen_alibi_windowed_softcap`. `alibi_slopes` must be `None` until the drop-in
-/// passes ALiBi slopes on.
+/// [`flash_attn_varlen_windowed`] with Gemma's soft-cap (0 for none) and ALiBi when
+/// `alibi_slopes` is given: candle-flash-attn's `flash_attn_varlen_alibi_windowed_softcap`.
 #[allow(clippy::too_many_arguments)]
 pub fn flash_attn_varlen_alibi_windowed_softcap(
     q: &Tensor,
@@ -398,16 +511,23 @@ pub fn flash_attn_varlen_alibi_windowed_softcap(
     window_size_right: Option<usize>,
     softcap: f32,
 ) -> Result<Tensor> {
-    const NAME: &str = "flash_attn_varlen_alibi_windowed_softcap";
-    if alibi_slopes.is_some() {
-        return Err(no_alibi(NAME));
-    }
     let args = args(
-        NAME,
+        "flash_attn_varlen_alibi_windowed_softcap",
         softmax_scale,
         (window_size_left, window_size_right),
         self::softcap(softcap),
     );
-    let call = packed(q, k, v, seqlens_q, seqlens_k, max_seqlen_q, max_seqlen_k, args, false)?;
+    let call = packed(
+        q,
+        k,
+        v,
+        seqlens_q,
+        seqlens_k,
+        max_seqlen_q,
+        max_seqlen_k,
+        alibi_slopes,
+        args,
+        false,
+    )?;
     Ok(call.0)
 }

@@ -70,6 +70,8 @@ pub(crate) struct FlashAttnOp {
     pub args: Args,
     /// A packed batch's offsets; `None` for `[batch, seq, heads, head_dim]` tensors.
     pub packed: Option<Packed>,
+    /// `[num_heads]` f32 ALiBi slopes, contiguous on q's device (`args.alibi_heads` counts them).
+    pub alibi_slopes: Option<Tensor>,
     /// `Some` when the caller wants the LSE (on CUDA it is not written otherwise).
     pub lse: Option<LseSlot>,
 }

@@ -23,6 +23,8 @@ pub(crate) struct Args {
     /// Gemma's soft-cap; `None` (or candle-flash-attn's 0.0, mapped to `None` by the caller) for
     /// none.
     pub softcap: Option<f32>,
+    /// The number of ALiBi slopes the call gave (one per query head); `None` without ALiBi.
+    pub alibi_heads: Option<usize>,
 }
 
 /// The sizes of a packed (varlen) batch that the tensors' shapes do not say.
@@ -205,6 +207,18 @@ pub(crate) fn problem(
     if let Some(cap) = args.softcap {
         problem = problem.with_softcap(cap);
     }
+    if let Some(slopes) = args.alibi_heads {
+        if slopes != shape.num_heads {
+            return Err(refuse(
+                f,
+                format!(
+                    "alibi_slopes holds {slopes} slopes for {} query heads; it must be [num_heads]",
+                    shape.num_heads
+                ),
+            ));
+        }
+        problem = problem.with_alibi_slopes();
+    }
     for (tensor, layout) in [(Tensor::Q, q), (Tensor::K, k), (Tensor::V, v)] {
         let Some(strides) = tensor_layout(layout) else {
             return Err(refuse(
@@ -254,6 +268,7 @@ mod tests {
             window_size_left: left,
             window_size_right: right,
             softcap: None,
+            alibi_heads: None,
         }
     }
 
@@ -307,6 +322,21 @@ mod tests {
             (lse_shape(&p).dims(), out_shape(&p).dims()),
             (&[2, 8, 17][..], &[2, 17, 8, 64][..])
         );
+    }
+
+    #[test]
+    fn slopes_make_an_alibi_problem_one_per_head() {
+        let (q, k) = (contiguous(&[1, 9, 8, 64]), contiguous(&[1, 9, 2, 64]));
+        let with = |heads| Args {
+            alibi_heads: Some(heads),
+            ..args(None, None)
+        };
+        let dtype = candle_core::DType::F16;
+        let p = problem(&with(8), dtype, [&q, &k, &k], None).unwrap();
+        assert_eq!(p.alibi, Some(crate::problem::Alibi::PerHead));
+        assert_eq!(problem(&args(None, None), dtype, [&q, &k, &k], None).unwrap().alibi, None);
+        let e = problem(&with(2), dtype, [&q, &k, &k], None).unwrap_err().to_string();
+        assert!(e.contains("alibi_slopes holds 2 slopes for 8 query heads"), "{e}");
     }
 
     #[test]
