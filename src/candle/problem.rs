@@ -334,7 +334,10 @@ mod tests {
         let dtype = candle_core::DType::F16;
         let p = problem(&with(8), dtype, [&q, &k, &k], None).unwrap();
         assert_eq!(p.alibi, Some(crate::problem::Alibi::PerHead));
-        assert_eq!(problem(&args(None, None), dtype, [&q, &k, &k], None).unwrap().alibi, None);
+        assert_eq!(
+            problem(&args(None, None), dtype, [&q, &k, &k], None).unwrap().alibi,
+            None
+        );
         let e = problem(&with(2), dtype, [&q, &k, &k], None).unwrap_err().to_string();
         assert!(e.contains("alibi_slopes holds 2 slopes for 8 query heads"), "{e}");
     }
