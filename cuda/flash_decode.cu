@@ -46,6 +46,10 @@
 // flight per SM. Shared memory: Q (16 rows) during the loop, then every warp's O rows in f32 for
 // the merge (33 KiB at head_dim 128 with 4 warps); src/cuda/plan/decode.rs computes it.
 //
+// ALiBi (FA_ALIBI = 1, fwd_params.cuh's switch): each row's slope (its query head's, in log2
+// units) is read once; a score then costs one FFMA more, -slope·|i + offset - key| with the
+// sequence's own causal offset, so positions align to each sequence's end as the mask does.
+//
 // Masking never relies on a sentinel: masked scores are -inf, scores are clamped to finite values
 // first (a huge scale cannot overflow into inf - inf), and a row has seen a key exactly when its
 // running max is finite, so any finite scale works, negative included.
@@ -90,7 +94,7 @@
 //
 // Compile-time parameters (-D, set by src/cuda/plan/decode.rs): FA_HEAD_DIM, FA_WARPS, FA_TILES,
 // FA_CAUSAL, FA_BF16, FA_VEC_BYTES (16 or 8), FA_MIN_BLOCKS, FA_STAGES, FA_FUSED, FA_PAGED,
-// FA_LENS, KERNEL_NAME, COMBINE_NAME, APPEND_NAME.
+// FA_LENS, FA_ALIBI, KERNEL_NAME, COMBINE_NAME, APPEND_NAME.
 #include "mma_ptx.cuh"
 #include "fwd_params.cuh"
 
@@ -395,6 +399,15 @@ extern "C" __global__ void __launch_bounds__(THREADS, FA_MIN_BLOCKS) KERNEL_NAME
 
     const int tok_lo = (row0 + g) % p.seq_q;  // token of row g (rows past the problem's: unused)
     const int tok_hi = (row0 + g + 8) % p.seq_q;
+    // ALiBi's slopes of rows g and g + 8 (0 for rows past the problem's, never written), and each
+    // row's position as a float: key j's term is -slope·|position - j|.
+    float slope_lo = 0.f, slope_hi = 0.f;
+    if constexpr (HAS_ALIBI) {
+        if (g < rows_here) slope_lo = alibi_slope_log2(p, row_head(p, kv_head, row0 + g));
+        if (g + 8 < rows_here) slope_hi = alibi_slope_log2(p, row_head(p, kv_head, row0 + g + 8));
+    }
+    const float pos_lo = (float)((i64)tok_lo + causal_off);
+    const float pos_hi = (float)((i64)tok_hi + causal_off);
 
     // o[j][i]: rows g (elements 0, 1) and g + 8 (2, 3), dims 8·(4j + t) + 2i + {0, 1}.
     float o[ROUNDS][4][4];
@@ -472,7 +485,12 @@ extern "C" __global__ void __launch_bounds__(THREADS, FA_MIN_BLOCKS) KERNEL_NAME
         for (int tl = 0; tl < TILES; ++tl)
 #pragma unroll
             for (int e = 0; e < 4; ++e) {
-                float x = fminf(fmaxf(s[tl][e] * p.scale_log2, -F32_MAX), F32_MAX);
+                float x = s[tl][e] * p.scale_log2;
+                if constexpr (HAS_ALIBI) {
+                    const float key = (float)(n0 + tl * 8 + 2 * t + (e & 1));
+                    x = fmaf(-(e < 2 ? slope_lo : slope_hi), fabsf((e < 2 ? pos_lo : pos_hi) - key), x);
+                }
+                x = fminf(fmaxf(x, -F32_MAX), F32_MAX);
                 if (need_mask) {
                     const int key = n0 + tl * 8 + 2 * t + (e & 1);
                     const int tok = e < 2 ? tok_lo : tok_hi;

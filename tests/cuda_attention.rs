@@ -12,7 +12,7 @@ mod inputs;
 
 use half::{bf16, f16};
 use wgpu_flash_attn::batch::CapForm;
-use wgpu_flash_attn::batch::{BatchIndex, PagedKv};
+use wgpu_flash_attn::batch::{Alibi, BatchIndex, PagedKv};
 use wgpu_flash_attn::cuda::cudarc::driver::CudaSlice;
 #[cfg(feature = "internals")]
 use wgpu_flash_attn::cuda::nvrtc::{compile_cubin, resource_report, CompileJob};
@@ -733,10 +733,15 @@ fn decode_cases() -> Vec<(String, AttentionProblem, Option<u32>)> {
         if next(5) == 0 {
             p = p.with_scale(-0.3);
         }
+        // The geometric ALiBi slopes on every fourth case (no draw: the others stay as they were).
+        if i % 4 == 1 {
+            p = p.with_geometric_alibi();
+        }
         let label = format!(
-            "decode{i}_b{batch}_q{seq_q}_kv{seq_kv}_g{group}x{kv_heads}_d{head_dim}_{}{}_{strides:?}_splits{splits:?}",
+            "decode{i}_b{batch}_q{seq_q}_kv{seq_kv}_g{group}x{kv_heads}_d{head_dim}_{}{}_{strides:?}_splits{splits:?}{}",
             dtype.name(),
-            if causal { "_causal" } else { "" }
+            if causal { "_causal" } else { "" },
+            if p.alibi.is_some() { "_alibi" } else { "" },
         );
         out.push((label, p, splits));
     }
@@ -852,6 +857,8 @@ struct CacheCase {
     problem: AttentionProblem,
     page_table: Vec<u32>,
     kv_lens: Vec<u32>,
+    /// Per-head ALiBi slopes, read when the problem has them.
+    alibi_slopes: Vec<f32>,
     splits: Option<u32>,
 }
 
@@ -860,6 +867,7 @@ impl CacheCase {
         BatchIndex {
             page_table: self.problem.kv_cache.paged.map(|_| &self.page_table[..]),
             kv_lens: self.problem.kv_cache.lengths.then_some(&self.kv_lens[..]),
+            alibi_slopes: self.problem.has_alibi_tensor().then_some(&self.alibi_slopes[..]),
             ..Default::default()
         }
     }
@@ -926,11 +934,14 @@ fn cache_case(
         .collect();
     let problem = problem.with_kv_lengths(lens);
     problem.validate().unwrap();
+    // Slopes that matter over a few keys and dominate over thousands.
+    let alibi_slopes = (0..s.num_heads).map(|h| 0.01 + 0.07 * h as f32).collect();
     CacheCase {
         label,
         problem,
         page_table,
         kv_lens,
+        alibi_slopes,
         splits,
     }
 }
@@ -944,6 +955,7 @@ fn run_cached<T: Half16>(engine: &CudaAttention, case: &CacheCase) -> (Run<T>, V
     // Never empty: cudarc refuses 0-length copies, and an absent tensor is passed as None.
     let table = stream.clone_htod(&[&case.page_table[..], &[0]].concat()).unwrap();
     let lens = stream.clone_htod(&[&case.kv_lens[..], &[0]].concat()).unwrap();
+    let slopes = stream.clone_htod(&case.alibi_slopes).unwrap();
     let config = engine
         .forward_indexed_device(
             p,
@@ -957,6 +969,7 @@ fn run_cached<T: Half16>(engine: &CudaAttention, case: &CacheCase) -> (Run<T>, V
             DeviceBatchIndex {
                 page_table: p.kv_cache.paged.map(|_| &table as _),
                 kv_lens: p.kv_cache.lengths.then_some(&lens as _),
+                alibi_slopes: p.has_alibi_tensor().then_some(&slopes as _),
                 ..Default::default()
             },
         )
@@ -971,6 +984,7 @@ fn run_and_check_cached<T: Half16>(engine: &CudaAttention, case: &CacheCase) {
     assert!(kernel.starts_with("flash_decode_"), "{kernel}");
     assert_eq!(kernel.contains("_paged"), p.kv_cache.paged.is_some(), "{kernel}");
     assert_eq!(kernel.contains("_lens"), p.kv_cache.lengths, "{kernel}");
+    assert_eq!(kernel.contains("_alibi"), p.alibi.is_some(), "{kernel}");
     let label = format!("{} [{kernel}]", case.label);
     check_cached(p, &label, &run.q, &run.k, &run.v, &out, &lse, &case.index());
 }
@@ -1033,12 +1047,16 @@ fn cache_cases() -> Vec<CacheCase> {
             num_kv_heads: kv_heads,
             head_dim,
         };
-        let base = AttentionProblem::new(shape, dtype).with_causal(causal);
+        let mut base = AttentionProblem::new(shape, dtype).with_causal(causal);
+        // ALiBi on every third case, its slopes per head or geometric (no draw: the other
+        // cases stay as they were).
+        base.alibi = [Some(Alibi::PerHead), None, None, Some(Alibi::Geometric), None, None][i % 6];
         let label = format!(
-            "cache{i}_b{batch}_q{seq_q}_kv{seq_kv}_g{group}x{kv_heads}_d{head_dim}_{}{}_page{page_size:?}_lens{}_{order:?}_splits{splits:?}",
+            "cache{i}_b{batch}_q{seq_q}_kv{seq_kv}_g{group}x{kv_heads}_d{head_dim}_{}{}_page{page_size:?}_lens{}_{order:?}_splits{splits:?}_alibi{:?}",
             dtype.name(),
             if causal { "_causal" } else { "" },
             lens as u8,
+            base.alibi,
         );
         out.push(cache_case(
             label, base, page_size, spare, spare_cols, lens, order, splits, &mut rng,
@@ -1554,8 +1572,14 @@ fn decode_kernels_compile_with_nvrtc() {
         num_pages: 1,
         pages_per_seq: 1,
     };
+    // With ALiBi: the paged, counted one.
     for plan in decode_plans(128) {
-        for (paged, lengths) in [(true, false), (false, true), (true, true)] {
+        for (paged, lengths, alibi) in [
+            (true, false, false),
+            (false, true, false),
+            (true, true, false),
+            (true, true, true),
+        ] {
             let CudaKernelConfig::Decode(c) = CudaKernelConfig::new(DType::BF16, 128, plan.into(), true, 16).unwrap()
             else {
                 unreachable!()
@@ -1564,7 +1588,7 @@ fn decode_kernels_compile_with_nvrtc() {
                 paged: paged.then_some(pages),
                 lengths,
             };
-            let c = CudaKernelConfig::Decode(c.with_cache(&cache));
+            let c = CudaKernelConfig::Decode(c.with_cache(&cache).with_alibi(alibi));
             let job = CompileJob::forward(&c, "sm_90a");
             let (cubin, log) = compile_cubin(&job).unwrap_or_else(|e| panic!("{e}"));
             assert!(!cubin.is_empty());

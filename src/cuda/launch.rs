@@ -503,13 +503,13 @@ impl CudaAttention {
             Some(plan) => CudaKernelConfig::for_problem(problem, plan, vec_bytes)?,
             None => self.config_for(problem, vec_bytes)?,
         };
-        if let CudaKernelConfig::Decode(c) = &config {
-            self.launch_decode(problem, c, [q, k, v, o], lse, [page_table, kv_lens])?;
-            return Ok(config);
-        }
         // The kernel holds the code of exactly its config's score terms: never launch one that
         // would drop a term of the problem or read one it does not set.
         config.check_terms(problem)?;
+        if let CudaKernelConfig::Decode(c) = &config {
+            self.launch_decode(problem, c, [q, k, v, o], lse, [page_table, kv_lens], alibi_slopes)?;
+            return Ok(config);
+        }
         let geometry = config.geometry(problem)?;
         let kernel = self.kernel(&config)?;
         let params = FwdParams {
@@ -577,6 +577,7 @@ impl CudaAttention {
         bases: [u64; 4],
         lse: u64,
         [page_table, kv_lens]: [u64; 2],
+        alibi_slopes: u64,
     ) -> Result<()> {
         let kernel = self.kernel(&CudaKernelConfig::Decode(*c))?;
         let split = decode_split(
@@ -628,8 +629,9 @@ impl CudaAttention {
             }
             _ => 0,
         };
-        let params = DecodeParams::new(problem, bases, lse, scratch_ptr, counters_ptr, &split)
+        let mut params = DecodeParams::new(problem, bases, lse, scratch_ptr, counters_ptr, &split)
             .with_cache(problem, page_table, kv_lens);
+        params.fwd.alibi_slopes = alibi_slopes;
         let launch = |function: &CudaFunction, g: LaunchGeometry| -> Result<()> {
             let mut builder = stream.launch_builder(function);
             builder.arg(&params);

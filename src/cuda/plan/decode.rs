@@ -24,6 +24,7 @@ pub const CUDA_DECODE_FEATURES: FeatureSet = FeatureSet::of(&[
     Feature::ArbitraryScale,
     Feature::PagedKv,
     Feature::KvLengths,
+    Feature::Alibi,
 ]);
 
 /// Packed query rows per CTA: the M of one `mma.sync` tile.
@@ -207,6 +208,8 @@ pub struct CudaDecodeConfig {
     pub paged: bool,
     /// Per-sequence key counts (`_lens`).
     pub lengths: bool,
+    /// ALiBi's position bias (`_alibi`, `-DFA_ALIBI=1`; slopes geometric or per head).
+    pub alibi: bool,
 }
 
 impl CudaDecodeConfig {
@@ -244,6 +247,7 @@ impl CudaDecodeConfig {
             vec_bytes,
             paged: false,
             lengths: false,
+            alibi: false,
         };
         if config.smem_bytes() > DECODE_MAX_SMEM {
             return Err(Error::Unavailable {
@@ -267,11 +271,16 @@ impl CudaDecodeConfig {
         }
     }
 
-    /// `flash_decode_bf16_d128_w4_t2[_s3][_m3][_fc][_causal][_a8][_paged][_lens]`: the decode
-    /// kernel's entry point (the plan's part is [`CudaDecodePlan::tag`]).
+    /// This config with ALiBi compiled in or out.
+    pub fn with_alibi(self, alibi: bool) -> Self {
+        CudaDecodeConfig { alibi, ..self }
+    }
+
+    /// `flash_decode_bf16_d128_w4_t2[_s3][_m3][_fc][_causal][_a8][_paged][_lens][_alibi]`: the
+    /// decode kernel's entry point (the plan's part is [`CudaDecodePlan::tag`]).
     pub fn name(&self) -> String {
         format!(
-            "flash_decode_{}_d{}_{}{}{}{}{}",
+            "flash_decode_{}_d{}_{}{}{}{}{}{}",
             self.dtype.name(),
             self.head_dim,
             self.plan.tag(),
@@ -279,6 +288,7 @@ impl CudaDecodeConfig {
             if self.vec_bytes == 8 { "_a8" } else { "" },
             if self.paged { "_paged" } else { "" },
             if self.lengths { "_lens" } else { "" },
+            if self.alibi { "_alibi" } else { "" },
         )
     }
 
@@ -330,7 +340,7 @@ impl CudaDecodeConfig {
 
     /// The `-D` definitions `cuda/flash_decode.cu` reads.
     pub fn defines(&self) -> Vec<String> {
-        vec![
+        let mut defines = vec![
             define("KERNEL_NAME", self.name()),
             define("COMBINE_NAME", self.combine_name()),
             define("APPEND_NAME", self.append_name()),
@@ -345,7 +355,12 @@ impl CudaDecodeConfig {
             define("FA_FUSED", self.plan.fused as u32),
             define("FA_PAGED", self.paged as u32),
             define("FA_LENS", self.lengths as u32),
-        ]
+        ];
+        // Only when on: fwd_params.cuh defaults it to 0 (the plain kernels' options unchanged).
+        if self.alibi {
+            defines.push(define("FA_ALIBI", 1));
+        }
+        defines
     }
 
     /// The decode kernel's launch for `problem` split as `split`: (splits, K/V heads × row
@@ -437,7 +452,8 @@ pub fn select_cuda_decode(problem: &AttentionProblem, vec_bytes: u32) -> Result<
         problem.causal,
         vec_bytes,
     )?
-    .with_cache(&problem.kv_cache))
+    .with_cache(&problem.kv_cache)
+    .with_alibi(problem.alibi.is_some()))
 }
 
 /// Pieces per K/V head for the CUDA decode kernel: as many as fill `waves` full waves of the
@@ -678,6 +694,11 @@ mod tests {
         // Q: 16 rows of 5·64 bytes; merge: 4 warps × 16 rows × 129 floats + max and sum.
         assert_eq!(c.smem_bytes(), (4 * 16 * 129 + 2 * 4 * 16) * 4);
         assert!(d.contains(&"-DFA_STAGES=0".to_string()) && d.contains(&"-DFA_FUSED=0".to_string()));
+        // ALiBi: its own entry point and switch, off by default.
+        assert!(!d.iter().any(|x| x.contains("FA_ALIBI")));
+        let a = c.with_alibi(true);
+        assert_eq!(a.name(), "flash_decode_bf16_d128_w4_t2_causal_a8_alibi");
+        assert!(a.defines().contains(&"-DFA_ALIBI=1".to_string()));
         assert!(d.contains(&"-DFA_MIN_BLOCKS=2".to_string()));
         // The pipelined, fused default: Q (5 KiB) + 4 warps × 3 stages × 8 KiB.
         let plan = CudaDecodePlan::new(4, 2)

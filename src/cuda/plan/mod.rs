@@ -230,18 +230,19 @@ impl CudaKernelConfig {
         Ok(
             match Self::new(problem.dtype, problem.shape.head_dim, plan, problem.causal, vec_bytes)? {
                 CudaKernelConfig::Decode(c) => CudaKernelConfig::Decode(c.with_cache(&problem.kv_cache)),
-                other => other.with_terms(ScoreTerms::of(problem)),
-            },
+                other => other,
+            }
+            .with_terms(ScoreTerms::of(problem)),
         )
     }
 
-    /// This config compiled with `terms` (a prefill kernel's variant; the decode kernel, which
-    /// takes no problem with such terms, is returned as it is).
+    /// This config compiled with `terms` (the decode kernel has ALiBi only: it takes no problem
+    /// with the other terms, [`CUDA_DECODE_FEATURES`](decode::CUDA_DECODE_FEATURES)).
     pub fn with_terms(self, terms: ScoreTerms) -> Self {
         match self {
             CudaKernelConfig::Mma(c) => CudaKernelConfig::Mma(MmaConfig { terms, ..c }),
             CudaKernelConfig::Wgmma(c) => CudaKernelConfig::Wgmma(WgmmaConfig { terms, ..c }),
-            decode => decode,
+            CudaKernelConfig::Decode(c) => CudaKernelConfig::Decode(c.with_alibi(terms.alibi)),
         }
     }
 
@@ -250,7 +251,10 @@ impl CudaKernelConfig {
         match self {
             CudaKernelConfig::Mma(c) => c.terms,
             CudaKernelConfig::Wgmma(c) => c.terms,
-            CudaKernelConfig::Decode(_) => ScoreTerms::NONE,
+            CudaKernelConfig::Decode(c) => ScoreTerms {
+                alibi: c.alibi,
+                ..ScoreTerms::NONE
+            },
         }
     }
 
@@ -259,7 +263,7 @@ impl CudaKernelConfig {
     /// the problem lacks would read parameters that are not set.
     pub fn check_terms(&self, problem: &AttentionProblem) -> Result<()> {
         let want = ScoreTerms::of(problem);
-        if self.is_decode() || self.terms() == want {
+        if self.terms() == want {
             return Ok(());
         }
         Err(crate::error::Error::InvalidChoice(format!(
