@@ -47,9 +47,12 @@ def visible(seq_q, seq_k, causal, window, kv_len=None):
     return ok
 
 
-def math_attention(q, k, v, *, causal=False, window=(-1, -1), softcap=0.0, scale=None, dtype=torch.float64):
+def math_attention(
+    q, k, v, *, causal=False, window=(-1, -1), softcap=0.0, scale=None, alibi_slopes=None, dtype=torch.float64
+):
     """Attention computed in ``dtype``: float64 for the reference, the inputs' 16-bit type for
     "PyTorch's math implementation" of the rule (each matmul and the softmax rounded to it).
+    ``alibi_slopes`` ``[h]``: ``-slope * |i + sk - sq - j|`` added after the soft-cap.
     Returns O ``[b, sq, h, d]`` (in ``dtype``) and the LSE ``[b, h, sq]`` (float64)."""
     b, sq, h, d = q.shape
     sk, hk = k.shape[1], k.shape[2]
@@ -59,6 +62,10 @@ def math_attention(q, k, v, *, causal=False, window=(-1, -1), softcap=0.0, scale
     s = torch.einsum("bqhd,bkhd->bhqk", q, k) * scale
     if softcap > 0:
         s = softcap * torch.tanh(s / softcap)
+    if alibi_slopes is not None:
+        i = torch.arange(sq, device=DEV)[:, None] + sk - sq
+        j = torch.arange(sk, device=DEV)[None, :]
+        s = s - alibi_slopes.to(dtype)[:, None, None] * (i - j).abs().to(dtype)
     s = s.masked_fill(~visible(sq, sk, causal, window), float("-inf"))
     lse = torch.logsumexp(s.double(), dim=-1)
     p = torch.softmax(s, dim=-1).nan_to_num(0.0)  # rows that see no key: 0
@@ -96,19 +103,36 @@ DENSE = [
     ("hd256", 2, 333, 333, 8, 8, 256, {}),
     ("hd128_window", 1, 1024, 1024, 4, 4, 128, {"window_size": (100, 50)}),
     ("hd128_softcap_causal", 1, 777, 777, 4, 2, 128, {"causal": True, "softcap": 5.0, "softmax_scale": 0.2}),
+    # ALiBi: slopes 2^-(h+1) (``slopes``), as a (heads,) tensor or repeated (batch, heads).
+    ("hd128_alibi", 2, 600, 900, 8, 2, 128, {"alibi": (8,)}),
+    ("hd128_alibi_causal_window", 1, 1000, 1000, 4, 4, 128, {"causal": True, "window_size": (300, 0), "alibi": (1, 4)}),
+    ("hd64_alibi_softcap", 2, 500, 500, 4, 1, 64, {"softcap": 5.0, "alibi": (2, 4)}),
 ]
+
+
+def slopes(heads):
+    """ALiBi slopes 2^-(h+1): each head's bias tangibly different over a few hundred keys."""
+    return torch.tensor([0.5 ** (h + 1) for h in range(heads)], dtype=torch.float32, device=DEV)
 
 
 def run_dense(case, dtype, seed):
     name, b, sq, sk, h, hk, d, opts = case
     q, k, v = randn(seed, (b, sq, h, d), dtype), randn(seed + 1, (b, sk, hk, d), dtype), randn(seed + 2, (b, sk, hk, d), dtype)
+    opts = dict(opts)
+    alibi = opts.pop("alibi", None)
+    if alibi is not None:
+        opts["alibi_slopes"] = slopes(h).expand(alibi)
     out, lse = fa.flash_attn_func(q, k, v, return_lse=True, **opts)
     check_addresses(q, k, v, out)
+    if alibi is not None:
+        launch = _interface._last_cuda_launch
+        assert "_alibi" in launch["kernel"] and launch["alibi_slopes"] != 0, launch
     args = dict(
         causal=opts.get("causal", False),
         window=opts.get("window_size", (-1, -1)),
         softcap=opts.get("softcap", 0.0),
         scale=opts.get("softmax_scale"),
+        alibi_slopes=None if alibi is None else slopes(h),
     )
     ref, ref_lse = math_attention(q, k, v, **args)
     pt, _ = math_attention(q, k, v, dtype=dtype, **args)
@@ -138,6 +162,59 @@ def test_varlen():
         ref, _ = math_attention(q[None, r], k[None, r], v[None, r], causal=True)
         pt, _ = math_attention(q[None, r], k[None, r], v[None, r], causal=True, dtype=torch.bfloat16)
         check_rule(f"varlen sequence {b}", out[None, r], ref, pt)
+
+
+def test_varlen_alibi():
+    """ALiBi in a packed batch: distances within each sequence."""
+    seed, lengths = 250, [300, 17, 650]
+    cu = torch.tensor([0] + list(torch.tensor(lengths).cumsum(0)), dtype=torch.int32, device=DEV)
+    total = int(cu[-1])
+    q, k, v = randn(seed, (total, 8, 64)), randn(seed + 1, (total, 4, 64)), randn(seed + 2, (total, 4, 64))
+    out = fa.flash_attn_varlen_func(q, k, v, cu, cu, max(lengths), max(lengths), causal=True, alibi_slopes=slopes(8))
+    check_addresses(q, k, v, out)
+    for b in range(len(lengths)):
+        r = slice(int(cu[b]), int(cu[b + 1]))
+        x = (q[None, r], k[None, r], v[None, r])
+        ref, _ = math_attention(*x, causal=True, alibi_slopes=slopes(8))
+        pt, _ = math_attention(*x, causal=True, alibi_slopes=slopes(8), dtype=torch.bfloat16)
+        check_rule(f"varlen alibi sequence {b}", out[None, r], ref, pt)
+
+
+def test_kvcache_alibi():
+    """ALiBi in a decoding step: a contiguous cache without lengths (the prefill kernels), then
+    counted and paged caches with the append (the decode kernel), positions aligned to each
+    sequence's own end."""
+    q, k_cache, v_cache = randn(450, (2, 4, 8, 128)), randn(451, (2, 1000, 2, 128)), randn(452, (2, 1000, 2, 128))
+    out = fa.flash_attn_with_kvcache(q, k_cache, v_cache, causal=True, alibi_slopes=slopes(8))
+    ref, _ = math_attention(q, k_cache, v_cache, causal=True, alibi_slopes=slopes(8))
+    pt, _ = math_attention(q, k_cache, v_cache, causal=True, alibi_slopes=slopes(8), dtype=torch.bfloat16)
+    check_rule("kvcache alibi, whole cache", out, ref, pt)
+    k_new, v_new = randn(453, (2, 1, 2, 128)), randn(454, (2, 1, 2, 128))
+    lens = torch.tensor([10, 500], dtype=torch.int32, device=DEV)
+    page, per_seq = 64, 1000 // 64 + 1
+    table = torch.randperm(2 * per_seq, device=DEV).to(torch.int32).reshape(2, per_seq)
+    k_pool = torch.zeros((2 * per_seq, page, 2, 128), dtype=torch.bfloat16, device=DEV)
+    v_pool = torch.zeros_like(k_pool)
+    for b in range(2):
+        flat_k = torch.zeros((per_seq * page, 2, 128), dtype=torch.bfloat16, device=DEV)
+        flat_v = torch.zeros_like(flat_k)
+        flat_k[:1000], flat_v[:1000] = k_cache[b], v_cache[b]
+        k_pool[table[b].long()] = flat_k.reshape(per_seq, page, 2, 128)
+        v_pool[table[b].long()] = flat_v.reshape(per_seq, page, 2, 128)
+    counted = fa.flash_attn_with_kvcache(
+        q[:, :1], k_cache, v_cache, k_new, v_new, cache_seqlens=lens, causal=True, alibi_slopes=slopes(8)
+    )
+    assert "_alibi" in _interface._last_cuda_launch["kernel"], _interface._last_cuda_launch
+    paged = fa.flash_attn_with_kvcache(
+        q[:, :1], k_pool, v_pool, k_new, v_new, cache_seqlens=lens, block_table=table, causal=True, alibi_slopes=slopes(8)
+    )
+    for b in range(2):
+        n = int(lens[b]) + 1
+        x = (q[b : b + 1, :1], k_cache[b : b + 1, :n], v_cache[b : b + 1, :n])
+        ref, _ = math_attention(*x, causal=True, alibi_slopes=slopes(8))
+        pt, _ = math_attention(*x, causal=True, alibi_slopes=slopes(8), dtype=torch.bfloat16)
+        check_rule(f"kvcache alibi, counted, sequence {b}", counted[b : b + 1], ref, pt)
+        check_rule(f"kvcache alibi, paged, sequence {b}", paged[b : b + 1], ref, pt)
 
 
 def test_strided_inputs_are_read_in_place():
@@ -303,6 +380,7 @@ def test_backward_refusals_are_not_implemented():
         ("softcap", (1, 64, 4, 64), {"softcap": 5.0}, "soft-capped"),
         ("window", (1, 64, 4, 64), {"window_size": (16, 0)}, "sliding window"),
         ("head_dim 256", (1, 64, 4, 256), {}, "head_dim 256"),
+        ("alibi", (1, 64, 4, 64), {"alibi_slopes": slopes(4)}, "ALiBi"),
     ]
     for name, shape, opts, words in cases:
         q, k, v = (randn(500 + i, shape).requires_grad_(True) for i in range(3))

@@ -160,10 +160,11 @@ fn handed_dict<'py>(py: Python<'py>, stream: usize, handed: &Handed) -> PyResult
 }
 
 /// Attention on PyTorch CUDA tensors, enqueued on `stream` of device `device` without copies:
-/// reads `q`, `k`, `v` (16-bit elements) and the index tensors the problem uses (u32), writes O
-/// and, when given, the LSE (f32). Returns the kernel's name and the addresses it ran on.
+/// reads `q`, `k`, `v` (16-bit elements), the index tensors the problem uses (u32) and its ALiBi
+/// slopes (f32), writes O and, when given, the LSE (f32). Returns the kernel's name and the
+/// addresses it ran on.
 #[pyfunction]
-#[pyo3(signature = (problem, device, stream, q, k, v, o, lse = None, *, cu_seqlens_q = None, cu_seqlens_k = None, page_table = None, kv_lens = None))]
+#[pyo3(signature = (problem, device, stream, q, k, v, o, lse = None, *, cu_seqlens_q = None, cu_seqlens_k = None, page_table = None, kv_lens = None, alibi_slopes = None))]
 #[allow(clippy::too_many_arguments)]
 pub fn cuda_forward<'py>(
     py: Python<'py>,
@@ -179,6 +180,7 @@ pub fn cuda_forward<'py>(
     cu_seqlens_k: Option<DeviceTensor>,
     page_table: Option<DeviceTensor>,
     kv_lens: Option<DeviceTensor>,
+    alibi_slopes: Option<DeviceTensor>,
 ) -> PyResult<(String, Bound<'py, PyDict>)> {
     let p = problem.inner;
     let (kernel, handed) = detached(py, move || -> Outcome<(String, Handed)> {
@@ -194,6 +196,7 @@ pub fn cuda_forward<'py>(
             index(page_table),
             index(kv_lens),
         );
+        let slopes = alibi_slopes.map(|t| Borrowed::<f32>::new(t, &s));
         let config = engine.forward_indexed_device(
             &p,
             DeviceTensors {
@@ -208,6 +211,7 @@ pub fn cuda_forward<'py>(
                 cu_seqlens_k: as_ptr(&cu_k),
                 page_table: as_ptr(&table),
                 kv_lens: as_ptr(&lens),
+                alibi_slopes: slopes.as_ref().map(|t| t as &dyn DevicePtr<f32>),
                 ..Default::default()
             },
         )?;
@@ -219,6 +223,9 @@ pub fn cuda_forward<'py>(
         ];
         if let Some(lse) = &lse {
             handed.push(("lse", lse.handed()));
+        }
+        if let Some(slopes) = &slopes {
+            handed.push(("alibi_slopes", slopes.handed()));
         }
         Ok((config.name(), handed))
     })?;

@@ -186,16 +186,17 @@ def _softcap(softcap: float) -> Optional[float]:
 
 def _alibi(alibi_slopes: Any, batch: int, num_heads: int) -> Optional[Any]:
     """ALiBi slopes (``(nheads,)`` or ``(batch, nheads)``, FlashAttention's shapes) as
-    ``num_heads`` contiguous float32 values in host memory, or ``None``. The library has one
-    slope per head: a ``(batch, nheads)`` tensor whose rows differ raises ``NotImplementedError``."""
+    ``num_heads`` contiguous float32 values where they were given (a NumPy array, or a tensor on
+    its own device), or ``None``. The library has one slope per head: a ``(batch, nheads)``
+    tensor whose rows differ raises ``NotImplementedError`` (checking that reads the slopes)."""
     if alibi_slopes is None:
         return None
     shape = tuple(alibi_slopes.shape)
     if shape not in ((num_heads,), (batch, num_heads)):
         raise ValueError(f"alibi_slopes has shape {shape}; expected ({num_heads},) or ({batch}, {num_heads})")
     if _is_torch(alibi_slopes):
-        rows = alibi_slopes.detach().to("cpu", _torch().float32).reshape(-1, num_heads)
-        same = bool((rows == rows[0]).all())
+        rows = alibi_slopes.detach().to(_torch().float32).reshape(-1, num_heads)
+        same = len(rows) == 1 or bool((rows == rows[0]).all())
         first = rows[0].contiguous()
     else:
         np = sys.modules["numpy"]
@@ -209,16 +210,18 @@ def _alibi(alibi_slopes: Any, batch: int, num_heads: int) -> Optional[Any]:
     return first
 
 
-_ALIBI_ON_CUDA = (
-    "alibi_slopes on CUDA tensors: the Python interface does not pass slopes to wgpu-flash-attn's "
-    "CUDA kernels yet (its wgpu kernels take them: pass CPU tensors or NumPy arrays)"
-)
-
-
-def _add_slopes(call: "_Call", slopes: Optional[Any]) -> None:
-    """The slopes join the call's side tensors (host memory: only the wgpu route reads them)."""
-    if slopes is not None:
-        call.index["alibi_slopes"] = slopes
+def _add_slopes(call: "_Call", slopes: Optional[Any], where: str, device: Any = None) -> None:
+    """The slopes join the call's side tensors, in the memory the route reads: the tensors' CUDA
+    device for the CUDA route (a copy of ``nheads`` values when they were elsewhere), host memory
+    for the wgpu route."""
+    if slopes is None:
+        return
+    if where == "cuda":
+        torch = _torch()
+        slopes = torch.as_tensor(slopes).to(device=device, dtype=torch.float32).contiguous()
+    elif _is_torch(slopes):
+        slopes = slopes.cpu()
+    call.index["alibi_slopes"] = slopes
 
 
 def _same(where: str, dtype: str, tensors: Dict[str, Any]) -> None:
@@ -306,8 +309,6 @@ def _cuda_layout(x: Any, packed: bool) -> Tuple[int, int, int, int]:
 
 def _cuda_forward(call: _Call, q: Any, k: Any, v: Any) -> Tuple[Any, Any, Any]:
     """The CUDA route: the kernel enqueued on PyTorch's current stream, on the tensors in place."""
-    if "alibi_slopes" in call.index:
-        raise NotImplementedError(_ALIBI_ON_CUDA)
     torch = _torch()
     ensure_nvrtc()
     q, k, v = _cuda_ready(q), _cuda_ready(k), _cuda_ready(v)
@@ -486,8 +487,8 @@ def flash_attn_func(
             ``i + seqlen_k - seqlen_q``; ``-1`` leaves a side unbounded.
         softcap: ``> 0`` soft-caps the scores, ``softcap · tanh(score / softcap)``.
         alibi_slopes: ``(nheads,)`` or ``(batch, nheads)`` float32 ALiBi slopes, adding
-            ``-slope * |i + seqlen_k - seqlen_q - j|`` to the scores (on the wgpu route; the
-            CUDA route raises ``NotImplementedError``, as do ``(batch, nheads)`` rows that differ).
+            ``-slope * |i + seqlen_k - seqlen_q - j|`` to the scores (after the soft-cap), on
+            both routes; ``(batch, nheads)`` rows that differ raise ``NotImplementedError``.
         deterministic: on CUDA tensors, the backward accumulates dQ in a fixed order, so that
             every gradient is bit-identical from run to run (slower); without it dQ's last bits
             may vary between runs (dK and dV never do). The wgpu backward (host tensors) is
@@ -533,7 +534,7 @@ def flash_attn_func(
         softcap=_softcap(softcap),
         alibi=slopes is not None,
     )
-    _add_slopes(call, slopes)
+    _add_slopes(call, slopes, where, getattr(q, "device", None))
     call.deterministic = bool(deterministic)
     call.out_shape = (batch, seq_q, heads, padded)
     call.lse_shape = (batch, heads, seq_q)
@@ -629,7 +630,7 @@ def flash_attn_varlen_func(
             "cu_seqlens_q": _host_index(cu_seqlens_q, "cu_seqlens_q"),
             "cu_seqlens_k": _host_index(cu_seqlens_k, "cu_seqlens_k"),
         }
-    _add_slopes(call, slopes)
+    _add_slopes(call, slopes, where, getattr(q, "device", None))
     call.deterministic = bool(deterministic)
     call.out_shape = (total_q, heads, padded)
     call.lse_shape = (heads, total_q)
@@ -732,9 +733,6 @@ def flash_attn_with_kvcache(
         cache_seqlens = [cache_seqlens] * batch
     scale = dim**-0.5 if softmax_scale is None else float(softmax_scale)
     slopes = _alibi(alibi_slopes, batch, heads)
-    if slopes is not None and where == "cuda":
-        # Before the append writes anything to the caller's caches.
-        raise NotImplementedError(_ALIBI_ON_CUDA)
     kwargs: Dict[str, Any] = dict(
         causal=bool(causal),
         scale=scale,
@@ -746,7 +744,7 @@ def flash_attn_with_kvcache(
     if paged:
         kwargs["paged"] = (block_size, blocks, pages_per_seq)
     call = _Call(dtype, (batch, seq_q, seq_kv, heads, heads_k, dim), **kwargs)
-    _add_slopes(call, slopes)
+    _add_slopes(call, slopes, where, getattr(q, "device", None))
     call.out_shape = (batch, seq_q, heads, dim)
     call.lse_shape = (batch, heads, seq_q)
 
@@ -857,13 +855,16 @@ def _kvcache_cuda(call, q, k_cache, v_cache, k, v, cache_seqlens, block_table, s
     index = {n: _device_address(t) for n, t in call.index.items()}
     if seq_new:
         sizes = call.sizes[:1] + (seq_new,) + call.sizes[2:]
-        append = _Call(call.dtype, sizes, **call.kwargs).problem(layouts)
+        # The append writes K/V only: the problem of the cache, without the score's terms.
+        append = _Call(call.dtype, sizes, **dict(call.kwargs, alibi=False)).problem(layouts)
         k_new, v_new = k.contiguous(), v.contiguous()
     out = _empty(q, call.out_shape)
     lse = _empty(q, call.lse_shape, float32=True)
     with torch.cuda.device(device):
         stream = torch.cuda.current_stream(device).cuda_stream
         if seq_new:
+            # The append reads only the cache's index.
+            append_index = {n: a for n, a in index.items() if n in ("page_table", "kv_lens")}
             _native.cuda_append_kv(
                 append,
                 device.index,
@@ -872,7 +873,7 @@ def _kvcache_cuda(call, q, k_cache, v_cache, k, v, cache_seqlens, block_table, s
                 _device_address(v_new),
                 _device_address(k_cache),
                 _device_address(v_cache),
-                **index,
+                **append_index,
             )
         kernel, handed = _native.cuda_forward(
             problem,

@@ -81,6 +81,7 @@ def cuda_forward(
     cu_seqlens_k: Optional[DeviceTensor] = None,
     page_table: Optional[DeviceTensor] = None,
     kv_lens: Optional[DeviceTensor] = None,
+    alibi_slopes: Optional[DeviceTensor] = None,
 ) -> Tuple[str, Dict[str, int]]: ...
 def cuda_backward(
     problem: Problem,
