@@ -42,9 +42,13 @@
 // Shared-memory tiles are rows of head_dim 16-bit values split into 16-byte chunks, with chunk c
 // of row r stored at chunk c ^ (r & 7): ldmatrix reads 8 rows of the same logical chunk, which
 // the XOR spreads over all 32 banks (unswizzled, rows 128/256/512 bytes apart would hit the same
-// banks 8 times over). head_dim is a multiple of 64, so the XOR stays inside the row.
+// banks 8 times over). The tile's width is a multiple of 64, so the XOR stays inside the row. A
+// head_dim between the widths (any multiple of 8, FA_VALID_DIM) runs in the next width's tiles:
+// its chunks past the head_dim are loaded as zeros (nothing added to Q·Kᵀ, zeros in P·V's
+// padded columns) and never stored — the price is the padding's share of the MMAs.
 //
-// Compile-time parameters (-D, set by src/cuda/plan/mma.rs): FA_HEAD_DIM, FA_BLOCK_M,
+// Compile-time parameters (-D, set by src/cuda/plan/mma.rs): FA_HEAD_DIM (the tile's width),
+// FA_VALID_DIM (the head_dim, when the tile pads it), FA_BLOCK_M,
 // FA_BLOCK_N, FA_WARPS, FA_CAUSAL, FA_BF16, FA_Q_IN_REGS, FA_VEC_BYTES (16: rows 16-byte aligned;
 // 8: only 8-byte aligned), FA_MIN_BLOCKS (blocks per SM promised to the register allocator),
 // FA_ALIBI, FA_BIAS, FA_SOFTCAP (the score terms, above), KERNEL_NAME.
@@ -66,7 +70,12 @@ constexpr int WARPS = FA_WARPS;
 constexpr int THREADS = WARPS * 32;
 constexpr int M_TILES = BLOCK_M / (16 * WARPS);  // 16-row MMA tiles per warp: 1 or 2
 constexpr int WARP_ROWS = 16 * M_TILES;
+#ifndef FA_VALID_DIM
+#define FA_VALID_DIM FA_HEAD_DIM
+#endif
 constexpr int CHUNKS = HEAD_DIM / 8;  // 16-byte chunks per row
+// The head_dim's chunks: all of them, or fewer when the tiles pad it (loaded as zeros, not stored).
+constexpr int VALID_CHUNKS = FA_VALID_DIM / 8;
 constexpr int ROW_BYTES = HEAD_DIM * 2;
 constexpr int Q_TILE_BYTES = BLOCK_M * ROW_BYTES;
 constexpr int KV_TILE_BYTES = BLOCK_N * ROW_BYTES;
@@ -76,6 +85,7 @@ constexpr int D_TILES = HEAD_DIM / 8;    // n8 tiles of O
 constexpr float LN2 = 0.6931471805599453f;
 
 static_assert(HEAD_DIM % 64 == 0 && HEAD_DIM <= 256, "the swizzle needs a multiple of 8 chunks per row");
+static_assert(FA_VALID_DIM % 8 == 0 && FA_VALID_DIM >= 8 && FA_VALID_DIM <= HEAD_DIM, "the head_dim fits its tile");
 static_assert(WARPS >= 1 && WARPS <= 8 && (M_TILES == 1 || M_TILES == 2) && BLOCK_M == WARP_ROWS * WARPS,
               "a warp owns 16 or 32 query rows");
 static_assert(BLOCK_N % 16 == 0, "P·V steps over the key tile 16 at a time");
@@ -135,12 +145,12 @@ extern "C" __global__ void __launch_bounds__(THREADS, FA_MIN_BLOCKS) KERNEL_NAME
     auto stage_v = [&](int s) { return s_kv + (u32)(2 * s + 1) * KV_TILE_BYTES; };
     auto load_kv = [&](int tile, int s) {  // tile: counted from first_tile
         const int n0 = (first_tile + tile) * BLOCK_N;
-        cp_async_rows<BLOCK_N, ROW_BYTES, THREADS, VEC_BYTES>(stage_k(s), k + (i64)n0 * p.k_seq_stride, p.k_seq_stride, seq.seq_kv - n0, tid);
-        cp_async_rows<BLOCK_N, ROW_BYTES, THREADS, VEC_BYTES>(stage_v(s), v + (i64)n0 * p.v_seq_stride, p.v_seq_stride, seq.seq_kv - n0, tid);
+        cp_async_rows<BLOCK_N, ROW_BYTES, THREADS, VEC_BYTES, VALID_CHUNKS>(stage_k(s), k + (i64)n0 * p.k_seq_stride, p.k_seq_stride, seq.seq_kv - n0, tid);
+        cp_async_rows<BLOCK_N, ROW_BYTES, THREADS, VEC_BYTES, VALID_CHUNKS>(stage_v(s), v + (i64)n0 * p.v_seq_stride, p.v_seq_stride, seq.seq_kv - n0, tid);
     };
 
     // Prologue: group 0 = Q and K/V tile 0, group 1 = K/V tile 1 (either may be empty).
-    cp_async_rows<BLOCK_M, ROW_BYTES, THREADS, VEC_BYTES>(s_q, q, p.q_seq_stride, seq.seq_q - m0, tid);
+    cp_async_rows<BLOCK_M, ROW_BYTES, THREADS, VEC_BYTES, VALID_CHUNKS>(s_q, q, p.q_seq_stride, seq.seq_q - m0, tid);
     if (n_tiles > 0) load_kv(0, 0);
     cp_async_commit();
     if (n_tiles > 1) load_kv(1, 1);
@@ -438,7 +448,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, FA_MIN_BLOCKS) KERNEL_NAME
         const int local_row = warp * WARP_ROWS + i / CHUNKS;
         const int chunk = i % CHUNKS;
         const int row = m0 + local_row;
-        if (row < seq.seq_q) {
+        if (row < seq.seq_q && (VALID_CHUNKS == CHUNKS || chunk < VALID_CHUNKS)) {
             u32 val[4];
             ld_shared_v4(s_q + swz<ROW_BYTES>(local_row, chunk), val);
             u16* dst = o + (i64)row * p.o_seq_stride + chunk * 8;

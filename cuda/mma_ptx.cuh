@@ -50,14 +50,16 @@ __device__ __forceinline__ u32 swz(int row, int chunk) {
 }
 
 // Copies ROWS rows of ROW_BYTES bytes, row r at `g + r * row_stride` (in elements), into a
-// swizzled tile; rows at or past `rows_valid` are zero-filled (cp.async with src-size 0). All
-// THREADS threads of the block take part, consecutive threads taking consecutive chunks of a row
-// so that a warp reads whole rows (coalesced); VEC_BYTES 16 moves a chunk in one cp.async, 8 (rows
-// only 8-byte aligned) in two.
-template <int ROWS, int ROW_BYTES, int THREADS, int VEC_BYTES>
+// swizzled tile; rows at or past `rows_valid`, and chunks at or past VALID_CHUNKS (a head_dim
+// padded to the tile's width), are zero-filled (cp.async with src-size 0). All THREADS threads
+// of the block take part, consecutive threads taking consecutive chunks of a row so that a warp
+// reads whole rows (coalesced); VEC_BYTES 16 moves a chunk in one cp.async, 8 (rows only 8-byte
+// aligned) in two.
+template <int ROWS, int ROW_BYTES, int THREADS, int VEC_BYTES, int VALID_CHUNKS = ROW_BYTES / 16>
 __device__ __forceinline__ void cp_async_rows(u32 tile, const u16* g, i64 row_stride, int rows_valid, int tid) {
     static_assert(VEC_BYTES == 16 || VEC_BYTES == 8, "global rows are moved in 16- or 8-byte pieces");
     constexpr int CHUNKS = ROW_BYTES / 16;
+    static_assert(VALID_CHUNKS >= 1 && VALID_CHUNKS <= CHUNKS, "the valid part of a row is within it");
     constexpr int TOTAL = ROWS * CHUNKS;
 #pragma unroll
     for (int j = 0; j < (TOTAL + THREADS - 1) / THREADS; ++j) {
@@ -65,9 +67,10 @@ __device__ __forceinline__ void cp_async_rows(u32 tile, const u16* g, i64 row_st
         if (TOTAL % THREADS != 0 && i >= TOTAL) break;
         const int row = i / CHUNKS;
         const int chunk = i % CHUNKS;
-        const bool valid = row < rows_valid;
-        // An invalid row reads nothing, but the address must still be a legal one: row 0.
-        const u16* src = g + (valid ? (i64)row * row_stride : 0) + chunk * 8;
+        const bool valid = row < rows_valid && (VALID_CHUNKS == CHUNKS || chunk < VALID_CHUNKS);
+        // An invalid piece reads nothing, but the address must still be a legal one: row 0, and
+        // chunk 0 for a chunk past the head_dim.
+        const u16* src = g + (valid ? (i64)row * row_stride : 0) + (VALID_CHUNKS == CHUNKS || valid ? chunk * 8 : 0);
         const u32 dst = tile + swz<ROW_BYTES>(row, chunk);
         if (VEC_BYTES == 16) {
             cp_async_16(dst, src, valid);

@@ -341,6 +341,13 @@ fn cases() -> Vec<(&'static str, AttentionProblem)> {
             problem(F16, 1, 2, 2, 256, 256, 128, false, Bshd).with_scale(1.0),
         ),
         ("causal_square_tail", problem(BF16, 1, 3, 3, 333, 333, 128, true, Bshd)),
+        // Head dims between the tile widths (the mma.sync kernel pads them in shared memory).
+        ("d96_gqa_causal", problem(BF16, 2, 6, 2, 300, 411, 96, true, Bshd)),
+        ("d80_a8", problem(F16, 1, 4, 4, 129, 257, 80, false, Pad4)),
+        ("d192_mqa_causal", problem(BF16, 1, 2, 1, 200, 333, 192, true, Bshd)),
+        ("d136_bhsd", problem(BF16, 1, 2, 2, 150, 150, 136, false, Bhsd)),
+        ("d40_strided", problem(F16, 1, 6, 3, 100, 200, 40, true, Pad8)),
+        ("d8", problem(F16, 1, 2, 2, 70, 70, 8, false, Bshd)),
     ]
 }
 
@@ -646,7 +653,7 @@ fn wgmma_matches_the_reference_on_ragged_gqa_causal_and_strided_problems() {
 #[test]
 fn every_mma_plan_is_correct() {
     let Some(engine) = engine() else { return };
-    for head_dim in [64, 128, 256] {
+    for head_dim in [64, 128, 256, 96, 192] {
         for &plan in mma_plans(head_dim) {
             for causal in [false, true] {
                 let p = problem(DType::BF16, 1, 2, 1, 190, 250, head_dim, causal, Strides::Bshd);
@@ -1513,6 +1520,11 @@ fn kernels_compile_with_nvrtc() {
                 configs.extend(ScoreTerms::all().into_iter().skip(1).map(|t| plain.with_terms(t)));
             }
         }
+    }
+    // Head dims the mma.sync kernel pads to its tile widths, at both ends of each width.
+    for head_dim in [8, 72, 96, 136, 192, 248] {
+        let p = problem(DType::F16, 1, 1, 1, 64, 64, head_dim, true, Strides::Bshd);
+        configs.push(CudaKernelConfig::Mma(select_mma(&p, 16).unwrap()));
     }
     for c in configs {
         let job = CompileJob::forward(&c, "sm_90a");

@@ -103,6 +103,10 @@ DENSE = [
     ("hd256", 2, 333, 333, 8, 8, 256, {}),
     ("hd128_window", 1, 1024, 1024, 4, 4, 128, {"window_size": (100, 50)}),
     ("hd128_softcap_causal", 1, 777, 777, 4, 2, 128, {"causal": True, "softcap": 5.0, "softmax_scale": 0.2}),
+    # Head dims between the kernels' tile widths (96 runs in 128-wide tiles; 100 is padded to
+    # 104 as FlashAttention pads, then to 128 in the kernel).
+    ("hd96_gqa_causal", 1, 500, 700, 6, 2, 96, {"causal": True}),
+    ("hd100", 2, 300, 300, 4, 4, 100, {}),
     # ALiBi: slopes 2^-(h+1) (``slopes``), as a (heads,) tensor or repeated (batch, heads).
     ("hd128_alibi", 2, 600, 900, 8, 2, 128, {"alibi": (8,)}),
     ("hd128_alibi_causal_window", 1, 1000, 1000, 4, 4, 128, {"causal": True, "window_size": (300, 0), "alibi": (1, 4)}),

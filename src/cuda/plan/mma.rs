@@ -2,7 +2,7 @@
 //! per head_dim, and the config a plan becomes for one problem (the compiler's `-D` defines, the
 //! block and its shared memory).
 
-use super::support::{REGS_PER_SM, SMEM_PER_SM, SMEM_RESERVED_PER_BLOCK};
+use super::support::{tile_head_dim, REGS_PER_SM, SMEM_PER_SM, SMEM_RESERVED_PER_BLOCK};
 use super::{define, kernel_name, ScoreTerms};
 use crate::error::Result;
 use crate::problem::DType;
@@ -49,6 +49,8 @@ impl MmaPlan {
 /// so 8 warps of 16 rows share a 128 × 64 tile (192 KiB of shared memory, one block per SM).
 /// Left out because ptxas spills at their register caps: 64 × 128 with 16 rows per warp at
 /// head_dim 64 and 128, 64 × 64 at 256.
+/// A head_dim that is not one of [`CUDA_HEAD_DIMS`](super::CUDA_HEAD_DIMS) takes the plans of
+/// its tile width ([`tile_head_dim`]).
 pub fn mma_plans(head_dim: usize) -> &'static [MmaPlan] {
     const fn p(block_m: u32, block_n: u32, warps: u32) -> MmaPlan {
         MmaPlan::new(block_m, block_n, warps)
@@ -58,10 +60,10 @@ pub fn mma_plans(head_dim: usize) -> &'static [MmaPlan] {
     const D128: [MmaPlan; 5] = [p(128, 64, 4), p(128, 32, 4), p(128, 64, 8), p(64, 64, 4), p(128, 32, 8)];
     // The non-causal build of 128 x 64 spills 8 bytes.
     const D256: [MmaPlan; 3] = [p(128, 64, 8), p(128, 32, 8), p(64, 32, 4)];
-    match head_dim {
-        64 => &D64,
-        128 => &D128,
-        256 => &D256,
+    match tile_head_dim(head_dim) {
+        Some(64) => &D64,
+        Some(128) => &D128,
+        Some(256) => &D256,
         _ => &[],
     }
 }
@@ -70,7 +72,7 @@ pub fn mma_plans(head_dim: usize) -> &'static [MmaPlan] {
 pub fn default_mma_plan(head_dim: usize, causal: bool) -> Option<MmaPlan> {
     // Causal at head_dim 128, the 64-row tile: it splits the triangle into finer blocks, its
     // build does not spill, and it measured at or above the 128-row plan at every seq.
-    if causal && head_dim == 128 {
+    if causal && tile_head_dim(head_dim) == Some(128) {
         return Some(MmaPlan::new(64, 64, 4));
     }
     mma_plans(head_dim).first().copied()
@@ -82,7 +84,7 @@ pub fn default_mma_plan(head_dim: usize, causal: bool) -> Option<MmaPlan> {
 pub struct MmaConfig {
     /// Element type of Q, K, V and O (bf16 or f16).
     pub dtype: DType,
-    /// Head dimension, one of [`CUDA_HEAD_DIMS`](super::CUDA_HEAD_DIMS).
+    /// Head dimension: a multiple of 8 up to 256, run in tiles of [`Self::tile_dim`].
     pub head_dim: u32,
     /// Causal masking, aligned bottom-right.
     pub causal: bool,
@@ -126,13 +128,14 @@ impl MmaConfig {
             head_dim,
             causal,
             plan,
-            // Q's A-fragments cost rows_per_warp·head_dim/16 registers: keep them when that is
-            // at most 32 (16 rows at head_dim ≤ 128, 32 rows at 64).
-            q_in_regs: rows_per_warp * head_dim <= 16 * 128,
+            q_in_regs: false,
             vec_bytes,
             min_blocks: 1,
             terms: ScoreTerms::NONE,
         };
+        // Q's A-fragments cost rows_per_warp·tile_dim/16 registers: keep them when that is at
+        // most 32 (16 rows at a tile width ≤ 128, 32 rows at 64).
+        config.q_in_regs = rows_per_warp * config.tile_dim() <= 16 * 128;
         let by_smem = SMEM_PER_SM / (config.smem_bytes() + SMEM_RESERVED_PER_BLOCK);
         let by_regs = REGS_PER_SM / (plan.threads() * config.register_estimate());
         config.min_blocks = by_smem.min(by_regs).clamp(1, 4);
@@ -152,6 +155,12 @@ impl MmaConfig {
         )
     }
 
+    /// The width of the kernel's tiles: `head_dim` itself when it is one of
+    /// [`CUDA_HEAD_DIMS`](super::CUDA_HEAD_DIMS), else the next of them (the rows zero-padded).
+    pub fn tile_dim(&self) -> u32 {
+        tile_head_dim(self.head_dim as usize).map_or(self.head_dim, |d| d as u32)
+    }
+
     /// Query rows per warp: 16 or 32.
     pub fn rows_per_warp(&self) -> u32 {
         self.plan.block_m / self.plan.warps
@@ -161,10 +170,10 @@ impl MmaConfig {
     /// registers (else one k-step's worth), plus a fixed overhead.
     pub fn register_estimate(&self) -> u32 {
         let rows = self.rows_per_warp();
-        let o = rows * self.head_dim / 32;
+        let o = rows * self.tile_dim() / 32;
         let s = rows * self.plan.block_n / 32;
         let q = if self.q_in_regs {
-            rows * self.head_dim / 64
+            rows * self.tile_dim() / 64
         } else {
             rows / 4
         };
@@ -173,7 +182,7 @@ impl MmaConfig {
 
     /// Dynamic shared memory: the Q tile and two stages of (K, V) tiles, 16-bit elements.
     pub fn smem_bytes(&self) -> u32 {
-        let row = self.head_dim * 2;
+        let row = self.tile_dim() * 2;
         self.plan.block_m * row + 2 * 2 * self.plan.block_n * row
     }
 
@@ -182,7 +191,7 @@ impl MmaConfig {
         let p = &self.plan;
         let mut d = vec![
             define("KERNEL_NAME", self.name()),
-            define("FA_HEAD_DIM", self.head_dim),
+            define("FA_HEAD_DIM", self.tile_dim()),
             define("FA_BLOCK_M", p.block_m),
             define("FA_BLOCK_N", p.block_n),
             define("FA_WARPS", p.warps),
@@ -192,6 +201,10 @@ impl MmaConfig {
             define("FA_VEC_BYTES", self.vec_bytes),
             define("FA_MIN_BLOCKS", self.min_blocks),
         ];
+        // Only for a padded tile: the kernel defaults it to FA_HEAD_DIM.
+        if self.head_dim != self.tile_dim() {
+            d.push(define("FA_VALID_DIM", self.head_dim));
+        }
         d.extend(self.terms.defines());
         d
     }
@@ -204,6 +217,40 @@ mod tests {
 
     fn config(dtype: DType, head_dim: u32, plan: MmaPlan, causal: bool, vec_bytes: u32) -> MmaConfig {
         MmaConfig::new(dtype, head_dim, plan, causal, vec_bytes).unwrap()
+    }
+
+    #[test]
+    fn head_dims_between_the_widths_run_padded() {
+        use crate::cuda::plan::tile_head_dim;
+        for (d, tile) in [
+            (8, Some(64)),
+            (64, Some(64)),
+            (72, Some(128)),
+            (96, Some(128)),
+            (136, Some(256)),
+            (256, Some(256)),
+        ] {
+            assert_eq!(tile_head_dim(d), tile, "head_dim {d}");
+        }
+        for d in [0, 12, 100, 264, 512] {
+            assert_eq!(tile_head_dim(d), None, "head_dim {d}");
+        }
+        let plan = default_mma_plan(96, false).unwrap();
+        assert_eq!(plan, default_mma_plan(128, false).unwrap());
+        let c = config(DType::BF16, 96, plan, false, 16);
+        let native = config(DType::BF16, 128, plan, false, 16);
+        assert_eq!(c.tile_dim(), 128);
+        assert_eq!(
+            (c.smem_bytes(), c.q_in_regs, c.min_blocks),
+            (native.smem_bytes(), native.q_in_regs, native.min_blocks)
+        );
+        assert!(c.name().contains("_d96_"), "{}", c.name());
+        let d = c.defines();
+        assert!(
+            d.contains(&"-DFA_HEAD_DIM=128".to_string()) && d.contains(&"-DFA_VALID_DIM=96".to_string()),
+            "{d:?}"
+        );
+        assert!(!native.defines().iter().any(|x| x.contains("FA_VALID_DIM")));
     }
 
     #[test]
@@ -231,8 +278,8 @@ mod tests {
                 }
             }
         }
-        assert!(mma_plans(96).is_empty());
-        assert_eq!(default_mma_plan(96, false), None);
+        assert!(mma_plans(100).is_empty() && mma_plans(264).is_empty());
+        assert_eq!(default_mma_plan(100, false), None);
     }
 
     #[test]

@@ -36,7 +36,7 @@ pub use decode::{
 pub use mma::{default_mma_plan, mma_plans, MmaConfig, MmaPlan};
 pub use params::{BwdParams, DecodeParams, FwdParams};
 pub use select::{goes_to_decode, select_cuda, select_mma, CudaSelection, DECODE_BY_DEFAULT, WGMMA_BY_DEFAULT};
-pub use support::{validate_for_cuda, CUDA_HEAD_DIMS, CUDA_PREFILL_FEATURES, MAX_CUDA_SEQ};
+pub use support::{tile_head_dim, validate_for_cuda, CUDA_HEAD_DIMS, CUDA_PREFILL_FEATURES, MAX_CUDA_SEQ};
 pub use wgmma::{default_wgmma_plan, wgmma_plans, wgmma_unavailable, WgmmaConfig, WgmmaPlan, WGMMA_ROWS_PER_CONSUMER};
 
 use crate::error::Result;

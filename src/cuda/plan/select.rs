@@ -25,7 +25,8 @@ pub const DECODE_BY_DEFAULT: bool = true;
 pub fn select_mma(problem: &AttentionProblem, vec_bytes: u32) -> Result<MmaConfig> {
     validate_for_cuda(problem)?;
     let head_dim = problem.shape.head_dim;
-    // Validation admits only CUDA_HEAD_DIMS, each of which has plans (tested in `mma`).
+    // Validation admits multiples of 8 up to 256, each of which has its tile width's plans
+    // (tested in `mma`).
     let plan = default_mma_plan(head_dim, problem.causal).ok_or_else(|| Error::Unavailable {
         what: format!("head_dim {head_dim} on the CUDA path"),
         why: "the mma.sync kernel has no plan for it".into(),
@@ -206,7 +207,12 @@ mod tests {
 
     #[test]
     fn unsupported_problems_are_errors() {
-        assert!(matches!(select_mma(&problem(96), 16), Err(Error::Unavailable { .. })));
+        // A head_dim between the tile widths runs padded on mma.sync, on Hopper too (no wgmma plan);
+        // one that is no multiple of 8 runs nowhere.
+        assert_eq!(select_mma(&problem(96), 16).unwrap().tile_dim(), 128);
+        let padded = select_cuda(&problem(96), 16, true).unwrap();
+        assert!(!padded.config.is_wgmma() && padded.fallback.unwrap().contains("head_dim 96"));
+        assert!(select_mma(&problem(100), 16).is_err());
         let mut p = problem(128);
         p.dtype = DType::F32;
         let msg = select_cuda(&p, 16, true).unwrap_err().to_string();

@@ -20,9 +20,21 @@ pub const CUDA_PREFILL_FEATURES: FeatureSet = FeatureSet::of(&[
     Feature::Bias,
 ]);
 
-/// Head dimensions the CUDA kernels are built for. The shared-memory swizzle needs rows of a
-/// multiple of 64 elements (8 chunks of 16 bytes); 64, 128 and 256 are what models use.
+/// Head dimensions the prefill kernels' tiles are built for. The shared-memory swizzle needs rows
+/// of a multiple of 64 elements (8 chunks of 16 bytes). Every other multiple of 8 up to 256 runs
+/// on the `mma.sync` kernel in the tiles of the next of these ([`tile_head_dim`]).
 pub const CUDA_HEAD_DIMS: [usize; 3] = [64, 128, 256];
+
+/// The tile width a head_dim runs in on the prefill kernels: the smallest of [`CUDA_HEAD_DIMS`]
+/// that holds it, its rows zero-padded in shared memory (zeros add nothing to Q·Kᵀ, and O's
+/// padded columns are never stored). `None` for a head_dim that is not a multiple of 8 in
+/// 8..=256 (the 16-byte chunks the kernels move).
+pub fn tile_head_dim(head_dim: usize) -> Option<usize> {
+    if head_dim == 0 || !head_dim.is_multiple_of(8) {
+        return None;
+    }
+    CUDA_HEAD_DIMS.into_iter().find(|&d| d >= head_dim)
+}
 
 /// The largest sequence the kernels index with 32-bit row counters, with room for one tile past
 /// the end.
@@ -49,13 +61,12 @@ pub(super) fn check_dtype(dtype: DType) -> Result<()> {
 }
 
 pub(super) fn check_head_dim(head_dim: usize) -> Result<()> {
-    if CUDA_HEAD_DIMS.contains(&head_dim) {
-        Ok(())
-    } else {
-        Err(Error::Unavailable {
+    match tile_head_dim(head_dim) {
+        Some(_) => Ok(()),
+        None => Err(Error::Unavailable {
             what: format!("head_dim {head_dim} on the CUDA path"),
-            why: format!("the CUDA kernels are built for head_dim {CUDA_HEAD_DIMS:?}"),
-        })
+            why: "the CUDA kernels take multiples of 8 up to 256".into(),
+        }),
     }
 }
 

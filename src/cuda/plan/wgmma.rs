@@ -2,7 +2,7 @@
 //! consumers): its scheduling plans, the table of them per head_dim, the default, when it cannot
 //! run a problem, and the config a plan becomes for one problem.
 
-use super::support::{SMEM_PER_SM, SMEM_RESERVED_PER_BLOCK};
+use super::support::{CUDA_HEAD_DIMS, SMEM_PER_SM, SMEM_RESERVED_PER_BLOCK};
 use super::tensor_map::tensor_map_spec;
 use super::{define, kernel_name, ScoreTerms};
 use crate::error::{Error, Result};
@@ -182,6 +182,14 @@ impl WgmmaConfig {
     /// caller), or why the plan does not fit (registers, shared memory, wgmma shapes) or the
     /// tensors cannot be loaded by TMA (`vec_bytes` below 16).
     pub(super) fn new(dtype: DType, head_dim: u32, plan: WgmmaPlan, causal: bool, vec_bytes: u32) -> Result<Self> {
+        if !CUDA_HEAD_DIMS.contains(&(head_dim as usize)) {
+            return Err(Error::Unavailable {
+                what: format!("head_dim {head_dim} on the wgmma kernel"),
+                why: format!(
+                    "it is built for head_dim {CUDA_HEAD_DIMS:?}; the mma.sync kernel runs the others (padded)"
+                ),
+            });
+        }
         let c = plan.consumers;
         if !(2..=3).contains(&c) {
             return crate::error::invalid!(
