@@ -127,7 +127,12 @@ def run_dense(case, dtype, seed):
     if alibi is not None:
         opts["alibi_slopes"] = slopes(h).expand(alibi)
     out, lse = fa.flash_attn_func(q, k, v, return_lse=True, **opts)
-    check_addresses(q, k, v, out)
+    if d % 8 == 0:
+        check_addresses(q, k, v, out)
+    else:
+        # FlashAttention's own rule: a head_dim off the 8-element grid is padded by a copy.
+        launch = _interface._last_cuda_launch
+        assert f"_d{(d + 7) // 8 * 8}_" in launch["kernel"] and launch["q"] != q.data_ptr(), launch
     if alibi is not None:
         launch = _interface._last_cuda_launch
         assert "_alibi" in launch["kernel"] and launch["alibi_slopes"] != 0, launch
