@@ -36,7 +36,8 @@
 // Compile-time (FA_SOFTCAP, FA_ALIBI, FA_BIAS; fwd_params.cuh), because each costs registers and
 // instructions per score that the plain kernel must not carry: the soft-cap takes tanh of the
 // scaled scores (one FMUL and one MUFU a score) and folds the cap into exp2's FFMA in place of the
-// scale; ALiBi adds one FFMA a score off the diagonal (alibi_linear: the row's share goes into its
+// scale, and with two MUFU ops a score it moves the exp2s of one column tile in four to the FMA
+// units (FA_EX2_FMA, ex2_fma); ALiBi adds one FFMA a score off the diagonal (alibi_linear: the row's share goes into its
 // max and its exp2's FFMA once per tile), two on it; the bias's tile (16-bit: one 32-bit load per
 // column pair, BLOCK_N / 4 registers) is loaded right after S = Q·Kᵀ is issued where those
 // registers fit (BIAS_PREFETCH), so the loads overlap the tensor cores, and each value costs an
@@ -442,8 +443,12 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
             float sum = 0.f;
 #pragma unroll
             for (int jn = 0; jn < BLOCK_N / 8; ++jn) {
-                s_acc[4 * jn + 2 * r] = ex2(fmaf(s_acc[4 * jn + 2 * r], k[r], shift[r]));
-                s_acc[4 * jn + 2 * r + 1] = ex2(fmaf(s_acc[4 * jn + 2 * r + 1], k[r], shift[r]));
+                const bool on_fma = jn % 4 < EX2_FMA_TILES;  // compile-time: the loop is unrolled
+#pragma unroll
+                for (int e = 0; e < 2; ++e) {
+                    const float x = fmaf(s_acc[4 * jn + 2 * r + e], k[r], shift[r]);
+                    s_acc[4 * jn + 2 * r + e] = on_fma ? ex2_fma(x) : ex2(x);
+                }
                 sum += s_acc[4 * jn + 2 * r] + s_acc[4 * jn + 2 * r + 1];
             }
             row_sum[r] = row_sum[r] * alpha[r] + sum;

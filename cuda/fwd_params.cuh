@@ -139,6 +139,26 @@ constexpr bool HAS_SOFTCAP = FA_SOFTCAP != 0;
 constexpr bool CAP_SERIES = FA_SOFTCAP == 2;
 constexpr float LOG2E_F = 1.4426950408889634f;
 
+// Of every 4 n8 column tiles of S, how many take their exp2 on the FMA units (ex2_fma) instead
+// of the special-function unit, whose one ex2 (and one tanh with a soft-cap) per score can limit
+// the softmax: FlashAttention-4's relief of the MUFU.
+#ifndef FA_EX2_FMA
+#define FA_EX2_FMA 0
+#endif
+constexpr int EX2_FMA_TILES = FA_EX2_FMA;
+
+// 2^x for x <= 0 (a logit minus its row's max) without the special-function unit: the integer
+// nearest x from one FADD of 1.5·2^23 (its low mantissa bits), 2^f of the rest f in [-0.5, 0.5]
+// by a degree-3 polynomial (relative error 7.5e-5, below half an f16 ulp), the integer added to
+// the exponent bits. Below -126 it is 0 (as ex2.approx.ftz flushes), and a NaN stays NaN.
+__device__ __forceinline__ float ex2_fma(float x) {
+    const float r = __fadd_rn(x, 12582912.f);
+    const float f = __fsub_rn(x, __fsub_rn(r, 12582912.f));
+    float y = fmaf(fmaf(fmaf(0.05517143f, f, 0.24261081f), f, 0.69326097f), f, 0.99992812f);
+    y = __int_as_float(__float_as_int(y) + (__float_as_int(r) << 23));
+    return x >= -126.f ? y : (x != x ? x : 0.f);
+}
+
 // tanh on the special-function unit (sm_75+): one instruction where tanhf is a dozen, relative
 // error below 2^-10.9 (PTX ISA), which the 16-bit inputs' own rounding dwarfs; FlashAttention
 // caps its scores with it too.

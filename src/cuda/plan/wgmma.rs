@@ -282,6 +282,12 @@ impl WgmmaConfig {
             define("FA_PV_SPLIT", p.pv_split as u32),
         ];
         d.extend(self.terms.defines());
+        // A soft-capped score takes two special-function ops (tanh, exp2): one column tile in
+        // four takes its exp2 on the FMA units instead (ex2_fma in fwd_params.cuh). Plain
+        // kernels keep every exp2 on the MUFU, where moving any cost them (BENCHMARKS.md).
+        if self.terms.softcap.is_some() {
+            d.push(define("FA_EX2_FMA", 1));
+        }
         d
     }
 }
@@ -371,6 +377,26 @@ mod tests {
                 assert_eq!(c.head_dim % 64, 0);
             }
         }
+    }
+
+    #[test]
+    fn soft_capped_kernels_move_a_quarter_of_the_exp2s_to_the_fma_units() {
+        use crate::problem::softcap::CapForm;
+        let plain = new(DType::BF16, 128, default_wgmma_plan(128, false).unwrap(), false, 16).unwrap();
+        assert!(!plain.defines().iter().any(|d| d.contains("FA_EX2_FMA")));
+        for form in [CapForm::Tanh, CapForm::Series] {
+            let capped = WgmmaConfig {
+                terms: ScoreTerms {
+                    softcap: Some(form),
+                    ..ScoreTerms::NONE
+                },
+                ..plain
+            };
+            assert!(capped.defines().contains(&"-DFA_EX2_FMA=1".to_string()));
+        }
+        // A head_dim the kernel is not built for is refused by name (mma.sync runs it).
+        let e = new(DType::BF16, 96, default_wgmma_plan(128, false).unwrap(), false, 16).unwrap_err();
+        assert!(e.to_string().contains("head_dim 96"), "{e}");
     }
 
     #[test]
