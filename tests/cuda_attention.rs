@@ -341,7 +341,7 @@ fn cases() -> Vec<(&'static str, AttentionProblem)> {
             problem(F16, 1, 2, 2, 256, 256, 128, false, Bshd).with_scale(1.0),
         ),
         ("causal_square_tail", problem(BF16, 1, 3, 3, 333, 333, 128, true, Bshd)),
-        // Head dims between the tile widths (the mma.sync kernel pads them in shared memory).
+        // Head dims between the tile widths (run in the next width's tiles, padded with zeros).
         ("d96_gqa_causal", problem(BF16, 2, 6, 2, 300, 411, 96, true, Bshd)),
         ("d80_a8", problem(F16, 1, 4, 4, 129, 257, 80, false, Pad4)),
         ("d192_mqa_causal", problem(BF16, 1, 2, 1, 200, 333, 192, true, Bshd)),
@@ -608,7 +608,7 @@ fn expect_refused<T: Half16>(engine: &CudaAttention, p: &AttentionProblem, plan:
 fn wgmma_every_plan_matches_the_reference() {
     let Some(engine) = hopper_engine() else { return };
     let mut runs = Vec::new();
-    for head_dim in [64, 128, 256] {
+    for head_dim in [64, 128, 256, 96, 192] {
         for &plan in wgmma_plans(head_dim) {
             for causal in [false, true] {
                 // 1000 keys: 8 (or 16) key tiles, so the stage ring wraps and the mbarrier parities
@@ -1520,10 +1520,12 @@ fn kernels_compile_with_nvrtc() {
             }
         }
     }
-    // Head dims the mma.sync kernel pads to its tile widths, at both ends of each width.
+    // Head dims both kernels pad to their tile widths, at both ends of each width.
     for head_dim in [8, 72, 96, 136, 192, 248] {
         let p = problem(DType::F16, 1, 1, 1, 64, 64, head_dim, true, Strides::Bshd);
         configs.push(CudaKernelConfig::Mma(select_mma(&p, 16).unwrap()));
+        let plan = CudaPlan::Wgmma(default_wgmma_plan(head_dim, true).unwrap());
+        configs.push(CudaKernelConfig::new(DType::F16, head_dim, plan, true, 16).unwrap());
     }
     for c in configs {
         let job = CompileJob::forward(&c, "sm_90a");

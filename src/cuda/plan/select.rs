@@ -207,11 +207,11 @@ mod tests {
 
     #[test]
     fn unsupported_problems_are_errors() {
-        // A head_dim between the tile widths runs padded on mma.sync, on Hopper too (no wgmma plan);
-        // one that is no multiple of 8 runs nowhere.
+        // A head_dim between the tile widths runs padded, on wgmma on Hopper; one that is no
+        // multiple of 8 runs nowhere.
         assert_eq!(select_mma(&problem(96), 16).unwrap().tile_dim(), 128);
         let padded = select_cuda(&problem(96), 16, true).unwrap();
-        assert!(!padded.config.is_wgmma() && padded.fallback.unwrap().contains("head_dim 96"));
+        assert!(padded.config.is_wgmma() && padded.config.name().contains("_d96_"));
         assert!(select_mma(&problem(100), 16).is_err());
         let mut p = problem(128);
         p.dtype = DType::F32;

@@ -2,7 +2,7 @@
 //! consumers): its scheduling plans, the table of them per head_dim, the default, when it cannot
 //! run a problem, and the config a plan becomes for one problem.
 
-use super::support::{CUDA_HEAD_DIMS, SMEM_PER_SM, SMEM_RESERVED_PER_BLOCK};
+use super::support::{tile_head_dim, SMEM_PER_SM, SMEM_RESERVED_PER_BLOCK};
 use super::tensor_map::tensor_map_spec;
 use super::{define, kernel_name, ScoreTerms};
 use crate::error::{Error, Result};
@@ -117,10 +117,10 @@ pub fn wgmma_plans(head_dim: usize) -> &'static [WgmmaPlan] {
         two(64, 2).overlap().pingpong(),
         two(64, 2).pv_split(),
     ];
-    match head_dim {
-        64 => &D64,
-        128 => &D128,
-        256 => &D256,
+    match tile_head_dim(head_dim) {
+        Some(64) => &D64,
+        Some(128) => &D128,
+        Some(256) => &D256,
         _ => &[],
     }
 }
@@ -128,7 +128,7 @@ pub fn wgmma_plans(head_dim: usize) -> &'static [WgmmaPlan] {
 /// The default wgmma plan for a head_dim and masking: the fastest correct one of the H200 sweep
 /// at seq 8192.
 pub fn default_wgmma_plan(head_dim: usize, causal: bool) -> Option<WgmmaPlan> {
-    let plan = match (head_dim, causal) {
+    let plan = match (tile_head_dim(head_dim)?, causal) {
         // Three consumers: each K/V tile feeds 192 rows.
         (64, _) => WgmmaPlan::new(3, 128, 2),
         // 128-key tiles: 176 and 192 tie at seq 8192 but lose at 512-2048.
@@ -167,7 +167,7 @@ pub fn wgmma_unavailable(problem: &AttentionProblem, vec_bytes: u32, hopper: boo
 pub struct WgmmaConfig {
     /// Element type of Q, K, V and O (bf16 or f16).
     pub dtype: DType,
-    /// Head dimension, one of [`CUDA_HEAD_DIMS`](super::CUDA_HEAD_DIMS).
+    /// Head dimension: a multiple of 8 up to 256, run in tiles of [`Self::tile_dim`].
     pub head_dim: u32,
     /// Causal masking, aligned bottom-right.
     pub causal: bool,
@@ -182,14 +182,13 @@ impl WgmmaConfig {
     /// caller), or why the plan does not fit (registers, shared memory, wgmma shapes) or the
     /// tensors cannot be loaded by TMA (`vec_bytes` below 16).
     pub(super) fn new(dtype: DType, head_dim: u32, plan: WgmmaPlan, causal: bool, vec_bytes: u32) -> Result<Self> {
-        if !CUDA_HEAD_DIMS.contains(&(head_dim as usize)) {
+        let Some(tile) = tile_head_dim(head_dim as usize) else {
             return Err(Error::Unavailable {
                 what: format!("head_dim {head_dim} on the wgmma kernel"),
-                why: format!(
-                    "it is built for head_dim {CUDA_HEAD_DIMS:?}; the mma.sync kernel runs the others (padded)"
-                ),
+                why: "it takes multiples of 8 up to 256".into(),
             });
-        }
+        };
+        let tile = tile as u32;
         let c = plan.consumers;
         if !(2..=3).contains(&c) {
             return crate::error::invalid!(
@@ -209,7 +208,7 @@ impl WgmmaConfig {
         // O (head_dim / 2 f32) and S (block_n / 2 f32) per consumer thread, plus P (block_n / 4
         // packed) beside S when softmax overlaps P·V, must leave room for addresses and softmax
         // state: 240 registers with 2 consumers, 160 with 3.
-        let need = head_dim / 2 + plan.block_n / 2 + if plan.overlap { plan.block_n / 4 } else { 0 };
+        let need = tile / 2 + plan.block_n / 2 + if plan.overlap { plan.block_n / 4 } else { 0 };
         let budget = if c == 2 { 192 } else { 112 };
         if need > budget {
             return crate::error::invalid!(
@@ -259,10 +258,17 @@ impl WgmmaConfig {
         )
     }
 
+    /// The width of the kernel's tiles: `head_dim` itself when it is one of
+    /// [`CUDA_HEAD_DIMS`](super::CUDA_HEAD_DIMS), else the next of them. The copy engine fills the columns past the
+    /// head_dim with zeros (their tensor map is only head_dim wide), and O's are never stored.
+    pub fn tile_dim(&self) -> u32 {
+        tile_head_dim(self.head_dim as usize).map_or(self.head_dim, |d| d as u32)
+    }
+
     /// Dynamic shared memory: the Q tile and `stages` stages of (K, V) tiles, 16-bit elements,
     /// plus 1 KiB to align the tiles to 1024 bytes (the 128-byte swizzle's period).
     pub fn smem_bytes(&self) -> u32 {
-        let row = self.head_dim * 2;
+        let row = self.tile_dim() * 2;
         self.plan.block_m() * row + self.plan.stages * 2 * self.plan.block_n * row + 1024
     }
 
@@ -271,7 +277,7 @@ impl WgmmaConfig {
         let p = &self.plan;
         let mut d = vec![
             define("KERNEL_NAME", self.name()),
-            define("FA_HEAD_DIM", self.head_dim),
+            define("FA_HEAD_DIM", self.tile_dim()),
             define("FA_BLOCK_N", p.block_n),
             define("FA_STAGES", p.stages),
             define("FA_CONSUMERS", p.consumers),
@@ -281,6 +287,10 @@ impl WgmmaConfig {
             define("FA_PINGPONG", p.pingpong as u32),
             define("FA_PV_SPLIT", p.pv_split as u32),
         ];
+        // Only for a padded tile: the kernel defaults it to FA_HEAD_DIM.
+        if self.head_dim != self.tile_dim() {
+            d.push(define("FA_VALID_DIM", self.head_dim));
+        }
         d.extend(self.terms.defines());
         // A score soft-capped by tanh alone takes two special-function ops (tanh, exp2): one
         // column tile in four takes its exp2 on the FMA units instead (ex2_fma in
@@ -376,7 +386,7 @@ mod tests {
                 assert!((p.block_n * 128) >> 4 < 1 << 14);
                 // All of shared memory is addressable by the descriptors' 18-bit start field.
                 assert!(c.smem_bytes() < 1 << 18);
-                assert_eq!(c.head_dim % 64, 0);
+                assert_eq!(c.tile_dim() % 64, 0);
             }
         }
     }
@@ -399,9 +409,14 @@ mod tests {
                 "{form:?}"
             );
         }
-        // A head_dim the kernel is not built for is refused by name (mma.sync runs it).
-        let e = new(DType::BF16, 96, default_wgmma_plan(128, false).unwrap(), false, 16).unwrap_err();
-        assert!(e.to_string().contains("head_dim 96"), "{e}");
+        // A head_dim between the widths runs in the next width's tiles; one off the 8-grid nowhere.
+        let padded = new(DType::BF16, 96, default_wgmma_plan(96, false).unwrap(), false, 16).unwrap();
+        assert_eq!((padded.tile_dim(), padded.smem_bytes()), (128, plain.smem_bytes()));
+        assert!(padded.name().contains("_d96_"), "{}", padded.name());
+        let d = padded.defines();
+        assert!(d.contains(&"-DFA_HEAD_DIM=128".to_string()) && d.contains(&"-DFA_VALID_DIM=96".to_string()));
+        let e = new(DType::BF16, 100, default_wgmma_plan(128, false).unwrap(), false, 16).unwrap_err();
+        assert!(e.to_string().contains("head_dim 100"), "{e}");
     }
 
     #[test]
