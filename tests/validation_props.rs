@@ -572,6 +572,29 @@ fn check_cache(c: &CacheCase) {
     }
 }
 
+/// Found by the property below in a CI run (session 15): a forced split count of u32::MAX on a
+/// batch of 4,194,241 overflowed the refusal's message (its byte count) in a debug build.
+#[test]
+fn a_huge_forced_split_on_a_huge_batch_is_refused_not_a_panic() {
+    check_cache(&CacheCase {
+        shape: AttentionShape {
+            batch: 4_194_241,
+            seq_q: 2,
+            seq_kv: 17,
+            num_heads: 2,
+            num_kv_heads: 1,
+            head_dim: 72,
+        },
+        dtype: DType::F32,
+        causal: false,
+        pages: None,
+        lengths: false,
+        table: None,
+        lens: None,
+        splits: Some(u32::MAX),
+    });
+}
+
 #[test]
 fn caches_never_panic_validation_selection_or_the_reference() {
     run_cases(2000, cache_case(), |c| {

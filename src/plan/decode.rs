@@ -363,7 +363,7 @@ pub fn select_decode(
                     return Err(Error::TooLarge(format!(
                         "{forced} pieces of the keys need {} bytes of partial results, more than this \
                          device binds at once; at most {room} fit",
-                        per_split * forced as u64
+                        per_split.saturating_mul(forced as u64)
                     )))
                 }
                 _ => splits.min(room.min(u32::MAX as u64) as u32),
