@@ -244,7 +244,10 @@ impl DecodeSplit {
     /// Workgroups of the whole grid.
     pub fn workgroups(&self, problem: &AttentionProblem) -> u64 {
         let s = problem.shape;
-        self.splits as u64 * (s.num_kv_heads * s.batch) as u64 * self.row_blocks as u64
+        // Saturating: the property tests draw batches and heads near usize::MAX.
+        (self.splits as u64)
+            .saturating_mul((s.num_kv_heads as u64).saturating_mul(s.batch as u64))
+            .saturating_mul(self.row_blocks as u64)
     }
 
     /// Elements of the partial outputs (f32, `[batch, num_heads, seq_q, splits, head_dim]`) and
