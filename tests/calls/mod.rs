@@ -213,7 +213,7 @@ fn offsets(b: &mut Bytes<'_>, batch: usize, total: usize, longest: usize) -> Vec
         240..=247 => {
             v.pop();
         }
-        _ => v.push(total as u32 + 1),
+        _ => v.push((total as u32).saturating_add(1)),
     }
     v
 }
@@ -643,7 +643,7 @@ impl From<Result<bool, Error>> for Verdict {
 type Entry = fn(&mut Bytes<'_>, &Drawn, Option<(&Device, &FlashAttention)>, bool) -> Verdict;
 
 /// Every entry point, by name.
-const ENTRIES: [(&str, Entry); 10] = [
+const ENTRIES: [(&str, Entry); 11] = [
     ("forward (host)", forward_host),
     ("forward (buffers)", forward_buffers),
     ("naive (host/buffers)", naive),
@@ -654,6 +654,7 @@ const ENTRIES: [(&str, Entry); 10] = [
     ("pure", pure),
     ("cuda host-side", cuda_host),
     ("append+forward", append_and_forward),
+    ("cuda backward host-side", cuda_backward_host),
 ];
 
 /// Whether a successful call's outputs can be judged element by element: small enough for the
@@ -1810,12 +1811,12 @@ fn cuda_host(b: &mut Bytes<'_>, d: &Drawn, _at: Option<(&Device, &FlashAttention
     use wgpu_flash_attn::cuda::plan::support::validate_for_cuda;
     use wgpu_flash_attn::cuda::plan::tensor_map::tensor_map_spec;
     let p = &d.problem;
-    let address = |b: &mut Bytes<'_>| match b.u8() {
-        0..=199 => 0x7f00_0000_0000 + 256 * b.below(1 << 20) as u64,
-        200..=239 => 0x7f00_0000_0000 + b.below(1 << 20) as u64,
-        _ => b.pick(&[0, u64::MAX, u64::MAX - 15, 1 << 63]),
-    };
-    let addresses = [address(b), address(b), address(b), address(b)];
+    let addresses = [
+        device_address(b),
+        device_address(b),
+        device_address(b),
+        device_address(b),
+    ];
     let vec = vec_bytes_for(p, addresses);
     let vec_bytes = b.pick(&[16u32, 8, 4, 2, 0, 3, 32]);
     let valid = validate_for_cuda(p);
@@ -1824,9 +1825,7 @@ fn cuda_host(b: &mut Bytes<'_>, d: &Drawn, _at: Option<(&Device, &FlashAttention
             return Verdict::Wrong("select_cuda accepted an invalid problem".into());
         }
         let _ = selection.config.geometry(p);
-        // Parameters are built from real device pointers (below 2^48), which a launch has
-        // checked for alignment and overlap.
-        let real = addresses.map(|a| a % (1 << 48) / 256 * 256);
+        let real = addresses.map(real_address);
         let _ = FwdParams::new(p, real, real[0]);
     }
     if p.validate().is_ok() {
@@ -1851,6 +1850,71 @@ fn cuda_host(b: &mut Bytes<'_>, d: &Drawn, _at: Option<(&Device, &FlashAttention
 
 #[cfg(not(feature = "cuda"))]
 fn cuda_host(_: &mut Bytes<'_>, _: &Drawn, _: Option<(&Device, &FlashAttention)>, _: bool) -> Verdict {
+    Verdict::Ok { checked: false }
+}
+
+/// A device address as a caller might pass one: mostly 256-byte aligned, sometimes odd, now and
+/// then absurd.
+#[cfg(feature = "cuda")]
+fn device_address(b: &mut Bytes<'_>) -> u64 {
+    match b.u8() {
+        0..=199 => 0x7f00_0000_0000 + 256 * b.below(1 << 20) as u64,
+        200..=239 => 0x7f00_0000_0000 + b.below(1 << 20) as u64,
+        _ => b.pick(&[0, u64::MAX, u64::MAX - 15, 1 << 63]),
+    }
+}
+
+/// What a launch turns `address` into before building parameters: a real device pointer (below
+/// 2^48), which it has checked for alignment and overlap.
+#[cfg(feature = "cuda")]
+fn real_address(address: u64) -> u64 {
+    address % (1 << 48) / 256 * 256
+}
+
+/// The CUDA backward's host-side planning, which runs without a device: validation, the load
+/// width from random addresses, the plan (default, or any of the table's, forced), the
+/// workspace, both grids and the parameters, on random problems and gradient layouts.
+#[cfg(feature = "cuda")]
+fn cuda_backward_host(b: &mut Bytes<'_>, d: &Drawn, _at: Option<(&Device, &FlashAttention)>, _check: bool) -> Verdict {
+    use wgpu_flash_attn::cuda::plan::backward::{
+        backward_plans, backward_vec_bytes, select_backward_config, validate_for_cuda_backward, BackwardAddresses,
+    };
+    use wgpu_flash_attn::cuda::plan::params::BwdParams;
+    let bp = backward_problem(b, d);
+    let mut a = [0u64; 9];
+    for x in &mut a {
+        *x = device_address(b);
+    }
+    let addresses = |a: [u64; 9]| BackwardAddresses {
+        q: a[0],
+        k: a[1],
+        v: a[2],
+        o: a[3],
+        lse: a[4],
+        d_o: a[5],
+        dq: a[6],
+        dk: a[7],
+        dv: a[8],
+    };
+    let valid = validate_for_cuda_backward(&bp);
+    let width = backward_vec_bytes(&bp, &addresses(a));
+    let plans = backward_plans(bp.forward.shape.head_dim);
+    let plan = (b.chance(96) && !plans.is_empty()).then(|| b.pick(plans));
+    if valid.is_ok() {
+        if let Ok(config) = select_backward_config(&bp, &addresses(a), plan, b.chance(128)) {
+            if bp.forward.validate().is_err() {
+                return Verdict::Wrong("select_backward_config accepted an invalid problem".into());
+            }
+            let workspace = config.workspace(&bp);
+            let _ = (workspace.bytes(), config.geometry(&bp), config.aux_geometry(&bp));
+            let _ = BwdParams::new(&bp, &addresses(a.map(real_address)), &workspace);
+        }
+    }
+    valid.and(width).map(|_| false).into()
+}
+
+#[cfg(not(feature = "cuda"))]
+fn cuda_backward_host(_: &mut Bytes<'_>, _: &Drawn, _: Option<(&Device, &FlashAttention)>, _: bool) -> Verdict {
     Verdict::Ok { checked: false }
 }
 
