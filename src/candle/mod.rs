@@ -95,16 +95,13 @@ fn alibi(function: &str, slopes: &Tensor, q: &Tensor) -> Result<Tensor> {
         .contiguous()
 }
 
-/// One dense call: O, and the LSE when `lse`.
-fn dense(q: &Tensor, k: &Tensor, v: &Tensor, args: Args, lse: bool) -> Result<(Tensor, Option<Tensor>)> {
-    dense_alibi(q, k, v, None, args, lse)
-}
-
-/// One dense call with ALiBi slopes when given.
-fn dense_alibi(
+/// One call: O, and the LSE when `lse`. `packed`: a packed batch's offsets ([`offsets`]), `None`
+/// for `[batch, seq, heads, head_dim]` tensors; `alibi_slopes`: candle-flash-attn's slopes.
+fn call(
     q: &Tensor,
     k: &Tensor,
     v: &Tensor,
+    packed: Option<Packed>,
     alibi_slopes: Option<&Tensor>,
     mut args: Args,
     lse: bool,
@@ -113,41 +110,21 @@ fn dense_alibi(
     args.alibi_heads = alibi_slopes.as_ref().map(|s| s.elem_count());
     let op = FlashAttnOp {
         args,
-        packed: None,
+        packed,
         alibi_slopes,
         lse: lse.then(Default::default),
     };
     run(q, k, v, op)
 }
 
-/// One packed call: O, and the LSE when `lse`.
-#[allow(clippy::too_many_arguments)]
-fn packed(
-    q: &Tensor,
-    k: &Tensor,
-    v: &Tensor,
-    seqlens_q: &Tensor,
-    seqlens_k: &Tensor,
-    max_seqlen_q: usize,
-    max_seqlen_k: usize,
-    alibi_slopes: Option<&Tensor>,
-    mut args: Args,
-    lse: bool,
-) -> Result<(Tensor, Option<Tensor>)> {
-    let alibi_slopes = alibi_slopes.map(|s| alibi(args.function, s, q)).transpose()?;
-    args.alibi_heads = alibi_slopes.as_ref().map(|s| s.elem_count());
-    let op = FlashAttnOp {
-        args,
-        alibi_slopes,
-        packed: Some(Packed {
-            seqlens_q: seqlens_q.clone(),
-            seqlens_k: seqlens_k.clone(),
-            max_seqlen_q,
-            max_seqlen_k,
-        }),
-        lse: lse.then(Default::default),
-    };
-    run(q, k, v, op)
+/// A packed batch's offsets and longest sequences, as the varlen calls take them.
+fn offsets(seqlens_q: &Tensor, seqlens_k: &Tensor, max_seqlen_q: usize, max_seqlen_k: usize) -> Option<Packed> {
+    Some(Packed {
+        seqlens_q: seqlens_q.clone(),
+        seqlens_k: seqlens_k.clone(),
+        max_seqlen_q,
+        max_seqlen_k,
+    })
 }
 
 /// The LSE of a call that asked for it.
@@ -177,7 +154,7 @@ fn args(
 /// `flash_attn` (the [module](self) says where it runs and what it takes).
 pub fn flash_attn(q: &Tensor, k: &Tensor, v: &Tensor, softmax_scale: f32, causal: bool) -> Result<Tensor> {
     let args = args("flash_attn", softmax_scale, causal_window(causal), None);
-    Ok(dense(q, k, v, args, false)?.0)
+    Ok(call(q, k, v, None, None, args, false)?.0)
 }
 
 /// [`flash_attn`], also returning the LSE, f32 `[batch, num_heads, seq_q]`.
@@ -189,7 +166,7 @@ pub fn flash_attn_lse(
     causal: bool,
 ) -> Result<(Tensor, Tensor)> {
     let args = args("flash_attn_lse", softmax_scale, causal_window(causal), None);
-    with_lse("flash_attn_lse", dense(q, k, v, args, true)?)
+    with_lse("flash_attn_lse", call(q, k, v, None, None, args, true)?)
 }
 
 /// [`flash_attn`] over a sliding window: query `i` (at position `p = i + seq_kv − seq_q`) sees
@@ -210,7 +187,7 @@ pub fn flash_attn_windowed(
         (window_size_left, window_size_right),
         None,
     );
-    Ok(dense(q, k, v, args, false)?.0)
+    Ok(call(q, k, v, None, None, args, false)?.0)
 }
 
 /// [`flash_attn_windowed`], also returning the LSE, f32 `[batch, num_heads, seq_q]`.
@@ -228,7 +205,7 @@ pub fn flash_attn_windowed_lse(
         (window_size_left, window_size_right),
         None,
     );
-    with_lse("flash_attn_windowed_lse", dense(q, k, v, args, true)?)
+    with_lse("flash_attn_windowed_lse", call(q, k, v, None, None, args, true)?)
 }
 
 /// [`flash_attn`] with ALiBi: `−slope·|i + seq_kv − seq_q − j|` added to query head `h`'s scaled
@@ -242,7 +219,7 @@ pub fn flash_attn_alibi(
     causal: bool,
 ) -> Result<Tensor> {
     let args = args("flash_attn_alibi", softmax_scale, causal_window(causal), None);
-    Ok(dense_alibi(q, k, v, Some(alibi_slopes), args, false)?.0)
+    Ok(call(q, k, v, None, Some(alibi_slopes), args, false)?.0)
 }
 
 /// [`flash_attn_windowed`] with ALiBi ([`flash_attn_alibi`]). candle-flash-attn's
@@ -262,7 +239,7 @@ pub fn flash_attn_alibi_windowed(
         (window_size_left, window_size_right),
         None,
     );
-    Ok(dense_alibi(q, k, v, Some(alibi_slopes), args, false)?.0)
+    Ok(call(q, k, v, None, Some(alibi_slopes), args, false)?.0)
 }
 
 /// [`flash_attn_windowed`] with Gemma's soft-cap of the scores, `softcap·tanh(s / softcap)` (0
@@ -285,7 +262,7 @@ pub fn flash_attn_alibi_windowed_softcap(
         (window_size_left, window_size_right),
         self::softcap(softcap),
     );
-    Ok(dense_alibi(q, k, v, alibi_slopes, args, false)?.0)
+    Ok(call(q, k, v, None, alibi_slopes, args, false)?.0)
 }
 
 /// [`flash_attn`] on a packed batch of sequences of different lengths: `q`
@@ -308,19 +285,9 @@ pub fn flash_attn_varlen(
     causal: bool,
 ) -> Result<Tensor> {
     let args = args("flash_attn_varlen", softmax_scale, causal_window(causal), None);
-    let call = packed(
-        q,
-        k,
-        v,
-        seqlens_q,
-        seqlens_k,
-        max_seqlen_q,
-        max_seqlen_k,
-        None,
-        args,
-        false,
-    )?;
-    Ok(call.0)
+    let batch = offsets(seqlens_q, seqlens_k, max_seqlen_q, max_seqlen_k);
+    let out = call(q, k, v, batch, None, args, false)?;
+    Ok(out.0)
 }
 
 /// [`flash_attn_varlen`], also returning the LSE, f32 `[num_heads, total_q]`.
@@ -337,19 +304,9 @@ pub fn flash_attn_varlen_lse(
     causal: bool,
 ) -> Result<(Tensor, Tensor)> {
     let args = args("flash_attn_varlen_lse", softmax_scale, causal_window(causal), None);
-    let call = packed(
-        q,
-        k,
-        v,
-        seqlens_q,
-        seqlens_k,
-        max_seqlen_q,
-        max_seqlen_k,
-        None,
-        args,
-        true,
-    )?;
-    with_lse("flash_attn_varlen_lse", call)
+    let batch = offsets(seqlens_q, seqlens_k, max_seqlen_q, max_seqlen_k);
+    let out = call(q, k, v, batch, None, args, true)?;
+    with_lse("flash_attn_varlen_lse", out)
 }
 
 /// [`flash_attn_varlen`] over a sliding window, each sequence's aligned to its own end (see
@@ -374,19 +331,9 @@ pub fn flash_attn_varlen_windowed(
         (window_size_left, window_size_right),
         None,
     );
-    let call = packed(
-        q,
-        k,
-        v,
-        seqlens_q,
-        seqlens_k,
-        max_seqlen_q,
-        max_seqlen_k,
-        None,
-        args,
-        false,
-    )?;
-    Ok(call.0)
+    let batch = offsets(seqlens_q, seqlens_k, max_seqlen_q, max_seqlen_k);
+    let out = call(q, k, v, batch, None, args, false)?;
+    Ok(out.0)
 }
 
 /// [`flash_attn_varlen_windowed`], also returning the LSE, f32 `[num_heads, total_q]`.
@@ -409,19 +356,9 @@ pub fn flash_attn_varlen_windowed_lse(
         (window_size_left, window_size_right),
         None,
     );
-    let call = packed(
-        q,
-        k,
-        v,
-        seqlens_q,
-        seqlens_k,
-        max_seqlen_q,
-        max_seqlen_k,
-        None,
-        args,
-        true,
-    )?;
-    with_lse("flash_attn_varlen_windowed_lse", call)
+    let batch = offsets(seqlens_q, seqlens_k, max_seqlen_q, max_seqlen_k);
+    let out = call(q, k, v, batch, None, args, true)?;
+    with_lse("flash_attn_varlen_windowed_lse", out)
 }
 
 /// [`flash_attn_varlen`] with ALiBi ([`flash_attn_alibi`]; positions within each sequence).
@@ -440,20 +377,9 @@ pub fn flash_attn_varlen_alibi(
     causal: bool,
 ) -> Result<Tensor> {
     let args = args("flash_attn_varlen_alibi", softmax_scale, causal_window(causal), None);
-    let slopes = Some(alibi_slopes);
-    let call = packed(
-        q,
-        k,
-        v,
-        seqlens_q,
-        seqlens_k,
-        max_seqlen_q,
-        max_seqlen_k,
-        slopes,
-        args,
-        false,
-    )?;
-    Ok(call.0)
+    let batch = offsets(seqlens_q, seqlens_k, max_seqlen_q, max_seqlen_k);
+    let out = call(q, k, v, batch, Some(alibi_slopes), args, false)?;
+    Ok(out.0)
 }
 
 /// [`flash_attn_varlen_windowed`] with ALiBi ([`flash_attn_alibi`]). candle-flash-attn's
@@ -478,20 +404,9 @@ pub fn flash_attn_varlen_alibi_windowed(
         (window_size_left, window_size_right),
         None,
     );
-    let slopes = Some(alibi_slopes);
-    let call = packed(
-        q,
-        k,
-        v,
-        seqlens_q,
-        seqlens_k,
-        max_seqlen_q,
-        max_seqlen_k,
-        slopes,
-        args,
-        false,
-    )?;
-    Ok(call.0)
+    let batch = offsets(seqlens_q, seqlens_k, max_seqlen_q, max_seqlen_k);
+    let out = call(q, k, v, batch, Some(alibi_slopes), args, false)?;
+    Ok(out.0)
 }
 
 /// [`flash_attn_varlen_windowed`] with Gemma's soft-cap (0 for none) and ALiBi when
@@ -517,17 +432,7 @@ pub fn flash_attn_varlen_alibi_windowed_softcap(
         (window_size_left, window_size_right),
         self::softcap(softcap),
     );
-    let call = packed(
-        q,
-        k,
-        v,
-        seqlens_q,
-        seqlens_k,
-        max_seqlen_q,
-        max_seqlen_k,
-        alibi_slopes,
-        args,
-        false,
-    )?;
-    Ok(call.0)
+    let batch = offsets(seqlens_q, seqlens_k, max_seqlen_q, max_seqlen_k);
+    let out = call(q, k, v, batch, alibi_slopes, args, false)?;
+    Ok(out.0)
 }
