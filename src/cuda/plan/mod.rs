@@ -237,7 +237,7 @@ impl CudaKernelConfig {
     }
 
     /// This config compiled with `terms` (the decode kernel has ALiBi only: it takes no problem
-    /// with the other terms, [`CUDA_DECODE_FEATURES`](decode::CUDA_DECODE_FEATURES)).
+    /// with the other terms, [`CUDA_DECODE_FEATURES`]).
     pub fn with_terms(self, terms: ScoreTerms) -> Self {
         match self {
             CudaKernelConfig::Mma(c) => CudaKernelConfig::Mma(MmaConfig { terms, ..c }),

@@ -22,7 +22,7 @@ pub const CUDA_PREFILL_FEATURES: FeatureSet = FeatureSet::of(&[
 
 /// Head dimensions the prefill kernels' tiles are built for. The shared-memory swizzle needs rows
 /// of a multiple of 64 elements (8 chunks of 16 bytes). Every other multiple of 8 up to 256 runs
-/// on the `mma.sync` kernel in the tiles of the next of these ([`tile_head_dim`]).
+/// in the tiles of the next of these, zero-padded (`tile_head_dim`).
 pub const CUDA_HEAD_DIMS: [usize; 3] = [64, 128, 256];
 
 /// The tile width a head_dim runs in on the prefill kernels: the smallest of [`CUDA_HEAD_DIMS`]
