@@ -10,71 +10,20 @@
 //! the refusal test need no GPU.
 #![cfg(feature = "cuda")]
 
-use std::sync::OnceLock;
+#[path = "common/cuda.rs"]
+mod cuda_common;
 
+use cuda_common::{bits, engine, Half16};
 use half::{bf16, f16};
 use wgpu_flash_attn::cuda::cudarc::driver::CudaSlice;
 use wgpu_flash_attn::cuda::{
-    nvrtc_available, BackwardDeviceTensors, CudaAttention, CudaBackwardOptions, CudaDevice, DeviceTensors,
+    nvrtc_available, BackwardDeviceTensors, CudaAttention, CudaBackwardOptions, DeviceTensors,
 };
-use wgpu_flash_attn::testing::{random_tensor, ErrorStats, Rng};
+use wgpu_flash_attn::testing::{random_tensor, seed_of, ErrorStats, Rng};
 use wgpu_flash_attn::{
     reference, AttentionProblem, AttentionShape, BackwardInputs, BackwardProblem, DType, Element, Error, GradTensor,
     Layout, Tensor, TensorLayout,
 };
-
-/// The engine shared by every test of this binary, or `None` (with the reason printed) when
-/// this machine cannot run CUDA and `FLASH_REQUIRE_CUDA` is not `1`.
-fn engine() -> Option<&'static CudaAttention> {
-    static ENGINE: OnceLock<Option<CudaAttention>> = OnceLock::new();
-    ENGINE
-        .get_or_init(|| match CudaDevice::new(0) {
-            Ok(dev) if nvrtc_available() => {
-                eprintln!(
-                    "CUDA device: {} (sm {}.{}, driver {}, target {})",
-                    dev.name(),
-                    dev.compute_capability().0,
-                    dev.compute_capability().1,
-                    dev.driver_version(),
-                    dev.arch()
-                );
-                Some(CudaAttention::new(dev))
-            }
-            other => {
-                let why = match other {
-                    Err(e) => e.to_string(),
-                    Ok(_) => "libnvrtc was not found (put the CUDA toolkit's lib directory on LD_LIBRARY_PATH)".into(),
-                };
-                if std::env::var("FLASH_REQUIRE_CUDA").as_deref() == Ok("1") {
-                    panic!("FLASH_REQUIRE_CUDA=1 but CUDA is unavailable: {why}");
-                }
-                eprintln!("skipping CUDA backward tests: {why}");
-                None
-            }
-        })
-        .as_ref()
-}
-
-fn seed_of(label: &str) -> u64 {
-    label.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
-        (h ^ b as u64).wrapping_mul(0x100_0000_01b3)
-    })
-}
-
-/// A 16-bit element type with its NaN pattern, for poisoning outputs.
-trait Half16: Element {
-    const NAN_BITS: u16;
-}
-impl Half16 for bf16 {
-    const NAN_BITS: u16 = 0x7fc0;
-}
-impl Half16 for f16 {
-    const NAN_BITS: u16 = 0x7e00;
-}
-
-fn bits<T: Element>(x: &[T]) -> Vec<u16> {
-    bytemuck::cast_slice::<T, u16>(x).to_vec()
-}
 
 /// Waits for the engine's stream, but at most 30 s: a kernel that never finishes (a
 /// deterministic-mode wait that is never satisfied) would otherwise hang the binary. The context

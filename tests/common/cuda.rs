@@ -1,0 +1,59 @@
+//! Shared by the CUDA test binaries (tests/cuda_attention.rs, tests/cuda_backward.rs), which
+//! include this file alone: the engine of device 0, and the 16-bit NaN patterns that poison
+//! outputs before a kernel runs.
+#![allow(dead_code)]
+
+use std::sync::OnceLock;
+
+use half::{bf16, f16};
+use wgpu_flash_attn::cuda::{nvrtc_available, CudaAttention, CudaDevice};
+use wgpu_flash_attn::Element;
+
+/// The engine shared by every test of a binary, or `None` (with the reason printed) when this
+/// machine cannot run CUDA and `FLASH_REQUIRE_CUDA` is not `1`.
+pub fn engine() -> Option<&'static CudaAttention> {
+    static ENGINE: OnceLock<Option<CudaAttention>> = OnceLock::new();
+    ENGINE
+        .get_or_init(|| match CudaDevice::new(0) {
+            Ok(dev) if nvrtc_available() => {
+                eprintln!(
+                    "CUDA device: {} (sm {}.{}, {} SMs, driver {}, target {})",
+                    dev.name(),
+                    dev.compute_capability().0,
+                    dev.compute_capability().1,
+                    dev.sm_count(),
+                    dev.driver_version(),
+                    dev.arch()
+                );
+                Some(CudaAttention::new(dev))
+            }
+            other => {
+                let why = match other {
+                    Err(e) => e.to_string(),
+                    Ok(_) => "libnvrtc was not found (put the CUDA toolkit's lib directory on LD_LIBRARY_PATH)".into(),
+                };
+                if std::env::var("FLASH_REQUIRE_CUDA").as_deref() == Ok("1") {
+                    panic!("FLASH_REQUIRE_CUDA=1 but CUDA is unavailable: {why}");
+                }
+                eprintln!("skipping CUDA tests: {why}");
+                None
+            }
+        })
+        .as_ref()
+}
+
+/// A 16-bit element type with its NaN pattern, for poisoning outputs.
+pub trait Half16: Element {
+    const NAN_BITS: u16;
+}
+impl Half16 for bf16 {
+    const NAN_BITS: u16 = 0x7fc0;
+}
+impl Half16 for f16 {
+    const NAN_BITS: u16 = 0x7e00;
+}
+
+/// A 16-bit tensor's elements as their bits.
+pub fn bits<T: Element>(x: &[T]) -> Vec<u16> {
+    bytemuck::cast_slice::<T, u16>(x).to_vec()
+}
