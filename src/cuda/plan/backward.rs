@@ -369,6 +369,24 @@ pub struct BackwardAddresses {
     pub dv: u64,
 }
 
+#[cfg(test)]
+impl BackwardAddresses {
+    /// The plan tests' fixture: the tensors 0x1000 bytes apart in the fields' order, q at 0x1000.
+    pub(crate) fn spaced() -> Self {
+        BackwardAddresses {
+            q: 0x1000,
+            k: 0x2000,
+            v: 0x3000,
+            o: 0x4000,
+            lse: 0x5000,
+            d_o: 0x6000,
+            dq: 0x7000,
+            dk: 0x8000,
+            dv: 0x9000,
+        }
+    }
+}
+
 /// The width of the main kernel's loads (Q, K, V, dO: 16 bytes when every start and stride
 /// allows, else 8), after checking that every 16-bit tensor's first element is 8-byte aligned
 /// (the kernels move column pairs as 32-bit words).
@@ -565,17 +583,7 @@ mod tests {
     #[test]
     fn access_width_follows_every_loaded_tensor() {
         let p = problem(128);
-        let a = BackwardAddresses {
-            q: 0x1000,
-            k: 0x2000,
-            v: 0x3000,
-            o: 0x4000,
-            lse: 0x5000,
-            d_o: 0x6000,
-            dq: 0x7000,
-            dk: 0x8000,
-            dv: 0x9000,
-        };
+        let a = BackwardAddresses::spaced();
         assert_eq!(backward_vec_bytes(&p, &a).unwrap(), 16);
         // dO 8 bytes in: 8-byte loads.
         assert_eq!(

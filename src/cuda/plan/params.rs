@@ -314,17 +314,7 @@ mod tests {
         };
         let p = BackwardProblem::new(f).with_grad_layout(GradTensor::DQ, dq);
         let c = CudaBackwardConfig::new(DType::BF16, 64, CudaBackwardPlan::new(64, 64), true, 16, false).unwrap();
-        let a = BackwardAddresses {
-            q: 0x1000,
-            k: 0x2000,
-            v: 0x3000,
-            o: 0x4000,
-            lse: 0x5000,
-            d_o: 0x6000,
-            dq: 0x7000,
-            dk: 0x8000,
-            dv: 0x9000,
-        };
+        let a = BackwardAddresses::spaced();
         let params = BwdParams::new(&p, &a, &c.workspace(&p));
         assert_eq!(params.fwd, FwdParams::new(&f, [0x1000, 0x2000, 0x3000, 0x4000], 0x5000));
         assert_eq!(params.dq, 0x7000 + 8);
