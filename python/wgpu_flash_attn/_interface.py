@@ -210,15 +210,15 @@ def _alibi(alibi_slopes: Any, batch: int, num_heads: int) -> Optional[Any]:
     return first
 
 
-def _add_slopes(call: "_Call", slopes: Optional[Any], where: str, device: Any = None) -> None:
-    """The slopes join the call's side tensors, in the memory the route reads: the tensors' CUDA
+def _add_slopes(call: "_Call", slopes: Optional[Any], q: Any) -> None:
+    """The slopes join the call's side tensors, in the memory the route of ``q`` reads: its CUDA
     device for the CUDA route (a copy of ``nheads`` values when they were elsewhere), host memory
     for the wgpu route."""
     if slopes is None:
         return
-    if where == "cuda":
+    if _where(q) == "cuda":
         torch = _torch()
-        slopes = torch.as_tensor(slopes).to(device=device, dtype=torch.float32).contiguous()
+        slopes = torch.as_tensor(slopes).to(device=q.device, dtype=torch.float32).contiguous()
     elif _is_torch(slopes):
         slopes = slopes.cpu()
     call.index["alibi_slopes"] = slopes
@@ -534,7 +534,7 @@ def flash_attn_func(
         softcap=_softcap(softcap),
         alibi=slopes is not None,
     )
-    _add_slopes(call, slopes, where, getattr(q, "device", None))
+    _add_slopes(call, slopes, q)
     call.deterministic = bool(deterministic)
     call.out_shape = (batch, seq_q, heads, padded)
     call.lse_shape = (batch, heads, seq_q)
@@ -630,7 +630,7 @@ def flash_attn_varlen_func(
             "cu_seqlens_q": _host_index(cu_seqlens_q, "cu_seqlens_q"),
             "cu_seqlens_k": _host_index(cu_seqlens_k, "cu_seqlens_k"),
         }
-    _add_slopes(call, slopes, where, getattr(q, "device", None))
+    _add_slopes(call, slopes, q)
     call.deterministic = bool(deterministic)
     call.out_shape = (total_q, heads, padded)
     call.lse_shape = (heads, total_q)
@@ -744,7 +744,7 @@ def flash_attn_with_kvcache(
     if paged:
         kwargs["paged"] = (block_size, blocks, pages_per_seq)
     call = _Call(dtype, (batch, seq_q, seq_kv, heads, heads_k, dim), **kwargs)
-    _add_slopes(call, slopes, where, getattr(q, "device", None))
+    _add_slopes(call, slopes, q)
     call.out_shape = (batch, seq_q, heads, dim)
     call.lse_shape = (batch, heads, seq_q)
 
