@@ -70,12 +70,7 @@ constexpr int WARPS = FA_WARPS;
 constexpr int THREADS = WARPS * 32;
 constexpr int M_TILES = BLOCK_M / (16 * WARPS);  // 16-row MMA tiles per warp: 1 or 2
 constexpr int WARP_ROWS = 16 * M_TILES;
-#ifndef FA_VALID_DIM
-#define FA_VALID_DIM FA_HEAD_DIM
-#endif
 constexpr int CHUNKS = HEAD_DIM / 8;  // 16-byte chunks per row
-// The head_dim's chunks: all of them, or fewer when the tiles pad it (loaded as zeros, not stored).
-constexpr int VALID_CHUNKS = FA_VALID_DIM / 8;
 constexpr int ROW_BYTES = HEAD_DIM * 2;
 constexpr int Q_TILE_BYTES = BLOCK_M * ROW_BYTES;
 constexpr int KV_TILE_BYTES = BLOCK_N * ROW_BYTES;
@@ -85,7 +80,6 @@ constexpr int D_TILES = HEAD_DIM / 8;    // n8 tiles of O
 constexpr float LN2 = 0.6931471805599453f;
 
 static_assert(HEAD_DIM % 64 == 0 && HEAD_DIM <= 256, "the swizzle needs a multiple of 8 chunks per row");
-static_assert(FA_VALID_DIM % 8 == 0 && FA_VALID_DIM >= 8 && FA_VALID_DIM <= HEAD_DIM, "the head_dim fits its tile");
 static_assert(WARPS >= 1 && WARPS <= 8 && (M_TILES == 1 || M_TILES == 2) && BLOCK_M == WARP_ROWS * WARPS,
               "a warp owns 16 or 32 query rows");
 static_assert(BLOCK_N % 16 == 0, "P·V steps over the key tile 16 at a time");
@@ -448,7 +442,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, FA_MIN_BLOCKS) KERNEL_NAME
         const int local_row = warp * WARP_ROWS + i / CHUNKS;
         const int chunk = i % CHUNKS;
         const int row = m0 + local_row;
-        if (row < seq.seq_q && (VALID_CHUNKS == CHUNKS || chunk < VALID_CHUNKS)) {
+        if (row < seq.seq_q && in_head_dim(chunk)) {
             u32 val[4];
             ld_shared_v4(s_q + swz<ROW_BYTES>(local_row, chunk), val);
             u16* dst = o + (i64)row * p.o_seq_stride + chunk * 8;

@@ -103,14 +103,8 @@ constexpr int THREADS = 128 * (1 + CONSUMERS);
 constexpr int PRODUCER_REGS = 24;
 constexpr int CONSUMER_REGS = CONSUMERS == 2 ? 240 : 160;
 constexpr int PANELS = HEAD_DIM / 64;   // 64-column swizzle panels per row
-#ifndef FA_VALID_DIM
-#define FA_VALID_DIM FA_HEAD_DIM
-#endif
-// The head_dim's 16-byte chunks: all of the tile's, or fewer when it pads the head_dim (the copy
-// engine fills the columns past it with zeros, since its tensor maps are only head_dim wide; O's
-// are not stored).
-constexpr int VALID_CHUNKS = FA_VALID_DIM / 8;
-static_assert(FA_VALID_DIM % 8 == 0 && FA_VALID_DIM >= 8 && FA_VALID_DIM <= HEAD_DIM, "the head_dim fits its tile");
+// A padded head_dim (fwd_params.cuh, FA_VALID_DIM): the copy engine fills the columns past it with
+// zeros, since the tensor maps are only head_dim wide; O's are not stored (in_head_dim).
 constexpr u32 ROW_BYTES = 128;          // one panel row
 constexpr u32 Q_PANEL_BYTES = BLOCK_M * ROW_BYTES;
 constexpr u32 KV_PANEL_BYTES = BLOCK_N * ROW_BYTES;
@@ -617,7 +611,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
         const int lr = i / CHUNKS;
         const int c = i % CHUNKS;
         const int row = wg_m0 + lr;
-        if (row < seq.seq_q && (VALID_CHUNKS == CHUNKS || c < VALID_CHUNKS)) {
+        if (row < seq.seq_q && in_head_dim(c)) {
             u32 val[4];
             ld_shared_v4(q_wg + (c / 8) * Q_PANEL_BYTES + lr * ROW_BYTES + (((c % 8) ^ (lr & 7)) << 4), val);
             st_global_v4(out + (i64)row * p.o_seq_stride + c * 8, val);

@@ -139,6 +139,20 @@ constexpr bool HAS_SOFTCAP = FA_SOFTCAP != 0;
 constexpr bool CAP_SERIES = FA_SOFTCAP == 2;
 constexpr float LOG2E_F = 1.4426950408889634f;
 
+// A head_dim between the prefill kernels' tile widths (64, 128, 256) runs in the next width's
+// tiles, FA_HEAD_DIM, whose chunks past the head_dim, FA_VALID_DIM, are zeros in shared memory and
+// never stored (src/cuda/plan/support.rs, tile_head_dim).
+#ifndef FA_VALID_DIM
+#define FA_VALID_DIM FA_HEAD_DIM
+#endif
+static_assert(FA_VALID_DIM % 8 == 0 && FA_VALID_DIM >= 8 && FA_VALID_DIM <= FA_HEAD_DIM, "the head_dim fits its tile");
+constexpr int VALID_CHUNKS = FA_VALID_DIM / 8;  // the head_dim's 16-byte chunks of a tile's row
+
+// Whether 16-byte chunk c of a tile's row holds head_dim columns: always, unless the tile pads.
+__device__ __forceinline__ bool in_head_dim(int c) {
+    return FA_VALID_DIM == FA_HEAD_DIM || c < VALID_CHUNKS;
+}
+
 // Of every 4 n8 column tiles of S, how many take their exp2 on the FMA units (ex2_fma) instead
 // of the special-function unit, whose one ex2 (and one tanh with a soft-cap) per score can limit
 // the softmax: FlashAttention-4's relief of the MUFU.

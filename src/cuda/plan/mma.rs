@@ -2,8 +2,8 @@
 //! per head_dim, and the config a plan becomes for one problem (the compiler's `-D` defines, the
 //! block and its shared memory).
 
-use super::support::{tile_head_dim, REGS_PER_SM, SMEM_PER_SM, SMEM_RESERVED_PER_BLOCK};
-use super::{define, kernel_name, ScoreTerms};
+use super::support::{tile_head_dim, tile_width, REGS_PER_SM, SMEM_PER_SM, SMEM_RESERVED_PER_BLOCK};
+use super::{define, kernel_name, valid_dim_define, ScoreTerms};
 use crate::error::Result;
 use crate::problem::DType;
 
@@ -158,7 +158,7 @@ impl MmaConfig {
     /// The width of the kernel's tiles: `head_dim` itself when it is one of
     /// [`CUDA_HEAD_DIMS`](super::CUDA_HEAD_DIMS), else the next of them (the rows zero-padded).
     pub fn tile_dim(&self) -> u32 {
-        tile_head_dim(self.head_dim as usize).map_or(self.head_dim, |d| d as u32)
+        tile_width(self.head_dim)
     }
 
     /// Query rows per warp: 16 or 32.
@@ -201,10 +201,7 @@ impl MmaConfig {
             define("FA_VEC_BYTES", self.vec_bytes),
             define("FA_MIN_BLOCKS", self.min_blocks),
         ];
-        // Only for a padded tile: the kernel defaults it to FA_HEAD_DIM.
-        if self.head_dim != self.tile_dim() {
-            d.push(define("FA_VALID_DIM", self.head_dim));
-        }
+        d.extend(valid_dim_define(self.head_dim));
         d.extend(self.terms.defines());
         d
     }

@@ -435,6 +435,12 @@ fn define(key: &str, value: impl std::fmt::Display) -> String {
     format!("-D{key}={value}")
 }
 
+/// A prefill kernel's `FA_VALID_DIM`, the head_dim its tiles pad (the kernels default it to
+/// `FA_HEAD_DIM`, the tile width): none for a head_dim that is a tile width.
+fn valid_dim_define(head_dim: u32) -> Option<String> {
+    (support::tile_width(head_dim) != head_dim).then(|| define("FA_VALID_DIM", head_dim))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

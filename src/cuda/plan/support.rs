@@ -36,6 +36,12 @@ pub fn tile_head_dim(head_dim: usize) -> Option<usize> {
     CUDA_HEAD_DIMS.into_iter().find(|&d| d >= head_dim)
 }
 
+/// A prefill config's tile width: [`tile_head_dim`] of its head_dim, or the head_dim itself where
+/// none holds it (a config the checks refuse).
+pub(super) fn tile_width(head_dim: u32) -> u32 {
+    tile_head_dim(head_dim as usize).map_or(head_dim, |d| d as u32)
+}
+
 /// The largest sequence the kernels index with 32-bit row counters, with room for one tile past
 /// the end.
 pub const MAX_CUDA_SEQ: usize = i32::MAX as usize - 512;

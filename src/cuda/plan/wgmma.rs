@@ -2,9 +2,9 @@
 //! consumers): its scheduling plans, the table of them per head_dim, the default, when it cannot
 //! run a problem, and the config a plan becomes for one problem.
 
-use super::support::{tile_head_dim, SMEM_PER_SM, SMEM_RESERVED_PER_BLOCK};
+use super::support::{tile_head_dim, tile_width, SMEM_PER_SM, SMEM_RESERVED_PER_BLOCK};
 use super::tensor_map::tensor_map_spec;
-use super::{define, kernel_name, ScoreTerms};
+use super::{define, kernel_name, valid_dim_define, ScoreTerms};
 use crate::error::{Error, Result};
 use crate::problem::{AttentionProblem, CapForm, DType, Tensor};
 
@@ -262,7 +262,7 @@ impl WgmmaConfig {
     /// [`CUDA_HEAD_DIMS`](super::CUDA_HEAD_DIMS), else the next of them. The copy engine fills the columns past the
     /// head_dim with zeros (their tensor map is only head_dim wide), and O's are never stored.
     pub fn tile_dim(&self) -> u32 {
-        tile_head_dim(self.head_dim as usize).map_or(self.head_dim, |d| d as u32)
+        tile_width(self.head_dim)
     }
 
     /// Dynamic shared memory: the Q tile and `stages` stages of (K, V) tiles, 16-bit elements,
@@ -287,10 +287,7 @@ impl WgmmaConfig {
             define("FA_PINGPONG", p.pingpong as u32),
             define("FA_PV_SPLIT", p.pv_split as u32),
         ];
-        // Only for a padded tile: the kernel defaults it to FA_HEAD_DIM.
-        if self.head_dim != self.tile_dim() {
-            d.push(define("FA_VALID_DIM", self.head_dim));
-        }
+        d.extend(valid_dim_define(self.head_dim));
         d.extend(self.terms.defines());
         // A score soft-capped by tanh alone takes two special-function ops (tanh, exp2): one
         // column tile in four takes its exp2 on the FMA units instead (ex2_fma in
