@@ -78,7 +78,8 @@
 // swizzle; src/cuda/plan/backward.rs lists the plans.
 //
 // Shared-memory tiles are swizzled and filled as in flash_fwd_mma.cu (mma_ptx.cuh: swz,
-// cp_async_rows; bwd_params.cuh: TileAddr).
+// cp_async_rows; bwd_params.cuh: TileAddr). The preprocess and convert kernels, the walk's first
+// query tile and the deterministic turn-taking are bwd_aux.cuh's (shared with the wgmma kernel).
 //
 // Compile-time parameters (-D, set by src/cuda/plan/backward.rs): FA_HEAD_DIM, FA_BLOCK_M,
 // FA_BLOCK_N, FA_CAUSAL, FA_BF16, FA_VEC_BYTES (16: rows of Q, K, V, dO 16-byte aligned; 8: only
@@ -123,7 +124,7 @@ constexpr int QO_TILE_BYTES = BLOCK_M * ROW_BYTES;
 constexpr int KV_TILE_BYTES = BLOCK_N * ROW_BYTES;
 // One stage: Q, dO, LSE (base 2), D.
 constexpr int STAGE_BYTES = 2 * QO_TILE_BYTES + 2 * BLOCK_M * 4;
-constexpr int PRE_THREADS = 128;
+constexpr int DQ_WARPGROUPS = 0;  // row-major dQ accumulator tiles (bwd_aux.cuh)
 
 static_assert(HEAD_DIM % 64 == 0 && HEAD_DIM <= 256, "the swizzle needs a multiple of 8 chunks per row");
 static_assert(BLOCK_N % 16 == 0 && WARPS >= 1 && WARPS <= 8, "a warp owns 16 keys, 1 to 8 warps");
@@ -131,52 +132,7 @@ static_assert(BLOCK_M % 64 == 0, "dSᵀ's rows need 8 chunks for the swizzle");
 static_assert(WARPS % DQ_ROW_GROUPS == 0 && DQ_COLS % 16 == 0, "dQ's tile must split evenly among the warps");
 static_assert(VEC_BYTES == 16 || VEC_BYTES == 8, "global rows are moved in 16- or 8-byte pieces");
 
-// Row (b, h)'s first element in the [batch, num_heads, seq_q_pad] workspace.
-__device__ __forceinline__ i64 row_base(const BwdParams& bp, int b, int h) {
-    return ((i64)b * bp.fwd.num_heads + h) * bp.seq_q_pad;
-}
-
-// ---- Preprocess: D, the LSE in base 2, zeroed accumulator and counters ---------------------
-// One CTA per (query tile, head, batch), four warps; a warp takes a row at a time, each lane two
-// adjacent columns per 64.
-extern "C" __global__ void __launch_bounds__(PRE_THREADS) PREPROCESS_NAME(const __grid_constant__ BwdParams bp) {
-    const FwdParams& p = bp.fwd;
-    const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
-    const int q_tile = blockIdx.x, head = blockIdx.y, batch = blockIdx.z;
-    const int m0 = q_tile * BLOCK_M;
-    const SeqRows seq = sequence_rows(p, batch);
-    const i64 base = row_base(bp, batch, head);
-    for (int r = warp; r < BLOCK_M; r += PRE_THREADS / 32) {
-        const int row = m0 + r;
-        float d = 0.f;
-        if (row < seq.seq_q) {
-            const u16* o = p.o + batch * p.o_batch_stride + head * p.o_head_stride + (i64)row * p.o_seq_stride;
-            const u16* d_o = bp.d_o + batch * bp.do_batch_stride + head * bp.do_head_stride + (i64)row * bp.do_seq_stride;
-#pragma unroll
-            for (int s = 0; s < HEAD_DIM / 64; ++s) {
-                const int c = 2 * lane + 64 * s;
-                const float2 x = unpack2<IS_BF16>(*reinterpret_cast<const u32*>(o + c));
-                const float2 y = unpack2<IS_BF16>(*reinterpret_cast<const u32*>(d_o + c));
-                d = fmaf(x.x, y.x, fmaf(x.y, y.y, d));
-            }
-        }
-#pragma unroll
-        for (int m = 16; m >= 1; m /= 2) d += __shfl_xor_sync(0xffffffffu, d, m);
-        if (lane == 0) {
-            // A row that saw no key has LSE -inf and O = 0: its P must be 0, not exp2(s + inf).
-            float lse2 = __int_as_float(0x7f800000);
-            if (row < seq.seq_q) {
-                const float lse = p.lse[lse_index(p, seq, batch, head, row)];
-                if (lse != NEG_INF) lse2 = lse * LOG2E_F;
-            }
-            bp.d_rows[base + row] = d;
-            bp.lse_log2[base + row] = lse2;
-        }
-    }
-    float4* acc = reinterpret_cast<float4*>(bp.dq_accum + (base + m0) * HEAD_DIM);
-    for (int i = tid; i < BLOCK_M * HEAD_DIM / 4; i += PRE_THREADS) acc[i] = make_float4(0.f, 0.f, 0.f, 0.f);
-    if (DETERMINISTIC && tid == 0) bp.semaphores[((i64)batch * p.num_heads + head) * bp.q_tiles + q_tile] = 0u;
-}
+#include "bwd_aux.cuh"
 
 // ---- Main kernel: dK, dV of one K/V tile and its part of dQ --------------------------------
 extern "C" __global__ void __launch_bounds__(THREADS, FA_MIN_BLOCKS) KERNEL_NAME(const __grid_constant__ BwdParams bp) {
@@ -195,11 +151,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, FA_MIN_BLOCKS) KERNEL_NAME
 
     // Query tiles that see a key of this tile: all, or (causal) from the tile of the first row
     // whose diagonal reaches key n0.
-    int first_q = 0;
-    if (CAUSAL) {
-        const int r0 = n0 - seq.causal_offset > 0 ? n0 - seq.causal_offset : 0;
-        first_q = r0 < seq.seq_q ? r0 / BLOCK_M : bp.q_tiles;
-    }
+    const int first_q = first_query_tile(seq, n0, bp.q_tiles);
     const int n_q = bp.q_tiles - first_q;
     const int steps = n_q * p.group_size;  // (query head of the group, query tile) pairs
 
@@ -387,17 +339,8 @@ extern "C" __global__ void __launch_bounds__(THREADS, FA_MIN_BLOCKS) KERNEL_NAME
         // 64 columns (32 registers beside dK and dV's 128), each added to the accumulator: rows
         // m0 + 16·rg + g (+8), columns cg·DQ_COLS + 8n + 2t (+1).
         float* dq_at = bp.dq_accum + (row_base(bp, batch, h) + m0 + 16 * rg + g) * HEAD_DIM + cg * DQ_COLS + 2 * t;
-        unsigned* sem = DETERMINISTIC ? bp.semaphores + ((i64)batch * p.num_heads + h) * bp.q_tiles + q_tile : nullptr;
-        if constexpr (DETERMINISTIC) {
-            // Wait for K/V tiles kv_tile + 1 .. last(q_tile) (see the opening comment).
-            const int last_row_key = CAUSAL ? m0 + BLOCK_M - 1 + seq.causal_offset : seq.seq_kv - 1;
-            const int last = (last_row_key < seq.seq_kv - 1 ? last_row_key : seq.seq_kv - 1) / BLOCK_N;
-            if (tid == 0) {
-                while (ld_acquire_u32(sem) < (unsigned)(last - kv_tile)) {
-                }
-            }
-            __syncthreads();
-        }
+        unsigned* sem = DETERMINISTIC ? dq_turn_counter(bp, batch, h, q_tile) : nullptr;
+        if constexpr (DETERMINISTIC) dq_wait_turn(sem, seq, m0, kv_tile, tid);
 #pragma unroll
         for (int pass = 0; pass < DQ_PASSES; ++pass) {
             float dq[PASS_TILES][4];
@@ -431,11 +374,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, FA_MIN_BLOCKS) KERNEL_NAME
                 }
             }
         }
-        if constexpr (DETERMINISTIC) {
-            __threadfence();
-            __syncthreads();
-            if (tid == 0) red_release_add_u32(sem, 1u);
-        }
+        if constexpr (DETERMINISTIC) dq_pass_turn(sem, tid);
     }
     cp_async_wait<0>();
 
@@ -454,26 +393,5 @@ extern "C" __global__ void __launch_bounds__(THREADS, FA_MIN_BLOCKS) KERNEL_NAME
             st_global_u32(dk_row + 8 * d, pack2<IS_BF16>(dk_acc[d][2 * r] * bp.scale, dk_acc[d][2 * r + 1] * bp.scale));
             st_global_u32(dv_row + 8 * d, pack2<IS_BF16>(dv_acc[d][2 * r], dv_acc[d][2 * r + 1]));
         }
-    }
-}
-
-// ---- Convert: dQ = scale · accumulator, in the input dtype ---------------------------------
-// One CTA per (query tile, head, batch); consecutive threads take consecutive column pairs of a
-// row (the scale is applied here, once per element, rather than in every K/V tile's adds).
-extern "C" __global__ void __launch_bounds__(PRE_THREADS) CONVERT_NAME(const __grid_constant__ BwdParams bp) {
-    const FwdParams& p = bp.fwd;
-    const int q_tile = blockIdx.x, head = blockIdx.y, batch = blockIdx.z;
-    const int m0 = q_tile * BLOCK_M;
-    const SeqRows seq = sequence_rows(p, batch);
-    const float* acc = bp.dq_accum + (row_base(bp, batch, head) + m0) * HEAD_DIM;
-    u16* dq = bp.dq + batch * bp.dq_batch_stride + head * bp.dq_head_stride;
-    constexpr int PAIRS = HEAD_DIM / 2;
-    for (int i = threadIdx.x; i < BLOCK_M * PAIRS; i += PRE_THREADS) {
-        const int r = i / PAIRS;
-        const int c = 2 * (i % PAIRS);
-        const int row = m0 + r;
-        if (row >= seq.seq_q) break;  // rows only grow with i
-        const float2 x = *reinterpret_cast<const float2*>(acc + r * HEAD_DIM + c);
-        st_global_u32(dq + (i64)row * bp.dq_seq_stride + c, pack2<IS_BF16>(x.x * bp.scale, x.y * bp.scale));
     }
 }

@@ -38,6 +38,18 @@ __device__ __forceinline__ void cp_async_wait() {
     asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
 }
 
+// One 16-byte chunk: in one piece, or (rows only 8-byte aligned) two.
+template <int VEC_BYTES>
+__device__ __forceinline__ void cp_async_chunk(u32 dst, const u16* src, bool valid) {
+    static_assert(VEC_BYTES == 16 || VEC_BYTES == 8, "global rows are moved in 16- or 8-byte pieces");
+    if (VEC_BYTES == 16) {
+        cp_async_16(dst, src, valid);
+    } else {
+        cp_async_8(dst, src, valid);
+        cp_async_8(dst + 8, src + 4, valid);
+    }
+}
+
 // --- Swizzled shared-memory tiles of 16-bit rows, filled by cp.async ----------------------------
 // Byte offset of 16-byte chunk `chunk` of row `row` in a tile of ROW_BYTES-byte rows: chunk c of
 // row r is stored at chunk c ^ (r & 7), so that ldmatrix's 8 rows of one logical chunk land in 8
@@ -57,7 +69,6 @@ __device__ __forceinline__ u32 swz(int row, int chunk) {
 // aligned) in two.
 template <int ROWS, int ROW_BYTES, int THREADS, int VEC_BYTES, int VALID_CHUNKS = ROW_BYTES / 16>
 __device__ __forceinline__ void cp_async_rows(u32 tile, const u16* g, i64 row_stride, int rows_valid, int tid) {
-    static_assert(VEC_BYTES == 16 || VEC_BYTES == 8, "global rows are moved in 16- or 8-byte pieces");
     constexpr int CHUNKS = ROW_BYTES / 16;
     static_assert(VALID_CHUNKS >= 1 && VALID_CHUNKS <= CHUNKS, "the valid part of a row is within it");
     constexpr int TOTAL = ROWS * CHUNKS;
@@ -71,13 +82,29 @@ __device__ __forceinline__ void cp_async_rows(u32 tile, const u16* g, i64 row_st
         // An invalid piece reads nothing, but the address must still be a legal one: row 0, and
         // chunk 0 for a chunk past the head_dim.
         const u16* src = g + (valid ? (i64)row * row_stride : 0) + (VALID_CHUNKS == CHUNKS || valid ? chunk * 8 : 0);
-        const u32 dst = tile + swz<ROW_BYTES>(row, chunk);
-        if (VEC_BYTES == 16) {
-            cp_async_16(dst, src, valid);
-        } else {
-            cp_async_8(dst, src, valid);
-            cp_async_8(dst + 8, src + 4, valid);
-        }
+        cp_async_chunk<VEC_BYTES>(tile + swz<ROW_BYTES>(row, chunk), src, valid);
+    }
+}
+
+// The same for the layout of Hopper's tensor-core operands (flash_bwd_wgmma.cu): rows of
+// HEAD_DIM 16-bit values cut into 64-column panels, one after another, each ROWS rows of 128
+// bytes with chunk c of row r at chunk c ^ (r & 7) (the 128-byte swizzle of wgmma's descriptors
+// and of the copy engine).
+template <int ROWS, int HEAD_DIM, int THREADS, int VEC_BYTES>
+__device__ __forceinline__ void cp_async_panels(u32 tile, const u16* g, i64 row_stride, int rows_valid, int tid) {
+    constexpr int CHUNKS = HEAD_DIM / 8;
+    constexpr int TOTAL = ROWS * CHUNKS;
+    static_assert(HEAD_DIM % 64 == 0, "whole 64-column panels");
+#pragma unroll
+    for (int j = 0; j < (TOTAL + THREADS - 1) / THREADS; ++j) {
+        const int i = tid + j * THREADS;
+        if (TOTAL % THREADS != 0 && i >= TOTAL) break;
+        const int row = i / CHUNKS;
+        const int chunk = i % CHUNKS;
+        const bool valid = row < rows_valid;
+        const u16* src = g + (valid ? (i64)row * row_stride : 0) + chunk * 8;
+        const u32 dst = tile + (u32)((chunk / 8) * ROWS * 128) + swz<128>(row, chunk % 8);
+        cp_async_chunk<VEC_BYTES>(dst, src, valid);
     }
 }
 

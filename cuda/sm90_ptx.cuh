@@ -119,3 +119,18 @@ __device__ __forceinline__ void named_bar_sync(int id, int threads) {
 __device__ __forceinline__ void named_bar_arrive(int id, int threads) {
     asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
 }
+
+// --- proxies --------------------------------------------------------------------------------
+// Orders this thread's ordinary shared-memory accesses (st.shared, and cp.async's writes once
+// waited for) before later asynchronous-proxy accesses (wgmma's operand reads, the copy engine):
+// the two proxies see shared memory through different paths.
+__device__ __forceinline__ void fence_proxy_async_shared() {
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
+
+// --- vector reductions (sm_90) ----------------------------------------------------------------
+// Four f32 added to 16-byte aligned global memory in one reduction (no value returned).
+__device__ __forceinline__ void red_add_f32x4(float* p, float a, float b, float c, float d) {
+    asm volatile("red.global.add.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"l"(p), "f"(a), "f"(b), "f"(c), "f"(d)
+                 : "memory");
+}

@@ -1,4 +1,4 @@
-//! Throughput of the CUDA backward (`cuda/flash_bwd_mma.cu`) at issue 18's shapes: batch 2, 16
+//! Throughput of the CUDA backward (`cuda/flash_bwd_wgmma.cu` on Hopper, `cuda/flash_bwd_mma.cu`) at issue 18's shapes: batch 2, 16
 //! heads, seq 8192, bf16, head_dim 128 and 64, causal and not; with the atomic dQ accumulation
 //! and the deterministic one. TFLOP/s count FlashAttention's backward convention, 2.5 × the
 //! forward's FLOPs (`BackwardProblem::flops`: `2.5 · 4·B·H·S²·D`, halved when causal), so the

@@ -1,6 +1,7 @@
 //! The CUDA backward engine: [`CudaAttention::backward`] on host slices and
 //! [`CudaAttention::backward_device`] on your device buffers, running the three kernels of
-//! `cuda/flash_bwd_mma.cu` (preprocess, main, convert) on the device's stream.
+//! `cuda/flash_bwd_wgmma.cu` (Hopper) or `cuda/flash_bwd_mma.cu` (preprocess, main, convert) on
+//! the device's stream.
 
 use cudarc::driver::sys::CUfunction_attribute;
 use cudarc::driver::{CudaFunction, CudaSlice, DevicePtr, DevicePtrMut, DeviceRepr, LaunchConfig, PushKernelArg};
@@ -144,6 +145,12 @@ impl CudaAttention {
 
     fn load_backward(&self, config: &CudaBackwardConfig) -> Result<LoadedBackward> {
         let device = self.device();
+        if config.plan.needs_hopper() && !device.is_hopper() {
+            return Err(Error::Unavailable {
+                what: format!("kernel {}", config.name()),
+                why: format!("wgmma needs a Hopper GPU (sm_90a); {} is not one", device.name()),
+            });
+        }
         let smem = config.smem_bytes();
         if smem > device.max_smem_per_block() {
             return Err(Error::Unavailable {
@@ -278,7 +285,13 @@ impl CudaAttention {
             dk,
             dv,
         };
-        let config = select_backward_config(&problem, &addresses, options.plan, options.deterministic)?;
+        let config = select_backward_config(
+            &problem,
+            &addresses,
+            options.plan,
+            options.deterministic,
+            self.device().is_hopper(),
+        )?;
         let kernel = self.backward_kernel(&config)?;
         let workspace = config.workspace(&problem);
 

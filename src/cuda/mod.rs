@@ -27,8 +27,9 @@
 //!   FlashAttention-3 style Hopper kernel (`cuda/flash_fwd_wgmma.cu`: TMA, wgmma, a producer
 //!   warpgroup and two or three consumer warpgroups), why: `mma.sync` is the fallback.
 //! * [`CudaAttention::backward`] (host slices) and [`CudaAttention::backward_device`] (your
-//!   buffers) compute dQ, dK and dV: FlashAttention-2's backward on `mma.sync`
-//!   (`cuda/flash_bwd_mma.cu`), one CTA per K/V tile, dQ accumulated in f32 by atomics or, with
+//!   buffers) compute dQ, dK and dV: on Hopper the five products on `wgmma`
+//!   (`cuda/flash_bwd_wgmma.cu`), elsewhere FlashAttention-2's backward on `mma.sync`
+//!   (`cuda/flash_bwd_mma.cu`); one CTA per K/V tile, dQ accumulated in f32 by atomics or, with
 //!   [`CudaBackwardOptions::deterministic`], in a fixed order (bit-identical runs).
 //! * Kernels compile with NVRTC for the GPU's architecture (`sm_90a` on Hopper) and their cubins
 //!   are cached on disk ([`DiskCache`]), keyed by a hash of source, options, NVRTC and driver

@@ -1901,7 +1901,7 @@ fn cuda_backward_host(b: &mut Bytes<'_>, d: &Drawn, _at: Option<(&Device, &Flash
     let plans = backward_plans(bp.forward.shape.head_dim);
     let plan = (b.chance(96) && !plans.is_empty()).then(|| b.pick(plans));
     if valid.is_ok() {
-        if let Ok(config) = select_backward_config(&bp, &addresses(a), plan, b.chance(128)) {
+        if let Ok(config) = select_backward_config(&bp, &addresses(a), plan, b.chance(128), b.chance(128)) {
             if bp.forward.validate().is_err() {
                 return Verdict::Wrong("select_backward_config accepted an invalid problem".into());
             }

@@ -1,6 +1,6 @@
-//! The `mma.sync` backward (`cuda/flash_bwd_mma.cu`): what it accepts, its tile plans, and the
-//! config a plan becomes for one problem (the `-D` defines, the three launches' grids, the shared
-//! memory and the f32 workspace).
+//! The CUDA backward (`cuda/flash_bwd_wgmma.cu` on Hopper, `cuda/flash_bwd_mma.cu` everywhere):
+//! what it accepts, its tile plans, and the config a plan becomes for one problem (the `-D`
+//! defines, the three launches' grids, the shared memory and the f32 workspace).
 
 use super::support::{check_dtype, MAX_CUDA_SEQ, REGS_PER_SM, SMEM_PER_SM, SMEM_RESERVED_PER_BLOCK};
 use super::{define, vec_bytes_for, LaunchGeometry};
@@ -15,9 +15,10 @@ use crate::problem::{DType, Tensor};
 /// scale that is not positive, K/V caches) is refused by name.
 pub const CUDA_BACKWARD_FEATURES: FeatureSet = FeatureSet::of(&[Feature::CausalMask, Feature::GroupedKv]);
 
-/// Head dimensions the CUDA backward is built for. A warp keeps its 16 keys' dK and dV in f32
-/// registers, `2 · 16 · head_dim / 32` per thread: 128 at head_dim 128, 256 (the whole register
-/// budget) at 256, which is why 256 is refused.
+/// Head dimensions the CUDA backward is built for. A thread keeps its keys' dK and dV in f32
+/// registers, `2 · head_dim / 2` per thread in both kernels (a warp's 16 keys over 32 threads,
+/// a warpgroup's 64 over 128): 128 at head_dim 128, 256 (the whole register budget) at 256,
+/// which is why 256 is refused.
 pub const CUDA_BACKWARD_HEAD_DIMS: [usize; 2] = [64, 128];
 
 /// Threads of the preprocess and convert kernels.
@@ -31,24 +32,53 @@ const REGS_OVERHEAD: u32 = 64;
 /// Grid y and z limits.
 const MAX_GRID_YZ: usize = 65535;
 
-/// A tile plan of the backward: `block_n` keys per CTA (one warp per 16 keys) and `block_m` query
-/// rows per step of its walk over the queries.
+/// Which main kernel a backward plan runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum BackwardKernel {
+    /// `cuda/flash_bwd_mma.cu`: `mma.sync`, one warp per 16 keys; any GPU from sm_80 on.
+    Mma,
+    /// `cuda/flash_bwd_wgmma.cu`: `wgmma`, one warpgroup per 64 keys; Hopper (sm_90a) only.
+    Wgmma,
+}
+
+/// A tile plan of the backward: its kernel, `block_n` keys per CTA and `block_m` query rows per
+/// step of its walk over the queries.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct CudaBackwardPlan {
     /// Query rows per step.
     pub block_m: u32,
     /// Keys per CTA.
     pub block_n: u32,
+    /// The main kernel.
+    pub kernel: BackwardKernel,
 }
 
 impl CudaBackwardPlan {
-    /// The plan of `block_n` keys per CTA and `block_m` query rows per step (checked when it
-    /// becomes a [`CudaBackwardConfig`]).
+    /// The `mma.sync` plan of `block_n` keys per CTA and `block_m` query rows per step (checked
+    /// when it becomes a [`CudaBackwardConfig`]).
     pub const fn new(block_m: u32, block_n: u32) -> Self {
-        CudaBackwardPlan { block_m, block_n }
+        CudaBackwardPlan {
+            block_m,
+            block_n,
+            kernel: BackwardKernel::Mma,
+        }
     }
 
-    /// Warps per CTA: one per 16 keys.
+    /// The Hopper (`wgmma`) plan of `block_n` keys per CTA and `block_m` query rows per step.
+    pub const fn wgmma(block_m: u32, block_n: u32) -> Self {
+        CudaBackwardPlan {
+            block_m,
+            block_n,
+            kernel: BackwardKernel::Wgmma,
+        }
+    }
+
+    /// Whether the plan runs only on Hopper.
+    pub fn needs_hopper(&self) -> bool {
+        self.kernel == BackwardKernel::Wgmma
+    }
+
+    /// Warps per CTA: one per 16 keys (`mma.sync`), four per 64 keys (`wgmma`).
     pub fn warps(&self) -> u32 {
         self.block_n / 16
     }
@@ -59,16 +89,22 @@ impl CudaBackwardPlan {
     }
 }
 
-/// Candidate plans for a head_dim, the default first.
+/// Candidate plans for a head_dim, the default first; [`default_backward_plan`] skips the
+/// Hopper plan elsewhere.
 ///
-/// 64 query rows per step: the smallest `block_m` whose dSᵀ rows (64 16-bit values, 8 chunks)
+/// On Hopper the `wgmma` kernel at 64 query rows and 128 keys (two warpgroups, the sizes its
+/// opening comment derives). For `mma.sync`, 64 query rows per step: the smallest `block_m` whose dSᵀ rows (64 16-bit values, 8 chunks)
 /// the swizzle covers, and the one that keeps Sᵀ/dPᵀ at 32 registers and the packed Pᵀ/dSᵀ at 16
 /// beside dK and dV's 128 at head_dim 128 (ptxas still reaches the 255 cap there). 128 keys (8
 /// warps) per CTA first: they halve the Q and dO traffic per key and split dQ's columns between
 /// two warps per row group, at one CTA per SM; 64 keys (4 warps, two CTAs an SM) ran 0.76× as
 /// fast at head_dim 128 and 0.83× at 64 on the H200 (BENCHMARKS.md, session 14).
 pub fn backward_plans(head_dim: usize) -> &'static [CudaBackwardPlan] {
-    const PLANS: [CudaBackwardPlan; 2] = [CudaBackwardPlan::new(64, 128), CudaBackwardPlan::new(64, 64)];
+    const PLANS: [CudaBackwardPlan; 3] = [
+        CudaBackwardPlan::wgmma(64, 128),
+        CudaBackwardPlan::new(64, 128),
+        CudaBackwardPlan::new(64, 64),
+    ];
     if CUDA_BACKWARD_HEAD_DIMS.contains(&head_dim) {
         &PLANS
     } else {
@@ -76,9 +112,12 @@ pub fn backward_plans(head_dim: usize) -> &'static [CudaBackwardPlan] {
     }
 }
 
-/// The plan a backward of this head_dim runs by default.
-pub fn default_backward_plan(head_dim: usize) -> Option<CudaBackwardPlan> {
-    backward_plans(head_dim).first().copied()
+/// The plan a backward of this head_dim runs by default on a Hopper GPU or another.
+pub fn default_backward_plan(head_dim: usize, hopper: bool) -> Option<CudaBackwardPlan> {
+    backward_plans(head_dim)
+        .iter()
+        .copied()
+        .find(|p| hopper || !p.needs_hopper())
 }
 
 /// A [`CudaBackwardPlan`] compiled for one dtype, head_dim, masking, access width and dQ
@@ -114,6 +153,13 @@ impl CudaBackwardConfig {
         check_dtype(dtype)?;
         check_backward_head_dim(head_dim)?;
         let head_dim = head_dim as u32;
+        if plan.kernel == BackwardKernel::Wgmma && (plan.block_m != 64 || plan.block_n != 128) {
+            return invalid!(
+                "the wgmma backward runs 64 query rows x 128 keys (two warpgroups of 64 keys), not {}x{}",
+                plan.block_m,
+                plan.block_n
+            );
+        }
         let warps = plan.warps();
         let row_groups = plan.block_m / 16;
         if plan.block_n == 0 || !plan.block_n.is_multiple_of(16) || !(1..=8).contains(&warps) {
@@ -147,16 +193,24 @@ impl CudaBackwardConfig {
         };
         let by_smem = SMEM_PER_SM / (config.smem_bytes() + SMEM_RESERVED_PER_BLOCK);
         let by_regs = REGS_PER_SM / (plan.threads() * config.register_estimate());
-        config.min_blocks = by_smem.min(by_regs).clamp(1, 4);
+        config.min_blocks = match plan.kernel {
+            BackwardKernel::Mma => by_smem.min(by_regs).clamp(1, 4),
+            // __launch_bounds__(256, 1) in the kernel: its register budget is the whole file.
+            BackwardKernel::Wgmma => 1,
+        };
         Ok(config)
     }
 
-    /// `flash_bwd_mma_bf16_d128_bm64_bn64_w4[_causal][_a8][_det]`: the main kernel's entry
-    /// point, the cache key and the test label.
+    /// `flash_bwd_{mma|wgmma}_bf16_d128_bm64_bn64_w4[_causal][_a8][_det]`: the main kernel's
+    /// entry point, the cache key and the test label.
     pub fn name(&self) -> String {
         let p = &self.plan;
         format!(
-            "flash_bwd_mma_{}_d{}_bm{}_bn{}_w{}{}{}{}",
+            "flash_bwd_{}_{}_d{}_bm{}_bn{}_w{}{}{}{}",
+            match p.kernel {
+                BackwardKernel::Mma => "mma",
+                BackwardKernel::Wgmma => "wgmma",
+            },
             self.dtype.name(),
             self.head_dim,
             p.block_m,
@@ -187,15 +241,21 @@ impl CudaBackwardConfig {
     }
 
     /// The main kernel's dynamic shared memory: K and V tiles, two stages of (Q, dO, LSE, D), and
-    /// dSᵀ.
+    /// dSᵀ; the `wgmma` kernel's stages rounded up to 1024 bytes (its operand panels' alignment),
+    /// and 1024 bytes to align the start.
     pub fn smem_bytes(&self) -> u32 {
         let row = self.head_dim * 2;
         let p = &self.plan;
         let stage = 2 * p.block_m * row + 2 * p.block_m * 4;
-        2 * p.block_n * row + 2 * stage + p.block_n * p.block_m * 2
+        match p.kernel {
+            BackwardKernel::Mma => 2 * p.block_n * row + 2 * stage + p.block_n * p.block_m * 2,
+            BackwardKernel::Wgmma => {
+                2 * p.block_n * row + 2 * stage.next_multiple_of(1024) + p.block_n * p.block_m * 2 + 1024
+            }
+        }
     }
 
-    /// The `-D` definitions `cuda/flash_bwd_mma.cu` reads.
+    /// The `-D` definitions the kernel's file reads (`FA_MIN_BLOCKS` only `mma.sync`'s).
     pub fn defines(&self) -> Vec<String> {
         let p = &self.plan;
         vec![
@@ -311,7 +371,7 @@ pub fn validate_for_cuda_backward(problem: &BackwardProblem) -> Result<()> {
     }
     if let Some(why) = missing_features("the CUDA backward", asked, CUDA_BACKWARD_FEATURES) {
         return Err(Error::Unavailable {
-            what: "the CUDA backward (mma.sync)".into(),
+            what: "the CUDA backward".into(),
             why,
         });
     }
@@ -335,18 +395,25 @@ pub fn validate_for_cuda_backward(problem: &BackwardProblem) -> Result<()> {
 }
 
 /// The config of the default plan (or `plan`) for `problem` (validated) with buffers at
-/// `addresses`.
+/// `addresses`, on a Hopper GPU or another.
 pub fn select_backward_config(
     problem: &BackwardProblem,
     addresses: &BackwardAddresses,
     plan: Option<CudaBackwardPlan>,
     deterministic: bool,
+    hopper: bool,
 ) -> Result<CudaBackwardConfig> {
     let f = &problem.forward;
     let vec_bytes = backward_vec_bytes(problem, addresses)?;
     let plan = match plan {
+        Some(p) if p.needs_hopper() && !hopper => {
+            return Err(Error::Unavailable {
+                what: "the wgmma backward".into(),
+                why: "wgmma needs a Hopper GPU (sm_90a)".into(),
+            })
+        }
         Some(p) => p,
-        None => default_backward_plan(f.shape.head_dim).ok_or_else(|| Error::Unavailable {
+        None => default_backward_plan(f.shape.head_dim, hopper).ok_or_else(|| Error::Unavailable {
             what: format!("head_dim {} on the CUDA backward", f.shape.head_dim),
             why: format!("the CUDA backward is built for head_dim {CUDA_BACKWARD_HEAD_DIMS:?}"),
         })?,
@@ -491,7 +558,9 @@ mod tests {
             }
         }
         assert!(backward_plans(256).is_empty());
-        assert_eq!(default_backward_plan(96), None);
+        assert_eq!(default_backward_plan(96, true), None);
+        assert_eq!(default_backward_plan(128, true), Some(CudaBackwardPlan::wgmma(64, 128)));
+        assert_eq!(default_backward_plan(128, false), Some(CudaBackwardPlan::new(64, 128)));
     }
 
     #[test]
@@ -507,6 +576,12 @@ mod tests {
         assert_eq!(c.min_blocks, 2);
         let c = CudaBackwardConfig::new(DType::F16, 64, CudaBackwardPlan::new(64, 128), false, 8, true).unwrap();
         assert_eq!(c.name(), "flash_bwd_mma_f16_d64_bm64_bn128_w8_a8_det");
+        // The wgmma kernel: 32 KiB each of K and V, two stages of 32.5 KiB rounded to 33, 16 KiB
+        // dSᵀ and 1 KiB to align the start.
+        let w = CudaBackwardConfig::new(DType::BF16, 128, CudaBackwardPlan::wgmma(64, 128), true, 16, false).unwrap();
+        assert_eq!(w.name(), "flash_bwd_wgmma_bf16_d128_bm64_bn128_w8_causal");
+        assert_eq!(w.smem_bytes(), 64 * 1024 + 2 * 33 * 1024 + 16 * 1024 + 1024);
+        assert_eq!((w.min_blocks, w.plan.threads()), (1, 256));
         let d = c.defines();
         for want in [
             "-DFA_DETERMINISTIC=1",
@@ -518,7 +593,8 @@ mod tests {
         }
         let mut names: Vec<_> = all_backward_configs().iter().map(|c| c.name()).collect();
         let n = names.len();
-        assert_eq!(n, 2 * 2 * 2 * 2 * 2 * 2);
+        // dtype, head_dim, 3 plans, causal, access width, deterministic.
+        assert_eq!(n, 2 * 2 * 3 * 2 * 2 * 2);
         names.sort();
         names.dedup();
         assert_eq!(names.len(), n);
@@ -531,6 +607,12 @@ mod tests {
         assert!(new(128, 64).is_err(), "8 dQ row groups over 4 warps");
         assert!(new(64, 24).is_err());
         assert!(new(64, 256).is_err(), "16 warps");
+        let wgmma = |m, n| CudaBackwardConfig::new(DType::BF16, 128, CudaBackwardPlan::wgmma(m, n), false, 16, false);
+        assert!(wgmma(64, 128).is_ok());
+        assert!(
+            wgmma(128, 128).is_err() && wgmma(64, 64).is_err(),
+            "the kernel's one tile shape"
+        );
         let e = CudaBackwardConfig::new(DType::BF16, 256, CudaBackwardPlan::new(64, 64), false, 16, false).unwrap_err();
         assert!(e.to_string().contains("[64, 128]"), "{e}");
         assert!(CudaBackwardConfig::new(DType::F32, 64, CudaBackwardPlan::new(64, 64), false, 16, false).is_err());

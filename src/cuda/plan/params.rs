@@ -184,7 +184,8 @@ pub struct DecodeParams {
 
 const _: () = assert!(std::mem::size_of::<DecodeParams>() == 328);
 
-/// The backward kernels' parameter block (`cuda/flash_bwd_mma.cu`, all three entry points), passed
+/// The backward kernels' parameter block (`cuda/flash_bwd_wgmma.cu` and `cuda/flash_bwd_mma.cu`,
+/// all three entry points of each), passed
 /// by value: the forward's block (Q, K, V, O and the forward's LSE as read inputs), then dO, the
 /// gradients, their strides and the workspace. Mirrors `struct BwdParams` in
 /// `cuda/bwd_params.cuh` field for field; both sides check the size.
