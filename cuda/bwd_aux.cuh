@@ -16,12 +16,12 @@ __device__ __forceinline__ i64 row_base(const BwdParams& bp, int b, int h) {
 }
 
 // Where element (r, c) of a query tile's dQ lies in its BLOCK_M x HEAD_DIM f32 accumulator tile.
-// Row-major for the mma.sync kernel. The wgmma kernel stores the tile in the order its threads
-// hold it, so that each thread adds whole float4s and a warp's adds cover contiguous 512 bytes:
-// warpgroup w owns columns [w·DQ_COLS, (w+1)·DQ_COLS), thread t of it (warp t / 32, lane 4g + q)
+// Row-major for the mma.sync kernel. The wgmma kernel keeps the tile in the order its consumer
+// threads hold it, so that they store it to shared memory as conflict-free float4s and the tile
+// is one contiguous block for the writer's bulk reduction: consumer warpgroup w owns columns [w·DQ_COLS, (w+1)·DQ_COLS), thread t of it (warp t / 32, lane 4g + q)
 // holds accumulator register 4j + e = row 16·(t / 32) + g + 8·(e / 2), column 8j + 2q + (e & 1)
-// of them (wgmma_gen.cuh), and register 4j + e of thread T = 128w + t is element
-// 4·(j·THREADS + T) + e.
+// of them (wgmma_gen.cuh), and register 4j + e of consumer thread T = 128w + t is element
+// 4·(j·128·DQ_WARPGROUPS + T) + e.
 __device__ __forceinline__ int dq_tile_index(int r, int c) {
     if constexpr (DQ_WARPGROUPS == 0) {
         return r * HEAD_DIM + c;
@@ -44,15 +44,17 @@ __device__ __forceinline__ int first_query_tile(const SeqRows& seq, int n0, int 
 
 // The deterministic build's order (flash_bwd_mma.cu's opening comment): the CTA of K/V tile
 // kv_tile adds its part of the query tile at row m0 after the K/V tiles kv_tile + 1 ..
-// last(tile) have, where last is the last K/V tile the tile's rows see. One thread spins on the
-// tile's counter; the barrier after it holds the CTA.
-__device__ __forceinline__ void dq_wait_turn(const unsigned* sem, const SeqRows& seq, int m0, int kv_tile, int tid) {
+// last(tile) have, where last is the last K/V tile the tile's rows see. The calling thread spins
+// on the tile's counter until then (an acquire: what those tiles added is visible after it).
+__device__ __forceinline__ void dq_await_turn(const unsigned* sem, const SeqRows& seq, int m0, int kv_tile) {
     const int last_row_key = CAUSAL ? m0 + BLOCK_M - 1 + seq.causal_offset : seq.seq_kv - 1;
     const int last = (last_row_key < seq.seq_kv - 1 ? last_row_key : seq.seq_kv - 1) / BLOCK_N;
-    if (tid == 0) {
-        while (ld_acquire_u32(sem) < (unsigned)(last - kv_tile)) {
-        }
+    while (ld_acquire_u32(sem) < (unsigned)(last - kv_tile)) {
     }
+}
+// The whole CTA waits: one thread spins, the barrier after it holds the others.
+__device__ __forceinline__ void dq_wait_turn(const unsigned* sem, const SeqRows& seq, int m0, int kv_tile, int tid) {
+    if (tid == 0) dq_await_turn(sem, seq, m0, kv_tile);
     __syncthreads();
 }
 // ... and hands the turn on once every thread's adds are visible.

@@ -89,14 +89,6 @@ __device__ __forceinline__ float2 ld_cg_f32x2(const float* p) {
 __device__ __forceinline__ void st_cg_f32x2(float* p, float2 v) {
     asm volatile("st.global.cg.v2.f32 [%0], {%1,%2};\n" ::"l"(p), "f"(v.x), "f"(v.y) : "memory");
 }
-__device__ __forceinline__ float4 ld_cg_f32x4(const float* p) {
-    float4 v;
-    asm volatile("ld.global.cg.v4.f32 {%0,%1,%2,%3}, [%4];\n" : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w) : "l"(p) : "memory");
-    return v;
-}
-__device__ __forceinline__ void st_cg_f32x4(float* p, float4 v) {
-    asm volatile("st.global.cg.v4.f32 [%0], {%1,%2,%3,%4};\n" ::"l"(p), "f"(v.x), "f"(v.y), "f"(v.z), "f"(v.w) : "memory");
-}
 // The counter as the waiting thread sees it: an acquire load (sm_70+), so that what the CTA reads
 // after the barrier that follows is at least what the counter's writer wrote before its release.
 __device__ __forceinline__ unsigned ld_acquire_u32(const unsigned* p) {

@@ -223,10 +223,6 @@ __device__ __forceinline__ u32 atomic_add_u32(unsigned* p, u32 v) {
 __device__ __forceinline__ void st_global_u32(unsigned* p, u32 v) {
     asm volatile("st.global.u32 [%0], %1;\n" ::"l"(p), "r"(v) : "memory");
 }
-__device__ __forceinline__ void st_shared_v4(u32 addr, const u32 v[4]) {
-    asm volatile("st.shared.v4.u32 [%0], {%1,%2,%3,%4};\n" ::"r"(addr), "r"(v[0]), "r"(v[1]), "r"(v[2]), "r"(v[3])
-                 : "memory");
-}
 // Transposes an 8x8 matrix of 16-bit values held one row pair per lane (lane 4g + t: row g,
 // columns 2t, 2t + 1) into the same layout.
 __device__ __forceinline__ u32 movmatrix_trans(u32 a) {

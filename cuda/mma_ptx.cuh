@@ -89,13 +89,14 @@ __device__ __forceinline__ void cp_async_rows(u32 tile, const u16* g, i64 row_st
 // The same for the layout of Hopper's tensor-core operands (flash_bwd_wgmma.cu): rows of
 // HEAD_DIM 16-bit values cut into 64-column panels, one after another, each ROWS rows of 128
 // bytes with chunk c of row r at chunk c ^ (r & 7) (the 128-byte swizzle of wgmma's descriptors
-// and of the copy engine).
-template <int ROWS, int HEAD_DIM, int THREADS, int VEC_BYTES>
+// and of the copy engine). UNROLL = 1 keeps a loader thread's registers few (a producer warp
+// with little of the register file) at the price of the address arithmetic in the loop.
+template <int ROWS, int HEAD_DIM, int THREADS, int VEC_BYTES, int UNROLL = 64>
 __device__ __forceinline__ void cp_async_panels(u32 tile, const u16* g, i64 row_stride, int rows_valid, int tid) {
     constexpr int CHUNKS = HEAD_DIM / 8;
     constexpr int TOTAL = ROWS * CHUNKS;
     static_assert(HEAD_DIM % 64 == 0, "whole 64-column panels");
-#pragma unroll
+#pragma unroll UNROLL
     for (int j = 0; j < (TOTAL + THREADS - 1) / THREADS; ++j) {
         const int i = tid + j * THREADS;
         if (TOTAL % THREADS != 0 && i >= TOTAL) break;
@@ -168,6 +169,13 @@ __device__ __forceinline__ void ld_shared_v4(u32 addr, u32 v[4]) {
 }
 __device__ __forceinline__ void st_shared_u32(u32 addr, u32 v) {
     asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(addr), "r"(v) : "memory");
+}
+__device__ __forceinline__ void st_shared_v4(u32 addr, const u32 v[4]) {
+    asm volatile("st.shared.v4.u32 [%0], {%1,%2,%3,%4};\n" ::"r"(addr), "r"(v[0]), "r"(v[1]), "r"(v[2]), "r"(v[3])
+                 : "memory");
+}
+__device__ __forceinline__ void st_shared_v4(u32 addr, float a, float b, float c, float d) {
+    asm volatile("st.shared.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"r"(addr), "f"(a), "f"(b), "f"(c), "f"(d) : "memory");
 }
 __device__ __forceinline__ void st_global_v4(void* p, const u32 v[4]) {
     asm volatile("st.global.v4.u32 [%0], {%1,%2,%3,%4};\n" ::"l"(p), "r"(v[0]), "r"(v[1]), "r"(v[2]), "r"(v[3]));

@@ -83,6 +83,12 @@ __device__ __forceinline__ void mbar_wait(u32 bar, u32 parity) {
     } while (!done);
 }
 
+// One arrival on `bar` when every cp.async this thread issued before has landed (asynchronous:
+// the thread goes on); it counts as one of the arrivals the barrier was initialized with.
+__device__ __forceinline__ void cp_async_mbar_arrive(u32 bar) {
+    asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
+}
+
 // --- bulk tensor copies (TMA) ---------------------------------------------------------------
 // The host's CUtensorMap (cuTensorMapEncodeTiled), 128 opaque bytes, 64-byte aligned; the kernel
 // takes it by value as a __grid_constant__ parameter and hands the copy engine its address.
@@ -128,9 +134,22 @@ __device__ __forceinline__ void fence_proxy_async_shared() {
     asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
 }
 
-// --- vector reductions (sm_90) ----------------------------------------------------------------
-// Four f32 added to 16-byte aligned global memory in one reduction (no value returned).
-__device__ __forceinline__ void red_add_f32x4(float* p, float a, float b, float c, float d) {
-    asm volatile("red.global.add.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"l"(p), "f"(a), "f"(b), "f"(c), "f"(d)
+// Orders this thread's completed asynchronous-proxy writes to global memory (a bulk reduction
+// waited for) before its later ordinary accesses, such as a release that publishes them.
+__device__ __forceinline__ void fence_proxy_async_global() {
+    asm volatile("fence.proxy.async.global;\n" ::: "memory");
+}
+
+// --- bulk reductions (the copy engine adds shared memory into global memory) ------------------
+// `bytes` (a multiple of 16; both addresses 16-byte aligned) of f32 at `src` in shared memory
+// added element-wise to `dst`, asynchronously; tracked by this thread's bulk groups.
+__device__ __forceinline__ void bulk_reduce_add_f32(float* dst, u32 src, u32 bytes) {
+    asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;\n" ::"l"(dst), "r"(src),
+                 "r"(bytes)
                  : "memory");
 }
+__device__ __forceinline__ void bulk_commit() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
+// Until this thread's bulk groups have finished reading their shared-memory sources...
+__device__ __forceinline__ void bulk_wait_read() { asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory"); }
+// ... or finished altogether, their writes performed.
+__device__ __forceinline__ void bulk_wait_done() { asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory"); }

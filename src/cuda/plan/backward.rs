@@ -78,9 +78,13 @@ impl CudaBackwardPlan {
         self.kernel == BackwardKernel::Wgmma
     }
 
-    /// Warps per CTA: one per 16 keys (`mma.sync`), four per 64 keys (`wgmma`).
+    /// Warps per CTA: one per 16 keys (`mma.sync`); a consumer warpgroup per 64 keys and the
+    /// producer warpgroup (`wgmma`).
     pub fn warps(&self) -> u32 {
-        self.block_n / 16
+        match self.kernel {
+            BackwardKernel::Mma => self.block_n / 16,
+            BackwardKernel::Wgmma => 4 * (self.block_n / 64 + 1),
+        }
     }
 
     /// Threads per CTA of the main kernel.
@@ -160,7 +164,7 @@ impl CudaBackwardConfig {
                 plan.block_n
             );
         }
-        let warps = plan.warps();
+        let warps = plan.block_n / 16; // mma.sync's warps; the wgmma shape was checked above
         let row_groups = plan.block_m / 16;
         if plan.block_n == 0 || !plan.block_n.is_multiple_of(16) || !(1..=8).contains(&warps) {
             return invalid!(
@@ -241,16 +245,18 @@ impl CudaBackwardConfig {
     }
 
     /// The main kernel's dynamic shared memory: K and V tiles, two stages of (Q, dO, LSE, D), and
-    /// dSᵀ; the `wgmma` kernel's stages rounded up to 1024 bytes (its operand panels' alignment),
-    /// and 1024 bytes to align the start.
+    /// dSᵀ; the `wgmma` kernel has two dSᵀ buffers and the f32 dQ tile, its stages rounded up to
+    /// 1024 bytes (its operand panels' alignment), and 1024 bytes to align the start.
     pub fn smem_bytes(&self) -> u32 {
         let row = self.head_dim * 2;
         let p = &self.plan;
         let stage = 2 * p.block_m * row + 2 * p.block_m * 4;
+        let ds = p.block_n * p.block_m * 2;
         match p.kernel {
-            BackwardKernel::Mma => 2 * p.block_n * row + 2 * stage + p.block_n * p.block_m * 2,
+            BackwardKernel::Mma => 2 * p.block_n * row + 2 * stage + ds,
             BackwardKernel::Wgmma => {
-                2 * p.block_n * row + 2 * stage.next_multiple_of(1024) + p.block_n * p.block_m * 2 + 1024
+                let dq = p.block_m * self.head_dim * 4;
+                2 * p.block_n * row + 2 * stage.next_multiple_of(1024) + 2 * ds + dq + 1024
             }
         }
     }
@@ -549,9 +555,11 @@ mod tests {
                 for det in [false, true] {
                     let c = CudaBackwardConfig::new(DType::BF16, d, p, true, 16, det).unwrap();
                     assert!(c.smem_bytes() <= 227 * 1024, "{}: {}", c.name(), c.smem_bytes());
-                    // Every thread moves whole 16-byte chunks of each tile.
-                    assert_eq!((p.block_n * d as u32 / 8) % p.threads(), 0);
-                    assert_eq!((p.block_m * d as u32 / 8) % p.threads(), 0);
+                    // Every thread moves whole 16-byte chunks of each tile (mma.sync; the wgmma
+                    // kernel's 64 loader threads do too).
+                    let loaders = if p.needs_hopper() { 64 } else { p.threads() };
+                    assert_eq!((p.block_n * d as u32 / 8) % loaders, 0);
+                    assert_eq!((p.block_m * d as u32 / 8) % loaders, 0);
                     // The LSE and D chunks of a stage are loaded by the first block_m / 2 threads.
                     assert!(p.block_m / 2 <= p.threads());
                 }
@@ -576,12 +584,16 @@ mod tests {
         assert_eq!(c.min_blocks, 2);
         let c = CudaBackwardConfig::new(DType::F16, 64, CudaBackwardPlan::new(64, 128), false, 8, true).unwrap();
         assert_eq!(c.name(), "flash_bwd_mma_f16_d64_bm64_bn128_w8_a8_det");
-        // The wgmma kernel: 32 KiB each of K and V, two stages of 32.5 KiB rounded to 33, 16 KiB
-        // dSᵀ and 1 KiB to align the start.
+        // The wgmma kernel: 32 KiB each of K and V, two stages of 32.5 KiB rounded to 33, two
+        // 16 KiB dSᵀ buffers, the 32 KiB f32 dQ tile and 1 KiB to align the start; a producer
+        // and two consumer warpgroups.
         let w = CudaBackwardConfig::new(DType::BF16, 128, CudaBackwardPlan::wgmma(64, 128), true, 16, false).unwrap();
-        assert_eq!(w.name(), "flash_bwd_wgmma_bf16_d128_bm64_bn128_w8_causal");
-        assert_eq!(w.smem_bytes(), 64 * 1024 + 2 * 33 * 1024 + 16 * 1024 + 1024);
-        assert_eq!((w.min_blocks, w.plan.threads()), (1, 256));
+        assert_eq!(w.name(), "flash_bwd_wgmma_bf16_d128_bm64_bn128_w12_causal");
+        assert_eq!(
+            w.smem_bytes(),
+            64 * 1024 + 2 * 33 * 1024 + 2 * 16 * 1024 + 32 * 1024 + 1024
+        );
+        assert_eq!((w.min_blocks, w.plan.threads()), (1, 384));
         let d = c.defines();
         for want in [
             "-DFA_DETERMINISTIC=1",
