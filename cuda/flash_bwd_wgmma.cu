@@ -36,7 +36,7 @@
 // Why these sizes. Registers per consumer thread at head_dim 128: dK and dV 2 · 64 (64 x 128 f32
 // over 128 threads each), Sᵀ and dPᵀ 2 · 32, Pᵀ and dSᵀ packed 2 · 16, dQ 32 (after Sᵀ and dPᵀ
 // die): ~210 live, under the 232 setmaxnreg gives each consumer (the producer keeps 32, which
-// its loader loops need to run without spills; 24 and 240 ran 6% slower at head_dim 128).
+// its loader loops need to run without spills).
 // head_dim
 // 256 would need 256 for dK and dV alone (refused; FlashAttention-3 swaps the products' operands
 // there). BLOCK_M = 64: the N of Sᵀ and the width of one 128-byte dSᵀ row. Shared memory at
@@ -74,8 +74,12 @@ constexpr int CONSUMERS = BLOCK_N / 64;
 constexpr int DQ_WARPGROUPS = CONSUMERS;  // dQ tiles in the consumers' registers' order (bwd_aux.cuh)
 constexpr int CONSUMER_THREADS = 128 * CONSUMERS;
 constexpr int THREADS = 128 + CONSUMER_THREADS;
-constexpr int LOADERS = 64;  // producer warps 0-1
-constexpr int WRITER = 64;   // the dQ writer: warp 2's first thread
+// Loader threads: producer warps 0-1. Their loops are unrolled 4 times: fully unrolled they
+// need more than the producer's registers, not unrolled two warps issue a head_dim 128 step's
+// copies more slowly than the consumers use them.
+constexpr int LOADERS = 64;
+constexpr int LOAD_UNROLL = 4;
+constexpr int WRITER = 64;     // the dQ writer: warp 2's first thread
 constexpr int PRODUCER_REGS = 32;
 constexpr int CONSUMER_REGS = 232;
 // Registers per thread at launch (__launch_bounds__(THREADS, 1): the file over THREADS, in
@@ -165,8 +169,8 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) KERNEL_NAME(const __gri
                 const u16* q = p.q + batch * p.q_batch_stride + h * p.q_head_stride + (i64)m0 * p.q_seq_stride;
                 const u16* d_o =
                     bp.d_o + batch * bp.do_batch_stride + h * bp.do_head_stride + (i64)m0 * bp.do_seq_stride;
-                cp_async_panels<BLOCK_M, HEAD_DIM, LOADERS, VEC_BYTES, 1>(s, q, p.q_seq_stride, seq.seq_q - m0, tid);
-                cp_async_panels<BLOCK_M, HEAD_DIM, LOADERS, VEC_BYTES, 1>(s + DO_OFF, d_o, bp.do_seq_stride,
+                cp_async_panels<BLOCK_M, HEAD_DIM, LOADERS, VEC_BYTES, LOAD_UNROLL>(s, q, p.q_seq_stride, seq.seq_q - m0, tid);
+                cp_async_panels<BLOCK_M, HEAD_DIM, LOADERS, VEC_BYTES, LOAD_UNROLL>(s + DO_OFF, d_o, bp.do_seq_stride,
                                                                        seq.seq_q - m0, tid);
                 // LSE and D: BLOCK_M floats each, padded in the workspace (16-byte chunks, no bounds).
                 const i64 at = row_base(bp, batch, h) + m0;
@@ -182,8 +186,8 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) KERNEL_NAME(const __gri
             // soon as that stage is empty.
             const u16* k = p.k + batch * p.k_batch_stride + kv_head * p.k_head_stride + (i64)n0 * p.k_seq_stride;
             const u16* v = p.v + batch * p.v_batch_stride + kv_head * p.v_head_stride + (i64)n0 * p.v_seq_stride;
-            cp_async_panels<BLOCK_N, HEAD_DIM, LOADERS, VEC_BYTES, 1>(s_k, k, p.k_seq_stride, seq.seq_kv - n0, tid);
-            cp_async_panels<BLOCK_N, HEAD_DIM, LOADERS, VEC_BYTES, 1>(s_v, v, p.v_seq_stride, seq.seq_kv - n0, tid);
+            cp_async_panels<BLOCK_N, HEAD_DIM, LOADERS, VEC_BYTES, LOAD_UNROLL>(s_k, k, p.k_seq_stride, seq.seq_kv - n0, tid);
+            cp_async_panels<BLOCK_N, HEAD_DIM, LOADERS, VEC_BYTES, LOAD_UNROLL>(s_v, v, p.v_seq_stride, seq.seq_kv - n0, tid);
             for (int it = 0; it < steps; ++it) {
                 const int stage = it & 1;
                 // Use it / 2 of the stage waits for the consumers' release of use it / 2 - 1.
