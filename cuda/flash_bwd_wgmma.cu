@@ -36,10 +36,8 @@
 // Why these sizes. Registers per consumer thread at head_dim 128: dK and dV 2 · 64 (64 x 128 f32
 // over 128 threads each), Sᵀ and dPᵀ 2 · 32, Pᵀ and dSᵀ packed 2 · 16, dQ 32 (after Sᵀ and dPᵀ
 // die): ~210 live, under the 232 setmaxnreg gives each consumer (the producer keeps 32, which
-// its loader loops need to run without spills).
-// head_dim
-// 256 would need 256 for dK and dV alone (refused; FlashAttention-3 swaps the products' operands
-// there). BLOCK_M = 64: the N of Sᵀ and the width of one 128-byte dSᵀ row. Shared memory at
+// its loader loops need to run without spills). head_dim 256 would need 256 for dK and dV alone
+// (refused; FlashAttention-3 swaps the products' operands there). BLOCK_M = 64: the N of Sᵀ and the width of one 128-byte dSᵀ row. Shared memory at
 // head_dim 128: K and V 2 · 32 KiB, two stages of Q + dO (2 · 16 KiB) + LSE and D, two dSᵀ
 // buffers of 16 KiB (a consumer writes the next step's while the other may still read this
 // one's for dQ) and the f32 dQ tile, 32 KiB: 194 KiB, one CTA per SM.
