@@ -96,9 +96,9 @@ impl CudaBackwardPlan {
 /// Candidate plans for a head_dim, the default first; [`default_backward_plan`] skips the
 /// Hopper plan elsewhere.
 ///
-/// On Hopper the `wgmma` kernel at 64 query rows and 128 keys (two warpgroups, the sizes its
-/// opening comment derives). For `mma.sync`, 64 query rows per step: the smallest `block_m` whose dSᵀ rows (64 16-bit values, 8 chunks)
-/// the swizzle covers, and the one that keeps Sᵀ/dPᵀ at 32 registers and the packed Pᵀ/dSᵀ at 16
+/// On Hopper the `wgmma` kernel at 64 query rows and 128 keys (two consumer warpgroups, the
+/// sizes its opening comment derives). For `mma.sync`, 64 query rows per step: the smallest
+/// `block_m` whose dSᵀ rows (64 16-bit values, 8 chunks) the swizzle covers, and the one that keeps Sᵀ/dPᵀ at 32 registers and the packed Pᵀ/dSᵀ at 16
 /// beside dK and dV's 128 at head_dim 128 (ptxas still reaches the 255 cap there). 128 keys (8
 /// warps) per CTA first: they halve the Q and dO traffic per key and split dQ's columns between
 /// two warps per row group, at one CTA per SM; 64 keys (4 warps, two CTAs an SM) ran 0.76× as
