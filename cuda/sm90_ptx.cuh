@@ -153,3 +153,13 @@ __device__ __forceinline__ void bulk_commit() { asm volatile("cp.async.bulk.comm
 __device__ __forceinline__ void bulk_wait_read() { asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory"); }
 // ... or finished altogether, their writes performed.
 __device__ __forceinline__ void bulk_wait_done() { asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory"); }
+
+// --- FP8 (e4m3) -------------------------------------------------------------------------------
+// Four f32 as e4m3 bytes in one word, a's in the low byte: round to nearest even, magnitudes past
+// the largest finite value (448) saturated to it, NaN kept (the `satfinite` conversion).
+__device__ __forceinline__ u32 pack_e4m3x4(float a, float b, float c, float d) {
+    unsigned short lo, hi;
+    asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;\n" : "=h"(lo) : "f"(b), "f"(a));
+    asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;\n" : "=h"(hi) : "f"(d), "f"(c));
+    return (u32)lo | ((u32)hi << 16);
+}

@@ -7,9 +7,8 @@ use cudarc::driver::sys::{
     CUtensorMapSwizzle,
 };
 
-use super::plan::tensor_map::{TensorMapSpec, STRIDE_ALIGN};
+use super::plan::tensor_map::{MapElement, TensorMapSpec, STRIDE_ALIGN};
 use crate::error::{Error, Result};
-use crate::problem::DType;
 
 /// Encodes `spec` for the buffer whose element 0 is at device address `base`: 128-byte swizzle
 /// (conflict-free for wgmma's K-major reads), rows past the end of a dimension filled with zeros
@@ -28,10 +27,10 @@ pub fn encode(spec: &TensorMapSpec, base: u64) -> Result<CUtensorMap> {
             why: "the library was not found".into(),
         });
     }
-    let data_type = match spec.dtype {
-        DType::BF16 => CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
-        DType::F16 => CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_FLOAT16,
-        DType::F32 => CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_FLOAT32,
+    let data_type = match spec.element {
+        MapElement::BF16 => CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
+        MapElement::F16 => CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_FLOAT16,
+        MapElement::Byte => CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_UINT8,
     };
     let element_strides = [1u32; 4];
     let mut map = CUtensorMap { opaque: [0; 16] };

@@ -16,11 +16,30 @@ const MAX_BOX_DIM: u32 = 256;
 pub(crate) const STRIDE_ALIGN: u64 = 16;
 const MAX_STRIDE: u64 = 1 << 40;
 
+/// What a map's elements are to the copy engine: the 16-bit types, or bytes (FP8's e4m3, which
+/// the copy engine only moves).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MapElement {
+    BF16,
+    F16,
+    Byte,
+}
+
+impl MapElement {
+    /// Bytes per element.
+    pub fn size_bytes(self) -> u32 {
+        match self {
+            MapElement::Byte => 1,
+            _ => 2,
+        }
+    }
+}
+
 /// The arguments of `cuTensorMapEncodeTiled` for one tensor, dimensions innermost first:
-/// `(head_dim, seq, heads, batch)`.
+/// `(head_dim, seq, heads, batch)` (FP8's transposed V: `(keys, head_dim, heads, batch)`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct TensorMapSpec {
-    pub dtype: DType,
+    pub element: MapElement,
     /// Elements per dimension.
     pub global_dim: [u64; 4],
     /// Bytes between consecutive indices of dimensions 1..4 (dimension 0 is contiguous).
@@ -39,7 +58,7 @@ impl TensorMapSpec {
 
     /// Bytes one box fills in shared memory (what the mbarrier's transaction count adds up).
     pub fn box_bytes(&self) -> u32 {
-        self.box_dim.iter().product::<u32>() * self.dtype.size_bytes() as u32
+        self.box_dim.iter().product::<u32>() * self.element.size_bytes()
     }
 }
 
@@ -55,9 +74,11 @@ fn unavailable(tensor: Tensor, why: String) -> Error {
 pub fn tensor_map_spec(problem: &AttentionProblem, tensor: Tensor, rows: u32) -> Result<TensorMapSpec> {
     problem.validate()?;
     let dtype = problem.dtype;
-    if dtype == DType::F32 {
-        return Err(unavailable(tensor, "the TMA kernels take bf16 or f16".into()));
-    }
+    let element = match dtype {
+        DType::BF16 => MapElement::BF16,
+        DType::F16 => MapElement::F16,
+        DType::F32 => return Err(unavailable(tensor, "the TMA kernels take bf16 or f16".into())),
+    };
     if rows == 0 || rows > MAX_BOX_DIM {
         return crate::error::invalid!("a TMA box has 1 to {MAX_BOX_DIM} rows, not {rows}");
     }
@@ -91,7 +112,7 @@ pub fn tensor_map_spec(problem: &AttentionProblem, tensor: Tensor, rows: u32) ->
     }
     let legal = |bytes: u64| if bytes == 0 { STRIDE_ALIGN } else { bytes };
     Ok(TensorMapSpec {
-        dtype,
+        element,
         global_dim: [head_dim as u64, seq as u64, heads as u64, batch as u64],
         global_strides: [legal(strides[0].1), legal(strides[1].1), legal(strides[2].1)],
         box_dim: [SWIZZLE_SPAN_ELEMS, rows, 1, 1],
