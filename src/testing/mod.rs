@@ -107,6 +107,22 @@ pub fn random_tensor<T: Element>(seed: u64, len: usize) -> Vec<T> {
     out
 }
 
+/// [`random_tensor`]'s normal values with a fraction `rate` of them `magnitude` times larger:
+/// FlashAttention-3's inputs for measuring FP8 quantization error with outliers.
+pub fn outlier_tensor<T: Element>(seed: u64, len: usize, rate: f64, magnitude: f64) -> Vec<T> {
+    let mut rng = Rng::new(seed ^ 0x0071_1e75);
+    random_tensor::<f32>(seed, len)
+        .into_iter()
+        .map(|x| {
+            T::from_f64(if rng.uniform() < rate {
+                x as f64 * magnitude
+            } else {
+                x as f64
+            })
+        })
+        .collect()
+}
+
 /// How far a result is from its reference. Build one with [`from_pairs`](Self::from_pairs), test
 /// it with [`within`](Self::within); `Display` prints all of it for a failure message.
 ///

@@ -16,6 +16,7 @@
 pub mod alignment;
 pub mod backward;
 pub mod decode;
+pub mod fp8;
 pub mod mma;
 pub mod params;
 pub mod select;
@@ -32,6 +33,10 @@ pub use backward::{
 pub use decode::{
     cuda_split_count, decode_counters_len, decode_plans, decode_split, default_decode_plan, select_cuda_decode,
     splits_for_waves, validate_for_decode, CudaDecodeConfig, CudaDecodePlan, CUDA_DECODE_FEATURES, DECODE_ROWS,
+};
+pub use fp8::{
+    default_fp8_plan, fp8_plans, validate_for_fp8, Fp8Config, Fp8Layout, Fp8Plan, Fp8Quantization, Fp8Scaling,
+    FP8_FEATURES,
 };
 pub use mma::{default_mma_plan, mma_plans, MmaConfig, MmaPlan};
 pub use params::{BwdParams, DecodeParams, FwdParams};
@@ -540,6 +545,7 @@ mod tests {
             ("alignment.rs", include_str!("alignment.rs")),
             ("backward.rs", include_str!("backward.rs")),
             ("decode.rs", include_str!("decode.rs")),
+            ("fp8.rs", include_str!("fp8.rs")),
             ("mma.rs", include_str!("mma.rs")),
             ("params.rs", include_str!("params.rs")),
             ("select.rs", include_str!("select.rs")),
