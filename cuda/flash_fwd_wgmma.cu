@@ -71,11 +71,27 @@
 // after another; each panel starts 1024-byte aligned, as the swizzle and wgmma's descriptors
 // (sm90_ptx.cuh) need.
 //
+// FP8 (FA_FP8, src/cuda/plan/fp8.rs): Q, K and V are e4m3 bytes written by cuda/fp8_quant.cu, with
+// one f32 scale per 64 query rows (a consumer warpgroup's) and per 128 keys (a K/V tile): S and
+// O += P·V run on the e4m3 wgmma (k32 steps, twice the bf16 rate), whose 8-bit operands must both
+// be K-major, so V arrives transposed (Vt8: a row of keys per head_dim column) with the keys of
+// every 32 in the order that makes P's packed accumulator registers the A fragment (fp8_slot in
+// fp8_quant.cu). Tiles are the same bytes as the 16-bit kernel's: a 128-byte swizzle panel holds
+// 128 columns (or keys). The scales enter where they cost nothing per score: Q's and K's
+// multiply the tile's exp2 factor; V's (a running reference v_ref, the largest seen, that O is
+// kept in units of) shift P's exp2 by log2(256 · v_scale / v_ref), so P is stored as e4m3 in
+// [0, 256] where its 3 mantissa bits cover small probabilities too; the row sum takes the plain
+// P back with one multiply per row and tile, and O is multiplied by v_ref / 256 at the end. Only
+// plain attention with windows, causal and GQA (no ALiBi, bias, soft-cap or P·V split) and no
+// packed batch. At twice bf16's tensor rate the one exp2 a score on the special-function unit is
+// what limits: FA_EX2_FMA moves a share of them to the FMA units, as for the soft-cap.
+//
 // Compile-time parameters (-D, set by src/cuda/plan/wgmma.rs): FA_HEAD_DIM (the tile's width),
 // FA_VALID_DIM (the head_dim, when the tile pads it), FA_BLOCK_N,
 // FA_STAGES, FA_CONSUMERS, FA_CAUSAL, FA_BF16, FA_OVERLAP, FA_PINGPONG, FA_PV_SPLIT (1: O += P·V
 // as one N = 64 wgmma per head_dim panel instead of one N = head_dim wgmma), FA_ALIBI, FA_BIAS,
-// FA_SOFTCAP (the score terms, above), KERNEL_NAME.
+// FA_SOFTCAP (the score terms, above), FA_FP8 (e4m3 inputs, above; the output is still FA_BF16's
+// type), KERNEL_NAME.
 #include "mma_ptx.cuh"
 #include "fwd_params.cuh"
 #include "sm90_ptx.cuh"
@@ -93,6 +109,10 @@ constexpr bool IS_BF16 = FA_BF16 != 0;
 constexpr bool OVERLAP = FA_OVERLAP != 0;
 constexpr bool PINGPONG = FA_PINGPONG != 0;
 constexpr bool PV_SPLIT = FA_PV_SPLIT != 0;
+#ifndef FA_FP8
+#define FA_FP8 0
+#endif
+constexpr bool FP8 = FA_FP8 != 0;
 
 constexpr int CONSUMERS = FA_CONSUMERS;
 constexpr int WG_ROWS = 64;  // wgmma's M
@@ -102,19 +122,26 @@ constexpr int THREADS = 128 * (1 + CONSUMERS);
 // producer keeps 24 and the consumers share the rest, in multiples of 8.
 constexpr int PRODUCER_REGS = 24;
 constexpr int CONSUMER_REGS = CONSUMERS == 2 ? 240 : 160;
-constexpr int PANELS = HEAD_DIM / 64;   // 64-column swizzle panels per row
+constexpr int PANEL_ELEMS = FP8 ? 128 : 64;  // columns of a 128-byte swizzle panel
+constexpr int PANELS = HEAD_DIM / PANEL_ELEMS;  // panels per row of Q or K
 // A padded head_dim (fwd_params.cuh, FA_VALID_DIM): the copy engine fills the columns past it with
 // zeros, since the tensor maps are only head_dim wide; O's are not stored (in_head_dim).
 constexpr u32 ROW_BYTES = 128;          // one panel row
 constexpr u32 Q_PANEL_BYTES = BLOCK_M * ROW_BYTES;
 constexpr u32 KV_PANEL_BYTES = BLOCK_N * ROW_BYTES;
-constexpr u32 Q_BYTES = PANELS * Q_PANEL_BYTES;
+constexpr u32 Q_BYTES = PANELS * Q_PANEL_BYTES;  // what the Q copies fill
+// The Q region: the 16-bit O tile is staged there at the end, so with 1-byte Q it is twice Q.
+constexpr u32 Q_REGION_BYTES = BLOCK_M * HEAD_DIM * 2;
 constexpr u32 KV_BYTES = PANELS * KV_PANEL_BYTES;
+// FP8's V tile, transposed: HEAD_DIM rows of BLOCK_N keys, in panels of 128 keys.
+constexpr int VT_PANELS = BLOCK_N / 128;
+constexpr u32 VT_PANEL_BYTES = HEAD_DIM * ROW_BYTES;
 constexpr u32 STAGE_BYTES = 2 * KV_BYTES;  // K then V
 constexpr int S_REGS = BLOCK_N / 2;        // 64 x BLOCK_N f32 over 128 threads
 constexpr int O_REGS = HEAD_DIM / 2;
-constexpr int K_STEPS = HEAD_DIM / 16;  // k16 steps of Q·Kᵀ
-constexpr int PV_STEPS = BLOCK_N / 16;  // k16 steps of P·V
+constexpr int K_STEP = FP8 ? 32 : 16;     // wgmma's k: 32 bytes of a panel row either way
+constexpr int K_STEPS = HEAD_DIM / K_STEP;  // k-steps of Q·Kᵀ
+constexpr int PV_STEPS = BLOCK_N / K_STEP;  // k-steps of P·V
 constexpr float LN2 = 0.6931471805599453f;
 // Named barriers (0 is __syncthreads): the issue turn of each consumer (ping-pong: consumer c
 // waits on BAR_TURN + c, then passes the turn to c + 1), then one per consumer for its epilogue.
@@ -128,14 +155,30 @@ static_assert(BLOCK_N % 16 == 0 && BLOCK_N >= 64 && BLOCK_N <= 256, "BLOCK_N");
 static_assert(STAGES >= 2 && STAGES <= 4, "a 2-4 stage ring");
 static_assert(CONSUMERS == 2 || CONSUMERS == 3, "two or three consumer warpgroups");
 static_assert(PRODUCER_REGS * 128 + CONSUMER_REGS * 128 * CONSUMERS <= 65536, "register file");
-static_assert(Q_BYTES + STAGES * STAGE_BYTES + 1024 <= 227 * 1024, "shared memory");
+static_assert(Q_REGION_BYTES + STAGES * STAGE_BYTES + 1024 <= 227 * 1024, "shared memory");
+static_assert(!FP8 || (BLOCK_N % 128 == 0 && HEAD_DIM % 128 == 0 && !PV_SPLIT && !HAS_ALIBI && !HAS_BIAS && !HAS_SOFTCAP),
+              "FP8: whole 128-byte panels, plain attention, no P·V split");
 
 struct TmaMaps {
-    TensorMap q, k, v;
+    TensorMap q, k, v;  // FP8: Q8, K8 and Vt8
+};
+
+// FP8's scales (Fp8Layout in src/cuda/plan/fp8.rs): [batch, heads, q_blocks] per 64 query rows,
+// [batch, kv_heads, kv_blocks] per 128 keys for K and for V.
+struct Fp8Scales {
+    const float* q;
+    const float* k;
+    const float* v;
+    int q_blocks;
+    int kv_blocks;
 };
 
 extern "C" __global__ void __launch_bounds__(THREADS, 1)
-    KERNEL_NAME(const __grid_constant__ FwdParams p, const __grid_constant__ TmaMaps maps) {
+    KERNEL_NAME(const __grid_constant__ FwdParams p, const __grid_constant__ TmaMaps maps
+#if FA_FP8
+                , const __grid_constant__ Fp8Scales fp8
+#endif
+    ) {
     extern __shared__ __align__(16) unsigned char smem_raw[];
     // q_full, then k_full[STAGES], v_full[STAGES], empty[STAGES].
     __shared__ __align__(8) u64 bars[1 + 3 * STAGES];
@@ -143,7 +186,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
     // The dynamic buffer's start is not promised to be 1024-byte aligned: round up (the host
     // asks for 1024 bytes more than the tiles need).
     const u32 s_q = (smem_addr(smem_raw) + 1023u) & ~1023u;
-    const u32 s_kv = s_q + Q_BYTES;  // stage s: K at s_kv + s·STAGE_BYTES, V KV_BYTES later
+    const u32 s_kv = s_q + Q_REGION_BYTES;  // stage s: K at s_kv + s·STAGE_BYTES, V KV_BYTES later
     const u32 bar_q = smem_addr(&bars[0]);
     auto bar_k_full = [&](int s) { return bar_q + 8u * (1 + s); };
     auto bar_v_full = [&](int s) { return bar_q + 8u * (1 + STAGES + s); };
@@ -190,7 +233,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
             mbar_arrive_expect_tx(bar_q, Q_BYTES);
 #pragma unroll
             for (int pn = 0; pn < PANELS; ++pn)
-                tma_load_4d(s_q + pn * Q_PANEL_BYTES, &maps.q, pn * 64, q_row0, head, map_batch, bar_q);
+                tma_load_4d(s_q + pn * Q_PANEL_BYTES, &maps.q, pn * PANEL_ELEMS, q_row0, head, map_batch, bar_q);
             for (int j = 0; j < n_tiles; ++j) {
                 const int s = j % STAGES;
                 // Use u = j / STAGES of stage s waits for the consumers' release of use u - 1.
@@ -200,13 +243,20 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
                 mbar_arrive_expect_tx(bar_k_full(s), KV_BYTES);
 #pragma unroll
                 for (int pn = 0; pn < PANELS; ++pn)
-                    tma_load_4d(k_dst + pn * KV_PANEL_BYTES, &maps.k, pn * 64, seq.kv_first + n0, kv_head, map_batch,
-                                bar_k_full(s));
+                    tma_load_4d(k_dst + pn * KV_PANEL_BYTES, &maps.k, pn * PANEL_ELEMS, seq.kv_first + n0, kv_head,
+                                map_batch, bar_k_full(s));
                 mbar_arrive_expect_tx(bar_v_full(s), KV_BYTES);
+                if constexpr (FP8) {
 #pragma unroll
-                for (int pn = 0; pn < PANELS; ++pn)
-                    tma_load_4d(k_dst + KV_BYTES + pn * KV_PANEL_BYTES, &maps.v, pn * 64, seq.kv_first + n0, kv_head,
-                                map_batch, bar_v_full(s));
+                    for (int pn = 0; pn < VT_PANELS; ++pn)
+                        tma_load_4d(k_dst + KV_BYTES + pn * VT_PANEL_BYTES, &maps.v, n0 + 128 * pn, 0, kv_head, map_batch,
+                                    bar_v_full(s));
+                } else {
+#pragma unroll
+                    for (int pn = 0; pn < PANELS; ++pn)
+                        tma_load_4d(k_dst + KV_BYTES + pn * KV_PANEL_BYTES, &maps.v, pn * 64, seq.kv_first + n0, kv_head,
+                                    map_batch, bar_v_full(s));
+                }
             }
         }
         return;
@@ -228,7 +278,9 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
     // 16-byte units (the field cannot overflow: shared addresses are below 2^18).
     const u64 q_desc = wgmma_desc(q_wg, 16, 1024);
     const u64 k_desc = wgmma_desc(s_kv, 16, 1024);
-    const u64 v_desc = wgmma_desc(s_kv + KV_BYTES, PV_SPLIT ? 1024 : KV_PANEL_BYTES, 1024);
+    // V: N-major 16-bit panels, or FP8's transposed V, K-major like K.
+    const u64 v_desc = FP8 ? wgmma_desc(s_kv + KV_BYTES, 16, 1024)
+                           : wgmma_desc(s_kv + KV_BYTES, PV_SPLIT ? 1024 : KV_PANEL_BYTES, 1024);
     auto desc_add = [](u64 d, u32 bytes) { return d + (u64)(bytes >> 4); };
 
     float o[O_REGS];
@@ -245,9 +297,13 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
         const u32 stage = s * STAGE_BYTES;
 #pragma unroll
         for (int kk = 0; kk < K_STEPS; ++kk) {
-            const u32 off = (kk % 4) * 32u;  // k16 step inside a 64-column panel
-            wgmma_ss<BLOCK_N, IS_BF16>(s_acc, desc_add(q_desc, (kk / 4) * Q_PANEL_BYTES + off),
-                                       desc_add(k_desc, stage + (kk / 4) * KV_PANEL_BYTES + off), kk > 0);
+            const u32 off = (kk % 4) * 32u;  // k-step inside a panel
+            const u64 a = desc_add(q_desc, (kk / 4) * Q_PANEL_BYTES + off);
+            const u64 b = desc_add(k_desc, stage + (kk / 4) * KV_PANEL_BYTES + off);
+            if constexpr (FP8)
+                wgmma_ss_e4m3<BLOCK_N>(s_acc, a, b, kk > 0);
+            else
+                wgmma_ss<BLOCK_N, IS_BF16>(s_acc, a, b, kk > 0);
         }
     };
     auto issue_pv = [&](int s) {
@@ -255,7 +311,11 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
 #pragma unroll
         for (int kk = 0; kk < PV_STEPS; ++kk) {
             const u32 off = stage + kk * 16 * ROW_BYTES;  // 16 keys down
-            if constexpr (PV_SPLIT) {
+            if constexpr (FP8) {
+                // 32 keys along the transposed rows, 128 to a panel.
+                const u32 at = stage + (kk / 4) * VT_PANEL_BYTES + (kk % 4) * 32u;
+                wgmma_rs_e4m3<HEAD_DIM>(o, pf[kk], desc_add(v_desc, at), 1);
+            } else if constexpr (PV_SPLIT) {
 #pragma unroll
                 for (int pn = 0; pn < PANELS; ++pn)
                     wgmma_rs<64, IS_BF16>(*reinterpret_cast<float(*)[32]>(&o[32 * pn]), pf[kk],
@@ -285,6 +345,19 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
     // The score terms' per-thread constants (score_units and the helpers in fwd_params.cuh):
     // terms go into x units (divided by fold) once here, the bias's rows are located once.
     const ScoreUnits units = score_units(p);
+    // FP8: this warpgroup's Q scale, the K and V scales of the tile in flight (loaded while its S
+    // is computed, like the bias), and the V reference O is kept in units of (0 before any tile).
+    float q_scale = 1.f, k_scale = 1.f, v_scale = 1.f, v_ref = 0.f;
+#if FA_FP8
+    q_scale = __ldg(fp8.q + ((i64)batch * p.num_heads + head) * fp8.q_blocks + q_tile * CONSUMERS + cw);
+#endif
+    auto load_scales = [&](int j) {
+#if FA_FP8
+        const i64 at = ((i64)batch * (p.num_heads / p.group_size) + kv_head) * fp8.kv_blocks + first_tile + j;
+        k_scale = __ldg(fp8.k + at);
+        v_scale = __ldg(fp8.v + at);
+#endif
+    };
     const float slope_x = slope_log2 / units.fold;
     const float bias_k = LOG2E_F / units.fold;
     const unsigned char* bias_at[2] = {nullptr, nullptr};
@@ -323,11 +396,13 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
     auto softmax = [&](int j, float (&alpha)[2]) {
         const int n0 = (first_tile + j) * BLOCK_N;
         // Scores in x units (score_units): nothing to do for plain attention with a positive
-        // scale, whose exp2(s·scale - max) is one FFMA per score.
-        const float sc = units.fold;
-        if (HAS_SOFTCAP || units.pre != 1.f) {
+        // scale, whose exp2(s·scale - max) is one FFMA per score. FP8's Q and K scales join the
+        // factor.
+        const ScoreUnits u = FP8 ? scaled_units(units, q_scale * k_scale) : units;
+        const float sc = u.fold;
+        if (HAS_SOFTCAP || u.pre != 1.f) {
 #pragma unroll
-            for (int i = 0; i < S_REGS; ++i) s_acc[i] = score_x(units, s_acc[i]);
+            for (int i = 0; i < S_REGS; ++i) s_acc[i] = score_x(u, s_acc[i]);
         }
         // The bias first: its prefetched words are free once added.
         if constexpr (HAS_BIAS) {
@@ -441,6 +516,20 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
                 shift[r] = 0.f;
             }
         }
+        // FP8: P leaves the exp2 times 256 · v_scale / v_ref (e4m3 values up to 256, in the
+        // units of the largest V scale so far: a larger one rescales O with alpha below); the
+        // row sum takes the plain P back.
+        float v_ratio = 1.f, p_unit = 1.f;
+        if constexpr (FP8) {
+            if (v_scale > v_ref) {
+                v_ratio = v_ref / v_scale;
+                v_ref = v_scale;
+            }
+            p_unit = v_ref / (256.f * v_scale);
+            const float p_shift = -__log2f(p_unit);
+#pragma unroll
+            for (int r = 0; r < 2; ++r) shift[r] += p_shift;
+        }
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
             float sum = 0.f;
@@ -454,7 +543,8 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
                 }
                 sum += s_acc[4 * jn + 2 * r] + s_acc[4 * jn + 2 * r + 1];
             }
-            row_sum[r] = row_sum[r] * alpha[r] + sum;
+            row_sum[r] = row_sum[r] * alpha[r] + sum * p_unit;
+            alpha[r] *= v_ratio;  // O's own factor (1 but for FP8)
         }
     };
     // Once the running max settles (most tiles of a long row), alpha is exactly 1: skip the
@@ -475,12 +565,23 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
         fence_regs(row_max);
         fence_regs(row_sum);
     };
-    // S accumulators of n8 slabs 2kk and 2kk+1 = the A fragment of k-step kk.
+    // S accumulators of n8 slabs 2kk and 2kk+1 = the A fragment of k-step kk. FP8: slabs 4kk..4kk+3,
+    // rows g (registers 0, 2) and g + 8 (1, 3), in the key order V's rows are stored in
+    // (fp8_slot in fp8_quant.cu).
     auto pack_p = [&]() {
 #pragma unroll
-        for (int kk = 0; kk < PV_STEPS; ++kk)
+        for (int kk = 0; kk < PV_STEPS; ++kk) {
+            if constexpr (FP8) {
+                const float* x = &s_acc[16 * kk];
+                pf[kk][0] = pack_e4m3x4(x[0], x[1], x[4], x[5]);
+                pf[kk][1] = pack_e4m3x4(x[2], x[3], x[6], x[7]);
+                pf[kk][2] = pack_e4m3x4(x[8], x[9], x[12], x[13]);
+                pf[kk][3] = pack_e4m3x4(x[10], x[11], x[14], x[15]);
+            } else {
 #pragma unroll
-            for (int x = 0; x < 4; ++x) pf[kk][x] = pack2<IS_BF16>(s_acc[8 * kk + 2 * x], s_acc[8 * kk + 2 * x + 1]);
+                for (int x = 0; x < 4; ++x) pf[kk][x] = pack2<IS_BF16>(s_acc[8 * kk + 2 * x], s_acc[8 * kk + 2 * x + 1]);
+            }
+        }
     };
 
     // Consumer 0 issues first: the last consumer hands it the turn.
@@ -498,6 +599,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
             wgmma_commit();
             turn_end();
             load_bias(0);
+            load_scales(0);
             wgmma_wait<0>();
             fence_regs(s_acc);
             softmax(0, alpha);
@@ -517,6 +619,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
                 wgmma_commit();
                 turn_end();
                 load_bias(j);
+                load_scales(j);
                 wgmma_wait<1>();  // S(j) is done; P(j-1)·V(j-1) may still run
                 fence_regs(s_acc);
                 softmax(j, alpha);
@@ -553,6 +656,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
                 wgmma_commit();
                 turn_end();
                 load_bias(j);
+                load_scales(j);
                 wgmma_wait<0>();
                 fence_regs(s_acc);
                 softmax(j, alpha);
@@ -578,6 +682,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
     // reads them): stage O there in the same swizzled layout (conflict-free 4-byte stores), then
     // write whole 16-byte row chunks to global memory.
     named_bar_sync(BAR_EPILOGUE + cw, 128);
+    const float o_unit = FP8 ? v_ref * (1.f / 256.f) : 1.f;  // FP8's P units (softmax)
     float inv[2];
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
@@ -586,7 +691,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
         sum += __shfl_xor_sync(0xffffffffu, sum, 2);
         const RowTotal total = join_sink(p, head, row_max[r], sum);
         // No visible key (and no sink): O = 0 and LSE = -inf, as the reference defines it.
-        inv[r] = !seq.valid ? __int_as_float(0x7fc00000) : (total.sum > 0.f ? total.o_factor / total.sum : 0.f);
+        inv[r] = !seq.valid ? __int_as_float(0x7fc00000) : (total.sum > 0.f ? total.o_factor / total.sum * o_unit : 0.f);
         const int row = row0 + 8 * r;
         if (p.lse != nullptr && lane % 4 == 0 && row < seq.seq_q) {
             const float lse = total.sum > 0.f ? total.m * LN2 + logf(total.sum) : NEG_INF;

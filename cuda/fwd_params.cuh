@@ -199,6 +199,12 @@ __device__ __forceinline__ ScoreUnits score_units(const FwdParams& p) {
     return ScoreUnits{p.scale_log2, 1.f};
 }
 
+// The units of scores that arrive divided by f > 0 (FP8's raw e4m3 products, f = the Q and K
+// blocks' scales): f joins fold when the scores need no pass of their own, else pre.
+__device__ __forceinline__ ScoreUnits scaled_units(const ScoreUnits& u, float f) {
+    return u.pre == 1.f ? ScoreUnits{1.f, u.fold * f} : ScoreUnits{u.pre * f, u.fold};
+}
+
 // A raw score in the units of `u` (the pass over the scores that plain attention with a positive
 // scale skips: callers test u.pre != 1 first when there is no cap). With a cap far above the
 // scores (CAP_SERIES), where |y| = |s·pre| is below 1/16 tanh's series y − y³/3 + 2y⁵/15

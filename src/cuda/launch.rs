@@ -10,13 +10,14 @@ use cudarc::nvrtc::Ptx;
 use super::backward::{BackwardScratch, LoadedBackward};
 use super::device::CudaDevice;
 use super::disk_cache::{CacheStatus, DiskCache, Origin};
+use super::fp8::{LoadedFp8, LoadedQuantizer};
 use super::kernel_map::OnceMap;
 use super::nvrtc::{load_or_compile, resource_report, CompileJob};
 use super::plan::tensor_map::tensor_map_spec;
 use super::plan::{
     decode_counters_len, decode_split, default_decode_plan, goes_to_decode, select_cuda, validate_for_cuda,
     validate_for_decode, vec_bytes_for, wgmma_unavailable, CudaBackwardConfig, CudaDecodeConfig, CudaKernelConfig,
-    CudaPlan, CudaSelection, DecodeParams, FwdParams, LaunchGeometry,
+    CudaPlan, CudaSelection, DecodeParams, Fp8Config, FwdParams, LaunchGeometry,
 };
 use super::tma;
 use crate::error::{invalid, Error, Result};
@@ -38,10 +39,10 @@ unsafe impl DeviceRepr for DecodeParams {}
 /// `cuda/flash_fwd_wgmma.cu`, 3 x 128 bytes), passed by value as a `__grid_constant__`.
 #[repr(C)]
 #[derive(Clone, Copy)]
-struct TmaMaps {
-    q: cudarc::driver::sys::CUtensorMap,
-    k: cudarc::driver::sys::CUtensorMap,
-    v: cudarc::driver::sys::CUtensorMap,
+pub(super) struct TmaMaps {
+    pub(super) q: cudarc::driver::sys::CUtensorMap,
+    pub(super) k: cudarc::driver::sys::CUtensorMap,
+    pub(super) v: cudarc::driver::sys::CUtensorMap,
 }
 
 const _: () = assert!(std::mem::size_of::<TmaMaps>() == 384);
@@ -211,6 +212,9 @@ pub struct CudaAttention {
     pub(super) backward_kernels: OnceMap<CudaBackwardConfig, LoadedBackward>,
     /// The backward's workspace, reused between calls.
     pub(super) backward_scratch: Mutex<BackwardScratch>,
+    /// The FP8 forward's kernels, one per config, and the quantizer (src/cuda/fp8.rs).
+    pub(super) fp8_kernels: OnceMap<Fp8Config, LoadedFp8>,
+    pub(super) fp8_quantizer: OnceMap<(), LoadedQuantizer>,
 }
 
 /// Buffers the decode launches reuse, grown to the largest launched. Launches use them in stream
@@ -239,6 +243,8 @@ impl CudaAttention {
             decode_scratch: Mutex::new(DecodeScratch::default()),
             backward_kernels: OnceMap::default(),
             backward_scratch: Mutex::new(BackwardScratch::default()),
+            fp8_kernels: OnceMap::default(),
+            fp8_quantizer: OnceMap::default(),
         }
     }
 
@@ -1050,7 +1056,7 @@ pub(super) fn check_element_size<T>(problem: &AttentionProblem, tensor: &'static
 }
 
 /// Each buffer holds at least the elements its tensor's layout reaches.
-fn check_lengths<const N: usize>(problem: &AttentionProblem, lengths: [(Tensor, usize); N]) -> Result<()> {
+pub(super) fn check_lengths<const N: usize>(problem: &AttentionProblem, lengths: [(Tensor, usize); N]) -> Result<()> {
     for (tensor, len) in lengths {
         let need = problem.required_len(tensor);
         if len < need {

@@ -31,6 +31,11 @@
 //!   (`cuda/flash_bwd_wgmma.cu`), elsewhere FlashAttention-2's backward on `mma.sync`
 //!   (`cuda/flash_bwd_mma.cu`); one CTA per K/V tile, dQ accumulated in f32 by atomics or, with
 //!   [`CudaBackwardOptions::deterministic`], in a fixed order (bit-identical runs).
+//! * FP8 (e4m3) attention on Hopper: [`CudaAttention::quantize_fp8`] turns bf16/f16 Q, K, V into
+//!   e4m3 with per-block (or per-tensor) scales, optionally rotating Q and K by a random Hadamard
+//!   transform first (FlashAttention-3's incoherent processing), and
+//!   [`CudaAttention::forward_fp8_device`] runs the forward on FP8 wgmma over them
+//!   ([`CudaAttention::forward_fp8`] does both from host slices).
 //! * Kernels compile with NVRTC for the GPU's architecture (`sm_90a` on Hopper) and their cubins
 //!   are cached on disk ([`DiskCache`]), keyed by a hash of source, options, NVRTC and driver
 //!   version, so a second process skips the compile.
@@ -44,6 +49,7 @@
 
 mod backward;
 mod device;
+mod fp8;
 #[cfg(test)]
 mod golden;
 mod kernel_map;
@@ -91,9 +97,11 @@ pub use backward::{BackwardDeviceTensors, BackwardKernelInfo, CudaBackwardOption
 pub use cudarc;
 pub use device::{arch_for, driver_available, CudaDevice};
 pub use disk_cache::{CacheStatus, DiskCache, Origin};
+pub use fp8::{Fp8KernelInfo, Fp8Tensors};
 pub use launch::{AppendTensors, CudaAttention, CudaOptions, DeviceBatchIndex, DeviceBias, DeviceTensors, KernelInfo};
 pub use nvrtc::nvrtc_available;
 pub use plan::{
     CudaBackwardConfig, CudaBackwardPlan, CudaDecodeConfig, CudaDecodePlan, CudaKernelConfig, CudaPlan, CudaSelection,
-    LaunchGeometry, MmaConfig, MmaPlan, ScoreTerms, WgmmaConfig, WgmmaPlan, CUDA_BACKWARD_HEAD_DIMS, CUDA_HEAD_DIMS,
+    Fp8Config, Fp8Plan, Fp8Quantization, Fp8Scaling, LaunchGeometry, MmaConfig, MmaPlan, ScoreTerms, WgmmaConfig,
+    WgmmaPlan, CUDA_BACKWARD_HEAD_DIMS, CUDA_HEAD_DIMS,
 };

@@ -13,7 +13,7 @@ use std::path::Path;
 use cudarc::nvrtc::sys;
 
 use super::disk_cache::{fetch, Entry, Fetched};
-use super::plan::{BackwardKernel, CudaBackwardConfig, CudaKernelConfig};
+use super::plan::{BackwardKernel, CudaBackwardConfig, CudaKernelConfig, Fp8Config};
 use crate::error::{Error, Result};
 
 /// A CUDA source file compiled into the library.
@@ -43,6 +43,9 @@ pub const FLASH_FWD_WGMMA: Source = source!("flash_fwd_wgmma.cu");
 pub const FLASH_DECODE: Source = source!("flash_decode.cu");
 /// The FlashAttention-2 style backward on `mma.sync` (three entry points per config).
 pub const FLASH_BWD_MMA: Source = source!("flash_bwd_mma.cu");
+/// FP8 quantization (bf16/f16 to e4m3 with block scales, the Hadamard rotation): three entry
+/// points.
+pub const FP8_QUANT: Source = source!("fp8_quant.cu");
 /// The Hopper backward on `wgmma` (three entry points per config).
 pub const FLASH_BWD_WGMMA: Source = source!("flash_bwd_wgmma.cu");
 /// Inline-PTX helpers the kernels include.
@@ -112,6 +115,31 @@ impl CompileJob {
             source_name: source.name,
             arch: arch.to_string(),
             options,
+        }
+    }
+
+    /// The FP8 forward (the Hopper kernel with `FA_FP8`) for `config` on `arch`.
+    pub fn fp8_forward(config: &Fp8Config, arch: &str) -> Self {
+        let mut options = base_options(arch);
+        options.extend(config.defines());
+        CompileJob {
+            kernel: config.name(),
+            source: FLASH_FWD_WGMMA.text,
+            source_name: FLASH_FWD_WGMMA.name,
+            arch: arch.to_string(),
+            options,
+        }
+    }
+
+    /// The FP8 quantizer's module (`fp8_quantize_128`, `fp8_quantize_256`, `fp8_scales_max`) on
+    /// `arch`.
+    pub fn fp8_quantize(arch: &str) -> Self {
+        CompileJob {
+            kernel: "fp8_quantize".into(),
+            source: FP8_QUANT.text,
+            source_name: FP8_QUANT.name,
+            arch: arch.to_string(),
+            options: base_options(arch),
         }
     }
 
