@@ -14,8 +14,8 @@
 //! output's relative L2 distance from the bf16 one printed beside. `--sweep` times every FP8
 //! plan instead of the default.
 //!
-//! `--accuracy`: Q and K from N(0, 1) with 0.1% of the entries `--magnitudes` times larger, V from
-//! N(0, 1); batch 1, 4 heads, seq 1024, head_dim 128; RMSE of O against the float64 reference of
+//! `--accuracy`: Q and K (then Q, K and V) from N(0, 1) with 0.1% of the entries `--magnitudes`
+//! times larger; batch 1, 4 heads, seq 1024, head_dim 128; RMSE of O against the float64 reference of
 //! those inputs for the bf16 forward, FP8 with one scale per tensor, per block, and per block
 //! with the Hadamard rotation (and the same without outliers).
 
@@ -146,16 +146,20 @@ fn accuracy(attn: &CudaAttention, args: &[String]) -> Result<()> {
     let magnitudes: String = arg(args, "--magnitudes", "10,100,1000".to_string());
     let p = AttentionProblem::mha(1, 1024, 4, 128, DType::BF16);
     let n = p.required_len(Tensor::Q);
-    let cases = std::iter::once(("normal", 0.0, 1.0)).chain(
-        magnitudes
-            .split(',')
-            .filter_map(|m| m.parse().ok())
-            .map(|m| ("0.1% outliers", 1e-3, m)),
-    );
-    for (label, rate, magnitude) in cases {
+    // Outliers in Q and K (what the rotation acts on), then in V too (as issue 19 words it).
+    let mut cases = vec![("normal", 0.0, 1.0, false)];
+    for m in magnitudes.split(',').filter_map(|m| m.parse::<f64>().ok()) {
+        cases.push(("0.1% outliers in Q, K", 1e-3, m, false));
+        cases.push(("0.1% outliers in Q, K, V", 1e-3, m, true));
+    }
+    for (label, rate, magnitude, in_v) in cases {
         let q: Vec<bf16> = outlier_tensor(11, n, rate, magnitude);
         let k: Vec<bf16> = outlier_tensor(12, n, rate, magnitude);
-        let v: Vec<bf16> = random_tensor(13, n);
+        let v: Vec<bf16> = if in_v {
+            outlier_tensor(13, n, rate, magnitude)
+        } else {
+            random_tensor(13, n)
+        };
         let want = reference::attention(&p, &q, &k, &v)?;
         let rmse = |out: &[bf16]| {
             (out.iter()

@@ -348,6 +348,7 @@ pub fn fp8_plans(head_dim: usize) -> Vec<Fp8Plan> {
     if head_dim <= 128 {
         vec![p(2), fma(2, 1), pp(2, 1), ov(2, 0), ov(2, 1), fma(3, 1)]
     } else {
+        // Half the exp2s on the FMA units spills there.
         vec![p(2), fma(2, 1), pp(2, 0), pp(2, 1)]
     }
 }
