@@ -23,7 +23,9 @@
 // 32 (4 or 8), so that the transform's first log2(E) butterfly stages stay in the lane and the
 // other five are shuffles. Two passes over the block: its amax (reduced over the CTA), then the
 // conversion, the transform recomputed rather than held (the block's second read hits L2). V's
-// bytes are transposed through shared memory (dim_pad x 128 bytes) and written as whole rows.
+// bytes are transposed through shared memory (dim_pad x 128 bytes) and written as whole rows; a
+// lane's bytes land at their column XOR 4·lane, so that the 32 lanes storing one key's bytes
+// (one column of 32 different rows) hit 32 different banks instead of one.
 //
 // mode: 1 computes each block's scale, writes it and quantizes with it; 2 only writes the scales
 // (a per-tensor scale is their max, fp8_scales_max, then a mode-0 pass); 0 quantizes with the
@@ -65,6 +67,14 @@ __device__ __forceinline__ float hadamard_sign(unsigned seed, int c) {
     return (h & 1u) ? -1.f : 1.f;
 }
 
+// Two adjacent 16-bit values (the first in the low half) as f32.
+__device__ __forceinline__ float2 unpack_16x2(const QuantParams& p, u32 w) {
+    if (p.bf16) return make_float2(__uint_as_float(w << 16), __uint_as_float(w & 0xffff0000u));
+    float lo, hi;
+    asm("{ .reg .b16 l, h; mov.b32 {l, h}, %2; cvt.f32.f16 %0, l; cvt.f32.f16 %1, h; }" : "=f"(lo), "=f"(hi) : "r"(w));
+    return make_float2(lo, hi);
+}
+
 __device__ __forceinline__ float load_16(const QuantParams& p, const u16* at) {
     const u32 bits = __ldg(at);
     if (p.bf16) return __uint_as_float(bits << 16);
@@ -78,10 +88,30 @@ __device__ __forceinline__ float load_16(const QuantParams& p, const u16* at) {
 template <int E>
 __device__ __forceinline__ void load_row(const QuantParams& p, int b, int h, int row, int lane, float (&x)[E]) {
     const u16* base = p.src + b * p.batch_stride + (i64)row * p.seq_stride + h * p.head_stride;
+    const u16* at = base + lane * E;
+    // A lane's E values in one 8- or 16-byte load where they are all inside the row and aligned
+    // (contiguous rows of a head_dim that is a multiple of 8, as usual), else one at a time.
+    if (row < p.seq && (lane + 1) * E <= p.head_dim && ((size_t)at & (2 * E - 1)) == 0) {
+        u32 w[E / 2];
+        if constexpr (E == 8) {
+            const uint4 v = __ldg(reinterpret_cast<const uint4*>(at));
+            w[0] = v.x, w[1] = v.y, w[2] = v.z, w[3] = v.w;
+        } else {
+            const uint2 v = __ldg(reinterpret_cast<const uint2*>(at));
+            w[0] = v.x, w[1] = v.y;
+        }
 #pragma unroll
-    for (int i = 0; i < E; ++i) {
-        const int c = lane * E + i;
-        x[i] = row < p.seq && c < p.head_dim ? load_16(p, base + c) : 0.f;
+        for (int i = 0; i < E / 2; ++i) {
+            const float2 f = unpack_16x2(p, w[i]);
+            x[2 * i] = f.x;
+            x[2 * i + 1] = f.y;
+        }
+    } else {
+#pragma unroll
+        for (int i = 0; i < E; ++i) {
+            const int c = lane * E + i;
+            x[i] = row < p.seq && c < p.head_dim ? load_16(p, base + c) : 0.f;
+        }
     }
     if (!p.hadamard) return;
 #pragma unroll
@@ -168,7 +198,7 @@ __device__ __forceinline__ void quantize_block(const QuantParams& p, float* warp
         if (p.transposed) {
             const int slot = (r & ~31) + fp8_slot(r & 31);
 #pragma unroll
-            for (int i = 0; i < E; ++i) vt[(lane * E + i) * 128 + slot] = (unsigned char)(w[i / 4] >> (8 * (i % 4)));
+            for (int i = 0; i < E; ++i) vt[(lane * E + i) * 128 + (slot ^ (4 * lane))] = (unsigned char)(w[i / 4] >> (8 * (i % 4)));
         } else if (row < p.seq) {
             unsigned char* out = p.dst + (((i64)b * p.heads + h) * p.seq + row) * p.dim_pad + lane * E;
             if constexpr (E == 8)
@@ -179,11 +209,14 @@ __device__ __forceinline__ void quantize_block(const QuantParams& p, float* warp
     }
     if (!p.transposed) return;
     __syncthreads();
-    // dim_pad rows of 128 bytes, 16 at a time.
+    // dim_pad rows of 128 bytes, 16 at a time, each 4-byte word from where the swizzle put it.
     unsigned char* out = p.dst + ((i64)b * p.heads + h) * p.dim_pad * (i64)p.row_pad + row0;
     for (int i = threadIdx.x; i < p.dim_pad * 8; i += THREADS) {
         const int d = i / 8, c = i % 8;
-        *reinterpret_cast<uint4*>(out + (i64)d * p.row_pad + 16 * c) = *reinterpret_cast<const uint4*>(&vt[d * 128 + 16 * c]);
+        const u32* row = reinterpret_cast<const u32*>(&vt[d * 128]);
+        const int swz = d / E;  // the writing lane
+        *reinterpret_cast<uint4*>(out + (i64)d * p.row_pad + 16 * c) =
+            make_uint4(row[(4 * c) ^ swz], row[(4 * c + 1) ^ swz], row[(4 * c + 2) ^ swz], row[(4 * c + 3) ^ swz]);
     }
 }
 
