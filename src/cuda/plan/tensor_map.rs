@@ -93,11 +93,14 @@ pub fn tensor_map_spec(problem: &AttentionProblem, tensor: Tensor, rows: u32) ->
     }
     let (batch, seq, heads) = problem.stored_extent(tensor);
     let l = problem.layout(tensor);
+    // Saturating: a dimension of extent 1 may carry any stride (validation never steps it), up to
+    // usize::MAX elements.
     let elem = dtype.size_bytes() as u64;
+    let bytes = |elements: usize| (elements as u64).saturating_mul(elem);
     let strides = [
-        ("seq", l.seq_stride as u64 * elem, seq),
-        ("head", l.head_stride as u64 * elem, heads),
-        ("batch", l.batch_stride as u64 * elem, batch),
+        ("seq", bytes(l.seq_stride), seq),
+        ("head", bytes(l.head_stride), heads),
+        ("batch", bytes(l.batch_stride), batch),
     ];
     for (name, bytes, extent) in strides {
         // A dimension of extent 1 is never stepped along; give it any legal stride below.
@@ -110,13 +113,20 @@ pub fn tensor_map_spec(problem: &AttentionProblem, tensor: Tensor, rows: u32) ->
             ));
         }
     }
-    let legal = |bytes: u64| if bytes == 0 { STRIDE_ALIGN } else { bytes };
+    // Only a dimension of extent 1 gets here with a stride the copy engine refuses.
+    let legal = |bytes: u64| {
+        if bytes == 0 || !bytes.is_multiple_of(STRIDE_ALIGN) || bytes >= MAX_STRIDE {
+            STRIDE_ALIGN
+        } else {
+            bytes
+        }
+    };
     Ok(TensorMapSpec {
         element,
         global_dim: [head_dim as u64, seq as u64, heads as u64, batch as u64],
         global_strides: [legal(strides[0].1), legal(strides[1].1), legal(strides[2].1)],
         box_dim: [SWIZZLE_SPAN_ELEMS, rows, 1, 1],
-        offset_bytes: l.offset as u64 * elem,
+        offset_bytes: bytes(l.offset),
     })
 }
 
@@ -174,6 +184,11 @@ mod tests {
         let one = one.with_layout(Layout::Bshd);
         let mut l = one.v_layout;
         l.batch_stride = 0;
+        let s = tensor_map_spec(&one.with_tensor_layout(Tensor::V, l), Tensor::V, 64).unwrap();
+        assert_eq!(s.global_strides[2], 16);
+        // ... and any stride at all there: the bad-input campaign's seed 6930 (a batch stride of
+        // 2^64 - 4 elements) overflowed the byte count.
+        l.batch_stride = usize::MAX - 3;
         let s = tensor_map_spec(&one.with_tensor_layout(Tensor::V, l), Tensor::V, 64).unwrap();
         assert_eq!(s.global_strides[2], 16);
         // A head_dim that is not whole swizzle spans is read in whole boxes past its end (the
