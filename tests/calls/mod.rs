@@ -643,7 +643,7 @@ impl From<Result<bool, Error>> for Verdict {
 type Entry = fn(&mut Bytes<'_>, &Drawn, Option<(&Device, &FlashAttention)>, bool) -> Verdict;
 
 /// Every entry point, by name.
-const ENTRIES: [(&str, Entry); 11] = [
+const ENTRIES: [(&str, Entry); 12] = [
     ("forward (host)", forward_host),
     ("forward (buffers)", forward_buffers),
     ("naive (host/buffers)", naive),
@@ -655,6 +655,7 @@ const ENTRIES: [(&str, Entry); 11] = [
     ("cuda host-side", cuda_host),
     ("append+forward", append_and_forward),
     ("cuda backward host-side", cuda_backward_host),
+    ("cuda fp8 host-side", cuda_fp8_host),
 ];
 
 /// Whether a successful call's outputs can be judged element by element: small enough for the
@@ -1911,6 +1912,47 @@ fn cuda_backward_host(b: &mut Bytes<'_>, d: &Drawn, _at: Option<(&Device, &Flash
         }
     }
     valid.and(width).map(|_| false).into()
+}
+
+/// The FP8 path's host-side planning: validation, the quantized layout with its sizes and tensor
+/// maps, the quantizer's parameters and grid for each tensor and mode, and a forward config of a
+/// random (possibly absurd) plan with its name, defines, shared memory, geometry and parameters.
+#[cfg(feature = "cuda")]
+fn cuda_fp8_host(b: &mut Bytes<'_>, d: &Drawn, _at: Option<(&Device, &FlashAttention)>, _check: bool) -> Verdict {
+    use wgpu_flash_attn::cuda::plan::fp8::{Fp8Config, Fp8Layout, Fp8Plan, QuantMode, QuantParams};
+    let p = &d.problem;
+    let layout = Fp8Layout::of(p);
+    if let Ok(l) = &layout {
+        if p.validate().is_err() {
+            return Verdict::Wrong("Fp8Layout::of accepted an invalid problem".into());
+        }
+        for t in [Tensor::Q, Tensor::K, Tensor::V] {
+            let _ = (l.bytes(t), l.scales(t), l.map(t, b.pick(&[0u32, 64, 128, u32::MAX])));
+            let mode = b.pick(&[QuantMode::Given, QuantMode::PerBlock, QuantMode::ScalesOnly]);
+            let a = [device_address(b), device_address(b), device_address(b)].map(real_address);
+            let q = QuantParams::new(p, l, t, a, mode, b.chance(128).then(|| b.below(1 << 20) as u32));
+            let _ = q.grid(l.batch);
+        }
+    }
+    let plan = Fp8Plan {
+        stages: b.pick(&[0u32, 1, 2, 3, 4, 5, u32::MAX]),
+        pingpong: b.chance(128),
+        overlap: b.chance(128),
+        ex2_fma: b.pick(&[0u32, 1, 2, 3, u32::MAX]),
+    };
+    if let Ok(config) = Fp8Config::new(p.dtype, p.shape.head_dim, plan, p.causal) {
+        let _ = (config.name(), config.defines(), config.smem_bytes(), config.dim_pad());
+        if layout.is_ok() {
+            let _ = config.geometry(p);
+            let _ = Fp8Config::params(p, real_address(device_address(b)), real_address(device_address(b)));
+        }
+    }
+    layout.map(|_| false).into()
+}
+
+#[cfg(not(feature = "cuda"))]
+fn cuda_fp8_host(_: &mut Bytes<'_>, _: &Drawn, _: Option<(&Device, &FlashAttention)>, _: bool) -> Verdict {
+    Verdict::Ok { checked: false }
 }
 
 #[cfg(not(feature = "cuda"))]

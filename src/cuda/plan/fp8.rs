@@ -12,11 +12,11 @@
 //! * scales, f32: Q `[batch, heads, ⌈seq_q / 64⌉]` (64 rows: one consumer warpgroup's),
 //!   K and V `[batch, kv_heads, ⌈seq_kv / 128⌉]` (128 keys: one K/V tile). Value ≈ scale · e4m3.
 
+use super::define;
 use super::params::FwdParams;
-use super::support::{check_dtype, check_grid};
+use super::support::{check_dtype, check_grid, MAX_CUDA_SEQ};
 use super::tensor_map::{MapElement, TensorMapSpec};
 use super::wgmma::WgmmaPlan;
-use super::{define, ScoreTerms};
 use crate::error::{Error, Result};
 use crate::plan::missing_features;
 use crate::problem::features::{Feature, FeatureSet};
@@ -103,6 +103,13 @@ pub fn validate_for_fp8(problem: &AttentionProblem) -> Result<()> {
         });
     }
     check_grid(&problem.shape)?;
+    for (what, n) in [("seq_q", problem.shape.seq_q), ("seq_kv", problem.shape.seq_kv)] {
+        if n > MAX_CUDA_SEQ {
+            return Err(Error::TooLarge(format!(
+                "{what} {n}: the FP8 kernels count rows in 32 bits, at most {MAX_CUDA_SEQ}"
+            )));
+        }
+    }
     Ok(())
 }
 
@@ -126,7 +133,7 @@ impl Fp8Layout {
     pub fn of(problem: &AttentionProblem) -> Result<Self> {
         validate_for_fp8(problem)?;
         let s = &problem.shape;
-        Ok(Fp8Layout {
+        let layout = Fp8Layout {
             batch: s.batch,
             seq_q: s.seq_q,
             seq_kv: s.seq_kv,
@@ -135,7 +142,29 @@ impl Fp8Layout {
             head_dim: s.head_dim,
             dim_pad: if s.head_dim <= 128 { 128 } else { 256 },
             kv_pad: s.seq_kv.div_ceil(FP8_KV_BLOCK) * FP8_KV_BLOCK,
-        })
+        };
+        // The padded rows can make a tensor that fits larger than memory can address: every size
+        // is checked once here, so the accessors below multiply freely.
+        let fits = |parts: [usize; 4]| {
+            parts
+                .into_iter()
+                .try_fold(1usize, |a, b| a.checked_mul(b))
+                .is_some_and(|n| n <= isize::MAX as usize)
+        };
+        let (l, b) = (&layout, layout.batch);
+        for (what, parts) in [
+            ("Q8", [b, l.heads, l.seq_q, l.dim_pad]),
+            ("K8", [b, l.kv_heads, l.seq_kv, l.dim_pad]),
+            ("Vt8", [b, l.kv_heads, l.dim_pad, l.kv_pad]),
+        ] {
+            if !fits(parts) {
+                return Err(Error::TooLarge(format!(
+                    "the FP8 tensor {what} ({} bytes) does not fit the address space",
+                    parts.iter().map(|x| x.to_string()).collect::<Vec<_>>().join(" x ")
+                )));
+            }
+        }
+        Ok(layout)
     }
 
     /// Q scale blocks per head.
@@ -346,7 +375,16 @@ pub fn fp8_plans(head_dim: usize) -> Vec<Fp8Plan> {
         ..fma(stages, n)
     };
     if head_dim <= 128 {
-        vec![p(2), fma(2, 1), pp(2, 1), ov(2, 0), ov(2, 1), fma(3, 1)]
+        vec![
+            p(2),
+            fma(2, 1),
+            pp(2, 1),
+            ov(2, 0),
+            ov(2, 1),
+            fma(3, 1),
+            ov(3, 0),
+            ov(4, 0),
+        ]
     } else {
         // Half the exp2s on the FMA units spills there.
         vec![p(2), fma(2, 1), pp(2, 0), pp(2, 1)]
@@ -484,7 +522,6 @@ impl Fp8Config {
     /// The forward parameters of a launch (the kernel reads O's and the LSE's addresses, the
     /// shape, scale, mask and window from them; Q, K and V come through the tensor maps).
     pub fn params(problem: &AttentionProblem, o: u64, lse: u64) -> FwdParams {
-        debug_assert_eq!(ScoreTerms::of(problem), ScoreTerms::NONE);
         FwdParams::new(problem, [0, 0, 0, o], lse)
     }
 }
