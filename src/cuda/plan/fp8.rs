@@ -392,13 +392,14 @@ pub fn fp8_plans(head_dim: usize) -> Vec<Fp8Plan> {
 }
 
 /// The default FP8 plan: the fastest of the H200 sweep at seq 8192 (BENCHMARKS.md), causal or
-/// not: with overlap at head_dim 128 (the softmax is the larger share of a tile's time), a
-/// quarter of the exp2s on the FMA units at 256 (where overlap's registers spill).
+/// not: at head_dim 128, overlap with a 4-stage ring (the softmax is the larger share of a tile's
+/// time); at 256, a quarter of the exp2s on the FMA units (overlap's registers spill there, and
+/// two stages are what shared memory holds).
 pub fn default_fp8_plan(head_dim: usize) -> Fp8Plan {
     if head_dim <= 128 {
         Fp8Plan {
             overlap: true,
-            ..Fp8Plan::new(2)
+            ..Fp8Plan::new(4)
         }
     } else {
         Fp8Plan {
