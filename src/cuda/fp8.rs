@@ -170,8 +170,8 @@ impl CudaAttention {
 
     /// Quantizes `problem`'s Q, K and V (bf16 or f16 device buffers at the problem's layouts) to
     /// e4m3 with `quantization`'s scales and rotation, into new device buffers, on the engine's
-    /// stream. The scales of a block with non-finite values are non-finite, and so is attention
-    /// over it.
+    /// stream. A NaN stays NaN (e4m3 has one), and an infinite value makes its block's scale
+    /// infinite: either way the attention outputs they reach are not finite.
     pub fn quantize_fp8<T>(
         &self,
         problem: &AttentionProblem,
