@@ -60,15 +60,6 @@ struct TileAddr {
     }
 };
 
-// Two 16-bit values of one word (the lower column in the low half) as f32.
-template <bool BF16>
-__device__ __forceinline__ float2 unpack2(u32 v) {
-    if (BF16) return make_float2(__uint_as_float(v << 16), __uint_as_float(v & 0xffff0000u));
-    float lo, hi;
-    asm("{ .reg .b16 l, h; mov.b32 {l, h}, %2; cvt.f32.f16 %0, l; cvt.f32.f16 %1, h; }" : "=f"(lo), "=f"(hi) : "r"(v));
-    return make_float2(lo, hi);
-}
-
 __device__ __forceinline__ void st_global_u32(void* p, u32 v) {
     asm volatile("st.global.u32 [%0], %1;\n" ::"l"(p), "r"(v) : "memory");
 }

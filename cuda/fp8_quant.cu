@@ -67,20 +67,9 @@ __device__ __forceinline__ float hadamard_sign(unsigned seed, int c) {
     return (h & 1u) ? -1.f : 1.f;
 }
 
-// Two adjacent 16-bit values (the first in the low half) as f32.
-__device__ __forceinline__ float2 unpack_16x2(const QuantParams& p, u32 w) {
-    if (p.bf16) return make_float2(__uint_as_float(w << 16), __uint_as_float(w & 0xffff0000u));
-    float lo, hi;
-    asm("{ .reg .b16 l, h; mov.b32 {l, h}, %2; cvt.f32.f16 %0, l; cvt.f32.f16 %1, h; }" : "=f"(lo), "=f"(hi) : "r"(w));
-    return make_float2(lo, hi);
-}
-
 __device__ __forceinline__ float load_16(const QuantParams& p, const u16* at) {
     const u32 bits = __ldg(at);
-    if (p.bf16) return __uint_as_float(bits << 16);
-    float f;
-    asm("{ .reg .b16 l, h; mov.b32 {l, h}, %1; cvt.f32.f16 %0, l; }" : "=f"(f) : "r"(bits));
-    return f;
+    return (p.bf16 ? unpack2<true>(bits) : unpack2<false>(bits)).x;
 }
 
 // Row `row` of the block (a row past the sequence is zeros), transformed when asked: this lane's
@@ -102,7 +91,7 @@ __device__ __forceinline__ void load_row(const QuantParams& p, int b, int h, int
         }
 #pragma unroll
         for (int i = 0; i < E / 2; ++i) {
-            const float2 f = unpack_16x2(p, w[i]);
+            const float2 f = p.bf16 ? unpack2<true>(w[i]) : unpack2<false>(w[i]);
             x[2 * i] = f.x;
             x[2 * i + 1] = f.y;
         }

@@ -293,10 +293,7 @@ __device__ __forceinline__ u32 bias_pair16(const unsigned char* at, int c, int l
 
 // The two f32 values of a word of bias_pair16: f16 (bias_dtype 1) or bf16 (2).
 __device__ __forceinline__ float2 bias_unpack16(u32 v, int dtype) {
-    if (dtype == 2) return make_float2(__uint_as_float(v << 16), __uint_as_float(v & 0xffff0000u));
-    float lo, hi;
-    asm("{ .reg .b16 l, h; mov.b32 {l, h}, %2; cvt.f32.f16 %0, l; cvt.f32.f16 %1, h; }" : "=f"(lo), "=f"(hi) : "r"(v));
-    return make_float2(lo, hi);
+    return dtype == 2 ? unpack2<true>(v) : unpack2<false>(v);
 }
 
 // Two adjacent f32 bias values (offsets c, c + 1, c even): one 8-byte load where the row is

@@ -155,6 +155,15 @@ __device__ __forceinline__ u32 pack2(float lo, float hi) {
     return r;
 }
 
+// pack2's inverse: the two 16-bit values of one word (the lower column in the low half) as f32.
+template <bool BF16>
+__device__ __forceinline__ float2 unpack2(u32 v) {
+    if (BF16) return make_float2(__uint_as_float(v << 16), __uint_as_float(v & 0xffff0000u));
+    float lo, hi;
+    asm("{ .reg .b16 l, h; mov.b32 {l, h}, %2; cvt.f32.f16 %0, l; cvt.f32.f16 %1, h; }" : "=f"(lo), "=f"(hi) : "r"(v));
+    return make_float2(lo, hi);
+}
+
 // 2^x on the special-function unit; ex2(-inf) = +0, which the masked scores rely on.
 __device__ __forceinline__ float ex2(float x) {
     float y;
