@@ -810,6 +810,71 @@ mod tests {
     }
 
     #[test]
+    fn the_host_mirror_round_trips_within_e4m3_rounding() {
+        // Q·Kᵀ of the dequantized (and, with the rotation, rotated) tensors against the original
+        // scores, and V back in its own layout: within e4m3's relative rounding (2^-4 a value)
+        // for every scaling and rotation; a wrong scale or transform is off by far more. (The
+        // key order in V's rows is the kernel's to agree with: tests/cuda_fp8.rs.)
+        use crate::problem::{AttentionShape, Layout};
+        let shape = AttentionShape {
+            batch: 2,
+            seq_q: 70,
+            seq_kv: 150,
+            num_heads: 4,
+            num_kv_heads: 2,
+            head_dim: 96,
+        };
+        let p = AttentionProblem::new(shape, DType::BF16).with_layout(Layout::Bhsd);
+        let x = |seed, t| crate::testing::random_tensor::<half::bf16>(seed, p.required_len(t));
+        let (q, k, v) = (x(1, Tensor::Q), x(2, Tensor::K), x(3, Tensor::V));
+        let l = Fp8Layout::of(&p).unwrap();
+        let at = |t: Tensor, b: usize, s: usize, h: usize, c: usize| {
+            let tl = p.layout(t);
+            tl.offset + b * tl.batch_stride + s * tl.seq_stride + h * tl.head_stride + c
+        };
+        for quant in [
+            Fp8Quantization::per_block(),
+            Fp8Quantization::per_tensor(),
+            Fp8Quantization::per_block().with_hadamard(11),
+        ] {
+            let deq = |t: Tensor, src: &[half::bf16]| {
+                dequantize_host(&p, t, &quantize_host(&p, t, src, quant).unwrap()).unwrap()
+            };
+            let (dq, dk, dv) = (deq(Tensor::Q, &q), deq(Tensor::K, &k), deq(Tensor::V, &v));
+            let (mut err, mut norm) = (0f64, 0f64);
+            for (b, i, h, j) in [(0, 0, 0, 0), (1, 69, 3, 149), (0, 33, 2, 77), (1, 5, 1, 128)] {
+                let kh = h / 2;
+                let want: f64 = (0..l.head_dim)
+                    .map(|c| q[at(Tensor::Q, b, i, h, c)].to_f64() * k[at(Tensor::K, b, j, kh, c)].to_f64())
+                    .sum();
+                let qr = &dq[((b * l.seq_q + i) * l.heads + h) * l.dim_pad..][..l.dim_pad];
+                let kr = &dk[((b * l.seq_kv + j) * l.kv_heads + kh) * l.dim_pad..][..l.dim_pad];
+                let got: f64 = qr.iter().zip(kr).map(|(&a, &c)| a as f64 * c as f64).sum();
+                err += (got - want).powi(2);
+                norm += want.powi(2) + l.head_dim as f64;
+            }
+            assert!(
+                (err / norm).sqrt() < 0.1,
+                "{quant:?}: scores off by {:.3}",
+                (err / norm).sqrt()
+            );
+            let mut worst = 0f64;
+            for b in 0..l.batch {
+                for s in 0..l.seq_kv {
+                    for h in 0..l.kv_heads {
+                        for c in 0..l.head_dim {
+                            let want = v[at(Tensor::V, b, s, h, c)].to_f64();
+                            let got = dv[((b * l.seq_kv + s) * l.kv_heads + h) * l.head_dim + c] as f64;
+                            worst = worst.max((got - want).abs() / want.abs().max(0.05));
+                        }
+                    }
+                }
+            }
+            assert!(worst < 0.1, "{quant:?}: V off by {worst:.3} relative");
+        }
+    }
+
+    #[test]
     fn layouts_and_configs() {
         let p = crate::cuda::test_problem(96);
         let l = Fp8Layout::of(&p).unwrap();
