@@ -54,6 +54,7 @@ use wgpu_flash_attn::cuda::{
     CudaAttention, CudaDevice, CudaKernelConfig, CudaOptions, CudaPlan, DeviceBatchIndex, DeviceBias, DeviceTensors,
 };
 use wgpu_flash_attn::problem::PagedKv;
+use wgpu_flash_attn::testing::timing::cuda_median_ms;
 use wgpu_flash_attn::testing::{random_tensor, ErrorStats};
 use wgpu_flash_attn::{reference, AttentionProblem, AttentionShape, DType, Layout, Result, Tensor};
 
@@ -314,27 +315,6 @@ fn spot_check(engine: &CudaAttention, problem: &AttentionProblem, bufs: &Buffers
     Ok(ErrorStats::from_pairs(pairs))
 }
 
-/// Median time of `reps` event-timed calls of `launch` after ten warm-up calls, in ms.
-fn median_ms(device: &CudaDevice, reps: usize, mut launch: impl FnMut() -> Result<()>) -> Result<f64> {
-    let stream = device.stream();
-    for _ in 0..10 {
-        launch()?;
-    }
-    stream.synchronize()?;
-    let mut times = Vec::with_capacity(reps);
-    for _ in 0..reps.max(1) {
-        let start = device.context().new_event(Some(CUevent_flags::CU_EVENT_DEFAULT))?;
-        let end = device.context().new_event(Some(CUevent_flags::CU_EVENT_DEFAULT))?;
-        start.record(stream)?;
-        launch()?;
-        end.record(stream)?;
-        end.synchronize()?;
-        times.push(start.elapsed_ms(&end)? as f64);
-    }
-    times.sort_by(|a, b| a.total_cmp(b));
-    Ok(times[times.len() / 2])
-}
-
 /// Issue 16's decode shapes: (batch, new tokens, keys); 32 query heads over 8 K/V heads, head_dim
 /// 128, bf16, causal (bottom-right) so that the 4 new tokens of speculative decoding see the
 /// cache and each other as a model does.
@@ -539,7 +519,7 @@ fn decode_bench(args: &Args, device: CudaDevice) -> Result<()> {
             let out: &[bf16] = bytemuck::cast_slice(&o_bits);
             let check = ErrorStats::from_pairs(want.iter().map(|&(i, w)| (out[i].to_f64(), w)));
             let ok = check.within(1e-2, 5e-2);
-            let ms = median_ms(&device, args.reps, || launch(&mut d_o, &mut d_lse).map(|_| ()))?;
+            let ms = cuda_median_ms(&device, 10, args.reps, || launch(&mut d_o, &mut d_lse).map(|_| ()))?;
             let config = match plan {
                 Some(plan) => CudaKernelConfig::for_problem(p, plan, 16)?,
                 None => engine.config_for(p, 16)?,
@@ -711,7 +691,7 @@ fn decode_paged_bench(args: &Args, device: CudaDevice) -> Result<()> {
             }
             let check = ErrorStats::from_pairs(pairs);
             let ok = check.within(1e-2, 5e-2);
-            let ms = median_ms(&device, args.reps, || launch(&mut d_o, &mut d_lse).map(|_| ()))?;
+            let ms = cuda_median_ms(&device, 10, args.reps, || launch(&mut d_o, &mut d_lse).map(|_| ()))?;
             let splits = match engine.config_for(&problem, 16)? {
                 CudaKernelConfig::Decode(c) => engine.decode_split_for(&problem, &c)?.splits.to_string(),
                 _ => "-".into(),

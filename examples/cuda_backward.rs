@@ -19,12 +19,12 @@
 //! kernel's registers and local memory (spills) are printed with each row.
 
 use half::bf16;
-use wgpu_flash_attn::cuda::cudarc::driver::sys::CUevent_flags;
 use wgpu_flash_attn::cuda::cudarc::driver::CudaSlice;
 use wgpu_flash_attn::cuda::plan::{backward_plans, CudaBackwardConfig};
 use wgpu_flash_attn::cuda::{
     BackwardDeviceTensors, CudaAttention, CudaBackwardOptions, CudaBackwardPlan, CudaDevice, DeviceTensors,
 };
+use wgpu_flash_attn::testing::timing::cuda_median_ms;
 use wgpu_flash_attn::testing::{random_tensor, ErrorStats};
 use wgpu_flash_attn::{reference, AttentionProblem, BackwardProblem, DType, GradTensor, Result, Tensor};
 
@@ -78,27 +78,6 @@ fn parse_args() -> Args {
         }
     }
     a
-}
-
-/// Median time in ms of `reps` event-timed calls after three warm-up calls.
-fn median_ms(device: &CudaDevice, reps: usize, mut call: impl FnMut() -> Result<()>) -> Result<f64> {
-    let stream = device.stream();
-    for _ in 0..3 {
-        call()?;
-    }
-    stream.synchronize()?;
-    let mut times = Vec::with_capacity(reps);
-    for _ in 0..reps.max(1) {
-        let start = device.context().new_event(Some(CUevent_flags::CU_EVENT_DEFAULT))?;
-        let end = device.context().new_event(Some(CUevent_flags::CU_EVENT_DEFAULT))?;
-        start.record(stream)?;
-        call()?;
-        end.record(stream)?;
-        end.synchronize()?;
-        times.push(start.elapsed_ms(&end)? as f64);
-    }
-    times.sort_by(|a, b| a.total_cmp(b));
-    Ok(times[times.len() / 2])
 }
 
 struct Buffers {
@@ -223,7 +202,7 @@ fn main() -> Result<()> {
                 let p = BackwardProblem::new(f);
                 let mut b = buffers(&engine, &p)?;
                 let fwd_kernel = forward(&engine, &p, &mut b)?;
-                let fwd_ms = median_ms(&device, args.reps, || forward(&engine, &p, &mut b).map(drop))?;
+                let fwd_ms = cuda_median_ms(&device, 3, args.reps, || forward(&engine, &p, &mut b).map(drop))?;
                 let fwd_tflops = f.flops() / (fwd_ms * 1e-3) / 1e12;
                 println!(
                     "fwd  d{head_dim} s{seq} b{} h{} causal={causal}: {fwd_kernel} {fwd_ms:.3} ms {fwd_tflops:.1} TFLOP/s",
@@ -244,7 +223,9 @@ fn main() -> Result<()> {
                         let options = CudaBackwardOptions { deterministic, plan };
                         let config = backward(&engine, &p, &mut b, &options)?;
                         let info = engine.prepare_backward(&config)?;
-                        let ms = median_ms(&device, args.reps, || backward(&engine, &p, &mut b, &options).map(drop))?;
+                        let ms = cuda_median_ms(&device, 3, args.reps, || {
+                            backward(&engine, &p, &mut b, &options).map(drop)
+                        })?;
                         let tflops = p.flops() / (ms * 1e-3) / 1e12;
                         let (check, ok) = spot_check(&engine, &p, &b)?;
                         println!(

@@ -20,32 +20,11 @@
 //! with the Hadamard rotation (and the same without outliers).
 
 use half::bf16;
-use wgpu_flash_attn::cuda::cudarc::driver::sys::CUevent_flags;
 use wgpu_flash_attn::cuda::plan::fp8_plans;
 use wgpu_flash_attn::cuda::{CudaAttention, CudaDevice, DeviceTensors, Fp8Config, Fp8Quantization};
+use wgpu_flash_attn::testing::timing::cuda_median_ms;
 use wgpu_flash_attn::testing::{outlier_tensor, random_tensor, ErrorStats};
 use wgpu_flash_attn::{reference, AttentionProblem, DType, Result, Tensor};
-
-/// Median time in ms of `reps` event-timed calls after three warm-up calls.
-fn median_ms(device: &CudaDevice, reps: usize, mut call: impl FnMut() -> Result<()>) -> Result<f64> {
-    let stream = device.stream();
-    for _ in 0..3 {
-        call()?;
-    }
-    stream.synchronize()?;
-    let mut times = Vec::with_capacity(reps);
-    for _ in 0..reps.max(1) {
-        let start = device.context().new_event(Some(CUevent_flags::CU_EVENT_DEFAULT))?;
-        let end = device.context().new_event(Some(CUevent_flags::CU_EVENT_DEFAULT))?;
-        start.record(stream)?;
-        call()?;
-        end.record(stream)?;
-        end.synchronize()?;
-        times.push(start.elapsed_ms(&end)? as f64);
-    }
-    times.sort_by(|a, b| a.total_cmp(b));
-    Ok(times[times.len() / 2])
-}
 
 fn arg<T: std::str::FromStr>(args: &[String], name: &str, default: T) -> T {
     args.iter()
@@ -79,7 +58,7 @@ fn bench(attn: &CudaAttention, args: &[String]) -> Result<()> {
             let label = format!("d{head_dim} s{seq} b{batch} h{heads} causal={causal:<5}");
 
             let mut bf16_config = String::new();
-            let ms16 = median_ms(dev, reps, || {
+            let ms16 = cuda_median_ms(dev, 3, reps, || {
                 let t = DeviceTensors {
                     q: &q,
                     k: &k,
@@ -97,7 +76,7 @@ fn bench(attn: &CudaAttention, args: &[String]) -> Result<()> {
 
             let quant = Fp8Quantization::per_block();
             let x = attn.quantize_fp8(&p, &q, &k, &v, quant)?;
-            let msq = median_ms(dev, reps, || attn.quantize_fp8(&p, &q, &k, &v, quant).map(|_| ()))?;
+            let msq = cuda_median_ms(dev, 3, reps, || attn.quantize_fp8(&p, &q, &k, &v, quant).map(|_| ()))?;
             let bytes = 3.0 * n as f64 * 2.0;
             println!(
                 "quant {label} per-block {msq:>8.3} ms ({:.2} TB/s of bf16 read)",
@@ -110,7 +89,7 @@ fn bench(attn: &CudaAttention, args: &[String]) -> Result<()> {
             };
             for plan in plans {
                 let mut name = String::new();
-                let ms = median_ms(dev, reps, || {
+                let ms = cuda_median_ms(dev, 3, reps, || {
                     name = attn
                         .forward_fp8_device(&p, &x, &mut o, Some(&mut lse), Some(plan))?
                         .name();

@@ -125,3 +125,32 @@ pub fn time_passes(
         Ok(Timing::from_samples(samples, Clock::WallClock))
     }
 }
+
+/// Median time in ms of `reps` calls of `call` on `device`'s stream, each between two CUDA events,
+/// after `warmup` calls (kernels compile or load on the first). The CUDA examples' clock.
+#[cfg(feature = "cuda")]
+pub fn cuda_median_ms(
+    device: &crate::cuda::CudaDevice,
+    warmup: usize,
+    reps: usize,
+    mut call: impl FnMut() -> Result<()>,
+) -> Result<f64> {
+    use cudarc::driver::sys::CUevent_flags;
+    let stream = device.stream();
+    for _ in 0..warmup {
+        call()?;
+    }
+    stream.synchronize()?;
+    let mut times = Vec::with_capacity(reps);
+    for _ in 0..reps.max(1) {
+        let start = device.context().new_event(Some(CUevent_flags::CU_EVENT_DEFAULT))?;
+        let end = device.context().new_event(Some(CUevent_flags::CU_EVENT_DEFAULT))?;
+        start.record(stream)?;
+        call()?;
+        end.record(stream)?;
+        end.synchronize()?;
+        times.push(start.elapsed_ms(&end)? as f64);
+    }
+    times.sort_by(|a, b| a.total_cmp(b));
+    Ok(times[times.len() / 2])
+}
