@@ -21,7 +21,7 @@ use cudarc::driver::{CudaFunction, CudaSlice, DevicePtr, DevicePtrMut, DeviceRep
 use cudarc::nvrtc::Ptx;
 
 use super::disk_cache::Origin;
-use super::launch::{check_element_size, check_lengths, first_overlap, CudaAttention};
+use super::launch::{check_element_size, check_lengths, check_lse_len, first_overlap, CudaAttention};
 use super::nvrtc::{load_or_compile, resource_report, CompileJob};
 use super::plan::fp8::{
     default_fp8_plan, validate_for_fp8, Fp8Config, Fp8Layout, Fp8Plan, Fp8Quantization, Fp8ScaleParams, Fp8Scaling,
@@ -278,14 +278,7 @@ impl CudaAttention {
         }
         check_element_size::<T>(problem, "o")?;
         check_lengths(problem, [(Tensor::O, o.len())])?;
-        if let Some(l) = &lse {
-            if l.len() < problem.lse_len() {
-                return Err(Error::InvalidBuffer {
-                    tensor: "lse",
-                    message: format!("holds {} values, the problem needs {}", l.len(), problem.lse_len()),
-                });
-            }
-        }
+        check_lse_len(problem, lse.as_ref().map(|l| l.len()))?;
         let config = Fp8Config::new(
             problem.dtype,
             problem.shape.head_dim,
@@ -359,24 +352,8 @@ impl CudaAttention {
         quantization: Fp8Quantization,
     ) -> Result<AttentionOutput<T>> {
         validate_for_fp8(problem)?;
-        if T::DTYPE != problem.dtype {
-            return Err(Error::DTypeMismatch {
-                tensor: "q",
-                expected: problem.dtype,
-                got: T::DTYPE,
-            });
-        }
-        check_lengths(
-            problem,
-            [(Tensor::Q, q.len()), (Tensor::K, k.len()), (Tensor::V, v.len())],
-        )?;
+        let [dq, dk, dv] = self.upload_qkv(problem, [q, k, v])?;
         let stream = self.device().stream();
-        let bits = |x: &[T]| -> Vec<u16> { bytemuck::cast_slice::<T, u16>(x).to_vec() };
-        let (dq, dk, dv) = (
-            stream.clone_htod(&bits(q))?,
-            stream.clone_htod(&bits(k))?,
-            stream.clone_htod(&bits(v))?,
-        );
         let x = self.quantize_fp8(problem, &dq, &dk, &dv, quantization)?;
         let o_len = problem.required_len(Tensor::O);
         let mut d_o = stream.alloc_zeros::<u16>(o_len)?;

@@ -417,14 +417,7 @@ impl CudaAttention {
                 (Tensor::O, t.o.len()),
             ],
         )?;
-        if let Some(lse) = &t.lse {
-            if lse.len() < problem.lse_len() {
-                return Err(Error::InvalidBuffer {
-                    tensor: "lse",
-                    message: format!("holds {} values, the problem needs {}", lse.len(), problem.lse_len()),
-                });
-            }
-        }
+        check_lse_len(problem, t.lse.as_ref().map(|l| l.len()))?;
 
         let stream = self.device.stream();
         // Each guard makes the stream wait for earlier writes to its buffer and records this
@@ -810,23 +803,8 @@ impl CudaAttention {
             Some(index) => index.validate(problem)?,
             None => refuse_cached(problem, "forward_indexed")?,
         }
-        if T::DTYPE != problem.dtype {
-            return Err(Error::DTypeMismatch {
-                tensor: "q",
-                expected: problem.dtype,
-                got: T::DTYPE,
-            });
-        }
-        check_lengths(
-            problem,
-            [(Tensor::Q, q.len()), (Tensor::K, k.len()), (Tensor::V, v.len())],
-        )?;
+        let [dq, dk, dv] = self.upload_qkv(problem, [q, k, v])?;
         let stream = self.device.stream();
-        // bf16/f16 travel as their bit patterns: cudarc's DeviceRepr covers u16, not half's types.
-        let bits = |x: &[T]| -> Vec<u16> { bytemuck::cast_slice::<T, u16>(x).to_vec() };
-        let dq = stream.clone_htod(&bits(q))?;
-        let dk = stream.clone_htod(&bits(k))?;
-        let dv = stream.clone_htod(&bits(v))?;
         let o_len = problem.required_len(Tensor::O);
         let mut d_o = stream.alloc_zeros::<u16>(o_len)?;
         let mut d_lse = stream.alloc_zeros::<f32>(problem.lse_len())?;
@@ -886,6 +864,44 @@ impl CudaAttention {
             kernel: config.name(),
             device_bytes,
         })
+    }
+}
+
+impl CudaAttention {
+    /// Host Q, K and V checked (the problem's dtype, long enough for their layouts) and copied to
+    /// the device: the host-slice calls' first step.
+    pub(super) fn upload_qkv<T: Element>(
+        &self,
+        problem: &AttentionProblem,
+        qkv: [&[T]; 3],
+    ) -> Result<[CudaSlice<u16>; 3]> {
+        if T::DTYPE != problem.dtype {
+            return Err(Error::DTypeMismatch {
+                tensor: "q",
+                expected: problem.dtype,
+                got: T::DTYPE,
+            });
+        }
+        let [q, k, v] = qkv;
+        check_lengths(
+            problem,
+            [(Tensor::Q, q.len()), (Tensor::K, k.len()), (Tensor::V, v.len())],
+        )?;
+        let stream = self.device.stream();
+        // bf16/f16 travel as their bit patterns: cudarc's DeviceRepr covers u16, not half's types.
+        let up = |x: &[T]| stream.clone_htod(bytemuck::cast_slice::<T, u16>(x));
+        Ok([up(q)?, up(k)?, up(v)?])
+    }
+}
+
+/// An LSE buffer of `len` values (none: not written) holds the problem's rows.
+pub(super) fn check_lse_len(problem: &AttentionProblem, len: Option<usize>) -> Result<()> {
+    match len {
+        Some(len) if len < problem.lse_len() => Err(Error::InvalidBuffer {
+            tensor: "lse",
+            message: format!("holds {len} values, the problem needs {}", problem.lse_len()),
+        }),
+        _ => Ok(()),
     }
 }
 
