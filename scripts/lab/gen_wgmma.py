@@ -93,23 +93,18 @@ __device__ __forceinline__ void wgmma_rs_e4m3_m64n{n}(float (&d)[{r}], const u32
 """
 
 
-def dispatch_e4m3(fn, ns, params, args):
-    out = [f"template <int N>\n__device__ __forceinline__ void {fn}({params}) {{"]
+def dispatch(fn, ns, params, args, by_type=True):
+    """Compile-time dispatch on N (and, `by_type`, on BF16 between the _bf16 and _f16 wrappers)."""
+    template = "template <int N, bool BF16>" if by_type else "template <int N>"
+    out = [f"{template}\n__device__ __forceinline__ void {fn}({params}) {{"]
     for i, n in enumerate(ns):
         kw = "if constexpr" if i == 0 else "} else if constexpr"
         out.append(f"    {kw} (N == {n}) {{")
-        out.append(f"        {fn}_m64n{n}({args});")
-    out.append(f"    }} else {{\n        static_assert(N < 0, \"{fn}: no wrapper generated for this N\");\n    }}\n}}")
-    return "\n".join(out)
-
-
-def dispatch(fn, ns, params, args):
-    out = [f"template <int N, bool BF16>\n__device__ __forceinline__ void {fn}({params}) {{"]
-    for i, n in enumerate(ns):
-        kw = "if constexpr" if i == 0 else "} else if constexpr"
-        out.append(f"    {kw} (N == {n}) {{")
-        out.append(f"        if constexpr (BF16) {fn}_m64n{n}_bf16({args});")
-        out.append(f"        else {fn}_m64n{n}_f16({args});")
+        if by_type:
+            out.append(f"        if constexpr (BF16) {fn}_m64n{n}_bf16({args});")
+            out.append(f"        else {fn}_m64n{n}_f16({args});")
+        else:
+            out.append(f"        {fn}_m64n{n}({args});")
     out.append(f"    }} else {{\n        static_assert(N < 0, \"{fn}: no wrapper generated for this N\");\n    }}\n}}")
     return "\n".join(out)
 
@@ -144,11 +139,10 @@ def main():
                         "d, a, desc_b, accumulate") + "\n")
     out.append(dispatch("wgmma_ss_mn", NS_MN, "float (&d)[N / 2], u64 desc_a, u64 desc_b, int accumulate",
                         "d, desc_a, desc_b, accumulate") + "\n")
-    out.append(dispatch_e4m3("wgmma_ss_e4m3", NS_E4M3, "float (&d)[N / 2], u64 desc_a, u64 desc_b, int accumulate",
-                             "d, desc_a, desc_b, accumulate") + "\n")
-    out.append(dispatch_e4m3("wgmma_rs_e4m3", NS_E4M3,
-                             "float (&d)[N / 2], const u32 (&a)[4], u64 desc_b, int accumulate",
-                             "d, a, desc_b, accumulate"))
+    out.append(dispatch("wgmma_ss_e4m3", NS_E4M3, "float (&d)[N / 2], u64 desc_a, u64 desc_b, int accumulate",
+                        "d, desc_a, desc_b, accumulate", by_type=False) + "\n")
+    out.append(dispatch("wgmma_rs_e4m3", NS_E4M3, "float (&d)[N / 2], const u32 (&a)[4], u64 desc_b, int accumulate",
+                        "d, a, desc_b, accumulate", by_type=False))
     print("\n".join(out))
 
 

@@ -83,22 +83,27 @@ pub struct CompileJob {
 }
 
 impl CompileJob {
-    /// The forward kernel for `config` on `arch`.
-    pub fn forward(config: &CudaKernelConfig, arch: &str) -> Self {
+    /// `source` compiled on `arch` with the base options and `defines`, named `kernel`.
+    fn of(kernel: String, source: Source, arch: &str, defines: Vec<String>) -> Self {
         let mut options = base_options(arch);
-        options.extend(config.defines());
-        let source = match config {
-            CudaKernelConfig::Mma(_) => FLASH_FWD_MMA,
-            CudaKernelConfig::Wgmma(_) => FLASH_FWD_WGMMA,
-            CudaKernelConfig::Decode(_) => FLASH_DECODE,
-        };
+        options.extend(defines);
         CompileJob {
-            kernel: config.name(),
+            kernel,
             source: source.text,
             source_name: source.name,
             arch: arch.to_string(),
             options,
         }
+    }
+
+    /// The forward kernel for `config` on `arch`.
+    pub fn forward(config: &CudaKernelConfig, arch: &str) -> Self {
+        let source = match config {
+            CudaKernelConfig::Mma(_) => FLASH_FWD_MMA,
+            CudaKernelConfig::Wgmma(_) => FLASH_FWD_WGMMA,
+            CudaKernelConfig::Decode(_) => FLASH_DECODE,
+        };
+        Self::of(config.name(), source, arch, config.defines())
     }
 
     /// The backward's module (preprocess, main and convert kernels) for `config` on `arch`.
@@ -107,40 +112,18 @@ impl CompileJob {
             BackwardKernel::Mma => FLASH_BWD_MMA,
             BackwardKernel::Wgmma => FLASH_BWD_WGMMA,
         };
-        let mut options = base_options(arch);
-        options.extend(config.defines());
-        CompileJob {
-            kernel: config.name(),
-            source: source.text,
-            source_name: source.name,
-            arch: arch.to_string(),
-            options,
-        }
+        Self::of(config.name(), source, arch, config.defines())
     }
 
     /// The FP8 forward (the Hopper kernel with `FA_FP8`) for `config` on `arch`.
     pub fn fp8_forward(config: &Fp8Config, arch: &str) -> Self {
-        let mut options = base_options(arch);
-        options.extend(config.defines());
-        CompileJob {
-            kernel: config.name(),
-            source: FLASH_FWD_WGMMA.text,
-            source_name: FLASH_FWD_WGMMA.name,
-            arch: arch.to_string(),
-            options,
-        }
+        Self::of(config.name(), FLASH_FWD_WGMMA, arch, config.defines())
     }
 
     /// The FP8 quantizer's module (`fp8_quantize_128`, `fp8_quantize_256`, `fp8_scales_max`) on
     /// `arch`.
     pub fn fp8_quantize(arch: &str) -> Self {
-        CompileJob {
-            kernel: "fp8_quantize".into(),
-            source: FP8_QUANT.text,
-            source_name: FP8_QUANT.name,
-            arch: arch.to_string(),
-            options: base_options(arch),
-        }
+        Self::of("fp8_quantize".into(), FP8_QUANT, arch, Vec::new())
     }
 
     /// Disk-cache key: everything that can change the cubin, hashed with a fixed function (FNV-1a)
