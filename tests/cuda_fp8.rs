@@ -136,18 +136,15 @@ fn reference_on_quantized(
     reference::attention(&r, &q, &k, &v).unwrap()
 }
 
-/// O's (batch, row, head, column) values at the problem's layout, beside the reference's at BSHD
-/// with `width` columns.
-fn pairs(p: &AttentionProblem, out: &[f64], want: &[f64], width: usize) -> Vec<(f64, f64)> {
+/// Every (got, want) pair of O: got at the problem's O layout, want from `want_at(b, row, h, c)`.
+fn o_pairs(p: &AttentionProblem, out: &[f64], want_at: impl Fn(usize, usize, usize, usize) -> f64) -> Vec<(f64, f64)> {
     let s = &p.shape;
-    let l = p.layout(Tensor::O);
     let mut v = Vec::new();
     for b in 0..s.batch {
         for i in 0..s.seq_q {
             for h in 0..s.num_heads {
                 for c in 0..s.head_dim {
-                    let got = out[l.offset + b * l.batch_stride + i * l.seq_stride + h * l.head_stride + c];
-                    v.push((got, want[((b * s.seq_q + i) * s.num_heads + h) * width + c]));
+                    v.push((out[p.o_layout.index(b, i, h, c)], want_at(b, i, h, c)));
                 }
             }
         }
@@ -214,26 +211,14 @@ fn fp8_forward_matches_the_reference_on_its_inputs_and_the_originals() {
         };
         let l = Fp8Layout::of(&p).unwrap();
         let own = reference_on_quantized(&p, &host);
-        let vs_own = ErrorStats::from_pairs(pairs(&p, &out, &own.out, l.dim_pad));
+        // The quantized inputs' reference is BSHD with dim_pad columns; the originals' is at the
+        // problem's own O layout.
+        let own_at = |b, i, h, c| own.out[((b * p.shape.seq_q + i) * p.shape.num_heads + h) * l.dim_pad + c];
+        let vs_own = ErrorStats::from_pairs(o_pairs(&p, &out, own_at));
         let lse_own = ErrorStats::from_pairs(lse.iter().zip(&own.lse).map(|(&g, &w)| (g as f64, w)));
-        // The original inputs' reference is at the problem's own O layout.
-        let orig_pairs: Vec<(f64, f64)> = {
-            let s = &p.shape;
-            let lo = p.layout(Tensor::O);
-            let mut v = Vec::new();
-            for b in 0..s.batch {
-                for r in 0..s.seq_q {
-                    for h in 0..s.num_heads {
-                        for c in 0..s.head_dim {
-                            let at = lo.offset + b * lo.batch_stride + r * lo.seq_stride + h * lo.head_stride + c;
-                            v.push((out[at], original.out[at]));
-                        }
-                    }
-                }
-            }
-            v
-        };
-        let vs_orig = ErrorStats::from_pairs(orig_pairs);
+        let vs_orig = ErrorStats::from_pairs(o_pairs(&p, &out, |b, i, h, c| {
+            original.out[p.o_layout.index(b, i, h, c)]
+        }));
         eprintln!(
             "case {i} {:?} causal {} window {:?} {quant:?} {plan:?}: vs its inputs {vs_own}; LSE {lse_own}; \
              vs the originals {vs_orig}",
