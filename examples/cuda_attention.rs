@@ -20,7 +20,7 @@
 //! 8 K/V heads, head_dim 128, bf16, batch 1 and 8 at 32768 keys and batch 1 at 131072, with 1
 //! new token and with 4 (speculative decoding, causal); each is checked against the float64
 //! reference first, then timed (CUDA events around decode + combine, median of `--reps` after
-//! warm-up) and reported as TB/s of K and V read. `--decode-splits 8,16,32` adds runs with those
+//! warm-up, see below) and reported as TB/s of K and V read. `--decode-splits 8,16,32` adds runs with those
 //! forced split counts; `--decode-sweep` times every plan of `decode_plans` (warps, key tiles,
 //! cp.async stages, min_blocks, fused combine) at the rule's split, at 2 and 4 full waves of the
 //! plan's occupancy and at each `--decode-splits` count, with each kernel's CTAs/SM, registers
@@ -33,7 +33,10 @@
 //! checked against the float64 reference first (rows of the first and last sequence, their keys
 //! gathered from the pages), then timed, and printed with TB/s and the ratio paged/contiguous.
 //! `--decode-layout bhsd` runs the plain decode table head-major (PyTorch's layout in
-//! torch_decode.py) instead of BSHD. `--window-left N` and `--softcap CAP` give the prefill
+//! torch_decode.py) instead of BSHD; `--decode-shapes 1:1:32768,33:1:1024` replaces issue 16's
+//! six (batch:new tokens:keys). The decode tables print each call's GPU time with the calls
+//! queued back to back (PyTorch's loop in torch_decode.py), the host's time to enqueue one, and
+//! the time with the host waiting for each call before the next (launch latency included). `--window-left N` and `--softcap CAP` give the prefill
 //! table's problems a sliding window or a soft-cap, `--alibi geometric|per-head`, `--sinks` and
 //! `--bias` ALiBi, random sinks or a random bf16 bias per head (`--bias-f16`: in f16) (issue 17's
 //! bars: time beside a run without).
@@ -54,7 +57,7 @@ use wgpu_flash_attn::cuda::{
     CudaAttention, CudaDevice, CudaKernelConfig, CudaOptions, CudaPlan, DeviceBatchIndex, DeviceBias, DeviceTensors,
 };
 use wgpu_flash_attn::problem::PagedKv;
-use wgpu_flash_attn::testing::timing::cuda_median_ms;
+use wgpu_flash_attn::testing::timing::{cuda_median_ms, cuda_timing, Launches};
 use wgpu_flash_attn::testing::{random_tensor, ErrorStats};
 use wgpu_flash_attn::{reference, AttentionProblem, AttentionShape, DType, Layout, Result, Tensor};
 
@@ -80,6 +83,9 @@ struct Args {
     /// contiguous run, as PyTorch's `[batch, heads, seq, head_dim]` tensors in torch_decode.py);
     /// the default is BSHD (a key row holds every K/V head).
     decode_layout: Layout,
+    /// `--decode-shapes 1:1:32768,33:1:1024`: the decode tables' (batch, new tokens, keys)
+    /// instead of issue 16's six.
+    decode_shapes: Option<Vec<(usize, usize, usize)>>,
     /// `--window-left N` / `--softcap CAP`: the prefill table's problems with that window (left
     /// side; combined with the causal rows' mask) or soft-cap.
     window_left: Option<usize>,
@@ -108,6 +114,7 @@ fn parse_args() -> Args {
         decode_sweep: false,
         decode_paged: Vec::new(),
         decode_layout: Layout::Bshd,
+        decode_shapes: None,
         window_left: None,
         softcap: None,
         alibi: None,
@@ -132,6 +139,16 @@ fn parse_args() -> Args {
             "--decode-baseline" => a.decode_baseline = true,
             "--decode-sweep" => a.decode_sweep = true,
             "--decode-paged" => a.decode_paged = list(&value()),
+            "--decode-shapes" => {
+                let shapes = value()
+                    .split(',')
+                    .map(|t| match list(&t.replace(':', ","))[..] {
+                        [b, q, kv] => (b, q, kv),
+                        _ => panic!("--decode-shapes takes batch:new_tokens:keys triples, not {t}"),
+                    })
+                    .collect();
+                a.decode_shapes = Some(shapes);
+            }
             "--window-left" => a.window_left = Some(value().parse().expect("a number")),
             "--softcap" => a.softcap = Some(value().parse().expect("a number")),
             "--alibi" => {
@@ -315,13 +332,18 @@ fn spot_check(engine: &CudaAttention, problem: &AttentionProblem, bufs: &Buffers
     Ok(ErrorStats::from_pairs(pairs))
 }
 
-/// Issue 16's decode shapes: (batch, new tokens, keys); 32 query heads over 8 K/V heads, head_dim
-/// 128, bf16, causal (bottom-right) so that the 4 new tokens of speculative decoding see the
-/// cache and each other as a model does.
-fn decode_problems(layout: Layout) -> Vec<AttentionProblem> {
-    let mut out = Vec::new();
-    for seq_q in [1, 4] {
-        for (batch, seq_kv) in [(1, 32768), (8, 32768), (1, 131072)] {
+/// The decode shapes (batch, new tokens, keys): `shapes`, or issue 16's six; 32 query heads over
+/// 8 K/V heads, head_dim 128, bf16, causal (bottom-right) so that the 4 new tokens of
+/// speculative decoding see the cache and each other as a model does.
+fn decode_problems(layout: Layout, shapes: Option<&[(usize, usize, usize)]>) -> Vec<AttentionProblem> {
+    let issue_16: Vec<(usize, usize, usize)> = [1, 4]
+        .into_iter()
+        .flat_map(|q| [(1, q, 32768), (8, q, 32768), (1, q, 131072)])
+        .collect();
+    shapes
+        .unwrap_or(&issue_16)
+        .iter()
+        .map(|&(batch, seq_q, seq_kv)| {
             let shape = AttentionShape {
                 batch,
                 seq_q,
@@ -330,14 +352,11 @@ fn decode_problems(layout: Layout) -> Vec<AttentionProblem> {
                 num_kv_heads: 8,
                 head_dim: 128,
             };
-            out.push(
-                AttentionProblem::new(shape, DType::BF16)
-                    .with_causal(true)
-                    .with_layout(layout),
-            );
-        }
-    }
-    out
+            AttentionProblem::new(shape, DType::BF16)
+                .with_causal(true)
+                .with_layout(layout)
+        })
+        .collect()
 }
 
 /// The decode benchmarks' inputs, sized for the largest of [`decode_problems`]: seeded bf16 Q, K
@@ -356,8 +375,12 @@ struct DecodeInputs {
     d_lse: CudaSlice<f32>,
 }
 
-fn decode_inputs(device: &CudaDevice, layout: Layout) -> Result<DecodeInputs> {
-    let problems = decode_problems(layout);
+fn decode_inputs(
+    device: &CudaDevice,
+    layout: Layout,
+    shapes: Option<&[(usize, usize, usize)]>,
+) -> Result<DecodeInputs> {
+    let problems = decode_problems(layout, shapes);
     let len = |t: Tensor| problems.iter().map(|p| p.required_len(t)).max().unwrap_or(0);
     let (q_len, kv_len) = (len(Tensor::Q), len(Tensor::K));
     let lse_len = problems.iter().map(|p| p.lse_len()).max().unwrap_or(0);
@@ -402,7 +425,7 @@ fn decode_bench(args: &Args, device: CudaDevice) -> Result<()> {
         mut d_o,
         mut d_lse,
         ..
-    } = decode_inputs(&device, args.decode_layout)?;
+    } = decode_inputs(&device, args.decode_layout, args.decode_shapes.as_deref())?;
     let stream = device.stream().clone();
     let sm_count = device.sm_count();
     // One engine per forced split count (None: the rule), made when first needed.
@@ -418,8 +441,8 @@ fn decode_bench(args: &Args, device: CudaDevice) -> Result<()> {
         engines.push((splits, CudaAttention::with_options(device.clone(), options)));
         engines.len() - 1
     };
-    println!("| batch | new tokens | keys | kernel | splits | CTAs/SM | regs | local | µs | TB/s K+V | check |");
-    println!("|---|---|---|---|---|---|---|---|---|---|---|");
+    println!("| batch | new tokens | keys | kernel | splits | CTAs/SM | regs | local | µs | TB/s K+V | host µs/call | µs one at a time | check |");
+    println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|");
     let sweep_start = std::time::Instant::now();
     let mut best: Vec<String> = Vec::new();
     for p in &problems {
@@ -519,7 +542,13 @@ fn decode_bench(args: &Args, device: CudaDevice) -> Result<()> {
             let out: &[bf16] = bytemuck::cast_slice(&o_bits);
             let check = ErrorStats::from_pairs(want.iter().map(|&(i, w)| (out[i].to_f64(), w)));
             let ok = check.within(1e-2, 5e-2);
-            let ms = cuda_median_ms(&device, 10, args.reps, || launch(&mut d_o, &mut d_lse).map(|_| ()))?;
+            let timing = cuda_timing(&device, 10, args.reps, Launches::Queued, || {
+                launch(&mut d_o, &mut d_lse).map(|_| ())
+            })?;
+            let alone = cuda_timing(&device, 10, args.reps, Launches::OneAtATime, || {
+                launch(&mut d_o, &mut d_lse).map(|_| ())
+            })?;
+            let ms = timing.median_ms;
             let config = match plan {
                 Some(plan) => CudaKernelConfig::for_problem(p, plan, 16)?,
                 None => engine.config_for(p, 16)?,
@@ -531,7 +560,7 @@ fn decode_bench(args: &Args, device: CudaDevice) -> Result<()> {
             };
             let tbs = kv_bytes / (ms * 1e-3) / 1e12;
             let line = format!(
-                "| {} | {} | {} | {tag}{kernel} | {splits}{} | {} | {} | {} | {:.1} | {:.2} | {} {check} |",
+                "| {} | {} | {} | {tag}{kernel} | {splits}{} | {} | {} | {} | {:.1} | {:.2} | {:.1} | {:.1} | {} {check} |",
                 s.batch,
                 s.seq_q,
                 s.seq_kv,
@@ -541,6 +570,8 @@ fn decode_bench(args: &Args, device: CudaDevice) -> Result<()> {
                 info.local_bytes,
                 ms * 1e3,
                 tbs,
+                timing.host_ms_per_call * 1e3,
+                alone.median_ms * 1e3,
                 if ok { "ok" } else { "WRONG" },
             );
             println!("{line}");
@@ -554,8 +585,8 @@ fn decode_bench(args: &Args, device: CudaDevice) -> Result<()> {
     }
     eprintln!("decode runs took {:.1} s", sweep_start.elapsed().as_secs_f64());
     println!("\nBest correct run per shape:\n");
-    println!("| batch | new tokens | keys | kernel | splits | CTAs/SM | regs | local | µs | TB/s K+V | check |");
-    println!("|---|---|---|---|---|---|---|---|---|---|---|");
+    println!("| batch | new tokens | keys | kernel | splits | CTAs/SM | regs | local | µs | TB/s K+V | host µs/call | µs one at a time | check |");
+    println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|");
     for line in best {
         println!("{line}");
     }
@@ -578,7 +609,7 @@ fn decode_paged_bench(args: &Args, device: CudaDevice) -> Result<()> {
         dv,
         mut d_o,
         mut d_lse,
-    } = decode_inputs(&device, Layout::Bshd)?;
+    } = decode_inputs(&device, Layout::Bshd, args.decode_shapes.as_deref())?;
     let stream = device.stream().clone();
     let engine = CudaAttention::new(device.clone());
     println!("| batch | new tokens | keys | cache | kernel | splits | µs | TB/s K+V | paged / contiguous | check |");

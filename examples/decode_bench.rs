@@ -11,7 +11,7 @@
 //! ```text
 //! cargo run --release --features internals --example decode_bench -- [--sweep] [--dtype f16|bf16|f32]
 //!     [--batch 1,8] [--kv 32768,131072] [--q 1,4] [--runs 50] [--paged 16,256] [--json FILE]
-//!     [--layout bshd|bhsd]
+//!     [--layout bshd|bhsd] [--splits 57,1]
 //! ```
 
 use std::io::Write;
@@ -39,6 +39,9 @@ struct Args {
     q_lens: Vec<usize>,
     runs: usize,
     paged: Vec<usize>,
+    /// `--splits 57,1`: runs of the automatic plan at these forced split counts, beside the
+    /// automatic split.
+    splits: Vec<u32>,
     json: Option<String>,
     /// `--layout bhsd`: every tensor head-major (each K/V head's cache one contiguous run, as
     /// PyTorch's tensors in torch_decode.py); the default BSHD keeps a key's heads together.
@@ -54,6 +57,7 @@ fn parse() -> Args {
         q_lens: vec![1, 4],
         runs: 50,
         paged: Vec::new(),
+        splits: Vec::new(),
         json: None,
         layout: Layout::Bshd,
     };
@@ -80,6 +84,7 @@ fn parse() -> Args {
             "--runs" => args.runs = value().parse().expect("a number"),
             "--json" => args.json = Some(value()),
             "--paged" => args.paged = list(value()),
+            "--splits" => args.splits = list(value()).into_iter().map(|x| x as u32).collect(),
             "--layout" => {
                 args.layout = match value().as_str() {
                     "bshd" => Layout::Bshd,
@@ -143,6 +148,12 @@ fn run<T: Element>(ctx: &GpuContext, args: &Args, out: &mut Option<std::fs::File
                 };
                 let kv_bytes = 2.0 * (batch * seq_kv * 8 * 128 * args.dtype.size_bytes()) as f64;
                 let mut choices = vec![KernelChoice::Auto];
+                for &splits in &args.splits {
+                    choices.push(KernelChoice::Decode(DecodeChoice {
+                        splits: Some(splits.max(1)),
+                        ..DecodeChoice::default()
+                    }));
+                }
                 if args.sweep {
                     let auto = FlashAttention::new(ctx).select(&problem).ok();
                     let auto_splits = match auto {

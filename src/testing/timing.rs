@@ -126,31 +126,82 @@ pub fn time_passes(
     }
 }
 
-/// Median time in ms of `reps` calls of `call` on `device`'s stream, each between two CUDA events,
-/// after `warmup` calls (kernels compile or load on the first). The CUDA examples' clock.
+/// How [`cuda_median_ms`] issues the timed calls.
 #[cfg(feature = "cuda")]
-pub fn cuda_median_ms(
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Launches {
+    /// Back to back: every call between its own two events, the host enqueueing the next call
+    /// while the GPU runs this one, one wait at the end — PyTorch's event loop in
+    /// `torch_sdpa.py`/`torch_decode.py`, so a call's time is its GPU time as long as the host
+    /// enqueues faster than the GPU runs (the report says whether it did).
+    Queued,
+    /// One at a time: the host waits for each call before enqueueing the next, so each time
+    /// also holds the host's latency to launch the call's kernels onto an idle GPU.
+    OneAtATime,
+}
+
+/// A CUDA timing: the median GPU time of a call between its events, and the host's time per
+/// call to enqueue it (queued launches: when it is close to or above `median_ms`, the host, not
+/// the GPU, set the pace).
+#[cfg(feature = "cuda")]
+#[derive(Clone, Copy, Debug)]
+pub struct CudaTiming {
+    pub median_ms: f64,
+    pub host_ms_per_call: f64,
+}
+
+/// Times `reps` calls of `call` on `device`'s stream, each between two CUDA events, after
+/// `warmup` calls (kernels compile or load on the first). The CUDA examples' clock.
+#[cfg(feature = "cuda")]
+pub fn cuda_timing(
     device: &crate::cuda::CudaDevice,
     warmup: usize,
     reps: usize,
+    launches: Launches,
     mut call: impl FnMut() -> Result<()>,
-) -> Result<f64> {
+) -> Result<CudaTiming> {
     use cudarc::driver::sys::CUevent_flags;
     let stream = device.stream();
     for _ in 0..warmup {
         call()?;
     }
     stream.synchronize()?;
-    let mut times = Vec::with_capacity(reps);
-    for _ in 0..reps.max(1) {
-        let start = device.context().new_event(Some(CUevent_flags::CU_EVENT_DEFAULT))?;
-        let end = device.context().new_event(Some(CUevent_flags::CU_EVENT_DEFAULT))?;
+    let reps = reps.max(1);
+    let new_event = || device.context().new_event(Some(CUevent_flags::CU_EVENT_DEFAULT));
+    let mut events = Vec::with_capacity(reps);
+    for _ in 0..reps {
+        events.push((new_event()?, new_event()?));
+    }
+    let host = Instant::now();
+    for (start, end) in &events {
         start.record(stream)?;
         call()?;
         end.record(stream)?;
-        end.synchronize()?;
-        times.push(start.elapsed_ms(&end)? as f64);
+        if launches == Launches::OneAtATime {
+            end.synchronize()?;
+        }
+    }
+    let host_ms_per_call = host.elapsed().as_secs_f64() * 1e3 / reps as f64;
+    stream.synchronize()?;
+    let mut times = Vec::with_capacity(reps);
+    for (start, end) in &events {
+        times.push(start.elapsed_ms(end)? as f64);
     }
     times.sort_by(|a, b| a.total_cmp(b));
-    Ok(times[times.len() / 2])
+    Ok(CudaTiming {
+        median_ms: times[times.len() / 2],
+        host_ms_per_call,
+    })
+}
+
+/// The median GPU time in ms of `reps` queued calls of `call` ([`cuda_timing`] with
+/// [`Launches::Queued`]).
+#[cfg(feature = "cuda")]
+pub fn cuda_median_ms(
+    device: &crate::cuda::CudaDevice,
+    warmup: usize,
+    reps: usize,
+    call: impl FnMut() -> Result<()>,
+) -> Result<f64> {
+    cuda_timing(device, warmup, reps, Launches::Queued, call).map(|t| t.median_ms)
 }
