@@ -13,8 +13,9 @@
 //! with `--no-sweep`, the engine's default plan does. `--wgmma-ok file` limits the wgmma plans to
 //! the kernels the file names (lines `wgmma ok: <kernel>`, as `tests/cuda_attention.rs` prints
 //! them), so that a variant that failed its tests is never launched here. Timing: CUDA events
-//! around each launch, median of `--reps` after three warm-up launches (NVRTC compiles or loads
-//! from the disk cache before that).
+//! around each launch, the launches queued back to back as PyTorch's timing loop queues them
+//! (`testing::timing::cuda_timing`), median of `--reps` after three warm-up launches (NVRTC
+//! compiles or loads from the disk cache before that).
 //!
 //! `--decode` times the split-KV decode kernel instead, on issue 16's shapes: 32 query heads over
 //! 8 K/V heads, head_dim 128, bf16, batch 1 and 8 at 32768 keys and batch 1 at 131072, with 1
@@ -50,7 +51,6 @@ use std::io::Write;
 
 use half::{bf16, f16};
 use wgpu_flash_attn::batch::{Alibi, BatchIndex, BiasLayout, BiasValues, ScoreBias};
-use wgpu_flash_attn::cuda::cudarc::driver::sys::CUevent_flags;
 use wgpu_flash_attn::cuda::cudarc::driver::{CudaSlice, DevicePtr};
 use wgpu_flash_attn::cuda::plan::{decode_plans, mma_plans, select_mma, splits_for_waves, wgmma_plans, CudaDecodePlan};
 use wgpu_flash_attn::cuda::{
@@ -237,7 +237,8 @@ struct Timing {
     kernel: String,
 }
 
-/// Median and minimum of `reps` event-timed launches after three warm-up launches.
+/// Median and minimum of `reps` event-timed launches (queued, [`cuda_timing`]) after three
+/// warm-up launches.
 fn time(
     engine: &CudaAttention,
     problem: &AttentionProblem,
@@ -287,25 +288,11 @@ fn time(
         };
         Ok(config.name())
     };
-    let mut kernel = String::new();
-    for _ in 0..3 {
-        kernel = launch(bufs)?;
-    }
-    stream.synchronize()?;
-    let mut times = Vec::with_capacity(reps);
-    for _ in 0..reps {
-        let start = dev.context().new_event(Some(CUevent_flags::CU_EVENT_DEFAULT))?;
-        let end = dev.context().new_event(Some(CUevent_flags::CU_EVENT_DEFAULT))?;
-        start.record(stream)?;
-        launch(bufs)?;
-        end.record(stream)?;
-        end.synchronize()?;
-        times.push(start.elapsed_ms(&end)? as f64);
-    }
-    times.sort_by(|a, b| a.total_cmp(b));
+    let kernel = launch(bufs)?;
+    let t = cuda_timing(dev, 2, reps, Launches::Queued, || launch(bufs).map(drop))?;
     Ok(Timing {
-        median_ms: times[times.len() / 2],
-        min_ms: times[0],
+        median_ms: t.median_ms,
+        min_ms: t.min_ms,
         kernel,
     })
 }

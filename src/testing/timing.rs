@@ -140,13 +140,14 @@ pub enum Launches {
     OneAtATime,
 }
 
-/// A CUDA timing: the median GPU time of a call between its events, and the host's time per
+/// A CUDA timing: the median (and fastest) GPU time of a call between its events, and the host's time per
 /// call to enqueue it (queued launches: when it is close to or above `median_ms`, the host, not
 /// the GPU, set the pace).
 #[cfg(feature = "cuda")]
 #[derive(Clone, Copy, Debug)]
 pub struct CudaTiming {
     pub median_ms: f64,
+    pub min_ms: f64,
     pub host_ms_per_call: f64,
 }
 
@@ -190,6 +191,7 @@ pub fn cuda_timing(
     times.sort_by(|a, b| a.total_cmp(b));
     Ok(CudaTiming {
         median_ms: times[times.len() / 2],
+        min_ms: times[0],
         host_ms_per_call,
     })
 }
