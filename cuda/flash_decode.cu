@@ -200,11 +200,23 @@ __device__ __forceinline__ void store_chunk(u16* p, const u32 r[4]) {
         st_global_v2(p + 4, r[2], r[3]);
     }
 }
-// Four f32 of the previous kernel's output (16-byte aligned).
-__device__ __forceinline__ void ld_global_v4f(const float* p, float v[4]) {
-    asm volatile("ld.global.v4.f32 {%0,%1,%2,%3}, [%4];\n" : "=f"(v[0]), "=f"(v[1]), "=f"(v[2]), "=f"(v[3]) : "l"(p));
+// Programmatic dependent launch (sm_90 and newer; no-ops before): the host launches the combine
+// so that it may start while the decode kernel still runs (launch_overlapping_previous in
+// src/cuda/launch.rs). The decode kernel lets it launch once all its CTAs have started; the
+// combine's CTAs then wait for the decode kernel to complete and its writes to be visible
+// before they read a piece. Only the launch latency overlaps.
+__device__ __forceinline__ void allow_dependent_launch() {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
 }
-// The pieces other CTAs of this launch wrote (fused combine): through L2, never a stale L1 line.
+__device__ __forceinline__ void wait_for_previous_grid() {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
+}
+// The pieces other CTAs wrote (of this launch: the fused combine; of the decode kernel still
+// running when the combine launched: the combine): through L2, never a stale L1 line.
 __device__ __forceinline__ void ld_cg_v4f(const float* p, float v[4]) {
     asm volatile("ld.global.cg.v4.f32 {%0,%1,%2,%3}, [%4];\n" : "=f"(v[0]), "=f"(v[1]), "=f"(v[2]), "=f"(v[3]) : "l"(p));
 }
@@ -328,6 +340,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, FA_MIN_BLOCKS) KERNEL_NAME
     const int row0 = (blockIdx.y % dp.row_blocks) * ROWS;  // first packed row of the CTA
     const int batch = blockIdx.z;
     const int rows_left = dp.rows_per_kv_head - row0;
+    allow_dependent_launch();
     const int rows_here = rows_left < ROWS ? rows_left : ROWS;
 
     // The CTA's earliest and latest new token: causal masking only touches steps past the first
@@ -682,65 +695,98 @@ extern "C" __global__ void __launch_bounds__(THREADS, FA_MIN_BLOCKS) KERNEL_NAME
     }
 }
 
-// The combine: one CTA per (new token, query head, sequence), grid = (seq_q, num_heads, batch).
-// Lane x of a warp owns chunk x of the row (head_dim <= 256: at most 32 chunks); the
-// COMBINE_GROUPS warps take every COMBINE_GROUPS-th piece, so that several pieces' loads are in
-// flight at once, and add their parts through shared memory. Piece s weighs
-// exp(lse_s - max) / sum; all pieces empty: O = 0, LSE = -inf.
-constexpr int COMBINE_GROUPS = 4;
+// The combine: one CTA of COMBINE_THREADS per (new token, query head, sequence), grid = (seq_q,
+// num_heads, batch). Piece s weighs exp(lse_s - max) / sum; all pieces empty: O = 0, LSE = -inf.
+// * Every warp reduces the row's piece LSEs to their max and the sum of the weights itself (lanes
+//   stride over the pieces, then shuffles): a warp's own pass costs less than a barrier round,
+//   and it leaves no bound on the piece count.
+// * Thread t then owns chunk t % CHUNKS of the row and the pieces t / CHUNKS + k·PIECE_LANES. It
+//   issues the loads of COMBINE_BATCH pieces before it adds any, so that at 16 lanes (head_dim
+//   128) a row of 64 pieces costs one memory latency: the combine reads little (the pieces'
+//   f32 rows) and is bound by latency, not bandwidth.
+// * The lanes' sums meet in shared memory; thread c < CHUNKS adds them and writes chunk c.
+constexpr int COMBINE_THREADS = 256;
+constexpr int PIECE_LANES = COMBINE_THREADS / CHUNKS;  // head_dim <= 256: at least 8
+constexpr int COMBINE_BATCH = 4;
 
-extern "C" __global__ void __launch_bounds__(32 * COMBINE_GROUPS) COMBINE_NAME(const __grid_constant__ DecodeParams dp) {
-    __shared__ float s_acc[COMBINE_GROUPS][32][9];
-    __shared__ float s_sum[COMBINE_GROUPS];
+__device__ __forceinline__ float warp_max(float x) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) x = fmaxf(x, __shfl_xor_sync(FULL_MASK, x, o));
+    return x;
+}
+
+__device__ __forceinline__ float warp_sum(float x) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) x += __shfl_xor_sync(FULL_MASK, x, o);
+    return x;
+}
+
+extern "C" __global__ void __launch_bounds__(COMBINE_THREADS) COMBINE_NAME(const __grid_constant__ DecodeParams dp) {
+    __shared__ float4 s_acc[PIECE_LANES * CHUNKS][2];
     const FwdParams& p = dp.fwd;
-    const int c = threadIdx.x;
-    const int group = threadIdx.y;
+    const int t = threadIdx.x;
+    const int lane = t & 31;
     const int tok = blockIdx.x;
     const int head = blockIdx.y;
     const int batch = blockIdx.z;
-    const i64 first = (((i64)batch * p.num_heads + head) * p.seq_q + tok) * dp.splits;
+    const int splits = dp.splits;
+    const i64 first = (((i64)batch * p.num_heads + head) * p.seq_q + tok) * splits;
     const float* lse = dp.part_lse + first;
+    wait_for_previous_grid();
 
+    // fmaxf drops a NaN LSE (a bad cache index); its weight below is NaN, and so the sum.
     float mx = NEG_INF;
-#pragma unroll 8
-    for (int s = 0; s < dp.splits; ++s) mx = fmaxf(mx, lse[s]);
+    for (int s = lane; s < splits; s += 32) mx = fmaxf(mx, ld_cg_f(lse + s));
+    mx = warp_max(mx);
     const float m_use = mx == NEG_INF ? 0.f : mx;
     float sum = 0.f;
+    for (int s = lane; s < splits; s += 32) sum += ex2((ld_cg_f(lse + s) - m_use) * LOG2E);  // empty piece: 0
+    sum = warp_sum(sum);
+
+    const int piece_lane = t / CHUNKS;
+    const int c = t % CHUNKS;
     float acc[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
-#pragma unroll 4
-    for (int s = group; s < dp.splits; s += COMBINE_GROUPS) {
-        const float w = ex2((lse[s] - m_use) * LOG2E);  // an empty piece: exp2(-inf) = 0
-        sum += w;
-        if (c < CHUNKS) {
-            float v[8];
-            const float* src = dp.part_o + (first + s) * HEAD_DIM + c * 8;
-            ld_global_v4f(src, v);
-            ld_global_v4f(src + 4, v + 4);
+    if (piece_lane < PIECE_LANES) {
+        for (int s0 = piece_lane; s0 < splits; s0 += COMBINE_BATCH * PIECE_LANES) {
+            float w[COMBINE_BATCH];
+            float v[COMBINE_BATCH][8];
+            // Past the last piece a lane reads the last one again and counts it as 0 (not as
+            // 0 times its values, which may be inf): no branch between the loads, so all of
+            // them are issued before the first add.
 #pragma unroll
-            for (int k = 0; k < 8; ++k) acc[k] += w * v[k];
+            for (int u = 0; u < COMBINE_BATCH; ++u) {
+                const int s = s0 + u * PIECE_LANES;
+                const int piece = min(s, splits - 1);
+                w[u] = ex2((ld_cg_f(lse + piece) - m_use) * LOG2E);
+                const float* src = dp.part_o + (first + piece) * HEAD_DIM + c * 8;
+                ld_cg_v4f(src, v[u]);
+                ld_cg_v4f(src + 4, v[u] + 4);
+            }
+#pragma unroll
+            for (int u = 0; u < COMBINE_BATCH; ++u)
+#pragma unroll
+                for (int k = 0; k < 8; ++k) acc[k] += s0 + u * PIECE_LANES < splits ? w[u] * v[u][k] : 0.f;
         }
+        s_acc[t][0] = make_float4(acc[0], acc[1], acc[2], acc[3]);
+        s_acc[t][1] = make_float4(acc[4], acc[5], acc[6], acc[7]);
     }
-    if (c == 0) s_sum[group] = sum;
-#pragma unroll
-    for (int k = 0; k < 8; ++k) s_acc[group][c][k] = acc[k];
     __syncthreads();
-    if (group != 0 || c >= CHUNKS) return;
-    float total = 0.f;
-#pragma unroll
-    for (int gr = 0; gr < COMBINE_GROUPS; ++gr) total += s_sum[gr];
-#pragma unroll
-    for (int gr = 1; gr < COMBINE_GROUPS; ++gr)
-#pragma unroll
-        for (int k = 0; k < 8; ++k) acc[k] += s_acc[gr][c][k];
-    const float inv = total > 0.f ? 1.f / total : 0.f;
+    if (t >= CHUNKS) return;
+    for (int l = 1; l < PIECE_LANES; ++l) {
+        const float4 a = s_acc[l * CHUNKS + t][0];
+        const float4 b = s_acc[l * CHUNKS + t][1];
+        acc[0] += a.x, acc[1] += a.y, acc[2] += a.z, acc[3] += a.w;
+        acc[4] += b.x, acc[5] += b.y, acc[6] += b.z, acc[7] += b.w;
+    }
+    const float inv = sum > 0.f ? 1.f / sum : 0.f;
     u32 packed[4];
 #pragma unroll
     for (int k = 0; k < 4; ++k) packed[k] = pack2<IS_BF16>(acc[2 * k] * inv, acc[2 * k + 1] * inv);
     store_chunk(p.o + batch * p.o_batch_stride + head * p.o_head_stride + (i64)tok * p.o_seq_stride + c * 8, packed);
     if (c == 0 && p.lse != nullptr) {
-        // A NaN piece (bad cache index) makes the total NaN: the LSE too, not -inf.
-        const bool seen = total > 0.f || (CHECKED && total != total);
-        p.lse[((i64)batch * p.num_heads + head) * p.seq_q + tok] = seen ? mx + logf(total) : NEG_INF;
+        // A NaN piece (bad cache index) makes the sum NaN: the LSE too, not -inf.
+        const bool seen = sum > 0.f || (CHECKED && sum != sum);
+        p.lse[((i64)batch * p.num_heads + head) * p.seq_q + tok] = seen ? mx + logf(sum) : NEG_INF;
     }
 }
 

@@ -652,7 +652,13 @@ impl CudaAttention {
                 what: format!("kernel {}", c.combine_name()),
                 why: "its module was loaded without the combine entry point".into(),
             })?;
-            launch(combine, combine_geometry)?;
+            if self.device.compute_capability().0 >= 9 {
+                // SAFETY: as above; the combine waits for the decode kernel's writes
+                // (griddepcontrol.wait) before it reads the pieces.
+                unsafe { launch_overlapping_previous(&self.device, combine, combine_geometry, &params) }?;
+            } else {
+                launch(combine, combine_geometry)?;
+            }
         }
         drop(guards);
         Ok(())
@@ -1082,6 +1088,51 @@ pub(super) fn check_lengths<const N: usize>(problem: &AttentionProblem, lengths:
             });
         }
     }
+    Ok(())
+}
+
+/// Enqueues `function` with the single parameter block `params` on `device`'s stream as a
+/// programmatic dependent launch (sm_90 and newer): the GPU may start launching its CTAs before
+/// the previous kernel on the stream has finished, and each CTA waits in
+/// `griddepcontrol.wait` until that kernel has completed and its writes are visible. What
+/// overlaps is the launch latency, never the work; a kernel without the wait must not be
+/// launched this way.
+///
+/// # Safety
+/// `params` must be the kernel's whole parameter block, and every address in it valid for what
+/// the kernel reads and writes (as for `LaunchArgs::launch`).
+unsafe fn launch_overlapping_previous<P: DeviceRepr>(
+    device: &CudaDevice,
+    function: &CudaFunction,
+    g: LaunchGeometry,
+    params: &P,
+) -> Result<()> {
+    use cudarc::driver::sys;
+    let mut attribute = sys::CUlaunchAttribute {
+        id: sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION,
+        pad: [0; 4],
+        // SAFETY: an all-zero union is a valid value of each of its plain-integer members.
+        value: unsafe { std::mem::zeroed() },
+    };
+    attribute.value.programmaticStreamSerializationAllowed = 1;
+    let config = sys::CUlaunchConfig {
+        gridDimX: g.grid.0,
+        gridDimY: g.grid.1,
+        gridDimZ: g.grid.2,
+        blockDimX: g.block.0,
+        blockDimY: g.block.1,
+        blockDimZ: g.block.2,
+        sharedMemBytes: g.smem_bytes,
+        hStream: device.stream().cu_stream(),
+        attrs: &mut attribute,
+        numAttrs: 1,
+    };
+    let mut args = [params as *const P as *mut std::ffi::c_void];
+    device.context().bind_to_thread()?;
+    // SAFETY: the configuration and its attribute outlive the call; `args` holds the address of
+    // the one parameter block, which the caller vouches for.
+    unsafe { sys::cuLaunchKernelEx(&config, function.cu_function(), args.as_mut_ptr(), std::ptr::null_mut()) }
+        .result()?;
     Ok(())
 }
 

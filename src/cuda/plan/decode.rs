@@ -38,8 +38,9 @@ const DECODE_MIN_BLOCKS: u32 = 2;
 /// the estimate behind the CTAs per SM that the split rule counts.
 const DECODE_REGS_OVERHEAD: u32 = 56;
 
-/// Threads of the combine kernel's CTA: a warp over a row's chunks, times four groups of pieces.
-const COMBINE_BLOCK: (u32, u32, u32) = (32, 4, 1);
+/// Threads of the combine kernel's CTA (`COMBINE_THREADS` in cuda/flash_decode.cu): the chunks of a row
+/// times lanes of its pieces.
+const COMBINE_BLOCK: (u32, u32, u32) = (256, 1, 1);
 
 /// Largest dynamic shared memory a decode CTA may ask for (the H100/H200 opt-in limit, 227 KiB).
 const DECODE_MAX_SMEM: u32 = 227 * 1024;
@@ -155,7 +156,7 @@ pub fn default_decode_plan(head_dim: usize) -> CudaDecodePlan {
 /// Candidate plans for a head_dim, the default first: the sweep in `examples/cuda_attention.rs`
 /// times them all, and `tests/cuda_attention.rs` checks them all. Each knob is varied from the
 /// default at least once: the combine (fused or not), the stages (0: the register-loading
-/// kernel; 2, 3, 4), min_blocks (2, 3), warps (4, 8) and tiles per step.
+/// kernel; 2, 3, 4, 6), min_blocks (2, 3), warps (4, 8) and tiles per step.
 pub fn decode_plans(head_dim: usize) -> Vec<CudaDecodePlan> {
     let t = default_tiles(head_dim as u32);
     let half = (t / 2).max(1);
@@ -165,19 +166,14 @@ pub fn decode_plans(head_dim: usize) -> Vec<CudaDecodePlan> {
         // The same with the combine fused into the last CTA of a row block.
         d.with_fused(true),
         // Half the step, one more stage, three CTAs per SM (smaller ring, more CTAs).
-        CudaDecodePlan::new(4, half)
-            .with_stages(4)
-            .with_min_blocks(3)
-            .with_fused(true),
+        CudaDecodePlan::new(4, half).with_stages(4).with_min_blocks(3),
+        // Half the step, six stages: five steps in flight per warp instead of two.
+        CudaDecodePlan::new(4, half).with_stages(6),
         // Two stages (one step in flight while computing), three CTAs per SM.
-        CudaDecodePlan::new(4, t)
-            .with_stages(2)
-            .with_min_blocks(3)
-            .with_fused(true),
+        CudaDecodePlan::new(4, t).with_stages(2).with_min_blocks(3),
         // Eight warps of half steps: more independent streams per CTA.
-        CudaDecodePlan::new(8, half).with_stages(3).with_fused(true),
-        // The register-loading kernel, fused and as it was.
-        CudaDecodePlan::new(4, t).with_fused(true),
+        CudaDecodePlan::new(8, half).with_stages(3),
+        // The register-loading kernel.
         CudaDecodePlan::new(4, t),
         CudaDecodePlan::new(4, half),
     ];
