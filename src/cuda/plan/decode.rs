@@ -38,8 +38,8 @@ const DECODE_MIN_BLOCKS: u32 = 2;
 /// the estimate behind the CTAs per SM that the split rule counts.
 const DECODE_REGS_OVERHEAD: u32 = 56;
 
-/// Threads of the combine kernel's CTA (`COMBINE_THREADS` in cuda/flash_decode.cu): the chunks of a row
-/// times lanes of its pieces.
+/// Threads of the combine kernel's CTA (`COMBINE_THREADS` in cuda/flash_decode.cu): the chunks
+/// of a row times lanes of its pieces.
 const COMBINE_BLOCK: (u32, u32, u32) = (256, 1, 1);
 
 /// Largest dynamic shared memory a decode CTA may ask for (the H100/H200 opt-in limit, 227 KiB).
