@@ -697,14 +697,15 @@ extern "C" __global__ void __launch_bounds__(THREADS, FA_MIN_BLOCKS) KERNEL_NAME
 
 // The combine: one CTA of COMBINE_THREADS per (new token, query head, sequence), grid = (seq_q,
 // num_heads, batch). Piece s weighs exp(lse_s - max) / sum; all pieces empty: O = 0, LSE = -inf.
-// * Every warp reduces the row's piece LSEs to their max and the sum of the weights itself (lanes
-//   stride over the pieces, then shuffles): a warp's own pass costs less than a barrier round,
-//   and it leaves no bound on the piece count.
-// * Thread t then owns chunk t % CHUNKS of the row and the pieces t / CHUNKS + k·PIECE_LANES. It
-//   issues the loads of COMBINE_BATCH pieces before it adds any, so that at 16 lanes (head_dim
-//   128) a row of 64 pieces costs one memory latency: the combine reads little (the pieces'
-//   f32 rows) and is bound by latency, not bandwidth.
-// * The lanes' sums meet in shared memory; thread c < CHUNKS adds them and writes chunk c.
+// The combine reads little (the pieces' f32 rows) and is bound by memory latency, so it is laid
+// out to wait for memory once:
+// * Thread t owns chunk t % CHUNKS of the row and the pieces t / CHUNKS + k·PIECE_LANES. A piece's
+//   weight is needed only to add it, not to load it: every thread first issues the loads of its
+//   first COMBINE_BATCH pieces (64 pieces at head_dim 128, 32 at 256) while it stages LSE t in
+//   shared memory. Rows of more pieces take one more round per batch.
+// * After one barrier every warp reduces the staged LSEs to their max and the sum of the weights
+//   itself (shared-memory reads and shuffles); LSEs past the staged COMBINE_THREADS come from L2.
+// * The threads' sums meet in shared memory; thread c < CHUNKS adds them and writes chunk c.
 constexpr int COMBINE_THREADS = 256;
 constexpr int PIECE_LANES = COMBINE_THREADS / CHUNKS;  // head_dim <= 256: at least 8
 constexpr int COMBINE_BATCH = 4;
@@ -722,6 +723,7 @@ __device__ __forceinline__ float warp_sum(float x) {
 }
 
 extern "C" __global__ void __launch_bounds__(COMBINE_THREADS) COMBINE_NAME(const __grid_constant__ DecodeParams dp) {
+    __shared__ float s_lse[COMBINE_THREADS];
     __shared__ float4 s_acc[PIECE_LANES * CHUNKS][2];
     const FwdParams& p = dp.fwd;
     const int t = threadIdx.x;
@@ -732,40 +734,48 @@ extern "C" __global__ void __launch_bounds__(COMBINE_THREADS) COMBINE_NAME(const
     const int splits = dp.splits;
     const i64 first = (((i64)batch * p.num_heads + head) * p.seq_q + tok) * splits;
     const float* lse = dp.part_lse + first;
+    const int piece_lane = t / CHUNKS;
+    const int c = t % CHUNKS;
+    const bool adds = piece_lane < PIECE_LANES;
+    auto piece_lse = [&](int s) { return s < COMBINE_THREADS ? s_lse[s] : ld_cg_f(lse + s); };
+    // Past the last piece a thread loads the last one again (and never adds it): no branch
+    // between the loads.
+    float v[COMBINE_BATCH][8];
+    auto load_batch = [&](int s0) {
+#pragma unroll
+        for (int u = 0; u < COMBINE_BATCH; ++u) {
+            const float* src = dp.part_o + (first + min(s0 + u * PIECE_LANES, splits - 1)) * HEAD_DIM + c * 8;
+            ld_cg_v4f(src, v[u]);
+            ld_cg_v4f(src + 4, v[u] + 4);
+        }
+    };
     wait_for_previous_grid();
+    if (t < splits) s_lse[t] = ld_cg_f(lse + t);
+    if (adds) load_batch(piece_lane);
+    __syncthreads();
 
     // fmaxf drops a NaN LSE (a bad cache index); its weight below is NaN, and so the sum.
     float mx = NEG_INF;
-    for (int s = lane; s < splits; s += 32) mx = fmaxf(mx, ld_cg_f(lse + s));
+    for (int s = lane; s < splits; s += 32) mx = fmaxf(mx, piece_lse(s));
     mx = warp_max(mx);
     const float m_use = mx == NEG_INF ? 0.f : mx;
     float sum = 0.f;
-    for (int s = lane; s < splits; s += 32) sum += ex2((ld_cg_f(lse + s) - m_use) * LOG2E);  // empty piece: 0
+    for (int s = lane; s < splits; s += 32) sum += ex2((piece_lse(s) - m_use) * LOG2E);  // empty piece: 0
     sum = warp_sum(sum);
 
-    const int piece_lane = t / CHUNKS;
-    const int c = t % CHUNKS;
     float acc[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
-    if (piece_lane < PIECE_LANES) {
+    if (adds) {
         for (int s0 = piece_lane; s0 < splits; s0 += COMBINE_BATCH * PIECE_LANES) {
-            float w[COMBINE_BATCH];
-            float v[COMBINE_BATCH][8];
-            // Past the last piece a lane reads the last one again and counts it as 0 (not as
-            // 0 times its values, which may be inf): no branch between the loads, so all of
-            // them are issued before the first add.
+            if (s0 != piece_lane) load_batch(s0);
 #pragma unroll
             for (int u = 0; u < COMBINE_BATCH; ++u) {
                 const int s = s0 + u * PIECE_LANES;
-                const int piece = min(s, splits - 1);
-                w[u] = ex2((ld_cg_f(lse + piece) - m_use) * LOG2E);
-                const float* src = dp.part_o + (first + piece) * HEAD_DIM + c * 8;
-                ld_cg_v4f(src, v[u]);
-                ld_cg_v4f(src + 4, v[u] + 4);
+                if (s < splits) {
+                    const float w = ex2((piece_lse(s) - m_use) * LOG2E);
+#pragma unroll
+                    for (int k = 0; k < 8; ++k) acc[k] += w * v[u][k];
+                }
             }
-#pragma unroll
-            for (int u = 0; u < COMBINE_BATCH; ++u)
-#pragma unroll
-                for (int k = 0; k < 8; ++k) acc[k] += s0 + u * PIECE_LANES < splits ? w[u] * v[u][k] : 0.f;
         }
         s_acc[t][0] = make_float4(acc[0], acc[1], acc[2], acc[3]);
         s_acc[t][1] = make_float4(acc[4], acc[5], acc[6], acc[7]);
