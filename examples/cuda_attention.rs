@@ -21,8 +21,8 @@
 //! 8 K/V heads, head_dim 128, bf16, batch 1 and 8 at 32768 keys and batch 1 at 131072, with 1
 //! new token and with 4 (speculative decoding, causal); each is checked against the float64
 //! reference first, then timed (CUDA events around decode + combine, median of `--reps` after
-//! warm-up, see below) and reported as TB/s of K and V read. `--decode-splits 8,16,32` adds runs with those
-//! forced split counts; `--decode-sweep` times every plan of `decode_plans` (warps, key tiles,
+//! warm-up, see below) and reported as TB/s of K and V read. `--decode-splits 8,16,32` adds runs
+//! with those forced split counts; `--decode-sweep` times every plan of `decode_plans` (warps, key tiles,
 //! cp.async stages, min_blocks, fused combine) at the rule's split, at 2 and 4 full waves of the
 //! plan's occupancy and at each `--decode-splits` count, with each kernel's CTAs/SM, registers
 //! and local memory, and ends with the best correct run per shape (the reference rows are
@@ -37,10 +37,10 @@
 //! torch_decode.py) instead of BSHD; `--decode-shapes 1:1:32768,33:1:1024` replaces issue 16's
 //! six (batch:new tokens:keys). The decode tables print each call's GPU time with the calls
 //! queued back to back (PyTorch's loop in torch_decode.py), the host's time to enqueue one, and
-//! the time with the host waiting for each call before the next (launch latency included). `--window-left N` and `--softcap CAP` give the prefill
-//! table's problems a sliding window or a soft-cap, `--alibi geometric|per-head`, `--sinks` and
-//! `--bias` ALiBi, random sinks or a random bf16 bias per head (`--bias-f16`: in f16) (issue 17's
-//! bars: time beside a run without).
+//! the time with the host waiting for each call before the next (launch latency included).
+//! `--window-left N` and `--softcap CAP` give the prefill table's problems a sliding window or a
+//! soft-cap, `--alibi geometric|per-head`, `--sinks` and `--bias` ALiBi, random sinks or a random
+//! bf16 bias per head (`--bias-f16`: in f16) (issue 17's bars: time beside a run without).
 //!
 //! ```text
 //! cargo run --release --features cuda,internals --example cuda_attention -- --decode --reps 200
@@ -319,6 +319,11 @@ fn spot_check(engine: &CudaAttention, problem: &AttentionProblem, bufs: &Buffers
     Ok(ErrorStats::from_pairs(pairs))
 }
 
+/// The header of `--decode`'s table and of its best-run summary.
+const DECODE_TABLE_HEADER: &str =
+    "| batch | new tokens | keys | kernel | splits | CTAs/SM | regs | local | µs | TB/s K+V \
+| host µs/call | µs one at a time | check |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|";
+
 /// The decode shapes (batch, new tokens, keys): `shapes`, or issue 16's six; 32 query heads over
 /// 8 K/V heads, head_dim 128, bf16, causal (bottom-right) so that the 4 new tokens of
 /// speculative decoding see the cache and each other as a model does.
@@ -428,8 +433,7 @@ fn decode_bench(args: &Args, device: CudaDevice) -> Result<()> {
         engines.push((splits, CudaAttention::with_options(device.clone(), options)));
         engines.len() - 1
     };
-    println!("| batch | new tokens | keys | kernel | splits | CTAs/SM | regs | local | µs | TB/s K+V | host µs/call | µs one at a time | check |");
-    println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|");
+    println!("{DECODE_TABLE_HEADER}");
     let sweep_start = std::time::Instant::now();
     let mut best: Vec<String> = Vec::new();
     for p in &problems {
@@ -529,12 +533,9 @@ fn decode_bench(args: &Args, device: CudaDevice) -> Result<()> {
             let out: &[bf16] = bytemuck::cast_slice(&o_bits);
             let check = ErrorStats::from_pairs(want.iter().map(|&(i, w)| (out[i].to_f64(), w)));
             let ok = check.within(1e-2, 5e-2);
-            let timing = cuda_timing(&device, 10, args.reps, Launches::Queued, || {
-                launch(&mut d_o, &mut d_lse).map(|_| ())
-            })?;
-            let alone = cuda_timing(&device, 10, args.reps, Launches::OneAtATime, || {
-                launch(&mut d_o, &mut d_lse).map(|_| ())
-            })?;
+            let mut call = || launch(&mut d_o, &mut d_lse).map(drop);
+            let timing = cuda_timing(&device, 10, args.reps, Launches::Queued, &mut call)?;
+            let alone = cuda_timing(&device, 10, args.reps, Launches::OneAtATime, &mut call)?;
             let ms = timing.median_ms;
             let config = match plan {
                 Some(plan) => CudaKernelConfig::for_problem(p, plan, 16)?,
@@ -572,8 +573,7 @@ fn decode_bench(args: &Args, device: CudaDevice) -> Result<()> {
     }
     eprintln!("decode runs took {:.1} s", sweep_start.elapsed().as_secs_f64());
     println!("\nBest correct run per shape:\n");
-    println!("| batch | new tokens | keys | kernel | splits | CTAs/SM | regs | local | µs | TB/s K+V | host µs/call | µs one at a time | check |");
-    println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|");
+    println!("{DECODE_TABLE_HEADER}");
     for line in best {
         println!("{line}");
     }

@@ -120,6 +120,14 @@ fn sweep_plans() -> Vec<DecodePlan> {
     plans
 }
 
+/// The automatic plan at `splits` pieces (at least 1).
+fn forced_splits(splits: u32) -> KernelChoice {
+    KernelChoice::Decode(DecodeChoice {
+        splits: Some(splits.max(1)),
+        ..DecodeChoice::default()
+    })
+}
+
 fn run<T: Element>(ctx: &GpuContext, args: &Args, out: &mut Option<std::fs::File>) -> bool {
     let mut ok = true;
     for &batch in &args.batches {
@@ -148,12 +156,7 @@ fn run<T: Element>(ctx: &GpuContext, args: &Args, out: &mut Option<std::fs::File
                 };
                 let kv_bytes = 2.0 * (batch * seq_kv * 8 * 128 * args.dtype.size_bytes()) as f64;
                 let mut choices = vec![KernelChoice::Auto];
-                for &splits in &args.splits {
-                    choices.push(KernelChoice::Decode(DecodeChoice {
-                        splits: Some(splits.max(1)),
-                        ..DecodeChoice::default()
-                    }));
-                }
+                choices.extend(args.splits.iter().map(|&n| forced_splits(n)));
                 if args.sweep {
                     let auto = FlashAttention::new(ctx).select(&problem).ok();
                     let auto_splits = match auto {
@@ -167,10 +170,7 @@ fn run<T: Element>(ctx: &GpuContext, args: &Args, out: &mut Option<std::fs::File
                         }));
                     }
                     for splits in [1, auto_splits / 2, auto_splits * 2, 132, 264] {
-                        choices.push(KernelChoice::Decode(DecodeChoice {
-                            splits: Some(splits.max(1)),
-                            ..DecodeChoice::default()
-                        }));
+                        choices.push(forced_splits(splits));
                     }
                 }
                 for &page_size in &args.paged {

@@ -126,7 +126,7 @@ pub fn time_passes(
     }
 }
 
-/// How [`cuda_median_ms`] issues the timed calls.
+/// How [`cuda_timing`] issues the timed calls.
 #[cfg(feature = "cuda")]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Launches {
@@ -140,9 +140,9 @@ pub enum Launches {
     OneAtATime,
 }
 
-/// A CUDA timing: the median (and fastest) GPU time of a call between its events, and the host's time per
-/// call to enqueue it (queued launches: when it is close to or above `median_ms`, the host, not
-/// the GPU, set the pace).
+/// A CUDA timing: the median (and fastest) GPU time of a call between its events, and the host's
+/// time per call to enqueue it (queued launches: when it is close to or above `median_ms`, the
+/// host, not the GPU, set the pace).
 #[cfg(feature = "cuda")]
 #[derive(Clone, Copy, Debug)]
 pub struct CudaTiming {
