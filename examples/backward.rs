@@ -9,6 +9,8 @@
 //! (--seq-q, --seq-kv to differ) --head-dim [64] --dtype f32|f16|bf16 [f32] --causal
 //! --layout bshd|bhsd [bshd] --variant auto|wg_f32|sg_f32|wg_f16|sg_f16 [auto]
 //! --kv-plan, --q-plan BMxBNxTXxTYxKSxNS[xST] (the dK/dV and dQ kernels' tile plans)
+//! --coop on|off|auto [auto] (the gradient kernels on cooperative matrices, f16 data)
+//! --coop-kv, --coop-q BMxBN (their sizes, with --coop on)
 //! --bounds-checks on|off [off] --runs [10] --check-rows [64] --passes (time each kernel too)
 //! --bias full|heads|batch|shared (a score bias [b,h] / [1,h] / [b,1] / [1,1], random normal)
 //! --bias-dtype f32|f16|bf16 [f32] --bias-grad (its gradient too, and the backward timed again
@@ -43,6 +45,15 @@ struct Args {
     bias_grad: bool,
 }
 
+/// `BMxBN`: a cooperative-matrix gradient kernel's sizes (the only fields of a plan it reads).
+fn coop_sizes(s: &str) -> Result<BackwardTilePlan, String> {
+    let sizes: Vec<u32> = s.split('x').filter_map(|n| n.parse().ok()).collect();
+    match sizes[..] {
+        [m, n] => Ok(BackwardTilePlan::new(m, n, 1, 1, 1, 1, 1)),
+        _ => Err(format!("cooperative-matrix sizes are BMxBN, not {s}")),
+    }
+}
+
 fn parse_args() -> Result<Args, String> {
     let mut it = std::env::args().skip(1);
     let mut problem = ProblemArgs::default();
@@ -64,6 +75,16 @@ fn parse_args() -> Result<Args, String> {
                     name => Some(Variant::from_name(name).ok_or(format!("unknown variant {name}"))?),
                 }
             }
+            "--coop" => {
+                choice.cooperative_matrix = match value()?.as_str() {
+                    "on" => Some(true),
+                    "off" => Some(false),
+                    "auto" => None,
+                    other => return Err(format!("--coop is on, off or auto, not {other}")),
+                }
+            }
+            "--coop-kv" => choice.dkdv_plan = Some(coop_sizes(&value()?)?),
+            "--coop-q" => choice.dq_plan = Some(coop_sizes(&value()?)?),
             "--kv-plan" => choice.dkdv_plan = Some(plan(value()?)?),
             "--q-plan" => choice.dq_plan = Some(plan(value()?)?),
             "--bounds-checks" => bounds_checks = common::bounds_checks(&value()?)?,

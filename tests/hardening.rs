@@ -336,8 +336,16 @@ fn forced_plans_with_zero_or_huge_sizes_are_refused() {
                 dkdv_plan: dkdv,
                 dq_plan: dq,
                 dbias_plan: None,
+                cooperative_matrix: None,
             };
             assert!(select_backward(&p.into(), &ctx.caps, &choice).is_err(), "{plan:?}");
+            // The same sizes forced on the cooperative-matrix kernels.
+            let coop = BackwardChoice {
+                variant: None,
+                cooperative_matrix: Some(true),
+                ..choice
+            };
+            assert!(select_backward(&p.into(), &ctx.caps, &coop).is_err(), "{plan:?}");
         }
     }
     // A preprocessing plan of zero rows, given to the engine directly.

@@ -20,14 +20,30 @@ fn capabilities(kernel: &BackwardKernel) -> Capabilities {
     if features.contains(wgpu::Features::SHADER_F16) {
         caps |= Capabilities::SHADER_FLOAT16;
     }
+    if features.contains(wgpu::Features::SUBGROUP_BARRIER) {
+        caps |= Capabilities::SUBGROUP_BARRIER;
+    }
+    if features.contains(wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX) {
+        caps |= Capabilities::COOPERATIVE_MATRIX;
+    }
     caps
+}
+
+fn is_coop(kernel: &BackwardKernel) -> bool {
+    matches!(kernel, BackwardKernel::Grad(g) if g.coop)
 }
 
 fn translate(kernel: &BackwardKernel) -> Result<(), String> {
     let config = KernelConfig::Backward(*kernel);
     let source = config.source();
     let module = naga::front::wgsl::parse_str(&source).map_err(|e| e.emit_to_string(&source))?;
-    let info = Validator::new(ValidationFlags::all(), capabilities(kernel))
+    // The cooperative-matrix kernels are built by the library's own SPIR-V path, which checks
+    // uniformity over the subgroup, not the workgroup (src/spirv/coherence.rs says why).
+    let flags = match is_coop(kernel) {
+        true => ValidationFlags::all().difference(ValidationFlags::CONTROL_FLOW_UNIFORMITY),
+        false => ValidationFlags::all(),
+    };
+    let info = Validator::new(flags, capabilities(kernel))
         .subgroup_stages(naga::valid::ShaderStages::COMPUTE)
         .subgroup_operations(SubgroupOperationSet::all())
         .validate(&module)
@@ -62,6 +78,10 @@ fn translate(kernel: &BackwardKernel) -> Result<(), String> {
     )
     .map_err(|e| format!("MSL: {e}"))?;
 
+    // wgpu offers cooperative matrices on Vulkan and Metal only; naga's HLSL writer has none.
+    if is_coop(kernel) {
+        return Ok(());
+    }
     let mut hlsl = String::new();
     naga::back::hlsl::Writer::new(
         &mut hlsl,
@@ -123,6 +143,9 @@ fn backward_shaders_open_with_a_comment_saying_what_they_are() {
         ("flash_bwd_dkdv", FLASH_BWD_DKDV),
         ("flash_bwd_dq", FLASH_BWD_DQ),
         ("flash_bwd_dbias", FLASH_BWD_DBIAS),
+        ("flash_bwd_coop", FLASH_BWD_COOP),
+        ("flash_bwd_dkdv_coop", FLASH_BWD_DKDV_COOP),
+        ("flash_bwd_dq_coop", FLASH_BWD_DQ_COOP),
     ] {
         assert!(
             src.starts_with(&format!("// {name}.wgsl")),
@@ -136,5 +159,49 @@ fn backward_shaders_open_with_a_comment_saying_what_they_are() {
                 assert!(src.contains(needed), "{name}.wgsl must say `{needed}`");
             }
         }
+    }
+}
+
+/// The cooperative-matrix gradient kernels through the library's own SPIR-V route (the one the
+/// device gets: element access, coherent workgroup memory), and their workgroup memory as the host
+/// counts it (what selection checks against the device's limit) equal to the sum of their
+/// `var<workgroup>` declarations as naga lays them out, each a multiple of 16 bytes
+/// (flash_fwd_coop.wgsl says why).
+#[test]
+fn cooperative_gradient_kernels_compile_and_declare_the_memory_the_host_counts() {
+    let coop: Vec<GradKernel> = all_backward_kernels()
+        .into_iter()
+        .filter_map(|k| match k {
+            BackwardKernel::Grad(g) if g.coop => Some(g),
+            _ => None,
+        })
+        .collect();
+    assert!(coop.len() >= 16, "only {} cooperative-matrix kernels", coop.len());
+    let varlen = SequenceIndex {
+        varlen: true,
+        kv_lengths: true,
+    };
+    for g in coop
+        .iter()
+        .copied()
+        .chain(coop.iter().map(|&g| GradKernel { sequences: varlen, ..g }))
+    {
+        let kernel = KernelConfig::Backward(BackwardKernel::Grad(g));
+        let source = kernel.source();
+        wgpu_flash_attn::spirv::compile(&kernel.name(), &source).unwrap_or_else(|e| panic!("{}: {e}", kernel.name()));
+        let module = naga::front::wgsl::parse_str(&source).unwrap_or_else(|e| panic!("{}: {e}", kernel.name()));
+        let mut layouter = naga::proc::Layouter::default();
+        layouter.update(module.to_ctx()).unwrap();
+        let declared: u32 = module
+            .global_variables
+            .iter()
+            .filter(|(_, var)| var.space == naga::AddressSpace::WorkGroup)
+            .map(|(_, var)| {
+                let size = layouter[var.ty].size;
+                assert_eq!(size % 16, 0, "{}", kernel.name());
+                size
+            })
+            .sum();
+        assert_eq!(declared, g.workgroup_bytes(), "{}", kernel.name());
     }
 }

@@ -235,6 +235,7 @@ fn check_pure(c: &Case) {
             dkdv_plan: c.backward_plans.0,
             dq_plan: c.backward_plans.1,
             dbias_plan: None,
+            cooperative_matrix: None,
         };
         if let Ok(config) = select_backward(&backward, &caps, &choice) {
             assert!(backward_valid.is_ok(), "{config:?}");

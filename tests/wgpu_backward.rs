@@ -7,10 +7,11 @@
 
 mod common;
 
-use common::{gpu, seed_of, shape, SHAPES};
+use common::{below, gpu, seed_of, shape, SHAPES};
 use wgpu_flash_attn::kernel::{BackwardChoice, BackwardConfig, BackwardPass, Variant};
-use wgpu_flash_attn::plan::{select_backward, BackwardTilePlan, DKDV_PLANS, DQ_PLANS};
+use wgpu_flash_attn::plan::{select_backward, BackwardTilePlan, COOP_DKDV_PLANS, COOP_DQ_PLANS, DKDV_PLANS, DQ_PLANS};
 use wgpu_flash_attn::testing::backward_harness::{BackwardWorkload, Grads};
+use wgpu_flash_attn::testing::Rng;
 use wgpu_flash_attn::{
     AttentionProblem, BackwardBuffers, BackwardInputs, BackwardProblem, DType, Element, Error, FlashAttention,
     GpuContext, GradTensor, Layout, Tensor, TensorBuffer, TensorLayout,
@@ -104,6 +105,7 @@ fn every_tile_plan_the_device_fits_matches_the_reference() {
             dkdv_plan: suits(BackwardPass::DkDv),
             dq_plan: suits(BackwardPass::Dq),
             dbias_plan: None,
+            cooperative_matrix: None,
         };
         for (b, sq, skv, h, hkv, d, causal) in [
             (1, 100, 100, 2, 1, 64, true),
@@ -124,6 +126,77 @@ fn every_tile_plan_the_device_fits_matches_the_reference() {
                 &format!("{}/b{b}_q{sq}_kv{skv}_h{h}:{hkv}_d{d}_causal{causal}", config.name()),
             );
         }
+    }
+}
+
+/// The gradient kernels on cooperative matrices (the H200; skipped on a device without them):
+/// each shipped plan and three more, forced on both kernels, on the shape table up to head_dim
+/// 128 (causal and not); then, with the shipped plans selection picks, seeded random problems — ragged
+/// lengths, GQA/MQA, sliding windows, scales — f16, gradients poisoned, against float64.
+#[test]
+fn cooperative_matrix_backward_matches_the_reference() {
+    let Some(ctx) = gpu() else { return };
+    let coop = BackwardChoice {
+        cooperative_matrix: Some(true),
+        ..Default::default()
+    };
+    let probe: BackwardProblem = AttentionProblem::mha(1, 8, 1, 64, DType::F16).into();
+    if let Err(e) = select_backward(&probe, &ctx.caps, &coop) {
+        eprintln!("skipped: {}: {e} (this runs on the H200)", ctx.info.name);
+        return;
+    }
+    let engine = FlashAttention::new(ctx);
+    let mut plans: Vec<(u32, u32)> = COOP_DKDV_PLANS
+        .iter()
+        .chain(COOP_DQ_PLANS.iter())
+        .flat_map(|(_, plans)| plans.iter().copied())
+        .chain([(16, 16), (48, 32), (32, 48)])
+        .collect();
+    plans.sort();
+    plans.dedup();
+    for (block_m, block_n) in plans {
+        // Only the two sizes are read for these kernels.
+        let sizes = BackwardTilePlan::new(block_m, block_n, 1, 1, 1, 1, 1);
+        let choice = BackwardChoice {
+            dkdv_plan: Some(sizes),
+            dq_plan: Some(sizes),
+            ..coop
+        };
+        let mut ran = 0;
+        for_each_shape(DType::F16, |problem, label| {
+            // Sizes whose memory the device lacks at this head_dim are refused, not run.
+            let Ok(config) = select_backward(&problem, &ctx.caps, &choice) else {
+                return;
+            };
+            assert!(config.dkdv.coop && config.dq.coop, "{}", config.name());
+            run_and_check_any(&engine, &problem, &config, &format!("{}/{label}", config.name()));
+            ran += 1;
+        });
+        assert!(ran > 0, "plan {block_m}x{block_n} ran on no shape");
+    }
+    let mut rng = Rng::new(0xc00b);
+    for case in 0..40 {
+        let kv_heads = 1 + below(&mut rng, 3);
+        let heads = kv_heads * [1, 2, 4][below(&mut rng, 3)];
+        let head_dim = [16, 24, 40, 64, 72, 96, 128][below(&mut rng, 7)];
+        let (seq_q, seq_kv) = (1 + below(&mut rng, 300), 1 + below(&mut rng, 300));
+        let batch = 1 + below(&mut rng, 2);
+        let mut problem = AttentionProblem::new(shape(batch, seq_q, seq_kv, heads, kv_heads, head_dim), DType::F16)
+            .with_causal(below(&mut rng, 2) == 0)
+            .with_scale([0.05, 0.125, 0.5][below(&mut rng, 3)]);
+        if below(&mut rng, 3) == 0 {
+            let side = |rng: &mut Rng| [None, Some(0), Some(7), Some(64)][below(rng, 4)];
+            problem = problem.with_window(side(&mut rng), side(&mut rng));
+        }
+        let problem: BackwardProblem = problem.into();
+        let config = select_backward(&problem, &ctx.caps, &coop).unwrap_or_else(|e| panic!("case {case}: {e}"));
+        assert!(config.dkdv.coop && config.dq.coop, "case {case}: {}", config.name());
+        run_and_check_any(
+            &engine,
+            &problem,
+            &config,
+            &format!("{}/case {case}: {problem:?}", config.name()),
+        );
     }
 }
 

@@ -195,6 +195,37 @@ impl PipelineCache {
             };
             return Some(Ok((module, Some(self.forward_layout(&name, tensors)))));
         }
+        #[cfg(not(target_arch = "wasm32"))]
+        if let KernelConfig::Backward(crate::plan::BackwardKernel::Grad(g)) = config {
+            if g.coop {
+                let name = config.name();
+                let words = match crate::spirv::compile(&name, &config.source()) {
+                    Ok(w) => w,
+                    Err(e) => return Some(Err(e)),
+                };
+                let entry = [wgpu::PassthroughShaderEntryPoint {
+                    name: Cow::Borrowed(config.entry_point()),
+                    workgroup_size: (1, 1, 1),
+                }];
+                // SAFETY: as for the forward kernel above.
+                let module = unsafe {
+                    self.device
+                        .create_shader_module_passthrough(wgpu::ShaderModuleDescriptorPassthrough {
+                            label: Some(&name),
+                            entry_points: Cow::Borrowed(&entry),
+                            spirv: Some(Cow::Owned(words)),
+                            ..Default::default()
+                        })
+                };
+                let group = gradient_bind_group_layout(&self.device, Some(&name), g);
+                let layout = self.device.create_pipeline_layout(&wgpu::PipelineLayoutDescriptor {
+                    label: Some(&name),
+                    bind_group_layouts: &[Some(&group)],
+                    immediate_size: 0,
+                });
+                return Some(Ok((module, Some(layout))));
+            }
+        }
         let _ = config;
         None
     }
@@ -253,6 +284,37 @@ pub fn forward_bind_group_layout(
     }
     if tensors.bias {
         entries.push(entry(crate::wgsl::FORWARD_BIAS_BINDING, read));
+    }
+    device.create_bind_group_layout(&wgpu::BindGroupLayoutDescriptor {
+        label,
+        entries: &entries,
+    })
+}
+
+/// A cooperative-matrix gradient kernel's bindings (shaders/flash_bwd_coop.wgsl): the two
+/// uniform blocks, q, k, v, d_o, lse and delta, its outputs (dk and dv, or dq), and the index
+/// tensors where it reads them. Explicit for the same reason as [`forward_bind_group_layout`].
+#[cfg(not(target_arch = "wasm32"))]
+pub fn gradient_bind_group_layout(
+    device: &wgpu::Device,
+    label: Option<&str>,
+    kernel: &crate::plan::GradKernel,
+) -> wgpu::BindGroupLayout {
+    let entry = buffer_layout_entry;
+    let read = wgpu::BufferBindingType::Storage { read_only: true };
+    let write = wgpu::BufferBindingType::Storage { read_only: false };
+    let mut entries = vec![
+        entry(0, wgpu::BufferBindingType::Uniform),
+        entry(1, wgpu::BufferBindingType::Uniform),
+    ];
+    entries.extend((2..8).map(|binding| entry(binding, read)));
+    entries.push(entry(8, write));
+    if kernel.pass == crate::plan::BackwardPass::DkDv {
+        entries.push(entry(9, write));
+    }
+    if kernel.sequences.is_indexed() {
+        let first = crate::wgsl::BACKWARD_INDEX_BINDING;
+        entries.extend((first..first + 3).map(|binding| entry(binding, read)));
     }
     device.create_bind_group_layout(&wgpu::BindGroupLayoutDescriptor {
         label,

@@ -18,6 +18,8 @@
 
 use crate::caps::Caps;
 use crate::error::{Error, Result};
+use crate::plan::coop::coop_device_unavailable_reason;
+use crate::plan::policy::{COOP_BACKWARD_BY_DEFAULT, COOP_KERNEL_VERIFIED};
 use crate::plan::tiled::tiled_device_fit_reason;
 use crate::plan::{missing_features, MaskBinding, Reduction, SequenceIndex, TilePlan, TileType, Variant};
 use crate::problem::backward::BackwardProblem;
@@ -262,12 +264,28 @@ pub struct GradKernel {
     pub writes_d_bias: bool,
     /// Whether it regenerates the forward's dropout mask (shaders/dropout.wgsl).
     pub dropout: bool,
+    /// Whether its products run on cooperative matrices (tensor cores;
+    /// shaders/flash_bwd_{dkdv|dq}_coop.wgsl): f16 data, a subgroup of 32 per 16 rows it owns, the
+    /// plan's `block_m` and `block_n` its tile (`coop_grad_plan`), none of the variants that
+    /// bind tensors or regenerate dropout (`COOP_BACKWARD_FEATURES`).
+    pub coop: bool,
 }
 
 impl GradKernel {
     /// `flash_bwd_{dkdv|dq|dbias}_{dtype}_tile_{f32|f16}_bm{}_bn{}_tx{}_ty{}_ks{}_ns{}_st{}_d{}`
     /// (and the suffixes of the variants it binds or compiles in).
     pub fn name(&self) -> String {
+        if self.coop {
+            return format!(
+                "{}_coop_{}_bm{}_bn{}_d{}{}",
+                self.pass.entry_point(),
+                self.storage.name(),
+                self.plan.block_m,
+                self.plan.block_n,
+                self.head_dim_pad,
+                self.sequences.name_suffix()
+            );
+        }
         format!(
             "{}_{}_tile_{}_{}_d{}{}{}{}{}{}{}",
             self.pass.entry_point(),
@@ -286,18 +304,34 @@ impl GradKernel {
 
     /// Workgroup memory the kernel declares, in bytes.
     pub fn workgroup_bytes(&self) -> u32 {
+        if self.coop {
+            return coop_grad_workgroup_bytes(self.pass, self.plan, self.head_dim_pad);
+        }
         self.plan.grad_workgroup_bytes(self.pass, self.head_dim_pad, self.tile)
     }
 
     /// f32 values an invocation keeps in registers across a tile (output accumulators and score
     /// elements); selection prefers plans within a per-pass budget, above which the kernel
-    /// spills.
+    /// spills. (The cooperative-matrix kernels' plans are sized per head_dim instead:
+    /// `COOP_DKDV_PLANS`.)
     pub fn registers(&self) -> u32 {
         self.plan.grad_registers(self.pass, self.head_dim_pad)
     }
 
+    /// head_dim rounded up as this kernel's plan pads it: to 16 (one fragment) on cooperative
+    /// matrices, else [`TilePlan::head_dim_pad`].
+    pub fn pads_head_dim_to(&self, head_dim: u32) -> u32 {
+        match self.coop {
+            true => head_dim.div_ceil(16).saturating_mul(16),
+            false => self.plan.head_dim_pad(head_dim),
+        }
+    }
+
     /// Why this kernel cannot run on `caps`, if it cannot.
     pub fn unavailable_reason(&self, caps: &Caps) -> Option<String> {
+        if self.coop {
+            return self.coop_unavailable_reason(caps);
+        }
         if self.pass == BackwardPass::Preprocess || !self.plan.is_well_formed_for(self.pass) {
             return Some(format!(
                 "tile plan {} is malformed for {:?}",
@@ -323,6 +357,141 @@ impl GradKernel {
         )
     }
 }
+
+impl GradKernel {
+    /// [`unavailable_reason`](Self::unavailable_reason) of a cooperative-matrix kernel.
+    fn coop_unavailable_reason(&self, caps: &Caps) -> Option<String> {
+        if !matches!(self.pass, BackwardPass::DkDv | BackwardPass::Dq) {
+            return Some(format!("there is no cooperative-matrix kernel for {:?}", self.pass));
+        }
+        let whole = |n: u32| n > 0 && n.is_multiple_of(16);
+        if self.plan != coop_grad_plan(self.pass, self.plan.block_m, self.plan.block_n)
+            || !whole(self.plan.block_m)
+            || !whole(self.plan.block_n)
+        {
+            return Some(format!(
+                "tile plan {} is not a cooperative-matrix plan: block_m and block_n multiples of 16, \
+                 from coop_grad_plan",
+                self.plan.label()
+            ));
+        }
+        if self.storage != DType::F16 || self.tile != TileType::F16 {
+            return Some("the cooperative-matrix backward reads f16 data".into());
+        }
+        if self.head_dim_pad == 0 || !self.head_dim_pad.is_multiple_of(16) || self.head_dim_pad > COOP_GRAD_MAX_HEAD_DIM
+        {
+            return Some(format!(
+                "padded head_dim {} is not a multiple of 16 up to {COOP_GRAD_MAX_HEAD_DIM}",
+                self.head_dim_pad
+            ));
+        }
+        if self.head_tensors
+            || self.bias.is_some()
+            || self.mask != MaskBinding::default()
+            || self.writes_d_bias
+            || self.dropout
+        {
+            return Some(
+                "the cooperative-matrix backward binds no ALiBi, bias or mask tensors and has no dropout".into(),
+            );
+        }
+        if !COOP_KERNEL_VERIFIED {
+            return Some("the cooperative-matrix kernels are taken out of selection (COOP_KERNEL_VERIFIED)".into());
+        }
+        if let Some(why) = coop_device_unavailable_reason(caps) {
+            return Some(why);
+        }
+        let bytes = self.workgroup_bytes();
+        if bytes > caps.max_workgroup_storage_bytes {
+            return Some(format!(
+                "needs {bytes} bytes of workgroup memory, the device offers {}",
+                caps.max_workgroup_storage_bytes
+            ));
+        }
+        let size = self.plan.workgroup_size();
+        if size > caps.max_invocations_per_workgroup.min(caps.max_workgroup_size_x) {
+            return Some(format!(
+                "needs {size} invocations per workgroup, the device offers {}",
+                caps.max_invocations_per_workgroup.min(caps.max_workgroup_size_x)
+            ));
+        }
+        None
+    }
+}
+
+/// The largest padded head_dim the cooperative-matrix gradient kernels take: at 256 the dK/dV
+/// kernel's two accumulators alone would be 256 f32 registers per invocation.
+pub const COOP_GRAD_MAX_HEAD_DIM: u32 = 128;
+
+/// A cooperative-matrix gradient kernel's plan: `block_m` queries and `block_n` keys, as for the
+/// tiled kernels. One subgroup of 32 invocations owns 16 of the rows the workgroup owns (keys for
+/// dK/dV, queries for dQ); the other fields of [`TilePlan`] are fixed so that its workgroup size is
+/// right (4 × 8 invocations per subgroup) and it pads head_dim to 16 (`k_step` 16).
+pub const fn coop_grad_plan(pass: BackwardPass, block_m: u32, block_n: u32) -> BackwardTilePlan {
+    let owned = match pass {
+        BackwardPass::DkDv => block_n,
+        _ => block_m,
+    };
+    let owned = if owned.is_multiple_of(16) && block_m.is_multiple_of(16) && block_n.is_multiple_of(16) {
+        owned
+    } else {
+        0
+    };
+    BackwardTilePlan::new(block_m, block_n, 4, owned / 2, 16, 16, 1)
+}
+
+/// The cooperative-matrix dK/dV kernel's plans `(block_m, block_n)`, best first, for padded head
+/// dims up to each bound. The kernel keeps K and V of its keys beside one query tile's Q and dO
+/// in workgroup memory (shaders/flash_bwd_dkdv_coop.wgsl): 48 KiB holds 64 keys and 32 queries
+/// at head_dim 64, 32 and 32 at 128. The smaller plans are for devices with less memory.
+pub const COOP_DKDV_PLANS: [(u32, &[(u32, u32)]); 2] = [(64, &[(32, 64), (16, 32)]), (128, &[(32, 32), (16, 16)])];
+
+/// The cooperative-matrix dQ kernel's plans, as [`COOP_DKDV_PLANS`]: 128 query rows share each
+/// K/V tile (as in the forward), of 64 keys at head_dim 64 and 32 at 128.
+pub const COOP_DQ_PLANS: [(u32, &[(u32, u32)]); 2] = [(64, &[(128, 64), (64, 32)]), (128, &[(128, 32), (64, 32)])];
+
+/// The shipped cooperative-matrix plans of `pass` for a padded head_dim (none past
+/// [`COOP_GRAD_MAX_HEAD_DIM`]).
+pub fn coop_grad_plans(pass: BackwardPass, head_dim_pad: u32) -> Vec<BackwardTilePlan> {
+    let table: &[(u32, &[(u32, u32)])] = match pass {
+        BackwardPass::DkDv => &COOP_DKDV_PLANS,
+        _ => &COOP_DQ_PLANS,
+    };
+    table
+        .iter()
+        .find(|(bound, _)| head_dim_pad <= *bound)
+        .map_or(Vec::new(), |(_, plans)| {
+            plans.iter().map(|&(m, n)| coop_grad_plan(pass, m, n)).collect()
+        })
+}
+
+/// Workgroup memory of a cooperative-matrix gradient kernel, in bytes (mirrors the `var<workgroup>`
+/// declarations of shaders/flash_bwd_coop.wgsl and the kernel files): per subgroup two 16 × 16
+/// f32 blocks (rows of 5 vec4s) and one or two f16 blocks (rows of 6 `vec4<f16>`); the staged rows
+/// (head_dim / 4 + 2 granules of 8 bytes each); the dK/dV kernel's row statistics.
+pub fn coop_grad_workgroup_bytes(pass: BackwardPass, plan: BackwardTilePlan, head_dim_pad: u32) -> u32 {
+    let (owned, _) = plan.rows_cols(pass);
+    let [block_m, block_n, subgroups, stride] =
+        [plan.block_m, plan.block_n, owned / 16, head_dim_pad / 4 + 2].map(|x| x as u64);
+    let prob_blocks = if pass == BackwardPass::DkDv { 2 } else { 1 };
+    let scratch = subgroups * (2 * 16 * 5 * 16 + prob_blocks * 16 * 6 * 8);
+    let staged = match pass {
+        BackwardPass::DkDv => 2 * (block_n + block_m) * stride * 8 + block_m / 2 * 16,
+        _ => 2 * block_n * stride * 8,
+    };
+    sat_u32(scratch + staged)
+}
+
+/// What the cooperative-matrix gradient kernels implement; problems with more take the tiled
+/// kernels.
+pub const COOP_BACKWARD_FEATURES: FeatureSet = FeatureSet::of(&[
+    Feature::CausalMask,
+    Feature::GroupedKv,
+    Feature::ArbitraryScale,
+    Feature::Varlen,
+    Feature::SlidingWindow,
+    Feature::Sinks,
+]);
 
 /// The preprocessing kernel: everything that makes a distinct pipeline.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -450,6 +619,12 @@ impl BackwardKernel {
     pub fn required_features(&self) -> wgpu::Features {
         match self {
             BackwardKernel::Preprocess(p) if p.reduction == Reduction::Subgroup => wgpu::Features::SUBGROUP,
+            BackwardKernel::Grad(g) if g.coop => {
+                wgpu::Features::SUBGROUP
+                    | wgpu::Features::SUBGROUP_BARRIER
+                    | wgpu::Features::SHADER_F16
+                    | wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX
+            }
             BackwardKernel::Grad(g) if g.tile == TileType::F16 => wgpu::Features::SHADER_F16,
             _ => wgpu::Features::empty(),
         }
@@ -484,12 +659,17 @@ impl BackwardConfig {
         } else {
             format!("{}_{}", self.dkdv.head_dim_pad, self.dq.head_dim_pad)
         };
+        // The cooperative-matrix kernels' plans by their two sizes, the other fields being fixed.
+        let label = |g: &GradKernel| match g.coop {
+            true => format!("{}x{}", g.plan.block_m, g.plan.block_n),
+            false => g.plan.label(),
+        };
         format!(
             "flash_bwd_{}_{}_kv{}_q{}_d{pad}{}",
             self.dkdv.storage.name(),
-            self.variant.name(),
-            self.dkdv.plan.label(),
-            self.dq.plan.label(),
+            if self.dkdv.coop { "coop" } else { self.variant.name() },
+            label(&self.dkdv),
+            label(&self.dq),
             match (self.dbias, self.dq.writes_d_bias) {
                 (Some(g), _) => format!("_dbias{}", g.plan.label()),
                 (None, true) => "_dbiasdq".to_string(),
@@ -559,6 +739,11 @@ pub struct BackwardChoice {
     /// even where the dQ kernel would write the gradient (a bias per batch entry and head);
     /// unused for a problem that does not ask for the bias's gradient.
     pub dbias_plan: Option<BackwardTilePlan>,
+    /// `Some(true)`: the gradient kernels on cooperative matrices (an error naming each reason
+    /// where the device or the problem cannot run them), with `dkdv_plan` and `dq_plan` read as
+    /// their `(block_m, block_n)` (`coop_grad_plan`); `Some(false)`: the tiled kernels; `None`:
+    /// the cooperative-matrix kernels where they run and nothing else is forced.
+    pub cooperative_matrix: Option<bool>,
 }
 
 impl BackwardChoice {
@@ -611,6 +796,21 @@ pub fn select_backward(problem: &BackwardProblem, caps: &Caps, choice: &Backward
             what: "the backward pass".into(),
             why,
         });
+    }
+    let tiled_knobs = choice.variant.is_some() || choice.dbias_plan.is_some();
+    match choice.cooperative_matrix {
+        Some(true) if tiled_knobs => {
+            return Err(Error::InvalidChoice(format!(
+                "the cooperative-matrix backward with knobs of the tiled kernels ({choice:?})"
+            )))
+        }
+        Some(true) => return select_coop_backward(problem, caps, choice),
+        None if COOP_BACKWARD_BY_DEFAULT && !tiled_knobs && choice.dkdv_plan.is_none() && choice.dq_plan.is_none() => {
+            if let Ok(config) = select_coop_backward(problem, caps, choice) {
+                return Ok(config);
+            }
+        }
+        _ => {}
     }
     let storage = problem.forward.dtype;
     let head_dim = problem.forward.shape.head_dim as u32;
@@ -668,6 +868,7 @@ pub fn select_backward(problem: &BackwardProblem, caps: &Caps, choice: &Backward
                     mask: MaskBinding::of(&problem.forward),
                     writes_d_bias: pass == BackwardPass::Dq && dq_writes_d_bias,
                     dropout: problem.forward.active_dropout().is_some(),
+                    coop: false,
                 };
                 match kernel.unavailable_reason(caps) {
                     Some(why) => reasons.push(format!("{}: {why}", kernel.name())),
@@ -719,6 +920,92 @@ pub fn select_backward(problem: &BackwardProblem, caps: &Caps, choice: &Backward
     })
 }
 
+/// The backward on cooperative matrices: the subgroup preprocessing kernel and the two
+/// cooperative-matrix gradient kernels, with the plans `choice` forces (read as `(block_m,
+/// block_n)`) or the first shipped ones the device fits. An [`Error::Unavailable`] naming each
+/// reason where the problem or the device cannot run them.
+fn select_coop_backward(problem: &BackwardProblem, caps: &Caps, choice: &BackwardChoice) -> Result<BackwardConfig> {
+    let unavailable = |why: String| Error::Unavailable {
+        what: "the cooperative-matrix backward".into(),
+        why,
+    };
+    let kernel = "the cooperative-matrix backward";
+    if let Some(why) = missing_features(kernel, problem.forward.features(), COOP_BACKWARD_FEATURES) {
+        return Err(unavailable(why));
+    }
+    let storage = problem.forward.dtype;
+    let head_dim_pad = (problem.forward.shape.head_dim as u32).div_ceil(16).saturating_mul(16);
+    let sequences = SequenceIndex::of(&problem.forward);
+    let variant = Variant::SUBGROUP_F16;
+    let mut reasons = Vec::new();
+    let preprocess = PREPROCESS_PLANS
+        .iter()
+        .map(|&plan| PreprocessKernel {
+            storage,
+            reduction: variant.reduction,
+            plan,
+            sequences,
+        })
+        .find(|k| match k.unavailable_reason(caps) {
+            Some(why) => {
+                reasons.push(format!("{}: {why}", k.name()));
+                false
+            }
+            None => true,
+        });
+    let mut pick = |pass: BackwardPass, forced: Option<BackwardTilePlan>| {
+        let plans = match forced {
+            Some(p) => vec![coop_grad_plan(pass, p.block_m, p.block_n)],
+            None => coop_grad_plans(pass, head_dim_pad),
+        };
+        if plans.is_empty() {
+            reasons.push(format!(
+                "no cooperative-matrix plan for {pass:?} at head_dim {}",
+                problem.forward.shape.head_dim
+            ));
+        }
+        plans
+            .into_iter()
+            .map(|plan| GradKernel {
+                pass,
+                storage,
+                tile: variant.tile,
+                plan,
+                head_dim_pad,
+                sequences,
+                head_tensors: false,
+                bias: None,
+                mask: MaskBinding::default(),
+                writes_d_bias: false,
+                dropout: false,
+                coop: true,
+            })
+            .find(|k| match k.unavailable_reason(caps) {
+                Some(why) => {
+                    reasons.push(format!("{}: {why}", k.name()));
+                    false
+                }
+                None => true,
+            })
+    };
+    let dkdv = pick(BackwardPass::DkDv, choice.dkdv_plan);
+    let dq = pick(BackwardPass::Dq, choice.dq_plan);
+    match (preprocess, dkdv, dq) {
+        (Some(preprocess), Some(dkdv), Some(dq)) => {
+            let config = BackwardConfig {
+                variant,
+                preprocess,
+                dkdv,
+                dq,
+                dbias: None,
+            };
+            check_grids(problem, &config, caps)?;
+            Ok(config)
+        }
+        _ => Err(unavailable(reasons.join("; "))),
+    }
+}
+
 /// Every backward pipeline automatic or forced selection can build from the shipped plans: each
 /// preprocessing kernel, and each gradient kernel with each plan, tile type, storage type and
 /// padded head_dim. The shader tests translate all of them.
@@ -755,6 +1042,7 @@ pub fn all_backward_kernels() -> Vec<BackwardKernel> {
                             mask: MaskBinding::default(),
                             writes_d_bias: false,
                             dropout: false,
+                            coop: false,
                         };
                         let mut push = |k: GradKernel| kernels.push(BackwardKernel::Grad(k));
                         push(plain);
@@ -829,10 +1117,32 @@ pub fn all_backward_kernels() -> Vec<BackwardKernel> {
                                 mask,
                                 writes_d_bias: false,
                                 dropout,
+                                coop: false,
                             }));
                         }
                     }
                 }
+            }
+        }
+    }
+    // The cooperative-matrix gradient kernels: every plan at the padded head_dims of its range.
+    for pass in [BackwardPass::DkDv, BackwardPass::Dq] {
+        for head_dim_pad in (16..=COOP_GRAD_MAX_HEAD_DIM).step_by(16) {
+            for plan in coop_grad_plans(pass, head_dim_pad) {
+                kernels.push(BackwardKernel::Grad(GradKernel {
+                    pass,
+                    storage: DType::F16,
+                    tile: TileType::F16,
+                    plan,
+                    head_dim_pad,
+                    sequences: SequenceIndex::default(),
+                    head_tensors: false,
+                    bias: None,
+                    mask: MaskBinding::default(),
+                    writes_d_bias: false,
+                    dropout: false,
+                    coop: true,
+                }));
             }
         }
     }
@@ -938,10 +1248,18 @@ mod tests {
                 for dtype in DType::ALL {
                     let c = auto(&problem(d, dtype), &caps);
                     assert_eq!(c.unavailable_reason(&caps), None, "{}", c.name());
+                    // f16 data up to head_dim 128 on a device with cooperative matrices takes
+                    // them; otherwise f32 tiles (f16 tiles are never automatic).
+                    let coop = COOP_BACKWARD_BY_DEFAULT
+                        && dtype == DType::F16
+                        && d <= 128
+                        && coop_device_unavailable_reason(&caps).is_none();
                     for g in [c.dkdv, c.dq] {
                         assert!(g.workgroup_bytes() <= caps.max_workgroup_storage_bytes, "{}", g.name());
                         assert!(g.head_dim_pad >= d as u32);
-                        assert_eq!(g.tile, TileType::F32, "f16 tiles are never automatic");
+                        assert_eq!(g.coop, coop, "{}", g.name());
+                        let tile = if coop { TileType::F16 } else { TileType::F32 };
+                        assert_eq!(g.tile, tile, "{}", g.name());
                     }
                     assert_eq!(c.variant.reduction == Reduction::Subgroup, caps.subgroups);
                 }
@@ -1246,6 +1564,90 @@ mod tests {
             ..auto(&p, &h200()).dkdv
         };
         assert!(wrong.unavailable_reason(&h200()).is_some());
+    }
+
+    /// The cooperative-matrix gradient kernels: taken automatically (once COOP_BACKWARD_BY_DEFAULT)
+    /// for f16 problems they implement on a device with the matrices; forced, they say why they cannot run; their sizes
+    /// forced as `(block_m, block_n)`.
+    #[test]
+    fn cooperative_matrix_backward_is_selected_where_it_runs_and_says_why_not() {
+        let coop = BackwardChoice {
+            cooperative_matrix: Some(true),
+            ..Default::default()
+        };
+        let f16 = problem(128, DType::F16);
+        assert_eq!(auto(&f16, &h200()).dkdv.coop, COOP_BACKWARD_BY_DEFAULT);
+        let c = select_backward(&f16, &h200(), &coop).unwrap();
+        assert!(c.dkdv.coop && c.dq.coop, "{}", c.name());
+        assert_eq!((c.dkdv.plan.block_m, c.dkdv.plan.block_n), (32, 32));
+        assert_eq!((c.dq.plan.block_m, c.dq.plan.block_n), (128, 32));
+        assert_eq!(c.dkdv.plan.workgroup_size(), 64);
+        assert_eq!(c.dq.plan.workgroup_size(), 256);
+        assert!(
+            c.name().starts_with("flash_bwd_f16_coop_kv32x32_q128x32_d128"),
+            "{}",
+            c.name()
+        );
+        // head_dim 40 pads to 48, not to a tiled plan's multiple.
+        let c = select_backward(&problem(40, DType::F16), &h200(), &coop).unwrap();
+        assert!(c.dkdv.coop && c.dkdv.head_dim_pad == 48 && c.dq.head_dim_pad == 48);
+
+        // Problems it does not implement, other data, other devices: the tiled kernels
+        // automatically, an error naming the reason when forced.
+        let capped: BackwardProblem = AttentionProblem::mha(1, 100, 2, 128, DType::F16)
+            .with_softcap(30.0)
+            .into();
+        for (p, caps, why) in [
+            (capped, h200(), "soft-cap"),
+            (problem(128, DType::BF16), h200(), "f16"),
+            (problem(256, DType::F16), h200(), "head_dim 256"),
+            (f16, lavapipe(), "cooperative"),
+        ] {
+            let c = auto(&p, &caps);
+            assert!(!c.dkdv.coop && !c.dq.coop, "{}", c.name());
+            let err = select_backward(&p, &caps, &coop).unwrap_err();
+            assert!(matches!(err, Error::Unavailable { .. }), "{err}");
+            assert!(err.to_string().contains(why), "{why}: {err}");
+        }
+        // Off, or knobs of the tiled kernels: tiled.
+        let off = BackwardChoice {
+            cooperative_matrix: Some(false),
+            ..Default::default()
+        };
+        assert!(!select_backward(&f16, &h200(), &off).unwrap().dkdv.coop);
+        assert!(
+            !select_backward(&f16, &h200(), &BackwardChoice::variant(Variant::SUBGROUP))
+                .unwrap()
+                .dkdv
+                .coop
+        );
+        let both = BackwardChoice {
+            variant: Some(Variant::SUBGROUP),
+            ..coop
+        };
+        assert!(matches!(
+            select_backward(&f16, &h200(), &both),
+            Err(Error::InvalidChoice(_))
+        ));
+
+        // Forced sizes: those given, or an error for sizes that are not whole fragments or do not
+        // fit the device's workgroup memory.
+        let sizes = |m, n| Some(BackwardTilePlan::new(m, n, 1, 1, 1, 1, 1));
+        let forced = BackwardChoice {
+            dkdv_plan: sizes(16, 16),
+            dq_plan: sizes(64, 32),
+            ..coop
+        };
+        let c = select_backward(&f16, &h200(), &forced).unwrap();
+        assert_eq!((c.dkdv.plan.block_n, c.dq.plan.block_m), (16, 64));
+        for (m, n) in [(20, 16), (0, 16), (16, 0), (128, 128), (!15u32, 16)] {
+            let bad = BackwardChoice {
+                dkdv_plan: sizes(m, n),
+                ..coop
+            };
+            let err = select_backward(&f16, &h200(), &bad).unwrap_err();
+            assert!(matches!(err, Error::Unavailable { .. }), "{m}x{n}: {err}");
+        }
     }
 
     /// With dropout, every gradient kernel regenerates the mask: dK/dV, dQ (and so the d(bias) it

@@ -21,6 +21,12 @@ pub const COOP_KERNEL_VERIFIED: bool = true;
 /// H200 for f16 data by far (BENCHMARKS.md).
 pub const COOP_BY_DEFAULT: bool = true;
 
+/// Whether automatic selection takes the cooperative-matrix gradient kernels
+/// (src/plan/backward.rs, `COOP_BACKWARD_FEATURES`) where they run: only once they have matched the
+/// float64 reference on a device that offers them (tests/wgpu_backward.rs on the H200); until
+/// then `BackwardChoice::cooperative_matrix` forces them.
+pub const COOP_BACKWARD_BY_DEFAULT: bool = false;
+
 /// Whether automatic selection takes the decode kernel (src/plan/decode.rs) for problems with few
 /// query rows per K/V head (below).
 pub const DECODE_BY_DEFAULT: bool = true;

@@ -794,7 +794,7 @@ impl FlashAttention {
             let fits = match kernel {
                 BackwardKernel::Preprocess(_) => true,
                 BackwardKernel::Grad(g) => {
-                    g.head_dim_pad == g.plan.head_dim_pad(f.shape.head_dim as u32) && g.bias == f.bias.map(|b| b.dtype)
+                    g.head_dim_pad == g.pads_head_dim_to(f.shape.head_dim as u32) && g.bias == f.bias.map(|b| b.dtype)
                 }
             };
             if kernel.storage() != f.dtype || !fits {

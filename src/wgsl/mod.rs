@@ -44,6 +44,9 @@ pub const FLASH_BWD_PRE: &str = include_str!("../../shaders/flash_bwd_pre.wgsl")
 pub const FLASH_BWD_DKDV: &str = include_str!("../../shaders/flash_bwd_dkdv.wgsl");
 pub const FLASH_BWD_DQ: &str = include_str!("../../shaders/flash_bwd_dq.wgsl");
 pub const FLASH_BWD_DBIAS: &str = include_str!("../../shaders/flash_bwd_dbias.wgsl");
+pub const FLASH_BWD_COOP: &str = include_str!("../../shaders/flash_bwd_coop.wgsl");
+pub const FLASH_BWD_DKDV_COOP: &str = include_str!("../../shaders/flash_bwd_dkdv_coop.wgsl");
+pub const FLASH_BWD_DQ_COOP: &str = include_str!("../../shaders/flash_bwd_dq_coop.wgsl");
 pub const FLASH_BWD_SINKS: &str = include_str!("../../shaders/flash_bwd_sinks.wgsl");
 pub const MERGE: &str = include_str!("../../shaders/merge.wgsl");
 pub const FLASH_DECODE: &str = include_str!("../../shaders/flash_decode.wgsl");
@@ -348,6 +351,35 @@ fn backward_source(kernel: &BackwardKernel, src: &mut String) {
             ] {
                 src.push_str(part);
             }
+        }
+        BackwardKernel::Grad(g) if g.coop => {
+            let p = &g.plan;
+            let dkdv = g.pass == crate::plan::BackwardPass::DkDv;
+            src.push_str("enable f16;\nenable wgpu_cooperative_matrix;\n");
+            src.push_str(&format!(
+                "const HEAD_DIM_PAD: u32 = {}u;\nconst BLOCK_M: u32 = {}u;\nconst BLOCK_N: u32 = {}u;\n",
+                g.head_dim_pad, p.block_m, p.block_n
+            ));
+            src.push_str(&sequence_source(g.sequences, BACKWARD_INDEX_BINDING));
+            for part in [
+                COMMON,
+                STORAGE_F16,
+                FLASH_BWD_COMMON,
+                FLASH_BWD_COOP,
+                if dkdv { FLASH_BWD_DKDV_COOP } else { FLASH_BWD_DQ_COOP },
+            ] {
+                src.push_str(part);
+            }
+            // The fragment loops are unrolled, as the forward's (src/wgsl/unroll.rs says why).
+            let bounds = [
+                ("D_BLOCKS", g.head_dim_pad / 16),
+                ("M_BLOCKS", p.block_m / 16),
+                ("N_BLOCKS", p.block_n / 16),
+            ];
+            *src = match crate::wgsl::unroll::unroll_loops(src, &bounds) {
+                Ok(unrolled) => unrolled,
+                Err(e) => format!("{src}\nunroll_failed: {e}\n"),
+            };
         }
         BackwardKernel::Grad(g) => {
             let p = &g.plan;

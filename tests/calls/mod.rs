@@ -1317,6 +1317,7 @@ fn backward_buffers_typed<T: Element>(
                 dkdv_plan: plan(b),
                 dq_plan: plan(b),
                 dbias_plan: None,
+                cooperative_matrix: [None, Some(true), Some(false)][b.u32() as usize % 3],
             };
             match wgpu_flash_attn::plan::select_backward(&bp, &ctx.caps, &choice) {
                 Ok(config) => engine.encode_backward_with(&mut encoder, bp, &buffers, &config, None),

@@ -319,6 +319,7 @@ fn backward_variant_reason(problem: &BackwardProblem, caps: &Caps, variant: Vari
                     mask: Default::default(),
                     writes_d_bias: false,
                     dropout: false,
+                    coop: false,
                 };
                 kernel.unavailable_reason(caps)
             })

@@ -1,0 +1,164 @@
+// flash_bwd_coop.wgsl — what the two cooperative-matrix gradient kernels share
+// (flash_bwd_dkdv_coop.wgsl, flash_bwd_dq_coop.wgsl): input bindings, staging whole rows of f16 into
+// workgroup memory, and the one element-wise step of the backward, P and dS of a 16 × 16 block.
+//
+// Bindings as flash_bwd_stage.wgsl: 2 q, 3 k, 4 v, 5 d_o (here arrays of vec4<f16>, the 8-byte
+// granules every kernel indexes), 6 the forward's LSE (raw f32 bits, natural log), 7 delta =
+// rowsum(dO ∘ O) (flash_bwd_pre.wgsl). The kernel files add their outputs at 8 (and 9).
+//
+// The products are 16 × 16 × 16 f16 → f32 cooperative matrices, as in the forward
+// (flash_fwd_coop.wgsl). The element-wise step goes through workgroup memory, as the forward's
+// route for devices whose fragment layout is not known: a subgroup stores its S and dP blocks
+// (f32), each invocation reads eight elements of one row of them, forms P = exp2(S · scale −
+// LSE · log2 e) and dS = P ∘ (dP − D), and writes them back as f16, which the subgroup loads as
+// the A operand of the next products. The blocks are the subgroup's alone, so only the subgroup
+// synchronises (subgroupBarrier, made to cover workgroup memory in src/spirv/coherence.rs).
+// Every scratch block is laid out [query][key] in both kernels (the dK/dV kernel's transposed
+// scores are stored column-major), so the step is the same code: invocation `lane` owns row
+// lane / 2, keys 8 · (lane % 2) .. + 8.
+//
+// Why f16 for P and dS: they are the A operands of the f16 products (FlashAttention-2 rounds them
+// to the input type too); P ≤ 1, and dS = P ∘ (dP − D) is bounded by |dO|·|V| row norms, far
+// below f16's range for data that f16 holds. Sums stay f32 (the accumulators, D, the LSE).
+
+const SUBGROUP: u32 = 32u;
+const WORKGROUP_SIZE: u32 = SUBGROUPS * SUBGROUP;
+const D_BLOCKS: u32 = HEAD_DIM_PAD / 16u;
+// Granules (vec4<f16>) per row of a tensor, and per staged row: padded by one 16-byte pair, so
+// that the eight 16-byte rows a fragment load reads at once start in different banks (as in the
+// forward).
+const ROW_GRANULES: u32 = HEAD_DIM_PAD / 4u;
+const TILE_STRIDE: u32 = ROW_GRANULES + 2u;
+// A 16 × 16 f32 block: rows of 4 vec4s plus one of padding; an f16 block: 4 vec4<f16>s plus two
+// (16 bytes, keeping every row 16-byte aligned for the cooperative loads).
+const SCORE_STRIDE: u32 = 5u;
+const SCORE_BLOCK: u32 = 16u * SCORE_STRIDE;
+const PROB_STRIDE: u32 = 6u;
+const PROB_BLOCK: u32 = 16u * PROB_STRIDE;
+
+// Per subgroup: its S and dP blocks (also a window for writing an output block out), and
+// PROB_BLOCKS f16 blocks (the dK/dV kernel keeps P and dS, the dQ kernel dS).
+var<workgroup> score_scratch: array<vec4<f32>, SUBGROUPS * 2u * SCORE_BLOCK>;
+var<workgroup> prob_scratch: array<vec4<f16>, SUBGROUPS * PROB_BLOCKS * PROB_BLOCK>;
+
+@group(0) @binding(2) var<storage, read> q: array<vec4<f16>>;
+@group(0) @binding(3) var<storage, read> k: array<vec4<f16>>;
+@group(0) @binding(4) var<storage, read> v: array<vec4<f16>>;
+@group(0) @binding(5) var<storage, read> d_o: array<vec4<f16>>;
+@group(0) @binding(6) var<storage, read> lse: array<u32>;
+@group(0) @binding(7) var<storage, read> delta: array<f32>;
+
+// The sequence, query head and K/V head rows are read for.
+struct Heads {
+    seq: Sequence,
+    head: u32,
+    kv_head: u32,
+}
+
+const SRC_Q: u32 = 0u;
+const SRC_DO: u32 = 1u;
+const SRC_K: u32 = 2u;
+const SRC_V: u32 = 3u;
+
+// Granule `g` of row `row` of tensor `src`; zero past the end of the sequence and past head_dim,
+// so padding rows and columns add nothing to any product.
+fn load_row_granule(src: u32, hd: Heads, row: u32, g: u32) -> vec4<f16> {
+    if (4u * g < params.head_dim) {
+        switch src {
+            case 0u: {
+                if (row < hd.seq.seq_q) {
+                    return q[row_granule(params.q, hd.seq.b, hd.seq.q_first + row, hd.head) + g];
+                }
+            }
+            case 1u: {
+                if (row < hd.seq.seq_q) {
+                    return d_o[row_granule(grad.d_o, hd.seq.b, hd.seq.q_first + row, hd.head) + g];
+                }
+            }
+            case 2u: {
+                if (row < hd.seq.seq_kv) {
+                    return k[row_granule(params.k, hd.seq.b, hd.seq.kv_first + row, hd.kv_head) + g];
+                }
+            }
+            default: {
+                if (row < hd.seq.seq_kv) {
+                    return v[row_granule(params.v, hd.seq.b, hd.seq.kv_first + row, hd.kv_head) + g];
+                }
+            }
+        }
+    }
+    return vec4<f16>(0.0);
+}
+
+// Copies `rows` rows of `src` from row `first` on into the kernel's `tiles`, from staged row `at`
+// on: consecutive invocations take consecutive granules of a row (coalesced 8-byte loads).
+fn stage_rows(src: u32, hd: Heads, first: u32, at: u32, rows: u32, li: u32) {
+    for (var i = li; i < rows * ROW_GRANULES; i += WORKGROUP_SIZE) {
+        let r = i / ROW_GRANULES;
+        let g = i % ROW_GRANULES;
+        tiles[(at + r) * TILE_STRIDE + g] = load_row_granule(src, hd, first + r, g);
+    }
+}
+
+// LSE · log2 e of a query row; +1e30 for a row that sees no key (LSE = −∞), so that its P is 0.
+fn lse2_of(seq: Sequence, head: u32, row: u32) -> f32 {
+    let bits = lse[lse_index(seq, head, row)];
+    if (bits == LSE_EMPTY_BITS) {
+        return -NEG_BIG;
+    }
+    return bitcast<f32>(bits) * LOG2_E;
+}
+
+// Where block `i` (< PROB_BLOCKS) of subgroup `sg`'s f16 scratch starts.
+fn prob_block(sg: u32, i: u32) -> u32 {
+    return (sg * PROB_BLOCKS + i) * PROB_BLOCK;
+}
+
+// P and dS of one 16 × 16 block of scores: `s` = S (or Sᵀ with SCORES_TRANSPOSED) and `dp` = dP
+// likewise, unscaled, straight from the products; `query` is this invocation's row of the block
+// (sequence-relative), `key0` the block's first key, `lse2` and `d` the row's statistics. Writes P
+// (with PROB_BLOCKS = 2) and dS, f16, [query][key], into the subgroup's scratch blocks 0 (and 1).
+// Masked keys, keys past the sequence and rows past it get P = dS = 0.
+fn block_gradient(sg: u32, lane: u32, s: coop_mat16x16<f32, C>, dp: coop_mat16x16<f32, C>, query: u32, key0: u32, lse2: f32, d: f32, needs_mask: bool, seq: Sequence) {
+    let at = sg * 2u * SCORE_BLOCK;
+    if (SCORES_TRANSPOSED) {
+        coopStore(s, &score_scratch[at], SCORE_STRIDE);
+        coopStore(dp, &score_scratch[at + SCORE_BLOCK], SCORE_STRIDE);
+    } else {
+        coopStoreT(s, &score_scratch[at], SCORE_STRIDE);
+        coopStoreT(dp, &score_scratch[at + SCORE_BLOCK], SCORE_STRIDE);
+    }
+    subgroupBarrier();
+    let half = lane % 2u;
+    let mine = at + (lane / 2u) * SCORE_STRIDE + 2u * half;
+    let out = prob_block(sg, 0u) + (lane / 2u) * PROB_STRIDE + 2u * half;
+    let keys_seen = visible_keys(seq, query);
+    for (var c = 0u; c < 2u; c++) {
+        var p = exp2(score_scratch[mine + c] * params.scale - lse2);
+        if (needs_mask) {
+            let keys = vec4<u32>(key0 + 8u * half + 4u * c) + vec4<u32>(0u, 1u, 2u, 3u);
+            let shown = (keys >= vec4<u32>(keys_seen.x)) & (keys < vec4<u32>(keys_seen.y)) & vec4<bool>(query < seq.seq_q);
+            p = select(vec4<f32>(0.0), p, shown);
+        }
+        let ds = p * (score_scratch[mine + SCORE_BLOCK + c] - d);
+        if (PROB_BLOCKS == 2u) {
+            prob_scratch[out + c] = vec4<f16>(p);
+            prob_scratch[out + PROB_BLOCK + c] = vec4<f16>(ds);
+        } else {
+            prob_scratch[out + c] = vec4<f16>(ds);
+        }
+    }
+    subgroupBarrier();
+}
+
+// This invocation's eight values of an output block (row lane / 2, columns 8 · (lane % 2) .. + 8),
+// through the subgroup's S window.
+fn block_row_values(sg: u32, lane: u32, m: coop_mat16x16<f32, C>) -> array<vec4<f32>, 2> {
+    let at = sg * 2u * SCORE_BLOCK;
+    coopStoreT(m, &score_scratch[at], SCORE_STRIDE);
+    subgroupBarrier();
+    let mine = at + (lane / 2u) * SCORE_STRIDE + 2u * (lane % 2u);
+    let values = array<vec4<f32>, 2>(score_scratch[mine], score_scratch[mine + 1u]);
+    subgroupBarrier();
+    return values;
+}

@@ -1,0 +1,160 @@
+// flash_bwd_dkdv_coop.wgsl — attention backward on cooperative matrices (tensor cores): dK and dV
+// of one K/V tile, the products of flash_bwd_dkdv.wgsl on 16 × 16 × 16 f16 fragments.
+//
+//   Sᵀ = K Qᵀ,  dPᵀ = V dOᵀ,  Pᵀ = exp2(scale · Sᵀ − LSE · log2 e),  dSᵀ = Pᵀ ∘ (dPᵀ − D),
+//   dV += Pᵀ dO,  dK += dSᵀ Q  (times the softmax scale at the end)
+//
+// Shared machinery (bindings 2–7, staging, the element-wise step) is in flash_bwd_coop.wgsl; this
+// file adds 8 dk and 9 dv (written, arrays of granules).
+//
+// What a workgroup owns: BLOCK_N keys of one (sequence, K/V head) and their dK and dV rows, written
+// once (no atomics): the grid, the loop over the query heads of a GQA group and over query tiles of
+// BLOCK_M rows, and the tiles skipped under causal masking and windows are flash_bwd_dkdv.wgsl's.
+// K and V of its keys are staged once, for the whole kernel; each query tile's Q and dO rows, and
+// their LSE and D, are staged in turn.
+//
+// What a subgroup owns: 16 of the keys, and their dK and dV as 2 · HEAD_DIM_PAD / 16 f32
+// accumulator fragments for the whole kernel. Per query tile it forms Sᵀ and dPᵀ of its keys
+// against the tile's M_BLOCKS blocks of 16 queries (K and V fragments loaded once per head_dim
+// block and used for every query block), then per query block Pᵀ and dSᵀ (flash_bwd_coop.wgsl's
+// block_gradient) and the two output products.
+//
+// Why the sizes: the accumulators take 128 f32 registers per invocation at head_dim 128 (as
+// FlashAttention-2's dK/dV kernel), the score fragments 16 per query block, so query tiles stay
+// small (32 rows). K and V live in workgroup memory rather than in registers, beside the tile's Q
+// and dO: 2 · (BLOCK_N + BLOCK_M) rows of head_dim, which 48 KiB holds at 32 keys and 32 queries
+// for head_dim 128 and at 64 keys and 32 queries for head_dim 64 (the plans: src/plan/backward.rs).
+
+const SUBGROUPS: u32 = BLOCK_N / 16u;
+const M_BLOCKS: u32 = BLOCK_M / 16u;
+// Sᵀ is keys × queries; stored column-major it is [query][key] like the dQ kernel's S.
+const SCORES_TRANSPOSED: bool = true;
+// P (block 0) and dS (block 1).
+const PROB_BLOCKS: u32 = 2u;
+
+// Staged rows: the tile's K, its V, then the query tile's Q and dO.
+const K_ROW: u32 = 0u;
+const V_ROW: u32 = BLOCK_N;
+const Q_ROW: u32 = 2u * BLOCK_N;
+const DO_ROW: u32 = 2u * BLOCK_N + BLOCK_M;
+var<workgroup> tiles: array<vec4<f16>, 2u * (BLOCK_N + BLOCK_M) * TILE_STRIDE>;
+// LSE · log2 e of the query tile's rows (the first BLOCK_M / 4 vec4s), then their D.
+var<workgroup> row_stats: array<vec4<f32>, BLOCK_M / 2u>;
+
+@group(0) @binding(8) var<storage, read_write> dk: array<Granule>;
+@group(0) @binding(9) var<storage, read_write> dv: array<Granule>;
+
+@compute @workgroup_size(WORKGROUP_SIZE)
+fn flash_bwd_dkdv(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) li: u32) {
+    let kv_head = wg.y;
+    let seq = sequence(wg.z);
+    let n0 = wg.x * BLOCK_N;
+    let sg = li / SUBGROUP;
+    let lane = li % SUBGROUP;
+    if (n0 >= seq.seq_kv) {
+        return; // past this sequence's keys (a shorter sequence of a packed batch)
+    }
+    // Query rows that see any of these keys, in tiles; one work item per (query head of the
+    // group, query tile).
+    let rows = rows_seeing(seq, n0, BLOCK_N);
+    let first_tile = rows.x / BLOCK_M;
+    let tiles_per_head = (rows.y + BLOCK_M - 1u) / BLOCK_M - first_tile;
+    let num_items = params.group_size * tiles_per_head;
+
+    let kv = Heads(seq, kv_head * params.group_size, kv_head);
+    stage_rows(SRC_K, kv, n0, K_ROW, BLOCK_N, li);
+    stage_rows(SRC_V, kv, n0, V_ROW, BLOCK_N, li);
+
+    var dk_acc: array<coop_mat16x16<f32, C>, D_BLOCKS>;
+    var dv_acc: array<coop_mat16x16<f32, C>, D_BLOCKS>;
+    // @unroll
+    for (var d = 0u; d < D_BLOCKS; d++) {
+        dk_acc[d] = coop_mat16x16<f32, C>();
+        dv_acc[d] = coop_mat16x16<f32, C>();
+    }
+    let my_keys = 16u * sg;
+
+    for (var it = 0u; it < num_items; it++) {
+        let hd = Heads(seq, kv_head * params.group_size + it / tiles_per_head, kv_head);
+        let m0 = (first_tile + it % tiles_per_head) * BLOCK_M;
+        // The previous tile's rows are no longer read (and, the first time, K and V are staged).
+        workgroupBarrier();
+        stage_rows(SRC_Q, hd, m0, Q_ROW, BLOCK_M, li);
+        stage_rows(SRC_DO, hd, m0, DO_ROW, BLOCK_M, li);
+        if (li < BLOCK_M) {
+            let row = m0 + li;
+            var lse2 = -NEG_BIG;
+            var d = 0.0;
+            if (row < seq.seq_q) {
+                lse2 = lse2_of(seq, hd.head, row);
+                d = delta[lse_index(seq, hd.head, row)];
+            }
+            row_stats[li / 4u][li % 4u] = lse2;
+            row_stats[BLOCK_M / 4u + li / 4u][li % 4u] = d;
+        }
+        workgroupBarrier();
+        let needs_mask = m0 + BLOCK_M > seq.seq_q || key_tile_needs_mask(seq, m0, BLOCK_M, n0, BLOCK_N);
+
+        // ---- Sᵀ = K Qᵀ and dPᵀ = V dOᵀ of the subgroup's keys against every query block ----
+        var s_frag: array<coop_mat16x16<f32, C>, M_BLOCKS>;
+        var dp_frag: array<coop_mat16x16<f32, C>, M_BLOCKS>;
+        // @unroll
+        for (var j = 0u; j < M_BLOCKS; j++) {
+            s_frag[j] = coop_mat16x16<f32, C>();
+            dp_frag[j] = coop_mat16x16<f32, C>();
+        }
+        // @unroll
+        for (var d = 0u; d < D_BLOCKS; d++) {
+            let k_frag = coopLoadT<coop_mat16x16<f16, A>>(&tiles[(K_ROW + my_keys) * TILE_STRIDE + 4u * d], TILE_STRIDE);
+            let v_frag = coopLoadT<coop_mat16x16<f16, A>>(&tiles[(V_ROW + my_keys) * TILE_STRIDE + 4u * d], TILE_STRIDE);
+            // @unroll
+            for (var j = 0u; j < M_BLOCKS; j++) {
+                // Qᵀ's block: [head_dim][query], the staged rows read column-major.
+                let q_frag = coopLoad<coop_mat16x16<f16, B>>(&tiles[(Q_ROW + 16u * j) * TILE_STRIDE + 4u * d], TILE_STRIDE);
+                s_frag[j] = coopMultiplyAdd(k_frag, q_frag, s_frag[j]);
+                let do_frag = coopLoad<coop_mat16x16<f16, B>>(&tiles[(DO_ROW + 16u * j) * TILE_STRIDE + 4u * d], TILE_STRIDE);
+                dp_frag[j] = coopMultiplyAdd(v_frag, do_frag, dp_frag[j]);
+            }
+        }
+
+        // ---- per query block: Pᵀ and dSᵀ, then dV += Pᵀ dO and dK += dSᵀ Q ----
+        // @unroll
+        for (var j = 0u; j < M_BLOCKS; j++) {
+            let row = 16u * j + lane / 2u;
+            let lse2 = row_stats[row / 4u][row % 4u];
+            let d_row = row_stats[BLOCK_M / 4u + row / 4u][row % 4u];
+            block_gradient(sg, lane, s_frag[j], dp_frag[j], m0 + row, n0 + my_keys, lse2, d_row, needs_mask, seq);
+            // The blocks are [query][key]: read column-major they are Pᵀ and dSᵀ.
+            let p_frag = coopLoad<coop_mat16x16<f16, A>>(&prob_scratch[prob_block(sg, 0u)], PROB_STRIDE);
+            let ds_frag = coopLoad<coop_mat16x16<f16, A>>(&prob_scratch[prob_block(sg, 1u)], PROB_STRIDE);
+            // @unroll
+            for (var d = 0u; d < D_BLOCKS; d++) {
+                let do_frag = coopLoadT<coop_mat16x16<f16, B>>(&tiles[(DO_ROW + 16u * j) * TILE_STRIDE + 4u * d], TILE_STRIDE);
+                dv_acc[d] = coopMultiplyAdd(p_frag, do_frag, dv_acc[d]);
+                let q_frag = coopLoadT<coop_mat16x16<f16, B>>(&tiles[(Q_ROW + 16u * j) * TILE_STRIDE + 4u * d], TILE_STRIDE);
+                dk_acc[d] = coopMultiplyAdd(ds_frag, q_frag, dk_acc[d]);
+            }
+            // Every read of this block's P and dS is done before the next block writes them.
+            subgroupBarrier();
+        }
+    }
+
+    // ---- epilogue: dK = scale · Σ dSᵀ Q, dV = Σ Pᵀ dO, written once ----
+    let key = n0 + my_keys + lane / 2u;
+    let dk_at = row_granule(grad.dk, seq.b, seq.kv_first + key, kv_head);
+    let dv_at = row_granule(grad.dv, seq.b, seq.kv_first + key, kv_head);
+    // @unroll
+    for (var d = 0u; d < D_BLOCKS; d++) {
+        let dk_values = block_row_values(sg, lane, dk_acc[d]);
+        let dv_values = block_row_values(sg, lane, dv_acc[d]);
+        let g = 4u * d + 2u * (lane % 2u);
+        if (key < seq.seq_kv) {
+            for (var c = 0u; c < 2u; c++) {
+                if (4u * (g + c) < params.head_dim) {
+                    dk[dk_at + g + c] = pack_granule(dk_values[c] * grad.scale);
+                    dv[dv_at + g + c] = pack_granule(dv_values[c]);
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,137 @@
+// flash_bwd_dq_coop.wgsl — attention backward on cooperative matrices (tensor cores): dQ of one
+// query tile, the products of flash_bwd_dq.wgsl on 16 × 16 × 16 f16 fragments.
+//
+//   S = Q Kᵀ,  dP = dO Vᵀ,  P = exp2(scale · S − LSE · log2 e),  dS = P ∘ (dP − D),
+//   dQ += dS K  (times the softmax scale at the end)
+//
+// Shared machinery (bindings 2–7, staging, the element-wise step) is in flash_bwd_coop.wgsl; this
+// file adds 8 dq (written, array of granules).
+//
+// What a workgroup owns: BLOCK_M query rows of one (sequence, head) and their dQ rows, written once
+// (deterministic, no atomics): the grid (longest rows first under causal masking) and the key
+// tiles it visits are flash_bwd_dq.wgsl's. It streams K and V in tiles of BLOCK_N keys through
+// workgroup memory, as the forward (flash_fwd_coop.wgsl) does; Q and dO pass through the same
+// memory at the start, BLOCK_N rows of each at a time.
+//
+// What a subgroup owns: 16 query rows: their Q and dO as HEAD_DIM_PAD / 16 A fragments each
+// (loaded once) and their dQ as HEAD_DIM_PAD / 16 f32 accumulators, for the whole kernel; the
+// invocations' rows' LSE and D in registers. Per block of 16 keys it forms S and dP, dS
+// (flash_bwd_coop.wgsl's block_gradient) and dQ += dS K.
+//
+// Why the sizes: Q, dO and dQ take 32 + 32 + 64 registers per invocation at head_dim 128, the
+// forward's Q and O plus dO. The K/V tile and the subgroups' scratch blocks share 48 KiB: 32 keys
+// beside 128 query rows at head_dim 128 (each K/V tile read by 128 rows, as in the forward), 64
+// keys beside 128 rows at head_dim 64 (the plans: src/plan/backward.rs).
+
+const SUBGROUPS: u32 = BLOCK_M / 16u;
+const N_BLOCKS: u32 = BLOCK_N / 16u;
+const SCORES_TRANSPOSED: bool = false;
+// dS only.
+const PROB_BLOCKS: u32 = 1u;
+
+// Staged rows: the K/V tile's K, then its V; at the start, BLOCK_N rows of Q and of dO at a time
+// in their places.
+const K_ROW: u32 = 0u;
+const V_ROW: u32 = BLOCK_N;
+var<workgroup> tiles: array<vec4<f16>, 2u * BLOCK_N * TILE_STRIDE>;
+
+@group(0) @binding(8) var<storage, read_write> dq: array<Granule>;
+
+@compute @workgroup_size(WORKGROUP_SIZE)
+fn flash_bwd_dq(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) li: u32) {
+    let head = wg.y;
+    let seq = sequence(wg.z);
+    let hd = Heads(seq, head, head / params.group_size);
+    let m0 = (params.num_q_tiles - 1u - wg.x) * BLOCK_M;
+    let sg = li / SUBGROUP;
+    let lane = li % SUBGROUP;
+    if (m0 >= seq.seq_q) {
+        return; // past this sequence's rows (a shorter sequence of a packed batch)
+    }
+    // Keys this tile can see: all, or under causal masking those up to its last row's diagonal,
+    // and with a window from its first row's left edge.
+    let kv_end = visible_key_end(seq, m0 + BLOCK_M);
+    let first_kv_tile = visible_key_begin(seq, m0) / BLOCK_N;
+    let num_kv_tiles = (kv_end + BLOCK_N - 1u) / BLOCK_N;
+
+    var q_frag: array<coop_mat16x16<f16, A>, D_BLOCKS>;
+    var do_frag: array<coop_mat16x16<f16, A>, D_BLOCKS>;
+    for (var first = 0u; first < BLOCK_M; first += BLOCK_N) {
+        workgroupBarrier();
+        stage_rows(SRC_Q, hd, m0 + first, K_ROW, BLOCK_N, li);
+        stage_rows(SRC_DO, hd, m0 + first, V_ROW, BLOCK_N, li);
+        workgroupBarrier();
+        if ((16u * sg >= first) & (16u * sg < first + BLOCK_N)) {
+            // @unroll
+            for (var d = 0u; d < D_BLOCKS; d++) {
+                let at = (16u * sg - first) * TILE_STRIDE + 4u * d;
+                q_frag[d] = coopLoadT<coop_mat16x16<f16, A>>(&tiles[K_ROW * TILE_STRIDE + at], TILE_STRIDE);
+                do_frag[d] = coopLoadT<coop_mat16x16<f16, A>>(&tiles[V_ROW * TILE_STRIDE + at], TILE_STRIDE);
+            }
+        }
+    }
+    // This invocation's row of its subgroup's blocks; rows past the end get a P of 0.
+    let row = m0 + 16u * sg + lane / 2u;
+    var lse2 = -NEG_BIG;
+    var d_row = 0.0;
+    if (row < seq.seq_q) {
+        lse2 = lse2_of(seq, head, row);
+        d_row = delta[lse_index(seq, head, row)];
+    }
+
+    var dq_acc: array<coop_mat16x16<f32, C>, D_BLOCKS>;
+    // @unroll
+    for (var d = 0u; d < D_BLOCKS; d++) {
+        dq_acc[d] = coop_mat16x16<f32, C>();
+    }
+
+    for (var t = first_kv_tile; t < num_kv_tiles; t++) {
+        let n0 = t * BLOCK_N;
+        // The previous tile (or Q and dO) is no longer read.
+        workgroupBarrier();
+        stage_rows(SRC_K, hd, n0, K_ROW, BLOCK_N, li);
+        stage_rows(SRC_V, hd, n0, V_ROW, BLOCK_N, li);
+        workgroupBarrier();
+        let needs_mask = key_tile_needs_mask(seq, m0, BLOCK_M, n0, BLOCK_N);
+        // @unroll
+        for (var j = 0u; j < N_BLOCKS; j++) {
+            // ---- S = Q Kᵀ and dP = dO Vᵀ of 16 keys ----
+            var s = coop_mat16x16<f32, C>();
+            var dp = coop_mat16x16<f32, C>();
+            // @unroll
+            for (var d = 0u; d < D_BLOCKS; d++) {
+                // Kᵀ's and Vᵀ's blocks: [head_dim][key], the staged rows read column-major.
+                let k_frag = coopLoad<coop_mat16x16<f16, B>>(&tiles[(K_ROW + 16u * j) * TILE_STRIDE + 4u * d], TILE_STRIDE);
+                s = coopMultiplyAdd(q_frag[d], k_frag, s);
+                let v_frag = coopLoad<coop_mat16x16<f16, B>>(&tiles[(V_ROW + 16u * j) * TILE_STRIDE + 4u * d], TILE_STRIDE);
+                dp = coopMultiplyAdd(do_frag[d], v_frag, dp);
+            }
+            // ---- dS, then dQ += dS K ----
+            block_gradient(sg, lane, s, dp, row, n0 + 16u * j, lse2, d_row, needs_mask, seq);
+            let ds_frag = coopLoadT<coop_mat16x16<f16, A>>(&prob_scratch[prob_block(sg, 0u)], PROB_STRIDE);
+            // @unroll
+            for (var d = 0u; d < D_BLOCKS; d++) {
+                let k_frag = coopLoadT<coop_mat16x16<f16, B>>(&tiles[(K_ROW + 16u * j) * TILE_STRIDE + 4u * d], TILE_STRIDE);
+                dq_acc[d] = coopMultiplyAdd(ds_frag, k_frag, dq_acc[d]);
+            }
+            // Every read of dS is done before the next block writes it.
+            subgroupBarrier();
+        }
+    }
+
+    // ---- epilogue: dQ = scale · Σ dS K, written once (zeros for rows that saw no key) ----
+    let dq_at = row_granule(grad.dq, seq.b, seq.q_first + row, head);
+    let scale = select(nan_f32(), grad.scale, seq.valid);
+    // @unroll
+    for (var d = 0u; d < D_BLOCKS; d++) {
+        let values = block_row_values(sg, lane, dq_acc[d]);
+        let g = 4u * d + 2u * (lane % 2u);
+        if (row < seq.seq_q) {
+            for (var c = 0u; c < 2u; c++) {
+                if (4u * (g + c) < params.head_dim) {
+                    dq[dq_at + g + c] = pack_granule(values[c] * scale);
+                }
+            }
+        }
+    }
+}
