@@ -90,13 +90,51 @@ fn load_row_granule(src: u32, hd: Heads, row: u32, g: u32) -> vec4<f16> {
     return vec4<f16>(0.0);
 }
 
-// Copies `rows` rows of `src` from row `first` on into the kernel's `tiles`, from staged row `at`
-// on: consecutive invocations take consecutive granules of a row (coalesced 8-byte loads).
-fn stage_rows(src: u32, hd: Heads, first: u32, at: u32, rows: u32, li: u32) {
-    for (var i = li; i < rows * ROW_GRANULES; i += WORKGROUP_SIZE) {
+// Staging copies rows of two tensors at once (K and V, or Q and dO): `rows` rows of `src_a` then
+// `rows` rows of `src_b`, from row `first` of each, to consecutive staged rows of the kernel's
+// `tiles`. Consecutive invocations take consecutive granules of a row (coalesced 8-byte loads). An
+// invocation issues STAGE_BATCH loads into registers before it stores any, so their latencies
+// overlap (one round trip to L2 per batch, not per granule): chunk `chunk` is copies
+// (chunk · STAGE_BATCH + c) · WORKGROUP_SIZE + li of the 2 · rows · ROW_GRANULES granules.
+// (STAGE_BATCH comes from the host, which unrolls the loops over it: COOP_GRAD_STAGE_BATCH.)
+alias StageBatch = array<vec4<f16>, STAGE_BATCH>;
+
+fn fetch_batch(src_a: u32, src_b: u32, hd: Heads, first: u32, rows: u32, chunk: u32, li: u32) -> StageBatch {
+    var regs = StageBatch();
+    // @unroll
+    for (var c = 0u; c < STAGE_BATCH; c++) {
+        let i = (chunk * STAGE_BATCH + c) * WORKGROUP_SIZE + li;
         let r = i / ROW_GRANULES;
-        let g = i % ROW_GRANULES;
-        tiles[(at + r) * TILE_STRIDE + g] = load_row_granule(src, hd, first + r, g);
+        if (r < rows) {
+            regs[c] = load_row_granule(src_a, hd, first + r, i % ROW_GRANULES);
+        } else if (r < 2u * rows) {
+            regs[c] = load_row_granule(src_b, hd, first + r - rows, i % ROW_GRANULES);
+        }
+    }
+    return regs;
+}
+
+// Stores a chunk fetched by fetch_batch at staged row `at` on.
+fn store_batch(regs: StageBatch, at: u32, rows: u32, chunk: u32, li: u32) {
+    // @unroll
+    for (var c = 0u; c < STAGE_BATCH; c++) {
+        let i = (chunk * STAGE_BATCH + c) * WORKGROUP_SIZE + li;
+        let r = i / ROW_GRANULES;
+        if (r < 2u * rows) {
+            tiles[(at + r) * TILE_STRIDE + i % ROW_GRANULES] = regs[c];
+        }
+    }
+}
+
+// Chunks of a staging of `rows` rows of each of two tensors.
+fn stage_chunks(rows: u32) -> u32 {
+    return (2u * rows * ROW_GRANULES + STAGE_BATCH * WORKGROUP_SIZE - 1u) / (STAGE_BATCH * WORKGROUP_SIZE);
+}
+
+// Stages `rows` rows of `src_a` and of `src_b` from row `first` at staged row `at` on, chunk by chunk.
+fn stage_pair(src_a: u32, src_b: u32, hd: Heads, first: u32, rows: u32, at: u32, li: u32) {
+    for (var chunk = 0u; chunk < stage_chunks(rows); chunk++) {
+        store_batch(fetch_batch(src_a, src_b, hd, first, rows, chunk, li), at, rows, chunk, li);
     }
 }
 

@@ -62,8 +62,7 @@ fn flash_bwd_dkdv(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocatio
     let num_items = params.group_size * tiles_per_head;
 
     let kv = Heads(seq, kv_head * params.group_size, kv_head);
-    stage_rows(SRC_K, kv, n0, K_ROW, BLOCK_N, li);
-    stage_rows(SRC_V, kv, n0, V_ROW, BLOCK_N, li);
+    stage_pair(SRC_K, SRC_V, kv, n0, BLOCK_N, K_ROW, li);
 
     var dk_acc: array<coop_mat16x16<f32, C>, D_BLOCKS>;
     var dv_acc: array<coop_mat16x16<f32, C>, D_BLOCKS>;
@@ -79,18 +78,16 @@ fn flash_bwd_dkdv(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocatio
         let m0 = (first_tile + it % tiles_per_head) * BLOCK_M;
         // The previous tile's rows are no longer read (and, the first time, K and V are staged).
         workgroupBarrier();
-        stage_rows(SRC_Q, hd, m0, Q_ROW, BLOCK_M, li);
-        stage_rows(SRC_DO, hd, m0, DO_ROW, BLOCK_M, li);
-        if (li < BLOCK_M) {
-            let row = m0 + li;
+        stage_pair(SRC_Q, SRC_DO, hd, m0, BLOCK_M, Q_ROW, li);
+        for (var i = li; i < BLOCK_M; i += WORKGROUP_SIZE) {
             var lse2 = -NEG_BIG;
             var d = 0.0;
-            if (row < seq.seq_q) {
-                lse2 = lse2_of(seq, hd.head, row);
-                d = delta[lse_index(seq, hd.head, row)];
+            if (m0 + i < seq.seq_q) {
+                lse2 = lse2_of(seq, hd.head, m0 + i);
+                d = delta[lse_index(seq, hd.head, m0 + i)];
             }
-            row_stats[li / 4u][li % 4u] = lse2;
-            row_stats[BLOCK_M / 4u + li / 4u][li % 4u] = d;
+            row_stats[i / 4u][i % 4u] = lse2;
+            row_stats[BLOCK_M / 4u + i / 4u][i % 4u] = d;
         }
         workgroupBarrier();
         let needs_mask = m0 + BLOCK_M > seq.seq_q || key_tile_needs_mask(seq, m0, BLOCK_M, n0, BLOCK_N);

@@ -28,6 +28,9 @@ const N_BLOCKS: u32 = BLOCK_N / 16u;
 const SCORES_TRANSPOSED: bool = false;
 // dS only.
 const PROB_BLOCKS: u32 = 1u;
+// Whether one batch of staging copies holds a whole K/V tile (8 granules per invocation for both
+// shipped plans), which is then prefetched.
+const PREFETCH_KV: bool = 2u * BLOCK_N * ROW_GRANULES <= STAGE_BATCH * WORKGROUP_SIZE;
 
 // Staged rows: the K/V tile's K, then its V; at the start, BLOCK_N rows of Q and of dO at a time
 // in their places.
@@ -58,8 +61,7 @@ fn flash_bwd_dq(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_
     var do_frag: array<coop_mat16x16<f16, A>, D_BLOCKS>;
     for (var first = 0u; first < BLOCK_M; first += BLOCK_N) {
         workgroupBarrier();
-        stage_rows(SRC_Q, hd, m0 + first, K_ROW, BLOCK_N, li);
-        stage_rows(SRC_DO, hd, m0 + first, V_ROW, BLOCK_N, li);
+        stage_pair(SRC_Q, SRC_DO, hd, m0 + first, BLOCK_N, K_ROW, li);
         workgroupBarrier();
         if ((16u * sg >= first) & (16u * sg < first + BLOCK_N)) {
             // @unroll
@@ -85,13 +87,25 @@ fn flash_bwd_dq(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_
         dq_acc[d] = coop_mat16x16<f32, C>();
     }
 
+    // With PREFETCH_KV the next tile's granules are loaded into registers before this tile's
+    // products, so their latency is not waited for at a barrier.
+    var next = StageBatch();
+    if (PREFETCH_KV && first_kv_tile < num_kv_tiles) {
+        next = fetch_batch(SRC_K, SRC_V, hd, first_kv_tile * BLOCK_N, BLOCK_N, 0u, li);
+    }
     for (var t = first_kv_tile; t < num_kv_tiles; t++) {
         let n0 = t * BLOCK_N;
         // The previous tile (or Q and dO) is no longer read.
         workgroupBarrier();
-        stage_rows(SRC_K, hd, n0, K_ROW, BLOCK_N, li);
-        stage_rows(SRC_V, hd, n0, V_ROW, BLOCK_N, li);
+        if (PREFETCH_KV) {
+            store_batch(next, K_ROW, BLOCK_N, 0u, li);
+        } else {
+            stage_pair(SRC_K, SRC_V, hd, n0, BLOCK_N, K_ROW, li);
+        }
         workgroupBarrier();
+        if (PREFETCH_KV && t + 1u < num_kv_tiles) {
+            next = fetch_batch(SRC_K, SRC_V, hd, n0 + BLOCK_N, BLOCK_N, 0u, li);
+        }
         let needs_mask = key_tile_needs_mask(seq, m0, BLOCK_M, n0, BLOCK_N);
         // @unroll
         for (var j = 0u; j < N_BLOCKS; j++) {

@@ -19,7 +19,7 @@
 use crate::caps::Caps;
 use crate::error::{Error, Result};
 use crate::plan::coop::coop_device_unavailable_reason;
-use crate::plan::policy::{COOP_BACKWARD_BY_DEFAULT, COOP_KERNEL_VERIFIED};
+use crate::plan::policy::{COOP_DKDV_BY_DEFAULT, COOP_DQ_BY_DEFAULT, COOP_KERNEL_VERIFIED};
 use crate::plan::tiled::tiled_device_fit_reason;
 use crate::plan::{missing_features, MaskBinding, Reduction, SequenceIndex, TilePlan, TileType, Variant};
 use crate::problem::backward::BackwardProblem;
@@ -423,6 +423,12 @@ impl GradKernel {
 /// kernel's two accumulators alone would be 256 f32 registers per invocation.
 pub const COOP_GRAD_MAX_HEAD_DIM: u32 = 128;
 
+/// Global loads an invocation of the cooperative-matrix gradient kernels issues at once when it
+/// stages rows (shaders/flash_bwd_coop.wgsl, `fetch_batch`): enough that their latencies overlap,
+/// few enough registers (16) to stay beside the accumulators; 8 also makes one batch hold a whole
+/// K/V tile of the dQ kernel's plans, which it then prefetches.
+pub const COOP_GRAD_STAGE_BATCH: u32 = 8;
+
 /// A cooperative-matrix gradient kernel's plan: `block_m` queries and `block_n` keys, as for the
 /// tiled kernels. One subgroup of 32 invocations owns 16 of the rows the workgroup owns (keys for
 /// dK/dV, queries for dQ); the other fields of [`TilePlan`] are fixed so that its workgroup size is
@@ -667,7 +673,12 @@ impl BackwardConfig {
         format!(
             "flash_bwd_{}_{}_kv{}_q{}_d{pad}{}",
             self.dkdv.storage.name(),
-            if self.dkdv.coop { "coop" } else { self.variant.name() },
+            match (self.dkdv.coop, self.dq.coop) {
+                (true, true) => "coop".to_string(),
+                (false, true) => format!("{}_coopq", self.variant.name()),
+                (true, false) => format!("{}_coopkv", self.variant.name()),
+                (false, false) => self.variant.name().to_string(),
+            },
             label(&self.dkdv),
             label(&self.dq),
             match (self.dbias, self.dq.writes_d_bias) {
@@ -805,13 +816,30 @@ pub fn select_backward(problem: &BackwardProblem, caps: &Caps, choice: &Backward
             )))
         }
         Some(true) => return select_coop_backward(problem, caps, choice),
-        None if COOP_BACKWARD_BY_DEFAULT && !tiled_knobs && choice.dkdv_plan.is_none() && choice.dq_plan.is_none() => {
-            if let Ok(config) = select_coop_backward(problem, caps, choice) {
-                return Ok(config);
-            }
-        }
         _ => {}
     }
+    let tiled = select_tiled_backward(problem, caps, choice)?;
+    // Automatically, each gradient kernel on cooperative matrices where the policy says it is
+    // the faster one and they run; the other pass keeps its tiled kernel.
+    let automatic =
+        choice.cooperative_matrix.is_none() && !tiled_knobs && choice.dkdv_plan.is_none() && choice.dq_plan.is_none();
+    if automatic && (COOP_DKDV_BY_DEFAULT || COOP_DQ_BY_DEFAULT) {
+        if let Ok(coop) = select_coop_backward(problem, caps, choice) {
+            let config = BackwardConfig {
+                dkdv: if COOP_DKDV_BY_DEFAULT { coop.dkdv } else { tiled.dkdv },
+                dq: if COOP_DQ_BY_DEFAULT { coop.dq } else { tiled.dq },
+                ..tiled
+            };
+            check_grids(problem, &config, caps)?;
+            return Ok(config);
+        }
+    }
+    Ok(tiled)
+}
+
+/// The tiled gradient kernels (no matrix units): the first of the variants `choice` allows whose
+/// kernels all fit the device, each kernel's plan picked from its list.
+fn select_tiled_backward(problem: &BackwardProblem, caps: &Caps, choice: &BackwardChoice) -> Result<BackwardConfig> {
     let storage = problem.forward.dtype;
     let head_dim = problem.forward.shape.head_dim as u32;
     let sequences = SequenceIndex::of(&problem.forward);
@@ -1250,11 +1278,9 @@ mod tests {
                     assert_eq!(c.unavailable_reason(&caps), None, "{}", c.name());
                     // f16 data up to head_dim 128 on a device with cooperative matrices takes
                     // them; otherwise f32 tiles (f16 tiles are never automatic).
-                    let coop = COOP_BACKWARD_BY_DEFAULT
-                        && dtype == DType::F16
-                        && d <= 128
-                        && coop_device_unavailable_reason(&caps).is_none();
-                    for g in [c.dkdv, c.dq] {
+                    let coop_here = dtype == DType::F16 && d <= 128 && coop_device_unavailable_reason(&caps).is_none();
+                    for (g, by_default) in [(c.dkdv, COOP_DKDV_BY_DEFAULT), (c.dq, COOP_DQ_BY_DEFAULT)] {
+                        let coop = coop_here && by_default;
                         assert!(g.workgroup_bytes() <= caps.max_workgroup_storage_bytes, "{}", g.name());
                         assert!(g.head_dim_pad >= d as u32);
                         assert_eq!(g.coop, coop, "{}", g.name());
@@ -1566,8 +1592,8 @@ mod tests {
         assert!(wrong.unavailable_reason(&h200()).is_some());
     }
 
-    /// The cooperative-matrix gradient kernels: taken automatically (once COOP_BACKWARD_BY_DEFAULT)
-    /// for f16 problems they implement on a device with the matrices; forced, they say why they cannot run; their sizes
+    /// The cooperative-matrix gradient kernels: taken automatically (per pass, as the policy
+    /// says) for f16 problems they implement on a device with the matrices; forced, they say why they cannot run; their sizes
     /// forced as `(block_m, block_n)`.
     #[test]
     fn cooperative_matrix_backward_is_selected_where_it_runs_and_says_why_not() {
@@ -1576,7 +1602,8 @@ mod tests {
             ..Default::default()
         };
         let f16 = problem(128, DType::F16);
-        assert_eq!(auto(&f16, &h200()).dkdv.coop, COOP_BACKWARD_BY_DEFAULT);
+        let c = auto(&f16, &h200());
+        assert_eq!((c.dkdv.coop, c.dq.coop), (COOP_DKDV_BY_DEFAULT, COOP_DQ_BY_DEFAULT));
         let c = select_backward(&f16, &h200(), &coop).unwrap();
         assert!(c.dkdv.coop && c.dq.coop, "{}", c.name());
         assert_eq!((c.dkdv.plan.block_m, c.dkdv.plan.block_n), (32, 32));

@@ -21,11 +21,14 @@ pub const COOP_KERNEL_VERIFIED: bool = true;
 /// H200 for f16 data by far (BENCHMARKS.md).
 pub const COOP_BY_DEFAULT: bool = true;
 
-/// Whether automatic selection takes the cooperative-matrix gradient kernels
-/// (src/plan/backward.rs, `COOP_BACKWARD_FEATURES`) where they run: only once they have matched the
-/// float64 reference on a device that offers them (tests/wgpu_backward.rs on the H200); until
-/// then `BackwardChoice::cooperative_matrix` forces them.
-pub const COOP_BACKWARD_BY_DEFAULT: bool = false;
+/// Whether automatic selection takes the cooperative-matrix dK/dV kernel, and the dQ kernel
+/// (src/plan/backward.rs, `COOP_BACKWARD_FEATURES`), where they run; a pass without keeps its
+/// tiled kernel. Each only once it has matched the float64 reference on a device that offers
+/// them and beaten the tiled kernel of its pass there (tests/wgpu_backward.rs and
+/// examples/backward.rs --passes on the H200, BENCHMARKS.md); `BackwardChoice::cooperative_matrix`
+/// forces both.
+pub const COOP_DKDV_BY_DEFAULT: bool = false;
+pub const COOP_DQ_BY_DEFAULT: bool = false;
 
 /// Whether automatic selection takes the decode kernel (src/plan/decode.rs) for problems with few
 /// query rows per K/V head (below).

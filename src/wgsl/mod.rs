@@ -357,8 +357,12 @@ fn backward_source(kernel: &BackwardKernel, src: &mut String) {
             let dkdv = g.pass == crate::plan::BackwardPass::DkDv;
             src.push_str("enable f16;\nenable wgpu_cooperative_matrix;\n");
             src.push_str(&format!(
-                "const HEAD_DIM_PAD: u32 = {}u;\nconst BLOCK_M: u32 = {}u;\nconst BLOCK_N: u32 = {}u;\n",
-                g.head_dim_pad, p.block_m, p.block_n
+                "const HEAD_DIM_PAD: u32 = {}u;\nconst BLOCK_M: u32 = {}u;\nconst BLOCK_N: u32 = {}u;\n\
+                 const STAGE_BATCH: u32 = {}u;\n",
+                g.head_dim_pad,
+                p.block_m,
+                p.block_n,
+                crate::plan::COOP_GRAD_STAGE_BATCH
             ));
             src.push_str(&sequence_source(g.sequences, BACKWARD_INDEX_BINDING));
             for part in [
@@ -375,6 +379,7 @@ fn backward_source(kernel: &BackwardKernel, src: &mut String) {
                 ("D_BLOCKS", g.head_dim_pad / 16),
                 ("M_BLOCKS", p.block_m / 16),
                 ("N_BLOCKS", p.block_n / 16),
+                ("STAGE_BATCH", crate::plan::COOP_GRAD_STAGE_BATCH),
             ];
             *src = match crate::wgsl::unroll::unroll_loops(src, &bounds) {
                 Ok(unrolled) => unrolled,
