@@ -11,7 +11,8 @@
 // once (no atomics): the grid, the loop over the query heads of a GQA group and over query tiles of
 // BLOCK_M rows, and the tiles skipped under causal masking and windows are flash_bwd_dkdv.wgsl's.
 // K and V of its keys are staged once, for the whole kernel; each query tile's Q and dO rows, and
-// their LSE and D, are staged in turn.
+// their LSE and D, are staged in turn (the next tile's Q and dO prefetched into registers during
+// this tile's products where one batch of copies holds them: PREFETCH_QDO).
 //
 // What a subgroup owns: 16 of the keys, and their dK and dV as 2 · HEAD_DIM_PAD / 16 f32
 // accumulator fragments for the whole kernel. Per query tile it forms Sᵀ and dPᵀ of its keys
@@ -31,6 +32,9 @@ const M_BLOCKS: u32 = BLOCK_M / 16u;
 const SCORES_TRANSPOSED: bool = true;
 // P (block 0) and dS (block 1).
 const PROB_BLOCKS: u32 = 2u;
+// Whether one batch of staging copies holds a query tile's Q and dO (head_dim 64 with the shipped
+// plan), which is then prefetched.
+const PREFETCH_QDO: bool = 2u * BLOCK_M * ROW_GRANULES <= STAGE_BATCH * WORKGROUP_SIZE;
 
 // Staged rows: the tile's K, its V, then the query tile's Q and dO.
 const K_ROW: u32 = 0u;
@@ -73,12 +77,22 @@ fn flash_bwd_dkdv(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocatio
     }
     let my_keys = 16u * sg;
 
+    // With PREFETCH_QDO the next query tile's Q and dO are loaded into registers before this
+    // tile's products, so their latency is not waited for at a barrier.
+    var next = StageBatch();
+    if (PREFETCH_QDO && num_items > 0u) {
+        next = fetch_batch(SRC_Q, SRC_DO, Heads(seq, kv_head * params.group_size, kv_head), first_tile * BLOCK_M, BLOCK_M, 0u, li);
+    }
     for (var it = 0u; it < num_items; it++) {
         let hd = Heads(seq, kv_head * params.group_size + it / tiles_per_head, kv_head);
         let m0 = (first_tile + it % tiles_per_head) * BLOCK_M;
         // The previous tile's rows are no longer read (and, the first time, K and V are staged).
         workgroupBarrier();
-        stage_pair(SRC_Q, SRC_DO, hd, m0, BLOCK_M, Q_ROW, li);
+        if (PREFETCH_QDO) {
+            store_batch(next, Q_ROW, BLOCK_M, 0u, li);
+        } else {
+            stage_pair(SRC_Q, SRC_DO, hd, m0, BLOCK_M, Q_ROW, li);
+        }
         for (var i = li; i < BLOCK_M; i += WORKGROUP_SIZE) {
             var lse2 = -NEG_BIG;
             var d = 0.0;
@@ -90,6 +104,11 @@ fn flash_bwd_dkdv(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocatio
             row_stats[BLOCK_M / 4u + i / 4u][i % 4u] = d;
         }
         workgroupBarrier();
+        if (PREFETCH_QDO && it + 1u < num_items) {
+            let it_next = it + 1u;
+            let hd_next = Heads(seq, kv_head * params.group_size + it_next / tiles_per_head, kv_head);
+            next = fetch_batch(SRC_Q, SRC_DO, hd_next, (first_tile + it_next % tiles_per_head) * BLOCK_M, BLOCK_M, 0u, li);
+        }
         let needs_mask = m0 + BLOCK_M > seq.seq_q || key_tile_needs_mask(seq, m0, BLOCK_M, n0, BLOCK_N);
 
         // ---- Sᵀ = K Qᵀ and dPᵀ = V dOᵀ of the subgroup's keys against every query block ----
