@@ -10,7 +10,7 @@
 //! --layout bshd|bhsd [bshd] --variant auto|wg_f32|sg_f32|wg_f16|sg_f16 [auto]
 //! --kv-plan, --q-plan BMxBNxTXxTYxKSxNS[xST] (the dK/dV and dQ kernels' tile plans)
 //! --coop on|off|auto [auto] (the gradient kernels on cooperative matrices, f16 data)
-//! --coop-kv, --coop-q BMxBN (their sizes, with --coop on)
+//! --coop-kv BMxBN[xG], --coop-q BMxBN (their sizes, G the dK/dV kernel's query groups; --coop on)
 //! --bounds-checks on|off [off] --runs [10] --check-rows [64] --passes (time each kernel too)
 //! --bias full|heads|batch|shared (a score bias [b,h] / [1,h] / [b,1] / [1,1], random normal)
 //! --bias-dtype f32|f16|bf16 [f32] --bias-grad (its gradient too, and the backward timed again
@@ -45,12 +45,14 @@ struct Args {
     bias_grad: bool,
 }
 
-/// `BMxBN`: a cooperative-matrix gradient kernel's sizes (the only fields of a plan it reads).
+/// `BMxBN[xG]`: a cooperative-matrix gradient kernel's sizes and the dK/dV kernel's query groups
+/// (the fields of a forced plan it reads: `BackwardChoice::cooperative_matrix`).
 fn coop_sizes(s: &str) -> Result<BackwardTilePlan, String> {
     let sizes: Vec<u32> = s.split('x').filter_map(|n| n.parse().ok()).collect();
     match sizes[..] {
         [m, n] => Ok(BackwardTilePlan::new(m, n, 1, 1, 1, 1, 1)),
-        _ => Err(format!("cooperative-matrix sizes are BMxBN, not {s}")),
+        [m, n, groups] => Ok(BackwardTilePlan::new(m, n, groups, 1, 1, 1, 1)),
+        _ => Err(format!("cooperative-matrix sizes are BMxBN[xG], not {s}")),
     }
 }
 

@@ -8,8 +8,8 @@
 //
 // The products are 16 × 16 × 16 f16 → f32 cooperative matrices, as in the forward
 // (flash_fwd_coop.wgsl). The element-wise step goes through workgroup memory, as the forward's
-// route for devices whose fragment layout is not known: a subgroup stores its S and dP blocks
-// (f32), each invocation reads eight elements of one row of them, forms P = exp2(S · scale −
+// route for devices whose fragment layout is not known: a subgroup stores its S and then its dP
+// block (f32) in one window, each invocation reads eight elements of one row of each, forms P = exp2(S · scale −
 // LSE · log2 e) and dS = P ∘ (dP − D), and writes them back as f16, which the subgroup loads as
 // the A operand of the next products. The blocks are the subgroup's alone, so only the subgroup
 // synchronises (subgroupBarrier, made to cover workgroup memory in src/spirv/coherence.rs).
@@ -36,9 +36,11 @@ const SCORE_BLOCK: u32 = 16u * SCORE_STRIDE;
 const PROB_STRIDE: u32 = 6u;
 const PROB_BLOCK: u32 = 16u * PROB_STRIDE;
 
-// Per subgroup: its S and dP blocks (also a window for writing an output block out), and
-// PROB_BLOCKS f16 blocks (the dK/dV kernel keeps P and dS, the dQ kernel dS).
-var<workgroup> score_scratch: array<vec4<f32>, SUBGROUPS * 2u * SCORE_BLOCK>;
+// Per subgroup: one f32 block, which S and then dP pass through (also a window for writing an
+// output block out), and PROB_BLOCKS f16 blocks (the dK/dV kernel keeps P and dS, the dQ kernel
+// dS). One f32 block rather than two leaves room for the dK/dV kernel's query groups at head_dim
+// 128 in 48 KiB.
+var<workgroup> score_scratch: array<vec4<f32>, SUBGROUPS * SCORE_BLOCK>;
 var<workgroup> prob_scratch: array<vec4<f16>, SUBGROUPS * PROB_BLOCKS * PROB_BLOCK>;
 
 @group(0) @binding(2) var<storage, read> q: array<vec4<f16>>;
@@ -158,27 +160,27 @@ fn prob_block(sg: u32, i: u32) -> u32 {
 // (with PROB_BLOCKS = 2) and dS, f16, [query][key], into the subgroup's scratch blocks 0 (and 1).
 // Masked keys, keys past the sequence and rows past it get P = dS = 0.
 fn block_gradient(sg: u32, lane: u32, s: coop_mat16x16<f32, C>, dp: coop_mat16x16<f32, C>, query: u32, key0: u32, lse2: f32, d: f32, needs_mask: bool, seq: Sequence) {
-    let at = sg * 2u * SCORE_BLOCK;
-    if (SCORES_TRANSPOSED) {
-        coopStore(s, &score_scratch[at], SCORE_STRIDE);
-        coopStore(dp, &score_scratch[at + SCORE_BLOCK], SCORE_STRIDE);
-    } else {
-        coopStoreT(s, &score_scratch[at], SCORE_STRIDE);
-        coopStoreT(dp, &score_scratch[at + SCORE_BLOCK], SCORE_STRIDE);
-    }
-    subgroupBarrier();
+    let at = sg * SCORE_BLOCK;
     let half = lane % 2u;
     let mine = at + (lane / 2u) * SCORE_STRIDE + 2u * half;
+    // S, then dP, through the one window: each invocation keeps its eight elements of both.
+    store_scores(s, at);
+    subgroupBarrier();
+    let s_mine = array<vec4<f32>, 2>(score_scratch[mine], score_scratch[mine + 1u]);
+    subgroupBarrier();
+    store_scores(dp, at);
+    subgroupBarrier();
+    let dp_mine = array<vec4<f32>, 2>(score_scratch[mine], score_scratch[mine + 1u]);
     let out = prob_block(sg, 0u) + (lane / 2u) * PROB_STRIDE + 2u * half;
     let keys_seen = visible_keys(seq, query);
     for (var c = 0u; c < 2u; c++) {
-        var p = exp2(score_scratch[mine + c] * params.scale - lse2);
+        var p = exp2(s_mine[c] * params.scale - lse2);
         if (needs_mask) {
             let keys = vec4<u32>(key0 + 8u * half + 4u * c) + vec4<u32>(0u, 1u, 2u, 3u);
             let shown = (keys >= vec4<u32>(keys_seen.x)) & (keys < vec4<u32>(keys_seen.y)) & vec4<bool>(query < seq.seq_q);
             p = select(vec4<f32>(0.0), p, shown);
         }
-        let ds = p * (score_scratch[mine + SCORE_BLOCK + c] - d);
+        let ds = p * (dp_mine[c] - d);
         if (PROB_BLOCKS == 2u) {
             prob_scratch[out + c] = vec4<f16>(p);
             prob_scratch[out + PROB_BLOCK + c] = vec4<f16>(ds);
@@ -189,10 +191,20 @@ fn block_gradient(sg: u32, lane: u32, s: coop_mat16x16<f32, C>, dp: coop_mat16x1
     subgroupBarrier();
 }
 
+// Stores a block of scores into the window at `at`, [query][key] (column-major for the dK/dV
+// kernel's transposed ones).
+fn store_scores(m: coop_mat16x16<f32, C>, at: u32) {
+    if (SCORES_TRANSPOSED) {
+        coopStore(m, &score_scratch[at], SCORE_STRIDE);
+    } else {
+        coopStoreT(m, &score_scratch[at], SCORE_STRIDE);
+    }
+}
+
 // This invocation's eight values of an output block (row lane / 2, columns 8 · (lane % 2) .. + 8),
-// through the subgroup's S window.
+// through the subgroup's window.
 fn block_row_values(sg: u32, lane: u32, m: coop_mat16x16<f32, C>) -> array<vec4<f32>, 2> {
-    let at = sg * 2u * SCORE_BLOCK;
+    let at = sg * SCORE_BLOCK;
     coopStoreT(m, &score_scratch[at], SCORE_STRIDE);
     subgroupBarrier();
     let mine = at + (lane / 2u) * SCORE_STRIDE + 2u * (lane % 2u);

@@ -14,20 +14,29 @@
 // their LSE and D, are staged in turn (the next tile's Q and dO prefetched into registers during
 // this tile's products where one batch of copies holds them: PREFETCH_QDO).
 //
-// What a subgroup owns: 16 of the keys, and their dK and dV as 2 · HEAD_DIM_PAD / 16 f32
-// accumulator fragments for the whole kernel. Per query tile it forms Sᵀ and dPᵀ of its keys
-// against the tile's M_BLOCKS blocks of 16 queries (K and V fragments loaded once per head_dim
-// block and used for every query block), then per query block Pᵀ and dSᵀ (flash_bwd_coop.wgsl's
+// What a subgroup owns: 16 of the keys and, of each query tile, the blocks of 16 queries of its
+// query group (QUERY_GROUPS subgroups share each 16 keys, taking the tile's blocks in turn); its
+// partial dK and dV of those keys as 2 · HEAD_DIM_PAD / 16 f32 accumulator fragments for the whole
+// kernel, added to its group partners' through workgroup memory at the end. Per query tile it
+// forms Sᵀ and dPᵀ of its keys against its J_BLOCKS query blocks (K and V fragments loaded once per
+// head_dim block and used for each), then per query block Pᵀ and dSᵀ (flash_bwd_coop.wgsl's
 // block_gradient) and the two output products.
 //
 // Why the sizes: the accumulators take 128 f32 registers per invocation at head_dim 128 (as
 // FlashAttention-2's dK/dV kernel), the score fragments 16 per query block, so query tiles stay
 // small (32 rows). K and V live in workgroup memory rather than in registers, beside the tile's Q
 // and dO: 2 · (BLOCK_N + BLOCK_M) rows of head_dim, which 48 KiB holds at 32 keys and 32 queries
-// for head_dim 128 and at 64 keys and 32 queries for head_dim 64 (the plans: src/plan/backward.rs).
+// for head_dim 128 and at 64 keys and 32 queries for head_dim 64. Query groups give each query
+// tile more invocations to stage it and more subgroups to hide each other's waits, for one f32 and
+// two f16 blocks per subgroup: two at head_dim 128 (the plans: src/plan/backward.rs).
 
-const SUBGROUPS: u32 = BLOCK_N / 16u;
+// KEY_BLOCKS blocks of 16 keys, each owned by QUERY_GROUPS subgroups (a host constant) that take
+// the query tile's blocks of 16 queries in turn (J_BLOCKS each) and add their partial dK and dV
+// at the end.
+const KEY_BLOCKS: u32 = BLOCK_N / 16u;
+const SUBGROUPS: u32 = KEY_BLOCKS * QUERY_GROUPS;
 const M_BLOCKS: u32 = BLOCK_M / 16u;
+const J_BLOCKS: u32 = M_BLOCKS / QUERY_GROUPS;
 // Sᵀ is keys × queries; stored column-major it is [query][key] like the dQ kernel's S.
 const SCORES_TRANSPOSED: bool = true;
 // P (block 0) and dS (block 1).
@@ -75,7 +84,8 @@ fn flash_bwd_dkdv(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocatio
         dk_acc[d] = coop_mat16x16<f32, C>();
         dv_acc[d] = coop_mat16x16<f32, C>();
     }
-    let my_keys = 16u * sg;
+    let my_keys = 16u * (sg % KEY_BLOCKS);
+    let group = sg / KEY_BLOCKS;
 
     // With PREFETCH_QDO the next query tile's Q and dO are loaded into registers before this
     // tile's products, so their latency is not waited for at a barrier.
@@ -111,35 +121,37 @@ fn flash_bwd_dkdv(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocatio
         }
         let needs_mask = m0 + BLOCK_M > seq.seq_q || key_tile_needs_mask(seq, m0, BLOCK_M, n0, BLOCK_N);
 
-        // ---- Sᵀ = K Qᵀ and dPᵀ = V dOᵀ of the subgroup's keys against every query block ----
-        var s_frag: array<coop_mat16x16<f32, C>, M_BLOCKS>;
-        var dp_frag: array<coop_mat16x16<f32, C>, M_BLOCKS>;
+        // ---- Sᵀ = K Qᵀ and dPᵀ = V dOᵀ of the subgroup's keys against its query blocks ----
+        var s_frag: array<coop_mat16x16<f32, C>, J_BLOCKS>;
+        var dp_frag: array<coop_mat16x16<f32, C>, J_BLOCKS>;
         // @unroll
-        for (var j = 0u; j < M_BLOCKS; j++) {
-            s_frag[j] = coop_mat16x16<f32, C>();
-            dp_frag[j] = coop_mat16x16<f32, C>();
+        for (var jj = 0u; jj < J_BLOCKS; jj++) {
+            s_frag[jj] = coop_mat16x16<f32, C>();
+            dp_frag[jj] = coop_mat16x16<f32, C>();
         }
         // @unroll
         for (var d = 0u; d < D_BLOCKS; d++) {
             let k_frag = coopLoadT<coop_mat16x16<f16, A>>(&tiles[(K_ROW + my_keys) * TILE_STRIDE + 4u * d], TILE_STRIDE);
             let v_frag = coopLoadT<coop_mat16x16<f16, A>>(&tiles[(V_ROW + my_keys) * TILE_STRIDE + 4u * d], TILE_STRIDE);
             // @unroll
-            for (var j = 0u; j < M_BLOCKS; j++) {
+            for (var jj = 0u; jj < J_BLOCKS; jj++) {
+                let j = group + QUERY_GROUPS * jj;
                 // Qᵀ's block: [head_dim][query], the staged rows read column-major.
                 let q_frag = coopLoad<coop_mat16x16<f16, B>>(&tiles[(Q_ROW + 16u * j) * TILE_STRIDE + 4u * d], TILE_STRIDE);
-                s_frag[j] = coopMultiplyAdd(k_frag, q_frag, s_frag[j]);
+                s_frag[jj] = coopMultiplyAdd(k_frag, q_frag, s_frag[jj]);
                 let do_frag = coopLoad<coop_mat16x16<f16, B>>(&tiles[(DO_ROW + 16u * j) * TILE_STRIDE + 4u * d], TILE_STRIDE);
-                dp_frag[j] = coopMultiplyAdd(v_frag, do_frag, dp_frag[j]);
+                dp_frag[jj] = coopMultiplyAdd(v_frag, do_frag, dp_frag[jj]);
             }
         }
 
         // ---- per query block: Pᵀ and dSᵀ, then dV += Pᵀ dO and dK += dSᵀ Q ----
         // @unroll
-        for (var j = 0u; j < M_BLOCKS; j++) {
+        for (var jj = 0u; jj < J_BLOCKS; jj++) {
+            let j = group + QUERY_GROUPS * jj;
             let row = 16u * j + lane / 2u;
             let lse2 = row_stats[row / 4u][row % 4u];
             let d_row = row_stats[BLOCK_M / 4u + row / 4u][row % 4u];
-            block_gradient(sg, lane, s_frag[j], dp_frag[j], m0 + row, n0 + my_keys, lse2, d_row, needs_mask, seq);
+            block_gradient(sg, lane, s_frag[jj], dp_frag[jj], m0 + row, n0 + my_keys, lse2, d_row, needs_mask, seq);
             // The blocks are [query][key]: read column-major they are Pᵀ and dSᵀ.
             let p_frag = coopLoad<coop_mat16x16<f16, A>>(&prob_scratch[prob_block(sg, 0u)], PROB_STRIDE);
             let ds_frag = coopLoad<coop_mat16x16<f16, A>>(&prob_scratch[prob_block(sg, 1u)], PROB_STRIDE);
@@ -155,20 +167,39 @@ fn flash_bwd_dkdv(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocatio
         }
     }
 
-    // ---- epilogue: dK = scale · Σ dSᵀ Q, dV = Σ Pᵀ dO, written once ----
+    // ---- epilogue: dK = scale · Σ dSᵀ Q, dV = Σ Pᵀ dO, the query groups' parts added, written once
+    // by the first group ----
     let key = n0 + my_keys + lane / 2u;
     let dk_at = row_granule(grad.dk, seq.b, seq.kv_first + key, kv_head);
     let dv_at = row_granule(grad.dv, seq.b, seq.kv_first + key, kv_head);
+    let mine = (lane / 2u) * SCORE_STRIDE + 2u * (lane % 2u);
     // @unroll
     for (var d = 0u; d < D_BLOCKS; d++) {
-        let dk_values = block_row_values(sg, lane, dk_acc[d]);
-        let dv_values = block_row_values(sg, lane, dv_acc[d]);
         let g = 4u * d + 2u * (lane % 2u);
-        if (key < seq.seq_kv) {
-            for (var c = 0u; c < 2u; c++) {
-                if (4u * (g + c) < params.head_dim) {
-                    dk[dk_at + g + c] = pack_granule(dk_values[c] * grad.scale);
-                    dv[dv_at + g + c] = pack_granule(dv_values[c]);
+        // dK's block, then dV's, through every subgroup's window.
+        for (var out = 0u; out < 2u; out++) {
+            workgroupBarrier();
+            if (out == 0u) {
+                coopStoreT(dk_acc[d], &score_scratch[sg * SCORE_BLOCK], SCORE_STRIDE);
+            } else {
+                coopStoreT(dv_acc[d], &score_scratch[sg * SCORE_BLOCK], SCORE_STRIDE);
+            }
+            workgroupBarrier();
+            if ((group == 0u) & (key < seq.seq_kv)) {
+                var sum = array<vec4<f32>, 2>(vec4<f32>(0.0), vec4<f32>(0.0));
+                for (var q_group = 0u; q_group < QUERY_GROUPS; q_group++) {
+                    let at = (sg + q_group * KEY_BLOCKS) * SCORE_BLOCK + mine;
+                    sum[0] += score_scratch[at];
+                    sum[1] += score_scratch[at + 1u];
+                }
+                for (var c = 0u; c < 2u; c++) {
+                    if (4u * (g + c) < params.head_dim) {
+                        if (out == 0u) {
+                            dk[dk_at + g + c] = pack_granule(sum[c] * grad.scale);
+                        } else {
+                            dv[dv_at + g + c] = pack_granule(sum[c]);
+                        }
+                    }
                 }
             }
         }

@@ -130,7 +130,7 @@ fn every_tile_plan_the_device_fits_matches_the_reference() {
 }
 
 /// The gradient kernels on cooperative matrices (the H200; skipped on a device without them):
-/// each shipped plan and three more, forced on both kernels, on the shape table up to head_dim
+/// each shipped plan and five more (query groups of 2 and 4 among them), forced on both kernels, on the shape table up to head_dim
 /// 128 (causal and not); then, with the shipped plans selection picks, seeded random problems — ragged
 /// lengths, GQA/MQA, sliding windows, scales — f16, gradients poisoned, against float64.
 #[test]
@@ -146,17 +146,17 @@ fn cooperative_matrix_backward_matches_the_reference() {
         return;
     }
     let engine = FlashAttention::new(ctx);
-    let mut plans: Vec<(u32, u32)> = COOP_DKDV_PLANS
+    let mut plans: Vec<(u32, u32, u32)> = COOP_DKDV_PLANS
         .iter()
         .chain(COOP_DQ_PLANS.iter())
         .flat_map(|(_, plans)| plans.iter().copied())
-        .chain([(16, 16), (48, 32), (32, 48)])
+        .chain([(16, 16, 1), (48, 32, 1), (32, 48, 1), (64, 16, 4), (64, 32, 2)])
         .collect();
     plans.sort();
     plans.dedup();
-    for (block_m, block_n) in plans {
-        // Only the two sizes are read for these kernels.
-        let sizes = BackwardTilePlan::new(block_m, block_n, 1, 1, 1, 1, 1);
+    for (block_m, block_n, groups) in plans {
+        // The sizes and the dK/dV kernel's query groups are what these kernels read.
+        let sizes = BackwardTilePlan::new(block_m, block_n, groups, 1, 1, 1, 1);
         let choice = BackwardChoice {
             dkdv_plan: Some(sizes),
             dq_plan: Some(sizes),
@@ -172,7 +172,7 @@ fn cooperative_matrix_backward_matches_the_reference() {
             run_and_check_any(&engine, &problem, &config, &format!("{}/{label}", config.name()));
             ran += 1;
         });
-        assert!(ran > 0, "plan {block_m}x{block_n} ran on no shape");
+        assert!(ran > 0, "plan {block_m}x{block_n}x{groups} ran on no shape");
     }
     let mut rng = Rng::new(0xc00b);
     for case in 0..40 {

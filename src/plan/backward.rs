@@ -276,12 +276,18 @@ impl GradKernel {
     /// (and the suffixes of the variants it binds or compiles in).
     pub fn name(&self) -> String {
         if self.coop {
+            let groups = coop_query_groups(self.pass, &self.plan);
             return format!(
-                "{}_coop_{}_bm{}_bn{}_d{}{}",
+                "{}_coop_{}_bm{}_bn{}{}_d{}{}",
                 self.pass.entry_point(),
                 self.storage.name(),
                 self.plan.block_m,
                 self.plan.block_n,
+                if groups > 1 {
+                    format!("_g{groups}")
+                } else {
+                    String::new()
+                },
                 self.head_dim_pad,
                 self.sequences.name_suffix()
             );
@@ -365,7 +371,9 @@ impl GradKernel {
             return Some(format!("there is no cooperative-matrix kernel for {:?}", self.pass));
         }
         let whole = |n: u32| n > 0 && n.is_multiple_of(16);
-        if self.plan != coop_grad_plan(self.pass, self.plan.block_m, self.plan.block_n)
+        let groups = coop_query_groups(self.pass, &self.plan);
+        if self.plan != coop_grad_plan(self.pass, self.plan.block_m, self.plan.block_n, groups)
+            || self.plan.threads_y == 0
             || !whole(self.plan.block_m)
             || !whole(self.plan.block_n)
         {
@@ -430,36 +438,60 @@ pub const COOP_GRAD_MAX_HEAD_DIM: u32 = 128;
 pub const COOP_GRAD_STAGE_BATCH: u32 = 8;
 
 /// A cooperative-matrix gradient kernel's plan: `block_m` queries and `block_n` keys, as for the
-/// tiled kernels. One subgroup of 32 invocations owns 16 of the rows the workgroup owns (keys for
-/// dK/dV, queries for dQ); the other fields of [`TilePlan`] are fixed so that its workgroup size is
-/// right (4 × 8 invocations per subgroup) and it pads head_dim to 16 (`k_step` 16).
-pub const fn coop_grad_plan(pass: BackwardPass, block_m: u32, block_n: u32) -> BackwardTilePlan {
-    let owned = match pass {
-        BackwardPass::DkDv => block_n,
-        _ => block_m,
+/// tiled kernels, and for the dK/dV kernel `query_groups` subgroups per 16 keys, which take the
+/// query tile's blocks of 16 in turn and add their partial dK and dV at the end (1 for the dQ
+/// kernel). One subgroup of 32 invocations owns 16 of the rows the workgroup owns (keys for dK/dV,
+/// queries for dQ) per query group; the other fields of [`TilePlan`] are fixed so that its
+/// workgroup size is right (4 × 8 invocations per subgroup, `threads_y` = 8 · subgroups) and it
+/// pads head_dim to 16 (`k_step` 16). Sizes that are not whole fragments, or query groups that do
+/// not divide the query tile's blocks, make a plan `coop_unavailable_reason` refuses.
+pub const fn coop_grad_plan(pass: BackwardPass, block_m: u32, block_n: u32, query_groups: u32) -> BackwardTilePlan {
+    let (owned, groups) = match pass {
+        BackwardPass::DkDv => (block_n, query_groups),
+        _ => (block_m, 1),
     };
-    let owned = if owned.is_multiple_of(16) && block_m.is_multiple_of(16) && block_n.is_multiple_of(16) {
-        owned
-    } else {
-        0
-    };
-    BackwardTilePlan::new(block_m, block_n, 4, owned / 2, 16, 16, 1)
+    let whole = owned.is_multiple_of(16)
+        && block_m.is_multiple_of(16)
+        && block_n.is_multiple_of(16)
+        && groups > 0
+        && groups <= 4
+        && (block_m / 16).is_multiple_of(groups);
+    let threads_y = if whole { owned / 2 * groups } else { 0 };
+    BackwardTilePlan::new(block_m, block_n, 4, threads_y, 16, 16, 1)
 }
 
-/// The cooperative-matrix dK/dV kernel's plans `(block_m, block_n)`, best first, for padded head
-/// dims up to each bound. The kernel keeps K and V of its keys beside one query tile's Q and dO
-/// in workgroup memory (shaders/flash_bwd_dkdv_coop.wgsl): 48 KiB holds 64 keys and 32 queries
-/// at head_dim 64, 32 and 32 at 128. The smaller plans are for devices with less memory.
-pub const COOP_DKDV_PLANS: [(u32, &[(u32, u32)]); 2] = [(64, &[(32, 64), (16, 32)]), (128, &[(32, 32), (16, 16)])];
+/// The query groups of a cooperative-matrix plan (see [`coop_grad_plan`]).
+pub fn coop_query_groups(pass: BackwardPass, plan: &BackwardTilePlan) -> u32 {
+    let (owned, _) = plan.rows_cols(pass);
+    (plan.threads_y * 2).checked_div(owned).unwrap_or(0)
+}
+
+/// A cooperative-matrix plan as the tables write it: `(block_m, block_n, query_groups)`
+/// ([`coop_grad_plan`]).
+pub type CoopGradSizes = (u32, u32, u32);
+
+/// The cooperative-matrix dK/dV kernel's plans `(block_m, block_n, query_groups)`, best first, for
+/// padded head dims up to each bound. The kernel keeps K and V of its keys beside one query tile's
+/// Q and dO in workgroup memory (shaders/flash_bwd_dkdv_coop.wgsl): 48 KiB holds 64 keys and 32
+/// queries at head_dim 64, 32 and 32 at 128. On the H200 (f16, b2 seq 8192; BENCHMARKS.md), two
+/// query groups took the kernel from 80 to 48 ms at head_dim 128; at 64 one group with 64 keys
+/// (its next query tile prefetched) beat two with 32 (34 against 52 ms). The smaller plans are
+/// for devices with less memory.
+pub const COOP_DKDV_PLANS: [(u32, &[CoopGradSizes]); 2] = [
+    (64, &[(32, 64, 1), (64, 32, 2), (16, 32, 1)]),
+    (128, &[(32, 32, 2), (32, 32, 1), (16, 16, 1)]),
+];
 
 /// The cooperative-matrix dQ kernel's plans, as [`COOP_DKDV_PLANS`]: 128 query rows share each
-/// K/V tile (as in the forward), of 64 keys at head_dim 64 and 32 at 128.
-pub const COOP_DQ_PLANS: [(u32, &[(u32, u32)]); 2] = [(64, &[(128, 64), (64, 32)]), (128, &[(128, 32), (64, 32)])];
+/// K/V tile (as in the forward), of 64 keys at head_dim 64 and 32 at 128 (on the H200, 11.4 ms at
+/// head_dim 128 against 23.5–24.6 for the 64-row tiles).
+pub const COOP_DQ_PLANS: [(u32, &[CoopGradSizes]); 2] =
+    [(64, &[(128, 64, 1), (64, 32, 1)]), (128, &[(128, 32, 1), (64, 32, 1)])];
 
 /// The shipped cooperative-matrix plans of `pass` for a padded head_dim (none past
 /// [`COOP_GRAD_MAX_HEAD_DIM`]).
 pub fn coop_grad_plans(pass: BackwardPass, head_dim_pad: u32) -> Vec<BackwardTilePlan> {
-    let table: &[(u32, &[(u32, u32)])] = match pass {
+    let table: &[(u32, &[CoopGradSizes])] = match pass {
         BackwardPass::DkDv => &COOP_DKDV_PLANS,
         _ => &COOP_DQ_PLANS,
     };
@@ -467,20 +499,24 @@ pub fn coop_grad_plans(pass: BackwardPass, head_dim_pad: u32) -> Vec<BackwardTil
         .iter()
         .find(|(bound, _)| head_dim_pad <= *bound)
         .map_or(Vec::new(), |(_, plans)| {
-            plans.iter().map(|&(m, n)| coop_grad_plan(pass, m, n)).collect()
+            plans.iter().map(|&(m, n, g)| coop_grad_plan(pass, m, n, g)).collect()
         })
 }
 
 /// Workgroup memory of a cooperative-matrix gradient kernel, in bytes (mirrors the `var<workgroup>`
-/// declarations of shaders/flash_bwd_coop.wgsl and the kernel files): per subgroup two 16 × 16
-/// f32 blocks (rows of 5 vec4s) and one or two f16 blocks (rows of 6 `vec4<f16>`); the staged rows
+/// declarations of shaders/flash_bwd_coop.wgsl and the kernel files): per subgroup one 16 × 16
+/// f32 block (rows of 5 vec4s) and one or two f16 blocks (rows of 6 `vec4<f16>`); the staged rows
 /// (head_dim / 4 + 2 granules of 8 bytes each); the dK/dV kernel's row statistics.
 pub fn coop_grad_workgroup_bytes(pass: BackwardPass, plan: BackwardTilePlan, head_dim_pad: u32) -> u32 {
-    let (owned, _) = plan.rows_cols(pass);
-    let [block_m, block_n, subgroups, stride] =
-        [plan.block_m, plan.block_n, owned / 16, head_dim_pad / 4 + 2].map(|x| x as u64);
+    let [block_m, block_n, subgroups, stride] = [
+        plan.block_m,
+        plan.block_n,
+        plan.workgroup_size() / 32,
+        head_dim_pad / 4 + 2,
+    ]
+    .map(|x| x as u64);
     let prob_blocks = if pass == BackwardPass::DkDv { 2 } else { 1 };
-    let scratch = subgroups * (2 * 16 * 5 * 16 + prob_blocks * 16 * 6 * 8);
+    let scratch = subgroups * (16 * 5 * 16 + prob_blocks * 16 * 6 * 8);
     let staged = match pass {
         BackwardPass::DkDv => 2 * (block_n + block_m) * stride * 8 + block_m / 2 * 16,
         _ => 2 * block_n * stride * 8,
@@ -666,9 +702,10 @@ impl BackwardConfig {
             format!("{}_{}", self.dkdv.head_dim_pad, self.dq.head_dim_pad)
         };
         // The cooperative-matrix kernels' plans by their two sizes, the other fields being fixed.
-        let label = |g: &GradKernel| match g.coop {
-            true => format!("{}x{}", g.plan.block_m, g.plan.block_n),
-            false => g.plan.label(),
+        let label = |g: &GradKernel| match (g.coop, coop_query_groups(g.pass, &g.plan)) {
+            (true, groups) if groups > 1 => format!("{}x{}x{groups}", g.plan.block_m, g.plan.block_n),
+            (true, _) => format!("{}x{}", g.plan.block_m, g.plan.block_n),
+            (false, _) => g.plan.label(),
         };
         format!(
             "flash_bwd_{}_{}_kv{}_q{}_d{pad}{}",
@@ -752,7 +789,8 @@ pub struct BackwardChoice {
     pub dbias_plan: Option<BackwardTilePlan>,
     /// `Some(true)`: the gradient kernels on cooperative matrices (an error naming each reason
     /// where the device or the problem cannot run them), with `dkdv_plan` and `dq_plan` read as
-    /// their `(block_m, block_n)` (`coop_grad_plan`); `Some(false)`: the tiled kernels; `None`:
+    /// their `block_m` and `block_n`, and the dK/dV kernel's query groups as `dkdv_plan.threads_x`
+    /// (`coop_grad_plan`); `Some(false)`: the tiled kernels; `None`:
     /// the cooperative-matrix kernels where they run and nothing else is forced.
     pub cooperative_matrix: Option<bool>,
 }
@@ -983,7 +1021,7 @@ fn select_coop_backward(problem: &BackwardProblem, caps: &Caps, choice: &Backwar
         });
     let mut pick = |pass: BackwardPass, forced: Option<BackwardTilePlan>| {
         let plans = match forced {
-            Some(p) => vec![coop_grad_plan(pass, p.block_m, p.block_n)],
+            Some(p) => vec![coop_grad_plan(pass, p.block_m, p.block_n, p.threads_x)],
             None => coop_grad_plans(pass, head_dim_pad),
         };
         if plans.is_empty() {
@@ -1607,11 +1645,12 @@ mod tests {
         let c = select_backward(&f16, &h200(), &coop).unwrap();
         assert!(c.dkdv.coop && c.dq.coop, "{}", c.name());
         assert_eq!((c.dkdv.plan.block_m, c.dkdv.plan.block_n), (32, 32));
+        assert_eq!(coop_query_groups(BackwardPass::DkDv, &c.dkdv.plan), 2);
         assert_eq!((c.dq.plan.block_m, c.dq.plan.block_n), (128, 32));
-        assert_eq!(c.dkdv.plan.workgroup_size(), 64);
+        assert_eq!(c.dkdv.plan.workgroup_size(), 128);
         assert_eq!(c.dq.plan.workgroup_size(), 256);
         assert!(
-            c.name().starts_with("flash_bwd_f16_coop_kv32x32_q128x32_d128"),
+            c.name().starts_with("flash_bwd_f16_coop_kv32x32x2_q128x32_d128"),
             "{}",
             c.name()
         );

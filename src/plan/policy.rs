@@ -24,11 +24,12 @@ pub const COOP_BY_DEFAULT: bool = true;
 /// Whether automatic selection takes the cooperative-matrix dK/dV kernel, and the dQ kernel
 /// (src/plan/backward.rs, `COOP_BACKWARD_FEATURES`), where they run; a pass without keeps its
 /// tiled kernel. Each only once it has matched the float64 reference on a device that offers
-/// them and beaten the tiled kernel of its pass there (tests/wgpu_backward.rs and
-/// examples/backward.rs --passes on the H200, BENCHMARKS.md); `BackwardChoice::cooperative_matrix`
-/// forces both.
-pub const COOP_DKDV_BY_DEFAULT: bool = false;
-pub const COOP_DQ_BY_DEFAULT: bool = false;
+/// them and beaten the tiled kernel of its pass there. Both have, on the H200 (tests/wgpu_backward.rs;
+/// examples/backward.rs --passes, f16, b2 seq 8192, same call): dK/dV 48 ms against 91 (head_dim
+/// 128) and 34 against 98 (64), dQ 12.7 against 71 and 15 against 76 (BENCHMARKS.md).
+/// `BackwardChoice::cooperative_matrix` forces both, or neither.
+pub const COOP_DKDV_BY_DEFAULT: bool = true;
+pub const COOP_DQ_BY_DEFAULT: bool = true;
 
 /// Whether automatic selection takes the decode kernel (src/plan/decode.rs) for problems with few
 /// query rows per K/V head (below).

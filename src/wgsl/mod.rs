@@ -355,14 +355,16 @@ fn backward_source(kernel: &BackwardKernel, src: &mut String) {
         BackwardKernel::Grad(g) if g.coop => {
             let p = &g.plan;
             let dkdv = g.pass == crate::plan::BackwardPass::DkDv;
+            let groups = crate::plan::coop_query_groups(g.pass, p).max(1);
             src.push_str("enable f16;\nenable wgpu_cooperative_matrix;\n");
             src.push_str(&format!(
                 "const HEAD_DIM_PAD: u32 = {}u;\nconst BLOCK_M: u32 = {}u;\nconst BLOCK_N: u32 = {}u;\n\
-                 const STAGE_BATCH: u32 = {}u;\n",
+                 const STAGE_BATCH: u32 = {}u;\nconst QUERY_GROUPS: u32 = {}u;\n",
                 g.head_dim_pad,
                 p.block_m,
                 p.block_n,
-                crate::plan::COOP_GRAD_STAGE_BATCH
+                crate::plan::COOP_GRAD_STAGE_BATCH,
+                groups
             ));
             src.push_str(&sequence_source(g.sequences, BACKWARD_INDEX_BINDING));
             for part in [
@@ -379,6 +381,7 @@ fn backward_source(kernel: &BackwardKernel, src: &mut String) {
                 ("D_BLOCKS", g.head_dim_pad / 16),
                 ("M_BLOCKS", p.block_m / 16),
                 ("N_BLOCKS", p.block_n / 16),
+                ("J_BLOCKS", p.block_m / 16 / groups),
                 ("STAGE_BATCH", crate::plan::COOP_GRAD_STAGE_BATCH),
             ];
             *src = match crate::wgsl::unroll::unroll_loops(src, &bounds) {
