@@ -1658,6 +1658,28 @@ mod tests {
         let c = select_backward(&problem(40, DType::F16), &h200(), &coop).unwrap();
         assert!(c.dkdv.coop && c.dkdv.head_dim_pad == 48 && c.dq.head_dim_pad == 48);
 
+        // One pass on cooperative matrices, the other tiled (a policy switch off): a
+        // configuration the device runs, named for what each pass takes.
+        let tiled = select_backward(
+            &f16,
+            &h200(),
+            &BackwardChoice {
+                cooperative_matrix: Some(false),
+                ..Default::default()
+            },
+        )
+        .unwrap();
+        let both = select_backward(&f16, &h200(), &coop).unwrap();
+        let mixed = BackwardConfig { dq: both.dq, ..tiled };
+        assert_eq!(mixed.unavailable_reason(&h200()), None);
+        assert!(mixed.name().contains("_coopq_kv64x128"), "{}", mixed.name());
+        let mixed = BackwardConfig {
+            dkdv: both.dkdv,
+            ..tiled
+        };
+        assert_eq!(mixed.unavailable_reason(&h200()), None);
+        assert!(mixed.name().contains("_coopkv_kv32x32x2"), "{}", mixed.name());
+
         // Problems it does not implement, other data, other devices: the tiled kernels
         // automatically, an error naming the reason when forced.
         let capped: BackwardProblem = AttentionProblem::mha(1, 100, 2, 128, DType::F16)
