@@ -1,6 +1,7 @@
 # Session 19, call 2: the cooperative-matrix backward with batched staging loads (8 in flight per
-# invocation), the dQ kernel's K/V prefetch and the dK/dV kernel's Q/dO prefetch (head_dim 64); the dK/dV kernel's row statistics filled by a loop
-# (call 1's forced 128-row query tile left rows 64.. unset). Times at the bar's shapes beside the
+# invocation), the dQ kernel's K/V prefetch and the dK/dV kernel's Q/dO prefetch (head_dim 64);
+# the dK/dV kernel's row statistics filled by a loop (call 1's forced 128-row query tile left rows
+# 64.. unset). Times at the bar's shapes beside the
 # tiled backward and PyTorch's FlashAttention-2/cuDNN, same call; then the tests.
 . .gpu/setup.sh
 B=.gpu/b
