@@ -1001,6 +1001,19 @@ fn select_coop_backward(problem: &BackwardProblem, caps: &Caps, choice: &Backwar
     }
     let storage = problem.forward.dtype;
     let head_dim_pad = (problem.forward.shape.head_dim as u32).div_ceil(16).saturating_mul(16);
+    // What no plan changes, said once.
+    if storage != DType::F16 {
+        return Err(unavailable(format!("it reads f16 data, not {}", storage.name())));
+    }
+    if head_dim_pad > COOP_GRAD_MAX_HEAD_DIM {
+        return Err(unavailable(format!(
+            "head_dim {} is above its {COOP_GRAD_MAX_HEAD_DIM}",
+            problem.forward.shape.head_dim
+        )));
+    }
+    if let Some(why) = coop_device_unavailable_reason(caps) {
+        return Err(unavailable(why));
+    }
     let sequences = SequenceIndex::of(&problem.forward);
     let variant = Variant::SUBGROUP_F16;
     let mut reasons = Vec::new();

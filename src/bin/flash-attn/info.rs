@@ -263,6 +263,21 @@ fn print_backward_paths(caps: &Caps) {
             }
         };
         println!("  {}: {}", dtype.name(), chosen.name());
+        if !(chosen.dkdv.coop && chosen.dq.coop) {
+            let forced = BackwardChoice {
+                cooperative_matrix: Some(true),
+                ..Default::default()
+            };
+            let why = match select_backward(&problem, caps, &forced) {
+                Err(e) => e.to_string(),
+                Ok(config) => format!(
+                    "runs here ({}), but the policy keeps a tiled kernel for a pass \
+                     (COOP_DKDV_BY_DEFAULT, COOP_DQ_BY_DEFAULT)",
+                    config.name()
+                ),
+            };
+            println!("      not the cooperative-matrix kernels: {why}");
+        }
         for variant in Variant::ALL.into_iter().filter(|v| *v != chosen.variant) {
             let why = match backward_variant_reason(&problem, caps, variant) {
                 Some(why) => why,
