@@ -18,8 +18,9 @@
 // lane / 2, keys 8 · (lane % 2) .. + 8.
 //
 // Why f16 for P and dS: they are the A operands of the f16 products (FlashAttention-2 rounds them
-// to the input type too); P ≤ 1, and dS = P ∘ (dP − D) is bounded by |dO|·|V| row norms, far
-// below f16's range for data that f16 holds. Sums stay f32 (the accumulators, D, the LSE).
+// to the input type too); P ≤ 1, and |dS| ≤ |dP| + |D| ≤ 2 · |dO row| · (largest |V row|), within
+// f16's range unless those rows are huge, and where it is not, the gradients come out non-finite,
+// not silently wrong. Sums stay f32 (the accumulators, D, the LSE).
 
 const SUBGROUP: u32 = 32u;
 const WORKGROUP_SIZE: u32 = SUBGROUPS * SUBGROUP;
