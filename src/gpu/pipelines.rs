@@ -159,16 +159,31 @@ impl PipelineCache {
         }
     }
 
-    /// The cooperative-matrix kernel goes through our own SPIR-V (src/spirv/coherence.rs), as a
-    /// passthrough module with an explicit layout; `None` for every other kernel.
+    /// The cooperative-matrix kernels (the forward and the two gradient kernels) go through our
+    /// own SPIR-V (src/spirv/coherence.rs), as passthrough modules with an explicit layout;
+    /// `None` for every other kernel.
     #[allow(clippy::type_complexity)]
     fn coherent_module(
         &self,
         config: &KernelConfig,
     ) -> Option<Result<(wgpu::ShaderModule, Option<wgpu::PipelineLayout>)>> {
         #[cfg(not(target_arch = "wasm32"))]
-        if let KernelConfig::FlashCoop(coop) = config {
+        {
             let name = config.name();
+            let group = match config {
+                KernelConfig::FlashCoop(coop) => {
+                    let tensors = ForwardTensors {
+                        indexed: coop.sequences.is_indexed(),
+                        head_tensors: coop.head_tensors,
+                        bias: coop.bias.is_some(),
+                    };
+                    forward_bind_group_layout(&self.device, Some(&name), tensors)
+                }
+                KernelConfig::Backward(crate::plan::BackwardKernel::Grad(g)) if g.coop => {
+                    gradient_bind_group_layout(&self.device, Some(&name), g)
+                }
+                _ => return None,
+            };
             let words = match crate::spirv::compile(&name, &config.source()) {
                 Ok(w) => w,
                 Err(e) => return Some(Err(e)),
@@ -188,57 +203,18 @@ impl PipelineCache {
                         ..Default::default()
                     })
             };
-            let tensors = ForwardTensors {
-                indexed: coop.sequences.is_indexed(),
-                head_tensors: coop.head_tensors,
-                bias: coop.bias.is_some(),
-            };
-            return Some(Ok((module, Some(self.forward_layout(&name, tensors)))));
+            let layout = self.device.create_pipeline_layout(&wgpu::PipelineLayoutDescriptor {
+                label: Some(&name),
+                bind_group_layouts: &[Some(&group)],
+                immediate_size: 0,
+            });
+            Some(Ok((module, Some(layout))))
         }
-        #[cfg(not(target_arch = "wasm32"))]
-        if let KernelConfig::Backward(crate::plan::BackwardKernel::Grad(g)) = config {
-            if g.coop {
-                let name = config.name();
-                let words = match crate::spirv::compile(&name, &config.source()) {
-                    Ok(w) => w,
-                    Err(e) => return Some(Err(e)),
-                };
-                let entry = [wgpu::PassthroughShaderEntryPoint {
-                    name: Cow::Borrowed(config.entry_point()),
-                    workgroup_size: (1, 1, 1),
-                }];
-                // SAFETY: as for the forward kernel above.
-                let module = unsafe {
-                    self.device
-                        .create_shader_module_passthrough(wgpu::ShaderModuleDescriptorPassthrough {
-                            label: Some(&name),
-                            entry_points: Cow::Borrowed(&entry),
-                            spirv: Some(Cow::Owned(words)),
-                            ..Default::default()
-                        })
-                };
-                let group = gradient_bind_group_layout(&self.device, Some(&name), g);
-                let layout = self.device.create_pipeline_layout(&wgpu::PipelineLayoutDescriptor {
-                    label: Some(&name),
-                    bind_group_layouts: &[Some(&group)],
-                    immediate_size: 0,
-                });
-                return Some(Ok((module, Some(layout))));
-            }
+        #[cfg(target_arch = "wasm32")]
+        {
+            let _ = config;
+            None
         }
-        let _ = config;
-        None
-    }
-
-    /// The forward kernels' pipeline layout (see [`forward_bind_group_layout`]).
-    #[cfg(not(target_arch = "wasm32"))]
-    fn forward_layout(&self, name: &str, tensors: ForwardTensors) -> wgpu::PipelineLayout {
-        let group = forward_bind_group_layout(&self.device, Some(name), tensors);
-        self.device.create_pipeline_layout(&wgpu::PipelineLayoutDescriptor {
-            label: Some(name),
-            bind_group_layouts: &[Some(&group)],
-            immediate_size: 0,
-        })
     }
 }
 
