@@ -272,6 +272,32 @@ pub struct GradKernel {
 }
 
 impl GradKernel {
+    /// The kernel of `pass` with none of the variants that bind tensors, write d(bias) or
+    /// regenerate dropout, on dense batches, tiled (no cooperative matrices): the one the other
+    /// configurations change a few fields of.
+    pub fn plain(
+        pass: BackwardPass,
+        storage: DType,
+        tile: TileType,
+        plan: BackwardTilePlan,
+        head_dim_pad: u32,
+    ) -> Self {
+        GradKernel {
+            pass,
+            storage,
+            tile,
+            plan,
+            head_dim_pad,
+            sequences: SequenceIndex::default(),
+            head_tensors: false,
+            bias: None,
+            mask: MaskBinding::default(),
+            writes_d_bias: false,
+            dropout: false,
+            coop: false,
+        }
+    }
+
     /// `flash_bwd_{dkdv|dq|dbias}_{dtype}_tile_{f32|f16}_bm{}_bn{}_tx{}_ty{}_ks{}_ns{}_st{}_d{}`
     /// (and the suffixes of the variants it binds or compiles in).
     pub fn name(&self) -> String {
@@ -1046,18 +1072,9 @@ fn select_coop_backward(problem: &BackwardProblem, caps: &Caps, choice: &Backwar
         plans
             .into_iter()
             .map(|plan| GradKernel {
-                pass,
-                storage,
-                tile: variant.tile,
-                plan,
-                head_dim_pad,
                 sequences,
-                head_tensors: false,
-                bias: None,
-                mask: MaskBinding::default(),
-                writes_d_bias: false,
-                dropout: false,
                 coop: true,
+                ..GradKernel::plain(pass, storage, variant.tile, plan, head_dim_pad)
             })
             .find(|k| match k.unavailable_reason(caps) {
                 Some(why) => {
@@ -1109,20 +1126,7 @@ pub fn all_backward_kernels() -> Vec<BackwardKernel> {
                 for &plan in backward_plans(pass) {
                     for head_dim_pad in head_dim_pads(plan) {
                         // The plain kernel; the variants below each change a few of its fields.
-                        let plain = GradKernel {
-                            pass,
-                            storage,
-                            tile,
-                            plan,
-                            head_dim_pad,
-                            sequences: SequenceIndex::default(),
-                            head_tensors: false,
-                            bias: None,
-                            mask: MaskBinding::default(),
-                            writes_d_bias: false,
-                            dropout: false,
-                            coop: false,
-                        };
+                        let plain = GradKernel::plain(pass, storage, tile, plan, head_dim_pad);
                         let mut push = |k: GradKernel| kernels.push(BackwardKernel::Grad(k));
                         push(plain);
                         if plan == backward_plans(pass)[0] {
@@ -1185,18 +1189,11 @@ pub fn all_backward_kernels() -> Vec<BackwardKernel> {
                     ] {
                         if first || (bias == DType::F32 && !head_tensors && !dropout && mask == no_mask) {
                             kernels.push(BackwardKernel::Grad(GradKernel {
-                                pass: BackwardPass::DBias,
-                                storage,
-                                tile,
-                                plan,
-                                head_dim_pad,
-                                sequences: SequenceIndex::default(),
                                 head_tensors,
                                 bias: Some(bias),
                                 mask,
-                                writes_d_bias: false,
                                 dropout,
-                                coop: false,
+                                ..GradKernel::plain(BackwardPass::DBias, storage, tile, plan, head_dim_pad)
                             }));
                         }
                     }
@@ -1209,18 +1206,8 @@ pub fn all_backward_kernels() -> Vec<BackwardKernel> {
         for head_dim_pad in (16..=COOP_GRAD_MAX_HEAD_DIM).step_by(16) {
             for plan in coop_grad_plans(pass, head_dim_pad) {
                 kernels.push(BackwardKernel::Grad(GradKernel {
-                    pass,
-                    storage: DType::F16,
-                    tile: TileType::F16,
-                    plan,
-                    head_dim_pad,
-                    sequences: SequenceIndex::default(),
-                    head_tensors: false,
-                    bias: None,
-                    mask: MaskBinding::default(),
-                    writes_d_bias: false,
-                    dropout: false,
                     coop: true,
+                    ..GradKernel::plain(pass, DType::F16, TileType::F16, plan, head_dim_pad)
                 }));
             }
         }

@@ -322,20 +322,7 @@ fn backward_variant_reason(problem: &BackwardProblem, caps: &Caps, variant: Vari
         backward_plans(pass)
             .iter()
             .map(|&plan| {
-                let kernel = GradKernel {
-                    pass,
-                    storage,
-                    tile: variant.tile,
-                    plan,
-                    head_dim_pad: plan.head_dim_pad(head_dim),
-                    sequences: Default::default(),
-                    head_tensors: false,
-                    bias: None,
-                    mask: Default::default(),
-                    writes_d_bias: false,
-                    dropout: false,
-                    coop: false,
-                };
+                let kernel = GradKernel::plain(pass, storage, variant.tile, plan, plan.head_dim_pad(head_dim));
                 kernel.unavailable_reason(caps)
             })
             .collect::<Vec<_>>()
