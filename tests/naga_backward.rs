@@ -3,100 +3,12 @@
 //! naga and translated to SPIR-V (Vulkan), MSL (Metal) and HLSL (DX12), so that a kernel that would
 //! break on another platform fails here, on a machine with none of them.
 
-use naga::valid::{Capabilities, SubgroupOperationSet, ValidationFlags, Validator};
+mod naga_support;
+
+use naga_support::{translate, workgroup_variable_sizes};
 use wgpu_flash_attn::kernel::BackwardKernel;
 use wgpu_flash_attn::plan::{all_backward_kernels, GradKernel, PreprocessKernel, SequenceIndex};
 use wgpu_flash_attn::wgsl::KernelConfig;
-
-/// Only the naga capabilities a kernel's required features grant, so that a kernel that silently
-/// needs subgroups or f16 fails validation.
-fn capabilities(kernel: &BackwardKernel) -> Capabilities {
-    // pack2x16float and friends are core WebGPU; naga gates them for old GL only.
-    let mut caps = Capabilities::SHADER_FLOAT16_IN_FLOAT32;
-    let features = kernel.required_features();
-    if features.contains(wgpu::Features::SUBGROUP) {
-        caps |= Capabilities::SUBGROUP;
-    }
-    if features.contains(wgpu::Features::SHADER_F16) {
-        caps |= Capabilities::SHADER_FLOAT16;
-    }
-    if features.contains(wgpu::Features::SUBGROUP_BARRIER) {
-        caps |= Capabilities::SUBGROUP_BARRIER;
-    }
-    if features.contains(wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX) {
-        caps |= Capabilities::COOPERATIVE_MATRIX;
-    }
-    caps
-}
-
-fn is_coop(kernel: &BackwardKernel) -> bool {
-    matches!(kernel, BackwardKernel::Grad(g) if g.coop)
-}
-
-fn translate(kernel: &BackwardKernel) -> Result<(), String> {
-    let config = KernelConfig::Backward(*kernel);
-    let source = config.source();
-    let module = naga::front::wgsl::parse_str(&source).map_err(|e| e.emit_to_string(&source))?;
-    // The cooperative-matrix kernels are built by the library's own SPIR-V path, which checks
-    // uniformity over the subgroup, not the workgroup (src/spirv/coherence.rs says why).
-    let flags = match is_coop(kernel) {
-        true => ValidationFlags::all().difference(ValidationFlags::CONTROL_FLOW_UNIFORMITY),
-        false => ValidationFlags::all(),
-    };
-    let info = Validator::new(flags, capabilities(kernel))
-        .subgroup_stages(naga::valid::ShaderStages::COMPUTE)
-        .subgroup_operations(SubgroupOperationSet::all())
-        .validate(&module)
-        .map_err(|e| e.emit_to_string(&source))?;
-    let entry = config.entry_point().to_string();
-
-    naga::back::spv::write_vec(
-        &module,
-        &info,
-        &naga::back::spv::Options {
-            lang_version: (1, 3),
-            ..Default::default()
-        },
-        Some(&naga::back::spv::PipelineOptions {
-            shader_stage: naga::ShaderStage::Compute,
-            entry_point: entry.clone(),
-        }),
-    )
-    .map_err(|e| format!("SPIR-V: {e}"))?;
-
-    naga::back::msl::write_string(
-        &module,
-        &info,
-        &naga::back::msl::Options {
-            lang_version: (2, 4),
-            ..Default::default()
-        },
-        &naga::back::msl::PipelineOptions {
-            entry_point: Some((naga::ShaderStage::Compute, entry.clone())),
-            ..Default::default()
-        },
-    )
-    .map_err(|e| format!("MSL: {e}"))?;
-
-    // wgpu offers cooperative matrices on Vulkan and Metal only; naga's HLSL writer has none.
-    if is_coop(kernel) {
-        return Ok(());
-    }
-    let mut hlsl = String::new();
-    naga::back::hlsl::Writer::new(
-        &mut hlsl,
-        &naga::back::hlsl::Options {
-            shader_model: naga::back::hlsl::ShaderModel::V6_2,
-            ..Default::default()
-        },
-        &naga::back::hlsl::PipelineOptions {
-            entry_point: Some((naga::ShaderStage::Compute, entry)),
-        },
-    )
-    .write(&module, &info, None)
-    .map_err(|e| format!("HLSL: {e}"))?;
-    Ok(())
-}
 
 #[test]
 fn every_backward_kernel_validates_and_translates_to_spirv_msl_and_hlsl() {
@@ -122,7 +34,11 @@ fn every_backward_kernel_validates_and_translates_to_spirv_msl_and_hlsl() {
     kernels.extend(indexed);
     let failures: Vec<String> = kernels
         .iter()
-        .filter_map(|k| translate(k).err().map(|e| format!("{}: {e}", k.name())))
+        .filter_map(|k| {
+            translate(&KernelConfig::Backward(*k))
+                .err()
+                .map(|e| format!("{}: {e}", k.name()))
+        })
         .collect();
     assert!(
         failures.is_empty(),
@@ -187,21 +103,11 @@ fn cooperative_gradient_kernels_compile_and_declare_the_memory_the_host_counts()
         .chain(coop.iter().map(|&g| GradKernel { sequences: varlen, ..g }))
     {
         let kernel = KernelConfig::Backward(BackwardKernel::Grad(g));
-        let source = kernel.source();
-        wgpu_flash_attn::spirv::compile(&kernel.name(), &source).unwrap_or_else(|e| panic!("{}: {e}", kernel.name()));
-        let module = naga::front::wgsl::parse_str(&source).unwrap_or_else(|e| panic!("{}: {e}", kernel.name()));
-        let mut layouter = naga::proc::Layouter::default();
-        layouter.update(module.to_ctx()).unwrap();
-        let declared: u32 = module
-            .global_variables
-            .iter()
-            .filter(|(_, var)| var.space == naga::AddressSpace::WorkGroup)
-            .map(|(_, var)| {
-                let size = layouter[var.ty].size;
-                assert_eq!(size % 16, 0, "{}", kernel.name());
-                size
-            })
-            .sum();
+        wgpu_flash_attn::spirv::compile(&kernel.name(), &kernel.source())
+            .unwrap_or_else(|e| panic!("{}: {e}", kernel.name()));
+        let sizes = workgroup_variable_sizes(&kernel);
+        assert!(sizes.iter().all(|size| size % 16 == 0), "{}: {sizes:?}", kernel.name());
+        let declared: u32 = sizes.iter().sum();
         assert_eq!(declared, g.workgroup_bytes(), "{}", kernel.name());
     }
 }

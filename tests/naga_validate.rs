@@ -5,8 +5,9 @@
 //! cooperative-matrix kernel (no cooperative matrices on DX12 in wgpu), HLSL (DX12), so that a
 //! kernel that would break on another platform fails here, on a machine with none of them.
 
-use naga::valid::{Capabilities, SubgroupOperationSet, ValidationFlags, Validator};
-use wgpu_flash_attn::kernel::{Reduction, TileType};
+mod naga_support;
+
+use naga_support::{translate, workgroup_variable_sizes};
 use wgpu_flash_attn::plan::{all_configs, all_coop_configs, all_decode_configs, SequenceIndex};
 use wgpu_flash_attn::wgsl::{KernelConfig, NaivePass};
 use wgpu_flash_attn::DType;
@@ -77,33 +78,6 @@ fn every_kernel() -> Vec<KernelConfig> {
     kernels
 }
 
-/// The naga capabilities a kernel may use: only those its required features grant, so a
-/// kernel that silently needs subgroups or f16 fails validation.
-fn capabilities(kernel: &KernelConfig) -> Capabilities {
-    // pack2x16float and friends are core WebGPU; naga gates them for old GL only.
-    let mut caps = Capabilities::SHADER_FLOAT16_IN_FLOAT32;
-    if let KernelConfig::Flash(c) = kernel {
-        if c.variant.reduction == Reduction::Subgroup {
-            caps |= Capabilities::SUBGROUP;
-        }
-        if c.variant.tile == TileType::F16 {
-            caps |= Capabilities::SHADER_FLOAT16;
-        }
-    }
-    if let KernelConfig::Decode(c) = kernel {
-        if c.reduction == Reduction::Subgroup {
-            caps |= Capabilities::SUBGROUP;
-        }
-    }
-    if let KernelConfig::FlashCoop(_) = kernel {
-        caps |= Capabilities::COOPERATIVE_MATRIX
-            | Capabilities::SUBGROUP
-            | Capabilities::SUBGROUP_BARRIER
-            | Capabilities::SHADER_FLOAT16;
-    }
-    caps
-}
-
 #[test]
 fn every_kernel_validates_and_translates_to_spirv_msl_and_hlsl() {
     let kernels = every_kernel();
@@ -122,70 +96,6 @@ fn every_kernel_validates_and_translates_to_spirv_msl_and_hlsl() {
         kernels.len(),
         failures.join("\n\n")
     );
-}
-
-fn translate(kernel: &KernelConfig) -> Result<(), String> {
-    let source = kernel.source();
-    let module = naga::front::wgsl::parse_str(&source).map_err(|e| e.emit_to_string(&source))?;
-    // The cooperative-matrix kernel is built by the library's own SPIR-V path, which checks uniformity
-    // over the subgroup, not the workgroup (src/spirv/coherence.rs says why); the rest as usual.
-    let flags = match kernel {
-        KernelConfig::FlashCoop(_) => ValidationFlags::all().difference(ValidationFlags::CONTROL_FLOW_UNIFORMITY),
-        _ => ValidationFlags::all(),
-    };
-    let info = Validator::new(flags, capabilities(kernel))
-        .subgroup_stages(naga::valid::ShaderStages::COMPUTE)
-        .subgroup_operations(SubgroupOperationSet::all())
-        .validate(&module)
-        .map_err(|e| e.emit_to_string(&source))?;
-    let entry = kernel.entry_point().to_string();
-
-    let spv_options = naga::back::spv::Options {
-        lang_version: (1, 3),
-        ..Default::default()
-    };
-    naga::back::spv::write_vec(
-        &module,
-        &info,
-        &spv_options,
-        Some(&naga::back::spv::PipelineOptions {
-            shader_stage: naga::ShaderStage::Compute,
-            entry_point: entry.clone(),
-        }),
-    )
-    .map_err(|e| format!("SPIR-V: {e}"))?;
-
-    let msl_options = naga::back::msl::Options {
-        lang_version: (2, 4),
-        ..Default::default()
-    };
-    naga::back::msl::write_string(
-        &module,
-        &info,
-        &msl_options,
-        &naga::back::msl::PipelineOptions {
-            entry_point: Some((naga::ShaderStage::Compute, entry.clone())),
-            ..Default::default()
-        },
-    )
-    .map_err(|e| format!("MSL: {e}"))?;
-
-    // wgpu offers cooperative matrices on Vulkan and Metal only; naga's HLSL writer has none.
-    if matches!(kernel, KernelConfig::FlashCoop(_)) {
-        return Ok(());
-    }
-    let hlsl_options = naga::back::hlsl::Options {
-        shader_model: naga::back::hlsl::ShaderModel::V6_2,
-        ..Default::default()
-    };
-    let hlsl_pipeline = naga::back::hlsl::PipelineOptions {
-        entry_point: Some((naga::ShaderStage::Compute, entry)),
-    };
-    let mut hlsl = String::new();
-    naga::back::hlsl::Writer::new(&mut hlsl, &hlsl_options, &hlsl_pipeline)
-        .write(&module, &info, None)
-        .map_err(|e| format!("HLSL: {e}"))?;
-    Ok(())
 }
 
 #[test]
@@ -230,22 +140,11 @@ fn shaders_open_with_a_comment_saying_what_they_are() {
 fn cooperative_workgroup_memory_matches_the_declarations() {
     for config in all_coop_configs() {
         let kernel = KernelConfig::FlashCoop(config);
-        let source = kernel.source();
-        let module = naga::front::wgsl::parse_str(&source).unwrap_or_else(|e| panic!("{}: {e}", kernel.name()));
-        let mut layouter = naga::proc::Layouter::default();
-        layouter.update(module.to_ctx()).unwrap();
-        let declared: u32 = module
-            .global_variables
-            .iter()
-            .filter(|(_, var)| var.space == naga::AddressSpace::WorkGroup)
-            .map(|(_, var)| {
-                let size = layouter[var.ty].size;
-                // Every variable a multiple of 16 bytes, so that no driver layout misaligns the
-                // next one (flash_fwd_coop.wgsl says why).
-                assert_eq!(size % 16, 0, "{}", kernel.name());
-                size
-            })
-            .sum();
+        let sizes = workgroup_variable_sizes(&kernel);
+        // Every variable a multiple of 16 bytes, so that no driver layout misaligns the next one
+        // (flash_fwd_coop.wgsl says why).
+        assert!(sizes.iter().all(|size| size % 16 == 0), "{}: {sizes:?}", kernel.name());
+        let declared: u32 = sizes.iter().sum();
         assert_eq!(declared, config.workgroup_bytes(), "{}", kernel.name());
     }
 }
@@ -256,16 +155,7 @@ fn cooperative_workgroup_memory_matches_the_declarations() {
 fn decode_workgroup_memory_matches_the_declarations() {
     for config in all_decode_configs() {
         let kernel = KernelConfig::Decode(config);
-        let module =
-            naga::front::wgsl::parse_str(&kernel.source()).unwrap_or_else(|e| panic!("{}: {e}", kernel.name()));
-        let mut layouter = naga::proc::Layouter::default();
-        layouter.update(module.to_ctx()).unwrap();
-        let declared: u32 = module
-            .global_variables
-            .iter()
-            .filter(|(_, var)| var.space == naga::AddressSpace::WorkGroup)
-            .map(|(_, var)| layouter[var.ty].size)
-            .sum();
+        let declared: u32 = workgroup_variable_sizes(&kernel).iter().sum();
         assert_eq!(declared, config.workgroup_bytes(), "{}", kernel.name());
     }
 }
