@@ -18,7 +18,7 @@ mod common;
 
 use common::{describe_timing, mib, ProblemArgs};
 use wgpu_flash_attn::kernel::BoundsChecks;
-use wgpu_flash_attn::kernel::{CoopChoice, ForwardKernel, TilePlan, TiledChoice, Variant};
+use wgpu_flash_attn::kernel::{CoopChoice, DecodeKernel, ForwardKernel, TilePlan, TiledChoice, Variant};
 use wgpu_flash_attn::testing::harness::{compare_outputs, tolerance, Kernel, Workload};
 use wgpu_flash_attn::{DType, Element, FlashAttention, GpuContext, KernelChoice, Options};
 
@@ -195,14 +195,16 @@ fn run<T: Element>(args: &Args) -> wgpu_flash_attn::Result<bool> {
                 ),
             ),
             ForwardKernel::Decode { config, split } => {
-                let p = config.plan;
-                (
-                    "decode".to_string(),
-                    format!(
-                        "l{}r{}u{}wg{}s{}",
-                        p.lanes_per_key, p.rows, p.keys_per_step, p.workgroup_size, split.splits
-                    ),
-                )
+                let plan = match config.kernel {
+                    DecodeKernel::Lanes { plan: p, .. } => {
+                        format!(
+                            "l{}r{}u{}wg{}",
+                            p.lanes_per_key, p.rows, p.keys_per_step, p.workgroup_size
+                        )
+                    }
+                    DecodeKernel::Coop(p) => format!("coop_sg{}bn{}", p.subgroups, p.block_n),
+                };
+                ("decode".to_string(), format!("{plan}s{}", split.splits))
             }
         };
         let line = format!(

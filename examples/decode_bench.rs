@@ -4,6 +4,10 @@
 //! both dispatches of a split call) as K/V bytes read per second. With `--sweep`, every plan of a
 //! grid and split counts around the rule's, to tune `DECODE_PLANS` and the rule.
 //!
+//! With `--lanes`, the lane kernel (FMA units) also runs beside the automatic choice; with
+//! `--coop-sweep`, every cooperative-matrix plan of a grid (and `--coop-splits N,...` forces
+//! its split counts).
+//!
 //! With `--paged 16,256`, the same shapes also run over a paged cache of each page size (a
 //! shuffled page table into a pool of the same keys), timed beside the contiguous cache in the
 //! same run and checked equal to it.
@@ -11,14 +15,14 @@
 //! ```text
 //! cargo run --release --features internals --example decode_bench -- [--sweep] [--dtype f16|bf16|f32]
 //!     [--batch 1,8] [--kv 32768,131072] [--q 1,4] [--runs 50] [--paged 16,256] [--json FILE]
-//!     [--layout bshd|bhsd] [--splits 57,1]
+//!     [--layout bshd|bhsd] [--splits 57,1] [--lanes] [--coop-sweep] [--coop-splits 33,66]
 //! ```
 
 use std::io::Write;
 
 use wgpu::util::DeviceExt;
 use wgpu_flash_attn::batch::PagedKv;
-use wgpu_flash_attn::kernel::{DecodeChoice, DecodePlan, ForwardKernel};
+use wgpu_flash_attn::kernel::{CoopDecodePlan, DecodeChoice, DecodePlan, ForwardKernel};
 use wgpu_flash_attn::testing::harness::{Kernel, Workload};
 use wgpu_flash_attn::testing::timing::{time_passes, Timing};
 use wgpu_flash_attn::testing::{random_tensor, seed_of};
@@ -46,6 +50,9 @@ struct Args {
     /// `--layout bhsd`: every tensor head-major (each K/V head's cache one contiguous run, as
     /// PyTorch's tensors in torch_decode.py); the default BSHD keeps a key's heads together.
     layout: Layout,
+    lanes: bool,
+    coop_sweep: bool,
+    coop_splits: Vec<u32>,
 }
 
 fn parse() -> Args {
@@ -60,6 +67,9 @@ fn parse() -> Args {
         splits: Vec::new(),
         json: None,
         layout: Layout::Bshd,
+        lanes: false,
+        coop_sweep: false,
+        coop_splits: Vec::new(),
     };
     let list = |s: String| {
         s.split(',')
@@ -85,6 +95,9 @@ fn parse() -> Args {
             "--json" => args.json = Some(value()),
             "--paged" => args.paged = list(value()),
             "--splits" => args.splits = list(value()).into_iter().map(|x| x as u32).collect(),
+            "--lanes" => args.lanes = true,
+            "--coop-sweep" => args.coop_sweep = true,
+            "--coop-splits" => args.coop_splits = list(value()).into_iter().map(|x| x as u32).collect(),
             "--layout" => {
                 args.layout = match value().as_str() {
                     "bshd" => Layout::Bshd,
@@ -115,6 +128,17 @@ fn sweep_plans() -> Vec<DecodePlan> {
                     workgroup_size,
                 });
             }
+        }
+    }
+    plans
+}
+
+/// The cooperative-matrix plans `--coop-sweep` tries.
+fn coop_sweep_plans() -> Vec<CoopDecodePlan> {
+    let mut plans = Vec::new();
+    for subgroups in [1, 2, 4, 8] {
+        for block_n in [16, 32, 64] {
+            plans.push(CoopDecodePlan { subgroups, block_n });
         }
     }
     plans
@@ -157,6 +181,27 @@ fn run<T: Element>(ctx: &GpuContext, args: &Args, out: &mut Option<std::fs::File
                 let kv_bytes = 2.0 * (batch * seq_kv * 8 * 128 * args.dtype.size_bytes()) as f64;
                 let mut choices = vec![KernelChoice::Auto];
                 choices.extend(args.splits.iter().map(|&n| forced_splits(n)));
+                if args.lanes {
+                    choices.push(KernelChoice::Decode(DecodeChoice {
+                        cooperative_matrix: Some(false),
+                        ..DecodeChoice::default()
+                    }));
+                }
+                if args.coop_sweep {
+                    for plan in coop_sweep_plans() {
+                        let splits: Vec<Option<u32>> = match args.coop_splits.is_empty() {
+                            true => vec![None],
+                            false => args.coop_splits.iter().map(|&n| Some(n.max(1))).collect(),
+                        };
+                        for splits in splits {
+                            choices.push(KernelChoice::Decode(DecodeChoice {
+                                coop_plan: Some(plan),
+                                splits,
+                                ..DecodeChoice::default()
+                            }));
+                        }
+                    }
+                }
                 if args.sweep {
                     let auto = FlashAttention::new(ctx).select(&problem).ok();
                     let auto_splits = match auto {
@@ -166,6 +211,7 @@ fn run<T: Element>(ctx: &GpuContext, args: &Args, out: &mut Option<std::fs::File
                     for plan in sweep_plans() {
                         choices.push(KernelChoice::Decode(DecodeChoice {
                             plan: Some(plan.with_rows_for((4 * seq_q) as u32)),
+                            cooperative_matrix: Some(false),
                             ..DecodeChoice::default()
                         }));
                     }

@@ -402,23 +402,6 @@ fn accumulate_pv_block(o: ptr<function, array<coop_mat16x16<f32, C>, D_BLOCKS>>,
     }
 }
 
-// O *= the row factors in `factors`, component-wise.
-fn scale_rows(o: ptr<function, array<coop_mat16x16<f32, C>, D_BLOCKS>>, factors: coop_mat16x16<f32, C>) {
-    // @unroll
-    for (var d = 0u; d < D_BLOCKS; d++) {
-        (*o)[d] = componentwise_product((*o)[d], factors);
-    }
-}
-
-// Component-wise product of two accumulator matrices. WGSL has no operator for it, so the kernel
-// writes `a - b`, which naga emits as OpFSub, and src/spirv/coherence.rs turns every OpFSub on
-// cooperative matrices into OpFMul (component-wise for cooperative matrices): this is the only
-// matrix subtraction in the kernel (a test checks every configuration). The kernel is only ever
-// built through that pass; any other translation of this file would compute a subtraction.
-fn componentwise_product(a: coop_mat16x16<f32, C>, b: coop_mat16x16<f32, C>) -> coop_mat16x16<f32, C> {
-    return a - b;
-}
-
 // Which (query tile rank, head, batch) a workgroup computes; rank 0 is the last query tile, the
 // longest under a causal mask. The grid is (query tiles, heads, batch), launched x first.
 // Causal, with 128-row tiles (one workgroup per SM on the H200), the workgroups are renumbered in

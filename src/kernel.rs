@@ -8,6 +8,6 @@ pub use crate::plan::{
     BackwardChoice, BackwardConfig, BackwardKernel, BackwardPass, GradKernel, PreprocessKernel, PreprocessPlan,
 };
 pub use crate::plan::{
-    CoopChoice, CoopConfig, DecodeChoice, DecodeConfig, DecodePlan, DecodeSplit, FlashConfig, ForwardKernel, Reduction,
-    TilePlan, TileType, TiledChoice, Variant,
+    CoopChoice, CoopConfig, CoopDecodePlan, DecodeChoice, DecodeConfig, DecodeKernel, DecodePlan, DecodeSplit,
+    FlashConfig, ForwardKernel, Reduction, TilePlan, TileType, TiledChoice, Variant,
 };

@@ -2,12 +2,14 @@
 //! seeded random problems — one to sixteen new tokens, caches of 1 to thousands of keys, GQA
 //! groups 1/4/8, every dtype, head dims from 8 to 256, causal or not, strided layouts, negative
 //! scales — on NaN-poisoned outputs, with the number of pieces of the keys forced from 1 to many
-//! and chosen by the rule; and that automatic selection sends decode-shaped problems to it.
+//! and chosen by the rule; and that automatic selection sends decode-shaped problems to it. The
+//! cooperative-matrix decode kernel (f16, where the device has matrices: the H200) on every plan
+//! and random problems of its own.
 
 mod common;
 
 use common::{below, engine_with, gpu, run_and_check_any, shape};
-use wgpu_flash_attn::kernel::{DecodeChoice, ForwardKernel, Reduction};
+use wgpu_flash_attn::kernel::{CoopDecodePlan, DecodeChoice, ForwardKernel, Reduction};
 use wgpu_flash_attn::testing::harness::Kernel;
 use wgpu_flash_attn::testing::Rng;
 use wgpu_flash_attn::{AttentionProblem, DType, FlashAttention, KernelChoice, Layout};
@@ -187,5 +189,78 @@ fn windows_and_soft_caps_match_the_reference() {
             &problem,
             &format!("case{case}_l{left:?}_r{right:?}_cap{softcap:?}_{splits:?}"),
         );
+    }
+}
+
+/// The cooperative-matrix decode kernel, forced with each shipped plan and the sizes' extremes,
+/// on seeded random f16 problems: one to sixteen new tokens, caches of 1 to 4,100 keys (ragged
+/// against the 16-key blocks), GQA 1/4/8, head_dim 16 to 128, causal or not, windows, soft-caps,
+/// negative scales, BHSD, pieces from 1 to many. Skips on devices without matrices.
+#[test]
+fn cooperative_matrix_decode_matches_the_reference() {
+    let Some(ctx) = gpu() else { return };
+    if !ctx.caps.cooperative_matrix_f16 {
+        eprintln!("skipped: {} has no cooperative matrices", ctx.info.name);
+        return;
+    }
+    let plans = wgpu_flash_attn::plan::COOP_DECODE_PLANS.into_iter().chain([
+        CoopDecodePlan {
+            subgroups: 1,
+            block_n: 16,
+        },
+        CoopDecodePlan {
+            subgroups: 8,
+            block_n: 128,
+        },
+        CoopDecodePlan {
+            subgroups: 2,
+            block_n: 64,
+        },
+    ]);
+    let mut rng = Rng::new(0xc00dec);
+    for plan in plans {
+        for case in 0..14 {
+            let group = [1, 4, 8][below(&mut rng, 3)];
+            let kv_heads = 1 + below(&mut rng, 3);
+            let seq_q = [1, 1, 2, 4, 5, 16][below(&mut rng, 6)];
+            let seq_kv = [1, 15, 16, 17, 100, 777, 2048, 4100][below(&mut rng, 8)];
+            let head_dim = [16, 32, 64, 80, 128][below(&mut rng, 5)];
+            let mut problem = AttentionProblem::new(
+                shape(
+                    1 + below(&mut rng, 3),
+                    seq_q,
+                    seq_kv,
+                    kv_heads * group,
+                    kv_heads,
+                    head_dim,
+                ),
+                DType::F16,
+            )
+            .with_causal(below(&mut rng, 2) == 0);
+            if below(&mut rng, 3) == 0 {
+                problem = problem.with_layout(Layout::Bhsd);
+            }
+            match below(&mut rng, 5) {
+                0 => problem = problem.with_scale(-0.3 / (head_dim as f32).sqrt()),
+                1 => problem = problem.with_window(Some(below(&mut rng, 300)), None),
+                2 => problem = problem.with_softcap(5.0).with_scale(0.6),
+                _ => {}
+            }
+            let splits = [None, Some(1), Some(3), Some(40)][below(&mut rng, 4)];
+            let engine = engine_with(
+                ctx,
+                KernelChoice::Decode(DecodeChoice {
+                    splits,
+                    cooperative_matrix: Some(true),
+                    coop_plan: Some(plan),
+                    ..DecodeChoice::default()
+                }),
+            );
+            check(
+                &engine,
+                &problem,
+                &format!("coop_sg{}_bn{}_case{case}_{splits:?}", plan.subgroups, plan.block_n),
+            );
+        }
     }
 }

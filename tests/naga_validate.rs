@@ -119,6 +119,9 @@ fn shaders_open_with_a_comment_saying_what_they_are() {
         ("decode_lanes_subgroup", DECODE_LANES_SUBGROUP),
         ("decode_lanes_workgroup", DECODE_LANES_WORKGROUP),
         ("decode_combine", DECODE_COMBINE),
+        ("decode_common", DECODE_COMMON),
+        ("flash_decode_coop", FLASH_DECODE_COOP),
+        ("coop_rows", COOP_ROWS),
         ("append_kv", APPEND_KV),
         ("mask_bound", mask::MASK_BOUND),
         ("mask_unbound", mask::MASK_UNBOUND),
@@ -155,7 +158,12 @@ fn cooperative_workgroup_memory_matches_the_declarations() {
 fn decode_workgroup_memory_matches_the_declarations() {
     for config in all_decode_configs() {
         let kernel = KernelConfig::Decode(config);
-        let declared: u32 = workgroup_variable_sizes(&kernel).iter().sum();
+        let sizes = workgroup_variable_sizes(&kernel);
+        if config.is_coop() {
+            // As the cooperative-matrix forward kernel's (above).
+            assert!(sizes.iter().all(|size| size % 16 == 0), "{}: {sizes:?}", kernel.name());
+        }
+        let declared: u32 = sizes.iter().sum();
         assert_eq!(declared, config.workgroup_bytes(), "{}", kernel.name());
     }
 }
@@ -173,6 +181,8 @@ fn shaders_initialize_variables_declared_in_loops() {
         ("decode_lanes_subgroup", DECODE_LANES_SUBGROUP),
         ("decode_lanes_workgroup", DECODE_LANES_WORKGROUP),
         ("decode_combine", DECODE_COMBINE),
+        ("decode_common", DECODE_COMMON),
+        ("flash_decode_coop", FLASH_DECODE_COOP),
         ("append_kv", APPEND_KV),
         ("flash_fwd", FLASH_FWD),
         ("flash_fwd_coop", FLASH_FWD_COOP),
@@ -227,6 +237,8 @@ fn decode_shaders_have_no_short_circuits_in_unrolled_loops() {
         ("flash_decode", FLASH_DECODE),
         ("decode_lanes_subgroup", DECODE_LANES_SUBGROUP),
         ("decode_lanes_workgroup", DECODE_LANES_WORKGROUP),
+        ("decode_common", DECODE_COMMON),
+        ("flash_decode_coop", FLASH_DECODE_COOP),
     ] {
         // One entry per open brace: whether it opened the body of an unrolled loop.
         let mut blocks: Vec<bool> = Vec::new();

@@ -159,7 +159,7 @@ impl PipelineCache {
         }
     }
 
-    /// The cooperative-matrix kernels (the forward and the two gradient kernels) go through our
+    /// The cooperative-matrix kernels (the forward, decode and two gradient kernels) go through our
     /// own SPIR-V (src/spirv/coherence.rs), as passthrough modules with an explicit layout;
     /// `None` for every other kernel.
     #[allow(clippy::type_complexity)]
@@ -182,6 +182,7 @@ impl PipelineCache {
                 KernelConfig::Backward(crate::plan::BackwardKernel::Grad(g)) if g.coop => {
                     gradient_bind_group_layout(&self.device, Some(&name), g)
                 }
+                KernelConfig::Decode(d) if d.is_coop() => decode_bind_group_layout(&self.device, Some(&name), d),
                 _ => return None,
             };
             let words = match crate::spirv::compile(&name, &config.source()) {
@@ -291,6 +292,32 @@ pub fn gradient_bind_group_layout(
     if kernel.sequences.is_indexed() {
         let first = crate::wgsl::BACKWARD_INDEX_BINDING;
         entries.extend((first..first + 3).map(|binding| entry(binding, read)));
+    }
+    device.create_bind_group_layout(&wgpu::BindGroupLayoutDescriptor {
+        label,
+        entries: &entries,
+    })
+}
+
+/// The decode kernels' bindings (shaders/decode_common.wgsl): params, q, k, v, o, lse, the
+/// partial results, the page table and key counts, and the per-head tensors where it reads them.
+/// Explicit for the cooperative-matrix decode kernel, as [`forward_bind_group_layout`] says.
+#[cfg(not(target_arch = "wasm32"))]
+pub fn decode_bind_group_layout(
+    device: &wgpu::Device,
+    label: Option<&str>,
+    config: &crate::plan::DecodeConfig,
+) -> wgpu::BindGroupLayout {
+    let entry = buffer_layout_entry;
+    let read = wgpu::BufferBindingType::Storage { read_only: true };
+    let write = wgpu::BufferBindingType::Storage { read_only: false };
+    let mut entries = vec![entry(0, wgpu::BufferBindingType::Uniform)];
+    entries.extend((1..4).map(|binding| entry(binding, read)));
+    entries.extend((4..8).map(|binding| entry(binding, write)));
+    entries.extend([entry(8, read), entry(9, read)]);
+    if config.head_tensors {
+        let first = crate::wgsl::DECODE_HEAD_BINDING;
+        entries.extend([entry(first, read), entry(first + 1, read)]);
     }
     device.create_bind_group_layout(&wgpu::BindGroupLayoutDescriptor {
         label,

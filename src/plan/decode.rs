@@ -10,13 +10,22 @@
 //! * splits the keys into [`DecodeSplit::splits`] pieces, one workgroup each, which write a
 //!   partial output and its LSE; a combine kernel merges the pieces by their LSEs.
 //!
+//! Two kernels do it ([`DecodeKernel`]): one on the FMA units with lane groups ([`DecodePlan`]),
+//! which runs everywhere, and one on the matrix units through cooperative matrices
+//! ([`CoopDecodePlan`]), for f16 data on devices that have them.
+//!
 //! Everything here is pure: the split is a function of the problem and a count of the device's
 //! parallel workgroup slots, tested below.
 
+use crate::caps::register_layout::COOP_SUBGROUP;
 use crate::caps::Caps;
 use crate::error::{invalid, Error, Result};
+use crate::plan::choice::BoundsChecks;
+use crate::plan::coop::coop_device_unavailable_reason;
 use crate::plan::missing_features;
-use crate::plan::policy::{DECODE_MAX_QUERIES, DECODE_MAX_ROWS, DECODE_MAX_SPLITS, DECODE_MIN_KEYS_PER_SPLIT};
+use crate::plan::policy::{
+    COOP_DECODE_BY_DEFAULT, DECODE_MAX_QUERIES, DECODE_MAX_ROWS, DECODE_MAX_SPLITS, DECODE_MIN_KEYS_PER_SPLIT,
+};
 use crate::plan::tiled::Reduction;
 use crate::problem::features::{Feature, FeatureSet};
 use crate::problem::{AttentionProblem, DType};
@@ -107,17 +116,77 @@ impl DecodePlan {
     }
 }
 
-/// A decode plan bound to what makes one pipeline.
+/// The sizes of the cooperative-matrix decode kernel (shaders/flash_decode_coop.wgsl), whose
+/// workgroups hold 16 query rows (`COOP_DECODE_ROWS`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct CoopDecodePlan {
+    /// Subgroups of 32 per workgroup; each takes its own blocks of keys.
+    pub subgroups: u32,
+    /// Keys a subgroup multiplies per step: its K and V fragments in flight. A multiple of 16.
+    pub block_n: u32,
+}
+
+/// Query rows a cooperative-matrix decode workgroup holds: one 16-row matrix block.
+pub const COOP_DECODE_ROWS: u32 = 16;
+
+/// The largest head_dim the cooperative-matrix decode kernel takes: each subgroup holds Q and the
+/// output as head_dim / 16 fragments each.
+pub const COOP_DECODE_MAX_HEAD_DIM: u32 = 128;
+
+/// The cooperative-matrix decode plans the automatic choice tries in order (the first the device
+/// runs wins).
+pub const COOP_DECODE_PLANS: [CoopDecodePlan; 3] = [
+    CoopDecodePlan {
+        subgroups: 4,
+        block_n: 32,
+    },
+    CoopDecodePlan {
+        subgroups: 4,
+        block_n: 64,
+    },
+    CoopDecodePlan {
+        subgroups: 2,
+        block_n: 32,
+    },
+];
+
+impl CoopDecodePlan {
+    /// Whether the sizes fit the kernel's assumptions.
+    pub fn is_well_formed(&self) -> bool {
+        (1..=8).contains(&self.subgroups) && [16, 32, 64, 128].contains(&self.block_n)
+    }
+}
+
+/// Which decode kernel a configuration builds, with its sizes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum DecodeKernel {
+    /// shaders/flash_decode.wgsl: lane groups on the FMA units, every device and dtype.
+    Lanes {
+        /// The sizes.
+        plan: DecodePlan,
+        /// How a lane group adds its partial dot products.
+        reduction: Reduction,
+    },
+    /// shaders/flash_decode_coop.wgsl: 16×16×16 f16 products on the matrix units.
+    Coop(CoopDecodePlan),
+}
+
+impl DecodeKernel {
+    /// Whether it is the cooperative-matrix kernel.
+    pub fn is_coop(&self) -> bool {
+        matches!(self, DecodeKernel::Coop(_))
+    }
+}
+
+/// A decode kernel bound to what makes one pipeline.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct DecodeConfig {
-    /// The sizes.
-    pub plan: DecodePlan,
+    /// The kernel and its sizes.
+    pub kernel: DecodeKernel,
     /// Element type of Q, K, V and O in memory.
     pub storage: DType,
     /// The problem's head_dim (a multiple of 8); each build is exact for it.
     pub head_dim: u32,
-    /// How a lane group adds its partial dot products.
-    pub reduction: Reduction,
     /// K/V in pages, found through a page table (src/problem/cache.rs).
     pub paged: bool,
     /// Each sequence's key count read from a tensor.
@@ -127,20 +196,31 @@ pub struct DecodeConfig {
 }
 
 impl DecodeConfig {
-    /// Pipeline label and cache key, e.g. `flash_decode_f16_sg_l16_r8_u4_wg128_d128`.
+    /// Pipeline label and cache key, e.g. `flash_decode_f16_sg_l16_r8_u4_wg128_d128` or
+    /// `flash_decode_coop_f16_sg4_bn32_d128`.
     pub fn name(&self) -> String {
-        let p = &self.plan;
+        let kernel = match self.kernel {
+            DecodeKernel::Lanes { plan: p, reduction } => format!(
+                "flash_decode_{}_{}_l{}_r{}_u{}_wg{}",
+                self.storage.name(),
+                match reduction {
+                    Reduction::Subgroup => "sg",
+                    Reduction::Workgroup => "wg",
+                },
+                p.lanes_per_key,
+                p.rows,
+                p.keys_per_step,
+                p.workgroup_size,
+            ),
+            DecodeKernel::Coop(p) => format!(
+                "flash_decode_coop_{}_sg{}_bn{}",
+                self.storage.name(),
+                p.subgroups,
+                p.block_n
+            ),
+        };
         format!(
-            "flash_decode_{}_{}_l{}_r{}_u{}_wg{}_d{}{}{}{}",
-            self.storage.name(),
-            match self.reduction {
-                Reduction::Subgroup => "sg",
-                Reduction::Workgroup => "wg",
-            },
-            p.lanes_per_key,
-            p.rows,
-            p.keys_per_step,
-            p.workgroup_size,
+            "{kernel}_d{}{}{}{}",
             self.head_dim,
             if self.paged { "_paged" } else { "" },
             if self.kv_lengths { "_lens" } else { "" },
@@ -148,42 +228,97 @@ impl DecodeConfig {
         )
     }
 
-    /// Workgroup memory the kernel declares, in bytes: the key groups' row statistics, the merged
-    /// output rows, and with workgroup reduction the partial dot products.
+    /// Query rows one workgroup holds.
+    pub fn rows(&self) -> u32 {
+        match self.kernel {
+            DecodeKernel::Lanes { plan, .. } => plan.rows,
+            DecodeKernel::Coop(_) => COOP_DECODE_ROWS,
+        }
+    }
+
+    /// Invocations per workgroup.
+    pub fn workgroup_size(&self) -> u32 {
+        match self.kernel {
+            DecodeKernel::Lanes { plan, .. } => plan.workgroup_size,
+            DecodeKernel::Coop(p) => p.subgroups * COOP_SUBGROUP,
+        }
+    }
+
+    /// Whether it is the cooperative-matrix kernel.
+    pub fn is_coop(&self) -> bool {
+        self.kernel.is_coop()
+    }
+
+    /// Workgroup memory the kernel declares, in bytes (the shaders' arrays, sized alike).
     pub fn workgroup_bytes(&self) -> u32 {
-        let p = &self.plan;
-        // The statistics, and one u32 flag for an invalid cache index.
-        let stats = 2 * p.key_groups() * p.rows * 4 + 4;
-        let merged = p.rows * p.lanes_per_key * p.granules_per_lane(self.head_dim) * 16;
-        let partials = match self.reduction {
-            Reduction::Workgroup => p.workgroup_size * p.keys_per_step * p.rows * 4,
-            Reduction::Subgroup => 0,
-        };
-        stats + merged + partials
+        match self.kernel {
+            DecodeKernel::Lanes { plan: p, reduction } => {
+                // The statistics, and the vec4 flag of an invalid cache index.
+                let stats = 2 * p.key_groups() * p.rows * 4 + 16;
+                let merged = p.rows * p.lanes_per_key * p.granules_per_lane(self.head_dim) * 16;
+                let partials = match reduction {
+                    Reduction::Workgroup => p.workgroup_size * p.keys_per_step * p.rows * 4,
+                    Reduction::Subgroup => 0,
+                };
+                stats + merged + partials
+            }
+            DecodeKernel::Coop(p) => {
+                let rows = COOP_DECODE_ROWS;
+                let head_granules = self.head_dim / 4;
+                let stats = 2 * p.subgroups * rows * 4 + 16;
+                let scores = (p.subgroups * rows * (p.block_n / 4 + 1)).max(rows * head_granules) * 16;
+                let probs = p.subgroups * rows * (p.block_n / 4 + 2) * 8;
+                let factors = p.subgroups * rows * 5 * 16;
+                let staged = 2 * rows * (head_granules + 2) * 8;
+                stats + scores + probs + factors + staged
+            }
+        }
     }
 
     /// Why this build cannot run on `caps`, or `None`.
     pub fn unavailable_reason(&self, caps: &Caps) -> Option<String> {
-        let p = &self.plan;
-        if !p.is_well_formed() {
-            return Some(format!("the plan {p:?} is malformed"));
-        }
-        if self.reduction == Reduction::Subgroup {
-            if !caps.subgroups {
-                return Some("the device has no subgroup operations".into());
+        match self.kernel {
+            DecodeKernel::Lanes { plan: p, reduction } => {
+                if !p.is_well_formed() {
+                    return Some(format!("the plan {p:?} is malformed"));
+                }
+                if reduction == Reduction::Subgroup {
+                    if !caps.subgroups {
+                        return Some("the device has no subgroup operations".into());
+                    }
+                    if caps.subgroup_min_size < p.lanes_per_key {
+                        return Some(format!(
+                            "{} lanes per key need subgroups of at least that many; the device's smallest is {}",
+                            p.lanes_per_key, caps.subgroup_min_size
+                        ));
+                    }
+                }
             }
-            if caps.subgroup_min_size < p.lanes_per_key {
-                return Some(format!(
-                    "{} lanes per key need subgroups of at least that many; the device's smallest is {}",
-                    p.lanes_per_key, caps.subgroup_min_size
-                ));
+            DecodeKernel::Coop(p) => {
+                if !p.is_well_formed() {
+                    return Some(format!("the plan {p:?} is malformed"));
+                }
+                if self.storage != DType::F16 {
+                    return Some(format!(
+                        "the cooperative-matrix decode kernel multiplies f16 data, not {}",
+                        self.storage.name()
+                    ));
+                }
+                if !self.head_dim.is_multiple_of(16) || self.head_dim > COOP_DECODE_MAX_HEAD_DIM {
+                    return Some(format!(
+                        "the cooperative-matrix decode kernel takes head_dim a multiple of 16 up to \
+                         {COOP_DECODE_MAX_HEAD_DIM}, not {}",
+                        self.head_dim
+                    ));
+                }
+                if let Some(why) = coop_device_unavailable_reason(caps) {
+                    return Some(why);
+                }
             }
         }
-        if p.workgroup_size > caps.max_invocations_per_workgroup || p.workgroup_size > caps.max_workgroup_size_x {
-            return Some(format!(
-                "{} invocations per workgroup exceed the device's limit",
-                p.workgroup_size
-            ));
+        let size = self.workgroup_size();
+        if size > caps.max_invocations_per_workgroup || size > caps.max_workgroup_size_x {
+            return Some(format!("{size} invocations per workgroup exceed the device's limit"));
         }
         let bytes = self.workgroup_bytes();
         if bytes > caps.max_workgroup_storage_bytes {
@@ -206,6 +341,12 @@ pub struct DecodeChoice {
     pub splits: Option<u32>,
     /// How lanes add their products; subgroups where the device has them wide enough when `None`.
     pub reduction: Option<Reduction>,
+    /// `Some(true)`: the cooperative-matrix kernel (an error naming each reason where it cannot
+    /// run); `Some(false)`: the lane kernel; `None`: the cooperative-matrix kernel where it runs
+    /// and no lane knob (`plan`, `reduction`) is set, else the lane kernel.
+    pub cooperative_matrix: Option<bool>,
+    /// The cooperative-matrix kernel's plan; the first of `COOP_DECODE_PLANS` that fits when `None`.
+    pub coop_plan: Option<CoopDecodePlan>,
 }
 
 /// How one decode call divides its work: a grid of (splits, K/V heads × row blocks, batch)
@@ -299,11 +440,45 @@ pub fn parallel_slots(caps: &Caps) -> u64 {
     }
 }
 
+/// The decode kernels `choice` allows for a problem of `rows` query rows per K/V head, best first:
+/// the cooperative-matrix kernel's plans, then the lane kernel's (per reduction).
+fn decode_candidates(choice: &DecodeChoice, rows: u32, bounds_checks: BoundsChecks) -> Vec<DecodeKernel> {
+    let lane_knobs = choice.plan.is_some() || choice.reduction.is_some();
+    let coop = match choice.cooperative_matrix {
+        Some(forced) => forced,
+        None => {
+            choice.coop_plan.is_some() || (COOP_DECODE_BY_DEFAULT && !lane_knobs && bounds_checks == BoundsChecks::Off)
+        }
+    };
+    if coop {
+        return match choice.coop_plan {
+            Some(plan) => vec![DecodeKernel::Coop(plan)],
+            None => COOP_DECODE_PLANS.iter().map(|&p| DecodeKernel::Coop(p)).collect(),
+        };
+    }
+    let plans: Vec<DecodePlan> = match choice.plan {
+        Some(plan) => vec![plan],
+        None => DECODE_PLANS.iter().map(|p| p.with_rows_for(rows)).collect(),
+    };
+    let reductions: &[Reduction] = match choice.reduction {
+        Some(Reduction::Subgroup) => &[Reduction::Subgroup],
+        Some(Reduction::Workgroup) => &[Reduction::Workgroup],
+        None => &[Reduction::Subgroup, Reduction::Workgroup],
+    };
+    reductions
+        .iter()
+        .flat_map(|&reduction| plans.iter().map(move |&plan| DecodeKernel::Lanes { plan, reduction }))
+        .collect()
+}
+
 /// The decode configuration and split for `problem` on `caps`, or why the kernel cannot run it.
+/// Automatic selection (`choice.cooperative_matrix` `None`) falls back from the
+/// cooperative-matrix kernel to the lane kernel where the former cannot run.
 pub fn select_decode(
     problem: &AttentionProblem,
     caps: &Caps,
     choice: &DecodeChoice,
+    bounds_checks: BoundsChecks,
 ) -> Result<(DecodeConfig, DecodeSplit)> {
     if let Some(why) = missing_features("the decode kernel", problem.features(), DECODE_FEATURES) {
         return Err(Error::Unavailable {
@@ -314,6 +489,14 @@ pub fn select_decode(
     if choice.splits == Some(0) {
         return invalid!("a decode split count of 0; ask for 1 to turn splitting off");
     }
+    if choice.cooperative_matrix == Some(true) && bounds_checks == BoundsChecks::On {
+        return Err(Error::Unavailable {
+            what: "the cooperative-matrix decode kernel".into(),
+            why: "bounds checks are on, and wgpu cannot add them to this kernel: its SPIR-V is built by this \
+                  library and passed through to the driver unchecked"
+                .into(),
+        });
+    }
     let s = problem.shape;
     let Ok(rows) = u32::try_from(problem.group_size().saturating_mul(s.seq_q)) else {
         return Err(Error::TooLarge(format!(
@@ -323,58 +506,57 @@ pub fn select_decode(
         )));
     };
     let head_dim = s.head_dim as u32;
-    let plans: Vec<DecodePlan> = match choice.plan {
-        Some(plan) => vec![plan],
-        None => DECODE_PLANS.iter().map(|p| p.with_rows_for(rows)).collect(),
-    };
-    let reductions: &[Reduction] = match choice.reduction {
-        Some(Reduction::Subgroup) => &[Reduction::Subgroup],
-        Some(Reduction::Workgroup) => &[Reduction::Workgroup],
-        None => &[Reduction::Subgroup, Reduction::Workgroup],
-    };
+    let mut candidates = decode_candidates(choice, rows, bounds_checks);
+    if choice.cooperative_matrix.is_none() && choice.coop_plan.is_none() && candidates.iter().all(DecodeKernel::is_coop)
+    {
+        // Where no matrix plan runs, the lane kernel still does.
+        let lanes = DecodeChoice {
+            cooperative_matrix: Some(false),
+            ..*choice
+        };
+        candidates.extend(decode_candidates(&lanes, rows, bounds_checks));
+    }
     let mut reasons = Vec::new();
-    for &reduction in reductions {
-        for &plan in &plans {
-            let config = DecodeConfig {
-                plan,
-                storage: problem.dtype,
-                head_dim,
-                reduction,
-                paged: problem.kv_cache.paged.is_some(),
-                kv_lengths: problem.kv_cache.lengths,
-                head_tensors: problem.has_head_tensors(),
-            };
-            if let Some(why) = config.unavailable_reason(caps) {
-                reasons.push(format!("{}: {why}", config.name()));
-                continue;
-            }
-            let unsplit = DecodeSplit::new(problem, plan.rows, 1);
-            let splits = choice.splits.unwrap_or_else(|| {
-                split_count(
-                    unsplit.workgroups(problem),
-                    s.seq_kv as u64,
-                    parallel_slots(caps),
-                    DECODE_MIN_KEYS_PER_SPLIT,
-                    DECODE_MAX_SPLITS,
-                )
-            });
-            // The partial results must fit one binding: fewer pieces where they would not.
-            let per_split = DecodeSplit::new(problem, plan.rows, 2).partial_lens(problem).0 / 2 * 4;
-            let room = (caps.max_storage_binding_bytes.min(caps.max_buffer_bytes) / per_split.max(1)).max(1);
-            let splits = match choice.splits {
-                Some(forced) if forced > 1 && forced as u64 > room => {
-                    return Err(Error::TooLarge(format!(
-                        "{forced} pieces of the keys need {} bytes of partial results, more than this \
-                         device binds at once; at most {room} fit",
-                        per_split.saturating_mul(forced as u64)
-                    )))
-                }
-                _ => splits.min(room.min(u32::MAX as u64) as u32),
-            };
-            let split = DecodeSplit::new(problem, plan.rows, splits);
-            check_decode_grid(problem, &split, caps)?;
-            return Ok((config, split));
+    for kernel in candidates {
+        let config = DecodeConfig {
+            kernel,
+            storage: problem.dtype,
+            head_dim,
+            paged: problem.kv_cache.paged.is_some(),
+            kv_lengths: problem.kv_cache.lengths,
+            head_tensors: problem.has_head_tensors(),
+        };
+        if let Some(why) = config.unavailable_reason(caps) {
+            reasons.push(format!("{}: {why}", config.name()));
+            continue;
         }
+        let block_rows = config.rows();
+        let unsplit = DecodeSplit::new(problem, block_rows, 1);
+        let splits = choice.splits.unwrap_or_else(|| {
+            split_count(
+                unsplit.workgroups(problem),
+                s.seq_kv as u64,
+                parallel_slots(caps),
+                DECODE_MIN_KEYS_PER_SPLIT,
+                DECODE_MAX_SPLITS,
+            )
+        });
+        // The partial results must fit one binding: fewer pieces where they would not.
+        let per_split = DecodeSplit::new(problem, block_rows, 2).partial_lens(problem).0 / 2 * 4;
+        let room = (caps.max_storage_binding_bytes.min(caps.max_buffer_bytes) / per_split.max(1)).max(1);
+        let splits = match choice.splits {
+            Some(forced) if forced > 1 && forced as u64 > room => {
+                return Err(Error::TooLarge(format!(
+                    "{forced} pieces of the keys need {} bytes of partial results, more than this \
+                     device binds at once; at most {room} fit",
+                    per_split.saturating_mul(forced as u64)
+                )))
+            }
+            _ => splits.min(room.min(u32::MAX as u64) as u32),
+        };
+        let split = DecodeSplit::new(problem, block_rows, splits);
+        check_decode_grid(problem, &split, caps)?;
+        return Ok((config, split));
     }
     Err(Error::Unavailable {
         what: "the decode kernel".into(),
@@ -406,9 +588,10 @@ fn check_decode_grid(problem: &AttentionProblem, split: &DecodeSplit, caps: &Cap
     Ok(())
 }
 
-/// The decode configurations the shader tests compile: every shipped plan at the row counts
+/// The decode configurations the shader tests compile: every shipped lane plan at the row counts
 /// selection derives from it, both reductions, every storage type, head dims from the smallest
-/// to the largest with uneven granule counts between.
+/// to the largest with uneven granule counts between; every cooperative-matrix plan and the
+/// extremes of its sizes, with every cache variant.
 pub fn all_decode_configs() -> Vec<DecodeConfig> {
     let mut configs = Vec::new();
     for plan in DECODE_PLANS {
@@ -426,10 +609,12 @@ pub fn all_decode_configs() -> Vec<DecodeConfig> {
                             caches.iter().flat_map(|c| [(c, false), (c, head_dim == 40)])
                         {
                             let config = DecodeConfig {
-                                plan: plan.with_rows_for(rows),
+                                kernel: DecodeKernel::Lanes {
+                                    plan: plan.with_rows_for(rows),
+                                    reduction,
+                                },
                                 storage,
                                 head_dim,
-                                reduction,
                                 paged,
                                 kv_lengths,
                                 head_tensors,
@@ -443,6 +628,37 @@ pub fn all_decode_configs() -> Vec<DecodeConfig> {
             }
         }
     }
+    // The cooperative-matrix kernel: the shipped plans and the sizes' extremes, f16 only.
+    let extremes = [
+        CoopDecodePlan {
+            subgroups: 1,
+            block_n: 16,
+        },
+        CoopDecodePlan {
+            subgroups: 8,
+            block_n: 128,
+        },
+        CoopDecodePlan {
+            subgroups: 2,
+            block_n: 64,
+        },
+    ];
+    for plan in COOP_DECODE_PLANS.into_iter().chain(extremes) {
+        for head_dim in [16, 64, 80, 128] {
+            for (paged, kv_lengths) in [(false, false), (true, false), (false, true), (true, true)] {
+                for head_tensors in [false, true] {
+                    configs.push(DecodeConfig {
+                        kernel: DecodeKernel::Coop(plan),
+                        storage: DType::F16,
+                        head_dim,
+                        paged,
+                        kv_lengths,
+                        head_tensors,
+                    });
+                }
+            }
+        }
+    }
     configs
 }
 
@@ -451,6 +667,17 @@ mod tests {
     use super::*;
     use crate::caps::fixtures::{h200, lavapipe};
     use crate::problem::AttentionShape;
+
+    fn select(problem: &AttentionProblem, caps: &Caps, choice: &DecodeChoice) -> Result<(DecodeConfig, DecodeSplit)> {
+        select_decode(problem, caps, choice, BoundsChecks::Off)
+    }
+
+    fn lanes() -> DecodeChoice {
+        DecodeChoice {
+            cooperative_matrix: Some(false),
+            ..DecodeChoice::default()
+        }
+    }
 
     fn decode_problem(batch: usize, heads: usize, kv_heads: usize, seq_q: usize, seq_kv: usize) -> AttentionProblem {
         AttentionProblem::new(
@@ -519,28 +746,49 @@ mod tests {
         let split = DecodeSplit::new(&p, 8, 1);
         assert_eq!(split.rows_per_kv_head, 16);
         assert_eq!(split.row_blocks, 2);
-        let (config, split) =
-            select_decode(&decode_problem(1, 32, 8, 1, 32768), &h200(), &DecodeChoice::default()).unwrap();
-        assert_eq!(config.plan.rows, 4, "four query heads per K/V head, one token");
-        assert_eq!(config.reduction, Reduction::Subgroup);
+        let (config, split) = select(&decode_problem(1, 32, 8, 1, 32768), &h200(), &lanes()).unwrap();
+        assert_eq!(config.rows(), 4, "four query heads per K/V head, one token");
+        assert!(matches!(
+            config.kernel,
+            DecodeKernel::Lanes {
+                reduction: Reduction::Subgroup,
+                ..
+            }
+        ));
         assert!(split.splits > 1);
+        let coop = DecodeChoice {
+            cooperative_matrix: Some(true),
+            ..DecodeChoice::default()
+        };
+        let (config, split) = select(&decode_problem(1, 32, 8, 1, 32768), &h200(), &coop).unwrap();
+        assert_eq!(config.rows(), 16, "one matrix block");
+        assert_eq!(split.row_blocks, 1);
     }
 
     #[test]
     fn devices_without_wide_subgroups_get_the_workgroup_reduction() {
         let p = decode_problem(1, 8, 8, 1, 4096);
-        let (config, _) = select_decode(&p, &lavapipe(), &DecodeChoice::default()).unwrap();
-        assert_eq!(config.reduction, Reduction::Subgroup);
-        assert!(config.plan.lanes_per_key <= 8);
+        let (config, _) = select(&p, &lavapipe(), &DecodeChoice::default()).unwrap();
+        let DecodeKernel::Lanes { plan, reduction } = config.kernel else {
+            panic!("{}", config.name())
+        };
+        assert_eq!(reduction, Reduction::Subgroup);
+        assert!(plan.lanes_per_key <= 8);
         let mut caps = lavapipe();
         caps.subgroups = false;
-        let (config, _) = select_decode(&p, &caps, &DecodeChoice::default()).unwrap();
-        assert_eq!(config.reduction, Reduction::Workgroup);
+        let (config, _) = select(&p, &caps, &DecodeChoice::default()).unwrap();
+        assert!(matches!(
+            config.kernel,
+            DecodeKernel::Lanes {
+                reduction: Reduction::Workgroup,
+                ..
+            }
+        ));
         let forced = DecodeChoice {
             reduction: Some(Reduction::Subgroup),
             ..DecodeChoice::default()
         };
-        let err = select_decode(&p, &caps, &forced).unwrap_err();
+        let err = select(&p, &caps, &forced).unwrap_err();
         assert!(err.to_string().contains("no subgroup"), "{err}");
     }
 
@@ -551,16 +799,13 @@ mod tests {
             splits: Some(splits),
             ..DecodeChoice::default()
         };
-        assert_eq!(select_decode(&p, &h200(), &forced(5)).unwrap().1.splits, 5);
+        assert_eq!(select(&p, &h200(), &forced(5)).unwrap().1.splits, 5);
         assert_eq!(
-            select_decode(&p, &h200(), &forced(1000)).unwrap().1.splits,
+            select(&p, &h200(), &forced(1000)).unwrap().1.splits,
             63,
             "one piece per 16 keys at most"
         );
-        assert!(matches!(
-            select_decode(&p, &h200(), &forced(0)),
-            Err(Error::InvalidProblem(_))
-        ));
+        assert!(matches!(select(&p, &h200(), &forced(0)), Err(Error::InvalidProblem(_))));
     }
 
     #[test]
@@ -568,13 +813,13 @@ mod tests {
         let p = decode_problem(64, 64, 8, 16, 1 << 20);
         let mut caps = h200();
         caps.max_storage_binding_bytes = 1 << 27;
-        let (_, split) = select_decode(&p, &caps, &DecodeChoice::default()).unwrap();
+        let (_, split) = select(&p, &caps, &DecodeChoice::default()).unwrap();
         assert!(split.partial_lens(&p).0 * 4 <= 1 << 27, "{split:?}");
         let forced = DecodeChoice {
             splits: Some(64),
             ..DecodeChoice::default()
         };
-        assert!(matches!(select_decode(&p, &caps, &forced), Err(Error::TooLarge(_))));
+        assert!(matches!(select(&p, &caps, &forced), Err(Error::TooLarge(_))));
     }
 
     #[test]
@@ -586,10 +831,9 @@ mod tests {
                     for head_dim in [64, 128] {
                         for (paged, kv_lengths) in [(false, false), (true, false), (false, true), (true, true)] {
                             let c = DecodeConfig {
-                                plan,
+                                kernel: DecodeKernel::Lanes { plan, reduction },
                                 storage,
                                 head_dim,
-                                reduction,
                                 paged,
                                 kv_lengths,
                                 head_tensors: head_dim == 64,
@@ -599,6 +843,70 @@ mod tests {
                     }
                 }
             }
+        }
+    }
+
+    /// The cooperative-matrix kernel where it runs (f16, head_dim a multiple of 16 up to 128, a
+    /// device with matrices, bounds checks off), the lane kernel elsewhere; forcing it says why
+    /// it cannot run.
+    #[test]
+    fn cooperative_matrix_decode_is_selected_where_it_runs_and_says_why_not() {
+        let p = decode_problem(1, 32, 8, 1, 32768);
+        let coop = |problem: &AttentionProblem, caps: &Caps| {
+            select(problem, caps, &DecodeChoice::default()).unwrap().0.is_coop()
+        };
+        assert_eq!(coop(&p, &h200()), COOP_DECODE_BY_DEFAULT);
+        assert!(!coop(&p, &lavapipe()));
+        assert!(!coop(
+            &AttentionProblem {
+                dtype: DType::BF16,
+                ..p
+            },
+            &h200()
+        ));
+        let mut wide = p;
+        wide.shape.head_dim = 256;
+        assert!(!coop(&wide, &h200()));
+        let auto = select_decode(&p, &h200(), &DecodeChoice::default(), BoundsChecks::On)
+            .unwrap()
+            .0;
+        assert!(!auto.is_coop(), "bounds checks keep the lane kernel");
+        let forced = DecodeChoice {
+            cooperative_matrix: Some(true),
+            ..DecodeChoice::default()
+        };
+        let why = |problem: &AttentionProblem, caps: &Caps| select(problem, caps, &forced).unwrap_err().to_string();
+        assert!(why(
+            &AttentionProblem {
+                dtype: DType::BF16,
+                ..p
+            },
+            &h200()
+        )
+        .contains("f16"));
+        assert!(why(&wide, &h200()).contains("head_dim"));
+        assert!(why(&p, &lavapipe()).contains("cooperative matrices"));
+        let bounded = select_decode(&p, &h200(), &forced, BoundsChecks::On)
+            .unwrap_err()
+            .to_string();
+        assert!(bounded.contains("bounds checks"), "{bounded}");
+        // A lane knob asks for the lane kernel.
+        let knob = DecodeChoice {
+            reduction: Some(Reduction::Workgroup),
+            ..DecodeChoice::default()
+        };
+        assert!(!select(&p, &h200(), &knob).unwrap().0.is_coop());
+        for plan in COOP_DECODE_PLANS {
+            assert!(plan.is_well_formed(), "{plan:?}");
+            let config = DecodeConfig {
+                kernel: DecodeKernel::Coop(plan),
+                storage: DType::F16,
+                head_dim: 128,
+                paged: true,
+                kv_lengths: true,
+                head_tensors: true,
+            };
+            assert_eq!(config.unavailable_reason(&h200()), None, "{}", config.name());
         }
     }
 }

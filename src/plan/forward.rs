@@ -48,7 +48,7 @@ impl ForwardKernel {
         match self {
             ForwardKernel::Tiled(c) => c.plan.block_m,
             ForwardKernel::Coop(c) => c.block_m,
-            ForwardKernel::Decode { config, .. } => config.plan.rows,
+            ForwardKernel::Decode { config, .. } => config.rows(),
         }
     }
 
@@ -57,7 +57,7 @@ impl ForwardKernel {
         match self {
             ForwardKernel::Tiled(c) => c.plan.workgroup_size(),
             ForwardKernel::Coop(c) => c.workgroup_size(),
-            ForwardKernel::Decode { config, .. } => config.plan.workgroup_size,
+            ForwardKernel::Decode { config, .. } => config.workgroup_size(),
         }
     }
 
@@ -84,7 +84,8 @@ pub fn select_forward(
 ) -> Result<ForwardKernel> {
     problem.validate()?;
     let decode = |choice: &DecodeChoice| {
-        select_decode(problem, caps, choice).map(|(config, split)| ForwardKernel::Decode { config, split })
+        select_decode(problem, caps, choice, bounds_checks)
+            .map(|(config, split)| ForwardKernel::Decode { config, split })
     };
     match choice {
         KernelChoice::Decode(forced) => return decode(forced),

@@ -35,6 +35,12 @@ pub const COOP_DQ_BY_DEFAULT: bool = true;
 /// query rows per K/V head (below).
 pub const DECODE_BY_DEFAULT: bool = true;
 
+/// Whether automatic selection takes the cooperative-matrix decode kernel
+/// (shaders/flash_decode_coop.wgsl) where it runs (f16 data, head_dim a multiple of 16 up to 128,
+/// a device with 16 × 16 f16 matrices and 32-wide subgroups), else the lane kernel. Not until it
+/// has matched the float64 reference on such a device and beaten the lane kernel there.
+pub const COOP_DECODE_BY_DEFAULT: bool = false;
+
 /// The decode kernel takes problems with at most this many new tokens per
 /// sequence (one for plain decoding, a few for speculative decoding)...
 pub const DECODE_MAX_QUERIES: usize = 16;

@@ -287,12 +287,19 @@ fn main(@builtin(local_invocation_index) li: u32) {
             .all(|&(at, op, _)| op != OP_CONSTANT || words[at + 2] < words[3]));
     }
 
-    /// The kernel's one matrix subtraction (`componentwise_product`) becomes a product in every
-    /// configuration, and no other matrix subtraction exists to be turned into one by mistake.
+    /// The one matrix subtraction (`componentwise_product`) of the forward and decode kernels
+    /// becomes a product in every configuration, and no other matrix subtraction exists to be
+    /// turned into one by mistake.
     #[test]
     fn the_cooperative_kernel_has_exactly_one_componentwise_product() {
-        for config in crate::plan::all_coop_configs() {
-            let kernel = crate::wgsl::KernelConfig::FlashCoop(config);
+        let forward = crate::plan::all_coop_configs()
+            .into_iter()
+            .map(crate::wgsl::KernelConfig::FlashCoop);
+        let decode = crate::plan::all_decode_configs()
+            .into_iter()
+            .filter(|c| c.is_coop())
+            .map(crate::wgsl::KernelConfig::Decode);
+        for kernel in forward.chain(decode) {
             let words = compile(&kernel.name(), &kernel.source()).unwrap();
             let matrix_types = cooperative_matrix_types(&words);
             let on_matrices = |op: u32| {

@@ -11,7 +11,9 @@ pub mod params;
 pub mod unroll;
 
 use crate::plan::policy::DECODE_MAX_SPLITS;
-use crate::plan::{BackwardKernel, CoopConfig, DecodeConfig, FlashConfig, Reduction, SequenceIndex, TileType};
+use crate::plan::{
+    BackwardKernel, CoopConfig, DecodeConfig, DecodeKernel, FlashConfig, Reduction, SequenceIndex, TileType,
+};
 use crate::problem::DType;
 
 pub const COMMON: &str = include_str!("../../shaders/common.wgsl");
@@ -35,6 +37,7 @@ pub const REDUCE_SUBGROUP: &str = include_str!("../../shaders/reduce_subgroup.wg
 pub const FLASH_FWD: &str = include_str!("../../shaders/flash_fwd.wgsl");
 pub const FLASH_FWD_COOP: &str = include_str!("../../shaders/flash_fwd_coop.wgsl");
 pub const COOP_REGISTERS: &str = include_str!("../../shaders/coop_registers.wgsl");
+pub const COOP_ROWS: &str = include_str!("../../shaders/coop_rows.wgsl");
 pub const NAIVE_SCORES: &str = include_str!("../../shaders/naive_scores.wgsl");
 pub const NAIVE_SOFTMAX: &str = include_str!("../../shaders/naive_softmax.wgsl");
 pub const NAIVE_PV: &str = include_str!("../../shaders/naive_pv.wgsl");
@@ -50,6 +53,8 @@ pub const FLASH_BWD_DQ_COOP: &str = include_str!("../../shaders/flash_bwd_dq_coo
 pub const FLASH_BWD_SINKS: &str = include_str!("../../shaders/flash_bwd_sinks.wgsl");
 pub const MERGE: &str = include_str!("../../shaders/merge.wgsl");
 pub const FLASH_DECODE: &str = include_str!("../../shaders/flash_decode.wgsl");
+pub const DECODE_COMMON: &str = include_str!("../../shaders/decode_common.wgsl");
+pub const FLASH_DECODE_COOP: &str = include_str!("../../shaders/flash_decode_coop.wgsl");
 pub const DECODE_LANES_SUBGROUP: &str = include_str!("../../shaders/decode_lanes_subgroup.wgsl");
 pub const DECODE_LANES_WORKGROUP: &str = include_str!("../../shaders/decode_lanes_workgroup.wgsl");
 pub const DECODE_COMBINE: &str = include_str!("../../shaders/decode_combine.wgsl");
@@ -178,16 +183,25 @@ impl KernelConfig {
         if let KernelConfig::Backward(k) = self {
             f |= k.required_features();
         }
-        if let KernelConfig::Decode(c) = self {
-            if c.reduction == Reduction::Subgroup {
-                f |= wgpu::Features::SUBGROUP;
-            }
-        }
-        if let KernelConfig::FlashCoop(_) = self {
-            f |= wgpu::Features::SUBGROUP
-                | wgpu::Features::SUBGROUP_BARRIER
-                | wgpu::Features::SHADER_F16
-                | wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX;
+        let coop = wgpu::Features::SUBGROUP
+            | wgpu::Features::SUBGROUP_BARRIER
+            | wgpu::Features::SHADER_F16
+            | wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX;
+        match self {
+            KernelConfig::Decode(DecodeConfig {
+                kernel:
+                    DecodeKernel::Lanes {
+                        reduction: Reduction::Subgroup,
+                        ..
+                    },
+                ..
+            }) => f |= wgpu::Features::SUBGROUP,
+            KernelConfig::Decode(DecodeConfig {
+                kernel: DecodeKernel::Coop(_),
+                ..
+            })
+            | KernelConfig::FlashCoop(_) => f |= coop,
+            _ => {}
         }
         f
     }
@@ -242,37 +256,7 @@ impl KernelConfig {
                     src.push_str(part);
                 }
             }
-            KernelConfig::Decode(c) => {
-                let p = &c.plan;
-                src.push_str(&format!(
-                    "const WG: u32 = {}u;\nconst LANES: u32 = {}u;\nconst ROWS: u32 = {}u;\n\
-                     const KEYS_PER_STEP: u32 = {}u;\nconst HEAD_GRANULES: u32 = {}u;\n\
-                     const PAGED: bool = {};\nconst KV_LENGTHS: bool = {};\n",
-                    p.workgroup_size,
-                    p.lanes_per_key,
-                    p.rows,
-                    p.keys_per_step,
-                    c.head_dim / 4,
-                    c.paged,
-                    c.kv_lengths
-                ));
-                src.push_str(&head_terms_source(c.head_tensors, DECODE_HEAD_BINDING));
-                for part in [
-                    COMMON,
-                    storage_codec(c.storage),
-                    match c.reduction {
-                        Reduction::Subgroup => DECODE_LANES_SUBGROUP,
-                        Reduction::Workgroup => DECODE_LANES_WORKGROUP,
-                    },
-                    FLASH_DECODE,
-                ] {
-                    src.push_str(part);
-                }
-                src = match crate::wgsl::unroll::unroll_loops(&src, &c.unroll_bounds()) {
-                    Ok(unrolled) => unrolled,
-                    Err(e) => format!("{src}\nunroll_failed: {e}\n"),
-                };
-            }
+            KernelConfig::Decode(c) => decode_source(c, &mut src),
             KernelConfig::AppendKv {
                 storage,
                 paged,
@@ -312,7 +296,7 @@ impl KernelConfig {
                 src.push_str(&sequence_source(c.sequences, FORWARD_INDEX_BINDING));
                 src.push_str(&head_terms_source(c.head_tensors, FORWARD_HEAD_BINDING));
                 src.push_str(&score_bias_source(c.bias, FORWARD_BIAS_BINDING));
-                for part in [COMMON, STORAGE_F16, FLASH_FWD_COOP, COOP_REGISTERS] {
+                for part in [COMMON, STORAGE_F16, FLASH_FWD_COOP, COOP_ROWS, COOP_REGISTERS] {
                     src.push_str(part);
                 }
                 // The fragment loops are unrolled (src/wgsl/unroll.rs says why). Our own shader's
@@ -544,18 +528,73 @@ impl CoopConfig {
     }
 }
 
+/// The decode kernel's module: its sizes as constants, the per-head tensors' bindings, the shared
+/// pieces and the kernel, with its register loops unrolled.
+fn decode_source(c: &DecodeConfig, src: &mut String) {
+    let cache = format!(
+        "const HEAD_GRANULES: u32 = {}u;\nconst PAGED: bool = {};\nconst KV_LENGTHS: bool = {};\n",
+        c.head_dim / 4,
+        c.paged,
+        c.kv_lengths
+    );
+    let parts: &[&str] = match c.kernel {
+        DecodeKernel::Lanes { plan: p, reduction } => {
+            src.push_str(&format!(
+                "const WG: u32 = {}u;\nconst LANES: u32 = {}u;\nconst ROWS: u32 = {}u;\nconst KEYS_PER_STEP: u32 = {}u;\n",
+                p.workgroup_size, p.lanes_per_key, p.rows, p.keys_per_step,
+            ));
+            &[
+                COMMON,
+                storage_codec(c.storage),
+                match reduction {
+                    Reduction::Subgroup => DECODE_LANES_SUBGROUP,
+                    Reduction::Workgroup => DECODE_LANES_WORKGROUP,
+                },
+                DECODE_COMMON,
+                FLASH_DECODE,
+            ]
+        }
+        DecodeKernel::Coop(p) => {
+            src.push_str("enable f16;\nenable wgpu_cooperative_matrix;\n");
+            src.push_str(&format!(
+                "const SUBGROUPS: u32 = {}u;\nconst BLOCK_N: u32 = {}u;\n",
+                p.subgroups, p.block_n
+            ));
+            &[COMMON, STORAGE_F16, DECODE_COMMON, COOP_ROWS, FLASH_DECODE_COOP]
+        }
+    };
+    src.push_str(&cache);
+    src.push_str(&head_terms_source(c.head_tensors, DECODE_HEAD_BINDING));
+    for part in parts {
+        src.push_str(part);
+    }
+    // See the cooperative-matrix forward kernel: a malformed marker fails the module's compile.
+    *src = match crate::wgsl::unroll::unroll_loops(src, &c.unroll_bounds()) {
+        Ok(unrolled) => unrolled,
+        Err(e) => format!("{src}\nunroll_failed: {e}\n"),
+    };
+}
+
 impl DecodeConfig {
-    /// The trip counts of flash_decode.wgsl's `// @unroll` loops (src/wgsl/unroll.rs).
-    pub(crate) fn unroll_bounds(&self) -> [(&'static str, u32); 5] {
-        let p = &self.plan;
-        let granules_per_lane = p.granules_per_lane(self.head_dim);
-        [
-            ("ROWS", p.rows),
-            ("GRANULES_PER_LANE", granules_per_lane),
-            ("KEYS_PER_STEP", p.keys_per_step),
-            ("DOTS", p.keys_per_step * p.rows),
-            ("KV_PARTS", p.keys_per_step * granules_per_lane),
-        ]
+    /// The trip counts of the decode kernel's `// @unroll` loops (src/wgsl/unroll.rs).
+    pub(crate) fn unroll_bounds(&self) -> Vec<(&'static str, u32)> {
+        match self.kernel {
+            DecodeKernel::Lanes { plan: p, .. } => {
+                let granules_per_lane = p.granules_per_lane(self.head_dim);
+                vec![
+                    ("ROWS", p.rows),
+                    ("GRANULES_PER_LANE", granules_per_lane),
+                    ("KEYS_PER_STEP", p.keys_per_step),
+                    ("DOTS", p.keys_per_step * p.rows),
+                    ("KV_PARTS", p.keys_per_step * granules_per_lane),
+                ]
+            }
+            DecodeKernel::Coop(p) => vec![
+                ("D_BLOCKS", self.head_dim / 16),
+                ("N_BLOCKS", p.block_n / 16),
+                ("HALF_VECS", p.block_n / 8),
+            ],
+        }
     }
 }
 
