@@ -79,6 +79,20 @@ fn decode_row(kv_head: u32, packed: u32, rows_per_kv_head: u32, seq_len: u32, pi
     return row;
 }
 
+// The keys of this piece the workgroup's rows row0 .. row0 + ROWS see, as [first, end): from the
+// first key any of them sees (a window's left edge) to the last. Empty (first = end) for a piece
+// past a shorter sequence's end.
+fn piece_keys(kv_head: u32, row0: u32, rows_per_kv_head: u32, seq_len: u32, keys_begin: u32, piece_end: u32) -> vec2<u32> {
+    var first = max(piece_end, keys_begin);
+    var end = keys_begin;
+    for (var i = 0u; i < ROWS; i++) {
+        let row = decode_row(kv_head, row0 + i, rows_per_kv_head, seq_len, piece_end);
+        end = max(end, row.end);
+        first = min(first, max(keys_begin, row.begin));
+    }
+    return vec2<u32>(first, end);
+}
+
 // Scores in base 2 of keys key..key+3 of a row from their dot products: the scale, the soft-cap if
 // any (common.wgsl), and ALiBi's bias.
 fn scores4(dots: vec4<f32>, row: DecodeRow, key: u32) -> vec4<f32> {

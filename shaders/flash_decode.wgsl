@@ -80,15 +80,12 @@ fn flash_decode(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_
     let keys_begin = split * params.keys_per_split;
     let piece_end = min(seq_len, keys_begin + params.keys_per_split);
     var rows: array<DecodeRow, ROWS>;
-    var keys_end = keys_begin;
-    // The first key any row of the block sees, from which the loop starts (a window's left edge).
-    var first_seen = piece_end;
     // @unroll
     for (var r = 0u; r < ROWS; r++) {
         rows[r] = decode_row(kv_head, row0 + r, rows_per_kv_head, seq_len, piece_end);
-        keys_end = max(keys_end, rows[r].end);
-        first_seen = min(first_seen, max(keys_begin, rows[r].begin));
     }
+    let keys = piece_keys(kv_head, row0, rows_per_kv_head, seq_len, keys_begin, piece_end);
+    let keys_end = keys.y;
 
     var q_slice: array<vec4<f32>, ROWS * GRANULES_PER_LANE>;
     // @unroll
@@ -107,7 +104,7 @@ fn flash_decode(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_
     var row_max: array<f32, ROWS>;
     var row_sum: array<f32, ROWS>;
     // Trip count uniform across the workgroup: add_across_lanes may hold barriers.
-    for (var block = first_seen; block < keys_end; block += KEY_GROUPS * KEYS_PER_STEP) {
+    for (var block = keys.x; block < keys_end; block += KEY_GROUPS * KEYS_PER_STEP) {
         let first = block + key_group * KEYS_PER_STEP;
         // Initialized explicitly on every trip: a `var` without initializer inside a loop is zero
         // on each trip by the WGSL spec, but Chrome on SwiftShader kept the last trip's values

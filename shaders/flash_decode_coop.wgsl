@@ -108,13 +108,8 @@ fn flash_decode(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_
     let seq_len = sequence_keys(b);
     let keys_begin = split * params.keys_per_split;
     let piece_end = min(seq_len, keys_begin + params.keys_per_split);
-    var keys_end = keys_begin;
-    var first_seen = piece_end;
-    for (var i = 0u; i < ROWS; i++) {
-        let row = decode_row(kv_head, row0 + i, rows_per_kv_head, seq_len, piece_end);
-        keys_end = max(keys_end, row.end);
-        first_seen = min(first_seen, max(keys_begin, row.begin));
-    }
+    let keys = piece_keys(kv_head, row0, rows_per_kv_head, seq_len, keys_begin, piece_end);
+    let keys_end = keys.y;
     let mine = decode_row(kv_head, row0 + r, rows_per_kv_head, seq_len, piece_end);
 
     // Q's rows, gathered through workgroup memory into A fragments.
@@ -144,7 +139,7 @@ fn flash_decode(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_
     var m = 0.0;
     var l = 0.0;
     // Blocks start at multiples of 16 (a piece does), so 16 keys never straddle two pages.
-    let start = first_seen & ~15u;
+    let start = keys.x & ~15u;
     // Trip counts and branches below are uniform over the subgroup, as cooperative operations need.
     for (var block = start + sg * BLOCK_N; block < keys_end; block += SUBGROUPS * BLOCK_N) {
         var s_frag: array<coop_mat16x16<f32, C>, N_BLOCKS>; // set in full below, before any read
