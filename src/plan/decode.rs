@@ -20,7 +20,6 @@
 use crate::caps::register_layout::COOP_SUBGROUP;
 use crate::caps::Caps;
 use crate::error::{invalid, Error, Result};
-use crate::plan::choice::BoundsChecks;
 use crate::plan::coop::coop_device_unavailable_reason;
 use crate::plan::missing_features;
 use crate::plan::policy::{
@@ -442,13 +441,11 @@ pub fn parallel_slots(caps: &Caps) -> u64 {
 
 /// The decode kernels `choice` allows for a problem of `rows` query rows per K/V head, best first:
 /// the cooperative-matrix kernel's plans, then the lane kernel's (per reduction).
-fn decode_candidates(choice: &DecodeChoice, rows: u32, bounds_checks: BoundsChecks) -> Vec<DecodeKernel> {
+fn decode_candidates(choice: &DecodeChoice, rows: u32, unchecked: bool) -> Vec<DecodeKernel> {
     let lane_knobs = choice.plan.is_some() || choice.reduction.is_some();
     let coop = match choice.cooperative_matrix {
         Some(forced) => forced,
-        None => {
-            choice.coop_plan.is_some() || (COOP_DECODE_BY_DEFAULT && !lane_knobs && bounds_checks == BoundsChecks::Off)
-        }
+        None => choice.coop_plan.is_some() || (COOP_DECODE_BY_DEFAULT && !lane_knobs && unchecked),
     };
     if coop {
         return match choice.coop_plan {
@@ -473,12 +470,14 @@ fn decode_candidates(choice: &DecodeChoice, rows: u32, bounds_checks: BoundsChec
 
 /// The decode configuration and split for `problem` on `caps`, or why the kernel cannot run it.
 /// Automatic selection (`choice.cooperative_matrix` `None`) falls back from the
-/// cooperative-matrix kernel to the lane kernel where the former cannot run.
+/// cooperative-matrix kernel to the lane kernel where the former cannot run. `unchecked`: the
+/// engine builds modules without bounds checks (`BoundsChecks::Off`), which the
+/// cooperative-matrix kernel needs (its SPIR-V is passed through to the driver as it is).
 pub fn select_decode(
     problem: &AttentionProblem,
     caps: &Caps,
     choice: &DecodeChoice,
-    bounds_checks: BoundsChecks,
+    unchecked: bool,
 ) -> Result<(DecodeConfig, DecodeSplit)> {
     if let Some(why) = missing_features("the decode kernel", problem.features(), DECODE_FEATURES) {
         return Err(Error::Unavailable {
@@ -489,7 +488,7 @@ pub fn select_decode(
     if choice.splits == Some(0) {
         return invalid!("a decode split count of 0; ask for 1 to turn splitting off");
     }
-    if choice.cooperative_matrix == Some(true) && bounds_checks == BoundsChecks::On {
+    if choice.cooperative_matrix == Some(true) && !unchecked {
         return Err(Error::Unavailable {
             what: "the cooperative-matrix decode kernel".into(),
             why: "bounds checks are on, and wgpu cannot add them to this kernel: its SPIR-V is built by this \
@@ -506,7 +505,7 @@ pub fn select_decode(
         )));
     };
     let head_dim = s.head_dim as u32;
-    let mut candidates = decode_candidates(choice, rows, bounds_checks);
+    let mut candidates = decode_candidates(choice, rows, unchecked);
     if choice.cooperative_matrix.is_none() && choice.coop_plan.is_none() && candidates.iter().all(DecodeKernel::is_coop)
     {
         // Where no matrix plan runs, the lane kernel still does.
@@ -514,7 +513,7 @@ pub fn select_decode(
             cooperative_matrix: Some(false),
             ..*choice
         };
-        candidates.extend(decode_candidates(&lanes, rows, bounds_checks));
+        candidates.extend(decode_candidates(&lanes, rows, unchecked));
     }
     let mut reasons = Vec::new();
     for kernel in candidates {
@@ -669,7 +668,7 @@ mod tests {
     use crate::problem::AttentionShape;
 
     fn select(problem: &AttentionProblem, caps: &Caps, choice: &DecodeChoice) -> Result<(DecodeConfig, DecodeSplit)> {
-        select_decode(problem, caps, choice, BoundsChecks::Off)
+        select_decode(problem, caps, choice, true)
     }
 
     fn lanes() -> DecodeChoice {
@@ -867,9 +866,7 @@ mod tests {
         let mut wide = p;
         wide.shape.head_dim = 256;
         assert!(!coop(&wide, &h200()));
-        let auto = select_decode(&p, &h200(), &DecodeChoice::default(), BoundsChecks::On)
-            .unwrap()
-            .0;
+        let auto = select_decode(&p, &h200(), &DecodeChoice::default(), false).unwrap().0;
         assert!(!auto.is_coop(), "bounds checks keep the lane kernel");
         let forced = DecodeChoice {
             cooperative_matrix: Some(true),
@@ -886,9 +883,7 @@ mod tests {
         .contains("f16"));
         assert!(why(&wide, &h200()).contains("head_dim"));
         assert!(why(&p, &lavapipe()).contains("cooperative matrices"));
-        let bounded = select_decode(&p, &h200(), &forced, BoundsChecks::On)
-            .unwrap_err()
-            .to_string();
+        let bounded = select_decode(&p, &h200(), &forced, false).unwrap_err().to_string();
         assert!(bounded.contains("bounds checks"), "{bounded}");
         // A lane knob asks for the lane kernel.
         let knob = DecodeChoice {

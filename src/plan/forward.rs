@@ -84,7 +84,7 @@ pub fn select_forward(
 ) -> Result<ForwardKernel> {
     problem.validate()?;
     let decode = |choice: &DecodeChoice| {
-        select_decode(problem, caps, choice, bounds_checks)
+        select_decode(problem, caps, choice, bounds_checks == BoundsChecks::Off)
             .map(|(config, split)| ForwardKernel::Decode { config, split })
     };
     match choice {
