@@ -136,8 +136,8 @@ fn sweep_plans() -> Vec<DecodePlan> {
 /// The cooperative-matrix plans `--coop-sweep` tries.
 fn coop_sweep_plans() -> Vec<CoopDecodePlan> {
     let mut plans = Vec::new();
-    for subgroups in [1, 2, 4, 8] {
-        for block_n in [16, 32, 64] {
+    for subgroups in [2, 4, 8] {
+        for block_n in [16, 32] {
             plans.push(CoopDecodePlan { subgroups, block_n });
         }
     }

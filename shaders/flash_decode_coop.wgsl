@@ -13,9 +13,10 @@
 // the other subgroups' at the end (decode_common.wgsl). K and V fragments are loaded straight
 // from the cache: 16 keys of one K/V head are 16 rows at one stride (a page holds a multiple of 16
 // keys and blocks start at multiples of 16, so also in a paged cache). Each K and V byte is read
-// once, by one subgroup; nothing is staged, so a step's loads are in flight together. The one
-// block of 16 keys a piece may end inside is copied into workgroup memory with zero rows past
-// its end, since a fragment load would read past the cache.
+// once, by one subgroup; nothing is staged, and the next step's K and this step's V are loaded
+// before the barriers of the softmax, so they are in flight while it runs. The one block of 16
+// keys a piece may end inside is copied into workgroup memory with zero rows past its end, since
+// a fragment load would read past the cache.
 //
 // What an invocation owns: half of one score row (two invocations per row, 32 per subgroup) in
 // the softmax: it reads its scores from the subgroup's window of workgroup memory, applies the
@@ -36,6 +37,8 @@ const PARTS: u32 = SUBGROUPS;
 const WG: u32 = SUBGROUPS * SUBGROUP;
 const D_BLOCKS: u32 = HEAD_GRANULES / 4u;
 const N_BLOCKS: u32 = BLOCK_N / 16u;
+// K (or V) fragments of one step.
+const STEP_FRAGS: u32 = N_BLOCKS * D_BLOCKS;
 // vec4s of a half score row, and the row strides of the windows: scores (vec4<f32>), P and the
 // staged rows (vec4<f16> granules), factors (vec4<f32>). Padded so that consecutive rows start in
 // different banks.
@@ -85,6 +88,52 @@ fn checked_row(t: TensorStrides, b: u32, key: u32, kv_head: u32) -> u32 {
         bad_index.x = 1u;
     }
     return at.x;
+}
+
+// The K fragments (B operands of QKᵀ, column-major) of the step's blocks from `block`: from the
+// cache, or for the piece's partial last block from `staged`, which this call fills with its K
+// and V (load_v_step then reads V from there). Blocks past the keys are left as they are. Uniform
+// over the subgroup.
+fn load_k_step(frags: ptr<function, array<coop_mat16x16<f16, B>, STEP_FRAGS>>, b: u32, block: u32, keys_end: u32, kv_head: u32, lane: u32) {
+    // @unroll
+    for (var j = 0u; j < N_BLOCKS; j++) {
+        let key0 = block + 16u * j;
+        if (key0 + 16u <= keys_end) {
+            let at = checked_row(params.k, b, key0, kv_head);
+            // @unroll
+            for (var d = 0u; d < D_BLOCKS; d++) {
+                (*frags)[j * D_BLOCKS + d] = coopLoad<coop_mat16x16<f16, B>>(&k[at + 4u * d], params.k.seq);
+            }
+        } else if (key0 < keys_end) {
+            stage_partial_block(b, key0, keys_end - key0, kv_head, lane);
+            subgroupBarrier();
+            // @unroll
+            for (var d = 0u; d < D_BLOCKS; d++) {
+                (*frags)[j * D_BLOCKS + d] = coopLoad<coop_mat16x16<f16, B>>(&staged[4u * d], T_STRIDE);
+            }
+        }
+    }
+}
+
+// The V fragments (B operands of PV, row-major) of the step's blocks from `block`, as
+// load_k_step (which staged a partial block).
+fn load_v_step(frags: ptr<function, array<coop_mat16x16<f16, B>, STEP_FRAGS>>, b: u32, block: u32, keys_end: u32, kv_head: u32) {
+    // @unroll
+    for (var j = 0u; j < N_BLOCKS; j++) {
+        let key0 = block + 16u * j;
+        if (key0 + 16u <= keys_end) {
+            let at = checked_row(params.v, b, key0, kv_head);
+            // @unroll
+            for (var d = 0u; d < D_BLOCKS; d++) {
+                (*frags)[j * D_BLOCKS + d] = coopLoadT<coop_mat16x16<f16, B>>(&v[at + 4u * d], params.v.seq);
+            }
+        } else if (key0 < keys_end) {
+            // @unroll
+            for (var d = 0u; d < D_BLOCKS; d++) {
+                (*frags)[j * D_BLOCKS + d] = coopLoadT<coop_mat16x16<f16, B>>(&staged[ROWS * T_STRIDE + 4u * d], T_STRIDE);
+            }
+        }
+    }
 }
 
 @compute @workgroup_size(WG)
@@ -141,30 +190,27 @@ fn flash_decode(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_
     // Blocks start at multiples of 16 (a piece does), so 16 keys never straddle two pages.
     let start = keys.x & ~15u;
     // Trip counts and branches below are uniform over the subgroup, as cooperative operations need.
-    for (var block = start + sg * BLOCK_N; block < keys_end; block += SUBGROUPS * BLOCK_N) {
+    // A step's K fragments are loaded during the step before (its softmax and barriers), its V
+    // fragments before its QKᵀ products: the loads are in flight while the subgroup computes.
+    let step = SUBGROUPS * BLOCK_N;
+    var k_frag: array<coop_mat16x16<f16, B>, STEP_FRAGS>;
+    var v_frag: array<coop_mat16x16<f16, B>, STEP_FRAGS>;
+    load_k_step(&k_frag, b, start + sg * BLOCK_N, keys_end, kv_head, lane);
+    for (var block = start + sg * BLOCK_N; block < keys_end; block += step) {
+        load_v_step(&v_frag, b, block, keys_end, kv_head);
         var s_frag: array<coop_mat16x16<f32, C>, N_BLOCKS>; // set in full below, before any read
         // @unroll
         for (var j = 0u; j < N_BLOCKS; j++) {
-            let key0 = block + 16u * j;
             s_frag[j] = coop_mat16x16<f32, C>();
-            if (key0 + 16u <= keys_end) {
-                let at = checked_row(params.k, b, key0, kv_head);
+            if (block + 16u * j < keys_end) {
                 // @unroll
                 for (var d = 0u; d < D_BLOCKS; d++) {
-                    let k_frag = coopLoad<coop_mat16x16<f16, B>>(&k[at + 4u * d], params.k.seq);
-                    s_frag[j] = coopMultiplyAdd(q_frag[d], k_frag, s_frag[j]);
-                }
-            } else if (key0 < keys_end) {
-                stage_partial_block(b, key0, keys_end - key0, kv_head, lane);
-                subgroupBarrier();
-                // @unroll
-                for (var d = 0u; d < D_BLOCKS; d++) {
-                    let k_frag = coopLoad<coop_mat16x16<f16, B>>(&staged[4u * d], T_STRIDE);
-                    s_frag[j] = coopMultiplyAdd(q_frag[d], k_frag, s_frag[j]);
+                    s_frag[j] = coopMultiplyAdd(q_frag[d], k_frag[j * D_BLOCKS + d], s_frag[j]);
                 }
             }
             coopStoreT(s_frag[j], &scores[my_scores + 4u * j], S_STRIDE);
         }
+        load_k_step(&k_frag, b, block + step, keys_end, kv_head, lane);
         subgroupBarrier();
 
         // The softmax of this invocation's half row: keys first .. first + BLOCK_N / 2.
@@ -216,22 +262,11 @@ fn flash_decode(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_
         scale_rows(&o_frag, coopLoadT<coop_mat16x16<f32, C>>(&factors[my_factors], F_STRIDE));
         // @unroll
         for (var j = 0u; j < N_BLOCKS; j++) {
-            let key0 = block + 16u * j;
-            if (key0 < keys_end) {
+            if (block + 16u * j < keys_end) {
                 let p_frag = coopLoadT<coop_mat16x16<f16, A>>(&probs[my_probs + 4u * j], P_STRIDE);
-                if (key0 + 16u <= keys_end) {
-                    let at_v = checked_row(params.v, b, key0, kv_head);
-                    // @unroll
-                    for (var d = 0u; d < D_BLOCKS; d++) {
-                        let v_frag = coopLoadT<coop_mat16x16<f16, B>>(&v[at_v + 4u * d], params.v.seq);
-                        o_frag[d] = coopMultiplyAdd(p_frag, v_frag, o_frag[d]);
-                    }
-                } else {
-                    // @unroll
-                    for (var d = 0u; d < D_BLOCKS; d++) {
-                        let v_frag = coopLoadT<coop_mat16x16<f16, B>>(&staged[ROWS * T_STRIDE + 4u * d], T_STRIDE);
-                        o_frag[d] = coopMultiplyAdd(p_frag, v_frag, o_frag[d]);
-                    }
+                // @unroll
+                for (var d = 0u; d < D_BLOCKS; d++) {
+                    o_frag[d] = coopMultiplyAdd(p_frag, v_frag[j * D_BLOCKS + d], o_frag[d]);
                 }
             }
         }

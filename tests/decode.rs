@@ -210,11 +210,11 @@ fn cooperative_matrix_decode_matches_the_reference() {
         },
         CoopDecodePlan {
             subgroups: 8,
-            block_n: 128,
+            block_n: 32,
         },
         CoopDecodePlan {
             subgroups: 2,
-            block_n: 64,
+            block_n: 32,
         },
     ]);
     let mut rng = Rng::new(0xc00dec);

@@ -23,7 +23,8 @@ use crate::error::{invalid, Error, Result};
 use crate::plan::coop::coop_device_unavailable_reason;
 use crate::plan::missing_features;
 use crate::plan::policy::{
-    COOP_DECODE_BY_DEFAULT, DECODE_MAX_QUERIES, DECODE_MAX_ROWS, DECODE_MAX_SPLITS, DECODE_MIN_KEYS_PER_SPLIT,
+    COOP_DECODE_BY_DEFAULT, COOP_DECODE_MIN_ROWS, DECODE_MAX_QUERIES, DECODE_MAX_ROWS, DECODE_MAX_SPLITS,
+    DECODE_MIN_KEYS_PER_SPLIT,
 };
 use crate::plan::tiled::Reduction;
 use crate::problem::features::{Feature, FeatureSet};
@@ -133,19 +134,21 @@ pub const COOP_DECODE_ROWS: u32 = 16;
 pub const COOP_DECODE_MAX_HEAD_DIM: u32 = 128;
 
 /// The cooperative-matrix decode plans the automatic choice tries in order (the first the device
-/// runs wins).
+/// runs wins). On the H200 (`decode_bench --coop-sweep`, BENCHMARKS.md) 8 subgroups of 16-key
+/// steps were the fastest at batch 8 (1.83–1.89 TB/s against 1.46–1.49 with 4) and within the
+/// spread of the best at batch 1; 32- and 64-key steps were slower on every shape.
 pub const COOP_DECODE_PLANS: [CoopDecodePlan; 3] = [
     CoopDecodePlan {
-        subgroups: 4,
-        block_n: 32,
+        subgroups: 8,
+        block_n: 16,
     },
     CoopDecodePlan {
         subgroups: 4,
-        block_n: 64,
+        block_n: 16,
     },
     CoopDecodePlan {
         subgroups: 2,
-        block_n: 32,
+        block_n: 16,
     },
 ];
 
@@ -440,12 +443,16 @@ pub fn parallel_slots(caps: &Caps) -> u64 {
 }
 
 /// The decode kernels `choice` allows for a problem of `rows` query rows per K/V head, best first:
-/// the cooperative-matrix kernel's plans, then the lane kernel's (per reduction).
+/// the cooperative-matrix kernel's plans where it is wanted (policy.rs), else the lane kernel's
+/// (per reduction).
 fn decode_candidates(choice: &DecodeChoice, rows: u32, unchecked: bool) -> Vec<DecodeKernel> {
     let lane_knobs = choice.plan.is_some() || choice.reduction.is_some();
     let coop = match choice.cooperative_matrix {
         Some(forced) => forced,
-        None => choice.coop_plan.is_some() || (COOP_DECODE_BY_DEFAULT && !lane_knobs && unchecked),
+        None => {
+            let wanted = COOP_DECODE_BY_DEFAULT && rows >= COOP_DECODE_MIN_ROWS;
+            choice.coop_plan.is_some() || (wanted && !lane_knobs && unchecked)
+        }
     };
     if coop {
         return match choice.coop_plan {
@@ -635,11 +642,11 @@ pub fn all_decode_configs() -> Vec<DecodeConfig> {
         },
         CoopDecodePlan {
             subgroups: 8,
-            block_n: 128,
+            block_n: 64,
         },
         CoopDecodePlan {
             subgroups: 2,
-            block_n: 64,
+            block_n: 32,
         },
     ];
     for plan in COOP_DECODE_PLANS.into_iter().chain(extremes) {
@@ -846,15 +853,17 @@ mod tests {
     }
 
     /// The cooperative-matrix kernel where it runs (f16, head_dim a multiple of 16 up to 128, a
-    /// device with matrices, bounds checks off), the lane kernel elsewhere; forcing it says why
-    /// it cannot run.
+    /// device with matrices, bounds checks off) and the rows are many, the lane kernel elsewhere;
+    /// forcing it says why it cannot run.
     #[test]
     fn cooperative_matrix_decode_is_selected_where_it_runs_and_says_why_not() {
-        let p = decode_problem(1, 32, 8, 1, 32768);
+        // Four new tokens over GQA 4: 16 rows per K/V head.
+        let p = decode_problem(1, 32, 8, 4, 32768);
         let coop = |problem: &AttentionProblem, caps: &Caps| {
             select(problem, caps, &DecodeChoice::default()).unwrap().0.is_coop()
         };
         assert_eq!(coop(&p, &h200()), COOP_DECODE_BY_DEFAULT);
+        assert!(!coop(&decode_problem(1, 32, 8, 1, 32768), &h200()), "one token: 4 rows");
         assert!(!coop(&p, &lavapipe()));
         assert!(!coop(
             &AttentionProblem {

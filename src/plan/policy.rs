@@ -37,9 +37,19 @@ pub const DECODE_BY_DEFAULT: bool = true;
 
 /// Whether automatic selection takes the cooperative-matrix decode kernel
 /// (shaders/flash_decode_coop.wgsl) where it runs (f16 data, head_dim a multiple of 16 up to 128,
-/// a device with 16 × 16 f16 matrices and 32-wide subgroups), else the lane kernel. Not until it
-/// has matched the float64 reference on such a device and beaten the lane kernel there.
-pub const COOP_DECODE_BY_DEFAULT: bool = false;
+/// a device with 16 × 16 f16 matrices and 32-wide subgroups) and the problem has at least
+/// [`COOP_DECODE_MIN_ROWS`] query rows per K/V head; else the lane kernel. It has matched the
+/// float64 reference on the H200 (tests/decode.rs, decode_cache.rs, head_terms.rs), and with four
+/// new tokens over GQA 4 (16 rows) read the cache 2.4–3.5× faster than the lane kernel in the
+/// same calls (0.94 against 0.39 TB/s at batch 1, 1.83 against 0.53 at batch 8, 1.21 against
+/// 0.47 at 131,072 keys; BENCHMARKS.md), where the lane kernel's FMA work per key grows with the
+/// rows. With one token (4 rows) the lane kernel was faster (2.64 against 1.85 TB/s at batch 8).
+pub const COOP_DECODE_BY_DEFAULT: bool = true;
+
+/// The fewest query rows per K/V head (query heads per K/V head × new tokens) for which automatic
+/// selection takes the cooperative-matrix decode kernel: past the lane kernel's largest row
+/// block (8 rows), which would read the cache once per block.
+pub const COOP_DECODE_MIN_ROWS: u32 = 9;
 
 /// The decode kernel takes problems with at most this many new tokens per
 /// sequence (one for plain decoding, a few for speculative decoding)...
