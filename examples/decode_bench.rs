@@ -8,6 +8,12 @@
 //! `--coop-sweep`, every cooperative-matrix plan of a grid (and `--coop-splits N,...` forces
 //! its split counts).
 //!
+//! With `--read-probe MB`, no attention: a plain WGSL kernel reads MB megabytes (vec4<u32> loads,
+//! four in flight per invocation) at several grid sizes, whole-grid strided or one chunk per
+//! workgroup as a decode piece reads its keys, in modules with and without wgpu's bounds checks:
+//! the rate at which this device's storage buffers can be read through wgpu at all, the ceiling
+//! of any decode kernel here.
+//!
 //! With `--paged 16,256`, the same shapes also run over a paged cache of each page size (a
 //! shuffled page table into a pool of the same keys), timed beside the contiguous cache in the
 //! same run and checked equal to it.
@@ -16,6 +22,7 @@
 //! cargo run --release --features internals --example decode_bench -- [--sweep] [--dtype f16|bf16|f32]
 //!     [--batch 1,8] [--kv 32768,131072] [--q 1,4] [--runs 50] [--paged 16,256] [--json FILE]
 //!     [--layout bshd|bhsd] [--splits 57,1] [--lanes] [--coop-sweep] [--coop-splits 33,66]
+//!     [--read-probe 1024]
 //! ```
 
 use std::io::Write;
@@ -53,6 +60,7 @@ struct Args {
     lanes: bool,
     coop_sweep: bool,
     coop_splits: Vec<u32>,
+    read_probe_mb: Option<usize>,
 }
 
 fn parse() -> Args {
@@ -70,6 +78,7 @@ fn parse() -> Args {
         lanes: false,
         coop_sweep: false,
         coop_splits: Vec::new(),
+        read_probe_mb: None,
     };
     let list = |s: String| {
         s.split(',')
@@ -96,6 +105,7 @@ fn parse() -> Args {
             "--paged" => args.paged = list(value()),
             "--splits" => args.splits = list(value()).into_iter().map(|x| x as u32).collect(),
             "--lanes" => args.lanes = true,
+            "--read-probe" => args.read_probe_mb = Some(value().parse().expect("megabytes")),
             "--coop-sweep" => args.coop_sweep = true,
             "--coop-splits" => args.coop_splits = list(value()).into_iter().map(|x| x as u32).collect(),
             "--layout" => {
@@ -436,6 +446,15 @@ fn main() -> std::process::ExitCode {
         }
     };
     println!("# {} ({:?})", ctx.info.name, ctx.info.backend);
+    if let Some(mb) = args.read_probe_mb {
+        return match read_probe(&ctx, mb) {
+            Ok(()) => std::process::ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("read probe: {e}");
+                std::process::ExitCode::FAILURE
+            }
+        };
+    }
     let mut out = args.json.as_ref().map(|p| std::fs::File::create(p).expect("json file"));
     let ok = match args.dtype {
         DType::F32 => run::<f32>(&ctx, &args, &mut out),
@@ -447,4 +466,121 @@ fn main() -> std::process::ExitCode {
     } else {
         std::process::ExitCode::FAILURE
     }
+}
+
+/// The read probe's kernel: each invocation XORs vec4<u32> granules of `src` into a register,
+/// four loads in flight, and writes one word (so the loads cannot be dropped). `CHUNKED`: each
+/// workgroup reads its own contiguous chunk (as a decode piece reads its keys); else the whole
+/// grid strides over the buffer.
+const READ_PROBE: &str = r#"
+@group(0) @binding(0) var<storage, read> src: array<vec4<u32>>;
+@group(0) @binding(1) var<storage, read_write> dst: array<u32>;
+
+@compute @workgroup_size(256)
+fn probe(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) groups: vec3<u32>,
+         @builtin(local_invocation_index) li: u32) {
+    let total = arrayLength(&src);
+    var first = wg.x * 256u + li;
+    var stride = groups.x * 256u;
+    var end = total;
+    if (CHUNKED) {
+        let chunk = total / groups.x;
+        first = wg.x * chunk + li;
+        stride = 256u;
+        end = (wg.x + 1u) * chunk;
+    }
+    var a = vec4<u32>(0u);
+    var b = vec4<u32>(0u);
+    var c = vec4<u32>(0u);
+    var d = vec4<u32>(0u);
+    var i = first;
+    for (; i + 3u * stride < end; i += 4u * stride) {
+        a ^= src[i];
+        b ^= src[i + stride];
+        c ^= src[i + 2u * stride];
+        d ^= src[i + 3u * stride];
+    }
+    for (; i < end; i += stride) {
+        a ^= src[i];
+    }
+    let x = a ^ b ^ c ^ d;
+    dst[wg.x * 256u + li] = x.x ^ x.y ^ x.z ^ x.w;
+}
+"#;
+
+/// Times READ_PROBE over `mb` megabytes at several grids, both access patterns, with and
+/// without wgpu's bounds checks; prints TB/s read.
+fn read_probe(ctx: &GpuContext, mb: usize) -> wgpu_flash_attn::Result<()> {
+    let device = &ctx.device;
+    let bytes = (mb as u64) << 20;
+    let src = device.create_buffer(&wgpu::BufferDescriptor {
+        label: Some("read probe src"),
+        size: bytes,
+        usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST,
+        mapped_at_creation: false,
+    });
+    let max_groups = 8448u32;
+    let dst = device.create_buffer(&wgpu::BufferDescriptor {
+        label: Some("read probe dst"),
+        size: max_groups as u64 * 256 * 4,
+        usage: wgpu::BufferUsages::STORAGE,
+        mapped_at_creation: false,
+    });
+    for chunked in [false, true] {
+        for checked in [false, true] {
+            let source = format!("const CHUNKED: bool = {chunked};\n{READ_PROBE}");
+            let desc = wgpu::ShaderModuleDescriptor {
+                label: Some("read probe"),
+                source: wgpu::ShaderSource::Wgsl(source.into()),
+            };
+            let module = match checked {
+                true => device.create_shader_module(desc),
+                // SAFETY: every index the probe forms is below arrayLength(&src) or the size of dst.
+                false => unsafe { device.create_shader_module_trusted(desc, wgpu::ShaderRuntimeChecks::unchecked()) },
+            };
+            let pipeline = device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
+                label: Some("read probe"),
+                layout: None,
+                module: &module,
+                entry_point: Some("probe"),
+                compilation_options: Default::default(),
+                cache: None,
+            });
+            let group = device.create_bind_group(&wgpu::BindGroupDescriptor {
+                label: Some("read probe"),
+                layout: &pipeline.get_bind_group_layout(0),
+                entries: &[
+                    wgpu::BindGroupEntry {
+                        binding: 0,
+                        resource: src.as_entire_binding(),
+                    },
+                    wgpu::BindGroupEntry {
+                        binding: 1,
+                        resource: dst.as_entire_binding(),
+                    },
+                ],
+            });
+            for groups in [132u32, 264, 528, 1056, 2112, 8448] {
+                let timing = time_passes(ctx, 20, 50, |encoder, timestamps| {
+                    let mut pass = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor {
+                        label: Some("read probe"),
+                        timestamp_writes: timestamps,
+                    });
+                    pass.set_pipeline(&pipeline);
+                    pass.set_bind_group(0, &group, &[]);
+                    pass.dispatch_workgroups(groups, 1, 1);
+                    Ok(())
+                })?;
+                println!(
+                    "read_probe {:>5} MB {:<7} {:<9} {groups:>5} workgroups {:>8.1} us {:>6.2} TB/s",
+                    mb,
+                    if chunked { "chunked" } else { "strided" },
+                    if checked { "checked" } else { "unchecked" },
+                    timing.median * 1e6,
+                    bytes as f64 / timing.median / 1e12
+                );
+            }
+        }
+    }
+    Ok(())
 }
