@@ -40,8 +40,8 @@ pub const DECODE_BY_DEFAULT: bool = true;
 /// a device with 16 × 16 f16 matrices and 32-wide subgroups) and the problem has at least
 /// [`COOP_DECODE_MIN_ROWS`] query rows per K/V head; else the lane kernel. It has matched the
 /// float64 reference on the H200 (tests/decode.rs, decode_cache.rs, head_terms.rs), and with four
-/// new tokens over GQA 4 (16 rows) read the cache 2.4–3.5× faster than the lane kernel in the
-/// same calls (0.94 against 0.39 TB/s at batch 1, 1.83 against 0.53 at batch 8, 1.21 against
+/// new tokens over GQA 4 (16 rows) read the cache 2.2–3.5× faster than the lane kernel in the
+/// same call (0.85 against 0.39 TB/s at batch 1, 1.83 against 0.53 at batch 8, 1.46 against
 /// 0.47 at 131,072 keys; BENCHMARKS.md), where the lane kernel's FMA work per key grows with the
 /// rows. With one token (4 rows) the lane kernel was faster (2.64 against 1.85 TB/s at batch 8).
 pub const COOP_DECODE_BY_DEFAULT: bool = true;
