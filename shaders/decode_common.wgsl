@@ -6,8 +6,9 @@
 // workgroup's PARTS (the groups of invocations that each took some of the keys) and writing O and
 // the LSE, or a piece's partial results for decode_combine.wgsl.
 //
-// The including kernel defines ROWS, PARTS, HEAD_GRANULES, PAGED and KV_LENGTHS, and binds q, k
-// and v (bindings 1–3) in the element type its loads want.
+// The host defines HEAD_GRANULES, PAGED and KV_LENGTHS (src/wgsl/mod.rs, decode_source); the
+// including kernel defines ROWS and PARTS and binds q, k and v (bindings 1–3) in the element type
+// its loads want.
 
 @group(0) @binding(4) var<storage, read_write> o: array<Granule>;
 @group(0) @binding(5) var<storage, read_write> lse: array<u32>;

@@ -10,10 +10,11 @@
 //
 // What a subgroup owns: blocks of BLOCK_N consecutive keys of the piece (subgroup s takes blocks
 // s, s + SUBGROUPS, ...), with its own running max, sum and output for the 16 rows, merged with
-// the other subgroups' at the end (decode_common.wgsl). K and V fragments are loaded straight
+// the other subgroups' at the end (their statistics by decode_common.wgsl, their outputs added in
+// workgroup memory one subgroup at a time). K and V fragments are loaded straight
 // from the cache: 16 keys of one K/V head are 16 rows at one stride (a page holds a multiple of 16
 // keys and blocks start at multiples of 16, so also in a paged cache). Each K and V byte is read
-// once, by one subgroup; nothing is staged, and the next step's K and this step's V are loaded
+// once, by one subgroup; they are not staged, and the next step's K and this step's V are loaded
 // before the barriers of the softmax, so they are in flight while it runs. The one block of 16
 // keys a piece may end inside is copied into workgroup memory with zero rows past its end, since
 // a fragment load would read past the cache.
@@ -25,9 +26,10 @@
 // factor. The output stays in accumulator fragments for the whole kernel and is rescaled by a
 // 16×16 matrix of factors multiplied component-wise (coop_rows.wgsl). Masked keys never enter the max, so any finite scale is exact.
 //
-// Why the sizes: 16×16×16 f16 → f32 is the configuration NVIDIA and AMD expose, and a decode
-// step's rows (4 query heads per K/V head × 1–4 new tokens) fill one 16-row block; more rows take
-// more workgroups (grid y). BLOCK_N keys per step bound the fragments in flight; SUBGROUPS the
+// Why the sizes: 16×16×16 f16 → f32 is the configuration NVIDIA and AMD expose, and a
+// speculative decoding step's rows (4 query heads per K/V head × 4 new tokens) fill one 16-row
+// block; more rows take more workgroups (grid y), fewer leave rows of the block idle (with one
+// token, 4 of 16: selection keeps the lane kernel there, src/plan/policy.rs). BLOCK_N keys per step bound the fragments in flight; SUBGROUPS the
 // workgroup memory (scores, P and factors per subgroup) and the loads in flight per workgroup.
 // Plans: src/plan/decode.rs (COOP_DECODE_PLANS).
 

@@ -513,3 +513,40 @@ fn appending_then_attending_matches_the_reference() {
         }
     }
 }
+
+/// Page-table entries past a sequence's key count are never read: a serving loop leaves them
+/// unset (here: past the pool), and the output is bit for bit that of the same cache with them
+/// valid. Pieces of the keys past a short sequence's end are empty; before, they walked the
+/// masked keys between the sequence's end and their own start, and met those entries.
+#[test]
+fn entries_past_a_sequence_are_never_read() {
+    let Some(ctx) = gpu() else { return };
+    let mut rng = Rng::new(0x7a11);
+    for splits in [Some(1), Some(4), Some(7), None] {
+        let engine = engine(ctx, splits, None);
+        let mut c = case::<f32>(
+            &mut rng,
+            (2, 1, 100, 4, 2, 64),
+            DType::F32,
+            true,
+            Some(16),
+            true,
+            Layout::Bshd,
+        );
+        c.kv_lens = Some(vec![20, 100]);
+        c.check(ctx, &engine, &format!("short_sequence_{splits:?}"));
+        let (want, want_lse) = c.run(ctx, &engine).unwrap();
+        let pages = c.problem.kv_cache.paged.unwrap();
+        // Sequence 0's 20 keys lie in its first two pages; the rest of its entries name no page.
+        for entry in &mut c.page_table.as_mut().unwrap()[2..pages.pages_per_seq] {
+            *entry = pages.num_pages as u32;
+        }
+        let (out, lse) = c.run(ctx, &engine).unwrap();
+        assert!(
+            out.iter().all(|x| x.is_finite()),
+            "{splits:?}: an entry past the sequence was read"
+        );
+        assert_eq!(out, want, "{splits:?}");
+        assert_eq!(lse, want_lse, "{splits:?}");
+    }
+}

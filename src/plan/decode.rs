@@ -344,8 +344,11 @@ pub struct DecodeChoice {
     /// How lanes add their products; subgroups where the device has them wide enough when `None`.
     pub reduction: Option<Reduction>,
     /// `Some(true)`: the cooperative-matrix kernel (an error naming each reason where it cannot
-    /// run); `Some(false)`: the lane kernel; `None`: the cooperative-matrix kernel where it runs
-    /// and no lane knob (`plan`, `reduction`) is set, else the lane kernel.
+    /// run, bounds checks being on among them); `Some(false)`: the lane kernel; `None`: the
+    /// cooperative-matrix kernel if `coop_plan` is set (as `Some(true)`), or automatically where
+    /// it runs, the problem has at least `COOP_DECODE_MIN_ROWS` query rows per K/V head, bounds
+    /// checks are off and no lane knob (`plan`, `reduction`) is set; else the lane kernel. Knobs of
+    /// the kernel not asked for are an [`Error::InvalidChoice`].
     pub cooperative_matrix: Option<bool>,
     /// The cooperative-matrix kernel's plan; the first of `COOP_DECODE_PLANS` that fits when `None`.
     pub coop_plan: Option<CoopDecodePlan>,
@@ -495,7 +498,22 @@ pub fn select_decode(
     if choice.splits == Some(0) {
         return invalid!("a decode split count of 0; ask for 1 to turn splitting off");
     }
-    if choice.cooperative_matrix == Some(true) && !unchecked {
+    let lane_knobs = choice.plan.is_some() || choice.reduction.is_some();
+    let conflict = match choice.cooperative_matrix {
+        Some(true) => lane_knobs.then_some("the lane kernel's plan or reduction with the cooperative-matrix kernel"),
+        Some(false) => choice
+            .coop_plan
+            .is_some()
+            .then_some("a cooperative-matrix plan with the lane kernel"),
+        None => (lane_knobs && choice.coop_plan.is_some())
+            .then_some("knobs of both decode kernels (a lane plan or reduction, and a cooperative-matrix plan)"),
+    };
+    if let Some(what) = conflict {
+        return Err(Error::InvalidChoice(format!("a decode choice asks for {what}")));
+    }
+    let coop_forced =
+        choice.cooperative_matrix == Some(true) || (choice.cooperative_matrix.is_none() && choice.coop_plan.is_some());
+    if coop_forced && !unchecked {
         return Err(Error::Unavailable {
             what: "the cooperative-matrix decode kernel".into(),
             why: "bounds checks are on, and wgpu cannot add them to this kernel: its SPIR-V is built by this \
@@ -532,8 +550,16 @@ pub fn select_decode(
             kv_lengths: problem.kv_cache.lengths,
             head_tensors: problem.has_head_tensors(),
         };
-        if let Some(why) = config.unavailable_reason(caps) {
-            reasons.push(format!("{}: {why}", config.name()));
+        let why = config.unavailable_reason(caps).or_else(|| match kernel {
+            DecodeKernel::Coop(_) => coop_layout_reason(problem),
+            DecodeKernel::Lanes { .. } => None,
+        });
+        if let Some(why) = why {
+            let reason = format!("{}: {why}", config.name());
+            // The matrix plans often fail for one shared reason: say it once.
+            if !reasons.iter().any(|r: &String| r.ends_with(&format!(": {why}"))) {
+                reasons.push(reason);
+            }
             continue;
         }
         let block_rows = config.rows();
@@ -568,6 +594,23 @@ pub fn select_decode(
         what: "the decode kernel".into(),
         why: reasons.join("; "),
     })
+}
+
+/// Why the cooperative-matrix decode kernel cannot read `problem`'s K and V, or `None`: it loads
+/// their fragments straight from memory, 16 bytes at a time, so their offsets and strides must be
+/// multiples of 8 elements (16 bytes of f16); the lane kernel takes any layout.
+pub fn coop_layout_reason(problem: &AttentionProblem) -> Option<String> {
+    for (name, l) in [("K", &problem.k_layout), ("V", &problem.v_layout)] {
+        let parts = [l.offset, l.batch_stride, l.seq_stride, l.head_stride];
+        if parts.iter().any(|x| !x.is_multiple_of(8)) {
+            return Some(format!(
+                "it loads {name} straight from memory in 16-byte pieces, so {name}'s offset and strides must be \
+                 multiples of 8 elements; they are {} (offset), {} (batch), {} (sequence), {} (head)",
+                l.offset, l.batch_stride, l.seq_stride, l.head_stride
+            ));
+        }
+    }
+    None
 }
 
 /// Whether the decode grid (splits, K/V heads × row blocks, batch) and the combine grid (seq_q,
@@ -894,6 +937,49 @@ mod tests {
         assert!(why(&p, &lavapipe()).contains("cooperative matrices"));
         let bounded = select_decode(&p, &h200(), &forced, false).unwrap_err().to_string();
         assert!(bounded.contains("bounds checks"), "{bounded}");
+        // A cooperative-matrix plan alone forces the kernel, bounds checks included.
+        let plan_only = DecodeChoice {
+            coop_plan: Some(COOP_DECODE_PLANS[0]),
+            ..DecodeChoice::default()
+        };
+        assert!(select(&decode_problem(1, 32, 8, 1, 32768), &h200(), &plan_only)
+            .unwrap()
+            .0
+            .is_coop());
+        let bounded = select_decode(&p, &h200(), &plan_only, false).unwrap_err().to_string();
+        assert!(bounded.contains("bounds checks"), "{bounded}");
+        // Knobs of the kernel not asked for are refused.
+        for conflicting in [
+            DecodeChoice {
+                cooperative_matrix: Some(true),
+                reduction: Some(Reduction::Subgroup),
+                ..DecodeChoice::default()
+            },
+            DecodeChoice {
+                cooperative_matrix: Some(false),
+                coop_plan: Some(COOP_DECODE_PLANS[0]),
+                ..DecodeChoice::default()
+            },
+            DecodeChoice {
+                plan: Some(DECODE_PLANS[0]),
+                coop_plan: Some(COOP_DECODE_PLANS[0]),
+                ..DecodeChoice::default()
+            },
+        ] {
+            assert!(
+                matches!(select(&p, &h200(), &conflicting), Err(Error::InvalidChoice(_))),
+                "{conflicting:?}"
+            );
+        }
+        // K or V not 16-byte aligned: refused when forced, the lane kernel when automatic.
+        let mut unaligned = p;
+        unaligned.k_layout.offset += 4;
+        let e = select(&unaligned, &h200(), &forced).unwrap_err().to_string();
+        assert!(e.contains("multiples of 8 elements"), "{e}");
+        assert!(!select(&unaligned, &h200(), &DecodeChoice::default())
+            .unwrap()
+            .0
+            .is_coop());
         // A lane knob asks for the lane kernel.
         let knob = DecodeChoice {
             reduction: Some(Reduction::Workgroup),

@@ -30,6 +30,23 @@ impl FlashAttention {
         split: &DecodeSplit,
     ) -> Result<()> {
         let ctx = self.context();
+        if config.is_coop() {
+            // Selection checked the layouts (plan::coop_layout_reason); a caller's byte offset
+            // can still leave K or V 8 bytes off a 16-byte boundary.
+            for (name, b) in [("K", &bound[1]), ("V", &bound[2])] {
+                if !b.strides.offset.is_multiple_of(2) {
+                    return Err(Error::Unavailable {
+                        what: "the cooperative-matrix decode kernel".into(),
+                        why: format!(
+                            "{name} starts at byte {} of its buffer, not a multiple of 16, and the kernel loads it \
+                             in 16-byte pieces; move it, or ask for the lane kernel \
+                             (DecodeChoice::cooperative_matrix: Some(false))",
+                            b.first
+                        ),
+                    });
+                }
+            }
+        }
         let decode = self.pipelines().get(&KernelConfig::Decode(*config))?;
         let combine = match split.splits {
             1 => None,
