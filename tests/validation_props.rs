@@ -529,7 +529,8 @@ fn cache_case() -> impl Strategy<Value = CacheCase> {
         )
 }
 
-/// Validation, selection (automatic and forced decode, on both device fixtures) and the index
+/// Validation, selection (automatic, forced decode and the forced matrix decode kernel, on both
+/// device fixtures) and the index
 /// checks return, never panic; where everything is accepted and small, the float64 reference runs
 /// over the index and sees only keys below each sequence's count.
 fn check_cache(c: &CacheCase) {
@@ -554,7 +555,14 @@ fn check_cache(c: &CacheCase) {
             splits: c.splits,
             ..DecodeChoice::default()
         });
-        for choice in [KernelChoice::Auto, forced] {
+        // The matrix decode kernel forced: its refusals (dtype, head_dim, alignment, device)
+        // and, on the H200 fixture, its 16-row split of huge problems.
+        let matrix = KernelChoice::Decode(DecodeChoice {
+            splits: c.splits,
+            cooperative_matrix: Some(true),
+            ..DecodeChoice::default()
+        });
+        for choice in [KernelChoice::Auto, forced, matrix] {
             let selected = select_forward(&problem, &caps, &choice, Default::default());
             assert!(valid || selected.is_err(), "selected an invalid problem: {problem:?}");
         }
