@@ -7,8 +7,8 @@
 // the LSE, or a piece's partial results for decode_combine.wgsl.
 //
 // The host defines HEAD_GRANULES, PAGED and KV_LENGTHS (src/wgsl/mod.rs, decode_source); the
-// including kernel defines ROWS and PARTS and binds q, k and v (bindings 1–3) in the element type
-// its loads want.
+// including kernel defines ROWS, PARTS and WG, binds q, k and v (bindings 1–3) in the element type
+// its loads want, and says where its merged output lies (`merged_granule`).
 
 @group(0) @binding(4) var<storage, read_write> o: array<Granule>;
 @group(0) @binding(5) var<storage, read_write> lse: array<u32>;
@@ -173,5 +173,20 @@ fn write_output(b: u32, split: u32, row: DecodeRow, g: u32, merged: vec4<f32>, s
         if (g == 0u) {
             lse_partial[piece] = lse_bits;
         }
+    }
+}
+
+// Writes the workgroup's rows (not those past the K/V head's last) from the kernel's merged
+// output: granule g of row r is merged_granule(r, g). After the merge's last workgroup barrier.
+fn write_rows(b: u32, split: u32, kv_head: u32, row0: u32, rows_per_kv_head: u32, seq_len: u32, piece_end: u32, li: u32) {
+    let poisoned = bad_index.x != 0u;
+    for (var item = li; item < ROWS * HEAD_GRANULES; item += WG) {
+        let r = item / HEAD_GRANULES;
+        let g = item % HEAD_GRANULES;
+        if (row0 + r >= rows_per_kv_head) {
+            continue;
+        }
+        let row = decode_row(kv_head, row0 + r, rows_per_kv_head, seq_len, piece_end);
+        write_output(b, split, row, g, merged_granule(r, g), merged_stats(r), poisoned);
     }
 }

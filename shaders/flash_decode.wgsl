@@ -220,14 +220,10 @@ fn flash_decode(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_
         workgroupBarrier();
     }
 
-    let poisoned = bad_index.x != 0u;
-    for (var item = li; item < ROWS * HEAD_GRANULES; item += WG) {
-        let r = item / HEAD_GRANULES;
-        let g = item % HEAD_GRANULES;
-        if (row0 + r >= rows_per_kv_head) {
-            continue;
-        }
-        let row = decode_row(kv_head, row0 + r, rows_per_kv_head, seq_len, piece_end);
-        write_output(b, split, row, g, merged[r * MERGED_ROW + g], merged_stats(r), poisoned);
-    }
+    write_rows(b, split, kv_head, row0, rows_per_kv_head, seq_len, piece_end, li);
+}
+
+// Granule g of row r of the merged output (decode_common.wgsl's write_rows reads it).
+fn merged_granule(r: u32, g: u32) -> vec4<f32> {
+    return merged[r * MERGED_ROW + g];
 }

@@ -300,14 +300,10 @@ fn flash_decode(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_
         workgroupBarrier();
     }
 
-    let poisoned = bad_index.x != 0u;
-    for (var item = li; item < ROWS * HEAD_GRANULES; item += WG) {
-        let i = item / HEAD_GRANULES;
-        let g = item % HEAD_GRANULES;
-        if (row0 + i >= rows_per_kv_head) {
-            continue;
-        }
-        let row = decode_row(kv_head, row0 + i, rows_per_kv_head, seq_len, piece_end);
-        write_output(b, split, row, g, scores[i * MERGED_STRIDE + g], merged_stats(i), poisoned);
-    }
+    write_rows(b, split, kv_head, row0, rows_per_kv_head, seq_len, piece_end, li);
+}
+
+// Granule g of row r of the merged output, in `scores` (decode_common.wgsl's write_rows reads it).
+fn merged_granule(r: u32, g: u32) -> vec4<f32> {
+    return scores[r * MERGED_STRIDE + g];
 }

@@ -49,6 +49,24 @@ fn label(problem: &AttentionProblem, kernel: &ForwardKernel, extra: &str) -> Str
     )
 }
 
+/// A seeded random decode problem: GQA 1/4/8 over 1–3 K/V heads, 1–16 new tokens, a batch of
+/// 1–3, causal or not, BSHD or BHSD, with the cache length, head_dim and dtype drawn from these.
+fn random_problem(rng: &mut Rng, seq_kvs: &[usize], head_dims: &[usize], dtypes: &[DType]) -> AttentionProblem {
+    let group = [1, 4, 8][below(rng, 3)];
+    let kv_heads = 1 + below(rng, 3);
+    let seq_q = [1, 1, 2, 4, 5, 16][below(rng, 6)];
+    let seq_kv = seq_kvs[below(rng, seq_kvs.len())];
+    let head_dim = head_dims[below(rng, head_dims.len())];
+    let dtype = dtypes[below(rng, dtypes.len())];
+    let batch = 1 + below(rng, 3);
+    let problem = AttentionProblem::new(shape(batch, seq_q, seq_kv, kv_heads * group, kv_heads, head_dim), dtype)
+        .with_causal(below(rng, 2) == 0);
+    match below(rng, 3) {
+        0 => problem.with_layout(Layout::Bhsd),
+        _ => problem,
+    }
+}
+
 /// Runs `problem` on `engine` (which must pick the decode kernel) and checks it.
 fn check(engine: &FlashAttention, problem: &AttentionProblem, extra: &str) {
     let kernel = engine.select(problem).unwrap_or_else(|e| panic!("{extra}: {e}"));
@@ -117,27 +135,13 @@ fn random_problems_every_dtype_and_both_reductions() {
         vec![Some(Reduction::Workgroup)]
     };
     for case in 0..24 {
-        let group = [1, 4, 8][below(&mut rng, 3)];
-        let kv_heads = 1 + below(&mut rng, 3);
-        let seq_q = [1, 1, 2, 4, 5, 16][below(&mut rng, 6)];
-        let seq_kv = [1, 16, 100, 777, 2048, 4100][below(&mut rng, 6)];
-        let head_dim = [8, 40, 64, 72, 128, 200, 256][below(&mut rng, 7)];
-        let dtype = [DType::F32, DType::F16, DType::BF16][below(&mut rng, 3)];
-        let mut problem = AttentionProblem::new(
-            shape(
-                1 + below(&mut rng, 3),
-                seq_q,
-                seq_kv,
-                kv_heads * group,
-                kv_heads,
-                head_dim,
-            ),
-            dtype,
-        )
-        .with_causal(below(&mut rng, 2) == 0);
-        if below(&mut rng, 3) == 0 {
-            problem = problem.with_layout(Layout::Bhsd);
-        }
+        let mut problem = random_problem(
+            &mut rng,
+            &[1, 16, 100, 777, 2048, 4100],
+            &[8, 40, 64, 72, 128, 200, 256],
+            &[DType::F32, DType::F16, DType::BF16],
+        );
+        let head_dim = problem.shape.head_dim;
         if below(&mut rng, 4) == 0 {
             problem = problem.with_scale(-0.3 / (head_dim as f32).sqrt());
         }
@@ -220,26 +224,13 @@ fn cooperative_matrix_decode_matches_the_reference() {
     let mut rng = Rng::new(0xc00dec);
     for plan in plans {
         for case in 0..14 {
-            let group = [1, 4, 8][below(&mut rng, 3)];
-            let kv_heads = 1 + below(&mut rng, 3);
-            let seq_q = [1, 1, 2, 4, 5, 16][below(&mut rng, 6)];
-            let seq_kv = [1, 15, 16, 17, 100, 777, 2048, 4100][below(&mut rng, 8)];
-            let head_dim = [16, 32, 64, 80, 128][below(&mut rng, 5)];
-            let mut problem = AttentionProblem::new(
-                shape(
-                    1 + below(&mut rng, 3),
-                    seq_q,
-                    seq_kv,
-                    kv_heads * group,
-                    kv_heads,
-                    head_dim,
-                ),
-                DType::F16,
-            )
-            .with_causal(below(&mut rng, 2) == 0);
-            if below(&mut rng, 3) == 0 {
-                problem = problem.with_layout(Layout::Bhsd);
-            }
+            let mut problem = random_problem(
+                &mut rng,
+                &[1, 15, 16, 17, 100, 777, 2048, 4100],
+                &[16, 32, 64, 80, 128],
+                &[DType::F16],
+            );
+            let head_dim = problem.shape.head_dim;
             match below(&mut rng, 5) {
                 0 => problem = problem.with_scale(-0.3 / (head_dim as f32).sqrt()),
                 1 => problem = problem.with_window(Some(below(&mut rng, 300)), None),
