@@ -38,8 +38,8 @@ fn cache_row(t: TensorStrides, b: u32, key: u32, kv_head: u32) -> vec2<u32> {
     return vec2<u32>(row_granule(t, select(0u, page, valid), key % params.page_size, kv_head), u32(valid));
 }
 
-// Sequence b's keys: seq_kv, or its own count (clamped, and flagged if past seq_kv). Call after
-// bad_index is cleared.
+// Sequence b's keys: seq_kv, or its own count (clamped, and flagged if past seq_kv). Called
+// after bad_index is cleared (decode_piece).
 fn sequence_keys(b: u32) -> u32 {
     var seq_len = params.seq_kv;
     if (KV_LENGTHS) {
@@ -63,35 +63,66 @@ struct DecodeRow {
     position: f32,
 }
 
-// Packed row `packed` of K/V head `kv_head` (rows past the head's last repeat it: they are
-// computed and not written), in a sequence of `seq_len` keys, over a piece ending at `piece_end`.
-fn decode_row(kv_head: u32, packed: u32, rows_per_kv_head: u32, seq_len: u32, piece_end: u32) -> DecodeRow {
-    let p = min(packed, rows_per_kv_head - 1u);
+// What a workgroup owns (grid: x the pieces of the keys, y K/V heads × row blocks, z the batch):
+// sequence b (of seq_len keys) and its K/V head kv_head, packed rows row0 .. row0 + ROWS of the
+// head's rows_per_kv_head, and piece `split`, keys keys_begin .. piece_end; of those its rows see
+// first .. end (from the first key any row sees, a window's left edge, to the last; empty for a
+// piece past a shorter sequence's end).
+struct DecodePiece {
+    split: u32,
+    b: u32,
+    kv_head: u32,
+    row0: u32,
+    rows_per_kv_head: u32,
+    seq_len: u32,
+    keys_begin: u32,
+    piece_end: u32,
+    first: u32,
+    end: u32,
+}
+
+// The workgroup's piece. Clears bad_index before anyone may set it (workgroup memory need not
+// start at zero), behind a workgroup barrier: call it first, in uniform control flow.
+fn decode_piece(wg: vec3<u32>, li: u32) -> DecodePiece {
+    if (li == 0u) {
+        bad_index = vec4<u32>(0u);
+    }
+    workgroupBarrier();
+    var piece: DecodePiece;
+    piece.split = wg.x;
+    piece.b = wg.z;
+    piece.rows_per_kv_head = params.group_size * params.seq_q;
+    let row_blocks = (piece.rows_per_kv_head + ROWS - 1u) / ROWS;
+    piece.kv_head = wg.y / row_blocks;
+    piece.row0 = (wg.y % row_blocks) * ROWS;
+    piece.seq_len = sequence_keys(piece.b);
+    piece.keys_begin = piece.split * params.keys_per_split;
+    piece.piece_end = min(piece.seq_len, piece.keys_begin + params.keys_per_split);
+    piece.first = max(piece.piece_end, piece.keys_begin);
+    piece.end = piece.keys_begin;
+    for (var i = 0u; i < ROWS; i++) {
+        let row = decode_row(piece, i);
+        piece.end = max(piece.end, row.end);
+        piece.first = min(piece.first, max(piece.keys_begin, row.begin));
+    }
+    return piece;
+}
+
+// Row row0 + r of the piece's packed rows (rows past the K/V head's last repeat it: they are
+// computed and not written); only the piece's fields before `first` are read.
+fn decode_row(piece: DecodePiece, r: u32) -> DecodeRow {
+    let p = min(piece.row0 + r, piece.rows_per_kv_head - 1u);
     var row: DecodeRow;
-    row.head = kv_head * params.group_size + p / params.seq_q;
+    row.head = piece.kv_head * params.group_size + p / params.seq_q;
     row.token = p % params.seq_q;
     // common.wgsl's keys_seen at the token's position, aligned to the sequence's end.
-    let position = i32(row.token) + i32(seq_len) - i32(params.seq_q);
-    let keys = keys_seen(position, seq_len);
+    let position = i32(row.token) + i32(piece.seq_len) - i32(params.seq_q);
+    let keys = keys_seen(position, piece.seq_len);
     row.begin = keys.x;
-    row.end = min(piece_end, keys.y);
+    row.end = min(piece.piece_end, keys.y);
     row.slope = alibi_slope(row.head) * LOG2_E;
     row.position = f32(position);
     return row;
-}
-
-// The keys of this piece the workgroup's rows row0 .. row0 + ROWS see, as [first, end): from the
-// first key any of them sees (a window's left edge) to the last. Empty (first = end) for a piece
-// past a shorter sequence's end.
-fn piece_keys(kv_head: u32, row0: u32, rows_per_kv_head: u32, seq_len: u32, keys_begin: u32, piece_end: u32) -> vec2<u32> {
-    var first = max(piece_end, keys_begin);
-    var end = keys_begin;
-    for (var i = 0u; i < ROWS; i++) {
-        let row = decode_row(kv_head, row0 + i, rows_per_kv_head, seq_len, piece_end);
-        end = max(end, row.end);
-        first = min(first, max(keys_begin, row.begin));
-    }
-    return vec2<u32>(first, end);
 }
 
 // Scores in base 2 of keys key..key+3 of a row from their dot products: the scale, the soft-cap if
@@ -143,7 +174,7 @@ fn part_weight(m: f32, l: f32, merged_max: f32) -> f32 {
 // merged max `stats.x`, whose sum is `stats.y`): O and the LSE with one piece (where the head's
 // sink joins the sum; with more, decode_combine.wgsl adds it), else the piece's normalized partial
 // output and its LSE. A workgroup that met a bad cache index writes NaN.
-fn write_output(b: u32, split: u32, row: DecodeRow, g: u32, merged: vec4<f32>, stats: vec2<f32>, poisoned: bool) {
+fn write_output(piece: DecodePiece, row: DecodeRow, g: u32, merged: vec4<f32>, stats: vec2<f32>, poisoned: bool) {
     var total_max = stats.x;
     var sum = stats.y;
     var out_factor = 1.0;
@@ -161,32 +192,31 @@ fn write_output(b: u32, split: u32, row: DecodeRow, g: u32, merged: vec4<f32>, s
         out = vec4<f32>(nan_f32());
         lse_bits = NAN_BITS;
     }
-    let at = lse_index(dense_sequence(b), row.head, row.token);
+    let at = lse_index(dense_sequence(piece.b), row.head, row.token);
     if (params.num_splits == 1u) {
-        o[row_granule(params.o, b, row.token, row.head) + g] = pack_granule(out);
+        o[row_granule(params.o, piece.b, row.token, row.head) + g] = pack_granule(out);
         if (g == 0u && params.write_lse != 0u) {
             lse[at] = lse_bits;
         }
     } else {
-        let piece = at * params.num_splits + split;
-        o_partial[piece * HEAD_GRANULES + g] = out;
+        let part = at * params.num_splits + piece.split;
+        o_partial[part * HEAD_GRANULES + g] = out;
         if (g == 0u) {
-            lse_partial[piece] = lse_bits;
+            lse_partial[part] = lse_bits;
         }
     }
 }
 
 // Writes the workgroup's rows (not those past the K/V head's last) from the kernel's merged
 // output: granule g of row r is merged_granule(r, g). After the merge's last workgroup barrier.
-fn write_rows(b: u32, split: u32, kv_head: u32, row0: u32, rows_per_kv_head: u32, seq_len: u32, piece_end: u32, li: u32) {
+fn write_rows(piece: DecodePiece, li: u32) {
     let poisoned = bad_index.x != 0u;
     for (var item = li; item < ROWS * HEAD_GRANULES; item += WG) {
         let r = item / HEAD_GRANULES;
         let g = item % HEAD_GRANULES;
-        if (row0 + r >= rows_per_kv_head) {
+        if (piece.row0 + r >= piece.rows_per_kv_head) {
             continue;
         }
-        let row = decode_row(kv_head, row0 + r, rows_per_kv_head, seq_len, piece_end);
-        write_output(b, split, row, g, merged_granule(r, g), merged_stats(r), poisoned);
+        write_output(piece, decode_row(piece, r), g, merged_granule(r, g), merged_stats(r), poisoned);
     }
 }

@@ -62,35 +62,20 @@ var<workgroup> merged: array<vec4<f32>, ROWS * MERGED_ROW>;
 
 @compute @workgroup_size(WG)
 fn flash_decode(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) li: u32) {
-    let split = wg.x;
-    let b = wg.z;
-    let rows_per_kv_head = params.group_size * params.seq_q;
-    let row_blocks = (rows_per_kv_head + ROWS - 1u) / ROWS;
-    let kv_head = wg.y / row_blocks;
-    let row0 = (wg.y % row_blocks) * ROWS;
+    let piece = decode_piece(wg, li);
     let lane = li % LANES;
     let key_group = li / LANES;
-
-    // Cleared before anyone may set it (workgroup memory need not start at zero).
-    if (li == 0u) {
-        bad_index = vec4<u32>(0u);
-    }
-    workgroupBarrier();
-    let seq_len = sequence_keys(b);
-    let keys_begin = split * params.keys_per_split;
-    let piece_end = min(seq_len, keys_begin + params.keys_per_split);
     var rows: array<DecodeRow, ROWS>;
     // @unroll
     for (var r = 0u; r < ROWS; r++) {
-        rows[r] = decode_row(kv_head, row0 + r, rows_per_kv_head, seq_len, piece_end);
+        rows[r] = decode_row(piece, r);
     }
-    let keys = piece_keys(kv_head, row0, rows_per_kv_head, seq_len, keys_begin, piece_end);
-    let keys_end = keys.y;
+    let keys_end = piece.end;
 
     var q_slice: array<vec4<f32>, ROWS * GRANULES_PER_LANE>;
     // @unroll
     for (var r = 0u; r < ROWS; r++) {
-        let base = row_granule(params.q, b, rows[r].token, rows[r].head);
+        let base = row_granule(params.q, piece.b, rows[r].token, rows[r].head);
         // @unroll
         for (var j = 0u; j < GRANULES_PER_LANE; j++) {
             let g = lane + j * LANES;
@@ -104,7 +89,7 @@ fn flash_decode(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_
     var row_max: array<f32, ROWS>;
     var row_sum: array<f32, ROWS>;
     // Trip count uniform across the workgroup: add_across_lanes may hold barriers.
-    for (var block = keys.x; block < keys_end; block += KEY_GROUPS * KEYS_PER_STEP) {
+    for (var block = piece.first; block < keys_end; block += KEY_GROUPS * KEYS_PER_STEP) {
         let first = block + key_group * KEYS_PER_STEP;
         // Initialized explicitly on every trip: a `var` without initializer inside a loop is zero
         // on each trip by the WGSL spec, but Chrome on SwiftShader kept the last trip's values
@@ -116,9 +101,9 @@ fn flash_decode(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_
         for (var u = 0u; u < KEYS_PER_STEP; u++) {
             let key = first + u;
             if (key < keys_end) {
-                let k_row = cache_row(params.k, b, key, kv_head);
+                let k_row = cache_row(params.k, piece.b, key, piece.kv_head);
                 let k_base = k_row.x;
-                let v_base = cache_row(params.v, b, key, kv_head).x;
+                let v_base = cache_row(params.v, piece.b, key, piece.kv_head).x;
                 if (k_row.y == 0u) {
                     bad_index.x = 1u;
                 }
@@ -220,7 +205,7 @@ fn flash_decode(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_
         workgroupBarrier();
     }
 
-    write_rows(b, split, kv_head, row0, rows_per_kv_head, seq_len, piece_end, li);
+    write_rows(piece, li);
 }
 
 // Granule g of row r of the merged output (decode_common.wgsl's write_rows reads it).

@@ -64,7 +64,7 @@ var<workgroup> staged: array<vec4<f16>, 2u * ROWS * T_STRIDE>;
 
 // Copies keys key0 .. key0 + count (< 16) of K and V into `staged`, zero rows after them. By one
 // subgroup; the caller's subgroupBarrier publishes it.
-fn stage_partial_block(b: u32, key0: u32, count: u32, kv_head: u32, lane: u32) {
+fn stage_partial_block(piece: DecodePiece, key0: u32, count: u32, lane: u32) {
     for (var item = lane; item < 2u * ROWS * HEAD_GRANULES; item += SUBGROUP) {
         let is_v = item >= ROWS * HEAD_GRANULES;
         let rest = item % (ROWS * HEAD_GRANULES);
@@ -73,19 +73,19 @@ fn stage_partial_block(b: u32, key0: u32, count: u32, kv_head: u32, lane: u32) {
         var value = vec4<f16>(0.0);
         if (r < count) {
             if (is_v) {
-                value = v[checked_row(params.v, b, key0 + r, kv_head) + g];
+                value = v[checked_row(params.v, piece, key0 + r) + g];
             } else {
-                value = k[checked_row(params.k, b, key0 + r, kv_head) + g];
+                value = k[checked_row(params.k, piece, key0 + r) + g];
             }
         }
         staged[select(0u, ROWS * T_STRIDE, is_v) + r * T_STRIDE + g] = value;
     }
 }
 
-// Granule of key `key`'s row (K/V head kv_head) in a tensor of layout `t`; flags a page past the
-// pool.
-fn checked_row(t: TensorStrides, b: u32, key: u32, kv_head: u32) -> u32 {
-    let at = cache_row(t, b, key, kv_head);
+// Granule of key `key`'s row (the piece's sequence and K/V head) in a tensor of layout `t`; flags
+// a page past the pool.
+fn checked_row(t: TensorStrides, piece: DecodePiece, key: u32) -> u32 {
+    let at = cache_row(t, piece.b, key, piece.kv_head);
     if (at.y == 0u) {
         bad_index.x = 1u;
     }
@@ -96,18 +96,18 @@ fn checked_row(t: TensorStrides, b: u32, key: u32, kv_head: u32) -> u32 {
 // cache, or for the piece's partial last block from `staged`, which this call fills with its K
 // and V (load_v_step then reads V from there). Blocks past the keys are left as they are. Uniform
 // over the subgroup.
-fn load_k_step(frags: ptr<function, array<coop_mat16x16<f16, B>, STEP_FRAGS>>, b: u32, block: u32, keys_end: u32, kv_head: u32, lane: u32) {
+fn load_k_step(frags: ptr<function, array<coop_mat16x16<f16, B>, STEP_FRAGS>>, piece: DecodePiece, block: u32, lane: u32) {
     // @unroll
     for (var j = 0u; j < N_BLOCKS; j++) {
         let key0 = block + 16u * j;
-        if (key0 + 16u <= keys_end) {
-            let at = checked_row(params.k, b, key0, kv_head);
+        if (key0 + 16u <= piece.end) {
+            let at = checked_row(params.k, piece, key0);
             // @unroll
             for (var d = 0u; d < D_BLOCKS; d++) {
                 (*frags)[j * D_BLOCKS + d] = coopLoad<coop_mat16x16<f16, B>>(&k[at + 4u * d], params.k.seq);
             }
-        } else if (key0 < keys_end) {
-            stage_partial_block(b, key0, keys_end - key0, kv_head, lane);
+        } else if (key0 < piece.end) {
+            stage_partial_block(piece, key0, piece.end - key0, lane);
             subgroupBarrier();
             // @unroll
             for (var d = 0u; d < D_BLOCKS; d++) {
@@ -119,17 +119,17 @@ fn load_k_step(frags: ptr<function, array<coop_mat16x16<f16, B>, STEP_FRAGS>>, b
 
 // The V fragments (B operands of PV, row-major) of the step's blocks from `block`, as
 // load_k_step (which staged a partial block).
-fn load_v_step(frags: ptr<function, array<coop_mat16x16<f16, B>, STEP_FRAGS>>, b: u32, block: u32, keys_end: u32, kv_head: u32) {
+fn load_v_step(frags: ptr<function, array<coop_mat16x16<f16, B>, STEP_FRAGS>>, piece: DecodePiece, block: u32) {
     // @unroll
     for (var j = 0u; j < N_BLOCKS; j++) {
         let key0 = block + 16u * j;
-        if (key0 + 16u <= keys_end) {
-            let at = checked_row(params.v, b, key0, kv_head);
+        if (key0 + 16u <= piece.end) {
+            let at = checked_row(params.v, piece, key0);
             // @unroll
             for (var d = 0u; d < D_BLOCKS; d++) {
                 (*frags)[j * D_BLOCKS + d] = coopLoadT<coop_mat16x16<f16, B>>(&v[at + 4u * d], params.v.seq);
             }
-        } else if (key0 < keys_end) {
+        } else if (key0 < piece.end) {
             // @unroll
             for (var d = 0u; d < D_BLOCKS; d++) {
                 (*frags)[j * D_BLOCKS + d] = coopLoadT<coop_mat16x16<f16, B>>(&staged[ROWS * T_STRIDE + 4u * d], T_STRIDE);
@@ -140,35 +140,21 @@ fn load_v_step(frags: ptr<function, array<coop_mat16x16<f16, B>, STEP_FRAGS>>, b
 
 @compute @workgroup_size(WG)
 fn flash_decode(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) li: u32) {
-    let split = wg.x;
-    let b = wg.z;
-    let rows_per_kv_head = params.group_size * params.seq_q;
-    let row_blocks = (rows_per_kv_head + ROWS - 1u) / ROWS;
-    let kv_head = wg.y / row_blocks;
-    let row0 = (wg.y % row_blocks) * ROWS;
+    let piece = decode_piece(wg, li);
     let sg = li / SUBGROUP;
     let lane = li % SUBGROUP;
     // In the softmax: this invocation's row and half of it.
     let r = lane / 2u;
     let half = lane % 2u;
-
-    if (li == 0u) {
-        bad_index = vec4<u32>(0u);
-    }
-    workgroupBarrier();
-    let seq_len = sequence_keys(b);
-    let keys_begin = split * params.keys_per_split;
-    let piece_end = min(seq_len, keys_begin + params.keys_per_split);
-    let keys = piece_keys(kv_head, row0, rows_per_kv_head, seq_len, keys_begin, piece_end);
-    let keys_end = keys.y;
-    let mine = decode_row(kv_head, row0 + r, rows_per_kv_head, seq_len, piece_end);
+    let keys_end = piece.end;
+    let mine = decode_row(piece, r);
 
     // Q's rows, gathered through workgroup memory into A fragments.
     for (var item = li; item < ROWS * HEAD_GRANULES; item += WG) {
         let i = item / HEAD_GRANULES;
         let g = item % HEAD_GRANULES;
-        let row = decode_row(kv_head, row0 + i, rows_per_kv_head, seq_len, piece_end);
-        staged[i * T_STRIDE + g] = q[row_granule(params.q, b, row.token, row.head) + g];
+        let row = decode_row(piece, i);
+        staged[i * T_STRIDE + g] = q[row_granule(params.q, piece.b, row.token, row.head) + g];
     }
     workgroupBarrier();
     var q_frag: array<coop_mat16x16<f16, A>, D_BLOCKS>;
@@ -190,16 +176,16 @@ fn flash_decode(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_
     var m = 0.0;
     var l = 0.0;
     // Blocks start at multiples of 16 (a piece does), so 16 keys never straddle two pages.
-    let start = keys.x & ~15u;
+    let start = piece.first & ~15u;
     // Trip counts and branches below are uniform over the subgroup, as cooperative operations need.
     // A step's K fragments are loaded during the step before (its softmax and barriers), its V
     // fragments before its QKᵀ products: the loads are in flight while the subgroup computes.
     let step = SUBGROUPS * BLOCK_N;
     var k_frag: array<coop_mat16x16<f16, B>, STEP_FRAGS>;
     var v_frag: array<coop_mat16x16<f16, B>, STEP_FRAGS>;
-    load_k_step(&k_frag, b, start + sg * BLOCK_N, keys_end, kv_head, lane);
+    load_k_step(&k_frag, piece, start + sg * BLOCK_N, lane);
     for (var block = start + sg * BLOCK_N; block < keys_end; block += step) {
-        load_v_step(&v_frag, b, block, keys_end, kv_head);
+        load_v_step(&v_frag, piece, block);
         var s_frag: array<coop_mat16x16<f32, C>, N_BLOCKS>; // set in full below, before any read
         // @unroll
         for (var j = 0u; j < N_BLOCKS; j++) {
@@ -212,7 +198,7 @@ fn flash_decode(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_
             }
             coopStoreT(s_frag[j], &scores[my_scores + 4u * j], S_STRIDE);
         }
-        load_k_step(&k_frag, b, block + step, keys_end, kv_head, lane);
+        load_k_step(&k_frag, piece, block + step, lane);
         subgroupBarrier();
 
         // The softmax of this invocation's half row: keys first .. first + BLOCK_N / 2.
@@ -300,7 +286,7 @@ fn flash_decode(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_
         workgroupBarrier();
     }
 
-    write_rows(b, split, kv_head, row0, rows_per_kv_head, seq_len, piece_end, li);
+    write_rows(piece, li);
 }
 
 // Granule g of row r of the merged output, in `scores` (decode_common.wgsl's write_rows reads it).

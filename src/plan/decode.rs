@@ -445,18 +445,10 @@ pub fn parallel_slots(caps: &Caps) -> u64 {
     }
 }
 
-/// The decode kernels `choice` allows for a problem of `rows` query rows per K/V head, best first:
-/// the cooperative-matrix kernel's plans where it is wanted (policy.rs), else the lane kernel's
-/// (per reduction).
-fn decode_candidates(choice: &DecodeChoice, rows: u32, unchecked: bool) -> Vec<DecodeKernel> {
-    let lane_knobs = choice.plan.is_some() || choice.reduction.is_some();
-    let coop = match choice.cooperative_matrix {
-        Some(forced) => forced,
-        None => {
-            let wanted = COOP_DECODE_BY_DEFAULT && rows >= COOP_DECODE_MIN_ROWS;
-            choice.coop_plan.is_some() || (wanted && !lane_knobs && unchecked)
-        }
-    };
+/// The candidates of one decode kernel for a problem of `rows` query rows per K/V head, best
+/// first: the cooperative-matrix kernel's plans (`coop`), or the lane kernel's (per reduction),
+/// `choice`'s own where it fixes them.
+fn decode_candidates(choice: &DecodeChoice, rows: u32, coop: bool) -> Vec<DecodeKernel> {
     if coop {
         return match choice.coop_plan {
             Some(plan) => vec![DecodeKernel::Coop(plan)],
@@ -511,9 +503,9 @@ pub fn select_decode(
     if let Some(what) = conflict {
         return Err(Error::InvalidChoice(format!("a decode choice asks for {what}")));
     }
-    let coop_forced =
-        choice.cooperative_matrix == Some(true) || (choice.cooperative_matrix.is_none() && choice.coop_plan.is_some());
-    if coop_forced && !unchecked {
+    // The kernel the caller fixed: by name, or (the matrix kernel) by its plan.
+    let forced_coop = choice.cooperative_matrix.or(choice.coop_plan.map(|_| true));
+    if forced_coop == Some(true) && !unchecked {
         return Err(Error::Unavailable {
             what: "the cooperative-matrix decode kernel".into(),
             why: "bounds checks are on, and wgpu cannot add them to this kernel: its SPIR-V is built by this \
@@ -530,15 +522,12 @@ pub fn select_decode(
         )));
     };
     let head_dim = s.head_dim as u32;
-    let mut candidates = decode_candidates(choice, rows, unchecked);
-    if choice.cooperative_matrix.is_none() && choice.coop_plan.is_none() && candidates.iter().all(DecodeKernel::is_coop)
-    {
+    let automatic = COOP_DECODE_BY_DEFAULT && rows >= COOP_DECODE_MIN_ROWS && !lane_knobs && unchecked;
+    let coop = forced_coop.unwrap_or(automatic);
+    let mut candidates = decode_candidates(choice, rows, coop);
+    if coop && forced_coop.is_none() {
         // Where no matrix plan runs, the lane kernel still does.
-        let lanes = DecodeChoice {
-            cooperative_matrix: Some(false),
-            ..*choice
-        };
-        candidates.extend(decode_candidates(&lanes, rows, unchecked));
+        candidates.extend(decode_candidates(choice, rows, false));
     }
     let mut reasons = Vec::new();
     for kernel in candidates {
