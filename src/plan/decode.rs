@@ -23,8 +23,8 @@ use crate::error::{invalid, Error, Result};
 use crate::plan::coop::coop_device_unavailable_reason;
 use crate::plan::missing_features;
 use crate::plan::policy::{
-    COOP_DECODE_BY_DEFAULT, COOP_DECODE_MIN_ROWS, DECODE_MAX_QUERIES, DECODE_MAX_ROWS, DECODE_MAX_SPLITS,
-    DECODE_MIN_KEYS_PER_SPLIT,
+    COOP_DECODE_BY_DEFAULT, COOP_DECODE_MIN_ROWS, DECODE_COOP_SLOTS, DECODE_LANE_SLOTS, DECODE_MAX_QUERIES,
+    DECODE_MAX_ROWS, DECODE_MAX_SPLITS, DECODE_MIN_KEYS_PER_SPLIT, DECODE_SPLIT_EFFICIENCY,
 };
 use crate::plan::tiled::Reduction;
 use crate::problem::features::{Feature, FeatureSet};
@@ -412,8 +412,8 @@ impl DecodeSplit {
 /// `units` workgroups exist without splitting (batch × K/V heads × row blocks), the device runs
 /// `slots` of them at once; splitting multiplies the workgroups, and the fraction of the last
 /// wave's slots that have work is the efficiency. Takes the fewest pieces whose efficiency is
-/// within 85% of the best, no piece under `min_keys` keys, at most `max_splits`; none when the
-/// units already fill most of the slots.
+/// within [`DECODE_SPLIT_EFFICIENCY`] of the best, no piece under `min_keys` keys, at most
+/// `max_splits`; none when the units already fill most of the slots.
 pub fn split_count(units: u64, keys: u64, slots: u64, min_keys: u64, max_splits: u32) -> u32 {
     if units == 0 || slots == 0 || units * 5 >= slots * 4 {
         return 1;
@@ -424,7 +424,9 @@ pub fn split_count(units: u64, keys: u64, slots: u64, min_keys: u64, max_splits:
         n as f64 / (n.div_ceil(slots) * slots) as f64
     };
     let best = (1..=most).map(efficiency).fold(0.0, f64::max);
-    (1..=most).find(|&s| efficiency(s) >= 0.85 * best).unwrap_or(1) as u32
+    (1..=most)
+        .find(|&s| efficiency(s) >= DECODE_SPLIT_EFFICIENCY * best)
+        .unwrap_or(1) as u32
 }
 
 /// Whether automatic selection sends `problem` to the decode kernel: few new tokens, and few
@@ -434,14 +436,16 @@ pub fn prefers_decode(problem: &AttentionProblem) -> bool {
     problem.shape.seq_q <= DECODE_MAX_QUERIES && rows <= DECODE_MAX_ROWS
 }
 
-/// Workgroups a device runs at once, as the split rule counts them. wgpu reports no count of
-/// compute units, so this is a class estimate: CPUs (lavapipe, WARP) run one per core; every GPU
-/// is counted as a large discrete one, since splitting too finely on a small GPU only costs the
-/// partial outputs' traffic (at least [`DECODE_MIN_KEYS_PER_SPLIT`] keys per piece bounds it).
-pub fn parallel_slots(caps: &Caps) -> u64 {
-    match caps.device_type {
-        wgpu::DeviceType::Cpu => 16,
-        _ => 528,
+/// Workgroups of `kernel` a device runs at once, as the split rule counts them. wgpu reports no
+/// count of compute units, so this is a class estimate: CPUs (lavapipe, WARP) run one per core;
+/// every GPU is counted as an H200 ([`DECODE_LANE_SLOTS`], [`DECODE_COOP_SLOTS`]), since
+/// splitting too finely on a small GPU only costs the partial outputs' traffic (at least
+/// [`DECODE_MIN_KEYS_PER_SPLIT`] keys per piece bounds it).
+pub fn parallel_slots(caps: &Caps, kernel: &DecodeKernel) -> u64 {
+    match (caps.device_type, kernel) {
+        (wgpu::DeviceType::Cpu, _) => 16,
+        (_, DecodeKernel::Lanes { .. }) => DECODE_LANE_SLOTS,
+        (_, DecodeKernel::Coop(_)) => DECODE_COOP_SLOTS,
     }
 }
 
@@ -557,7 +561,7 @@ pub fn select_decode(
             split_count(
                 unsplit.workgroups(problem),
                 s.seq_kv as u64,
-                parallel_slots(caps),
+                parallel_slots(caps, &kernel),
                 DECODE_MIN_KEYS_PER_SPLIT,
                 DECODE_MAX_SPLITS,
             )
@@ -759,6 +763,26 @@ mod tests {
         assert_eq!(split_count(0, 100, 528, 256, 128), 1);
         assert_eq!(split_count(8, 0, 528, 256, 128), 1);
         assert_eq!(split_count(8, 100, 0, 0, 0), 1);
+    }
+
+    #[test]
+    fn each_kernel_fills_one_wave_of_its_own_slots() {
+        let gpu = h200();
+        let lanes = DecodeKernel::Lanes {
+            plan: DECODE_PLANS[0],
+            reduction: Reduction::Subgroup,
+        };
+        let coop = DecodeKernel::Coop(COOP_DECODE_PLANS[0]);
+        let (lane_slots, coop_slots) = (parallel_slots(&gpu, &lanes), parallel_slots(&gpu, &coop));
+        assert_eq!((lane_slots, coop_slots), (DECODE_LANE_SLOTS, DECODE_COOP_SLOTS));
+        // The counts measured fastest on the H200 (issue 16's shapes: 8 K/V heads, batch 1 and 8).
+        assert_eq!(split_count(8, 32768, lane_slots, 256, 256), 32);
+        assert_eq!(split_count(8, 131072, lane_slots, 256, 256), 32);
+        assert_eq!(split_count(64, 32768, lane_slots, 256, 256), 4);
+        assert_eq!(split_count(8, 32768, coop_slots, 256, 256), 16);
+        assert_eq!(split_count(64, 32768, coop_slots, 256, 256), 2);
+        let cpu = lavapipe();
+        assert_eq!(parallel_slots(&cpu, &coop), parallel_slots(&cpu, &lanes));
     }
 
     #[test]
