@@ -6,7 +6,8 @@
 // workgroup's PARTS (the groups of invocations that each took some of the keys) and writing O and
 // the LSE, or a piece's partial results for decode_combine.wgsl.
 //
-// The host defines HEAD_GRANULES, PAGED and KV_LENGTHS (src/wgsl/mod.rs, decode_source); the
+// The host defines HEAD_GRANULES, PAGED, KV_LENGTHS, SOFTCAP and ALIBI (src/wgsl/mod.rs,
+// decode_source; the last two leave the score terms a problem lacks out of the build); the
 // including kernel defines ROWS, PARTS and WG, binds q, k and v (bindings 1–3) in the element type
 // its loads want, and says where its merged output lies (`merged_granule`).
 
@@ -128,8 +129,15 @@ fn decode_row(piece: DecodePiece, r: u32) -> DecodeRow {
 // Scores in base 2 of keys key..key+3 of a row from their dot products: the scale, the soft-cap if
 // any (common.wgsl), and ALiBi's bias.
 fn scores4(dots: vec4<f32>, row: DecodeRow, key: u32) -> vec4<f32> {
-    let keys = vec4<f32>(f32(key), f32(key + 1u), f32(key + 2u), f32(key + 3u));
-    return soft_cap(dots * params.scale) - row.slope * abs(row.position - keys);
+    var s = dots * params.scale;
+    if (SOFTCAP) {
+        s = soft_cap(s);
+    }
+    if (ALIBI) {
+        let keys = vec4<f32>(f32(key), f32(key + 1u), f32(key + 2u), f32(key + 3u));
+        s -= row.slope * abs(row.position - keys);
+    }
+    return s;
 }
 
 // Whether `key` is one the row sees. `&`, not `&&`: its branch per unrolled copy hung

@@ -71,6 +71,14 @@ fn flash_decode(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_
         rows[r] = decode_row(piece, r);
     }
     let keys_end = piece.end;
+    // The keys every row sees: steps inside them skip the mask.
+    var rows_begin = 0u;
+    var rows_end = keys_end;
+    // @unroll
+    for (var r = 0u; r < ROWS; r++) {
+        rows_begin = max(rows_begin, rows[r].begin);
+        rows_end = min(rows_end, rows[r].end);
+    }
 
     var q_slice: array<vec4<f32>, ROWS * GRANULES_PER_LANE>;
     // @unroll
@@ -137,16 +145,31 @@ fn flash_decode(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_
         for (var i = 0u; i < KV_PARTS; i++) {
             v_part[i] = unpack_granule(v_raw[i]);
         }
+        // Whether every row sees every key of this group's step (all but the steps at a piece's
+        // causal or window edges): then no score needs its mask.
+        let whole = (first >= rows_begin) & (first + KEYS_PER_STEP <= rows_end);
         // @unroll
         for (var r = 0u; r < ROWS; r++) {
-            var step_max = 0.0;
-            var any_visible = false;
+            var s = array<f32, KEYS_PER_STEP>();
             // @unroll
             for (var u = 0u; u < KEYS_PER_STEP; u++) {
-                let s = scores4(vec4<f32>(dots[u * ROWS + r]), rows[r], first + u).x;
-                let visible = sees(rows[r], first + u);
-                step_max = max_visible(step_max, any_visible, s, visible);
-                any_visible = any_visible | visible;
+                s[u] = scores4(vec4<f32>(dots[u * ROWS + r]), rows[r], first + u).x;
+            }
+            var step_max = s[0];
+            var any_visible = true;
+            if (whole) {
+                // @unroll
+                for (var u = 0u; u < KEYS_PER_STEP; u++) {
+                    step_max = max(step_max, s[u]);
+                }
+            } else {
+                any_visible = false;
+                // @unroll
+                for (var u = 0u; u < KEYS_PER_STEP; u++) {
+                    let visible = sees(rows[r], first + u);
+                    step_max = max_visible(step_max, any_visible, s[u], visible);
+                    any_visible = any_visible | visible;
+                }
             }
             if (any_visible) {
                 // After its first visible key a row's sum is at least 1 (its max adds exp2(0)).
@@ -154,6 +177,18 @@ fn flash_decode(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_
                 let new_max = select(step_max, max(row_max[r], step_max), seen);
                 let rescale = select(0.0, exp2(row_max[r] - new_max), seen);
                 row_max[r] = new_max;
+                var p = array<f32, KEYS_PER_STEP>();
+                if (whole) {
+                    // @unroll
+                    for (var u = 0u; u < KEYS_PER_STEP; u++) {
+                        p[u] = exp2(s[u] - new_max);
+                    }
+                } else {
+                    // @unroll
+                    for (var u = 0u; u < KEYS_PER_STEP; u++) {
+                        p[u] = select(0.0, exp2(s[u] - new_max), sees(rows[r], first + u));
+                    }
+                }
                 var sum = row_sum[r] * rescale;
                 // @unroll
                 for (var j = 0u; j < GRANULES_PER_LANE; j++) {
@@ -161,13 +196,10 @@ fn flash_decode(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_
                 }
                 // @unroll
                 for (var u = 0u; u < KEYS_PER_STEP; u++) {
-                    let key = first + u;
-                    let s = scores4(vec4<f32>(dots[u * ROWS + r]), rows[r], key).x;
-                    let p = select(0.0, exp2(s - new_max), sees(rows[r], key));
-                    sum += p;
+                    sum += p[u];
                     // @unroll
                     for (var j = 0u; j < GRANULES_PER_LANE; j++) {
-                        acc[r * GRANULES_PER_LANE + j] += p * v_part[u * GRANULES_PER_LANE + j];
+                        acc[r * GRANULES_PER_LANE + j] += p[u] * v_part[u * GRANULES_PER_LANE + j];
                     }
                 }
                 row_sum[r] = sum;

@@ -195,6 +195,11 @@ pub struct DecodeConfig {
     pub kv_lengths: bool,
     /// Whether it binds the per-head tensors (ALiBi slopes, sinks; shaders/head_terms.wgsl).
     pub head_tensors: bool,
+    /// Whether the scores are soft-capped: built in only where they are, since the scores are
+    /// most of a decode kernel's instructions beside its products (BENCHMARKS.md, session 21).
+    pub softcap: bool,
+    /// Whether ALiBi's bias joins the scores (geometric slopes or a tensor of them); as `softcap`.
+    pub alibi: bool,
 }
 
 impl DecodeConfig {
@@ -222,11 +227,13 @@ impl DecodeConfig {
             ),
         };
         format!(
-            "{kernel}_d{}{}{}{}",
+            "{kernel}_d{}{}{}{}{}{}",
             self.head_dim,
             if self.paged { "_paged" } else { "" },
             if self.kv_lengths { "_lens" } else { "" },
             if self.head_tensors { "_heads" } else { "" },
+            if self.softcap { "_cap" } else { "" },
+            if self.alibi { "_alibi" } else { "" },
         )
     }
 
@@ -542,6 +549,8 @@ pub fn select_decode(
             paged: problem.kv_cache.paged.is_some(),
             kv_lengths: problem.kv_cache.lengths,
             head_tensors: problem.has_head_tensors(),
+            softcap: problem.softcap.is_some(),
+            alibi: problem.alibi.is_some(),
         };
         let why = config.unavailable_reason(caps).or_else(|| match kernel {
             DecodeKernel::Coop(_) => coop_layout_reason(problem),
@@ -660,6 +669,8 @@ pub fn all_decode_configs() -> Vec<DecodeConfig> {
                                 paged,
                                 kv_lengths,
                                 head_tensors,
+                                softcap: head_tensors,
+                                alibi: head_tensors,
                             };
                             if !configs.contains(&config) {
                                 configs.push(config);
@@ -696,6 +707,8 @@ pub fn all_decode_configs() -> Vec<DecodeConfig> {
                         paged,
                         kv_lengths,
                         head_tensors,
+                        softcap: head_tensors,
+                        alibi: head_tensors,
                     });
                 }
             }
@@ -899,6 +912,8 @@ mod tests {
                                 paged,
                                 kv_lengths,
                                 head_tensors: head_dim == 64,
+                                softcap: paged,
+                                alibi: kv_lengths,
                             };
                             assert!(names.insert(c.name()), "{}", c.name());
                         }
@@ -1008,6 +1023,8 @@ mod tests {
                 paged: true,
                 kv_lengths: true,
                 head_tensors: true,
+                softcap: true,
+                alibi: true,
             };
             assert_eq!(config.unavailable_reason(&h200()), None, "{}", config.name());
         }

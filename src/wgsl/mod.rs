@@ -532,10 +532,13 @@ impl CoopConfig {
 /// pieces and the kernel, with its register loops unrolled.
 fn decode_source(c: &DecodeConfig, src: &mut String) {
     let cache = format!(
-        "const HEAD_GRANULES: u32 = {}u;\nconst PAGED: bool = {};\nconst KV_LENGTHS: bool = {};\n",
+        "const HEAD_GRANULES: u32 = {}u;\nconst PAGED: bool = {};\nconst KV_LENGTHS: bool = {};\n\
+         const SOFTCAP: bool = {};\nconst ALIBI: bool = {};\n",
         c.head_dim / 4,
         c.paged,
-        c.kv_lengths
+        c.kv_lengths,
+        c.softcap,
+        c.alibi
     );
     let parts: &[&str] = match c.kernel {
         DecodeKernel::Lanes { plan: p, reduction } => {
