@@ -122,17 +122,81 @@ macro_rules! invalid {
 pub(crate) use invalid;
 
 /// A host output of `len` elements, each `zero`, for tensor `name`, or [`Error::TooLarge`] where
-/// the host cannot allocate it: a layout's strides, not its data, set a split call's output size
+/// the host cannot hold it: a layout's strides, not its data, set a split call's output size
 /// (a sparse O can span gigabytes), and the float64 reference's outputs take 8 bytes an element;
 /// a failed allocation aborts the process, which no caller can handle (found by
-/// tests/campaign.rs: a 51 GB O aborted a run).
+/// tests/campaign.rs: a 51 GB O aborted a run). Where the kernel overcommits memory the
+/// reservation itself succeeds and filling it is what fails (the out-of-memory killer ends the
+/// process: a 275 GB O on a 128 GB machine), so an output past the host's memory and swap is
+/// refused before it is reserved.
 pub(crate) fn host_output<T: Clone>(name: &'static str, len: usize, zero: T) -> Result<Vec<T>> {
-    let mut v = Vec::new();
-    v.try_reserve_exact(len).map_err(|_| {
+    let too_large = || {
         Error::TooLarge(format!(
             "tensor `{name}`: {len} elements of output do not fit in the host's memory"
         ))
-    })?;
+    };
+    let bytes = (len as u64).saturating_mul(std::mem::size_of::<T>() as u64);
+    if host_memory_bytes().is_some_and(|total| bytes > total) {
+        return Err(too_large());
+    }
+    let mut v = Vec::new();
+    v.try_reserve_exact(len).map_err(|_| too_large())?;
     v.resize(len, zero);
     Ok(v)
+}
+
+/// The host's memory and swap in bytes, where the platform says (Linux: `/proc/meminfo`).
+fn host_memory_bytes() -> Option<u64> {
+    #[cfg(target_os = "linux")]
+    {
+        static TOTAL: std::sync::OnceLock<Option<u64>> = std::sync::OnceLock::new();
+        *TOTAL.get_or_init(|| {
+            std::fs::read_to_string("/proc/meminfo")
+                .ok()
+                .and_then(|t| meminfo_bytes(&t))
+        })
+    }
+    #[cfg(not(target_os = "linux"))]
+    {
+        None
+    }
+}
+
+/// `MemTotal` plus `SwapTotal` of a `/proc/meminfo` text, in bytes.
+#[cfg_attr(not(target_os = "linux"), allow(dead_code))]
+fn meminfo_bytes(meminfo: &str) -> Option<u64> {
+    let kib = |key: &str| {
+        meminfo.lines().find_map(|line| {
+            let rest = line.strip_prefix(key)?.strip_prefix(':')?;
+            rest.trim().strip_suffix("kB")?.trim().parse::<u64>().ok()
+        })
+    };
+    Some(
+        kib("MemTotal")?
+            .saturating_add(kib("SwapTotal").unwrap_or(0))
+            .saturating_mul(1024),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn host_memory_is_read_from_meminfo() {
+        let text = "MemTotal:       131072000 kB\nMemFree:        1000 kB\nSwapTotal:       2048 kB\n";
+        assert_eq!(meminfo_bytes(text), Some((131_072_000 + 2048) * 1024));
+        assert_eq!(meminfo_bytes("SwapTotal: 5 kB\n"), None);
+        assert_eq!(meminfo_bytes("MemTotal: lots\n"), None);
+    }
+
+    #[test]
+    fn outputs_past_the_host_memory_are_refused_before_reserving() {
+        if let Some(total) = host_memory_bytes() {
+            let len = usize::try_from(total / 4 + 1).unwrap_or(usize::MAX);
+            let e = host_output("o", len, 0.0f32).unwrap_err();
+            assert!(matches!(e, Error::TooLarge(ref m) if m.contains("`o`")), "{e}");
+        }
+        assert_eq!(host_output("o", 3, 1.5f32).unwrap(), vec![1.5; 3]);
+    }
 }

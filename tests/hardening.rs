@@ -32,6 +32,22 @@ fn tiny_device() -> Option<GpuContext> {
     )
 }
 
+/// The host's memory and swap in bytes (Linux's `/proc/meminfo`), where it says.
+fn host_memory_bytes() -> Option<u64> {
+    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let kib = |key: &str| {
+        text.lines().find_map(|l| {
+            l.strip_prefix(key)?
+                .trim()
+                .strip_suffix("kB")?
+                .trim()
+                .parse::<u64>()
+                .ok()
+        })
+    };
+    Some((kib("MemTotal:")? + kib("SwapTotal:").unwrap_or(0)) * 1024)
+}
+
 /// 1 batch, 8 rows, 1 head, head_dim 32, f32: 1 KiB per tensor.
 fn small() -> AttentionProblem {
     AttentionProblem::mha(1, 8, 1, 32, DType::F32)
@@ -119,8 +135,10 @@ fn tiny_buffer_limits_are_errors_not_panics() {
 }
 
 /// A host-slice forward run in parts allocates its output at the layout's size: an O whose head
-/// stride spans 32 GiB is [`Error::TooLarge`], not a failed allocation, which aborts the process
-/// (the bad-input campaign's first full run ended so, on a 51 GB O).
+/// stride spans 32 GiB is [`Error::TooLarge`] on a host with less memory, not a failed allocation,
+/// which aborts the process (the bad-input campaign's first full run ended so, on a 51 GB O), nor
+/// a reservation the kernel overcommits and the out-of-memory killer ends. On a host that holds
+/// it (the H200 machine has 128 GB) the call is legitimate, and not this test's to make.
 #[test]
 fn host_outputs_beyond_memory_are_errors() {
     let Some(ctx) = tiny_device() else { return };
@@ -128,6 +146,11 @@ fn host_outputs_beyond_memory_are_errors() {
     let dense = AttentionProblem::mha(1, 8, 2, 32, DType::F32);
     let mut o = dense.o_layout;
     o.head_stride = 1 << 33;
+    let o_bytes = 4 * dense.with_tensor_layout(Tensor::O, o).required_len(Tensor::O) as u64;
+    if host_memory_bytes().is_some_and(|host| host >= o_bytes) {
+        eprintln!("skipped: this host's memory and swap hold the {o_bytes}-byte O");
+        return;
+    }
     let sparse = dense.with_tensor_layout(Tensor::O, o);
     sparse.validate().unwrap();
     let n = sparse.required_len(Tensor::Q);
