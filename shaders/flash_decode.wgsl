@@ -10,7 +10,9 @@
 // LSE; with more, a normalized f32 partial O and its LSE per row, which decode_combine.wgsl merges.
 //
 // What an invocation owns: LANES consecutive invocations form a key group that reads one key row
-// together, lane l the granules l, l + LANES, ... of it, so a row is one coalesced read; their
+// together, lane l the words l, l + LANES, ... of it, so a row is one coalesced read (a word is
+// WORD_GRANULES granules: two, 16 bytes of a 16-bit type, where the host found K and V aligned so,
+// else one: the kernel is bound by its instructions per key, and loads are some of them); their
 // partial dot products are added across the group (add_across_lanes: subgroup shuffles, or
 // workgroup memory on devices without subgroups). KEY_GROUPS = WG / LANES groups take
 // interleaved blocks of KEYS_PER_STEP consecutive keys; a lane issues all loads of a block (K and
@@ -47,16 +49,19 @@
 const KEY_GROUPS: u32 = WG / LANES;
 // The parts decode_common.wgsl merges at the end.
 const PARTS: u32 = KEY_GROUPS;
-const GRANULES_PER_LANE: u32 = (HEAD_GRANULES + LANES - 1u) / LANES;
+const HEAD_WORDS: u32 = HEAD_GRANULES / WORD_GRANULES;
+const WORDS_PER_LANE: u32 = (HEAD_WORDS + LANES - 1u) / LANES;
+const GRANULES_PER_LANE: u32 = WORDS_PER_LANE * WORD_GRANULES;
 const DOTS: u32 = KEYS_PER_STEP * ROWS;
-// Granules of K (or V) one lane loads per block of keys.
+// Words of K (or V) one lane loads per block of keys, and the granules they hold.
+const KV_WORDS: u32 = KEYS_PER_STEP * WORDS_PER_LANE;
 const KV_PARTS: u32 = KEYS_PER_STEP * GRANULES_PER_LANE;
 // Granules of one row in `merged`: the lanes' granules, padding included.
 const MERGED_ROW: u32 = LANES * GRANULES_PER_LANE;
 
 @group(0) @binding(1) var<storage, read> q: array<Granule>;
-@group(0) @binding(2) var<storage, read> k: array<Granule>;
-@group(0) @binding(3) var<storage, read> v: array<Granule>;
+@group(0) @binding(2) var<storage, read> k: array<KvWord>;
+@group(0) @binding(3) var<storage, read> v: array<KvWord>;
 
 var<workgroup> merged: array<vec4<f32>, ROWS * MERGED_ROW>;
 
@@ -86,7 +91,7 @@ fn flash_decode(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_
         let base = row_granule(params.q, piece.b, rows[r].token, rows[r].head);
         // @unroll
         for (var j = 0u; j < GRANULES_PER_LANE; j++) {
-            let g = lane + j * LANES;
+            let g = lane_granule(lane, j);
             if (g < HEAD_GRANULES) {
                 q_slice[r * GRANULES_PER_LANE + j] = unpack_granule(q[base + g]);
             }
@@ -103,24 +108,24 @@ fn flash_decode(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_
         // on each trip by the WGSL spec, but Chrome on SwiftShader kept the last trip's values
         // (wrong results past the first block of keys, found by web-demo/test.sh);
         // tests/naga_validate.rs holds this file to it.
-        var k_raw = array<Granule, KV_PARTS>();
-        var v_raw = array<Granule, KV_PARTS>();
+        var k_raw = array<KvWord, KV_WORDS>();
+        var v_raw = array<KvWord, KV_WORDS>();
         // @unroll
         for (var u = 0u; u < KEYS_PER_STEP; u++) {
             let key = first + u;
             if (key < keys_end) {
                 let k_row = cache_row(params.k, piece.b, key, piece.kv_head);
-                let k_base = k_row.x;
-                let v_base = cache_row(params.v, piece.b, key, piece.kv_head).x;
+                let k_base = k_row.x / WORD_GRANULES;
+                let v_base = cache_row(params.v, piece.b, key, piece.kv_head).x / WORD_GRANULES;
                 if (k_row.y == 0u) {
                     bad_index.x = 1u;
                 }
                 // @unroll
-                for (var j = 0u; j < GRANULES_PER_LANE; j++) {
-                    let g = lane + j * LANES;
-                    if (g < HEAD_GRANULES) {
-                        k_raw[u * GRANULES_PER_LANE + j] = k[k_base + g];
-                        v_raw[u * GRANULES_PER_LANE + j] = v[v_base + g];
+                for (var w = 0u; w < WORDS_PER_LANE; w++) {
+                    let word = lane + w * LANES;
+                    if (word < HEAD_WORDS) {
+                        k_raw[u * WORDS_PER_LANE + w] = k[k_base + word];
+                        v_raw[u * WORDS_PER_LANE + w] = v[v_base + word];
                     }
                 }
             }
@@ -131,7 +136,7 @@ fn flash_decode(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_
         for (var u = 0u; u < KEYS_PER_STEP; u++) {
             // @unroll
             for (var j = 0u; j < GRANULES_PER_LANE; j++) {
-                let key_part = unpack_granule(k_raw[u * GRANULES_PER_LANE + j]);
+                let key_part = unpack_granule(word_granule(k_raw[u * WORDS_PER_LANE + j / WORD_GRANULES], j % WORD_GRANULES));
                 // @unroll
                 for (var r = 0u; r < ROWS; r++) {
                     dots[u * ROWS + r] += dot(q_slice[r * GRANULES_PER_LANE + j], key_part);
@@ -142,8 +147,11 @@ fn flash_decode(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_
 
         var v_part = array<vec4<f32>, KV_PARTS>();
         // @unroll
-        for (var i = 0u; i < KV_PARTS; i++) {
-            v_part[i] = unpack_granule(v_raw[i]);
+        for (var u = 0u; u < KEYS_PER_STEP; u++) {
+            // @unroll
+            for (var j = 0u; j < GRANULES_PER_LANE; j++) {
+                v_part[u * GRANULES_PER_LANE + j] = unpack_granule(word_granule(v_raw[u * WORDS_PER_LANE + j / WORD_GRANULES], j % WORD_GRANULES));
+            }
         }
         // Whether every row sees every key of this group's step (all but the steps at a piece's
         // causal or window edges): then no score needs its mask.
@@ -190,9 +198,12 @@ fn flash_decode(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_
                     }
                 }
                 var sum = row_sum[r] * rescale;
-                // @unroll
-                for (var j = 0u; j < GRANULES_PER_LANE; j++) {
-                    acc[r * GRANULES_PER_LANE + j] *= rescale;
+                // Most steps leave a row's max where it was: their accumulator keeps its scale.
+                if (rescale != 1.0) {
+                    // @unroll
+                    for (var j = 0u; j < GRANULES_PER_LANE; j++) {
+                        acc[r * GRANULES_PER_LANE + j] *= rescale;
+                    }
                 }
                 // @unroll
                 for (var u = 0u; u < KEYS_PER_STEP; u++) {
@@ -228,7 +239,7 @@ fn flash_decode(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_
             for (var r = 0u; r < ROWS; r++) {
                 // @unroll
                 for (var j = 0u; j < GRANULES_PER_LANE; j++) {
-                    let at = r * MERGED_ROW + lane + j * LANES;
+                    let at = r * MERGED_ROW + lane_granule(lane, j);
                     let mine = weight[r] * acc[r * GRANULES_PER_LANE + j];
                     merged[at] = select(merged[at] + mine, mine, g == 0u);
                 }
@@ -238,6 +249,11 @@ fn flash_decode(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_
     }
 
     write_rows(piece, li);
+}
+
+// The row granule a lane's j-th granule is: its word j / WORD_GRANULES is word lane + that · LANES.
+fn lane_granule(lane: u32, j: u32) -> u32 {
+    return (lane + (j / WORD_GRANULES) * LANES) * WORD_GRANULES + j % WORD_GRANULES;
 }
 
 // Granule g of row r of the merged output (decode_common.wgsl's write_rows reads it).

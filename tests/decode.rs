@@ -12,7 +12,7 @@ use common::{below, engine_with, gpu, run_and_check_any, shape};
 use wgpu_flash_attn::kernel::{CoopDecodePlan, DecodeChoice, ForwardKernel, Reduction};
 use wgpu_flash_attn::testing::harness::Kernel;
 use wgpu_flash_attn::testing::Rng;
-use wgpu_flash_attn::{AttentionProblem, DType, FlashAttention, KernelChoice, Layout};
+use wgpu_flash_attn::{AttentionProblem, DType, FlashAttention, KernelChoice, Layout, Tensor};
 
 fn decode_engine(
     ctx: &wgpu_flash_attn::GpuContext,
@@ -149,6 +149,27 @@ fn random_problems_every_dtype_and_both_reductions() {
         let reduction = reductions[case % reductions.len()];
         let engine = decode_engine(ctx, splits, reduction);
         check(&engine, &problem, &format!("case{case}_{splits:?}"));
+    }
+}
+
+/// The lane kernel loads K and V 16 bytes at a time where they are 16-bit and aligned to 8
+/// elements, else granule by granule: both, on layouts that pick each.
+#[test]
+fn wide_and_granule_loads_match_the_reference() {
+    let Some(ctx) = gpu() else { return };
+    let engine = decode_engine(ctx, None, None);
+    let aligned = AttentionProblem::new(shape(2, 2, 300, 8, 2, 64), DType::F16).with_causal(true);
+    let mut k = aligned.k_layout;
+    k.offset = 4;
+    let offset_k = aligned.with_tensor_layout(Tensor::K, k);
+    let bf16 = AttentionProblem::new(shape(1, 1, 500, 4, 1, 64), DType::BF16);
+    let mut v = bf16.v_layout;
+    v.seq_stride += 4;
+    let padded_v = bf16.with_tensor_layout(Tensor::V, v);
+    for (problem, wide) in [(aligned, true), (offset_k, false), (bf16, true), (padded_v, false)] {
+        let name = engine.select(&problem).unwrap().name();
+        assert_eq!(name.contains("_w16"), wide, "{name}");
+        check(&engine, &problem, if wide { "wide" } else { "granules" });
     }
 }
 

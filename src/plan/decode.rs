@@ -24,7 +24,7 @@ use crate::plan::coop::coop_device_unavailable_reason;
 use crate::plan::missing_features;
 use crate::plan::policy::{
     COOP_DECODE_BY_DEFAULT, COOP_DECODE_MIN_ROWS, DECODE_COOP_SLOTS, DECODE_LANE_SLOTS, DECODE_MAX_QUERIES,
-    DECODE_MAX_ROWS, DECODE_MAX_SPLITS, DECODE_MIN_KEYS_PER_SPLIT, DECODE_SPLIT_EFFICIENCY,
+    DECODE_MAX_ROWS, DECODE_MAX_SPLITS, DECODE_MIN_KEYS_PER_SPLIT, DECODE_SPLIT_EFFICIENCY, DECODE_WIDE_LOADS,
 };
 use crate::plan::tiled::Reduction;
 use crate::problem::features::{Feature, FeatureSet};
@@ -89,9 +89,14 @@ impl DecodePlan {
         self.workgroup_size / self.lanes_per_key.max(1)
     }
 
-    /// Granules of a `head_dim` row each lane holds.
-    pub fn granules_per_lane(&self, head_dim: u32) -> u32 {
-        (head_dim / 4).div_ceil(self.lanes_per_key.max(1))
+    /// Granules of a `head_dim` row each lane holds, when it loads `word_granules` granules at a
+    /// time (1, or 2 with wide loads).
+    pub fn granules_per_lane(&self, head_dim: u32, word_granules: u32) -> u32 {
+        let word_granules = word_granules.max(1);
+        (head_dim / 4)
+            .div_ceil(word_granules)
+            .div_ceil(self.lanes_per_key.max(1))
+            * word_granules
     }
 
     /// Whether the sizes fit the kernel's assumptions.
@@ -200,6 +205,10 @@ pub struct DecodeConfig {
     pub softcap: bool,
     /// Whether ALiBi's bias joins the scores (geometric slopes or a tensor of them); as `softcap`.
     pub alibi: bool,
+    /// The lane kernel loads K and V 16 bytes at a time (two granules of a 16-bit type), which
+    /// needs their offsets and strides in multiples of 8 elements ([`wide_layout_reason`]); else
+    /// 8 (16-bit) or 16 (f32) bytes, any layout. The matrix kernel ignores it.
+    pub wide_loads: bool,
 }
 
 impl DecodeConfig {
@@ -227,13 +236,14 @@ impl DecodeConfig {
             ),
         };
         format!(
-            "{kernel}_d{}{}{}{}{}{}",
+            "{kernel}_d{}{}{}{}{}{}{}",
             self.head_dim,
             if self.paged { "_paged" } else { "" },
             if self.kv_lengths { "_lens" } else { "" },
             if self.head_tensors { "_heads" } else { "" },
             if self.softcap { "_cap" } else { "" },
             if self.alibi { "_alibi" } else { "" },
+            if self.wide_loads && !self.is_coop() { "_w16" } else { "" },
         )
     }
 
@@ -258,13 +268,22 @@ impl DecodeConfig {
         self.kernel.is_coop()
     }
 
+    /// Granules the lane kernel loads at a time: 2 with wide loads, else 1.
+    pub fn word_granules(&self) -> u32 {
+        if self.wide_loads && !self.is_coop() {
+            2
+        } else {
+            1
+        }
+    }
+
     /// Workgroup memory the kernel declares, in bytes (the shaders' arrays, sized alike).
     pub fn workgroup_bytes(&self) -> u32 {
         match self.kernel {
             DecodeKernel::Lanes { plan: p, reduction } => {
                 // The statistics, and the vec4 flag of an invalid cache index.
                 let stats = 2 * p.key_groups() * p.rows * 4 + 16;
-                let merged = p.rows * p.lanes_per_key * p.granules_per_lane(self.head_dim) * 16;
+                let merged = p.rows * p.lanes_per_key * p.granules_per_lane(self.head_dim, self.word_granules()) * 16;
                 let partials = match reduction {
                     Reduction::Workgroup => p.workgroup_size * p.keys_per_step * p.rows * 4,
                     Reduction::Subgroup => 0,
@@ -551,9 +570,10 @@ pub fn select_decode(
             head_tensors: problem.has_head_tensors(),
             softcap: problem.softcap.is_some(),
             alibi: problem.alibi.is_some(),
+            wide_loads: DECODE_WIDE_LOADS && !kernel.is_coop() && wide_layout_reason(problem).is_none(),
         };
         let why = config.unavailable_reason(caps).or_else(|| match kernel {
-            DecodeKernel::Coop(_) => coop_layout_reason(problem),
+            DecodeKernel::Coop(_) => wide_layout_reason(problem),
             DecodeKernel::Lanes { .. } => None,
         });
         if let Some(why) = why {
@@ -598,16 +618,22 @@ pub fn select_decode(
     })
 }
 
-/// Why the cooperative-matrix decode kernel cannot read `problem`'s K and V, or `None`: it loads
-/// their fragments straight from memory, 16 bytes at a time, so their offsets and strides must be
-/// multiples of 8 elements (16 bytes of f16); the lane kernel takes any layout.
-pub fn coop_layout_reason(problem: &AttentionProblem) -> Option<String> {
+/// Why `problem`'s K and V cannot be loaded 16 bytes at a time, or `None`: 16-bit elements whose
+/// offsets and strides are multiples of 8 elements, and a head_dim that is. The matrix decode
+/// kernel loads its fragments so (it refuses other layouts); the lane kernel does where it can.
+pub fn wide_layout_reason(problem: &AttentionProblem) -> Option<String> {
+    if problem.dtype.size_bytes() != 2 {
+        return Some(format!("its elements are {} bytes, not 2", problem.dtype.size_bytes()));
+    }
+    if !problem.shape.head_dim.is_multiple_of(8) {
+        return Some(format!("head_dim {} is not a multiple of 8", problem.shape.head_dim));
+    }
     for (name, l) in [("K", &problem.k_layout), ("V", &problem.v_layout)] {
         let parts = [l.offset, l.batch_stride, l.seq_stride, l.head_stride];
         if parts.iter().any(|x| !x.is_multiple_of(8)) {
             return Some(format!(
-                "it loads {name} straight from memory in 16-byte pieces, so {name}'s offset and strides must be \
-                 multiples of 8 elements; they are {} (offset), {} (batch), {} (sequence), {} (head)",
+                "{name} is loaded in 16-byte pieces, so its offset and strides must be multiples of 8 elements; \
+                 they are {} (offset), {} (batch), {} (sequence), {} (head)",
                 l.offset, l.batch_stride, l.seq_stride, l.head_stride
             ));
         }
@@ -671,6 +697,11 @@ pub fn all_decode_configs() -> Vec<DecodeConfig> {
                                 head_tensors,
                                 softcap: head_tensors,
                                 alibi: head_tensors,
+                                // Subgroup builds of 16-bit types load words of two granules,
+                                // workgroup builds one.
+                                wide_loads: storage.size_bytes() == 2
+                                    && head_dim.is_multiple_of(8)
+                                    && reduction == Reduction::Subgroup,
                             };
                             if !configs.contains(&config) {
                                 configs.push(config);
@@ -709,6 +740,7 @@ pub fn all_decode_configs() -> Vec<DecodeConfig> {
                         head_tensors,
                         softcap: head_tensors,
                         alibi: head_tensors,
+                        wide_loads: false,
                     });
                 }
             }
@@ -914,6 +946,7 @@ mod tests {
                                 head_tensors: head_dim == 64,
                                 softcap: paged,
                                 alibi: kv_lengths,
+                                wide_loads: storage != DType::F32 && reduction == Reduction::Subgroup,
                             };
                             assert!(names.insert(c.name()), "{}", c.name());
                         }
@@ -1025,6 +1058,7 @@ mod tests {
                 head_tensors: true,
                 softcap: true,
                 alibi: true,
+                wide_loads: false,
             };
             assert_eq!(config.unavailable_reason(&h200()), None, "{}", config.name());
         }

@@ -75,6 +75,11 @@ pub const DECODE_MAX_SPLITS: u32 = 256;
 pub const DECODE_LANE_SLOTS: u64 = 264;
 /// See [`DECODE_LANE_SLOTS`].
 pub const DECODE_COOP_SLOTS: u64 = 132;
+/// Whether the lane decode kernel loads K and V 16 bytes at a time where their layout allows
+/// (16-bit elements, offsets and strides in multiples of 8): half the loads of 8-byte granules,
+/// for a kernel bound by its instructions per key.
+pub const DECODE_WIDE_LOADS: bool = true;
+
 /// The split rule takes the fewest pieces whose wave efficiency is within this fraction of the
 /// best: at 0.85 it took 29 pieces at batch 1 where 32 fill the H200's slots.
 pub const DECODE_SPLIT_EFFICIENCY: f64 = 0.95;

@@ -47,6 +47,20 @@ impl FlashAttention {
                 }
             }
         }
+        // Selection checked the layouts for wide loads too; where the caller's byte offset leaves K
+        // or V off a 16-byte boundary, the lane kernel loads granule by granule.
+        let misaligned = [&bound[1], &bound[2]]
+            .iter()
+            .any(|b| !b.strides.offset.is_multiple_of(2));
+        let narrow = DecodeConfig {
+            wide_loads: false,
+            ..*config
+        };
+        let config = if config.word_granules() == 2 && misaligned {
+            &narrow
+        } else {
+            config
+        };
         let decode = self.pipelines().get(&KernelConfig::Decode(*config))?;
         let combine = match split.splits {
             1 => None,

@@ -546,6 +546,15 @@ fn decode_source(c: &DecodeConfig, src: &mut String) {
                 "const WG: u32 = {}u;\nconst LANES: u32 = {}u;\nconst ROWS: u32 = {}u;\nconst KEYS_PER_STEP: u32 = {}u;\n",
                 p.workgroup_size, p.lanes_per_key, p.rows, p.keys_per_step,
             ));
+            // The word K and V are loaded in (flash_decode.wgsl): two granules of a 16-bit type,
+            // or one.
+            src.push_str(if c.word_granules() == 2 {
+                "const WORD_GRANULES: u32 = 2u;\nalias KvWord = vec4<u32>;\n\
+                 fn word_granule(w: KvWord, h: u32) -> Granule { return select(w.xy, w.zw, h == 1u); }\n"
+            } else {
+                "const WORD_GRANULES: u32 = 1u;\nalias KvWord = Granule;\n\
+                 fn word_granule(w: KvWord, h: u32) -> Granule { return w; }\n"
+            });
             &[
                 COMMON,
                 storage_codec(c.storage),
@@ -583,10 +592,12 @@ impl DecodeConfig {
     pub(crate) fn unroll_bounds(&self) -> Vec<(&'static str, u32)> {
         match self.kernel {
             DecodeKernel::Lanes { plan: p, .. } => {
-                let granules_per_lane = p.granules_per_lane(self.head_dim);
+                let granules_per_lane = p.granules_per_lane(self.head_dim, self.word_granules());
+                let words_per_lane = granules_per_lane / self.word_granules();
                 vec![
                     ("ROWS", p.rows),
                     ("GRANULES_PER_LANE", granules_per_lane),
+                    ("WORDS_PER_LANE", words_per_lane),
                     ("KEYS_PER_STEP", p.keys_per_step),
                     ("DOTS", p.keys_per_step * p.rows),
                     ("KV_PARTS", p.keys_per_step * granules_per_lane),
