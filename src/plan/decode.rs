@@ -753,7 +753,7 @@ pub fn all_decode_configs() -> Vec<DecodeConfig> {
 mod tests {
     use super::*;
     use crate::caps::fixtures::{h200, lavapipe};
-    use crate::problem::AttentionShape;
+    use crate::problem::{AttentionShape, Tensor};
 
     fn select(problem: &AttentionProblem, caps: &Caps, choice: &DecodeChoice) -> Result<(DecodeConfig, DecodeSplit)> {
         select_decode(problem, caps, choice, true)
@@ -959,6 +959,39 @@ mod tests {
     /// The cooperative-matrix kernel where it runs (f16, head_dim a multiple of 16 up to 128, a
     /// device with matrices, bounds checks off) and the rows are many, the lane kernel elsewhere;
     /// forcing it says why it cannot run.
+    #[test]
+    fn lane_builds_hold_only_the_problem_s_score_terms_and_load_wide_where_aligned() {
+        let lanes = |problem: &AttentionProblem| {
+            let config = select(problem, &h200(), &DecodeChoice::default()).unwrap().0;
+            assert!(!config.is_coop());
+            config
+        };
+        let p = decode_problem(1, 32, 8, 1, 32768);
+        let plain = lanes(&p);
+        assert!(!plain.softcap && !plain.alibi && plain.wide_loads == DECODE_WIDE_LOADS);
+        let capped = lanes(&p.with_softcap(30.0));
+        assert!(capped.softcap && !capped.alibi);
+        assert!(lanes(&p.with_geometric_alibi()).alibi);
+        assert!(
+            !lanes(&AttentionProblem { dtype: DType::F32, ..p }).wide_loads,
+            "f32: granules are 16 bytes"
+        );
+        let mut k = p.k_layout;
+        k.offset = 4;
+        assert!(
+            !lanes(&p.with_tensor_layout(Tensor::K, k)).wide_loads,
+            "K 8 bytes off 16"
+        );
+        // The matrix kernel ignores the setting: its name does not carry it.
+        let four = select(&decode_problem(1, 32, 8, 4, 32768), &h200(), &DecodeChoice::default())
+            .unwrap()
+            .0;
+        assert_eq!(four.is_coop(), COOP_DECODE_BY_DEFAULT);
+        if four.is_coop() {
+            assert!(!four.name().contains("_w16"), "{}", four.name());
+        }
+    }
+
     #[test]
     fn cooperative_matrix_decode_is_selected_where_it_runs_and_says_why_not() {
         // Four new tokens over GQA 4: 16 rows per K/V head.
