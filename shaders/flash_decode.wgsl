@@ -21,9 +21,10 @@
 // accumulator in registers, and the rows' running max and sum (equal across its group). At the end
 // the groups merge their states through workgroup memory.
 //
-// Sizes (src/plan/decode.rs, DECODE_PLANS): 16 lanes of 8-byte granules cover a 128-element
-// 16-bit row in 128 bytes; LANES never exceeds the smallest subgroup when shuffles add the
-// products; ROWS × granules per lane bounds the registers.
+// Sizes (src/plan/decode.rs, DECODE_PLANS): 8 lanes of 16-byte words cover a 128-element 16-bit
+// row (256 bytes) in two loads each; LANES never exceeds the smallest subgroup when shuffles add
+// the products; ROWS × granules per lane bounds the registers. The host defines WORD_GRANULES,
+// the word type KvWord and word_granule (src/wgsl/mod.rs, decode_source).
 //
 // The bindings past v, where rows and cached keys live, scores and the epilogue are
 // decode_common.wgsl's, shared with the cooperative-matrix decode kernel (flash_decode_coop.wgsl).
@@ -39,8 +40,9 @@
 // that workgroup are written as NaN (O and LSE), so the error shows instead of passing silently.
 //
 // ALiBi and sinks (head_terms.wgsl; with their tensors at bindings 10–11): a row's slope and
-// position are worked out once, so the bias costs a multiply-add per score (0 without ALiBi); a
-// head's sink joins the row's sum at the end with one piece, else in decode_combine.wgsl.
+// position are worked out once, and the bias is built into the scores only with ALIBI
+// (decode_common.wgsl's scores4, like the soft-cap with SOFTCAP); a head's sink joins the row's
+// sum at the end with one piece, else in decode_combine.wgsl.
 //
 // Masked keys contribute exactly zero: a row's max starts at its first visible key (`seen`), not
 // at a sentinel, so any finite softmax scale (negative, tiny, huge) gives the reference's answer;
@@ -136,7 +138,7 @@ fn flash_decode(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_
         for (var u = 0u; u < KEYS_PER_STEP; u++) {
             // @unroll
             for (var j = 0u; j < GRANULES_PER_LANE; j++) {
-                let key_part = unpack_granule(word_granule(k_raw[u * WORDS_PER_LANE + j / WORD_GRANULES], j % WORD_GRANULES));
+                let key_part = word_part(k_raw[u * WORDS_PER_LANE + j / WORD_GRANULES], j);
                 // @unroll
                 for (var r = 0u; r < ROWS; r++) {
                     dots[u * ROWS + r] += dot(q_slice[r * GRANULES_PER_LANE + j], key_part);
@@ -150,7 +152,7 @@ fn flash_decode(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_
         for (var u = 0u; u < KEYS_PER_STEP; u++) {
             // @unroll
             for (var j = 0u; j < GRANULES_PER_LANE; j++) {
-                v_part[u * GRANULES_PER_LANE + j] = unpack_granule(word_granule(v_raw[u * WORDS_PER_LANE + j / WORD_GRANULES], j % WORD_GRANULES));
+                v_part[u * GRANULES_PER_LANE + j] = word_part(v_raw[u * WORDS_PER_LANE + j / WORD_GRANULES], j);
             }
         }
         // Whether every row sees every key of this group's step (all but the steps at a piece's
@@ -254,6 +256,11 @@ fn flash_decode(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_
 // The row granule a lane's j-th granule is: its word j / WORD_GRANULES is word lane + that · LANES.
 fn lane_granule(lane: u32, j: u32) -> u32 {
     return (lane + (j / WORD_GRANULES) * LANES) * WORD_GRANULES + j % WORD_GRANULES;
+}
+
+// A lane's j-th granule, unpacked from the word that holds it.
+fn word_part(w: KvWord, j: u32) -> vec4<f32> {
+    return unpack_granule(word_granule(w, j % WORD_GRANULES));
 }
 
 // Granule g of row r of the merged output (decode_common.wgsl's write_rows reads it).

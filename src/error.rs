@@ -146,7 +146,7 @@ pub(crate) fn host_output<T: Clone>(name: &'static str, len: usize, zero: T) -> 
 }
 
 /// The host's memory and swap in bytes, where the platform says (Linux: `/proc/meminfo`).
-fn host_memory_bytes() -> Option<u64> {
+pub(crate) fn host_memory_bytes() -> Option<u64> {
     #[cfg(target_os = "linux")]
     {
         static TOTAL: std::sync::OnceLock<Option<u64>> = std::sync::OnceLock::new();

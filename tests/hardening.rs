@@ -32,22 +32,6 @@ fn tiny_device() -> Option<GpuContext> {
     )
 }
 
-/// The host's memory and swap in bytes (Linux's `/proc/meminfo`), where it says.
-fn host_memory_bytes() -> Option<u64> {
-    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
-    let kib = |key: &str| {
-        text.lines().find_map(|l| {
-            l.strip_prefix(key)?
-                .trim()
-                .strip_suffix("kB")?
-                .trim()
-                .parse::<u64>()
-                .ok()
-        })
-    };
-    Some((kib("MemTotal:")? + kib("SwapTotal:").unwrap_or(0)) * 1024)
-}
-
 /// 1 batch, 8 rows, 1 head, head_dim 32, f32: 1 KiB per tensor.
 fn small() -> AttentionProblem {
     AttentionProblem::mha(1, 8, 1, 32, DType::F32)
@@ -147,7 +131,7 @@ fn host_outputs_beyond_memory_are_errors() {
     let mut o = dense.o_layout;
     o.head_stride = 1 << 33;
     let o_bytes = 4 * dense.with_tensor_layout(Tensor::O, o).required_len(Tensor::O) as u64;
-    if host_memory_bytes().is_some_and(|host| host >= o_bytes) {
+    if wgpu_flash_attn::testing::host_memory_bytes().is_some_and(|host| host >= o_bytes) {
         eprintln!("skipped: this host's memory and swap hold the {o_bytes}-byte O");
         return;
     }

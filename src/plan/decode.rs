@@ -46,8 +46,9 @@ pub const DECODE_FEATURES: FeatureSet = FeatureSet::of(&[
 /// The sizes of one decode kernel build.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct DecodePlan {
-    /// Invocations that read one key row together, each every `lanes_per_key`-th granule of it;
-    /// their partial dot products are added across them. A power of two.
+    /// Invocations that read one key row together, each every `lanes_per_key`-th word of it (a
+    /// word: one granule, or two with wide loads); their partial dot products are added across
+    /// them. A power of two.
     pub lanes_per_key: u32,
     /// Query rows one workgroup holds (packed query heads × new tokens); a power of two. Each
     /// invocation keeps a query slice and an output accumulator per row in registers.
@@ -206,7 +207,7 @@ pub struct DecodeConfig {
     /// Whether ALiBi's bias joins the scores (geometric slopes or a tensor of them); as `softcap`.
     pub alibi: bool,
     /// The lane kernel loads K and V 16 bytes at a time (two granules of a 16-bit type), which
-    /// needs their offsets and strides in multiples of 8 elements ([`wide_layout_reason`]); else
+    /// needs their offsets and strides in multiples of 8 elements (`wide_layout_reason`); else
     /// 8 (16-bit) or 16 (f32) bytes, any layout. The matrix kernel ignores it.
     pub wide_loads: bool,
 }
@@ -243,7 +244,7 @@ impl DecodeConfig {
             if self.head_tensors { "_heads" } else { "" },
             if self.softcap { "_cap" } else { "" },
             if self.alibi { "_alibi" } else { "" },
-            if self.wide_loads && !self.is_coop() { "_w16" } else { "" },
+            if self.word_granules() == 2 { "_w16" } else { "" },
         )
     }
 
@@ -268,12 +269,28 @@ impl DecodeConfig {
         self.kernel.is_coop()
     }
 
-    /// Granules the lane kernel loads at a time: 2 with wide loads, else 1.
+    /// Granules the lane kernel loads at a time: 2 with wide loads where the build can take them
+    /// (16-bit elements, a head_dim of at least one 16-byte word per lane), else 1.
     pub fn word_granules(&self) -> u32 {
-        if self.wide_loads && !self.is_coop() {
-            2
-        } else {
-            1
+        match self.kernel {
+            DecodeKernel::Lanes { plan, .. }
+                if self.wide_loads
+                    && self.storage.size_bytes() == 2
+                    && self.head_dim.is_multiple_of(8)
+                    && self.head_dim / 8 >= plan.lanes_per_key =>
+            {
+                2
+            }
+            _ => 1,
+        }
+    }
+
+    /// This build loading K and V granule by granule: what runs where a caller's byte offset
+    /// leaves K or V off a 16-byte boundary.
+    pub fn with_granule_loads(&self) -> DecodeConfig {
+        DecodeConfig {
+            wide_loads: false,
+            ..*self
         }
     }
 
@@ -441,11 +458,13 @@ impl DecodeSplit {
 /// within [`DECODE_SPLIT_EFFICIENCY`] of the best, no piece under `min_keys` keys, at most
 /// `max_splits`; none when the units already fill most of the slots.
 pub fn split_count(units: u64, keys: u64, slots: u64, min_keys: u64, max_splits: u32) -> u32 {
+    // In 128 bits: the counts may be near u64::MAX (grids of absurd problems saturate).
+    let (units, slots) = (units as u128, slots as u128);
     if units == 0 || slots == 0 || units * 5 >= slots * 4 {
         return 1;
     }
-    let most = (keys / min_keys.max(1)).clamp(1, max_splits.max(1) as u64);
-    let efficiency = |s: u64| {
+    let most = (keys / min_keys.max(1)).clamp(1, max_splits.max(1) as u64) as u128;
+    let efficiency = |s: u128| {
         let n = units * s;
         n as f64 / (n.div_ceil(slots) * slots) as f64
     };
@@ -570,7 +589,12 @@ pub fn select_decode(
             head_tensors: problem.has_head_tensors(),
             softcap: problem.softcap.is_some(),
             alibi: problem.alibi.is_some(),
-            wide_loads: DECODE_WIDE_LOADS && !kernel.is_coop() && wide_layout_reason(problem).is_none(),
+            wide_loads: DECODE_WIDE_LOADS && wide_layout_reason(problem).is_none(),
+        };
+        // Only a build that takes words of two granules carries the setting (one name per build).
+        let config = match config.word_granules() {
+            2 => config,
+            _ => config.with_granule_loads(),
         };
         let why = config.unavailable_reason(caps).or_else(|| match kernel {
             DecodeKernel::Coop(_) => wide_layout_reason(problem),
@@ -696,15 +720,15 @@ pub fn all_decode_configs() -> Vec<DecodeConfig> {
                                 kv_lengths,
                                 head_tensors,
                                 softcap: head_tensors,
-                                alibi: head_tensors,
-                                // Subgroup builds of 16-bit types load words of two granules,
-                                // workgroup builds one.
-                                wide_loads: storage.size_bytes() == 2
-                                    && head_dim.is_multiple_of(8)
-                                    && reduction == Reduction::Subgroup,
+                                alibi: head_tensors && !paged,
+                                wide_loads: false,
                             };
-                            if !configs.contains(&config) {
-                                configs.push(config);
+                            // Both load widths where the build can take words of two granules.
+                            for wide_loads in [false, true] {
+                                let config = DecodeConfig { wide_loads, ..config };
+                                if (!wide_loads || config.word_granules() == 2) && !configs.contains(&config) {
+                                    configs.push(config);
+                                }
                             }
                         }
                     }
@@ -801,7 +825,7 @@ mod tests {
         // Short caches are not split below the minimum piece.
         assert_eq!(split_count(8, 300, 528, 256, 128), 1);
         assert_eq!(split_count(8, 1024, 528, 256, 128), 4);
-        // The cap holds (within it, the fewest pieces within 85% of the best efficiency).
+        // The cap holds (within it, the fewest pieces within DECODE_SPLIT_EFFICIENCY of the best).
         let capped = split_count(1, 1 << 30, 528, 256, 128);
         assert!((109..=128).contains(&capped), "{capped}");
         // Degenerate inputs give one piece, never zero.
@@ -936,18 +960,25 @@ mod tests {
             for reduction in [Reduction::Subgroup, Reduction::Workgroup] {
                 for storage in [DType::F32, DType::F16, DType::BF16] {
                     for head_dim in [64, 128] {
-                        for (paged, kv_lengths) in [(false, false), (true, false), (false, true), (true, true)] {
+                        // Every combination of the six switches.
+                        for bits in 0..64u32 {
+                            let on = |i: u32| bits & (1 << i) != 0;
                             let c = DecodeConfig {
                                 kernel: DecodeKernel::Lanes { plan, reduction },
                                 storage,
                                 head_dim,
-                                paged,
-                                kv_lengths,
-                                head_tensors: head_dim == 64,
-                                softcap: paged,
-                                alibi: kv_lengths,
-                                wide_loads: storage != DType::F32 && reduction == Reduction::Subgroup,
+                                paged: on(0),
+                                kv_lengths: on(1),
+                                head_tensors: on(2),
+                                softcap: on(3),
+                                alibi: on(4),
+                                wide_loads: on(5),
                             };
+                            // A width the build cannot take builds the granule kernel: one name.
+                            if c.wide_loads && c.word_granules() == 1 {
+                                assert_eq!(c.name(), c.with_granule_loads().name());
+                                continue;
+                            }
                             assert!(names.insert(c.name()), "{}", c.name());
                         }
                     }
@@ -956,9 +987,6 @@ mod tests {
         }
     }
 
-    /// The cooperative-matrix kernel where it runs (f16, head_dim a multiple of 16 up to 128, a
-    /// device with matrices, bounds checks off) and the rows are many, the lane kernel elsewhere;
-    /// forcing it says why it cannot run.
     #[test]
     fn lane_builds_hold_only_the_problem_s_score_terms_and_load_wide_where_aligned() {
         let lanes = |problem: &AttentionProblem| {
@@ -992,6 +1020,9 @@ mod tests {
         }
     }
 
+    /// The cooperative-matrix kernel where it runs (f16, head_dim a multiple of 16 up to 128, a
+    /// device with matrices, bounds checks off) and the rows are many, the lane kernel elsewhere;
+    /// forcing it says why it cannot run.
     #[test]
     fn cooperative_matrix_decode_is_selected_where_it_runs_and_says_why_not() {
         // Four new tokens over GQA 4: 16 rows per K/V head.

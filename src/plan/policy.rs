@@ -68,18 +68,18 @@ pub const DECODE_MIN_KEYS_PER_SPLIT: u64 = 256;
 pub const DECODE_MAX_SPLITS: u32 = 256;
 
 /// Workgroups of each decode kernel a large discrete GPU runs at once, as the split rule
-/// (`split_count`, src/plan/decode.rs) counts them: the lane kernel (128 invocations) two per SM
-/// of an H200's 132, the matrix kernel (256 invocations) one. Each kernel was fastest there at the
-/// split count that fills one wave of these slots (BENCHMARKS.md, session 21). wgpu reports no
-/// count of compute units, so every GPU is counted as this one.
+/// (`split_count`, src/plan/decode.rs) counts them: the lane kernel (its first plan: 128
+/// invocations) two per SM of an H200's 132, the matrix kernel (256 invocations) one. Each kernel
+/// was fastest there at the split count that fills one wave of these slots (BENCHMARKS.md,
+/// session 21). wgpu reports no count of compute units, so every GPU is counted as this one.
 pub const DECODE_LANE_SLOTS: u64 = 264;
 /// See [`DECODE_LANE_SLOTS`].
 pub const DECODE_COOP_SLOTS: u64 = 132;
+/// The split rule takes the fewest pieces whose wave efficiency is within this fraction of the
+/// best: at 0.85 it took 29 pieces at batch 1 where 32 fill the H200's slots.
+pub const DECODE_SPLIT_EFFICIENCY: f64 = 0.95;
+
 /// Whether the lane decode kernel loads K and V 16 bytes at a time where their layout allows
 /// (16-bit elements, offsets and strides in multiples of 8): half the loads of 8-byte granules,
 /// for a kernel bound by its instructions per key.
 pub const DECODE_WIDE_LOADS: bool = true;
-
-/// The split rule takes the fewest pieces whose wave efficiency is within this fraction of the
-/// best: at 0.85 it took 29 pieces at batch 1 where 32 fill the H200's slots.
-pub const DECODE_SPLIT_EFFICIENCY: f64 = 0.95;

@@ -31,7 +31,7 @@ impl FlashAttention {
     ) -> Result<()> {
         let ctx = self.context();
         if config.is_coop() {
-            // Selection checked the layouts (plan::coop_layout_reason); a caller's byte offset
+            // Selection checked the layouts (plan::wide_layout_reason); a caller's byte offset
             // can still leave K or V 8 bytes off a 16-byte boundary.
             for (name, b) in [("K", &bound[1]), ("V", &bound[2])] {
                 if !b.strides.offset.is_multiple_of(2) {
@@ -52,10 +52,7 @@ impl FlashAttention {
         let misaligned = [&bound[1], &bound[2]]
             .iter()
             .any(|b| !b.strides.offset.is_multiple_of(2));
-        let narrow = DecodeConfig {
-            wide_loads: false,
-            ..*config
-        };
+        let narrow = config.with_granule_loads();
         let config = if config.word_granules() == 2 && misaligned {
             &narrow
         } else {

@@ -595,8 +595,12 @@ impl FlashAttention {
             ForwardKernel::Decode { config, split } => {
                 self.check_decode_scratch(problem, split)?;
                 // Built here so that a build error comes before anything is recorded;
-                // encode_decode takes them from the cache.
+                // encode_decode takes them from the cache (with wide loads, also the granule
+                // build it runs where a caller's byte offset leaves K or V off 16 bytes).
                 self.pipelines.get(&KernelConfig::Decode(*config))?;
+                if config.word_granules() == 2 {
+                    self.pipelines.get(&KernelConfig::Decode(config.with_granule_loads()))?;
+                }
                 if split.splits > 1 {
                     self.pipelines.get(&KernelConfig::DecodeCombine {
                         storage: problem.dtype,

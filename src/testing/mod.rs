@@ -13,6 +13,12 @@ pub mod shader;
 #[cfg(all(any(test, feature = "internals"), not(target_arch = "wasm32")))]
 pub mod timing;
 
+/// The host's memory and swap in bytes, where the platform says (Linux: `/proc/meminfo`): the
+/// bound past which the library refuses a host output (tests/hardening.rs skips below it).
+pub fn host_memory_bytes() -> Option<u64> {
+    crate::error::host_memory_bytes()
+}
+
 /// A small, fast, seedable generator (SplitMix64). Not cryptographic; reproducible on every
 /// platform, which is all the tests need.
 #[derive(Clone, Debug)]

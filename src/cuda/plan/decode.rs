@@ -457,8 +457,8 @@ pub fn select_cuda_decode(problem: &AttentionProblem, vec_bytes: u32) -> Result<
 /// alone at the end), and more where pieces would hold over [`DECODE_KEYS_PER_SPLIT`] keys; none
 /// when the unsplit grid of `units` CTAs already fills most of a wave; no piece under `min_keys`
 /// keys, at most `max_splits`. Unlike the wgpu path's rule
-/// ([`crate::plan::decode::split_count`]: fewest pieces within 85% of the best wave efficiency: 29 pieces, 232 of 264 slots at batch
-/// 1), every slot gets a CTA: a memory-bound kernel's bandwidth grows with the CTAs streaming.
+/// ([`crate::plan::decode::split_count`]: the fewest pieces within 95% of the best wave
+/// efficiency), every slot gets a CTA: a memory-bound kernel's bandwidth grows with the CTAs streaming.
 pub fn cuda_split_count(units: u64, keys: u64, slots: u64, waves: u32, min_keys: u64, max_splits: u32) -> u32 {
     // In 128 bits: both counts may be near u64::MAX (a debug build overflowed; found by
     // tests/campaign.rs).
