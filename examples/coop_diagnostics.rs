@@ -1,8 +1,9 @@
 //! Diagnostics for the cooperative-matrix kernel, for devices that have cooperative matrices (the
-//! H200): `cargo run --release --features internals --example coop_diagnostics -- [probe] [cases]
-//! [costs] [stats]` (all four without arguments). They report; they do not judge (the float64
-//! tests in tests/wgpu_attention.rs do). `cargo test` runs this file's one test: every probe's
-//! source compiles through the SPIR-V passes.
+//! H200), and the decode kernels' pipeline statistics: `cargo run --release --features internals
+//! --example coop_diagnostics -- [probe] [cases] [costs] [stats] [decode]` (the first four
+//! without arguments). They report; they do not judge (the float64 tests in
+//! tests/wgpu_attention.rs and tests/decode.rs do). `cargo test` runs this file's one test: every
+//! probe's source compiles through the SPIR-V passes.
 //!
 //! - `coop_probe`: one 16×16×16 product C = A·B, loaded and stored in each of the ways the kernel
 //!   uses, through wgpu's WGSL path and through our SPIR-V (src/spirv/).
@@ -14,6 +15,12 @@
 //!   pipeline-cache data into `$COOP_STATS_DIR`), through `ash` because wgpu does not expose it.
 //!   NVIDIA gives no listings, but its cache data holds the binary: scripts/lab/sass-from-cache.py cuts
 //!   it out for the CUDA toolkit's disassembler.
+//! - `decode_pipeline_stats` (`decode`): the same for the decode kernels' shipped builds (f16,
+//!   head_dim 128: the lane kernel's plans with both load widths, the matrix kernel's plans), the
+//!   lane kernel's SPIR-V as naga writes it for wgpu without bounds checks. The lane kernel is
+//!   bound by its instructions per key (BENCHMARKS.md, session 21): registers and spills say
+//!   whether some of them are local-memory traffic. Runs on any Vulkan device that has
+//!   `VK_KHR_pipeline_executable_properties` (lavapipe too, with its NIR and LLVM listings).
 //!
 //! The taps, stops and bisection that found the misaligned workgroup flag (BENCHMARKS.md) were
 //! written against the first kernel and are in the git history.
@@ -850,14 +857,117 @@ fn coop_pipeline_stats() {
     if let Ok(only) = std::env::var("COOP_STATS_ONLY") {
         configs.retain(|c| c.name().contains(&only));
     }
-    if let Err(e) = unsafe { pipeline_stats(&configs) } {
+    let mut kernels = Vec::new();
+    for config in &configs {
+        let kernel = wgpu_flash_attn::wgsl::KernelConfig::FlashCoop(*config);
+        match wgpu_flash_attn::spirv::compile(&kernel.name(), &kernel.source()) {
+            Ok(words) => kernels.push(StatKernel {
+                name: config.name(),
+                words,
+                entry: c"flash_fwd_coop",
+            }),
+            Err(e) => eprintln!("coop_pipeline_stats: {e}"),
+        }
+    }
+    if let Err(e) = unsafe { pipeline_stats(&kernels) } {
         eprintln!("coop_pipeline_stats: {e}");
     }
 }
 
-/// Creates a Vulkan 1.3 device with cooperative matrices and pipeline executable properties, builds
-/// each configuration's compute pipeline from our SPIR-V with statistics captured, and prints them.
-unsafe fn pipeline_stats(configs: &[wgpu_flash_attn::plan::CoopConfig]) -> Result<(), String> {
+/// The statistics of the decode kernels' builds for issue 16's shapes. `COOP_STATS_ONLY` filters
+/// by name.
+fn decode_pipeline_stats() {
+    let mut kernels = Vec::new();
+    for kernel in decode_stat_kernels() {
+        match kernel {
+            Ok(kernel) => kernels.push(kernel),
+            Err(e) => eprintln!("decode_pipeline_stats: {e}"),
+        }
+    }
+    if let Ok(only) = std::env::var("COOP_STATS_ONLY") {
+        kernels.retain(|k| k.name.contains(&only));
+    }
+    if let Err(e) = unsafe { pipeline_stats(&kernels) } {
+        eprintln!("decode_pipeline_stats: {e}");
+    }
+}
+
+/// The decode builds of issue 16's shapes (f16, head_dim 128; one new token over GQA 4 is 4 rows
+/// per K/V head, four new tokens 16) as SPIR-V: the lane kernel's plans with granule and 16-byte
+/// loads, as wgpu translates them (naga, no bounds checks, no rewrite), and the matrix kernel's
+/// plans, as the library passes them through.
+fn decode_stat_kernels() -> Vec<Result<StatKernel, String>> {
+    use wgpu_flash_attn::plan::{DecodeConfig, DecodeKernel, Reduction, COOP_DECODE_PLANS, DECODE_PLANS};
+    let build = |kernel: DecodeKernel, wide_loads: bool| DecodeConfig {
+        kernel,
+        storage: wgpu_flash_attn::DType::F16,
+        head_dim: 128,
+        paged: false,
+        kv_lengths: false,
+        head_tensors: false,
+        softcap: false,
+        alibi: false,
+        wide_loads,
+    };
+    let mut configs = Vec::new();
+    for rows in [4, 16] {
+        for plan in DECODE_PLANS {
+            for wide_loads in [false, true] {
+                let plan = plan.with_rows_for(rows);
+                configs.push(build(
+                    DecodeKernel::Lanes {
+                        plan,
+                        reduction: Reduction::Subgroup,
+                    },
+                    wide_loads,
+                ));
+            }
+        }
+    }
+    configs.extend(COOP_DECODE_PLANS.iter().map(|&p| build(DecodeKernel::Coop(p), false)));
+    configs
+        .iter()
+        .map(|config| {
+            let kernel = wgpu_flash_attn::wgsl::KernelConfig::Decode(*config);
+            let (name, source) = (kernel.name(), kernel.source());
+            let words = match config.is_coop() {
+                true => wgpu_flash_attn::spirv::compile(&name, &source),
+                false => wgpu_flash_attn::spirv::compile_with(&name, &source, None),
+            };
+            words.map_err(|e| e.to_string()).map(|words| StatKernel {
+                name: config.name(),
+                words,
+                entry: c"flash_decode",
+            })
+        })
+        .collect()
+}
+
+#[test]
+fn decode_builds_compile_to_spirv() {
+    let kernels = decode_stat_kernels();
+    let plans = (
+        wgpu_flash_attn::plan::DECODE_PLANS.len(),
+        wgpu_flash_attn::plan::COOP_DECODE_PLANS.len(),
+    );
+    assert_eq!(kernels.len(), 2 * 2 * plans.0 + plans.1);
+    for kernel in kernels {
+        let kernel = kernel.unwrap();
+        assert!(kernel.words.len() > 100, "{}", kernel.name);
+    }
+}
+
+/// One compute pipeline to build for its statistics: a name, its SPIR-V and its entry point.
+struct StatKernel {
+    name: String,
+    words: Vec<u32>,
+    entry: &'static std::ffi::CStr,
+}
+
+/// Creates a Vulkan 1.3 device with pipeline executable properties (and cooperative matrices where
+/// it has them; a discrete GPU first), builds each kernel's compute pipeline with statistics
+/// captured, and prints them.
+unsafe fn pipeline_stats(kernels: &[StatKernel]) -> Result<(), String> {
     use ash::vk;
     fn fail(what: &'static str) -> impl Fn(vk::Result) -> String {
         move |e| format!("{what}: {e}")
@@ -868,17 +978,28 @@ unsafe fn pipeline_stats(configs: &[wgpu_flash_attn::plan::CoopConfig]) -> Resul
         .create_instance(&vk::InstanceCreateInfo::default().application_info(&app), None)
         .map_err(fail("instance"))?;
     let physical = instance.enumerate_physical_devices().map_err(fail("devices"))?;
-    let Some(&pd) = physical
-        .iter()
-        .find(|&&pd| instance.get_physical_device_properties(pd).device_type == vk::PhysicalDeviceType::DISCRETE_GPU)
-    else {
-        return Err("no discrete GPU".into());
+    let discrete = |pd: &&vk::PhysicalDevice| {
+        instance.get_physical_device_properties(**pd).device_type == vk::PhysicalDeviceType::DISCRETE_GPU
     };
+    let Some(&pd) = physical.iter().find(discrete).or(physical.first()) else {
+        return Err("no Vulkan device".into());
+    };
+    let has_extension = |wanted: &std::ffi::CStr| {
+        instance
+            .enumerate_device_extension_properties(pd)
+            .unwrap_or_default()
+            .iter()
+            .any(|e| e.extension_name_as_c_str() == Ok(wanted))
+    };
+    let matrices = has_extension(ash::khr::cooperative_matrix::NAME);
     let name = instance
         .get_physical_device_properties(pd)
         .device_name_as_c_str()
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_default();
+    if !has_extension(ash::khr::pipeline_executable_properties::NAME) {
+        return Err(format!("{name} has no VK_KHR_pipeline_executable_properties"));
+    }
     let family = instance
         .get_physical_device_queue_family_properties(pd)
         .iter()
@@ -888,10 +1009,10 @@ unsafe fn pipeline_stats(configs: &[wgpu_flash_attn::plan::CoopConfig]) -> Resul
     let queues = [vk::DeviceQueueCreateInfo::default()
         .queue_family_index(family)
         .queue_priorities(&priorities)];
-    let extensions = [
-        ash::khr::cooperative_matrix::NAME.as_ptr(),
-        ash::khr::pipeline_executable_properties::NAME.as_ptr(),
-    ];
+    let mut extensions = vec![ash::khr::pipeline_executable_properties::NAME.as_ptr()];
+    if matrices {
+        extensions.push(ash::khr::cooperative_matrix::NAME.as_ptr());
+    }
     let mut f11 = vk::PhysicalDeviceVulkan11Features::default()
         .storage_buffer16_bit_access(true)
         .uniform_and_storage_buffer16_bit_access(true);
@@ -902,18 +1023,22 @@ unsafe fn pipeline_stats(configs: &[wgpu_flash_attn::plan::CoopConfig]) -> Resul
     let mut coop = vk::PhysicalDeviceCooperativeMatrixFeaturesKHR::default().cooperative_matrix(true);
     let mut executables =
         vk::PhysicalDevicePipelineExecutablePropertiesFeaturesKHR::default().pipeline_executable_info(true);
-    let create = vk::DeviceCreateInfo::default()
+    let mut create = vk::DeviceCreateInfo::default()
         .queue_create_infos(&queues)
         .enabled_extension_names(&extensions)
         .push_next(&mut f11)
         .push_next(&mut f12)
-        .push_next(&mut coop)
         .push_next(&mut executables);
+    if matrices {
+        create = create.push_next(&mut coop);
+    }
     let device = instance.create_device(pd, &create, None).map_err(fail("device"))?;
     let properties = ash::khr::pipeline_executable_properties::Device::new(&instance, &device);
 
-    // The forward kernels' bindings: params (uniform), q, k, v, o, lse.
-    let bindings: Vec<vk::DescriptorSetLayoutBinding> = (0..6)
+    // Params (uniform) at 0, storage buffers past it: the forward kernel's q, k, v, o, lse, the
+    // decode kernels' partial results, cache indices and per-head tensors too (a layout may
+    // declare bindings a module does not use).
+    let bindings: Vec<vk::DescriptorSetLayoutBinding> = (0..12)
         .map(|b| {
             vk::DescriptorSetLayoutBinding::default()
                 .binding(b)
@@ -933,17 +1058,15 @@ unsafe fn pipeline_stats(configs: &[wgpu_flash_attn::plan::CoopConfig]) -> Resul
     let layout = device
         .create_pipeline_layout(&vk::PipelineLayoutCreateInfo::default().set_layouts(&set_layouts), None)
         .map_err(fail("pipeline layout"))?;
-    eprintln!("coop_pipeline_stats: {name}");
-    for config in configs {
-        let kernel = wgpu_flash_attn::wgsl::KernelConfig::FlashCoop(*config);
-        let words = wgpu_flash_attn::spirv::compile(&kernel.name(), &kernel.source()).map_err(|e| e.to_string())?;
+    eprintln!("pipeline_stats: {name}");
+    for kernel in kernels {
         let module = device
-            .create_shader_module(&vk::ShaderModuleCreateInfo::default().code(&words), None)
+            .create_shader_module(&vk::ShaderModuleCreateInfo::default().code(&kernel.words), None)
             .map_err(fail("shader module"))?;
         let stage = vk::PipelineShaderStageCreateInfo::default()
             .stage(vk::ShaderStageFlags::COMPUTE)
             .module(module)
-            .name(c"flash_fwd_coop");
+            .name(kernel.entry);
         let info = vk::ComputePipelineCreateInfo::default()
             .stage(stage)
             .layout(layout)
@@ -955,18 +1078,18 @@ unsafe fn pipeline_stats(configs: &[wgpu_flash_attn::plan::CoopConfig]) -> Resul
             .map_err(fail("pipeline cache"))?;
         let created = device.create_compute_pipelines(cache, &[info], None);
         if let (Ok(dir), Ok(data)) = (std::env::var("COOP_STATS_DIR"), device.get_pipeline_cache_data(cache)) {
-            let _ = std::fs::write(format!("{dir}/{}.vkcache", config.name()), data);
+            let _ = std::fs::write(format!("{dir}/{}.vkcache", kernel.name), data);
         }
         device.destroy_pipeline_cache(cache, None);
         let pipeline = match created {
             Ok(p) => p[0],
             Err((_, e)) => {
-                eprintln!("coop_pipeline_stats: {}: pipeline: {e}", config.name());
+                eprintln!("pipeline_stats: {}: pipeline: {e}", kernel.name);
                 device.destroy_shader_module(module, None);
                 continue;
             }
         };
-        let mut line = format!("{:44}", config.name());
+        let mut line = format!("{:44}", kernel.name);
         let executables = properties
             .get_pipeline_executable_properties(&vk::PipelineInfoKHR::default().pipeline(pipeline))
             .map_err(fail("executables"))?;
@@ -991,7 +1114,7 @@ unsafe fn pipeline_stats(configs: &[wgpu_flash_attn::plan::CoopConfig]) -> Resul
                 line.push_str(&format!(" | {stat_name}: {value}"));
             }
         }
-        eprintln!("coop_pipeline_stats: {line}");
+        eprintln!("pipeline_stats: {line}");
         // The driver's own listings, where it offers them, into $COOP_STATS_DIR.
         if let Ok(dir) = std::env::var("COOP_STATS_DIR") {
             for index in 0..executables.len() as u32 {
@@ -1021,10 +1144,10 @@ unsafe fn pipeline_stats(configs: &[wgpu_flash_attn::plan::CoopConfig]) -> Resul
                         .name_as_c_str()
                         .map(|n| n.to_string_lossy().into_owned())
                         .unwrap_or_default();
-                    let path = format!("{dir}/{}_{index}_{r}.txt", config.name());
+                    let path = format!("{dir}/{}_{index}_{r}.txt", kernel.name);
                     let _ = std::fs::write(&path, data);
                     eprintln!(
-                        "coop_pipeline_stats:   {rep_name}: {} bytes ({result}) -> {path}",
+                        "pipeline_stats:   {rep_name}: {} bytes ({result}) -> {path}",
                         rep.data_size
                     );
                 }
@@ -1041,19 +1164,21 @@ unsafe fn pipeline_stats(configs: &[wgpu_flash_attn::plan::CoopConfig]) -> Resul
 }
 
 fn main() {
-    let diagnostics: [(&str, fn()); 4] = [
+    let diagnostics: [(&str, fn()); 5] = [
         ("probe", coop_probe),
         ("cases", coop_kernel_cases),
         ("costs", coop_kernel_costs),
         ("stats", coop_pipeline_stats),
+        ("decode", decode_pipeline_stats),
     ];
     let asked: Vec<String> = std::env::args().skip(1).collect();
     if let Some(unknown) = asked.iter().find(|a| !diagnostics.iter().any(|(name, _)| name == a)) {
-        eprintln!("unknown diagnostic `{unknown}`; choose from probe, cases, costs, stats");
+        eprintln!("unknown diagnostic `{unknown}`; choose from probe, cases, costs, stats, decode");
         std::process::exit(2);
     }
     for (name, run) in diagnostics {
-        if asked.is_empty() || asked.iter().any(|a| a == name) {
+        // Without arguments, the cooperative kernel's four.
+        if (asked.is_empty() && name != "decode") || asked.iter().any(|a| a == name) {
             run();
         }
     }
