@@ -68,7 +68,8 @@ struct DecodeRow {
 // sequence b (of seq_len keys) and its K/V head kv_head, packed rows row0 .. row0 + ROWS of the
 // head's rows_per_kv_head, and piece `split`, keys keys_begin .. piece_end; of those its rows see
 // first .. end (from the first key any row sees, a window's left edge, to the last; empty for a
-// piece past a shorter sequence's end).
+// piece past a shorter sequence's end), and every one of its rows sees all_first .. all_end (empty
+// where all_first ≥ all_end): steps inside need no mask.
 struct DecodePiece {
     split: u32,
     b: u32,
@@ -80,6 +81,8 @@ struct DecodePiece {
     piece_end: u32,
     first: u32,
     end: u32,
+    all_first: u32,
+    all_end: u32,
 }
 
 // The workgroup's piece. Clears bad_index before anyone may set it (workgroup memory need not
@@ -101,10 +104,14 @@ fn decode_piece(wg: vec3<u32>, li: u32) -> DecodePiece {
     piece.piece_end = min(piece.seq_len, piece.keys_begin + params.keys_per_split);
     piece.first = max(piece.piece_end, piece.keys_begin);
     piece.end = piece.keys_begin;
+    piece.all_first = 0u;
+    piece.all_end = piece.piece_end;
     for (var i = 0u; i < ROWS; i++) {
         let row = decode_row(piece, i);
         piece.end = max(piece.end, row.end);
         piece.first = min(piece.first, max(piece.keys_begin, row.begin));
+        piece.all_first = max(piece.all_first, row.begin);
+        piece.all_end = min(piece.all_end, row.end);
     }
     return piece;
 }

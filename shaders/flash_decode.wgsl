@@ -78,14 +78,6 @@ fn flash_decode(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_
         rows[r] = decode_row(piece, r);
     }
     let keys_end = piece.end;
-    // The keys every row sees: steps inside them skip the mask.
-    var rows_begin = 0u;
-    var rows_end = keys_end;
-    // @unroll
-    for (var r = 0u; r < ROWS; r++) {
-        rows_begin = max(rows_begin, rows[r].begin);
-        rows_end = min(rows_end, rows[r].end);
-    }
 
     var q_slice: array<vec4<f32>, ROWS * GRANULES_PER_LANE>;
     // @unroll
@@ -157,7 +149,7 @@ fn flash_decode(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_
         }
         // Whether every row sees every key of this group's step (all but the steps at a piece's
         // causal or window edges): then no score needs its mask.
-        let whole = (first >= rows_begin) & (first + KEYS_PER_STEP <= rows_end);
+        let whole = (first >= piece.all_first) & (first + KEYS_PER_STEP <= piece.all_end);
         // @unroll
         for (var r = 0u; r < ROWS; r++) {
             var s = array<f32, KEYS_PER_STEP>();
