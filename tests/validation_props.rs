@@ -530,9 +530,9 @@ fn cache_case() -> impl Strategy<Value = CacheCase> {
 }
 
 /// Validation, selection (automatic, forced decode and the forced matrix decode kernel, on both
-/// device fixtures) and the index
-/// checks return, never panic; where everything is accepted and small, the float64 reference runs
-/// over the index and sees only keys below each sequence's count.
+/// device fixtures) and the index checks return, never panic; where everything is accepted and
+/// small, the float64 reference runs over the index and sees only keys below each sequence's
+/// count.
 fn check_cache(c: &CacheCase) {
     use wgpu_flash_attn::batch::{BatchIndex, PagedKv};
     use wgpu_flash_attn::kernel::DecodeChoice;

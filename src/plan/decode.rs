@@ -642,16 +642,12 @@ pub fn select_decode(
     })
 }
 
-/// Why `problem`'s K and V cannot be loaded 16 bytes at a time, or `None`: 16-bit elements whose
-/// offsets and strides are multiples of 8 elements, and a head_dim that is. The matrix decode
-/// kernel loads its fragments so (it refuses other layouts); the lane kernel does where it can.
+/// Why the layouts of `problem`'s K and V (16-bit elements) cannot be loaded 16 bytes at a time,
+/// or `None`: their offsets and strides must be multiples of 8 elements. The matrix decode kernel
+/// loads its fragments so (it refuses other layouts); the lane kernel does where it can. The
+/// element type and head_dim are the builds' own conditions (`DecodeConfig::word_granules`, the
+/// matrix kernel's `unavailable_reason`).
 pub fn wide_layout_reason(problem: &AttentionProblem) -> Option<String> {
-    if problem.dtype.size_bytes() != 2 {
-        return Some(format!("its elements are {} bytes, not 2", problem.dtype.size_bytes()));
-    }
-    if !problem.shape.head_dim.is_multiple_of(8) {
-        return Some(format!("head_dim {} is not a multiple of 8", problem.shape.head_dim));
-    }
     for (name, l) in [("K", &problem.k_layout), ("V", &problem.v_layout)] {
         let parts = [l.offset, l.batch_stride, l.seq_stride, l.head_stride];
         if parts.iter().any(|x| !x.is_multiple_of(8)) {

@@ -30,33 +30,30 @@ impl FlashAttention {
         split: &DecodeSplit,
     ) -> Result<()> {
         let ctx = self.context();
-        if config.is_coop() {
-            // Selection checked the layouts (plan::wide_layout_reason); a caller's byte offset
-            // can still leave K or V 8 bytes off a 16-byte boundary.
-            for (name, b) in [("K", &bound[1]), ("V", &bound[2])] {
-                if !b.strides.offset.is_multiple_of(2) {
-                    return Err(Error::Unavailable {
-                        what: "the cooperative-matrix decode kernel".into(),
-                        why: format!(
-                            "{name} starts at byte {} of its buffer, not a multiple of 16, and the kernel loads it \
-                             in 16-byte pieces; move it, or ask for the lane kernel \
-                             (DecodeChoice::cooperative_matrix: Some(false))",
-                            b.first
-                        ),
-                    });
-                }
+        // Selection checked the layouts for 16-byte loads (plan::wide_layout_reason); a caller's
+        // byte offset can still leave K or V 8 bytes off a 16-byte boundary. The matrix kernel
+        // then refuses; the lane kernel loads granule by granule.
+        let off_16 = [("K", &bound[1]), ("V", &bound[2])]
+            .into_iter()
+            .find(|(_, b)| !b.strides.offset.is_multiple_of(2));
+        let granule_loads;
+        let config = match off_16 {
+            Some((name, b)) if config.is_coop() => {
+                return Err(Error::Unavailable {
+                    what: "the cooperative-matrix decode kernel".into(),
+                    why: format!(
+                        "{name} starts at byte {} of its buffer, not a multiple of 16, and the kernel loads it \
+                         in 16-byte pieces; move it, or ask for the lane kernel \
+                         (DecodeChoice::cooperative_matrix: Some(false))",
+                        b.first
+                    ),
+                })
             }
-        }
-        // Selection checked the layouts for wide loads too; where the caller's byte offset leaves K
-        // or V off a 16-byte boundary, the lane kernel loads granule by granule.
-        let misaligned = [&bound[1], &bound[2]]
-            .iter()
-            .any(|b| !b.strides.offset.is_multiple_of(2));
-        let narrow = config.with_granule_loads();
-        let config = if config.word_granules() == 2 && misaligned {
-            &narrow
-        } else {
-            config
+            Some(_) if config.word_granules() == 2 => {
+                granule_loads = config.with_granule_loads();
+                &granule_loads
+            }
+            _ => config,
         };
         let decode = self.pipelines().get(&KernelConfig::Decode(*config))?;
         let combine = match split.splits {
