@@ -27,6 +27,8 @@ struct Case<T> {
     v: Vec<T>,
     page_table: Option<Vec<u32>>,
     kv_lens: Option<Vec<u32>>,
+    /// Bytes before K's element 0 in its buffer (a caller's byte offset).
+    k_byte_offset: u64,
 }
 
 impl<T: Element> Case<T> {
@@ -43,7 +45,9 @@ impl<T: Element> Case<T> {
         let p = &self.problem;
         let storage = |label, bytes: &[u8]| storage(ctx, label, bytes);
         let q = storage("q", bytemuck::cast_slice(&self.q));
-        let k = storage("k", bytemuck::cast_slice(&self.k));
+        let mut k_bytes = vec![0u8; self.k_byte_offset as usize];
+        k_bytes.extend_from_slice(bytemuck::cast_slice(&self.k));
+        let k = storage("k", &k_bytes);
         let v = storage("v", bytemuck::cast_slice(&self.v));
         let o = storage("o", &nan_bytes(p.dtype, p.required_len(Tensor::O)));
         let lse = storage("lse", &nan_bytes(DType::F32, p.lse_len()));
@@ -60,7 +64,10 @@ impl<T: Element> Case<T> {
             kv_lens: lens.as_ref().map(TensorBuffer::new),
             ..ForwardBuffers::new(
                 TensorBuffer::new(&q),
-                TensorBuffer::new(&k),
+                TensorBuffer {
+                    buffer: &k,
+                    byte_offset: self.k_byte_offset,
+                },
                 TensorBuffer::new(&v),
                 TensorBuffer::new(&o),
                 Some(TensorBuffer::new(&lse)),
@@ -153,6 +160,7 @@ fn case<T: Element>(
         problem,
         page_table,
         kv_lens,
+        k_byte_offset: 0,
     }
 }
 
@@ -548,5 +556,29 @@ fn entries_past_a_sequence_are_never_read() {
         );
         assert_eq!(out, want, "{splits:?}");
         assert_eq!(lse, want_lse, "{splits:?}");
+    }
+}
+
+/// A caller's byte offset 8 bytes off a 16-byte boundary, on a K that selection found aligned for
+/// 16-byte loads: the lane kernel loads it granule by granule instead, and stays right.
+#[test]
+fn a_k_off_16_bytes_is_loaded_granule_by_granule() {
+    let Some(ctx) = gpu() else { return };
+    let mut rng = Rng::new(0x0ff16);
+    let engine = engine(ctx, None, None);
+    for page_size in [None, Some(16)] {
+        let mut c = case::<half::f16>(
+            &mut rng,
+            (2, 2, 300, 8, 2, 64),
+            DType::F16,
+            true,
+            page_size,
+            false,
+            Layout::Bshd,
+        );
+        c.k_byte_offset = 8;
+        let selected = engine.select(&c.problem).unwrap().name();
+        assert!(selected.contains("_w16"), "{selected}");
+        c.check(ctx, &engine, &format!("k_off_16_{page_size:?}"));
     }
 }
