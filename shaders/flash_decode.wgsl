@@ -15,8 +15,10 @@
 // else one: the kernel is bound by its instructions per key, and loads are some of them); their
 // partial dot products are added across the group (add_across_lanes: subgroup shuffles, or
 // workgroup memory on devices without subgroups). KEY_GROUPS = WG / LANES groups take
-// interleaved blocks of KEYS_PER_STEP consecutive keys; a lane issues all loads of a block (K and
-// V) before it uses any, which is what keeps enough bytes in flight for a memory-bound kernel.
+// interleaved steps of KEYS_PER_STEP consecutive keys. A lane's loads run ahead of their use (V a
+// whole step, K from the end of the previous step's products): a step's time then overlaps the
+// next step's memory latency, where a lane waiting for its own step's loads left the SM idle, as
+// only two workgroups fit on one (on the H200 the head_dim-128 build holds 255 registers).
 // Every lane keeps, for its granules and all ROWS rows, the query slice and the output
 // accumulator in registers, and the rows' running max and sum (equal across its group). At the end
 // the groups merge their states through workgroup memory.
@@ -55,9 +57,8 @@ const HEAD_WORDS: u32 = HEAD_GRANULES / WORD_GRANULES;
 const WORDS_PER_LANE: u32 = (HEAD_WORDS + LANES - 1u) / LANES;
 const GRANULES_PER_LANE: u32 = WORDS_PER_LANE * WORD_GRANULES;
 const DOTS: u32 = KEYS_PER_STEP * ROWS;
-// Words of K (or V) one lane loads per block of keys, and the granules they hold.
+// Words of K (or V) one lane loads per step of keys.
 const KV_WORDS: u32 = KEYS_PER_STEP * WORDS_PER_LANE;
-const KV_PARTS: u32 = KEYS_PER_STEP * GRANULES_PER_LANE;
 // Granules of one row in `merged`: the lanes' granules, padding included.
 const MERGED_ROW: u32 = LANES * GRANULES_PER_LANE;
 
@@ -95,36 +96,16 @@ fn flash_decode(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_
     var acc: array<vec4<f32>, ROWS * GRANULES_PER_LANE>;
     var row_max: array<f32, ROWS>;
     var row_sum: array<f32, ROWS>;
+    // The loads run ahead of their use: a step's K words are in flight from just after the
+    // previous step's products (over its butterfly, softmax and P·V), its V words over the whole
+    // previous step (v_next). Unpacked V values live one at a time, in the P·V loop.
+    let step_stride = KEY_GROUPS * KEYS_PER_STEP;
+    var k_raw = load_step(piece, lane, piece.first + key_group * KEYS_PER_STEP, true);
+    var v_raw = load_step(piece, lane, piece.first + key_group * KEYS_PER_STEP, false);
     // Trip count uniform across the workgroup: add_across_lanes may hold barriers.
-    for (var block = piece.first; block < keys_end; block += KEY_GROUPS * KEYS_PER_STEP) {
+    for (var block = piece.first; block < keys_end; block += step_stride) {
         let first = block + key_group * KEYS_PER_STEP;
-        // Initialized explicitly on every trip: a `var` without initializer inside a loop is zero
-        // on each trip by the WGSL spec, but Chrome on SwiftShader kept the last trip's values
-        // (wrong results past the first block of keys, found by web-demo/test.sh);
-        // tests/naga_validate.rs holds this file to it.
-        var k_raw = array<KvWord, KV_WORDS>();
-        var v_raw = array<KvWord, KV_WORDS>();
-        // @unroll
-        for (var u = 0u; u < KEYS_PER_STEP; u++) {
-            let key = first + u;
-            if (key < keys_end) {
-                let k_row = cache_row(params.k, piece.b, key, piece.kv_head);
-                let k_base = k_row.x / WORD_GRANULES;
-                let v_base = cache_row(params.v, piece.b, key, piece.kv_head).x / WORD_GRANULES;
-                if (k_row.y == 0u) {
-                    bad_index.x = 1u;
-                }
-                // @unroll
-                for (var w = 0u; w < WORDS_PER_LANE; w++) {
-                    let word = lane + w * LANES;
-                    if (word < HEAD_WORDS) {
-                        k_raw[u * WORDS_PER_LANE + w] = k[k_base + word];
-                        v_raw[u * WORDS_PER_LANE + w] = v[v_base + word];
-                    }
-                }
-            }
-        }
-
+        let v_next = load_step(piece, lane, first + step_stride, false);
         var dots = array<f32, DOTS>();
         // @unroll
         for (var u = 0u; u < KEYS_PER_STEP; u++) {
@@ -137,19 +118,15 @@ fn flash_decode(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_
                 }
             }
         }
+        k_raw = load_step(piece, lane, first + step_stride, true);
         dots = add_across_lanes(dots, li);
 
-        var v_part = array<vec4<f32>, KV_PARTS>();
-        // @unroll
-        for (var u = 0u; u < KEYS_PER_STEP; u++) {
-            // @unroll
-            for (var j = 0u; j < GRANULES_PER_LANE; j++) {
-                v_part[u * GRANULES_PER_LANE + j] = word_part(v_raw[u * WORDS_PER_LANE + j / WORD_GRANULES], j);
-            }
-        }
         // Whether every row sees every key of this group's step (all but the steps at a piece's
         // causal or window edges): then no score needs its mask.
         let whole = (first >= piece.all_first) & (first + KEYS_PER_STEP <= piece.all_end);
+        // Each row's weights of the step's keys (zero for keys it does not see), its running
+        // max and sum brought to the step, and its accumulator rescaled to the new max.
+        var p = array<f32, DOTS>();
         // @unroll
         for (var r = 0u; r < ROWS; r++) {
             var s = array<f32, KEYS_PER_STEP>();
@@ -179,37 +156,35 @@ fn flash_decode(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_
                 let new_max = select(step_max, max(row_max[r], step_max), seen);
                 let rescale = select(0.0, exp2(row_max[r] - new_max), seen);
                 row_max[r] = new_max;
-                var p = array<f32, KEYS_PER_STEP>();
-                if (whole) {
-                    // @unroll
-                    for (var u = 0u; u < KEYS_PER_STEP; u++) {
-                        p[u] = exp2(s[u] - new_max);
-                    }
-                } else {
-                    // @unroll
-                    for (var u = 0u; u < KEYS_PER_STEP; u++) {
-                        p[u] = select(0.0, exp2(s[u] - new_max), sees(rows[r], first + u));
-                    }
-                }
                 var sum = row_sum[r] * rescale;
-                // Most steps leave a row's max where it was: their accumulator keeps its scale.
-                if (rescale != 1.0) {
-                    // @unroll
-                    for (var j = 0u; j < GRANULES_PER_LANE; j++) {
-                        acc[r * GRANULES_PER_LANE + j] *= rescale;
-                    }
-                }
                 // @unroll
                 for (var u = 0u; u < KEYS_PER_STEP; u++) {
-                    sum += p[u];
-                    // @unroll
-                    for (var j = 0u; j < GRANULES_PER_LANE; j++) {
-                        acc[r * GRANULES_PER_LANE + j] += p[u] * v_part[u * GRANULES_PER_LANE + j];
+                    var weight = exp2(s[u] - new_max);
+                    if (!whole) {
+                        weight = select(0.0, weight, sees(rows[r], first + u));
                     }
+                    p[u * ROWS + r] = weight;
+                    sum += weight;
                 }
                 row_sum[r] = sum;
+                // @unroll
+                for (var j = 0u; j < GRANULES_PER_LANE; j++) {
+                    acc[r * GRANULES_PER_LANE + j] *= rescale;
+                }
             }
         }
+        // @unroll
+        for (var u = 0u; u < KEYS_PER_STEP; u++) {
+            // @unroll
+            for (var j = 0u; j < GRANULES_PER_LANE; j++) {
+                let value = word_part(v_raw[u * WORDS_PER_LANE + j / WORD_GRANULES], j);
+                // @unroll
+                for (var r = 0u; r < ROWS; r++) {
+                    acc[r * GRANULES_PER_LANE + j] += p[u * ROWS + r] * value;
+                }
+            }
+        }
+        v_raw = v_next;
     }
 
     // Merge the key groups: each group's accumulator, weighted to the rows' merged max, is added
@@ -243,6 +218,44 @@ fn flash_decode(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_
     }
 
     write_rows(piece, li);
+}
+
+// This lane's words of K (of_k) or V for the step of keys first .. first + KEYS_PER_STEP, none
+// past the piece. One function for both: a storage array cannot be a parameter, and `of_k` is a
+// constant at each call, so the driver keeps one of the two loads.
+fn load_step(piece: DecodePiece, lane: u32, first: u32, of_k: bool) -> array<KvWord, KV_WORDS> {
+    // Initialized explicitly: a `var` without initializer is zero by the WGSL spec, but Chrome on
+    // SwiftShader kept a loop's last trip's values in such arrays (wrong results past the first
+    // step, found by web-demo/test.sh).
+    var raw = array<KvWord, KV_WORDS>();
+    var strides = params.v;
+    if (of_k) {
+        strides = params.k;
+    }
+    // @unroll
+    for (var u = 0u; u < KEYS_PER_STEP; u++) {
+        let key = first + u;
+        if (key < piece.end) {
+            let row = cache_row(strides, piece.b, key, piece.kv_head);
+            // K and V share their page table: one check flags a bad page.
+            if (of_k & (row.y == 0u)) {
+                bad_index.x = 1u;
+            }
+            let base = row.x / WORD_GRANULES;
+            // @unroll
+            for (var w = 0u; w < WORDS_PER_LANE; w++) {
+                let word = lane + w * LANES;
+                if (word < HEAD_WORDS) {
+                    if (of_k) {
+                        raw[u * WORDS_PER_LANE + w] = k[base + word];
+                    } else {
+                        raw[u * WORDS_PER_LANE + w] = v[base + word];
+                    }
+                }
+            }
+        }
+    }
+    return raw;
 }
 
 // The row granule a lane's j-th granule is: its word j / WORD_GRANULES is word lane + that · LANES.

@@ -53,7 +53,8 @@ pub struct DecodePlan {
     /// Query rows one workgroup holds (packed query heads × new tokens); a power of two. Each
     /// invocation keeps a query slice and an output accumulator per row in registers.
     pub rows: u32,
-    /// Consecutive keys a lane group loads before it uses any of them: the loads in flight.
+    /// Consecutive keys a lane group takes per step. Their loads are issued a step ahead of their
+    /// use, so a step's compute overlaps the next step's loads.
     pub keys_per_step: u32,
     /// Invocations per workgroup; a multiple of `lanes_per_key`.
     pub workgroup_size: u32,

@@ -600,7 +600,6 @@ impl DecodeConfig {
                     ("WORDS_PER_LANE", words_per_lane),
                     ("KEYS_PER_STEP", p.keys_per_step),
                     ("DOTS", p.keys_per_step * p.rows),
-                    ("KV_PARTS", p.keys_per_step * granules_per_lane),
                 ]
             }
             DecodeKernel::Coop(p) => vec![
