@@ -14,8 +14,10 @@
 // workgroup memory one subgroup at a time). K and V fragments are loaded straight
 // from the cache: 16 keys of one K/V head are 16 rows at one stride (a page holds a multiple of 16
 // keys and blocks start at multiples of 16, so also in a paged cache). Each K and V byte is read
-// once, by one subgroup; they are not staged, and the next step's K and this step's V are loaded
-// before the barriers of the softmax, so they are in flight while it runs. The one block of 16
+// once, by one subgroup; they are not staged. The next step's K and this step's V are loaded
+// before the softmax; on the H200 where they are issued does not change the time, which those
+// loads set all the same (four times the rest of the kernel; a copy through workgroup memory was
+// slower: BENCHMARKS.md, "What the matrix decode kernel waits on"). The one block of 16
 // keys a piece may end inside is copied into workgroup memory with zero rows past its end, since
 // a fragment load would read past the cache.
 //
@@ -179,7 +181,7 @@ fn flash_decode(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_
     let start = piece.first & ~15u;
     // Trip counts and branches below are uniform over the subgroup, as cooperative operations need.
     // A step's K fragments are loaded during the step before (its softmax and barriers), its V
-    // fragments before its QKᵀ products: the loads are in flight while the subgroup computes.
+    // fragments before its QKᵀ products.
     let step = SUBGROUPS * BLOCK_N;
     var k_frag: array<coop_mat16x16<f16, B>, STEP_FRAGS>;
     var v_frag: array<coop_mat16x16<f16, B>, STEP_FRAGS>;
