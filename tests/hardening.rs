@@ -255,6 +255,100 @@ fn zero_and_huge_sizes_do_not_overflow() {
     }
 }
 
+/// The public helpers that size or locate a problem's tensors before it is validated: a mask or
+/// bias layout of a problem with a zero or huge dimension, an index whose offsets are short or
+/// decrease, offsets checked against a batch of `usize::MAX`. Each answers; none panics (this
+/// file's tests run with overflow checks).
+#[test]
+fn helpers_on_unvalidated_problems_do_not_panic() {
+    use wgpu_flash_attn::batch::{AttentionMask, BatchIndex, BiasLayout, Varlen};
+    // Zero dimensions: nothing to hold.
+    for zero in 0..4 {
+        let mut s = [2, 16, 16, 4];
+        s[zero] = 0;
+        let p = AttentionProblem::new(
+            AttentionShape {
+                batch: s[0],
+                seq_q: s[1],
+                seq_kv: s[2],
+                num_heads: s[3],
+                num_kv_heads: s[3],
+                head_dim: 32,
+            },
+            DType::F16,
+        );
+        for (per_batch, per_head) in [(true, true), (false, false), (true, false)] {
+            assert_eq!(
+                BiasLayout::dense(&p, per_batch, per_head).required_len(&p),
+                Some(0),
+                "{s:?}"
+            );
+            assert_eq!(
+                AttentionMask::dense(&p, per_batch, per_head).required_len(&p),
+                Some(0),
+                "{s:?}"
+            );
+        }
+        // The problem's own validation refuses the zero; the index has nothing to check.
+        let _ = BatchIndex::default().validate(&p);
+        assert!(p.validate().is_err());
+    }
+    // Dense strides past usize saturate, and the sizes say they overflow.
+    for (seq, heads) in [(i32::MAX as usize, 8), (1 << 40, 1 << 20), (usize::MAX, usize::MAX)] {
+        let p = AttentionProblem::mha(2, seq, heads, 64, DType::F16);
+        assert_eq!(
+            BiasLayout::dense(&p, true, true).required_len(&p),
+            None,
+            "{seq} {heads}"
+        );
+        assert_eq!(
+            AttentionMask::dense(&p, true, true).required_len(&p),
+            None,
+            "{seq} {heads}"
+        );
+    }
+    // Offsets too short, decreasing, or missing for the sequence asked for.
+    let p = AttentionProblem::new(
+        AttentionShape {
+            batch: 3,
+            seq_q: 9,
+            seq_kv: 9,
+            num_heads: 2,
+            num_kv_heads: 2,
+            head_dim: 32,
+        },
+        DType::F16,
+    )
+    .with_varlen(Varlen {
+        total_q: 14,
+        total_kv: 14,
+    });
+    for cu in [&[0u32, 5][..], &[5, 3, 14, 14], &[], &[u32::MAX, 0, u32::MAX, 1]] {
+        let index = BatchIndex {
+            cu_seqlens_q: Some(cu),
+            cu_seqlens_k: Some(cu),
+            kv_lens: Some(&cu[..cu.len().min(2)]),
+            ..Default::default()
+        };
+        assert!(index.validate(&p).is_err(), "{cu:?}");
+        let _ = index.flops(&p);
+        for b in [0, 1, 2, 3, usize::MAX] {
+            let rows = index.sequence(&p, b);
+            assert!(rows.seq_q <= u32::MAX as usize, "{cu:?} {b}");
+        }
+    }
+    // A batch of usize::MAX against offsets: refused, not overflowed.
+    let mut huge = p;
+    huge.shape.batch = usize::MAX;
+    let cu = [0u32, 5, 5, 14];
+    let index = BatchIndex {
+        cu_seqlens_q: Some(&cu),
+        cu_seqlens_k: Some(&cu),
+        ..Default::default()
+    };
+    assert!(index.validate(&huge).is_err());
+}
+
 /// Finding 3: byte offsets near `u64::MAX` in `bind()`.
 #[test]
 fn byte_offsets_near_u64_max_are_errors() {
@@ -389,6 +483,19 @@ fn forced_plans_with_zero_or_huge_sizes_are_refused() {
         .encode_backward_with(&mut encoder, p, &buffers, &config, None)
         .unwrap_err();
     assert!(matches!(e, Error::Unavailable { .. }), "{e}");
+    // Gradient plans whose threads overflow when the refusal names them (the query groups of a
+    // cooperative-matrix plan count 2 · threads_y), on both kernels and both routes.
+    for coop in [false, true] {
+        for huge in [1 << 31, u32::MAX] {
+            let mut config = engine.select_backward(p).unwrap();
+            config.dkdv.plan.threads_y = huge;
+            config.dkdv.coop = coop;
+            let e = engine
+                .encode_backward_with(&mut encoder, p, &buffers, &config, None)
+                .unwrap_err();
+            assert!(matches!(e, Error::Unavailable { .. } | Error::InvalidChoice(_)), "{e}");
+        }
+    }
 }
 
 /// Finding 3: the naive kernel's grid (`seq_kv / 16` score tiles in x) against the dispatch limit.

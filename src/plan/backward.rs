@@ -489,7 +489,7 @@ pub const fn coop_grad_plan(pass: BackwardPass, block_m: u32, block_n: u32, quer
 /// The query groups of a cooperative-matrix plan (see [`coop_grad_plan`]).
 pub fn coop_query_groups(pass: BackwardPass, plan: &BackwardTilePlan) -> u32 {
     let (owned, _) = plan.rows_cols(pass);
-    (plan.threads_y * 2).checked_div(owned).unwrap_or(0)
+    plan.threads_y.saturating_mul(2).checked_div(owned).unwrap_or(0)
 }
 
 /// A cooperative-matrix plan as the tables write it: `(block_m, block_n, query_groups)`

@@ -170,6 +170,8 @@ impl Dropout {
 
     /// Whether the probability of query row `row` for key `col` of query head `head` in batch
     /// entry (or packed sequence) `batch` is kept, rows and keys counted within the sequence.
+    /// The generator takes 32-bit positions, as the kernels do: positions of a valid problem are
+    /// below 2³¹, and one past 2³² draws the same as its remainder.
     pub fn keeps(&self, batch: usize, head: usize, row: usize, col: usize) -> bool {
         self.decide(self.block(self.key(), batch, head, row, col), row, col)
     }

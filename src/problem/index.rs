@@ -130,13 +130,17 @@ impl BatchIndex<'_> {
     /// Key rows stored for sequence `b` before any count applies: its packed rows, or `seq_kv`.
     fn stored_keys(&self, problem: &AttentionProblem, b: usize) -> usize {
         match self.cu_seqlens_k {
-            Some(cu) if problem.varlen.is_some() => (cu[b + 1] as usize).saturating_sub(cu[b] as usize),
+            Some(cu) if problem.varlen.is_some() => {
+                let at = |i: usize| cu.get(i).map_or(0, |&x| x as usize);
+                at(b.saturating_add(1)).saturating_sub(at(b))
+            }
             _ => problem.shape.seq_kv,
         }
     }
 
     /// [`AttentionProblem::flops`] summed over the sequences at their own lengths (a packed
-    /// batch computes no padding). The index has been validated against `problem`.
+    /// batch computes no padding), for an index validated against `problem` (else as meaningless
+    /// as [`sequence`](Self::sequence)'s answer, and no panic either).
     pub fn flops(&self, problem: &AttentionProblem) -> f64 {
         (0..problem.shape.batch)
             .map(|b| {
@@ -150,16 +154,20 @@ impl BatchIndex<'_> {
             .sum()
     }
 
-    /// Where sequence `b` lies. The index has been validated against `problem`.
+    /// Where sequence `b` lies, for an index validated against `problem`
+    /// ([`validate`](Self::validate)). On one that is not (offsets too short or decreasing, `b`
+    /// past the batch) the answer is meaningless but never a panic: entries past a tensor's end
+    /// read as 0, and a decreasing pair as an empty sequence.
     pub fn sequence(&self, problem: &AttentionProblem, b: usize) -> SequenceRows {
         let s = &problem.shape;
+        let at = |tensor: &[u32], i: usize| tensor.get(i).map_or(0, |&x| x as usize);
         let (q_first, seq_q) = match self.cu_seqlens_q {
-            Some(cu) => (cu[b] as usize, (cu[b + 1] - cu[b]) as usize),
+            Some(cu) => (at(cu, b), at(cu, b.saturating_add(1)).saturating_sub(at(cu, b))),
             None => (0, s.seq_q),
         };
-        let kv_first = self.cu_seqlens_k.map_or(0, |cu| cu[b] as usize);
+        let kv_first = self.cu_seqlens_k.map_or(0, |cu| at(cu, b));
         let seq_kv = match self.kv_lens {
-            Some(lens) => lens[b] as usize,
+            Some(lens) => at(lens, b),
             None => self.stored_keys(problem, b),
         };
         SequenceRows {

@@ -178,9 +178,11 @@ impl MaskBlocks {
     /// The strides of the states, in words: between summarized batch entries (0 when they
     /// broadcast), heads (likewise) and rows of blocks.
     pub fn strides(&self) -> (usize, usize, usize) {
+        // Saturating: a summary whose buffer size overflows (len_words is None) is refused
+        // before any stride is used.
         let row = self.kv_blocks();
-        let head = self.q_blocks() * row;
-        let batch = self.heads * head;
+        let head = self.q_blocks().saturating_mul(row);
+        let batch = self.heads.saturating_mul(head);
         (
             if self.batches > 1 { batch } else { 0 },
             if self.heads > 1 { head } else { 0 },

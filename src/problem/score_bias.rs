@@ -52,12 +52,15 @@ impl BiasLayout {
     /// A dense `[batch | 1, num_heads | 1, seq_q, seq_kv]` tensor for `problem` (`seq_q`/`seq_kv`
     /// the longest sequence's when packed): one bias per batch entry unless `per_batch` is false,
     /// per head unless `per_head` is false.
+    /// Strides past `usize` saturate (as [`TensorLayout::contiguous`](crate::TensorLayout::contiguous)'s),
+    /// which validation then refuses as too large.
     pub fn dense(problem: &AttentionProblem, per_batch: bool, per_head: bool) -> Self {
         let s = problem.shape;
+        let mul = usize::saturating_mul;
         let row_stride = s.seq_kv;
-        let head_stride = if per_head { s.seq_q * row_stride } else { 0 };
+        let head_stride = if per_head { mul(s.seq_q, row_stride) } else { 0 };
         let batch_stride = if per_batch {
-            (if per_head { s.num_heads } else { 1 }) * s.seq_q * row_stride
+            mul(mul(if per_head { s.num_heads } else { 1 }, s.seq_q), row_stride)
         } else {
             0
         };
@@ -69,11 +72,14 @@ impl BiasLayout {
         }
     }
 
-    /// Elements a buffer at this layout must hold for `problem`: one past its last element, or
-    /// `None` when that overflows. Shared by the score bias and the mask tensor
-    /// (src/problem/mask.rs), whose elements lie the same way.
+    /// Elements a buffer at this layout must hold for `problem`: one past its last element,
+    /// `Some(0)` for an empty problem (a zero dimension), or `None` when that overflows. Shared by
+    /// the score bias and the mask tensor (src/problem/mask.rs), whose elements lie the same way.
     pub fn required_len(&self, problem: &AttentionProblem) -> Option<usize> {
         let s = problem.shape;
+        if s.batch == 0 || s.num_heads == 0 || s.seq_q == 0 || s.seq_kv == 0 {
+            return Some(0);
+        }
         let l = self;
         let last = [
             (s.batch - 1, l.batch_stride),

@@ -75,11 +75,11 @@ pub(crate) fn validate_offsets(
     max_len: usize,
 ) -> Result<()> {
     let bad = |message: String| Err(Error::InvalidBuffer { tensor: name, message });
-    if offsets.len() < batch + 1 {
+    if offsets.len() <= batch {
         return bad(format!(
             "holds {} entries, needs batch + 1 = {}",
             offsets.len(),
-            batch + 1
+            batch.saturating_add(1)
         ));
     }
     for b in 0..batch {

@@ -60,17 +60,17 @@ impl WgmmaPlan {
 
     /// Query rows per block: 64 per consumer.
     pub fn block_m(&self) -> u32 {
-        WGMMA_ROWS_PER_CONSUMER * self.consumers
+        WGMMA_ROWS_PER_CONSUMER.saturating_mul(self.consumers)
     }
 
     /// Warps per block: a warpgroup (4 warps) per consumer and one producer warpgroup.
     pub fn warps(&self) -> u32 {
-        4 * (1 + self.consumers)
+        self.consumers.saturating_add(1).saturating_mul(4)
     }
 
     /// Threads per block.
     pub fn threads(&self) -> u32 {
-        self.warps() * 32
+        self.warps().saturating_mul(32)
     }
 }
 
@@ -309,6 +309,18 @@ mod tests {
 
     fn new(dtype: DType, head_dim: u32, plan: WgmmaPlan, causal: bool, vec_bytes: u32) -> Result<WgmmaConfig> {
         WgmmaConfig::new(dtype, head_dim, plan, causal, vec_bytes)
+    }
+
+    /// A caller's plan with absurd consumer counts is refused; its message's sizes saturate
+    /// rather than overflow.
+    #[test]
+    fn huge_consumer_counts_are_refused_without_overflow() {
+        for consumers in [0, 4, 1 << 30, u32::MAX] {
+            let plan = WgmmaPlan::new(consumers, 128, 2);
+            let _ = (plan.block_m(), plan.warps(), plan.threads());
+            let e = new(DType::BF16, 128, plan, false, 16).map(|c| c.name()).unwrap_err();
+            assert!(matches!(e, Error::InvalidProblem(_)), "{consumers}: {e}");
+        }
     }
 
     #[test]
