@@ -37,6 +37,21 @@ fn small() -> AttentionProblem {
     AttentionProblem::mha(1, 8, 1, 32, DType::F32)
 }
 
+/// A problem of `[batch, seq_q, seq_kv, num_heads, num_kv_heads]` at head_dim 32.
+fn shaped(s: [usize; 5], dtype: DType) -> AttentionProblem {
+    AttentionProblem::new(
+        AttentionShape {
+            batch: s[0],
+            seq_q: s[1],
+            seq_kv: s[2],
+            num_heads: s[3],
+            num_kv_heads: s[4],
+            head_dim: 32,
+        },
+        dtype,
+    )
+}
+
 fn values(n: usize, seed: u32) -> Vec<f32> {
     (0..n)
         .map(|i| (((i as u32).wrapping_mul(2654435761) ^ seed) % 1000) as f32 / 1000.0 - 0.5)
@@ -222,17 +237,7 @@ fn zero_and_huge_sizes_do_not_overflow() {
     for zero in 0..5 {
         let mut s = [2, 16, 16, 4, 2];
         s[zero] = 0;
-        let p = AttentionProblem::new(
-            AttentionShape {
-                batch: s[0],
-                seq_q: s[1],
-                seq_kv: s[2],
-                num_heads: s[3],
-                num_kv_heads: s[4],
-                head_dim: 32,
-            },
-            DType::F32,
-        );
+        let p = shaped(s, DType::F32);
         for t in [Tensor::Q, Tensor::K, Tensor::V, Tensor::O] {
             let _ = p.required_len(t);
         }
@@ -264,19 +269,10 @@ fn helpers_on_unvalidated_problems_do_not_panic() {
     use wgpu_flash_attn::batch::{AttentionMask, BatchIndex, BiasLayout, Varlen};
     // Zero dimensions: nothing to hold.
     for zero in 0..4 {
-        let mut s = [2, 16, 16, 4];
+        let mut s = [2, 16, 16, 4, 4];
         s[zero] = 0;
-        let p = AttentionProblem::new(
-            AttentionShape {
-                batch: s[0],
-                seq_q: s[1],
-                seq_kv: s[2],
-                num_heads: s[3],
-                num_kv_heads: s[3],
-                head_dim: 32,
-            },
-            DType::F16,
-        );
+        s[4] = s[3];
+        let p = shaped(s, DType::F16);
         for (per_batch, per_head) in [(true, true), (false, false), (true, false)] {
             assert_eq!(
                 BiasLayout::dense(&p, per_batch, per_head).required_len(&p),
@@ -308,18 +304,7 @@ fn helpers_on_unvalidated_problems_do_not_panic() {
         );
     }
     // Offsets too short, decreasing, or missing for the sequence asked for.
-    let p = AttentionProblem::new(
-        AttentionShape {
-            batch: 3,
-            seq_q: 9,
-            seq_kv: 9,
-            num_heads: 2,
-            num_kv_heads: 2,
-            head_dim: 32,
-        },
-        DType::F16,
-    )
-    .with_varlen(Varlen {
+    let p = shaped([3, 9, 9, 2, 2], DType::F16).with_varlen(Varlen {
         total_q: 14,
         total_kv: 14,
     });
