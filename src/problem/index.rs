@@ -130,10 +130,7 @@ impl BatchIndex<'_> {
     /// Key rows stored for sequence `b` before any count applies: its packed rows, or `seq_kv`.
     fn stored_keys(&self, problem: &AttentionProblem, b: usize) -> usize {
         match self.cu_seqlens_k {
-            Some(cu) if problem.varlen.is_some() => {
-                let at = |i: usize| cu.get(i).map_or(0, |&x| x as usize);
-                at(b.saturating_add(1)).saturating_sub(at(b))
-            }
+            Some(cu) if problem.varlen.is_some() => entry(cu, b.saturating_add(1)).saturating_sub(entry(cu, b)),
             _ => problem.shape.seq_kv,
         }
     }
@@ -160,14 +157,16 @@ impl BatchIndex<'_> {
     /// read as 0, and a decreasing pair as an empty sequence.
     pub fn sequence(&self, problem: &AttentionProblem, b: usize) -> SequenceRows {
         let s = &problem.shape;
-        let at = |tensor: &[u32], i: usize| tensor.get(i).map_or(0, |&x| x as usize);
         let (q_first, seq_q) = match self.cu_seqlens_q {
-            Some(cu) => (at(cu, b), at(cu, b.saturating_add(1)).saturating_sub(at(cu, b))),
+            Some(cu) => (
+                entry(cu, b),
+                entry(cu, b.saturating_add(1)).saturating_sub(entry(cu, b)),
+            ),
             None => (0, s.seq_q),
         };
-        let kv_first = self.cu_seqlens_k.map_or(0, |cu| at(cu, b));
+        let kv_first = self.cu_seqlens_k.map_or(0, |cu| entry(cu, b));
         let seq_kv = match self.kv_lens {
-            Some(lens) => at(lens, b),
+            Some(lens) => entry(lens, b),
             None => self.stored_keys(problem, b),
         };
         SequenceRows {
@@ -177,4 +176,9 @@ impl BatchIndex<'_> {
             seq_kv,
         }
     }
+}
+
+/// Entry `i` of an index tensor, 0 past its end (see [`BatchIndex::sequence`]).
+fn entry(tensor: &[u32], i: usize) -> usize {
+    tensor.get(i).map_or(0, |&x| x as usize)
 }
