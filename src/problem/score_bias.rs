@@ -51,9 +51,9 @@ pub struct BiasLayout {
 impl BiasLayout {
     /// A dense `[batch | 1, num_heads | 1, seq_q, seq_kv]` tensor for `problem` (`seq_q`/`seq_kv`
     /// the longest sequence's when packed): one bias per batch entry unless `per_batch` is false,
-    /// per head unless `per_head` is false.
-    /// Strides past `usize` saturate (as [`TensorLayout::contiguous`](crate::TensorLayout::contiguous)'s),
-    /// which validation then refuses as too large.
+    /// per head unless `per_head` is false. Strides past `usize` saturate (as
+    /// [`TensorLayout::contiguous`](crate::problem::TensorLayout::contiguous)'s), which
+    /// validation then refuses as too large.
     pub fn dense(problem: &AttentionProblem, per_batch: bool, per_head: bool) -> Self {
         let s = problem.shape;
         let mul = usize::saturating_mul;
