@@ -322,6 +322,25 @@ fn helpers_on_unvalidated_problems_do_not_panic() {
             assert!(rows.seq_q <= u32::MAX as usize, "{cu:?} {b}");
         }
     }
+    // Index helpers at indices past any buffer: usize::MAX, not an overflow.
+    let l = TensorLayout::contiguous(Layout::Bshd, 8, 2, 16);
+    assert_eq!(l.index(1, 2, 1, 3), 16 * 2 * 8 + 2 * 2 * 16 + 16 + 3);
+    assert_eq!(l.index(usize::MAX, 0, 0, 0), usize::MAX);
+    assert_eq!(l.index(1, 1, 1, usize::MAX), usize::MAX);
+    let rows = wgpu_flash_attn::batch::SequenceRows {
+        q_first: 0,
+        seq_q: 5,
+        kv_first: 0,
+        seq_kv: 5,
+    };
+    assert_eq!(p.lse_index(0, &rows, 1, 2), 14 + 2);
+    assert_eq!(p.lse_index(0, &rows, usize::MAX, 0), usize::MAX);
+    let dense = shaped([2, 64, 64, 2, 2], DType::F16);
+    assert_eq!(dense.lse_index(usize::MAX, &rows, 0, 0), usize::MAX);
+    let masked = dense.with_mask(AttentionMask::dense(&dense, true, true));
+    let blocks = wgpu_flash_attn::batch::MaskBlocks::of(&masked).unwrap();
+    assert!(blocks.state_index(1, 1, 1, 1) < blocks.len_words().unwrap());
+    assert_eq!(blocks.state_index(usize::MAX, 1, 0, 0), usize::MAX);
     // A batch of usize::MAX against offsets: refused, not overflowed.
     let mut huge = p;
     huge.shape.batch = usize::MAX;

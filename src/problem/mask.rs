@@ -204,10 +204,13 @@ impl MaskBlocks {
     }
 
     /// Where the state of block (`q_block`, `kv_block`) of batch entry `b` and query head `h` lies
-    /// in the buffer, in words (a broadcast dimension reads its one summary whatever `b` or `h`).
+    /// in the buffer, in words (a broadcast dimension reads its one summary whatever `b` or `h`);
+    /// `usize::MAX` where that overflows.
     pub fn state_index(&self, b: usize, h: usize, q_block: usize, kv_block: usize) -> usize {
+        let (add, mul) = (usize::saturating_add, usize::saturating_mul);
         let (batch, head, row) = self.strides();
-        BLOCKS_HEADER_WORDS + b * batch + h * head + q_block * row + kv_block
+        let blocks = add(mul(q_block, row), kv_block);
+        add(add(add(BLOCKS_HEADER_WORDS, mul(b, batch)), mul(h, head)), blocks)
     }
 
     /// The key of what it summarizes (FNV-1a over the block size, the sequence lengths, the

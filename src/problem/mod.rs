@@ -101,9 +101,11 @@ impl TensorLayout {
         }
     }
 
-    /// Element index of `(b, s, h, d)`.
+    /// Element index of `(b, s, h, d)`; `usize::MAX` (past every buffer) where that overflows.
     pub fn index(&self, b: usize, s: usize, h: usize, d: usize) -> usize {
-        self.offset + b * self.batch_stride + s * self.seq_stride + h * self.head_stride + d
+        let (add, mul) = (usize::saturating_add, usize::saturating_mul);
+        let rows = add(mul(b, self.batch_stride), mul(s, self.seq_stride));
+        add(add(add(self.offset, rows), mul(h, self.head_stride)), d)
     }
 
     /// Number of elements a buffer must hold for a tensor of this extent: one past the last
@@ -681,11 +683,12 @@ impl AttentionProblem {
     }
 
     /// Index of row `i` of sequence `seq`, head `h`, in the LSE: `[batch, num_heads, seq_q]`,
-    /// or `[num_heads, total_q]` when packed.
+    /// or `[num_heads, total_q]` when packed; `usize::MAX` where that overflows.
     pub fn lse_index(&self, b: usize, seq: &SequenceRows, h: usize, i: usize) -> usize {
+        let (add, mul) = (usize::saturating_add, usize::saturating_mul);
         match self.varlen {
-            Some(v) => h * v.total_q + seq.q_first + i,
-            None => (b * self.shape.num_heads + h) * self.shape.seq_q + i,
+            Some(v) => add(add(mul(h, v.total_q), seq.q_first), i),
+            None => add(mul(add(mul(b, self.shape.num_heads), h), self.shape.seq_q), i),
         }
     }
 
