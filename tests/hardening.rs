@@ -318,10 +318,24 @@ fn helpers_on_unvalidated_problems_do_not_panic() {
         assert!(index.validate(&p).is_err(), "{cu:?}");
         let _ = index.flops(&p);
         for b in [0, 1, 2, 3, usize::MAX] {
-            let rows = index.sequence(&p, b);
-            assert!(rows.seq_q <= u32::MAX as usize, "{cu:?} {b}");
+            let _ = index.sequence(&p, b);
         }
     }
+    // What those answers are, as documented: entries past the end read 0, a decreasing pair is
+    // an empty sequence.
+    let rows = |cu: &[u32], b| {
+        let index = BatchIndex {
+            cu_seqlens_q: Some(cu),
+            ..Default::default()
+        };
+        let r = index.sequence(&p, b);
+        (r.q_first, r.seq_q)
+    };
+    assert_eq!(rows(&[0, 5], 0), (0, 5));
+    assert_eq!(rows(&[0, 5], 1), (5, 0));
+    assert_eq!(rows(&[0, 5], 7), (0, 0));
+    assert_eq!(rows(&[5, 3, 14], 0), (5, 0));
+    assert_eq!(rows(&[], 0), (0, 0));
     // Index helpers at indices past any buffer: usize::MAX, not an overflow.
     let l = TensorLayout::contiguous(Layout::Bshd, 8, 2, 16);
     assert_eq!(l.index(1, 2, 1, 3), 16 * 2 * 8 + 2 * 2 * 16 + 16 + 3);
