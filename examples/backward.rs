@@ -11,6 +11,8 @@
 //! --kv-plan, --q-plan BMxBNxTXxTYxKSxNS[xST] (the dK/dV and dQ kernels' tile plans)
 //! --coop on|off|auto [auto] (the gradient kernels on cooperative matrices, f16 data)
 //! --coop-kv BMxBN[xG], --coop-q BMxBN (their sizes, G the dK/dV kernel's query groups; --coop on)
+//! --register-gradient on|off|auto [auto] (their element-wise step in registers or through
+//! workgroup memory)
 //! --bounds-checks on|off [off] --runs [10] --check-rows [64] --passes (time each kernel too)
 //! --bias full|heads|batch|shared (a score bias [b,h] / [1,h] / [b,1] / [1,1], random normal)
 //! --bias-dtype f32|f16|bf16 [f32] --bias-grad (its gradient too, and the backward timed again
@@ -83,6 +85,14 @@ fn parse_args() -> Result<Args, String> {
                     "off" => Some(false),
                     "auto" => None,
                     other => return Err(format!("--coop is on, off or auto, not {other}")),
+                }
+            }
+            "--register-gradient" => {
+                choice.register_gradient = match value()?.as_str() {
+                    "on" => Some(true),
+                    "off" => Some(false),
+                    "auto" => None,
+                    other => return Err(format!("--register-gradient is on, off or auto, not {other}")),
                 }
             }
             "--coop-kv" => choice.dkdv_plan = Some(coop_sizes(&value()?)?),

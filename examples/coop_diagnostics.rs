@@ -1,7 +1,7 @@
 //! Diagnostics for the cooperative-matrix kernel, for devices that have cooperative matrices (the
 //! H200), and the decode kernels' pipeline statistics: `cargo run --release --features internals
-//! --example coop_diagnostics -- [probe] [cases] [costs] [stats] [decode]` (the first four
-//! without arguments). They report; they do not judge (the float64 tests in
+//! --example coop_diagnostics -- [probe] [cases] [costs] [stats] [decode] [backward]` (the first
+//! four without arguments). They report; they do not judge (the float64 tests in
 //! tests/wgpu_attention.rs and tests/decode.rs do). `cargo test` runs this file's one test: every
 //! probe's source compiles through the SPIR-V passes.
 //!
@@ -21,6 +21,9 @@
 //!   bound by its instructions per key (BENCHMARKS.md, session 21): registers and spills say
 //!   whether some of them are local-memory traffic. Runs on any Vulkan device that has
 //!   `VK_KHR_pipeline_executable_properties` (lavapipe too, with its NIR and LLVM listings).
+//! - `backward_pipeline_stats` (`backward`): the same for the cooperative-matrix gradient kernels'
+//!   shipped plans, with the element-wise step through workgroup memory and in the registers of
+//!   the H200's layout.
 //!
 //! The taps, stops and bisection that found the misaligned workgroup flag (BENCHMARKS.md) were
 //! written against the first kernel and are in the git history.
@@ -892,6 +895,38 @@ fn decode_pipeline_stats() {
     }
 }
 
+/// The statistics of the cooperative-matrix gradient kernels (every build selection can make, both
+/// routes of the element-wise step). `COOP_STATS_ONLY` filters by name.
+fn backward_pipeline_stats() {
+    use wgpu_flash_attn::plan::{all_backward_kernels, BackwardKernel, BackwardPass};
+    let mut kernels = Vec::new();
+    for kernel in all_backward_kernels() {
+        let BackwardKernel::Grad(g) = kernel else { continue };
+        if !g.coop || !matches!(g.head_dim_pad, 64 | 128) {
+            continue;
+        }
+        let entry = match g.pass {
+            BackwardPass::DkDv => c"flash_bwd_dkdv",
+            _ => c"flash_bwd_dq",
+        };
+        let config = wgpu_flash_attn::wgsl::KernelConfig::Backward(kernel);
+        match wgpu_flash_attn::spirv::compile(&config.name(), &config.source()) {
+            Ok(words) => kernels.push(StatKernel {
+                name: g.name(),
+                words,
+                entry,
+            }),
+            Err(e) => eprintln!("backward_pipeline_stats: {e}"),
+        }
+    }
+    if let Ok(only) = std::env::var("COOP_STATS_ONLY") {
+        kernels.retain(|k| k.name.contains(&only));
+    }
+    if let Err(e) = unsafe { pipeline_stats(&kernels) } {
+        eprintln!("backward_pipeline_stats: {e}");
+    }
+}
+
 /// The decode builds of issue 16's shapes (f16, head_dim 128; one new token over GQA 4 is 4 rows
 /// per K/V head, four new tokens 16) as SPIR-V: the lane kernel's plans with granule and 16-byte
 /// loads, as wgpu translates them (naga, no bounds checks, no rewrite), and the matrix kernel's
@@ -1164,12 +1199,13 @@ unsafe fn pipeline_stats(kernels: &[StatKernel]) -> Result<(), String> {
 }
 
 fn main() {
-    let diagnostics: [(&str, fn()); 5] = [
+    let diagnostics: [(&str, fn()); 6] = [
         ("probe", coop_probe),
         ("cases", coop_kernel_cases),
         ("costs", coop_kernel_costs),
         ("stats", coop_pipeline_stats),
         ("decode", decode_pipeline_stats),
+        ("backward", backward_pipeline_stats),
     ];
     let asked: Vec<String> = std::env::args().skip(1).collect();
     if let Some(unknown) = asked.iter().find(|a| !diagnostics.iter().any(|(name, _)| name == a)) {
@@ -1178,7 +1214,7 @@ fn main() {
     }
     for (name, run) in diagnostics {
         // Without arguments, the cooperative kernel's four.
-        if (asked.is_empty() && name != "decode") || asked.iter().any(|a| a == name) {
+        if (asked.is_empty() && !matches!(name, "decode" | "backward")) || asked.iter().any(|a| a == name) {
             run();
         }
     }

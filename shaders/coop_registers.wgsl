@@ -14,20 +14,7 @@
 // computed component by component where the scores are and becomes the A operand directly, which
 // the probe checked is laid out like the accumulator. Row factors and 1/l are built the same way.
 //
-// The element access is SPIR-V's (OpCompositeExtract/Insert on cooperative matrices): the
-// coop_* functions below are placeholders whose bodies src/spirv/elements.rs fills.
-
-fn coop_elements_c(m: coop_mat16x16<f32, C>) -> array<f32, COOP_COMPONENTS> {
-    return array<f32, COOP_COMPONENTS>();
-}
-
-fn coop_from_elements_c(x: array<f32, COOP_COMPONENTS>) -> coop_mat16x16<f32, C> {
-    return coop_mat16x16<f32, C>();
-}
-
-fn coop_from_elements_a(x: array<f16, COOP_COMPONENTS>) -> coop_mat16x16<f16, A> {
-    return coop_mat16x16<f16, A>();
-}
+// The element access is SPIR-V's: coop_elements.wgsl.
 
 // Column bits: 4 per component, 8 components per word.
 const COL_WORDS: u32 = (COOP_COMPONENTS + 7u) / 8u;

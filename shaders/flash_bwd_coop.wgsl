@@ -7,15 +7,21 @@
 // rowsum(dO ∘ O) (flash_bwd_pre.wgsl). The kernel files add their outputs at 8 (and 9).
 //
 // The products are 16 × 16 × 16 f16 → f32 cooperative matrices, as in the forward
-// (flash_fwd_coop.wgsl). The element-wise step goes through workgroup memory, as the forward's
-// route for devices whose fragment layout is not known: a subgroup stores its S and then its dP
-// block (f32) in one window, each invocation reads eight elements of one row of each, forms P = exp2(S · scale −
-// LSE · log2 e) and dS = P ∘ (dP − D), and writes them back as f16, which the subgroup loads as
-// the A operand of the next products. The blocks are the subgroup's alone, so only the subgroup
-// synchronises (subgroupBarrier, made to cover workgroup memory in src/spirv/coherence.rs).
-// Every scratch block is laid out [query][key] in both kernels (the dK/dV kernel's transposed
-// scores are stored column-major), so the step is the same code: invocation `lane` owns row
-// lane / 2, keys 8 · (lane % 2) .. + 8.
+// (flash_fwd_coop.wgsl). The element-wise step, P = exp2(S · scale − LSE · log2 e) and
+// dS = P ∘ (dP − D), takes one of two routes, as the forward's softmax does:
+// * in registers (REGISTER_GRADIENT, where the device's fragment layout allows it:
+//   src/caps/register_layout.rs): each invocation computes P and dS on its own components of the
+//   S and dP accumulators and puts them into A operands component by component, the accumulator
+//   and the A operand being laid out alike (block_gradient_in_registers). Which query and key a
+//   component is, the kernel measures once at its start (block_positions);
+// * through workgroup memory, for the other devices: a subgroup stores its S and then its dP
+//   block (f32) in one window, each invocation reads eight elements of one row of each, forms P
+//   and dS, and writes them back as f16, which the subgroup loads as the A operands of the next
+//   products. The blocks are the subgroup's alone, so only the subgroup synchronises
+//   (subgroupBarrier, made to cover workgroup memory in src/spirv/coherence.rs). Every scratch
+//   block is laid out [query][key] in both kernels (the dK/dV kernel's transposed scores are
+//   stored column-major), so the step is the same code: invocation `lane` owns row lane / 2, keys
+//   8 · (lane % 2) .. + 8.
 //
 // Why f16 for P and dS: they are the A operands of the f16 products (FlashAttention-2 rounds them
 // to the input type too); P ≤ 1, and |dS| ≤ |dP| + |D| ≤ 2 · |dO row| · (largest |V row|), within
@@ -212,4 +218,70 @@ fn block_row_values(sg: u32, lane: u32, m: coop_mat16x16<f32, C>) -> array<vec4<
     let values = array<vec4<f32>, 2>(score_scratch[mine], score_scratch[mine + 1u]);
     subgroupBarrier();
     return values;
+}
+
+// ---- the element-wise step in registers (REGISTER_GRADIENT) ----
+
+// Where this invocation's components of a 16 × 16 block lie: component i is element
+// 16 · row + column, in byte i % 4 of word i / 4.
+alias BlockPositions = array<u32, (COOP_COMPONENTS + 3u) / 4u>;
+
+// Measures block_positions once, as the host's layout probe does: loads a block whose element
+// (r, c) is 16 · r + c from the subgroup's window and reads back its own components.
+fn block_positions(sg: u32, lane: u32) -> BlockPositions {
+    let at = sg * SCORE_BLOCK;
+    for (var e = lane; e < 256u; e += SUBGROUP) {
+        score_scratch[at + (e / 16u) * SCORE_STRIDE + (e % 16u) / 4u][e % 4u] = f32(e);
+    }
+    subgroupBarrier();
+    let index = coop_elements_c(coopLoadT<coop_mat16x16<f32, C>>(&score_scratch[at], SCORE_STRIDE));
+    subgroupBarrier(); // read before the window is used again
+    var positions = BlockPositions();
+    // @unroll
+    for (var i = 0u; i < COOP_COMPONENTS; i++) {
+        positions[i / 4u] |= u32(index[i]) << (8u * (i % 4u));
+    }
+    return positions;
+}
+
+// The query of component i within its block: its row of S, its column of Sᵀ.
+fn component_query(positions: BlockPositions, i: u32) -> u32 {
+    let e = (positions[i / 4u] >> (8u * (i % 4u))) & 255u;
+    return select(e / 16u, e % 16u, SCORES_TRANSPOSED);
+}
+
+// The key of component i within its block: its column of S, its row of Sᵀ.
+fn component_key(positions: BlockPositions, i: u32) -> u32 {
+    let e = (positions[i / 4u] >> (8u * (i % 4u))) & 255u;
+    return select(e % 16u, e / 16u, SCORES_TRANSPOSED);
+}
+
+// P and dS of a block as the A operands of the next products.
+struct BlockOperands {
+    p: coop_mat16x16<f16, A>,
+    ds: coop_mat16x16<f16, A>,
+}
+
+// block_gradient on this invocation's own components: `s` and `dp` as there, `query0` and `key0`
+// the block's first query row and key (sequence-relative), `stats` each component's query row's
+// LSE · log2 e (x) and D (y). The same arithmetic as block_gradient, so both routes give the same
+// f16 operands; masked keys, keys past the sequence and rows past it get P = dS = 0.
+fn block_gradient_in_registers(s: coop_mat16x16<f32, C>, dp: coop_mat16x16<f32, C>, positions: BlockPositions, query0: u32, key0: u32, stats: array<vec2<f32>, COOP_COMPONENTS>, needs_mask: bool, seq: Sequence) -> BlockOperands {
+    let s_x = coop_elements_c(s);
+    let dp_x = coop_elements_c(dp);
+    var p_h = array<f16, COOP_COMPONENTS>();
+    var ds_h = array<f16, COOP_COMPONENTS>();
+    // @unroll
+    for (var i = 0u; i < COOP_COMPONENTS; i++) {
+        var p = exp2(s_x[i] * params.scale - stats[i].x);
+        if (needs_mask) {
+            let query = query0 + component_query(positions, i);
+            let key = key0 + component_key(positions, i);
+            let keys_seen = visible_keys(seq, query);
+            p = select(0.0, p, (key >= keys_seen.x) & (key < keys_seen.y) & (query < seq.seq_q));
+        }
+        p_h[i] = f16(p);
+        ds_h[i] = f16(p * (dp_x[i] - stats[i].y));
+    }
+    return BlockOperands(coop_from_elements_a(p_h), coop_from_elements_a(ds_h));
 }

@@ -20,7 +20,7 @@
 // kernel, added to its group partners' through workgroup memory at the end. Per query tile it
 // forms Sᵀ and dPᵀ of its keys against its J_BLOCKS query blocks (K and V fragments loaded once per
 // head_dim block and used for each), then per query block Pᵀ and dSᵀ (flash_bwd_coop.wgsl's
-// block_gradient) and the two output products.
+// element-wise step, in registers where the layout allows it) and the two output products.
 //
 // Why the sizes: the accumulators take 128 f32 registers per invocation at head_dim 128 (as
 // FlashAttention-2's dK/dV kernel), the score fragments 16 per query block, so query tiles stay
@@ -51,8 +51,8 @@ const V_ROW: u32 = BLOCK_N;
 const Q_ROW: u32 = 2u * BLOCK_N;
 const DO_ROW: u32 = 2u * BLOCK_N + BLOCK_M;
 var<workgroup> tiles: array<vec4<f16>, 2u * (BLOCK_N + BLOCK_M) * TILE_STRIDE>;
-// LSE · log2 e of the query tile's rows (the first BLOCK_M / 4 vec4s), then their D.
-var<workgroup> row_stats: array<vec4<f32>, BLOCK_M / 2u>;
+// LSE · log2 e (x) and D (y) of the query tile's rows.
+var<workgroup> row_stats: array<vec2<f32>, BLOCK_M>;
 
 @group(0) @binding(8) var<storage, read_write> dk: array<Granule>;
 @group(0) @binding(9) var<storage, read_write> dv: array<Granule>;
@@ -86,6 +86,10 @@ fn flash_bwd_dkdv(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocatio
     }
     let my_keys = 16u * (sg % KEY_BLOCKS);
     let group = sg / KEY_BLOCKS;
+    var positions = BlockPositions();
+    if (REGISTER_GRADIENT) {
+        positions = block_positions(sg, lane);
+    }
 
     // With PREFETCH_QDO the next query tile's Q and dO are loaded into registers before this
     // tile's products, so their latency is not waited for at a barrier.
@@ -110,8 +114,7 @@ fn flash_bwd_dkdv(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocatio
                 lse2 = lse2_of(seq, hd.head, m0 + i);
                 d = delta[lse_index(seq, hd.head, m0 + i)];
             }
-            row_stats[i / 4u][i % 4u] = lse2;
-            row_stats[BLOCK_M / 4u + i / 4u][i % 4u] = d;
+            row_stats[i] = vec2<f32>(lse2, d);
         }
         workgroupBarrier();
         if (PREFETCH_QDO && it + 1u < num_items) {
@@ -122,13 +125,8 @@ fn flash_bwd_dkdv(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocatio
         let needs_mask = m0 + BLOCK_M > seq.seq_q || key_tile_needs_mask(seq, m0, BLOCK_M, n0, BLOCK_N);
 
         // ---- Sᵀ = K Qᵀ and dPᵀ = V dOᵀ of the subgroup's keys against its query blocks ----
-        var s_frag: array<coop_mat16x16<f32, C>, J_BLOCKS>;
-        var dp_frag: array<coop_mat16x16<f32, C>, J_BLOCKS>;
-        // @unroll
-        for (var jj = 0u; jj < J_BLOCKS; jj++) {
-            s_frag[jj] = coop_mat16x16<f32, C>();
-            dp_frag[jj] = coop_mat16x16<f32, C>();
-        }
+        var s_frag = array<coop_mat16x16<f32, C>, J_BLOCKS>();
+        var dp_frag = array<coop_mat16x16<f32, C>, J_BLOCKS>();
         // @unroll
         for (var d = 0u; d < D_BLOCKS; d++) {
             let k_frag = coopLoadT<coop_mat16x16<f16, A>>(&tiles[(K_ROW + my_keys) * TILE_STRIDE + 4u * d], TILE_STRIDE);
@@ -148,13 +146,25 @@ fn flash_bwd_dkdv(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocatio
         // @unroll
         for (var jj = 0u; jj < J_BLOCKS; jj++) {
             let j = group + QUERY_GROUPS * jj;
-            let row = 16u * j + lane / 2u;
-            let lse2 = row_stats[row / 4u][row % 4u];
-            let d_row = row_stats[BLOCK_M / 4u + row / 4u][row % 4u];
-            block_gradient(sg, lane, s_frag[jj], dp_frag[jj], m0 + row, n0 + my_keys, lse2, d_row, needs_mask, seq);
-            // The blocks are [query][key]: read column-major they are Pᵀ and dSᵀ.
-            let p_frag = coopLoad<coop_mat16x16<f16, A>>(&prob_scratch[prob_block(sg, 0u)], PROB_STRIDE);
-            let ds_frag = coopLoad<coop_mat16x16<f16, A>>(&prob_scratch[prob_block(sg, 1u)], PROB_STRIDE);
+            var p_frag = coop_mat16x16<f16, A>();
+            var ds_frag = coop_mat16x16<f16, A>();
+            if (REGISTER_GRADIENT) {
+                var stats = array<vec2<f32>, COOP_COMPONENTS>();
+                // @unroll
+                for (var i = 0u; i < COOP_COMPONENTS; i++) {
+                    stats[i] = row_stats[16u * j + component_query(positions, i)];
+                }
+                let operands = block_gradient_in_registers(s_frag[jj], dp_frag[jj], positions, m0 + 16u * j, n0 + my_keys, stats, needs_mask, seq);
+                p_frag = operands.p;
+                ds_frag = operands.ds;
+            } else {
+                let row = 16u * j + lane / 2u;
+                let stats = row_stats[row];
+                block_gradient(sg, lane, s_frag[jj], dp_frag[jj], m0 + row, n0 + my_keys, stats.x, stats.y, needs_mask, seq);
+                // The blocks are [query][key]: read column-major they are Pᵀ and dSᵀ.
+                p_frag = coopLoad<coop_mat16x16<f16, A>>(&prob_scratch[prob_block(sg, 0u)], PROB_STRIDE);
+                ds_frag = coopLoad<coop_mat16x16<f16, A>>(&prob_scratch[prob_block(sg, 1u)], PROB_STRIDE);
+            }
             // @unroll
             for (var d = 0u; d < D_BLOCKS; d++) {
                 let do_frag = coopLoadT<coop_mat16x16<f16, B>>(&tiles[(DO_ROW + 16u * j) * TILE_STRIDE + 4u * d], TILE_STRIDE);
@@ -162,8 +172,10 @@ fn flash_bwd_dkdv(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocatio
                 let q_frag = coopLoadT<coop_mat16x16<f16, B>>(&tiles[(Q_ROW + 16u * j) * TILE_STRIDE + 4u * d], TILE_STRIDE);
                 dk_acc[d] = coopMultiplyAdd(ds_frag, q_frag, dk_acc[d]);
             }
-            // Every read of this block's P and dS is done before the next block writes them.
-            subgroupBarrier();
+            if (!REGISTER_GRADIENT) {
+                // Every read of this block's P and dS is done before the next block writes them.
+                subgroupBarrier();
+            }
         }
     }
 

@@ -16,7 +16,8 @@
 // What a subgroup owns: 16 query rows: their Q and dO as HEAD_DIM_PAD / 16 A fragments each
 // (loaded once) and their dQ as HEAD_DIM_PAD / 16 f32 accumulators, for the whole kernel; the
 // invocations' rows' LSE and D in registers. Per block of 16 keys it forms S and dP, dS
-// (flash_bwd_coop.wgsl's block_gradient) and dQ += dS K.
+// (flash_bwd_coop.wgsl's element-wise step, in registers where the layout allows it) and
+// dQ += dS K.
 //
 // Why the sizes: Q, dO and dQ take 32 + 32 + 64 registers per invocation at head_dim 128, the
 // forward's Q and O plus dO. The K/V tile and the subgroups' scratch blocks share 48 KiB: 32 keys
@@ -81,6 +82,23 @@ fn flash_bwd_dq(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_
         d_row = delta[lse_index(seq, head, row)];
     }
 
+    // The register route's rows: the LSE and D of each row slot's query row (the same for every
+    // block of the kernel), gathered per component where a block's step needs them.
+    var positions = BlockPositions();
+    var slot_stats = array<vec2<f32>, ROW_SLOTS>();
+    if (REGISTER_GRADIENT) {
+        positions = block_positions(sg, lane);
+        // @unroll
+        for (var i = 0u; i < COOP_COMPONENTS; i++) {
+            let slot_row = m0 + 16u * sg + component_query(positions, i);
+            var stats = vec2<f32>(-NEG_BIG, 0.0);
+            if (slot_row < seq.seq_q) {
+                stats = vec2<f32>(lse2_of(seq, head, slot_row), delta[lse_index(seq, head, slot_row)]);
+            }
+            slot_stats[(COMPONENT_SLOT_BITS >> (2u * i)) & 3u] = stats;
+        }
+    }
+
     var dq_acc: array<coop_mat16x16<f32, C>, D_BLOCKS>;
     // @unroll
     for (var d = 0u; d < D_BLOCKS; d++) {
@@ -121,15 +139,27 @@ fn flash_bwd_dq(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_
                 dp = coopMultiplyAdd(do_frag[d], v_frag, dp);
             }
             // ---- dS, then dQ += dS K ----
-            block_gradient(sg, lane, s, dp, row, n0 + 16u * j, lse2, d_row, needs_mask, seq);
-            let ds_frag = coopLoadT<coop_mat16x16<f16, A>>(&prob_scratch[prob_block(sg, 0u)], PROB_STRIDE);
+            var ds_frag = coop_mat16x16<f16, A>();
+            if (REGISTER_GRADIENT) {
+                var stats = array<vec2<f32>, COOP_COMPONENTS>();
+                // @unroll
+                for (var i = 0u; i < COOP_COMPONENTS; i++) {
+                    stats[i] = slot_stats[(COMPONENT_SLOT_BITS >> (2u * i)) & 3u];
+                }
+                ds_frag = block_gradient_in_registers(s, dp, positions, m0 + 16u * sg, n0 + 16u * j, stats, needs_mask, seq).ds;
+            } else {
+                block_gradient(sg, lane, s, dp, row, n0 + 16u * j, lse2, d_row, needs_mask, seq);
+                ds_frag = coopLoadT<coop_mat16x16<f16, A>>(&prob_scratch[prob_block(sg, 0u)], PROB_STRIDE);
+            }
             // @unroll
             for (var d = 0u; d < D_BLOCKS; d++) {
                 let k_frag = coopLoadT<coop_mat16x16<f16, B>>(&tiles[(K_ROW + 16u * j) * TILE_STRIDE + 4u * d], TILE_STRIDE);
                 dq_acc[d] = coopMultiplyAdd(ds_frag, k_frag, dq_acc[d]);
             }
-            // Every read of dS is done before the next block writes it.
-            subgroupBarrier();
+            if (!REGISTER_GRADIENT) {
+                // Every read of dS is done before the next block writes it.
+                subgroupBarrier();
+            }
         }
     }
 

@@ -456,6 +456,7 @@ fn forced_plans_with_zero_or_huge_sizes_are_refused() {
                 dq_plan: dq,
                 dbias_plan: None,
                 cooperative_matrix: None,
+                register_gradient: None,
             };
             assert!(select_backward(&p.into(), &ctx.caps, &choice).is_err(), "{plan:?}");
             // The same sizes forced on the cooperative-matrix kernels.

@@ -236,6 +236,7 @@ fn check_pure(c: &Case) {
             dq_plan: c.backward_plans.1,
             dbias_plan: None,
             cooperative_matrix: None,
+            register_gradient: None,
         };
         if let Ok(config) = select_backward(&backward, &caps, &choice) {
             assert!(backward_valid.is_ok(), "{config:?}");

@@ -106,6 +106,7 @@ fn every_tile_plan_the_device_fits_matches_the_reference() {
             dq_plan: suits(BackwardPass::Dq),
             dbias_plan: None,
             cooperative_matrix: None,
+            register_gradient: None,
         };
         for (b, sq, skv, h, hkv, d, causal) in [
             (1, 100, 100, 2, 1, 64, true),
@@ -130,9 +131,11 @@ fn every_tile_plan_the_device_fits_matches_the_reference() {
 }
 
 /// The gradient kernels on cooperative matrices (the H200; skipped on a device without them):
-/// each shipped plan and five more (query groups of 2 and 4 among them), forced on both kernels, on the shape table up to head_dim
-/// 128 (causal and not); then, with the shipped plans selection picks, seeded random problems — ragged
-/// lengths, GQA/MQA, sliding windows, scales — f16, gradients poisoned, against float64.
+/// each shipped plan and five more (query groups of 2 and 4 among them), forced on both kernels,
+/// on the shape table up to head_dim 128 (causal and not), with the element-wise step through
+/// workgroup memory and (where the device's fragment layout allows it) in registers; then, with
+/// the shipped plans selection picks, seeded random problems — ragged lengths, GQA/MQA, sliding
+/// windows, scales, both routes in turn — f16, gradients poisoned, against float64.
 #[test]
 fn cooperative_matrix_backward_matches_the_reference() {
     let Some(ctx) = gpu() else { return };
@@ -154,12 +157,19 @@ fn cooperative_matrix_backward_matches_the_reference() {
         .collect();
     plans.sort();
     plans.dedup();
-    for (block_m, block_n, groups) in plans {
+    let routes: Vec<Option<bool>> = match ctx.caps.coop_register_layout {
+        Some(_) => vec![Some(false), Some(true)],
+        None => vec![Some(false)],
+    };
+    for ((block_m, block_n, groups), &register_gradient) in
+        plans.into_iter().flat_map(|p| routes.iter().map(move |r| (p, r)))
+    {
         // The sizes and the dK/dV kernel's query groups are what these kernels read.
         let sizes = BackwardTilePlan::new(block_m, block_n, groups, 1, 1, 1, 1);
         let choice = BackwardChoice {
             dkdv_plan: Some(sizes),
             dq_plan: Some(sizes),
+            register_gradient,
             ..coop
         };
         let mut ran = 0;
@@ -169,6 +179,7 @@ fn cooperative_matrix_backward_matches_the_reference() {
                 return;
             };
             assert!(config.dkdv.coop && config.dq.coop, "{}", config.name());
+            assert_eq!(config.dq.register_layout.is_some(), register_gradient == Some(true));
             run_and_check_any(&engine, &problem, &config, &format!("{}/{label}", config.name()));
             ran += 1;
         });
@@ -189,7 +200,11 @@ fn cooperative_matrix_backward_matches_the_reference() {
             problem = problem.with_window(side(&mut rng), side(&mut rng));
         }
         let problem: BackwardProblem = problem.into();
-        let config = select_backward(&problem, &ctx.caps, &coop).unwrap_or_else(|e| panic!("case {case}: {e}"));
+        let choice = BackwardChoice {
+            register_gradient: routes.get(case % routes.len()).copied().flatten(),
+            ..coop
+        };
+        let config = select_backward(&problem, &ctx.caps, &choice).unwrap_or_else(|e| panic!("case {case}: {e}"));
         assert!(config.dkdv.coop && config.dq.coop, "case {case}: {}", config.name());
         run_and_check_any(
             &engine,

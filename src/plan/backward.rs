@@ -16,7 +16,7 @@
 //! [`DKDV_PLANS`] and [`DQ_PLANS`], the d(bias) kernel's from the latter) and the [`TileType`] of
 //! the variant.
 
-use crate::caps::Caps;
+use crate::caps::{Caps, RegisterLayout};
 use crate::error::{Error, Result};
 use crate::plan::coop::coop_device_unavailable_reason;
 use crate::plan::policy::{COOP_DKDV_BY_DEFAULT, COOP_DQ_BY_DEFAULT, COOP_KERNEL_VERIFIED};
@@ -269,6 +269,11 @@ pub struct GradKernel {
     /// plan's `block_m` and `block_n` its tile (`coop_grad_plan`), none of the variants that
     /// bind tensors or regenerate dropout (`COOP_BACKWARD_FEATURES`).
     pub coop: bool,
+    /// With `coop`: the device's fragment layout, when the element-wise step (P and dS) runs on
+    /// the accumulators' own registers (shaders/flash_bwd_coop.wgsl); `None`: through workgroup
+    /// memory. Only the device's measured layout runs
+    /// ([`Caps::coop_register_layout`](crate::caps::Caps)).
+    pub register_layout: Option<RegisterLayout>,
 }
 
 impl GradKernel {
@@ -295,6 +300,7 @@ impl GradKernel {
             writes_d_bias: false,
             dropout: false,
             coop: false,
+            register_layout: None,
         }
     }
 
@@ -304,7 +310,7 @@ impl GradKernel {
         if self.coop {
             let groups = coop_query_groups(self.pass, &self.plan);
             return format!(
-                "{}_coop_{}_bm{}_bn{}{}_d{}{}",
+                "{}_coop_{}_bm{}_bn{}{}_d{}{}{}",
                 self.pass.entry_point(),
                 self.storage.name(),
                 self.plan.block_m,
@@ -315,7 +321,8 @@ impl GradKernel {
                     String::new()
                 },
                 self.head_dim_pad,
-                self.sequences.name_suffix()
+                self.sequences.name_suffix(),
+                self.register_layout.map_or(String::new(), |l| format!("_{}", l.tag()))
             );
         }
         format!(
@@ -363,6 +370,9 @@ impl GradKernel {
     pub fn unavailable_reason(&self, caps: &Caps) -> Option<String> {
         if self.coop {
             return self.coop_unavailable_reason(caps);
+        }
+        if self.register_layout.is_some() {
+            return Some("only the cooperative-matrix kernels take the element-wise step in registers".into());
         }
         if self.pass == BackwardPass::Preprocess || !self.plan.is_well_formed_for(self.pass) {
             return Some(format!(
@@ -434,6 +444,14 @@ impl GradKernel {
         }
         if let Some(why) = coop_device_unavailable_reason(caps) {
             return Some(why);
+        }
+        if self.register_layout.is_some() && self.register_layout != caps.coop_register_layout {
+            return Some(format!(
+                "it is built for a fragment layout the device does not have ({})",
+                caps.coop_register_layout_note
+                    .as_deref()
+                    .unwrap_or("the device's layout differs")
+            ));
         }
         let bytes = self.workgroup_bytes();
         if bytes > caps.max_workgroup_storage_bytes {
@@ -720,6 +738,7 @@ pub struct BackwardConfig {
 impl BackwardConfig {
     /// `flash_bwd_{dtype}_{variant}_kv{dK/dV plan}_q{dQ plan}_d{padded head_dim}`: test and
     /// benchmark id (`_d{dK/dV}_{dQ}` when the two plans pad head_dim differently; then
+    /// `_regs` where a cooperative-matrix kernel takes the element-wise step in registers;
     /// `_dbias{plan}` with the d(bias) kernel, `_dbiasdq` where the dQ kernel writes d(bias)).
     pub fn name(&self) -> String {
         let pad = if self.dkdv.head_dim_pad == self.dq.head_dim_pad {
@@ -734,7 +753,7 @@ impl BackwardConfig {
             (false, _) => g.plan.label(),
         };
         format!(
-            "flash_bwd_{}_{}_kv{}_q{}_d{pad}{}",
+            "flash_bwd_{}_{}_kv{}_q{}_d{pad}{}{}",
             self.dkdv.storage.name(),
             match (self.dkdv.coop, self.dq.coop) {
                 (true, true) => "coop".to_string(),
@@ -744,6 +763,10 @@ impl BackwardConfig {
             },
             label(&self.dkdv),
             label(&self.dq),
+            match self.dkdv.register_layout.or(self.dq.register_layout) {
+                Some(_) => "_regs",
+                None => "",
+            },
             match (self.dbias, self.dq.writes_d_bias) {
                 (Some(g), _) => format!("_dbias{}", g.plan.label()),
                 (None, true) => "_dbiasdq".to_string(),
@@ -819,6 +842,12 @@ pub struct BackwardChoice {
     /// (`coop_grad_plan`); `Some(false)`: the tiled kernels; `None`:
     /// the cooperative-matrix kernels where they run and nothing else is forced.
     pub cooperative_matrix: Option<bool>,
+    /// For the cooperative-matrix kernels, as the forward's
+    /// [`CoopChoice::register_softmax`](crate::plan::coop::CoopChoice::register_softmax):
+    /// `Some(true)`: P and dS on the accumulators' registers (an error where the device's fragment
+    /// layout does not allow it); `Some(false)`: through workgroup memory; `None`: in registers
+    /// where the layout allows it.
+    pub register_gradient: Option<bool>,
 }
 
 impl BackwardChoice {
@@ -961,6 +990,7 @@ fn select_tiled_backward(problem: &BackwardProblem, caps: &Caps, choice: &Backwa
                     writes_d_bias: pass == BackwardPass::Dq && dq_writes_d_bias,
                     dropout: problem.forward.active_dropout().is_some(),
                     coop: false,
+                    register_layout: None,
                 };
                 match kernel.unavailable_reason(caps) {
                     Some(why) => reasons.push(format!("{}: {why}", kernel.name())),
@@ -1040,6 +1070,17 @@ fn select_coop_backward(problem: &BackwardProblem, caps: &Caps, choice: &Backwar
     if let Some(why) = coop_device_unavailable_reason(caps) {
         return Err(unavailable(why));
     }
+    let register_layout = match (choice.register_gradient, caps.coop_register_layout) {
+        (Some(false), _) => None,
+        (_, Some(layout)) => Some(layout),
+        (Some(true), None) => {
+            return Err(unavailable(format!(
+                "the gradient step in registers was asked for, but the device's fragment layout does not allow it ({})",
+                caps.coop_register_layout_note.as_deref().unwrap_or("not measured")
+            )))
+        }
+        (None, None) => None,
+    };
     let sequences = SequenceIndex::of(&problem.forward);
     let variant = Variant::SUBGROUP_F16;
     let mut reasons = Vec::new();
@@ -1074,6 +1115,7 @@ fn select_coop_backward(problem: &BackwardProblem, caps: &Caps, choice: &Backwar
             .map(|plan| GradKernel {
                 sequences,
                 coop: true,
+                register_layout,
                 ..GradKernel::plain(pass, storage, variant.tile, plan, head_dim_pad)
             })
             .find(|k| match k.unavailable_reason(caps) {
@@ -1201,14 +1243,18 @@ pub fn all_backward_kernels() -> Vec<BackwardKernel> {
             }
         }
     }
-    // The cooperative-matrix gradient kernels: every plan at the padded head_dims of its range.
+    // The cooperative-matrix gradient kernels: every plan at the padded head_dims of its range,
+    // through workgroup memory and in the registers of the layout the H200 reports.
     for pass in [BackwardPass::DkDv, BackwardPass::Dq] {
         for head_dim_pad in (16..=COOP_GRAD_MAX_HEAD_DIM).step_by(16) {
             for plan in coop_grad_plans(pass, head_dim_pad) {
-                kernels.push(BackwardKernel::Grad(GradKernel {
-                    coop: true,
-                    ..GradKernel::plain(pass, DType::F16, TileType::F16, plan, head_dim_pad)
-                }));
+                for register_layout in [None, Some(RegisterLayout::nvidia_h200())] {
+                    kernels.push(BackwardKernel::Grad(GradKernel {
+                        coop: true,
+                        register_layout,
+                        ..GradKernel::plain(pass, DType::F16, TileType::F16, plan, head_dim_pad)
+                    }));
+                }
             }
         }
     }
@@ -1654,6 +1700,51 @@ mod tests {
             "{}",
             c.name()
         );
+        // The element-wise step in registers where the device's layout allows it, through
+        // workgroup memory when asked or where it does not; an error when registers are forced
+        // on a device without the layout.
+        assert!(c.dkdv.register_layout.is_some() && c.dq.register_layout.is_some());
+        assert!(c.name().ends_with("_regs"), "{}", c.name());
+        let shared = BackwardChoice {
+            register_gradient: Some(false),
+            ..coop
+        };
+        let c_shared = select_backward(&f16, &h200(), &shared).unwrap();
+        assert_eq!(
+            (c_shared.dkdv.register_layout, c_shared.dq.register_layout),
+            (None, None)
+        );
+        assert_ne!(c_shared.dkdv.name(), c.dkdv.name());
+        let mut no_layout = h200();
+        no_layout.coop_register_layout = None;
+        no_layout.coop_register_layout_note = Some("A operand laid out differently".into());
+        assert_eq!(
+            select_backward(&f16, &no_layout, &coop).unwrap().dq.register_layout,
+            None
+        );
+        let forced = BackwardChoice {
+            register_gradient: Some(true),
+            ..coop
+        };
+        let err = select_backward(&f16, &no_layout, &forced).unwrap_err().to_string();
+        assert!(err.contains("A operand laid out differently"), "{err}");
+        // A kernel built for a layout runs only where the device has it, and only on the
+        // matrix units.
+        assert!(c.dkdv.unavailable_reason(&no_layout).is_some());
+        let tiled_with_layout = GradKernel {
+            register_layout: c.dkdv.register_layout,
+            ..select_backward(
+                &f16,
+                &h200(),
+                &BackwardChoice {
+                    cooperative_matrix: Some(false),
+                    ..Default::default()
+                },
+            )
+            .unwrap()
+            .dkdv
+        };
+        assert!(tiled_with_layout.unavailable_reason(&h200()).is_some());
         // head_dim 40 pads to 48, not to a tiled plan's multiple.
         let c = select_backward(&problem(40, DType::F16), &h200(), &coop).unwrap();
         assert!(c.dkdv.coop && c.dkdv.head_dim_pad == 48 && c.dq.head_dim_pad == 48);

@@ -36,6 +36,7 @@ pub const REDUCE_WORKGROUP: &str = include_str!("../../shaders/reduce_workgroup.
 pub const REDUCE_SUBGROUP: &str = include_str!("../../shaders/reduce_subgroup.wgsl");
 pub const FLASH_FWD: &str = include_str!("../../shaders/flash_fwd.wgsl");
 pub const FLASH_FWD_COOP: &str = include_str!("../../shaders/flash_fwd_coop.wgsl");
+pub const COOP_ELEMENTS: &str = include_str!("../../shaders/coop_elements.wgsl");
 pub const COOP_REGISTERS: &str = include_str!("../../shaders/coop_registers.wgsl");
 pub const COOP_ROWS: &str = include_str!("../../shaders/coop_rows.wgsl");
 pub const NAIVE_SCORES: &str = include_str!("../../shaders/naive_scores.wgsl");
@@ -296,7 +297,14 @@ impl KernelConfig {
                 src.push_str(&sequence_source(c.sequences, FORWARD_INDEX_BINDING));
                 src.push_str(&head_terms_source(c.head_tensors, FORWARD_HEAD_BINDING));
                 src.push_str(&score_bias_source(c.bias, FORWARD_BIAS_BINDING));
-                for part in [COMMON, STORAGE_F16, FLASH_FWD_COOP, COOP_ROWS, COOP_REGISTERS] {
+                for part in [
+                    COMMON,
+                    STORAGE_F16,
+                    FLASH_FWD_COOP,
+                    COOP_ROWS,
+                    COOP_ELEMENTS,
+                    COOP_REGISTERS,
+                ] {
                     src.push_str(part);
                 }
                 // The fragment loops are unrolled (src/wgsl/unroll.rs says why). Our own shader's
@@ -341,20 +349,28 @@ fn backward_source(kernel: &BackwardKernel, src: &mut String) {
             let dkdv = g.pass == crate::plan::BackwardPass::DkDv;
             let groups = crate::plan::coop_query_groups(g.pass, p).max(1);
             src.push_str("enable f16;\nenable wgpu_cooperative_matrix;\n");
+            // The layout's constants are compiled in either way (the register route's code is
+            // there, unused, without one), as in the forward.
+            let layout = g
+                .register_layout
+                .unwrap_or_else(crate::caps::RegisterLayout::nvidia_h200);
             src.push_str(&format!(
                 "const HEAD_DIM_PAD: u32 = {}u;\nconst BLOCK_M: u32 = {}u;\nconst BLOCK_N: u32 = {}u;\n\
-                 const STAGE_BATCH: u32 = {}u;\nconst QUERY_GROUPS: u32 = {}u;\n",
+                 const STAGE_BATCH: u32 = {}u;\nconst QUERY_GROUPS: u32 = {}u;\nconst REGISTER_GRADIENT: bool = {};\n{}",
                 g.head_dim_pad,
                 p.block_m,
                 p.block_n,
                 crate::plan::COOP_GRAD_STAGE_BATCH,
-                groups
+                groups,
+                g.register_layout.is_some(),
+                layout.wgsl_constants()
             ));
             src.push_str(&sequence_source(g.sequences, BACKWARD_INDEX_BINDING));
             for part in [
                 COMMON,
                 STORAGE_F16,
                 FLASH_BWD_COMMON,
+                COOP_ELEMENTS,
                 FLASH_BWD_COOP,
                 if dkdv { FLASH_BWD_DKDV_COOP } else { FLASH_BWD_DQ_COOP },
             ] {
@@ -367,6 +383,8 @@ fn backward_source(kernel: &BackwardKernel, src: &mut String) {
                 ("N_BLOCKS", p.block_n / 16),
                 ("J_BLOCKS", p.block_m / 16 / groups),
                 ("STAGE_BATCH", crate::plan::COOP_GRAD_STAGE_BATCH),
+                ("COOP_COMPONENTS", layout.components()),
+                ("ROW_SLOTS", layout.slots()),
             ];
             *src = match crate::wgsl::unroll::unroll_loops(src, &bounds) {
                 Ok(unrolled) => unrolled,

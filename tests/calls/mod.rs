@@ -1318,6 +1318,7 @@ fn backward_buffers_typed<T: Element>(
                 dq_plan: plan(b),
                 dbias_plan: None,
                 cooperative_matrix: [None, Some(true), Some(false)][b.u32() as usize % 3],
+                register_gradient: [None, Some(true), Some(false)][b.u32() as usize % 3],
             };
             match wgpu_flash_attn::plan::select_backward(&bp, &ctx.caps, &choice) {
                 Ok(config) => engine.encode_backward_with(&mut encoder, bp, &buffers, &config, None),

@@ -82,14 +82,14 @@ fn defaults(coverage: Coverage) -> ProblemDefaults {
 }
 
 /// What one run executes.
-#[derive(Clone, Copy)]
+#[derive(Clone)]
 enum Run {
     /// A forward kernel forced by `choice` (or the naive kernel).
     Forward {
         choice: KernelChoice,
         kernel: Kernel,
     },
-    Backward(BackwardConfig),
+    Backward(Box<BackwardConfig>),
 }
 
 struct Case {
@@ -203,7 +203,7 @@ fn cases(caps: &Caps, problem: &AttentionProblem, coverage: Coverage) -> Vec<Cas
             cases.push(Case {
                 kernel_name: config.name(),
                 problem: *problem,
-                run: Run::Backward(config),
+                run: Run::Backward(Box::new(config)),
             });
         }
     }
@@ -336,10 +336,10 @@ fn run_case(
     };
     let engine = &engines[index].1;
     let problem = &case.problem;
-    with_element!(problem.dtype, T => match case.run {
+    with_element!(problem.dtype, T => match &case.run {
         Run::Forward { kernel, .. } => {
             let work = Workload::<T>::random(ctx, problem, seed)?;
-            let (out, lse) = work.run(engine, kernel)?;
+            let (out, lse) = work.run(engine, *kernel)?;
             let check = work.check_all(&out, &lse)?;
             Ok(Outcome {
                 rel_l2: check.out.rel_l2,
@@ -351,7 +351,7 @@ fn run_case(
         Run::Backward(config) => {
             let work = BackwardWorkload::<T>::random(ctx, *problem, seed)?;
             work.forward(engine)?;
-            let grads = work.run(engine, &config)?;
+            let grads = work.run(engine, config)?;
             let check = work.check_all(&grads)?;
             Ok(Outcome {
                 rel_l2: check.worst_rel_l2(),
