@@ -17,3 +17,7 @@ fn coop_from_elements_c(x: array<f32, COOP_COMPONENTS>) -> coop_mat16x16<f32, C>
 fn coop_from_elements_a(x: array<f16, COOP_COMPONENTS>) -> coop_mat16x16<f16, A> {
     return coop_mat16x16<f16, A>();
 }
+
+fn coop_elements_a(m: coop_mat16x16<f16, A>) -> array<f16, COOP_COMPONENTS> {
+    return array<f16, COOP_COMPONENTS>();
+}

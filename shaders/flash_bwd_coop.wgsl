@@ -12,8 +12,8 @@
 // * in registers (REGISTER_GRADIENT, where the device's fragment layout allows it:
 //   src/caps/register_layout.rs): each invocation computes P and dS on its own components of the
 //   S and dP accumulators and puts them into A operands component by component, the accumulator
-//   and the A operand being laid out alike (block_gradient_in_registers). Which query and key a
-//   component is, the kernel measures once at its start (block_positions);
+//   and the A operand being laid out alike (probs_in_registers, gradient_operand). Which query
+//   and key a component is, the kernel measures once at its start (block_positions);
 // * through workgroup memory, for the other devices: a subgroup stores its S and then its dP
 //   block (f32) in one window, each invocation reads eight elements of one row of each, forms P
 //   and dS, and writes them back as f16, which the subgroup loads as the A operands of the next
@@ -43,12 +43,15 @@ const SCORE_BLOCK: u32 = 16u * SCORE_STRIDE;
 const PROB_STRIDE: u32 = 6u;
 const PROB_BLOCK: u32 = 16u * PROB_STRIDE;
 
-// Per subgroup: one f32 block, which S and then dP pass through (also a window for writing an
-// output block out), and PROB_BLOCKS f16 blocks (the dK/dV kernel keeps P and dS, the dQ kernel
-// dS). One f32 block rather than two leaves room for the dK/dV kernel's query groups at head_dim
-// 128 in 48 KiB.
-var<workgroup> score_scratch: array<vec4<f32>, SUBGROUPS * SCORE_BLOCK>;
-var<workgroup> prob_scratch: array<vec4<f16>, SUBGROUPS * PROB_BLOCKS * PROB_BLOCK>;
+// SCORE_WINDOWS f32 blocks (the kernel's constant): the window S and then dP pass through on the
+// workgroup-memory route, one per subgroup, and through which output blocks are written out (and
+// the register route's positions measured), where the register route's kernels let their
+// subgroups take turns at fewer. One f32 block per subgroup rather than two leaves room for the
+// dK/dV kernel's query groups at head_dim 128 in 48 KiB. Then PROB_BLOCKS f16 blocks per subgroup
+// (the dK/dV kernel keeps P and dS, the dQ kernel dS, the split kernel exchanges Pᵀ; at least one
+// block in all, as WGSL has no empty arrays).
+var<workgroup> score_scratch: array<vec4<f32>, SCORE_WINDOWS * SCORE_BLOCK>;
+var<workgroup> prob_scratch: array<vec4<f16>, max(1u, SUBGROUPS * PROB_BLOCKS) * PROB_BLOCK>;
 
 @group(0) @binding(2) var<storage, read> q: array<vec4<f16>>;
 @group(0) @binding(3) var<storage, read> k: array<vec4<f16>>;
@@ -105,7 +108,7 @@ fn load_row_granule(src: u32, hd: Heads, row: u32, g: u32) -> vec4<f16> {
 // invocation issues STAGE_BATCH loads into registers before it stores any, so their latencies
 // overlap (one round trip to L2 per batch, not per granule): chunk `chunk` is copies
 // (chunk · STAGE_BATCH + c) · WORKGROUP_SIZE + li of the 2 · rows · ROW_GRANULES granules.
-// (STAGE_BATCH comes from the host, which unrolls the loops over it: COOP_GRAD_STAGE_BATCH.)
+// (STAGE_BATCH comes from the host, which unrolls the loops over it: GradKernel::stage_batch.)
 alias StageBatch = array<vec4<f16>, STAGE_BATCH>;
 
 fn fetch_batch(src_a: u32, src_b: u32, hd: Heads, first: u32, rows: u32, chunk: u32, li: u32) -> StageBatch {
@@ -209,9 +212,9 @@ fn store_scores(m: coop_mat16x16<f32, C>, at: u32) {
 }
 
 // This invocation's eight values of an output block (row lane / 2, columns 8 · (lane % 2) .. + 8),
-// through the subgroup's window.
-fn block_row_values(sg: u32, lane: u32, m: coop_mat16x16<f32, C>) -> array<vec4<f32>, 2> {
-    let at = sg * SCORE_BLOCK;
+// through score window `window`.
+fn block_row_values(window: u32, lane: u32, m: coop_mat16x16<f32, C>) -> array<vec4<f32>, 2> {
+    let at = window * SCORE_BLOCK;
     coopStoreT(m, &score_scratch[at], SCORE_STRIDE);
     subgroupBarrier();
     let mine = at + (lane / 2u) * SCORE_STRIDE + 2u * (lane % 2u);
@@ -227,9 +230,9 @@ fn block_row_values(sg: u32, lane: u32, m: coop_mat16x16<f32, C>) -> array<vec4<
 alias BlockPositions = array<u32, (COOP_COMPONENTS + 3u) / 4u>;
 
 // Measures block_positions once, as the host's layout probe does: loads a block whose element
-// (r, c) is 16 · r + c from the subgroup's window and reads back its own components.
-fn block_positions(sg: u32, lane: u32) -> BlockPositions {
-    let at = sg * SCORE_BLOCK;
+// (r, c) is 16 · r + c from score window `window` and reads back its own components.
+fn block_positions(window: u32, lane: u32) -> BlockPositions {
+    let at = window * SCORE_BLOCK;
     for (var e = lane; e < 256u; e += SUBGROUP) {
         score_scratch[at + (e / 16u) * SCORE_STRIDE + (e % 16u) / 4u][e % 4u] = f32(e);
     }
@@ -256,32 +259,43 @@ fn component_key(positions: BlockPositions, i: u32) -> u32 {
     return select(e % 16u, e / 16u, SCORES_TRANSPOSED);
 }
 
-// P and dS of a block as the A operands of the next products.
-struct BlockOperands {
-    p: coop_mat16x16<f16, A>,
-    ds: coop_mat16x16<f16, A>,
-}
-
-// block_gradient on this invocation's own components: `s` and `dp` as there, `query0` and `key0`
-// the block's first query row and key (sequence-relative), `stats` each component's query row's
-// LSE · log2 e (x) and D (y). The same arithmetic as block_gradient, so both routes give the same
-// f16 operands; masked keys, keys past the sequence and rows past it get P = dS = 0.
-fn block_gradient_in_registers(s: coop_mat16x16<f32, C>, dp: coop_mat16x16<f32, C>, positions: BlockPositions, query0: u32, key0: u32, stats: array<vec2<f32>, COOP_COMPONENTS>, needs_mask: bool, seq: Sequence) -> BlockOperands {
-    let s_x = coop_elements_c(s);
-    let dp_x = coop_elements_c(dp);
-    var p_h = array<f16, COOP_COMPONENTS>();
-    var ds_h = array<f16, COOP_COMPONENTS>();
+// P of a block on this invocation's own components of the score accumulator `s` (S, or Sᵀ with
+// SCORES_TRANSPOSED, unscaled): `query0` and `key0` are the block's first query row and key
+// (sequence-relative), `lse2` each component's query row's LSE · log2 e. The arithmetic of
+// block_gradient; masked keys, keys past the sequence and rows past it get P = 0.
+fn probs_in_registers(s: coop_mat16x16<f32, C>, positions: BlockPositions, query0: u32, key0: u32, lse2: array<f32, COOP_COMPONENTS>, needs_mask: bool, seq: Sequence) -> array<f32, COOP_COMPONENTS> {
+    var p = coop_elements_c(s);
     // @unroll
     for (var i = 0u; i < COOP_COMPONENTS; i++) {
-        var p = exp2(s_x[i] * params.scale - stats[i].x);
+        p[i] = exp2(p[i] * params.scale - lse2[i]);
         if (needs_mask) {
             let query = query0 + component_query(positions, i);
             let key = key0 + component_key(positions, i);
             let keys_seen = visible_keys(seq, query);
-            p = select(0.0, p, (key >= keys_seen.x) & (key < keys_seen.y) & (query < seq.seq_q));
+            p[i] = select(0.0, p[i], (key >= keys_seen.x) & (key < keys_seen.y) & (query < seq.seq_q));
         }
-        p_h[i] = f16(p);
-        ds_h[i] = f16(p * (dp_x[i] - stats[i].y));
     }
-    return BlockOperands(coop_from_elements_a(p_h), coop_from_elements_a(ds_h));
+    return p;
+}
+
+// dS = P ∘ (dP − D) of a block as the next product's A operand (f16), from P on this invocation's
+// components, the dP accumulator and each component's query row's D.
+fn gradient_operand(p: array<f32, COOP_COMPONENTS>, dp: coop_mat16x16<f32, C>, d: array<f32, COOP_COMPONENTS>) -> coop_mat16x16<f16, A> {
+    let dp_x = coop_elements_c(dp);
+    var ds = array<f16, COOP_COMPONENTS>();
+    // @unroll
+    for (var i = 0u; i < COOP_COMPONENTS; i++) {
+        ds[i] = f16(p[i] * (dp_x[i] - d[i]));
+    }
+    return coop_from_elements_a(ds);
+}
+
+// Values on this invocation's components as an A operand (f16).
+fn operand_of(x: array<f32, COOP_COMPONENTS>) -> coop_mat16x16<f16, A> {
+    var h = array<f16, COOP_COMPONENTS>();
+    // @unroll
+    for (var i = 0u; i < COOP_COMPONENTS; i++) {
+        h[i] = f16(x[i]);
+    }
+    return coop_from_elements_a(h);
 }

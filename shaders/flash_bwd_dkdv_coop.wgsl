@@ -1,5 +1,7 @@
 // flash_bwd_dkdv_coop.wgsl — attention backward on cooperative matrices (tensor cores): dK and dV
-// of one K/V tile, the products of flash_bwd_dkdv.wgsl on 16 × 16 × 16 f16 fragments.
+// of one K/V tile, the products of flash_bwd_dkdv.wgsl on 16 × 16 × 16 f16 fragments, with the
+// element-wise step through workgroup memory (devices whose fragment layout is not known; where it
+// is, flash_bwd_dkdv_coop_split.wgsl runs instead).
 //
 //   Sᵀ = K Qᵀ,  dPᵀ = V dOᵀ,  Pᵀ = exp2(scale · Sᵀ − LSE · log2 e),  dSᵀ = Pᵀ ∘ (dPᵀ − D),
 //   dV += Pᵀ dO,  dK += dSᵀ Q  (times the softmax scale at the end)
@@ -20,7 +22,7 @@
 // kernel, added to its group partners' through workgroup memory at the end. Per query tile it
 // forms Sᵀ and dPᵀ of its keys against its J_BLOCKS query blocks (K and V fragments loaded once per
 // head_dim block and used for each), then per query block Pᵀ and dSᵀ (flash_bwd_coop.wgsl's
-// element-wise step, in registers where the layout allows it) and the two output products.
+// block_gradient, through workgroup memory) and the two output products.
 //
 // Why the sizes: the accumulators take 128 f32 registers per invocation at head_dim 128 (as
 // FlashAttention-2's dK/dV kernel), the score fragments 16 per query block, so query tiles stay
@@ -41,6 +43,7 @@ const J_BLOCKS: u32 = M_BLOCKS / QUERY_GROUPS;
 const SCORES_TRANSPOSED: bool = true;
 // P (block 0) and dS (block 1).
 const PROB_BLOCKS: u32 = 2u;
+const SCORE_WINDOWS: u32 = SUBGROUPS;
 // Whether one batch of staging copies holds a query tile's Q and dO (head_dim 64 with the shipped
 // plan), which is then prefetched.
 const PREFETCH_QDO: bool = 2u * BLOCK_M * ROW_GRANULES <= STAGE_BATCH * WORKGROUP_SIZE;
@@ -86,10 +89,6 @@ fn flash_bwd_dkdv(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocatio
     }
     let my_keys = 16u * (sg % KEY_BLOCKS);
     let group = sg / KEY_BLOCKS;
-    var positions = BlockPositions();
-    if (REGISTER_GRADIENT) {
-        positions = block_positions(sg, lane);
-    }
 
     // With PREFETCH_QDO the next query tile's Q and dO are loaded into registers before this
     // tile's products, so their latency is not waited for at a barrier.
@@ -146,25 +145,12 @@ fn flash_bwd_dkdv(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocatio
         // @unroll
         for (var jj = 0u; jj < J_BLOCKS; jj++) {
             let j = group + QUERY_GROUPS * jj;
-            var p_frag = coop_mat16x16<f16, A>();
-            var ds_frag = coop_mat16x16<f16, A>();
-            if (REGISTER_GRADIENT) {
-                var stats = array<vec2<f32>, COOP_COMPONENTS>();
-                // @unroll
-                for (var i = 0u; i < COOP_COMPONENTS; i++) {
-                    stats[i] = row_stats[16u * j + component_query(positions, i)];
-                }
-                let operands = block_gradient_in_registers(s_frag[jj], dp_frag[jj], positions, m0 + 16u * j, n0 + my_keys, stats, needs_mask, seq);
-                p_frag = operands.p;
-                ds_frag = operands.ds;
-            } else {
-                let row = 16u * j + lane / 2u;
-                let stats = row_stats[row];
-                block_gradient(sg, lane, s_frag[jj], dp_frag[jj], m0 + row, n0 + my_keys, stats.x, stats.y, needs_mask, seq);
-                // The blocks are [query][key]: read column-major they are Pᵀ and dSᵀ.
-                p_frag = coopLoad<coop_mat16x16<f16, A>>(&prob_scratch[prob_block(sg, 0u)], PROB_STRIDE);
-                ds_frag = coopLoad<coop_mat16x16<f16, A>>(&prob_scratch[prob_block(sg, 1u)], PROB_STRIDE);
-            }
+            let row = 16u * j + lane / 2u;
+            let stats = row_stats[row];
+            block_gradient(sg, lane, s_frag[jj], dp_frag[jj], m0 + row, n0 + my_keys, stats.x, stats.y, needs_mask, seq);
+            // The blocks are [query][key]: read column-major they are Pᵀ and dSᵀ.
+            let p_frag = coopLoad<coop_mat16x16<f16, A>>(&prob_scratch[prob_block(sg, 0u)], PROB_STRIDE);
+            let ds_frag = coopLoad<coop_mat16x16<f16, A>>(&prob_scratch[prob_block(sg, 1u)], PROB_STRIDE);
             // @unroll
             for (var d = 0u; d < D_BLOCKS; d++) {
                 let do_frag = coopLoadT<coop_mat16x16<f16, B>>(&tiles[(DO_ROW + 16u * j) * TILE_STRIDE + 4u * d], TILE_STRIDE);
@@ -172,10 +158,8 @@ fn flash_bwd_dkdv(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocatio
                 let q_frag = coopLoadT<coop_mat16x16<f16, B>>(&tiles[(Q_ROW + 16u * j) * TILE_STRIDE + 4u * d], TILE_STRIDE);
                 dk_acc[d] = coopMultiplyAdd(ds_frag, q_frag, dk_acc[d]);
             }
-            if (!REGISTER_GRADIENT) {
-                // Every read of this block's P and dS is done before the next block writes them.
-                subgroupBarrier();
-            }
+            // Every read of this block's P and dS is done before the next block writes them.
+            subgroupBarrier();
         }
     }
 

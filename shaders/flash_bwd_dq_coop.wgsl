@@ -27,8 +27,11 @@
 const SUBGROUPS: u32 = BLOCK_M / 16u;
 const N_BLOCKS: u32 = BLOCK_N / 16u;
 const SCORES_TRANSPOSED: bool = false;
-// dS only.
-const PROB_BLOCKS: u32 = 1u;
+// dS only, and only on the workgroup-memory route, whose step takes a window per subgroup; the
+// register route's subgroups take turns at one window (its positions, its output), which leaves
+// room for 64-key tiles at head_dim 128.
+const PROB_BLOCKS: u32 = select(1u, 0u, REGISTER_GRADIENT);
+const SCORE_WINDOWS: u32 = select(SUBGROUPS, 1u, REGISTER_GRADIENT);
 // Whether one batch of staging copies holds a whole K/V tile (8 granules per invocation for both
 // shipped plans), which is then prefetched.
 const PREFETCH_KV: bool = 2u * BLOCK_N * ROW_GRANULES <= STAGE_BATCH * WORKGROUP_SIZE;
@@ -82,12 +85,19 @@ fn flash_bwd_dq(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_
         d_row = delta[lse_index(seq, head, row)];
     }
 
-    // The register route's rows: the LSE and D of each row slot's query row (the same for every
-    // block of the kernel), gathered per component where a block's step needs them.
+    // The register route's rows: each component's query row's LSE · log2 e and D, the same for
+    // every block of the kernel (read per row slot, then spread over the components).
     var positions = BlockPositions();
-    var slot_stats = array<vec2<f32>, ROW_SLOTS>();
+    var lse2_of_component = array<f32, COOP_COMPONENTS>();
+    var d_of_component = array<f32, COOP_COMPONENTS>();
+    for (var turn = 0u; REGISTER_GRADIENT && turn < SUBGROUPS / SCORE_WINDOWS; turn++) {
+        workgroupBarrier(); // the window is free
+        if (sg / SCORE_WINDOWS == turn) {
+            positions = block_positions(sg % SCORE_WINDOWS, lane);
+        }
+    }
     if (REGISTER_GRADIENT) {
-        positions = block_positions(sg, lane);
+        var slot_stats = array<vec2<f32>, ROW_SLOTS>();
         // @unroll
         for (var i = 0u; i < COOP_COMPONENTS; i++) {
             let slot_row = m0 + 16u * sg + component_query(positions, i);
@@ -96,6 +106,12 @@ fn flash_bwd_dq(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_
                 stats = vec2<f32>(lse2_of(seq, head, slot_row), delta[lse_index(seq, head, slot_row)]);
             }
             slot_stats[(COMPONENT_SLOT_BITS >> (2u * i)) & 3u] = stats;
+        }
+        // @unroll
+        for (var i = 0u; i < COOP_COMPONENTS; i++) {
+            let stats = slot_stats[(COMPONENT_SLOT_BITS >> (2u * i)) & 3u];
+            lse2_of_component[i] = stats.x;
+            d_of_component[i] = stats.y;
         }
     }
 
@@ -141,12 +157,8 @@ fn flash_bwd_dq(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_
             // ---- dS, then dQ += dS K ----
             var ds_frag = coop_mat16x16<f16, A>();
             if (REGISTER_GRADIENT) {
-                var stats = array<vec2<f32>, COOP_COMPONENTS>();
-                // @unroll
-                for (var i = 0u; i < COOP_COMPONENTS; i++) {
-                    stats[i] = slot_stats[(COMPONENT_SLOT_BITS >> (2u * i)) & 3u];
-                }
-                ds_frag = block_gradient_in_registers(s, dp, positions, m0 + 16u * sg, n0 + 16u * j, stats, needs_mask, seq).ds;
+                let p = probs_in_registers(s, positions, m0 + 16u * sg, n0 + 16u * j, lse2_of_component, needs_mask, seq);
+                ds_frag = gradient_operand(p, dp, d_of_component);
             } else {
                 block_gradient(sg, lane, s, dp, row, n0 + 16u * j, lse2, d_row, needs_mask, seq);
                 ds_frag = coopLoadT<coop_mat16x16<f16, A>>(&prob_scratch[prob_block(sg, 0u)], PROB_STRIDE);
@@ -166,14 +178,22 @@ fn flash_bwd_dq(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_
     // ---- epilogue: dQ = scale · Σ dS K, written once (zeros for rows that saw no key) ----
     let dq_at = row_granule(grad.dq, seq.b, seq.q_first + row, head);
     let scale = select(nan_f32(), grad.scale, seq.valid);
-    // @unroll
-    for (var d = 0u; d < D_BLOCKS; d++) {
-        let values = block_row_values(sg, lane, dq_acc[d]);
-        let g = 4u * d + 2u * (lane % 2u);
-        if (row < seq.seq_q) {
-            for (var c = 0u; c < 2u; c++) {
-                if (4u * (g + c) < params.head_dim) {
-                    dq[dq_at + g + c] = pack_granule(values[c] * scale);
+    // The subgroups take turns where they share windows.
+    for (var turn = 0u; turn < SUBGROUPS / SCORE_WINDOWS; turn++) {
+        if (SCORE_WINDOWS < SUBGROUPS) {
+            workgroupBarrier(); // the window is free
+        }
+        if (sg / SCORE_WINDOWS == turn) {
+            // @unroll
+            for (var d = 0u; d < D_BLOCKS; d++) {
+                let values = block_row_values(sg % SCORE_WINDOWS, lane, dq_acc[d]);
+                let g = 4u * d + 2u * (lane % 2u);
+                if (row < seq.seq_q) {
+                    for (var c = 0u; c < 2u; c++) {
+                        if (4u * (g + c) < params.head_dim) {
+                            dq[dq_at + g + c] = pack_granule(values[c] * scale);
+                        }
+                    }
                 }
             }
         }

@@ -61,6 +61,7 @@ fn backward_shaders_open_with_a_comment_saying_what_they_are() {
         ("flash_bwd_dbias", FLASH_BWD_DBIAS),
         ("flash_bwd_coop", FLASH_BWD_COOP),
         ("flash_bwd_dkdv_coop", FLASH_BWD_DKDV_COOP),
+        ("flash_bwd_dkdv_coop_split", FLASH_BWD_DKDV_COOP_SPLIT),
         ("flash_bwd_dq_coop", FLASH_BWD_DQ_COOP),
     ] {
         assert!(

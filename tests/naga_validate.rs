@@ -190,6 +190,7 @@ fn shaders_initialize_variables_declared_in_loops() {
         ("coop_registers", COOP_REGISTERS),
         ("flash_bwd_coop", FLASH_BWD_COOP),
         ("flash_bwd_dkdv_coop", FLASH_BWD_DKDV_COOP),
+        ("flash_bwd_dkdv_coop_split", FLASH_BWD_DKDV_COOP_SPLIT),
         ("flash_bwd_dq_coop", FLASH_BWD_DQ_COOP),
         ("flash_bwd_stage", FLASH_BWD_STAGE),
         ("flash_bwd_pre", FLASH_BWD_PRE),

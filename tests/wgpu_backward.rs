@@ -9,7 +9,10 @@ mod common;
 
 use common::{below, gpu, seed_of, shape, SHAPES};
 use wgpu_flash_attn::kernel::{BackwardChoice, BackwardConfig, BackwardPass, Variant};
-use wgpu_flash_attn::plan::{select_backward, BackwardTilePlan, COOP_DKDV_PLANS, COOP_DQ_PLANS, DKDV_PLANS, DQ_PLANS};
+use wgpu_flash_attn::plan::{
+    select_backward, BackwardTilePlan, COOP_DKDV_PLANS, COOP_DKDV_SPLIT_PLANS, COOP_DQ_PLANS, COOP_DQ_REGISTER_PLANS,
+    DKDV_PLANS, DQ_PLANS,
+};
 use wgpu_flash_attn::testing::backward_harness::{BackwardWorkload, Grads};
 use wgpu_flash_attn::testing::Rng;
 use wgpu_flash_attn::{
@@ -151,7 +154,9 @@ fn cooperative_matrix_backward_matches_the_reference() {
     let engine = FlashAttention::new(ctx);
     let mut plans: Vec<(u32, u32, u32)> = COOP_DKDV_PLANS
         .iter()
+        .chain(COOP_DKDV_SPLIT_PLANS.iter())
         .chain(COOP_DQ_PLANS.iter())
+        .chain(COOP_DQ_REGISTER_PLANS.iter())
         .flat_map(|(_, plans)| plans.iter().copied())
         .chain([(16, 16, 1), (48, 32, 1), (32, 48, 1), (64, 16, 4), (64, 32, 2)])
         .collect();
@@ -174,12 +179,22 @@ fn cooperative_matrix_backward_matches_the_reference() {
         };
         let mut ran = 0;
         for_each_shape(DType::F16, |problem, label| {
-            // Sizes whose memory the device lacks at this head_dim are refused, not run.
-            let Ok(config) = select_backward(&problem, &ctx.caps, &choice) else {
+            // Sizes whose memory the device lacks at this head_dim are refused, not run; the
+            // register route's dK/dV kernel (two subgroups per 16 keys) takes only some sizes, and
+            // where it refuses them it runs its own beside the forced dQ plan.
+            let dq_only = BackwardChoice {
+                dkdv_plan: None,
+                ..choice
+            };
+            let Ok(config) = select_backward(&problem, &ctx.caps, &choice).or_else(|e| match register_gradient {
+                Some(true) => select_backward(&problem, &ctx.caps, &dq_only),
+                _ => Err(e),
+            }) else {
                 return;
             };
             assert!(config.dkdv.coop && config.dq.coop, "{}", config.name());
             assert_eq!(config.dq.register_layout.is_some(), register_gradient == Some(true));
+            assert_eq!(config.dkdv.splits_roles(), register_gradient == Some(true));
             run_and_check_any(&engine, &problem, &config, &format!("{}/{label}", config.name()));
             ran += 1;
         });

@@ -344,7 +344,7 @@ impl GradKernel {
     /// Workgroup memory the kernel declares, in bytes.
     pub fn workgroup_bytes(&self) -> u32 {
         if self.coop {
-            return coop_grad_workgroup_bytes(self.pass, self.plan, self.head_dim_pad);
+            return coop_grad_workgroup_bytes(self.pass, self.plan, self.head_dim_pad, self.register_layout.is_some());
         }
         self.plan.grad_workgroup_bytes(self.pass, self.head_dim_pad, self.tile)
     }
@@ -363,6 +363,25 @@ impl GradKernel {
         match self.coop {
             true => head_dim.div_ceil(16).saturating_mul(16),
             false => self.plan.head_dim_pad(head_dim),
+        }
+    }
+
+    /// Whether it is the dK/dV kernel that splits each 16 keys' work between two subgroups
+    /// (shaders/flash_bwd_dkdv_coop_split.wgsl): the cooperative-matrix dK/dV kernel with the
+    /// element-wise step in registers.
+    pub fn splits_roles(&self) -> bool {
+        self.coop && self.pass == BackwardPass::DkDv && self.register_layout.is_some()
+    }
+
+    /// Global loads an invocation of a cooperative-matrix kernel issues at once when it stages
+    /// rows: `COOP_GRAD_STAGE_BATCH` (8), or for the split dK/dV kernel enough for its whole query
+    /// tile's Q and dO where up to `COOP_SPLIT_MAX_STAGE_BATCH` (16) are.
+    pub fn stage_batch(&self) -> u32 {
+        let tile = 2 * self.plan.block_m * (self.head_dim_pad / 4);
+        let whole = tile.div_ceil(self.plan.workgroup_size().max(1));
+        match self.splits_roles() && whole <= COOP_SPLIT_MAX_STAGE_BATCH {
+            true => whole.max(COOP_GRAD_STAGE_BATCH),
+            false => COOP_GRAD_STAGE_BATCH,
         }
     }
 
@@ -418,6 +437,16 @@ impl GradKernel {
                  from coop_grad_plan",
                 self.plan.label()
             ));
+        }
+        if self.splits_roles() {
+            let (m, n) = (self.plan.block_m, self.plan.block_n);
+            if groups != 2 || !m.is_multiple_of(32) || !n.is_multiple_of(m.min(n)) {
+                return Some(format!(
+                    "tile plan {} does not suit the dK/dV kernel with its work split over two subgroups: \
+                     query groups 2, block_m a multiple of 32, block_n a multiple of min(block_m, block_n)",
+                    self.plan.label()
+                ));
+            }
         }
         if self.storage != DType::F16 || self.tile != TileType::F16 {
             return Some("the cooperative-matrix backward reads f16 data".into());
@@ -481,6 +510,11 @@ pub const COOP_GRAD_MAX_HEAD_DIM: u32 = 128;
 /// K/V tile of the dQ kernel's plans, which it then prefetches.
 pub const COOP_GRAD_STAGE_BATCH: u32 = 8;
 
+/// The split dK/dV kernel's (shaders/flash_bwd_dkdv_coop_split.wgsl) batch where one of up to this
+/// many loads holds a whole query tile, which it then prefetches: its one accumulator leaves the
+/// registers that the one-subgroup kernels' two (or Q, dO and dQ) do not.
+pub const COOP_SPLIT_MAX_STAGE_BATCH: u32 = 16;
+
 /// A cooperative-matrix gradient kernel's plan: `block_m` queries and `block_n` keys, as for the
 /// tiled kernels, and for the dK/dV kernel `query_groups` subgroups per 16 keys, which take the
 /// query tile's blocks of 16 in turn and add their partial dK and dV at the end (1 for the dQ
@@ -532,12 +566,35 @@ pub const COOP_DKDV_PLANS: [(u32, &[CoopGradSizes]); 2] = [
 pub const COOP_DQ_PLANS: [(u32, &[CoopGradSizes]); 2] =
     [(64, &[(128, 64, 1), (64, 32, 1)]), (128, &[(128, 32, 1), (64, 32, 1)])];
 
+/// The dQ kernel's plans with the element-wise step in registers, whose subgroups share one f32
+/// window and need no f16 block: 64-key tiles fit beside 128 query rows at head_dim 128 (on the
+/// H200 9.3 ms against 10.3–10.5 for 32 keys; BENCHMARKS.md, session 24).
+pub const COOP_DQ_REGISTER_PLANS: [(u32, &[CoopGradSizes]); 2] = [
+    (64, &[(128, 64, 1), (64, 32, 1)]),
+    (128, &[(128, 64, 1), (128, 32, 1), (64, 32, 1)]),
+];
+
+/// The dK/dV kernel's plans where it splits each 16 keys' work between two subgroups
+/// (shaders/flash_bwd_dkdv_coop_split.wgsl, the register route), best first: query groups 2 (the
+/// two roles), `block_m` a multiple of 32. K and V leave workgroup memory, so 64 keys share each
+/// query tile, and with one f32 window for all subgroups 64 queries fit beside them in 48 KiB up
+/// to head_dim 128. On the H200 (f16, b2 seq 8192; BENCHMARKS.md, session 24): at head_dim 128,
+/// 64 × 64 18.7 ms, 32 × 64 20.0–20.5, 32 × 32 47.8 (the one-subgroup kernel 45.3); at 64, 64 × 64
+/// 23.7, 32 × 64 28.6, 32 × 32 34.3.
+pub const COOP_DKDV_SPLIT_PLANS: [(u32, &[CoopGradSizes]); 2] = [
+    (64, &[(64, 64, 2), (32, 64, 2), (32, 32, 2)]),
+    (128, &[(64, 64, 2), (32, 64, 2), (32, 32, 2)]),
+];
+
 /// The shipped cooperative-matrix plans of `pass` for a padded head_dim (none past
-/// [`COOP_GRAD_MAX_HEAD_DIM`]).
-pub fn coop_grad_plans(pass: BackwardPass, head_dim_pad: u32) -> Vec<BackwardTilePlan> {
-    let table: &[(u32, &[CoopGradSizes])] = match pass {
-        BackwardPass::DkDv => &COOP_DKDV_PLANS,
-        _ => &COOP_DQ_PLANS,
+/// [`COOP_GRAD_MAX_HEAD_DIM`]), for the element-wise step in registers (`registers`) or through
+/// workgroup memory.
+pub fn coop_grad_plans(pass: BackwardPass, head_dim_pad: u32, registers: bool) -> Vec<BackwardTilePlan> {
+    let table: &[(u32, &[CoopGradSizes])] = match (pass, registers) {
+        (BackwardPass::DkDv, true) => &COOP_DKDV_SPLIT_PLANS,
+        (BackwardPass::DkDv, false) => &COOP_DKDV_PLANS,
+        (_, true) => &COOP_DQ_REGISTER_PLANS,
+        (_, false) => &COOP_DQ_PLANS,
     };
     table
         .iter()
@@ -548,10 +605,18 @@ pub fn coop_grad_plans(pass: BackwardPass, head_dim_pad: u32) -> Vec<BackwardTil
 }
 
 /// Workgroup memory of a cooperative-matrix gradient kernel, in bytes (mirrors the `var<workgroup>`
-/// declarations of shaders/flash_bwd_coop.wgsl and the kernel files): per subgroup one 16 × 16
-/// f32 block (rows of 5 vec4s) and one or two f16 blocks (rows of 6 `vec4<f16>`); the staged rows
-/// (head_dim / 4 + 2 granules of 8 bytes each); the dK/dV kernel's row statistics.
-pub fn coop_grad_workgroup_bytes(pass: BackwardPass, plan: BackwardTilePlan, head_dim_pad: u32) -> u32 {
+/// declarations of shaders/flash_bwd_coop.wgsl and the kernel files): the f32 windows (16 × 16,
+/// rows of 5 vec4s), one per subgroup on the workgroup-memory route and one in all on the register
+/// route (whose subgroups take turns); the f16 blocks (rows of 6 `vec4<f16>`, at least one): per
+/// subgroup P and dS (dK/dV), dS (dQ on the workgroup-memory route) or, for the register route's
+/// dK/dV kernel (shaders/flash_bwd_dkdv_coop_split.wgsl), the exchange of Pᵀ, `block_m / 32`; the
+/// staged rows (head_dim / 4 + 2 granules of 8 bytes each); the dK/dV kernels' row statistics.
+pub fn coop_grad_workgroup_bytes(
+    pass: BackwardPass,
+    plan: BackwardTilePlan,
+    head_dim_pad: u32,
+    registers: bool,
+) -> u32 {
     let [block_m, block_n, subgroups, stride] = [
         plan.block_m,
         plan.block_n,
@@ -559,11 +624,19 @@ pub fn coop_grad_workgroup_bytes(pass: BackwardPass, plan: BackwardTilePlan, hea
         head_dim_pad / 4 + 2,
     ]
     .map(|x| x as u64);
-    let prob_blocks = if pass == BackwardPass::DkDv { 2 } else { 1 };
-    let scratch = subgroups * (16 * 5 * 16 + prob_blocks * 16 * 6 * 8);
-    let staged = match pass {
-        BackwardPass::DkDv => 2 * (block_n + block_m) * stride * 8 + block_m / 2 * 16,
-        _ => 2 * block_n * stride * 8,
+    let dkdv = pass == BackwardPass::DkDv;
+    let windows = if registers { 1 } else { subgroups };
+    let prob_blocks = match (dkdv, registers) {
+        (true, true) => block_m / 32,
+        (true, false) => 2,
+        (false, true) => 0,
+        (false, false) => 1,
+    };
+    let scratch = windows * 16 * 5 * 16 + (subgroups * prob_blocks).max(1) * 16 * 6 * 8;
+    let staged = match (dkdv, registers) {
+        (true, true) => 2 * block_m * stride * 8 + block_m * 8,
+        (true, false) => 2 * (block_n + block_m) * stride * 8 + block_m / 2 * 16,
+        (false, _) => 2 * block_n * stride * 8,
     };
     sat_u32(scratch + staged)
 }
@@ -1070,16 +1143,20 @@ fn select_coop_backward(problem: &BackwardProblem, caps: &Caps, choice: &Backwar
     if let Some(why) = coop_device_unavailable_reason(caps) {
         return Err(unavailable(why));
     }
-    let register_layout = match (choice.register_gradient, caps.coop_register_layout) {
-        (Some(false), _) => None,
-        (_, Some(layout)) => Some(layout),
+    // The element-wise step's routes to try, best first: in registers where the device's layout
+    // allows it, then through workgroup memory (unless registers were asked for); each pass takes
+    // the first route with a plan that runs (a forced plan the register route's dK/dV kernel does
+    // not take runs through workgroup memory).
+    let routes: Vec<Option<RegisterLayout>> = match (choice.register_gradient, caps.coop_register_layout) {
+        (Some(false), _) | (None, None) => vec![None],
+        (Some(true), Some(layout)) => vec![Some(layout)],
+        (None, Some(layout)) => vec![Some(layout), None],
         (Some(true), None) => {
             return Err(unavailable(format!(
                 "the gradient step in registers was asked for, but the device's fragment layout does not allow it ({})",
                 caps.coop_register_layout_note.as_deref().unwrap_or("not measured")
             )))
         }
-        (None, None) => None,
     };
     let sequences = SequenceIndex::of(&problem.forward);
     let variant = Variant::SUBGROUP_F16;
@@ -1100,31 +1177,32 @@ fn select_coop_backward(problem: &BackwardProblem, caps: &Caps, choice: &Backwar
             None => true,
         });
     let mut pick = |pass: BackwardPass, forced: Option<BackwardTilePlan>| {
-        let plans = match forced {
-            Some(p) => vec![coop_grad_plan(pass, p.block_m, p.block_n, p.threads_x)],
-            None => coop_grad_plans(pass, head_dim_pad),
-        };
-        if plans.is_empty() {
+        let mut kernels = Vec::new();
+        for &register_layout in &routes {
+            let plans = match forced {
+                Some(p) => vec![coop_grad_plan(pass, p.block_m, p.block_n, p.threads_x)],
+                None => coop_grad_plans(pass, head_dim_pad, register_layout.is_some()),
+            };
+            kernels.extend(plans.into_iter().map(|plan| GradKernel {
+                sequences,
+                coop: true,
+                register_layout,
+                ..GradKernel::plain(pass, storage, variant.tile, plan, head_dim_pad)
+            }));
+        }
+        if kernels.is_empty() {
             reasons.push(format!(
                 "no cooperative-matrix plan for {pass:?} at head_dim {}",
                 problem.forward.shape.head_dim
             ));
         }
-        plans
-            .into_iter()
-            .map(|plan| GradKernel {
-                sequences,
-                coop: true,
-                register_layout,
-                ..GradKernel::plain(pass, storage, variant.tile, plan, head_dim_pad)
-            })
-            .find(|k| match k.unavailable_reason(caps) {
-                Some(why) => {
-                    reasons.push(format!("{}: {why}", k.name()));
-                    false
-                }
-                None => true,
-            })
+        kernels.into_iter().find(|k| match k.unavailable_reason(caps) {
+            Some(why) => {
+                reasons.push(format!("{}: {why}", k.name()));
+                false
+            }
+            None => true,
+        })
     };
     let dkdv = pick(BackwardPass::DkDv, choice.dkdv_plan);
     let dq = pick(BackwardPass::Dq, choice.dq_plan);
@@ -1247,8 +1325,8 @@ pub fn all_backward_kernels() -> Vec<BackwardKernel> {
     // through workgroup memory and in the registers of the layout the H200 reports.
     for pass in [BackwardPass::DkDv, BackwardPass::Dq] {
         for head_dim_pad in (16..=COOP_GRAD_MAX_HEAD_DIM).step_by(16) {
-            for plan in coop_grad_plans(pass, head_dim_pad) {
-                for register_layout in [None, Some(RegisterLayout::nvidia_h200())] {
+            for register_layout in [None, Some(RegisterLayout::nvidia_h200())] {
+                for plan in coop_grad_plans(pass, head_dim_pad, register_layout.is_some()) {
                     kernels.push(BackwardKernel::Grad(GradKernel {
                         coop: true,
                         register_layout,
@@ -1690,16 +1768,26 @@ mod tests {
         assert_eq!((c.dkdv.coop, c.dq.coop), (COOP_DKDV_BY_DEFAULT, COOP_DQ_BY_DEFAULT));
         let c = select_backward(&f16, &h200(), &coop).unwrap();
         assert!(c.dkdv.coop && c.dq.coop, "{}", c.name());
-        assert_eq!((c.dkdv.plan.block_m, c.dkdv.plan.block_n), (32, 32));
+        // In registers (the H200's layout): the dK/dV kernel with two subgroups per 16 keys.
+        assert!(c.dkdv.splits_roles() && !c.dq.splits_roles());
+        assert_eq!((c.dkdv.plan.block_m, c.dkdv.plan.block_n), (64, 64));
         assert_eq!(coop_query_groups(BackwardPass::DkDv, &c.dkdv.plan), 2);
-        assert_eq!((c.dq.plan.block_m, c.dq.plan.block_n), (128, 32));
-        assert_eq!(c.dkdv.plan.workgroup_size(), 128);
+        assert_eq!((c.dq.plan.block_m, c.dq.plan.block_n), (128, 64));
+        assert_eq!(c.dkdv.plan.workgroup_size(), 256);
         assert_eq!(c.dq.plan.workgroup_size(), 256);
         assert!(
-            c.name().starts_with("flash_bwd_f16_coop_kv32x32x2_q128x32_d128"),
+            c.name().starts_with("flash_bwd_f16_coop_kv64x64x2_q128x64_d128"),
             "{}",
             c.name()
         );
+        // A split plan's sizes must suit the roles: two query groups, 32-row query tiles.
+        for (m, n, g) in [(32, 64, 1), (16, 64, 2), (64, 96, 2)] {
+            let k = GradKernel {
+                plan: coop_grad_plan(BackwardPass::DkDv, m, n, g),
+                ..c.dkdv
+            };
+            assert!(k.unavailable_reason(&h200()).is_some(), "{m}x{n}x{g}");
+        }
         // The element-wise step in registers where the device's layout allows it, through
         // workgroup memory when asked or where it does not; an error when registers are forced
         // on a device without the layout.
@@ -1715,6 +1803,9 @@ mod tests {
             (None, None)
         );
         assert_ne!(c_shared.dkdv.name(), c.dkdv.name());
+        assert_eq!((c_shared.dkdv.plan.block_m, c_shared.dkdv.plan.block_n), (32, 32));
+        assert_eq!((c_shared.dq.plan.block_m, c_shared.dq.plan.block_n), (128, 32));
+        assert_eq!(c_shared.dkdv.plan.workgroup_size(), 128);
         let mut no_layout = h200();
         no_layout.coop_register_layout = None;
         no_layout.coop_register_layout_note = Some("A operand laid out differently".into());
@@ -1769,7 +1860,7 @@ mod tests {
             ..tiled
         };
         assert_eq!(mixed.unavailable_reason(&h200()), None);
-        assert!(mixed.name().contains("_coopkv_kv32x32x2"), "{}", mixed.name());
+        assert!(mixed.name().contains("_coopkv_kv64x64x2"), "{}", mixed.name());
 
         // Problems it does not implement, other data, other devices: the tiled kernels
         // automatically, an error naming the reason when forced.

@@ -49,6 +49,7 @@ pub const FLASH_BWD_DKDV: &str = include_str!("../../shaders/flash_bwd_dkdv.wgsl
 pub const FLASH_BWD_DQ: &str = include_str!("../../shaders/flash_bwd_dq.wgsl");
 pub const FLASH_BWD_DBIAS: &str = include_str!("../../shaders/flash_bwd_dbias.wgsl");
 pub const FLASH_BWD_COOP: &str = include_str!("../../shaders/flash_bwd_coop.wgsl");
+pub const FLASH_BWD_DKDV_COOP_SPLIT: &str = include_str!("../../shaders/flash_bwd_dkdv_coop_split.wgsl");
 pub const FLASH_BWD_DKDV_COOP: &str = include_str!("../../shaders/flash_bwd_dkdv_coop.wgsl");
 pub const FLASH_BWD_DQ_COOP: &str = include_str!("../../shaders/flash_bwd_dq_coop.wgsl");
 pub const FLASH_BWD_SINKS: &str = include_str!("../../shaders/flash_bwd_sinks.wgsl");
@@ -360,7 +361,7 @@ fn backward_source(kernel: &BackwardKernel, src: &mut String) {
                 g.head_dim_pad,
                 p.block_m,
                 p.block_n,
-                crate::plan::COOP_GRAD_STAGE_BATCH,
+                g.stage_batch(),
                 groups,
                 g.register_layout.is_some(),
                 layout.wgsl_constants()
@@ -372,7 +373,11 @@ fn backward_source(kernel: &BackwardKernel, src: &mut String) {
                 FLASH_BWD_COMMON,
                 COOP_ELEMENTS,
                 FLASH_BWD_COOP,
-                if dkdv { FLASH_BWD_DKDV_COOP } else { FLASH_BWD_DQ_COOP },
+                match (dkdv, g.register_layout.is_some()) {
+                    (true, true) => FLASH_BWD_DKDV_COOP_SPLIT,
+                    (true, false) => FLASH_BWD_DKDV_COOP,
+                    (false, _) => FLASH_BWD_DQ_COOP,
+                },
             ] {
                 src.push_str(part);
             }
@@ -382,7 +387,7 @@ fn backward_source(kernel: &BackwardKernel, src: &mut String) {
                 ("M_BLOCKS", p.block_m / 16),
                 ("N_BLOCKS", p.block_n / 16),
                 ("J_BLOCKS", p.block_m / 16 / groups),
-                ("STAGE_BATCH", crate::plan::COOP_GRAD_STAGE_BATCH),
+                ("STAGE_BATCH", g.stage_batch()),
                 ("COOP_COMPONENTS", layout.components()),
                 ("ROW_SLOTS", layout.slots()),
             ];
