@@ -18,7 +18,7 @@
 
 use crate::caps::{Caps, RegisterLayout};
 use crate::error::{Error, Result};
-use crate::plan::coop::coop_device_unavailable_reason;
+use crate::plan::coop::{coop_device_unavailable_reason, register_layout_mismatch, register_routes};
 use crate::plan::policy::{COOP_DKDV_BY_DEFAULT, COOP_DQ_BY_DEFAULT, COOP_KERNEL_VERIFIED};
 use crate::plan::tiled::tiled_device_fit_reason;
 use crate::plan::{missing_features, MaskBinding, Reduction, SequenceIndex, TilePlan, TileType, Variant};
@@ -474,13 +474,8 @@ impl GradKernel {
         if let Some(why) = coop_device_unavailable_reason(caps) {
             return Some(why);
         }
-        if self.register_layout.is_some() && self.register_layout != caps.coop_register_layout {
-            return Some(format!(
-                "it is built for a fragment layout the device does not have ({})",
-                caps.coop_register_layout_note
-                    .as_deref()
-                    .unwrap_or("the device's layout differs")
-            ));
+        if let Some(why) = register_layout_mismatch(self.register_layout, caps, "the gradient step") {
+            return Some(why);
         }
         let bytes = self.workgroup_bytes();
         if bytes > caps.max_workgroup_storage_bytes {
@@ -1147,17 +1142,7 @@ fn select_coop_backward(problem: &BackwardProblem, caps: &Caps, choice: &Backwar
     // allows it, then through workgroup memory (unless registers were asked for); each pass takes
     // the first route with a plan that runs (a forced plan the register route's dK/dV kernel does
     // not take runs through workgroup memory).
-    let routes: Vec<Option<RegisterLayout>> = match (choice.register_gradient, caps.coop_register_layout) {
-        (Some(false), _) | (None, None) => vec![None],
-        (Some(true), Some(layout)) => vec![Some(layout)],
-        (None, Some(layout)) => vec![Some(layout), None],
-        (Some(true), None) => {
-            return Err(unavailable(format!(
-                "the gradient step in registers was asked for, but the device's fragment layout does not allow it ({})",
-                caps.coop_register_layout_note.as_deref().unwrap_or("not measured")
-            )))
-        }
-    };
+    let routes = register_routes(choice.register_gradient, caps, "the gradient step").map_err(unavailable)?;
     let sequences = SequenceIndex::of(&problem.forward);
     let variant = Variant::SUBGROUP_F16;
     let mut reasons = Vec::new();

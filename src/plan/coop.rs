@@ -3,7 +3,7 @@
 //! run it.
 
 use crate::caps::register_layout::COOP_SUBGROUP;
-use crate::caps::Caps;
+use crate::caps::{Caps, RegisterLayout};
 use crate::plan::policy::COOP_KERNEL_VERIFIED;
 use crate::plan::{missing_features, SequenceIndex};
 use crate::problem::features::{Feature, FeatureSet};
@@ -341,13 +341,8 @@ impl CoopConfig {
         if let Some(why) = coop_device_unavailable_reason(caps) {
             return Some(why);
         }
-        if self.register_layout.is_some() && self.register_layout != caps.coop_register_layout {
-            return Some(format!(
-                "the softmax in registers is built for a fragment layout the device does not have ({})",
-                caps.coop_register_layout_note
-                    .as_deref()
-                    .unwrap_or("the device's layout differs")
-            ));
+        if let Some(why) = register_layout_mismatch(self.register_layout, caps, "the softmax") {
+            return Some(why);
         }
         let bytes = self.workgroup_bytes();
         if bytes > caps.max_workgroup_storage_bytes {
@@ -361,6 +356,40 @@ impl CoopConfig {
         }
         None
     }
+}
+
+/// The routes of a cooperative-matrix kernel's element-wise step to try, best first, for what the
+/// caller `asked` (`Some(true)`: in registers only; `Some(false)`: through workgroup memory only;
+/// `None`: in registers where the device's fragment layout allows it, then through workgroup
+/// memory): `Some(layout)` in registers, `None` through workgroup memory. The reason, naming the
+/// step `what`, when registers were asked for and the device's layout does not allow them.
+pub(crate) fn register_routes(
+    asked: Option<bool>,
+    caps: &Caps,
+    what: &str,
+) -> Result<Vec<Option<RegisterLayout>>, String> {
+    match (asked, caps.coop_register_layout) {
+        (Some(false), _) | (None, None) => Ok(vec![None]),
+        (Some(true), Some(layout)) => Ok(vec![Some(layout)]),
+        (None, Some(layout)) => Ok(vec![Some(layout), None]),
+        (Some(true), None) => Err(format!(
+            "{what} in registers was asked for, but the device's fragment layout does not allow it ({})",
+            caps.coop_register_layout_note.as_deref().unwrap_or("not measured")
+        )),
+    }
+}
+
+/// Why a kernel whose step `what` is compiled for the fragment layout `layout` (`None`: through
+/// workgroup memory) cannot run on `caps`: another layout than the device's.
+pub(crate) fn register_layout_mismatch(layout: Option<RegisterLayout>, caps: &Caps, what: &str) -> Option<String> {
+    (layout.is_some() && layout != caps.coop_register_layout).then(|| {
+        format!(
+            "{what} in registers is built for a fragment layout the device does not have ({})",
+            caps.coop_register_layout_note
+                .as_deref()
+                .unwrap_or("the device's layout differs")
+        )
+    })
 }
 
 /// Why a device cannot run the cooperative-matrix kernel at all, if it cannot (whatever the plan).

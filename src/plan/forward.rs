@@ -5,7 +5,7 @@ use crate::caps::Caps;
 use crate::error::{Error, Result};
 use crate::plan::check_grid;
 use crate::plan::choice::{BoundsChecks, KernelChoice};
-use crate::plan::coop::{coop_plans, CoopChoice, CoopConfig, CoopPlan, CoopSoftmax};
+use crate::plan::coop::{coop_plans, register_routes, CoopChoice, CoopConfig, CoopPlan, CoopSoftmax};
 use crate::plan::decode::{prefers_decode, select_decode, DecodeChoice, DecodeConfig, DecodeSplit};
 use crate::plan::policy::{COOP_BY_DEFAULT, DECODE_BY_DEFAULT};
 use crate::plan::tiled::{select, FlashConfig};
@@ -108,19 +108,10 @@ pub fn select_forward(
         // The routes to try, best first: the softmax in registers where the device's layout
         // allows it, then through workgroup memory (unless the caller asked for registers),
         // each with its own plans.
-        let mut routes = Vec::new();
-        match (coop.register_softmax, caps.coop_register_layout) {
-            (Some(false), _) => {}
-            (_, Some(layout)) => routes.push(Some(layout)),
-            (Some(true), None) => reasons.push(format!(
-                "the softmax in registers was asked for, but the device's fragment layout does not allow it ({})",
-                caps.coop_register_layout_note.as_deref().unwrap_or("not measured")
-            )),
-            (None, None) => {}
-        }
-        if coop.register_softmax != Some(true) {
-            routes.push(None);
-        }
+        let mut routes = register_routes(coop.register_softmax, caps, "the softmax").unwrap_or_else(|why| {
+            reasons.push(why);
+            Vec::new()
+        });
         if bounds_checks == BoundsChecks::On {
             // Not a plan's limit: no cooperative-matrix candidate can honour the setting.
             reasons.push(
