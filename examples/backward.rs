@@ -79,22 +79,8 @@ fn parse_args() -> Result<Args, String> {
                     name => Some(Variant::from_name(name).ok_or(format!("unknown variant {name}"))?),
                 }
             }
-            "--coop" => {
-                choice.cooperative_matrix = match value()?.as_str() {
-                    "on" => Some(true),
-                    "off" => Some(false),
-                    "auto" => None,
-                    other => return Err(format!("--coop is on, off or auto, not {other}")),
-                }
-            }
-            "--register-gradient" => {
-                choice.register_gradient = match value()?.as_str() {
-                    "on" => Some(true),
-                    "off" => Some(false),
-                    "auto" => None,
-                    other => return Err(format!("--register-gradient is on, off or auto, not {other}")),
-                }
-            }
+            "--coop" => choice.cooperative_matrix = common::on_off_auto(&flag, &value()?)?,
+            "--register-gradient" => choice.register_gradient = common::on_off_auto(&flag, &value()?)?,
             "--coop-kv" => choice.dkdv_plan = Some(coop_sizes(&value()?)?),
             "--coop-q" => choice.dq_plan = Some(coop_sizes(&value()?)?),
             "--kv-plan" => choice.dkdv_plan = Some(plan(value()?)?),

@@ -115,6 +115,17 @@ pub fn bounds_checks(v: &str) -> Result<BoundsChecks, String> {
     }
 }
 
+/// An `on|off|auto` flag's value: `Some(true)`, `Some(false)` or `None` (automatic), else an error
+/// naming the flag.
+pub fn on_off_auto(flag: &str, value: &str) -> Result<Option<bool>, String> {
+    match value {
+        "on" => Ok(Some(true)),
+        "off" => Ok(Some(false)),
+        "auto" => Ok(None),
+        other => Err(format!("{flag} is on, off or auto, not {other}")),
+    }
+}
+
 /// A two-way flag's value: the meaning of whichever of the two spellings it is, else an error
 /// naming the flag and both spellings (in the order given).
 pub fn either(flag: &str, value: &str, first: (&str, bool), second: (&str, bool)) -> Result<bool, String> {
