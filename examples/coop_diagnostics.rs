@@ -1,7 +1,7 @@
 //! Diagnostics for the cooperative-matrix kernel, for devices that have cooperative matrices (the
 //! H200), and the decode kernels' pipeline statistics: `cargo run --release --features internals
-//! --example coop_diagnostics -- [probe] [cases] [costs] [stats] [decode] [backward]` (the first
-//! four without arguments). They report; they do not judge (the float64 tests in
+//! --example coop_diagnostics -- [probe] [cases] [costs] [stats] [decode] [backward] [occupancy]`
+//! (the first four without arguments). They report; they do not judge (the float64 tests in
 //! tests/wgpu_attention.rs and tests/decode.rs do). `cargo test` runs this file's one test: every
 //! probe's source compiles through the SPIR-V passes.
 //!
@@ -24,6 +24,9 @@
 //! - `backward_pipeline_stats` (`backward`): the same for the cooperative-matrix gradient kernels'
 //!   shipped plans, with the element-wise step through workgroup memory and in the registers of
 //!   the H200's layout.
+//! - `occupancy`: how many workgroups an SM runs at once against the workgroup memory they declare
+//!   (any device; BENCHMARKS.md, session 25: the H200's Vulkan driver runs one past 24 KiB,
+//!   whatever the workgroup's size).
 //!
 //! The taps, stops and bisection that found the misaligned workgroup flag (BENCHMARKS.md) were
 //! written against the first kernel and are in the git history.
@@ -1198,23 +1201,113 @@ unsafe fn pipeline_stats(kernels: &[StatKernel]) -> Result<(), String> {
     Ok(())
 }
 
+/// `occupancy`: how many workgroups an SM (CU) runs at once, against the workgroup memory they
+/// declare. Every workgroup runs one dependent chain of FMAs per invocation, short enough that a
+/// few invocations per SIMD lane group leave the units idle: while the SM can take more
+/// workgroups, more run at once and the dispatch finishes sooner, so the time per workgroup,
+/// relative to the smallest declaration's, shows when the memory (and the driver's split of the
+/// SM's memory between workgroup memory and cache) starts to limit them.
+fn occupancy() {
+    let Ok(ctx) = pollster::block_on(GpuContext::new()) else {
+        eprintln!("occupancy: no GPU");
+        return;
+    };
+    println!("occupancy: {}", ctx.caps.adapter_name);
+    const ITERS: u32 = 8192;
+    let groups = 132 * 64;
+    let device = &ctx.device;
+    // Finer steps around where the H200 goes from three workgroups to two and from two to one.
+    let fine: &[u32] = &[0, 8, 12, 14, 15, 16, 17, 18, 20, 22, 23, 24, 25, 26, 27, 28, 32, 40, 48];
+    let coarse: &[u32] = &[0, 8, 16, 24, 32, 48];
+    for (size, steps) in [(64u32, coarse), (128, fine), (256, coarse)] {
+        let mut baseline = None;
+        for &kib in steps {
+            let vec4s = (kib * 1024 / 16).max(1);
+            let src = format!(
+                "@group(0) @binding(0) var<storage, read_write> out: array<f32>;\n\
+                 var<workgroup> pad: array<vec4<f32>, {vec4s}>;\n\
+                 @compute @workgroup_size({size})\n\
+                 fn main(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wg: vec3<u32>) {{\n\
+                     for (var i = li; i < {vec4s}u; i += {size}u) {{ pad[i] = vec4<f32>(f32(i)); }}\n\
+                     workgroupBarrier();\n\
+                     var x = pad[li % {vec4s}u].x * 1e-9 + 1.0;\n\
+                     for (var i = 0u; i < {ITERS}u; i++) {{ x = fma(x, 0.99999994, 1e-8); }}\n\
+                     out[wg.x * {size}u + li] = x + pad[(li * 7u + wg.x) % {vec4s}u].y;\n\
+                 }}\n"
+            );
+            let module = device.create_shader_module(wgpu::ShaderModuleDescriptor {
+                label: None,
+                source: wgpu::ShaderSource::Wgsl(Cow::Owned(src)),
+            });
+            let pipeline = device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
+                label: None,
+                layout: None,
+                module: &module,
+                entry_point: Some("main"),
+                compilation_options: Default::default(),
+                cache: None,
+            });
+            let out = device.create_buffer(&wgpu::BufferDescriptor {
+                label: None,
+                size: 4 * (groups * size) as u64,
+                usage: wgpu::BufferUsages::STORAGE,
+                mapped_at_creation: false,
+            });
+            let group = device.create_bind_group(&wgpu::BindGroupDescriptor {
+                label: None,
+                layout: &pipeline.get_bind_group_layout(0),
+                entries: &[wgpu::BindGroupEntry {
+                    binding: 0,
+                    resource: out.as_entire_binding(),
+                }],
+            });
+            let timing = wgpu_flash_attn::testing::timing::time_passes(&ctx, 3, 10, |encoder, timestamp_writes| {
+                let mut pass = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor {
+                    label: None,
+                    timestamp_writes,
+                });
+                pass.set_pipeline(&pipeline);
+                pass.set_bind_group(0, &group, &[]);
+                pass.dispatch_workgroups(groups, 1, 1);
+                Ok(())
+            });
+            match timing {
+                Ok(t) => {
+                    let secs = t.median;
+                    let base = *baseline.get_or_insert(secs);
+                    println!(
+                        "occupancy: {size:3} invocations, {kib:2} KiB workgroup memory: {:8.1} µs, {:5.2}× the first",
+                        secs * 1e6,
+                        secs / base
+                    );
+                }
+                Err(e) => println!("occupancy: {size} invocations, {kib} KiB: {e}"),
+            }
+        }
+    }
+}
+
 fn main() {
-    let diagnostics: [(&str, fn()); 6] = [
+    let diagnostics: [(&str, fn()); 7] = [
         ("probe", coop_probe),
         ("cases", coop_kernel_cases),
         ("costs", coop_kernel_costs),
         ("stats", coop_pipeline_stats),
         ("decode", decode_pipeline_stats),
         ("backward", backward_pipeline_stats),
+        ("occupancy", occupancy),
     ];
     let asked: Vec<String> = std::env::args().skip(1).collect();
     if let Some(unknown) = asked.iter().find(|a| !diagnostics.iter().any(|(name, _)| name == a)) {
-        eprintln!("unknown diagnostic `{unknown}`; choose from probe, cases, costs, stats, decode");
+        eprintln!(
+            "unknown diagnostic `{unknown}`; choose from probe, cases, costs, stats, decode, backward, occupancy"
+        );
         std::process::exit(2);
     }
     for (name, run) in diagnostics {
         // Without arguments, the cooperative kernel's four.
-        if (asked.is_empty() && !matches!(name, "decode" | "backward")) || asked.iter().any(|a| a == name) {
+        if (asked.is_empty() && !matches!(name, "decode" | "backward" | "occupancy")) || asked.iter().any(|a| a == name)
+        {
             run();
         }
     }
