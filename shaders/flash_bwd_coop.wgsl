@@ -72,30 +72,58 @@ const SRC_DO: u32 = 1u;
 const SRC_K: u32 = 2u;
 const SRC_V: u32 = 3u;
 
-// Granule `g` of row `row` of tensor `src`; zero past the end of the sequence and past head_dim,
-// so padding rows and columns add nothing to any product.
-fn load_row_granule(src: u32, hd: Heads, row: u32, g: u32) -> vec4<f16> {
-    if (4u * g < params.head_dim) {
+// Rows of one tensor as a staging reads them: the granule index of granule 0 of the first row
+// staged, the rows' stride in granules, and how many rows from the first on exist.
+struct RowRun {
+    at: u32,
+    stride: u32,
+    rows: u32,
+}
+
+// The rows of tensor `src` from row `first` of the sequence on (for Q and dO of query head
+// hd.head, for K and V of hd.kv_head).
+fn row_run(src: u32, hd: Heads, first: u32) -> RowRun {
+    var t = params.q;
+    var row0 = hd.seq.q_first;
+    var len = hd.seq.seq_q;
+    var head = hd.head;
+    switch src {
+        case 1u: {
+            t = grad.d_o;
+        }
+        case 2u: {
+            t = params.k;
+        }
+        case 3u: {
+            t = params.v;
+        }
+        default: {}
+    }
+    if (src >= SRC_K) {
+        row0 = hd.seq.kv_first;
+        len = hd.seq.seq_kv;
+        head = hd.kv_head;
+    }
+    return RowRun(row_granule(t, hd.seq.b, row0 + first, head), t.seq, len - min(first, len));
+}
+
+// Granule `g` of row `r` of `run`, a row of tensor `src`; zero past the end of the sequence and past
+// head_dim, so padding rows and columns add nothing to any product.
+fn load_run_granule(src: u32, run: RowRun, r: u32, g: u32) -> vec4<f16> {
+    if ((r < run.rows) & (4u * g < params.head_dim)) {
+        let at = run.at + r * run.stride + g;
         switch src {
             case 0u: {
-                if (row < hd.seq.seq_q) {
-                    return q[row_granule(params.q, hd.seq.b, hd.seq.q_first + row, hd.head) + g];
-                }
+                return q[at];
             }
             case 1u: {
-                if (row < hd.seq.seq_q) {
-                    return d_o[row_granule(grad.d_o, hd.seq.b, hd.seq.q_first + row, hd.head) + g];
-                }
+                return d_o[at];
             }
             case 2u: {
-                if (row < hd.seq.seq_kv) {
-                    return k[row_granule(params.k, hd.seq.b, hd.seq.kv_first + row, hd.kv_head) + g];
-                }
+                return k[at];
             }
             default: {
-                if (row < hd.seq.seq_kv) {
-                    return v[row_granule(params.v, hd.seq.b, hd.seq.kv_first + row, hd.kv_head) + g];
-                }
+                return v[at];
             }
         }
     }
@@ -107,20 +135,33 @@ fn load_row_granule(src: u32, hd: Heads, row: u32, g: u32) -> vec4<f16> {
 // `tiles`. Consecutive invocations take consecutive granules of a row (coalesced 8-byte loads). An
 // invocation issues STAGE_BATCH loads into registers before it stores any, so their latencies
 // overlap (one round trip to L2 per batch, not per granule): chunk `chunk` is copies
-// (chunk · STAGE_BATCH + c) · WORKGROUP_SIZE + li of the 2 · rows · ROW_GRANULES granules.
+// chunk · STAGE_BATCH + c of the 2 · rows · ROW_GRANULES granules (staging_copy).
 // (STAGE_BATCH comes from the host, which unrolls the loops over it: GradKernel::stage_batch.)
 alias StageBatch = array<vec4<f16>, STAGE_BATCH>;
 
+// Staged row and granule of an invocation's copy `n`: copy n of invocation li is granule
+// n · WORKGROUP_SIZE + li of the rows laid end to end. Where whole rows fit the workgroup (every
+// shipped plan), an invocation keeps one granule column and its row steps by a constant, so that
+// once unrolled no copy divides, and its address is the run's plus a multiple of the row stride.
+fn staging_copy(n: u32, li: u32) -> vec2<u32> {
+    if (WORKGROUP_SIZE % ROW_GRANULES == 0u) {
+        return vec2<u32>(n * (WORKGROUP_SIZE / ROW_GRANULES) + li / ROW_GRANULES, li % ROW_GRANULES);
+    }
+    let i = n * WORKGROUP_SIZE + li;
+    return vec2<u32>(i / ROW_GRANULES, i % ROW_GRANULES);
+}
+
 fn fetch_batch(src_a: u32, src_b: u32, hd: Heads, first: u32, rows: u32, chunk: u32, li: u32) -> StageBatch {
+    let run_a = row_run(src_a, hd, first);
+    let run_b = row_run(src_b, hd, first);
     var regs = StageBatch();
     // @unroll
     for (var c = 0u; c < STAGE_BATCH; c++) {
-        let i = (chunk * STAGE_BATCH + c) * WORKGROUP_SIZE + li;
-        let r = i / ROW_GRANULES;
-        if (r < rows) {
-            regs[c] = load_row_granule(src_a, hd, first + r, i % ROW_GRANULES);
-        } else if (r < 2u * rows) {
-            regs[c] = load_row_granule(src_b, hd, first + r - rows, i % ROW_GRANULES);
+        let copy = staging_copy(chunk * STAGE_BATCH + c, li);
+        if (copy.x < rows) {
+            regs[c] = load_run_granule(src_a, run_a, copy.x, copy.y);
+        } else if (copy.x < 2u * rows) {
+            regs[c] = load_run_granule(src_b, run_b, copy.x - rows, copy.y);
         }
     }
     return regs;
@@ -130,10 +171,9 @@ fn fetch_batch(src_a: u32, src_b: u32, hd: Heads, first: u32, rows: u32, chunk: 
 fn store_batch(regs: StageBatch, at: u32, rows: u32, chunk: u32, li: u32) {
     // @unroll
     for (var c = 0u; c < STAGE_BATCH; c++) {
-        let i = (chunk * STAGE_BATCH + c) * WORKGROUP_SIZE + li;
-        let r = i / ROW_GRANULES;
-        if (r < 2u * rows) {
-            tiles[(at + r) * TILE_STRIDE + i % ROW_GRANULES] = regs[c];
+        let copy = staging_copy(chunk * STAGE_BATCH + c, li);
+        if (copy.x < 2u * rows) {
+            tiles[(at + copy.x) * TILE_STRIDE + copy.y] = regs[c];
         }
     }
 }
