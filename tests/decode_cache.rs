@@ -582,3 +582,63 @@ fn a_k_off_16_bytes_is_loaded_granule_by_granule() {
         c.check(ctx, &engine, &format!("k_off_16_{page_size:?}"));
     }
 }
+
+/// Values the rows may not see stay out of their outputs: the cache's first row holds +∞ in V (the
+/// row that keys past a piece are loaded from, their values zeroed where used) and every row past
+/// a sequence's length holds NaN in K and V (a cache that is not cleared). Sequence 0 sees the
+/// first row, so only the other sequences' rows are compared; pieces cut anywhere (forced splits),
+/// lengths ragged (0, 1, all, random), both lane reductions.
+#[test]
+fn values_past_a_sequence_or_piece_never_reach_its_rows() {
+    let Some(ctx) = gpu() else { return };
+    let mut rng = Rng::new(0x1f1e);
+    let reductions: Vec<Option<Reduction>> = if ctx.caps.subgroups {
+        vec![Some(Reduction::Subgroup), Some(Reduction::Workgroup)]
+    } else {
+        vec![Some(Reduction::Workgroup)]
+    };
+    let (batch, seq_q, seq_kv, heads, kv_heads, head_dim) = (4, 3, 203, 8, 2, 64);
+    let mut c = case::<f32>(
+        &mut rng,
+        (batch, seq_q, seq_kv, heads, kv_heads, head_dim),
+        DType::F32,
+        true,
+        None,
+        true,
+        Layout::Bshd,
+    );
+    let row = kv_heads * head_dim;
+    c.v[..row].fill(f32::INFINITY);
+    let lens = c.kv_lens.clone().unwrap();
+    for (b, &len) in lens.iter().enumerate() {
+        let tail = (b * seq_kv + len as usize) * row..(b + 1) * seq_kv * row;
+        c.k[tail.clone()].fill(f32::NAN);
+        c.v[tail].fill(f32::NAN);
+    }
+    let want = reference::attention_indexed(&c.problem, &c.q, &c.k, &c.v, &c.index()).unwrap();
+    let (o_rows, lse_rows) = (seq_q * heads * head_dim, heads * seq_q);
+    for splits in [None, Some(1), Some(3), Some(7)] {
+        for &reduction in &reductions {
+            let engine = engine(ctx, splits, reduction);
+            let (out, lse) = c.run(ctx, &engine).unwrap();
+            let o = ErrorStats::from_pairs(
+                out[o_rows..]
+                    .iter()
+                    .map(|&x| x as f64)
+                    .zip(want.out[o_rows..].iter().copied()),
+            );
+            let l = ErrorStats::from_pairs(
+                lse[lse_rows..]
+                    .iter()
+                    .map(|&x| x as f64)
+                    .zip(want.lse[lse_rows..].iter().copied()),
+            );
+            let tol = tolerance(DType::F32);
+            assert!(
+                o.within(tol.out_rel_l2, tol.out_max_abs),
+                "{splits:?} {reduction:?}: O {o}"
+            );
+            assert!(l.within(1e-5, tol.lse_max_abs), "{splits:?} {reduction:?}: LSE {l}");
+        }
+    }
+}
