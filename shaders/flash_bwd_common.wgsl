@@ -1,6 +1,6 @@
-// flash_bwd_common.wgsl — what the three backward kernels (flash_bwd_pre, flash_bwd_dkdv,
-// flash_bwd_dq) add to common.wgsl: the layouts of the gradient tensors and the natural softmax
-// scale, in a second uniform block beside `params`.
+// flash_bwd_common.wgsl — what the backward kernels (flash_bwd_pre and the tiled and matrix
+// gradient kernels) add to common.wgsl: the layouts of the gradient tensors and the natural softmax
+// scale, in a second uniform block beside `params`; the dK/dV kernels' work items.
 //
 // `params` (binding 0) describes the forward problem exactly as for flash_fwd — the strides of Q, K,
 // V and O, the sizes, the causal offset, and `scale` = softmax scale · log2(e), because the
@@ -20,3 +20,15 @@ struct GradParams {
 }
 
 @group(0) @binding(1) var<uniform> grad: GradParams;
+
+// The dK/dV kernels' work items (flash_bwd_dkdv.wgsl and the matrix kernels): one per query head
+// of K/V head kv_head's group and query tile of BLOCK_M rows that sees their keys, the heads one
+// after another, each over its tiles from first_tile on. The query head and first query row of
+// item `it`:
+fn item_head(kv_head: u32, it: u32, tiles_per_head: u32) -> u32 {
+    return kv_head * params.group_size + it / tiles_per_head;
+}
+
+fn item_m0(it: u32, first_tile: u32, tiles_per_head: u32) -> u32 {
+    return (first_tile + it % tiles_per_head) * BLOCK_M;
+}

@@ -199,6 +199,14 @@ fn lse2_of(seq: Sequence, head: u32, row: u32) -> f32 {
     return bitcast<f32>(bits) * LOG2_E;
 }
 
+// LSE · log2 e (x) and D (y) of query row `row` of `head`; a row past the sequence sees no key.
+fn query_row_stats(seq: Sequence, head: u32, row: u32) -> vec2<f32> {
+    if (row >= seq.seq_q) {
+        return vec2<f32>(-NEG_BIG, 0.0);
+    }
+    return vec2<f32>(lse2_of(seq, head, row), delta[lse_index(seq, head, row)]);
+}
+
 // Where block `i` (< PROB_BLOCKS) of subgroup `sg`'s f16 scratch starts.
 fn prob_block(sg: u32, i: u32) -> u32 {
     return (sg * PROB_BLOCKS + i) * PROB_BLOCK;

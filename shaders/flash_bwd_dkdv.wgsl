@@ -42,16 +42,6 @@ const DP_COLS_AT: u32 = DO_AT;
 @group(0) @binding(8) var<storage, read_write> dk: array<Granule>;
 @group(0) @binding(9) var<storage, read_write> dv: array<Granule>;
 
-// The query head and first query row of work item `it` of K/V head kv_head (the query heads of the
-// group one after another, each over its query tiles from first_tile on).
-fn item_head(kv_head: u32, it: u32, tiles_per_head: u32) -> u32 {
-    return kv_head * params.group_size + it / tiles_per_head;
-}
-
-fn item_m0(it: u32, first_tile: u32, tiles_per_head: u32) -> u32 {
-    return (first_tile + it % tiles_per_head) * BLOCK_M;
-}
-
 // The first work item from `it` on, before `num_items`, whose query tile a mask's block summary
 // does not show hiding all the keys [n0, n0 + BLOCK_N): the items between are never loaded.
 fn next_item(seq: Sequence, kv_head: u32, n0: u32, it: u32, num_items: u32, first_tile: u32, tiles_per_head: u32) -> u32 {

@@ -94,11 +94,11 @@ fn flash_bwd_dkdv(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocatio
     // tile's products, so their latency is not waited for at a barrier.
     var next = StageBatch();
     if (PREFETCH_QDO && num_items > 0u) {
-        next = fetch_batch(SRC_Q, SRC_DO, Heads(seq, kv_head * params.group_size, kv_head), first_tile * BLOCK_M, BLOCK_M, 0u, li);
+        next = fetch_batch(SRC_Q, SRC_DO, Heads(seq, item_head(kv_head, 0u, tiles_per_head), kv_head), item_m0(0u, first_tile, tiles_per_head), BLOCK_M, 0u, li);
     }
     for (var it = 0u; it < num_items; it++) {
-        let hd = Heads(seq, kv_head * params.group_size + it / tiles_per_head, kv_head);
-        let m0 = (first_tile + it % tiles_per_head) * BLOCK_M;
+        let hd = Heads(seq, item_head(kv_head, it, tiles_per_head), kv_head);
+        let m0 = item_m0(it, first_tile, tiles_per_head);
         // The previous tile's rows are no longer read (and, the first time, K and V are staged).
         workgroupBarrier();
         if (PREFETCH_QDO) {
@@ -107,19 +107,12 @@ fn flash_bwd_dkdv(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocatio
             stage_pair(SRC_Q, SRC_DO, hd, m0, BLOCK_M, Q_ROW, li);
         }
         for (var i = li; i < BLOCK_M; i += WORKGROUP_SIZE) {
-            var lse2 = -NEG_BIG;
-            var d = 0.0;
-            if (m0 + i < seq.seq_q) {
-                lse2 = lse2_of(seq, hd.head, m0 + i);
-                d = delta[lse_index(seq, hd.head, m0 + i)];
-            }
-            row_stats[i] = vec2<f32>(lse2, d);
+            row_stats[i] = query_row_stats(seq, hd.head, m0 + i);
         }
         workgroupBarrier();
         if (PREFETCH_QDO && it + 1u < num_items) {
-            let it_next = it + 1u;
-            let hd_next = Heads(seq, kv_head * params.group_size + it_next / tiles_per_head, kv_head);
-            next = fetch_batch(SRC_Q, SRC_DO, hd_next, (first_tile + it_next % tiles_per_head) * BLOCK_M, BLOCK_M, 0u, li);
+            let hd_next = Heads(seq, item_head(kv_head, it + 1u, tiles_per_head), kv_head);
+            next = fetch_batch(SRC_Q, SRC_DO, hd_next, item_m0(it + 1u, first_tile, tiles_per_head), BLOCK_M, 0u, li);
         }
         let needs_mask = m0 + BLOCK_M > seq.seq_q || key_tile_needs_mask(seq, m0, BLOCK_M, n0, BLOCK_N);
 

@@ -34,9 +34,9 @@
 // per staged byte and per barrier, the dQ kernel's shape. The price is Pᵀ passing through workgroup
 // memory once (its f16 A operand, 512 bytes per 16 × 16 block) and one barrier per tile.
 //
-// The query-tile walk and staging are written out here as in flash_bwd_dkdv_coop.wgsl: shared
-// through a function that takes the prefetch batch by pointer, this kernel lost what the prefetch
-// gains on the H200 (BENCHMARKS.md, session 24).
+// The query-tile walk's staging and prefetch are written out here as in flash_bwd_dkdv_coop.wgsl
+// (its work items are flash_bwd_common.wgsl's): shared through a function that takes the prefetch
+// batch by pointer, this kernel lost what the prefetch gains on the H200 (BENCHMARKS.md, session 24).
 //
 // Sizes (the plan's block_m and block_n; its query groups are 2, the two roles): BLOCK_M a multiple
 // of 32 (the exchange of Pᵀ is the shared f16 scratch, PROB_BLOCKS = M_BLOCKS / 2 per subgroup), K
@@ -124,11 +124,11 @@ fn flash_bwd_dkdv(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocatio
 
     var next = StageBatch();
     if (PREFETCH_QDO && num_items > 0u) {
-        next = fetch_batch(SRC_Q, SRC_DO, Heads(seq, kv_head * params.group_size, kv_head), first_tile * BLOCK_M, BLOCK_M, 0u, li);
+        next = fetch_batch(SRC_Q, SRC_DO, Heads(seq, item_head(kv_head, 0u, tiles_per_head), kv_head), item_m0(0u, first_tile, tiles_per_head), BLOCK_M, 0u, li);
     }
     for (var it = 0u; it < num_items; it++) {
-        let hd = Heads(seq, kv_head * params.group_size + it / tiles_per_head, kv_head);
-        let m0 = (first_tile + it % tiles_per_head) * BLOCK_M;
+        let hd = Heads(seq, item_head(kv_head, it, tiles_per_head), kv_head);
+        let m0 = item_m0(it, first_tile, tiles_per_head);
         // The previous tile's rows and exchange are no longer read (the first time: K and V).
         workgroupBarrier();
         if (PREFETCH_QDO) {
@@ -137,17 +137,12 @@ fn flash_bwd_dkdv(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocatio
             stage_pair(SRC_Q, SRC_DO, hd, m0, BLOCK_M, Q_ROW, li);
         }
         for (var i = li; i < BLOCK_M; i += WORKGROUP_SIZE) {
-            var stats = vec2<f32>(-NEG_BIG, 0.0);
-            if (m0 + i < seq.seq_q) {
-                stats = vec2<f32>(lse2_of(seq, hd.head, m0 + i), delta[lse_index(seq, hd.head, m0 + i)]);
-            }
-            row_stats[i] = stats;
+            row_stats[i] = query_row_stats(seq, hd.head, m0 + i);
         }
         workgroupBarrier();
         if (PREFETCH_QDO && it + 1u < num_items) {
-            let it_next = it + 1u;
-            let hd_next = Heads(seq, kv_head * params.group_size + it_next / tiles_per_head, kv_head);
-            next = fetch_batch(SRC_Q, SRC_DO, hd_next, (first_tile + it_next % tiles_per_head) * BLOCK_M, BLOCK_M, 0u, li);
+            let hd_next = Heads(seq, item_head(kv_head, it + 1u, tiles_per_head), kv_head);
+            next = fetch_batch(SRC_Q, SRC_DO, hd_next, item_m0(it + 1u, first_tile, tiles_per_head), BLOCK_M, 0u, li);
         }
         let needs_mask = m0 + BLOCK_M > seq.seq_q || key_tile_needs_mask(seq, m0, BLOCK_M, n0, BLOCK_N);
 

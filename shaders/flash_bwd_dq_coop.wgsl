@@ -78,12 +78,9 @@ fn flash_bwd_dq(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_
     }
     // This invocation's row of its subgroup's blocks; rows past the end get a P of 0.
     let row = m0 + 16u * sg + lane / 2u;
-    var lse2 = -NEG_BIG;
-    var d_row = 0.0;
-    if (row < seq.seq_q) {
-        lse2 = lse2_of(seq, head, row);
-        d_row = delta[lse_index(seq, head, row)];
-    }
+    let own_stats = query_row_stats(seq, head, row);
+    let lse2 = own_stats.x;
+    let d_row = own_stats.y;
 
     // The register route's rows: each component's query row's LSE · log2 e and D, the same for
     // every block of the kernel (read per row slot, then spread over the components).
@@ -101,11 +98,7 @@ fn flash_bwd_dq(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_
         // @unroll
         for (var i = 0u; i < COOP_COMPONENTS; i++) {
             let slot_row = m0 + 16u * sg + component_query(positions, i);
-            var stats = vec2<f32>(-NEG_BIG, 0.0);
-            if (slot_row < seq.seq_q) {
-                stats = vec2<f32>(lse2_of(seq, head, slot_row), delta[lse_index(seq, head, slot_row)]);
-            }
-            slot_stats[(COMPONENT_SLOT_BITS >> (2u * i)) & 3u] = stats;
+            slot_stats[(COMPONENT_SLOT_BITS >> (2u * i)) & 3u] = query_row_stats(seq, head, slot_row);
         }
         // @unroll
         for (var i = 0u; i < COOP_COMPONENTS; i++) {
