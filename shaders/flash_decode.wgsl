@@ -177,7 +177,12 @@ fn flash_decode(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_
         for (var u = 0u; u < KEYS_PER_STEP; u++) {
             // @unroll
             for (var j = 0u; j < GRANULES_PER_LANE; j++) {
-                let value = word_part(v_raw[u * WORDS_PER_LANE + j / WORD_GRANULES], j);
+                var value = word_part(v_raw[u * WORDS_PER_LANE + j / WORD_GRANULES], j);
+                if (!whole) {
+                    // A key past the piece loaded another row's values (load_step), and a weight
+                    // of 0 times an infinite value would be NaN.
+                    value = select(vec4<f32>(0.0), value, first + u < piece.end);
+                }
                 // @unroll
                 for (var r = 0u; r < ROWS; r++) {
                     acc[r * GRANULES_PER_LANE + j] += p[u * ROWS + r] * value;
@@ -220,9 +225,14 @@ fn flash_decode(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_
     write_rows(piece, li);
 }
 
-// This lane's words of K (of_k) or V for the step of keys first .. first + KEYS_PER_STEP, none
-// past the piece. One function for both: a storage array cannot be a parameter, and `of_k` is a
-// constant at each call, so the driver keeps one of the two loads.
+// This lane's words of K (of_k) or V for the step of keys first .. first + KEYS_PER_STEP. One
+// function for both: a storage array cannot be a parameter, and `of_k` is a constant at each call,
+// so the driver keeps one of the two loads.
+//
+// Every word is loaded, a key past the piece reading the words of the cache's first row instead
+// (whose scores no row sees, and whose values the P·V step zeroes): a load that may be skipped
+// compiles to a load and a move that waits for it where it is issued (BENCHMARKS.md, session 25),
+// and these loads are meant to run a step ahead of their use. Only the addresses are conditional.
 fn load_step(piece: DecodePiece, lane: u32, first: u32, of_k: bool) -> array<KvWord, KV_WORDS> {
     // Initialized explicitly: a `var` without initializer is zero by the WGSL spec, but Chrome on
     // SwiftShader kept a loop's last trip's values in such arrays (wrong results past the first
@@ -235,22 +245,24 @@ fn load_step(piece: DecodePiece, lane: u32, first: u32, of_k: bool) -> array<KvW
     // @unroll
     for (var u = 0u; u < KEYS_PER_STEP; u++) {
         let key = first + u;
+        var base = 0u;
         if (key < piece.end) {
             let row = cache_row(strides, piece.b, key, piece.kv_head);
             // K and V share their page table: one check flags a bad page.
             if (of_k & (row.y == 0u)) {
                 bad_index.x = 1u;
             }
-            let base = row.x / WORD_GRANULES;
-            // @unroll
-            for (var w = 0u; w < WORDS_PER_LANE; w++) {
-                let word = lane + w * LANES;
-                if (word < HEAD_WORDS) {
-                    if (of_k) {
-                        raw[u * WORDS_PER_LANE + w] = k[base + word];
-                    } else {
-                        raw[u * WORDS_PER_LANE + w] = v[base + word];
-                    }
+            base = row.x / WORD_GRANULES;
+        }
+        // @unroll
+        for (var w = 0u; w < WORDS_PER_LANE; w++) {
+            let word = lane + w * LANES;
+            // Constant where the lanes divide the row's words (no tail to skip).
+            if ((HEAD_WORDS % LANES == 0u) | (word < HEAD_WORDS)) {
+                if (of_k) {
+                    raw[u * WORDS_PER_LANE + w] = k[base + word];
+                } else {
+                    raw[u * WORDS_PER_LANE + w] = v[base + word];
                 }
             }
         }
