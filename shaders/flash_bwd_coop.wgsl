@@ -107,27 +107,37 @@ fn row_run(src: u32, hd: Heads, first: u32) -> RowRun {
     return RowRun(row_granule(t, hd.seq.b, row0 + first, head), t.seq, len - min(first, len));
 }
 
-// Granule `g` of row `r` of `run`, a row of tensor `src`; zero past the end of the sequence and past
-// head_dim, so padding rows and columns add nothing to any product.
+// Whether granule `g` of row `r` of `run` exists: not past the end of the sequence nor past
+// head_dim. A copy that does not is padding, staged as zero so that padding rows and columns add
+// nothing to any product.
+fn run_has(run: RowRun, r: u32, g: u32) -> bool {
+    return (r < run.rows) & (4u * g < params.head_dim);
+}
+
+// Granule `g` of row `r` of `run`, a row of tensor `src`; zero where it does not exist.
 fn load_run_granule(src: u32, run: RowRun, r: u32, g: u32) -> vec4<f16> {
-    if ((r < run.rows) & (4u * g < params.head_dim)) {
-        let at = run.at + r * run.stride + g;
-        switch src {
-            case 0u: {
-                return q[at];
-            }
-            case 1u: {
-                return d_o[at];
-            }
-            case 2u: {
-                return k[at];
-            }
-            default: {
-                return v[at];
-            }
-        }
+    if (run_has(run, r, g)) {
+        return load_granule(src, run.at + r * run.stride + g);
     }
     return vec4<f16>(0.0);
+}
+
+// Granule `at` of tensor `src`.
+fn load_granule(src: u32, at: u32) -> vec4<f16> {
+    switch src {
+        case 0u: {
+            return q[at];
+        }
+        case 1u: {
+            return d_o[at];
+        }
+        case 2u: {
+            return k[at];
+        }
+        default: {
+            return v[at];
+        }
+    }
 }
 
 // Staging copies rows of two tensors at once (K and V, or Q and dO): `rows` rows of `src_a` then
@@ -137,7 +147,19 @@ fn load_run_granule(src: u32, run: RowRun, r: u32, g: u32) -> vec4<f16> {
 // overlap (one round trip to L2 per batch, not per granule): chunk `chunk` is copies
 // chunk · STAGE_BATCH + c of the 2 · rows · ROW_GRANULES granules (staging_copy).
 // (STAGE_BATCH comes from the host, which unrolls the loops over it: GradKernel::stage_batch.)
-alias StageBatch = array<vec4<f16>, STAGE_BATCH>;
+//
+// A batch fetched a tile ahead, to be stored after this tile's products, loads every copy: a load
+// that may be skipped (the granule or a zero) compiles to a load into a temporary and a move that
+// waits for it where it is issued, so such a fetch would wait before the products instead of
+// during them. Its padding copies load granule 0 of their tensor instead, and `kept` (bit c for
+// copy c) says which copies are real; the others are stored as zeros. A batch staged at once keeps
+// the conditional loads (every copy kept): there the loads are waited for right away anyway, and
+// the H200 ran the dQ kernel's synchronous staging much slower with unconditional ones
+// (BENCHMARKS.md, session 25).
+struct StageBatch {
+    granules: array<vec4<f16>, STAGE_BATCH>,
+    kept: u32,
+}
 
 // Staged row and granule of an invocation's copy `n`: copy n of invocation li is granule
 // n · WORKGROUP_SIZE + li of the rows laid end to end. Where whole rows fit the workgroup (every
@@ -151,29 +173,56 @@ fn staging_copy(n: u32, li: u32) -> vec2<u32> {
     return vec2<u32>(i / ROW_GRANULES, i % ROW_GRANULES);
 }
 
-fn fetch_batch(src_a: u32, src_b: u32, hd: Heads, first: u32, rows: u32, chunk: u32, li: u32) -> StageBatch {
+// Whether copy `n` of invocation `li` is of a staged row before `rows`. Where whole rows fit the
+// workgroup and `rows` is a multiple of the rows one copy of every invocation covers (every shipped
+// plan), the answer is the same for every invocation: once unrolled, the choice of tensor is no
+// branch.
+fn copy_before(n: u32, li: u32, rows: u32) -> bool {
+    let step = WORKGROUP_SIZE / ROW_GRANULES;
+    if ((WORKGROUP_SIZE % ROW_GRANULES == 0u) && (rows % step == 0u)) {
+        return n * step < rows;
+    }
+    return staging_copy(n, li).x < rows;
+}
+
+// Chunk `chunk` of a staging (see StageBatch), loaded into registers; `ahead`: every copy loaded.
+fn fetch_batch(src_a: u32, src_b: u32, hd: Heads, first: u32, rows: u32, chunk: u32, li: u32, ahead: bool) -> StageBatch {
     let run_a = row_run(src_a, hd, first);
     let run_b = row_run(src_b, hd, first);
-    var regs = StageBatch();
+    var batch = StageBatch();
+    batch.kept = select(0xffffffffu, 0u, ahead);
     // @unroll
     for (var c = 0u; c < STAGE_BATCH; c++) {
-        let copy = staging_copy(chunk * STAGE_BATCH + c, li);
-        if (copy.x < rows) {
-            regs[c] = load_run_granule(src_a, run_a, copy.x, copy.y);
+        let n = chunk * STAGE_BATCH + c;
+        let copy = staging_copy(n, li);
+        if (ahead) {
+            if (copy_before(n, li, rows)) {
+                let has = run_has(run_a, copy.x, copy.y);
+                batch.granules[c] = load_granule(src_a, select(0u, run_a.at + copy.x * run_a.stride + copy.y, has));
+                batch.kept |= select(0u, 1u << c, has);
+            } else {
+                let r = copy.x - rows;
+                let has = copy_before(n, li, 2u * rows) & run_has(run_b, r, copy.y);
+                batch.granules[c] = load_granule(src_b, select(0u, run_b.at + r * run_b.stride + copy.y, has));
+                batch.kept |= select(0u, 1u << c, has);
+            }
+        } else if (copy.x < rows) {
+            batch.granules[c] = load_run_granule(src_a, run_a, copy.x, copy.y);
         } else if (copy.x < 2u * rows) {
-            regs[c] = load_run_granule(src_b, run_b, copy.x - rows, copy.y);
+            batch.granules[c] = load_run_granule(src_b, run_b, copy.x - rows, copy.y);
         }
     }
-    return regs;
+    return batch;
 }
 
 // Stores a chunk fetched by fetch_batch at staged row `at` on.
-fn store_batch(regs: StageBatch, at: u32, rows: u32, chunk: u32, li: u32) {
+fn store_batch(batch: StageBatch, at: u32, rows: u32, chunk: u32, li: u32) {
     // @unroll
     for (var c = 0u; c < STAGE_BATCH; c++) {
         let copy = staging_copy(chunk * STAGE_BATCH + c, li);
         if (copy.x < 2u * rows) {
-            tiles[(at + copy.x) * TILE_STRIDE + copy.y] = regs[c];
+            let kept = ((batch.kept >> c) & 1u) != 0u;
+            tiles[(at + copy.x) * TILE_STRIDE + copy.y] = select(vec4<f16>(0.0), batch.granules[c], kept);
         }
     }
 }
@@ -186,25 +235,52 @@ fn stage_chunks(rows: u32) -> u32 {
 // Stages `rows` rows of `src_a` and of `src_b` from row `first` at staged row `at` on, chunk by chunk.
 fn stage_pair(src_a: u32, src_b: u32, hd: Heads, first: u32, rows: u32, at: u32, li: u32) {
     for (var chunk = 0u; chunk < stage_chunks(rows); chunk++) {
-        store_batch(fetch_batch(src_a, src_b, hd, first, rows, chunk, li), at, rows, chunk, li);
+        store_batch(fetch_batch(src_a, src_b, hd, first, rows, chunk, li, false), at, rows, chunk, li);
     }
 }
 
-// LSE · log2 e of a query row; +1e30 for a row that sees no key (LSE = −∞), so that its P is 0.
-fn lse2_of(seq: Sequence, head: u32, row: u32) -> f32 {
-    let bits = lse[lse_index(seq, head, row)];
-    if (bits == LSE_EMPTY_BITS) {
-        return -NEG_BIG;
-    }
-    return bitcast<f32>(bits) * LOG2_E;
+// A query tile of a dK/dV kernel's work items (flash_bwd_common.wgsl's item_head, item_m0): the
+// query head and K/V head its rows are read for, and its first row.
+struct QueryTile {
+    hd: Heads,
+    m0: u32,
 }
 
-// LSE · log2 e (x) and D (y) of query row `row` of `head`; a row past the sequence sees no key.
+// Work item `it`'s query tile; past the last item, rows past the end of the sequence, which a
+// fetch a tile ahead (made unconditionally: StageBatch) loads nothing of.
+fn item_tile(seq: Sequence, kv_head: u32, it: u32, num_items: u32, first_tile: u32, tiles_per_head: u32) -> QueryTile {
+    if (it >= num_items) {
+        return QueryTile(Heads(seq, kv_head * params.group_size, kv_head), seq.seq_q);
+    }
+    return QueryTile(Heads(seq, item_head(kv_head, it, tiles_per_head), kv_head), item_m0(it, first_tile, tiles_per_head));
+}
+
+// A query tile's Q and dO rows, fetched a tile ahead (one batch holds them: the kernels' PREFETCH_QDO).
+fn fetch_query_tile(tile: QueryTile, li: u32) -> StageBatch {
+    return fetch_batch(SRC_Q, SRC_DO, tile.hd, tile.m0, BLOCK_M, 0u, li, true);
+}
+
+// A query row's LSE bits (x) and D's bits (y), loaded whether or not the row exists (row 0's
+// where it does not), so that the load can be issued a tile ahead (StageBatch says why).
+fn fetch_row_stats(seq: Sequence, head: u32, row: u32) -> vec2<u32> {
+    let at = select(0u, lse_index(seq, head, row), row < seq.seq_q);
+    return vec2<u32>(lse[at], bitcast<u32>(delta[at]));
+}
+
+// LSE · log2 e (x) and D (y) of a query row from fetch_row_stats; a row that does not exist sees
+// no key.
+fn row_stats_of(raw: vec2<u32>, exists: bool) -> vec2<f32> {
+    return select(vec2<f32>(-NEG_BIG, 0.0), vec2<f32>(lse2_of_bits(raw.x), bitcast<f32>(raw.y)), exists);
+}
+
+// LSE · log2 e (x) and D (y) of query row `row` of `head`, read at once; a row past the sequence
+// sees no key.
 fn query_row_stats(seq: Sequence, head: u32, row: u32) -> vec2<f32> {
     if (row >= seq.seq_q) {
         return vec2<f32>(-NEG_BIG, 0.0);
     }
-    return vec2<f32>(lse2_of(seq, head, row), delta[lse_index(seq, head, row)]);
+    let at = lse_index(seq, head, row);
+    return vec2<f32>(lse2_of_bits(lse[at]), delta[at]);
 }
 
 // Where block `i` (< PROB_BLOCKS) of subgroup `sg`'s f16 scratch starts.

@@ -93,12 +93,13 @@ fn flash_bwd_dkdv(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocatio
     // With PREFETCH_QDO the next query tile's Q and dO are loaded into registers before this
     // tile's products, so their latency is not waited for at a barrier.
     var next = StageBatch();
-    if (PREFETCH_QDO && num_items > 0u) {
-        next = fetch_batch(SRC_Q, SRC_DO, Heads(seq, item_head(kv_head, 0u, tiles_per_head), kv_head), item_m0(0u, first_tile, tiles_per_head), BLOCK_M, 0u, li);
+    if (PREFETCH_QDO) {
+        next = fetch_query_tile(item_tile(seq, kv_head, 0u, num_items, first_tile, tiles_per_head), li);
     }
     for (var it = 0u; it < num_items; it++) {
-        let hd = Heads(seq, item_head(kv_head, it, tiles_per_head), kv_head);
-        let m0 = item_m0(it, first_tile, tiles_per_head);
+        let tile = item_tile(seq, kv_head, it, num_items, first_tile, tiles_per_head);
+        let hd = tile.hd;
+        let m0 = tile.m0;
         // The previous tile's rows are no longer read (and, the first time, K and V are staged).
         workgroupBarrier();
         if (PREFETCH_QDO) {
@@ -110,9 +111,8 @@ fn flash_bwd_dkdv(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocatio
             row_stats[i] = query_row_stats(seq, hd.head, m0 + i);
         }
         workgroupBarrier();
-        if (PREFETCH_QDO && it + 1u < num_items) {
-            let hd_next = Heads(seq, item_head(kv_head, it + 1u, tiles_per_head), kv_head);
-            next = fetch_batch(SRC_Q, SRC_DO, hd_next, item_m0(it + 1u, first_tile, tiles_per_head), BLOCK_M, 0u, li);
+        if (PREFETCH_QDO) {
+            next = fetch_query_tile(item_tile(seq, kv_head, it + 1u, num_items, first_tile, tiles_per_head), li);
         }
         let needs_mask = m0 + BLOCK_M > seq.seq_q || key_tile_needs_mask(seq, m0, BLOCK_M, n0, BLOCK_N);
 

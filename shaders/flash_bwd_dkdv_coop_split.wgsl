@@ -39,8 +39,9 @@
 // batch by pointer, this kernel lost what the prefetch gains on the H200 (BENCHMARKS.md, session 24).
 //
 // Sizes (the plan's block_m and block_n; its query groups are 2, the two roles): BLOCK_M a multiple
-// of 32 (the exchange of Pᵀ is the shared f16 scratch, PROB_BLOCKS = M_BLOCKS / 2 per subgroup), K
-// and V staged through the query tile's rows min(BLOCK_M, BLOCK_N) at a time.
+// of 32 (the exchange of Pᵀ is the shared f16 scratch, PROB_BLOCKS = M_BLOCKS / 2 per subgroup)
+// and at most WORKGROUP_SIZE (one invocation per query row fetches its statistics), K and V staged
+// through the query tile's rows min(BLOCK_M, BLOCK_N) at a time.
 
 const KEY_BLOCKS: u32 = BLOCK_N / 16u;
 const SUBGROUPS: u32 = 2u * KEY_BLOCKS;
@@ -66,6 +67,12 @@ var<workgroup> row_stats: array<vec2<f32>, BLOCK_M>;
 
 @group(0) @binding(8) var<storage, read_write> dk: array<Granule>;
 @group(0) @binding(9) var<storage, read_write> dv: array<Granule>;
+
+// The query row whose statistics invocation `li` fetches for `tile`: none (a row past the
+// sequence's end) for the invocations past BLOCK_M.
+fn stats_row(tile: QueryTile, li: u32) -> u32 {
+    return select(tile.hd.seq.seq_q, tile.m0 + li, li < BLOCK_M);
+}
 
 // Where Pᵀ of key block `b` and query block `j` is exchanged.
 fn exchange_block(b: u32, j: u32) -> u32 {
@@ -122,13 +129,18 @@ fn flash_bwd_dkdv(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocatio
         acc[d] = coop_mat16x16<f32, C>();
     }
 
+    // The next tile's rows (PREFETCH_QDO) and the statistics of row li of it (every row has an
+    // invocation: the host keeps BLOCK_M ≤ WORKGROUP_SIZE), loaded during this tile's products.
+    let first = item_tile(seq, kv_head, 0u, num_items, first_tile, tiles_per_head);
     var next = StageBatch();
-    if (PREFETCH_QDO && num_items > 0u) {
-        next = fetch_batch(SRC_Q, SRC_DO, Heads(seq, item_head(kv_head, 0u, tiles_per_head), kv_head), item_m0(0u, first_tile, tiles_per_head), BLOCK_M, 0u, li);
+    if (PREFETCH_QDO) {
+        next = fetch_query_tile(first, li);
     }
+    var next_stats = fetch_row_stats(seq, first.hd.head, stats_row(first, li));
     for (var it = 0u; it < num_items; it++) {
-        let hd = Heads(seq, item_head(kv_head, it, tiles_per_head), kv_head);
-        let m0 = item_m0(it, first_tile, tiles_per_head);
+        let tile = item_tile(seq, kv_head, it, num_items, first_tile, tiles_per_head);
+        let hd = tile.hd;
+        let m0 = tile.m0;
         // The previous tile's rows and exchange are no longer read (the first time: K and V).
         workgroupBarrier();
         if (PREFETCH_QDO) {
@@ -136,14 +148,15 @@ fn flash_bwd_dkdv(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocatio
         } else {
             stage_pair(SRC_Q, SRC_DO, hd, m0, BLOCK_M, Q_ROW, li);
         }
-        for (var i = li; i < BLOCK_M; i += WORKGROUP_SIZE) {
-            row_stats[i] = query_row_stats(seq, hd.head, m0 + i);
+        if (li < BLOCK_M) {
+            row_stats[li] = row_stats_of(next_stats, m0 + li < seq.seq_q);
         }
         workgroupBarrier();
-        if (PREFETCH_QDO && it + 1u < num_items) {
-            let hd_next = Heads(seq, item_head(kv_head, it + 1u, tiles_per_head), kv_head);
-            next = fetch_batch(SRC_Q, SRC_DO, hd_next, item_m0(it + 1u, first_tile, tiles_per_head), BLOCK_M, 0u, li);
+        let ahead = item_tile(seq, kv_head, it + 1u, num_items, first_tile, tiles_per_head);
+        if (PREFETCH_QDO) {
+            next = fetch_query_tile(ahead, li);
         }
+        next_stats = fetch_row_stats(seq, ahead.hd.head, stats_row(ahead, li));
         let needs_mask = m0 + BLOCK_M > seq.seq_q || key_tile_needs_mask(seq, m0, BLOCK_M, n0, BLOCK_N);
 
         // ---- before the barrier: Sᵀ = K Qᵀ and Pᵀ (P), dPᵀ = V dOᵀ (dS), against every query block ----

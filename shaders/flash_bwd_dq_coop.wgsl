@@ -118,7 +118,7 @@ fn flash_bwd_dq(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_
     // products, so their latency is not waited for at a barrier.
     var next = StageBatch();
     if (PREFETCH_KV && first_kv_tile < num_kv_tiles) {
-        next = fetch_batch(SRC_K, SRC_V, hd, first_kv_tile * BLOCK_N, BLOCK_N, 0u, li);
+        next = fetch_batch(SRC_K, SRC_V, hd, first_kv_tile * BLOCK_N, BLOCK_N, 0u, li, true);
     }
     for (var t = first_kv_tile; t < num_kv_tiles; t++) {
         let n0 = t * BLOCK_N;
@@ -130,8 +130,11 @@ fn flash_bwd_dq(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_
             stage_pair(SRC_K, SRC_V, hd, n0, BLOCK_N, K_ROW, li);
         }
         workgroupBarrier();
-        if (PREFETCH_KV && t + 1u < num_kv_tiles) {
-            next = fetch_batch(SRC_K, SRC_V, hd, n0 + BLOCK_N, BLOCK_N, 0u, li);
+        if (PREFETCH_KV) {
+            // Fetched unconditionally (StageBatch says why): after the last tile, from the end of
+            // the sequence, which loads nothing.
+            let ahead = select(seq.seq_kv, n0 + BLOCK_N, t + 1u < num_kv_tiles);
+            next = fetch_batch(SRC_K, SRC_V, hd, ahead, BLOCK_N, 0u, li, true);
         }
         let needs_mask = key_tile_needs_mask(seq, m0, BLOCK_M, n0, BLOCK_N);
         // @unroll

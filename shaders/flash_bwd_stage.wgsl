@@ -333,14 +333,8 @@ fn accumulate_rows(acc: ptr<function, Output>, base: u32, col_first: u32, row0: 
     }
 }
 
-// The forward's log-sum-exp of query row `row` in base 2. A row that saw no key has LSE = −∞; it
-// gets a huge finite value instead, so that exp2(score − lse2) is exactly 0 and its gradients are
-// zeros rather than NaN (WGSL implementations need not honour infinities).
+// The forward's log-sum-exp of query row `row` in base 2 (lse2_of_bits).
 fn lse2_of(seq: Sequence, head: u32, row: u32) -> f32 {
-    let bits = lse[lse_index(seq, head, row)];
-    if (bits == LSE_EMPTY_BITS) {
-        return -NEG_BIG;
-    }
-    return bitcast<f32>(bits) * LOG2_E;
+    return lse2_of_bits(lse[lse_index(seq, head, row)]);
 }
 

@@ -440,10 +440,11 @@ impl GradKernel {
         }
         if self.splits_roles() {
             let (m, n) = (self.plan.block_m, self.plan.block_n);
-            if groups != 2 || !m.is_multiple_of(32) || !n.is_multiple_of(m.min(n)) {
+            if groups != 2 || !m.is_multiple_of(32) || m > self.plan.workgroup_size() || !n.is_multiple_of(m.min(n)) {
                 return Some(format!(
                     "tile plan {} does not suit the dK/dV kernel with its work split over two subgroups: \
-                     query groups 2, block_m a multiple of 32, block_n a multiple of min(block_m, block_n)",
+                     query groups 2, block_m a multiple of 32 and at most the workgroup's invocations, \
+                     block_n a multiple of min(block_m, block_n)",
                     self.plan.label()
                 ));
             }
@@ -1765,8 +1766,9 @@ mod tests {
             "{}",
             c.name()
         );
-        // A split plan's sizes must suit the roles: two query groups, 32-row query tiles.
-        for (m, n, g) in [(32, 64, 1), (16, 64, 2), (64, 96, 2)] {
+        // A split plan's sizes must suit the roles: two query groups, 32-row query tiles, no more
+        // query rows than invocations.
+        for (m, n, g) in [(32, 64, 1), (16, 64, 2), (64, 96, 2), (128, 16, 2)] {
             let k = GradKernel {
                 plan: coop_grad_plan(BackwardPass::DkDv, m, n, g),
                 ..c.dkdv
