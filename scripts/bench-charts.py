@@ -28,6 +28,7 @@ COOP_RUN = RESULTS / "2026-11-29/coop-run6"   # wgpu cooperative matrix, f16, he
 CUDA_RUN = RESULTS / "2026-11-29/cuda-run5"   # CUDA wgmma, bf16, head_dim 64/128/256
 F32_RUN = RESULTS / "2026-11-29/run3"         # wgpu register-tiled f32 and the naive kernel
 BACKWARD_RUN = RESULTS / "2026-11-29/run9"    # wgpu f32 backward
+COOP_BACKWARD_RUN = RESULTS / "2026-12-04/session26/call3"  # wgpu cooperative-matrix backward, f16
 HEAD_DIMS = (64, 128, 256)
 
 # --------------------------------------------------------------------------------------- reading
@@ -368,42 +369,51 @@ def ratio(ours, reference):
 
 
 def headline_rows():
-    """(path, dtype, head_dim, seq, causal, ours, FA2, cuDNN, run) at the key shapes: our best per
-    path, PyTorch from the same call. Figures at the precision the run's JSON lines hold them
-    (PyTorch's to one decimal; ours to one decimal), nothing typed."""
+    """(path, dtype, head_dim, seq, causal, ours, FA2, cuDNN, PyTorch's row, run) at the key shapes:
+    our best per path, PyTorch from the same call. Figures at the precision the run's JSON lines
+    hold them (PyTorch's to one decimal; ours to one decimal), nothing typed."""
     seq = 8192
     coop, coop_torch = wgpu_rows(COOP_RUN, "table_coop128.jsonl"), torch_rows(COOP_RUN)
     for causal in (False, True):
         key = (128, seq, causal)
         yield ("wgpu cooperative matrix", "f16", key, coop[key]["flash_tflops"],
-               coop_torch[key]["flash_fwd_tflops"], coop_torch[key]["cudnn_fwd_tflops"], COOP_RUN)
+               coop_torch[key]["flash_fwd_tflops"], coop_torch[key]["cudnn_fwd_tflops"], coop_torch[key], COOP_RUN)
     f32, f32_torch = wgpu_rows(F32_RUN, "table_main.jsonl"), torch_rows(F32_RUN)
     for causal in (False, True):
         key = (128, seq, causal)
         yield ("wgpu register-tiled", "f32", key, f32[key]["flash_tflops"],
-               f32_torch[key]["flash_fwd_tflops"], f32_torch[key]["cudnn_fwd_tflops"], F32_RUN)
+               f32_torch[key]["flash_fwd_tflops"], f32_torch[key]["cudnn_fwd_tflops"], f32_torch[key], F32_RUN)
     cuda, cuda_torch = cuda_rows(CUDA_RUN), torch_rows(CUDA_RUN)
     for head_dim in HEAD_DIMS:
         for causal in (False, True):
             key = (head_dim, seq, causal)
             yield ("CUDA wgmma", "bf16", key, cuda[key]["tflops"],
-                   cuda_torch[key]["flash_fwd_tflops"], cuda_torch[key]["cudnn_fwd_tflops"], CUDA_RUN)
+                   cuda_torch[key]["flash_fwd_tflops"], cuda_torch[key]["cudnn_fwd_tflops"], cuda_torch[key], CUDA_RUN)
     bwd = {(r["head_dim"], r["seq_q"], r["causal"]): r for r in read_jsonl(BACKWARD_RUN, "bwd.jsonl") if r["pass"]}
     bwd_torch = torch_rows(BACKWARD_RUN, "torch_bwd.jsonl")
     for causal in (False, True):
         key = (128, seq, causal)
         yield ("wgpu backward (dQ, dK, dV)", "f32", key, bwd[key]["backward_tflops"],
-               bwd_torch[key]["flash_bwd_tflops"], bwd_torch[key]["cudnn_bwd_tflops"], BACKWARD_RUN)
+               bwd_torch[key]["flash_bwd_tflops"], bwd_torch[key]["cudnn_bwd_tflops"], bwd_torch[key], BACKWARD_RUN)
+    coop_bwd = {(r["head_dim"], r["seq_q"], r["causal"]): r
+                for r in read_jsonl(COOP_BACKWARD_RUN, "bwd_coop.jsonl") if r["pass"]}
+    coop_bwd_torch = torch_rows(COOP_BACKWARD_RUN, "torch_bwd.jsonl")
+    for causal in (False, True):
+        key = (128, seq, causal)
+        yield ("wgpu cooperative-matrix backward", "f16", key, coop_bwd[key]["backward_tflops"],
+               coop_bwd_torch[key]["flash_bwd_tflops"], coop_bwd_torch[key]["cudnn_bwd_tflops"],
+               coop_bwd_torch[key], COOP_BACKWARD_RUN)
 
 
 def headline_table():
     lines = [
-        "| path | dtype | head_dim | seq | causal | ours (TFLOP/s) | PyTorch FA2 (bf16) | cuDNN (bf16) | ours / FA2 | ours / cuDNN | run |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "| path | dtype | head_dim | seq | causal | ours (TFLOP/s) | PyTorch dtype | PyTorch FA2 | cuDNN | ours / FA2 | ours / cuDNN | run |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
-    for path, dtype, (head_dim, seq, causal), ours, fa2, cudnn, run in headline_rows():
+    for path, dtype, (head_dim, seq, causal), ours, fa2, cudnn, torch, run in headline_rows():
         lines.append(
-            f"| {path} | {dtype} | {head_dim} | {seq} | {'yes' if causal else 'no'} | **{ours:.1f}** | {fa2} | {cudnn} "
+            f"| {path} | {dtype} | {head_dim} | {seq} | {'yes' if causal else 'no'} | **{ours:.1f}** "
+            f"| {torch.get('dtype', 'bf16')} | {fa2} | {cudnn} "
             f"| {ratio(ours, fa2)} | {ratio(ours, cudnn)} | [{run.name}]({run.as_posix()}/) |"
         )
     return "\n".join(lines) + "\n"
