@@ -162,7 +162,7 @@ struct SequenceKeys<'a> {
 
 /// Query head `h`'s ALiBi slope (0 without ALiBi) and sink logit, from the problem and the
 /// call's validated tensors (src/problem/head_terms.rs).
-fn head_terms(problem: &AttentionProblem, index: &BatchIndex<'_>, h: usize) -> (f64, Option<f64>) {
+pub(crate) fn head_terms(problem: &AttentionProblem, index: &BatchIndex<'_>, h: usize) -> (f64, Option<f64>) {
     let slope = match problem.alibi {
         None => 0.0,
         Some(Alibi::Geometric) => Alibi::geometric_slope(h, problem.shape.num_heads),

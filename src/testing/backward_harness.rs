@@ -450,6 +450,7 @@ impl<T: Element> BackwardWorkload<T> {
             let mut dk = vec![0.0; s.head_dim];
             let mut dv = vec![0.0; s.head_dim];
             for h in g * f.group_size()..(g + 1) * f.group_size() {
+                let (alibi_slope, _) = reference::head_terms(f, &index, h);
                 for i in 0..s.seq_q {
                     if !f.visible_keys(i, s.seq_q, s.seq_kv).contains(&j) {
                         continue;
@@ -468,11 +469,14 @@ impl<T: Element> BackwardWorkload<T> {
                         None => (x, 1.0),
                     };
                     let bias = crate::problem::score_bias::bias_at(f, index.bias, b, h, i, j);
+                    // ALiBi's term at the query's position (aligned to the end of the keys).
+                    let position = i as f64 + s.seq_kv as f64 - s.seq_q as f64;
+                    let alibi = -alibi_slope * (position - j as f64).abs();
                     // A key the bias hides has P = 0 (its row's LSE may be −∞ too).
                     let pij = if bias == f64::NEG_INFINITY {
                         0.0
                     } else {
-                        (y + bias - l).exp()
+                        (y + alibi + bias - l).exp()
                     };
                     // Dropout's factor of this probability (0 dropped, 1/(1 − p) kept).
                     let z = f
