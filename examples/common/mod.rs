@@ -17,11 +17,16 @@ pub struct ProblemArgs {
     pub dtype: DType,
     pub causal: bool,
     pub layout: Layout,
+    /// A soft-cap on the logits (`--softcap CAP`).
+    pub softcap: Option<f32>,
+    /// ALiBi's bias with the geometric slopes of the head count (`--alibi`).
+    pub alibi: bool,
 }
 
 /// The lines of `--help` that describe [`ProblemArgs`].
 pub const PROBLEM_FLAGS_HELP: &str = "--batch [1] --heads [8] --kv-heads [=heads] --seq [2048] (--seq-q, --seq-kv to \
-differ) --head-dim [64] --dtype f32|f16|bf16 [f32] --causal --layout bshd|bhsd [bshd]";
+differ) --head-dim [64] --dtype f32|f16|bf16 [f32] --causal --layout bshd|bhsd [bshd] --softcap CAP --alibi \
+(geometric slopes)";
 
 impl Default for ProblemArgs {
     fn default() -> Self {
@@ -35,6 +40,8 @@ impl Default for ProblemArgs {
             dtype: DType::F32,
             causal: false,
             layout: Layout::Bshd,
+            softcap: None,
+            alibi: false,
         }
     }
 }
@@ -61,6 +68,11 @@ impl ProblemArgs {
                     .ok_or(format!("unknown dtype {v}"))?
             }
             "--causal" => self.causal = true,
+            "--softcap" => {
+                let v = value()?;
+                self.softcap = Some(v.parse::<f32>().map_err(|e| format!("--softcap {v}: {e}"))?)
+            }
+            "--alibi" => self.alibi = true,
             "--layout" => {
                 self.layout = match value()?.as_str() {
                     "bshd" => Layout::Bshd,
@@ -82,9 +94,16 @@ impl ProblemArgs {
             num_kv_heads: self.kv_heads.unwrap_or(self.heads),
             head_dim: self.head_dim,
         };
-        AttentionProblem::new(shape, self.dtype)
+        let mut problem = AttentionProblem::new(shape, self.dtype)
             .with_causal(self.causal)
-            .with_layout(self.layout)
+            .with_layout(self.layout);
+        if let Some(cap) = self.softcap {
+            problem = problem.with_softcap(cap);
+        }
+        if self.alibi {
+            problem = problem.with_geometric_alibi();
+        }
+        problem
     }
 
     /// `batch 2, heads 16/16 (q/kv), seq 8192×8192, head_dim 128, f32, causal, Bshd`.
@@ -92,7 +111,7 @@ impl ProblemArgs {
         let p = self.problem();
         let s = p.shape;
         format!(
-            "batch {}, heads {}/{} (q/kv), seq {}×{}, head_dim {}, {}, {}, {:?}",
+            "batch {}, heads {}/{} (q/kv), seq {}×{}, head_dim {}, {}, {}, {:?}{}{}",
             s.batch,
             s.num_heads,
             s.num_kv_heads,
@@ -102,6 +121,8 @@ impl ProblemArgs {
             p.dtype.name(),
             if p.causal { "causal" } else { "non-causal" },
             self.layout,
+            self.softcap.map_or(String::new(), |cap| format!(", soft-cap {cap}")),
+            if self.alibi { ", ALiBi" } else { "" },
         )
     }
 }
