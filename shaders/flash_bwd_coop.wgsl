@@ -23,6 +23,11 @@
 //   stored column-major), so the step is the same code: invocation `lane` owns row lane / 2, keys
 //   8 · (lane % 2) .. + 8.
 //
+// A soft-cap (SOFTCAP) and ALiBi's bias (ALIBI, its slopes from the head count: a slopes tensor takes
+// the tiled kernels) are compiled in, as in the forward, so that the plain kernels carry neither:
+// P's exponent is the forward's logit (logits), and dS = P ∘ (dP − D) is multiplied by the cap's
+// slope 1 − tanh², the logit's derivative in the scaled score.
+//
 // Why f16 for P and dS: they are the A operands of the f16 products (FlashAttention-2 rounds them
 // to the input type too); P ≤ 1, and |dS| ≤ |dP| + |D| ≤ 2 · |dO row| · (largest |V row|), within
 // f16's range unless those rows are huge, and where it is not, the gradients come out non-finite,
@@ -283,6 +288,41 @@ fn query_row_stats(seq: Sequence, head: u32, row: u32) -> vec2<f32> {
     return vec2<f32>(lse2_of_bits(lse[at]), delta[at]);
 }
 
+// ALiBi's slope · log2 e of query head `head` (0 without ALIBI), for logits: worked out once per
+// head, not per score.
+fn alibi_slope2(head: u32) -> f32 {
+    if (ALIBI) {
+        return alibi_slope(head) * LOG2_E;
+    }
+    return 0.0;
+}
+
+// The base-2 logits of four raw scores `s` of query rows `queries` against keys `keys` (both
+// sequence-relative), as the forward formed them (x): the scale, the soft-cap (SOFTCAP; tanh as
+// the forward's CapForm, with tanh's series near 0 under CAP_SERIES) and ALiBi's bias at the
+// head's `alibi2` (alibi_slope2); and the cap's slope 1 − tanh² at each (y), the logit's
+// derivative in the scaled score (1 without a cap).
+fn logits(s: vec4<f32>, alibi2: f32, seq: Sequence, queries: vec4<u32>, keys: vec4<u32>) -> array<vec4<f32>, 2> {
+    var x = s * params.scale;
+    var slope = vec4<f32>(1.0);
+    if (SOFTCAP) {
+        let y = x * (1.0 / params.softcap); // a uniform reciprocal
+        if (CAP_SERIES) {
+            x = cap_times_tanh(x, y, params.softcap);
+            let t = x * (1.0 / params.softcap);
+            slope = 1.0 - t * t;
+        } else {
+            let t = tanh_by_exp2(y);
+            x = params.softcap * t;
+            slope = 1.0 - t * t;
+        }
+    }
+    if (ALIBI) {
+        x += alibi_bias_at(alibi2, vec4<i32>(queries) + vec4<i32>(seq.causal_offset), keys);
+    }
+    return array<vec4<f32>, 2>(x, slope);
+}
+
 // Where block `i` (< PROB_BLOCKS) of subgroup `sg`'s f16 scratch starts.
 fn prob_block(sg: u32, i: u32) -> u32 {
     return (sg * PROB_BLOCKS + i) * PROB_BLOCK;
@@ -290,10 +330,10 @@ fn prob_block(sg: u32, i: u32) -> u32 {
 
 // P and dS of one 16 × 16 block of scores: `s` = S (or Sᵀ with SCORES_TRANSPOSED) and `dp` = dP
 // likewise, unscaled, straight from the products; `query` is this invocation's row of the block
-// (sequence-relative), `key0` the block's first key, `lse2` and `d` the row's statistics. Writes P
-// (with PROB_BLOCKS = 2) and dS, f16, [query][key], into the subgroup's scratch blocks 0 (and 1).
-// Masked keys, keys past the sequence and rows past it get P = dS = 0.
-fn block_gradient(sg: u32, lane: u32, s: coop_mat16x16<f32, C>, dp: coop_mat16x16<f32, C>, query: u32, key0: u32, lse2: f32, d: f32, needs_mask: bool, seq: Sequence) {
+// (sequence-relative), `alibi2` its head's alibi_slope2, `key0` the block's first key, `lse2` and `d`
+// the row's statistics. Writes P (with PROB_BLOCKS = 2) and dS, f16, [query][key], into the subgroup's
+// scratch blocks 0 (and 1). Masked keys, keys past the sequence and rows past it get P = dS = 0.
+fn block_gradient(sg: u32, lane: u32, s: coop_mat16x16<f32, C>, dp: coop_mat16x16<f32, C>, alibi2: f32, query: u32, key0: u32, lse2: f32, d: f32, needs_mask: bool, seq: Sequence) {
     let at = sg * SCORE_BLOCK;
     let half = lane % 2u;
     let mine = at + (lane / 2u) * SCORE_STRIDE + 2u * half;
@@ -308,13 +348,14 @@ fn block_gradient(sg: u32, lane: u32, s: coop_mat16x16<f32, C>, dp: coop_mat16x1
     let out = prob_block(sg, 0u) + (lane / 2u) * PROB_STRIDE + 2u * half;
     let keys_seen = visible_keys(seq, query);
     for (var c = 0u; c < 2u; c++) {
-        var p = exp2(s_mine[c] * params.scale - lse2);
+        let keys = vec4<u32>(key0 + 8u * half + 4u * c) + vec4<u32>(0u, 1u, 2u, 3u);
+        let logit = logits(s_mine[c], alibi2, seq, vec4<u32>(query), keys);
+        var p = exp2(logit[0] - lse2);
         if (needs_mask) {
-            let keys = vec4<u32>(key0 + 8u * half + 4u * c) + vec4<u32>(0u, 1u, 2u, 3u);
             let shown = (keys >= vec4<u32>(keys_seen.x)) & (keys < vec4<u32>(keys_seen.y)) & vec4<bool>(query < seq.seq_q);
             p = select(vec4<f32>(0.0), p, shown);
         }
-        let ds = p * (dp_mine[c] - d);
+        let ds = p * (dp_mine[c] - d) * logit[1];
         if (PROB_BLOCKS == 2u) {
             prob_scratch[out + c] = vec4<f16>(p);
             prob_scratch[out + PROB_BLOCK + c] = vec4<f16>(ds);
@@ -384,32 +425,47 @@ fn component_key(positions: BlockPositions, i: u32) -> u32 {
 }
 
 // P of a block on this invocation's own components of the score accumulator `s` (S, or Sᵀ with
-// SCORES_TRANSPOSED, unscaled): `query0` and `key0` are the block's first query row and key
-// (sequence-relative), `lse2` each component's query row's LSE · log2 e. The arithmetic of
-// block_gradient; masked keys, keys past the sequence and rows past it get P = 0.
-fn probs_in_registers(s: coop_mat16x16<f32, C>, positions: BlockPositions, query0: u32, key0: u32, lse2: array<f32, COOP_COMPONENTS>, needs_mask: bool, seq: Sequence) -> array<f32, COOP_COMPONENTS> {
-    var p = coop_elements_c(s);
-    // @unroll
-    for (var i = 0u; i < COOP_COMPONENTS; i++) {
-        p[i] = exp2(p[i] * params.scale - lse2[i]);
-        if (needs_mask) {
-            let query = query0 + component_query(positions, i);
-            let key = key0 + component_key(positions, i);
-            let keys_seen = visible_keys(seq, query);
-            p[i] = select(0.0, p[i], (key >= keys_seen.x) & (key < keys_seen.y) & (query < seq.seq_q));
-        }
-    }
-    return p;
+// SCORES_TRANSPOSED, unscaled), and the soft-cap's slope at each (all 1 without a cap): `query0`
+// and `key0` are the block's first query row and key (sequence-relative), `alibi2` its head's
+// alibi_slope2, `lse2` each component's query row's LSE · log2 e. The arithmetic of block_gradient; masked keys,
+// keys past the sequence and rows past it get P = 0.
+struct BlockProbs {
+    p: array<f32, COOP_COMPONENTS>,
+    slope: array<f32, COOP_COMPONENTS>,
 }
 
-// dS = P ∘ (dP − D) of a block as the next product's A operand (f16), from P on this invocation's
-// components, the dP accumulator and each component's query row's D.
-fn gradient_operand(p: array<f32, COOP_COMPONENTS>, dp: coop_mat16x16<f32, C>, d: array<f32, COOP_COMPONENTS>) -> coop_mat16x16<f16, A> {
+fn probs_in_registers(s: coop_mat16x16<f32, C>, positions: BlockPositions, alibi2: f32, query0: u32, key0: u32, lse2: array<f32, COOP_COMPONENTS>, needs_mask: bool, seq: Sequence) -> BlockProbs {
+    let raw = coop_elements_c(s);
+    var probs = BlockProbs();
+    // @unroll
+    for (var i = 0u; i < COOP_COMPONENTS; i++) {
+        // A component's query and key only where something reads them (the plain kernel's
+        // unmasked blocks do not).
+        var query = 0u;
+        var key = 0u;
+        if (ALIBI | needs_mask) {
+            query = query0 + component_query(positions, i);
+            key = key0 + component_key(positions, i);
+        }
+        let logit = logits(vec4<f32>(raw[i]), alibi2, seq, vec4<u32>(query), vec4<u32>(key));
+        probs.p[i] = exp2(logit[0].x - lse2[i]);
+        probs.slope[i] = logit[1].x;
+        if (needs_mask) {
+            let keys_seen = visible_keys(seq, query);
+            probs.p[i] = select(0.0, probs.p[i], (key >= keys_seen.x) & (key < keys_seen.y) & (query < seq.seq_q));
+        }
+    }
+    return probs;
+}
+
+// dS = P ∘ (dP − D) ∘ slope of a block as the next product's A operand (f16), from P and the cap's
+// slope on this invocation's components, the dP accumulator and each component's query row's D.
+fn gradient_operand(probs: BlockProbs, dp: coop_mat16x16<f32, C>, d: array<f32, COOP_COMPONENTS>) -> coop_mat16x16<f16, A> {
     let dp_x = coop_elements_c(dp);
     var ds = array<f16, COOP_COMPONENTS>();
     // @unroll
     for (var i = 0u; i < COOP_COMPONENTS; i++) {
-        ds[i] = f16(p[i] * (dp_x[i] - d[i]));
+        ds[i] = f16(probs.p[i] * (dp_x[i] - d[i]) * probs.slope[i]);
     }
     return coop_from_elements_a(ds);
 }

@@ -115,6 +115,7 @@ fn flash_bwd_dkdv(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocatio
             next = fetch_query_tile(item_tile(seq, kv_head, it + 1u, num_items, first_tile, tiles_per_head), li);
         }
         let needs_mask = m0 + BLOCK_M > seq.seq_q || key_tile_needs_mask(seq, m0, BLOCK_M, n0, BLOCK_N);
+        let alibi2 = alibi_slope2(hd.head);
 
         // ---- Sᵀ = K Qᵀ and dPᵀ = V dOᵀ of the subgroup's keys against its query blocks ----
         var s_frag = array<coop_mat16x16<f32, C>, J_BLOCKS>();
@@ -140,7 +141,7 @@ fn flash_bwd_dkdv(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocatio
             let j = group + QUERY_GROUPS * jj;
             let row = 16u * j + lane / 2u;
             let stats = row_stats[row];
-            block_gradient(sg, lane, s_frag[jj], dp_frag[jj], m0 + row, n0 + my_keys, stats.x, stats.y, needs_mask, seq);
+            block_gradient(sg, lane, s_frag[jj], dp_frag[jj], alibi2, m0 + row, n0 + my_keys, stats.x, stats.y, needs_mask, seq);
             // The blocks are [query][key]: read column-major they are Pᵀ and dSᵀ.
             let p_frag = coopLoad<coop_mat16x16<f16, A>>(&prob_scratch[prob_block(sg, 0u)], PROB_STRIDE);
             let ds_frag = coopLoad<coop_mat16x16<f16, A>>(&prob_scratch[prob_block(sg, 1u)], PROB_STRIDE);

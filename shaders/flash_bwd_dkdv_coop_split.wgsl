@@ -18,8 +18,9 @@
 // What a subgroup owns: 16 of the keys and one of two roles, for the whole kernel.
 // * The P subgroup of key block b (subgroup b) holds K of its keys as HEAD_DIM_PAD / 16 A
 //   fragments and their dV as as many f32 accumulators. Per query tile it forms Sᵀ against each
-//   block of 16 queries, Pᵀ on the accumulators' registers (masked there), stores Pᵀ (f16) for its
-//   partner, and after the tile's barrier adds Pᵀ dO to dV.
+//   block of 16 queries, Pᵀ on the accumulators' registers (masked there), stores Pᵀ (f16; with a
+//   soft-cap, Pᵀ times the cap's slope) for its partner, and after the tile's barrier adds Pᵀ dO
+//   to dV.
 // * The dS subgroup of key block b (subgroup KEY_BLOCKS + b) holds V as A fragments and dK as
 //   accumulators. Per query tile it forms dPᵀ, and after the barrier loads its partner's Pᵀ as an A
 //   operand, reads its components (laid out like the accumulator's, which the layout check
@@ -158,6 +159,7 @@ fn flash_bwd_dkdv(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocatio
         }
         next_stats = fetch_row_stats(seq, ahead.hd.head, stats_row(ahead, li));
         let needs_mask = m0 + BLOCK_M > seq.seq_q || key_tile_needs_mask(seq, m0, BLOCK_M, n0, BLOCK_N);
+        let alibi2 = alibi_slope2(hd.head);
 
         // ---- before the barrier: Sᵀ = K Qᵀ and Pᵀ (P), dPᵀ = V dOᵀ (dS), against every query block ----
         var scores = array<coop_mat16x16<f32, C>, M_BLOCKS>();
@@ -180,8 +182,19 @@ fn flash_bwd_dkdv(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocatio
                 for (var i = 0u; i < COOP_COMPONENTS; i++) {
                     lse2[i] = row_stats[16u * j + component_query(positions, i)].x;
                 }
-                probs[j] = operand_of(probs_in_registers(scores[j], positions, m0 + 16u * j, n0 + my_keys, lse2, needs_mask, seq));
-                coopStoreT(probs[j], &prob_scratch[exchange_block(block, j)], PROB_STRIDE);
+                let block_probs = probs_in_registers(scores[j], positions, alibi2, m0 + 16u * j, n0 + my_keys, lse2, needs_mask, seq);
+                probs[j] = operand_of(block_probs.p);
+                // The partner's dSᵀ needs Pᵀ times the soft-cap's slope: that is what it gets.
+                var exchanged = probs[j];
+                if (SOFTCAP) {
+                    var p_slope = array<f32, COOP_COMPONENTS>();
+                    // @unroll
+                    for (var i = 0u; i < COOP_COMPONENTS; i++) {
+                        p_slope[i] = block_probs.p[i] * block_probs.slope[i];
+                    }
+                    exchanged = operand_of(p_slope);
+                }
+                coopStoreT(exchanged, &prob_scratch[exchange_block(block, j)], PROB_STRIDE);
             }
         }
         // Pᵀ is in the exchange.
@@ -192,14 +205,16 @@ fn flash_bwd_dkdv(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocatio
             // @unroll
             for (var j = 0u; j < M_BLOCKS; j++) {
                 let p_h = coop_elements_a(coopLoadT<coop_mat16x16<f16, A>>(&prob_scratch[exchange_block(block, j)], PROB_STRIDE));
-                var p = array<f32, COOP_COMPONENTS>();
+                // The exchanged Pᵀ already carries the soft-cap's slope.
+                var exchanged = BlockProbs();
                 var d = array<f32, COOP_COMPONENTS>();
                 // @unroll
                 for (var i = 0u; i < COOP_COMPONENTS; i++) {
-                    p[i] = f32(p_h[i]);
+                    exchanged.p[i] = f32(p_h[i]);
+                    exchanged.slope[i] = 1.0;
                     d[i] = row_stats[16u * j + component_query(positions, i)].y;
                 }
-                probs[j] = gradient_operand(p, scores[j], d);
+                probs[j] = gradient_operand(exchanged, scores[j], d);
             }
         }
         let out_row = select(Q_ROW, DO_ROW, p_role);

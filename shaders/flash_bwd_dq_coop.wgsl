@@ -76,6 +76,7 @@ fn flash_bwd_dq(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_
             }
         }
     }
+    let alibi2 = alibi_slope2(head);
     // This invocation's row of its subgroup's blocks; rows past the end get a P of 0.
     let row = m0 + 16u * sg + lane / 2u;
     let own_stats = query_row_stats(seq, head, row);
@@ -153,10 +154,10 @@ fn flash_bwd_dq(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_
             // ---- dS, then dQ += dS K ----
             var ds_frag = coop_mat16x16<f16, A>();
             if (REGISTER_GRADIENT) {
-                let p = probs_in_registers(s, positions, m0 + 16u * sg, n0 + 16u * j, lse2_of_component, needs_mask, seq);
-                ds_frag = gradient_operand(p, dp, d_of_component);
+                let probs = probs_in_registers(s, positions, alibi2, m0 + 16u * sg, n0 + 16u * j, lse2_of_component, needs_mask, seq);
+                ds_frag = gradient_operand(probs, dp, d_of_component);
             } else {
-                block_gradient(sg, lane, s, dp, row, n0 + 16u * j, lse2, d_row, needs_mask, seq);
+                block_gradient(sg, lane, s, dp, alibi2, row, n0 + 16u * j, lse2, d_row, needs_mask, seq);
                 ds_frag = coopLoadT<coop_mat16x16<f16, A>>(&prob_scratch[prob_block(sg, 0u)], PROB_STRIDE);
             }
             // @unroll

@@ -1,5 +1,5 @@
 // head_terms.wgsl — ALiBi's position bias and attention sinks (src/problem/head_terms.rs), for
-// the kernels that implement them (the tiled forward and the backward's gradient kernels). The
+// the kernels that implement them (the forward kernels, the backward's gradient kernels). The
 // slopes' mode (params.alibi) and the sinks (params.sinks) are run-time values; where a slope or
 // a sink comes from a tensor, the kernel is built with head_terms_bound.wgsl, which binds them,
 // else with head_terms_unbound.wgsl. Both define alibi_slope(h) and sink_log2(h).
@@ -18,8 +18,13 @@ fn geometric_slope(h: u32) -> f32 {
 // query at key position `position` (its row plus the sequence's causal offset) against key
 // columns `cols`, −slope · |position − col| · log2 e. Exact in f32 for positions below 2^24.
 fn alibi_bias(h: u32, position: i32, cols: vec4<u32>) -> vec4<f32> {
-    let slope = alibi_slope(h) * LOG2_E;
-    return -slope * abs(vec4<f32>(f32(position)) - vec4<f32>(cols));
+    return alibi_bias_at(alibi_slope(h) * LOG2_E, vec4<i32>(position), cols);
+}
+
+// alibi_bias at a head's slope · log2 e `slope2` (worked out once per head) for four queries at
+// key positions `positions` against keys `cols`, pair by pair.
+fn alibi_bias_at(slope2: f32, positions: vec4<i32>, cols: vec4<u32>) -> vec4<f32> {
+    return -slope2 * abs(vec4<f32>(positions) - vec4<f32>(cols));
 }
 
 // Whether the scores need alibi_bias at all (uniform: a branch the plain problem skips).

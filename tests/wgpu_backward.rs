@@ -138,7 +138,8 @@ fn every_tile_plan_the_device_fits_matches_the_reference() {
 /// on the shape table up to head_dim 128 (causal and not), with the element-wise step through
 /// workgroup memory and (where the device's fragment layout allows it) in registers; then, with
 /// the shipped plans selection picks, seeded random problems — ragged lengths, GQA/MQA, sliding
-/// windows, scales, both routes in turn — f16, gradients poisoned, against float64.
+/// windows, scales, soft-caps, ALiBi, both routes in turn — f16, gradients poisoned, against
+/// float64.
 #[test]
 fn cooperative_matrix_backward_matches_the_reference() {
     let Some(ctx) = gpu() else { return };
@@ -201,7 +202,7 @@ fn cooperative_matrix_backward_matches_the_reference() {
         assert!(ran > 0, "plan {block_m}x{block_n}x{groups} ran on no shape");
     }
     let mut rng = Rng::new(0xc00b);
-    for case in 0..40 {
+    for case in 0..60 {
         let kv_heads = 1 + below(&mut rng, 3);
         let heads = kv_heads * [1, 2, 4][below(&mut rng, 3)];
         let head_dim = [16, 24, 40, 64, 72, 96, 128][below(&mut rng, 7)];
@@ -213,6 +214,14 @@ fn cooperative_matrix_backward_matches_the_reference() {
         if below(&mut rng, 3) == 0 {
             let side = |rng: &mut Rng| [None, Some(0), Some(7), Some(64)][below(rng, 4)];
             problem = problem.with_window(side(&mut rng), side(&mut rng));
+        }
+        // The terms compiled into the kernels: a soft-cap (below, near and far above the scores)
+        // and ALiBi's geometric slopes, alone and together.
+        if below(&mut rng, 3) == 0 {
+            problem = problem.with_softcap([2.0, 30.0, 100.0][below(&mut rng, 3)]);
+        }
+        if below(&mut rng, 3) == 0 {
+            problem = problem.with_geometric_alibi();
         }
         let problem: BackwardProblem = problem.into();
         let choice = BackwardChoice {

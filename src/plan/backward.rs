@@ -24,7 +24,7 @@ use crate::plan::tiled::tiled_device_fit_reason;
 use crate::plan::{missing_features, MaskBinding, Reduction, SequenceIndex, TilePlan, TileType, Variant};
 use crate::problem::backward::BackwardProblem;
 use crate::problem::features::{Feature, FeatureSet};
-use crate::problem::DType;
+use crate::problem::{CapForm, DType};
 use crate::util::sat_u32;
 
 /// The kernels of a backward call.
@@ -264,6 +264,13 @@ pub struct GradKernel {
     pub writes_d_bias: bool,
     /// Whether it regenerates the forward's dropout mask (shaders/dropout.wgsl).
     pub dropout: bool,
+    /// With `coop`: the soft-cap's form, when one is compiled in, as the cooperative-matrix
+    /// forward compiles it (shaders/flash_bwd_coop.wgsl's `logits`). The tiled kernels read the
+    /// soft-cap and ALiBi at run time and keep this `None` and `alibi` `false`.
+    pub softcap: Option<CapForm>,
+    /// With `coop`: whether ALiBi's bias is compiled in (its geometric slopes; a slopes tensor
+    /// takes the tiled kernels).
+    pub alibi: bool,
     /// Whether its products run on cooperative matrices (tensor cores;
     /// shaders/flash_bwd_{dkdv|dq}_coop.wgsl): f16 data, a subgroup of 32 per 16 rows it owns, the
     /// plan's `block_m` and `block_n` its tile (`coop_grad_plan`), none of the variants that
@@ -299,6 +306,8 @@ impl GradKernel {
             mask: MaskBinding::default(),
             writes_d_bias: false,
             dropout: false,
+            softcap: None,
+            alibi: false,
             coop: false,
             register_layout: None,
         }
@@ -310,7 +319,7 @@ impl GradKernel {
         if self.coop {
             let groups = coop_query_groups(self.pass, &self.plan);
             return format!(
-                "{}_coop_{}_bm{}_bn{}{}_d{}{}{}",
+                "{}_coop_{}_bm{}_bn{}{}_d{}{}{}{}{}",
                 self.pass.entry_point(),
                 self.storage.name(),
                 self.plan.block_m,
@@ -322,6 +331,8 @@ impl GradKernel {
                 },
                 self.head_dim_pad,
                 self.sequences.name_suffix(),
+                self.softcap.map_or("", CapForm::name_suffix),
+                if self.alibi { "_alibi" } else { "" },
                 self.register_layout.map_or(String::new(), |l| format!("_{}", l.tag()))
             );
         }
@@ -392,6 +403,9 @@ impl GradKernel {
         }
         if self.register_layout.is_some() {
             return Some("only the cooperative-matrix kernels take the element-wise step in registers".into());
+        }
+        if self.softcap.is_some() || self.alibi {
+            return Some("the tiled kernels read the soft-cap and ALiBi at run time; only the cooperative-matrix kernels compile them in".into());
         }
         if self.pass == BackwardPass::Preprocess || !self.plan.is_well_formed_for(self.pass) {
             return Some(format!(
@@ -645,6 +659,8 @@ pub const COOP_BACKWARD_FEATURES: FeatureSet = FeatureSet::of(&[
     Feature::ArbitraryScale,
     Feature::Varlen,
     Feature::SlidingWindow,
+    Feature::SoftCap,
+    Feature::Alibi,
     Feature::Sinks,
 ]);
 
@@ -1058,6 +1074,8 @@ fn select_tiled_backward(problem: &BackwardProblem, caps: &Caps, choice: &Backwa
                     mask: MaskBinding::of(&problem.forward),
                     writes_d_bias: pass == BackwardPass::Dq && dq_writes_d_bias,
                     dropout: problem.forward.active_dropout().is_some(),
+                    softcap: None,
+                    alibi: false,
                     coop: false,
                     register_layout: None,
                 };
@@ -1171,6 +1189,9 @@ fn select_coop_backward(problem: &BackwardProblem, caps: &Caps, choice: &Backwar
             };
             kernels.extend(plans.into_iter().map(|plan| GradKernel {
                 sequences,
+                head_tensors: problem.forward.has_alibi_tensor(),
+                softcap: problem.forward.cap_form(),
+                alibi: problem.forward.alibi.is_some(),
                 coop: true,
                 register_layout,
                 ..GradKernel::plain(pass, storage, variant.tile, plan, head_dim_pad)
@@ -1313,11 +1334,27 @@ pub fn all_backward_kernels() -> Vec<BackwardKernel> {
         for head_dim_pad in (16..=COOP_GRAD_MAX_HEAD_DIM).step_by(16) {
             for register_layout in [None, Some(RegisterLayout::nvidia_h200())] {
                 for plan in coop_grad_plans(pass, head_dim_pad, register_layout.is_some()) {
-                    kernels.push(BackwardKernel::Grad(GradKernel {
+                    let plain = GradKernel {
                         coop: true,
                         register_layout,
                         ..GradKernel::plain(pass, DType::F16, TileType::F16, plan, head_dim_pad)
-                    }));
+                    };
+                    kernels.push(BackwardKernel::Grad(plain));
+                    // The soft-cap and ALiBi, alone and together, at the head_dims models use.
+                    if head_dim_pad == 64 || head_dim_pad == 128 {
+                        for (softcap, alibi) in [
+                            (Some(CapForm::Tanh), false),
+                            (Some(CapForm::Series), false),
+                            (None, true),
+                            (Some(CapForm::Tanh), true),
+                        ] {
+                            kernels.push(BackwardKernel::Grad(GradKernel {
+                                softcap,
+                                alibi,
+                                ..plain
+                            }));
+                        }
+                    }
                 }
             }
         }
@@ -1851,11 +1888,11 @@ mod tests {
 
         // Problems it does not implement, other data, other devices: the tiled kernels
         // automatically, an error naming the reason when forced.
-        let capped: BackwardProblem = AttentionProblem::mha(1, 100, 2, 128, DType::F16)
-            .with_softcap(30.0)
+        let slopes_tensor: BackwardProblem = AttentionProblem::mha(1, 100, 2, 128, DType::F16)
+            .with_alibi_slopes()
             .into();
         for (p, caps, why) in [
-            (capped, h200(), "soft-cap"),
+            (slopes_tensor, h200(), "ALiBi"),
             (problem(128, DType::BF16), h200(), "f16"),
             (problem(256, DType::F16), h200(), "head_dim 256"),
             (f16, lavapipe(), "cooperative"),
@@ -1866,6 +1903,38 @@ mod tests {
             assert!(matches!(err, Error::Unavailable { .. }), "{err}");
             assert!(err.to_string().contains(why), "{why}: {err}");
         }
+        // The soft-cap and ALiBi's geometric slopes are compiled into the matrix kernels, each
+        // with its own pipeline; the tiled kernels never carry them.
+        for (softcap, alibi, suffix) in [
+            (true, false, "_cap_"),
+            (false, true, "_alibi_"),
+            (true, true, "_cap_alibi_"),
+        ] {
+            let mut forward = AttentionProblem::mha(1, 100, 2, 128, DType::F16);
+            if softcap {
+                forward = forward.with_softcap(30.0);
+            }
+            if alibi {
+                forward = forward.with_geometric_alibi();
+            }
+            let c = auto(&forward.into(), &h200());
+            let cap = softcap.then_some(CapForm::Tanh);
+            assert!(c.dkdv.coop && c.dq.coop, "{}", c.name());
+            assert_eq!(
+                (c.dq.softcap, c.dq.alibi, c.dkdv.softcap, c.dkdv.alibi),
+                (cap, alibi, cap, alibi)
+            );
+            assert!(
+                c.dq.name().contains(suffix) && c.dkdv.name().contains(suffix),
+                "{}",
+                c.name()
+            );
+        }
+        let tiled_capped = GradKernel {
+            softcap: Some(CapForm::Tanh),
+            ..tiled.dq
+        };
+        assert!(tiled_capped.unavailable_reason(&h200()).is_some());
         // Off, or knobs of the tiled kernels: tiled.
         let off = BackwardChoice {
             cooperative_matrix: Some(false),

@@ -357,16 +357,22 @@ fn backward_source(kernel: &BackwardKernel, src: &mut String) {
                 .unwrap_or_else(crate::caps::RegisterLayout::nvidia_h200);
             src.push_str(&format!(
                 "const HEAD_DIM_PAD: u32 = {}u;\nconst BLOCK_M: u32 = {}u;\nconst BLOCK_N: u32 = {}u;\n\
-                 const STAGE_BATCH: u32 = {}u;\nconst QUERY_GROUPS: u32 = {}u;\nconst REGISTER_GRADIENT: bool = {};\n{}",
+                 const STAGE_BATCH: u32 = {}u;\nconst QUERY_GROUPS: u32 = {}u;\nconst REGISTER_GRADIENT: bool = {};\n\
+                 const SOFTCAP: bool = {};\nconst CAP_SERIES: bool = {};\nconst ALIBI: bool = {};\n{}",
                 g.head_dim_pad,
                 p.block_m,
                 p.block_n,
                 g.stage_batch(),
                 groups,
                 g.register_layout.is_some(),
+                g.softcap.is_some(),
+                g.softcap == Some(crate::problem::CapForm::Series),
+                g.alibi,
                 layout.wgsl_constants()
             ));
             src.push_str(&sequence_source(g.sequences, BACKWARD_INDEX_BINDING));
+            // ALiBi's geometric slopes (a slopes tensor takes the tiled kernels).
+            src.push_str(&head_terms_source(false, BACKWARD_HEAD_BINDING));
             for part in [
                 COMMON,
                 STORAGE_F16,
