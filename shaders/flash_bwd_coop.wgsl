@@ -165,6 +165,7 @@ struct StageBatch {
     granules: array<vec4<f16>, STAGE_BATCH>,
     kept: u32,
 }
+const_assert STAGE_BATCH <= 32u;
 
 // Staged row and granule of an invocation's copy `n`: copy n of invocation li is granule
 // n · WORKGROUP_SIZE + li of the rows laid end to end. Where whole rows fit the workgroup (every
@@ -251,8 +252,8 @@ struct QueryTile {
     m0: u32,
 }
 
-// Work item `it`'s query tile; past the last item, rows past the end of the sequence, which a
-// fetch a tile ahead (made unconditionally: StageBatch) loads nothing of.
+// Work item `it`'s query tile; past the last item, rows past the end of the sequence, of which a
+// fetch a tile ahead (made unconditionally: StageBatch) keeps nothing (its loads read granule 0).
 fn item_tile(seq: Sequence, kv_head: u32, it: u32, num_items: u32, first_tile: u32, tiles_per_head: u32) -> QueryTile {
     if (it >= num_items) {
         return QueryTile(Heads(seq, kv_head * params.group_size, kv_head), seq.seq_q);
@@ -424,16 +425,17 @@ fn component_key(positions: BlockPositions, i: u32) -> u32 {
     return select(e % 16u, e / 16u, SCORES_TRANSPOSED);
 }
 
-// P of a block on this invocation's own components of the score accumulator `s` (S, or Sᵀ with
-// SCORES_TRANSPOSED, unscaled), and the soft-cap's slope at each (all 1 without a cap): `query0`
-// and `key0` are the block's first query row and key (sequence-relative), `alibi2` its head's
-// alibi_slope2, `lse2` each component's query row's LSE · log2 e. The arithmetic of block_gradient; masked keys,
-// keys past the sequence and rows past it get P = 0.
+// P of a block and the soft-cap's slope at each of its elements, on an invocation's components.
 struct BlockProbs {
     p: array<f32, COOP_COMPONENTS>,
     slope: array<f32, COOP_COMPONENTS>,
 }
 
+// P of a block on this invocation's own components of the score accumulator `s` (S, or Sᵀ with
+// SCORES_TRANSPOSED, unscaled), and the soft-cap's slope at each (all 1 without a cap): `query0`
+// and `key0` are the block's first query row and key (sequence-relative), `alibi2` its head's
+// alibi_slope2, `lse2` each component's query row's LSE · log2 e. The arithmetic of
+// block_gradient; masked keys, keys past the sequence and rows past it get P = 0.
 fn probs_in_registers(s: coop_mat16x16<f32, C>, positions: BlockPositions, alibi2: f32, query0: u32, key0: u32, lse2: array<f32, COOP_COMPONENTS>, needs_mask: bool, seq: Sequence) -> BlockProbs {
     let raw = coop_elements_c(s);
     var probs = BlockProbs();

@@ -58,6 +58,8 @@ const SCORE_WINDOWS: u32 = 1u;
 const PREFETCH_QDO: bool = 2u * BLOCK_M * ROW_GRANULES <= STAGE_BATCH * WORKGROUP_SIZE;
 // Rows of K and of V staged at a time, through the query tile's memory.
 const KV_PASS_ROWS: u32 = min(BLOCK_M, BLOCK_N);
+// One invocation per query row fetches its statistics (the host keeps plans so).
+const_assert BLOCK_M <= WORKGROUP_SIZE;
 
 // Staged rows: the query tile's Q, then its dO (at the start, KV_PASS_ROWS rows of K and of V).
 const Q_ROW: u32 = 0u;

@@ -133,7 +133,7 @@ fn flash_bwd_dq(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_
         workgroupBarrier();
         if (PREFETCH_KV) {
             // Fetched unconditionally (StageBatch says why): after the last tile, from the end of
-            // the sequence, which loads nothing.
+            // the sequence, of which nothing is kept (its loads read granule 0).
             let ahead = select(seq.seq_kv, n0 + BLOCK_N, t + 1u < num_kv_tiles);
             next = fetch_batch(SRC_K, SRC_V, hd, ahead, BLOCK_N, 0u, li, true);
         }

@@ -598,6 +598,30 @@ fn errors_name_the_tensor() {
         matches!(e, Error::InvalidProblem(ref m) if m.contains("another problem")),
         "{e}"
     );
+    // So is one whose kernels bind ALiBi's slopes tensor (this problem has none), and, where the
+    // matrix kernels run, one that compiles a soft-cap in: run here they would apply slopes of 0
+    // or a cap of 0.
+    let mut others = vec![forward.with_alibi_slopes()];
+    let capped = AttentionProblem::new(shape(2, 16, 24, 4, 2, 32), DType::F16).with_softcap(30.0);
+    if let Ok(c) = engine.select_backward(capped) {
+        if c.dq.coop {
+            others.push(capped);
+        }
+    }
+    for other in others {
+        let other_config = engine.select_backward(other).unwrap();
+        let target = BackwardProblem::new(AttentionProblem {
+            dtype: other.dtype,
+            ..forward
+        });
+        let e = engine
+            .encode_backward_with(&mut encoder, target, &good, &other_config, None)
+            .unwrap_err();
+        assert!(
+            matches!(e, Error::InvalidProblem(ref m) if m.contains("another problem")),
+            "{e}"
+        );
+    }
     // Everything was refused before touching the device; a good call still works.
     encode(&good).unwrap();
 }

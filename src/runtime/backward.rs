@@ -793,17 +793,25 @@ impl FlashAttention {
         for kernel in config.kernels() {
             let fits = match kernel {
                 BackwardKernel::Preprocess(_) => true,
+                // The per-head tensors it binds, and the soft-cap and ALiBi a matrix kernel
+                // compiles in (the tiled kernels read both at run time).
                 BackwardKernel::Grad(g) => {
-                    g.head_dim_pad == g.pads_head_dim_to(f.shape.head_dim as u32) && g.bias == f.bias.map(|b| b.dtype)
+                    g.head_dim_pad == g.pads_head_dim_to(f.shape.head_dim as u32)
+                        && g.bias == f.bias.map(|b| b.dtype)
+                        && g.head_tensors == f.has_alibi_tensor()
+                        && (!g.coop || (g.softcap == f.cap_form() && g.alibi == f.alibi.is_some()))
                 }
             };
             if kernel.storage() != f.dtype || !fits {
                 return crate::error::invalid!(
-                    "kernel `{}` was selected for another problem (dtype {}, head_dim {}, bias {})",
+                    "kernel `{}` was selected for another problem (dtype {}, head_dim {}, bias {}, soft-cap {:?}, \
+                     ALiBi {:?})",
                     kernel.name(),
                     f.dtype.name(),
                     f.shape.head_dim,
-                    f.bias.map_or("none", |b| b.dtype.name())
+                    f.bias.map_or("none", |b| b.dtype.name()),
+                    f.softcap,
+                    f.alibi
                 );
             }
         }
