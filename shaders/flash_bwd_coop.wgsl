@@ -279,14 +279,9 @@ fn row_stats_of(raw: vec2<u32>, exists: bool) -> vec2<f32> {
     return select(vec2<f32>(-NEG_BIG, 0.0), vec2<f32>(lse2_of_bits(raw.x), bitcast<f32>(raw.y)), exists);
 }
 
-// LSE · log2 e (x) and D (y) of query row `row` of `head`, read at once; a row past the sequence
-// sees no key.
+// LSE · log2 e (x) and D (y) of query row `row` of `head`, read at once.
 fn query_row_stats(seq: Sequence, head: u32, row: u32) -> vec2<f32> {
-    if (row >= seq.seq_q) {
-        return vec2<f32>(-NEG_BIG, 0.0);
-    }
-    let at = lse_index(seq, head, row);
-    return vec2<f32>(lse2_of_bits(lse[at]), delta[at]);
+    return row_stats_of(fetch_row_stats(seq, head, row), row < seq.seq_q);
 }
 
 // ALiBi's slope · log2 e of query head `head` (0 without ALIBI), for logits: worked out once per
@@ -307,16 +302,16 @@ fn logits(s: vec4<f32>, alibi2: f32, seq: Sequence, queries: vec4<u32>, keys: ve
     var x = s * params.scale;
     var slope = vec4<f32>(1.0);
     if (SOFTCAP) {
-        let y = x * (1.0 / params.softcap); // a uniform reciprocal
+        let inv_cap = 1.0 / params.softcap; // uniform
+        var t = vec4<f32>(); // tanh of the scaled score over the cap
         if (CAP_SERIES) {
-            x = cap_times_tanh(x, y, params.softcap);
-            let t = x * (1.0 / params.softcap);
-            slope = 1.0 - t * t;
+            x = cap_times_tanh(x, x * inv_cap, params.softcap);
+            t = x * inv_cap;
         } else {
-            let t = tanh_by_exp2(y);
+            t = tanh_by_exp2(x * inv_cap);
             x = params.softcap * t;
-            slope = 1.0 - t * t;
         }
+        slope = 1.0 - t * t;
     }
     if (ALIBI) {
         x += alibi_bias_at(alibi2, vec4<i32>(queries) + vec4<i32>(seq.causal_offset), keys);

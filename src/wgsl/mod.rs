@@ -283,16 +283,14 @@ impl KernelConfig {
                 src.push_str(&format!(
                     "const HEAD_DIM_PAD: u32 = {}u;\nconst BLOCK_M: u32 = {}u;\nconst BLOCK_N: u32 = {}u;\n\
                      const PREFETCH_KV: bool = {};\nconst KV_BUFFERS: u32 = {}u;\nconst REGISTER_SOFTMAX: bool = {};\n\
-                     const SOFTCAP: bool = {};\nconst CAP_SERIES: bool = {};\nconst ALIBI: bool = {};\n{}",
+                     {}{}",
                     c.head_dim_pad,
                     c.block_m,
                     c.block_n,
                     c.prefetch_kv,
                     c.kv_buffers(),
                     c.register_layout.is_some(),
-                    c.softcap.is_some(),
-                    c.softcap == Some(crate::problem::CapForm::Series),
-                    c.alibi,
+                    compiled_score_terms(c.softcap, c.alibi),
                     c.compiled_layout().wgsl_constants()
                 ));
                 src.push_str(&sequence_source(c.sequences, FORWARD_INDEX_BINDING));
@@ -319,6 +317,16 @@ impl KernelConfig {
         }
         src
     }
+}
+
+/// The score terms a cooperative-matrix module (forward or backward) compiles in: SOFTCAP and its
+/// form CAP_SERIES, ALIBI.
+fn compiled_score_terms(softcap: Option<crate::problem::CapForm>, alibi: bool) -> String {
+    format!(
+        "const SOFTCAP: bool = {};\nconst CAP_SERIES: bool = {};\nconst ALIBI: bool = {alibi};\n",
+        softcap.is_some(),
+        softcap == Some(crate::problem::CapForm::Series)
+    )
 }
 
 /// A backward kernel's module: the tile-size `const`s, common.wgsl, the storage codec, and then
@@ -358,16 +366,14 @@ fn backward_source(kernel: &BackwardKernel, src: &mut String) {
             src.push_str(&format!(
                 "const HEAD_DIM_PAD: u32 = {}u;\nconst BLOCK_M: u32 = {}u;\nconst BLOCK_N: u32 = {}u;\n\
                  const STAGE_BATCH: u32 = {}u;\nconst QUERY_GROUPS: u32 = {}u;\nconst REGISTER_GRADIENT: bool = {};\n\
-                 const SOFTCAP: bool = {};\nconst CAP_SERIES: bool = {};\nconst ALIBI: bool = {};\n{}",
+                 {}{}",
                 g.head_dim_pad,
                 p.block_m,
                 p.block_n,
                 g.stage_batch(),
                 groups,
                 g.register_layout.is_some(),
-                g.softcap.is_some(),
-                g.softcap == Some(crate::problem::CapForm::Series),
-                g.alibi,
+                compiled_score_terms(g.softcap, g.alibi),
                 layout.wgsl_constants()
             ));
             src.push_str(&sequence_source(g.sequences, BACKWARD_INDEX_BINDING));
