@@ -675,7 +675,7 @@ fn cost_variants(config: wgpu_flash_attn::plan::CoopConfig) -> Vec<(&'static str
         cut(
             &src,
             "        if (KV_BUFFERS == 2u && has_next) {",
-            "    }\n\n    // ---- epilogue",
+            "    }\n}\n\n// Whether some row of the workgroup",
             "",
         )
     };
@@ -708,7 +708,7 @@ fn cost_variants(config: wgpu_flash_attn::plan::CoopConfig) -> Vec<(&'static str
         let no_softmax = |src: &str| {
             cut(
                 src,
-                "            let moved = softmax_in_registers(",
+                "            var moved = false;",
                 rescale,
                 "            let moved = false;\n",
             )

@@ -31,6 +31,7 @@ struct RegisterRows {
     l_part: array<f32, ROW_SLOTS>,
     alpha: array<f32, ROW_SLOTS>,
     cols: array<u32, COL_WORDS>,
+    huge_seen: bool, // some slot's reference was huge at some tile (is_huge_reference)
 }
 
 // Finds where this invocation's components lie by loading a fragment whose element (r, c) is
@@ -55,12 +56,21 @@ fn rows_in_registers(seq: Sequence, window: u32, lane: u32, first_row: u32) -> R
         let keys = visible_keys(seq, rows.row[s]);
         rows.kv_begin[s] = keys.x;
         rows.kv_end[s] = keys.y;
-        rows.m_used[s] = neg_inf();
-        rows.m_raw[s] = neg_inf();
-        rows.l_part[s] = 0.0;
-        rows.alpha[s] = 1.0;
     }
+    restart_rows(&rows);
     return rows;
+}
+
+// The rows' softmax state before their first K/V tile.
+fn restart_rows(rows: ptr<function, RegisterRows>) {
+    // @unroll
+    for (var s = 0u; s < ROW_SLOTS; s++) {
+        (*rows).m_used[s] = neg_inf();
+        (*rows).m_raw[s] = neg_inf();
+        (*rows).l_part[s] = 0.0;
+        (*rows).alpha[s] = 1.0;
+    }
+    (*rows).huge_seen = false;
 }
 
 // The key column of component i of score block j of the K/V tile at key n0.
@@ -103,12 +113,12 @@ fn bias_components(rows: ptr<function, RegisterRows>, seq: Sequence, head: u32, 
 
 // The online softmax of one K/V tile, at key n0 (of sequence `seq`, head `head`, whose score terms
 // are `terms`, with `bias` from bias_components when there is a bias tensor): the score fragments
-// `s` become P = exp2(scale·s −
-// m_used) in place (f32, still accumulator fragments); m_used, l_part and alpha move as in the
-// workgroup-memory softmax (flash_fwd_coop.wgsl: next_reference_max, rescale_factor). Returns
-// whether some row of the subgroup moved (subgroup-uniform; the shipped kernel rescales every
-// tile and ignores it, the cost probes in examples/coop_diagnostics.rs branch on it).
-fn softmax_in_registers(rows: ptr<function, RegisterRows>, s: ptr<function, array<coop_mat16x16<f32, C>, N_BLOCKS>>, n0: u32, needs_mask: bool, seq: Sequence, head: u32, terms: ScoreTerms, bias: array<array<f32, COOP_COMPONENTS>, N_BLOCKS>) -> bool {
+// `s` become P = exp2(scale·s − m_used) in place (f32, still accumulator fragments; a huge
+// reference's form in the exact pass, `exact`, attend_kv_tiles); m_used, l_part and alpha move as
+// in the workgroup-memory softmax (flash_fwd_coop.wgsl: next_reference_max, rescale_factor).
+// Returns whether some row of the subgroup moved (subgroup-uniform; the shipped kernel rescales
+// every tile and ignores it, the cost probes in examples/coop_diagnostics.rs branch on it).
+fn softmax_in_registers(rows: ptr<function, RegisterRows>, s: ptr<function, array<coop_mat16x16<f32, C>, N_BLOCKS>>, n0: u32, needs_mask: bool, seq: Sequence, head: u32, terms: ScoreTerms, bias: array<array<f32, COOP_COMPONENTS>, N_BLOCKS>, exact: bool) -> bool {
     var x: array<array<f32, COOP_COMPONENTS>, N_BLOCKS>;
     var raw_max: array<f32, ROW_SLOTS>;
     // @unroll
@@ -157,10 +167,10 @@ fn softmax_in_registers(rows: ptr<function, RegisterRows>, s: ptr<function, arra
         }
     }
     var moved = false;
-    // exp2's argument is (x − shift)·scale − m_exp: for most rows shift is 0 and it is one fused
-    // multiply-add from the raw score; rows with a huge reference (is_huge_reference, rare)
-    // subtract their raw max first (shift = m_raw, m_exp = 0), exact at the max. Per row, so the
-    // common path pays one subtraction a score instead of a branch around the whole tile.
+    // exp2's argument is x·scale − m_exp, one fused multiply-add from the raw score; in the exact
+    // pass (`exact`, attend_kv_tiles) rows with a huge reference (is_huge_reference) subtract
+    // their raw max first, (x − shift)·scale with shift = m_raw and m_exp = 0, exact at the max.
+    // The fast pass only notes them.
     var shift: array<f32, ROW_SLOTS>; // set in full below, before any read
     var m_exp: array<f32, ROW_SLOTS>; // set in full below, before any read
     // @unroll
@@ -174,8 +184,9 @@ fn softmax_in_registers(rows: ptr<function, RegisterRows>, s: ptr<function, arra
         (*rows).m_used[sl] = m_new;
         (*rows).l_part[sl] *= alpha;
         let huge = is_huge_reference(m_new);
+        (*rows).huge_seen = (*rows).huge_seen | huge;
         shift[sl] = select(0.0, (*rows).m_raw[sl], huge);
-        m_exp[sl] = select(exp_reference(m_new), 0.0, huge);
+        m_exp[sl] = select(exp_reference(m_new), 0.0, exact & huge);
         moved = moved || alpha != 1.0;
     }
     // @unroll
@@ -183,7 +194,11 @@ fn softmax_in_registers(rows: ptr<function, RegisterRows>, s: ptr<function, arra
         // @unroll
         for (var i = 0u; i < COOP_COMPONENTS; i++) {
             let slot = (COMPONENT_SLOT_BITS >> (2u * i)) & 3u;
-            let p = exp2((x[j][i] - shift[slot]) * params.scale - m_exp[slot]);
+            var arg = x[j][i] * params.scale - m_exp[slot];
+            if (exact) {
+                arg = (x[j][i] - shift[slot]) * params.scale - m_exp[slot];
+            }
+            let p = exp2(arg);
             (*rows).l_part[slot] += p;
             x[j][i] = p;
         }

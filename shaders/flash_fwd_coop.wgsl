@@ -37,9 +37,11 @@
 //   subgroup's alone, so only the subgroup synchronises (subgroupBarrier, made to cover
 //   workgroup memory in src/spirv/coherence.rs).
 //
-// Either way the scale sits inside exp2's argument, and masked scores are −∞. Sliding windows
-// are run-time parameters (common.wgsl): K/V tiles left of every row's window are never loaded,
-// as tiles past the diagonal are not. A soft-cap (SOFTCAP), ALiBi (ALIBI) and the score bias
+// Either way the scale sits inside exp2's argument, and masked scores are −∞. Up to head_dim 128
+// a workgroup streams its K/V tiles once (the fast pass), or twice where some row's reference max
+// turned huge, past what one multiply-add into exp2 holds exactly (attend_kv_tiles,
+// HUGE_REFERENCE, TWO_PASSES). Sliding windows are run-time parameters (common.wgsl): K/V tiles
+// left of every row's window are never loaded, as tiles past the diagonal are not. A soft-cap (SOFTCAP), ALiBi (ALIBI) and the score bias
 // (HAS_BIAS) are compile-time: each is a pass over the raw scores that the kernels without it
 // do not contain (as run-time branches they cost plain attention 5% on the H200, BENCHMARKS.md):
 // the cap (soft_cap_raw) first, then ALiBi's and the bias's terms (with_score_terms); a head's
@@ -68,6 +70,8 @@
 
 const SUBGROUP: u32 = 32u;
 const SUBGROUPS: u32 = BLOCK_M / 16u;
+// Each subgroup's vote in workgroup_saw_huge is a half of the first two granules.
+const_assert SUBGROUPS <= 8u;
 const WORKGROUP_SIZE: u32 = SUBGROUPS * SUBGROUP;
 const D_BLOCKS: u32 = HEAD_DIM_PAD / 16u;
 const N_BLOCKS: u32 = BLOCK_N / 16u;
@@ -108,6 +112,18 @@ const RESCALE_THRESHOLD: f32 = 8.0;
 // branch costs that much there is not known yet) and with the softmax in registers the
 // unconditional product was faster (docs/perf-history.md, "Cooperative matrices", steps 13, 18).
 const ROW_FACTORS_ALWAYS: bool = HEAD_DIM_PAD > 128u || REGISTER_SOFTMAX;
+// Two choices of code size against instructions a tile, where the registers allow them (the
+// H200's measurements: BENCHMARKS.md, session 27):
+// - TWO_PASSES: the fast pass and, for workgroups that met a huge row, the exact pass
+//   (attend_kv_tiles), rather than one pass that always takes the exact form (a subtraction a
+//   score). Above head_dim 128, and with the soft-cap's tanh in the loop, the second copy of the
+//   loop cost more than the subtraction.
+// - MASK_BRANCH: the register softmax compiled twice, with the mask's code and without, for tiles
+//   that need a mask and tiles that do not. With one copy and the mask a run-time flag, NVIDIA's
+//   compiler predicates the mask's instructions into every tile; at head_dim 64 the branch gains,
+//   at 128 its second copy spills and loses.
+const TWO_PASSES: bool = HEAD_DIM_PAD <= 128u && !SOFTCAP;
+const MASK_BRANCH: bool = HEAD_DIM_PAD <= 64u;
 
 // KV_BUFFERS buffers of KV_TILE_VECS: rows 0..BLOCK_N the tile's K, rows BLOCK_N..2·BLOCK_N its V.
 // Q passes through at the start.
@@ -324,6 +340,9 @@ fn next_reference_raw(m_raw: f32, tile_raw_max: f32, alpha: f32) -> f32 {
 // scale·x − round(scale·x), the product's rounding error: up to half an ulp of m, ≥ 1 from 2^24
 // on, and enough past 2^31 to make exp2 0 or ∞ (a row of such scores came out O = 0). Rows that
 // large (a huge scale, huge opposite q and k) use (x − m_raw)·scale instead, exactly 0 at the max.
+// They are rare, so that subtraction is not in the fast pass: a workgroup where some row's
+// reference turned huge runs its K/V tiles again, the exact way (attend_kv_tiles; above head_dim
+// 128 every workgroup takes the exact way once, TWO_PASSES).
 const HUGE_REFERENCE: f32 = 16777216.0;
 
 fn is_huge_reference(m: f32) -> bool {
@@ -378,15 +397,37 @@ fn read_half_row(at: u32, first_col: u32, row_keys: vec2<u32>, needs_mask: bool,
     return x;
 }
 
+// The workgroup-memory softmax's state for this invocation's half row (the register softmax
+// keeps its own in RegisterRows).
+struct HalfRow {
+    m_used: f32, // the row's reference max (the same in both invocations of the row)
+    m_raw: f32, // the raw score m_used was scaled from
+    l_part: f32, // the sum of exp2(s − m_used) over this invocation's columns
+    huge_seen: bool, // the reference was huge at some tile (is_huge_reference)
+}
+
+// A tile's step for a row whose raw max over the tile is `tile_raw_max`: the reference moves
+// (next_reference_max), the sum is rescaled, a huge reference is noted; returns the rescale
+// factor.
+fn half_row_softmax(row: ptr<function, HalfRow>, tile_raw_max: f32) -> f32 {
+    let m_new = next_reference_max((*row).m_used, tile_raw_max * params.scale);
+    let alpha = rescale_factor((*row).m_used, m_new);
+    (*row).m_raw = next_reference_raw((*row).m_raw, tile_raw_max, alpha);
+    (*row).m_used = m_new;
+    (*row).l_part *= alpha;
+    (*row).huge_seen = (*row).huge_seen | is_huge_reference(m_new);
+    return alpha;
+}
+
 // P = exp2(scale·x − m) into this invocation's half row of `probs` at vec4 `at`, and its sum,
-// for a row with reference max m (scaled) and m_raw (raw). The scale is positive (the host
-// checks), so the tile's max before scaling is its max after.
-fn write_half_probs(x: array<vec4<f32>, HALF_VECS>, m: f32, m_raw: f32, at: u32) -> f32 {
+// for `row`'s reference; the exact pass (`exact`, attend_kv_tiles) takes a huge reference's form.
+// The scale is positive (the host checks), so the tile's max before scaling is its max after.
+fn write_half_probs(x: array<vec4<f32>, HALF_VECS>, row: HalfRow, at: u32, exact: bool) -> f32 {
     var sum = 0.0;
-    let huge = is_huge_reference(m);
+    let huge = exact && is_huge_reference(row.m_used);
     // @unroll
     for (var i = 0u; i < HALF_VECS; i++) {
-        let p = probabilities(x[i], m, m_raw, huge);
+        let p = probabilities(x[i], row.m_used, row.m_raw, huge);
         sum += p.x + p.y + p.z + p.w;
         probs[at + i] = vec4<f16>(p);
     }
@@ -434,6 +475,198 @@ fn tile_of_workgroup(wg: vec3<u32>, groups: vec3<u32>) -> vec3<u32> {
     let offset_in_group = linear - first_head_batch * groups.x;
     let head_batch = first_head_batch + offset_in_group % in_group;
     return vec3<u32>(offset_in_group / in_group, head_batch % groups.y, head_batch / groups.y);
+}
+
+// What an invocation streams its workgroup's K/V tiles with, worked out once by the entry point:
+// the query tile, the tiles some row of it sees, its share of the K/V copy, the head's score
+// terms, and for the workgroup-memory softmax its query row, the keys that row sees and where its
+// half rows of scores and P are.
+struct TileStream {
+    seq: Sequence,
+    head: u32,
+    m0: u32, // the query tile's first row
+    first_kv_tile: u32,
+    num_kv_tiles: u32,
+    cp: KvCopy,
+    terms: ScoreTerms,
+    row: u32,
+    row_keys: vec2<u32>,
+    r: u32, // the row within the subgroup's 16
+    half_n: u32, // which half of the score columns
+    my_scores: u32, // the subgroup's score rows in `scores`, and its P rows in `probs`
+    my_probs: u32,
+}
+
+// The query tile's pass over its K/V tiles into `o_frag` and the row states (`reg_rows` with
+// the softmax in registers, `half` otherwise), which it starts empty. `exact` is a literal at each
+// call, so that each compiles to its own loop. The fast pass (false) takes exp2's argument in one
+// multiply-add from the raw score and only notes rows whose reference turns huge
+// (is_huge_reference, huge_seen); the exact pass (true) subtracts those rows' raw max first. The
+// entry point runs the exact pass only for a workgroup where the fast one noted a row, so the
+// common case pays one comparison a row and tile for the rare one instead of a subtraction a
+// score.
+fn attend_kv_tiles(exact: bool, ts: TileStream, q_frag: ptr<function, array<coop_mat16x16<f16, A>, D_BLOCKS>>, o_frag: ptr<function, array<coop_mat16x16<f32, C>, D_BLOCKS>>, reg_rows: ptr<function, RegisterRows>, half: ptr<function, HalfRow>) {
+    // @unroll
+    for (var d = 0u; d < D_BLOCKS; d++) {
+        (*o_frag)[d] = coop_mat16x16<f32, C>();
+    }
+    if (REGISTER_SOFTMAX) {
+        restart_rows(reg_rows);
+    } else {
+        *half = HalfRow(neg_inf(), neg_inf(), 0.0, false);
+    }
+    let my_row = ts.my_scores + ts.r * S_STRIDE + ts.half_n * HALF_VECS;
+    let my_p_row = ts.my_probs + ts.r * P_STRIDE + ts.half_n * HALF_VECS;
+
+    // K/V tiles: KV_BUFFERS == 1 frees the one buffer, fills it and waits (two barriers a
+    // tile); KV_BUFFERS == 2 fills the other buffer with the next tile after computing this one
+    // (one barrier a tile, and the copy overlaps other subgroups' products). With PREFETCH_KV the
+    // granules of the next tile are loaded into registers before this tile's products.
+    let cp = ts.cp;
+    let seq = ts.seq;
+    let head = ts.head;
+    let m0 = ts.m0;
+    var next_kv: array<vec4<f16>, KV_COPIES>;
+    if (KV_BUFFERS == 2u) {
+        workgroupBarrier(); // Q's fragments are loaded
+        copy_kv_tile(cp, ts.first_kv_tile * BLOCK_N, (ts.first_kv_tile % KV_BUFFERS) * KV_TILE_VECS);
+    } else if (PREFETCH_KV) {
+        load_kv_tile_at(&next_kv, cp, ts.first_kv_tile * BLOCK_N);
+    }
+    var tile_bias: array<array<f32, COOP_COMPONENTS>, N_BLOCKS>; // with a bias: set each tile
+    for (var t = ts.first_kv_tile; t < ts.num_kv_tiles; t++) {
+        let n0 = t * BLOCK_N;
+        let k_base = (t % KV_BUFFERS) * KV_TILE_VECS;
+        let v_base = k_base + BLOCK_N * TILE_STRIDE;
+        let has_next = t + 1u < ts.num_kv_tiles;
+        // One buffer: no subgroup reads the previous tile (or Q) any more. Two: this tile is
+        // staged, and the other buffer is no longer read.
+        workgroupBarrier();
+        if (KV_BUFFERS == 1u) {
+            if (PREFETCH_KV) {
+                store_kv_tile(&next_kv, cp, 0u);
+            } else {
+                copy_kv_tile(cp, n0, 0u);
+            }
+            workgroupBarrier(); // this tile staged
+        }
+        if (PREFETCH_KV && has_next) {
+            load_kv_tile_at(&next_kv, cp, n0 + BLOCK_N);
+        }
+
+        // The bias of this invocation's score components, loaded before the products so that
+        // they hide the loads' latency (read after them, the loads stalled the softmax: 0.36× the
+        // plain rate on the H200, BENCHMARKS.md).
+        if (REGISTER_SOFTMAX && HAS_BIAS) {
+            tile_bias = bias_components(reg_rows, seq, head, n0, ts.terms);
+        }
+
+        // ---- S = Q Kᵀ into this subgroup's score rows ----
+        // head_dim blocks outside, key blocks inside: N_BLOCKS independent accumulators keep
+        // the matrix units busy instead of one chain of dependent multiply-adds. Kᵀ is a
+        // column-major B: its element (d, n) is K row n, column d.
+        var s_frag: array<coop_mat16x16<f32, C>, N_BLOCKS>; // set in full below, before any read
+        // @unroll
+        for (var j = 0u; j < N_BLOCKS; j++) {
+            s_frag[j] = coop_mat16x16<f32, C>();
+        }
+        // @unroll
+        for (var d = 0u; d < D_BLOCKS; d++) {
+            // @unroll
+            for (var j = 0u; j < N_BLOCKS; j++) {
+                let k_frag = coopLoad<coop_mat16x16<f16, B>>(&kv_tile[k_base + 16u * j * TILE_STRIDE + 4u * d], TILE_STRIDE);
+                s_frag[j] = coopMultiplyAdd((*q_frag)[d], k_frag, s_frag[j]);
+            }
+        }
+        if (REGISTER_SOFTMAX) {
+            // ---- online softmax and O = diag(alpha) O + P V, P never leaving registers ----
+            let needs_mask = key_tile_needs_mask(seq, m0, BLOCK_M, n0, BLOCK_N);
+            var moved = false;
+            if (MASK_BRANCH) {
+                if (needs_mask) {
+                    moved = softmax_in_registers(reg_rows, &s_frag, n0, true, seq, head, ts.terms, tile_bias, exact);
+                } else {
+                    moved = softmax_in_registers(reg_rows, &s_frag, n0, false, seq, head, ts.terms, tile_bias, exact);
+                }
+            } else {
+                moved = softmax_in_registers(reg_rows, &s_frag, n0, needs_mask, seq, head, ts.terms, tile_bias, exact);
+            }
+            if (ROW_FACTORS_ALWAYS || moved) {
+                scale_rows(o_frag, row_matrix((*reg_rows).alpha));
+            }
+            // @unroll
+            for (var j = 0u; j < N_BLOCKS; j++) {
+                accumulate_pv_block(o_frag, probs_operand(s_frag[j]), j, v_base);
+            }
+        } else {
+            // @unroll
+            for (var j = 0u; j < N_BLOCKS; j++) {
+                coopStoreT(s_frag[j], &scores[ts.my_scores + 4u * j], S_STRIDE);
+            }
+            subgroupBarrier(); // the scores visible to the subgroup's invocations
+
+            // ---- online softmax on this invocation's half row, held in registers ----
+            let x = read_half_row(my_row, n0 + ts.half_n * 4u * HALF_VECS, ts.row_keys, key_tile_needs_mask(seq, m0, BLOCK_M, n0, BLOCK_N), seq, head, ts.row, ts.terms);
+            var raw_max = neg_inf();
+            // @unroll
+            for (var i = 0u; i < HALF_VECS; i++) {
+                raw_max = max(raw_max, max(max(x[i].x, x[i].y), max(x[i].z, x[i].w)));
+            }
+            let tile_raw_max = max(raw_max, subgroupShuffleXor(raw_max, 16u));
+            let alpha = half_row_softmax(half, tile_raw_max);
+            (*half).l_part += write_half_probs(x, *half, my_p_row, exact);
+            subgroupBarrier(); // P visible to the subgroup's cooperative loads; the scores all read
+
+            // ---- O = diag(alpha) O + P V ----
+            // Where some row of the subgroup moved its reference max, each row's factor goes into a
+            // 16 × 16 window of the score rows, is loaded as an accumulator matrix, and multiplies
+            // every output fragment component-wise, in place. (Rescaling through workgroup memory
+            // instead, fragment by fragment, made NVIDIA's compiler copy all of the output's
+            // registers twice a tile, rescaled or not: docs/perf-history.md, "Cooperative
+            // matrices", step 13.)
+            if (ROW_FACTORS_ALWAYS || subgroupAny(alpha != 1.0)) {
+                let window = ts.my_scores + ts.r * S_STRIDE + 2u * ts.half_n;
+                scores[window] = vec4<f32>(alpha);
+                scores[window + 1u] = vec4<f32>(alpha);
+                subgroupBarrier();
+                scale_rows(o_frag, coopLoadT<coop_mat16x16<f32, C>>(&scores[ts.my_scores], S_STRIDE));
+            }
+            // @unroll
+            for (var j = 0u; j < N_BLOCKS; j++) {
+                accumulate_pv_block(o_frag, coopLoadT<coop_mat16x16<f16, A>>(&probs[ts.my_probs + 4u * j], P_STRIDE), j, v_base);
+            }
+
+        }
+
+        if (KV_BUFFERS == 2u && has_next) {
+            // The other buffer was last read by the previous tile's products, which every
+            // subgroup finished before this iteration's barrier.
+            let other = ((t + 1u) % 2u) * KV_TILE_VECS;
+            if (PREFETCH_KV) {
+                store_kv_tile(&next_kv, cp, other);
+            } else {
+                copy_kv_tile(cp, n0 + BLOCK_N, other);
+            }
+        }
+    }
+}
+
+// Whether some row of the workgroup noted a huge reference in the fast pass (`seen`, this
+// invocation's rows): one vote a subgroup, read back uniformly, since the exact pass's barriers
+// need the whole workgroup. The votes go where the K/V buffers start (free once every subgroup is
+// past the last tile; the exact pass stages its tiles afresh), as eight halves of two granules.
+fn workgroup_saw_huge(sg: u32, lane: u32, seen: bool) -> bool {
+    let vote = subgroupAny(seen);
+    workgroupBarrier(); // every subgroup is done with the K/V buffers
+    if (lane == 0u) {
+        kv_tile[sg / 4u][sg % 4u] = select(0.0h, 1.0h, vote);
+    }
+    let votes = array<vec4<f16>, 2>(workgroupUniformLoad(&kv_tile[0]), workgroupUniformLoad(&kv_tile[1]));
+    var any = false;
+    for (var i = 0u; i < SUBGROUPS; i++) {
+        any = any | (votes[i / 4u][i % 4u] != 0.0h);
+    }
+    return any;
 }
 
 @compute @workgroup_size(WORKGROUP_SIZE)
@@ -510,143 +743,22 @@ fn flash_fwd_coop(
         }
     }
 
+    // The fast pass over the K/V tiles, and for a workgroup where some row's reference turned
+    // huge, the exact pass from the start (attend_kv_tiles); or the exact pass alone (TWO_PASSES).
     var o_frag: array<coop_mat16x16<f32, C>, D_BLOCKS>;
-    // @unroll
-    for (var d = 0u; d < D_BLOCKS; d++) {
-        o_frag[d] = coop_mat16x16<f32, C>();
-    }
-    // The workgroup-memory softmax's row state; the register softmax keeps its own in reg_rows.
-    var m_used = neg_inf(); // this row's reference max (same in both invocations of the row)
-    var m_raw = neg_inf(); // the raw score m_used was scaled from
-    var l_part = 0.0; // sum of exp2(s − m_used) over this invocation's columns
-    let my_row = my_scores + r * S_STRIDE + half_n * HALF_VECS;
-    let my_p_row = my_probs + r * P_STRIDE + half_n * HALF_VECS;
-    let terms = score_terms(head);
+    var half_row: HalfRow;
     var reg_rows: RegisterRows;
     if (REGISTER_SOFTMAX) {
         reg_rows = rows_in_registers(seq, my_scores, lane, m0 + sg * 16u);
     }
-
-    // K/V tiles: KV_BUFFERS == 1 frees the one buffer, fills it and waits (two barriers a
-    // tile); KV_BUFFERS == 2 fills the other buffer with the next tile after computing this one
-    // (one barrier a tile, and the copy overlaps other subgroups' products). With PREFETCH_KV the
-    // granules of the next tile are loaded into registers before this tile's products.
-    let cp = kv_copy(li, seq, kv_head);
-    var next_kv: array<vec4<f16>, KV_COPIES>;
-    if (KV_BUFFERS == 2u) {
-        workgroupBarrier(); // Q's fragments are loaded
-        copy_kv_tile(cp, first_kv_tile * BLOCK_N, (first_kv_tile % KV_BUFFERS) * KV_TILE_VECS);
-    } else if (PREFETCH_KV) {
-        load_kv_tile_at(&next_kv, cp, first_kv_tile * BLOCK_N);
-    }
-    var tile_bias: array<array<f32, COOP_COMPONENTS>, N_BLOCKS>; // with a bias: set each tile
-    for (var t = first_kv_tile; t < num_kv_tiles; t++) {
-        let n0 = t * BLOCK_N;
-        let k_base = (t % KV_BUFFERS) * KV_TILE_VECS;
-        let v_base = k_base + BLOCK_N * TILE_STRIDE;
-        let has_next = t + 1u < num_kv_tiles;
-        // One buffer: no subgroup reads the previous tile (or Q) any more. Two: this tile is
-        // staged, and the other buffer is no longer read.
-        workgroupBarrier();
-        if (KV_BUFFERS == 1u) {
-            if (PREFETCH_KV) {
-                store_kv_tile(&next_kv, cp, 0u);
-            } else {
-                copy_kv_tile(cp, n0, 0u);
-            }
-            workgroupBarrier(); // this tile staged
+    let ts = TileStream(seq, head, m0, first_kv_tile, num_kv_tiles, kv_copy(li, seq, kv_head), score_terms(head), row, row_keys, r, half_n, my_scores, my_probs);
+    if (TWO_PASSES) {
+        attend_kv_tiles(false, ts, &q_frag, &o_frag, &reg_rows, &half_row);
+        if (workgroup_saw_huge(sg, lane, select(half_row.huge_seen, reg_rows.huge_seen, REGISTER_SOFTMAX))) {
+            attend_kv_tiles(true, ts, &q_frag, &o_frag, &reg_rows, &half_row);
         }
-        if (PREFETCH_KV && has_next) {
-            load_kv_tile_at(&next_kv, cp, n0 + BLOCK_N);
-        }
-
-        // The bias of this invocation's score components, loaded before the products so that
-        // they hide the loads' latency (read after them, the loads stalled the softmax: 0.36× the
-        // plain rate on the H200, BENCHMARKS.md).
-        if (REGISTER_SOFTMAX && HAS_BIAS) {
-            tile_bias = bias_components(&reg_rows, seq, head, n0, terms);
-        }
-
-        // ---- S = Q Kᵀ into this subgroup's score rows ----
-        // head_dim blocks outside, key blocks inside: N_BLOCKS independent accumulators keep
-        // the matrix units busy instead of one chain of dependent multiply-adds. Kᵀ is a
-        // column-major B: its element (d, n) is K row n, column d.
-        var s_frag: array<coop_mat16x16<f32, C>, N_BLOCKS>; // set in full below, before any read
-        // @unroll
-        for (var j = 0u; j < N_BLOCKS; j++) {
-            s_frag[j] = coop_mat16x16<f32, C>();
-        }
-        // @unroll
-        for (var d = 0u; d < D_BLOCKS; d++) {
-            // @unroll
-            for (var j = 0u; j < N_BLOCKS; j++) {
-                let k_frag = coopLoad<coop_mat16x16<f16, B>>(&kv_tile[k_base + 16u * j * TILE_STRIDE + 4u * d], TILE_STRIDE);
-                s_frag[j] = coopMultiplyAdd(q_frag[d], k_frag, s_frag[j]);
-            }
-        }
-        if (REGISTER_SOFTMAX) {
-            // ---- online softmax and O = diag(alpha) O + P V, P never leaving registers ----
-            let moved = softmax_in_registers(&reg_rows, &s_frag, n0, key_tile_needs_mask(seq, m0, BLOCK_M, n0, BLOCK_N), seq, head, terms, tile_bias);
-            if (ROW_FACTORS_ALWAYS || moved) {
-                scale_rows(&o_frag, row_matrix(reg_rows.alpha));
-            }
-            // @unroll
-            for (var j = 0u; j < N_BLOCKS; j++) {
-                accumulate_pv_block(&o_frag, probs_operand(s_frag[j]), j, v_base);
-            }
-        } else {
-            // @unroll
-            for (var j = 0u; j < N_BLOCKS; j++) {
-                coopStoreT(s_frag[j], &scores[my_scores + 4u * j], S_STRIDE);
-            }
-            subgroupBarrier(); // the scores visible to the subgroup's invocations
-
-            // ---- online softmax on this invocation's half row, held in registers ----
-            let x = read_half_row(my_row, n0 + half_n * 4u * HALF_VECS, row_keys, key_tile_needs_mask(seq, m0, BLOCK_M, n0, BLOCK_N), seq, head, row, terms);
-            var raw_max = neg_inf();
-            // @unroll
-            for (var i = 0u; i < HALF_VECS; i++) {
-                raw_max = max(raw_max, max(max(x[i].x, x[i].y), max(x[i].z, x[i].w)));
-            }
-            let tile_raw_max = max(raw_max, subgroupShuffleXor(raw_max, 16u));
-            let m_new = next_reference_max(m_used, tile_raw_max * params.scale);
-            let alpha = rescale_factor(m_used, m_new);
-            m_raw = next_reference_raw(m_raw, tile_raw_max, alpha);
-            m_used = m_new;
-            l_part = l_part * alpha + write_half_probs(x, m_used, m_raw, my_p_row);
-            subgroupBarrier(); // P visible to the subgroup's cooperative loads; the scores all read
-
-            // ---- O = diag(alpha) O + P V ----
-            // Where some row of the subgroup moved its reference max, each row's factor goes into a
-            // 16 × 16 window of the score rows, is loaded as an accumulator matrix, and multiplies
-            // every output fragment component-wise, in place. (Rescaling through workgroup memory
-            // instead, fragment by fragment, made NVIDIA's compiler copy all of the output's
-            // registers twice a tile, rescaled or not: docs/perf-history.md, "Cooperative
-            // matrices", step 13.)
-            if (ROW_FACTORS_ALWAYS || subgroupAny(alpha != 1.0)) {
-                let window = my_scores + r * S_STRIDE + 2u * half_n;
-                scores[window] = vec4<f32>(alpha);
-                scores[window + 1u] = vec4<f32>(alpha);
-                subgroupBarrier();
-                scale_rows(&o_frag, coopLoadT<coop_mat16x16<f32, C>>(&scores[my_scores], S_STRIDE));
-            }
-            // @unroll
-            for (var j = 0u; j < N_BLOCKS; j++) {
-                accumulate_pv_block(&o_frag, coopLoadT<coop_mat16x16<f16, A>>(&probs[my_probs + 4u * j], P_STRIDE), j, v_base);
-            }
-
-        }
-
-        if (KV_BUFFERS == 2u && has_next) {
-            // The other buffer was last read by the previous tile's products, which every
-            // subgroup finished before this iteration's barrier.
-            let other = ((t + 1u) % 2u) * KV_TILE_VECS;
-            if (PREFETCH_KV) {
-                store_kv_tile(&next_kv, cp, other);
-            } else {
-                copy_kv_tile(cp, n0 + BLOCK_N, other);
-            }
-        }
+    } else {
+        attend_kv_tiles(true, ts, &q_frag, &o_frag, &reg_rows, &half_row);
     }
 
     // ---- epilogue: O / l (in registers, or on the way out with the workgroup-memory softmax)
@@ -670,7 +782,7 @@ fn flash_fwd_coop(
         }
         scale_rows(&o_frag, row_matrix(inv_l));
     } else {
-        let total = join_sink(head, m_used, l_part + subgroupShuffleXor(l_part, 16u));
+        let total = join_sink(head, half_row.m_used, half_row.l_part + subgroupShuffleXor(half_row.l_part, 16u));
         row_scale = select(0.0, total.o_factor / total.l, total.l > 0.0);
         if (!seq.valid) {
             row_scale = nan_f32();

@@ -551,6 +551,83 @@ fn extreme_logits_match_the_reference_on_every_forward_kernel() {
     }
 }
 
+/// Rows whose reference max turns huge only at a later K/V tile: keys 0–39 random, keys from 40
+/// on about 4·10⁴ against queries about ±100, one sign a row (scores about ±10⁸, past 2²⁴ in
+/// base 2 once scaled), on every f16 forward kernel the device runs. The cooperative-matrix kernel's fast
+/// pass computes the first tile as usual, then notes the huge reference and runs the workgroup's
+/// tiles again the exact way; rows with a negative query keep an ordinary max in the same
+/// workgroups. Every row must come out as the reference's (one-hot on its largest score where
+/// the query is positive).
+#[test]
+fn rows_whose_reference_turns_huge_at_a_later_tile_match_the_reference() {
+    use wgpu_flash_attn::kernel::CoopChoice;
+    let Some(ctx) = gpu() else { return };
+    let mut engines = tiled_engines(ctx, DType::F16);
+    engines.extend(coop_engines(ctx));
+    if ctx.caps.cooperative_matrix_f16 {
+        let choice = KernelChoice::CooperativeMatrix(CoopChoice::default());
+        engines.push(("coop, the device's plan".into(), engine_with(ctx, choice)));
+    }
+    for (s, causal) in [
+        (shape(1, 150, 150, 2, 1, 64), true),
+        (shape(2, 70, 100, 2, 2, 64), false),
+        (shape(1, 130, 200, 2, 1, 128), false),
+    ] {
+        let p = AttentionProblem::new(s, DType::F16).with_causal(causal);
+        let label = format!("huge later {s:?} causal {causal}");
+        let seed = seed_of(&label);
+        let mut q = random_tensor::<f16>(seed, p.required_len(Tensor::Q));
+        let mut k = random_tensor::<f16>(seed ^ 1, p.required_len(Tensor::K));
+        let v = random_tensor::<f16>(seed ^ 2, p.required_len(Tensor::V));
+        for b in 0..s.batch {
+            for i in 0..s.seq_q {
+                for h in 0..s.num_heads {
+                    // One sign a row, so that its scores against the large keys add up.
+                    let sign = q[p.q_layout.index(b, i, h, 0)].to_f64().signum();
+                    for d in 0..s.head_dim {
+                        let at = p.q_layout.index(b, i, h, d);
+                        q[at] = f16::from_f64(sign * (q[at].to_f64().abs().min(1.0) + 0.5) * 100.0);
+                    }
+                }
+            }
+            for h in 0..s.num_kv_heads {
+                for j in 40..s.seq_kv {
+                    for d in 0..s.head_dim {
+                        let at = p.k_layout.index(b, j, h, d);
+                        k[at] = f16::from_f64((k[at].to_f64().abs().min(0.5) + 1.0) * 4e4);
+                    }
+                }
+            }
+        }
+        let want = reference::attention(&p, &q, &k, &v).unwrap();
+        let huge_rows = want
+            .lse
+            .iter()
+            .filter(|l| **l * std::f64::consts::LOG2_E >= 16777216.0)
+            .count();
+        assert!(huge_rows > 0, "{label}: no row's max is huge");
+        let work = Workload::with_inputs(ctx, &p, q, k, v).unwrap();
+        let t = tolerance(DType::F16);
+        let mut runs: Vec<(String, Kernel, &FlashAttention)> = engines
+            .iter()
+            .map(|(name, e)| (name.clone(), Kernel::Flash, e))
+            .collect();
+        runs.push(("naive".into(), Kernel::Naive, &engines[0].1));
+        let mut ran = 0;
+        for (name, kernel, engine) in runs {
+            // A forced plan whose buffers do not fit the device at this head_dim is refused, not run.
+            if kernel == Kernel::Flash && engine.select(&p).is_err() {
+                continue;
+            }
+            let label = format!("{label} {name}");
+            let (out, lse) = work.run(engine, kernel).unwrap_or_else(|e| panic!("{label}: {e}"));
+            assert_rows_match(&p, &want, &out, &lse, (t.out_max_abs, t.lse_max_abs), &label);
+            ran += 1;
+        }
+        assert!(ran >= 2, "{label}: {ran} kernels ran");
+    }
+}
+
 /// Rows that see no key on the cooperative-matrix kernel (f16; the H200): causal with more query
 /// rows than keys (rows 0–49 see none) and a window that leaves rows 0–45 without a key. Those
 /// rows are exactly O = 0 and LSE = −∞; the others match the reference.

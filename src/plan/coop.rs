@@ -88,7 +88,7 @@ pub const COOP_PLANS: [(u32, &[CoopPlan]); 3] = [
     (
         128,
         &[
-            CoopPlan::new(128, 64, false, false),
+            CoopPlan::new(128, 64, true, false),
             CoopPlan::new(128, 32, true, true),
             CoopPlan::new(64, 32, true, false),
             CoopPlan::new(32, 32, false, false),
@@ -288,9 +288,12 @@ impl CoopConfig {
     }
 
     /// Whether the sizes fit the kernel's assumptions: `block_m` and `block_n` positive multiples
-    /// of 16, and enough invocations to copy a K/V row of `head_dim_pad` in one round.
+    /// of 16, `block_m` at most 128 (eight subgroups: the workgroup's vote on huge rows,
+    /// flash_fwd_coop.wgsl), and enough invocations to copy a K/V row of `head_dim_pad` in one
+    /// round.
     pub fn is_well_formed(&self) -> bool {
         self.block_m > 0
+            && self.block_m <= 128
             && self.block_m.is_multiple_of(16)
             && self.block_n > 0
             && self.block_n.is_multiple_of(16)

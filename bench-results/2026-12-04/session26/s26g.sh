@@ -1,4 +1,4 @@
-# NOT RUN: session 26's device time was spent. Kept for the next session, to run first on a build
+# Run in session 27 (bench-results/2026-12-04/session27/, calls 1-3). Written in session 26 for a build
 # of main (binaries: backward, wgpu_backward and wgpu_attention test binaries, attention).
 # 1. The matrix backward's test on the shipped soft-cap/ALiBi build (call 6 stopped it at 230 s).
 # 2. The matrix forward with 128 x 64 prefetched as the first head_dim-128 plan (call 4: 1.5% over
