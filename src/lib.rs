@@ -125,6 +125,8 @@ pub mod kernel;
 
 pub mod batch;
 
+pub mod ring;
+
 // Above everything it calls: the candle drop-in (feature `candle`; the wgpu route blocks on
 // read-back, which the web has not).
 #[cfg(all(feature = "candle", not(target_arch = "wasm32")))]

@@ -27,6 +27,7 @@ const LAYERS: &[&str] = &[
     "testing",   // harnesses, timing, shader-test helpers
     "kernel",    // the public facade over `plan`'s types
     "batch",     // the public facade over packed batches, K/V caches and their index
+    "ring",      // the public facade over context parallelism's ring schedule
     "candle",    // the candle drop-in: candle-flash-attn's functions over the engines
     "burn",      // burn's attention op over the wgpu engine
 ];
@@ -114,7 +115,7 @@ fn edges(modules: &BTreeMap<String, String>) -> (BTreeMap<&str, BTreeSet<&str>>,
                     edges.entry(module.as_str()).or_default().insert(to);
                 }
                 Some(_) => {}
-                None if module == "kernel" || module == "batch" => {} // facades' doc links name root items
+                None if matches!(module.as_str(), "kernel" | "batch" | "ring") => {} // facades' doc links name root items
                 None if path.starts_with(|c: char| c.is_ascii_uppercase()) => {
                     through_root.push(format!("src/{module}: crate::{path}"))
                 }
@@ -226,7 +227,7 @@ fn the_checks_find_an_upward_import_and_a_cycle() {
 }
 
 /// The crate root stays small (the architecture issue's bar was at most 30 items without
-/// `internals`; the `burn` module, issue 20, made it 31): each `pub use` name and each `pub mod`
+/// `internals`; the `burn` module, issue 20, made it 31, the `ring` module, issue 21, 32): each `pub use` name and each `pub mod`
 /// not gated on `internals` counts.
 #[test]
 fn the_public_root_stays_small() {
@@ -260,5 +261,5 @@ fn the_public_root_stays_small() {
         }
         i += 1;
     }
-    assert!(items.len() <= 31, "{} public root items: {items:?}", items.len());
+    assert!(items.len() <= 32, "{} public root items: {items:?}", items.len());
 }

@@ -52,6 +52,9 @@ fn every_kernel() -> Vec<KernelConfig> {
             kernels.push(KernelConfig::Naive { pass, storage });
         }
         kernels.push(KernelConfig::Merge { storage });
+        for store in [false, true] {
+            kernels.push(KernelConfig::GradSum { storage, store });
+        }
         for sinks in [false, true] {
             kernels.push(KernelConfig::DecodeCombine { storage, sinks });
         }
@@ -115,6 +118,7 @@ fn shaders_open_with_a_comment_saying_what_they_are() {
         ("naive_softmax", NAIVE_SOFTMAX),
         ("naive_pv", NAIVE_PV),
         ("merge", MERGE),
+        ("grad_sum", GRAD_SUM),
         ("flash_decode", FLASH_DECODE),
         ("decode_lanes_subgroup", DECODE_LANES_SUBGROUP),
         ("decode_lanes_workgroup", DECODE_LANES_WORKGROUP),
@@ -200,6 +204,7 @@ fn shaders_initialize_variables_declared_in_loops() {
         ("naive_softmax", NAIVE_SOFTMAX),
         ("naive_pv", NAIVE_PV),
         ("merge", MERGE),
+        ("grad_sum", GRAD_SUM),
         ("common", COMMON),
         ("sequence_indexed", SEQUENCE_INDEXED),
     ] {

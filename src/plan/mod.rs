@@ -9,6 +9,7 @@ pub mod decode;
 pub mod forward;
 pub mod mask;
 pub mod policy;
+pub mod ring;
 pub mod sequences;
 pub mod tiled;
 

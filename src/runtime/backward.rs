@@ -103,6 +103,44 @@ pub struct BackwardBuffers<'a> {
     pub d_bias: Option<TensorBuffer<'a>>,
 }
 
+impl<'a> BackwardBuffers<'a> {
+    /// The nine tensors every backward call has; the optional ones `None` (D allocated per call).
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        q: TensorBuffer<'a>,
+        k: TensorBuffer<'a>,
+        v: TensorBuffer<'a>,
+        o: TensorBuffer<'a>,
+        lse: TensorBuffer<'a>,
+        d_o: TensorBuffer<'a>,
+        dq: TensorBuffer<'a>,
+        dk: TensorBuffer<'a>,
+        dv: TensorBuffer<'a>,
+    ) -> Self {
+        BackwardBuffers {
+            q,
+            k,
+            v,
+            o,
+            lse,
+            d_o,
+            dq,
+            dk,
+            dv,
+            delta: None,
+            cu_seqlens_q: None,
+            cu_seqlens_k: None,
+            alibi_slopes: None,
+            sinks: None,
+            d_sinks: None,
+            bias: None,
+            mask: None,
+            mask_blocks: None,
+            d_bias: None,
+        }
+    }
+}
+
 /// The host-slice inputs of [`FlashAttention::backward`]; each slice must hold at least the
 /// problem's `required_len` for its tensor (extra elements are ignored).
 #[derive(Clone, Copy, Debug)]
@@ -827,6 +865,17 @@ impl FlashAttention {
         Ok(())
     }
 
+    /// What [`bind_backward`](Self::bind_backward) checks, except the size of one binding: the
+    /// whole call's buffers, before a caller cuts the call into blocks (src/runtime/ring.rs).
+    pub(super) fn check_backward_buffers(
+        &self,
+        problem: &BackwardProblem,
+        buffers: &BackwardBuffers<'_>,
+    ) -> Result<()> {
+        self.bind_backward(problem, buffers, &split::unbounded(&self.context().caps))
+            .map(|_| ())
+    }
+
     /// Checks the caller's buffers against the problem and the limits in `caps`.
     fn bind_backward<'a>(
         &self,
@@ -959,28 +1008,7 @@ impl FlashAttention {
         uploaded.mask_blocks = self.host_mask_blocks_buffer(f)?;
         let index = uploaded.buffers();
         let queue = &self.context().queue;
-        let up = |name, data: &[T], len| {
-            upload_queued(
-                device,
-                queue,
-                name,
-                bytemuck::cast_slice(&data[..len]),
-                wgpu::BufferUsages::empty(),
-            )
-        };
-        let q = up("q", inputs.q, lengths[0].2);
-        let k = up("k", inputs.k, lengths[1].2);
-        let v = up("v", inputs.v, lengths[2].2);
-        let o = up("o", inputs.o, lengths[3].2);
-        // COPY_SRC: a call split on the device copies parts' LSE rows out.
-        let lse = upload_queued(
-            device,
-            queue,
-            "lse",
-            bytemuck::cast_slice(&inputs.lse[..lengths[4].2]),
-            wgpu::BufferUsages::COPY_SRC,
-        );
-        let d_o = up("d_o", inputs.d_o, lengths[5].2);
+        let [q, k, v, o, lse, d_o] = self.upload_backward_inputs(inputs, &lengths);
         let grad_bytes = |t| problem.required_len(t) as u64 * es as u64;
         let output = |t: GradTensor| {
             device.create_buffer(&wgpu::BufferDescriptor {
@@ -1199,6 +1227,30 @@ impl FlashAttention {
         })
     }
 
+    /// Queues the upload of a host-slice backward's six inputs, cut to the lengths
+    /// [`check_backward_slices`] found: q, k, v, o, lse, d_o. The LSE's buffer can be copied from
+    /// (a call split on the device, or a ring, copies its rows out).
+    pub(super) fn upload_backward_inputs<T: Element>(
+        &self,
+        inputs: &BackwardInputs<'_, T>,
+        lengths: &[(&'static str, usize, usize); 6],
+    ) -> [wgpu::Buffer; 6] {
+        let (device, queue) = (&self.context().device, &self.context().queue);
+        fn cut<E: bytemuck::Pod>(x: &[E], len: usize) -> &[u8] {
+            bytemuck::cast_slice(&x[..len])
+        }
+        let up = |i: usize, bytes: &[u8], usage| upload_queued(device, queue, lengths[i].0, bytes, usage);
+        let none = wgpu::BufferUsages::empty();
+        [
+            up(0, cut(inputs.q, lengths[0].2), none),
+            up(1, cut(inputs.k, lengths[1].2), none),
+            up(2, cut(inputs.v, lengths[2].2), none),
+            up(3, cut(inputs.o, lengths[3].2), none),
+            up(4, cut(inputs.lse, lengths[4].2), wgpu::BufferUsages::COPY_SRC),
+            up(5, cut(inputs.d_o, lengths[5].2), none),
+        ]
+    }
+
     /// [`backward`](Self::backward), blocking until the result is back (not on the web).
     #[cfg(not(target_arch = "wasm32"))]
     pub fn backward_blocking<T: Element>(
@@ -1236,7 +1288,7 @@ fn on_own_buffers_backward(whole: BackwardProblem, part: &Part) -> BackwardProbl
 
 /// The checks of a host-slice backward's inputs that need no device: the element type and each
 /// slice's length; returns `(tensor, length, needed)` for q, k, v, o, lse, d_o.
-fn check_backward_slices<T: Element>(
+pub(super) fn check_backward_slices<T: Element>(
     problem: &BackwardProblem,
     inputs: &BackwardInputs<'_, T>,
 ) -> Result<[(&'static str, usize, usize); 6]> {

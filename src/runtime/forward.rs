@@ -744,7 +744,7 @@ impl FlashAttention {
     /// What [`bind_forward`](Self::bind_forward) and [`bind_forward_index`](Self::bind_forward_index)
     /// check, except the size of one binding: the whole call's buffers, before it is split into
     /// parts whose bindings are checked one by one.
-    fn check_forward_buffers(&self, problem: &AttentionProblem, buffers: &ForwardBuffers<'_>) -> Result<()> {
+    pub(super) fn check_forward_buffers(&self, problem: &AttentionProblem, buffers: &ForwardBuffers<'_>) -> Result<()> {
         self.bind_forward_on(problem, buffers, &split::unbounded(&self.ctx.caps))?;
         self.bind_forward_index(problem, buffers).map(|_| ())
     }
@@ -1188,7 +1188,7 @@ impl FlashAttention {
 
     /// Uploads inputs, allocates outputs, lets `encode` record the work, and reads back.
     #[allow(clippy::too_many_arguments)]
-    async fn run_on_host<T: Element>(
+    pub(super) async fn run_on_host<T: Element>(
         &self,
         problem: &AttentionProblem,
         q: &[T],

@@ -10,7 +10,7 @@ use crate::gpu::binding::{
 };
 use crate::gpu::readback::{read_back, upload_queued};
 use crate::problem::varlen::refuse_packed;
-use crate::problem::{AttentionProblem, Element, Tensor};
+use crate::problem::{AttentionProblem, Element, Tensor, TensorLayout};
 use crate::runtime::forward::{AttentionOutput, FlashAttention};
 use crate::wgsl::params::Params;
 use crate::wgsl::KernelConfig;
@@ -58,24 +58,48 @@ impl FlashAttention {
         problem: &AttentionProblem,
         buffers: &MergeBuffers<'_>,
     ) -> Result<()> {
+        self.encode_merge_laid_out(encoder, problem, [problem.o_layout; 3], buffers)
+    }
+
+    /// [`encode_merge`](Self::encode_merge) with each O at its own layout (`o_a`, `o_b`, `o`):
+    /// the ring merges chunk-sized scratch into views of the caller's O (src/runtime/ring.rs).
+    pub(crate) fn encode_merge_laid_out(
+        &self,
+        encoder: &mut wgpu::CommandEncoder,
+        problem: &AttentionProblem,
+        layouts: [TensorLayout; 3],
+        buffers: &MergeBuffers<'_>,
+    ) -> Result<()> {
         self.context().check_device(false)?;
         problem.validate()?;
         refuse_packed(problem, "the merge")?;
         let grid = self.merge_grid(problem)?;
         let config = KernelConfig::Merge { storage: problem.dtype };
-        let pipeline = self.pipelines().get(&config)?;
-        let bound = self.bind_merge(problem, buffers)?;
+        let bound = self.bind_merge(problem, layouts, buffers)?;
         let [o_a, _, o_b, _, o, _] = bound;
-
         let params = Params::for_merge(problem, [o_a.strides, o_b.strides, o.strides], buffers.lse.is_some());
-        let params_buffer = self
-            .context()
-            .device
-            .create_buffer_init(&wgpu::util::BufferInitDescriptor {
-                label: Some("wgpu-flash-attn merge params"),
-                contents: bytemuck::bytes_of(&params),
-                usage: wgpu::BufferUsages::UNIFORM,
-            });
+        self.record_elementwise(encoder, &config, &params, &bound, grid)
+    }
+
+    /// Records one dispatch of an element-wise kernel over O-shaped tensors (the merge, ring
+    /// attention's gradient sums): `params` at binding 0, `bound` from binding 1 on, `grid`
+    /// workgroups, in a compute pass of its own labelled with the config's name.
+    pub(super) fn record_elementwise(
+        &self,
+        encoder: &mut wgpu::CommandEncoder,
+        config: &KernelConfig,
+        params: &Params,
+        bound: &[Bound<'_>],
+        [x, y, z]: [u32; 3],
+    ) -> Result<()> {
+        let pipeline = self.pipelines().get(config)?;
+        let name = config.name();
+        let device = &self.context().device;
+        let params_buffer = device.create_buffer_init(&wgpu::util::BufferInitDescriptor {
+            label: Some(&name),
+            contents: bytemuck::bytes_of(params),
+            usage: wgpu::BufferUsages::UNIFORM,
+        });
         let mut entries = vec![wgpu::BindGroupEntry {
             binding: 0,
             resource: params_buffer.as_entire_binding(),
@@ -83,8 +107,7 @@ impl FlashAttention {
         for (i, b) in bound.iter().enumerate() {
             entries.push(b.entry(i as u32 + 1));
         }
-        let name = config.name();
-        let bind_group = self.context().device.create_bind_group(&wgpu::BindGroupDescriptor {
+        let bind_group = device.create_bind_group(&wgpu::BindGroupDescriptor {
             label: Some(&name),
             layout: &pipeline.get_bind_group_layout(0),
             entries: &entries,
@@ -95,14 +118,13 @@ impl FlashAttention {
         });
         pass.set_pipeline(&pipeline);
         pass.set_bind_group(0, &bind_group, &[]);
-        let [x, y, z] = grid;
         pass.dispatch_workgroups(x, y, z);
         Ok(())
     }
 
     /// The merge's grid: (granule blocks of one (batch, head), num_heads, batch); the kernel
     /// strides over what the x dimension cannot cover.
-    fn merge_grid(&self, problem: &AttentionProblem) -> Result<[u32; 3]> {
+    pub(super) fn merge_grid(&self, problem: &AttentionProblem) -> Result<[u32; 3]> {
         let s = problem.shape;
         let max_dim = self.context().caps.max_workgroups_per_dimension as u64;
         for (what, n) in [("heads", s.num_heads), ("batch entries", s.batch)] {
@@ -126,7 +148,12 @@ impl FlashAttention {
 
     /// Checks the caller's buffers against the problem and the device: o_a, lse_a, o_b, lse_b, o,
     /// lse bindings.
-    fn bind_merge<'a>(&'a self, problem: &AttentionProblem, buffers: &MergeBuffers<'a>) -> Result<[Bound<'a>; 6]> {
+    fn bind_merge<'a>(
+        &'a self,
+        problem: &AttentionProblem,
+        [layout_a, layout_b, layout_o]: [TensorLayout; 3],
+        buffers: &MergeBuffers<'a>,
+    ) -> Result<[Bound<'a>; 6]> {
         let caps = &self.context().caps;
         let reads = [
             ("o_a", &buffers.o_a),
@@ -138,23 +165,26 @@ impl FlashAttention {
             &[("o", Some(&buffers.o)), ("lse", buffers.lse.as_ref())],
             &reads.map(|(name, t)| (name, Some(t))),
         )?;
-        let (es, o_len, rows) = (
-            problem.dtype.size_bytes(),
-            problem.required_len(Tensor::O),
-            problem.lse_len(),
-        );
-        let o_tensor = |name, tb: &TensorBuffer<'a>| bind(name, tb, &problem.o_layout, o_len, es, caps);
+        let (es, rows) = (problem.dtype.size_bytes(), problem.lse_len());
+        let o_tensor = |name, tb: &TensorBuffer<'a>, layout: TensorLayout| {
+            let laid_out = AttentionProblem {
+                o_layout: layout,
+                ..*problem
+            };
+            laid_out.validate()?;
+            bind(name, tb, &layout, laid_out.required_len(Tensor::O), es, caps)
+        };
         let unused = TensorBuffer::new(self.unused_lse());
         let lse = match &buffers.lse {
             Some(l) => bind_f32("lse", l, rows, caps)?,
             None => bind_f32("lse", &unused, 1, caps)?,
         };
         let bound = [
-            o_tensor("o_a", &buffers.o_a)?,
+            o_tensor("o_a", &buffers.o_a, layout_a)?,
             bind_f32("lse_a", &buffers.lse_a, rows, caps)?,
-            o_tensor("o_b", &buffers.o_b)?,
+            o_tensor("o_b", &buffers.o_b, layout_b)?,
             bind_f32("lse_b", &buffers.lse_b, rows, caps)?,
-            o_tensor("o", &buffers.o)?,
+            o_tensor("o", &buffers.o, layout_o)?,
             lse,
         ];
         // Both are written: O and the LSE may share a buffer, not bytes.

@@ -12,4 +12,5 @@ mod decode;
 pub mod forward;
 pub mod mask_blocks;
 pub mod merge;
+pub mod ring;
 mod split;

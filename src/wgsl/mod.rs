@@ -54,6 +54,7 @@ pub const FLASH_BWD_DKDV_COOP: &str = include_str!("../../shaders/flash_bwd_dkdv
 pub const FLASH_BWD_DQ_COOP: &str = include_str!("../../shaders/flash_bwd_dq_coop.wgsl");
 pub const FLASH_BWD_SINKS: &str = include_str!("../../shaders/flash_bwd_sinks.wgsl");
 pub const MERGE: &str = include_str!("../../shaders/merge.wgsl");
+pub const GRAD_SUM: &str = include_str!("../../shaders/grad_sum.wgsl");
 pub const FLASH_DECODE: &str = include_str!("../../shaders/flash_decode.wgsl");
 pub const DECODE_COMMON: &str = include_str!("../../shaders/decode_common.wgsl");
 pub const FLASH_DECODE_COOP: &str = include_str!("../../shaders/flash_decode_coop.wgsl");
@@ -93,6 +94,12 @@ pub enum KernelConfig {
     Merge {
         storage: DType,
     },
+    /// Ring attention's sums of partial gradients (shaders/grad_sum.wgsl), in `storage`: added
+    /// into f32 sums, or with `store` the sums written back.
+    GradSum {
+        storage: DType,
+        store: bool,
+    },
     /// The decode kernel (shaders/flash_decode.wgsl, src/plan/decode.rs).
     Decode(DecodeConfig),
     /// The merge of the decode kernel's partial results (shaders/decode_combine.wgsl), O in
@@ -128,6 +135,9 @@ impl KernelConfig {
             KernelConfig::Naive { storage, .. } => format!("{}_{}", self.entry_point(), storage.name()),
             KernelConfig::Backward(k) => k.name(),
             KernelConfig::Merge { storage } => format!("merge_{}", storage.name()),
+            KernelConfig::GradSum { storage, store } => {
+                format!("grad_sum_{}{}", storage.name(), if *store { "_store" } else { "" })
+            }
             KernelConfig::Decode(c) => c.name(),
             KernelConfig::DecodeCombine { storage, sinks } => {
                 format!(
@@ -163,6 +173,7 @@ impl KernelConfig {
             },
             KernelConfig::Backward(k) => k.pass().entry_point(),
             KernelConfig::Merge { .. } => "merge",
+            KernelConfig::GradSum { .. } => "grad_sum",
             KernelConfig::Decode(_) => "flash_decode",
             KernelConfig::DecodeCombine { .. } => "decode_combine",
             KernelConfig::AppendKv { .. } => "append_kv",
@@ -255,6 +266,12 @@ impl KernelConfig {
             KernelConfig::MaskBlocks { bias } => src.push_str(&mask::summary_source(*bias)),
             KernelConfig::Merge { storage } => {
                 for part in [COMMON, storage_codec(*storage), MERGE] {
+                    src.push_str(part);
+                }
+            }
+            KernelConfig::GradSum { storage, store } => {
+                src.push_str(&format!("const STORE: bool = {store};\n"));
+                for part in [COMMON, storage_codec(*storage), GRAD_SUM] {
                     src.push_str(part);
                 }
             }

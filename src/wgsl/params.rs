@@ -208,6 +208,14 @@ impl Params {
         params.write_lse = write_lse as u32;
         params
     }
+
+    /// The gradient sums' parameters (shaders/grad_sum.wgsl): the bound strides of the parts and
+    /// of the f32 sums in the q and o slots, the problem's seq_q (rows), num_heads and head_dim.
+    pub fn for_grad_sum(problem: &AttentionProblem, parts: TensorStrides, sums: TensorStrides) -> Self {
+        let mut params = Params::for_problem(problem, 1.0);
+        (params.q, params.o) = (parts, sums);
+        params
+    }
 }
 
 /// `GradParams` in flash_bwd_common.wgsl: the layouts of the backward's extra tensors and the

@@ -1,7 +1,7 @@
 //! Calls through every public entry point, drawn from a byte string: host-slice and
 //! caller's-buffer forwards (flash, naive, indexed decode), backwards (whole and one kernel at a
-//! time), merges, K/V appends, the pure selection and validation functions, and the CUDA path's
-//! host-side planning. The bytes choose bad shapes, zero and huge dimensions, odd strides and
+//! time), merges, K/V appends, ring attention with logical ranks (forward and backward), the pure
+//! selection and validation functions, and the CUDA path's host-side planning. The bytes choose bad shapes, zero and huge dimensions, odd strides and
 //! offsets, wrong buffer sizes and usages, aliased buffers, bad index tensors, extreme scales,
 //! window and soft-cap edges and forced plans of absurd sizes, mixed with valid calls.
 //!
@@ -20,6 +20,7 @@ use wgpu_flash_attn::batch::{AppendBuffers, BatchIndex, PagedKv, Varlen};
 use wgpu_flash_attn::gpu::readback::read_back;
 use wgpu_flash_attn::kernel::{BoundsChecks, CoopChoice, DecodeChoice, TilePlan, TiledChoice, Variant};
 use wgpu_flash_attn::plan::{BackwardChoice, BackwardPass, PLANS};
+use wgpu_flash_attn::ring::{Ring, ShardLayout};
 use wgpu_flash_attn::testing::backward_harness::grad_tolerance;
 use wgpu_flash_attn::testing::harness::{nan_bytes, tolerance};
 use wgpu_flash_attn::testing::{random_tensor, ErrorStats};
@@ -643,7 +644,7 @@ impl From<Result<bool, Error>> for Verdict {
 type Entry = fn(&mut Bytes<'_>, &Drawn, Option<(&Device, &FlashAttention)>, bool) -> Verdict;
 
 /// Every entry point, by name.
-const ENTRIES: [(&str, Entry); 12] = [
+const ENTRIES: [(&str, Entry); 13] = [
     ("forward (host)", forward_host),
     ("forward (buffers)", forward_buffers),
     ("naive (host/buffers)", naive),
@@ -656,6 +657,7 @@ const ENTRIES: [(&str, Entry); 12] = [
     ("append+forward", append_and_forward),
     ("cuda backward host-side", cuda_backward_host),
     ("cuda fp8 host-side", cuda_fp8_host),
+    ("ring (host)", ring_host),
 ];
 
 /// Whether a successful call's outputs can be judged element by element: small enough for the
@@ -816,6 +818,63 @@ fn forward_host_typed<T: Element>(b: &mut Bytes<'_>, d: &Drawn, engine: &FlashAt
     match result {
         Err(e) => Verdict::Refused(e),
         Ok(r) if check => match judge_forward(d, &index, &q, &k, &v, &r.out, Some(&r.lse)) {
+            Ok(checked) => Verdict::Ok { checked },
+            Err(why) => Verdict::Wrong(format!("{why} (kernel {})", r.kernel)),
+        },
+        Ok(_) => Verdict::Ok { checked: false },
+    }
+}
+
+/// Ring attention with logical ranks on host slices: a ring drawn from the bytes (0 ranks
+/// included, which is refused), the forward, or sometimes the backward, of the drawn problem.
+fn ring_host(b: &mut Bytes<'_>, d: &Drawn, at: Option<(&Device, &FlashAttention)>, check: bool) -> Verdict {
+    let Some((_, engine)) = at else {
+        return Verdict::Ok { checked: false };
+    };
+    match d.problem.dtype {
+        DType::F32 => ring_host_typed::<f32>(b, d, engine, check),
+        DType::F16 => ring_host_typed::<half::f16>(b, d, engine, check),
+        DType::BF16 => ring_host_typed::<half::bf16>(b, d, engine, check),
+    }
+}
+
+fn ring_host_typed<T: Element>(b: &mut Bytes<'_>, d: &Drawn, engine: &FlashAttention, check: bool) -> Verdict {
+    let layout = if b.chance(128) {
+        ShardLayout::ZigZag
+    } else {
+        ShardLayout::Contiguous
+    };
+    let ring = match Ring::new(b.below(5), layout) {
+        Ok(ring) => ring,
+        Err(e) => return Verdict::Refused(e),
+    };
+    let p = &d.problem;
+    let [q, k, v] = [Tensor::Q, Tensor::K, Tensor::V].map(|t| {
+        let n = host_len(b, p.required_len(t));
+        data::<T>(b, n)
+    });
+    if b.chance(64) {
+        let bp = backward_problem(b, d);
+        let (o, lse) = forward_for_backward(d, &q, &k, &v);
+        let n = host_len(b, bp.required_len(GradTensor::DO));
+        let d_o = data::<T>(b, n);
+        let inputs = BackwardInputs {
+            q: &q,
+            k: &k,
+            v: &v,
+            o: &o,
+            lse: &lse,
+            d_o: &d_o,
+        };
+        return match engine.ring_backward_blocking(bp, &ring, &inputs) {
+            Err(e) => Verdict::Refused(e),
+            Ok(g) if check => judge_backward(&bp, d, [&q, &k, &v, &d_o], [&g.dq, &g.dk, &g.dv]).into_verdict(),
+            Ok(_) => Verdict::Ok { checked: false },
+        };
+    }
+    match engine.ring_forward_blocking(p, &ring, &q, &k, &v) {
+        Err(e) => Verdict::Refused(e),
+        Ok(r) if check => match judge_forward(d, &BatchIndex::default(), &q, &k, &v, &r.out, Some(&r.lse)) {
             Ok(checked) => Verdict::Ok { checked },
             Err(why) => Verdict::Wrong(format!("{why} (kernel {})", r.kernel)),
         },

@@ -1,0 +1,281 @@
+//! Ring attention with logical ranks on one device: a sequence sharded over `--ranks` ranks
+//! (zig-zag or contiguous), run as the ring runs it — one forward call per (query chunk, key
+//! chunk) block, each query chunk's partial results merged by their LSEs in ring order — and
+//! timed beside one forward call of the whole problem, in the same process on the same device.
+//! Prints each rank's share of the attended (query, key) pairs (the balance a ring of devices
+//! would see), both times, and the ring's result against the float64 reference on sampled rows;
+//! with `--backward`, the ring's gradients against one backward call's, and both timed.
+//!
+//! One device cannot show a ring's speed-up: the figure here is the cost of cutting the problem
+//! into blocks and merging them (what each device of a ring pays on its own share), not a
+//! multi-GPU scaling efficiency (docs/context-parallel.md).
+//!
+//! ```text
+//! cargo run --release --features internals --example ring -- [--ranks 4] [--contiguous]
+//!     [--seq 1024] [--batch 1] [--heads 8] [--kv-heads heads] [--head-dim 64] [--dtype f32|f16|bf16]
+//!     [--causal] [--backward] [--runs 5] [--check-rows 8]
+//! ```
+
+use std::time::Instant;
+
+use wgpu_flash_attn::reference;
+use wgpu_flash_attn::ring::{Ring, ShardLayout};
+use wgpu_flash_attn::testing::{random_tensor, ErrorStats};
+use wgpu_flash_attn::{
+    AttentionProblem, AttentionShape, BackwardBuffers, BackwardInputs, BackwardProblem, DType, Element, FlashAttention,
+    ForwardBuffers, GpuContext, Tensor, TensorBuffer,
+};
+
+struct Args {
+    ranks: usize,
+    layout: ShardLayout,
+    seq: usize,
+    batch: usize,
+    heads: usize,
+    kv_heads: Option<usize>,
+    head_dim: usize,
+    dtype: DType,
+    causal: bool,
+    backward: bool,
+    runs: usize,
+    check_rows: usize,
+}
+
+fn parse() -> Args {
+    let mut a = Args {
+        ranks: 4,
+        layout: ShardLayout::ZigZag,
+        seq: 1024,
+        batch: 1,
+        heads: 8,
+        kv_heads: None,
+        head_dim: 64,
+        dtype: DType::F32,
+        causal: false,
+        backward: false,
+        runs: 5,
+        check_rows: 8,
+    };
+    let mut it = std::env::args().skip(1);
+    while let Some(flag) = it.next() {
+        let mut text = || it.next().unwrap_or_else(|| panic!("{flag} needs a value"));
+        match flag.as_str() {
+            "--ranks" => a.ranks = text().parse().expect("a number"),
+            "--contiguous" => a.layout = ShardLayout::Contiguous,
+            "--seq" => a.seq = text().parse().expect("a number"),
+            "--batch" => a.batch = text().parse().expect("a number"),
+            "--heads" => a.heads = text().parse().expect("a number"),
+            "--kv-heads" => a.kv_heads = Some(text().parse().expect("a number")),
+            "--head-dim" => a.head_dim = text().parse().expect("a number"),
+            "--dtype" => {
+                a.dtype = match text().as_str() {
+                    "f32" => DType::F32,
+                    "f16" => DType::F16,
+                    "bf16" => DType::BF16,
+                    other => panic!("unknown dtype {other}"),
+                }
+            }
+            "--causal" => a.causal = true,
+            "--backward" => a.backward = true,
+            "--runs" => a.runs = text().parse().expect("a number"),
+            "--check-rows" => a.check_rows = text().parse().expect("a number"),
+            other => panic!("unknown argument {other}"),
+        }
+    }
+    a
+}
+
+fn main() {
+    let a = parse();
+    let ctx = pollster::block_on(GpuContext::new()).unwrap_or_else(|e| panic!("no device: {e}"));
+    println!("device: {} ({:?})", ctx.info.name, ctx.info.backend);
+    match a.dtype {
+        DType::F32 => run::<f32>(&ctx, &a),
+        DType::F16 => run::<half::f16>(&ctx, &a),
+        DType::BF16 => run::<half::bf16>(&ctx, &a),
+    }
+}
+
+fn run<T: Element>(ctx: &GpuContext, a: &Args) {
+    let ring = Ring::new(a.ranks, a.layout).unwrap_or_else(|e| panic!("{e}"));
+    let shape = AttentionShape {
+        batch: a.batch,
+        seq_q: a.seq,
+        seq_kv: a.seq,
+        num_heads: a.heads,
+        num_kv_heads: a.kv_heads.unwrap_or(a.heads),
+        head_dim: a.head_dim,
+    };
+    let problem = AttentionProblem::new(shape, a.dtype).with_causal(a.causal);
+    let attn = FlashAttention::new(ctx);
+
+    // Each rank's share of the attended pairs, from the schedule alone.
+    let pairs = |rank: usize| -> u64 {
+        (0..a.ranks)
+            .flat_map(|step| ring.blocks(rank, step, a.causal))
+            .map(|b| {
+                let (q, k) = (
+                    ring.chunk_rows(a.seq, b.q_chunk).len() as u64,
+                    ring.chunk_rows(a.seq, b.kv_chunk).len() as u64,
+                );
+                match b.mask {
+                    wgpu_flash_attn::ring::BlockMask::Full => q * k,
+                    wgpu_flash_attn::ring::BlockMask::Causal => q * (q + 1) / 2,
+                }
+            })
+            .sum()
+    };
+    let shares: Vec<u64> = (0..a.ranks).map(pairs).collect();
+    let most = *shares.iter().max().unwrap_or(&1) as f64;
+    let mean = shares.iter().sum::<u64>() as f64 / a.ranks as f64;
+    println!(
+        "ring: {} ranks, {:?}, {} chunks; (query, key) pairs per rank and head {:?}; balance (mean / most) {:.3}",
+        a.ranks,
+        a.layout,
+        ring.chunks(),
+        shares,
+        mean / most
+    );
+
+    let q: Vec<T> = random_tensor(1, problem.required_len(Tensor::Q));
+    let k: Vec<T> = random_tensor(2, problem.required_len(Tensor::K));
+    let v: Vec<T> = random_tensor(3, problem.required_len(Tensor::V));
+    let out = attn
+        .ring_forward_blocking(&problem, &ring, &q, &k, &v)
+        .unwrap_or_else(|e| panic!("{e}"));
+    println!("kernel: {}", out.kernel);
+
+    // Sampled rows against the float64 reference.
+    let rows = a.check_rows.min(a.seq);
+    let mut worst = 0f64;
+    for n in 0..rows {
+        // Rows spread over the sequence, heads and batch entries: early and late chunks alike.
+        let (i, h, b) = (n * a.seq / rows.max(1), n % a.heads, n % a.batch);
+        let want = reference::attention_row(&problem, &q, &k, &v, b, h, i).unwrap_or_else(|e| panic!("{e}"));
+        for (d, w) in want.out.iter().enumerate() {
+            let got = out.out[problem.o_layout.index(b, i, h, d)].to_f64();
+            worst = worst.max((got - w).abs());
+        }
+    }
+    if rows > 0 {
+        println!("max |ring − float64| over {rows} sampled rows: {worst:.3e}");
+    }
+
+    // Device buffers, then both paths timed by the wall clock around `runs` recordings in one
+    // submission (the ring records several passes; timestamps bracket one).
+    let upload = |label, data: &[T]| {
+        wgpu::util::DeviceExt::create_buffer_init(
+            &ctx.device,
+            &wgpu::util::BufferInitDescriptor {
+                label: Some(label),
+                contents: bytemuck::cast_slice(data),
+                usage: wgpu::BufferUsages::STORAGE,
+            },
+        )
+    };
+    let (qb, kb, vb) = (upload("q", &q), upload("k", &k), upload("v", &v));
+    let output = |label, bytes: usize| {
+        ctx.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some(label),
+            size: bytes as u64,
+            usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST | wgpu::BufferUsages::COPY_SRC,
+            mapped_at_creation: false,
+        })
+    };
+    let ob = output("o", problem.required_len(Tensor::O) * a.dtype.size_bytes());
+    let lb = output("lse", 4 * problem.lse_len());
+    let buffers = ForwardBuffers::new(
+        TensorBuffer::new(&qb),
+        TensorBuffer::new(&kb),
+        TensorBuffer::new(&vb),
+        TensorBuffer::new(&ob),
+        Some(TensorBuffer::new(&lb)),
+    );
+    let time = |record_one: &dyn Fn(&mut wgpu::CommandEncoder)| -> f64 {
+        let record = |times: usize| {
+            let mut encoder = ctx.device.create_command_encoder(&Default::default());
+            for _ in 0..times {
+                record_one(&mut encoder);
+            }
+            ctx.queue.submit([encoder.finish()]);
+            ctx.device
+                .poll(wgpu::PollType::wait_indefinitely())
+                .unwrap_or_else(|e| panic!("{e}"));
+        };
+        record(1);
+        let start = Instant::now();
+        record(a.runs.max(1));
+        start.elapsed().as_secs_f64() / a.runs.max(1) as f64
+    };
+    let report = |what: &str, flops: f64, one: f64, ringed: f64| {
+        println!(
+            "{what}: one call {:.3} ms ({:.4} TFLOP/s); ring of {} logical ranks {:.3} ms ({:.4} TFLOP/s), {:.2}x the one call",
+            one * 1e3,
+            flops / one / 1e12,
+            a.ranks,
+            ringed * 1e3,
+            flops / ringed / 1e12,
+            ringed / one
+        );
+    };
+    let one = time(&|e| {
+        attn.encode_forward(e, &problem, &buffers, None)
+            .unwrap_or_else(|err| panic!("{err}"));
+    });
+    let ringed = time(&|e| {
+        attn.encode_ring_forward(e, &problem, &ring, &buffers)
+            .unwrap_or_else(|err| panic!("{err}"));
+    });
+    report("forward", problem.flops(), one, ringed);
+    if !a.backward {
+        return;
+    }
+
+    // The backward: the ring's gradients against one call's, then both timed on the device.
+    let d_o: Vec<T> = random_tensor(4, problem.required_len(Tensor::O));
+    let inputs = BackwardInputs {
+        q: &q,
+        k: &k,
+        v: &v,
+        o: &out.out,
+        lse: &out.lse,
+        d_o: &d_o,
+    };
+    let ring_grads = attn
+        .ring_backward_blocking(problem, &ring, &inputs)
+        .unwrap_or_else(|e| panic!("{e}"));
+    let one_grads = attn
+        .backward_blocking(problem, &inputs)
+        .unwrap_or_else(|e| panic!("{e}"));
+    for (name, x, y) in [
+        ("dQ", &ring_grads.dq, &one_grads.dq),
+        ("dK", &ring_grads.dk, &one_grads.dk),
+        ("dV", &ring_grads.dv, &one_grads.dv),
+    ] {
+        let err = ErrorStats::from_pairs(x.iter().map(|g| g.to_f64()).zip(y.iter().map(|g| g.to_f64())));
+        println!("{name}: ring against one call {err}");
+    }
+    let dob = upload("d_o", &d_o);
+    let grad = |label, t: Tensor| output(label, problem.required_len(t) * a.dtype.size_bytes());
+    let (dq, dk, dv) = (grad("dq", Tensor::Q), grad("dk", Tensor::K), grad("dv", Tensor::V));
+    let grads = BackwardBuffers::new(
+        TensorBuffer::new(&qb),
+        TensorBuffer::new(&kb),
+        TensorBuffer::new(&vb),
+        TensorBuffer::new(&ob),
+        TensorBuffer::new(&lb),
+        TensorBuffer::new(&dob),
+        TensorBuffer::new(&dq),
+        TensorBuffer::new(&dk),
+        TensorBuffer::new(&dv),
+    );
+    let one = time(&|e| {
+        attn.encode_backward(e, problem, &grads, None)
+            .unwrap_or_else(|err| panic!("{err}"));
+    });
+    let ringed = time(&|e| {
+        attn.encode_ring_backward(e, problem, &ring, &grads)
+            .unwrap_or_else(|err| panic!("{err}"));
+    });
+    report("backward", BackwardProblem::new(problem).flops(), one, ringed);
+}
