@@ -8,7 +8,13 @@
 # passes its tests; then the web demo in headless Chromium (WebGPU on SwiftShader).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-scripts/setup.sh
+# Each step says how long it took, so a slow CI run shows where its time went.
+step() {
+    local start=$SECONDS
+    "$@"
+    echo "test.sh: $((SECONDS - start)) s: $*" >&2
+}
+step scripts/setup.sh
 export FLASH_REQUIRE_GPU=1 XDG_RUNTIME_DIR=${XDG_RUNTIME_DIR:-/tmp}
 # The tests reach tuning tables, plans and the harness through `internals`; `cuda` adds the CUDA
 # path's host-side tests (its GPU tests skip with a message where there is no CUDA device; they run
@@ -21,15 +27,15 @@ export FLASH_REQUIRE_GPU=1 XDG_RUNTIME_DIR=${XDG_RUNTIME_DIR:-/tmp}
 # untouched): every test, the bad-input campaign's slice (tests/campaign.rs) and the validation
 # fuzz target's budget (tests/fuzz_validation.rs) among them, fails on an overflow the checked
 # arithmetic missed.
-cargo test --release --features internals,cuda,cli,candle,burn --config 'profile.release.package.wgpu-flash-attn.overflow-checks=true'
-cargo bench --no-run --features internals,cuda,cli,candle
+step cargo test --release --features internals,cuda,cli,candle,burn --config 'profile.release.package.wgpu-flash-attn.overflow-checks=true'
+step cargo bench --no-run --features internals,cuda,cli,candle
 # What a user gets: the library without `internals`, and its documentation.
-cargo build --release --lib
-RUSTDOCFLAGS="-D warnings" cargo doc --no-deps --lib --quiet
+step cargo build --release --lib
+RUSTDOCFLAGS="-D warnings" step cargo doc --no-deps --lib --quiet
 # The Python package: `pip install .` in a fresh virtual environment, then pytest (python/test.sh;
 # about 4.5 minutes, nearly all of it the release build of the extension).
-python/test.sh
+step python/test.sh
 # BENCHMARKS.md's charts are what the script makes of bench-results/ (python3, standard library).
-python3 scripts/bench-charts.py --check
+step python3 scripts/bench-charts.py --check
 # The browser: the library built for wasm32, the demo page driven in headless Chromium.
-web-demo/test.sh
+step web-demo/test.sh
