@@ -20,7 +20,7 @@ use crate::error::{Error, Result};
 use crate::gpu::binding::{bind, byte_len, check_buffer_size, TensorBuffer};
 use crate::gpu::readback::read_back_within;
 use crate::plan::ring::{BlockMask, Ring, RingBlock};
-use crate::plan::{missing_features, BackwardConfig, ForwardKernel};
+use crate::plan::{missing_features, BackwardConfig, BackwardPass, ForwardKernel};
 use crate::problem::backward::{BackwardProblem, GradTensor};
 use crate::problem::features::{Feature, FeatureSet};
 use crate::problem::{AttentionProblem, AttentionShape, Element, Layout, Tensor, TensorLayout};
@@ -461,7 +461,7 @@ impl FlashAttention {
                     4 * len as u64,
                 );
             }
-            for block in ring.blocks_of_chunk(chunk, f.causal) {
+            for (nth, block) in ring.blocks_of_chunk(chunk, f.causal).into_iter().enumerate() {
                 let kv = ring.chunk_rows(s.seq_kv, block.kv_chunk);
                 let sub = BackwardProblem {
                     forward: block_problem(f, ring, &block, rows_from(&f.o_layout, rows.start)),
@@ -479,7 +479,24 @@ impl FlashAttention {
                     delta: Some(TensorBuffer::new(&delta)),
                     ..*buffers
                 };
-                let config = self.encode_backward(encoder, sub, &views, None)?;
+                // D = rowsum(dO ∘ O) depends on the chunk's rows alone: the chunk's first block
+                // computes it into `delta`, the later ones read it there. A block too large for
+                // one dispatch per kernel runs whole, in parts, D again included (both gradient
+                // kernels bind the same tensors, so where dK/dV's pass fits, dQ's does).
+                let selected = if nth > 0 { self.select_backward(sub).ok() } else { None };
+                let config = match selected {
+                    Some(config) => {
+                        match self.encode_backward_pass(encoder, sub, &views, &config, BackwardPass::DkDv, None) {
+                            Ok(()) => {
+                                self.encode_backward_pass(encoder, sub, &views, &config, BackwardPass::Dq, None)?;
+                                config
+                            }
+                            Err(Error::TooLarge(_)) => self.encode_backward(encoder, sub, &views, None)?,
+                            Err(e) => return Err(e),
+                        }
+                    }
+                    None => self.encode_backward(encoder, sub, &views, None)?,
+                };
                 first.get_or_insert(config);
                 let block_rows = |buffer, rows, heads| Rows {
                     buffer: TensorBuffer::new(buffer),
