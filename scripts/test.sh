@@ -4,7 +4,7 @@
 # float64 reference, the error cases, the backward pass, problems split over bindings and grids,
 # a slice of the randomized bad-input campaign and the validation fuzz target (with overflow
 # checks on), the memory soak; the benchmarks and examples are compiled too; the public API (no
-# `internals`) builds and its docs have no broken links; the Python package installs with pip and
+# `internals`) type-checks and its docs have no broken links; the Python package installs with pip and
 # passes its tests; then the web demo in headless Chromium (WebGPU on SwiftShader).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -27,10 +27,13 @@ export FLASH_REQUIRE_GPU=1 XDG_RUNTIME_DIR=${XDG_RUNTIME_DIR:-/tmp}
 # untouched): every test, the bad-input campaign's slice (tests/campaign.rs) and the validation
 # fuzz target's budget (tests/fuzz_validation.rs) among them, fails on an overflow the checked
 # arithmetic missed.
-step cargo test --release --features internals,cuda,cli,candle,burn --config 'profile.release.package.wgpu-flash-attn.overflow-checks=true'
-step cargo bench --no-run --features internals,cuda,cli,candle
-# What a user gets: the library without `internals`, and its documentation.
-step cargo build --release --lib
+features=internals,cuda,cli,candle,burn
+checked='profile.release.package.wgpu-flash-attn.overflow-checks=true'
+step cargo test --release --features $features --config "$checked"
+# The benchmarks compile with the tests' features and profile, so nothing below them is built again.
+step cargo bench --no-run --features $features --config "$checked"
+# What a user gets: the library without `internals` type-checks, and its documentation builds.
+step cargo check --lib
 RUSTDOCFLAGS="-D warnings" step cargo doc --no-deps --lib --quiet
 # The Python package: `pip install .` in a fresh virtual environment, then pytest (python/test.sh;
 # about 4.5 minutes, nearly all of it the release build of the extension).
