@@ -12,8 +12,8 @@
 #
 # The extension builds into $CARGO_TARGET_DIR (default: the repository's target/), in release like
 # `pip install .` for a user. wgpu and naga compile again there even after the library's release
-# build (PyO3's macros change syn's features, python/Cargo.toml says how): about 4.5 minutes on
-# 2 cores; the tests themselves take seconds.
+# build (PyO3's macros change syn's features, python/Cargo.toml says how): about 1.5 minutes on
+# 2 cores after the tests' build; the tests themselves take seconds.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD

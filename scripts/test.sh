@@ -36,7 +36,7 @@ step cargo bench --no-run --features $features --config "$checked"
 step cargo check --lib
 RUSTDOCFLAGS="-D warnings" step cargo doc --no-deps --lib --quiet
 # The Python package: `pip install .` in a fresh virtual environment, then pytest (python/test.sh;
-# about 4.5 minutes, nearly all of it the release build of the extension).
+# about 1.5 minutes, nearly all of it the release build of the extension).
 step python/test.sh
 # BENCHMARKS.md's charts are what the script makes of bench-results/ (python3, standard library).
 step python3 scripts/bench-charts.py --check
