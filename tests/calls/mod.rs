@@ -25,9 +25,9 @@ use wgpu_flash_attn::testing::backward_harness::grad_tolerance;
 use wgpu_flash_attn::testing::harness::{nan_bytes, tolerance};
 use wgpu_flash_attn::testing::{random_tensor, ErrorStats};
 use wgpu_flash_attn::{
-    reference, AttentionProblem, AttentionShape, BackwardBuffers, BackwardInputs, BackwardProblem, DType, Element,
-    Error, FlashAttention, ForwardBuffers, GpuContext, GradTensor, KernelChoice, Layout, MergeBuffers, Options, Tensor,
-    TensorBuffer, TensorLayout,
+    reference, AttentionProblem, AttentionShape, BackwardBuffers, BackwardInputs, BackwardOutput, BackwardProblem,
+    DType, Element, Error, FlashAttention, ForwardBuffers, GpuContext, GradTensor, KernelChoice, Layout, MergeBuffers,
+    Options, Tensor, TensorBuffer, TensorLayout,
 };
 
 /// The generator's source of choices: the bytes in order, then zeros, so that every byte string
@@ -855,22 +855,9 @@ fn ring_host_typed<T: Element>(b: &mut Bytes<'_>, d: &Drawn, engine: &FlashAtten
     });
     if b.chance(64) {
         let bp = backward_problem(b, d);
-        let (o, lse) = forward_for_backward(d, &q, &k, &v);
-        let n = host_len(b, bp.required_len(GradTensor::DO));
-        let d_o = data::<T>(b, n);
-        let inputs = BackwardInputs {
-            q: &q,
-            k: &k,
-            v: &v,
-            o: &o,
-            lse: &lse,
-            d_o: &d_o,
-        };
-        return match engine.ring_backward_blocking(bp, &ring, &inputs) {
-            Err(e) => Verdict::Refused(e),
-            Ok(g) if check => judge_backward(&bp, d, [&q, &k, &v, &d_o], [&g.dq, &g.dk, &g.dv]).into_verdict(),
-            Ok(_) => Verdict::Ok { checked: false },
-        };
+        return host_backward(b, d, bp, [&q, &k, &v], check, |inputs| {
+            engine.ring_backward_blocking(bp, &ring, inputs)
+        });
     }
     match engine.ring_forward_blocking(p, &ring, &q, &k, &v) {
         Err(e) => Verdict::Refused(e),
@@ -1234,25 +1221,39 @@ fn backward_host_typed<T: Element>(b: &mut Bytes<'_>, d: &Drawn, engine: &FlashA
         let n = host_len(b, p.required_len(t));
         data::<T>(b, n)
     });
-    let (o, lse) = forward_for_backward(d, &q, &k, &v);
+    host_backward(b, d, bp, [&q, &k, &v], check, |inputs| {
+        if d.has_index() {
+            engine.backward_indexed_blocking(bp, inputs, &d.index())
+        } else {
+            engine.backward_blocking(bp, inputs)
+        }
+    })
+}
+
+/// A backward on host slices of `bp` over the drawn Q, K, V: the reference forward's O and LSE,
+/// dO drawn, `call` run on them, its gradients judged against the reference.
+fn host_backward<T: Element>(
+    b: &mut Bytes<'_>,
+    d: &Drawn,
+    bp: BackwardProblem,
+    [q, k, v]: [&[T]; 3],
+    check: bool,
+    call: impl FnOnce(&BackwardInputs<'_, T>) -> Result<BackwardOutput<T>, Error>,
+) -> Verdict {
+    let (o, lse) = forward_for_backward(d, q, k, v);
     let n = host_len(b, bp.required_len(GradTensor::DO));
     let d_o = data::<T>(b, n);
     let inputs = BackwardInputs {
-        q: &q,
-        k: &k,
-        v: &v,
+        q,
+        k,
+        v,
         o: &o,
         lse: &lse,
         d_o: &d_o,
     };
-    let result = if d.has_index() {
-        engine.backward_indexed_blocking(bp, &inputs, &d.index())
-    } else {
-        engine.backward_blocking(bp, &inputs)
-    };
-    match result {
+    match call(&inputs) {
         Err(e) => Verdict::Refused(e),
-        Ok(g) if check => judge_backward(&bp, d, [&q, &k, &v, &d_o], [&g.dq, &g.dk, &g.dv]).into_verdict(),
+        Ok(g) if check => judge_backward(&bp, d, [q, k, v, &d_o], [&g.dq, &g.dk, &g.dv]).into_verdict(),
         Ok(_) => Verdict::Ok { checked: false },
     }
 }
