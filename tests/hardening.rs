@@ -477,25 +477,18 @@ fn forced_plans_with_zero_or_huge_sizes_are_refused() {
     let bytes = 4 * p.required_len(Tensor::Q) as u64;
     let t: Vec<wgpu::Buffer> = (0..10).map(|_| storage(ctx, bytes)).collect();
     let buffers = BackwardBuffers {
-        q: TensorBuffer::new(&t[0]),
-        k: TensorBuffer::new(&t[1]),
-        v: TensorBuffer::new(&t[2]),
-        o: TensorBuffer::new(&t[3]),
-        lse: TensorBuffer::new(&t[4]),
-        d_o: TensorBuffer::new(&t[5]),
-        dq: TensorBuffer::new(&t[6]),
-        dk: TensorBuffer::new(&t[7]),
-        dv: TensorBuffer::new(&t[8]),
         delta: Some(TensorBuffer::new(&t[9])),
-        cu_seqlens_q: None,
-        cu_seqlens_k: None,
-        alibi_slopes: None,
-        sinks: None,
-        d_sinks: None,
-        bias: None,
-        mask: None,
-        mask_blocks: None,
-        d_bias: None,
+        ..BackwardBuffers::new(
+            TensorBuffer::new(&t[0]),
+            TensorBuffer::new(&t[1]),
+            TensorBuffer::new(&t[2]),
+            TensorBuffer::new(&t[3]),
+            TensorBuffer::new(&t[4]),
+            TensorBuffer::new(&t[5]),
+            TensorBuffer::new(&t[6]),
+            TensorBuffer::new(&t[7]),
+            TensorBuffer::new(&t[8]),
+        )
     };
     let mut encoder = ctx.device.create_command_encoder(&Default::default());
     let e = engine
@@ -716,25 +709,18 @@ fn overlapping_written_tensors_are_errors() {
     let inputs: Vec<wgpu::Buffer> = (0..7).map(|_| storage(ctx, bytes)).collect();
     let grads = storage(ctx, 3 * bytes);
     let base = BackwardBuffers {
-        q: TensorBuffer::new(&inputs[0]),
-        k: TensorBuffer::new(&inputs[1]),
-        v: TensorBuffer::new(&inputs[2]),
-        o: TensorBuffer::new(&inputs[3]),
-        lse: TensorBuffer::new(&inputs[4]),
-        d_o: TensorBuffer::new(&inputs[5]),
-        dq: TensorBuffer::at(&grads, 0),
-        dk: TensorBuffer::at(&grads, bytes),
-        dv: TensorBuffer::at(&grads, 2 * bytes),
         delta: Some(TensorBuffer::new(&inputs[6])),
-        cu_seqlens_q: None,
-        cu_seqlens_k: None,
-        alibi_slopes: None,
-        sinks: None,
-        d_sinks: None,
-        bias: None,
-        mask: None,
-        mask_blocks: None,
-        d_bias: None,
+        ..BackwardBuffers::new(
+            TensorBuffer::new(&inputs[0]),
+            TensorBuffer::new(&inputs[1]),
+            TensorBuffer::new(&inputs[2]),
+            TensorBuffer::new(&inputs[3]),
+            TensorBuffer::new(&inputs[4]),
+            TensorBuffer::new(&inputs[5]),
+            TensorBuffer::at(&grads, 0),
+            TensorBuffer::at(&grads, bytes),
+            TensorBuffer::at(&grads, 2 * bytes),
+        )
     };
     let backward = |b: &BackwardBuffers<'_>| {
         let mut encoder = ctx.device.create_command_encoder(&Default::default());

@@ -810,25 +810,19 @@ fn the_kernels_trust_the_summary_and_ignore_a_wrong_one() {
         ctx.queue.submit([encoder.finish()]);
         let mut encoder = ctx.device.create_command_encoder(&Default::default());
         let backward = wgpu_flash_attn::BackwardBuffers {
-            q: TensorBuffer::new(&qb),
-            k: TensorBuffer::new(&kb),
-            v: TensorBuffer::new(&vb),
-            o: TensorBuffer::new(&o),
-            lse: TensorBuffer::new(&lse),
-            d_o: TensorBuffer::new(&dob),
-            dq: TensorBuffer::new(&dq),
-            dk: TensorBuffer::new(&dk),
-            dv: TensorBuffer::new(&dv),
-            delta: None,
-            cu_seqlens_q: None,
-            cu_seqlens_k: None,
-            alibi_slopes: None,
-            sinks: None,
-            d_sinks: None,
-            bias: None,
             mask: Some(TensorBuffer::new(&mask_buf)),
             mask_blocks: Some(TensorBuffer::new(&blocks)),
-            d_bias: None,
+            ..wgpu_flash_attn::BackwardBuffers::new(
+                TensorBuffer::new(&qb),
+                TensorBuffer::new(&kb),
+                TensorBuffer::new(&vb),
+                TensorBuffer::new(&o),
+                TensorBuffer::new(&lse),
+                TensorBuffer::new(&dob),
+                TensorBuffer::new(&dq),
+                TensorBuffer::new(&dk),
+                TensorBuffer::new(&dv),
+            )
         };
         engine.encode_backward(&mut encoder, bp, &backward, None).unwrap();
         ctx.queue.submit([encoder.finish()]);
