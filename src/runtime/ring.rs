@@ -42,6 +42,18 @@ const RING_FEATURES: FeatureSet = FeatureSet::of(&[
     Feature::SoftCap,
 ]);
 
+/// A scratch buffer of the ring. COPY_SRC and COPY_DST: a block too large for one dispatch copies
+/// its parts' LSE rows out of and into place; the backward clears its sums and copies the chunk's
+/// LSE rows in.
+fn scratch_buffer(device: &wgpu::Device, label: &'static str, size: u64) -> wgpu::Buffer {
+    device.create_buffer(&wgpu::BufferDescriptor {
+        label: Some(label),
+        size,
+        usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_SRC | wgpu::BufferUsages::COPY_DST,
+        mapped_at_creation: false,
+    })
+}
+
 /// Why `problem` cannot run on `ring`, or `Ok`.
 fn check_ring_problem(problem: &AttentionProblem, ring: &Ring) -> Result<()> {
     problem.validate()?;
@@ -235,18 +247,9 @@ impl FlashAttention {
         check_buffer_size("ring scratch o", o_bytes, caps)?;
         check_buffer_size("ring scratch lse", lse_bytes, caps)?;
         let device = &self.context().device;
-        // COPY_DST: a block too large for one dispatch copies its parts' LSE rows into place.
-        let scratch = |label, size| {
-            device.create_buffer(&wgpu::BufferDescriptor {
-                label: Some(label),
-                size,
-                usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_SRC | wgpu::BufferUsages::COPY_DST,
-                mapped_at_creation: false,
-            })
-        };
         // Slots 0 and 1 hold a chunk's running result in turn; slot 2 the block merged into it.
-        let outs = [0, 1, 2].map(|_| scratch("wgpu-flash-attn ring o", o_bytes));
-        let lses = [0, 1, 2].map(|_| scratch("wgpu-flash-attn ring lse", lse_bytes));
+        let outs = [0, 1, 2].map(|_| scratch_buffer(device, "wgpu-flash-attn ring o", o_bytes));
+        let lses = [0, 1, 2].map(|_| scratch_buffer(device, "wgpu-flash-attn ring lse", lse_bytes));
         let s = problem.shape;
         let mut first = None;
         for chunk in 0..ring.chunks() {
@@ -429,16 +432,8 @@ impl FlashAttention {
         for (what, bytes) in sizes {
             check_buffer_size(what, bytes, caps)?;
         }
-        // COPY_DST: the sums are cleared and the LSE rows copied in; COPY_SRC: a block too large
-        // for one dispatch copies its parts' LSE rows out.
-        let [sum_q, sum_k, sum_v, part_q, part_k, part_v, lse, delta] = sizes.map(|(label, size)| {
-            device.create_buffer(&wgpu::BufferDescriptor {
-                label: Some(label),
-                size,
-                usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST | wgpu::BufferUsages::COPY_SRC,
-                mapped_at_creation: false,
-            })
-        });
+        let [sum_q, sum_k, sum_v, part_q, part_k, part_v, lse, delta] =
+            sizes.map(|(label, size)| scratch_buffer(device, label, size));
         for sums in [&sum_q, &sum_k, &sum_v] {
             encoder.clear_buffer(sums, 0, None);
         }
