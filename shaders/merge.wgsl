@@ -12,16 +12,9 @@
 // in granules of four elements; the LSEs are [batch, num_heads, seq_q] f32, read and written as
 // bits, because WGSL implementations need not honour infinities.
 //
-// What a workgroup owns: WG consecutive granules of one (batch, head)'s seq_q × head_dim/4 granules
-// (grid: (x, num_heads, batch)); when the x dimension of the grid cannot cover them all, each
-// invocation strides on by the grid's width. What an invocation owns: one granule at a time: it
-// reads its row's two LSEs and one granule of each side and writes one granule of O, and the first
-// granule's invocation writes the row's LSE. The merge is bound by memory, with no data shared
-// between invocations, so no workgroup memory and no barrier; 64 is a multiple of every subgroup
-// width (4 to 64) and far below every device's invocation limit, and adjacent invocations read
-// adjacent granules of a row.
-
-const WG: u32 = 64u;
+// The walk over the granules, and what a workgroup and an invocation own: granule_walk.wgsl. Per
+// granule an invocation reads its row's two LSEs and one granule of each side and writes one
+// granule of O; the first granule's invocation also writes the row's LSE.
 
 @group(0) @binding(1) var<storage, read> o_a: array<Granule>;
 @group(0) @binding(2) var<storage, read> lse_a: array<u32>;
@@ -36,43 +29,39 @@ fn merge(
     @builtin(num_workgroups) groups: vec3<u32>,
     @builtin(local_invocation_index) li: u32,
 ) {
-    let h = wg.y;
-    let b = wg.z;
-    let granules_per_row = params.head_dim / 4u;
-    let count = params.seq_q * granules_per_row;
-    for (var item = wg.x * WG + li; item < count; item += groups.x * WG) {
-        let row = item / granules_per_row;
-        let g = item % granules_per_row;
-        let r = lse_index(dense_sequence(b), h, row);
-        let bits_a = lse_a[r];
-        let bits_b = lse_b[r];
-        let seen_a = bits_a != LSE_EMPTY_BITS;
-        let seen_b = bits_b != LSE_EMPTY_BITS;
-        let la = bitcast<f32>(bits_a);
-        let lb = bitcast<f32>(bits_b);
+    walk_granules(wg, groups.x, li);
+}
 
-        var merged = vec4<f32>(0.0);
-        var lse_bits = LSE_EMPTY_BITS;
-        if (seen_a && seen_b) {
-            let m = max(la, lb);
-            let e_a = exp(la - m);
-            let e_b = exp(lb - m);
-            let sum = e_a + e_b;
-            let inv = 1.0 / sum;
-            let x_a = unpack_granule(o_a[row_granule(params.q, b, row, h) + g]);
-            let x_b = unpack_granule(o_b[row_granule(params.k, b, row, h) + g]);
-            merged = (e_a * inv) * x_a + (e_b * inv) * x_b;
-            lse_bits = bitcast<u32>(m + log(sum));
-        } else if (seen_a) {
-            merged = unpack_granule(o_a[row_granule(params.q, b, row, h) + g]);
-            lse_bits = bits_a;
-        } else if (seen_b) {
-            merged = unpack_granule(o_b[row_granule(params.k, b, row, h) + g]);
-            lse_bits = bits_b;
-        }
-        o[row_granule(params.o, b, row, h) + g] = pack_granule(merged);
-        if (g == 0u && params.write_lse != 0u) {
-            lse[r] = lse_bits;
-        }
+fn visit_granule(b: u32, h: u32, row: u32, g: u32) {
+    let r = lse_index(dense_sequence(b), h, row);
+    let bits_a = lse_a[r];
+    let bits_b = lse_b[r];
+    let seen_a = bits_a != LSE_EMPTY_BITS;
+    let seen_b = bits_b != LSE_EMPTY_BITS;
+    let la = bitcast<f32>(bits_a);
+    let lb = bitcast<f32>(bits_b);
+
+    var merged = vec4<f32>(0.0);
+    var lse_bits = LSE_EMPTY_BITS;
+    if (seen_a && seen_b) {
+        let m = max(la, lb);
+        let e_a = exp(la - m);
+        let e_b = exp(lb - m);
+        let sum = e_a + e_b;
+        let inv = 1.0 / sum;
+        let x_a = unpack_granule(o_a[row_granule(params.q, b, row, h) + g]);
+        let x_b = unpack_granule(o_b[row_granule(params.k, b, row, h) + g]);
+        merged = (e_a * inv) * x_a + (e_b * inv) * x_b;
+        lse_bits = bitcast<u32>(m + log(sum));
+    } else if (seen_a) {
+        merged = unpack_granule(o_a[row_granule(params.q, b, row, h) + g]);
+        lse_bits = bits_a;
+    } else if (seen_b) {
+        merged = unpack_granule(o_b[row_granule(params.k, b, row, h) + g]);
+        lse_bits = bits_b;
+    }
+    o[row_granule(params.o, b, row, h) + g] = pack_granule(merged);
+    if (g == 0u && params.write_lse != 0u) {
+        lse[r] = lse_bits;
     }
 }

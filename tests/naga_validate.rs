@@ -119,6 +119,7 @@ fn shaders_open_with_a_comment_saying_what_they_are() {
         ("naive_pv", NAIVE_PV),
         ("merge", MERGE),
         ("grad_sum", GRAD_SUM),
+        ("granule_walk", GRANULE_WALK),
         ("flash_decode", FLASH_DECODE),
         ("decode_lanes_subgroup", DECODE_LANES_SUBGROUP),
         ("decode_lanes_workgroup", DECODE_LANES_WORKGROUP),
@@ -205,6 +206,7 @@ fn shaders_initialize_variables_declared_in_loops() {
         ("naive_pv", NAIVE_PV),
         ("merge", MERGE),
         ("grad_sum", GRAD_SUM),
+        ("granule_walk", GRANULE_WALK),
         ("common", COMMON),
         ("sequence_indexed", SEQUENCE_INDEXED),
     ] {

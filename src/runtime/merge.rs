@@ -15,8 +15,9 @@ use crate::runtime::forward::{AttentionOutput, FlashAttention};
 use crate::wgsl::params::Params;
 use crate::wgsl::KernelConfig;
 
-/// Invocations per workgroup of shaders/merge.wgsl (its `WG`).
-const MERGE_WORKGROUP: u64 = 64;
+/// Invocations per workgroup of the granule walks (shaders/granule_walk.wgsl's `WG`): the
+/// merge's and the ring's gradient sums.
+const GRANULE_WALK_WORKGROUP: u64 = 64;
 
 /// The tensors of one merge, in the caller's buffers.
 ///
@@ -136,9 +137,9 @@ impl FlashAttention {
             }
         }
         let granules = s.seq_q as u64 * (s.head_dim / 4) as u64;
-        let x = granules.div_ceil(MERGE_WORKGROUP).clamp(1, max_dim.max(1));
+        let x = granules.div_ceil(GRANULE_WALK_WORKGROUP).clamp(1, max_dim.max(1));
         // The kernel counts granules in u32, one stride past the last.
-        if granules + x * MERGE_WORKGROUP > u32::MAX as u64 {
+        if granules + x * GRANULE_WALK_WORKGROUP > u32::MAX as u64 {
             return Err(Error::TooLarge(format!(
                 "the merge counts one head's seq_q × head_dim / 4 = {granules} granules in 32 bits"
             )));

@@ -55,6 +55,7 @@ pub const FLASH_BWD_DQ_COOP: &str = include_str!("../../shaders/flash_bwd_dq_coo
 pub const FLASH_BWD_SINKS: &str = include_str!("../../shaders/flash_bwd_sinks.wgsl");
 pub const MERGE: &str = include_str!("../../shaders/merge.wgsl");
 pub const GRAD_SUM: &str = include_str!("../../shaders/grad_sum.wgsl");
+pub const GRANULE_WALK: &str = include_str!("../../shaders/granule_walk.wgsl");
 pub const FLASH_DECODE: &str = include_str!("../../shaders/flash_decode.wgsl");
 pub const DECODE_COMMON: &str = include_str!("../../shaders/decode_common.wgsl");
 pub const FLASH_DECODE_COOP: &str = include_str!("../../shaders/flash_decode_coop.wgsl");
@@ -265,13 +266,13 @@ impl KernelConfig {
             }
             KernelConfig::MaskBlocks { bias } => src.push_str(&mask::summary_source(*bias)),
             KernelConfig::Merge { storage } => {
-                for part in [COMMON, storage_codec(*storage), MERGE] {
+                for part in [COMMON, storage_codec(*storage), GRANULE_WALK, MERGE] {
                     src.push_str(part);
                 }
             }
             KernelConfig::GradSum { storage, store } => {
                 src.push_str(&format!("const STORE: bool = {store};\n"));
-                for part in [COMMON, storage_codec(*storage), GRAD_SUM] {
+                for part in [COMMON, storage_codec(*storage), GRANULE_WALK, GRAD_SUM] {
                     src.push_str(part);
                 }
             }
