@@ -139,6 +139,29 @@ impl<'a> BackwardBuffers<'a> {
             d_bias: None,
         }
     }
+
+    /// The side tensors the kernels read (the forward's, without a paged cache or key counts,
+    /// which the backward does not take).
+    fn index(&self) -> IndexBuffers<'a> {
+        IndexBuffers {
+            cu_seqlens_q: self.cu_seqlens_q,
+            cu_seqlens_k: self.cu_seqlens_k,
+            alibi_slopes: self.alibi_slopes,
+            sinks: self.sinks,
+            bias: self.bias,
+            mask: self.mask,
+            mask_blocks: self.mask_blocks,
+            ..IndexBuffers::default()
+        }
+    }
+
+    /// The tensors the call writes, by name, that the side tensors must stay apart from.
+    fn written(&self) -> Vec<(&'static str, &TensorBuffer<'a>)> {
+        let mut written = vec![("dq", &self.dq), ("dk", &self.dk), ("dv", &self.dv)];
+        written.extend(self.d_sinks.as_ref().map(|d| ("d_sinks", d)));
+        written.extend(self.d_bias.as_ref().map(|d| ("d_bias", d)));
+        written
+    }
 }
 
 /// The host-slice inputs of [`FlashAttention::backward`]; each slice must hold at least the
@@ -411,20 +434,7 @@ impl FlashAttention {
             kernels.push((pass, kernel, self.pipelines().get(&KernelConfig::Backward(kernel))?));
         }
         let bound = self.bind_backward(problem, buffers, caps)?;
-        let mut written = vec![("dq", &buffers.dq), ("dk", &buffers.dk), ("dv", &buffers.dv)];
-        written.extend(buffers.d_sinks.as_ref().map(|d| ("d_sinks", d)));
-        written.extend(buffers.d_bias.as_ref().map(|d| ("d_bias", d)));
-        let index = IndexBuffers {
-            cu_seqlens_q: buffers.cu_seqlens_q,
-            cu_seqlens_k: buffers.cu_seqlens_k,
-            alibi_slopes: buffers.alibi_slopes,
-            sinks: buffers.sinks,
-            bias: buffers.bias,
-            mask: buffers.mask,
-            mask_blocks: buffers.mask_blocks,
-            ..IndexBuffers::default()
-        };
-        let index_bindings = self.bind_index(&problem.forward, &index, &written)?;
+        let index_bindings = self.bind_index(&problem.forward, &buffers.index(), &buffers.written())?;
         let sink_grad = self.bind_sink_grad(problem, buffers)?;
         let d_bias = self.bind_d_bias(problem, buffers, &bound, sink_grad.as_ref().map(|(_, b)| b))?;
         let scratch;
@@ -597,20 +607,7 @@ impl FlashAttention {
         // Everything but the size of one binding, on the whole call.
         let unbounded = split::unbounded(caps);
         let bound = self.bind_backward(whole, buffers, &unbounded)?;
-        let index = IndexBuffers {
-            cu_seqlens_q: buffers.cu_seqlens_q,
-            cu_seqlens_k: buffers.cu_seqlens_k,
-            alibi_slopes: buffers.alibi_slopes,
-            sinks: buffers.sinks,
-            bias: buffers.bias,
-            mask: buffers.mask,
-            mask_blocks: buffers.mask_blocks,
-            ..IndexBuffers::default()
-        };
-        let mut written = vec![("dq", &buffers.dq), ("dk", &buffers.dk), ("dv", &buffers.dv)];
-        written.extend(buffers.d_sinks.as_ref().map(|d| ("d_sinks", d)));
-        written.extend(buffers.d_bias.as_ref().map(|d| ("d_bias", d)));
-        self.bind_index(f, &index, &written)?;
+        self.bind_index(f, &buffers.index(), &buffers.written())?;
         check_d_bias_wanted(whole, buffers.d_bias.as_ref())?;
         if let Some(d) = &buffers.delta {
             check_delta(buffers, &bound, &bind_f32("delta", d, f.lse_len(), &unbounded)?)?;
