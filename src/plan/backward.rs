@@ -707,16 +707,8 @@ impl PreprocessKernel {
         if !self.plan.is_well_formed() {
             return Some(format!("preprocessing plan {:?} is malformed", self.plan));
         }
-        if self.reduction == Reduction::Subgroup {
-            if !caps.subgroups {
-                return Some("the device has no subgroup operations".into());
-            }
-            if caps.subgroup_min_size < self.plan.threads_x {
-                return Some(format!(
-                    "subgroups may be as small as {} invocations, fewer than the {} that share a row",
-                    caps.subgroup_min_size, self.plan.threads_x
-                ));
-            }
+        if let Some(why) = self.reduction.unavailable_reason(self.plan.threads_x, caps) {
+            return Some(why);
         }
         let size = self.plan.workgroup_size();
         if size > caps.max_invocations_per_workgroup || size > caps.max_workgroup_size_x {

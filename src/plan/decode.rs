@@ -328,16 +328,8 @@ impl DecodeConfig {
                 if !p.is_well_formed() {
                     return Some(format!("the plan {p:?} is malformed"));
                 }
-                if reduction == Reduction::Subgroup {
-                    if !caps.subgroups {
-                        return Some("the device has no subgroup operations".into());
-                    }
-                    if caps.subgroup_min_size < p.lanes_per_key {
-                        return Some(format!(
-                            "{} lanes per key need subgroups of at least that many; the device's smallest is {}",
-                            p.lanes_per_key, caps.subgroup_min_size
-                        ));
-                    }
+                if let Some(why) = reduction.unavailable_reason(p.lanes_per_key, caps) {
+                    return Some(why);
                 }
             }
             DecodeKernel::Coop(p) => {

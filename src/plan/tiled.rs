@@ -20,6 +20,25 @@ pub enum Reduction {
     Subgroup,
 }
 
+impl Reduction {
+    /// Why `lanes` invocations cannot share a row with this reduction on `caps`, if they cannot:
+    /// a subgroup reduction needs subgroup operations, and subgroups no smaller than `lanes`.
+    pub(crate) fn unavailable_reason(self, lanes: u32, caps: &Caps) -> Option<String> {
+        if self == Reduction::Workgroup {
+            return None;
+        }
+        if !caps.subgroups {
+            return Some("the device has no subgroup operations".into());
+        }
+        (caps.subgroup_min_size < lanes).then(|| {
+            format!(
+                "subgroups may be as small as {} invocations, fewer than the {lanes} that share a row",
+                caps.subgroup_min_size
+            )
+        })
+    }
+}
+
 /// Element type of the tiles in workgroup memory and of the products; sums are always f32.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum TileType {
@@ -303,16 +322,8 @@ impl FlashConfig {
         if !self.plan.is_well_formed() {
             return Some(format!("tile plan {:?} is malformed", self.plan));
         }
-        if v.reduction == Reduction::Subgroup {
-            if !caps.subgroups {
-                return Some("the device has no subgroup operations".into());
-            }
-            if caps.subgroup_min_size < self.plan.threads_x {
-                return Some(format!(
-                    "subgroups may be as small as {} invocations, fewer than the {} that share a row",
-                    caps.subgroup_min_size, self.plan.threads_x
-                ));
-            }
+        if let Some(why) = v.reduction.unavailable_reason(self.plan.threads_x, caps) {
+            return Some(why);
         }
         tiled_device_fit_reason(
             v.tile,
