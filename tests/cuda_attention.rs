@@ -27,7 +27,7 @@ use wgpu_flash_attn::cuda::plan::{
 use wgpu_flash_attn::cuda::CudaKernelConfig;
 use wgpu_flash_attn::cuda::{
     driver_available, nvrtc_available, CacheStatus, CudaAttention, CudaDevice, CudaOptions, CudaPlan, DeviceBatchIndex,
-    DeviceTensors, DiskCache, Origin,
+    DeviceTensors, DiskCache, MergeTensors, Origin,
 };
 use wgpu_flash_attn::cuda::{ScoreTerms, CUDA_HEAD_DIMS};
 use wgpu_flash_attn::testing::{random_tensor, seed_of, ErrorStats};
@@ -1422,6 +1422,219 @@ fn bad_calls_are_errors() {
     assert!(err.to_string().contains("head_dim"), "{err}");
 }
 
+/// Random partial results merged on the device against the float64 merge, at every O layout
+/// the tests use, O and LSE poisoned: rows where one side saw no key (LSE −∞) must come out as
+/// the other side bit for bit, rows where neither did as O = 0 and LSE = −∞; the host-slice
+/// path must give the device path's bits.
+#[test]
+fn merge_matches_the_float64_merge() {
+    let Some(engine) = engine() else { return };
+    for strides in [Strides::Bshd, Strides::Bhsd, Strides::Pad4, Strides::Pad8] {
+        merge_case::<bf16>(engine, strides);
+        merge_case::<f16>(engine, strides);
+    }
+}
+
+fn merge_case<T: Half16>(engine: &CudaAttention, strides: Strides) {
+    let p = problem(T::DTYPE, 2, 3, 3, 37, 37, 72, false, strides);
+    let label = format!("merge_{}_{strides:?}", T::DTYPE.name());
+    let seed = seed_of(&label);
+    let (n, rows) = (p.required_len(Tensor::O), p.lse_len());
+    let o_a: Vec<T> = random_tensor(seed, n);
+    let o_b: Vec<T> = random_tensor(seed ^ 1, n);
+    // LSEs in [-4, 4], −∞ on every `empty`-th row: a's every 5th, b's every 7th, both every 35th.
+    let lse = |seed: u64, empty: usize| -> Vec<f32> {
+        let x: Vec<f32> = random_tensor(seed, rows);
+        x.iter()
+            .enumerate()
+            .map(|(r, &x)| if r % empty == 0 { f32::NEG_INFINITY } else { 4.0 * x })
+            .collect()
+    };
+    let (lse_a, lse_b) = (lse(seed ^ 2, 5), lse(seed ^ 3, 7));
+    let stream = engine.device().stream();
+    let d_o_a = stream.clone_htod(&bits(&o_a)).unwrap();
+    let d_o_b = stream.clone_htod(&bits(&o_b)).unwrap();
+    let d_lse_a = stream.clone_htod(&lse_a).unwrap();
+    let d_lse_b = stream.clone_htod(&lse_b).unwrap();
+    let mut d_o = stream.clone_htod(&vec![T::NAN_BITS; n]).unwrap();
+    let mut d_lse = stream.clone_htod(&vec![f32::NAN; rows]).unwrap();
+    engine
+        .merge_device(
+            &p,
+            MergeTensors {
+                o_a: &d_o_a,
+                lse_a: &d_lse_a,
+                o_b: &d_o_b,
+                lse_b: &d_lse_b,
+                o: &mut d_o,
+                lse: Some(&mut d_lse),
+            },
+        )
+        .unwrap_or_else(|e| panic!("{label}: {e}"));
+    wait_or_exit(engine);
+    let out_bits: Vec<u16> = stream.clone_dtoh(&d_o).unwrap();
+    let out: &[T] = bytemuck::cast_slice(&out_bits);
+    let lse_out: Vec<f32> = stream.clone_dtoh(&d_lse).unwrap();
+    let want = reference::merge_attention_states(&p, &o_a, &lse_a, &o_b, &lse_b).unwrap();
+
+    let s = p.shape;
+    let mut pairs = Vec::new();
+    for b in 0..s.batch {
+        for h in 0..s.num_heads {
+            for i in 0..s.seq_q {
+                let r = (b * s.num_heads + h) * s.seq_q + i;
+                let (seen_a, seen_b) = (lse_a[r].is_finite(), lse_b[r].is_finite());
+                for d in 0..s.head_dim {
+                    let at = p.o_layout.index(b, i, h, d);
+                    let got = out_bits[at];
+                    match (seen_a, seen_b) {
+                        (true, true) => pairs.push((out[at].to_f64(), want.out[at])),
+                        (true, false) => assert_eq!(got, bits(&o_a[at..at + 1])[0], "{label}: row {r} is a's"),
+                        (false, true) => assert_eq!(got, bits(&o_b[at..at + 1])[0], "{label}: row {r} is b's"),
+                        (false, false) => assert_eq!(got, 0, "{label}: row {r} saw no key"),
+                    }
+                }
+                let l = lse_out[r];
+                match (seen_a, seen_b) {
+                    (true, true) => {
+                        let w = want.lse[r];
+                        assert!(
+                            (l as f64 - w).abs() <= 1e-5 * w.abs().max(1.0),
+                            "{label}: lse[{r}] {l} want {w}"
+                        );
+                    }
+                    (true, false) => assert_eq!(l.to_bits(), lse_a[r].to_bits(), "{label}: lse[{r}] is a's"),
+                    (false, true) => assert_eq!(l.to_bits(), lse_b[r].to_bits(), "{label}: lse[{r}] is b's"),
+                    (false, false) => assert_eq!(l, f32::NEG_INFINITY, "{label}: lse[{r}] saw no key"),
+                }
+            }
+        }
+    }
+    // One rounding of the merged value to 16 bits.
+    let o = ErrorStats::from_pairs(pairs);
+    let (rel, abs) = if T::DTYPE == DType::BF16 {
+        (8e-3, 1e-2)
+    } else {
+        (1e-3, 2e-3)
+    };
+    assert!(o.within(rel, abs), "{label} (seed {seed}): O {o}");
+
+    let host = engine
+        .merge(&p, &o_a, &lse_a, &o_b, &lse_b)
+        .unwrap_or_else(|e| panic!("{label}: {e}"));
+    assert_eq!(host.kernel, format!("merge_{}", T::DTYPE.name()));
+    for b in 0..s.batch {
+        for h in 0..s.num_heads {
+            for i in 0..s.seq_q {
+                for d in 0..s.head_dim {
+                    let at = p.o_layout.index(b, i, h, d);
+                    assert_eq!(
+                        bits(&host.out[at..at + 1])[0],
+                        out_bits[at],
+                        "{label}: host path at {at}"
+                    );
+                }
+            }
+        }
+    }
+    assert_eq!(
+        host.lse.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
+        lse_out.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
+        "{label}: host path's LSE"
+    );
+    eprintln!("{label}: O {o}");
+}
+
+/// The CUDA forward over keys [0, split) merged with the forward over [split, n) is the forward
+/// over all n keys (causal: the prefix visible to every row, the suffix keeping the diagonal).
+#[test]
+fn forward_halves_merge_into_the_whole() {
+    let Some(engine) = engine() else { return };
+    for (dtype, causal) in [(DType::BF16, false), (DType::BF16, true), (DType::F16, true)] {
+        let whole = problem(dtype, 2, 4, 2, 64, 256, 128, causal, Strides::Bshd);
+        let s = whole.shape;
+        let split = 128;
+        let key_range = |lo: usize, hi: usize, causal: bool| {
+            let mut layout = TensorLayout::contiguous(Layout::Bshd, s.seq_kv, s.num_kv_heads, s.head_dim);
+            layout.offset = lo * s.num_kv_heads * s.head_dim;
+            AttentionProblem::new(AttentionShape { seq_kv: hi - lo, ..s }, dtype)
+                .with_causal(causal)
+                .with_tensor_layout(Tensor::K, layout)
+                .with_tensor_layout(Tensor::V, layout)
+        };
+        let label = format!("merge_halves_{}{}", dtype.name(), if causal { "_causal" } else { "" });
+        let seed = seed_of(&label);
+        match dtype {
+            DType::BF16 => halves_case::<bf16>(
+                engine,
+                &whole,
+                [key_range(0, split, false), key_range(split, s.seq_kv, causal)],
+                &label,
+                seed,
+            ),
+            _ => halves_case::<f16>(
+                engine,
+                &whole,
+                [key_range(0, split, false), key_range(split, s.seq_kv, causal)],
+                &label,
+                seed,
+            ),
+        }
+    }
+}
+
+fn halves_case<T: Half16>(
+    engine: &CudaAttention,
+    whole: &AttentionProblem,
+    [prefix, suffix]: [AttentionProblem; 2],
+    label: &str,
+    seed: u64,
+) {
+    let q: Vec<T> = random_tensor(seed, whole.required_len(Tensor::Q));
+    let k: Vec<T> = random_tensor(seed ^ 1, whole.required_len(Tensor::K));
+    let v: Vec<T> = random_tensor(seed ^ 2, whole.required_len(Tensor::V));
+    let a = engine
+        .forward(&prefix, &q, &k, &v)
+        .unwrap_or_else(|e| panic!("{label}: {e}"));
+    let b = engine
+        .forward(&suffix, &q, &k, &v)
+        .unwrap_or_else(|e| panic!("{label}: {e}"));
+    let merged = engine
+        .merge(whole, &a.out, &a.lse, &b.out, &b.lse)
+        .unwrap_or_else(|e| panic!("{label}: {e}"));
+    check(whole, label, &q, &k, &v, &merged.out, &merged.lse);
+}
+
+/// The merge refuses what it cannot run and buffers too short or of the wrong type, before it
+/// launches.
+#[test]
+fn bad_merges_are_errors() {
+    let Some(engine) = engine() else { return };
+    let p = problem(DType::BF16, 1, 2, 2, 8, 8, 64, false, Strides::Bshd);
+    let (n, rows) = (p.required_len(Tensor::O), p.lse_len());
+    let o: Vec<bf16> = random_tensor(1, n);
+    let lse = vec![0.5f32; rows];
+    let err = engine.merge(&p, &o, &lse, &o[..n - 1], &lse).unwrap_err();
+    assert!(matches!(err, Error::InvalidBuffer { tensor: "o_b", .. }), "{err}");
+    let err = engine.merge(&p, &o, &lse, &o, &lse[..rows - 1]).unwrap_err();
+    assert!(matches!(err, Error::InvalidBuffer { tensor: "lse_b", .. }), "{err}");
+    let wrong: Vec<f16> = random_tensor(1, n);
+    assert!(matches!(
+        engine.merge(&p, &wrong, &lse, &wrong, &lse),
+        Err(Error::DTypeMismatch { .. })
+    ));
+    let mut f32_problem = p;
+    f32_problem.dtype = DType::F32;
+    let z: Vec<f32> = random_tensor(1, n);
+    assert!(matches!(
+        engine.merge(&f32_problem, &z, &lse, &z, &lse),
+        Err(Error::Unavailable { .. })
+    ));
+
+    // (Overlapping buffers cannot be built from safe cudarc views; the merge's overlap check is
+    // unit-tested in src/cuda/merge.rs.)
+}
+
 /// Runs without a GPU: only libnvrtc is needed. Compiles the default kernel of every head_dim
 /// (bf16, both maskings, one `_a8` and one f16), or every config with FLASH_CUDA_COMPILE_ALL=1,
 /// and prints ptxas's register and spill report; `FLASH_CUDA_DUMP_DIR=dir` saves the cubins.
@@ -1488,6 +1701,26 @@ fn kernels_compile_with_nvrtc() {
         if !report.contains("registers") {
             eprintln!("warning: no ptxas report in the log of {}: {log}", c.name());
         }
+    }
+}
+
+/// Runs without a GPU: only libnvrtc is needed. Compiles the merge's module (both entry points)
+/// for Hopper and for Ampere and prints ptxas's report.
+#[cfg(feature = "internals")]
+#[test]
+fn merge_kernels_compile_with_nvrtc() {
+    if !nvrtc_available() {
+        if std::env::var("FLASH_REQUIRE_CUDA").as_deref() == Ok("1") {
+            panic!("FLASH_REQUIRE_CUDA=1 but libnvrtc was not found");
+        }
+        eprintln!("skipping the NVRTC compile test: libnvrtc was not found");
+        return;
+    }
+    for arch in ["sm_90a", "sm_80"] {
+        let job = CompileJob::merge(arch);
+        let (cubin, log) = compile_cubin(&job).unwrap_or_else(|e| panic!("{e}"));
+        assert!(!cubin.is_empty());
+        eprintln!("merge {arch}: {} bytes; {}", cubin.len(), resource_report(&log));
     }
 }
 

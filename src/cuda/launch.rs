@@ -12,6 +12,7 @@ use super::device::CudaDevice;
 use super::disk_cache::{CacheStatus, DiskCache, Origin};
 use super::fp8::{LoadedFp8, LoadedQuantizer};
 use super::kernel_map::OnceMap;
+use super::merge::LoadedMerge;
 use super::nvrtc::{load_or_compile, resource_report, CompileJob};
 use super::plan::tensor_map::tensor_map_spec;
 use super::plan::{
@@ -215,6 +216,8 @@ pub struct CudaAttention {
     /// The FP8 forward's kernels, one per config, and the quantizer (src/cuda/fp8.rs).
     pub(super) fp8_kernels: OnceMap<Fp8Config, LoadedFp8>,
     pub(super) fp8_quantizer: OnceMap<(), LoadedQuantizer>,
+    /// The merge's module (src/cuda/merge.rs).
+    pub(super) merge_kernels: OnceMap<(), LoadedMerge>,
 }
 
 /// Buffers the decode launches reuse, grown to the largest launched. Launches use them in stream
@@ -245,6 +248,7 @@ impl CudaAttention {
             backward_scratch: Mutex::new(BackwardScratch::default()),
             fp8_kernels: OnceMap::default(),
             fp8_quantizer: OnceMap::default(),
+            merge_kernels: OnceMap::default(),
         }
     }
 

@@ -54,6 +54,7 @@ mod fp8;
 mod golden;
 mod kernel_map;
 mod launch;
+mod merge;
 mod sha256;
 
 // With `internals`, the layers below the engine are public for benchmarks and tests; without
@@ -99,6 +100,7 @@ pub use device::{arch_for, driver_available, CudaDevice};
 pub use disk_cache::{CacheStatus, DiskCache, Origin};
 pub use fp8::{Fp8KernelInfo, Fp8Tensors};
 pub use launch::{AppendTensors, CudaAttention, CudaOptions, DeviceBatchIndex, DeviceBias, DeviceTensors, KernelInfo};
+pub use merge::MergeTensors;
 pub use nvrtc::nvrtc_available;
 pub use plan::{
     CudaBackwardConfig, CudaBackwardPlan, CudaDecodeConfig, CudaDecodePlan, CudaKernelConfig, CudaPlan, CudaSelection,

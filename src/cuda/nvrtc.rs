@@ -46,6 +46,8 @@ pub const FLASH_BWD_MMA: Source = source!("flash_bwd_mma.cu");
 /// FP8 quantization (bf16/f16 to e4m3 with block scales, the Hadamard rotation): three entry
 /// points.
 pub const FP8_QUANT: Source = source!("fp8_quant.cu");
+/// The merge of two partial results by their LSEs (`merge_f16`, `merge_bf16`).
+pub const MERGE: Source = source!("merge.cu");
 /// The Hopper backward on `wgmma` (three entry points per config).
 pub const FLASH_BWD_WGMMA: Source = source!("flash_bwd_wgmma.cu");
 /// Inline-PTX helpers the kernels include.
@@ -124,6 +126,11 @@ impl CompileJob {
     /// `arch`.
     pub fn fp8_quantize(arch: &str) -> Self {
         Self::of("fp8_quantize".into(), FP8_QUANT, arch, Vec::new())
+    }
+
+    /// The merge's module (`merge_f16`, `merge_bf16`) on `arch`.
+    pub fn merge(arch: &str) -> Self {
+        Self::of("merge".into(), MERGE, arch, Vec::new())
     }
 
     /// Disk-cache key: everything that can change the cubin, hashed with a fixed function (FNV-1a)
