@@ -6,12 +6,17 @@
 //! holds the K/V shard of rank `(r − t) mod N` — received from rank `r − 1`, sent on to rank
 //! `r + 1` — and attends its own query chunks to it; after `N` steps every query chunk has met
 //! every key chunk once, and each query chunk's partial results are merged by their LSEs in step
-//! order. Pure: the wgpu engine runs this schedule with logical ranks on one device
-//! (src/runtime/ring.rs); a transport between devices sends the same shards in the same order.
+//! order. Pure, with the pieces both engines share (which problems a ring runs, each block's
+//! problem on views of the whole's rows): the wgpu engine (src/runtime/ring.rs) and the CUDA
+//! engine (src/cuda/ring.rs, forward) run this schedule with logical ranks on one device; a
+//! transport between devices sends the same shards in the same order.
 
 use std::ops::Range;
 
 use crate::error::{Error, Result};
+use crate::plan::missing_features;
+use crate::problem::features::{Feature, FeatureSet};
+use crate::problem::{AttentionProblem, AttentionShape, Layout, TensorLayout};
 
 /// How a sequence's rows are dealt to the ranks of a ring.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -182,6 +187,78 @@ impl Ring {
         }
         Ok(())
     }
+}
+
+/// What a ring runs: dense attention, causal or not, with GQA, any scale and a soft-cap (each a
+/// property of a single score, the same in every block). A window, ALiBi, a bias or a mask
+/// depend on absolute positions and sinks join a row's softmax once; packed batches and caches
+/// have no one sequence to shard.
+const RING_FEATURES: FeatureSet = FeatureSet::of(&[
+    Feature::CausalMask,
+    Feature::GroupedKv,
+    Feature::ArbitraryScale,
+    Feature::SoftCap,
+]);
+
+/// Why `problem` cannot run on `ring`, or `Ok`.
+pub(crate) fn check_ring_problem(problem: &AttentionProblem, ring: &Ring) -> Result<()> {
+    problem.validate()?;
+    if let Some(why) = missing_features("ring attention", problem.features(), RING_FEATURES) {
+        return Err(Error::Unavailable {
+            what: "ring attention".into(),
+            why,
+        });
+    }
+    let s = problem.shape;
+    ring.check(s.seq_q, s.seq_kv, problem.causal)
+}
+
+/// The problem of one block: the whole problem's rows of `block`'s chunks, its output at
+/// `o_layout` (a scratch chunk or a view of the caller's O).
+pub(crate) fn block_problem(
+    whole: &AttentionProblem,
+    ring: &Ring,
+    block: &RingBlock,
+    o_layout: TensorLayout,
+) -> AttentionProblem {
+    let s = whole.shape;
+    let q = ring.chunk_rows(s.seq_q, block.q_chunk);
+    let kv = ring.chunk_rows(s.seq_kv, block.kv_chunk);
+    AttentionProblem {
+        shape: AttentionShape {
+            seq_q: q.len(),
+            seq_kv: kv.len(),
+            ..s
+        },
+        causal: block.mask == BlockMask::Causal,
+        // A window RING_FEATURES lets through (no left bound, a right bound only under the
+        // causal mask) hides nothing the causal mask does not, which the block's mask now says.
+        window: None,
+        q_layout: rows_from(&whole.q_layout, q.start),
+        k_layout: rows_from(&whole.k_layout, kv.start),
+        v_layout: rows_from(&whole.v_layout, kv.start),
+        o_layout,
+        ..*whole
+    }
+}
+
+/// `layout` from its row `row` on. The row is inside the validated tensor: no overflow.
+pub(crate) fn rows_from(layout: &TensorLayout, row: usize) -> TensorLayout {
+    TensorLayout {
+        offset: layout.offset + row * layout.seq_stride,
+        ..*layout
+    }
+}
+
+/// The label of a ring's calls: `ring_4x_ZigZag`.
+pub(crate) fn ring_name(ring: &Ring) -> String {
+    format!("ring_{}x_{:?}", ring.ranks(), ring.layout())
+}
+
+/// A dense `[batch, rows, num_heads, head_dim]` chunk of scratch.
+pub(crate) fn scratch_layout(problem: &AttentionProblem, rows: usize) -> TensorLayout {
+    let s = problem.shape;
+    TensorLayout::contiguous(Layout::Bshd, rows, s.num_heads, s.head_dim)
 }
 
 #[cfg(test)]

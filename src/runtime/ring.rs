@@ -19,10 +19,9 @@
 use crate::error::{Error, Result};
 use crate::gpu::binding::{bind, byte_len, check_buffer_size, TensorBuffer};
 use crate::gpu::readback::read_back_within;
-use crate::plan::ring::{BlockMask, Ring, RingBlock};
-use crate::plan::{missing_features, BackwardConfig, BackwardPass, ForwardKernel};
+use crate::plan::ring::{block_problem, check_ring_problem, ring_name, rows_from, scratch_layout, Ring};
+use crate::plan::{BackwardConfig, BackwardPass, ForwardKernel};
 use crate::problem::backward::{BackwardProblem, GradTensor};
-use crate::problem::features::{Feature, FeatureSet};
 use crate::problem::{AttentionProblem, AttentionShape, Element, Layout, Tensor, TensorLayout};
 use crate::runtime::backward::{check_backward_slices, BackwardBuffers, BackwardInputs, BackwardOutput};
 use crate::runtime::forward::{AttentionOutput, FlashAttention, ForwardBuffers};
@@ -30,17 +29,6 @@ use crate::runtime::merge::MergeBuffers;
 use crate::runtime::split::Part;
 use crate::wgsl::params::Params;
 use crate::wgsl::KernelConfig;
-
-/// What a ring runs: dense attention, causal or not, with GQA, any scale and a soft-cap (each a
-/// property of a single score, the same in every block). A window, ALiBi, a bias or a mask
-/// depend on absolute positions and sinks join a row's softmax once; packed batches and caches
-/// have no one sequence to shard.
-const RING_FEATURES: FeatureSet = FeatureSet::of(&[
-    Feature::CausalMask,
-    Feature::GroupedKv,
-    Feature::ArbitraryScale,
-    Feature::SoftCap,
-]);
 
 /// A scratch buffer of the ring. COPY_SRC and COPY_DST: a block too large for one dispatch copies
 /// its parts' LSE rows out of and into place; the backward clears its sums and copies the chunk's
@@ -52,43 +40,6 @@ fn scratch_buffer(device: &wgpu::Device, label: &'static str, size: u64) -> wgpu
         usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_SRC | wgpu::BufferUsages::COPY_DST,
         mapped_at_creation: false,
     })
-}
-
-/// Why `problem` cannot run on `ring`, or `Ok`.
-fn check_ring_problem(problem: &AttentionProblem, ring: &Ring) -> Result<()> {
-    problem.validate()?;
-    if let Some(why) = missing_features("ring attention", problem.features(), RING_FEATURES) {
-        return Err(Error::Unavailable {
-            what: "ring attention".into(),
-            why,
-        });
-    }
-    let s = problem.shape;
-    ring.check(s.seq_q, s.seq_kv, problem.causal)
-}
-
-/// The problem of one block: the whole problem's rows of `block`'s chunks, its output at
-/// `o_layout` (a scratch chunk or a view of the caller's O).
-fn block_problem(whole: &AttentionProblem, ring: &Ring, block: &RingBlock, o_layout: TensorLayout) -> AttentionProblem {
-    let s = whole.shape;
-    let q = ring.chunk_rows(s.seq_q, block.q_chunk);
-    let kv = ring.chunk_rows(s.seq_kv, block.kv_chunk);
-    AttentionProblem {
-        shape: AttentionShape {
-            seq_q: q.len(),
-            seq_kv: kv.len(),
-            ..s
-        },
-        causal: block.mask == BlockMask::Causal,
-        // A window RING_FEATURES lets through (no left bound, a right bound only under the
-        // causal mask) hides nothing the causal mask does not, which the block's mask now says.
-        window: None,
-        q_layout: rows_from(&whole.q_layout, q.start),
-        k_layout: rows_from(&whole.k_layout, kv.start),
-        v_layout: rows_from(&whole.v_layout, kv.start),
-        o_layout,
-        ..*whole
-    }
 }
 
 /// A merge or gradient sum too large for one dispatch, said as the ring's limit: unlike the
@@ -104,27 +55,8 @@ fn in_one_dispatch(e: Error) -> Error {
     }
 }
 
-/// The label of a ring's calls: `ring_4x_ZigZag`.
-fn ring_name(ring: &Ring) -> String {
-    format!("ring_{}x_{:?}", ring.ranks(), ring.layout())
-}
-
-/// `layout` from its row `row` on. The row is inside the validated tensor: no overflow.
-fn rows_from(layout: &TensorLayout, row: usize) -> TensorLayout {
-    TensorLayout {
-        offset: layout.offset + row * layout.seq_stride,
-        ..*layout
-    }
-}
-
-/// A dense `[batch, rows, num_heads, head_dim]` chunk of scratch.
-fn scratch_layout(problem: &AttentionProblem, rows: usize) -> TensorLayout {
-    let s = problem.shape;
-    TensorLayout::contiguous(Layout::Bshd, rows, s.num_heads, s.head_dim)
-}
-
 /// The LSE runs of query chunk `rows` in the whole problem's `[batch, num_heads, seq_q]` LSE.
-fn chunk_lse_runs(problem: &AttentionProblem, rows: &std::ops::Range<usize>) -> Vec<(usize, usize, usize)> {
+pub(crate) fn chunk_lse_runs(problem: &AttentionProblem, rows: &std::ops::Range<usize>) -> Vec<(usize, usize, usize)> {
     let s = problem.shape;
     Part {
         b0: 0,
