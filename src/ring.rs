@@ -7,6 +7,8 @@
 //! on one device, merging each query chunk's partial results by their LSEs in ring order;
 //! [`encode_ring_backward`](crate::FlashAttention::encode_ring_backward) and
 //! [`ring_backward`](crate::FlashAttention::ring_backward) run its blocks backward, summing the
-//! gradients in f32 (docs/context-parallel.md). The public facade over `plan::ring`.
+//! gradients in f32 (docs/context-parallel.md). With the `cuda` feature, `CudaAttention`'s
+//! `ring_forward_device` and `ring_forward` run the forward on the CUDA engine. The public facade
+//! over `plan::ring`.
 
 pub use crate::plan::ring::{BlockMask, Ring, RingBlock, ShardLayout};

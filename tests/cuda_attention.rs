@@ -30,6 +30,7 @@ use wgpu_flash_attn::cuda::{
     DeviceTensors, DiskCache, MergeTensors, Origin,
 };
 use wgpu_flash_attn::cuda::{ScoreTerms, CUDA_HEAD_DIMS};
+use wgpu_flash_attn::ring::{Ring, ShardLayout};
 use wgpu_flash_attn::testing::{random_tensor, seed_of, ErrorStats};
 use wgpu_flash_attn::{
     reference, AttentionProblem, AttentionShape, DType, Element, Error, Layout, Tensor, TensorLayout,
@@ -1603,6 +1604,82 @@ fn halves_case<T: Half16>(
         .merge(whole, &a.out, &a.lse, &b.out, &b.lse)
         .unwrap_or_else(|e| panic!("{label}: {e}"));
     check(whole, label, &q, &k, &v, &merged.out, &merged.lse);
+}
+
+/// The ring schedule with logical ranks on one GPU (zig-zag and contiguous shards, causal or not,
+/// GQA, bf16 and f16, a strided O) against the float64 reference, through the host slices and
+/// through poisoned device buffers.
+#[test]
+fn ring_with_logical_ranks_matches_the_reference() {
+    let Some(engine) = engine() else { return };
+    let cases = [
+        (4, ShardLayout::ZigZag, true, DType::BF16, 2, Strides::Bshd),
+        (4, ShardLayout::Contiguous, true, DType::F16, 4, Strides::Pad8),
+        (3, ShardLayout::ZigZag, false, DType::BF16, 1, Strides::Bhsd),
+        (2, ShardLayout::Contiguous, false, DType::F16, 2, Strides::Bshd),
+    ];
+    for (ranks, layout, causal, dtype, kv_heads, strides) in cases {
+        let ring = Ring::new(ranks, layout).unwrap();
+        let p = problem(dtype, 2, 4, kv_heads, 300, 300, 128, causal, strides);
+        let label = format!(
+            "ring_{ranks}_{layout:?}_{}_kv{kv_heads}_{strides:?}{}",
+            dtype.name(),
+            if causal { "_causal" } else { "" }
+        );
+        match dtype {
+            DType::BF16 => ring_case::<bf16>(engine, &p, &ring, &label),
+            _ => ring_case::<f16>(engine, &p, &ring, &label),
+        }
+    }
+    // What a ring cannot run is refused before anything is launched.
+    let windowed = problem(DType::BF16, 1, 2, 2, 64, 64, 128, true, Strides::Bshd).with_window(Some(16), Some(0));
+    let x: Vec<bf16> = random_tensor(1, windowed.required_len(Tensor::Q));
+    let ring = Ring::new(2, ShardLayout::ZigZag).unwrap();
+    assert!(matches!(
+        engine.ring_forward(&windowed, &ring, &x, &x, &x),
+        Err(Error::Unavailable { .. })
+    ));
+    let ragged = problem(DType::BF16, 1, 2, 2, 64, 96, 128, true, Strides::Bshd);
+    let y: Vec<bf16> = random_tensor(1, ragged.required_len(Tensor::K));
+    let err = engine.ring_forward(&ragged, &ring, &y, &y, &y).unwrap_err();
+    assert!(err.to_string().contains("seq_q = seq_kv"), "{err}");
+}
+
+fn ring_case<T: Half16>(engine: &CudaAttention, p: &AttentionProblem, ring: &Ring, label: &str) {
+    let seed = seed_of(label);
+    let mut run = Run::<T>::new(engine, p, seed);
+    let host = engine
+        .ring_forward(p, ring, &run.q, &run.k, &run.v)
+        .unwrap_or_else(|e| panic!("{label}: {e}"));
+    assert!(host.kernel.starts_with("ring_"), "{label}: {}", host.kernel);
+    check(
+        p,
+        &format!("{label} host"),
+        &run.q,
+        &run.k,
+        &run.v,
+        &host.out,
+        &host.lse,
+    );
+    engine
+        .ring_forward_device(
+            p,
+            ring,
+            DeviceTensors {
+                q: &run.dq,
+                k: &run.dk,
+                v: &run.dv,
+                o: &mut run.d_o,
+                lse: Some(&mut run.d_lse),
+            },
+        )
+        .unwrap_or_else(|e| panic!("{label}: {e}"));
+    wait_or_exit(engine);
+    let stream = engine.device().stream();
+    let out_bits: Vec<u16> = stream.clone_dtoh(&run.d_o).unwrap();
+    let lse: Vec<f32> = stream.clone_dtoh(&run.d_lse).unwrap();
+    let out: &[T] = bytemuck::cast_slice(&out_bits);
+    check(p, &format!("{label} device"), &run.q, &run.k, &run.v, out, &lse);
 }
 
 /// The merge refuses what it cannot run and buffers too short or of the wrong type, before it

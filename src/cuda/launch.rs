@@ -1036,7 +1036,7 @@ fn check_device_index<'a>(
 /// The checks of the kernel a problem goes to: the decode kernel's (any head_dim validation
 /// admits) when `forced` is a decode plan, or when nothing is forced and selection sends it there;
 /// else the prefill kernels'.
-fn validate_for(problem: &AttentionProblem, forced: Option<CudaPlan>) -> Result<()> {
+pub(super) fn validate_for(problem: &AttentionProblem, forced: Option<CudaPlan>) -> Result<()> {
     problem.validate()?;
     let decode = match forced {
         Some(plan) => matches!(plan, CudaPlan::Decode(_)),

@@ -1,6 +1,6 @@
 //! Merging two partial attention results of the same query rows over disjoint key sets by their
 //! LSEs on the CUDA engine (`cuda/merge.cu`, the twin of the wgpu engine's
-//! [`encode_merge`](crate::FlashAttention::encode_merge); the float64 definition is
+//! [`encode_merge`](crate::runtime::forward::FlashAttention::encode_merge); the float64 definition is
 //! `reference::merge_attention_states`): on device buffers, or on host slices.
 
 use cudarc::driver::{CudaFunction, DevicePtr, DevicePtrMut, DeviceRepr, LaunchConfig, PushKernelArg};
@@ -10,7 +10,7 @@ use super::launch::{check_element_size, first_overlap, CudaAttention};
 use super::nvrtc::{load_or_compile, CompileJob};
 use crate::error::{Error, Result};
 use crate::problem::varlen::refuse_packed;
-use crate::problem::{AttentionProblem, DType, Element, Tensor};
+use crate::problem::{AttentionProblem, DType, Element, Tensor, TensorLayout};
 use crate::runtime::forward::AttentionOutput;
 
 /// Threads per CTA of `cuda/merge.cu` (its `MERGE_THREADS`).
@@ -100,15 +100,27 @@ impl CudaAttention {
     /// a buffer too short, of the wrong element size, or written while read:
     /// [`Error::InvalidBuffer`]).
     pub fn merge_device<T>(&self, problem: &AttentionProblem, t: MergeTensors<'_, T>) -> Result<()> {
+        self.merge_laid_out(problem, [problem.o_layout; 3], t)
+    }
+
+    /// [`merge_device`](Self::merge_device) with each O at its own layout (`o_a`, `o_b`, `o`):
+    /// the ring merges chunk-sized scratch into views of the caller's O (src/cuda/ring.rs).
+    pub(super) fn merge_laid_out<T>(
+        &self,
+        problem: &AttentionProblem,
+        layouts: [TensorLayout; 3],
+        t: MergeTensors<'_, T>,
+    ) -> Result<()> {
         check_merge_problem(problem)?;
         check_element_size::<T>(problem, "o_a")?;
-        let (o_len, rows) = (problem.required_len(Tensor::O), problem.lse_len());
+        let [len_a, len_b, len_o] = layouts.map(|l| o_len(problem, l));
+        let rows = problem.lse_len();
         for (tensor, have, need) in [
-            ("o_a", t.o_a.len(), o_len),
+            ("o_a", t.o_a.len(), len_a),
             ("lse_a", t.lse_a.len(), rows),
-            ("o_b", t.o_b.len(), o_len),
+            ("o_b", t.o_b.len(), len_b),
             ("lse_b", t.lse_b.len(), rows),
-            ("o", t.o.len(), o_len),
+            ("o", t.o.len(), len_o),
             ("lse", t.lse.as_ref().map_or(rows, |l| l.len()), rows),
         ] {
             if have < need {
@@ -133,8 +145,8 @@ impl CudaAttention {
             }
             None => (0, None),
         };
-        check_merge_apart(problem, [o_a, o_b, o], [lse_a, lse_b, lse])?;
-        let params = merge_params(problem, [o_a, o_b, o], [lse_a, lse_b, lse]);
+        check_merge_apart(problem, layouts, [o_a, o_b, o], [lse_a, lse_b, lse])?;
+        let params = merge_params(problem, layouts, [o_a, o_b, o], [lse_a, lse_b, lse]);
         let ctas = (params.elements as u64)
             .div_ceil(MERGE_THREADS as u64)
             .clamp(1, MERGE_MAX_CTAS);
@@ -236,16 +248,21 @@ fn check_merge_problem(problem: &AttentionProblem) -> Result<()> {
 
 /// Refuses a merge whose written tensors (`o`, and `lse` unless its address is 0) overlap each
 /// other or a read one, by the byte extents the problem reaches from each address (O tensors:
-/// o_a, o_b, o; LSEs: lse_a, lse_b, lse).
-fn check_merge_apart(problem: &AttentionProblem, [o_a, o_b, o]: [u64; 3], [lse_a, lse_b, lse]: [u64; 3]) -> Result<()> {
-    let o_bytes = 2 * problem.required_len(Tensor::O) as u64;
+/// o_a, o_b, o at their `layouts`; LSEs: lse_a, lse_b, lse).
+fn check_merge_apart(
+    problem: &AttentionProblem,
+    layouts: [TensorLayout; 3],
+    [o_a, o_b, o]: [u64; 3],
+    [lse_a, lse_b, lse]: [u64; 3],
+) -> Result<()> {
+    let [bytes_a, bytes_b, bytes_o] = layouts.map(|l| 2 * o_len(problem, l) as u64);
     let lse_bytes = 4 * problem.lse_len() as u64;
-    let written = [("o", (o, o + o_bytes)), ("lse", (lse, lse + lse_bytes))];
+    let written = [("o", (o, o + bytes_o)), ("lse", (lse, lse + lse_bytes))];
     let written = if lse == 0 { &written[..1] } else { &written[..] };
     let read = [
-        ("o_a", (o_a, o_a + o_bytes)),
+        ("o_a", (o_a, o_a + bytes_a)),
         ("lse_a", (lse_a, lse_a + lse_bytes)),
-        ("o_b", (o_b, o_b + o_bytes)),
+        ("o_b", (o_b, o_b + bytes_b)),
         ("lse_b", (lse_b, lse_b + lse_bytes)),
     ];
     match first_overlap(written, &read) {
@@ -260,22 +277,35 @@ fn check_merge_apart(problem: &AttentionProblem, [o_a, o_b, o]: [u64; 3], [lse_a
     }
 }
 
+/// Elements an O tensor of `problem`'s shape at `layout` spans from its buffer's start.
+fn o_len(problem: &AttentionProblem, layout: TensorLayout) -> usize {
+    AttentionProblem {
+        o_layout: layout,
+        ..*problem
+    }
+    .required_len(Tensor::O)
+}
+
 /// The kernel's parameter block for `problem` at the given device addresses (O tensors: o_a, o_b,
-/// o; LSEs: lse_a, lse_b, lse or 0), each O at `problem.o_layout`.
-fn merge_params(problem: &AttentionProblem, [o_a, o_b, o]: [u64; 3], [lse_a, lse_b, lse]: [u64; 3]) -> MergeParams {
+/// o, at their `layouts`; LSEs: lse_a, lse_b, lse or 0).
+fn merge_params(
+    problem: &AttentionProblem,
+    layouts: [TensorLayout; 3],
+    [o_a, o_b, o]: [u64; 3],
+    [lse_a, lse_b, lse]: [u64; 3],
+) -> MergeParams {
     let s = problem.shape;
-    let l = problem.o_layout;
-    // The layout's offset places element 0; the kernel indexes from it.
-    let at = |base: u64| base + 2 * l.offset as u64;
-    let strides = [l.batch_stride as i64, l.seq_stride as i64, l.head_stride as i64];
+    // Each layout's offset places its element 0; the kernel indexes from there.
+    let [o_a, o_b, o] = [(o_a, 0), (o_b, 1), (o, 2)].map(|(base, i)| base + 2 * layouts[i].offset as u64);
+    let strides = layouts.map(|l| [l.batch_stride as i64, l.seq_stride as i64, l.head_stride as i64]);
     MergeParams {
-        o_a: at(o_a),
-        o_b: at(o_b),
-        o: at(o),
+        o_a,
+        o_b,
+        o,
         lse_a,
         lse_b,
         lse,
-        strides: [strides; 3],
+        strides,
         elements: (s.batch * s.seq_q * s.num_heads * s.head_dim) as i64,
         num_heads: s.num_heads as i32,
         seq_q: s.seq_q as i32,
@@ -298,10 +328,20 @@ mod tests {
             head_stride: 20,
         };
         let problem = AttentionProblem::mha(2, 3, 4, 16, DType::BF16).with_tensor_layout(Tensor::O, layout);
-        let p = merge_params(&problem, [1 << 20, 2 << 20, 3 << 20], [4 << 20, 5 << 20, 0]);
+        let p = merge_params(
+            &problem,
+            [layout; 3],
+            [1 << 20, 2 << 20, 3 << 20],
+            [4 << 20, 5 << 20, 0],
+        );
         assert_eq!((p.o_a, p.o_b, p.o), ((1 << 20) + 20, (2 << 20) + 20, (3 << 20) + 20));
         assert_eq!((p.lse_a, p.lse_b, p.lse), (4 << 20, 5 << 20, 0));
         assert_eq!(p.strides, [[1000, 100, 20]; 3]);
+        // Each O at its own layout: a dense scratch chunk merged into a view of a larger O.
+        let dense = TensorLayout::contiguous(crate::problem::Layout::Bshd, 3, 4, 16);
+        let p = merge_params(&problem, [dense, dense, layout], [0, 0, 0], [0, 0, 0]);
+        assert_eq!((p.o_a, p.o_b, p.o), (0, 0, 20));
+        assert_eq!(p.strides, [[192, 64, 16], [192, 64, 16], [1000, 100, 20]]);
         assert_eq!(p.elements, 2 * 3 * 4 * 16);
         assert_eq!((p.num_heads, p.seq_q, p.head_dim), (4, 3, 16));
     }
@@ -310,7 +350,7 @@ mod tests {
     fn written_tensors_must_not_overlap_read_ones() {
         // O: 2·(1·8·2·16) = 512 bytes; LSE: 4·16 = 64 bytes.
         let p = AttentionProblem::mha(1, 8, 2, 16, DType::F16);
-        let apart = |o, lse| check_merge_apart(&p, [0, 1000, o], [2000, 3000, lse]);
+        let apart = |o, lse| check_merge_apart(&p, [p.o_layout; 3], [0, 1000, o], [2000, 3000, lse]);
         assert!(apart(4000, 5000).is_ok());
         assert!(apart(4000, 0).is_ok(), "no LSE written");
         assert!(apart(4000, 4512).is_ok(), "O and LSE side by side");

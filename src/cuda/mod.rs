@@ -55,6 +55,7 @@ mod golden;
 mod kernel_map;
 mod launch;
 mod merge;
+mod ring;
 mod sha256;
 
 // With `internals`, the layers below the engine are public for benchmarks and tests; without

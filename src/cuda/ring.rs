@@ -1,0 +1,206 @@
+//! Context-parallel attention (ring attention) with logical ranks on one CUDA device: the
+//! schedule of [`plan::ring`](crate::plan::ring) run as the wgpu engine runs it
+//! (src/runtime/ring.rs) — one forward launch per (query chunk, key chunk) block on views of the
+//! caller's Q, K and V rows, each query chunk's partial results merged by their LSEs
+//! (`cuda/merge.cu`) in the order its rank merges them on a ring of devices. The result is the
+//! whole problem's O and LSE, so the schedule, its masks and its merges are checked against one
+//! forward launch and the float64 reference on one GPU; a transport between GPUs (NCCL) moves the
+//! same shards in the same order.
+//!
+//! Device memory beyond the caller's tensors: three chunk-sized partial outputs and their LSEs (a
+//! chunk's running result, the next one, and the block being merged in), reused chunk after
+//! chunk. Nothing of size `seq_q × seq_kv`.
+
+use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut, DeviceRepr, ValidAsZeroBits};
+
+use super::launch::{check_element_size, check_lengths, check_lse_len, validate_for, CudaAttention, DeviceTensors};
+use super::merge::MergeTensors;
+use super::plan::CudaKernelConfig;
+use crate::error::{Error, Result};
+use crate::plan::ring::{block_problem, check_ring_problem, ring_name, rows_from, scratch_layout, Ring};
+use crate::problem::{AttentionProblem, AttentionShape, Element, Tensor};
+use crate::runtime::forward::AttentionOutput;
+use crate::runtime::ring::chunk_lse_runs;
+
+impl CudaAttention {
+    /// Enqueues `problem` as context-parallel attention over `ring`'s ranks, run as logical ranks
+    /// on this device, on the engine's stream and the caller's buffers (no synchronization):
+    /// every rank's blocks (one forward launch each, on views of the caller's rows) and every
+    /// query chunk's merges in ring order, writing the whole problem's O and, when given, its LSE
+    /// — the result of [`forward_device`](Self::forward_device) up to rounding in the merges (the
+    /// partial outputs are stored in the problem's dtype).
+    ///
+    /// The problem: dense attention, causal or not, GQA, any scale, a soft-cap (anything else is
+    /// [`Error::Unavailable`], naming it), one the CUDA forward runs; every chunk of Q and of K/V
+    /// holds a row, and a causal problem has `seq_q = seq_kv` ([`Error::InvalidProblem`]). The
+    /// buffers are checked as `forward_device` checks them. Returns the kernel of the first
+    /// block. Nothing is launched on an error found before the first block.
+    pub fn ring_forward_device<T: DeviceRepr + ValidAsZeroBits>(
+        &self,
+        problem: &AttentionProblem,
+        ring: &Ring,
+        t: DeviceTensors<'_, T>,
+    ) -> Result<CudaKernelConfig> {
+        check_ring_problem(problem, ring)?;
+        check_element_size::<T>(problem, "q")?;
+        check_lengths(
+            problem,
+            [
+                (Tensor::Q, t.q.len()),
+                (Tensor::K, t.k.len()),
+                (Tensor::V, t.v.len()),
+                (Tensor::O, t.o.len()),
+            ],
+        )?;
+        check_lse_len(problem, t.lse.as_ref().map(|l| l.len()))?;
+        let s = problem.shape;
+        // Every block's problem, checked before anything is allocated or launched: each on a
+        // kernel of the CUDA forward.
+        for chunk in 0..ring.chunks() {
+            let rows = ring.chunk_rows(s.seq_q, chunk);
+            for block in ring.blocks_of_chunk(chunk, problem.causal) {
+                let sub = block_problem(problem, ring, &block, scratch_layout(problem, rows.len()));
+                validate_for(&sub, self.options().plan)?;
+            }
+        }
+
+        let stream = self.device().stream();
+        let (o_len, lse_len) = scratch_lens(problem, ring);
+        // Slots 0 and 1 hold a chunk's running result in turn; slot 2 the block merged into it.
+        let mut outs: [CudaSlice<T>; 3] = [
+            stream.alloc_zeros(o_len)?,
+            stream.alloc_zeros(o_len)?,
+            stream.alloc_zeros(o_len)?,
+        ];
+        let mut lses: [CudaSlice<f32>; 3] = [
+            stream.alloc_zeros(lse_len)?,
+            stream.alloc_zeros(lse_len)?,
+            stream.alloc_zeros(lse_len)?,
+        ];
+        let mut first = None;
+        let DeviceTensors { q, k, v, o, mut lse } = t;
+        for chunk in 0..ring.chunks() {
+            let rows = ring.chunk_rows(s.seq_q, chunk);
+            let dense = scratch_layout(problem, rows.len());
+            let o_view = rows_from(&problem.o_layout, rows.start);
+            let blocks = ring.blocks_of_chunk(chunk, problem.causal);
+            let mut running = 0;
+            for (i, block) in blocks.iter().enumerate() {
+                let last = i + 1 == blocks.len();
+                let into = if i == 0 { 0 } else { 2 };
+                let to_caller = last && i == 0;
+                let sub = block_problem(problem, ring, block, if to_caller { o_view } else { dense });
+                let o_block: &mut dyn DevicePtrMut<T> = if to_caller { &mut *o } else { &mut outs[into] };
+                let tensors = DeviceTensors {
+                    q,
+                    k,
+                    v,
+                    o: o_block,
+                    lse: Some(&mut lses[into]),
+                };
+                let config = self.forward_device(&sub, tensors)?;
+                first.get_or_insert(config);
+                if i == 0 {
+                    continue;
+                }
+                let next = 1 - running;
+                let [slot0, slot1, block_out] = &mut outs;
+                let (running_out, next_out) = if running == 0 {
+                    (&*slot0, slot1)
+                } else {
+                    (&*slot1, slot0)
+                };
+                let [lse0, lse1, block_lse] = &mut lses;
+                let (running_lse, next_lse) = if running == 0 { (&*lse0, lse1) } else { (&*lse1, lse0) };
+                let (merged_o, o_layout): (&mut dyn DevicePtrMut<T>, _) =
+                    if last { (&mut *o, o_view) } else { (next_out, dense) };
+                self.merge_laid_out(
+                    &sub,
+                    [dense, dense, o_layout],
+                    MergeTensors {
+                        o_a: running_out,
+                        lse_a: running_lse,
+                        o_b: &*block_out,
+                        lse_b: &*block_lse,
+                        o: merged_o,
+                        lse: Some(next_lse),
+                    },
+                )?;
+                running = next;
+            }
+            if let Some(lse) = lse.as_deref_mut() {
+                let (dst, _gd) = lse.device_ptr_mut(stream);
+                let (src, _gs) = lses[running].device_ptr(stream);
+                for (at_part, at_whole, len) in chunk_lse_runs(problem, &rows) {
+                    // SAFETY: both ranges lie inside their buffers: the chunk's scratch LSE holds
+                    // its [batch, num_heads, rows] values, the caller's the whole problem's
+                    // (checked above); the guards order the copy on the engine's stream.
+                    unsafe {
+                        cudarc::driver::result::memcpy_dtod_async(
+                            dst + 4 * at_whole as u64,
+                            src + 4 * at_part as u64,
+                            4 * len,
+                            stream.cu_stream(),
+                        )
+                    }?;
+                }
+            }
+        }
+        // `Ring::check` leaves every chunk a row, and each chunk meets its own shard.
+        first.ok_or_else(|| Error::InvalidProblem("the ring attended no block".into()))
+    }
+
+    /// [`ring_forward_device`](Self::ring_forward_device) on host slices: uploads `q`, `k`, `v`
+    /// (laid out as the problem says), runs the ring, waits and reads O and the LSE back. `kernel`
+    /// names the ring and its first block's kernel; O elements the layout skips are 0.
+    pub fn ring_forward<T: Element>(
+        &self,
+        problem: &AttentionProblem,
+        ring: &Ring,
+        q: &[T],
+        k: &[T],
+        v: &[T],
+    ) -> Result<AttentionOutput<T>> {
+        check_ring_problem(problem, ring)?;
+        let [dq, dk, dv] = self.upload_qkv(problem, [q, k, v])?;
+        let stream = self.device().stream();
+        let o_len = problem.required_len(Tensor::O);
+        let mut d_o = stream.alloc_zeros::<u16>(o_len)?;
+        let mut d_lse = stream.alloc_zeros::<f32>(problem.lse_len())?;
+        let config = self.ring_forward_device(
+            problem,
+            ring,
+            DeviceTensors {
+                q: &dq,
+                k: &dk,
+                v: &dv,
+                o: &mut d_o,
+                lse: Some(&mut d_lse),
+            },
+        )?;
+        let out_bits: Vec<u16> = stream.clone_dtoh(&d_o)?;
+        let lse: Vec<f32> = stream.clone_dtoh(&d_lse)?;
+        let (scratch_o, scratch_lse) = scratch_lens(problem, ring);
+        Ok(AttentionOutput {
+            out: bytemuck::cast_slice::<u16, T>(&out_bits).to_vec(),
+            lse,
+            kernel: format!("{} of {}", ring_name(ring), config.name()),
+            device_bytes: 2 * (dq.len() + dk.len() + dv.len() + o_len) as u64
+                + 4 * problem.lse_len() as u64
+                + 3 * (2 * scratch_o + 4 * scratch_lse) as u64,
+        })
+    }
+}
+
+/// Elements of one scratch output and of one scratch LSE: chunk-sized, for the longest query
+/// chunk, dense.
+fn scratch_lens(problem: &AttentionProblem, ring: &Ring) -> (usize, usize) {
+    let s = problem.shape;
+    let rows = s.seq_q.div_ceil(ring.chunks());
+    let chunk = AttentionProblem {
+        shape: AttentionShape { seq_q: rows, ..s },
+        o_layout: scratch_layout(problem, rows),
+        ..*problem
+    };
+    (chunk.required_len(Tensor::O), chunk.lse_len())
+}
