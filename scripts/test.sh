@@ -3,9 +3,10 @@
 # layer check, naga translation of every shader to SPIR-V/MSL/HLSL, the kernels against the
 # float64 reference, the error cases, the backward pass, problems split over bindings and grids,
 # a slice of the randomized bad-input campaign and the validation fuzz target (with overflow
-# checks on), the memory soak; the benchmarks and examples are compiled too; the public API (no
-# `internals`) type-checks and its docs have no broken links; the Python package installs with pip and
-# passes its tests; then the web demo in headless Chromium (WebGPU on SwiftShader).
+# checks on), the memory soak, every CUDA kernel compiled by NVRTC; the benchmarks and examples
+# are compiled too; the public API (no `internals`) type-checks and its docs have no broken
+# links; the Python package installs with pip and passes its tests; then the web demo in
+# headless Chromium (WebGPU on SwiftShader).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # Each step says how long it took, so a slow CI run shows where its time went.
@@ -29,6 +30,10 @@ export FLASH_REQUIRE_GPU=1 XDG_RUNTIME_DIR=${XDG_RUNTIME_DIR:-/tmp}
 # arithmetic missed.
 features=internals,cuda,cli,candle,burn
 checked='profile.release.package.wgpu-flash-attn.overflow-checks=true'
+# NVRTC without a GPU (scripts/setup-nvrtc.sh): the CUDA tests compile every kernel with it, so a
+# kernel that does not compile fails here, not on the next lent GPU.
+nvrtc=$(step scripts/setup-nvrtc.sh)
+[ -z "$nvrtc" ] || export LD_LIBRARY_PATH=$nvrtc${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 step cargo test --release --features $features --config "$checked"
 # The benchmarks compile with the tests' features and profile, so nothing below them is built again.
 step cargo bench --no-run --features $features --config "$checked"
