@@ -1,0 +1,59 @@
+#!/usr/bin/env bash
+# Stages what a call on the lent H200 needs into .gpu/ (ignored by git; name it in the device
+# tool's `carry`): the Vulkan loader and GL dispatch .debs, PyTorch's reference scripts, and the
+# release binaries of the examples and test targets named below, stripped and packed into
+# .gpu/bins.tar.xz (stripped binaries are ~20 MB each; carry takes 64 MiB in all). It also writes
+# .gpu/setup.sh, which a device command sources first:
+#
+#   . .gpu/setup.sh        # unpacks the libraries and binaries (into .gpu/b), sets the driver's
+#                          # environment, OUT defaults to /tmp/out
+#   .gpu/b/ring_test --test-threads 4          # test targets: <name>_test
+#   .gpu/b/ring --chunks 4 ...                  # examples: <name>
+#
+# Usage: scripts/lab/gpu-stage.sh, with TESTS and EXAMPLES (space-separated names) to choose
+# other binaries. The build is the tests' (scripts/test.sh's features and overflow checks), so a
+# target/ warm from the tests is reused.
+set -euo pipefail
+cd "$(git rev-parse --show-toplevel)"
+G=.gpu
+SHARED=${SHARED:-../shared}
+TESTS=${TESTS:-"wgpu_attention wgpu_backward ring merge cuda_attention cuda_backward"}
+EXAMPLES=${EXAMPLES:-"attention backward ring cuda_attention cuda_backward decode_bench"}
+features=internals,cuda,cli,candle,burn
+checked='profile.release.package.wgpu-flash-attn.overflow-checks=true'
+
+mkdir -p "$G"
+ls "$G"/libvulkan1_*.deb > /dev/null 2>&1 || sh "$SHARED/bench/gpu-machine-libs.sh" "$G"
+cp "$SHARED/bench/torch_sdpa.py" "$SHARED/bench/torch_decode.py" "$G/"
+
+rm -rf "$G/b" && mkdir -p "$G/b"
+example_args=()
+for e in $EXAMPLES; do example_args+=(--example "$e"); done
+cargo build --release --features "$features" --config "$checked" "${example_args[@]}"
+for e in $EXAMPLES; do strip -o "$G/b/$e" "target/release/examples/$e"; done
+
+test_args=()
+for t in $TESTS; do test_args+=(--test "$t"); done
+# Each test target's executable, from cargo's JSON messages (its file name carries a hash).
+cargo test --release --features "$features" --config "$checked" --no-run --message-format=json "${test_args[@]}" |
+    python3 -c '
+import json, sys
+for line in sys.stdin:
+    m = json.loads(line)
+    if m.get("reason") == "compiler-artifact" and m.get("executable") and "test" in m["target"]["kind"]:
+        print(m["target"]["name"], m["executable"])
+' | while read -r name exe; do strip -o "$G/b/${name}_test" "$exe"; done
+
+tar cJf "$G/bins.tar.xz" -C "$G" b
+rm -rf "$G/b"
+cat > "$G/setup.sh" << 'EOF'
+# Sourced first by every device command (written by scripts/lab/gpu-stage.sh).
+for f in .gpu/*.deb; do dpkg -x "$f" /; done
+ldconfig
+export VK_DRIVER_FILES=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json
+export LD_LIBRARY_PATH=/usr/local/cuda/targets/x86_64-linux/lib FLASH_REQUIRE_GPU=1 XDG_RUNTIME_DIR=/tmp
+[ -d .gpu/b ] || tar xJf .gpu/bins.tar.xz -C .gpu
+OUT=${OUT:-/tmp/out}
+mkdir -p "$OUT"
+EOF
+du -sh "$G" "$G/bins.tar.xz"
