@@ -8,7 +8,7 @@
 
 mod common;
 
-use common::{below, gpu, shape, storage};
+use common::{below, gpu, shape, storage, submit_and_read};
 use wgpu_flash_attn::batch::{BatchIndex, PagedKv};
 use wgpu_flash_attn::gpu::readback::read_back;
 use wgpu_flash_attn::kernel::{DecodeChoice, ForwardKernel, Reduction};
@@ -75,16 +75,7 @@ impl<T: Element> Case<T> {
         };
         let mut encoder = ctx.device.create_command_encoder(&Default::default());
         engine.encode_forward(&mut encoder, p, &buffers, None)?;
-        ctx.queue.submit([encoder.finish()]);
-        let bytes = pollster::block_on(read_back(
-            &ctx.device,
-            &ctx.queue,
-            &[(&o, 0, o.size()), (&lse, 0, lse.size())],
-        ))?;
-        Ok((
-            bytemuck::pod_collect_to_vec(&bytes[0]),
-            bytemuck::pod_collect_to_vec(&bytes[1]),
-        ))
+        submit_and_read(ctx, encoder, &o, &lse)
     }
 
     /// Runs and compares with the reference; returns the kernel that ran.

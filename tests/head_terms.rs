@@ -9,7 +9,7 @@
 
 mod common;
 
-use common::{below, coop_engines, gpu, seed_of, shape, storage};
+use common::{below, coop_engines, gpu, seed_of, shape, storage, submit_and_read};
 use wgpu_flash_attn::batch::BatchIndex;
 use wgpu_flash_attn::gpu::readback::read_back;
 use wgpu_flash_attn::problem::backward::GradTensor;
@@ -130,15 +130,7 @@ fn forward_case<T: Element>(ctx: &GpuContext, engine: &FlashAttention, p: &Atten
     let kernel = engine
         .encode_forward(&mut encoder, p, &buffers, None)
         .unwrap_or_else(|e| panic!("{label}: {e}"));
-    ctx.queue.submit([encoder.finish()]);
-    let bytes = pollster::block_on(read_back(
-        &ctx.device,
-        &ctx.queue,
-        &[(&o, 0, o.size()), (&lse, 0, lse.size())],
-    ))
-    .unwrap();
-    let out: Vec<T> = bytemuck::pod_collect_to_vec(&bytes[0]);
-    let got_lse: Vec<f32> = bytemuck::pod_collect_to_vec(&bytes[1]);
+    let (out, got_lse) = submit_and_read::<T>(ctx, encoder, &o, &lse).unwrap();
     let want = reference::attention_indexed(p, &inputs.q, &inputs.k, &inputs.v, &inputs.index(p)).unwrap();
     let o_stats = ErrorStats::from_pairs(out.iter().zip(&want.out).map(|(g, w)| (g.to_f64(), *w)));
     // Every LSE is finite with a sink (a row without keys gets the sink's); without, −∞ must

@@ -11,7 +11,7 @@
 
 mod common;
 
-use common::{below, gpu, seed_of, shape, storage};
+use common::{below, gpu, seed_of, shape, storage, submit_and_read};
 use half::{bf16, f16};
 use wgpu_flash_attn::batch::{
     Alibi, AttentionMask, BatchIndex, BiasLayout, BiasValues, BlockState, MaskBlocks, ScoreBias, Varlen, MASK_BLOCK,
@@ -286,17 +286,8 @@ fn forward_on_device<T: Element>(
         )?;
     }
     let kernel = engine.encode_forward(&mut encoder, p, &buffers, None)?;
-    ctx.queue.submit([encoder.finish()]);
-    let bytes = pollster::block_on(read_back(
-        &ctx.device,
-        &ctx.queue,
-        &[(&o, 0, o.size()), (&lse, 0, lse.size())],
-    ))?;
-    Ok((
-        bytemuck::pod_collect_to_vec(&bytes[0]),
-        bytemuck::pod_collect_to_vec(&bytes[1]),
-        kernel.name(),
-    ))
+    let (out, got_lse) = submit_and_read(ctx, encoder, &o, &lse)?;
+    Ok((out, got_lse, kernel.name()))
 }
 
 /// O and the LSE against the reference's; panics with the label.

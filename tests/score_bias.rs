@@ -9,7 +9,7 @@
 
 mod common;
 
-use common::{below, coop_engines, gpu, seed_of, shape, storage};
+use common::{below, coop_engines, gpu, seed_of, shape, storage, submit_and_read};
 use half::{bf16, f16};
 use wgpu_flash_attn::batch::BatchIndex;
 use wgpu_flash_attn::batch::{Alibi, BiasLayout, BiasValues, Dropout, ScoreBias, Varlen};
@@ -183,15 +183,8 @@ fn case<T: Element>(
         let kernel = engine
             .encode_forward(&mut encoder, p, &buffers, None)
             .unwrap_or_else(|e| panic!("{label}: {e}"));
-        ctx.queue.submit([encoder.finish()]);
-        let bytes = pollster::block_on(read_back(
-            &ctx.device,
-            &ctx.queue,
-            &[(&o, 0, o.size()), (&lse, 0, lse.size())],
-        ))
-        .unwrap();
-        let out: Vec<T> = bytemuck::pod_collect_to_vec(&bytes[0]);
-        (out, bytemuck::pod_collect_to_vec::<u8, f32>(&bytes[1]), kernel.name())
+        let (out, got_lse) = submit_and_read::<T>(ctx, encoder, &o, &lse).unwrap();
+        (out, got_lse, kernel.name())
     } else {
         let r = engine
             .forward_indexed_blocking(p, &q, &k, &v, &index)

@@ -7,7 +7,7 @@
 
 mod common;
 
-use common::{device_with, gpu, seed_of, shape, storage};
+use common::{device_with, gpu, seed_of, shape, storage, submit_and_read};
 use wgpu_flash_attn::batch::{BatchIndex, BiasLayout, BiasValues, ScoreBias};
 use wgpu_flash_attn::gpu::readback::read_back;
 use wgpu_flash_attn::testing::backward_harness::{grad_tolerance, BackwardWorkload};
@@ -468,22 +468,10 @@ fn alibi_and_sinks_forward_is_split_with_every_head() {
         engine
             .encode_forward(&mut encoder, &p, &buffers, None)
             .unwrap_or_else(|e| panic!("{label}: {e}"));
-        ctx.queue.submit([encoder.finish()]);
-        let bytes = pollster::block_on(read_back(
-            &ctx.device,
-            &ctx.queue,
-            &[(&o, 0, o.size()), (&lse, 0, lse.size())],
-        ))
-        .unwrap();
+        let (out, got_lse) = submit_and_read::<f32>(&ctx, encoder, &o, &lse).unwrap();
         let device_label = format!("{label} (caller's buffers)");
-        check_head_term_output(
-            &device_label,
-            "O",
-            &bytemuck::pod_collect_to_vec::<u8, f32>(&bytes[0]),
-            &want.out,
-            false,
-        );
-        check_lse(&device_label, &bytemuck::pod_collect_to_vec(&bytes[1]), &want.lse);
+        check_head_term_output(&device_label, "O", &out, &want.out, false);
+        check_lse(&device_label, &got_lse, &want.lse);
 
         let host_label = format!("{label} (host slices)");
         let result = FlashAttention::new(&small_buffers)

@@ -11,7 +11,7 @@
 
 mod common;
 
-use common::{below, gpu, shape, storage};
+use common::{below, gpu, shape, storage, submit_and_read};
 use wgpu_flash_attn::batch::{BatchIndex, Varlen};
 use wgpu_flash_attn::gpu::readback::read_back;
 use wgpu_flash_attn::kernel::CoopChoice;
@@ -143,16 +143,7 @@ impl<T: Element> Case<T> {
         };
         let mut encoder = ctx.device.create_command_encoder(&Default::default());
         engine.encode_forward(&mut encoder, p, &buffers, None)?;
-        ctx.queue.submit([encoder.finish()]);
-        let bytes = pollster::block_on(read_back(
-            &ctx.device,
-            &ctx.queue,
-            &[(&o, 0, o.size()), (&lse, 0, lse.size())],
-        ))?;
-        Ok((
-            bytemuck::pod_collect_to_vec(&bytes[0]),
-            bytemuck::pod_collect_to_vec(&bytes[1]),
-        ))
+        submit_and_read(ctx, encoder, &o, &lse)
     }
 
     /// Element indices of O and the LSE that sequence `b` owns.

@@ -143,6 +143,26 @@ pub fn storage(ctx: &GpuContext, label: &str, bytes: &[u8]) -> wgpu::Buffer {
     })
 }
 
+/// Submits `encoder` (a forward recorded into the caller's buffers) and reads back its O and LSE
+/// (`o` and `lse`, whole).
+pub fn submit_and_read<T: Element>(
+    ctx: &GpuContext,
+    encoder: wgpu::CommandEncoder,
+    o: &wgpu::Buffer,
+    lse: &wgpu::Buffer,
+) -> wgpu_flash_attn::Result<(Vec<T>, Vec<f32>)> {
+    ctx.queue.submit([encoder.finish()]);
+    let bytes = pollster::block_on(wgpu_flash_attn::gpu::readback::read_back(
+        &ctx.device,
+        &ctx.queue,
+        &[(o, 0, o.size()), (lse, 0, lse.size())],
+    ))?;
+    Ok((
+        bytemuck::pod_collect_to_vec(&bytes[0]),
+        bytemuck::pod_collect_to_vec(&bytes[1]),
+    ))
+}
+
 /// The forced cooperative-matrix engines of the device with a label each: each softmax route the
 /// device has (registers only where its fragment layout allows) and each way of streaming K/V, at
 /// one small tile (64 × 32, so that short random problems still span several tiles). Empty (the
