@@ -13,11 +13,16 @@
 
 use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut, DeviceRepr, ValidAsZeroBits};
 
-use super::launch::{check_element_size, check_lengths, check_lse_len, validate_for, CudaAttention, DeviceTensors};
+use super::launch::{
+    check_element_size, check_lengths, check_lse_len, check_outputs_apart, input_extents, validate_for, CudaAttention,
+    DeviceTensors,
+};
 use super::merge::MergeTensors;
 use super::plan::CudaKernelConfig;
 use crate::error::{Error, Result};
-use crate::plan::ring::{block_problem, check_ring_problem, ring_name, rows_from, scratch_layout, Ring};
+use crate::plan::ring::{
+    block_problem, check_ring_problem, chunk_steps, ring_name, rows_from, scratch_layout, Ring, CHUNK_SLOTS,
+};
 use crate::problem::{AttentionProblem, AttentionShape, Element, Tensor};
 use crate::runtime::forward::AttentionOutput;
 use crate::runtime::ring::chunk_lse_runs;
@@ -53,6 +58,23 @@ impl CudaAttention {
             ],
         )?;
         check_lse_len(problem, t.lse.as_ref().map(|l| l.len()))?;
+        let stream = self.device().stream();
+        let DeviceTensors { q, k, v, o, mut lse } = t;
+        {
+            // The merges write the caller's O between blocks that read Q, K and V.
+            let (q_at, _gq) = q.device_ptr(stream);
+            let (k_at, _gk) = k.device_ptr(stream);
+            let (v_at, _gv) = v.device_ptr(stream);
+            let (o_at, _go) = o.device_ptr_mut(stream);
+            let (lse_at, _gl) = match lse.as_deref_mut() {
+                Some(l) => {
+                    let (p, g) = l.device_ptr_mut(stream);
+                    (p, Some(g))
+                }
+                None => (0, None),
+            };
+            check_outputs_apart(problem, o_at, lse_at, &input_extents(problem, [q_at, k_at, v_at]))?;
+        }
         let s = problem.shape;
         // Every block's problem, checked before anything is allocated or launched: each on a
         // kernel of the CUDA forward.
@@ -64,73 +86,67 @@ impl CudaAttention {
             }
         }
 
-        let stream = self.device().stream();
         let (o_len, lse_len) = scratch_lens(problem, ring);
-        // Slots 0 and 1 hold a chunk's running result in turn; slot 2 the block merged into it.
-        let mut outs: [CudaSlice<T>; 3] = [
-            stream.alloc_zeros(o_len)?,
-            stream.alloc_zeros(o_len)?,
-            stream.alloc_zeros(o_len)?,
-        ];
-        let mut lses: [CudaSlice<f32>; 3] = [
-            stream.alloc_zeros(lse_len)?,
-            stream.alloc_zeros(lse_len)?,
-            stream.alloc_zeros(lse_len)?,
-        ];
+        // chunk_steps's slots: a chunk's running result in turn, and the block merged into it.
+        let mut outs = Vec::with_capacity(CHUNK_SLOTS);
+        let mut lses = Vec::with_capacity(CHUNK_SLOTS);
+        for _ in 0..CHUNK_SLOTS {
+            outs.push(stream.alloc_zeros::<T>(o_len)?);
+            lses.push(stream.alloc_zeros::<f32>(lse_len)?);
+        }
         let mut first = None;
-        let DeviceTensors { q, k, v, o, mut lse } = t;
         for chunk in 0..ring.chunks() {
             let rows = ring.chunk_rows(s.seq_q, chunk);
             let dense = scratch_layout(problem, rows.len());
             let o_view = rows_from(&problem.o_layout, rows.start);
-            let blocks = ring.blocks_of_chunk(chunk, problem.causal);
-            let mut running = 0;
-            for (i, block) in blocks.iter().enumerate() {
-                let last = i + 1 == blocks.len();
-                let into = if i == 0 { 0 } else { 2 };
-                let to_caller = last && i == 0;
-                let sub = block_problem(problem, ring, block, if to_caller { o_view } else { dense });
-                let o_block: &mut dyn DevicePtrMut<T> = if to_caller { &mut *o } else { &mut outs[into] };
+            let (steps, lse_slot) = chunk_steps(ring, chunk, problem.causal);
+            for step in &steps {
+                // The forward writes the caller's O itself only for a chunk of one block.
+                let attend_to_caller = step.o_to_caller && step.merge.is_none();
+                let sub = block_problem(
+                    problem,
+                    ring,
+                    &step.block,
+                    if attend_to_caller { o_view } else { dense },
+                );
+                let o_block: &mut dyn DevicePtrMut<T> = if attend_to_caller {
+                    &mut *o
+                } else {
+                    &mut outs[step.slot]
+                };
                 let tensors = DeviceTensors {
                     q,
                     k,
                     v,
                     o: o_block,
-                    lse: Some(&mut lses[into]),
+                    lse: Some(&mut lses[step.slot]),
                 };
-                let config = self.forward_device(&sub, tensors)?;
-                first.get_or_insert(config);
-                if i == 0 {
-                    continue;
-                }
-                let next = 1 - running;
-                let [slot0, slot1, block_out] = &mut outs;
-                let (running_out, next_out) = if running == 0 {
-                    (&*slot0, slot1)
-                } else {
-                    (&*slot1, slot0)
-                };
-                let [lse0, lse1, block_lse] = &mut lses;
-                let (running_lse, next_lse) = if running == 0 { (&*lse0, lse1) } else { (&*lse1, lse0) };
-                let (merged_o, o_layout): (&mut dyn DevicePtrMut<T>, _) =
-                    if last { (&mut *o, o_view) } else { (next_out, dense) };
+                first.get_or_insert(self.forward_device(&sub, tensors)?);
+                let Some((from, into)) = step.merge else { continue };
+                let (merged_o, o_a, o_b, o_layout): (&mut dyn DevicePtrMut<T>, &CudaSlice<T>, &CudaSlice<T>, _) =
+                    if step.o_to_caller {
+                        (&mut *o, &outs[from], &outs[step.slot], o_view)
+                    } else {
+                        let (a, b, into) = read_two_write_one(&mut outs, [from, step.slot], into)?;
+                        (into, a, b, dense)
+                    };
+                let (lse_a, lse_b, lse_into) = read_two_write_one(&mut lses, [from, step.slot], into)?;
                 self.merge_laid_out(
                     &sub,
                     [dense, dense, o_layout],
                     MergeTensors {
-                        o_a: running_out,
-                        lse_a: running_lse,
-                        o_b: &*block_out,
-                        lse_b: &*block_lse,
+                        o_a,
+                        lse_a,
+                        o_b,
+                        lse_b,
                         o: merged_o,
-                        lse: Some(next_lse),
+                        lse: Some(lse_into),
                     },
                 )?;
-                running = next;
             }
             if let Some(lse) = lse.as_deref_mut() {
                 let (dst, _gd) = lse.device_ptr_mut(stream);
-                let (src, _gs) = lses[running].device_ptr(stream);
+                let (src, _gs) = lses[lse_slot].device_ptr(stream);
                 for (at_part, at_whole, len) in chunk_lse_runs(problem, &rows) {
                     // SAFETY: both ranges lie inside their buffers: the chunk's scratch LSE holds
                     // its [batch, num_heads, rows] values, the caller's the whole problem's
@@ -203,4 +219,25 @@ fn scratch_lens(problem: &AttentionProblem, ring: &Ring) -> (usize, usize) {
         ..*problem
     };
     (chunk.required_len(Tensor::O), chunk.lse_len())
+}
+
+/// Slots `read` of `slots` to read and slot `write` to write, three different slots
+/// ([`chunk_steps`]'s contract, so the error is never expected).
+fn read_two_write_one<X>(slots: &mut [X], read: [usize; 2], write: usize) -> Result<(&X, &X, &mut X)> {
+    let (mut a, mut b, mut w) = (None, None, None);
+    for (i, x) in slots.iter_mut().enumerate() {
+        if i == write {
+            w = Some(x);
+        } else if i == read[0] {
+            a = Some(&*x);
+        } else if i == read[1] {
+            b = Some(&*x);
+        }
+    }
+    match (a, b, w) {
+        (Some(a), Some(b), Some(w)) => Ok((a, b, w)),
+        _ => Err(Error::InvalidProblem(format!(
+            "ring scratch slots {read:?} (read) and {write} (written) are not three different slots"
+        ))),
+    }
 }

@@ -189,6 +189,48 @@ impl Ring {
     }
 }
 
+/// One block of a query chunk as an engine records it with logical ranks on one device: the
+/// block's forward into scratch slot `slot` (its partial O and LSE), then, after the chunk's first
+/// block, the merge of the chunk's running result (slot `merge.0`) with it into slot `merge.1`.
+/// `o_to_caller`: the step's last output O (the merge's, or the forward's for a chunk of one
+/// block) goes to the caller's O at the chunk's rows instead of its slot; its LSE still goes to
+/// the slot. Three slots: two for the running result in turn, one for the block merged in.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct ChunkStep {
+    pub block: RingBlock,
+    pub slot: usize,
+    pub merge: Option<(usize, usize)>,
+    pub o_to_caller: bool,
+}
+
+/// Scratch slots (each a chunk-sized O and its LSE) that [`chunk_steps`] uses.
+pub(crate) const CHUNK_SLOTS: usize = 3;
+
+/// The steps of query chunk `chunk` (its blocks in merge order, [`Ring::blocks_of_chunk`]) and
+/// the slot that holds the chunk's LSE at the end, to be copied into the caller's.
+pub(crate) fn chunk_steps(ring: &Ring, chunk: usize, causal: bool) -> (Vec<ChunkStep>, usize) {
+    let blocks = ring.blocks_of_chunk(chunk, causal);
+    let last = blocks.len().saturating_sub(1);
+    let mut running = 0;
+    let steps = blocks
+        .into_iter()
+        .enumerate()
+        .map(|(i, block)| {
+            let merge = (i > 0).then(|| {
+                let into = 1 - running;
+                (std::mem::replace(&mut running, into), into)
+            });
+            ChunkStep {
+                block,
+                slot: if i == 0 { 0 } else { 2 },
+                merge,
+                o_to_caller: i == last,
+            }
+        })
+        .collect();
+    (steps, running)
+}
+
 /// What a ring runs: dense attention, causal or not, with GQA, any scale and a soft-cap (each a
 /// property of a single score, the same in every block). A window, ALiBi, a bias or a mask
 /// depend on absolute positions and sinks join a row's softmax once; packed batches and caches
@@ -263,7 +305,7 @@ pub(crate) fn scratch_layout(problem: &AttentionProblem, rows: usize) -> TensorL
 
 #[cfg(test)]
 mod tests {
-    use super::{BlockMask, Ring, ShardLayout};
+    use super::{chunk_steps, BlockMask, Ring, ShardLayout, CHUNK_SLOTS};
     use std::collections::HashSet;
 
     /// (query row, key row) pairs a block covers.
@@ -432,5 +474,55 @@ mod tests {
             ring.shard_at(usize::MAX, usize::MAX),
             ring.shard_at(usize::MAX % 4, usize::MAX % 4)
         );
+    }
+
+    #[test]
+    fn chunk_steps_merge_every_block_once_through_three_slots() {
+        for ranks in 1..=5 {
+            for layout in [ShardLayout::Contiguous, ShardLayout::ZigZag] {
+                let ring = Ring::new(ranks, layout).unwrap();
+                for causal in [false, true] {
+                    for chunk in 0..ring.chunks() {
+                        let (steps, lse_slot) = chunk_steps(&ring, chunk, causal);
+                        let blocks = ring.blocks_of_chunk(chunk, causal);
+                        let at = format!("{ranks} {layout:?} causal {causal} chunk {chunk}");
+                        assert_eq!(steps.iter().map(|s| s.block).collect::<Vec<_>>(), blocks, "{at}");
+                        // Simulate: which blocks each slot's partial result covers.
+                        let mut held: Vec<Vec<usize>> = vec![Vec::new(); CHUNK_SLOTS];
+                        let mut running = None;
+                        for (i, step) in steps.iter().enumerate() {
+                            assert!(step.slot < CHUNK_SLOTS, "{at}");
+                            assert_ne!(
+                                Some(step.slot),
+                                running,
+                                "{at}: the block overwrites the running result"
+                            );
+                            held[step.slot] = vec![i];
+                            running = match step.merge {
+                                None => {
+                                    assert_eq!(i, 0, "{at}: only the first block starts the result");
+                                    Some(step.slot)
+                                }
+                                Some((from, into)) => {
+                                    assert_eq!(Some(from), running, "{at}");
+                                    assert!(into != from && into != step.slot && into < CHUNK_SLOTS, "{at}");
+                                    let mut merged = held[from].clone();
+                                    merged.extend(&held[step.slot]);
+                                    held[into] = merged;
+                                    Some(into)
+                                }
+                            };
+                            assert_eq!(
+                                step.o_to_caller,
+                                i + 1 == steps.len(),
+                                "{at}: only the last step writes O"
+                            );
+                        }
+                        assert_eq!(running, Some(lse_slot), "{at}");
+                        assert_eq!(held[lse_slot], (0..steps.len()).collect::<Vec<_>>(), "{at}");
+                    }
+                }
+            }
+        }
     }
 }

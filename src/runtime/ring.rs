@@ -19,7 +19,9 @@
 use crate::error::{Error, Result};
 use crate::gpu::binding::{bind, byte_len, check_buffer_size, TensorBuffer};
 use crate::gpu::readback::read_back_within;
-use crate::plan::ring::{block_problem, check_ring_problem, ring_name, rows_from, scratch_layout, Ring};
+use crate::plan::ring::{
+    block_problem, check_ring_problem, chunk_steps, ring_name, rows_from, scratch_layout, Ring, CHUNK_SLOTS,
+};
 use crate::plan::{BackwardConfig, BackwardPass, ForwardKernel};
 use crate::problem::backward::{BackwardProblem, GradTensor};
 use crate::problem::{AttentionProblem, AttentionShape, Element, Layout, Tensor, TensorLayout};
@@ -179,58 +181,57 @@ impl FlashAttention {
         check_buffer_size("ring scratch o", o_bytes, caps)?;
         check_buffer_size("ring scratch lse", lse_bytes, caps)?;
         let device = &self.context().device;
-        // Slots 0 and 1 hold a chunk's running result in turn; slot 2 the block merged into it.
-        let outs = [0, 1, 2].map(|_| scratch_buffer(device, "wgpu-flash-attn ring o", o_bytes));
-        let lses = [0, 1, 2].map(|_| scratch_buffer(device, "wgpu-flash-attn ring lse", lse_bytes));
+        // chunk_steps's slots: a chunk's running result in turn, and the block merged into it.
+        let outs: [wgpu::Buffer; CHUNK_SLOTS] =
+            std::array::from_fn(|_| scratch_buffer(device, "wgpu-flash-attn ring o", o_bytes));
+        let lses: [wgpu::Buffer; CHUNK_SLOTS] =
+            std::array::from_fn(|_| scratch_buffer(device, "wgpu-flash-attn ring lse", lse_bytes));
         let s = problem.shape;
         let mut first = None;
         for chunk in 0..ring.chunks() {
             let rows = ring.chunk_rows(s.seq_q, chunk);
             let dense = scratch_layout(problem, rows.len());
             let o_view = rows_from(&problem.o_layout, rows.start);
-            let blocks = ring.blocks_of_chunk(chunk, problem.causal);
-            // The slot of the chunk's running result.
-            let mut running = 0;
-            for (i, block) in blocks.iter().enumerate() {
-                let last = i + 1 == blocks.len();
-                let into = if i == 0 { 0 } else { 2 };
-                let to_caller = last && i == 0;
-                let o_layout = if to_caller { o_view } else { dense };
-                let sub = block_problem(problem, ring, block, o_layout);
-                let o = if to_caller {
+            let (steps, lse_slot) = chunk_steps(ring, chunk, problem.causal);
+            for step in &steps {
+                // The forward writes the caller's O itself only for a chunk of one block.
+                let attend_to_caller = step.o_to_caller && step.merge.is_none();
+                let sub = block_problem(
+                    problem,
+                    ring,
+                    &step.block,
+                    if attend_to_caller { o_view } else { dense },
+                );
+                let o = if attend_to_caller {
                     buffers.o
                 } else {
-                    TensorBuffer::new(&outs[into])
+                    TensorBuffer::new(&outs[step.slot])
                 };
-                let views =
-                    ForwardBuffers::new(buffers.q, buffers.k, buffers.v, o, Some(TensorBuffer::new(&lses[into])));
+                let lse = Some(TensorBuffer::new(&lses[step.slot]));
+                let views = ForwardBuffers::new(buffers.q, buffers.k, buffers.v, o, lse);
                 let kernel = self.encode_forward(encoder, &sub, &views, None)?;
                 first.get_or_insert(kernel);
-                if i == 0 {
-                    continue;
-                }
-                let next = 1 - running;
-                let (o, o_layout) = if last {
+                let Some((from, into)) = step.merge else { continue };
+                let (o, o_layout) = if step.o_to_caller {
                     (buffers.o, o_view)
                 } else {
-                    (TensorBuffer::new(&outs[next]), dense)
+                    (TensorBuffer::new(&outs[into]), dense)
                 };
                 let merged = MergeBuffers {
-                    o_a: TensorBuffer::new(&outs[running]),
-                    lse_a: TensorBuffer::new(&lses[running]),
-                    o_b: TensorBuffer::new(&outs[2]),
-                    lse_b: TensorBuffer::new(&lses[2]),
+                    o_a: TensorBuffer::new(&outs[from]),
+                    lse_a: TensorBuffer::new(&lses[from]),
+                    o_b: TensorBuffer::new(&outs[step.slot]),
+                    lse_b: TensorBuffer::new(&lses[step.slot]),
                     o,
-                    lse: Some(TensorBuffer::new(&lses[next])),
+                    lse: Some(TensorBuffer::new(&lses[into])),
                 };
                 self.encode_merge_laid_out(encoder, &sub, [dense, dense, o_layout], &merged)
                     .map_err(in_one_dispatch)?;
-                running = next;
             }
             if let Some(lse) = &buffers.lse {
                 for (at_part, at_whole, len) in chunk_lse_runs(problem, &rows) {
                     encoder.copy_buffer_to_buffer(
-                        &lses[running],
+                        &lses[lse_slot],
                         4 * at_part as u64,
                         lse.buffer,
                         lse.byte_offset + 4 * at_whole as u64,
