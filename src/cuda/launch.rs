@@ -438,12 +438,6 @@ impl CudaAttention {
             None => (0, None),
         };
 
-        let es = problem.dtype.size_bytes() as u64;
-        let extent = |tensor: Tensor, base: u64| (base, base + problem.required_len(tensor) as u64 * es);
-        let written = [
-            ("o", extent(Tensor::O, o)),
-            ("lse", (lse, lse + 4 * problem.lse_len() as u64)),
-        ];
         // The index (each tensor or none) and the extents it is read at.
         let (page_table, _gpt) = index_pointer(index.page_table, stream);
         let (kv_lens, _glens) = index_pointer(index.kv_lens, stream);
@@ -458,11 +452,7 @@ impl CudaAttention {
             }
             None => (0, None),
         };
-        let mut read = vec![
-            ("q", extent(Tensor::Q, q)),
-            ("k", extent(Tensor::K, k)),
-            ("v", extent(Tensor::V, v)),
-        ];
+        let mut read = input_extents(problem, [q, k, v]).to_vec();
         if page_table != 0 {
             let len = problem.kv_cache.page_table_len(problem.shape.batch) as u64;
             read.push(("page_table", (page_table, page_table + 4 * len)));
@@ -491,15 +481,7 @@ impl CudaAttention {
             let len = b.required_len(problem).unwrap_or(0) as u64;
             read.push(("bias", (bias, bias + len * es)));
         }
-        let written = if lse == 0 { &written[..1] } else { &written[..] };
-        if let Some((a, b)) = first_overlap(written, &read) {
-            return Err(Error::InvalidBuffer {
-                tensor: a,
-                message: format!(
-                    "its device memory overlaps `{b}`'s: the kernel would overwrite what it reads                      (or write one result over another)"
-                ),
-            });
-        }
+        check_outputs_apart(problem, o, lse, &read)?;
 
         let vec_bytes = vec_bytes_for(problem, [q, k, v, o])?;
         let config = match plan {
@@ -1046,6 +1028,44 @@ pub(super) fn validate_for(problem: &AttentionProblem, forced: Option<CudaPlan>)
         validate_for_decode(problem)
     } else {
         validate_for_cuda(problem)
+    }
+}
+
+/// The byte ranges Q, K and V span from their device addresses (the problem's extents), for
+/// [`check_outputs_apart`].
+pub(super) fn input_extents(problem: &AttentionProblem, [q, k, v]: [u64; 3]) -> [(&'static str, (u64, u64)); 3] {
+    let es = problem.dtype.size_bytes() as u64;
+    let extent = |tensor: Tensor, base: u64| (base, base + problem.required_len(tensor) as u64 * es);
+    [
+        ("q", extent(Tensor::Q, q)),
+        ("k", extent(Tensor::K, k)),
+        ("v", extent(Tensor::V, v)),
+    ]
+}
+
+/// Refuses a forward whose outputs overlap: O (the problem's extent from address `o`) and the LSE
+/// (from `lse`; 0 for none) against each other and against each tensor `read` names.
+pub(super) fn check_outputs_apart(
+    problem: &AttentionProblem,
+    o: u64,
+    lse: u64,
+    read: &[(&'static str, (u64, u64))],
+) -> Result<()> {
+    let es = problem.dtype.size_bytes() as u64;
+    let written = [
+        ("o", (o, o + problem.required_len(Tensor::O) as u64 * es)),
+        ("lse", (lse, lse + 4 * problem.lse_len() as u64)),
+    ];
+    let written = if lse == 0 { &written[..1] } else { &written[..] };
+    match first_overlap(written, read) {
+        Some((a, b)) => Err(Error::InvalidBuffer {
+            tensor: a,
+            message: format!(
+                "its device memory overlaps `{b}`'s: the kernel would overwrite what it reads (or write one \
+                 result over another)"
+            ),
+        }),
+        None => Ok(()),
     }
 }
 

@@ -12,6 +12,7 @@ use crate::error::{Error, Result};
 use crate::problem::varlen::refuse_packed;
 use crate::problem::{AttentionProblem, DType, Element, Tensor, TensorLayout};
 use crate::runtime::forward::AttentionOutput;
+use crate::runtime::merge::check_merge_slices;
 
 /// Threads per CTA of `cuda/merge.cu` (its `MERGE_THREADS`).
 const MERGE_THREADS: u32 = 256;
@@ -182,27 +183,8 @@ impl CudaAttention {
         lse_b: &[f32],
     ) -> Result<AttentionOutput<T>> {
         check_merge_problem(problem)?;
-        if T::DTYPE != problem.dtype {
-            return Err(Error::DTypeMismatch {
-                tensor: "o_a",
-                expected: problem.dtype,
-                got: T::DTYPE,
-            });
-        }
+        check_merge_slices(problem, o_a, lse_a, o_b, lse_b)?;
         let (o_len, rows) = (problem.required_len(Tensor::O), problem.lse_len());
-        for (tensor, have, need) in [
-            ("o_a", o_a.len(), o_len),
-            ("lse_a", lse_a.len(), rows),
-            ("o_b", o_b.len(), o_len),
-            ("lse_b", lse_b.len(), rows),
-        ] {
-            if have < need {
-                return Err(Error::InvalidBuffer {
-                    tensor,
-                    message: format!("the slice holds {have} elements, the problem's layout needs {need}"),
-                });
-            }
-        }
         let stream = self.device().stream();
         // bf16/f16 travel as their bit patterns: cudarc's DeviceRepr covers u16, not half's types.
         let bits = |x: &[T]| stream.clone_htod(bytemuck::cast_slice::<T, u16>(&x[..o_len]));

@@ -207,13 +207,7 @@ impl FlashAttention {
     ) -> Result<AttentionOutput<T>> {
         problem.validate()?;
         refuse_packed(problem, "the merge")?;
-        if T::DTYPE != problem.dtype {
-            return Err(Error::DTypeMismatch {
-                tensor: "o_a",
-                expected: problem.dtype,
-                got: T::DTYPE,
-            });
-        }
+        check_merge_slices(problem, o_a, lse_a, o_b, lse_b)?;
         let config = KernelConfig::Merge { storage: problem.dtype };
         self.pipelines().get_async(&config).await?;
         self.merge_grid(problem)?;
@@ -221,19 +215,6 @@ impl FlashAttention {
         let (o_len, rows) = (problem.required_len(Tensor::O), problem.lse_len());
         let o_bytes = byte_len("o", o_len, problem.dtype.size_bytes())?;
         let lse_bytes = byte_len("lse", rows, 4)?;
-        for (tensor, have, need) in [
-            ("o_a", o_a.len(), o_len),
-            ("lse_a", lse_a.len(), rows),
-            ("o_b", o_b.len(), o_len),
-            ("lse_b", lse_b.len(), rows),
-        ] {
-            if have < need {
-                return Err(Error::InvalidBuffer {
-                    tensor,
-                    message: format!("the slice holds {have} elements, the problem's layout needs {need}"),
-                });
-            }
-        }
         // Every buffer is checked before the first is created (see `FlashAttention::forward`).
         for (tensor, bytes) in [("o", o_bytes), ("lse", lse_bytes)] {
             check_buffer_size(tensor, bytes, caps)?;
@@ -295,4 +276,37 @@ impl FlashAttention {
     ) -> Result<AttentionOutput<T>> {
         pollster::block_on(self.merge(problem, o_a, lse_a, o_b, lse_b))
     }
+}
+
+/// The host merge's inputs against `problem` (the wgpu and CUDA engines' `merge`): O slices of its
+/// dtype holding its O layout's extent, LSEs of its `[batch, num_heads, seq_q]` rows.
+pub(crate) fn check_merge_slices<T: Element>(
+    problem: &AttentionProblem,
+    o_a: &[T],
+    lse_a: &[f32],
+    o_b: &[T],
+    lse_b: &[f32],
+) -> Result<()> {
+    if T::DTYPE != problem.dtype {
+        return Err(Error::DTypeMismatch {
+            tensor: "o_a",
+            expected: problem.dtype,
+            got: T::DTYPE,
+        });
+    }
+    let (o_len, rows) = (problem.required_len(Tensor::O), problem.lse_len());
+    for (tensor, have, need) in [
+        ("o_a", o_a.len(), o_len),
+        ("lse_a", lse_a.len(), rows),
+        ("o_b", o_b.len(), o_len),
+        ("lse_b", lse_b.len(), rows),
+    ] {
+        if have < need {
+            return Err(Error::InvalidBuffer {
+                tensor,
+                message: format!("the slice holds {have} elements, the problem's layout needs {need}"),
+            });
+        }
+    }
+    Ok(())
 }
