@@ -587,7 +587,7 @@ pub fn merge_attention_states<T: Element>(
     o_b: &[T],
     lse_b: &[f32],
 ) -> Result<ReferenceOutput> {
-    check_merge_inputs(problem, o_a, lse_a, o_b, lse_b)?;
+    crate::problem::check_merge_inputs(problem, o_a, lse_a, o_b, lse_b)?;
     let s = problem.shape;
     let mut out = host_output("o", problem.required_len(Tensor::O), 0.0)?;
     let mut lse = host_output("lse", problem.lse_len(), f64::NEG_INFINITY)?;
@@ -647,39 +647,6 @@ pub fn merge_attention_states_host<T: Element>(
         out: r.out.into_iter().map(T::from_f64).collect(),
         lse: r.lse.into_iter().map(|x| x as f32).collect(),
     })
-}
-
-fn check_merge_inputs<T: Element>(
-    problem: &AttentionProblem,
-    o_a: &[T],
-    lse_a: &[f32],
-    o_b: &[T],
-    lse_b: &[f32],
-) -> Result<()> {
-    problem.validate()?;
-    crate::problem::varlen::refuse_packed(problem, "the merge")?;
-    if T::DTYPE != problem.dtype {
-        return Err(crate::error::Error::DTypeMismatch {
-            tensor: "o_a",
-            expected: problem.dtype,
-            got: T::DTYPE,
-        });
-    }
-    let (o_len, lse_len) = (problem.required_len(Tensor::O), problem.lse_len());
-    for (tensor, have, need) in [
-        ("o_a", o_a.len(), o_len),
-        ("lse_a", lse_a.len(), lse_len),
-        ("o_b", o_b.len(), o_len),
-        ("lse_b", lse_b.len(), lse_len),
-    ] {
-        if have < need {
-            return Err(crate::error::Error::InvalidBuffer {
-                tensor,
-                message: format!("holds {have} elements, the problem needs {need}"),
-            });
-        }
-    }
-    Ok(())
 }
 
 // ---------------------------------------------------------------------------------- backward

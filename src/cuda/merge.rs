@@ -10,9 +10,8 @@ use super::launch::{check_element_size, first_overlap, CudaAttention};
 use super::nvrtc::{load_or_compile, CompileJob};
 use crate::error::{Error, Result};
 use crate::problem::varlen::refuse_packed;
-use crate::problem::{AttentionProblem, DType, Element, Tensor, TensorLayout};
+use crate::problem::{check_merge_inputs, AttentionProblem, DType, Element, Tensor, TensorLayout};
 use crate::runtime::forward::AttentionOutput;
-use crate::runtime::merge::check_merge_slices;
 
 /// Threads per CTA of `cuda/merge.cu` (its `MERGE_THREADS`).
 const MERGE_THREADS: u32 = 256;
@@ -183,7 +182,7 @@ impl CudaAttention {
         lse_b: &[f32],
     ) -> Result<AttentionOutput<T>> {
         check_merge_problem(problem)?;
-        check_merge_slices(problem, o_a, lse_a, o_b, lse_b)?;
+        check_merge_inputs(problem, o_a, lse_a, o_b, lse_b)?;
         let (o_len, rows) = (problem.required_len(Tensor::O), problem.lse_len());
         let stream = self.device().stream();
         // bf16/f16 travel as their bit patterns: cudarc's DeviceRepr covers u16, not half's types.

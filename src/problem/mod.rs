@@ -850,6 +850,42 @@ impl AttentionProblem {
     }
 }
 
+/// The inputs of a merge of two partial results on host slices (the float64 reference's and both
+/// engines' `merge`): a valid problem, not packed, O slices of its dtype holding its O layout's
+/// extent, LSEs of its `[batch, num_heads, seq_q]` rows.
+pub(crate) fn check_merge_inputs<T: Element>(
+    problem: &AttentionProblem,
+    o_a: &[T],
+    lse_a: &[f32],
+    o_b: &[T],
+    lse_b: &[f32],
+) -> Result<()> {
+    problem.validate()?;
+    varlen::refuse_packed(problem, "the merge")?;
+    if T::DTYPE != problem.dtype {
+        return Err(Error::DTypeMismatch {
+            tensor: "o_a",
+            expected: problem.dtype,
+            got: T::DTYPE,
+        });
+    }
+    let (o_len, lse_len) = (problem.required_len(Tensor::O), problem.lse_len());
+    for (tensor, have, need) in [
+        ("o_a", o_a.len(), o_len),
+        ("lse_a", lse_a.len(), lse_len),
+        ("o_b", o_b.len(), o_len),
+        ("lse_b", lse_b.len(), lse_len),
+    ] {
+        if have < need {
+            return Err(Error::InvalidBuffer {
+                tensor,
+                message: format!("the slice holds {have} elements, the problem needs {need}"),
+            });
+        }
+    }
+    Ok(())
+}
+
 /// Refuses a batch stride on a packed tensor (a packed batch's Q and O, and its K and V unless
 /// paged): its sequences lie end to end along the rows, so no batch dimension exists to stride
 /// over. The kernels read such tensors with a batch stride of 0 whatever is set, while the float64

@@ -10,7 +10,7 @@ use crate::gpu::binding::{
 };
 use crate::gpu::readback::{read_back, upload_queued};
 use crate::problem::varlen::refuse_packed;
-use crate::problem::{AttentionProblem, Element, Tensor, TensorLayout};
+use crate::problem::{check_merge_inputs, AttentionProblem, Element, Tensor, TensorLayout};
 use crate::runtime::forward::{AttentionOutput, FlashAttention};
 use crate::wgsl::params::Params;
 use crate::wgsl::KernelConfig;
@@ -205,9 +205,7 @@ impl FlashAttention {
         o_b: &[T],
         lse_b: &[f32],
     ) -> Result<AttentionOutput<T>> {
-        problem.validate()?;
-        refuse_packed(problem, "the merge")?;
-        check_merge_slices(problem, o_a, lse_a, o_b, lse_b)?;
+        check_merge_inputs(problem, o_a, lse_a, o_b, lse_b)?;
         let config = KernelConfig::Merge { storage: problem.dtype };
         self.pipelines().get_async(&config).await?;
         self.merge_grid(problem)?;
@@ -276,37 +274,4 @@ impl FlashAttention {
     ) -> Result<AttentionOutput<T>> {
         pollster::block_on(self.merge(problem, o_a, lse_a, o_b, lse_b))
     }
-}
-
-/// The host merge's inputs against `problem` (the wgpu and CUDA engines' `merge`): O slices of its
-/// dtype holding its O layout's extent, LSEs of its `[batch, num_heads, seq_q]` rows.
-pub(crate) fn check_merge_slices<T: Element>(
-    problem: &AttentionProblem,
-    o_a: &[T],
-    lse_a: &[f32],
-    o_b: &[T],
-    lse_b: &[f32],
-) -> Result<()> {
-    if T::DTYPE != problem.dtype {
-        return Err(Error::DTypeMismatch {
-            tensor: "o_a",
-            expected: problem.dtype,
-            got: T::DTYPE,
-        });
-    }
-    let (o_len, rows) = (problem.required_len(Tensor::O), problem.lse_len());
-    for (tensor, have, need) in [
-        ("o_a", o_a.len(), o_len),
-        ("lse_a", lse_a.len(), rows),
-        ("o_b", o_b.len(), o_len),
-        ("lse_b", lse_b.len(), rows),
-    ] {
-        if have < need {
-            return Err(Error::InvalidBuffer {
-                tensor,
-                message: format!("the slice holds {have} elements, the problem's layout needs {need}"),
-            });
-        }
-    }
-    Ok(())
 }
