@@ -5,7 +5,9 @@
 //   lse = m + log(exp(lse_a - m) + exp(lse_b - m)),  m = max(lse_a, lse_b)
 //   o   = (e_a·o_a + e_b·o_b) / (e_a + e_b),         e_x = exp(lse_x - m)
 // A side whose LSE is -inf (it saw no key) has weight 0 and its O is not read; both -inf give
-// o = 0 and lse = -inf, as the forward writes a row that sees no key. A NaN LSE makes the row NaN.
+// o = 0 and lse = -inf, as the forward writes a row that sees no key. A NaN LSE beside a seen side
+// makes the row NaN; beside an empty side it passes through with its own O (the float64
+// reference's max drops it instead: a NaN LSE is garbage in, never silently finite out).
 //
 // Who owns what. The work is bound by memory, with nothing shared between threads: no shared
 // memory, no barrier. A thread owns one element of O at a time, the elements numbered through

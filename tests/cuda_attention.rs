@@ -1441,9 +1441,7 @@ fn merge_case<T: Half16>(engine: &CudaAttention, strides: Strides) {
     let label = format!("merge_{}_{strides:?}", T::DTYPE.name());
     let seed = seed_of(&label);
     let (n, rows) = (p.required_len(Tensor::O), p.lse_len());
-    let o_a: Vec<T> = random_tensor(seed, n);
-    let o_b: Vec<T> = random_tensor(seed ^ 1, n);
-    // LSEs in [-4, 4], −∞ on every `empty`-th row: a's every 5th, b's every 7th, both every 35th.
+    // LSEs 4·N(0, 1), −∞ on every `empty`-th row: a's every 5th, b's every 7th, both every 35th.
     let lse = |seed: u64, empty: usize| -> Vec<f32> {
         let x: Vec<f32> = random_tensor(seed, rows);
         x.iter()
@@ -1452,6 +1450,24 @@ fn merge_case<T: Half16>(engine: &CudaAttention, strides: Strides) {
             .collect()
     };
     let (lse_a, lse_b) = (lse(seed ^ 2, 5), lse(seed ^ 3, 7));
+    // A side's O is NaN on its rows without a key: the merge must not read it there.
+    let s = p.shape;
+    let side = |seed: u64, lse: &[f32]| -> Vec<T> {
+        let mut o: Vec<T> = random_tensor(seed, n);
+        for b in 0..s.batch {
+            for h in 0..s.num_heads {
+                for i in 0..s.seq_q {
+                    if lse[(b * s.num_heads + h) * s.seq_q + i] == f32::NEG_INFINITY {
+                        for d in 0..s.head_dim {
+                            o[p.o_layout.index(b, i, h, d)] = T::from_f64(f64::NAN);
+                        }
+                    }
+                }
+            }
+        }
+        o
+    };
+    let (o_a, o_b) = (side(seed, &lse_a), side(seed ^ 1, &lse_b));
     let stream = engine.device().stream();
     let d_o_a = stream.clone_htod(&bits(&o_a)).unwrap();
     let d_o_b = stream.clone_htod(&bits(&o_b)).unwrap();
@@ -1478,7 +1494,6 @@ fn merge_case<T: Half16>(engine: &CudaAttention, strides: Strides) {
     let lse_out: Vec<f32> = stream.clone_dtoh(&d_lse).unwrap();
     let want = reference::merge_attention_states(&p, &o_a, &lse_a, &o_b, &lse_b).unwrap();
 
-    let s = p.shape;
     let mut pairs = Vec::new();
     for b in 0..s.batch {
         for h in 0..s.num_heads {
@@ -1511,12 +1526,13 @@ fn merge_case<T: Half16>(engine: &CudaAttention, strides: Strides) {
             }
         }
     }
-    // One rounding of the merged value to 16 bits.
+    // One rounding of the merged value to 16 bits: half an ulp, 2⁻⁹ (bf16) or 2⁻¹² (f16) of the
+    // value, is 0.016 / 0.002 at |o| = 8.
     let o = ErrorStats::from_pairs(pairs);
     let (rel, abs) = if T::DTYPE == DType::BF16 {
-        (8e-3, 1e-2)
+        (8e-3, 3e-2)
     } else {
-        (1e-3, 2e-3)
+        (1e-3, 4e-3)
     };
     assert!(o.within(rel, abs), "{label} (seed {seed}): O {o}");
 

@@ -76,13 +76,20 @@ impl CudaAttention {
             check_outputs_apart(problem, o_at, lse_at, &input_extents(problem, [q_at, k_at, v_at]))?;
         }
         let s = problem.shape;
-        // Every block's problem, checked before anything is allocated or launched: each on a
-        // kernel of the CUDA forward.
+        // Every block's problem, as it will be launched, checked before anything is allocated or
+        // launched: each on a kernel of the CUDA forward.
         for chunk in 0..ring.chunks() {
             let rows = ring.chunk_rows(s.seq_q, chunk);
-            for block in ring.blocks_of_chunk(chunk, problem.causal) {
-                let sub = block_problem(problem, ring, &block, scratch_layout(problem, rows.len()));
-                validate_for(&sub, self.options().plan)?;
+            for step in chunk_steps(ring, chunk, problem.causal).0 {
+                let o_layout = if step.o_to_caller && step.merge.is_none() {
+                    rows_from(&problem.o_layout, rows.start)
+                } else {
+                    scratch_layout(problem, rows.len())
+                };
+                validate_for(
+                    &block_problem(problem, ring, &step.block, o_layout),
+                    self.options().plan,
+                )?;
             }
         }
 
