@@ -411,17 +411,7 @@ impl CudaAttention {
     ) -> Result<CudaKernelConfig> {
         validate_for(problem, plan.or(self.options.plan))?;
         let index = check_device_index(problem, index, "forward_indexed_device")?;
-        check_element_size::<T>(problem, "q")?;
-        check_lengths(
-            problem,
-            [
-                (Tensor::Q, t.q.len()),
-                (Tensor::K, t.k.len()),
-                (Tensor::V, t.v.len()),
-                (Tensor::O, t.o.len()),
-            ],
-        )?;
-        check_lse_len(problem, t.lse.as_ref().map(|l| l.len()))?;
+        check_device_tensors(problem, &t)?;
 
         let stream = self.device.stream();
         // Each guard makes the stream wait for earlier writes to its buffer and records this
@@ -430,13 +420,7 @@ impl CudaAttention {
         let (k, _gk) = t.k.device_ptr(stream);
         let (v, _gv) = t.v.device_ptr(stream);
         let (o, _go) = t.o.device_ptr_mut(stream);
-        let (lse, _glse) = match t.lse {
-            Some(l) => {
-                let (p, g) = l.device_ptr_mut(stream);
-                (p, Some(g))
-            }
-            None => (0, None),
-        };
+        let (lse, _glse) = output_pointer(t.lse, stream);
 
         // The index (each tensor or none) and the extents it is read at.
         let (page_table, _gpt) = index_pointer(index.page_table, stream);
@@ -910,6 +894,37 @@ fn index_pointer<'a, T>(
         }
         None => (0, None),
     }
+}
+
+/// The device address of an output that may be absent (0 for none), and the guard that orders the
+/// launch after earlier uses of it.
+pub(super) fn output_pointer<'a, 'b: 'a, T>(
+    tensor: Option<&'a mut (dyn DevicePtrMut<T> + 'b)>,
+    stream: &'a std::sync::Arc<cudarc::driver::CudaStream>,
+) -> (u64, Option<cudarc::driver::SyncOnDrop<'a>>) {
+    match tensor {
+        Some(t) => {
+            let (p, g) = t.device_ptr_mut(stream);
+            (p, Some(g))
+        }
+        None => (0, None),
+    }
+}
+
+/// A forward's device tensors against `problem`: 16-bit elements of its dtype, each long enough
+/// for its layout, the LSE (when given) for its rows.
+pub(super) fn check_device_tensors<T>(problem: &AttentionProblem, t: &DeviceTensors<'_, T>) -> Result<()> {
+    check_element_size::<T>(problem, "q")?;
+    check_lengths(
+        problem,
+        [
+            (Tensor::Q, t.q.len()),
+            (Tensor::K, t.k.len()),
+            (Tensor::V, t.v.len()),
+            (Tensor::O, t.o.len()),
+        ],
+    )?;
+    check_lse_len(problem, t.lse.as_ref().map(|l| l.len()))
 }
 
 /// An error for a problem that needs index tensors (a cache's, a packed batch's, per-head tensors,

@@ -6,7 +6,7 @@
 use cudarc::driver::{CudaFunction, DevicePtr, DevicePtrMut, DeviceRepr, LaunchConfig, PushKernelArg};
 use cudarc::nvrtc::Ptx;
 
-use super::launch::{check_element_size, first_overlap, CudaAttention};
+use super::launch::{check_element_size, first_overlap, output_pointer, CudaAttention};
 use super::nvrtc::{load_or_compile, CompileJob};
 use crate::error::{Error, Result};
 use crate::problem::varlen::refuse_packed;
@@ -138,13 +138,7 @@ impl CudaAttention {
         let (o_b, _gb) = t.o_b.device_ptr(stream);
         let (lse_b, _glb) = t.lse_b.device_ptr(stream);
         let (o, _go) = t.o.device_ptr_mut(stream);
-        let (lse, _glse) = match t.lse {
-            Some(l) => {
-                let (p, g) = l.device_ptr_mut(stream);
-                (p, Some(g))
-            }
-            None => (0, None),
-        };
+        let (lse, _glse) = output_pointer(t.lse, stream);
         check_merge_apart(problem, layouts, [o_a, o_b, o], [lse_a, lse_b, lse])?;
         let params = merge_params(problem, layouts, [o_a, o_b, o], [lse_a, lse_b, lse]);
         let ctas = (params.elements as u64)

@@ -14,16 +14,17 @@
 use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut, DeviceRepr, ValidAsZeroBits};
 
 use super::launch::{
-    check_element_size, check_lengths, check_lse_len, check_outputs_apart, input_extents, validate_for, CudaAttention,
+    check_device_tensors, check_outputs_apart, input_extents, output_pointer, validate_for, CudaAttention,
     DeviceTensors,
 };
 use super::merge::MergeTensors;
 use super::plan::CudaKernelConfig;
 use crate::error::{Error, Result};
 use crate::plan::ring::{
-    block_problem, check_ring_problem, chunk_steps, ring_name, rows_from, scratch_layout, Ring, CHUNK_SLOTS,
+    block_problem, check_ring_problem, chunk_steps, ring_name, rows_from, scratch_layout, scratch_lens, Ring,
+    CHUNK_SLOTS,
 };
-use crate::problem::{AttentionProblem, AttentionShape, Element, Tensor};
+use crate::problem::{AttentionProblem, Element, Tensor};
 use crate::runtime::forward::AttentionOutput;
 use crate::runtime::ring::chunk_lse_runs;
 
@@ -47,17 +48,7 @@ impl CudaAttention {
         t: DeviceTensors<'_, T>,
     ) -> Result<CudaKernelConfig> {
         check_ring_problem(problem, ring)?;
-        check_element_size::<T>(problem, "q")?;
-        check_lengths(
-            problem,
-            [
-                (Tensor::Q, t.q.len()),
-                (Tensor::K, t.k.len()),
-                (Tensor::V, t.v.len()),
-                (Tensor::O, t.o.len()),
-            ],
-        )?;
-        check_lse_len(problem, t.lse.as_ref().map(|l| l.len()))?;
+        check_device_tensors(problem, &t)?;
         let stream = self.device().stream();
         let DeviceTensors { q, k, v, o, mut lse } = t;
         {
@@ -66,13 +57,7 @@ impl CudaAttention {
             let (k_at, _gk) = k.device_ptr(stream);
             let (v_at, _gv) = v.device_ptr(stream);
             let (o_at, _go) = o.device_ptr_mut(stream);
-            let (lse_at, _gl) = match lse.as_deref_mut() {
-                Some(l) => {
-                    let (p, g) = l.device_ptr_mut(stream);
-                    (p, Some(g))
-                }
-                None => (0, None),
-            };
+            let (lse_at, _gl) = output_pointer(lse.as_deref_mut(), stream);
             check_outputs_apart(problem, o_at, lse_at, &input_extents(problem, [q_at, k_at, v_at]))?;
         }
         let s = problem.shape;
@@ -213,19 +198,6 @@ impl CudaAttention {
                 + 3 * (2 * scratch_o + 4 * scratch_lse) as u64,
         })
     }
-}
-
-/// Elements of one scratch output and of one scratch LSE: chunk-sized, for the longest query
-/// chunk, dense.
-fn scratch_lens(problem: &AttentionProblem, ring: &Ring) -> (usize, usize) {
-    let s = problem.shape;
-    let rows = s.seq_q.div_ceil(ring.chunks());
-    let chunk = AttentionProblem {
-        shape: AttentionShape { seq_q: rows, ..s },
-        o_layout: scratch_layout(problem, rows),
-        ..*problem
-    };
-    (chunk.required_len(Tensor::O), chunk.lse_len())
 }
 
 /// Slots `read` of `slots` to read and slot `write` to write, three different slots

@@ -16,7 +16,7 @@ use std::ops::Range;
 use crate::error::{Error, Result};
 use crate::plan::missing_features;
 use crate::problem::features::{Feature, FeatureSet};
-use crate::problem::{AttentionProblem, AttentionShape, Layout, TensorLayout};
+use crate::problem::{AttentionProblem, AttentionShape, Layout, Tensor, TensorLayout};
 
 /// How a sequence's rows are dealt to the ranks of a ring.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -301,6 +301,19 @@ pub(crate) fn ring_name(ring: &Ring) -> String {
 pub(crate) fn scratch_layout(problem: &AttentionProblem, rows: usize) -> TensorLayout {
     let s = problem.shape;
     TensorLayout::contiguous(Layout::Bshd, rows, s.num_heads, s.head_dim)
+}
+
+/// Elements of one scratch output and of one scratch LSE: chunk-sized, for the longest query
+/// chunk, dense.
+pub(crate) fn scratch_lens(problem: &AttentionProblem, ring: &Ring) -> (usize, usize) {
+    let s = problem.shape;
+    let rows = s.seq_q.div_ceil(ring.chunks());
+    let chunk = AttentionProblem {
+        shape: AttentionShape { seq_q: rows, ..s },
+        o_layout: scratch_layout(problem, rows),
+        ..*problem
+    };
+    (chunk.required_len(Tensor::O), chunk.lse_len())
 }
 
 #[cfg(test)]

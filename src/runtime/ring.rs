@@ -20,7 +20,8 @@ use crate::error::{Error, Result};
 use crate::gpu::binding::{bind, byte_len, check_buffer_size, TensorBuffer};
 use crate::gpu::readback::read_back_within;
 use crate::plan::ring::{
-    block_problem, check_ring_problem, chunk_steps, ring_name, rows_from, scratch_layout, Ring, CHUNK_SLOTS,
+    block_problem, check_ring_problem, chunk_steps, ring_name, rows_from, scratch_layout, scratch_lens, Ring,
+    CHUNK_SLOTS,
 };
 use crate::plan::{BackwardConfig, BackwardPass, ForwardKernel};
 use crate::problem::backward::{BackwardProblem, GradTensor};
@@ -122,20 +123,10 @@ fn dense_bytes(problem: &AttentionProblem, rows: usize, heads: usize, elem_bytes
 
 /// Bytes of one scratch output and of one scratch LSE: chunk-sized, for the longest query chunk.
 fn scratch_bytes(problem: &AttentionProblem, ring: &Ring) -> Result<(u64, u64)> {
-    let s = problem.shape;
-    let rows = s.seq_q.div_ceil(ring.chunks());
-    let chunk = AttentionProblem {
-        shape: AttentionShape { seq_q: rows, ..s },
-        o_layout: scratch_layout(problem, rows),
-        ..*problem
-    };
+    let (o_len, lse_len) = scratch_lens(problem, ring);
     Ok((
-        byte_len(
-            "ring scratch o",
-            chunk.required_len(Tensor::O),
-            problem.dtype.size_bytes(),
-        )?,
-        byte_len("ring scratch lse", chunk.lse_len(), 4)?,
+        byte_len("ring scratch o", o_len, problem.dtype.size_bytes())?,
+        byte_len("ring scratch lse", lse_len, 4)?,
     ))
 }
 
