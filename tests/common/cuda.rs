@@ -42,6 +42,19 @@ pub fn engine() -> Option<&'static CudaAttention> {
         .as_ref()
 }
 
+/// Whether libnvrtc is present, for the tests that only compile kernels (no GPU needed); prints
+/// why they skip when it is not, and panics instead when `FLASH_REQUIRE_CUDA` is `1`.
+pub fn nvrtc_present() -> bool {
+    if nvrtc_available() {
+        return true;
+    }
+    if std::env::var("FLASH_REQUIRE_CUDA").as_deref() == Ok("1") {
+        panic!("FLASH_REQUIRE_CUDA=1 but libnvrtc was not found");
+    }
+    eprintln!("skipping the NVRTC compile test: libnvrtc was not found");
+    false
+}
+
 /// A 16-bit element type with its NaN pattern, for poisoning outputs.
 pub trait Half16: Element {
     const NAN_BITS: u16;
