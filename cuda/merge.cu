@@ -9,18 +9,12 @@
 // makes the row NaN; beside an empty side it passes through with its own O (the float64
 // reference's max drops it instead: a NaN LSE is garbage in, never silently finite out).
 //
-// Who owns what. The work is bound by memory, with nothing shared between threads: no shared
-// memory, no barrier. A thread owns one element of O at a time, the elements numbered through
-// [batch, seq_q, num_heads, head_dim] with head_dim fastest (the order of the usual O layout, so a
-// warp's loads and stores are contiguous there); a CTA of 256 threads (8 warps, enough to hide
-// the loads' latency at full occupancy) owns 256 consecutive elements and strides on by the
-// grid's width (the host caps the grid, so a huge O still launches). The thread of element 0 of
-// a row also writes the row's LSE. One element per thread, not a vector: any strides and
-// head_dim the layouts allow stay legal, and the merge reads and writes O once, small beside the
-// attention that made it.
+// Who owns what: one element of O per thread at a time, walked as element_walk.cuh says (no
+// shared memory, no barrier: the work is bound by memory). The thread of element 0 of a row also
+// writes the row's LSE.
 //
 // Two entry points, merge_f16 and merge_bf16: O's element type; the LSEs are f32.
-#include "mma_ptx.cuh"
+#include "element_walk.cuh"
 
 struct MergeParams {
     const u16* o_a;
@@ -36,31 +30,12 @@ struct MergeParams {
 };
 static_assert(sizeof(MergeParams) == 144, "MergeParams must match the Rust mirror (src/cuda/merge.rs)");
 
-constexpr int MERGE_THREADS = 256;
 constexpr float MERGE_LOG2E = 1.4426950408889634f;
 
 template <bool BF16>
-__device__ __forceinline__ float load_element(const u16* p) {
-    return unpack2<BF16>((u32)*p).x;
-}
-
-template <bool BF16>
-__device__ __forceinline__ u16 round_element(float x) {
-    return (u16)(pack2<BF16>(x, 0.f) & 0xffffu);
-}
-
-template <bool BF16>
 __device__ __forceinline__ void merge(const MergeParams& p) {
-    const i64 stride = (i64)gridDim.x * MERGE_THREADS;
-    for (i64 i = (i64)blockIdx.x * MERGE_THREADS + threadIdx.x; i < p.elements; i += stride) {
-        const int d = (int)(i % p.head_dim);
-        const i64 rest = i / p.head_dim;
-        const int h = (int)(rest % p.num_heads);
-        const i64 rest2 = rest / p.num_heads;
-        const int s = (int)(rest2 % p.seq_q);
-        const i64 b = rest2 / p.seq_q;
-        const i64 r = (b * p.num_heads + h) * p.seq_q + s;
-        auto at = [&](int t) { return b * p.strides[t][0] + s * p.strides[t][1] + h * p.strides[t][2] + d; };
+    walk_elements(p.elements, p.seq_q, p.num_heads, p.head_dim, [&](const ElementAt& e) {
+        const i64 r = (e.b * p.num_heads + e.h) * p.seq_q + e.s;
         const float la = p.lse_a[r];
         const float lb = p.lse_b[r];
         const bool seen_a = la != NEG_INF;
@@ -73,24 +48,26 @@ __device__ __forceinline__ void merge(const MergeParams& p) {
             const float e_a = ex2((la - m) * MERGE_LOG2E);
             const float e_b = ex2((lb - m) * MERGE_LOG2E);
             const float sum = e_a + e_b;
-            merged = (e_a * load_element<BF16>(p.o_a + at(0)) + e_b * load_element<BF16>(p.o_b + at(1))) / sum;
+            merged = (e_a * load_element<BF16>(p.o_a + e.in(p.strides[0])) +
+                      e_b * load_element<BF16>(p.o_b + e.in(p.strides[1]))) /
+                     sum;
             lse = m + logf(sum);
         } else if (seen_a) {
-            merged = load_element<BF16>(p.o_a + at(0));
+            merged = load_element<BF16>(p.o_a + e.in(p.strides[0]));
             lse = la;
         } else if (seen_b) {
-            merged = load_element<BF16>(p.o_b + at(1));
+            merged = load_element<BF16>(p.o_b + e.in(p.strides[1]));
             lse = lb;
         }
-        p.o[at(2)] = round_element<BF16>(merged);
-        if (d == 0 && p.lse != nullptr) p.lse[r] = lse;
-    }
+        p.o[e.in(p.strides[2])] = round_element<BF16>(merged);
+        if (e.d == 0 && p.lse != nullptr) p.lse[r] = lse;
+    });
 }
 
-extern "C" __global__ void __launch_bounds__(MERGE_THREADS) merge_f16(const __grid_constant__ MergeParams p) {
+extern "C" __global__ void __launch_bounds__(ELEMENT_WALK_THREADS) merge_f16(const __grid_constant__ MergeParams p) {
     merge<false>(p);
 }
 
-extern "C" __global__ void __launch_bounds__(MERGE_THREADS) merge_bf16(const __grid_constant__ MergeParams p) {
+extern "C" __global__ void __launch_bounds__(ELEMENT_WALK_THREADS) merge_bf16(const __grid_constant__ MergeParams p) {
     merge<true>(p);
 }

@@ -1793,19 +1793,26 @@ fn kernels_compile_with_nvrtc() {
     }
 }
 
-/// Runs without a GPU: only libnvrtc is needed. Compiles the merge's module (both entry points)
-/// for Hopper and for Ampere and prints ptxas's report.
+/// Runs without a GPU: only libnvrtc is needed. Compiles the element-wise modules — the merge
+/// (both entry points) and ring attention's gradient sums (all four) — for Hopper and for Ampere
+/// and prints ptxas's report.
 #[cfg(feature = "internals")]
 #[test]
-fn merge_kernels_compile_with_nvrtc() {
+fn merge_and_grad_sum_kernels_compile_with_nvrtc() {
     if !cuda_common::nvrtc_present() {
         return;
     }
     for arch in ["sm_90a", "sm_80"] {
-        let job = CompileJob::merge(arch);
-        let (cubin, log) = compile_cubin(&job).unwrap_or_else(|e| panic!("{e}"));
-        assert!(!cubin.is_empty());
-        eprintln!("merge {arch}: {} bytes; {}", cubin.len(), resource_report(&log));
+        for job in [CompileJob::merge(arch), CompileJob::grad_sum(arch)] {
+            let (cubin, log) = compile_cubin(&job).unwrap_or_else(|e| panic!("{e}"));
+            assert!(!cubin.is_empty());
+            eprintln!(
+                "{} {arch}: {} bytes; {}",
+                job.kernel,
+                cubin.len(),
+                resource_report(&log)
+            );
+        }
     }
 }
 

@@ -11,6 +11,7 @@ use super::backward::{BackwardScratch, LoadedBackward};
 use super::device::CudaDevice;
 use super::disk_cache::{CacheStatus, DiskCache, Origin};
 use super::fp8::{LoadedFp8, LoadedQuantizer};
+use super::grad_sum::LoadedGradSum;
 use super::kernel_map::OnceMap;
 use super::merge::LoadedMerge;
 use super::nvrtc::{load_or_compile, resource_report, CompileJob};
@@ -218,6 +219,8 @@ pub struct CudaAttention {
     pub(super) fp8_quantizer: OnceMap<(), LoadedQuantizer>,
     /// The merge's module (src/cuda/merge.rs).
     pub(super) merge_kernels: OnceMap<(), LoadedMerge>,
+    /// Ring attention's gradient sums' module (src/cuda/grad_sum.rs).
+    pub(super) grad_sum_kernels: OnceMap<(), LoadedGradSum>,
 }
 
 /// Buffers the decode launches reuse, grown to the largest launched. Launches use them in stream
@@ -249,6 +252,7 @@ impl CudaAttention {
             fp8_kernels: OnceMap::default(),
             fp8_quantizer: OnceMap::default(),
             merge_kernels: OnceMap::default(),
+            grad_sum_kernels: OnceMap::default(),
         }
     }
 
@@ -1081,6 +1085,25 @@ pub(super) fn check_outputs_apart(
             ),
         }),
         None => Ok(()),
+    }
+}
+
+/// Threads per CTA of the element walk (`cuda/element_walk.cuh`'s `ELEMENT_WALK_THREADS`).
+const ELEMENT_WALK_THREADS: u32 = 256;
+
+/// The most CTAs one element-wise launch asks for; the kernels stride over the rest. 2^16 CTAs of
+/// 256 threads fill any GPU many times over.
+const ELEMENT_WALK_MAX_CTAS: u64 = 1 << 16;
+
+/// The launch shape of an element-wise kernel over `elements` elements.
+pub(super) fn element_walk_launch(elements: u64) -> LaunchConfig {
+    let ctas = elements
+        .div_ceil(ELEMENT_WALK_THREADS as u64)
+        .clamp(1, ELEMENT_WALK_MAX_CTAS);
+    LaunchConfig {
+        grid_dim: (ctas as u32, 1, 1),
+        block_dim: (ELEMENT_WALK_THREADS, 1, 1),
+        shared_mem_bytes: 0,
     }
 }
 

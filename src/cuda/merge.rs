@@ -3,22 +3,15 @@
 //! [`encode_merge`](crate::runtime::forward::FlashAttention::encode_merge); the float64 definition is
 //! `reference::merge_attention_states`): on device buffers, or on host slices.
 
-use cudarc::driver::{CudaFunction, DevicePtr, DevicePtrMut, DeviceRepr, LaunchConfig, PushKernelArg};
+use cudarc::driver::{CudaFunction, DevicePtr, DevicePtrMut, DeviceRepr, PushKernelArg};
 use cudarc::nvrtc::Ptx;
 
-use super::launch::{check_element_size, first_overlap, output_pointer, CudaAttention};
+use super::launch::{check_element_size, element_walk_launch, first_overlap, output_pointer, CudaAttention};
 use super::nvrtc::{load_or_compile, CompileJob};
 use crate::error::{Error, Result};
 use crate::problem::varlen::refuse_packed;
 use crate::problem::{check_merge_inputs, AttentionProblem, DType, Element, Tensor, TensorLayout};
 use crate::runtime::forward::AttentionOutput;
-
-/// Threads per CTA of `cuda/merge.cu` (its `MERGE_THREADS`).
-const MERGE_THREADS: u32 = 256;
-
-/// The most CTAs one merge launches; the kernel strides over the rest. 2^16 CTAs of 256 threads
-/// fill any GPU many times over.
-const MERGE_MAX_CTAS: u64 = 1 << 16;
 
 /// `struct MergeParams` of `cuda/merge.cu`, field for field.
 #[repr(C)]
@@ -141,14 +134,6 @@ impl CudaAttention {
         let (lse, _glse) = output_pointer(t.lse, stream);
         check_merge_apart(problem, layouts, [o_a, o_b, o], [lse_a, lse_b, lse])?;
         let params = merge_params(problem, layouts, [o_a, o_b, o], [lse_a, lse_b, lse]);
-        let ctas = (params.elements as u64)
-            .div_ceil(MERGE_THREADS as u64)
-            .clamp(1, MERGE_MAX_CTAS);
-        let cfg = LaunchConfig {
-            grid_dim: (ctas as u32, 1, 1),
-            block_dim: (MERGE_THREADS, 1, 1),
-            shared_mem_bytes: 0,
-        };
         let function = if problem.dtype == DType::BF16 {
             &kernels.bf16
         } else {
@@ -159,7 +144,7 @@ impl CudaAttention {
         // SAFETY: the parameter block matches the kernel's (size asserted on both sides); each
         // buffer was checked to hold the extent the O layout and the row count reach, and what
         // the kernel writes overlaps nothing it reads.
-        unsafe { builder.launch(cfg) }?;
+        unsafe { builder.launch(element_walk_launch(params.elements as u64)) }?;
         Ok(())
     }
 

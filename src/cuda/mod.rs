@@ -52,6 +52,7 @@ mod device;
 mod fp8;
 #[cfg(test)]
 mod golden;
+mod grad_sum;
 mod kernel_map;
 mod launch;
 mod merge;
