@@ -217,26 +217,7 @@ impl CudaAttention {
         let problem = problem.into();
         validate_for_cuda_backward(&problem)?;
         check_element_size::<T>(&problem.forward, "q")?;
-        let f = &problem.forward;
-        for (name, len, need) in [
-            ("q", t.q.len(), f.required_len(Tensor::Q)),
-            ("k", t.k.len(), f.required_len(Tensor::K)),
-            ("v", t.v.len(), f.required_len(Tensor::V)),
-            ("o", t.o.len(), f.required_len(Tensor::O)),
-            ("lse", t.lse.len(), f.lse_len()),
-            ("d_o", t.d_o.len(), problem.required_len(GradTensor::DO)),
-            ("dq", t.dq.len(), problem.required_len(GradTensor::DQ)),
-            ("dk", t.dk.len(), problem.required_len(GradTensor::DK)),
-            ("dv", t.dv.len(), problem.required_len(GradTensor::DV)),
-        ] {
-            if len < need {
-                return Err(Error::InvalidBuffer {
-                    tensor: name,
-                    message: format!("holds {len} elements, the problem needs {need}"),
-                });
-            }
-        }
-
+        check_backward_lengths(&problem, &t)?;
         let stream = self.device().stream();
         // Each guard makes the stream wait for earlier writes to its buffer and records this
         // launch's use when dropped, after the launches (cudarc's multi-stream bookkeeping).
@@ -249,31 +230,6 @@ impl CudaAttention {
         let (dq, _gdq) = t.dq.device_ptr_mut(stream);
         let (dk, _gdk) = t.dk.device_ptr_mut(stream);
         let (dv, _gdv) = t.dv.device_ptr_mut(stream);
-        let es = f.dtype.size_bytes() as u64;
-        let fwd = |tensor: Tensor, base: u64| (base, base + f.required_len(tensor) as u64 * es);
-        let grad = |tensor: GradTensor, base: u64| (base, base + problem.required_len(tensor) as u64 * es);
-        let written = [
-            ("dq", grad(GradTensor::DQ, dq)),
-            ("dk", grad(GradTensor::DK, dk)),
-            ("dv", grad(GradTensor::DV, dv)),
-        ];
-        let read = [
-            ("q", fwd(Tensor::Q, q)),
-            ("k", fwd(Tensor::K, k)),
-            ("v", fwd(Tensor::V, v)),
-            ("o", fwd(Tensor::O, o)),
-            ("lse", (lse, lse + 4 * f.lse_len() as u64)),
-            ("d_o", grad(GradTensor::DO, d_o)),
-        ];
-        if let Some((a, b)) = first_overlap(&written, &read) {
-            return Err(Error::InvalidBuffer {
-                tensor: a,
-                message: format!(
-                    "its device memory overlaps `{b}`'s: the kernels would overwrite what they read \
-                     (or write one gradient over another)"
-                ),
-            });
-        }
         let addresses = BackwardAddresses {
             q,
             k,
@@ -285,6 +241,7 @@ impl CudaAttention {
             dk,
             dv,
         };
+        check_gradients_apart(&problem, &addresses)?;
         let config = select_backward_config(
             &problem,
             &addresses,
@@ -360,6 +317,19 @@ impl CudaAttention {
     ) -> Result<CudaBackwardOutput<T>> {
         let problem = problem.into();
         validate_for_cuda_backward(&problem)?;
+        let mut out = self.backward_on_host(&problem, inputs, |t| self.backward_device(problem, t, options))?;
+        out.device_bytes += out.config.workspace(&problem).bytes();
+        Ok(out)
+    }
+
+    /// Uploads `inputs` (checked against `problem`), runs `run` on them and zeroed gradients,
+    /// waits and reads the gradients back. `device_bytes` counts the uploads and the gradients.
+    pub(super) fn backward_on_host<T: Element>(
+        &self,
+        problem: &BackwardProblem,
+        inputs: &BackwardInputs<'_, T>,
+        run: impl FnOnce(BackwardDeviceTensors<'_, u16>) -> Result<CudaBackwardConfig>,
+    ) -> Result<CudaBackwardOutput<T>> {
         let f = &problem.forward;
         if T::DTYPE != f.dtype {
             return Err(Error::DTypeMismatch {
@@ -395,21 +365,17 @@ impl CudaAttention {
         let mut dq = stream.alloc_zeros::<u16>(problem.required_len(GradTensor::DQ))?;
         let mut dk = stream.alloc_zeros::<u16>(problem.required_len(GradTensor::DK))?;
         let mut dv = stream.alloc_zeros::<u16>(problem.required_len(GradTensor::DV))?;
-        let config = self.backward_device(
-            problem,
-            BackwardDeviceTensors {
-                q: &dq_in,
-                k: &dk_in,
-                v: &dv_in,
-                o: &do_in,
-                lse: &dlse,
-                d_o: &d_do,
-                dq: &mut dq,
-                dk: &mut dk,
-                dv: &mut dv,
-            },
-            options,
-        )?;
+        let config = run(BackwardDeviceTensors {
+            q: &dq_in,
+            k: &dk_in,
+            v: &dv_in,
+            o: &do_in,
+            lse: &dlse,
+            d_o: &d_do,
+            dq: &mut dq,
+            dk: &mut dk,
+            dv: &mut dv,
+        })?;
         let read = |x: &CudaSlice<u16>| -> Result<Vec<T>> {
             let host: Vec<u16> = stream.clone_dtoh(x)?;
             Ok(bytemuck::cast_slice::<u16, T>(&host).to_vec())
@@ -417,15 +383,81 @@ impl CudaAttention {
         let (dq_host, dk_host, dv_host) = (read(&dq)?, read(&dk)?, read(&dv)?);
         let elements =
             dq_in.len() + dk_in.len() + dv_in.len() + do_in.len() + d_do.len() + dq.len() + dk.len() + dv.len();
-        let device_bytes = 2 * elements as u64 + 4 * dlse.len() as u64 + config.workspace(&problem).bytes();
         Ok(CudaBackwardOutput {
             dq: dq_host,
             dk: dk_host,
             dv: dv_host,
             config,
-            device_bytes,
+            device_bytes: 2 * elements as u64 + 4 * dlse.len() as u64,
         })
     }
+}
+
+/// Refuses device tensors shorter than `problem`'s layouts reach.
+pub(super) fn check_backward_lengths<T>(problem: &BackwardProblem, t: &BackwardDeviceTensors<'_, T>) -> Result<()> {
+    let f = &problem.forward;
+    for (name, len, need) in [
+        ("q", t.q.len(), f.required_len(Tensor::Q)),
+        ("k", t.k.len(), f.required_len(Tensor::K)),
+        ("v", t.v.len(), f.required_len(Tensor::V)),
+        ("o", t.o.len(), f.required_len(Tensor::O)),
+        ("lse", t.lse.len(), f.lse_len()),
+        ("d_o", t.d_o.len(), problem.required_len(GradTensor::DO)),
+        ("dq", t.dq.len(), problem.required_len(GradTensor::DQ)),
+        ("dk", t.dk.len(), problem.required_len(GradTensor::DK)),
+        ("dv", t.dv.len(), problem.required_len(GradTensor::DV)),
+    ] {
+        if len < need {
+            return Err(Error::InvalidBuffer {
+                tensor: name,
+                message: format!("holds {len} elements, the problem needs {need}"),
+            });
+        }
+    }
+    Ok(())
+}
+
+/// Refuses gradients whose device memory overlaps each other's or an input's, by the byte extents
+/// `problem`'s layouts reach from each address.
+pub(super) fn check_gradients_apart(problem: &BackwardProblem, a: &BackwardAddresses) -> Result<()> {
+    let f = &problem.forward;
+    let BackwardAddresses {
+        q,
+        k,
+        v,
+        o,
+        lse,
+        d_o,
+        dq,
+        dk,
+        dv,
+    } = *a;
+    let es = f.dtype.size_bytes() as u64;
+    let fwd = |tensor: Tensor, base: u64| (base, base + f.required_len(tensor) as u64 * es);
+    let grad = |tensor: GradTensor, base: u64| (base, base + problem.required_len(tensor) as u64 * es);
+    let written = [
+        ("dq", grad(GradTensor::DQ, dq)),
+        ("dk", grad(GradTensor::DK, dk)),
+        ("dv", grad(GradTensor::DV, dv)),
+    ];
+    let read = [
+        ("q", fwd(Tensor::Q, q)),
+        ("k", fwd(Tensor::K, k)),
+        ("v", fwd(Tensor::V, v)),
+        ("o", fwd(Tensor::O, o)),
+        ("lse", (lse, lse + 4 * f.lse_len() as u64)),
+        ("d_o", grad(GradTensor::DO, d_o)),
+    ];
+    if let Some((w, r)) = first_overlap(&written, &read) {
+        return Err(Error::InvalidBuffer {
+            tensor: w,
+            message: format!(
+                "its device memory overlaps `{r}`'s: the kernels would overwrite what they read \
+                 (or write one gradient over another)"
+            ),
+        });
+    }
+    Ok(())
 }
 
 #[cfg(test)]
