@@ -6,6 +6,10 @@
 //! would see), both times, and the ring's result against the float64 reference on sampled rows;
 //! with `--backward`, the ring's gradients against one backward call's, and both timed.
 //!
+//! With `--cuda` (built with `--features internals,cuda`; bf16 or f16), the same on the CUDA
+//! engine: `CudaAttention::ring_forward_device` / `ring_backward_device` beside one
+//! `forward_device` / `backward_device` call, timed with CUDA events (medians of `--runs`).
+//!
 //! One device cannot show a ring's speed-up: the figure here is the cost of cutting the problem
 //! into blocks and merging them (what each device of a ring pays on its own share), not a
 //! multi-GPU scaling efficiency (docs/context-parallel.md).
@@ -13,7 +17,7 @@
 //! ```text
 //! cargo run --release --features internals --example ring -- [--ranks 4] [--contiguous]
 //!     [--seq 1024] [--batch 1] [--heads 8] [--kv-heads heads] [--head-dim 64] [--dtype f32|f16|bf16]
-//!     [--causal] [--backward] [--runs 5] [--check-rows 8]
+//!     [--causal] [--backward] [--runs 5] [--check-rows 8] [--cuda]
 //! ```
 
 use std::time::Instant;
@@ -39,6 +43,7 @@ struct Args {
     backward: bool,
     runs: usize,
     check_rows: usize,
+    cuda: bool,
 }
 
 fn parse() -> Args {
@@ -55,6 +60,7 @@ fn parse() -> Args {
         backward: false,
         runs: 5,
         check_rows: 8,
+        cuda: false,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -79,6 +85,7 @@ fn parse() -> Args {
             "--backward" => a.backward = true,
             "--runs" => a.runs = text().parse().expect("a number"),
             "--check-rows" => a.check_rows = text().parse().expect("a number"),
+            "--cuda" => a.cuda = true,
             other => panic!("unknown argument {other}"),
         }
     }
@@ -87,6 +94,18 @@ fn parse() -> Args {
 
 fn main() {
     let a = parse();
+    if a.cuda {
+        #[cfg(feature = "cuda")]
+        match a.dtype {
+            DType::F16 => cuda::run::<half::f16>(&a),
+            DType::BF16 => cuda::run::<half::bf16>(&a),
+            DType::F32 => panic!("the CUDA engine runs bf16 or f16"),
+        }
+        #[cfg(not(feature = "cuda"))]
+        panic!("--cuda needs the example built with --features internals,cuda");
+        #[cfg(feature = "cuda")]
+        return;
+    }
     let ctx = pollster::block_on(GpuContext::new()).unwrap_or_else(|e| panic!("no device: {e}"));
     println!("device: {} ({:?})", ctx.info.name, ctx.info.backend);
     match a.dtype {
@@ -97,45 +116,10 @@ fn main() {
 }
 
 fn run<T: Element>(ctx: &GpuContext, a: &Args) {
-    let ring = Ring::new(a.ranks, a.layout).unwrap_or_else(|e| panic!("{e}"));
-    let shape = AttentionShape {
-        batch: a.batch,
-        seq_q: a.seq,
-        seq_kv: a.seq,
-        num_heads: a.heads,
-        num_kv_heads: a.kv_heads.unwrap_or(a.heads),
-        head_dim: a.head_dim,
-    };
-    let problem = AttentionProblem::new(shape, a.dtype).with_causal(a.causal);
+    let (ring, problem) = ring_and_problem(a);
     let attn = FlashAttention::new(ctx);
 
-    // Each rank's share of the attended pairs, from the schedule alone.
-    let pairs = |rank: usize| -> u64 {
-        (0..a.ranks)
-            .flat_map(|step| ring.blocks(rank, step, a.causal))
-            .map(|b| {
-                let (q, k) = (
-                    ring.chunk_rows(a.seq, b.q_chunk).len() as u64,
-                    ring.chunk_rows(a.seq, b.kv_chunk).len() as u64,
-                );
-                match b.mask {
-                    wgpu_flash_attn::ring::BlockMask::Full => q * k,
-                    wgpu_flash_attn::ring::BlockMask::Causal => q * (q + 1) / 2,
-                }
-            })
-            .sum()
-    };
-    let shares: Vec<u64> = (0..a.ranks).map(pairs).collect();
-    let most = *shares.iter().max().unwrap_or(&1) as f64;
-    let mean = shares.iter().sum::<u64>() as f64 / a.ranks as f64;
-    println!(
-        "ring: {} ranks, {:?}, {} chunks; (query, key) pairs per rank and head {:?}; balance (mean / most) {:.3}",
-        a.ranks,
-        a.layout,
-        ring.chunks(),
-        shares,
-        mean / most
-    );
+    report_shares(a, &ring);
 
     let q: Vec<T> = random_tensor(1, problem.required_len(Tensor::Q));
     let k: Vec<T> = random_tensor(2, problem.required_len(Tensor::K));
@@ -145,21 +129,7 @@ fn run<T: Element>(ctx: &GpuContext, a: &Args) {
         .unwrap_or_else(|e| panic!("{e}"));
     println!("kernel: {}", out.kernel);
 
-    // Sampled rows against the float64 reference.
-    let rows = a.check_rows.min(a.seq);
-    let mut worst = 0f64;
-    for n in 0..rows {
-        // Rows spread over the sequence, heads and batch entries: early and late chunks alike.
-        let (i, h, b) = (n * a.seq / rows.max(1), n % a.heads, n % a.batch);
-        let want = reference::attention_row(&problem, &q, &k, &v, b, h, i).unwrap_or_else(|e| panic!("{e}"));
-        for (d, w) in want.out.iter().enumerate() {
-            let got = out.out[problem.o_layout.index(b, i, h, d)].to_f64();
-            worst = worst.max((got - w).abs());
-        }
-    }
-    if rows > 0 {
-        println!("max |ring − float64| over {rows} sampled rows: {worst:.3e}");
-    }
+    report_rows(a, &problem, [&q, &k, &v], &out.out);
 
     // Device buffers, then both paths timed by the wall clock around `runs` recordings in one
     // submission (the ring records several passes; timestamps bracket one).
@@ -207,17 +177,6 @@ fn run<T: Element>(ctx: &GpuContext, a: &Args) {
         record(a.runs.max(1));
         start.elapsed().as_secs_f64() / a.runs.max(1) as f64
     };
-    let report = |what: &str, flops: f64, one: f64, ringed: f64| {
-        println!(
-            "{what}: one call {:.3} ms ({:.4} TFLOP/s); ring of {} logical ranks {:.3} ms ({:.4} TFLOP/s), {:.2}x the one call",
-            one * 1e3,
-            flops / one / 1e12,
-            a.ranks,
-            ringed * 1e3,
-            flops / ringed / 1e12,
-            ringed / one
-        );
-    };
     let one = time(&|e| {
         attn.encode_forward(e, &problem, &buffers, None)
             .unwrap_or_else(|err| panic!("{err}"));
@@ -226,7 +185,7 @@ fn run<T: Element>(ctx: &GpuContext, a: &Args) {
         attn.encode_ring_forward(e, &problem, &ring, &buffers)
             .unwrap_or_else(|err| panic!("{err}"));
     });
-    report("forward", problem.flops(), one, ringed);
+    report_times(a, "forward", problem.flops(), one, ringed);
     if !a.backward {
         return;
     }
@@ -277,5 +236,201 @@ fn run<T: Element>(ctx: &GpuContext, a: &Args) {
         attn.encode_ring_backward(e, problem, &ring, &grads)
             .unwrap_or_else(|err| panic!("{err}"));
     });
-    report("backward", BackwardProblem::new(problem).flops(), one, ringed);
+    report_times(a, "backward", BackwardProblem::new(problem).flops(), one, ringed);
+}
+
+/// The ring and the whole problem the arguments ask for.
+fn ring_and_problem(a: &Args) -> (Ring, AttentionProblem) {
+    let ring = Ring::new(a.ranks, a.layout).unwrap_or_else(|e| panic!("{e}"));
+    let shape = AttentionShape {
+        batch: a.batch,
+        seq_q: a.seq,
+        seq_kv: a.seq,
+        num_heads: a.heads,
+        num_kv_heads: a.kv_heads.unwrap_or(a.heads),
+        head_dim: a.head_dim,
+    };
+    (ring, AttentionProblem::new(shape, a.dtype).with_causal(a.causal))
+}
+
+/// Prints each rank's share of the attended (query, key) pairs, from the schedule alone.
+fn report_shares(a: &Args, ring: &Ring) {
+    let pairs = |rank: usize| -> u64 {
+        (0..a.ranks)
+            .flat_map(|step| ring.blocks(rank, step, a.causal))
+            .map(|b| {
+                let (q, k) = (
+                    ring.chunk_rows(a.seq, b.q_chunk).len() as u64,
+                    ring.chunk_rows(a.seq, b.kv_chunk).len() as u64,
+                );
+                match b.mask {
+                    wgpu_flash_attn::ring::BlockMask::Full => q * k,
+                    wgpu_flash_attn::ring::BlockMask::Causal => q * (q + 1) / 2,
+                }
+            })
+            .sum()
+    };
+    let shares: Vec<u64> = (0..a.ranks).map(pairs).collect();
+    let most = *shares.iter().max().unwrap_or(&1) as f64;
+    let mean = shares.iter().sum::<u64>() as f64 / a.ranks as f64;
+    println!(
+        "ring: {} ranks, {:?}, {} chunks; (query, key) pairs per rank and head {:?}; balance (mean / most) {:.3}",
+        a.ranks,
+        a.layout,
+        ring.chunks(),
+        shares,
+        mean / most
+    );
+}
+
+/// Prints the largest difference between `out` and the float64 reference on sampled rows.
+fn report_rows<T: Element>(a: &Args, problem: &AttentionProblem, [q, k, v]: [&[T]; 3], out: &[T]) {
+    let rows = a.check_rows.min(a.seq);
+    let mut worst = 0f64;
+    for n in 0..rows {
+        // Rows spread over the sequence, heads and batch entries: early and late chunks alike.
+        let (i, h, b) = (n * a.seq / rows.max(1), n % a.heads, n % a.batch);
+        let want = reference::attention_row(problem, q, k, v, b, h, i).unwrap_or_else(|e| panic!("{e}"));
+        for (d, w) in want.out.iter().enumerate() {
+            let got = out[problem.o_layout.index(b, i, h, d)].to_f64();
+            worst = worst.max((got - w).abs());
+        }
+    }
+    if rows > 0 {
+        println!("max |ring − float64| over {rows} sampled rows: {worst:.3e}");
+    }
+}
+
+/// Prints a forward's or backward's time on one call and on the ring.
+fn report_times(a: &Args, what: &str, flops: f64, one: f64, ringed: f64) {
+    println!(
+        "{what}: one call {:.3} ms ({:.4} TFLOP/s); ring of {} logical ranks {:.3} ms ({:.4} TFLOP/s), {:.2}x the one call",
+        one * 1e3,
+        flops / one / 1e12,
+        a.ranks,
+        ringed * 1e3,
+        flops / ringed / 1e12,
+        ringed / one
+    );
+}
+
+#[cfg(feature = "cuda")]
+mod cuda {
+    //! The ring on the CUDA engine, timed beside one call with CUDA events.
+    use wgpu_flash_attn::cuda::{BackwardDeviceTensors, CudaAttention, CudaBackwardOptions, CudaDevice, DeviceTensors};
+    use wgpu_flash_attn::testing::timing::cuda_median_ms;
+    use wgpu_flash_attn::testing::{random_tensor, ErrorStats};
+    use wgpu_flash_attn::{BackwardInputs, BackwardProblem, Element, Tensor};
+
+    use super::{report_rows, report_shares, report_times, ring_and_problem, Args};
+
+    pub fn run<T: Element>(a: &Args) {
+        let (ring, problem) = ring_and_problem(a);
+        let device = CudaDevice::new(0).unwrap_or_else(|e| panic!("no CUDA device: {e}"));
+        println!("device: {} (CUDA)", device.name());
+        let engine = CudaAttention::new(device.clone());
+        report_shares(a, &ring);
+
+        let q: Vec<T> = random_tensor(1, problem.required_len(Tensor::Q));
+        let k: Vec<T> = random_tensor(2, problem.required_len(Tensor::K));
+        let v: Vec<T> = random_tensor(3, problem.required_len(Tensor::V));
+        let out = engine
+            .ring_forward(&problem, &ring, &q, &k, &v)
+            .unwrap_or_else(|e| panic!("{e}"));
+        println!("kernel: {}", out.kernel);
+        report_rows(a, &problem, [&q, &k, &v], &out.out);
+
+        let stream = device.stream();
+        let bits = |x: &[T]| {
+            stream
+                .clone_htod(bytemuck::cast_slice::<T, u16>(x))
+                .unwrap_or_else(|e| panic!("{e}"))
+        };
+        let (dq_in, dk_in, dv_in) = (bits(&q), bits(&k), bits(&v));
+        let zeros = |n: usize| stream.alloc_zeros::<u16>(n).unwrap_or_else(|e| panic!("{e}"));
+        let mut o = zeros(problem.required_len(Tensor::O));
+        let mut lse = stream
+            .alloc_zeros::<f32>(problem.lse_len())
+            .unwrap_or_else(|e| panic!("{e}"));
+        let runs = a.runs.max(1);
+        let mut forward = |ringed: bool| {
+            cuda_median_ms(&device, 2, runs, || {
+                let t = DeviceTensors {
+                    q: &dq_in,
+                    k: &dk_in,
+                    v: &dv_in,
+                    o: &mut o,
+                    lse: Some(&mut lse),
+                };
+                if ringed {
+                    engine.ring_forward_device(&problem, &ring, t).map(|_| ())
+                } else {
+                    engine.forward_device(&problem, t).map(|_| ())
+                }
+            })
+            .unwrap_or_else(|e| panic!("{e}"))
+                / 1e3
+        };
+        let (one, ringed) = (forward(false), forward(true));
+        report_times(a, "forward", problem.flops(), one, ringed);
+        if !a.backward {
+            return;
+        }
+
+        let d_o: Vec<T> = random_tensor(4, problem.required_len(Tensor::O));
+        let inputs = BackwardInputs {
+            q: &q,
+            k: &k,
+            v: &v,
+            o: &out.out,
+            lse: &out.lse,
+            d_o: &d_o,
+        };
+        let options = CudaBackwardOptions::default();
+        let ring_grads = engine
+            .ring_backward(problem, &ring, &inputs, &options)
+            .unwrap_or_else(|e| panic!("{e}"));
+        let one_grads = engine
+            .backward(problem, &inputs, &options)
+            .unwrap_or_else(|e| panic!("{e}"));
+        println!("backward kernels: {}", one_grads.config.name());
+        for (name, x, y) in [
+            ("dQ", &ring_grads.dq, &one_grads.dq),
+            ("dK", &ring_grads.dk, &one_grads.dk),
+            ("dV", &ring_grads.dv, &one_grads.dv),
+        ] {
+            let err = ErrorStats::from_pairs(x.iter().map(|g| g.to_f64()).zip(y.iter().map(|g| g.to_f64())));
+            println!("{name}: ring against one call {err}");
+        }
+        let d_do = bits(&d_o);
+        let (mut dq, mut dk, mut dv) = (
+            zeros(problem.required_len(Tensor::Q)),
+            zeros(problem.required_len(Tensor::K)),
+            zeros(problem.required_len(Tensor::V)),
+        );
+        let mut backward = |ringed: bool| {
+            cuda_median_ms(&device, 2, runs, || {
+                let t = BackwardDeviceTensors {
+                    q: &dq_in,
+                    k: &dk_in,
+                    v: &dv_in,
+                    o: &o,
+                    lse: &lse,
+                    d_o: &d_do,
+                    dq: &mut dq,
+                    dk: &mut dk,
+                    dv: &mut dv,
+                };
+                if ringed {
+                    engine.ring_backward_device(problem, &ring, t, &options).map(|_| ())
+                } else {
+                    engine.backward_device(problem, t, &options).map(|_| ())
+                }
+            })
+            .unwrap_or_else(|e| panic!("{e}"))
+                / 1e3
+        };
+        let (one, ringed) = (backward(false), backward(true));
+        report_times(a, "backward", BackwardProblem::new(problem).flops(), one, ringed);
+    }
 }

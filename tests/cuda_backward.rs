@@ -17,7 +17,10 @@ mod cuda_common;
 use cuda_common::{bits, engine, Half16};
 use half::{bf16, f16};
 use wgpu_flash_attn::cuda::cudarc::driver::CudaSlice;
-use wgpu_flash_attn::cuda::{BackwardDeviceTensors, CudaAttention, CudaBackwardOptions, DeviceTensors};
+use wgpu_flash_attn::cuda::{
+    BackwardDeviceTensors, CudaAttention, CudaBackwardConfig, CudaBackwardOptions, DeviceTensors,
+};
+use wgpu_flash_attn::ring::{Ring, ShardLayout};
 use wgpu_flash_attn::testing::{random_tensor, seed_of, ErrorStats, Rng};
 use wgpu_flash_attn::{
     reference, AttentionProblem, AttentionShape, BackwardInputs, BackwardProblem, DType, Element, Error, GradTensor,
@@ -112,27 +115,33 @@ impl<T: Half16> Inputs<T> {
         options: &CudaBackwardOptions,
         label: &str,
     ) -> (Vec<T>, Vec<T>, Vec<T>, String) {
+        self.run_with(engine, problem, label, |t| engine.backward_device(problem, t, options))
+    }
+
+    /// Runs `backward` on the inputs and NaN-poisoned gradients and reads them back.
+    fn run_with(
+        &self,
+        engine: &CudaAttention,
+        problem: &BackwardProblem,
+        label: &str,
+        backward: impl FnOnce(BackwardDeviceTensors<'_, u16>) -> Result<CudaBackwardConfig, Error>,
+    ) -> (Vec<T>, Vec<T>, Vec<T>, String) {
         let stream = engine.device().stream();
         let poison = |t: GradTensor| stream.clone_htod(&vec![T::NAN_BITS; problem.required_len(t)]).unwrap();
         let (mut dq, mut dk, mut dv) = (poison(GradTensor::DQ), poison(GradTensor::DK), poison(GradTensor::DV));
         let [q, k, v, o, d_o] = &self.dev;
-        let config = engine
-            .backward_device(
-                problem,
-                BackwardDeviceTensors {
-                    q,
-                    k,
-                    v,
-                    o,
-                    lse: &self.dev_lse,
-                    d_o,
-                    dq: &mut dq,
-                    dk: &mut dk,
-                    dv: &mut dv,
-                },
-                options,
-            )
-            .unwrap_or_else(|e| panic!("{label}: {e}"));
+        let config = backward(BackwardDeviceTensors {
+            q,
+            k,
+            v,
+            o,
+            lse: &self.dev_lse,
+            d_o,
+            dq: &mut dq,
+            dk: &mut dk,
+            dv: &mut dv,
+        })
+        .unwrap_or_else(|e| panic!("{label}: {e}"));
         wait_or_exit(engine, label);
         let read = |x: &CudaSlice<u16>| -> Vec<T> {
             let host: Vec<u16> = stream.clone_dtoh(x).unwrap();
@@ -347,32 +356,136 @@ fn every_plan_matches_the_reference() {
 fn strided_and_padded_layouts() {
     let Some(engine) = engine() else { return };
     for (causal, d, pad) in [(false, 64, 8), (true, 128, 8), (true, 64, 4), (false, 128, 4)] {
-        let (b, sq, skv, h, hkv) = (2, 97, 133, 4, 2);
-        let base = problem(DType::BF16, b, sq, skv, h, hkv, d, causal).forward;
-        let padded = |seq: usize, heads: usize| {
-            let mut l = TensorLayout::contiguous(Layout::Bshd, seq, heads, d);
-            l.seq_stride = heads * d + pad;
-            l.batch_stride = seq * l.seq_stride + pad;
-            l
-        };
-        let f = base
-            .with_tensor_layout(Tensor::Q, TensorLayout::contiguous(Layout::Bhsd, sq, h, d))
-            .with_tensor_layout(Tensor::K, padded(skv, hkv))
-            .with_tensor_layout(Tensor::V, padded(skv, hkv))
-            .with_tensor_layout(Tensor::O, padded(sq, h));
-        let dq = TensorLayout {
-            offset: pad,
-            ..TensorLayout::contiguous(Layout::Bhsd, sq, h, d)
-        };
-        let p = BackwardProblem::new(f)
-            .with_grad_layout(GradTensor::DO, padded(sq, h))
-            .with_grad_layout(GradTensor::DQ, dq)
-            .with_grad_layout(GradTensor::DK, TensorLayout::contiguous(Layout::Bhsd, skv, hkv, d))
-            .with_grad_layout(GradTensor::DV, padded(skv, hkv));
-        p.validate().unwrap();
+        let p = strided(problem(DType::BF16, 2, 97, 133, 4, 2, d, causal), pad);
         let tag = format!("{} strided pad {pad}", label(&p));
         run_any(engine, &p, &tag, &CudaBackwardOptions::default());
     }
+}
+
+/// `p` with head-major Q, K, V and O rows padded by `pad` elements (and each batch by `pad`), dO
+/// at O's strides, dQ head-major at an offset of `pad`, dK head-major and dV padded.
+fn strided(p: BackwardProblem, pad: usize) -> BackwardProblem {
+    let s = p.forward.shape;
+    let d = s.head_dim;
+    let padded = |seq: usize, heads: usize| {
+        let mut l = TensorLayout::contiguous(Layout::Bshd, seq, heads, d);
+        l.seq_stride = heads * d + pad;
+        l.batch_stride = seq * l.seq_stride + pad;
+        l
+    };
+    let (sq, skv, h, hkv) = (s.seq_q, s.seq_kv, s.num_heads, s.num_kv_heads);
+    let f = p
+        .forward
+        .with_tensor_layout(Tensor::Q, TensorLayout::contiguous(Layout::Bhsd, sq, h, d))
+        .with_tensor_layout(Tensor::K, padded(skv, hkv))
+        .with_tensor_layout(Tensor::V, padded(skv, hkv))
+        .with_tensor_layout(Tensor::O, padded(sq, h));
+    let dq = TensorLayout {
+        offset: pad,
+        ..TensorLayout::contiguous(Layout::Bhsd, sq, h, d)
+    };
+    let p = BackwardProblem::new(f)
+        .with_grad_layout(GradTensor::DO, padded(sq, h))
+        .with_grad_layout(GradTensor::DQ, dq)
+        .with_grad_layout(GradTensor::DK, TensorLayout::contiguous(Layout::Bhsd, skv, hkv, d))
+        .with_grad_layout(GradTensor::DV, padded(skv, hkv));
+    p.validate().unwrap();
+    p
+}
+
+/// Ring attention's backward with logical ranks (src/cuda/ring.rs) against the float64
+/// gradients: zig-zag and contiguous rings of 2–4 ranks, causal or not, 1, 2 or 4 K/V heads for 4
+/// query heads, bf16 and f16, dense or strided and padded layouts, the default and the
+/// deterministic mode; on device buffers with NaN-poisoned gradients (an element the sums never
+/// store stays NaN and fails) and on host slices; then the refusals.
+#[test]
+fn ring_backward_matches_the_reference() {
+    let Some(engine) = engine() else { return };
+    let cases = [
+        (4, ShardLayout::ZigZag, true, DType::BF16, 2, false, false),
+        (3, ShardLayout::Contiguous, false, DType::F16, 1, true, true),
+        (2, ShardLayout::ZigZag, false, DType::BF16, 4, true, false),
+        (4, ShardLayout::Contiguous, true, DType::F16, 4, false, true),
+    ];
+    for (ranks, layout, causal, dtype, kv_heads, padded, deterministic) in cases {
+        let ring = Ring::new(ranks, layout).unwrap();
+        let mut p = problem(dtype, 2, 300, 300, 4, kv_heads, 128, causal);
+        if padded {
+            p = strided(p, 8);
+        }
+        let options = CudaBackwardOptions {
+            deterministic,
+            ..CudaBackwardOptions::default()
+        };
+        let tag = format!(
+            "{} ring {ranks} {layout:?}{}{}",
+            label(&p),
+            if padded { " strided" } else { "" },
+            if deterministic { " deterministic" } else { "" }
+        );
+        match dtype {
+            DType::BF16 => ring_backward_case::<bf16>(engine, &p, &ring, &tag, &options),
+            _ => ring_backward_case::<f16>(engine, &p, &ring, &tag, &options),
+        }
+    }
+    // What the ring or the CUDA backward cannot run is refused before anything is launched.
+    let ring = Ring::new(2, ShardLayout::ZigZag).unwrap();
+    let options = CudaBackwardOptions::default();
+    let windowed = BackwardProblem::new(
+        problem(DType::BF16, 1, 64, 64, 2, 2, 128, true)
+            .forward
+            .with_window(Some(16), Some(0)),
+    );
+    let wide = problem(DType::BF16, 1, 64, 64, 2, 2, 96, false);
+    let ragged = problem(DType::BF16, 1, 64, 96, 2, 2, 128, true);
+    for (p, what) in [(windowed, "window"), (wide, "head_dim"), (ragged, "seq_q = seq_kv")] {
+        let inputs = Inputs::<bf16>::new(engine, &p, seed_of(what));
+        let err = engine
+            .ring_backward(
+                p,
+                &ring,
+                &BackwardInputs {
+                    q: &inputs.q,
+                    k: &inputs.k,
+                    v: &inputs.v,
+                    o: &inputs.o,
+                    lse: &inputs.lse,
+                    d_o: &inputs.d_o,
+                },
+                &options,
+            )
+            .unwrap_err();
+        assert!(err.to_string().contains(what), "{what}: {err}");
+    }
+}
+
+fn ring_backward_case<T: Half16>(
+    engine: &CudaAttention,
+    p: &BackwardProblem,
+    ring: &Ring,
+    tag: &str,
+    options: &CudaBackwardOptions,
+) {
+    let inputs = Inputs::<T>::new(engine, p, seed_of(tag));
+    let (dq, dk, dv, kernel) = inputs.run_with(engine, p, tag, |t| engine.ring_backward_device(*p, ring, t, options));
+    check(p, &format!("{tag} device [{kernel}]"), &inputs, [&dq, &dk, &dv]);
+    let host = engine
+        .ring_backward(
+            *p,
+            ring,
+            &BackwardInputs {
+                q: &inputs.q,
+                k: &inputs.k,
+                v: &inputs.v,
+                o: &inputs.o,
+                lse: &inputs.lse,
+                d_o: &inputs.d_o,
+            },
+            options,
+        )
+        .unwrap_or_else(|e| panic!("{tag}: {e}"));
+    check(p, &format!("{tag} host"), &inputs, [&host.dq, &host.dk, &host.dv]);
+    assert!(host.device_bytes > 0);
 }
 
 /// The deterministic mode gives bit-identical gradients over ten runs, on problems with many K/V

@@ -7,24 +7,35 @@
 //! forward launch and the float64 reference on one GPU; a transport between GPUs (NCCL) moves the
 //! same shards in the same order.
 //!
-//! Device memory beyond the caller's tensors: three chunk-sized partial outputs and their LSEs (a
-//! chunk's running result, the next one, and the block being merged in), reused chunk after
-//! chunk. Nothing of size `seq_q × seq_kv`.
+//! The backward runs the same blocks: each one's dQ, dK and dV (from the whole problem's O, dO and
+//! LSE, so each block's gradient is exact) added into f32 sums (`cuda/grad_sum.cu`) — dQ stays
+//! with its query chunk's rank, dK and dV travel with their shard and return to its owner on a
+//! ring of devices — and the sums rounded into the caller's gradients once.
+//!
+//! Device memory beyond the caller's tensors: forward, three chunk-sized partial outputs and
+//! their LSEs (a chunk's running result, the next one, and the block being merged in), reused
+//! chunk after chunk; backward, f32 sums the size of dQ, dK and dV, one block's gradients and a
+//! chunk's LSE (and the CUDA backward's own workspace). Nothing of size `seq_q × seq_kv`.
 
 use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut, DeviceRepr, ValidAsZeroBits};
 
+use super::backward::{
+    check_backward_lengths, check_gradients_apart, BackwardDeviceTensors, CudaBackwardOptions, CudaBackwardOutput,
+};
 use super::launch::{
-    check_device_tensors, check_outputs_apart, input_extents, output_pointer, validate_for, CudaAttention,
-    DeviceTensors,
+    check_device_tensors, check_element_size, check_outputs_apart, input_extents, output_pointer, validate_for,
+    CudaAttention, DeviceTensors,
 };
 use super::merge::MergeTensors;
-use super::plan::CudaKernelConfig;
+use super::plan::{validate_for_cuda_backward, BackwardAddresses, CudaBackwardConfig, CudaKernelConfig};
 use crate::error::{Error, Result};
 use crate::plan::ring::{
     block_problem, check_ring_problem, chunk_steps, ring_name, rows_from, scratch_layout, scratch_lens, Ring,
-    CHUNK_SLOTS,
+    RingBlock, CHUNK_SLOTS,
 };
-use crate::problem::{AttentionProblem, Element, Tensor};
+use crate::problem::backward::BackwardProblem;
+use crate::problem::{AttentionProblem, AttentionShape, Element, Layout, Tensor, TensorLayout};
+use crate::runtime::backward::BackwardInputs;
 use crate::runtime::forward::AttentionOutput;
 use crate::runtime::ring::chunk_lse_runs;
 
@@ -197,6 +208,224 @@ impl CudaAttention {
                 + 4 * problem.lse_len() as u64
                 + 3 * (2 * scratch_o + 4 * scratch_lse) as u64,
         })
+    }
+}
+
+impl CudaAttention {
+    /// Enqueues the backward pass of `problem` through `ring`'s schedule, with logical ranks on
+    /// this device, on the engine's stream and the caller's buffers (no synchronization): for
+    /// every block, the CUDA backward ([`backward_device`](Self::backward_device)) on views of
+    /// the caller's Q, K, V, O, dO and of the query chunk's LSE, its dQ, dK and dV added into f32
+    /// sums; then the sums rounded into the caller's `dq`, `dk` and `dv` at their layouts — the
+    /// result of `backward_device` up to rounding (each block's gradients are rounded to the
+    /// problem's dtype before they are summed).
+    ///
+    /// `problem`'s forward problem is one [`ring_forward_device`](Self::ring_forward_device) runs
+    /// and its backward one `backward_device` runs; O and the LSE are the whole problem's (the
+    /// ring's forward or one forward call). The buffers are checked as `backward_device` checks
+    /// them. Returns the first block's config. Nothing is launched on an error found before the
+    /// first block (every block's problem is checked first).
+    pub fn ring_backward_device<T: DeviceRepr + ValidAsZeroBits>(
+        &self,
+        problem: impl Into<BackwardProblem>,
+        ring: &Ring,
+        t: BackwardDeviceTensors<'_, T>,
+        options: &CudaBackwardOptions,
+    ) -> Result<CudaBackwardConfig> {
+        let problem = problem.into();
+        problem.validate()?;
+        check_ring_problem(&problem.forward, ring)?;
+        validate_for_cuda_backward(&problem)?;
+        check_element_size::<T>(&problem.forward, "q")?;
+        check_backward_lengths(&problem, &t)?;
+        let stream = self.device().stream();
+        let BackwardDeviceTensors {
+            q,
+            k,
+            v,
+            o,
+            lse,
+            d_o,
+            dq,
+            dk,
+            dv,
+        } = t;
+        {
+            let (q, _gq) = q.device_ptr(stream);
+            let (k, _gk) = k.device_ptr(stream);
+            let (v, _gv) = v.device_ptr(stream);
+            let (o, _go) = o.device_ptr(stream);
+            let (lse, _gl) = lse.device_ptr(stream);
+            let (d_o, _gdo) = d_o.device_ptr(stream);
+            let (dq, _gdq) = dq.device_ptr_mut(stream);
+            let (dk, _gdk) = dk.device_ptr_mut(stream);
+            let (dv, _gdv) = dv.device_ptr_mut(stream);
+            let addresses = BackwardAddresses {
+                q,
+                k,
+                v,
+                o,
+                lse,
+                d_o,
+                dq,
+                dk,
+                dv,
+            };
+            check_gradients_apart(&problem, &addresses)?;
+        }
+        let f = &problem.forward;
+        let s = f.shape;
+        let dense = |rows, heads| TensorLayout::contiguous(Layout::Bshd, rows, heads, s.head_dim);
+        // A block's backward: the whole problem's rows of its chunks, its gradients into dense
+        // chunk-sized scratch.
+        let block_backward = |block: &RingBlock| {
+            let rows = ring.chunk_rows(s.seq_q, block.q_chunk);
+            let kv = ring.chunk_rows(s.seq_kv, block.kv_chunk);
+            BackwardProblem {
+                forward: block_problem(f, ring, block, rows_from(&f.o_layout, rows.start)),
+                d_o_layout: rows_from(&problem.d_o_layout, rows.start),
+                dq_layout: dense(rows.len(), s.num_heads),
+                dk_layout: dense(kv.len(), s.num_kv_heads),
+                dv_layout: dense(kv.len(), s.num_kv_heads),
+                bias_grad: false,
+            }
+        };
+        for chunk in 0..ring.chunks() {
+            for block in ring.blocks_of_chunk(chunk, f.causal) {
+                validate_for_cuda_backward(&block_backward(&block))?;
+            }
+        }
+
+        let lens = RingBackwardScratch::of(f, ring);
+        let [sum_q, sum_k, sum_v] = lens.sums.map(|n| stream.alloc_zeros::<f32>(n));
+        let [part_q, part_k, part_v] = lens.parts.map(|n| stream.alloc_zeros::<T>(n));
+        let (mut sum_q, mut sum_k, mut sum_v) = (sum_q?, sum_k?, sum_v?);
+        let (mut part_q, mut part_k, mut part_v) = (part_q?, part_k?, part_v?);
+        let mut chunk_lse = stream.alloc_zeros::<f32>(lens.lse)?;
+        let mut first = None;
+        for chunk in 0..ring.chunks() {
+            let rows = ring.chunk_rows(s.seq_q, chunk);
+            {
+                let (dst, _gd) = chunk_lse.device_ptr_mut(stream);
+                let (src, _gs) = lse.device_ptr(stream);
+                for (at_chunk, at_whole, len) in chunk_lse_runs(f, &rows) {
+                    // SAFETY: both ranges lie inside their buffers: the caller's LSE holds the
+                    // whole problem's [batch, num_heads, seq_q] values (checked above), the
+                    // scratch a chunk's; the guards order the copy on the engine's stream.
+                    unsafe {
+                        cudarc::driver::result::memcpy_dtod_async(
+                            dst + 4 * at_chunk as u64,
+                            src + 4 * at_whole as u64,
+                            4 * len,
+                            stream.cu_stream(),
+                        )
+                    }?;
+                }
+            }
+            for block in ring.blocks_of_chunk(chunk, f.causal) {
+                let kv = ring.chunk_rows(s.seq_kv, block.kv_chunk);
+                let config = self.backward_device(
+                    block_backward(&block),
+                    BackwardDeviceTensors {
+                        q,
+                        k,
+                        v,
+                        o,
+                        lse: &chunk_lse,
+                        d_o,
+                        dq: &mut part_q,
+                        dk: &mut part_k,
+                        dv: &mut part_v,
+                    },
+                    options,
+                )?;
+                first.get_or_insert(config);
+                let (h, kvh) = (s.num_heads, s.num_kv_heads);
+                self.grad_sum_add(
+                    f,
+                    (&part_q, dense(rows.len(), h)),
+                    (&mut sum_q, rows_from(&dense(s.seq_q, h), rows.start)),
+                    rows.len(),
+                    h,
+                )?;
+                for (part, sum) in [(&part_k, &mut sum_k), (&part_v, &mut sum_v)] {
+                    self.grad_sum_add(
+                        f,
+                        (part, dense(kv.len(), kvh)),
+                        (sum, rows_from(&dense(s.seq_kv, kvh), kv.start)),
+                        kv.len(),
+                        kvh,
+                    )?;
+                }
+            }
+        }
+        for (sums, grad, layout, seq, heads) in [
+            (&sum_q, dq, problem.dq_layout, s.seq_q, s.num_heads),
+            (&sum_k, dk, problem.dk_layout, s.seq_kv, s.num_kv_heads),
+            (&sum_v, dv, problem.dv_layout, s.seq_kv, s.num_kv_heads),
+        ] {
+            self.grad_sum_store(f, (sums, dense(seq, heads)), (grad, layout), seq, heads)?;
+        }
+        // `Ring::check` leaves every chunk a row, and each chunk meets its own shard.
+        first.ok_or_else(|| Error::InvalidProblem("the ring attended no block".into()))
+    }
+
+    /// [`ring_backward_device`](Self::ring_backward_device) on host slices: uploads the inputs
+    /// (laid out as the problem says), runs the ring's backward, waits and reads dQ, dK and dV
+    /// back (gradient elements the layouts skip are 0).
+    pub fn ring_backward<T: Element>(
+        &self,
+        problem: impl Into<BackwardProblem>,
+        ring: &Ring,
+        inputs: &BackwardInputs<'_, T>,
+        options: &CudaBackwardOptions,
+    ) -> Result<CudaBackwardOutput<T>> {
+        let problem = problem.into();
+        problem.validate()?;
+        check_ring_problem(&problem.forward, ring)?;
+        validate_for_cuda_backward(&problem)?;
+        let mut out = self.backward_on_host(&problem, inputs, |t| {
+            self.ring_backward_device(problem, ring, t, options)
+        })?;
+        let lens = RingBackwardScratch::of(&problem.forward, ring);
+        let es = problem.forward.dtype.size_bytes() as u64;
+        out.device_bytes += 4 * lens.sums.iter().sum::<usize>() as u64
+            + es * lens.parts.iter().sum::<usize>() as u64
+            + 4 * lens.lse as u64
+            + out.config.workspace(&lens.longest_block).bytes();
+        Ok(out)
+    }
+}
+
+/// Elements of the ring backward's scratch: f32 sums of dQ, dK and dV (dense, whole), one
+/// block's dQ, dK and dV (dense, the longest chunks) and a query chunk's LSE; and the longest
+/// block's problem, whose workspace the CUDA backward keeps.
+struct RingBackwardScratch {
+    sums: [usize; 3],
+    parts: [usize; 3],
+    lse: usize,
+    longest_block: BackwardProblem,
+}
+
+impl RingBackwardScratch {
+    fn of(f: &AttentionProblem, ring: &Ring) -> Self {
+        let s = f.shape;
+        let (q_rows, kv_rows) = (s.seq_q.div_ceil(ring.chunks()), s.seq_kv.div_ceil(ring.chunks()));
+        let q = |rows| s.batch * rows * s.num_heads * s.head_dim;
+        let kv = |rows| s.batch * rows * s.num_kv_heads * s.head_dim;
+        RingBackwardScratch {
+            sums: [q(s.seq_q), kv(s.seq_kv), kv(s.seq_kv)],
+            parts: [q(q_rows), kv(kv_rows), kv(kv_rows)],
+            lse: s.batch * s.num_heads * q_rows,
+            longest_block: BackwardProblem::new(AttentionProblem {
+                shape: AttentionShape {
+                    seq_q: q_rows,
+                    seq_kv: kv_rows,
+                    ..s
+                },
+                ..*f
+            }),
+        }
     }
 }
 
