@@ -17,7 +17,7 @@
 //! chunk after chunk; backward, f32 sums the size of dQ, dK and dV, one block's gradients and a
 //! chunk's LSE (and the CUDA backward's own workspace). Nothing of size `seq_q × seq_kv`.
 
-use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut, DeviceRepr, ValidAsZeroBits};
+use cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DevicePtrMut, DeviceRepr, ValidAsZeroBits};
 
 use super::backward::{
     check_backward_lengths, check_gradients_apart, BackwardDeviceTensors, CudaBackwardOptions, CudaBackwardOutput,
@@ -148,21 +148,9 @@ impl CudaAttention {
                 )?;
             }
             if let Some(lse) = lse.as_deref_mut() {
-                let (dst, _gd) = lse.device_ptr_mut(stream);
-                let (src, _gs) = lses[lse_slot].device_ptr(stream);
-                for (at_part, at_whole, len) in chunk_lse_runs(problem, &rows) {
-                    // SAFETY: both ranges lie inside their buffers: the chunk's scratch LSE holds
-                    // its [batch, num_heads, rows] values, the caller's the whole problem's
-                    // (checked above); the guards order the copy on the engine's stream.
-                    unsafe {
-                        cudarc::driver::result::memcpy_dtod_async(
-                            dst + 4 * at_whole as u64,
-                            src + 4 * at_part as u64,
-                            4 * len,
-                            stream.cu_stream(),
-                        )
-                    }?;
-                }
+                let (whole, _gw) = lse.device_ptr_mut(stream);
+                let (part, _gp) = lses[lse_slot].device_ptr(stream);
+                copy_chunk_lse(stream, problem, &rows, LseCopy::IntoWhole { whole, part })?;
             }
         }
         // `Ring::check` leaves every chunk a row, and each chunk meets its own shard.
@@ -306,21 +294,9 @@ impl CudaAttention {
         for chunk in 0..ring.chunks() {
             let rows = ring.chunk_rows(s.seq_q, chunk);
             {
-                let (dst, _gd) = chunk_lse.device_ptr_mut(stream);
-                let (src, _gs) = lse.device_ptr(stream);
-                for (at_chunk, at_whole, len) in chunk_lse_runs(f, &rows) {
-                    // SAFETY: both ranges lie inside their buffers: the caller's LSE holds the
-                    // whole problem's [batch, num_heads, seq_q] values (checked above), the
-                    // scratch a chunk's; the guards order the copy on the engine's stream.
-                    unsafe {
-                        cudarc::driver::result::memcpy_dtod_async(
-                            dst + 4 * at_chunk as u64,
-                            src + 4 * at_whole as u64,
-                            4 * len,
-                            stream.cu_stream(),
-                        )
-                    }?;
-                }
+                let (part, _gp) = chunk_lse.device_ptr_mut(stream);
+                let (whole, _gw) = lse.device_ptr(stream);
+                copy_chunk_lse(stream, f, &rows, LseCopy::OutOfWhole { whole, part })?;
             }
             for block in ring.blocks_of_chunk(chunk, f.causal) {
                 let kv = ring.chunk_rows(s.seq_kv, block.kv_chunk);
@@ -427,6 +403,35 @@ impl RingBackwardScratch {
             }),
         }
     }
+}
+
+/// Which way a query chunk's LSE rows travel, between the whole problem's `[batch, num_heads,
+/// seq_q]` LSE at address `whole` and the chunk's dense `[batch, num_heads, rows]` one at `part`.
+enum LseCopy {
+    IntoWhole { whole: u64, part: u64 },
+    OutOfWhole { whole: u64, part: u64 },
+}
+
+/// Copies query chunk `rows`' LSE rows as `copy` says, on the engine's stream. The addresses come
+/// from guards the caller holds on buffers it checked: the whole problem's LSE holds
+/// `problem.lse_len()` values, the chunk's scratch those of its longest chunk.
+fn copy_chunk_lse(
+    stream: &CudaStream,
+    problem: &AttentionProblem,
+    rows: &std::ops::Range<usize>,
+    copy: LseCopy,
+) -> Result<()> {
+    for (at_part, at_whole, len) in chunk_lse_runs(problem, rows) {
+        let (dst, src) = match copy {
+            LseCopy::IntoWhole { whole, part } => (whole + 4 * at_whole as u64, part + 4 * at_part as u64),
+            LseCopy::OutOfWhole { whole, part } => (part + 4 * at_part as u64, whole + 4 * at_whole as u64),
+        };
+        // SAFETY: both ranges lie inside their buffers (the runs are the chunk's rows of each
+        // layout, which the callers' buffers hold); the caller's guards order the copy on the
+        // stream.
+        unsafe { cudarc::driver::result::memcpy_dtod_async(dst, src, 4 * len, stream.cu_stream()) }?;
+    }
+    Ok(())
 }
 
 /// Slots `read` of `slots` to read and slot `write` to write, three different slots
