@@ -25,8 +25,9 @@ struct ElementAt {
 // [batch, seq, num_heads, head_dim].
 template <class Visit>
 __device__ __forceinline__ void walk_elements(i64 elements, int seq, int num_heads, int head_dim, Visit visit) {
-    const i64 stride = (i64)gridDim.x * ELEMENT_WALK_THREADS;
-    for (i64 i = (i64)blockIdx.x * ELEMENT_WALK_THREADS + threadIdx.x; i < elements; i += stride) {
+    // blockDim, not the constant: a launch of another width still visits every element once.
+    const i64 stride = (i64)gridDim.x * blockDim.x;
+    for (i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x; i < elements; i += stride) {
         const i64 row = i / head_dim;
         const i64 seq_row = row / num_heads;
         visit(ElementAt{seq_row / seq, seq_row % seq, row % num_heads, i % head_dim});

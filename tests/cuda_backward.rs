@@ -395,21 +395,24 @@ fn strided(p: BackwardProblem, pad: usize) -> BackwardProblem {
 
 /// Ring attention's backward with logical ranks (src/cuda/ring.rs) against the float64
 /// gradients: zig-zag and contiguous rings of 2–4 ranks, causal or not, 1, 2 or 4 K/V heads for 4
-/// query heads, bf16 and f16, dense or strided and padded layouts, the default and the
+/// query heads, 300 queries against 300 or 217 keys, head_dim 64 and 128, bf16 and f16, dense or
+/// strided and padded layouts, the default and the
 /// deterministic mode; on device buffers with NaN-poisoned gradients (an element the sums never
 /// store stays NaN and fails) and on host slices; then the refusals.
 #[test]
 fn ring_backward_matches_the_reference() {
     let Some(engine) = engine() else { return };
+    // (ranks, layout, causal, dtype, K/V heads, keys, head_dim, padded, deterministic)
     let cases = [
-        (4, ShardLayout::ZigZag, true, DType::BF16, 2, false, false),
-        (3, ShardLayout::Contiguous, false, DType::F16, 1, true, true),
-        (2, ShardLayout::ZigZag, false, DType::BF16, 4, true, false),
-        (4, ShardLayout::Contiguous, true, DType::F16, 4, false, true),
+        (4, ShardLayout::ZigZag, true, DType::BF16, 2, 300, 128, false, false),
+        (3, ShardLayout::Contiguous, false, DType::F16, 1, 300, 128, true, true),
+        (2, ShardLayout::ZigZag, false, DType::BF16, 4, 300, 128, true, false),
+        (4, ShardLayout::Contiguous, true, DType::F16, 4, 300, 64, false, true),
+        (3, ShardLayout::ZigZag, false, DType::BF16, 2, 217, 64, false, false),
     ];
-    for (ranks, layout, causal, dtype, kv_heads, padded, deterministic) in cases {
+    for (ranks, layout, causal, dtype, kv_heads, seq_kv, head_dim, padded, deterministic) in cases {
         let ring = Ring::new(ranks, layout).unwrap();
-        let mut p = problem(dtype, 2, 300, 300, 4, kv_heads, 128, causal);
+        let mut p = problem(dtype, 2, 300, seq_kv, 4, kv_heads, head_dim, causal);
         if padded {
             p = strided(p, 8);
         }

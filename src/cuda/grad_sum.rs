@@ -102,28 +102,31 @@ impl CudaAttention {
         let (parts_at, _gp) = parts.0.device_ptr(stream);
         let sums_len = sums.0.len();
         let (sums_at, _gs) = sums.0.device_ptr_mut(stream);
-        self.launch_grad_sum(
-            problem,
-            false,
-            (
-                parts_at,
-                parts.0.len(),
-                GradRows {
-                    rows,
-                    heads,
-                    layout: parts.1,
-                },
-            ),
-            (
-                sums_at,
-                sums_len,
-                GradRows {
-                    rows,
-                    heads,
-                    layout: sums.1,
-                },
-            ),
-        )
+        // SAFETY: each address and length come from the guard and buffer of one live slice.
+        unsafe {
+            self.launch_grad_sum(
+                problem,
+                false,
+                (
+                    parts_at,
+                    parts.0.len(),
+                    GradRows {
+                        rows,
+                        heads,
+                        layout: parts.1,
+                    },
+                ),
+                (
+                    sums_at,
+                    sums_len,
+                    GradRows {
+                        rows,
+                        heads,
+                        layout: sums.1,
+                    },
+                ),
+            )
+        }
     }
 
     /// Enqueues `parts = sums`, rounded to `problem`'s dtype, over `rows`.
@@ -140,33 +143,39 @@ impl CudaAttention {
         let (sums_at, _gs) = sums.0.device_ptr(stream);
         let parts_len = parts.0.len();
         let (parts_at, _gp) = parts.0.device_ptr_mut(stream);
-        self.launch_grad_sum(
-            problem,
-            true,
-            (
-                parts_at,
-                parts_len,
-                GradRows {
-                    rows,
-                    heads,
-                    layout: parts.1,
-                },
-            ),
-            (
-                sums_at,
-                sums.0.len(),
-                GradRows {
-                    rows,
-                    heads,
-                    layout: sums.1,
-                },
-            ),
-        )
+        // SAFETY: each address and length come from the guard and buffer of one live slice.
+        unsafe {
+            self.launch_grad_sum(
+                problem,
+                true,
+                (
+                    parts_at,
+                    parts_len,
+                    GradRows {
+                        rows,
+                        heads,
+                        layout: parts.1,
+                    },
+                ),
+                (
+                    sums_at,
+                    sums.0.len(),
+                    GradRows {
+                        rows,
+                        heads,
+                        layout: sums.1,
+                    },
+                ),
+            )
+        }
     }
 
-    /// Launches one gradient sum on addresses held under the caller's guards, each with the
-    /// element count its buffer holds from that address.
-    fn launch_grad_sum(
+    /// Launches one gradient sum.
+    ///
+    /// # Safety
+    /// Each address must hold the element count given with it, alive (its guard held) until the
+    /// launch has run, and the two must not overlap.
+    unsafe fn launch_grad_sum(
         &self,
         problem: &AttentionProblem,
         store: bool,
@@ -191,6 +200,7 @@ impl CudaAttention {
             }
         }
         let s = problem.shape;
+        // The ring's rows and heads are a CUDA backward's (its checks cap them far below 2^31).
         let elements = (s.batch * parts.rows * parts.heads * s.head_dim) as u64;
         let strides = |l: TensorLayout| [l.batch_stride as i64, l.seq_stride as i64, l.head_stride as i64];
         let params = GradSumParams {

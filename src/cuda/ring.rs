@@ -150,7 +150,9 @@ impl CudaAttention {
             if let Some(lse) = lse.as_deref_mut() {
                 let (whole, _gw) = lse.device_ptr_mut(stream);
                 let (part, _gp) = lses[lse_slot].device_ptr(stream);
-                copy_chunk_lse(stream, problem, &rows, LseCopy::IntoWhole { whole, part })?;
+                // SAFETY: the caller's LSE holds the whole problem's rows (checked above), the
+                // slot a chunk's; the guards live across the copy.
+                unsafe { copy_chunk_lse(stream, problem, &rows, LseCopy::IntoWhole { whole, part }) }?;
             }
         }
         // `Ring::check` leaves every chunk a row, and each chunk meets its own shard.
@@ -211,8 +213,10 @@ impl CudaAttention {
     /// `problem`'s forward problem is one [`ring_forward_device`](Self::ring_forward_device) runs
     /// and its backward one `backward_device` runs; O and the LSE are the whole problem's (the
     /// ring's forward or one forward call). The buffers are checked as `backward_device` checks
-    /// them. Returns the first block's config. Nothing is launched on an error found before the
-    /// first block (every block's problem is checked first).
+    /// them. Returns the first block's config. Every block's problem is checked before anything
+    /// is allocated or launched; an error after that (a kernel that fails to load, a block's
+    /// buffers the backward refuses) leaves the caller's gradients unwritten (the sums are
+    /// stored into them last).
     pub fn ring_backward_device<T: DeviceRepr + ValidAsZeroBits>(
         &self,
         problem: impl Into<BackwardProblem>,
@@ -296,7 +300,9 @@ impl CudaAttention {
             {
                 let (part, _gp) = chunk_lse.device_ptr_mut(stream);
                 let (whole, _gw) = lse.device_ptr(stream);
-                copy_chunk_lse(stream, f, &rows, LseCopy::OutOfWhole { whole, part })?;
+                // SAFETY: as in the forward: the caller's LSE holds the whole problem's rows, the
+                // scratch the longest chunk's; the guards live across the copy.
+                unsafe { copy_chunk_lse(stream, f, &rows, LseCopy::OutOfWhole { whole, part }) }?;
             }
             for block in ring.blocks_of_chunk(chunk, f.causal) {
                 let kv = ring.chunk_rows(s.seq_kv, block.kv_chunk);
@@ -412,10 +418,12 @@ enum LseCopy {
     OutOfWhole { whole: u64, part: u64 },
 }
 
-/// Copies query chunk `rows`' LSE rows as `copy` says, on the engine's stream. The addresses come
-/// from guards the caller holds on buffers it checked: the whole problem's LSE holds
-/// `problem.lse_len()` values, the chunk's scratch those of its longest chunk.
-fn copy_chunk_lse(
+/// Copies query chunk `rows`' LSE rows as `copy` says, on the engine's stream.
+///
+/// # Safety
+/// `whole` must address at least `problem.lse_len()` f32 values and `part` at least
+/// `batch · num_heads · rows.len()`, both alive (their guards held) until the copy has run.
+unsafe fn copy_chunk_lse(
     stream: &CudaStream,
     problem: &AttentionProblem,
     rows: &std::ops::Range<usize>,
@@ -426,9 +434,8 @@ fn copy_chunk_lse(
             LseCopy::IntoWhole { whole, part } => (whole + 4 * at_whole as u64, part + 4 * at_part as u64),
             LseCopy::OutOfWhole { whole, part } => (part + 4 * at_part as u64, whole + 4 * at_whole as u64),
         };
-        // SAFETY: both ranges lie inside their buffers (the runs are the chunk's rows of each
-        // layout, which the callers' buffers hold); the caller's guards order the copy on the
-        // stream.
+        // SAFETY: the runs are the chunk's rows of each layout, inside the extents the caller
+        // vouches for.
         unsafe { cudarc::driver::result::memcpy_dtod_async(dst, src, 4 * len, stream.cu_stream()) }?;
     }
     Ok(())
