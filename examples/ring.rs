@@ -206,14 +206,10 @@ fn run<T: Element>(ctx: &GpuContext, a: &Args) {
     let one_grads = attn
         .backward_blocking(problem, &inputs)
         .unwrap_or_else(|e| panic!("{e}"));
-    for (name, x, y) in [
-        ("dQ", &ring_grads.dq, &one_grads.dq),
-        ("dK", &ring_grads.dk, &one_grads.dk),
-        ("dV", &ring_grads.dv, &one_grads.dv),
-    ] {
-        let err = ErrorStats::from_pairs(x.iter().map(|g| g.to_f64()).zip(y.iter().map(|g| g.to_f64())));
-        println!("{name}: ring against one call {err}");
-    }
+    report_gradients(
+        [&ring_grads.dq, &ring_grads.dk, &ring_grads.dv],
+        [&one_grads.dq, &one_grads.dk, &one_grads.dv],
+    );
     let dob = upload("d_o", &d_o);
     let grad = |label, t: Tensor| output(label, problem.required_len(t) * a.dtype.size_bytes());
     let (dq, dk, dv) = (grad("dq", Tensor::Q), grad("dk", Tensor::K), grad("dv", Tensor::V));
@@ -301,6 +297,14 @@ fn report_rows<T: Element>(a: &Args, problem: &AttentionProblem, [q, k, v]: [&[T
     }
 }
 
+/// Prints how far the ring's dQ, dK and dV are from one call's.
+fn report_gradients<T: Element>(ring: [&[T]; 3], one: [&[T]; 3]) {
+    for ((name, x), y) in ["dQ", "dK", "dV"].into_iter().zip(ring).zip(one) {
+        let err = ErrorStats::from_pairs(x.iter().map(|g| g.to_f64()).zip(y.iter().map(|g| g.to_f64())));
+        println!("{name}: ring against one call {err}");
+    }
+}
+
 /// Prints a forward's or backward's time on one call and on the ring.
 fn report_times(a: &Args, what: &str, flops: f64, one: f64, ringed: f64) {
     println!(
@@ -318,11 +322,11 @@ fn report_times(a: &Args, what: &str, flops: f64, one: f64, ringed: f64) {
 mod cuda {
     //! The ring on the CUDA engine, timed beside one call with CUDA events.
     use wgpu_flash_attn::cuda::{BackwardDeviceTensors, CudaAttention, CudaBackwardOptions, CudaDevice, DeviceTensors};
+    use wgpu_flash_attn::testing::random_tensor;
     use wgpu_flash_attn::testing::timing::cuda_median_ms;
-    use wgpu_flash_attn::testing::{random_tensor, ErrorStats};
     use wgpu_flash_attn::{BackwardInputs, BackwardProblem, Element, Tensor};
 
-    use super::{report_rows, report_shares, report_times, ring_and_problem, Args};
+    use super::{report_gradients, report_rows, report_shares, report_times, ring_and_problem, Args};
 
     pub fn run<T: Element>(a: &Args) {
         let (ring, problem) = ring_and_problem(a);
@@ -394,14 +398,10 @@ mod cuda {
             .backward(problem, &inputs, &options)
             .unwrap_or_else(|e| panic!("{e}"));
         println!("backward kernels: {}", one_grads.config.name());
-        for (name, x, y) in [
-            ("dQ", &ring_grads.dq, &one_grads.dq),
-            ("dK", &ring_grads.dk, &one_grads.dk),
-            ("dV", &ring_grads.dv, &one_grads.dv),
-        ] {
-            let err = ErrorStats::from_pairs(x.iter().map(|g| g.to_f64()).zip(y.iter().map(|g| g.to_f64())));
-            println!("{name}: ring against one call {err}");
-        }
+        report_gradients(
+            [&ring_grads.dq, &ring_grads.dk, &ring_grads.dv],
+            [&one_grads.dq, &one_grads.dk, &one_grads.dv],
+        );
         let d_do = bits(&d_o);
         let (mut dq, mut dk, mut dv) = (
             zeros(problem.required_len(Tensor::Q)),

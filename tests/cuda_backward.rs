@@ -86,6 +86,18 @@ impl<T: Half16> Inputs<T> {
         }
     }
 
+    /// The host-slice inputs, as `backward` takes them.
+    fn host(&self) -> BackwardInputs<'_, T> {
+        BackwardInputs {
+            q: &self.q,
+            k: &self.k,
+            v: &self.v,
+            o: &self.o,
+            lse: &self.lse,
+            d_o: &self.d_o,
+        }
+    }
+
     /// Replaces O and the LSE with the CUDA forward's.
     fn use_cuda_forward(&mut self, engine: &CudaAttention, problem: &BackwardProblem) {
         let [q, k, v, o, _] = &mut self.dev;
@@ -443,21 +455,7 @@ fn ring_backward_matches_the_reference() {
     let ragged = problem(DType::BF16, 1, 64, 96, 2, 2, 128, true);
     for (p, what) in [(windowed, "window"), (wide, "head_dim"), (ragged, "seq_q = seq_kv")] {
         let inputs = Inputs::<bf16>::new(engine, &p, seed_of(what));
-        let err = engine
-            .ring_backward(
-                p,
-                &ring,
-                &BackwardInputs {
-                    q: &inputs.q,
-                    k: &inputs.k,
-                    v: &inputs.v,
-                    o: &inputs.o,
-                    lse: &inputs.lse,
-                    d_o: &inputs.d_o,
-                },
-                &options,
-            )
-            .unwrap_err();
+        let err = engine.ring_backward(p, &ring, &inputs.host(), &options).unwrap_err();
         assert!(err.to_string().contains(what), "{what}: {err}");
     }
 }
@@ -473,19 +471,7 @@ fn ring_backward_case<T: Half16>(
     let (dq, dk, dv, kernel) = inputs.run_with(engine, p, tag, |t| engine.ring_backward_device(*p, ring, t, options));
     check(p, &format!("{tag} device [{kernel}]"), &inputs, [&dq, &dk, &dv]);
     let host = engine
-        .ring_backward(
-            *p,
-            ring,
-            &BackwardInputs {
-                q: &inputs.q,
-                k: &inputs.k,
-                v: &inputs.v,
-                o: &inputs.o,
-                lse: &inputs.lse,
-                d_o: &inputs.d_o,
-            },
-            options,
-        )
+        .ring_backward(*p, ring, &inputs.host(), options)
         .unwrap_or_else(|e| panic!("{tag}: {e}"));
     check(p, &format!("{tag} host"), &inputs, [&host.dq, &host.dk, &host.dv]);
     assert!(host.device_bytes > 0);
@@ -562,20 +548,7 @@ fn host_slices_match_device_buffers() {
         ..CudaBackwardOptions::default()
     };
     let device = inputs.run(engine, &p, &det, &tag);
-    let host = engine
-        .backward(
-            p,
-            &BackwardInputs {
-                q: &inputs.q,
-                k: &inputs.k,
-                v: &inputs.v,
-                o: &inputs.o,
-                lse: &inputs.lse,
-                d_o: &inputs.d_o,
-            },
-            &det,
-        )
-        .unwrap();
+    let host = engine.backward(p, &inputs.host(), &det).unwrap();
     assert!(
         bits(&host.dq) == bits(&device.0) && bits(&host.dk) == bits(&device.1) && bits(&host.dv) == bits(&device.2)
     );

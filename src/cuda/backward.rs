@@ -4,8 +4,11 @@
 //! the device's stream.
 
 use cudarc::driver::sys::CUfunction_attribute;
-use cudarc::driver::{CudaFunction, CudaSlice, DevicePtr, DevicePtrMut, DeviceRepr, LaunchConfig, PushKernelArg};
+use cudarc::driver::{
+    CudaFunction, CudaSlice, CudaStream, DevicePtr, DevicePtrMut, DeviceRepr, LaunchConfig, PushKernelArg, SyncOnDrop,
+};
 use cudarc::nvrtc::Ptx;
+use std::sync::Arc;
 
 use super::disk_cache::{CacheStatus, Origin};
 use super::launch::{check_element_size, first_overlap, CudaAttention};
@@ -211,7 +214,7 @@ impl CudaAttention {
     pub fn backward_device<T>(
         &self,
         problem: impl Into<BackwardProblem>,
-        t: BackwardDeviceTensors<'_, T>,
+        mut t: BackwardDeviceTensors<'_, T>,
         options: &CudaBackwardOptions,
     ) -> Result<CudaBackwardConfig> {
         let problem = problem.into();
@@ -219,28 +222,8 @@ impl CudaAttention {
         check_element_size::<T>(&problem.forward, "q")?;
         check_backward_lengths(&problem, &t)?;
         let stream = self.device().stream();
-        // Each guard makes the stream wait for earlier writes to its buffer and records this
-        // launch's use when dropped, after the launches (cudarc's multi-stream bookkeeping).
-        let (q, _gq) = t.q.device_ptr(stream);
-        let (k, _gk) = t.k.device_ptr(stream);
-        let (v, _gv) = t.v.device_ptr(stream);
-        let (o, _go) = t.o.device_ptr(stream);
-        let (lse, _glse) = t.lse.device_ptr(stream);
-        let (d_o, _gdo) = t.d_o.device_ptr(stream);
-        let (dq, _gdq) = t.dq.device_ptr_mut(stream);
-        let (dk, _gdk) = t.dk.device_ptr_mut(stream);
-        let (dv, _gdv) = t.dv.device_ptr_mut(stream);
-        let addresses = BackwardAddresses {
-            q,
-            k,
-            v,
-            o,
-            lse,
-            d_o,
-            dq,
-            dk,
-            dv,
-        };
+        // The guards are held until the launches are enqueued.
+        let (addresses, _guards) = t.addresses(stream);
         check_gradients_apart(&problem, &addresses)?;
         let config = select_backward_config(
             &problem,
@@ -390,6 +373,35 @@ impl CudaAttention {
             config,
             device_bytes: 2 * elements as u64 + 4 * dlse.len() as u64,
         })
+    }
+}
+
+impl<T> BackwardDeviceTensors<'_, T> {
+    /// The tensors' device addresses, and the guards that make `stream` wait for earlier writes
+    /// to each buffer and record this use when dropped (cudarc's multi-stream bookkeeping): hold
+    /// them until the launches that use the addresses are enqueued.
+    pub(super) fn addresses<'s>(&'s mut self, stream: &'s Arc<CudaStream>) -> (BackwardAddresses, [SyncOnDrop<'s>; 9]) {
+        let (q, gq) = self.q.device_ptr(stream);
+        let (k, gk) = self.k.device_ptr(stream);
+        let (v, gv) = self.v.device_ptr(stream);
+        let (o, go) = self.o.device_ptr(stream);
+        let (lse, glse) = self.lse.device_ptr(stream);
+        let (d_o, gdo) = self.d_o.device_ptr(stream);
+        let (dq, gdq) = self.dq.device_ptr_mut(stream);
+        let (dk, gdk) = self.dk.device_ptr_mut(stream);
+        let (dv, gdv) = self.dv.device_ptr_mut(stream);
+        let addresses = BackwardAddresses {
+            q,
+            k,
+            v,
+            o,
+            lse,
+            d_o,
+            dq,
+            dk,
+            dv,
+        };
+        (addresses, [gq, gk, gv, go, glse, gdo, gdq, gdk, gdv])
     }
 }
 

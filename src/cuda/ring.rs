@@ -27,7 +27,7 @@ use super::launch::{
     CudaAttention, DeviceTensors,
 };
 use super::merge::MergeTensors;
-use super::plan::{validate_for_cuda_backward, BackwardAddresses, CudaBackwardConfig, CudaKernelConfig};
+use super::plan::{validate_for_cuda_backward, CudaBackwardConfig, CudaKernelConfig};
 use crate::error::{Error, Result};
 use crate::plan::ring::{
     block_problem, check_ring_problem, chunk_steps, ring_name, rows_from, scratch_layout, scratch_lens, Ring,
@@ -221,7 +221,7 @@ impl CudaAttention {
         &self,
         problem: impl Into<BackwardProblem>,
         ring: &Ring,
-        t: BackwardDeviceTensors<'_, T>,
+        mut t: BackwardDeviceTensors<'_, T>,
         options: &CudaBackwardOptions,
     ) -> Result<CudaBackwardConfig> {
         let problem = problem.into();
@@ -231,6 +231,10 @@ impl CudaAttention {
         check_element_size::<T>(&problem.forward, "q")?;
         check_backward_lengths(&problem, &t)?;
         let stream = self.device().stream();
+        {
+            let (addresses, _guards) = t.addresses(stream);
+            check_gradients_apart(&problem, &addresses)?;
+        }
         let BackwardDeviceTensors {
             q,
             k,
@@ -242,29 +246,6 @@ impl CudaAttention {
             dk,
             dv,
         } = t;
-        {
-            let (q, _gq) = q.device_ptr(stream);
-            let (k, _gk) = k.device_ptr(stream);
-            let (v, _gv) = v.device_ptr(stream);
-            let (o, _go) = o.device_ptr(stream);
-            let (lse, _gl) = lse.device_ptr(stream);
-            let (d_o, _gdo) = d_o.device_ptr(stream);
-            let (dq, _gdq) = dq.device_ptr_mut(stream);
-            let (dk, _gdk) = dk.device_ptr_mut(stream);
-            let (dv, _gdv) = dv.device_ptr_mut(stream);
-            let addresses = BackwardAddresses {
-                q,
-                k,
-                v,
-                o,
-                lse,
-                d_o,
-                dq,
-                dk,
-                dv,
-            };
-            check_gradients_apart(&problem, &addresses)?;
-        }
         let f = &problem.forward;
         let s = f.shape;
         let dense = |rows, heads| TensorLayout::contiguous(Layout::Bshd, rows, heads, s.head_dim);
