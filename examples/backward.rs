@@ -14,6 +14,8 @@
 //! --register-gradient on|off|auto [auto] (their element-wise step in registers or through
 //! workgroup memory)
 //! --bounds-checks on|off [off] --runs [10] --check-rows [64] --passes (time each kernel too)
+//! --submission (also `runs` back to back in one submission by the wall clock: these kernels, and
+//! `FlashAttention::encode_backward` as an application calls it, with its own choice and D)
 //! --bias full|heads|batch|shared (a score bias [b,h] / [1,h] / [b,1] / [1,1], random normal)
 //! --bias-dtype f32|f16|bf16 [f32] --bias-grad (its gradient too, and the backward timed again
 //! without it) --db-plan BMxBNxTXxTYxKSxNS[xST] (force the d(bias) kernel with this plan)
@@ -31,7 +33,8 @@ use wgpu_flash_attn::kernel::BoundsChecks;
 use wgpu_flash_attn::kernel::{BackwardChoice, Variant};
 use wgpu_flash_attn::plan::{select_backward, BackwardTilePlan};
 use wgpu_flash_attn::testing::backward_harness::{grad_tolerance, BackwardWorkload};
-use wgpu_flash_attn::{BackwardProblem, DType, Element, FlashAttention, GpuContext, Options};
+use wgpu_flash_attn::testing::timing::{time_submission, SubmissionTiming};
+use wgpu_flash_attn::{BackwardBuffers, BackwardProblem, DType, Element, FlashAttention, GpuContext, Options};
 
 struct Args {
     problem: ProblemArgs,
@@ -40,6 +43,7 @@ struct Args {
     runs: usize,
     check_rows: usize,
     passes: bool,
+    submission: bool,
     json: Option<String>,
     /// (per batch entry, per head) of the score bias, if any.
     bias: Option<(bool, bool)>,
@@ -63,7 +67,7 @@ fn parse_args() -> Result<Args, String> {
     let mut problem = ProblemArgs::default();
     let mut choice = BackwardChoice::default();
     let mut bounds_checks = BoundsChecks::Off;
-    let (mut runs, mut check_rows, mut passes, mut json) = (10, 64, false, None);
+    let (mut runs, mut check_rows, mut passes, mut submission, mut json) = (10, 64, false, false, None);
     let (mut bias, mut bias_dtype, mut bias_grad) = (None, DType::F32, false);
     while let Some(flag) = it.next() {
         let mut value = || it.next().ok_or(format!("{flag} needs a value"));
@@ -89,6 +93,7 @@ fn parse_args() -> Result<Args, String> {
             "--runs" => runs = common::number(&value()?)?,
             "--check-rows" => check_rows = common::number(&value()?)?,
             "--passes" => passes = true,
+            "--submission" => submission = true,
             "--bias" => {
                 bias = Some(match value()?.as_str() {
                     "full" => (true, true),
@@ -111,7 +116,7 @@ fn parse_args() -> Result<Args, String> {
             "--help" | "-h" => {
                 return Err(include_str!("backward.rs")
                     .lines()
-                    .take(19)
+                    .take(21)
                     .collect::<Vec<_>>()
                     .join("\n"))
             }
@@ -125,6 +130,7 @@ fn parse_args() -> Result<Args, String> {
         runs,
         check_rows,
         passes,
+        submission,
         json,
         bias,
         bias_dtype,
@@ -219,6 +225,29 @@ fn run<T: Element>(args: &Args) -> wgpu_flash_attn::Result<bool> {
             println!("  {:15} {:9.3} ms", pass.entry_point(), t.median * 1e3);
             pass_ms.push(format!("\"{}\":{:.4}", pass.entry_point(), t.median * 1e3));
         }
+    }
+    if args.submission {
+        let report = |what: &str, t: SubmissionTiming| {
+            println!(
+                "  {what}: {:.3} ms a run to complete ({:.1} TFLOP/s), {:.3} ms to record",
+                t.complete * 1e3,
+                p.flops() / t.complete / 1e12,
+                t.record * 1e3
+            )
+        };
+        println!("submission: {} runs back to back, wall clock", args.runs);
+        let timed = time_submission(&ctx, 2, args.runs, |encoder| {
+            engine.encode_backward_with(encoder, *p, &work.buffers(), &config, None)
+        })?;
+        report("these kernels, the D buffer given", timed);
+        let own_delta = BackwardBuffers {
+            delta: None,
+            ..work.buffers()
+        };
+        let timed = time_submission(&ctx, 2, args.runs, |encoder| {
+            engine.encode_backward(encoder, *p, &own_delta, None).map(|_| ())
+        })?;
+        report("encode_backward (its own choice and D)", timed);
     }
     println!(
         "memory:   {} on the device: q, k, v, o, lse, d_o, dq, dk, dv and D{}",

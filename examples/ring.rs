@@ -20,10 +20,9 @@
 //!     [--causal] [--backward] [--runs 5] [--check-rows 8] [--cuda]
 //! ```
 
-use std::time::Instant;
-
 use wgpu_flash_attn::reference;
 use wgpu_flash_attn::ring::{Ring, ShardLayout};
+use wgpu_flash_attn::testing::timing::time_submission;
 use wgpu_flash_attn::testing::{random_tensor, ErrorStats};
 use wgpu_flash_attn::{
     AttentionProblem, AttentionShape, BackwardBuffers, BackwardInputs, BackwardProblem, DType, Element, FlashAttention,
@@ -131,8 +130,8 @@ fn run<T: Element>(ctx: &GpuContext, a: &Args) {
 
     report_rows(a, &problem, [&q, &k, &v], &out.out);
 
-    // Device buffers, then both paths timed by the wall clock around `runs` recordings in one
-    // submission (the ring records several passes; timestamps bracket one).
+    // Device buffers, then both paths timed by the wall clock from the submission of `runs`
+    // recordings to its completion (the ring records several passes; timestamps bracket one).
     let upload = |label, data: &[T]| {
         wgpu::util::DeviceExt::create_buffer_init(
             &ctx.device,
@@ -162,20 +161,11 @@ fn run<T: Element>(ctx: &GpuContext, a: &Args) {
         Some(TensorBuffer::new(&lb)),
     );
     let time = |record_one: &dyn Fn(&mut wgpu::CommandEncoder)| -> f64 {
-        let record = |times: usize| {
-            let mut encoder = ctx.device.create_command_encoder(&Default::default());
-            for _ in 0..times {
-                record_one(&mut encoder);
-            }
-            ctx.queue.submit([encoder.finish()]);
-            ctx.device
-                .poll(wgpu::PollType::wait_indefinitely())
-                .unwrap_or_else(|e| panic!("{e}"));
-        };
-        record(1);
-        let start = Instant::now();
-        record(a.runs.max(1));
-        start.elapsed().as_secs_f64() / a.runs.max(1) as f64
+        let timed = time_submission(ctx, 1, a.runs, |encoder| {
+            record_one(encoder);
+            Ok(())
+        });
+        timed.unwrap_or_else(|e| panic!("{e}")).complete
     };
     let one = time(&|e| {
         attn.encode_forward(e, &problem, &buffers, None)

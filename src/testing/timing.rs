@@ -126,6 +126,50 @@ pub fn time_passes(
     }
 }
 
+/// Seconds per run of [`time_submission`], by the wall clock.
+#[derive(Clone, Copy, Debug)]
+pub struct SubmissionTiming {
+    /// Recording one run into the encoder, on the host.
+    pub record: f64,
+    /// From the submission to its completion, divided by the runs in it.
+    pub complete: f64,
+}
+
+/// Runs `encode` `warmup` times untimed, then `runs` times back to back in one submission, timing
+/// the recording and the submission's completion by the wall clock: what an application that
+/// records several calls and waits once sees. A cross-check of [`time_passes`], whose timestamps
+/// bracket the passes alone.
+pub fn time_submission(
+    ctx: &GpuContext,
+    warmup: usize,
+    runs: usize,
+    mut encode: impl FnMut(&mut wgpu::CommandEncoder) -> Result<()>,
+) -> Result<SubmissionTiming> {
+    let mut submit = |times: usize| -> Result<SubmissionTiming> {
+        let recording = Instant::now();
+        let mut encoder = ctx.device.create_command_encoder(&Default::default());
+        for _ in 0..times {
+            encode(&mut encoder)?;
+        }
+        let commands = encoder.finish();
+        let record = recording.elapsed().as_secs_f64();
+        let start = Instant::now();
+        ctx.queue.submit([commands]);
+        ctx.device
+            .poll(wgpu::PollType::wait_indefinitely())
+            .map_err(|e| Error::ReadBack(e.to_string()))?;
+        let times = times as f64;
+        Ok(SubmissionTiming {
+            record: record / times,
+            complete: start.elapsed().as_secs_f64() / times,
+        })
+    };
+    if warmup > 0 {
+        submit(warmup)?;
+    }
+    submit(runs.max(1))
+}
+
 /// How [`cuda_timing`] issues the timed calls.
 #[cfg(feature = "cuda")]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
