@@ -34,27 +34,84 @@ __device__ __forceinline__ int dq_tile_index(int r, int c) {
     }
 }
 
-// The first query tile that sees a key of the K/V tile starting at key n0: 0, or (causal) the
-// tile of the first row whose diagonal reaches n0; q_tiles when no row does.
-__device__ __forceinline__ int first_query_tile(const SeqRows& seq, int n0, int q_tiles) {
-    if (!CAUSAL) return 0;
-    const int r0 = n0 - seq.causal_offset > 0 ? n0 - seq.causal_offset : 0;
-    return r0 < seq.seq_q ? r0 / BLOCK_M : q_tiles;
+// The query tiles a K/V tile's CTA walks: [first, first + count), every tile with a row that sees
+// one of the keys [n0, n0 + BLOCK_N) (keys_seen: the causal mask and the sliding window). A row's
+// visible keys [begin, end) only move right as the row grows, so the rows that see the tile are
+// those from the first whose end passes n0 to the last whose begin is left of the tile's end,
+// and each of them sees one of its keys. count is 0 when no row does (or the tile has no keys).
+__device__ __forceinline__ int2 query_tiles_seeing(const FwdParams& p, const SeqRows& seq, int n0) {
+    const i64 n1 = n0 + BLOCK_N < seq.seq_kv ? n0 + BLOCK_N : seq.seq_kv;
+    i64 first_row = 0, last_row = seq.seq_q - 1;
+    // Position pos = row + causal_offset: end > n0 needs pos >= n0 (causal) or pos >= n0 - right.
+    if (CAUSAL) {
+        first_row = (i64)n0 - seq.causal_offset;
+    } else if (p.window_right >= 0) {
+        first_row = (i64)n0 - p.window_right - seq.causal_offset;
+    }
+    // begin < n1 needs pos - left <= n1 - 1.
+    if (p.window_left >= 0) {
+        const i64 last = n1 - 1 + p.window_left - seq.causal_offset;
+        if (last < last_row) last_row = last;
+    }
+    if (first_row < 0) first_row = 0;
+    if (n0 >= n1 || first_row > last_row) return make_int2(0, 0);
+    const int first = (int)(first_row / BLOCK_M);
+    return make_int2(first, (int)(last_row / BLOCK_M) + 1 - first);
+}
+
+// Whether a tile of BLOCK_M rows from m0 and BLOCK_N keys from n0 has a (row, key) pair the mask
+// hides: keys past the sequence, or a row whose visible keys do not cover the whole tile (the
+// last row's begin is the largest, the first row's end the smallest).
+__device__ __forceinline__ bool tile_needs_mask(const FwdParams& p, const SeqRows& seq, int m0, int n0) {
+    return n0 + BLOCK_N > seq.seq_kv || keys_seen<CAUSAL>(p, seq, m0).y < n0 + BLOCK_N ||
+           keys_seen<CAUSAL>(p, seq, m0 + BLOCK_M - 1).x > n0;
+}
+
+// Whether query row `row` sees key `key` (for the tiles tile_needs_mask flags).
+__device__ __forceinline__ bool row_sees_key(const FwdParams& p, const SeqRows& seq, int row, int key) {
+    const int2 seen = keys_seen<CAUSAL>(p, seq, row);
+    return key >= seen.x && key < seen.y;
+}
+
+// The units of the backward's scores (fwd_params.cuh's ScoreUnits): with a soft-cap the
+// forward's, x = tanh(s·pre) and logit = x·fold; without, x is the raw score and fold the scale
+// in base 2, of either sign (no row max is taken here, so fold need not be positive).
+__device__ __forceinline__ ScoreUnits backward_units(const FwdParams& p) {
+    return HAS_SOFTCAP ? score_units(p) : ScoreUnits{1.f, p.scale_log2};
+}
+
+// Pᵀ's element of raw score s at (row, key): exp2 of its base-2 logit minus the row's base-2 LSE,
+// 0 where the mask hides the key (checked only in tiles that need_mask). cap_grad is what dS
+// takes through the soft-cap, d(cap·tanh(y))/d(cap·y) = 1 − tanh², computed before the mask so
+// that it stays finite (1 without a cap).
+__device__ __forceinline__ float score_probability(const FwdParams& p, const ScoreUnits& u, const SeqRows& seq,
+                                                   bool need_mask, int row, int key, float s, float lse2,
+                                                   float& cap_grad) {
+    const float x = HAS_SOFTCAP ? score_x(u, s) : s;
+    cap_grad = HAS_SOFTCAP ? fmaf(-x, x, 1.f) : 1.f;
+    float exponent = fmaf(x, u.fold, -lse2);
+    // The exponent, not x: fold may be negative.
+    if (need_mask && !row_sees_key(p, seq, row, key)) exponent = NEG_INF;
+    return ex2(exponent);
 }
 
 // The deterministic build's order (flash_bwd_mma.cu's opening comment): the CTA of K/V tile
 // kv_tile adds its part of the query tile at row m0 after the K/V tiles kv_tile + 1 ..
 // last(tile) have, where last is the last K/V tile the tile's rows see. The calling thread spins
 // on the tile's counter until then (an acquire: what those tiles added is visible after it).
-__device__ __forceinline__ void dq_await_turn(const unsigned* sem, const SeqRows& seq, int m0, int kv_tile) {
-    const int last_row_key = CAUSAL ? m0 + BLOCK_M - 1 + seq.causal_offset : seq.seq_kv - 1;
-    const int last = (last_row_key < seq.seq_kv - 1 ? last_row_key : seq.seq_kv - 1) / BLOCK_N;
+__device__ __forceinline__ void dq_await_turn(const FwdParams& p, const unsigned* sem, const SeqRows& seq, int m0,
+                                              int kv_tile) {
+    // The tile's last row sees the rightmost key any of its rows sees (and some key: the
+    // sequence's last row sees key seq_kv - 1, and ends only grow).
+    const int last_row = m0 + BLOCK_M < seq.seq_q ? m0 + BLOCK_M - 1 : seq.seq_q - 1;
+    const int last = (keys_seen<CAUSAL>(p, seq, last_row).y - 1) / BLOCK_N;
     while (ld_acquire_u32(sem) < (unsigned)(last - kv_tile)) {
     }
 }
 // The whole CTA waits: one thread spins, the barrier after it holds the others.
-__device__ __forceinline__ void dq_wait_turn(const unsigned* sem, const SeqRows& seq, int m0, int kv_tile, int tid) {
-    if (tid == 0) dq_await_turn(sem, seq, m0, kv_tile);
+__device__ __forceinline__ void dq_wait_turn(const FwdParams& p, const unsigned* sem, const SeqRows& seq, int m0,
+                                             int kv_tile, int tid) {
+    if (tid == 0) dq_await_turn(p, sem, seq, m0, kv_tile);
     __syncthreads();
 }
 // ... and hands the turn on once every thread's adds are visible.

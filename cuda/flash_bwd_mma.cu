@@ -9,14 +9,16 @@
 // Shapes. Q, O, dO, dQ: [batch, seq_q, num_heads, head_dim] at any strides (BwdParams); K, V, dK,
 // dV: [batch, seq_kv, num_kv_heads, head_dim]; query head h reads K/V head h / group_size. LSE:
 // the forward's, [batch, num_heads, seq_q] f32, natural log. head_dim is innermost and contiguous
-// in every tensor. Causal masks are aligned bottom-right, as in the forward: row i sees keys
-// j <= i + seq_kv - seq_q.
+// in every tensor. Masks as in the forward (fwd_params.cuh, keys_seen): causal aligned
+// bottom-right (row i sees keys j <= i + seq_kv - seq_q) and the sliding window around the same
+// position. With a soft-cap (FA_SOFTCAP) the scores are capped as the forward caps them and dS
+// takes the cap's derivative.
 //
 // Who owns what (main kernel).
 // * A CTA owns BLOCK_N keys of one (batch, K/V head): grid = (kv tiles, num_kv_heads, batch). It
 //   loads K_j and V_j into shared memory once, then walks every query head of its GQA group and,
-//   for each, every query tile that sees one of its keys (causal: from the tile of row
-//   j·BLOCK_N - (seq_kv - seq_q) on; tiles above the diagonal are never loaded), streaming Q, dO,
+//   for each, every query tile that sees one of its keys (bwd_aux.cuh, query_tiles_seeing;
+//   tiles the masks hide whole are never loaded), streaming Q, dO,
 //   the LSE and D through two shared-memory stages (cp.async: step t+1 lands while step t runs).
 //   dK and dV of its keys stay in registers over the whole walk, so the group's sum needs no
 //   reduction pass; they are written once at the end, dK times the scale.
@@ -41,11 +43,11 @@
 // __syncthreads) until the counter reads last(i) - j, where last(i) is the last K/V tile that
 // contributes to tile i; it then adds with plain f32 loads and stores at L2, __threadfence,
 // __syncthreads, and one thread increments the counter (red.release). The contributing K/V tiles
-// of a query tile are the contiguous range 0..last(i) under both masks this kernel runs: without
-// a mask every key tile (last(i) = the last tile), and with the causal mask a tile that sees key
-// tile j sees every earlier one (row r sees keys [0, r + seq_kv - seq_q]) and last(i) is the tile
-// of its last row's diagonal. So exactly j+1..last(i) have added when the counter reads
-// last(i) - j.
+// of a query tile are a contiguous range first(i)..last(i) under every mask this kernel runs: a
+// row sees one interval of keys, and the intervals of consecutive rows overlap or touch (both
+// ends move right by at most one key a row), so their union is one interval; last(i) is the tile
+// of the last key the tile's last row sees. So exactly j+1..last(i) have added when the counter
+// reads last(i) - j.
 // Why descending: a CTA walks its query tiles ascending from its first, and under the causal mask
 // the first is the diagonal one, which no later K/V tile touches, so CTA j's step s (query tile
 // first(j) + s) waits only for CTA j+1's step s - 1: the CTAs of a (K/V head, batch) run side by
@@ -83,7 +85,8 @@
 //
 // Compile-time parameters (-D, set by src/cuda/plan/backward.rs): FA_HEAD_DIM, FA_BLOCK_M,
 // FA_BLOCK_N, FA_CAUSAL, FA_BF16, FA_VEC_BYTES (16: rows of Q, K, V, dO 16-byte aligned; 8: only
-// 8-byte aligned), FA_MIN_BLOCKS, FA_DETERMINISTIC, KERNEL_NAME, PREPROCESS_NAME, CONVERT_NAME.
+// 8-byte aligned), FA_MIN_BLOCKS, FA_DETERMINISTIC, FA_SOFTCAP (0 none; 1, 2 the cap's forms),
+// KERNEL_NAME, PREPROCESS_NAME, CONVERT_NAME. The window's sides are run-time (BwdParams).
 #include "mma_ptx.cuh"
 #include "fwd_params.cuh"
 #include "bwd_params.cuh"
@@ -149,10 +152,10 @@ extern "C" __global__ void __launch_bounds__(THREADS, FA_MIN_BLOCKS) KERNEL_NAME
     const int n0 = kv_tile * BLOCK_N;
     const SeqRows seq = sequence_rows(p, batch);
 
-    // Query tiles that see a key of this tile: all, or (causal) from the tile of the first row
-    // whose diagonal reaches key n0.
-    const int first_q = first_query_tile(seq, n0, bp.q_tiles);
-    const int n_q = bp.q_tiles - first_q;
+    // Query tiles that see a key of this tile (all of them without a mask).
+    const int2 q_range = query_tiles_seeing(p, seq, n0);
+    const int first_q = q_range.x;
+    const int n_q = q_range.y;
     const int steps = n_q * p.group_size;  // (query head of the group, query tile) pairs
 
     const u16* k = p.k + batch * p.k_batch_stride + kv_head * p.k_head_stride + (i64)n0 * p.k_seq_stride;
@@ -220,6 +223,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, FA_MIN_BLOCKS) KERNEL_NAME
 
     const int g = lane / 4, t = lane % 4;
     const int key0 = n0 + warp * 16 + g;  // this lane's keys: key0 and key0 + 8
+    const ScoreUnits units = backward_units(p);
 
     for (int it = 0; it < steps; ++it) {
         cp_async_wait<1>();  // every group but the newest is done: step `it` has landed
@@ -254,27 +258,30 @@ extern "C" __global__ void __launch_bounds__(THREADS, FA_MIN_BLOCKS) KERNEL_NAME
         // 2kk, 2kk+1 are the A-fragment of k-step kk), and dSᵀ is formed from the same rounded
         // values: dSᵀ is rounded to 16 bits for its own products anyway, and the f32 Pᵀ would cost
         // 16 more registers next to dPᵀ.
-        const bool need_mask =
-            n0 + BLOCK_N > seq.seq_kv || (CAUSAL && n0 + BLOCK_N - 1 > m0 + seq.causal_offset);
+        const bool need_mask = tile_needs_mask(p, seq, m0, n0);
         const u32 s_lse = s_stage0 + so + LSE_OFF + 8 * t;
         const u32 s_d = s_stage0 + so + D_OFF + 8 * t;
-        u32 pk[M_STEPS][4];
+        // pk: Pᵀ for dV; pg: Pᵀ times the soft-cap's derivative, what dSᵀ is formed from (pk
+        // itself without a cap). pg replaces pk once dV has read it, so it costs no register
+        // beyond those dPᵀ's accumulation needs next.
+        u32 pk[M_STEPS][4], pg[M_STEPS][4];
 #pragma unroll
         for (int n = 0; n < M_TILES; ++n) {
             float lse[2];
             asm volatile("ld.shared.v2.f32 {%0,%1}, [%2];\n" : "=f"(lse[0]), "=f"(lse[1]) : "r"(s_lse + 32 * n));
+            float cap_grad[4];
 #pragma unroll
             for (int e = 0; e < 4; ++e) {
-                float x = acc[n][e];
-                if (need_mask) {
-                    const int key = key0 + 8 * (e >> 1);
-                    const int row = m0 + n * 8 + 2 * t + (e & 1);
-                    if (key >= seq.seq_kv || (CAUSAL && key > row + seq.causal_offset)) x = NEG_INF;
-                }
-                acc[n][e] = ex2(fmaf(x, p.scale_log2, -lse[e & 1]));
+                const int key = key0 + 8 * (e >> 1);
+                const int row = m0 + n * 8 + 2 * t + (e & 1);
+                acc[n][e] = score_probability(p, units, seq, need_mask, row, key, acc[n][e], lse[e & 1], cap_grad[e]);
             }
             pk[n / 2][(n & 1) * 2] = pack2<IS_BF16>(acc[n][0], acc[n][1]);
             pk[n / 2][(n & 1) * 2 + 1] = pack2<IS_BF16>(acc[n][2], acc[n][3]);
+            if constexpr (HAS_SOFTCAP) {
+                pg[n / 2][(n & 1) * 2] = pack2<IS_BF16>(acc[n][0] * cap_grad[0], acc[n][1] * cap_grad[1]);
+                pg[n / 2][(n & 1) * 2 + 1] = pack2<IS_BF16>(acc[n][2] * cap_grad[2], acc[n][3] * cap_grad[3]);
+            }
         }
 
         // dV += Pᵀ·dO: k runs over the tile's queries, dO read through ldmatrix.trans.
@@ -287,6 +294,13 @@ extern "C" __global__ void __launch_bounds__(THREADS, FA_MIN_BLOCKS) KERNEL_NAME
                 mma_16816<IS_BF16>(dv_acc[2 * dd], pk[kk], b[0], b[1]);
                 mma_16816<IS_BF16>(dv_acc[2 * dd + 1], pk[kk], b[2], b[3]);
             }
+
+        if constexpr (HAS_SOFTCAP) {
+#pragma unroll
+            for (int kk = 0; kk < M_STEPS; ++kk)
+#pragma unroll
+                for (int i = 0; i < 4; ++i) pk[kk][i] = pg[kk][i];
+        }
 
         // dPᵀ = V·dOᵀ, into the same registers as Sᵀ.
 #pragma unroll
@@ -304,7 +318,8 @@ extern "C" __global__ void __launch_bounds__(THREADS, FA_MIN_BLOCKS) KERNEL_NAME
             }
         }
 
-        // dSᵀ = Pᵀ ∘ (dPᵀ - D) (without the scale), packed over Pᵀ's registers, and stored to
+        // dSᵀ = Pᵀ ∘ (dPᵀ - D) (without the scale; with a soft-cap, times its derivative), packed
+        // over Pᵀ's registers, and stored to
         // shared memory for dQ: the lane's key rows warp·16 + g (+8), query columns 8n + 2t, +1 in
         // chunk n.
 #pragma unroll
@@ -340,7 +355,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, FA_MIN_BLOCKS) KERNEL_NAME
         // m0 + 16·rg + g (+8), columns cg·DQ_COLS + 8n + 2t (+1).
         float* dq_at = bp.dq_accum + (row_base(bp, batch, h) + m0 + 16 * rg + g) * HEAD_DIM + cg * DQ_COLS + 2 * t;
         unsigned* sem = DETERMINISTIC ? dq_turn_counter(bp, batch, h, q_tile) : nullptr;
-        if constexpr (DETERMINISTIC) dq_wait_turn(sem, seq, m0, kv_tile, tid);
+        if constexpr (DETERMINISTIC) dq_wait_turn(p, sem, seq, m0, kv_tile, tid);
 #pragma unroll
         for (int pass = 0; pass < DQ_PASSES; ++pass) {
             float dq[PASS_TILES][4];

@@ -50,7 +50,7 @@
 //
 // Compile-time parameters (-D, src/cuda/plan/backward.rs): FA_HEAD_DIM (64 or 128), FA_BLOCK_M
 // (64), FA_BLOCK_N (128), FA_CAUSAL, FA_BF16, FA_VEC_BYTES, FA_DETERMINISTIC, KERNEL_NAME,
-// PREPROCESS_NAME, CONVERT_NAME.
+// PREPROCESS_NAME, CONVERT_NAME, FA_SOFTCAP (the soft-cap's form, as the mma.sync kernel).
 #include "mma_ptx.cuh"
 #include "sm90_ptx.cuh"
 #include "wgmma_gen.cuh"
@@ -129,8 +129,10 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) KERNEL_NAME(const __gri
     const int n0 = kv_tile * BLOCK_N;
     const SeqRows seq = sequence_rows(p, batch);
 
-    const int first_q = first_query_tile(seq, n0, bp.q_tiles);
-    const int n_q = bp.q_tiles - first_q;
+    // Query tiles that see a key of this tile (all of them without a mask).
+    const int2 q_range = query_tiles_seeing(p, seq, n0);
+    const int first_q = q_range.x;
+    const int n_q = q_range.y;
     const int steps = n_q * p.group_size;  // (query head of the group, query tile) pairs
     auto step_head = [&](int step) { return kv_head * p.group_size + step / n_q; };
     auto step_tile = [&](int step) { return first_q + step % n_q; };
@@ -203,7 +205,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) KERNEL_NAME(const __gri
                 float* dq_tile = bp.dq_accum + (row_base(bp, batch, h) + (i64)q_tile * BLOCK_M) * HEAD_DIM;
                 if constexpr (DETERMINISTIC) {
                     unsigned* sem = dq_turn_counter(bp, batch, h, q_tile);
-                    dq_await_turn(sem, seq, q_tile * BLOCK_M, kv_tile);
+                    dq_await_turn(p, sem, seq, q_tile * BLOCK_M, kv_tile);
                     bulk_reduce_add_f32(dq_tile, s_dq, DQ_BYTES);
                     bulk_commit();
                     bulk_wait_done();  // the adds are performed before the turn passes on
@@ -251,6 +253,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) KERNEL_NAME(const __gri
 
     const int key_local = 64 * cw + 16 * warp + g;  // this thread's keys: key_local and + 8
     const int key0 = n0 + key_local;
+    const ScoreUnits units = backward_units(p);
 
     for (int it = 0; it < steps; ++it) {
         const int stage = it & 1;
@@ -285,27 +288,29 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) KERNEL_NAME(const __gri
         // Pᵀ, keys a row does not see set to 0 first (as in the mma.sync kernel; rows past seq_q
         // have LSE +inf, so P = 0), packed to 16 bits: slabs 2kk and 2kk + 1 of the accumulator are
         // the A fragment of k-step kk of dV += Pᵀ·dO.
-        const bool need_mask =
-            n0 + BLOCK_N > seq.seq_kv || (CAUSAL && n0 + BLOCK_N - 1 > m0 + seq.causal_offset);
+        const bool need_mask = tile_needs_mask(p, seq, m0, n0);
         const u32 s_lse = s_stage0 + so + LSE_OFF + 8 * q4;
         const u32 s_d = s_stage0 + so + D_OFF + 8 * q4;
-        u32 pk[M_STEPS][4];
+        // pk: Pᵀ, dV's A operand; with a soft-cap pg, Pᵀ times the cap's derivative, is what
+        // dSᵀ is formed from (each word of pg dies as dSᵀ's is made).
+        u32 pk[M_STEPS][4], pg[M_STEPS][4];
 #pragma unroll
         for (int j = 0; j < BLOCK_M / 8; ++j) {
             float lse[2];
             asm volatile("ld.shared.v2.f32 {%0,%1}, [%2];\n" : "=f"(lse[0]), "=f"(lse[1]) : "r"(s_lse + 32 * j));
+            float cap_grad[4];
 #pragma unroll
             for (int e = 0; e < 4; ++e) {
-                float x = s[4 * j + e];
-                if (need_mask) {
-                    const int key = key0 + 8 * (e >> 1);
-                    const int row = m0 + 8 * j + 2 * q4 + (e & 1);
-                    if (key >= seq.seq_kv || (CAUSAL && key > row + seq.causal_offset)) x = NEG_INF;
-                }
-                s[4 * j + e] = ex2(fmaf(x, p.scale_log2, -lse[e & 1]));
+                const int key = key0 + 8 * (e >> 1);
+                const int row = m0 + 8 * j + 2 * q4 + (e & 1);
+                s[4 * j + e] = score_probability(p, units, seq, need_mask, row, key, s[4 * j + e], lse[e & 1], cap_grad[e]);
             }
             pk[j / 2][(j & 1) * 2] = pack2<IS_BF16>(s[4 * j], s[4 * j + 1]);
             pk[j / 2][(j & 1) * 2 + 1] = pack2<IS_BF16>(s[4 * j + 2], s[4 * j + 3]);
+            if constexpr (HAS_SOFTCAP) {
+                pg[j / 2][(j & 1) * 2] = pack2<IS_BF16>(s[4 * j] * cap_grad[0], s[4 * j + 1] * cap_grad[1]);
+                pg[j / 2][(j & 1) * 2 + 1] = pack2<IS_BF16>(s[4 * j + 2] * cap_grad[2], s[4 * j + 3] * cap_grad[3]);
+            }
         }
 
         // dV += Pᵀ·dO.
@@ -317,8 +322,9 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) KERNEL_NAME(const __gri
         wgmma_wait<1>();  // dPᵀ is done; dV may still run
         fence_regs(dp);
 
-        // dSᵀ = Pᵀ ∘ (dPᵀ − D) (without the scale) from the rounded Pᵀ, as the mma.sync kernel;
-        // stored for dQ: key row key_local (+8), query chunk j, the thread's column pair.
+        // dSᵀ = Pᵀ ∘ (dPᵀ − D) (without the scale; with a soft-cap, times its derivative) from
+        // the rounded Pᵀ, as the mma.sync kernel; stored for dQ: key row key_local (+8), query
+        // chunk j, the thread's column pair.
         u32 ds[M_STEPS][4];
 #pragma unroll
         for (int j = 0; j < BLOCK_M / 8; ++j) {
@@ -326,7 +332,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) KERNEL_NAME(const __gri
             asm volatile("ld.shared.v2.f32 {%0,%1}, [%2];\n" : "=f"(d[0]), "=f"(d[1]) : "r"(s_d + 32 * j));
 #pragma unroll
             for (int r = 0; r < 2; ++r) {
-                const float2 pr = unpack2<IS_BF16>(pk[j / 2][(j & 1) * 2 + r]);
+                const float2 pr = unpack2<IS_BF16>(HAS_SOFTCAP ? pg[j / 2][(j & 1) * 2 + r] : pk[j / 2][(j & 1) * 2 + r]);
                 const u32 word = pack2<IS_BF16>(pr.x * (dp[4 * j + 2 * r] - d[0]), pr.y * (dp[4 * j + 2 * r + 1] - d[1]));
                 ds[j / 2][(j & 1) * 2 + r] = word;
                 st_shared_u32(s_ds + swz<ROW_BYTES>(key_local + 8 * r, j) + 4 * q4, word);

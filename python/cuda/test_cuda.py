@@ -308,11 +308,12 @@ BACKWARD = [
 ]
 
 
-def math_grads(q, k, v, g, causal, dtype):
+def math_grads(q, k, v, g, causal, dtype, **variant):
     """dQ, dK, dV of ``sum(O * g)`` through ``math_attention`` computed in ``dtype`` (float64:
-    the reference; the 16-bit type: "PyTorch's math implementation" of the rule)."""
+    the reference; the 16-bit type: "PyTorch's math implementation" of the rule); ``variant``:
+    ``math_attention``'s window and softcap."""
     leaves = [x.detach().to(dtype).requires_grad_(True) for x in (q, k, v)]
-    out, _ = math_attention(*leaves, causal=causal, dtype=dtype)
+    out, _ = math_attention(*leaves, causal=causal, dtype=dtype, **variant)
     (out * g.to(dtype)).sum().backward()
     return [x.grad for x in leaves]
 
@@ -356,6 +357,31 @@ def test_backward():
                 check_grad(f"{case[0]} {dtype} {name}", grad, r, p)
 
 
+def test_backward_windows_and_softcap():
+    """Sliding windows and soft-caps through loss.backward() on CUDA tensors, against float64
+    autograd through the math attention with the same window and cap."""
+    cases = [
+        ("window_causal", 2, 500, 500, 8, 2, 128, True, {"window_size": (64, 0)}, {"window": (64, 0)}),
+        ("window_both_sides", 1, 300, 450, 4, 4, 64, False, {"window_size": (40, 25)}, {"window": (40, 25)}),
+        ("softcap", 2, 400, 400, 8, 2, 128, False, {"softcap": 20.0}, {"softcap": 20.0}),
+        ("softcap_window_causal", 1, 333, 333, 4, 1, 64, True,
+         {"softcap": 5.0, "window_size": (100, 0)}, {"softcap": 5.0, "window": (100, 0)}),
+    ]
+    for i, (name, b, sq, sk, h, hk, d, causal, opts, variant) in enumerate(cases):
+        for dtype in (torch.bfloat16, torch.float16):
+            seed = 900 + 10 * i
+            q = randn(seed, (b, sq, h, d), dtype).requires_grad_(True)
+            k = randn(seed + 1, (b, sk, hk, d), dtype).requires_grad_(True)
+            v = randn(seed + 2, (b, sk, hk, d), dtype).requires_grad_(True)
+            g = randn(seed + 3, (b, sq, h, d), dtype)
+            (fa.flash_attn_func(q, k, v, causal=causal, **opts) * g).sum().backward()
+            assert _interface._last_cuda_launch["kernel"].startswith("flash_bwd"), _interface._last_cuda_launch
+            ref = math_grads(q, k, v, g, causal, torch.float64, **variant)
+            pt = math_grads(q, k, v, g, causal, dtype, **variant)
+            for grad, gname, r, p in zip((q.grad, k.grad, v.grad), ("dq", "dk", "dv"), ref, pt):
+                check_grad(f"{name} {dtype} {gname}", grad, r, p)
+
+
 def test_backward_of_out_sum():
     """``out.sum().backward()``: dO arrives as an expanded (stride 0) tensor, copied once."""
     q, k, v = (randn(800 + i, (1, 256, 4, 64)).requires_grad_(True) for i in range(3))
@@ -386,8 +412,6 @@ def test_backward_refusals_are_not_implemented():
     """What the CUDA backward does not run: the forward runs, backward() raises
     NotImplementedError with the library's message."""
     cases = [
-        ("softcap", (1, 64, 4, 64), {"softcap": 5.0}, "soft-capped"),
-        ("window", (1, 64, 4, 64), {"window_size": (16, 0)}, "sliding window"),
         ("head_dim 256", (1, 64, 4, 256), {}, "head_dim 256"),
         ("alibi", (1, 64, 4, 64), {"alibi_slopes": slopes(4)}, "ALiBi"),
     ]

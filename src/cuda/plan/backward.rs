@@ -3,17 +3,23 @@
 //! defines, the three launches' grids, the shared memory and the f32 workspace).
 
 use super::support::{check_dtype, MAX_CUDA_SEQ, REGS_PER_SM, SMEM_PER_SM, SMEM_RESERVED_PER_BLOCK};
-use super::{define, vec_bytes_for, LaunchGeometry};
+use super::{define, softcap_switch, vec_bytes_for, LaunchGeometry};
 use crate::error::{invalid, Error, Result};
 use crate::plan::missing_features;
 use crate::problem::backward::{BackwardProblem, GradTensor};
 use crate::problem::features::{Feature, FeatureSet};
-use crate::problem::{DType, Tensor};
+use crate::problem::{CapForm, DType, Tensor};
 
-/// Features the CUDA backward implements: dense attention, causal or not, grouped K/V heads.
-/// Everything else (windows, soft-caps, ALiBi, sinks, a bias or mask, dropout, packed batches, a
-/// scale that is not positive, K/V caches) is refused by name.
-pub const CUDA_BACKWARD_FEATURES: FeatureSet = FeatureSet::of(&[Feature::CausalMask, Feature::GroupedKv]);
+/// Features the CUDA backward implements: dense attention, causal or not, sliding windows,
+/// soft-caps, any scale, grouped K/V heads. Everything else (ALiBi, sinks, a bias or mask,
+/// dropout, packed batches, K/V caches) is refused by name.
+pub const CUDA_BACKWARD_FEATURES: FeatureSet = FeatureSet::of(&[
+    Feature::CausalMask,
+    Feature::GroupedKv,
+    Feature::SlidingWindow,
+    Feature::SoftCap,
+    Feature::ArbitraryScale,
+]);
 
 /// Head dimensions the CUDA backward is built for. A thread keeps its keys' dK and dV in f32
 /// registers, `2 · head_dim / 2` per thread in both kernels (a warp's 16 keys over 32 threads,
@@ -134,6 +140,9 @@ pub struct CudaBackwardConfig {
     pub head_dim: u32,
     /// Causal masking, aligned bottom-right.
     pub causal: bool,
+    /// The soft-cap's compiled form, if the scores are capped (a window needs no variant: its
+    /// sides are run-time values).
+    pub softcap: Option<CapForm>,
     /// The tile shape.
     pub plan: CudaBackwardPlan,
     /// Width of the loads of Q, K, V and dO: 16 bytes, or 8 for rows only 8-byte aligned.
@@ -190,6 +199,7 @@ impl CudaBackwardConfig {
             dtype,
             head_dim,
             causal,
+            softcap: None,
             plan,
             vec_bytes,
             deterministic,
@@ -205,12 +215,17 @@ impl CudaBackwardConfig {
         Ok(config)
     }
 
-    /// `flash_bwd_{mma|wgmma}_bf16_d128_bm64_bn64_w4[_causal][_a8][_det]`: the main kernel's
-    /// entry point, the cache key and the test label.
+    /// The same config for scores capped in `form` (or none).
+    pub fn with_softcap(self, form: Option<CapForm>) -> Self {
+        CudaBackwardConfig { softcap: form, ..self }
+    }
+
+    /// `flash_bwd_{mma|wgmma}_bf16_d128_bm64_bn64_w4[_causal][_cap|_capseries][_a8][_det]`: the
+    /// main kernel's entry point, the cache key and the test label.
     pub fn name(&self) -> String {
         let p = &self.plan;
         format!(
-            "flash_bwd_{}_{}_d{}_bm{}_bn{}_w{}{}{}{}",
+            "flash_bwd_{}_{}_d{}_bm{}_bn{}_w{}{}{}{}{}",
             match p.kernel {
                 BackwardKernel::Mma => "mma",
                 BackwardKernel::Wgmma => "wgmma",
@@ -221,6 +236,7 @@ impl CudaBackwardConfig {
             p.block_n,
             p.warps(),
             if self.causal { "_causal" } else { "" },
+            self.softcap.map_or("", CapForm::name_suffix),
             if self.vec_bytes == 8 { "_a8" } else { "" },
             if self.deterministic { "_det" } else { "" },
         )
@@ -276,6 +292,7 @@ impl CudaBackwardConfig {
             define("FA_VEC_BYTES", self.vec_bytes),
             define("FA_MIN_BLOCKS", self.min_blocks),
             define("FA_DETERMINISTIC", self.deterministic as u32),
+            define("FA_SOFTCAP", softcap_switch(self.softcap)),
         ]
     }
 
@@ -424,7 +441,10 @@ pub fn select_backward_config(
             why: format!("the CUDA backward is built for head_dim {CUDA_BACKWARD_HEAD_DIMS:?}"),
         })?,
     };
-    CudaBackwardConfig::new(f.dtype, f.shape.head_dim, plan, f.causal, vec_bytes, deterministic)
+    Ok(
+        CudaBackwardConfig::new(f.dtype, f.shape.head_dim, plan, f.causal, vec_bytes, deterministic)?
+            .with_softcap(f.cap_form()),
+    )
 }
 
 /// Device addresses of a backward call's tensors (each its buffer's element 0; the layouts'
@@ -516,7 +536,9 @@ pub fn backward_vec_bytes(problem: &BackwardProblem, a: &BackwardAddresses) -> R
     Ok(inputs.min(d_o_rows))
 }
 
-/// Every backward config the tables can produce: what the NVRTC compile test builds.
+/// Every backward config the tables can produce without a soft-cap, and with one in each form
+/// (tanh at bf16, the series at f16; 16-byte loads, atomic dQ: the switches meet no other code
+/// path): what the NVRTC compile test builds.
 pub fn all_backward_configs() -> Vec<CudaBackwardConfig> {
     let mut out = Vec::new();
     for dtype in [DType::BF16, DType::F16] {
@@ -531,6 +553,14 @@ pub fn all_backward_configs() -> Vec<CudaBackwardConfig> {
                                 out.push(c);
                             }
                         }
+                    }
+                    let form = if dtype == DType::BF16 {
+                        CapForm::Tanh
+                    } else {
+                        CapForm::Series
+                    };
+                    if let Ok(c) = CudaBackwardConfig::new(dtype, head_dim, plan, causal, 16, false) {
+                        out.push(c.with_softcap(Some(form)));
                     }
                 }
             }
@@ -605,8 +635,14 @@ mod tests {
         }
         let mut names: Vec<_> = all_backward_configs().iter().map(|c| c.name()).collect();
         let n = names.len();
-        // dtype, head_dim, 3 plans, causal, access width, deterministic.
-        assert_eq!(n, 2 * 2 * 3 * 2 * 2 * 2);
+        // dtype, head_dim, 3 plans, causal, then access width and deterministic or a soft-cap.
+        assert_eq!(n, 2 * 2 * 3 * 2 * (2 * 2 + 1));
+        let capped = CudaBackwardConfig::new(DType::BF16, 64, CudaBackwardPlan::new(64, 64), false, 16, false)
+            .unwrap()
+            .with_softcap(Some(CapForm::Series));
+        assert!(capped.name().ends_with("_w4_capseries"), "{}", capped.name());
+        assert!(capped.defines().contains(&"-DFA_SOFTCAP=2".to_string()));
+        assert!(c.defines().contains(&"-DFA_SOFTCAP=0".to_string()));
         names.sort();
         names.dedup();
         assert_eq!(names.len(), n);
@@ -654,11 +690,16 @@ mod tests {
     fn unsupported_features_are_refused_by_name() {
         let base = crate::cuda::test_problem(128).with_causal(true);
         validate_for_cuda_backward(&BackwardProblem::new(base)).unwrap();
-        let cases: [(AttentionProblem, &str); 5] = [
-            (base.with_softcap(30.0), "soft"),
+        for runs in [
+            base.with_softcap(30.0),
+            base.with_scale(-1.0),
+            base.with_window(Some(16), Some(0)),
+        ] {
+            validate_for_cuda_backward(&BackwardProblem::new(runs)).unwrap();
+        }
+        let cases: [(AttentionProblem, &str); 3] = [
             (base.with_sinks(), "sink"),
-            (base.with_scale(-1.0), "scale"),
-            (base.with_window(Some(16), Some(0)), "window"),
+            (base.with_geometric_alibi(), "alibi"),
             (
                 AttentionProblem::mha(1, 64, 2, 96, DType::BF16),
                 "head_dim 96 on the cuda backward",

@@ -170,11 +170,7 @@ impl ScoreTerms {
     /// The `-D` switches both prefill kernels read, those that are on (fwd_params.cuh defaults
     /// each to 0, so a plain kernel compiles with the options it always had).
     fn defines(&self) -> Vec<String> {
-        let cap = match self.softcap {
-            None => 0,
-            Some(CapForm::Tanh) => 1,
-            Some(CapForm::Series) => 2,
-        };
+        let cap = softcap_switch(self.softcap);
         [
             (self.alibi as u32, "FA_ALIBI"),
             (self.bias as u32, "FA_BIAS"),
@@ -184,6 +180,15 @@ impl ScoreTerms {
         .filter(|&(value, _)| value != 0)
         .map(|(value, key)| define(key, value))
         .collect()
+    }
+}
+
+/// `-DFA_SOFTCAP`'s value for a cap's form (fwd_params.cuh): 0 none, 1 tanh, 2 tanh with its series.
+pub(crate) fn softcap_switch(form: Option<CapForm>) -> u32 {
+    match form {
+        None => 0,
+        Some(CapForm::Tanh) => 1,
+        Some(CapForm::Series) => 2,
     }
 }
 
