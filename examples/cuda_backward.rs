@@ -7,8 +7,11 @@
 //! ```text
 //! cargo run --release --features cuda,internals --example cuda_backward -- \
 //!     [--batch 2] [--heads 16] [--seqs 8192] [--head-dims 128,64] [--causal both|true|false] \
-//!     [--reps 20] [--all-plans] [--no-det]
+//!     [--reps 20] [--all-plans] [--no-det] [--softcap CAP] [--window LEFT,RIGHT]
 //! ```
+//!
+//! `--softcap` and `--window` (a side of -1 is unbounded) time those variants; their TFLOP/s
+//! count only the (query, key) pairs the window leaves visible (`AttentionProblem::flops`).
 //!
 //! Each shape: Q, K, V, dO random; O and the LSE from the CUDA forward (timed too, for the
 //! ratio); the backward timed with CUDA events around the call (preprocess, main, convert), the
@@ -37,6 +40,8 @@ struct Args {
     reps: usize,
     all_plans: bool,
     det: bool,
+    softcap: Option<f32>,
+    window: Option<(Option<usize>, Option<usize>)>,
 }
 
 fn parse_args() -> Args {
@@ -49,6 +54,8 @@ fn parse_args() -> Args {
         reps: 20,
         all_plans: false,
         det: true,
+        softcap: None,
+        window: None,
     };
     let list = |s: String| -> Vec<usize> { s.split(',').map(|x| x.trim().parse().expect("a number")).collect() };
     let mut it = std::env::args().skip(1);
@@ -70,6 +77,16 @@ fn parse_args() -> Args {
             "--reps" => a.reps = value().parse().expect("--reps N"),
             "--all-plans" => a.all_plans = true,
             "--no-det" => a.det = false,
+            "--softcap" => a.softcap = Some(value().parse().expect("--softcap CAP")),
+            "--window" => {
+                let side = |x: &str| -> Option<usize> {
+                    let n: i64 = x.trim().parse().expect("--window LEFT,RIGHT");
+                    usize::try_from(n).ok()
+                };
+                let v = value();
+                let (l, r) = v.split_once(',').expect("--window LEFT,RIGHT");
+                a.window = Some((side(l), side(r)));
+            }
             "--help" | "-h" => {
                 println!("see the header of examples/cuda_backward.rs");
                 std::process::exit(0);
@@ -198,7 +215,14 @@ fn main() -> Result<()> {
     for &head_dim in &args.head_dims {
         for &seq in &args.seqs {
             for &causal in &args.causal {
-                let f = AttentionProblem::mha(args.batch, seq, args.heads, head_dim, DType::BF16).with_causal(causal);
+                let mut f =
+                    AttentionProblem::mha(args.batch, seq, args.heads, head_dim, DType::BF16).with_causal(causal);
+                if let Some(cap) = args.softcap {
+                    f = f.with_softcap(cap);
+                }
+                if let Some((left, right)) = args.window {
+                    f = f.with_window(left, right);
+                }
                 let p = BackwardProblem::new(f);
                 let mut b = buffers(&engine, &p)?;
                 let fwd_kernel = forward(&engine, &p, &mut b)?;
