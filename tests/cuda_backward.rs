@@ -1,8 +1,9 @@
 //! The CUDA backward (`cuda/flash_bwd_wgmma.cu` on Hopper, and every plan of `cuda/flash_bwd_mma.cu`)
 //! against the float64 reference gradients, on seeded
-//! random problems with gradients poisoned with NaN before every run: ragged lengths (1 to 300,
-//! seq_q ≠ seq_kv, rows that see no key), MHA/GQA/MQA, causal or not, head_dim 64 and 128, bf16
-//! and f16, strided and padded layouts for every tensor; the deterministic mode bit-identical
+//! random problems with gradients poisoned with NaN before every run: ragged lengths (1 to 700,
+//! seq_q ≠ seq_kv, rows that see no key), MHA/GQA/MQA, causal or not, sliding windows, soft-caps,
+//! negative and tiny scales, head_dim 64 and 128, bf16 and f16, strided and padded layouts for
+//! every tensor; the deterministic mode bit-identical
 //! over ten runs; the CUDA forward's own O and LSE feeding the backward; errors and refusals.
 //!
 //! Needs an NVIDIA GPU with its driver and NVRTC on the loader's path; without them each GPU
