@@ -166,7 +166,7 @@ impl CompileJob {
         }
         h.write_str(self.source_name);
         h.write_str(self.source);
-        for header in HEADERS {
+        for header in included_headers(self.source) {
             h.write_str(header.name);
             h.write_str(header.text);
         }
@@ -177,6 +177,32 @@ impl CompileJob {
     pub fn cache_file_name(&self, key: u64) -> String {
         format!("{}-{}-{key:016x}.cubin", self.kernel, self.arch)
     }
+}
+
+/// The [`HEADERS`] `text` includes, directly or through another header, in the order they are
+/// first included: what a cubin's cache key hashes beside its source, so that editing one header
+/// renames only the cubins of the programs that include it.
+pub fn included_headers(text: &str) -> Vec<Source> {
+    fn includes(text: &str) -> impl Iterator<Item = &str> {
+        text.lines()
+            .filter_map(|line| line.trim().strip_prefix("#include"))
+            .map(|rest| rest.trim().trim_matches('"'))
+    }
+    let mut found: Vec<Source> = Vec::new();
+    let mut pending: Vec<&str> = includes(text).collect();
+    pending.reverse();
+    while let Some(name) = pending.pop() {
+        if found.iter().any(|h| h.name == name) {
+            continue;
+        }
+        if let Some(header) = HEADERS.iter().find(|h| h.name == name) {
+            found.push(*header);
+            let mut nested: Vec<&str> = includes(header.text).collect();
+            nested.reverse();
+            pending.extend(nested);
+        }
+    }
+    found
 }
 
 /// NVRTC's command line before a config's `-D`s: target, language, ptxas report, line info.
@@ -463,6 +489,12 @@ mod tests {
         assert_eq!(keys.len(), n, "every config has its own key");
         let file = job.cache_file_name(key);
         assert!(file.starts_with("flash_fwd_mma_bf16_d128_bm64_bn64_w4-sm_90a-") && file.ends_with(".cubin"));
+        // Only the headers a program includes are hashed with it.
+        let names = |t: &str| included_headers(t).iter().map(|h| h.name).collect::<Vec<_>>();
+        assert_eq!(names(FLASH_FWD_MMA.text), ["mma_ptx.cuh", "fwd_params.cuh"]);
+        assert!(!names(MERGE.text).contains(&"bwd_aux.cuh"));
+        assert!(names(FLASH_BWD_WGMMA.text).contains(&"bwd_aux.cuh"));
+        assert!(names("#include \"nope.cuh\"").is_empty());
         // FNV-1a of the empty input is its offset basis: the hash is the published function.
         assert_eq!(Fnv1a::new().finish(), 0xcbf2_9ce4_8422_2325);
     }
