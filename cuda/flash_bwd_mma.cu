@@ -251,9 +251,9 @@ extern "C" __global__ void __launch_bounds__(THREADS, FA_MIN_BLOCKS) KERNEL_NAME
             }
         }
 
-        // Pᵀ = exp2(S·scale·log2 e - LSE·log2 e), keys the row does not see set to 0 first (a tile
-        // needs the mask where it runs past the keys or, causal, its last key is right of the
-        // first query row's diagonal; rows past seq_q have LSE +inf, so P = 0, and dO = 0). Pᵀ is
+        // Pᵀ = exp2(S·scale·log2 e - LSE·log2 e) (bwd_aux.cuh: score_probability), keys the row
+        // does not see set to 0 (in the tiles tile_needs_mask flags: past the keys, or cut by the
+        // causal mask or the window; rows past seq_q have LSE +inf, so P = 0, and dO = 0). Pᵀ is
         // kept packed to 16 bits, as the A-fragments of dV += Pᵀ·dO (the C-fragments of n8 tiles
         // 2kk, 2kk+1 are the A-fragment of k-step kk), and dSᵀ is formed from the same rounded
         // values: dSᵀ is rounded to 16 bits for its own products anyway, and the f32 Pᵀ would cost
