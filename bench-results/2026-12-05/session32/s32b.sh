@@ -2,7 +2,8 @@
 # Session 32, call 2: the CUDA backward with sliding windows, soft-caps and any scale — its tests
 # on the GPU, then its speed beside the build before it (old_cuda_backward, 3dfd26c) in the same
 # call — and the ring example's one-call backward taken apart. Not run: no device was lent
-# again this session. To stage it: copy diag_ring.rs (this folder) to examples/, then
+# again this session. To stage it: `patch -o examples/diag_ring.rs examples/ring.rs <
+# bench-results/2026-12-05/session32/diag_ring.patch` (the ring example with timings added), then
 # `EXAMPLES="cuda_backward diag_ring backward ring" TESTS=cuda_backward scripts/lab/gpu-stage.sh`,
 # and strip the cuda_backward example of a checkout of 3dfd26c (its own target/: a second
 # checkout sharing this one's target/ overwrites its artifacts) into .gpu/old_cuda_backward.
