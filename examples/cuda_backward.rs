@@ -23,7 +23,7 @@
 
 use half::bf16;
 use wgpu_flash_attn::cuda::cudarc::driver::CudaSlice;
-use wgpu_flash_attn::cuda::plan::{backward_plans, CudaBackwardConfig};
+use wgpu_flash_attn::cuda::plan::{runnable_backward_plans, CudaBackwardConfig};
 use wgpu_flash_attn::cuda::{
     BackwardDeviceTensors, CudaAttention, CudaBackwardOptions, CudaBackwardPlan, CudaDevice, DeviceTensors,
 };
@@ -233,10 +233,8 @@ fn main() -> Result<()> {
                     args.batch, args.heads
                 );
                 let plans: Vec<Option<CudaBackwardPlan>> = if args.all_plans {
-                    backward_plans(head_dim)
-                        .iter()
-                        .filter(|p| device.is_hopper() || !p.needs_hopper())
-                        .map(|&p| Some(p))
+                    runnable_backward_plans(head_dim, device.is_hopper())
+                        .map(Some)
                         .collect()
                 } else {
                     vec![None]

@@ -340,11 +340,11 @@ fn seeded_random_problems_match_the_reference() {
 
 #[test]
 fn every_plan_matches_the_reference() {
-    use wgpu_flash_attn::cuda::plan::backward_plans;
+    use wgpu_flash_attn::cuda::plan::runnable_backward_plans;
     let Some(engine) = engine() else { return };
     let hopper = engine.device().is_hopper();
     for d in [64, 128] {
-        for &plan in backward_plans(d).iter().filter(|p| hopper || !p.needs_hopper()) {
+        for plan in runnable_backward_plans(d, hopper) {
             for (causal, deterministic) in [(false, false), (true, false), (true, true)] {
                 let p = problem(DType::BF16, 2, 150, 211, 4, 2, d, causal);
                 let options = CudaBackwardOptions {
@@ -422,7 +422,7 @@ fn windows_soft_caps_and_any_scale_match_the_reference() {
 /// Random windows, caps and scales on every plan the GPU runs, ragged lengths up to 700.
 #[test]
 fn seeded_random_variants_match_the_reference() {
-    use wgpu_flash_attn::cuda::plan::backward_plans;
+    use wgpu_flash_attn::cuda::plan::runnable_backward_plans;
     let Some(engine) = engine() else { return };
     let hopper = engine.device().is_hopper();
     let mut rng = Rng::new(0x5f_ca_90);
@@ -452,11 +452,7 @@ fn seeded_random_variants_match_the_reference() {
         if pick(3) == 0 {
             f = f.with_scale([-0.15, 0.02, 0.3][pick(3)]);
         }
-        let plans: Vec<_> = backward_plans(head_dim)
-            .iter()
-            .copied()
-            .filter(|p| hopper || !p.needs_hopper())
-            .collect();
+        let plans: Vec<_> = runnable_backward_plans(head_dim, hopper).collect();
         let options = CudaBackwardOptions {
             deterministic: pick(4) == 0,
             plan: Some(plans[pick(plans.len() as u64)]),

@@ -122,12 +122,17 @@ pub fn backward_plans(head_dim: usize) -> &'static [CudaBackwardPlan] {
     }
 }
 
-/// The plan a backward of this head_dim runs by default on a Hopper GPU or another.
-pub fn default_backward_plan(head_dim: usize, hopper: bool) -> Option<CudaBackwardPlan> {
+/// The plans of [`backward_plans`] a Hopper GPU (`hopper`) or another runs, the default first.
+pub fn runnable_backward_plans(head_dim: usize, hopper: bool) -> impl Iterator<Item = CudaBackwardPlan> {
     backward_plans(head_dim)
         .iter()
         .copied()
-        .find(|p| hopper || !p.needs_hopper())
+        .filter(move |p| hopper || !p.needs_hopper())
+}
+
+/// The plan a backward of this head_dim runs by default on a Hopper GPU or another.
+pub fn default_backward_plan(head_dim: usize, hopper: bool) -> Option<CudaBackwardPlan> {
+    runnable_backward_plans(head_dim, hopper).next()
 }
 
 /// A [`CudaBackwardPlan`] compiled for one dtype, head_dim, masking, access width and dQ

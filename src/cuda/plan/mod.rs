@@ -26,9 +26,9 @@ pub mod wgmma;
 
 pub use alignment::vec_bytes_for;
 pub use backward::{
-    all_backward_configs, backward_plans, backward_vec_bytes, default_backward_plan, select_backward_config,
-    validate_for_cuda_backward, BackwardAddresses, BackwardKernel, BackwardWorkspace, CudaBackwardConfig,
-    CudaBackwardPlan, CUDA_BACKWARD_FEATURES, CUDA_BACKWARD_HEAD_DIMS,
+    all_backward_configs, backward_plans, backward_vec_bytes, default_backward_plan, runnable_backward_plans,
+    select_backward_config, validate_for_cuda_backward, BackwardAddresses, BackwardKernel, BackwardWorkspace,
+    CudaBackwardConfig, CudaBackwardPlan, CUDA_BACKWARD_FEATURES, CUDA_BACKWARD_HEAD_DIMS,
 };
 pub use decode::{
     cuda_split_count, decode_counters_len, decode_plans, decode_split, default_decode_plan, select_cuda_decode,
