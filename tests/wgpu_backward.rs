@@ -622,6 +622,29 @@ fn errors_name_the_tensor() {
             "{e}"
         );
     }
+    // And one built without dropout or a mask for a problem with it (its kernels would not drop
+    // or mask: the gradients of another function, silently), or with them for a problem without.
+    let dropped = forward.with_dropout(wgpu_flash_attn::batch::Dropout {
+        p: 0.2,
+        seed: 1,
+        offset: 0,
+    });
+    let masked = forward.with_mask(wgpu_flash_attn::batch::AttentionMask::dense(&forward, true, true));
+    for (target, selected_for, what) in [
+        (dropped, forward, "dropout"),
+        (forward, dropped, "dropout"),
+        (masked, forward, "mask"),
+        (forward, masked, "mask"),
+    ] {
+        let config = engine.select_backward(selected_for).unwrap();
+        let e = engine
+            .encode_backward_with(&mut encoder, target, &good, &config, None)
+            .unwrap_err();
+        assert!(
+            matches!(e, Error::InvalidProblem(ref m) if m.contains("another problem") && m.contains(what)),
+            "{e}"
+        );
+    }
     // Everything was refused before touching the device; a good call still works.
     encode(&good).unwrap();
 }

@@ -827,26 +827,34 @@ impl FlashAttention {
         }
         for kernel in config.kernels() {
             let fits = match kernel {
-                BackwardKernel::Preprocess(_) => true,
+                // The index tensors it reads, which a kernel built without them would not.
+                BackwardKernel::Preprocess(p) => p.sequences == crate::plan::SequenceIndex::of(f),
                 // The per-head tensors it binds, and the soft-cap and ALiBi a matrix kernel
-                // compiles in (the tiled kernels read both at run time).
+                // compiles in (the tiled kernels read both at run time); the index tensors, the
+                // mask and dropout, which a kernel built without them would silently not apply.
                 BackwardKernel::Grad(g) => {
                     g.head_dim_pad == g.pads_head_dim_to(f.shape.head_dim as u32)
                         && g.bias == f.bias.map(|b| b.dtype)
                         && g.head_tensors == f.has_alibi_tensor()
+                        && g.sequences == crate::plan::SequenceIndex::of(f)
+                        && g.mask == crate::plan::MaskBinding::of(f)
+                        && g.dropout == f.active_dropout().is_some()
                         && (!g.coop || (g.softcap == f.cap_form() && g.alibi == f.alibi.is_some()))
                 }
             };
             if kernel.storage() != f.dtype || !fits {
                 return crate::error::invalid!(
                     "kernel `{}` was selected for another problem (dtype {}, head_dim {}, bias {}, soft-cap {:?}, \
-                     ALiBi {:?})",
+                     ALiBi {:?}, index tensors {:?}, mask {:?}, dropout {})",
                     kernel.name(),
                     f.dtype.name(),
                     f.shape.head_dim,
                     f.bias.map_or("none", |b| b.dtype.name()),
                     f.softcap,
-                    f.alibi
+                    f.alibi,
+                    crate::plan::SequenceIndex::of(f),
+                    crate::plan::MaskBinding::of(f),
+                    f.active_dropout().is_some()
                 );
             }
         }
