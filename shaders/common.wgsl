@@ -76,6 +76,13 @@ struct Params {
     dropout_key1: u32,
     dropout_threshold: u32,
     dropout_scale: f32,
+    // Where this dispatch's problem starts in the caller's, for a problem run in parts
+    // (src/runtime/split.rs): its first batch entry, query head and query row. Dropout's generator
+    // counts positions from the caller's origin, so that a part draws the whole's mask.
+    part_batch: u32,
+    part_head: u32,
+    part_row: u32,
+    part_pad: u32,
     // Where the mask's bytes lie, in bytes, as the bias's elements (mask_bound.wgsl).
     mask: TensorStrides,
     // The mask's block summary (mask_blocks_bound.wgsl).

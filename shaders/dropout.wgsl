@@ -7,9 +7,10 @@
 //   element (row, col) reads the 16 bits (col % 2) of word 2·(row % 2) + (col % 4) / 2 of words,
 //   and is dropped when they are below params.dropout_threshold = round(p · 2^16).
 //
-// Rows and keys count from their sequence's start, heads are query heads: the bit of an element
-// depends on nothing a kernel chooses (tile sizes, which side it owns), so the backward's kernels
-// regenerate exactly the forward's mask, and the host its copy.
+// Rows and keys count from their sequence's start, heads are query heads, all in the caller's
+// problem (a part of a split problem adds its origin, params.part_*): the bit of an element
+// depends on nothing a kernel or a split chooses (tile sizes, which side it owns, parts), so the
+// backward's kernels regenerate exactly the forward's mask, and the host its copy.
 //
 // The kernels compile this in only with DROPOUT = true (the generated constant before this file):
 // without it the branches fold away and the kernel is the one it was. The run-time values (key,
@@ -60,10 +61,12 @@ struct DropoutBlock {
     second: vec4<bool>,
 }
 
-// The block of query head `head` of batch entry (or packed sequence) `b` that holds (row, col).
+// The block of query head `head` of batch entry (or packed sequence) `b` that holds (row, col),
+// all of the dispatch's problem. A part's first row is even (src/runtime/split.rs), so its row
+// pairs are the whole's.
 fn dropout_block(b: u32, head: u32, row: u32, col: u32) -> DropoutBlock {
     let w = philox4x32_10(
-        vec4<u32>(col / 4u, row / 2u, head, b),
+        vec4<u32>(col / 4u, (params.part_row + row) / 2u, params.part_head + head, params.part_batch + b),
         vec2<u32>(params.dropout_key0, params.dropout_key1),
     );
     let t = vec4<u32>(params.dropout_threshold);

@@ -54,7 +54,8 @@ fn generator_module() -> String {
     let generator = wgpu_flash_attn::testing::shader::wgsl_through_fn(DROPOUT, "const PHILOX_M0", "dropout_block")
         .expect("dropout.wgsl declares PHILOX_M0, then dropout_block");
     format!(
-        "struct Params {{ dropout_key0: u32, dropout_key1: u32, dropout_threshold: u32, dropout_scale: f32 }}\n\
+        "struct Params {{ dropout_key0: u32, dropout_key1: u32, dropout_threshold: u32, dropout_scale: f32, \
+         part_batch: u32, part_head: u32, part_row: u32, part_pad: u32 }}\n\
          @group(0) @binding(0) var<uniform> params: Params;\n\
          @group(0) @binding(1) var<storage, read> inputs: array<vec4<u32>>;\n\
          @group(0) @binding(2) var<storage, read_write> outputs: array<vec4<u32>>;\n\
@@ -77,7 +78,7 @@ fn generator_module() -> String {
 }
 
 /// Runs [`generator_module`] on `inputs` (three vec4 per item) with `params`; two vec4 per item.
-fn run_generator(ctx: &GpuContext, params: [u32; 4], inputs: &[[u32; 4]]) -> Vec<[u32; 4]> {
+fn run_generator(ctx: &GpuContext, params: [u32; 8], inputs: &[[u32; 4]]) -> Vec<[u32; 4]> {
     let device = &ctx.device;
     let module = device.create_shader_module(wgpu::ShaderModuleDescriptor {
         label: Some("dropout generator"),
@@ -139,7 +140,8 @@ type GeneratorItem = ([u32; 4], [u32; 2], [u32; 2], [u32; 4]);
 
 /// The shader's high multiply, Philox and blocks against the host's: Random123's known answers,
 /// operands at the carries' edges (all ones, one half full, the other empty) and random ones, and
-/// blocks at rows and keys up to 2³¹ under two thresholds.
+/// blocks at rows and keys up to 2³¹ under two thresholds, in a whole problem and in a part of one
+/// that starts elsewhere (batch entry 3, head 5, row 10: its blocks are the whole's there).
 #[test]
 fn the_shaders_generator_is_the_hosts() {
     let Some(ctx) = gpu() else { return };
@@ -185,7 +187,7 @@ fn the_shaders_generator_is_the_hosts() {
             at,
         ));
     }
-    for p in [0.5f32, 0.1] {
+    for (p, origin) in [(0.5f32, [0u32; 3]), (0.1, [3, 5, 10])] {
         let d = dropout(p);
         let key = d.key();
         let inputs: Vec<[u32; 4]> = items
@@ -194,7 +196,16 @@ fn the_shaders_generator_is_the_hosts() {
             .collect();
         let out = run_generator(
             ctx,
-            [key[0], key[1], d.threshold(), (d.scale() as f32).to_bits()],
+            [
+                key[0],
+                key[1],
+                d.threshold(),
+                (d.scale() as f32).to_bits(),
+                origin[0],
+                origin[1],
+                origin[2],
+                0,
+            ],
             &inputs,
         );
         for (i, (counter, k, ab, at)) in items.iter().enumerate() {
@@ -203,6 +214,7 @@ fn the_shaders_generator_is_the_hosts() {
             let hi = ((ab[0] as u64 * ab[1] as u64) >> 32) as u32;
             assert_eq!(out[2 * i + 1][0], hi, "mul_hi({:#x}, {:#x})", ab[0], ab[1]);
             let [b, h, row, col] = at.map(|x| x as usize);
+            let [b, h, row] = [b + origin[0] as usize, h + origin[1] as usize, row + origin[2] as usize];
             let (row0, col0) = (row & !1, col & !3);
             let mut bits = 0;
             for r in 0..2 {

@@ -3,12 +3,13 @@
 //! devices whose limits are made tiny, every element against the float64 reference, outputs
 //! poisoned with NaN so that a part never run cannot pass. Where no split can work (one K/V head's
 //! keys exceed a binding), the error names the tensor and the limit. ALiBi and sinks keep every
-//! head in each part, and give the unsplit result too.
+//! head in each part, and give the unsplit result too; with dropout every part draws the whole's
+//! mask.
 
 mod common;
 
 use common::{device_with, gpu, seed_of, shape, storage, submit_and_read};
-use wgpu_flash_attn::batch::{BatchIndex, BiasLayout, BiasValues, ScoreBias};
+use wgpu_flash_attn::batch::{BatchIndex, BiasLayout, BiasValues, Dropout, ScoreBias};
 use wgpu_flash_attn::gpu::readback::read_back;
 use wgpu_flash_attn::testing::backward_harness::{grad_tolerance, BackwardWorkload};
 use wgpu_flash_attn::testing::harness::{nan_bytes, tolerance, Kernel, Workload};
@@ -681,4 +682,144 @@ fn alibi_heads_that_do_not_fit_together_are_refused() {
     refused(engine.backward_blocking(p, &inputs).unwrap_err());
     let plain = AttentionProblem { alibi: None, ..p };
     engine.backward_blocking(plain, &inputs).unwrap();
+}
+
+/// Dropout at p = 0.3 (a fifth of the elements' bits would differ between unrelated masks).
+fn dropout() -> Dropout {
+    Dropout {
+        p: 0.3,
+        seed: 0x0d20_5a17,
+        offset: 7,
+    }
+}
+
+/// Problems with dropout that need a split on a device binding 16 KiB: rows of a BSHD batch
+/// entry, where 25 rows (5 heads of 32 f32) would fit a binding and the parts take 24, so that
+/// each starts on an even row (dropout draws rows in pairs); BHSD head ranges of two batch
+/// entries; rows that see no key under the causal mask.
+fn dropout_cases() -> Vec<(&'static str, AttentionProblem)> {
+    vec![
+        (
+            "dropout_bshd_rows",
+            AttentionProblem::new(shape(2, 60, 40, 5, 1, 32), DType::F32).with_dropout(dropout()),
+        ),
+        (
+            "dropout_bhsd_heads",
+            AttentionProblem::new(shape(2, 70, 30, 8, 2, 16), DType::F32)
+                .with_layout(Layout::Bhsd)
+                .with_window(Some(10), Some(3))
+                .with_dropout(dropout()),
+        ),
+        (
+            "dropout_f16_causal_rows",
+            AttentionProblem::new(shape(1, 150, 60, 2, 1, 32), DType::F16)
+                .with_causal(true)
+                .with_dropout(dropout()),
+        ),
+    ]
+}
+
+/// The forward with dropout, split over bindings and over the grid on the caller's buffers (O and
+/// the LSE poisoned) and over buffers on host slices: every part draws the whole's mask, so the
+/// result is the float64 reference's (which draws each element's bit from its place in the whole
+/// problem); a part that counted from its own origin would drop other elements.
+#[test]
+fn dropout_forward_is_split_with_the_wholes_mask() {
+    let Some(plain) = gpu() else { return };
+    for (binding, workgroups) in [(16 << 10, 65535), (UNLIMITED, 2)] {
+        let Some(ctx) = limited(binding, UNLIMITED, workgroups) else {
+            return;
+        };
+        let engine = FlashAttention::new(&ctx);
+        for (label, problem) in dropout_cases() {
+            check_on_device_buffers(
+                &engine,
+                &problem,
+                &format!("{label} binding {binding} grid {workgroups}"),
+            );
+        }
+    }
+    let Some(ctx) = limited(16 << 10, 16 << 10, 65535) else {
+        return;
+    };
+    let engine = FlashAttention::new(&ctx);
+    for (label, problem) in dropout_cases().into_iter().filter(|(_, p)| p.dtype == DType::F32) {
+        let w = Workload::<f32>::random(plain, &problem, seed_of(label)).unwrap();
+        let result = engine
+            .forward_blocking(&problem, &w.q, &w.k, &w.v)
+            .unwrap_or_else(|e| panic!("{label}: {e}"));
+        assert!(result.kernel.contains("parts"), "{label}: {}", result.kernel);
+        let check = w.check_all(&result.out, &result.lse).unwrap();
+        assert!(check.passes(problem.dtype), "{label} host: {check}");
+    }
+}
+
+/// The backward with dropout, split over batch entries (BSHD) and K/V head groups (BHSD) on the
+/// caller's buffers and on host slices (devices binding and allocating 16 KiB), gradients
+/// poisoned: each part regenerates the whole forward's mask.
+#[test]
+fn dropout_backward_is_split_with_the_wholes_mask() {
+    let Some(plain) = gpu() else { return };
+    let problems = [
+        (
+            "dropout_bwd_bshd_batches",
+            AttentionProblem::new(shape(4, 24, 20, 4, 2, 32), DType::F32)
+                .with_causal(true)
+                .with_dropout(dropout()),
+        ),
+        (
+            "dropout_bwd_bhsd_groups",
+            AttentionProblem::new(shape(2, 40, 36, 6, 2, 16), DType::F32)
+                .with_layout(Layout::Bhsd)
+                .with_dropout(dropout()),
+        ),
+    ];
+    for (buffer, host) in [(UNLIMITED, false), (16 << 10, true)] {
+        let Some(ctx) = limited(16 << 10, buffer, 65535) else {
+            return;
+        };
+        let engine = FlashAttention::new(&ctx);
+        for (label, problem) in problems {
+            let label = format!("{label} host {host}");
+            let w = BackwardWorkload::<f32>::random(if host { plain } else { &ctx }, problem, seed_of(&label)).unwrap();
+            let grads = if host {
+                // The forward unsplit, on the unlimited device: its O carries the whole's mask.
+                let fwd = FlashAttention::new(plain)
+                    .forward_blocking(&problem, &w.q, &w.k, &w.v)
+                    .unwrap();
+                let inputs = BackwardInputs {
+                    q: &w.q,
+                    k: &w.k,
+                    v: &w.v,
+                    o: &fwd.out,
+                    lse: &fwd.lse,
+                    d_o: &w.d_o,
+                };
+                let g = engine
+                    .backward_blocking(problem, &inputs)
+                    .unwrap_or_else(|e| panic!("{label}: {e}"));
+                wgpu_flash_attn::testing::backward_harness::Grads {
+                    dq: g.dq,
+                    dk: g.dk,
+                    dv: g.dv,
+                    d_bias: g.d_bias,
+                }
+            } else {
+                // The forward split too, on the limited device; kernels selected for one batch
+                // entry of the problem (its whole selection is refused on this device's grid).
+                w.forward(&engine).unwrap();
+                let config = engine.select_backward(AttentionProblem {
+                    shape: wgpu_flash_attn::AttentionShape {
+                        batch: 1,
+                        ..problem.shape
+                    },
+                    ..problem
+                });
+                w.run(&engine, &config.unwrap())
+                    .unwrap_or_else(|e| panic!("{label}: {e}"))
+            };
+            let check = w.check_all(&grads).unwrap();
+            assert!(check.passes(DType::F32), "{label}: {check}");
+        }
+    }
 }

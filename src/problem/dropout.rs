@@ -33,7 +33,9 @@
 //! Every input of the counter is a position of the problem, never of a tile, a workgroup or a
 //! kernel: the tiled forward, the dQ kernel (which owns rows) and the dK/dV kernel (which owns
 //! keys and reads its blocks transposed) draw the same bit for each element, whatever their tile
-//! sizes, and so does the host. A block is 2 rows × 4 keys because every tiled kernel's
+//! sizes, and so does the host. A problem run in parts (src/runtime/split.rs) gives each part's
+//! kernels the part's first batch entry, head and row in the whole (`Params::part_*`), so that the
+//! positions stay the whole problem's. A block is 2 rows × 4 keys because every tiled kernel's
 //! invocation owns whole groups of 4 consecutive keys of 4 consecutive rows (`4·(tx + THREADS_X·c)`
 //! and `ROWS_PER_THREAD`, a multiple of 4): each call's eight decisions are all used where they
 //! are drawn, without exchange between invocations.

@@ -21,7 +21,9 @@ use crate::plan::{backward_grid, select_backward, BackwardChoice, BackwardConfig
 use crate::problem::backward::{BackwardProblem, GradTensor};
 use crate::problem::{AttentionProblem, BatchIndex, Element, Tensor, TensorLayout};
 use crate::runtime::forward::{FlashAttention, IndexBuffers};
-use crate::runtime::split::{self, on_own_buffers, part_slice, part_timestamps, scatter_rows, shifted, Part, Pass};
+use crate::runtime::split::{
+    self, on_own_buffers, part_slice, part_timestamps, scatter_rows, shifted, Part, Pass, Placement,
+};
 use crate::wgsl::mask::BACKWARD_MASK_BINDING;
 use crate::wgsl::params::{GradParams, Params};
 use crate::wgsl::{
@@ -334,7 +336,8 @@ impl FlashAttention {
                 Ok(config)
             }
             Err(Error::TooLarge(why)) => {
-                self.encode_backward_in_parts(encoder, &problem, buffers, None, timestamps, &why)
+                let at = Placement::whole(&problem.forward);
+                self.encode_backward_in_parts(encoder, &problem, at, buffers, None, timestamps, &why)
             }
             Err(e) => Err(e),
         }
@@ -352,7 +355,22 @@ impl FlashAttention {
         config: &BackwardConfig,
         timestamps: Option<wgpu::ComputePassTimestampWrites<'_>>,
     ) -> Result<()> {
-        self.encode_passes(encoder, &problem.into(), buffers, config, &config.passes(), timestamps)
+        let problem = problem.into();
+        let at = Placement::whole(&problem.forward);
+        self.encode_passes(encoder, &problem, at, buffers, config, &config.passes(), timestamps)
+    }
+
+    /// [`encode_backward_with`](Self::encode_backward_with) for a problem placed at `at` in a
+    /// larger one (a host-slice call's part: src/runtime/split.rs).
+    fn encode_backward_at(
+        &self,
+        encoder: &mut wgpu::CommandEncoder,
+        problem: &BackwardProblem,
+        at: Placement,
+        buffers: &BackwardBuffers<'_>,
+        config: &BackwardConfig,
+    ) -> Result<()> {
+        self.encode_passes(encoder, problem, at, buffers, config, &config.passes(), None)
     }
 
     /// Records a single one of the backward kernels, in its own compute pass: for profiling, or to
@@ -375,21 +393,26 @@ impl FlashAttention {
                 message: "must be given when the backward kernels are recorded one at a time".into(),
             });
         }
-        self.encode_passes(encoder, &problem.into(), buffers, config, &[pass], timestamps)
+        let problem = problem.into();
+        let at = Placement::whole(&problem.forward);
+        self.encode_passes(encoder, &problem, at, buffers, config, &[pass], timestamps)
     }
 
-    /// Records `passes` of `config`, or, where the whole call is too large for one dispatch per
-    /// kernel and all three are recorded, its parts ([`encode_backward_in_parts`](Self::encode_backward_in_parts)).
+    /// Records `passes` of `config` for `problem` placed at `at`, or, where the whole call is too
+    /// large for one dispatch per kernel and all three are recorded, its parts
+    /// ([`encode_backward_in_parts`](Self::encode_backward_in_parts)).
+    #[allow(clippy::too_many_arguments)]
     fn encode_passes(
         &self,
         encoder: &mut wgpu::CommandEncoder,
         problem: &BackwardProblem,
+        at: Placement,
         buffers: &BackwardBuffers<'_>,
         config: &BackwardConfig,
         passes: &[BackwardPass],
         timestamps: Option<wgpu::ComputePassTimestampWrites<'_>>,
     ) -> Result<()> {
-        match self.prepare_passes(problem, buffers, config, passes) {
+        match self.prepare_passes(problem, at, buffers, config, passes) {
             Ok(prepared) => {
                 record_passes(encoder, &prepared, timestamps);
                 Ok(())
@@ -397,7 +420,7 @@ impl FlashAttention {
             // One kernel recorded alone reads D from the caller's `delta`, which parts would
             // overwrite: only all of them together are split.
             Err(Error::TooLarge(why)) if passes == config.passes() => self
-                .encode_backward_in_parts(encoder, problem, buffers, Some(config), timestamps, &why)
+                .encode_backward_in_parts(encoder, problem, at, buffers, Some(config), timestamps, &why)
                 .map(|_| ()),
             Err(e) => Err(e),
         }
@@ -408,6 +431,7 @@ impl FlashAttention {
     fn prepare_passes(
         &self,
         problem: &BackwardProblem,
+        at: Placement,
         buffers: &BackwardBuffers<'_>,
         config: &BackwardConfig,
         passes: &[BackwardPass],
@@ -458,12 +482,15 @@ impl FlashAttention {
         }
 
         let f = &problem.forward;
-        let params = Params::for_flash(
+        let mut params = Params::for_flash(
             f,
             [bound.q.strides, bound.k.strides, bound.v.strides, bound.o.strides],
             backward_grid(problem, config, BackwardPass::Dq)[0] as u32,
             false,
         );
+        // A part's place in the caller's problem, for dropout (parts keep every row). Validation
+        // bounds the batch and heads by u32.
+        (params.part_batch, params.part_head, params.part_row) = (at.batch as u32, at.head as u32, at.row as u32);
         let mut grad = GradParams {
             d_o: bound.d_o.strides,
             dq: bound.dq.strides,
@@ -591,10 +618,12 @@ impl FlashAttention {
     /// `delta` at its offset, or one scratch buffer. A part's LSE is bound in place where its
     /// offset is one the device can bind, else copied into a scratch buffer first (which needs
     /// `COPY_SRC` on the caller's LSE buffer).
+    #[allow(clippy::too_many_arguments)]
     fn encode_backward_in_parts(
         &self,
         encoder: &mut wgpu::CommandEncoder,
         whole: &BackwardProblem,
+        at: Placement,
         buffers: &BackwardBuffers<'_>,
         config: Option<&BackwardConfig>,
         timestamps: Option<wgpu::ComputePassTimestampWrites<'_>>,
@@ -718,7 +747,8 @@ impl FlashAttention {
                 _ => TensorBuffer::at(buffers.lse.buffer, lse_at(part)),
             };
             let b = moved(part, lse, delta);
-            prepared.push(self.prepare_passes(&part_problem(whole, part), &b, &config, &BackwardPass::ALL)?);
+            let part_at = at.of_part(part);
+            prepared.push(self.prepare_passes(&part_problem(whole, part), part_at, &b, &config, &BackwardPass::ALL)?);
         }
         for (i, (part, p)) in parts.iter().zip(&prepared).enumerate() {
             if let (Some(s), false) = (&lse_scratch, lse_in_place(part)) {
@@ -979,7 +1009,8 @@ impl FlashAttention {
                 return self.backward_in_parts(problem, inputs, index, &why).await;
             }
         }
-        self.backward_whole(problem, inputs, index).await
+        let at = Placement::whole(&problem.forward);
+        self.backward_whole(problem, at, inputs, index).await
     }
 
     /// A host-slice backward as one call of each kernel (see
@@ -987,6 +1018,7 @@ impl FlashAttention {
     async fn backward_whole<T: Element>(
         &self,
         problem: BackwardProblem,
+        at: Placement,
         inputs: &BackwardInputs<'_, T>,
         index: Option<&BatchIndex<'_>>,
     ) -> Result<BackwardOutput<T>> {
@@ -1072,7 +1104,7 @@ impl FlashAttention {
             label: Some(&config.name()),
         });
         self.record_host_mask_blocks(&mut encoder, f, &index)?;
-        self.encode_backward_with(&mut encoder, problem, &buffers, &config, None)?;
+        self.encode_backward_at(&mut encoder, &problem, at, &buffers, &config)?;
         self.context().queue.submit([encoder.finish()]);
         let mut ranges = vec![
             (&dq, 0, grad_bytes(GradTensor::DQ)),
@@ -1161,6 +1193,7 @@ impl FlashAttention {
         };
         let (mut config, mut device_bytes) = (None, 0);
         let group = f.group_size();
+        let whole_at = Placement::whole(f);
         for part in &parts {
             let sub = on_own_buffers_backward(whole, part);
             // The part's heads of each (validated) `[num_heads]` tensor.
@@ -1187,7 +1220,9 @@ impl FlashAttention {
                     sub.required_len(GradTensor::DO),
                 ),
             };
-            let result = self.backward_whole(sub, &sub_inputs, sub_index.as_ref()).await?;
+            let result = self
+                .backward_whole(sub, whole_at.of_part(part), &sub_inputs, sub_index.as_ref())
+                .await?;
             for (total, part) in d_sinks.iter_mut().skip(part.h0).zip(&result.d_sinks) {
                 *total += part;
             }

@@ -21,7 +21,9 @@ use crate::plan::{
 use crate::problem::index::BatchIndex;
 use crate::problem::mask::MaskBlocks;
 use crate::problem::{AttentionProblem, Element, Tensor};
-use crate::runtime::split::{self, on_own_buffers, part_slice, part_timestamps, scatter_rows, shifted, Part, Pass};
+use crate::runtime::split::{
+    self, on_own_buffers, part_slice, part_timestamps, scatter_rows, shifted, Part, Pass, Placement,
+};
 use crate::wgsl::mask::FORWARD_MASK_BINDING;
 use crate::wgsl::params::Params;
 use crate::wgsl::{KernelConfig, NaivePass, FORWARD_BIAS_BINDING, FORWARD_HEAD_BINDING, FORWARD_INDEX_BINDING};
@@ -165,9 +167,10 @@ pub(crate) struct PreparedForward<'a> {
     bound: [Bound<'a>; 5],
     index: IndexBindings<'a>,
     write_lse: bool,
-    /// Where row 0 sits relative to the keys: the problem's `seq_kv − seq_q`, or for a part of a
-    /// split problem's rows that of the whole plus the part's first row (src/runtime/split.rs).
-    causal_offset: i64,
+    /// Where the problem sits in the caller's: itself, or a part of a split problem
+    /// (src/runtime/split.rs), whose row 0 is the whole's row `q0` and whose dropout counts from
+    /// the part's first batch entry, head and row.
+    at: Placement,
 }
 
 /// What recording a prepared forward needs: a prefill kernel's pipeline and the index tensors it
@@ -427,13 +430,13 @@ impl FlashAttention {
     /// verdict on every platform. Optional on native backends (the first encode builds them),
     /// advisable on the web, where a shader error is otherwise only reported asynchronously.
     pub async fn prepare(&self, problem: &AttentionProblem) -> Result<ForwardKernel> {
-        self.prepare_at(problem, problem.causal_offset()).await
+        self.prepare_at(problem, Placement::whole(problem)).await
     }
 
-    /// [`prepare`](Self::prepare) with row 0 at `causal_offset` (see
+    /// [`prepare`](Self::prepare) for a problem placed at `at` (see
     /// [`encode_forward_at`](Self::encode_forward_at)).
-    async fn prepare_at(&self, problem: &AttentionProblem, causal_offset: i64) -> Result<ForwardKernel> {
-        let kernel = self.select_at(problem, causal_offset)?;
+    async fn prepare_at(&self, problem: &AttentionProblem, at: Placement) -> Result<ForwardKernel> {
+        let kernel = self.select_at(problem, at)?;
         for key in Self::pipeline_keys(&kernel, problem) {
             self.pipelines.get_async(&key).await?;
         }
@@ -503,38 +506,36 @@ impl FlashAttention {
         buffers: &ForwardBuffers<'_>,
         timestamps: Option<wgpu::ComputePassTimestampWrites<'_>>,
     ) -> Result<ForwardKernel> {
-        self.encode_forward_at(encoder, problem, problem.causal_offset(), buffers, timestamps)
+        self.encode_forward_at(encoder, problem, Placement::whole(problem), buffers, timestamps)
     }
 
-    /// [`encode_forward`](Self::encode_forward) for a problem whose row 0 sits at `causal_offset`
-    /// relative to its keys (a part of a larger problem's rows; see src/runtime/split.rs). A
-    /// problem too large for one dispatch is split into several where the layout allows.
+    /// [`encode_forward`](Self::encode_forward) for a problem placed at `at` in a larger one (a
+    /// part of it; see src/runtime/split.rs). A problem too large for one dispatch is split into
+    /// several where the layout allows.
     pub(crate) fn encode_forward_at(
         &self,
         encoder: &mut wgpu::CommandEncoder,
         problem: &AttentionProblem,
-        causal_offset: i64,
+        at: Placement,
         buffers: &ForwardBuffers<'_>,
         timestamps: Option<wgpu::ComputePassTimestampWrites<'_>>,
     ) -> Result<ForwardKernel> {
-        match self.prepare_forward_at(problem, causal_offset, buffers) {
+        match self.prepare_forward_at(problem, at, buffers) {
             Ok(prepared) => self.record_forward(encoder, problem, &prepared, timestamps),
-            Err(Error::TooLarge(why)) => {
-                self.encode_forward_in_parts(encoder, problem, causal_offset, buffers, timestamps, &why)
-            }
+            Err(Error::TooLarge(why)) => self.encode_forward_in_parts(encoder, problem, at, buffers, timestamps, &why),
             Err(e) => Err(e),
         }
     }
 
-    /// The kernel for `problem` when its row 0 sits at `causal_offset`: [`select`](Self::select)'s,
+    /// The kernel for `problem` placed at `at`: [`select`](Self::select)'s,
     /// except that rows placed elsewhere than `seq_kv − seq_q` under a mask, window or ALiBi (whose
     /// bias is by position) go to the prefill kernels, which take their rows' place from
     /// `Params::causal_offset`; the decode kernel places rows from the problem's own sizes
     /// (shaders/flash_decode.wgsl).
-    fn select_at(&self, problem: &AttentionProblem, causal_offset: i64) -> Result<ForwardKernel> {
+    fn select_at(&self, problem: &AttentionProblem, at: Placement) -> Result<ForwardKernel> {
         let kernel = self.select(problem)?;
         let by_position = problem.causal || problem.window.is_some() || problem.alibi.is_some();
-        let shifted = causal_offset != problem.causal_offset() && by_position;
+        let shifted = at.causal_offset != problem.causal_offset() && by_position;
         if !(shifted && matches!(kernel, ForwardKernel::Decode { .. })) {
             return Ok(kernel);
         }
@@ -563,19 +564,19 @@ impl FlashAttention {
         problem: &AttentionProblem,
         buffers: &ForwardBuffers<'a>,
     ) -> Result<PreparedForward<'a>> {
-        self.prepare_forward_at(problem, problem.causal_offset(), buffers)
+        self.prepare_forward_at(problem, Placement::whole(problem), buffers)
     }
 
-    /// [`prepare_forward`](Self::prepare_forward) with row 0 at `causal_offset` (see
+    /// [`prepare_forward`](Self::prepare_forward) for a problem placed at `at` (see
     /// [`encode_forward_at`](Self::encode_forward_at)).
     fn prepare_forward_at<'a>(
         &'a self,
         problem: &AttentionProblem,
-        causal_offset: i64,
+        at: Placement,
         buffers: &ForwardBuffers<'a>,
     ) -> Result<PreparedForward<'a>> {
         self.ctx.check_device(false)?;
-        let config = self.select_at(problem, causal_offset)?;
+        let config = self.select_at(problem, at)?;
         let index = self.bind_forward_index(problem, buffers)?;
         let kernel = match &config {
             ForwardKernel::Tiled(c) => PreparedKernel::Prefill {
@@ -620,7 +621,7 @@ impl FlashAttention {
             bound,
             index,
             write_lse: buffers.lse.is_some(),
-            causal_offset,
+            at,
         })
     }
 
@@ -638,7 +639,7 @@ impl FlashAttention {
             bound,
             index,
             write_lse,
-            causal_offset,
+            at,
         } = prepared;
         let (pipeline, sequences, head_tensors, bias, mask) = match kernel {
             PreparedKernel::Prefill {
@@ -659,8 +660,10 @@ impl FlashAttention {
             num_q_tiles(problem, config) as u32,
             *write_lse,
         );
-        // Validation bounds both lengths by i32::MAX, and a part's first row lies below seq_q.
-        params.causal_offset = *causal_offset as i32;
+        // Validation bounds both lengths by i32::MAX, and a part's first row lies below seq_q; the
+        // batch, heads and rows by u32.
+        params.causal_offset = at.causal_offset as i32;
+        (params.part_batch, params.part_head, params.part_row) = (at.batch as u32, at.head as u32, at.row as u32);
         let params_buffer = self.uniform(&params);
 
         let mut entries = vec![wgpu::BindGroupEntry {
@@ -759,7 +762,7 @@ impl FlashAttention {
         &self,
         encoder: &mut wgpu::CommandEncoder,
         whole: &AttentionProblem,
-        causal_offset: i64,
+        at: Placement,
         buffers: &ForwardBuffers<'_>,
         timestamps: Option<wgpu::ComputePassTimestampWrites<'_>>,
         too_large: &str,
@@ -797,7 +800,7 @@ impl FlashAttention {
         };
         let parts = split::plan(whole, Pass::Forward, too_large, |part| {
             let sub = part.problem(whole);
-            if let ForwardKernel::Decode { split, .. } = self.select_at(&sub, part.causal_offset(causal_offset))? {
+            if let ForwardKernel::Decode { split, .. } = self.select_at(&sub, at.of_part(part))? {
                 self.check_decode_scratch(&sub, &split)?;
             }
             let b = moved(part, None);
@@ -843,7 +846,7 @@ impl FlashAttention {
                 (Some(_), Some(in_place), _) => Some(in_place),
                 (Some(_), None, scratch) => scratch.as_ref().map(TensorBuffer::new),
             };
-            let p = self.prepare_forward_at(&sub, part.causal_offset(causal_offset), &moved(part, lse))?;
+            let p = self.prepare_forward_at(&sub, at.of_part(part), &moved(part, lse))?;
             prepared.push((sub, p));
         }
         let mut first = None;
@@ -866,12 +869,12 @@ impl FlashAttention {
         first.ok_or_else(|| Error::TooLarge(too_large.to_string()))
     }
 
-    /// Whether a host-slice call runs `problem` (row 0 at `causal_offset`) as one dispatch: its
+    /// Whether a host-slice call runs `problem` (placed at `at`) as one dispatch: its
     /// kernel's grid and scratch, and each buffer it creates (the inputs from element 0 of their
     /// slices, O, the LSE) within what the device allocates and binds. [`Error::TooLarge`] says
     /// which does not fit.
-    fn fits_on_own_buffers(&self, problem: &AttentionProblem, causal_offset: i64) -> Result<()> {
-        if let ForwardKernel::Decode { split, .. } = self.select_at(problem, causal_offset)? {
+    fn fits_on_own_buffers(&self, problem: &AttentionProblem, at: Placement) -> Result<()> {
+        if let ForwardKernel::Decode { split, .. } = self.select_at(problem, at)? {
             self.check_decode_scratch(problem, &split)?;
         }
         let caps = &self.ctx.caps;
@@ -904,9 +907,9 @@ impl FlashAttention {
             whole,
             [(Tensor::Q, q.len()), (Tensor::K, k.len()), (Tensor::V, v.len())],
         )?;
-        let offset = whole.causal_offset();
+        let whole_at = Placement::whole(whole);
         let parts = split::plan(whole, Pass::Forward, too_large, |part| {
-            self.fits_on_own_buffers(&on_own_buffers(part, whole), part.causal_offset(offset))
+            self.fits_on_own_buffers(&on_own_buffers(part, whole), whole_at.of_part(part))
         })?;
         let mut out = host_output("o", whole.required_len(Tensor::O), <T as bytemuck::Zeroable>::zeroed())?;
         let mut lse = host_output("lse", whole.lse_len(), 0.0f32)?;
@@ -915,7 +918,7 @@ impl FlashAttention {
         let (mut kernel, mut device_bytes) = (None, 0);
         for part in &parts {
             let sub = on_own_buffers(part, whole);
-            let at = part.causal_offset(offset);
+            let at = whole_at.of_part(part);
             let config = self.prepare_at(&sub, at).await?;
             let scratch = kernel_scratch_bytes(&sub, &config)?;
             let slice = |t: Tensor, data| {
@@ -1092,7 +1095,7 @@ impl FlashAttention {
         // An index of more than per-head terms (packed offsets, a page table, key counts) keeps
         // a problem whole (src/runtime/split.rs).
         if index.is_none() || split::splittable(problem) {
-            if let Err(Error::TooLarge(why)) = self.fits_on_own_buffers(problem, problem.causal_offset()) {
+            if let Err(Error::TooLarge(why)) = self.fits_on_own_buffers(problem, Placement::whole(problem)) {
                 return self.forward_in_parts(problem, q, k, v, index, &why).await;
             }
         }

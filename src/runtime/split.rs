@@ -28,6 +28,12 @@
 //! there sinks alone do not keep heads together; their gradient `dL/ds_h` sums over every batch
 //! entry and row, which the host backward adds up over its parts and the caller's-buffers
 //! backward refuses to split (each part's kernel would overwrite `d_sinks` with its own sum).
+//!
+//! Dropout's mask is drawn from each element's position in the caller's problem (batch entry,
+//! head, row, key: src/problem/dropout.rs), so a part is told where it starts ([`Placement`],
+//! `Params::part_*`) and draws the whole's bits. The generator decides rows in pairs, and a
+//! kernel's invocation owns pairs that start at even rows of its dispatch: row parts of a problem
+//! with dropout start at even rows.
 
 use crate::caps::Caps;
 use crate::error::{Error, Result};
@@ -37,11 +43,13 @@ use crate::problem::features::{Feature, FeatureSet};
 use crate::problem::{AttentionProblem, AttentionShape, Tensor, TensorLayout};
 
 /// The features a part computes exactly as the whole does: none of them depends on a row's batch
-/// entry, and the per-head terms (ALiBi, sinks) only on its head, which parts of every head keep
-/// ([`keeps_heads_whole`]). Anything else (the index tensors of packed batches, paged caches and
-/// key counts, which are per batch entry, and a score bias tensor, per batch entry, head and row:
-/// each would need offsets of its own) keeps a problem whole.
+/// entry, the per-head terms (ALiBi, sinks) only on its head, which parts of every head keep
+/// ([`keeps_heads_whole`]), and dropout on positions a part is told ([`Placement`]). Anything else
+/// (the index tensors of packed batches, paged caches and key counts, which are per batch entry,
+/// and a score bias or mask tensor, per batch entry, head and row: each would need offsets of its
+/// own) keeps a problem whole.
 pub(crate) const SPLIT_FEATURES: FeatureSet = FeatureSet::of(&[
+    Feature::Dropout,
     Feature::CausalMask,
     Feature::GroupedKv,
     Feature::ArbitraryScale,
@@ -119,11 +127,6 @@ impl Part {
         self.b0 * layout.batch_stride + rows * layout.seq_stride + head * layout.head_stride
     }
 
-    /// The causal offset that places the part's row 0 where the whole's row `q0` is.
-    pub fn causal_offset(&self, whole_offset: i64) -> i64 {
-        whole_offset + self.q0 as i64
-    }
-
     /// LSE values of the part: `nb·nh·nq`.
     pub fn lse_len(&self) -> usize {
         self.nb * self.nh * self.nq
@@ -150,6 +153,39 @@ impl Part {
     /// Whether the part's LSE is one run of the whole's.
     pub fn lse_is_contiguous(&self, whole: &AttentionProblem) -> bool {
         self.nq == whole.shape.seq_q && (self.nh == whole.shape.num_heads || self.nb == 1)
+    }
+}
+
+/// Where a dispatched problem sits in the caller's: its row 0 relative to the keys (the causal
+/// offset the kernels place rows by) and its first batch entry, query head and query row (from
+/// which dropout's generator counts). A whole problem sits at its own `seq_kv − seq_q` and at 0.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Placement {
+    pub causal_offset: i64,
+    pub batch: usize,
+    pub head: usize,
+    pub row: usize,
+}
+
+impl Placement {
+    /// A whole problem's.
+    pub fn whole(problem: &AttentionProblem) -> Self {
+        Placement {
+            causal_offset: problem.causal_offset(),
+            batch: 0,
+            head: 0,
+            row: 0,
+        }
+    }
+
+    /// The placement of `part` of the problem placed at `self`.
+    pub fn of_part(&self, part: &Part) -> Self {
+        Placement {
+            causal_offset: self.causal_offset + part.q0 as i64,
+            batch: self.batch + part.b0,
+            head: self.head + part.h0,
+            row: self.row + part.q0,
+        }
     }
 }
 
@@ -235,6 +271,9 @@ pub(crate) fn plan(
     }
     let s = whole.shape;
     let heads = HeadCounts::new(whole, pass);
+    // Row parts come in multiples of `row_step` rows (dropout's row pairs: the module's docs).
+    let row_step = if whole.active_dropout().is_some() { 2 } else { 1 };
+    let rows = |steps: usize| (steps * row_step).min(s.seq_q);
     let part = |nb, nh, nq| Part {
         b0: 0,
         nb,
@@ -252,25 +291,29 @@ pub(crate) fn plan(
     } else if let Some(i) = largest(heads.len(), |i| fits(&part(1, heads.get(i - 1), s.seq_q)).is_ok()) {
         shape = Some((1, i - 1, s.seq_q));
     } else if pass == Pass::Forward {
-        if let Some(i) = largest(heads.len(), |i| fits(&part(1, heads.get(i - 1), 1)).is_ok()) {
+        if let Some(i) = largest(heads.len(), |i| fits(&part(1, heads.get(i - 1), rows(1))).is_ok()) {
             let nh = heads.get(i - 1);
-            let nq = largest(s.seq_q, |nq| fits(&part(1, nh, nq)).is_ok()).unwrap_or(1);
-            shape = Some((1, i - 1, nq));
+            let steps = largest(s.seq_q.div_ceil(row_step), |n| fits(&part(1, nh, rows(n))).is_ok()).unwrap_or(1);
+            shape = Some((1, i - 1, rows(steps)));
         }
     }
     let Some((mut nb, mut hi, mut nq)) = shape else {
         let smallest = match pass {
-            Pass::Forward => part(1, heads.get(0), 1),
+            Pass::Forward => part(1, heads.get(0), rows(1)),
             Pass::Backward => part(1, heads.get(0), s.seq_q),
         };
         let why = fits(&smallest)
             .err()
             .map_or_else(|| "no part fits".to_string(), |e| e.to_string());
+        let row = match row_step {
+            1 => "one query row",
+            _ => "two query rows (dropout draws rows in pairs)",
+        };
         let what = match (pass, keeps_heads_whole(whole, pass)) {
-            (Pass::Forward, false) => "one query row of one head",
-            (Pass::Forward, true) => "one query row of every head (ALiBi and sinks keep the heads together)",
-            (Pass::Backward, false) => "one group of heads that share a K/V head, of one batch entry,",
-            (Pass::Backward, true) => "every head of one batch entry (ALiBi keeps the heads together)",
+            (Pass::Forward, false) => format!("{row} of one head"),
+            (Pass::Forward, true) => format!("{row} of every head (ALiBi and sinks keep the heads together)"),
+            (Pass::Backward, false) => "one group of heads that share a K/V head, of one batch entry,".into(),
+            (Pass::Backward, true) => "every head of one batch entry (ALiBi keeps the heads together)".into(),
         };
         return Err(refuse(format!("even {what} is too large: {why}")));
     };
@@ -283,8 +326,8 @@ pub(crate) fn plan(
         let Some(e) = parts.iter().find_map(|p| fits(p).err()) else {
             return Ok(parts);
         };
-        if nq < s.seq_q && nq > 1 {
-            nq = shrink(nq);
+        if nq < s.seq_q && nq > row_step {
+            nq = rows(shrink(nq / row_step));
         } else if nb > 1 {
             nb = shrink(nb);
         } else if nq == s.seq_q && hi > 0 {
@@ -518,6 +561,48 @@ mod tests {
         check_cover(&whole, &parts);
     }
 
+    /// With dropout, row parts start on even rows (the generator draws rows in pairs): where 25
+    /// rows fit, parts of 24; where one row fits but two do not, the split is refused by name.
+    #[test]
+    fn dropout_parts_start_on_even_rows() {
+        let whole = problem(1, 61, 1, 1).with_dropout(crate::problem::Dropout {
+            p: 0.5,
+            seed: 1,
+            offset: 0,
+        });
+        let parts = plan(&whole, Pass::Forward, "", |p| {
+            if p.nq <= 25 {
+                Ok(())
+            } else {
+                Err(Error::TooLarge("rows".into()))
+            }
+        })
+        .unwrap();
+        assert_eq!(parts.iter().map(|p| p.nq).collect::<Vec<_>>(), [24, 24, 13]);
+        assert!(parts.iter().all(|p| p.q0 % 2 == 0), "{parts:?}");
+        check_cover(&whole, &parts);
+        // Without dropout the same limit gives parts of 25.
+        let plain = problem(1, 61, 1, 1);
+        let parts = plan(&plain, Pass::Forward, "", |p| {
+            if p.nq <= 25 {
+                Ok(())
+            } else {
+                Err(Error::TooLarge("rows".into()))
+            }
+        })
+        .unwrap();
+        assert_eq!(parts[0].nq, 25);
+        let e = plan(&whole, Pass::Forward, "too large", |p| {
+            if p.nq <= 1 {
+                Ok(())
+            } else {
+                Err(Error::TooLarge("rows".into()))
+            }
+        })
+        .unwrap_err();
+        assert!(e.to_string().contains("two query rows"), "{e}");
+    }
+
     #[test]
     fn the_backward_keeps_rows_and_groups_whole() {
         let whole = problem(2, 30, 8, 2);
@@ -637,7 +722,25 @@ mod tests {
         };
         assert_eq!(p.element_offset(&whole, Tensor::Q), whole.q_layout.index(2, 7, 4, 0));
         assert_eq!(p.element_offset(&whole, Tensor::K), whole.k_layout.index(2, 0, 2, 0));
-        assert_eq!(p.causal_offset(whole.causal_offset()), 40 - 10 + 7);
+        let placed = Placement::whole(&whole).of_part(&p);
+        assert_eq!(
+            (placed.causal_offset, placed.batch, placed.head, placed.row),
+            (40 - 10 + 7, 2, 4, 7)
+        );
+        // A part of a part adds both origins.
+        let inner = Part {
+            b0: 0,
+            nb: 1,
+            h0: 1,
+            nh: 1,
+            q0: 2,
+            nq: 1,
+        };
+        let twice = placed.of_part(&inner);
+        assert_eq!(
+            (twice.causal_offset, twice.batch, twice.head, twice.row),
+            (40 - 10 + 9, 2, 5, 9)
+        );
         assert_eq!(
             p.lse_runs(&whole),
             vec![(0, (2 * 6 + 4) * 10 + 7, 3), (3, (2 * 6 + 5) * 10 + 7, 3)]

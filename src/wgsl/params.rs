@@ -82,6 +82,13 @@ pub struct Params {
     pub dropout_key1: u32,
     pub dropout_threshold: u32,
     pub dropout_scale: f32,
+    /// Where the dispatch's problem starts in the caller's (a part of a split problem,
+    /// src/runtime/split.rs): its first batch entry, query head and query row, from which
+    /// dropout's generator counts. Zero for a whole problem.
+    pub part_batch: u32,
+    pub part_head: u32,
+    pub part_row: u32,
+    pub part_pad: u32,
     /// Where the mask's bytes lie (`AttentionProblem::mask`), in bytes: `seq` is the row stride.
     pub mask: TensorStrides,
     /// The mask's block summary (`AttentionProblem::mask_blocks`).
@@ -122,8 +129,8 @@ pub const ALIBI_GEOMETRIC: u32 = 1;
 pub const ALIBI_PER_HEAD: u32 = 2;
 
 // WGSL lays the struct out as four 16-byte members, twenty-four 4-byte scalars, one 16-byte member,
-// four 4-byte scalars, two 16-byte members.
-const _: () = assert!(std::mem::size_of::<Params>() == 4 * 16 + 24 * 4 + 16 + 4 * 4 + 2 * 16);
+// eight 4-byte scalars, two 16-byte members.
+const _: () = assert!(std::mem::size_of::<Params>() == 4 * 16 + 24 * 4 + 16 + 8 * 4 + 2 * 16);
 
 impl Params {
     /// The fields that depend only on the problem; strides and per-dispatch fields are filled in
@@ -322,6 +329,10 @@ mod tests {
             ("dropout_key1", offset_of!(Params, dropout_key1)),
             ("dropout_threshold", offset_of!(Params, dropout_threshold)),
             ("dropout_scale", offset_of!(Params, dropout_scale)),
+            ("part_batch", offset_of!(Params, part_batch)),
+            ("part_head", offset_of!(Params, part_head)),
+            ("part_row", offset_of!(Params, part_row)),
+            ("part_pad", offset_of!(Params, part_pad)),
             ("mask", offset_of!(Params, mask)),
             ("blocks", offset_of!(Params, blocks)),
         ];
