@@ -131,12 +131,18 @@ fn forward_on_device_buffers_is_split_over_the_grid() {
 /// turn; O, the LSE and the kernel's name say so.
 #[test]
 fn host_calls_are_split_over_buffers() {
+    check_host_split(cases());
+}
+
+/// The f32 ones of `cases` on host slices on a device whose buffers hold 16 KiB, against the
+/// float64 reference; each must be run in parts.
+fn check_host_split(cases: Vec<(&str, AttentionProblem)>) {
     let Some(ctx) = limited(16 << 10, 16 << 10, 65535) else {
         return;
     };
     let Some(plain) = gpu() else { return };
     let engine = FlashAttention::new(&ctx);
-    for (label, problem) in cases().into_iter().filter(|(_, p)| p.dtype == DType::F32) {
+    for (label, problem) in cases.into_iter().filter(|(_, p)| p.dtype == DType::F32) {
         // Inputs (and the check) from a workload on the unlimited device.
         let w = Workload::<f32>::random(plain, &problem, seed_of(label)).unwrap();
         let result = engine
@@ -148,29 +154,18 @@ fn host_calls_are_split_over_buffers() {
     }
 }
 
-/// The backward on the caller's buffers and on host slices, on devices that bind (and allocate)
-/// 16 KiB: split over batch entries (BSHD) and K/V head groups (BHSD), gradients poisoned.
-#[test]
-fn backward_is_split_over_batches_and_head_groups() {
+/// The backward of each of `problems` on the caller's buffers (its forward split too) and on host
+/// slices (its forward unsplit, on the unlimited device), on devices that bind (and allocate)
+/// 16 KiB, gradients poisoned, against the float64 reference. Each problem's Q must exceed a
+/// binding.
+fn check_backward_split(problems: &[(&str, AttentionProblem)]) {
     let Some(plain) = gpu() else { return };
-    let problems = [
-        (
-            "bwd_bshd_batches",
-            AttentionProblem::new(shape(4, 24, 20, 4, 2, 32), DType::F32).with_causal(true),
-        ),
-        (
-            "bwd_bhsd_groups",
-            AttentionProblem::new(shape(2, 40, 36, 6, 2, 16), DType::F32)
-                .with_layout(Layout::Bhsd)
-                .with_window(Some(7), None),
-        ),
-    ];
     for (buffer, host) in [(UNLIMITED, false), (16 << 10, true)] {
         let Some(ctx) = limited(16 << 10, buffer, 65535) else {
             return;
         };
         let engine = FlashAttention::new(&ctx);
-        for (label, problem) in problems {
+        for &(label, problem) in problems {
             let bytes = problem.required_len(Tensor::Q) * 4;
             assert!(bytes > 16 << 10, "{label}: {bytes} bytes fit one binding");
             let label = format!("{label} host {host}");
@@ -198,15 +193,16 @@ fn backward_is_split_over_batches_and_head_groups() {
                 }
             } else {
                 w.forward(&engine).unwrap();
-                // Kernels selected for one batch entry: the whole problem's selection is refused
-                // on grids no larger than here, but the configuration does not depend on the batch.
-                let config = engine.select_backward(AttentionProblem::new(
-                    wgpu_flash_attn::AttentionShape {
+                // Kernels selected for one batch entry of the problem: the whole problem's
+                // selection is refused on grids no larger than here, but the configuration does
+                // not depend on the batch.
+                let config = engine.select_backward(AttentionProblem {
+                    shape: wgpu_flash_attn::AttentionShape {
                         batch: 1,
                         ..problem.shape
                     },
-                    problem.dtype,
-                ));
+                    ..problem
+                });
                 w.run(&engine, &config.unwrap())
                     .unwrap_or_else(|e| panic!("{label}: {e}"))
             };
@@ -214,6 +210,23 @@ fn backward_is_split_over_batches_and_head_groups() {
             assert!(check.passes(DType::F32), "{label}: {check}");
         }
     }
+}
+
+/// The backward split over batch entries (BSHD) and K/V head groups (BHSD).
+#[test]
+fn backward_is_split_over_batches_and_head_groups() {
+    check_backward_split(&[
+        (
+            "bwd_bshd_batches",
+            AttentionProblem::new(shape(4, 24, 20, 4, 2, 32), DType::F32).with_causal(true),
+        ),
+        (
+            "bwd_bhsd_groups",
+            AttentionProblem::new(shape(2, 40, 36, 6, 2, 16), DType::F32)
+                .with_layout(Layout::Bhsd)
+                .with_window(Some(7), None),
+        ),
+    ]);
 }
 
 /// What no split can fix is [`Error::TooLarge`] naming the tensor, the limit and why (or the score
@@ -725,7 +738,6 @@ fn dropout_cases() -> Vec<(&'static str, AttentionProblem)> {
 /// problem); a part that counted from its own origin would drop other elements.
 #[test]
 fn dropout_forward_is_split_with_the_wholes_mask() {
-    let Some(plain) = gpu() else { return };
     for (binding, workgroups) in [(16 << 10, 65535), (UNLIMITED, 2)] {
         let Some(ctx) = limited(binding, UNLIMITED, workgroups) else {
             return;
@@ -739,28 +751,14 @@ fn dropout_forward_is_split_with_the_wholes_mask() {
             );
         }
     }
-    let Some(ctx) = limited(16 << 10, 16 << 10, 65535) else {
-        return;
-    };
-    let engine = FlashAttention::new(&ctx);
-    for (label, problem) in dropout_cases().into_iter().filter(|(_, p)| p.dtype == DType::F32) {
-        let w = Workload::<f32>::random(plain, &problem, seed_of(label)).unwrap();
-        let result = engine
-            .forward_blocking(&problem, &w.q, &w.k, &w.v)
-            .unwrap_or_else(|e| panic!("{label}: {e}"));
-        assert!(result.kernel.contains("parts"), "{label}: {}", result.kernel);
-        let check = w.check_all(&result.out, &result.lse).unwrap();
-        assert!(check.passes(problem.dtype), "{label} host: {check}");
-    }
+    check_host_split(dropout_cases());
 }
 
 /// The backward with dropout, split over batch entries (BSHD) and K/V head groups (BHSD) on the
-/// caller's buffers and on host slices (devices binding and allocating 16 KiB), gradients
-/// poisoned: each part regenerates the whole forward's mask.
+/// caller's buffers and on host slices: each part regenerates the whole forward's mask.
 #[test]
 fn dropout_backward_is_split_with_the_wholes_mask() {
-    let Some(plain) = gpu() else { return };
-    let problems = [
+    check_backward_split(&[
         (
             "dropout_bwd_bshd_batches",
             AttentionProblem::new(shape(4, 24, 20, 4, 2, 32), DType::F32)
@@ -773,53 +771,5 @@ fn dropout_backward_is_split_with_the_wholes_mask() {
                 .with_layout(Layout::Bhsd)
                 .with_dropout(dropout()),
         ),
-    ];
-    for (buffer, host) in [(UNLIMITED, false), (16 << 10, true)] {
-        let Some(ctx) = limited(16 << 10, buffer, 65535) else {
-            return;
-        };
-        let engine = FlashAttention::new(&ctx);
-        for (label, problem) in problems {
-            let label = format!("{label} host {host}");
-            let w = BackwardWorkload::<f32>::random(if host { plain } else { &ctx }, problem, seed_of(&label)).unwrap();
-            let grads = if host {
-                // The forward unsplit, on the unlimited device: its O carries the whole's mask.
-                let fwd = FlashAttention::new(plain)
-                    .forward_blocking(&problem, &w.q, &w.k, &w.v)
-                    .unwrap();
-                let inputs = BackwardInputs {
-                    q: &w.q,
-                    k: &w.k,
-                    v: &w.v,
-                    o: &fwd.out,
-                    lse: &fwd.lse,
-                    d_o: &w.d_o,
-                };
-                let g = engine
-                    .backward_blocking(problem, &inputs)
-                    .unwrap_or_else(|e| panic!("{label}: {e}"));
-                wgpu_flash_attn::testing::backward_harness::Grads {
-                    dq: g.dq,
-                    dk: g.dk,
-                    dv: g.dv,
-                    d_bias: g.d_bias,
-                }
-            } else {
-                // The forward split too, on the limited device; kernels selected for one batch
-                // entry of the problem (its whole selection is refused on this device's grid).
-                w.forward(&engine).unwrap();
-                let config = engine.select_backward(AttentionProblem {
-                    shape: wgpu_flash_attn::AttentionShape {
-                        batch: 1,
-                        ..problem.shape
-                    },
-                    ..problem
-                });
-                w.run(&engine, &config.unwrap())
-                    .unwrap_or_else(|e| panic!("{label}: {e}"))
-            };
-            let check = w.check_all(&grads).unwrap();
-            assert!(check.passes(DType::F32), "{label}: {check}");
-        }
-    }
+    ]);
 }

@@ -360,19 +360,6 @@ impl FlashAttention {
         self.encode_passes(encoder, &problem, at, buffers, config, &config.passes(), timestamps)
     }
 
-    /// [`encode_backward_with`](Self::encode_backward_with) for a problem placed at `at` in a
-    /// larger one (a host-slice call's part: src/runtime/split.rs).
-    fn encode_backward_at(
-        &self,
-        encoder: &mut wgpu::CommandEncoder,
-        problem: &BackwardProblem,
-        at: Placement,
-        buffers: &BackwardBuffers<'_>,
-        config: &BackwardConfig,
-    ) -> Result<()> {
-        self.encode_passes(encoder, problem, at, buffers, config, &config.passes(), None)
-    }
-
     /// Records a single one of the backward kernels, in its own compute pass: for profiling, or to
     /// interleave other work. The passes must run in the order [`BackwardConfig::passes`] lists
     /// them, on the same buffers, and `buffers.delta` must be given (it carries D from the first
@@ -1104,7 +1091,7 @@ impl FlashAttention {
             label: Some(&config.name()),
         });
         self.record_host_mask_blocks(&mut encoder, f, &index)?;
-        self.encode_backward_at(&mut encoder, &problem, at, &buffers, &config)?;
+        self.encode_passes(&mut encoder, &problem, at, &buffers, &config, &config.passes(), None)?;
         self.context().queue.submit([encoder.finish()]);
         let mut ranges = vec![
             (&dq, 0, grad_bytes(GradTensor::DQ)),
