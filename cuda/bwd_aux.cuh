@@ -146,6 +146,7 @@ extern "C" __global__ void __launch_bounds__(AUX_THREADS) PREPROCESS_NAME(const 
 #pragma unroll
             for (int s = 0; s < HEAD_DIM / 64; ++s) {
                 const int c = 2 * lane + 64 * s;
+                if (FA_VALID_DIM != FA_HEAD_DIM && c >= FA_VALID_DIM) continue;  // past a padded row's end
                 const float2 x = unpack2<IS_BF16>(*reinterpret_cast<const u32*>(o + c));
                 const float2 y = unpack2<IS_BF16>(*reinterpret_cast<const u32*>(d_o + c));
                 d = fmaf(x.x, y.x, fmaf(x.y, y.y, d));
@@ -186,6 +187,7 @@ extern "C" __global__ void __launch_bounds__(AUX_THREADS) CONVERT_NAME(const __g
         const int c = 2 * (i % PAIRS);
         const int row = m0 + r;
         if (row >= seq.seq_q) break;  // rows only grow with i
+        if (FA_VALID_DIM != FA_HEAD_DIM && c >= FA_VALID_DIM) continue;  // a padded tile's columns
         const float2 x = *reinterpret_cast<const float2*>(acc + dq_tile_index(r, c));
         st_global_u32(dq + (i64)row * bp.dq_seq_stride + c, pack2<IS_BF16>(x.x * bp.scale, x.y * bp.scale));
     }

@@ -83,10 +83,15 @@
 // cp_async_rows; bwd_params.cuh: TileAddr). The preprocess and convert kernels, the walk's first
 // query tile and the deterministic turn-taking are bwd_aux.cuh's (shared with the wgmma kernel).
 //
-// Compile-time parameters (-D, set by src/cuda/plan/backward.rs): FA_HEAD_DIM, FA_BLOCK_M,
-// FA_BLOCK_N, FA_CAUSAL, FA_BF16, FA_VEC_BYTES (16: rows of Q, K, V, dO 16-byte aligned; 8: only
-// 8-byte aligned), FA_MIN_BLOCKS, FA_DETERMINISTIC, FA_SOFTCAP (0 none; 1, 2 the cap's forms),
-// KERNEL_NAME, PREPROCESS_NAME, CONVERT_NAME. The window's sides are run-time (BwdParams).
+// A head_dim below a tile's width (64 or 128: any multiple of 8) runs in that width, as the
+// forward does (fwd_params.cuh): Q, K, V and dO are loaded with zeros past FA_VALID_DIM, which add
+// nothing to Sᵀ or dPᵀ, and the padded columns of dK, dV and dQ are computed but never stored.
+//
+// Compile-time parameters (-D, set by src/cuda/plan/backward.rs): FA_HEAD_DIM (the tile's width),
+// FA_VALID_DIM (the head_dim, when the tile pads it), FA_BLOCK_M, FA_BLOCK_N, FA_CAUSAL, FA_BF16,
+// FA_VEC_BYTES (16: rows of Q, K, V, dO 16-byte aligned; 8: only 8-byte aligned), FA_MIN_BLOCKS,
+// FA_DETERMINISTIC, FA_SOFTCAP (0 none; 1, 2 the cap's forms), KERNEL_NAME, PREPROCESS_NAME,
+// CONVERT_NAME. The window's sides are run-time (BwdParams).
 #include "mma_ptx.cuh"
 #include "fwd_params.cuh"
 #include "bwd_params.cuh"
@@ -175,8 +180,8 @@ extern "C" __global__ void __launch_bounds__(THREADS, FA_MIN_BLOCKS) KERNEL_NAME
         const u32 s = s_stage0 + (u32)stage * STAGE_BYTES;
         const u16* q = p.q + batch * p.q_batch_stride + h * p.q_head_stride + (i64)m0 * p.q_seq_stride;
         const u16* d_o = bp.d_o + batch * bp.do_batch_stride + h * bp.do_head_stride + (i64)m0 * bp.do_seq_stride;
-        cp_async_rows<BLOCK_M, ROW_BYTES, THREADS, VEC_BYTES>(s, q, p.q_seq_stride, seq.seq_q - m0, tid);
-        cp_async_rows<BLOCK_M, ROW_BYTES, THREADS, VEC_BYTES>(s + DO_OFF, d_o, bp.do_seq_stride, seq.seq_q - m0, tid);
+        cp_async_rows<BLOCK_M, ROW_BYTES, THREADS, VEC_BYTES, VALID_CHUNKS>(s, q, p.q_seq_stride, seq.seq_q - m0, tid);
+        cp_async_rows<BLOCK_M, ROW_BYTES, THREADS, VEC_BYTES, VALID_CHUNKS>(s + DO_OFF, d_o, bp.do_seq_stride, seq.seq_q - m0, tid);
         // LSE and D: BLOCK_M floats each, padded in the workspace (16-byte chunks, no bounds).
         const i64 at = row_base(bp, batch, h) + m0;
         if (tid < BLOCK_M / 4) {
@@ -188,8 +193,8 @@ extern "C" __global__ void __launch_bounds__(THREADS, FA_MIN_BLOCKS) KERNEL_NAME
     };
 
     // Prologue: group 0 = K, V and step 0; group 1 = step 1 (either may be empty).
-    cp_async_rows<BLOCK_N, ROW_BYTES, THREADS, VEC_BYTES>(s_k, k, p.k_seq_stride, seq.seq_kv - n0, tid);
-    cp_async_rows<BLOCK_N, ROW_BYTES, THREADS, VEC_BYTES>(s_v, v, p.v_seq_stride, seq.seq_kv - n0, tid);
+    cp_async_rows<BLOCK_N, ROW_BYTES, THREADS, VEC_BYTES, VALID_CHUNKS>(s_k, k, p.k_seq_stride, seq.seq_kv - n0, tid);
+    cp_async_rows<BLOCK_N, ROW_BYTES, THREADS, VEC_BYTES, VALID_CHUNKS>(s_v, v, p.v_seq_stride, seq.seq_kv - n0, tid);
     if (steps > 0) load_step(0, 0);
     cp_async_commit();
     if (steps > 1) load_step(1, 1);
@@ -405,6 +410,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, FA_MIN_BLOCKS) KERNEL_NAME
         u16* dv_row = dv + (i64)key * bp.dv_seq_stride + 2 * t;
 #pragma unroll
         for (int d = 0; d < D_TILES; ++d) {
+            if (!in_head_dim(d)) continue;  // a padded tile's columns past the head_dim
             st_global_u32(dk_row + 8 * d, pack2<IS_BF16>(dk_acc[d][2 * r] * bp.scale, dk_acc[d][2 * r + 1] * bp.scale));
             st_global_u32(dv_row + 8 * d, pack2<IS_BF16>(dv_acc[d][2 * r], dv_acc[d][2 * r + 1]));
         }

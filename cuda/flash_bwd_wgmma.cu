@@ -48,9 +48,12 @@
 // one: the dSᵀ and dQ writers fence (fence_proxy_async_shared) before they signal, the consumers
 // after they wait for a stage (the cp.async writers are not there when the copies land).
 //
-// Compile-time parameters (-D, src/cuda/plan/backward.rs): FA_HEAD_DIM (64 or 128), FA_BLOCK_M
-// (64), FA_BLOCK_N (128), FA_CAUSAL, FA_BF16, FA_VEC_BYTES, FA_DETERMINISTIC, KERNEL_NAME,
-// PREPROCESS_NAME, CONVERT_NAME, FA_SOFTCAP (the soft-cap's form, as the mma.sync kernel).
+// A head_dim below the tile's width is padded as in flash_bwd_mma.cu (FA_VALID_DIM).
+//
+// Compile-time parameters (-D, src/cuda/plan/backward.rs): FA_HEAD_DIM (64 or 128), FA_VALID_DIM,
+// FA_BLOCK_M (64), FA_BLOCK_N (128), FA_CAUSAL, FA_BF16, FA_VEC_BYTES, FA_DETERMINISTIC,
+// KERNEL_NAME, PREPROCESS_NAME, CONVERT_NAME, FA_SOFTCAP (the soft-cap's form, as the mma.sync
+// kernel).
 #include "mma_ptx.cuh"
 #include "sm90_ptx.cuh"
 #include "wgmma_gen.cuh"
@@ -169,8 +172,8 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) KERNEL_NAME(const __gri
                 const u16* q = p.q + batch * p.q_batch_stride + h * p.q_head_stride + (i64)m0 * p.q_seq_stride;
                 const u16* d_o =
                     bp.d_o + batch * bp.do_batch_stride + h * bp.do_head_stride + (i64)m0 * bp.do_seq_stride;
-                cp_async_panels<BLOCK_M, HEAD_DIM, LOADERS, VEC_BYTES, LOAD_UNROLL>(s, q, p.q_seq_stride, seq.seq_q - m0, tid);
-                cp_async_panels<BLOCK_M, HEAD_DIM, LOADERS, VEC_BYTES, LOAD_UNROLL>(s + DO_OFF, d_o, bp.do_seq_stride,
+                cp_async_panels<BLOCK_M, HEAD_DIM, LOADERS, VEC_BYTES, LOAD_UNROLL, VALID_CHUNKS>(s, q, p.q_seq_stride, seq.seq_q - m0, tid);
+                cp_async_panels<BLOCK_M, HEAD_DIM, LOADERS, VEC_BYTES, LOAD_UNROLL, VALID_CHUNKS>(s + DO_OFF, d_o, bp.do_seq_stride,
                                                                        seq.seq_q - m0, tid);
                 // LSE and D: BLOCK_M floats each, padded in the workspace (16-byte chunks, no bounds).
                 const i64 at = row_base(bp, batch, h) + m0;
@@ -186,8 +189,8 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) KERNEL_NAME(const __gri
             // soon as that stage is empty.
             const u16* k = p.k + batch * p.k_batch_stride + kv_head * p.k_head_stride + (i64)n0 * p.k_seq_stride;
             const u16* v = p.v + batch * p.v_batch_stride + kv_head * p.v_head_stride + (i64)n0 * p.v_seq_stride;
-            cp_async_panels<BLOCK_N, HEAD_DIM, LOADERS, VEC_BYTES, LOAD_UNROLL>(s_k, k, p.k_seq_stride, seq.seq_kv - n0, tid);
-            cp_async_panels<BLOCK_N, HEAD_DIM, LOADERS, VEC_BYTES, LOAD_UNROLL>(s_v, v, p.v_seq_stride, seq.seq_kv - n0, tid);
+            cp_async_panels<BLOCK_N, HEAD_DIM, LOADERS, VEC_BYTES, LOAD_UNROLL, VALID_CHUNKS>(s_k, k, p.k_seq_stride, seq.seq_kv - n0, tid);
+            cp_async_panels<BLOCK_N, HEAD_DIM, LOADERS, VEC_BYTES, LOAD_UNROLL, VALID_CHUNKS>(s_v, v, p.v_seq_stride, seq.seq_kv - n0, tid);
             for (int it = 0; it < steps; ++it) {
                 const int stage = it & 1;
                 // Use it / 2 of the stage waits for the consumers' release of use it / 2 - 1.
@@ -391,6 +394,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) KERNEL_NAME(const __gri
         u16* dv_row = dv_out + (i64)key * bp.dv_seq_stride + 2 * q4;
 #pragma unroll
         for (int j = 0; j < HEAD_DIM / 8; ++j) {
+            if (!in_head_dim(j)) continue;  // a padded tile's columns past the head_dim
             st_global_u32(dk_row + 8 * j, pack2<IS_BF16>(dk[4 * j + 2 * r] * bp.scale, dk[4 * j + 2 * r + 1] * bp.scale));
             st_global_u32(dv_row + 8 * j, pack2<IS_BF16>(dv[4 * j + 2 * r], dv[4 * j + 2 * r + 1]));
         }

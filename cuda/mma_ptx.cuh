@@ -89,21 +89,23 @@ __device__ __forceinline__ void cp_async_rows(u32 tile, const u16* g, i64 row_st
 // The same for the layout of Hopper's tensor-core operands (flash_bwd_wgmma.cu): rows of
 // HEAD_DIM 16-bit values cut into 64-column panels, one after another, each ROWS rows of 128
 // bytes with chunk c of row r at chunk c ^ (r & 7) (the 128-byte swizzle of wgmma's descriptors
-// and of the copy engine). UNROLL = 1 keeps a loader thread's registers few (a producer warp
-// with little of the register file) at the price of the address arithmetic in the loop.
-template <int ROWS, int HEAD_DIM, int THREADS, int VEC_BYTES, int UNROLL = 64>
+// and of the copy engine); chunks at or past VALID_CHUNKS zero-filled, as above. UNROLL = 1 keeps
+// a loader thread's registers few (a producer warp with little of the register file) at the
+// price of the address arithmetic in the loop.
+template <int ROWS, int HEAD_DIM, int THREADS, int VEC_BYTES, int UNROLL = 64, int VALID_CHUNKS = HEAD_DIM / 8>
 __device__ __forceinline__ void cp_async_panels(u32 tile, const u16* g, i64 row_stride, int rows_valid, int tid) {
     constexpr int CHUNKS = HEAD_DIM / 8;
     constexpr int TOTAL = ROWS * CHUNKS;
     static_assert(HEAD_DIM % 64 == 0, "whole 64-column panels");
+    static_assert(VALID_CHUNKS >= 1 && VALID_CHUNKS <= CHUNKS, "the valid part of a row is within it");
 #pragma unroll UNROLL
     for (int j = 0; j < (TOTAL + THREADS - 1) / THREADS; ++j) {
         const int i = tid + j * THREADS;
         if (TOTAL % THREADS != 0 && i >= TOTAL) break;
         const int row = i / CHUNKS;
         const int chunk = i % CHUNKS;
-        const bool valid = row < rows_valid;
-        const u16* src = g + (valid ? (i64)row * row_stride : 0) + chunk * 8;
+        const bool valid = row < rows_valid && (VALID_CHUNKS == CHUNKS || chunk < VALID_CHUNKS);
+        const u16* src = g + (valid ? (i64)row * row_stride : 0) + (VALID_CHUNKS == CHUNKS || valid ? chunk * 8 : 0);
         const u32 dst = tile + (u32)((chunk / 8) * ROWS * 128) + swz<128>(row, chunk % 8);
         cp_async_chunk<VEC_BYTES>(dst, src, valid);
     }

@@ -305,6 +305,9 @@ BACKWARD = [
     ("hd128_gqa_causal", 2, 500, 500, 8, 2, 128, True),
     ("hd64_causal_more_keys", 1, 300, 700, 4, 4, 64, True),
     ("hd64_mqa", 2, 257, 333, 8, 1, 64, False),
+    # Head dims the kernels' tiles pad: 96 in 128-wide tiles, 40 in 64-wide ones.
+    ("hd96_gqa_causal", 1, 300, 400, 6, 2, 96, True),
+    ("hd40", 2, 257, 333, 4, 4, 40, False),
 ]
 
 

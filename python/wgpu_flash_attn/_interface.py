@@ -353,8 +353,8 @@ def _cuda_backward(call: _Call, saved: Sequence[Any], d_out: Any) -> Tuple[Any, 
     """The CUDA backward on PyTorch's current stream: dQ, dK, dV written into tensors allocated
     here (``torch.empty_like`` of the contiguous inputs). Q, K, V, O and dO are read contiguous
     (a strided one is copied once; dO from ``out.sum()`` is an expanded tensor). What the CUDA
-    backward refuses (windows, soft-caps, ALiBi, packed batches, head_dim other than 64 and 128,
-    ...), the library's ``Unavailable`` error, raises ``NotImplementedError`` with its message."""
+    backward refuses (ALiBi, packed batches, head_dim past 128, ...), the library's
+    ``Unavailable`` error, raises ``NotImplementedError`` with its message."""
     torch = _torch()
     q, k, v, out, lse = saved
     q, k, v, out, d_out, lse = (_cuda_dense(x) for x in (q, k, v, out, d_out, lse))
@@ -505,7 +505,7 @@ def flash_attn_func(
 
     PyTorch tensors that require grad go through a ``torch.autograd.Function``: ``backward()``
     runs the library's backward, the wgpu one on CPU tensors and the CUDA one on CUDA tensors
-    (float16/bfloat16, ``headdim`` 64 or 128, causal or not, sliding windows, ``softcap``,
+    (float16/bfloat16, ``headdim`` a multiple of 8 up to 128, causal or not, sliding windows, ``softcap``,
     MQA/GQA). What the CUDA backward does not run (``alibi_slopes``, other head dimensions) raises ``NotImplementedError`` from ``backward()``, with the library's message.
     Library errors raise ``wgpu_flash_attn.InvalidProblemError`` (a ``ValueError``),
     ``UnavailableError`` or ``DeviceError`` (``RuntimeError``s) with the library's message.

@@ -3,7 +3,7 @@
 //! defines, the three launches' grids, the shared memory and the f32 workspace).
 
 use super::support::{check_dtype, MAX_CUDA_SEQ, REGS_PER_SM, SMEM_PER_SM, SMEM_RESERVED_PER_BLOCK};
-use super::{define, softcap_switch, vec_bytes_for, LaunchGeometry};
+use super::{define, softcap_switch, valid_dim_define, vec_bytes_for, LaunchGeometry};
 use crate::error::{invalid, Error, Result};
 use crate::plan::missing_features;
 use crate::problem::backward::{BackwardProblem, GradTensor};
@@ -21,11 +21,21 @@ pub const CUDA_BACKWARD_FEATURES: FeatureSet = FeatureSet::of(&[
     Feature::ArbitraryScale,
 ]);
 
-/// Head dimensions the CUDA backward is built for. A thread keeps its keys' dK and dV in f32
-/// registers, `2 · head_dim / 2` per thread in both kernels (a warp's 16 keys over 32 threads,
-/// a warpgroup's 64 over 128): 128 at head_dim 128, 256 (the whole register budget) at 256,
-/// which is why 256 is refused.
+/// The tile widths the CUDA backward is built for: any head_dim that is a multiple of 8 up to 128
+/// runs in the first that holds it, zero-padded ([`backward_tile_dim`]). A thread keeps its keys'
+/// dK and dV in f32 registers, `2 · head_dim / 2` per thread in both kernels (a warp's 16 keys
+/// over 32 threads, a warpgroup's 64 over 128): 128 at head_dim 128, 256 (the whole register
+/// budget) at 256, which is why 256 is refused.
 pub const CUDA_BACKWARD_HEAD_DIMS: [usize; 2] = [64, 128];
+
+/// The tile width a backward of `head_dim` runs in: the first of [`CUDA_BACKWARD_HEAD_DIMS`] that
+/// holds it, for a positive multiple of 8 (the 16-byte chunks the loads move); `None` otherwise.
+pub fn backward_tile_dim(head_dim: usize) -> Option<usize> {
+    if head_dim == 0 || !head_dim.is_multiple_of(8) {
+        return None;
+    }
+    CUDA_BACKWARD_HEAD_DIMS.into_iter().find(|&d| d >= head_dim)
+}
 
 /// Threads of the preprocess and convert kernels.
 const AUX_THREADS: u32 = 128;
@@ -115,7 +125,7 @@ pub fn backward_plans(head_dim: usize) -> &'static [CudaBackwardPlan] {
         CudaBackwardPlan::new(64, 128),
         CudaBackwardPlan::new(64, 64),
     ];
-    if CUDA_BACKWARD_HEAD_DIMS.contains(&head_dim) {
+    if backward_tile_dim(head_dim).is_some() {
         &PLANS
     } else {
         &[]
@@ -141,7 +151,8 @@ pub fn default_backward_plan(head_dim: usize, hopper: bool) -> Option<CudaBackwa
 pub struct CudaBackwardConfig {
     /// Element type of Q, K, V, O, dO and the gradients (bf16 or f16).
     pub dtype: DType,
-    /// One of [`CUDA_BACKWARD_HEAD_DIMS`].
+    /// The problem's head_dim: a multiple of 8 up to 128, run in the tiles of
+    /// [`tile_dim`](Self::tile_dim).
     pub head_dim: u32,
     /// Causal masking, aligned bottom-right.
     pub causal: bool,
@@ -171,6 +182,7 @@ impl CudaBackwardConfig {
         check_dtype(dtype)?;
         check_backward_head_dim(head_dim)?;
         let head_dim = head_dim as u32;
+        let tile_dim = backward_tile_dim(head_dim as usize).unwrap_or(0) as u32;
         if plan.kernel == BackwardKernel::Wgmma && (plan.block_m != 64 || plan.block_n != 128) {
             return invalid!(
                 "the wgmma backward runs 64 query rows x 128 keys (two warpgroups of 64 keys), not {}x{}",
@@ -189,7 +201,7 @@ impl CudaBackwardConfig {
         if plan.block_m == 0 || !plan.block_m.is_multiple_of(64) {
             return invalid!("CUDA backward block_m {} must be a multiple of 64", plan.block_m);
         }
-        if !warps.is_multiple_of(row_groups) || !(head_dim / (warps / row_groups)).is_multiple_of(16) {
+        if !warps.is_multiple_of(row_groups) || !(tile_dim / (warps / row_groups)).is_multiple_of(16) {
             return invalid!(
                 "CUDA backward plan {}x{}: dQ's {} rows must split evenly over its {warps} warps",
                 plan.block_m,
@@ -223,6 +235,11 @@ impl CudaBackwardConfig {
     /// The same config for scores capped in `form` (or none).
     pub fn with_softcap(self, form: Option<CapForm>) -> Self {
         CudaBackwardConfig { softcap: form, ..self }
+    }
+
+    /// The width of the kernels' tiles (`FA_HEAD_DIM`): the head_dim, or the tile that pads it.
+    pub fn tile_dim(&self) -> u32 {
+        backward_tile_dim(self.head_dim as usize).map_or(self.head_dim, |d| d as u32)
     }
 
     /// `flash_bwd_{mma|wgmma}_bf16_d128_bm64_bn64_w4[_causal][_cap|_capseries][_a8][_det]`: the
@@ -260,7 +277,7 @@ impl CudaBackwardConfig {
     /// Registers a thread of the main kernel needs, about: dK and dV accumulators, Sᵀ and dPᵀ,
     /// plus a fixed overhead.
     pub fn register_estimate(&self) -> u32 {
-        let kv = 2 * 16 * self.head_dim / 32;
+        let kv = 2 * 16 * self.tile_dim() / 32;
         let scores = 2 * 16 * self.plan.block_m / 32;
         kv + scores + REGS_OVERHEAD
     }
@@ -269,27 +286,28 @@ impl CudaBackwardConfig {
     /// dSᵀ; the `wgmma` kernel has two dSᵀ buffers and the f32 dQ tile, its stages rounded up to
     /// 1024 bytes (its operand panels' alignment), and 1024 bytes to align the start.
     pub fn smem_bytes(&self) -> u32 {
-        let row = self.head_dim * 2;
+        let row = self.tile_dim() * 2;
         let p = &self.plan;
         let stage = 2 * p.block_m * row + 2 * p.block_m * 4;
         let ds = p.block_n * p.block_m * 2;
         match p.kernel {
             BackwardKernel::Mma => 2 * p.block_n * row + 2 * stage + ds,
             BackwardKernel::Wgmma => {
-                let dq = p.block_m * self.head_dim * 4;
+                let dq = p.block_m * self.tile_dim() * 4;
                 2 * p.block_n * row + 2 * stage.next_multiple_of(1024) + 2 * ds + dq + 1024
             }
         }
     }
 
-    /// The `-D` definitions the kernel's file reads (`FA_MIN_BLOCKS` only `mma.sync`'s).
+    /// The `-D` definitions the kernel's file reads (`FA_MIN_BLOCKS` only `mma.sync`'s;
+    /// `FA_VALID_DIM` where the tile pads the head_dim).
     pub fn defines(&self) -> Vec<String> {
         let p = &self.plan;
-        vec![
+        let mut d = vec![
             define("KERNEL_NAME", self.name()),
             define("PREPROCESS_NAME", self.preprocess_name()),
             define("CONVERT_NAME", self.convert_name()),
-            define("FA_HEAD_DIM", self.head_dim),
+            define("FA_HEAD_DIM", self.tile_dim()),
             define("FA_BLOCK_M", p.block_m),
             define("FA_BLOCK_N", p.block_n),
             define("FA_CAUSAL", self.causal as u32),
@@ -298,7 +316,9 @@ impl CudaBackwardConfig {
             define("FA_MIN_BLOCKS", self.min_blocks),
             define("FA_DETERMINISTIC", self.deterministic as u32),
             define("FA_SOFTCAP", softcap_switch(self.softcap)),
-        ]
+        ];
+        d.extend(valid_dim_define(self.head_dim));
+        d
     }
 
     /// The workspace of a launch for `problem`.
@@ -312,7 +332,8 @@ impl CudaBackwardConfig {
             kv_tiles: s.seq_kv.div_ceil(self.plan.block_n as usize),
             seq_q_pad,
             rows,
-            dq_accum: rows * s.head_dim,
+            // The accumulator's rows are the tiles' width.
+            dq_accum: rows * self.tile_dim() as usize,
             semaphores: if self.deterministic {
                 s.batch * s.num_heads * q_tiles
             } else {
@@ -362,7 +383,7 @@ pub struct BackwardWorkspace {
     pub seq_q_pad: usize,
     /// `batch · num_heads · seq_q_pad`: the length of D and of the base-2 LSE.
     pub rows: usize,
-    /// The dQ accumulator, `rows · head_dim` f32.
+    /// The dQ accumulator, `rows · tile width` f32.
     pub dq_accum: usize,
     /// The deterministic build's counters (u32), 0 otherwise.
     pub semaphores: usize,
@@ -376,17 +397,18 @@ impl BackwardWorkspace {
 }
 
 fn check_backward_head_dim(head_dim: usize) -> Result<()> {
-    if CUDA_BACKWARD_HEAD_DIMS.contains(&head_dim) {
+    if backward_tile_dim(head_dim).is_some() {
         return Ok(());
     }
     Err(Error::Unavailable {
         what: format!("head_dim {head_dim} on the CUDA backward"),
-        why: format!(
-            "the CUDA backward is built for head_dim {CUDA_BACKWARD_HEAD_DIMS:?} (at 256 a warp's dK and dV \
-             accumulators alone would take every register)"
-        ),
+        why: BACKWARD_HEAD_DIMS_WHY.into(),
     })
 }
+
+/// Which head dims the CUDA backward runs, and why no others.
+const BACKWARD_HEAD_DIMS_WHY: &str = "the CUDA backward runs head dims that are multiples of 8 up to 128 (at 256 a \
+     warp's dK and dV accumulators alone would take every register)";
 
 /// Everything the CUDA backward checks before it touches a device: the problem's own validation,
 /// then the features, dtype, head_dim, sizes and grids the kernels handle.
@@ -443,7 +465,7 @@ pub fn select_backward_config(
         Some(p) => p,
         None => default_backward_plan(f.shape.head_dim, hopper).ok_or_else(|| Error::Unavailable {
             what: format!("head_dim {} on the CUDA backward", f.shape.head_dim),
-            why: format!("the CUDA backward is built for head_dim {CUDA_BACKWARD_HEAD_DIMS:?}"),
+            why: BACKWARD_HEAD_DIMS_WHY.into(),
         })?,
     };
     Ok(
@@ -543,9 +565,21 @@ pub fn backward_vec_bytes(problem: &BackwardProblem, a: &BackwardAddresses) -> R
 
 /// Every backward config the tables can produce without a soft-cap, and with one in each form
 /// (tanh at bf16, the series at f16; 16-byte loads, atomic dQ: the switches meet no other code
-/// path): what the NVRTC compile test builds.
+/// path), and for one head_dim each tile pads (40, 96: every plan, causal or not, 16-byte loads,
+/// atomic dQ, for the padding meets only the loads and stores): what the NVRTC compile test builds.
 pub fn all_backward_configs() -> Vec<CudaBackwardConfig> {
     let mut out = Vec::new();
+    for dtype in [DType::BF16, DType::F16] {
+        for head_dim in [40, 96] {
+            for &plan in backward_plans(head_dim) {
+                for causal in [false, true] {
+                    if let Ok(c) = CudaBackwardConfig::new(dtype, head_dim, plan, causal, 16, false) {
+                        out.push(c);
+                    }
+                }
+            }
+        }
+    }
     for dtype in [DType::BF16, DType::F16] {
         for head_dim in CUDA_BACKWARD_HEAD_DIMS {
             for &plan in backward_plans(head_dim) {
@@ -601,7 +635,8 @@ mod tests {
             }
         }
         assert!(backward_plans(256).is_empty());
-        assert_eq!(default_backward_plan(96, true), None);
+        assert_eq!(default_backward_plan(100, true), None);
+        assert_eq!(default_backward_plan(96, true), Some(CudaBackwardPlan::wgmma(64, 128)));
         assert_eq!(default_backward_plan(128, true), Some(CudaBackwardPlan::wgmma(64, 128)));
         assert_eq!(default_backward_plan(128, false), Some(CudaBackwardPlan::new(64, 128)));
     }
@@ -640,8 +675,9 @@ mod tests {
         }
         let mut names: Vec<_> = all_backward_configs().iter().map(|c| c.name()).collect();
         let n = names.len();
-        // dtype, head_dim, 3 plans, causal, then access width and deterministic or a soft-cap.
-        assert_eq!(n, 2 * 2 * 3 * 2 * (2 * 2 + 1));
+        // dtype, head_dim, 3 plans, causal, then access width and deterministic or a soft-cap;
+        // and the padded head dims: dtype, 2 head dims, 3 plans, causal.
+        assert_eq!(n, 2 * 2 * 3 * 2 * (2 * 2 + 1) + 2 * 2 * 3 * 2);
         let capped = CudaBackwardConfig::new(DType::BF16, 64, CudaBackwardPlan::new(64, 64), false, 16, false)
             .unwrap()
             .with_softcap(Some(CapForm::Series));
@@ -667,8 +703,42 @@ mod tests {
             "the kernel's one tile shape"
         );
         let e = CudaBackwardConfig::new(DType::BF16, 256, CudaBackwardPlan::new(64, 64), false, 16, false).unwrap_err();
-        assert!(e.to_string().contains("[64, 128]"), "{e}");
+        assert!(e.to_string().contains("multiples of 8 up to 128"), "{e}");
         assert!(CudaBackwardConfig::new(DType::F32, 64, CudaBackwardPlan::new(64, 64), false, 16, false).is_err());
+    }
+
+    /// A head_dim a tile pads runs in that tile: its defines name both widths, its shared memory,
+    /// registers and accumulator are the tile's; what no tile holds is refused.
+    #[test]
+    fn padded_head_dims_run_in_the_next_tile() {
+        assert_eq!(
+            [8, 40, 64, 72, 96, 128].map(backward_tile_dim),
+            [Some(64), Some(64), Some(64), Some(128), Some(128), Some(128)]
+        );
+        for refused in [0, 4, 100, 136, 256] {
+            assert_eq!(backward_tile_dim(refused), None, "{refused}");
+        }
+        for plan in backward_plans(96) {
+            let padded = CudaBackwardConfig::new(DType::F16, 96, *plan, true, 16, false).unwrap();
+            let full = CudaBackwardConfig::new(DType::F16, 128, *plan, true, 16, false).unwrap();
+            assert_eq!(padded.tile_dim(), 128);
+            assert_eq!(
+                (padded.smem_bytes(), padded.register_estimate(), padded.min_blocks),
+                (full.smem_bytes(), full.register_estimate(), full.min_blocks)
+            );
+            let d = padded.defines();
+            assert!(d.contains(&"-DFA_HEAD_DIM=128".to_string()) && d.contains(&"-DFA_VALID_DIM=96".to_string()));
+            assert!(!full.defines().iter().any(|x| x.contains("FA_VALID_DIM")));
+            assert!(padded.name().contains("_d96_"), "{}", padded.name());
+            let bp = BackwardProblem::new(AttentionProblem::mha(2, 100, 3, 96, DType::F16));
+            let w = padded.workspace(&bp);
+            assert_eq!(w.dq_accum, w.rows * 128);
+        }
+        let p40 = CudaBackwardConfig::new(DType::BF16, 40, CudaBackwardPlan::new(64, 64), false, 16, false).unwrap();
+        assert_eq!(p40.tile_dim(), 64);
+        assert!(p40.defines().contains(&"-DFA_VALID_DIM=40".to_string()));
+        let e = CudaBackwardConfig::new(DType::BF16, 100, CudaBackwardPlan::new(64, 64), false, 16, false).unwrap_err();
+        assert!(e.to_string().contains("multiples of 8 up to 128"), "{e}");
     }
 
     #[test]
@@ -706,8 +776,8 @@ mod tests {
             (base.with_sinks(), "sink"),
             (base.with_geometric_alibi(), "alibi"),
             (
-                AttentionProblem::mha(1, 64, 2, 96, DType::BF16),
-                "head_dim 96 on the cuda backward",
+                AttentionProblem::mha(1, 64, 2, 136, DType::BF16),
+                "head_dim 136 on the cuda backward",
             ),
         ];
         for (p, word) in cases {
