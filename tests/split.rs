@@ -229,9 +229,8 @@ fn backward_is_split_over_batches_and_head_groups() {
     ]);
 }
 
-/// What no split can fix is [`Error::TooLarge`] naming the tensor, the limit and why (or the score
-/// bias, which parts do not take); an LSE that parts must copy into place without `COPY_DST` is
-/// [`Error::InvalidBuffer`] naming `lse`.
+/// What no split can fix is [`Error::TooLarge`] naming the tensor, the limit and why; an LSE that
+/// parts must copy into place without `COPY_DST` is [`Error::InvalidBuffer`] naming `lse`.
 #[test]
 fn what_cannot_be_split_is_refused_by_name() {
     let Some(ctx) = limited(16 << 10, UNLIMITED, 65535) else {
@@ -289,39 +288,6 @@ fn what_cannot_be_split_is_refused_by_name() {
     // Without the LSE the same call is split and recorded.
     let buffers = ForwardBuffers { lse: None, ..buffers };
     engine.encode_forward(&mut encoder, &problem, &buffers, None).unwrap();
-
-    // A score bias (rows per batch entry, head and query) is not split, on either path.
-    let biased = problem.with_bias(ScoreBias {
-        dtype: DType::F32,
-        layout: BiasLayout::dense(&problem, false, false),
-    });
-    let bias = vec![0.5f32; biased.shape.seq_q * biased.shape.seq_kv];
-    let bias_buf = common::storage(&ctx, "bias", bytemuck::cast_slice(&bias));
-    let refused = |e: Error| {
-        assert!(
-            matches!(e, Error::TooLarge(ref m) if m.contains("score bias") && m.contains("cannot be split")),
-            "{e}"
-        );
-    };
-    let with_bias = ForwardBuffers {
-        bias: Some(TensorBuffer::new(&bias_buf)),
-        ..buffers
-    };
-    refused(
-        engine
-            .encode_forward(&mut encoder, &biased, &with_bias, None)
-            .unwrap_err(),
-    );
-    let x: Vec<f32> = random_tensor(5, biased.required_len(Tensor::Q));
-    let index = BatchIndex {
-        bias: Some(BiasValues::F32(&bias)),
-        ..BatchIndex::default()
-    };
-    refused(
-        engine
-            .forward_indexed_blocking(&biased, &x, &x, &x, &index)
-            .unwrap_err(),
-    );
 }
 
 /// Inputs of a problem with per-head terms: Q, K, V, dO, and `[num_heads]` ALiBi slopes (0.02 to
@@ -361,7 +327,7 @@ impl HeadTermInputs {
 
 /// `got` (O or a gradient) and `lse` against the float64 reference's, as tests/head_terms.rs
 /// judges them.
-fn check_head_term_output(label: &str, what: &str, got: &[f32], want: &[f64], grad: bool) {
+fn check_f32_output(label: &str, what: &str, got: &[f32], want: &[f64], grad: bool) {
     let stats = ErrorStats::from_pairs(got.iter().zip(want).map(|(g, w)| (*g as f64, *w)));
     let ok = if grad {
         let t = grad_tolerance(DType::F32);
@@ -484,7 +450,7 @@ fn alibi_and_sinks_forward_is_split_with_every_head() {
             .unwrap_or_else(|e| panic!("{label}: {e}"));
         let (out, got_lse) = submit_and_read::<f32>(&ctx, encoder, &o, &lse).unwrap();
         let device_label = format!("{label} (caller's buffers)");
-        check_head_term_output(&device_label, "O", &out, &want.out, false);
+        check_f32_output(&device_label, "O", &out, &want.out, false);
         check_lse(&device_label, &got_lse, &want.lse);
 
         let host_label = format!("{label} (host slices)");
@@ -492,7 +458,7 @@ fn alibi_and_sinks_forward_is_split_with_every_head() {
             .forward_indexed_blocking(&p, &inputs.q, &inputs.k, &inputs.v, &index)
             .unwrap_or_else(|e| panic!("{host_label}: {e}"));
         assert!(result.kernel.contains("parts"), "{host_label}: {}", result.kernel);
-        check_head_term_output(&host_label, "O", &result.out, &want.out, false);
+        check_f32_output(&host_label, "O", &result.out, &want.out, false);
         check_lse(&host_label, &result.lse, &want.lse);
     }
 }
@@ -561,9 +527,9 @@ fn alibi_and_sinks_backward_is_split() {
         let g = FlashAttention::new(&small_buffers)
             .backward_indexed_blocking(bp, &host_inputs, &index)
             .unwrap_or_else(|e| panic!("{host_label}: {e}"));
-        check_head_term_output(&host_label, "dq", &g.dq, &want.dq, true);
-        check_head_term_output(&host_label, "dk", &g.dk, &want.dk, true);
-        check_head_term_output(&host_label, "dv", &g.dv, &want.dv, true);
+        check_f32_output(&host_label, "dq", &g.dq, &want.dq, true);
+        check_f32_output(&host_label, "dk", &g.dk, &want.dk, true);
+        check_f32_output(&host_label, "dv", &g.dv, &want.dv, true);
         assert_eq!(g.d_sinks.len(), want.d_sinks.len(), "{host_label}");
         let d_scale = want.d_sinks.iter().fold(0.0f64, |m, x| m.max(x.abs()));
         for (h, (got, w)) in g.d_sinks.iter().zip(&want.d_sinks).enumerate() {
@@ -640,7 +606,7 @@ fn alibi_and_sinks_backward_is_split() {
             .into_iter()
             .enumerate()
         {
-            check_head_term_output(
+            check_f32_output(
                 &device_label,
                 name,
                 &bytemuck::pod_collect_to_vec::<u8, f32>(&bytes[i]),
@@ -673,7 +639,7 @@ fn alibi_heads_that_do_not_fit_together_are_refused() {
     let plain = AttentionProblem { alibi: None, ..p };
     let out = engine.forward_blocking(&plain, &x, &x, &x).unwrap();
     let want = reference::attention(&plain, &x, &x, &x).unwrap();
-    check_head_term_output("plain", "O", &out.out, &want.out, false);
+    check_f32_output("plain", "O", &out.out, &want.out, false);
 
     let Some(ctx) = limited(16 << 10, 16 << 10, 65535) else {
         return;
@@ -772,4 +738,253 @@ fn dropout_backward_is_split_with_the_wholes_mask() {
                 .with_dropout(dropout()),
         ),
     ]);
+}
+
+/// A score bias (f32 or f16) and a byte mask for `p`, seeded: the bias ~N(0, 1.5²), the mask
+/// hiding a fifth of the keys at random (and every key of query row 3, whose rows then give O = 0
+/// and LSE −∞). The mask's bytes are padded to whole words (the kernels read u32s).
+struct BiasAndMask {
+    bias_f32: Vec<f32>,
+    bias_f16: Vec<half::f16>,
+    mask: Vec<u8>,
+}
+
+impl BiasAndMask {
+    fn new(p: &AttentionProblem, seed: u64) -> Self {
+        let mut rng = Rng::new(seed ^ 0xb1a5);
+        let bias: Vec<f32> = (0..p.bias.map_or(0, |b| b.required_len(p).unwrap()))
+            .map(|_| 1.5 * rng.normal() as f32)
+            .collect();
+        let layout = p.mask.unwrap().layout;
+        let mut mask: Vec<u8> = (0..p.mask.unwrap().required_len(p).unwrap().next_multiple_of(4))
+            .map(|_| u8::from(!rng.next_u64().is_multiple_of(5)))
+            .collect();
+        for j in 0..p.shape.seq_kv {
+            mask[layout.offset + 3 * layout.row_stride + j] = 0;
+        }
+        BiasAndMask {
+            bias_f16: bias.iter().map(|&x| half::f16::from_f32(x)).collect(),
+            bias_f32: bias,
+            mask,
+        }
+    }
+
+    fn bias(&self, p: &AttentionProblem) -> BiasValues<'_> {
+        match p.bias.unwrap().dtype {
+            DType::F32 => BiasValues::F32(&self.bias_f32),
+            _ => BiasValues::F16(&self.bias_f16),
+        }
+    }
+
+    fn index(&self, p: &AttentionProblem) -> BatchIndex<'_> {
+        BatchIndex {
+            bias: Some(self.bias(p)),
+            mask: Some(&self.mask),
+            ..BatchIndex::default()
+        }
+    }
+}
+
+/// Problems with a score bias and a mask that need a split on a device binding 16 KiB, while
+/// the bias and mask each fit one binding: BSHD row parts with a bias broadcast over batch and
+/// heads (its rows move with the part's) and a mask per batch entry; BHSD head ranges with a bias
+/// per head (f16) and a mask per head.
+fn bias_mask_cases() -> Vec<(&'static str, AttentionProblem)> {
+    let with = |p: AttentionProblem, dtype, bias_batch, bias_head, mask_batch, mask_head| {
+        p.with_bias(ScoreBias {
+            dtype,
+            layout: BiasLayout::dense(&p, bias_batch, bias_head),
+        })
+        .with_mask(wgpu_flash_attn::batch::AttentionMask::dense(&p, mask_batch, mask_head))
+    };
+    let rows = AttentionProblem::new(shape(2, 60, 40, 5, 1, 32), DType::F32).with_causal(true);
+    let heads = AttentionProblem::new(shape(2, 30, 32, 8, 2, 24), DType::F32).with_layout(Layout::Bhsd);
+    vec![
+        ("bias_mask_bshd_rows", with(rows, DType::F32, false, false, true, false)),
+        (
+            "bias_mask_bhsd_heads",
+            with(heads, DType::F16, false, true, false, true),
+        ),
+    ]
+}
+
+/// The forward with a score bias and a mask, split over bindings and the grid on the caller's
+/// buffers (O and the LSE poisoned) and over buffers on host slices: each part reads the bias and
+/// mask from its own first element, so the result is the float64 reference's.
+#[test]
+fn bias_and_mask_forward_is_split() {
+    for (binding, buffer, workgroups) in [
+        (16 << 10, UNLIMITED, 65535),
+        (UNLIMITED, UNLIMITED, 2),
+        (16 << 10, 16 << 10, 65535),
+    ] {
+        let Some(ctx) = limited(binding, buffer, workgroups) else {
+            return;
+        };
+        let engine = FlashAttention::new(&ctx);
+        for (label, p) in bias_mask_cases() {
+            let host = buffer != UNLIMITED;
+            let label = format!("{label} binding {binding} grid {workgroups} host {host}");
+            let seed = seed_of(&label);
+            let sides = BiasAndMask::new(&p, seed);
+            let x = |s, t| random_tensor::<f32>(s, p.required_len(t));
+            let (q, k, v) = (x(seed, Tensor::Q), x(seed + 1, Tensor::K), x(seed + 2, Tensor::V));
+            let index = sides.index(&p);
+            let (out, lse) = if host {
+                let r = engine
+                    .forward_indexed_blocking(&p, &q, &k, &v, &index)
+                    .unwrap_or_else(|e| panic!("{label}: {e}"));
+                assert!(r.kernel.contains("parts"), "{label}: {}", r.kernel);
+                (r.out, r.lse)
+            } else {
+                let buf = |name, bytes: &[u8]| storage(&ctx, name, bytes);
+                let (qb, kb, vb) = (
+                    buf("q", bytemuck::cast_slice(&q)),
+                    buf("k", bytemuck::cast_slice(&k)),
+                    buf("v", bytemuck::cast_slice(&v)),
+                );
+                let o = buf("o", &nan_bytes(DType::F32, p.required_len(Tensor::O)));
+                let lse = buf("lse", &nan_bytes(DType::F32, p.lse_len()));
+                let bias = buf("bias", sides.bias(&p).bytes());
+                let mask = buf("mask", &sides.mask);
+                let buffers = ForwardBuffers {
+                    bias: Some(TensorBuffer::new(&bias)),
+                    mask: Some(TensorBuffer::new(&mask)),
+                    ..ForwardBuffers::new(
+                        TensorBuffer::new(&qb),
+                        TensorBuffer::new(&kb),
+                        TensorBuffer::new(&vb),
+                        TensorBuffer::new(&o),
+                        Some(TensorBuffer::new(&lse)),
+                    )
+                };
+                let mut encoder = ctx.device.create_command_encoder(&Default::default());
+                engine
+                    .encode_forward(&mut encoder, &p, &buffers, None)
+                    .unwrap_or_else(|e| panic!("{label}: {e}"));
+                submit_and_read::<f32>(&ctx, encoder, &o, &lse).unwrap()
+            };
+            let want = reference::attention_indexed(&p, &q, &k, &v, &index).unwrap();
+            check_f32_output(&label, "O", &out, &want.out, false);
+            check_lse(&label, &lse, &want.lse);
+        }
+    }
+}
+
+/// The backward with a score bias and a mask, split over batch entries and K/V head groups on host
+/// slices (the forward unsplit) and on the caller's buffers (its gradients NaN-poisoned), against
+/// the float64 reference; a split that would compute the bias's gradient is refused by name.
+#[test]
+fn bias_and_mask_backward_is_split() {
+    let Some(plain) = gpu() else { return };
+    // BHSD head ranges (the forward's case), and BSHD batch entries with a bias per batch entry
+    // and a mask per batch entry and head.
+    let batches = AttentionProblem::new(shape(4, 24, 20, 4, 2, 32), DType::F32);
+    let problems = [
+        bias_mask_cases()[1],
+        (
+            "bias_mask_bshd_batches",
+            batches
+                .with_bias(ScoreBias {
+                    dtype: DType::F32,
+                    layout: BiasLayout::dense(&batches, true, false),
+                })
+                .with_mask(wgpu_flash_attn::batch::AttentionMask::dense(&batches, true, true)),
+        ),
+    ];
+    for (buffer, host) in [(UNLIMITED, false), (16 << 10, true)] {
+        let Some(ctx) = limited(16 << 10, buffer, 65535) else {
+            return;
+        };
+        let engine = FlashAttention::new(&ctx);
+        for (label, p) in problems {
+            let label = format!("{label} host {host}");
+            let seed = seed_of(&label);
+            let sides = BiasAndMask::new(&p, seed);
+            let index = sides.index(&p);
+            let x = |s, t| random_tensor::<f32>(s, p.required_len(t));
+            let (q, k, v, d_o) = (
+                x(seed, Tensor::Q),
+                x(seed + 1, Tensor::K),
+                x(seed + 2, Tensor::V),
+                x(seed + 3, Tensor::O),
+            );
+            let fwd = FlashAttention::new(plain)
+                .forward_indexed_blocking(&p, &q, &k, &v, &index)
+                .unwrap();
+            let bp = BackwardProblem::new(p);
+            let (dq, dk, dv) = if host {
+                let inputs = BackwardInputs {
+                    q: &q,
+                    k: &k,
+                    v: &v,
+                    o: &fwd.out,
+                    lse: &fwd.lse,
+                    d_o: &d_o,
+                };
+                let g = engine
+                    .backward_indexed_blocking(bp, &inputs, &index)
+                    .unwrap_or_else(|e| panic!("{label}: {e}"));
+                let e = engine
+                    .backward_indexed_blocking(bp.with_bias_grad(true), &inputs, &index)
+                    .unwrap_err();
+                assert!(
+                    matches!(e, Error::TooLarge(ref m) if m.contains("bias's gradient") && m.contains("cannot be split")),
+                    "{label}: {e}"
+                );
+                (g.dq, g.dk, g.dv)
+            } else {
+                let buf = |name, bytes: &[u8]| storage(&ctx, name, bytes);
+                let f32s = |name, x: &[f32]| buf(name, bytemuck::cast_slice(x));
+                let (qb, kb, vb, ob, lseb, dob) = (
+                    f32s("q", &q),
+                    f32s("k", &k),
+                    f32s("v", &v),
+                    f32s("o", &fwd.out),
+                    f32s("lse", &fwd.lse),
+                    f32s("d_o", &d_o),
+                );
+                let poisoned = |name, t: GradTensor| buf(name, &nan_bytes(DType::F32, bp.required_len(t)));
+                let (dqb, dkb, dvb) = (
+                    poisoned("dq", GradTensor::DQ),
+                    poisoned("dk", GradTensor::DK),
+                    poisoned("dv", GradTensor::DV),
+                );
+                let bias = buf("bias", sides.bias(&p).bytes());
+                let mask = buf("mask", &sides.mask);
+                let buffers = BackwardBuffers {
+                    bias: Some(TensorBuffer::new(&bias)),
+                    mask: Some(TensorBuffer::new(&mask)),
+                    ..BackwardBuffers::new(
+                        TensorBuffer::new(&qb),
+                        TensorBuffer::new(&kb),
+                        TensorBuffer::new(&vb),
+                        TensorBuffer::new(&ob),
+                        TensorBuffer::new(&lseb),
+                        TensorBuffer::new(&dob),
+                        TensorBuffer::new(&dqb),
+                        TensorBuffer::new(&dkb),
+                        TensorBuffer::new(&dvb),
+                    )
+                };
+                let mut encoder = ctx.device.create_command_encoder(&Default::default());
+                engine
+                    .encode_backward(&mut encoder, bp, &buffers, None)
+                    .unwrap_or_else(|e| panic!("{label}: {e}"));
+                ctx.queue.submit([encoder.finish()]);
+                let bytes = pollster::block_on(read_back(
+                    &ctx.device,
+                    &ctx.queue,
+                    &[(&dqb, 0, dqb.size()), (&dkb, 0, dkb.size()), (&dvb, 0, dvb.size())],
+                ))
+                .unwrap();
+                let f = |b: &Vec<u8>| bytemuck::cast_slice::<u8, f32>(b).to_vec();
+                (f(&bytes[0]), f(&bytes[1]), f(&bytes[2]))
+            };
+            let want = reference::attention_backward_indexed(&bp, &q, &k, &v, &d_o, &index).unwrap();
+            for (name, got, want) in [("dQ", &dq, &want.dq), ("dK", &dk, &want.dk), ("dV", &dv, &want.dv)] {
+                check_f32_output(&label, name, got, want, true);
+            }
+        }
+    }
 }

@@ -628,6 +628,7 @@ impl FlashAttention {
         if let Some(d) = &buffers.delta {
             check_delta(buffers, &bound, &bind_f32("delta", d, f.lse_len(), &unbounded)?)?;
         }
+        refuse_split_bias_grad(whole, too_large)?;
         // The sinks' gradient sums over every batch entry and row: each part's kernel would write
         // its own sum over the last's (src/runtime/split.rs).
         if buffers.d_sinks.is_some() {
@@ -662,7 +663,8 @@ impl FlashAttention {
                 alibi_slopes: buffers.alibi_slopes,
                 sinks: buffers.sinks,
                 d_sinks: None,
-                // None unless the problem has a bias or mask, which `plan` refuses.
+                // The whole call's, read from the part's first element (split::Part::problem); a
+                // block summary `plan` refuses.
                 bias: buffers.bias,
                 mask: buffers.mask,
                 mask_blocks: buffers.mask_blocks,
@@ -1164,6 +1166,7 @@ impl FlashAttention {
         too_large: &str,
     ) -> Result<BackwardOutput<T>> {
         check_backward_slices(&whole, inputs)?;
+        refuse_split_bias_grad(&whole, too_large)?;
         let f = &whole.forward;
         let parts = split::plan(f, Pass::Backward, too_large, |part| {
             self.backward_fits_on_own_buffers(&on_own_buffers_backward(whole, part))
@@ -1185,9 +1188,12 @@ impl FlashAttention {
             let sub = on_own_buffers_backward(whole, part);
             // The part's heads of each (validated) `[num_heads]` tensor.
             let heads = part.h0..part.h0 + part.nh;
+            // The score bias and mask whole: the part's layouts start at its first element.
             let sub_index = index.map(|i| BatchIndex {
                 alibi_slopes: i.alibi_slopes.map(|t| &t[heads.clone()]),
                 sinks: i.sinks.map(|t| &t[heads.clone()]),
+                bias: i.bias,
+                mask: i.mask,
                 ..BatchIndex::default()
             });
             let sf = &sub.forward;
@@ -1287,6 +1293,20 @@ impl FlashAttention {
     ) -> Result<BackwardOutput<T>> {
         pollster::block_on(self.backward(problem, inputs))
     }
+}
+
+/// [`Error::TooLarge`] for a backward too large for one dispatch (`too_large` says why) that asks
+/// for the score bias's gradient: a sum over the dimensions the bias broadcasts, which each part
+/// would write over the last's.
+fn refuse_split_bias_grad(whole: &BackwardProblem, too_large: &str) -> Result<()> {
+    if !whole.bias_grad {
+        return Ok(());
+    }
+    Err(Error::TooLarge(format!(
+        "{too_large}; the problem cannot be split into smaller dispatches while it computes the score bias's \
+         gradient (each part would write its own sums over the last's): a device that binds the whole call, \
+         or the bias's gradient left out"
+    )))
 }
 
 /// A part's backward problem: the part's forward problem, the whole's gradient layouts.

@@ -772,10 +772,13 @@ impl FlashAttention {
         let caps = &self.ctx.caps;
         let es = whole.dtype.size_bytes();
         // A part has every head where the problem has per-head terms (split::keeps_heads_whole),
-        // so it reads the whole call's `[num_heads]` tensors as they are.
+        // so it reads the whole call's `[num_heads]` tensors as they are; its score bias and mask
+        // are the whole call's too, read from the part's first element (split::Part::problem).
         let head_terms = IndexBuffers {
             alibi_slopes: buffers.alibi_slopes,
             sinks: buffers.sinks,
+            bias: buffers.bias,
+            mask: buffers.mask,
             ..IndexBuffers::default()
         };
         let moved = |part: &Part, lse| {
@@ -893,7 +896,8 @@ impl FlashAttention {
     /// A host-slice forward too large for one dispatch on buffers of its own (`too_large` says
     /// why): its parts ([`split::plan`]), each uploaded, run and read back in turn, so device
     /// memory holds one part at a time, and scattered into the whole's O and LSE. `index`, checked
-    /// by the caller, holds at most the per-head terms, uploaded once: every part has all heads.
+    /// by the caller, holds at most the per-head terms (every part has all heads), the score bias
+    /// and the mask (each part reads them from its first element), uploaded once.
     async fn forward_in_parts<T: Element>(
         &self,
         whole: &AttentionProblem,

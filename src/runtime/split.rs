@@ -40,16 +40,21 @@ use crate::error::{Error, Result};
 use crate::gpu::binding::TensorBuffer;
 use crate::plan::missing_features;
 use crate::problem::features::{Feature, FeatureSet};
-use crate::problem::{AttentionProblem, AttentionShape, Tensor, TensorLayout};
+use crate::problem::score_bias::BiasLayout;
+use crate::problem::{AttentionMask, AttentionProblem, AttentionShape, ScoreBias, Tensor, TensorLayout};
 
 /// The features a part computes exactly as the whole does: none of them depends on a row's batch
 /// entry, the per-head terms (ALiBi, sinks) only on its head, which parts of every head keep
-/// ([`keeps_heads_whole`]), and dropout on positions a part is told ([`Placement`]). Anything else
-/// (the index tensors of packed batches, paged caches and key counts, which are per batch entry,
-/// and a score bias or mask tensor, per batch entry, head and row: each would need offsets of its
-/// own) keeps a problem whole.
+/// ([`keeps_heads_whole`]), dropout on positions a part is told ([`Placement`]), and a score bias
+/// or mask tensor on elements a part's layout reaches from its own first one
+/// ([`Part::problem`]). Anything else (the index tensors of packed batches, paged caches and key
+/// counts, which are per batch entry and would need offsets of their own; a mask's block summary,
+/// whose 32-row blocks a part's rows need not start) keeps a problem whole. (The score bias's
+/// gradient, a sum over the dimensions the bias broadcasts, is refused by the backward's split.)
 pub(crate) const SPLIT_FEATURES: FeatureSet = FeatureSet::of(&[
     Feature::Dropout,
+    Feature::Bias,
+    Feature::Mask,
     Feature::CausalMask,
     Feature::GroupedKv,
     Feature::ArbitraryScale,
@@ -97,10 +102,24 @@ pub(crate) struct Part {
 }
 
 impl Part {
-    /// The part's own problem: its sizes, the whole problem's strides and everything else.
+    /// The part's own problem: its sizes, the whole problem's strides and everything else; its
+    /// score bias and mask start at the part's first element of the whole's (a broadcast
+    /// dimension, stride 0, moves nothing).
     pub fn problem(&self, whole: &AttentionProblem) -> AttentionProblem {
         let group = whole.group_size();
+        // Below the whole tensor's validated extent: no overflow.
+        let first = |l: BiasLayout| BiasLayout {
+            offset: l.offset + self.b0 * l.batch_stride + self.h0 * l.head_stride + self.q0 * l.row_stride,
+            ..l
+        };
         AttentionProblem {
+            bias: whole.bias.map(|b| ScoreBias {
+                layout: first(b.layout),
+                ..b
+            }),
+            mask: whole.mask.map(|m| AttentionMask {
+                layout: first(m.layout),
+            }),
             shape: AttentionShape {
                 batch: self.nb,
                 seq_q: self.nq,
@@ -646,6 +665,12 @@ mod tests {
         });
         let e = plan(&packed, Pass::Forward, "x", |_| Ok(())).unwrap_err();
         assert!(e.to_string().contains("packed"), "{e}");
+        // A mask's block summary (its 32-row blocks need not start where a part's rows do).
+        let summarized = whole
+            .with_mask(crate::problem::AttentionMask::dense(&whole, true, true))
+            .with_mask_blocks();
+        let e = plan(&summarized, Pass::Forward, "x", |_| Ok(())).unwrap_err();
+        assert!(e.to_string().contains("block summary"), "{e}");
         // A split into too many dispatches.
         let many = problem(1 << 20, 1, 1, 1);
         let e = plan(&many, Pass::Forward, "x", |p| {
@@ -707,6 +732,42 @@ mod tests {
         .unwrap();
         assert!(parts.iter().all(|p| p.nq <= 8), "{parts:?}");
         check_cover(&whole, &parts);
+    }
+
+    /// A part's score bias and mask start at its first element of the whole's: its batch entry,
+    /// head and row, through each stride (none through a broadcast one).
+    #[test]
+    fn a_parts_bias_and_mask_start_at_its_first_element() {
+        use crate::problem::{AttentionMask, ScoreBias};
+        let whole = problem(3, 10, 6, 3);
+        let layout = BiasLayout {
+            offset: 5,
+            batch_stride: 1000,
+            head_stride: 0,
+            row_stride: 20,
+        };
+        let whole = whole
+            .with_bias(ScoreBias {
+                dtype: crate::problem::DType::F16,
+                layout,
+            })
+            .with_mask(AttentionMask { layout });
+        let part = Part {
+            b0: 2,
+            nb: 1,
+            h0: 4,
+            nh: 2,
+            q0: 7,
+            nq: 3,
+        };
+        let sub = part.problem(&whole);
+        let want = BiasLayout {
+            offset: 5 + 2 * 1000 + 7 * 20,
+            ..layout
+        };
+        assert_eq!(sub.bias.unwrap().layout, want);
+        assert_eq!(sub.mask.unwrap().layout, want);
+        assert_eq!(sub.bias.unwrap().dtype, crate::problem::DType::F16);
     }
 
     #[test]
