@@ -325,6 +325,39 @@ impl HeadTermInputs {
     }
 }
 
+/// The f32 forward of `p` on the caller's buffers on `ctx` (O and the LSE NaN-poisoned), with
+/// `sides` (`(name, values)` of the side tensors, as bytes) bound by `with_sides`: O and the LSE.
+fn forward_on_buffers(
+    ctx: &GpuContext,
+    engine: &FlashAttention,
+    p: &AttentionProblem,
+    [q, k, v]: [&[f32]; 3],
+    sides: &[(&str, &[u8])],
+    with_sides: impl for<'a> FnOnce(ForwardBuffers<'a>, &'a [wgpu::Buffer]) -> ForwardBuffers<'a>,
+    label: &str,
+) -> (Vec<f32>, Vec<f32>) {
+    let buffer = |name, data: &[f32]| storage(ctx, name, bytemuck::cast_slice(data));
+    let (qb, kb, vb) = (buffer("q", q), buffer("k", k), buffer("v", v));
+    let o = storage(ctx, "o", &nan_bytes(DType::F32, p.required_len(Tensor::O)));
+    let lse = storage(ctx, "lse", &nan_bytes(DType::F32, p.lse_len()));
+    let side_buffers: Vec<wgpu::Buffer> = sides.iter().map(|(name, bytes)| storage(ctx, name, bytes)).collect();
+    let buffers = with_sides(
+        ForwardBuffers::new(
+            TensorBuffer::new(&qb),
+            TensorBuffer::new(&kb),
+            TensorBuffer::new(&vb),
+            TensorBuffer::new(&o),
+            Some(TensorBuffer::new(&lse)),
+        ),
+        &side_buffers,
+    );
+    let mut encoder = ctx.device.create_command_encoder(&Default::default());
+    engine
+        .encode_forward(&mut encoder, p, &buffers, None)
+        .unwrap_or_else(|e| panic!("{label}: {e}"));
+    submit_and_read::<f32>(ctx, encoder, &o, &lse).unwrap()
+}
+
 /// `got` (O or a gradient) and `lse` against the float64 reference's, as tests/head_terms.rs
 /// judges them.
 fn check_f32_output(label: &str, what: &str, got: &[f32], want: &[f64], grad: bool) {
@@ -428,27 +461,23 @@ fn alibi_and_sinks_forward_is_split_with_every_head() {
         let index = inputs.index(&p);
         let want = reference::attention_indexed(&p, &inputs.q, &inputs.k, &inputs.v, &index).unwrap();
 
-        let buffer = |name, data: &[f32]| storage(&ctx, name, bytemuck::cast_slice(data));
-        let (q, k, v) = (buffer("q", &inputs.q), buffer("k", &inputs.k), buffer("v", &inputs.v));
-        let (slopes, sinks) = (buffer("alibi_slopes", &inputs.slopes), buffer("sinks", &inputs.sinks));
-        let o = storage(&ctx, "o", &nan_bytes(DType::F32, p.required_len(Tensor::O)));
-        let lse = storage(&ctx, "lse", &nan_bytes(DType::F32, p.lse_len()));
-        let buffers = ForwardBuffers {
-            alibi_slopes: p.has_alibi_tensor().then(|| TensorBuffer::new(&slopes)),
-            sinks: p.sinks.then(|| TensorBuffer::new(&sinks)),
-            ..ForwardBuffers::new(
-                TensorBuffer::new(&q),
-                TensorBuffer::new(&k),
-                TensorBuffer::new(&v),
-                TensorBuffer::new(&o),
-                Some(TensorBuffer::new(&lse)),
-            )
-        };
-        let mut encoder = ctx.device.create_command_encoder(&Default::default());
-        engine
-            .encode_forward(&mut encoder, &p, &buffers, None)
-            .unwrap_or_else(|e| panic!("{label}: {e}"));
-        let (out, got_lse) = submit_and_read::<f32>(&ctx, encoder, &o, &lse).unwrap();
+        let (slopes, sinks) = (
+            bytemuck::cast_slice(&inputs.slopes),
+            bytemuck::cast_slice(&inputs.sinks),
+        );
+        let (out, got_lse) = forward_on_buffers(
+            &ctx,
+            &engine,
+            &p,
+            [&inputs.q, &inputs.k, &inputs.v],
+            &[("alibi_slopes", slopes), ("sinks", sinks)],
+            |b, sides| ForwardBuffers {
+                alibi_slopes: p.has_alibi_tensor().then(|| TensorBuffer::new(&sides[0])),
+                sinks: p.sinks.then(|| TensorBuffer::new(&sides[1])),
+                ..b
+            },
+            label,
+        );
         let device_label = format!("{label} (caller's buffers)");
         check_f32_output(&device_label, "O", &out, &want.out, false);
         check_lse(&device_label, &got_lse, &want.lse);
@@ -783,6 +812,14 @@ impl BiasAndMask {
             ..BatchIndex::default()
         }
     }
+
+    /// The bias and the mask in buffers of their own on `ctx`.
+    fn upload(&self, ctx: &GpuContext, p: &AttentionProblem) -> [wgpu::Buffer; 2] {
+        [
+            storage(ctx, "bias", self.bias(p).bytes()),
+            storage(ctx, "mask", &self.mask),
+        ]
+    }
 }
 
 /// Problems with a score bias and a mask that need a split on a device binding 16 KiB, while
@@ -837,32 +874,20 @@ fn bias_and_mask_forward_is_split() {
                 assert!(r.kernel.contains("parts"), "{label}: {}", r.kernel);
                 (r.out, r.lse)
             } else {
-                let buf = |name, bytes: &[u8]| storage(&ctx, name, bytes);
-                let (qb, kb, vb) = (
-                    buf("q", bytemuck::cast_slice(&q)),
-                    buf("k", bytemuck::cast_slice(&k)),
-                    buf("v", bytemuck::cast_slice(&v)),
-                );
-                let o = buf("o", &nan_bytes(DType::F32, p.required_len(Tensor::O)));
-                let lse = buf("lse", &nan_bytes(DType::F32, p.lse_len()));
-                let bias = buf("bias", sides.bias(&p).bytes());
-                let mask = buf("mask", &sides.mask);
-                let buffers = ForwardBuffers {
-                    bias: Some(TensorBuffer::new(&bias)),
-                    mask: Some(TensorBuffer::new(&mask)),
-                    ..ForwardBuffers::new(
-                        TensorBuffer::new(&qb),
-                        TensorBuffer::new(&kb),
-                        TensorBuffer::new(&vb),
-                        TensorBuffer::new(&o),
-                        Some(TensorBuffer::new(&lse)),
-                    )
-                };
-                let mut encoder = ctx.device.create_command_encoder(&Default::default());
-                engine
-                    .encode_forward(&mut encoder, &p, &buffers, None)
-                    .unwrap_or_else(|e| panic!("{label}: {e}"));
-                submit_and_read::<f32>(&ctx, encoder, &o, &lse).unwrap()
+                let bias = sides.bias(&p);
+                forward_on_buffers(
+                    &ctx,
+                    &engine,
+                    &p,
+                    [&q, &k, &v],
+                    &[("bias", bias.bytes()), ("mask", &sides.mask)],
+                    |b, sides| ForwardBuffers {
+                        bias: Some(TensorBuffer::new(&sides[0])),
+                        mask: Some(TensorBuffer::new(&sides[1])),
+                        ..b
+                    },
+                    &label,
+                )
             };
             let want = reference::attention_indexed(&p, &q, &k, &v, &index).unwrap();
             check_f32_output(&label, "O", &out, &want.out, false);
@@ -950,8 +975,7 @@ fn bias_and_mask_backward_is_split() {
                     poisoned("dk", GradTensor::DK),
                     poisoned("dv", GradTensor::DV),
                 );
-                let bias = buf("bias", sides.bias(&p).bytes());
-                let mask = buf("mask", &sides.mask);
+                let [bias, mask] = sides.upload(&ctx, &p);
                 let buffers = BackwardBuffers {
                     bias: Some(TensorBuffer::new(&bias)),
                     mask: Some(TensorBuffer::new(&mask)),
