@@ -111,14 +111,57 @@ fn bias_components(rows: ptr<function, RegisterRows>, seq: Sequence, head: u32, 
     return b;
 }
 
+// Which of this invocation's components of the K/V tile at key n0 the mask tensor hides: bit i of
+// word j for component i of score block j.
+fn hidden_components(rows: ptr<function, RegisterRows>, seq: Sequence, head: u32, n0: u32) -> array<u32, N_BLOCKS> {
+    var hidden = array<u32, N_BLOCKS>();
+    // @unroll
+    for (var j = 0u; j < N_BLOCKS; j++) {
+        // @unroll
+        for (var i = 0u; i < COOP_COMPONENTS; i++) {
+            let slot = (COMPONENT_SLOT_BITS >> (2u * i)) & 3u;
+            if (mask_hides(seq, head, (*rows).row[slot], component_col(rows, n0, j, i))) {
+                hidden[j] |= 1u << i;
+            }
+        }
+    }
+    return hidden;
+}
+
+// Which of this invocation's components of score block j of the K/V tile at key n0 dropout keeps
+// (dropout.wgsl): bit i for component i. A generator call covers two rows and four keys; a
+// component of the same block as the one before it takes that call's bits (in the fragment
+// layouts measured so far an invocation's components come in pairs of adjacent keys).
+fn kept_components(rows: ptr<function, RegisterRows>, seq: Sequence, head: u32, n0: u32, j: u32) -> u32 {
+    var kept = 0u;
+    var block: DropoutBlock; // drawn at the first component: no block is at (2^32 − 1, 2^32 − 1)
+    var block_at = vec2<u32>(0xffffffffu);
+    // @unroll
+    for (var i = 0u; i < COOP_COMPONENTS; i++) {
+        let row = (*rows).row[(COMPONENT_SLOT_BITS >> (2u * i)) & 3u];
+        let col = component_col(rows, n0, j, i);
+        let at = vec2<u32>(row / 2u, col / 4u);
+        if (any(at != block_at)) {
+            block = dropout_block(seq.b, head, row, col);
+            block_at = at;
+        }
+        if (block_keeps(block, row, col)) {
+            kept |= 1u << i;
+        }
+    }
+    return kept;
+}
+
 // The online softmax of one K/V tile, at key n0 (of sequence `seq`, head `head`, whose score terms
-// are `terms`, with `bias` from bias_components when there is a bias tensor): the score fragments
-// `s` become P = exp2(scale·s − m_used) in place (f32, still accumulator fragments; a huge
-// reference's form in the exact pass, `exact`, attend_kv_tiles); m_used, l_part and alpha move as
-// in the workgroup-memory softmax (flash_fwd_coop.wgsl: next_reference_max, rescale_factor).
-// Returns whether some row of the subgroup moved (subgroup-uniform; the shipped kernel rescales
-// every tile and ignores it, the cost probes in examples/coop_diagnostics.rs branch on it).
-fn softmax_in_registers(rows: ptr<function, RegisterRows>, s: ptr<function, array<coop_mat16x16<f32, C>, N_BLOCKS>>, n0: u32, needs_mask: bool, seq: Sequence, head: u32, terms: ScoreTerms, bias: array<array<f32, COOP_COMPONENTS>, N_BLOCKS>, exact: bool) -> bool {
+// are `terms`, with `bias` from bias_components when there is a bias tensor and `hidden` from
+// hidden_components where the tile reads the mask, else 0): the score fragments `s` become
+// P = exp2(scale·s − m_used) in place (f32, still accumulator fragments; a huge reference's form
+// in the exact pass, `exact`, attend_kv_tiles), 0 where dropout drops the element after the row
+// sums took it; m_used, l_part and alpha move as in the workgroup-memory softmax
+// (flash_fwd_coop.wgsl: next_reference_max, rescale_factor). Returns whether some row of the
+// subgroup moved (subgroup-uniform; the shipped kernel rescales every tile and ignores it, the
+// cost probes in examples/coop_diagnostics.rs branch on it).
+fn softmax_in_registers(rows: ptr<function, RegisterRows>, s: ptr<function, array<coop_mat16x16<f32, C>, N_BLOCKS>>, n0: u32, needs_mask: bool, seq: Sequence, head: u32, terms: ScoreTerms, bias: array<array<f32, COOP_COMPONENTS>, N_BLOCKS>, hidden: array<u32, N_BLOCKS>, exact: bool) -> bool {
     var x: array<array<f32, COOP_COMPONENTS>, N_BLOCKS>;
     var raw_max: array<f32, ROW_SLOTS>;
     // @unroll
@@ -160,8 +203,11 @@ fn softmax_in_registers(rows: ptr<function, RegisterRows>, s: ptr<function, arra
             let slot = (COMPONENT_SLOT_BITS >> (2u * i)) & 3u;
             if (needs_mask) {
                 let col = component_col(rows, n0, j, i);
-                let hidden = (col < (*rows).kv_begin[slot]) | (col >= (*rows).kv_end[slot]);
-                x[j][i] = select(x[j][i], neg_inf(), hidden);
+                let outside = (col < (*rows).kv_begin[slot]) | (col >= (*rows).kv_end[slot]);
+                x[j][i] = select(x[j][i], neg_inf(), outside);
+            }
+            if (HAS_MASK) {
+                x[j][i] = select(x[j][i], neg_inf(), ((hidden[j] >> i) & 1u) != 0u);
             }
             raw_max[slot] = max(raw_max[slot], x[j][i]);
         }
@@ -191,6 +237,10 @@ fn softmax_in_registers(rows: ptr<function, RegisterRows>, s: ptr<function, arra
     }
     // @unroll
     for (var j = 0u; j < N_BLOCKS; j++) {
+        var kept = 0xffffffffu;
+        if (DROPOUT) {
+            kept = kept_components(rows, seq, head, n0, j);
+        }
         // @unroll
         for (var i = 0u; i < COOP_COMPONENTS; i++) {
             let slot = (COMPONENT_SLOT_BITS >> (2u * i)) & 3u;
@@ -200,7 +250,7 @@ fn softmax_in_registers(rows: ptr<function, RegisterRows>, s: ptr<function, arra
             }
             let p = exp2(arg);
             (*rows).l_part[slot] += p;
-            x[j][i] = p;
+            x[j][i] = select(0.0, p, ((kept >> i) & 1u) != 0u);
         }
         (*s)[j] = coop_from_elements_c(x[j]);
     }

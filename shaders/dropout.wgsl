@@ -1,5 +1,6 @@
-// dropout.wgsl — dropout on the attention probabilities: the generator and the keep masks of the
-// tiled forward (flash_fwd.wgsl) and the gradient kernels (flash_bwd_dq.wgsl, flash_bwd_dkdv.wgsl).
+// dropout.wgsl — dropout on the attention probabilities: the generator of the tiled forward
+// (flash_fwd.wgsl), the cooperative-matrix forward (flash_fwd_coop.wgsl) and the gradient kernels
+// (flash_bwd_dq.wgsl, flash_bwd_dkdv.wgsl); the tiled kernels' keep masks are dropout_rows.wgsl.
 // The host's twin is src/problem/dropout.rs, whose header says how each element's bit is drawn;
 // in short:
 //
@@ -75,31 +76,12 @@ fn dropout_block(b: u32, head: u32, row: u32, col: u32) -> DropoutBlock {
     return DropoutBlock(first >= t, second >= t);
 }
 
-// For a kernel whose invocation owns query rows (forward, dQ): which of the four keys from `col` (a
-// multiple of 4) each of its ROWS_PER_THREAD rows from `first_row` (even) keeps; keep[i][j] is
-// row first_row + i, key col + j. One generator call per two rows.
-fn dropout_keep_rows(b: u32, head: u32, first_row: u32, col: u32) -> array<vec4<bool>, ROWS_PER_THREAD> {
-    var keep: array<vec4<bool>, ROWS_PER_THREAD>;
-    for (var i = 0u; i < ROWS_PER_THREAD; i += 2u) {
-        let block = dropout_block(b, head, first_row + i, col);
-        keep[i] = block.first;
-        keep[i + 1u] = block.second;
-    }
-    return keep;
+// Which of the four keys of `block` (dropout_block of the same row) query row `row` keeps.
+fn block_row_keeps(block: DropoutBlock, row: u32) -> vec4<bool> {
+    return select(block.first, block.second, (row & 1u) == 1u);
 }
 
-// For the dK/dV kernel, whose invocation owns keys and reads four query columns: keep[i][j] is key
-// first_key + i (first_key a multiple of 4), query `query` + j (a multiple of 4). Each 4 × 4
-// square is the two blocks of query pairs (query, query + 1) and (query + 2, query + 3), read
-// transposed: two generator calls per four keys, as many per element as for the rows.
-fn dropout_keep_keys(b: u32, head: u32, first_key: u32, query: u32) -> array<vec4<bool>, ROWS_PER_THREAD> {
-    var keep: array<vec4<bool>, ROWS_PER_THREAD>;
-    for (var i = 0u; i < ROWS_PER_THREAD; i += 4u) {
-        let lo = dropout_block(b, head, query, first_key + i);
-        let hi = dropout_block(b, head, query + 2u, first_key + i);
-        for (var j = 0u; j < 4u; j++) {
-            keep[i + j] = vec4<bool>(lo.first[j], lo.second[j], hi.first[j], hi.second[j]);
-        }
-    }
-    return keep;
+// Whether `block` (dropout_block of the same row and column) keeps element (row, col).
+fn block_keeps(block: DropoutBlock, row: u32, col: u32) -> bool {
+    return block_row_keeps(block, row)[col & 3u];
 }

@@ -5,7 +5,9 @@
 // Bindings as flash_fwd.wgsl: 0 params, 1 q, 2 k, 3 v (here arrays of vec4<f16>, the 8-byte
 // granules every kernel indexes), 4 o (f16 granules), 5 the LSE bits, and for a batch with index
 // tensors 6–8 (sequence_indexed.wgsl), for ALiBi slopes or sinks from tensors 9–10
-// (head_terms_bound.wgsl), for a score bias 11 (score_bias_bound.wgsl).
+// (head_terms_bound.wgsl), for a score bias 11 (score_bias_bound.wgsl), for a mask tensor and its
+// block summary 12–13 (mask_bound.wgsl, mask_blocks_bound.wgsl). Dropout (dropout.wgsl) needs no
+// binding: its keep bits are drawn where P is formed.
 //
 // What a workgroup owns: one tile of BLOCK_M query rows of one (sequence, head), like the
 // non-matrix kernel flash_fwd.wgsl (same grid, longest first, same causal tile skipping, tiles
@@ -41,11 +43,15 @@
 // a workgroup streams its K/V tiles once (the fast pass), or twice where some row's reference max
 // turned huge, past what one multiply-add into exp2 holds exactly (attend_kv_tiles,
 // HUGE_REFERENCE, TWO_PASSES). Sliding windows are run-time parameters (common.wgsl): K/V tiles
-// left of every row's window are never loaded, as tiles past the diagonal are not. A soft-cap (SOFTCAP), ALiBi (ALIBI) and the score bias
-// (HAS_BIAS) are compile-time: each is a pass over the raw scores that the kernels without it
-// do not contain (as run-time branches they cost plain attention 5% on the H200, BENCHMARKS.md):
-// the cap (soft_cap_raw) first, then ALiBi's and the bias's terms (with_score_terms); a head's
-// sink joins each row's sum in the epilogue (join_sink, head_terms.wgsl).
+// left of every row's window are never loaded, as tiles past the diagonal are not, nor are tiles a
+// mask's block summary shows hidden whole (next_key_tile). A soft-cap (SOFTCAP), ALiBi (ALIBI),
+// the score bias (HAS_BIAS), the mask (HAS_MASK) and dropout (DROPOUT) are compile-time: each is
+// a pass over the scores that the kernels without it do not contain (as run-time branches they
+// cost plain attention 5% on the H200, BENCHMARKS.md): the cap (soft_cap_raw) first, then ALiBi's
+// and the bias's terms (with_score_terms), then the mask's −∞ where the summary does not show the
+// tile visible; a head's sink joins each row's sum in the epilogue (join_sink, head_terms.wgsl).
+// Dropout zeroes the P of the elements it drops after the row sums are taken (the LSE is the
+// undropped softmax's, as the backward expects) and the epilogue multiplies by 1/(1 − p).
 //
 // Rescaling: the output lives in accumulator fragments, so a row's factor reaches them as a
 // 16 × 16 matrix of factors (built in registers, or written to workgroup memory by the rows'
@@ -360,9 +366,9 @@ fn probabilities(x: vec4<f32>, m: f32, m_raw: f32, huge: bool) -> vec4<f32> {
 
 // This invocation's half score row (query `row` of `seq`, head `head`), starting at vec4 `at` of
 // `scores` and at key column `first_col`, raw (unscaled), soft-capped and with the score terms,
-// −∞ where the key is masked (outside the row's visible keys [row_keys.x, row_keys.y), or hidden
-// by the bias).
-fn read_half_row(at: u32, first_col: u32, row_keys: vec2<u32>, needs_mask: bool, seq: Sequence, head: u32, row: u32, terms: ScoreTerms) -> array<vec4<f32>, HALF_VECS> {
+// −∞ where the key is masked (outside the row's visible keys [row_keys.x, row_keys.y), hidden by
+// the bias, or with `reads_mask` by the mask tensor).
+fn read_half_row(at: u32, first_col: u32, row_keys: vec2<u32>, needs_mask: bool, reads_mask: bool, seq: Sequence, head: u32, row: u32, terms: ScoreTerms) -> array<vec4<f32>, HALF_VECS> {
     var x: array<vec4<f32>, HALF_VECS>;
     // @unroll
     for (var i = 0u; i < HALF_VECS; i++) {
@@ -384,6 +390,13 @@ fn read_half_row(at: u32, first_col: u32, row_keys: vec2<u32>, needs_mask: bool,
                 with_score_terms(x[i].z, seq, head, row, col + 2u, terms),
                 with_score_terms(x[i].w, seq, head, row, col + 3u, terms),
             );
+        }
+    }
+    if (reads_mask) {
+        // @unroll
+        for (var i = 0u; i < HALF_VECS; i++) {
+            let cols = vec4<u32>(first_col + 4u * i) + vec4<u32>(0u, 1u, 2u, 3u);
+            x[i] = select(x[i], vec4<f32>(neg_inf()), mask_hidden(seq, head, row, cols));
         }
     }
     if (needs_mask) {
@@ -422,14 +435,22 @@ fn half_row_softmax(row: ptr<function, HalfRow>, tile_raw_max: f32) -> f32 {
 // P = exp2(scale·x − m) into this invocation's half row of `probs` at vec4 `at`, and its sum,
 // for `row`'s reference; the exact pass (`exact`, attend_kv_tiles) takes a huge reference's form.
 // The scale is positive (the host checks), so the tile's max before scaling is its max after.
-fn write_half_probs(x: array<vec4<f32>, HALF_VECS>, row: HalfRow, at: u32, exact: bool) -> f32 {
+// With dropout the sum keeps every element and `probs` only the kept ones; the half row is query
+// `query` of `seq` and head `head` from key `first_col` (a multiple of 4), so each vec4 is one
+// generator block's row.
+fn write_half_probs(x: array<vec4<f32>, HALF_VECS>, row: HalfRow, at: u32, exact: bool, seq: Sequence, head: u32, query: u32, first_col: u32) -> f32 {
     var sum = 0.0;
     let huge = exact && is_huge_reference(row.m_used);
     // @unroll
     for (var i = 0u; i < HALF_VECS; i++) {
         let p = probabilities(x[i], row.m_used, row.m_raw, huge);
         sum += p.x + p.y + p.z + p.w;
-        probs[at + i] = vec4<f16>(p);
+        var kept = p;
+        if (DROPOUT) {
+            let block = dropout_block(seq.b, head, query, first_col + 4u * i);
+            kept = select(vec4<f32>(0.0), p, block_row_keeps(block, query));
+        }
+        probs[at + i] = vec4<f16>(kept);
     }
     return sum;
 }
@@ -526,19 +547,25 @@ fn attend_kv_tiles(exact: bool, ts: TileStream, q_frag: ptr<function, array<coop
     let seq = ts.seq;
     let head = ts.head;
     let m0 = ts.m0;
+    // The tiles are those from first_kv_tile on that a mask's block summary does not show hidden
+    // whole (next_key_tile; every tile without one); `step` counts the tiles visited, whose parity
+    // picks the buffer with two.
     var next_kv: array<vec4<f16>, KV_COPIES>;
     if (KV_BUFFERS == 2u) {
         workgroupBarrier(); // Q's fragments are loaded
-        copy_kv_tile(cp, ts.first_kv_tile * BLOCK_N, (ts.first_kv_tile % KV_BUFFERS) * KV_TILE_VECS);
+        copy_kv_tile(cp, ts.first_kv_tile * BLOCK_N, 0u);
     } else if (PREFETCH_KV) {
         load_kv_tile_at(&next_kv, cp, ts.first_kv_tile * BLOCK_N);
     }
     var tile_bias: array<array<f32, COOP_COMPONENTS>, N_BLOCKS>; // with a bias: set each tile
-    for (var t = ts.first_kv_tile; t < ts.num_kv_tiles; t++) {
+    var t = ts.first_kv_tile;
+    var step = 0u;
+    while (t < ts.num_kv_tiles) {
         let n0 = t * BLOCK_N;
-        let k_base = (t % KV_BUFFERS) * KV_TILE_VECS;
+        let t_next = next_key_tile(seq, head, m0, BLOCK_M, t + 1u, ts.num_kv_tiles, BLOCK_N);
+        let k_base = (step % KV_BUFFERS) * KV_TILE_VECS;
         let v_base = k_base + BLOCK_N * TILE_STRIDE;
-        let has_next = t + 1u < ts.num_kv_tiles;
+        let has_next = t_next < ts.num_kv_tiles;
         // One buffer: no subgroup reads the previous tile (or Q) any more. Two: this tile is
         // staged, and the other buffer is no longer read.
         workgroupBarrier();
@@ -551,14 +578,20 @@ fn attend_kv_tiles(exact: bool, ts: TileStream, q_frag: ptr<function, array<coop
             workgroupBarrier(); // this tile staged
         }
         if (PREFETCH_KV && has_next) {
-            load_kv_tile_at(&next_kv, cp, n0 + BLOCK_N);
+            load_kv_tile_at(&next_kv, cp, t_next * BLOCK_N);
         }
 
         // The bias of this invocation's score components, loaded before the products so that
         // they hide the loads' latency (read after them, the loads stalled the softmax: 0.36× the
-        // plain rate on the H200, BENCHMARKS.md).
+        // plain rate on the H200, BENCHMARKS.md); so is the mask, unless the block summary shows
+        // the tile visible.
         if (REGISTER_SOFTMAX && HAS_BIAS) {
             tile_bias = bias_components(reg_rows, seq, head, n0, ts.terms);
+        }
+        let reads_mask = HAS_MASK && key_tile_blocks(seq, head, m0, BLOCK_M, n0, BLOCK_N) != BLOCK_VISIBLE;
+        var tile_hidden = array<u32, N_BLOCKS>(); // explicit: some browsers do not re-zero a var declared in a loop
+        if (REGISTER_SOFTMAX && reads_mask) {
+            tile_hidden = hidden_components(reg_rows, seq, head, n0);
         }
 
         // ---- S = Q Kᵀ into this subgroup's score rows ----
@@ -584,12 +617,12 @@ fn attend_kv_tiles(exact: bool, ts: TileStream, q_frag: ptr<function, array<coop
             var moved = false;
             if (MASK_BRANCH) {
                 if (needs_mask) {
-                    moved = softmax_in_registers(reg_rows, &s_frag, n0, true, seq, head, ts.terms, tile_bias, exact);
+                    moved = softmax_in_registers(reg_rows, &s_frag, n0, true, seq, head, ts.terms, tile_bias, tile_hidden, exact);
                 } else {
-                    moved = softmax_in_registers(reg_rows, &s_frag, n0, false, seq, head, ts.terms, tile_bias, exact);
+                    moved = softmax_in_registers(reg_rows, &s_frag, n0, false, seq, head, ts.terms, tile_bias, tile_hidden, exact);
                 }
             } else {
-                moved = softmax_in_registers(reg_rows, &s_frag, n0, needs_mask, seq, head, ts.terms, tile_bias, exact);
+                moved = softmax_in_registers(reg_rows, &s_frag, n0, needs_mask, seq, head, ts.terms, tile_bias, tile_hidden, exact);
             }
             if (ROW_FACTORS_ALWAYS || moved) {
                 scale_rows(o_frag, row_matrix((*reg_rows).alpha));
@@ -606,7 +639,8 @@ fn attend_kv_tiles(exact: bool, ts: TileStream, q_frag: ptr<function, array<coop
             subgroupBarrier(); // the scores visible to the subgroup's invocations
 
             // ---- online softmax on this invocation's half row, held in registers ----
-            let x = read_half_row(my_row, n0 + ts.half_n * 4u * HALF_VECS, ts.row_keys, key_tile_needs_mask(seq, m0, BLOCK_M, n0, BLOCK_N), seq, head, ts.row, ts.terms);
+            let first_col = n0 + ts.half_n * 4u * HALF_VECS;
+            let x = read_half_row(my_row, first_col, ts.row_keys, key_tile_needs_mask(seq, m0, BLOCK_M, n0, BLOCK_N), reads_mask, seq, head, ts.row, ts.terms);
             var raw_max = neg_inf();
             // @unroll
             for (var i = 0u; i < HALF_VECS; i++) {
@@ -614,7 +648,7 @@ fn attend_kv_tiles(exact: bool, ts: TileStream, q_frag: ptr<function, array<coop
             }
             let tile_raw_max = max(raw_max, subgroupShuffleXor(raw_max, 16u));
             let alpha = half_row_softmax(half, tile_raw_max);
-            (*half).l_part += write_half_probs(x, *half, my_p_row, exact);
+            (*half).l_part += write_half_probs(x, *half, my_p_row, exact, seq, head, ts.row, first_col);
             subgroupBarrier(); // P visible to the subgroup's cooperative loads; the scores all read
 
             // ---- O = diag(alpha) O + P V ----
@@ -641,13 +675,15 @@ fn attend_kv_tiles(exact: bool, ts: TileStream, q_frag: ptr<function, array<coop
         if (KV_BUFFERS == 2u && has_next) {
             // The other buffer was last read by the previous tile's products, which every
             // subgroup finished before this iteration's barrier.
-            let other = ((t + 1u) % 2u) * KV_TILE_VECS;
+            let other = ((step + 1u) % 2u) * KV_TILE_VECS;
             if (PREFETCH_KV) {
                 store_kv_tile(&next_kv, cp, other);
             } else {
-                copy_kv_tile(cp, n0 + BLOCK_N, other);
+                copy_kv_tile(cp, t_next * BLOCK_N, other);
             }
         }
+        t = t_next;
+        step++;
     }
 }
 
@@ -699,10 +735,11 @@ fn flash_fwd_coop(
     let my_probs = sg * 16u * P_STRIDE;
 
     // The K/V tiles some row of the tile sees: from the first row's window edge (tiles left of
-    // every row's window are never loaded) to the last row's end of keys, diagonal or window.
+    // every row's window are never loaded) to the last row's end of keys, diagonal or window; the
+    // first is the first a mask's block summary does not show hidden whole.
     let kv_end = visible_key_end(seq, m0 + BLOCK_M);
     let num_kv_tiles = (kv_end + BLOCK_N - 1u) / BLOCK_N;
-    let first_kv_tile = visible_key_begin(seq, m0) / BLOCK_N;
+    let first_kv_tile = next_key_tile(seq, head, m0, BLOCK_M, visible_key_begin(seq, m0) / BLOCK_N, num_kv_tiles, BLOCK_N);
     // The keys this row sees (sequence end, causal diagonal, window).
     let row_keys = visible_keys(seq, row);
 
@@ -771,6 +808,9 @@ fn flash_fwd_coop(
         for (var sl = 0u; sl < ROW_SLOTS; sl++) {
             let total = join_sink(head, reg_rows.m_used[sl], row_sum(reg_rows.l_part[sl]));
             inv_l[sl] = select(0.0, total.o_factor / total.l, total.l > 0.0);
+            if (DROPOUT) {
+                inv_l[sl] *= params.dropout_scale;
+            }
             if (!seq.valid) {
                 inv_l[sl] = nan_f32();
             }
@@ -784,6 +824,9 @@ fn flash_fwd_coop(
     } else {
         let total = join_sink(head, half_row.m_used, half_row.l_part + subgroupShuffleXor(half_row.l_part, 16u));
         row_scale = select(0.0, total.o_factor / total.l, total.l > 0.0);
+        if (DROPOUT) {
+            row_scale *= params.dropout_scale;
+        }
         if (!seq.valid) {
             row_scale = nan_f32();
         }

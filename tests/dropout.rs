@@ -16,7 +16,7 @@
 
 mod common;
 
-use common::{below, engine_with, gpu, seed_of, shape, storage, submit_and_read};
+use common::{below, coop_engines, engine_with, gpu, seed_of, shape, storage, submit_and_read};
 use half::{bf16, f16};
 use wgpu::util::DeviceExt;
 use wgpu_flash_attn::batch::{Alibi, BatchIndex, BiasLayout, BiasValues, Dropout, ScoreBias, Varlen};
@@ -318,14 +318,20 @@ fn compare_masks(
 /// The forward's mask, read from its output: V's key j is the unit vector e_(j − window·head_dim)
 /// for the keys of one window of head_dim keys (zero for the others), so output column x of row i
 /// is P_ij·Z_ij/(1 − p) for key j = window·head_dim + x: positive exactly where kept (Q and K
-/// small, so no P underflows). One forward per window of keys.
-fn forward_mask_check(engine: &FlashAttention, batch: &Batch, label: &str) -> (usize, usize) {
+/// small, so no P underflows; the one-hot values are exact in every element type). One forward
+/// per window of keys.
+fn forward_mask_check<T: Element>(engine: &FlashAttention, batch: &Batch, label: &str) -> (usize, usize) {
     let p = &batch.problem;
     let s = p.shape;
     let d = s.head_dim;
     let index = batch.index();
     let seed = seed_of(label);
-    let small = |seed, n| -> Vec<f32> { random_tensor::<f32>(seed, n).iter().map(|x| 0.3 * x).collect() };
+    let small = |seed, n| -> Vec<T> {
+        random_tensor::<f32>(seed, n)
+            .iter()
+            .map(|x| T::from_f64(0.3 * *x as f64))
+            .collect()
+    };
     let (q, k) = (
         small(seed, p.required_len(Tensor::Q)),
         small(seed + 1, p.required_len(Tensor::K)),
@@ -333,12 +339,12 @@ fn forward_mask_check(engine: &FlashAttention, batch: &Batch, label: &str) -> (u
     let windows = s.seq_kv.div_ceil(d);
     let mut outs = Vec::new();
     for w in 0..windows {
-        let mut v = vec![0.0f32; p.required_len(Tensor::V)];
+        let mut v = vec![T::from_f64(0.0); p.required_len(Tensor::V)];
         for b in 0..s.batch {
             let rows = index.sequence(p, b);
             for j in (w * d..(w + 1) * d).filter(|&j| j < rows.seq_kv) {
                 for g in 0..s.num_kv_heads {
-                    v[p.v_layout.index(b, rows.kv_first + j, g, j - w * d)] = 1.0;
+                    v[p.v_layout.index(b, rows.kv_first + j, g, j - w * d)] = T::from_f64(1.0);
                 }
             }
         }
@@ -355,11 +361,22 @@ fn forward_mask_check(engine: &FlashAttention, batch: &Batch, label: &str) -> (u
         0..s.num_heads,
         |b, h, i, j| {
             let rows = index.sequence(p, b);
-            let x = outs[j / d].out[p.o_layout.index(b, rows.q_first + i, h, j % d)];
+            let x = outs[j / d].out[p.o_layout.index(b, rows.q_first + i, h, j % d)].to_f64();
             assert!(x.is_finite() && x >= 0.0, "{label}: O = {x} at ({b}, {h}, {i}, {j})");
             Some(x > 0.0)
         },
     )
+}
+
+/// Whether `kept` of `compared` elements is 1 − p within five standard deviations.
+fn assert_keep_rate(label: &str, p: f32, compared: usize, kept: usize) {
+    let q = 1.0 - dropout(p).drop_probability();
+    let rate = kept as f64 / compared as f64;
+    let sd = (q * (1.0 - q) / compared as f64).sqrt();
+    assert!(
+        (rate - q).abs() < 5.0 * sd,
+        "{label}: kept {rate} of {compared}, want {q} ± {sd}"
+    );
 }
 
 /// The forward's mask is the host's, bit for bit, under every tile plan and variant the device
@@ -395,53 +412,54 @@ fn the_forward_drops_exactly_the_hosts_mask() {
                         continue; // a plan this device cannot run
                     }
                     let label = format!("p {p}, problem {n}, {} {}", variant.name(), plan.label());
-                    let (c, k) = forward_mask_check(&engine, &batch, &label);
+                    let (c, k) = forward_mask_check::<f32>(&engine, &batch, &label);
                     compared += c;
                     kept += k;
                 }
             }
         }
-        // f16 storage and tiles, where the device has them: the one-hot values are exact.
+        // f16 storage and tiles, where the device has them.
         if ctx.caps.shader_f16 {
             let engine = engine_with(ctx, KernelChoice::variant(Variant::WORKGROUP_F16));
             let problem = AttentionProblem::new(shape(1, 50, 120, 2, 2, 64), DType::F16).with_dropout(dropout(p));
-            let batch = Batch::dense(problem);
-            let label = format!("p {p}, f16 tiles");
-            // The check reads f32 outputs: run it through an f32 twin of the inputs' values.
-            let index = batch.index();
-            let s = problem.shape;
-            let q: Vec<f16> = random_tensor::<f32>(seed_of(&label), problem.required_len(Tensor::Q))
-                .iter()
-                .map(|x| f16::from_f32(0.3 * x))
-                .collect();
-            let k: Vec<f16> = random_tensor::<f32>(seed_of(&label) + 1, problem.required_len(Tensor::K))
-                .iter()
-                .map(|x| f16::from_f32(0.3 * x))
-                .collect();
-            let mut outs = Vec::new();
-            for w in 0..s.seq_kv.div_ceil(s.head_dim) {
-                let mut v = vec![f16::ZERO; problem.required_len(Tensor::V)];
-                for j in (w * s.head_dim..(w + 1) * s.head_dim).filter(|&j| j < s.seq_kv) {
-                    for g in 0..s.num_kv_heads {
-                        v[problem.v_layout.index(0, j, g, j - w * s.head_dim)] = f16::ONE;
-                    }
-                }
-                outs.push(engine.forward_indexed_blocking(&problem, &q, &k, &v, &index).unwrap());
-            }
-            let d = s.head_dim;
-            let (c, k) = compare_masks(&label, &problem, &index, 0..s.num_heads, |_, h, i, j| {
-                Some(outs[j / d].out[problem.o_layout.index(0, i, h, j % d)].to_f32() > 0.0)
-            });
+            let (c, k) = forward_mask_check::<f16>(&engine, &Batch::dense(problem), &format!("p {p}, f16 tiles"));
             compared += c;
             kept += k;
         }
-        let q = 1.0 - dropout(p).drop_probability();
-        let rate = kept as f64 / compared as f64;
-        let sd = (q * (1.0 - q) / compared as f64).sqrt();
-        assert!(
-            (rate - q).abs() < 5.0 * sd,
-            "p {p}: kept {rate} of {compared}, want {q} ± {sd}"
-        );
+        assert_keep_rate(&format!("p {p}"), p, compared, kept);
+    }
+}
+
+/// The cooperative-matrix kernel's mask is the host's too, bit for bit, on each softmax route and
+/// way of streaming K/V (f16, on devices with 16×16 f16 cooperative matrices: the H200), for
+/// p = 0.5 and 0.1: batches and heads, GQA, causal with more queries than keys, a window, packed
+/// sequences of different lengths.
+#[test]
+fn the_cooperative_forward_drops_exactly_the_hosts_mask() {
+    let Some(ctx) = gpu() else { return };
+    let engines = coop_engines(ctx);
+    for p in [0.5f32, 0.1] {
+        let (mut compared, mut kept) = (0, 0);
+        for (route, engine) in &engines {
+            let problems = [
+                Batch::dense(AttentionProblem::new(shape(2, 70, 150, 4, 2, 64), DType::F16)),
+                Batch::dense(AttentionProblem::new(shape(1, 130, 100, 2, 2, 64), DType::F16).with_causal(true)),
+                Batch::dense(
+                    AttentionProblem::new(shape(1, 90, 90, 2, 1, 32), DType::F16).with_window(Some(20), Some(5)),
+                ),
+                Batch::packed(&[(37, 80), (1, 5), (90, 64)], 2, 1, 64, DType::F16),
+            ];
+            for (n, mut batch) in problems.into_iter().enumerate() {
+                batch.problem = batch.problem.with_dropout(dropout(p));
+                let label = format!("p {p}, problem {n}, {route}");
+                let (c, k) = forward_mask_check::<f16>(engine, &batch, &label);
+                compared += c;
+                kept += k;
+            }
+        }
+        if compared > 0 {
+            assert_keep_rate(&format!("p {p}, cooperative"), p, compared, kept);
+        }
     }
 }
 
@@ -772,6 +790,25 @@ fn dropout_matches_the_reference() {
     }
 }
 
+/// The cooperative-matrix kernel, forced (each softmax route and way of streaming K/V), with
+/// dropout on random f16 problems (and the variants beside it), on the caller's buffers and on
+/// host slices, against the reference.
+#[test]
+fn cooperative_dropout_matches_the_reference() {
+    let Some(ctx) = gpu() else { return };
+    let mut rng = Rng::new(0xc0d2);
+    let mut seed = 0u64;
+    for (route, engine) in coop_engines(ctx) {
+        for _ in 0..3 {
+            let (p, cu_q, cu_k) = random_problem(&mut rng, DType::F16);
+            let sides = Sides::new(&p, cu_q, cu_k, seed);
+            let label = format!("{} {route}", label(&p, seed));
+            forward_case::<f16>(ctx, &engine, &p, &sides, &label, seed.is_multiple_of(2));
+            seed += 1;
+        }
+    }
+}
+
 /// dQ, dK, dV (and the sinks' gradient) through dropout, on host slices, against the reference.
 fn backward_case<T: Element>(engine: &FlashAttention, p: &AttentionProblem, sides: &Sides, label: &str) {
     let seed = seed_of(label);
@@ -907,32 +944,27 @@ fn checks_and_refusals() {
     let decode = engine_with(ctx, KernelChoice::Decode(DecodeChoice::default()));
     let err = decode.select(&p).unwrap_err().to_string();
     assert!(err.contains("dropout"), "{err}");
-    // The cooperative-matrix kernel, on the H200's written-down capabilities.
+    // The cooperative-matrix kernel has it, forced or chosen automatically, on the H200's
+    // written-down capabilities.
     let f16 = AttentionProblem { dtype: DType::F16, ..p };
-    let coop = KernelChoice::CooperativeMatrix(CoopChoice::default());
-    let err = select_forward(
-        &f16,
-        &wgpu_flash_attn::caps::fixtures::h200(),
-        &coop,
-        BoundsChecks::default(),
-    )
-    .unwrap_err()
-    .to_string();
-    assert!(err.contains("dropout"), "{err}");
-    // Automatic selection there takes the tiled kernel, which has it.
-    let auto = select_forward(
-        &f16,
-        &wgpu_flash_attn::caps::fixtures::h200(),
-        &KernelChoice::Auto,
-        BoundsChecks::default(),
-    )
-    .unwrap();
-    assert!(
-        auto.name().starts_with("flash_fwd_") && auto.name().ends_with("_dropout"),
-        "{}",
-        auto.name()
-    );
-    // A decode-shaped problem goes to the tiled kernel too.
+    for choice in [
+        KernelChoice::CooperativeMatrix(CoopChoice::default()),
+        KernelChoice::Auto,
+    ] {
+        let kernel = select_forward(
+            &f16,
+            &wgpu_flash_attn::caps::fixtures::h200(),
+            &choice,
+            BoundsChecks::default(),
+        )
+        .unwrap();
+        assert!(
+            kernel.name().starts_with("flash_fwd_coop_") && kernel.name().ends_with("_dropout"),
+            "{choice:?}: {}",
+            kernel.name()
+        );
+    }
+    // A decode-shaped problem goes to a prefill kernel (the decode kernel has no dropout).
     let one_row = AttentionProblem::new(shape(2, 1, 300, 8, 2, 64), DType::F16)
         .with_causal(true)
         .with_dropout(dropout(0.1));

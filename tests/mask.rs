@@ -11,7 +11,7 @@
 
 mod common;
 
-use common::{below, gpu, seed_of, shape, storage, submit_and_read};
+use common::{below, coop_engines, gpu, seed_of, shape, storage, submit_and_read};
 use half::{bf16, f16};
 use wgpu_flash_attn::batch::{
     Alibi, AttentionMask, BatchIndex, BiasLayout, BiasValues, BlockState, MaskBlocks, ScoreBias, Varlen, MASK_BLOCK,
@@ -371,6 +371,29 @@ fn masks_match_the_reference() {
             let label = label(&p, seed, pattern);
             let sides = Sides::new(&p, pattern, seed % 3 == 0, seed);
             run_forward(ctx, &engine, &p, &sides, &label, (seed / 2) % 2 == 0);
+        }
+    }
+}
+
+/// The cooperative-matrix kernel, forced (each softmax route and way of streaming K/V), with a
+/// mask on random f16 problems (and the variants beside it), with and without the block summary,
+/// some rows hidden whole, on the caller's buffers and on host slices.
+#[test]
+fn cooperative_masks_match_the_reference() {
+    let Some(ctx) = gpu() else { return };
+    let mut rng = Rng::new(0xc03a);
+    let mut seed = 0u64;
+    for (route, engine) in coop_engines(ctx) {
+        for _ in 0..3 {
+            let mut p = random_problem(&mut rng, DType::F16);
+            let pattern = PATTERNS[seed as usize % 4];
+            for blocks in [false, true] {
+                p.mask_blocks = blocks;
+                let label = format!("{} {route}", label(&p, seed, pattern));
+                let sides = Sides::new(&p, pattern, seed.is_multiple_of(3), seed);
+                run_forward(ctx, &engine, &p, &sides, &label, (seed / 2).is_multiple_of(2));
+            }
+            seed += 1;
         }
     }
 }
@@ -855,7 +878,7 @@ fn the_kernels_trust_the_summary_and_ignore_a_wrong_one() {
 /// The values of a host call are checked (present, long enough), as are the device buffers (a
 /// mask or summary too short, a summary for a problem that does not ask for one, one sharing the
 /// mask's buffer), a summary of a problem with nothing to summarize is refused; and the kernels
-/// without a mask refuse it by name: naive, decode, cooperative-matrix.
+/// without a mask refuse it by name: naive, decode.
 #[test]
 fn mask_checks_and_refusals() {
     let Some(ctx) = gpu() else { return };
@@ -989,26 +1012,30 @@ fn mask_checks_and_refusals() {
     assert!(err.contains("mask tensor"), "{err}");
     let decode = AttentionProblem::new(shape(1, 1, 300, 8, 2, 128), DType::F16);
     let decode = decode.with_mask(AttentionMask::dense(&decode, false, false));
-    for choice in [
-        KernelChoice::Decode(Default::default()),
-        KernelChoice::CooperativeMatrix(Default::default()),
-    ] {
-        let err = select_forward(&decode, &h200(), &choice, BoundsChecks::default())
-            .unwrap_err()
-            .to_string();
-        assert!(err.contains("mask tensor"), "{choice:?}: {err}");
-        let err = select_forward(&decode.with_mask_blocks(), &h200(), &choice, BoundsChecks::default())
-            .unwrap_err()
-            .to_string();
-        assert!(err.contains("block summary"), "{choice:?}: {err}");
+    let forced_decode = KernelChoice::Decode(Default::default());
+    let err = select_forward(&decode, &h200(), &forced_decode, BoundsChecks::default())
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("mask tensor"), "{err}");
+    let err = select_forward(
+        &decode.with_mask_blocks(),
+        &h200(),
+        &forced_decode,
+        BoundsChecks::default(),
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(err.contains("block summary"), "{err}");
+    // Automatic selection takes the cooperative-matrix kernel for it on the H200 (the decode
+    // kernel has no mask), with the mask and the summary bound as the problem asks.
+    for (p, suffix) in [(decode, "_mask"), (decode.with_mask_blocks(), "_mask_blocks")] {
+        let kernel = select_forward(&p, &h200(), &KernelChoice::Auto, BoundsChecks::default()).unwrap();
+        assert!(
+            kernel.name().starts_with("flash_fwd_coop_") && kernel.name().contains(suffix),
+            "{}",
+            kernel.name()
+        );
     }
-    // Automatic selection takes the tiled kernel for it, on the device of the most kernels.
-    let kernel = select_forward(&decode, &h200(), &KernelChoice::Auto, BoundsChecks::default()).unwrap();
-    assert!(
-        kernel.name().starts_with("flash_fwd_") && kernel.name().contains("_mask"),
-        "{}",
-        kernel.name()
-    );
 }
 
 /// The mask with the score bias's gradient (`BackwardProblem::with_bias_grad`) and with dropout,

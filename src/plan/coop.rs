@@ -5,7 +5,7 @@
 use crate::caps::register_layout::COOP_SUBGROUP;
 use crate::caps::{Caps, RegisterLayout};
 use crate::plan::policy::COOP_KERNEL_VERIFIED;
-use crate::plan::{missing_features, SequenceIndex};
+use crate::plan::{missing_features, MaskBinding, SequenceIndex};
 use crate::problem::features::{Feature, FeatureSet};
 use crate::problem::{AttentionProblem, CapForm, DType};
 
@@ -39,6 +39,12 @@ pub struct CoopConfig {
     pub softcap: Option<CapForm>,
     /// Compiled with ALiBi's term (ALIBI): for problems with ALiBi only.
     pub alibi: bool,
+    /// The mask tensor and block summary it binds (shaders/mask_bound.wgsl,
+    /// mask_blocks_bound.wgsl).
+    pub mask: MaskBinding,
+    /// Whether it drops probabilities (shaders/dropout.wgsl): compiled in, so that the kernel
+    /// without dropout is the one it was.
+    pub dropout: bool,
 }
 
 /// One way to run the cooperative-matrix kernel: its tile and how it streams K/V.
@@ -190,6 +196,8 @@ impl CoopConfig {
             bias: None,
             softcap: None,
             alibi: false,
+            mask: MaskBinding::default(),
+            dropout: false,
         }
     }
 
@@ -198,8 +206,9 @@ impl CoopConfig {
         CoopConfig { sequences, ..self }
     }
 
-    /// Binds the tensors `problem` reads besides Q/K/V (its index tensors, per-head tensors and
-    /// score bias) and compiles in the score passes it needs (soft-cap, ALiBi).
+    /// Binds the tensors `problem` reads besides Q/K/V (its index tensors, per-head tensors,
+    /// score bias, mask and block summary) and compiles in the score passes it needs (soft-cap,
+    /// ALiBi) and dropout.
     pub fn with_tensors_of(self, problem: &AttentionProblem) -> Self {
         CoopConfig {
             sequences: SequenceIndex::of(problem),
@@ -207,6 +216,8 @@ impl CoopConfig {
             bias: problem.bias.map(|b| b.dtype),
             softcap: problem.cap_form(),
             alibi: problem.alibi.is_some(),
+            mask: MaskBinding::of(problem),
+            dropout: problem.active_dropout().is_some(),
             ..self
         }
     }
@@ -246,10 +257,10 @@ impl CoopConfig {
     /// `flash_fwd_coop_f16_bm{}_bn{}_d{}`, with `_prefetch` when the next K/V tile is loaded
     /// into registers early, `_db` when K/V are double-buffered, and `_regs…` (the layout) when
     /// the softmax runs in registers (and `_varlen`, `_lens`, `_heads`, `_bias{dtype}`,
-    /// `_cap`/`_capseries`, `_alibi`).
+    /// `_cap`/`_capseries`, `_alibi`, `_mask`, `_blocks`, `_dropout`).
     pub fn name(&self) -> String {
         format!(
-            "flash_fwd_coop_f16_bm{}_bn{}_d{}{}{}{}{}{}{}{}{}",
+            "flash_fwd_coop_f16_bm{}_bn{}_d{}{}{}{}{}{}{}{}{}{}{}",
             self.block_m,
             self.block_n,
             self.head_dim_pad,
@@ -263,6 +274,8 @@ impl CoopConfig {
             self.bias.map_or(String::new(), |t| format!("_bias{}", t.name())),
             self.softcap.map_or("", CapForm::name_suffix),
             if self.alibi { "_alibi" } else { "" },
+            self.mask.name_suffix(),
+            if self.dropout { "_dropout" } else { "" },
         )
     }
 
@@ -330,15 +343,15 @@ impl CoopConfig {
                 problem.softmax_scale()
             ));
         }
-        if self.softcap != problem.cap_form() || self.alibi != problem.alibi.is_some() {
+        let wanted = self.with_tensors_of(problem);
+        if (self.softcap, self.alibi, self.mask, self.dropout)
+            != (wanted.softcap, wanted.alibi, wanted.mask, wanted.dropout)
+        {
             return Some(format!(
-                "{} is compiled with soft-cap {:?} and {} ALiBi, where the problem needs soft-cap {:?} \
-                 and {} ALiBi (with_tensors_of builds the matching configuration)",
+                "{} is compiled for other score passes or tensors than the problem's, which needs {} \
+                 (with_tensors_of builds the matching configuration)",
                 self.name(),
-                self.softcap,
-                if self.alibi { "with" } else { "without" },
-                problem.cap_form(),
-                if problem.alibi.is_some() { "has" } else { "no" },
+                wanted.name(),
             ));
         }
         if let Some(why) = coop_device_unavailable_reason(caps) {
@@ -429,11 +442,15 @@ pub const COOP_FEATURES: FeatureSet = FeatureSet::of(&[
     Feature::Alibi,
     Feature::Sinks,
     Feature::Bias,
+    Feature::Mask,
+    Feature::MaskBlocks,
+    Feature::Dropout,
 ]);
 
 /// Every cooperative configuration of the plan tables, with each way of streaming K/V a caller
 /// can force, and each route's first plan also with the per-head tensors, with a bias of each
-/// type, with the soft-cap and ALiBi passes, and with all of them (for the shader tests).
+/// type, with the soft-cap and ALiBi passes, with each mask binding, with dropout, and with all of
+/// them (for the shader tests).
 pub fn all_coop_configs() -> Vec<CoopConfig> {
     let mut configs = Vec::new();
     for d in (16..=crate::problem::MAX_HEAD_DIM as u32).step_by(16) {
@@ -471,11 +488,17 @@ pub fn all_coop_configs() -> Vec<CoopConfig> {
                 });
             }
             configs.push(CoopConfig { alibi: true, ..first });
+            for mask in MaskBinding::BOUND {
+                configs.push(CoopConfig { mask, ..first });
+            }
+            configs.push(CoopConfig { dropout: true, ..first });
             configs.push(CoopConfig {
                 softcap: Some(CapForm::Series),
                 alibi: true,
                 head_tensors: true,
                 bias: Some(DType::F16),
+                mask: MaskBinding::BOUND[2],
+                dropout: true,
                 ..first
             });
         }

@@ -591,7 +591,7 @@ impl FlashAttention {
                 sequences: c.sequences,
                 head_tensors: c.head_tensors,
                 bias: c.bias.is_some(),
-                mask: MaskBinding::default(),
+                mask: c.mask,
             },
             ForwardKernel::Decode { config, split } => {
                 self.check_decode_scratch(problem, split)?;

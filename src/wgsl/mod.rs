@@ -27,6 +27,7 @@ pub const SCORE_BIAS_UNBOUND: &str = include_str!("../../shaders/score_bias_unbo
 pub const SCORE_BIAS_GRAD_BOUND: &str = include_str!("../../shaders/score_bias_grad_bound.wgsl");
 pub const SCORE_BIAS_GRAD_UNBOUND: &str = include_str!("../../shaders/score_bias_grad_unbound.wgsl");
 pub const DROPOUT: &str = include_str!("../../shaders/dropout.wgsl");
+pub const DROPOUT_ROWS: &str = include_str!("../../shaders/dropout_rows.wgsl");
 pub const STORAGE_F32: &str = include_str!("../../shaders/storage_f32.wgsl");
 pub const STORAGE_F16: &str = include_str!("../../shaders/storage_f16.wgsl");
 pub const STORAGE_BF16: &str = include_str!("../../shaders/storage_bf16.wgsl");
@@ -232,7 +233,7 @@ impl KernelConfig {
                 src.push_str(&head_terms_source(c.head_tensors, FORWARD_HEAD_BINDING));
                 src.push_str(&score_bias_source(c.bias, FORWARD_BIAS_BINDING));
                 src.push_str(&mask::mask_source(c.mask, mask::FORWARD_MASK_BINDING));
-                src.push_str(&dropout_source(c.dropout));
+                src.push_str(&tiled_dropout_source(c.dropout));
                 for part in [
                     COMMON,
                     storage_codec(c.storage),
@@ -314,6 +315,8 @@ impl KernelConfig {
                 src.push_str(&sequence_source(c.sequences, FORWARD_INDEX_BINDING));
                 src.push_str(&head_terms_source(c.head_tensors, FORWARD_HEAD_BINDING));
                 src.push_str(&score_bias_source(c.bias, FORWARD_BIAS_BINDING));
+                src.push_str(&mask::mask_source(c.mask, mask::FORWARD_MASK_BINDING));
+                src.push_str(&dropout_source(c.dropout));
                 for part in [
                     COMMON,
                     STORAGE_F16,
@@ -438,7 +441,7 @@ fn backward_source(kernel: &BackwardKernel, src: &mut String) {
                 true => SCORE_BIAS_GRAD_BOUND,
                 false => SCORE_BIAS_GRAD_UNBOUND,
             });
-            src.push_str(&dropout_source(g.dropout));
+            src.push_str(&tiled_dropout_source(g.dropout));
             for part in [
                 COMMON,
                 storage_codec(g.storage),
@@ -495,10 +498,16 @@ pub(crate) fn score_bias_source(dtype: Option<DType>, binding: u32) -> String {
     format!("const BIAS_BINDING: u32 = {binding}u;\nconst BIAS_DTYPE: u32 = {code}u;\n{SCORE_BIAS_BOUND}")
 }
 
-/// Dropout for a kernel that implements it (dropout.wgsl): the generator and the masks, compiled
-/// in when `on` (`const DROPOUT`), folded away otherwise.
+/// Dropout for a kernel that implements it (dropout.wgsl): the generator, compiled in when `on`
+/// (`const DROPOUT`), folded away otherwise.
 fn dropout_source(on: bool) -> String {
     format!("const DROPOUT: bool = {on};\n{DROPOUT}")
+}
+
+/// [`dropout_source`] with the keep masks of the kernels whose invocations own ROWS_PER_THREAD
+/// rows or keys (dropout_rows.wgsl): the tiled forward and the gradient kernels.
+fn tiled_dropout_source(on: bool) -> String {
+    format!("{}{DROPOUT_ROWS}", dropout_source(on))
 }
 
 /// ALiBi and sinks for a kernel that implements them (head_terms.wgsl): with `bound`, the
