@@ -33,9 +33,10 @@
 //   product's A operand component by component. No workgroup memory and no barrier between the
 //   two products.
 // - Otherwise, through workgroup memory: the subgroup stores 16 rows of scores (f32), and each
-//   invocation owns half a score row (two per row, 32 per subgroup, a size the host checks),
+//   invocation owns a part of a score row (ROW_LANES = SUBGROUP / 16 parts a row: halves on a
+//   32-wide subgroup, whole rows on a 16-wide one; the host compiles the device's size in),
 //   read once into registers as vec4s; it applies mask and scale, keeps the running max and sum,
-//   and writes its half of P (f16), which the subgroup loads as A fragments. Those rows are the
+//   and writes its part of P (f16), which the subgroup loads as A fragments. Those rows are the
 //   subgroup's alone, so only the subgroup synchronises (subgroupBarrier, made to cover
 //   workgroup memory in src/spirv/coherence.rs).
 //
@@ -74,7 +75,9 @@
 // the streaming options come from the host's plans, fitted to the workgroup memory (48 KiB on
 // NVIDIA) and measured (COOP_PLANS in src/plan/coop.rs).
 
-const SUBGROUP: u32 = 32u;
+// SUBGROUP, the invocations of a subgroup, is the host's (16 or 32): the lanes of a row below
+// are constants of it.
+const_assert SUBGROUP == 16u || SUBGROUP == 32u;
 const SUBGROUPS: u32 = BLOCK_M / 16u;
 // Each subgroup's vote in workgroup_saw_huge is a half of the first two granules.
 const_assert SUBGROUPS <= 8u;
@@ -109,8 +112,12 @@ const SCORE_COLS: u32 = select(BLOCK_N, 16u, REGISTER_SOFTMAX);
 const S_STRIDE: u32 = SCORE_COLS / 4u + 1u;
 const P_STRIDE: u32 = BLOCK_N / 4u + 2u;
 const PROB_VECS: u32 = select(SUBGROUPS * 16u * P_STRIDE, 4u, REGISTER_SOFTMAX);
-// vec4s of a score row each of its two invocations handles.
-const HALF_VECS: u32 = BLOCK_N / 8u;
+// The workgroup-memory softmax: ROW_LANES invocations share a score row (lanes r and r + 16 of
+// a 32-wide subgroup), each taking PART_VECS vec4s of it, and WINDOW_PART_VECS of a 16-column
+// window (the row factors', the output's).
+const ROW_LANES: u32 = SUBGROUP / 16u;
+const PART_VECS: u32 = BLOCK_N / (4u * ROW_LANES);
+const WINDOW_PART_VECS: u32 = 4u / ROW_LANES;
 const RESCALE_THRESHOLD: f32 = 8.0;
 // Whether the output is multiplied by the row factors every tile, or only where some row of the
 // subgroup moved its reference max. On the H200 the branch paid only with the softmax through
@@ -364,25 +371,25 @@ fn probabilities(x: vec4<f32>, m: f32, m_raw: f32, huge: bool) -> vec4<f32> {
     return exp2(x * params.scale - exp_reference(m));
 }
 
-// This invocation's half score row (query `row` of `seq`, head `head`), starting at vec4 `at` of
+// This invocation's part of a score row (query `row` of `seq`, head `head`), starting at vec4 `at` of
 // `scores` and at key column `first_col`, raw (unscaled), soft-capped and with the score terms,
 // −∞ where the key is masked (outside the row's visible keys [row_keys.x, row_keys.y), hidden by
 // the bias, or with `reads_mask` by the mask tensor).
-fn read_half_row(at: u32, first_col: u32, row_keys: vec2<u32>, needs_mask: bool, reads_mask: bool, seq: Sequence, head: u32, row: u32, terms: ScoreTerms) -> array<vec4<f32>, HALF_VECS> {
-    var x: array<vec4<f32>, HALF_VECS>;
+fn read_row_part(at: u32, first_col: u32, row_keys: vec2<u32>, needs_mask: bool, reads_mask: bool, seq: Sequence, head: u32, row: u32, terms: ScoreTerms) -> array<vec4<f32>, PART_VECS> {
+    var x: array<vec4<f32>, PART_VECS>;
     // @unroll
-    for (var i = 0u; i < HALF_VECS; i++) {
+    for (var i = 0u; i < PART_VECS; i++) {
         x[i] = scores[at + i];
     }
     if (SOFTCAP) {
         // @unroll
-        for (var i = 0u; i < HALF_VECS; i++) {
+        for (var i = 0u; i < PART_VECS; i++) {
             x[i] = vec4<f32>(soft_cap_raw(x[i].x), soft_cap_raw(x[i].y), soft_cap_raw(x[i].z), soft_cap_raw(x[i].w));
         }
     }
     if (has_score_terms()) {
         // @unroll
-        for (var i = 0u; i < HALF_VECS; i++) {
+        for (var i = 0u; i < PART_VECS; i++) {
             let col = first_col + 4u * i;
             x[i] = vec4<f32>(
                 with_score_terms(x[i].x, seq, head, row, col, terms),
@@ -394,14 +401,14 @@ fn read_half_row(at: u32, first_col: u32, row_keys: vec2<u32>, needs_mask: bool,
     }
     if (reads_mask) {
         // @unroll
-        for (var i = 0u; i < HALF_VECS; i++) {
+        for (var i = 0u; i < PART_VECS; i++) {
             let cols = vec4<u32>(first_col + 4u * i) + vec4<u32>(0u, 1u, 2u, 3u);
             x[i] = select(x[i], vec4<f32>(neg_inf()), mask_hidden(seq, head, row, cols));
         }
     }
     if (needs_mask) {
         // @unroll
-        for (var i = 0u; i < HALF_VECS; i++) {
+        for (var i = 0u; i < PART_VECS; i++) {
             let cols = vec4<u32>(first_col + 4u * i) + vec4<u32>(0u, 1u, 2u, 3u);
             let visible = (cols >= vec4<u32>(row_keys.x)) & (cols < vec4<u32>(row_keys.y));
             x[i] = select(vec4<f32>(neg_inf()), x[i], visible);
@@ -410,10 +417,10 @@ fn read_half_row(at: u32, first_col: u32, row_keys: vec2<u32>, needs_mask: bool,
     return x;
 }
 
-// The workgroup-memory softmax's state for this invocation's half row (the register softmax
+// The workgroup-memory softmax's state for this invocation's part of a row (the register softmax
 // keeps its own in RegisterRows).
-struct HalfRow {
-    m_used: f32, // the row's reference max (the same in both invocations of the row)
+struct RowPart {
+    m_used: f32, // the row's reference max (the same in each invocation of the row)
     m_raw: f32, // the raw score m_used was scaled from
     l_part: f32, // the sum of exp2(s − m_used) over this invocation's columns
     huge_seen: bool, // the reference was huge at some tile (is_huge_reference)
@@ -422,7 +429,7 @@ struct HalfRow {
 // A tile's step for a row whose raw max over the tile is `tile_raw_max`: the reference moves
 // (next_reference_max), the sum is rescaled, a huge reference is noted; returns the rescale
 // factor.
-fn half_row_softmax(row: ptr<function, HalfRow>, tile_raw_max: f32) -> f32 {
+fn row_part_softmax(row: ptr<function, RowPart>, tile_raw_max: f32) -> f32 {
     let m_new = next_reference_max((*row).m_used, tile_raw_max * params.scale);
     let alpha = rescale_factor((*row).m_used, m_new);
     (*row).m_raw = next_reference_raw((*row).m_raw, tile_raw_max, alpha);
@@ -432,17 +439,17 @@ fn half_row_softmax(row: ptr<function, HalfRow>, tile_raw_max: f32) -> f32 {
     return alpha;
 }
 
-// P = exp2(scale·x − m) into this invocation's half row of `probs` at vec4 `at`, and its sum,
+// P = exp2(scale·x − m) into this invocation's part of a row of `probs` at vec4 `at`, and its sum,
 // for `row`'s reference; the exact pass (`exact`, attend_kv_tiles) takes a huge reference's form.
 // The scale is positive (the host checks), so the tile's max before scaling is its max after.
-// With dropout the sum keeps every element and `probs` only the kept ones; the half row is query
+// With dropout the sum keeps every element and `probs` only the kept ones; the row part is query
 // `query` of `seq` and head `head` from key `first_col` (a multiple of 4), so each vec4 is one
 // generator block's row.
-fn write_half_probs(x: array<vec4<f32>, HALF_VECS>, row: HalfRow, at: u32, exact: bool, seq: Sequence, head: u32, query: u32, first_col: u32) -> f32 {
+fn write_part_probs(x: array<vec4<f32>, PART_VECS>, row: RowPart, at: u32, exact: bool, seq: Sequence, head: u32, query: u32, first_col: u32) -> f32 {
     var sum = 0.0;
     let huge = exact && is_huge_reference(row.m_used);
     // @unroll
-    for (var i = 0u; i < HALF_VECS; i++) {
+    for (var i = 0u; i < PART_VECS; i++) {
         let p = probabilities(x[i], row.m_used, row.m_raw, huge);
         sum += p.x + p.y + p.z + p.w;
         var kept = p;
@@ -453,6 +460,22 @@ fn write_half_probs(x: array<vec4<f32>, HALF_VECS>, row: HalfRow, at: u32, exact
         probs[at + i] = vec4<f16>(kept);
     }
     return sum;
+}
+
+// The max and the sum of a value over the ROW_LANES invocations that share a score row (lanes 16
+// apart; on a 16-wide subgroup an invocation has the row to itself).
+fn row_lanes_max(x: f32) -> f32 {
+    if (ROW_LANES == 2u) {
+        return max(x, subgroupShuffleXor(x, 16u));
+    }
+    return x;
+}
+
+fn row_lanes_sum(x: f32) -> f32 {
+    if (ROW_LANES == 2u) {
+        return x + subgroupShuffleXor(x, 16u);
+    }
+    return x;
 }
 
 // O += P_j·V_j for key block j of the tile, with V staged at `v_base`.
@@ -501,7 +524,7 @@ fn tile_of_workgroup(wg: vec3<u32>, groups: vec3<u32>) -> vec3<u32> {
 // What an invocation streams its workgroup's K/V tiles with, worked out once by the entry point:
 // the query tile, the tiles some row of it sees, its share of the K/V copy, the head's score
 // terms, and for the workgroup-memory softmax its query row, the keys that row sees and where its
-// half rows of scores and P are.
+// parts of the rows of scores and P are.
 struct TileStream {
     seq: Sequence,
     head: u32,
@@ -513,20 +536,20 @@ struct TileStream {
     row: u32,
     row_keys: vec2<u32>,
     r: u32, // the row within the subgroup's 16
-    half_n: u32, // which half of the score columns
+    part: u32, // which of the row's ROW_LANES parts of the score columns
     my_scores: u32, // the subgroup's score rows in `scores`, and its P rows in `probs`
     my_probs: u32,
 }
 
 // The query tile's pass over its K/V tiles into `o_frag` and the row states (`reg_rows` with
-// the softmax in registers, `half` otherwise), which it starts empty. `exact` is a literal at each
+// the softmax in registers, `row_part` otherwise), which it starts empty. `exact` is a literal at each
 // call, so that each compiles to its own loop. The fast pass (false) takes exp2's argument in one
 // multiply-add from the raw score and only notes rows whose reference turns huge
 // (is_huge_reference, huge_seen); the exact pass (true) subtracts those rows' raw max first. The
 // entry point runs the exact pass only for a workgroup where the fast one noted a row, so the
 // common case pays one comparison a row and tile for the rare one instead of a subtraction a
 // score.
-fn attend_kv_tiles(exact: bool, ts: TileStream, q_frag: ptr<function, array<coop_mat16x16<f16, A>, D_BLOCKS>>, o_frag: ptr<function, array<coop_mat16x16<f32, C>, D_BLOCKS>>, reg_rows: ptr<function, RegisterRows>, half: ptr<function, HalfRow>) {
+fn attend_kv_tiles(exact: bool, ts: TileStream, q_frag: ptr<function, array<coop_mat16x16<f16, A>, D_BLOCKS>>, o_frag: ptr<function, array<coop_mat16x16<f32, C>, D_BLOCKS>>, reg_rows: ptr<function, RegisterRows>, row_part: ptr<function, RowPart>) {
     // @unroll
     for (var d = 0u; d < D_BLOCKS; d++) {
         (*o_frag)[d] = coop_mat16x16<f32, C>();
@@ -534,10 +557,10 @@ fn attend_kv_tiles(exact: bool, ts: TileStream, q_frag: ptr<function, array<coop
     if (REGISTER_SOFTMAX) {
         restart_rows(reg_rows);
     } else {
-        *half = HalfRow(neg_inf(), neg_inf(), 0.0, false);
+        *row_part = RowPart(neg_inf(), neg_inf(), 0.0, false);
     }
-    let my_row = ts.my_scores + ts.r * S_STRIDE + ts.half_n * HALF_VECS;
-    let my_p_row = ts.my_probs + ts.r * P_STRIDE + ts.half_n * HALF_VECS;
+    let my_row = ts.my_scores + ts.r * S_STRIDE + ts.part * PART_VECS;
+    let my_p_row = ts.my_probs + ts.r * P_STRIDE + ts.part * PART_VECS;
 
     // K/V tiles: KV_BUFFERS == 1 frees the one buffer, fills it and waits (two barriers a
     // tile); KV_BUFFERS == 2 fills the other buffer with the next tile after computing this one
@@ -638,17 +661,17 @@ fn attend_kv_tiles(exact: bool, ts: TileStream, q_frag: ptr<function, array<coop
             }
             subgroupBarrier(); // the scores visible to the subgroup's invocations
 
-            // ---- online softmax on this invocation's half row, held in registers ----
-            let first_col = n0 + ts.half_n * 4u * HALF_VECS;
-            let x = read_half_row(my_row, first_col, ts.row_keys, key_tile_needs_mask(seq, m0, BLOCK_M, n0, BLOCK_N), reads_mask, seq, head, ts.row, ts.terms);
+            // ---- online softmax on this invocation's part of its row, held in registers ----
+            let first_col = n0 + ts.part * 4u * PART_VECS;
+            let x = read_row_part(my_row, first_col, ts.row_keys, key_tile_needs_mask(seq, m0, BLOCK_M, n0, BLOCK_N), reads_mask, seq, head, ts.row, ts.terms);
             var raw_max = neg_inf();
             // @unroll
-            for (var i = 0u; i < HALF_VECS; i++) {
+            for (var i = 0u; i < PART_VECS; i++) {
                 raw_max = max(raw_max, max(max(x[i].x, x[i].y), max(x[i].z, x[i].w)));
             }
-            let tile_raw_max = max(raw_max, subgroupShuffleXor(raw_max, 16u));
-            let alpha = half_row_softmax(half, tile_raw_max);
-            (*half).l_part += write_half_probs(x, *half, my_p_row, exact, seq, head, ts.row, first_col);
+            let tile_raw_max = row_lanes_max(raw_max);
+            let alpha = row_part_softmax(row_part, tile_raw_max);
+            (*row_part).l_part += write_part_probs(x, *row_part, my_p_row, exact, seq, head, ts.row, first_col);
             subgroupBarrier(); // P visible to the subgroup's cooperative loads; the scores all read
 
             // ---- O = diag(alpha) O + P V ----
@@ -659,9 +682,11 @@ fn attend_kv_tiles(exact: bool, ts: TileStream, q_frag: ptr<function, array<coop
             // registers twice a tile, rescaled or not: docs/perf-history.md, "Cooperative
             // matrices", step 13.)
             if (ROW_FACTORS_ALWAYS || subgroupAny(alpha != 1.0)) {
-                let window = ts.my_scores + ts.r * S_STRIDE + 2u * ts.half_n;
-                scores[window] = vec4<f32>(alpha);
-                scores[window + 1u] = vec4<f32>(alpha);
+                let window = ts.my_scores + ts.r * S_STRIDE + WINDOW_PART_VECS * ts.part;
+                // @unroll
+                for (var i = 0u; i < WINDOW_PART_VECS; i++) {
+                    scores[window + i] = vec4<f32>(alpha);
+                }
                 subgroupBarrier();
                 scale_rows(o_frag, coopLoadT<coop_mat16x16<f32, C>>(&scores[ts.my_scores], S_STRIDE));
             }
@@ -720,16 +745,16 @@ fn flash_fwd_coop(
     if (m0 >= seq.seq_q) {
         return; // past this sequence's rows (a shorter sequence of a packed batch)
     }
-    // Subgroups as consecutive runs of 32 local invocations: what NVIDIA's driver does, not
+    // Subgroups as consecutive runs of SUBGROUP local invocations: what NVIDIA's driver does, not
     // what Vulkan promises (subgroup_id / subgroup_invocation_id would not assume it; not yet
     // measured on the H200, so not yet changed).
     let sg = li / SUBGROUP;
     let lane = li % SUBGROUP;
-    // This invocation's row within its subgroup's 16, and which half of the score columns (the
+    // This invocation's row within its subgroup's 16, and which part of the score columns (the
     // workgroup-memory softmax; with the softmax in registers only the output's write-out uses
     // them, and rows come from the fragment layout instead).
     let r = lane % 16u;
-    let half_n = lane / 16u;
+    let part = lane / 16u;
     let row = m0 + sg * 16u + r;
     let my_scores = sg * 16u * S_STRIDE;
     let my_probs = sg * 16u * P_STRIDE;
@@ -783,19 +808,19 @@ fn flash_fwd_coop(
     // The fast pass over the K/V tiles, and for a workgroup where some row's reference turned
     // huge, the exact pass from the start (attend_kv_tiles); or the exact pass alone (TWO_PASSES).
     var o_frag: array<coop_mat16x16<f32, C>, D_BLOCKS>;
-    var half_row: HalfRow;
+    var row_part: RowPart;
     var reg_rows: RegisterRows;
     if (REGISTER_SOFTMAX) {
         reg_rows = rows_in_registers(seq, my_scores, lane, m0 + sg * 16u);
     }
-    let ts = TileStream(seq, head, m0, first_kv_tile, num_kv_tiles, kv_copy(li, seq, kv_head), score_terms(head), row, row_keys, r, half_n, my_scores, my_probs);
+    let ts = TileStream(seq, head, m0, first_kv_tile, num_kv_tiles, kv_copy(li, seq, kv_head), score_terms(head), row, row_keys, r, part, my_scores, my_probs);
     if (TWO_PASSES) {
-        attend_kv_tiles(false, ts, &q_frag, &o_frag, &reg_rows, &half_row);
-        if (workgroup_saw_huge(sg, lane, select(half_row.huge_seen, reg_rows.huge_seen, REGISTER_SOFTMAX))) {
-            attend_kv_tiles(true, ts, &q_frag, &o_frag, &reg_rows, &half_row);
+        attend_kv_tiles(false, ts, &q_frag, &o_frag, &reg_rows, &row_part);
+        if (workgroup_saw_huge(sg, lane, select(row_part.huge_seen, reg_rows.huge_seen, REGISTER_SOFTMAX))) {
+            attend_kv_tiles(true, ts, &q_frag, &o_frag, &reg_rows, &row_part);
         }
     } else {
-        attend_kv_tiles(true, ts, &q_frag, &o_frag, &reg_rows, &half_row);
+        attend_kv_tiles(true, ts, &q_frag, &o_frag, &reg_rows, &row_part);
     }
 
     // ---- epilogue: O / l (in registers, or on the way out with the workgroup-memory softmax)
@@ -822,7 +847,7 @@ fn flash_fwd_coop(
         }
         scale_rows(&o_frag, row_matrix(inv_l));
     } else {
-        let total = join_sink(head, half_row.m_used, half_row.l_part + subgroupShuffleXor(half_row.l_part, 16u));
+        let total = join_sink(head, row_part.m_used, row_lanes_sum(row_part.l_part));
         row_scale = select(0.0, total.o_factor / total.l, total.l > 0.0);
         if (DROPOUT) {
             row_scale *= params.dropout_scale;
@@ -830,7 +855,7 @@ fn flash_fwd_coop(
         if (!seq.valid) {
             row_scale = nan_f32();
         }
-        if (half_n == 0u && row < seq.seq_q && params.write_lse != 0u) {
+        if (part == 0u && row < seq.seq_q && params.write_lse != 0u) {
             lse[lse_index(seq, head, row)] = select(NAN_BITS, lse_bits(total.m, total.l), seq.valid);
         }
     }
@@ -840,11 +865,11 @@ fn flash_fwd_coop(
         subgroupBarrier();
         coopStoreT(o_frag[d], &scores[my_scores], S_STRIDE);
         subgroupBarrier();
-        // Each invocation writes two granules (8 columns) of its row.
-        for (var g = 0u; g < 2u; g++) {
-            let col = 16u * d + 8u * half_n + 4u * g;
+        // Each invocation writes WINDOW_PART_VECS granules of its row.
+        for (var g = 0u; g < WINDOW_PART_VECS; g++) {
+            let col = 16u * d + 4u * (WINDOW_PART_VECS * part + g);
             if (row < seq.seq_q && col < params.head_dim) {
-                o[out_row + col / 4u] = pack_granule(scores[my_scores + r * S_STRIDE + 2u * half_n + g] * row_scale);
+                o[out_row + col / 4u] = pack_granule(scores[my_scores + r * S_STRIDE + WINDOW_PART_VECS * part + g] * row_scale);
             }
         }
     }

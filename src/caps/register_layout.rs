@@ -200,8 +200,10 @@ impl RegisterLayout {
         &self.row_lane_masks[..self.row_lane_mask_count as usize]
     }
 
-    /// The WGSL constants flash_fwd_coop.wgsl's register softmax is compiled with.
-    pub(crate) fn wgsl_constants(&self) -> String {
+    /// The WGSL constants flash_fwd_coop.wgsl's register softmax is compiled with, its fragments
+    /// of `components` components (this layout's own, unless the module only compiles the
+    /// register code without running it: CoopConfig::compiled_components).
+    pub(crate) fn wgsl_constants(&self, components: u32) -> String {
         let bits = |values: &[u8], width: u32| {
             values
                 .iter()
@@ -218,7 +220,7 @@ impl RegisterLayout {
             "const COOP_COMPONENTS: u32 = {}u;\nconst ROW_SLOTS: u32 = {}u;\n\
              const COMPONENT_SLOT_BITS: u32 = {}u;\nconst ROW_LANE_MASK_BITS: u32 = {}u;\n\
              const ROW_LANE_MASK_COUNT: u32 = {}u;\nconst ROW_LEADER_BITS: u32 = {}u;\n",
-            self.components, self.slots, slot_bits, mask_bits, self.row_lane_mask_count, leader_bits
+            components, self.slots, slot_bits, mask_bits, self.row_lane_mask_count, leader_bits
         )
     }
 
@@ -320,7 +322,7 @@ mod tests {
 
     #[test]
     fn the_kernel_constants_encode_slots_and_masks() {
-        let s = RegisterLayout::nvidia_h200().wgsl_constants();
+        let s = RegisterLayout::nvidia_h200().wgsl_constants(8);
         // Slots 0,0,0,0,1,1,1,1 two bits each: 0b0101_0101 << 8 = 21760; masks 1 | 2 << 5 = 65.
         assert!(
             s.contains("COMPONENT_SLOT_BITS: u32 = 21760u") && s.contains("ROW_LANE_MASK_BITS: u32 = 65u"),

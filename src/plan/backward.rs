@@ -16,9 +16,12 @@
 //! [`DKDV_PLANS`] and [`DQ_PLANS`], the d(bias) kernel's from the latter) and the [`TileType`] of
 //! the variant.
 
+use crate::caps::register_layout::COOP_SUBGROUP;
 use crate::caps::{Caps, RegisterLayout};
 use crate::error::{Error, Result};
-use crate::plan::coop::{coop_device_unavailable_reason, register_layout_mismatch, register_routes};
+use crate::plan::coop::{
+    coop_device_unavailable_reason, coop_subgroup_unavailable_reason, register_layout_mismatch, register_routes,
+};
 use crate::plan::policy::{COOP_DKDV_BY_DEFAULT, COOP_DQ_BY_DEFAULT, COOP_KERNEL_VERIFIED};
 use crate::plan::tiled::tiled_device_fit_reason;
 use crate::plan::{missing_features, MaskBinding, Reduction, SequenceIndex, TilePlan, TileType, Variant};
@@ -486,7 +489,7 @@ impl GradKernel {
         if !COOP_KERNEL_VERIFIED {
             return Some("the cooperative-matrix kernels are taken out of selection (COOP_KERNEL_VERIFIED)".into());
         }
-        if let Some(why) = coop_device_unavailable_reason(caps) {
+        if let Some(why) = coop_backward_unavailable_reason(caps) {
             return Some(why);
         }
         if let Some(why) = register_layout_mismatch(self.register_layout, caps, "the gradient step") {
@@ -1121,6 +1124,13 @@ fn select_tiled_backward(problem: &BackwardProblem, caps: &Caps, choice: &Backwa
     })
 }
 
+/// Why a device cannot run the cooperative-matrix backward kernels, if it cannot: the forward's
+/// device check, and subgroups of 32 (the only size these kernels are written for).
+fn coop_backward_unavailable_reason(caps: &Caps) -> Option<String> {
+    coop_device_unavailable_reason(caps)
+        .or_else(|| coop_subgroup_unavailable_reason(caps, "the cooperative-matrix backward", &[COOP_SUBGROUP]))
+}
+
 /// The backward on cooperative matrices: the subgroup preprocessing kernel and the two
 /// cooperative-matrix gradient kernels, with the plans `choice` forces (read as `(block_m,
 /// block_n)`) or the first shipped ones the device fits. An [`Error::Unavailable`] naming each
@@ -1146,7 +1156,7 @@ fn select_coop_backward(problem: &BackwardProblem, caps: &Caps, choice: &Backwar
             problem.forward.shape.head_dim
         )));
     }
-    if let Some(why) = coop_device_unavailable_reason(caps) {
+    if let Some(why) = coop_backward_unavailable_reason(caps) {
         return Err(unavailable(why));
     }
     // The element-wise step's routes to try, best first: in registers where the device's layout
@@ -1455,7 +1465,8 @@ mod tests {
                     assert_eq!(c.unavailable_reason(&caps), None, "{}", c.name());
                     // f16 data up to head_dim 128 on a device with cooperative matrices takes
                     // them; otherwise f32 tiles (f16 tiles are never automatic).
-                    let coop_here = dtype == DType::F16 && d <= 128 && coop_device_unavailable_reason(&caps).is_none();
+                    let coop_here =
+                        dtype == DType::F16 && d <= 128 && coop_backward_unavailable_reason(&caps).is_none();
                     for (g, by_default) in [(c.dkdv, COOP_DKDV_BY_DEFAULT), (c.dq, COOP_DQ_BY_DEFAULT)] {
                         let coop = coop_here && by_default;
                         assert!(g.workgroup_bytes() <= caps.max_workgroup_storage_bytes, "{}", g.name());

@@ -10,7 +10,7 @@ use crate::problem::features::{Feature, FeatureSet};
 use crate::problem::{AttentionProblem, CapForm, DType};
 
 /// The cooperative-matrix (tensor-core) forward kernel, `shaders/flash_fwd_coop.wgsl`: one
-/// subgroup of 32 invocations per 16 query rows.
+/// subgroup per 16 query rows.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct CoopConfig {
     /// Query rows per workgroup: 16 per subgroup.
@@ -45,7 +45,16 @@ pub struct CoopConfig {
     /// Whether it drops probabilities (shaders/dropout.wgsl): compiled in, so that the kernel
     /// without dropout is the one it was.
     pub dropout: bool,
+    /// Invocations per subgroup the module is compiled for, the device's (one of
+    /// [`COOP_FORWARD_SUBGROUPS`]).
+    pub subgroup: u32,
 }
+
+/// The subgroup sizes the cooperative-matrix forward kernel is written for. 32 is NVIDIA's (and
+/// the only size whose fragment layout the register softmax knows); 16 is Mesa's lavapipe at
+/// 512-bit vectors, where CI runs the kernel with emulated matrices (src/wgsl/coop_emulation.rs).
+/// The workgroup-memory softmax shares a score row among `subgroup / 16` invocations.
+pub const COOP_FORWARD_SUBGROUPS: [u32; 2] = [16, 32];
 
 /// One way to run the cooperative-matrix kernel: its tile and how it streams K/V.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -198,7 +207,13 @@ impl CoopConfig {
             alibi: false,
             mask: MaskBinding::default(),
             dropout: false,
+            subgroup: COOP_SUBGROUP,
         }
+    }
+
+    /// Sets [`subgroup`](Self::subgroup).
+    pub fn with_subgroup(self, subgroup: u32) -> Self {
+        CoopConfig { subgroup, ..self }
     }
 
     /// Sets [`sequences`](Self::sequences).
@@ -239,6 +254,16 @@ impl CoopConfig {
             .unwrap_or_else(crate::caps::register_layout::RegisterLayout::nvidia_h200)
     }
 
+    /// The components per invocation of a 16 × 16 fragment the module's element access is
+    /// compiled for: the layout's, or for the workgroup-memory softmax (whose unused register code
+    /// still compiles) what this subgroup size holds, 256 / subgroup, so that neither a driver nor
+    /// the emulation sees an access sized for another width (lavapipe's compiler crashed on 8
+    /// components of its 16-component fragments).
+    pub(crate) fn compiled_components(&self) -> u32 {
+        self.register_layout
+            .map_or(256 / self.subgroup.max(1), |layout| layout.components())
+    }
+
     /// Sets [`double_buffer`](Self::double_buffer).
     pub fn with_double_buffer(self, double_buffer: bool) -> Self {
         CoopConfig { double_buffer, ..self }
@@ -257,10 +282,11 @@ impl CoopConfig {
     /// `flash_fwd_coop_f16_bm{}_bn{}_d{}`, with `_prefetch` when the next K/V tile is loaded
     /// into registers early, `_db` when K/V are double-buffered, and `_regs…` (the layout) when
     /// the softmax runs in registers (and `_varlen`, `_lens`, `_heads`, `_bias{dtype}`,
-    /// `_cap`/`_capseries`, `_alibi`, `_mask`, `_blocks`, `_dropout`).
+    /// `_cap`/`_capseries`, `_alibi`, `_mask`, `_blocks`, `_dropout`, and `_sg{n}` for subgroups
+    /// of other than 32).
     pub fn name(&self) -> String {
         format!(
-            "flash_fwd_coop_f16_bm{}_bn{}_d{}{}{}{}{}{}{}{}{}{}{}",
+            "flash_fwd_coop_f16_bm{}_bn{}_d{}{}{}{}{}{}{}{}{}{}{}{}",
             self.block_m,
             self.block_n,
             self.head_dim_pad,
@@ -276,12 +302,17 @@ impl CoopConfig {
             if self.alibi { "_alibi" } else { "" },
             self.mask.name_suffix(),
             if self.dropout { "_dropout" } else { "" },
+            if self.subgroup == COOP_SUBGROUP {
+                String::new()
+            } else {
+                format!("_sg{}", self.subgroup)
+            },
         )
     }
 
-    /// Invocations per workgroup: one 32-wide subgroup per 16 query rows.
+    /// Invocations per workgroup: one subgroup per 16 query rows.
     pub fn workgroup_size(&self) -> u32 {
-        (self.block_m / 16).saturating_mul(COOP_SUBGROUP)
+        (self.block_m / 16).saturating_mul(self.subgroup)
     }
 
     /// Mirrors the `var<workgroup>` declarations of flash_fwd_coop.wgsl: the K/V buffers (rows of
@@ -302,10 +333,15 @@ impl CoopConfig {
 
     /// Whether the sizes fit the kernel's assumptions: `block_m` and `block_n` positive multiples
     /// of 16, `block_m` at most 128 (eight subgroups: the workgroup's vote on huge rows,
-    /// flash_fwd_coop.wgsl), and enough invocations to copy a K/V row of `head_dim_pad` in one
-    /// round.
+    /// flash_fwd_coop.wgsl), a subgroup size it is written for (32 with the softmax in
+    /// registers, whose layouts are of 32 lanes), `block_n` a multiple of the columns a score
+    /// row's invocations split (`4 · subgroup / 16`), and enough invocations to copy a K/V row of
+    /// `head_dim_pad` in one round.
     pub fn is_well_formed(&self) -> bool {
-        self.block_m > 0
+        COOP_FORWARD_SUBGROUPS.contains(&self.subgroup)
+            && (self.register_layout.is_none() || self.subgroup == COOP_SUBGROUP)
+            && self.block_n.is_multiple_of(self.subgroup / 4)
+            && self.block_m > 0
             && self.block_m <= 128
             && self.block_m.is_multiple_of(16)
             && self.block_n > 0
@@ -356,6 +392,15 @@ impl CoopConfig {
         }
         if let Some(why) = coop_device_unavailable_reason(caps) {
             return Some(why);
+        }
+        if caps.subgroup_min_size != self.subgroup || caps.subgroup_max_size != self.subgroup {
+            return Some(format!(
+                "{} is compiled for subgroups of {} invocations; the device's are {}..{}",
+                self.name(),
+                self.subgroup,
+                caps.subgroup_min_size,
+                caps.subgroup_max_size
+            ));
         }
         if let Some(why) = register_layout_mismatch(self.register_layout, caps, "the softmax") {
             return Some(why);
@@ -408,7 +453,8 @@ pub(crate) fn register_layout_mismatch(layout: Option<RegisterLayout>, caps: &Ca
     })
 }
 
-/// Why a device cannot run the cooperative-matrix kernel at all, if it cannot (whatever the plan).
+/// Why a device cannot run the cooperative-matrix forward kernel at all, if it cannot (whatever
+/// the plan). The backward and decode kernels ask [`coop_subgroup_unavailable_reason`] too.
 pub fn coop_device_unavailable_reason(caps: &Caps) -> Option<String> {
     if !caps.cooperative_matrix_f16 {
         return Some("the device offers no 16x16x16 f16->f32 cooperative matrices (or they are not enabled)".into());
@@ -419,10 +465,30 @@ pub fn coop_device_unavailable_reason(caps: &Caps) -> Option<String> {
     if !caps.subgroup_barrier {
         return Some("the device has no subgroupBarrier() (wgpu's SUBGROUP_BARRIER)".into());
     }
-    if !caps.subgroups || caps.subgroup_min_size != COOP_SUBGROUP || caps.subgroup_max_size != COOP_SUBGROUP {
+    coop_subgroup_unavailable_reason(caps, "the cooperative-matrix kernel", &COOP_FORWARD_SUBGROUPS)
+}
+
+/// The subgroup size a cooperative-matrix forward module is compiled with on `caps`: the
+/// device's where the kernel is written for it, else 32 (and the device check says why not).
+pub fn coop_subgroup_of(caps: &Caps) -> u32 {
+    if caps.subgroup_min_size == caps.subgroup_max_size && COOP_FORWARD_SUBGROUPS.contains(&caps.subgroup_max_size) {
+        caps.subgroup_max_size
+    } else {
+        COOP_SUBGROUP
+    }
+}
+
+/// Why the cooperative-matrix kernel `what`, written for subgroups of one of `sizes`, cannot run
+/// on `caps`' subgroups, if it cannot: the device's subgroups must be of one fixed size among
+/// them (every lane computation in the kernels is a constant of the module).
+pub(crate) fn coop_subgroup_unavailable_reason(caps: &Caps, what: &str, sizes: &[u32]) -> Option<String> {
+    let fixed = caps.subgroup_min_size == caps.subgroup_max_size;
+    if !caps.subgroups || !fixed || !sizes.contains(&caps.subgroup_max_size) {
         return Some(format!(
-            "the cooperative-matrix kernel is written for subgroups of exactly {COOP_SUBGROUP} invocations; the device's are {}..{}",
-            caps.subgroup_min_size, caps.subgroup_max_size
+            "{what} is written for subgroups of exactly {} invocations; the device's are {}..{}",
+            sizes.iter().map(u32::to_string).collect::<Vec<_>>().join(" or "),
+            caps.subgroup_min_size,
+            caps.subgroup_max_size
         ));
     }
     None
@@ -502,6 +568,25 @@ pub fn all_coop_configs() -> Vec<CoopConfig> {
                 ..first
             });
         }
+        // Subgroups of 16 (workgroup-memory softmax only): each plan plainly, and the first with
+        // every score term.
+        for plan in coop_plans(d, CoopSoftmax::WorkgroupMemory) {
+            let config = plan.config(d).with_subgroup(16);
+            if config.is_well_formed() {
+                configs.push(config);
+            }
+        }
+        configs.push(CoopConfig {
+            softcap: Some(CapForm::Tanh),
+            alibi: true,
+            head_tensors: true,
+            bias: Some(DType::F32),
+            mask: MaskBinding::BOUND[2],
+            dropout: true,
+            ..coop_plans(d, CoopSoftmax::WorkgroupMemory)[0]
+                .config(d)
+                .with_subgroup(16)
+        });
     }
     configs
 }

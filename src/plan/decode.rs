@@ -20,7 +20,7 @@
 use crate::caps::register_layout::COOP_SUBGROUP;
 use crate::caps::Caps;
 use crate::error::{invalid, Error, Result};
-use crate::plan::coop::coop_device_unavailable_reason;
+use crate::plan::coop::{coop_device_unavailable_reason, coop_subgroup_unavailable_reason};
 use crate::plan::missing_features;
 use crate::plan::policy::{
     COOP_DECODE_BY_DEFAULT, COOP_DECODE_MIN_ROWS, DECODE_COOP_SLOTS, DECODE_LANE_SLOTS, DECODE_MAX_QUERIES,
@@ -349,7 +349,9 @@ impl DecodeConfig {
                         self.head_dim
                     ));
                 }
-                if let Some(why) = coop_device_unavailable_reason(caps) {
+                if let Some(why) = coop_device_unavailable_reason(caps).or_else(|| {
+                    coop_subgroup_unavailable_reason(caps, "the cooperative-matrix decode kernel", &[COOP_SUBGROUP])
+                }) {
                     return Some(why);
                 }
             }

@@ -5,7 +5,7 @@ use crate::caps::Caps;
 use crate::error::{Error, Result};
 use crate::plan::check_grid;
 use crate::plan::choice::{BoundsChecks, KernelChoice};
-use crate::plan::coop::{coop_plans, register_routes, CoopChoice, CoopConfig, CoopPlan, CoopSoftmax};
+use crate::plan::coop::{coop_plans, coop_subgroup_of, register_routes, CoopChoice, CoopConfig, CoopPlan, CoopSoftmax};
 use crate::plan::decode::{prefers_decode, select_decode, DecodeChoice, DecodeConfig, DecodeSplit};
 use crate::plan::policy::{COOP_BY_DEFAULT, DECODE_BY_DEFAULT};
 use crate::plan::tiled::{select, FlashConfig};
@@ -140,7 +140,11 @@ pub fn select_forward(
                     fitting.into_iter().chain(taller).map(|p| p.config(head_dim)).collect()
                 }
             };
-            candidates.extend(configs.into_iter().map(|c| c.with_register_layout(layout)));
+            candidates.extend(
+                configs
+                    .into_iter()
+                    .map(|c| c.with_register_layout(layout).with_subgroup(coop_subgroup_of(caps))),
+            );
         }
         for config in candidates {
             let config = config
@@ -423,7 +427,7 @@ mod tests {
             ..h200
         };
         let e = select_forward(&problem(128, DType::F16), &amd, &required, BoundsChecks::Off).unwrap_err();
-        assert!(e.to_string().contains("exactly 32"), "{e}");
+        assert!(e.to_string().contains("exactly 16 or 32"), "{e}");
     }
 
     /// The cooperative kernel compiles in exactly the score passes the problem has (soft-cap,

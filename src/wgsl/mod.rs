@@ -302,15 +302,16 @@ impl KernelConfig {
                 src.push_str(&format!(
                     "const HEAD_DIM_PAD: u32 = {}u;\nconst BLOCK_M: u32 = {}u;\nconst BLOCK_N: u32 = {}u;\n\
                      const PREFETCH_KV: bool = {};\nconst KV_BUFFERS: u32 = {}u;\nconst REGISTER_SOFTMAX: bool = {};\n\
-                     {}{}",
+                     const SUBGROUP: u32 = {}u;\n{}{}",
                     c.head_dim_pad,
                     c.block_m,
                     c.block_n,
                     c.prefetch_kv,
                     c.kv_buffers(),
                     c.register_layout.is_some(),
+                    c.subgroup,
                     compiled_score_terms(c.softcap, c.alibi),
-                    c.compiled_layout().wgsl_constants()
+                    c.compiled_layout().wgsl_constants(c.compiled_components())
                 ));
                 src.push_str(&sequence_source(c.sequences, FORWARD_INDEX_BINDING));
                 src.push_str(&head_terms_source(c.head_tensors, FORWARD_HEAD_BINDING));
@@ -395,7 +396,7 @@ fn backward_source(kernel: &BackwardKernel, src: &mut String) {
                 groups,
                 g.register_layout.is_some(),
                 compiled_score_terms(g.softcap, g.alibi),
-                layout.wgsl_constants()
+                layout.wgsl_constants(layout.components())
             ));
             src.push_str(&sequence_source(g.sequences, BACKWARD_INDEX_BINDING));
             // ALiBi's geometric slopes (a slopes tensor takes the tiled kernels).
@@ -566,7 +567,7 @@ fn storage_codec(dtype: DType) -> &'static str {
 
 impl CoopConfig {
     /// The trip counts of flash_fwd_coop.wgsl's `// @unroll` loops (src/wgsl/unroll.rs).
-    pub(crate) fn unroll_bounds(&self) -> [(&'static str, u32); 8] {
+    pub(crate) fn unroll_bounds(&self) -> [(&'static str, u32); 9] {
         // Staged rows one round of the K/V copy covers (COPY_ROW_STEP in the shader; at least 1
         // for a well-formed configuration, and a malformed one must not divide by zero here).
         let row_granules = self.head_dim_pad / 4;
@@ -577,13 +578,15 @@ impl CoopConfig {
         [
             ("D_BLOCKS", self.head_dim_pad / 16),
             ("N_BLOCKS", self.block_n / 16),
-            ("HALF_VECS", self.block_n / 8),
+            // A score row's invocations (ROW_LANES, subgroup / 16) split it and a 16-column window.
+            ("PART_VECS", self.block_n / (4 * (self.subgroup / 16).max(1))),
+            ("WINDOW_PART_VECS", 4 / (self.subgroup / 16).clamp(1, 4)),
             ("KV_COPIES", (2 * self.block_n).div_ceil(copy_row_step)),
             (
                 "Q_COPIES",
                 (q_pass_rows * row_granules).div_ceil(self.workgroup_size().max(1)),
             ),
-            ("COOP_COMPONENTS", layout.components()),
+            ("COOP_COMPONENTS", self.compiled_components()),
             ("ROW_SLOTS", layout.slots()),
             ("ROW_LANE_MASK_COUNT", layout.row_lane_masks().len() as u32),
         ]
@@ -700,9 +703,9 @@ mod tests {
 
     /// The host's trip counts for the cooperative-matrix kernel's unrolled loops are the shader's own
     /// constants of those names, as naga evaluates them, in every configuration: a count too low
-    /// would silently skip work (the kernel only runs on devices with matrices, not in CI). Five
-    /// of them the shader derives itself (D_BLOCKS, N_BLOCKS, HALF_VECS, KV_COPIES, Q_COPIES);
-    /// the layout's three the host writes into the source, so those only check the writing.
+    /// would silently skip work. Six of them the shader derives itself (D_BLOCKS, N_BLOCKS,
+    /// PART_VECS, WINDOW_PART_VECS, KV_COPIES, Q_COPIES); the layout's three the host writes
+    /// into the source, so those only check the writing.
     #[test]
     fn coop_unroll_bounds_match_the_shader_constants() {
         for config in all_coop_configs() {
