@@ -39,6 +39,11 @@ pub struct Caps {
     /// Why `coop_register_layout` is `None`, where that is known (not measured, or measured and
     /// unfit), for error messages.
     pub coop_register_layout_note: Option<String>,
+    /// The cooperative-matrix kernels run with their matrix operations emulated by subgroup
+    /// shuffles (src/wgsl/coop_emulation.rs): a testing aid that `FLASH_EMULATE_MATRICES=1` turns
+    /// on where the device has subgroups of exactly 16 or 32 but no matrices (lavapipe at
+    /// `LP_NATIVE_VECTOR_WIDTH=512`: 16). Correct and slow.
+    pub cooperative_matrix_emulated: bool,
     /// Workgroup (shared) memory one workgroup may declare, in bytes; bounds the tile plans.
     pub max_workgroup_storage_bytes: u32,
     /// Invocations (threads) one workgroup may have; bounds the tile plans.
@@ -77,6 +82,7 @@ impl Caps {
             cooperative_matrix_f16: false,
             coop_register_layout: None,
             coop_register_layout_note: None,
+            cooperative_matrix_emulated: false,
             max_workgroup_storage_bytes: l.max_compute_workgroup_storage_size,
             max_invocations_per_workgroup: l.max_compute_invocations_per_workgroup,
             max_workgroup_size_x: l.max_compute_workgroup_size_x,
@@ -104,6 +110,23 @@ impl Caps {
         self
     }
 
+    /// Turns on the emulated matrices ([`cooperative_matrix_emulated`](Self::cooperative_matrix_emulated))
+    /// on a device without real ones that has what the kernels need besides them: subgroups of
+    /// exactly 16 or 32 with barriers, and shader-f16. Unchanged otherwise.
+    pub fn with_emulated_matrices(mut self) -> Self {
+        let lanes = self.subgroup_max_size;
+        let fits = self.subgroups
+            && self.subgroup_min_size == lanes
+            && (lanes == 16 || lanes == register_layout::COOP_SUBGROUP)
+            && self.subgroup_barrier
+            && self.shader_f16;
+        if fits && !self.cooperative_matrix_f16 {
+            self.cooperative_matrix_f16 = true;
+            self.cooperative_matrix_emulated = true;
+        }
+        self
+    }
+
     /// The guaranteed minimum of a WebGPU device (the `Limits::downlevel_defaults()`-like floor
     /// every adapter offers), with no optional features: what the kernels can count on anywhere.
     pub fn webgpu_baseline() -> Self {
@@ -120,6 +143,7 @@ impl Caps {
             cooperative_matrix_f16: false,
             coop_register_layout: None,
             coop_register_layout_note: None,
+            cooperative_matrix_emulated: false,
             max_workgroup_storage_bytes: 16 << 10,
             max_invocations_per_workgroup: 256,
             max_workgroup_size_x: 256,
@@ -152,6 +176,7 @@ pub mod fixtures {
             cooperative_matrix_f16: false,
             coop_register_layout: None,
             coop_register_layout_note: None,
+            cooperative_matrix_emulated: false,
             max_workgroup_storage_bytes: 32 << 10,
             max_invocations_per_workgroup: 1024,
             max_workgroup_size_x: 1024,
@@ -172,6 +197,7 @@ pub mod fixtures {
             cooperative_matrix_f16: true,
             coop_register_layout: Some(super::RegisterLayout::nvidia_h200()),
             coop_register_layout_note: None,
+            cooperative_matrix_emulated: false,
             max_workgroup_storage_bytes: 48 << 10,
             max_storage_binding_bytes: (2 << 30) - 4,
             max_buffer_bytes: 4 << 30,

@@ -131,6 +131,9 @@ impl GpuContext {
         ctx.caps = ctx
             .caps
             .with_cooperative_matrix(&ctx.device, &adapter.cooperative_matrix_properties());
+        if std::env::var("FLASH_EMULATE_MATRICES").is_ok_and(|v| v == "1") {
+            ctx.caps = ctx.caps.with_emulated_matrices();
+        }
         // Without a layout the cooperative-matrix kernel takes its softmax through workgroup memory; the
         // reason is kept in `caps.coop_register_layout_note`.
         ctx.probe_register_layout().await;
@@ -155,6 +158,16 @@ impl GpuContext {
     ) -> std::result::Result<crate::caps::register_layout::RegisterLayout, String> {
         if let Some(why) = crate::plan::coop_device_unavailable_reason(&self.caps) {
             return Err(why);
+        }
+        if self.caps.cooperative_matrix_emulated {
+            // The emulation's own layout on 32 lanes (src/wgsl/coop_emulation.rs); on 16 the
+            // register softmax has none.
+            return match self.caps.subgroup_max_size {
+                crate::caps::register_layout::COOP_SUBGROUP => {
+                    Ok(crate::caps::register_layout::RegisterLayout::nvidia_h200())
+                }
+                lanes => Err(format!("matrices emulated on {lanes} lanes, a row per lane")),
+            };
         }
         if !self.device.features().contains(wgpu::Features::PASSTHROUGH_SHADERS) {
             return Err("the device was created without PASSTHROUGH_SHADERS".into());

@@ -25,16 +25,20 @@ type Slot = Arc<Mutex<Option<Arc<wgpu::ComputePipeline>>>>;
 pub(crate) struct PipelineCache {
     device: wgpu::Device,
     bounds_checks: BoundsChecks,
+    /// The subgroup size the cooperative-matrix kernels are built with emulated matrices for
+    /// (`Caps::cooperative_matrix_emulated`, src/wgsl/coop_emulation.rs); `None` with real ones.
+    emulated_matrices: Option<u32>,
     pipelines: Mutex<HashMap<KernelConfig, Slot>>,
     /// Builds started, failed ones included.
     builds: AtomicUsize,
 }
 
 impl PipelineCache {
-    pub fn new(device: wgpu::Device, bounds_checks: BoundsChecks) -> Self {
+    pub fn new(device: wgpu::Device, bounds_checks: BoundsChecks, emulated_matrices: Option<u32>) -> Self {
         PipelineCache {
             device,
             bounds_checks,
+            emulated_matrices,
             pipelines: Mutex::new(HashMap::new()),
             builds: AtomicUsize::new(0),
         }
@@ -117,7 +121,7 @@ impl PipelineCache {
         let internal = self.device.push_error_scope(wgpu::ErrorFilter::Internal);
         let (module, layout) = match self.coherent_module(config) {
             Some(built) => built?,
-            None => (self.wgsl_module(config, &name), None),
+            None => (self.wgsl_module(config, &name)?, None),
         };
         let pipeline = self.device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
             label: Some(&name),
@@ -143,12 +147,23 @@ impl PipelineCache {
         Ok((pipeline, Box::pin(verdict)))
     }
 
-    fn wgsl_module(&self, config: &KernelConfig, name: &str) -> wgpu::ShaderModule {
+    /// The module of a kernel wgpu translates: every kernel but the cooperative-matrix ones, and
+    /// those too with emulated matrices (lowered first).
+    fn wgsl_module(&self, config: &KernelConfig, name: &str) -> Result<wgpu::ShaderModule> {
+        let mut source = config.source();
+        if let Some(lanes) = self.emulated_matrices.filter(|_| config.uses_cooperative_matrices()) {
+            source = crate::wgsl::coop_emulation::emulate_cooperative_matrices(&source, lanes).map_err(|message| {
+                Error::Shader {
+                    name: name.to_string(),
+                    message,
+                }
+            })?;
+        }
         let desc = wgpu::ShaderModuleDescriptor {
             label: Some(name),
-            source: wgpu::ShaderSource::Wgsl(Cow::Owned(config.source())),
+            source: wgpu::ShaderSource::Wgsl(Cow::Owned(source)),
         };
-        match self.bounds_checks {
+        Ok(match self.bounds_checks {
             BoundsChecks::On => self.device.create_shader_module(desc),
             // SAFETY: see `BoundsChecks::Off`: every index the kernels form is in bounds for
             // problems that passed validation, which the callers of the cache enforce.
@@ -156,12 +171,12 @@ impl PipelineCache {
                 self.device
                     .create_shader_module_trusted(desc, wgpu::ShaderRuntimeChecks::unchecked())
             },
-        }
+        })
     }
 
     /// The cooperative-matrix kernels (the forward, decode and two gradient kernels) go through our
     /// own SPIR-V (src/spirv/coherence.rs), as passthrough modules with an explicit layout;
-    /// `None` for every other kernel.
+    /// `None` for every other kernel, and for those with emulated matrices.
     #[allow(clippy::type_complexity)]
     fn coherent_module(
         &self,
@@ -169,6 +184,9 @@ impl PipelineCache {
     ) -> Option<Result<(wgpu::ShaderModule, Option<wgpu::PipelineLayout>)>> {
         #[cfg(not(target_arch = "wasm32"))]
         {
+            if self.emulated_matrices.is_some() {
+                return None;
+            }
             let name = config.name();
             let group = match config {
                 KernelConfig::FlashCoop(coop) => {

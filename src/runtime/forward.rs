@@ -357,7 +357,13 @@ impl FlashAttention {
             ctx: ctx.clone(),
             unused_index,
             options,
-            pipelines: PipelineCache::new(ctx.device.clone(), options.bounds_checks),
+            pipelines: PipelineCache::new(
+                ctx.device.clone(),
+                options.bounds_checks,
+                ctx.caps
+                    .cooperative_matrix_emulated
+                    .then_some(ctx.caps.subgroup_max_size),
+            ),
             unused_lse,
             decode_scratch: ScratchBuffers::new(["decode o_partial", "decode lse_partial"]),
         }

@@ -6,6 +6,7 @@
 //! and the kernel file. Tile sizes are `const`s rather than pipeline `override`s because they
 //! size per-invocation register arrays, which WGSL allows only for const-expressions.
 
+pub mod coop_emulation;
 pub mod mask;
 pub mod params;
 pub mod unroll;
@@ -181,6 +182,17 @@ impl KernelConfig {
             KernelConfig::AppendKv { .. } => "append_kv",
             KernelConfig::SinkGrad { .. } => "flash_bwd_sinks",
             KernelConfig::MaskBlocks { .. } => "mask_blocks",
+        }
+    }
+
+    /// Whether the kernel computes on cooperative matrices: the forward, the decode kernel's matrix
+    /// builds and the matrix gradient kernels.
+    pub fn uses_cooperative_matrices(&self) -> bool {
+        match self {
+            KernelConfig::FlashCoop(_) => true,
+            KernelConfig::Backward(crate::plan::BackwardKernel::Grad(g)) => g.coop,
+            KernelConfig::Decode(d) => d.is_coop(),
+            _ => false,
         }
     }
 

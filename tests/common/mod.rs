@@ -165,26 +165,40 @@ pub fn submit_and_read<T: Element>(
 
 /// The forced cooperative-matrix engines of the device with a label each: each softmax route the
 /// device has (registers only where its fragment layout allows) and each way of streaming K/V, at
-/// one small tile (64 × 32, so that short random problems still span several tiles). Empty (the
-/// caller's test prints why and passes) where the device has no 16×16 f16 cooperative matrices:
-/// these run on the H200.
+/// one small tile (64 × 32, so that short random problems still span several tiles). With
+/// emulated matrices (CI's lavapipe, where each kernel takes lavapipe about 10 s to compile) the
+/// two ends of the streaming choices only: neither prefetch nor double buffer, and both. Empty (the
+/// caller's test prints why and passes) where the device has no 16×16 f16 cooperative matrices.
 pub fn coop_engines(ctx: &GpuContext) -> Vec<(String, FlashAttention)> {
     use wgpu_flash_attn::kernel::CoopChoice;
     if !ctx.caps.cooperative_matrix_f16 {
         eprintln!(
-            "skipped: {} has no 16x16 f16 cooperative matrices (this runs on the H200)",
+            "skipped: {} has no 16x16 f16 cooperative matrices (this runs on the H200, and on lavapipe \
+             with LP_NATIVE_VECTOR_WIDTH=512 FLASH_EMULATE_MATRICES=1)",
             ctx.info.name
         );
         return Vec::new();
     }
     let mut engines = Vec::new();
+    // 64 query rows where the workgroup memory holds them double-buffered at head_dim 80 (the
+    // H200's 48 KiB), else 32 (lavapipe's 32 KiB, with emulated matrices).
+    let block_m = if ctx.caps.max_workgroup_storage_bytes >= 48 * 1024 {
+        64
+    } else {
+        32
+    };
     for registers in [false, true] {
         if registers && ctx.caps.coop_register_layout.is_none() {
             continue;
         }
-        for (prefetch_kv, double_buffer) in [(false, false), (true, false), (false, true), (true, true)] {
+        let streaming: &[(bool, bool)] = if ctx.caps.cooperative_matrix_emulated {
+            &[(false, false), (true, true)]
+        } else {
+            &[(false, false), (true, false), (false, true), (true, true)]
+        };
+        for &(prefetch_kv, double_buffer) in streaming {
             let choice = KernelChoice::CooperativeMatrix(CoopChoice {
-                tile: Some((64, 32)),
+                tile: Some((block_m, 32)),
                 prefetch_kv: Some(prefetch_kv),
                 double_buffer: Some(double_buffer),
                 register_softmax: Some(registers),
