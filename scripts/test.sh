@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
 # Every test, with the GPU tests required (on lavapipe where there is no GPU): unit tests, the
 # layer check, naga translation of every shader to SPIR-V/MSL/HLSL, the kernels against the
-# float64 reference, the error cases, the backward pass, problems split over bindings and grids,
-# a slice of the randomized bad-input campaign and the validation fuzz target (with overflow
-# checks on), the memory soak, every CUDA kernel compiled by NVRTC; the benchmarks and examples
-# are compiled too; the public API (no `internals`) type-checks and its docs have no broken
-# links; the Python package installs with pip and passes its tests; then the web demo in
-# headless Chromium (WebGPU on SwiftShader).
+# float64 reference (the cooperative-matrix forward with its matrices emulated), the error cases,
+# the backward pass, problems split over bindings and grids, a slice of the randomized bad-input
+# campaign and the validation fuzz target (with overflow checks on), the memory soak, every CUDA
+# kernel compiled by NVRTC; the benchmarks and examples are compiled too; the public API (no
+# `internals`) type-checks and its docs have no broken links; the Python package installs with
+# pip and passes its tests; then the web demo in headless Chromium (WebGPU on SwiftShader).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # Each step says how long it took, so a slow CI run shows where its time went.
@@ -35,6 +35,15 @@ checked='profile.release.package.wgpu-flash-attn.overflow-checks=true'
 nvrtc=$(step scripts/setup-nvrtc.sh)
 [ -z "$nvrtc" ] || export LD_LIBRARY_PATH=$nvrtc${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 step cargo test --release --features $features --config "$checked"
+# The cooperative-matrix forward, which no CPU driver here runs with real matrices, with its
+# matrices emulated by subgroup operations (docs/architecture.md, "How the cooperative-matrix
+# kernels are tested without matrices"): lavapipe at 512-bit vectors (16-wide subgroups), every
+# `cooperative` test of the forward's variants (the mask and its summary, dropout, the bias,
+# windows, soft-caps, ALiBi, sinks, edge cases; about 12 minutes, nearly all of it lavapipe
+# compiling the kernels, which GALLIVM_PERF=nopt halves).
+LP_NATIVE_VECTOR_WIDTH=512 FLASH_EMULATE_MATRICES=1 GALLIVM_PERF=nopt step cargo test --release \
+    --features $features --config "$checked" --test coop_emulation --test mask --test dropout \
+    --test score_bias --test variants --test head_terms --test edge -- cooperative emulated
 # The benchmarks compile with the tests' features and profile, so nothing below them is built again.
 step cargo bench --no-run --features $features --config "$checked"
 # What a user gets: the library without `internals` type-checks, and its documentation builds.
