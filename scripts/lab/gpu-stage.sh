@@ -9,9 +9,11 @@
 #                          # environment, OUT defaults to /tmp/out
 #   .gpu/b/ring_test --test-threads 4          # test targets: <name>_test
 #   .gpu/b/ring --chunks 4 ...                  # examples: <name>
+#   .gpu/b/mask_bench --bench                   # benches: <name>_bench
+#   .gpu/b/flash-attn bench ...                 # the command-line tool (BINS=flash-attn)
 #
-# Usage: scripts/lab/gpu-stage.sh, with TESTS and EXAMPLES (space-separated names) to choose
-# other binaries. The build is the tests' (scripts/test.sh's features and overflow checks), so a
+# Usage: scripts/lab/gpu-stage.sh, with TESTS, EXAMPLES, BENCHES and BINS (space-separated names)
+# to choose other binaries. The build is the tests' (scripts/test.sh's features and overflow checks), so a
 # target/ warm from the tests is reused.
 set -euo pipefail
 cd "$(git rev-parse --show-toplevel)"
@@ -19,6 +21,8 @@ G=.gpu
 SHARED=${SHARED:-../shared}
 TESTS=${TESTS:-"wgpu_attention wgpu_backward ring merge cuda_attention cuda_backward"}
 EXAMPLES=${EXAMPLES:-"attention backward ring cuda_attention cuda_backward decode_bench"}
+BENCHES=${BENCHES:-}
+BINS=${BINS:-}
 features=internals,cuda,cli,candle,burn
 checked='profile.release.package.wgpu-flash-attn.overflow-checks=true'
 
@@ -29,20 +33,25 @@ install -m 0644 "$SHARED/bench/torch_sdpa.py" "$SHARED/bench/torch_decode.py" "$
 rm -rf "$G/b" && mkdir -p "$G/b"
 example_args=()
 for e in $EXAMPLES; do example_args+=(--example "$e"); done
+for b in $BINS; do example_args+=(--bin "$b"); done
 cargo build --release --features "$features" --config "$checked" "${example_args[@]}"
 for e in $EXAMPLES; do strip -o "$G/b/$e" "target/release/examples/$e"; done
+for b in $BINS; do strip -o "$G/b/$b" "target/release/$b"; done
 
 test_args=()
 for t in $TESTS; do test_args+=(--test "$t"); done
-# Each test target's executable, from cargo's JSON messages (its file name carries a hash).
+for b in $BENCHES; do test_args+=(--bench "$b"); done
+# Each test and bench target's executable, from cargo's JSON messages (its file name carries a hash).
 cargo test --release --features "$features" --config "$checked" --no-run --message-format=json "${test_args[@]}" |
     python3 -c '
 import json, sys
 for line in sys.stdin:
     m = json.loads(line)
-    if m.get("reason") == "compiler-artifact" and m.get("executable") and "test" in m["target"]["kind"]:
-        print(m["target"]["name"], m["executable"])
-' | while read -r name exe; do strip -o "$G/b/${name}_test" "$exe"; done
+    if m.get("reason") == "compiler-artifact" and m.get("executable"):
+        kind = m["target"]["kind"]
+        if "test" in kind or "bench" in kind:
+            print(m["target"]["name"] + ("_bench" if "bench" in kind else "_test"), m["executable"])
+' | while read -r name exe; do strip -o "$G/b/$name" "$exe"; done
 
 tar cJf "$G/bins.tar.xz" -C "$G" b
 rm -rf "$G/b"
