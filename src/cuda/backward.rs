@@ -218,13 +218,9 @@ impl CudaAttention {
         options: &CudaBackwardOptions,
     ) -> Result<CudaBackwardConfig> {
         let problem = problem.into();
-        validate_for_cuda_backward(&problem)?;
-        check_element_size::<T>(&problem.forward, "q")?;
-        check_backward_lengths(&problem, &t)?;
         let stream = self.device().stream();
         // The guards are held until the launches are enqueued.
-        let (addresses, _guards) = t.addresses(stream);
-        check_gradients_apart(&problem, &addresses)?;
+        let (addresses, _guards) = t.checked_addresses(&problem, stream)?;
         let config = select_backward_config(
             &problem,
             &addresses,
@@ -377,6 +373,23 @@ impl CudaAttention {
 }
 
 impl<T> BackwardDeviceTensors<'_, T> {
+    /// The checks of every entry point on device tensors, before anything is allocated or
+    /// launched — `problem` is one the CUDA backward runs, `T` has its elements' size, each buffer
+    /// covers what its layout reaches, no gradient overlaps another tensor — then
+    /// [`addresses`](Self::addresses).
+    pub(super) fn checked_addresses<'s>(
+        &'s mut self,
+        problem: &BackwardProblem,
+        stream: &'s Arc<CudaStream>,
+    ) -> Result<(BackwardAddresses, [SyncOnDrop<'s>; 9])> {
+        validate_for_cuda_backward(problem)?;
+        check_element_size::<T>(&problem.forward, "q")?;
+        check_backward_lengths(problem, self)?;
+        let (addresses, guards) = self.addresses(stream);
+        check_gradients_apart(problem, &addresses)?;
+        Ok((addresses, guards))
+    }
+
     /// The tensors' device addresses, and the guards that make `stream` wait for earlier writes
     /// to each buffer and record this use when dropped (cudarc's multi-stream bookkeeping): hold
     /// them until the launches that use the addresses are enqueued.

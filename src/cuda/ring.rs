@@ -19,12 +19,10 @@
 
 use cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DevicePtrMut, DeviceRepr, ValidAsZeroBits};
 
-use super::backward::{
-    check_backward_lengths, check_gradients_apart, BackwardDeviceTensors, CudaBackwardOptions, CudaBackwardOutput,
-};
+use super::backward::{BackwardDeviceTensors, CudaBackwardOptions, CudaBackwardOutput};
 use super::launch::{
-    check_device_tensors, check_element_size, check_outputs_apart, input_extents, output_pointer, validate_for,
-    CudaAttention, DeviceTensors,
+    check_device_tensors, check_outputs_apart, input_extents, output_pointer, validate_for, CudaAttention,
+    DeviceTensors,
 };
 use super::merge::MergeTensors;
 use super::plan::{validate_for_cuda_backward, CudaBackwardConfig, CudaKernelConfig};
@@ -227,14 +225,9 @@ impl CudaAttention {
         let problem = problem.into();
         problem.validate()?;
         check_ring_problem(&problem.forward, ring)?;
-        validate_for_cuda_backward(&problem)?;
-        check_element_size::<T>(&problem.forward, "q")?;
-        check_backward_lengths(&problem, &t)?;
         let stream = self.device().stream();
-        {
-            let (addresses, _guards) = t.addresses(stream);
-            check_gradients_apart(&problem, &addresses)?;
-        }
+        // Checked here, before the blocks' scratch is allocated; the guards go at once.
+        drop(t.checked_addresses(&problem, stream)?);
         let BackwardDeviceTensors {
             q,
             k,
