@@ -302,7 +302,10 @@ struct KernelRig<'a> {
 impl<'a> KernelRig<'a> {
     fn new(ctx: &'a GpuContext, config: wgpu_flash_attn::plan::CoopConfig) -> Self {
         let device = &ctx.device;
-        let group_layout = wgpu_flash_attn::gpu::pipelines::forward_bind_group_layout(device, None, Default::default());
+        let group_layout = device.create_bind_group_layout(&wgpu::BindGroupLayoutDescriptor {
+            label: None,
+            entries: &wgpu_flash_attn::gpu::pipelines::forward_layout_entries(Default::default()),
+        });
         let layout = device.create_pipeline_layout(&wgpu::PipelineLayoutDescriptor {
             label: None,
             bind_group_layouts: &[Some(&group_layout)],

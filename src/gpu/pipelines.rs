@@ -188,21 +188,11 @@ impl PipelineCache {
                 return None;
             }
             let name = config.name();
-            let group = match config {
-                KernelConfig::FlashCoop(coop) => {
-                    let tensors = ForwardTensors {
-                        indexed: coop.sequences.is_indexed(),
-                        head_tensors: coop.head_tensors,
-                        bias: coop.bias.is_some(),
-                    };
-                    forward_bind_group_layout(&self.device, Some(&name), tensors)
-                }
-                KernelConfig::Backward(crate::plan::BackwardKernel::Grad(g)) if g.coop => {
-                    gradient_bind_group_layout(&self.device, Some(&name), g)
-                }
-                KernelConfig::Decode(d) if d.is_coop() => decode_bind_group_layout(&self.device, Some(&name), d),
-                _ => return None,
-            };
+            let entries = explicit_layout_entries(config)?;
+            let group = self.device.create_bind_group_layout(&wgpu::BindGroupLayoutDescriptor {
+                label: Some(&name),
+                entries: &entries,
+            });
             let words = match crate::spirv::compile(&name, &config.source()) {
                 Ok(w) => w,
                 Err(e) => return Some(Err(e)),
@@ -237,6 +227,25 @@ impl PipelineCache {
     }
 }
 
+/// The bindings of the kernels whose SPIR-V is passed through without wgpu's reflection (the
+/// cooperative-matrix forward, gradient and decode kernels; src/spirv/mod.rs numbers their
+/// bindings as wgpu's Vulkan backend numbers these entries), as the kernel's WGSL declares them;
+/// `None` for every other kernel (wgpu reflects those). A binding left out here is one the driver
+/// reads unbound, so a test compares these with naga's reflection of every such kernel.
+pub fn explicit_layout_entries(config: &KernelConfig) -> Option<Vec<wgpu::BindGroupLayoutEntry>> {
+    match config {
+        KernelConfig::FlashCoop(coop) => Some(forward_layout_entries(ForwardTensors {
+            indexed: coop.sequences.is_indexed(),
+            head_tensors: coop.head_tensors,
+            bias: coop.bias.is_some(),
+            mask: coop.mask,
+        })),
+        KernelConfig::Backward(crate::plan::BackwardKernel::Grad(g)) if g.coop => Some(gradient_layout_entries(g)),
+        KernelConfig::Decode(d) if d.is_coop() => Some(decode_layout_entries(d)),
+        _ => None,
+    }
+}
+
 /// Which optional tensors a forward kernel binds after params, q, k, v, o and lse.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct ForwardTensors {
@@ -246,105 +255,83 @@ pub struct ForwardTensors {
     pub head_tensors: bool,
     /// The score bias (shaders/score_bias_bound.wgsl).
     pub bias: bool,
+    /// The mask tensor and its block summary (shaders/mask_bound.wgsl, mask_blocks_bound.wgsl).
+    pub mask: crate::plan::MaskBinding,
 }
 
+const READ: wgpu::BufferBindingType = wgpu::BufferBindingType::Storage { read_only: true };
+const WRITE: wgpu::BufferBindingType = wgpu::BufferBindingType::Storage { read_only: false };
+
 /// The forward kernels' bindings: params, q, k, v, o, lse, and the optional tensors after them
-/// at their bindings (see shaders/flash_fwd.wgsl). Explicit for the cooperative-matrix kernel,
-/// whose SPIR-V is passed through without wgpu's reflection (src/spirv/mod.rs numbers its
-/// bindings as wgpu's Vulkan backend numbers these entries).
-#[cfg(not(target_arch = "wasm32"))]
-pub fn forward_bind_group_layout(
-    device: &wgpu::Device,
-    label: Option<&str>,
-    tensors: ForwardTensors,
-) -> wgpu::BindGroupLayout {
+/// at their bindings (see shaders/flash_fwd.wgsl).
+pub fn forward_layout_entries(tensors: ForwardTensors) -> Vec<wgpu::BindGroupLayoutEntry> {
     let entry = buffer_layout_entry;
-    let read = wgpu::BufferBindingType::Storage { read_only: true };
-    let write = wgpu::BufferBindingType::Storage { read_only: false };
     let mut entries = vec![
         entry(0, wgpu::BufferBindingType::Uniform),
-        entry(1, read),
-        entry(2, read),
-        entry(3, read),
-        entry(4, write),
-        entry(5, write),
+        entry(1, READ),
+        entry(2, READ),
+        entry(3, READ),
+        entry(4, WRITE),
+        entry(5, WRITE),
     ];
     if tensors.indexed {
         let first = crate::wgsl::FORWARD_INDEX_BINDING;
-        entries.extend([entry(first, read), entry(first + 1, read), entry(first + 2, read)]);
+        entries.extend([entry(first, READ), entry(first + 1, READ), entry(first + 2, READ)]);
     }
     if tensors.head_tensors {
         let first = crate::wgsl::FORWARD_HEAD_BINDING;
-        entries.extend([entry(first, read), entry(first + 1, read)]);
+        entries.extend([entry(first, READ), entry(first + 1, READ)]);
     }
     if tensors.bias {
-        entries.push(entry(crate::wgsl::FORWARD_BIAS_BINDING, read));
+        entries.push(entry(crate::wgsl::FORWARD_BIAS_BINDING, READ));
     }
-    device.create_bind_group_layout(&wgpu::BindGroupLayoutDescriptor {
-        label,
-        entries: &entries,
-    })
+    let mask = crate::wgsl::mask::FORWARD_MASK_BINDING;
+    if tensors.mask.tensor {
+        entries.push(entry(mask, READ));
+    }
+    if tensors.mask.blocks {
+        entries.push(entry(mask + 1, READ));
+    }
+    entries
 }
 
 /// A cooperative-matrix gradient kernel's bindings (shaders/flash_bwd_coop.wgsl): the two
 /// uniform blocks, q, k, v, d_o, lse and delta, its outputs (dk and dv, or dq), and the index
-/// tensors where it reads them. Explicit for the same reason as [`forward_bind_group_layout`].
-#[cfg(not(target_arch = "wasm32"))]
-pub fn gradient_bind_group_layout(
-    device: &wgpu::Device,
-    label: Option<&str>,
-    kernel: &crate::plan::GradKernel,
-) -> wgpu::BindGroupLayout {
+/// tensors where it reads them.
+fn gradient_layout_entries(kernel: &crate::plan::GradKernel) -> Vec<wgpu::BindGroupLayoutEntry> {
     let entry = buffer_layout_entry;
-    let read = wgpu::BufferBindingType::Storage { read_only: true };
-    let write = wgpu::BufferBindingType::Storage { read_only: false };
     let mut entries = vec![
         entry(0, wgpu::BufferBindingType::Uniform),
         entry(1, wgpu::BufferBindingType::Uniform),
     ];
-    entries.extend((2..8).map(|binding| entry(binding, read)));
-    entries.push(entry(8, write));
+    entries.extend((2..8).map(|binding| entry(binding, READ)));
+    entries.push(entry(8, WRITE));
     if kernel.pass == crate::plan::BackwardPass::DkDv {
-        entries.push(entry(9, write));
+        entries.push(entry(9, WRITE));
     }
     if kernel.sequences.is_indexed() {
         let first = crate::wgsl::BACKWARD_INDEX_BINDING;
-        entries.extend((first..first + 3).map(|binding| entry(binding, read)));
+        entries.extend((first..first + 3).map(|binding| entry(binding, READ)));
     }
-    device.create_bind_group_layout(&wgpu::BindGroupLayoutDescriptor {
-        label,
-        entries: &entries,
-    })
+    entries
 }
 
 /// The decode kernels' bindings (shaders/decode_common.wgsl): params, q, k, v, o, lse, the
 /// partial results, the page table and key counts, and the per-head tensors where it reads them.
-/// Explicit for the cooperative-matrix decode kernel, as [`forward_bind_group_layout`] says.
-#[cfg(not(target_arch = "wasm32"))]
-pub fn decode_bind_group_layout(
-    device: &wgpu::Device,
-    label: Option<&str>,
-    config: &crate::plan::DecodeConfig,
-) -> wgpu::BindGroupLayout {
+fn decode_layout_entries(config: &crate::plan::DecodeConfig) -> Vec<wgpu::BindGroupLayoutEntry> {
     let entry = buffer_layout_entry;
-    let read = wgpu::BufferBindingType::Storage { read_only: true };
-    let write = wgpu::BufferBindingType::Storage { read_only: false };
     let mut entries = vec![entry(0, wgpu::BufferBindingType::Uniform)];
-    entries.extend((1..4).map(|binding| entry(binding, read)));
-    entries.extend((4..8).map(|binding| entry(binding, write)));
-    entries.extend([entry(8, read), entry(9, read)]);
+    entries.extend((1..4).map(|binding| entry(binding, READ)));
+    entries.extend((4..8).map(|binding| entry(binding, WRITE)));
+    entries.extend([entry(8, READ), entry(9, READ)]);
     if config.head_tensors {
         let first = crate::wgsl::DECODE_HEAD_BINDING;
-        entries.extend([entry(first, read), entry(first + 1, read)]);
+        entries.extend([entry(first, READ), entry(first + 1, READ)]);
     }
-    device.create_bind_group_layout(&wgpu::BindGroupLayoutDescriptor {
-        label,
-        entries: &entries,
-    })
+    entries
 }
 
 /// A compute shader's whole-buffer binding of type `ty` at `binding`.
-#[cfg(not(target_arch = "wasm32"))]
 pub fn buffer_layout_entry(binding: u32, ty: wgpu::BufferBindingType) -> wgpu::BindGroupLayoutEntry {
     wgpu::BindGroupLayoutEntry {
         binding,
@@ -377,5 +364,50 @@ fn now_or_never<F: Future>(future: F) -> Option<F::Output> {
     match future.as_mut().poll(&mut Context::from_waker(Waker::noop())) {
         Poll::Ready(v) => Some(v),
         Poll::Pending => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The explicit layout of every kernel passed through without reflection binds exactly what
+    /// its WGSL declares, each binding as read-only, writable or uniform as declared: naga's
+    /// reflection of the source against [`explicit_layout_entries`].
+    #[test]
+    fn explicit_layouts_bind_what_the_kernels_declare() {
+        let kernels = crate::wgsl::cooperative_kernels();
+        assert!(kernels.len() > 100, "{}", kernels.len());
+        for kernel in kernels {
+            let name = kernel.name();
+            let module = naga::front::wgsl::parse_str(&kernel.source()).unwrap_or_else(|e| panic!("{name}: {e}"));
+            let mut declared: Vec<(u32, wgpu::BufferBindingType)> = module
+                .global_variables
+                .iter()
+                .filter_map(|(_, var)| {
+                    let binding = var.binding.as_ref()?;
+                    assert_eq!(binding.group, 0, "{name}");
+                    let ty = match var.space {
+                        naga::AddressSpace::Uniform => wgpu::BufferBindingType::Uniform,
+                        naga::AddressSpace::Storage { access } => wgpu::BufferBindingType::Storage {
+                            read_only: !access.contains(naga::StorageAccess::STORE),
+                        },
+                        other => panic!("{name}: binding {} in {other:?}", binding.binding),
+                    };
+                    Some((binding.binding, ty))
+                })
+                .collect();
+            declared.sort_by_key(|(binding, _)| *binding);
+            let mut explicit: Vec<(u32, wgpu::BufferBindingType)> = explicit_layout_entries(&kernel)
+                .unwrap_or_else(|| panic!("{name}: no explicit layout"))
+                .into_iter()
+                .map(|e| match e.ty {
+                    wgpu::BindingType::Buffer { ty, .. } => (e.binding, ty),
+                    other => panic!("{name}: {other:?}"),
+                })
+                .collect();
+            explicit.sort_by_key(|(binding, _)| *binding);
+            assert_eq!(explicit, declared, "{name}");
+        }
     }
 }

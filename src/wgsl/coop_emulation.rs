@@ -457,32 +457,12 @@ fn array_scalar<'a>(src: &'a str, array: &str) -> Option<&'a str> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::plan::{all_coop_configs, all_decode_configs, BackwardKernel};
-    use crate::wgsl::KernelConfig;
-
-    /// Every cooperative-matrix kernel of the shader tests: the forward's configurations, the
-    /// decode kernel's matrix builds and the gradient kernels.
-    fn coop_kernels() -> Vec<KernelConfig> {
-        let mut kernels: Vec<KernelConfig> = all_coop_configs().into_iter().map(KernelConfig::FlashCoop).collect();
-        kernels.extend(
-            all_decode_configs()
-                .into_iter()
-                .filter(|c| c.is_coop())
-                .map(KernelConfig::Decode),
-        );
-        kernels.extend(
-            crate::plan::backward::all_backward_kernels()
-                .into_iter()
-                .filter(|k| matches!(k, BackwardKernel::Grad(g) if g.coop))
-                .map(KernelConfig::Backward),
-        );
-        kernels
-    }
+    use crate::wgsl::{cooperative_kernels, KernelConfig};
 
     /// Every cooperative-matrix kernel lowers and validates (naga) without matrices.
     #[test]
     fn every_cooperative_kernel_lowers_to_plain_wgsl() {
-        let kernels = coop_kernels();
+        let kernels = cooperative_kernels();
         assert!(kernels.len() > 100, "{}", kernels.len());
         for kernel in kernels {
             let lanes = match kernel {
