@@ -46,7 +46,7 @@ pub struct CoopConfig {
     /// without dropout is the one it was.
     pub dropout: bool,
     /// Invocations per subgroup the module is compiled for, the device's (one of
-    /// [`COOP_FORWARD_SUBGROUPS`]).
+    /// `COOP_FORWARD_SUBGROUPS`).
     pub subgroup: u32,
 }
 
