@@ -667,13 +667,24 @@ fn cost_variants(config: wgpu_flash_attn::plan::CoopConfig) -> Vec<(&'static str
             .expect("softmax branch");
         format!("{}{}", &src[..a], &src[b..])
     };
-    // The copies cut out, the barriers kept.
+    // The end of the next tile's prefetch into registers (`        if (PREFETCH_KV && has_next) {`
+    // … `        }`) in `src`.
+    let prefetch_end = |src: &str| {
+        let a = src
+            .find("        if (PREFETCH_KV && has_next) {")
+            .expect("prefetch block");
+        let end = "\n        }\n";
+        a + src[a..].find(end).expect("the prefetch block's end") + end.len()
+    };
+    // The copies cut out (the tile's staging and the prefetch), the barriers kept.
     let no_copy = |src: &str| {
-        let src = cut(
-            src,
-            "        if (KV_BUFFERS == 1u) {\n            if (PREFETCH_KV) {",
-            "        // ---- S = Q Kᵀ",
-            "        workgroupBarrier();\n",
+        let a = src
+            .find("        if (KV_BUFFERS == 1u) {\n            if (PREFETCH_KV) {")
+            .expect("staging block");
+        let src = format!(
+            "{}        workgroupBarrier();\n{}",
+            &src[..a],
+            &src[prefetch_end(src)..]
         );
         cut(
             &src,
@@ -686,9 +697,10 @@ fn cost_variants(config: wgpu_flash_attn::plan::CoopConfig) -> Vec<(&'static str
     // tile): a barrier with memory semantics may wait for loads in flight, and after the softmax
     // the score registers are free again.
     let late_prefetch_before = |src: &str, marker: &str| {
-        let from = "        if (PREFETCH_KV && has_next) {";
-        let a = src.find(from).expect("prefetch block");
-        let b = a + src[a..].find("        // ---- S = Q Kᵀ").expect("QK marker");
+        let a = src
+            .find("        if (PREFETCH_KV && has_next) {")
+            .expect("prefetch block");
+        let b = prefetch_end(src);
         let block = &src[a..b];
         let without = format!("{}{}", &src[..a], &src[b..]);
         let at = without.find(marker).expect("P·V marker");
