@@ -13,14 +13,14 @@
 #   .gpu/b/flash-attn bench ...                 # the command-line tool (BINS=flash-attn)
 #
 # Usage: scripts/lab/gpu-stage.sh, with TESTS, EXAMPLES, BENCHES and BINS (space-separated names)
-# to choose other binaries. The build is the tests' (scripts/test.sh's features and overflow checks), so a
-# target/ warm from the tests is reused.
+# to choose other binaries (set to empty: none of that kind). The build is the tests'
+# (scripts/test.sh's features and overflow checks), so a target/ warm from the tests is reused.
 set -euo pipefail
 cd "$(git rev-parse --show-toplevel)"
 G=.gpu
 SHARED=${SHARED:-../shared}
-TESTS=${TESTS:-"wgpu_attention wgpu_backward ring merge cuda_attention cuda_backward"}
-EXAMPLES=${EXAMPLES:-"attention backward ring cuda_attention cuda_backward decode_bench"}
+TESTS=${TESTS-"wgpu_attention wgpu_backward ring merge cuda_attention cuda_backward"}
+EXAMPLES=${EXAMPLES-"attention backward ring cuda_attention cuda_backward decode_bench"}
 BENCHES=${BENCHES:-}
 BINS=${BINS:-}
 features=internals,cuda,cli,candle,burn
@@ -42,6 +42,7 @@ test_args=()
 for t in $TESTS; do test_args+=(--test "$t"); done
 for b in $BENCHES; do test_args+=(--bench "$b"); done
 # Each test and bench target's executable, from cargo's JSON messages (its file name carries a hash).
+[ ${#test_args[@]} -gt 0 ] &&
 cargo test --release --features "$features" --config "$checked" --no-run --message-format=json "${test_args[@]}" |
     python3 -c '
 import json, sys

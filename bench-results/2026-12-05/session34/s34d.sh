@@ -8,6 +8,6 @@ nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader |
 B=.gpu/b
 timeout 120 $B/mask_test --test-threads 4 > $OUT/test_mask.txt 2>&1; echo "mask rc=$?" | tee -a $OUT/rc.txt
 grep -E "^test |test result|panicked" $OUT/test_mask.txt | head -20
-timeout 200 $B/mask_bench --bench --warm-up-time 1 --measurement-time 2 > $OUT/mask_bench.txt 2>&1
+timeout 150 $B/mask_bench --bench --warm-up-time 1 --measurement-time 1 > $OUT/mask_bench.txt 2>&1
 echo "mask_bench rc=$?"
 grep -E "time:|^[a-z_/ 0-9]+$" $OUT/mask_bench.txt | head -30
