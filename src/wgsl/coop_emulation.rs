@@ -11,11 +11,10 @@
 //! rows g and g + 8 at columns 2t, 2t + 1, 2t + 8, 2t + 9), so that the register softmax's
 //! compiled-in layout is the emulated one; on 16 lanes a row each (lane r holds row r), which
 //! only the workgroup-memory softmax runs on (the register softmax knows 32-lane layouts only).
-//! Loads and stores read
-//! and write those elements where the driver's would (row- or column-major, the stride in the
-//! array's vec4 elements, as naga emits `OpCooperativeMatrixLoadKHR`); a product gathers each
-//! A and B element it needs with `subgroupShuffle`. Not tested: the driver's own matrix code and
-//! layout, and timing.
+//! Loads and stores read and write those elements where the driver's would (row- or
+//! column-major, the stride in the array's vec4 elements, as naga emits
+//! `OpCooperativeMatrixLoadKHR`); a product gathers each A and B element it needs with
+//! `subgroupShuffle`. Not tested: the driver's own matrix code and layout, and timing.
 //!
 //! The lowering is textual and knows only this repository's shaders: three matrix types, the
 //! five operations they use (`coopLoad[T]`, `coopStore[T]`, `coopMultiplyAdd`), the element
@@ -32,26 +31,29 @@ const TYPES: [(&str, &str); 3] = [
 ];
 
 /// The matrices, the layout and the product for subgroups of `lanes` (16 or 32), before any
-/// kernel code.
-fn prelude(lanes: u32) -> &'static str {
-    if lanes == 16 {
-        PRELUDE_16
-    } else {
-        PRELUDE_32
-    }
-}
-
-const PRELUDE_32: &str = "
+/// kernel code: a matrix is `256 / lanes` f32 components per invocation, component i being
+/// m[i / 4][i % 4] of a matNx4 (whose + and − are the matrices' own, component-wise), in the
+/// lane count's layout ([`LAYOUT_32`], [`LAYOUT_16`]).
+fn prelude(lanes: u32) -> String {
+    let components = 256 / lanes;
+    let matrix = format!("mat{}x4<f32>", components / 4);
+    let layout = if lanes == 16 { LAYOUT_16 } else { LAYOUT_32 };
+    format!(
+        "
 // ---- cooperative matrices emulated by subgroup shuffles (src/wgsl/coop_emulation.rs) ----
-// Eight components per invocation, lane 4g + t: row g + 8·(i / 4), column 2t + i % 2 + 8·((i / 2) % 2);
-// component i is m[i / 4][i % 4] of a mat2x4, whose + and − are the matrices' own (component-wise).
-alias CoopC = mat2x4<f32>;
-alias CoopA = mat2x4<f32>;
-alias CoopB = mat2x4<f32>;
-const COOP_EMU_COMPONENTS: u32 = 8u;
+alias CoopC = {matrix};
+alias CoopA = {matrix};
+alias CoopB = {matrix};
+const COOP_EMU_COMPONENTS: u32 = {components}u;
 
 var<private> coop_emu_lane: u32;
+{layout}"
+    )
+}
 
+/// 32 lanes: the element positions and the product.
+const LAYOUT_32: &str = "
+// Eight components per invocation, lane 4g + t: row g + 8·(i / 4), column 2t + i % 2 + 8·((i / 2) % 2).
 fn coop_emu_row(i: u32) -> u32 {
     return coop_emu_lane / 4u + 8u * (i / 4u);
 }
@@ -81,17 +83,9 @@ fn coop_emu_mul_add(a: CoopA, b: CoopB, c: CoopC) -> CoopC {
 }
 ";
 
-const PRELUDE_16: &str = "
-// ---- cooperative matrices emulated by subgroup shuffles (src/wgsl/coop_emulation.rs) ----
-// Sixteen components per invocation, lane r: row r, column i; component i is m[i / 4][i % 4] of
-// a mat4x4, whose + and − are the matrices' own (component-wise).
-alias CoopC = mat4x4<f32>;
-alias CoopA = mat4x4<f32>;
-alias CoopB = mat4x4<f32>;
-const COOP_EMU_COMPONENTS: u32 = 16u;
-
-var<private> coop_emu_lane: u32;
-
+/// 16 lanes: the element positions and the product.
+const LAYOUT_16: &str = "
+// Sixteen components per invocation, lane r: row r, column i.
 fn coop_emu_row(i: u32) -> u32 {
     return coop_emu_lane;
 }
@@ -255,7 +249,7 @@ pub fn emulate_cooperative_matrices(src: &str, lanes: u32) -> Result<String, Str
     }
     out = set_lane_in_entry_points(&out)?;
 
-    let mut generated = String::from(prelude(lanes));
+    let mut generated = prelude(lanes);
     generated.push_str(&replacements);
     for access in &accesses {
         let scalar = array_scalar(&out, &access.array)

@@ -688,25 +688,22 @@ impl DecodeConfig {
     }
 }
 
-/// Every cooperative-matrix kernel the shader tests build: the forward's configurations, the
-/// decode kernel's matrix builds and the gradient kernels.
+/// Every cooperative-matrix kernel the shader tests build
+/// ([`KernelConfig::uses_cooperative_matrices`]): the forward's configurations, the decode
+/// kernel's matrix builds and the gradient kernels.
 #[cfg(test)]
 pub(crate) fn cooperative_kernels() -> Vec<KernelConfig> {
-    use crate::plan::{all_coop_configs, all_decode_configs, BackwardKernel};
-    let mut kernels: Vec<KernelConfig> = all_coop_configs().into_iter().map(KernelConfig::FlashCoop).collect();
-    kernels.extend(
-        all_decode_configs()
-            .into_iter()
-            .filter(|c| c.is_coop())
-            .map(KernelConfig::Decode),
-    );
-    kernels.extend(
-        crate::plan::backward::all_backward_kernels()
-            .into_iter()
-            .filter(|k| matches!(k, BackwardKernel::Grad(g) if g.coop))
-            .map(KernelConfig::Backward),
-    );
-    kernels
+    use crate::plan::{all_coop_configs, all_decode_configs};
+    let forward = all_coop_configs().into_iter().map(KernelConfig::FlashCoop);
+    let decode = all_decode_configs().into_iter().map(KernelConfig::Decode);
+    let backward = crate::plan::backward::all_backward_kernels()
+        .into_iter()
+        .map(KernelConfig::Backward);
+    forward
+        .chain(decode)
+        .chain(backward)
+        .filter(KernelConfig::uses_cooperative_matrices)
+        .collect()
 }
 
 #[cfg(test)]
