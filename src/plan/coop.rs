@@ -393,14 +393,8 @@ impl CoopConfig {
         if let Some(why) = coop_device_unavailable_reason(caps) {
             return Some(why);
         }
-        if caps.subgroup_min_size != self.subgroup || caps.subgroup_max_size != self.subgroup {
-            return Some(format!(
-                "{} is compiled for subgroups of {} invocations; the device's are {}..{}",
-                self.name(),
-                self.subgroup,
-                caps.subgroup_min_size,
-                caps.subgroup_max_size
-            ));
+        if let Some(why) = coop_subgroup_unavailable_reason(caps, &self.name(), &[self.subgroup]) {
+            return Some(why);
         }
         if let Some(why) = register_layout_mismatch(self.register_layout, caps, "the softmax") {
             return Some(why);
@@ -471,19 +465,23 @@ pub fn coop_device_unavailable_reason(caps: &Caps) -> Option<String> {
 /// The subgroup size a cooperative-matrix forward module is compiled with on `caps`: the
 /// device's where the kernel is written for it, else 32 (and the device check says why not).
 pub fn coop_subgroup_of(caps: &Caps) -> u32 {
-    if caps.subgroup_min_size == caps.subgroup_max_size && COOP_FORWARD_SUBGROUPS.contains(&caps.subgroup_max_size) {
+    if subgroups_are_one_of(caps, &COOP_FORWARD_SUBGROUPS) {
         caps.subgroup_max_size
     } else {
         COOP_SUBGROUP
     }
 }
 
+/// Whether the device's subgroups are of one fixed size among `sizes` (every lane computation in
+/// the cooperative-matrix kernels is a constant of the module).
+fn subgroups_are_one_of(caps: &Caps, sizes: &[u32]) -> bool {
+    caps.subgroups && caps.subgroup_min_size == caps.subgroup_max_size && sizes.contains(&caps.subgroup_max_size)
+}
+
 /// Why the cooperative-matrix kernel `what`, written for subgroups of one of `sizes`, cannot run
-/// on `caps`' subgroups, if it cannot: the device's subgroups must be of one fixed size among
-/// them (every lane computation in the kernels is a constant of the module).
+/// on `caps`' subgroups, if it cannot ([`subgroups_are_one_of`]).
 pub(crate) fn coop_subgroup_unavailable_reason(caps: &Caps, what: &str, sizes: &[u32]) -> Option<String> {
-    let fixed = caps.subgroup_min_size == caps.subgroup_max_size;
-    if !caps.subgroups || !fixed || !sizes.contains(&caps.subgroup_max_size) {
+    if !subgroups_are_one_of(caps, sizes) {
         return Some(format!(
             "{what} is written for subgroups of exactly {} invocations; the device's are {}..{}",
             sizes.iter().map(u32::to_string).collect::<Vec<_>>().join(" or "),
