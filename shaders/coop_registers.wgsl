@@ -19,9 +19,22 @@
 // Column bits: 4 per component, 8 components per word.
 const COL_WORDS: u32 = (COOP_COMPONENTS + 7u) / 8u;
 
+// Dropout's generator (dropout.wgsl) decides blocks of 2 rows × 4 keys, so a 16 × 16 score block
+// holds 32 of them (8 row pairs × 4 key quads, numbered 4·pair + quad), whose 128 words decide two
+// elements each. Each invocation draws DROPOUT_DRAWS of those blocks, all of them stage their
+// words in the subgroup's score window (free while the scores stay in registers), and each reads
+// back the word of each of its components (kept_components): one draw per block. Drawing the
+// blocks of its own components instead, every invocation would draw one for each pair of them,
+// four times as many on the H200's layout, where each block's four words go to four invocations.
+const DROPOUT_DRAWS: u32 = 32u / SUBGROUP;
+// Where each component's word is staged: 8 bits a component (block 5, word 2, half 1), 4 a u32.
+const DROPOUT_AT_WORDS: u32 = COOP_COMPONENTS / 4u;
+const_assert COOP_COMPONENTS % 4u == 0u;
+
 // One invocation's rows: per slot its query row's visible keys [kv_begin, kv_end), reference
-// max, partial sum (over this invocation's components) and last rescale factor; and its
-// components' columns.
+// max, partial sum (over this invocation's components) and last rescale factor; its components'
+// columns; and for dropout, where its subgroup's rows start, its lane and score window, and
+// where each component's word is staged.
 struct RegisterRows {
     kv_begin: array<u32, ROW_SLOTS>,
     kv_end: array<u32, ROW_SLOTS>,
@@ -32,6 +45,10 @@ struct RegisterRows {
     alpha: array<f32, ROW_SLOTS>,
     cols: array<u32, COL_WORDS>,
     huge_seen: bool, // some slot's reference was huge at some tile (is_huge_reference)
+    first_row: u32,
+    lane: u32,
+    window: u32,
+    dropout_at: array<u32, DROPOUT_AT_WORDS>,
 }
 
 // Finds where this invocation's components lie by loading a fragment whose element (r, c) is
@@ -45,11 +62,19 @@ fn rows_in_registers(seq: Sequence, window: u32, lane: u32, first_row: u32) -> R
     let index = coop_elements_c(coopLoadT<coop_mat16x16<f32, C>>(&scores[window], S_STRIDE));
     subgroupBarrier(); // read before anything else uses the window
     var rows: RegisterRows;
+    rows.first_row = first_row;
+    rows.lane = lane;
+    rows.window = window;
     // @unroll
     for (var i = 0u; i < COOP_COMPONENTS; i++) {
         let e = u32(index[i]);
-        rows.row[(COMPONENT_SLOT_BITS >> (2u * i)) & 3u] = first_row + e / 16u;
-        rows.cols[i / 8u] |= (e % 16u) << (4u * (i % 8u));
+        let r = e / 16u;
+        let c = e % 16u;
+        rows.row[(COMPONENT_SLOT_BITS >> (2u * i)) & 3u] = first_row + r;
+        rows.cols[i / 8u] |= c << (4u * (i % 8u));
+        // first_row is even, so r's parity is the row's.
+        let at = (4u * (r / 2u) + c / 4u) << 3u | (2u * (r % 2u) + (c % 4u) / 2u) << 1u | (c % 2u);
+        rows.dropout_at[i / 4u] |= at << (8u * (i % 4u));
     }
     // @unroll
     for (var s = 0u; s < ROW_SLOTS; s++) {
@@ -128,26 +153,33 @@ fn hidden_components(rows: ptr<function, RegisterRows>, seq: Sequence, head: u32
     return hidden;
 }
 
+// The 16-bit draw staged at `at`'s low 8 bits (rows_in_registers) in the score window at `window`.
+fn staged_draw(window: u32, at: u32) -> u32 {
+    let word = bitcast<u32>(scores[window + ((at >> 3u) & 31u)][(at >> 1u) & 3u]);
+    return (word >> (16u * (at & 1u))) & 0xffffu;
+}
+
 // Which of this invocation's components of score block j of the K/V tile at key n0 dropout keeps
-// (dropout.wgsl): bit i for component i. A generator call covers two rows and four keys; a
-// component of the same block as the one before it takes that call's bits (in the fragment
-// layouts measured so far an invocation's components come in pairs of adjacent keys).
+// (dropout.wgsl): bit i for component i. The subgroup's invocations draw the block's generator
+// blocks between them and exchange the words through the score window (DROPOUT_DRAWS); called
+// by the whole subgroup.
 fn kept_components(rows: ptr<function, RegisterRows>, seq: Sequence, head: u32, n0: u32, j: u32) -> u32 {
-    var kept = 0u;
-    var block: DropoutBlock; // drawn at the first component: no block is at (2^32 − 1, 2^32 − 1)
-    var block_at = vec2<u32>(0xffffffffu);
+    let window = (*rows).window;
+    subgroupBarrier(); // the previous exchange is read
     // @unroll
-    for (var i = 0u; i < COOP_COMPONENTS; i++) {
-        let row = (*rows).row[(COMPONENT_SLOT_BITS >> (2u * i)) & 3u];
-        let col = component_col(rows, n0, j, i);
-        let at = vec2<u32>(row / 2u, col / 4u);
-        if (any(at != block_at)) {
-            block = dropout_block(seq.b, head, row, col);
-            block_at = at;
-        }
-        if (block_keeps(block, row, col)) {
-            kept |= 1u << i;
-        }
+    for (var d = 0u; d < DROPOUT_DRAWS; d++) {
+        let block = (*rows).lane + SUBGROUP * d;
+        let words = dropout_words(seq.b, head, (*rows).first_row + 2u * (block / 4u), n0 + 16u * j + 4u * (block % 4u));
+        scores[window + block] = bitcast<vec4<f32>>(words);
+    }
+    subgroupBarrier(); // the words visible to the subgroup
+    var kept = 0u;
+    // @unroll
+    for (var g = 0u; g < DROPOUT_AT_WORDS; g++) {
+        let at = (*rows).dropout_at[g];
+        let draws = vec4<u32>(staged_draw(window, at), staged_draw(window, at >> 8u), staged_draw(window, at >> 16u), staged_draw(window, at >> 24u));
+        let keeps = select(vec4<u32>(0u), vec4<u32>(1u, 2u, 4u, 8u), draws_keep(draws));
+        kept |= (keeps.x | keeps.y | keeps.z | keeps.w) << (4u * g);
     }
     return kept;
 }

@@ -55,6 +55,22 @@ fn philox4x32_10(counter: vec4<u32>, key: vec2<u32>) -> vec4<u32> {
     return x;
 }
 
+// The generator's four words for the block of query head `head` of batch entry (or packed
+// sequence) `b` that holds (row, col), all of the dispatch's problem: word 2·(row % 2) +
+// (col % 4) / 2 decides (row, col & ~1) in its low 16 bits and (row, col | 1) in its high ones. A
+// part's first row is even (src/runtime/split.rs), so its row pairs are the whole's.
+fn dropout_words(b: u32, head: u32, row: u32, col: u32) -> vec4<u32> {
+    return philox4x32_10(
+        vec4<u32>(col / 4u, (params.part_row + row) / 2u, params.part_head + head, params.part_batch + b),
+        vec2<u32>(params.dropout_key0, params.dropout_key1),
+    );
+}
+
+// Whether 16-bit draws keep their elements.
+fn draws_keep(draws: vec4<u32>) -> vec4<bool> {
+    return draws >= vec4<u32>(params.dropout_threshold);
+}
+
 // The keep decisions of one block: query rows row & ~1 (`first`) and row | 1 (`second`), four keys
 // from col & ~3 each.
 struct DropoutBlock {
@@ -62,26 +78,15 @@ struct DropoutBlock {
     second: vec4<bool>,
 }
 
-// The block of query head `head` of batch entry (or packed sequence) `b` that holds (row, col),
-// all of the dispatch's problem. A part's first row is even (src/runtime/split.rs), so its row
-// pairs are the whole's.
+// The keep decisions of the block that holds (row, col) (dropout_words).
 fn dropout_block(b: u32, head: u32, row: u32, col: u32) -> DropoutBlock {
-    let w = philox4x32_10(
-        vec4<u32>(col / 4u, (params.part_row + row) / 2u, params.part_head + head, params.part_batch + b),
-        vec2<u32>(params.dropout_key0, params.dropout_key1),
-    );
-    let t = vec4<u32>(params.dropout_threshold);
+    let w = dropout_words(b, head, row, col);
     let first = vec4<u32>(w.x & 0xffffu, w.x >> 16u, w.y & 0xffffu, w.y >> 16u);
     let second = vec4<u32>(w.z & 0xffffu, w.z >> 16u, w.w & 0xffffu, w.w >> 16u);
-    return DropoutBlock(first >= t, second >= t);
+    return DropoutBlock(draws_keep(first), draws_keep(second));
 }
 
 // Which of the four keys of `block` (dropout_block of the same row) query row `row` keeps.
 fn block_row_keeps(block: DropoutBlock, row: u32) -> vec4<bool> {
     return select(block.first, block.second, (row & 1u) == 1u);
-}
-
-// Whether `block` (dropout_block of the same row and column) keeps element (row, col).
-fn block_keeps(block: DropoutBlock, row: u32, col: u32) -> bool {
-    return block_row_keeps(block, row)[col & 3u];
 }

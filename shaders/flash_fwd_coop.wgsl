@@ -52,7 +52,9 @@
 // and the bias's terms (with_score_terms), then the mask's −∞ where the summary does not show the
 // tile visible; a head's sink joins each row's sum in the epilogue (join_sink, head_terms.wgsl).
 // Dropout zeroes the P of the elements it drops after the row sums are taken (the LSE is the
-// undropped softmax's, as the backward expects) and the epilogue multiplies by 1/(1 − p).
+// undropped softmax's, as the backward expects) and the epilogue multiplies by 1/(1 − p); with the
+// softmax in registers, the subgroup draws each generator block once and shares its words through
+// the score window (kept_components).
 //
 // Rescaling: the output lives in accumulator fragments, so a row's factor reaches them as a
 // 16 × 16 matrix of factors (built in registers, or written to workgroup memory by the rows'
@@ -144,8 +146,8 @@ const KV_TILE_VECS: u32 = 2u * BLOCK_N * TILE_STRIDE;
 var<workgroup> kv_tile: array<vec4<f16>, KV_BUFFERS * KV_TILE_VECS>;
 // Per subgroup: 16 rows of scores (also a 16 × 16 window of the rows' rescale factors, and of
 // the output when it is written out) and 16 rows of P. With the softmax in registers, only the
-// 16 × 16 window (the fragment layout at the start, the output at the end), and P is 4 unused
-// vec4s.
+// 16 × 16 window (the fragment layout at the start, dropout's draws on the way, the output at the
+// end), and P is 4 unused vec4s.
 var<workgroup> scores: array<vec4<f32>, SUBGROUPS * 16u * S_STRIDE>;
 var<workgroup> probs: array<vec4<f16>, PROB_VECS>;
 // Every workgroup variable is a multiple of 16 bytes: NVIDIA's driver lays them out in an order of

@@ -38,7 +38,10 @@
 //! positions stay the whole problem's. A block is 2 rows × 4 keys because every tiled kernel's
 //! invocation owns whole groups of 4 consecutive keys of 4 consecutive rows (`4·(tx + THREADS_X·c)`
 //! and `ROWS_PER_THREAD`, a multiple of 4): each call's eight decisions are all used where they
-//! are drawn, without exchange between invocations.
+//! are drawn, without exchange between invocations. The cooperative-matrix forward's invocations
+//! hold their scores where the device's fragment layout puts them (two rows eight apart, pairs of
+//! keys, on NVIDIA), so there each subgroup draws each block once and passes its words through
+//! workgroup memory (`kept_components` in shaders/coop_registers.wgsl).
 //!
 //! **Why 16-bit thresholds.** The generator's cost per element is what dropout adds to a kernel:
 //! a round is two 32 × 32 → 64-bit products, which WGSL builds from five 32-bit multiplies and

@@ -579,7 +579,7 @@ fn storage_codec(dtype: DType) -> &'static str {
 
 impl CoopConfig {
     /// The trip counts of flash_fwd_coop.wgsl's `// @unroll` loops (src/wgsl/unroll.rs).
-    pub(crate) fn unroll_bounds(&self) -> [(&'static str, u32); 9] {
+    pub(crate) fn unroll_bounds(&self) -> [(&'static str, u32); 11] {
         // Staged rows one round of the K/V copy covers (COPY_ROW_STEP in the shader; at least 1
         // for a well-formed configuration, and a malformed one must not divide by zero here).
         let row_granules = self.head_dim_pad / 4;
@@ -601,6 +601,9 @@ impl CoopConfig {
             ("COOP_COMPONENTS", self.compiled_components()),
             ("ROW_SLOTS", layout.slots()),
             ("ROW_LANE_MASK_COUNT", layout.row_lane_masks().len() as u32),
+            // Dropout's generator blocks each invocation draws of a score block (32 a block).
+            ("DROPOUT_DRAWS", 32 / self.subgroup.clamp(1, 32)),
+            ("DROPOUT_AT_WORDS", self.compiled_components() / 4),
         ]
     }
 }
