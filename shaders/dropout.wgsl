@@ -22,26 +22,12 @@ const PHILOX_M1: u32 = 0xCD9E8D57u;
 const PHILOX_W0: u32 = 0x9E3779B9u;
 const PHILOX_W1: u32 = 0xBB67AE85u;
 
-// The high 32 bits of the 64-bit product a · b. WGSL has no such multiply: the product is built
-// from 16-bit halves, a = a_hi·2^16 + a_lo, each partial product below 2^32, and the carries of
-// the middle terms collected in `cross` and `cross2` (each at most (2^16 − 1)² + 2^16 − 1 < 2^32).
-// With b a constant, its halves fold at compile time: five multiplies and a few shifts in all.
-fn mul_hi(a: u32, b: u32) -> u32 {
-    let a_lo = a & 0xffffu;
-    let a_hi = a >> 16u;
-    let b_lo = b & 0xffffu;
-    let b_hi = b >> 16u;
-    let lo_lo = a_lo * b_lo;
-    let cross = a_hi * b_lo + (lo_lo >> 16u);
-    let cross2 = a_lo * b_hi + (cross & 0xffffu);
-    return a_hi * b_hi + (cross >> 16u) + (cross2 >> 16u);
-}
-
-// One round of Philox4x32 (Random123's philox4x32round).
+// One round of Philox4x32 (Random123's philox4x32round). mul_wide, the 32 × 32 → 64-bit product,
+// is generated before this file in one of two forms (mul_wide_halves.wgsl, mul_wide_u64.wgsl).
 fn philox_round(x: vec4<u32>, k: vec2<u32>) -> vec4<u32> {
-    let hi0 = mul_hi(PHILOX_M0, x.x);
-    let hi1 = mul_hi(PHILOX_M1, x.z);
-    return vec4<u32>(hi1 ^ x.y ^ k.x, PHILOX_M1 * x.z, hi0 ^ x.w ^ k.y, PHILOX_M0 * x.x);
+    let p0 = mul_wide(PHILOX_M0, x.x);
+    let p1 = mul_wide(PHILOX_M1, x.z);
+    return vec4<u32>(p1.y ^ x.y ^ k.x, p1.x, p0.y ^ x.w ^ k.y, p0.x);
 }
 
 // Philox4x32-10: ten rounds, the key bumped by the Weyl constants between them.

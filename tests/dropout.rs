@@ -1,8 +1,9 @@
 //! Dropout (src/problem/dropout.rs, shaders/dropout.wgsl) on the tiled forward and the backward's
 //! gradient kernels:
 //!
-//! * the generator as the shader writes it (the 16-bit-halves multiply, Philox4x32-10, the blocks
-//!   of eight decisions) against the host's, word for word, on edge and random inputs;
+//! * the generator as the shader writes it (the wide product in each form the device runs: from
+//!   16-bit halves, and as a 64-bit product; Philox4x32-10; the blocks of eight decisions)
+//!   against the host's, word for word, on edge and random inputs;
 //! * the masks the kernels draw, read off their outputs and compared with the host's bit for bit:
 //!   the forward's through one-hot V rows (each output column is one key's dropped-out weight),
 //!   the dK/dV kernel's through one-hot dO rows (each dV column is one query's), the dQ kernel's
@@ -22,13 +23,14 @@ use wgpu::util::DeviceExt;
 use wgpu_flash_attn::batch::{Alibi, BatchIndex, BiasLayout, BiasValues, Dropout, ScoreBias, Varlen};
 use wgpu_flash_attn::gpu::readback::read_back;
 use wgpu_flash_attn::kernel::{BackwardChoice, BackwardPass, CoopChoice, DecodeChoice, TiledChoice, Variant};
+use wgpu_flash_attn::plan::PhiloxMultiply;
 use wgpu_flash_attn::plan::{backward_plans, select_backward, select_forward, BoundsChecks, PLANS};
 use wgpu_flash_attn::problem::backward::GradTensor;
 use wgpu_flash_attn::problem::dropout::philox4x32_10;
 use wgpu_flash_attn::testing::backward_harness::{grad_tolerance, BackwardWorkload};
 use wgpu_flash_attn::testing::harness::{nan_bytes, tolerance};
 use wgpu_flash_attn::testing::{random_tensor, ErrorStats, Rng};
-use wgpu_flash_attn::wgsl::DROPOUT;
+use wgpu_flash_attn::wgsl::{DROPOUT, MUL_WIDE_HALVES, MUL_WIDE_U64};
 use wgpu_flash_attn::{
     reference, AttentionProblem, BackwardInputs, BackwardProblem, DType, Element, Error, FlashAttention,
     ForwardBuffers, GpuContext, KernelChoice, Tensor, TensorBuffer,
@@ -45,16 +47,20 @@ fn dropout(p: f32) -> Dropout {
 
 // ------------------------------------------------------------------------- the generator
 
-/// The shader's generator, cut from dropout.wgsl (its constants through `dropout_block`), in a
-/// module that runs it on a list of inputs: per item, a Philox counter, (key, a, b) for
-/// `philox4x32_10` and `mul_hi`, and (batch, head, row, col) for `dropout_block` under the
-/// params' key and threshold. It writes the four words, then (mul_hi(a, b), the block's eight
-/// bits: `first` in bits 0–3, `second` in 4–7).
-fn generator_module() -> String {
+/// The shader's generator, cut from dropout.wgsl (its constants through `dropout_block`) after
+/// `multiply`'s wide product, in a module that runs it on a list of inputs: per item, a Philox
+/// counter, (key, a, b) for `philox4x32_10` and `mul_wide`, and (batch, head, row, col) for
+/// `dropout_block` under the params' key and threshold. It writes the four words, then (the high
+/// and low words of a · b, the block's eight bits: `first` in bits 0–3, `second` in 4–7).
+fn generator_module(multiply: PhiloxMultiply) -> String {
     let generator = wgpu_flash_attn::testing::shader::wgsl_through_fn(DROPOUT, "const PHILOX_M0", "dropout_block")
         .expect("dropout.wgsl declares PHILOX_M0, then dropout_block");
+    let mul_wide = match multiply {
+        PhiloxMultiply::Halves => MUL_WIDE_HALVES,
+        PhiloxMultiply::Wide => MUL_WIDE_U64,
+    };
     format!(
-        "struct Params {{ dropout_key0: u32, dropout_key1: u32, dropout_threshold: u32, dropout_scale: f32, \
+        "{mul_wide}\nstruct Params {{ dropout_key0: u32, dropout_key1: u32, dropout_threshold: u32, dropout_scale: f32, \
          part_batch: u32, part_head: u32, part_row: u32, part_pad: u32 }}\n\
          @group(0) @binding(0) var<uniform> params: Params;\n\
          @group(0) @binding(1) var<storage, read> inputs: array<vec4<u32>>;\n\
@@ -72,17 +78,18 @@ fn generator_module() -> String {
              let at = inputs[3u * id.x + 2u];\n\
              outputs[2u * id.x] = philox4x32_10(counter, extra.xy);\n\
              let block = dropout_block(at.x, at.y, at.z, at.w);\n\
-             outputs[2u * id.x + 1u] = vec4<u32>(mul_hi(extra.z, extra.w), bits(block.first) | (bits(block.second) << 4u), 0u, 0u);\n\
+             let product = mul_wide(extra.z, extra.w);\n\
+             outputs[2u * id.x + 1u] = vec4<u32>(product.y, bits(block.first) | (bits(block.second) << 4u), product.x, 0u);\n\
          }}\n"
     )
 }
 
 /// Runs [`generator_module`] on `inputs` (three vec4 per item) with `params`; two vec4 per item.
-fn run_generator(ctx: &GpuContext, params: [u32; 8], inputs: &[[u32; 4]]) -> Vec<[u32; 4]> {
+fn run_generator(ctx: &GpuContext, multiply: PhiloxMultiply, params: [u32; 8], inputs: &[[u32; 4]]) -> Vec<[u32; 4]> {
     let device = &ctx.device;
     let module = device.create_shader_module(wgpu::ShaderModuleDescriptor {
         label: Some("dropout generator"),
-        source: wgpu::ShaderSource::Wgsl(generator_module().into()),
+        source: wgpu::ShaderSource::Wgsl(generator_module(multiply).into()),
     });
     let pipeline = device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
         label: Some("dropout generator"),
@@ -138,7 +145,8 @@ fn run_generator(ctx: &GpuContext, params: [u32; 8], inputs: &[[u32; 4]]) -> Vec
 /// and the (batch, head, row, col) of a block.
 type GeneratorItem = ([u32; 4], [u32; 2], [u32; 2], [u32; 4]);
 
-/// The shader's high multiply, Philox and blocks against the host's: Random123's known answers,
+/// The shader's wide product (in each form the device runs), Philox and blocks against the host's:
+/// Random123's known answers,
 /// operands at the carries' edges (all ones, one half full, the other empty) and random ones, and
 /// blocks at rows and keys up to 2³¹ under two thresholds, in a whole problem and in a part of one
 /// that starts elsewhere (batch entry 3, head 5, row 10: its blocks are the whole's there).
@@ -187,7 +195,14 @@ fn the_shaders_generator_is_the_hosts() {
             at,
         ));
     }
-    for (p, origin) in [(0.5f32, [0u32; 3]), (0.1, [3, 5, 10])] {
+    let mut forms = vec![PhiloxMultiply::Halves];
+    if ctx.caps.shader_int64 {
+        forms.push(PhiloxMultiply::Wide);
+    }
+    for (multiply, (p, origin)) in forms
+        .into_iter()
+        .flat_map(|m| [(0.5f32, [0u32; 3]), (0.1, [3, 5, 10])].map(|x| (m, x)))
+    {
         let d = dropout(p);
         let key = d.key();
         let inputs: Vec<[u32; 4]> = items
@@ -196,6 +211,7 @@ fn the_shaders_generator_is_the_hosts() {
             .collect();
         let out = run_generator(
             ctx,
+            multiply,
             [
                 key[0],
                 key[1],
@@ -210,9 +226,16 @@ fn the_shaders_generator_is_the_hosts() {
         );
         for (i, (counter, k, ab, at)) in items.iter().enumerate() {
             let want = philox4x32_10(*counter, *k);
-            assert_eq!(out[2 * i], want, "philox {counter:x?} {k:x?}");
-            let hi = ((ab[0] as u64 * ab[1] as u64) >> 32) as u32;
-            assert_eq!(out[2 * i + 1][0], hi, "mul_hi({:#x}, {:#x})", ab[0], ab[1]);
+            assert_eq!(out[2 * i], want, "{multiply:?}: philox {counter:x?} {k:x?}");
+            let product = ab[0] as u64 * ab[1] as u64;
+            let (hi, lo) = ((product >> 32) as u32, product as u32);
+            assert_eq!(
+                (out[2 * i + 1][0], out[2 * i + 1][2]),
+                (hi, lo),
+                "{multiply:?}: {:#x} · {:#x}",
+                ab[0],
+                ab[1]
+            );
             let [b, h, row, col] = at.map(|x| x as usize);
             let [b, h, row] = [b + origin[0] as usize, h + origin[1] as usize, row + origin[2] as usize];
             let (row0, col0) = (row & !1, col & !3);
@@ -224,7 +247,7 @@ fn the_shaders_generator_is_the_hosts() {
                     }
                 }
             }
-            assert_eq!(out[2 * i + 1][1], bits, "p {p}: block at {at:?}");
+            assert_eq!(out[2 * i + 1][1], bits, "{multiply:?}, p {p}: block at {at:?}");
         }
     }
 }
@@ -526,6 +549,42 @@ fn backward_mask_check(
         compared += c;
     }
     compared
+}
+
+/// The kernels' generator multiplies in the device's form (`_dropout64` with 64-bit integers,
+/// as on lavapipe, else `_dropout`): the other form, on a context that reports no 64-bit
+/// integers, draws the host's mask too, in the forward and in both gradient kernels.
+#[test]
+fn the_halves_form_draws_the_hosts_mask_too() {
+    let Some(ctx) = gpu() else { return };
+    let mut halves = ctx.clone();
+    halves.caps.shader_int64 = false;
+    let engine = FlashAttention::new(&halves);
+    let mut batch = Batch::packed(&[(40, 70), (64, 33), (9, 100)], 2, 2, 128, DType::F32);
+    batch.problem = batch.problem.with_dropout(dropout(0.1));
+    let forward = engine.select(&batch.problem).unwrap().name();
+    let bp = BackwardProblem::new(batch.problem);
+    let backward = select_backward(&bp, &halves.caps, &BackwardChoice::default()).unwrap();
+    for name in [forward, backward.dkdv.name(), backward.dq.name()] {
+        assert!(name.ends_with("_dropout"), "{name}");
+    }
+    forward_mask_check::<f32>(&engine, &batch, "halves");
+    let index = batch.index();
+    backward_mask_check("halves, packed", &batch, |q, k, v, d_o| {
+        let fwd = engine
+            .forward_indexed_blocking(&batch.problem, q, k, v, &index)
+            .unwrap();
+        let inputs = BackwardInputs {
+            q,
+            k,
+            v,
+            o: &fwd.out,
+            lse: &fwd.lse,
+            d_o,
+        };
+        let g = engine.backward_indexed_blocking(bp, &inputs, &index).unwrap();
+        (g.dq, g.dv)
+    });
 }
 
 /// Both gradient kernels regenerate the forward's mask bit for bit, under every plan of theirs the
@@ -836,7 +895,11 @@ fn backward_case<T: Element>(engine: &FlashAttention, p: &AttentionProblem, side
         .unwrap_or_else(|e| panic!("{label}: {e}"));
     let want = reference::attention_backward_indexed(&bp, &q, &k, &v, &d_o, &index).unwrap();
     let config = engine.select_backward(bp).unwrap();
-    assert!(config.dkdv.dropout && config.dq.dropout, "{label}: {}", config.name());
+    assert!(
+        config.dkdv.dropout.is_some() && config.dq.dropout.is_some(),
+        "{label}: {}",
+        config.name()
+    );
     let kernels = config.name();
     let t = grad_tolerance(p.dtype);
     let scale = [&want.dq, &want.dk, &want.dv]
@@ -911,7 +974,8 @@ fn checks_and_refusals() {
     }
     let with = |d: Dropout| run(&plain.with_dropout(d));
     let a = with(dropout(0.2));
-    assert!(a.kernel.ends_with("_dropout"), "{}", a.kernel);
+    let suffix = PhiloxMultiply::for_device(&ctx.caps).name_suffix();
+    assert!(a.kernel.ends_with(suffix), "{}", a.kernel);
     assert_eq!(a.lse, base.lse, "the LSE is the undropped softmax's");
     assert_eq!(with(dropout(0.2)).out, a.out, "one seed and offset, one mask");
     assert_ne!(
@@ -947,19 +1011,15 @@ fn checks_and_refusals() {
     // The cooperative-matrix kernel has it, forced or chosen automatically, on the H200's
     // written-down capabilities.
     let f16 = AttentionProblem { dtype: DType::F16, ..p };
+    let h200 = wgpu_flash_attn::caps::fixtures::h200();
     for choice in [
         KernelChoice::CooperativeMatrix(CoopChoice::default()),
         KernelChoice::Auto,
     ] {
-        let kernel = select_forward(
-            &f16,
-            &wgpu_flash_attn::caps::fixtures::h200(),
-            &choice,
-            BoundsChecks::default(),
-        )
-        .unwrap();
+        let kernel = select_forward(&f16, &h200, &choice, BoundsChecks::default()).unwrap();
+        let suffix = PhiloxMultiply::for_device(&h200).name_suffix();
         assert!(
-            kernel.name().starts_with("flash_fwd_coop_") && kernel.name().ends_with("_dropout"),
+            kernel.name().starts_with("flash_fwd_coop_") && kernel.name().ends_with(suffix),
             "{choice:?}: {}",
             kernel.name()
         );

@@ -128,6 +128,8 @@ fn shaders_open_with_a_comment_saying_what_they_are() {
         ("flash_decode_coop", FLASH_DECODE_COOP),
         ("coop_rows", COOP_ROWS),
         ("append_kv", APPEND_KV),
+        ("mul_wide_halves", MUL_WIDE_HALVES),
+        ("mul_wide_u64", MUL_WIDE_U64),
         ("mask_bound", mask::MASK_BOUND),
         ("mask_unbound", mask::MASK_UNBOUND),
         ("mask_blocks_bound", mask::MASK_BLOCKS_BOUND),

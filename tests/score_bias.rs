@@ -747,7 +747,7 @@ fn bias_gradient_with_dropout() {
             .select_backward(BackwardProblem::new(*p).with_bias_grad(true))
             .unwrap_or_else(|e| panic!("{label}: {e}"));
         assert!(
-            c.dkdv.dropout && c.dq.dropout && c.dbias.is_none_or(|g| g.dropout),
+            c.dkdv.dropout.is_some() && c.dq.dropout.is_some() && c.dbias.is_none_or(|g| g.dropout.is_some()),
             "{label}: {}",
             c.name()
         );

@@ -27,6 +27,9 @@ pub struct Caps {
     pub subgroup_barrier: bool,
     /// `shader-f16` is enabled on the device.
     pub shader_f16: bool,
+    /// 64-bit integers in shaders are enabled on the device (wgpu's `SHADER_INT64`): dropout's
+    /// generator multiplies in one product instead of four (src/plan/dropout.rs).
+    pub shader_int64: bool,
     /// GPU timestamps can be written at the start and end of compute passes.
     pub timestamps: bool,
     /// 16×16×16 cooperative matrices with f16 inputs and f32 accumulators (tensor cores) are
@@ -77,6 +80,7 @@ impl Caps {
             subgroup_max_size: info.subgroup_max_size,
             subgroup_barrier: f.contains(wgpu::Features::SUBGROUP_BARRIER),
             shader_f16: f.contains(wgpu::Features::SHADER_F16),
+            shader_int64: f.contains(wgpu::Features::SHADER_INT64),
             timestamps: f.contains(wgpu::Features::TIMESTAMP_QUERY),
             // Known only from the adapter; see `with_cooperative_matrix`.
             cooperative_matrix_f16: false,
@@ -139,6 +143,7 @@ impl Caps {
             subgroup_max_size: 128,
             subgroup_barrier: false,
             shader_f16: false,
+            shader_int64: false,
             timestamps: false,
             cooperative_matrix_f16: false,
             coop_register_layout: None,
@@ -172,6 +177,7 @@ pub mod fixtures {
             subgroup_max_size: 8,
             subgroup_barrier: true,
             shader_f16: true,
+            shader_int64: true,
             timestamps: true,
             cooperative_matrix_f16: false,
             coop_register_layout: None,

@@ -40,6 +40,7 @@ pub fn wanted_features() -> wgpu::Features {
     wgpu::Features::SUBGROUP
         | wgpu::Features::SUBGROUP_BARRIER
         | wgpu::Features::SHADER_F16
+        | wgpu::Features::SHADER_INT64
         | wgpu::Features::TIMESTAMP_QUERY
 }
 
@@ -98,7 +99,7 @@ impl GpuContext {
 
     /// Creates a device on `adapter` with the adapter's own limits (wgpu's defaults cap workgroup
     /// memory at 16 KiB and invocations at 256), those of the features the kernels use that it
-    /// offers (`SUBGROUP`, `SUBGROUP_BARRIER`, `SHADER_F16`, `TIMESTAMP_QUERY`), and cooperative
+    /// offers (`SUBGROUP`, `SUBGROUP_BARRIER`, `SHADER_F16`, `SHADER_INT64`, `TIMESTAMP_QUERY`), and cooperative
     /// matrices if `options` allow and the adapter has the f16 ones; then measures the matrices'
     /// register layout ([`probe_register_layout`](Self::probe_register_layout)).
     /// [`Error::RequestDevice`] if the adapter refuses.
@@ -180,7 +181,7 @@ impl GpuContext {
 
     /// Wraps a device the caller created. The kernels use whatever features and limits it was
     /// created with (request `adapter.limits()` and, where the adapter has them, `SUBGROUP`,
-    /// `SUBGROUP_BARRIER`, `SHADER_F16` and `TIMESTAMP_QUERY` for the fastest ones).
+    /// `SUBGROUP_BARRIER`, `SHADER_F16`, `SHADER_INT64` and `TIMESTAMP_QUERY` for the fastest ones).
     /// To use cooperative matrices on such a device, set `caps` with
     /// [`Caps::with_cooperative_matrix`] and the adapter's `cooperative_matrix_properties()`.
     ///

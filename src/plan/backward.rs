@@ -22,6 +22,7 @@ use crate::error::{Error, Result};
 use crate::plan::coop::{
     coop_device_unavailable_reason, coop_subgroup_unavailable_reason, register_layout_mismatch, register_routes,
 };
+use crate::plan::dropout::{dropout_suffix, PhiloxMultiply};
 use crate::plan::policy::{COOP_DKDV_BY_DEFAULT, COOP_DQ_BY_DEFAULT, COOP_KERNEL_VERIFIED};
 use crate::plan::tiled::tiled_device_fit_reason;
 use crate::plan::{missing_features, MaskBinding, Reduction, SequenceIndex, TilePlan, TileType, Variant};
@@ -265,8 +266,9 @@ pub struct GradKernel {
     /// elements are the dQ kernel's own `P ∘ (dP − D)`; the broadcast biases take the d(bias)
     /// kernel instead. `false` for the other passes.
     pub writes_d_bias: bool,
-    /// Whether it regenerates the forward's dropout mask (shaders/dropout.wgsl).
-    pub dropout: bool,
+    /// Whether it regenerates the forward's dropout mask (shaders/dropout.wgsl), and how its
+    /// generator multiplies.
+    pub dropout: Option<PhiloxMultiply>,
     /// With `coop`: the soft-cap's form, when one is compiled in, as the cooperative-matrix
     /// forward compiles it (shaders/flash_bwd_coop.wgsl's `logits`). The tiled kernels read the
     /// soft-cap and ALiBi at run time and keep this `None` and `alibi` `false`.
@@ -308,7 +310,7 @@ impl GradKernel {
             bias: None,
             mask: MaskBinding::default(),
             writes_d_bias: false,
-            dropout: false,
+            dropout: None,
             softcap: None,
             alibi: false,
             coop: false,
@@ -351,7 +353,7 @@ impl GradKernel {
             self.bias.map_or(String::new(), |t| format!("_bias{}", t.name())),
             self.mask.name_suffix(),
             if self.writes_d_bias { "_dbias" } else { "" },
-            if self.dropout { "_dropout" } else { "" }
+            dropout_suffix(self.dropout)
         )
     }
 
@@ -423,6 +425,9 @@ impl GradKernel {
         if self.pass == BackwardPass::DBias && self.bias.is_none() {
             return Some("the score bias's gradient kernel is built for a bias tensor".into());
         }
+        if let Some(why) = self.dropout.and_then(|d| d.unavailable_reason(caps)) {
+            return Some(why);
+        }
         if self.writes_d_bias && (self.pass != BackwardPass::Dq || self.bias.is_none()) {
             return Some("only the dQ kernel of a problem with a bias writes the bias's gradient".into());
         }
@@ -480,7 +485,7 @@ impl GradKernel {
             || self.bias.is_some()
             || self.mask != MaskBinding::default()
             || self.writes_d_bias
-            || self.dropout
+            || self.dropout.is_some()
         {
             return Some(
                 "the cooperative-matrix backward binds no ALiBi, bias or mask tensors and has no dropout".into(),
@@ -783,17 +788,24 @@ impl BackwardKernel {
 
     /// Device features the module needs.
     pub fn required_features(&self) -> wgpu::Features {
-        match self {
-            BackwardKernel::Preprocess(p) if p.reduction == Reduction::Subgroup => wgpu::Features::SUBGROUP,
-            BackwardKernel::Grad(g) if g.coop => {
-                wgpu::Features::SUBGROUP
-                    | wgpu::Features::SUBGROUP_BARRIER
-                    | wgpu::Features::SHADER_F16
-                    | wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX
-            }
-            BackwardKernel::Grad(g) if g.tile == TileType::F16 => wgpu::Features::SHADER_F16,
+        let dropout = match self {
+            BackwardKernel::Grad(g) => g
+                .dropout
+                .map_or(wgpu::Features::empty(), PhiloxMultiply::required_features),
             _ => wgpu::Features::empty(),
-        }
+        };
+        dropout
+            | match self {
+                BackwardKernel::Preprocess(p) if p.reduction == Reduction::Subgroup => wgpu::Features::SUBGROUP,
+                BackwardKernel::Grad(g) if g.coop => {
+                    wgpu::Features::SUBGROUP
+                        | wgpu::Features::SUBGROUP_BARRIER
+                        | wgpu::Features::SHADER_F16
+                        | wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX
+                }
+                BackwardKernel::Grad(g) if g.tile == TileType::F16 => wgpu::Features::SHADER_F16,
+                _ => wgpu::Features::empty(),
+            }
     }
 }
 
@@ -1068,7 +1080,10 @@ fn select_tiled_backward(problem: &BackwardProblem, caps: &Caps, choice: &Backwa
                     bias: problem.forward.bias.map(|b| b.dtype),
                     mask: MaskBinding::of(&problem.forward),
                     writes_d_bias: pass == BackwardPass::Dq && dq_writes_d_bias,
-                    dropout: problem.forward.active_dropout().is_some(),
+                    dropout: problem
+                        .forward
+                        .active_dropout()
+                        .map(|_| PhiloxMultiply::for_device(caps)),
                     softcap: None,
                     alibi: false,
                     coop: false,
@@ -1274,9 +1289,9 @@ pub fn all_backward_kernels() -> Vec<BackwardKernel> {
                             }
                             if pass == BackwardPass::Dq {
                                 for (dropout, mask) in [
-                                    (false, MaskBinding::default()),
-                                    (true, MaskBinding::default()),
-                                    (false, MaskBinding::BOUND[2]),
+                                    (None, MaskBinding::default()),
+                                    (Some(PhiloxMultiply::Halves), MaskBinding::default()),
+                                    (None, MaskBinding::BOUND[2]),
                                 ] {
                                     push(GradKernel {
                                         head_tensors: true,
@@ -1288,10 +1303,14 @@ pub fn all_backward_kernels() -> Vec<BackwardKernel> {
                                     });
                                 }
                             }
-                            for mask in [MaskBinding::default(), MaskBinding::BOUND[2]] {
+                            for (mask, multiply) in [
+                                (MaskBinding::default(), PhiloxMultiply::Halves),
+                                (MaskBinding::default(), PhiloxMultiply::Wide),
+                                (MaskBinding::BOUND[2], PhiloxMultiply::Halves),
+                            ] {
                                 push(GradKernel {
                                     mask,
-                                    dropout: true,
+                                    dropout: Some(multiply),
                                     ..plain
                                 });
                             }
@@ -1306,17 +1325,18 @@ pub fn all_backward_kernels() -> Vec<BackwardKernel> {
             for &plan in backward_plans(BackwardPass::DBias) {
                 let first = plan == backward_plans(BackwardPass::DBias)[0];
                 for head_dim_pad in head_dim_pads(plan) {
+                    let halves = Some(PhiloxMultiply::Halves);
                     for (bias, head_tensors, dropout, mask) in [
-                        (DType::F32, false, false, no_mask),
-                        (DType::F16, false, false, no_mask),
-                        (DType::BF16, false, false, no_mask),
-                        (DType::F32, true, false, no_mask),
-                        (DType::F32, false, true, no_mask),
-                        (DType::F32, false, false, MaskBinding::BOUND[0]),
-                        (DType::F32, false, false, MaskBinding::BOUND[1]),
-                        (DType::F32, false, false, MaskBinding::BOUND[2]),
+                        (DType::F32, false, None, no_mask),
+                        (DType::F16, false, None, no_mask),
+                        (DType::BF16, false, None, no_mask),
+                        (DType::F32, true, None, no_mask),
+                        (DType::F32, false, halves, no_mask),
+                        (DType::F32, false, None, MaskBinding::BOUND[0]),
+                        (DType::F32, false, None, MaskBinding::BOUND[1]),
+                        (DType::F32, false, None, MaskBinding::BOUND[2]),
                     ] {
-                        if first || (bias == DType::F32 && !head_tensors && !dropout && mask == no_mask) {
+                        if first || (bias == DType::F32 && !head_tensors && dropout.is_none() && mask == no_mask) {
                             kernels.push(BackwardKernel::Grad(GradKernel {
                                 head_tensors,
                                 bias: Some(bias),
@@ -2008,9 +2028,9 @@ mod tests {
             });
             let c = auto(&BackwardProblem::new(f).with_bias_grad(true), &h200());
             assert_eq!(c_has_fused(&c), fused, "{}", c.name());
-            assert!(c.dkdv.dropout && c.dq.dropout, "{}", c.name());
+            assert!(c.dkdv.dropout.is_some() && c.dq.dropout.is_some(), "{}", c.name());
             if let Some(g) = c.dbias {
-                assert!(g.dropout && g.name().ends_with("_dropout"), "{}", g.name());
+                assert!(g.dropout.is_some() && g.name().ends_with("_dropout64"), "{}", g.name());
                 assert_eq!(g.unavailable_reason(&h200()), None, "{}", g.name());
             }
             assert!(c.dbias.is_some() != fused, "{}", c.name());

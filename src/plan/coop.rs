@@ -4,6 +4,7 @@
 
 use crate::caps::register_layout::COOP_SUBGROUP;
 use crate::caps::{Caps, RegisterLayout};
+use crate::plan::dropout::{dropout_suffix, PhiloxMultiply};
 use crate::plan::policy::COOP_KERNEL_VERIFIED;
 use crate::plan::{missing_features, MaskBinding, SequenceIndex};
 use crate::problem::features::{Feature, FeatureSet};
@@ -42,9 +43,9 @@ pub struct CoopConfig {
     /// The mask tensor and block summary it binds (shaders/mask_bound.wgsl,
     /// mask_blocks_bound.wgsl).
     pub mask: MaskBinding,
-    /// Whether it drops probabilities (shaders/dropout.wgsl): compiled in, so that the kernel
-    /// without dropout is the one it was.
-    pub dropout: bool,
+    /// Whether it drops probabilities (shaders/dropout.wgsl), and how its generator multiplies:
+    /// compiled in, so that the kernel without dropout is the one it was.
+    pub dropout: Option<PhiloxMultiply>,
     /// Invocations per subgroup the module is compiled for, the device's (one of
     /// `COOP_FORWARD_SUBGROUPS`).
     pub subgroup: u32,
@@ -206,7 +207,7 @@ impl CoopConfig {
             softcap: None,
             alibi: false,
             mask: MaskBinding::default(),
-            dropout: false,
+            dropout: None,
             subgroup: COOP_SUBGROUP,
         }
     }
@@ -223,8 +224,8 @@ impl CoopConfig {
 
     /// Binds the tensors `problem` reads besides Q/K/V (its index tensors, per-head tensors,
     /// score bias, mask and block summary) and compiles in the score passes it needs (soft-cap,
-    /// ALiBi) and dropout.
-    pub fn with_tensors_of(self, problem: &AttentionProblem) -> Self {
+    /// ALiBi) and dropout, with the device's generator products.
+    pub fn with_tensors_of(self, problem: &AttentionProblem, caps: &Caps) -> Self {
         CoopConfig {
             sequences: SequenceIndex::of(problem),
             head_tensors: problem.has_head_tensors(),
@@ -232,7 +233,7 @@ impl CoopConfig {
             softcap: problem.cap_form(),
             alibi: problem.alibi.is_some(),
             mask: MaskBinding::of(problem),
-            dropout: problem.active_dropout().is_some(),
+            dropout: problem.active_dropout().map(|_| PhiloxMultiply::for_device(caps)),
             ..self
         }
     }
@@ -282,7 +283,7 @@ impl CoopConfig {
     /// `flash_fwd_coop_f16_bm{}_bn{}_d{}`, with `_prefetch` when the next K/V tile is loaded
     /// into registers early, `_db` when K/V are double-buffered, and `_regs…` (the layout) when
     /// the softmax runs in registers (and `_varlen`, `_lens`, `_heads`, `_bias{dtype}`,
-    /// `_cap`/`_capseries`, `_alibi`, `_mask`, `_blocks`, `_dropout`, and `_sg{n}` for subgroups
+    /// `_cap`/`_capseries`, `_alibi`, `_mask`, `_blocks`, `_dropout`/`_dropout64`, and `_sg{n}` for subgroups
     /// of other than 32).
     pub fn name(&self) -> String {
         format!(
@@ -301,7 +302,7 @@ impl CoopConfig {
             self.softcap.map_or("", CapForm::name_suffix),
             if self.alibi { "_alibi" } else { "" },
             self.mask.name_suffix(),
-            if self.dropout { "_dropout" } else { "" },
+            dropout_suffix(self.dropout),
             if self.subgroup == COOP_SUBGROUP {
                 String::new()
             } else {
@@ -379,7 +380,10 @@ impl CoopConfig {
                 problem.softmax_scale()
             ));
         }
-        let wanted = self.with_tensors_of(problem);
+        if let Some(why) = self.dropout.and_then(|d| d.unavailable_reason(caps)) {
+            return Some(why);
+        }
+        let wanted = self.with_tensors_of(problem, caps);
         if (self.softcap, self.alibi, self.mask, self.dropout)
             != (wanted.softcap, wanted.alibi, wanted.mask, wanted.dropout)
         {
@@ -555,14 +559,19 @@ pub fn all_coop_configs() -> Vec<CoopConfig> {
             for mask in MaskBinding::BOUND {
                 configs.push(CoopConfig { mask, ..first });
             }
-            configs.push(CoopConfig { dropout: true, ..first });
+            for multiply in [PhiloxMultiply::Halves, PhiloxMultiply::Wide] {
+                configs.push(CoopConfig {
+                    dropout: Some(multiply),
+                    ..first
+                });
+            }
             configs.push(CoopConfig {
                 softcap: Some(CapForm::Series),
                 alibi: true,
                 head_tensors: true,
                 bias: Some(DType::F16),
                 mask: MaskBinding::BOUND[2],
-                dropout: true,
+                dropout: Some(PhiloxMultiply::Halves),
                 ..first
             });
         }
@@ -580,7 +589,7 @@ pub fn all_coop_configs() -> Vec<CoopConfig> {
             head_tensors: true,
             bias: Some(DType::F32),
             mask: MaskBinding::BOUND[2],
-            dropout: true,
+            dropout: Some(PhiloxMultiply::Halves),
             ..coop_plans(d, CoopSoftmax::WorkgroupMemory)[0]
                 .config(d)
                 .with_subgroup(16)

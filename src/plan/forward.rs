@@ -150,7 +150,7 @@ pub fn select_forward(
             let config = config
                 .with_prefetch_kv(coop.prefetch_kv.unwrap_or(config.prefetch_kv))
                 .with_double_buffer(coop.double_buffer.unwrap_or(config.double_buffer))
-                .with_tensors_of(problem);
+                .with_tensors_of(problem, caps);
             match config.unavailable_reason(problem, caps) {
                 None => {
                     check_grid(problem, config.block_m, caps)?;

@@ -4,6 +4,7 @@
 
 use crate::caps::Caps;
 use crate::error::{Error, Result};
+use crate::plan::dropout::{dropout_suffix, PhiloxMultiply};
 use crate::plan::policy::{F16_TILES_BY_DEFAULT, MAX_ACCUMULATORS};
 use crate::plan::{check_grid, missing_features, MaskBinding, SequenceIndex};
 use crate::problem::features::{Feature, FeatureSet};
@@ -287,15 +288,31 @@ pub struct FlashConfig {
     pub bias: Option<DType>,
     /// Whether it binds the mask tensor and its block summary (shaders/mask_*.wgsl).
     pub mask: MaskBinding,
-    /// Whether it drops probabilities (shaders/dropout.wgsl): compiled in, so that the kernel
-    /// without it stays as it was.
-    pub dropout: bool,
+    /// Whether it drops probabilities (shaders/dropout.wgsl), and how its generator multiplies:
+    /// compiled in, so that the kernel without it stays as it was.
+    pub dropout: Option<PhiloxMultiply>,
 }
 
 impl FlashConfig {
+    /// The configuration of `variant` and `plan` for `problem` on `caps`: its element type and
+    /// head_dim, the tensors it binds, its dropout.
+    pub fn for_problem(problem: &AttentionProblem, variant: Variant, plan: TilePlan, caps: &Caps) -> Self {
+        FlashConfig {
+            storage: problem.dtype,
+            variant,
+            plan,
+            head_dim_pad: plan.head_dim_pad(problem.shape.head_dim as u32),
+            sequences: SequenceIndex::of(problem),
+            head_tensors: problem.has_head_tensors(),
+            bias: problem.bias.map(|b| b.dtype),
+            mask: MaskBinding::of(problem),
+            dropout: problem.active_dropout().map(|_| PhiloxMultiply::for_device(caps)),
+        }
+    }
+
     /// `flash_fwd_{dtype}_{variant}_bm{}_bn{}_tx{}_ty{}_ks{}_ns{}_d{}` (and `_varlen`, `_lens`,
-    /// `_heads`, `_bias{dtype}`, `_dropout`): the pipeline label, cache key in messages, and test
-    /// and benchmark id.
+    /// `_heads`, `_bias{dtype}`, `_dropout`, `_dropout64`): the pipeline label, cache key in
+    /// messages, and test and benchmark id.
     pub fn name(&self) -> String {
         format!(
             "flash_fwd_{}_{}_{}_d{}{}{}{}{}{}",
@@ -307,7 +324,7 @@ impl FlashConfig {
             if self.head_tensors { "_heads" } else { "" },
             self.bias.map_or(String::new(), |t| format!("_bias{}", t.name())),
             self.mask.name_suffix(),
-            if self.dropout { "_dropout" } else { "" }
+            dropout_suffix(self.dropout)
         )
     }
 
@@ -323,6 +340,9 @@ impl FlashConfig {
             return Some(format!("tile plan {:?} is malformed", self.plan));
         }
         if let Some(why) = v.reduction.unavailable_reason(self.plan.threads_x, caps) {
+            return Some(why);
+        }
+        if let Some(why) = self.dropout.and_then(|d| d.unavailable_reason(caps)) {
             return Some(why);
         }
         tiled_device_fit_reason(
@@ -378,7 +398,6 @@ pub fn preferred_variants(storage: DType, caps: &Caps) -> Vec<Variant> {
 /// run, and with [`Error::TooLarge`] when the grid would exceed the device's dispatch limits.
 pub fn select(problem: &AttentionProblem, caps: &Caps, choice: &TiledChoice) -> Result<FlashConfig> {
     problem.validate()?;
-    let head_dim = problem.shape.head_dim as u32;
     if let Some(why) = missing_features("the tiled kernel", problem.features(), TILED_FEATURES) {
         return Err(Error::Unavailable {
             what: "a flash kernel".into(),
@@ -397,17 +416,7 @@ pub fn select(problem: &AttentionProblem, caps: &Caps, choice: &TiledChoice) -> 
     for variant in variants {
         let mut fitting = Vec::new();
         for plan in &plans {
-            let config = FlashConfig {
-                storage: problem.dtype,
-                variant,
-                plan: *plan,
-                head_dim_pad: plan.head_dim_pad(head_dim),
-                sequences: SequenceIndex::of(problem),
-                head_tensors: problem.has_head_tensors(),
-                bias: problem.bias.map(|b| b.dtype),
-                mask: MaskBinding::of(problem),
-                dropout: problem.active_dropout().is_some(),
-            };
+            let config = FlashConfig::for_problem(problem, variant, *plan, caps);
             match config.unavailable_reason(caps) {
                 Some(why) => reasons.push(format!("{}: {why}", config.name())),
                 None => fitting.push(config),
@@ -459,7 +468,7 @@ pub fn all_configs() -> Vec<FlashConfig> {
                         head_tensors: false,
                         bias: None,
                         mask: MaskBinding::default(),
-                        dropout: false,
+                        dropout: None,
                     };
                     configs.push(plain);
                     if plan == PLANS[0] {
@@ -476,10 +485,14 @@ pub fn all_configs() -> Vec<FlashConfig> {
                         for mask in MaskBinding::BOUND {
                             configs.push(FlashConfig { mask, ..plain });
                         }
-                        for mask in [MaskBinding::default(), MaskBinding::BOUND[2]] {
+                        for (mask, multiply) in [
+                            (MaskBinding::default(), PhiloxMultiply::Halves),
+                            (MaskBinding::default(), PhiloxMultiply::Wide),
+                            (MaskBinding::BOUND[2], PhiloxMultiply::Halves),
+                        ] {
                             configs.push(FlashConfig {
                                 mask,
-                                dropout: true,
+                                dropout: Some(multiply),
                                 ..plain
                             });
                         }

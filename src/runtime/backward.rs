@@ -857,7 +857,7 @@ impl FlashAttention {
                         && g.head_tensors == f.has_alibi_tensor()
                         && g.sequences == crate::plan::SequenceIndex::of(f)
                         && g.mask == crate::plan::MaskBinding::of(f)
-                        && g.dropout == f.active_dropout().is_some()
+                        && g.dropout.is_some() == f.active_dropout().is_some()
                         && (!g.coop || (g.softcap == f.cap_form() && g.alibi == f.alibi.is_some()))
                 }
             };

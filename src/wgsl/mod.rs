@@ -13,7 +13,8 @@ pub mod unroll;
 
 use crate::plan::policy::DECODE_MAX_SPLITS;
 use crate::plan::{
-    BackwardKernel, CoopConfig, DecodeConfig, DecodeKernel, FlashConfig, Reduction, SequenceIndex, TileType,
+    BackwardKernel, CoopConfig, DecodeConfig, DecodeKernel, FlashConfig, PhiloxMultiply, Reduction, SequenceIndex,
+    TileType,
 };
 use crate::problem::DType;
 
@@ -28,6 +29,8 @@ pub const SCORE_BIAS_UNBOUND: &str = include_str!("../../shaders/score_bias_unbo
 pub const SCORE_BIAS_GRAD_BOUND: &str = include_str!("../../shaders/score_bias_grad_bound.wgsl");
 pub const SCORE_BIAS_GRAD_UNBOUND: &str = include_str!("../../shaders/score_bias_grad_unbound.wgsl");
 pub const DROPOUT: &str = include_str!("../../shaders/dropout.wgsl");
+pub const MUL_WIDE_HALVES: &str = include_str!("../../shaders/mul_wide_halves.wgsl");
+pub const MUL_WIDE_U64: &str = include_str!("../../shaders/mul_wide_u64.wgsl");
 pub const DROPOUT_ROWS: &str = include_str!("../../shaders/dropout_rows.wgsl");
 pub const STORAGE_F32: &str = include_str!("../../shaders/storage_f32.wgsl");
 pub const STORAGE_F16: &str = include_str!("../../shaders/storage_f16.wgsl");
@@ -206,6 +209,11 @@ impl KernelConfig {
             if c.variant.tile == TileType::F16 {
                 f |= wgpu::Features::SHADER_F16;
             }
+        }
+        if let KernelConfig::Flash(FlashConfig { dropout: Some(d), .. })
+        | KernelConfig::FlashCoop(CoopConfig { dropout: Some(d), .. }) = self
+        {
+            f |= d.required_features();
         }
         if let KernelConfig::Backward(k) = self {
             f |= k.required_features();
@@ -511,16 +519,21 @@ pub(crate) fn score_bias_source(dtype: Option<DType>, binding: u32) -> String {
     format!("const BIAS_BINDING: u32 = {binding}u;\nconst BIAS_DTYPE: u32 = {code}u;\n{SCORE_BIAS_BOUND}")
 }
 
-/// Dropout for a kernel that implements it (dropout.wgsl): the generator, compiled in when `on`
-/// (`const DROPOUT`), folded away otherwise.
-fn dropout_source(on: bool) -> String {
-    format!("const DROPOUT: bool = {on};\n{DROPOUT}")
+/// Dropout for a kernel that implements it (dropout.wgsl): the generator with `dropout`'s
+/// products (mul_wide_halves.wgsl, mul_wide_u64.wgsl), compiled in when there is dropout
+/// (`const DROPOUT`), folded away otherwise (with the halves, which need no device feature).
+fn dropout_source(dropout: Option<PhiloxMultiply>) -> String {
+    let mul_wide = match dropout {
+        Some(PhiloxMultiply::Wide) => MUL_WIDE_U64,
+        Some(PhiloxMultiply::Halves) | None => MUL_WIDE_HALVES,
+    };
+    format!("const DROPOUT: bool = {};\n{mul_wide}{DROPOUT}", dropout.is_some())
 }
 
 /// [`dropout_source`] with the keep masks of the kernels whose invocations own ROWS_PER_THREAD
 /// rows or keys (dropout_rows.wgsl): the tiled forward and the gradient kernels.
-fn tiled_dropout_source(on: bool) -> String {
-    format!("{}{DROPOUT_ROWS}", dropout_source(on))
+fn tiled_dropout_source(dropout: Option<PhiloxMultiply>) -> String {
+    format!("{}{DROPOUT_ROWS}", dropout_source(dropout))
 }
 
 /// ALiBi and sinks for a kernel that implements them (head_terms.wgsl): with `bound`, the

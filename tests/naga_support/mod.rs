@@ -15,6 +15,7 @@ pub fn capabilities(kernel: &KernelConfig) -> Capabilities {
         (wgpu::Features::SUBGROUP, Capabilities::SUBGROUP),
         (wgpu::Features::SHADER_F16, Capabilities::SHADER_FLOAT16),
         (wgpu::Features::SUBGROUP_BARRIER, Capabilities::SUBGROUP_BARRIER),
+        (wgpu::Features::SHADER_INT64, Capabilities::SHADER_INT64),
         (
             wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX,
             Capabilities::COOPERATIVE_MATRIX,

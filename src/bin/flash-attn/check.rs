@@ -229,17 +229,7 @@ fn forward_cases(caps: &Caps, problem: &AttentionProblem, coverage: Coverage) ->
             continue;
         }
         for plan in PLANS {
-            let config = FlashConfig {
-                storage: problem.dtype,
-                variant,
-                plan,
-                head_dim_pad: plan.head_dim_pad(head_dim),
-                sequences: Default::default(),
-                head_tensors: problem.has_head_tensors(),
-                bias: problem.bias.map(|b| b.dtype),
-                mask: wgpu_flash_attn::plan::MaskBinding::of(problem),
-                dropout: problem.active_dropout().is_some(),
-            };
+            let config = FlashConfig::for_problem(problem, variant, plan, caps);
             if config.unavailable_reason(caps).is_none() {
                 let choice = KernelChoice::Tiled(TiledChoice {
                     variant: Some(variant),

@@ -65,6 +65,7 @@ fn print_caps(ctx: &GpuContext) {
     };
     println!("  subgroups:              {subgroups}");
     println!("  shader-f16:             {}", yes_no(caps.shader_f16));
+    println!("  64-bit integers:        {}", yes_no(caps.shader_int64));
     println!("  GPU timestamps:         {}", yes_no(caps.timestamps));
     let matrices = match coop_device_unavailable_reason(caps) {
         None => "yes, 16x16x16 f16 -> f32".to_string(),
@@ -194,26 +195,12 @@ fn coop_reason(problem: &AttentionProblem, caps: &Caps) -> String {
         .unwrap_or_else(|| "it could run, but a forced tiled choice or `cooperative_matrix: false` excludes it".into())
 }
 
-fn tiled_config(problem: &AttentionProblem, variant: Variant, plan: wgpu_flash_attn::kernel::TilePlan) -> FlashConfig {
-    FlashConfig {
-        storage: problem.dtype,
-        variant,
-        plan,
-        head_dim_pad: plan.head_dim_pad(problem.shape.head_dim as u32),
-        sequences: Default::default(),
-        head_tensors: problem.has_head_tensors(),
-        bias: problem.bias.map(|b| b.dtype),
-        mask: wgpu_flash_attn::plan::MaskBinding::of(problem),
-        dropout: problem.active_dropout().is_some(),
-    }
-}
-
 /// Why `variant` was not picked: the plans' reasons if none fits, else that it ranks lower
 /// (naming the kernel selection would run if the variant were forced).
 fn tiled_variant_reason(problem: &AttentionProblem, caps: &Caps, variant: Variant, order: &[Variant]) -> String {
     let reasons: Vec<String> = PLANS
         .iter()
-        .filter_map(|&plan| tiled_config(problem, variant, plan).unavailable_reason(caps))
+        .filter_map(|&plan| FlashConfig::for_problem(problem, variant, plan, caps).unavailable_reason(caps))
         .collect();
     if reasons.len() == PLANS.len() {
         return summarize(reasons);
