@@ -4,7 +4,7 @@
 // fwd_params.cuh first.
 #pragma once
 
-// Mirrors `BwdParams` in src/cuda/plan/params.rs (#[repr(C)], 440 bytes; both sides assert the
+// Mirrors `BwdParams` in src/cuda/plan/params.rs (#[repr(C)], 456 bytes; both sides assert the
 // size). The forward's block comes first, so sequence_rows, keys_seen and lse_index read it as the
 // forward kernels do: there q, k, v and o are the forward's inputs and output (read here), and
 // `lse` is the forward's log-sum-exp (natural log, [batch, num_heads, seq_q], read here).
@@ -36,7 +36,7 @@ struct BwdParams {
     float scale;  // the softmax scale: dK's and dQ's factor
     int pad_;
 };
-static_assert(sizeof(BwdParams) == 440, "BwdParams must match the Rust mirror");
+static_assert(sizeof(BwdParams) == 456, "BwdParams must match the Rust mirror");
 
 // The ldmatrix addresses of one lane in a swizzled tile: row `row + extra_rows`, chunk
 // c0 + 2k + c. Only the low 3 bits of the chunk meet the XOR, so each of the four base[b] holds

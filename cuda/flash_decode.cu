@@ -151,7 +151,7 @@ static_assert(TILES >= 1 && TILES <= 4, "1 to 4 key tiles per step");
 static_assert(VEC_BYTES == 16 || VEC_BYTES == 8, "global rows are moved in 16- or 8-byte pieces");
 static_assert(STAGES == 0 || (STAGES >= 2 && STAGES <= 6), "0 (register loads) or 2 to 6 cp.async stages");
 
-// Mirrors `DecodeParams` in src/cuda/plan/params.rs (#[repr(C)], 328 bytes; both sides assert the
+// Mirrors `DecodeParams` in src/cuda/plan/params.rs (#[repr(C)], 344 bytes; both sides assert the
 // size): the forward parameters, then the split's scratch and sizes, then the cache's index.
 struct DecodeParams {
     FwdParams fwd;
@@ -169,7 +169,7 @@ struct DecodeParams {
     int pages_per_seq;      // PAGED: columns of the page table
     int cache_pad;
 };
-static_assert(sizeof(DecodeParams) == 328, "DecodeParams must match the Rust mirror");
+static_assert(sizeof(DecodeParams) == 344, "DecodeParams must match the Rust mirror");
 
 // --- helpers only this kernel uses ----------------------------------------------------------
 

@@ -27,7 +27,8 @@
 // ALiBi's term (one FFMA a score off the diagonal, the row's share added to its max and exp2
 // argument: alibi_linear) and the bias's (one 32-bit load per column pair of a 16-bit bias, 8-byte
 // for f32; read after Q·Kᵀ, as registers at the 255 cap leave no room to hold a tile across the
-// MMAs) before the mask.
+// MMAs) before the mask. FA_DROPOUT zeroes the dropped probabilities after the row sums
+// (dropout.cuh: one generator draw per 8 of them, traded between the 4 lanes that read it).
 //
 // Why these sizes. Registers per thread, head_dim 128, BLOCK_N 64, 16 rows per warp: O
 // accumulators 16·128/32 = 64, S 16·64/32 = 32, Q fragments kept in registers 16·128·2/4/32 =
@@ -51,7 +52,7 @@
 // FA_VALID_DIM (the head_dim, when the tile pads it), FA_BLOCK_M,
 // FA_BLOCK_N, FA_WARPS, FA_CAUSAL, FA_BF16, FA_Q_IN_REGS, FA_VEC_BYTES (16: rows 16-byte aligned;
 // 8: only 8-byte aligned), FA_MIN_BLOCKS (blocks per SM promised to the register allocator),
-// FA_ALIBI, FA_BIAS, FA_SOFTCAP (the score terms, above), KERNEL_NAME.
+// FA_ALIBI, FA_BIAS, FA_SOFTCAP (the score terms, above), FA_DROPOUT (above), KERNEL_NAME.
 #include "mma_ptx.cuh"
 #include "fwd_params.cuh"
 
@@ -378,6 +379,14 @@ extern "C" __global__ void __launch_bounds__(THREADS, FA_MIN_BLOCKS) KERNEL_NAME
                 }
             }
 
+        // Dropout (dropout.cuh): after the sums, which are the undropped softmax's.
+        if constexpr (HAS_DROPOUT) {
+#pragma unroll
+            for (int mt = 0; mt < M_TILES; ++mt)
+                drop_probabilities<N_TILES>(p, reinterpret_cast<float(&)[4 * N_TILES]>(s[mt]), batch, head,
+                                            row0 + 16 * mt, n0, lane);
+        }
+
         // O += P·V: the S accumulators of n8 tiles 2kk and 2kk+1 are the A-fragment of k-step kk.
         const u32 v_stage = (u32)(2 * stage) * KV_TILE_BYTES;
 #pragma unroll
@@ -420,8 +429,8 @@ extern "C" __global__ void __launch_bounds__(THREADS, FA_MIN_BLOCKS) KERNEL_NAME
             sum += __shfl_xor_sync(0xffffffffu, sum, 2);
             const RowTotal total = join_sink(p, head, row_max[mt][r], sum);
             // No visible key (and no sink): O = 0 and LSE = -inf, as the reference defines it.
-            const float inv =
-                !seq.valid ? __int_as_float(0x7fc00000) : (total.sum > 0.f ? total.o_factor / total.sum : 0.f);
+            const float inv = !seq.valid ? __int_as_float(0x7fc00000)
+                                         : (total.sum > 0.f ? total.o_factor * dropout_output_factor(p) / total.sum : 0.f);
             const int local_row = warp * WARP_ROWS + 16 * mt + lane / 4 + r * 8;
 #pragma unroll
             for (int d = 0; d < D_TILES; ++d) {

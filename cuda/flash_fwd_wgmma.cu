@@ -42,7 +42,8 @@
 // column pair, BLOCK_N / 4 registers) is loaded right after S = Q·Kᵀ is issued where those
 // registers fit (BIAS_PREFETCH), so the loads overlap the tensor cores, and each value costs an
 // unpack and an FFMA (f32, and plans without the room: loaded in the softmax, 8 bytes or 4 a
-// column pair).
+// column pair). FA_DROPOUT zeroes the dropped probabilities after the row sums (dropout.cuh: one
+// generator draw per 8 of them, traded between the 4 lanes that read it).
 //
 // Overlap (FA_OVERLAP): inside a warpgroup, S(j) = Q·K(j)ᵀ and O += P(j-1)·V(j-1) are issued
 // back to back, and the softmax of tile j is meant to run while the tensor cores finish
@@ -90,8 +91,8 @@
 // FA_VALID_DIM (the head_dim, when the tile pads it), FA_BLOCK_N,
 // FA_STAGES, FA_CONSUMERS, FA_CAUSAL, FA_BF16, FA_OVERLAP, FA_PINGPONG, FA_PV_SPLIT (1: O += P·V
 // as one N = 64 wgmma per head_dim panel instead of one N = head_dim wgmma), FA_ALIBI, FA_BIAS,
-// FA_SOFTCAP (the score terms, above), FA_FP8 (e4m3 inputs, above; the output is still FA_BF16's
-// type), KERNEL_NAME.
+// FA_SOFTCAP (the score terms, above), FA_DROPOUT (above), FA_FP8 (e4m3 inputs, above; the output
+// is still FA_BF16's type), KERNEL_NAME.
 #include "mma_ptx.cuh"
 #include "fwd_params.cuh"
 #include "sm90_ptx.cuh"
@@ -546,6 +547,8 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
             row_sum[r] = row_sum[r] * alpha[r] + sum * p_unit;
             alpha[r] *= v_ratio;  // O's own factor (1 but for FP8)
         }
+        // Dropout (dropout.cuh): after the sums, which are the undropped softmax's.
+        if constexpr (HAS_DROPOUT) drop_probabilities<BLOCK_N / 8>(p, s_acc, batch, head, row0, n0, lane);
     };
     // Once the running max settles (most tiles of a long row), alpha is exactly 1: skip the
     // multiplies when it is for every row of the warp.
@@ -682,7 +685,8 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
     // reads them): stage O there in the same swizzled layout (conflict-free 4-byte stores), then
     // write whole 16-byte row chunks to global memory.
     named_bar_sync(BAR_EPILOGUE + cw, 128);
-    const float o_unit = FP8 ? v_ref * (1.f / 256.f) : 1.f;  // FP8's P units (softmax)
+    // FP8's P units (softmax), dropout's factor for the kept probabilities.
+    const float o_unit = (FP8 ? v_ref * (1.f / 256.f) : 1.f) * dropout_output_factor(p);
     float inv[2];
 #pragma unroll
     for (int r = 0; r < 2; ++r) {

@@ -1,8 +1,9 @@
-// The forward kernels' parameter block and the causal key range, shared by every forward kernel
-// (flash_fwd_mma.cu, flash_fwd_wgmma.cu). Needs mma_ptx.cuh first (u16, i64).
+// The forward kernels' parameter block, the causal key range, the score terms and dropout
+// (dropout.cuh), shared by every forward kernel (flash_fwd_mma.cu, flash_fwd_wgmma.cu). Needs
+// mma_ptx.cuh first (u16, u32, i64).
 #pragma once
 
-// Mirrors `FwdParams` in src/cuda/plan/params.rs (#[repr(C)], 256 bytes; both sides assert the
+// Mirrors `FwdParams` in src/cuda/plan/params.rs (#[repr(C)], 272 bytes; both sides assert the
 // size).
 // Strides are in elements; the pointers already include each tensor's offset.
 struct FwdParams {
@@ -46,8 +47,15 @@ struct FwdParams {
     i64 bias_batch_stride, bias_head_stride, bias_row_stride;
     int alibi_mode;
     int bias_dtype;
+    // Dropout (src/problem/dropout.rs, dropout.cuh): the generator's key, the 16-bit threshold
+    // below which a probability is dropped, and the kept ones' factor 1/(1 - p). Read only by
+    // kernels compiled with FA_DROPOUT.
+    u32 dropout_key0;
+    u32 dropout_key1;
+    u32 dropout_threshold;
+    float dropout_scale;
 };
-static_assert(sizeof(FwdParams) == 256, "FwdParams must match the Rust mirror");
+static_assert(sizeof(FwdParams) == 272, "FwdParams must match the Rust mirror");
 
 // Where one sequence's rows are: its first row of Q/O and of K/V and its lengths. Offsets a
 // caller's device buffers may get wrong are checked, never trusted: query rows outside Q make a
@@ -326,3 +334,5 @@ __device__ __forceinline__ RowTotal join_sink(const FwdParams& p, int h, float m
     const float f = m == NEG_INF ? 0.f : exp2f(m - m_new);
     return RowTotal{m_new, sum * f + exp2f(sink - m_new), f};
 }
+
+#include "dropout.cuh"

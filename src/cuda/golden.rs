@@ -217,8 +217,8 @@ fn backward_lines(out: &mut Vec<String>) {
 
 /// The parameter block as the kernel receives it.
 fn hex(params: &FwdParams) -> String {
-    // SAFETY: `FwdParams` is `#[repr(C)]` plain data without padding (200 bytes: 17 eight-byte
-    // fields, 6 four-byte ones, 2 eight-byte ones and 6 four-byte ones), so every byte is
+    // SAFETY: `FwdParams` is `#[repr(C)]` plain data without padding (272 bytes: its four-byte
+    // fields come in runs of even length between the eight-byte ones), so every byte is
     // initialized.
     let bytes = unsafe {
         std::slice::from_raw_parts(

@@ -56,6 +56,8 @@ pub const FLASH_BWD_WGMMA: Source = source!("flash_bwd_wgmma.cu");
 pub const MMA_PTX: Source = source!("mma_ptx.cuh");
 /// The forward parameter block shared by the forward kernels.
 pub const FWD_PARAMS: Source = source!("fwd_params.cuh");
+/// Dropout's generator and keep masks, included by fwd_params.cuh.
+pub const DROPOUT: Source = source!("dropout.cuh");
 /// The backward's parameter block and the helpers only the backward uses.
 pub const BWD_PARAMS: Source = source!("bwd_params.cuh");
 /// What both backward kernels share: the preprocess and convert kernels, the walk, the turns.
@@ -68,9 +70,10 @@ pub const SM90_PTX: Source = source!("sm90_ptx.cuh");
 pub const WGMMA_GEN: Source = source!("wgmma_gen.cuh");
 
 /// Headers every program may include, by name (NVRTC sees nothing else: no toolkit headers).
-pub const HEADERS: [Source; 7] = [
+pub const HEADERS: [Source; 8] = [
     MMA_PTX,
     FWD_PARAMS,
+    DROPOUT,
     BWD_PARAMS,
     BWD_AUX,
     ELEMENT_WALK,
@@ -491,7 +494,10 @@ mod tests {
         assert!(file.starts_with("flash_fwd_mma_bf16_d128_bm64_bn64_w4-sm_90a-") && file.ends_with(".cubin"));
         // Only the headers a program includes are hashed with it.
         let names = |t: &str| included_headers(t).iter().map(|h| h.name).collect::<Vec<_>>();
-        assert_eq!(names(FLASH_FWD_MMA.text), ["mma_ptx.cuh", "fwd_params.cuh"]);
+        assert_eq!(
+            names(FLASH_FWD_MMA.text),
+            ["mma_ptx.cuh", "fwd_params.cuh", "dropout.cuh"]
+        );
         assert!(!names(MERGE.text).contains(&"bwd_aux.cuh"));
         assert!(names(FLASH_BWD_WGMMA.text).contains(&"bwd_aux.cuh"));
         assert!(names("#include \"nope.cuh\"").is_empty());

@@ -114,9 +114,10 @@ impl CudaPlan {
 }
 
 /// The per-score terms a prefill kernel is compiled with (`-DFA_ALIBI`, `-DFA_BIAS`,
-/// `-DFA_SOFTCAP`): each costs registers and instructions in the loop over every score, so the
-/// plain kernel carries none of their code and a problem runs the variant of exactly its terms
-/// ([`ScoreTerms::of`]). Their values (slopes, the bias's pointer, strides and dtype, the cap)
+/// `-DFA_SOFTCAP`), and dropout, which multiplies each probability (`-DFA_DROPOUT`): each costs
+/// registers and instructions in the loop over every score, so the plain kernel carries none of
+/// their code and a problem runs the variant of exactly its terms ([`ScoreTerms::of`]). Their
+/// values (slopes, the bias's pointer, strides and dtype, the cap, dropout's key and threshold)
 /// stay run-time [`FwdParams`]; sinks join a row once at the end and need no variant.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub struct ScoreTerms {
@@ -127,6 +128,8 @@ pub struct ScoreTerms {
     /// Soft-capping, `cap·tanh(score / cap)`, in the form its cap takes (`-DFA_SOFTCAP=1` tanh,
     /// `2` with the series; [`AttentionProblem::cap_form`]).
     pub softcap: Option<CapForm>,
+    /// Dropout on the probabilities (cuda/dropout.cuh; [`AttentionProblem::active_dropout`]).
+    pub dropout: bool,
 }
 
 impl ScoreTerms {
@@ -135,6 +138,7 @@ impl ScoreTerms {
         alibi: false,
         bias: false,
         softcap: None,
+        dropout: false,
     };
 
     /// The terms `problem` has: the variant it must run.
@@ -143,19 +147,21 @@ impl ScoreTerms {
             alibi: problem.alibi.is_some(),
             bias: problem.bias.is_some(),
             softcap: problem.cap_form(),
+            dropout: problem.active_dropout().is_some(),
         }
     }
 
-    /// Every combination, plain first.
-    pub fn all() -> [ScoreTerms; 12] {
+    /// Every combination, plain first, those without dropout before those with it.
+    pub fn all() -> [ScoreTerms; 24] {
         std::array::from_fn(|i| ScoreTerms {
             alibi: i & 1 != 0,
             bias: i & 2 != 0,
-            softcap: [None, Some(CapForm::Tanh), Some(CapForm::Series)][i / 4],
+            softcap: [None, Some(CapForm::Tanh), Some(CapForm::Series)][i / 4 % 3],
+            dropout: i >= 12,
         })
     }
 
-    /// `[_alibi][_bias][_cap|_capseries]`: what a config's name adds for these terms.
+    /// `[_alibi][_bias][_cap|_capseries][_dropout]`: what a config's name adds for these terms.
     pub fn suffix(&self) -> String {
         let mut s = String::new();
         for (on, tag) in [(self.alibi, "_alibi"), (self.bias, "_bias")] {
@@ -164,6 +170,9 @@ impl ScoreTerms {
             }
         }
         s.push_str(self.softcap.map_or("", CapForm::name_suffix));
+        if self.dropout {
+            s.push_str("_dropout");
+        }
         s
     }
 
@@ -175,6 +184,7 @@ impl ScoreTerms {
             (self.alibi as u32, "FA_ALIBI"),
             (self.bias as u32, "FA_BIAS"),
             (cap, "FA_SOFTCAP"),
+            (self.dropout as u32, "FA_DROPOUT"),
         ]
         .into_iter()
         .filter(|&(value, _)| value != 0)
@@ -283,8 +293,8 @@ impl CudaKernelConfig {
         )))
     }
 
-    /// `flash_fwd_mma_bf16_d128_bm64_bn64_w4[_causal][_a8][_alibi][_bias][_cap|_capseries]` or
-    /// `flash_fwd_wgmma_bf16_d128_bm128_bn128_s2[_ov][_pp][_split][_causal][_alibi][_bias][_cap|_capseries]`:
+    /// `flash_fwd_mma_bf16_d128_bm64_bn64_w4[_causal][_a8][_alibi][_bias][_cap|_capseries][_dropout]` or
+    /// `flash_fwd_wgmma_bf16_d128_bm128_bn128_s2[_ov][_pp][_split][_causal][_alibi][_bias][_cap|_capseries][_dropout]`:
     /// entry point, cache key, test label.
     pub fn name(&self) -> String {
         match self {
@@ -495,6 +505,13 @@ mod tests {
                 Some(CapForm::Series) => p = p.with_softcap(1e4),
                 None => {}
             }
+            if terms.dropout {
+                p = p.with_dropout(crate::problem::Dropout {
+                    p: 0.1,
+                    seed: 7,
+                    offset: 0,
+                });
+            }
             // Sinks join once per row at the end: they pick no variant.
             for p in [p, p.with_sinks()] {
                 assert_eq!(ScoreTerms::of(&p), terms);
@@ -510,6 +527,7 @@ mod tests {
                         ("FA_ALIBI", terms.alibi as u32),
                         ("FA_BIAS", terms.bias as u32),
                         ("FA_SOFTCAP", cap),
+                        ("FA_DROPOUT", terms.dropout as u32),
                     ] {
                         for v in 1..=2 {
                             assert_eq!(d.contains(&format!("-D{key}={v}")), value == v, "{key} in {d:?}");
@@ -530,15 +548,16 @@ mod tests {
             ScoreTerms {
                 alibi: true,
                 bias: true,
-                softcap: Some(CapForm::Series)
+                softcap: Some(CapForm::Series),
+                dropout: true,
             }
             .suffix(),
-            "_alibi_bias_capseries"
+            "_alibi_bias_capseries_dropout"
         );
-        // 24 distinct kernels: twelve variants of two plans, each reached with and without sinks.
+        // 48 distinct kernels: 24 variants of two plans, each reached with and without sinks.
         names.sort();
         names.dedup();
-        assert_eq!(names.len(), 24);
+        assert_eq!(names.len(), 48);
     }
 
     #[test]

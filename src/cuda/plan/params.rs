@@ -63,9 +63,16 @@ pub struct FwdParams {
     pub alibi_mode: i32,
     /// The bias's element type: 0 f32, 1 f16, 2 bf16.
     pub bias_dtype: i32,
+    /// Dropout (`AttentionProblem::dropout`, src/problem/dropout.rs): the generator's key, the
+    /// 16-bit threshold below which a probability is dropped (0: none) and the kept ones' factor
+    /// `1/(1 − p)`.
+    pub dropout_key0: u32,
+    pub dropout_key1: u32,
+    pub dropout_threshold: u32,
+    pub dropout_scale: f32,
 }
 
-const _: () = assert!(std::mem::size_of::<FwdParams>() == 256);
+const _: () = assert!(std::mem::size_of::<FwdParams>() == 272);
 
 impl FwdParams {
     /// Parameters for `problem` (validated) with buffers whose element 0 is at `base_addresses`
@@ -83,6 +90,8 @@ impl FwdParams {
         let [ob, os, oh] = strides(Tensor::O);
         let s = &problem.shape;
         let bias = problem.bias;
+        let dropout = problem.active_dropout();
+        let [dropout_key0, dropout_key1] = dropout.map_or([0, 0], |d| d.key());
         // Packed tensors have one batch: each sequence's rows start at its offset.
         let batch = |stride: i64| if problem.varlen.is_some() { 0 } else { stride };
         let (qb, kb, vb, ob) = (batch(qb), batch(kb), batch(vb), batch(ob));
@@ -136,6 +145,10 @@ impl FwdParams {
                 DType::F16 => 1,
                 DType::BF16 => 2,
             }),
+            dropout_key0,
+            dropout_key1,
+            dropout_threshold: dropout.map_or(0, |d| d.threshold()),
+            dropout_scale: dropout.map_or(1.0, |d| d.scale() as f32),
         }
     }
 }
@@ -182,7 +195,7 @@ pub struct DecodeParams {
     pub cache_pad: i32,
 }
 
-const _: () = assert!(std::mem::size_of::<DecodeParams>() == 328);
+const _: () = assert!(std::mem::size_of::<DecodeParams>() == 344);
 
 /// The backward kernels' parameter block (`cuda/flash_bwd_wgmma.cu` and `cuda/flash_bwd_mma.cu`,
 /// all three entry points of each), passed
@@ -226,7 +239,7 @@ pub struct BwdParams {
     pub pad_: i32,
 }
 
-const _: () = assert!(std::mem::size_of::<BwdParams>() == 440);
+const _: () = assert!(std::mem::size_of::<BwdParams>() == 456);
 
 impl BwdParams {
     /// Parameters for `problem` (validated) with buffers whose element 0 is at `a`, and the

@@ -248,23 +248,25 @@ mod tests {
         }
     }
 
-    /// Dropout is drawn by the wgpu tiled kernels only (src/problem/dropout.rs): every CUDA kernel
-    /// refuses it by name, on a decode-shaped problem too.
+    /// Dropout runs on both prefill kernels, compiled in (cuda/dropout.cuh, `_dropout`): a
+    /// decode-shaped problem too, which the decode kernel (no dropout) leaves to them. A `p` that
+    /// rounds to no dropout runs the plain kernel.
     #[test]
-    fn dropout_is_refused_by_name() {
-        let dropout = crate::problem::Dropout {
-            p: 0.1,
-            seed: 1,
-            offset: 0,
-        };
+    fn dropout_runs_the_prefill_kernels_dropout_variant() {
+        let dropout = |p| crate::problem::Dropout { p, seed: 1, offset: 0 };
         let mut one_row = problem(128);
         one_row.shape.seq_q = 1;
         for p in [problem(128), one_row.with_layout(Layout::Bshd)] {
             for hopper in [false, true] {
-                let msg = select_cuda(&p.with_dropout(dropout), 16, hopper)
-                    .unwrap_err()
-                    .to_string();
-                assert!(msg.contains("does not implement dropout"), "{msg}");
+                let chosen = select_cuda(&p.with_dropout(dropout(0.1)), 16, hopper).unwrap().config;
+                assert!(!matches!(chosen, CudaKernelConfig::Decode(_)), "{}", chosen.name());
+                assert!(
+                    chosen.terms().dropout && chosen.name().ends_with("_dropout"),
+                    "{}",
+                    chosen.name()
+                );
+                let none = select_cuda(&p.with_dropout(dropout(1e-6)), 16, hopper).unwrap().config;
+                assert!(!none.name().contains("dropout"), "{}", none.name());
             }
         }
     }

@@ -18,6 +18,7 @@ pub const CUDA_PREFILL_FEATURES: FeatureSet = FeatureSet::of(&[
     Feature::Alibi,
     Feature::Sinks,
     Feature::Bias,
+    Feature::Dropout,
 ]);
 
 /// Head dimensions the prefill kernels' tiles are built for. The shared-memory swizzle needs rows

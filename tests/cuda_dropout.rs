@@ -1,0 +1,381 @@
+//! Dropout on the CUDA prefill kernels (cuda/dropout.cuh), forced onto each (`mma.sync`
+//! everywhere, wgmma on Hopper): the mask bit for bit against the host's (read from the output
+//! through one-hot values), and seeded random problems with every score term against the float64
+//! reference, which a kernel with another mask fails. Outputs are poisoned (NaN) before each run.
+//! Needs a CUDA GPU: the tests skip without one (fail with `FLASH_REQUIRE_CUDA=1`).
+#![cfg(feature = "cuda")]
+
+#[path = "common/cuda.rs"]
+mod cuda_common;
+
+use cuda_common::{bits, engine, Half16};
+use half::{bf16, f16};
+use wgpu_flash_attn::batch::{Alibi, BatchIndex, BiasLayout, BiasValues, Dropout, ScoreBias, Varlen};
+use wgpu_flash_attn::cuda::cudarc::driver::{CudaSlice, DevicePtr};
+use wgpu_flash_attn::cuda::plan::{default_wgmma_plan, select_mma};
+use wgpu_flash_attn::cuda::{CudaAttention, CudaOptions, CudaPlan, DeviceBatchIndex, DeviceBias, DeviceTensors};
+use wgpu_flash_attn::testing::{random_tensor, seed_of, ErrorStats, Rng};
+use wgpu_flash_attn::{reference, AttentionProblem, AttentionShape, DType, Tensor};
+
+/// Uniform in `0..n`.
+fn below(rng: &mut Rng, n: usize) -> usize {
+    (rng.next_u64() % n as u64) as usize
+}
+
+fn dropout(p: f32) -> Dropout {
+    Dropout {
+        p,
+        seed: 0x5eed_cafe,
+        offset: 3 << 33,
+    }
+}
+
+fn shape(batch: usize, seq_q: usize, seq_kv: usize, heads: usize, kv_heads: usize, head_dim: usize) -> AttentionShape {
+    AttentionShape {
+        batch,
+        seq_q,
+        seq_kv,
+        num_heads: heads,
+        num_kv_heads: kv_heads,
+        head_dim,
+    }
+}
+
+/// A problem and its packed batch's row offsets (empty for a dense batch).
+struct Batch {
+    problem: AttentionProblem,
+    cu_q: Vec<u32>,
+    cu_k: Vec<u32>,
+}
+
+impl Batch {
+    fn dense(problem: AttentionProblem) -> Self {
+        Batch {
+            problem,
+            cu_q: Vec::new(),
+            cu_k: Vec::new(),
+        }
+    }
+
+    /// Sequences of `(queries, keys)` packed into one batch.
+    fn packed(lengths: &[(usize, usize)], heads: usize, kv_heads: usize, head_dim: usize, dtype: DType) -> Self {
+        let (mut cu_q, mut cu_k) = (vec![0u32], vec![0u32]);
+        for &(q, k) in lengths {
+            cu_q.push(cu_q.last().unwrap() + q as u32);
+            cu_k.push(cu_k.last().unwrap() + k as u32);
+        }
+        let max_q = lengths.iter().map(|l| l.0).max().unwrap();
+        let max_k = lengths.iter().map(|l| l.1).max().unwrap();
+        let problem = AttentionProblem::new(shape(lengths.len(), max_q, max_k, heads, kv_heads, head_dim), dtype)
+            .with_varlen(Varlen {
+                total_q: *cu_q.last().unwrap() as usize,
+                total_kv: *cu_k.last().unwrap() as usize,
+            });
+        Batch { problem, cu_q, cu_k }
+    }
+
+    fn index(&self) -> BatchIndex<'_> {
+        if self.cu_q.is_empty() {
+            return BatchIndex::default();
+        }
+        BatchIndex {
+            cu_seqlens_q: Some(&self.cu_q),
+            cu_seqlens_k: Some(&self.cu_k),
+            ..BatchIndex::default()
+        }
+    }
+}
+
+/// Engines forced onto each prefill kernel's default plan for `p`: `mma.sync`, and wgmma on a
+/// Hopper GPU.
+fn forced_engines(engine: &CudaAttention, p: &AttentionProblem) -> Vec<(&'static str, CudaAttention)> {
+    let mut plans = vec![("mma.sync", CudaPlan::Mma(select_mma(p, 16).unwrap().plan))];
+    if engine.device().is_hopper() {
+        let plan = default_wgmma_plan(p.shape.head_dim, p.causal).unwrap();
+        plans.push(("wgmma", CudaPlan::Wgmma(plan)));
+    }
+    plans
+        .into_iter()
+        .map(|(name, plan)| {
+            let options = CudaOptions {
+                plan: Some(plan),
+                ..CudaOptions::default()
+            };
+            (name, CudaAttention::with_options(engine.device().clone(), options))
+        })
+        .collect()
+}
+
+/// One forward on device buffers, O and the LSE poisoned (NaN) first; the index tensors `index`
+/// has are uploaded. Returns O, the LSE and the kernel that ran.
+fn run<T: Half16>(
+    engine: &CudaAttention,
+    p: &AttentionProblem,
+    (q, k, v): (&[T], &[T], &[T]),
+    index: &BatchIndex<'_>,
+) -> (Vec<T>, Vec<f32>, String) {
+    let stream = engine.device().stream();
+    let up = |x: &[u32]| stream.clone_htod(x).unwrap();
+    let up_f32 = |x: &[f32]| stream.clone_htod(x).unwrap();
+    let (dq, dk, dv) = (
+        stream.clone_htod(&bits(q)).unwrap(),
+        stream.clone_htod(&bits(k)).unwrap(),
+        stream.clone_htod(&bits(v)).unwrap(),
+    );
+    let mut d_o = stream
+        .clone_htod(&vec![T::NAN_BITS; p.required_len(Tensor::O)])
+        .unwrap();
+    let mut d_lse = stream.clone_htod(&vec![f32::NAN; p.lse_len()]).unwrap();
+    let cu_q = index.cu_seqlens_q.map(up);
+    let cu_k = index.cu_seqlens_k.map(up);
+    let slopes = index.alibi_slopes.map(up_f32);
+    let sinks = index.sinks.map(up_f32);
+    let (bias32, bias16): (Option<CudaSlice<f32>>, Option<CudaSlice<u16>>) = match index.bias {
+        Some(BiasValues::F32(b)) => (Some(up_f32(b)), None),
+        Some(BiasValues::F16(b)) => (None, Some(stream.clone_htod(&bits(b)).unwrap())),
+        Some(BiasValues::BF16(b)) => (None, Some(stream.clone_htod(&bits(b)).unwrap())),
+        None => (None, None),
+    };
+    let bias = match (index.bias, &bias32, &bias16) {
+        (Some(BiasValues::F32(_)), Some(b), _) => Some(DeviceBias::F32(b)),
+        (Some(BiasValues::F16(_)), _, Some(b)) => Some(DeviceBias::F16(b)),
+        (Some(BiasValues::BF16(_)), _, Some(b)) => Some(DeviceBias::BF16(b)),
+        _ => None,
+    };
+    let device_index = DeviceBatchIndex {
+        cu_seqlens_q: cu_q.as_ref().map(|x| x as &dyn DevicePtr<u32>),
+        cu_seqlens_k: cu_k.as_ref().map(|x| x as &dyn DevicePtr<u32>),
+        alibi_slopes: slopes.as_ref().map(|x| x as &dyn DevicePtr<f32>),
+        sinks: sinks.as_ref().map(|x| x as &dyn DevicePtr<f32>),
+        bias,
+        ..DeviceBatchIndex::default()
+    };
+    let tensors = DeviceTensors {
+        q: &dq,
+        k: &dk,
+        v: &dv,
+        o: &mut d_o,
+        lse: Some(&mut d_lse),
+    };
+    let config = engine
+        .forward_indexed_device(p, tensors, device_index)
+        .unwrap_or_else(|e| panic!("launch failed: {e}"));
+    stream.synchronize().unwrap();
+    let o: Vec<u16> = stream.clone_dtoh(&d_o).unwrap();
+    let lse: Vec<f32> = stream.clone_dtoh(&d_lse).unwrap();
+    (bytemuck::cast_slice::<u16, T>(&o).to_vec(), lse, config.name())
+}
+
+/// The kernel's mask, read from its output and compared with the host's over every visible
+/// element: V's key j is the unit vector e_(j − window·head_dim) for the keys of one window of
+/// head_dim keys (zero for the others), so output column x of row i is P_ij·Z_ij/(1 − p) for key
+/// j = window·head_dim + x, positive exactly where kept (Q and K small, so no P underflows; the
+/// one-hot values are exact in 16 bits). One forward per window of keys. Returns (elements
+/// compared, kept).
+fn mask_check<T: Half16>(engine: &CudaAttention, batch: &Batch, label: &str) -> (usize, usize) {
+    let p = &batch.problem;
+    let s = p.shape;
+    let d = s.head_dim;
+    let index = batch.index();
+    let seed = seed_of(label);
+    let small = |seed, n| -> Vec<T> {
+        random_tensor::<f32>(seed, n)
+            .iter()
+            .map(|x| T::from_f64(0.3 * *x as f64))
+            .collect()
+    };
+    let (q, k) = (
+        small(seed, p.required_len(Tensor::Q)),
+        small(seed + 1, p.required_len(Tensor::K)),
+    );
+    let mut outs = Vec::new();
+    let mut kernel = String::new();
+    for w in 0..s.seq_kv.div_ceil(d) {
+        let mut v = vec![T::from_f64(0.0); p.required_len(Tensor::V)];
+        for b in 0..s.batch {
+            let rows = index.sequence(p, b);
+            for j in (w * d..(w + 1) * d).filter(|&j| j < rows.seq_kv) {
+                for g in 0..s.num_kv_heads {
+                    v[p.v_layout.index(b, rows.kv_first + j, g, j - w * d)] = T::from_f64(1.0);
+                }
+            }
+        }
+        let (o, _, name) = run(engine, p, (&q, &k, &v), &index);
+        outs.push(o);
+        kernel = name;
+    }
+    assert!(kernel.ends_with("_dropout"), "{label}: ran {kernel}");
+    let dropout = p.dropout.unwrap();
+    let (mut compared, mut kept, mut wrong) = (0, 0, Vec::new());
+    for b in 0..s.batch {
+        let rows = index.sequence(p, b);
+        for h in 0..s.num_heads {
+            let mask = dropout.mask(b, h, rows.seq_q, rows.seq_kv);
+            for i in 0..rows.seq_q {
+                for j in p.visible_keys(i, rows.seq_q, rows.seq_kv) {
+                    let x = outs[j / d][p.o_layout.index(b, rows.q_first + i, h, j % d)].to_f64();
+                    assert!(
+                        x.is_finite() && x >= 0.0,
+                        "{label} ({kernel}): O = {x} at ({b}, {h}, {i}, {j})"
+                    );
+                    let want = mask[i * rows.seq_kv + j];
+                    compared += 1;
+                    kept += want as usize;
+                    if (x > 0.0) != want {
+                        wrong.push(format!("(b {b}, h {h}, i {i}, j {j}): kernel {}, host {want}", x > 0.0));
+                    }
+                }
+            }
+        }
+    }
+    assert!(
+        wrong.is_empty(),
+        "{label} ({kernel}): {} of {compared} bits differ, first {:?}",
+        wrong.len(),
+        &wrong[..wrong.len().min(6)]
+    );
+    (compared, kept)
+}
+
+/// Both kernels' masks are the host's, bit for bit, for p = 0.5 and 0.1: batches and heads, GQA,
+/// every tile width (head_dim 64, 128, 256 and a padded 96), causal with more queries than keys,
+/// a window, packed sequences of different lengths. Over all of it the keep rate is 1 − p within
+/// five standard deviations.
+#[test]
+fn the_cuda_forward_drops_exactly_the_hosts_mask() {
+    let Some(engine) = engine() else { return };
+    for p in [0.5f32, 0.1] {
+        let (mut compared, mut kept) = (0, 0);
+        let batches = [
+            Batch::dense(AttentionProblem::new(shape(2, 70, 150, 4, 2, 64), DType::BF16)),
+            Batch::dense(AttentionProblem::new(shape(1, 130, 100, 2, 2, 128), DType::F16).with_causal(true)),
+            Batch::dense(AttentionProblem::new(shape(1, 90, 90, 2, 1, 64), DType::BF16).with_window(Some(20), Some(5))),
+            Batch::dense(AttentionProblem::new(shape(1, 40, 300, 2, 2, 256), DType::F16)),
+            Batch::dense(AttentionProblem::new(shape(1, 33, 200, 3, 1, 96), DType::BF16).with_causal(true)),
+            Batch::packed(&[(37, 80), (1, 5), (90, 64)], 2, 1, 64, DType::F16),
+        ];
+        for (n, mut batch) in batches.into_iter().enumerate() {
+            batch.problem = batch.problem.with_dropout(dropout(p));
+            for (name, forced) in forced_engines(engine, &batch.problem) {
+                let label = format!("p {p}, problem {n}, {name}");
+                let (c, k) = match batch.problem.dtype {
+                    DType::BF16 => mask_check::<bf16>(&forced, &batch, &label),
+                    _ => mask_check::<f16>(&forced, &batch, &label),
+                };
+                compared += c;
+                kept += k;
+            }
+        }
+        let q = 1.0 - dropout(p).drop_probability();
+        let rate = kept as f64 / compared as f64;
+        let sd = (q * (1.0 - q) / compared as f64).sqrt();
+        assert!(
+            (rate - q).abs() < 5.0 * sd,
+            "p {p}: kept {rate} of {compared}, want {q} ± {sd}"
+        );
+    }
+}
+
+/// Seeded random problems with dropout on both kernels against the float64 reference: random
+/// shapes (GQA, seq_q ≠ seq_kv, lengths no multiple of a tile), dtypes, head_dims (padded ones
+/// too), causal masks, windows, soft-caps, ALiBi, sinks, biases and p. The bound is one a kernel
+/// with another mask fails: the reference with another seed is checked to lie far outside it.
+#[test]
+fn seeded_random_dropout_problems_match_the_reference() {
+    let Some(engine) = engine() else { return };
+    let mut rng = Rng::new(seed_of("cuda dropout problems"));
+    for case in 0..10 {
+        let dtype = [DType::BF16, DType::F16][below(&mut rng, 2)];
+        let head_dim = [64, 96, 128, 256][below(&mut rng, 4)];
+        let kv_heads = 1 + below(&mut rng, 2);
+        let heads = kv_heads * (1 + below(&mut rng, 3));
+        let (seq_q, seq_kv) = (1 + below(&mut rng, 200), 1 + below(&mut rng, 300));
+        let mut p = AttentionProblem::new(
+            shape(1 + below(&mut rng, 2), seq_q, seq_kv, heads, kv_heads, head_dim),
+            dtype,
+        )
+        .with_causal(below(&mut rng, 2) == 1)
+        .with_dropout(Dropout {
+            p: [0.1, 0.3, 0.7][below(&mut rng, 3)],
+            seed: rng.next_u64(),
+            offset: rng.next_u64() >> 8,
+        });
+        if below(&mut rng, 3) == 0 {
+            p = p.with_window(Some(below(&mut rng, 64)), (!p.causal).then(|| below(&mut rng, 64)));
+        }
+        if below(&mut rng, 3) == 0 {
+            p = p.with_softcap([4.0, 300.0][below(&mut rng, 2)]);
+        }
+        if below(&mut rng, 3) == 0 {
+            p.alibi = Some(Alibi::Geometric);
+        }
+        if below(&mut rng, 2) == 0 {
+            p = p.with_sinks();
+        }
+        if below(&mut rng, 3) == 0 {
+            let layout = BiasLayout::dense(&p, false, true);
+            p = p.with_bias(ScoreBias {
+                dtype: DType::F16,
+                layout,
+            });
+        }
+        let label = format!(
+            "case {case}: {:?} {} causal {} window {:?} cap {:?} alibi {} sinks {} bias {} dropout {:?}",
+            p.shape,
+            dtype.name(),
+            p.causal,
+            p.window,
+            p.softcap,
+            p.alibi.is_some(),
+            p.sinks,
+            p.bias.is_some(),
+            p.dropout
+        );
+        match dtype {
+            DType::BF16 => check_random::<bf16>(engine, &p, &label),
+            _ => check_random::<f16>(engine, &p, &label),
+        }
+    }
+}
+
+fn check_random<T: Half16>(engine: &CudaAttention, p: &AttentionProblem, label: &str) {
+    let seed = seed_of(label);
+    let (q, k, v): (Vec<T>, Vec<T>, Vec<T>) = (
+        random_tensor(seed, p.required_len(Tensor::Q)),
+        random_tensor(seed ^ 1, p.required_len(Tensor::K)),
+        random_tensor(seed ^ 2, p.required_len(Tensor::V)),
+    );
+    let sinks: Vec<f32> = (0..p.shape.num_heads).map(|h| h as f32 * 0.5 - 1.0).collect();
+    let bias: Vec<f16> = match p.bias {
+        Some(b) => random_tensor(seed ^ 3, b.required_len(p).unwrap()),
+        None => Vec::new(),
+    };
+    let index = BatchIndex {
+        sinks: p.sinks.then_some(&sinks[..]),
+        bias: p.bias.map(|_| BiasValues::F16(&bias)),
+        ..BatchIndex::default()
+    };
+    let want = reference::attention_indexed(p, &q, &k, &v, &index).unwrap();
+    let other_mask = AttentionProblem {
+        dropout: p.dropout.map(|d| Dropout { seed: d.seed ^ 1, ..d }),
+        ..*p
+    };
+    let other = reference::attention_indexed(&other_mask, &q, &k, &v, &index).unwrap();
+    for (name, forced) in forced_engines(engine, p) {
+        let (out, lse, kernel) = run(&forced, p, (&q, &k, &v), &index);
+        assert!(kernel.contains("_dropout"), "{label} {name}: ran {kernel}");
+        let got: Vec<f64> = out.iter().map(|x| x.to_f64()).collect();
+        let o = ErrorStats::from_pairs(got.iter().copied().zip(want.out.iter().copied()));
+        let l = ErrorStats::from_pairs(lse.iter().map(|&x| x as f64).zip(want.lse.iter().copied()));
+        // bf16/f16 inputs, P rounded to 16 bits for the second product, f32 accumulation.
+        assert!(
+            o.within(1.5e-2, 6e-2) && l.within(1e-3, 1e-2),
+            "{label} {name} ({kernel}): O {o}; LSE {l}"
+        );
+        let wrong = ErrorStats::from_pairs(got.iter().copied().zip(other.out.iter().copied()));
+        assert!(
+            wrong.rel_l2 > 0.05,
+            "{label} {name}: another mask's output is as close: {wrong}"
+        );
+    }
+}
