@@ -40,7 +40,8 @@
 //! the time with the host waiting for each call before the next (launch latency included).
 //! `--window-left N` and `--softcap CAP` give the prefill table's problems a sliding window or a
 //! soft-cap, `--alibi geometric|per-head`, `--sinks` and `--bias` ALiBi, random sinks or a random
-//! bf16 bias per head (`--bias-f16`: in f16) (issue 17's bars: time beside a run without).
+//! bf16 bias per head (`--bias-f16`: in f16), `--dropout P` dropout of probability P (issue 17's
+//! bars: time beside a run without).
 //!
 //! ```text
 //! cargo run --release --features cuda,internals --example cuda_attention -- --decode --reps 200
@@ -50,7 +51,7 @@
 use std::io::Write;
 
 use half::{bf16, f16};
-use wgpu_flash_attn::batch::{Alibi, BatchIndex, BiasLayout, BiasValues, ScoreBias};
+use wgpu_flash_attn::batch::{Alibi, BatchIndex, BiasLayout, BiasValues, Dropout, ScoreBias};
 use wgpu_flash_attn::cuda::cudarc::driver::{CudaSlice, DevicePtr};
 use wgpu_flash_attn::cuda::plan::{decode_plans, mma_plans, select_mma, splits_for_waves, wgmma_plans, CudaDecodePlan};
 use wgpu_flash_attn::cuda::{
@@ -97,6 +98,8 @@ struct Args {
     sinks: bool,
     bias: bool,
     bias_f16: bool,
+    /// `--dropout P`: the prefill table's problems with dropout of probability P (seed 1).
+    dropout: Option<f32>,
 }
 
 fn parse_args() -> Args {
@@ -121,6 +124,7 @@ fn parse_args() -> Args {
         sinks: false,
         bias: false,
         bias_f16: false,
+        dropout: None,
     };
     let list = |s: &str| -> Vec<usize> { s.split(',').map(|x| x.trim().parse().expect("a number")).collect() };
     let mut it = std::env::args().skip(1);
@@ -159,6 +163,7 @@ fn parse_args() -> Args {
                 })
             }
             "--sinks" => a.sinks = true,
+            "--dropout" => a.dropout = Some(value().parse().expect("a probability")),
             "--bias" => a.bias = true,
             "--bias-f16" => {
                 a.bias = true;
@@ -829,6 +834,13 @@ fn main() -> Result<()> {
             p = p.with_bias(ScoreBias {
                 dtype: if args.bias_f16 { DType::F16 } else { DType::BF16 },
                 layout: BiasLayout::dense(&p, false, true),
+            });
+        }
+        if let Some(p_drop) = args.dropout {
+            p = p.with_dropout(Dropout {
+                p: p_drop,
+                seed: 1,
+                offset: 0,
             });
         }
         p
