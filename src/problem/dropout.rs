@@ -45,9 +45,9 @@
 //!
 //! **Why 16-bit thresholds.** The generator's cost per element is what dropout adds to a kernel:
 //! a round is two 32 × 32 → 64-bit products, which WGSL builds from five 32-bit multiplies and
-//! some shifts each (one 64-bit multiply where the device has 64-bit integers:
-//! [`PhiloxMultiply`](crate::plan::PhiloxMultiply)), so one call is some 300 integer operations
-//! (an estimate from the source, not a measurement). Four decisions per call (32-bit thresholds) would cost about 80 of them per
+//! some shifts each (one 64-bit multiply where the device has 64-bit integers: `PhiloxMultiply`
+//! in src/plan/dropout.rs), so one call is some 300 integer operations (an estimate from the
+//! source, not a measurement). Four decisions per call (32-bit thresholds) would cost about 80 of them per
 //! element, against the `2·head_dim` multiply-adds of the two products (256 at head_dim 128): some
 //! 30%. Sixteen (FlashAttention-2's 8-bit thresholds) cost half of eight, but round p to a
 //! multiple of 1/256 (0.1 becomes 0.1016). Eight round p to a multiple of 2⁻¹⁶ (0.1 becomes
