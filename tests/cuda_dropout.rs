@@ -5,17 +5,20 @@
 //! Needs a CUDA GPU: the tests skip without one (fail with `FLASH_REQUIRE_CUDA=1`).
 #![cfg(feature = "cuda")]
 
+#[path = "common/batches.rs"]
+mod batches;
 #[path = "common/cuda.rs"]
 mod cuda_common;
 
+use batches::{shape, Batch};
 use cuda_common::{bits, engine, Half16};
 use half::{bf16, f16};
-use wgpu_flash_attn::batch::{Alibi, BatchIndex, BiasLayout, BiasValues, Dropout, ScoreBias, Varlen};
+use wgpu_flash_attn::batch::{Alibi, BatchIndex, BiasLayout, BiasValues, Dropout, ScoreBias};
 use wgpu_flash_attn::cuda::cudarc::driver::{CudaSlice, DevicePtr};
 use wgpu_flash_attn::cuda::plan::{default_wgmma_plan, select_mma};
 use wgpu_flash_attn::cuda::{CudaAttention, CudaOptions, CudaPlan, DeviceBatchIndex, DeviceBias, DeviceTensors};
 use wgpu_flash_attn::testing::{random_tensor, seed_of, ErrorStats, Rng};
-use wgpu_flash_attn::{reference, AttentionProblem, AttentionShape, DType, Tensor};
+use wgpu_flash_attn::{reference, AttentionProblem, DType, Tensor};
 
 /// Uniform in `0..n`.
 fn below(rng: &mut Rng, n: usize) -> usize {
@@ -27,62 +30,6 @@ fn dropout(p: f32) -> Dropout {
         p,
         seed: 0x5eed_cafe,
         offset: 3 << 33,
-    }
-}
-
-fn shape(batch: usize, seq_q: usize, seq_kv: usize, heads: usize, kv_heads: usize, head_dim: usize) -> AttentionShape {
-    AttentionShape {
-        batch,
-        seq_q,
-        seq_kv,
-        num_heads: heads,
-        num_kv_heads: kv_heads,
-        head_dim,
-    }
-}
-
-/// A problem and its packed batch's row offsets (empty for a dense batch).
-struct Batch {
-    problem: AttentionProblem,
-    cu_q: Vec<u32>,
-    cu_k: Vec<u32>,
-}
-
-impl Batch {
-    fn dense(problem: AttentionProblem) -> Self {
-        Batch {
-            problem,
-            cu_q: Vec::new(),
-            cu_k: Vec::new(),
-        }
-    }
-
-    /// Sequences of `(queries, keys)` packed into one batch.
-    fn packed(lengths: &[(usize, usize)], heads: usize, kv_heads: usize, head_dim: usize, dtype: DType) -> Self {
-        let (mut cu_q, mut cu_k) = (vec![0u32], vec![0u32]);
-        for &(q, k) in lengths {
-            cu_q.push(cu_q.last().unwrap() + q as u32);
-            cu_k.push(cu_k.last().unwrap() + k as u32);
-        }
-        let max_q = lengths.iter().map(|l| l.0).max().unwrap();
-        let max_k = lengths.iter().map(|l| l.1).max().unwrap();
-        let problem = AttentionProblem::new(shape(lengths.len(), max_q, max_k, heads, kv_heads, head_dim), dtype)
-            .with_varlen(Varlen {
-                total_q: *cu_q.last().unwrap() as usize,
-                total_kv: *cu_k.last().unwrap() as usize,
-            });
-        Batch { problem, cu_q, cu_k }
-    }
-
-    fn index(&self) -> BatchIndex<'_> {
-        if self.cu_q.is_empty() {
-            return BatchIndex::default();
-        }
-        BatchIndex {
-            cu_seqlens_q: Some(&self.cu_q),
-            cu_seqlens_k: Some(&self.cu_k),
-            ..BatchIndex::default()
-        }
     }
 }
 

@@ -17,10 +17,11 @@
 
 mod common;
 
+use common::batches::Batch;
 use common::{below, coop_engines, engine_with, gpu, seed_of, shape, storage, submit_and_read};
 use half::{bf16, f16};
 use wgpu::util::DeviceExt;
-use wgpu_flash_attn::batch::{Alibi, BatchIndex, BiasLayout, BiasValues, Dropout, ScoreBias, Varlen};
+use wgpu_flash_attn::batch::{Alibi, BatchIndex, BiasLayout, BiasValues, Dropout, ScoreBias};
 use wgpu_flash_attn::gpu::readback::read_back;
 use wgpu_flash_attn::kernel::{BackwardChoice, BackwardPass, CoopChoice, DecodeChoice, TiledChoice, Variant};
 use wgpu_flash_attn::plan::PhiloxMultiply;
@@ -253,52 +254,6 @@ fn the_shaders_generator_is_the_hosts() {
 }
 
 // ------------------------------------------------------------------ masks, bit for bit
-
-/// Where one sequence of a problem lies, and its index tensors.
-struct Batch {
-    problem: AttentionProblem,
-    cu_q: Vec<u32>,
-    cu_k: Vec<u32>,
-}
-
-impl Batch {
-    fn dense(problem: AttentionProblem) -> Self {
-        Batch {
-            problem,
-            cu_q: Vec::new(),
-            cu_k: Vec::new(),
-        }
-    }
-
-    /// Sequences of `(seq_q, seq_kv)` packed end to end, `heads` query heads of `head_dim`.
-    fn packed(lengths: &[(usize, usize)], heads: usize, kv_heads: usize, head_dim: usize, dtype: DType) -> Self {
-        let mut cu_q = vec![0u32];
-        let mut cu_k = vec![0u32];
-        for &(q, k) in lengths {
-            cu_q.push(cu_q.last().unwrap() + q as u32);
-            cu_k.push(cu_k.last().unwrap() + k as u32);
-        }
-        let max_q = lengths.iter().map(|l| l.0).max().unwrap();
-        let max_k = lengths.iter().map(|l| l.1).max().unwrap();
-        let problem = AttentionProblem::new(shape(lengths.len(), max_q, max_k, heads, kv_heads, head_dim), dtype)
-            .with_varlen(Varlen {
-                total_q: *cu_q.last().unwrap() as usize,
-                total_kv: *cu_k.last().unwrap() as usize,
-            });
-        Batch { problem, cu_q, cu_k }
-    }
-
-    fn index(&self) -> BatchIndex<'_> {
-        if self.cu_q.is_empty() {
-            return BatchIndex::default();
-        }
-        BatchIndex {
-            cu_seqlens_q: Some(&self.cu_q),
-            cu_seqlens_k: Some(&self.cu_k),
-            ..BatchIndex::default()
-        }
-    }
-}
 
 /// Compares a kernel's mask, `kernel(b, h, i, j)` (`None` where it cannot be read: a key the row
 /// does not see), with the host's over every visible element of every sequence and head; returns

@@ -1,14 +1,16 @@
 //! Shared by the GPU tests: the device, and seeded runs checked against the float64 reference.
 #![allow(dead_code)]
 
+pub mod batches;
 pub mod inputs;
+
+#[allow(unused_imports)] // not every test binary builds shapes
+pub use batches::shape;
 
 use std::sync::OnceLock;
 
 use wgpu_flash_attn::testing::harness::{Kernel, Workload};
-use wgpu_flash_attn::{
-    AttentionProblem, AttentionShape, DType, Element, FlashAttention, GpuContext, KernelChoice, Options,
-};
+use wgpu_flash_attn::{AttentionProblem, DType, Element, FlashAttention, GpuContext, KernelChoice, Options};
 
 /// The test device: the best adapter, shared by every test of a binary. `None` (the test prints
 /// why and passes) when there is none, unless `FLASH_REQUIRE_GPU=1`, which CI sets so that a
@@ -77,25 +79,6 @@ pub fn run_and_check_any(engine: &FlashAttention, kernel: Kernel, problem: &Atte
         DType::F32 => drop(run_and_check::<f32>(engine, kernel, problem, label)),
         DType::F16 => drop(run_and_check::<half::f16>(engine, kernel, problem, label)),
         DType::BF16 => drop(run_and_check::<half::bf16>(engine, kernel, problem, label)),
-    }
-}
-
-/// An [`AttentionShape`] from positional sizes, for the tests' case tables.
-pub fn shape(
-    batch: usize,
-    seq_q: usize,
-    seq_kv: usize,
-    num_heads: usize,
-    num_kv_heads: usize,
-    head_dim: usize,
-) -> AttentionShape {
-    AttentionShape {
-        batch,
-        seq_q,
-        seq_kv,
-        num_heads,
-        num_kv_heads,
-        head_dim,
     }
 }
 
