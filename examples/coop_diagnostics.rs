@@ -302,9 +302,13 @@ struct KernelRig<'a> {
 impl<'a> KernelRig<'a> {
     fn new(ctx: &'a GpuContext, config: wgpu_flash_attn::plan::CoopConfig) -> Self {
         let device = &ctx.device;
+        let source = wgpu_flash_attn::wgsl::KernelConfig::FlashCoop(config).source();
+        let bindings = wgpu_flash_attn::spirv::compile_kernel("kernel", &source)
+            .unwrap_or_else(|e| panic!("{e}"))
+            .bindings;
         let group_layout = device.create_bind_group_layout(&wgpu::BindGroupLayoutDescriptor {
             label: None,
-            entries: &wgpu_flash_attn::gpu::pipelines::forward_layout_entries(Default::default()),
+            entries: &bindings,
         });
         let layout = device.create_pipeline_layout(&wgpu::PipelineLayoutDescriptor {
             label: None,
@@ -313,7 +317,7 @@ impl<'a> KernelRig<'a> {
         });
         KernelRig {
             ctx,
-            source: wgpu_flash_attn::wgsl::KernelConfig::FlashCoop(config).source(),
+            source,
             workgroup_size: config.workgroup_size(),
             group_layout,
             layout,

@@ -175,8 +175,9 @@ impl PipelineCache {
     }
 
     /// The cooperative-matrix kernels (the forward, decode and two gradient kernels) go through our
-    /// own SPIR-V (src/spirv/coherence.rs), as passthrough modules with an explicit layout;
-    /// `None` for every other kernel, and for those with emulated matrices.
+    /// own SPIR-V (src/spirv/coherence.rs), as passthrough modules with the layout of the
+    /// bindings their WGSL declares (`spirv::declared_bindings`: wgpu reflects no passthrough
+    /// module); `None` for every other kernel, and for those with emulated matrices.
     #[allow(clippy::type_complexity)]
     fn coherent_module(
         &self,
@@ -187,16 +188,18 @@ impl PipelineCache {
             if self.emulated_matrices.is_some() {
                 return None;
             }
+            if !config.uses_cooperative_matrices() {
+                return None;
+            }
             let name = config.name();
-            let entries = explicit_layout_entries(config)?;
-            let group = self.device.create_bind_group_layout(&wgpu::BindGroupLayoutDescriptor {
-                label: Some(&name),
-                entries: &entries,
-            });
-            let words = match crate::spirv::compile(&name, &config.source()) {
-                Ok(w) => w,
+            let kernel = match crate::spirv::compile_kernel(&name, &config.source()) {
+                Ok(k) => k,
                 Err(e) => return Some(Err(e)),
             };
+            let group = self.device.create_bind_group_layout(&wgpu::BindGroupLayoutDescriptor {
+                label: Some(&name),
+                entries: &kernel.bindings,
+            });
             let entry = [wgpu::PassthroughShaderEntryPoint {
                 name: Cow::Borrowed(config.entry_point()),
                 workgroup_size: (1, 1, 1),
@@ -208,7 +211,7 @@ impl PipelineCache {
                     .create_shader_module_passthrough(wgpu::ShaderModuleDescriptorPassthrough {
                         label: Some(&name),
                         entry_points: Cow::Borrowed(&entry),
-                        spirv: Some(Cow::Owned(words)),
+                        spirv: Some(Cow::Owned(kernel.words)),
                         ..Default::default()
                     })
             };
@@ -225,110 +228,6 @@ impl PipelineCache {
             None
         }
     }
-}
-
-/// The bindings of the kernels whose SPIR-V is passed through without wgpu's reflection (the
-/// cooperative-matrix forward, gradient and decode kernels; src/spirv/mod.rs numbers their
-/// bindings as wgpu's Vulkan backend numbers these entries), as the kernel's WGSL declares them;
-/// `None` for every other kernel (wgpu reflects those). A binding left out here is one the driver
-/// reads unbound, so a test compares these with naga's reflection of every such kernel.
-pub fn explicit_layout_entries(config: &KernelConfig) -> Option<Vec<wgpu::BindGroupLayoutEntry>> {
-    match config {
-        KernelConfig::FlashCoop(coop) => Some(forward_layout_entries(ForwardTensors {
-            indexed: coop.sequences.is_indexed(),
-            head_tensors: coop.head_tensors,
-            bias: coop.bias.is_some(),
-            mask: coop.mask,
-        })),
-        KernelConfig::Backward(crate::plan::BackwardKernel::Grad(g)) if g.coop => Some(gradient_layout_entries(g)),
-        KernelConfig::Decode(d) if d.is_coop() => Some(decode_layout_entries(d)),
-        _ => None,
-    }
-}
-
-/// Which optional tensors a forward kernel binds after params, q, k, v, o and lse.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct ForwardTensors {
-    /// The index tensors (shaders/sequence_indexed.wgsl).
-    pub indexed: bool,
-    /// The per-head tensors: ALiBi slopes and sinks (shaders/head_terms_bound.wgsl).
-    pub head_tensors: bool,
-    /// The score bias (shaders/score_bias_bound.wgsl).
-    pub bias: bool,
-    /// The mask tensor and its block summary (shaders/mask_bound.wgsl, mask_blocks_bound.wgsl).
-    pub mask: crate::plan::MaskBinding,
-}
-
-const READ: wgpu::BufferBindingType = wgpu::BufferBindingType::Storage { read_only: true };
-const WRITE: wgpu::BufferBindingType = wgpu::BufferBindingType::Storage { read_only: false };
-
-/// The forward kernels' bindings: params, q, k, v, o, lse, and the optional tensors after them
-/// at their bindings (see shaders/flash_fwd.wgsl).
-pub fn forward_layout_entries(tensors: ForwardTensors) -> Vec<wgpu::BindGroupLayoutEntry> {
-    let entry = buffer_layout_entry;
-    let mut entries = vec![
-        entry(0, wgpu::BufferBindingType::Uniform),
-        entry(1, READ),
-        entry(2, READ),
-        entry(3, READ),
-        entry(4, WRITE),
-        entry(5, WRITE),
-    ];
-    if tensors.indexed {
-        let first = crate::wgsl::FORWARD_INDEX_BINDING;
-        entries.extend([entry(first, READ), entry(first + 1, READ), entry(first + 2, READ)]);
-    }
-    if tensors.head_tensors {
-        let first = crate::wgsl::FORWARD_HEAD_BINDING;
-        entries.extend([entry(first, READ), entry(first + 1, READ)]);
-    }
-    if tensors.bias {
-        entries.push(entry(crate::wgsl::FORWARD_BIAS_BINDING, READ));
-    }
-    let mask = crate::wgsl::mask::FORWARD_MASK_BINDING;
-    if tensors.mask.tensor {
-        entries.push(entry(mask, READ));
-    }
-    if tensors.mask.blocks {
-        entries.push(entry(mask + 1, READ));
-    }
-    entries
-}
-
-/// A cooperative-matrix gradient kernel's bindings (shaders/flash_bwd_coop.wgsl): the two
-/// uniform blocks, q, k, v, d_o, lse and delta, its outputs (dk and dv, or dq), and the index
-/// tensors where it reads them.
-fn gradient_layout_entries(kernel: &crate::plan::GradKernel) -> Vec<wgpu::BindGroupLayoutEntry> {
-    let entry = buffer_layout_entry;
-    let mut entries = vec![
-        entry(0, wgpu::BufferBindingType::Uniform),
-        entry(1, wgpu::BufferBindingType::Uniform),
-    ];
-    entries.extend((2..8).map(|binding| entry(binding, READ)));
-    entries.push(entry(8, WRITE));
-    if kernel.pass == crate::plan::BackwardPass::DkDv {
-        entries.push(entry(9, WRITE));
-    }
-    if kernel.sequences.is_indexed() {
-        let first = crate::wgsl::BACKWARD_INDEX_BINDING;
-        entries.extend((first..first + 3).map(|binding| entry(binding, READ)));
-    }
-    entries
-}
-
-/// The decode kernels' bindings (shaders/decode_common.wgsl): params, q, k, v, o, lse, the
-/// partial results, the page table and key counts, and the per-head tensors where it reads them.
-fn decode_layout_entries(config: &crate::plan::DecodeConfig) -> Vec<wgpu::BindGroupLayoutEntry> {
-    let entry = buffer_layout_entry;
-    let mut entries = vec![entry(0, wgpu::BufferBindingType::Uniform)];
-    entries.extend((1..4).map(|binding| entry(binding, READ)));
-    entries.extend((4..8).map(|binding| entry(binding, WRITE)));
-    entries.extend([entry(8, READ), entry(9, READ)]);
-    if config.head_tensors {
-        let first = crate::wgsl::DECODE_HEAD_BINDING;
-        entries.extend([entry(first, READ), entry(first + 1, READ)]);
-    }
-    entries
 }
 
 /// A compute shader's whole-buffer binding of type `ty` at `binding`.
@@ -369,45 +268,35 @@ fn now_or_never<F: Future>(future: F) -> Option<F::Output> {
 
 #[cfg(test)]
 mod tests {
-    use super::*;
-
-    /// The explicit layout of every kernel passed through without reflection binds exactly what
-    /// its WGSL declares, each binding as read-only, writable or uniform as declared: naga's
-    /// reflection of the source against [`explicit_layout_entries`].
+    /// Every kernel passed through without reflection declares only group 0's buffers, so its
+    /// layout can be read off its WGSL: the uniform block at 0, Q, K and V read-only, and O
+    /// writable where the forward kernels keep them.
     #[test]
-    fn explicit_layouts_bind_what_the_kernels_declare() {
+    fn passthrough_kernels_declare_layouts_their_wgsl_can_give() {
         let kernels = crate::wgsl::cooperative_kernels();
         assert!(kernels.len() > 100, "{}", kernels.len());
         for kernel in kernels {
             let name = kernel.name();
             let module = naga::front::wgsl::parse_str(&kernel.source()).unwrap_or_else(|e| panic!("{name}: {e}"));
-            let mut declared: Vec<(u32, wgpu::BufferBindingType)> = module
-                .global_variables
-                .iter()
-                .filter_map(|(_, var)| {
-                    let binding = var.binding.as_ref()?;
-                    assert_eq!(binding.group, 0, "{name}");
-                    let ty = match var.space {
-                        naga::AddressSpace::Uniform => wgpu::BufferBindingType::Uniform,
-                        naga::AddressSpace::Storage { access } => wgpu::BufferBindingType::Storage {
-                            read_only: !access.contains(naga::StorageAccess::STORE),
-                        },
-                        other => panic!("{name}: binding {} in {other:?}", binding.binding),
-                    };
-                    Some((binding.binding, ty))
-                })
-                .collect();
-            declared.sort_by_key(|(binding, _)| *binding);
-            let mut explicit: Vec<(u32, wgpu::BufferBindingType)> = explicit_layout_entries(&kernel)
-                .unwrap_or_else(|| panic!("{name}: no explicit layout"))
-                .into_iter()
-                .map(|e| match e.ty {
-                    wgpu::BindingType::Buffer { ty, .. } => (e.binding, ty),
+            let entries = crate::spirv::declared_bindings(&module).unwrap_or_else(|e| panic!("{name}: {e}"));
+            let ty = |binding: u32| {
+                entries.iter().find(|e| e.binding == binding).map(|e| match e.ty {
+                    wgpu::BindingType::Buffer { ty, .. } => ty,
                     other => panic!("{name}: {other:?}"),
                 })
-                .collect();
-            explicit.sort_by_key(|(binding, _)| *binding);
-            assert_eq!(explicit, declared, "{name}");
+            };
+            assert_eq!(ty(0), Some(wgpu::BufferBindingType::Uniform), "{name}");
+            if matches!(kernel, KernelConfig::FlashCoop(_)) {
+                let read = wgpu::BufferBindingType::Storage { read_only: true };
+                assert_eq!([ty(1), ty(2), ty(3)], [Some(read); 3], "{name}");
+                assert_eq!(
+                    ty(4),
+                    Some(wgpu::BufferBindingType::Storage { read_only: false }),
+                    "{name}"
+                );
+            }
         }
     }
+
+    use super::KernelConfig;
 }
