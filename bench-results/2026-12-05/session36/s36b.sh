@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# Session 36, call 2: what dropout's time is made of. The binaries of call 1 (.gpu/bins.tar.xz,
-# the generator's 10 rounds) beside experiment builds of the same tree with the round loops cut
+# Session 36, call 2 (staged: TESTS=dropout EXAMPLES=cuda_attention BENCHES= BINS=flash-attn
+# scripts/lab/gpu-stage.sh at c9548e4). First the dropout tests, whose cooperative ones run the
+# passthrough kernels with the layout now read off their WGSL (c9548e4). Then what dropout's time
+# is made of: the staged binaries (the generator's 10 rounds) beside experiment builds of the same tree with the round loops cut
 # (.gpu/exp.tar.xz: cuda/dropout.cuh's loop run 0 and 5 times, shaders/dropout.wgsl's 1 and 5
 # times; their masks are not the host's, so their checks say WRONG/FAIL — timing only, never
 # landed). Alternating, 2 rounds each:
@@ -11,6 +13,8 @@
 mkdir -p .gpu/x && tar xJf .gpu/exp.tar.xz -C .gpu/x
 nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader | tee $OUT/smi.txt
 B=.gpu/b
+timeout 90 $B/dropout_test --test-threads 4 > $OUT/test_dropout.txt 2>&1; echo "dropout rc=$?"
+grep -E "^test |test result|panicked" $OUT/test_dropout.txt | head -20
 A="--head-dims 128 --seqs 8192 --no-sweep --reps 10"
 {
   for round in 1 2; do
@@ -31,3 +35,4 @@ F="bench --dtype f16 --head-dim 128 --no-naive --reps 10 --check-rows 8 --batch 
 } > $OUT/coop_rounds.txt 2>&1
 grep -E "^==|flash:" $OUT/coop_rounds.txt
 timeout 120 python3 bench-results/2026-12-05/session36/torch_dropout.py > $OUT/torch_dropout.txt 2>&1; cat $OUT/torch_dropout.txt
+cd $OUT && tar czf logs.tgz *.txt && rm -f *.txt
