@@ -155,7 +155,10 @@ static_assert(HEAD_DIM % 64 == 0 && HEAD_DIM <= 256, "head_dim is whole 64-colum
 static_assert(BLOCK_N % 16 == 0 && BLOCK_N >= 64 && BLOCK_N <= 256, "BLOCK_N");
 static_assert(STAGES >= 2 && STAGES <= 4, "a 2-4 stage ring");
 static_assert(CONSUMERS == 2 || CONSUMERS == 3, "two or three consumer warpgroups");
-static_assert(PRODUCER_REGS * 128 + CONSUMER_REGS * 128 * CONSUMERS <= 65536, "register file");
+// setmaxnreg moves registers within what the CTA was launched with (65536 / THREADS a thread,
+// rounded down to 8), not the whole file: a budget above it waits in setmaxnreg.inc forever.
+static_assert(PRODUCER_REGS * 128 + CONSUMER_REGS * 128 * CONSUMERS <= THREADS * (65536 / THREADS / 8 * 8),
+              "the registers the CTA was launched with");
 static_assert(Q_REGION_BYTES + STAGES * STAGE_BYTES + 1024 <= 227 * 1024, "shared memory");
 static_assert(!FP8 || (BLOCK_N % 128 == 0 && HEAD_DIM % 128 == 0 && !PV_SPLIT && !HAS_ALIBI && !HAS_BIAS && !HAS_SOFTCAP),
               "FP8: whole 128-byte panels, plain attention, no P·V split");
