@@ -166,7 +166,7 @@ def _check_dropout(dropout_p: float) -> None:
     if dropout_p > 0.0:
         raise NotImplementedError(
             f"dropout_p={dropout_p}: attention dropout is not wired into the Python interface yet "
-            "(the Rust library's wgpu tiled kernels have it: AttentionProblem::with_dropout); "
+            "(the Rust library has it: AttentionProblem::with_dropout, on the wgpu kernels and the CUDA forward); "
             "pass dropout_p=0.0 (FlashAttention's setting for evaluation)"
         )
 
