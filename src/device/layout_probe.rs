@@ -99,9 +99,8 @@ pub async fn run_one_workgroup(
         upload(inputs[1], wgpu::BufferUsages::empty()),
         upload(output, wgpu::BufferUsages::COPY_SRC),
     ];
-    let entry = |binding, read_only| {
-        crate::gpu::pipelines::buffer_layout_entry(binding, wgpu::BufferBindingType::Storage { read_only })
-    };
+    let entry =
+        |binding, read_only| crate::spirv::buffer_layout_entry(binding, wgpu::BufferBindingType::Storage { read_only });
     let group_layout = device.create_bind_group_layout(&wgpu::BindGroupLayoutDescriptor {
         label: Some("probe"),
         entries: &[entry(0, true), entry(1, true), entry(2, false)],

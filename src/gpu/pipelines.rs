@@ -230,20 +230,6 @@ impl PipelineCache {
     }
 }
 
-/// A compute shader's whole-buffer binding of type `ty` at `binding`.
-pub fn buffer_layout_entry(binding: u32, ty: wgpu::BufferBindingType) -> wgpu::BindGroupLayoutEntry {
-    wgpu::BindGroupLayoutEntry {
-        binding,
-        visibility: wgpu::ShaderStages::COMPUTE,
-        ty: wgpu::BindingType::Buffer {
-            ty,
-            has_dynamic_offset: false,
-            min_binding_size: None,
-        },
-        count: None,
-    }
-}
-
 /// Bind group entries for `buffers`, whole, at bindings 0, 1, 2, … in order.
 #[cfg(not(target_arch = "wasm32"))]
 pub fn entries_in_order<'a>(buffers: &[&'a wgpu::Buffer]) -> Vec<wgpu::BindGroupEntry<'a>> {

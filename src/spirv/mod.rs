@@ -75,19 +75,24 @@ pub fn declared_bindings(module: &naga::Module) -> std::result::Result<Vec<wgpu:
             },
             other => return Err(format!("{}: a {other:?} binding, not a buffer", at())),
         };
-        entries.push(wgpu::BindGroupLayoutEntry {
-            binding: binding.binding,
-            visibility: wgpu::ShaderStages::COMPUTE,
-            ty: wgpu::BindingType::Buffer {
-                ty,
-                has_dynamic_offset: false,
-                min_binding_size: None,
-            },
-            count: None,
-        });
+        entries.push(buffer_layout_entry(binding.binding, ty));
     }
     entries.sort_by_key(|e| e.binding);
     Ok(entries)
+}
+
+/// A compute shader's whole-buffer binding of type `ty` at `binding`.
+pub fn buffer_layout_entry(binding: u32, ty: wgpu::BufferBindingType) -> wgpu::BindGroupLayoutEntry {
+    wgpu::BindGroupLayoutEntry {
+        binding,
+        visibility: wgpu::ShaderStages::COMPUTE,
+        ty: wgpu::BindingType::Buffer {
+            ty,
+            has_dynamic_offset: false,
+            min_binding_size: None,
+        },
+        count: None,
+    }
 }
 
 /// SPIR-V for the parsed `module` of `wgsl` (the source, for naga's error messages).
