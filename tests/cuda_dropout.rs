@@ -9,9 +9,12 @@
 mod batches;
 #[path = "common/cuda.rs"]
 mod cuda_common;
+#[path = "common/dropout_masks.rs"]
+mod dropout_masks;
 
 use batches::{shape, Batch};
 use cuda_common::{bits, engine, Half16};
+use dropout_masks::{assert_keep_rate, compare_masks};
 use half::{bf16, f16};
 use wgpu_flash_attn::batch::{Alibi, BatchIndex, BiasLayout, BiasValues, Dropout, ScoreBias};
 use wgpu_flash_attn::cuda::cudarc::driver::{CudaSlice, DevicePtr};
@@ -152,36 +155,21 @@ fn mask_check<T: Half16>(engine: &CudaAttention, batch: &Batch, label: &str) -> 
         kernel = name;
     }
     assert!(kernel.ends_with("_dropout"), "{label}: ran {kernel}");
-    let dropout = p.dropout.unwrap();
-    let (mut compared, mut kept, mut wrong) = (0, 0, Vec::new());
-    for b in 0..s.batch {
-        let rows = index.sequence(p, b);
-        for h in 0..s.num_heads {
-            let mask = dropout.mask(b, h, rows.seq_q, rows.seq_kv);
-            for i in 0..rows.seq_q {
-                for j in p.visible_keys(i, rows.seq_q, rows.seq_kv) {
-                    let x = outs[j / d][p.o_layout.index(b, rows.q_first + i, h, j % d)].to_f64();
-                    assert!(
-                        x.is_finite() && x >= 0.0,
-                        "{label} ({kernel}): O = {x} at ({b}, {h}, {i}, {j})"
-                    );
-                    let want = mask[i * rows.seq_kv + j];
-                    compared += 1;
-                    kept += want as usize;
-                    if (x > 0.0) != want {
-                        wrong.push(format!("(b {b}, h {h}, i {i}, j {j}): kernel {}, host {want}", x > 0.0));
-                    }
-                }
-            }
-        }
-    }
-    assert!(
-        wrong.is_empty(),
-        "{label} ({kernel}): {} of {compared} bits differ, first {:?}",
-        wrong.len(),
-        &wrong[..wrong.len().min(6)]
-    );
-    (compared, kept)
+    compare_masks(
+        &format!("{label} ({kernel})"),
+        p,
+        &index,
+        0..s.num_heads,
+        |b, h, i, j| {
+            let rows = index.sequence(p, b);
+            let x = outs[j / d][p.o_layout.index(b, rows.q_first + i, h, j % d)].to_f64();
+            assert!(
+                x.is_finite() && x >= 0.0,
+                "{label} ({kernel}): O = {x} at ({b}, {h}, {i}, {j})"
+            );
+            Some(x > 0.0)
+        },
+    )
 }
 
 /// Both kernels' masks are the host's, bit for bit, for p = 0.5 and 0.1: batches and heads, GQA,
@@ -213,13 +201,7 @@ fn the_cuda_forward_drops_exactly_the_hosts_mask() {
                 kept += k;
             }
         }
-        let q = 1.0 - dropout(p).drop_probability();
-        let rate = kept as f64 / compared as f64;
-        let sd = (q * (1.0 - q) / compared as f64).sqrt();
-        assert!(
-            (rate - q).abs() < 5.0 * sd,
-            "p {p}: kept {rate} of {compared}, want {q} ± {sd}"
-        );
+        assert_keep_rate(&format!("p {p}"), &dropout(p), compared, kept);
     }
 }
 

@@ -18,6 +18,7 @@
 mod common;
 
 use common::batches::Batch;
+use common::dropout_masks::{assert_keep_rate, compare_masks};
 use common::{below, coop_engines, engine_with, gpu, seed_of, shape, storage, submit_and_read};
 use half::{bf16, f16};
 use wgpu::util::DeviceExt;
@@ -255,44 +256,6 @@ fn the_shaders_generator_is_the_hosts() {
 
 // ------------------------------------------------------------------ masks, bit for bit
 
-/// Compares a kernel's mask, `kernel(b, h, i, j)` (`None` where it cannot be read: a key the row
-/// does not see), with the host's over every visible element of every sequence and head; returns
-/// (elements compared, kept). Panics with the first mismatches.
-fn compare_masks(
-    label: &str,
-    problem: &AttentionProblem,
-    index: &BatchIndex<'_>,
-    heads: std::ops::Range<usize>,
-    mut kernel: impl FnMut(usize, usize, usize, usize) -> Option<bool>,
-) -> (usize, usize) {
-    let d = problem.dropout.unwrap();
-    let (mut compared, mut kept, mut wrong) = (0, 0, Vec::new());
-    for b in 0..problem.shape.batch {
-        let rows = index.sequence(problem, b);
-        for h in heads.clone() {
-            let mask = d.mask(b, h, rows.seq_q, rows.seq_kv);
-            for i in 0..rows.seq_q {
-                for j in problem.visible_keys(i, rows.seq_q, rows.seq_kv) {
-                    let Some(got) = kernel(b, h, i, j) else { continue };
-                    let want = mask[i * rows.seq_kv + j];
-                    compared += 1;
-                    kept += want as usize;
-                    if got != want {
-                        wrong.push(format!("(b {b}, h {h}, i {i}, j {j}): kernel {got}, host {want}"));
-                    }
-                }
-            }
-        }
-    }
-    assert!(
-        wrong.is_empty(),
-        "{label}: {} of {compared} bits differ, first {:?}",
-        wrong.len(),
-        &wrong[..wrong.len().min(6)]
-    );
-    (compared, kept)
-}
-
 /// The forward's mask, read from its output: V's key j is the unit vector e_(j − window·head_dim)
 /// for the keys of one window of head_dim keys (zero for the others), so output column x of row i
 /// is P_ij·Z_ij/(1 − p) for key j = window·head_dim + x: positive exactly where kept (Q and K
@@ -346,17 +309,6 @@ fn forward_mask_check<T: Element>(engine: &FlashAttention, batch: &Batch, label:
     )
 }
 
-/// Whether `kept` of `compared` elements is 1 − p within five standard deviations.
-fn assert_keep_rate(label: &str, p: f32, compared: usize, kept: usize) {
-    let q = 1.0 - dropout(p).drop_probability();
-    let rate = kept as f64 / compared as f64;
-    let sd = (q * (1.0 - q) / compared as f64).sqrt();
-    assert!(
-        (rate - q).abs() < 5.0 * sd,
-        "{label}: kept {rate} of {compared}, want {q} ± {sd}"
-    );
-}
-
 /// The forward's mask is the host's, bit for bit, under every tile plan and variant the device
 /// runs, for p = 0.5 and 0.1: batches and heads, GQA, lengths that are no multiple of a tile,
 /// causal masks with more queries than keys, windows, packed sequences of different lengths.
@@ -404,7 +356,7 @@ fn the_forward_drops_exactly_the_hosts_mask() {
             compared += c;
             kept += k;
         }
-        assert_keep_rate(&format!("p {p}"), p, compared, kept);
+        assert_keep_rate(&format!("p {p}"), &dropout(p), compared, kept);
     }
 }
 
@@ -436,7 +388,7 @@ fn the_cooperative_forward_drops_exactly_the_hosts_mask() {
             }
         }
         if compared > 0 {
-            assert_keep_rate(&format!("p {p}, cooperative"), p, compared, kept);
+            assert_keep_rate(&format!("p {p}, cooperative"), &dropout(p), compared, kept);
         }
     }
 }
@@ -524,8 +476,15 @@ fn the_halves_form_draws_the_hosts_mask_too() {
         assert!(name.ends_with("_dropout"), "{name}");
     }
     forward_mask_check::<f32>(&engine, &batch, "halves");
+    host_backward_mask_check(&engine, "halves, packed", &batch);
+}
+
+/// [`backward_mask_check`] through the host-slice calls: `engine`'s forward, then its backward
+/// from that forward's O and LSE.
+fn host_backward_mask_check(engine: &FlashAttention, label: &str, batch: &Batch) -> usize {
     let index = batch.index();
-    backward_mask_check("halves, packed", &batch, |q, k, v, d_o| {
+    let bp = BackwardProblem::new(batch.problem);
+    backward_mask_check(label, batch, |q, k, v, d_o| {
         let fwd = engine
             .forward_indexed_blocking(&batch.problem, q, k, v, &index)
             .unwrap();
@@ -539,7 +498,7 @@ fn the_halves_form_draws_the_hosts_mask_too() {
         };
         let g = engine.backward_indexed_blocking(bp, &inputs, &index).unwrap();
         (g.dq, g.dv)
-    });
+    })
 }
 
 /// Both gradient kernels regenerate the forward's mask bit for bit, under every plan of theirs the
@@ -595,23 +554,7 @@ fn the_gradient_kernels_regenerate_the_forwards_mask() {
         // Packed sequences on host slices.
         let mut batch = Batch::packed(&[(40, 70), (64, 33), (9, 100)], 2, 2, 128, DType::F32);
         batch.problem = batch.problem.with_dropout(dropout(p));
-        let index = batch.index();
-        let bp = BackwardProblem::new(batch.problem);
-        backward_mask_check(&format!("p {p}, packed"), &batch, |q, k, v, d_o| {
-            let fwd = engine
-                .forward_indexed_blocking(&batch.problem, q, k, v, &index)
-                .unwrap();
-            let inputs = BackwardInputs {
-                q,
-                k,
-                v,
-                o: &fwd.out,
-                lse: &fwd.lse,
-                d_o,
-            };
-            let g = engine.backward_indexed_blocking(bp, &inputs, &index).unwrap();
-            (g.dq, g.dv)
-        });
+        host_backward_mask_check(&engine, &format!("p {p}, packed"), &batch);
     }
 }
 

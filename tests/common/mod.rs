@@ -2,6 +2,7 @@
 #![allow(dead_code)]
 
 pub mod batches;
+pub mod dropout_masks;
 pub mod inputs;
 
 #[allow(unused_imports)] // not every test binary builds shapes
