@@ -7,6 +7,7 @@
 //!
 //! * `wgpu_forward`, `wgpu_backward`: host memory (NumPy arrays, CPU tensors) through the
 //!   library's wgpu engine, one per process, created on first use (src/host.rs).
+//! * `dropout_mask`: the keep mask the kernels draw for a dropout seed (src/problem.rs).
 //! * `cuda_forward`, `cuda_backward`, `cuda_append_kv`: PyTorch CUDA tensors in place, on PyTorch's current stream
 //!   (src/cuda.rs).
 //!
@@ -25,6 +26,7 @@ use pyo3::prelude::*;
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<problem::Problem>()?;
+    m.add_function(wrap_pyfunction!(problem::dropout_mask, m)?)?;
     m.add_function(wrap_pyfunction!(host::wgpu_forward, m)?)?;
     m.add_function(wrap_pyfunction!(host::wgpu_backward, m)?)?;
     m.add_function(wrap_pyfunction!(host::wgpu_adapter, m)?)?;

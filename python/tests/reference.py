@@ -1,6 +1,6 @@
 """Float64 attention in NumPy: the forward (O and the LSE) and the gradients, written as plainly as
 possible, with FlashAttention's masks (bottom-right causal, windows), soft-capping, GQA and
-per-sequence key counts and ALiBi. Inputs are taken as they are stored (already rounded to their
+per-sequence key counts, ALiBi and dropout (given its keep mask). Inputs are taken as they are stored (already rounded to their
 dtype)."""
 
 from __future__ import annotations
@@ -37,10 +37,21 @@ def alibi_bias(slopes, seq_q: int, seq_k: int) -> np.ndarray:
     return -_f64(slopes)[:, None, None] * np.abs(i - j)[None]
 
 
+def dropped(p: np.ndarray, dropout) -> np.ndarray:
+    """The normalized probabilities ``p`` ``[b, h, sq, sk]`` after dropout ``(drop_p, keep)``: kept
+    ones (``keep`` ``[b, h, sq, sk]`` bools) scaled by ``1 / (1 − drop_p)``, the others 0."""
+    if dropout is None:
+        return p
+    drop_p, keep = dropout
+    return np.where(keep, p / (1.0 - drop_p), 0.0)
+
+
 def attention(
-    q, k, v, *, scale: Optional[float] = None, causal=False, window=(-1, -1), softcap=0.0, alibi_slopes=None
+    q, k, v, *, scale: Optional[float] = None, causal=False, window=(-1, -1), softcap=0.0, alibi_slopes=None,
+    dropout=None,
 ) -> Tuple[np.ndarray, np.ndarray]:
-    """O ``[b, sq, h, d]`` and LSE ``[b, h, sq]`` of ``[b, s, h, d]`` inputs; K/V may have fewer heads."""
+    """O ``[b, sq, h, d]`` and LSE ``[b, h, sq]`` of ``[b, s, h, d]`` inputs; K/V may have fewer heads.
+    ``dropout``: ``(drop_p, keep)`` (``dropped``); the LSE stays the undropped softmax's."""
     q, k, v = _f64(q), _f64(k), _f64(v)
     b, sq, h, d = q.shape
     sk, hk = k.shape[1], k.shape[2]
@@ -59,12 +70,14 @@ def attention(
     p = np.exp(s - m_safe)
     l = p.sum(axis=-1, keepdims=True)
     with np.errstate(divide="ignore", invalid="ignore"):
-        o = np.einsum("bhqk,bkhd->bqhd", np.where(l > 0, p / l, 0.0), v)
+        o = np.einsum("bhqk,bkhd->bqhd", dropped(np.where(l > 0, p / l, 0.0), dropout), v)
         lse = np.where(l[..., 0] > 0, np.log(l[..., 0]) + m_safe[..., 0], -np.inf)
     return o, lse
 
 
-def attention_grads(q, k, v, d_o, *, scale=None, causal=False, window=(-1, -1), softcap=0.0, alibi_slopes=None):
+def attention_grads(
+    q, k, v, d_o, *, scale=None, causal=False, window=(-1, -1), softcap=0.0, alibi_slopes=None, dropout=None
+):
     """dQ, dK, dV of ``sum(O * d_o)``; dK and dV summed over the query heads sharing a K/V head."""
     q, k, v, d_o = _f64(q), _f64(k), _f64(v), _f64(d_o)
     b, sq, h, d = q.shape
@@ -83,8 +96,10 @@ def attention_grads(q, k, v, d_o, *, scale=None, causal=False, window=(-1, -1), 
     p = np.exp(s - m)
     l = p.sum(axis=-1, keepdims=True)
     p = np.where(l > 0, p / np.where(l > 0, l, 1.0), 0.0)
-    dv = np.einsum("bhqk,bqhd->bkhd", p, d_o)
-    dp = np.einsum("bqhd,bkhd->bhqk", d_o, ve)
+    z = dropped(p, dropout)
+    dv = np.einsum("bhqk,bqhd->bkhd", z, d_o)
+    # d(loss)/dP through the dropout: dZ = dO·Vᵀ, zero where dropped, scaled where kept.
+    dp = dropped(np.einsum("bqhd,bkhd->bhqk", d_o, ve), dropout)
     ds = p * (dp - (dp * p).sum(axis=-1, keepdims=True))
     if softcap > 0:
         ds = ds * (1.0 - np.tanh(raw / softcap) ** 2)

@@ -8,8 +8,8 @@ import os
 
 import numpy as np
 import pytest
-from conftest import assert_close, assert_lse, dtype_of, randn
-from reference import attention
+from conftest import REL_L2, assert_close, assert_lse, dtype_of, randn
+from reference import attention, rel_l2
 
 import wgpu_flash_attn as fa
 from wgpu_flash_attn import _native
@@ -166,6 +166,69 @@ def test_varlen_ragged_sequences(causal):
         assert_lse(lse[:, rows], ref_lse[0], f"varlen sequence {b}", seed)
 
 
+# --- dropout ------------------------------------------------------------------------------------
+
+
+def applied_p(p: float) -> float:
+    """``p`` as the library applies it: a multiple of 2^-16."""
+    return round(p * 2**16) / 2**16
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+@pytest.mark.parametrize("causal", [False, True])
+def test_dropout_matches_the_reference_with_its_mask(dtype, causal):
+    """O with dropout is the reference's with the mask ``dropout_mask`` returns; another seed's
+    mask gives a reference the output is far from, and the LSE is the undropped softmax's."""
+    seed, p, drop_seed = 60, 0.2, 123456789
+    b, sq, sk, h, hk, d = 2, 37, 45, 4, 2, 64
+    q = randn(seed, (b, sq, h, d), dtype)
+    k = randn(seed + 1, (b, sk, hk, d), dtype)
+    v = randn(seed + 2, (b, sk, hk, d), dtype)
+    out, lse = fa.flash_attn_func(q, k, v, dropout_p=p, causal=causal, return_lse=True, dropout_seed=drop_seed)
+    keep = fa.dropout_mask(p, drop_seed, b, h, sq, sk)
+    assert keep.shape == (b, h, sq, sk) and keep.dtype == bool
+    assert abs(keep.mean() - (1 - p)) < 0.02
+    ref, ref_lse = attention(q, k, v, causal=causal, dropout=(applied_p(p), keep))
+    assert_close(out, ref, dtype, "dropout", seed)
+    assert_lse(lse, attention(q, k, v, causal=causal)[1], "dropout", seed)
+    other = fa.dropout_mask(p, drop_seed + 1, b, h, sq, sk)
+    wrong, _ = attention(q, k, v, causal=causal, dropout=(applied_p(p), other))
+    assert rel_l2(out, wrong) > 100 * REL_L2[dtype], "another seed's mask fits as well: the bound proves nothing"
+
+
+def test_dropout_seeds_decide_the_mask():
+    q, k, v = (randn(70 + i, (1, 24, 2, 32)) for i in range(3))
+    a = fa.flash_attn_func(q, k, v, dropout_p=0.3, dropout_seed=5)
+    assert np.array_equal(a, fa.flash_attn_func(q, k, v, dropout_p=0.3, dropout_seed=5))
+    assert not np.array_equal(a, fa.flash_attn_func(q, k, v, dropout_p=0.3, dropout_seed=6))
+    # Without a seed, numpy.random's global state draws one: seeding it repeats the call.
+    np.random.seed(11)
+    first = fa.flash_attn_func(q, k, v, dropout_p=0.3)
+    np.random.seed(11)
+    assert np.array_equal(first, fa.flash_attn_func(q, k, v, dropout_p=0.3))
+    assert not np.array_equal(first, fa.flash_attn_func(q, k, v, dropout_p=0.3))
+    # dropout_p = 0 ignores the seed: the undropped result.
+    assert np.array_equal(fa.flash_attn_func(q, k, v), fa.flash_attn_func(q, k, v, dropout_p=0.0, dropout_seed=5))
+
+
+def test_varlen_dropout_masks_count_from_each_sequence():
+    """Packed sequence ``b`` draws ``dropout_mask(...)[b]`` over its own rows and keys."""
+    seed, p, drop_seed = 80, 0.25, 2**63 + 17
+    lq, lk = [6, 1, 20], [9, 4, 20]
+    q, cu_q = packed(lq, 4, 32, seed)
+    k, cu_k = packed(lk, 2, 32, seed + 1)
+    v, _ = packed(lk, 2, 32, seed + 2)
+    out = fa.flash_attn_varlen_func(
+        q, k, v, cu_q, cu_k, max(lq), max(lk), dropout_p=p, causal=True, dropout_seed=drop_seed
+    )
+    keep = fa.dropout_mask(p, drop_seed, len(lq), 4, max(lq), max(lk))
+    for b in range(len(lq)):
+        rows, keys = slice(cu_q[b], cu_q[b + 1]), slice(cu_k[b], cu_k[b + 1])
+        mask = keep[b : b + 1, :, : lq[b], : lk[b]]
+        ref, _ = attention(q[None, rows], k[None, keys], v[None, keys], causal=True, dropout=(applied_p(p), mask))
+        assert_close(out[rows], ref[0], "float32", f"varlen dropout sequence {b}", seed)
+
+
 def cache_case(seed, batch=3, cache_len=64, heads=4, heads_k=2, dim=32, seq_new=2, dtype="float32"):
     q = randn(seed, (batch, seq_new, heads, dim), dtype)
     k_cache = randn(seed + 1, (batch, cache_len, heads_k, dim), dtype)
@@ -249,8 +312,6 @@ QKV = tuple(randn(s, (1, 8, 4, 32)) for s in (1, 2, 3))
 
 def test_not_implemented_features_name_themselves():
     q, k, v = QKV
-    with pytest.raises(NotImplementedError, match="dropout"):
-        fa.flash_attn_func(q, k, v, dropout_p=0.1)
     with pytest.raises(NotImplementedError, match="alibi_slopes that differ"):
         two = np.concatenate([q, q])
         fa.flash_attn_func(two, two, two, alibi_slopes=np.array([[1, 2, 3, 4], [4, 3, 2, 1]], np.float32))
@@ -300,6 +361,16 @@ def test_argument_errors():
         fa.flash_attn_func(q, k, v, window_size=(1, 2, 3))
     with pytest.raises(ValueError, match="dropout_p"):
         fa.flash_attn_func(q, k, v, dropout_p=1.5)
+    with pytest.raises(ValueError, match="dropout_p"):
+        fa.flash_attn_func(q, k, v, dropout_p=1.0)
+    with pytest.raises(ValueError, match="dropout_seed"):
+        fa.flash_attn_func(q, k, v, dropout_p=0.1, dropout_seed=-1)
+    with pytest.raises(ValueError, match="dropout_seed"):
+        fa.dropout_mask(0.1, 2**64, 1, 1, 4, 4)
+    with pytest.raises(fa.InvalidProblemError, match="rounds to 1"):
+        fa.flash_attn_func(q, k, v, dropout_p=1 - 2**-18)
+    with pytest.raises(ValueError, match="more than the"):
+        fa.dropout_mask(0.1, 1, 4096, 1024, 64, 64)  # 2^34 bytes
     with pytest.raises(ValueError, match="alibi_slopes has shape"):
         fa.flash_attn_func(q, k, v, alibi_slopes=np.ones(3, np.float32))
     cache = randn(6, (1, 16, 4, 32))

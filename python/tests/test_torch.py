@@ -169,6 +169,39 @@ def test_varlen_backward():
             assert err <= 1e-4, f"varlen sequence {b} {label}: relative L2 error {err:.3e}"
 
 
+@pytest.mark.parametrize("causal", [False, True])
+def test_dropout_backward_matches_reference(causal):
+    """``loss.backward()`` through dropout: the backward draws the forward's mask again (the call
+    keeps its seed), so the gradients are the reference's with ``dropout_mask``'s mask."""
+    seed, p, drop_seed = 165, 0.2, 99
+    b, sq, sk, h, hk, d = 2, 23, 31, 4, 2, 32
+    q = randn(seed, (b, sq, h, d), requires_grad=True)
+    k = randn(seed + 1, (b, sk, hk, d), requires_grad=True)
+    v = randn(seed + 2, (b, sk, hk, d), requires_grad=True)
+    d_out = randn(seed + 3, (b, sq, h, d))
+    out = fa.flash_attn_func(q, k, v, dropout_p=p, causal=causal, dropout_seed=drop_seed)
+    (out * d_out).sum().backward()
+    dropout = (round(p * 2**16) / 2**16, fa.dropout_mask(p, drop_seed, b, h, sq, sk))
+    ref_out, _ = attention(np64(q), np64(k), np64(v), causal=causal, dropout=dropout)
+    assert rel_l2(out.detach().numpy(), ref_out) <= 1e-4
+    grads = attention_grads(np64(q), np64(k), np64(v), np64(d_out), causal=causal, dropout=dropout)
+    for tensor, ref, label in zip((q, k, v), grads, ("dq", "dk", "dv")):
+        err = rel_l2(tensor.grad.numpy(), ref)
+        assert err <= 1e-4, f"dropout {label} (seed {seed}): relative L2 error {err:.3e}"
+    # Without dropout the gradients differ: the bound above tells a mask from none.
+    plain = attention_grads(np64(q), np64(k), np64(v), np64(d_out), causal=causal)
+    assert rel_l2(v.grad.numpy(), plain[2]) > 1e-2
+
+
+def test_dropout_follows_torch_manual_seed():
+    q, k, v = (randn(168 + i, (1, 16, 2, 32)) for i in range(3))
+    torch.manual_seed(3)
+    first = fa.flash_attn_func(q, k, v, dropout_p=0.4)
+    torch.manual_seed(3)
+    assert torch.equal(first, fa.flash_attn_func(q, k, v, dropout_p=0.4))
+    assert not torch.equal(first, fa.flash_attn_func(q, k, v, dropout_p=0.4))
+
+
 def test_no_grad_calls_skip_autograd():
     q, k, v = (randn(170 + i, (1, 8, 2, 32), requires_grad=True) for i in range(3))
     with torch.no_grad():

@@ -28,6 +28,7 @@ from ._errors import (
     UnavailableError,
 )
 from ._interface import (
+    dropout_mask,
     flash_attn_func,
     flash_attn_kvpacked_func,
     flash_attn_qkvpacked_func,
@@ -47,6 +48,7 @@ __all__ = [
     "flash_attn_kvpacked_func",
     "flash_attn_varlen_qkvpacked_func",
     "flash_attn_varlen_kvpacked_func",
+    "dropout_mask",
     "wgpu_adapter",
     "cuda_status",
     "FlashAttnError",

@@ -160,15 +160,53 @@ def _device_index(x: Any, device: Any) -> Any:
 # Arguments FlashAttention takes.
 
 
-def _check_dropout(dropout_p: float) -> None:
-    if not 0.0 <= dropout_p <= 1.0:
-        raise ValueError(f"dropout_p must be in [0, 1], got {dropout_p}")
-    if dropout_p > 0.0:
-        raise NotImplementedError(
-            f"dropout_p={dropout_p}: attention dropout is not wired into the Python interface yet "
-            "(the Rust library has it: AttentionProblem::with_dropout, on the wgpu kernels and the CUDA forward); "
-            "pass dropout_p=0.0 (FlashAttention's setting for evaluation)"
-        )
+_SEED_END = 2**64
+
+
+def _dropout(dropout_p: float, dropout_seed: Optional[int], like: Any) -> Optional[Tuple[float, int]]:
+    """FlashAttention's ``dropout_p`` as ``Problem``'s ``(p, seed)``, or ``None`` for none. The seed
+    is ``dropout_seed`` when given, else drawn from the global generator of ``like``'s framework
+    (PyTorch's default generator, NumPy's ``numpy.random``), so ``torch.manual_seed`` or
+    ``numpy.random.seed`` make the masks reproducible, as they do FlashAttention's. The call keeps
+    the seed: its backward draws the same mask again."""
+    p = float(dropout_p)
+    if not 0.0 <= p < 1.0:
+        raise ValueError(f"dropout_p must be in [0, 1), got {dropout_p}")
+    if p == 0.0:
+        return None
+    if dropout_seed is not None:
+        if isinstance(dropout_seed, bool) or not isinstance(dropout_seed, int) or not 0 <= dropout_seed < _SEED_END:
+            raise ValueError(f"dropout_seed must be an int in [0, 2^64), got {dropout_seed!r}")
+        return (p, dropout_seed)
+    if _is_torch(like):
+        torch = _torch()
+        seed = int(torch.randint(0, 2**63 - 1, (1,), dtype=torch.int64).item())
+    else:
+        np = sys.modules["numpy"]
+        seed = int(np.random.randint(0, 2**63 - 1, dtype=np.int64))
+    return (p, seed)
+
+
+def dropout_mask(
+    dropout_p: float, dropout_seed: int, batch: int, nheads: int, seqlen_q: int, seqlen_k: int
+) -> Any:
+    """The keep mask a call with ``dropout_p`` and ``dropout_seed`` applies: a NumPy bool array
+    ``(batch, nheads, seqlen_q, seqlen_k)``, ``True`` where the probability of query ``i`` for key
+    ``j`` is kept (and scaled by ``1 / (1 - dropout_p)``), ``False`` where it is dropped. For a
+    packed (varlen) call, ``batch`` counts sequences and sequence ``b``'s mask is
+    ``[b, :, :seqlen_q_b, :seqlen_k_b]``. The library rounds ``dropout_p`` to a multiple of
+    ``2^-16``; the mask is the kernels' bit for bit, so a test can build the exact reference. Up to
+    ``2^32`` elements a call."""
+    np = sys.modules.get("numpy")
+    if np is None:
+        import numpy as np
+    if isinstance(dropout_seed, bool) or not isinstance(dropout_seed, int) or not 0 <= dropout_seed < _SEED_END:
+        raise ValueError(f"dropout_seed must be an int in [0, 2^64), got {dropout_seed!r}")
+    sizes = (int(batch), int(nheads), int(seqlen_q), int(seqlen_k))
+    if min(sizes) < 0:
+        raise ValueError(f"sizes must not be negative, got {sizes}")
+    raw = _native.dropout_mask(float(dropout_p), dropout_seed, *sizes)
+    return np.frombuffer(raw, dtype=np.uint8).astype(bool).reshape(sizes)
 
 
 def _window(window_size: Sequence[int]) -> Optional[Tuple[Optional[int], Optional[int]]]:
@@ -468,6 +506,7 @@ def flash_attn_func(
     return_attn_probs: bool = False,
     *,
     return_lse: bool = False,
+    dropout_seed: Optional[int] = None,
 ) -> Union[Array, Tuple[Array, ...]]:
     """Exact attention ``softmax(softmax_scale · q kᵀ [masked]) v``, FlashAttention's
     ``flash_attn_func``.
@@ -479,7 +518,11 @@ def flash_attn_func(
         k: ``(batch, seqlen_k, nheads_k, headdim)``; ``nheads`` must be a multiple of
             ``nheads_k`` (query head ``h`` reads K/V head ``h // (nheads // nheads_k)``: MQA, GQA).
         v: like ``k``.
-        dropout_p: must be 0.0: dropout is not wired into this interface yet (``NotImplementedError``).
+        dropout_p: the probability of dropping each attention probability (the kept ones scaled
+            by ``1 / (1 - dropout_p)``; FlashAttention's dropout, fused: the mask is drawn in the
+            kernels from a counter-based generator, never stored, and drawn again by the
+            backward). In ``[0, 1)``, rounded to a multiple of ``2^-16``; 0.0 (FlashAttention's
+            setting for evaluation) is none. The LSE is the undropped softmax's.
         softmax_scale: defaults to ``1 / sqrt(headdim)``.
         causal: the mask aligned to the bottom-right corner: query ``i`` sees keys
             ``j <= i + seqlen_k - seqlen_q``; rows that see no key give 0 (LSE ``-inf``).
@@ -493,9 +536,14 @@ def flash_attn_func(
             every gradient is bit-identical from run to run (slower); without it dQ's last bits
             may vary between runs (dK and dV never do). The wgpu backward (host tensors) is
             always deterministic.
-        return_attn_probs: also return the LSE and FlashAttention's ``S_dmask`` (empty: there is
-            no dropout pattern to return).
+        return_attn_probs: also return the LSE and FlashAttention's ``S_dmask``, which is empty
+            here (the probabilities are never written; ``dropout_mask`` gives the dropout
+            pattern).
         return_lse: also return the LSE (without the empty ``S_dmask``).
+        dropout_seed: the generator's seed for ``dropout_p`` (an int in ``[0, 2^64)``): one seed,
+            one mask, on every route and device. ``None`` draws one from PyTorch's default
+            generator (PyTorch tensors) or ``numpy.random`` (NumPy arrays), so
+            ``torch.manual_seed`` / ``numpy.random.seed`` make runs repeat.
 
     Returns:
         ``out`` ``(batch, seqlen_q, nheads, headdim)``, of q's type, dtype and device; with
@@ -506,14 +554,15 @@ def flash_attn_func(
     PyTorch tensors that require grad go through a ``torch.autograd.Function``: ``backward()``
     runs the library's backward, the wgpu one on CPU tensors and the CUDA one on CUDA tensors
     (float16/bfloat16, ``headdim`` a multiple of 8 up to 128, causal or not, sliding windows, ``softcap``,
-    MQA/GQA). What the CUDA backward does not run (``alibi_slopes``, other head dimensions) raises ``NotImplementedError`` from ``backward()``, with the library's message.
+    MQA/GQA). What the CUDA backward does not run (``alibi_slopes``, ``dropout_p``, other head
+    dimensions) raises ``NotImplementedError`` from ``backward()``, with the library's message.
     Library errors raise ``wgpu_flash_attn.InvalidProblemError`` (a ``ValueError``),
     ``UnavailableError`` or ``DeviceError`` (``RuntimeError``s) with the library's message.
     """
-    _check_dropout(dropout_p)
     where = _where(q)
     dtype = _dtype_name(q, "q")
     _same(where, dtype, {"q": q, "k": k, "v": v})
+    dropout = _dropout(dropout_p, dropout_seed, q)
     batch, seq_q, heads, dim = _shape(q, "q", 4)
     _, seq_k, heads_k, _ = _shape(k, "k", 4)
     if tuple(k.shape) != (batch, seq_k, heads_k, dim) or tuple(v.shape) != tuple(k.shape):
@@ -532,6 +581,7 @@ def flash_attn_func(
         window=_window(window_size),
         softcap=_softcap(softcap),
         alibi=slopes is not None,
+        dropout=dropout,
     )
     _add_slopes(call, slopes, q)
     call.deterministic = bool(deterministic)
@@ -560,6 +610,7 @@ def flash_attn_varlen_func(
     block_table: Optional[Array] = None,
     *,
     return_lse: bool = False,
+    dropout_seed: Optional[int] = None,
 ) -> Union[Array, Tuple[Array, ...]]:
     """Attention over sequences of different lengths packed end to end without padding,
     FlashAttention's ``flash_attn_varlen_func``.
@@ -578,13 +629,12 @@ def flash_attn_varlen_func(
             ``flash_attn_with_kvcache`` for paged caches.
 
     Each sequence is attended as a problem of its own (causal masks and windows aligned to its own
-    end). The other arguments and the results are ``flash_attn_func``'s; ``softmax_lse`` is
+    end; its dropout mask is ``dropout_mask(...)[b]``, rows and keys counted from its start). The other arguments and the results are ``flash_attn_func``'s; ``softmax_lse`` is
     ``(nheads, total_q)``. Offsets that decrease or leave the tensors raise
     ``InvalidProblemError`` on the host route; on CUDA they are not read back (that would
     synchronize): the kernels never access memory out of bounds and write the affected
     sequence as NaN.
     """
-    _check_dropout(dropout_p)
     if block_table is not None:
         raise NotImplementedError(
             "block_table with flash_attn_varlen_func: a packed (varlen) batch over a paged K/V cache "
@@ -593,6 +643,7 @@ def flash_attn_varlen_func(
     where = _where(q)
     dtype = _dtype_name(q, "q")
     _same(where, dtype, {"q": q, "k": k, "v": v})
+    dropout = _dropout(dropout_p, dropout_seed, q)
     total_q, heads, dim = _shape(q, "q", 3)
     total_k, heads_k, _ = _shape(k, "k", 3)
     if tuple(k.shape) != (total_k, heads_k, dim) or tuple(v.shape) != tuple(k.shape):
@@ -617,6 +668,7 @@ def flash_attn_varlen_func(
         window=_window(window_size),
         softcap=_softcap(softcap),
         alibi=slopes is not None,
+        dropout=dropout,
         varlen=(total_q, total_k),
     )
     if where == "cuda":

@@ -25,6 +25,7 @@ class Problem:
         window: Optional[Tuple[Optional[int], Optional[int]]] = None,
         softcap: Optional[float] = None,
         alibi: bool = False,
+        dropout: Optional[Tuple[float, int]] = None,
         varlen: Optional[Tuple[int, int]] = None,
         paged: Optional[Tuple[int, int, int]] = None,
         kv_lengths: bool = False,
@@ -36,6 +37,7 @@ class Problem:
     @property
     def softmax_scale(self) -> float: ...
 
+def dropout_mask(p: float, seed: int, batch: int, num_heads: int, seq_q: int, seq_kv: int) -> bytes: ...
 def wgpu_forward(
     problem: Problem,
     q: HostTensor,
