@@ -20,6 +20,9 @@
 // its block's word k ^ d to lane k ^ d): one draw per 8 probabilities instead of per 2. A draw is
 // ten rounds of two 32 × 32 → 64-bit products (mul.hi and mul.lo) and four XORs.
 //
+// The backward kernels (flash_bwd_mma.cu, flash_bwd_wgmma.cu) hold Pᵀ, keys as the rows, and draw
+// the same bits for it (transposed_keep_bits, below).
+//
 // The kept values' factor 1/(1 − p) is not applied here: O's epilogue takes it with the row's
 // 1/sum (dropout_output_factor), one multiply per output element instead of per probability.
 // The row sums, and the LSE, are the undropped softmax's (the reference's definition).
@@ -110,4 +113,79 @@ __device__ __forceinline__ void drop_probabilities(const FwdParams& p, float (&s
 // What O's epilogue multiplies a row by besides 1/sum: the kept probabilities' 1/(1 − p), or 1.
 __device__ __forceinline__ float dropout_output_factor(const FwdParams& p) {
     return HAS_DROPOUT ? p.dropout_scale : 1.f;
+}
+
+// ---- The backward's transposed probabilities ----
+//
+// Both backward kernels hold Pᵀ in the accumulator layout with keys as the rows: lane 4g + t has
+// keys key0 and key0 + 8 (key0 = its warp's first key + g) and, of every 8-query chunk n, queries
+// m0 + 8n + 2t and + 1; s[4n + e] is query m0 + 8n + 2t + (e & 1), key key0 + 8·(e >> 1). A
+// lane's query pair is one block's row pair, and its key is one column of a block whose four
+// keys are those of the lanes g = 4a .. 4a + 3 of its t: those four lanes read the same blocks,
+// each the two halves of its key's column (word (key % 4) / 2 for the even query, that + 2 for
+// the odd one, half key % 2). Of two chunks (n, n + 1) they need four blocks, block i the one of
+// chunk n + i / 2 and key half i % 2 (key0's quad, or key0 + 8's); lane k = g % 4 draws block k
+// and the four trade, as in the forward, in a 4 × 4 transpose of three shuffles (lane masks 4,
+// 8, 12), the 32 bits each needs of each block: one draw per 8 probabilities, as the forward.
+
+// 32-bit words of keep bits for a lane's 4·M8 probabilities of Pᵀ.
+template <int M8>
+constexpr int TRANSPOSED_KEEP_WORDS = (4 * M8 + 31) / 32;
+
+// The two halves lane k (k = key % 4) reads of a block's words, as one word: the even query's in
+// the low half, the odd query's in the high.
+__device__ __forceinline__ u32 column_halves(const uint4& w, int k) {
+    const u32 even = (k >> 1) ? w.y : w.x;
+    const u32 odd = (k >> 1) ? w.w : w.z;
+    return (k & 1) ? __byte_perm(even, odd, 0x7632) : __byte_perm(even, odd, 0x5410);
+}
+
+// Bit 4n + e of `bits` (word (4n + e) / 32): whether s[4n + e] of this lane's Pᵀ tile is kept, for
+// query head `head` of sequence `batch`, the tile's queries from m0. Every lane of the warp must
+// call it (shuffles).
+template <int M8>
+__device__ __forceinline__ void transposed_keep_bits(const FwdParams& p, int batch, int head, int m0, int key0,
+                                                     int lane, u32 (&bits)[TRANSPOSED_KEEP_WORDS<M8>]) {
+    static_assert(M8 % 2 == 0, "blocks are drawn for two 8-query chunks at a time");
+    const int t = lane & 3;
+    const int k = (lane >> 2) & 3;  // g % 4: this lane's key within its quad, and the block it draws
+    const u32 threshold = p.dropout_threshold;
+#pragma unroll
+    for (int w = 0; w < TRANSPOSED_KEEP_WORDS<M8>; ++w) bits[w] = 0;
+    // One set at a time: unrolled, the compiler interleaves the sets' generators, whose state
+    // spills beside the backward's dK and dV accumulators.
+#pragma unroll 1
+    for (int set = 0; set < M8 / 2; ++set) {
+        const u32 col_quad = (u32)(key0 + 8 * (k & 1)) / 4;
+        const u32 row_pair = (u32)(m0 + 8 * (2 * set + (k >> 1)) + 2 * t) / 2;
+        const uint4 drawn = philox4x32_10(make_uint4(col_quad, row_pair, (u32)head, (u32)batch), p.dropout_key0,
+                                          p.dropout_key1);
+        // mine[d]: what lane k ^ d reads of the drawn block.
+        u32 mine[4] = {column_halves(drawn, 0), column_halves(drawn, 1), column_halves(drawn, 2),
+                       column_halves(drawn, 3)};
+        permute_by(k, mine);
+        u32 got[4];  // got[d]: this lane's halves of block k ^ d
+        got[0] = mine[0];
+#pragma unroll
+        for (int d = 1; d < 4; ++d) got[d] = __shfl_xor_sync(0xffffffffu, mine[d], d << 2);
+        permute_by(k, got);  // got[i]: this lane's halves of block i
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            const int n = 2 * set + (i >> 1);
+#pragma unroll
+            for (int parity = 0; parity < 2; ++parity) {
+                const int e = 4 * n + 2 * (i & 1) + parity;
+                const u32 draw = parity ? got[i] >> 16 : got[i] & 0xffffu;
+                bits[e / 32] |= (u32)(draw >= threshold) << (e % 32);
+            }
+        }
+    }
+}
+
+// x (an element of Pᵀ, or of dPᵀ: both pass through the same mask) as dropout leaves it: times
+// 1/(1 − p) where element e of the lane's tile is kept (transposed_keep_bits' bits), 0 where it
+// is dropped; x itself in a kernel without dropout.
+__device__ __forceinline__ float dropped(const FwdParams& p, const u32* bits, int e, float x) {
+    if constexpr (!HAS_DROPOUT) return x;
+    return (bits[e / 32] >> (e % 32)) & 1u ? x * p.dropout_scale : 0.f;
 }

@@ -12,7 +12,9 @@
 // in every tensor. Masks as in the forward (fwd_params.cuh, keys_seen): causal aligned
 // bottom-right (row i sees keys j <= i + seq_kv - seq_q) and the sliding window around the same
 // position. With a soft-cap (FA_SOFTCAP) the scores are capped as the forward caps them and dS
-// takes the cap's derivative.
+// takes the cap's derivative. With dropout (FA_DROPOUT) the forward's mask is drawn again
+// (dropout.cuh, transposed_keep_bits): O = Z·V with Z = P dropped and scaled by 1/(1 − p), so
+// dV = Zᵀ·dO and dS = P ∘ (dP dropped and scaled − D), D = rowsum(dO ∘ O) of the dropped O.
 //
 // Who owns what (main kernel).
 // * A CTA owns BLOCK_N keys of one (batch, K/V head): grid = (kv tiles, num_kv_heads, batch). It
@@ -90,8 +92,8 @@
 // Compile-time parameters (-D, set by src/cuda/plan/backward.rs): FA_HEAD_DIM (the tile's width),
 // FA_VALID_DIM (the head_dim, when the tile pads it), FA_BLOCK_M, FA_BLOCK_N, FA_CAUSAL, FA_BF16,
 // FA_VEC_BYTES (16: rows of Q, K, V, dO 16-byte aligned; 8: only 8-byte aligned), FA_MIN_BLOCKS,
-// FA_DETERMINISTIC, FA_SOFTCAP (0 none; 1, 2 the cap's forms), KERNEL_NAME, PREPROCESS_NAME,
-// CONVERT_NAME. The window's sides are run-time (BwdParams).
+// FA_DETERMINISTIC, FA_SOFTCAP (0 none; 1, 2 the cap's forms), FA_DROPOUT (0 or 1),
+// KERNEL_NAME, PREPROCESS_NAME, CONVERT_NAME. The window's sides are run-time (BwdParams).
 #include "mma_ptx.cuh"
 #include "fwd_params.cuh"
 #include "bwd_params.cuh"
@@ -239,6 +241,11 @@ extern "C" __global__ void __launch_bounds__(THREADS, FA_MIN_BLOCKS) KERNEL_NAME
         const int q_tile = step_tile(it);
         const int m0 = q_tile * BLOCK_M;
 
+        // Dropout's keep bits, drawn before Sᵀ's accumulators hold registers the generator would
+        // spill.
+        u32 keep[TRANSPOSED_KEEP_WORDS<M_TILES>];
+        if constexpr (HAS_DROPOUT) transposed_keep_bits<M_TILES>(p, batch, h, m0, key0, lane, keep);
+
         // Sᵀ = K·Qᵀ: 16 keys x BLOCK_M queries per warp.
         float acc[M_TILES][4];
 #pragma unroll
@@ -266,9 +273,9 @@ extern "C" __global__ void __launch_bounds__(THREADS, FA_MIN_BLOCKS) KERNEL_NAME
         const bool need_mask = tile_needs_mask(p, seq, m0, n0);
         const u32 s_lse = s_stage0 + so + LSE_OFF + 8 * t;
         const u32 s_d = s_stage0 + so + D_OFF + 8 * t;
-        // pk: Pᵀ for dV; pg: Pᵀ times the soft-cap's derivative, what dSᵀ is formed from (pk
-        // itself without a cap). pg replaces pk once dV has read it, so it costs no register
-        // beyond those dPᵀ's accumulation needs next.
+        // pk: Pᵀ as dropout leaves it, for dV; pg: Pᵀ times the soft-cap's derivative, what dSᵀ
+        // is formed from (pk itself without a cap or dropout). pg replaces pk once dV has read
+        // it, so it costs no register beyond those dPᵀ's accumulation needs next.
         u32 pk[M_STEPS][4], pg[M_STEPS][4];
 #pragma unroll
         for (int n = 0; n < M_TILES; ++n) {
@@ -281,9 +288,11 @@ extern "C" __global__ void __launch_bounds__(THREADS, FA_MIN_BLOCKS) KERNEL_NAME
                 const int row = m0 + n * 8 + 2 * t + (e & 1);
                 acc[n][e] = score_probability(p, units, seq, need_mask, row, key, acc[n][e], lse[e & 1], cap_grad[e]);
             }
-            pk[n / 2][(n & 1) * 2] = pack2<IS_BF16>(acc[n][0], acc[n][1]);
-            pk[n / 2][(n & 1) * 2 + 1] = pack2<IS_BF16>(acc[n][2], acc[n][3]);
-            if constexpr (HAS_SOFTCAP) {
+#pragma unroll
+            for (int r = 0; r < 2; ++r)
+                pk[n / 2][(n & 1) * 2 + r] = pack2<IS_BF16>(dropped(p, keep, 4 * n + 2 * r, acc[n][2 * r]),
+                                                            dropped(p, keep, 4 * n + 2 * r + 1, acc[n][2 * r + 1]));
+            if constexpr (HAS_SOFTCAP || HAS_DROPOUT) {
                 pg[n / 2][(n & 1) * 2] = pack2<IS_BF16>(acc[n][0] * cap_grad[0], acc[n][1] * cap_grad[1]);
                 pg[n / 2][(n & 1) * 2 + 1] = pack2<IS_BF16>(acc[n][2] * cap_grad[2], acc[n][3] * cap_grad[3]);
             }
@@ -300,7 +309,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, FA_MIN_BLOCKS) KERNEL_NAME
                 mma_16816<IS_BF16>(dv_acc[2 * dd + 1], pk[kk], b[2], b[3]);
             }
 
-        if constexpr (HAS_SOFTCAP) {
+        if constexpr (HAS_SOFTCAP || HAS_DROPOUT) {
 #pragma unroll
             for (int kk = 0; kk < M_STEPS; ++kk)
 #pragma unroll
@@ -335,7 +344,9 @@ extern "C" __global__ void __launch_bounds__(THREADS, FA_MIN_BLOCKS) KERNEL_NAME
             for (int r = 0; r < 2; ++r) {
                 u32& word = pk[n / 2][(n & 1) * 2 + r];
                 const float2 pr = unpack2<IS_BF16>(word);
-                word = pack2<IS_BF16>(pr.x * (acc[n][2 * r] - d[0]), pr.y * (acc[n][2 * r + 1] - d[1]));
+                const float dp0 = dropped(p, keep, 4 * n + 2 * r, acc[n][2 * r]);
+                const float dp1 = dropped(p, keep, 4 * n + 2 * r + 1, acc[n][2 * r + 1]);
+                word = pack2<IS_BF16>(pr.x * (dp0 - d[0]), pr.y * (dp1 - d[1]));
                 st_shared_u32(s_ds + swz<DS_ROW_BYTES>(warp * 16 + g + 8 * r, n) + 4 * t, word);
             }
         }

@@ -52,8 +52,8 @@
 //
 // Compile-time parameters (-D, src/cuda/plan/backward.rs): FA_HEAD_DIM (64 or 128), FA_VALID_DIM,
 // FA_BLOCK_M (64), FA_BLOCK_N (128), FA_CAUSAL, FA_BF16, FA_VEC_BYTES, FA_DETERMINISTIC,
-// KERNEL_NAME, PREPROCESS_NAME, CONVERT_NAME, FA_SOFTCAP (the soft-cap's form, as the mma.sync
-// kernel).
+// KERNEL_NAME, PREPROCESS_NAME, CONVERT_NAME, FA_SOFTCAP (the soft-cap's form) and FA_DROPOUT,
+// both as in the mma.sync kernel.
 #include "mma_ptx.cuh"
 #include "sm90_ptx.cuh"
 #include "wgmma_gen.cuh"
@@ -263,6 +263,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) KERNEL_NAME(const __gri
         const u32 so = (u32)stage * STAGE_BYTES;
         const u32 s_ds = s_ds0 + (u32)stage * DS_BYTES;
         const int m0 = step_tile(it) * BLOCK_M;
+        const int h = step_head(it);  // the query head (dropout's mask is per query head)
         mbar_wait(bar_full0 + 8 * stage, (it >> 1) & 1);
         // The copies wrote through the ordinary proxy and landed asynchronously, so their
         // writers could not fence: the reader orders what the barrier made visible before wgmma.
@@ -285,6 +286,9 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) KERNEL_NAME(const __gri
             wgmma_ss<BLOCK_M, IS_BF16>(dp, desc_add(v_desc, off), desc_add(q_desc, q_off), kk > 0);
         }
         wgmma_commit();
+        // Dropout's keep bits need neither product: drawn while the tensor cores run them.
+        u32 keep[TRANSPOSED_KEEP_WORDS<BLOCK_M / 8>];
+        if constexpr (HAS_DROPOUT) transposed_keep_bits<BLOCK_M / 8>(p, batch, h, m0, key0, lane, keep);
         wgmma_wait<1>();
         fence_regs(s);
 
@@ -294,8 +298,8 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) KERNEL_NAME(const __gri
         const bool need_mask = tile_needs_mask(p, seq, m0, n0);
         const u32 s_lse = s_stage0 + so + LSE_OFF + 8 * q4;
         const u32 s_d = s_stage0 + so + D_OFF + 8 * q4;
-        // pk: Pᵀ, dV's A operand; with a soft-cap pg, Pᵀ times the cap's derivative, is what
-        // dSᵀ is formed from (each word of pg dies as dSᵀ's is made).
+        // pk: Pᵀ as dropout leaves it, dV's A operand; with a soft-cap or dropout pg, Pᵀ times the
+        // cap's derivative, is what dSᵀ is formed from (each word of pg dies as dSᵀ's is made).
         u32 pk[M_STEPS][4], pg[M_STEPS][4];
 #pragma unroll
         for (int j = 0; j < BLOCK_M / 8; ++j) {
@@ -308,9 +312,11 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) KERNEL_NAME(const __gri
                 const int row = m0 + 8 * j + 2 * q4 + (e & 1);
                 s[4 * j + e] = score_probability(p, units, seq, need_mask, row, key, s[4 * j + e], lse[e & 1], cap_grad[e]);
             }
-            pk[j / 2][(j & 1) * 2] = pack2<IS_BF16>(s[4 * j], s[4 * j + 1]);
-            pk[j / 2][(j & 1) * 2 + 1] = pack2<IS_BF16>(s[4 * j + 2], s[4 * j + 3]);
-            if constexpr (HAS_SOFTCAP) {
+#pragma unroll
+            for (int r = 0; r < 2; ++r)
+                pk[j / 2][(j & 1) * 2 + r] = pack2<IS_BF16>(dropped(p, keep, 4 * j + 2 * r, s[4 * j + 2 * r]),
+                                                            dropped(p, keep, 4 * j + 2 * r + 1, s[4 * j + 2 * r + 1]));
+            if constexpr (HAS_SOFTCAP || HAS_DROPOUT) {
                 pg[j / 2][(j & 1) * 2] = pack2<IS_BF16>(s[4 * j] * cap_grad[0], s[4 * j + 1] * cap_grad[1]);
                 pg[j / 2][(j & 1) * 2 + 1] = pack2<IS_BF16>(s[4 * j + 2] * cap_grad[2], s[4 * j + 3] * cap_grad[3]);
             }
@@ -335,8 +341,11 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) KERNEL_NAME(const __gri
             asm volatile("ld.shared.v2.f32 {%0,%1}, [%2];\n" : "=f"(d[0]), "=f"(d[1]) : "r"(s_d + 32 * j));
 #pragma unroll
             for (int r = 0; r < 2; ++r) {
-                const float2 pr = unpack2<IS_BF16>(HAS_SOFTCAP ? pg[j / 2][(j & 1) * 2 + r] : pk[j / 2][(j & 1) * 2 + r]);
-                const u32 word = pack2<IS_BF16>(pr.x * (dp[4 * j + 2 * r] - d[0]), pr.y * (dp[4 * j + 2 * r + 1] - d[1]));
+                const float2 pr = unpack2<IS_BF16>(HAS_SOFTCAP || HAS_DROPOUT ? pg[j / 2][(j & 1) * 2 + r]
+                                                                              : pk[j / 2][(j & 1) * 2 + r]);
+                const float dp0 = dropped(p, keep, 4 * j + 2 * r, dp[4 * j + 2 * r]);
+                const float dp1 = dropped(p, keep, 4 * j + 2 * r + 1, dp[4 * j + 2 * r + 1]);
+                const u32 word = pack2<IS_BF16>(pr.x * (dp0 - d[0]), pr.y * (dp1 - d[1]));
                 ds[j / 2][(j & 1) * 2 + r] = word;
                 st_shared_u32(s_ds + swz<ROW_BYTES>(key_local + 8 * r, j) + 4 * q4, word);
             }

@@ -7,11 +7,12 @@
 //! ```text
 //! cargo run --release --features cuda,internals --example cuda_backward -- \
 //!     [--batch 2] [--heads 16] [--seqs 8192] [--head-dims 128,64] [--causal both|true|false] \
-//!     [--reps 20] [--all-plans] [--no-det] [--softcap CAP] [--window LEFT,RIGHT]
+//!     [--reps 20] [--all-plans] [--no-det] [--softcap CAP] [--window LEFT,RIGHT] [--dropout P]
 //! ```
 //!
-//! `--softcap` and `--window` (a side of -1 is unbounded) time those variants; their TFLOP/s
-//! count only the (query, key) pairs the window leaves visible (`AttentionProblem::flops`).
+//! `--softcap`, `--window` (a side of -1 is unbounded) and `--dropout` time those variants (the
+//! forward with the same dropout feeds the backward); their TFLOP/s count only the (query, key)
+//! pairs the window leaves visible (`AttentionProblem::flops`).
 //!
 //! Each shape: Q, K, V, dO random; O and the LSE from the CUDA forward (timed too, for the
 //! ratio); the backward timed with CUDA events around the call (preprocess, main, convert), the
@@ -22,6 +23,7 @@
 //! kernel's registers and local memory (spills) are printed with each row.
 
 use half::bf16;
+use wgpu_flash_attn::batch::Dropout;
 use wgpu_flash_attn::cuda::cudarc::driver::CudaSlice;
 use wgpu_flash_attn::cuda::plan::{runnable_backward_plans, CudaBackwardConfig};
 use wgpu_flash_attn::cuda::{
@@ -42,6 +44,7 @@ struct Args {
     det: bool,
     softcap: Option<f32>,
     window: Option<(Option<usize>, Option<usize>)>,
+    dropout: Option<f32>,
 }
 
 fn parse_args() -> Args {
@@ -56,6 +59,7 @@ fn parse_args() -> Args {
         det: true,
         softcap: None,
         window: None,
+        dropout: None,
     };
     let list = |s: String| -> Vec<usize> { s.split(',').map(|x| x.trim().parse().expect("a number")).collect() };
     let mut it = std::env::args().skip(1);
@@ -78,6 +82,7 @@ fn parse_args() -> Args {
             "--all-plans" => a.all_plans = true,
             "--no-det" => a.det = false,
             "--softcap" => a.softcap = Some(value().parse().expect("--softcap CAP")),
+            "--dropout" => a.dropout = Some(value().parse().expect("--dropout P")),
             "--window" => {
                 let side = |x: &str| -> Option<usize> {
                     let n: i64 = x.trim().parse().expect("--window LEFT,RIGHT");
@@ -222,6 +227,9 @@ fn main() -> Result<()> {
                 }
                 if let Some((left, right)) = args.window {
                     f = f.with_window(left, right);
+                }
+                if let Some(p) = args.dropout {
+                    f = f.with_dropout(Dropout { p, seed: 17, offset: 0 });
                 }
                 let p = BackwardProblem::new(f);
                 let mut b = buffers(&engine, &p)?;

@@ -5,7 +5,8 @@
 //! negative and tiny scales, head_dim 64 and 128 and the dims their tiles pad (multiples of 8
 //! below them), bf16 and f16, strided and padded layouts for
 //! every tensor; the deterministic mode bit-identical
-//! over ten runs; the CUDA forward's own O and LSE feeding the backward; errors and refusals.
+//! over ten runs; the CUDA forward's own O and LSE feeding the backward; dropout (the forward's
+//! mask drawn again); errors and refusals.
 //!
 //! Needs an NVIDIA GPU with its driver and NVRTC on the loader's path; without them each GPU
 //! test prints why and passes, unless `FLASH_REQUIRE_CUDA=1` makes it fail. The NVRTC compile
@@ -18,6 +19,7 @@ mod cuda_common;
 
 use cuda_common::{bits, engine, Half16};
 use half::{bf16, f16};
+use wgpu_flash_attn::batch::Dropout;
 use wgpu_flash_attn::cuda::cudarc::driver::CudaSlice;
 use wgpu_flash_attn::cuda::{
     BackwardDeviceTensors, CudaAttention, CudaBackwardConfig, CudaBackwardOptions, DeviceTensors,
@@ -551,6 +553,92 @@ fn seeded_random_variants_match_the_reference() {
     }
 }
 
+/// Dropout through the backward: the kernels draw the forward's mask again (cuda/dropout.cuh,
+/// `transposed_keep_bits`) on every plan, random shapes (32 to 600 rows and keys), p, seeds and
+/// offsets, GQA, causal, windows and soft-caps, both dQ modes, against the float64 reference with
+/// the host's mask; each case's gradients must fail the same bound against another seed's
+/// reference (the mask is what is tested). Every third case takes O and the LSE from the CUDA
+/// forward with the same dropout.
+#[test]
+fn seeded_random_dropout_problems_match_the_reference() {
+    use wgpu_flash_attn::cuda::plan::runnable_backward_plans;
+    let Some(engine) = engine() else { return };
+    let hopper = engine.device().is_hopper();
+    let mut rng = Rng::new(seed_of("cuda backward dropout"));
+    for case in 0..12 {
+        let mut pick = |n: u64| (rng.next_u64() % n) as usize;
+        let num_kv_heads = [1, 2][pick(2)];
+        let head_dim = [64, 128, 96][pick(3)];
+        let mut f = problem(
+            [DType::BF16, DType::F16][pick(2)],
+            1 + pick(2),
+            32 + pick(569),
+            32 + pick(569),
+            num_kv_heads * (1 + pick(3)),
+            num_kv_heads,
+            head_dim,
+            pick(2) == 1,
+        )
+        .forward;
+        if pick(3) == 0 {
+            f = f.with_window(Some(16 + pick(200)), [None, Some(pick(50))][pick(2)]);
+        }
+        if pick(3) == 0 {
+            f = f.with_softcap([5.0, 30.0, 1e4][pick(3)]);
+        }
+        f = f.with_dropout(Dropout {
+            p: [0.1, 0.3, 0.5][pick(3)],
+            seed: rng.next_u64(),
+            offset: rng.next_u64() % 1000,
+        });
+        let mut pick = |n: u64| (rng.next_u64() % n) as usize;
+        let plans: Vec<_> = runnable_backward_plans(head_dim, hopper).collect();
+        let options = CudaBackwardOptions {
+            deterministic: pick(4) == 0,
+            plan: Some(plans[pick(plans.len() as u64)]),
+        };
+        let p = BackwardProblem::new(f);
+        let tag = format!(
+            "dropout #{case}: {} window {:?} cap {:?} {:?} det={} {:?}",
+            label(&p),
+            p.forward.window,
+            p.forward.softcap,
+            p.forward.dropout,
+            options.deterministic,
+            options.plan
+        );
+        let from_cuda_forward = case % 3 == 2;
+        match p.forward.dtype {
+            DType::BF16 => dropout_case::<bf16>(engine, &p, &tag, &options, from_cuda_forward),
+            DType::F16 => dropout_case::<f16>(engine, &p, &tag, &options, from_cuda_forward),
+            DType::F32 => unreachable!(),
+        }
+    }
+}
+
+fn dropout_case<T: Half16>(
+    engine: &CudaAttention,
+    p: &BackwardProblem,
+    tag: &str,
+    options: &CudaBackwardOptions,
+    from_cuda_forward: bool,
+) {
+    let mut inputs = Inputs::<T>::new(engine, p, seed_of(tag));
+    if from_cuda_forward {
+        inputs.use_cuda_forward(engine, p);
+    }
+    let (dq, dk, dv, kernel) = inputs.run(engine, p, options, tag);
+    assert!(kernel.contains("_dropout"), "{tag}: ran {kernel}");
+    check(p, &format!("{tag} [{kernel}]"), &inputs, [&dq, &dk, &dv]);
+    let mut other = *p;
+    other.forward.dropout = p.forward.dropout.map(|d| Dropout { seed: d.seed ^ 1, ..d });
+    let want = reference::attention_backward(&other, &inputs.q, &inputs.k, &inputs.v, &inputs.d_o).unwrap();
+    assert!(
+        judge(p, [&dq, &dk, &dv], [&want.dq, &want.dk, &want.dv]).is_err(),
+        "{tag}: another seed's gradients pass the bound too"
+    );
+}
+
 /// Layouts other than dense BSHD for every tensor: head-major Q, padded K and V rows, dO at its own
 /// strides, dQ at an offset in a larger buffer, dK/dV padded and head-major; and rows only 8-byte
 /// aligned (the `_a8` kernels).
@@ -941,7 +1029,7 @@ fn backward_kernels_compile_with_nvrtc() {
         return;
     }
     let configs = all_backward_configs();
-    assert_eq!(configs.len(), 144);
+    assert_eq!(configs.len(), 168);
     for arch in ["sm_80", "sm_90a"] {
         for c in configs.iter().filter(|c| arch == "sm_90a" || !c.plan.needs_hopper()) {
             let job = CompileJob::backward(c, arch);

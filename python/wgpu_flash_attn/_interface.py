@@ -553,9 +553,10 @@ def flash_attn_func(
 
     PyTorch tensors that require grad go through a ``torch.autograd.Function``: ``backward()``
     runs the library's backward, the wgpu one on CPU tensors and the CUDA one on CUDA tensors
-    (float16/bfloat16, ``headdim`` a multiple of 8 up to 128, causal or not, sliding windows, ``softcap``,
-    MQA/GQA). What the CUDA backward does not run (``alibi_slopes``, ``dropout_p``, other head
-    dimensions) raises ``NotImplementedError`` from ``backward()``, with the library's message.
+    (float16/bfloat16, ``headdim`` a multiple of 8 up to 128, causal or not, sliding windows,
+    ``softcap``, MQA/GQA, ``dropout_p``). What the CUDA backward does not run (``alibi_slopes``,
+    other head dimensions) raises ``NotImplementedError`` from ``backward()``, with the library's
+    message.
     Library errors raise ``wgpu_flash_attn.InvalidProblemError`` (a ``ValueError``),
     ``UnavailableError`` or ``DeviceError`` (``RuntimeError``s) with the library's message.
     """

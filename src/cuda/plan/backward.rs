@@ -11,14 +11,15 @@ use crate::problem::features::{Feature, FeatureSet};
 use crate::problem::{CapForm, DType, Tensor};
 
 /// Features the CUDA backward implements: dense attention, causal or not, sliding windows,
-/// soft-caps, any scale, grouped K/V heads. Everything else (ALiBi, sinks, a bias or mask,
-/// dropout, packed batches, K/V caches) is refused by name.
+/// soft-caps, any scale, grouped K/V heads, dropout. Everything else (ALiBi, sinks, a bias or
+/// mask, packed batches, K/V caches) is refused by name.
 pub const CUDA_BACKWARD_FEATURES: FeatureSet = FeatureSet::of(&[
     Feature::CausalMask,
     Feature::GroupedKv,
     Feature::SlidingWindow,
     Feature::SoftCap,
     Feature::ArbitraryScale,
+    Feature::Dropout,
 ]);
 
 /// The tile widths the CUDA backward is built for: any head_dim that is a multiple of 8 up to 128
@@ -159,6 +160,8 @@ pub struct CudaBackwardConfig {
     /// The soft-cap's compiled form, if the scores are capped (a window needs no variant: its
     /// sides are run-time values).
     pub softcap: Option<CapForm>,
+    /// Dropout compiled in (cuda/dropout.cuh; its key and threshold are run-time values).
+    pub dropout: bool,
     /// The tile shape.
     pub plan: CudaBackwardPlan,
     /// Width of the loads of Q, K, V and dO: 16 bytes, or 8 for rows only 8-byte aligned.
@@ -217,6 +220,7 @@ impl CudaBackwardConfig {
             head_dim,
             causal,
             softcap: None,
+            dropout: false,
             plan,
             vec_bytes,
             deterministic,
@@ -237,17 +241,22 @@ impl CudaBackwardConfig {
         CudaBackwardConfig { softcap: form, ..self }
     }
 
+    /// The same config with dropout compiled in, or not.
+    pub fn with_dropout(self, dropout: bool) -> Self {
+        CudaBackwardConfig { dropout, ..self }
+    }
+
     /// The width of the kernels' tiles (`FA_HEAD_DIM`): the head_dim, or the tile that pads it.
     pub fn tile_dim(&self) -> u32 {
         backward_tile_dim(self.head_dim as usize).map_or(self.head_dim, |d| d as u32)
     }
 
-    /// `flash_bwd_{mma|wgmma}_bf16_d128_bm64_bn64_w4[_causal][_cap|_capseries][_a8][_det]`: the
-    /// main kernel's entry point, the cache key and the test label.
+    /// `flash_bwd_{mma|wgmma}_bf16_d128_bm64_bn64_w4[_causal][_cap|_capseries][_dropout][_a8][_det]`:
+    /// the main kernel's entry point, the cache key and the test label.
     pub fn name(&self) -> String {
         let p = &self.plan;
         format!(
-            "flash_bwd_{}_{}_d{}_bm{}_bn{}_w{}{}{}{}{}",
+            "flash_bwd_{}_{}_d{}_bm{}_bn{}_w{}{}{}{}{}{}",
             match p.kernel {
                 BackwardKernel::Mma => "mma",
                 BackwardKernel::Wgmma => "wgmma",
@@ -259,6 +268,7 @@ impl CudaBackwardConfig {
             p.warps(),
             if self.causal { "_causal" } else { "" },
             self.softcap.map_or("", CapForm::name_suffix),
+            if self.dropout { "_dropout" } else { "" },
             if self.vec_bytes == 8 { "_a8" } else { "" },
             if self.deterministic { "_det" } else { "" },
         )
@@ -316,6 +326,7 @@ impl CudaBackwardConfig {
             define("FA_MIN_BLOCKS", self.min_blocks),
             define("FA_DETERMINISTIC", self.deterministic as u32),
             define("FA_SOFTCAP", softcap_switch(self.softcap)),
+            define("FA_DROPOUT", self.dropout as u32),
         ];
         d.extend(valid_dim_define(self.head_dim));
         d
@@ -470,7 +481,8 @@ pub fn select_backward_config(
     };
     Ok(
         CudaBackwardConfig::new(f.dtype, f.shape.head_dim, plan, f.causal, vec_bytes, deterministic)?
-            .with_softcap(f.cap_form()),
+            .with_softcap(f.cap_form())
+            .with_dropout(f.active_dropout().is_some()),
     )
 }
 
@@ -565,7 +577,8 @@ pub fn backward_vec_bytes(problem: &BackwardProblem, a: &BackwardAddresses) -> R
 
 /// Every backward config the tables can produce without a soft-cap, and with one in each form
 /// (tanh at bf16, the series at f16; 16-byte loads, atomic dQ: the switches meet no other code
-/// path), and for one head_dim each tile pads (40, 96: every plan, causal or not, 16-byte loads,
+/// path), with dropout alone and with dropout and the cap together (non-causal at f16, causal
+/// at bf16, and deterministic: the mask meets only the probabilities), and for one head_dim each tile pads (40, 96: every plan, causal or not, 16-byte loads,
 /// atomic dQ, for the padding meets only the loads and stores): what the NVRTC compile test builds.
 pub fn all_backward_configs() -> Vec<CudaBackwardConfig> {
     let mut out = Vec::new();
@@ -600,6 +613,12 @@ pub fn all_backward_configs() -> Vec<CudaBackwardConfig> {
                     };
                     if let Ok(c) = CudaBackwardConfig::new(dtype, head_dim, plan, causal, 16, false) {
                         out.push(c.with_softcap(Some(form)));
+                    }
+                    if causal == (dtype == DType::BF16) {
+                        if let Ok(c) = CudaBackwardConfig::new(dtype, head_dim, plan, causal, 16, true) {
+                            out.push(c.with_dropout(true));
+                            out.push(c.with_softcap(Some(form)).with_dropout(true));
+                        }
                     }
                 }
             }
@@ -675,15 +694,20 @@ mod tests {
         }
         let mut names: Vec<_> = all_backward_configs().iter().map(|c| c.name()).collect();
         let n = names.len();
-        // dtype, head_dim, 3 plans, causal, then access width and deterministic or a soft-cap;
-        // and the padded head dims: dtype, 2 head dims, 3 plans, causal.
-        assert_eq!(n, 2 * 2 * 3 * 2 * (2 * 2 + 1) + 2 * 2 * 3 * 2);
+        // dtype, head_dim, 3 plans, causal, then access width and deterministic or a soft-cap,
+        // and for one causal setting a dtype dropout alone and with the cap; and the padded head
+        // dims: dtype, 2 head dims, 3 plans, causal.
+        assert_eq!(n, 2 * 2 * 3 * (2 * (2 * 2 + 1) + 2) + 2 * 2 * 3 * 2);
         let capped = CudaBackwardConfig::new(DType::BF16, 64, CudaBackwardPlan::new(64, 64), false, 16, false)
             .unwrap()
             .with_softcap(Some(CapForm::Series));
         assert!(capped.name().ends_with("_w4_capseries"), "{}", capped.name());
         assert!(capped.defines().contains(&"-DFA_SOFTCAP=2".to_string()));
         assert!(c.defines().contains(&"-DFA_SOFTCAP=0".to_string()));
+        let dropped = capped.with_dropout(true);
+        assert!(dropped.name().ends_with("_w4_capseries_dropout"), "{}", dropped.name());
+        assert!(dropped.defines().contains(&"-DFA_DROPOUT=1".to_string()));
+        assert!(c.defines().contains(&"-DFA_DROPOUT=0".to_string()));
         names.sort();
         names.dedup();
         assert_eq!(names.len(), n);
@@ -769,6 +793,11 @@ mod tests {
             base.with_softcap(30.0),
             base.with_scale(-1.0),
             base.with_window(Some(16), Some(0)),
+            base.with_dropout(crate::problem::Dropout {
+                p: 0.1,
+                seed: 1,
+                offset: 0,
+            }),
         ] {
             validate_for_cuda_backward(&BackwardProblem::new(runs)).unwrap();
         }
@@ -788,6 +817,27 @@ mod tests {
         let mut f32 = base;
         f32.dtype = DType::F32;
         assert!(validate_for_cuda_backward(&BackwardProblem::new(f32)).is_err());
+    }
+
+    /// A problem with dropout runs the `_dropout` build of the default plan; a `p` that rounds to
+    /// no dropout runs the plain one.
+    #[test]
+    fn dropout_selects_the_dropout_build() {
+        let base = crate::cuda::test_problem(128).with_causal(true);
+        let with = |p| {
+            let f = base.with_dropout(crate::problem::Dropout { p, seed: 3, offset: 0 });
+            select_backward_config(
+                &BackwardProblem::new(f),
+                &BackwardAddresses::spaced(),
+                None,
+                false,
+                true,
+            )
+            .unwrap()
+        };
+        let c = with(0.1);
+        assert!(c.dropout && c.name().ends_with("_causal_dropout"), "{}", c.name());
+        assert!(!with(1e-6).dropout);
     }
 
     #[test]
