@@ -48,11 +48,14 @@ def visible(seq_q, seq_k, causal, window, kv_len=None):
 
 
 def math_attention(
-    q, k, v, *, causal=False, window=(-1, -1), softcap=0.0, scale=None, alibi_slopes=None, dtype=torch.float64
+    q, k, v, *, causal=False, window=(-1, -1), softcap=0.0, scale=None, alibi_slopes=None, dropout=None,
+    dtype=torch.float64,
 ):
     """Attention computed in ``dtype``: float64 for the reference, the inputs' 16-bit type for
     "PyTorch's math implementation" of the rule (each matmul and the softmax rounded to it).
-    ``alibi_slopes`` ``[h]``: ``-slope * |i + sk - sq - j|`` added after the soft-cap.
+    ``alibi_slopes`` ``[h]``: ``-slope * |i + sk - sq - j|`` added after the soft-cap. ``dropout``:
+    ``(p, keep)``, ``keep`` ``[b, h, sq, sk]`` bools (``wgpu_flash_attn.dropout_mask``): the kept
+    probabilities scaled by ``1 / (1 - p)``, the others 0; the LSE stays the undropped one.
     Returns O ``[b, sq, h, d]`` (in ``dtype``) and the LSE ``[b, h, sq]`` (float64)."""
     b, sq, h, d = q.shape
     sk, hk = k.shape[1], k.shape[2]
@@ -69,6 +72,9 @@ def math_attention(
     s = s.masked_fill(~visible(sq, sk, causal, window), float("-inf"))
     lse = torch.logsumexp(s.double(), dim=-1)
     p = torch.softmax(s, dim=-1).nan_to_num(0.0)  # rows that see no key: 0
+    if dropout is not None:
+        drop_p, keep = dropout
+        p = torch.where(keep, p / (1.0 - drop_p), torch.zeros((), dtype=p.dtype, device=DEV))
     return torch.einsum("bhqk,bkhd->bqhd", p, v), lse
 
 
@@ -383,6 +389,43 @@ def test_backward_windows_and_softcap():
             pt = math_grads(q, k, v, g, causal, dtype, **variant)
             for grad, gname, r, p in zip((q.grad, k.grad, v.grad), ("dq", "dk", "dv"), ref, pt):
                 check_grad(f"{name} {dtype} {gname}", grad, r, p)
+
+
+def test_dropout_forward_and_backward():
+    """dropout_p on CUDA tensors: the forward and loss.backward() against float64 attention and
+    autograd with the mask ``dropout_mask`` gives for the seed (the backward draws it again), by
+    the rule; another seed's reference must break the rule (the mask is what is checked)."""
+    cases = [
+        ("hd128_gqa_causal", 2, 500, 500, 8, 2, 128, True, 0.1),
+        ("hd64_fewer_queries", 1, 300, 700, 4, 4, 64, False, 0.3),
+        ("hd96_causal", 1, 333, 333, 6, 2, 96, True, 0.5),
+    ]
+    for i, (name, b, sq, sk, h, hk, d, causal, drop_p) in enumerate(cases):
+        for dtype in (torch.bfloat16, torch.float16):
+            seed = 950 + 10 * i
+            q = randn(seed, (b, sq, h, d), dtype).requires_grad_(True)
+            k = randn(seed + 1, (b, sk, hk, d), dtype).requires_grad_(True)
+            v = randn(seed + 2, (b, sk, hk, d), dtype).requires_grad_(True)
+            g = randn(seed + 3, (b, sq, h, d), dtype)
+            out = fa.flash_attn_func(q, k, v, dropout_p=drop_p, causal=causal, dropout_seed=seed)
+            assert "_dropout" in _interface._last_cuda_launch["kernel"], _interface._last_cuda_launch
+            applied = round(drop_p * 2**16) / 2**16
+            keep = torch.from_numpy(fa.dropout_mask(drop_p, seed, b, h, sq, sk)).to(DEV)
+            variant = {"dropout": (applied, keep)}
+            ref, _ = math_attention(q.detach(), k.detach(), v.detach(), causal=causal, **variant)
+            pt, _ = math_attention(q.detach(), k.detach(), v.detach(), causal=causal, dtype=dtype, **variant)
+            check_rule(f"dropout {name} {dtype} out", out.detach(), ref, pt)
+            (out * g).sum().backward()
+            assert "_dropout" in _interface._last_cuda_launch["kernel"], _interface._last_cuda_launch
+            grads = math_grads(q, k, v, g, causal, torch.float64, **variant)
+            pt_grads = math_grads(q, k, v, g, causal, dtype, **variant)
+            for grad, gname, r, p in zip((q.grad, k.grad, v.grad), ("dq", "dk", "dv"), grads, pt_grads):
+                check_grad(f"dropout {name} {dtype} {gname}", grad, r, p)
+            other = torch.from_numpy(fa.dropout_mask(drop_p, seed + 1, b, h, sq, sk)).to(DEV)
+            wrong, _ = math_attention(q.detach(), k.detach(), v.detach(), causal=causal, dropout=(applied, other))
+            err_wrong = (out.detach().double() - wrong).abs().max().item()
+            err_pt = (pt.double() - ref).abs().max().item()
+            assert err_wrong > 10 * err_pt, f"{name}: another seed's mask fits too ({err_wrong:.3e})"
 
 
 def test_backward_of_out_sum():
