@@ -37,6 +37,11 @@ def alibi_bias(slopes, seq_q: int, seq_k: int) -> np.ndarray:
     return -_f64(slopes)[:, None, None] * np.abs(i - j)[None]
 
 
+def applied_p(p: float) -> float:
+    """A dropout probability as the library applies it: rounded to a multiple of 2^-16."""
+    return round(p * 2**16) / 2**16
+
+
 def dropped(p: np.ndarray, dropout) -> np.ndarray:
     """The normalized probabilities ``p`` ``[b, h, sq, sk]`` after dropout ``(drop_p, keep)``: kept
     ones (``keep`` ``[b, h, sq, sk]`` bools) scaled by ``1 / (1 − drop_p)``, the others 0."""

@@ -9,7 +9,7 @@ import os
 import numpy as np
 import pytest
 from conftest import REL_L2, assert_close, assert_lse, dtype_of, randn
-from reference import attention, rel_l2
+from reference import applied_p, attention, rel_l2
 
 import wgpu_flash_attn as fa
 from wgpu_flash_attn import _native
@@ -167,11 +167,6 @@ def test_varlen_ragged_sequences(causal):
 
 
 # --- dropout ------------------------------------------------------------------------------------
-
-
-def applied_p(p: float) -> float:
-    """``p`` as the library applies it: a multiple of 2^-16."""
-    return round(p * 2**16) / 2**16
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float16"])

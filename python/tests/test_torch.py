@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from conftest import REL_L2, assert_close, assert_lse
-from reference import attention, attention_grads, rel_l2, visible
+from reference import applied_p, attention, attention_grads, rel_l2, visible
 
 torch = pytest.importorskip("torch")
 F = torch.nn.functional
@@ -181,7 +181,7 @@ def test_dropout_backward_matches_reference(causal):
     d_out = randn(seed + 3, (b, sq, h, d))
     out = fa.flash_attn_func(q, k, v, dropout_p=p, causal=causal, dropout_seed=drop_seed)
     (out * d_out).sum().backward()
-    dropout = (round(p * 2**16) / 2**16, fa.dropout_mask(p, drop_seed, b, h, sq, sk))
+    dropout = (applied_p(p), fa.dropout_mask(p, drop_seed, b, h, sq, sk))
     ref_out, _ = attention(np64(q), np64(k), np64(v), causal=causal, dropout=dropout)
     assert rel_l2(out.detach().numpy(), ref_out) <= 1e-4
     grads = attention_grads(np64(q), np64(k), np64(v), np64(d_out), causal=causal, dropout=dropout)
