@@ -502,44 +502,55 @@ fn padded_case<T: Half16>(engine: &CudaAttention, p: &BackwardProblem, label: &s
     }
 }
 
+/// A random dense problem of the random tests: 1 or 2 K/V heads, each shared by 1 to 3 query
+/// heads, a head_dim of `head_dims`, bf16 or f16, batch 1 or 2, `min_len + 0..span` queries and
+/// keys, causal or not.
+fn random_problem(rng: &mut Rng, head_dims: &[usize], min_len: usize, span: usize) -> AttentionProblem {
+    let num_kv_heads = [1, 2][rng.below(2)];
+    let head_dim = head_dims[rng.below(head_dims.len())];
+    problem(
+        [DType::BF16, DType::F16][rng.below(2)],
+        1 + rng.below(2),
+        min_len + rng.below(span),
+        min_len + rng.below(span),
+        num_kv_heads * (1 + rng.below(3)),
+        num_kv_heads,
+        head_dim,
+        rng.below(2) == 1,
+    )
+    .forward
+}
+
+/// A random plan among those this GPU runs for `head_dim`, with the deterministic dQ a quarter of
+/// the time.
+fn random_options(rng: &mut Rng, head_dim: usize, hopper: bool) -> CudaBackwardOptions {
+    let plans: Vec<_> = wgpu_flash_attn::cuda::plan::runnable_backward_plans(head_dim, hopper).collect();
+    CudaBackwardOptions {
+        deterministic: rng.below(4) == 0,
+        plan: Some(plans[rng.below(plans.len())]),
+    }
+}
+
 /// Random windows, caps and scales on every plan the GPU runs, ragged lengths up to 700.
 #[test]
 fn seeded_random_variants_match_the_reference() {
-    use wgpu_flash_attn::cuda::plan::runnable_backward_plans;
     let Some(engine) = engine() else { return };
     let hopper = engine.device().is_hopper();
     let mut rng = Rng::new(0x5f_ca_90);
-    let mut pick = |n: u64| (rng.next_u64() % n) as usize;
     for case in 0..16 {
-        let num_kv_heads = [1, 2][pick(2)];
-        let head_dim = [64, 128][pick(2)];
-        let mut f = problem(
-            [DType::BF16, DType::F16][pick(2)],
-            1 + pick(2),
-            1 + pick(700),
-            1 + pick(700),
-            num_kv_heads * (1 + pick(3)),
-            num_kv_heads,
-            head_dim,
-            pick(2) == 1,
-        )
-        .forward;
-        let side = |pick: &mut dyn FnMut(u64) -> usize| [None, Some(pick(200))][pick(2)];
-        let (left, right) = (side(&mut pick), side(&mut pick));
+        let mut f = random_problem(&mut rng, &[64, 128], 1, 700);
+        let side = |rng: &mut Rng| [None, Some(rng.below(200))][rng.below(2)];
+        let (left, right) = (side(&mut rng), side(&mut rng));
         if left.is_some() || right.is_some() {
             f = f.with_window(left, right);
         }
-        if pick(2) == 1 {
-            f = f.with_softcap([5.0, 30.0, 50.0, 1e4][pick(4)]);
+        if rng.below(2) == 1 {
+            f = f.with_softcap([5.0, 30.0, 50.0, 1e4][rng.below(4)]);
         }
-        if pick(3) == 0 {
-            f = f.with_scale([-0.15, 0.02, 0.3][pick(3)]);
+        if rng.below(3) == 0 {
+            f = f.with_scale([-0.15, 0.02, 0.3][rng.below(3)]);
         }
-        let plans: Vec<_> = runnable_backward_plans(head_dim, hopper).collect();
-        let options = CudaBackwardOptions {
-            deterministic: pick(4) == 0,
-            plan: Some(plans[pick(plans.len() as u64)]),
-        };
+        let options = random_options(&mut rng, f.shape.head_dim, hopper);
         let p = BackwardProblem::new(f);
         let tag = format!(
             "random variant #{case}: {} window {left:?}/{right:?} cap {:?} scale {} det={} {:?}",
@@ -561,42 +572,23 @@ fn seeded_random_variants_match_the_reference() {
 /// forward with the same dropout.
 #[test]
 fn seeded_random_dropout_problems_match_the_reference() {
-    use wgpu_flash_attn::cuda::plan::runnable_backward_plans;
     let Some(engine) = engine() else { return };
     let hopper = engine.device().is_hopper();
     let mut rng = Rng::new(seed_of("cuda backward dropout"));
     for case in 0..12 {
-        let mut pick = |n: u64| (rng.next_u64() % n) as usize;
-        let num_kv_heads = [1, 2][pick(2)];
-        let head_dim = [64, 128, 96][pick(3)];
-        let mut f = problem(
-            [DType::BF16, DType::F16][pick(2)],
-            1 + pick(2),
-            32 + pick(569),
-            32 + pick(569),
-            num_kv_heads * (1 + pick(3)),
-            num_kv_heads,
-            head_dim,
-            pick(2) == 1,
-        )
-        .forward;
-        if pick(3) == 0 {
-            f = f.with_window(Some(16 + pick(200)), [None, Some(pick(50))][pick(2)]);
+        let mut f = random_problem(&mut rng, &[64, 128, 96], 32, 569);
+        if rng.below(3) == 0 {
+            f = f.with_window(Some(16 + rng.below(200)), [None, Some(rng.below(50))][rng.below(2)]);
         }
-        if pick(3) == 0 {
-            f = f.with_softcap([5.0, 30.0, 1e4][pick(3)]);
+        if rng.below(3) == 0 {
+            f = f.with_softcap([5.0, 30.0, 1e4][rng.below(3)]);
         }
         f = f.with_dropout(Dropout {
-            p: [0.1, 0.3, 0.5][pick(3)],
+            p: [0.1, 0.3, 0.5][rng.below(3)],
             seed: rng.next_u64(),
             offset: rng.next_u64() % 1000,
         });
-        let mut pick = |n: u64| (rng.next_u64() % n) as usize;
-        let plans: Vec<_> = runnable_backward_plans(head_dim, hopper).collect();
-        let options = CudaBackwardOptions {
-            deterministic: pick(4) == 0,
-            plan: Some(plans[pick(plans.len() as u64)]),
-        };
+        let options = random_options(&mut rng, f.shape.head_dim, hopper);
         let p = BackwardProblem::new(f);
         let tag = format!(
             "dropout #{case}: {} window {:?} cap {:?} {:?} det={} {:?}",

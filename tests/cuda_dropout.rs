@@ -14,7 +14,7 @@ mod dropout_masks;
 
 use batches::{shape, Batch};
 use cuda_common::{bits, engine, Half16};
-use dropout_masks::{assert_keep_rate, compare_masks};
+use dropout_masks::{assert_keep_rate, forward_mask_check};
 use half::{bf16, f16};
 use wgpu_flash_attn::batch::{Alibi, BatchIndex, BiasLayout, BiasValues, Dropout, ScoreBias};
 use wgpu_flash_attn::cuda::cudarc::driver::{CudaSlice, DevicePtr};
@@ -22,11 +22,6 @@ use wgpu_flash_attn::cuda::plan::{default_wgmma_plan, select_mma};
 use wgpu_flash_attn::cuda::{CudaAttention, CudaOptions, CudaPlan, DeviceBatchIndex, DeviceBias, DeviceTensors};
 use wgpu_flash_attn::testing::{random_tensor, seed_of, ErrorStats, Rng};
 use wgpu_flash_attn::{reference, AttentionProblem, DType, Tensor};
-
-/// Uniform in `0..n`.
-fn below(rng: &mut Rng, n: usize) -> usize {
-    (rng.next_u64() % n as u64) as usize
-}
 
 fn dropout(p: f32) -> Dropout {
     Dropout {
@@ -116,60 +111,16 @@ fn run<T: Half16>(
     (bytemuck::cast_slice::<u16, T>(&o).to_vec(), lse, config.name())
 }
 
-/// The kernel's mask, read from its output and compared with the host's over every visible
-/// element: V's key j is the unit vector e_(j − window·head_dim) for the keys of one window of
-/// head_dim keys (zero for the others), so output column x of row i is P_ij·Z_ij/(1 − p) for key
-/// j = window·head_dim + x, positive exactly where kept (Q and K small, so no P underflows; the
-/// one-hot values are exact in 16 bits). One forward per window of keys. Returns (elements
-/// compared, kept).
+/// The kernel's mask, read from its output (`forward_mask_check`); the kernel must be a dropout
+/// build. Returns (elements compared, kept).
 fn mask_check<T: Half16>(engine: &CudaAttention, batch: &Batch, label: &str) -> (usize, usize) {
-    let p = &batch.problem;
-    let s = p.shape;
-    let d = s.head_dim;
     let index = batch.index();
-    let seed = seed_of(label);
-    let small = |seed, n| -> Vec<T> {
-        random_tensor::<f32>(seed, n)
-            .iter()
-            .map(|x| T::from_f64(0.3 * *x as f64))
-            .collect()
-    };
-    let (q, k) = (
-        small(seed, p.required_len(Tensor::Q)),
-        small(seed + 1, p.required_len(Tensor::K)),
-    );
-    let mut outs = Vec::new();
-    let mut kernel = String::new();
-    for w in 0..s.seq_kv.div_ceil(d) {
-        let mut v = vec![T::from_f64(0.0); p.required_len(Tensor::V)];
-        for b in 0..s.batch {
-            let rows = index.sequence(p, b);
-            for j in (w * d..(w + 1) * d).filter(|&j| j < rows.seq_kv) {
-                for g in 0..s.num_kv_heads {
-                    v[p.v_layout.index(b, rows.kv_first + j, g, j - w * d)] = T::from_f64(1.0);
-                }
-            }
-        }
-        let (o, _, name) = run(engine, p, (&q, &k, &v), &index);
-        outs.push(o);
-        kernel = name;
-    }
+    let (compared, kept, kernel) = forward_mask_check::<T>(label, &batch.problem, &index, |q, k, v| {
+        let (o, _, name) = run(engine, &batch.problem, (q, k, v), &index);
+        (o, name)
+    });
     assert!(kernel.ends_with("_dropout"), "{label}: ran {kernel}");
-    compare_masks(
-        &format!("{label} ({kernel})"),
-        p,
-        &index,
-        0..s.num_heads,
-        |b, h, i, j| {
-            let rows = index.sequence(p, b);
-            let x = outs[j / d][p.o_layout.index(b, rows.q_first + i, h, j % d)].to_f64();
-            assert!(
-                x.is_finite() && x >= 0.0,
-                "{label} ({kernel}): O = {x} at ({b}, {h}, {i}, {j})"
-            );
-            Some(x > 0.0)
-        },
-    )
+    (compared, kept)
 }
 
 /// Both kernels' masks are the host's, bit for bit, for p = 0.5 and 0.1: batches and heads, GQA,
@@ -214,34 +165,31 @@ fn seeded_random_dropout_problems_match_the_reference() {
     let Some(engine) = engine() else { return };
     let mut rng = Rng::new(seed_of("cuda dropout problems"));
     for case in 0..10 {
-        let dtype = [DType::BF16, DType::F16][below(&mut rng, 2)];
-        let head_dim = [64, 96, 128, 256][below(&mut rng, 4)];
-        let kv_heads = 1 + below(&mut rng, 2);
-        let heads = kv_heads * (1 + below(&mut rng, 3));
-        let (seq_q, seq_kv) = (1 + below(&mut rng, 200), 1 + below(&mut rng, 300));
-        let mut p = AttentionProblem::new(
-            shape(1 + below(&mut rng, 2), seq_q, seq_kv, heads, kv_heads, head_dim),
-            dtype,
-        )
-        .with_causal(below(&mut rng, 2) == 1)
-        .with_dropout(Dropout {
-            p: [0.1, 0.3, 0.7][below(&mut rng, 3)],
-            seed: rng.next_u64(),
-            offset: rng.next_u64() >> 8,
-        });
-        if below(&mut rng, 3) == 0 {
-            p = p.with_window(Some(below(&mut rng, 64)), (!p.causal).then(|| below(&mut rng, 64)));
+        let dtype = [DType::BF16, DType::F16][rng.below(2)];
+        let head_dim = [64, 96, 128, 256][rng.below(4)];
+        let kv_heads = 1 + rng.below(2);
+        let heads = kv_heads * (1 + rng.below(3));
+        let (seq_q, seq_kv) = (1 + rng.below(200), 1 + rng.below(300));
+        let mut p = AttentionProblem::new(shape(1 + rng.below(2), seq_q, seq_kv, heads, kv_heads, head_dim), dtype)
+            .with_causal(rng.below(2) == 1)
+            .with_dropout(Dropout {
+                p: [0.1, 0.3, 0.7][rng.below(3)],
+                seed: rng.next_u64(),
+                offset: rng.next_u64() >> 8,
+            });
+        if rng.below(3) == 0 {
+            p = p.with_window(Some(rng.below(64)), (!p.causal).then(|| rng.below(64)));
         }
-        if below(&mut rng, 3) == 0 {
-            p = p.with_softcap([4.0, 300.0][below(&mut rng, 2)]);
+        if rng.below(3) == 0 {
+            p = p.with_softcap([4.0, 300.0][rng.below(2)]);
         }
-        if below(&mut rng, 3) == 0 {
+        if rng.below(3) == 0 {
             p.alibi = Some(Alibi::Geometric);
         }
-        if below(&mut rng, 2) == 0 {
+        if rng.below(2) == 0 {
             p = p.with_sinks();
         }
-        if below(&mut rng, 3) == 0 {
+        if rng.below(3) == 0 {
             let layout = BiasLayout::dense(&p, false, true);
             p = p.with_bias(ScoreBias {
                 dtype: DType::F16,

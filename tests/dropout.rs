@@ -18,7 +18,7 @@
 mod common;
 
 use common::batches::Batch;
-use common::dropout_masks::{assert_keep_rate, compare_masks};
+use common::dropout_masks::{self, assert_keep_rate, compare_masks};
 use common::{below, coop_engines, engine_with, gpu, seed_of, shape, storage, submit_and_read};
 use half::{bf16, f16};
 use wgpu::util::DeviceExt;
@@ -256,57 +256,18 @@ fn the_shaders_generator_is_the_hosts() {
 
 // ------------------------------------------------------------------ masks, bit for bit
 
-/// The forward's mask, read from its output: V's key j is the unit vector e_(j − window·head_dim)
-/// for the keys of one window of head_dim keys (zero for the others), so output column x of row i
-/// is P_ij·Z_ij/(1 − p) for key j = window·head_dim + x: positive exactly where kept (Q and K
-/// small, so no P underflows; the one-hot values are exact in every element type). One forward
-/// per window of keys.
+/// The forward's mask, read from its output (`forward_mask_check`). Returns (elements compared,
+/// kept).
 fn forward_mask_check<T: Element>(engine: &FlashAttention, batch: &Batch, label: &str) -> (usize, usize) {
     let p = &batch.problem;
-    let s = p.shape;
-    let d = s.head_dim;
     let index = batch.index();
-    let seed = seed_of(label);
-    let small = |seed, n| -> Vec<T> {
-        random_tensor::<f32>(seed, n)
-            .iter()
-            .map(|x| T::from_f64(0.3 * *x as f64))
-            .collect()
-    };
-    let (q, k) = (
-        small(seed, p.required_len(Tensor::Q)),
-        small(seed + 1, p.required_len(Tensor::K)),
-    );
-    let windows = s.seq_kv.div_ceil(d);
-    let mut outs = Vec::new();
-    for w in 0..windows {
-        let mut v = vec![T::from_f64(0.0); p.required_len(Tensor::V)];
-        for b in 0..s.batch {
-            let rows = index.sequence(p, b);
-            for j in (w * d..(w + 1) * d).filter(|&j| j < rows.seq_kv) {
-                for g in 0..s.num_kv_heads {
-                    v[p.v_layout.index(b, rows.kv_first + j, g, j - w * d)] = T::from_f64(1.0);
-                }
-            }
-        }
+    let (compared, kept, _) = dropout_masks::forward_mask_check::<T>(label, p, &index, |q, k, v| {
         let r = engine
-            .forward_indexed_blocking(p, &q, &k, &v, &index)
+            .forward_indexed_blocking(p, q, k, v, &index)
             .unwrap_or_else(|e| panic!("{label}: {e}"));
-        outs.push(r);
-    }
-    let kernel_name = outs[0].kernel.clone();
-    compare_masks(
-        &format!("{label} ({kernel_name})"),
-        p,
-        &index,
-        0..s.num_heads,
-        |b, h, i, j| {
-            let rows = index.sequence(p, b);
-            let x = outs[j / d].out[p.o_layout.index(b, rows.q_first + i, h, j % d)].to_f64();
-            assert!(x.is_finite() && x >= 0.0, "{label}: O = {x} at ({b}, {h}, {i}, {j})");
-            Some(x > 0.0)
-        },
-    )
+        (r.out, r.kernel)
+    });
+    (compared, kept)
 }
 
 /// The forward's mask is the host's, bit for bit, under every tile plan and variant the device

@@ -39,6 +39,12 @@ impl Rng {
         z ^ (z >> 31)
     }
 
+    /// A number in `0..n` (`n` > 0), the tests' way of picking from a list: the next bits modulo
+    /// `n` (the bias is far below anything a test draws enough samples to see).
+    pub fn below(&mut self, n: usize) -> usize {
+        (self.next_u64() % n as u64) as usize
+    }
+
     /// Uniform in `[0, 1)`.
     pub fn uniform(&mut self) -> f64 {
         (self.next_u64() >> 11) as f64 * (1.0 / (1u64 << 53) as f64)

@@ -111,9 +111,9 @@ pub fn engine_with(ctx: &GpuContext, choice: KernelChoice) -> FlashAttention {
     )
 }
 
-/// A number in `0..n` from the test's seeded generator.
+/// A number in `0..n` from the test's seeded generator (`Rng::below`).
 pub fn below(rng: &mut wgpu_flash_attn::testing::Rng, n: usize) -> usize {
-    (rng.next_u64() % n as u64) as usize
+    rng.below(n)
 }
 
 /// A storage buffer holding `bytes` (16 zero bytes for none: a binding cannot be empty), readable
