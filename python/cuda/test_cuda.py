@@ -337,12 +337,18 @@ def check_grad(name, ours, ref, pt):
     assert err <= 2 * err_pt, f"{name}: error {err:.3e} > 2 x PyTorch's {err_pt:.3e}"
 
 
-def run_backward(case, dtype, seed, deterministic=False):
-    name, b, sq, sk, h, hk, d, causal = case
+def grad_inputs(seed, b, sq, sk, h, hk, d, dtype):
+    """Q, K, V (leaves that require grad) and the upstream gradient dL/dO, seeded."""
     q = randn(seed, (b, sq, h, d), dtype).requires_grad_(True)
     k = randn(seed + 1, (b, sk, hk, d), dtype).requires_grad_(True)
     v = randn(seed + 2, (b, sk, hk, d), dtype).requires_grad_(True)
-    g = randn(seed + 3, (b, sq, h, d), dtype)  # the upstream gradient dL/dO
+    g = randn(seed + 3, (b, sq, h, d), dtype)
+    return q, k, v, g
+
+
+def run_backward(case, dtype, seed, deterministic=False):
+    name, b, sq, sk, h, hk, d, causal = case
+    q, k, v, g = grad_inputs(seed, b, sq, sk, h, hk, d, dtype)
     out = fa.flash_attn_func(q, k, v, causal=causal, deterministic=deterministic)
     (out * g).sum().backward()
     launch = _interface._last_cuda_launch
@@ -379,10 +385,7 @@ def test_backward_windows_and_softcap():
     for i, (name, b, sq, sk, h, hk, d, causal, opts, variant) in enumerate(cases):
         for dtype in (torch.bfloat16, torch.float16):
             seed = 900 + 10 * i
-            q = randn(seed, (b, sq, h, d), dtype).requires_grad_(True)
-            k = randn(seed + 1, (b, sk, hk, d), dtype).requires_grad_(True)
-            v = randn(seed + 2, (b, sk, hk, d), dtype).requires_grad_(True)
-            g = randn(seed + 3, (b, sq, h, d), dtype)
+            q, k, v, g = grad_inputs(seed, b, sq, sk, h, hk, d, dtype)
             (fa.flash_attn_func(q, k, v, causal=causal, **opts) * g).sum().backward()
             assert _interface._last_cuda_launch["kernel"].startswith("flash_bwd"), _interface._last_cuda_launch
             ref = math_grads(q, k, v, g, causal, torch.float64, **variant)
@@ -403,10 +406,7 @@ def test_dropout_forward_and_backward():
     for i, (name, b, sq, sk, h, hk, d, causal, drop_p) in enumerate(cases):
         for dtype in (torch.bfloat16, torch.float16):
             seed = 950 + 10 * i
-            q = randn(seed, (b, sq, h, d), dtype).requires_grad_(True)
-            k = randn(seed + 1, (b, sk, hk, d), dtype).requires_grad_(True)
-            v = randn(seed + 2, (b, sk, hk, d), dtype).requires_grad_(True)
-            g = randn(seed + 3, (b, sq, h, d), dtype)
+            q, k, v, g = grad_inputs(seed, b, sq, sk, h, hk, d, dtype)
             out = fa.flash_attn_func(q, k, v, dropout_p=drop_p, causal=causal, dropout_seed=seed)
             assert "_dropout" in _interface._last_cuda_launch["kernel"], _interface._last_cuda_launch
             applied = round(drop_p * 2**16) / 2**16
