@@ -163,6 +163,13 @@ def _device_index(x: Any, device: Any) -> Any:
 _SEED_END = 2**64
 
 
+def _checked_seed(seed: Any) -> int:
+    """``seed`` when it is an int the generator takes (``[0, 2^64)``), else ``ValueError``."""
+    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < _SEED_END:
+        raise ValueError(f"dropout_seed must be an int in [0, 2^64), got {seed!r}")
+    return seed
+
+
 def _dropout(dropout_p: float, dropout_seed: Optional[int], like: Any) -> Optional[Tuple[float, int]]:
     """FlashAttention's ``dropout_p`` as ``Problem``'s ``(p, seed)``, or ``None`` for none. The seed
     is ``dropout_seed`` when given, else drawn from the global generator of ``like``'s framework
@@ -175,9 +182,7 @@ def _dropout(dropout_p: float, dropout_seed: Optional[int], like: Any) -> Option
     if p == 0.0:
         return None
     if dropout_seed is not None:
-        if isinstance(dropout_seed, bool) or not isinstance(dropout_seed, int) or not 0 <= dropout_seed < _SEED_END:
-            raise ValueError(f"dropout_seed must be an int in [0, 2^64), got {dropout_seed!r}")
-        return (p, dropout_seed)
+        return (p, _checked_seed(dropout_seed))
     if _is_torch(like):
         torch = _torch()
         seed = int(torch.randint(0, 2**63 - 1, (1,), dtype=torch.int64).item())
@@ -197,11 +202,9 @@ def dropout_mask(
     ``[b, :, :seqlen_q_b, :seqlen_k_b]``. The library rounds ``dropout_p`` to a multiple of
     ``2^-16``; the mask is the kernels' bit for bit, so a test can build the exact reference. Up to
     ``2^32`` elements a call."""
-    np = sys.modules.get("numpy")
-    if np is None:
-        import numpy as np
-    if isinstance(dropout_seed, bool) or not isinstance(dropout_seed, int) or not 0 <= dropout_seed < _SEED_END:
-        raise ValueError(f"dropout_seed must be an int in [0, 2^64), got {dropout_seed!r}")
+    import numpy as np
+
+    _checked_seed(dropout_seed)
     sizes = (int(batch), int(nheads), int(seqlen_q), int(seqlen_k))
     if min(sizes) < 0:
         raise ValueError(f"sizes must not be negative, got {sizes}")
