@@ -73,19 +73,22 @@
 // (sm90_ptx.cuh) need.
 //
 // FP8 (FA_FP8, src/cuda/plan/fp8.rs): Q, K and V are e4m3 bytes written by cuda/fp8_quant.cu, with
-// one f32 scale per 64 query rows (a consumer warpgroup's) and per 128 keys (a K/V tile): S and
-// O += P·V run on the e4m3 wgmma (k32 steps, twice the bf16 rate), whose 8-bit operands must both
-// be K-major, so V arrives transposed (Vt8: a row of keys per head_dim column) with the keys of
-// every 32 in the order that makes P's packed accumulator registers the A fragment (fp8_slot in
-// fp8_quant.cu). Tiles are the same bytes as the 16-bit kernel's: a 128-byte swizzle panel holds
-// 128 columns (or keys). The scales enter where they cost nothing per score: Q's and K's
-// multiply the tile's exp2 factor; V's (a running reference v_ref, the largest seen, that O is
-// kept in units of) shift P's exp2 by log2(256 · v_scale / v_ref), so P is stored as e4m3 in
-// [0, 256] where its 3 mantissa bits cover small probabilities too; the row sum takes the plain
-// P back with one multiply per row and tile, and O is multiplied by v_ref / 256 at the end. Only
-// plain attention with windows, causal and GQA (no ALiBi, bias, soft-cap or P·V split) and no
-// packed batch. At twice bf16's tensor rate the one exp2 a score on the special-function unit is
-// what limits: FA_EX2_FMA moves a share of them to the FMA units, as for the soft-cap.
+// one f32 scale per 64 query rows (a consumer warpgroup's) and per 128 keys (a scale block; a K/V
+// tile of 128 or 256 keys holds TILE_SCALES = 1 or 2 of them). S and O += P·V run on the e4m3
+// wgmma (k32 steps, twice the bf16 rate), whose 8-bit operands must both be K-major, so V arrives
+// transposed (Vt8: a row of keys per head_dim column) with the keys of every 32 in the order that
+// makes P's packed accumulator registers the A fragment (fp8_slot in fp8_quant.cu). Tiles are the
+// same bytes as the 16-bit kernel's: a 128-byte swizzle panel holds 128 columns (or keys). The
+// scales enter where they cost nothing per score: Q's and K's multiply the exp2 factor of their
+// block's columns; V's (a running reference v_ref, the largest seen, that O is kept in units of)
+// shift P's exp2 by log2(256 · v_scale / v_ref), so P is stored as e4m3 in [0, 256] where its 3
+// mantissa bits cover small probabilities too; the row sum takes the plain P back with one
+// multiply per row and block, and O is multiplied by v_ref / 256 at the end. Only plain attention
+// with windows, causal and GQA (no ALiBi, bias, soft-cap or P·V split) and no packed batch. At
+// twice bf16's tensor rate the one exp2 a score on the special-function unit is what limits:
+// FA_EX2_FMA moves a share of them to the FMA units, as for the soft-cap. 256-key tiles halve the
+// per-tile bookkeeping and synchronization for the same scores; at head_dim 128 their S is 128
+// registers, which beside O's 64 leave no room for overlap's P.
 //
 // Compile-time parameters (-D, set by src/cuda/plan/wgmma.rs): FA_HEAD_DIM (the tile's width),
 // FA_VALID_DIM (the head_dim, when the tile pads it), FA_BLOCK_N,
@@ -136,6 +139,10 @@ constexpr u32 Q_REGION_BYTES = BLOCK_M * HEAD_DIM * 2;
 constexpr u32 KV_BYTES = PANELS * KV_PANEL_BYTES;
 // FP8's V tile, transposed: HEAD_DIM rows of BLOCK_N keys, in panels of 128 keys.
 constexpr int VT_PANELS = BLOCK_N / 128;
+// FP8's K and V scales are per 128 keys (FP8_KV_BLOCK): a tile of BLOCK_N keys spans TILE_SCALES
+// of them, each SCALE_SLABS n8 column slabs of S wide. 16-bit kernels have one "block" of factor 1.
+constexpr int TILE_SCALES = FP8 ? BLOCK_N / 128 : 1;
+constexpr int SCALE_SLABS = BLOCK_N / 8 / TILE_SCALES;
 constexpr u32 VT_PANEL_BYTES = HEAD_DIM * ROW_BYTES;
 constexpr u32 STAGE_BYTES = 2 * KV_BYTES;  // K then V
 constexpr int S_REGS = BLOCK_N / 2;        // 64 x BLOCK_N f32 over 128 threads
@@ -168,7 +175,7 @@ struct TmaMaps {
 };
 
 // FP8's scales (Fp8Layout in src/cuda/plan/fp8.rs): [batch, heads, q_blocks] per 64 query rows,
-// [batch, kv_heads, kv_blocks] per 128 keys for K and for V.
+// [batch, kv_heads, kv_blocks] per 128 keys for K and for V (TILE_SCALES of them a tile).
 struct Fp8Scales {
     const float* q;
     const float* k;
@@ -351,15 +358,24 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
     const ScoreUnits units = score_units(p);
     // FP8: this warpgroup's Q scale, the K and V scales of the tile in flight (loaded while its S
     // is computed, like the bias), and the V reference O is kept in units of (0 before any tile).
-    float q_scale = 1.f, k_scale = 1.f, v_scale = 1.f, v_ref = 0.f;
+    float q_scale = 1.f, v_ref = 0.f;
+    float k_scale[TILE_SCALES], v_scale[TILE_SCALES];
+#pragma unroll
+    for (int h = 0; h < TILE_SCALES; ++h) k_scale[h] = v_scale[h] = 1.f;
 #if FA_FP8
     q_scale = __ldg(fp8.q + ((i64)batch * p.num_heads + head) * fp8.q_blocks + q_tile * CONSUMERS + cw);
 #endif
     auto load_scales = [&](int j) {
 #if FA_FP8
-        const i64 at = ((i64)batch * (p.num_heads / p.group_size) + kv_head) * fp8.kv_blocks + first_tile + j;
-        k_scale = __ldg(fp8.k + at);
-        v_scale = __ldg(fp8.v + at);
+        const i64 head_at = ((i64)batch * (p.num_heads / p.group_size) + kv_head) * fp8.kv_blocks;
+#pragma unroll
+        for (int h = 0; h < TILE_SCALES; ++h) {
+            // A block past the last key (the second half of a tile that overruns seq_kv) has no
+            // scale; its keys are masked, so any finite one will do: the last block's.
+            const int block = min((first_tile + j) * TILE_SCALES + h, fp8.kv_blocks - 1);
+            k_scale[h] = __ldg(fp8.k + head_at + block);
+            v_scale[h] = __ldg(fp8.v + head_at + block);
+        }
 #endif
     };
     const float slope_x = slope_log2 / units.fold;
@@ -401,12 +417,18 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
         const int n0 = (first_tile + j) * BLOCK_N;
         // Scores in x units (score_units): nothing to do for plain attention with a positive
         // scale, whose exp2(s·scale - max) is one FFMA per score. FP8's Q and K scales join the
-        // factor.
-        const ScoreUnits u = FP8 ? scaled_units(units, q_scale * k_scale) : units;
-        const float sc = u.fold;
-        if (HAS_SOFTCAP || u.pre != 1.f) {
+        // factor, one per scale block of the tile (h: slab jn / SCALE_SLABS, register i / (4 ·
+        // SCALE_SLABS)).
+        ScoreUnits u[TILE_SCALES];
+        float sc[TILE_SCALES];
 #pragma unroll
-            for (int i = 0; i < S_REGS; ++i) s_acc[i] = score_x(u, s_acc[i]);
+        for (int h = 0; h < TILE_SCALES; ++h) {
+            u[h] = FP8 ? scaled_units(units, q_scale * k_scale[h]) : units;
+            sc[h] = u[h].fold;
+        }
+        if (HAS_SOFTCAP || units.pre != 1.f) {
+#pragma unroll
+            for (int i = 0; i < S_REGS; ++i) s_acc[i] = score_x(u[i / (4 * SCALE_SLABS)], s_acc[i]);
         }
         // The bias first: its prefetched words are free once added.
         if constexpr (HAS_BIAS) {
@@ -470,36 +492,51 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
         const bool need_mask = n0 + BLOCK_N > keys_seen<CAUSAL>(p, seq, wg_m0).y ||
                                n0 < keys_seen<CAUSAL>(p, seq, wg_m0 + WG_ROWS - 1).x;
         if (need_mask) {
-            const int2 seen[2] = {keys_seen<CAUSAL>(p, seq, row0), keys_seen<CAUSAL>(p, seq, row0 + 8)};
+            // Each row's visible keys relative to this lane's first column, so that every score
+            // compares its compile-time offset. They are worked out here, in the rare masked
+            // tiles, rather than held across the loop: beside FP8's 256-key tiles those registers
+            // would spill.
+            const int col0 = n0 + 2 * (lane % 4);
+            const int row = computed_here(row0);
+            int2 seen[2] = {keys_seen<CAUSAL>(p, seq, row), keys_seen<CAUSAL>(p, seq, row + 8)};
+#pragma unroll
+            for (int r = 0; r < 2; ++r) seen[r] = make_int2(seen[r].x - col0, seen[r].y - col0);
 #pragma unroll
             for (int i = 0; i < S_REGS; ++i) {
-                const int col = n0 + 8 * (i / 4) + 2 * (lane % 4) + (i & 1);
+                const int c = 8 * (i / 4) + (i & 1);
                 const int2 keys = seen[(i >> 1) & 1];
-                if (col < keys.x || col >= keys.y) s_acc[i] = NEG_INF;
+                if (c < keys.x || c >= keys.y) s_acc[i] = NEG_INF;
             }
         }
         // Both rows' maxima first (m_ref, base 2), then their exp2s: exp2(x·k + shift) is one FFMA
         // a score, with k = fold and shift = base - m_ref.
-        float m_ref[2], k[2], shift[2];
+        float m_ref[2], k[2][TILE_SCALES], shift[2];
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
-            float mx = NEG_INF;  // this tile's max in x units
+            // The running max stays in base-2 logits (x·fold, plus ALiBi's base). Each scale
+            // block's max goes to logits by its own fold (rounded as each of its scores would be:
+            // fold > 0, so the max of the products is the product of the max), and with ALiBi by
+            // the lane's own base (it depends on the lane's first column), before the quad's max.
+            float mx = NEG_INF;
 #pragma unroll
-            for (int jn = 0; jn < BLOCK_N / 8; ++jn) mx = fmaxf(mx, fmaxf(s_acc[4 * jn + 2 * r], s_acc[4 * jn + 2 * r + 1]));
-            // The running max stays in base-2 logits (x·fold, plus ALiBi's base). ALiBi's base
-            // depends on the lane's first column: each lane's max goes to logits with its own
-            // base before the quad's max (the 4 lanes' x are in different units until then).
-            if constexpr (HAS_ALIBI) mx = fmaf(mx, sc, base[r]);
+            for (int h = 0; h < TILE_SCALES; ++h) {
+                float mh = NEG_INF;  // this block's max in x units
+#pragma unroll
+                for (int jn = h * SCALE_SLABS; jn < (h + 1) * SCALE_SLABS; ++jn)
+                    mh = fmaxf(mh, fmaxf(s_acc[4 * jn + 2 * r], s_acc[4 * jn + 2 * r + 1]));
+                mx = fmaxf(mx, HAS_ALIBI ? fmaf(mh, sc[h], base[r]) : mh * sc[h]);
+            }
             mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
             mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-            mx = fmaxf(row_max[r], HAS_ALIBI ? mx : mx * sc);
+            mx = fmaxf(row_max[r], mx);
             // A row that has seen only masked keys keeps max -inf; subtract 0 instead so that
             // exp2(-inf - -inf) never makes a NaN. Its probabilities are all exp2(-inf) = 0.
             const float m_use = mx == NEG_INF ? 0.f : mx;
             alpha[r] = ex2(row_max[r] - m_use);
             row_max[r] = mx;
             m_ref[r] = m_use;
-            k[r] = sc;
+#pragma unroll
+            for (int h = 0; h < TILE_SCALES; ++h) k[r][h] = sc[h];
             shift[r] = HAS_ALIBI ? base[r] - m_use : -m_use;
         }
         // Rows whose max is huge (is_huge_reference; rare, one vote a tile) take their logits
@@ -514,41 +551,58 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
 #pragma unroll
                     for (int e = 0; e < 2; ++e) {
                         float& x = s_acc[4 * jn + 2 * r + e];
-                        x = __fsub_rn(HAS_ALIBI ? fmaf(x, sc, base[r]) : __fmul_rn(x, sc), m_ref[r]);
+                        const float f = sc[jn / SCALE_SLABS];
+                        x = __fsub_rn(HAS_ALIBI ? fmaf(x, f, base[r]) : __fmul_rn(x, f), m_ref[r]);
                     }
-                k[r] = 1.f;
+#pragma unroll
+                for (int h = 0; h < TILE_SCALES; ++h) k[r][h] = 1.f;
                 shift[r] = 0.f;
             }
         }
         // FP8: P leaves the exp2 times 256 · v_scale / v_ref (e4m3 values up to 256, in the
         // units of the largest V scale so far: a larger one rescales O with alpha below); the
-        // row sum takes the plain P back.
-        float v_ratio = 1.f, p_unit = 1.f;
-        if constexpr (FP8) {
-            if (v_scale > v_ref) {
-                v_ratio = v_ref / v_scale;
-                v_ref = v_scale;
-            }
-            p_unit = v_ref / (256.f * v_scale);
-            const float p_shift = -__log2f(p_unit);
+        // row sum takes the plain P back, block by block.
+        float v_ratio = 1.f, p_unit[TILE_SCALES], p_shift[TILE_SCALES];
 #pragma unroll
-            for (int r = 0; r < 2; ++r) shift[r] += p_shift;
+        for (int h = 0; h < TILE_SCALES; ++h) p_unit[h] = 1.f, p_shift[h] = 0.f;
+        if constexpr (FP8) {
+            float v_max = v_scale[0];
+#pragma unroll
+            for (int h = 1; h < TILE_SCALES; ++h) v_max = fmaxf(v_max, v_scale[h]);
+            if (v_max > v_ref) {
+                v_ratio = v_ref / v_max;
+                v_ref = v_max;
+            }
+#pragma unroll
+            for (int h = 0; h < TILE_SCALES; ++h) {
+                p_unit[h] = v_ref / (256.f * v_scale[h]);
+                p_shift[h] = -__log2f(p_unit[h]);
+            }
         }
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
-            float sum = 0.f;
-#pragma unroll
-            for (int jn = 0; jn < BLOCK_N / 8; ++jn) {
-                const bool on_fma = jn % 4 < EX2_FMA_TILES;  // compile-time: the loop is unrolled
-#pragma unroll
-                for (int e = 0; e < 2; ++e) {
-                    const float x = fmaf(s_acc[4 * jn + 2 * r + e], k[r], shift[r]);
-                    s_acc[4 * jn + 2 * r + e] = on_fma ? ex2_fma(x) : ex2(x);
-                }
-                sum += s_acc[4 * jn + 2 * r] + s_acc[4 * jn + 2 * r + 1];
-            }
-            row_sum[r] = row_sum[r] * alpha[r] + sum * p_unit;
+            row_sum[r] *= alpha[r];
             alpha[r] *= v_ratio;  // O's own factor (1 but for FP8)
+        }
+        // The probabilities, a scale block at a time.
+#pragma unroll
+        for (int h = 0; h < TILE_SCALES; ++h) {
+#pragma unroll
+            for (int r = 0; r < 2; ++r) {
+                const float shift_h = shift[r] + p_shift[h];
+                float sum = 0.f;
+#pragma unroll
+                for (int jn = h * SCALE_SLABS; jn < (h + 1) * SCALE_SLABS; ++jn) {
+                    const bool on_fma = jn % 4 < EX2_FMA_TILES;  // compile-time: the loop is unrolled
+#pragma unroll
+                    for (int e = 0; e < 2; ++e) {
+                        const float x = fmaf(s_acc[4 * jn + 2 * r + e], k[r][h], shift_h);
+                        s_acc[4 * jn + 2 * r + e] = on_fma ? ex2_fma(x) : ex2(x);
+                    }
+                    sum += s_acc[4 * jn + 2 * r] + s_acc[4 * jn + 2 * r + 1];
+                }
+                row_sum[r] = fmaf(sum, p_unit[h], row_sum[r]);
+            }
         }
         // Dropout (dropout.cuh): after the sums, which are the undropped softmax's.
         if constexpr (HAS_DROPOUT) drop_probabilities<BLOCK_N / 8>(p, s_acc, batch, head, row0, n0, lane);
@@ -668,6 +722,12 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
                 softmax(j, alpha);
                 rescale_o(alpha);
                 pack_p();
+                // S is P now; zeros (which the next Q·Kᵀ ignores) let its registers go while P·V
+                // runs: FP8's 256-key tiles (O 64 + S 128 + P 32 at head_dim 128) spill without.
+                if constexpr (FP8) {
+#pragma unroll
+                    for (int i = 0; i < S_REGS; ++i) s_acc[i] = 0.f;
+                }
                 mbar_wait(bar_v_full(s), parity);
                 turn_begin();
                 fence_regs(o);

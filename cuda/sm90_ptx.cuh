@@ -52,6 +52,12 @@ __device__ __forceinline__ void fence_regs(u32 (&r)[N]) {
 #pragma unroll
     for (int i = 0; i < N; ++i) asm volatile("" : "+r"(r[i])::"memory");
 }
+// v, as a value the compiler must take as made here: what is derived from it inside a loop or
+// branch is computed there instead of hoisted out and held in registers across the whole loop.
+__device__ __forceinline__ int computed_here(int v) {
+    asm volatile("" : "+r"(v));
+    return v;
+}
 
 // --- mbarriers ------------------------------------------------------------------------------
 __device__ __forceinline__ void mbar_init(u32 bar, u32 count) {

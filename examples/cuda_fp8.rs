@@ -3,8 +3,8 @@
 //!
 //! ```text
 //! cargo run --release --features cuda,internals --example cuda_fp8 -- \
-//!     [--bench] [--accuracy] [--sweep] [--seq 8192] [--tokens 16384] [--reps 20] \
-//!     [--magnitudes 10,100,1000]
+//!     [--bench] [--accuracy] [--sweep] [--plans 0,3,8] [--rounds 1] [--head-dims 128,256] \
+//!     [--seq 8192] [--tokens 16384] [--reps 20] [--magnitudes 10,100,1000]
 //! ```
 //!
 //! `--bench` (the default): batch × seq = `--tokens`, hidden 2048 (16 heads at head_dim 128, 8
@@ -12,7 +12,8 @@
 //! quantization timed apart) and the bf16 wgmma forward, each the median of `--reps`
 //! event-timed calls after warm-up; TFLOP/s at `4·B·H·S²·D` (halved when causal); the FP8
 //! output's relative L2 distance from the bf16 one printed beside. `--sweep` times every FP8
-//! plan instead of the default.
+//! plan instead of the default (`--plans`: those of its indices), `--rounds` times over, the
+//! plans taking turns.
 //!
 //! `--accuracy`: Q and K (then Q, K and V) from N(0, 1) with 0.1% of the entries `--magnitudes`
 //! times larger; batch 1, 4 heads, seq 1024, head_dim 128; RMSE of O against the float64 reference of
@@ -39,9 +40,15 @@ fn bench(attn: &CudaAttention, args: &[String]) -> Result<()> {
     let tokens: usize = arg(args, "--tokens", 16384);
     let reps: usize = arg(args, "--reps", 20);
     let sweep = args.iter().any(|a| a == "--sweep");
+    let rounds: usize = arg(args, "--rounds", 1);
+    let list = |name: &str, default: &str| -> Vec<usize> {
+        let text: String = arg(args, name, default.to_string());
+        text.split(',').filter_map(|x| x.trim().parse().ok()).collect()
+    };
+    let picked = list("--plans", "");
     let dev = attn.device();
     let stream = dev.stream();
-    for head_dim in [128, 256] {
+    for head_dim in list("--head-dims", "128,256") {
         let heads = 2048 / head_dim;
         let batch = (tokens / seq).max(1);
         for causal in [false, true] {
@@ -83,11 +90,16 @@ fn bench(attn: &CudaAttention, args: &[String]) -> Result<()> {
                 bytes / (msq * 1e-3) / 1e12
             );
             let plans = if sweep {
-                fp8_plans(head_dim)
+                let all = fp8_plans(head_dim);
+                if picked.is_empty() {
+                    all
+                } else {
+                    picked.iter().filter_map(|&i| all.get(i).copied()).collect()
+                }
             } else {
-                vec![wgpu_flash_attn::cuda::plan::default_fp8_plan(head_dim)]
+                vec![wgpu_flash_attn::cuda::plan::default_fp8_plan(head_dim, causal, seq)]
             };
-            for plan in plans {
+            for plan in (0..rounds).flat_map(|_| plans.iter().copied()) {
                 let mut name = String::new();
                 let ms = cuda_median_ms(dev, 3, reps, || {
                     name = attn

@@ -282,7 +282,7 @@ impl CudaAttention {
         let config = Fp8Config::new(
             problem.dtype,
             problem.shape.head_dim,
-            plan.unwrap_or_else(|| default_fp8_plan(problem.shape.head_dim)),
+            plan.unwrap_or_else(|| default_fp8_plan(problem.shape.head_dim, problem.causal, problem.shape.seq_kv)),
             problem.causal,
         )?;
         let kernel = self.fp8_kernel(&config)?;

@@ -1997,6 +1997,7 @@ fn cuda_fp8_host(b: &mut Bytes<'_>, d: &Drawn, _at: Option<(&Device, &FlashAtten
         }
     }
     let plan = Fp8Plan {
+        block_n: b.pick(&[0u32, 64, 128, 256, 512, u32::MAX]),
         stages: b.pick(&[0u32, 1, 2, 3, 4, 5, u32::MAX]),
         pingpong: b.chance(128),
         overlap: b.chance(128),

@@ -321,10 +321,13 @@ pub fn block_rows(tensor: Tensor) -> usize {
 }
 
 /// A plan of the FP8 forward: always two consumer warpgroups of 64 rows (three, at 160 registers
-/// each, spill) and 128-key tiles (one K/V scale each); the ring's depth and the scheduling
-/// switches vary.
+/// each, spill); tiles of 128 keys (one K/V scale each) or, at head_dim 128 and below, 256 (two);
+/// the ring's depth and the scheduling switches vary.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct Fp8Plan {
+    /// Keys per K/V tile: 128, or 256 where O leaves room for S's 128 registers a thread (head_dim
+    /// 128 and below, without overlap).
+    pub block_n: u32,
     /// Shared-memory stages of the K/Vt ring (2 to 4).
     pub stages: u32,
     /// The consumers take turns issuing their GEMMs.
@@ -340,6 +343,7 @@ impl Fp8Plan {
     /// A ring of `stages`, every switch off.
     pub const fn new(stages: u32) -> Self {
         Fp8Plan {
+            block_n: FP8_KV_BLOCK as u32,
             stages,
             pingpong: false,
             overlap: false,
@@ -349,7 +353,7 @@ impl Fp8Plan {
 
     /// The Hopper kernel's plan this is.
     pub fn wgmma(&self) -> WgmmaPlan {
-        let p = WgmmaPlan::new(2, 128, self.stages);
+        let p = WgmmaPlan::new(2, self.block_n, self.stages);
         WgmmaPlan {
             pingpong: self.pingpong,
             overlap: self.overlap,
@@ -374,6 +378,8 @@ pub fn fp8_plans(head_dim: usize) -> Vec<Fp8Plan> {
         overlap: true,
         ..fma(stages, n)
     };
+    // 256-key tiles hold S in 128 registers a thread: with O's 64, P cannot stay beside them.
+    let wide = |plan: Fp8Plan| Fp8Plan { block_n: 256, ..plan };
     if head_dim <= 128 {
         vec![
             p(2),
@@ -384,6 +390,11 @@ pub fn fp8_plans(head_dim: usize) -> Vec<Fp8Plan> {
             fma(3, 1),
             ov(3, 0),
             ov(4, 0),
+            wide(p(2)),
+            wide(p(3)),
+            wide(fma(2, 1)),
+            wide(fma(3, 1)),
+            wide(pp(2, 0)),
         ]
     } else {
         // Half the exp2s on the FMA units spills there.
@@ -391,20 +402,29 @@ pub fn fp8_plans(head_dim: usize) -> Vec<Fp8Plan> {
     }
 }
 
-/// The default FP8 plan: the fastest of the H200 sweep at seq 8192 (BENCHMARKS.md), causal or
-/// not: at head_dim 128, overlap with a 4-stage ring (the softmax is the larger share of a tile's
-/// time); at 256, a quarter of the exp2s on the FMA units (overlap's registers spill there, and
-/// two stages are what shared memory holds).
-pub fn default_fp8_plan(head_dim: usize) -> Fp8Plan {
-    if head_dim <= 128 {
+/// The default FP8 plan: the fastest of the sweeps (BENCHMARKS.md). At head_dim 128 and below,
+/// 256-key tiles (the softmax's per-tile bookkeeping and the consumers' synchronization halved for
+/// the same scores) with a 3-stage ring, 2 when causal; but causal with fewer than 4,096 keys,
+/// where the diagonal's half-masked 256-key tiles weigh more, 128-key tiles with the softmax
+/// overlapping the previous tile's P·V (measured 7% faster at 1,024 keys, 2% at 2,048, 7% slower
+/// at 8,192). At 256, 128-key tiles with a quarter of the exp2s on the FMA units (O's 128
+/// registers leave no room for a wider S or for overlap, and two stages are what shared memory
+/// holds).
+pub fn default_fp8_plan(head_dim: usize, causal: bool, seq_kv: usize) -> Fp8Plan {
+    if head_dim > 128 {
+        Fp8Plan {
+            ex2_fma: 1,
+            ..Fp8Plan::new(2)
+        }
+    } else if causal && seq_kv < 4096 {
         Fp8Plan {
             overlap: true,
             ..Fp8Plan::new(4)
         }
     } else {
         Fp8Plan {
-            ex2_fma: 1,
-            ..Fp8Plan::new(2)
+            block_n: 2 * FP8_KV_BLOCK as u32,
+            ..Fp8Plan::new(if causal { 2 } else { 3 })
         }
     }
 }
@@ -434,6 +454,14 @@ impl Fp8Config {
                  not {plan:?}"
             );
         }
+        let wide = plan.block_n == 2 * FP8_KV_BLOCK as u32;
+        if !(plan.block_n == FP8_KV_BLOCK as u32 || wide && head_dim <= 128 && !plan.overlap) {
+            return crate::error::invalid!(
+                "the FP8 forward's K/V tiles are 128 keys, or 256 at head_dim up to 128 without overlap \
+                 (S's registers beside O's); not {plan:?} at head_dim {head_dim}"
+            );
+        }
+
         let config = Fp8Config {
             out,
             head_dim: head_dim as u32,
@@ -459,7 +487,7 @@ impl Fp8Config {
         }
     }
 
-    /// `flash_fwd_wgmma_e4m3_bf16_d128_bm128_bn128_s2[_ov][_pp][_fma1][_causal]`.
+    /// `flash_fwd_wgmma_e4m3_bf16_d128_bm128_bn{128,256}_s2[_ov][_pp][_fma1][_causal]`.
     pub fn name(&self) -> String {
         let (p, w) = (&self.plan, self.plan.wgmma());
         format!(
@@ -886,7 +914,11 @@ mod tests {
         let c = Fp8Config::new(DType::BF16, 96, Fp8Plan::new(2), true).unwrap();
         assert_eq!(c.name(), "flash_fwd_wgmma_e4m3_bf16_d96_bm128_bn128_s2_causal");
         for d in [64, 128, 256] {
-            assert!(fp8_plans(d).contains(&default_fp8_plan(d)));
+            for causal in [false, true] {
+                for seq_kv in [1, 4095, 4096, 1 << 20] {
+                    assert!(fp8_plans(d).contains(&default_fp8_plan(d, causal, seq_kv)));
+                }
+            }
         }
         assert!(c.defines().contains(&"-DFA_VALID_DIM=96".to_string()));
         assert_eq!(c.smem_bytes(), (32 + 64 + 1) * 1024);
@@ -901,7 +933,20 @@ mod tests {
             ..Fp8Plan::new(2)
         };
         assert!(Fp8Config::new(DType::BF16, 128, fma3, false).is_err());
-        assert!(Fp8Config::new(DType::F32, 128, default_fp8_plan(128), false).is_err());
+        assert!(Fp8Config::new(DType::F32, 128, default_fp8_plan(128, false, 8192), false).is_err());
+        // 256-key tiles: at head_dim 128 and below, without overlap; every other width refused.
+        let wide = Fp8Plan {
+            block_n: 256,
+            ..Fp8Plan::new(3)
+        };
+        let c = Fp8Config::new(DType::BF16, 128, wide, false).unwrap();
+        assert!(c.name().contains("_bn256_s3") && c.defines().contains(&"-DFA_BLOCK_N=256".to_string()));
+        assert_eq!(c.smem_bytes(), (32 + 3 * 64 + 1) * 1024);
+        assert!(Fp8Config::new(DType::BF16, 256, wide, false).is_err());
+        assert!(Fp8Config::new(DType::BF16, 128, Fp8Plan { overlap: true, ..wide }, false).is_err());
+        for block_n in [0, 64, 192, 384, u32::MAX] {
+            assert!(Fp8Config::new(DType::BF16, 64, Fp8Plan { block_n, ..wide }, false).is_err());
+        }
         // Only plain attention with windows.
         assert!(validate_for_fp8(&p.with_softcap(30.0)).is_err());
         assert!(validate_for_fp8(&p.with_window(Some(100), Some(0))).is_ok());
