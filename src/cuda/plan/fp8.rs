@@ -379,7 +379,10 @@ pub fn fp8_plans(head_dim: usize) -> Vec<Fp8Plan> {
         ..fma(stages, n)
     };
     // 256-key tiles hold S in 128 registers a thread: with O's 64, P cannot stay beside them.
-    let wide = |plan: Fp8Plan| Fp8Plan { block_n: 256, ..plan };
+    let wide = |plan: Fp8Plan| Fp8Plan {
+        block_n: 2 * FP8_KV_BLOCK as u32,
+        ..plan
+    };
     if head_dim <= 128 {
         vec![
             p(2),
@@ -405,9 +408,9 @@ pub fn fp8_plans(head_dim: usize) -> Vec<Fp8Plan> {
 /// The default FP8 plan: the fastest of the sweeps (BENCHMARKS.md). At head_dim 128 and below,
 /// 256-key tiles (the softmax's per-tile bookkeeping and the consumers' synchronization halved for
 /// the same scores) with a 3-stage ring, 2 when causal; but causal with fewer than 4,096 keys,
-/// where the diagonal's half-masked 256-key tiles weigh more, 128-key tiles with the softmax
-/// overlapping the previous tile's P·V (measured 7% faster at 1,024 keys, 2% at 2,048, 7% slower
-/// at 8,192). At 256, 128-key tiles with a quarter of the exp2s on the FMA units (O's 128
+/// 128-key tiles with the softmax overlapping the previous tile's P·V (there it measured 7%
+/// faster at 1,024 keys and 2% at 2,048, against 7% slower at 8,192; likely the diagonal's
+/// half-masked wide tiles, a larger share of short rows). At 256, 128-key tiles with a quarter of the exp2s on the FMA units (O's 128
 /// registers leave no room for a wider S or for overlap, and two stages are what shared memory
 /// holds).
 pub fn default_fp8_plan(head_dim: usize, causal: bool, seq_kv: usize) -> Fp8Plan {
@@ -461,7 +464,6 @@ impl Fp8Config {
                  (S's registers beside O's); not {plan:?} at head_dim {head_dim}"
             );
         }
-
         let config = Fp8Config {
             out,
             head_dim: head_dim as u32,
