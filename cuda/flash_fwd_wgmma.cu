@@ -55,8 +55,9 @@
 // interleave on their own, and H200 sweeps (BENCHMARKS.md) favour it only at head_dim 256.
 //
 // Why these sizes. Registers per consumer thread: O is 64·head_dim/128 f32 (32 at head_dim 64,
-// 64 at 128, 128 at 256), S 64·BLOCK_N/128 (64 at BLOCK_N 128), P half of S, packed beside it:
-// with 2 consumers (240 registers) head_dim 128 takes 128-192-key tiles; at head_dim 256 O alone
+// 64 at 128, 128 at 256), S 64·BLOCK_N/128 (64 at BLOCK_N 128), P half of S packed beside it (a
+// quarter for FP8): with 2 consumers (240 registers) 16-bit head_dim 128 takes 128-192-key tiles,
+// FP8 128 or 256 (FP8 above); at head_dim 256 O alone
 // is 128, so tiles are 64 or 80 keys. With 3 consumers (160 registers) head_dim 64 with 128-key
 // tiles fits (32 + 64 + 32 plus addresses; ptxas reports no spills), and each K/V tile then
 // feeds 192 rows. A 16-bit bias tile held across the S wgmma is BLOCK_N / 4 more (32 at
@@ -167,6 +168,9 @@ static_assert(CONSUMERS == 2 || CONSUMERS == 3, "two or three consumer warpgroup
 static_assert(PRODUCER_REGS * 128 + CONSUMER_REGS * 128 * CONSUMERS <= THREADS * (65536 / THREADS / 8 * 8),
               "the registers the CTA was launched with");
 static_assert(Q_REGION_BYTES + STAGES * STAGE_BYTES + 1024 <= 227 * 1024, "shared memory");
+// FP8's 256-key tiles: S's 128 registers a thread beside O's 64 (head_dim 128), with no room for
+// overlap's P (src/cuda/plan/fp8.rs refuses the rest).
+static_assert(TILE_SCALES == 1 || (HEAD_DIM == 128 && !OVERLAP), "FP8's 256-key tiles");
 static_assert(!FP8 || (BLOCK_N % 128 == 0 && HEAD_DIM % 128 == 0 && !PV_SPLIT && !HAS_ALIBI && !HAS_BIAS && !HAS_SOFTCAP),
               "FP8: whole 128-byte panels, plain attention, no P·V split");
 
@@ -509,7 +513,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
             }
         }
         // Both rows' maxima first (m_ref, base 2), then their exp2s: exp2(x·k + shift) is one FFMA
-        // a score, with k = fold and shift = base - m_ref.
+        // a score, with k = the score's block's fold and shift = base - m_ref.
         float m_ref[2], k[2][TILE_SCALES], shift[2];
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
@@ -589,7 +593,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
         for (int h = 0; h < TILE_SCALES; ++h) {
 #pragma unroll
             for (int r = 0; r < 2; ++r) {
-                const float shift_h = shift[r] + p_shift[h];
+                const float shift_h = FP8 ? shift[r] + p_shift[h] : shift[r];
                 float sum = 0.f;
 #pragma unroll
                 for (int jn = h * SCALE_SLABS; jn < (h + 1) * SCALE_SLABS; ++jn) {
@@ -724,7 +728,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
                 pack_p();
                 // S is P now; zeros (which the next Q·Kᵀ ignores) let its registers go while P·V
                 // runs: FP8's 256-key tiles (O 64 + S 128 + P 32 at head_dim 128) spill without.
-                if constexpr (FP8) {
+                if constexpr (TILE_SCALES > 1) {
 #pragma unroll
                     for (int i = 0; i < S_REGS; ++i) s_acc[i] = 0.f;
                 }

@@ -18,8 +18,8 @@
 // block's scale. The signs come from a hash of (seed, column), the same for Q and K.
 //
 // Who owns what. A CTA (256 threads, 8 warps) owns one block of rows of one (batch, head): 64 query
-// rows (one consumer warpgroup's rows in the FP8 kernel, so each has one scale) or 128 keys (one
-// K/V tile). A warp takes every 8th row; lane l holds columns [l·E, l·E + E) of it, E = dim_pad /
+// rows (one consumer warpgroup's rows in the FP8 kernel, so each has one scale) or 128 keys (a
+// K/V tile of the kernel, or half of a 256-key one). A warp takes every 8th row; lane l holds columns [l·E, l·E + E) of it, E = dim_pad /
 // 32 (4 or 8), so that the transform's first log2(E) butterfly stages stay in the lane and the
 // other five are shuffles. Two passes over the block: its amax (reduced over the CTA), then the
 // conversion, the transform recomputed rather than held (the block's second read hits L2). V's

@@ -238,20 +238,23 @@ fn fp8_forward_matches_the_reference_on_its_inputs_and_the_originals() {
     }
 }
 
-/// Every plan (at head_dim 64, 128 and 256) on keys whose 128-key blocks differ several-fold in
-/// magnitude, so that each block's K and V scales do: a 256-key tile holds two scale blocks, and
-/// with 600 keys (quantized to 640) the last tile runs past the quantized keys. Each run against
-/// the float64 reference on its inputs, and against the same reference with two blocks' scales
-/// swapped, which must fall outside the bound: what a tile that took a neighbour's scales would
-/// give.
+/// Every plan (at head_dim 64, 128 and 256) on keys whose 128-key blocks differ in magnitude by
+/// batch, K/V head and block, so that each block's K and V scales do (V's up to 30-fold, K's
+/// 4-fold, mild enough that every block keeps a share of the probabilities, and the larger V
+/// block first in some tiles, second in others): a 256-key tile holds two scale blocks, and with
+/// 600 keys (quantized to 640) the last tile runs past the quantized keys. Each run against the
+/// float64 reference on its inputs (O and the LSE), and against the same reference with two
+/// blocks' scales swapped, which must fall outside the bound: what a tile that took a
+/// neighbour's scales would give.
 #[test]
 fn every_plan_takes_each_key_blocks_own_scales() {
     let Some(e) = hopper() else { return };
-    let magnitudes = [1.0, 6.0, 0.2, 3.0, 0.5];
+    let k_magnitudes = [1.0, 2.0, 0.5, 1.5, 0.7];
+    let v_magnitudes = [6.0, 0.2, 3.0, 0.5, 1.0];
     for head_dim in [64, 128, 256] {
         for (i, plan) in fp8_plans(head_dim).into_iter().enumerate() {
             let shape = AttentionShape {
-                batch: 1,
+                batch: 2,
                 seq_q: 200,
                 seq_kv: 600,
                 num_heads: 4,
@@ -264,29 +267,34 @@ fn every_plan_takes_each_key_blocks_own_scales() {
                 2 => p = p.with_window(Some(300), Some(40)),
                 _ => {}
             }
-            let blocky = |seed: u64, layout: wgpu_flash_attn::TensorLayout| {
+            let blocky = |seed: u64, layout: wgpu_flash_attn::TensorLayout, magnitudes: &[f64; 5]| {
                 let mut x = random_tensor::<bf16>(seed, p.required_len(Tensor::K));
-                for key in 0..shape.seq_kv {
-                    for h in 0..shape.num_kv_heads {
-                        for c in 0..head_dim {
-                            let at = layout.index(0, key, h, c);
-                            x[at] = bf16::from_f64(x[at].to_f64() * magnitudes[key / 128]);
+                for b in 0..shape.batch {
+                    for key in 0..shape.seq_kv {
+                        for h in 0..shape.num_kv_heads {
+                            let m = magnitudes[(key / 128 + h + 2 * b) % magnitudes.len()];
+                            for c in 0..head_dim {
+                                let at = layout.index(b, key, h, c);
+                                x[at] = bf16::from_f64(x[at].to_f64() * m);
+                            }
                         }
                     }
                 }
                 x
             };
             let q = random_tensor::<bf16>(3 + i as u64, p.required_len(Tensor::Q));
-            let inputs = [q, blocky(5 + i as u64, p.k_layout), blocky(7 + i as u64, p.v_layout)];
-            let r = run::<bf16>(e, &p, 0, Fp8Quantization::per_block(), Some(plan), Some(inputs));
+            let k = blocky(5 + i as u64, p.k_layout, &k_magnitudes);
+            let v = blocky(7 + i as u64, p.v_layout, &v_magnitudes);
+            let r = run::<bf16>(e, &p, 0, Fp8Quantization::per_block(), Some(plan), Some([q, k, v]));
             let out = to_f64(&r.out);
             let l = Fp8Layout::of(&p).unwrap();
             let versus = |host: &[wgpu_flash_attn::cuda::plan::fp8::QuantizedHost; 3]| {
                 let want = reference_on_quantized(&p, host);
                 let at = |b, i, h, c| want.out[((b * shape.seq_q + i) * shape.num_heads + h) * l.dim_pad + c];
-                ErrorStats::from_pairs(o_pairs(&p, &out, at))
+                let lse = ErrorStats::from_pairs(r.lse.iter().zip(&want.lse).map(|(&g, &w)| (g as f64, w)));
+                (ErrorStats::from_pairs(o_pairs(&p, &out, at)), lse)
             };
-            let own = versus(&r.host);
+            let (own, lse) = versus(&r.host);
             // Blocks 0 and 1 of every K/V head trade their scales.
             let mut swapped = r.host.clone();
             for t in &mut swapped[1..] {
@@ -294,16 +302,18 @@ fn every_plan_takes_each_key_blocks_own_scales() {
                     head.swap(0, 1);
                 }
             }
-            let wrong = versus(&swapped);
-            eprintln!(
-                "head_dim {head_dim} {plan:?} causal {} window {:?}: {own}; scales swapped: {wrong}",
-                p.causal, p.window
-            );
-            // The random test's bound, its absolute part widened by the largest magnitude (O's
+            let (wrong, _) = versus(&swapped);
+            let case = format!("head_dim {head_dim} {plan:?} causal {} window {:?}", p.causal, p.window);
+            eprintln!("{case}: {own}; LSE {lse}; scales swapped: {wrong}");
+            // The random test's bounds, O's absolute part widened by V's largest magnitude (O's
             // values, and P's e4m3 rounding of them, grow with V's).
-            let within = |x: &ErrorStats| x.within(0.06, 0.2 * 6.0);
-            assert!(within(&own), "head_dim {head_dim} {plan:?}: {own}");
-            assert!(!within(&wrong), "the bound cannot tell a neighbour's scales: {wrong}");
+            let within = |x: &ErrorStats| x.within(0.06, 0.2 * v_magnitudes.iter().cloned().fold(0.0, f64::max));
+            assert!(within(&own), "{case}: O against its inputs: {own}");
+            assert!(lse.within(1e-4, 2e-3), "{case}: LSE against its inputs: {lse}");
+            assert!(
+                !within(&wrong),
+                "{case}: the bound cannot tell a neighbour's scales: {wrong}"
+            );
         }
     }
 }

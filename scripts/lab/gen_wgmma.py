@@ -11,7 +11,7 @@ NS = [64, 80, 96, 128, 176, 192, 256]
 NS_MN = [32, 64]
 TYPES = [("bf16", "bf16"), ("f16", "f16")]
 # FP8 (e4m3) inputs, k32 steps, both operands K-major (the only form 8-bit wgmma has): S = Q·Kᵀ
-# over 128-key tiles and O += P·V over head_dim 128 or 256, V stored transposed.
+# over 128- or 256-key tiles and O += P·V over head_dim 128 or 256, V stored transposed.
 NS_E4M3 = [128, 256]
 
 

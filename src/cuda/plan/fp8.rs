@@ -10,7 +10,8 @@
 //!   only), `kv_pad` = seq_kv rounded up to 128 with zero keys, the keys of every 32 in the
 //!   order [`fp8_slot`] gives;
 //! * scales, f32: Q `[batch, heads, ⌈seq_q / 64⌉]` (64 rows: one consumer warpgroup's),
-//!   K and V `[batch, kv_heads, ⌈seq_kv / 128⌉]` (128 keys: one K/V tile). Value ≈ scale · e4m3.
+//!   K and V `[batch, kv_heads, ⌈seq_kv / 128⌉]` (128 keys: a K/V tile of the kernel holds one
+//!   or two such blocks). Value ≈ scale · e4m3.
 
 use super::define;
 use super::params::FwdParams;
@@ -24,8 +25,10 @@ use crate::problem::{AttentionProblem, DType, Element, Tensor};
 
 /// Query rows per Q scale: one consumer warpgroup's rows.
 pub const FP8_Q_BLOCK: usize = 64;
-/// Keys per K and V scale: one K/V tile of the FP8 kernel.
+/// Keys per K and V scale: one K/V tile of the FP8 kernel, or half of a wide one.
 pub const FP8_KV_BLOCK: usize = 128;
+/// Keys per K/V tile of the FP8 kernel's wide plans (head_dim 128 and below): two scale blocks.
+pub const FP8_WIDE_TILE: u32 = 2 * FP8_KV_BLOCK as u32;
 /// e4m3's largest finite value: a block's scale is its amax over this.
 pub const E4M3_MAX: f32 = 448.0;
 
@@ -380,7 +383,7 @@ pub fn fp8_plans(head_dim: usize) -> Vec<Fp8Plan> {
     };
     // 256-key tiles hold S in 128 registers a thread: with O's 64, P cannot stay beside them.
     let wide = |plan: Fp8Plan| Fp8Plan {
-        block_n: 2 * FP8_KV_BLOCK as u32,
+        block_n: FP8_WIDE_TILE,
         ..plan
     };
     if head_dim <= 128 {
@@ -426,7 +429,7 @@ pub fn default_fp8_plan(head_dim: usize, causal: bool, seq_kv: usize) -> Fp8Plan
         }
     } else {
         Fp8Plan {
-            block_n: 2 * FP8_KV_BLOCK as u32,
+            block_n: FP8_WIDE_TILE,
             ..Fp8Plan::new(if causal { 2 } else { 3 })
         }
     }
@@ -444,8 +447,8 @@ pub struct Fp8Config {
 }
 
 impl Fp8Config {
-    /// The config of `plan`, or why it does not fit (the ring's depth, the exp2 split, shared
-    /// memory).
+    /// The config of `plan`, or why it does not fit (the ring's depth, the exp2 split, the tile's
+    /// width, shared memory).
     pub fn new(out: DType, head_dim: usize, plan: Fp8Plan, causal: bool) -> Result<Self> {
         check_dtype(out)?;
         if head_dim == 0 || !head_dim.is_multiple_of(8) || head_dim > 256 {
@@ -457,7 +460,7 @@ impl Fp8Config {
                  not {plan:?}"
             );
         }
-        let wide = plan.block_n == 2 * FP8_KV_BLOCK as u32;
+        let wide = plan.block_n == FP8_WIDE_TILE;
         if !(plan.block_n == FP8_KV_BLOCK as u32 || wide && head_dim <= 128 && !plan.overlap) {
             return crate::error::invalid!(
                 "the FP8 forward's K/V tiles are 128 keys, or 256 at head_dim up to 128 without overlap \
@@ -472,8 +475,9 @@ impl Fp8Config {
         };
         if config.smem_bytes() > 227 * 1024 {
             return crate::error::invalid!(
-                "the FP8 forward at head_dim {head_dim} with {} stages needs {} bytes of shared memory",
+                "the FP8 forward at head_dim {head_dim} with {} stages of {}-key tiles needs {} bytes of shared memory",
                 plan.stages,
+                plan.block_n,
                 config.smem_bytes()
             );
         }
