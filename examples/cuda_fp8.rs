@@ -43,7 +43,12 @@ fn bench(attn: &CudaAttention, args: &[String]) -> Result<()> {
     let rounds: usize = arg(args, "--rounds", 1);
     let list = |name: &str, default: &str| -> Vec<usize> {
         let text: String = arg(args, name, default.to_string());
-        text.split(',').filter_map(|x| x.trim().parse().ok()).collect()
+        let number = |x: &str| {
+            x.trim()
+                .parse()
+                .unwrap_or_else(|_| panic!("{name}: {x:?} is not a number"))
+        };
+        text.split(',').filter(|x| !x.trim().is_empty()).map(number).collect()
     };
     let picked = list("--plans", "");
     let dev = attn.device();
@@ -94,7 +99,11 @@ fn bench(attn: &CudaAttention, args: &[String]) -> Result<()> {
                 if picked.is_empty() {
                     all
                 } else {
-                    picked.iter().filter_map(|&i| all.get(i).copied()).collect()
+                    let plan = |&i: &usize| {
+                        *all.get(i)
+                            .unwrap_or_else(|| panic!("--plans: no plan {i} of {}", all.len()))
+                    };
+                    picked.iter().map(plan).collect()
                 }
             } else {
                 vec![wgpu_flash_attn::cuda::plan::default_fp8_plan(head_dim, causal, seq)]
