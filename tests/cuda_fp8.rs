@@ -267,8 +267,9 @@ fn every_plan_takes_each_key_blocks_own_scales() {
                 2 => p = p.with_window(Some(300), Some(40)),
                 _ => {}
             }
-            let blocky = |seed: u64, layout: wgpu_flash_attn::TensorLayout, magnitudes: &[f64; 5]| {
-                let mut x = random_tensor::<bf16>(seed, p.required_len(Tensor::K));
+            let blocky = |seed: u64, tensor: Tensor, magnitudes: &[f64; 5]| {
+                let layout = p.layout(tensor);
+                let mut x = random_tensor::<bf16>(seed, p.required_len(tensor));
                 for b in 0..shape.batch {
                     for key in 0..shape.seq_kv {
                         for h in 0..shape.num_kv_heads {
@@ -283,8 +284,8 @@ fn every_plan_takes_each_key_blocks_own_scales() {
                 x
             };
             let q = random_tensor::<bf16>(3 + i as u64, p.required_len(Tensor::Q));
-            let k = blocky(5 + i as u64, p.k_layout, &k_magnitudes);
-            let v = blocky(7 + i as u64, p.v_layout, &v_magnitudes);
+            let k = blocky(5 + i as u64, Tensor::K, &k_magnitudes);
+            let v = blocky(7 + i as u64, Tensor::V, &v_magnitudes);
             let r = run::<bf16>(e, &p, 0, Fp8Quantization::per_block(), Some(plan), Some([q, k, v]));
             let out = to_f64(&r.out);
             let l = Fp8Layout::of(&p).unwrap();

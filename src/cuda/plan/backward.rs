@@ -578,8 +578,9 @@ pub fn backward_vec_bytes(problem: &BackwardProblem, a: &BackwardAddresses) -> R
 /// Every backward config the tables can produce without a soft-cap, and with one in each form
 /// (tanh at bf16, the series at f16; 16-byte loads, atomic dQ: the switches meet no other code
 /// path), with dropout alone and with dropout and the cap together (non-causal at f16, causal
-/// at bf16, and deterministic: the mask meets only the probabilities), and for one head_dim each tile pads (40, 96: every plan, causal or not, 16-byte loads,
-/// atomic dQ, for the padding meets only the loads and stores): what the NVRTC compile test builds.
+/// at bf16, and deterministic: the mask meets only the probabilities), and for one head_dim each
+/// tile pads (40, 96: every plan, causal or not, 16-byte loads, atomic dQ, for the padding meets
+/// only the loads and stores): what the NVRTC compile test builds.
 pub fn all_backward_configs() -> Vec<CudaBackwardConfig> {
     let mut out = Vec::new();
     for dtype in [DType::BF16, DType::F16] {
