@@ -29,9 +29,9 @@ use wgpu_flash_attn::plan::PhiloxMultiply;
 use wgpu_flash_attn::plan::{backward_plans, select_backward, select_forward, BoundsChecks, PLANS};
 use wgpu_flash_attn::problem::backward::GradTensor;
 use wgpu_flash_attn::problem::dropout::philox4x32_10;
-use wgpu_flash_attn::testing::backward_harness::{grad_tolerance, BackwardWorkload};
+use wgpu_flash_attn::testing::backward_harness::{assert_grads_close, grad_tolerance, BackwardWorkload};
 use wgpu_flash_attn::testing::harness::{nan_bytes, tolerance};
-use wgpu_flash_attn::testing::{random_tensor, ErrorStats, Rng};
+use wgpu_flash_attn::testing::{random_qkv, random_tensor, ErrorStats, Rng};
 use wgpu_flash_attn::wgsl::{DROPOUT, MUL_WIDE_HALVES, MUL_WIDE_U64};
 use wgpu_flash_attn::{
     reference, AttentionProblem, BackwardInputs, BackwardProblem, DType, Element, Error, FlashAttention,
@@ -628,11 +628,7 @@ fn forward_case<T: Element>(
     on_device: bool,
 ) {
     let seed = seed_of(label);
-    let (q, k, v): (Vec<T>, Vec<T>, Vec<T>) = (
-        random_tensor(seed, p.required_len(Tensor::Q)),
-        random_tensor(seed + 1, p.required_len(Tensor::K)),
-        random_tensor(seed + 2, p.required_len(Tensor::V)),
-    );
+    let (q, k, v): (Vec<T>, Vec<T>, Vec<T>) = random_qkv(p, seed);
     let index = sides.index(p);
     let (out, lse, kernel) = if on_device {
         let buf = |name, bytes: &[u8]| storage(ctx, name, bytes);
@@ -730,11 +726,7 @@ fn cooperative_dropout_matches_the_reference() {
 /// dQ, dK, dV (and the sinks' gradient) through dropout, on host slices, against the reference.
 fn backward_case<T: Element>(engine: &FlashAttention, p: &AttentionProblem, sides: &Sides, label: &str) {
     let seed = seed_of(label);
-    let (q, k, v): (Vec<T>, Vec<T>, Vec<T>) = (
-        random_tensor(seed, p.required_len(Tensor::Q)),
-        random_tensor(seed + 1, p.required_len(Tensor::K)),
-        random_tensor(seed + 2, p.required_len(Tensor::V)),
-    );
+    let (q, k, v): (Vec<T>, Vec<T>, Vec<T>) = random_qkv(p, seed);
     let index = sides.index(p);
     let fwd = engine
         .forward_indexed_blocking(p, &q, &k, &v, &index)
@@ -760,25 +752,16 @@ fn backward_case<T: Element>(engine: &FlashAttention, p: &AttentionProblem, side
         config.name()
     );
     let kernels = config.name();
-    let t = grad_tolerance(p.dtype);
-    let scale = [&want.dq, &want.dk, &want.dv]
-        .iter()
-        .flat_map(|g| g.iter())
-        .fold(0.0f64, |m, x| m.max(x.abs()));
-    for (name, got, want) in [
-        ("dq", &got.dq, &want.dq),
-        ("dk", &got.dk, &want.dk),
-        ("dv", &got.dv, &want.dv),
-    ] {
-        let stats = ErrorStats::from_pairs(got.iter().zip(want).map(|(g, w)| (g.to_f64(), *w)));
-        assert!(
-            stats.non_finite == 0 && (stats.rel_l2 <= t.rel_l2 || stats.max_abs <= t.max_abs_of_max * scale),
-            "{label} ({kernels}): {name} {stats}"
-        );
-    }
+    assert_grads_close(
+        p.dtype,
+        &format!("{label} ({kernels})"),
+        [&got.dq, &got.dk, &got.dv],
+        [&want.dq, &want.dk, &want.dv],
+    );
     if p.sinks {
         let stats = ErrorStats::from_pairs(got.d_sinks.iter().zip(&want.d_sinks).map(|(g, w)| (*g as f64, *w)));
-        assert!(stats.rel_l2 <= t.rel_l2.max(1e-3), "{label}: d_sinks {stats}");
+        let rel_l2 = grad_tolerance(p.dtype).rel_l2.max(1e-3);
+        assert!(stats.rel_l2 <= rel_l2, "{label}: d_sinks {stats}");
     }
 }
 

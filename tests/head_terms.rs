@@ -14,7 +14,7 @@ use wgpu_flash_attn::batch::BatchIndex;
 use wgpu_flash_attn::gpu::readback::read_back;
 use wgpu_flash_attn::problem::backward::GradTensor;
 use wgpu_flash_attn::problem::Alibi;
-use wgpu_flash_attn::testing::backward_harness::grad_tolerance;
+use wgpu_flash_attn::testing::backward_harness::{assert_grads_close, grad_tolerance};
 use wgpu_flash_attn::testing::harness::{nan_bytes, tolerance};
 use wgpu_flash_attn::testing::{random_tensor, ErrorStats, Rng};
 use wgpu_flash_attn::{
@@ -246,29 +246,18 @@ fn backward_case<T: Element>(ctx: &GpuContext, engine: &FlashAttention, p: &Atte
     ))
     .unwrap();
     let want = reference::attention_backward_indexed(&bp, &inputs.q, &inputs.k, &inputs.v, &d_o, &index).unwrap();
-    let t = grad_tolerance(p.dtype);
-    let scale = [&want.dq, &want.dk, &want.dv]
-        .iter()
-        .flat_map(|g| g.iter())
-        .fold(0.0f64, |m, x| m.max(x.abs()));
-    for (name, got, want) in [
-        ("dq", &bytes[0], &want.dq),
-        ("dk", &bytes[1], &want.dk),
-        ("dv", &bytes[2], &want.dv),
-    ] {
-        let got: Vec<T> = bytemuck::pod_collect_to_vec(got);
-        let stats = ErrorStats::from_pairs(got.iter().zip(want).map(|(g, w)| (g.to_f64(), *w)));
-        assert!(
-            stats.non_finite == 0 && (stats.rel_l2 <= t.rel_l2 || stats.max_abs <= t.max_abs_of_max * scale),
-            "{label} ({}): {name} {stats}",
-            config.name()
-        );
-    }
+    let got: [Vec<T>; 3] = std::array::from_fn(|i| bytemuck::pod_collect_to_vec(&bytes[i]));
+    assert_grads_close(
+        p.dtype,
+        &format!("{label} ({})", config.name()),
+        [&got[0], &got[1], &got[2]],
+        [&want.dq, &want.dk, &want.dv],
+    );
     if p.sinks {
         let got: Vec<f32> = bytemuck::pod_collect_to_vec(&bytes[3]);
         let d_scale = want.d_sinks.iter().fold(0.0f64, |m, x| m.max(x.abs()));
         for (h, (g, w)) in got.iter().zip(&want.d_sinks).enumerate() {
-            let bound = if p.dtype == DType::F32 { 1e-4 } else { 2e-2 } * (1.0 + d_scale);
+            let bound = grad_tolerance(p.dtype).max_abs_of_max * (1.0 + d_scale);
             assert!((*g as f64 - w).abs() <= bound, "{label}: d_sinks[{h}] = {g}, want {w}");
         }
     }

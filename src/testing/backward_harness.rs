@@ -619,6 +619,28 @@ pub fn grad_tolerance(dtype: DType) -> GradTolerance {
     }
 }
 
+impl GradTolerance {
+    /// The tests' one-tensor rule: every element finite, and the tensor within the relative L2
+    /// bound or within `max_abs_of_max · scale` everywhere (`scale`: the largest reference
+    /// magnitude the tensor is judged against; a gradient near 0 everywhere has no meaningful
+    /// relative error).
+    pub fn admits(&self, stats: &ErrorStats, scale: f64) -> bool {
+        stats.non_finite == 0 && (stats.rel_l2 <= self.rel_l2 || stats.max_abs <= self.max_abs_of_max * scale)
+    }
+}
+
+/// Asserts dQ, dK and dV (`got`, in order) within [`grad_tolerance`]`(dtype)` of the float64
+/// `want`, each by [`GradTolerance::admits`] against the largest reference magnitude of the three.
+/// `label` names the case in the failure message.
+pub fn assert_grads_close<T: Element>(dtype: DType, label: &str, got: [&[T]; 3], want: [&[f64]; 3]) {
+    let t = grad_tolerance(dtype);
+    let scale = want.iter().flat_map(|g| g.iter()).fold(0.0f64, |m, x| m.max(x.abs()));
+    for ((name, got), want) in ["dq", "dk", "dv"].into_iter().zip(got).zip(want) {
+        let stats = ErrorStats::from_pairs(got.iter().zip(want).map(|(g, w)| (g.to_f64(), *w)));
+        assert!(t.admits(&stats, scale), "{label}: {name} {stats}");
+    }
+}
+
 impl GradCheck {
     /// Whether all three gradients (and d(bias), judged against its own largest value) are within
     /// the bounds for `dtype` (see [`grad_tolerance`]).

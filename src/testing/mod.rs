@@ -2,7 +2,7 @@
 //! statistics against a float64 reference. Public so that users can check their own setup the
 //! same way.
 
-use crate::problem::Element;
+use crate::problem::{AttentionProblem, Element, Tensor};
 
 #[cfg(all(any(test, feature = "internals"), not(target_arch = "wasm32")))]
 pub mod backward_harness;
@@ -117,6 +117,16 @@ pub fn random_tensor<T: Element>(seed: u64, len: usize) -> Vec<T> {
         });
     }
     out
+}
+
+/// Seeded Q, K and V for `problem`, each [`random_tensor`] of its required length (seeds `seed`,
+/// `seed + 1`, `seed + 2`).
+pub fn random_qkv<T: Element>(problem: &AttentionProblem, seed: u64) -> (Vec<T>, Vec<T>, Vec<T>) {
+    (
+        random_tensor(seed, problem.required_len(Tensor::Q)),
+        random_tensor(seed.wrapping_add(1), problem.required_len(Tensor::K)),
+        random_tensor(seed.wrapping_add(2), problem.required_len(Tensor::V)),
+    )
 }
 
 /// [`random_tensor`]'s normal values with a fraction `rate` of them `magnitude` times larger:
