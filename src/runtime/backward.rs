@@ -164,6 +164,19 @@ impl<'a> BackwardBuffers<'a> {
         written.extend(self.d_bias.as_ref().map(|d| ("d_bias", d)));
         written
     }
+
+    /// The tensors every kernel of the call may read, by name, that a written one must not share
+    /// a buffer with (`delta`, written by the first kernel and read by the others, apart).
+    fn read(&self) -> Vec<(&'static str, Option<&TensorBuffer<'a>>)> {
+        vec![
+            ("q", Some(&self.q)),
+            ("k", Some(&self.k)),
+            ("v", Some(&self.v)),
+            ("o", Some(&self.o)),
+            ("lse", Some(&self.lse)),
+            ("d_o", Some(&self.d_o)),
+        ]
+    }
 }
 
 /// The host-slice inputs of [`FlashAttention::backward`]; each slice must hold at least the
@@ -761,19 +774,9 @@ impl FlashAttention {
             return Ok(None);
         };
         check_d_sinks_wanted(f)?;
-        check_written_apart_from_read(
-            &[("d_sinks", Some(d_sinks))],
-            &[
-                ("q", Some(&buffers.q)),
-                ("k", Some(&buffers.k)),
-                ("v", Some(&buffers.v)),
-                ("o", Some(&buffers.o)),
-                ("lse", Some(&buffers.lse)),
-                ("d_o", Some(&buffers.d_o)),
-                ("delta", buffers.delta.as_ref()),
-                ("sinks", buffers.sinks.as_ref()),
-            ],
-        )?;
+        let mut read = buffers.read();
+        read.extend([("delta", buffers.delta.as_ref()), ("sinks", buffers.sinks.as_ref())]);
+        check_written_apart_from_read(&[("d_sinks", Some(d_sinks))], &read)?;
         let bound = bind_f32("d_sinks", d_sinks, f.shape.num_heads, &self.context().caps)?;
         let sequences = crate::plan::SequenceIndex::of(f);
         let pipeline = self.pipelines().get(&KernelConfig::SinkGrad { sequences })?;
@@ -796,18 +799,9 @@ impl FlashAttention {
             return Ok(None);
         };
         // The index tensors (the bias among them) are checked against it in `bind_index`.
-        check_written_apart_from_read(
-            &[("d_bias", Some(d_bias))],
-            &[
-                ("q", Some(&buffers.q)),
-                ("k", Some(&buffers.k)),
-                ("v", Some(&buffers.v)),
-                ("o", Some(&buffers.o)),
-                ("lse", Some(&buffers.lse)),
-                ("d_o", Some(&buffers.d_o)),
-                ("delta", buffers.delta.as_ref()),
-            ],
-        )?;
+        let mut read = buffers.read();
+        read.push(("delta", buffers.delta.as_ref()));
+        check_written_apart_from_read(&[("d_bias", Some(d_bias))], &read)?;
         let d = bind_f32("d_bias", d_bias, problem.d_bias_len(), &self.context().caps)?;
         for (name, other) in [
             ("dq", Some(&bound.dq)),
@@ -915,14 +909,7 @@ impl FlashAttention {
                 ("dk", Some(&buffers.dk)),
                 ("dv", Some(&buffers.dv)),
             ],
-            &[
-                ("q", Some(&buffers.q)),
-                ("k", Some(&buffers.k)),
-                ("v", Some(&buffers.v)),
-                ("o", Some(&buffers.o)),
-                ("lse", Some(&buffers.lse)),
-                ("d_o", Some(&buffers.d_o)),
-            ],
+            &buffers.read(),
         )?;
         let input = |t: Tensor, tb: &TensorBuffer<'a>| bind(t.name(), tb, f.layout(t), f.required_len(t), es, caps);
         let grad = |t: GradTensor, tb: &TensorBuffer<'a>| {

@@ -501,6 +501,17 @@ mod tests {
         )
     }
 
+    /// A fit check for [`plan`]: the parts `fits` holds are admitted, the others too large.
+    fn fitting(fits: impl Fn(&Part) -> bool + Copy) -> impl Fn(&Part) -> Result<()> + Copy {
+        move |p| {
+            if fits(p) {
+                Ok(())
+            } else {
+                Err(Error::TooLarge(format!("{p:?}")))
+            }
+        }
+    }
+
     /// Every (batch, head, row) of the whole is in exactly one part, and each part is a valid
     /// problem whose K/V heads are the ones its query heads read.
     fn check_cover(whole: &AttentionProblem, parts: &[Part]) {
@@ -535,47 +546,19 @@ mod tests {
     fn batches_then_heads_then_rows() {
         let whole = problem(5, 30, 8, 2);
         // Up to two batch entries per part.
-        let parts = plan(&whole, Pass::Forward, "", |p| {
-            if p.nb <= 2 {
-                Ok(())
-            } else {
-                Err(Error::TooLarge("nb".into()))
-            }
-        })
-        .unwrap();
+        let parts = plan(&whole, Pass::Forward, "", fitting(|p| p.nb <= 2)).unwrap();
         assert_eq!(parts.len(), 3);
         check_cover(&whole, &parts);
         // Up to six heads: whole groups of four.
-        let parts = plan(&whole, Pass::Forward, "", |p| {
-            if p.nb == 1 && p.nh <= 6 {
-                Ok(())
-            } else {
-                Err(Error::TooLarge("nh".into()))
-            }
-        })
-        .unwrap();
+        let parts = plan(&whole, Pass::Forward, "", fitting(|p| p.nb == 1 && p.nh <= 6)).unwrap();
         assert!(parts.iter().all(|p| p.nh == 4 && p.nq == 30), "{parts:?}");
         check_cover(&whole, &parts);
         // Up to three heads: inside a group, 3 + 1.
-        let parts = plan(&whole, Pass::Forward, "", |p| {
-            if p.nb == 1 && p.nh <= 3 {
-                Ok(())
-            } else {
-                Err(Error::TooLarge("nh".into()))
-            }
-        })
-        .unwrap();
+        let parts = plan(&whole, Pass::Forward, "", fitting(|p| p.nb == 1 && p.nh <= 3)).unwrap();
         assert_eq!(parts.iter().map(|p| p.nh).take(2).collect::<Vec<_>>(), [3, 1]);
         check_cover(&whole, &parts);
         // At most 16 (head, row) pairs: not one head's 30 rows, so all 8 heads of 2 rows.
-        let parts = plan(&whole, Pass::Forward, "", |p| {
-            if p.nb * p.nh * p.nq <= 16 {
-                Ok(())
-            } else {
-                Err(Error::TooLarge("rows".into()))
-            }
-        })
-        .unwrap();
+        let parts = plan(&whole, Pass::Forward, "", fitting(|p| p.nb * p.nh * p.nq <= 16)).unwrap();
         assert!(parts.iter().all(|p| (p.nh, p.nq) == (8, 2)), "{parts:?}");
         check_cover(&whole, &parts);
     }
@@ -589,50 +572,22 @@ mod tests {
             seed: 1,
             offset: 0,
         });
-        let parts = plan(&whole, Pass::Forward, "", |p| {
-            if p.nq <= 25 {
-                Ok(())
-            } else {
-                Err(Error::TooLarge("rows".into()))
-            }
-        })
-        .unwrap();
+        let parts = plan(&whole, Pass::Forward, "", fitting(|p| p.nq <= 25)).unwrap();
         assert_eq!(parts.iter().map(|p| p.nq).collect::<Vec<_>>(), [24, 24, 13]);
         assert!(parts.iter().all(|p| p.q0 % 2 == 0), "{parts:?}");
         check_cover(&whole, &parts);
         // Without dropout the same limit gives parts of 25.
         let plain = problem(1, 61, 1, 1);
-        let parts = plan(&plain, Pass::Forward, "", |p| {
-            if p.nq <= 25 {
-                Ok(())
-            } else {
-                Err(Error::TooLarge("rows".into()))
-            }
-        })
-        .unwrap();
+        let parts = plan(&plain, Pass::Forward, "", fitting(|p| p.nq <= 25)).unwrap();
         assert_eq!(parts[0].nq, 25);
-        let e = plan(&whole, Pass::Forward, "too large", |p| {
-            if p.nq <= 1 {
-                Ok(())
-            } else {
-                Err(Error::TooLarge("rows".into()))
-            }
-        })
-        .unwrap_err();
+        let e = plan(&whole, Pass::Forward, "too large", fitting(|p| p.nq <= 1)).unwrap_err();
         assert!(e.to_string().contains("two query rows"), "{e}");
     }
 
     #[test]
     fn the_backward_keeps_rows_and_groups_whole() {
         let whole = problem(2, 30, 8, 2);
-        let parts = plan(&whole, Pass::Backward, "", |p| {
-            if p.nb == 1 && p.nh <= 6 {
-                Ok(())
-            } else {
-                Err(Error::TooLarge("nh".into()))
-            }
-        })
-        .unwrap();
+        let parts = plan(&whole, Pass::Backward, "", fitting(|p| p.nb == 1 && p.nh <= 6)).unwrap();
         assert!(parts.iter().all(|p| p.nh == 4 && p.nq == 30));
         check_cover(&whole, &parts);
         // Fewer than a group, or fewer than all rows, is refused by name.
@@ -673,14 +628,7 @@ mod tests {
         assert!(e.to_string().contains("block summary"), "{e}");
         // A split into too many dispatches.
         let many = problem(1 << 20, 1, 1, 1);
-        let e = plan(&many, Pass::Forward, "x", |p| {
-            if p.nb == 1 {
-                Ok(())
-            } else {
-                Err(Error::TooLarge("nb".into()))
-            }
-        })
-        .unwrap_err();
+        let e = plan(&many, Pass::Forward, "x", fitting(|p| p.nb == 1)).unwrap_err();
         assert!(e.to_string().contains("dispatches"), "{e}");
     }
 
@@ -688,13 +636,7 @@ mod tests {
     fn per_head_terms_keep_every_head_together() {
         let whole = problem(2, 30, 8, 2);
         // At most 120 (head, row) pairs of one batch entry.
-        let fits = |p: &Part| {
-            if p.nb == 1 && p.nh * p.nq <= 120 {
-                Ok(())
-            } else {
-                Err(Error::TooLarge("pairs".into()))
-            }
-        };
+        let fits = fitting(|p| p.nb == 1 && p.nh * p.nq <= 120);
         // Without per-head terms: one group of four heads, all 30 rows.
         let parts = plan(&whole, Pass::Forward, "", fits).unwrap();
         assert!(parts.iter().all(|p| (p.nh, p.nq) == (4, 30)), "{parts:?}");
@@ -721,14 +663,12 @@ mod tests {
     fn parts_that_fit_only_at_the_start_are_shrunk() {
         let whole = problem(1, 64, 1, 1).with_layout(Layout::Bhsd);
         // 10 rows fit at row 0 but only 8 elsewhere (as an aligned-down binding start can add).
-        let parts = plan(&whole, Pass::Forward, "", |p| {
-            let limit = if p.q0 == 0 { 10 } else { 8 };
-            if p.nq <= limit {
-                Ok(())
-            } else {
-                Err(Error::TooLarge("rows".into()))
-            }
-        })
+        let parts = plan(
+            &whole,
+            Pass::Forward,
+            "",
+            fitting(|p| p.nq <= if p.q0 == 0 { 10 } else { 8 }),
+        )
         .unwrap();
         assert!(parts.iter().all(|p| p.nq <= 8), "{parts:?}");
         check_cover(&whole, &parts);
