@@ -211,6 +211,11 @@ pub(crate) fn check_bias_values(values: Option<BiasValues<'_>>, problem: &Attent
     }
     let s = problem.shape;
     let l = bias.layout;
+    // A tensor without elements has none to check; the loops below would still walk every batch
+    // entry of, say, 2⁴⁰ with no heads (the problem's own validation refuses such a shape).
+    if [s.batch, s.num_heads, s.seq_q, s.seq_kv].contains(&0) {
+        return Ok(());
+    }
     for b in 0..s.batch {
         for h in 0..s.num_heads {
             for i in 0..s.seq_q {
@@ -259,6 +264,7 @@ pub(crate) fn bias_at(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::problem::AttentionShape;
 
     #[test]
     fn dense_layouts_and_lengths() {
@@ -321,5 +327,33 @@ mod tests {
         let mut v = values.clone();
         v[17] = f32::NEG_INFINITY;
         assert!(check_bias_values(Some(BiasValues::F32(&v)), &p).is_ok());
+    }
+
+    /// A shape without elements is checked at once, whatever its other dimensions: the loops
+    /// once walked all 2⁴⁰ batch entries of a problem without heads (the campaign's seed 28853
+    /// hung there), which in a debug build does not end.
+    #[test]
+    fn a_bias_without_elements_is_checked_at_once() {
+        let p = AttentionProblem::new(
+            AttentionShape {
+                batch: 1 << 40,
+                seq_q: 22,
+                seq_kv: 8,
+                num_heads: 0,
+                num_kv_heads: 0,
+                head_dim: 8,
+            },
+            DType::F32,
+        );
+        let p = p.with_bias(ScoreBias {
+            dtype: DType::F32,
+            layout: BiasLayout {
+                offset: 0,
+                batch_stride: 176,
+                head_stride: 0,
+                row_stride: 8,
+            },
+        });
+        assert!(check_bias_values(Some(BiasValues::F32(&[])), &p).is_ok());
     }
 }
