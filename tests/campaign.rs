@@ -92,6 +92,11 @@ fn campaign(default_calls: u64, narrow: bool) {
             );
         }
         assert!(checked * 10 >= c.calls(), "only {checked} results checked");
+        assert!(
+            c.terms_checked * 200 >= c.calls(),
+            "only {} results with a variant's terms checked",
+            c.terms_checked
+        );
     }
 }
 

@@ -3,7 +3,9 @@
 //! time), merges, K/V appends, ring attention with logical ranks (forward and backward), the pure
 //! selection and validation functions, and the CUDA path's host-side planning. The bytes choose bad shapes, zero and huge dimensions, odd strides and
 //! offsets, wrong buffer sizes and usages, aliased buffers, bad index tensors, extreme scales,
-//! window and soft-cap edges and forced plans of absurd sizes, mixed with valid calls.
+//! window and soft-cap edges, the variants' terms (ALiBi, sinks, a score bias, a mask and its block
+//! summary, dropout: bad values, types, lengths and layouts among them) and forced plans of absurd
+//! sizes, mixed with valid calls.
 //!
 //! [`Campaign::call`] makes one call under `catch_unwind` and judges it: a panic, an error wgpu
 //! reported that the library's checks missed, or (when results are checked) a successful call
@@ -16,14 +18,16 @@
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::{Arc, Mutex};
 
-use wgpu_flash_attn::batch::{AppendBuffers, BatchIndex, PagedKv, Varlen};
+use wgpu_flash_attn::batch::{
+    AppendBuffers, AttentionMask, BatchIndex, BiasLayout, BiasValues, Dropout, MaskBlocks, PagedKv, ScoreBias, Varlen,
+};
 use wgpu_flash_attn::gpu::readback::read_back;
 use wgpu_flash_attn::kernel::{BoundsChecks, CoopChoice, DecodeChoice, TilePlan, TiledChoice, Variant};
 use wgpu_flash_attn::plan::{BackwardChoice, BackwardPass, PLANS};
 use wgpu_flash_attn::ring::{Ring, ShardLayout};
 use wgpu_flash_attn::testing::backward_harness::grad_tolerance;
 use wgpu_flash_attn::testing::harness::{nan_bytes, tolerance};
-use wgpu_flash_attn::testing::{random_tensor, ErrorStats};
+use wgpu_flash_attn::testing::{random_tensor, ErrorStats, Rng};
 use wgpu_flash_attn::{
     reference, AttentionProblem, AttentionShape, BackwardBuffers, BackwardInputs, BackwardOutput, BackwardProblem,
     DType, Element, Error, FlashAttention, ForwardBuffers, GpuContext, GradTensor, KernelChoice, Layout, MergeBuffers,
@@ -163,7 +167,7 @@ fn stride(b: &mut Bytes<'_>, usual: usize) -> usize {
     }
 }
 
-/// The problem of a call, with its index tensors where it has any.
+/// The problem of a call, with its index and side tensors where it has any.
 #[derive(Clone, Debug)]
 pub struct Drawn {
     pub problem: AttentionProblem,
@@ -171,17 +175,63 @@ pub struct Drawn {
     pub cu_seqlens_k: Option<Vec<u32>>,
     pub page_table: Option<Vec<u32>>,
     pub kv_lens: Option<Vec<u32>>,
+    pub alibi_slopes: Option<Vec<f32>>,
+    pub sinks: Option<Vec<f32>>,
+    pub bias: Option<BiasData>,
+    pub mask: Option<Vec<u8>>,
+}
+
+/// A score bias's host values, in the type the call gives them (not always the problem's).
+#[derive(Clone, Debug)]
+pub enum BiasData {
+    F32(Vec<f32>),
+    F16(Vec<half::f16>),
+    BF16(Vec<half::bf16>),
+}
+
+impl BiasData {
+    pub fn values(&self) -> BiasValues<'_> {
+        match self {
+            BiasData::F32(v) => BiasValues::F32(v),
+            BiasData::F16(v) => BiasValues::F16(v),
+            BiasData::BF16(v) => BiasValues::BF16(v),
+        }
+    }
 }
 
 impl Drawn {
+    /// `problem` without index or side tensors.
+    pub fn of(problem: AttentionProblem) -> Self {
+        Drawn {
+            problem,
+            cu_seqlens_q: None,
+            cu_seqlens_k: None,
+            page_table: None,
+            kv_lens: None,
+            alibi_slopes: None,
+            sinks: None,
+            bias: None,
+            mask: None,
+        }
+    }
+
     pub fn index(&self) -> BatchIndex<'_> {
         BatchIndex {
             cu_seqlens_q: self.cu_seqlens_q.as_deref(),
             cu_seqlens_k: self.cu_seqlens_k.as_deref(),
             page_table: self.page_table.as_deref(),
             kv_lens: self.kv_lens.as_deref(),
-            ..BatchIndex::default()
+            alibi_slopes: self.alibi_slopes.as_deref(),
+            sinks: self.sinks.as_deref(),
+            bias: self.bias.as_ref().map(BiasData::values),
+            mask: self.mask.as_deref(),
         }
+    }
+
+    /// Whether the problem has a variant's term: ALiBi, sinks, a bias, a mask or dropout.
+    pub fn has_terms(&self) -> bool {
+        let p = &self.problem;
+        p.alibi.is_some() || p.sinks || p.bias.is_some() || p.mask.is_some() || p.dropout.is_some()
     }
 
     pub fn has_index(&self) -> bool {
@@ -189,6 +239,10 @@ impl Drawn {
             || self.cu_seqlens_k.is_some()
             || self.page_table.is_some()
             || self.kv_lens.is_some()
+            || self.alibi_slopes.is_some()
+            || self.sinks.is_some()
+            || self.bias.is_some()
+            || self.mask.is_some()
     }
 }
 
@@ -257,13 +311,7 @@ pub fn draw_problem(b: &mut Bytes<'_>) -> Drawn {
     if b.chance(50) {
         p = p.with_softcap(b.pick(&SOFTCAPS));
     }
-    let mut drawn = Drawn {
-        problem: p,
-        cu_seqlens_q: None,
-        cu_seqlens_k: None,
-        page_table: None,
-        kv_lens: None,
-    };
+    let mut drawn = Drawn::of(p);
     let s = shape;
     match b.u8() {
         0..=17 => {
@@ -333,6 +381,9 @@ pub fn draw_problem(b: &mut Bytes<'_>) -> Drawn {
         }
         drawn.kv_lens = Some(lens);
     }
+    if b.chance(64) {
+        draw_score_terms(b, &mut drawn);
+    }
     // Index tensors the problem does not ask for, or missing ones.
     if b.chance(6) {
         drawn.kv_lens = Some(vec![1; 4]);
@@ -356,6 +407,144 @@ pub fn draw_problem(b: &mut Bytes<'_>) -> Drawn {
         }
     }
     drawn
+}
+
+/// Logits and slopes for the per-head tensors: mostly moderate, sometimes not finite or huge.
+const HEAD_VALUES: [f32; 8] = [
+    f32::NAN,
+    f32::INFINITY,
+    f32::NEG_INFINITY,
+    -1.0e30,
+    1.0e30,
+    0.0,
+    -0.0,
+    3.0e38,
+];
+
+/// Dropout probabilities: valid, inactive (below 2⁻¹⁷), and out of range.
+const DROP_PROBABILITIES: [f32; 10] = [0.1, 0.5, 0.9, 0.0, 1.0e-6, 0.99999, 1.0, -0.1, 2.0, f32::NAN];
+
+/// `[num_heads]` f32 values (some extra or missing), moderate `f` of a uniform draw mostly, and
+/// sometimes one of [`HEAD_VALUES`].
+fn head_values(b: &mut Bytes<'_>, heads: usize, f: impl Fn(f32) -> f32) -> Vec<f32> {
+    let n = match b.u8() {
+        0..=239 => heads.min(64),
+        240..=247 => heads.min(64) + 1 + b.below(3),
+        _ => heads.min(64).saturating_sub(1),
+    };
+    (0..n)
+        .map(|_| {
+            if b.chance(4) {
+                b.pick(&HEAD_VALUES)
+            } else {
+                f(b.uniform())
+            }
+        })
+        .collect()
+}
+
+/// A bias or mask layout: dense (broadcast over batch and heads at random) mostly, sometimes with
+/// odd strides and offsets.
+fn side_layout(b: &mut Bytes<'_>, p: &AttentionProblem) -> BiasLayout {
+    let dense = BiasLayout::dense(p, b.chance(160), b.chance(160));
+    if !b.chance(40) {
+        return dense;
+    }
+    BiasLayout {
+        offset: stride(b, dense.offset),
+        batch_stride: stride(b, dense.batch_stride),
+        head_stride: stride(b, dense.head_stride),
+        row_stride: stride(b, dense.row_stride),
+    }
+}
+
+/// The variants' terms on the drawn problem, each at random: ALiBi (geometric slopes or a slope
+/// tensor), sinks, a score bias of any type (its values sometimes −∞, not finite, or of the wrong
+/// type or length), a mask (rows sometimes all hidden), a block summary, dropout.
+fn draw_score_terms(b: &mut Bytes<'_>, d: &mut Drawn) {
+    let heads = d.problem.shape.num_heads;
+    match b.u8() {
+        0..=39 => d.problem = d.problem.with_geometric_alibi(),
+        40..=79 => {
+            d.problem = d.problem.with_alibi_slopes();
+            d.alibi_slopes = Some(head_values(b, heads, |x| x.abs() / 2.0));
+        }
+        _ => {}
+    }
+    if b.chance(80) {
+        d.problem = d.problem.with_sinks();
+        d.sinks = Some(head_values(b, heads, |x| 2.0 * x));
+    }
+    // Elements the host gives for a side tensor: what the layout needs, capped, sometimes short.
+    let room = |b: &mut Bytes<'_>, need: Option<usize>| {
+        let n = need.unwrap_or(0).min(1 << 16);
+        if b.chance(8) {
+            n.saturating_sub(1 + b.below(4))
+        } else {
+            n
+        }
+    };
+    if b.chance(90) {
+        let dtype = b.pick(&[DType::F32, DType::F16, DType::BF16]);
+        let bias = ScoreBias {
+            dtype,
+            layout: side_layout(b, &d.problem),
+        };
+        d.problem = d.problem.with_bias(bias);
+        let n = room(b, bias.required_len(&d.problem));
+        // Element by element from a seeded generator: the call's bytes would run out.
+        let hidden = if b.chance(60) { 0.125 } else { 0.0 };
+        let odd = if b.chance(6) { 0.05 } else { 0.0 };
+        let mut rng = Rng::new(b.u64());
+        let values: Vec<f32> = (0..n)
+            .map(|_| match rng.uniform() {
+                u if u < odd => [f32::NAN, f32::INFINITY, 1.0e30][rng.below(3)],
+                u if u < odd + hidden => f32::NEG_INFINITY,
+                _ => rng.normal() as f32,
+            })
+            .collect();
+        // Sometimes in another type than the problem's bias: refused by name.
+        let given = if b.chance(8) {
+            b.pick(&[DType::F32, DType::F16, DType::BF16])
+        } else {
+            dtype
+        };
+        d.bias = Some(match given {
+            DType::F32 => BiasData::F32(values),
+            DType::F16 => BiasData::F16(values.iter().map(|&x| half::f16::from_f32(x)).collect()),
+            DType::BF16 => BiasData::BF16(values.iter().map(|&x| half::bf16::from_f32(x)).collect()),
+        });
+    }
+    if b.chance(90) {
+        let mask = AttentionMask {
+            layout: side_layout(b, &d.problem),
+        };
+        d.problem = d.problem.with_mask(mask);
+        let n = room(b, mask.required_len(&d.problem));
+        let shown = b.pick(&[0.0, 0.25, 0.5, 0.875, 1.0]);
+        let mut rng = Rng::new(b.u64());
+        d.mask = Some(
+            (0..n)
+                .map(|_| {
+                    if rng.uniform() < shown {
+                        [1u8, 7, 255][rng.below(3)]
+                    } else {
+                        0
+                    }
+                })
+                .collect(),
+        );
+    }
+    if (d.problem.mask.is_some() || d.problem.bias.is_some()) && b.chance(100) || b.chance(4) {
+        d.problem = d.problem.with_mask_blocks();
+    }
+    if b.chance(60) {
+        d.problem = d.problem.with_dropout(Dropout {
+            p: b.pick(&DROP_PROBABILITIES),
+            seed: b.u64(),
+            offset: if b.chance(128) { 0 } else { b.u64() },
+        });
+    }
 }
 
 /// Engines' options, a fixed list so that each device builds a bounded set of pipelines: automatic
@@ -462,6 +651,8 @@ pub struct Campaign {
     pub narrow: bool,
     pub tallies: std::collections::BTreeMap<&'static str, Tally>,
     pub failures: Vec<String>,
+    /// Successful calls with a variant's term (see [`Drawn::has_terms`]) checked against float64.
+    pub terms_checked: usize,
 }
 
 /// Limits of the tiny devices: one binding and one buffer of a few KiB (so that calls are split
@@ -525,6 +716,7 @@ impl Campaign {
             narrow,
             tallies: Default::default(),
             failures: Vec::new(),
+            terms_checked: 0,
         }
     }
 
@@ -588,6 +780,7 @@ impl Campaign {
             Ok(Verdict::Ok { checked }) => {
                 tally.ok += 1;
                 tally.checked += checked as usize;
+                self.terms_checked += usize::from(checked && drawn.has_terms());
                 None
             }
             Ok(Verdict::Refused(_)) => {
@@ -618,6 +811,10 @@ impl Campaign {
             let builds: usize = d.engines.iter().map(|e| e.pipeline_builds()).sum();
             lines.push(format!("{:>22}: {builds} pipelines built", d.name));
         }
+        lines.push(format!(
+            "{:>22}: {} successful calls with ALiBi, sinks, a bias, a mask or dropout checked against float64",
+            "variants", self.terms_checked
+        ));
         lines.join("\n")
     }
 }
@@ -755,7 +952,10 @@ fn judge_forward<T: Element>(
             .filter(|x| x.is_finite())
             .fold(0.0f64, |m, x| m.max(x.abs()));
         let lse_bound = t.lse_max_abs * (largest / 4.0).max(1.0);
-        if !o.within(t.out_rel_l2, t.out_max_abs) || l.non_finite > 0 || l.max_abs > lse_bound {
+        // Dropout multiplies the kept outputs by 1 / (1 − p) (65,536 at p = 0.99999), and their
+        // rounding with them.
+        let o_bound = t.out_max_abs * p.active_dropout().map_or(1.0, |d| d.scale());
+        if !o.within(t.out_rel_l2, o_bound) || l.non_finite > 0 || l.max_abs > lse_bound {
             return Err(format!("O {o}; LSE {l}"));
         }
         return Ok(true);
@@ -855,7 +1055,8 @@ fn ring_host_typed<T: Element>(b: &mut Bytes<'_>, d: &Drawn, engine: &FlashAtten
     });
     if b.chance(64) {
         let bp = backward_problem(b, d);
-        return host_backward(b, d, bp, [&q, &k, &v], check, |inputs| {
+        // The ring takes no index tensors (nor side tensors): a problem that needs them is refused.
+        return host_backward(b, bp, &BatchIndex::default(), [&q, &k, &v], check, |inputs| {
             engine.ring_backward_blocking(bp, &ring, inputs)
         });
     }
@@ -992,6 +1193,87 @@ fn index_buffers(ctx: &GpuContext, d: &Drawn) -> [Option<wgpu::Buffer>; 4] {
     ]
 }
 
+/// The side tensors as buffers, each its own holding the host's values (whatever their length):
+/// ALiBi slopes, sinks, bias, mask.
+struct SideBuffers {
+    alibi_slopes: Option<wgpu::Buffer>,
+    sinks: Option<wgpu::Buffer>,
+    bias: Option<wgpu::Buffer>,
+    mask: Option<wgpu::Buffer>,
+}
+
+impl SideBuffers {
+    fn of(ctx: &GpuContext, d: &Drawn) -> Self {
+        let up = |bytes: &[u8]| {
+            // No larger than the device allocates (a caller cannot make such a buffer either):
+            // the values cut to fit.
+            let size = (bytes.len() as u64)
+                .next_multiple_of(16)
+                .clamp(16, ctx.caps.max_buffer_bytes / 16 * 16);
+            let bytes = &bytes[..bytes.len().min(size as usize)];
+            let buffer = ctx.device.create_buffer(&wgpu::BufferDescriptor {
+                label: Some("campaign side tensor"),
+                size,
+                usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST,
+                mapped_at_creation: false,
+            });
+            let whole = bytes.len() / 4 * 4;
+            if whole > 0 {
+                ctx.queue.write_buffer(&buffer, 0, &bytes[..whole]);
+            }
+            if whole < bytes.len() {
+                let mut last = [0u8; 4];
+                last[..bytes.len() - whole].copy_from_slice(&bytes[whole..]);
+                ctx.queue.write_buffer(&buffer, whole as u64, &last);
+            }
+            buffer
+        };
+        SideBuffers {
+            alibi_slopes: d.alibi_slopes.as_ref().map(|v| up(bytemuck::cast_slice(v))),
+            sinks: d.sinks.as_ref().map(|v| up(bytemuck::cast_slice(v))),
+            bias: d.bias.as_ref().map(|v| up(v.values().bytes())),
+            mask: d.mask.as_ref().map(|v| up(v)),
+        }
+    }
+
+    /// The block summary a call with `with_mask_blocks` reads: computed into its own buffer by
+    /// `encode_mask_blocks` from the mask (or the bias) in `encoder` (mostly), or a buffer of
+    /// zeros, or none.
+    fn summary(
+        &self,
+        b: &mut Bytes<'_>,
+        ctx: &GpuContext,
+        engine: &FlashAttention,
+        encoder: &mut wgpu::CommandEncoder,
+        p: &AttentionProblem,
+    ) -> Result<Option<wgpu::Buffer>, Error> {
+        if !p.mask_blocks || b.chance(8) {
+            return Ok(None);
+        }
+        // The summary's size (saturated for huge problems), within what the device allocates.
+        let bytes = MaskBlocks::of(p).map_or(16, |m| m.size_bytes());
+        let buffer = ctx.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("campaign mask blocks"),
+            size: {
+                let cap = (1 << 20).min(ctx.caps.max_buffer_bytes) / 16 * 16;
+                bytes.min(cap).next_multiple_of(16).clamp(16, cap)
+            },
+            usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST,
+            mapped_at_creation: false,
+        });
+        if b.chance(16) {
+            return Ok(Some(buffer));
+        }
+        let source = match (&self.mask, &self.bias) {
+            (Some(m), _) => m,
+            (None, Some(b)) => b,
+            (None, None) => return Ok(Some(buffer)),
+        };
+        engine.encode_mask_blocks(encoder, p, TensorBuffer::new(source), TensorBuffer::new(&buffer), None)?;
+        Ok(Some(buffer))
+    }
+}
+
 /// The caller's-buffer forward (flash or naive): tensors placed at drawn offsets and sizes, O
 /// sometimes in Q's buffer, the LSE in its own buffer, O's or none; on success (and where the
 /// index tensors are valid: the kernels' rule for invalid ones is NaN, not an error) run and
@@ -1035,11 +1317,22 @@ fn forward_buffers_typed<T: Element>(
         _ => Some(TensorBuffer::at(&o.0, o.1.saturating_add(4 * b.below(64) as u64))),
     };
     let index = index_buffers(ctx, d);
+    let side = SideBuffers::of(ctx, d);
+    let mut encoder = ctx.device.create_command_encoder(&Default::default());
+    let mask_blocks = match side.summary(b, ctx, engine, &mut encoder, p) {
+        Ok(m) => m,
+        Err(e) => return Verdict::Refused(e),
+    };
     let buffers = ForwardBuffers {
         cu_seqlens_q: index[0].as_ref().map(TensorBuffer::new),
         cu_seqlens_k: index[1].as_ref().map(TensorBuffer::new),
         page_table: index[2].as_ref().map(TensorBuffer::new),
         kv_lens: index[3].as_ref().map(TensorBuffer::new),
+        alibi_slopes: side.alibi_slopes.as_ref().map(TensorBuffer::new),
+        sinks: side.sinks.as_ref().map(TensorBuffer::new),
+        bias: side.bias.as_ref().map(TensorBuffer::new),
+        mask: side.mask.as_ref().map(TensorBuffer::new),
+        mask_blocks: mask_blocks.as_ref().map(TensorBuffer::new),
         ..ForwardBuffers::new(
             TensorBuffer::at(&q.0, q.1),
             TensorBuffer::at(&k.0, k.1),
@@ -1048,7 +1341,6 @@ fn forward_buffers_typed<T: Element>(
             lse,
         )
     };
-    let mut encoder = ctx.device.create_command_encoder(&Default::default());
     let recorded = if naive {
         engine.encode_naive(&mut encoder, p, &buffers, None).map(|_| ())
     } else {
@@ -1094,7 +1386,13 @@ fn forward_buffers_typed<T: Element>(
 /// A backward problem from the drawn forward: gradients laid out like their tensors, or (rarely)
 /// perturbed.
 fn backward_problem(b: &mut Bytes<'_>, d: &Drawn) -> BackwardProblem {
-    let mut bp = BackwardProblem::new(d.problem);
+    // The bias's gradient mostly where there is a bias, rarely where there is none.
+    let bias_grad = if d.problem.bias.is_some() {
+        b.chance(128)
+    } else {
+        b.chance(2)
+    };
+    let mut bp = BackwardProblem::new(d.problem).with_bias_grad(bias_grad);
     if b.chance(30) {
         for t in GradTensor::ALL {
             if b.chance(128) {
@@ -1116,11 +1414,16 @@ fn backward_problem(b: &mut Bytes<'_>, d: &Drawn) -> BackwardProblem {
 
 /// The reference forward's O (rounded to `T`) and LSE, the backward's consistent inputs; filler
 /// where the reference refuses.
-fn forward_for_backward<T: Element>(d: &Drawn, q: &[T], k: &[T], v: &[T]) -> (Vec<T>, Vec<f32>) {
-    let p = &d.problem;
+fn forward_for_backward<T: Element>(
+    p: &AttentionProblem,
+    index: &BatchIndex<'_>,
+    q: &[T],
+    k: &[T],
+    v: &[T],
+) -> (Vec<T>, Vec<f32>) {
     // The reference allocates O at its layout: only where that is small.
     let sized = small(p) && p.required_len(Tensor::O) <= 1 << 20;
-    match sized.then(|| reference::attention_indexed(p, q, k, v, &d.index())) {
+    match sized.then(|| reference::attention_indexed(p, q, k, v, index)) {
         Some(Ok(r)) => (
             r.out.iter().map(|&x| T::from_f64(x)).collect(),
             r.lse.iter().map(|&x| x as f32).collect(),
@@ -1135,7 +1438,7 @@ fn forward_for_backward<T: Element>(d: &Drawn, q: &[T], k: &[T], v: &[T]) -> (Ve
 /// Gradients against the float64 reference, where [`moderate`].
 fn judge_backward<T: Element>(
     bp: &BackwardProblem,
-    d: &Drawn,
+    index: &BatchIndex<'_>,
     inputs: [&[T]; 4],
     grads: [&[T]; 3],
 ) -> Result<bool, String> {
@@ -1149,7 +1452,7 @@ fn judge_backward<T: Element>(
     if !in_f32_domain(p, q, k) {
         return Ok(false);
     }
-    let want = reference::attention_backward_indexed(bp, q, k, v, d_o, &d.index())
+    let want = reference::attention_backward_indexed(bp, q, k, v, d_o, index)
         .map_err(|e| format!("the reference refused: {e}"))?;
     let t = grad_tolerance(p.dtype);
     let s = p.shape;
@@ -1221,26 +1524,32 @@ fn backward_host_typed<T: Element>(b: &mut Bytes<'_>, d: &Drawn, engine: &FlashA
         let n = host_len(b, p.required_len(t));
         data::<T>(b, n)
     });
-    host_backward(b, d, bp, [&q, &k, &v], check, |inputs| {
+    let index = if d.has_index() {
+        d.index()
+    } else {
+        BatchIndex::default()
+    };
+    host_backward(b, bp, &index, [&q, &k, &v], check, |inputs| {
         if d.has_index() {
-            engine.backward_indexed_blocking(bp, inputs, &d.index())
+            engine.backward_indexed_blocking(bp, inputs, &index)
         } else {
             engine.backward_blocking(bp, inputs)
         }
     })
 }
 
-/// A backward on host slices of `bp` over the drawn Q, K, V: the reference forward's O and LSE,
-/// dO drawn, `call` run on them, its gradients judged against the reference.
+/// A backward on host slices of `bp` over the drawn Q, K, V with the index tensors `call` gives:
+/// the reference forward's O and LSE, dO drawn, `call` run on them, its gradients judged against
+/// the reference.
 fn host_backward<T: Element>(
     b: &mut Bytes<'_>,
-    d: &Drawn,
     bp: BackwardProblem,
+    index: &BatchIndex<'_>,
     [q, k, v]: [&[T]; 3],
     check: bool,
     call: impl FnOnce(&BackwardInputs<'_, T>) -> Result<BackwardOutput<T>, Error>,
 ) -> Verdict {
-    let (o, lse) = forward_for_backward(d, q, k, v);
+    let (o, lse) = forward_for_backward(&bp.forward, index, q, k, v);
     let n = host_len(b, bp.required_len(GradTensor::DO));
     let d_o = data::<T>(b, n);
     let inputs = BackwardInputs {
@@ -1253,7 +1562,7 @@ fn host_backward<T: Element>(
     };
     match call(&inputs) {
         Err(e) => Verdict::Refused(e),
-        Ok(g) if check => judge_backward(&bp, d, [q, k, v, &d_o], [&g.dq, &g.dk, &g.dv]).into_verdict(),
+        Ok(g) if check => judge_backward(&bp, index, [q, k, v, &d_o], [&g.dq, &g.dk, &g.dv]).into_verdict(),
         Ok(_) => Verdict::Ok { checked: false },
     }
 }
@@ -1283,7 +1592,7 @@ fn backward_buffers_typed<T: Element>(
     let p = &bp.forward;
     let es = p.dtype.size_bytes() as u64;
     let host: [Vec<T>; 3] = [Tensor::Q, Tensor::K, Tensor::V].map(|t| data::<T>(b, p.required_len(t).min(1 << 16)));
-    let (o_host, lse_host) = forward_for_backward(d, &host[0], &host[1], &host[2]);
+    let (o_host, lse_host) = forward_for_backward(p, &d.index(), &host[0], &host[1], &host[2]);
     let d_o_host = data::<T>(b, bp.required_len(GradTensor::DO).min(1 << 16));
     let need = |n: usize, es: u64| n.min(1 << 18) as u64 * es;
     let q = place(
@@ -1333,6 +1642,29 @@ fn backward_buffers_typed<T: Element>(
     };
     let shared_grads = b.chance(12);
     let index = index_buffers(ctx, d);
+    let side = SideBuffers::of(ctx, d);
+    let mut encoder = ctx.device.create_command_encoder(&Default::default());
+    let mask_blocks = match side.summary(b, ctx, engine, &mut encoder, p) {
+        Ok(m) => m,
+        Err(e) => return Verdict::Refused(e),
+    };
+    // The optional gradients: mostly where the problem has them, rarely where it has not.
+    let d_sinks = (if p.sinks { b.chance(128) } else { b.chance(2) }).then(|| {
+        place(
+            ctx,
+            b,
+            &nan_bytes(DType::F32, p.shape.num_heads.min(1 << 10)),
+            need(p.shape.num_heads, 4),
+        )
+    });
+    let d_bias = (if bp.bias_grad { b.chance(240) } else { b.chance(2) }).then(|| {
+        place(
+            ctx,
+            b,
+            &nan_bytes(DType::F32, bp.d_bias_len().min(1 << 18)),
+            need(bp.d_bias_len(), 4),
+        )
+    });
     let buffers = BackwardBuffers {
         q: TensorBuffer::at(&q.0, q.1),
         k: TensorBuffer::at(&k.0, k.1),
@@ -1346,15 +1678,14 @@ fn backward_buffers_typed<T: Element>(
         delta,
         cu_seqlens_q: index[0].as_ref().map(TensorBuffer::new),
         cu_seqlens_k: index[1].as_ref().map(TensorBuffer::new),
-        alibi_slopes: None,
-        sinks: None,
-        d_sinks: None,
-        bias: None,
-        mask: None,
-        mask_blocks: None,
-        d_bias: None,
+        alibi_slopes: side.alibi_slopes.as_ref().map(TensorBuffer::new),
+        sinks: side.sinks.as_ref().map(TensorBuffer::new),
+        d_sinks: d_sinks.as_ref().map(|(buffer, at)| TensorBuffer::at(buffer, *at)),
+        bias: side.bias.as_ref().map(TensorBuffer::new),
+        mask: side.mask.as_ref().map(TensorBuffer::new),
+        mask_blocks: mask_blocks.as_ref().map(TensorBuffer::new),
+        d_bias: d_bias.as_ref().map(|(buffer, at)| TensorBuffer::at(buffer, *at)),
     };
-    let mut encoder = ctx.device.create_command_encoder(&Default::default());
     let how = b.u8();
     let recorded = match how {
         0..=159 => engine.encode_backward(&mut encoder, bp, &buffers, None).map(|_| ()),
@@ -1426,7 +1757,7 @@ fn backward_buffers_typed<T: Element>(
         full(&host[2], p.required_len(Tensor::V)),
     );
     let doh = full(&d_o_host, bp.required_len(GradTensor::DO));
-    judge_backward(&bp, d, [&qh, &kh, &vh, &doh], [&got[0], &got[1], &got[2]]).into_verdict()
+    judge_backward(&bp, &d.index(), [&qh, &kh, &vh, &doh], [&got[0], &got[1], &got[2]]).into_verdict()
 }
 
 /// LSEs of a partial result: finite mostly, sometimes −∞ (a side that saw no key).
