@@ -38,7 +38,7 @@
 // of K_STEP head_dim columns), then P and P ∘ (dP − D) in registers. Nothing goes through t_tile
 // (flash_bwd_stage.wgsl declares it for the other kernels).
 //
-// Why these sizes: the dQ kernel's plans (src/plan/backward.rs), whose score products this kernel
+// Why these sizes: the dQ kernel's plans (src/plan/backward/tiled.rs), whose score products this kernel
 // repeats: per staged k step 4 vec4 reads feed 2 · ROWS_PER_THREAD · 4 · S_VECS multiply-adds, and
 // an invocation holds three score-shaped tiles (d(bias), S, dP) where the dQ kernel holds two and
 // its dQ rows (96 f32 for 128 × 64 on 16 × 16). Per pair it costs two of the backward's seven

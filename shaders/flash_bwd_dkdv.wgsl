@@ -29,7 +29,7 @@
 // at head_dim 128 that is 64 + 32 f32 registers, the forward's budget, and per staged k step 4 vec4
 // reads feed 32 multiply-adds. Workgroup memory is one 64 × 68 t_tile plus the stages: 25 KiB with
 // K_STEP = N_STEP = 8 fits lavapipe's 32 KiB; NVIDIA's 48 KiB takes K_STEP = 16 or two stages. The
-// plans themselves, and the 16 KiB fallback, are chosen in src/plan/backward.rs.
+// plans themselves, and the 16 KiB fallback, are chosen in src/plan/backward/tiled.rs.
 
 const TILE_ROWS: u32 = BLOCK_N;
 const TILE_COLS: u32 = BLOCK_M;

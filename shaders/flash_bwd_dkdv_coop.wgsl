@@ -30,7 +30,7 @@
 // and dO: 2 · (BLOCK_N + BLOCK_M) rows of head_dim, which 48 KiB holds at 32 keys and 32 queries
 // for head_dim 128 and at 64 keys and 32 queries for head_dim 64. Query groups give each query
 // tile more invocations to stage it and more subgroups to hide each other's waits, for one f32 and
-// two f16 blocks per subgroup: two at head_dim 128 (the plans: src/plan/backward.rs).
+// two f16 blocks per subgroup: two at head_dim 128 (the plans: src/plan/backward/coop.rs).
 
 // KEY_BLOCKS blocks of 16 keys, each owned by QUERY_GROUPS subgroups (a host constant) that take
 // the query tile's blocks of 16 queries in turn (J_BLOCKS each) and add their partial dK and dV

@@ -22,7 +22,7 @@
 // Why the sizes: Q, dO and dQ take 32 + 32 + 64 registers per invocation at head_dim 128, the
 // forward's Q and O plus dO. The K/V tile and the subgroups' scratch blocks share 48 KiB: 32 keys
 // beside 128 query rows at head_dim 128 (each K/V tile read by 128 rows, as in the forward), 64
-// keys beside 128 rows at head_dim 64 (the plans: src/plan/backward.rs).
+// keys beside 128 rows at head_dim 64 (the plans: src/plan/backward/coop.rs).
 
 const SUBGROUPS: u32 = BLOCK_M / 16u;
 const N_BLOCKS: u32 = BLOCK_N / 16u;

@@ -22,7 +22,7 @@ pub const COOP_KERNEL_VERIFIED: bool = true;
 pub const COOP_BY_DEFAULT: bool = true;
 
 /// Whether automatic selection takes the cooperative-matrix dK/dV kernel, and the dQ kernel
-/// (src/plan/backward.rs, `COOP_BACKWARD_FEATURES`), where they run; a pass without keeps its
+/// (src/plan/backward/coop.rs, `COOP_BACKWARD_FEATURES`), where they run; a pass without keeps its
 /// tiled kernel. Each only once it has matched the float64 reference on a device that offers
 /// them and beaten the tiled kernel of its pass there. Both have, on the H200 (tests/wgpu_backward.rs;
 /// examples/backward.rs --passes, f16, b2 seq 8192, same call): dK/dV 48 ms against 91 (head_dim

@@ -94,7 +94,7 @@ pub enum KernelConfig {
         pass: NaivePass,
         storage: DType,
     },
-    /// One of the three kernels of the backward pass (src/plan/backward.rs).
+    /// One of the three kernels of the backward pass (src/plan/backward/).
     Backward(BackwardKernel),
     /// The merge of two partial results by their LSEs (shaders/merge.wgsl), O in `storage`.
     Merge {
