@@ -39,11 +39,11 @@ step cargo test --release --features $features --config "$checked"
 # matrices emulated by subgroup operations (docs/architecture.md, "How the cooperative-matrix
 # kernels are tested without matrices"): lavapipe at 512-bit vectors (16-wide subgroups), every
 # `cooperative` test of the forward's variants (the mask and its summary, dropout, the bias,
-# windows, soft-caps, ALiBi, sinks, edge cases; about 18 minutes on 2 cores, nearly all of it
-# lavapipe compiling the kernels, which GALLIVM_PERF=nopt halves).
+# windows, soft-caps, ALiBi, sinks, edge cases) and the bad-input campaign's cooperative slice
+# (most of its time is lavapipe compiling the kernels, which GALLIVM_PERF=nopt halves).
 LP_NATIVE_VECTOR_WIDTH=512 FLASH_EMULATE_MATRICES=1 GALLIVM_PERF=nopt step cargo test --release \
     --features $features --config "$checked" --test coop_emulation --test mask --test dropout \
-    --test score_bias --test variants --test head_terms --test edge -- cooperative emulated
+    --test score_bias --test variants --test head_terms --test edge --test campaign -- cooperative emulated
 # The benchmarks compile with the tests' features and profile, so nothing below them is built again.
 step cargo bench --no-run --features $features --config "$checked"
 # What a user gets: the library without `internals` type-checks, and its documentation builds.

@@ -14,6 +14,10 @@
 //! ```
 //!
 //! A failure names its seed; `FLASH_CAMPAIGN_SEED=<seed> FLASH_CAMPAIGN_CALLS=1` replays it.
+//!
+//! The cooperative-matrix kernels run on no CPU driver with real matrices; where the test device
+//! emulates them (`LP_NATIVE_VECTOR_WIDTH=512 FLASH_EMULATE_MATRICES=1` on lavapipe, as
+//! scripts/test.sh runs the `cooperative` tests) a slice of 300 calls forces them.
 
 mod calls;
 mod common;
@@ -27,13 +31,11 @@ fn env_number(name: &str) -> Option<u64> {
     std::env::var(name).ok().and_then(|v| v.parse().ok())
 }
 
-fn campaign(default_calls: u64, narrow: bool) {
-    // Honours FLASH_REQUIRE_GPU like every GPU test; without an adapter only the calls that need
-    // no device run.
-    let _ = common::gpu();
+/// Makes `FLASH_CAMPAIGN_CALLS` calls (else `default_calls`) on `c` and asserts that none failed;
+/// returns the campaign and the number of calls.
+fn run(mut c: Campaign, default_calls: u64) -> (Campaign, u64) {
     let calls = env_number("FLASH_CAMPAIGN_CALLS").unwrap_or(default_calls);
     let first = env_number("FLASH_CAMPAIGN_SEED").unwrap_or(0);
-    let mut c = Campaign::with_breadth(true, narrow);
     let start = std::time::Instant::now();
     // FLASH_CAMPAIGN_TRACE=<file> keeps the seed of the call in progress there: a call that
     // aborts the process (an allocation that fails is not a panic) leaves its seed behind.
@@ -51,7 +53,6 @@ fn campaign(default_calls: u64, narrow: bool) {
         failed = c.failures.len();
     }
     let elapsed = start.elapsed();
-    let checked: usize = c.tallies.values().map(|t| t.checked).sum();
     eprintln!(
         "{} calls in {elapsed:.1?} on {} devices ({}), {} failures\n{}",
         c.calls(),
@@ -67,6 +68,15 @@ fn campaign(default_calls: u64, narrow: bool) {
         c.calls(),
         c.failures.iter().take(5).cloned().collect::<Vec<_>>().join("\n\n")
     );
+    (c, calls)
+}
+
+fn campaign(default_calls: u64, narrow: bool) {
+    // Honours FLASH_REQUIRE_GPU like every GPU test; without an adapter only the calls that need
+    // no device run.
+    let _ = common::gpu();
+    let (c, calls) = run(Campaign::with_breadth(true, narrow), default_calls);
+    let checked: usize = c.tallies.values().map(|t| t.checked).sum();
     // A campaign whose calls all fail validation proves nothing about the accepted path: most
     // entry points must have had successful calls judged against float64.
     if !c.devices.is_empty() && calls >= 1000 {
@@ -111,4 +121,22 @@ fn bad_input_campaign() {
 #[ignore]
 fn bad_input_campaign_full() {
     campaign(100_000, false);
+}
+
+/// The cooperative-matrix kernels' slice ([`Campaign::cooperative`]), where the test device
+/// emulates the matrices (scripts/test.sh runs it so); skipped elsewhere. Some calls must have
+/// run the forced kernels and been checked against float64.
+#[test]
+fn bad_input_campaign_cooperative_emulated() {
+    let Some(ctx) = common::gpu() else { return };
+    if !ctx.caps.cooperative_matrix_emulated {
+        eprintln!("skipped: {} does not emulate cooperative matrices", ctx.info.name);
+        return;
+    }
+    let (c, _) = run(Campaign::cooperative(true), 300);
+    eprintln!("{} calls of the forced kernels checked", c.first_engine_checked);
+    assert!(
+        c.first_engine_checked > 0,
+        "no call of the forced cooperative-matrix kernels was checked"
+    );
 }

@@ -653,6 +653,18 @@ pub struct Campaign {
     pub failures: Vec<String>,
     /// Successful calls with a variant's term (see [`Drawn::has_terms`]) checked against float64.
     pub terms_checked: usize,
+    /// Successful calls on the first device's first engine (the forced kernels' in
+    /// [`cooperative`](Self::cooperative)) checked against float64.
+    pub first_engine_checked: usize,
+    /// The entry points and element type a slice keeps to (`None`: every entry, any type).
+    pub focus: Option<Focus>,
+}
+
+/// What a slice of the campaign keeps to: calls of `entries` (indices into the entry table), the
+/// drawn problem's element type mostly `dtype`.
+pub struct Focus {
+    pub entries: Vec<usize>,
+    pub dtype: DType,
 }
 
 /// Limits of the tiny devices: one binding and one buffer of a few KiB (so that calls are split
@@ -717,6 +729,49 @@ impl Campaign {
             tallies: Default::default(),
             failures: Vec::new(),
             terms_checked: 0,
+            first_engine_checked: 0,
+            focus: None,
+        }
+    }
+
+    /// The cooperative-matrix kernels' slice: the forwards and backwards alone, on the test
+    /// adapter's device alone, with an engine that forces the kernels and one that selects
+    /// automatically, problems mostly f16 (what the kernels take), valid head_dims limited to 32
+    /// (each kernel is a pipeline to compile). For a device whose matrices are emulated (lavapipe with
+    /// `FLASH_EMULATE_MATRICES=1`), where no other CPU driver runs them; no devices elsewhere.
+    pub fn cooperative(check_results: bool) -> Self {
+        let mut devices = Vec::new();
+        if let Ok(ctx) = pollster::block_on(GpuContext::new()) {
+            let options = [
+                KernelChoice::CooperativeMatrix(CoopChoice::default()),
+                KernelChoice::Auto,
+            ]
+            .map(|choice| Options {
+                choice,
+                ..Options::default()
+            });
+            devices.push(Device::new("device", ctx, Arc::default(), &options));
+        }
+        // The entries whose engines run the kernels: the forwards and backwards, on f16 data.
+        let entries = [
+            "forward (host)",
+            "forward (buffers)",
+            "backward (host)",
+            "backward (buffers)",
+        ]
+        .map(|name| ENTRIES.iter().position(|e| e.0 == name).expect("an entry of the table"));
+        Campaign {
+            devices,
+            check_results,
+            narrow: true,
+            tallies: Default::default(),
+            failures: Vec::new(),
+            terms_checked: 0,
+            first_engine_checked: 0,
+            focus: Some(Focus {
+                entries: entries.to_vec(),
+                dtype: DType::F16,
+            }),
         }
     }
 
@@ -728,7 +783,10 @@ impl Campaign {
     /// One call drawn from `data`; `label` (the seed, say) names it in a failure.
     pub fn call(&mut self, data: &[u8], label: &str) {
         let mut b = Bytes::new(data);
-        let entry = b.below(ENTRIES.len());
+        let entry = match &self.focus {
+            Some(f) => f.entries[b.below(f.entries.len())],
+            None => b.below(ENTRIES.len()),
+        };
         let (name, _) = ENTRIES[entry];
         let device = if self.devices.is_empty() {
             None
@@ -744,7 +802,12 @@ impl Campaign {
         let engines = device.map_or(1, |d| self.devices[d].engines.len());
         let engine_index = if b.chance(200) { 0 } else { b.below(engines) };
         b.narrow = self.narrow;
-        let drawn = draw_problem(&mut b);
+        let mut drawn = draw_problem(&mut b);
+        if let Some(f) = &self.focus {
+            if b.chance(224) {
+                drawn.problem.dtype = f.dtype;
+            }
+        }
         b.tidy = b.chance(128);
         let check = self.check_results;
         if std::env::var_os("FLASH_CAMPAIGN_VERBOSE").is_some() {
@@ -781,6 +844,7 @@ impl Campaign {
                 tally.ok += 1;
                 tally.checked += checked as usize;
                 self.terms_checked += usize::from(checked && drawn.has_terms());
+                self.first_engine_checked += usize::from(checked && device == Some(0) && engine_index == 0);
                 None
             }
             Ok(Verdict::Refused(_)) => {
