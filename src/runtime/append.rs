@@ -10,7 +10,8 @@ use crate::gpu::binding::{bind, check_disjoint, check_written_apart_from_read, T
 use crate::plan::ForwardKernel;
 use crate::problem::varlen::refuse_packed;
 use crate::problem::{AttentionProblem, Layout, Tensor, TensorLayout};
-use crate::runtime::forward::{FlashAttention, ForwardBuffers, IndexBuffers};
+use crate::runtime::forward::{FlashAttention, ForwardBuffers};
+use crate::runtime::index::IndexBuffers;
 use crate::wgsl::params::Params;
 use crate::wgsl::KernelConfig;
 

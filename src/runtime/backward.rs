@@ -20,7 +20,8 @@ use crate::gpu::readback::{read_back_within, upload_queued};
 use crate::plan::{backward_grid, select_backward, BackwardChoice, BackwardConfig, BackwardKernel, BackwardPass};
 use crate::problem::backward::{BackwardProblem, GradTensor};
 use crate::problem::{AttentionProblem, BatchIndex, Element, Tensor, TensorLayout};
-use crate::runtime::forward::{FlashAttention, IndexBuffers};
+use crate::runtime::forward::FlashAttention;
+use crate::runtime::index::IndexBuffers;
 use crate::runtime::split::{
     self, on_own_buffers, part_slice, part_timestamps, scatter_rows, shifted, Part, Pass, Placement,
 };

@@ -10,7 +10,8 @@ use crate::error::{Error, Result};
 use crate::gpu::binding::{check_buffer_size, Bound};
 use crate::plan::{DecodeConfig, DecodeSplit};
 use crate::problem::AttentionProblem;
-use crate::runtime::forward::{scratch_bytes, FlashAttention, IndexBindings};
+use crate::runtime::forward::{scratch_bytes, FlashAttention};
+use crate::runtime::index::IndexBindings;
 use crate::wgsl::params::Params;
 use crate::wgsl::{KernelConfig, COMBINE_HEAD_BINDING, DECODE_HEAD_BINDING};
 

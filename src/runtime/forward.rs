@@ -19,8 +19,8 @@ use crate::plan::{
     SequenceIndex,
 };
 use crate::problem::index::BatchIndex;
-use crate::problem::mask::MaskBlocks;
 use crate::problem::{AttentionProblem, Element, Tensor};
+use crate::runtime::index::{IndexBindings, IndexBuffers};
 use crate::runtime::split::{
     self, on_own_buffers, part_slice, part_timestamps, scatter_rows, shifted, Part, Pass, Placement,
 };
@@ -81,21 +81,6 @@ pub struct ForwardBuffers<'a> {
     /// [`encode_mask_blocks`](FlashAttention::encode_mask_blocks) wrote it (its `size_bytes()`
     /// bytes, from an offset meeting the device's storage offset alignment); `None` otherwise. Kept between calls: one summary
     /// serves every call on the same mask.
-    pub mask_blocks: Option<TensorBuffer<'a>>,
-}
-
-/// The side tensors of a call (see [`ForwardBuffers`]), each given when the problem uses it: the
-/// batch's index tensors and the per-head tensors.
-#[derive(Clone, Copy, Debug, Default)]
-pub(crate) struct IndexBuffers<'a> {
-    pub cu_seqlens_q: Option<TensorBuffer<'a>>,
-    pub cu_seqlens_k: Option<TensorBuffer<'a>>,
-    pub page_table: Option<TensorBuffer<'a>>,
-    pub kv_lens: Option<TensorBuffer<'a>>,
-    pub alibi_slopes: Option<TensorBuffer<'a>>,
-    pub sinks: Option<TensorBuffer<'a>>,
-    pub bias: Option<TensorBuffer<'a>>,
-    pub mask: Option<TensorBuffer<'a>>,
     pub mask_blocks: Option<TensorBuffer<'a>>,
 }
 
@@ -187,79 +172,6 @@ enum PreparedKernel {
         config: DecodeConfig,
         split: DecodeSplit,
     },
-}
-
-/// A host call's side tensors, uploaded.
-pub(crate) struct UploadedIndex {
-    cu_seqlens_q: Option<wgpu::Buffer>,
-    cu_seqlens_k: Option<wgpu::Buffer>,
-    page_table: Option<wgpu::Buffer>,
-    kv_lens: Option<wgpu::Buffer>,
-    alibi_slopes: Option<wgpu::Buffer>,
-    sinks: Option<wgpu::Buffer>,
-    bias: Option<wgpu::Buffer>,
-    mask: Option<wgpu::Buffer>,
-    /// Written by the summary kernel before the call reads it (src/runtime/mask_blocks.rs).
-    pub(crate) mask_blocks: Option<wgpu::Buffer>,
-}
-
-impl UploadedIndex {
-    pub fn buffers(&self) -> IndexBuffers<'_> {
-        IndexBuffers {
-            cu_seqlens_q: self.cu_seqlens_q.as_ref().map(TensorBuffer::new),
-            cu_seqlens_k: self.cu_seqlens_k.as_ref().map(TensorBuffer::new),
-            page_table: self.page_table.as_ref().map(TensorBuffer::new),
-            kv_lens: self.kv_lens.as_ref().map(TensorBuffer::new),
-            alibi_slopes: self.alibi_slopes.as_ref().map(TensorBuffer::new),
-            sinks: self.sinks.as_ref().map(TensorBuffer::new),
-            bias: self.bias.as_ref().map(TensorBuffer::new),
-            mask: self.mask.as_ref().map(TensorBuffer::new),
-            mask_blocks: self.mask_blocks.as_ref().map(TensorBuffer::new),
-        }
-    }
-}
-
-/// The checked bindings of a call's side tensors (placeholders where the problem has none).
-pub(crate) struct IndexBindings<'a> {
-    pub cu_seqlens_q: Bound<'a>,
-    pub cu_seqlens_k: Bound<'a>,
-    pub page_table: Bound<'a>,
-    pub kv_lens: Bound<'a>,
-    pub alibi_slopes: Bound<'a>,
-    pub sinks: Bound<'a>,
-    pub bias: Bound<'a>,
-    pub mask: Bound<'a>,
-    pub mask_blocks: Bound<'a>,
-}
-
-impl IndexBindings<'_> {
-    /// The entries of the prefill and backward kernels' index bindings, from `first` on
-    /// (shaders/sequence_indexed.wgsl).
-    pub fn sequence_entries(&self, first: u32) -> [wgpu::BindGroupEntry<'_>; 3] {
-        [
-            self.cu_seqlens_q.entry(first),
-            self.cu_seqlens_k.entry(first + 1),
-            self.kv_lens.entry(first + 2),
-        ]
-    }
-
-    /// The entries of the per-head tensors, from `first` on (shaders/head_terms_bound.wgsl).
-    pub fn head_entries(&self, first: u32) -> [wgpu::BindGroupEntry<'_>; 2] {
-        [self.alibi_slopes.entry(first), self.sinks.entry(first + 1)]
-    }
-
-    /// The entries of the mask tensor and its summary that `mask` binds, at `first` and
-    /// `first + 1` (shaders/mask_bound.wgsl, mask_blocks_bound.wgsl).
-    pub fn mask_entries(&self, mask: MaskBinding, first: u32) -> Vec<wgpu::BindGroupEntry<'_>> {
-        let mut entries = Vec::new();
-        if mask.tensor {
-            entries.push(self.mask.entry(first));
-        }
-        if mask.blocks {
-            entries.push(self.mask_blocks.entry(first + 1));
-        }
-        entries
-    }
 }
 
 /// Result of a host-slice call.
@@ -375,6 +287,12 @@ impl FlashAttention {
     /// The 4-byte buffer bound in place of an LSE the caller does not want (src/runtime/merge.rs).
     pub(crate) fn unused_lse(&self) -> &wgpu::Buffer {
         &self.unused_lse
+    }
+
+    /// The 4-byte buffer bound in place of an index tensor the problem does not use
+    /// (src/runtime/index.rs).
+    pub(crate) fn unused_index(&self) -> &wgpu::Buffer {
+        &self.unused_index
     }
 
     /// The decode kernel's reusable scratch (src/runtime/decode.rs).
@@ -961,85 +879,6 @@ impl FlashAttention {
         })
     }
 
-    /// [`bind_forward_index`](Self::bind_forward_index) for any call: the index tensors given,
-    /// checked against the problem and against the tensors the call writes.
-    pub(crate) fn bind_index<'a>(
-        &'a self,
-        problem: &AttentionProblem,
-        index: &IndexBuffers<'a>,
-        written: &[(&'static str, &TensorBuffer<'a>)],
-    ) -> Result<IndexBindings<'a>> {
-        let caps = &self.ctx.caps;
-        let cache = &problem.kv_cache;
-        let unused = TensorBuffer::new(&self.unused_index);
-        let bind_index = |name: &'static str, given: Option<TensorBuffer<'a>>, len: Option<usize>| {
-            let (tensor, len) = match (given, len) {
-                (Some(t), Some(len)) => (t, len),
-                (None, None) => (unused, 1),
-                (Some(_), None) => {
-                    return Err(Error::InvalidBuffer {
-                        tensor: name,
-                        message: "given for a problem that does not use it (see AttentionProblem::with_varlen / with_paged_kv / with_kv_lengths / with_alibi / with_sinks / with_bias / with_mask / with_mask_blocks)".into(),
-                    })
-                }
-                (None, Some(_)) => {
-                    return Err(Error::InvalidBuffer {
-                        tensor: name,
-                        message: "missing: the problem needs it (on host slices: FlashAttention::forward_indexed)".into(),
-                    })
-                }
-            };
-            // Reported from the index's side: the call's outputs are fine, the index is misplaced.
-            let outputs: Vec<(&str, Option<&TensorBuffer<'_>>)> = written.iter().map(|(n, w)| (*n, Some(*w))).collect();
-            check_written_apart_from_read(&[(name, Some(&tensor))], &outputs)?;
-            bind_f32(name, &tensor, len, caps)
-        };
-        let batch = problem.shape.batch;
-        let offsets = problem.varlen.map(|_| batch.saturating_add(1));
-        Ok(IndexBindings {
-            cu_seqlens_q: bind_index("cu_seqlens_q", index.cu_seqlens_q, offsets)?,
-            cu_seqlens_k: bind_index("cu_seqlens_k", index.cu_seqlens_k, offsets)?,
-            page_table: bind_index(
-                "page_table",
-                index.page_table,
-                cache.paged.map(|_| cache.page_table_len(batch)),
-            )?,
-            kv_lens: bind_index("kv_lens", index.kv_lens, cache.lengths.then_some(batch))?,
-            alibi_slopes: bind_index(
-                "alibi_slopes",
-                index.alibi_slopes,
-                problem.has_alibi_tensor().then_some(problem.shape.num_heads),
-            )?,
-            sinks: bind_index("sinks", index.sinks, problem.sinks.then_some(problem.shape.num_heads))?,
-            // Read as u32 words: the word that holds the last element.
-            bias: bind_index(
-                "bias",
-                index.bias,
-                problem.bias.map(|b| {
-                    let elements = b.required_len(problem).unwrap_or(usize::MAX);
-                    elements.saturating_mul(b.dtype.size_bytes()).div_ceil(4)
-                }),
-            )?,
-            mask: bind_index(
-                "mask",
-                index.mask,
-                problem
-                    .mask
-                    .map(|m| m.required_len(problem).unwrap_or(usize::MAX).div_ceil(4)),
-            )?,
-            mask_blocks: bind_index(
-                "mask_blocks",
-                index.mask_blocks,
-                problem.mask_blocks.then(|| {
-                    MaskBlocks::of(problem)
-                        .ok()
-                        .and_then(|b| b.len_words())
-                        .unwrap_or(usize::MAX)
-                }),
-            )?,
-        })
-    }
-
     pub(crate) fn uniform(&self, params: &Params) -> wgpu::Buffer {
         self.ctx.device.create_buffer_init(&wgpu::util::BufferInitDescriptor {
             label: Some("wgpu-flash-attn params"),
@@ -1113,57 +952,6 @@ impl FlashAttention {
             engine.encode_forward(encoder, problem, &buffers, None).map(|_| ())
         })
         .await
-    }
-
-    /// Uploads a host call's index tensors (none without an index).
-    pub(crate) fn upload_index(&self, index: Option<&BatchIndex<'_>>) -> Result<UploadedIndex> {
-        let upload = |name: &'static str, bytes: Option<&[u8]>| -> Result<Option<wgpu::Buffer>> {
-            let Some(bytes) = bytes else { return Ok(None) };
-            check_buffer_size(name, bytes.len() as u64, &self.ctx.caps)?;
-            Ok(Some(upload_queued(
-                &self.ctx.device,
-                &self.ctx.queue,
-                name,
-                bytes,
-                wgpu::BufferUsages::empty(),
-            )))
-        };
-        let index = index.copied().unwrap_or_default();
-        fn bytes<T: bytemuck::Pod>(x: Option<&[T]>) -> Option<&[u8]> {
-            x.map(bytemuck::cast_slice)
-        }
-        Ok(UploadedIndex {
-            cu_seqlens_q: upload("cu_seqlens_q", bytes(index.cu_seqlens_q))?,
-            cu_seqlens_k: upload("cu_seqlens_k", bytes(index.cu_seqlens_k))?,
-            page_table: upload("page_table", bytes(index.page_table))?,
-            kv_lens: upload("kv_lens", bytes(index.kv_lens))?,
-            alibi_slopes: upload("alibi_slopes", bytes(index.alibi_slopes))?,
-            sinks: upload("sinks", bytes(index.sinks))?,
-            // Padded to whole words, as the kernels read it.
-            bias: upload(
-                "bias",
-                index
-                    .bias
-                    .map(|b| {
-                        let mut v = b.bytes().to_vec();
-                        v.resize(v.len().next_multiple_of(4), 0);
-                        v
-                    })
-                    .as_deref(),
-            )?,
-            mask: upload(
-                "mask",
-                index
-                    .mask
-                    .map(|m| {
-                        let mut v = m.to_vec();
-                        v.resize(v.len().next_multiple_of(4), 0);
-                        v
-                    })
-                    .as_deref(),
-            )?,
-            mask_blocks: None,
-        })
     }
 
     /// [`forward_indexed`](Self::forward_indexed), blocking (not on the web).

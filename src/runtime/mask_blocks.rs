@@ -6,7 +6,8 @@ use crate::error::{Error, Result};
 use crate::gpu::binding::{bind_f32, check_buffer_size, check_written_apart_from_read, TensorBuffer};
 use crate::problem::mask::MaskBlocks;
 use crate::problem::AttentionProblem;
-use crate::runtime::forward::{FlashAttention, IndexBuffers};
+use crate::runtime::forward::FlashAttention;
+use crate::runtime::index::IndexBuffers;
 use crate::wgsl::params::Params;
 use crate::wgsl::KernelConfig;
 
