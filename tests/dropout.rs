@@ -19,7 +19,7 @@ mod common;
 
 use common::batches::Batch;
 use common::dropout_masks::{self, assert_keep_rate, compare_masks};
-use common::{below, coop_engines, engine_with, gpu, seed_of, shape, storage, submit_and_read};
+use common::{below, coop_engines, engine_with, gpu, seed_of, shape, storage, submit_and_read, training};
 use half::{bf16, f16};
 use wgpu::util::DeviceExt;
 use wgpu_flash_attn::batch::{Alibi, BatchIndex, BiasLayout, BiasValues, Dropout, ScoreBias};
@@ -29,7 +29,7 @@ use wgpu_flash_attn::plan::PhiloxMultiply;
 use wgpu_flash_attn::plan::{backward_plans, select_backward, select_forward, BoundsChecks, PLANS};
 use wgpu_flash_attn::problem::backward::GradTensor;
 use wgpu_flash_attn::problem::dropout::philox4x32_10;
-use wgpu_flash_attn::testing::backward_harness::{assert_grads_close, grad_tolerance, BackwardWorkload};
+use wgpu_flash_attn::testing::backward_harness::{grad_tolerance, BackwardWorkload};
 use wgpu_flash_attn::testing::harness::{nan_bytes, tolerance};
 use wgpu_flash_attn::testing::{random_qkv, random_tensor, ErrorStats, Rng};
 use wgpu_flash_attn::wgsl::{DROPOUT, MUL_WIDE_HALVES, MUL_WIDE_U64};
@@ -725,39 +725,17 @@ fn cooperative_dropout_matches_the_reference() {
 
 /// dQ, dK, dV (and the sinks' gradient) through dropout, on host slices, against the reference.
 fn backward_case<T: Element>(engine: &FlashAttention, p: &AttentionProblem, sides: &Sides, label: &str) {
-    let seed = seed_of(label);
-    let (q, k, v): (Vec<T>, Vec<T>, Vec<T>) = random_qkv(p, seed);
     let index = sides.index(p);
-    let fwd = engine
-        .forward_indexed_blocking(p, &q, &k, &v, &index)
-        .unwrap_or_else(|e| panic!("{label}: {e}"));
     let bp = BackwardProblem::new(*p);
-    let d_o: Vec<T> = random_tensor(seed + 7, bp.required_len(GradTensor::DO));
-    let inputs = BackwardInputs {
-        q: &q,
-        k: &k,
-        v: &v,
-        o: &fwd.out,
-        lse: &fwd.lse,
-        d_o: &d_o,
-    };
-    let got = engine
-        .backward_indexed_blocking(bp, &inputs, &index)
-        .unwrap_or_else(|e| panic!("{label}: {e}"));
-    let want = reference::attention_backward_indexed(&bp, &q, &k, &v, &d_o, &index).unwrap();
-    let config = engine.select_backward(bp).unwrap();
+    let step = training::step::<T>(engine, bp, &index, seed_of(label), label);
+    let config = &step.got.config;
     assert!(
         config.dkdv.dropout.is_some() && config.dq.dropout.is_some(),
         "{label}: {}",
         config.name()
     );
-    let kernels = config.name();
-    assert_grads_close(
-        p.dtype,
-        &format!("{label} ({kernels})"),
-        [&got.dq, &got.dk, &got.dv],
-        [&want.dq, &want.dk, &want.dv],
-    );
+    step.assert_grads_close(label);
+    let (got, want) = (&step.got, &step.want);
     if p.sinks {
         let stats = ErrorStats::from_pairs(got.d_sinks.iter().zip(&want.d_sinks).map(|(g, w)| (*g as f64, *w)));
         let rel_l2 = grad_tolerance(p.dtype).rel_l2.max(1e-3);

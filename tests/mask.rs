@@ -11,7 +11,7 @@
 
 mod common;
 
-use common::{below, coop_engines, gpu, seed_of, shape, storage, submit_and_read};
+use common::{below, coop_engines, gpu, seed_of, shape, storage, submit_and_read, training};
 use half::{bf16, f16};
 use wgpu_flash_attn::batch::{
     Alibi, AttentionMask, BatchIndex, BiasLayout, BiasValues, BlockState, MaskBlocks, ScoreBias, Varlen, MASK_BLOCK,
@@ -476,37 +476,14 @@ fn masks_on_packed_batches() {
 /// dQ, dK and dV through a mask on host slices, against the reference: O and the LSE from the
 /// forward, which the tests above check. With and without the summary.
 fn backward_case<T: Element>(engine: &FlashAttention, p: &AttentionProblem, sides: &Sides, label: &str) {
-    let seed = seed_of(label);
-    let (q, k, v): (Vec<T>, Vec<T>, Vec<T>) = random_qkv(p, seed);
     let index = sides.index(p);
-    let fwd = engine
-        .forward_indexed_blocking(p, &q, &k, &v, &index)
-        .unwrap_or_else(|e| panic!("{label}: {e}"));
-    let bp = BackwardProblem::new(*p);
-    let d_o: Vec<T> = random_tensor(seed + 7, bp.required_len(GradTensor::DO));
-    let inputs = BackwardInputs {
-        q: &q,
-        k: &k,
-        v: &v,
-        o: &fwd.out,
-        lse: &fwd.lse,
-        d_o: &d_o,
-    };
-    let got = engine
-        .backward_indexed_blocking(bp, &inputs, &index)
-        .unwrap_or_else(|e| panic!("{label}: {e}"));
-    let kernels = got.config.name();
-    for kernel in [got.config.dkdv.name(), got.config.dq.name()] {
+    let step = training::step::<T>(engine, BackwardProblem::new(*p), &index, seed_of(label), label);
+    let config = &step.got.config;
+    for kernel in [config.dkdv.name(), config.dq.name()] {
         assert!(kernel.contains("_mask"), "{label}: {kernel}");
         assert_eq!(kernel.contains("_blocks"), p.mask_blocks, "{label}: {kernel}");
     }
-    let want = reference::attention_backward_indexed(&bp, &q, &k, &v, &d_o, &index).unwrap();
-    assert_grads_close(
-        p.dtype,
-        &format!("{label} ({kernels})"),
-        [&got.dq, &got.dk, &got.dv],
-        [&want.dq, &want.dk, &want.dv],
-    );
+    step.assert_grads_close(label);
 }
 
 #[test]
@@ -1049,23 +1026,8 @@ fn mask_with_bias_grad_and_dropout() {
         let label = format!("{} dropout {:?}", label(&p, seed, pattern), p.dropout);
         let sides = Sides::new(&p, pattern, seed % 3 == 0, seed);
         let index = sides.index(&p);
-        let (q, k, v): (Vec<f32>, Vec<f32>, Vec<f32>) = random_qkv(&p, seed);
-        let fwd = engine
-            .forward_indexed_blocking(&p, &q, &k, &v, &index)
-            .unwrap_or_else(|e| panic!("{label}: {e}"));
         let bp = BackwardProblem::new(p).with_bias_grad(true);
-        let d_o: Vec<f32> = random_tensor(seed + 7, bp.required_len(GradTensor::DO));
-        let inputs = BackwardInputs {
-            q: &q,
-            k: &k,
-            v: &v,
-            o: &fwd.out,
-            lse: &fwd.lse,
-            d_o: &d_o,
-        };
-        let got = engine
-            .backward_indexed_blocking(bp, &inputs, &index)
-            .unwrap_or_else(|e| panic!("{label}: {e}"));
+        let training::Step { got, want, .. } = training::step::<f32>(&engine, bp, &index, seed, &label);
         let kernels = got.config.name();
         let d_bias_kernel = match got.config.dbias {
             Some(k) => k.name(),
@@ -1082,7 +1044,6 @@ fn mask_with_bias_grad_and_dropout() {
             !(per_batch && per_head),
             "{label}: {kernels}"
         );
-        let want = reference::attention_backward_indexed(&bp, &q, &k, &v, &d_o, &index).unwrap();
         let label = format!("{label} ({kernels})");
         assert_grads_close(
             p.dtype,

@@ -9,7 +9,7 @@
 
 mod common;
 
-use common::{below, coop_engines, gpu, seed_of, shape, storage, submit_and_read};
+use common::{below, coop_engines, gpu, seed_of, shape, storage, submit_and_read, training};
 use half::{bf16, f16};
 use wgpu_flash_attn::batch::BatchIndex;
 use wgpu_flash_attn::batch::{Alibi, BiasLayout, BiasValues, Dropout, ScoreBias, Varlen};
@@ -250,7 +250,6 @@ fn cooperative_score_bias_matches_the_reference() {
 /// reference: O and the LSE from the forward, which the test above checks.
 fn backward_case<T: Element>(engine: &FlashAttention, p: &AttentionProblem, label: &str, hide: bool) {
     let seed = seed_of(label);
-    let (q, k, v): (Vec<T>, Vec<T>, Vec<T>) = random_qkv(p, seed);
     let bias = Bias::random(p, seed, hide);
     let sinks: Vec<f32> = (0..p.shape.num_heads).map(|h| h as f32 * 0.5 - 1.0).collect();
     let index = BatchIndex {
@@ -258,30 +257,7 @@ fn backward_case<T: Element>(engine: &FlashAttention, p: &AttentionProblem, labe
         sinks: p.sinks.then_some(&sinks[..]),
         ..BatchIndex::default()
     };
-    let fwd = engine
-        .forward_indexed_blocking(p, &q, &k, &v, &index)
-        .unwrap_or_else(|e| panic!("{label}: {e}"));
-    let bp = BackwardProblem::new(*p);
-    let d_o: Vec<T> = random_tensor(seed + 7, bp.required_len(GradTensor::DO));
-    let inputs = BackwardInputs {
-        q: &q,
-        k: &k,
-        v: &v,
-        o: &fwd.out,
-        lse: &fwd.lse,
-        d_o: &d_o,
-    };
-    let got = engine
-        .backward_indexed_blocking(bp, &inputs, &index)
-        .unwrap_or_else(|e| panic!("{label}: {e}"));
-    let want = reference::attention_backward_indexed(&bp, &q, &k, &v, &d_o, &index).unwrap();
-    let kernels = engine.select_backward(bp).map(|c| c.name()).unwrap_or_default();
-    assert_grads_close(
-        p.dtype,
-        &format!("{label} ({kernels})"),
-        [&got.dq, &got.dk, &got.dv],
-        [&want.dq, &want.dk, &want.dv],
-    );
+    training::step::<T>(engine, BackwardProblem::new(*p), &index, seed, label).assert_grads_close(label);
 }
 
 #[test]

@@ -4,6 +4,7 @@
 pub mod batches;
 pub mod dropout_masks;
 pub mod inputs;
+pub mod training;
 
 #[allow(unused_imports)] // not every test binary builds shapes
 pub use batches::shape;
