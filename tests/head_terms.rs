@@ -339,7 +339,8 @@ fn host_calls_carry_the_per_head_tensors() {
 }
 
 /// The per-head tensors are checked: missing, given to a problem that does not use them, too
-/// short, not finite (host slices); and a d(sinks) output for a problem without sinks.
+/// short, not finite, or past f32 in base 2 (a sink of 3e38 made its rows' LSE +∞ before: the
+/// campaign's seed 4462) (host slices); and a d(sinks) output for a problem without sinks.
 #[test]
 fn per_head_tensors_are_checked() {
     let Some(ctx) = gpu() else { return };
@@ -351,7 +352,7 @@ fn per_head_tensors_are_checked() {
         other => panic!("not an InvalidBuffer: {other}"),
     };
     let two = [0.5f32, -0.5];
-    let cases: [(AttentionProblem, BatchIndex<'_>, &str); 5] = [
+    let cases: [(AttentionProblem, BatchIndex<'_>, &str); 7] = [
         (p, BatchIndex::default(), "sinks"),
         (
             p,
@@ -380,6 +381,22 @@ fn per_head_tensors_are_checked() {
         (
             AttentionProblem { sinks: false, ..p }.with_alibi_slopes(),
             BatchIndex::default(),
+            "alibi_slopes",
+        ),
+        (
+            p,
+            BatchIndex {
+                sinks: Some(&[0.5, 3e38]),
+                ..BatchIndex::default()
+            },
+            "sinks",
+        ),
+        (
+            AttentionProblem { sinks: false, ..p }.with_alibi_slopes(),
+            BatchIndex {
+                alibi_slopes: Some(&[-2.5e38, 0.5]),
+                ..BatchIndex::default()
+            },
             "alibi_slopes",
         ),
     ];

@@ -19,7 +19,7 @@
 //! [`AttentionProblem::with_alibi_slopes`] and [`AttentionProblem::with_sinks`]; the tensors come
 //! with the call (`BatchIndex` on host slices, `ForwardBuffers`/`BackwardBuffers` fields).
 
-use super::AttentionProblem;
+use super::{base2_finite, AttentionProblem, MAX_BASE2_INPUT};
 use crate::error::{Error, Result};
 
 /// Where a problem's ALiBi slopes come from ([`AttentionProblem::alibi`]).
@@ -47,7 +47,8 @@ impl Alibi {
 }
 
 /// Checks a per-head tensor given with a call: present exactly when the problem uses it, at
-/// least `num_heads` values, all finite.
+/// least `num_heads` values, each a [`base2_finite`] logit (a sink) or slope (ALiBi's, times a
+/// distance of at least 1 where it is not 0).
 pub(crate) fn check_head_tensor(
     name: &'static str,
     values: Option<&[f32]>,
@@ -63,8 +64,12 @@ pub(crate) fn check_head_tensor(
             "holds {} values, the problem has {num_heads} query heads",
             v.len()
         )),
-        (Some(v), true) => match v[..num_heads].iter().position(|x| !x.is_finite()) {
-            Some(h) => error(format!("value {} of head {h} is not finite", v[h])),
+        (Some(v), true) => match v[..num_heads].iter().position(|&x| !base2_finite(x)) {
+            Some(h) if !v[h].is_finite() => error(format!("value {} of head {h} is not finite", v[h])),
+            Some(h) => error(format!(
+                "value {} of head {h} is out of range: the kernels work in base 2, and x·log2(e) overflows f32 (|x| must be below {:e})",
+                v[h], MAX_BASE2_INPUT
+            )),
             None => Ok(()),
         },
     }
@@ -108,11 +113,17 @@ mod tests {
     fn head_tensors_are_checked() {
         assert!(check_head_tensor("sinks", None, false, 4).is_ok());
         assert!(check_head_tensor("sinks", Some(&[0.0; 4]), true, 4).is_ok());
+        // The largest magnitudes whose base-2 forms are finite pass; just past them, not.
+        let edge = MAX_BASE2_INPUT;
+        assert!(check_head_tensor("sinks", Some(&[edge, -edge, 1e38, -0.0]), true, 4).is_ok());
+        let past = f32::from_bits(edge.to_bits() + 1);
         for (values, wanted) in [
             (None, true),
             (Some(&[0.0f32; 4][..]), false),
             (Some(&[0.0f32; 3][..]), true),
             (Some(&[0.0, f32::NAN, 0.0, 0.0][..]), true),
+            (Some(&[0.0, 0.0, past, 0.0][..]), true),
+            (Some(&[-3e38, 0.0, 0.0, 0.0][..]), true),
         ] {
             let e = check_head_tensor("sinks", values, wanted, 4).unwrap_err();
             assert!(matches!(e, Error::InvalidBuffer { tensor: "sinks", .. }), "{e}");

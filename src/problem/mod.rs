@@ -246,6 +246,15 @@ pub const MAX_HEAD_DIM: usize = 256;
 /// Granularity, in elements, that offsets and strides must respect (see [`TensorLayout`]).
 pub const ELEMENT_ALIGNMENT: usize = 4;
 
+/// The largest |x| whose base-2 form `x·log2 e` is finite in f32, about 2.36e38: the kernels take
+/// exp2 of base-2 logits, so a scale, sink logit, ALiBi slope or bias value past it is refused.
+pub(crate) const MAX_BASE2_INPUT: f32 = f32::MAX / std::f32::consts::LOG2_E;
+
+/// Whether `x` and its base-2 form `x·log2 e` are both finite (see [`MAX_BASE2_INPUT`]).
+pub(crate) fn base2_finite(x: f32) -> bool {
+    (x * std::f32::consts::LOG2_E).is_finite()
+}
+
 /// One attention call: `O = softmax(scale·QKᵀ [+ causal mask])·V`, per batch and head, plus the
 /// natural-log row log-sum-exp `LSE[b, h, i] = log Σⱼ exp(scale·qᵢ·kⱼ)` (f32,
 /// `[batch, num_heads, seq_q]` contiguous).
@@ -784,7 +793,7 @@ impl AttentionProblem {
             if !self.softmax_scale_log2().is_finite() {
                 return invalid!(
                     "softmax scale {scale} is too large: scale·log2(e) overflows f32 (|scale| must be below {:e})",
-                    f32::MAX / std::f32::consts::LOG2_E
+                    MAX_BASE2_INPUT
                 );
             }
         }

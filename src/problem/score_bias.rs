@@ -19,7 +19,7 @@
 //! dense `[batch | 1, num_heads | 1, seq_q, seq_kv]`, summed over the dimensions the bias
 //! broadcasts ([`BackwardProblem::d_bias_layout`](super::backward::BackwardProblem::d_bias_layout)).
 
-use super::AttentionProblem;
+use super::{base2_finite, AttentionProblem, MAX_BASE2_INPUT};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 
@@ -227,6 +227,12 @@ pub(crate) fn check_bias_values(values: Option<BiasValues<'_>>, problem: &Attent
                             "element ({b}, {h}, {i}, {j}) is {x}: NaN and +∞ are not biases"
                         ));
                     }
+                    // −∞ hides the key; a finite value's base-2 form must be finite too.
+                    if x != f64::NEG_INFINITY && !base2_finite(x as f32) {
+                        return error(format!(
+                            "element ({b}, {h}, {i}, {j}) is {x}: out of range, the kernels work in base 2 and x·log2(e) overflows f32 (|x| must be below {MAX_BASE2_INPUT:e})"
+                        ));
+                    }
                 }
                 if l.row_stride == 0 {
                     break;
@@ -327,6 +333,23 @@ mod tests {
         let mut v = values.clone();
         v[17] = f32::NEG_INFINITY;
         assert!(check_bias_values(Some(BiasValues::F32(&v)), &p).is_ok());
+        // Finite, but past f32 in base 2: refused; at the edge, taken.
+        for (x, ok) in [(3e38, false), (-2.5e38, false), (MAX_BASE2_INPUT, true), (-1e38, true)] {
+            let mut v = values.clone();
+            v[9] = x;
+            assert_eq!(check_bias_values(Some(BiasValues::F32(&v)), &p).is_ok(), ok, "{x}");
+        }
+        // bf16 reaches 3.39e38.
+        let mut b = vec![half::bf16::ZERO; 32];
+        b[3] = half::bf16::MAX;
+        assert!(check_bias_values(
+            Some(BiasValues::BF16(&b)),
+            &p.with_bias(ScoreBias {
+                dtype: DType::BF16,
+                layout
+            })
+        )
+        .is_err());
     }
 
     /// A shape without elements is checked at once, whatever its other dimensions: the loops
