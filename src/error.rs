@@ -121,6 +121,20 @@ macro_rules! invalid {
 }
 pub(crate) use invalid;
 
+/// Refuses the first tensor given fewer elements than its layout reaches: each entry is `(name,
+/// elements held, elements needed)`. Host slices and device buffers alike.
+pub(crate) fn check_holds(tensors: impl IntoIterator<Item = (&'static str, usize, usize)>) -> Result<()> {
+    for (tensor, have, need) in tensors {
+        if have < need {
+            return Err(Error::InvalidBuffer {
+                tensor,
+                message: format!("holds {have} elements, the problem's layout needs {need}"),
+            });
+        }
+    }
+    Ok(())
+}
+
 /// A host output of `len` elements, each `zero`, for tensor `name`, or [`Error::TooLarge`] where
 /// the host cannot hold it: a layout's strides, not its data, set a split call's output size
 /// (a sparse O can span gigabytes), and the float64 reference's outputs take 8 bytes an element;

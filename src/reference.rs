@@ -5,8 +5,8 @@
 //! It reads the kernel's inputs as stored (already rounded to the problem's dtype), so the only
 //! difference from a kernel's output is the kernel's own arithmetic.
 
-use crate::error::host_output;
 use crate::error::Result;
+use crate::error::{check_holds, host_output};
 use crate::problem::backward::{BackwardProblem, GradTensor};
 use crate::problem::index::BatchIndex;
 use crate::problem::mask::score_terms;
@@ -198,16 +198,10 @@ impl<'a> SequenceKeys<'a> {
 
 fn check_inputs<T: Element>(problem: &AttentionProblem, q: &[T], k: &[T], v: &[T]) -> Result<()> {
     problem.validate()?;
-    for (tensor, data) in [(Tensor::Q, q.len()), (Tensor::K, k.len()), (Tensor::V, v.len())] {
-        let need = problem.required_len(tensor);
-        if data < need {
-            return Err(crate::error::Error::InvalidBuffer {
-                tensor: tensor.name(),
-                message: format!("holds {data} elements, the problem needs {need}"),
-            });
-        }
-    }
-    Ok(())
+    check_holds(
+        [(Tensor::Q, q.len()), (Tensor::K, k.len()), (Tensor::V, v.len())]
+            .map(|(t, len)| (t.name(), len, problem.required_len(t))),
+    )
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -817,14 +811,7 @@ fn check_backward_inputs<T: Element>(problem: &BackwardProblem, q: &[T], k: &[T]
     }
     problem.validate()?;
     check_inputs(&problem.forward, q, k, v)?;
-    let need = problem.required_len(GradTensor::DO);
-    if d_o.len() < need {
-        return Err(crate::error::Error::InvalidBuffer {
-            tensor: GradTensor::DO.name(),
-            message: format!("holds {} elements, the problem needs {need}", d_o.len()),
-        });
-    }
-    Ok(())
+    check_holds([(GradTensor::DO.name(), d_o.len(), problem.required_len(GradTensor::DO))])
 }
 
 /// What one query row contributes: its dQ row, and its terms of the dK and dV rows of the keys

@@ -17,7 +17,7 @@ use super::plan::{
     select_backward_config, validate_for_cuda_backward, BackwardAddresses, BwdParams, CudaBackwardConfig,
     CudaBackwardPlan, LaunchGeometry,
 };
-use crate::error::{Error, Result};
+use crate::error::{check_holds, Error, Result};
 use crate::problem::backward::{BackwardProblem, GradTensor};
 use crate::problem::{Element, Tensor};
 use crate::runtime::backward::BackwardInputs;
@@ -317,21 +317,14 @@ impl CudaAttention {
                 got: T::DTYPE,
             });
         }
-        for (name, len, need) in [
+        check_holds([
             ("q", inputs.q.len(), f.required_len(Tensor::Q)),
             ("k", inputs.k.len(), f.required_len(Tensor::K)),
             ("v", inputs.v.len(), f.required_len(Tensor::V)),
             ("o", inputs.o.len(), f.required_len(Tensor::O)),
             ("lse", inputs.lse.len(), f.lse_len()),
             ("d_o", inputs.d_o.len(), problem.required_len(GradTensor::DO)),
-        ] {
-            if len < need {
-                return Err(Error::InvalidBuffer {
-                    tensor: name,
-                    message: format!("holds {len} elements, the problem needs {need}"),
-                });
-            }
-        }
+        ])?;
         let stream = self.device().stream();
         // bf16/f16 travel as their bit patterns: cudarc's DeviceRepr covers u16, not half's types.
         let bits = |x: &[T]| -> Vec<u16> { bytemuck::cast_slice::<T, u16>(x).to_vec() };
@@ -421,7 +414,7 @@ impl<T> BackwardDeviceTensors<'_, T> {
 /// Refuses device tensors shorter than `problem`'s layouts reach.
 pub(super) fn check_backward_lengths<T>(problem: &BackwardProblem, t: &BackwardDeviceTensors<'_, T>) -> Result<()> {
     let f = &problem.forward;
-    for (name, len, need) in [
+    check_holds([
         ("q", t.q.len(), f.required_len(Tensor::Q)),
         ("k", t.k.len(), f.required_len(Tensor::K)),
         ("v", t.v.len(), f.required_len(Tensor::V)),
@@ -431,15 +424,7 @@ pub(super) fn check_backward_lengths<T>(problem: &BackwardProblem, t: &BackwardD
         ("dq", t.dq.len(), problem.required_len(GradTensor::DQ)),
         ("dk", t.dk.len(), problem.required_len(GradTensor::DK)),
         ("dv", t.dv.len(), problem.required_len(GradTensor::DV)),
-    ] {
-        if len < need {
-            return Err(Error::InvalidBuffer {
-                tensor: name,
-                message: format!("holds {len} elements, the problem needs {need}"),
-            });
-        }
-    }
-    Ok(())
+    ])
 }
 
 /// Refuses gradients whose device memory overlaps each other's or an input's, by the byte extents

@@ -22,7 +22,7 @@ use super::plan::{
     CudaPlan, CudaSelection, DecodeParams, Fp8Config, FwdParams, LaunchGeometry,
 };
 use super::tma;
-use crate::error::{invalid, Error, Result};
+use crate::error::{check_holds, invalid, Error, Result};
 use crate::plan::decode::DecodeSplit;
 use crate::problem::index::BatchIndex;
 use crate::problem::score_bias::BiasValues;
@@ -661,19 +661,12 @@ impl CudaAttention {
         let es = problem.dtype.size_bytes();
         let s = &problem.shape;
         let new_len = s.batch * s.seq_q * s.num_kv_heads * s.head_dim;
-        for (tensor, len, need) in [
+        check_holds([
             ("new_k", t.new_k.len(), new_len),
             ("new_v", t.new_v.len(), new_len),
             ("k_cache", t.k_cache.len(), problem.required_len(Tensor::K)),
             ("v_cache", t.v_cache.len(), problem.required_len(Tensor::V)),
-        ] {
-            if len < need {
-                return Err(Error::InvalidBuffer {
-                    tensor,
-                    message: format!("holds {len} elements, the problem needs {need}"),
-                });
-            }
-        }
+        ])?;
         let config = CudaKernelConfig::for_problem(problem, CudaPlan::Decode(default_decode_plan(s.head_dim)), 16)?;
         let CudaKernelConfig::Decode(decode) = config else {
             return invalid!("the append runs in the decode module");
@@ -1141,16 +1134,7 @@ pub(super) fn check_element_size<T>(problem: &AttentionProblem, tensor: &'static
 
 /// Each buffer holds at least the elements its tensor's layout reaches.
 pub(super) fn check_lengths<const N: usize>(problem: &AttentionProblem, lengths: [(Tensor, usize); N]) -> Result<()> {
-    for (tensor, len) in lengths {
-        let need = problem.required_len(tensor);
-        if len < need {
-            return Err(Error::InvalidBuffer {
-                tensor: tensor.name(),
-                message: format!("holds {len} elements, the problem needs {need}"),
-            });
-        }
-    }
-    Ok(())
+    check_holds(lengths.map(|(t, len)| (t.name(), len, problem.required_len(t))))
 }
 
 /// Enqueues `function` with the single parameter block `params` on `device`'s stream as a

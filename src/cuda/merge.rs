@@ -8,7 +8,7 @@ use cudarc::nvrtc::Ptx;
 
 use super::launch::{check_element_size, element_walk_launch, first_overlap, output_pointer, CudaAttention};
 use super::nvrtc::{load_or_compile, CompileJob};
-use crate::error::{Error, Result};
+use crate::error::{check_holds, Error, Result};
 use crate::problem::varlen::refuse_packed;
 use crate::problem::{check_merge_inputs, AttentionProblem, DType, Element, Tensor, TensorLayout};
 use crate::runtime::forward::AttentionOutput;
@@ -108,21 +108,14 @@ impl CudaAttention {
         check_element_size::<T>(problem, "o_a")?;
         let [len_a, len_b, len_o] = layouts.map(|l| o_len(problem, l));
         let rows = problem.lse_len();
-        for (tensor, have, need) in [
+        check_holds([
             ("o_a", t.o_a.len(), len_a),
             ("lse_a", t.lse_a.len(), rows),
             ("o_b", t.o_b.len(), len_b),
             ("lse_b", t.lse_b.len(), rows),
             ("o", t.o.len(), len_o),
             ("lse", t.lse.as_ref().map_or(rows, |l| l.len()), rows),
-        ] {
-            if have < need {
-                return Err(Error::InvalidBuffer {
-                    tensor,
-                    message: format!("holds {have} elements, the problem's layout needs {need}"),
-                });
-            }
-        }
+        ])?;
         let kernels = self.merge_kernels()?;
         let stream = self.device().stream();
         // Each guard orders the launch after earlier writes to its buffer (cudarc's bookkeeping).

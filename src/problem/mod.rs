@@ -22,7 +22,7 @@ pub use softcap::CapForm;
 pub use varlen::{SequenceRows, Varlen};
 
 pub use crate::dtype::{DType, Element};
-use crate::error::{invalid, Error, Result};
+use crate::error::{check_holds, invalid, Error, Result};
 
 /// The two common orders of a 4-D attention tensor, both with `head_dim` innermost.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -879,20 +879,12 @@ pub(crate) fn check_merge_inputs<T: Element>(
         });
     }
     let (o_len, lse_len) = (problem.required_len(Tensor::O), problem.lse_len());
-    for (tensor, have, need) in [
+    check_holds([
         ("o_a", o_a.len(), o_len),
         ("lse_a", lse_a.len(), lse_len),
         ("o_b", o_b.len(), o_len),
         ("lse_b", lse_b.len(), lse_len),
-    ] {
-        if have < need {
-            return Err(Error::InvalidBuffer {
-                tensor,
-                message: format!("the slice holds {have} elements, the problem needs {need}"),
-            });
-        }
-    }
-    Ok(())
+    ])
 }
 
 /// Refuses a batch stride on a packed tensor (a packed batch's Q and O, and its K and V unless

@@ -10,7 +10,7 @@
 use wgpu::util::DeviceExt;
 
 use crate::caps::Caps;
-use crate::error::host_output;
+use crate::error::{check_holds, host_output};
 use crate::error::{Error, Result};
 use crate::gpu::binding::{
     bind, bind_f32, binding_start, byte_len, check_binding_size, check_buffer_size, check_disjoint,
@@ -1343,13 +1343,6 @@ pub(super) fn check_backward_slices<T: Element>(
         ("lse", inputs.lse.len(), f.lse_len()),
         ("d_o", inputs.d_o.len(), problem.required_len(GradTensor::DO)),
     ];
-    for (tensor, got, need) in lengths {
-        if got < need {
-            return Err(Error::InvalidBuffer {
-                tensor,
-                message: format!("the slice holds {got} elements, the problem's layout needs {need}"),
-            });
-        }
-    }
+    check_holds(lengths)?;
     Ok(lengths)
 }

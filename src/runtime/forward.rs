@@ -5,7 +5,7 @@ use wgpu::util::DeviceExt;
 
 use crate::caps::Caps;
 use crate::device::context::GpuContext;
-use crate::error::host_output;
+use crate::error::{check_holds, host_output};
 use crate::error::{Error, Result};
 use crate::gpu::binding::{
     bind, bind_f32, binding_start, byte_len, check_binding_size, check_buffer_size, check_disjoint,
@@ -1099,14 +1099,9 @@ pub(crate) fn check_host_slices<T: Element>(
             got: T::DTYPE,
         });
     }
-    for (t, len) in lengths {
-        let need = problem.required_len(t);
-        if len < need {
-            return Err(Error::InvalidBuffer {
-                tensor: t.name(),
-                message: format!("the slice holds {len} elements, the problem's layout needs {need}"),
-            });
-        }
-    }
-    Ok(())
+    check_holds(
+        lengths
+            .into_iter()
+            .map(|(t, len)| (t.name(), len, problem.required_len(t))),
+    )
 }
