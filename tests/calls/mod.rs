@@ -1044,6 +1044,26 @@ fn in_f32_domain<T: Element>(p: &AttentionProblem, q: &[T], k: &[T]) -> bool {
     score * std::f64::consts::LOG2_E < 1e37 && p.softcap.is_none_or(|c| c <= 1e4)
 }
 
+/// Whether the variants' terms keep the scores moderate: ALiBi's slope times the longest distance,
+/// the bias's finite values and the sinks at most 1e4. The backward recomputes P as
+/// exp(s − LSE) from an f32 LSE, whose rounding (6e-8·|LSE|) past that makes P, and the
+/// gradients, not defined (README, "Edge semantics": an ALiBi slope of −1e30 gave +∞ there, seed
+/// 69455); such a successful call is not judged.
+fn moderate_terms(p: &AttentionProblem, index: &BatchIndex<'_>) -> bool {
+    const LIMIT: f64 = 1e4;
+    let s = p.shape;
+    let distance = (s.seq_q + s.seq_kv) as f64;
+    let largest = |x: Option<&[f32]>| x.map_or(0.0, |x| x.iter().fold(0.0f64, |m, v| m.max((*v as f64).abs())));
+    let slopes = largest(index.alibi_slopes) * distance;
+    let bias = index.bias.map_or(0.0, |b| {
+        (0..b.len())
+            .map(|e| b.get(e))
+            .filter(|x| x.is_finite())
+            .fold(0.0f64, |m, x| m.max(x.abs()))
+    });
+    slopes <= LIMIT && bias <= LIMIT && largest(index.sinks) <= LIMIT
+}
+
 /// Whether packed row `i` belongs to some sequence of a valid `cu_seqlens_q`.
 fn row_in_sequences(d: &Drawn, i: usize) -> bool {
     // Entries past `batch + 1` are not read.
@@ -1513,7 +1533,7 @@ fn judge_backward<T: Element>(
         return Ok(false);
     }
     let [q, k, v, d_o] = inputs;
-    if !in_f32_domain(p, q, k) {
+    if !in_f32_domain(p, q, k) || !moderate_terms(p, index) {
         return Ok(false);
     }
     let want = reference::attention_backward_indexed(bp, q, k, v, d_o, index)
