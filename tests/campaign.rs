@@ -13,6 +13,10 @@
 //! FLASH_REQUIRE_GPU=1 FLASH_CAMPAIGN_CALLS=100000 cargo test --features internals,cuda --test campaign -- --ignored --nocapture
 //! ```
 //!
+//! Each engine keeps every pipeline it builds, and lavapipe's are large: with the variants' terms
+//! one process outgrew 24 GB at 34,000 calls, so on such a machine run it as five processes of
+//! 20,000 seeds (`FLASH_CAMPAIGN_SEED=0, 20000, …` with `FLASH_CAMPAIGN_CALLS=20000`).
+//!
 //! A failure names its seed; `FLASH_CAMPAIGN_SEED=<seed> FLASH_CAMPAIGN_CALLS=1` replays it.
 //!
 //! The cooperative-matrix kernels run on no CPU driver with real matrices; where the test device
