@@ -121,6 +121,18 @@ macro_rules! invalid {
 }
 pub(crate) use invalid;
 
+/// An error and its sources, `: `-joined: wgpu's errors say only their kind ("Validation
+/// Error") when displayed; what went wrong is in the sources.
+pub(crate) fn error_chain(error: &dyn std::error::Error) -> String {
+    let mut why = error.to_string();
+    let mut source = error.source();
+    while let Some(s) = source {
+        why = format!("{why}: {s}");
+        source = s.source();
+    }
+    why
+}
+
 /// Refuses the first tensor given fewer elements than its layout reaches: each entry is `(name,
 /// elements held, elements needed)`. Host slices and device buffers alike.
 pub(crate) fn check_holds(tensors: impl IntoIterator<Item = (&'static str, usize, usize)>) -> Result<()> {

@@ -207,7 +207,7 @@ impl GpuContext {
         self.device.on_uncaptured_error(Arc::new(move |error: wgpu::Error| {
             if let Some(health) = health.upgrade() {
                 if let Ok(mut slot) = health.error.lock() {
-                    slot.get_or_insert_with(|| error_chain(&error));
+                    slot.get_or_insert_with(|| crate::error::error_chain(&error));
                 }
             }
         }));
@@ -241,18 +241,6 @@ impl GpuContext {
         }
         Ok(())
     }
-}
-
-/// An error and its sources, `: `-joined: wgpu's errors say only their kind ("Validation
-/// Error") when displayed; what went wrong is in the sources.
-pub(crate) fn error_chain(error: &dyn std::error::Error) -> String {
-    let mut why = error.to_string();
-    let mut source = error.source();
-    while let Some(s) = source {
-        why = format!("{why}: {s}");
-        source = s.source();
-    }
-    why
 }
 
 /// Ranks an adapter: lower is better. Real GPUs before software ones, native backends before GL.

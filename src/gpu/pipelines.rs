@@ -139,7 +139,7 @@ impl PipelineCache {
         let verdict = async move {
             for error in errors {
                 if let Some(e) = error.await {
-                    return Some(crate::device::context::error_chain(&e));
+                    return Some(crate::error::error_chain(&e));
                 }
             }
             None

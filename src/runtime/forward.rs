@@ -20,7 +20,7 @@ use crate::plan::{
 };
 use crate::problem::index::BatchIndex;
 use crate::problem::{AttentionProblem, Element, Tensor};
-use crate::runtime::index::{IndexBindings, IndexBuffers};
+use crate::runtime::index::{self, IndexBindings, IndexBuffers, UploadedIndex};
 use crate::runtime::split::{
     self, on_own_buffers, part_slice, part_timestamps, scatter_rows, shifted, Part, Pass, Placement,
 };
@@ -289,10 +289,20 @@ impl FlashAttention {
         &self.unused_lse
     }
 
-    /// The 4-byte buffer bound in place of an index tensor the problem does not use
-    /// (src/runtime/index.rs).
-    pub(crate) fn unused_index(&self) -> &wgpu::Buffer {
-        &self.unused_index
+    /// A call's side tensors bound for its kernels ([`index::bind`]): those given, checked against
+    /// the problem and the tensors the call writes.
+    pub(crate) fn bind_index<'a>(
+        &'a self,
+        problem: &AttentionProblem,
+        index: &IndexBuffers<'a>,
+        written: &[(&'static str, &TensorBuffer<'a>)],
+    ) -> Result<IndexBindings<'a>> {
+        index::bind(&self.ctx.caps, &self.unused_index, problem, index, written)
+    }
+
+    /// A host call's side tensors, uploaded ([`index::upload`]).
+    pub(crate) fn upload_index(&self, index: Option<&BatchIndex<'_>>) -> Result<UploadedIndex> {
+        index::upload(&self.ctx, index)
     }
 
     /// The decode kernel's reusable scratch (src/runtime/decode.rs).

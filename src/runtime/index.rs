@@ -4,6 +4,8 @@
 //! ([`UploadedIndex`], from a [`BatchIndex`]), and bound for the kernels, checked against the
 //! problem and the tensors the call writes ([`IndexBindings`]).
 
+use crate::caps::Caps;
+use crate::device::context::GpuContext;
 use crate::error::{Error, Result};
 use crate::gpu::binding::{bind_f32, check_buffer_size, check_written_apart_from_read, Bound, TensorBuffer};
 use crate::gpu::readback::upload_queued;
@@ -11,7 +13,6 @@ use crate::plan::MaskBinding;
 use crate::problem::index::BatchIndex;
 use crate::problem::mask::MaskBlocks;
 use crate::problem::AttentionProblem;
-use crate::runtime::forward::FlashAttention;
 
 /// The side tensors of a call (see [`ForwardBuffers`]), each given when the problem uses it: the
 /// batch's index tensors and the per-head tensors.
@@ -101,134 +102,132 @@ impl IndexBindings<'_> {
     }
 }
 
-impl FlashAttention {
-    /// [`bind_forward_index`](Self::bind_forward_index) for any call: the index tensors given,
-    /// checked against the problem and against the tensors the call writes.
-    pub(crate) fn bind_index<'a>(
-        &'a self,
-        problem: &AttentionProblem,
-        index: &IndexBuffers<'a>,
-        written: &[(&'static str, &TensorBuffer<'a>)],
-    ) -> Result<IndexBindings<'a>> {
-        let caps = &self.context().caps;
-        let cache = &problem.kv_cache;
-        let unused = TensorBuffer::new(self.unused_index());
-        let bind_index = |name: &'static str, given: Option<TensorBuffer<'a>>, len: Option<usize>| {
-            let (tensor, len) = match (given, len) {
-                (Some(t), Some(len)) => (t, len),
-                (None, None) => (unused, 1),
-                (Some(_), None) => {
-                    return Err(Error::InvalidBuffer {
-                        tensor: name,
-                        message: "given for a problem that does not use it (see AttentionProblem::with_varlen / with_paged_kv / with_kv_lengths / with_alibi / with_sinks / with_bias / with_mask / with_mask_blocks)".into(),
-                    })
-                }
-                (None, Some(_)) => {
-                    return Err(Error::InvalidBuffer {
-                        tensor: name,
-                        message: "missing: the problem needs it (on host slices: FlashAttention::forward_indexed)".into(),
-                    })
-                }
-            };
-            // Reported from the index's side: the call's outputs are fine, the index is misplaced.
-            let outputs: Vec<(&str, Option<&TensorBuffer<'_>>)> = written.iter().map(|(n, w)| (*n, Some(*w))).collect();
-            check_written_apart_from_read(&[(name, Some(&tensor))], &outputs)?;
-            bind_f32(name, &tensor, len, caps)
+/// The side tensors of any call bound for its kernels: those given, checked against the problem
+/// and against the tensors the call writes; `unused` (a 4-byte buffer) in place of the others.
+pub(crate) fn bind<'a>(
+    caps: &Caps,
+    unused: &'a wgpu::Buffer,
+    problem: &AttentionProblem,
+    index: &IndexBuffers<'a>,
+    written: &[(&'static str, &TensorBuffer<'a>)],
+) -> Result<IndexBindings<'a>> {
+    let cache = &problem.kv_cache;
+    let unused = TensorBuffer::new(unused);
+    let bind_index = |name: &'static str, given: Option<TensorBuffer<'a>>, len: Option<usize>| {
+        let (tensor, len) = match (given, len) {
+            (Some(t), Some(len)) => (t, len),
+            (None, None) => (unused, 1),
+            (Some(_), None) => {
+                return Err(Error::InvalidBuffer {
+                    tensor: name,
+                    message: "given for a problem that does not use it (see AttentionProblem::with_varlen / with_paged_kv / with_kv_lengths / with_alibi / with_sinks / with_bias / with_mask / with_mask_blocks)".into(),
+                })
+            }
+            (None, Some(_)) => {
+                return Err(Error::InvalidBuffer {
+                    tensor: name,
+                    message: "missing: the problem needs it (on host slices: FlashAttention::forward_indexed)".into(),
+                })
+            }
         };
-        let batch = problem.shape.batch;
-        let offsets = problem.varlen.map(|_| batch.saturating_add(1));
-        Ok(IndexBindings {
-            cu_seqlens_q: bind_index("cu_seqlens_q", index.cu_seqlens_q, offsets)?,
-            cu_seqlens_k: bind_index("cu_seqlens_k", index.cu_seqlens_k, offsets)?,
-            page_table: bind_index(
-                "page_table",
-                index.page_table,
-                cache.paged.map(|_| cache.page_table_len(batch)),
-            )?,
-            kv_lens: bind_index("kv_lens", index.kv_lens, cache.lengths.then_some(batch))?,
-            alibi_slopes: bind_index(
-                "alibi_slopes",
-                index.alibi_slopes,
-                problem.has_alibi_tensor().then_some(problem.shape.num_heads),
-            )?,
-            sinks: bind_index("sinks", index.sinks, problem.sinks.then_some(problem.shape.num_heads))?,
-            // Read as u32 words: the word that holds the last element.
-            bias: bind_index(
-                "bias",
-                index.bias,
-                problem.bias.map(|b| {
-                    let elements = b.required_len(problem).unwrap_or(usize::MAX);
-                    elements.saturating_mul(b.dtype.size_bytes()).div_ceil(4)
-                }),
-            )?,
-            mask: bind_index(
-                "mask",
-                index.mask,
-                problem
-                    .mask
-                    .map(|m| m.required_len(problem).unwrap_or(usize::MAX).div_ceil(4)),
-            )?,
-            mask_blocks: bind_index(
-                "mask_blocks",
-                index.mask_blocks,
-                problem.mask_blocks.then(|| {
-                    MaskBlocks::of(problem)
-                        .ok()
-                        .and_then(|b| b.len_words())
-                        .unwrap_or(usize::MAX)
-                }),
-            )?,
-        })
-    }
+        // Reported from the index's side: the call's outputs are fine, the index is misplaced.
+        let outputs: Vec<(&str, Option<&TensorBuffer<'_>>)> = written.iter().map(|(n, w)| (*n, Some(*w))).collect();
+        check_written_apart_from_read(&[(name, Some(&tensor))], &outputs)?;
+        bind_f32(name, &tensor, len, caps)
+    };
+    let batch = problem.shape.batch;
+    let offsets = problem.varlen.map(|_| batch.saturating_add(1));
+    Ok(IndexBindings {
+        cu_seqlens_q: bind_index("cu_seqlens_q", index.cu_seqlens_q, offsets)?,
+        cu_seqlens_k: bind_index("cu_seqlens_k", index.cu_seqlens_k, offsets)?,
+        page_table: bind_index(
+            "page_table",
+            index.page_table,
+            cache.paged.map(|_| cache.page_table_len(batch)),
+        )?,
+        kv_lens: bind_index("kv_lens", index.kv_lens, cache.lengths.then_some(batch))?,
+        alibi_slopes: bind_index(
+            "alibi_slopes",
+            index.alibi_slopes,
+            problem.has_alibi_tensor().then_some(problem.shape.num_heads),
+        )?,
+        sinks: bind_index("sinks", index.sinks, problem.sinks.then_some(problem.shape.num_heads))?,
+        // Read as u32 words: the word that holds the last element.
+        bias: bind_index(
+            "bias",
+            index.bias,
+            problem.bias.map(|b| {
+                let elements = b.required_len(problem).unwrap_or(usize::MAX);
+                elements.saturating_mul(b.dtype.size_bytes()).div_ceil(4)
+            }),
+        )?,
+        mask: bind_index(
+            "mask",
+            index.mask,
+            problem
+                .mask
+                .map(|m| m.required_len(problem).unwrap_or(usize::MAX).div_ceil(4)),
+        )?,
+        mask_blocks: bind_index(
+            "mask_blocks",
+            index.mask_blocks,
+            problem.mask_blocks.then(|| {
+                MaskBlocks::of(problem)
+                    .ok()
+                    .and_then(|b| b.len_words())
+                    .unwrap_or(usize::MAX)
+            }),
+        )?,
+    })
+}
 
-    /// Uploads a host call's index tensors (none without an index).
-    pub(crate) fn upload_index(&self, index: Option<&BatchIndex<'_>>) -> Result<UploadedIndex> {
-        let upload = |name: &'static str, bytes: Option<&[u8]>| -> Result<Option<wgpu::Buffer>> {
-            let Some(bytes) = bytes else { return Ok(None) };
-            check_buffer_size(name, bytes.len() as u64, &self.context().caps)?;
-            Ok(Some(upload_queued(
-                &self.context().device,
-                &self.context().queue,
-                name,
-                bytes,
-                wgpu::BufferUsages::empty(),
-            )))
-        };
-        let index = index.copied().unwrap_or_default();
-        fn bytes<T: bytemuck::Pod>(x: Option<&[T]>) -> Option<&[u8]> {
-            x.map(bytemuck::cast_slice)
-        }
-        Ok(UploadedIndex {
-            cu_seqlens_q: upload("cu_seqlens_q", bytes(index.cu_seqlens_q))?,
-            cu_seqlens_k: upload("cu_seqlens_k", bytes(index.cu_seqlens_k))?,
-            page_table: upload("page_table", bytes(index.page_table))?,
-            kv_lens: upload("kv_lens", bytes(index.kv_lens))?,
-            alibi_slopes: upload("alibi_slopes", bytes(index.alibi_slopes))?,
-            sinks: upload("sinks", bytes(index.sinks))?,
-            // Padded to whole words, as the kernels read it.
-            bias: upload(
-                "bias",
-                index
-                    .bias
-                    .map(|b| {
-                        let mut v = b.bytes().to_vec();
-                        v.resize(v.len().next_multiple_of(4), 0);
-                        v
-                    })
-                    .as_deref(),
-            )?,
-            mask: upload(
-                "mask",
-                index
-                    .mask
-                    .map(|m| {
-                        let mut v = m.to_vec();
-                        v.resize(v.len().next_multiple_of(4), 0);
-                        v
-                    })
-                    .as_deref(),
-            )?,
-            mask_blocks: None,
-        })
+/// Uploads a host call's side tensors to `ctx`'s device (none without an index).
+pub(crate) fn upload(ctx: &GpuContext, index: Option<&BatchIndex<'_>>) -> Result<UploadedIndex> {
+    let upload = |name: &'static str, bytes: Option<&[u8]>| -> Result<Option<wgpu::Buffer>> {
+        let Some(bytes) = bytes else { return Ok(None) };
+        check_buffer_size(name, bytes.len() as u64, &ctx.caps)?;
+        Ok(Some(upload_queued(
+            &ctx.device,
+            &ctx.queue,
+            name,
+            bytes,
+            wgpu::BufferUsages::empty(),
+        )))
+    };
+    let index = index.copied().unwrap_or_default();
+    fn bytes<T: bytemuck::Pod>(x: Option<&[T]>) -> Option<&[u8]> {
+        x.map(bytemuck::cast_slice)
     }
+    Ok(UploadedIndex {
+        cu_seqlens_q: upload("cu_seqlens_q", bytes(index.cu_seqlens_q))?,
+        cu_seqlens_k: upload("cu_seqlens_k", bytes(index.cu_seqlens_k))?,
+        page_table: upload("page_table", bytes(index.page_table))?,
+        kv_lens: upload("kv_lens", bytes(index.kv_lens))?,
+        alibi_slopes: upload("alibi_slopes", bytes(index.alibi_slopes))?,
+        sinks: upload("sinks", bytes(index.sinks))?,
+        // Padded to whole words, as the kernels read it.
+        bias: upload(
+            "bias",
+            index
+                .bias
+                .map(|b| {
+                    let mut v = b.bytes().to_vec();
+                    v.resize(v.len().next_multiple_of(4), 0);
+                    v
+                })
+                .as_deref(),
+        )?,
+        mask: upload(
+            "mask",
+            index
+                .mask
+                .map(|m| {
+                    let mut v = m.to_vec();
+                    v.resize(v.len().next_multiple_of(4), 0);
+                    v
+                })
+                .as_deref(),
+        )?,
+        mask_blocks: None,
+    })
 }
