@@ -869,13 +869,7 @@ impl CudaAttention {
 
 /// An LSE buffer of `len` values (none: not written) holds the problem's rows.
 pub(super) fn check_lse_len(problem: &AttentionProblem, len: Option<usize>) -> Result<()> {
-    match len {
-        Some(len) if len < problem.lse_len() => Err(Error::InvalidBuffer {
-            tensor: "lse",
-            message: format!("holds {len} values, the problem needs {}", problem.lse_len()),
-        }),
-        _ => Ok(()),
-    }
+    len.map_or(Ok(()), |len| check_holds([("lse", len, problem.lse_len())]))
 }
 
 /// The device address of an index tensor (0 for none) and the guard that orders the launch

@@ -21,7 +21,7 @@
 
 use super::{base2_finite, AttentionProblem, MAX_BASE2_INPUT};
 use crate::dtype::DType;
-use crate::error::{Error, Result};
+use crate::error::{check_holds, Error, Result};
 
 /// A problem's score bias ([`AttentionProblem::with_bias`]): the tensor's element type and where
 /// its elements lie.
@@ -205,10 +205,7 @@ pub(crate) fn check_bias_values(values: Option<BiasValues<'_>>, problem: &Attent
             bias.dtype.name()
         ));
     }
-    let need = bias.required_len(problem).unwrap_or(usize::MAX);
-    if values.len() < need {
-        return error(format!("holds {} elements, the problem needs {need}", values.len()));
-    }
+    check_holds([("bias", values.len(), bias.required_len(problem).unwrap_or(usize::MAX))])?;
     let s = problem.shape;
     let l = bias.layout;
     // A tensor without elements has none to check; the loops below would still walk every batch

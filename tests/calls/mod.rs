@@ -1256,18 +1256,8 @@ fn naive_host<T: Element>(b: &mut Bytes<'_>, d: &Drawn, engine: &FlashAttention,
 /// Index tensors as buffers (each its own, sometimes the wrong length).
 fn index_buffers(ctx: &GpuContext, d: &Drawn) -> [Option<wgpu::Buffer>; 4] {
     let up = |v: &Option<Vec<u32>>| {
-        v.as_ref().map(|v| {
-            let buffer = ctx.device.create_buffer(&wgpu::BufferDescriptor {
-                label: Some("campaign index"),
-                size: (4 * v.len() as u64).next_multiple_of(16).max(16),
-                usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST,
-                mapped_at_creation: false,
-            });
-            if !v.is_empty() {
-                ctx.queue.write_buffer(&buffer, 0, bytemuck::cast_slice(v));
-            }
-            buffer
-        })
+        v.as_ref()
+            .map(|v| upload(ctx, "campaign index", bytemuck::cast_slice(v)))
     };
     [
         up(&d.cu_seqlens_q),
@@ -1275,6 +1265,32 @@ fn index_buffers(ctx: &GpuContext, d: &Drawn) -> [Option<wgpu::Buffer>; 4] {
         up(&d.page_table),
         up(&d.kv_lens),
     ]
+}
+
+/// A read-only storage buffer of its own holding `bytes`, padded with zeros to whole words (wgpu
+/// writes words): no larger than the device allocates (a caller cannot make a larger one either),
+/// the bytes cut to fit.
+fn upload(ctx: &GpuContext, label: &str, bytes: &[u8]) -> wgpu::Buffer {
+    let size = (bytes.len() as u64)
+        .next_multiple_of(16)
+        .clamp(16, ctx.caps.max_buffer_bytes / 16 * 16);
+    let bytes = &bytes[..bytes.len().min(size as usize)];
+    let buffer = ctx.device.create_buffer(&wgpu::BufferDescriptor {
+        label: Some(label),
+        size,
+        usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST,
+        mapped_at_creation: false,
+    });
+    let whole = bytes.len() / 4 * 4;
+    if whole > 0 {
+        ctx.queue.write_buffer(&buffer, 0, &bytes[..whole]);
+    }
+    if whole < bytes.len() {
+        let mut last = [0u8; 4];
+        last[..bytes.len() - whole].copy_from_slice(&bytes[whole..]);
+        ctx.queue.write_buffer(&buffer, whole as u64, &last);
+    }
+    buffer
 }
 
 /// The side tensors as buffers, each its own holding the host's values (whatever their length):
@@ -1288,30 +1304,7 @@ struct SideBuffers {
 
 impl SideBuffers {
     fn of(ctx: &GpuContext, d: &Drawn) -> Self {
-        let up = |bytes: &[u8]| {
-            // No larger than the device allocates (a caller cannot make such a buffer either):
-            // the values cut to fit.
-            let size = (bytes.len() as u64)
-                .next_multiple_of(16)
-                .clamp(16, ctx.caps.max_buffer_bytes / 16 * 16);
-            let bytes = &bytes[..bytes.len().min(size as usize)];
-            let buffer = ctx.device.create_buffer(&wgpu::BufferDescriptor {
-                label: Some("campaign side tensor"),
-                size,
-                usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST,
-                mapped_at_creation: false,
-            });
-            let whole = bytes.len() / 4 * 4;
-            if whole > 0 {
-                ctx.queue.write_buffer(&buffer, 0, &bytes[..whole]);
-            }
-            if whole < bytes.len() {
-                let mut last = [0u8; 4];
-                last[..bytes.len() - whole].copy_from_slice(&bytes[whole..]);
-                ctx.queue.write_buffer(&buffer, whole as u64, &last);
-            }
-            buffer
-        };
+        let up = |bytes: &[u8]| upload(ctx, "campaign side tensor", bytes);
         SideBuffers {
             alibi_slopes: d.alibi_slopes.as_ref().map(|v| up(bytemuck::cast_slice(v))),
             sinks: d.sinks.as_ref().map(|v| up(bytemuck::cast_slice(v))),
