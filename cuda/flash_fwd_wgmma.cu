@@ -54,6 +54,14 @@
 // one's softmax runs while another's GEMMs occupy the tensor cores. Even without it the consumers
 // interleave on their own, and H200 sweeps (BENCHMARKS.md) favour it only at head_dim 256.
 //
+// Persistent (FA_PERSISTENT): one CTA per SM, each running every gridDim.x-th work tile (q tile,
+// head, batch) of the launch in turn (WorkGrid says how many there are). The producer loads the
+// next tile's Q as soon as both consumers' last Q·Kᵀ of the current one has completed (the
+// q_empty mbarrier) and its K/V as ring stages free up, so the next tile's loads run under the
+// current tile's last P·V and epilogue instead of after a new CTA's launch. O then leaves from
+// the registers (the Q region is the next tile's), a quad's 16 bytes of a row per store. What it
+// saves is a fixed cost per work tile: it shows where a CTA sees few K/V tiles.
+//
 // Why these sizes. Registers per consumer thread: O is 64·head_dim/128 f32 (32 at head_dim 64,
 // 64 at 128, 128 at 256), S 64·BLOCK_N/128 (64 at BLOCK_N 128), P half of S packed beside it (a
 // quarter for FP8): with 2 consumers (240 registers) 16-bit head_dim 128 takes 128-192-key tiles,
@@ -96,7 +104,7 @@
 // FA_STAGES, FA_CONSUMERS, FA_CAUSAL, FA_BF16, FA_OVERLAP, FA_PINGPONG, FA_PV_SPLIT (1: O += P·V
 // as one N = 64 wgmma per head_dim panel instead of one N = head_dim wgmma), FA_ALIBI, FA_BIAS,
 // FA_SOFTCAP (the score terms, above), FA_DROPOUT (above), FA_FP8 (e4m3 inputs, above; the output
-// is still FA_BF16's type), KERNEL_NAME.
+// is still FA_BF16's type), FA_PERSISTENT (above), KERNEL_NAME.
 #include "mma_ptx.cuh"
 #include "fwd_params.cuh"
 #include "sm90_ptx.cuh"
@@ -118,6 +126,10 @@ constexpr bool PV_SPLIT = FA_PV_SPLIT != 0;
 #define FA_FP8 0
 #endif
 constexpr bool FP8 = FA_FP8 != 0;
+#ifndef FA_PERSISTENT
+#define FA_PERSISTENT 0
+#endif
+constexpr bool PERSISTENT = FA_PERSISTENT != 0;
 
 constexpr int CONSUMERS = FA_CONSUMERS;
 constexpr int WG_ROWS = 64;  // wgmma's M
@@ -178,6 +190,47 @@ struct TmaMaps {
     TensorMap q, k, v;  // FP8: Q8, K8 and Vt8
 };
 
+// A persistent launch's work tiles (the grid a plain launch would have): WorkGrid in
+// src/cuda/launch.rs.
+struct WorkGrid {
+    int q_tiles, heads, batch;
+};
+
+// One work tile: BLOCK_M query rows of one (batch, head), and the K/V tiles they see.
+struct WorkTile {
+    int q_tile, head, batch, kv_head;
+    int m0;          // the tile's first query row in its sequence
+    SeqRows seq;
+    int first_tile;  // K/V tile j of this work tile is at key (first_tile + j) · BLOCK_N
+    int n_tiles;
+    int map_batch;   // the tensor maps' batch and Q row of the tile's first row
+    int q_row0;
+};
+
+// Work tile (q, head, batch) of a grid of q_tiles query tiles. Causal: the last query tiles see
+// the most keys; they go first so that the long tiles don't start last and leave the tail of the
+// launch running alone.
+__device__ __forceinline__ WorkTile work_tile(const FwdParams& p, int q, int head, int batch, int q_tiles) {
+    WorkTile t;
+    t.q_tile = CAUSAL ? q_tiles - 1 - q : q;
+    t.head = head;
+    t.batch = batch;
+    t.kv_head = t.head / p.group_size;
+    t.m0 = t.q_tile * BLOCK_M;
+    t.seq = sequence_rows(p, t.batch);
+    // The K/V tiles some row sees, from the one holding the first row's window edge.
+    const int n_end = visible_keys_end<CAUSAL>(p, t.seq, t.m0, BLOCK_M);
+    t.first_tile = keys_seen<CAUSAL>(p, t.seq, t.m0).x / BLOCK_N;
+    const int end_tile = (n_end + BLOCK_N - 1) / BLOCK_N;
+    t.n_tiles = end_tile > t.first_tile ? end_tile - t.first_tile : 0;
+    // A packed batch is one batch of all sequences' rows for the tensor maps, and its copies
+    // start at the sequence's first row (rows past it belong to the next sequence or are zero
+    // past the tensor: masked, or computed and not stored).
+    t.map_batch = p.cu_seqlens_q != nullptr ? 0 : t.batch;
+    t.q_row0 = t.seq.q_first + t.m0;
+    return t;
+}
+
 // FP8's scales (Fp8Layout in src/cuda/plan/fp8.rs): [batch, heads, q_blocks] per 64 query rows,
 // [batch, kv_heads, kv_blocks] per 128 keys for K and for V (TILE_SCALES of them a tile).
 struct Fp8Scales {
@@ -193,10 +246,13 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
 #if FA_FP8
                 , const __grid_constant__ Fp8Scales fp8
 #endif
+#if FA_PERSISTENT
+                , const __grid_constant__ WorkGrid work
+#endif
     ) {
     extern __shared__ __align__(16) unsigned char smem_raw[];
-    // q_full, then k_full[STAGES], v_full[STAGES], empty[STAGES].
-    __shared__ __align__(8) u64 bars[1 + 3 * STAGES];
+    // q_full, then k_full[STAGES], v_full[STAGES], empty[STAGES], q_empty.
+    __shared__ __align__(8) u64 bars[2 + 3 * STAGES];
 
     // The dynamic buffer's start is not promised to be 1024-byte aligned: round up (the host
     // asks for 1024 bytes more than the tiles need).
@@ -206,29 +262,23 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
     auto bar_k_full = [&](int s) { return bar_q + 8u * (1 + s); };
     auto bar_v_full = [&](int s) { return bar_q + 8u * (1 + STAGES + s); };
     auto bar_empty = [&](int s) { return bar_q + 8u * (1 + 2 * STAGES + s); };
+    const u32 bar_q_empty = bar_q + 8u * (1 + 3 * STAGES);
 
     const int tid = threadIdx.x;
     const int wg = tid / 128;
-    // Causal: the last query tiles see the most keys; launch them first so the long CTAs don't
-    // start last and leave the tail of the grid running alone.
-    const int q_tile = CAUSAL ? (int)(gridDim.x - 1 - blockIdx.x) : (int)blockIdx.x;
-    const int head = blockIdx.y;
-    const int batch = blockIdx.z;
-    const int kv_head = head / p.group_size;
-    const int m0 = q_tile * BLOCK_M;
-    const SeqRows seq = sequence_rows(p, batch);
-    if (m0 >= seq.seq_q) return;  // past this sequence's rows (a shorter one of a packed batch)
-    // The K/V tiles some row sees, from the one holding the first row's window edge: n_tiles of
-    // them, tile j at key (first_tile + j) · BLOCK_N.
-    const int n_end = visible_keys_end<CAUSAL>(p, seq, m0, BLOCK_M);
-    const int first_tile = keys_seen<CAUSAL>(p, seq, m0).x / BLOCK_N;
-    const int end_tile = (n_end + BLOCK_N - 1) / BLOCK_N;
-    const int n_tiles = end_tile > first_tile ? end_tile - first_tile : 0;
-    // The tensor maps' rows and batch: a packed batch is one batch of all sequences' rows, and
-    // its copies start at the sequence's first row (rows past it belong to the next sequence or
-    // are zero past the tensor: masked, or computed and not stored).
-    const int map_batch = p.cu_seqlens_q != nullptr ? 0 : batch;
-    const int q_row0 = seq.q_first + m0;
+    // The work tiles this CTA runs, w = first, first + step, ... below n_work: a plain launch's
+    // own tile (the block's coordinates; the loops below end after one), a persistent one's every
+    // gridDim.x-th in a plain grid's launch order (q tile fastest; fewer than 2^30 tiles, so w
+    // stays in range: persistent_grid in src/cuda/plan/wgmma.rs).
+#if FA_PERSISTENT
+    const int q_tiles = work.q_tiles, heads = work.heads;
+    const int n_work = q_tiles * heads * work.batch;
+    const int first = blockIdx.x, step = gridDim.x;
+    auto tile_of = [&](int w) { return work_tile(p, w % q_tiles, w / q_tiles % heads, w / q_tiles / heads, q_tiles); };
+#else
+    const int n_work = 1, first = 0, step = 1;
+    auto tile_of = [&](int) { return work_tile(p, blockIdx.x, blockIdx.y, blockIdx.z, gridDim.x); };
+#endif
 
     if (tid == 0) {
         mbar_init(bar_q, 1);
@@ -237,6 +287,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
             mbar_init(bar_v_full(s), 1);
             mbar_init(bar_empty(s), CONSUMERS * 4);  // one arrival per consumer warp
         }
+        mbar_init(bar_q_empty, CONSUMERS * 4);
         mbar_fence_init();
     }
     __syncthreads();
@@ -245,33 +296,46 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
         // ---- producer ----
         regs_dealloc<PRODUCER_REGS>();
         if (tid == 0) {
-            mbar_arrive_expect_tx(bar_q, Q_BYTES);
-#pragma unroll
-            for (int pn = 0; pn < PANELS; ++pn)
-                tma_load_4d(s_q + pn * Q_PANEL_BYTES, &maps.q, pn * PANEL_ELEMS, q_row0, head, map_batch, bar_q);
-            for (int j = 0; j < n_tiles; ++j) {
-                const int s = j % STAGES;
-                // Use u = j / STAGES of stage s waits for the consumers' release of use u - 1.
-                mbar_wait(bar_empty(s), ((j / STAGES) & 1) ^ 1);
-                const int n0 = (first_tile + j) * BLOCK_N;
-                const u32 k_dst = s_kv + s * STAGE_BYTES;
-                mbar_arrive_expect_tx(bar_k_full(s), KV_BYTES);
+            // K/V tiles issued before this work tile's (the ring's position), work tiles run.
+            int kv_done = 0, tiles_done = 0;
+            for (int w = first; w < n_work; w += step) {
+                const WorkTile wt = tile_of(w);
+                if (wt.m0 >= wt.seq.seq_q) continue;  // past this sequence's rows (packed batch)
+                // The previous tile's Q is free once both consumers' last Q·Kᵀ has completed.
+                if (PERSISTENT && tiles_done > 0) mbar_wait(bar_q_empty, (tiles_done - 1) & 1);
+                mbar_arrive_expect_tx(bar_q, Q_BYTES);
 #pragma unroll
                 for (int pn = 0; pn < PANELS; ++pn)
-                    tma_load_4d(k_dst + pn * KV_PANEL_BYTES, &maps.k, pn * PANEL_ELEMS, seq.kv_first + n0, kv_head,
-                                map_batch, bar_k_full(s));
-                mbar_arrive_expect_tx(bar_v_full(s), KV_BYTES);
-                if constexpr (FP8) {
-#pragma unroll
-                    for (int pn = 0; pn < VT_PANELS; ++pn)
-                        tma_load_4d(k_dst + KV_BYTES + pn * VT_PANEL_BYTES, &maps.v, n0 + 128 * pn, 0, kv_head, map_batch,
-                                    bar_v_full(s));
-                } else {
+                    tma_load_4d(s_q + pn * Q_PANEL_BYTES, &maps.q, pn * PANEL_ELEMS, wt.q_row0, wt.head, wt.map_batch,
+                                bar_q);
+                for (int j = 0; j < wt.n_tiles; ++j) {
+                    const int it = kv_done + j;
+                    const int s = it % STAGES;
+                    // Use u = it / STAGES of stage s waits for the consumers' release of use u - 1.
+                    mbar_wait(bar_empty(s), ((it / STAGES) & 1) ^ 1);
+                    const int n0 = (wt.first_tile + j) * BLOCK_N;
+                    const u32 k_dst = s_kv + s * STAGE_BYTES;
+                    mbar_arrive_expect_tx(bar_k_full(s), KV_BYTES);
 #pragma unroll
                     for (int pn = 0; pn < PANELS; ++pn)
-                        tma_load_4d(k_dst + KV_BYTES + pn * KV_PANEL_BYTES, &maps.v, pn * 64, seq.kv_first + n0, kv_head,
-                                    map_batch, bar_v_full(s));
+                        tma_load_4d(k_dst + pn * KV_PANEL_BYTES, &maps.k, pn * PANEL_ELEMS, wt.seq.kv_first + n0,
+                                    wt.kv_head, wt.map_batch, bar_k_full(s));
+                    mbar_arrive_expect_tx(bar_v_full(s), KV_BYTES);
+                    if constexpr (FP8) {
+#pragma unroll
+                        for (int pn = 0; pn < VT_PANELS; ++pn)
+                            tma_load_4d(k_dst + KV_BYTES + pn * VT_PANEL_BYTES, &maps.v, n0 + 128 * pn, 0, wt.kv_head,
+                                        wt.map_batch, bar_v_full(s));
+                    } else {
+#pragma unroll
+                        for (int pn = 0; pn < PANELS; ++pn)
+                            tma_load_4d(k_dst + KV_BYTES + pn * KV_PANEL_BYTES, &maps.v, pn * 64, wt.seq.kv_first + n0,
+                                        wt.kv_head, wt.map_batch, bar_v_full(s));
+                    }
                 }
+                kv_done += wt.n_tiles;
+                ++tiles_done;
+                if constexpr (!PERSISTENT) break;
             }
         }
         return;
@@ -283,10 +347,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
     const int t = tid - 128 * wg;   // thread in the warpgroup
     const int warp = t / 32;
     const int lane = t % 32;
-    const int wg_m0 = m0 + cw * WG_ROWS;
     const int local_row = 16 * warp + lane / 4;  // this thread's rows: local_row and local_row + 8
-    const int row0 = wg_m0 + local_row;
-    const float slope_log2 = alibi_slope_log2(p, head);
     const u32 q_wg = s_q + cw * WG_ROWS * ROW_BYTES;  // this warpgroup's 64 rows of every Q panel
 
     // Descriptors of k-step 0 (stage 0); the others differ only in the start address, added in
@@ -297,500 +358,547 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
     const u64 v_desc = FP8 ? wgmma_desc(s_kv + KV_BYTES, 16, 1024)
                            : wgmma_desc(s_kv + KV_BYTES, PV_SPLIT ? 1024 : KV_PANEL_BYTES, 1024);
     auto desc_add = [](u64 d, u32 bytes) { return d + (u64)(bytes >> 4); };
-
-    float o[O_REGS];
-    float s_acc[S_REGS];
-    u32 pf[PV_STEPS][4];  // P of the previous tile as wgmma A fragments
-    float row_max[2] = {NEG_INF, NEG_INF};  // running max of the log2-scaled scores
-    float row_sum[2] = {0.f, 0.f};          // this thread's part of the running sum
-#pragma unroll
-    for (int i = 0; i < O_REGS; ++i) o[i] = 0.f;
-#pragma unroll
-    for (int i = 0; i < S_REGS; ++i) s_acc[i] = 0.f;
-
-    auto issue_qk = [&](int s) {
-        const u32 stage = s * STAGE_BYTES;
-#pragma unroll
-        for (int kk = 0; kk < K_STEPS; ++kk) {
-            const u32 off = (kk % 4) * 32u;  // k-step inside a panel
-            const u64 a = desc_add(q_desc, (kk / 4) * Q_PANEL_BYTES + off);
-            const u64 b = desc_add(k_desc, stage + (kk / 4) * KV_PANEL_BYTES + off);
-            if constexpr (FP8)
-                wgmma_ss_e4m3<BLOCK_N>(s_acc, a, b, kk > 0);
-            else
-                wgmma_ss<BLOCK_N, IS_BF16>(s_acc, a, b, kk > 0);
-        }
-    };
-    auto issue_pv = [&](int s) {
-        const u32 stage = s * STAGE_BYTES;
-#pragma unroll
-        for (int kk = 0; kk < PV_STEPS; ++kk) {
-            const u32 off = stage + kk * 16 * ROW_BYTES;  // 16 keys down
-            if constexpr (FP8) {
-                // 32 keys along the transposed rows, 128 to a panel.
-                const u32 at = stage + (kk / 4) * VT_PANEL_BYTES + (kk % 4) * 32u;
-                wgmma_rs_e4m3<HEAD_DIM>(o, pf[kk], desc_add(v_desc, at), 1);
-            } else if constexpr (PV_SPLIT) {
-#pragma unroll
-                for (int pn = 0; pn < PANELS; ++pn)
-                    wgmma_rs<64, IS_BF16>(*reinterpret_cast<float(*)[32]>(&o[32 * pn]), pf[kk],
-                                          desc_add(v_desc, off + pn * KV_PANEL_BYTES), 1);
-            } else {
-                wgmma_rs<HEAD_DIM, IS_BF16>(o, pf[kk], desc_add(v_desc, off), 1);
-            }
-        }
-    };
-    // P's registers are read by an in-flight wgmma until the wait that ends its group: the fence
-    // after that wait keeps the compiler from reusing them for anything else earlier.
-    auto fence_p = [&]() {
-#pragma unroll
-        for (int kk = 0; kk < PV_STEPS; ++kk) fence_regs(pf[kk]);
-    };
-    auto turn_begin = [&]() {
-        if constexpr (PINGPONG) named_bar_sync(BAR_TURN + cw, 2 * 128);
-    };
-    auto turn_end = [&]() {
-        if constexpr (PINGPONG) named_bar_arrive(BAR_TURN + (cw + 1) % CONSUMERS, 2 * 128);
-    };
-    auto release = [&](int s) {
-        __syncwarp();
-        if (lane == 0) mbar_arrive(bar_empty(s));
-    };
-
     // The score terms' per-thread constants (score_units and the helpers in fwd_params.cuh):
-    // terms go into x units (divided by fold) once here, the bias's rows are located once.
+    // terms go into x units (divided by fold) once here.
     const ScoreUnits units = score_units(p);
-    // FP8: this warpgroup's Q scale, the K and V scales of the tile in flight (loaded while its S
-    // is computed, like the bias), and the V reference O is kept in units of (0 before any tile).
-    float q_scale = 1.f, v_ref = 0.f;
-    float k_scale[TILE_SCALES], v_scale[TILE_SCALES];
-#pragma unroll
-    for (int h = 0; h < TILE_SCALES; ++h) k_scale[h] = v_scale[h] = 1.f;
-#if FA_FP8
-    q_scale = __ldg(fp8.q + ((i64)batch * p.num_heads + head) * fp8.q_blocks + q_tile * CONSUMERS + cw);
-#endif
-    auto load_scales = [&](int j) {
-#if FA_FP8
-        const i64 head_at = ((i64)batch * (p.num_heads / p.group_size) + kv_head) * fp8.kv_blocks;
-#pragma unroll
-        for (int h = 0; h < TILE_SCALES; ++h) {
-            // A block past the last key (the second half of a tile that overruns seq_kv) has no
-            // scale; its keys are masked, so any finite one will do: the last block's.
-            const int block = min((first_tile + j) * TILE_SCALES + h, fp8.kv_blocks - 1);
-            k_scale[h] = __ldg(fp8.k + head_at + block);
-            v_scale[h] = __ldg(fp8.v + head_at + block);
-        }
-#endif
-    };
-    const float slope_x = slope_log2 / units.fold;
-    const float bias_k = LOG2E_F / units.fold;
-    const unsigned char* bias_at[2] = {nullptr, nullptr};
-    bool bias_pairs[2] = {false, false};
-    if constexpr (HAS_BIAS) {
-#pragma unroll
-        for (int r = 0; r < 2; ++r) {
-            bias_at[r] = bias_row(p, batch, head, row0 + 8 * r);
-            bias_pairs[r] = bias_pairs_ok(p, bias_at[r]);
-        }
-    }
-    // A 16-bit bias tile's words (columns 8·jn + 2·(lane % 4) + {0, 1} of both rows): where
-    // BLOCK_N / 4 more registers fit beside O, S (and P with overlap) with room for addresses,
-    // they are loaded right after S(j) is issued, so that their latency hides behind the tensor
-    // cores; otherwise (three consumers, the widest tiles) and for an f32 bias (twice the
-    // registers) the softmax reads them as it adds them.
-    constexpr bool BIAS_PREFETCH =
-        HAS_BIAS && O_REGS + S_REGS + (OVERLAP ? S_REGS / 2 : 0) + BLOCK_N / 4 <= CONSUMER_REGS - 56;
-    u32 bias_w[BIAS_PREFETCH ? BLOCK_N / 8 : 1][2];
-    auto load_bias = [&](int j) {
-        if constexpr (BIAS_PREFETCH) {
-            if (p.bias_dtype == 0) return;
-            const int col0 = (first_tile + j) * BLOCK_N + 2 * (lane % 4);
-#pragma unroll
-            for (int r = 0; r < 2; ++r) {
-                const int limit = bias_limit(seq, row0 + 8 * r, col0);
-#pragma unroll
-                for (int jn = 0; jn < (BIAS_PREFETCH ? BLOCK_N / 8 : 1); ++jn)
-                    bias_w[jn][r] = bias_pair16(bias_at[r] + 2 * (i64)col0, 8 * jn, limit, bias_pairs[r]);
-            }
-        }
-    };
-
-    // Online softmax of tile j in place: s_acc becomes P (f32), the running max and sum move on,
-    // and alpha is what O (accumulated under the old max) must be multiplied by.
-    auto softmax = [&](int j, float (&alpha)[2]) {
-        const int n0 = (first_tile + j) * BLOCK_N;
-        // Scores in x units (score_units): nothing to do for plain attention with a positive
-        // scale, whose exp2(s·scale - max) is one FFMA per score. FP8's Q and K scales join the
-        // factor, one per scale block of the tile (h: slab jn / SCALE_SLABS, register i / (4 ·
-        // SCALE_SLABS)).
-        ScoreUnits u[TILE_SCALES];
-        float sc[TILE_SCALES];
-#pragma unroll
-        for (int h = 0; h < TILE_SCALES; ++h) {
-            u[h] = FP8 ? scaled_units(units, q_scale * k_scale[h]) : units;
-            sc[h] = u[h].fold;
-        }
-        if (HAS_SOFTCAP || units.pre != 1.f) {
-#pragma unroll
-            for (int i = 0; i < S_REGS; ++i) s_acc[i] = score_x(u[i / (4 * SCALE_SLABS)], s_acc[i]);
-        }
-        // The bias first: its prefetched words are free once added.
-        if constexpr (HAS_BIAS) {
-            const int col0 = n0 + 2 * (lane % 4);
-            if (p.bias_dtype != 0) {
-#pragma unroll
-                for (int r = 0; r < 2; ++r) {
-                    const int limit = bias_limit(seq, row0 + 8 * r, col0);
-#pragma unroll
-                    for (int jn = 0; jn < BLOCK_N / 8; ++jn) {
-                        const u32 w = BIAS_PREFETCH ? bias_w[BIAS_PREFETCH ? jn : 0][r]
-                                                    : bias_pair16(bias_at[r] + 2 * (i64)col0, 8 * jn, limit, bias_pairs[r]);
-                        const float2 b = bias_unpack16(w, p.bias_dtype);
-                        s_acc[4 * jn + 2 * r] = fmaf(b.x, bias_k, s_acc[4 * jn + 2 * r]);
-                        s_acc[4 * jn + 2 * r + 1] = fmaf(b.y, bias_k, s_acc[4 * jn + 2 * r + 1]);
-                    }
-                }
-            } else {
-#pragma unroll
-                for (int r = 0; r < 2; ++r) {
-                    const int limit = bias_limit(seq, row0 + 8 * r, col0);
-#pragma unroll
-                    for (int jn = 0; jn < BLOCK_N / 8; ++jn) {
-                        const float2 b = bias_pair32(bias_at[r] + 4 * (i64)col0, 8 * jn, limit, bias_pairs[r]);
-                        s_acc[4 * jn + 2 * r] = fmaf(b.x, bias_k, s_acc[4 * jn + 2 * r]);
-                        s_acc[4 * jn + 2 * r + 1] = fmaf(b.y, bias_k, s_acc[4 * jn + 2 * r + 1]);
-                    }
-                }
-            }
-        }
-        // ALiBi's per-row base (0 on the diagonal), added to the lane's max (before the quad's
-        // max: each lane's base is its own) and to its exp2's FFMA.
-        float base[2] = {0.f, 0.f};
-        if constexpr (HAS_ALIBI) {
-            // This lane's first column of the tile, and each of its rows' position relative to it.
-            const int col0 = n0 + 2 * (lane % 4);
-            const float rel[2] = {(float)(row0 + seq.causal_offset - col0), (float)(row0 + 8 + seq.causal_offset - col0)};
-            float k[2];
-            bool linear = true;
-#pragma unroll
-            for (int r = 0; r < 2; ++r)
-                linear &= alibi_linear(slope_x, slope_log2, rel[r], (float)(BLOCK_N - 7), CAUSAL, k[r], base[r]);
-            if (__all_sync(0xffffffffu, linear)) {
-#pragma unroll
-                for (int i = 0; i < S_REGS; ++i) {
-                    const int r = (i >> 1) & 1, c = 8 * (i / 4) + (i & 1);
-                    s_acc[i] = fmaf(k[r], (float)c, s_acc[i]);
-                }
-            } else {
-                base[0] = base[1] = 0.f;
-#pragma unroll
-                for (int i = 0; i < S_REGS; ++i) {
-                    const int r = (i >> 1) & 1, c = 8 * (i / 4) + (i & 1);
-                    s_acc[i] = alibi_x(s_acc[i], slope_x, rel[r], (float)c);
-                }
-            }
-        }
-        // Mask where the tile runs past what the warpgroup's first row sees (end of the keys,
-        // diagonal, window's right edge) or starts before what its last row sees (window's left
-        // edge).
-        const bool need_mask = n0 + BLOCK_N > keys_seen<CAUSAL>(p, seq, wg_m0).y ||
-                               n0 < keys_seen<CAUSAL>(p, seq, wg_m0 + WG_ROWS - 1).x;
-        if (need_mask) {
-            // Each row's visible keys relative to this lane's first column, so that every score
-            // compares its compile-time offset. They are worked out here, in the rare masked
-            // tiles, rather than held across the loop: beside FP8's 256-key tiles those registers
-            // would spill.
-            const int col0 = n0 + 2 * (lane % 4);
-            const int row = computed_here(row0);
-            int2 seen[2] = {keys_seen<CAUSAL>(p, seq, row), keys_seen<CAUSAL>(p, seq, row + 8)};
-#pragma unroll
-            for (int r = 0; r < 2; ++r) seen[r] = make_int2(seen[r].x - col0, seen[r].y - col0);
-#pragma unroll
-            for (int i = 0; i < S_REGS; ++i) {
-                const int c = 8 * (i / 4) + (i & 1);
-                const int2 keys = seen[(i >> 1) & 1];
-                if (c < keys.x || c >= keys.y) s_acc[i] = NEG_INF;
-            }
-        }
-        // Both rows' maxima first (m_ref, base 2), then their exp2s: exp2(x·k + shift) is one FFMA
-        // a score, with k = the score's block's fold and shift = base - m_ref.
-        float m_ref[2], k[2][TILE_SCALES], shift[2];
-#pragma unroll
-        for (int r = 0; r < 2; ++r) {
-            // The running max stays in base-2 logits (x·fold, plus ALiBi's base). Each scale
-            // block's max goes to logits by its own fold (rounded as each of its scores would be:
-            // fold > 0, so the max of the products is the product of the max), and with ALiBi by
-            // the lane's own base (it depends on the lane's first column), before the quad's max.
-            float mx = NEG_INF;
-#pragma unroll
-            for (int h = 0; h < TILE_SCALES; ++h) {
-                float mh = NEG_INF;  // this block's max in x units
-#pragma unroll
-                for (int jn = h * SCALE_SLABS; jn < (h + 1) * SCALE_SLABS; ++jn)
-                    mh = fmaxf(mh, fmaxf(s_acc[4 * jn + 2 * r], s_acc[4 * jn + 2 * r + 1]));
-                mx = fmaxf(mx, HAS_ALIBI ? fmaf(mh, sc[h], base[r]) : mh * sc[h]);
-            }
-            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-            mx = fmaxf(row_max[r], mx);
-            // A row that has seen only masked keys keeps max -inf; subtract 0 instead so that
-            // exp2(-inf - -inf) never makes a NaN. Its probabilities are all exp2(-inf) = 0.
-            const float m_use = mx == NEG_INF ? 0.f : mx;
-            alpha[r] = ex2(row_max[r] - m_use);
-            row_max[r] = mx;
-            m_ref[r] = m_use;
-#pragma unroll
-            for (int h = 0; h < TILE_SCALES; ++h) k[r][h] = sc[h];
-            shift[r] = HAS_ALIBI ? base[r] - m_use : -m_use;
-        }
-        // Rows whose max is huge (is_huge_reference; rare, one vote a tile) take their logits
-        // minus the max here instead: rounded exactly as the max was (an FMUL, or ALiBi's FFMA),
-        // then the max subtracted, so 0 at the max itself; the FFMA below then adds nothing.
-        if (__any_sync(0xffffffffu, is_huge_reference(m_ref[0]) || is_huge_reference(m_ref[1]))) {
-#pragma unroll
-            for (int r = 0; r < 2; ++r) {
-                if (!is_huge_reference(m_ref[r])) continue;
-#pragma unroll
-                for (int jn = 0; jn < BLOCK_N / 8; ++jn)
-#pragma unroll
-                    for (int e = 0; e < 2; ++e) {
-                        float& x = s_acc[4 * jn + 2 * r + e];
-                        const float f = sc[jn / SCALE_SLABS];
-                        x = __fsub_rn(HAS_ALIBI ? fmaf(x, f, base[r]) : __fmul_rn(x, f), m_ref[r]);
-                    }
-#pragma unroll
-                for (int h = 0; h < TILE_SCALES; ++h) k[r][h] = 1.f;
-                shift[r] = 0.f;
-            }
-        }
-        // FP8: P leaves the exp2 times 256 · v_scale / v_ref (e4m3 values up to 256, in the
-        // units of the largest V scale so far: a larger one rescales O with alpha below); the
-        // row sum takes the plain P back, block by block.
-        float v_ratio = 1.f, p_unit[TILE_SCALES], p_shift[TILE_SCALES];
-#pragma unroll
-        for (int h = 0; h < TILE_SCALES; ++h) p_unit[h] = 1.f, p_shift[h] = 0.f;
-        if constexpr (FP8) {
-            float v_max = v_scale[0];
-#pragma unroll
-            for (int h = 1; h < TILE_SCALES; ++h) v_max = fmaxf(v_max, v_scale[h]);
-            if (v_max > v_ref) {
-                v_ratio = v_ref / v_max;
-                v_ref = v_max;
-            }
-#pragma unroll
-            for (int h = 0; h < TILE_SCALES; ++h) {
-                p_unit[h] = v_ref / (256.f * v_scale[h]);
-                p_shift[h] = -__log2f(p_unit[h]);
-            }
-        }
-#pragma unroll
-        for (int r = 0; r < 2; ++r) {
-            row_sum[r] *= alpha[r];
-            alpha[r] *= v_ratio;  // O's own factor (1 but for FP8)
-        }
-        // The probabilities, a scale block at a time.
-#pragma unroll
-        for (int h = 0; h < TILE_SCALES; ++h) {
-#pragma unroll
-            for (int r = 0; r < 2; ++r) {
-                const float shift_h = FP8 ? shift[r] + p_shift[h] : shift[r];
-                float sum = 0.f;
-#pragma unroll
-                for (int jn = h * SCALE_SLABS; jn < (h + 1) * SCALE_SLABS; ++jn) {
-                    const bool on_fma = jn % 4 < EX2_FMA_TILES;  // compile-time: the loop is unrolled
-#pragma unroll
-                    for (int e = 0; e < 2; ++e) {
-                        const float x = fmaf(s_acc[4 * jn + 2 * r + e], k[r][h], shift_h);
-                        s_acc[4 * jn + 2 * r + e] = on_fma ? ex2_fma(x) : ex2(x);
-                    }
-                    sum += s_acc[4 * jn + 2 * r] + s_acc[4 * jn + 2 * r + 1];
-                }
-                row_sum[r] = fmaf(sum, p_unit[h], row_sum[r]);
-            }
-        }
-        // Dropout (dropout.cuh): after the sums, which are the undropped softmax's.
-        if constexpr (HAS_DROPOUT) drop_probabilities<BLOCK_N / 8>(p, s_acc, batch, head, row0, n0, lane);
-    };
-    // Once the running max settles (most tiles of a long row), alpha is exactly 1: skip the
-    // multiplies when it is for every row of the warp.
-    auto rescale_o = [&](const float (&alpha)[2]) {
-        if (__any_sync(0xffffffffu, alpha[0] != 1.f || alpha[1] != 1.f)) {
-#pragma unroll
-            for (int i = 0; i < O_REGS; ++i) o[i] *= alpha[(i >> 1) & 1];
-        }
-    };
-    // Pins the softmax's results before the wait on P·V in NVVM's order. ptxas 13.0 still
-    // schedules that wait right after the one on S (seen in the SASS: WARPGROUP.DEPBAR.LE 1 then
-    // .LE 0, the exp2s after both), so on this toolkit FA_OVERLAP overlaps nothing and costs
-    // registers; the two consumers' interleaving (and FA_PINGPONG) is what hides the softmax.
-    auto fence_softmax = [&](float (&alpha)[2]) {
-        fence_regs(s_acc);
-        fence_regs(alpha);
-        fence_regs(row_max);
-        fence_regs(row_sum);
-    };
-    // S accumulators of n8 slabs 2kk and 2kk+1 = the A fragment of k-step kk. FP8: slabs 4kk..4kk+3,
-    // rows g (registers 0, 2) and g + 8 (1, 3), in the key order V's rows are stored in
-    // (fp8_slot in fp8_quant.cu).
-    auto pack_p = [&]() {
-#pragma unroll
-        for (int kk = 0; kk < PV_STEPS; ++kk) {
-            if constexpr (FP8) {
-                const float* x = &s_acc[16 * kk];
-                pf[kk][0] = pack_e4m3x4(x[0], x[1], x[4], x[5]);
-                pf[kk][1] = pack_e4m3x4(x[2], x[3], x[6], x[7]);
-                pf[kk][2] = pack_e4m3x4(x[8], x[9], x[12], x[13]);
-                pf[kk][3] = pack_e4m3x4(x[10], x[11], x[14], x[15]);
-            } else {
-#pragma unroll
-                for (int x = 0; x < 4; ++x) pf[kk][x] = pack2<IS_BF16>(s_acc[8 * kk + 2 * x], s_acc[8 * kk + 2 * x + 1]);
-            }
-        }
-    };
 
     // Consumer 0 issues first: the last consumer hands it the turn.
     if (PINGPONG && cw == CONSUMERS - 1) named_bar_arrive(BAR_TURN + 0, 2 * 128);
 
-    mbar_wait(bar_q, 0);
-    if (n_tiles > 0) {
-        if constexpr (OVERLAP) {
-            float alpha[2];
-            mbar_wait(bar_k_full(0), 0);
-            turn_begin();
-            fence_regs(s_acc);
-            wgmma_fence();
-            issue_qk(0);
-            wgmma_commit();
-            turn_end();
-            load_bias(0);
-            load_scales(0);
-            wgmma_wait<0>();
-            fence_regs(s_acc);
-            softmax(0, alpha);
-            pack_p();
-            for (int j = 1; j < n_tiles; ++j) {
-                const int s = j % STAGES, sp = (j - 1) % STAGES;
-                mbar_wait(bar_k_full(s), (j / STAGES) & 1);
-                mbar_wait(bar_v_full(sp), ((j - 1) / STAGES) & 1);
-                turn_begin();
-                fence_regs(s_acc);
-                fence_regs(o);
-                fence_p();
-                wgmma_fence();
-                issue_qk(s);
-                wgmma_commit();
-                issue_pv(sp);
-                wgmma_commit();
-                turn_end();
-                load_bias(j);
-                load_scales(j);
-                wgmma_wait<1>();  // S(j) is done; P(j-1)·V(j-1) may still run
-                fence_regs(s_acc);
-                softmax(j, alpha);
-                fence_softmax(alpha);
-                wgmma_wait<0>();
-                fence_regs(o);
-                fence_p();
-                release(sp);
-                rescale_o(alpha);
-                pack_p();
+    // K/V tiles consumed before this work tile's (the ring's position), work tiles run.
+    int kv_done = 0, tiles_done = 0;
+    for (int w = first; w < n_work; w += step) {
+        const WorkTile wt = tile_of(w);
+        if (wt.m0 >= wt.seq.seq_q) continue;  // as the producer
+        const int q_tile = wt.q_tile, head = wt.head, batch = wt.batch, kv_head = wt.kv_head;
+        const int first_tile = wt.first_tile, n_tiles = wt.n_tiles;
+        const SeqRows& seq = wt.seq;
+        const int wg_m0 = wt.m0 + cw * WG_ROWS;
+        const int row0 = wg_m0 + local_row;
+        const float slope_log2 = alibi_slope_log2(p, head);
+        // Ring stage and phase of this work tile's K/V tile j.
+        auto stage = [&](int j) { return (kv_done + j) % STAGES; };
+        auto phase = [&](int j) { return (u32)(((kv_done + j) / STAGES) & 1); };
+        // Once every consumer warp has passed its last Q·Kᵀ of the tile, the producer may load the
+        // next tile's Q (persistent launches).
+        auto release_q = [&]() {
+            if constexpr (PERSISTENT) {
+                __syncwarp();
+                if (lane == 0) mbar_arrive(bar_q_empty);
             }
-            const int sl = (n_tiles - 1) % STAGES;
-            mbar_wait(bar_v_full(sl), ((n_tiles - 1) / STAGES) & 1);
-            turn_begin();
-            fence_regs(o);
-            wgmma_fence();
-            issue_pv(sl);
-            wgmma_commit();
-            turn_end();
-            wgmma_wait<0>();
-            fence_regs(o);
-            fence_p();
-            release(sl);
-        } else {
-            for (int j = 0; j < n_tiles; ++j) {
-                const int s = j % STAGES;
-                const u32 parity = (j / STAGES) & 1;
-                float alpha[2];
-                mbar_wait(bar_k_full(s), parity);
-                turn_begin();
-                fence_regs(s_acc);
-                wgmma_fence();
-                issue_qk(s);
-                wgmma_commit();
-                turn_end();
-                load_bias(j);
-                load_scales(j);
-                wgmma_wait<0>();
-                fence_regs(s_acc);
-                softmax(j, alpha);
-                rescale_o(alpha);
-                pack_p();
-                // S is P now; zeros (which the next Q·Kᵀ ignores) let its registers go while P·V
-                // runs: FP8's 256-key tiles (O 64 + S 128 + P 32 at head_dim 128) spill without.
-                if constexpr (TILE_SCALES > 1) {
-#pragma unroll
-                    for (int i = 0; i < S_REGS; ++i) s_acc[i] = 0.f;
-                }
-                mbar_wait(bar_v_full(s), parity);
-                turn_begin();
-                fence_regs(o);
-                wgmma_fence();
-                issue_pv(s);
-                wgmma_commit();
-                turn_end();
-                wgmma_wait<0>();
-                fence_regs(o);
-                fence_p();
-                release(s);
-            }
-        }
-    }
+        };
 
-    // ---- epilogue ----
-    // This warpgroup's rows of the Q tile are free now (its last Q·Kᵀ has completed, and only it
-    // reads them): stage O there in the same swizzled layout (conflict-free 4-byte stores), then
-    // write whole 16-byte row chunks to global memory.
-    named_bar_sync(BAR_EPILOGUE + cw, 128);
-    // FP8's P units (softmax), dropout's factor for the kept probabilities.
-    const float o_unit = (FP8 ? v_ref * (1.f / 256.f) : 1.f) * dropout_output_factor(p);
-    float inv[2];
+        float o[O_REGS];
+        float s_acc[S_REGS];
+        u32 pf[PV_STEPS][4];  // P of the previous tile as wgmma A fragments
+        float row_max[2] = {NEG_INF, NEG_INF};  // running max of the log2-scaled scores
+        float row_sum[2] = {0.f, 0.f};          // this thread's part of the running sum
 #pragma unroll
-    for (int r = 0; r < 2; ++r) {
-        float sum = row_sum[r];
-        sum += __shfl_xor_sync(0xffffffffu, sum, 1);
-        sum += __shfl_xor_sync(0xffffffffu, sum, 2);
-        const RowTotal total = join_sink(p, head, row_max[r], sum);
-        // No visible key (and no sink): O = 0 and LSE = -inf, as the reference defines it.
-        inv[r] = !seq.valid ? __int_as_float(0x7fc00000) : (total.sum > 0.f ? total.o_factor / total.sum * o_unit : 0.f);
-        const int row = row0 + 8 * r;
-        if (p.lse != nullptr && lane % 4 == 0 && row < seq.seq_q) {
-            const float lse = total.sum > 0.f ? total.m * LN2 + logf(total.sum) : NEG_INF;
-            p.lse[lse_index(p, seq, batch, head, row)] = seq.valid ? lse : __int_as_float(0x7fc00000);
+        for (int i = 0; i < O_REGS; ++i) o[i] = 0.f;
+#pragma unroll
+        for (int i = 0; i < S_REGS; ++i) s_acc[i] = 0.f;
+
+        auto issue_qk = [&](int s) {
+            const u32 stage = s * STAGE_BYTES;
+#pragma unroll
+            for (int kk = 0; kk < K_STEPS; ++kk) {
+                const u32 off = (kk % 4) * 32u;  // k-step inside a panel
+                const u64 a = desc_add(q_desc, (kk / 4) * Q_PANEL_BYTES + off);
+                const u64 b = desc_add(k_desc, stage + (kk / 4) * KV_PANEL_BYTES + off);
+                if constexpr (FP8)
+                    wgmma_ss_e4m3<BLOCK_N>(s_acc, a, b, kk > 0);
+                else
+                    wgmma_ss<BLOCK_N, IS_BF16>(s_acc, a, b, kk > 0);
+            }
+        };
+        auto issue_pv = [&](int s) {
+            const u32 stage = s * STAGE_BYTES;
+#pragma unroll
+            for (int kk = 0; kk < PV_STEPS; ++kk) {
+                const u32 off = stage + kk * 16 * ROW_BYTES;  // 16 keys down
+                if constexpr (FP8) {
+                    // 32 keys along the transposed rows, 128 to a panel.
+                    const u32 at = stage + (kk / 4) * VT_PANEL_BYTES + (kk % 4) * 32u;
+                    wgmma_rs_e4m3<HEAD_DIM>(o, pf[kk], desc_add(v_desc, at), 1);
+                } else if constexpr (PV_SPLIT) {
+#pragma unroll
+                    for (int pn = 0; pn < PANELS; ++pn)
+                        wgmma_rs<64, IS_BF16>(*reinterpret_cast<float(*)[32]>(&o[32 * pn]), pf[kk],
+                                              desc_add(v_desc, off + pn * KV_PANEL_BYTES), 1);
+                } else {
+                    wgmma_rs<HEAD_DIM, IS_BF16>(o, pf[kk], desc_add(v_desc, off), 1);
+                }
+            }
+        };
+        // P's registers are read by an in-flight wgmma until the wait that ends its group: the fence
+        // after that wait keeps the compiler from reusing them for anything else earlier.
+        auto fence_p = [&]() {
+#pragma unroll
+            for (int kk = 0; kk < PV_STEPS; ++kk) fence_regs(pf[kk]);
+        };
+        auto turn_begin = [&]() {
+            if constexpr (PINGPONG) named_bar_sync(BAR_TURN + cw, 2 * 128);
+        };
+        auto turn_end = [&]() {
+            if constexpr (PINGPONG) named_bar_arrive(BAR_TURN + (cw + 1) % CONSUMERS, 2 * 128);
+        };
+        auto release = [&](int s) {
+            __syncwarp();
+            if (lane == 0) mbar_arrive(bar_empty(s));
+        };
+
+        // FP8: this warpgroup's Q scale, the K and V scales of the tile in flight (loaded while its S
+        // is computed, like the bias), and the V reference O is kept in units of (0 before any tile).
+        float q_scale = 1.f, v_ref = 0.f;
+        float k_scale[TILE_SCALES], v_scale[TILE_SCALES];
+#pragma unroll
+        for (int h = 0; h < TILE_SCALES; ++h) k_scale[h] = v_scale[h] = 1.f;
+#if FA_FP8
+        q_scale = __ldg(fp8.q + ((i64)batch * p.num_heads + head) * fp8.q_blocks + q_tile * CONSUMERS + cw);
+#endif
+        auto load_scales = [&](int j) {
+#if FA_FP8
+            const i64 head_at = ((i64)batch * (p.num_heads / p.group_size) + kv_head) * fp8.kv_blocks;
+#pragma unroll
+            for (int h = 0; h < TILE_SCALES; ++h) {
+                // A block past the last key (the second half of a tile that overruns seq_kv) has no
+                // scale; its keys are masked, so any finite one will do: the last block's.
+                const int block = min((first_tile + j) * TILE_SCALES + h, fp8.kv_blocks - 1);
+                k_scale[h] = __ldg(fp8.k + head_at + block);
+                v_scale[h] = __ldg(fp8.v + head_at + block);
+            }
+#endif
+        };
+        const float slope_x = slope_log2 / units.fold;
+        const float bias_k = LOG2E_F / units.fold;
+        const unsigned char* bias_at[2] = {nullptr, nullptr};
+        bool bias_pairs[2] = {false, false};
+        if constexpr (HAS_BIAS) {
+#pragma unroll
+            for (int r = 0; r < 2; ++r) {
+                bias_at[r] = bias_row(p, batch, head, row0 + 8 * r);
+                bias_pairs[r] = bias_pairs_ok(p, bias_at[r]);
+            }
         }
-    }
+        // A 16-bit bias tile's words (columns 8·jn + 2·(lane % 4) + {0, 1} of both rows): where
+        // BLOCK_N / 4 more registers fit beside O, S (and P with overlap) with room for addresses,
+        // they are loaded right after S(j) is issued, so that their latency hides behind the tensor
+        // cores; otherwise (three consumers, the widest tiles) and for an f32 bias (twice the
+        // registers) the softmax reads them as it adds them.
+        constexpr bool BIAS_PREFETCH =
+            HAS_BIAS && O_REGS + S_REGS + (OVERLAP ? S_REGS / 2 : 0) + BLOCK_N / 4 <= CONSUMER_REGS - 56;
+        u32 bias_w[BIAS_PREFETCH ? BLOCK_N / 8 : 1][2];
+        auto load_bias = [&](int j) {
+            if constexpr (BIAS_PREFETCH) {
+                if (p.bias_dtype == 0) return;
+                const int col0 = (first_tile + j) * BLOCK_N + 2 * (lane % 4);
 #pragma unroll
-    for (int jn = 0; jn < HEAD_DIM / 8; ++jn)
+                for (int r = 0; r < 2; ++r) {
+                    const int limit = bias_limit(seq, row0 + 8 * r, col0);
+#pragma unroll
+                    for (int jn = 0; jn < (BIAS_PREFETCH ? BLOCK_N / 8 : 1); ++jn)
+                        bias_w[jn][r] = bias_pair16(bias_at[r] + 2 * (i64)col0, 8 * jn, limit, bias_pairs[r]);
+                }
+            }
+        };
+
+        // Online softmax of tile j in place: s_acc becomes P (f32), the running max and sum move on,
+        // and alpha is what O (accumulated under the old max) must be multiplied by.
+        auto softmax = [&](int j, float (&alpha)[2]) {
+            const int n0 = (first_tile + j) * BLOCK_N;
+            // Scores in x units (score_units): nothing to do for plain attention with a positive
+            // scale, whose exp2(s·scale - max) is one FFMA per score. FP8's Q and K scales join the
+            // factor, one per scale block of the tile (h: slab jn / SCALE_SLABS, register i / (4 ·
+            // SCALE_SLABS)).
+            ScoreUnits u[TILE_SCALES];
+            float sc[TILE_SCALES];
+#pragma unroll
+            for (int h = 0; h < TILE_SCALES; ++h) {
+                u[h] = FP8 ? scaled_units(units, q_scale * k_scale[h]) : units;
+                sc[h] = u[h].fold;
+            }
+            if (HAS_SOFTCAP || units.pre != 1.f) {
+#pragma unroll
+                for (int i = 0; i < S_REGS; ++i) s_acc[i] = score_x(u[i / (4 * SCALE_SLABS)], s_acc[i]);
+            }
+            // The bias first: its prefetched words are free once added.
+            if constexpr (HAS_BIAS) {
+                const int col0 = n0 + 2 * (lane % 4);
+                if (p.bias_dtype != 0) {
+#pragma unroll
+                    for (int r = 0; r < 2; ++r) {
+                        const int limit = bias_limit(seq, row0 + 8 * r, col0);
+#pragma unroll
+                        for (int jn = 0; jn < BLOCK_N / 8; ++jn) {
+                            const u32 w = BIAS_PREFETCH ? bias_w[BIAS_PREFETCH ? jn : 0][r]
+                                                        : bias_pair16(bias_at[r] + 2 * (i64)col0, 8 * jn, limit, bias_pairs[r]);
+                            const float2 b = bias_unpack16(w, p.bias_dtype);
+                            s_acc[4 * jn + 2 * r] = fmaf(b.x, bias_k, s_acc[4 * jn + 2 * r]);
+                            s_acc[4 * jn + 2 * r + 1] = fmaf(b.y, bias_k, s_acc[4 * jn + 2 * r + 1]);
+                        }
+                    }
+                } else {
+#pragma unroll
+                    for (int r = 0; r < 2; ++r) {
+                        const int limit = bias_limit(seq, row0 + 8 * r, col0);
+#pragma unroll
+                        for (int jn = 0; jn < BLOCK_N / 8; ++jn) {
+                            const float2 b = bias_pair32(bias_at[r] + 4 * (i64)col0, 8 * jn, limit, bias_pairs[r]);
+                            s_acc[4 * jn + 2 * r] = fmaf(b.x, bias_k, s_acc[4 * jn + 2 * r]);
+                            s_acc[4 * jn + 2 * r + 1] = fmaf(b.y, bias_k, s_acc[4 * jn + 2 * r + 1]);
+                        }
+                    }
+                }
+            }
+            // ALiBi's per-row base (0 on the diagonal), added to the lane's max (before the quad's
+            // max: each lane's base is its own) and to its exp2's FFMA.
+            float base[2] = {0.f, 0.f};
+            if constexpr (HAS_ALIBI) {
+                // This lane's first column of the tile, and each of its rows' position relative to it.
+                const int col0 = n0 + 2 * (lane % 4);
+                const float rel[2] = {(float)(row0 + seq.causal_offset - col0), (float)(row0 + 8 + seq.causal_offset - col0)};
+                float k[2];
+                bool linear = true;
+#pragma unroll
+                for (int r = 0; r < 2; ++r)
+                    linear &= alibi_linear(slope_x, slope_log2, rel[r], (float)(BLOCK_N - 7), CAUSAL, k[r], base[r]);
+                if (__all_sync(0xffffffffu, linear)) {
+#pragma unroll
+                    for (int i = 0; i < S_REGS; ++i) {
+                        const int r = (i >> 1) & 1, c = 8 * (i / 4) + (i & 1);
+                        s_acc[i] = fmaf(k[r], (float)c, s_acc[i]);
+                    }
+                } else {
+                    base[0] = base[1] = 0.f;
+#pragma unroll
+                    for (int i = 0; i < S_REGS; ++i) {
+                        const int r = (i >> 1) & 1, c = 8 * (i / 4) + (i & 1);
+                        s_acc[i] = alibi_x(s_acc[i], slope_x, rel[r], (float)c);
+                    }
+                }
+            }
+            // Mask where the tile runs past what the warpgroup's first row sees (end of the keys,
+            // diagonal, window's right edge) or starts before what its last row sees (window's left
+            // edge).
+            const bool need_mask = n0 + BLOCK_N > keys_seen<CAUSAL>(p, seq, wg_m0).y ||
+                                   n0 < keys_seen<CAUSAL>(p, seq, wg_m0 + WG_ROWS - 1).x;
+            if (need_mask) {
+                // Each row's visible keys relative to this lane's first column, so that every score
+                // compares its compile-time offset. They are worked out here, in the rare masked
+                // tiles, rather than held across the loop: beside FP8's 256-key tiles those registers
+                // would spill.
+                const int col0 = n0 + 2 * (lane % 4);
+                const int row = computed_here(row0);
+                int2 seen[2] = {keys_seen<CAUSAL>(p, seq, row), keys_seen<CAUSAL>(p, seq, row + 8)};
+#pragma unroll
+                for (int r = 0; r < 2; ++r) seen[r] = make_int2(seen[r].x - col0, seen[r].y - col0);
+#pragma unroll
+                for (int i = 0; i < S_REGS; ++i) {
+                    const int c = 8 * (i / 4) + (i & 1);
+                    const int2 keys = seen[(i >> 1) & 1];
+                    if (c < keys.x || c >= keys.y) s_acc[i] = NEG_INF;
+                }
+            }
+            // Both rows' maxima first (m_ref, base 2), then their exp2s: exp2(x·k + shift) is one FFMA
+            // a score, with k = the score's block's fold and shift = base - m_ref.
+            float m_ref[2], k[2][TILE_SCALES], shift[2];
+#pragma unroll
+            for (int r = 0; r < 2; ++r) {
+                // The running max stays in base-2 logits (x·fold, plus ALiBi's base). Each scale
+                // block's max goes to logits by its own fold (rounded as each of its scores would be:
+                // fold > 0, so the max of the products is the product of the max), and with ALiBi by
+                // the lane's own base (it depends on the lane's first column), before the quad's max.
+                float mx = NEG_INF;
+#pragma unroll
+                for (int h = 0; h < TILE_SCALES; ++h) {
+                    float mh = NEG_INF;  // this block's max in x units
+#pragma unroll
+                    for (int jn = h * SCALE_SLABS; jn < (h + 1) * SCALE_SLABS; ++jn)
+                        mh = fmaxf(mh, fmaxf(s_acc[4 * jn + 2 * r], s_acc[4 * jn + 2 * r + 1]));
+                    mx = fmaxf(mx, HAS_ALIBI ? fmaf(mh, sc[h], base[r]) : mh * sc[h]);
+                }
+                mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+                mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+                mx = fmaxf(row_max[r], mx);
+                // A row that has seen only masked keys keeps max -inf; subtract 0 instead so that
+                // exp2(-inf - -inf) never makes a NaN. Its probabilities are all exp2(-inf) = 0.
+                const float m_use = mx == NEG_INF ? 0.f : mx;
+                alpha[r] = ex2(row_max[r] - m_use);
+                row_max[r] = mx;
+                m_ref[r] = m_use;
+#pragma unroll
+                for (int h = 0; h < TILE_SCALES; ++h) k[r][h] = sc[h];
+                shift[r] = HAS_ALIBI ? base[r] - m_use : -m_use;
+            }
+            // Rows whose max is huge (is_huge_reference; rare, one vote a tile) take their logits
+            // minus the max here instead: rounded exactly as the max was (an FMUL, or ALiBi's FFMA),
+            // then the max subtracted, so 0 at the max itself; the FFMA below then adds nothing.
+            if (__any_sync(0xffffffffu, is_huge_reference(m_ref[0]) || is_huge_reference(m_ref[1]))) {
+#pragma unroll
+                for (int r = 0; r < 2; ++r) {
+                    if (!is_huge_reference(m_ref[r])) continue;
+#pragma unroll
+                    for (int jn = 0; jn < BLOCK_N / 8; ++jn)
+#pragma unroll
+                        for (int e = 0; e < 2; ++e) {
+                            float& x = s_acc[4 * jn + 2 * r + e];
+                            const float f = sc[jn / SCALE_SLABS];
+                            x = __fsub_rn(HAS_ALIBI ? fmaf(x, f, base[r]) : __fmul_rn(x, f), m_ref[r]);
+                        }
+#pragma unroll
+                    for (int h = 0; h < TILE_SCALES; ++h) k[r][h] = 1.f;
+                    shift[r] = 0.f;
+                }
+            }
+            // FP8: P leaves the exp2 times 256 · v_scale / v_ref (e4m3 values up to 256, in the
+            // units of the largest V scale so far: a larger one rescales O with alpha below); the
+            // row sum takes the plain P back, block by block.
+            float v_ratio = 1.f, p_unit[TILE_SCALES], p_shift[TILE_SCALES];
+#pragma unroll
+            for (int h = 0; h < TILE_SCALES; ++h) p_unit[h] = 1.f, p_shift[h] = 0.f;
+            if constexpr (FP8) {
+                float v_max = v_scale[0];
+#pragma unroll
+                for (int h = 1; h < TILE_SCALES; ++h) v_max = fmaxf(v_max, v_scale[h]);
+                if (v_max > v_ref) {
+                    v_ratio = v_ref / v_max;
+                    v_ref = v_max;
+                }
+#pragma unroll
+                for (int h = 0; h < TILE_SCALES; ++h) {
+                    p_unit[h] = v_ref / (256.f * v_scale[h]);
+                    p_shift[h] = -__log2f(p_unit[h]);
+                }
+            }
+#pragma unroll
+            for (int r = 0; r < 2; ++r) {
+                row_sum[r] *= alpha[r];
+                alpha[r] *= v_ratio;  // O's own factor (1 but for FP8)
+            }
+            // The probabilities, a scale block at a time.
+#pragma unroll
+            for (int h = 0; h < TILE_SCALES; ++h) {
+#pragma unroll
+                for (int r = 0; r < 2; ++r) {
+                    const float shift_h = FP8 ? shift[r] + p_shift[h] : shift[r];
+                    float sum = 0.f;
+#pragma unroll
+                    for (int jn = h * SCALE_SLABS; jn < (h + 1) * SCALE_SLABS; ++jn) {
+                        const bool on_fma = jn % 4 < EX2_FMA_TILES;  // compile-time: the loop is unrolled
+#pragma unroll
+                        for (int e = 0; e < 2; ++e) {
+                            const float x = fmaf(s_acc[4 * jn + 2 * r + e], k[r][h], shift_h);
+                            s_acc[4 * jn + 2 * r + e] = on_fma ? ex2_fma(x) : ex2(x);
+                        }
+                        sum += s_acc[4 * jn + 2 * r] + s_acc[4 * jn + 2 * r + 1];
+                    }
+                    row_sum[r] = fmaf(sum, p_unit[h], row_sum[r]);
+                }
+            }
+            // Dropout (dropout.cuh): after the sums, which are the undropped softmax's.
+            if constexpr (HAS_DROPOUT) drop_probabilities<BLOCK_N / 8>(p, s_acc, batch, head, row0, n0, lane);
+        };
+        // Once the running max settles (most tiles of a long row), alpha is exactly 1: skip the
+        // multiplies when it is for every row of the warp.
+        auto rescale_o = [&](const float (&alpha)[2]) {
+            if (__any_sync(0xffffffffu, alpha[0] != 1.f || alpha[1] != 1.f)) {
+#pragma unroll
+                for (int i = 0; i < O_REGS; ++i) o[i] *= alpha[(i >> 1) & 1];
+            }
+        };
+        // Pins the softmax's results before the wait on P·V in NVVM's order. ptxas 13.0 still
+        // schedules that wait right after the one on S (seen in the SASS: WARPGROUP.DEPBAR.LE 1 then
+        // .LE 0, the exp2s after both), so on this toolkit FA_OVERLAP overlaps nothing and costs
+        // registers; the two consumers' interleaving (and FA_PINGPONG) is what hides the softmax.
+        auto fence_softmax = [&](float (&alpha)[2]) {
+            fence_regs(s_acc);
+            fence_regs(alpha);
+            fence_regs(row_max);
+            fence_regs(row_sum);
+        };
+        // S accumulators of n8 slabs 2kk and 2kk+1 = the A fragment of k-step kk. FP8: slabs 4kk..4kk+3,
+        // rows g (registers 0, 2) and g + 8 (1, 3), in the key order V's rows are stored in
+        // (fp8_slot in fp8_quant.cu).
+        auto pack_p = [&]() {
+#pragma unroll
+            for (int kk = 0; kk < PV_STEPS; ++kk) {
+                if constexpr (FP8) {
+                    const float* x = &s_acc[16 * kk];
+                    pf[kk][0] = pack_e4m3x4(x[0], x[1], x[4], x[5]);
+                    pf[kk][1] = pack_e4m3x4(x[2], x[3], x[6], x[7]);
+                    pf[kk][2] = pack_e4m3x4(x[8], x[9], x[12], x[13]);
+                    pf[kk][3] = pack_e4m3x4(x[10], x[11], x[14], x[15]);
+                } else {
+#pragma unroll
+                    for (int x = 0; x < 4; ++x) pf[kk][x] = pack2<IS_BF16>(s_acc[8 * kk + 2 * x], s_acc[8 * kk + 2 * x + 1]);
+                }
+            }
+        };
+
+        mbar_wait(bar_q, tiles_done & 1);
+        if (n_tiles == 0) release_q();
+        if (n_tiles > 0) {
+            if constexpr (OVERLAP) {
+                float alpha[2];
+                mbar_wait(bar_k_full(stage(0)), phase(0));
+                turn_begin();
+                fence_regs(s_acc);
+                wgmma_fence();
+                issue_qk(stage(0));
+                wgmma_commit();
+                turn_end();
+                load_bias(0);
+                load_scales(0);
+                wgmma_wait<0>();
+                fence_regs(s_acc);
+                if (n_tiles == 1) release_q();
+                softmax(0, alpha);
+                pack_p();
+                for (int j = 1; j < n_tiles; ++j) {
+                    const int s = stage(j), sp = stage(j - 1);
+                    mbar_wait(bar_k_full(s), phase(j));
+                    mbar_wait(bar_v_full(sp), phase(j - 1));
+                    turn_begin();
+                    fence_regs(s_acc);
+                    fence_regs(o);
+                    fence_p();
+                    wgmma_fence();
+                    issue_qk(s);
+                    wgmma_commit();
+                    issue_pv(sp);
+                    wgmma_commit();
+                    turn_end();
+                    load_bias(j);
+                    load_scales(j);
+                    wgmma_wait<1>();  // S(j) is done; P(j-1)·V(j-1) may still run
+                    fence_regs(s_acc);
+                    if (j == n_tiles - 1) release_q();
+                    softmax(j, alpha);
+                    fence_softmax(alpha);
+                    wgmma_wait<0>();
+                    fence_regs(o);
+                    fence_p();
+                    release(sp);
+                    rescale_o(alpha);
+                    pack_p();
+                }
+                const int sl = stage(n_tiles - 1);
+                mbar_wait(bar_v_full(sl), phase(n_tiles - 1));
+                turn_begin();
+                fence_regs(o);
+                wgmma_fence();
+                issue_pv(sl);
+                wgmma_commit();
+                turn_end();
+                wgmma_wait<0>();
+                fence_regs(o);
+                fence_p();
+                release(sl);
+            } else {
+                for (int j = 0; j < n_tiles; ++j) {
+                    const int s = stage(j);
+                    const u32 parity = phase(j);
+                    float alpha[2];
+                    mbar_wait(bar_k_full(s), parity);
+                    turn_begin();
+                    fence_regs(s_acc);
+                    wgmma_fence();
+                    issue_qk(s);
+                    wgmma_commit();
+                    turn_end();
+                    load_bias(j);
+                    load_scales(j);
+                    wgmma_wait<0>();
+                    fence_regs(s_acc);
+                    if (j == n_tiles - 1) release_q();
+                    softmax(j, alpha);
+                    rescale_o(alpha);
+                    pack_p();
+                    // S is P now; zeros (which the next Q·Kᵀ ignores) let its registers go while P·V
+                    // runs: FP8's 256-key tiles (O 64 + S 128 + P 32 at head_dim 128) spill without.
+                    if constexpr (TILE_SCALES > 1) {
+#pragma unroll
+                        for (int i = 0; i < S_REGS; ++i) s_acc[i] = 0.f;
+                    }
+                    mbar_wait(bar_v_full(s), parity);
+                    turn_begin();
+                    fence_regs(o);
+                    wgmma_fence();
+                    issue_pv(s);
+                    wgmma_commit();
+                    turn_end();
+                    wgmma_wait<0>();
+                    fence_regs(o);
+                    fence_p();
+                    release(s);
+                }
+            }
+        }
+
+        // ---- epilogue ----
+        // FP8's P units (softmax), dropout's factor for the kept probabilities.
+        const float o_unit = (FP8 ? v_ref * (1.f / 256.f) : 1.f) * dropout_output_factor(p);
+        float inv[2];
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
-            const int lr = local_row + 8 * r;
-            const u32 packed = pack2<IS_BF16>(o[4 * jn + 2 * r] * inv[r], o[4 * jn + 2 * r + 1] * inv[r]);
-            const u32 addr = q_wg + (jn / 8) * Q_PANEL_BYTES + lr * ROW_BYTES + (((jn % 8) ^ (lr & 7)) << 4) + (lane % 4) * 4;
-            st_shared_u32(addr, packed);
+            float sum = row_sum[r];
+            sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+            sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+            const RowTotal total = join_sink(p, head, row_max[r], sum);
+            // No visible key (and no sink): O = 0 and LSE = -inf, as the reference defines it.
+            inv[r] = !seq.valid ? __int_as_float(0x7fc00000) : (total.sum > 0.f ? total.o_factor / total.sum * o_unit : 0.f);
+            const int row = row0 + 8 * r;
+            if (p.lse != nullptr && lane % 4 == 0 && row < seq.seq_q) {
+                const float lse = total.sum > 0.f ? total.m * LN2 + logf(total.sum) : NEG_INF;
+                p.lse[lse_index(p, seq, batch, head, row)] = seq.valid ? lse : __int_as_float(0x7fc00000);
+            }
         }
-    named_bar_sync(BAR_EPILOGUE + cw, 128);
-    u16* out = p.o + batch * p.o_batch_stride + head * p.o_head_stride + (i64)seq.q_first * p.o_seq_stride;
-    constexpr int CHUNKS = HEAD_DIM / 8;  // 16-byte chunks per row
+        u16* out = p.o + batch * p.o_batch_stride + head * p.o_head_stride + (i64)seq.q_first * p.o_seq_stride;
+        if constexpr (PERSISTENT) {
+            // The Q region holds the next tile's Q: each thread stores its own columns (2 of every
+            // 8, a quad's 16 contiguous bytes of a row per store instruction).
 #pragma unroll
-    for (int k = 0; k < WG_ROWS * CHUNKS / 128; ++k) {
-        const int i = t + 128 * k;
-        const int lr = i / CHUNKS;
-        const int c = i % CHUNKS;
-        const int row = wg_m0 + lr;
-        if (row < seq.seq_q && in_head_dim(c)) {
-            u32 val[4];
-            ld_shared_v4(q_wg + (c / 8) * Q_PANEL_BYTES + lr * ROW_BYTES + (((c % 8) ^ (lr & 7)) << 4), val);
-            st_global_v4(out + (i64)row * p.o_seq_stride + c * 8, val);
+            for (int jn = 0; jn < HEAD_DIM / 8; ++jn)
+#pragma unroll
+                for (int r = 0; r < 2; ++r) {
+                    const int row = row0 + 8 * r;
+                    if (row < seq.seq_q && in_head_dim(jn)) {
+                        const u32 packed = pack2<IS_BF16>(o[4 * jn + 2 * r] * inv[r], o[4 * jn + 2 * r + 1] * inv[r]);
+                        *reinterpret_cast<u32*>(out + (i64)row * p.o_seq_stride + 8 * jn + 2 * (lane % 4)) = packed;
+                    }
+                }
+        } else {
+            // This warpgroup's rows of the Q tile are free now (its last Q·Kᵀ has completed, and only
+            // it reads them): stage O there in the same swizzled layout (conflict-free 4-byte
+            // stores), then write whole 16-byte row chunks to global memory.
+            named_bar_sync(BAR_EPILOGUE + cw, 128);
+#pragma unroll
+            for (int jn = 0; jn < HEAD_DIM / 8; ++jn)
+#pragma unroll
+                for (int r = 0; r < 2; ++r) {
+                    const int lr = local_row + 8 * r;
+                    const u32 packed = pack2<IS_BF16>(o[4 * jn + 2 * r] * inv[r], o[4 * jn + 2 * r + 1] * inv[r]);
+                    const u32 addr =
+                        q_wg + (jn / 8) * Q_PANEL_BYTES + lr * ROW_BYTES + (((jn % 8) ^ (lr & 7)) << 4) + (lane % 4) * 4;
+                    st_shared_u32(addr, packed);
+                }
+            named_bar_sync(BAR_EPILOGUE + cw, 128);
+            constexpr int CHUNKS = HEAD_DIM / 8;  // 16-byte chunks per row
+#pragma unroll
+            for (int k = 0; k < WG_ROWS * CHUNKS / 128; ++k) {
+                const int i = t + 128 * k;
+                const int lr = i / CHUNKS;
+                const int c = i % CHUNKS;
+                const int row = wg_m0 + lr;
+                if (row < seq.seq_q && in_head_dim(c)) {
+                    u32 val[4];
+                    ld_shared_v4(q_wg + (c / 8) * Q_PANEL_BYTES + lr * ROW_BYTES + (((c % 8) ^ (lr & 7)) << 4), val);
+                    st_global_v4(out + (i64)row * p.o_seq_stride + c * 8, val);
+                }
+            }
         }
+        kv_done += n_tiles;
+        ++tiles_done;
+        if constexpr (!PERSISTENT) break;
     }
 }

@@ -27,7 +27,7 @@ use wgpu_flash_attn::cuda::plan::{
 use wgpu_flash_attn::cuda::CudaKernelConfig;
 use wgpu_flash_attn::cuda::{
     driver_available, CacheStatus, CudaAttention, CudaDevice, CudaOptions, CudaPlan, DeviceBatchIndex, DeviceTensors,
-    DiskCache, MergeTensors, Origin,
+    DiskCache, MergeTensors, Origin, WgmmaPlan,
 };
 use wgpu_flash_attn::cuda::{ScoreTerms, CUDA_HEAD_DIMS};
 use wgpu_flash_attn::ring::{Ring, ShardLayout};
@@ -568,6 +568,34 @@ fn wgmma_every_plan_matches_the_reference() {
         }
     }
     run_all_catching(engine, runs);
+}
+
+/// Persistent plans on engines that launch them on 1, 3 and 7 blocks, so that each block runs
+/// many work tiles in turn: the K/V ring's and the Q handover's mbarrier phases carried from one
+/// tile to the next, causal tiles of every length, tiles that see no key (`gqa_causal_q_longer`).
+/// Every case the copy engine can load, against the reference.
+#[cfg(feature = "internals")]
+#[test]
+fn persistent_plans_run_many_tiles_per_block() {
+    let Some(base) = hopper_engine() else { return };
+    for blocks in [1, 3, 7] {
+        let options = CudaOptions {
+            persistent_blocks: Some(blocks),
+            ..CudaOptions::default()
+        };
+        let engine = CudaAttention::with_options(base.device().clone(), options);
+        let mut runs = Vec::new();
+        for (label, p) in cases() {
+            if vec_bytes_for(&p, [0x1000; 4]).unwrap() != 16 {
+                continue;
+            }
+            for &plan in wgmma_plans(p.shape.head_dim).iter().filter(|plan| plan.persistent) {
+                runs.push((format!("{label}_on_{blocks}_blocks"), p, CudaPlan::Wgmma(plan)));
+            }
+        }
+        assert!(runs.len() >= 20, "{} runs", runs.len());
+        run_all_catching(&engine, runs);
+    }
 }
 
 #[cfg(feature = "internals")]
@@ -1925,9 +1953,20 @@ fn packed_batches_match_the_reference() {
             ..CudaOptions::default()
         },
     );
+    // A persistent plan on 3 blocks: the tiles past a short sequence's rows are skipped in turn.
+    let persistent = CudaAttention::with_options(
+        base.device().clone(),
+        CudaOptions {
+            plan: Some(CudaPlan::Wgmma(WgmmaPlan::new(2, 128, 2).persistent())),
+            persistent_blocks: Some(3),
+            ..CudaOptions::default()
+        },
+    );
+    let hopper = base.device().is_hopper();
     let mut rng = Lcg(0x7a11e);
     for seed in 0..10u64 {
-        for (name, engine) in [("default", base), ("mma", &mma)] {
+        let engines = [("default", base), ("mma", &mma), ("persistent", &persistent)];
+        for (name, engine) in engines.into_iter().filter(|(name, _)| hopper || *name != "persistent") {
             let batch = 1 + rng.below(5);
             let ragged = |rng: &mut Lcg| -> Vec<usize> {
                 (0..batch)

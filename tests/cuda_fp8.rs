@@ -15,7 +15,7 @@ mod cuda_common;
 use cuda_common::{bits, engine, Half16};
 use half::{bf16, f16};
 use wgpu_flash_attn::cuda::plan::fp8::{dequantize_host, fp8_plans, quantize_host, Fp8Layout};
-use wgpu_flash_attn::cuda::{CudaAttention, Fp8Quantization};
+use wgpu_flash_attn::cuda::{CudaAttention, CudaOptions, Fp8Quantization};
 use wgpu_flash_attn::testing::{outlier_tensor, random_tensor, ErrorStats, Rng};
 use wgpu_flash_attn::{reference, AttentionProblem, AttentionShape, DType, Element, Error, Layout, Tensor};
 
@@ -245,14 +245,23 @@ fn fp8_forward_matches_the_reference_on_its_inputs_and_the_originals() {
 /// 600 keys (quantized to 640) the last tile runs past the quantized keys. Each run against the
 /// float64 reference on its inputs (O and the LSE), and against the same reference with two
 /// blocks' scales swapped, which must fall outside the bound: what a tile that took a
-/// neighbour's scales would give.
+/// neighbour's scales would give. Persistent plans run on 3 blocks, each taking several work
+/// tiles in turn.
 #[test]
 fn every_plan_takes_each_key_blocks_own_scales() {
-    let Some(e) = hopper() else { return };
+    let Some(base) = hopper() else { return };
+    let three_blocks = CudaAttention::with_options(
+        base.device().clone(),
+        CudaOptions {
+            persistent_blocks: Some(3),
+            ..CudaOptions::default()
+        },
+    );
     let k_magnitudes = [1.0, 2.0, 0.5, 1.5, 0.7];
     let v_magnitudes = [6.0, 0.2, 3.0, 0.5, 1.0];
     for head_dim in [64, 128, 256] {
         for (i, plan) in fp8_plans(head_dim).into_iter().enumerate() {
+            let e = if plan.persistent { &three_blocks } else { base };
             let shape = AttentionShape {
                 batch: 2,
                 seq_q: 200,

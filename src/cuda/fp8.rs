@@ -325,8 +325,15 @@ impl CudaAttention {
             kv_blocks: layout.kv_blocks() as i32,
         };
         let params = Fp8Config::params(problem, o, lse);
+        let tiles = config.geometry(problem);
+        let (grid, work) = if config.plan.persistent {
+            let (grid, work) = self.persistent_launch(tiles)?;
+            (grid, Some(work))
+        } else {
+            (tiles, None)
+        };
         let cfg = LaunchConfig {
-            grid_dim: config.geometry(problem),
+            grid_dim: grid,
             block_dim: (config.plan.wgmma().threads(), 1, 1),
             shared_mem_bytes: config.smem_bytes(),
         };
@@ -334,6 +341,9 @@ impl CudaAttention {
         b.arg(&params);
         b.arg(&maps);
         b.arg(&scales);
+        if let Some(work) = &work {
+            b.arg(work);
+        }
         // SAFETY: the parameter blocks match the kernel's; O and the LSE hold the problem's
         // extents (checked), the FP8 tensors the layout's (made for it).
         unsafe { b.launch(cfg) }?;

@@ -17,9 +17,9 @@ use super::merge::LoadedMerge;
 use super::nvrtc::{load_or_compile, resource_report, CompileJob};
 use super::plan::tensor_map::tensor_map_spec;
 use super::plan::{
-    decode_counters_len, decode_split, default_decode_plan, goes_to_decode, select_cuda, validate_for_cuda,
-    validate_for_decode, vec_bytes_for, wgmma_unavailable, CudaBackwardConfig, CudaDecodeConfig, CudaKernelConfig,
-    CudaPlan, CudaSelection, DecodeParams, Fp8Config, FwdParams, LaunchGeometry,
+    decode_counters_len, decode_split, default_decode_plan, goes_to_decode, persistent_grid, select_cuda,
+    validate_for_cuda, validate_for_decode, vec_bytes_for, wgmma_unavailable, CudaBackwardConfig, CudaDecodeConfig,
+    CudaKernelConfig, CudaPlan, CudaSelection, DecodeParams, Fp8Config, FwdParams, LaunchGeometry,
 };
 use super::tma;
 use crate::error::{check_holds, invalid, Error, Result};
@@ -52,6 +52,40 @@ const _: () = assert!(std::mem::size_of::<TmaMaps>() == 384);
 // SAFETY: three opaque 128-byte tensor maps, the layout the kernel's parameter declares.
 unsafe impl DeviceRepr for TmaMaps {}
 
+/// A persistent wgmma kernel's last parameter: the work tiles a plain launch's grid would hold
+/// (`struct WorkGrid` in `cuda/flash_fwd_wgmma.cu`), while its own grid is one block per SM.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) struct WorkGrid {
+    q_tiles: i32,
+    heads: i32,
+    batch: i32,
+}
+
+// SAFETY: three `int`s, the layout the kernel's parameter declares.
+unsafe impl DeviceRepr for WorkGrid {}
+
+impl CudaAttention {
+    /// A persistent launch of the work tiles `tiles` (a plain launch's grid): the grid to launch
+    /// (one block per SM, or [`CudaOptions::persistent_blocks`]) and the parameter that tells the
+    /// kernel what it covers.
+    pub(super) fn persistent_launch(&self, tiles: (u32, u32, u32)) -> Result<((u32, u32, u32), WorkGrid)> {
+        let blocks = match self.options.persistent_blocks {
+            Some(0) => return invalid!("CudaOptions::persistent_blocks must be at least 1"),
+            Some(n) => n,
+            None => self.device.sm_count(),
+        };
+        let grid = persistent_grid(tiles, blocks)?;
+        // persistent_grid keeps the product below 2³⁰, so each factor fits an i32.
+        let work = WorkGrid {
+            q_tiles: tiles.0 as i32,
+            heads: tiles.1 as i32,
+            batch: tiles.2 as i32,
+        };
+        Ok((grid, work))
+    }
+}
+
 /// Settings of a [`CudaAttention`] engine.
 #[derive(Clone, Debug, Default)]
 pub struct CudaOptions {
@@ -64,6 +98,9 @@ pub struct CudaOptions {
     /// Force the decode kernel's split of the keys into this many pieces (capped at one per 16
     /// keys; 0 is an error) instead of the wave-efficiency rule over the GPU's SMs (tests, sweeps).
     pub decode_splits: Option<u32>,
+    /// Launch a persistent plan on this many blocks (0 is an error) instead of one per SM, so that
+    /// each block runs more work tiles (tests, sweeps).
+    pub persistent_blocks: Option<u32>,
 }
 
 /// What was loaded for one kernel config.
@@ -483,7 +520,14 @@ impl CudaAttention {
             self.launch_decode(problem, c, [q, k, v, o], lse, [page_table, kv_lens], alibi_slopes)?;
             return Ok(config);
         }
-        let geometry = config.geometry(problem)?;
+        let mut geometry = config.geometry(problem)?;
+        let work = if config.plan().is_persistent() {
+            let (grid, work) = self.persistent_launch(geometry.grid)?;
+            geometry.grid = grid;
+            Some(work)
+        } else {
+            None
+        };
         let kernel = self.kernel(&config)?;
         let params = FwdParams {
             cu_seqlens_q,
@@ -520,6 +564,9 @@ impl CudaAttention {
         builder.arg(&params);
         if let Some(maps) = &maps {
             builder.arg(maps);
+        }
+        if let Some(work) = &work {
+            builder.arg(work);
         }
         // SAFETY: the parameter block matches the kernel's (size asserted on both sides); every
         // address it holds was checked to cover the extent the problem's layouts reach.

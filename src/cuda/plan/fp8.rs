@@ -340,6 +340,8 @@ pub struct Fp8Plan {
     /// Of every 4 n8 column tiles of S, how many take their exp2 on the FMA units (0 to 2): at
     /// twice bf16's tensor rate the special-function unit's one exp2 per score is what limits.
     pub ex2_fma: u32,
+    /// One block per SM running work tiles in turn ([`WgmmaPlan::persistent`]).
+    pub persistent: bool,
 }
 
 impl Fp8Plan {
@@ -351,6 +353,7 @@ impl Fp8Plan {
             pingpong: false,
             overlap: false,
             ex2_fma: 0,
+            persistent: false,
         }
     }
 
@@ -360,6 +363,7 @@ impl Fp8Plan {
         WgmmaPlan {
             pingpong: self.pingpong,
             overlap: self.overlap,
+            persistent: self.persistent,
             ..p
         }
     }
@@ -386,6 +390,10 @@ pub fn fp8_plans(head_dim: usize) -> Vec<Fp8Plan> {
         block_n: FP8_WIDE_TILE,
         ..plan
     };
+    let persistent = |plan: Fp8Plan| Fp8Plan {
+        persistent: true,
+        ..plan
+    };
     if head_dim <= 128 {
         vec![
             p(2),
@@ -401,10 +409,13 @@ pub fn fp8_plans(head_dim: usize) -> Vec<Fp8Plan> {
             wide(fma(2, 1)),
             wide(fma(3, 1)),
             wide(pp(2, 0)),
+            persistent(wide(p(3))),
+            persistent(wide(p(2))),
+            persistent(ov(4, 0)),
         ]
     } else {
         // Half the exp2s on the FMA units spills there.
-        vec![p(2), fma(2, 1), pp(2, 0), pp(2, 1)]
+        vec![p(2), fma(2, 1), pp(2, 0), pp(2, 1), persistent(fma(2, 1))]
     }
 }
 
@@ -493,11 +504,11 @@ impl Fp8Config {
         }
     }
 
-    /// `flash_fwd_wgmma_e4m3_bf16_d128_bm128_bn{128,256}_s2[_ov][_pp][_fma1][_causal]`.
+    /// `flash_fwd_wgmma_e4m3_bf16_d128_bm128_bn{128,256}_s2[_ov][_pp][_fma1][_pers][_causal]`.
     pub fn name(&self) -> String {
         let (p, w) = (&self.plan, self.plan.wgmma());
         format!(
-            "flash_fwd_wgmma_e4m3_{}_d{}_bm{}_bn{}_s{}{}{}{}{}",
+            "flash_fwd_wgmma_e4m3_{}_d{}_bm{}_bn{}_s{}{}{}{}{}{}",
             self.out.name(),
             self.head_dim,
             w.block_m(),
@@ -510,6 +521,7 @@ impl Fp8Config {
             } else {
                 String::new()
             },
+            if p.persistent { "_pers" } else { "" },
             if self.causal { "_causal" } else { "" },
         )
     }
@@ -547,6 +559,7 @@ impl Fp8Config {
             define("FA_PINGPONG", p.pingpong as u32),
             define("FA_PV_SPLIT", 0),
             define("FA_EX2_FMA", self.plan.ex2_fma),
+            define("FA_PERSISTENT", p.persistent as u32),
         ];
         if self.head_dim != self.dim_pad() {
             d.push(define("FA_VALID_DIM", self.head_dim));

@@ -42,7 +42,10 @@ pub use mma::{default_mma_plan, mma_plans, MmaConfig, MmaPlan};
 pub use params::{BwdParams, DecodeParams, FwdParams};
 pub use select::{goes_to_decode, select_cuda, select_mma, CudaSelection, DECODE_BY_DEFAULT, WGMMA_BY_DEFAULT};
 pub use support::{tile_head_dim, validate_for_cuda, CUDA_HEAD_DIMS, CUDA_PREFILL_FEATURES, MAX_CUDA_SEQ};
-pub use wgmma::{default_wgmma_plan, wgmma_plans, wgmma_unavailable, WgmmaConfig, WgmmaPlan, WGMMA_ROWS_PER_CONSUMER};
+pub use wgmma::{
+    default_wgmma_plan, persistent_grid, wgmma_plans, wgmma_unavailable, WgmmaConfig, WgmmaPlan,
+    WGMMA_ROWS_PER_CONSUMER,
+};
 
 use crate::error::Result;
 use crate::plan::decode::DecodeSplit;
@@ -110,6 +113,11 @@ impl CudaPlan {
     /// Whether this is a plan of the Hopper kernel.
     pub fn is_wgmma(&self) -> bool {
         matches!(self, CudaPlan::Wgmma(_))
+    }
+
+    /// Whether the plan runs one block per SM over the work tiles (a persistent wgmma plan).
+    pub fn is_persistent(&self) -> bool {
+        matches!(self, CudaPlan::Wgmma(p) if p.persistent)
     }
 }
 

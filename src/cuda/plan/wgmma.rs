@@ -28,6 +28,9 @@ pub struct WgmmaPlan {
     pub pingpong: bool,
     /// O += P·V as one N = 64 wgmma per head_dim panel instead of one N = head_dim wgmma.
     pub pv_split: bool,
+    /// One block per SM running work tiles in turn, the next tile's loads under the current
+    /// tile's last P·V and epilogue ([`persistent_grid`]).
+    pub persistent: bool,
 }
 
 impl WgmmaPlan {
@@ -40,6 +43,7 @@ impl WgmmaPlan {
             overlap: false,
             pingpong: false,
             pv_split: false,
+            persistent: false,
         }
     }
 
@@ -56,6 +60,14 @@ impl WgmmaPlan {
     /// This plan with P·V split into 64-column panels.
     pub const fn pv_split(self) -> Self {
         WgmmaPlan { pv_split: true, ..self }
+    }
+
+    /// This plan run persistently: one block per SM.
+    pub const fn persistent(self) -> Self {
+        WgmmaPlan {
+            persistent: true,
+            ..self
+        }
     }
 
     /// Query rows per block: 64 per consumer.
@@ -86,7 +98,7 @@ pub fn wgmma_plans(head_dim: usize) -> &'static [WgmmaPlan] {
     const fn three(block_n: u32, stages: u32) -> WgmmaPlan {
         WgmmaPlan::new(3, block_n, stages)
     }
-    const D64: [WgmmaPlan; 8] = [
+    const D64: [WgmmaPlan; 10] = [
         two(128, 3).overlap().pingpong(),
         two(128, 2),
         two(128, 2).pingpong(),
@@ -95,8 +107,10 @@ pub fn wgmma_plans(head_dim: usize) -> &'static [WgmmaPlan] {
         three(128, 3).pingpong(),
         three(128, 2),
         two(192, 2),
+        three(128, 2).persistent(),
+        three(128, 2).pingpong().persistent(),
     ];
-    const D128: [WgmmaPlan; 11] = [
+    const D128: [WgmmaPlan; 15] = [
         two(128, 2),
         two(128, 2).pingpong(),
         two(128, 3),
@@ -108,14 +122,20 @@ pub fn wgmma_plans(head_dim: usize) -> &'static [WgmmaPlan] {
         three(64, 3).pingpong(),
         three(64, 3),
         two(128, 2).pv_split(),
+        two(128, 2).persistent(),
+        two(128, 2).pingpong().persistent(),
+        two(176, 2).persistent(),
+        two(192, 2).persistent(),
     ];
-    const D256: [WgmmaPlan; 6] = [
+    const D256: [WgmmaPlan; 8] = [
         two(64, 2).pingpong(),
         two(64, 2),
         two(80, 2),
         two(80, 2).pingpong(),
         two(64, 2).overlap().pingpong(),
         two(64, 2).pv_split(),
+        two(80, 2).persistent(),
+        two(80, 2).pingpong().persistent(),
     ];
     match tile_head_dim(head_dim) {
         Some(64) => &D64,
@@ -140,6 +160,30 @@ pub fn default_wgmma_plan(head_dim: usize, causal: bool) -> Option<WgmmaPlan> {
     debug_assert!(wgmma_plans(head_dim).contains(&plan));
     Some(plan)
 }
+
+/// The launch grid of a persistent plan whose work tiles are `work` (the grid a plain launch
+/// would have: query tiles, heads, batch) on `sm_count` SMs: one block per SM (the kernels hold
+/// an SM's shared memory), fewer where there are fewer tiles, each block taking every
+/// `grid.0`-th tile. Refused from [`MAX_PERSISTENT_TILES`] tiles on (the kernel counts them in
+/// 32-bit integers).
+pub fn persistent_grid(work: (u32, u32, u32), sm_count: u32) -> Result<(u32, u32, u32)> {
+    let tiles = u64::from(work.0)
+        .saturating_mul(u64::from(work.1))
+        .saturating_mul(u64::from(work.2));
+    if tiles >= MAX_PERSISTENT_TILES {
+        return Err(Error::TooLarge(format!(
+            "a persistent wgmma launch takes fewer than {MAX_PERSISTENT_TILES} work tiles; this problem has {tiles} \
+             (query tiles × heads × batch); a plan without `persistent` runs it"
+        )));
+    }
+    Ok(((tiles as u32).min(sm_count.clamp(1, MAX_PERSISTENT_BLOCKS)), 1, 1))
+}
+
+/// A persistent launch's work tiles stay below 2³⁰ so that the kernel's tile index plus its
+/// stride (the grid, at most [`MAX_PERSISTENT_BLOCKS`]) fits an `int`.
+pub const MAX_PERSISTENT_TILES: u64 = 1 << 30;
+/// At most this many blocks in a persistent launch (no GPU has as many SMs).
+pub const MAX_PERSISTENT_BLOCKS: u32 = 1 << 16;
 
 /// Why the wgmma kernel cannot run `problem` on this device, or `None` when it can: it needs a
 /// Hopper GPU, and tensors the copy engine can describe (16-byte aligned starts and strides, no
@@ -243,16 +287,17 @@ impl WgmmaConfig {
         Ok(config)
     }
 
-    /// `flash_fwd_wgmma_bf16_d128_bm128_bn128_s2[_ov][_pp][_split][_causal][_alibi][_bias][_cap]`.
+    /// `flash_fwd_wgmma_bf16_d128_bm128_bn128_s2[_ov][_pp][_split][_pers][_causal][_alibi][_bias][_cap]`.
     pub fn name(&self) -> String {
         let p = &self.plan;
         format!(
-            "{}_s{}{}{}{}{}{}",
+            "{}_s{}{}{}{}{}{}{}",
             kernel_name("wgmma", self.dtype, self.head_dim, p.block_m(), p.block_n),
             p.stages,
             if p.overlap { "_ov" } else { "" },
             if p.pingpong { "_pp" } else { "" },
             if p.pv_split { "_split" } else { "" },
+            if p.persistent { "_pers" } else { "" },
             if self.causal { "_causal" } else { "" },
             self.terms.suffix(),
         )
@@ -286,6 +331,7 @@ impl WgmmaConfig {
             define("FA_OVERLAP", p.overlap as u32),
             define("FA_PINGPONG", p.pingpong as u32),
             define("FA_PV_SPLIT", p.pv_split as u32),
+            define("FA_PERSISTENT", p.persistent as u32),
         ];
         d.extend(valid_dim_define(self.head_dim));
         d.extend(self.terms.defines());
@@ -378,6 +424,38 @@ mod tests {
         assert!(c3.defines().contains(&"-DFA_CONSUMERS=3".to_string()));
         assert!(new(DType::BF16, 64, three.overlap(), false, 16).is_err());
         assert!(new(DType::BF16, 64, WgmmaPlan::new(4, 128, 2).pingpong(), false, 16).is_err());
+    }
+
+    /// A persistent launch is one block per SM, fewer for fewer tiles, at least one; work the
+    /// kernel's 32-bit tile index cannot count is refused; the plan's name and define say it.
+    #[test]
+    fn persistent_launches_cover_the_tiles_on_one_block_per_sm() {
+        assert_eq!(persistent_grid((64, 16, 2), 132).unwrap(), (132, 1, 1));
+        assert_eq!(persistent_grid((2, 3, 1), 132).unwrap(), (6, 1, 1));
+        assert_eq!(persistent_grid((2, 3, 1), 0).unwrap(), (1, 1, 1));
+        assert_eq!(persistent_grid((1, 1, 1), u32::MAX).unwrap(), (1, 1, 1));
+        assert_eq!(persistent_grid((0, 16, 2), 132).unwrap(), (0, 1, 1));
+        assert_eq!(
+            persistent_grid((1 << 10, 1 << 10, (1 << 10) - 1), 132).unwrap(),
+            (132, 1, 1)
+        );
+        for huge in [
+            (1 << 10, 1 << 10, 1 << 10),
+            (u32::MAX, u32::MAX, u32::MAX),
+            (1 << 30, 1, 1),
+        ] {
+            assert!(
+                matches!(persistent_grid(huge, 132), Err(Error::TooLarge(_))),
+                "{huge:?}"
+            );
+        }
+        let plan = WgmmaPlan::new(2, 128, 2).persistent();
+        let c = new(DType::BF16, 128, plan, true, 16).unwrap();
+        assert_eq!(c.name(), "flash_fwd_wgmma_bf16_d128_bm128_bn128_s2_pers_causal");
+        assert!(c.defines().contains(&"-DFA_PERSISTENT=1".to_string()));
+        let plain = new(DType::BF16, 128, WgmmaPlan::new(2, 128, 2), true, 16).unwrap();
+        assert!(plain.defines().contains(&"-DFA_PERSISTENT=0".to_string()));
+        assert_eq!(plain.smem_bytes(), c.smem_bytes());
     }
 
     #[test]
