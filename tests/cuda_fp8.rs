@@ -319,7 +319,10 @@ fn every_plan_takes_each_key_blocks_own_scales() {
             // values, and P's e4m3 rounding of them, grow with V's).
             let within = |x: &ErrorStats| x.within(0.06, 0.2 * v_magnitudes.iter().cloned().fold(0.0, f64::max));
             assert!(within(&own), "{case}: O against its inputs: {own}");
-            assert!(lse.within(1e-4, 2e-3), "{case}: LSE against its inputs: {lse}");
+            // The LSE's absolute part widened by K's largest magnitude: the scores, and the FP8
+            // tensor cores' rounding of their sums, grow with K's.
+            let k_max = k_magnitudes.iter().cloned().fold(0.0, f64::max);
+            assert!(lse.within(1e-4, 2e-3 * k_max), "{case}: LSE against its inputs: {lse}");
             assert!(
                 !within(&wrong),
                 "{case}: the bound cannot tell a neighbour's scales: {wrong}"
