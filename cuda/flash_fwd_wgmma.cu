@@ -269,22 +269,14 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
     // The work tiles this CTA runs, w = first, first + step, ... below n_work: a plain launch's
     // own tile (the block's coordinates; the loops below end after one), a persistent one's every
     // gridDim.x-th (fewer than 2^30 tiles, so w stays in range: persistent_grid in
-    // src/cuda/plan/wgmma.rs). Without a mask, q tile fastest, a plain grid's launch order: the
-    // blocks running at once share a few heads' K/V in L2. Causal, q tile slowest, longest
-    // first: each round of gridDim.x tiles is of one length, so every block's share of the work
-    // is the same (q fastest would hand a block tiles of the same few lengths, up to 2x apart).
+    // src/cuda/plan/wgmma.rs), in a plain grid's launch order, q tile fastest: the blocks running
+    // at once share a few heads' K/V in L2. Causal launches too: ordered q slowest, every round of
+    // gridDim.x tiles of one length, they measured slower still (BENCHMARKS.md, session 40).
 #if FA_PERSISTENT
     const int q_tiles = work.q_tiles, heads = work.heads;
     const int n_work = q_tiles * heads * work.batch;
     const int first = blockIdx.x, step = gridDim.x;
-    auto tile_of = [&](int w) {
-        if constexpr (CAUSAL) {
-            const int per_q = heads * work.batch;
-            return work_tile(p, w / per_q, w % per_q % heads, w % per_q / heads, q_tiles);
-        } else {
-            return work_tile(p, w % q_tiles, w / q_tiles % heads, w / q_tiles / heads, q_tiles);
-        }
-    };
+    auto tile_of = [&](int w) { return work_tile(p, w % q_tiles, w / q_tiles % heads, w / q_tiles / heads, q_tiles); };
 #else
     const int n_work = 1, first = 0, step = 1;
     auto tile_of = [&](int) { return work_tile(p, blockIdx.x, blockIdx.y, blockIdx.z, gridDim.x); };

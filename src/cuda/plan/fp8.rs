@@ -420,13 +420,15 @@ pub fn fp8_plans(head_dim: usize) -> Vec<Fp8Plan> {
 }
 
 /// The default FP8 plan: the fastest of the sweeps (BENCHMARKS.md). At head_dim 128 and below,
-/// 256-key tiles (the softmax's per-tile bookkeeping and the consumers' synchronization halved for
-/// the same scores) with a 3-stage ring, 2 when causal; but causal with fewer than 4,096 keys,
-/// 128-key tiles with the softmax overlapping the previous tile's P·V (there it measured 7%
-/// faster at 1,024 keys and 2% at 2,048, against 7% slower at 8,192; likely the diagonal's
-/// half-masked wide tiles, a larger share of short rows). At 256, 128-key tiles with a quarter of the exp2s on the FMA units (O's 128
-/// registers leave no room for a wider S or for overlap, and two stages are what shared memory
-/// holds).
+/// 256-key tiles with a 3-stage ring (the softmax's per-tile bookkeeping and the consumers'
+/// synchronization halved for the same scores), persistent (one CTA per SM over the work tiles,
+/// the next tile's loads under the current one's end: +6–17% at seq 1,024–8,192 without a mask,
+/// +4% causal at 8,192); but causal with fewer than 4,096 keys, 128-key tiles with the softmax
+/// overlapping the previous tile's P·V, one CTA per work tile (there it measured fastest: likely
+/// the diagonal's half-masked wide tiles, a larger share of short rows, and the hardware dealing
+/// out tiles of unequal lengths). At 256, 128-key tiles with a quarter of the exp2s on the FMA
+/// units (O's 128 registers leave no room for a wider S or for overlap, and two stages are what
+/// shared memory holds).
 pub fn default_fp8_plan(head_dim: usize, causal: bool, seq_kv: usize) -> Fp8Plan {
     if head_dim > 128 {
         Fp8Plan {
@@ -441,7 +443,8 @@ pub fn default_fp8_plan(head_dim: usize, causal: bool, seq_kv: usize) -> Fp8Plan
     } else {
         Fp8Plan {
             block_n: FP8_WIDE_TILE,
-            ..Fp8Plan::new(if causal { 2 } else { 3 })
+            persistent: true,
+            ..Fp8Plan::new(3)
         }
     }
 }

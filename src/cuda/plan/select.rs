@@ -5,7 +5,7 @@
 use super::decode::{select_cuda_decode, CUDA_DECODE_FEATURES};
 use super::mma::{default_mma_plan, MmaConfig};
 use super::support::validate_for_cuda;
-use super::wgmma::{default_wgmma_plan, wgmma_unavailable};
+use super::wgmma::{default_persistent_plan, default_wgmma_plan, wgmma_unavailable};
 use super::{CudaKernelConfig, ScoreTerms};
 use crate::error::{Error, Result};
 use crate::plan::decode::prefers_decode;
@@ -71,7 +71,7 @@ pub fn select_cuda(problem: &AttentionProblem, vec_bytes: u32, hopper: bool) -> 
         });
     }
     let mma = select_mma(problem, vec_bytes)?;
-    let plan = default_wgmma_plan(problem.shape.head_dim, problem.causal);
+    let plan = default_persistent_plan(problem).or(default_wgmma_plan(problem.shape.head_dim, problem.causal));
     let why = match plan {
         #[allow(unreachable_patterns)]
         _ if !WGMMA_BY_DEFAULT => Some("the wgmma kernel is not enabled by default (WGMMA_BY_DEFAULT)".into()),
@@ -107,7 +107,8 @@ mod tests {
         assert_eq!(on_hopper.config.is_wgmma(), WGMMA_BY_DEFAULT);
         assert_eq!(on_hopper.fallback.is_none(), WGMMA_BY_DEFAULT);
         if WGMMA_BY_DEFAULT {
-            assert_eq!(on_hopper.config.plan(), default_wgmma_plan(128, false).unwrap().into());
+            let plan = default_persistent_plan(&p).unwrap();
+            assert_eq!(on_hopper.config.plan(), plan.into());
             let causal = select_cuda(&p.with_causal(true), 16, true).unwrap();
             assert_eq!(causal.config.plan(), default_wgmma_plan(128, true).unwrap().into());
             assert!(causal.config.causal());
@@ -134,6 +135,46 @@ mod tests {
             default_wgmma_plan(256, false),
             Some(WgmmaPlan::new(2, 80, 2).pingpong())
         );
+    }
+
+    /// The persistent plans replace the plain default only without a mask, at head_dim 64 and
+    /// 128, and for problems whose features their GPU tests cover.
+    #[test]
+    fn persistent_defaults_only_where_measured_and_tested() {
+        use crate::problem::dropout::Dropout;
+        let p = problem(128);
+        let with_keys = |seq_kv| {
+            let mut q = p;
+            q.shape.seq_kv = seq_kv;
+            default_persistent_plan(&q)
+        };
+        assert_eq!(with_keys(4096), Some(WgmmaPlan::new(2, 192, 2).persistent()));
+        assert_eq!(with_keys(2048), Some(WgmmaPlan::new(2, 192, 2).persistent()));
+        assert_eq!(with_keys(2047), Some(WgmmaPlan::new(2, 176, 2).persistent()));
+        assert_eq!(
+            default_persistent_plan(&problem(64)),
+            Some(WgmmaPlan::new(3, 128, 2).persistent())
+        );
+        assert_eq!(default_persistent_plan(&problem(96)), with_keys(777));
+        assert_eq!(default_persistent_plan(&problem(256)), None);
+        let untested = [
+            p.with_causal(true),
+            p.with_window(Some(64), None),
+            p.with_softcap(30.0),
+            p.with_geometric_alibi(),
+            p.with_sinks(),
+            p.with_scale(-0.5),
+            p.with_dropout(Dropout {
+                p: 0.1,
+                seed: 1,
+                offset: 0,
+            }),
+        ];
+        for q in untested {
+            assert_eq!(default_persistent_plan(&q), None, "{:?}", q.features());
+            let plain = default_wgmma_plan(128, q.causal).unwrap();
+            assert_eq!(select_cuda(&q, 16, true).unwrap().config.plan(), plain.into());
+        }
     }
 
     #[test]

@@ -6,6 +6,7 @@ use super::support::{tile_head_dim, tile_width, SMEM_PER_SM, SMEM_RESERVED_PER_B
 use super::tensor_map::tensor_map_spec;
 use super::{define, kernel_name, valid_dim_define, ScoreTerms};
 use crate::error::{Error, Result};
+use crate::problem::features::{Feature, FeatureSet};
 use crate::problem::{AttentionProblem, CapForm, DType, Tensor};
 
 /// Query rows of one consumer warpgroup (wgmma's M).
@@ -145,8 +146,35 @@ pub fn wgmma_plans(head_dim: usize) -> &'static [WgmmaPlan] {
     }
 }
 
-/// The default wgmma plan for a head_dim and masking: the fastest correct one of the H200 sweep
-/// at seq 8192.
+/// Features a problem may have and still get [`default_persistent_plan`]: those the persistent
+/// plans' GPU tests cover (`tests/cuda_attention.rs`: the shape table's GQA and MQA problems,
+/// packed batches). Any other keeps the plain default until its own run on a persistent plan.
+pub const PERSISTENT_DEFAULT_FEATURES: FeatureSet = FeatureSet::of(&[Feature::GroupedKv, Feature::Varlen]);
+
+/// The persistent plan that replaces [`default_wgmma_plan`] for `problem` where the sweeps
+/// (BENCHMARKS.md, session 40) measured it faster: without a mask at head_dim 64 and 128, and
+/// only with [`PERSISTENT_DEFAULT_FEATURES`]. At head_dim 128, 192-key tiles from 2,048 keys on
+/// (seq 2048–8192: 593–677 TFLOP/s against the plain default's 550–606) and 176 below them (seq
+/// 1024: 516 against 484); at 64, three consumers as the plain default (seq 8192: +1%). Causal
+/// launches keep the plain plans: one CTA per work tile, dealt out by the hardware as CTAs
+/// finish, balances tiles of unequal lengths better than any fixed order measured (seq
+/// 1024–4096: the plain 128-key plan led every sweep).
+pub fn default_persistent_plan(problem: &AttentionProblem) -> Option<WgmmaPlan> {
+    if problem.causal || !problem.features().missing_from(PERSISTENT_DEFAULT_FEATURES).is_empty() {
+        return None;
+    }
+    let plan = match tile_head_dim(problem.shape.head_dim)? {
+        64 => WgmmaPlan::new(3, 128, 2).persistent(),
+        128 if problem.shape.seq_kv >= 2048 => WgmmaPlan::new(2, 192, 2).persistent(),
+        128 => WgmmaPlan::new(2, 176, 2).persistent(),
+        _ => return None,
+    };
+    debug_assert!(wgmma_plans(problem.shape.head_dim).contains(&plan));
+    Some(plan)
+}
+
+/// The default plain wgmma plan for a head_dim and masking: the fastest correct one of the H200
+/// sweep at seq 8192 ([`default_persistent_plan`] replaces it where that was faster).
 pub fn default_wgmma_plan(head_dim: usize, causal: bool) -> Option<WgmmaPlan> {
     let plan = match (tile_head_dim(head_dim)?, causal) {
         // Three consumers: each K/V tile feeds 192 rows.
