@@ -208,8 +208,8 @@ struct WorkTile {
 };
 
 // Work tile (q, head, batch) of a grid of q_tiles query tiles. Causal: the last query tiles see
-// the most keys; they go first so that the long tiles don't start last and leave the tail of the
-// launch running alone.
+// the most keys; they go first (in a plain launch, and among a head's tiles in a persistent one)
+// so that the long tiles don't start last and leave the tail of the launch running alone.
 __device__ __forceinline__ WorkTile work_tile(const FwdParams& p, int q, int head, int batch, int q_tiles) {
     WorkTile t;
     t.q_tile = CAUSAL ? q_tiles - 1 - q : q;
@@ -298,7 +298,8 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
         // ---- producer ----
         regs_dealloc<PRODUCER_REGS>();
         if (tid == 0) {
-            // K/V tiles issued before this work tile's (the ring's position), work tiles run.
+            // The ring's position (K/V tiles issued before this work tile's, mod 2·STAGES), work
+            // tiles run.
             int kv_done = 0, tiles_done = 0;
             for (int w = first; w < n_work; w += step) {
                 const WorkTile wt = tile_of(w);
@@ -335,7 +336,9 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
                                         wt.kv_head, wt.map_batch, bar_v_full(s));
                     }
                 }
-                kv_done += wt.n_tiles;
+                // Stage and phase repeat every 2·STAGES tiles: kept below that, the count cannot
+                // overflow however many tiles a persistent block runs.
+                kv_done = (kv_done + wt.n_tiles) % (2 * STAGES);
                 ++tiles_done;
                 if constexpr (!PERSISTENT) break;
             }
@@ -367,7 +370,8 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
     // Consumer 0 issues first: the last consumer hands it the turn.
     if (PINGPONG && cw == CONSUMERS - 1) named_bar_arrive(BAR_TURN + 0, 2 * 128);
 
-    // K/V tiles consumed before this work tile's (the ring's position), work tiles run.
+    // The ring's position (K/V tiles consumed before this work tile's, mod 2·STAGES), work tiles
+    // run.
     int kv_done = 0, tiles_done = 0;
     for (int w = first; w < n_work; w += step) {
         const WorkTile wt = tile_of(w);
@@ -456,7 +460,10 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
 #pragma unroll
         for (int h = 0; h < TILE_SCALES; ++h) k_scale[h] = v_scale[h] = 1.f;
 #if FA_FP8
-        q_scale = __ldg(fp8.q + ((i64)batch * p.num_heads + head) * fp8.q_blocks + q_tile * CONSUMERS + cw);
+        // The last tile's second warpgroup may hold only rows past seq_q (none stored): its block
+        // is past the head's scales, so it reads the last one's.
+        const int q_block = min(q_tile * CONSUMERS + cw, fp8.q_blocks - 1);
+        q_scale = __ldg(fp8.q + ((i64)batch * p.num_heads + head) * fp8.q_blocks + q_block);
 #endif
         auto load_scales = [&](int j) {
 #if FA_FP8
@@ -899,7 +906,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
                 }
             }
         }
-        kv_done += n_tiles;
+        kv_done = (kv_done + n_tiles) % (2 * STAGES);  // as the producer
         ++tiles_done;
         if constexpr (!PERSISTENT) break;
     }

@@ -1782,16 +1782,18 @@ fn kernels_compile_with_nvrtc() {
         })
         .collect();
     assert!(configs.len() >= 8);
-    // Every score-term variant of both kernels' default plans (dropout alone and with every
-    // other term: compiled_terms): at head_dim 128, or at every head_dim with
-    // FLASH_CUDA_COMPILE_ALL=1.
+    // Every score-term variant of both kernels' default plans and of the wgmma one run
+    // persistent (dropout alone and with every other term: compiled_terms): at head_dim 128, or
+    // at every head_dim with FLASH_CUDA_COMPILE_ALL=1.
     let mut configs = configs;
     for head_dim in CUDA_HEAD_DIMS.into_iter().filter(|&d| all || d == 128) {
         for causal in [false, true] {
             let default = problem(DType::BF16, 1, 1, 1, 64, 64, head_dim, causal, Strides::Bshd);
+            let wgmma = default_wgmma_plan(head_dim, causal).unwrap();
             let plans = [
                 CudaPlan::Mma(select_mma(&default, 16).unwrap().plan),
-                CudaPlan::Wgmma(default_wgmma_plan(head_dim, causal).unwrap()),
+                CudaPlan::Wgmma(wgmma),
+                CudaPlan::Wgmma(wgmma.persistent()),
             ];
             for plan in plans {
                 let plain = CudaKernelConfig::new(DType::BF16, head_dim, plan, causal, 16).unwrap();
@@ -2274,6 +2276,13 @@ fn appending_then_attending_matches_the_reference() {
 #[test]
 fn windows_and_soft_caps_match_the_reference() {
     let Some(engine) = engine() else { return };
+    let three_blocks = CudaAttention::with_options(
+        engine.device().clone(),
+        CudaOptions {
+            persistent_blocks: Some(3),
+            ..CudaOptions::default()
+        },
+    );
     let mut rng = Lcg(0x717d);
     for seed in 0..16u64 {
         let seq_q = [3, 77, 200][rng.below(3)];
@@ -2317,8 +2326,10 @@ fn windows_and_soft_caps_match_the_reference() {
         let mma = CudaPlan::Mma(select_mma(&p, 16).unwrap().plan);
         run_any(engine, &p, &format!("{label} mma.sync"), Some(mma));
         if engine.device().is_hopper() {
-            let wgmma = default_wgmma_plan(head_dim, causal).map(CudaPlan::Wgmma).unwrap();
-            run_any(engine, &p, &format!("{label} wgmma"), Some(wgmma));
+            let wgmma = default_wgmma_plan(head_dim, causal).unwrap();
+            run_any(engine, &p, &format!("{label} wgmma"), Some(CudaPlan::Wgmma(wgmma)));
+            let persistent = Some(CudaPlan::Wgmma(wgmma.persistent()));
+            run_any(&three_blocks, &p, &format!("{label} wgmma persistent"), persistent);
         }
     }
 }
@@ -2495,18 +2506,19 @@ fn run_head_terms(engine: &CudaAttention, p: &AttentionProblem, label: &str, sd:
         p.window,
         p.softcap
     );
-    let mut plans = vec![("mma.sync", CudaPlan::Mma(select_mma(&p, 16).unwrap().plan))];
+    let mut plans = vec![("mma.sync", CudaPlan::Mma(select_mma(&p, 16).unwrap().plan), None)];
     if engine.device().is_hopper() {
-        plans.push((
-            "wgmma",
-            default_wgmma_plan(head_dim, causal).map(CudaPlan::Wgmma).unwrap(),
-        ));
+        let wgmma = default_wgmma_plan(head_dim, causal).unwrap();
+        plans.push(("wgmma", CudaPlan::Wgmma(wgmma), None));
+        // The same plan persistent, on 3 blocks: each takes several work tiles in turn.
+        plans.push(("wgmma persistent", CudaPlan::Wgmma(wgmma.persistent()), Some(3)));
     }
-    for (name, plan) in plans {
+    for (name, plan, blocks) in plans {
         let forced = CudaAttention::with_options(
             engine.device().clone(),
             CudaOptions {
                 plan: Some(plan),
+                persistent_blocks: blocks,
                 ..CudaOptions::default()
             },
         );

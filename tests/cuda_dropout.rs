@@ -31,19 +31,21 @@ fn dropout(p: f32) -> Dropout {
     }
 }
 
-/// Engines forced onto each prefill kernel's default plan for `p`: `mma.sync`, and wgmma on a
-/// Hopper GPU.
+/// Engines forced onto each prefill kernel's default plan for `p`: `mma.sync`, and on a Hopper
+/// GPU wgmma, plain and persistent (on 3 blocks, each taking several work tiles in turn).
 fn forced_engines(engine: &CudaAttention, p: &AttentionProblem) -> Vec<(&'static str, CudaAttention)> {
-    let mut plans = vec![("mma.sync", CudaPlan::Mma(select_mma(p, 16).unwrap().plan))];
+    let mut plans = vec![("mma.sync", CudaPlan::Mma(select_mma(p, 16).unwrap().plan), None)];
     if engine.device().is_hopper() {
         let plan = default_wgmma_plan(p.shape.head_dim, p.causal).unwrap();
-        plans.push(("wgmma", CudaPlan::Wgmma(plan)));
+        plans.push(("wgmma", CudaPlan::Wgmma(plan), None));
+        plans.push(("wgmma persistent", CudaPlan::Wgmma(plan.persistent()), Some(3)));
     }
     plans
         .into_iter()
-        .map(|(name, plan)| {
+        .map(|(name, plan, blocks)| {
             let options = CudaOptions {
                 plan: Some(plan),
+                persistent_blocks: blocks,
                 ..CudaOptions::default()
             };
             (name, CudaAttention::with_options(engine.device().clone(), options))

@@ -23,6 +23,7 @@ use cudarc::nvrtc::Ptx;
 use super::disk_cache::Origin;
 use super::launch::{check_element_size, check_lengths, check_lse_len, first_overlap, CudaAttention};
 use super::nvrtc::{load_or_compile, resource_report, CompileJob};
+use super::plan::fits_persistent;
 use super::plan::fp8::{
     default_fp8_plan, validate_for_fp8, Fp8Config, Fp8Layout, Fp8Plan, Fp8Quantization, Fp8ScaleParams, Fp8Scaling,
     QuantMode, QuantParams, QuantizedHost,
@@ -282,7 +283,11 @@ impl CudaAttention {
         let config = Fp8Config::new(
             problem.dtype,
             problem.shape.head_dim,
-            plan.unwrap_or_else(|| default_fp8_plan(problem.shape.head_dim, problem.causal, problem.shape.seq_kv)),
+            plan.unwrap_or_else(|| {
+                let default = default_fp8_plan(problem.shape.head_dim, problem.causal, problem.shape.seq_kv);
+                let persistent = default.persistent && fits_persistent(problem, default.wgmma().block_m());
+                Fp8Plan { persistent, ..default }
+            }),
             problem.causal,
         )?;
         let kernel = self.fp8_kernel(&config)?;

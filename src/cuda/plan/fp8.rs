@@ -428,7 +428,8 @@ pub fn fp8_plans(head_dim: usize) -> Vec<Fp8Plan> {
 /// the diagonal's half-masked wide tiles, a larger share of short rows, and the hardware dealing
 /// out tiles of unequal lengths). At 256, 128-key tiles with a quarter of the exp2s on the FMA
 /// units (O's 128 registers leave no room for a wider S or for overlap, and two stages are what
-/// shared memory holds).
+/// shared memory holds). A problem of more work tiles than a persistent launch counts
+/// ([`fits_persistent`]) gets the same plan run one CTA per tile.
 pub fn default_fp8_plan(head_dim: usize, causal: bool, seq_kv: usize) -> Fp8Plan {
     if head_dim > 128 {
         Fp8Plan {
@@ -536,7 +537,9 @@ impl Fp8Config {
         w.block_m() * d * 2 + w.stages * 2 * w.block_n * d + 1024
     }
 
-    /// Grid, block and shared memory of a launch for `problem`.
+    /// The grid of a launch for `problem`: one block per 128 query rows of each head of each
+    /// batch (for a persistent plan, the work tiles its blocks take in turn; the launch's own
+    /// grid is [`persistent_grid`](super::wgmma::persistent_grid) of this one).
     pub fn geometry(&self, problem: &AttentionProblem) -> (u32, u32, u32) {
         let s = &problem.shape;
         (

@@ -43,8 +43,8 @@ pub use params::{BwdParams, DecodeParams, FwdParams};
 pub use select::{goes_to_decode, select_cuda, select_mma, CudaSelection, DECODE_BY_DEFAULT, WGMMA_BY_DEFAULT};
 pub use support::{tile_head_dim, validate_for_cuda, CUDA_HEAD_DIMS, CUDA_PREFILL_FEATURES, MAX_CUDA_SEQ};
 pub use wgmma::{
-    default_wgmma_plan, persistent_grid, wgmma_plans, wgmma_unavailable, WgmmaConfig, WgmmaPlan,
-    WGMMA_ROWS_PER_CONSUMER,
+    default_persistent_plan, default_wgmma_plan, fits_persistent, persistent_grid, wgmma_plans, wgmma_unavailable,
+    WgmmaConfig, WgmmaPlan, WGMMA_ROWS_PER_CONSUMER,
 };
 
 use crate::error::Result;
@@ -401,8 +401,10 @@ impl CudaKernelConfig {
     }
 
     /// Grid, block and shared memory of a launch for `problem`: one block per `block_m` query
-    /// rows of each head of each batch; for the decode kernel, its grid without splitting (a
-    /// launch multiplies grid x by the split count, [`CudaDecodeConfig::geometry`]).
+    /// rows of each head of each batch (for a persistent plan, the work tiles its blocks take in
+    /// turn: the launch's own grid is [`persistent_grid`] of this one); for the decode kernel, its
+    /// grid without splitting (a launch multiplies grid x by the split count,
+    /// [`CudaDecodeConfig::geometry`]).
     pub fn geometry(&self, problem: &AttentionProblem) -> Result<LaunchGeometry> {
         let s = &problem.shape;
         support::check_grid(s)?;

@@ -93,7 +93,7 @@ pub fn select_cuda(problem: &AttentionProblem, vec_bytes: u32, hopper: bool) -> 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::cuda::plan::{MmaPlan, WgmmaPlan};
+    use crate::cuda::plan::{fits_persistent, MmaPlan, WgmmaPlan};
     use crate::cuda::test_problem as problem;
     use crate::problem::{DType, Layout};
 
@@ -170,6 +170,11 @@ mod tests {
                 offset: 0,
             }),
         ];
+        // More work tiles than a persistent launch counts: the plain plan.
+        let mut huge = p;
+        huge.shape.batch = 1 << 23; // 16 query tiles of 64 rows × 8 heads × 2²³ = 2³⁰
+        assert!(!fits_persistent(&huge, 64) && fits_persistent(&p, 64));
+        assert_eq!(default_persistent_plan(&huge), None);
         for q in untested {
             assert_eq!(default_persistent_plan(&q), None, "{:?}", q.features());
             let plain = default_wgmma_plan(128, q.causal).unwrap();

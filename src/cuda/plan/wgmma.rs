@@ -160,7 +160,11 @@ pub const PERSISTENT_DEFAULT_FEATURES: FeatureSet = FeatureSet::of(&[Feature::Gr
 /// finish, balances tiles of unequal lengths better than any fixed order measured (seq
 /// 1024–4096: the plain 128-key plan led every sweep).
 pub fn default_persistent_plan(problem: &AttentionProblem) -> Option<WgmmaPlan> {
-    if problem.causal || !problem.features().missing_from(PERSISTENT_DEFAULT_FEATURES).is_empty() {
+    if problem.causal
+        || !problem.features().missing_from(PERSISTENT_DEFAULT_FEATURES).is_empty()
+        // At one consumer's rows, the smallest block: then every plan's tiles fit.
+        || !fits_persistent(problem, WGMMA_ROWS_PER_CONSUMER)
+    {
         return None;
     }
     let plan = match tile_head_dim(problem.shape.head_dim)? {
@@ -205,6 +209,17 @@ pub fn persistent_grid(work: (u32, u32, u32), sm_count: u32) -> Result<(u32, u32
         )));
     }
     Ok(((tiles as u32).min(sm_count.clamp(1, MAX_PERSISTENT_BLOCKS)), 1, 1))
+}
+
+/// Whether `problem` in tiles of `block_m` query rows has few enough work tiles (query tiles ×
+/// heads × batch) for a persistent launch ([`persistent_grid`]).
+pub fn fits_persistent(problem: &AttentionProblem, block_m: u32) -> bool {
+    let s = &problem.shape;
+    let q_tiles = s.seq_q.div_ceil(block_m.max(1) as usize) as u64;
+    q_tiles
+        .saturating_mul(s.num_heads as u64)
+        .saturating_mul(s.batch as u64)
+        < MAX_PERSISTENT_TILES
 }
 
 /// A persistent launch's work tiles stay below 2³⁰ so that the kernel's tile index plus its
