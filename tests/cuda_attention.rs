@@ -11,7 +11,7 @@ mod cuda_common;
 #[path = "common/inputs.rs"]
 mod inputs;
 
-use cuda_common::{bits, engine, Half16};
+use cuda_common::{bits, engine, forced_engine, Half16};
 use half::{bf16, f16};
 use wgpu_flash_attn::batch::CapForm;
 use wgpu_flash_attn::batch::{Alibi, BatchIndex, PagedKv};
@@ -579,11 +579,7 @@ fn wgmma_every_plan_matches_the_reference() {
 fn persistent_plans_run_many_tiles_per_block() {
     let Some(base) = hopper_engine() else { return };
     for blocks in [1, 3, 7] {
-        let options = CudaOptions {
-            persistent_blocks: Some(blocks),
-            ..CudaOptions::default()
-        };
-        let engine = CudaAttention::with_options(base.device().clone(), options);
+        let engine = forced_engine(base, None, Some(blocks));
         let mut runs = Vec::new();
         for (label, p) in cases() {
             if vec_bytes_for(&p, [0x1000; 4]).unwrap() != 16 {
@@ -1956,13 +1952,10 @@ fn packed_batches_match_the_reference() {
         },
     );
     // A persistent plan on 3 blocks: the tiles past a short sequence's rows are skipped in turn.
-    let persistent = CudaAttention::with_options(
-        base.device().clone(),
-        CudaOptions {
-            plan: Some(CudaPlan::Wgmma(WgmmaPlan::new(2, 128, 2).persistent())),
-            persistent_blocks: Some(3),
-            ..CudaOptions::default()
-        },
+    let persistent = forced_engine(
+        base,
+        Some(CudaPlan::Wgmma(WgmmaPlan::new(2, 128, 2).persistent())),
+        Some(3),
     );
     let hopper = base.device().is_hopper();
     let mut rng = Lcg(0x7a11e);
@@ -2276,13 +2269,7 @@ fn appending_then_attending_matches_the_reference() {
 #[test]
 fn windows_and_soft_caps_match_the_reference() {
     let Some(engine) = engine() else { return };
-    let three_blocks = CudaAttention::with_options(
-        engine.device().clone(),
-        CudaOptions {
-            persistent_blocks: Some(3),
-            ..CudaOptions::default()
-        },
-    );
+    let three_blocks = forced_engine(engine, None, Some(3));
     let mut rng = Lcg(0x717d);
     for seed in 0..16u64 {
         let seq_q = [3, 77, 200][rng.below(3)];
@@ -2514,14 +2501,7 @@ fn run_head_terms(engine: &CudaAttention, p: &AttentionProblem, label: &str, sd:
         plans.push(("wgmma persistent", CudaPlan::Wgmma(wgmma.persistent()), Some(3)));
     }
     for (name, plan, blocks) in plans {
-        let forced = CudaAttention::with_options(
-            engine.device().clone(),
-            CudaOptions {
-                plan: Some(plan),
-                persistent_blocks: blocks,
-                ..CudaOptions::default()
-            },
-        );
+        let forced = forced_engine(engine, Some(plan), blocks);
         let label = format!("{label} {name}");
         match dtype {
             DType::BF16 => {

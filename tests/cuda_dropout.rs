@@ -13,13 +13,13 @@ mod cuda_common;
 mod dropout_masks;
 
 use batches::{shape, Batch};
-use cuda_common::{bits, engine, Half16};
+use cuda_common::{bits, engine, forced_engine, Half16};
 use dropout_masks::{assert_keep_rate, forward_mask_check};
 use half::{bf16, f16};
 use wgpu_flash_attn::batch::{Alibi, BatchIndex, BiasLayout, BiasValues, Dropout, ScoreBias};
 use wgpu_flash_attn::cuda::cudarc::driver::{CudaSlice, DevicePtr};
 use wgpu_flash_attn::cuda::plan::{default_wgmma_plan, select_mma};
-use wgpu_flash_attn::cuda::{CudaAttention, CudaOptions, CudaPlan, DeviceBatchIndex, DeviceBias, DeviceTensors};
+use wgpu_flash_attn::cuda::{CudaAttention, CudaPlan, DeviceBatchIndex, DeviceBias, DeviceTensors};
 use wgpu_flash_attn::testing::{random_tensor, seed_of, ErrorStats, Rng};
 use wgpu_flash_attn::{reference, AttentionProblem, DType, Tensor};
 
@@ -42,14 +42,7 @@ fn forced_engines(engine: &CudaAttention, p: &AttentionProblem) -> Vec<(&'static
     }
     plans
         .into_iter()
-        .map(|(name, plan, blocks)| {
-            let options = CudaOptions {
-                plan: Some(plan),
-                persistent_blocks: blocks,
-                ..CudaOptions::default()
-            };
-            (name, CudaAttention::with_options(engine.device().clone(), options))
-        })
+        .map(|(name, plan, blocks)| (name, forced_engine(engine, Some(plan), blocks)))
         .collect()
 }
 

@@ -12,10 +12,10 @@
 #[path = "common/cuda.rs"]
 mod cuda_common;
 
-use cuda_common::{bits, engine, Half16};
+use cuda_common::{bits, engine, forced_engine, Half16};
 use half::{bf16, f16};
 use wgpu_flash_attn::cuda::plan::fp8::{dequantize_host, fp8_plans, quantize_host, Fp8Layout};
-use wgpu_flash_attn::cuda::{CudaAttention, CudaOptions, Fp8Quantization};
+use wgpu_flash_attn::cuda::{CudaAttention, Fp8Quantization};
 use wgpu_flash_attn::testing::{outlier_tensor, random_tensor, ErrorStats, Rng};
 use wgpu_flash_attn::{reference, AttentionProblem, AttentionShape, DType, Element, Error, Layout, Tensor};
 
@@ -250,13 +250,7 @@ fn fp8_forward_matches_the_reference_on_its_inputs_and_the_originals() {
 #[test]
 fn every_plan_takes_each_key_blocks_own_scales() {
     let Some(base) = hopper() else { return };
-    let three_blocks = CudaAttention::with_options(
-        base.device().clone(),
-        CudaOptions {
-            persistent_blocks: Some(3),
-            ..CudaOptions::default()
-        },
-    );
+    let three_blocks = forced_engine(base, None, Some(3));
     let k_magnitudes = [1.0, 2.0, 0.5, 1.5, 0.7];
     let v_magnitudes = [6.0, 0.2, 3.0, 0.5, 1.0];
     for head_dim in [64, 128, 256] {

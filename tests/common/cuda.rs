@@ -6,7 +6,7 @@
 use std::sync::OnceLock;
 
 use half::{bf16, f16};
-use wgpu_flash_attn::cuda::{nvrtc_available, CudaAttention, CudaDevice};
+use wgpu_flash_attn::cuda::{nvrtc_available, CudaAttention, CudaDevice, CudaOptions, CudaPlan};
 use wgpu_flash_attn::Element;
 
 /// The engine shared by every test of a binary, or `None` (with the reason printed) when this
@@ -40,6 +40,18 @@ pub fn engine() -> Option<&'static CudaAttention> {
             }
         })
         .as_ref()
+}
+
+/// An engine on `base`'s device that runs `plan` for every problem (the default selection when
+/// `None`) and launches persistent plans on `persistent_blocks` blocks instead of one per SM, so
+/// that each block takes several work tiles in turn.
+pub fn forced_engine(base: &CudaAttention, plan: Option<CudaPlan>, persistent_blocks: Option<u32>) -> CudaAttention {
+    let options = CudaOptions {
+        plan,
+        persistent_blocks,
+        ..CudaOptions::default()
+    };
+    CudaAttention::with_options(base.device().clone(), options)
 }
 
 /// Whether libnvrtc is present, for the tests that only compile kernels (no GPU needed); prints
