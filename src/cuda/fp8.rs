@@ -330,13 +330,7 @@ impl CudaAttention {
             kv_blocks: layout.kv_blocks() as i32,
         };
         let params = Fp8Config::params(problem, o, lse);
-        let tiles = config.geometry(problem);
-        let (grid, work) = if config.plan.persistent {
-            let (grid, work) = self.persistent_launch(tiles)?;
-            (grid, Some(work))
-        } else {
-            (tiles, None)
-        };
+        let (grid, work) = self.launch_grid(config.geometry(problem), config.plan.persistent)?;
         let cfg = LaunchConfig {
             grid_dim: grid,
             block_dim: (config.plan.wgmma().threads(), 1, 1),

@@ -66,10 +66,17 @@ pub(super) struct WorkGrid {
 unsafe impl DeviceRepr for WorkGrid {}
 
 impl CudaAttention {
-    /// A persistent launch of the work tiles `tiles` (a plain launch's grid): the grid to launch
-    /// (one block per SM, or [`CudaOptions::persistent_blocks`]) and the parameter that tells the
-    /// kernel what it covers.
-    pub(super) fn persistent_launch(&self, tiles: (u32, u32, u32)) -> Result<((u32, u32, u32), WorkGrid)> {
+    /// The grid to launch for the work tiles `tiles` (a plain launch's grid) and, for a persistent
+    /// plan, the parameter that tells the kernel what it covers: a plain plan launches `tiles`, a
+    /// persistent one a block per SM (or [`CudaOptions::persistent_blocks`]).
+    pub(super) fn launch_grid(
+        &self,
+        tiles: (u32, u32, u32),
+        persistent: bool,
+    ) -> Result<((u32, u32, u32), Option<WorkGrid>)> {
+        if !persistent {
+            return Ok((tiles, None));
+        }
         let blocks = match self.options.persistent_blocks {
             Some(0) => return invalid!("CudaOptions::persistent_blocks must be at least 1"),
             Some(n) => n,
@@ -82,7 +89,7 @@ impl CudaAttention {
             heads: tiles.1 as i32,
             batch: tiles.2 as i32,
         };
-        Ok((grid, work))
+        Ok((grid, Some(work)))
     }
 }
 
@@ -521,13 +528,8 @@ impl CudaAttention {
             return Ok(config);
         }
         let mut geometry = config.geometry(problem)?;
-        let work = if config.plan().is_persistent() {
-            let (grid, work) = self.persistent_launch(geometry.grid)?;
-            geometry.grid = grid;
-            Some(work)
-        } else {
-            None
-        };
+        let (grid, work) = self.launch_grid(geometry.grid, config.plan().is_persistent())?;
+        geometry.grid = grid;
         let kernel = self.kernel(&config)?;
         let params = FwdParams {
             cu_seqlens_q,

@@ -199,9 +199,7 @@ pub fn default_wgmma_plan(head_dim: usize, causal: bool) -> Option<WgmmaPlan> {
 /// `grid.0`-th tile. Refused from [`MAX_PERSISTENT_TILES`] tiles on (the kernel counts them in
 /// 32-bit integers).
 pub fn persistent_grid(work: (u32, u32, u32), sm_count: u32) -> Result<(u32, u32, u32)> {
-    let tiles = u64::from(work.0)
-        .saturating_mul(u64::from(work.1))
-        .saturating_mul(u64::from(work.2));
+    let tiles = tile_count(work.0.into(), work.1.into(), work.2.into());
     if tiles >= MAX_PERSISTENT_TILES {
         return Err(Error::TooLarge(format!(
             "a persistent wgmma launch takes fewer than {MAX_PERSISTENT_TILES} work tiles; this problem has {tiles} \
@@ -215,11 +213,13 @@ pub fn persistent_grid(work: (u32, u32, u32), sm_count: u32) -> Result<(u32, u32
 /// heads × batch) for a persistent launch ([`persistent_grid`]).
 pub fn fits_persistent(problem: &AttentionProblem, block_m: u32) -> bool {
     let s = &problem.shape;
-    let q_tiles = s.seq_q.div_ceil(block_m.max(1) as usize) as u64;
-    q_tiles
-        .saturating_mul(s.num_heads as u64)
-        .saturating_mul(s.batch as u64)
-        < MAX_PERSISTENT_TILES
+    let q_tiles = s.seq_q.div_ceil(block_m.max(1) as usize);
+    tile_count(q_tiles as u64, s.num_heads as u64, s.batch as u64) < MAX_PERSISTENT_TILES
+}
+
+/// Work tiles of a launch: query tiles × heads × batch, saturating.
+fn tile_count(q_tiles: u64, heads: u64, batch: u64) -> u64 {
+    q_tiles.saturating_mul(heads).saturating_mul(batch)
 }
 
 /// A persistent launch's work tiles stay below 2³⁰ so that the kernel's tile index plus its
