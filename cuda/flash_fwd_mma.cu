@@ -186,6 +186,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, FA_MIN_BLOCKS) KERNEL_NAME
     // This lane's rows: row0 + 16·mt and row0 + 16·mt + 8.
     const int row0 = m0 + warp * WARP_ROWS + lane / 4;
     const float slope_log2 = alibi_slope_log2(p, head);
+    const float sink = sink_log2(p, head);
     // Scores go to base-2 logits here (fold 1): s·scale, capped with the variant's cap.
     const float cap_pre = HAS_SOFTCAP ? p.scale_log2 * p.softcap_inv_log2 : 0.f;
     // The bias's rows (row0 + 16·mt + 8·half), located once.
@@ -427,7 +428,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, FA_MIN_BLOCKS) KERNEL_NAME
             float sum = row_sum[mt][r];
             sum += __shfl_xor_sync(0xffffffffu, sum, 1);
             sum += __shfl_xor_sync(0xffffffffu, sum, 2);
-            const RowTotal total = join_sink(p, head, row_max[mt][r], sum);
+            const RowTotal total = join_sink(p, sink, row_max[mt][r], sum);
             // No visible key (and no sink): O = 0 and LSE = -inf, as the reference defines it.
             const float inv = !seq.valid ? __int_as_float(0x7fc00000)
                                          : (total.sum > 0.f ? total.o_factor * dropout_output_factor(p) / total.sum : 0.f);

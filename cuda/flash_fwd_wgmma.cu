@@ -382,6 +382,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
         const int wg_m0 = wt.m0 + cw * WG_ROWS;
         const int row0 = wg_m0 + local_row;
         const float slope_log2 = alibi_slope_log2(p, head);
+        const float sink = sink_log2(p, head);
         // Ring stage and phase of this work tile's K/V tile j.
         auto stage = [&](int j) { return (kv_done + j) % STAGES; };
         auto phase = [&](int j) { return (u32)(((kv_done + j) / STAGES) & 1); };
@@ -853,7 +854,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
             float sum = row_sum[r];
             sum += __shfl_xor_sync(0xffffffffu, sum, 1);
             sum += __shfl_xor_sync(0xffffffffu, sum, 2);
-            const RowTotal total = join_sink(p, head, row_max[r], sum);
+            const RowTotal total = join_sink(p, sink, row_max[r], sum);
             // No visible key (and no sink): O = 0 and LSE = -inf, as the reference defines it.
             inv[r] = !seq.valid ? __int_as_float(0x7fc00000) : (total.sum > 0.f ? total.o_factor / total.sum * o_unit : 0.f);
             const int row = row0 + 8 * r;

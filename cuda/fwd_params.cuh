@@ -320,16 +320,23 @@ __device__ __forceinline__ bool bias_pairs_ok(const FwdParams& p, const unsigned
     return ((size_t)row & (p.bias_dtype == 0 ? 7 : 3)) == 0;
 }
 
-// A row's final softmax state with head h's sink joining its sum: from the row's max m (base 2;
+// Query head h's sink times log2 e (0 without sinks). The kernels read it where a work tile
+// starts, so that the load's latency hides under the tile's products instead of stalling the
+// epilogue (a persistent CTA's next tile waits on that epilogue).
+__device__ __forceinline__ float sink_log2(const FwdParams& p, int h) {
+    return p.sinks == nullptr ? 0.f : __ldg(p.sinks + h) * LOG2E_F;
+}
+
+// A row's final softmax state with its head's sink joining its sum: from the row's max m (base 2;
 // -inf for a row that saw no key) and sum, m' = max(m, sink), sum' = sum·f + 2^(sink - m'), and
 // what its output (accumulated under m) is multiplied by, f = 2^(m - m'). Without sinks, (m, sum, 1).
 struct RowTotal {
     float m, sum, o_factor;
 };
 
-__device__ __forceinline__ RowTotal join_sink(const FwdParams& p, int h, float m, float sum) {
+// `sink` is sink_log2 of the row's head.
+__device__ __forceinline__ RowTotal join_sink(const FwdParams& p, float sink, float m, float sum) {
     if (p.sinks == nullptr) return RowTotal{m, sum, 1.f};
-    const float sink = p.sinks[h] * LOG2E_F;
     const float m_new = fmaxf(m, sink);
     const float f = m == NEG_INF ? 0.f : exp2f(m - m_new);
     return RowTotal{m_new, sum * f + exp2f(sink - m_new), f};

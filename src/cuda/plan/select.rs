@@ -138,7 +138,7 @@ mod tests {
     }
 
     /// The persistent plans replace the plain default only without a mask, at head_dim 64 and
-    /// 128, and for problems whose features their GPU tests cover.
+    /// 128, and for problems whose features their GPU tests cover and sweeps measured.
     #[test]
     fn persistent_defaults_only_where_measured_and_tested() {
         use crate::problem::dropout::Dropout;
@@ -157,12 +157,13 @@ mod tests {
         );
         assert_eq!(default_persistent_plan(&problem(96)), with_keys(777));
         assert_eq!(default_persistent_plan(&problem(256)), None);
+        for q in [p.with_geometric_alibi(), p.with_sinks(), p.with_geometric_alibi().with_sinks()] {
+            assert_eq!(default_persistent_plan(&q), with_keys(p.shape.seq_kv), "{:?}", q.features());
+        }
         let untested = [
             p.with_causal(true),
             p.with_window(Some(64), None),
             p.with_softcap(30.0),
-            p.with_geometric_alibi(),
-            p.with_sinks(),
             p.with_scale(-0.5),
             p.with_dropout(Dropout {
                 p: 0.1,

@@ -148,8 +148,12 @@ pub fn wgmma_plans(head_dim: usize) -> &'static [WgmmaPlan] {
 
 /// Features a problem may have and still get [`default_persistent_plan`]: those the persistent
 /// plans' GPU tests cover (`tests/cuda_attention.rs`: the shape table's GQA and MQA problems,
-/// packed batches). Any other keeps the plain default until its own run on a persistent plan.
-pub const PERSISTENT_DEFAULT_FEATURES: FeatureSet = FeatureSet::of(&[Feature::GroupedKv, Feature::Varlen]);
+/// packed batches; the score-term tests forced persistent: ALiBi, sinks) and whose sweep measured
+/// the persistent plan ahead or even (BENCHMARKS.md, session 41: ALiBi 627 against the plain
+/// default's 570 TFLOP/s, sinks 614 against 601). Soft-caps (even), windows, bias and dropout
+/// (whose 176/192-key persistent kernels spill) keep the plain default.
+pub const PERSISTENT_DEFAULT_FEATURES: FeatureSet =
+    FeatureSet::of(&[Feature::GroupedKv, Feature::Varlen, Feature::Alibi, Feature::Sinks]);
 
 /// The persistent plan that replaces [`default_wgmma_plan`] for `problem` where the sweeps
 /// (BENCHMARKS.md, session 40) measured it faster: without a mask at head_dim 64 and 128, and
