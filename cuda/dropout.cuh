@@ -2,7 +2,7 @@
 // flash_fwd_wgmma.cu), drawn bit for bit as shaders/dropout.wgsl and the host's
 // src/problem/dropout.rs draw it (that file's header has the whole statement); in short:
 //
-//   words = philox4x32_10([col / 4, row / 2, head, batch], key),   key from (seed, offset)
+//   words = philox4x32([col / 4, row / 2, head, batch], key),   key from (seed, offset)
 //   element (row, col) reads the 16 bits (col % 2) of word 2·(row % 2) + (col % 4) / 2,
 //   and is dropped when they are below the threshold round(p · 2^16).
 //
@@ -18,7 +18,7 @@
 // four draws one block of a set of four (tiles jn, jn + 1 times rows g, g + 8; lane k the set's
 // block k) and they trade words with three shuffles, a 4 × 4 transpose (in round d lane k sends
 // its block's word k ^ d to lane k ^ d): one draw per 8 probabilities instead of per 2. A draw is
-// ten rounds of two 32 × 32 → 64-bit products (mul.hi and mul.lo) and four XORs.
+// seven rounds of two 32 × 32 → 64-bit products (mul.hi and mul.lo) and four XORs.
 //
 // The backward kernels (flash_bwd_mma.cu, flash_bwd_wgmma.cu) hold Pᵀ, keys as the rows, and draw
 // the same bits for it (transposed_keep_bits, below).
@@ -42,11 +42,14 @@ constexpr u32 PHILOX_M1 = 0xCD9E8D57u;
 constexpr u32 PHILOX_W0 = 0x9E3779B9u;
 constexpr u32 PHILOX_W1 = 0xBB67AE85u;
 
-// Philox4x32-10 (Random123's philox4x32_R with R = 10): the key bumped by the Weyl constants
-// after each round.
-__device__ __forceinline__ uint4 philox4x32_10(uint4 x, u32 key0, u32 key1) {
+// The generator's rounds (src/problem/dropout.rs PHILOX_ROUNDS: FlashAttention-2's count).
+constexpr int PHILOX_ROUNDS = 7;
+
+// Philox4x32-7 (Random123's philox4x32_R with R = PHILOX_ROUNDS): the key bumped by the Weyl
+// constants after each round.
+__device__ __forceinline__ uint4 philox4x32(uint4 x, u32 key0, u32 key1) {
 #pragma unroll
-    for (int round = 0; round < 10; ++round) {
+    for (int round = 0; round < PHILOX_ROUNDS; ++round) {
         const u32 hi0 = __umulhi(PHILOX_M0, x.x);
         const u32 hi1 = __umulhi(PHILOX_M1, x.z);
         x = make_uint4(hi1 ^ x.y ^ key0, PHILOX_M1 * x.z, hi0 ^ x.w ^ key1, PHILOX_M0 * x.x);
@@ -88,7 +91,7 @@ __device__ __forceinline__ void drop_probabilities(const FwdParams& p, float (&s
 #pragma unroll
     for (int set = 0; set < N8 / 2; ++set) {
         const u32 col_quad = (u32)(col0 + 8 * (2 * set + (k >> 1))) / 4 + (q >> 1);
-        const uint4 drawn = philox4x32_10(make_uint4(col_quad, row_pair, (u32)head, (u32)batch), p.dropout_key0,
+        const uint4 drawn = philox4x32(make_uint4(col_quad, row_pair, (u32)head, (u32)batch), p.dropout_key0,
                                           p.dropout_key1);
         // mine[d]: word k ^ d of the drawn block (what lane k ^ d reads of it).
         u32 mine[4] = {drawn.x, drawn.y, drawn.z, drawn.w};
@@ -158,7 +161,7 @@ __device__ __forceinline__ void transposed_keep_bits(const FwdParams& p, int bat
     for (int set = 0; set < M8 / 2; ++set) {
         const u32 col_quad = (u32)(key0 + 8 * (k & 1)) / 4;
         const u32 row_pair = (u32)(m0 + 8 * (2 * set + (k >> 1)) + 2 * t) / 2;
-        const uint4 drawn = philox4x32_10(make_uint4(col_quad, row_pair, (u32)head, (u32)batch), p.dropout_key0,
+        const uint4 drawn = philox4x32(make_uint4(col_quad, row_pair, (u32)head, (u32)batch), p.dropout_key0,
                                           p.dropout_key1);
         // mine[d]: what lane k ^ d reads of the drawn block.
         u32 mine[4] = {column_halves(drawn, 0), column_halves(drawn, 1), column_halves(drawn, 2),

@@ -4,7 +4,7 @@
 // The host's twin is src/problem/dropout.rs, whose header says how each element's bit is drawn;
 // in short:
 //
-//   words = philox4x32_10([col / 4, row / 2, head, batch], key),   key from (seed, offset)
+//   words = philox4x32([col / 4, row / 2, head, batch], key),   key from (seed, offset)
 //   element (row, col) reads the 16 bits (col % 2) of word 2·(row % 2) + (col % 4) / 2 of words,
 //   and is dropped when they are below params.dropout_threshold = round(p · 2^16).
 //
@@ -30,11 +30,14 @@ fn philox_round(x: vec4<u32>, k: vec2<u32>) -> vec4<u32> {
     return vec4<u32>(p1.y ^ x.y ^ k.x, p1.x, p0.y ^ x.w ^ k.y, p0.x);
 }
 
-// Philox4x32-10: ten rounds, the key bumped by the Weyl constants between them.
-fn philox4x32_10(counter: vec4<u32>, key: vec2<u32>) -> vec4<u32> {
+// The generator's rounds (src/problem/dropout.rs PHILOX_ROUNDS: FlashAttention-2's count).
+const PHILOX_ROUNDS: u32 = 7u;
+
+// Philox4x32-7: the key bumped by the Weyl constants between rounds.
+fn philox4x32(counter: vec4<u32>, key: vec2<u32>) -> vec4<u32> {
     var x = philox_round(counter, key);
     var k = key;
-    for (var round = 1u; round < 10u; round++) {
+    for (var round = 1u; round < PHILOX_ROUNDS; round++) {
         k += vec2<u32>(PHILOX_W0, PHILOX_W1);
         x = philox_round(x, k);
     }
@@ -46,7 +49,7 @@ fn philox4x32_10(counter: vec4<u32>, key: vec2<u32>) -> vec4<u32> {
 // (col % 4) / 2 decides (row, col & ~1) in its low 16 bits and (row, col | 1) in its high ones. A
 // part's first row is even (src/runtime/split.rs), so its row pairs are the whole's.
 fn dropout_words(b: u32, head: u32, row: u32, col: u32) -> vec4<u32> {
-    return philox4x32_10(
+    return philox4x32(
         vec4<u32>(col / 4u, (params.part_row + row) / 2u, params.part_head + head, params.part_batch + b),
         vec2<u32>(params.dropout_key0, params.dropout_key1),
     );

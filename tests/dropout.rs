@@ -2,7 +2,7 @@
 //! gradient kernels:
 //!
 //! * the generator as the shader writes it (the wide product in each form the device runs: from
-//!   16-bit halves, and as a 64-bit product; Philox4x32-10; the blocks of eight decisions)
+//!   16-bit halves, and as a 64-bit product; Philox4x32-7; the blocks of eight decisions)
 //!   against the host's, word for word, on edge and random inputs;
 //! * the masks the kernels draw, read off their outputs and compared with the host's bit for bit:
 //!   the forward's through one-hot V rows (each output column is one key's dropped-out weight),
@@ -28,7 +28,7 @@ use wgpu_flash_attn::kernel::{BackwardChoice, BackwardPass, CoopChoice, DecodeCh
 use wgpu_flash_attn::plan::PhiloxMultiply;
 use wgpu_flash_attn::plan::{backward_plans, select_backward, select_forward, BoundsChecks, PLANS};
 use wgpu_flash_attn::problem::backward::GradTensor;
-use wgpu_flash_attn::problem::dropout::philox4x32_10;
+use wgpu_flash_attn::problem::dropout::philox4x32;
 use wgpu_flash_attn::testing::backward_harness::{grad_tolerance, BackwardWorkload};
 use wgpu_flash_attn::testing::harness::{nan_bytes, tolerance};
 use wgpu_flash_attn::testing::{random_qkv, random_tensor, ErrorStats, Rng};
@@ -51,7 +51,7 @@ fn dropout(p: f32) -> Dropout {
 
 /// The shader's generator, cut from dropout.wgsl (its constants through `dropout_block`) after
 /// `multiply`'s wide product, in a module that runs it on a list of inputs: per item, a Philox
-/// counter, (key, a, b) for `philox4x32_10` and `mul_wide`, and (batch, head, row, col) for
+/// counter, (key, a, b) for `philox4x32` and `mul_wide`, and (batch, head, row, col) for
 /// `dropout_block` under the params' key and threshold. It writes the four words, then (the high
 /// and low words of a · b, the block's eight bits: `first` in bits 0–3, `second` in 4–7).
 fn generator_module(multiply: PhiloxMultiply) -> String {
@@ -78,7 +78,7 @@ fn generator_module(multiply: PhiloxMultiply) -> String {
              let counter = inputs[3u * id.x];\n\
              let extra = inputs[3u * id.x + 1u];\n\
              let at = inputs[3u * id.x + 2u];\n\
-             outputs[2u * id.x] = philox4x32_10(counter, extra.xy);\n\
+             outputs[2u * id.x] = philox4x32(counter, extra.xy);\n\
              let block = dropout_block(at.x, at.y, at.z, at.w);\n\
              let product = mul_wide(extra.z, extra.w);\n\
              outputs[2u * id.x + 1u] = vec4<u32>(product.y, bits(block.first) | (bits(block.second) << 4u), product.x, 0u);\n\
@@ -227,7 +227,7 @@ fn the_shaders_generator_is_the_hosts() {
             &inputs,
         );
         for (i, (counter, k, ab, at)) in items.iter().enumerate() {
-            let want = philox4x32_10(*counter, *k);
+            let want = philox4x32(*counter, *k);
             assert_eq!(out[2 * i], want, "{multiply:?}: philox {counter:x?} {k:x?}");
             let product = ab[0] as u64 * ab[1] as u64;
             let (hi, lo) = ((product >> 32) as u32, product as u32);

@@ -3,7 +3,7 @@
 use crate::caps::Caps;
 
 /// How a kernel's Philox generator (shaders/dropout.wgsl) forms the high 32 bits of its
-/// 32 × 32-bit products, two a round, ten rounds a draw: compiled in with dropout. Both give the
+/// 32 × 32-bit products, two a round, seven rounds a draw: compiled in with dropout. Both give the
 /// same bits; the wide product is the cheaper where the device has 64-bit integers.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum PhiloxMultiply {

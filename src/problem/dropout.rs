@@ -10,16 +10,19 @@
 //! backward (docs/backward.md, "Dropout") is `dV = (P ∘ Z · r)ᵀ dO`, `dP = (dO Vᵀ) ∘ Z · r`,
 //! `dS = P ∘ (dP − D)` with `D = rowsum(dO ∘ O)` of that dropped-out `O`.
 //!
-//! **The generator** is Philox4x32-10 (Salmon et al., "Parallel random numbers: as easy as 1, 2,
-//! 3", SC 2011; the generator of cuRAND, PyTorch and FlashAttention), exactly as Random123
-//! defines it: [`philox4x32_10`] passes its known-answer vectors. WGSL has no 32 × 32 → 64-bit
+//! **The generator** is Philox4x32-7 (Salmon et al., "Parallel random numbers: as easy as 1, 2,
+//! 3", SC 2011): Random123's Philox4x32 with [`PHILOX_ROUNDS`] = 7 rounds, the count
+//! FlashAttention-2's dropout uses and the smallest the paper calls Crush-resistant (it passes
+//! TestU01's BigCrush); cuRAND's default is 10, a safety margin that costs dropout 30% more
+//! generator time. [`philox4x32`] passes Random123's known-answer vectors for 7 rounds
+//! ([`philox4x32_rounds`] its vectors for 10 too). WGSL has no 32 × 32 → 64-bit
 //! multiply, so the shader (shaders/dropout.wgsl) builds the high word from 16-bit halves; the
 //! tests run both on the same inputs and compare every word.
 //!
 //! **Which draw decides which element.** One call of the generator yields four 32-bit words,
 //! read as eight 16-bit numbers; they decide a block of 2 query rows × 4 keys:
 //!
-//! * key: `(k0, k1) = philox4x32_10([offset_lo, offset_hi, 0, 0], [seed_lo, seed_hi])[0..2]`, so
+//! * key: `(k0, k1) = philox4x32([offset_lo, offset_hi, 0, 0], [seed_lo, seed_hi])[0..2]`, so
 //!   a (seed, offset) pair names one mask, and any change of either gives an unrelated one
 //!   (PyTorch's generator state is such a pair: a framework passes its seed and advances the
 //!   offset per call);
@@ -46,12 +49,13 @@
 //! **Why 16-bit thresholds.** The generator's cost per element is what dropout adds to a kernel:
 //! a round is two 32 × 32 → 64-bit products, which WGSL builds from five 32-bit multiplies and
 //! some shifts each (one 64-bit multiply where the device has 64-bit integers: `PhiloxMultiply`
-//! in src/plan/dropout.rs), so one call is some 300 integer operations (an estimate from the
-//! source, not a measurement). Four decisions per call (32-bit thresholds) would cost about 80 of them per
-//! element, against the `2·head_dim` multiply-adds of the two products (256 at head_dim 128): some
-//! 30%. Sixteen (FlashAttention-2's 8-bit thresholds) cost half of eight, but round p to a
-//! multiple of 1/256 (0.1 becomes 0.1016). Eight round p to a multiple of 2⁻¹⁶ (0.1 becomes
-//! 0.100006, far below anything a training run notices) at about 40 operations per element.
+//! in src/plan/dropout.rs), so one call of seven rounds is some 200 integer operations (an
+//! estimate from the source, not a measurement). Four decisions per call (32-bit thresholds)
+//! would cost about 50 of them per element, against the `2·head_dim` multiply-adds of the two
+//! products (256 at head_dim 128): some 20%. Sixteen (FlashAttention-2's 8-bit thresholds) cost
+//! half of eight, but round p to a multiple of 1/256 (0.1 becomes 0.1016). Eight round p to a
+//! multiple of 2⁻¹⁶ (0.1 becomes 0.100006, far below anything a training run notices) at about 25
+//! operations per element.
 //!
 //! **Exactness of p.** The probability of dropping is exactly `t / 2¹⁶` ([`Dropout::drop_probability`])
 //! and the kept values are scaled by `2¹⁶ / (2¹⁶ − t)` ([`Dropout::scale`]), the reciprocal of the
@@ -71,9 +75,19 @@ pub const PHILOX_W: [u32; 2] = [0x9E37_79B9, 0xBB67_AE85];
 /// of `1 / DROPOUT_RESOLUTION`.
 pub const DROPOUT_RESOLUTION: u32 = 1 << 16;
 
-/// Philox4x32-10: ten rounds of Random123's `philox4x32` on `counter` under `key`. The same
-/// function as `philox4x32_10` in shaders/dropout.wgsl.
-pub fn philox4x32_10(counter: [u32; 4], key: [u32; 2]) -> [u32; 4] {
+/// The generator's rounds (shaders/dropout.wgsl and cuda/dropout.cuh have the same constant; their
+/// tests compare every word with [`philox4x32`]).
+pub const PHILOX_ROUNDS: u32 = 7;
+
+/// The generator: Philox4x32 with [`PHILOX_ROUNDS`] rounds on `counter` under `key`. The same
+/// function as `philox4x32` in shaders/dropout.wgsl and cuda/dropout.cuh.
+pub fn philox4x32(counter: [u32; 4], key: [u32; 2]) -> [u32; 4] {
+    philox4x32_rounds(PHILOX_ROUNDS, counter, key)
+}
+
+/// Random123's `philox4x32_R` with `rounds` rounds (at least 1): the key bumped by the Weyl
+/// constants between rounds.
+pub fn philox4x32_rounds(rounds: u32, counter: [u32; 4], key: [u32; 2]) -> [u32; 4] {
     let round = |x: [u32; 4], k: [u32; 2]| {
         let p0 = PHILOX_M[0] as u64 * x[0] as u64;
         let p1 = PHILOX_M[1] as u64 * x[2] as u64;
@@ -86,7 +100,7 @@ pub fn philox4x32_10(counter: [u32; 4], key: [u32; 2]) -> [u32; 4] {
     };
     let mut x = round(counter, key);
     let mut k = key;
-    for _ in 1..10 {
+    for _ in 1..rounds {
         k = [k[0].wrapping_add(PHILOX_W[0]), k[1].wrapping_add(PHILOX_W[1])];
         x = round(x, k);
     }
@@ -151,12 +165,12 @@ impl Dropout {
         self.threshold() > 0
     }
 
-    /// The generator's key for this (seed, offset): the first two words of Philox4x32-10 on
+    /// The generator's key for this (seed, offset): the first two words of [`philox4x32`] on
     /// `[offset_lo, offset_hi, 0, 0]` under `[seed_lo, seed_hi]`.
     pub fn key(&self) -> [u32; 2] {
         let split = |x: u64| [x as u32, (x >> 32) as u32];
         let [o0, o1] = split(self.offset);
-        let w = philox4x32_10([o0, o1, 0, 0], split(self.seed));
+        let w = philox4x32([o0, o1, 0, 0], split(self.seed));
         [w[0], w[1]]
     }
 
@@ -164,7 +178,7 @@ impl Dropout {
     /// (`batch`, `head`).
     fn block(&self, key: [u32; 2], batch: usize, head: usize, row: usize, col: usize) -> [u32; 4] {
         // Validation keeps every index below 2³¹.
-        philox4x32_10([(col / 4) as u32, (row / 2) as u32, head as u32, batch as u32], key)
+        philox4x32([(col / 4) as u32, (row / 2) as u32, head as u32, batch as u32], key)
     }
 
     /// Whether element `(row, col)` of one block's words is kept.
@@ -222,24 +236,26 @@ impl Dropout {
 mod tests {
     use super::*;
 
-    /// Random123's known answers for philox4x32 with 10 rounds (its tests/kat_vectors).
+    /// Random123's known answers for philox4x32 with 7 and 10 rounds (its tests/kat_vectors):
+    /// the generator's, and the round function's at cuRAND's count.
     #[test]
     fn philox_matches_random123() {
-        let cases = [
-            ([0; 4], [0; 2], [0x6627_e8d5, 0xe169_c58d, 0xbc57_ac4c, 0x9b00_dbd8]),
-            (
-                [u32::MAX; 4],
-                [u32::MAX; 2],
-                [0x408f_276d, 0x41c8_3b0e, 0xa20b_c7c6, 0x6d54_51fd],
-            ),
-            (
-                [0x243f_6a88, 0x85a3_08d3, 0x1319_8a2e, 0x0370_7344],
-                [0xa409_3822, 0x299f_31d0],
-                [0xd16c_fe09, 0x94fd_cceb, 0x5001_e420, 0x2412_6ea1],
-            ),
+        const PI: ([u32; 4], [u32; 2]) = ([0x243f_6a88, 0x85a3_08d3, 0x1319_8a2e, 0x0370_7344], [0xa409_3822, 0x299f_31d0]);
+        let inputs = [([0; 4], [0; 2]), ([u32::MAX; 4], [u32::MAX; 2]), PI];
+        let seven = [
+            [0x5f6f_b709, 0x0d89_3f64, 0x4f12_1f81, 0x4f73_0a48],
+            [0x5207_ddc2, 0x4516_5e59, 0x4d8e_e751, 0x8c52_f662],
+            [0x4dfc_caba, 0x190a_87f0, 0xc473_62ba, 0xb6b5_242a],
         ];
-        for (counter, key, want) in cases {
-            assert_eq!(philox4x32_10(counter, key), want, "{counter:x?} {key:x?}");
+        let ten = [
+            [0x6627_e8d5, 0xe169_c58d, 0xbc57_ac4c, 0x9b00_dbd8],
+            [0x408f_276d, 0x41c8_3b0e, 0xa20b_c7c6, 0x6d54_51fd],
+            [0xd16c_fe09, 0x94fd_cceb, 0x5001_e420, 0x2412_6ea1],
+        ];
+        for (((counter, key), want7), want10) in inputs.into_iter().zip(seven).zip(ten) {
+            assert_eq!(philox4x32(counter, key), want7, "{counter:x?} {key:x?}");
+            assert_eq!(philox4x32_rounds(7, counter, key), want7);
+            assert_eq!(philox4x32_rounds(10, counter, key), want10, "{counter:x?} {key:x?}");
         }
     }
 
