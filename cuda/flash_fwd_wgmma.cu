@@ -60,7 +60,10 @@
 // q_empty mbarrier) and its K/V as ring stages free up, so the next tile's loads run under the
 // current tile's last P·V and epilogue instead of after a new CTA's launch. O then leaves from
 // the registers (the Q region is the next tile's), a quad's 16 bytes of a row per store. What it
-// saves is a fixed cost per work tile: it shows where a CTA sees few K/V tiles.
+// saves is a fixed cost per work tile: it shows where a CTA sees few K/V tiles. FA_PERSISTENT=2
+// (dynamic): after its first tile a block draws the next from a counter in global memory as it
+// finishes one, the way the hardware deals out a plain launch's CTAs, for tiles of unequal
+// lengths (causal); the producer announces each tile to the consumers in shared memory.
 //
 // Why these sizes. Registers per consumer thread: O is 64·head_dim/128 f32 (32 at head_dim 64,
 // 64 at 128, 128 at 256), S 64·BLOCK_N/128 (64 at BLOCK_N 128), P half of S packed beside it (a
@@ -130,6 +133,7 @@ constexpr bool FP8 = FA_FP8 != 0;
 #define FA_PERSISTENT 0
 #endif
 constexpr bool PERSISTENT = FA_PERSISTENT != 0;
+constexpr bool DYNAMIC = FA_PERSISTENT == 2;  // tiles drawn from WorkGrid::next_tile
 
 constexpr int CONSUMERS = FA_CONSUMERS;
 constexpr int WG_ROWS = 64;  // wgmma's M
@@ -193,6 +197,7 @@ struct TmaMaps {
 // A persistent launch's work tiles (the grid a plain launch would have): WorkGrid in
 // src/cuda/launch.rs.
 struct WorkGrid {
+    int* next_tile;  // dynamic launches' counter: 0 at launch, left at 0 (see next_work)
     int q_tiles, heads, batch;
 };
 
@@ -268,7 +273,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
     const int wg = tid / 128;
     // The work tiles this CTA runs, w = first, first + step, ... below n_work: a plain launch's
     // own tile (the block's coordinates; the loops below end after one), a persistent one's every
-    // gridDim.x-th (fewer than 2^30 tiles, so w stays in range: persistent_grid in
+    // gridDim.x-th, or a dynamic one's drawn (next_work) (fewer than 2^30 tiles, so w stays in range: persistent_grid in
     // src/cuda/plan/wgmma.rs), in a plain grid's launch order, q tile fastest: the blocks running
     // at once share a few heads' K/V in L2. Causal launches too: ordered q slowest, every round of
     // gridDim.x tiles of one length, they measured slower still (BENCHMARKS.md, session 40).
@@ -277,10 +282,28 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
     const int n_work = q_tiles * heads * work.batch;
     const int first = blockIdx.x, step = gridDim.x;
     auto tile_of = [&](int w) { return work_tile(p, w % q_tiles, w / q_tiles % heads, w / q_tiles / heads, q_tiles); };
+    // The producer's next tile after w. Dynamic: the first gridDim.x tiles are the blocks' own,
+    // the rest are drawn in turn, so a block that finishes early takes the next (the hardware's
+    // way with a plain launch's CTAs). Every tile is followed by one draw, so the launch makes
+    // n_work draws and the one that gets n_work - 1 is the last: its block puts the counter back
+    // to 0 for the next launch on the stream.
+    auto next_work = [&](int w) {
+        if constexpr (DYNAMIC) {
+            const int drawn = atomicAdd(work.next_tile, 1);
+            if (drawn == n_work - 1) atomicExch(work.next_tile, 0);
+            return (int)gridDim.x + drawn;
+        } else {
+            return w + step;
+        }
+    };
 #else
     const int n_work = 1, first = 0, step = 1;
     auto tile_of = [&](int) { return work_tile(p, blockIdx.x, blockIdx.y, blockIdx.z, gridDim.x); };
+    auto next_work = [&](int w) { return w + step; };
 #endif
+    // Dynamic launches: the producer names each tile it loads here before Q's arrival, -1 when
+    // there are no more; the consumers read it once Q has landed.
+    __shared__ int announced_tile;
 
     if (tid == 0) {
         mbar_init(bar_q, 1);
@@ -301,11 +324,12 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
             // The ring's position (K/V tiles issued before this work tile's, mod 2·STAGES), work
             // tiles run.
             int kv_done = 0, tiles_done = 0;
-            for (int w = first; w < n_work; w += step) {
+            for (int w = first; w < n_work; w = next_work(w)) {
                 const WorkTile wt = tile_of(w);
                 if (wt.m0 >= wt.seq.seq_q) continue;  // past this sequence's rows (packed batch)
                 // The previous tile's Q is free once both consumers' last Q·Kᵀ has completed.
                 if (PERSISTENT && tiles_done > 0) mbar_wait(bar_q_empty, (tiles_done - 1) & 1);
+                if constexpr (DYNAMIC) announced_tile = w;
                 mbar_arrive_expect_tx(bar_q, Q_BYTES);
 #pragma unroll
                 for (int pn = 0; pn < PANELS; ++pn)
@@ -342,6 +366,13 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
                 ++tiles_done;
                 if constexpr (!PERSISTENT) break;
             }
+            if constexpr (DYNAMIC) {
+                // No more tiles: once the consumers are past the last Q, a phase of bar_q with
+                // no copies tells them so.
+                if (tiles_done > 0) mbar_wait(bar_q_empty, (tiles_done - 1) & 1);
+                announced_tile = -1;
+                mbar_arrive(bar_q);
+            }
         }
         return;
     }
@@ -373,9 +404,21 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
     // The ring's position (K/V tiles consumed before this work tile's, mod 2·STAGES), work tiles
     // run.
     int kv_done = 0, tiles_done = 0;
-    for (int w = first; w < n_work; w += step) {
+    for (int w_next = first;;) {
+        // The tile: in a dynamic launch the one the producer announced with Q (which has then
+        // landed), else the next of this block's.
+        int w;
+        if constexpr (DYNAMIC) {
+            mbar_wait(bar_q, tiles_done & 1);
+            w = announced_tile;
+            if (w < 0) break;
+        } else {
+            if (w_next >= n_work) break;
+            w = w_next;
+            w_next += step;
+        }
         const WorkTile wt = tile_of(w);
-        if (wt.m0 >= wt.seq.seq_q) continue;  // as the producer
+        if (wt.m0 >= wt.seq.seq_q) continue;  // as the producer (which never announces one)
         const int q_tile = wt.q_tile, head = wt.head, batch = wt.batch, kv_head = wt.kv_head;
         const int first_tile = wt.first_tile, n_tiles = wt.n_tiles;
         const SeqRows& seq = wt.seq;
@@ -745,7 +788,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
             }
         };
 
-        mbar_wait(bar_q, tiles_done & 1);
+        if constexpr (!DYNAMIC) mbar_wait(bar_q, tiles_done & 1);
         if (n_tiles == 0) release_q();
         if (n_tiles > 0) {
             if constexpr (OVERLAP) {

@@ -1957,11 +1957,22 @@ fn packed_batches_match_the_reference() {
         Some(CudaPlan::Wgmma(WgmmaPlan::new(2, 128, 2).persistent())),
         Some(3),
     );
+    let dynamic = forced_engine(
+        base,
+        Some(CudaPlan::Wgmma(WgmmaPlan::new(2, 128, 2).dynamic())),
+        Some(3),
+    );
     let hopper = base.device().is_hopper();
     let mut rng = Lcg(0x7a11e);
     for seed in 0..10u64 {
-        let engines = [("default", base), ("mma", &mma), ("persistent", &persistent)];
-        for (name, engine) in engines.into_iter().filter(|(name, _)| hopper || *name != "persistent") {
+        let engines = [
+            ("default", base),
+            ("mma", &mma),
+            ("persistent", &persistent),
+            ("dynamic", &dynamic),
+        ];
+        let needs_hopper = |name: &str| name == "persistent" || name == "dynamic";
+        for (name, engine) in engines.into_iter().filter(|(name, _)| hopper || !needs_hopper(name)) {
             let batch = 1 + rng.below(5);
             let ragged = |rng: &mut Lcg| -> Vec<usize> {
                 (0..batch)

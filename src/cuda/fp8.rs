@@ -330,7 +330,7 @@ impl CudaAttention {
             kv_blocks: layout.kv_blocks() as i32,
         };
         let params = Fp8Config::params(problem, o, lse);
-        let (grid, work) = self.launch_grid(config.geometry(problem), config.plan.persistent)?;
+        let (grid, work) = self.launch_grid(config.geometry(problem), config.plan.persistent, false)?;
         let cfg = LaunchConfig {
             grid_dim: grid,
             block_dim: (config.plan.wgmma().threads(), 1, 1),

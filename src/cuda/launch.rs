@@ -57,22 +57,28 @@ unsafe impl DeviceRepr for TmaMaps {}
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) struct WorkGrid {
+    /// A dynamic plan's tile counter (one `int`, 0 between launches); 0 for a static plan.
+    next_tile: u64,
     q_tiles: i32,
     heads: i32,
     batch: i32,
 }
 
-// SAFETY: three `int`s, the layout the kernel's parameter declares.
+const _: () = assert!(std::mem::size_of::<WorkGrid>() == 24);
+
+// SAFETY: a device address and three `int`s, the layout the kernel's parameter declares.
 unsafe impl DeviceRepr for WorkGrid {}
 
 impl CudaAttention {
     /// The grid to launch for the work tiles `tiles` (a plain launch's grid) and, for a persistent
     /// plan, the parameter that tells the kernel what it covers: a plain plan launches `tiles`, a
-    /// persistent one a block per SM (or [`CudaOptions::persistent_blocks`]).
+    /// persistent one a block per SM (or [`CudaOptions::persistent_blocks`]); a dynamic one also
+    /// gets the engine's tile counter.
     pub(super) fn launch_grid(
         &self,
         tiles: (u32, u32, u32),
         persistent: bool,
+        dynamic: bool,
     ) -> Result<((u32, u32, u32), Option<WorkGrid>)> {
         if !persistent {
             return Ok((tiles, None));
@@ -84,12 +90,27 @@ impl CudaAttention {
         };
         let grid = persistent_grid(tiles, blocks)?;
         // persistent_grid keeps the product below 2³⁰, so each factor fits an i32.
+        let next_tile = if dynamic { self.tile_counter()? } else { 0 };
         let work = WorkGrid {
+            next_tile,
             q_tiles: tiles.0 as i32,
             heads: tiles.1 as i32,
             batch: tiles.2 as i32,
         };
         Ok((grid, Some(work)))
+    }
+
+    /// The device address of the dynamic plans' tile counter, allocated zeroed at first use. The
+    /// kernel leaves it at 0 when it ends (the block that draws the last number resets it), and
+    /// launches on the engine's one stream never overlap, so one counter serves every launch.
+    fn tile_counter(&self) -> Result<u64> {
+        let mut counter = self.tile_counter.lock().unwrap_or_else(|e| e.into_inner());
+        let stream = self.device.stream();
+        if counter.is_none() {
+            *counter = Some(stream.alloc_zeros::<i32>(1)?);
+        }
+        let (address, _guard) = counter.as_ref().expect("allocated above").device_ptr(stream);
+        Ok(address)
     }
 }
 
@@ -265,6 +286,8 @@ pub struct CudaAttention {
     pub(super) merge_kernels: OnceMap<(), LoadedMerge>,
     /// Ring attention's gradient sums' module (src/cuda/grad_sum.rs).
     pub(super) grad_sum_kernels: OnceMap<(), LoadedGradSum>,
+    /// The dynamic persistent plans' tile counter ([`Self::persistent_launch`]).
+    tile_counter: Mutex<Option<CudaSlice<i32>>>,
 }
 
 /// Buffers the decode launches reuse, grown to the largest launched. Launches use them in stream
@@ -297,6 +320,7 @@ impl CudaAttention {
             fp8_quantizer: OnceMap::default(),
             merge_kernels: OnceMap::default(),
             grad_sum_kernels: OnceMap::default(),
+            tile_counter: Mutex::new(None),
         }
     }
 
@@ -528,7 +552,11 @@ impl CudaAttention {
             return Ok(config);
         }
         let mut geometry = config.geometry(problem)?;
-        let (grid, work) = self.launch_grid(geometry.grid, config.plan().is_persistent())?;
+        let (persistent, dynamic) = match config.plan() {
+            CudaPlan::Wgmma(p) => (p.persistent, p.dynamic),
+            _ => (false, false),
+        };
+        let (grid, work) = self.launch_grid(geometry.grid, persistent, dynamic)?;
         geometry.grid = grid;
         let kernel = self.kernel(&config)?;
         let params = FwdParams {

@@ -32,6 +32,9 @@ pub struct WgmmaPlan {
     /// One block per SM running work tiles in turn, the next tile's loads under the current
     /// tile's last P·V and epilogue ([`persistent_grid`]).
     pub persistent: bool,
+    /// With `persistent`: the blocks draw their next tile from a counter as they finish one (as
+    /// the hardware deals out a plain launch's CTAs), instead of taking every `grid`-th.
+    pub dynamic: bool,
 }
 
 impl WgmmaPlan {
@@ -45,6 +48,7 @@ impl WgmmaPlan {
             pingpong: false,
             pv_split: false,
             persistent: false,
+            dynamic: false,
         }
     }
 
@@ -67,6 +71,15 @@ impl WgmmaPlan {
     pub const fn persistent(self) -> Self {
         WgmmaPlan {
             persistent: true,
+            ..self
+        }
+    }
+
+    /// This plan run persistently, the tiles dealt out by a counter.
+    pub const fn dynamic(self) -> Self {
+        WgmmaPlan {
+            persistent: true,
+            dynamic: true,
             ..self
         }
     }
@@ -111,7 +124,7 @@ pub fn wgmma_plans(head_dim: usize) -> &'static [WgmmaPlan] {
         three(128, 2).persistent(),
         three(128, 2).pingpong().persistent(),
     ];
-    const D128: [WgmmaPlan; 15] = [
+    const D128: [WgmmaPlan; 17] = [
         two(128, 2),
         two(128, 2).pingpong(),
         two(128, 3),
@@ -127,6 +140,8 @@ pub fn wgmma_plans(head_dim: usize) -> &'static [WgmmaPlan] {
         two(128, 2).pingpong().persistent(),
         two(176, 2).persistent(),
         two(192, 2).persistent(),
+        two(128, 2).dynamic(),
+        two(192, 2).dynamic(),
     ];
     const D256: [WgmmaPlan; 8] = [
         two(64, 2).pingpong(),
@@ -344,7 +359,11 @@ impl WgmmaConfig {
             if p.overlap { "_ov" } else { "" },
             if p.pingpong { "_pp" } else { "" },
             if p.pv_split { "_split" } else { "" },
-            if p.persistent { "_pers" } else { "" },
+            match (p.persistent, p.dynamic) {
+                (true, true) => "_dyn",
+                (true, false) => "_pers",
+                _ => "",
+            },
             if self.causal { "_causal" } else { "" },
             self.terms.suffix(),
         )
@@ -378,7 +397,11 @@ impl WgmmaConfig {
             define("FA_OVERLAP", p.overlap as u32),
             define("FA_PINGPONG", p.pingpong as u32),
             define("FA_PV_SPLIT", p.pv_split as u32),
-            define("FA_PERSISTENT", p.persistent as u32),
+            // 1: every grid-th tile, 2: tiles drawn from a counter.
+            define(
+                "FA_PERSISTENT",
+                p.persistent as u32 + (p.persistent && p.dynamic) as u32,
+            ),
         ];
         d.extend(valid_dim_define(self.head_dim));
         d.extend(self.terms.defines());
@@ -500,6 +523,9 @@ mod tests {
         let c = new(DType::BF16, 128, plan, true, 16).unwrap();
         assert_eq!(c.name(), "flash_fwd_wgmma_bf16_d128_bm128_bn128_s2_pers_causal");
         assert!(c.defines().contains(&"-DFA_PERSISTENT=1".to_string()));
+        let dynamic = new(DType::BF16, 128, WgmmaPlan::new(2, 128, 2).dynamic(), true, 16).unwrap();
+        assert_eq!(dynamic.name(), "flash_fwd_wgmma_bf16_d128_bm128_bn128_s2_dyn_causal");
+        assert!(dynamic.defines().contains(&"-DFA_PERSISTENT=2".to_string()));
         let plain = new(DType::BF16, 128, WgmmaPlan::new(2, 128, 2), true, 16).unwrap();
         assert!(plain.defines().contains(&"-DFA_PERSISTENT=0".to_string()));
         assert_eq!(plain.smem_bytes(), c.smem_bytes());
