@@ -2508,8 +2508,10 @@ fn run_head_terms(engine: &CudaAttention, p: &AttentionProblem, label: &str, sd:
     if engine.device().is_hopper() {
         let wgmma = default_wgmma_plan(head_dim, causal).unwrap();
         plans.push(("wgmma", CudaPlan::Wgmma(wgmma), None));
-        // The same plan persistent, on 3 blocks: each takes several work tiles in turn.
+        // The same plan persistent, on 3 blocks: each takes several work tiles in turn, fixed
+        // or drawn.
         plans.push(("wgmma persistent", CudaPlan::Wgmma(wgmma.persistent()), Some(3)));
+        plans.push(("wgmma dynamic", CudaPlan::Wgmma(wgmma.dynamic()), Some(3)));
     }
     for (name, plan, blocks) in plans {
         let forced = forced_engine(engine, Some(plan), blocks);

@@ -32,13 +32,15 @@ fn dropout(p: f32) -> Dropout {
 }
 
 /// Engines forced onto each prefill kernel's default plan for `p`: `mma.sync`, and on a Hopper
-/// GPU wgmma, plain and persistent (on 3 blocks, each taking several work tiles in turn).
+/// GPU wgmma, plain, persistent and dynamic (on 3 blocks, each taking several work tiles in turn,
+/// fixed or drawn).
 fn forced_engines(engine: &CudaAttention, p: &AttentionProblem) -> Vec<(&'static str, CudaAttention)> {
     let mut plans = vec![("mma.sync", CudaPlan::Mma(select_mma(p, 16).unwrap().plan), None)];
     if engine.device().is_hopper() {
         let plan = default_wgmma_plan(p.shape.head_dim, p.causal).unwrap();
         plans.push(("wgmma", CudaPlan::Wgmma(plan), None));
         plans.push(("wgmma persistent", CudaPlan::Wgmma(plan.persistent()), Some(3)));
+        plans.push(("wgmma dynamic", CudaPlan::Wgmma(plan.dynamic()), Some(3)));
     }
     plans
         .into_iter()

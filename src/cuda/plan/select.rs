@@ -110,7 +110,7 @@ mod tests {
             let plan = default_persistent_plan(&p).unwrap();
             assert_eq!(on_hopper.config.plan(), plan.into());
             let causal = select_cuda(&p.with_causal(true), 16, true).unwrap();
-            assert_eq!(causal.config.plan(), default_wgmma_plan(128, true).unwrap().into());
+            assert_eq!(causal.config.plan(), default_persistent_plan(&p.with_causal(true)).unwrap().into());
             assert!(causal.config.causal());
         }
         // Wherever the wgmma kernel does not run, the mma.sync default does.
@@ -160,8 +160,22 @@ mod tests {
         for q in [p.with_geometric_alibi(), p.with_sinks(), p.with_geometric_alibi().with_sinks()] {
             assert_eq!(default_persistent_plan(&q), with_keys(p.shape.seq_kv), "{:?}", q.features());
         }
+        // Causal: dynamic plans at head_dim 128, for the features their tests cover.
+        let causal = |seq_kv| {
+            let mut q = p.with_causal(true);
+            q.shape.seq_kv = seq_kv;
+            default_persistent_plan(&q)
+        };
+        assert_eq!(causal(2048), Some(WgmmaPlan::new(2, 192, 2).dynamic()));
+        assert_eq!(causal(2047), Some(WgmmaPlan::new(2, 128, 2).dynamic()));
+        assert_eq!(default_persistent_plan(&problem(64).with_causal(true)), None);
+        let mut grouped = p.with_causal(true);
+        grouped.shape.num_kv_heads = 1;
+        assert!(default_persistent_plan(&grouped).is_some_and(|plan| plan.dynamic));
         let untested = [
-            p.with_causal(true),
+            p.with_causal(true).with_geometric_alibi(),
+            p.with_causal(true).with_sinks(),
+            p.with_causal(true).with_window(Some(64), None),
             p.with_window(Some(64), None),
             p.with_softcap(30.0),
             p.with_scale(-0.5),

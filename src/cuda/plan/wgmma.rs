@@ -170,26 +170,40 @@ pub fn wgmma_plans(head_dim: usize) -> &'static [WgmmaPlan] {
 pub const PERSISTENT_DEFAULT_FEATURES: FeatureSet =
     FeatureSet::of(&[Feature::GroupedKv, Feature::Varlen, Feature::Alibi, Feature::Sinks]);
 
+/// Features a causal problem may have and still get [`default_persistent_plan`]'s dynamic plan:
+/// those the dynamic plans' GPU tests cover (the shape table's causal, GQA and MQA problems on 1, 3
+/// and 7 blocks; packed batches on a dynamic engine). Any other keeps the plain causal default
+/// until its own run on a dynamic plan.
+pub const DYNAMIC_DEFAULT_FEATURES: FeatureSet =
+    FeatureSet::of(&[Feature::CausalMask, Feature::GroupedKv, Feature::Varlen]);
+
 /// The persistent plan that replaces [`default_wgmma_plan`] for `problem` where the sweeps
-/// (BENCHMARKS.md, session 40) measured it faster: without a mask at head_dim 64 and 128, and
-/// only with [`PERSISTENT_DEFAULT_FEATURES`]. At head_dim 128, 192-key tiles from 2,048 keys on
-/// (seq 2048–8192: 593–677 TFLOP/s against the plain default's 550–606) and 176 below them (seq
-/// 1024: 516 against 484); at 64, three consumers as the plain default (seq 8192: +1%). Causal
-/// launches keep the plain plans: one CTA per work tile, dealt out by the hardware as CTAs
-/// finish, balances tiles of unequal lengths better than any fixed order measured (seq
-/// 1024–4096: the plain 128-key plan led every sweep).
+/// (BENCHMARKS.md, sessions 40 and 41) measured it faster, at head_dim 64 and 128:
+///
+/// * without a mask, with [`PERSISTENT_DEFAULT_FEATURES`], blocks taking every grid-th tile: at
+///   head_dim 128, 192-key tiles from 2,048 keys on (seq 2048–8192: 593–677 TFLOP/s against the
+///   plain default's 550–606) and 176 below them (seq 1024: 516 against 484); at 64, three
+///   consumers as the plain default (seq 8192: +1%);
+/// * causal at head_dim 128, with [`DYNAMIC_DEFAULT_FEATURES`], blocks drawing their next tile
+///   as they finish one (tiles of unequal lengths, which every fixed order balanced worse than one
+///   CTA per tile): 192-key tiles from 2,048 keys on (an H100, seq 2048 / 8192: 481 / 626 against
+///   the plain default's 445 / 565), 128 below them (seq 1024: 362 against 349). Causal head_dim
+///   64 was not measured and keeps its plain plan.
 pub fn default_persistent_plan(problem: &AttentionProblem) -> Option<WgmmaPlan> {
-    if problem.causal
-        || !problem.features().missing_from(PERSISTENT_DEFAULT_FEATURES).is_empty()
+    let allowed = if problem.causal { DYNAMIC_DEFAULT_FEATURES } else { PERSISTENT_DEFAULT_FEATURES };
+    if !problem.features().missing_from(allowed).is_empty()
         // At one consumer's rows, the smallest block: then every plan's tiles fit.
         || !fits_persistent(problem, WGMMA_ROWS_PER_CONSUMER)
     {
         return None;
     }
-    let plan = match tile_head_dim(problem.shape.head_dim)? {
-        64 => WgmmaPlan::new(3, 128, 2).persistent(),
-        128 if problem.shape.seq_kv >= 2048 => WgmmaPlan::new(2, 192, 2).persistent(),
-        128 => WgmmaPlan::new(2, 176, 2).persistent(),
+    let long = problem.shape.seq_kv >= 2048;
+    let plan = match (tile_head_dim(problem.shape.head_dim)?, problem.causal) {
+        (64, false) => WgmmaPlan::new(3, 128, 2).persistent(),
+        (128, false) if long => WgmmaPlan::new(2, 192, 2).persistent(),
+        (128, false) => WgmmaPlan::new(2, 176, 2).persistent(),
+        (128, true) if long => WgmmaPlan::new(2, 192, 2).dynamic(),
+        (128, true) => WgmmaPlan::new(2, 128, 2).dynamic(),
         _ => return None,
     };
     debug_assert!(wgmma_plans(problem.shape.head_dim).contains(&plan));
