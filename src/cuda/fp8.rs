@@ -330,7 +330,8 @@ impl CudaAttention {
             kv_blocks: layout.kv_blocks() as i32,
         };
         let params = Fp8Config::params(problem, o, lse);
-        let (grid, work) = self.launch_grid(config.geometry(problem), config.plan.persistent, false)?;
+        let plan = config.plan.wgmma();
+        let (grid, work) = self.launch_grid(config.geometry(problem), plan.persistent, plan.dynamic)?;
         let cfg = LaunchConfig {
             grid_dim: grid,
             block_dim: (config.plan.wgmma().threads(), 1, 1),

@@ -165,7 +165,7 @@ impl Dropout {
         self.threshold() > 0
     }
 
-    /// The generator's key for this (seed, offset): the first two words of [`philox4x32`] on
+    /// The generator's key for this (seed, offset): the first two words of `philox4x32` on
     /// `[offset_lo, offset_hi, 0, 0]` under `[seed_lo, seed_hi]`.
     pub fn key(&self) -> [u32; 2] {
         let split = |x: u64| [x as u32, (x >> 32) as u32];

@@ -342,6 +342,8 @@ pub struct Fp8Plan {
     pub ex2_fma: u32,
     /// One block per SM running work tiles in turn ([`WgmmaPlan::persistent`]).
     pub persistent: bool,
+    /// With `persistent`: the blocks draw their next tile from a counter ([`WgmmaPlan::dynamic`]).
+    pub dynamic: bool,
 }
 
 impl Fp8Plan {
@@ -354,6 +356,7 @@ impl Fp8Plan {
             overlap: false,
             ex2_fma: 0,
             persistent: false,
+            dynamic: false,
         }
     }
 
@@ -364,6 +367,7 @@ impl Fp8Plan {
             pingpong: self.pingpong,
             overlap: self.overlap,
             persistent: self.persistent,
+            dynamic: self.dynamic,
             ..p
         }
     }
@@ -394,6 +398,10 @@ pub fn fp8_plans(head_dim: usize) -> Vec<Fp8Plan> {
         persistent: true,
         ..plan
     };
+    let dynamic = |plan: Fp8Plan| Fp8Plan {
+        dynamic: true,
+        ..persistent(plan)
+    };
     if head_dim <= 128 {
         vec![
             p(2),
@@ -412,6 +420,8 @@ pub fn fp8_plans(head_dim: usize) -> Vec<Fp8Plan> {
             persistent(wide(p(3))),
             persistent(wide(p(2))),
             persistent(ov(4, 0)),
+            dynamic(wide(p(3))),
+            dynamic(ov(4, 0)),
         ]
     } else {
         // Half the exp2s on the FMA units spills there.
@@ -525,7 +535,7 @@ impl Fp8Config {
             } else {
                 String::new()
             },
-            if p.persistent { "_pers" } else { "" },
+            w.schedule_suffix(),
             if self.causal { "_causal" } else { "" },
         )
     }
@@ -565,7 +575,7 @@ impl Fp8Config {
             define("FA_PINGPONG", p.pingpong as u32),
             define("FA_PV_SPLIT", 0),
             define("FA_EX2_FMA", self.plan.ex2_fma),
-            define("FA_PERSISTENT", p.persistent as u32),
+            define("FA_PERSISTENT", p.tile_schedule()),
         ];
         if self.head_dim != self.dim_pad() {
             d.push(define("FA_VALID_DIM", self.head_dim));

@@ -84,6 +84,17 @@ impl WgmmaPlan {
         }
     }
 
+    /// How the launch deals out work tiles, as the kernel's `FA_PERSISTENT` reads it: 0 one CTA
+    /// per tile, 1 every grid-th tile to each block, 2 drawn from a counter.
+    pub fn tile_schedule(&self) -> u32 {
+        self.persistent as u32 + (self.persistent && self.dynamic) as u32
+    }
+
+    /// The kernel-name suffix of [`Self::tile_schedule`]: none, `_pers`, `_dyn`.
+    pub fn schedule_suffix(&self) -> &'static str {
+        ["", "_pers", "_dyn"][self.tile_schedule() as usize]
+    }
+
     /// Query rows per block: 64 per consumer.
     pub fn block_m(&self) -> u32 {
         WGMMA_ROWS_PER_CONSUMER.saturating_mul(self.consumers)
@@ -112,7 +123,7 @@ pub fn wgmma_plans(head_dim: usize) -> &'static [WgmmaPlan] {
     const fn three(block_n: u32, stages: u32) -> WgmmaPlan {
         WgmmaPlan::new(3, block_n, stages)
     }
-    const D64: [WgmmaPlan; 10] = [
+    const D64: [WgmmaPlan; 11] = [
         two(128, 3).overlap().pingpong(),
         two(128, 2),
         two(128, 2).pingpong(),
@@ -123,6 +134,7 @@ pub fn wgmma_plans(head_dim: usize) -> &'static [WgmmaPlan] {
         two(192, 2),
         three(128, 2).persistent(),
         three(128, 2).pingpong().persistent(),
+        three(128, 2).dynamic(),
     ];
     const D128: [WgmmaPlan; 17] = [
         two(128, 2),
@@ -373,11 +385,7 @@ impl WgmmaConfig {
             if p.overlap { "_ov" } else { "" },
             if p.pingpong { "_pp" } else { "" },
             if p.pv_split { "_split" } else { "" },
-            match (p.persistent, p.dynamic) {
-                (true, true) => "_dyn",
-                (true, false) => "_pers",
-                _ => "",
-            },
+            p.schedule_suffix(),
             if self.causal { "_causal" } else { "" },
             self.terms.suffix(),
         )
@@ -411,11 +419,7 @@ impl WgmmaConfig {
             define("FA_OVERLAP", p.overlap as u32),
             define("FA_PINGPONG", p.pingpong as u32),
             define("FA_PV_SPLIT", p.pv_split as u32),
-            // 1: every grid-th tile, 2: tiles drawn from a counter.
-            define(
-                "FA_PERSISTENT",
-                p.persistent as u32 + (p.persistent && p.dynamic) as u32,
-            ),
+            define("FA_PERSISTENT", p.tile_schedule()),
         ];
         d.extend(valid_dim_define(self.head_dim));
         d.extend(self.terms.defines());
