@@ -2411,6 +2411,7 @@ fn cuda_fp8_host(b: &mut Bytes<'_>, d: &Drawn, _at: Option<(&Device, &FlashAtten
         overlap: b.chance(128),
         ex2_fma: b.pick(&[0u32, 1, 2, 3, u32::MAX]),
         persistent: b.chance(128),
+        dynamic: b.chance(128),
     };
     if let Ok(config) = Fp8Config::new(p.dtype, p.shape.head_dim, plan, p.causal) {
         let _ = (config.name(), config.defines(), config.smem_bytes(), config.dim_pad());
