@@ -518,7 +518,7 @@ impl Fp8Config {
         }
     }
 
-    /// `flash_fwd_wgmma_e4m3_bf16_d128_bm128_bn{128,256}_s2[_ov][_pp][_fma1][_pers][_causal]`.
+    /// `flash_fwd_wgmma_e4m3_bf16_d128_bm128_bn{128,256}_s2[_ov][_pp][_fma1][_pers|_dyn][_causal]`.
     pub fn name(&self) -> String {
         let (p, w) = (&self.plan, self.plan.wgmma());
         format!(
@@ -977,6 +977,17 @@ mod tests {
         let c = Fp8Config::new(DType::BF16, 128, wide, false).unwrap();
         assert!(c.name().contains("_bn256_s3") && c.defines().contains(&"-DFA_BLOCK_N=256".to_string()));
         assert_eq!(c.smem_bytes(), (32 + 3 * 64 + 1) * 1024);
+        // The tile schedule: in the name and FA_PERSISTENT; `dynamic` alone schedules nothing.
+        for (persistent, dynamic, suffix, mode) in [
+            (false, false, "_s3_causal", 0),
+            (true, false, "_s3_pers_causal", 1),
+            (true, true, "_s3_dyn_causal", 2),
+            (false, true, "_s3_causal", 0),
+        ] {
+            let c = Fp8Config::new(DType::BF16, 128, Fp8Plan { persistent, dynamic, ..wide }, true).unwrap();
+            assert!(c.name().ends_with(suffix), "{}", c.name());
+            assert!(c.defines().contains(&format!("-DFA_PERSISTENT={mode}")));
+        }
         assert!(Fp8Config::new(DType::BF16, 256, wide, false).is_err());
         assert!(Fp8Config::new(DType::BF16, 128, Fp8Plan { overlap: true, ..wide }, false).is_err());
         for block_n in [0, 64, 192, 384, u32::MAX] {
