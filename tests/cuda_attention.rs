@@ -570,10 +570,12 @@ fn wgmma_every_plan_matches_the_reference() {
     run_all_catching(engine, runs);
 }
 
-/// Persistent plans on engines that launch them on 1, 3 and 7 blocks, so that each block runs
-/// many work tiles in turn: the K/V ring's and the Q handover's mbarrier phases carried from one
-/// tile to the next, causal tiles of every length, tiles that see no key (`gqa_causal_q_longer`).
-/// Every case the copy engine can load, against the reference.
+/// Persistent plans, static and dynamic, on engines that launch them on 1, 3 and 7 blocks, so that
+/// each block runs many work tiles in turn: the K/V ring's and the Q handover's mbarrier phases
+/// carried from one tile to the next, tiles drawn from the counter in any order (and the counter
+/// back at 0 for the next launch: many launches share one engine), causal tiles of every length,
+/// tiles that see no key (`gqa_causal_q_longer`). Every case the copy engine can load, against the
+/// reference.
 #[cfg(feature = "internals")]
 #[test]
 fn persistent_plans_run_many_tiles_per_block() {
