@@ -184,6 +184,18 @@ static_assert(CONSUMERS == 2 || CONSUMERS == 3, "two or three consumer warpgroup
 static_assert(PRODUCER_REGS * 128 + CONSUMER_REGS * 128 * CONSUMERS <= THREADS * (65536 / THREADS / 8 * 8),
               "the registers the CTA was launched with");
 static_assert(Q_REGION_BYTES + STAGES * STAGE_BYTES + 1024 <= 227 * 1024, "shared memory");
+
+// The K/V ring, as the producer and the consumers both count it: the it-th tile through the ring
+// takes stage it % STAGES, on that stage's use it / STAGES, whose parity its mbarriers wait on.
+// Both repeat every 2·STAGES tiles, so the count is kept below that (ring_advance) and cannot
+// overflow however many work tiles a persistent block runs.
+struct RingSlot {
+    int stage;
+    u32 parity;
+};
+__device__ __forceinline__ RingSlot ring_slot(int it) { return RingSlot{it % STAGES, (u32)((it / STAGES) & 1)}; }
+// The count after a work tile of n K/V tiles.
+__device__ __forceinline__ int ring_advance(int it, int n) { return (it + n) % (2 * STAGES); }
 // FP8's 256-key tiles: S's 128 registers a thread beside O's 64 (head_dim 128), with no room for
 // overlap's P (src/cuda/plan/fp8.rs refuses the rest).
 static_assert(TILE_SCALES == 1 || (HEAD_DIM == 128 && !OVERLAP), "FP8's 256-key tiles");
@@ -336,10 +348,10 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
                     tma_load_4d(s_q + pn * Q_PANEL_BYTES, &maps.q, pn * PANEL_ELEMS, wt.q_row0, wt.head, wt.map_batch,
                                 bar_q);
                 for (int j = 0; j < wt.n_tiles; ++j) {
-                    const int it = kv_done + j;
-                    const int s = it % STAGES;
-                    // Use u = it / STAGES of stage s waits for the consumers' release of use u - 1.
-                    mbar_wait(bar_empty(s), ((it / STAGES) & 1) ^ 1);
+                    const RingSlot slot = ring_slot(kv_done + j);
+                    const int s = slot.stage;
+                    // A use of stage s waits for the consumers' release of the use before it.
+                    mbar_wait(bar_empty(s), slot.parity ^ 1);
                     const int n0 = (wt.first_tile + j) * BLOCK_N;
                     const u32 k_dst = s_kv + s * STAGE_BYTES;
                     mbar_arrive_expect_tx(bar_k_full(s), KV_BYTES);
@@ -360,9 +372,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
                                         wt.kv_head, wt.map_batch, bar_v_full(s));
                     }
                 }
-                // Stage and phase repeat every 2·STAGES tiles: kept below that, the count cannot
-                // overflow however many tiles a persistent block runs.
-                kv_done = (kv_done + wt.n_tiles) % (2 * STAGES);
+                kv_done = ring_advance(kv_done, wt.n_tiles);
                 ++tiles_done;
                 if constexpr (!PERSISTENT) break;
             }
@@ -427,8 +437,8 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
         const float slope_log2 = alibi_slope_log2(p, head);
         const float sink = sink_log2(p, head);
         // Ring stage and phase of this work tile's K/V tile j.
-        auto stage = [&](int j) { return (kv_done + j) % STAGES; };
-        auto phase = [&](int j) { return (u32)(((kv_done + j) / STAGES) & 1); };
+        auto stage = [&](int j) { return ring_slot(kv_done + j).stage; };
+        auto phase = [&](int j) { return ring_slot(kv_done + j).parity; };
         // Once every consumer warp has passed its last Q·Kᵀ of the tile, the producer may load the
         // next tile's Q (persistent launches).
         auto release_q = [&]() {
@@ -950,7 +960,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
                 }
             }
         }
-        kv_done = (kv_done + n_tiles) % (2 * STAGES);  // as the producer
+        kv_done = ring_advance(kv_done, n_tiles);
         ++tiles_done;
         if constexpr (!PERSISTENT) break;
     }
