@@ -7,7 +7,9 @@
 #    sinks (src/cuda/plan/wgmma.rs), and FP8 causal can try dynamic defaults.
 # 2. FP8 causal at seq 1024/2048/8192 with the dynamic plans (issue 19: causal ≥ 850).
 # 3. Head_dim 64 causal, dynamic against plain, seq 1024/8192.
-# 4. On an H200 only: the headline table (s41b.sh).
+# 4. Head_dim 128 causal at seq 8192 with ALiBi and with sinks: dynamic against plain (for
+#    DYNAMIC_DEFAULT_FEATURES).
+# The headline table is a call of its own (s41b.sh, on an H200: some 350 s).
 . .gpu/setup.sh; B=.gpu/b
 gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader); echo "$gpu"
 s=$SECONDS
@@ -27,5 +29,8 @@ for S in 1024 8192; do
   timeout 45 $B/cuda_attention --head-dims 64 --seqs $S --sweep-seq $S --reps 10 > $OUT/sweep64_s$S.log 2>&1
   grep -aE "^sweep .*wgmma.*causal=true" $OUT/sweep64_s$S.log | awk '{print $5, $8}' | sed 's/flash_fwd_wgmma_bf16_d64_//'
 done
-case "$gpu" in *H200*) bash bench-results/2026-12-06/session41/s41b.sh ;; *) echo "not an H200: no headline table" ;; esac
+for t in "--alibi geometric" "--sinks"; do
+  timeout 45 $B/cuda_attention --head-dims 128 --seqs 8192 --sweep-seq 8192 --reps 10 $t > $OUT/terms.log 2>&1
+  echo "== $t"; grep -aE "^sweep .*wgmma.*causal=true" $OUT/terms.log | grep -aE "_dyn|bn128_s2_causal|bn192_s2_causal" | awk '{print $5, $8}' | sed 's/flash_fwd_wgmma_bf16_d128_//'
+done
 echo "all done $((SECONDS-s)) s"
