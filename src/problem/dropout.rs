@@ -240,7 +240,10 @@ mod tests {
     /// the generator's, and the round function's at cuRAND's count.
     #[test]
     fn philox_matches_random123() {
-        const PI: ([u32; 4], [u32; 2]) = ([0x243f_6a88, 0x85a3_08d3, 0x1319_8a2e, 0x0370_7344], [0xa409_3822, 0x299f_31d0]);
+        const PI: ([u32; 4], [u32; 2]) = (
+            [0x243f_6a88, 0x85a3_08d3, 0x1319_8a2e, 0x0370_7344],
+            [0xa409_3822, 0x299f_31d0],
+        );
         let inputs = [([0; 4], [0; 2]), ([u32::MAX; 4], [u32::MAX; 2]), PI];
         let seven = [
             [0x5f6f_b709, 0x0d89_3f64, 0x4f12_1f81, 0x4f73_0a48],

@@ -984,7 +984,17 @@ mod tests {
             (true, true, "_s3_dyn_causal", 2),
             (false, true, "_s3_causal", 0),
         ] {
-            let c = Fp8Config::new(DType::BF16, 128, Fp8Plan { persistent, dynamic, ..wide }, true).unwrap();
+            let c = Fp8Config::new(
+                DType::BF16,
+                128,
+                Fp8Plan {
+                    persistent,
+                    dynamic,
+                    ..wide
+                },
+                true,
+            )
+            .unwrap();
             assert!(c.name().ends_with(suffix), "{}", c.name());
             assert!(c.defines().contains(&format!("-DFA_PERSISTENT={mode}")));
         }

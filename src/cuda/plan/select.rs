@@ -110,7 +110,10 @@ mod tests {
             let plan = default_persistent_plan(&p).unwrap();
             assert_eq!(on_hopper.config.plan(), plan.into());
             let causal = select_cuda(&p.with_causal(true), 16, true).unwrap();
-            assert_eq!(causal.config.plan(), default_persistent_plan(&p.with_causal(true)).unwrap().into());
+            assert_eq!(
+                causal.config.plan(),
+                default_persistent_plan(&p.with_causal(true)).unwrap().into()
+            );
             assert!(causal.config.causal());
         }
         // Wherever the wgmma kernel does not run, the mma.sync default does.
@@ -157,8 +160,17 @@ mod tests {
         );
         assert_eq!(default_persistent_plan(&problem(96)), with_keys(777));
         assert_eq!(default_persistent_plan(&problem(256)), None);
-        for q in [p.with_geometric_alibi(), p.with_sinks(), p.with_geometric_alibi().with_sinks()] {
-            assert_eq!(default_persistent_plan(&q), with_keys(p.shape.seq_kv), "{:?}", q.features());
+        for q in [
+            p.with_geometric_alibi(),
+            p.with_sinks(),
+            p.with_geometric_alibi().with_sinks(),
+        ] {
+            assert_eq!(
+                default_persistent_plan(&q),
+                with_keys(p.shape.seq_kv),
+                "{:?}",
+                q.features()
+            );
         }
         // Causal: dynamic plans at head_dim 128, for the features their tests cover.
         let causal = |seq_kv| {

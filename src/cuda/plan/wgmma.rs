@@ -202,7 +202,11 @@ pub const DYNAMIC_DEFAULT_FEATURES: FeatureSet =
 ///   the plain default's 445 / 565), 128 below them (seq 1024: 362 against 349). Causal head_dim
 ///   64 was not measured and keeps its plain plan.
 pub fn default_persistent_plan(problem: &AttentionProblem) -> Option<WgmmaPlan> {
-    let allowed = if problem.causal { DYNAMIC_DEFAULT_FEATURES } else { PERSISTENT_DEFAULT_FEATURES };
+    let allowed = if problem.causal {
+        DYNAMIC_DEFAULT_FEATURES
+    } else {
+        PERSISTENT_DEFAULT_FEATURES
+    };
     if !problem.features().missing_from(allowed).is_empty()
         // At one consumer's rows, the smallest block: then every plan's tiles fit.
         || !fits_persistent(problem, WGMMA_ROWS_PER_CONSUMER)
