@@ -285,10 +285,11 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
     const int wg = tid / 128;
     // The work tiles this CTA runs, w = first, first + step, ... below n_work: a plain launch's
     // own tile (the block's coordinates; the loops below end after one), a persistent one's every
-    // gridDim.x-th, or a dynamic one's drawn (next_work) (fewer than 2^30 tiles, so w stays in range: persistent_grid in
-    // src/cuda/plan/wgmma.rs), in a plain grid's launch order, q tile fastest: the blocks running
-    // at once share a few heads' K/V in L2. Causal launches too: ordered q slowest, every round of
-    // gridDim.x tiles of one length, they measured slower still (BENCHMARKS.md, session 40).
+    // gridDim.x-th or, dynamic, those it draws (next_work) (fewer than 2^30 tiles, so w stays in
+    // range: persistent_grid in src/cuda/plan/wgmma.rs), in a plain grid's launch order, q tile
+    // fastest: the blocks running at once share a few heads' K/V in L2. Causal launches too:
+    // ordered q slowest, every round of gridDim.x tiles of one length, they measured slower still
+    // (BENCHMARKS.md, session 40).
 #if FA_PERSISTENT
     const int q_tiles = work.q_tiles, heads = work.heads;
     const int n_work = q_tiles * heads * work.batch;

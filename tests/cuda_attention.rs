@@ -1781,8 +1781,8 @@ fn kernels_compile_with_nvrtc() {
         .collect();
     assert!(configs.len() >= 8);
     // Every score-term variant of both kernels' default plans and of the wgmma one run
-    // persistent (dropout alone and with every other term: compiled_terms): at head_dim 128, or
-    // at every head_dim with FLASH_CUDA_COMPILE_ALL=1.
+    // persistent, static and dynamic (dropout alone and with every other term: compiled_terms):
+    // at head_dim 128, or at every head_dim with FLASH_CUDA_COMPILE_ALL=1.
     let mut configs = configs;
     for head_dim in CUDA_HEAD_DIMS.into_iter().filter(|&d| all || d == 128) {
         for causal in [false, true] {
@@ -1792,6 +1792,7 @@ fn kernels_compile_with_nvrtc() {
                 CudaPlan::Mma(select_mma(&default, 16).unwrap().plan),
                 CudaPlan::Wgmma(wgmma),
                 CudaPlan::Wgmma(wgmma.persistent()),
+                CudaPlan::Wgmma(wgmma.dynamic()),
             ];
             for plan in plans {
                 let plain = CudaKernelConfig::new(DType::BF16, head_dim, plan, causal, 16).unwrap();

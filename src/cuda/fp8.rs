@@ -331,10 +331,10 @@ impl CudaAttention {
         };
         let params = Fp8Config::params(problem, o, lse);
         let plan = config.plan.wgmma();
-        let (grid, work) = self.launch_grid(config.geometry(problem), plan.persistent, plan.dynamic)?;
+        let (grid, work) = self.launch_grid(config.geometry(problem), Some(plan))?;
         let cfg = LaunchConfig {
             grid_dim: grid,
-            block_dim: (config.plan.wgmma().threads(), 1, 1),
+            block_dim: (plan.threads(), 1, 1),
             shared_mem_bytes: config.smem_bytes(),
         };
         let mut b = stream.launch_builder(&kernel.function);

@@ -19,7 +19,7 @@ use super::plan::tensor_map::tensor_map_spec;
 use super::plan::{
     decode_counters_len, decode_split, default_decode_plan, goes_to_decode, persistent_grid, select_cuda,
     validate_for_cuda, validate_for_decode, vec_bytes_for, wgmma_unavailable, CudaBackwardConfig, CudaDecodeConfig,
-    CudaKernelConfig, CudaPlan, CudaSelection, DecodeParams, Fp8Config, FwdParams, LaunchGeometry,
+    CudaKernelConfig, CudaPlan, CudaSelection, DecodeParams, Fp8Config, FwdParams, LaunchGeometry, WgmmaPlan,
 };
 use super::tma;
 use crate::error::{check_holds, invalid, Error, Result};
@@ -70,17 +70,17 @@ const _: () = assert!(std::mem::size_of::<WorkGrid>() == 24);
 unsafe impl DeviceRepr for WorkGrid {}
 
 impl CudaAttention {
-    /// The grid to launch for the work tiles `tiles` (a plain launch's grid) and, for a persistent
-    /// plan, the parameter that tells the kernel what it covers: a plain plan launches `tiles`, a
-    /// persistent one a block per SM (or [`CudaOptions::persistent_blocks`]); a dynamic one also
-    /// gets the engine's tile counter.
+    /// The grid to launch for the work tiles `tiles` (a plain launch's grid) of a kernel on
+    /// `plan` (`None`: not a wgmma kernel) and, for a persistent plan, the parameter that tells
+    /// the kernel what it covers: a plain plan launches `tiles`, a persistent one a block per SM
+    /// (or [`CudaOptions::persistent_blocks`]); a dynamic one also gets the engine's tile counter.
     pub(super) fn launch_grid(
         &self,
         tiles: (u32, u32, u32),
-        persistent: bool,
-        dynamic: bool,
+        plan: Option<WgmmaPlan>,
     ) -> Result<((u32, u32, u32), Option<WorkGrid>)> {
-        if !persistent {
+        let schedule = plan.map_or(0, |p| p.tile_schedule());
+        if schedule == 0 {
             return Ok((tiles, None));
         }
         let blocks = match self.options.persistent_blocks {
@@ -90,7 +90,7 @@ impl CudaAttention {
         };
         let grid = persistent_grid(tiles, blocks)?;
         // persistent_grid keeps the product below 2³⁰, so each factor fits an i32.
-        let next_tile = if dynamic { self.tile_counter()? } else { 0 };
+        let next_tile = if schedule == 2 { self.tile_counter()? } else { 0 };
         let work = WorkGrid {
             next_tile,
             q_tiles: tiles.0 as i32,
@@ -286,7 +286,7 @@ pub struct CudaAttention {
     pub(super) merge_kernels: OnceMap<(), LoadedMerge>,
     /// Ring attention's gradient sums' module (src/cuda/grad_sum.rs).
     pub(super) grad_sum_kernels: OnceMap<(), LoadedGradSum>,
-    /// The dynamic persistent plans' tile counter ([`Self::persistent_launch`]).
+    /// The dynamic persistent plans' tile counter ([`Self::launch_grid`]).
     tile_counter: Mutex<Option<CudaSlice<i32>>>,
 }
 
@@ -552,11 +552,11 @@ impl CudaAttention {
             return Ok(config);
         }
         let mut geometry = config.geometry(problem)?;
-        let (persistent, dynamic) = match config.plan() {
-            CudaPlan::Wgmma(p) => (p.persistent, p.dynamic),
-            _ => (false, false),
+        let wgmma = match config.plan() {
+            CudaPlan::Wgmma(p) => Some(p),
+            _ => None,
         };
-        let (grid, work) = self.launch_grid(geometry.grid, persistent, dynamic)?;
+        let (grid, work) = self.launch_grid(geometry.grid, wgmma)?;
         geometry.grid = grid;
         let kernel = self.kernel(&config)?;
         let params = FwdParams {
