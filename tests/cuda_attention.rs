@@ -11,7 +11,7 @@ mod cuda_common;
 #[path = "common/inputs.rs"]
 mod inputs;
 
-use cuda_common::{bits, engine, forced_engine, Half16};
+use cuda_common::{bits, engine, forced_engine, prefill_plans, Half16};
 use half::{bf16, f16};
 use wgpu_flash_attn::batch::CapForm;
 use wgpu_flash_attn::batch::{Alibi, BatchIndex, PagedKv};
@@ -2323,14 +2323,10 @@ fn windows_and_soft_caps_match_the_reference() {
             p.softcap
         );
         // Both kernels: mma.sync, and on Hopper the wgmma kernel (which automatic selection
-        // takes there).
-        let mma = CudaPlan::Mma(select_mma(&p, 16).unwrap().plan);
-        run_any(engine, &p, &format!("{label} mma.sync"), Some(mma));
-        if engine.device().is_hopper() {
-            let wgmma = default_wgmma_plan(head_dim, causal).unwrap();
-            run_any(engine, &p, &format!("{label} wgmma"), Some(CudaPlan::Wgmma(wgmma)));
-            let persistent = Some(CudaPlan::Wgmma(wgmma.persistent()));
-            run_any(&three_blocks, &p, &format!("{label} wgmma persistent"), persistent);
+        // takes there), also persistent and dynamic on 3 blocks.
+        for (name, plan, blocks) in prefill_plans(engine, &p) {
+            let on = if blocks.is_some() { &three_blocks } else { engine };
+            run_any(on, &p, &format!("{label} {name}"), Some(plan));
         }
     }
 }
@@ -2470,7 +2466,6 @@ fn run_head_terms(engine: &CudaAttention, p: &AttentionProblem, label: &str, sd:
     use wgpu_flash_attn::batch::BiasValues;
     let p = *p;
     let (heads, seq_kv, dtype) = (p.shape.num_heads, p.shape.seq_kv, p.dtype);
-    let (head_dim, causal) = (p.shape.head_dim, p.causal);
     let bias_dtype = p.bias.map(|b| b.dtype);
     let slopes: Vec<f32> = (0..heads).map(|h| 0.05 + 0.1 * h as f32).collect();
     let sinks: Vec<f32> = (0..heads).map(|h| h as f32 * 0.7 - 1.0).collect();
@@ -2507,16 +2502,7 @@ fn run_head_terms(engine: &CudaAttention, p: &AttentionProblem, label: &str, sd:
         p.window,
         p.softcap
     );
-    let mut plans = vec![("mma.sync", CudaPlan::Mma(select_mma(&p, 16).unwrap().plan), None)];
-    if engine.device().is_hopper() {
-        let wgmma = default_wgmma_plan(head_dim, causal).unwrap();
-        plans.push(("wgmma", CudaPlan::Wgmma(wgmma), None));
-        // The same plan persistent, on 3 blocks: each takes several work tiles in turn, fixed
-        // or drawn.
-        plans.push(("wgmma persistent", CudaPlan::Wgmma(wgmma.persistent()), Some(3)));
-        plans.push(("wgmma dynamic", CudaPlan::Wgmma(wgmma.dynamic()), Some(3)));
-    }
-    for (name, plan, blocks) in plans {
+    for (name, plan, blocks) in prefill_plans(engine, &p) {
         let forced = forced_engine(engine, Some(plan), blocks);
         let label = format!("{label} {name}");
         match dtype {

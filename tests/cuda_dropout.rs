@@ -13,13 +13,12 @@ mod cuda_common;
 mod dropout_masks;
 
 use batches::{shape, Batch};
-use cuda_common::{bits, engine, forced_engine, Half16};
+use cuda_common::{bits, engine, forced_engine, prefill_plans, Half16};
 use dropout_masks::{assert_keep_rate, forward_mask_check};
 use half::{bf16, f16};
 use wgpu_flash_attn::batch::{Alibi, BatchIndex, BiasLayout, BiasValues, Dropout, ScoreBias};
 use wgpu_flash_attn::cuda::cudarc::driver::{CudaSlice, DevicePtr};
-use wgpu_flash_attn::cuda::plan::{default_wgmma_plan, select_mma};
-use wgpu_flash_attn::cuda::{CudaAttention, CudaPlan, DeviceBatchIndex, DeviceBias, DeviceTensors};
+use wgpu_flash_attn::cuda::{CudaAttention, DeviceBatchIndex, DeviceBias, DeviceTensors};
 use wgpu_flash_attn::testing::{random_tensor, seed_of, ErrorStats, Rng};
 use wgpu_flash_attn::{reference, AttentionProblem, DType, Tensor};
 
@@ -31,18 +30,9 @@ fn dropout(p: f32) -> Dropout {
     }
 }
 
-/// Engines forced onto each prefill kernel's default plan for `p`: `mma.sync`, and on a Hopper
-/// GPU wgmma, plain, persistent and dynamic (on 3 blocks, each taking several work tiles in turn,
-/// fixed or drawn).
+/// Engines forced onto each prefill kernel's default plan for `p` (`prefill_plans`).
 fn forced_engines(engine: &CudaAttention, p: &AttentionProblem) -> Vec<(&'static str, CudaAttention)> {
-    let mut plans = vec![("mma.sync", CudaPlan::Mma(select_mma(p, 16).unwrap().plan), None)];
-    if engine.device().is_hopper() {
-        let plan = default_wgmma_plan(p.shape.head_dim, p.causal).unwrap();
-        plans.push(("wgmma", CudaPlan::Wgmma(plan), None));
-        plans.push(("wgmma persistent", CudaPlan::Wgmma(plan.persistent()), Some(3)));
-        plans.push(("wgmma dynamic", CudaPlan::Wgmma(plan.dynamic()), Some(3)));
-    }
-    plans
+    prefill_plans(engine, p)
         .into_iter()
         .map(|(name, plan, blocks)| (name, forced_engine(engine, Some(plan), blocks)))
         .collect()

@@ -7,7 +7,7 @@ use std::sync::OnceLock;
 
 use half::{bf16, f16};
 use wgpu_flash_attn::cuda::{nvrtc_available, CudaAttention, CudaDevice, CudaOptions, CudaPlan};
-use wgpu_flash_attn::Element;
+use wgpu_flash_attn::{AttentionProblem, Element};
 
 /// The engine shared by every test of a binary, or `None` (with the reason printed) when this
 /// machine cannot run CUDA and `FLASH_REQUIRE_CUDA` is not `1`.
@@ -52,6 +52,23 @@ pub fn forced_engine(base: &CudaAttention, plan: Option<CudaPlan>, persistent_bl
         ..CudaOptions::default()
     };
     CudaAttention::with_options(base.device().clone(), options)
+}
+
+/// The plans to force each prefill kernel onto for `p`, with the blocks a persistent one runs on
+/// (`None`: one per SM): `mma.sync`'s default, and on a Hopper GPU the wgmma default plain,
+/// persistent and dynamic, the last two on 3 blocks so that each takes several work tiles in turn,
+/// fixed or drawn.
+#[cfg(feature = "internals")]
+pub fn prefill_plans(engine: &CudaAttention, p: &AttentionProblem) -> Vec<(&'static str, CudaPlan, Option<u32>)> {
+    use wgpu_flash_attn::cuda::plan::{default_wgmma_plan, select_mma};
+    let mut plans = vec![("mma.sync", CudaPlan::Mma(select_mma(p, 16).unwrap().plan), None)];
+    if engine.device().is_hopper() {
+        let wgmma = default_wgmma_plan(p.shape.head_dim, p.causal).unwrap();
+        plans.push(("wgmma", CudaPlan::Wgmma(wgmma), None));
+        plans.push(("wgmma persistent", CudaPlan::Wgmma(wgmma.persistent()), Some(3)));
+        plans.push(("wgmma dynamic", CudaPlan::Wgmma(wgmma.dynamic()), Some(3)));
+    }
+    plans
 }
 
 /// Whether libnvrtc is present, for the tests that only compile kernels (no GPU needed); prints
