@@ -1,8 +1,8 @@
 # Staged for the next session (not run): what session 41 left untested on a GPU, then its open
 # measurements. Stage on main: TESTS="cuda_attention cuda_dropout cuda_fp8" EXAMPLES="cuda_attention cuda_fp8"
 # BENCHES= BINS= scripts/lab/gpu-stage.sh; carry [".gpu"].
-# 1. The score-term and dropout tests, which now also force the dynamic plan (run_head_terms,
-#    cuda_dropout's forced_engines); the persistent test with head_dim 64's dynamic plan; the FP8
+# 1. The score-term, window/soft-cap and dropout tests, which now also force the dynamic plan
+#    (tests/common/cuda.rs prefill_plans); the persistent test with head_dim 64's dynamic plan; the FP8
 #    tests with the dynamic FP8 plans. If they pass, DYNAMIC_DEFAULT_FEATURES can take ALiBi and
 #    sinks (src/cuda/plan/wgmma.rs), and FP8 causal can try dynamic defaults.
 # 2. FP8 causal at seq 1024/2048/8192 with the dynamic plans (issue 19: causal ≥ 850).
