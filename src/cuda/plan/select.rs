@@ -180,14 +180,27 @@ mod tests {
         };
         assert_eq!(causal(2048), Some(WgmmaPlan::new(2, 192, 2).dynamic()));
         assert_eq!(causal(2047), Some(WgmmaPlan::new(2, 128, 2).dynamic()));
-        assert_eq!(default_persistent_plan(&problem(64).with_causal(true)), None);
+        assert_eq!(
+            default_persistent_plan(&problem(64).with_causal(true)),
+            Some(WgmmaPlan::new(3, 128, 2).dynamic())
+        );
+        for q in [
+            p.with_causal(true).with_geometric_alibi(),
+            p.with_causal(true).with_sinks(),
+        ] {
+            assert_eq!(
+                default_persistent_plan(&q),
+                causal(p.shape.seq_kv),
+                "{:?}",
+                q.features()
+            );
+        }
         let mut grouped = p.with_causal(true);
         grouped.shape.num_kv_heads = 1;
         assert!(default_persistent_plan(&grouped).is_some_and(|plan| plan.dynamic));
         let untested = [
-            p.with_causal(true).with_geometric_alibi(),
-            p.with_causal(true).with_sinks(),
             p.with_causal(true).with_window(Some(64), None),
+            p.with_causal(true).with_softcap(30.0),
             p.with_window(Some(64), None),
             p.with_softcap(30.0),
             p.with_scale(-0.5),

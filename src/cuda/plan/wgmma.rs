@@ -184,10 +184,17 @@ pub const PERSISTENT_DEFAULT_FEATURES: FeatureSet =
 
 /// Features a causal problem may have and still get [`default_persistent_plan`]'s dynamic plan:
 /// those the dynamic plans' GPU tests cover (the shape table's causal, GQA and MQA problems on 1, 3
-/// and 7 blocks; packed batches on a dynamic engine). Any other keeps the plain causal default
-/// until its own run on a dynamic plan.
-pub const DYNAMIC_DEFAULT_FEATURES: FeatureSet =
-    FeatureSet::of(&[Feature::CausalMask, Feature::GroupedKv, Feature::Varlen]);
+/// and 7 blocks; packed batches on a dynamic engine; the score-term tests with the dynamic plan
+/// forced: ALiBi, sinks) and whose sweep measured it ahead (BENCHMARKS.md, session 42, an H100 at
+/// seq 8192: ALiBi 544 against the plain default's 523 TFLOP/s, sinks 622 against 562). Any other
+/// keeps the plain causal default until its own run on a dynamic plan.
+pub const DYNAMIC_DEFAULT_FEATURES: FeatureSet = FeatureSet::of(&[
+    Feature::CausalMask,
+    Feature::GroupedKv,
+    Feature::Varlen,
+    Feature::Alibi,
+    Feature::Sinks,
+]);
 
 /// The persistent plan that replaces [`default_wgmma_plan`] for `problem` where the sweeps
 /// (BENCHMARKS.md, sessions 40 and 41) measured it faster, at head_dim 64 and 128:
@@ -196,11 +203,11 @@ pub const DYNAMIC_DEFAULT_FEATURES: FeatureSet =
 ///   head_dim 128, 192-key tiles from 2,048 keys on (seq 2048–8192: 593–677 TFLOP/s against the
 ///   plain default's 550–606) and 176 below them (seq 1024: 516 against 484); at 64, three
 ///   consumers as the plain default (seq 8192: +1%);
-/// * causal at head_dim 128, with [`DYNAMIC_DEFAULT_FEATURES`], blocks drawing their next tile
-///   as they finish one (tiles of unequal lengths, which every fixed order balanced worse than one
-///   CTA per tile): 192-key tiles from 2,048 keys on (an H100, seq 2048 / 8192: 481 / 626 against
-///   the plain default's 445 / 565), 128 below them (seq 1024: 362 against 349). Causal head_dim
-///   64 was not measured and keeps its plain plan.
+/// * causal, with [`DYNAMIC_DEFAULT_FEATURES`], blocks drawing their next tile as they finish one
+///   (tiles of unequal lengths, which every fixed order balanced worse than one CTA per tile): at
+///   head_dim 128, 192-key tiles from 2,048 keys on (an H100, seq 2048 / 8192: 481 / 626 against
+///   the plain default's 445 / 565), 128 below them (seq 1024: 362 against 349); at 64, three
+///   consumers as the plain default (seq 1024 / 8192: 255 / 481 against 228 / 466).
 pub fn default_persistent_plan(problem: &AttentionProblem) -> Option<WgmmaPlan> {
     let allowed = if problem.causal {
         DYNAMIC_DEFAULT_FEATURES
@@ -216,6 +223,7 @@ pub fn default_persistent_plan(problem: &AttentionProblem) -> Option<WgmmaPlan> 
     let long = problem.shape.seq_kv >= 2048;
     let plan = match (tile_head_dim(problem.shape.head_dim)?, problem.causal) {
         (64, false) => WgmmaPlan::new(3, 128, 2).persistent(),
+        (64, true) => WgmmaPlan::new(3, 128, 2).dynamic(),
         (128, false) if long => WgmmaPlan::new(2, 192, 2).persistent(),
         (128, false) => WgmmaPlan::new(2, 176, 2).persistent(),
         (128, true) if long => WgmmaPlan::new(2, 192, 2).dynamic(),
