@@ -10,9 +10,10 @@
 //!
 //! With the sweep on, every tile plan of a head_dim is timed at `--sweep-seq` first (the
 //! `mma.sync` plans, and on Hopper the wgmma plans) and the fastest correct one runs the table;
-//! with `--no-sweep`, the engine's default plan does. `--wgmma-ok file` limits the wgmma plans to
-//! the kernels the file names (lines `wgmma ok: <kernel>`, as `tests/cuda_attention.rs` prints
-//! them), so that a variant that failed its tests is never launched here. Timing: CUDA events
+//! with `--no-sweep`, each row runs its own default plan (which depends on the sequence length).
+//! `--wgmma-ok file` limits the wgmma plans to the kernels the file names (lines
+//! `wgmma ok: <kernel>`, as `tests/cuda_attention.rs` prints them), so that a variant that failed
+//! its tests is never launched here. Timing: CUDA events
 //! around each launch, the launches queued back to back as PyTorch's timing loop queues them
 //! (`testing::timing::cuda_timing`), median of `--reps` after three warm-up launches (NVRTC
 //! compiles or loads from the disk cache before that).
@@ -849,10 +850,9 @@ fn main() -> Result<()> {
     let mut table = Vec::new();
     for &head_dim in &args.head_dims {
         for causal in [false, true] {
-            // Sweep the tile plans at one size; the fastest runs the table.
-            let mut best = engine
-                .config_for(&problem_for(head_dim, args.seqs[0], causal), 16)?
-                .plan();
+            // Sweep the tile plans at one size; the fastest runs the table. Without a sweep each
+            // row runs its own default plan (they differ by sequence length).
+            let mut swept: Option<CudaPlan> = None;
             if let Some(seq) = args.sweep_seq {
                 let p = problem_for(head_dim, seq, causal);
                 let mut best_ms = f64::INFINITY;
@@ -898,13 +898,17 @@ fn main() -> Result<()> {
                     );
                     if check.within(1e-2, 5e-2) && t.median_ms < best_ms {
                         best_ms = t.median_ms;
-                        best = plan;
+                        swept = Some(plan);
                     }
                 }
             }
             for &seq in &args.seqs {
                 let p = problem_for(head_dim, seq, causal);
-                let t = time(&engine, &p, best, &mut bufs, args.reps)?;
+                let plan = match swept {
+                    Some(plan) => plan,
+                    None => engine.config_for(&p, 16)?.plan(),
+                };
+                let t = time(&engine, &p, plan, &mut bufs, args.reps)?;
                 let check = spot_check(&engine, &p, &bufs)?;
                 let tflops = p.flops() / (t.median_ms * 1e-3) / 1e12;
                 let ok = check.within(1e-2, 5e-2);
