@@ -59,7 +59,9 @@
 // next tile's Q as soon as both consumers' last Q·Kᵀ of the current one has completed (the
 // q_empty mbarrier) and its K/V as ring stages free up, so the next tile's loads run under the
 // current tile's last P·V and epilogue instead of after a new CTA's launch. O then leaves from
-// the registers (the Q region is the next tile's), a quad's 16 bytes of a row per store. What it
+// the registers (the Q region is the next tile's): a lane's 16 bytes of a row per store, after
+// the quad trades pieces (store_row_from_quad), or with 192-key tiles and more a quad's 16 bytes
+// per store. What it
 // saves is a fixed cost per work tile: it shows where a CTA sees few K/V tiles. FA_PERSISTENT=2
 // (dynamic): after its first tile a block draws the next from a counter in global memory as it
 // finishes one, the way the hardware deals out a plain launch's CTAs, for tiles of unequal
@@ -246,6 +248,48 @@ __device__ __forceinline__ WorkTile work_tile(const FwdParams& p, int q, int hea
     t.map_batch = p.cu_seqlens_q != nullptr ? 0 : t.batch;
     t.q_row0 = t.seq.q_first + t.m0;
     return t;
+}
+
+// A persistent block stores O straight from the accumulators (by then its Q region holds the
+// next tile's Q). The accumulator layout gives each lane of a quad 4 bytes of every 16-byte chunk
+// of a row (chunk c: columns 8c..8c+7, lane q's pair 8c + 2q, +1). One 4-byte store a chunk
+// filled the memory-instruction queue at short sequences (ncu: lg_throttle), so the quad first
+// trades pieces: two butterfly rounds of shuffles leave lane q the whole of chunk 4g + q of each
+// group of four, one 16-byte store each (a quarter of the store instructions; head_dim 128 seq
+// 1024, causal: 1.12× the 4-byte stores' rate). With 192-key tiles and more the wide stores
+// measured slower at seq 8192 (0.92–0.97×), so those keep one 4-byte store a chunk (BENCHMARKS.md,
+// session 42).
+constexpr bool O_QUAD_STORES = BLOCK_N <= 176;
+// `w[c]`: this lane's packed pair of chunk c of one row; q: the lane in its quad. Every lane of
+// the warp runs the shuffles; `store` (the row is in the sequence) only guards the stores.
+template <int CHUNKS>
+__device__ __forceinline__ void store_row_from_quad(u16* row_out, const u32 (&w)[CHUNKS], int q, bool store) {
+    static_assert(CHUNKS % 4 == 0, "groups of four chunks");
+    constexpr unsigned FULL = 0xffffffffu;
+    const bool odd = q & 1, hi = q & 2;
+#pragma unroll
+    for (int g = 0; g < CHUNKS / 4; ++g) {
+        const u32* v = &w[4 * g];
+        // Round 1 (lanes q, q ^ 2): keep the pair of chunks 2·hi, 2·hi + 1, send the other pair.
+        const u32 a0 = hi ? v[2] : v[0], a1 = hi ? v[3] : v[1];
+        const u32 s0 = __shfl_xor_sync(FULL, hi ? v[0] : v[2], 2);
+        const u32 s1 = __shfl_xor_sync(FULL, hi ? v[1] : v[3], 2);
+        // Round 2 (lanes q, q ^ 1): keep chunk q's pieces (from lanes q and q ^ 2), send the other.
+        const u32 t0 = __shfl_xor_sync(FULL, odd ? a0 : a1, 1);  // from lane q ^ 1
+        const u32 t1 = __shfl_xor_sync(FULL, odd ? s0 : s1, 1);  // from lane q ^ 3
+        u32 x[4] = {odd ? a1 : a0, t0, odd ? s1 : s0, t1};         // from lanes q, q^1, q^2, q^3
+        // In source-lane order: x[p ^ q] is lane p's piece.
+        if (odd) {
+            const u32 x0 = x[0], x2 = x[2];
+            x[0] = x[1], x[1] = x0, x[2] = x[3], x[3] = x2;
+        }
+        if (hi) {
+            const u32 x0 = x[0], x1 = x[1];
+            x[0] = x[2], x[1] = x[3], x[2] = x0, x[3] = x1;
+        }
+        const int c = 4 * g + q;
+        if (store && in_head_dim(c)) st_global_v4(row_out + 8 * c, x);
+    }
 }
 
 // FP8's scales (Fp8Layout in src/cuda/plan/fp8.rs): [batch, heads, q_blocks] per 64 query rows,
@@ -918,9 +962,19 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
             }
         }
         u16* out = p.o + batch * p.o_batch_stride + head * p.o_head_stride + (i64)seq.q_first * p.o_seq_stride;
-        if constexpr (PERSISTENT) {
-            // The Q region holds the next tile's Q: each thread stores its own columns (2 of every
-            // 8, a quad's 16 contiguous bytes of a row per store instruction).
+        if constexpr (PERSISTENT && O_QUAD_STORES) {
+            // The Q region holds the next tile's Q: store_row_from_quad.
+#pragma unroll
+            for (int r = 0; r < 2; ++r) {
+                const int row = row0 + 8 * r;
+                u32 packed[HEAD_DIM / 8];
+#pragma unroll
+                for (int jn = 0; jn < HEAD_DIM / 8; ++jn)
+                    packed[jn] = pack2<IS_BF16>(o[4 * jn + 2 * r] * inv[r], o[4 * jn + 2 * r + 1] * inv[r]);
+                store_row_from_quad(out + (i64)row * p.o_seq_stride, packed, lane % 4, row < seq.seq_q);
+            }
+        } else if constexpr (PERSISTENT) {
+            // 4-byte stores straight from the accumulators (O_QUAD_STORES says why).
 #pragma unroll
             for (int jn = 0; jn < HEAD_DIM / 8; ++jn)
 #pragma unroll
