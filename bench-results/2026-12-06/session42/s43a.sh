@@ -13,5 +13,7 @@ timeout 300 $B/cuda_attention_test --test-threads 2 --skip persistent_plans --sk
 echo "rest rc=$? $(grep -a 'test result' $OUT/test_rest.txt) ($((SECONDS-s)) s)"
 timeout 100 $B/cuda_fp8_test --test-threads 1 --skip compile > $OUT/test_fp8.txt 2>&1
 echo "fp8 rc=$? $(grep -a 'test result' $OUT/test_fp8.txt) ($((SECONDS-s)) s)"
+timeout 100 $B/cuda_dropout_test --test-threads 1 > $OUT/test_dropout.txt 2>&1
+echo "dropout rc=$? $(grep -a 'test result' $OUT/test_dropout.txt) ($((SECONDS-s)) s)"
 grep -aE "FAILED|panicked|has been running" $OUT/test_*.txt | cut -c1-250 | head -12
 echo "all done $((SECONDS-s)) s"
