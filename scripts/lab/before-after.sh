@@ -4,7 +4,9 @@
 # performance. Expects stripped binaries `attention`, `backward`, `cuda_attention` in $OLD and $NEW
 # (default .gpu/old and .gpu/new) and the Vulkan loader .debs in .gpu/. Writes JSON lines per build
 # (`<build>_<bench>.jsonl`), the logs, and a summary table (summary.md) under $OUT.
-# Env: ROUNDS (3), SHAPE (the wgpu problem), CUDA (0 skips the CUDA rows), BACKWARD (0 skips).
+# Env: ROUNDS (3), SHAPE (the wgpu problem), CUDA (0 skips the CUDA rows), CUDA_ARGS (their
+# shapes: "--head-dims 128 --seqs 8192"), BACKWARD (0 skips). scripts/lab/build-at.sh builds the
+# old binaries from another commit.
 set -u
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 OLD=${OLD:-.gpu/old}; NEW=${NEW:-.gpu/new}; ROUNDS=${ROUNDS:-3}
@@ -26,7 +28,7 @@ for r in $(seq "$ROUNDS"); do
       fi
     done
     if [ "${CUDA:-1}" = 1 ]; then
-      timeout 120 "$dir/cuda_attention" --head-dims 128 --seqs 8192 --no-sweep --reps 10 \
+      timeout 120 "$dir/cuda_attention" ${CUDA_ARGS:---head-dims 128 --seqs 8192} --no-sweep --reps 10 \
         --json "$OUT/${build}_cuda.jsonl" >> "$log" 2>&1 || echo "FAILED cuda $build" | tee -a "$log"
     fi
   done
@@ -42,19 +44,19 @@ def rate(r):
         if k in r:
             return r[k]
     return None
-print("| bench | causal | old TFLOP/s (median of rounds) | new | new/old | all checks pass |")
-print("|---|---|---|---|---|---|")
+print("| bench | head_dim | seq | causal | old TFLOP/s (median of rounds) | new | new/old | all checks pass |")
+print("|---|---|---|---|---|---|---|---|")
+shape = lambda r: (r.get("head_dim"), r.get("seq"), bool(r.get("causal")))
 for bench in ("coop", "f32", "bwd", "cuda"):
     old, new = rows(f"old_{bench}.jsonl"), rows(f"new_{bench}.jsonl")
-    if not old and not new:
-        continue
-    for causal in (False, True):
-        pick = lambda rs: [rate(r) for r in rs if bool(r.get("causal")) == causal and rate(r) is not None]
+    for key in sorted({shape(r) for r in old + new}, key=str):
+        pick = lambda rs: [rate(r) for r in rs if shape(r) == key and rate(r) is not None]
         o, n = pick(old), pick(new)
         if not o or not n:
             continue
-        passes = all(r.get("pass", r.get("ok", False)) for r in old + new if bool(r.get("causal")) == causal)
+        passes = all(r.get("pass", r.get("ok", False)) for r in old + new if shape(r) == key)
         mo, mn = statistics.median(o), statistics.median(n)
-        print(f"| {bench} | {causal} | {mo:.1f} ({', '.join(f'{x:.1f}' for x in o)}) | "
+        d, q, causal = key
+        print(f"| {bench} | {d} | {q} | {causal} | {mo:.1f} ({', '.join(f'{x:.1f}' for x in o)}) | "
               f"{mn:.1f} ({', '.join(f'{x:.1f}' for x in n)}) | {mn / mo:.3f} | {passes} |")
 PY
