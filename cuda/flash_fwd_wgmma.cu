@@ -61,11 +61,11 @@
 // current tile's last P·V and epilogue instead of after a new CTA's launch. O then leaves from
 // the registers (the Q region is the next tile's): a lane's 16 bytes of a row per store, after
 // the quad trades pieces (store_row_from_quad), or with 192-key tiles and more a quad's 16 bytes
-// per store. What it
-// saves is a fixed cost per work tile: it shows where a CTA sees few K/V tiles. FA_PERSISTENT=2
-// (dynamic): after its first tile a block draws the next from a counter in global memory as it
-// finishes one, the way the hardware deals out a plain launch's CTAs, for tiles of unequal
-// lengths (causal); the producer announces each tile to the consumers in shared memory.
+// per store. What it saves is a fixed cost per work tile: it shows where a CTA sees few K/V
+// tiles. FA_PERSISTENT=2 (dynamic): after its first tile a block draws the next from a counter
+// in global memory as it finishes one, the way the hardware deals out a plain launch's CTAs, for
+// tiles of unequal lengths (causal); the producer announces each tile to the consumers in shared
+// memory.
 //
 // Why these sizes. Registers per consumer thread: O is 64·head_dim/128 f32 (32 at head_dim 64,
 // 64 at 128, 128 at 256), S 64·BLOCK_N/128 (64 at BLOCK_N 128), P half of S packed beside it (a
