@@ -21,10 +21,11 @@ timeout 90 $B/cuda_fp8 --bench --head-dims 128,256 --seq 8192 --reps 20 > $OUT/f
 echo "fp8 rc=$? ($((SECONDS-s)) s)"
 grep -aE "^(bf16|fp8)" $OUT/fp8.txt | awk '{for(i=1;i<=NF;i++) if($i=="TFLOP/s") t=$(i-1); print $1, $2, $6, $7, t}'
 # With 16-byte O stores (0d6eb6f) the 128/176-key persistent plans may now lead at short
-# sequences where 176/192 did: the head_dim 128 and 64 sweeps at seq 1024.
-for d in 128 64; do
-  timeout 150 $B/cuda_attention --head-dims $d --seqs 1024 --sweep-seq 1024 --reps 10 > $OUT/sweep${d}_s1024.txt 2>&1
-  echo "sweep d$d s1024 rc=$? ($((SECONDS-s)) s)"
-  grep -a "^sweep" $OUT/sweep${d}_s1024.txt | grep -a wgmma | awk '{for(i=1;i<=NF;i++) if($i=="TFLOP/s") t=$(i-1); print $4, $5, t}' | sort -k3 -n -r | head -8
+# sequences where 176/192 did: the head_dim 128 sweeps at seq 1024 and 2048, head_dim 64's at 1024.
+for ds in 128:1024 128:2048 64:1024; do
+  d=${ds%:*}; S=${ds#*:}
+  timeout 150 $B/cuda_attention --head-dims $d --seqs $S --sweep-seq $S --reps 10 > $OUT/sweep${d}_s$S.txt 2>&1
+  echo "sweep d$d s$S rc=$? ($((SECONDS-s)) s)"
+  grep -a "^sweep" $OUT/sweep${d}_s$S.txt | grep -a wgmma | awk '{for(i=1;i<=NF;i++) if($i=="TFLOP/s") t=$(i-1); print $4, $5, t}' | sort -k3 -n -r | head -8
 done
 echo "all done $((SECONDS-s)) s"
