@@ -12,6 +12,9 @@
 #   .gpu/b/mask_bench --bench                   # benches: <name>_bench
 #   .gpu/b/flash-attn bench ...                 # the command-line tool (BINS=flash-attn)
 #
+# Of what a command writes under $OUT at most 8 files come back (session 42: the rest were
+# listed as left out, "count"): gather logs into few files.
+#
 # Usage: scripts/lab/gpu-stage.sh, with TESTS, EXAMPLES, BENCHES and BINS (space-separated names)
 # to choose other binaries (set to empty: none of that kind). The build is the tests'
 # (scripts/test.sh's features and overflow checks), so a target/ warm from the tests is reused.
