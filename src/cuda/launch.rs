@@ -79,10 +79,9 @@ impl CudaAttention {
         tiles: (u32, u32, u32),
         plan: Option<WgmmaPlan>,
     ) -> Result<((u32, u32, u32), Option<WorkGrid>)> {
-        let schedule = plan.map_or(0, |p| p.tile_schedule());
-        if schedule == 0 {
+        let Some(plan) = plan.filter(|p| p.persistent) else {
             return Ok((tiles, None));
-        }
+        };
         let blocks = match self.options.persistent_blocks {
             Some(0) => return invalid!("CudaOptions::persistent_blocks must be at least 1"),
             Some(n) => n,
@@ -90,7 +89,7 @@ impl CudaAttention {
         };
         let grid = persistent_grid(tiles, blocks)?;
         // persistent_grid keeps the product below 2³⁰, so each factor fits an i32.
-        let next_tile = if schedule == 2 { self.tile_counter()? } else { 0 };
+        let next_tile = if plan.dynamic { self.tile_counter()? } else { 0 };
         let work = WorkGrid {
             next_tile,
             q_tiles: tiles.0 as i32,
@@ -552,11 +551,7 @@ impl CudaAttention {
             return Ok(config);
         }
         let mut geometry = config.geometry(problem)?;
-        let wgmma = match config.plan() {
-            CudaPlan::Wgmma(p) => Some(p),
-            _ => None,
-        };
-        let (grid, work) = self.launch_grid(geometry.grid, wgmma)?;
+        let (grid, work) = self.launch_grid(geometry.grid, config.plan().wgmma())?;
         geometry.grid = grid;
         let kernel = self.kernel(&config)?;
         let params = FwdParams {

@@ -115,9 +115,12 @@ impl CudaPlan {
         matches!(self, CudaPlan::Wgmma(_))
     }
 
-    /// Whether the plan runs one block per SM over the work tiles (a persistent wgmma plan).
-    pub fn is_persistent(&self) -> bool {
-        matches!(self, CudaPlan::Wgmma(p) if p.persistent)
+    /// The Hopper kernel's plan, if this is one.
+    pub fn wgmma(&self) -> Option<WgmmaPlan> {
+        match self {
+            CudaPlan::Wgmma(p) => Some(*p),
+            _ => None,
+        }
     }
 }
 
