@@ -961,6 +961,10 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
                 p.lse[lse_index(p, seq, batch, head, row)] = seq.valid ? lse : __int_as_float(0x7fc00000);
             }
         }
+        // This thread's pair of normalized O values in chunk jn of its row r (row0 + 8·r), packed.
+        auto o_pair = [&](int jn, int r) {
+            return pack2<IS_BF16>(o[4 * jn + 2 * r] * inv[r], o[4 * jn + 2 * r + 1] * inv[r]);
+        };
         u16* out = p.o + batch * p.o_batch_stride + head * p.o_head_stride + (i64)seq.q_first * p.o_seq_stride;
         if constexpr (PERSISTENT && O_QUAD_STORES) {
             // The Q region holds the next tile's Q: store_row_from_quad.
@@ -970,7 +974,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
                 u32 packed[HEAD_DIM / 8];
 #pragma unroll
                 for (int jn = 0; jn < HEAD_DIM / 8; ++jn)
-                    packed[jn] = pack2<IS_BF16>(o[4 * jn + 2 * r] * inv[r], o[4 * jn + 2 * r + 1] * inv[r]);
+                    packed[jn] = o_pair(jn, r);
                 store_row_from_quad(out + (i64)row * p.o_seq_stride, packed, lane % 4, row < seq.seq_q);
             }
         } else if constexpr (PERSISTENT) {
@@ -981,8 +985,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
                 for (int r = 0; r < 2; ++r) {
                     const int row = row0 + 8 * r;
                     if (row < seq.seq_q && in_head_dim(jn)) {
-                        const u32 packed = pack2<IS_BF16>(o[4 * jn + 2 * r] * inv[r], o[4 * jn + 2 * r + 1] * inv[r]);
-                        *reinterpret_cast<u32*>(out + (i64)row * p.o_seq_stride + 8 * jn + 2 * (lane % 4)) = packed;
+                        *reinterpret_cast<u32*>(out + (i64)row * p.o_seq_stride + 8 * jn + 2 * (lane % 4)) = o_pair(jn, r);
                     }
                 }
         } else {
@@ -995,7 +998,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
 #pragma unroll
                 for (int r = 0; r < 2; ++r) {
                     const int lr = local_row + 8 * r;
-                    const u32 packed = pack2<IS_BF16>(o[4 * jn + 2 * r] * inv[r], o[4 * jn + 2 * r + 1] * inv[r]);
+                    const u32 packed = o_pair(jn, r);
                     const u32 addr =
                         q_wg + (jn / 8) * Q_PANEL_BYTES + lr * ROW_BYTES + (((jn % 8) ^ (lr & 7)) << 4) + (lane % 4) * 4;
                     st_shared_u32(addr, packed);
