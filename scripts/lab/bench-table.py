@@ -2,7 +2,7 @@
 """Turns the JSON lines of one H200 run (examples/attention --json, torch_sdpa.py --json) into the
 markdown tables of BENCHMARKS.md, so that no figure is copied by hand.
 
-    python3 scripts/lab/bench-table.py RUN_DIR [TABLE | --backward | --coop]
+    python3 scripts/lab/bench-table.py RUN_DIR [TABLE | --backward | --coop | --cuda]
 RUN_DIR holds TABLE (default table.jsonl: ours, with the naive baseline), torch.jsonl and optionally
 sweep.jsonl.
 """
@@ -70,7 +70,26 @@ def coop(run):
               f"{naive:.1f} | {t.get('flash_fwd_tflops', '—')} | {t.get('cudnn_fwd_tflops', '—')} | "
               f"{r['rel_l2']:.1e} | {'pass' if ok else 'FAIL'} |")
 
+def cuda(run):
+    """The CUDA forward table: ours.jsonl (examples/cuda_attention --json, each row's default
+    plan) beside torch.jsonl."""
+    torch = {(r["head_dim"], r["seq"], r["causal"]): r for r in load(os.path.join(run, "torch.jsonl"))}
+    print("| head_dim | causal | seq | our default plan | **ours** | FA2 | cuDNN | ours / cuDNN |")
+    print("|---|---|---|---|---|---|---|---|")
+    key = lambda r: (r["head_dim"], r["causal"], r["seq"])
+    for r in sorted(load(os.path.join(run, "ours.jsonl")), key=key):
+        t = torch.get((r["head_dim"], r["seq"], r["causal"]), {})
+        plan = r["kernel"].replace("flash_fwd_wgmma_bf16_", "").replace("_causal", "")
+        cudnn = t.get("cudnn_fwd_tflops")
+        ratio = f"{r['tflops'] / cudnn:.2f}×" if cudnn else "—"
+        check = "" if r["ok"] else " WRONG"
+        print(f"| {r['head_dim']} | {'yes' if r['causal'] else 'no'} | {r['seq']} | `{plan}` | **{r['tflops']:.1f}**{check} | "
+              f"{t.get('flash_fwd_tflops', '—')} | {cudnn or '—'} | {ratio} |")
+
 if __name__ == "__main__":
+    if len(sys.argv) > 2 and sys.argv[2] == "--cuda":
+        cuda(sys.argv[1])
+        sys.exit()
     if len(sys.argv) > 2 and sys.argv[2] == "--coop":
         coop(sys.argv[1])
         sys.exit()

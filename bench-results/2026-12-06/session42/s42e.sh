@@ -11,13 +11,7 @@ echo "ours rc=$? ($((SECONDS-s)) s)"
 timeout 150 python3 .gpu/torch_sdpa.py --head-dims 64,128,256 --seqs 512,1024,2048,4096,8192,16384 --causal both \
   --backends flash,cudnn --iters 5 --json $OUT/torch.jsonl > $OUT/torch.txt 2>&1
 echo "torch rc=$? ($((SECONDS-s)) s)"
-python3 - $OUT/ours.jsonl $OUT/torch.jsonl <<'PY'
-import json, sys
-ours = {(r["head_dim"], r["seq"], r["causal"]): r for r in map(json.loads, open(sys.argv[1]))}
-for r in map(json.loads, open(sys.argv[2])):
-    o = ours.get((r["head_dim"], r["seq"], r["causal"]))
-    if o: print(r["head_dim"], r["seq"], "causal" if r["causal"] else "plain", o["kernel"].replace("flash_fwd_wgmma_bf16_", ""), o["tflops"], "fa2", r.get("flash_fwd_tflops"), "cudnn", r.get("cudnn_fwd_tflops"), "x%.2f" % (o["tflops"] / r["cudnn_fwd_tflops"]), "ok" if o["ok"] else "WRONG")
-PY
+python3 scripts/lab/bench-table.py $OUT --cuda
 timeout 90 $B/cuda_fp8 --bench --head-dims 128,256 --seq 8192 --reps 20 > $OUT/fp8.txt 2>&1
 echo "fp8 rc=$? ($((SECONDS-s)) s)"
 grep -aE "^(bf16|fp8)" $OUT/fp8.txt | awk '{for(i=1;i<=NF;i++) if($i=="TFLOP/s") t=$(i-1); print $1, $2, $6, $7, t}'
