@@ -13,10 +13,9 @@
 //! with `--no-sweep`, each row runs its own default plan (which depends on the sequence length).
 //! `--wgmma-ok file` limits the wgmma plans to the kernels the file names (lines
 //! `wgmma ok: <kernel>`, as `tests/cuda_attention.rs` prints them), so that a variant that failed
-//! its tests is never launched here. Timing: CUDA events
-//! around each launch, the launches queued back to back as PyTorch's timing loop queues them
-//! (`testing::timing::cuda_timing`), median of `--reps` after three warm-up launches (NVRTC
-//! compiles or loads from the disk cache before that).
+//! its tests is never launched here. Timing: CUDA events around each launch, the launches queued
+//! back to back as PyTorch's timing loop queues them (`testing::timing::cuda_timing`), median of
+//! `--reps` after three warm-up launches (NVRTC compiles or loads from the disk cache before that).
 //!
 //! `--decode` times the split-KV decode kernel instead, on issue 16's shapes: 32 query heads over
 //! 8 K/V heads, head_dim 128, bf16, batch 1 and 8 at 32768 keys and batch 1 at 131072, with 1
