@@ -38,11 +38,13 @@
 // scaled scores (one FMUL and one MUFU a score) and folds the cap into exp2's FFMA in place of the
 // scale, and with two MUFU ops a score it moves the exp2s of one column tile in four to the FMA
 // units (FA_EX2_FMA, ex2_fma); ALiBi adds one FFMA a score off the diagonal (alibi_linear: the row's share goes into its
-// max and its exp2's FFMA once per tile), two on it; the bias's tile (16-bit: one 32-bit load per
-// column pair, BLOCK_N / 4 registers) is loaded right after S = Q·Kᵀ is issued where those
-// registers fit (BIAS_PREFETCH), so the loads overlap the tensor cores, and each value costs an
-// unpack and an FFMA (f32, and plans without the room: loaded in the softmax, 8 bytes or 4 a
-// column pair). FA_DROPOUT zeroes the dropped probabilities after the row sums (dropout.cuh: one
+// max and its exp2's FFMA once per tile), two on it. The bias: a 16-bit bias the copy engine can
+// describe arrives with K (FA_BIAS_TMA: its BLOCK_M x BLOCK_N tile in each ring stage, a fourth
+// tensor map, the producer's copies), and each consumer reads its rows' words with ldmatrix,
+// whose fragment is the S accumulator's layout; otherwise it is read from global memory, one
+// 32-bit load per column pair (8 bytes for f32). Either way the words are loaded right after
+// S = Q·Kᵀ is issued where BLOCK_N / 4 more registers fit (BIAS_PREFETCH), so the loads overlap
+// the tensor cores, and each value costs an unpack and an FFMA. FA_DROPOUT zeroes the dropped probabilities after the row sums (dropout.cuh: one
 // generator draw per 8 of them, traded between the 4 lanes that read it).
 //
 // Overlap (FA_OVERLAP): inside a warpgroup, S(j) = Q·K(j)ᵀ and O += P(j-1)·V(j-1) are issued
@@ -79,7 +81,8 @@
 // Q (BLOCK_M x head_dim) + STAGES · (K + V) (BLOCK_N x head_dim each), 16-bit, + 1 KiB for
 // alignment: head_dim 128, 128 x 128, 2 stages =
 // 32 + 2·64 = 160 KiB; head_dim 256, 128 x 80, 2 stages = 64 + 2·80 = 224 KiB; one CTA per SM,
-// which the thread count at the register cap already implies.
+// which the thread count at the register cap already implies. A staged bias adds its BLOCK_M x
+// BLOCK_N 16-bit tile to each stage (head_dim 128, 128 x 128: 32 + 2·96 = 224 KiB).
 //
 // Shared-memory tiles are what the copy engine writes: per 64-column panel of head_dim, rows of
 // 128 bytes with 16-byte chunk c of row r at chunk c ^ (r % 8) (128-byte swizzle), panels one
@@ -108,8 +111,9 @@
 // FA_VALID_DIM (the head_dim, when the tile pads it), FA_BLOCK_N,
 // FA_STAGES, FA_CONSUMERS, FA_CAUSAL, FA_BF16, FA_OVERLAP, FA_PINGPONG, FA_PV_SPLIT (1: O += P·V
 // as one N = 64 wgmma per head_dim panel instead of one N = head_dim wgmma), FA_ALIBI, FA_BIAS,
-// FA_SOFTCAP (the score terms, above), FA_DROPOUT (above), FA_FP8 (e4m3 inputs, above; the output
-// is still FA_BF16's type), FA_PERSISTENT (above), KERNEL_NAME.
+// FA_SOFTCAP (the score terms, above), FA_BIAS_TMA (the bias staged, above), FA_DROPOUT (above),
+// FA_FP8 (e4m3 inputs, above; the output is still FA_BF16's type), FA_PERSISTENT (above),
+// KERNEL_NAME.
 #include "mma_ptx.cuh"
 #include "fwd_params.cuh"
 #include "sm90_ptx.cuh"
@@ -136,6 +140,10 @@ constexpr bool FP8 = FA_FP8 != 0;
 #endif
 constexpr bool PERSISTENT = FA_PERSISTENT != 0;
 constexpr bool DYNAMIC = FA_PERSISTENT == 2;  // tiles drawn from WorkGrid::next_tile
+#ifndef FA_BIAS_TMA
+#define FA_BIAS_TMA 0
+#endif
+constexpr bool BIAS_TMA = FA_BIAS_TMA != 0;  // the 16-bit bias's tiles arrive with K
 
 constexpr int CONSUMERS = FA_CONSUMERS;
 constexpr int WG_ROWS = 64;  // wgmma's M
@@ -163,7 +171,11 @@ constexpr int VT_PANELS = BLOCK_N / 128;
 constexpr int TILE_SCALES = FP8 ? BLOCK_N / 128 : 1;
 constexpr int SCALE_SLABS = BLOCK_N / 8 / TILE_SCALES;
 constexpr u32 VT_PANEL_BYTES = HEAD_DIM * ROW_BYTES;
-constexpr u32 STAGE_BYTES = 2 * KV_BYTES;  // K then V
+// A staged bias tile: BLOCK_M rows of BLOCK_N 16-bit values, in panels of 64 keys (128-byte rows,
+// swizzled as Q and K are) that the producer copies one box each.
+constexpr u32 BIAS_PANEL_BYTES = BLOCK_M * ROW_BYTES;
+constexpr u32 BIAS_TILE_BYTES = BIAS_TMA ? BLOCK_N / 64 * BIAS_PANEL_BYTES : 0;
+constexpr u32 STAGE_BYTES = 2 * KV_BYTES + BIAS_TILE_BYTES;  // K, V, then the bias tile
 constexpr int S_REGS = BLOCK_N / 2;        // 64 x BLOCK_N f32 over 128 threads
 constexpr int O_REGS = HEAD_DIM / 2;
 constexpr int K_STEP = FP8 ? 32 : 16;     // wgmma's k: 32 bytes of a panel row either way
@@ -201,6 +213,7 @@ __device__ __forceinline__ int ring_advance(int it, int n) { return (it + n) % (
 // FP8's 256-key tiles: S's 128 registers a thread beside O's 64 (head_dim 128), with no room for
 // overlap's P (src/cuda/plan/fp8.rs refuses the rest).
 static_assert(TILE_SCALES == 1 || (HEAD_DIM == 128 && !OVERLAP), "FP8's 256-key tiles");
+static_assert(!BIAS_TMA || (HAS_BIAS && !FP8 && BLOCK_N % 64 == 0), "a staged bias: whole 64-key panels");
 static_assert(!FP8 || (BLOCK_N % 128 == 0 && HEAD_DIM % 128 == 0 && !PV_SPLIT && !HAS_ALIBI && !HAS_BIAS && !HAS_SOFTCAP),
               "FP8: whole 128-byte panels, plain attention, no P·V split");
 
@@ -307,6 +320,9 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
 #if FA_FP8
                 , const __grid_constant__ Fp8Scales fp8
 #endif
+#if FA_BIAS_TMA
+                , const __grid_constant__ TensorMap bias_map  // (keys, query rows, heads | 1, batch | 1)
+#endif
 #if FA_PERSISTENT
                 , const __grid_constant__ WorkGrid work
 #endif
@@ -399,11 +415,20 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
                     mbar_wait(bar_empty(s), slot.parity ^ 1);
                     const int n0 = (wt.first_tile + j) * BLOCK_N;
                     const u32 k_dst = s_kv + s * STAGE_BYTES;
-                    mbar_arrive_expect_tx(bar_k_full(s), KV_BYTES);
+                    mbar_arrive_expect_tx(bar_k_full(s), KV_BYTES + BIAS_TILE_BYTES);
 #pragma unroll
                     for (int pn = 0; pn < PANELS; ++pn)
                         tma_load_4d(k_dst + pn * KV_PANEL_BYTES, &maps.k, pn * PANEL_ELEMS, wt.seq.kv_first + n0,
                                     wt.kv_head, wt.map_batch, bar_k_full(s));
+#if FA_BIAS_TMA
+                    // The bias counts rows and keys from the sequence's start; a broadcast dimension
+                    // has extent 1 in its map.
+#pragma unroll
+                    for (int pn = 0; pn < BLOCK_N / 64; ++pn)
+                        tma_load_4d(k_dst + 2 * KV_BYTES + pn * BIAS_PANEL_BYTES, &bias_map, n0 + 64 * pn, wt.m0,
+                                    p.bias_head_stride != 0 ? wt.head : 0, p.bias_batch_stride != 0 ? wt.batch : 0,
+                                    bar_k_full(s));
+#endif
                     mbar_arrive_expect_tx(bar_v_full(s), KV_BYTES);
                     if constexpr (FP8) {
 #pragma unroll
@@ -581,7 +606,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
         const float bias_k = LOG2E_F / units.fold;
         const unsigned char* bias_at[2] = {nullptr, nullptr};
         bool bias_pairs[2] = {false, false};
-        if constexpr (HAS_BIAS) {
+        if constexpr (HAS_BIAS && !BIAS_TMA) {
 #pragma unroll
             for (int r = 0; r < 2; ++r) {
                 bias_at[r] = bias_row(p, batch, head, row0 + 8 * r);
@@ -591,13 +616,32 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
         // A 16-bit bias tile's words (columns 8·jn + 2·(lane % 4) + {0, 1} of both rows): where
         // BLOCK_N / 4 more registers fit beside O, S (and P with overlap) with room for addresses,
         // they are loaded right after S(j) is issued, so that their latency hides behind the tensor
-        // cores; otherwise (three consumers, the widest tiles) and for an f32 bias (twice the
-        // registers) the softmax reads them as it adds them.
+        // cores; otherwise (three consumers, the widest tiles) the softmax reads them as it adds them
+        // (always so for an f32 bias, twice the registers).
         constexpr bool BIAS_PREFETCH =
             HAS_BIAS && O_REGS + S_REGS + (OVERLAP ? S_REGS / 2 : 0) + BLOCK_N / 4 <= CONSUMER_REGS - 56;
         u32 bias_w[BIAS_PREFETCH ? BLOCK_N / 8 : 1][2];
+        // A staged tile's words, four per ldmatrix: for an even chunk c (8 keys) the 8 x 8 matrices
+        // (rows g, chunk c), (g + 8, c), (g, c + 1), (g + 8, c + 1) of the warp's 16 rows, lane L
+        // addressing row L % 8 + 8 · (L / 8 % 2) and chunk c + L / 16; a lane receives of each the
+        // pair its S accumulators hold. The rows' swizzle is L % 8 (a warp's rows start at a multiple
+        // of 8), so the 8 rows of a matrix fall in distinct 16-byte bank groups.
+        auto staged_bias_words = [&](int j, int c, u32 (&w)[4]) {
+            const int lr = cw * WG_ROWS + 16 * warp + (lane & 7) + 8 * ((lane >> 3) & 1);
+            const int chunk = c + (lane >> 4);
+            const u32 tile = s_kv + stage(j) * STAGE_BYTES + 2 * KV_BYTES;
+            ldmatrix_x4(w, tile + (chunk / 8) * BIAS_PANEL_BYTES + lr * ROW_BYTES + (((chunk % 8) ^ (lane & 7)) << 4));
+        };
         auto load_bias = [&](int j) {
-            if constexpr (BIAS_PREFETCH) {
+            if constexpr (BIAS_PREFETCH && BIAS_TMA) {
+#pragma unroll
+                for (int c = 0; c < BLOCK_N / 8; c += 2) {
+                    u32 w[4];
+                    staged_bias_words(j, c, w);
+                    bias_w[BIAS_PREFETCH ? c : 0][0] = w[0], bias_w[BIAS_PREFETCH ? c : 0][1] = w[1];
+                    bias_w[BIAS_PREFETCH ? c + 1 : 0][0] = w[2], bias_w[BIAS_PREFETCH ? c + 1 : 0][1] = w[3];
+                }
+            } else if constexpr (BIAS_PREFETCH) {
                 if (p.bias_dtype == 0) return;
                 const int col0 = (first_tile + j) * BLOCK_N + 2 * (lane % 4);
 #pragma unroll
@@ -632,7 +676,21 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
             // The bias first: its prefetched words are free once added.
             if constexpr (HAS_BIAS) {
                 const int col0 = n0 + 2 * (lane % 4);
-                if (p.bias_dtype != 0) {
+                // The word of 16-bit values of slab jn, row r, into its two scores.
+                auto add_bias16 = [&](int jn, int r, u32 w) {
+                    const float2 b = bias_unpack16(w, p.bias_dtype);
+                    s_acc[4 * jn + 2 * r] = fmaf(b.x, bias_k, s_acc[4 * jn + 2 * r]);
+                    s_acc[4 * jn + 2 * r + 1] = fmaf(b.y, bias_k, s_acc[4 * jn + 2 * r + 1]);
+                };
+                if (BIAS_TMA && !BIAS_PREFETCH) {
+                    // Four words at a time, each added as it arrives.
+#pragma unroll
+                    for (int c = 0; c < BLOCK_N / 8; c += 2) {
+                        u32 w[4];
+                        staged_bias_words(j, c, w);
+                        add_bias16(c, 0, w[0]), add_bias16(c, 1, w[1]), add_bias16(c + 1, 0, w[2]), add_bias16(c + 1, 1, w[3]);
+                    }
+                } else if (BIAS_TMA || p.bias_dtype != 0) {
 #pragma unroll
                     for (int r = 0; r < 2; ++r) {
                         const int limit = bias_limit(seq, row0 + 8 * r, col0);
@@ -640,9 +698,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
                         for (int jn = 0; jn < BLOCK_N / 8; ++jn) {
                             const u32 w = BIAS_PREFETCH ? bias_w[BIAS_PREFETCH ? jn : 0][r]
                                                         : bias_pair16(bias_at[r] + 2 * (i64)col0, 8 * jn, limit, bias_pairs[r]);
-                            const float2 b = bias_unpack16(w, p.bias_dtype);
-                            s_acc[4 * jn + 2 * r] = fmaf(b.x, bias_k, s_acc[4 * jn + 2 * r]);
-                            s_acc[4 * jn + 2 * r + 1] = fmaf(b.y, bias_k, s_acc[4 * jn + 2 * r + 1]);
+                            add_bias16(jn, r, w);
                         }
                     }
                 } else {

@@ -1781,12 +1781,17 @@ fn kernels_compile_with_nvrtc() {
         .collect();
     assert!(configs.len() >= 8);
     // Every score-term variant of both kernels' default plans and of the wgmma one run
-    // persistent, static and dynamic (dropout alone and with every other term: compiled_terms):
-    // at head_dim 128, or at every head_dim with FLASH_CUDA_COMPILE_ALL=1.
+    // persistent, static and dynamic (dropout alone and with every other term: compiled_terms),
+    // those with a bias also staged where the plan has room: at head_dim 128, or at every
+    // head_dim with FLASH_CUDA_COMPILE_ALL=1.
     let mut configs = configs;
     for head_dim in CUDA_HEAD_DIMS.into_iter().filter(|&d| all || d == 128) {
         for causal in [false, true] {
             let default = problem(DType::BF16, 1, 1, 1, 64, 64, head_dim, causal, Strides::Bshd);
+            let with_bias = default.with_bias(wgpu_flash_attn::batch::ScoreBias {
+                dtype: DType::F16,
+                layout: wgpu_flash_attn::batch::BiasLayout::dense(&default, false, true),
+            });
             let wgmma = default_wgmma_plan(head_dim, causal).unwrap();
             let plans = [
                 CudaPlan::Mma(select_mma(&default, 16).unwrap().plan),
@@ -1797,6 +1802,8 @@ fn kernels_compile_with_nvrtc() {
             for plan in plans {
                 let plain = CudaKernelConfig::new(DType::BF16, head_dim, plan, causal, 16).unwrap();
                 configs.extend(compiled_terms().map(|t| plain.with_terms(t)));
+                let staged = compiled_terms().map(|t| plain.with_terms(t).with_staged_bias(&with_bias));
+                configs.extend(staged.filter(|c| c.stages_bias()));
             }
         }
     }
@@ -2007,7 +2014,7 @@ fn packed_batches_match_the_reference() {
                 num_kv_heads: kv_heads,
                 head_dim,
             };
-            let p =
+            let mut p =
                 AttentionProblem::new(shape, dtype)
                     .with_causal(causal)
                     .with_varlen(wgpu_flash_attn::batch::Varlen {
@@ -2015,25 +2022,61 @@ fn packed_batches_match_the_reference() {
                         total_q: (cu_q[batch] as usize + tail).max(1),
                         total_kv: (cu_k[batch] as usize + tail).max(1),
                     });
+            // Every third seed an f16 bias per sequence and head, whose rows and keys count from
+            // each sequence's start (on the wgmma kernel staged through the ring: rows of whole
+            // 16-byte chunks).
+            let bias = (seed % 3 == 1).then(|| {
+                let row_stride = shape.seq_kv.next_multiple_of(8);
+                let layout = wgpu_flash_attn::batch::BiasLayout {
+                    offset: 0,
+                    row_stride,
+                    head_stride: shape.seq_q * row_stride,
+                    batch_stride: heads * shape.seq_q * row_stride,
+                };
+                p = p.with_bias(wgpu_flash_attn::batch::ScoreBias {
+                    dtype: DType::F16,
+                    layout,
+                });
+                let len = layout.required_len(&p).unwrap();
+                let values: Vec<f32> = random_tensor(seed_of(&format!("packed bias {seed}")), len);
+                let hidden = |e: usize| e % 13 == 5;
+                let bias: Vec<f16> = values
+                    .iter()
+                    .enumerate()
+                    .map(|(e, &x)| f16::from_f32(if hidden(e) { f32::NEG_INFINITY } else { x }))
+                    .collect();
+                bias
+            });
             let label = format!(
-                "{name} seed {seed}: q {lens_q:?} k {lens_k:?} heads {heads}/{kv_heads} d{head_dim} causal {causal} {}",
-                dtype.name()
+                "{name} seed {seed}: q {lens_q:?} k {lens_k:?} heads {heads}/{kv_heads} d{head_dim} causal {causal} {} bias {}",
+                dtype.name(),
+                bias.is_some()
             );
             match dtype {
-                DType::BF16 => packed_case::<bf16>(engine, &p, &cu_q, &cu_k, &label),
-                _ => packed_case::<f16>(engine, &p, &cu_q, &cu_k, &label),
+                DType::BF16 => packed_case::<bf16>(engine, &p, &cu_q, &cu_k, bias.as_deref(), &label),
+                _ => packed_case::<f16>(engine, &p, &cu_q, &cu_k, bias.as_deref(), &label),
             }
         }
     }
 }
 
-fn packed_case<T: Half16>(engine: &CudaAttention, p: &AttentionProblem, cu_q: &[u32], cu_k: &[u32], label: &str) {
+fn packed_case<T: Half16>(
+    engine: &CudaAttention,
+    p: &AttentionProblem,
+    cu_q: &[u32],
+    cu_k: &[u32],
+    bias: Option<&[f16]>,
+    label: &str,
+) {
     let stream = engine.device().stream();
     let index = BatchIndex {
         cu_seqlens_q: Some(cu_q),
         cu_seqlens_k: Some(cu_k),
+        bias: bias.map(wgpu_flash_attn::batch::BiasValues::F16),
         ..Default::default()
     };
+    let bias_bits: Option<Vec<u16>> = bias.map(|b| b.iter().map(|x| x.to_bits()).collect());
+    let d_bias = bias_bits.map(|b| stream.clone_htod(&b).unwrap());
     let run_with = |cu_k: &[u32]| -> (Run<T>, Vec<T>, Vec<f32>, String) {
         let mut run = Run::<T>::new(engine, p, seed_of(label));
         let d_cu_q = stream.clone_htod(cu_q).unwrap();
@@ -2051,6 +2094,7 @@ fn packed_case<T: Half16>(engine: &CudaAttention, p: &AttentionProblem, cu_q: &[
                 DeviceBatchIndex {
                     cu_seqlens_q: Some(&d_cu_q),
                     cu_seqlens_k: Some(&d_cu_k),
+                    bias: d_bias.as_ref().map(|b| wgpu_flash_attn::cuda::DeviceBias::F16(b)),
                     ..Default::default()
                 },
             )
@@ -2459,10 +2503,113 @@ fn every_score_term_variant_matches_the_reference() {
     }
 }
 
+/// A 16-bit bias the copy engine can load (rows of whole 16-byte chunks, a 16-byte aligned start)
+/// is staged through the wgmma kernel's ring (`FA_BIAS_TMA`) wherever a plan's tiles leave it
+/// room: random problems with such biases (per batch entry or broadcast, per head or broadcast,
+/// padded rows, offsets, −∞ entries and a hidden row), causal or not, with windows, soft-caps,
+/// ALiBi, sinks, GQA and partial tiles of rows and keys, on every forced prefill plan and the
+/// staged plans of the sweeps, against the float64 reference.
+#[test]
+fn staged_bias_tiles_match_the_reference() {
+    use wgpu_flash_attn::batch::{BiasLayout, ScoreBias};
+    let Some(engine) = engine() else { return };
+    if !engine.device().is_hopper() {
+        return; // only the wgmma kernel stages the bias
+    }
+    let mut rng = Lcg(0x57a9ed);
+    let mut staged = Vec::new();
+    for seed in 0..12u64 {
+        let seq_q = [64, 100, 200, 333][rng.below(4)];
+        let seq_kv = [64, 136, 256, 392][rng.below(4)];
+        let kv_heads = [1, 2][rng.below(2)];
+        let heads = kv_heads * [1, 3][rng.below(2)];
+        let dtype = [DType::BF16, DType::F16][rng.below(2)];
+        let head_dim = [64, 128, 256][seed as usize % 3];
+        let causal = rng.below(2) == 0;
+        let mut p = problem(
+            dtype,
+            2,
+            heads,
+            kv_heads,
+            seq_q,
+            seq_kv,
+            head_dim,
+            causal,
+            Strides::Bshd,
+        );
+        let (per_batch, per_head) = (rng.below(2) == 0, rng.below(3) != 0);
+        let row_stride = seq_kv + 8 * rng.below(3);
+        let head_stride = if per_head { seq_q * row_stride } else { 0 };
+        let batch_stride = if per_batch {
+            heads.max(1) * seq_q * row_stride
+        } else {
+            0
+        };
+        p = p.with_bias(ScoreBias {
+            dtype: [DType::F16, DType::BF16][rng.below(2)],
+            layout: BiasLayout {
+                offset: 8 * rng.below(3),
+                row_stride,
+                head_stride,
+                batch_stride,
+            },
+        });
+        match seed % 5 {
+            1 => p = p.with_window(Some(rng.below(150)), Some(rng.below(150))),
+            2 => p = p.with_softcap(5.0),
+            3 => p.alibi = Some(Alibi::Geometric),
+            _ => {}
+        }
+        if seed % 2 == 0 {
+            p = p.with_sinks();
+        }
+        // The prefill plans, and the widest plan with 64-key panels of each head_dim's sweep.
+        let mut plans = prefill_plans(engine, &p);
+        let wide = match head_dim {
+            64 => WgmmaPlan::new(2, 128, 3).pingpong(),
+            128 => WgmmaPlan::new(2, 128, 2).pingpong().persistent(),
+            _ => WgmmaPlan::new(2, 64, 2).pingpong(),
+        };
+        plans.push(("wgmma sweep", CudaPlan::Wgmma(wide), Some(3)));
+        for (_, plan, _) in &plans {
+            let c = CudaKernelConfig::for_problem(&p, *plan, 16).unwrap();
+            if c.stages_bias() {
+                staged.push(c.name());
+            }
+        }
+        let label = format!(
+            "staged seed {seed}: {seq_q}x{seq_kv} h{heads}/{kv_heads} d{head_dim} {} causal {causal} bias {:?}",
+            dtype.name(),
+            p.bias.unwrap().layout
+        );
+        run_head_terms_on(engine, &p, &label, seed_of(&label), &plans);
+    }
+    // Every head_dim's staged kernels ran (head_dim 256 at least on its 64-key plan).
+    for d in [64, 128, 256] {
+        assert!(
+            staged
+                .iter()
+                .any(|n| n.contains(&format!("_d{d}_")) && n.ends_with("_staged")),
+            "no staged kernel at head_dim {d}: {staged:?}"
+        );
+    }
+}
+
 /// Runs `p` (ALiBi, sinks, bias as it has them) on both prefill kernels, forced, with random
 /// slopes, sinks and bias values (−∞ for every eleventh element and all of row 0 of batch entry
 /// 0, head 0), and checks against the reference.
 fn run_head_terms(engine: &CudaAttention, p: &AttentionProblem, label: &str, sd: u64) {
+    run_head_terms_on(engine, p, label, sd, &prefill_plans(engine, p));
+}
+
+/// [`run_head_terms`] on the given forced plans (name, plan, persistent blocks).
+fn run_head_terms_on(
+    engine: &CudaAttention,
+    p: &AttentionProblem,
+    label: &str,
+    sd: u64,
+    plans: &[(&'static str, CudaPlan, Option<u32>)],
+) {
     use wgpu_flash_attn::batch::BiasValues;
     let p = *p;
     let (heads, seq_kv, dtype) = (p.shape.num_heads, p.shape.seq_kv, p.dtype);
@@ -2502,7 +2649,7 @@ fn run_head_terms(engine: &CudaAttention, p: &AttentionProblem, label: &str, sd:
         p.window,
         p.softcap
     );
-    for (name, plan, blocks) in prefill_plans(engine, &p) {
+    for &(name, plan, blocks) in plans {
         let forced = forced_engine(engine, Some(plan), blocks);
         let label = format!("{label} {name}");
         match dtype {

@@ -15,7 +15,7 @@ use super::grad_sum::LoadedGradSum;
 use super::kernel_map::OnceMap;
 use super::merge::LoadedMerge;
 use super::nvrtc::{load_or_compile, resource_report, CompileJob};
-use super::plan::tensor_map::tensor_map_spec;
+use super::plan::tensor_map::{bias_map_spec, tensor_map_spec};
 use super::plan::{
     decode_counters_len, decode_split, default_decode_plan, goes_to_decode, persistent_grid, select_cuda,
     validate_for_cuda, validate_for_decode, vec_bytes_for, wgmma_unavailable, CudaBackwardConfig, CudaDecodeConfig,
@@ -51,6 +51,15 @@ const _: () = assert!(std::mem::size_of::<TmaMaps>() == 384);
 
 // SAFETY: three opaque 128-byte tensor maps, the layout the kernel's parameter declares.
 unsafe impl DeviceRepr for TmaMaps {}
+
+/// A wgmma kernel's staged score bias: its tensor map (`bias_map` in `cuda/flash_fwd_wgmma.cu`,
+/// compiled with `FA_BIAS_TMA`), passed by value after [`TmaMaps`].
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct BiasMap(cudarc::driver::sys::CUtensorMap);
+
+// SAFETY: one opaque 128-byte tensor map, the kernel's `TensorMap` parameter.
+unsafe impl DeviceRepr for BiasMap {}
 
 /// A persistent wgmma kernel's last parameter: the work tiles a plain launch's grid would hold
 /// (`struct WorkGrid` in `cuda/flash_fwd_wgmma.cu`), while its own grid is one block per SM.
@@ -543,6 +552,13 @@ impl CudaAttention {
             Some(plan) => CudaKernelConfig::for_problem(problem, plan, vec_bytes)?,
             None => self.config_for(problem, vec_bytes)?,
         };
+        // The copy engine reads from 16-byte aligned addresses only: a bias that starts elsewhere
+        // is read by the consumers themselves.
+        let config = if config.stages_bias() && !bias_first.is_multiple_of(16) {
+            config.without_staged_bias()
+        } else {
+            config
+        };
         // The kernel holds the code of exactly its config's score terms: never launch one that
         // would drop a term of the problem or read one it does not set.
         config.check_terms(problem)?;
@@ -585,10 +601,17 @@ impl CudaAttention {
         } else {
             None
         };
+        let bias_map = match config.stages_bias() {
+            true => Some(BiasMap(tma::encode(&bias_map_spec(problem, config.block_m())?, bias)?)),
+            false => None,
+        };
         let mut builder = stream.launch_builder(&kernel.function);
         builder.arg(&params);
         if let Some(maps) = &maps {
             builder.arg(maps);
+        }
+        if let Some(bias_map) = &bias_map {
+            builder.arg(bias_map);
         }
         if let Some(work) = &work {
             builder.arg(work);

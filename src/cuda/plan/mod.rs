@@ -263,16 +263,43 @@ impl CudaKernelConfig {
                 CudaKernelConfig::Decode(c) => CudaKernelConfig::Decode(c.with_cache(&problem.kv_cache)),
                 other => other,
             }
-            .with_terms(ScoreTerms::of(problem)),
+            .with_terms(ScoreTerms::of(problem))
+            .with_staged_bias(problem),
         )
     }
 
+    /// A wgmma config with `problem`'s 16-bit score bias staged through shared memory where it
+    /// can be ([`WgmmaConfig::with_staged_bias`]); the others as they are.
+    pub fn with_staged_bias(self, problem: &AttentionProblem) -> Self {
+        match self {
+            CudaKernelConfig::Wgmma(c) => CudaKernelConfig::Wgmma(c.with_staged_bias(problem)),
+            other => other,
+        }
+    }
+
+    /// This config reading any score bias from global memory ([`WgmmaConfig::without_staged_bias`]).
+    pub fn without_staged_bias(self) -> Self {
+        match self {
+            CudaKernelConfig::Wgmma(c) => CudaKernelConfig::Wgmma(c.without_staged_bias()),
+            other => other,
+        }
+    }
+
+    /// Whether the bias arrives through the wgmma kernel's ring (a fourth tensor map to pass).
+    pub fn stages_bias(&self) -> bool {
+        matches!(self, CudaKernelConfig::Wgmma(c) if c.staged_bias)
+    }
+
     /// This config compiled with `terms` (the decode kernel has ALiBi only: it takes no problem
-    /// with the other terms, [`CUDA_DECODE_FEATURES`]).
+    /// with the other terms, [`CUDA_DECODE_FEATURES`]), the bias read from global memory.
     pub fn with_terms(self, terms: ScoreTerms) -> Self {
         match self {
             CudaKernelConfig::Mma(c) => CudaKernelConfig::Mma(MmaConfig { terms, ..c }),
-            CudaKernelConfig::Wgmma(c) => CudaKernelConfig::Wgmma(WgmmaConfig { terms, ..c }),
+            CudaKernelConfig::Wgmma(c) => CudaKernelConfig::Wgmma(WgmmaConfig {
+                terms,
+                staged_bias: false,
+                ..c
+            }),
             CudaKernelConfig::Decode(c) => CudaKernelConfig::Decode(c.with_alibi(terms.alibi)),
         }
     }

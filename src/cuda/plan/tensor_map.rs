@@ -130,6 +130,67 @@ pub fn tensor_map_spec(problem: &AttentionProblem, tensor: Tensor, rows: u32) ->
     })
 }
 
+/// The tensor map of `problem`'s 16-bit score bias for tiles of `rows` query rows and 64 keys,
+/// dimensions innermost first `(keys, query rows, heads, batch)` (a broadcast dimension, stride 0,
+/// has extent 1: the kernel reads its index 0), or why the copy engine cannot load it (no bias,
+/// an f32 bias, strides that are not multiples of 16 bytes: then the kernel reads the bias from
+/// global memory itself).
+pub fn bias_map_spec(problem: &AttentionProblem, rows: u32) -> Result<TensorMapSpec> {
+    let unavailable = |why: String| Error::Unavailable {
+        what: "TMA loads of the score bias".into(),
+        why,
+    };
+    let Some(bias) = problem.bias else {
+        return Err(unavailable("the problem has no bias".into()));
+    };
+    let element = match bias.dtype {
+        DType::BF16 => MapElement::BF16,
+        DType::F16 => MapElement::F16,
+        DType::F32 => return Err(unavailable("it is f32; the staged tiles are 16-bit".into())),
+    };
+    if rows == 0 || rows > MAX_BOX_DIM {
+        return crate::error::invalid!("a TMA box has 1 to {MAX_BOX_DIM} rows, not {rows}");
+    }
+    let s = problem.shape;
+    let l = bias.layout;
+    let extent = |stride: usize, n: usize| if stride == 0 { 1 } else { n };
+    let dims = [
+        s.seq_kv,
+        s.seq_q,
+        extent(l.head_stride, s.num_heads),
+        extent(l.batch_stride, s.batch),
+    ];
+    if dims.contains(&0) {
+        return Err(unavailable("the problem is empty".into()));
+    }
+    let bytes = |elements: usize| (elements as u64).saturating_mul(2);
+    let strides = [
+        ("row", l.row_stride),
+        ("head", l.head_stride),
+        ("batch", l.batch_stride),
+    ];
+    let mut global_strides = [STRIDE_ALIGN; 3];
+    for (i, (name, stride)) in strides.into_iter().enumerate() {
+        // A dimension of extent 1 is never stepped along: any legal stride will do.
+        if dims[i + 1] > 1 {
+            let b = bytes(stride);
+            if !b.is_multiple_of(STRIDE_ALIGN) || b >= MAX_STRIDE {
+                return Err(unavailable(format!(
+                    "its {name} stride is {b} bytes; the copy engine needs a multiple of 16 below 2^40"
+                )));
+            }
+            global_strides[i] = b;
+        }
+    }
+    Ok(TensorMapSpec {
+        element,
+        global_dim: dims.map(|d| d as u64),
+        global_strides,
+        box_dim: [SWIZZLE_SPAN_ELEMS, rows, 1, 1],
+        offset_bytes: bytes(l.offset),
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -159,6 +220,52 @@ mod tests {
                 .boxes_per_row_tile(),
             4
         );
+    }
+
+    #[test]
+    fn a_16_bit_bias_maps_keys_rows_and_its_unbroadcast_dimensions() {
+        use crate::problem::score_bias::{BiasLayout, ScoreBias};
+        let p = problem(128); // batch 2, 8 heads, seq 1000 x 777
+        let with = |dtype, layout| p.with_bias(ScoreBias { dtype, layout });
+        // Per head, shared by the batch (rows padded to 784 keys): heads are the third
+        // dimension, the batch extent 1.
+        let heads = BiasLayout {
+            offset: 0,
+            row_stride: 784,
+            head_stride: 784 * 1000,
+            batch_stride: 0,
+        };
+        let s = bias_map_spec(&with(DType::F16, heads), 128).unwrap();
+        assert_eq!(s.global_dim, [777, 1000, 8, 1]);
+        assert_eq!(s.global_strides, [784 * 2, 1000 * 784 * 2, STRIDE_ALIGN]);
+        assert_eq!(
+            (s.box_dim, s.element, s.offset_bytes),
+            ([64, 128, 1, 1], MapElement::F16, 0)
+        );
+        // Rows padded to 784 keys, per batch entry and head, at an offset.
+        let padded = BiasLayout {
+            offset: 8,
+            row_stride: 784,
+            head_stride: 784 * 1000,
+            batch_stride: 784 * 1000 * 8,
+        };
+        let s = bias_map_spec(&with(DType::BF16, padded), 192).unwrap();
+        assert_eq!(s.global_dim, [777, 1000, 8, 2]);
+        assert_eq!(s.global_strides, [784 * 2, 784 * 1000 * 2, 784 * 1000 * 8 * 2]);
+        assert_eq!((s.element, s.offset_bytes), (MapElement::BF16, 16));
+        // Dense rows of 777 keys are 1,554 bytes apart: not a multiple of 16.
+        let err = bias_map_spec(&with(DType::F16, BiasLayout::dense(&p, true, true)), 128).unwrap_err();
+        assert!(
+            matches!(err, Error::Unavailable { .. }) && err.to_string().contains("row stride"),
+            "{err}"
+        );
+        // f32 biases, problems without one, and boxes past the hardware's limit.
+        assert!(bias_map_spec(&with(DType::F32, padded), 128).is_err());
+        assert!(bias_map_spec(&p, 128).is_err());
+        assert!(matches!(
+            bias_map_spec(&with(DType::F16, padded), 257),
+            Err(Error::InvalidProblem(_))
+        ));
     }
 
     #[test]

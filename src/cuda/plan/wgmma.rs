@@ -3,7 +3,7 @@
 //! run a problem, and the config a plan becomes for one problem.
 
 use super::support::{tile_head_dim, tile_width, SMEM_PER_SM, SMEM_RESERVED_PER_BLOCK};
-use super::tensor_map::tensor_map_spec;
+use super::tensor_map::{bias_map_spec, tensor_map_spec};
 use super::{define, kernel_name, valid_dim_define, ScoreTerms};
 use crate::error::{Error, Result};
 use crate::problem::features::{Feature, FeatureSet};
@@ -319,6 +319,10 @@ pub struct WgmmaConfig {
     pub plan: WgmmaPlan,
     /// The per-score terms compiled in (none unless set from a problem).
     pub terms: ScoreTerms,
+    /// A 16-bit score bias arrives with K through the ring (`FA_BIAS_TMA`: a bias tile in every
+    /// stage, a fourth tensor map) instead of per-score loads from global memory
+    /// ([`Self::with_staged_bias`]).
+    pub staged_bias: bool,
 }
 
 impl WgmmaConfig {
@@ -375,6 +379,7 @@ impl WgmmaConfig {
             causal,
             plan,
             terms: ScoreTerms::NONE,
+            staged_bias: false,
         };
         if config.smem_bytes() > SMEM_PER_SM - SMEM_RESERVED_PER_BLOCK {
             return crate::error::invalid!(
@@ -387,11 +392,11 @@ impl WgmmaConfig {
         Ok(config)
     }
 
-    /// `flash_fwd_wgmma_bf16_d128_bm128_bn128_s2[_ov][_pp][_split][_pers][_causal][_alibi][_bias][_cap]`.
+    /// `flash_fwd_wgmma_bf16_d128_bm128_bn128_s2[_ov][_pp][_split][_pers][_causal][_alibi][_bias][_cap][_staged]`.
     pub fn name(&self) -> String {
         let p = &self.plan;
         format!(
-            "{}_s{}{}{}{}{}{}{}",
+            "{}_s{}{}{}{}{}{}{}{}",
             kernel_name("wgmma", self.dtype, self.head_dim, p.block_m(), p.block_n),
             p.stages,
             if p.overlap { "_ov" } else { "" },
@@ -400,7 +405,38 @@ impl WgmmaConfig {
             p.schedule_suffix(),
             if self.causal { "_causal" } else { "" },
             self.terms.suffix(),
+            if self.staged_bias { "_staged" } else { "" },
         )
+    }
+
+    /// This config with `problem`'s score bias staged where it can be: a 16-bit bias the copy
+    /// engine can describe ([`bias_map_spec`]), 64-key panels, and shared memory for a bias tile
+    /// in every stage. The bias then costs the consumers an ldmatrix per four words of shared
+    /// memory instead of a global load per word. The launch still needs the bias's start 16-byte
+    /// aligned ([`Self::without_staged_bias`] otherwise).
+    pub fn with_staged_bias(self, problem: &AttentionProblem) -> Self {
+        let staged = WgmmaConfig {
+            staged_bias: true,
+            ..self
+        };
+        let fits = self.terms.bias
+            && self.plan.block_n.is_multiple_of(64)
+            && staged.smem_bytes() <= SMEM_PER_SM - SMEM_RESERVED_PER_BLOCK
+            && bias_map_spec(problem, self.plan.block_m()).is_ok();
+        if fits {
+            staged
+        } else {
+            self.without_staged_bias()
+        }
+    }
+
+    /// This config reading the bias from global memory (the only way for an f32 bias, or one
+    /// whose start is not 16-byte aligned).
+    pub fn without_staged_bias(self) -> Self {
+        WgmmaConfig {
+            staged_bias: false,
+            ..self
+        }
     }
 
     /// The width of the kernel's tiles: `head_dim` itself when it is one of
@@ -411,10 +447,16 @@ impl WgmmaConfig {
     }
 
     /// Dynamic shared memory: the Q tile and `stages` stages of (K, V) tiles, 16-bit elements,
-    /// plus 1 KiB to align the tiles to 1024 bytes (the 128-byte swizzle's period).
+    /// with a staged bias a `block_m` x `block_n` bias tile in each stage, plus 1 KiB to align the
+    /// tiles to 1024 bytes (the 128-byte swizzle's period).
     pub fn smem_bytes(&self) -> u32 {
         let row = self.tile_dim() * 2;
-        self.plan.block_m() * row + self.plan.stages * 2 * self.plan.block_n * row + 1024
+        let bias = if self.staged_bias {
+            self.plan.block_m() * self.plan.block_n * 2
+        } else {
+            0
+        };
+        self.plan.block_m() * row + self.plan.stages * (2 * self.plan.block_n * row + bias) + 1024
     }
 
     /// The `-D` definitions `cuda/flash_fwd_wgmma.cu` reads.
@@ -435,6 +477,9 @@ impl WgmmaConfig {
         ];
         d.extend(valid_dim_define(self.head_dim));
         d.extend(self.terms.defines());
+        if self.staged_bias {
+            d.push(define("FA_BIAS_TMA", 1));
+        }
         // A score soft-capped by tanh alone takes two special-function ops (tanh, exp2): one
         // column tile in four takes its exp2 on the FMA units instead (ex2_fma in
         // fwd_params.cuh). Plain kernels keep every exp2 on the MUFU, where moving any cost
@@ -467,6 +512,68 @@ mod tests {
             let e = new(DType::BF16, 128, plan, false, 16).map(|c| c.name()).unwrap_err();
             assert!(matches!(e, Error::InvalidProblem(_)), "{consumers}: {e}");
         }
+    }
+
+    /// A 16-bit bias the copy engine can load is staged on the plans with room for a bias tile in
+    /// every stage; an f32 bias, an unaligned row stride, other key tiles and the widest rings
+    /// read it from global memory.
+    #[test]
+    fn a_bias_is_staged_where_the_copy_engine_and_shared_memory_allow() {
+        use crate::cuda::plan::{CudaKernelConfig, CudaPlan};
+        use crate::problem::score_bias::{BiasLayout, ScoreBias};
+        let mut p = problem(128);
+        p.shape.seq_kv = 784; // rows of 1,568 bytes
+        let with = |p: &AttentionProblem, dtype| {
+            let layout = BiasLayout::dense(p, true, true);
+            p.with_bias(ScoreBias { dtype, layout })
+        };
+        let config = |p: &AttentionProblem, plan: WgmmaPlan| {
+            let c = CudaKernelConfig::for_problem(p, CudaPlan::Wgmma(plan), 16).unwrap();
+            match c {
+                CudaKernelConfig::Wgmma(c) => c,
+                _ => unreachable!(),
+            }
+        };
+        let f16 = with(&p, DType::F16);
+        let plain = WgmmaPlan::new(2, 128, 2);
+        let staged = config(&f16, plain);
+        assert!(staged.staged_bias);
+        assert_eq!(staged.name(), "flash_fwd_wgmma_bf16_d128_bm128_bn128_s2_bias_staged");
+        assert!(staged.defines().contains(&"-DFA_BIAS_TMA=1".to_string()));
+        // A 128 x 128 bias tile in each of the 2 stages: 160 + 64 KiB, and the 1 KiB of alignment.
+        assert_eq!(staged.smem_bytes(), (32 + 2 * (64 + 32)) * 1024 + 1024);
+        let unstaged = staged.without_staged_bias();
+        assert_eq!(unstaged.smem_bytes(), (32 + 2 * 64) * 1024 + 1024);
+        assert!(!unstaged.defines().iter().any(|d| d.contains("FA_BIAS_TMA")));
+        assert_eq!(unstaged.name(), "flash_fwd_wgmma_bf16_d128_bm128_bn128_s2_bias");
+        assert!(config(&f16, plain.persistent()).staged_bias);
+        // Key tiles that are not whole 64-key panels, and rings without the room.
+        for plan in [
+            WgmmaPlan::new(2, 176, 2),
+            WgmmaPlan::new(2, 192, 2),
+            WgmmaPlan::new(2, 128, 3),
+        ] {
+            assert!(!config(&f16, plan).staged_bias, "{plan:?}");
+        }
+        // head_dim 256 on 64-key tiles (224 KiB), head_dim 64 on three consumers.
+        let mut wide = p;
+        wide.shape.head_dim = 256;
+        assert!(config(&with(&wide, DType::BF16), WgmmaPlan::new(2, 64, 2)).staged_bias);
+        assert!(!config(&with(&wide, DType::BF16), WgmmaPlan::new(2, 80, 2)).staged_bias);
+        let mut narrow = p;
+        narrow.shape.head_dim = 64;
+        assert!(config(&with(&narrow, DType::F16), WgmmaPlan::new(3, 128, 2)).staged_bias);
+        // An f32 bias, rows of 777 keys, no bias.
+        assert!(!config(&with(&p, DType::F32), plain).staged_bias);
+        let mut odd = p;
+        odd.shape.seq_kv = 777;
+        assert!(!config(&with(&odd, DType::F16), plain).staged_bias);
+        assert!(!config(&p, plain).staged_bias);
+        // Other terms leave it staged; a config given other terms reads the bias itself again.
+        let capped = with(&p.with_softcap(30.0), DType::F16);
+        assert!(config(&capped, plain).staged_bias);
+        let c = CudaKernelConfig::Wgmma(staged).with_terms(ScoreTerms::NONE);
+        assert!(!c.stages_bias());
     }
 
     #[test]
