@@ -43,8 +43,8 @@ pub use params::{BwdParams, DecodeParams, FwdParams};
 pub use select::{goes_to_decode, select_cuda, select_mma, CudaSelection, DECODE_BY_DEFAULT, WGMMA_BY_DEFAULT};
 pub use support::{tile_head_dim, validate_for_cuda, CUDA_HEAD_DIMS, CUDA_PREFILL_FEATURES, MAX_CUDA_SEQ};
 pub use wgmma::{
-    default_persistent_plan, default_wgmma_plan, fits_persistent, persistent_grid, wgmma_plans, wgmma_unavailable,
-    WgmmaConfig, WgmmaPlan, WGMMA_ROWS_PER_CONSUMER,
+    default_persistent_plan, default_staged_bias_plan, default_wgmma_plan, fits_persistent, persistent_grid,
+    wgmma_plans, wgmma_unavailable, WgmmaConfig, WgmmaPlan, STAGED_BIAS_DEFAULT_FEATURES, WGMMA_ROWS_PER_CONSUMER,
 };
 
 use crate::error::Result;

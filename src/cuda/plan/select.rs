@@ -5,7 +5,7 @@
 use super::decode::{select_cuda_decode, CUDA_DECODE_FEATURES};
 use super::mma::{default_mma_plan, MmaConfig};
 use super::support::validate_for_cuda;
-use super::wgmma::{default_persistent_plan, default_wgmma_plan, wgmma_unavailable};
+use super::wgmma::{default_persistent_plan, default_staged_bias_plan, default_wgmma_plan, wgmma_unavailable};
 use super::{CudaKernelConfig, ScoreTerms};
 use crate::error::{Error, Result};
 use crate::plan::decode::prefers_decode;
@@ -71,7 +71,9 @@ pub fn select_cuda(problem: &AttentionProblem, vec_bytes: u32, hopper: bool) -> 
         });
     }
     let mma = select_mma(problem, vec_bytes)?;
-    let plan = default_persistent_plan(problem).or(default_wgmma_plan(problem.shape.head_dim, problem.causal));
+    let plan = default_staged_bias_plan(problem)
+        .or(default_persistent_plan(problem))
+        .or(default_wgmma_plan(problem.shape.head_dim, problem.causal));
     let why = match plan {
         #[allow(unreachable_patterns)]
         _ if !WGMMA_BY_DEFAULT => Some("the wgmma kernel is not enabled by default (WGMMA_BY_DEFAULT)".into()),

@@ -234,6 +234,46 @@ pub fn default_persistent_plan(problem: &AttentionProblem) -> Option<WgmmaPlan> 
     Some(plan)
 }
 
+/// Features a problem with a score bias may have and still get [`default_staged_bias_plan`]:
+/// those the staged-bias GPU tests ran on its plans (`staged_bias_tiles_match_the_reference` in
+/// tests/cuda_attention.rs: causal masks, windows, soft-caps, ALiBi, sinks, GQA; packed batches
+/// on the persistent and dynamic 128-key plans). Dropout keeps the plain default.
+pub const STAGED_BIAS_DEFAULT_FEATURES: FeatureSet = FeatureSet::of(&[
+    Feature::Bias,
+    Feature::CausalMask,
+    Feature::GroupedKv,
+    Feature::Varlen,
+    Feature::SlidingWindow,
+    Feature::SoftCap,
+    Feature::Alibi,
+    Feature::Sinks,
+]);
+
+/// The plan for a problem whose 16-bit bias the copy engine can load ([`bias_map_spec`]), where
+/// the sweep with a staged bias (BENCHMARKS.md, session 43: an H100, seq 8192, an f16 bias per
+/// head) measured one ahead of the plain default: at head_dim 128 the 128-key tiles run
+/// persistent with ping-pong (490 TFLOP/s against 466), causal drawn dynamically (462 against
+/// 423); at head_dim 256 64-key tiles with ping-pong, the widest whose bias tile fits beside two
+/// stages (551 / 487 against the 80-key default's 213 / 188, whose bias is read from global
+/// memory). Head_dim 64 keeps its default (three consumers, staged). `None` for the rest.
+pub fn default_staged_bias_plan(problem: &AttentionProblem) -> Option<WgmmaPlan> {
+    if problem.bias.is_none()
+        || !problem.features().missing_from(STAGED_BIAS_DEFAULT_FEATURES).is_empty()
+        || !fits_persistent(problem, WGMMA_ROWS_PER_CONSUMER)
+    {
+        return None;
+    }
+    let plan = match (tile_head_dim(problem.shape.head_dim)?, problem.causal) {
+        (128, false) => WgmmaPlan::new(2, 128, 2).pingpong().persistent(),
+        (128, true) => WgmmaPlan::new(2, 128, 2).dynamic(),
+        (256, _) => WgmmaPlan::new(2, 64, 2).pingpong(),
+        _ => return None,
+    };
+    bias_map_spec(problem, plan.block_m()).ok()?;
+    debug_assert!(wgmma_plans(problem.shape.head_dim).contains(&plan));
+    Some(plan)
+}
+
 /// The default plain wgmma plan for a head_dim and masking: the fastest correct one of the H200
 /// sweep at seq 8192 ([`default_persistent_plan`] replaces it where that was faster).
 pub fn default_wgmma_plan(head_dim: usize, causal: bool) -> Option<WgmmaPlan> {
@@ -574,6 +614,58 @@ mod tests {
         assert!(config(&capped, plain).staged_bias);
         let c = CudaKernelConfig::Wgmma(staged).with_terms(ScoreTerms::NONE);
         assert!(!c.stages_bias());
+    }
+
+    /// A bias the copy engine can load picks the plans its sweep measured fastest, staged; any
+    /// other bias, and dropout beside one, keep the defaults.
+    #[test]
+    fn a_stageable_bias_picks_its_own_default_plan() {
+        use crate::cuda::plan::{select_cuda, CudaPlan};
+        use crate::problem::score_bias::{BiasLayout, ScoreBias};
+        let with = |head_dim: usize, causal: bool, dtype: DType, seq_kv: usize| {
+            let mut p = problem(head_dim);
+            p.shape.seq_kv = seq_kv;
+            let p = p.with_causal(causal);
+            let layout = BiasLayout::dense(&p, false, true);
+            p.with_bias(ScoreBias { dtype, layout })
+        };
+        let cases = [
+            (128, false, WgmmaPlan::new(2, 128, 2).pingpong().persistent()),
+            (128, true, WgmmaPlan::new(2, 128, 2).dynamic()),
+            (256, false, WgmmaPlan::new(2, 64, 2).pingpong()),
+            (256, true, WgmmaPlan::new(2, 64, 2).pingpong()),
+        ];
+        for (head_dim, causal, plan) in cases {
+            let p = with(head_dim, causal, DType::F16, 784);
+            assert_eq!(default_staged_bias_plan(&p), Some(plan), "d{head_dim} causal {causal}");
+            let chosen = select_cuda(&p, 16, true).unwrap().config;
+            assert_eq!(chosen.plan(), CudaPlan::Wgmma(plan));
+            assert!(chosen.stages_bias(), "{}", chosen.name());
+        }
+        // Head_dim 64 keeps its default, staged.
+        let narrow = with(64, false, DType::BF16, 784);
+        assert_eq!(default_staged_bias_plan(&narrow), None);
+        assert!(select_cuda(&narrow, 16, true).unwrap().config.stages_bias());
+        // An f32 bias, rows the copy engine cannot step (777 keys of 2 bytes), no bias, dropout.
+        for p in [
+            with(128, false, DType::F32, 784),
+            with(128, false, DType::F16, 777),
+            problem(128),
+            with(128, false, DType::F16, 784).with_dropout(crate::problem::Dropout {
+                p: 0.1,
+                seed: 1,
+                offset: 0,
+            }),
+        ] {
+            assert_eq!(default_staged_bias_plan(&p), None);
+        }
+        assert_eq!(
+            select_cuda(&with(256, false, DType::F32, 784), 16, true)
+                .unwrap()
+                .config
+                .plan(),
+            CudaPlan::Wgmma(default_wgmma_plan(256, false).unwrap())
+        );
     }
 
     #[test]
