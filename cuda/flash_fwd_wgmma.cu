@@ -44,8 +44,9 @@
 // whose fragment is the S accumulator's layout; otherwise it is read from global memory, one
 // 32-bit load per column pair (8 bytes for f32). Either way the words are loaded right after
 // S = Q·Kᵀ is issued where BLOCK_N / 4 more registers fit (BIAS_PREFETCH), so the loads overlap
-// the tensor cores, and each value costs an unpack and an FFMA. FA_DROPOUT zeroes the dropped probabilities after the row sums (dropout.cuh: one
-// generator draw per 8 of them, traded between the 4 lanes that read it).
+// the tensor cores, and each value costs an unpack and an FFMA. FA_DROPOUT zeroes the dropped
+// probabilities after the row sums (dropout.cuh: one generator draw per 8 of them, traded between
+// the 4 lanes that read it).
 //
 // Overlap (FA_OVERLAP): inside a warpgroup, S(j) = Q·K(j)ᵀ and O += P(j-1)·V(j-1) are issued
 // back to back, and the softmax of tile j is meant to run while the tensor cores finish
@@ -682,13 +683,14 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
                     s_acc[4 * jn + 2 * r] = fmaf(b.x, bias_k, s_acc[4 * jn + 2 * r]);
                     s_acc[4 * jn + 2 * r + 1] = fmaf(b.y, bias_k, s_acc[4 * jn + 2 * r + 1]);
                 };
-                if (BIAS_TMA && !BIAS_PREFETCH) {
+                if constexpr (BIAS_TMA && !BIAS_PREFETCH) {
                     // Four words at a time, each added as it arrives.
 #pragma unroll
                     for (int c = 0; c < BLOCK_N / 8; c += 2) {
                         u32 w[4];
                         staged_bias_words(j, c, w);
-                        add_bias16(c, 0, w[0]), add_bias16(c, 1, w[1]), add_bias16(c + 1, 0, w[2]), add_bias16(c + 1, 1, w[3]);
+                        add_bias16(c, 0, w[0]), add_bias16(c, 1, w[1]);
+                        add_bias16(c + 1, 0, w[2]), add_bias16(c + 1, 1, w[3]);
                     }
                 } else if (BIAS_TMA || p.bias_dtype != 0) {
 #pragma unroll
