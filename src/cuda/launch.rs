@@ -601,9 +601,10 @@ impl CudaAttention {
         } else {
             None
         };
-        let bias_map = match config.stages_bias() {
-            true => Some(BiasMap(tma::encode(&bias_map_spec(problem, config.block_m())?, bias)?)),
-            false => None,
+        let bias_map = if config.stages_bias() {
+            Some(BiasMap(tma::encode(&bias_map_spec(problem, config.block_m())?, bias)?))
+        } else {
+            None
         };
         let mut builder = stream.launch_builder(&kernel.function);
         builder.arg(&params);
