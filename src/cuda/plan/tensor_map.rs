@@ -253,6 +253,35 @@ mod tests {
         assert_eq!(s.global_dim, [777, 1000, 8, 2]);
         assert_eq!(s.global_strides, [784 * 2, 784 * 1000 * 2, 784 * 1000 * 8 * 2]);
         assert_eq!((s.element, s.offset_bytes), (MapElement::BF16, 16));
+        // Broadcast over heads and batch (strides 0): extent 1 for both. With one query row the
+        // row stride is never stepped: any will do (777 keys of 2 bytes).
+        let shared = BiasLayout {
+            head_stride: 0,
+            batch_stride: 0,
+            ..heads
+        };
+        let s = bias_map_spec(&with(DType::F16, shared), 128).unwrap();
+        assert_eq!(
+            (s.global_dim, s.global_strides),
+            ([777, 1000, 1, 1], [784 * 2, STRIDE_ALIGN, STRIDE_ALIGN])
+        );
+        let mut one_row = p;
+        one_row.shape.seq_q = 1;
+        let layout = BiasLayout {
+            row_stride: 777,
+            head_stride: 7776,
+            batch_stride: 0,
+            offset: 0,
+        };
+        let s = bias_map_spec(
+            &one_row.with_bias(ScoreBias {
+                dtype: DType::F16,
+                layout,
+            }),
+            128,
+        )
+        .unwrap();
+        assert_eq!((s.global_dim, s.global_strides[0]), ([777, 1, 8, 1], STRIDE_ALIGN));
         // Dense rows of 777 keys are 1,554 bytes apart: not a multiple of 16.
         let err = bias_map_spec(&with(DType::F16, BiasLayout::dense(&p, true, true)), 128).unwrap_err();
         assert!(
