@@ -61,7 +61,9 @@ pub fn goes_to_decode(problem: &AttentionProblem) -> bool {
 
 /// The default kernel for a problem on a device: the decode kernel where [`prefers_decode`] holds
 /// (and [`DECODE_BY_DEFAULT`]); else the wgmma kernel on Hopper when the tensors allow TMA (and
-/// [`WGMMA_BY_DEFAULT`]), else the `mma.sync` kernel of [`select_mma`].
+/// [`WGMMA_BY_DEFAULT`]) on the plan measured best for the problem (a stageable bias's
+/// [`default_staged_bias_plan`], the [`default_persistent_plan`], the [`default_wgmma_plan`], in
+/// that order), else the `mma.sync` kernel of [`select_mma`].
 pub fn select_cuda(problem: &AttentionProblem, vec_bytes: u32, hopper: bool) -> Result<CudaSelection> {
     problem.validate()?;
     if goes_to_decode(problem) {

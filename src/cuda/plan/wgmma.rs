@@ -177,8 +177,9 @@ pub fn wgmma_plans(head_dim: usize) -> &'static [WgmmaPlan] {
 /// plans' GPU tests cover (`tests/cuda_attention.rs`: the shape table's GQA and MQA problems,
 /// packed batches; the score-term tests forced persistent: ALiBi, sinks) and whose sweep measured
 /// the persistent plan ahead or even (BENCHMARKS.md, session 41: ALiBi 627 against the plain
-/// default's 570 TFLOP/s, sinks 614 against 601). Soft-caps (even), windows, bias and dropout
-/// (whose 176/192-key persistent kernels spill) keep the plain default.
+/// default's 570 TFLOP/s, sinks 614 against 601). Soft-caps (even), windows and dropout (whose
+/// 176/192-key persistent kernels spill) keep the plain default; a bias the copy engine can load
+/// has its own ([`default_staged_bias_plan`]), any other the plain default.
 pub const PERSISTENT_DEFAULT_FEATURES: FeatureSet =
     FeatureSet::of(&[Feature::GroupedKv, Feature::Varlen, Feature::Alibi, Feature::Sinks]);
 
