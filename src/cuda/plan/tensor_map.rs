@@ -62,6 +62,38 @@ impl TensorMapSpec {
     }
 }
 
+/// The copy engine's element for a 16-bit type; `None` for f32.
+fn map_element(dtype: DType) -> Option<MapElement> {
+    match dtype {
+        DType::BF16 => Some(MapElement::BF16),
+        DType::F16 => Some(MapElement::F16),
+        DType::F32 => None,
+    }
+}
+
+/// Refuses a box of `rows` rows the hardware cannot copy.
+fn check_box_rows(rows: u32) -> Result<()> {
+    if rows == 0 || rows > MAX_BOX_DIM {
+        return crate::error::invalid!("a TMA box has 1 to {MAX_BOX_DIM} rows, not {rows}");
+    }
+    Ok(())
+}
+
+/// The map's stride for dimension `name` of `extent` indices `bytes` apart: that stride where the
+/// copy engine takes it (a non-zero multiple of 16 below 2^40), any legal one for a dimension of
+/// extent 1 (never stepped along), else why not.
+fn map_stride(name: &str, bytes: u64, extent: usize) -> std::result::Result<u64, String> {
+    if bytes != 0 && bytes.is_multiple_of(STRIDE_ALIGN) && bytes < MAX_STRIDE {
+        Ok(bytes)
+    } else if extent <= 1 {
+        Ok(STRIDE_ALIGN)
+    } else {
+        Err(format!(
+            "its {name} stride is {bytes} bytes; the copy engine needs a non-zero multiple of 16 below 2^40"
+        ))
+    }
+}
+
 fn unavailable(tensor: Tensor, why: String) -> Error {
     Error::Unavailable {
         what: format!("TMA loads of tensor `{}`", tensor.name()),
@@ -74,14 +106,10 @@ fn unavailable(tensor: Tensor, why: String) -> Error {
 pub fn tensor_map_spec(problem: &AttentionProblem, tensor: Tensor, rows: u32) -> Result<TensorMapSpec> {
     problem.validate()?;
     let dtype = problem.dtype;
-    let element = match dtype {
-        DType::BF16 => MapElement::BF16,
-        DType::F16 => MapElement::F16,
-        DType::F32 => return Err(unavailable(tensor, "the TMA kernels take bf16 or f16".into())),
+    let Some(element) = map_element(dtype) else {
+        return Err(unavailable(tensor, "the TMA kernels take bf16 or f16".into()));
     };
-    if rows == 0 || rows > MAX_BOX_DIM {
-        return crate::error::invalid!("a TMA box has 1 to {MAX_BOX_DIM} rows, not {rows}");
-    }
+    check_box_rows(rows)?;
     // A head_dim that is not whole swizzle spans is loaded in whole boxes all the same: the
     // copy engine fills the columns past it with zeros (the kernel's tiles are padded).
     let head_dim = problem.shape.head_dim as u32;
@@ -97,34 +125,17 @@ pub fn tensor_map_spec(problem: &AttentionProblem, tensor: Tensor, rows: u32) ->
     // usize::MAX elements.
     let elem = dtype.size_bytes() as u64;
     let bytes = |elements: usize| (elements as u64).saturating_mul(elem);
-    let strides = [
-        ("seq", bytes(l.seq_stride), seq),
-        ("head", bytes(l.head_stride), heads),
-        ("batch", bytes(l.batch_stride), batch),
+    let stride =
+        |name, elements, extent| map_stride(name, bytes(elements), extent).map_err(|why| unavailable(tensor, why));
+    let global_strides = [
+        stride("seq", l.seq_stride, seq)?,
+        stride("head", l.head_stride, heads)?,
+        stride("batch", l.batch_stride, batch)?,
     ];
-    for (name, bytes, extent) in strides {
-        // A dimension of extent 1 is never stepped along; give it any legal stride below.
-        if extent > 1 && (bytes == 0 || !bytes.is_multiple_of(STRIDE_ALIGN) || bytes >= MAX_STRIDE) {
-            return Err(unavailable(
-                tensor,
-                format!(
-                    "its {name} stride is {bytes} bytes; the copy engine needs a non-zero multiple of 16 below 2^40"
-                ),
-            ));
-        }
-    }
-    // Only a dimension of extent 1 gets here with a stride the copy engine refuses.
-    let legal = |bytes: u64| {
-        if bytes == 0 || !bytes.is_multiple_of(STRIDE_ALIGN) || bytes >= MAX_STRIDE {
-            STRIDE_ALIGN
-        } else {
-            bytes
-        }
-    };
     Ok(TensorMapSpec {
         element,
         global_dim: [head_dim as u64, seq as u64, heads as u64, batch as u64],
-        global_strides: [legal(strides[0].1), legal(strides[1].1), legal(strides[2].1)],
+        global_strides,
         box_dim: [SWIZZLE_SPAN_ELEMS, rows, 1, 1],
         offset_bytes: bytes(l.offset),
     })
@@ -143,14 +154,10 @@ pub fn bias_map_spec(problem: &AttentionProblem, rows: u32) -> Result<TensorMapS
     let Some(bias) = problem.bias else {
         return Err(unavailable("the problem has no bias".into()));
     };
-    let element = match bias.dtype {
-        DType::BF16 => MapElement::BF16,
-        DType::F16 => MapElement::F16,
-        DType::F32 => return Err(unavailable("it is f32; the staged tiles are 16-bit".into())),
+    let Some(element) = map_element(bias.dtype) else {
+        return Err(unavailable("it is f32; the staged tiles are 16-bit".into()));
     };
-    if rows == 0 || rows > MAX_BOX_DIM {
-        return crate::error::invalid!("a TMA box has 1 to {MAX_BOX_DIM} rows, not {rows}");
-    }
+    check_box_rows(rows)?;
     let s = problem.shape;
     let l = bias.layout;
     let extent = |stride: usize, n: usize| if stride == 0 { 1 } else { n };
@@ -164,24 +171,12 @@ pub fn bias_map_spec(problem: &AttentionProblem, rows: u32) -> Result<TensorMapS
         return Err(unavailable("the problem is empty".into()));
     }
     let bytes = |elements: usize| (elements as u64).saturating_mul(2);
-    let strides = [
-        ("row", l.row_stride),
-        ("head", l.head_stride),
-        ("batch", l.batch_stride),
+    let stride = |name, elements, extent| map_stride(name, bytes(elements), extent).map_err(unavailable);
+    let global_strides = [
+        stride("row", l.row_stride, dims[1])?,
+        stride("head", l.head_stride, dims[2])?,
+        stride("batch", l.batch_stride, dims[3])?,
     ];
-    let mut global_strides = [STRIDE_ALIGN; 3];
-    for (i, (name, stride)) in strides.into_iter().enumerate() {
-        // A dimension of extent 1 is never stepped along: any legal stride will do.
-        if dims[i + 1] > 1 {
-            let b = bytes(stride);
-            if !b.is_multiple_of(STRIDE_ALIGN) || b >= MAX_STRIDE {
-                return Err(unavailable(format!(
-                    "its {name} stride is {b} bytes; the copy engine needs a multiple of 16 below 2^40"
-                )));
-            }
-            global_strides[i] = b;
-        }
-    }
     Ok(TensorMapSpec {
         element,
         global_dim: dims.map(|d| d as u64),

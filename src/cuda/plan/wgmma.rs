@@ -422,7 +422,7 @@ impl WgmmaConfig {
             terms: ScoreTerms::NONE,
             staged_bias: false,
         };
-        if config.smem_bytes() > SMEM_PER_SM - SMEM_RESERVED_PER_BLOCK {
+        if !config.fits_shared_memory() {
             return crate::error::invalid!(
                 "wgmma head_dim {head_dim}, block_n {}, {} stages needs {} bytes of shared memory",
                 plan.block_n,
@@ -462,7 +462,7 @@ impl WgmmaConfig {
         };
         let fits = self.terms.bias
             && self.plan.block_n.is_multiple_of(64)
-            && staged.smem_bytes() <= SMEM_PER_SM - SMEM_RESERVED_PER_BLOCK
+            && staged.fits_shared_memory()
             && bias_map_spec(problem, self.plan.block_m()).is_ok();
         if fits {
             staged
@@ -498,6 +498,11 @@ impl WgmmaConfig {
             0
         };
         self.plan.block_m() * row + self.plan.stages * (2 * self.plan.block_n * row + bias) + 1024
+    }
+
+    /// Whether [`Self::smem_bytes`] fit one block on an SM.
+    fn fits_shared_memory(&self) -> bool {
+        self.smem_bytes() <= SMEM_PER_SM - SMEM_RESERVED_PER_BLOCK
     }
 
     /// The `-D` definitions `cuda/flash_fwd_wgmma.cu` reads.
