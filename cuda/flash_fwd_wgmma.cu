@@ -306,6 +306,24 @@ __device__ __forceinline__ void store_row_from_quad(u16* row_out, const u32 (&w)
     }
 }
 
+// A staged bias tile's words for the warp whose 16 rows start at row `rows` of the tile at `tile`,
+// four per ldmatrix, each handed to take(jn, r, word) (slab jn, row r: the word S accumulators
+// 4·jn + 2·r, +1 hold): for an even chunk c (8 keys) the 8 x 8 matrices (rows g, chunk c),
+// (g + 8, c), (g, c + 1), (g + 8, c + 1), lane L addressing row L % 8 + 8 · (L / 8 % 2) and chunk
+// c + L / 16. The rows' swizzle is L % 8 (`rows` is a multiple of 8), so the 8 rows of a matrix
+// fall in distinct 16-byte bank groups.
+template <class Take>
+__device__ __forceinline__ void for_staged_bias_words(u32 tile, int rows, int lane, Take&& take) {
+    const int lr = rows + (lane & 7) + 8 * ((lane >> 3) & 1);
+#pragma unroll
+    for (int c = 0; c < BLOCK_N / 8; c += 2) {
+        const int chunk = c + (lane >> 4);
+        u32 w[4];
+        ldmatrix_x4(w, tile + (chunk / 8) * BIAS_PANEL_BYTES + lr * ROW_BYTES + (((chunk % 8) ^ (lane & 7)) << 4));
+        take(c, 0, w[0]), take(c, 1, w[1]), take(c + 1, 0, w[2]), take(c + 1, 1, w[3]);
+    }
+}
+
 // FP8's scales (Fp8Layout in src/cuda/plan/fp8.rs): [batch, heads, q_blocks] per 64 query rows,
 // [batch, kv_heads, kv_blocks] per 128 keys for K and for V (TILE_SCALES of them a tile).
 struct Fp8Scales {
@@ -622,26 +640,12 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
         constexpr bool BIAS_PREFETCH =
             HAS_BIAS && O_REGS + S_REGS + (OVERLAP ? S_REGS / 2 : 0) + BLOCK_N / 4 <= CONSUMER_REGS - 56;
         u32 bias_w[BIAS_PREFETCH ? BLOCK_N / 8 : 1][2];
-        // A staged tile's words, four per ldmatrix: for an even chunk c (8 keys) the 8 x 8 matrices
-        // (rows g, chunk c), (g + 8, c), (g, c + 1), (g + 8, c + 1) of the warp's 16 rows, lane L
-        // addressing row L % 8 + 8 · (L / 8 % 2) and chunk c + L / 16; a lane receives of each the
-        // pair its S accumulators hold. The rows' swizzle is L % 8 (a warp's rows start at a multiple
-        // of 8), so the 8 rows of a matrix fall in distinct 16-byte bank groups.
-        auto staged_bias_words = [&](int j, int c, u32 (&w)[4]) {
-            const int lr = cw * WG_ROWS + 16 * warp + (lane & 7) + 8 * ((lane >> 3) & 1);
-            const int chunk = c + (lane >> 4);
-            const u32 tile = s_kv + stage(j) * STAGE_BYTES + 2 * KV_BYTES;
-            ldmatrix_x4(w, tile + (chunk / 8) * BIAS_PANEL_BYTES + lr * ROW_BYTES + (((chunk % 8) ^ (lane & 7)) << 4));
-        };
+        // Tile j's staged bias (for_staged_bias_words reads this warp's rows of it).
+        auto staged_bias = [&](int j) { return s_kv + stage(j) * STAGE_BYTES + 2 * KV_BYTES; };
         auto load_bias = [&](int j) {
             if constexpr (BIAS_PREFETCH && BIAS_TMA) {
-#pragma unroll
-                for (int c = 0; c < BLOCK_N / 8; c += 2) {
-                    u32 w[4];
-                    staged_bias_words(j, c, w);
-                    bias_w[BIAS_PREFETCH ? c : 0][0] = w[0], bias_w[BIAS_PREFETCH ? c : 0][1] = w[1];
-                    bias_w[BIAS_PREFETCH ? c + 1 : 0][0] = w[2], bias_w[BIAS_PREFETCH ? c + 1 : 0][1] = w[3];
-                }
+                for_staged_bias_words(staged_bias(j), cw * WG_ROWS + 16 * warp, lane,
+                                      [&](int jn, int r, u32 w) { bias_w[BIAS_PREFETCH ? jn : 0][r] = w; });
             } else if constexpr (BIAS_PREFETCH) {
                 if (p.bias_dtype == 0) return;
                 const int col0 = (first_tile + j) * BLOCK_N + 2 * (lane % 4);
@@ -684,14 +688,8 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
                     s_acc[4 * jn + 2 * r + 1] = fmaf(b.y, bias_k, s_acc[4 * jn + 2 * r + 1]);
                 };
                 if constexpr (BIAS_TMA && !BIAS_PREFETCH) {
-                    // Four words at a time, each added as it arrives.
-#pragma unroll
-                    for (int c = 0; c < BLOCK_N / 8; c += 2) {
-                        u32 w[4];
-                        staged_bias_words(j, c, w);
-                        add_bias16(c, 0, w[0]), add_bias16(c, 1, w[1]);
-                        add_bias16(c + 1, 0, w[2]), add_bias16(c + 1, 1, w[3]);
-                    }
+                    // Each word added as it arrives.
+                    for_staged_bias_words(staged_bias(j), cw * WG_ROWS + 16 * warp, lane, add_bias16);
                 } else if (BIAS_TMA || p.bias_dtype != 0) {
 #pragma unroll
                     for (int r = 0; r < 2; ++r) {
