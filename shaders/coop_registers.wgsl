@@ -123,14 +123,28 @@ fn row_sum(x: f32) -> f32 {
 }
 
 // The bias tensor's terms (bias_raw) of this invocation's components of the K/V tile at key n0.
+// A block inside the bias comes in one cooperative load where the host compiled that in
+// (score_bias_fragments_bound.wgsl); the blocks at the sequence's edges, and every block without
+// it, element by element. The branch is uniform over the subgroup, as the load needs.
 fn bias_components(rows: ptr<function, RegisterRows>, seq: Sequence, head: u32, n0: u32, terms: ScoreTerms) -> array<array<f32, COOP_COMPONENTS>, N_BLOCKS> {
     var b: array<array<f32, COOP_COMPONENTS>, N_BLOCKS>;
     // @unroll
     for (var j = 0u; j < N_BLOCKS; j++) {
-        // @unroll
-        for (var i = 0u; i < COOP_COMPONENTS; i++) {
-            let slot = (COMPONENT_SLOT_BITS >> (2u * i)) & 3u;
-            b[j][i] = bias_raw(seq, head, (*rows).row[slot], component_col(rows, n0, j, i), terms);
+        let col = n0 + 16u * j;
+        if (BIAS_FRAGMENTS && bias_block_inside(seq, (*rows).first_row, col)) {
+            let raw = coop_elements_a(bias_fragment(seq, head, (*rows).first_row, col));
+            // −∞ (a hidden key) stays −∞, as bias_raw makes it.
+            let raw_per_bias = LOG2_E * terms.raw_per_base2;
+            // @unroll
+            for (var i = 0u; i < COOP_COMPONENTS; i++) {
+                b[j][i] = f32(raw[i]) * raw_per_bias;
+            }
+        } else {
+            // @unroll
+            for (var i = 0u; i < COOP_COMPONENTS; i++) {
+                let slot = (COMPONENT_SLOT_BITS >> (2u * i)) & 3u;
+                b[j][i] = bias_raw(seq, head, (*rows).row[slot], component_col(rows, n0, j, i), terms);
+            }
         }
     }
     return b;

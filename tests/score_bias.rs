@@ -141,7 +141,7 @@ fn case<T: Element>(
     label: &str,
     on_device: bool,
     hide: bool,
-) {
+) -> String {
     let seed = seed_of(label);
     let (q, k, v): (Vec<T>, Vec<T>, Vec<T>) = random_qkv(p, seed);
     let bias = Bias::random(p, seed, hide);
@@ -207,9 +207,18 @@ fn case<T: Element>(
             "{label}: no hidden row"
         );
     }
+    kernel
 }
 
-fn run(ctx: &GpuContext, engine: &FlashAttention, p: &AttentionProblem, label: &str, on_device: bool, hide: bool) {
+/// Runs one case on `engine`; returns the kernel's name.
+fn run(
+    ctx: &GpuContext,
+    engine: &FlashAttention,
+    p: &AttentionProblem,
+    label: &str,
+    on_device: bool,
+    hide: bool,
+) -> String {
     match p.dtype {
         DType::F32 => case::<f32>(ctx, engine, p, label, on_device, hide),
         DType::F16 => case::<f16>(ctx, engine, p, label, on_device, hide),
@@ -241,6 +250,94 @@ fn cooperative_score_bias_matches_the_reference() {
             let p = random_problem(&mut rng, DType::F16);
             let label = format!("{} {route}", label(&p, seed));
             run(ctx, &engine, &p, &label, seed.is_multiple_of(2), seed.is_multiple_of(3));
+            seed += 1;
+        }
+    }
+}
+
+/// A random f16 problem whose bias the register softmax loads as 16 × 16 fragments
+/// (`CoopConfig::bias_fragments`): offset and strides multiples of 8 elements, rows padded past
+/// seq_kv, per batch entry and head or broadcast; lengths from 16 on, most not multiples of 16
+/// (the blocks at the edges are read element by element), and sometimes other variants beside it;
+/// head_dim one of `head_dims`.
+fn fragment_bias_problem(rng: &mut Rng, head_dims: &[usize]) -> AttentionProblem {
+    let seq_q = 16 + below(rng, 120);
+    let seq_kv = match below(rng, 3) {
+        0 => seq_q,
+        _ => 16 + below(rng, 150),
+    };
+    let kv_heads = [1, 2][below(rng, 2)];
+    let heads = kv_heads * [1, 2][below(rng, 2)];
+    let head_dim = head_dims[below(rng, head_dims.len())];
+    let mut p = AttentionProblem::new(
+        shape(1 + below(rng, 2), seq_q, seq_kv, heads, kv_heads, head_dim),
+        DType::F16,
+    )
+    .with_causal(below(rng, 2) == 0);
+    let row_stride = seq_kv.next_multiple_of(8) + 8 * below(rng, 2);
+    let per_batch = below(rng, 2) == 0;
+    let per_head = below(rng, 3) != 0;
+    let head_stride = if per_head { row_stride * seq_q } else { 0 };
+    let layout = BiasLayout {
+        offset: 8 * below(rng, 3),
+        row_stride,
+        head_stride,
+        batch_stride: if per_batch {
+            row_stride * seq_q * if per_head { heads } else { 1 }
+        } else {
+            0
+        },
+    };
+    p = p.with_bias(ScoreBias {
+        dtype: DType::F16,
+        layout,
+    });
+    match below(rng, 6) {
+        0 => p = p.with_window(Some(below(rng, 40)), Some(below(rng, 40))),
+        1 => p = p.with_softcap(4.0),
+        2 => p.alibi = Some(Alibi::Geometric),
+        3 => p = p.with_sinks(),
+        _ => {}
+    }
+    p
+}
+
+/// The cooperative-matrix kernel with the bias loaded as fragments: every forced way of streaming
+/// K/V at the small tile (head_dim up to 80, which every device's workgroup memory holds there),
+/// and the automatic plan (head_dim up to 128), on random aligned f16 biases, some keys and rows
+/// hidden; where the softmax runs in registers the kernel must be the fragment one.
+#[test]
+fn cooperative_bias_fragments_match_the_reference() {
+    let Some(ctx) = gpu() else { return };
+    if ctx.caps.coop_register_layout.is_none() {
+        // The workgroup-memory softmax reads every bias element by element, as the test above
+        // checks.
+        eprintln!(
+            "skipped: {} runs no softmax in registers (this runs on the H200)",
+            ctx.info.name
+        );
+        return;
+    }
+    let mut engines = coop_engines(ctx);
+    engines.push(("automatic".into(), FlashAttention::new(ctx)));
+    let mut rng = Rng::new(0xf4a9);
+    let mut seed = 0u64;
+    for (route, engine) in engines {
+        let head_dims: &[usize] = if route == "automatic" {
+            &[64, 128]
+        } else {
+            &[48, 64, 80]
+        };
+        for _ in 0..3 {
+            let p = fragment_bias_problem(&mut rng, head_dims);
+            let label = format!("{} {route}", label(&p, seed));
+            let kernel = run(ctx, &engine, &p, &label, seed.is_multiple_of(2), seed.is_multiple_of(3));
+            if kernel.contains("_regs") {
+                assert!(
+                    kernel.contains("_frag"),
+                    "{label}: {kernel} reads the bias element by element"
+                );
+            }
             seed += 1;
         }
     }

@@ -35,6 +35,10 @@ pub struct CoopConfig {
     pub head_tensors: bool,
     /// The score bias tensor's element type, when it binds one (shaders/score_bias_bound.wgsl).
     pub bias: Option<DType>,
+    /// The f16 bias is also bound as 16 × 16 fragments that the register softmax loads whole
+    /// (shaders/score_bias_fragments_bound.wgsl): only for problems `bias_fits_fragments`
+    /// accepts.
+    pub bias_fragments: bool,
     /// Compiled with the soft-cap pass (SOFTCAP) in this form (CAP_SERIES): for problems with a
     /// soft-cap of that form only ([`AttentionProblem::cap_form`]).
     pub softcap: Option<CapForm>,
@@ -204,6 +208,7 @@ impl CoopConfig {
             sequences: SequenceIndex::default(),
             head_tensors: false,
             bias: None,
+            bias_fragments: false,
             softcap: None,
             alibi: false,
             mask: MaskBinding::default(),
@@ -224,12 +229,14 @@ impl CoopConfig {
 
     /// Binds the tensors `problem` reads besides Q/K/V (its index tensors, per-head tensors,
     /// score bias, mask and block summary) and compiles in the score passes it needs (soft-cap,
-    /// ALiBi) and dropout, with the device's generator products.
+    /// ALiBi) and dropout, with the device's generator products. With the softmax in registers
+    /// (set that first), an f16 bias that allows it is loaded as fragments.
     pub fn with_tensors_of(self, problem: &AttentionProblem, caps: &Caps) -> Self {
         CoopConfig {
             sequences: SequenceIndex::of(problem),
             head_tensors: problem.has_head_tensors(),
             bias: problem.bias.map(|b| b.dtype),
+            bias_fragments: self.register_layout.is_some() && bias_fits_fragments(problem, caps),
             softcap: problem.cap_form(),
             alibi: problem.alibi.is_some(),
             mask: MaskBinding::of(problem),
@@ -282,12 +289,12 @@ impl CoopConfig {
 
     /// `flash_fwd_coop_f16_bm{}_bn{}_d{}`, with `_prefetch` when the next K/V tile is loaded
     /// into registers early, `_db` when K/V are double-buffered, and `_regs…` (the layout) when
-    /// the softmax runs in registers (and `_varlen`, `_lens`, `_heads`, `_bias{dtype}`,
+    /// the softmax runs in registers (and `_varlen`, `_lens`, `_heads`, `_bias{dtype}` (and `_frag`),
     /// `_cap`/`_capseries`, `_alibi`, `_mask`, `_blocks`, `_dropout`/`_dropout64`, and `_sg{n}` for subgroups
     /// of other than 32).
     pub fn name(&self) -> String {
         format!(
-            "flash_fwd_coop_f16_bm{}_bn{}_d{}{}{}{}{}{}{}{}{}{}{}{}",
+            "flash_fwd_coop_f16_bm{}_bn{}_d{}{}{}{}{}{}{}{}{}{}{}{}{}",
             self.block_m,
             self.block_n,
             self.head_dim_pad,
@@ -299,6 +306,7 @@ impl CoopConfig {
             self.sequences.name_suffix(),
             if self.head_tensors { "_heads" } else { "" },
             self.bias.map_or(String::new(), |t| format!("_bias{}", t.name())),
+            if self.bias_fragments { "_frag" } else { "" },
             self.softcap.map_or("", CapForm::name_suffix),
             if self.alibi { "_alibi" } else { "" },
             self.mask.name_suffix(),
@@ -382,6 +390,14 @@ impl CoopConfig {
         }
         if let Some(why) = self.dropout.and_then(|d| d.unavailable_reason(caps)) {
             return Some(why);
+        }
+        if self.bias_fragments && !(self.register_layout.is_some() && bias_fits_fragments(problem, caps)) {
+            return Some(format!(
+                "{} loads the score bias as 16 × 16 fragments, which needs the softmax in registers and an \
+                 f16 bias whose offset and strides are multiples of 8 elements, at least 16 query rows and keys, \
+                 and 16-byte aligned bindings",
+                self.name()
+            ));
         }
         let wanted = self.with_tensors_of(problem, caps);
         if (self.softcap, self.alibi, self.mask, self.dropout)
@@ -515,6 +531,25 @@ pub const COOP_FEATURES: FeatureSet = FeatureSet::of(&[
     Feature::Dropout,
 ]);
 
+/// Whether `problem`'s score bias can be loaded as 16 × 16 fragments on `caps`
+/// ([`CoopConfig::bias_fragments`]): f16, every block's start 16-byte aligned (the offset and
+/// every stride a multiple of 8 elements, and the device's binding offsets a multiple of 16
+/// bytes, as a bias is bound at its own offset), and blocks of 16 rows and keys to load.
+pub fn bias_fits_fragments(problem: &AttentionProblem, caps: &Caps) -> bool {
+    let Some(bias) = problem.bias else {
+        return false;
+    };
+    let l = bias.layout;
+    let s = problem.shape;
+    bias.dtype == DType::F16
+        && [l.offset, l.row_stride, l.head_stride, l.batch_stride]
+            .iter()
+            .all(|x| x.is_multiple_of(8))
+        && caps.min_storage_offset_alignment.is_multiple_of(16)
+        && s.seq_q >= 16
+        && s.seq_kv >= 16
+}
+
 /// Every cooperative configuration of the plan tables, with each way of streaming K/V a caller
 /// can force, and each route's first plan also with the per-head tensors, with a bias of each
 /// type, with the soft-cap and ALiBi passes, with each mask binding, with dropout, and with all of
@@ -565,11 +600,19 @@ pub fn all_coop_configs() -> Vec<CoopConfig> {
                     ..first
                 });
             }
+            if layout.is_some() {
+                configs.push(CoopConfig {
+                    bias: Some(DType::F16),
+                    bias_fragments: true,
+                    ..first
+                });
+            }
             configs.push(CoopConfig {
                 softcap: Some(CapForm::Series),
                 alibi: true,
                 head_tensors: true,
                 bias: Some(DType::F16),
+                bias_fragments: layout.is_some(),
                 mask: MaskBinding::BOUND[2],
                 dropout: Some(PhiloxMultiply::Halves),
                 ..first
@@ -612,4 +655,102 @@ pub struct CoopChoice {
     /// measured fragment layout allows it; `Some(false)`: through workgroup memory; `Some(true)`:
     /// in registers or an error).
     pub register_softmax: Option<bool>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::caps::fixtures::h200;
+    use crate::plan::choice::{BoundsChecks, KernelChoice};
+    use crate::plan::forward::select_forward;
+    use crate::plan::ForwardKernel;
+    use crate::problem::score_bias::BiasLayout;
+    use crate::problem::{AttentionShape, ScoreBias};
+
+    fn biased(
+        seq_q: usize,
+        seq_kv: usize,
+        dtype: DType,
+        layout: impl Fn(&AttentionProblem) -> BiasLayout,
+    ) -> AttentionProblem {
+        let shape = AttentionShape {
+            batch: 2,
+            seq_q,
+            seq_kv,
+            num_heads: 4,
+            num_kv_heads: 2,
+            head_dim: 128,
+        };
+        let p = AttentionProblem::new(shape, DType::F16);
+        let layout = layout(&p);
+        p.with_bias(ScoreBias { dtype, layout })
+    }
+
+    fn dense(p: &AttentionProblem) -> BiasLayout {
+        BiasLayout::dense(p, true, true)
+    }
+
+    /// What the automatic selection runs `problem` with on `caps`.
+    fn selected(problem: &AttentionProblem, caps: &Caps) -> CoopConfig {
+        match select_forward(problem, caps, &KernelChoice::Auto, BoundsChecks::Off) {
+            Ok(ForwardKernel::Coop(c)) => c,
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn aligned_f16_biases_load_as_fragments_with_the_softmax_in_registers() {
+        let caps = h200();
+        let p = biased(200, 328, DType::F16, dense);
+        assert!(bias_fits_fragments(&p, &caps));
+        let c = selected(&p, &caps);
+        assert!(c.bias_fragments && c.name().ends_with("_biasf16_frag"), "{}", c.name());
+        // The workgroup-memory softmax reads every element: no fragment view bound.
+        let c = CoopConfig::new(128, 32, 128).with_tensors_of(&p, &caps);
+        assert!(!c.bias_fragments);
+        assert!(!selected(&AttentionProblem::new(p.shape, DType::F16), &caps).bias_fragments);
+    }
+
+    #[test]
+    fn biases_fragments_cannot_load_are_read_element_by_element() {
+        let caps = h200();
+        let shifted = |by: usize| move |p: &AttentionProblem| BiasLayout { offset: by, ..dense(p) };
+        let row_stride = |stride: usize| {
+            move |p: &AttentionProblem| BiasLayout {
+                row_stride: stride,
+                head_stride: stride * p.shape.seq_q,
+                batch_stride: stride * p.shape.seq_q * p.shape.num_heads,
+                ..dense(p)
+            }
+        };
+        let cases = [
+            ("bf16", biased(200, 328, DType::BF16, dense)),
+            ("f32", biased(200, 328, DType::F32, dense)),
+            ("offset 4", biased(200, 328, DType::F16, shifted(4))),
+            ("offset 8", biased(200, 328, DType::F16, shifted(8))),
+            ("row stride 330", biased(200, 330, DType::F16, row_stride(330))),
+            ("odd keys", biased(200, 321, DType::F16, dense)),
+            ("15 rows", biased(15, 328, DType::F16, dense)),
+            ("15 keys", biased(200, 15, DType::F16, row_stride(16))),
+        ];
+        for (what, p) in cases {
+            let fits = what == "offset 8";
+            assert_eq!(bias_fits_fragments(&p, &caps), fits, "{what}");
+            let c = selected(&p, &caps);
+            assert_eq!(c.bias_fragments, fits, "{what}: {}", c.name());
+            // A fragment configuration forced on a bias it cannot load is refused, by reason.
+            let forced = CoopConfig {
+                bias_fragments: true,
+                ..c
+            };
+            assert_eq!(forced.unavailable_reason(&p, &caps).is_some(), !fits, "{what}");
+        }
+        // Bindings only 8-byte aligned could start a block off 16 bytes.
+        let p = biased(200, 328, DType::F16, dense);
+        let caps8 = Caps {
+            min_storage_offset_alignment: 8,
+            ..h200()
+        };
+        assert!(!bias_fits_fragments(&p, &caps8));
+    }
 }

@@ -26,7 +26,9 @@ use crate::runtime::split::{
 };
 use crate::wgsl::mask::FORWARD_MASK_BINDING;
 use crate::wgsl::params::Params;
-use crate::wgsl::{KernelConfig, FORWARD_BIAS_BINDING, FORWARD_HEAD_BINDING, FORWARD_INDEX_BINDING};
+use crate::wgsl::{
+    KernelConfig, FORWARD_BIAS_BINDING, FORWARD_BIAS_FRAGMENTS_BINDING, FORWARD_HEAD_BINDING, FORWARD_INDEX_BINDING,
+};
 
 /// The tensors of one forward call, in the caller's buffers. Each holds elements of the problem's
 /// `dtype` at the problem's layout for it, counted from its `byte_offset`.
@@ -166,6 +168,8 @@ enum PreparedKernel {
         sequences: SequenceIndex,
         head_tensors: bool,
         bias: bool,
+        /// The bias bound a second time, as fragments (CoopConfig::bias_fragments).
+        bias_fragments: bool,
         mask: MaskBinding,
     },
     Decode {
@@ -506,6 +510,7 @@ impl FlashAttention {
                 sequences: c.sequences,
                 head_tensors: c.head_tensors,
                 bias: c.bias.is_some(),
+                bias_fragments: false,
                 mask: c.mask,
             },
             ForwardKernel::Coop(c) => PreparedKernel::Prefill {
@@ -513,6 +518,7 @@ impl FlashAttention {
                 sequences: c.sequences,
                 head_tensors: c.head_tensors,
                 bias: c.bias.is_some(),
+                bias_fragments: c.bias_fragments,
                 mask: c.mask,
             },
             ForwardKernel::Decode { config, split } => {
@@ -563,14 +569,15 @@ impl FlashAttention {
             write_lse,
             at,
         } = prepared;
-        let (pipeline, sequences, head_tensors, bias, mask) = match kernel {
+        let (pipeline, sequences, head_tensors, bias, bias_fragments, mask) = match kernel {
             PreparedKernel::Prefill {
                 pipeline,
                 sequences,
                 head_tensors,
                 bias,
+                bias_fragments,
                 mask,
-            } => (pipeline, sequences, *head_tensors, *bias, *mask),
+            } => (pipeline, sequences, *head_tensors, *bias, *bias_fragments, *mask),
             PreparedKernel::Decode { config: decode, split } => {
                 self.encode_decode(encoder, problem, bound, index, *write_lse, timestamps, decode, split)?;
                 return Ok(*config);
@@ -605,6 +612,9 @@ impl FlashAttention {
             entries.push(index.bias.entry(FORWARD_BIAS_BINDING));
         }
         entries.extend(index.mask_entries(mask, FORWARD_MASK_BINDING));
+        if bias_fragments {
+            entries.push(index.bias.entry(FORWARD_BIAS_FRAGMENTS_BINDING));
+        }
         let bind_group = self.ctx.device.create_bind_group(&wgpu::BindGroupDescriptor {
             label: Some(&config.name()),
             layout: &pipeline.get_bind_group_layout(0),

@@ -26,6 +26,8 @@ pub const HEAD_TERMS_BOUND: &str = include_str!("../../shaders/head_terms_bound.
 pub const HEAD_TERMS_UNBOUND: &str = include_str!("../../shaders/head_terms_unbound.wgsl");
 pub const SCORE_BIAS_BOUND: &str = include_str!("../../shaders/score_bias_bound.wgsl");
 pub const SCORE_BIAS_UNBOUND: &str = include_str!("../../shaders/score_bias_unbound.wgsl");
+pub const SCORE_BIAS_FRAGMENTS_BOUND: &str = include_str!("../../shaders/score_bias_fragments_bound.wgsl");
+pub const SCORE_BIAS_FRAGMENTS_UNBOUND: &str = include_str!("../../shaders/score_bias_fragments_unbound.wgsl");
 pub const SCORE_BIAS_GRAD_BOUND: &str = include_str!("../../shaders/score_bias_grad_bound.wgsl");
 pub const SCORE_BIAS_GRAD_UNBOUND: &str = include_str!("../../shaders/score_bias_grad_unbound.wgsl");
 pub const DROPOUT: &str = include_str!("../../shaders/dropout.wgsl");
@@ -336,6 +338,7 @@ impl KernelConfig {
                 src.push_str(&sequence_source(c.sequences, FORWARD_INDEX_BINDING));
                 src.push_str(&head_terms_source(c.head_tensors, FORWARD_HEAD_BINDING));
                 src.push_str(&score_bias_source(c.bias, FORWARD_BIAS_BINDING));
+                src.push_str(&bias_fragments_source(c.bias_fragments));
                 src.push_str(&mask::mask_source(c.mask, mask::FORWARD_MASK_BINDING));
                 src.push_str(&dropout_source(c.dropout));
                 for part in [
@@ -504,6 +507,9 @@ pub const BACKWARD_HEAD_BINDING: u32 = BACKWARD_INDEX_BINDING + 3;
 /// per-head tensors' two, whether or not the kernel binds those.
 pub const FORWARD_BIAS_BINDING: u32 = FORWARD_HEAD_BINDING + 2;
 pub const BACKWARD_BIAS_BINDING: u32 = BACKWARD_HEAD_BINDING + 2;
+/// The score bias bound a second time as fragments (the cooperative-matrix forward): after the
+/// mask tensor's and block summary's bindings.
+pub const FORWARD_BIAS_FRAGMENTS_BINDING: u32 = mask::FORWARD_MASK_BINDING + 2;
 
 /// The score bias for a kernel that implements it (score_bias_*.wgsl): with `dtype`, its tensor of
 /// that element type at binding `binding`.
@@ -517,6 +523,15 @@ pub(crate) fn score_bias_source(dtype: Option<DType>, binding: u32) -> String {
         DType::BF16 => 2,
     };
     format!("const BIAS_BINDING: u32 = {binding}u;\nconst BIAS_DTYPE: u32 = {code}u;\n{SCORE_BIAS_BOUND}")
+}
+
+/// The cooperative-matrix forward's fragment view of an f16 score bias
+/// (score_bias_fragments_bound.wgsl), at [`FORWARD_BIAS_FRAGMENTS_BINDING`] where `bound`.
+fn bias_fragments_source(bound: bool) -> String {
+    if !bound {
+        return SCORE_BIAS_FRAGMENTS_UNBOUND.to_string();
+    }
+    format!("const BIAS_FRAGMENTS_BINDING: u32 = {FORWARD_BIAS_FRAGMENTS_BINDING}u;\n{SCORE_BIAS_FRAGMENTS_BOUND}")
 }
 
 /// Dropout for a kernel that implements it (dropout.wgsl): the generator with `dropout`'s
