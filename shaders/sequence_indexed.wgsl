@@ -46,8 +46,11 @@ fn sequence(b: u32) -> Sequence {
         }
         seq.seq_kv = min(len, seq.seq_kv);
     }
-    if (VARLEN && !KV_LENGTHS && seq.seq_kv > params.seq_kv) {
+    // More keys than the problem's seq_kv: invalid, and cut to seq_kv, so that no kernel reads a
+    // row of a tensor sized by it (the score bias, the mask) past its end.
+    if (seq.seq_kv > params.seq_kv) {
         seq.valid = false;
+        seq.seq_kv = params.seq_kv;
     }
     seq.causal_offset = i32(seq.seq_kv) - i32(seq.seq_q);
     return seq;

@@ -353,6 +353,15 @@ fn offsets_outside_the_tensors_never_reach_memory() {
         assert_eq!(rows_ok, b == 0, "sequence {b}");
     }
 
+    // Sequence 1 has more keys (32) than the problem's seq_kv (30), inside K/V: NaN (and cut to
+    // seq_kv, so a tensor sized by it is never read past a row); sequence 0 right, sequence 2
+    // (8 keys, not the reference's 10) finite.
+    let long_k = [0u32, 20, 52, 60];
+    let (out, _) = case.run(ctx, &engine, &case.cu_q, &long_k).unwrap();
+    assert!(o_of(1).iter().all(|&i| out[i].is_nan()), "sequence 1 not NaN");
+    assert!(o_of(0).iter().all(|&i| (out[i] as f64 - reference.out[i]).abs() < 1e-4));
+    assert!(o_of(2).iter().all(|&i| out[i].is_finite()), "sequence 2 not finite");
+
     // Sequence 1's query rows fall: nothing of it is written (its rows stay poisoned).
     let bad_q = [0u32, 20, 10, 60];
     let (out, _) = case.run(ctx, &engine, &bad_q, &case.cu_k).unwrap();
