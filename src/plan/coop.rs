@@ -391,7 +391,9 @@ impl CoopConfig {
         if let Some(why) = self.dropout.and_then(|d| d.unavailable_reason(caps)) {
             return Some(why);
         }
-        if self.bias_fragments && !(self.register_layout.is_some() && bias_fits_fragments(problem, caps)) {
+        let fragments_fit =
+            self.bias == Some(DType::F16) && self.register_layout.is_some() && bias_fits_fragments(problem, caps);
+        if self.bias_fragments && !fragments_fit {
             return Some(format!(
                 "{} loads the score bias as 16 × 16 fragments, which needs the softmax in registers and an \
                  f16 bias whose offset and strides are multiples of 8 elements, at least 16 query rows and keys, \
@@ -745,6 +747,13 @@ mod tests {
             };
             assert_eq!(forced.unavailable_reason(&p, &caps).is_some(), !fits, "{what}");
         }
+        // ... and one that binds the fragment view without the bias binding itself.
+        let p = biased(200, 328, DType::F16, dense);
+        let unbound = CoopConfig {
+            bias: None,
+            ..selected(&p, &caps)
+        };
+        assert!(unbound.bias_fragments && unbound.unavailable_reason(&p, &caps).is_some());
         // Bindings only 8-byte aligned could start a block off 16 bytes.
         let p = biased(200, 328, DType::F16, dense);
         let caps8 = Caps {
