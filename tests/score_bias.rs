@@ -55,14 +55,22 @@ fn random_problem(rng: &mut Rng, dtype: DType) -> AttentionProblem {
         dtype: DType::ALL[below(rng, 3)],
         layout,
     });
+    with_random_variant(rng, p)
+}
+
+/// `p`, in four cases of six with one more variant beside its bias: a window, a soft-cap,
+/// ALiBi's geometric slopes or sinks.
+fn with_random_variant(rng: &mut Rng, p: AttentionProblem) -> AttentionProblem {
     match below(rng, 6) {
-        0 => p = p.with_window(Some(below(rng, 30)), Some(below(rng, 30))),
-        1 => p = p.with_softcap(4.0),
-        2 => p.alibi = Some(Alibi::Geometric),
-        3 => p = p.with_sinks(),
-        _ => {}
+        0 => p.with_window(Some(below(rng, 30)), Some(below(rng, 30))),
+        1 => p.with_softcap(4.0),
+        2 => AttentionProblem {
+            alibi: Some(Alibi::Geometric),
+            ..p
+        },
+        3 => p.with_sinks(),
+        _ => p,
     }
-    p
 }
 
 fn label(p: &AttentionProblem, seed: u64) -> String {
@@ -292,14 +300,7 @@ fn fragment_bias_problem(rng: &mut Rng, head_dims: &[usize]) -> AttentionProblem
         dtype: DType::F16,
         layout,
     });
-    match below(rng, 6) {
-        0 => p = p.with_window(Some(below(rng, 40)), Some(below(rng, 40))),
-        1 => p = p.with_softcap(4.0),
-        2 => p.alibi = Some(Alibi::Geometric),
-        3 => p = p.with_sinks(),
-        _ => {}
-    }
-    p
+    with_random_variant(rng, p)
 }
 
 /// The cooperative-matrix kernel with the bias loaded as fragments: every forced way of streaming

@@ -236,13 +236,19 @@ impl CoopConfig {
             sequences: SequenceIndex::of(problem),
             head_tensors: problem.has_head_tensors(),
             bias: problem.bias.map(|b| b.dtype),
-            bias_fragments: self.register_layout.is_some() && bias_fits_fragments(problem, caps),
+            bias_fragments: self.loads_bias_fragments_of(problem, caps),
             softcap: problem.cap_form(),
             alibi: problem.alibi.is_some(),
             mask: MaskBinding::of(problem),
             dropout: problem.active_dropout().map(|_| PhiloxMultiply::for_device(caps)),
             ..self
         }
+    }
+
+    /// Whether this configuration's softmax can load `problem`'s bias as fragments: in registers,
+    /// and a bias [`bias_fits_fragments`] accepts.
+    fn loads_bias_fragments_of(&self, problem: &AttentionProblem, caps: &Caps) -> bool {
+        self.register_layout.is_some() && bias_fits_fragments(problem, caps)
     }
 
     /// Runs the softmax on the score fragments' registers with this device layout (`None`:
@@ -391,9 +397,7 @@ impl CoopConfig {
         if let Some(why) = self.dropout.and_then(|d| d.unavailable_reason(caps)) {
             return Some(why);
         }
-        let fragments_fit =
-            self.bias == Some(DType::F16) && self.register_layout.is_some() && bias_fits_fragments(problem, caps);
-        if self.bias_fragments && !fragments_fit {
+        if self.bias_fragments && !(self.bias == Some(DType::F16) && self.loads_bias_fragments_of(problem, caps)) {
             return Some(format!(
                 "{} loads the score bias as 16 × 16 fragments, which needs the softmax in registers and an \
                  f16 bias whose offset and strides are multiples of 8 elements, at least 16 query rows and keys, \
