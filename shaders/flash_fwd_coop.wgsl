@@ -6,8 +6,10 @@
 // granules every kernel indexes), 4 o (f16 granules), 5 the LSE bits, and for a batch with index
 // tensors 6–8 (sequence_indexed.wgsl), for ALiBi slopes or sinks from tensors 9–10
 // (head_terms_bound.wgsl), for a score bias 11 (score_bias_bound.wgsl), for a mask tensor and its
-// block summary 12–13 (mask_bound.wgsl, mask_blocks_bound.wgsl). Dropout (dropout.wgsl) needs no
-// binding: its keep bits are drawn where P is formed.
+// block summary 12–13 (mask_bound.wgsl, mask_blocks_bound.wgsl), the bias's fragment view 14
+// (score_bias_fragments_bound.wgsl), and with the exact pass outside the kernel its workgroups'
+// flags 15 (huge_flags_bound.wgsl). Dropout (dropout.wgsl) needs no binding: its keep bits are
+// drawn where P is formed.
 //
 // What a workgroup owns: one tile of BLOCK_M query rows of one (sequence, head), like the
 // non-matrix kernel flash_fwd.wgsl (same grid, longest first, same causal tile skipping, tiles
@@ -40,10 +42,11 @@
 //   subgroup's alone, so only the subgroup synchronises (subgroupBarrier, made to cover
 //   workgroup memory in src/spirv/coherence.rs).
 //
-// Either way the scale sits inside exp2's argument, and masked scores are −∞. Up to head_dim 128
-// a workgroup streams its K/V tiles once (the fast pass), or twice where some row's reference max
-// turned huge, past what one multiply-add into exp2 holds exactly (attend_kv_tiles,
-// HUGE_REFERENCE, TWO_PASSES). Sliding windows are run-time parameters (common.wgsl): K/V tiles
+// Either way the scale sits inside exp2's argument, and masked scores are −∞. A workgroup streams
+// its K/V tiles once (the fast pass), or twice where some row's reference max turned huge, past
+// what one multiply-add into exp2 holds exactly (attend_kv_tiles, HUGE_REFERENCE): the exact pass
+// runs in the kernel, or in a second dispatch of the same grid for the workgroups the first one
+// flagged (EXACT_PASS, huge_flags_bound.wgsl). Sliding windows are run-time parameters (common.wgsl): K/V tiles
 // left of every row's window are never loaded, as tiles past the diagonal are not, nor are tiles a
 // mask's block summary shows hidden whole (next_key_tile). A soft-cap (SOFTCAP), ALiBi (ALIBI),
 // the score bias (HAS_BIAS), the mask (HAS_MASK) and dropout (DROPOUT) are compile-time: each is
@@ -127,18 +130,22 @@ const RESCALE_THRESHOLD: f32 = 8.0;
 // branch costs that much there is not known yet) and with the softmax in registers the
 // unconditional product was faster (docs/perf-history.md, "Cooperative matrices", steps 13, 18).
 const ROW_FACTORS_ALWAYS: bool = HEAD_DIM_PAD > 128u || REGISTER_SOFTMAX;
-// Two choices of code size against instructions a tile, where the registers allow them (the
-// H200's measurements: BENCHMARKS.md, session 27):
-// - TWO_PASSES: the fast pass and, for workgroups that met a huge row, the exact pass
-//   (attend_kv_tiles), rather than one pass that always takes the exact form (a subtraction a
-//   score). Above head_dim 128, and with the soft-cap's tanh in the loop, the second copy of the
-//   loop cost more than the subtraction.
-// - MASK_BRANCH: the register softmax compiled twice, with the mask's code and without, for tiles
-//   that need a mask and tiles that do not. With one copy and the mask a run-time flag, NVIDIA's
-//   compiler predicates the mask's instructions into every tile; at head_dim 64 the branch gains,
-//   at 128 its second copy spills and loses.
-const TWO_PASSES: bool = HEAD_DIM_PAD <= 128u && !SOFTCAP;
+// MASK_BRANCH, code size against instructions a tile (the H200's measurements: BENCHMARKS.md,
+// session 27): the register softmax compiled twice, with the mask's code and without, for tiles
+// that need a mask and tiles that do not. With one copy and the mask a run-time flag, NVIDIA's
+// compiler predicates the mask's instructions into every tile; at head_dim 64 the branch gains,
+// at 128 its second copy spills and loses.
 const MASK_BRANCH: bool = HEAD_DIM_PAD <= 64u;
+
+// Where the exact pass runs (EXACT_PASS, generated: src/plan/coop.rs ExactPass, which says where
+// each is chosen). EXACT_IN_KERNEL: the fast pass, then the exact pass for a workgroup where some
+// row met a huge reference — two copies of the tile loop. EXACT_FLAGGED: the fast pass alone,
+// each workgroup storing whether some row met one (note_huge); EXACT_RERUN, the same grid
+// dispatched next: the exact pass alone in the workgroups flagged (flagged), the others returning
+// at once. One copy of the loop each, so the fast pass keeps the registers a second copy would take.
+const EXACT_IN_KERNEL: u32 = 0u;
+const EXACT_FLAGGED: u32 = 1u;
+const EXACT_RERUN: u32 = 2u;
 
 // KV_BUFFERS buffers of KV_TILE_VECS: rows 0..BLOCK_N the tile's K, rows BLOCK_N..2·BLOCK_N its V.
 // Q passes through at the start.
@@ -356,8 +363,7 @@ fn next_reference_raw(m_raw: f32, tile_raw_max: f32, alpha: f32) -> f32 {
 // on, and enough past 2^31 to make exp2 0 or ∞ (a row of such scores came out O = 0). Rows that
 // large (a huge scale, huge opposite q and k) use (x − m_raw)·scale instead, exactly 0 at the max.
 // They are rare, so that subtraction is not in the fast pass: a workgroup where some row's
-// reference turned huge runs its K/V tiles again, the exact way (attend_kv_tiles; above head_dim
-// 128 every workgroup takes the exact way once, TWO_PASSES).
+// reference turned huge runs its K/V tiles again, the exact way (attend_kv_tiles, EXACT_PASS).
 const HUGE_REFERENCE: f32 = 16777216.0;
 
 fn is_huge_reference(m: f32) -> bool {
@@ -747,6 +753,9 @@ fn flash_fwd_coop(
     if (m0 >= seq.seq_q) {
         return; // past this sequence's rows (a shorter sequence of a packed batch)
     }
+    if (EXACT_PASS == EXACT_RERUN && !flagged(wg, groups, li)) {
+        return; // the fast dispatch's output stands
+    }
     // Subgroups as consecutive runs of SUBGROUP local invocations: what NVIDIA's driver does, not
     // what Vulkan promises (subgroup_id / subgroup_invocation_id would not assume it; not yet
     // measured on the H200, so not yet changed).
@@ -808,7 +817,7 @@ fn flash_fwd_coop(
     }
 
     // The fast pass over the K/V tiles, and for a workgroup where some row's reference turned
-    // huge, the exact pass from the start (attend_kv_tiles); or the exact pass alone (TWO_PASSES).
+    // huge, the exact pass from the start (attend_kv_tiles): here, or in the rerun (EXACT_PASS).
     var o_frag: array<coop_mat16x16<f32, C>, D_BLOCKS>;
     var row_part: RowPart;
     var reg_rows: RegisterRows;
@@ -816,13 +825,16 @@ fn flash_fwd_coop(
         reg_rows = rows_in_registers(seq, my_scores, lane, m0 + sg * 16u);
     }
     let ts = TileStream(seq, head, m0, first_kv_tile, num_kv_tiles, kv_copy(li, seq, kv_head), score_terms(head), row, row_keys, r, part, my_scores, my_probs);
-    if (TWO_PASSES) {
+    if (EXACT_PASS == EXACT_RERUN) {
+        attend_kv_tiles(true, ts, &q_frag, &o_frag, &reg_rows, &row_part);
+    } else {
         attend_kv_tiles(false, ts, &q_frag, &o_frag, &reg_rows, &row_part);
-        if (workgroup_saw_huge(sg, lane, select(row_part.huge_seen, reg_rows.huge_seen, REGISTER_SOFTMAX))) {
+        let saw_huge = workgroup_saw_huge(sg, lane, select(row_part.huge_seen, reg_rows.huge_seen, REGISTER_SOFTMAX));
+        if (EXACT_PASS == EXACT_FLAGGED) {
+            note_huge(wg, groups, li, saw_huge);
+        } else if (saw_huge) {
             attend_kv_tiles(true, ts, &q_frag, &o_frag, &reg_rows, &row_part);
         }
-    } else {
-        attend_kv_tiles(true, ts, &q_frag, &o_frag, &reg_rows, &row_part);
     }
 
     // ---- epilogue: O / l (in registers, or on the way out with the workgroup-memory softmax)

@@ -9,5 +9,5 @@ pub use crate::plan::{
 };
 pub use crate::plan::{
     CoopChoice, CoopConfig, CoopDecodePlan, DecodeChoice, DecodeConfig, DecodeKernel, DecodePlan, DecodeSplit,
-    FlashConfig, ForwardKernel, Reduction, TilePlan, TileType, TiledChoice, Variant,
+    ExactPass, FlashConfig, ForwardKernel, Reduction, TilePlan, TileType, TiledChoice, Variant,
 };

@@ -269,6 +269,7 @@ fn cooperative_matrix_kernel_matches_the_reference() {
             prefetch_kv: Some(plan.prefetch_kv),
             double_buffer: Some(plan.double_buffer),
             register_softmax: Some(registers),
+            ..CoopChoice::default()
         });
         let engine = engine_with(ctx, choice);
         let mut ran = 0;

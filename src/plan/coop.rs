@@ -53,6 +53,47 @@ pub struct CoopConfig {
     /// Invocations per subgroup the module is compiled for, the device's (one of
     /// `COOP_FORWARD_SUBGROUPS`).
     pub subgroup: u32,
+    /// Where the exact pass runs for the workgroups where some row's reference max turned huge.
+    pub exact_pass: ExactPass,
+}
+
+/// Where the cooperative-matrix forward runs its exact pass (shaders/flash_fwd_coop.wgsl,
+/// HUGE_REFERENCE): the pass over the K/V tiles again, in the form that stays exact for a row
+/// whose reference max has turned huge (a huge scale, huge opposite q and k), which the fast pass
+/// only notes. Such rows are rare, so the fast pass is the one that must be fast; but the exact
+/// pass compiled into the same kernel is a second copy of the tile loop, which costs registers:
+/// where it does not fit beside the first (head_dim above 128, the soft-cap) or makes it slower, it
+/// runs as a second dispatch instead.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum ExactPass {
+    /// In the kernel: the fast pass, then the exact pass for a workgroup where some row met a
+    /// huge reference.
+    #[default]
+    InKernel,
+    /// The fast pass alone, noting in a flag per workgroup whether some row met a huge
+    /// reference (a scratch buffer, one `u32` a workgroup); the call then dispatches the same
+    /// grid again with the [`Rerun`](Self::Rerun) kernel ([`CoopConfig::rerun`]).
+    Flagged,
+    /// The exact pass alone, for the workgroups the [`Flagged`](Self::Flagged) dispatch before it
+    /// flagged: every other workgroup returns at once, leaving that dispatch's output.
+    Rerun,
+}
+
+impl ExactPass {
+    /// The default for a problem: in the kernel up to head_dim 64, and up to 128 causal, where
+    /// its second copy of the loop costs nothing or runs faster; as a second dispatch above 128
+    /// (where two copies spill), non-causal from 65 to 128, and with a soft-cap (whose exact form
+    /// is slower and whose two copies spill). The rates are in BENCHMARKS.md ("The exact pass as
+    /// a second dispatch").
+    pub fn for_problem(problem: &AttentionProblem) -> Self {
+        let head_dim = problem.shape.head_dim;
+        let in_kernel = problem.cap_form().is_none() && (head_dim <= 64 || (head_dim <= 128 && problem.causal));
+        if in_kernel {
+            ExactPass::InKernel
+        } else {
+            ExactPass::Flagged
+        }
+    }
 }
 
 /// The subgroup sizes the cooperative-matrix forward kernel is written for. 32 is NVIDIA's (and
@@ -214,7 +255,19 @@ impl CoopConfig {
             mask: MaskBinding::default(),
             dropout: None,
             subgroup: COOP_SUBGROUP,
+            exact_pass: ExactPass::InKernel,
         }
+    }
+
+    /// Sets [`exact_pass`](Self::exact_pass).
+    pub fn with_exact_pass(self, exact_pass: ExactPass) -> Self {
+        CoopConfig { exact_pass, ..self }
+    }
+
+    /// The kernel a [`Flagged`](ExactPass::Flagged) configuration's call dispatches after it: the
+    /// same configuration with the exact pass alone; `None` for the others.
+    pub fn rerun(&self) -> Option<CoopConfig> {
+        (self.exact_pass == ExactPass::Flagged).then_some(self.with_exact_pass(ExactPass::Rerun))
     }
 
     /// Sets [`subgroup`](Self::subgroup).
@@ -296,11 +349,11 @@ impl CoopConfig {
     /// `flash_fwd_coop_f16_bm{}_bn{}_d{}`, with `_prefetch` when the next K/V tile is loaded
     /// into registers early, `_db` when K/V are double-buffered, and `_regs…` (the layout) when
     /// the softmax runs in registers (and `_varlen`, `_lens`, `_heads`, `_bias{dtype}` (and `_frag`),
-    /// `_cap`/`_capseries`, `_alibi`, `_mask`, `_blocks`, `_dropout`/`_dropout64`, and `_sg{n}` for subgroups
-    /// of other than 32).
+    /// `_cap`/`_capseries`, `_alibi`, `_mask`, `_blocks`, `_dropout`/`_dropout64`, `_sg{n}` for subgroups
+    /// of other than 32, and `_flagged` or `_rerun` for an exact pass outside the kernel).
     pub fn name(&self) -> String {
         format!(
-            "flash_fwd_coop_f16_bm{}_bn{}_d{}{}{}{}{}{}{}{}{}{}{}{}{}",
+            "flash_fwd_coop_f16_bm{}_bn{}_d{}{}{}{}{}{}{}{}{}{}{}{}{}{}",
             self.block_m,
             self.block_n,
             self.head_dim_pad,
@@ -321,6 +374,11 @@ impl CoopConfig {
                 String::new()
             } else {
                 format!("_sg{}", self.subgroup)
+            },
+            match self.exact_pass {
+                ExactPass::InKernel => "",
+                ExactPass::Flagged => "_flagged",
+                ExactPass::Rerun => "_rerun",
             },
         )
     }
@@ -597,6 +655,9 @@ pub fn all_coop_configs() -> Vec<CoopConfig> {
                 });
             }
             configs.push(CoopConfig { alibi: true, ..first });
+            for exact_pass in [ExactPass::Flagged, ExactPass::Rerun] {
+                configs.push(first.with_exact_pass(exact_pass));
+            }
             for mask in MaskBinding::BOUND {
                 configs.push(CoopConfig { mask, ..first });
             }
@@ -661,6 +722,10 @@ pub struct CoopChoice {
     /// measured fragment layout allows it; `Some(false)`: through workgroup memory; `Some(true)`:
     /// in registers or an error).
     pub register_softmax: Option<bool>,
+    /// Whether the exact pass for rows whose reference max turns huge runs as a second dispatch
+    /// over the workgroups that met one (`Some(true)`) or inside the kernel (`Some(false)`);
+    /// `None`: as [`ExactPass::for_problem`] picks. Either way the result is the same.
+    pub separate_exact_pass: Option<bool>,
 }
 
 #[cfg(test)]
@@ -705,12 +770,56 @@ mod tests {
     }
 
     #[test]
+    fn the_exact_pass_leaves_the_kernel_where_its_second_copy_costs() {
+        let caps = h200();
+        let exact_pass = |head_dim: usize, causal: bool, softcap: Option<f32>| {
+            let mut p = AttentionProblem::mha(2, 1000, 4, head_dim, DType::F16).with_causal(causal);
+            if let Some(cap) = softcap {
+                p = p.with_softcap(cap);
+            }
+            let c = selected(&p, &caps);
+            assert_eq!(c.exact_pass, ExactPass::for_problem(&p));
+            c.exact_pass
+        };
+        for causal in [false, true] {
+            assert_eq!(exact_pass(64, causal, None), ExactPass::InKernel);
+            assert_eq!(exact_pass(64, causal, Some(30.0)), ExactPass::Flagged);
+            assert_eq!(exact_pass(256, causal, None), ExactPass::Flagged);
+            assert_eq!(exact_pass(200, causal, None), ExactPass::Flagged);
+        }
+        assert_eq!(exact_pass(128, false, None), ExactPass::Flagged);
+        assert_eq!(exact_pass(96, false, None), ExactPass::Flagged);
+        assert_eq!(exact_pass(128, true, None), ExactPass::InKernel);
+        // The flagged kernel's rerun is the same configuration but for the pass; no other has one.
+        let flagged = CoopConfig::new(128, 32, 256).with_exact_pass(ExactPass::Flagged);
+        let rerun = flagged.rerun().unwrap();
+        assert_eq!(rerun, flagged.with_exact_pass(ExactPass::Rerun));
+        assert!(flagged.name().ends_with("_flagged") && rerun.name().ends_with("_rerun"));
+        assert_eq!(rerun.rerun(), None);
+        assert_eq!(CoopConfig::new(128, 32, 256).rerun(), None);
+        // The caller's knob overrides the rule both ways.
+        for (separate, want) in [(true, ExactPass::Flagged), (false, ExactPass::InKernel)] {
+            let choice = KernelChoice::CooperativeMatrix(CoopChoice {
+                separate_exact_pass: Some(separate),
+                ..CoopChoice::default()
+            });
+            for head_dim in [64, 256] {
+                let p = AttentionProblem::mha(1, 300, 2, head_dim, DType::F16);
+                match select_forward(&p, &caps, &choice, BoundsChecks::Off) {
+                    Ok(ForwardKernel::Coop(c)) => assert_eq!(c.exact_pass, want, "{}", c.name()),
+                    other => panic!("{other:?}"),
+                }
+            }
+        }
+    }
+
+    #[test]
     fn aligned_f16_biases_load_as_fragments_with_the_softmax_in_registers() {
         let caps = h200();
         let p = biased(200, 328, DType::F16, dense);
         assert!(bias_fits_fragments(&p, &caps));
         let c = selected(&p, &caps);
-        assert!(c.bias_fragments && c.name().ends_with("_biasf16_frag"), "{}", c.name());
+        assert!(c.bias_fragments && c.name().contains("_biasf16_frag"), "{}", c.name());
         // The workgroup-memory softmax reads every element: no fragment view bound.
         let c = CoopConfig::new(128, 32, 128).with_tensors_of(&p, &caps);
         assert!(!c.bias_fragments);

@@ -5,7 +5,9 @@ use crate::caps::Caps;
 use crate::error::{Error, Result};
 use crate::plan::check_grid;
 use crate::plan::choice::{BoundsChecks, KernelChoice};
-use crate::plan::coop::{coop_plans, coop_subgroup_of, register_routes, CoopChoice, CoopConfig, CoopPlan, CoopSoftmax};
+use crate::plan::coop::{
+    coop_plans, coop_subgroup_of, register_routes, CoopChoice, CoopConfig, CoopPlan, CoopSoftmax, ExactPass,
+};
 use crate::plan::decode::{prefers_decode, select_decode, DecodeChoice, DecodeConfig, DecodeSplit};
 use crate::plan::policy::{COOP_BY_DEFAULT, DECODE_BY_DEFAULT};
 use crate::plan::tiled::{select, FlashConfig};
@@ -150,7 +152,12 @@ pub fn select_forward(
             let config = config
                 .with_prefetch_kv(coop.prefetch_kv.unwrap_or(config.prefetch_kv))
                 .with_double_buffer(coop.double_buffer.unwrap_or(config.double_buffer))
-                .with_tensors_of(problem, caps);
+                .with_tensors_of(problem, caps)
+                .with_exact_pass(match coop.separate_exact_pass {
+                    Some(true) => ExactPass::Flagged,
+                    Some(false) => ExactPass::InKernel,
+                    None => ExactPass::for_problem(problem),
+                });
             match config.unavailable_reason(problem, caps) {
                 None => {
                     check_grid(problem, config.block_m, caps)?;
@@ -483,7 +490,9 @@ mod tests {
         let mut no_layout = h200();
         no_layout.coop_register_layout = None;
         no_layout.coop_register_layout_note = Some("A operand laid out differently".into());
-        let first_shared = coop_plans(128, CoopSoftmax::WorkgroupMemory)[0].config(128);
+        let first_shared = coop_plans(128, CoopSoftmax::WorkgroupMemory)[0]
+            .config(128)
+            .with_exact_pass(ExactPass::for_problem(&p));
         for (caps, choice) in [
             (&no_layout, auto),
             (
@@ -521,7 +530,8 @@ mod tests {
             };
             let first = coop_plans(d, CoopSoftmax::Registers)[0]
                 .config(d)
-                .with_register_layout(h200.coop_register_layout);
+                .with_register_layout(h200.coop_register_layout)
+                .with_exact_pass(ExactPass::for_problem(&p));
             assert_eq!(c, first, "head_dim {d}");
         }
         // 20 query rows: no 256-row tile when a plan of at most 32 rows fits.

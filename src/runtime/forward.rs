@@ -27,7 +27,8 @@ use crate::runtime::split::{
 use crate::wgsl::mask::FORWARD_MASK_BINDING;
 use crate::wgsl::params::Params;
 use crate::wgsl::{
-    KernelConfig, FORWARD_BIAS_BINDING, FORWARD_BIAS_FRAGMENTS_BINDING, FORWARD_HEAD_BINDING, FORWARD_INDEX_BINDING,
+    KernelConfig, FORWARD_BIAS_BINDING, FORWARD_BIAS_FRAGMENTS_BINDING, FORWARD_HEAD_BINDING,
+    FORWARD_HUGE_FLAGS_BINDING, FORWARD_INDEX_BINDING,
 };
 
 /// The tensors of one forward call, in the caller's buffers. Each holds elements of the problem's
@@ -165,6 +166,8 @@ pub(crate) struct PreparedForward<'a> {
 enum PreparedKernel {
     Prefill {
         pipeline: std::sync::Arc<wgpu::ComputePipeline>,
+        /// The exact pass's second dispatch, where it has one.
+        rerun: Option<RerunPass>,
         sequences: SequenceIndex,
         head_tensors: bool,
         bias: bool,
@@ -176,6 +179,13 @@ enum PreparedKernel {
         config: DecodeConfig,
         split: DecodeSplit,
     },
+}
+
+/// The cooperative-matrix forward's exact pass as a second dispatch ([`CoopConfig::rerun`]): its
+/// pipeline and the bytes of the workgroups' flags both dispatches bind.
+struct RerunPass {
+    pipeline: std::sync::Arc<wgpu::ComputePipeline>,
+    flag_bytes: u64,
 }
 
 /// Result of a host-slice call.
@@ -233,6 +243,9 @@ pub struct FlashAttention {
     /// The decode kernel's partial results, kept between calls and grown to the largest need
     /// (src/runtime/decode.rs).
     decode_scratch: ScratchBuffers<2>,
+    /// The cooperative-matrix forward's workgroup flags when its exact pass is a second dispatch
+    /// (shaders/huge_flags_bound.wgsl), kept the same way.
+    huge_flags: ScratchBuffers<1>,
 }
 
 impl FlashAttention {
@@ -270,6 +283,7 @@ impl FlashAttention {
             ),
             unused_lse,
             decode_scratch: ScratchBuffers::new(["decode o_partial", "decode lse_partial"]),
+            huge_flags: ScratchBuffers::new(["coop forward huge_flags"]),
         }
     }
 
@@ -333,12 +347,16 @@ impl FlashAttention {
         )
     }
 
-    /// The pipelines `kernel` records: one, or for the decode kernel with more than one piece of
-    /// the keys, the decode kernel and the combine.
+    /// The pipelines `kernel` records: one, or two for the cooperative-matrix kernel whose exact
+    /// pass is a second dispatch and for the decode kernel with more than one piece of the keys
+    /// (the decode kernel and the combine).
     fn pipeline_keys(kernel: &ForwardKernel, problem: &AttentionProblem) -> Vec<KernelConfig> {
         match kernel {
             ForwardKernel::Tiled(c) => vec![KernelConfig::Flash(*c)],
-            ForwardKernel::Coop(c) => vec![KernelConfig::FlashCoop(*c)],
+            ForwardKernel::Coop(c) => std::iter::once(*c)
+                .chain(c.rerun())
+                .map(KernelConfig::FlashCoop)
+                .collect(),
             ForwardKernel::Decode { config, split } => {
                 let mut keys = vec![KernelConfig::Decode(*config)];
                 if split.splits > 1 {
@@ -507,6 +525,7 @@ impl FlashAttention {
         let kernel = match &config {
             ForwardKernel::Tiled(c) => PreparedKernel::Prefill {
                 pipeline: self.pipelines.get(&KernelConfig::Flash(*c))?,
+                rerun: None,
                 sequences: c.sequences,
                 head_tensors: c.head_tensors,
                 bias: c.bias.is_some(),
@@ -515,6 +534,13 @@ impl FlashAttention {
             },
             ForwardKernel::Coop(c) => PreparedKernel::Prefill {
                 pipeline: self.pipelines.get(&KernelConfig::FlashCoop(*c))?,
+                rerun: match c.rerun() {
+                    Some(rerun) => Some(RerunPass {
+                        pipeline: self.pipelines.get(&KernelConfig::FlashCoop(rerun))?,
+                        flag_bytes: self.check_huge_flags(problem, &config)?,
+                    }),
+                    None => None,
+                },
                 sequences: c.sequences,
                 head_tensors: c.head_tensors,
                 bias: c.bias.is_some(),
@@ -569,15 +595,16 @@ impl FlashAttention {
             write_lse,
             at,
         } = prepared;
-        let (pipeline, sequences, head_tensors, bias, bias_fragments, mask) = match kernel {
+        let (pipeline, rerun, sequences, head_tensors, bias, bias_fragments, mask) = match kernel {
             PreparedKernel::Prefill {
                 pipeline,
+                rerun,
                 sequences,
                 head_tensors,
                 bias,
                 bias_fragments,
                 mask,
-            } => (pipeline, sequences, *head_tensors, *bias, *bias_fragments, *mask),
+            } => (pipeline, rerun, sequences, *head_tensors, *bias, *bias_fragments, *mask),
             PreparedKernel::Decode { config: decode, split } => {
                 self.encode_decode(encoder, problem, bound, index, *write_lse, timestamps, decode, split)?;
                 return Ok(*config);
@@ -615,19 +642,35 @@ impl FlashAttention {
         if bias_fragments {
             entries.push(index.bias.entry(FORWARD_BIAS_FRAGMENTS_BINDING));
         }
-        let bind_group = self.ctx.device.create_bind_group(&wgpu::BindGroupDescriptor {
-            label: Some(&config.name()),
-            layout: &pipeline.get_bind_group_layout(0),
-            entries: &entries,
-        });
+        // Both dispatches bind the flags; wgpu orders the rerun's reads (and its writes of O and
+        // the LSE) after the first dispatch's writes.
+        let flags = rerun
+            .as_ref()
+            .map(|r| self.huge_flags.at_least(&self.ctx.device, [r.flag_bytes]));
+        if let Some([flags]) = &flags {
+            entries.push(wgpu::BindGroupEntry {
+                binding: FORWARD_HUGE_FLAGS_BINDING,
+                resource: flags.as_entire_binding(),
+            });
+        }
+        let bind_group_of = |pipeline: &wgpu::ComputePipeline| {
+            self.ctx.device.create_bind_group(&wgpu::BindGroupDescriptor {
+                label: Some(&config.name()),
+                layout: &pipeline.get_bind_group_layout(0),
+                entries: &entries,
+            })
+        };
         let mut pass = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor {
             label: Some(&config.name()),
             timestamp_writes: timestamps,
         });
-        pass.set_pipeline(pipeline);
-        pass.set_bind_group(0, &bind_group, &[]);
         let s = problem.shape;
-        pass.dispatch_workgroups(params.num_q_tiles, s.num_heads as u32, s.batch as u32);
+        let passes = std::iter::once(pipeline.as_ref()).chain(rerun.as_ref().map(|r| r.pipeline.as_ref()));
+        for pipeline in passes {
+            pass.set_pipeline(pipeline);
+            pass.set_bind_group(0, &bind_group_of(pipeline), &[]);
+            pass.dispatch_workgroups(params.num_q_tiles, s.num_heads as u32, s.batch as u32);
+        }
         Ok(*config)
     }
 
@@ -813,9 +856,11 @@ impl FlashAttention {
     /// slices, O, the LSE) within what the device allocates and binds. [`Error::TooLarge`] says
     /// which does not fit.
     fn fits_on_own_buffers(&self, problem: &AttentionProblem, at: Placement) -> Result<()> {
-        if let ForwardKernel::Decode { split, .. } = self.select_at(problem, at)? {
+        let kernel = self.select_at(problem, at)?;
+        if let ForwardKernel::Decode { split, .. } = kernel {
             self.check_decode_scratch(problem, &split)?;
         }
+        self.check_huge_flags(problem, &kernel)?;
         let caps = &self.ctx.caps;
         let es = problem.dtype.size_bytes();
         for t in [Tensor::Q, Tensor::K, Tensor::V, Tensor::O] {
@@ -897,6 +942,14 @@ impl FlashAttention {
             kernel: format!("{} (in {} parts)", kernel.unwrap_or_default(), parts.len()),
             device_bytes,
         })
+    }
+
+    /// [`huge_flag_bytes`], checked against what the device allocates and binds.
+    fn check_huge_flags(&self, problem: &AttentionProblem, kernel: &ForwardKernel) -> Result<u64> {
+        let bytes = huge_flag_bytes(problem, kernel)?;
+        check_buffer_size("huge_flags", bytes, &self.ctx.caps)?;
+        check_binding_size("huge_flags", bytes, &self.ctx.caps)?;
+        Ok(bytes)
     }
 
     pub(crate) fn uniform(&self, params: &Params) -> wgpu::Buffer {
@@ -1074,12 +1127,29 @@ impl FlashAttention {
     }
 }
 
-/// Scratch bytes `kernel` uses beside the inputs and outputs (the decode kernel's partial results).
+/// Scratch bytes `kernel` uses beside the inputs and outputs (the decode kernel's partial results,
+/// the workgroups' flags of a cooperative-matrix kernel whose exact pass is a second dispatch).
 fn kernel_scratch_bytes(problem: &AttentionProblem, kernel: &ForwardKernel) -> Result<u64> {
     match kernel {
         ForwardKernel::Decode { split, .. } => {
             let (o, lse) = scratch_bytes(problem, split)?;
             Ok(o + lse)
+        }
+        _ => huge_flag_bytes(problem, kernel),
+    }
+}
+
+/// Bytes of the workgroups' flags `kernel` binds (shaders/huge_flags_bound.wgsl): one u32 per
+/// workgroup of its grid where its exact pass is a second dispatch, else 0.
+fn huge_flag_bytes(problem: &AttentionProblem, kernel: &ForwardKernel) -> Result<u64> {
+    match kernel {
+        ForwardKernel::Coop(c) if c.rerun().is_some() => {
+            let s = problem.shape;
+            let workgroups = num_q_tiles(problem, kernel)
+                .checked_mul(s.num_heads)
+                .and_then(|n| n.checked_mul(s.batch))
+                .unwrap_or(usize::MAX);
+            byte_len("huge_flags", workgroups, 4)
         }
         _ => Ok(0),
     }

@@ -13,8 +13,8 @@ pub mod unroll;
 
 use crate::plan::policy::DECODE_MAX_SPLITS;
 use crate::plan::{
-    BackwardKernel, CoopConfig, DecodeConfig, DecodeKernel, FlashConfig, PhiloxMultiply, Reduction, SequenceIndex,
-    TileType,
+    BackwardKernel, CoopConfig, DecodeConfig, DecodeKernel, ExactPass, FlashConfig, PhiloxMultiply, Reduction,
+    SequenceIndex, TileType,
 };
 use crate::problem::DType;
 
@@ -28,6 +28,8 @@ pub const SCORE_BIAS_BOUND: &str = include_str!("../../shaders/score_bias_bound.
 pub const SCORE_BIAS_UNBOUND: &str = include_str!("../../shaders/score_bias_unbound.wgsl");
 pub const SCORE_BIAS_FRAGMENTS_BOUND: &str = include_str!("../../shaders/score_bias_fragments_bound.wgsl");
 pub const SCORE_BIAS_FRAGMENTS_UNBOUND: &str = include_str!("../../shaders/score_bias_fragments_unbound.wgsl");
+pub const HUGE_FLAGS_BOUND: &str = include_str!("../../shaders/huge_flags_bound.wgsl");
+pub const HUGE_FLAGS_UNBOUND: &str = include_str!("../../shaders/huge_flags_unbound.wgsl");
 pub const SCORE_BIAS_GRAD_BOUND: &str = include_str!("../../shaders/score_bias_grad_bound.wgsl");
 pub const SCORE_BIAS_GRAD_UNBOUND: &str = include_str!("../../shaders/score_bias_grad_unbound.wgsl");
 pub const DROPOUT: &str = include_str!("../../shaders/dropout.wgsl");
@@ -341,6 +343,7 @@ impl KernelConfig {
                 src.push_str(&bias_fragments_source(c.bias_fragments));
                 src.push_str(&mask::mask_source(c.mask, mask::FORWARD_MASK_BINDING));
                 src.push_str(&dropout_source(c.dropout));
+                src.push_str(&exact_pass_source(c.exact_pass));
                 for part in [
                     COMMON,
                     STORAGE_F16,
@@ -532,6 +535,21 @@ fn bias_fragments_source(bound: bool) -> String {
         return SCORE_BIAS_FRAGMENTS_UNBOUND.to_string();
     }
     format!("const BIAS_FRAGMENTS_BINDING: u32 = {FORWARD_BIAS_FRAGMENTS_BINDING}u;\n{SCORE_BIAS_FRAGMENTS_BOUND}")
+}
+
+/// The workgroups' flags of the cooperative-matrix forward's exact pass as a second dispatch
+/// (huge_flags_bound.wgsl): after the bias's fragment view.
+pub const FORWARD_HUGE_FLAGS_BINDING: u32 = FORWARD_BIAS_FRAGMENTS_BINDING + 1;
+
+/// Where the cooperative-matrix forward runs its exact pass (`const EXACT_PASS`), with the flags'
+/// binding outside the kernel (huge_flags_bound.wgsl).
+fn exact_pass_source(exact_pass: ExactPass) -> String {
+    let code = match exact_pass {
+        ExactPass::InKernel => return format!("const EXACT_PASS: u32 = 0u;\n{HUGE_FLAGS_UNBOUND}"),
+        ExactPass::Flagged => 1,
+        ExactPass::Rerun => 2,
+    };
+    format!("const EXACT_PASS: u32 = {code}u;\nconst HUGE_FLAGS_BINDING: u32 = {FORWARD_HUGE_FLAGS_BINDING}u;\n{HUGE_FLAGS_BOUND}")
 }
 
 /// Dropout for a kernel that implements it (dropout.wgsl): the generator with `dropout`'s

@@ -187,6 +187,7 @@ pub fn coop_engines(ctx: &GpuContext) -> Vec<(String, FlashAttention)> {
                 prefetch_kv: Some(prefetch_kv),
                 double_buffer: Some(double_buffer),
                 register_softmax: Some(registers),
+                ..CoopChoice::default()
             });
             let label = format!("registers {registers} prefetch {prefetch_kv} double {double_buffer}");
             engines.push((label, engine_with(ctx, choice)));

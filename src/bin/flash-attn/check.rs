@@ -7,7 +7,8 @@ use std::time::Instant;
 
 use clap::Args;
 use wgpu_flash_attn::kernel::{
-    BackwardChoice, BackwardConfig, BackwardPass, CoopChoice, FlashConfig, ForwardKernel, TiledChoice, Variant,
+    BackwardChoice, BackwardConfig, BackwardPass, CoopChoice, ExactPass, FlashConfig, ForwardKernel, TiledChoice,
+    Variant,
 };
 use wgpu_flash_attn::plan::{
     backward_plans, coop_device_unavailable_reason, coop_plans, select, select_backward, select_forward, CoopSoftmax,
@@ -260,13 +261,22 @@ fn forward_cases(caps: &Caps, problem: &AttentionProblem, coverage: Coverage) ->
             if config.unavailable_reason(problem, caps).is_some() {
                 continue;
             }
-            let choice = KernelChoice::CooperativeMatrix(CoopChoice {
-                tile: Some((plan.block_m, plan.block_n)),
-                prefetch_kv: Some(plan.prefetch_kv),
-                double_buffer: Some(plan.double_buffer),
-                register_softmax: Some(layout.is_some()),
-            });
-            cases.push(forward_case(problem, choice, Kernel::Flash, config.name()));
+            // The exact pass both ways: in the kernel, and as a second dispatch.
+            for (exact_pass, separate) in [(ExactPass::InKernel, false), (ExactPass::Flagged, true)] {
+                let choice = KernelChoice::CooperativeMatrix(CoopChoice {
+                    tile: Some((plan.block_m, plan.block_n)),
+                    prefetch_kv: Some(plan.prefetch_kv),
+                    double_buffer: Some(plan.double_buffer),
+                    register_softmax: Some(layout.is_some()),
+                    separate_exact_pass: Some(separate),
+                });
+                cases.push(forward_case(
+                    problem,
+                    choice,
+                    Kernel::Flash,
+                    config.with_exact_pass(exact_pass).name(),
+                ));
+            }
         }
     }
     cases
