@@ -532,21 +532,25 @@ impl FlashAttention {
                 bias_fragments: false,
                 mask: c.mask,
             },
-            ForwardKernel::Coop(c) => PreparedKernel::Prefill {
-                pipeline: self.pipelines.get(&KernelConfig::FlashCoop(*c))?,
-                rerun: match c.rerun() {
-                    Some(rerun) => Some(RerunPass {
-                        pipeline: self.pipelines.get(&KernelConfig::FlashCoop(rerun))?,
-                        flag_bytes: self.check_huge_flags(problem, &config)?,
-                    }),
-                    None => None,
-                },
-                sequences: c.sequences,
-                head_tensors: c.head_tensors,
-                bias: c.bias.is_some(),
-                bias_fragments: c.bias_fragments,
-                mask: c.mask,
-            },
+            ForwardKernel::Coop(c) => {
+                // The flags' size before any build: nothing is built for a call that cannot run.
+                let flag_bytes = self.check_huge_flags(problem, &config)?;
+                PreparedKernel::Prefill {
+                    pipeline: self.pipelines.get(&KernelConfig::FlashCoop(*c))?,
+                    rerun: match c.rerun() {
+                        Some(rerun) => Some(RerunPass {
+                            pipeline: self.pipelines.get(&KernelConfig::FlashCoop(rerun))?,
+                            flag_bytes,
+                        }),
+                        None => None,
+                    },
+                    sequences: c.sequences,
+                    head_tensors: c.head_tensors,
+                    bias: c.bias.is_some(),
+                    bias_fragments: c.bias_fragments,
+                    mask: c.mask,
+                }
+            }
             ForwardKernel::Decode { config, split } => {
                 self.check_decode_scratch(problem, split)?;
                 // Built here so that a build error comes before anything is recorded;
