@@ -94,6 +94,16 @@ impl ExactPass {
             ExactPass::Flagged
         }
     }
+
+    /// The form [`CoopChoice::separate_exact_pass`] asks for: a second dispatch (`Some(true)`),
+    /// the kernel (`Some(false)`), or `None`, [`for_problem`](Self::for_problem)'s.
+    pub fn chosen(separate: Option<bool>, problem: &AttentionProblem) -> Self {
+        match separate {
+            Some(true) => ExactPass::Flagged,
+            Some(false) => ExactPass::InKernel,
+            None => Self::for_problem(problem),
+        }
+    }
 }
 
 /// The subgroup sizes the cooperative-matrix forward kernel is written for. 32 is NVIDIA's (and

@@ -153,11 +153,7 @@ pub fn select_forward(
                 .with_prefetch_kv(coop.prefetch_kv.unwrap_or(config.prefetch_kv))
                 .with_double_buffer(coop.double_buffer.unwrap_or(config.double_buffer))
                 .with_tensors_of(problem, caps)
-                .with_exact_pass(match coop.separate_exact_pass {
-                    Some(true) => ExactPass::Flagged,
-                    Some(false) => ExactPass::InKernel,
-                    None => ExactPass::for_problem(problem),
-                });
+                .with_exact_pass(ExactPass::chosen(coop.separate_exact_pass, problem));
             match config.unavailable_reason(problem, caps) {
                 None => {
                     check_grid(problem, config.block_m, caps)?;

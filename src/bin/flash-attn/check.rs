@@ -262,7 +262,7 @@ fn forward_cases(caps: &Caps, problem: &AttentionProblem, coverage: Coverage) ->
                 continue;
             }
             // The exact pass both ways: in the kernel, and as a second dispatch.
-            for (exact_pass, separate) in [(ExactPass::InKernel, false), (ExactPass::Flagged, true)] {
+            for separate in [false, true] {
                 let choice = KernelChoice::CooperativeMatrix(CoopChoice {
                     tile: Some((plan.block_m, plan.block_n)),
                     prefetch_kv: Some(plan.prefetch_kv),
@@ -274,7 +274,9 @@ fn forward_cases(caps: &Caps, problem: &AttentionProblem, coverage: Coverage) ->
                     problem,
                     choice,
                     Kernel::Flash,
-                    config.with_exact_pass(exact_pass).name(),
+                    config
+                        .with_exact_pass(ExactPass::chosen(Some(separate), problem))
+                        .name(),
                 ));
             }
         }
