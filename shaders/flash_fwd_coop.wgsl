@@ -46,14 +46,15 @@
 // its K/V tiles once (the fast pass), or twice where some row's reference max turned huge, past
 // what one multiply-add into exp2 holds exactly (attend_kv_tiles, HUGE_REFERENCE): the exact pass
 // runs in the kernel, or in a second dispatch of the same grid for the workgroups the first one
-// flagged (EXACT_PASS, huge_flags_bound.wgsl). Sliding windows are run-time parameters (common.wgsl): K/V tiles
-// left of every row's window are never loaded, as tiles past the diagonal are not, nor are tiles a
-// mask's block summary shows hidden whole (next_key_tile). A soft-cap (SOFTCAP), ALiBi (ALIBI),
-// the score bias (HAS_BIAS), the mask (HAS_MASK) and dropout (DROPOUT) are compile-time: each is
-// a pass over the scores that the kernels without it do not contain (as run-time branches they
-// cost plain attention 5% on the H200, BENCHMARKS.md): the cap (soft_cap_raw) first, then ALiBi's
-// and the bias's terms (with_score_terms), then the mask's −∞ where the summary does not show the
-// tile visible; a head's sink joins each row's sum in the epilogue (join_sink, head_terms.wgsl).
+// flagged (EXACT_PASS, huge_flags_bound.wgsl). Sliding windows are run-time parameters
+// (common.wgsl): K/V tiles left of every row's window are never loaded, as tiles past the diagonal
+// are not, nor are tiles a mask's block summary shows hidden whole (next_key_tile). A soft-cap
+// (SOFTCAP), ALiBi (ALIBI), the score bias (HAS_BIAS), the mask (HAS_MASK) and dropout (DROPOUT)
+// are compile-time: each is a pass over the scores that the kernels without it do not contain (as
+// run-time branches they cost plain attention 5% on the H200, BENCHMARKS.md): the cap
+// (soft_cap_raw) first, then ALiBi's and the bias's terms (with_score_terms), then the mask's −∞
+// where the summary does not show the tile visible; a head's sink joins each row's sum in the
+// epilogue (join_sink, head_terms.wgsl).
 // Dropout zeroes the P of the elements it drops after the row sums are taken (the LSE is the
 // undropped softmax's, as the backward expects) and the epilogue multiplies by 1/(1 − p); with the
 // softmax in registers, the subgroup draws each generator block once and shares its words through
@@ -142,7 +143,8 @@ const MASK_BRANCH: bool = HEAD_DIM_PAD <= 64u;
 // row met a huge reference — two copies of the tile loop. EXACT_FLAGGED: the fast pass alone,
 // each workgroup storing whether some row met one (note_huge); EXACT_RERUN, the same grid
 // dispatched next: the exact pass alone in the workgroups flagged (flagged), the others returning
-// at once. One copy of the loop each, so the fast pass keeps the registers a second copy would take.
+// at once. One copy of the loop each, so the fast pass keeps the registers a second copy would
+// take.
 const EXACT_IN_KERNEL: u32 = 0u;
 const EXACT_FLAGGED: u32 = 1u;
 const EXACT_RERUN: u32 = 2u;
