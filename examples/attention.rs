@@ -8,7 +8,8 @@
 //! (--seq-q, --seq-kv to differ) --head-dim [64] --dtype f32|f16|bf16 [f32] --causal
 //! --layout bshd|bhsd [bshd] --variant auto|coop|wg_f32|sg_f32|wg_f16|sg_f16 [auto]
 //! --plan BMxBNxTXxTYxKSxNS[xSTAGES] --coop-tile BMxBN --coop-prefetch on|off --coop-buffers 1|2
-//! --coop-softmax registers|shared [registers where the device allows] --bounds-checks on|off [off] --runs [10] --check-rows [256]
+//! --coop-softmax registers|shared [registers where the device allows] --coop-exact-pass kernel|second
+//! [the problem's] --bounds-checks on|off [off] --runs [10] --check-rows [256]
 //! --no-naive --json FILE (append one JSON line of results).
 //! Exits non-zero if a check fails.
 
@@ -74,13 +75,16 @@ fn parse_args() -> Result<Args, String> {
                     ("shared", false),
                 )?);
             }
+            "--coop-exact-pass" => {
+                coop.separate_exact_pass = Some(common::either(&flag, &value()?, ("second", true), ("kernel", false))?);
+            }
             "--bounds-checks" => options.bounds_checks = common::bounds_checks(&value()?)?,
             "--runs" => runs = common::number(&value()?)?,
             "--check-rows" => check_rows = common::number(&value()?)?,
             "--no-naive" => naive = false,
             "--json" => json = Some(value()?),
             "--help" | "-h" => {
-                let usage: Vec<&str> = include_str!("attention.rs").lines().take(14).collect();
+                let usage: Vec<&str> = include_str!("attention.rs").lines().take(15).collect();
                 return Err(usage.join("\n"));
             }
             other => return Err(format!("unknown option {other} (try --help)")),

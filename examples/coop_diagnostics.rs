@@ -11,8 +11,9 @@
 //! - `coop_kernel_costs`: the kernel with phases cut out, timed, to see where the time goes, and
 //!   variants of its barrier semantics.
 //! - `coop_pipeline_stats`: what the driver reports of each configuration's pipeline through
-//!   `VK_KHR_pipeline_executable_properties` (registers, spills; the driver's listings and its
-//!   pipeline-cache data into `$COOP_STATS_DIR`), through `ash` because wgpu does not expose it.
+//!   `VK_KHR_pipeline_executable_properties` (registers, spills, each plan with its exact pass in
+//!   the kernel and as a second dispatch; the driver's listings and its pipeline-cache data into
+//!   `$COOP_STATS_DIR`), through `ash` because wgpu does not expose it.
 //!   NVIDIA gives no listings, but its cache data holds the binary: scripts/lab/sass-from-cache.py cuts
 //!   it out for the CUDA toolkit's disassembler.
 //! - `decode_pipeline_stats` (`decode`): the same for the decode kernels' shipped builds (f16,
@@ -852,7 +853,7 @@ fn coop_kernel_costs() {
 /// not matter that much (BENCHMARKS.md); register counts say whether occupancy or spills explain
 /// it. Talks to Vulkan directly through `ash` with our own SPIR-V.
 fn coop_pipeline_stats() {
-    use wgpu_flash_attn::plan::{coop_plans, CoopConfig};
+    use wgpu_flash_attn::plan::{coop_plans, CoopConfig, ExactPass};
     let mut configs: Vec<CoopConfig> = Vec::new();
     for d in [64u32, 128, 256] {
         for layout in [
@@ -860,9 +861,17 @@ fn coop_pipeline_stats() {
             None,
         ] {
             for plan in coop_plans(d, wgpu_flash_attn::plan::CoopSoftmax::of(layout)) {
+                // Both forms of the exact pass: in the kernel, and the fast pass alone (`_flagged`)
+                // with the exact one as a second dispatch (`_rerun`).
                 let c = plan.config(d).with_register_layout(layout);
-                if !configs.contains(&c) {
-                    configs.push(c);
+                for c in [
+                    c,
+                    c.with_exact_pass(ExactPass::Flagged),
+                    c.with_exact_pass(ExactPass::Rerun),
+                ] {
+                    if !configs.contains(&c) {
+                        configs.push(c);
+                    }
                 }
             }
         }
