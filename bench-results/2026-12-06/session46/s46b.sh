@@ -1,0 +1,28 @@
+# Session 46, call 2 (short): head_dim 256's other plans in the fast-pass-alone form, and which of
+# the fast pass's guards the `lean` probe's 1.4% came from (nohuge: no huge-row note; plainrow:
+# the rescale factor and exp2's reference without their −∞ guards). Binaries as call 1.
+. .gpu/setup.sh; B=.gpu/b
+nvidia-smi --query-gpu=name,clocks.max.sm --format=csv,noheader
+for x in attention_old; do xz -dc .gpu/$x.xz > $B/$x && chmod +x $B/$x; done
+tar -xJf .gpu/lab.tar.xz -C $B
+s=$SECONDS
+run() { # name binary edit args...
+  local n=$1 bin=$2 edit=$3; shift 3
+  if [ "$edit" = none ]; then unset WFA_COOP_EDIT; else export WFA_COOP_EDIT=.gpu/edits/$edit.edit; fi
+  timeout 40 $B/$bin --batch 2 --seq 8192 --dtype f16 --variant coop --no-naive --runs 10 --check-rows 16 --heads 8 --head-dim 256 "$@" > /tmp/run.log 2>&1
+  r=$?; unset WFA_COOP_EDIT; echo "== $n" >> $OUT/attention.log; cat /tmp/run.log >> $OUT/attention.log
+  echo "$n rc=$r $(grep -E 'TFLOP/s' /tmp/run.log | head -1 | sed 's/  */ /g') $(grep -E '^result' /tmp/run.log) $(grep -oE 'flash_fwd_coop[a-z0-9_.]*' /tmp/run.log | head -1)"
+}
+run old attention_old none
+run new attention none
+run t128x16 attention none --coop-tile 128x16
+run t128x16_db attention none --coop-tile 128x16 --coop-buffers 2 --coop-prefetch off
+run t64x32 attention none --coop-tile 64x32
+run t128x32_shared attention none --coop-tile 128x32 --coop-softmax shared
+run t128x32_pf attention none --coop-tile 128x32 --coop-prefetch on
+run nohuge attention_lab nohuge
+run plainrow attention_lab plainrow
+run lean attention_lab lean
+run old_2 attention_old none
+run new_2 attention none
+echo "all done $((SECONDS-s)) s"
