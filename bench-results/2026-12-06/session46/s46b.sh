@@ -1,3 +1,4 @@
+# NOT RUN (session 46): no device was to be had after call 1; kept for the next session.
 # Session 46, call 2 (short): head_dim 256's other plans in the fast-pass-alone form, and which of
 # the fast pass's guards the `lean` probe's 1.4% came from (nohuge: no huge-row note; plainrow:
 # the rescale factor and exp2's reference without their −∞ guards). Binaries as call 1.
