@@ -1,7 +1,8 @@
 # NOT RUN (session 46): no device was to be had after call 1; kept for the next session.
 # Session 46, call 2 (short): head_dim 256's other plans in the fast-pass-alone form, and which of
 # the fast pass's guards the `lean` probe's 1.4% came from (nohuge: no huge-row note; plainrow:
-# the rescale factor and exp2's reference without their −∞ guards). Binaries as call 1.
+# the rescale factor and exp2's reference without their −∞ guards), and the soft-cap with its
+# uniform factors folded (softcap_fold). Binaries as call 1 (the lab build with this edits/).
 . .gpu/setup.sh; B=.gpu/b
 nvidia-smi --query-gpu=name,clocks.max.sm --format=csv,noheader
 for x in attention_old; do xz -dc .gpu/$x.xz > $B/$x && chmod +x $B/$x; done
@@ -24,6 +25,12 @@ run t128x32_pf attention none --coop-tile 128x32 --coop-prefetch on
 run nohuge attention_lab nohuge
 run plainrow attention_lab plainrow
 run lean attention_lab lean
+# The soft-cap (30) at head_dim 128, main's form and folded (edits/softcap_fold.edit).
+for c in "" "--causal"; do
+  run cap_main$c attention none --head-dim 128 --heads 16 --softcap 30 $c
+  run cap_fold$c attention_lab softcap_fold --head-dim 128 --heads 16 --softcap 30 $c
+  run plain128$c attention none --head-dim 128 --heads 16 $c
+done
 run old_2 attention_old none
 run new_2 attention none
 echo "all done $((SECONDS-s)) s"
