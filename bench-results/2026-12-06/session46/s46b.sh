@@ -2,7 +2,9 @@
 # Session 46, call 2 (short): head_dim 256's other plans in the fast-pass-alone form, and which of
 # the fast pass's guards the `lean` probe's 1.4% came from (nohuge: no huge-row note; plainrow:
 # the rescale factor and exp2's reference without their −∞ guards), and the soft-cap with its
-# uniform factors folded (softcap_fold). Binaries as call 1 (the lab build with this edits/).
+# uniform factors folded (softcap_fold); cheapguards: the same guards in fewer operations (exp2's
+# reference as max(m, −f32::MAX), the rescale factor selected by the comparison that moves the
+# reference). Binaries as call 1 (the lab build with this edits/).
 . .gpu/setup.sh; B=.gpu/b
 nvidia-smi --query-gpu=name,clocks.max.sm --format=csv,noheader
 for x in attention_old; do xz -dc .gpu/$x.xz > $B/$x && chmod +x $B/$x; done
@@ -25,6 +27,9 @@ run t128x32_pf attention none --coop-tile 128x32 --coop-prefetch on
 run nohuge attention_lab nohuge
 run plainrow attention_lab plainrow
 run lean attention_lab lean
+run cheapguards attention_lab cheapguards
+run cheapguards_causal attention_lab cheapguards --causal
+run new_causal attention none --causal
 # The soft-cap (30) at head_dim 128, main's form and folded (edits/softcap_fold.edit).
 for c in "" "--causal"; do
   run cap_main$c attention none --head-dim 128 --heads 16 --softcap 30 $c
