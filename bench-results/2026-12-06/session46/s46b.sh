@@ -17,6 +17,20 @@ run() { # name binary edit args...
   r=$?; unset WFA_COOP_EDIT; echo "== $n" >> $OUT/attention.log; cat /tmp/run.log >> $OUT/attention.log
   echo "$n rc=$r $(grep -E 'TFLOP/s' /tmp/run.log | head -1 | sed 's/  */ /g') $(grep -E '^result' /tmp/run.log) $(grep -oE 'flash_fwd_coop[a-z0-9_.]*' /tmp/run.log | head -1)"
 }
+# SHORT=1: the most telling runs alone, for a call with little device time left.
+if [ "${SHORT:-}" = 1 ]; then
+  run old attention_old none
+  run new attention none
+  run cheapguards attention_lab cheapguards
+  run nohuge attention_lab nohuge
+  run plainrow attention_lab plainrow
+  run cap_main attention none --head-dim 128 --heads 16 --softcap 30
+  run cap_fold attention_lab softcap_fold --head-dim 128 --heads 16 --softcap 30
+  run new_2 attention none
+  run cheapguards_2 attention_lab cheapguards
+  echo "all done $((SECONDS-s)) s"
+  exit 0
+fi
 run old attention_old none
 run new attention none
 run t128x16 attention none --coop-tile 128x16
