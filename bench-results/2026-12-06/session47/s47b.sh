@@ -45,4 +45,10 @@ for c in "" "--causal"; do
   run cap_fold$c attention_lab softcap_fold --head-dim 128 --heads 16 --softcap 30 $c
 done
 round_of 2
+# The slow processes: the same problem in six processes each way, the exact pass as a second
+# dispatch (the default here) and in the kernel, the clocks after each.
+for i in 1 2 3 4 5 6; do
+  run slow_second$i attention none
+  run slow_kernel$i attention none --coop-exact-pass kernel
+done
 echo "all done $((SECONDS-s)) s"
