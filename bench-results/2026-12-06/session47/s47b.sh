@@ -4,7 +4,9 @@
 # Session 47, call 2: the register softmax's window mask as one unsigned comparison a score
 # (`col - kv_begin >= kv_count`, this build) against main (the lab build, no edit) and d30f4e2,
 # head_dim 256 and 128; the lab probes mask_branch (the softmax compiled with and without the
-# mask at every head_dim), range_branch (both), range_nohuge (the range mask, no huge-row note);
+# mask at every head_dim), range_branch (both), range_nohuge (the range mask, no huge-row note),
+# mask_block[_range] (the mask's 16 components under one branch, apart from the max: one block the
+# compiler may branch over instead of 16 it predicates);
 # the soft-cap folded. GPU clocks after each run (the slow processes). Then this build's
 # cooperative tests: edge, variants.
 . .gpu/setup.sh; B=.gpu/b
@@ -26,10 +28,13 @@ round_of() { local round=$1
   run mask_branch$round attention_lab mask_branch
   run range_branch$round attention_lab range_branch
   run range_nohuge$round attention_lab range_nohuge
+  run mask_block$round attention_lab mask_block
+  run mask_block_range$round attention_lab mask_block_range
   run old_causal$round attention_old none --causal
   run main_causal$round attention_lab none --causal
   run new_causal$round attention none --causal
   run range_branch_causal$round attention_lab range_branch --causal
+  run mask_block_range_causal$round attention_lab mask_block_range --causal
 }
 t() { local n=$1; shift; timeout ${T:-200} "$@" > $OUT/$n.log 2>&1; echo "== $n rc=$? $((SECONDS-s))s"; grep -E "^test |test result" $OUT/$n.log | grep -v " ok$" ; grep -h -E "FAILED|panicked" -A12 $OUT/$n.log | head -30; }
 round_of 1
