@@ -32,6 +32,7 @@ checked='profile.release.package.wgpu-flash-attn.overflow-checks=true'
 mkdir -p "$G"
 ls "$G"/libvulkan1_*.deb > /dev/null 2>&1 || sh "$SHARED/bench/gpu-machine-libs.sh" "$G"
 install -m 0644 "$SHARED/bench/torch_sdpa.py" "$SHARED/bench/torch_decode.py" "$G/"
+install -m 0644 scripts/lab/coop-probe.sh "$G/"
 
 rm -rf "$G/b" && mkdir -p "$G/b"
 example_args=()

@@ -1,6 +1,7 @@
 # NOT RUN (session 47): the device budget ran out in failed starts; kept for the next session
 # (stage: range_mask.diff applied, TESTS="edge variants wgpu_attention" EXAMPLES=attention
-# scripts/lab/gpu-stage.sh; the lab build of session 46 as .gpu/lab.tar.xz; edits/ as .gpu/edits).
+# scripts/lab/gpu-stage.sh, which also copies scripts/lab/coop-probe.sh; the lab build of
+# session 46 as .gpu/lab.tar.xz; edits/ as .gpu/edits).
 # Session 47, call 2: the register softmax's window mask as one unsigned comparison a score
 # (`col - kv_begin >= kv_count`, this build) against main (the lab build, no edit) and d30f4e2,
 # head_dim 256 and 128; the lab probes mask_branch (the softmax compiled with and without the
@@ -14,46 +15,40 @@ s=$SECONDS
 nvidia-smi --query-gpu=name,clocks.max.sm,clocks.max.mem --format=csv,noheader
 xz -dc .gpu/attention_old.xz > $B/attention_old && chmod +x $B/attention_old
 tar -xJf .gpu/lab.tar.xz -C $B
-run() { # name binary edit args...
-  local n=$1 bin=$2 edit=$3; shift 3
-  if [ "$edit" = none ]; then unset WFA_COOP_EDIT; else export WFA_COOP_EDIT=.gpu/edits/$edit.edit; fi
-  timeout 40 $B/$bin --batch 2 --seq 8192 --dtype f16 --variant coop --no-naive --runs 10 --check-rows 16 --heads 8 --head-dim 256 "$@" > /tmp/run.log 2>&1
-  r=$?; unset WFA_COOP_EDIT; echo "== $n" >> $OUT/attention.log; cat /tmp/run.log >> $OUT/attention.log
-  echo "$n rc=$r $(grep -E 'TFLOP/s' /tmp/run.log | head -1 | sed 's/  */ /g') $(grep -E '^result' /tmp/run.log) $(grep -oE 'flash_fwd_coop[a-z0-9_.]*' /tmp/run.log | head -1) | $(nvidia-smi --query-gpu=clocks.sm,clocks.mem,power.draw,temperature.gpu --format=csv,noheader)"
-}
+. .gpu/coop-probe.sh
 round_of() { local round=$1
-  run old$round attention_old none
-  run main$round attention_lab none
-  run new$round attention none
-  run mask_branch$round attention_lab mask_branch
-  run range_branch$round attention_lab range_branch
-  run range_nohuge$round attention_lab range_nohuge
-  run mask_block$round attention_lab mask_block
-  run mask_block_range$round attention_lab mask_block_range
-  run old_causal$round attention_old none --causal
-  run main_causal$round attention_lab none --causal
-  run new_causal$round attention none --causal
-  run range_branch_causal$round attention_lab range_branch --causal
-  run mask_block_range_causal$round attention_lab mask_block_range --causal
+  probe old$round attention_old none
+  probe main$round attention_lab none
+  probe new$round attention none
+  probe mask_branch$round attention_lab mask_branch
+  probe range_branch$round attention_lab range_branch
+  probe range_nohuge$round attention_lab range_nohuge
+  probe mask_block$round attention_lab mask_block
+  probe mask_block_range$round attention_lab mask_block_range
+  probe old_causal$round attention_old none --causal
+  probe main_causal$round attention_lab none --causal
+  probe new_causal$round attention none --causal
+  probe range_branch_causal$round attention_lab range_branch --causal
+  probe mask_block_range_causal$round attention_lab mask_block_range --causal
 }
 t() { local n=$1; shift; timeout ${T:-200} "$@" > $OUT/$n.log 2>&1; echo "== $n rc=$? $((SECONDS-s))s"; grep -E "^test |test result" $OUT/$n.log | grep -v " ok$" ; grep -h -E "FAILED|panicked" -A12 $OUT/$n.log | head -30; }
 round_of 1
 for c in "" "--causal"; do
-  run main128$c attention_lab none --head-dim 128 --heads 16 $c
-  run new128$c attention none --head-dim 128 --heads 16 $c
+  probe main128$c attention_lab none --head-dim 128 --heads 16 $c
+  probe new128$c attention none --head-dim 128 --heads 16 $c
 done
 T=150 t test_edge $B/edge_test cooperative rows_whose_reference
 T=150 t test_variants $B/variants_test cooperative
 for c in "" "--causal"; do
-  run mask_branch128$c attention_lab mask_branch --head-dim 128 --heads 16 $c
-  run cap_main$c attention none --head-dim 128 --heads 16 --softcap 30 $c
-  run cap_fold$c attention_lab softcap_fold --head-dim 128 --heads 16 --softcap 30 $c
+  probe mask_branch128$c attention_lab mask_branch --head-dim 128 --heads 16 $c
+  probe cap_main$c attention none --head-dim 128 --heads 16 --softcap 30 $c
+  probe cap_fold$c attention_lab softcap_fold --head-dim 128 --heads 16 --softcap 30 $c
 done
 round_of 2
 # The slow processes: the same problem in six processes each way, the exact pass as a second
 # dispatch (the default here) and in the kernel, the clocks after each.
 for i in 1 2 3 4 5 6; do
-  run slow_second$i attention none
-  run slow_kernel$i attention none --coop-exact-pass kernel
+  probe slow_second$i attention none
+  probe slow_kernel$i attention none --coop-exact-pass kernel
 done
 echo "all done $((SECONDS-s)) s"

@@ -1,0 +1,29 @@
+# Sourced by a device call's script (scripts/lab/gpu-stage.sh copies it into .gpu/): one process
+# of the matrix forward a line, for calls that time builds and source edits side by side.
+#
+#   probe NAME BINARY EDIT [attention flags...]
+#
+# runs $B/BINARY (`examples/attention`, or a build of it at another commit) on head_dim 256,
+# batch 2, 8 heads, seq 8192, f16, the cooperative-matrix kernel, 10 runs checked on 16 rows;
+# flags given after EDIT override those. EDIT names .gpu/edits/EDIT.edit, text replacements in
+# the forward's WGSL that a build with the session-46 hook applies (WFA_COOP_EDIT;
+# bench-results/2026-12-06/session46/edit_hook.diff), or `none`. The process's output goes to
+# $OUT/attention.log under `== NAME`; the line printed holds its rate, the check's verdict, the
+# kernel and the GPU's clocks, power and temperature just after it (slow processes, session 47).
+probe() {
+  local name=$1 bin=$2 edit=$3
+  shift 3
+  local log=/tmp/probe.log
+  if [ "$edit" = none ]; then
+    timeout 40 "$B/$bin" --batch 2 --seq 8192 --dtype f16 --variant coop --no-naive --runs 10 \
+      --check-rows 16 --heads 8 --head-dim 256 "$@" > $log 2>&1
+  else
+    WFA_COOP_EDIT=.gpu/edits/$edit.edit timeout 40 "$B/$bin" --batch 2 --seq 8192 --dtype f16 \
+      --variant coop --no-naive --runs 10 --check-rows 16 --heads 8 --head-dim 256 "$@" > $log 2>&1
+  fi
+  local rc=$?
+  { echo "== $name"; cat $log; } >> "$OUT/attention.log"
+  echo "$name rc=$rc $(grep -E 'TFLOP/s' $log | head -1 | sed 's/  */ /g')" \
+    "$(grep -E '^result' $log) $(grep -oE 'flash_fwd_coop[a-z0-9_.]*' $log | head -1)" \
+    "| $(nvidia-smi --query-gpu=clocks.sm,clocks.mem,power.draw,temperature.gpu --format=csv,noheader)"
+}
