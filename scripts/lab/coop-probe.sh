@@ -13,14 +13,10 @@
 probe() {
   local name=$1 bin=$2 edit=$3
   shift 3
-  local log=/tmp/probe.log
-  if [ "$edit" = none ]; then
-    timeout 40 "$B/$bin" --batch 2 --seq 8192 --dtype f16 --variant coop --no-naive --runs 10 \
-      --check-rows 16 --heads 8 --head-dim 256 "$@" > $log 2>&1
-  else
-    WFA_COOP_EDIT=.gpu/edits/$edit.edit timeout 40 "$B/$bin" --batch 2 --seq 8192 --dtype f16 \
-      --variant coop --no-naive --runs 10 --check-rows 16 --heads 8 --head-dim 256 "$@" > $log 2>&1
-  fi
+  local log=/tmp/probe.log edit_env=()
+  [ "$edit" = none ] || edit_env=("WFA_COOP_EDIT=.gpu/edits/$edit.edit")
+  env "${edit_env[@]}" timeout 40 "$B/$bin" --batch 2 --seq 8192 --dtype f16 --variant coop \
+    --no-naive --runs 10 --check-rows 16 --heads 8 --head-dim 256 "$@" > $log 2>&1
   local rc=$?
   { echo "== $name"; cat $log; } >> "$OUT/attention.log"
   echo "$name rc=$rc $(grep -E 'TFLOP/s' $log | head -1 | sed 's/  */ /g')" \
