@@ -242,16 +242,26 @@ fn softmax_in_registers(rows: ptr<function, RegisterRows>, s: ptr<function, arra
             }
         }
     }
+    // The bounds and window mask is a block of its own under one branch: folded into the loop of
+    // the running max below, NVIDIA's compiler predicated its comparisons into every tile, the
+    // tiles that need no mask (nearly all) included.
+    if (needs_mask) {
+        // @unroll
+        for (var j = 0u; j < N_BLOCKS; j++) {
+            // @unroll
+            for (var i = 0u; i < COOP_COMPONENTS; i++) {
+                let slot = (COMPONENT_SLOT_BITS >> (2u * i)) & 3u;
+                let col = component_col(rows, n0, j, i);
+                let outside = (col < (*rows).kv_begin[slot]) | (col >= (*rows).kv_end[slot]);
+                x[j][i] = select(x[j][i], neg_inf(), outside);
+            }
+        }
+    }
     // @unroll
     for (var j = 0u; j < N_BLOCKS; j++) {
         // @unroll
         for (var i = 0u; i < COOP_COMPONENTS; i++) {
             let slot = (COMPONENT_SLOT_BITS >> (2u * i)) & 3u;
-            if (needs_mask) {
-                let col = component_col(rows, n0, j, i);
-                let outside = (col < (*rows).kv_begin[slot]) | (col >= (*rows).kv_end[slot]);
-                x[j][i] = select(x[j][i], neg_inf(), outside);
-            }
             if (HAS_MASK) {
                 x[j][i] = select(x[j][i], neg_inf(), ((hidden[j] >> i) & 1u) != 0u);
             }
