@@ -1,0 +1,31 @@
+# Prepared in session 48, not run (no machine came): `6ebe20f`'s cooperative tests on NVIDIA in
+# parallel (edge and variants for the forward's register softmax; the matrix backward's, with
+# bwd_mask_block.diff applied to the staged build, cut at 170 s), then the forward beside main
+# (the lab build, no edit) at head_dim 128, and the backward with the diff beside main's
+# (backward_main). Staged binaries: 6ebe20f + bwd_mask_block.diff (attention, backward and the
+# test targets edge, variants, wgpu_attention, wgpu_backward).
+. .gpu/setup.sh; B=.gpu/b
+s=$SECONDS
+nvidia-smi --query-gpu=name,clocks.max.sm,clocks.max.mem --format=csv,noheader
+xz -dc .gpu/backward_main.xz > $B/backward_main && chmod +x $B/backward_main
+tar -xJf .gpu/lab.tar.xz -C $B
+. .gpu/coop-probe.sh
+t() { local n=$1; shift; timeout ${T:-200} "$@" > $OUT/$n.log 2>&1; echo "== $n rc=$? $((SECONDS-s))s"; grep -E "test result" $OUT/$n.log; grep -h -E "FAILED|panicked" -A12 $OUT/$n.log | head -30; }
+T=170 t test_wgpu_backward $B/wgpu_backward_test cooperative_matrix --nocapture &
+T=150 t test_edge $B/edge_test cooperative rows_whose_reference &
+T=150 t test_variants $B/variants_test cooperative
+wait
+echo "tests done $((SECONDS-s)) s"
+bwd() { local name=$1 bin=$2; shift 2
+  timeout 40 $B/$bin --batch 2 --heads 16 --seq 8192 --head-dim 128 --dtype f16 --runs 5 \
+    --check-rows 16 "$@" > /tmp/b.log 2>&1; local rc=$?
+  { echo "== $name"; cat /tmp/b.log; } >> $OUT/backward.log
+  echo "$name rc=$rc $(grep -E 'FLOP/s|^result' /tmp/b.log | tail -3 | tr '\n' ' ' | sed 's/  */ /g')"
+}
+for c in "" "--causal"; do
+  probe main-128$c attention_lab none --head-dim 128 --heads 16 $c
+  probe new-128$c attention none --head-dim 128 --heads 16 $c
+  bwd bmain$c backward_main $c
+  bwd bnew$c backward $c
+done
+echo "all done $((SECONDS-s)) s"
