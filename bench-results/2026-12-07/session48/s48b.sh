@@ -1,6 +1,7 @@
 # Prepared in session 48, not run (no machine came): `6ebe20f`'s cooperative tests on NVIDIA in
-# parallel (edge and variants for the forward's register softmax; the matrix backward's, with
-# bwd_mask_block.diff applied to the staged build, cut at 170 s), then the forward beside main
+# parallel (edge, variants and wgpu_attention's every plan for the forward's register softmax;
+# the matrix backward's, with bwd_mask_block.diff applied to the staged build, cut at 170 s),
+# then the forward beside main
 # (the lab build, no edit) at head_dim 128, and the backward with the diff beside main's
 # (backward_main). Staged binaries: 6ebe20f + bwd_mask_block.diff (attention, backward and the
 # test targets edge, variants, wgpu_attention, wgpu_backward).
@@ -11,6 +12,7 @@ xz -dc .gpu/backward_main.xz > $B/backward_main && chmod +x $B/backward_main
 tar -xJf .gpu/lab.tar.xz -C $B
 . .gpu/coop-probe.sh
 t() { local n=$1; shift; timeout ${T:-200} "$@" > $OUT/$n.log 2>&1; echo "== $n rc=$? $((SECONDS-s))s"; grep -E "test result" $OUT/$n.log; grep -h -E "FAILED|panicked" -A12 $OUT/$n.log | head -30; }
+T=400 t test_wgpu_attention $B/wgpu_attention_test cooperative_matrix &
 T=170 t test_wgpu_backward $B/wgpu_backward_test cooperative_matrix --nocapture &
 T=150 t test_edge $B/edge_test cooperative rows_whose_reference &
 T=150 t test_variants $B/variants_test cooperative
