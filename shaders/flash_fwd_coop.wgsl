@@ -133,9 +133,10 @@ const RESCALE_THRESHOLD: f32 = 8.0;
 const ROW_FACTORS_ALWAYS: bool = HEAD_DIM_PAD > 128u || REGISTER_SOFTMAX;
 // MASK_BRANCH, code size against instructions a tile (the H200's measurements: BENCHMARKS.md,
 // session 27): the register softmax compiled twice, with the mask's code and without, for tiles
-// that need a mask and tiles that do not. With one copy and the mask a run-time flag, NVIDIA's
-// compiler predicates the mask's instructions into every tile; at head_dim 64 the branch gains,
-// at 128 its second copy spills and loses.
+// that need a mask and tiles that do not. It was chosen while the mask sat inside the loop of the
+// running max, where NVIDIA's compiler predicated it into every tile: at head_dim 64 the two
+// copies gained, at 128 the second spilled. Since the mask is a block of its own
+// (softmax_in_registers) one copy branches over it; 64 keeps two, not yet timed against one.
 const MASK_BRANCH: bool = HEAD_DIM_PAD <= 64u;
 
 // Where the exact pass runs (EXACT_PASS, generated: src/plan/coop.rs ExactPass, which says where

@@ -1,10 +1,10 @@
 # Prepared in session 48, not run (no machine came): `6ebe20f`'s cooperative tests on NVIDIA in
 # parallel (edge, variants and wgpu_attention's every plan for the forward's register softmax;
-# the matrix backward's, with bwd_mask_block.diff applied to the staged build, cut at 170 s),
-# then the forward beside main
-# (the lab build, no edit) at head_dim 128, and the backward with the diff beside main's
-# (backward_main). Staged binaries: 6ebe20f + bwd_mask_block.diff (attention, backward and the
-# test targets edge, variants, wgpu_attention, wgpu_backward).
+# the matrix backward's, with bwd_mask_block.diff applied to the staged build, cut at 170 s);
+# then the forward beside main (the lab build, no edit) at head_dim 128, the backward with the
+# diff beside main's (backward_main), and at head_dim 64 the softmax's two copies against one.
+# Staged binaries: 6ebe20f + bwd_mask_block.diff (attention, backward; the test targets edge,
+# variants, wgpu_attention, wgpu_backward).
 . .gpu/setup.sh; B=.gpu/b
 s=$SECONDS
 nvidia-smi --query-gpu=name,clocks.max.sm,clocks.max.mem --format=csv,noheader
@@ -30,4 +30,10 @@ for c in "" "--causal"; do
   bwd bmain$c backward_main $c
   bwd bnew$c backward $c
 done
+# head_dim 64 with the mask's block: two copies of the softmax (MASK_BRANCH, main) or one
+# (edits/mask_block_one_copy.edit, session48/edits/), two rounds.
+for r in 1 2; do for c in "" "--causal"; do
+  probe mb64-$r$c attention_lab mask_block --head-dim 64 --heads 32 $c
+  probe one64-$r$c attention_lab mask_block_one_copy --head-dim 64 --heads 32 $c
+done; done
 echo "all done $((SECONDS-s)) s"
