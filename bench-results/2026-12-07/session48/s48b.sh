@@ -2,7 +2,8 @@
 # parallel (edge, variants and wgpu_attention's every plan for the forward's register softmax;
 # the matrix backward's, with bwd_mask_block.diff applied to the staged build, cut at 170 s);
 # then the forward beside main (the lab build, no edit) at head_dim 128, the backward with the
-# diff beside main's (backward_main), and at head_dim 64 the softmax's two copies against one.
+# diff beside main's (backward_main), at head_dim 64 the softmax's two copies against one, and
+# the soft-cap folded.
 # Staged binaries: 6ebe20f + bwd_mask_block.diff (attention, backward; the test targets edge,
 # variants, wgpu_attention, wgpu_backward).
 . .gpu/setup.sh; B=.gpu/b
@@ -36,4 +37,10 @@ for r in 1 2; do for c in "" "--causal"; do
   probe mb64-$r$c attention_lab mask_block --head-dim 64 --heads 32 $c
   probe one64-$r$c attention_lab mask_block_one_copy --head-dim 64 --heads 32 $c
 done; done
+# The soft-cap (30) at head_dim 128 with the mask's block, its uniform factors folded or not
+# (edits/mask_block_softcap_fold.edit).
+for c in "" "--causal"; do
+  probe cap_mb$c attention_lab mask_block --head-dim 128 --heads 16 --softcap 30 $c
+  probe cap_mb_fold$c attention_lab mask_block_softcap_fold --head-dim 128 --heads 16 --softcap 30 $c
+done
 echo "all done $((SECONDS-s)) s"
