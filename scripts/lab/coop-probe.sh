@@ -1,13 +1,15 @@
 # Sourced by a device call's script (scripts/lab/gpu-stage.sh copies it into .gpu/): one process
-# of the matrix forward a line, for calls that time builds and source edits side by side.
+# of the matrix forward a line, for calls that time builds and source edits side by side, and one
+# test binary a line.
 #
 #   probe NAME BINARY EDIT [attention flags...]
 #
 # runs $B/BINARY (`examples/attention`, or a build of it at another commit) on head_dim 256,
 # batch 2, 8 heads, seq 8192, f16, the cooperative-matrix kernel, 10 runs checked on 16 rows;
 # flags given after EDIT override those. EDIT names .gpu/edits/EDIT.edit, text replacements in
-# the forward's WGSL that a build with the session-46 hook applies (WFA_COOP_EDIT;
-# bench-results/2026-12-06/session46/edit_hook.diff), or `none`. The process's output goes to
+# the WGSL that a build with a lab hook applies (WFA_COOP_EDIT: the matrix forward's with the
+# session-46 hook, bench-results/2026-12-06/session46/edit_hook.diff; any module with session
+# 48's, bench-results/2026-12-07/session48/lab_hook.diff), or `none`. The process's output goes to
 # $OUT/attention.log under `== NAME`; the line printed holds its rate, the check's verdict, the
 # kernel and the GPU's clocks, power and temperature just after it (slow processes, session 47).
 probe() {
@@ -22,4 +24,16 @@ probe() {
   echo "$name rc=$rc $(grep -E 'TFLOP/s' $log | head -1 | sed 's/  */ /g')" \
     "$(grep -E '^result' $log) $(grep -oE 'flash_fwd_coop[a-z0-9_.]*' $log | head -1)" \
     "| $(nvidia-smi --query-gpu=clocks.sm,clocks.mem,power.draw,temperature.gpu --format=csv,noheader)"
+}
+
+# run_tests NAME SECONDS BINARY [test filters...]: a test binary under a time limit, its output in
+# $OUT/NAME.log; prints its exit status, the seconds since the script set `s`, the summary line
+# and the first failures.
+run_tests() {
+  local name=$1 limit=$2
+  shift 2
+  timeout "$limit" "$@" > "$OUT/$name.log" 2>&1
+  echo "== $name rc=$? $((SECONDS - ${s:-0}))s"
+  grep -E "test result" "$OUT/$name.log"
+  grep -h -E "FAILED|panicked" -A12 "$OUT/$name.log" | head -30
 }

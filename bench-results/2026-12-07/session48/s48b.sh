@@ -12,11 +12,10 @@ nvidia-smi --query-gpu=name,clocks.max.sm,clocks.max.mem --format=csv,noheader
 xz -dc .gpu/backward_main.xz > $B/backward_main && chmod +x $B/backward_main
 tar -xJf .gpu/lab.tar.xz -C $B
 . .gpu/coop-probe.sh
-t() { local n=$1; shift; timeout ${T:-200} "$@" > $OUT/$n.log 2>&1; echo "== $n rc=$? $((SECONDS-s))s"; grep -E "test result" $OUT/$n.log; grep -h -E "FAILED|panicked" -A12 $OUT/$n.log | head -30; }
-T=400 t test_wgpu_attention $B/wgpu_attention_test cooperative_matrix &
-T=170 t test_wgpu_backward $B/wgpu_backward_test cooperative_matrix --nocapture &
-T=150 t test_edge $B/edge_test cooperative rows_whose_reference &
-T=150 t test_variants $B/variants_test cooperative
+run_tests test_wgpu_attention 400 $B/wgpu_attention_test cooperative_matrix &
+run_tests test_wgpu_backward 170 $B/wgpu_backward_test cooperative_matrix --nocapture &
+run_tests test_edge 150 $B/edge_test cooperative rows_whose_reference &
+run_tests test_variants 150 $B/variants_test cooperative
 wait
 echo "tests done $((SECONDS-s)) s"
 bwd() { local name=$1 bin=$2; shift 2
