@@ -199,6 +199,13 @@ fn is_visible(seq: Sequence, row: u32, col: u32) -> bool {
     return (col >= keys.x) & (col < keys.y);
 }
 
+// is_visible for four key columns of one query row: the row's keys found once, one vector
+// comparison (a score vector's mask in the kernels that hold four keys a vector).
+fn sees_keys(seq: Sequence, row: u32, cols: vec4<u32>) -> vec4<bool> {
+    let keys = visible_keys(seq, row);
+    return (cols >= vec4<u32>(keys.x)) & (cols < vec4<u32>(keys.y));
+}
+
 // The first key column that no query row before `rows_end` may see (rows_end ≥ 1): the end of
 // what row rows_end − 1 sees, the largest of the rows'.
 fn visible_key_end(seq: Sequence, rows_end: u32) -> u32 {

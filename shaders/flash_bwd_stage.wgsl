@@ -286,9 +286,7 @@ fn row_probabilities(
         p = exp2(x - lse2);
     }
     if (needs_mask) {
-        for (var j = 0u; j < 4u; j++) {
-            p[j] = select(0.0, p[j], is_visible(seq, row, cols[j]));
-        }
+        p = select(vec4<f32>(0.0), p, sees_keys(seq, row, cols));
     }
     if (reads_mask) {
         // Keys the mask tensor hides (mask_bound.wgsl) have P = 0 too.

@@ -170,6 +170,11 @@ fn store_v(base: u32, regs: Fetched, li: u32) {
 alias Scores = array<vec4<f32>, ROWS_PER_THREAD * S_VECS>;
 alias Output = array<vec4<f32>, ROWS_PER_THREAD * O_VECS>;
 
+// The key columns of score vector c of invocation column tx, in the K/V tile that starts at key n0.
+fn score_cols(n0: u32, tx: u32, c: u32) -> vec4<u32> {
+    return vec4<u32>(n0 + 4u * (tx + THREADS_X * c)) + vec4<u32>(0u, 1u, 2u, 3u);
+}
+
 // s += (Q slice)(K slice)ᵀ for this invocation's rows and score columns.
 fn accumulate_scores(s: ptr<function, Scores>, base: u32, row0: u32, tx: u32) {
     for (var kk = 0u; kk < K_STEP; kk++) {
@@ -285,7 +290,7 @@ fn flash_fwd(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_ind
             var mx = LOWEST;
             for (var c = 0u; c < S_VECS; c++) {
                 var x = soft_cap(s[i * S_VECS + c] * params.scale);
-                let cols = vec4<u32>(n0 + 4u * (tx + THREADS_X * c)) + vec4<u32>(0u, 1u, 2u, 3u);
+                let cols = score_cols(n0, tx, c);
                 if (has_alibi()) {
                     x += alibi_bias(head, i32(m0 + row0 + i) + seq.causal_offset, cols);
                 }
@@ -300,9 +305,7 @@ fn flash_fwd(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_ind
                     x = select(x, vec4<f32>(LOWEST), mask_hidden(seq, head, m0 + row0 + i, cols));
                 }
                 if (needs_mask) {
-                    for (var j = 0u; j < 4u; j++) {
-                        x[j] = select(LOWEST, x[j], is_visible(seq, m0 + row0 + i, n0 + 4u * (tx + THREADS_X * c) + j));
-                    }
+                    x = select(vec4<f32>(LOWEST), x, sees_keys(seq, m0 + row0 + i, cols));
                 }
                 s[i * S_VECS + c] = x;
                 mx = max(mx, max(max(x.x, x.y), max(x.z, x.w)));
@@ -334,9 +337,7 @@ fn flash_fwd(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_ind
                 }
                 if (needs_mask) {
                     // A row with no visible key yet has m_new = LOWEST and would give exp2(0) = 1.
-                    for (var j = 0u; j < 4u; j++) {
-                        p[j] = select(0.0, p[j], is_visible(seq, m0 + row0 + i, n0 + 4u * (tx + THREADS_X * c) + j));
-                    }
+                    p = select(vec4<f32>(0.0), p, sees_keys(seq, m0 + row0 + i, score_cols(n0, tx, c)));
                 }
                 l_run[i] += (p.x + p.y) + (p.z + p.w);
                 s[i * S_VECS + c] = p;
