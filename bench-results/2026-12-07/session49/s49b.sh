@@ -6,6 +6,8 @@
 #    PyTorch's FlashAttention-2 and cuDNN on the same shapes, same call.
 # 2. This build's cooperative tests on NVIDIA: wgpu_attention and wgpu_backward
 #    cooperative_matrix (the backward's with the diff), edge, variants.
+# Then s48c.sh (~60 s, same machine): the FMA-unit forward with its mask as one vector select
+# (tiled_mask_vec.edit through lab2), the change b53b9e8 landed untimed.
 . .gpu/setup.sh; B=.gpu/b
 s=$SECONDS
 nvidia-smi --query-gpu=name,clocks.max.sm,clocks.max.mem --format=csv,noheader
