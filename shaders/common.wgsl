@@ -199,10 +199,9 @@ fn is_visible(seq: Sequence, row: u32, col: u32) -> bool {
     return (col >= keys.x) & (col < keys.y);
 }
 
-// is_visible for four key columns of one query row: the row's keys found once, one vector
-// comparison (a score vector's mask in the kernels that hold four keys a vector).
-fn sees_keys(seq: Sequence, row: u32, cols: vec4<u32>) -> vec4<bool> {
-    let keys = visible_keys(seq, row);
+// Which of four key columns lie in a row's visible keys [keys.x, keys.y) (visible_keys): a score
+// vector's mask, in the kernels that hold four keys a vector.
+fn within_keys(cols: vec4<u32>, keys: vec2<u32>) -> vec4<bool> {
     return (cols >= vec4<u32>(keys.x)) & (cols < vec4<u32>(keys.y));
 }
 

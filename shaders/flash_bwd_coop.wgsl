@@ -348,7 +348,7 @@ fn block_gradient(sg: u32, lane: u32, s: coop_mat16x16<f32, C>, dp: coop_mat16x1
         let logit = logits(s_mine[c], alibi2, seq, vec4<u32>(query), keys);
         var p = exp2(logit[0] - lse2);
         if (needs_mask) {
-            let shown = (keys >= vec4<u32>(keys_seen.x)) & (keys < vec4<u32>(keys_seen.y)) & vec4<bool>(query < seq.seq_q);
+            let shown = within_keys(keys, keys_seen) & vec4<bool>(query < seq.seq_q);
             p = select(vec4<f32>(0.0), p, shown);
         }
         let ds = p * (dp_mine[c] - d) * logit[1];

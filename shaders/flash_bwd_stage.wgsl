@@ -286,7 +286,7 @@ fn row_probabilities(
         p = exp2(x - lse2);
     }
     if (needs_mask) {
-        p = select(vec4<f32>(0.0), p, sees_keys(seq, row, cols));
+        p = select(vec4<f32>(0.0), p, within_keys(cols, visible_keys(seq, row)));
     }
     if (reads_mask) {
         // Keys the mask tensor hides (mask_bound.wgsl) have P = 0 too.

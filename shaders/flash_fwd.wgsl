@@ -305,7 +305,7 @@ fn flash_fwd(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_ind
                     x = select(x, vec4<f32>(LOWEST), mask_hidden(seq, head, m0 + row0 + i, cols));
                 }
                 if (needs_mask) {
-                    x = select(vec4<f32>(LOWEST), x, sees_keys(seq, m0 + row0 + i, cols));
+                    x = select(vec4<f32>(LOWEST), x, within_keys(cols, visible_keys(seq, m0 + row0 + i)));
                 }
                 s[i * S_VECS + c] = x;
                 mx = max(mx, max(max(x.x, x.y), max(x.z, x.w)));
@@ -337,7 +337,7 @@ fn flash_fwd(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_ind
                 }
                 if (needs_mask) {
                     // A row with no visible key yet has m_new = LOWEST and would give exp2(0) = 1.
-                    p = select(vec4<f32>(0.0), p, sees_keys(seq, m0 + row0 + i, score_cols(n0, tx, c)));
+                    p = select(vec4<f32>(0.0), p, within_keys(score_cols(n0, tx, c), visible_keys(seq, m0 + row0 + i)));
                 }
                 l_run[i] += (p.x + p.y) + (p.z + p.w);
                 s[i * S_VECS + c] = p;

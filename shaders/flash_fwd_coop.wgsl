@@ -421,8 +421,7 @@ fn read_row_part(at: u32, first_col: u32, row_keys: vec2<u32>, needs_mask: bool,
         // @unroll
         for (var i = 0u; i < PART_VECS; i++) {
             let cols = vec4<u32>(first_col + 4u * i) + vec4<u32>(0u, 1u, 2u, 3u);
-            let visible = (cols >= vec4<u32>(row_keys.x)) & (cols < vec4<u32>(row_keys.y));
-            x[i] = select(vec4<f32>(neg_inf()), x[i], visible);
+            x[i] = select(vec4<f32>(neg_inf()), x[i], within_keys(cols, row_keys));
         }
     }
     return x;
