@@ -1,6 +1,6 @@
 # Sourced by a device call's script (scripts/lab/gpu-stage.sh copies it into .gpu/): one process
-# of the matrix forward a line, for calls that time builds and source edits side by side, and one
-# test binary a line.
+# of the matrix forward or backward a line, for calls that time builds and source edits side by
+# side, and one test binary a line.
 #
 #   probe NAME BINARY EDIT [attention flags...]
 #
@@ -24,6 +24,21 @@ probe() {
   echo "$name rc=$rc $(grep -E 'TFLOP/s' $log | head -1 | sed 's/  */ /g')" \
     "$(grep -E '^result' $log) $(grep -oE 'flash_fwd_coop[a-z0-9_.]*' $log | head -1)" \
     "| $(nvidia-smi --query-gpu=clocks.sm,clocks.mem,power.draw,temperature.gpu --format=csv,noheader)"
+}
+
+# probe_backward NAME BINARY [backward flags...]: $B/BINARY (`examples/backward`, or a build of it
+# at another commit) on head_dim 128, batch 2, 16 heads, seq 8192, f16, 5 runs checked on 16 rows;
+# flags given after BINARY override those. Output to $OUT/backward.log under `== NAME`; the line
+# printed holds its exit status, rates and verdict.
+probe_backward() {
+  local name=$1 bin=$2
+  shift 2
+  local log=/tmp/probe_backward.log
+  timeout 40 "$B/$bin" --batch 2 --heads 16 --seq 8192 --head-dim 128 --dtype f16 --runs 5 \
+    --check-rows 16 "$@" > $log 2>&1
+  local rc=$?
+  { echo "== $name"; cat $log; } >> "$OUT/backward.log"
+  echo "$name rc=$rc $(grep -E 'FLOP/s|^result' $log | tail -3 | tr '\n' ' ' | sed 's/  */ /g')"
 }
 
 # run_tests NAME SECONDS BINARY [test filters...]: a test binary under a time limit, its output in

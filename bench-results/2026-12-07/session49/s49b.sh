@@ -1,5 +1,5 @@
-# Session 49, one call for what s48b.sh and s49a.sh held (device time was short): timings first
-# on a quiet GPU, then the tests in parallel.
+# Session 49, one call for s48b.sh's work and the H200's timings (device time was short): timings
+# first, on a quiet GPU, then the tests in parallel.
 # 1. The matrix forward of d30f4e2 (attention_old) beside this build (6ebe20f's forward) at
 #    head_dim 256/128/64, causal and not, two rounds (issue 15's last bar); the soft-cap (30) at
 #    128 (issue 17); the matrix backward with bwd_mask_block.diff beside main's (backward_main);
@@ -22,15 +22,9 @@ done; done; done
 for r in 1 2; do for c in "" "--causal"; do
   probe cap30-128-$r$c attention none --head-dim 128 --heads 16 --softcap 30 $c
 done; done
-bwd() { local name=$1 bin=$2; shift 2
-  timeout 40 $B/$bin --batch 2 --heads 16 --seq 8192 --head-dim 128 --dtype f16 --runs 5 \
-    --check-rows 16 "$@" > /tmp/b.log 2>&1; local rc=$?
-  { echo "== $name"; cat /tmp/b.log; } >> $OUT/backward.log
-  echo "$name rc=$rc $(grep -E 'FLOP/s|^result' /tmp/b.log | tail -3 | tr '\n' ' ' | sed 's/  */ /g')"
-}
 for c in "" "--causal"; do
-  bwd bmain$c backward_main $c
-  bwd bnew$c backward $c
+  probe_backward bmain$c backward_main $c
+  probe_backward bnew$c backward $c
 done
 echo "timings done $((SECONDS-s)) s"
 timeout 45 python3 .gpu/torch_sdpa.py --head-dims 128,256,64 --seqs 8192 --causal both \
