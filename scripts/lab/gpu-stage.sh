@@ -16,7 +16,8 @@
 # listed as left out, "count"): gather logs into few files.
 #
 # Usage: scripts/lab/gpu-stage.sh, with TESTS, EXAMPLES, BENCHES and BINS (space-separated names)
-# to choose other binaries (set to empty: none of that kind). The build is the tests'
+# to choose other binaries (set to empty: none of that kind), FEATURES to build fewer (a fresh
+# machine builds `internals` alone in a fraction of the time candle and burn take). The build is the tests'
 # (scripts/test.sh's features and overflow checks), so a target/ warm from the tests is reused.
 set -euo pipefail
 cd "$(git rev-parse --show-toplevel)"
@@ -26,7 +27,7 @@ TESTS=${TESTS-"wgpu_attention wgpu_backward ring merge cuda_attention cuda_backw
 EXAMPLES=${EXAMPLES-"attention backward ring cuda_attention cuda_backward decode_bench"}
 BENCHES=${BENCHES:-}
 BINS=${BINS:-}
-features=internals,cuda,cli,candle,burn
+features=${FEATURES:-internals,cuda,cli,candle,burn}
 checked='profile.release.package.wgpu-flash-attn.overflow-checks=true'
 
 mkdir -p "$G"
