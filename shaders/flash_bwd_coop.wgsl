@@ -436,18 +436,24 @@ fn probs_in_registers(s: coop_mat16x16<f32, C>, positions: BlockPositions, alibi
     var probs = BlockProbs();
     // @unroll
     for (var i = 0u; i < COOP_COMPONENTS; i++) {
-        // A component's query and key only where something reads them (the plain kernel's
-        // unmasked blocks do not).
+        // A component's query and key only where ALiBi reads them (the plain kernel does not).
         var query = 0u;
         var key = 0u;
-        if (ALIBI | needs_mask) {
+        if (ALIBI) {
             query = query0 + component_query(positions, i);
             key = key0 + component_key(positions, i);
         }
         let logit = logits(vec4<f32>(raw[i]), alibi2, seq, vec4<u32>(query), vec4<u32>(key));
         probs.p[i] = exp2(logit[0].x - lse2[i]);
         probs.slope[i] = logit[1].x;
-        if (needs_mask) {
+    }
+    // The mask is a block of its own under one branch, as in the forward's register softmax
+    // (coop_registers.wgsl): inside the loop above the compiler may predicate it into every block.
+    if (needs_mask) {
+        // @unroll
+        for (var i = 0u; i < COOP_COMPONENTS; i++) {
+            let query = query0 + component_query(positions, i);
+            let key = key0 + component_key(positions, i);
             let keys_seen = visible_keys(seq, query);
             probs.p[i] = select(0.0, probs.p[i], (key >= keys_seen.x) & (key < keys_seen.y) & (query < seq.seq_q));
         }
