@@ -13,6 +13,7 @@
 //! --coop-kv BMxBN[xG], --coop-q BMxBN (their sizes, G the dK/dV kernel's query groups; --coop on)
 //! --register-gradient on|off|auto [auto] (their element-wise step in registers or through
 //! workgroup memory)
+//! --coop-exact-pass kernel|second (the forward's: where the matrix forward's exact pass runs)
 //! --bounds-checks on|off [off] --runs [10] --check-rows [64] --passes (time each kernel too)
 //! --submission (also `runs` back to back in one submission by the wall clock: these kernels, and
 //! `FlashAttention::encode_backward` as an application calls it, with its own choice and D)
@@ -30,15 +31,19 @@ use std::process::ExitCode;
 
 use wgpu_flash_attn::batch::{BiasLayout, ScoreBias};
 use wgpu_flash_attn::kernel::BoundsChecks;
-use wgpu_flash_attn::kernel::{BackwardChoice, Variant};
+use wgpu_flash_attn::kernel::{BackwardChoice, CoopChoice, TiledChoice, Variant};
 use wgpu_flash_attn::plan::{select_backward, BackwardTilePlan};
 use wgpu_flash_attn::testing::backward_harness::{grad_tolerance, BackwardWorkload};
 use wgpu_flash_attn::testing::timing::{time_submission, SubmissionTiming};
-use wgpu_flash_attn::{BackwardBuffers, BackwardProblem, DType, Element, FlashAttention, GpuContext, Options};
+use wgpu_flash_attn::{
+    BackwardBuffers, BackwardProblem, DType, Element, FlashAttention, GpuContext, KernelChoice, Options,
+};
 
 struct Args {
     problem: ProblemArgs,
     choice: BackwardChoice,
+    /// The forward's kernel choice (only its exact pass is a knob here).
+    forward_choice: KernelChoice,
     bounds_checks: BoundsChecks,
     runs: usize,
     check_rows: usize,
@@ -66,6 +71,7 @@ fn parse_args() -> Result<Args, String> {
     let mut it = std::env::args().skip(1);
     let mut problem = ProblemArgs::default();
     let mut choice = BackwardChoice::default();
+    let mut forward_coop = CoopChoice::default();
     let mut bounds_checks = BoundsChecks::Off;
     let (mut runs, mut check_rows, mut passes, mut submission, mut json) = (10, 64, false, false, None);
     let (mut bias, mut bias_dtype, mut bias_grad) = (None, DType::F32, false);
@@ -89,6 +95,10 @@ fn parse_args() -> Result<Args, String> {
             "--coop-q" => choice.dq_plan = Some(coop_sizes(&value()?)?),
             "--kv-plan" => choice.dkdv_plan = Some(plan(value()?)?),
             "--q-plan" => choice.dq_plan = Some(plan(value()?)?),
+            "--coop-exact-pass" => {
+                forward_coop.separate_exact_pass =
+                    Some(common::either(&flag, &value()?, ("second", true), ("kernel", false))?)
+            }
             "--bounds-checks" => bounds_checks = common::bounds_checks(&value()?)?,
             "--runs" => runs = common::number(&value()?)?,
             "--check-rows" => check_rows = common::number(&value()?)?,
@@ -116,16 +126,19 @@ fn parse_args() -> Result<Args, String> {
             "--help" | "-h" => {
                 return Err(include_str!("backward.rs")
                     .lines()
-                    .take(21)
+                    .take(22)
                     .collect::<Vec<_>>()
                     .join("\n"))
             }
             other => return Err(format!("unknown option {other} (try --help)")),
         }
     }
+    let forward_choice =
+        KernelChoice::from_knobs(None, TiledChoice::default(), forward_coop).map_err(|e| e.to_string())?;
     Ok(Args {
         problem,
         choice,
+        forward_choice,
         bounds_checks,
         runs,
         check_rows,
@@ -170,6 +183,7 @@ fn run<T: Element>(args: &Args) -> wgpu_flash_attn::Result<bool> {
     let engine = FlashAttention::with_options(
         &ctx,
         Options {
+            choice: args.forward_choice,
             bounds_checks: args.bounds_checks,
             ..Default::default()
         },
