@@ -41,6 +41,17 @@ probe_backward() {
   echo "$name rc=$rc $(grep -E 'FLOP/s|^result' $log | tail -3 | tr '\n' ' ' | sed 's/  */ /g')"
 }
 
+# warm_up: two backward processes, untimed, before a call's timings. On a fresh machine the
+# matrix forward ran 2.6–4.7× slower for seconds after the first backward had run (its exact pass
+# in-kernel or flagged alike) and at its rate again by the third process (session 50, calls 1, 5,
+# 6, 8: BENCHMARKS.md); earlier sessions' "slow processes" may have been this. Needs $B/backward.
+warm_up() {
+  for _ in 1 2; do
+    timeout 60 "$B/backward" --batch 2 --heads 16 --seq 8192 --head-dim 128 --dtype f16 --runs 5 \
+      --check-rows 4 > /dev/null 2>&1
+  done
+}
+
 # run_tests NAME SECONDS BINARY [test filters...]: a test binary under a time limit, its output in
 # $OUT/NAME.log; prints its exit status, the seconds since the script set `s`, the summary line
 # and the first failures.
