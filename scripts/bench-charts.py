@@ -24,11 +24,11 @@ RESULTS = Path("bench-results")
 CHARTS = Path("docs/charts")
 
 # The runs behind BENCHMARKS.md's current tables. A newer run of a path replaces its folder here.
-COOP_RUN = RESULTS / "2026-11-29/coop-run6"   # wgpu cooperative matrix, f16, head_dim 64/128/256
+COOP_RUN = RESULTS / "2026-12-07/session50/call9"   # wgpu cooperative matrix, f16, head_dim 64/128/256
 CUDA_RUN = RESULTS / "2026-11-29/cuda-run5"   # CUDA wgmma, bf16, head_dim 64/128/256
 F32_RUN = RESULTS / "2026-11-29/run3"         # wgpu register-tiled f32 and the naive kernel
 BACKWARD_RUN = RESULTS / "2026-11-29/run9"    # wgpu f32 backward
-COOP_BACKWARD_RUN = RESULTS / "2026-12-04/session26/call3"  # wgpu cooperative-matrix backward, f16
+COOP_BACKWARD_RUN = RESULTS / "2026-12-07/session50/call9"  # wgpu cooperative-matrix backward, f16
 HEAD_DIMS = (64, 128, 256)
 
 # --------------------------------------------------------------------------------------- reading
@@ -313,7 +313,7 @@ def render(chart):
     def py(y):
         return PLOT_BOTTOM - y_fraction(y) * (PLOT_BOTTOM - PLOT_TOP)
 
-    subtitle = f"run {chart.run.as_posix()} · NVIDIA H200 · PyTorch 2.11 SDPA in the same device call"
+    subtitle = f"run {chart.run.as_posix()} · NVIDIA {gpu_of(chart.run)} · PyTorch 2.11 SDPA in the same device call"
     files = "data: " + ", ".join(chart.files)
     out = [
         f'<svg xmlns="http://www.w3.org/2000/svg" width="{WIDTH}" height="{HEIGHT}" viewBox="0 0 {WIDTH} {HEIGHT}" {FONT} font-size="12">',
@@ -368,8 +368,24 @@ def ratio(ours, reference):
     return f"{ours / reference:.2f}×" if reference else "—"
 
 
+def gpu_of(run, row=None):
+    """The GPU a run (or one of its rows) ran on, short ("H200", "H100"): wgpu rows name their
+    adapter; a run folder may keep nvidia-smi's line in gpu.txt (the CUDA rows name no device).
+    The lent machine has been an H200 or an H100: a chart or row must say which."""
+    name = (row or {}).get("adapter")
+    if name is None and (run / "gpu.txt").exists():
+        lines = [l for l in (run / "gpu.txt").read_text().splitlines() if l.strip()]
+        name = lines[-1].split(",")[0]
+    if name is None:
+        names = (r.get("adapter") for f in sorted(run.glob("*.jsonl")) for r in read_jsonl(run, f.name))
+        name = next((n for n in names if n), None)
+    if name is None:
+        raise ValueError(f"{run}: no gpu.txt and no row naming its adapter")
+    return next((w for w in name.split() if w[:1] == "H" and w[1:].isdigit()), name)
+
+
 def headline_rows():
-    """(path, dtype, head_dim, seq, causal, ours, FA2, cuDNN, PyTorch's row, run) at the key shapes:
+    """(path, dtype, head_dim, seq, causal, ours, FA2, cuDNN, PyTorch's row, run, GPU) at the key shapes:
     our best per path, PyTorch from the same call. Figures at the precision the run's JSON lines
     hold them (PyTorch's to one decimal; ours to one decimal), nothing typed."""
     seq = 8192
@@ -377,24 +393,24 @@ def headline_rows():
     for causal in (False, True):
         key = (128, seq, causal)
         yield ("wgpu cooperative matrix", "f16", key, coop[key]["flash_tflops"],
-               coop_torch[key]["flash_fwd_tflops"], coop_torch[key]["cudnn_fwd_tflops"], coop_torch[key], COOP_RUN)
+               coop_torch[key]["flash_fwd_tflops"], coop_torch[key]["cudnn_fwd_tflops"], coop_torch[key], COOP_RUN, gpu_of(COOP_RUN, coop[key]))
     f32, f32_torch = wgpu_rows(F32_RUN, "table_main.jsonl"), torch_rows(F32_RUN)
     for causal in (False, True):
         key = (128, seq, causal)
         yield ("wgpu register-tiled", "f32", key, f32[key]["flash_tflops"],
-               f32_torch[key]["flash_fwd_tflops"], f32_torch[key]["cudnn_fwd_tflops"], f32_torch[key], F32_RUN)
+               f32_torch[key]["flash_fwd_tflops"], f32_torch[key]["cudnn_fwd_tflops"], f32_torch[key], F32_RUN, gpu_of(F32_RUN, f32[key]))
     cuda, cuda_torch = cuda_rows(CUDA_RUN), torch_rows(CUDA_RUN)
     for head_dim in HEAD_DIMS:
         for causal in (False, True):
             key = (head_dim, seq, causal)
             yield ("CUDA wgmma", "bf16", key, cuda[key]["tflops"],
-                   cuda_torch[key]["flash_fwd_tflops"], cuda_torch[key]["cudnn_fwd_tflops"], cuda_torch[key], CUDA_RUN)
+                   cuda_torch[key]["flash_fwd_tflops"], cuda_torch[key]["cudnn_fwd_tflops"], cuda_torch[key], CUDA_RUN, gpu_of(CUDA_RUN, cuda[key]))
     bwd = {(r["head_dim"], r["seq_q"], r["causal"]): r for r in read_jsonl(BACKWARD_RUN, "bwd.jsonl") if r["pass"]}
     bwd_torch = torch_rows(BACKWARD_RUN, "torch_bwd.jsonl")
     for causal in (False, True):
         key = (128, seq, causal)
         yield ("wgpu backward (dQ, dK, dV)", "f32", key, bwd[key]["backward_tflops"],
-               bwd_torch[key]["flash_bwd_tflops"], bwd_torch[key]["cudnn_bwd_tflops"], bwd_torch[key], BACKWARD_RUN)
+               bwd_torch[key]["flash_bwd_tflops"], bwd_torch[key]["cudnn_bwd_tflops"], bwd_torch[key], BACKWARD_RUN, gpu_of(BACKWARD_RUN, bwd[key]))
     coop_bwd = {(r["head_dim"], r["seq_q"], r["causal"]): r
                 for r in read_jsonl(COOP_BACKWARD_RUN, "bwd_coop.jsonl") if r["pass"]}
     coop_bwd_torch = torch_rows(COOP_BACKWARD_RUN, "torch_bwd.jsonl")
@@ -402,17 +418,17 @@ def headline_rows():
         key = (128, seq, causal)
         yield ("wgpu cooperative-matrix backward", "f16", key, coop_bwd[key]["backward_tflops"],
                coop_bwd_torch[key]["flash_bwd_tflops"], coop_bwd_torch[key]["cudnn_bwd_tflops"],
-               coop_bwd_torch[key], COOP_BACKWARD_RUN)
+               coop_bwd_torch[key], COOP_BACKWARD_RUN, gpu_of(COOP_BACKWARD_RUN, coop_bwd[key]))
 
 
 def headline_table():
     lines = [
-        "| path | dtype | head_dim | seq | causal | ours (TFLOP/s) | PyTorch dtype | PyTorch FA2 | cuDNN | ours / FA2 | ours / cuDNN | run |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| path | dtype | head_dim | seq | causal | GPU | ours (TFLOP/s) | PyTorch dtype | PyTorch FA2 | cuDNN | ours / FA2 | ours / cuDNN | run |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
-    for path, dtype, (head_dim, seq, causal), ours, fa2, cudnn, torch, run in headline_rows():
+    for path, dtype, (head_dim, seq, causal), ours, fa2, cudnn, torch, run, gpu in headline_rows():
         lines.append(
-            f"| {path} | {dtype} | {head_dim} | {seq} | {'yes' if causal else 'no'} | **{ours:.1f}** "
+            f"| {path} | {dtype} | {head_dim} | {seq} | {'yes' if causal else 'no'} | {gpu} | **{ours:.1f}** "
             f"| {torch.get('dtype', 'bf16')} | {fa2} | {cudnn} "
             f"| {ratio(ours, fa2)} | {ratio(ours, cudnn)} | [{run.name}]({run.as_posix()}/) |"
         )
