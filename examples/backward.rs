@@ -126,7 +126,7 @@ fn parse_args() -> Result<Args, String> {
             "--help" | "-h" => {
                 return Err(include_str!("backward.rs")
                     .lines()
-                    .take(22)
+                    .take(25)
                     .collect::<Vec<_>>()
                     .join("\n"))
             }
