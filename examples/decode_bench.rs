@@ -38,8 +38,7 @@ use wgpu_flash_attn::{
     Options, Tensor, TensorBuffer,
 };
 
-/// Seconds of back-to-back runs before timing, and at least this long timed.
-const WARM_UP_S: f64 = 0.3;
+/// At least this long timed (`time_passes` keeps the GPU busy for its own warm-up before).
 const TIMED_S: f64 = 0.1;
 
 struct Args {
@@ -252,12 +251,10 @@ fn run<T: Element>(ctx: &GpuContext, args: &Args, out: &mut Option<std::fs::File
                     };
                     let result = work.run(&engine, Kernel::Flash).and_then(|(o, lse)| {
                         let check = work.check_rows(&o, &lse, 64)?;
-                        // A short kernel on an idle GPU runs at idle clocks: estimate the time,
-                        // keep the GPU busy for WARM_UP_S, then time at least TIMED_S of runs.
+                        // Short kernels: time at least TIMED_S of runs, from an estimate.
                         let estimate = work.time(&engine, Kernel::Flash, 1, 5)?.median.max(1e-6);
-                        let warmup = ((WARM_UP_S / estimate) as usize).clamp(5, 20_000);
                         let runs = args.runs.max((TIMED_S / estimate) as usize).min(20_000);
-                        let timing = work.time(&engine, Kernel::Flash, warmup, runs)?;
+                        let timing = work.time(&engine, Kernel::Flash, 5, runs)?;
                         Ok((check, timing))
                     });
                     match result {
@@ -387,13 +384,7 @@ fn paged_run<T: Element>(
             engine.encode_forward(encoder, p, b, ts).map(|_| ())
         };
         let estimate = time_passes(ctx, 1, 5, &mut run)?.median.max(1e-6);
-        let warmup = ((WARM_UP_S / estimate) as usize).clamp(5, 20_000);
-        time_passes(
-            ctx,
-            warmup,
-            runs.max((TIMED_S / estimate) as usize).min(20_000),
-            &mut run,
-        )
+        time_passes(ctx, 5, runs.max((TIMED_S / estimate) as usize).min(20_000), &mut run)
     };
     let t_contiguous = time(problem, &contiguous)?;
     let t_paged = time(&paged, &paged_buffers)?;

@@ -41,11 +41,24 @@ impl Timing {
 /// Samples a timing takes at most: `runs` are spread over this many submissions.
 const SAMPLES: usize = 5;
 
-/// Runs `encode` `warmup` times untimed, then `runs` times timed, and returns the median of the
-/// samples. With timestamps, a sample is the mean of a submission of up to `runs / SAMPLES`
-/// runs back to back; without, each run is its own submission timed by the wall clock.
-/// `encode` records one compute pass and must pass the given timestamp writes to it (`None`
-/// when the device has no timestamps, or for the passes inside a sample).
+/// Seconds of back-to-back work before the timed samples. A GPU lowers its clocks when idle and
+/// raises them only under sustained load: on a fresh H100 the SM clock sat at 600–960 MHz (of
+/// 1,980) for seconds while a timing loop that waited between its samples ran, and the forward
+/// measured 2.6–4.7× its rate (BENCHMARKS.md, session 50).
+const WARM_UP_S: f64 = 0.3;
+
+/// Seconds of runs one warm-up submission holds, by the estimate, and at most this many runs (a
+/// bound on the command buffer's size).
+const WARM_UP_SUBMISSION_S: f64 = 0.02;
+const WARM_UP_CHUNK: usize = 256;
+
+/// Runs `encode` `warmup` times (at least once), then back to back for `WARM_UP_S`, then `runs`
+/// times timed, and returns the median of the samples. With timestamps, a sample is the mean of
+/// a submission of up to `runs / SAMPLES` runs back to back, and the warm-up and the samples are
+/// submitted without waiting in between, so the GPU does not idle until the last sample ends;
+/// without timestamps, each run is its own submission timed by the wall clock. `encode` records
+/// one compute pass and must pass the given timestamp writes to it (`None` when the device has
+/// no timestamps, or for the passes inside a sample).
 pub fn time_passes(
     ctx: &GpuContext,
     warmup: usize,
@@ -54,66 +67,46 @@ pub fn time_passes(
 ) -> Result<Timing> {
     let device = &ctx.device;
     let queue = &ctx.queue;
-    let wait = || {
+    let wait_for = |submission: Option<wgpu::SubmissionIndex>| {
         device
-            .poll(wgpu::PollType::wait_indefinitely())
+            .poll(wgpu::PollType::Wait {
+                submission_index: submission,
+                timeout: None,
+            })
             .map(|_| ())
             .map_err(|e| Error::ReadBack(e.to_string()))
     };
-    // The warm-up runs back to back, without waiting in between: an idle GPU lowers its core
-    // and memory clocks, and only sustained work brings them back up.
-    if warmup > 0 {
+    let wait = || wait_for(None);
+    let mut submit_untimed = |times: usize| -> Result<wgpu::SubmissionIndex> {
         let mut encoder = device.create_command_encoder(&Default::default());
-        for _ in 0..warmup {
+        for _ in 0..times {
             encode(&mut encoder, None)?;
         }
-        queue.submit([encoder.finish()]);
-        wait()?;
+        Ok(queue.submit([encoder.finish()]))
+    };
+    // The first runs build what the calls need; one more, waited for by the wall clock, sizes
+    // the warm-up's submissions (an overestimate: it holds a submission's latency). The warm-up
+    // keeps two submissions in flight, waiting for the older, until WARM_UP_S have passed; the
+    // last is still running when the samples are submitted.
+    submit_untimed(warmup.max(1))?;
+    wait()?;
+    let one = Instant::now();
+    submit_untimed(1)?;
+    wait()?;
+    let estimate = one.elapsed().as_secs_f64().max(1e-6);
+    let chunk = ((WARM_UP_SUBMISSION_S / estimate).ceil() as usize).clamp(1, WARM_UP_CHUNK);
+    let warm_up = Instant::now();
+    let mut in_flight = None;
+    while warm_up.elapsed().as_secs_f64() < WARM_UP_S {
+        let submitted = submit_untimed(chunk)?;
+        if let Some(older) = in_flight.replace(submitted) {
+            wait_for(Some(older))?;
+        }
     }
     let runs = runs.max(1);
-    let mut samples = Vec::with_capacity(runs);
-    if ctx.caps.timestamps {
-        // Each sample is one submission of several runs back to back, as an application submits
-        // them (and as PyTorch's CUDA-event loops time its kernels), timed from the first pass's
-        // start to the last pass's end and divided by the runs: waiting after every run lets the
-        // GPU idle and drop its clocks, and a pass's own start timestamp may be taken while the
-        // previous pass still runs (a top-of-pipe write), so per-pass durations of short kernels
-        // back to back are unreliable. The span of one submission is neither.
-        let per_sample = runs.div_ceil(SAMPLES).max(1);
-        let query_set = device.create_query_set(&wgpu::QuerySetDescriptor {
-            label: Some("wgpu-flash-attn timer"),
-            ty: wgpu::QueryType::Timestamp,
-            count: 2,
-        });
-        let resolved = device.create_buffer(&wgpu::BufferDescriptor {
-            label: Some("wgpu-flash-attn timer"),
-            size: 16,
-            usage: wgpu::BufferUsages::QUERY_RESOLVE | wgpu::BufferUsages::COPY_SRC,
-            mapped_at_creation: false,
-        });
-        let period = queue.get_timestamp_period() as f64 * 1e-9;
-        let mut left = runs;
-        while left > 0 {
-            let batch = left.min(per_sample);
-            left -= batch;
-            let mut encoder = device.create_command_encoder(&Default::default());
-            for run in 0..batch {
-                let (first, last) = (run == 0, run + 1 == batch);
-                let writes = (first || last).then(|| wgpu::ComputePassTimestampWrites {
-                    query_set: &query_set,
-                    beginning_of_pass_write_index: first.then_some(0),
-                    end_of_pass_write_index: last.then_some(1),
-                });
-                encode(&mut encoder, writes)?;
-            }
-            encoder.resolve_query_set(&query_set, 0..2, &resolved, 0);
-            queue.submit([encoder.finish()]);
-            let bytes = pollster::block_on(read_back(device, queue, &[(&resolved, 0, 16)]))?;
-            let ticks: Vec<u64> = bytemuck::pod_collect_to_vec(&bytes[0]);
-            samples.push(ticks[1].saturating_sub(ticks[0]) as f64 * period / batch as f64);
-        }
-        Ok(Timing::from_samples(samples, Clock::GpuTimestamps))
-    } else {
+    if !ctx.caps.timestamps {
+        wait()?;
+        let mut samples = Vec::with_capacity(runs);
         for _ in 0..runs {
             let mut encoder = device.create_command_encoder(&Default::default());
             encode(&mut encoder, None)?;
@@ -122,8 +115,57 @@ pub fn time_passes(
             wait()?;
             samples.push(start.elapsed().as_secs_f64());
         }
-        Ok(Timing::from_samples(samples, Clock::WallClock))
+        return Ok(Timing::from_samples(samples, Clock::WallClock));
     }
+    // Each sample is one submission of several runs back to back, as an application submits
+    // them (and as PyTorch's CUDA-event loops time its kernels), timed from the first pass's
+    // start to the last pass's end and divided by the runs: waiting after every run lets the GPU
+    // idle and drop its clocks, and a pass's own start timestamp may be taken while the previous
+    // pass still runs (a top-of-pipe write), so per-pass durations of short kernels back to back
+    // are unreliable. The span of one submission is neither. The samples' timestamps are read
+    // back once, after the last.
+    let per_sample = runs.div_ceil(SAMPLES).max(1);
+    let batches: Vec<usize> = (0..runs.div_ceil(per_sample))
+        .map(|i| per_sample.min(runs - i * per_sample))
+        .collect();
+    let count = 2 * batches.len() as u32;
+    let query_set = device.create_query_set(&wgpu::QuerySetDescriptor {
+        label: Some("wgpu-flash-attn timer"),
+        ty: wgpu::QueryType::Timestamp,
+        count,
+    });
+    let resolved = device.create_buffer(&wgpu::BufferDescriptor {
+        label: Some("wgpu-flash-attn timer"),
+        size: 8 * count as u64,
+        usage: wgpu::BufferUsages::QUERY_RESOLVE | wgpu::BufferUsages::COPY_SRC,
+        mapped_at_creation: false,
+    });
+    for (sample, &batch) in batches.iter().enumerate() {
+        let first_index = 2 * sample as u32;
+        let mut encoder = device.create_command_encoder(&Default::default());
+        for run in 0..batch {
+            let (first, last) = (run == 0, run + 1 == batch);
+            let writes = (first || last).then(|| wgpu::ComputePassTimestampWrites {
+                query_set: &query_set,
+                beginning_of_pass_write_index: first.then_some(first_index),
+                end_of_pass_write_index: last.then_some(first_index + 1),
+            });
+            encode(&mut encoder, writes)?;
+        }
+        queue.submit([encoder.finish()]);
+    }
+    let mut encoder = device.create_command_encoder(&Default::default());
+    encoder.resolve_query_set(&query_set, 0..count, &resolved, 0);
+    queue.submit([encoder.finish()]);
+    let bytes = pollster::block_on(read_back(device, queue, &[(&resolved, 0, 8 * count as u64)]))?;
+    let ticks: Vec<u64> = bytemuck::pod_collect_to_vec(&bytes[0]);
+    let period = queue.get_timestamp_period() as f64 * 1e-9;
+    let samples = batches
+        .iter()
+        .enumerate()
+        .map(|(i, &batch)| ticks[2 * i + 1].saturating_sub(ticks[2 * i]) as f64 * period / batch as f64)
+        .collect();
+    Ok(Timing::from_samples(samples, Clock::GpuTimestamps))
 }
 
 /// Seconds per run of [`time_submission`], by the wall clock.
