@@ -42,9 +42,11 @@ probe_backward() {
 }
 
 # warm_up: two backward processes, untimed, before a call's timings. On a fresh machine the
-# matrix forward ran 2.6–4.7× slower for seconds after the first backward had run (its exact pass
-# in-kernel or flagged alike) and at its rate again by the third process (session 50, calls 1, 5,
-# 6, 8: BENCHMARKS.md); earlier sessions' "slow processes" may have been this. Needs $B/backward.
+# matrix forward ran 2.6–4.7× slower for seconds after the first backward had run: the SM clock
+# fell to 600–960 MHz while the timing loop waited between its samples (session 50, calls 1, 5,
+# 6, 8, 10: BENCHMARKS.md). Builds from session 50 on warm up in time_passes and queue their
+# samples; older builds (d30f4e2's, say) still time the old way, so calls that time them beside
+# main should start with this. Needs $B/backward.
 warm_up() {
   for _ in 1 2; do
     timeout 60 "$B/backward" --batch 2 --heads 16 --seq 8192 --head-dim 128 --dtype f16 --runs 5 \
