@@ -42,7 +42,7 @@ probe_backward() {
 }
 
 # warm_up: two backward processes, untimed, before a call's timings. On a fresh machine the
-# matrix forward ran 2.6–4.7× slower for seconds after the first backward had run: the SM clock
+# matrix forward took 1.6–4.7× its time for seconds after the first backward had run: the SM clock
 # fell to 600–960 MHz while the timing loop waited between its samples (session 50, calls 1, 5,
 # 6, 8, 10: BENCHMARKS.md). Builds from session 50 on warm up in time_passes and queue their
 # samples; older builds (d30f4e2's, say) still time the old way, so calls that time them beside

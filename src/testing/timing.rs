@@ -44,7 +44,7 @@ const SAMPLES: usize = 5;
 /// Seconds of back-to-back work before the timed samples. A GPU lowers its clocks when idle and
 /// raises them only under sustained load: on a fresh H100 the SM clock sat at 600–960 MHz (of
 /// 1,980) for seconds while a timing loop that waited between its samples ran, and the forward
-/// measured 2.6–4.7× its rate (BENCHMARKS.md, session 50).
+/// took 1.6–4.7× its time (BENCHMARKS.md, session 50).
 const WARM_UP_S: f64 = 0.3;
 
 /// Seconds of runs one warm-up submission holds, by the estimate, and at most this many runs (a
