@@ -212,18 +212,25 @@ fn softmax_in_registers(rows: ptr<function, RegisterRows>, s: ptr<function, arra
     var raw_max: array<f32, ROW_SLOTS>;
     // @unroll
     for (var sl = 0u; sl < ROW_SLOTS; sl++) {
-        raw_max[sl] = neg_inf();
+        raw_max[sl] = hidden_score();
     }
     // @unroll
     for (var j = 0u; j < N_BLOCKS; j++) {
         x[j] = coop_elements_c((*s)[j]);
     }
+    // With CAP_DENOMINATORS the scores become tanh's denominators, which order as the capped
+    // scores do (flash_fwd_coop.wgsl, cap_denominator): the masks and maxima below take them
+    // as they are.
     if (SOFTCAP) {
         // @unroll
         for (var j = 0u; j < N_BLOCKS; j++) {
             // @unroll
             for (var i = 0u; i < COOP_COMPONENTS; i++) {
-                x[j][i] = soft_cap_raw(x[j][i]);
+                if (CAP_DENOMINATORS) {
+                    x[j][i] = cap_denominator(x[j][i]);
+                } else {
+                    x[j][i] = soft_cap_raw(x[j][i]);
+                }
             }
         }
     }
@@ -253,7 +260,7 @@ fn softmax_in_registers(rows: ptr<function, RegisterRows>, s: ptr<function, arra
                 let slot = (COMPONENT_SLOT_BITS >> (2u * i)) & 3u;
                 let col = component_col(rows, n0, j, i);
                 let outside = (col < (*rows).kv_begin[slot]) | (col >= (*rows).kv_end[slot]);
-                x[j][i] = select(x[j][i], neg_inf(), outside);
+                x[j][i] = select(x[j][i], hidden_score(), outside);
             }
         }
     }
@@ -263,7 +270,7 @@ fn softmax_in_registers(rows: ptr<function, RegisterRows>, s: ptr<function, arra
         for (var i = 0u; i < COOP_COMPONENTS; i++) {
             let slot = (COMPONENT_SLOT_BITS >> (2u * i)) & 3u;
             if (HAS_MASK) {
-                x[j][i] = select(x[j][i], neg_inf(), ((hidden[j] >> i) & 1u) != 0u);
+                x[j][i] = select(x[j][i], hidden_score(), ((hidden[j] >> i) & 1u) != 0u);
             }
             raw_max[slot] = max(raw_max[slot], x[j][i]);
         }
@@ -272,13 +279,20 @@ fn softmax_in_registers(rows: ptr<function, RegisterRows>, s: ptr<function, arra
     // exp2's argument is x·scale − m_exp, one fused multiply-add from the raw score; in the exact
     // pass (`exact`, attend_kv_tiles) rows with a huge reference (is_huge_reference) subtract
     // their raw max first, (x − shift)·scale with shift = m_raw and m_exp = 0, exact at the max.
-    // The fast pass only notes them.
+    // The fast pass only notes them. With CAP_DENOMINATORS, x is tanh's denominator d and the
+    // argument the capped scaled score less m_exp, cap · (1 − 2/d) − m_exp (cap = params.softcap,
+    // the cap in exp2's units): one multiply-add from 1/d.
+    let cap_top = params.softcap;
+    let cap_span = 2.0 * params.softcap;
     var shift: array<f32, ROW_SLOTS>; // set in full below, before any read
     var m_exp: array<f32, ROW_SLOTS>; // set in full below, before any read
     // @unroll
     for (var sl = 0u; sl < ROW_SLOTS; sl++) {
         let m_used = (*rows).m_used[sl];
-        let tile_raw_max = row_max(raw_max[sl]);
+        var tile_raw_max = row_max(raw_max[sl]);
+        if (CAP_DENOMINATORS) {
+            tile_raw_max = capped_from_denominator(tile_raw_max);
+        }
         let m_new = next_reference_max(m_used, tile_raw_max * params.scale);
         let alpha = rescale_factor(m_used, m_new);
         (*rows).alpha[sl] = alpha;
@@ -301,7 +315,9 @@ fn softmax_in_registers(rows: ptr<function, RegisterRows>, s: ptr<function, arra
         for (var i = 0u; i < COOP_COMPONENTS; i++) {
             let slot = (COMPONENT_SLOT_BITS >> (2u * i)) & 3u;
             var arg = x[j][i] * params.scale - m_exp[slot];
-            if (exact) {
+            if (CAP_DENOMINATORS) {
+                arg = fma(-cap_span, 1.0 / x[j][i], cap_top - m_exp[slot]);
+            } else if (exact) {
                 arg = (x[j][i] - shift[slot]) * params.scale - m_exp[slot];
             }
             let p = exp2(arg);

@@ -289,6 +289,37 @@ fn soft_cap_raw(x: f32) -> f32 {
     return raw_cap * tanh_by_exp2(y).x;
 }
 
+// The register softmax's soft-cap without score terms (CAP_DENOMINATORS): each score is carried
+// as the denominator d = 1 + e^(2y) of tanh(y) = 1 − 2/d (y its scaled score over the cap), which
+// rises with the score, so a row's largest d is its largest capped score (capped_from_denominator)
+// and a hidden score is d = 0, below every score (hidden_score). P's exponent is then one
+// multiply-add from 1/d (softmax_in_registers), where the capped score itself would cost two
+// multiplies, the subtraction from 1 and the multiply by the cap more per score; and 1/0 = ∞ makes
+// a hidden score's P exactly 0. The capped scaled scores are bounded by the cap, far from
+// HUGE_REFERENCE, so rows take the fast pass's exponent only. ALiBi and the bias add to the capped
+// score and keep the capped form, as does the series form (CAP_SERIES), whose small scores the
+// denominator's 1 would swamp. On an H100 this form ran 1.07× the capped one at head_dim 64 and
+// 128 and 0.99× at 256 (BENCHMARKS.md, session 51), where the capped form stays.
+const CAP_DENOMINATORS: bool = SOFTCAP && !CAP_SERIES && !ALIBI && !HAS_BIAS && REGISTER_SOFTMAX && HEAD_DIM_PAD <= 128u;
+
+fn cap_denominator(x: f32) -> f32 {
+    // One multiply a score: 2y = x · scale / cap in exp2's units, the factor held below f32's
+    // largest value (a zero score times ∞ would be NaN) for the tiniest caps.
+    return 1.0 + exp2(x * min(params.scale / params.softcap * (2.0 * LOG2_E), 3.0e38));
+}
+
+// The raw capped score of a score whose denominator is d: raw_cap · (1 − 2/d), −∞ at d = 0.
+fn capped_from_denominator(d: f32) -> f32 {
+    let raw_cap = params.softcap / params.scale;
+    return select(neg_inf(), raw_cap - 2.0 * raw_cap / d, d > 0.0);
+}
+
+// What the register softmax writes for a score the mask hides: −∞, or with CAP_DENOMINATORS the
+// denominator 0.
+fn hidden_score() -> f32 {
+    return select(neg_inf(), 0.0, CAP_DENOMINATORS);
+}
+
 // The head's terms for with_score_terms, worked out once a workgroup: ALiBi's slope and the bias's
 // base-2 values both divided by the base-2 scale (raw_per_base2 = 1 / params.scale), since the
 // scores they join are raw.

@@ -175,6 +175,36 @@ fn cooperative_windows_and_soft_caps_match_the_reference() {
     }
 }
 
+/// Soft-caps on the matrix kernel where scores are hidden: the register softmax carries a capped
+/// score as tanh's denominator (CAP_DENOMINATORS in shaders/flash_fwd_coop.wgsl), a hidden one as
+/// 0, so a tile whose scores a row sees none of, a row that sees no key at all (seq_q > seq_kv,
+/// causal) and the window's edges inside a tile each take a path of their own; the caps from
+/// tight to the largest the tanh form takes (64), and one in the series form.
+#[test]
+fn cooperative_soft_caps_beside_hidden_scores_match_the_reference() {
+    let Some(ctx) = gpu() else { return };
+    let cases = [
+        // (seq_q, seq_kv, heads, kv_heads, head_dim, causal, window, cap)
+        (100, 300, 4, 2, 64, true, (Some(3), None), 0.3),
+        (90, 40, 2, 1, 80, true, (None, None), 30.0),
+        (70, 200, 2, 2, 64, false, (Some(20), Some(5)), 2.0),
+        (33, 160, 4, 1, 80, true, (Some(0), None), 64.0),
+        (64, 64, 2, 2, 32, false, (Some(40), Some(0)), 1e-3),
+        (50, 130, 2, 1, 64, true, (Some(70), None), 500.0),
+    ];
+    for (route, engine) in coop_engines(ctx) {
+        for (i, &(seq_q, seq_kv, heads, kv_heads, head_dim, causal, (left, right), cap)) in cases.iter().enumerate() {
+            let p = AttentionProblem::new(shape(2, seq_q, seq_kv, heads, kv_heads, head_dim), DType::F16)
+                .with_causal(causal)
+                .with_window(left, right)
+                .with_softcap(cap);
+            let label =
+                format!("case {i} {route}: {seq_q}x{seq_kv} causal {causal} window {left:?}/{right:?} cap {cap}");
+            run_and_check_any(&engine, Kernel::Flash, &p, &label);
+        }
+    }
+}
+
 /// The naive baseline does not implement windows or soft-caps: it refuses them by name.
 #[test]
 fn kernels_without_a_variant_refuse_it_by_name() {
