@@ -31,7 +31,7 @@ use wgpu::util::DeviceExt;
 use wgpu_flash_attn::batch::PagedKv;
 use wgpu_flash_attn::kernel::{CoopDecodePlan, DecodeChoice, DecodePlan, ForwardKernel};
 use wgpu_flash_attn::testing::harness::{Kernel, Workload};
-use wgpu_flash_attn::testing::timing::{time_passes, Timing};
+use wgpu_flash_attn::testing::timing::{time_passes, time_passes_at_least, Timing};
 use wgpu_flash_attn::testing::{random_tensor, seed_of};
 use wgpu_flash_attn::{
     AttentionProblem, AttentionShape, DType, Element, FlashAttention, ForwardBuffers, GpuContext, KernelChoice, Layout,
@@ -251,10 +251,8 @@ fn run<T: Element>(ctx: &GpuContext, args: &Args, out: &mut Option<std::fs::File
                     };
                     let result = work.run(&engine, Kernel::Flash).and_then(|(o, lse)| {
                         let check = work.check_rows(&o, &lse, 64)?;
-                        // Short kernels: time at least TIMED_S of runs, from an estimate.
-                        let estimate = work.time(&engine, Kernel::Flash, 1, 5)?.median.max(1e-6);
-                        let runs = args.runs.max((TIMED_S / estimate) as usize).min(20_000);
-                        let timing = work.time(&engine, Kernel::Flash, 5, runs)?;
+                        // Short kernels: time at least TIMED_S of runs.
+                        let timing = work.time_at_least(&engine, Kernel::Flash, 5, args.runs, TIMED_S)?;
                         Ok((check, timing))
                     });
                     match result {
@@ -383,8 +381,7 @@ fn paged_run<T: Element>(
         let mut run = |encoder: &mut wgpu::CommandEncoder, ts: Option<wgpu::ComputePassTimestampWrites<'_>>| {
             engine.encode_forward(encoder, p, b, ts).map(|_| ())
         };
-        let estimate = time_passes(ctx, 1, 5, &mut run)?.median.max(1e-6);
-        time_passes(ctx, 5, runs.max((TIMED_S / estimate) as usize).min(20_000), &mut run)
+        time_passes_at_least(ctx, 5, runs, TIMED_S, &mut run)
     };
     let t_contiguous = time(problem, &contiguous)?;
     let t_paged = time(&paged, &paged_buffers)?;

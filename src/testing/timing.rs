@@ -52,6 +52,9 @@ const WARM_UP_S: f64 = 0.3;
 const WARM_UP_SUBMISSION_S: f64 = 0.02;
 const WARM_UP_CHUNK: usize = 256;
 
+/// The most runs [`time_passes_at_least`] times to fill its seconds.
+pub const MAX_TIMED_RUNS: usize = 20_000;
+
 /// Runs `encode` `warmup` times (at least once), then back to back for `WARM_UP_S`, then `runs`
 /// times timed, and returns the median of the samples. With timestamps, a sample is the mean of
 /// a submission of up to `runs / SAMPLES` runs back to back, and the warm-up and the samples are
@@ -63,6 +66,20 @@ pub fn time_passes(
     ctx: &GpuContext,
     warmup: usize,
     runs: usize,
+    encode: impl FnMut(&mut wgpu::CommandEncoder, Option<wgpu::ComputePassTimestampWrites<'_>>) -> Result<()>,
+) -> Result<Timing> {
+    time_passes_at_least(ctx, warmup, runs, 0.0, encode)
+}
+
+/// [`time_passes`], timing at least `seconds` of runs: as many more than `runs` as the warm-up's
+/// rate says fill them, at most [`MAX_TIMED_RUNS`]. For short kernels, whose few runs would time
+/// mostly the gaps between passes, without a separate call to estimate them (each call warms up
+/// for `WARM_UP_S`).
+pub fn time_passes_at_least(
+    ctx: &GpuContext,
+    warmup: usize,
+    runs: usize,
+    seconds: f64,
     mut encode: impl FnMut(&mut wgpu::CommandEncoder, Option<wgpu::ComputePassTimestampWrites<'_>>) -> Result<()>,
 ) -> Result<Timing> {
     let device = &ctx.device;
@@ -97,13 +114,23 @@ pub fn time_passes(
     let chunk = ((WARM_UP_SUBMISSION_S / estimate).ceil() as usize).clamp(1, WARM_UP_CHUNK);
     let warm_up = Instant::now();
     let mut in_flight = None;
+    // Runs the warm-up has seen complete, for its rate: submissions overlap, so the time to the
+    // last wait over the runs before it.
+    let (mut completed, mut completed_at) = (0usize, 0.0);
     while warm_up.elapsed().as_secs_f64() < WARM_UP_S {
         let submitted = submit_untimed(chunk)?;
         if let Some(older) = in_flight.replace(submitted) {
             wait_for(Some(older))?;
+            completed += chunk;
+            completed_at = warm_up.elapsed().as_secs_f64();
         }
     }
-    let runs = runs.max(1);
+    let per_run = match completed {
+        0 => estimate,
+        n => completed_at / n as f64,
+    };
+    let filling = (seconds / per_run).ceil().min(MAX_TIMED_RUNS as f64) as usize;
+    let runs = runs.max(filling).max(1);
     if !ctx.caps.timestamps {
         wait()?;
         let mut samples = Vec::with_capacity(runs);
