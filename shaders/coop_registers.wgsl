@@ -290,10 +290,13 @@ fn softmax_in_registers(rows: ptr<function, RegisterRows>, s: ptr<function, arra
     for (var sl = 0u; sl < ROW_SLOTS; sl++) {
         let m_used = (*rows).m_used[sl];
         var tile_raw_max = row_max(raw_max[sl]);
+        var tile_max = tile_raw_max * params.scale;
         if (CAP_DENOMINATORS) {
-            tile_raw_max = capped_from_denominator(tile_raw_max);
+            tile_max = capped_from_denominator(tile_raw_max);
+            // m_raw's units; only the exact pass reads it, which these rows never take.
+            tile_raw_max = tile_max / params.scale;
         }
-        let m_new = next_reference_max(m_used, tile_raw_max * params.scale);
+        let m_new = next_reference_max(m_used, tile_max);
         let alpha = rescale_factor(m_used, m_new);
         (*rows).alpha[sl] = alpha;
         (*rows).m_raw[sl] = next_reference_raw((*rows).m_raw[sl], tile_raw_max, alpha);

@@ -42,7 +42,8 @@
 //   subgroup's alone, so only the subgroup synchronises (subgroupBarrier, made to cover
 //   workgroup memory in src/spirv/coherence.rs).
 //
-// Either way the scale sits inside exp2's argument, and masked scores are −∞. A workgroup streams
+// Either way the scale sits inside exp2's argument, and masked scores are −∞ (0 where the register
+// softmax carries soft-capped scores as tanh's denominators, CAP_DENOMINATORS). A workgroup streams
 // its K/V tiles once (the fast pass), or twice where some row's reference max turned huge, past
 // what one multiply-add into exp2 holds exactly (attend_kv_tiles, HUGE_REFERENCE): the exact pass
 // runs in the kernel, or in a second dispatch of the same grid for the workgroups the first one
@@ -295,8 +296,9 @@ fn soft_cap_raw(x: f32) -> f32 {
 // and a hidden score is d = 0, below every score (hidden_score). P's exponent is then one
 // multiply-add from 1/d (softmax_in_registers), where the capped score itself would cost two
 // multiplies, the subtraction from 1 and the multiply by the cap more per score; and 1/0 = ∞ makes
-// a hidden score's P exactly 0. The capped scaled scores are bounded by the cap, far from
-// HUGE_REFERENCE, so rows take the fast pass's exponent only. ALiBi and the bias add to the capped
+// a hidden score's P exactly 0. The capped scaled scores are bounded by the cap (at most 64 ·
+// log2 e in the tanh form, CapForm::SERIES_ABOVE), far below HUGE_REFERENCE, so no row's
+// reference is ever huge and rows take the fast pass's exponent only. ALiBi and the bias add to the capped
 // score and keep the capped form, as does the series form (CAP_SERIES), whose small scores the
 // denominator's 1 would swamp. On an H100 this form ran 1.07× the capped one at head_dim 64 and
 // 128 and 0.99× at 256 (BENCHMARKS.md, session 51), where the capped form stays.
@@ -308,10 +310,11 @@ fn cap_denominator(x: f32) -> f32 {
     return 1.0 + exp2(x * min(params.scale / params.softcap * (2.0 * LOG2_E), 3.0e38));
 }
 
-// The raw capped score of a score whose denominator is d: raw_cap · (1 − 2/d), −∞ at d = 0.
+// The capped score, scaled, of a score whose denominator is d: cap · (1 − 2/d), −∞ at d = 0. In
+// scaled units, where the cap is at most 64 · log2 e (the tanh form's largest): the raw cap,
+// cap / scale, passes f32's range for scales below about 1e-37.
 fn capped_from_denominator(d: f32) -> f32 {
-    let raw_cap = params.softcap / params.scale;
-    return select(neg_inf(), raw_cap - 2.0 * raw_cap / d, d > 0.0);
+    return select(neg_inf(), params.softcap - 2.0 * params.softcap / d, d > 0.0);
 }
 
 // What the register softmax writes for a score the mask hides: −∞, or with CAP_DENOMINATORS the

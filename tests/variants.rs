@@ -179,27 +179,68 @@ fn cooperative_windows_and_soft_caps_match_the_reference() {
 /// score as tanh's denominator (CAP_DENOMINATORS in shaders/flash_fwd_coop.wgsl), a hidden one as
 /// 0, so a tile whose scores a row sees none of, a row that sees no key at all (seq_q > seq_kv,
 /// causal) and the window's edges inside a tile each take a path of their own; the caps from
-/// tight to the largest the tanh form takes (64), and one in the series form.
+/// tight to the largest the tanh form takes (64) and one in the series form; a scale so small
+/// that the raw cap (cap / scale) passes f32's range; sinks; head_dim 128 where the device holds
+/// its tiles.
 #[test]
 fn cooperative_soft_caps_beside_hidden_scores_match_the_reference() {
     let Some(ctx) = gpu() else { return };
-    let cases = [
-        // (seq_q, seq_kv, heads, kv_heads, head_dim, causal, window, cap)
-        (100, 300, 4, 2, 64, true, (Some(3), None), 0.3),
-        (90, 40, 2, 1, 80, true, (None, None), 30.0),
-        (70, 200, 2, 2, 64, false, (Some(20), Some(5)), 2.0),
-        (33, 160, 4, 1, 80, true, (Some(0), None), 64.0),
-        (64, 64, 2, 2, 32, false, (Some(40), Some(0)), 1e-3),
-        (50, 130, 2, 1, 64, true, (Some(70), None), 500.0),
+    struct Case {
+        seq: (usize, usize),
+        heads: (usize, usize),
+        head_dim: usize,
+        causal: bool,
+        window: (Option<usize>, Option<usize>),
+        cap: f32,
+        scale: Option<f32>,
+        sinks: bool,
+    }
+    let case = |seq, heads, head_dim, causal, window, cap| Case {
+        seq,
+        heads,
+        head_dim,
+        causal,
+        window,
+        cap,
+        scale: None,
+        sinks: false,
+    };
+    let mut cases = vec![
+        case((100, 300), (4, 2), 64, true, (Some(3), None), 0.3),
+        case((90, 40), (2, 1), 80, true, (None, None), 30.0),
+        case((70, 200), (2, 2), 64, false, (Some(20), Some(5)), 2.0),
+        case((33, 160), (4, 1), 80, true, (Some(0), None), 64.0),
+        case((64, 64), (2, 2), 32, false, (Some(40), Some(0)), 1e-3),
+        case((50, 130), (2, 1), 64, true, (Some(70), None), 500.0),
+        Case {
+            scale: Some(1.2e-37),
+            ..case((40, 90), (2, 1), 64, true, (None, None), 30.0)
+        },
+        Case {
+            sinks: true,
+            ..case((60, 100), (4, 2), 64, true, (Some(10), None), 5.0)
+        },
     ];
+    // 64-row tiles of head_dim 128 need 48 KiB of workgroup memory (lavapipe offers 32).
+    if ctx.caps.max_workgroup_storage_bytes >= 48 * 1024 {
+        cases.push(case((96, 200), (4, 2), 128, true, (Some(50), None), 30.0));
+    }
     for (route, engine) in coop_engines(ctx) {
-        for (i, &(seq_q, seq_kv, heads, kv_heads, head_dim, causal, (left, right), cap)) in cases.iter().enumerate() {
-            let p = AttentionProblem::new(shape(2, seq_q, seq_kv, heads, kv_heads, head_dim), DType::F16)
-                .with_causal(causal)
-                .with_window(left, right)
-                .with_softcap(cap);
-            let label =
-                format!("case {i} {route}: {seq_q}x{seq_kv} causal {causal} window {left:?}/{right:?} cap {cap}");
+        for (i, c) in cases.iter().enumerate() {
+            let mut p = AttentionProblem::new(shape(2, c.seq.0, c.seq.1, c.heads.0, c.heads.1, c.head_dim), DType::F16)
+                .with_causal(c.causal)
+                .with_window(c.window.0, c.window.1)
+                .with_softcap(c.cap);
+            if let Some(scale) = c.scale {
+                p = p.with_scale(scale);
+            }
+            if c.sinks {
+                p = p.with_sinks();
+            }
+            let label = format!(
+                "case {i} {route}: {}x{} d{} causal {} window {:?} cap {} scale {:?} sinks {}",
+                c.seq.0, c.seq.1, c.head_dim, c.causal, c.window, c.cap, c.scale, c.sinks
+            );
             run_and_check_any(&engine, Kernel::Flash, &p, &label);
         }
     }
