@@ -282,8 +282,6 @@ fn softmax_in_registers(rows: ptr<function, RegisterRows>, s: ptr<function, arra
     // The fast pass only notes them. With CAP_DENOMINATORS, x is tanh's denominator d and the
     // argument the capped scaled score less m_exp, cap · (1 − 2/d) − m_exp (cap = params.softcap,
     // the cap in exp2's units): one multiply-add from 1/d.
-    let cap_top = params.softcap;
-    let cap_span = 2.0 * params.softcap;
     var shift: array<f32, ROW_SLOTS>; // set in full below, before any read
     var m_exp: array<f32, ROW_SLOTS>; // set in full below, before any read
     // @unroll
@@ -319,7 +317,7 @@ fn softmax_in_registers(rows: ptr<function, RegisterRows>, s: ptr<function, arra
             let slot = (COMPONENT_SLOT_BITS >> (2u * i)) & 3u;
             var arg = x[j][i] * params.scale - m_exp[slot];
             if (CAP_DENOMINATORS) {
-                arg = fma(-cap_span, 1.0 / x[j][i], cap_top - m_exp[slot]);
+                arg = fma(-2.0 * params.softcap, 1.0 / x[j][i], params.softcap - m_exp[slot]);
             } else if (exact) {
                 arg = (x[j][i] - shift[slot]) * params.scale - m_exp[slot];
             }

@@ -298,9 +298,9 @@ fn soft_cap_raw(x: f32) -> f32 {
 // multiplies, the subtraction from 1 and the multiply by the cap more per score; and 1/0 = ∞ makes
 // a hidden score's P exactly 0. The capped scaled scores are bounded by the cap (at most 64 ·
 // log2 e in the tanh form, CapForm::SERIES_ABOVE), far below HUGE_REFERENCE, so no row's
-// reference is ever huge and rows take the fast pass's exponent only. ALiBi and the bias add to the capped
-// score and keep the capped form, as does the series form (CAP_SERIES), whose small scores the
-// denominator's 1 would swamp. On an H100 this form ran 1.07× the capped one at head_dim 64 and
+// reference is ever huge and rows take the fast pass's exponent only. ALiBi and the bias add to
+// the capped score and keep the capped form, as does the series form (CAP_SERIES), whose small
+// scores the denominator's 1 would swamp. On an H100 this form ran 1.07× the capped one at head_dim 64 and
 // 128 and 0.99× at 256 (BENCHMARKS.md, session 51), where the capped form stays.
 const CAP_DENOMINATORS: bool = SOFTCAP && !CAP_SERIES && !ALIBI && !HAS_BIAS && REGISTER_SOFTMAX && HEAD_DIM_PAD <= 128u;
 
