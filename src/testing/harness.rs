@@ -10,7 +10,7 @@ use crate::problem::score_bias::BiasValues;
 use crate::problem::{AttentionProblem, DType, Element, Tensor};
 use crate::reference;
 use crate::runtime::forward::{FlashAttention, ForwardBuffers};
-use crate::testing::timing::{time_passes, time_passes_at_least, Timing};
+use crate::testing::timing::{time_passes_at_least, Timing};
 use crate::testing::{random_tensor, ErrorStats};
 
 /// Which implementation to run.
@@ -251,9 +251,7 @@ impl<T: Element> Workload<T> {
 
     /// Median time of `kernel` over `runs` runs after `warmup` untimed ones.
     pub fn time(&self, engine: &FlashAttention, kernel: Kernel, warmup: usize, runs: usize) -> Result<Timing> {
-        time_passes(&self.ctx, warmup, runs, |encoder, ts| {
-            self.encode(engine, kernel, encoder, ts)
-        })
+        self.time_at_least(engine, kernel, warmup, runs, 0.0)
     }
 
     /// [`Workload::time`] over at least `runs` runs and `seconds` of them
