@@ -26,6 +26,20 @@ probe() {
     "| $(nvidia-smi --query-gpu=clocks.sm,clocks.mem,power.draw,temperature.gpu --format=csv,noheader)"
 }
 
+# decode_probe NAME EDIT [decode_bench flags...]: $B/decode_bench with .gpu/edits/EDIT.edit applied
+# through the lab hook (WFA_EDIT; `none` for none); its output goes to $OUT/decode.log under
+# `== NAME`, and its result lines are printed with NAME in front.
+decode_probe() {
+  local name=$1 edit=$2
+  shift 2
+  local log=/tmp/decode_probe.log edit_env=()
+  [ "$edit" = none ] || edit_env=("WFA_EDIT=.gpu/edits/$edit.edit")
+  env "${edit_env[@]}" timeout 90 "$B/decode_bench" "$@" > $log 2>&1
+  local rc=$?
+  { echo "== $name rc=$rc: $*"; cat $log; } >> "$OUT/decode.log"
+  grep -E "decode_b" $log | sed "s/^/$name /; s/  */ /g"
+}
+
 # probe_backward NAME BINARY [backward flags...]: $B/BINARY (`examples/backward`, or a build of it
 # at another commit) on head_dim 128, batch 2, 16 heads, seq 8192, f16, 5 runs checked on 16 rows;
 # flags given after BINARY override those. Output to $OUT/backward.log under `== NAME`; the line

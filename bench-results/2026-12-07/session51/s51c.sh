@@ -3,6 +3,7 @@
 # its key loop or its key groups' merge cut out (WFA_EDIT, wrong answers, times only); the
 # forward's cooperative tests and the score terms' on this build.
 . .gpu/setup.sh; B=.gpu/b
+. .gpu/coop-probe.sh
 xz -dc .gpu/old/flash-attn.xz > /tmp/fa-old && chmod +x /tmp/fa-old
 s=$SECONDS
 nvidia-smi --query-gpu=name,clocks.max.sm,clocks.max.mem --format=csv,noheader
@@ -19,22 +20,10 @@ for r in 1 2; do for d in 128 64 256; do
   cap new-cap $B/flash-attn $d --softcap 30
 done; done
 echo "coop done $((SECONDS-s)) s"
-dec() { # NAME EDIT decode_bench flags...
-  local name=$1 edit=$2; shift 2
-  local env_edit=(); [ "$edit" = none ] || env_edit=("WFA_EDIT=.gpu/edits/$edit.edit")
-  env "${env_edit[@]}" timeout 90 $B/decode_bench "$@" > /tmp/dec.log 2>&1
-  echo "rc=$? == $name $*" >> $OUT/decode.log; cat /tmp/dec.log >> $OUT/decode.log
-  grep -E "decode_b" /tmp/dec.log | sed "s/^/$name /" | sed 's/  */ /g'
-}
 for e in none dec_noloop dec_nomerge dec_noloop_nomerge both_empty; do
-  dec "$e" $e --batch 1 --kv 16384,32768,131072 --q 1 --runs 200
+  decode_probe "$e" $e --batch 1 --kv 16384,32768,131072 --q 1 --runs 200
 done
 echo "decode done $((SECONDS-s)) s"
-run_tests() { local name=$1 limit=$2; shift 2
-  timeout "$limit" "$@" > "$OUT/$name.log" 2>&1
-  echo "== $name rc=$? $((SECONDS - s))s $(grep -aE 'test result' $OUT/$name.log | tail -1)"
-  grep -ah -E "FAILED|panicked" -A8 "$OUT/$name.log" | head -20
-}
 run_tests variants 150 $B/variants_test cooperative
 run_tests edge 120 $B/edge_test cooperative
 run_tests mask 150 $B/mask_test cooperative
