@@ -79,3 +79,22 @@ run_tests() {
   grep -E "test result" "$OUT/$name.log"
   grep -h -E "FAILED|panicked" -A12 "$OUT/$name.log" | head -30
 }
+
+# bench_probe NAME EDIT [flash-attn bench flags...]: $B/flash-attn bench on the matrix forward at
+# head_dim 128, batch 4, 8 heads, seq 8192, f16, causal and not, 10 runs checked on 8 rows, with
+# .gpu/edits/EDIT.edit applied through the lab hook (`none` for none); later flags override
+# those (a second --head-dim, say). Output to $OUT/bench.log under `== NAME`; the line printed
+# holds each causality's median ms, TFLOP/s and fastest sample, O's error and the failures.
+bench_probe() {
+  local name=$1 edit=$2
+  shift 2
+  local log=/tmp/bench_probe.log edit_env=()
+  [ "$edit" = none ] || edit_env=("WFA_EDIT=.gpu/edits/$edit.edit")
+  env "${edit_env[@]}" timeout 60 "$B/flash-attn" bench --dtype f16 --head-dim 128 --no-naive \
+    --reps 10 --check-rows 8 --batch 4 --heads 8 --seq 8192 --causal both "$@" > $log 2>&1
+  local rc=$?
+  { echo "== $name rc=$rc $edit $*"; cat $log; } >> "$OUT/bench.log"
+  echo "$name $edit ${*:-plain}: rc=$rc" \
+    "$(grep -aE '^  flash:' $log | awk '{print $2, $4, $10}' | tr '\n' ' ')" \
+    "$(grep -aoE 'O rel L2 [0-9.e-]+' $log | tr '\n' ' ') fails=$(grep -acE 'FAIL|rror' $log)"
+}
