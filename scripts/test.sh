@@ -22,13 +22,15 @@ export FLASH_REQUIRE_GPU=1 XDG_RUNTIME_DIR=${XDG_RUNTIME_DIR:-/tmp}
 # on the H200); `cli` the command-line tool, run as a user runs it (tests/cli.rs); `candle` the
 # candle drop-in on CPU tensors (tests/candle.rs; candle-core and its dependencies add about 3
 # minutes to a clean one-job build; `candle-cuda` needs a CUDA toolkit and is not built here);
-# `burn` burn's attention op on burn's wgpu device (tests/burn.rs, docs/burn.md). One feature set,
+# `burn` burn's attention op on burn's wgpu device (tests/burn.rs, docs/burn.md); `lab` the
+# developer lab's source edits (src/lab.rs), built so that they keep compiling and inert without
+# WFA_EDIT. One feature set,
 # so the crate compiles once for all of them. The library is built for its tests with
 # overflow checks on (a debug build's arithmetic at release speed; downstream builds are
 # untouched): every test, the bad-input campaign's slice (tests/campaign.rs) and the validation
 # fuzz target's budget (tests/fuzz_validation.rs) among them, fails on an overflow the checked
 # arithmetic missed.
-features=internals,cuda,cli,candle,burn
+features=internals,cuda,cli,candle,burn,lab
 checked='profile.release.package.wgpu-flash-attn.overflow-checks=true'
 # NVRTC without a GPU (scripts/setup-nvrtc.sh): the CUDA tests compile every kernel with it, so a
 # kernel that does not compile fails here, not on the next lent GPU.

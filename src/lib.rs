@@ -52,6 +52,7 @@
 // Layer 0: leaves.
 mod dtype;
 mod error;
+mod lab;
 mod util;
 
 // Layer 1: the problem description and its validation; no GPU.

@@ -14,6 +14,7 @@ const LAYERS: &[&str] = &[
     "dtype",     // element types
     "util",      // small arithmetic
     "error",     // the one error type
+    "lab",       // the developer lab's source edits (feature `lab`)
     "problem",   // shapes, layouts, validation: no GPU
     "reference", // the float64 CPU reference
     "caps",      // device facts as plain values

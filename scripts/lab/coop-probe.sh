@@ -7,16 +7,15 @@
 # runs $B/BINARY (`examples/attention`, or a build of it at another commit) on head_dim 256,
 # batch 2, 8 heads, seq 8192, f16, the cooperative-matrix kernel, 10 runs checked on 16 rows;
 # flags given after EDIT override those. EDIT names .gpu/edits/EDIT.edit, text replacements in
-# the WGSL that a build with a lab hook applies (WFA_COOP_EDIT: the matrix forward's with the
-# session-46 hook, bench-results/2026-12-06/session46/edit_hook.diff; any module with session
-# 48's, bench-results/2026-12-07/session48/lab_hook.diff), or `none`. The process's output goes to
+# the kernels' sources that a build with the `lab` feature applies (WFA_EDIT, src/lab.rs; the
+# binaries scripts/lab/gpu-stage.sh builds have it), or `none`. The process's output goes to
 # $OUT/attention.log under `== NAME`; the line printed holds its rate, the check's verdict, the
 # kernel and the GPU's clocks, power and temperature just after it (slow processes, session 47).
 probe() {
   local name=$1 bin=$2 edit=$3
   shift 3
   local log=/tmp/probe.log edit_env=()
-  [ "$edit" = none ] || edit_env=("WFA_COOP_EDIT=.gpu/edits/$edit.edit")
+  [ "$edit" = none ] || edit_env=("WFA_EDIT=.gpu/edits/$edit.edit")
   env "${edit_env[@]}" timeout 40 "$B/$bin" --batch 2 --seq 8192 --dtype f16 --variant coop \
     --no-naive --runs 10 --check-rows 16 --heads 8 --head-dim 256 "$@" > $log 2>&1
   local rc=$?
@@ -27,7 +26,7 @@ probe() {
 }
 
 # decode_probe NAME EDIT [decode_bench flags...]: $B/decode_bench with .gpu/edits/EDIT.edit applied
-# through the lab hook (WFA_EDIT; `none` for none); its output goes to $OUT/decode.log under
+# through the lab feature (WFA_EDIT; `none` for none); its output goes to $OUT/decode.log under
 # `== NAME`, and its result lines are printed with NAME in front.
 decode_probe() {
   local name=$1 edit=$2
@@ -82,7 +81,7 @@ run_tests() {
 
 # bench_probe NAME EDIT [flash-attn bench flags...]: $B/flash-attn bench on the matrix forward at
 # head_dim 128, batch 4, 8 heads, seq 8192, f16, causal and not, 10 runs checked on 8 rows, with
-# .gpu/edits/EDIT.edit applied through the lab hook (`none` for none); later flags override
+# .gpu/edits/EDIT.edit applied through the lab feature (`none` for none); later flags override
 # those (a second --head-dim, say). Output to $OUT/bench.log under `== NAME`; the line printed
 # holds each causality's median ms, TFLOP/s and fastest sample, O's error and the failures.
 bench_probe() {

@@ -18,7 +18,8 @@
 # Usage: scripts/lab/gpu-stage.sh, with TESTS, EXAMPLES, BENCHES and BINS (space-separated names)
 # to choose other binaries (set to empty: none of that kind), FEATURES to build fewer (a fresh
 # machine builds `internals` alone in a fraction of the time candle and burn take). The build is the tests'
-# (scripts/test.sh's features and overflow checks), so a target/ warm from the tests is reused.
+# (scripts/test.sh's features and overflow checks), so a target/ warm from the tests is reused;
+# `lab` is always added, so that WFA_EDIT's source edits (src/lab.rs) reach the kernels.
 set -euo pipefail
 cd "$(git rev-parse --show-toplevel)"
 G=.gpu
@@ -27,7 +28,7 @@ TESTS=${TESTS-"wgpu_attention wgpu_backward ring merge cuda_attention cuda_backw
 EXAMPLES=${EXAMPLES-"attention backward ring cuda_attention cuda_backward decode_bench"}
 BENCHES=${BENCHES:-}
 BINS=${BINS:-}
-features=${FEATURES:-internals,cuda,cli,candle,burn}
+features=${FEATURES:-internals,cuda,cli,candle,burn},lab
 checked='profile.release.package.wgpu-flash-attn.overflow-checks=true'
 
 mkdir -p "$G"

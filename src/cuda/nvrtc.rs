@@ -168,12 +168,30 @@ impl CompileJob {
             h.write_str(o);
         }
         h.write_str(self.source_name);
-        h.write_str(self.source);
-        for header in included_headers(self.source) {
-            h.write_str(header.name);
-            h.write_str(header.text);
+        match self.program_texts() {
+            Ok((source, headers)) => {
+                h.write_str(&source);
+                for included in included_headers(self.source) {
+                    if let Some((header, text)) = HEADERS.iter().zip(&headers).find(|(h, _)| h.name == included.name) {
+                        h.write_str(header.name);
+                        h.write_str(text);
+                    }
+                }
+            }
+            // The compile reports it; no cubin is ever cached under this key.
+            Err(why) => h.write_str(&why),
         }
         h.finish()
+    }
+
+    /// The kernel file's text and [`HEADERS`]' texts (in that order) as NVRTC compiles them: as
+    /// they are, but in a build with the developer lab's edits (src/lab.rs).
+    fn program_texts(&self) -> std::result::Result<(String, Vec<String>), String> {
+        let mut texts = vec![self.source.to_string()];
+        texts.extend(HEADERS.iter().map(|h| h.text.to_string()));
+        let mut texts = crate::lab::edited(texts, &self.kernel)?;
+        let source = texts.remove(0);
+        Ok((source, texts))
     }
 
     /// File name of the cached cubin: readable prefix, then the key.
@@ -318,11 +336,16 @@ pub fn compile_cubin(job: &CompileJob) -> Result<(Vec<u8>, String)> {
     // per config, then the caches), so nothing is lost.
     static COMPILING: std::sync::Mutex<()> = std::sync::Mutex::new(());
     let _one_at_a_time = COMPILING.lock().unwrap_or_else(|e| e.into_inner());
-    let src = c_string(job.source, job.source_name)?;
+    let (source, headers) = job.program_texts().map_err(|log| Error::Nvrtc {
+        name: job.kernel.clone(),
+        log,
+    })?;
+    let src = c_string(&source, job.source_name)?;
     let name = c_string(job.source_name, job.source_name)?;
     let header_texts: Vec<CString> = HEADERS
         .iter()
-        .map(|h| c_string(h.text, h.name))
+        .zip(&headers)
+        .map(|(h, text)| c_string(text, h.name))
         .collect::<Result<_>>()?;
     let header_names: Vec<CString> = HEADERS
         .iter()

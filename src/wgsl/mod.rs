@@ -248,6 +248,8 @@ impl KernelConfig {
     /// The complete WGSL module.
     pub fn source(&self) -> String {
         let mut src = format!("// {} — assembled by wgpu-flash-attn (src/wgsl/mod.rs)\n", self.name());
+        // The marked loops' trip counts, for the modules that have such loops.
+        let mut unroll_bounds = Vec::new();
         match self {
             KernelConfig::Flash(c) => {
                 let p = &c.plan;
@@ -283,7 +285,7 @@ impl KernelConfig {
                     NaivePass::Pv => NAIVE_PV,
                 });
             }
-            KernelConfig::Backward(k) => backward_source(k, &mut src),
+            KernelConfig::Backward(k) => unroll_bounds = backward_source(k, &mut src),
             KernelConfig::SinkGrad { sequences } => {
                 src.push_str(&sequence_source(*sequences, SINK_GRAD_INDEX_BINDING));
                 src.push_str(COMMON);
@@ -301,7 +303,10 @@ impl KernelConfig {
                     src.push_str(part);
                 }
             }
-            KernelConfig::Decode(c) => decode_source(c, &mut src),
+            KernelConfig::Decode(c) => {
+                decode_source(c, &mut src);
+                unroll_bounds = c.unroll_bounds();
+            }
             KernelConfig::AppendKv {
                 storage,
                 paged,
@@ -354,16 +359,26 @@ impl KernelConfig {
                 ] {
                     src.push_str(part);
                 }
-                // The fragment loops are unrolled (src/wgsl/unroll.rs says why). Our own shader's
-                // markers are checked by the tests; should one ever be malformed, the module
-                // fails to compile with the reason instead of the library panicking.
-                src = match crate::wgsl::unroll::unroll_loops(&src, &c.unroll_bounds()) {
-                    Ok(unrolled) => unrolled,
-                    Err(e) => format!("{src}\nunroll_failed: {e}\n"),
-                };
+                unroll_bounds = c.unroll_bounds().to_vec();
             }
         }
-        src
+        finish_module(src, &self.name(), &unroll_bounds)
+    }
+}
+
+/// A module's last steps: the developer lab's edits, in a build with them (src/lab.rs), then its
+/// marked loops unrolled (src/wgsl/unroll.rs says why; a module without markers is unchanged).
+/// Our own shaders' markers are checked by the tests; should one ever be malformed, or a lab
+/// edit file unreadable, the module fails to compile with the reason instead of the library
+/// panicking.
+fn finish_module(src: String, name: &str, unroll_bounds: &[(&str, u32)]) -> String {
+    let src = match crate::lab::edited(vec![src], name) {
+        Ok(mut edited) => edited.pop().unwrap_or_default(),
+        Err(e) => return format!("// {name}\nlab_edit_failed: {e}\n"),
+    };
+    match crate::wgsl::unroll::unroll_loops(&src, unroll_bounds) {
+        Ok(unrolled) => unrolled,
+        Err(e) => format!("{src}\nunroll_failed: {e}\n"),
     }
 }
 
@@ -379,8 +394,9 @@ fn compiled_score_terms(softcap: Option<crate::problem::CapForm>, alibi: bool) -
 
 /// A backward kernel's module: the tile-size `const`s, common.wgsl, the storage codec, and then
 /// for the preprocessing kernel a row reduction, for the gradient kernels a tile type and the
-/// shared staging code (flash_bwd_stage.wgsl), and the kernel.
-fn backward_source(kernel: &BackwardKernel, src: &mut String) {
+/// shared staging code (flash_bwd_stage.wgsl), and the kernel. Returns the trip counts of its
+/// marked loops (the cooperative-matrix kernels'; none for the others).
+fn backward_source(kernel: &BackwardKernel, src: &mut String) -> Vec<(&'static str, u32)> {
     match kernel {
         BackwardKernel::Preprocess(p) => {
             src.push_str(&format!(
@@ -400,6 +416,7 @@ fn backward_source(kernel: &BackwardKernel, src: &mut String) {
             ] {
                 src.push_str(part);
             }
+            Vec::new()
         }
         BackwardKernel::Grad(g) if g.coop => {
             let p = &g.plan;
@@ -441,8 +458,8 @@ fn backward_source(kernel: &BackwardKernel, src: &mut String) {
             ] {
                 src.push_str(part);
             }
-            // The fragment loops are unrolled, as the forward's (src/wgsl/unroll.rs says why).
-            let bounds = [
+            // The fragment loops are unrolled, as the forward's.
+            vec![
                 ("D_BLOCKS", g.head_dim_pad / 16),
                 ("M_BLOCKS", p.block_m / 16),
                 ("N_BLOCKS", p.block_n / 16),
@@ -450,11 +467,7 @@ fn backward_source(kernel: &BackwardKernel, src: &mut String) {
                 ("STAGE_BATCH", g.stage_batch()),
                 ("COOP_COMPONENTS", layout.components()),
                 ("ROW_SLOTS", layout.slots()),
-            ];
-            *src = match crate::wgsl::unroll::unroll_loops(src, &bounds) {
-                Ok(unrolled) => unrolled,
-                Err(e) => format!("{src}\nunroll_failed: {e}\n"),
-            };
+            ]
         }
         BackwardKernel::Grad(g) => {
             let p = &g.plan;
@@ -486,6 +499,7 @@ fn backward_source(kernel: &BackwardKernel, src: &mut String) {
             ] {
                 src.push_str(part);
             }
+            Vec::new()
         }
     }
 }
@@ -655,7 +669,8 @@ impl CoopConfig {
 }
 
 /// The decode kernel's module: its sizes as constants, the per-head tensors' bindings, the shared
-/// pieces and the kernel, with its register loops unrolled.
+/// pieces and the kernel (its register loops are unrolled by `finish_module`, with
+/// `DecodeConfig::unroll_bounds`).
 fn decode_source(c: &DecodeConfig, src: &mut String) {
     let cache = format!(
         "const HEAD_GRANULES: u32 = {}u;\nconst PAGED: bool = {};\nconst KV_LENGTHS: bool = {};\n\
@@ -706,11 +721,6 @@ fn decode_source(c: &DecodeConfig, src: &mut String) {
     for part in parts {
         src.push_str(part);
     }
-    // See the cooperative-matrix forward kernel: a malformed marker fails the module's compile.
-    *src = match crate::wgsl::unroll::unroll_loops(src, &c.unroll_bounds()) {
-        Ok(unrolled) => unrolled,
-        Err(e) => format!("{src}\nunroll_failed: {e}\n"),
-    };
 }
 
 impl DecodeConfig {
