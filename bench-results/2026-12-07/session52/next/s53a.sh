@@ -1,0 +1,35 @@
+# Prepared in session 52 for a next device call (not yet run). Build here with
+# `TESTS="" EXAMPLES="decode_bench cuda_attention" BINS="" FEATURES=internals,cuda scripts/lab/gpu-stage.sh`
+# (the `lab` feature is always added) and copy this folder's *.edit into .gpu/edits/.
+# 1. The lane decode kernel walking its piece's steps from a rotated start (dec_rotate: piece
+#    7·x + 3·y steps in, wrapping; the order changes nothing but the sums' rounding, and the
+#    decode tests passed with it on lavapipe): is the key loop's ~19 µs beyond 2.57 µs a step
+#    (session 52, call 1) the workgroups starting in lock-step?
+# 2. The CUDA soft-cap's exp2s on the FMA units: none, one column tile in four (main), two; and
+#    the cap without its tanh (cuda_notanh, wrong: timings only) for what the tanh costs.
+. .gpu/setup.sh; B=.gpu/b
+. .gpu/coop-probe.sh
+s=$SECONDS
+nvidia-smi --query-gpu=name,clocks.max.sm,clocks.max.mem --format=csv,noheader
+for r in 1 2; do
+  for e in none dec_rotate; do
+    decode_probe "$e" $e --batch 1 --kv 32768,131072 --q 1 --runs 200
+    decode_probe "$e-b8" $e --batch 8 --kv 32768 --q 1 --runs 200
+  done
+done
+echo "decode done $((SECONDS-s)) s"
+cuda_sweep() { # NAME EDIT [flags...]
+  local name=$1 edit=$2; shift 2
+  local env_edit=(); [ "$edit" = none ] || env_edit=("WFA_EDIT=.gpu/edits/$edit.edit")
+  env "${env_edit[@]}" timeout 120 $B/cuda_attention --reps 10 --head-dims 128 --seqs 8192 "$@" > /tmp/sw.log 2>&1
+  local rc=$?
+  { echo "== $name rc=$rc $edit $*"; cat /tmp/sw.log; } >> $OUT/cuda.log
+  echo "== $name rc=$rc $((SECONDS-s))s $edit $*"
+  grep -aE "^sweep" /tmp/sw.log | sed 's/  */ /g' | awk '{print $4, $5, $8}' | sort -k3 -n -r | awk '{c[$1]++} c[$1]<=2'
+}
+cuda_sweep plain none
+cuda_sweep cap none --softcap 30
+cuda_sweep cap-fma0 cuda_ex2fma0 --softcap 30
+cuda_sweep cap-fma2 cuda_ex2fma2 --softcap 30
+cuda_sweep cap-notanh cuda_notanh --softcap 30
+cd $OUT && tar czf logs.tgz *.log && echo "all done $((SECONDS-s)) s"
