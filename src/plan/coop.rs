@@ -542,7 +542,7 @@ pub(crate) fn register_layout_mismatch(layout: Option<RegisterLayout>, caps: &Ca
 }
 
 /// Why a device cannot run the cooperative-matrix forward kernel at all, if it cannot (whatever
-/// the plan). The backward and decode kernels ask [`coop_subgroup_unavailable_reason`] too.
+/// the plan). The backward and decode kernels ask `coop_subgroup_unavailable_reason` too.
 pub fn coop_device_unavailable_reason(caps: &Caps) -> Option<String> {
     if !caps.cooperative_matrix_f16 {
         return Some("the device offers no 16x16x16 f16->f32 cooperative matrices (or they are not enabled)".into());
