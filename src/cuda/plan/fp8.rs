@@ -439,7 +439,7 @@ pub fn fp8_plans(head_dim: usize) -> Vec<Fp8Plan> {
 /// out tiles of unequal lengths). At 256, 128-key tiles with a quarter of the exp2s on the FMA
 /// units (O's 128 registers leave no room for a wider S or for overlap, and two stages are what
 /// shared memory holds). A problem of more work tiles than a persistent launch counts
-/// ([`fits_persistent`]) gets the same plan run one CTA per tile.
+/// ([`fits_persistent`](super::wgmma::fits_persistent)) gets the same plan run one CTA per tile.
 pub fn default_fp8_plan(head_dim: usize, causal: bool, seq_kv: usize) -> Fp8Plan {
     if head_dim > 128 {
         Fp8Plan {
