@@ -41,13 +41,19 @@ unsafe impl DeviceRepr for Fp8ScaleParams {}
 
 /// One problem's Q, K and V as e4m3 on the device, with their scales: what
 /// [`CudaAttention::quantize_fp8`] makes and [`CudaAttention::forward_fp8_device`] reads. The
-/// layouts are [`Fp8Layout`]'s (Q8 and K8 rows padded to 128 or 256 bytes, V transposed).
+/// layouts are `Fp8Layout`'s (Q8 and K8 rows padded to 128 or 256 bytes, V transposed).
 pub struct Fp8Tensors {
+    /// Q8 `[batch, heads, seq_q, dim_pad]`, one e4m3 byte an element.
     pub q: CudaSlice<u8>,
+    /// K8 `[batch, kv_heads, seq_kv, dim_pad]`.
     pub k: CudaSlice<u8>,
+    /// Vt8 `[batch, kv_heads, dim_pad, kv_pad]`: V transposed, its keys in the FP8 kernel's order.
     pub vt: CudaSlice<u8>,
+    /// Q's scales `[batch, heads, ⌈seq_q / 64⌉]`: an element is about scale · its e4m3 value.
     pub q_scales: CudaSlice<f32>,
+    /// K's scales `[batch, kv_heads, ⌈seq_kv / 128⌉]`.
     pub k_scales: CudaSlice<f32>,
+    /// V's scales, as K's.
     pub v_scales: CudaSlice<f32>,
     /// The shapes these tensors were made for.
     pub layout: Fp8Layout,
@@ -57,7 +63,7 @@ pub struct Fp8Tensors {
 
 impl Fp8Tensors {
     /// Q, K and V copied to the host (the tests compare them with
-    /// [`quantize_host`](super::plan::fp8::quantize_host)).
+    /// `plan::fp8::quantize_host`).
     pub fn to_host(&self, attn: &CudaAttention) -> Result<[QuantizedHost; 3]> {
         let s = attn.device().stream();
         let one = |bytes: &CudaSlice<u8>, scales: &CudaSlice<f32>| -> Result<QuantizedHost> {
@@ -77,6 +83,7 @@ impl Fp8Tensors {
 /// What was loaded for one FP8 forward config.
 #[derive(Clone, Debug)]
 pub struct Fp8KernelInfo {
+    /// The config that was compiled.
     pub config: Fp8Config,
     /// Registers per thread.
     pub num_regs: i32,
@@ -259,7 +266,7 @@ impl CudaAttention {
 
     /// Enqueues the FP8 forward over `x` (made by [`quantize_fp8`](Self::quantize_fp8) for this
     /// problem) on the engine's stream: O (bf16/f16 at the problem's O layout) and, when given,
-    /// the LSE. `plan` forces a plan of [`fp8_plans`](super::plan::fp8_plans) (benchmarks);
+    /// the LSE. `plan` forces a plan of `plan::fp8_plans` (benchmarks);
     /// `None` takes the default. Returns the config that ran.
     pub fn forward_fp8_device<T>(
         &self,

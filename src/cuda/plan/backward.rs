@@ -23,7 +23,7 @@ pub const CUDA_BACKWARD_FEATURES: FeatureSet = FeatureSet::of(&[
 ]);
 
 /// The tile widths the CUDA backward is built for: any head_dim that is a multiple of 8 up to 128
-/// runs in the first that holds it, zero-padded ([`backward_tile_dim`]). A thread keeps its keys'
+/// runs in the first that holds it, zero-padded (`backward_tile_dim`). A thread keeps its keys'
 /// dK and dV in f32 registers, `2 · head_dim / 2` per thread in both kernels (a warp's 16 keys
 /// over 32 threads, a warpgroup's 64 over 128): 128 at head_dim 128, 256 (the whole register
 /// budget) at 256, which is why 256 is refused.

@@ -327,7 +327,7 @@ impl CudaDecodeConfig {
 
     /// CTAs one SM runs at once, about: what registers and shared memory allow, at least the
     /// count promised to the register allocator when shared memory allows it. The engine asks
-    /// the driver instead once the kernel is loaded ([`decode_split`]'s `blocks_per_sm`).
+    /// the driver instead once the kernel is loaded (`decode_split`'s `blocks_per_sm`).
     pub fn blocks_per_sm(&self) -> u32 {
         let by_smem = SMEM_PER_SM / (self.smem_bytes() + SMEM_RESERVED_PER_BLOCK);
         let by_regs = REGS_PER_SM / (self.plan.threads() * self.register_estimate());

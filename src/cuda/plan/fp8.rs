@@ -466,8 +466,11 @@ pub fn default_fp8_plan(head_dim: usize, causal: bool, seq_kv: usize) -> Fp8Plan
 pub struct Fp8Config {
     /// Element type of O (bf16 or f16; Q, K and V are e4m3).
     pub out: DType,
+    /// The problem's head_dim (its tiles are 128 or 256 wide).
     pub head_dim: u32,
+    /// Whether the causal mask is compiled in.
     pub causal: bool,
+    /// Tiles and scheduling.
     pub plan: Fp8Plan,
 }
 
@@ -549,7 +552,7 @@ impl Fp8Config {
 
     /// The grid of a launch for `problem`: one block per 128 query rows of each head of each
     /// batch (for a persistent plan, the work tiles its blocks take in turn; the launch's own
-    /// grid is [`persistent_grid`](super::wgmma::persistent_grid) of this one).
+    /// grid is `wgmma::persistent_grid` of this one).
     pub fn geometry(&self, problem: &AttentionProblem) -> (u32, u32, u32) {
         let s = &problem.shape;
         (

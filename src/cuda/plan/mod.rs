@@ -129,7 +129,7 @@ impl CudaPlan {
 /// registers and instructions in the loop over every score, so the plain kernel carries none of
 /// their code and a problem runs the variant of exactly its terms ([`ScoreTerms::of`]). Their
 /// values (slopes, the bias's pointer, strides and dtype, the cap, dropout's key and threshold)
-/// stay run-time [`FwdParams`]; sinks join a row once at the end and need no variant.
+/// stay run-time `FwdParams`; sinks join a row once at the end and need no variant.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub struct ScoreTerms {
     /// ALiBi's `-slope·|position - key|` (geometric or per-head slopes).
@@ -291,7 +291,7 @@ impl CudaKernelConfig {
     }
 
     /// This config compiled with `terms` (the decode kernel has ALiBi only: it takes no problem
-    /// with the other terms, [`CUDA_DECODE_FEATURES`]), the bias read from global memory.
+    /// with the other terms, `CUDA_DECODE_FEATURES`), the bias read from global memory.
     pub fn with_terms(self, terms: ScoreTerms) -> Self {
         match self {
             CudaKernelConfig::Mma(c) => CudaKernelConfig::Mma(MmaConfig { terms, ..c }),
@@ -432,7 +432,7 @@ impl CudaKernelConfig {
 
     /// Grid, block and shared memory of a launch for `problem`: one block per `block_m` query
     /// rows of each head of each batch (for a persistent plan, the work tiles its blocks take in
-    /// turn: the launch's own grid is [`persistent_grid`] of this one); for the decode kernel, its
+    /// turn: the launch's own grid is `persistent_grid` of this one); for the decode kernel, its
     /// grid without splitting (a launch multiplies grid x by the split count,
     /// [`CudaDecodeConfig::geometry`]).
     pub fn geometry(&self, problem: &AttentionProblem) -> Result<LaunchGeometry> {

@@ -30,7 +30,7 @@ pub struct WgmmaPlan {
     /// O += P·V as one N = 64 wgmma per head_dim panel instead of one N = head_dim wgmma.
     pub pv_split: bool,
     /// One block per SM running work tiles in turn, the next tile's loads under the current
-    /// tile's last P·V and epilogue ([`persistent_grid`]).
+    /// tile's last P·V and epilogue (`persistent_grid`).
     pub persistent: bool,
     /// With `persistent`: the blocks draw their next tile from a counter as they finish one (as
     /// the hardware deals out a plain launch's CTAs), instead of taking every `grid`-th.
@@ -451,7 +451,7 @@ impl WgmmaConfig {
     }
 
     /// This config with `problem`'s score bias staged where it can be: a 16-bit bias the copy
-    /// engine can describe ([`bias_map_spec`]), 64-key panels, and shared memory for a bias tile
+    /// engine can describe (`bias_map_spec`), 64-key panels, and shared memory for a bias tile
     /// in every stage. The bias then costs the consumers an ldmatrix per four words of shared
     /// memory instead of a global load per word. The launch still needs the bias's start 16-byte
     /// aligned ([`Self::without_staged_bias`] otherwise).
