@@ -51,6 +51,8 @@ step cargo bench --no-run --features $features --config "$checked"
 # What a user gets: the library without `internals` type-checks, and its documentation builds.
 step cargo check --lib
 RUSTDOCFLAGS="-D warnings" step cargo doc --no-deps --lib --quiet
+# ... and with the CUDA path, whose public items a user of `--features cuda` reads.
+RUSTDOCFLAGS="-D warnings" step cargo doc --no-deps --lib --quiet --features cuda
 # The Python package: `pip install .` in a fresh virtual environment, then pytest (python/test.sh;
 # about 1.5 minutes, nearly all of it the release build of the extension).
 step python/test.sh
