@@ -17,6 +17,8 @@ step() {
 }
 step scripts/setup.sh
 export FLASH_REQUIRE_GPU=1 XDG_RUNTIME_DIR=${XDG_RUNTIME_DIR:-/tmp}
+# The tests are of the kernels as they are: a lab edit file left exported would edit them all.
+unset WFA_EDIT
 # The tests reach tuning tables, plans and the harness through `internals`; `cuda` adds the CUDA
 # path's host-side tests (its GPU tests skip with a message where there is no CUDA device; they run
 # on the H200); `cli` the command-line tool, run as a user runs it (tests/cli.rs); `candle` the

@@ -73,7 +73,8 @@ pub enum Error {
 
     // --- the library's own shaders or the driver ---
     /// A shader or pipeline was rejected by wgpu or the driver. This is a bug in the library
-    /// (every shader is validated in its tests) or in the driver.
+    /// (every shader is validated in its tests) or in the driver, or, in a build with the
+    /// developer lab (`--features lab`), its edit file's doing.
     #[error("shader `{name}` was rejected: {message}")]
     Shader {
         /// The kernel's name (the pipeline label).
@@ -94,7 +95,8 @@ pub enum Error {
     ReadBack(String),
 
     /// NVRTC rejected a CUDA kernel (a bug in the library, or an NVRTC too old for its PTX); the
-    /// log is the compiler's.
+    /// log is the compiler's. In a build with the developer lab (`--features lab`), also an edit
+    /// file that could not be read or parsed, with the reason as the log.
     #[cfg(feature = "cuda")]
     #[error("NVRTC failed for `{name}`:\n{log}")]
     Nvrtc {

@@ -33,27 +33,47 @@ struct Edit {
     new: String,
 }
 
-/// The blocks of an edit file's text, in order.
+/// The blocks of an edit file's text, in order. Markers are whole lines; lines outside blocks
+/// are notes. A file with no block, with CRLF line ends, or with a marker out of place (a block
+/// left open, `====` or `>>>>` outside one, `<<<<` inside one) is refused with the line: taken
+/// loosely, it would time the kernel unedited, or paste markers into it.
 #[cfg(any(feature = "lab", test))]
 fn parse(text: &str) -> Result<Vec<Edit>, String> {
+    enum At {
+        Outside,
+        Old(String),
+        New(String, String),
+    }
+    if text.contains('\r') {
+        return Err("CRLF line ends (write the file with \\n alone)".into());
+    }
     let mut edits = Vec::new();
-    let mut rest = text;
-    while let Some(start) = rest.find("<<<<\n") {
-        let block = &rest[start + 5..];
-        let (old, after) = block
-            .split_once("====\n")
-            .ok_or_else(|| format!("block {} has no `====` line", edits.len() + 1))?;
-        let (new, after) = after
-            .split_once(">>>>")
-            .ok_or_else(|| format!("block {} has no `>>>>` line", edits.len() + 1))?;
-        if old.is_empty() {
-            return Err(format!("block {} replaces no text", edits.len() + 1));
-        }
-        edits.push(Edit {
-            old: old.to_string(),
-            new: new.to_string(),
-        });
-        rest = after;
+    let mut at = At::Outside;
+    for (i, line) in text.split_inclusive('\n').enumerate() {
+        let marker = line.strip_suffix('\n').unwrap_or(line);
+        let misplaced = |what: &str| Err(format!("line {}: `{marker}` {what}", i + 1));
+        at = match (at, marker) {
+            (At::Outside, "<<<<") => At::Old(String::new()),
+            (At::Outside, "====" | ">>>>") => return misplaced("outside a block"),
+            (At::Outside, _) => At::Outside,
+            (At::Old(old), "====") if old.is_empty() => return misplaced("ends a block that replaces no text"),
+            (At::Old(old), "====") => At::New(old, String::new()),
+            (At::Old(_) | At::New(..), "<<<<") => return misplaced("inside a block"),
+            (At::Old(_), ">>>>") => return misplaced("before the block's `====`"),
+            (At::Old(old), _) => At::Old(old + line),
+            (At::New(..), "====") => return misplaced("twice in a block"),
+            (At::New(old, new), ">>>>") => {
+                edits.push(Edit { old, new });
+                At::Outside
+            }
+            (At::New(old, new), _) => At::New(old, new + line),
+        };
+    }
+    if !matches!(at, At::Outside) {
+        return Err(format!("block {} is not closed by `>>>>`", edits.len() + 1));
+    }
+    if edits.is_empty() {
+        return Err("no `<<<<` … `====` … `>>>>` block".into());
     }
     Ok(edits)
 }
@@ -127,16 +147,32 @@ mod tests {
     }
 
     #[test]
-    fn malformed_blocks_are_refused_with_their_number() {
-        assert!(parse("<<<<\nold\n>>>>\n")
-            .unwrap_err()
-            .contains("block 1 has no `====`"));
-        assert!(parse("<<<<\na\n====\nb\n>>>>\n<<<<\nold\n====\nnew\n")
-            .unwrap_err()
-            .contains("block 2 has no `>>>>`"));
-        assert!(parse("<<<<\n====\nnew\n>>>>\n")
-            .unwrap_err()
-            .contains("replaces no text"));
-        assert_eq!(parse("no blocks at all").unwrap(), Vec::new());
+    fn malformed_files_are_refused_with_the_line() {
+        let refused = |text: &str, why: &str| {
+            let e = parse(text).unwrap_err();
+            assert!(e.contains(why), "{text:?}: {e}");
+        };
+        refused("<<<<\nold\n>>>>\n", "line 3: `>>>>` before the block's `====`");
+        refused(
+            "<<<<\na\n====\nb\n<<<<\nc\n====\nd\n>>>>\n",
+            "line 5: `<<<<` inside a block",
+        );
+        refused("<<<<\na\n====\nb\n", "block 1 is not closed");
+        refused(
+            "<<<<\n====\nnew\n>>>>\n",
+            "line 2: `====` ends a block that replaces no text",
+        );
+        refused("====\n", "line 1: `====` outside a block");
+        refused("<<<<\r\na\r\n====\r\nb\r\n>>>>\r\n", "CRLF");
+        refused("a diff, say\n", "no `<<<<`");
+        refused("<<<< \na\n====\nb\n>>>>\n", "line 3: `====` outside a block");
+        // A marker without its newline at the file's end still closes the block.
+        assert_eq!(
+            parse("<<<<\na\n====\n>>>>").unwrap(),
+            [Edit {
+                old: "a\n".into(),
+                new: String::new()
+            }]
+        );
     }
 }

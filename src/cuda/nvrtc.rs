@@ -171,11 +171,9 @@ impl CompileJob {
         match self.program_texts() {
             Ok((source, headers)) => {
                 h.write_str(&source);
-                for included in included_headers(self.source) {
-                    if let Some((header, text)) = HEADERS.iter().zip(&headers).find(|(h, _)| h.name == included.name) {
-                        h.write_str(header.name);
-                        h.write_str(text);
-                    }
+                for i in included_header_indices(&source, |i| &headers[i]) {
+                    h.write_str(HEADERS[i].name);
+                    h.write_str(&headers[i]);
                 }
             }
             // The compile reports it; no cubin is ever cached under this key.
@@ -185,13 +183,20 @@ impl CompileJob {
     }
 
     /// The kernel file's text and [`HEADERS`]' texts (in that order) as NVRTC compiles them: as
-    /// they are, but in a build with the developer lab's edits (src/lab.rs).
+    /// they are, but in a build with the developer lab's edits (src/lab.rs) the kernel file and
+    /// the headers it includes edited, as one program. The key and the compile each take them
+    /// (a lab run reads its edit file twice for a kernel it compiles).
     fn program_texts(&self) -> std::result::Result<(String, Vec<String>), String> {
+        let included = included_header_indices(self.source, |i| HEADERS[i].text);
         let mut texts = vec![self.source.to_string()];
-        texts.extend(HEADERS.iter().map(|h| h.text.to_string()));
-        let mut texts = crate::lab::edited(texts, &self.kernel)?;
-        let source = texts.remove(0);
-        Ok((source, texts))
+        texts.extend(included.iter().map(|&i| HEADERS[i].text.to_string()));
+        let mut edited = crate::lab::edited(texts, &self.kernel)?.into_iter();
+        let source = edited.next().unwrap_or_default();
+        let mut headers: Vec<String> = HEADERS.iter().map(|h| h.text.to_string()).collect();
+        for (&i, text) in included.iter().zip(edited) {
+            headers[i] = text;
+        }
+        Ok((source, headers))
     }
 
     /// File name of the cached cubin: readable prefix, then the key.
@@ -204,21 +209,30 @@ impl CompileJob {
 /// first included: what a cubin's cache key hashes beside its source, so that editing one header
 /// renames only the cubins of the programs that include it.
 pub fn included_headers(text: &str) -> Vec<Source> {
+    included_header_indices(text, |i| HEADERS[i].text)
+        .into_iter()
+        .map(|i| HEADERS[i])
+        .collect()
+}
+
+/// [`included_headers`] as indices into [`HEADERS`], reading header `i`'s own includes from
+/// `header_text(i)` (the text NVRTC will see, which the developer lab may have edited).
+fn included_header_indices<'a>(text: &'a str, header_text: impl Fn(usize) -> &'a str) -> Vec<usize> {
     fn includes(text: &str) -> impl Iterator<Item = &str> {
         text.lines()
             .filter_map(|line| line.trim().strip_prefix("#include"))
             .map(|rest| rest.trim().trim_matches('"'))
     }
-    let mut found: Vec<Source> = Vec::new();
+    let mut found: Vec<usize> = Vec::new();
     let mut pending: Vec<&str> = includes(text).collect();
     pending.reverse();
     while let Some(name) = pending.pop() {
-        if found.iter().any(|h| h.name == name) {
+        let Some(i) = HEADERS.iter().position(|h| h.name == name) else {
             continue;
-        }
-        if let Some(header) = HEADERS.iter().find(|h| h.name == name) {
-            found.push(*header);
-            let mut nested: Vec<&str> = includes(header.text).collect();
+        };
+        if !found.contains(&i) {
+            found.push(i);
+            let mut nested: Vec<&str> = includes(header_text(i)).collect();
             nested.reverse();
             pending.extend(nested);
         }
