@@ -14,8 +14,8 @@
 //!
 //! each replacing every occurrence of its old text in each module that contains it (the old text
 //! runs from the line after `<<<<` to the line before `====`, newlines included). WGSL modules
-//! are edited before their loops are unrolled, CUDA programs (the kernel file and every header)
-//! before NVRTC sees them and before their cache key is taken. A block whose old text a module
+//! are edited before their loops are unrolled, CUDA programs (the kernel file and the headers it
+//! includes) before NVRTC sees them and before their cache key is taken. A block whose old text a module
 //! lacks leaves that module alone; each module says on stderr how many blocks applied. A file
 //! that cannot be read or parsed fails every module's compile with the reason, so that a mistyped
 //! edit is never timed as the kernel. Without the feature [`edited`] returns the texts unchanged
