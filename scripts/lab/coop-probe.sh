@@ -11,12 +11,19 @@
 # binaries scripts/lab/gpu-stage.sh builds have it), or `none`. The process's output goes to
 # $OUT/attention.log under `== NAME`; the line printed holds its rate, the check's verdict, the
 # kernel and the GPU's clocks, power and temperature just after it (slow processes, session 47).
+# with_edit EDIT COMMAND...: COMMAND with .gpu/edits/EDIT.edit applied to the kernels through
+# the lab feature (WFA_EDIT, src/lab.rs), or as it is for EDIT `none`.
+with_edit() {
+  local edit=$1
+  shift
+  if [ "$edit" = none ]; then "$@"; else WFA_EDIT=".gpu/edits/$edit.edit" "$@"; fi
+}
+
 probe() {
   local name=$1 bin=$2 edit=$3
   shift 3
-  local log=/tmp/probe.log edit_env=()
-  [ "$edit" = none ] || edit_env=("WFA_EDIT=.gpu/edits/$edit.edit")
-  env "${edit_env[@]}" timeout 40 "$B/$bin" --batch 2 --seq 8192 --dtype f16 --variant coop \
+  local log=/tmp/probe.log
+  with_edit "$edit" timeout 40 "$B/$bin" --batch 2 --seq 8192 --dtype f16 --variant coop \
     --no-naive --runs 10 --check-rows 16 --heads 8 --head-dim 256 "$@" > $log 2>&1
   local rc=$?
   { echo "== $name"; cat $log; } >> "$OUT/attention.log"
@@ -31,9 +38,8 @@ probe() {
 decode_probe() {
   local name=$1 edit=$2
   shift 2
-  local log=/tmp/decode_probe.log edit_env=()
-  [ "$edit" = none ] || edit_env=("WFA_EDIT=.gpu/edits/$edit.edit")
-  env "${edit_env[@]}" timeout 90 "$B/decode_bench" "$@" > $log 2>&1
+  local log=/tmp/decode_probe.log
+  with_edit "$edit" timeout 90 "$B/decode_bench" "$@" > $log 2>&1
   local rc=$?
   { echo "== $name rc=$rc: $*"; cat $log; } >> "$OUT/decode.log"
   grep -E "decode_b" $log | sed "s/^/$name /; s/  */ /g"
@@ -87,13 +93,27 @@ run_tests() {
 bench_probe() {
   local name=$1 edit=$2
   shift 2
-  local log=/tmp/bench_probe.log edit_env=()
-  [ "$edit" = none ] || edit_env=("WFA_EDIT=.gpu/edits/$edit.edit")
-  env "${edit_env[@]}" timeout 60 "$B/flash-attn" bench --dtype f16 --head-dim 128 --no-naive \
+  local log=/tmp/bench_probe.log
+  with_edit "$edit" timeout 60 "$B/flash-attn" bench --dtype f16 --head-dim 128 --no-naive \
     --reps 10 --check-rows 8 --batch 4 --heads 8 --seq 8192 --causal both "$@" > $log 2>&1
   local rc=$?
   { echo "== $name rc=$rc $edit $*"; cat $log; } >> "$OUT/bench.log"
   echo "$name $edit ${*:-plain}: rc=$rc" \
     "$(grep -aE '^  flash:' $log | awk '{print $2, $4, $10}' | tr '\n' ' ')" \
     "$(grep -aoE 'O rel L2 [0-9.e-]+' $log | tr '\n' ' ') fails=$(grep -acE 'FAIL|rror' $log)"
+}
+
+# cuda_sweep NAME EDIT [cuda_attention flags...]: $B/cuda_attention's plan sweep at head_dim 128,
+# seq 8192, 10 runs, with .gpu/edits/EDIT.edit applied (`none` for none); later flags add to
+# those (--softcap 30, say). Output to $OUT/cuda.log under `== NAME`; printed: the exit status
+# and the two fastest plans of each causality with their TFLOP/s.
+cuda_sweep() {
+  local name=$1 edit=$2
+  shift 2
+  local log=/tmp/cuda_sweep.log
+  with_edit "$edit" timeout 120 "$B/cuda_attention" --reps 10 --head-dims 128 --seqs 8192 "$@" > $log 2>&1
+  local rc=$?
+  { echo "== $name rc=$rc $edit $*"; cat $log; } >> "$OUT/cuda.log"
+  echo "== $name rc=$rc $((SECONDS - ${s:-0}))s $edit $*"
+  grep -aE "^sweep" $log | sed 's/  */ /g' | awk '{print $4, $5, $8}' | sort -k3 -n -r | awk '{c[$1]++} c[$1]<=2'
 }

@@ -18,15 +18,6 @@ for r in 1 2; do
   done
 done
 echo "decode done $((SECONDS-s)) s"
-cuda_sweep() { # NAME EDIT [flags...]
-  local name=$1 edit=$2; shift 2
-  local env_edit=(); [ "$edit" = none ] || env_edit=("WFA_EDIT=.gpu/edits/$edit.edit")
-  env "${env_edit[@]}" timeout 120 $B/cuda_attention --reps 10 --head-dims 128 --seqs 8192 "$@" > /tmp/sw.log 2>&1
-  local rc=$?
-  { echo "== $name rc=$rc $edit $*"; cat /tmp/sw.log; } >> $OUT/cuda.log
-  echo "== $name rc=$rc $((SECONDS-s))s $edit $*"
-  grep -aE "^sweep" /tmp/sw.log | sed 's/  */ /g' | awk '{print $4, $5, $8}' | sort -k3 -n -r | awk '{c[$1]++} c[$1]<=2'
-}
 cuda_sweep plain none
 cuda_sweep cap none --softcap 30
 cuda_sweep cap-fma0 cuda_ex2fma0 --softcap 30
