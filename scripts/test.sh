@@ -50,6 +50,8 @@ LP_NATIVE_VECTOR_WIDTH=512 FLASH_EMULATE_MATRICES=1 GALLIVM_PERF=nopt step cargo
     --test score_bias --test variants --test head_terms --test edge --test campaign -- cooperative emulated
 # The benchmarks compile with the tests' features and profile, so nothing below them is built again.
 step cargo bench --no-run --features $features --config "$checked"
+# What the build left on disk (CI's machine has run out of it: Cargo.toml's release profile).
+echo "test.sh: target/ holds $(du -sh target | cut -f1)" >&2
 # What a user gets: the library without `internals` type-checks, and its documentation builds.
 step cargo check --lib
 RUSTDOCFLAGS="-D warnings" step cargo doc --no-deps --lib --quiet
