@@ -3,6 +3,11 @@
 
     python3 scripts/lab/sass-loop-mix.py loops A.sass [B.sass ...]
         each file's four longest loops (a backward branch and its target): instructions by opcode
+    python3 scripts/lab/sass-loop-mix.py common A.sass [B.sass ...]
+        each file's loops without the blocks a conditional forward branch inside the loop skips
+        (32 instructions or more: a masked tile's pass, a rescale, a rare exact path), so the
+        path an unmasked tile takes when no row's max moved; with the special-function (MUFU)
+        and FP32 (FADD, FMUL, FFMA) instructions counted apart
     python3 scripts/lab/sass-loop-mix.py hot A.sass FROM TO SKIP_FROM SKIP_TO B.sass FROM TO SKIP_FROM SKIP_TO
         the opcodes two loops [FROM, TO] differ by, each without the block (SKIP_FROM, SKIP_TO)
         that a tile's common path branches over (addresses in hex, as the listing prints them)
@@ -14,12 +19,21 @@ import sys
 
 
 def instructions(path):
-    out = []
+    """(address, text) of each instruction; a branch to a label (nvdisasm's listing, where
+    cuobjdump's prints the address) gets the label's address appended, as cuobjdump writes it."""
+    out, labels, pending = [], {}, []
     for line in open(path):
+        label = re.match(r"(\.L_x_\d+):", line)
+        if label:
+            pending.append(label.group(1))
         m = re.match(r"\s*/\*([0-9a-f]{4,})\*/\s+(.*?);", line)
         if m:
-            out.append((int(m.group(1), 16), m.group(2).strip()))
-    return out
+            address = int(m.group(1), 16)
+            labels.update((name, address) for name in pending)
+            pending = []
+            out.append((address, m.group(2).strip()))
+    target = lambda m: f"{m.group(0)} 0x{labels[m.group(1)]:x}" if m.group(1) in labels else m.group(0)
+    return [(a, re.sub(r"`\((\.L_x_\d+)\)", target, t)) for a, t in out]
 
 
 def opcode(text):
@@ -41,6 +55,32 @@ def loops(path):
         print(f"  loop {body[0][0]:#x}-{body[-1][0]:#x}: {len(body)};", ", ".join(f"{k} {v}" for k, v in mix.most_common()))
 
 
+def common(path, skip_at_least=32):
+    ins = instructions(path)
+    index = {a: i for i, (a, _) in enumerate(ins)}
+    found = []
+    for i, (a, text) in enumerate(ins):
+        m = re.search(r"BRA\s+(?:`\(\.L_x_\d+\)\s*)?0x([0-9a-f]+)", text)
+        if m and int(m.group(1), 16) <= a and int(m.group(1), 16) in index:
+            found.append((index[int(m.group(1), 16)], i))
+    print(path)
+    for first, last in sorted(found, key=lambda l: l[0] - l[1])[:3]:
+        cold = set()
+        for i in range(first, last):
+            text = ins[i][1]
+            m = re.search(r"BRA\s+(?:\S+\s+)?(?:`\(\.L_x_\d+\)\s*)?0x([0-9a-f]+)", text)
+            if m and text.startswith("@") and int(m.group(1), 16) in index:
+                to = index[int(m.group(1), 16)]
+                if i < to <= last and to - i - 1 >= skip_at_least:
+                    cold.update(range(i + 1, to))
+        body = [ins[i] for i in range(first, last + 1) if i not in cold]
+        mix = collections.Counter(opcode(t) for _, t in body)
+        mufu = sum(v for k, v in mix.items() if k.startswith("MUFU"))
+        fp32 = sum(v for k, v in mix.items() if k.split(".")[0] in ("FADD", "FMUL", "FFMA"))
+        print(f"  loop {ins[first][0]:#x}-{ins[last][0]:#x}: {len(body)} of {last - first + 1}; MUFU {mufu}, FP32 {fp32};",
+              ", ".join(f"{k} {v}" for k, v in mix.most_common(16)))
+
+
 def path_mix(path, lo, hi, skip_lo, skip_hi):
     return collections.Counter(
         opcode(t) for a, t in instructions(path) if lo <= a <= hi and not skip_lo < a < skip_hi
@@ -51,6 +91,9 @@ if __name__ == "__main__":
     if len(sys.argv) > 2 and sys.argv[1] == "loops":
         for p in sys.argv[2:]:
             loops(p)
+    elif len(sys.argv) > 2 and sys.argv[1] == "common":
+        for p in sys.argv[2:]:
+            common(p)
     elif len(sys.argv) == 12 and sys.argv[1] == "hot":
         a = path_mix(sys.argv[2], *(int(x, 16) for x in sys.argv[3:7]))
         b = path_mix(sys.argv[7], *(int(x, 16) for x in sys.argv[8:12]))

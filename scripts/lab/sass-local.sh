@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# The SASS of the CUDA forward kernels, on a machine without a GPU: NVRTC 13.0 (the H200's own
+# compiler, ../shared/PLATFORM.md) compiles what tests/cuda_attention.rs's
+# `kernels_compile_with_nvrtc` compiles (every score-term variant of the default plans at
+# head_dim 128; with FLASH_CUDA_COMPILE_ALL=1 every config), in a build with the developer lab's
+# edits (WFA_EDIT, src/lab.rs) when the variable is set, and nvdisasm writes each cubin's SASS
+# to DIR/<config>.sass, for scripts/lab/sass-loop-mix.py. Static instruction counts before a
+# device call: which unit a variant moves work to, what ptxas spills. NVRTC 13.0 and nvdisasm
+# 13.5 come from NVIDIA's PyPI wheels (pinned by SHA-256, ~100 MB, unpacked under
+# target/cuda-tools/ by pip in a virtual environment, as scripts/setup-nvrtc.sh fetches 12.9).
+#
+# Usage: scripts/lab/sass-local.sh DIR
+#        WFA_EDIT=bench-results/.../x.edit scripts/lab/sass-local.sh DIR
+# The build is the tests' (scripts/test.sh's features and overflow checks: a warm target/ is
+# reused); FEATURES as in gpu-stage.sh.
+set -euo pipefail
+cd "$(git rev-parse --show-toplevel)"
+[ $# -eq 1 ] || { sed -n '2,/^set /p' "$0" | sed '$d'; exit 2; }
+out=$(mkdir -p "$1" && cd "$1" && pwd)
+target=${CARGO_TARGET_DIR:-$PWD/target}
+tools=$target/cuda-tools
+# The 12.9 NVRTC the tests use (and python3-venv where it was missing).
+scripts/setup-nvrtc.sh > /dev/null
+if [ ! -x "$tools/nvidia/cu13/bin/nvdisasm" ] || [ ! -e "$tools/nvidia/cu13/lib/libnvrtc.so.13" ]; then
+    rm -rf "$tools" && mkdir -p "$tools"
+    cat > "$tools/requirements.txt" << 'EOF'
+nvidia-cuda-nvrtc==13.0.88 --hash=sha256:ad9b6d2ead2435f11cbb6868809d2adeeee302e9bb94bcf0539c7a40d80e8575
+nvidia-cuda-nvdisasm==13.5.37 --hash=sha256:d3fdbdd49fa53e2e4aacd3db8259d052bd2b049ececdcb69e92e083c6728e7ca
+EOF
+    python3 -m venv "$tools/venv"
+    "$tools/venv/bin/python" -m pip download --quiet --disable-pip-version-check \
+        --progress-bar off --no-deps --only-binary=:all: --require-hashes \
+        -r "$tools/requirements.txt" -d "$tools/wheels" >&2
+    for wheel in "$tools"/wheels/*.whl; do
+        python3 -c "
+import sys, zipfile
+z = zipfile.ZipFile(sys.argv[1])
+z.extractall(sys.argv[2], [n for n in z.namelist() if '/lib/' in n or '/bin/' in n])
+" "$wheel" "$tools"
+    done
+    chmod +x "$tools"/nvidia/cu13/bin/*
+    rm -rf "$tools/venv" "$tools/wheels"
+fi
+# cudarc looks for libnvrtc.so.13 before .12: this directory first makes the compiles 13.0's.
+LD_LIBRARY_PATH=$tools/nvidia/cu13/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH} FLASH_CUDA_DUMP_DIR=$out \
+    cargo test --release --features "${FEATURES:-internals,cuda,cli,candle,burn},lab" \
+    --config 'profile.release.package.wgpu-flash-attn.overflow-checks=true' \
+    --test cuda_attention kernels_compile_with_nvrtc -- --nocapture 2> "$out/compile.log"
+for cubin in "$out"/*.cubin; do
+    "$tools/nvidia/cu13/bin/nvdisasm" --print-code "$cubin" > "${cubin%.cubin}.sass"
+done
+grep -h "bytes;" "$out/compile.log" | head -3
+echo "sass-local: $(ls "$out"/*.sass | wc -l) kernels in $out (ptxas reports: $out/compile.log)"
