@@ -1011,7 +1011,8 @@ fn bad_buffers_are_errors_naming_the_tensor() {
 }
 
 /// Runs without a GPU: only libnvrtc is needed. Compiles every backward config for sm_80 and
-/// sm_90a and prints ptxas's register and spill report per entry point.
+/// sm_90a and prints ptxas's register and spill report per entry point; `FLASH_CUDA_DUMP_DIR=dir`
+/// saves the cubins (`<config>-<arch>.cubin`, for scripts/lab/sass-local.sh).
 #[cfg(feature = "internals")]
 #[test]
 fn backward_kernels_compile_with_nvrtc() {
@@ -1027,6 +1028,10 @@ fn backward_kernels_compile_with_nvrtc() {
             let job = CompileJob::backward(c, arch);
             let (cubin, log) = compile_cubin(&job).unwrap_or_else(|e| panic!("{e}"));
             assert!(!cubin.is_empty());
+            if let Some(dir) = std::env::var_os("FLASH_CUDA_DUMP_DIR") {
+                let file = std::path::Path::new(&dir).join(format!("{}-{arch}.cubin", c.name()));
+                std::fs::write(file, &cubin).unwrap();
+            }
             // ptxas's lines per entry point: "Compiling entry function 'x'", then (in either
             // order) "N bytes stack frame, S bytes spill stores, L bytes spill loads" and "Used R
             // registers, ...": one "entry R regs, spills S/L" per entry point.

@@ -1,16 +1,19 @@
 #!/usr/bin/env bash
-# The SASS of the CUDA forward kernels, on a machine without a GPU: NVRTC 13.0 (the H200's own
-# compiler, ../shared/PLATFORM.md) compiles what tests/cuda_attention.rs's
-# `kernels_compile_with_nvrtc` compiles (every score-term variant of the default plans at
-# head_dim 128; with FLASH_CUDA_COMPILE_ALL=1 every config), in a build with the developer lab's
-# edits (WFA_EDIT, src/lab.rs) when the variable is set, and nvdisasm writes each cubin's SASS
-# to DIR/<config>.sass, for scripts/lab/sass-loop-mix.py. Static instruction counts before a
+# The SASS of the CUDA kernels, on a machine without a GPU: NVRTC 13.0 (the H200's own compiler,
+# ../shared/PLATFORM.md) compiles what tests/cuda_attention.rs's `kernels_compile_with_nvrtc`
+# compiles (the forward: every score-term variant of the default plans at head_dim 128; with
+# FLASH_CUDA_COMPILE_ALL=1 every config) or, with BACKWARD=1, tests/cuda_backward.rs's
+# `backward_kernels_compile_with_nvrtc` (every backward config, sm_80 and sm_90a; files
+# <config>-<arch>.sass), in a build with the developer lab's edits (WFA_EDIT, src/lab.rs) when
+# the variable is set, and nvdisasm writes each cubin's SASS to DIR/<config>.sass, for
+# scripts/lab/sass-loop-mix.py. Static instruction counts before a
 # device call: which unit a variant moves work to, what ptxas spills. NVRTC 13.0 and nvdisasm
 # 13.5 come from NVIDIA's PyPI wheels (pinned by SHA-256, ~100 MB, unpacked under
 # target/cuda-tools/ by pip in a virtual environment, as scripts/setup-nvrtc.sh fetches 12.9).
 #
 # Usage: scripts/lab/sass-local.sh DIR
 #        WFA_EDIT=bench-results/.../x.edit scripts/lab/sass-local.sh DIR
+#        BACKWARD=1 scripts/lab/sass-local.sh DIR
 # The build is the tests' (scripts/test.sh's features and overflow checks: a warm target/ is
 # reused); FEATURES as in gpu-stage.sh.
 set -euo pipefail
@@ -41,13 +44,14 @@ z.extractall(sys.argv[2], [n for n in z.namelist() if '/lib/' in n or '/bin/' in
     chmod +x "$tools"/nvidia/cu13/bin/*
     rm -rf "$tools/venv" "$tools/wheels"
 fi
+test=(--test cuda_attention kernels_compile_with_nvrtc)
+[ "${BACKWARD:-0}" = 1 ] && test=(--test cuda_backward backward_kernels_compile_with_nvrtc)
 # cudarc looks for libnvrtc.so.13 before .12: this directory first makes the compiles 13.0's.
 LD_LIBRARY_PATH=$tools/nvidia/cu13/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH} FLASH_CUDA_DUMP_DIR=$out \
     cargo test --release --features "${FEATURES:-internals,cuda,cli,candle,burn},lab" \
     --config 'profile.release.package.wgpu-flash-attn.overflow-checks=true' \
-    --test cuda_attention kernels_compile_with_nvrtc -- --nocapture 2> "$out/compile.log"
+    "${test[@]}" -- --nocapture 2> "$out/compile.log"
 for cubin in "$out"/*.cubin; do
     "$tools/nvidia/cu13/bin/nvdisasm" --print-code "$cubin" > "${cubin%.cubin}.sass"
 done
-grep -h "bytes;" "$out/compile.log" | head -3
 echo "sass-local: $(ls "$out"/*.sass | wc -l) kernels in $out (ptxas reports: $out/compile.log)"

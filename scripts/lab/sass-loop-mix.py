@@ -18,67 +18,90 @@ import re
 import sys
 
 
-def instructions(path):
-    """(address, text) of each instruction; a branch to a label (nvdisasm's listing, where
-    cuobjdump's prints the address) gets the label's address appended, as cuobjdump writes it."""
-    out, labels, pending = [], {}, []
+BRANCH = re.compile(r"BRA\s+(?:\S+\s+)?(?:`\(\.L_x_\d+\)\s*)?0x([0-9a-f]+)")
+
+
+def functions(path):
+    """(name, [(address, text)]) of each function in the listing, in order: nvdisasm starts each
+    section's addresses from 0 (`.text.NAME:`), cuobjdump names them `Function : NAME`. A branch to
+    a label (nvdisasm's listing) gets the label's address appended, as cuobjdump writes it."""
+    out = []
+
+    def finish(name, ins, labels):
+        target = lambda m: f"{m.group(0)} 0x{labels[m.group(1)]:x}" if m.group(1) in labels else m.group(0)
+        out.append((name, [(a, re.sub(r"`\((\.L_x_\d+)\)", target, t)) for a, t in ins]))
+
+    name, ins, labels, pending = "", [], {}, []
     for line in open(path):
+        start = re.match(r"(?:\.text\.(\S+):|\s*Function : (\S+))", line)
+        if start:
+            if ins:
+                finish(name, ins, labels)
+            name, ins, labels, pending = start.group(1) or start.group(2), [], {}, []
         label = re.match(r"(\.L_x_\d+):", line)
         if label:
             pending.append(label.group(1))
         m = re.match(r"\s*/\*([0-9a-f]{4,})\*/\s+(.*?);", line)
         if m:
             address = int(m.group(1), 16)
-            labels.update((name, address) for name in pending)
+            labels.update((label_name, address) for label_name in pending)
             pending = []
-            out.append((address, m.group(2).strip()))
-    target = lambda m: f"{m.group(0)} 0x{labels[m.group(1)]:x}" if m.group(1) in labels else m.group(0)
-    return [(a, re.sub(r"`\((\.L_x_\d+)\)", target, t)) for a, t in out]
+            ins.append((address, m.group(2).strip()))
+    if ins:
+        finish(name, ins, labels)
+    return out
+
+
+def instructions(path):
+    """Every function's instructions, one after another (a listing of one function: its own)."""
+    return [i for _, ins in functions(path) for i in ins]
 
 
 def opcode(text):
     return re.sub(r"^@!?U?P\w+\s+", "", text).split()[0]
 
 
-def loops(path):
-    ins = instructions(path)
+def backward_branches(ins):
+    """(first, last) indices of each loop: a branch back to an address at or before its own."""
     index = {a: i for i, (a, _) in enumerate(ins)}
     found = []
     for i, (a, text) in enumerate(ins):
-        m = re.search(r"BRA\s+(?:`\(\.L_x_\d+\)\s*)?0x([0-9a-f]+)", text)
+        m = BRANCH.search(text)
         if m and int(m.group(1), 16) <= a and int(m.group(1), 16) in index:
             found.append((index[int(m.group(1), 16)], i))
-    print(path, len(ins), "instructions")
-    for first, last in sorted(found, key=lambda l: l[0] - l[1])[:4]:
-        body = ins[first : last + 1]
-        mix = collections.Counter(opcode(t) for _, t in body)
-        print(f"  loop {body[0][0]:#x}-{body[-1][0]:#x}: {len(body)};", ", ".join(f"{k} {v}" for k, v in mix.most_common()))
+    return sorted(found, key=lambda l: l[0] - l[1])
+
+
+def loops(path):
+    for name, ins in functions(path):
+        print(path, name, len(ins), "instructions")
+        for first, last in backward_branches(ins)[:4]:
+            body = ins[first : last + 1]
+            mix = collections.Counter(opcode(t) for _, t in body)
+            print(f"  loop {body[0][0]:#x}-{body[-1][0]:#x}: {len(body)};", ", ".join(f"{k} {v}" for k, v in mix.most_common()))
 
 
 def common(path, skip_at_least=32):
-    ins = instructions(path)
-    index = {a: i for i, (a, _) in enumerate(ins)}
-    found = []
-    for i, (a, text) in enumerate(ins):
-        m = re.search(r"BRA\s+(?:`\(\.L_x_\d+\)\s*)?0x([0-9a-f]+)", text)
-        if m and int(m.group(1), 16) <= a and int(m.group(1), 16) in index:
-            found.append((index[int(m.group(1), 16)], i))
-    print(path)
-    for first, last in sorted(found, key=lambda l: l[0] - l[1])[:3]:
-        cold = set()
-        for i in range(first, last):
-            text = ins[i][1]
-            m = re.search(r"BRA\s+(?:\S+\s+)?(?:`\(\.L_x_\d+\)\s*)?0x([0-9a-f]+)", text)
-            if m and text.startswith("@") and int(m.group(1), 16) in index:
-                to = index[int(m.group(1), 16)]
-                if i < to <= last and to - i - 1 >= skip_at_least:
-                    cold.update(range(i + 1, to))
-        body = [ins[i] for i in range(first, last + 1) if i not in cold]
-        mix = collections.Counter(opcode(t) for _, t in body)
-        mufu = sum(v for k, v in mix.items() if k.startswith("MUFU"))
-        fp32 = sum(v for k, v in mix.items() if k.split(".")[0] in ("FADD", "FMUL", "FFMA"))
-        print(f"  loop {ins[first][0]:#x}-{ins[last][0]:#x}: {len(body)} of {last - first + 1}; MUFU {mufu}, FP32 {fp32};",
-              ", ".join(f"{k} {v}" for k, v in mix.most_common(16)))
+    for name, ins in functions(path):
+        index = {a: i for i, (a, _) in enumerate(ins)}
+        found = backward_branches(ins)[:3]
+        if found:
+            print(path, name)
+        for first, last in found:
+            cold = set()
+            for i in range(first, last):
+                text = ins[i][1]
+                m = BRANCH.search(text)
+                if m and text.startswith("@") and int(m.group(1), 16) in index:
+                    to = index[int(m.group(1), 16)]
+                    if i < to <= last and to - i - 1 >= skip_at_least:
+                        cold.update(range(i + 1, to))
+            body = [ins[i] for i in range(first, last + 1) if i not in cold]
+            mix = collections.Counter(opcode(t) for _, t in body)
+            mufu = sum(v for k, v in mix.items() if k.startswith("MUFU"))
+            fp32 = sum(v for k, v in mix.items() if k.split(".")[0] in ("FADD", "FMUL", "FFMA"))
+            print(f"  loop {ins[first][0]:#x}-{ins[last][0]:#x}: {len(body)} of {last - first + 1}; MUFU {mufu}, FP32 {fp32};",
+                  ", ".join(f"{k} {v}" for k, v in mix.most_common(16)))
 
 
 def path_mix(path, lo, hi, skip_lo, skip_hi):
