@@ -20,6 +20,7 @@ set -euo pipefail
 cd "$(git rev-parse --show-toplevel)"
 [ $# -eq 1 ] || { sed -n '2,/^set /p' "$0" | sed '$d'; exit 2; }
 out=$(mkdir -p "$1" && cd "$1" && pwd)
+rm -f "$out"/*.cubin "$out"/*.sass
 target=${CARGO_TARGET_DIR:-$PWD/target}
 tools=$target/cuda-tools
 # The 12.9 NVRTC the tests use (and python3-venv where it was missing).
@@ -51,6 +52,9 @@ LD_LIBRARY_PATH=$tools/nvidia/cu13/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH} FLAS
     cargo test --release --features "${FEATURES:-internals,cuda,cli,candle,burn},lab" \
     --config 'profile.release.package.wgpu-flash-attn.overflow-checks=true' \
     "${test[@]}" -- --nocapture 2> "$out/compile.log"
+# A libnvrtc.so (no version) on the loader's path would be found before this one.
+grep -aq "release 13.0," "$(ls "$out"/*.cubin | head -1)" ||
+    echo "sass-local: warning: the cubins were not compiled by NVRTC 13.0" >&2
 for cubin in "$out"/*.cubin; do
     "$tools/nvidia/cu13/bin/nvdisasm" --print-code "$cubin" > "${cubin%.cubin}.sass"
 done
