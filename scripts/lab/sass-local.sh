@@ -6,10 +6,9 @@
 # `backward_kernels_compile_with_nvrtc` (every backward config, sm_80 and sm_90a; files
 # <config>-<arch>.sass), in a build with the developer lab's edits (WFA_EDIT, src/lab.rs) when
 # the variable is set, and nvdisasm writes each cubin's SASS to DIR/<config>.sass, for
-# scripts/lab/sass-loop-mix.py. Static instruction counts before a
-# device call: which unit a variant moves work to, what ptxas spills. NVRTC 13.0 and nvdisasm
-# 13.5 come from NVIDIA's PyPI wheels (pinned by SHA-256, ~100 MB, unpacked under
-# target/cuda-tools/ by pip in a virtual environment, as scripts/setup-nvrtc.sh fetches 12.9).
+# scripts/lab/sass-loop-mix.py. Static instruction counts before a device call: which unit a
+# variant moves work to, what ptxas spills. NVRTC 13.0 and nvdisasm 13.5 come from
+# scripts/lab/cuda-tools.sh. One config in seconds, without cargo: scripts/lab/nvrtc-one.py.
 #
 # Usage: scripts/lab/sass-local.sh DIR
 #        WFA_EDIT=bench-results/.../x.edit scripts/lab/sass-local.sh DIR
@@ -21,34 +20,13 @@ cd "$(git rev-parse --show-toplevel)"
 [ $# -eq 1 ] || { sed -n '2,/^set /p' "$0" | sed '$d'; exit 2; }
 out=$(mkdir -p "$1" && cd "$1" && pwd)
 rm -f "$out"/*.cubin "$out"/*.sass
-target=${CARGO_TARGET_DIR:-$PWD/target}
-tools=$target/cuda-tools
-# The 12.9 NVRTC the tests use (and python3-venv where it was missing).
+# The 12.9 NVRTC the tests use, and the tools (NVRTC 13.0, nvdisasm).
 scripts/setup-nvrtc.sh > /dev/null
-if [ ! -x "$tools/nvidia/cu13/bin/nvdisasm" ] || [ ! -e "$tools/nvidia/cu13/lib/libnvrtc.so.13" ]; then
-    rm -rf "$tools" && mkdir -p "$tools"
-    cat > "$tools/requirements.txt" << 'EOF'
-nvidia-cuda-nvrtc==13.0.88 --hash=sha256:ad9b6d2ead2435f11cbb6868809d2adeeee302e9bb94bcf0539c7a40d80e8575
-nvidia-cuda-nvdisasm==13.5.37 --hash=sha256:d3fdbdd49fa53e2e4aacd3db8259d052bd2b049ececdcb69e92e083c6728e7ca
-EOF
-    python3 -m venv "$tools/venv"
-    "$tools/venv/bin/python" -m pip download --quiet --disable-pip-version-check \
-        --progress-bar off --no-deps --only-binary=:all: --require-hashes \
-        -r "$tools/requirements.txt" -d "$tools/wheels" >&2
-    for wheel in "$tools"/wheels/*.whl; do
-        python3 -c "
-import sys, zipfile
-z = zipfile.ZipFile(sys.argv[1])
-z.extractall(sys.argv[2], [n for n in z.namelist() if '/lib/' in n or '/bin/' in n])
-" "$wheel" "$tools"
-    done
-    chmod +x "$tools"/nvidia/cu13/bin/*
-    rm -rf "$tools/venv" "$tools/wheels"
-fi
+tools=$(scripts/lab/cuda-tools.sh)
 test=(--test cuda_attention kernels_compile_with_nvrtc)
 [ "${BACKWARD:-0}" = 1 ] && test=(--test cuda_backward backward_kernels_compile_with_nvrtc)
 # cudarc looks for libnvrtc.so.13 before .12: this directory first makes the compiles 13.0's.
-LD_LIBRARY_PATH=$tools/nvidia/cu13/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH} FLASH_CUDA_DUMP_DIR=$out \
+LD_LIBRARY_PATH=$tools/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH} FLASH_CUDA_DUMP_DIR=$out \
     cargo test --release --features "${FEATURES:-internals,cuda,cli,candle,burn},lab" \
     --config 'profile.release.package.wgpu-flash-attn.overflow-checks=true' \
     "${test[@]}" -- --nocapture 2> "$out/compile.log"
@@ -56,6 +34,6 @@ LD_LIBRARY_PATH=$tools/nvidia/cu13/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH} FLAS
 grep -aq "release 13.0," "$(ls "$out"/*.cubin | head -1)" ||
     echo "sass-local: warning: the cubins were not compiled by NVRTC 13.0" >&2
 for cubin in "$out"/*.cubin; do
-    "$tools/nvidia/cu13/bin/nvdisasm" --print-code "$cubin" > "${cubin%.cubin}.sass"
+    "$tools/bin/nvdisasm" --print-code "$cubin" > "${cubin%.cubin}.sass"
 done
 echo "sass-local: $(ls "$out"/*.sass | wc -l) kernels in $out (ptxas reports: $out/compile.log)"
