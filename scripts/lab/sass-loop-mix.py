@@ -1,13 +1,14 @@
 #!/usr/bin/env python3
-"""The instruction mix of a kernel's loops, from the SASS that sass-from-cache.py writes.
+"""The instruction mix of a kernel's loops, from the SASS that sass-from-cache.py, sass-local.sh or
+nvrtc-one.py writes.
 
     python3 scripts/lab/sass-loop-mix.py loops A.sass [B.sass ...]
         each file's four longest loops (a backward branch and its target): instructions by opcode
     python3 scripts/lab/sass-loop-mix.py common A.sass [B.sass ...]
-        each file's loops without the blocks a conditional forward branch inside the loop skips
-        (32 instructions or more: a masked tile's pass, a rescale, a rare exact path), so the
-        path an unmasked tile takes when no row's max moved; with the special-function (MUFU)
-        and FP32 (FADD, FMUL, FFMA) instructions counted apart
+        each function's three longest loops on their shortest path: every block a conditional
+        forward branch inside the loop can skip left out (a masked tile's pass, a rescale, a
+        rare exact path; the pass of an unmasked tile where no row's max moved), with the
+        special-function (MUFU) and FP32 (FADD, FMUL, FFMA) instructions counted apart
     python3 scripts/lab/sass-loop-mix.py hot A.sass FROM TO SKIP_FROM SKIP_TO B.sass FROM TO SKIP_FROM SKIP_TO
         the opcodes two loops [FROM, TO] differ by, each without the block (SKIP_FROM, SKIP_TO)
         that a tile's common path branches over (addresses in hex, as the listing prints them)
@@ -81,7 +82,7 @@ def loops(path):
             print(f"  loop {body[0][0]:#x}-{body[-1][0]:#x}: {len(body)};", ", ".join(f"{k} {v}" for k, v in mix.most_common()))
 
 
-def common(path, skip_at_least=32):
+def common(path):
     for name, ins in functions(path):
         index = {a: i for i, (a, _) in enumerate(ins)}
         found = backward_branches(ins)[:3]
@@ -94,7 +95,7 @@ def common(path, skip_at_least=32):
                 m = BRANCH.search(text)
                 if m and text.startswith("@") and int(m.group(1), 16) in index:
                     to = index[int(m.group(1), 16)]
-                    if i < to <= last and to - i - 1 >= skip_at_least:
+                    if i < to <= last:
                         cold.update(range(i + 1, to))
             body = [ins[i] for i in range(first, last + 1) if i not in cold]
             mix = collections.Counter(opcode(t) for _, t in body)
