@@ -99,6 +99,10 @@ pub struct CompileJob {
     pub options: Vec<String>,
 }
 
+/// A program's kernel file and [`HEADERS`]' texts as NVRTC compiles them
+/// ([`CompileJob::program_texts`]), or why a lab edit file could not give them.
+type ProgramTexts = std::result::Result<(String, Vec<String>), String>;
+
 impl CompileJob {
     /// `source` compiled on `arch` with the base options and `defines`, named `kernel`.
     fn of(kernel: String, source: Source, arch: &str, defines: Vec<String>) -> Self {
@@ -156,6 +160,11 @@ impl CompileJob {
     /// Disk-cache key: everything that can change the cubin, hashed with a fixed function (FNV-1a)
     /// so that it is the same in every process and build.
     pub fn cache_key(&self, nvrtc_version: (i32, i32), driver_version: i32) -> u64 {
+        self.key_of(&self.program_texts(), nvrtc_version, driver_version)
+    }
+
+    /// [`Self::cache_key`] of the program texts [`Self::program_texts`] gave.
+    fn key_of(&self, program: &ProgramTexts, nvrtc_version: (i32, i32), driver_version: i32) -> u64 {
         let mut h = Fnv1a::new();
         h.write_str(CACHE_FORMAT);
         h.write_str(&format!(
@@ -168,25 +177,25 @@ impl CompileJob {
             h.write_str(o);
         }
         h.write_str(self.source_name);
-        match self.program_texts() {
+        match program {
             Ok((source, headers)) => {
-                h.write_str(&source);
-                for i in included_header_indices(&source, |i| &headers[i]) {
+                h.write_str(source);
+                for i in included_header_indices(source, |i| &headers[i]) {
                     h.write_str(HEADERS[i].name);
                     h.write_str(&headers[i]);
                 }
             }
             // The compile reports it; no cubin is ever cached under this key.
-            Err(why) => h.write_str(&why),
+            Err(why) => h.write_str(why),
         }
         h.finish()
     }
 
     /// The kernel file's text and [`HEADERS`]' texts (in that order) as NVRTC compiles them: as
     /// they are, but in a build with the developer lab's edits (src/lab.rs) the kernel file and
-    /// the headers it includes edited, as one program. The key and the compile each take them
-    /// (a lab run reads its edit file twice for a kernel it compiles).
-    fn program_texts(&self) -> std::result::Result<(String, Vec<String>), String> {
+    /// the headers it includes edited, as one program. Taken once per load: the key and the
+    /// compile read the same texts.
+    fn program_texts(&self) -> ProgramTexts {
         let included = included_header_indices(self.source, |i| HEADERS[i].text);
         let mut texts = vec![self.source.to_string()];
         texts.extend(included.iter().map(|&i| HEADERS[i].text.to_string()));
@@ -344,21 +353,26 @@ fn c_string(s: &str, what: &str) -> Result<CString> {
 
 /// Compiles a job to a cubin with NVRTC; returns the cubin and the compile log.
 pub fn compile_cubin(job: &CompileJob) -> Result<(Vec<u8>, String)> {
+    compile_program(job, &job.program_texts())
+}
+
+/// [`compile_cubin`] of the program texts the job gave.
+fn compile_program(job: &CompileJob, program: &ProgramTexts) -> Result<(Vec<u8>, String)> {
     require_nvrtc()?;
     // One compile at a time per process: on the H200, ptxas's `-v` report went missing from the
     // log of a compile that ran beside another one in the same process. Compiles are rare (once
     // per config, then the caches), so nothing is lost.
     static COMPILING: std::sync::Mutex<()> = std::sync::Mutex::new(());
     let _one_at_a_time = COMPILING.lock().unwrap_or_else(|e| e.into_inner());
-    let (source, headers) = job.program_texts().map_err(|log| Error::Nvrtc {
+    let (source, headers) = program.as_ref().map_err(|log| Error::Nvrtc {
         name: job.kernel.clone(),
-        log,
+        log: log.clone(),
     })?;
-    let src = c_string(&source, job.source_name)?;
+    let src = c_string(source, job.source_name)?;
     let name = c_string(job.source_name, job.source_name)?;
     let header_texts: Vec<CString> = HEADERS
         .iter()
-        .zip(&headers)
+        .zip(headers)
         .map(|(h, text)| c_string(text, h.name))
         .collect::<Result<_>>()?;
     let header_names: Vec<CString> = HEADERS
@@ -450,12 +464,13 @@ pub fn load_or_compile<T>(
     load: impl FnMut(&[u8]) -> Result<T>,
 ) -> Result<Fetched<T>> {
     require_nvrtc()?;
-    let key = job.cache_key(nvrtc_version()?, driver_version);
+    let program = job.program_texts();
+    let key = job.key_of(&program, nvrtc_version()?, driver_version);
     let entry = Entry {
         file_name: job.cache_file_name(key),
         key,
     };
-    fetch(cache_dir, &entry, || compile_cubin(job), load)
+    fetch(cache_dir, &entry, || compile_program(job, &program), load)
 }
 
 /// ptxas's report for the kernel, e.g. `Used 168 registers, used 1 barriers, 0 bytes spill
