@@ -1,6 +1,6 @@
 //! The developer lab's source edits (feature `lab`; never in a build for users): text
 //! replacements in the kernels' sources, read from the file the `WFA_EDIT` environment variable
-//! names, so that one build can time variants of a WGSL or CUDA kernel side by side on the lent
+//! names (or files: `a.edit:b.edit` applies both, a's blocks first), so that one build can time variants of a WGSL or CUDA kernel side by side on the lent
 //! GPU (scripts/lab/coop-probe.sh, BENCHMARKS.md's experiments) without a Rust build per variant.
 //! The file holds blocks
 //!
@@ -95,21 +95,24 @@ fn apply(mut texts: Vec<String>, edits: &[Edit]) -> (Vec<String>, usize) {
 }
 
 /// The texts of one program (a WGSL module; a CUDA kernel file and its headers) with the edits of
-/// the file `WFA_EDIT` names, or as they are when the variable is unset; the reason when the
+/// the files `WFA_EDIT` names (one, or several separated by `:`, whose blocks apply in order), or
+/// as they are when the variable is unset; the reason when the
 /// file cannot be read or parsed. Says on stderr how many blocks applied in `program`, a block
 /// counting once however many of its texts it changed.
 #[cfg(feature = "lab")]
 pub(crate) fn edited(texts: Vec<String>, program: &str) -> Result<Vec<String>, String> {
-    let Some(path) = std::env::var_os(EDIT_VAR) else {
+    let Some(paths) = std::env::var_os(EDIT_VAR) else {
         return Ok(texts);
     };
-    let path = std::path::PathBuf::from(path);
-    let fail = |e: String| format!("{EDIT_VAR} {}: {e}", path.display());
-    let edits = parse(&std::fs::read_to_string(&path).map_err(|e| fail(e.to_string()))?).map_err(fail)?;
+    let mut edits = Vec::new();
+    for path in std::env::split_paths(&paths) {
+        let fail = |e: String| format!("{EDIT_VAR} {}: {e}", path.display());
+        edits.extend(parse(&std::fs::read_to_string(&path).map_err(|e| fail(e.to_string()))?).map_err(fail)?);
+    }
     let (texts, applied) = apply(texts, &edits);
     eprintln!(
         "{EDIT_VAR} {}: {applied} of {} blocks in {program}",
-        path.display(),
+        paths.to_string_lossy(),
         edits.len()
     );
     Ok(texts)

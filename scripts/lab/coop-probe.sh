@@ -12,11 +12,12 @@
 # $OUT/attention.log under `== NAME`; the line printed holds its rate, the check's verdict, the
 # kernel and the GPU's clocks, power and temperature just after it (slow processes, session 47).
 # with_edit EDIT COMMAND...: COMMAND with .gpu/edits/EDIT.edit applied to the kernels through
-# the lab feature (WFA_EDIT, src/lab.rs), or as it is for EDIT `none`.
+# the lab feature (WFA_EDIT, src/lab.rs), or as it is for EDIT `none`; `a+b` applies a.edit,
+# then b.edit.
 with_edit() {
   local edit=$1
   shift
-  if [ "$edit" = none ]; then "$@"; else WFA_EDIT=".gpu/edits/$edit.edit" "$@"; fi
+  if [ "$edit" = none ]; then "$@"; else WFA_EDIT=".gpu/edits/${edit//+/.edit:.gpu/edits/}.edit" "$@"; fi
 }
 
 probe() {

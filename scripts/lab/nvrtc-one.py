@@ -2,8 +2,8 @@
 """One CUDA kernel config compiled as the library compiles it, in seconds and without cargo: its
 NVRTC options and kernel file from src/cuda/golden/plans.txt (the golden configs, for sm_90a:
 every backward one, the forward's plain ones), the kernel files and headers of cuda/, a lab edit
-file applied to all of them (the grammar of src/lab.rs), NVRTC 13.0 and nvdisasm from
-scripts/lab/cuda-tools.sh. `-D` arguments are added after the config's own (a score-term
+file applied to all of them (the grammar of src/lab.rs; `a.edit:b.edit` applies both, as
+WFA_EDIT does), NVRTC 13.0 and nvdisasm from scripts/lab/cuda-tools.sh. `-D` arguments are added after the config's own (a score-term
 variant of a plain forward config: -DFA_SOFTCAP=1 -DFA_EX2_FMA=1, as src/cuda/plan sets them).
 
     python3 scripts/lab/nvrtc-one.py CONFIG [EDIT] [-DNAME=VALUE ...] [--out DIR]
@@ -76,7 +76,7 @@ def main():
     source = lines[0].split(" source=", 1)[1].split()[0]
     cuda = os.path.join(ROOT, "cuda")
     files = {name: open(os.path.join(cuda, name)).read() for name in os.listdir(cuda) if name.endswith((".cu", ".cuh"))}
-    for old, new in edits(edit) if edit else []:
+    for old, new in [block for path in edit.split(":") for block in edits(path)] if edit else []:
         applied = [name for name in files if old in files[name]]
         for name in applied:
             files[name] = files[name].replace(old, new)
@@ -105,7 +105,8 @@ def main():
     nvrtc.nvrtcGetCUBIN(program, cubin)
     os.makedirs(out, exist_ok=True)
     tag = "".join("+" + d[2:] for d in defines)
-    stem = os.path.join(out, f"{config}{tag}-{os.path.splitext(os.path.basename(edit))[0] if edit else 'main'}")
+    edit_names = "+".join(os.path.splitext(os.path.basename(path))[0] for path in edit.split(":")) if edit else "main"
+    stem = os.path.join(out, f"{config}{tag}-{edit_names}")
     open(stem + ".cubin", "wb").write(cubin.raw)
     with open(stem + ".sass", "w") as sass:
         subprocess.run([os.path.join(tools, "bin", "nvdisasm"), "--print-code", stem + ".cubin"], stdout=sass, check=True)

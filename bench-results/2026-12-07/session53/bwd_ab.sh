@@ -9,7 +9,7 @@
 . .gpu/coop-probe.sh
 s=$SECONDS
 nvidia-smi --query-gpu=name,clocks.max.sm,clocks.max.mem --format=csv,noheader
-edits="none cuda_wg_uniform cuda_bwd_maskblock cuda_wg_uniform_maskblock"
+edits="none cuda_wg_uniform cuda_bwd_maskblock cuda_wg_uniform+cuda_bwd_maskblock"
 # Alternating, two rounds: the table rows (head_dim 128 and 64, seq 8192, causal and not, atomic
 # dQ) under `== NAME` in $OUT/bwd.log.
 for r in 1 2; do
@@ -25,6 +25,6 @@ done
 # ragged and packed batches, soft-caps, dropout, the deterministic mode).
 for e in $edits; do
   [ $e = none ] && continue
-  WFA_EDIT=.gpu/edits/$e.edit run_tests bwd_tests_$e 240 $B/cuda_backward_test
+  with_edit $e run_tests bwd_tests_$e 240 $B/cuda_backward_test
 done
 cd $OUT && tar czf logs.tgz *.log && echo "all done $((SECONDS - s)) s"
