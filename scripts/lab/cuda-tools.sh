@@ -2,31 +2,16 @@
 # Prints the directory of the CUDA tools the lab uses on the build machine, fetching them the
 # first time: NVRTC 13.0.88 (the H200's compiler, ../shared/PLATFORM.md; lib/libnvrtc.so.13) and
 # nvdisasm 13.5 (bin/nvdisasm), from NVIDIA's PyPI wheels pinned by SHA-256 (~100 MB), unpacked
-# under target/cuda-tools/nvidia/cu13/ by pip in a virtual environment, as scripts/setup-nvrtc.sh
+# under target/cuda-tools/nvidia/cu13/ by scripts/fetch-wheels.sh, as scripts/setup-nvrtc.sh
 # fetches the tests' NVRTC 12.9. For scripts/lab/sass-local.sh and scripts/lab/nvrtc-one.py.
 set -euo pipefail
 cd "$(git rev-parse --show-toplevel)"
 tools=${CARGO_TARGET_DIR:-$PWD/target}/cuda-tools
 if [ ! -x "$tools/nvidia/cu13/bin/nvdisasm" ] || [ ! -e "$tools/nvidia/cu13/lib/libnvrtc.so.13" ]; then
-    # python3-venv where it was missing.
-    scripts/setup-nvrtc.sh > /dev/null
-    rm -rf "$tools" && mkdir -p "$tools"
-    cat > "$tools/requirements.txt" << 'EOF'
+    scripts/fetch-wheels.sh "$tools" << 'EOF'
 nvidia-cuda-nvrtc==13.0.88 --hash=sha256:ad9b6d2ead2435f11cbb6868809d2adeeee302e9bb94bcf0539c7a40d80e8575
 nvidia-cuda-nvdisasm==13.5.37 --hash=sha256:d3fdbdd49fa53e2e4aacd3db8259d052bd2b049ececdcb69e92e083c6728e7ca
 EOF
-    python3 -m venv "$tools/venv"
-    "$tools/venv/bin/python" -m pip download --quiet --disable-pip-version-check \
-        --progress-bar off --no-deps --only-binary=:all: --require-hashes \
-        -r "$tools/requirements.txt" -d "$tools/wheels" >&2
-    for wheel in "$tools"/wheels/*.whl; do
-        python3 -c "
-import sys, zipfile
-z = zipfile.ZipFile(sys.argv[1])
-z.extractall(sys.argv[2], [n for n in z.namelist() if '/lib/' in n or '/bin/' in n])
-" "$wheel" "$tools"
-    done
     chmod +x "$tools"/nvidia/cu13/bin/*
-    rm -rf "$tools/venv" "$tools/wheels"
 fi
 echo "$tools/nvidia/cu13"

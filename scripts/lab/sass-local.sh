@@ -20,8 +20,6 @@ cd "$(git rev-parse --show-toplevel)"
 [ $# -eq 1 ] || { sed -n '2,/^set /p' "$0" | sed '$d'; exit 2; }
 out=$(mkdir -p "$1" && cd "$1" && pwd)
 rm -f "$out"/*.cubin "$out"/*.sass
-# The 12.9 NVRTC the tests use, and the tools (NVRTC 13.0, nvdisasm).
-scripts/setup-nvrtc.sh > /dev/null
 tools=$(scripts/lab/cuda-tools.sh)
 test=(--test cuda_attention kernels_compile_with_nvrtc)
 [ "${BACKWARD:-0}" = 1 ] && test=(--test cuda_backward backward_kernels_compile_with_nvrtc)
