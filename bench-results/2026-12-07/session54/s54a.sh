@@ -47,7 +47,7 @@ done
 # the backward's tests with cuda_wg_uniform+cuda_bwd_maskblock, the forward's with
 # cuda_wg_uniform+cuda_capq+cuda_ex2fma0, its soft-cap tests with cuda_capq alone and with
 # cuda_tanhfma1.
-left=$((550 - (SECONDS - s))); [ $left -lt 60 ] && left=60
+left=$((480 - (SECONDS - s))); [ $left -lt 60 ] && left=60
 echo "tests get $left s"
 with_edit cuda_wg_uniform+cuda_bwd_maskblock run_tests bwd_wgu_mb $left $B/cuda_backward_test > /tmp/t1 &
 with_edit cuda_wg_uniform+cuda_capq+cuda_ex2fma0 run_tests fwd_wgu_capq $left $B/cuda_attention_test > /tmp/t2 &
