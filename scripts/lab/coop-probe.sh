@@ -118,3 +118,32 @@ cuda_sweep() {
   echo "== $name rc=$rc $((SECONDS - ${s:-0}))s $edit $*"
   grep -aE "^sweep" $log | sed 's/  */ /g' | awk '{print $4, $5, $8}' | sort -k3 -n -r | awk '{c[$1]++} c[$1]<=2'
 }
+
+# cuda_default NAME EDIT [cuda_attention flags...]: $B/cuda_attention's default plan only
+# (--no-sweep) at head_dim 128, seq 8192, 10 runs, causal and not, with .gpu/edits/EDIT.edit
+# applied (`none` for none); later flags add to those. Output to $OUT/fwd.log under `== NAME`;
+# printed: the exit status, and each causality's kernel, TFLOP/s and check verdict.
+cuda_default() {
+  local name=$1 edit=$2
+  shift 2
+  local log=/tmp/cuda_default.log
+  with_edit "$edit" timeout 60 "$B/cuda_attention" --reps 10 --head-dims 128 --seqs 8192 --no-sweep "$@" > $log 2>&1
+  local rc=$?
+  { echo "== $name $edit rc=$rc $*"; cat $log; } >> "$OUT/fwd.log"
+  echo "fwd $name $edit rc=$rc $((SECONDS - ${s:-0}))s" \
+    "$(grep -aE '^d128' $log | tr -s ' ' | awk '{print $5, $6, $11, $13}' | tr '\n' ' ')"
+}
+
+# cuda_backward_probe NAME EDIT [cuda_backward flags...]: $B/cuda_backward at head_dim 128, seq
+# 8192, causal and not, atomic dQ, 10 runs, with .gpu/edits/EDIT.edit applied (`none` for none).
+# Output to $OUT/bwd.log under `== NAME`; printed: the exit status and the table's rows.
+cuda_backward_probe() {
+  local name=$1 edit=$2
+  shift 2
+  local log=/tmp/cuda_backward_probe.log
+  with_edit "$edit" timeout 90 "$B/cuda_backward" --head-dims 128 --seqs 8192 --causal both --no-det \
+    --reps 10 "$@" > $log 2>&1
+  local rc=$?
+  { echo "== $name $edit rc=$rc $*"; cat $log; } >> "$OUT/bwd.log"
+  echo "bwd $name $edit rc=$rc $((SECONDS - ${s:-0}))s $(grep '^| 1' $log | tr -s ' ' | tr '\n' ' ')"
+}
