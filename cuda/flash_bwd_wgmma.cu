@@ -124,7 +124,10 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) KERNEL_NAME(const __gri
     __shared__ __align__(8) u64 bars[6];
     const FwdParams& p = bp.fwd;
     const int tid = threadIdx.x;
-    const int wg = tid / 128;
+    // The warpgroup from lane 0 (CUTLASS's canonical_warp_group_idx): a shuffle's result is
+    // warp-uniform to ptxas, so the wgmma descriptors built from it stay on the uniform datapath
+    // instead of being moved there (R2UR) before every wgmma. Every lane reaches this line.
+    const int wg = __shfl_sync(0xffffffffu, tid / 128, 0);
     // The fastest grid dimension; the deterministic build numbers the tiles from the last.
     const int kv_tile = DETERMINISTIC ? (int)(gridDim.x - 1 - blockIdx.x) : (int)blockIdx.x;
     const int kv_head = blockIdx.y;
@@ -301,26 +304,34 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) KERNEL_NAME(const __gri
         // pk: Pᵀ as dropout leaves it, dV's A operand; with a soft-cap or dropout pg, Pᵀ times the
         // cap's derivative, is what dSᵀ is formed from (each word of pg dies as dSᵀ's is made).
         u32 pk[M_STEPS][4], pg[M_STEPS][4];
+        // One copy of the loop with the mask and one without, under one branch a tile: with the
+        // flag a run-time value ptxas kept a branch per element pair around the window's arithmetic.
+        auto probabilities = [&](bool masked) {
 #pragma unroll
-        for (int j = 0; j < BLOCK_M / 8; ++j) {
-            float lse[2];
-            asm volatile("ld.shared.v2.f32 {%0,%1}, [%2];\n" : "=f"(lse[0]), "=f"(lse[1]) : "r"(s_lse + 32 * j));
-            float cap_grad[4];
+            for (int j = 0; j < BLOCK_M / 8; ++j) {
+                float lse[2];
+                asm volatile("ld.shared.v2.f32 {%0,%1}, [%2];\n" : "=f"(lse[0]), "=f"(lse[1]) : "r"(s_lse + 32 * j));
+                float cap_grad[4];
 #pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                const int key = key0 + 8 * (e >> 1);
-                const int row = m0 + 8 * j + 2 * q4 + (e & 1);
-                s[4 * j + e] = score_probability(p, units, seq, need_mask, row, key, s[4 * j + e], lse[e & 1], cap_grad[e]);
+                for (int e = 0; e < 4; ++e) {
+                    const int key = key0 + 8 * (e >> 1);
+                    const int row = m0 + 8 * j + 2 * q4 + (e & 1);
+                    s[4 * j + e] = score_probability(p, units, seq, masked, row, key, s[4 * j + e], lse[e & 1], cap_grad[e]);
+                }
+#pragma unroll
+                for (int r = 0; r < 2; ++r)
+                    pk[j / 2][(j & 1) * 2 + r] = pack2<IS_BF16>(dropped(p, keep, 4 * j + 2 * r, s[4 * j + 2 * r]),
+                                                                dropped(p, keep, 4 * j + 2 * r + 1, s[4 * j + 2 * r + 1]));
+                if constexpr (HAS_SOFTCAP || HAS_DROPOUT) {
+                    pg[j / 2][(j & 1) * 2] = pack2<IS_BF16>(s[4 * j] * cap_grad[0], s[4 * j + 1] * cap_grad[1]);
+                    pg[j / 2][(j & 1) * 2 + 1] = pack2<IS_BF16>(s[4 * j + 2] * cap_grad[2], s[4 * j + 3] * cap_grad[3]);
+                }
             }
-#pragma unroll
-            for (int r = 0; r < 2; ++r)
-                pk[j / 2][(j & 1) * 2 + r] = pack2<IS_BF16>(dropped(p, keep, 4 * j + 2 * r, s[4 * j + 2 * r]),
-                                                            dropped(p, keep, 4 * j + 2 * r + 1, s[4 * j + 2 * r + 1]));
-            if constexpr (HAS_SOFTCAP || HAS_DROPOUT) {
-                pg[j / 2][(j & 1) * 2] = pack2<IS_BF16>(s[4 * j] * cap_grad[0], s[4 * j + 1] * cap_grad[1]);
-                pg[j / 2][(j & 1) * 2 + 1] = pack2<IS_BF16>(s[4 * j + 2] * cap_grad[2], s[4 * j + 3] * cap_grad[3]);
-            }
-        }
+        };
+        if (need_mask)
+            probabilities(true);
+        else
+            probabilities(false);
 
         // dV += Pᵀ·dO.
         wgmma_fence();
