@@ -145,5 +145,5 @@ cuda_backward_probe() {
     --reps 10 "$@" > $log 2>&1
   local rc=$?
   { echo "== $name $edit rc=$rc $*"; cat $log; } >> "$OUT/bwd.log"
-  echo "bwd $name $edit rc=$rc $((SECONDS - ${s:-0}))s $(grep '^| 1' $log | tr -s ' ' | tr '\n' ' ')"
+  echo "bwd $name $edit rc=$rc $((SECONDS - ${s:-0}))s $(grep -E '^\| [0-9]' $log | tr -s ' ' | tr '\n' ' ')"
 }
