@@ -131,7 +131,7 @@ cuda_default() {
   local rc=$?
   { echo "== $name $edit rc=$rc $*"; cat $log; } >> "$OUT/fwd.log"
   echo "fwd $name $edit rc=$rc $((SECONDS - ${s:-0}))s" \
-    "$(grep -aE '^d128' $log | tr -s ' ' | awk '{print $5, $6, $11, $13}' | tr '\n' ' ')"
+    "$(grep -aE '^d[0-9]' $log | tr -s ' ' | awk '{print $5, $6, $11, $13}' | tr '\n' ' ')"
 }
 
 # cuda_backward_probe NAME EDIT [cuda_backward flags...]: $B/cuda_backward at head_dim 128, seq
